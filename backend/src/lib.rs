@@ -1,0 +1,1 @@
+//! The GPU worker (see docs/architecture.md).

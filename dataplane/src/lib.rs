@@ -1,0 +1,13 @@
+//! Mechanisms with no scheduling policy in them: monotonic time, SPSC rings,
+//! pinned polling loops and idle strategies, timers, registered memory, wire
+//! messages and transports.
+#![warn(missing_docs)]
+
+pub mod idle;
+pub mod mem;
+pub mod poll;
+pub mod ring;
+pub mod time;
+pub mod timer;
+pub mod transport;
+pub mod wire;

@@ -1,0 +1,1 @@
+//! The client-facing side (see docs/architecture.md).

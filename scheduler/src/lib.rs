@@ -1,0 +1,1 @@
+//! Scheduling policy (see docs/architecture.md).

@@ -1,0 +1,1 @@
+//! Cross-crate test helpers live in the integration tests under `tests/tests/`.
