@@ -3,6 +3,7 @@
 //! messages and transports.
 #![warn(missing_docs)]
 
+pub mod heap;
 pub mod idle;
 pub mod mem;
 pub mod poll;

@@ -1,1 +1,894 @@
-//! (being built)
+//! Wire messages: fixed-layout (`#[repr(C)]`, [`bytemuck::Pod`]) records
+//! behind a 16-byte [`Header`] (magic, version, kind, body length).
+//!
+//! The message set covers the whole system and carries no policy: who
+//! registers, heartbeats, tasks (frontend -> scheduler), batch plans
+//! (scheduler -> backend), completions, drops, batch-done reports, and the
+//! READ request/response pair the tcp transport uses to emulate one-sided
+//! READs. Times on the wire are always durations (remaining budgets, delays
+//! relative to the send), never instants: no clock is shared between hosts.
+//!
+//! Encoding writes into a caller buffer and never allocates. Decoding borrows
+//! from the input, checks everything (magic, version, kind, exact lengths,
+//! counts, reserved fields, enum values) and returns a [`WireError`]; it
+//! never panics, whatever the bytes.
+
+use bytemuck::{Pod, Zeroable};
+
+pub use crate::mem::RemoteRef;
+
+/// First four bytes of every message: "SYMP" little-endian.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"SYMP");
+/// Protocol version this code speaks.
+pub const VERSION: u16 = 1;
+/// Largest message (header + body) accepted or produced. READ payloads that
+/// follow a [`ReadResponse`] are not messages and are bounded separately.
+pub const MAX_MESSAGE_LEN: usize = 32 * 1024;
+/// Size of the [`Header`].
+pub const HEADER_LEN: usize = std::mem::size_of::<Header>();
+/// Most task entries in one batch plan.
+pub const MAX_BATCH_TASKS: usize = 512;
+/// Most output bytes carried inline in one completion.
+pub const MAX_INLINE_OUTPUT: usize =
+    MAX_MESSAGE_LEN - HEADER_LEN - std::mem::size_of::<CompletionHead>();
+/// Bytes of the endpoint text in [`Register`].
+pub const ENDPOINT_LEN: usize = 64;
+
+/// Why bytes were refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WireError {
+    /// Fewer bytes than the header or the header's length says.
+    Truncated,
+    /// Bytes after the end of the message.
+    TrailingBytes,
+    /// Wrong magic number.
+    BadMagic,
+    /// Unsupported version.
+    BadVersion(u16),
+    /// Unknown message kind.
+    UnknownKind(u16),
+    /// Body length wrong for the kind, or over [`MAX_MESSAGE_LEN`].
+    BadLength,
+    /// Entry count over its bound or inconsistent with the length.
+    BadCount,
+    /// A field holds a value outside its enumeration.
+    BadValue(&'static str),
+    /// A reserved field is not zero.
+    ReservedNotZero,
+    /// The caller's buffer is too small for the encoded message.
+    BufferTooSmall,
+}
+
+impl std::fmt::Display for WireError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+impl std::error::Error for WireError {}
+
+/// Message kinds.
+#[repr(u16)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// [`Register`]
+    Register = 1,
+    /// [`Heartbeat`]
+    Heartbeat = 2,
+    /// [`Task`]
+    Task = 3,
+    /// [`BatchPlanHead`] + [`BatchTask`] entries
+    BatchPlan = 4,
+    /// [`CompletionHead`] + optional inline output
+    Completion = 5,
+    /// [`Dropped`]
+    Dropped = 6,
+    /// [`BatchDone`]
+    BatchDone = 7,
+    /// [`ReadRequest`] (tcp transport internal)
+    ReadRequest = 8,
+    /// [`ReadResponse`] (tcp transport internal; payload follows the message)
+    ReadResponse = 9,
+}
+
+impl Kind {
+    /// The kind with wire code `v`.
+    pub fn from_u16(v: u16) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::Register,
+            2 => Kind::Heartbeat,
+            3 => Kind::Task,
+            4 => Kind::BatchPlan,
+            5 => Kind::Completion,
+            6 => Kind::Dropped,
+            7 => Kind::BatchDone,
+            8 => Kind::ReadRequest,
+            9 => Kind::ReadResponse,
+            _ => return None,
+        })
+    }
+}
+
+/// Prefix of every message.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Header {
+    /// [`MAGIC`].
+    pub magic: u32,
+    /// [`VERSION`].
+    pub version: u16,
+    /// [`Kind`] code.
+    pub kind: u16,
+    /// Body bytes after the header.
+    pub len: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+/// Role of a process in the cluster.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Client-facing frontend (owns staged inputs).
+    Frontend = 1,
+    /// GPU backend.
+    Backend = 2,
+    /// The scheduler.
+    Scheduler = 3,
+    /// A load generator or tool.
+    Client = 4,
+}
+
+impl Role {
+    /// The role with wire code `v`.
+    pub fn from_u32(v: u32) -> Option<Role> {
+        Some(match v {
+            1 => Role::Frontend,
+            2 => Role::Backend,
+            3 => Role::Scheduler,
+            4 => Role::Client,
+            _ => return None,
+        })
+    }
+}
+
+/// "I am `role` number `id`". First message on a control connection.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct Register {
+    /// [`Role`] code.
+    pub role: u32,
+    /// Id within the role.
+    pub id: u32,
+    /// Role-specific count (e.g. GPUs of a backend); 0 if unused.
+    pub count: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// Where this process can be reached for data (e.g. "10.0.0.5:7001"),
+    /// UTF-8, zero padded.
+    pub endpoint: [u8; ENDPOINT_LEN],
+}
+
+impl Register {
+    /// A registration; `endpoint` is cut to [`ENDPOINT_LEN`] bytes.
+    pub fn new(role: Role, id: u32, count: u32, endpoint: &str) -> Self {
+        let mut e = [0u8; ENDPOINT_LEN];
+        let mut n = endpoint.len().min(ENDPOINT_LEN);
+        while !endpoint.is_char_boundary(n) {
+            n -= 1;
+        }
+        e[..n].copy_from_slice(&endpoint.as_bytes()[..n]);
+        Register {
+            role: role as u32,
+            id,
+            count,
+            reserved: 0,
+            endpoint: e,
+        }
+    }
+    /// The role (validated by the decoder).
+    pub fn role(&self) -> Option<Role> {
+        Role::from_u32(self.role)
+    }
+    /// The endpoint text (validated by the decoder).
+    pub fn endpoint(&self) -> &str {
+        let n = self
+            .endpoint
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(ENDPOINT_LEN);
+        std::str::from_utf8(&self.endpoint[..n]).unwrap_or("")
+    }
+}
+
+/// Liveness beacon.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Heartbeat {
+    /// Sender's sequence number.
+    pub seq: u64,
+    /// Sender's [`Role`] code.
+    pub role: u32,
+    /// Sender's id.
+    pub id: u32,
+}
+
+/// A request ready to be scheduled (frontend -> scheduler).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Task {
+    /// Cluster-unique task id (frontend id in the high bits is a good choice).
+    pub task_id: u64,
+    /// Time left until the deadline when the message was sent, ns.
+    pub budget_ns: u64,
+    /// Model to run.
+    pub model_id: u32,
+    /// Frontend that owns the input and wants the output.
+    pub frontend_id: u32,
+    /// Where the staged input lives.
+    pub input: RemoteRef,
+}
+
+/// Batch plan head (scheduler -> backend); `count` [`BatchTask`]s follow.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct BatchPlanHead {
+    /// Scheduler-unique batch id.
+    pub batch_id: u64,
+    /// Execute this long after the message was sent, ns (the receiver
+    /// subtracts its one-way delay bound).
+    pub exec_in_ns: u64,
+    /// Model to run.
+    pub model_id: u32,
+    /// GPU index at the backend.
+    pub gpu_id: u32,
+    /// Entries that follow (at most [`MAX_BATCH_TASKS`]).
+    pub count: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+/// One task of a batch plan.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct BatchTask {
+    /// Task id.
+    pub task_id: u64,
+    /// Frontend that owns the input.
+    pub frontend_id: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// Where to READ the input.
+    pub input: RemoteRef,
+}
+
+/// Outcome of a task at the backend.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TaskStatus {
+    /// Ran; output attached.
+    Ok = 0,
+    /// The input could not be fetched.
+    InputUnavailable = 1,
+    /// Execution failed.
+    ExecFailed = 2,
+}
+
+impl TaskStatus {
+    /// The status with wire code `v`.
+    pub fn from_u32(v: u32) -> Option<TaskStatus> {
+        Some(match v {
+            0 => TaskStatus::Ok,
+            1 => TaskStatus::InputUnavailable,
+            2 => TaskStatus::ExecFailed,
+            _ => return None,
+        })
+    }
+}
+
+/// Where a completion's output is.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OutputKind {
+    /// No output.
+    None = 0,
+    /// `output_len` bytes follow the head.
+    Inline = 1,
+    /// At `remote` (READ it).
+    Remote = 2,
+}
+
+impl OutputKind {
+    /// The kind with wire code `v`.
+    pub fn from_u32(v: u32) -> Option<OutputKind> {
+        Some(match v {
+            0 => OutputKind::None,
+            1 => OutputKind::Inline,
+            2 => OutputKind::Remote,
+            _ => return None,
+        })
+    }
+}
+
+/// Completion head (backend -> frontend/scheduler); inline output may follow.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct CompletionHead {
+    /// Task id.
+    pub task_id: u64,
+    /// [`TaskStatus`] code.
+    pub status: u32,
+    /// [`OutputKind`] code.
+    pub output_kind: u32,
+    /// Output bytes (inline count, or `remote.len`).
+    pub output_len: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// Output location when `output_kind` is Remote, else zero.
+    pub remote: RemoteRef,
+}
+
+/// Why a task was dropped.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// It can no longer meet its deadline.
+    DeadlineUnmeetable = 1,
+    /// Admission refused: queue full / overload.
+    Overloaded = 2,
+    /// No backend serves the model.
+    UnknownModel = 3,
+    /// The system is shutting down.
+    Shutdown = 4,
+    /// Its input could not be fetched.
+    InputUnavailable = 5,
+}
+
+impl DropReason {
+    /// The reason with wire code `v`.
+    pub fn from_u32(v: u32) -> Option<DropReason> {
+        Some(match v {
+            1 => DropReason::DeadlineUnmeetable,
+            2 => DropReason::Overloaded,
+            3 => DropReason::UnknownModel,
+            4 => DropReason::Shutdown,
+            5 => DropReason::InputUnavailable,
+            _ => return None,
+        })
+    }
+}
+
+/// A task was dropped (scheduler -> frontend).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Dropped {
+    /// Task id.
+    pub task_id: u64,
+    /// [`DropReason`] code.
+    pub reason: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+/// A batch finished on a GPU (backend -> scheduler).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct BatchDone {
+    /// Batch id.
+    pub batch_id: u64,
+    /// Measured execution time, ns.
+    pub actual_ns: u64,
+    /// GPU index at the backend.
+    pub gpu_id: u32,
+    /// Tasks in the batch.
+    pub count: u32,
+}
+
+/// Emulated one-sided READ: "send me `remote`" (tcp transport internal).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ReadRequest {
+    /// Requester's work-request id, echoed back.
+    pub wr_id: u64,
+    /// What to read.
+    pub remote: RemoteRef,
+}
+
+/// Result of a READ at the memory owner.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReadStatus {
+    /// `len` payload bytes follow.
+    Ok = 0,
+    /// Unknown key.
+    BadKey = 1,
+    /// Out of the registration's bounds.
+    OutOfBounds = 2,
+    /// Registration closing or gone.
+    Deregistered = 3,
+    /// Registration does not allow remote reads.
+    AccessDenied = 4,
+    /// Longer than the responder serves.
+    TooLarge = 5,
+}
+
+impl ReadStatus {
+    /// The status with wire code `v`.
+    pub fn from_u32(v: u32) -> Option<ReadStatus> {
+        Some(match v {
+            0 => ReadStatus::Ok,
+            1 => ReadStatus::BadKey,
+            2 => ReadStatus::OutOfBounds,
+            3 => ReadStatus::Deregistered,
+            4 => ReadStatus::AccessDenied,
+            5 => ReadStatus::TooLarge,
+            _ => return None,
+        })
+    }
+}
+
+/// Answer to a [`ReadRequest`]; when `status` is Ok, exactly `len` raw
+/// payload bytes follow the message on the stream (they are not part of it).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ReadResponse {
+    /// The request's wr_id.
+    pub wr_id: u64,
+    /// [`ReadStatus`] code.
+    pub status: u32,
+    /// Payload bytes that follow (0 unless Ok).
+    pub len: u32,
+}
+
+/// A fixed-size message body.
+pub trait FixedMessage: Pod {
+    /// Its kind.
+    const KIND: Kind;
+}
+impl FixedMessage for Register {
+    const KIND: Kind = Kind::Register;
+}
+impl FixedMessage for Heartbeat {
+    const KIND: Kind = Kind::Heartbeat;
+}
+impl FixedMessage for Task {
+    const KIND: Kind = Kind::Task;
+}
+impl FixedMessage for Dropped {
+    const KIND: Kind = Kind::Dropped;
+}
+impl FixedMessage for BatchDone {
+    const KIND: Kind = Kind::BatchDone;
+}
+impl FixedMessage for ReadRequest {
+    const KIND: Kind = Kind::ReadRequest;
+}
+impl FixedMessage for ReadResponse {
+    const KIND: Kind = Kind::ReadResponse;
+}
+
+/// A batch plan's task entries, borrowed from the received bytes (which may
+/// be unaligned: entries are copied out one at a time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchTasks<'a> {
+    bytes: &'a [u8],
+}
+
+const TASK_LEN: usize = std::mem::size_of::<BatchTask>();
+
+impl<'a> BatchTasks<'a> {
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.bytes.len() / TASK_LEN
+    }
+    /// No entries.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+    /// Entry `i`.
+    pub fn get(&self, i: usize) -> Option<BatchTask> {
+        let start = i.checked_mul(TASK_LEN)?;
+        self.bytes
+            .get(start..start + TASK_LEN)
+            .map(bytemuck::pod_read_unaligned)
+    }
+    /// All entries in order.
+    pub fn iter(&self) -> impl Iterator<Item = BatchTask> + 'a {
+        self.bytes
+            .chunks_exact(TASK_LEN)
+            .map(bytemuck::pod_read_unaligned)
+    }
+}
+
+/// A decoded message, borrowing variable parts from the input bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Message<'a> {
+    /// Registration.
+    Register(Register),
+    /// Heartbeat.
+    Heartbeat(Heartbeat),
+    /// Task.
+    Task(Task),
+    /// Batch plan.
+    BatchPlan(BatchPlanHead, BatchTasks<'a>),
+    /// Completion with its inline output (empty unless inline).
+    Completion(CompletionHead, &'a [u8]),
+    /// Dropped task.
+    Dropped(Dropped),
+    /// Batch done.
+    BatchDone(BatchDone),
+    /// READ request.
+    ReadRequest(ReadRequest),
+    /// READ response (payload not included).
+    ReadResponse(ReadResponse),
+}
+
+fn put_header(buf: &mut [u8], kind: Kind, body_len: usize) -> Result<(), WireError> {
+    let total = HEADER_LEN + body_len;
+    if total > MAX_MESSAGE_LEN {
+        return Err(WireError::BadLength);
+    }
+    if buf.len() < total {
+        return Err(WireError::BufferTooSmall);
+    }
+    let h = Header {
+        magic: MAGIC,
+        version: VERSION,
+        kind: kind as u16,
+        len: body_len as u32,
+        reserved: 0,
+    };
+    buf[..HEADER_LEN].copy_from_slice(bytemuck::bytes_of(&h));
+    Ok(())
+}
+
+/// Encodes a fixed-size message into `buf`; returns the bytes written.
+/// Does not validate field values (the decoder does); see [`decode`].
+pub fn encode<M: FixedMessage>(buf: &mut [u8], msg: &M) -> Result<usize, WireError> {
+    let body = bytemuck::bytes_of(msg);
+    put_header(buf, M::KIND, body.len())?;
+    buf[HEADER_LEN..HEADER_LEN + body.len()].copy_from_slice(body);
+    Ok(HEADER_LEN + body.len())
+}
+
+/// Encodes a batch plan; `head.count` is set from `tasks.len()`.
+pub fn encode_batch_plan(
+    buf: &mut [u8],
+    head: &BatchPlanHead,
+    tasks: &[BatchTask],
+) -> Result<usize, WireError> {
+    let mut w = BatchPlanWriter::new(buf, head)?;
+    for t in tasks {
+        w.push(t)?;
+    }
+    Ok(w.finish())
+}
+
+/// Builds a batch plan in place, entry by entry, without a task slice.
+#[derive(Debug)]
+pub struct BatchPlanWriter<'a> {
+    buf: &'a mut [u8],
+    head: BatchPlanHead,
+}
+
+const PLAN_HEAD_LEN: usize = std::mem::size_of::<BatchPlanHead>();
+
+impl<'a> BatchPlanWriter<'a> {
+    /// Starts a plan in `buf`.
+    pub fn new(buf: &'a mut [u8], head: &BatchPlanHead) -> Result<Self, WireError> {
+        if buf.len() < HEADER_LEN + PLAN_HEAD_LEN {
+            return Err(WireError::BufferTooSmall);
+        }
+        let mut head = *head;
+        head.count = 0;
+        Ok(BatchPlanWriter { buf, head })
+    }
+    /// Appends one task entry.
+    pub fn push(&mut self, task: &BatchTask) -> Result<(), WireError> {
+        let n = self.head.count as usize;
+        if n >= MAX_BATCH_TASKS {
+            return Err(WireError::BadCount);
+        }
+        let at = HEADER_LEN + PLAN_HEAD_LEN + n * TASK_LEN;
+        let dst = self
+            .buf
+            .get_mut(at..at + TASK_LEN)
+            .ok_or(WireError::BufferTooSmall)?;
+        dst.copy_from_slice(bytemuck::bytes_of(task));
+        self.head.count += 1;
+        Ok(())
+    }
+    /// Entries so far.
+    pub fn count(&self) -> usize {
+        self.head.count as usize
+    }
+    /// Writes header and head; returns the message length.
+    pub fn finish(self) -> usize {
+        let body = PLAN_HEAD_LEN + self.head.count as usize * TASK_LEN;
+        // Space and bound were checked by `new` and `push`.
+        let h = Header {
+            magic: MAGIC,
+            version: VERSION,
+            kind: Kind::BatchPlan as u16,
+            len: body as u32,
+            reserved: 0,
+        };
+        self.buf[..HEADER_LEN].copy_from_slice(bytemuck::bytes_of(&h));
+        self.buf[HEADER_LEN..HEADER_LEN + PLAN_HEAD_LEN]
+            .copy_from_slice(bytemuck::bytes_of(&self.head));
+        HEADER_LEN + body
+    }
+}
+
+/// Encodes a completion; for inline output pass the bytes (and
+/// `head.output_kind = Inline`; `output_len` is set from `inline.len()`).
+pub fn encode_completion(
+    buf: &mut [u8],
+    head: &CompletionHead,
+    inline: &[u8],
+) -> Result<usize, WireError> {
+    const H: usize = std::mem::size_of::<CompletionHead>();
+    if inline.len() > MAX_INLINE_OUTPUT {
+        return Err(WireError::BadLength);
+    }
+    let mut head = *head;
+    if head.output_kind == OutputKind::Inline as u32 {
+        head.output_len = inline.len() as u32;
+    } else if !inline.is_empty() {
+        return Err(WireError::BadValue(
+            "inline bytes without inline output kind",
+        ));
+    }
+    put_header(buf, Kind::Completion, H + inline.len())?;
+    buf[HEADER_LEN..HEADER_LEN + H].copy_from_slice(bytemuck::bytes_of(&head));
+    buf[HEADER_LEN + H..HEADER_LEN + H + inline.len()].copy_from_slice(inline);
+    Ok(HEADER_LEN + H + inline.len())
+}
+
+/// Validates the header at the start of `buf` and returns the whole
+/// message length, or `None` if fewer than [`HEADER_LEN`] bytes are there.
+/// Stream framers call this before they have the body.
+pub fn frame_len(buf: &[u8]) -> Result<Option<usize>, WireError> {
+    let Some(hb) = buf.get(..HEADER_LEN) else {
+        return Ok(None);
+    };
+    let h: Header = bytemuck::pod_read_unaligned(hb);
+    let kind = check_header(&h)?;
+    let body = h.len as usize;
+    if body != fixed_body_len(kind).unwrap_or(body) {
+        return Err(WireError::BadLength);
+    }
+    Ok(Some(HEADER_LEN + body))
+}
+
+fn check_header(h: &Header) -> Result<Kind, WireError> {
+    if h.magic != MAGIC {
+        return Err(WireError::BadMagic);
+    }
+    if h.version != VERSION {
+        return Err(WireError::BadVersion(h.version));
+    }
+    let kind = Kind::from_u16(h.kind).ok_or(WireError::UnknownKind(h.kind))?;
+    if h.reserved != 0 {
+        return Err(WireError::ReservedNotZero);
+    }
+    if h.len as usize > MAX_MESSAGE_LEN - HEADER_LEN {
+        return Err(WireError::BadLength);
+    }
+    Ok(kind)
+}
+
+fn fixed_body_len(kind: Kind) -> Option<usize> {
+    use std::mem::size_of;
+    Some(match kind {
+        Kind::Register => size_of::<Register>(),
+        Kind::Heartbeat => size_of::<Heartbeat>(),
+        Kind::Task => size_of::<Task>(),
+        Kind::Dropped => size_of::<Dropped>(),
+        Kind::BatchDone => size_of::<BatchDone>(),
+        Kind::ReadRequest => size_of::<ReadRequest>(),
+        Kind::ReadResponse => size_of::<ReadResponse>(),
+        Kind::BatchPlan | Kind::Completion => return None,
+    })
+}
+
+fn read_fixed<M: Pod>(body: &[u8]) -> Result<M, WireError> {
+    if body.len() != std::mem::size_of::<M>() {
+        return Err(WireError::BadLength);
+    }
+    Ok(bytemuck::pod_read_unaligned(body))
+}
+
+/// Decodes exactly one message occupying all of `buf`.
+pub fn decode(buf: &[u8]) -> Result<Message<'_>, WireError> {
+    let total = frame_len(buf)?.ok_or(WireError::Truncated)?;
+    if buf.len() < total {
+        return Err(WireError::Truncated);
+    }
+    if buf.len() > total {
+        return Err(WireError::TrailingBytes);
+    }
+    let h: Header = bytemuck::pod_read_unaligned(&buf[..HEADER_LEN]);
+    let body = &buf[HEADER_LEN..];
+    let kind = Kind::from_u16(h.kind).ok_or(WireError::UnknownKind(h.kind))?;
+    Ok(match kind {
+        Kind::Register => {
+            let r: Register = read_fixed(body)?;
+            Role::from_u32(r.role).ok_or(WireError::BadValue("role"))?;
+            if r.reserved != 0 {
+                return Err(WireError::ReservedNotZero);
+            }
+            let n = r
+                .endpoint
+                .iter()
+                .position(|&b| b == 0)
+                .unwrap_or(ENDPOINT_LEN);
+            if std::str::from_utf8(&r.endpoint[..n]).is_err()
+                || r.endpoint[n..].iter().any(|&b| b != 0)
+            {
+                return Err(WireError::BadValue("endpoint"));
+            }
+            Message::Register(r)
+        }
+        Kind::Heartbeat => {
+            let m: Heartbeat = read_fixed(body)?;
+            Role::from_u32(m.role).ok_or(WireError::BadValue("role"))?;
+            Message::Heartbeat(m)
+        }
+        Kind::Task => Message::Task(read_fixed(body)?),
+        Kind::BatchPlan => {
+            let head_bytes = body.get(..PLAN_HEAD_LEN).ok_or(WireError::BadLength)?;
+            let head: BatchPlanHead = bytemuck::pod_read_unaligned(head_bytes);
+            if head.reserved != 0 {
+                return Err(WireError::ReservedNotZero);
+            }
+            let count = head.count as usize;
+            if count > MAX_BATCH_TASKS || body.len() != PLAN_HEAD_LEN + count * TASK_LEN {
+                return Err(WireError::BadCount);
+            }
+            let tasks = BatchTasks {
+                bytes: &body[PLAN_HEAD_LEN..],
+            };
+            if tasks.iter().any(|t| t.reserved != 0) {
+                return Err(WireError::ReservedNotZero);
+            }
+            Message::BatchPlan(head, tasks)
+        }
+        Kind::Completion => {
+            const H: usize = std::mem::size_of::<CompletionHead>();
+            let head_bytes = body.get(..H).ok_or(WireError::BadLength)?;
+            let head: CompletionHead = bytemuck::pod_read_unaligned(head_bytes);
+            let inline = &body[H..];
+            TaskStatus::from_u32(head.status).ok_or(WireError::BadValue("task status"))?;
+            if head.reserved != 0 {
+                return Err(WireError::ReservedNotZero);
+            }
+            match OutputKind::from_u32(head.output_kind)
+                .ok_or(WireError::BadValue("output kind"))?
+            {
+                OutputKind::None => {
+                    if head.output_len != 0
+                        || !inline.is_empty()
+                        || head.remote != RemoteRef::default()
+                    {
+                        return Err(WireError::BadLength);
+                    }
+                }
+                OutputKind::Inline => {
+                    if head.output_len as usize != inline.len()
+                        || head.remote != RemoteRef::default()
+                    {
+                        return Err(WireError::BadLength);
+                    }
+                }
+                OutputKind::Remote => {
+                    if !inline.is_empty() || head.output_len != head.remote.len {
+                        return Err(WireError::BadLength);
+                    }
+                }
+            }
+            Message::Completion(head, inline)
+        }
+        Kind::Dropped => {
+            let m: Dropped = read_fixed(body)?;
+            DropReason::from_u32(m.reason).ok_or(WireError::BadValue("drop reason"))?;
+            if m.reserved != 0 {
+                return Err(WireError::ReservedNotZero);
+            }
+            Message::Dropped(m)
+        }
+        Kind::BatchDone => Message::BatchDone(read_fixed(body)?),
+        Kind::ReadRequest => Message::ReadRequest(read_fixed(body)?),
+        Kind::ReadResponse => {
+            let m: ReadResponse = read_fixed(body)?;
+            let st = ReadStatus::from_u32(m.status).ok_or(WireError::BadValue("read status"))?;
+            if st != ReadStatus::Ok && m.len != 0 {
+                return Err(WireError::BadLength);
+            }
+            Message::ReadResponse(m)
+        }
+    })
+}
+
+/// Entry point for fuzzers and property tests: decodes arbitrary bytes both
+/// as one message and as a frame prefix, and checks that whatever decodes
+/// re-encodes to the same bytes. Panics only on a real codec bug.
+pub fn fuzz_decode(data: &[u8]) {
+    let _ = frame_len(data);
+    if let Ok(m) = decode(data) {
+        let mut buf = [0u8; MAX_MESSAGE_LEN];
+        let n = match m {
+            Message::Register(r) => encode(&mut buf, &r),
+            Message::Heartbeat(r) => encode(&mut buf, &r),
+            Message::Task(r) => encode(&mut buf, &r),
+            Message::BatchPlan(h, t) => {
+                let mut w = BatchPlanWriter::new(&mut buf, &h).expect("room for a plan");
+                for e in t.iter() {
+                    w.push(&e).expect("decoded plans fit");
+                }
+                Ok(w.finish())
+            }
+            Message::Completion(h, inline) => encode_completion(&mut buf, &h, inline),
+            Message::Dropped(r) => encode(&mut buf, &r),
+            Message::BatchDone(r) => encode(&mut buf, &r),
+            Message::ReadRequest(r) => encode(&mut buf, &r),
+            Message::ReadResponse(r) => encode(&mut buf, &r),
+        }
+        .expect("a decoded message re-encodes");
+        assert_eq!(
+            &buf[..n],
+            data,
+            "decode/encode round trip changed the bytes"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_plan_round_trips_and_rejects_bad_counts() {
+        let mut buf = [0u8; MAX_MESSAGE_LEN];
+        let head = BatchPlanHead {
+            batch_id: 7,
+            exec_in_ns: 5,
+            model_id: 1,
+            gpu_id: 2,
+            count: 99,
+            reserved: 0,
+        };
+        let tasks: Vec<BatchTask> = (0..3)
+            .map(|i| BatchTask {
+                task_id: i,
+                frontend_id: 1,
+                reserved: 0,
+                input: RemoteRef {
+                    key: 1,
+                    len: 2,
+                    offset: 3,
+                },
+            })
+            .collect();
+        let n = encode_batch_plan(&mut buf, &head, &tasks).unwrap();
+        match decode(&buf[..n]).unwrap() {
+            Message::BatchPlan(h, t) => {
+                assert_eq!(h.count, 3);
+                assert_eq!(t.iter().collect::<Vec<_>>(), tasks);
+            }
+            m => panic!("{m:?}"),
+        }
+        assert_eq!(decode(&buf[..n - 1]), Err(WireError::Truncated));
+        // Claim one more entry than present.
+        buf[HEADER_LEN + 24..HEADER_LEN + 28].copy_from_slice(&4u32.to_le_bytes());
+        assert_eq!(decode(&buf[..n]), Err(WireError::BadCount));
+    }
+
+    #[test]
+    fn every_fixed_message_has_a_length_multiple_of_eight() {
+        for k in 1..=9 {
+            if let Some(n) = fixed_body_len(Kind::from_u16(k).unwrap()) {
+                assert_eq!(n % 8, 0, "kind {k}");
+            }
+        }
+    }
+}

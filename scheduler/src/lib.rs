@@ -1,1 +1,21 @@
-//! Scheduling policy (see docs/architecture.md).
+//! The scheduling policy of the serving system.
+//!
+//! - [`profile`], [`zoo`]: batch latency profiles and the paper's model zoo.
+//! - [`types`]: requests, actions and the sans-IO [`types::Scheduler`] trait.
+//! - [`deferred`]: Symphony's deferred batch scheduling (ModelThread and
+//!   RankThread cores), and the timeout/eager rules.
+//! - [`baselines`]: the Clockwork, Shepherd and Nexus policies.
+//! - [`netdelay`]: the network delay bound charged before each batch.
+#![warn(missing_docs)]
+
+pub mod analysis;
+pub mod baselines;
+pub mod deferred;
+pub mod goodput;
+pub mod netdelay;
+pub mod policy;
+pub mod profile;
+pub mod runtime;
+pub mod sim;
+pub mod types;
+pub mod zoo;

@@ -1,1 +1,282 @@
-fn main() {}
+//! `symphony`: the operator CLI: simulate, search goodput, replay the
+//! paper's worked example, and produce the reports in docs/benchmarks.md.
+
+mod bench;
+mod cli;
+mod example;
+mod plot;
+mod progress;
+mod reports;
+
+use clap::{Parser, Subcommand};
+use cli::ClusterArgs;
+use progress::Progress;
+use scheduler::goodput::{search, GoodputSearch};
+use scheduler::policy::build;
+use scheduler::sim::{simulate, SimReport};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "symphony", version, about = "Deferred batch scheduling for cluster DNN serving")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Simulate one offered load.
+    Sim {
+        #[command(flatten)]
+        cluster: ClusterArgs,
+        /// Total offered rate, requests per second.
+        #[arg(long)]
+        rate: f64,
+        /// Print JSON on stdout.
+        #[arg(long)]
+        json: bool,
+        /// Write SVG figures (batch-size distribution) into this directory.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+    },
+    /// Find the highest rate at which every model's bad rate stays <= 1%.
+    Goodput {
+        #[command(flatten)]
+        cluster: ClusterArgs,
+        /// Print JSON on stdout.
+        #[arg(long)]
+        json: bool,
+        /// Write SVG figures (batch sizes at goodput; goodput and GPU use vs offered load) into this directory.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        /// No progress bar.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Replay the paper's worked example (3 GPUs, l(b)=b+5, SLO 12).
+    Example {
+        /// Policy to replay.
+        #[arg(long, default_value = "deferred")]
+        policy: String,
+        /// Request numbers (1-based) to leave out, e.g. 13,14,15.
+        #[arg(long, value_delimiter = ',')]
+        skip: Vec<u32>,
+        /// How many requests arrive.
+        #[arg(long, default_value_t = 48)]
+        requests: u32,
+        /// Batch gathering: lazy (as in the paper's example) or early.
+        #[arg(long, default_value = "lazy")]
+        gather: String,
+        /// Print JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Scheduler-only capacity test: the live runtime with in-process load and emulated GPUs.
+    BenchScheduler {
+        /// Number of models (copies of one ResNet-like profile).
+        #[arg(long, default_value_t = 20)]
+        models: usize,
+        /// Emulated GPUs.
+        #[arg(long, default_value_t = 1000)]
+        gpus: u32,
+        /// ModelThreads.
+        #[arg(long = "model-threads", default_value_t = 1)]
+        model_threads: usize,
+        /// Offered rate in requests/s, or `max` to search for the highest rate with dispatch lag p99.9 <= 100 us and bad rate <= 1%.
+        #[arg(long, default_value = "1000000")]
+        rate: String,
+        /// Seconds per run.
+        #[arg(long = "duration-s", default_value_t = 5.0)]
+        duration_s: f64,
+        /// Model profile as ALPHA_MS,BETA_MS,SLO_MS.
+        #[arg(long, default_value = "1.053,5.072,25")]
+        profile: String,
+        /// Idle strategy: spin, yield, park.
+        #[arg(long, default_value = "spin")]
+        idle: String,
+        /// Do not pin threads to cores.
+        #[arg(long = "no-pin")]
+        no_pin: bool,
+        /// Seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Print JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Reproduce a figure or table of docs/benchmarks.md (Markdown on stdout).
+    Report {
+        /// table2, example, fig6a, fig9, fig2, fig10, grid, fig14.
+        name: String,
+        /// Fewer and shorter runs (for a quick look; the docs use the default).
+        #[arg(long)]
+        quick: bool,
+        /// Write SVG figures into this directory where the report has any.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli.cmd) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("symphony: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cmd: Cmd) -> Result<(), String> {
+    match cmd {
+        Cmd::Sim { cluster, rate, json, plot } => {
+            let cfg = cluster.sim(rate)?;
+            let policy = cluster.policy()?;
+            let mut sched = build(&cfg.models, cfg.gpus, &policy)?;
+            let report = simulate(&cfg, sched.as_mut()).map_err(|e| e.to_string())?;
+            if let Some(dir) = plot {
+                write_batch_plot(&dir, &report)?;
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+            } else {
+                print_summary(&report);
+            }
+            Ok(())
+        }
+        Cmd::Goodput { cluster, json, plot, quiet } => {
+            let cfg = cluster.sim(0.0)?;
+            let policy = cluster.policy()?;
+            let bar = Progress::new("goodput", quiet);
+            let result = search(&cfg, &policy, &GoodputSearch::default(), &mut |i, n, rate, ok| {
+                bar.update(i, n, &format!("{rate:.0} rps {}", if ok { "ok" } else { "bad" }))
+            })?;
+            bar.finish();
+            let mut sweep = Vec::new();
+            if let Some(dir) = &plot {
+                if let Some(at) = &result.at_goodput {
+                    write_batch_plot(dir, at)?;
+                }
+                sweep = load_sweep(&cluster, result.goodput_rps, &bar)?;
+                write_sweep_plots(dir, &policy.kind.to_string(), &sweep)?;
+            }
+            if json {
+                let mut v = serde_json::json!({
+                    "policy": policy.kind.as_str(),
+                    "gpus": cfg.gpus,
+                    "goodput_rps": result.goodput_rps,
+                    "probes": result.probes,
+                });
+                if let Some(at) = &result.at_goodput {
+                    v["bad_rate"] = at.bad_rate.into();
+                    v["median_batch"] = at.median_batch.into();
+                    v["gpu_idle_fraction"] = at.gpu_idle_fraction.into();
+                    v["at_goodput"] = serde_json::to_value(at).map_err(|e| e.to_string())?;
+                    v["models"] = v["at_goodput"]["models"].clone();
+                }
+                if !sweep.is_empty() {
+                    v["sweep"] = serde_json::to_value(&sweep).map_err(|e| e.to_string())?;
+                }
+                println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
+            } else {
+                println!("policy {}  gpus {}  goodput {:.0} rps", policy.kind, cfg.gpus, result.goodput_rps);
+                if let Some(at) = &result.at_goodput {
+                    print_summary(at);
+                }
+            }
+            Ok(())
+        }
+        Cmd::Example { policy, skip, requests, gather, json } => example::run(&policy, &skip, requests, &gather, json),
+        Cmd::Report { name, quick, plot } => reports::run(&name, quick, plot.as_deref()),
+        Cmd::BenchScheduler { models, gpus, model_threads, rate, duration_s, profile, idle, no_pin, seed, json } => {
+            bench::run(&bench::BenchArgs { models, gpus, model_threads, rate, duration_s, profile, idle, pin: !no_pin, seed, json })
+        }
+    }
+}
+
+/// One point of an offered-load sweep.
+#[derive(serde::Serialize)]
+pub struct SweepPoint {
+    offered_rps: f64,
+    good_rps: f64,
+    bad_rate: f64,
+    gpu_utilisation: f64,
+    median_batch: u32,
+}
+
+fn load_sweep(cluster: &ClusterArgs, goodput: f64, bar: &Progress) -> Result<Vec<SweepPoint>, String> {
+    let policy = cluster.policy()?;
+    let steps = 15;
+    let mut out = Vec::new();
+    for i in 1..=steps {
+        let rate = goodput * 1.5 * f64::from(i) / f64::from(steps);
+        bar.update(i, steps, &format!("sweep {rate:.0} rps"));
+        let cfg = cluster.sim(rate)?;
+        let mut sched = build(&cfg.models, cfg.gpus, &policy)?;
+        let r = simulate(&cfg, sched.as_mut()).map_err(|e| e.to_string())?;
+        out.push(SweepPoint {
+            offered_rps: rate,
+            good_rps: r.good_rps,
+            bad_rate: r.bad_rate,
+            gpu_utilisation: 1.0 - r.gpu_idle_fraction,
+            median_batch: r.median_batch,
+        });
+    }
+    bar.finish();
+    Ok(out)
+}
+
+fn write_file(dir: &std::path::Path, name: &str, svg: &str) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let path = dir.join(name);
+    std::fs::write(&path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
+
+fn write_batch_plot(dir: &std::path::Path, r: &SimReport) -> Result<(), String> {
+    let total: u64 = r.batch_size_histogram.iter().map(|b| b[1]).sum::<u64>().max(1);
+    let data: Vec<(f64, f64)> = r.batch_size_histogram.iter().map(|b| (b[0] as f64, b[1] as f64 / total as f64)).collect();
+    let title = format!("Batch size distribution ({}, {:.0} rps offered)", r.policy, r.offered_rps);
+    write_file(dir, "batch_sizes.svg", &plot::bars(&title, "batch size", "fraction of requests", &data))
+}
+
+fn write_sweep_plots(dir: &std::path::Path, policy: &str, sweep: &[SweepPoint]) -> Result<(), String> {
+    let good = plot::Series { label: policy.to_string(), points: sweep.iter().map(|p| (p.offered_rps, p.good_rps)).collect() };
+    let ideal = plot::Series { label: "offered".into(), points: sweep.iter().map(|p| (p.offered_rps, p.offered_rps)).collect() };
+    write_file(dir, "goodput_vs_offered.svg", &plot::lines("Goodput vs offered load", "offered (rps)", "good (rps)", &[good, ideal]))?;
+    let util = plot::Series { label: policy.to_string(), points: sweep.iter().map(|p| (p.offered_rps, p.gpu_utilisation)).collect() };
+    write_file(dir, "gpu_utilisation_vs_offered.svg", &plot::lines("GPU utilisation vs offered load", "offered (rps)", "busy fraction", &[util]))
+}
+
+fn print_summary(r: &SimReport) {
+    println!(
+        "offered {:.0} rps  good {:.0} rps  bad rate {:.3}%  median batch {}  GPU idle {:.1}%  p99 {:.2} ms",
+        r.measured_offered_rps,
+        r.good_rps,
+        r.bad_rate * 100.0,
+        r.median_batch,
+        r.gpu_idle_fraction * 100.0,
+        r.p99_ms
+    );
+    println!(
+        "autoscaling: add {:.1} GPUs, remove {:.1} GPUs (of {})",
+        r.autoscale.add_gpus, r.autoscale.remove_gpus, r.gpus
+    );
+    if r.models.len() > 1 {
+        println!("{:<24} {:>9} {:>9} {:>8} {:>7} {:>8}", "model", "offered", "good", "bad%", "batch", "p99 ms");
+        for m in &r.models {
+            println!(
+                "{:<24} {:>9} {:>9} {:>8.3} {:>7} {:>8.2}",
+                m.name,
+                m.offered,
+                m.good,
+                m.bad_rate * 100.0,
+                m.median_batch,
+                m.p99_ms
+            );
+        }
+    }
+}

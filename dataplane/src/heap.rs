@@ -1,0 +1,238 @@
+//! An indexed binary min-heap over dense `u32` ids.
+//!
+//! Each id is in the heap at most once, with one key. `set` inserts or
+//! re-keys, `remove` takes an id out, `peek` gives the smallest `(key, id)`;
+//! all are `O(log n)`. Ties between equal keys go to the smaller id, so
+//! every order is deterministic. Storage grows only when a new, larger id is
+//! first seen: preallocate with [`IndexedHeap::with_ids`] and the heap never
+//! allocates again.
+//!
+//! The scheduling cores use it for GPU free times, model wake-up times and
+//! candidate orderings, where "re-key this entry" is the common operation and
+//! a plain `BinaryHeap` with lazy deletion would grow without bound.
+
+const ABSENT: u32 = u32::MAX;
+
+/// A min-heap of `(key, id)` pairs with one entry per id.
+#[derive(Clone, Debug)]
+pub struct IndexedHeap<K> {
+    heap: Vec<(K, u32)>,
+    /// `pos[id]` is the id's index in `heap`, or [`ABSENT`].
+    pos: Vec<u32>,
+}
+
+impl<K: Ord + Copy> Default for IndexedHeap<K> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K: Ord + Copy> IndexedHeap<K> {
+    /// An empty heap.
+    pub fn new() -> Self {
+        IndexedHeap { heap: Vec::new(), pos: Vec::new() }
+    }
+
+    /// An empty heap with room for ids `0..ids` without further allocation.
+    pub fn with_ids(ids: usize) -> Self {
+        IndexedHeap { heap: Vec::with_capacity(ids), pos: vec![ABSENT; ids] }
+    }
+
+    /// Number of ids in the heap.
+    pub fn len(&self) -> usize {
+        self.heap.len()
+    }
+
+    /// True when no id is in the heap.
+    pub fn is_empty(&self) -> bool {
+        self.heap.is_empty()
+    }
+
+    /// True when `id` is in the heap.
+    pub fn contains(&self, id: u32) -> bool {
+        self.slot(id).is_some()
+    }
+
+    /// The key of `id`, if present.
+    pub fn get(&self, id: u32) -> Option<K> {
+        self.slot(id).map(|i| self.heap[i].0)
+    }
+
+    /// The smallest `(key, id)`, if any.
+    pub fn peek(&self) -> Option<(K, u32)> {
+        self.heap.first().copied()
+    }
+
+    /// Removes and returns the smallest `(key, id)`.
+    pub fn pop(&mut self) -> Option<(K, u32)> {
+        let top = self.peek()?;
+        self.remove_at(0);
+        Some(top)
+    }
+
+    /// Inserts `id` with `key`, or changes its key if it is present.
+    pub fn set(&mut self, id: u32, key: K) {
+        match self.slot(id) {
+            Some(i) => {
+                let old = self.heap[i].0;
+                self.heap[i].0 = key;
+                if key < old {
+                    self.sift_up(i);
+                } else {
+                    self.sift_down(i);
+                }
+            }
+            None => {
+                let idx = id as usize;
+                if idx >= self.pos.len() {
+                    self.pos.resize(idx + 1, ABSENT);
+                }
+                let i = self.heap.len();
+                self.heap.push((key, id));
+                self.pos[idx] = i as u32;
+                self.sift_up(i);
+            }
+        }
+    }
+
+    /// Removes `id`; returns its key if it was present.
+    pub fn remove(&mut self, id: u32) -> Option<K> {
+        let i = self.slot(id)?;
+        let key = self.heap[i].0;
+        self.remove_at(i);
+        Some(key)
+    }
+
+    /// Removes every entry, keeping the storage.
+    pub fn clear(&mut self) {
+        for &(_, id) in &self.heap {
+            self.pos[id as usize] = ABSENT;
+        }
+        self.heap.clear();
+    }
+
+    /// Iterates over the entries in heap order (not sorted).
+    pub fn iter(&self) -> impl Iterator<Item = (K, u32)> + '_ {
+        self.heap.iter().copied()
+    }
+
+    fn slot(&self, id: u32) -> Option<usize> {
+        match self.pos.get(id as usize) {
+            Some(&p) if p != ABSENT => Some(p as usize),
+            _ => None,
+        }
+    }
+
+    fn remove_at(&mut self, i: usize) {
+        let last = self.heap.len() - 1;
+        let removed_id = self.heap[i].1;
+        self.heap.swap(i, last);
+        self.heap.pop();
+        self.pos[removed_id as usize] = ABSENT;
+        if i < self.heap.len() {
+            self.pos[self.heap[i].1 as usize] = i as u32;
+            self.sift_down(i);
+            self.sift_up(i);
+        }
+    }
+
+    fn less(&self, a: usize, b: usize) -> bool {
+        self.heap[a] < self.heap[b]
+    }
+
+    fn swap(&mut self, a: usize, b: usize) {
+        self.heap.swap(a, b);
+        self.pos[self.heap[a].1 as usize] = a as u32;
+        self.pos[self.heap[b].1 as usize] = b as u32;
+    }
+
+    fn sift_up(&mut self, mut i: usize) {
+        while i > 0 {
+            let parent = (i - 1) / 2;
+            if self.less(i, parent) {
+                self.swap(i, parent);
+                i = parent;
+            } else {
+                break;
+            }
+        }
+    }
+
+    fn sift_down(&mut self, mut i: usize) {
+        let n = self.heap.len();
+        loop {
+            let l = 2 * i + 1;
+            if l >= n {
+                break;
+            }
+            let r = l + 1;
+            let smallest = if r < n && self.less(r, l) { r } else { l };
+            if self.less(smallest, i) {
+                self.swap(i, smallest);
+                i = smallest;
+            } else {
+                break;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Set(u32, u16),
+        Remove(u32),
+        Pop,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u32..40, any::<u16>()).prop_map(|(i, k)| Op::Set(i, k)),
+            (0u32..40).prop_map(Op::Remove),
+            Just(Op::Pop),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn matches_a_sorted_model(ops in proptest::collection::vec(op(), 0..300)) {
+            let mut heap = IndexedHeap::new();
+            let mut model: BTreeMap<u32, u16> = BTreeMap::new();
+            for op in ops {
+                match op {
+                    Op::Set(id, k) => { heap.set(id, k); model.insert(id, k); }
+                    Op::Remove(id) => { prop_assert_eq!(heap.remove(id), model.remove(&id)); }
+                    Op::Pop => {
+                        let want = model.iter().map(|(&id, &k)| (k, id)).min();
+                        prop_assert_eq!(heap.pop(), want);
+                        if let Some((_, id)) = want { model.remove(&id); }
+                    }
+                }
+                prop_assert_eq!(heap.len(), model.len());
+                let want = model.iter().map(|(&id, &k)| (k, id)).min();
+                prop_assert_eq!(heap.peek(), want);
+            }
+        }
+    }
+
+    #[test]
+    fn preallocated_heap_does_not_grow() {
+        let mut heap = IndexedHeap::with_ids(8);
+        let cap = heap.heap.capacity();
+        for round in 0..100u32 {
+            for id in 0..8 {
+                heap.set(id, (id * 7 + round) % 13);
+            }
+            while heap.pop().is_some() {}
+        }
+        assert_eq!(heap.heap.capacity(), cap);
+        heap.set(3, 1);
+        heap.clear();
+        assert!(heap.is_empty() && !heap.contains(3));
+    }
+}

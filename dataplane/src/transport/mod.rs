@@ -1,0 +1,425 @@
+//! One transport trait family, three implementations: `shm` (same host),
+//! `tcp` (io_uring, plus a blocking std::net baseline) and `rdma`
+//! (feature `rdma`, real verbs).
+//!
+//! The shape follows RDMA verbs so that the verbs implementation is a thin
+//! layer and the software ones behave the same way:
+//! - a [`Domain`] is one process's transport context (a verbs protection
+//!   domain): it registers memory and makes connections;
+//! - a [`Connection`] (a queue pair) carries two-sided control messages
+//!   ([`Connection::send`], [`Connection::try_recv`], whole wire messages)
+//!   and one-sided READs ([`Connection::post_read`] /
+//!   [`Connection::post_reads`]) whose results arrive as [`Completion`]s from
+//!   [`Connection::poll_completions`];
+//! - READs name remote memory by [`RemoteRef`] `{key, offset, len}` created
+//!   by the owner's [`Registration::remote_ref`], and land in local
+//!   registered memory named by a [`LocalRef`].
+//!
+//! Everything is polled: no call blocks on the data path and no transport
+//! starts a thread behind the caller's back. Memory owners must keep polling
+//! their connections (any of `progress`, `try_recv`, `poll_completions`):
+//! for tcp that is what serves peers' READs (see `tcp` for why).
+//!
+//! Contract of a READ: `post_read` returns `Err` only when it did not accept
+//! the operation (queue full, connection known dead, local buffer invalid,
+//! too long); then no completion will come. Once accepted, exactly one
+//! completion with its `wr_id` comes, successful or carrying the error
+//! (bad key, out of bounds, deregistered, peer disconnected, timeout). While
+//! a READ is outstanding its landing bytes belong to the transport.
+
+use std::io;
+use std::sync::Arc;
+
+pub use crate::mem::{Access, LocalRef, Region, RemoteRef};
+use crate::time::Duration;
+use crate::wire::WireError;
+
+pub mod conformance;
+mod registry;
+pub mod shm;
+mod stream;
+pub mod tcp;
+
+// The verbs implementation lives in `rdma.rs` (written separately, feature
+// `rdma`); it implements the traits below and runs `conformance` unchanged.
+#[cfg(feature = "rdma")]
+pub mod rdma;
+
+/// Caller-chosen id of a work request, returned in its [`Completion`].
+pub type WrId = u64;
+
+/// Error classes, small and `Copy` so that completions can carry them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The key names no live registration at its owner.
+    BadKey,
+    /// The access falls outside the registration.
+    OutOfBounds,
+    /// The registration is closing or gone.
+    Deregistered,
+    /// The registration does not grant this access.
+    AccessDenied,
+    /// The peer went away (closed, crashed, reset).
+    PeerDisconnected,
+    /// No answer within the transport's bound.
+    Timeout,
+    /// Refused for now (deregistration with accesses in flight): retry.
+    Busy,
+    /// Send queue or outstanding-READ limit reached: poll, then retry.
+    QueueFull,
+    /// Longer than the transport or message format allows.
+    TooLarge,
+    /// The caller's buffer is too small.
+    BufferTooSmall,
+    /// The peer sent bytes that break the protocol.
+    Protocol,
+    /// Not available here (e.g. io_uring disabled, wrong region kind).
+    Unsupported,
+    /// Another OS-level failure.
+    Io,
+}
+
+/// Transport errors.
+#[derive(Debug)]
+pub enum Error {
+    /// See [`ErrorKind::BadKey`].
+    BadKey,
+    /// See [`ErrorKind::OutOfBounds`].
+    OutOfBounds,
+    /// See [`ErrorKind::Deregistered`].
+    Deregistered,
+    /// See [`ErrorKind::AccessDenied`].
+    AccessDenied,
+    /// See [`ErrorKind::PeerDisconnected`].
+    PeerDisconnected,
+    /// See [`ErrorKind::Timeout`].
+    Timeout,
+    /// See [`ErrorKind::Busy`].
+    Busy,
+    /// See [`ErrorKind::QueueFull`].
+    QueueFull,
+    /// See [`ErrorKind::TooLarge`].
+    TooLarge,
+    /// The message needs `needed` bytes (it stays queued).
+    BufferTooSmall {
+        /// Bytes needed.
+        needed: usize,
+    },
+    /// Malformed bytes from the peer.
+    Protocol(WireError),
+    /// Not available here, and why.
+    Unsupported(&'static str),
+    /// OS error.
+    Io(io::Error),
+}
+
+impl Error {
+    /// The error's class.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::BadKey => ErrorKind::BadKey,
+            Error::OutOfBounds => ErrorKind::OutOfBounds,
+            Error::Deregistered => ErrorKind::Deregistered,
+            Error::AccessDenied => ErrorKind::AccessDenied,
+            Error::PeerDisconnected => ErrorKind::PeerDisconnected,
+            Error::Timeout => ErrorKind::Timeout,
+            Error::Busy => ErrorKind::Busy,
+            Error::QueueFull => ErrorKind::QueueFull,
+            Error::TooLarge => ErrorKind::TooLarge,
+            Error::BufferTooSmall { .. } => ErrorKind::BufferTooSmall,
+            Error::Protocol(_) => ErrorKind::Protocol,
+            Error::Unsupported(_) => ErrorKind::Unsupported,
+            Error::Io(_) => ErrorKind::Io,
+        }
+    }
+}
+
+impl From<ErrorKind> for Error {
+    fn from(k: ErrorKind) -> Self {
+        match k {
+            ErrorKind::BadKey => Error::BadKey,
+            ErrorKind::OutOfBounds => Error::OutOfBounds,
+            ErrorKind::Deregistered => Error::Deregistered,
+            ErrorKind::AccessDenied => Error::AccessDenied,
+            ErrorKind::PeerDisconnected => Error::PeerDisconnected,
+            ErrorKind::Timeout => Error::Timeout,
+            ErrorKind::Busy => Error::Busy,
+            ErrorKind::QueueFull => Error::QueueFull,
+            ErrorKind::TooLarge => Error::TooLarge,
+            ErrorKind::BufferTooSmall => Error::BufferTooSmall { needed: 0 },
+            ErrorKind::Protocol => Error::Protocol(WireError::BadLength),
+            ErrorKind::Unsupported => Error::Unsupported("unsupported"),
+            ErrorKind::Io => Error::Io(io::Error::other("transport io error")),
+        }
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::BufferTooSmall { needed } => {
+                write!(f, "buffer too small: {needed} bytes needed")
+            }
+            Error::Protocol(e) => write!(f, "protocol error: {e}"),
+            Error::Unsupported(why) => write!(f, "unsupported: {why}"),
+            Error::Io(e) => write!(f, "io: {e}"),
+            other => write!(f, "{:?}", other.kind()),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Self {
+        match e.kind() {
+            io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::NotConnected => Error::PeerDisconnected,
+            io::ErrorKind::TimedOut => Error::Timeout,
+            _ => Error::Io(e),
+        }
+    }
+}
+
+impl From<WireError> for Error {
+    fn from(e: WireError) -> Self {
+        Error::Protocol(e)
+    }
+}
+
+impl From<crate::mem::MemError> for Error {
+    fn from(e: crate::mem::MemError) -> Self {
+        use crate::mem::MemError as M;
+        match e {
+            M::BadKey => Error::BadKey,
+            M::OutOfBounds => Error::OutOfBounds,
+            M::Deregistered => Error::Deregistered,
+            M::AccessDenied => Error::AccessDenied,
+            M::Busy => Error::Busy,
+            M::TableFull => Error::QueueFull,
+            M::NotAllocated => Error::BadKey,
+            M::Unsupported(w) => Error::Unsupported(w),
+            M::Io(e) => Error::Io(e),
+        }
+    }
+}
+
+/// One one-sided READ: copy `remote.len` bytes from the peer's `remote` into
+/// local registered memory at `local` (`local.len >= remote.len`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadOp {
+    /// Returned in the completion.
+    pub wr_id: WrId,
+    /// What to read (from the peer's registration).
+    pub remote: RemoteRef,
+    /// Where the bytes land (a local registration with LOCAL_WRITE).
+    pub local: LocalRef,
+}
+
+/// The result of one READ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The work request's id.
+    pub wr_id: WrId,
+    /// Success, or the error class.
+    pub status: Result<(), ErrorKind>,
+    /// Bytes landed (0 on error).
+    pub bytes: u32,
+}
+
+impl Default for Completion {
+    fn default() -> Self {
+        Completion {
+            wr_id: 0,
+            status: Ok(()),
+            bytes: 0,
+        }
+    }
+}
+
+/// A memory registration with one domain: the key peers and the local
+/// transport use, and the region it keeps alive.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    key: u32,
+    region: Arc<Region>,
+    access: Access,
+    addr_base: u64,
+}
+
+impl Registration {
+    /// For transport implementations: `key` names the registration;
+    /// `addr_base` is added to region offsets to form [`RemoteRef::offset`]
+    /// and [`LocalRef::offset`] (0 for offset-addressed transports, the
+    /// region's virtual address for verbs).
+    pub fn new(key: u32, region: Arc<Region>, access: Access, addr_base: u64) -> Self {
+        Registration {
+            key,
+            region,
+            access,
+            addr_base,
+        }
+    }
+    /// The key.
+    pub fn key(&self) -> u32 {
+        self.key
+    }
+    /// The registered region.
+    pub fn region(&self) -> &Arc<Region> {
+        &self.region
+    }
+    /// Granted access.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+    /// What is added to region offsets to form transport offsets.
+    pub fn addr_base(&self) -> u64 {
+        self.addr_base
+    }
+    /// A reference a peer can READ: `len` bytes at region offset `offset`.
+    pub fn remote_ref(&self, offset: u64, len: u32) -> Result<RemoteRef, Error> {
+        if !self.access.contains(Access::REMOTE_READ) {
+            return Err(Error::AccessDenied);
+        }
+        self.region.check(offset, len as usize)?;
+        Ok(RemoteRef {
+            key: self.key,
+            len,
+            offset: self.addr_base + offset,
+        })
+    }
+    /// A landing buffer for local READs: `len` bytes at region offset `offset`.
+    pub fn local_ref(&self, offset: u64, len: u32) -> Result<LocalRef, Error> {
+        if !self.access.contains(Access::LOCAL_WRITE) {
+            return Err(Error::AccessDenied);
+        }
+        self.region.check(offset, len as usize)?;
+        Ok(LocalRef {
+            key: self.key,
+            len,
+            offset: self.addr_base + offset,
+        })
+    }
+}
+
+/// One process's transport context: registers memory, listens, connects.
+/// Cheap to clone (a shared handle); connections keep it alive.
+pub trait Domain: Clone + Send + Sync + 'static {
+    /// Connection type.
+    type Conn: Connection;
+    /// Listener type.
+    type Listener: Listener<Conn = Self::Conn>;
+
+    /// Short name ("shm", "tcp-uring", "tcp-blocking", "rdma").
+    fn kind(&self) -> &'static str;
+
+    /// Listens on `addr` (transport-specific text: "127.0.0.1:0" for tcp,
+    /// a Unix socket path or "@abstract" name for shm; "" picks a fresh one).
+    fn listen(&self, addr: &str) -> Result<Self::Listener, Error>;
+
+    /// Connects to a listener at `addr`, giving up after `timeout`.
+    fn connect(&self, addr: &str, timeout: Duration) -> Result<Self::Conn, Error>;
+
+    /// Registers `region` with `access`. REMOTE_READ exposes it to every
+    /// peer of this domain that is given a [`RemoteRef`] into it.
+    fn register(&self, region: &Arc<Region>, access: Access) -> Result<Registration, Error>;
+
+    /// Deregisters. From the first call on, new accesses are refused; while
+    /// accesses are in flight it returns [`Error::Busy`] and the caller
+    /// retries (see [`deregister_within`]). After `Ok`, no transport
+    /// touches the region again on behalf of this registration.
+    fn deregister(&self, reg: &Registration) -> Result<(), Error>;
+
+    /// Live registrations (for leak checks).
+    fn registered_count(&self) -> usize;
+
+    /// Longest single READ this domain accepts.
+    fn max_read_len(&self) -> u32;
+}
+
+/// Accepts connections.
+pub trait Listener: Send {
+    /// Connection type.
+    type Conn: Connection;
+    /// The address peers pass to [`Domain::connect`].
+    fn local_addr(&self) -> String;
+    /// Waits up to `timeout` for one connection.
+    fn accept(&mut self, timeout: Duration) -> Result<Self::Conn, Error>;
+}
+
+/// A connection to one peer (a queue pair). Used by one thread at a time;
+/// every method returns promptly (busy-poll friendly). Once warm, none
+/// allocates.
+pub trait Connection: Send {
+    /// Queues one encoded wire message (header included) in order. Returns
+    /// `QueueFull` (nothing queued) when the send queue is full: poll and
+    /// retry. Bytes leave during this call or later polling calls.
+    fn send(&mut self, msg: &[u8]) -> Result<(), Error>;
+
+    /// The next received control message, copied whole into `buf`; returns
+    /// its length, or `None` if none is ready. A too-small `buf` gets
+    /// `BufferTooSmall` and the message stays queued. After the peer left,
+    /// remaining messages are delivered first, then `PeerDisconnected`.
+    fn try_recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, Error>;
+
+    /// Posts one READ (see the module docs for the contract).
+    fn post_read(&mut self, op: &ReadOp) -> Result<(), Error>;
+
+    /// Posts READs in order, all at once where the transport can (one
+    /// doorbell / one submission). Returns how many were accepted: on a
+    /// shortfall the rest were not posted and the error is that of the
+    /// first refused one unless at least one was accepted.
+    fn post_reads(&mut self, ops: &[ReadOp]) -> Result<usize, Error> {
+        for (i, op) in ops.iter().enumerate() {
+            if let Err(e) = self.post_read(op) {
+                return if i == 0 { Err(e) } else { Ok(i) };
+            }
+        }
+        Ok(ops.len())
+    }
+
+    /// Moves finished READs' results into `out`; returns how many. Also
+    /// drives the connection like [`progress`](Self::progress).
+    fn poll_completions(&mut self, out: &mut [Completion]) -> Result<usize, Error>;
+
+    /// Drives I/O without consuming anything: flushes sends, serves peers'
+    /// READs (tcp), notices a departed peer.
+    fn progress(&mut self) -> Result<(), Error>;
+
+    /// READs posted and not yet returned by `poll_completions`.
+    fn outstanding_reads(&self) -> usize;
+
+    /// Limit on [`outstanding_reads`](Self::outstanding_reads).
+    fn max_outstanding_reads(&self) -> usize;
+
+    /// False once the peer is known to be gone.
+    fn is_connected(&self) -> bool;
+}
+
+/// Retries [`Domain::deregister`] while it says `Busy`, polling `conns`
+/// (which may be what serves the in-flight accesses) between tries, for at
+/// most `timeout`.
+pub fn deregister_within<D: Domain>(
+    domain: &D,
+    reg: &Registration,
+    conns: &mut [&mut D::Conn],
+    timeout: Duration,
+) -> Result<(), Error> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_nanos(timeout.as_nanos());
+    loop {
+        match domain.deregister(reg) {
+            Err(Error::Busy) => {}
+            other => return other,
+        }
+        for c in conns.iter_mut() {
+            let _ = c.progress();
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(Error::Busy);
+        }
+        std::thread::yield_now();
+    }
+}

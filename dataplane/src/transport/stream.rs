@@ -1,0 +1,1027 @@
+//! The framed-stream engine behind `tcp` (both I/O engines) and the `shm`
+//! control channel: wire-message framing, an inbox for control messages,
+//! the emulated one-sided READ (requester and responder halves), all on
+//! preallocated buffers and driven only by the owner's polling calls.
+//!
+//! On the stream, a READ is `ReadRequest{wr_id, remote}` one way and
+//! `ReadResponse{wr_id, status, len}` + `len` raw bytes the other way. The
+//! responder serves requests in arrival order, so responses come back in
+//! posting order and the requester keeps its pending READs in a FIFO. Large
+//! payloads are received straight into the landing buffer and sent straight
+//! from the registered region (iovecs), never through an intermediate copy.
+//!
+//! Only one receive and one send are in flight at a time. Whatever the
+//! kernel may still touch (buffers, landing and source regions) is held
+//! until the kernel says it is done: teardown shuts the socket down, cancels
+//! and waits (bounded), and leaks rather than frees if the kernel does not
+//! answer.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+
+use super::registry::Registry;
+use super::{Completion, Error, ErrorKind, ReadOp};
+use crate::mem::{Access, AccessToken};
+use crate::wire::{self, Kind, ReadRequest, ReadResponse, ReadStatus, HEADER_LEN, MAX_MESSAGE_LEN};
+
+/// Receive buffer: room for a few maximal messages.
+const RX_CAP: usize = 4 * MAX_MESSAGE_LEN;
+/// Control messages waiting for `try_recv`.
+const INBOX_CAP: usize = 8 * MAX_MESSAGE_LEN;
+/// Outgoing staged bytes (control messages, READ requests and response heads).
+const TX_CAP: usize = 8 * MAX_MESSAGE_LEN;
+/// iovecs per send.
+const MAX_IOV: usize = 64;
+
+const READ_REQUEST_LEN: usize = HEADER_LEN + std::mem::size_of::<ReadRequest>();
+const READ_RESPONSE_LEN: usize = HEADER_LEN + std::mem::size_of::<ReadResponse>();
+
+/// Where the bytes of a finished receive landed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RecvTarget {
+    Buffer,
+    Payload,
+}
+
+/// The byte mover under a stream: at most one receive and one send in flight.
+pub(crate) enum ByteIo {
+    /// Plain syscalls on a blocking socket: sends block in `sendmsg`,
+    /// receives are polled with `recv(MSG_DONTWAIT)`.
+    Std(StdIo),
+    /// io_uring submissions and completions.
+    Uring(Box<UringIo>),
+}
+
+pub(crate) struct StdIo {
+    fd: RawFd,
+    recv: Option<(*mut u8, usize)>,
+    sent: Option<io::Result<usize>>,
+}
+
+pub(crate) struct UringIo {
+    ring: io_uring::IoUring,
+    fd: RawFd,
+    msg: libc::msghdr,
+    recv_busy: bool,
+    send_busy: bool,
+}
+
+const UD_RECV: u64 = 1;
+const UD_SEND: u64 = 2;
+const UD_CANCEL: u64 = 3;
+
+fn last_os_error_result(r: isize) -> io::Result<usize> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// Errors after which the operation is simply issued again. ECANCELED:
+/// io_uring cancels a task's pending requests when the thread that
+/// submitted them exits, so a connection handed to another thread sees its
+/// armed receive (or a send not yet started) cancelled with nothing moved.
+fn retryable(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+    ) || e.raw_os_error() == Some(libc::ECANCELED)
+}
+
+/// Checks that io_uring works here and supports what the tcp transport needs.
+pub(crate) fn probe_uring() -> Result<(), Error> {
+    let ring = io_uring::IoUring::new(4).map_err(|_| {
+        Error::Unsupported(
+            "io_uring unavailable (io_uring_setup failed: kernel, seccomp or sysctl)",
+        )
+    })?;
+    let mut probe = io_uring::Probe::new();
+    ring.submitter()
+        .register_probe(&mut probe)
+        .map_err(|_| Error::Unsupported("io_uring probe failed"))?;
+    let needed = [
+        io_uring::opcode::Recv::CODE,
+        io_uring::opcode::SendMsg::CODE,
+        io_uring::opcode::AsyncCancel::CODE,
+    ];
+    if needed.iter().all(|&op| probe.is_supported(op)) {
+        Ok(())
+    } else {
+        Err(Error::Unsupported(
+            "io_uring lacks RECV/SENDMSG/ASYNC_CANCEL",
+        ))
+    }
+}
+
+impl ByteIo {
+    pub(crate) fn std(fd: RawFd) -> Self {
+        ByteIo::Std(StdIo {
+            fd,
+            recv: None,
+            sent: None,
+        })
+    }
+
+    pub(crate) fn uring(fd: RawFd) -> Result<Self, Error> {
+        // COOP_TASKRUN + TASKRUN_FLAG: the kernel does not interrupt the
+        // busy-polling thread to post completions; it raises a flag in the
+        // shared ring instead, and `poll` enters the kernel only then.
+        let ring = io_uring::IoUring::builder()
+            .setup_coop_taskrun()
+            .setup_taskrun_flag()
+            .build(8)
+            .or_else(|_| io_uring::IoUring::new(8))
+            .map_err(|_| Error::Unsupported("io_uring unavailable"))?;
+        // SAFETY: msghdr is plain old data; all-zero is a valid empty header.
+        let msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        Ok(ByteIo::Uring(Box::new(UringIo {
+            ring,
+            fd,
+            msg,
+            recv_busy: false,
+            send_busy: false,
+        })))
+    }
+
+    /// Starts a receive into `[ptr, ptr+len)`, which must stay valid until
+    /// the receive is reported by `poll`.
+    fn start_recv(&mut self, ptr: *mut u8, len: usize) -> io::Result<()> {
+        match self {
+            ByteIo::Std(s) => {
+                s.recv = Some((ptr, len));
+                Ok(())
+            }
+            ByteIo::Uring(u) => {
+                let len = u32::try_from(len).unwrap_or(u32::MAX);
+                let e = io_uring::opcode::Recv::new(io_uring::types::Fd(u.fd), ptr, len)
+                    .build()
+                    .user_data(UD_RECV);
+                // SAFETY: the buffer stays valid until the completion is
+                // reaped (the stream holds it and drains before freeing).
+                unsafe { u.ring.submission().push(&e) }.map_err(|_| io::Error::other("sq full"))?;
+                u.ring.submit()?;
+                u.recv_busy = true;
+                Ok(())
+            }
+        }
+    }
+
+    /// Starts a send of `iov[..n]`; iovecs and memory must stay valid until
+    /// the send is reported by `poll`.
+    fn start_send(&mut self, iov: *const libc::iovec, n: usize) -> io::Result<()> {
+        match self {
+            ByteIo::Std(s) => {
+                // SAFETY: msghdr is plain old data.
+                let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+                msg.msg_iov = iov as *mut libc::iovec;
+                msg.msg_iovlen = n as _;
+                // SAFETY: `msg` points at `n` valid iovecs over live memory.
+                let r = unsafe { libc::sendmsg(s.fd, &msg, libc::MSG_NOSIGNAL) };
+                s.sent = Some(last_os_error_result(r));
+                Ok(())
+            }
+            ByteIo::Uring(u) => {
+                u.msg.msg_iov = iov as *mut libc::iovec;
+                u.msg.msg_iovlen = n as _;
+                let e = io_uring::opcode::SendMsg::new(io_uring::types::Fd(u.fd), &u.msg)
+                    .flags(libc::MSG_NOSIGNAL as u32)
+                    .build()
+                    .user_data(UD_SEND);
+                // SAFETY: `u.msg` lives in a Box that outlives the operation,
+                // and the iovecs and their memory stay valid until reaped.
+                unsafe { u.ring.submission().push(&e) }.map_err(|_| io::Error::other("sq full"))?;
+                u.ring.submit()?;
+                u.send_busy = true;
+                Ok(())
+            }
+        }
+    }
+
+    /// Reports finished operations.
+    fn poll(&mut self, recv: &mut Option<io::Result<usize>>, send: &mut Option<io::Result<usize>>) {
+        match self {
+            ByteIo::Std(s) => {
+                if let Some((ptr, len)) = s.recv {
+                    // SAFETY: the target is valid for `len` bytes (start_recv contract).
+                    let r = unsafe {
+                        libc::recv(s.fd, ptr as *mut libc::c_void, len, libc::MSG_DONTWAIT)
+                    };
+                    let r = last_os_error_result(r);
+                    if !matches!(&r, Err(e) if retryable(e)) {
+                        s.recv = None;
+                        *recv = Some(r);
+                    }
+                }
+                *send = s.sent.take();
+            }
+            ByteIo::Uring(u) => {
+                if (u.recv_busy || u.send_busy)
+                    && u.ring.completion().is_empty()
+                    && u.ring.submission().taskrun()
+                {
+                    // Completions wait as task work: run it (no blocking).
+                    let _ = u.ring.submit();
+                }
+                for cqe in u.ring.completion() {
+                    let res = cqe.result();
+                    let r = if res < 0 {
+                        Err(io::Error::from_raw_os_error(-res))
+                    } else {
+                        Ok(res as usize)
+                    };
+                    match cqe.user_data() {
+                        UD_RECV => {
+                            u.recv_busy = false;
+                            *recv = Some(r);
+                        }
+                        UD_SEND => {
+                            u.send_busy = false;
+                            *send = Some(r);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Shuts the socket down and waits (bounded) until no operation is in
+    /// flight. False if the kernel still holds one.
+    fn quiesce(&mut self) -> bool {
+        match self {
+            ByteIo::Std(s) => {
+                // SAFETY: plain syscall on our fd.
+                unsafe { libc::shutdown(s.fd, libc::SHUT_RDWR) };
+                s.recv = None;
+                s.sent = None;
+                true
+            }
+            ByteIo::Uring(u) => {
+                // SAFETY: plain syscall on our fd.
+                unsafe { libc::shutdown(u.fd, libc::SHUT_RDWR) };
+                for ud in [UD_RECV, UD_SEND] {
+                    let busy = if ud == UD_RECV {
+                        u.recv_busy
+                    } else {
+                        u.send_busy
+                    };
+                    if busy {
+                        let e = io_uring::opcode::AsyncCancel::new(ud)
+                            .build()
+                            .user_data(UD_CANCEL);
+                        // SAFETY: the cancel entry refers to no memory.
+                        let _ = unsafe { u.ring.submission().push(&e) };
+                    }
+                }
+                let ts = io_uring::types::Timespec::new().nsec(10_000_000);
+                for _ in 0..200 {
+                    for cqe in u.ring.completion() {
+                        match cqe.user_data() {
+                            UD_RECV => u.recv_busy = false,
+                            UD_SEND => u.send_busy = false,
+                            _ => {}
+                        }
+                    }
+                    if !u.recv_busy && !u.send_busy {
+                        return true;
+                    }
+                    let args = io_uring::types::SubmitArgs::new().timespec(&ts);
+                    let _ = u.ring.submitter().submit_with_args(1, &args);
+                }
+                false
+            }
+        }
+    }
+}
+
+/// A READ posted and not yet answered.
+struct Pending {
+    wr_id: u64,
+    len: u32,
+    got: u32,
+    dest: *mut u8,
+    token: AccessToken,
+    posted: std::time::Instant,
+}
+
+/// Outgoing bytes: staged copies, or a registered region sent in place.
+enum Seg {
+    Staged {
+        start: usize,
+        end: usize,
+    },
+    Region {
+        ptr: *const u8,
+        len: usize,
+        token: AccessToken,
+    },
+}
+
+impl Seg {
+    fn len(&self) -> usize {
+        match self {
+            Seg::Staged { start, end } => end - start,
+            Seg::Region { len, .. } => *len,
+        }
+    }
+}
+
+/// Sizing and behaviour of a stream.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StreamConfig {
+    pub(crate) max_outstanding: usize,
+    pub(crate) max_read_len: u32,
+    pub(crate) read_timeout: std::time::Duration,
+    /// Serve the peer's READ requests from `registry` (tcp); shm refuses them.
+    pub(crate) serve_reads: bool,
+}
+
+/// One framed connection.
+pub(crate) struct Stream {
+    io: ByteIo,
+    sock: OwnedFd,
+    cfg: StreamConfig,
+    registry: Arc<Registry>,
+
+    rx: Box<[u8]>,
+    rpos: usize,
+    wpos: usize,
+    /// The front pending READ's payload is arriving.
+    in_payload: bool,
+    recv_busy: Option<RecvTarget>,
+
+    tx: Box<[u8]>,
+    tx_len: usize,
+    segs: VecDeque<Seg>,
+    seg_cap: usize,
+    /// Bytes of the front segment already sent.
+    front_sent: usize,
+    send_busy: bool,
+    iov: Box<[libc::iovec]>,
+
+    inbox: Box<[u8]>,
+    ihead: usize,
+    itail: usize,
+
+    pending: VecDeque<Pending>,
+    done: VecDeque<Completion>,
+
+    dead: Option<ErrorKind>,
+    /// The kernel did not give back an operation: never free its memory.
+    leak: bool,
+}
+
+// SAFETY: the raw pointers refer to registered regions (kept mapped by the
+// access tokens this stream holds) and to the stream's own boxed buffers;
+// the stream is used by one thread at a time.
+unsafe impl Send for Stream {}
+
+impl Stream {
+    pub(crate) fn new(
+        sock: OwnedFd,
+        io: ByteIo,
+        registry: Arc<Registry>,
+        cfg: StreamConfig,
+    ) -> Self {
+        let seg_cap = 2 * cfg.max_outstanding + 256;
+        Stream {
+            io,
+            sock,
+            cfg,
+            registry,
+            rx: vec![0u8; RX_CAP].into_boxed_slice(),
+            rpos: 0,
+            wpos: 0,
+            in_payload: false,
+            recv_busy: None,
+            tx: vec![0u8; TX_CAP].into_boxed_slice(),
+            tx_len: 0,
+            segs: VecDeque::with_capacity(seg_cap),
+            seg_cap,
+            front_sent: 0,
+            send_busy: false,
+            iov: vec![
+                libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0
+                };
+                MAX_IOV
+            ]
+            .into_boxed_slice(),
+            inbox: vec![0u8; INBOX_CAP].into_boxed_slice(),
+            ihead: 0,
+            itail: 0,
+            pending: VecDeque::with_capacity(cfg.max_outstanding),
+            done: VecDeque::with_capacity(cfg.max_outstanding),
+            dead: None,
+            leak: false,
+        }
+    }
+
+    pub(crate) fn raw_fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    pub(crate) fn is_connected(&self) -> bool {
+        self.dead.is_none()
+    }
+
+    pub(crate) fn outstanding(&self) -> usize {
+        self.pending.len() + self.done.len()
+    }
+
+    pub(crate) fn max_outstanding(&self) -> usize {
+        self.cfg.max_outstanding
+    }
+
+    fn dead_error(&self) -> Option<Error> {
+        self.dead.map(Error::from)
+    }
+
+    // ---- public operations -------------------------------------------------
+
+    pub(crate) fn send(&mut self, msg: &[u8]) -> Result<(), Error> {
+        if let Some(e) = self.dead_error() {
+            return Err(e);
+        }
+        match wire::frame_len(msg)? {
+            Some(n) if n == msg.len() => {}
+            _ => return Err(Error::Protocol(wire::WireError::BadLength)),
+        }
+        let kind = u16::from_le_bytes([msg[6], msg[7]]);
+        if kind == Kind::ReadRequest as u16 || kind == Kind::ReadResponse as u16 {
+            return Err(Error::Protocol(wire::WireError::UnknownKind(kind)));
+        }
+        self.reap_cheap();
+        if !self.stage(msg) {
+            self.pump();
+            if !self.stage(msg) {
+                return Err(Error::QueueFull);
+            }
+        }
+        self.flush();
+        Ok(())
+    }
+
+    pub(crate) fn try_recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, Error> {
+        if self.ihead == self.itail {
+            self.pump();
+        }
+        if self.ihead == self.itail {
+            self.check_timeout();
+            return match self.dead_error() {
+                Some(e) => Err(e),
+                None => Ok(None),
+            };
+        }
+        let n = match wire::frame_len(&self.inbox[self.ihead..self.itail]) {
+            Ok(Some(n)) => n,
+            // Only whole, header-checked messages enter the inbox.
+            _ => return Err(Error::Protocol(wire::WireError::Truncated)),
+        };
+        if buf.len() < n {
+            return Err(Error::BufferTooSmall { needed: n });
+        }
+        buf[..n].copy_from_slice(&self.inbox[self.ihead..self.ihead + n]);
+        self.ihead += n;
+        if self.ihead == self.itail {
+            self.ihead = 0;
+            self.itail = 0;
+        }
+        Ok(Some(n))
+    }
+
+    pub(crate) fn post_reads(&mut self, ops: &[ReadOp]) -> Result<usize, Error> {
+        self.reap_cheap();
+        let mut posted = 0;
+        let mut first_err = None;
+        for op in ops {
+            match self.post_one(op) {
+                Ok(()) => posted += 1,
+                Err(e) => {
+                    first_err = Some(e);
+                    break;
+                }
+            }
+        }
+        if posted > 0 {
+            self.flush();
+            return Ok(posted);
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(0),
+        }
+    }
+
+    fn post_one(&mut self, op: &ReadOp) -> Result<(), Error> {
+        if let Some(e) = self.dead_error() {
+            return Err(e);
+        }
+        if self.outstanding() >= self.cfg.max_outstanding {
+            return Err(Error::QueueFull);
+        }
+        let len = op.remote.len;
+        if len > self.cfg.max_read_len {
+            return Err(Error::TooLarge);
+        }
+        if op.local.len < len {
+            return Err(Error::OutOfBounds);
+        }
+        if !self.tx_room(READ_REQUEST_LEN, 1) {
+            self.pump();
+            if !self.tx_room(READ_REQUEST_LEN, 1) {
+                return Err(Error::QueueFull);
+            }
+        }
+        let (token, dest) =
+            self.registry
+                .acquire(op.local.key, op.local.offset, len, Access::LOCAL_WRITE)?;
+        let req = ReadRequest {
+            wr_id: op.wr_id,
+            remote: op.remote,
+        };
+        let mut msg = [0u8; READ_REQUEST_LEN];
+        let n = wire::encode(&mut msg, &req)?;
+        let staged = self.stage(&msg[..n]);
+        debug_assert!(staged, "room was checked");
+        self.pending.push_back(Pending {
+            wr_id: op.wr_id,
+            len,
+            got: 0,
+            dest,
+            token,
+            posted: std::time::Instant::now(),
+        });
+        Ok(())
+    }
+
+    pub(crate) fn poll_completions(&mut self, out: &mut [Completion]) -> Result<usize, Error> {
+        self.pump();
+        self.check_timeout();
+        let mut n = 0;
+        while n < out.len() {
+            match self.done.pop_front() {
+                Some(c) => {
+                    out[n] = c;
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        Ok(n)
+    }
+
+    pub(crate) fn progress(&mut self) -> Result<(), Error> {
+        self.pump();
+        self.check_timeout();
+        match self.dead_error() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    // ---- engine --------------------------------------------------------------
+
+    fn pump(&mut self) {
+        if self.dead.is_some() {
+            return;
+        }
+        self.reap();
+        self.parse();
+        self.flush();
+        self.arm_recv();
+    }
+
+    fn check_timeout(&mut self) {
+        if let Some(p) = self.pending.front() {
+            if p.posted.elapsed() > self.cfg.read_timeout {
+                self.fail(ErrorKind::Timeout);
+            }
+        }
+    }
+
+    fn reap(&mut self) {
+        let mut recv = None;
+        let mut send = None;
+        self.io.poll(&mut recv, &mut send);
+        if let Some(r) = send {
+            self.send_busy = false;
+            match r {
+                Ok(n) => self.consume_sent(n),
+                Err(e) if retryable(&e) => {}
+                Err(e) => return self.fail(Error::from(e).kind()),
+            }
+        }
+        if let Some(r) = recv {
+            let target = self.recv_busy.take();
+            match r {
+                Ok(0) => self.fail(ErrorKind::PeerDisconnected),
+                Ok(n) => match target {
+                    Some(RecvTarget::Payload) => {
+                        if let Some(p) = self.pending.front_mut() {
+                            p.got += n as u32;
+                            if p.got == p.len {
+                                self.in_payload = false;
+                                self.complete_front(Ok(()));
+                            }
+                        }
+                    }
+                    _ => self.wpos += n,
+                },
+                Err(e) if retryable(&e) => {}
+                Err(e) => self.fail(Error::from(e).kind()),
+            }
+        }
+    }
+
+    fn complete_front(&mut self, status: Result<(), ErrorKind>) {
+        if let Some(p) = self.pending.pop_front() {
+            self.registry.release(p.token);
+            let bytes = if status.is_ok() { p.len } else { 0 };
+            self.done.push_back(Completion {
+                wr_id: p.wr_id,
+                status,
+                bytes,
+            });
+        }
+    }
+
+    fn parse(&mut self) {
+        while self.dead.is_none() {
+            let avail = self.wpos - self.rpos;
+            if self.in_payload {
+                let Some(p) = self.pending.front_mut() else {
+                    return self.fail(ErrorKind::Protocol);
+                };
+                let k = avail.min((p.len - p.got) as usize);
+                if k == 0 {
+                    break;
+                }
+                // SAFETY: `dest + got .. + k` lies in the landing range
+                // acquired under `p.token` (k <= len - got); the rx range is
+                // initialised and cannot overlap registered memory.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.rx.as_ptr().add(self.rpos),
+                        p.dest.add(p.got as usize),
+                        k,
+                    )
+                };
+                p.got += k as u32;
+                self.rpos += k;
+                if p.got == p.len {
+                    self.in_payload = false;
+                    self.complete_front(Ok(()));
+                }
+                continue;
+            }
+            let bytes = &self.rx[self.rpos..self.wpos];
+            let total = match wire::frame_len(bytes) {
+                Err(_) => return self.fail(ErrorKind::Protocol),
+                Ok(None) => break,
+                Ok(Some(t)) if t > bytes.len() => break,
+                Ok(Some(t)) => t,
+            };
+            let kind = u16::from_le_bytes([bytes[6], bytes[7]]);
+            if kind == Kind::ReadRequest as u16 {
+                if !self.cfg.serve_reads {
+                    return self.fail(ErrorKind::Protocol);
+                }
+                if !self.tx_room(READ_RESPONSE_LEN, 1) {
+                    break;
+                }
+                let req: ReadRequest = bytemuck::pod_read_unaligned(&bytes[HEADER_LEN..total]);
+                self.rpos += total;
+                self.serve(req);
+            } else if kind == Kind::ReadResponse as u16 {
+                let resp = match wire::decode(&bytes[..total]) {
+                    Ok(wire::Message::ReadResponse(r)) => r,
+                    _ => return self.fail(ErrorKind::Protocol),
+                };
+                self.rpos += total;
+                let Some(p) = self.pending.front() else {
+                    return self.fail(ErrorKind::Protocol);
+                };
+                if p.wr_id != resp.wr_id {
+                    return self.fail(ErrorKind::Protocol);
+                }
+                match ReadStatus::from_u32(resp.status) {
+                    Some(ReadStatus::Ok) if resp.len == p.len => {
+                        if p.len == 0 {
+                            self.complete_front(Ok(()));
+                        } else {
+                            self.in_payload = true;
+                        }
+                    }
+                    Some(ReadStatus::Ok) => return self.fail(ErrorKind::Protocol),
+                    Some(s) => self.complete_front(Err(status_kind(s))),
+                    None => return self.fail(ErrorKind::Protocol),
+                }
+            } else {
+                if !self.inbox_push(total) {
+                    break;
+                }
+                self.rpos += total;
+            }
+        }
+        if self.rpos == self.wpos && self.recv_busy != Some(RecvTarget::Buffer) {
+            self.rpos = 0;
+            self.wpos = 0;
+        } else if self.recv_busy.is_none()
+            && self.rpos > 0
+            && self.rx.len() - self.wpos < MAX_MESSAGE_LEN
+        {
+            self.rx.copy_within(self.rpos..self.wpos, 0);
+            self.wpos -= self.rpos;
+            self.rpos = 0;
+        }
+    }
+
+    /// Answers one READ request from the registry (responder half).
+    fn serve(&mut self, req: ReadRequest) {
+        let r = req.remote;
+        let status = if r.len > self.cfg.max_read_len {
+            Err(ReadStatus::TooLarge)
+        } else {
+            match self
+                .registry
+                .acquire(r.key, r.offset, r.len, Access::REMOTE_READ)
+            {
+                Ok(ok) => Ok(ok),
+                Err(e) => Err(match e.kind() {
+                    ErrorKind::OutOfBounds => ReadStatus::OutOfBounds,
+                    ErrorKind::Deregistered => ReadStatus::Deregistered,
+                    ErrorKind::AccessDenied => ReadStatus::AccessDenied,
+                    _ => ReadStatus::BadKey,
+                }),
+            }
+        };
+        let (resp, seg) = match status {
+            Ok((token, ptr)) => (
+                ReadResponse {
+                    wr_id: req.wr_id,
+                    status: ReadStatus::Ok as u32,
+                    len: r.len,
+                },
+                Some(Seg::Region {
+                    ptr,
+                    len: r.len as usize,
+                    token,
+                }),
+            ),
+            Err(s) => (
+                ReadResponse {
+                    wr_id: req.wr_id,
+                    status: s as u32,
+                    len: 0,
+                },
+                None,
+            ),
+        };
+        let mut msg = [0u8; READ_RESPONSE_LEN];
+        let Ok(n) = wire::encode(&mut msg, &resp) else {
+            return;
+        };
+        let staged = self.stage(&msg[..n]);
+        debug_assert!(staged, "room was checked");
+        match seg {
+            Some(Seg::Region { token, .. }) if r.len == 0 => self.registry.release(token),
+            Some(seg) => self.segs.push_back(seg),
+            None => {}
+        }
+    }
+
+    fn inbox_push(&mut self, total: usize) -> bool {
+        if self.itail + total > self.inbox.len() && self.ihead > 0 {
+            self.inbox.copy_within(self.ihead..self.itail, 0);
+            self.itail -= self.ihead;
+            self.ihead = 0;
+        }
+        if self.itail + total > self.inbox.len() {
+            return false;
+        }
+        self.inbox[self.itail..self.itail + total]
+            .copy_from_slice(&self.rx[self.rpos..self.rpos + total]);
+        self.itail += total;
+        true
+    }
+
+    fn tx_room(&self, bytes: usize, segs: usize) -> bool {
+        self.tx_len + bytes <= self.tx.len() && self.segs.len() + segs < self.seg_cap
+    }
+
+    /// Appends bytes to the staging buffer; false if there is no room.
+    fn stage(&mut self, bytes: &[u8]) -> bool {
+        if !self.tx_room(bytes.len(), 1) {
+            return false;
+        }
+        let start = self.tx_len;
+        self.tx[start..start + bytes.len()].copy_from_slice(bytes);
+        self.tx_len += bytes.len();
+        // Contiguous bytes extend the last staged segment, even one being
+        // sent: the kernel sends the iovec's old length and `front_sent`
+        // then points into the segment, so ordering is kept.
+        match self.segs.back_mut() {
+            Some(Seg::Staged { end, .. }) if *end == start => *end += bytes.len(),
+            _ => self.segs.push_back(Seg::Staged {
+                start,
+                end: start + bytes.len(),
+            }),
+        }
+        true
+    }
+
+    fn flush(&mut self) {
+        if self.send_busy || self.segs.is_empty() || self.dead.is_some() {
+            return;
+        }
+        let mut n = 0;
+        for (i, seg) in self.segs.iter().take(MAX_IOV).enumerate() {
+            let skip = if i == 0 { self.front_sent } else { 0 };
+            let (base, len) = match *seg {
+                // SAFETY: staged ranges lie inside `tx`.
+                Seg::Staged { start, end } => (
+                    unsafe { self.tx.as_ptr().add(start + skip) },
+                    end - start - skip,
+                ),
+                // SAFETY: region ranges were bounds-checked when acquired.
+                Seg::Region { ptr, len, .. } => (unsafe { ptr.add(skip) }, len - skip),
+            };
+            self.iov[i] = libc::iovec {
+                iov_base: base as *mut libc::c_void,
+                iov_len: len,
+            };
+            n += 1;
+        }
+        self.send_busy = true;
+        if let Err(e) = self.io.start_send(self.iov.as_ptr(), n) {
+            self.send_busy = false;
+            return self.fail(Error::from(e).kind());
+        }
+        // The std engine finished inside start_send: account for it now so
+        // that sends never wait for a later poll.
+        if let ByteIo::Std(s) = &mut self.io {
+            if let Some(r) = s.sent.take() {
+                self.send_busy = false;
+                match r {
+                    Ok(n) => self.consume_sent(n),
+                    Err(e) if retryable(&e) => {}
+                    Err(e) => return self.fail(Error::from(e).kind()),
+                }
+                self.flush();
+            }
+        }
+    }
+
+    /// Reaps io_uring completions (no syscall) so that a finished send
+    /// frees its slot before new bytes are queued.
+    fn reap_cheap(&mut self) {
+        if matches!(self.io, ByteIo::Uring(_)) && self.dead.is_none() {
+            self.reap();
+        }
+    }
+
+    fn consume_sent(&mut self, mut n: usize) {
+        while n > 0 {
+            let Some(front) = self.segs.front() else {
+                break;
+            };
+            let left = front.len() - self.front_sent;
+            if n >= left {
+                n -= left;
+                self.front_sent = 0;
+                if let Some(Seg::Region { token, .. }) = self.segs.pop_front() {
+                    self.registry.release(token);
+                }
+            } else {
+                self.front_sent += n;
+                n = 0;
+            }
+        }
+        // Reclaim staging space (no send is in flight here).
+        let first_staged = self.segs.iter().enumerate().find_map(|(i, s)| match s {
+            Seg::Staged { start, .. } => Some((
+                i,
+                if i == 0 {
+                    *start + self.front_sent
+                } else {
+                    *start
+                },
+            )),
+            Seg::Region { .. } => None,
+        });
+        match first_staged {
+            None => self.tx_len = 0,
+            Some((_, 0)) => {}
+            Some((_, from)) if self.tx_len <= self.tx.len() / 2 && from < self.tx_len => {}
+            Some((idx, from)) => {
+                self.tx.copy_within(from..self.tx_len, 0);
+                self.tx_len -= from;
+                for (i, s) in self.segs.iter_mut().enumerate() {
+                    if let Seg::Staged { start, end } = s {
+                        *start = if i == 0 { 0 } else { *start - from };
+                        *end -= from;
+                    }
+                }
+                if idx == 0 {
+                    self.front_sent = 0;
+                }
+            }
+        }
+    }
+
+    fn arm_recv(&mut self) {
+        if self.recv_busy.is_some() || self.dead.is_some() {
+            return;
+        }
+        let (ptr, len, target) = if self.in_payload && self.rpos == self.wpos {
+            let Some(p) = self.pending.front() else {
+                return;
+            };
+            // SAFETY: within the landing range held under `p.token`.
+            (
+                unsafe { p.dest.add(p.got as usize) },
+                (p.len - p.got) as usize,
+                RecvTarget::Payload,
+            )
+        } else if self.wpos < self.rx.len() {
+            // SAFETY: `wpos < rx.len()`.
+            (
+                unsafe { self.rx.as_mut_ptr().add(self.wpos) },
+                self.rx.len() - self.wpos,
+                RecvTarget::Buffer,
+            )
+        } else {
+            return;
+        };
+        match self.io.start_recv(ptr, len) {
+            Ok(()) => self.recv_busy = Some(target),
+            Err(e) => self.fail(Error::from(e).kind()),
+        }
+    }
+
+    /// The connection is over: stop the kernel, then fail everything pending.
+    fn fail(&mut self, kind: ErrorKind) {
+        if self.dead.is_some() {
+            return;
+        }
+        self.dead = Some(kind);
+        if !self.io.quiesce() {
+            // The kernel may still write landing buffers or read regions:
+            // keep every token (their regions stay mapped) and our buffers.
+            self.leak = true;
+            while let Some(p) = self.pending.pop_front() {
+                self.done.push_back(Completion {
+                    wr_id: p.wr_id,
+                    status: Err(kind),
+                    bytes: 0,
+                });
+            }
+            return;
+        }
+        self.recv_busy = None;
+        self.send_busy = false;
+        self.in_payload = false;
+        while !self.pending.is_empty() {
+            self.complete_front(Err(kind));
+        }
+        while let Some(seg) = self.segs.pop_front() {
+            if let Seg::Region { token, .. } = seg {
+                self.registry.release(token);
+            }
+        }
+    }
+
+    /// Frees what the stream holds; called by the owning connection's Drop.
+    pub(crate) fn close(&mut self) {
+        self.fail(ErrorKind::PeerDisconnected);
+        if self.leak {
+            std::mem::forget(std::mem::take(&mut self.rx));
+            std::mem::forget(std::mem::take(&mut self.tx));
+            std::mem::forget(std::mem::take(&mut self.iov));
+            let io = std::mem::replace(&mut self.io, ByteIo::std(-1));
+            std::mem::forget(io);
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn status_kind(s: ReadStatus) -> ErrorKind {
+    match s {
+        ReadStatus::Ok => ErrorKind::Protocol,
+        ReadStatus::BadKey => ErrorKind::BadKey,
+        ReadStatus::OutOfBounds => ErrorKind::OutOfBounds,
+        ReadStatus::Deregistered => ErrorKind::Deregistered,
+        ReadStatus::AccessDenied => ErrorKind::AccessDenied,
+        ReadStatus::TooLarge => ErrorKind::TooLarge,
+    }
+}

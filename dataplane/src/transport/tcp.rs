@@ -1,0 +1,296 @@
+//! TCP transport: control messages framed on the stream, one-sided READ
+//! emulated by a responder at the memory owner, on io_uring or (baseline)
+//! plain blocking std::net sockets.
+//!
+//! The responder is driven by the owner's own polling calls (`progress`,
+//! `try_recv`, `poll_completions`) rather than by a thread of its own: the
+//! owner (a frontend) busy-polls its connections anyway, a hidden thread
+//! would need a lock or a ring between it and the owner's registry, would
+//! fight the pinned data-path threads for cores, and its wake-up would sit
+//! on every READ's latency. The price: READs of an owner that stops polling
+//! stall, and the reader reports them as [`ErrorKind::Timeout`] after
+//! [`TcpConfig::read_timeout`].
+//!
+//! A READ timeout breaks the connection (like a verbs QP entering the
+//! error state): the stream position of a late response is unknowable.
+//!
+//! [`ErrorKind::Timeout`]: super::ErrorKind::Timeout
+
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use super::registry::Registry;
+use super::stream::{probe_uring, ByteIo, Stream, StreamConfig};
+use super::{Completion, Connection, Domain, Error, Listener, ReadOp, Registration};
+use crate::mem::{Access, KeyTable, Region};
+use crate::time::Duration;
+
+/// How bytes move.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    /// io_uring: one RECV and one SENDMSG in flight per connection,
+    /// completions reaped from the shared ring without a syscall.
+    Uring,
+    /// Baseline: blocking std::net socket; sends block in `sendmsg`,
+    /// receives are polled with `recv(MSG_DONTWAIT)` (one syscall per poll).
+    Blocking,
+}
+
+/// Tunables.
+#[derive(Clone, Copy, Debug)]
+pub struct TcpConfig {
+    /// Byte engine.
+    pub engine: Engine,
+    /// READs outstanding per connection (posted, not yet polled).
+    pub max_outstanding_reads: usize,
+    /// Longest READ served or posted.
+    pub max_read_len: u32,
+    /// A READ unanswered this long fails the connection with Timeout.
+    pub read_timeout: Duration,
+    /// Registrations per domain.
+    pub key_capacity: u32,
+}
+
+impl TcpConfig {
+    /// Defaults for `engine`: 256 outstanding, 16 MiB READs, 5 s timeout, 1024 keys.
+    pub fn new(engine: Engine) -> Self {
+        TcpConfig {
+            engine,
+            max_outstanding_reads: 256,
+            max_read_len: 16 << 20,
+            read_timeout: Duration::from_millis(5_000),
+            key_capacity: 1024,
+        }
+    }
+}
+
+struct Inner {
+    cfg: TcpConfig,
+    registry: Arc<Registry>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.registry.close_all();
+    }
+}
+
+/// A tcp transport domain (registrations + connection factory).
+#[derive(Clone)]
+pub struct TcpDomain {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for TcpDomain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpDomain")
+            .field("cfg", &self.inner.cfg)
+            .finish()
+    }
+}
+
+impl TcpDomain {
+    /// A domain; with [`Engine::Uring`] this probes io_uring first and
+    /// returns [`Error::Unsupported`] when it is not usable here.
+    pub fn new(cfg: TcpConfig) -> Result<Self, Error> {
+        if cfg.engine == Engine::Uring {
+            probe_uring()?;
+        }
+        let registry = Arc::new(Registry::new(KeyTable::new_local(cfg.key_capacity)));
+        Ok(TcpDomain {
+            inner: Arc::new(Inner { cfg, registry }),
+        })
+    }
+    /// io_uring engine, default tunables.
+    pub fn uring() -> Result<Self, Error> {
+        Self::new(TcpConfig::new(Engine::Uring))
+    }
+    /// Blocking std::net baseline, default tunables.
+    pub fn blocking() -> Result<Self, Error> {
+        Self::new(TcpConfig::new(Engine::Blocking))
+    }
+    /// The configuration.
+    pub fn config(&self) -> &TcpConfig {
+        &self.inner.cfg
+    }
+
+    fn wrap(&self, sock: TcpStream) -> Result<TcpConn, Error> {
+        sock.set_nodelay(true)?;
+        let cfg = &self.inner.cfg;
+        if cfg.engine == Engine::Blocking {
+            // Bound a blocked send (peer not reading) like a READ.
+            let t = std::time::Duration::from_nanos(cfg.read_timeout.as_nanos().max(1));
+            sock.set_write_timeout(Some(t))?;
+        }
+        let fd = OwnedFd::from(sock);
+        let io = match cfg.engine {
+            Engine::Uring => ByteIo::uring(std::os::fd::AsRawFd::as_raw_fd(&fd))?,
+            Engine::Blocking => ByteIo::std(std::os::fd::AsRawFd::as_raw_fd(&fd)),
+        };
+        let scfg = StreamConfig {
+            max_outstanding: cfg.max_outstanding_reads.max(1),
+            max_read_len: cfg.max_read_len,
+            read_timeout: std::time::Duration::from_nanos(cfg.read_timeout.as_nanos()),
+            serve_reads: true,
+        };
+        Ok(TcpConn {
+            stream: Stream::new(fd, io, self.inner.registry.clone(), scfg),
+            _domain: self.clone(),
+        })
+    }
+}
+
+fn to_std(d: Duration) -> std::time::Duration {
+    std::time::Duration::from_nanos(d.as_nanos())
+}
+
+impl Domain for TcpDomain {
+    type Conn = TcpConn;
+    type Listener = TcpListener;
+
+    fn kind(&self) -> &'static str {
+        match self.inner.cfg.engine {
+            Engine::Uring => "tcp-uring",
+            Engine::Blocking => "tcp-blocking",
+        }
+    }
+
+    fn listen(&self, addr: &str) -> Result<TcpListener, Error> {
+        let addr = if addr.is_empty() { "127.0.0.1:0" } else { addr };
+        let l = std::net::TcpListener::bind(addr)?;
+        l.set_nonblocking(true)?;
+        Ok(TcpListener {
+            listener: l,
+            domain: self.clone(),
+        })
+    }
+
+    fn connect(&self, addr: &str, timeout: Duration) -> Result<TcpConn, Error> {
+        let deadline = std::time::Instant::now() + to_std(timeout);
+        let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
+        let mut last = Error::Timeout;
+        for a in addrs {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match TcpStream::connect_timeout(&a, left) {
+                Ok(s) => return self.wrap(s),
+                Err(e) => last = e.into(),
+            }
+        }
+        Err(last)
+    }
+
+    fn register(&self, region: &Arc<Region>, access: Access) -> Result<Registration, Error> {
+        self.inner.registry.register(region, access, b"")
+    }
+
+    fn deregister(&self, reg: &Registration) -> Result<(), Error> {
+        self.inner.registry.deregister(reg)
+    }
+
+    fn registered_count(&self) -> usize {
+        self.inner.registry.table.live_count()
+    }
+
+    fn max_read_len(&self) -> u32 {
+        self.inner.cfg.max_read_len
+    }
+}
+
+/// Accepts tcp connections.
+pub struct TcpListener {
+    listener: std::net::TcpListener,
+    domain: TcpDomain,
+}
+
+impl Listener for TcpListener {
+    type Conn = TcpConn;
+
+    fn local_addr(&self) -> String {
+        self.listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default()
+    }
+
+    fn accept(&mut self, timeout: Duration) -> Result<TcpConn, Error> {
+        let deadline = std::time::Instant::now() + to_std(timeout);
+        let mut backoff = Backoff::default();
+        loop {
+            match self.listener.accept() {
+                Ok((s, _)) => {
+                    s.set_nonblocking(false)?;
+                    return self.domain.wrap(s);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e.into()),
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::Timeout);
+            }
+            backoff.snooze();
+        }
+    }
+}
+
+/// Waits politely in setup paths: a few yields, then short sleeps.
+#[derive(Default)]
+pub(crate) struct Backoff(u32);
+
+impl Backoff {
+    pub(crate) fn snooze(&mut self) {
+        self.0 += 1;
+        if self.0 < 16 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    }
+}
+
+/// A tcp connection.
+pub struct TcpConn {
+    stream: Stream,
+    _domain: TcpDomain,
+}
+
+impl std::fmt::Debug for TcpConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpConn")
+            .field("fd", &self.stream.raw_fd())
+            .finish()
+    }
+}
+
+impl Connection for TcpConn {
+    fn send(&mut self, msg: &[u8]) -> Result<(), Error> {
+        self.stream.send(msg)
+    }
+    fn try_recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, Error> {
+        self.stream.try_recv(buf)
+    }
+    fn post_read(&mut self, op: &ReadOp) -> Result<(), Error> {
+        self.stream.post_reads(std::slice::from_ref(op)).map(|_| ())
+    }
+    fn post_reads(&mut self, ops: &[ReadOp]) -> Result<usize, Error> {
+        self.stream.post_reads(ops)
+    }
+    fn poll_completions(&mut self, out: &mut [Completion]) -> Result<usize, Error> {
+        self.stream.poll_completions(out)
+    }
+    fn progress(&mut self) -> Result<(), Error> {
+        self.stream.progress()
+    }
+    fn outstanding_reads(&self) -> usize {
+        self.stream.outstanding()
+    }
+    fn max_outstanding_reads(&self) -> usize {
+        self.stream.max_outstanding()
+    }
+    fn is_connected(&self) -> bool {
+        self.stream.is_connected()
+    }
+}

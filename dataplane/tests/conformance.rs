@@ -1,0 +1,106 @@
+//! The transport conformance suite for every software transport:
+//! shared memory, tcp on io_uring, and the blocking tcp baseline.
+//!
+//! io_uring may be disabled in a sandbox (seccomp, sysctl): the tcp-uring
+//! tests then print why and pass vacuously, and the blocking engine still runs.
+
+use std::sync::Arc;
+
+use dataplane::mem::Region;
+use dataplane::transport::conformance::{self, TransportFactory};
+use dataplane::transport::shm::ShmDomain;
+use dataplane::transport::tcp::{Engine, TcpConfig, TcpDomain};
+use dataplane::transport::Error;
+
+struct Shm;
+impl TransportFactory for Shm {
+    type D = ShmDomain;
+    fn name(&self) -> String {
+        "shm".into()
+    }
+    fn domain(&self) -> Result<ShmDomain, Error> {
+        ShmDomain::new()
+    }
+    fn region(&self, len: usize) -> Result<Arc<Region>, Error> {
+        Ok(Region::shared(len)?)
+    }
+}
+
+struct Tcp(Engine);
+impl TransportFactory for Tcp {
+    type D = TcpDomain;
+    fn name(&self) -> String {
+        format!("tcp-{:?}", self.0)
+    }
+    fn domain(&self) -> Result<TcpDomain, Error> {
+        TcpDomain::new(TcpConfig::new(self.0))
+    }
+    fn listen_addr(&self) -> String {
+        "127.0.0.1:0".into()
+    }
+}
+
+fn uring() -> Option<Tcp> {
+    // Under the suite's lock: the probe's ring fd must not disturb a leak check.
+    match conformance::exclusive(TcpDomain::uring) {
+        Ok(_) => Some(Tcp(Engine::Uring)),
+        Err(e) => {
+            eprintln!("io_uring unavailable here, tcp-uring conformance skipped: {e}");
+            None
+        }
+    }
+}
+
+macro_rules! suite {
+    ($m:ident, $f:expr) => {
+        mod $m {
+            use super::*;
+            #[test]
+            fn connect_and_exchange() {
+                if let Some(f) = $f {
+                    conformance::connect_and_exchange(&f);
+                }
+            }
+            #[test]
+            fn read_sizes() {
+                if let Some(f) = $f {
+                    conformance::read_sizes(&f);
+                }
+            }
+            #[test]
+            fn incast() {
+                if let Some(f) = $f {
+                    conformance::incast(&f);
+                }
+            }
+            #[test]
+            fn rejects_bad_reads() {
+                if let Some(f) = $f {
+                    conformance::rejects_bad_reads(&f);
+                }
+            }
+            #[test]
+            fn deregister_during_reads() {
+                if let Some(f) = $f {
+                    conformance::deregister_during_reads(&f);
+                }
+            }
+            #[test]
+            fn disconnect_mid_read() {
+                if let Some(f) = $f {
+                    conformance::disconnect_mid_read(&f);
+                }
+            }
+            #[test]
+            fn no_leaks() {
+                if let Some(f) = $f {
+                    conformance::no_leaks(&f);
+                }
+            }
+        }
+    };
+}
+
+suite!(shm, Some(Shm));
+suite!(tcp_uring, uring());
+suite!(tcp_blocking, Some(Tcp(Engine::Blocking)));

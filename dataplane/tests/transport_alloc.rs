@@ -1,0 +1,165 @@
+//! Once warm, a READ and a control message allocate nothing, on either side
+//! of the connection (the memory owner's responder included). A counting
+//! global allocator watches the whole process; this binary holds one test
+//! so nothing else runs during the measured window.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use dataplane::mem::{Access, Region};
+use dataplane::time::Duration;
+use dataplane::transport::shm::ShmDomain;
+use dataplane::transport::tcp::{Engine, TcpConfig, TcpDomain};
+use dataplane::transport::{Completion, Connection, Domain, Listener, ReadOp};
+use dataplane::wire;
+
+struct Counting;
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const T: Duration = Duration::from_millis(10_000);
+
+fn wait() {
+    std::thread::yield_now();
+}
+
+/// Runs `rounds` READ + message round trips; panics on a stall.
+fn rounds<C: Connection>(reader: &mut C, ops: &[ReadOp], msg: &[u8], rounds: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut comps = [Completion::default(); 16];
+    let mut buf = [0u8; 256];
+    for i in 0..rounds {
+        let op = &ops[i % ops.len()];
+        reader.post_read(op).expect("post");
+        loop {
+            let n = reader.poll_completions(&mut comps).expect("poll");
+            if n == 1 {
+                assert_eq!(comps[0].status, Ok(()));
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "READ stalled");
+            wait();
+        }
+        reader.send(msg).expect("send");
+        // The owner echoes every message back.
+        loop {
+            if reader.try_recv(&mut buf).expect("recv").is_some() {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "echo stalled");
+            wait();
+        }
+    }
+}
+
+fn check<D: Domain>(
+    name: &str,
+    owner_dom: D,
+    reader_dom: D,
+    region: impl Fn(usize) -> Arc<Region>,
+) {
+    let mut l = owner_dom.listen("").expect("listen");
+    let addr = l.local_addr();
+    let (mut owner, mut reader) = std::thread::scope(|s| {
+        let a = s.spawn(move || l.accept(T).expect("accept"));
+        let c = reader_dom.connect(&addr, T).expect("connect");
+        (a.join().expect("accept thread"), c)
+    });
+    let src = region(1 << 20);
+    let dst = region(1 << 20);
+    let sreg = owner_dom.register(&src, Access::REMOTE_READ).unwrap();
+    let dreg = reader_dom.register(&dst, Access::LOCAL_WRITE).unwrap();
+    let ops: Vec<ReadOp> = [64u32, 4096, 150 * 1024]
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| ReadOp {
+            wr_id: i as u64,
+            remote: sreg.remote_ref(0, len).unwrap(),
+            local: dreg.local_ref(0, len).unwrap(),
+        })
+        .collect();
+    let mut msg = [0u8; 128];
+    let n = wire::encode(
+        &mut msg,
+        &wire::Heartbeat {
+            seq: 1,
+            role: 1,
+            id: 1,
+        },
+    )
+    .unwrap();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut buf = [0u8; 256];
+            while !stop.load(Ordering::Acquire) {
+                if let Ok(Some(m)) = owner.try_recv(&mut buf) {
+                    let _ = owner.send(&buf[..m]);
+                }
+                let _ = owner.progress();
+                wait();
+            }
+        });
+        rounds(&mut reader, &ops, &msg[..n], 200);
+        let before = ALLOCS.load(Ordering::SeqCst);
+        rounds(&mut reader, &ops, &msg[..n], 2000);
+        let after = ALLOCS.load(Ordering::SeqCst);
+        stop.store(true, Ordering::Release);
+        assert_eq!(
+            after - before,
+            0,
+            "{name}: {} allocations in 2000 warm READ + message round trips",
+            after - before
+        );
+    });
+}
+
+#[test]
+fn warm_reads_and_messages_do_not_allocate() {
+    let probe = std::hint::black_box(vec![1u8; 8]);
+    assert!(
+        ALLOCS.load(Ordering::SeqCst) > 0 && probe.len() == 8,
+        "the counting allocator is installed"
+    );
+    check(
+        "shm",
+        ShmDomain::new().unwrap(),
+        ShmDomain::new().unwrap(),
+        |n| Region::shared(n).unwrap(),
+    );
+    let tcp = |e| TcpDomain::new(TcpConfig::new(e)).unwrap();
+    check(
+        "tcp-blocking",
+        tcp(Engine::Blocking),
+        tcp(Engine::Blocking),
+        |n| Region::anonymous(n).unwrap(),
+    );
+    if TcpDomain::uring().is_ok() {
+        check("tcp-uring", tcp(Engine::Uring), tcp(Engine::Uring), |n| {
+            Region::anonymous(n).unwrap()
+        });
+    } else {
+        eprintln!("io_uring unavailable: tcp-uring allocation check skipped");
+    }
+}

@@ -1,0 +1,233 @@
+//! Property tests of the wire codec: every message round-trips, and no
+//! byte string makes the decoder panic (seeded, so runs are repeatable).
+
+use dataplane::wire::{self, *};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+fn rref() -> impl Strategy<Value = RemoteRef> {
+    (any::<u32>(), any::<u32>(), any::<u64>()).prop_map(|(key, len, offset)| RemoteRef {
+        key,
+        len,
+        offset,
+    })
+}
+
+fn runner(cases: u32) -> TestRunner {
+    let seed = [7u8; 32];
+    TestRunner::new_with_rng(
+        Config {
+            cases,
+            ..Config::default()
+        },
+        TestRng::from_seed(RngAlgorithm::ChaCha, &seed),
+    )
+}
+
+#[derive(Debug, Clone)]
+enum Msg {
+    Register(u32, u32, u32, String),
+    Heartbeat(Heartbeat),
+    Task(Task),
+    Plan(BatchPlanHead, Vec<BatchTask>),
+    Completion(CompletionHead, Vec<u8>),
+    Dropped(Dropped),
+    BatchDone(BatchDone),
+    ReadRequest(ReadRequest),
+    ReadResponse(ReadResponse),
+}
+
+fn msg() -> impl Strategy<Value = Msg> {
+    let task = (
+        any::<u64>(),
+        any::<u64>(),
+        any::<u32>(),
+        any::<u32>(),
+        rref(),
+    )
+        .prop_map(|(task_id, budget_ns, model_id, frontend_id, input)| Task {
+            task_id,
+            budget_ns,
+            model_id,
+            frontend_id,
+            input,
+        });
+    let btask =
+        (any::<u64>(), any::<u32>(), rref()).prop_map(|(task_id, frontend_id, input)| BatchTask {
+            task_id,
+            frontend_id,
+            reserved: 0,
+            input,
+        });
+    let plan = (
+        any::<u64>(),
+        any::<u64>(),
+        any::<u32>(),
+        any::<u32>(),
+        prop::collection::vec(btask, 0..=MAX_BATCH_TASKS),
+    )
+        .prop_map(|(batch_id, exec_in_ns, model_id, gpu_id, t)| {
+            Msg::Plan(
+                BatchPlanHead {
+                    batch_id,
+                    exec_in_ns,
+                    model_id,
+                    gpu_id,
+                    count: t.len() as u32,
+                    reserved: 0,
+                },
+                t,
+            )
+        });
+    let completion = (
+        any::<u64>(),
+        0u32..3,
+        0u32..3,
+        rref(),
+        prop::collection::vec(any::<u8>(), 0..2048),
+    )
+        .prop_map(|(task_id, status, kind, remote, bytes)| {
+            let mut h = CompletionHead {
+                task_id,
+                status,
+                output_kind: kind,
+                ..Default::default()
+            };
+            let inline = match kind {
+                1 => {
+                    h.output_len = bytes.len() as u32;
+                    bytes
+                }
+                2 => {
+                    h.remote = remote;
+                    h.output_len = remote.len;
+                    Vec::new()
+                }
+                _ => Vec::new(),
+            };
+            Msg::Completion(h, inline)
+        });
+    prop_oneof![
+        (1u32..=4, any::<u32>(), any::<u32>(), "[a-z0-9.:]{0,64}")
+            .prop_map(|(r, i, c, e)| Msg::Register(r, i, c, e)),
+        (any::<u64>(), 1u32..=4, any::<u32>())
+            .prop_map(|(seq, role, id)| Msg::Heartbeat(Heartbeat { seq, role, id })),
+        task.prop_map(Msg::Task),
+        plan,
+        completion,
+        (any::<u64>(), 1u32..=5).prop_map(|(task_id, reason)| Msg::Dropped(Dropped {
+            task_id,
+            reason,
+            reserved: 0
+        })),
+        (any::<u64>(), any::<u64>(), any::<u32>(), any::<u32>()).prop_map(
+            |(batch_id, actual_ns, gpu_id, count)| Msg::BatchDone(BatchDone {
+                batch_id,
+                actual_ns,
+                gpu_id,
+                count
+            })
+        ),
+        (any::<u64>(), rref())
+            .prop_map(|(wr_id, remote)| Msg::ReadRequest(ReadRequest { wr_id, remote })),
+        (any::<u64>(), 0u32..=5, any::<u32>()).prop_map(|(wr_id, status, len)| {
+            Msg::ReadResponse(ReadResponse {
+                wr_id,
+                status,
+                len: if status == 0 { len } else { 0 },
+            })
+        }),
+    ]
+}
+
+fn encode_msg(m: &Msg, buf: &mut [u8]) -> usize {
+    match m {
+        Msg::Register(r, i, c, e) => {
+            let role = Role::from_u32(*r).unwrap();
+            wire::encode(buf, &Register::new(role, *i, *c, e))
+        }
+        Msg::Heartbeat(x) => wire::encode(buf, x),
+        Msg::Task(x) => wire::encode(buf, x),
+        Msg::Plan(h, t) => wire::encode_batch_plan(buf, h, t),
+        Msg::Completion(h, b) => wire::encode_completion(buf, h, b),
+        Msg::Dropped(x) => wire::encode(buf, x),
+        Msg::BatchDone(x) => wire::encode(buf, x),
+        Msg::ReadRequest(x) => wire::encode(buf, x),
+        Msg::ReadResponse(x) => wire::encode(buf, x),
+    }
+    .expect("valid messages encode")
+}
+
+#[test]
+fn every_message_round_trips() {
+    let buf = std::cell::RefCell::new(vec![0u8; MAX_MESSAGE_LEN + 1]);
+    runner(512)
+        .run(&msg(), |m| {
+            let mut buf = buf.borrow_mut();
+            let n = encode_msg(&m, &mut buf);
+            prop_assert_eq!(wire::frame_len(&buf[..n]).unwrap(), Some(n));
+            let d = wire::decode(&buf[..n]).expect("decodes");
+            match (&m, d) {
+                (Msg::Register(r, i, c, e), Message::Register(x)) => {
+                    prop_assert_eq!(
+                        (x.role, x.id, x.count, x.endpoint()),
+                        (*r, *i, *c, e.as_str())
+                    )
+                }
+                (Msg::Heartbeat(a), Message::Heartbeat(b)) => prop_assert_eq!(*a, b),
+                (Msg::Task(a), Message::Task(b)) => prop_assert_eq!(*a, b),
+                (Msg::Plan(h, t), Message::BatchPlan(dh, dt)) => {
+                    prop_assert_eq!(*h, dh);
+                    prop_assert!(dt.iter().eq(t.iter().copied()));
+                }
+                (Msg::Completion(h, b), Message::Completion(dh, db)) => {
+                    prop_assert_eq!(*h, dh);
+                    prop_assert_eq!(&b[..], db);
+                }
+                (Msg::Dropped(a), Message::Dropped(b)) => prop_assert_eq!(*a, b),
+                (Msg::BatchDone(a), Message::BatchDone(b)) => prop_assert_eq!(*a, b),
+                (Msg::ReadRequest(a), Message::ReadRequest(b)) => prop_assert_eq!(*a, b),
+                (Msg::ReadResponse(a), Message::ReadResponse(b)) => prop_assert_eq!(*a, b),
+                (a, b) => prop_assert!(false, "{:?} decoded as {:?}", a, b),
+            }
+            // Any strict prefix is refused, as is any extra byte.
+            if n > 0 {
+                prop_assert!(wire::decode(&buf[..n - 1]).is_err());
+            }
+            buf[n] = 0;
+            prop_assert_eq!(wire::decode(&buf[..n + 1]), Err(WireError::TrailingBytes));
+            wire::fuzz_decode(&buf[..n]);
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn arbitrary_bytes_never_panic() {
+    runner(4096)
+        .run(&prop::collection::vec(any::<u8>(), 0..4096), |bytes| {
+            wire::fuzz_decode(&bytes);
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn mutated_valid_messages_never_panic() {
+    // Valid header, corrupted body: reaches the deep validation paths.
+    let strat = (msg(), any::<usize>(), any::<u8>(), any::<usize>());
+    let buf = std::cell::RefCell::new(vec![0u8; MAX_MESSAGE_LEN]);
+    runner(2048)
+        .run(&strat, |(m, pos, val, cut)| {
+            let mut buf = buf.borrow_mut();
+            let n = encode_msg(&m, &mut buf);
+            let mut v = buf[..n].to_vec();
+            let p = pos % n;
+            v[p] ^= val | 1;
+            wire::fuzz_decode(&v);
+            v.truncate(cut % (n + 1));
+            wire::fuzz_decode(&v);
+            Ok(())
+        })
+        .unwrap();
+}

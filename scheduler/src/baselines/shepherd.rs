@@ -1,0 +1,226 @@
+//! Shepherd's online scheduler, Flex (Zhang et al., NSDI '23), as the
+//! Symphony paper describes and re-implemented it:
+//!
+//! - One candidate batch per model: the largest batch, from the head of its
+//!   deadline-ordered queue, that finishes by the head's deadline if it
+//!   starts now.
+//! - Work-conserving: whenever a GPU is free, the largest candidate runs on
+//!   it.
+//! - Lazy dropping: a request is dropped only when not even a batch of one
+//!   could meet its deadline any more.
+//! - Preemption: when every GPU is busy and the largest candidate is at
+//!   least [`PREEMPT_FACTOR`] times the size of the smallest running batch,
+//!   that batch is aborted (its GPU time is lost), its requests go back to
+//!   their queues (those that can no longer make it are dropped lazily), and
+//!   the candidate runs on the freed GPU.
+//!
+//! A candidate only shrinks as time passes, and only grows when requests
+//! are queued or its head is dropped (which happens only while it is being
+//! evaluated), so each model's heap key is an upper bound on its candidate,
+//! re-validated lazily when it reaches the top. Every event costs
+//! `O(log M + log G)` amortised, plus `O(log B)` per candidate evaluated.
+
+use super::{insert_by_deadline, GpuPool};
+use crate::netdelay::NetworkDelay;
+use crate::profile::LatencyProfile;
+use crate::types::{Actions, DropReason, GpuId, ModelId, Request, Scheduler};
+use crate::zoo::ModelSpec;
+use dataplane::heap::IndexedHeap;
+use dataplane::time::Instant;
+use std::cmp::Reverse;
+use std::collections::VecDeque;
+
+/// A running batch is preempted by a candidate at least this many times its
+/// size (Shepherd's choice, quoted by the Symphony paper).
+pub const PREEMPT_FACTOR: u32 = 3;
+
+struct ModelState {
+    profile: LatencyProfile,
+    /// Pending requests, sorted by deadline.
+    queue: VecDeque<Request>,
+}
+
+impl ModelState {
+    /// An upper bound on the candidate size.
+    fn bound(&self) -> u32 {
+        (self.queue.len() as u32).min(self.profile.max_batch())
+    }
+
+    /// Lazily drops heads that cannot make it, then returns the size of the
+    /// candidate batch starting now (0 when the queue is empty).
+    fn candidate(&mut self, now: Instant, delay: &NetworkDelay, out: &mut Actions) -> u32 {
+        let one = now + delay.of(1) + self.profile.latency(1);
+        while let Some(&head) = self.queue.front() {
+            if one <= head.deadline {
+                break;
+            }
+            out.drops.push((head, DropReason::DeadlineUnreachable));
+            self.queue.pop_front();
+        }
+        let Some(head) = self.queue.front() else { return 0 };
+        let budget = head.deadline.saturating_since(now + delay.d_ctrl);
+        self.profile.max_batch_within(budget, delay.d_data, self.bound())
+    }
+}
+
+/// The batch a GPU is running, kept so a preemption can re-queue it.
+struct Running {
+    /// When it was decided: a batch decided at this very instant may not be
+    /// applied yet, so it is not preempted.
+    decided_at: Instant,
+    exec_at: Instant,
+    finish_at: Instant,
+    members: Vec<Request>,
+}
+
+/// The Shepherd (Flex) policy: see the module documentation.
+pub struct ShepherdScheduler {
+    delay: NetworkDelay,
+    models: Vec<ModelState>,
+    gpus: GpuPool,
+    running: Vec<Running>,
+    /// Models with queued requests, by an upper bound of their candidate
+    /// size, largest first.
+    by_size: IndexedHeap<Reverse<u32>>,
+    /// GPUs running a batch, by its size, smallest first.
+    running_by_size: IndexedHeap<u32>,
+    /// Scratch room for a preempted batch's requests.
+    aborted: Vec<Request>,
+    preemptions: u64,
+}
+
+impl ShepherdScheduler {
+    /// A scheduler for `models` (model id = index) on `gpus` GPUs.
+    pub fn new(models: &[ModelSpec], gpus: u32, delay: NetworkDelay) -> Self {
+        let max_batch = models.iter().map(|m| m.profile.max_batch()).max().unwrap_or(1) as usize;
+        ShepherdScheduler {
+            delay,
+            models: models.iter().map(|m| ModelState { profile: m.profile.clone(), queue: VecDeque::with_capacity(256) }).collect(),
+            gpus: GpuPool::new(gpus),
+            running: (0..gpus)
+                .map(|_| Running { decided_at: Instant::ZERO, exec_at: Instant::ZERO, finish_at: Instant::ZERO, members: Vec::with_capacity(max_batch) })
+                .collect(),
+            by_size: IndexedHeap::with_ids(models.len()),
+            running_by_size: IndexedHeap::with_ids(gpus as usize),
+            aborted: Vec::with_capacity(max_batch),
+            preemptions: 0,
+        }
+    }
+
+    /// Batches preempted so far.
+    pub fn preemptions(&self) -> u64 {
+        self.preemptions
+    }
+
+    /// The largest candidate `(model, size)`, re-validating stale keys.
+    fn largest(&mut self, now: Instant, out: &mut Actions) -> Option<(ModelId, u32)> {
+        while let Some((Reverse(bound), m)) = self.by_size.peek() {
+            let size = self.models[m as usize].candidate(now, &self.delay, out);
+            if size == 0 {
+                self.by_size.remove(m);
+                continue;
+            }
+            self.by_size.set(m, Reverse(size));
+            // Every other key bounds its model's candidate from above.
+            if size >= bound {
+                return Some((m, size));
+            }
+        }
+        None
+    }
+
+    fn run(&mut self, now: Instant, gpu: GpuId, m: ModelId, size: u32, out: &mut Actions) {
+        let model = &mut self.models[m as usize];
+        let exec_at = now + self.delay.of(size);
+        let finish_at = exec_at + model.profile.latency(size);
+        let slot = &mut self.running[gpu as usize];
+        slot.members.clear();
+        slot.members.extend(model.queue.drain(..size as usize));
+        slot.decided_at = now;
+        slot.exec_at = exec_at;
+        slot.finish_at = finish_at;
+        out.push_batch(gpu, m, exec_at, finish_at, now, slot.members.iter().copied());
+        self.gpus.occupy(gpu, finish_at);
+        self.running_by_size.set(gpu, size);
+        if model.queue.is_empty() {
+            self.by_size.remove(m);
+        } else {
+            self.by_size.set(m, Reverse(model.bound()));
+        }
+    }
+
+    /// Aborts the batch on `gpu`, runs the candidate there instead, and
+    /// re-queues the aborted requests (after the candidate was taken, so
+    /// the batch that runs is the one that justified the preemption).
+    fn preempt(&mut self, now: Instant, gpu: GpuId, m: ModelId, size: u32, out: &mut Actions) {
+        out.preemptions.push(gpu);
+        self.preemptions += 1;
+        self.gpus.release(gpu);
+        std::mem::swap(&mut self.aborted, &mut self.running[gpu as usize].members);
+        self.run(now, gpu, m, size, out);
+        let ShepherdScheduler { aborted, models, by_size, .. } = self;
+        for r in aborted.drain(..) {
+            let model = &mut models[r.model as usize];
+            insert_by_deadline(&mut model.queue, r);
+            by_size.set(r.model, Reverse(model.bound()));
+        }
+    }
+
+    /// Runs candidates, largest first, on free GPUs, and preempts while a
+    /// candidate dwarfs a running batch.
+    fn schedule(&mut self, now: Instant, out: &mut Actions) {
+        while let Some((m, size)) = self.largest(now, out) {
+            match self.gpus.earliest(now) {
+                Some((gpu, free)) if free <= now => {
+                    self.run(now, gpu, m, size, out);
+                    continue;
+                }
+                _ => {}
+            }
+            let victim = self.running_by_size.peek().filter(|&(running, g)| {
+                let r = &self.running[g as usize];
+                size >= PREEMPT_FACTOR.saturating_mul(running) && r.decided_at < now && r.exec_at <= now && now < r.finish_at
+            });
+            match victim {
+                // Each preemption replaces a batch by one at least 3x its
+                // size, so the loop ends.
+                Some((_, g)) => self.preempt(now, g, m, size, out),
+                None => break,
+            }
+        }
+    }
+}
+
+impl Scheduler for ShepherdScheduler {
+    fn on_request(&mut self, now: Instant, req: Request, out: &mut Actions) {
+        let Some(model) = self.models.get_mut(req.model as usize) else {
+            out.drops.push((req, DropReason::UnknownModel));
+            return;
+        };
+        insert_by_deadline(&mut model.queue, req);
+        self.by_size.set(req.model, Reverse(model.bound()));
+        self.schedule(now, out);
+    }
+
+    fn on_batch_done(&mut self, now: Instant, gpu: GpuId, out: &mut Actions) {
+        self.running_by_size.remove(gpu);
+        if let Some(r) = self.running.get_mut(gpu as usize) {
+            r.members.clear();
+        }
+        self.schedule(now, out);
+    }
+
+    fn on_wake(&mut self, now: Instant, out: &mut Actions) {
+        self.schedule(now, out);
+    }
+
+    /// Flex acts only on arrivals and completions; requests that expire
+    /// while every GPU is busy are dropped when a GPU frees.
+    fn poll_at(&self) -> Option<Instant> {
+        None
+    }
+
+    fn name(&self) -> &'static str {
+        "shepherd"
+    }
+}

@@ -1,0 +1,220 @@
+//! Deferred batch scheduling (Symphony's Algorithm 1 with the Appendix D
+//! network-aware, multicore split), plus the timeout and eager rules that
+//! the paper derives from it by changing one line.
+//!
+//! Two sans-IO cores talk only by messages:
+//! - [`ModelThreadCore`] owns a disjoint set of models: their queues, batch
+//!   gathering (lazy or early drop), candidates and wake-up timers. It runs
+//!   at the request rate.
+//! - [`RankCore`] owns the GPUs' free times and the ready candidates, and
+//!   does model-GPU matchmaking. It runs at the batch rate: a ModelThread
+//!   informs it of a candidate only once that candidate is schedulable.
+//!
+//! [`DeferredScheduler`] wires one of each together with in-memory queues
+//! for the simulator; the live runtime wires the same cores with SPSC rings.
+
+mod model_thread;
+mod rank;
+
+pub use model_thread::{ModelThreadCore, ModelThreadStats};
+pub use rank::{RankCore, RankStats};
+
+use crate::netdelay::NetworkDelay;
+use crate::types::{Actions, GpuId, ModelId, Request, Scheduler};
+use crate::zoo::ModelSpec;
+use dataplane::time::{Duration, Instant};
+use std::collections::VecDeque;
+
+/// How a model's batch is gathered from its queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gather {
+    /// Clipper-style: drop the head only when not even a batch of one can
+    /// meet its deadline; the batch is the largest that fits the head.
+    Lazy,
+    /// Nexus-style sliding window: drop heads that would force a batch
+    /// smaller than the target batch size (estimated from the model's
+    /// arrival rate and SLO), then take the largest batch that fits.
+    Early,
+}
+
+/// When a candidate batch becomes schedulable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExecRule {
+    /// Deferred: at frontrun, `d - l(b+1)` (Algorithm 1, line 5).
+    Frontrun,
+    /// TF-Serving-style: when the oldest request has waited `k`, or the
+    /// batch is full. `Timeout(0)` is eager scheduling.
+    Timeout(Duration),
+}
+
+/// Configuration shared by every model of one scheduler.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CoreConfig {
+    /// Batch gathering.
+    pub gather: Gather,
+    /// Schedulable-window rule.
+    pub rule: ExecRule,
+    /// Network delay charged before a batch can start.
+    pub delay: NetworkDelay,
+    /// The schedulable window `[exec_at, latest]` is at least this wide:
+    /// a model whose frontrun-to-latest gap (`alpha`, one request's worth of
+    /// execution) is narrower opens its window earlier, so it is not dropped
+    /// merely because no GPU freed inside a sliver of time.
+    pub min_window: Duration,
+    /// The window is also at least this many expected inter-arrival gaps of
+    /// the model wide (0 disables; see docs/decisions.md).
+    pub window_gaps: f64,
+    /// Early drop drops a head only when it would force a batch smaller
+    /// than this fraction of the target batch size (1.0 = Nexus's window).
+    pub early_drop_fraction: f64,
+}
+
+/// Default for [`CoreConfig::min_window`].
+pub const DEFAULT_MIN_WINDOW: Duration = Duration::ZERO;
+/// Default for [`CoreConfig::window_gaps`], chosen by the sweep recorded in
+/// docs/decisions.md.
+pub const DEFAULT_WINDOW_GAPS: f64 = 0.5;
+/// Default for [`CoreConfig::early_drop_fraction`] (see docs/decisions.md).
+pub const DEFAULT_EARLY_DROP_FRACTION: f64 = 0.9;
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        CoreConfig {
+            gather: Gather::Early,
+            rule: ExecRule::Frontrun,
+            delay: NetworkDelay::ZERO,
+            min_window: DEFAULT_MIN_WINDOW,
+            window_gaps: DEFAULT_WINDOW_GAPS,
+            early_drop_fraction: DEFAULT_EARLY_DROP_FRACTION,
+        }
+    }
+}
+
+/// A model's current candidate batch, as the RankThread sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// Batch size.
+    pub bs: u32,
+    /// Earliest moment the window allows it to start (frontrun or timeout);
+    /// the actual start is also bounded by the network delay and the GPU.
+    pub exec_at: Instant,
+    /// Latest start that still meets the earliest deadline in the batch.
+    pub latest: Instant,
+}
+
+/// ModelThread -> RankThread messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToRank {
+    /// The model's schedulable candidate changed (`None`: it has none).
+    Candidate {
+        /// Which model.
+        model: ModelId,
+        /// Its ready candidate, if any.
+        cand: Option<Candidate>,
+    },
+    /// A GPU granted to a ModelThread is busy until `free_at` (or was not
+    /// used and is handed back with its old free time).
+    GpuFree {
+        /// Which GPU.
+        gpu: GpuId,
+        /// When it is free.
+        free_at: Instant,
+    },
+}
+
+/// RankThread -> ModelThread: use this GPU for this model now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The model whose candidate won.
+    pub model: ModelId,
+    /// The GPU, now reserved for that model's ModelThread.
+    pub gpu: GpuId,
+    /// When the GPU is free (may be in the past).
+    pub free_at: Instant,
+}
+
+/// One ModelThread core and one RankThread core in a single thread, for the
+/// simulator and for single-threaded use.
+pub struct DeferredScheduler {
+    models: ModelThreadCore,
+    rank: RankCore,
+    to_rank: VecDeque<ToRank>,
+    grants: VecDeque<Grant>,
+    name: &'static str,
+}
+
+impl DeferredScheduler {
+    /// A scheduler for `models` (model id = index) on `gpus` GPUs.
+    pub fn new(models: &[ModelSpec], gpus: u32, cfg: CoreConfig) -> Self {
+        let name = match cfg.rule {
+            ExecRule::Frontrun => "deferred",
+            ExecRule::Timeout(k) if k == Duration::ZERO => "eager",
+            ExecRule::Timeout(_) => "timeout",
+        };
+        let owned: Vec<(ModelId, ModelSpec)> = models.iter().cloned().enumerate().map(|(i, m)| (i as ModelId, m)).collect();
+        DeferredScheduler {
+            models: ModelThreadCore::new(cfg, owned),
+            rank: RankCore::new(models.len(), gpus, cfg.delay),
+            to_rank: VecDeque::with_capacity(64),
+            grants: VecDeque::with_capacity(64),
+            name,
+        }
+    }
+
+    /// Statistics of the two cores.
+    pub fn stats(&self) -> (ModelThreadStats, RankStats) {
+        (self.models.stats(), self.rank.stats())
+    }
+
+    /// Delivers queued messages between the two cores until both are quiet.
+    fn pump(&mut self, now: Instant, out: &mut Actions) {
+        let DeferredScheduler { models, rank, to_rank, grants, .. } = self;
+        loop {
+            while let Some(msg) = to_rank.pop_front() {
+                rank.on_message(now, msg, &mut |g| grants.push_back(g));
+            }
+            match grants.pop_front() {
+                Some(g) => models.on_grant(now, g, out, &mut |m| to_rank.push_back(m)),
+                None => break,
+            }
+        }
+    }
+}
+
+impl Scheduler for DeferredScheduler {
+    fn on_request(&mut self, now: Instant, req: Request, out: &mut Actions) {
+        let to_rank = &mut self.to_rank;
+        self.models.on_request(now, req, out, &mut |m| to_rank.push_back(m));
+        self.pump(now, out);
+    }
+
+    fn on_batch_done(&mut self, _now: Instant, _gpu: GpuId, _out: &mut Actions) {
+        // The RankThread already knows each GPU's planned free time, and
+        // emulated (or profiled) execution takes exactly that long.
+    }
+
+    fn on_wake(&mut self, now: Instant, out: &mut Actions) {
+        // Canonical order at one instant, shared with the live runtime's
+        // lockstep driver: model timers, then every message they cause,
+        // then the GPU timer, then every message it causes.
+        let to_rank = &mut self.to_rank;
+        self.models.on_wake(now, out, &mut |m| to_rank.push_back(m));
+        self.pump(now, out);
+        if self.rank.poll_at().is_some_and(|t| t <= now) {
+            let grants = &mut self.grants;
+            self.rank.on_wake(now, &mut |g| grants.push_back(g));
+            self.pump(now, out);
+        }
+    }
+
+    fn poll_at(&self) -> Option<Instant> {
+        match (self.models.poll_at(), self.rank.poll_at()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        self.name
+    }
+}

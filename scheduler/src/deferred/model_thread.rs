@@ -1,0 +1,319 @@
+//! The ModelThread core: per-model queues, batch gathering, candidates and
+//! timers for a disjoint set of models.
+
+use super::{Candidate, CoreConfig, ExecRule, Gather, Grant, ToRank};
+use crate::netdelay::NetworkDelay;
+use crate::profile::LatencyProfile;
+use crate::types::{Actions, DropReason, ModelId, Request};
+use crate::zoo::ModelSpec;
+use dataplane::heap::IndexedHeap;
+use dataplane::time::{Duration, Instant};
+use std::collections::VecDeque;
+
+/// How many recent arrivals the rate estimate looks at.
+const RATE_WINDOW: usize = 32;
+const NOT_OWNED: u32 = u32::MAX;
+
+/// Counters of one ModelThread core.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ModelThreadStats {
+    /// Requests accepted.
+    pub requests: u64,
+    /// Batches dispatched.
+    pub batches: u64,
+    /// Requests dropped.
+    pub drops: u64,
+    /// Messages sent to the RankThread.
+    pub to_rank: u64,
+    /// Grants received that found no batch to run (GPU handed back).
+    pub grants_returned: u64,
+}
+
+/// Arrival-rate estimate from the last few arrival instants.
+#[derive(Clone, Debug)]
+struct RateWindow {
+    times: [Instant; RATE_WINDOW],
+    next: usize,
+    filled: usize,
+}
+
+impl RateWindow {
+    fn new() -> Self {
+        RateWindow { times: [Instant::ZERO; RATE_WINDOW], next: 0, filled: 0 }
+    }
+
+    fn record(&mut self, t: Instant) {
+        self.times[self.next] = t;
+        self.next = (self.next + 1) % RATE_WINDOW;
+        self.filled = (self.filled + 1).min(RATE_WINDOW);
+    }
+
+    /// Mean gap between recent arrivals, if at least two were seen.
+    fn mean_gap(&self, now: Instant) -> Option<Duration> {
+        if self.filled < 2 {
+            return None;
+        }
+        let oldest = if self.filled < RATE_WINDOW { self.times[0] } else { self.times[self.next] };
+        // Measuring to `now` (not to the last arrival) lets the estimate
+        // decay when a model goes quiet.
+        let span = now.saturating_since(oldest);
+        Some(Duration::from_nanos(span.as_nanos() / (self.filled as u64 - 1).max(1)))
+    }
+}
+
+/// One model's scheduling state.
+#[derive(Clone, Debug)]
+struct ModelState {
+    id: ModelId,
+    profile: LatencyProfile,
+    slo: Duration,
+    /// Pending requests, sorted by deadline (arrival order for one SLO).
+    queue: VecDeque<Request>,
+    /// What the RankThread currently holds for this model.
+    informed: Option<Candidate>,
+    /// When `informed` was last sent.
+    informed_at: Instant,
+    rate: RateWindow,
+}
+
+impl ModelState {
+    /// Earliest start of a batch of `b` given the network and the GPU.
+    #[inline]
+    fn earliest(now: Instant, delay: &NetworkDelay, gpu_free: Instant, b: u32) -> Instant {
+        (now + delay.of(b)).max(gpu_free)
+    }
+
+    #[inline]
+    fn fits(&self, now: Instant, delay: &NetworkDelay, gpu_free: Instant, b: u32, deadline: Instant) -> bool {
+        Self::earliest(now, delay, gpu_free, b) + self.profile.latency(b) <= deadline
+    }
+
+    /// Target batch size for early drop: the largest `b` whose fill time at
+    /// the current arrival rate plus execution and network time fits the SLO
+    /// (the staggered-execution batch size, as Nexus estimates it).
+    fn target_batch(&self, now: Instant, delay: &NetworkDelay) -> u32 {
+        let Some(gap) = self.rate.mean_gap(now) else { return 1 };
+        let budget = self.slo.saturating_sub(delay.d_ctrl);
+        self.profile.max_batch_within(budget, gap + delay.d_data, u32::MAX).max(1)
+    }
+
+    /// Drops what the gathering policy drops, then returns the candidate
+    /// batch (Algorithm 1's UpdateCandidate / Appendix D's update_candidate).
+    fn gather(&mut self, now: Instant, cfg: &CoreConfig, gpu_free: Option<Instant>, out: &mut Actions) -> Option<Candidate> {
+        let delay = &cfg.delay;
+        let gpu_free = gpu_free.unwrap_or(Instant::ZERO);
+        let window = match cfg.gather {
+            Gather::Lazy => 1,
+            Gather::Early => ((f64::from(self.target_batch(now, delay)) * cfg.early_drop_fraction).ceil() as u32).max(1),
+        };
+        while let Some(&head) = self.queue.front() {
+            let w = window.min(self.queue.len() as u32).max(1);
+            if self.fits(now, delay, gpu_free, w, head.deadline) {
+                break;
+            }
+            let reason = if w > 1 && self.fits(now, delay, gpu_free, 1, head.deadline) {
+                DropReason::EarlyDrop
+            } else {
+                DropReason::DeadlineUnreachable
+            };
+            self.queue.pop_front();
+            out.drops.push((head, reason));
+        }
+        let head = *self.queue.front()?;
+        let dl = head.deadline;
+        let limit = (self.queue.len() as u32).min(self.profile.max_batch());
+        let by_network = self.profile.max_batch_within(dl.saturating_since(now + delay.d_ctrl), delay.d_data, limit);
+        let by_gpu = self.profile.max_batch_within(dl.saturating_since(gpu_free), Duration::ZERO, limit);
+        let bs = by_network.min(by_gpu);
+        if bs == 0 {
+            // Unreachable after the drop loop (a batch of one fits the head);
+            // kept total so a profile rounding quirk cannot stall a model.
+            return None;
+        }
+        let full = bs >= self.profile.max_batch();
+        let latest = dl - self.profile.latency(bs);
+        let exec_at = match cfg.rule {
+            ExecRule::Frontrun if full => Instant::ZERO,
+            ExecRule::Frontrun => {
+                // Waiting until the last moment buys at most the requests
+                // that arrive meanwhile; within the final `window_gaps`
+                // expected inter-arrival gaps that is likely none, while a
+                // window as narrow as `alpha` drops the head whenever no GPU
+                // frees inside it. See docs/decisions.md.
+                let gap = self.rate.mean_gap(now).map_or(Duration::ZERO, |g| Duration::from_nanos((g.as_nanos() as f64 * cfg.window_gaps) as u64));
+                (dl - self.profile.latency(bs + 1)).min(latest - cfg.min_window.max(gap))
+            }
+            ExecRule::Timeout(_) if full => Instant::ZERO,
+            ExecRule::Timeout(k) => head.arrival + k,
+        };
+        Some(Candidate { bs, exec_at, latest })
+    }
+
+    /// True when the candidate's window has opened: a batch decided now
+    /// starts no earlier than its frontrun (or timeout) moment.
+    #[inline]
+    fn ready(now: Instant, delay: &NetworkDelay, c: &Candidate) -> bool {
+        c.exec_at <= now + delay.of(c.bs)
+    }
+
+    /// Recomputes the candidate, tells the RankThread what changed, and
+    /// returns when this model next needs attention.
+    fn refresh(&mut self, now: Instant, cfg: &CoreConfig, out: &mut Actions, to_rank: &mut impl FnMut(ToRank), sent: &mut u64) -> Option<Instant> {
+        let cand = self.gather(now, cfg, None, out);
+        let delay = &cfg.delay;
+        let ready = cand.filter(|c| Self::ready(now, delay, c));
+        if ready != self.informed {
+            self.informed = ready;
+            self.informed_at = now;
+            *sent += 1;
+            to_rank(ToRank::Candidate { model: self.id, cand: ready });
+        }
+        cand.map(|c| {
+            let lead = delay.of(c.bs);
+            // One nanosecond after this, a batch of `bs` can no longer make it:
+            // recompute (shrink the batch, or drop the head).
+            let invalid_at = (c.latest - lead) + Duration::from_nanos(1);
+            if ready.is_some() {
+                invalid_at
+            } else {
+                (c.exec_at - lead).min(invalid_at)
+            }
+        })
+    }
+}
+
+/// The ModelThread core: owns a set of models and their timers.
+pub struct ModelThreadCore {
+    cfg: CoreConfig,
+    models: Vec<ModelState>,
+    /// Global model id -> index in `models`, or [`NOT_OWNED`].
+    local: Vec<u32>,
+    /// Per local model: when it wants a refresh.
+    wakes: IndexedHeap<Instant>,
+    stats: ModelThreadStats,
+}
+
+impl ModelThreadCore {
+    /// A core owning `models` (global id, spec).
+    pub fn new(cfg: CoreConfig, models: Vec<(ModelId, ModelSpec)>) -> Self {
+        let max_id = models.iter().map(|(id, _)| *id as usize + 1).max().unwrap_or(0);
+        let mut local = vec![NOT_OWNED; max_id];
+        let states: Vec<ModelState> = models
+            .into_iter()
+            .enumerate()
+            .map(|(i, (id, spec))| {
+                local[id as usize] = i as u32;
+                ModelState {
+                    id,
+                    profile: spec.profile,
+                    slo: spec.slo,
+                    queue: VecDeque::with_capacity(256),
+                    informed: None,
+                    informed_at: Instant::ZERO,
+                    rate: RateWindow::new(),
+                }
+            })
+            .collect();
+        let n = states.len();
+        ModelThreadCore { cfg, models: states, local, wakes: IndexedHeap::with_ids(n), stats: ModelThreadStats::default() }
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> ModelThreadStats {
+        self.stats
+    }
+
+    /// Requests waiting in this core's queues.
+    pub fn queued(&self) -> usize {
+        self.models.iter().map(|m| m.queue.len()).sum()
+    }
+
+    /// The earliest time any owned model wants a refresh.
+    pub fn poll_at(&self) -> Option<Instant> {
+        self.wakes.peek().map(|(t, _)| t)
+    }
+
+    fn local_index(&self, model: ModelId) -> Option<usize> {
+        match self.local.get(model as usize) {
+            Some(&i) if i != NOT_OWNED => Some(i as usize),
+            _ => None,
+        }
+    }
+
+    fn refresh(&mut self, i: usize, now: Instant, out: &mut Actions, to_rank: &mut impl FnMut(ToRank)) {
+        let drops_before = out.drops.len();
+        let wake = self.models[i].refresh(now, &self.cfg, out, to_rank, &mut self.stats.to_rank);
+        self.stats.drops += (out.drops.len() - drops_before) as u64;
+        match wake {
+            Some(t) => self.wakes.set(i as u32, t),
+            None => {
+                self.wakes.remove(i as u32);
+            }
+        }
+    }
+
+    /// Frontend -> ModelThread: a new request.
+    pub fn on_request(&mut self, now: Instant, req: Request, out: &mut Actions, to_rank: &mut impl FnMut(ToRank)) {
+        let Some(i) = self.local_index(req.model) else {
+            out.drops.push((req, DropReason::UnknownModel));
+            self.stats.drops += 1;
+            return;
+        };
+        self.stats.requests += 1;
+        let m = &mut self.models[i];
+        m.rate.record(now);
+        // Keep the queue sorted by deadline; with one SLO per model this is
+        // always a push to the back.
+        let mut pos = m.queue.len();
+        while pos > 0 && m.queue[pos - 1].deadline > req.deadline {
+            pos -= 1;
+        }
+        m.queue.insert(pos, req);
+        self.refresh(i, now, out, to_rank);
+    }
+
+    /// RankThread -> ModelThread: a GPU is reserved for one of our models.
+    pub fn on_grant(&mut self, now: Instant, g: Grant, out: &mut Actions, to_rank: &mut impl FnMut(ToRank)) {
+        let Some(i) = self.local_index(g.model) else {
+            // Not ours: hand the GPU straight back.
+            to_rank(ToRank::GpuFree { gpu: g.gpu, free_at: g.free_at });
+            return;
+        };
+        let cfg = self.cfg;
+        let m = &mut self.models[i];
+        // The RankThread dropped its copy of our candidate when it granted.
+        m.informed = None;
+        let drops_before = out.drops.len();
+        let cand = m.gather(now, &cfg, Some(g.free_at), out);
+        self.stats.drops += (out.drops.len() - drops_before) as u64;
+        let start_bound = |c: &Candidate| (now + cfg.delay.of(c.bs)).max(g.free_at);
+        match cand {
+            Some(c) if c.exec_at <= start_bound(&c) => {
+                let exec_at = start_bound(&c);
+                let finish_at = exec_at + m.profile.latency(c.bs);
+                let lead = cfg.delay.of(c.bs);
+                let planned_at = m.informed_at.max(g.free_at - lead).max(c.exec_at - lead).min(now);
+                out.push_batch(g.gpu, m.id, exec_at, finish_at, planned_at, m.queue.drain(..c.bs as usize));
+                self.stats.batches += 1;
+                self.stats.to_rank += 1;
+                to_rank(ToRank::GpuFree { gpu: g.gpu, free_at: finish_at });
+            }
+            _ => {
+                self.stats.grants_returned += 1;
+                self.stats.to_rank += 1;
+                to_rank(ToRank::GpuFree { gpu: g.gpu, free_at: g.free_at });
+            }
+        }
+        self.refresh(i, now, out, to_rank);
+    }
+
+    /// Timer: refreshes every model whose wake time has come.
+    pub fn on_wake(&mut self, now: Instant, out: &mut Actions, to_rank: &mut impl FnMut(ToRank)) {
+        while let Some((t, i)) = self.wakes.peek() {
+            if t > now {
+                break;
+            }
+            self.refresh(i as usize, now, out, to_rank);
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! The RankThread core: GPU free times, ready candidates, matchmaking.
+
+use super::{Candidate, Grant, ToRank};
+use crate::netdelay::NetworkDelay;
+use crate::types::{GpuId, ModelId};
+use dataplane::heap::IndexedHeap;
+use dataplane::time::Instant;
+use std::cmp::Reverse;
+
+/// Counters of the RankThread core.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RankStats {
+    /// Messages handled.
+    pub messages: u64,
+    /// Timer wake-ups handled.
+    pub wakes: u64,
+    /// GPUs granted.
+    pub grants: u64,
+    /// Candidates discarded because no GPU could start them in time.
+    pub expired: u64,
+}
+
+/// Matchmaking state. Every operation is `O(log M + log G)`.
+pub struct RankCore {
+    delay: NetworkDelay,
+    /// GPUs not reserved by a ModelThread, keyed by the time they are free.
+    busy: IndexedHeap<Instant>,
+    /// GPUs already free, lowest id first so high ids stay idle at low load.
+    idle: IndexedHeap<GpuId>,
+    /// Ready candidates waiting for a GPU, by model.
+    cands: Vec<Option<Candidate>>,
+    by_latest: IndexedHeap<Instant>,
+    by_size: IndexedHeap<Reverse<u32>>,
+    wake: Option<Instant>,
+    stats: RankStats,
+}
+
+impl RankCore {
+    /// `models` models, `gpus` GPUs all free at time zero.
+    pub fn new(models: usize, gpus: u32, delay: NetworkDelay) -> Self {
+        let mut idle = IndexedHeap::with_ids(gpus as usize);
+        for g in 0..gpus {
+            idle.set(g, g);
+        }
+        RankCore {
+            delay,
+            busy: IndexedHeap::with_ids(gpus as usize),
+            idle,
+            cands: vec![None; models],
+            by_latest: IndexedHeap::with_ids(models),
+            by_size: IndexedHeap::with_ids(models),
+            wake: None,
+            stats: RankStats::default(),
+        }
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> RankStats {
+        self.stats
+    }
+
+    /// When the GPU timer wants `on_wake`.
+    pub fn poll_at(&self) -> Option<Instant> {
+        self.wake
+    }
+
+    /// Ready candidates waiting for a GPU.
+    pub fn waiting_candidates(&self) -> usize {
+        self.by_latest.len()
+    }
+
+    /// A message from a ModelThread.
+    pub fn on_message(&mut self, now: Instant, msg: ToRank, grant: &mut impl FnMut(Grant)) {
+        self.stats.messages += 1;
+        match msg {
+            ToRank::Candidate { model, cand } => {
+                self.remove_candidate(model);
+                if let Some(c) = cand {
+                    self.offer(now, model, c, grant);
+                }
+            }
+            ToRank::GpuFree { gpu, free_at } => {
+                self.idle.remove(gpu);
+                self.busy.set(gpu, free_at);
+                self.match_gpus(now, grant);
+            }
+        }
+        self.rearm(now);
+    }
+
+    /// The GPU timer fired.
+    pub fn on_wake(&mut self, now: Instant, grant: &mut impl FnMut(Grant)) {
+        self.stats.wakes += 1;
+        self.match_gpus(now, grant);
+        self.rearm(now);
+    }
+
+    fn remove_candidate(&mut self, model: ModelId) {
+        if let Some(slot) = self.cands.get_mut(model as usize) {
+            if slot.take().is_some() {
+                self.by_latest.remove(model);
+                self.by_size.remove(model);
+            }
+        }
+    }
+
+    /// Moves GPUs whose free time has passed into the idle set.
+    fn promote(&mut self, now: Instant) {
+        while let Some((t, g)) = self.busy.peek() {
+            if t > now {
+                break;
+            }
+            self.busy.pop();
+            self.idle.set(g, g);
+        }
+    }
+
+    fn give(&mut self, model: ModelId, gpu: GpuId, free_at: Instant, grant: &mut impl FnMut(Grant)) {
+        self.stats.grants += 1;
+        grant(Grant { model, gpu, free_at });
+    }
+
+    /// Appendix D's on_model_timer: a candidate just became schedulable.
+    fn offer(&mut self, now: Instant, model: ModelId, c: Candidate, grant: &mut impl FnMut(Grant)) {
+        if model as usize >= self.cands.len() {
+            return;
+        }
+        self.promote(now);
+        if let Some((_, g)) = self.idle.pop() {
+            self.give(model, g, now, grant);
+            return;
+        }
+        let start = c.exec_at.max(now + self.delay.of(c.bs));
+        if let Some((free_at, g)) = self.busy.peek() {
+            if free_at <= start && free_at <= c.latest {
+                self.busy.pop();
+                self.give(model, g, free_at, grant);
+                return;
+            }
+        }
+        self.cands[model as usize] = Some(c);
+        self.by_latest.set(model, c.latest);
+        self.by_size.set(model, Reverse(c.bs));
+    }
+
+    /// Appendix D's on_gpu_timer, for every GPU that is (about to be) free
+    /// while candidates wait: the most urgent feasible candidate wins.
+    fn match_gpus(&mut self, now: Instant, grant: &mut impl FnMut(Grant)) {
+        while !self.by_latest.is_empty() {
+            self.promote(now);
+            let (gpu, free_at) = if let Some((_, g)) = self.idle.peek() {
+                (g, now)
+            } else if let Some((t, g)) = self.busy.peek() {
+                if t - self.max_lead() > now {
+                    break;
+                }
+                (g, t)
+            } else {
+                break;
+            };
+            let mut winner = None;
+            while let Some((latest, m)) = self.by_latest.peek() {
+                let bs = self.cands[m as usize].map_or(1, |c| c.bs);
+                if free_at.max(now + self.delay.of(bs)) > latest {
+                    // No GPU frees earlier than this one: the candidate can
+                    // no longer run; its ModelThread will shrink or drop it.
+                    self.remove_candidate(m);
+                    self.stats.expired += 1;
+                    continue;
+                }
+                winner = Some(m);
+                break;
+            }
+            let Some(m) = winner else { break };
+            self.remove_candidate(m);
+            self.idle.remove(gpu);
+            self.busy.remove(gpu);
+            self.give(m, gpu, free_at, grant);
+        }
+    }
+
+    /// The largest network lead time among waiting candidates.
+    fn max_lead(&self) -> dataplane::time::Duration {
+        self.by_size.peek().map_or(dataplane::time::Duration::ZERO, |(Reverse(bs), _)| self.delay.of(bs))
+    }
+
+    fn rearm(&mut self, now: Instant) {
+        self.wake = if self.by_latest.is_empty() {
+            None
+        } else if !self.idle.is_empty() {
+            Some(now)
+        } else {
+            self.busy.peek().map(|(t, _)| (t - self.max_lead()).max(now))
+        };
+    }
+}

@@ -1,0 +1,118 @@
+//! Goodput: the highest total offered rate at which every model's bad rate
+//! stays at or under a threshold (1%), found by bisection on simulated runs.
+
+use crate::policy::{build, PolicyConfig};
+use crate::sim::{simulate, InvariantViolation, SimConfig, SimReport};
+use serde::Serialize;
+
+/// Search knobs.
+#[derive(Clone, Debug)]
+pub struct GoodputSearch {
+    /// A rate passes when every model's bad rate is at or under this.
+    pub max_bad_rate: f64,
+    /// Stop when the bracket is narrower than this fraction of its top.
+    pub rel_precision: f64,
+    /// Initial guess (0: derive from the cluster's ideal throughput).
+    pub initial_rps: f64,
+    /// At most this many simulations.
+    pub max_runs: u32,
+}
+
+impl Default for GoodputSearch {
+    fn default() -> Self {
+        GoodputSearch { max_bad_rate: 0.01, rel_precision: 0.005, initial_rps: 0.0, max_runs: 40 }
+    }
+}
+
+/// The search's answer.
+#[derive(Clone, Debug, Serialize)]
+pub struct GoodputResult {
+    /// Highest passing rate found.
+    pub goodput_rps: f64,
+    /// The run at that rate.
+    pub at_goodput: Option<SimReport>,
+    /// `(offered_rps, max model bad rate, passed)` of every probe, in order.
+    pub probes: Vec<(f64, f64, bool)>,
+}
+
+/// An upper bound on the cluster's throughput: every GPU running the
+/// largest batch that fits each model's SLO, weighted by popularity.
+pub fn ideal_throughput(cfg: &SimConfig) -> f64 {
+    let shares = cfg.workload.popularity.shares(cfg.models.len());
+    // Time per request of the mix at best batch sizes.
+    let mut secs_per_req = 0.0;
+    for (m, s) in cfg.models.iter().zip(shares) {
+        let b = m.profile.max_batch_within(m.slo, dataplane::time::Duration::ZERO, u32::MAX).max(1);
+        secs_per_req += s / m.profile.throughput_rps(b);
+    }
+    if secs_per_req > 0.0 {
+        f64::from(cfg.gpus) / secs_per_req
+    } else {
+        0.0
+    }
+}
+
+/// Bisects the offered rate of `base` (its `workload.rate_rps` is ignored)
+/// under `policy`. `progress` is told `(run, of_at_most, rate, passed)`.
+pub fn search(
+    base: &SimConfig,
+    policy: &PolicyConfig,
+    knobs: &GoodputSearch,
+    progress: &mut dyn FnMut(u32, u32, f64, bool),
+) -> Result<GoodputResult, String> {
+    let mut probes = Vec::new();
+    let mut runs = 0;
+    let mut run = |rate: f64, probes: &mut Vec<(f64, f64, bool)>| -> Result<(bool, SimReport), String> {
+        let mut cfg = base.clone();
+        cfg.workload.rate_rps = rate;
+        let mut sched = build(&cfg.models, cfg.gpus, policy)?;
+        let r = simulate(&cfg, sched.as_mut()).map_err(|e: InvariantViolation| e.to_string())?;
+        let ok = r.max_model_bad_rate <= knobs.max_bad_rate && r.offered > 0;
+        probes.push((rate, r.max_model_bad_rate, ok));
+        runs += 1;
+        progress(runs, knobs.max_runs, rate, ok);
+        Ok((ok, r))
+    };
+    let ceiling = ideal_throughput(base);
+    let mut hi = if knobs.initial_rps > 0.0 { knobs.initial_rps } else { ceiling.max(1.0) };
+    let mut lo = 0.0;
+    let mut best: Option<SimReport> = None;
+    // Bracket: the ceiling normally fails; if it passes, grow.
+    loop {
+        let (ok, r) = run(hi, &mut probes)?;
+        if !ok {
+            break;
+        }
+        lo = hi;
+        best = Some(r);
+        hi *= 1.5;
+        if probes.len() as u32 >= knobs.max_runs {
+            break;
+        }
+    }
+    if lo == 0.0 {
+        // Find a passing lower bound by halving.
+        let mut probe = hi / 2.0;
+        while probe > 1e-3 && (probes.len() as u32) < knobs.max_runs {
+            let (ok, r) = run(probe, &mut probes)?;
+            if ok {
+                lo = probe;
+                best = Some(r);
+                break;
+            }
+            hi = probe;
+            probe /= 2.0;
+        }
+    }
+    while lo > 0.0 && (hi - lo) > knobs.rel_precision * hi && (probes.len() as u32) < knobs.max_runs {
+        let mid = 0.5 * (lo + hi);
+        let (ok, r) = run(mid, &mut probes)?;
+        if ok {
+            lo = mid;
+            best = Some(r);
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(GoodputResult { goodput_rps: lo, at_goodput: best, probes })
+}

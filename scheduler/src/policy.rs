@@ -1,0 +1,121 @@
+//! Every policy behind one constructor, so the simulator, the CLI and the
+//! benchmarks run them all the same way.
+
+use crate::baselines::{ClockworkConfig, ClockworkScheduler, NexusConfig, NexusScheduler, ShepherdScheduler};
+use crate::deferred::{CoreConfig, DeferredScheduler, ExecRule, Gather};
+use crate::netdelay::NetworkDelay;
+use crate::types::Scheduler;
+use crate::zoo::ModelSpec;
+use dataplane::time::Duration;
+use std::fmt;
+
+/// Which policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyKind {
+    /// Symphony's deferred batch scheduling.
+    Deferred,
+    /// Eager: dispatch as soon as a GPU is free (timeout 0).
+    Eager,
+    /// TF-Serving style: full batch or the oldest waited `timeout`.
+    Timeout,
+    /// Clockwork-style work-conserving earliest-latest-moment.
+    Clockwork,
+    /// Shepherd-style largest-batch-first with preemption.
+    Shepherd,
+    /// Nexus epoch squishy bin packing with per-GPU round robin.
+    Nexus,
+}
+
+impl PolicyKind {
+    /// Every policy, in report order.
+    pub const ALL: [PolicyKind; 6] =
+        [PolicyKind::Deferred, PolicyKind::Clockwork, PolicyKind::Shepherd, PolicyKind::Timeout, PolicyKind::Nexus, PolicyKind::Eager];
+
+    /// Parses a policy name.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "deferred" | "symphony" => PolicyKind::Deferred,
+            "eager" => PolicyKind::Eager,
+            "timeout" => PolicyKind::Timeout,
+            "clockwork" => PolicyKind::Clockwork,
+            "shepherd" => PolicyKind::Shepherd,
+            "nexus" => PolicyKind::Nexus,
+            other => return Err(format!("unknown policy '{other}' (deferred, clockwork, shepherd, timeout, nexus, eager)")),
+        })
+    }
+
+    /// The policy's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::Deferred => "deferred",
+            PolicyKind::Eager => "eager",
+            PolicyKind::Timeout => "timeout",
+            PolicyKind::Clockwork => "clockwork",
+            PolicyKind::Shepherd => "shepherd",
+            PolicyKind::Nexus => "nexus",
+        }
+    }
+}
+
+impl fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A policy and its knobs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyConfig {
+    /// Which policy.
+    pub kind: PolicyKind,
+    /// Batch gathering for the deferred family (deferred, timeout, eager).
+    pub gather: Gather,
+    /// The timeout policy's `k`.
+    pub timeout: Duration,
+    /// Network delay bound charged before each batch.
+    pub delay: NetworkDelay,
+    /// Deferred: the narrowest schedulable window (see [`CoreConfig::min_window`]).
+    pub min_window: Duration,
+    /// Deferred: the window is at least this many inter-arrival gaps wide.
+    pub window_gaps: f64,
+    /// Deferred early drop: fraction of the target batch below which heads are dropped.
+    pub early_drop_fraction: f64,
+    /// Nexus: number of routing frontends.
+    pub nexus_frontends: u32,
+    /// Nexus: epoch length for re-planning.
+    pub nexus_epoch: Duration,
+}
+
+impl PolicyConfig {
+    /// Defaults for `kind`.
+    pub fn new(kind: PolicyKind) -> Self {
+        PolicyConfig {
+            kind,
+            gather: Gather::Early,
+            timeout: Duration::from_millis(5),
+            delay: NetworkDelay::ZERO,
+            min_window: crate::deferred::DEFAULT_MIN_WINDOW,
+            window_gaps: crate::deferred::DEFAULT_WINDOW_GAPS,
+            early_drop_fraction: crate::deferred::DEFAULT_EARLY_DROP_FRACTION,
+            nexus_frontends: 1,
+            nexus_epoch: Duration::from_millis(10_000),
+        }
+    }
+}
+
+/// Builds the policy for `models` (id = index) on `gpus` GPUs.
+pub fn build(models: &[ModelSpec], gpus: u32, cfg: &PolicyConfig) -> Result<Box<dyn Scheduler>, String> {
+    let core = |rule| CoreConfig { gather: cfg.gather, rule, delay: cfg.delay, min_window: cfg.min_window, window_gaps: cfg.window_gaps, early_drop_fraction: cfg.early_drop_fraction };
+    Ok(match cfg.kind {
+        PolicyKind::Deferred => Box::new(DeferredScheduler::new(models, gpus, core(ExecRule::Frontrun))),
+        PolicyKind::Eager => Box::new(DeferredScheduler::new(models, gpus, core(ExecRule::Timeout(Duration::ZERO)))),
+        PolicyKind::Timeout => Box::new(DeferredScheduler::new(models, gpus, core(ExecRule::Timeout(cfg.timeout)))),
+        PolicyKind::Clockwork => Box::new(ClockworkScheduler::new(models, gpus, ClockworkConfig { delay: cfg.delay, ..ClockworkConfig::default() })),
+        PolicyKind::Shepherd => Box::new(ShepherdScheduler::new(models, gpus, cfg.delay)),
+        PolicyKind::Nexus => Box::new(NexusScheduler::new(
+            models,
+            gpus,
+            NexusConfig { delay: cfg.delay, frontends: cfg.nexus_frontends, epoch: cfg.nexus_epoch, rates: None, ..NexusConfig::default() },
+        )),
+    })
+}

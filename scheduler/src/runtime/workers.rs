@@ -1,0 +1,526 @@
+//! The live runtime's workers. Each is a plain struct with `step(now)`
+//! methods and no threads of its own, so the same code runs on pinned
+//! threads (real clock) or under the lockstep driver (manual clock).
+
+use crate::deferred::{Grant, ModelThreadCore, ToRank};
+use crate::deferred::RankCore;
+use crate::sim::{ArrivalStream, Workload};
+use crate::types::{Actions, DropReason, GpuId, ModelId, Request};
+use crate::zoo::ModelSpec;
+use dataplane::heap::IndexedHeap;
+use dataplane::ring::{Consumer, Producer};
+use dataplane::time::{Duration, Instant};
+use hdrhistogram::Histogram;
+use std::collections::VecDeque;
+
+/// Requests or messages handled per ring per step, so no ring starves the
+/// others and timers are checked often.
+pub(crate) const BATCH: usize = 256;
+
+/// A dispatched batch as recorded for comparisons: GPU, model, start, member ids.
+pub type RecordedBatch = (GpuId, ModelId, Instant, Vec<u64>);
+
+/// One batch as the (emulated) backends see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dispatch {
+    /// GPU.
+    pub gpu: GpuId,
+    /// Model.
+    pub model: ModelId,
+    /// Batch size.
+    pub size: u32,
+    /// Planned start.
+    pub exec_at: Instant,
+    /// Planned end (`exec_at + l(size)`).
+    pub finish_at: Instant,
+    /// Earliest deadline among the members.
+    pub min_deadline: Instant,
+    /// First member's request id (members are listed by the lockstep driver).
+    pub first_id: u64,
+}
+
+/// Latency histograms record nanoseconds up to 10 s with 3 significant digits.
+pub(crate) fn ns_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 10_000_000_000, 3).unwrap_or_else(|_| Histogram::new(3).unwrap_or_else(|_| unreachable!()))
+}
+
+/// Counters of one ModelThread worker.
+#[derive(Clone, Debug)]
+pub struct ModelWorkerStats {
+    /// Requests taken from ingress rings.
+    pub requests: u64,
+    /// Batches dispatched.
+    pub batches: u64,
+    /// Requests in those batches.
+    pub batched: u64,
+    /// Requests dropped.
+    pub dropped: u64,
+    /// Drops by reason: deadline unreachable, early drop, unknown model.
+    pub dropped_by_reason: [u64; 3],
+    /// Dispatch lag: decision time minus planned decision time, ns.
+    pub dispatch_lag_ns: Histogram<u64>,
+}
+
+/// A ModelThread: a [`ModelThreadCore`] fed by ingress rings and the
+/// RankThread's grants.
+pub struct ModelWorker {
+    core: ModelThreadCore,
+    ingress: Vec<Consumer<Request>>,
+    grants: Consumer<Grant>,
+    to_rank: Producer<ToRank>,
+    /// Messages that did not fit in `to_rank` yet (never dropped).
+    outbox: VecDeque<ToRank>,
+    dispatches: Producer<Dispatch>,
+    dispatch_backlog: VecDeque<Dispatch>,
+    out: Actions,
+    /// When set, every dispatched batch's members are recorded (lockstep
+    /// comparisons only; the live path leaves it off).
+    pub record_members: Option<Vec<RecordedBatch>>,
+    /// Counters.
+    pub stats: ModelWorkerStats,
+}
+
+impl ModelWorker {
+    pub(crate) fn new(
+        core: ModelThreadCore,
+        ingress: Vec<Consumer<Request>>,
+        grants: Consumer<Grant>,
+        to_rank: Producer<ToRank>,
+        dispatches: Producer<Dispatch>,
+    ) -> Self {
+        let mut out = Actions::default();
+        out.batches.reserve(64);
+        out.members.reserve(4096);
+        out.drops.reserve(1024);
+        ModelWorker {
+            core,
+            ingress,
+            grants,
+            to_rank,
+            outbox: VecDeque::with_capacity(4096),
+            dispatches,
+            dispatch_backlog: VecDeque::with_capacity(1024),
+            out,
+            record_members: None,
+            stats: ModelWorkerStats { requests: 0, batches: 0, batched: 0, dropped: 0, dropped_by_reason: [0; 3], dispatch_lag_ns: ns_hist() },
+        }
+    }
+
+    /// The next time this worker's timers want attention.
+    pub fn poll_at(&self) -> Option<Instant> {
+        self.core.poll_at()
+    }
+
+    /// Requests waiting in the queues.
+    pub fn queued(&self) -> usize {
+        self.core.queued()
+    }
+
+    /// Everything due: timers, ingress, grants. Returns the work done.
+    pub fn step(&mut self, now: Instant) -> usize {
+        let mut work = self.wake(now);
+        for i in 0..self.ingress.len() {
+            work += self.drain_ingress(i, now, BATCH);
+        }
+        work += self.drain_grants(now);
+        work
+    }
+
+    /// Fires due model timers.
+    pub fn wake(&mut self, now: Instant) -> usize {
+        if self.core.poll_at().is_none_or(|t| t > now) {
+            return self.flush(now);
+        }
+        let outbox = &mut self.outbox;
+        self.core.on_wake(now, &mut self.out, &mut |m| outbox.push_back(m));
+        1 + self.flush(now)
+    }
+
+    /// Takes up to `max` requests from ingress ring `i`.
+    pub fn drain_ingress(&mut self, i: usize, now: Instant, max: usize) -> usize {
+        let (core, out, outbox) = (&mut self.core, &mut self.out, &mut self.outbox);
+        let n = self.ingress[i].pop_batch(max, |req| core.on_request(now, req, out, &mut |m| outbox.push_back(m)));
+        self.stats.requests += n as u64;
+        n + self.flush(now)
+    }
+
+    /// Handles every pending grant.
+    pub fn drain_grants(&mut self, now: Instant) -> usize {
+        let (core, out, outbox) = (&mut self.core, &mut self.out, &mut self.outbox);
+        let n = self.grants.pop_batch(BATCH, |g| core.on_grant(now, g, out, &mut |m| outbox.push_back(m)));
+        n + self.flush(now)
+    }
+
+    /// Sends queued messages and dispatches; returns how many went out.
+    fn flush(&mut self, now: Instant) -> usize {
+        let mut work = 0;
+        for plan in &self.out.batches {
+            let members = &self.out.members[plan.members.clone()];
+            let min_deadline = members.iter().map(|r| r.deadline).min().unwrap_or(plan.finish_at);
+            self.stats.batches += 1;
+            self.stats.batched += members.len() as u64;
+            let _ = self.stats.dispatch_lag_ns.record(now.saturating_since(plan.planned_at).as_nanos().max(1));
+            if let Some(rec) = &mut self.record_members {
+                rec.push((plan.gpu, plan.model, plan.exec_at, members.iter().map(|r| r.id).collect()));
+            }
+            self.dispatch_backlog.push_back(Dispatch {
+                gpu: plan.gpu,
+                model: plan.model,
+                size: members.len() as u32,
+                exec_at: plan.exec_at,
+                finish_at: plan.finish_at,
+                min_deadline,
+                first_id: members.first().map_or(0, |r| r.id),
+            });
+        }
+        self.stats.dropped += self.out.drops.len() as u64;
+        for (_, reason) in &self.out.drops {
+            self.stats.dropped_by_reason[match reason {
+                DropReason::DeadlineUnreachable => 0,
+                DropReason::EarlyDrop => 1,
+                DropReason::UnknownModel => 2,
+            }] += 1;
+        }
+        self.out.clear();
+        while let Some(&d) = self.dispatch_backlog.front() {
+            if self.dispatches.try_push(d).is_err() {
+                break;
+            }
+            self.dispatch_backlog.pop_front();
+            work += 1;
+        }
+        while let Some(&m) = self.outbox.front() {
+            if self.to_rank.try_push(m).is_err() {
+                break;
+            }
+            self.outbox.pop_front();
+            work += 1;
+        }
+        work
+    }
+
+    /// True when nothing is waiting to be sent.
+    pub fn flushed(&self) -> bool {
+        self.outbox.is_empty() && self.dispatch_backlog.is_empty()
+    }
+}
+
+/// Counters of the RankThread worker.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RankWorkerStats {
+    /// Messages and timer events handled.
+    pub events: u64,
+    /// Wall time spent handling them, ns (live runs only).
+    pub busy_ns: u64,
+}
+
+/// The RankThread: a [`RankCore`] fed by every ModelThread's ring.
+pub struct RankWorker {
+    core: RankCore,
+    from_models: Vec<Consumer<ToRank>>,
+    grants: Vec<Producer<Grant>>,
+    backlog: Vec<VecDeque<Grant>>,
+    /// Model id -> ModelThread index.
+    owner: Vec<u32>,
+    /// Counters.
+    pub stats: RankWorkerStats,
+}
+
+impl RankWorker {
+    pub(crate) fn new(core: RankCore, from_models: Vec<Consumer<ToRank>>, grants: Vec<Producer<Grant>>, owner: Vec<u32>) -> Self {
+        let backlog = grants.iter().map(|_| VecDeque::with_capacity(1024)).collect();
+        RankWorker { core, from_models, grants, backlog, owner, stats: RankWorkerStats::default() }
+    }
+
+    /// The GPU timer.
+    pub fn poll_at(&self) -> Option<Instant> {
+        self.core.poll_at()
+    }
+
+    /// Messages, then the GPU timer.
+    pub fn step(&mut self, now: Instant) -> usize {
+        self.drain_messages(now) + self.wake(now)
+    }
+
+    /// Handles every pending message from every ModelThread.
+    pub fn drain_messages(&mut self, now: Instant) -> usize {
+        let mut n = 0;
+        for i in 0..self.from_models.len() {
+            let (core, backlog, owner) = (&mut self.core, &mut self.backlog, &self.owner);
+            n += self.from_models[i].pop_batch(BATCH, |m| {
+                core.on_message(now, m, &mut |g| backlog[owner[g.model as usize] as usize].push_back(g))
+            });
+        }
+        self.stats.events += n as u64;
+        n + self.flush()
+    }
+
+    /// Fires the GPU timer if due.
+    pub fn wake(&mut self, now: Instant) -> usize {
+        if self.core.poll_at().is_none_or(|t| t > now) {
+            return self.flush();
+        }
+        let (backlog, owner) = (&mut self.backlog, &self.owner);
+        self.core.on_wake(now, &mut |g| backlog[owner[g.model as usize] as usize].push_back(g));
+        self.stats.events += 1;
+        1 + self.flush()
+    }
+
+    fn flush(&mut self) -> usize {
+        let mut work = 0;
+        for (q, ring) in self.backlog.iter_mut().zip(self.grants.iter_mut()) {
+            while let Some(&g) = q.front() {
+                if ring.try_push(g).is_err() {
+                    break;
+                }
+                q.pop_front();
+                work += 1;
+            }
+        }
+        work
+    }
+
+    /// True when no grant waits to be sent.
+    pub fn flushed(&self) -> bool {
+        self.backlog.iter().all(VecDeque::is_empty)
+    }
+}
+
+/// In-process emulated GPUs: each batch occupies its GPU from `exec_at` for
+/// exactly its profiled time. Checks that no two batches overlap on a GPU
+/// and none finishes after its earliest deadline.
+pub struct EmulatedGpus {
+    from_models: Vec<Consumer<Dispatch>>,
+    busy_until: Vec<Instant>,
+    /// Running or queued batches by finish time (id = slot).
+    running: IndexedHeap<Instant>,
+    slots: Vec<u32>,
+    free_slots: Vec<u32>,
+    /// Batches completed.
+    pub batches_done: u64,
+    /// Requests completed (all within their deadline, or counted below).
+    pub requests_done: u64,
+    /// Busy GPU time accumulated by completed batches, ns.
+    pub busy_ns: u64,
+    /// Invariant violations seen (overlap or late finish).
+    pub violations: u64,
+    /// The first violation, described.
+    pub first_violation: Option<String>,
+}
+
+impl EmulatedGpus {
+    pub(crate) fn new(gpus: u32, from_models: Vec<Consumer<Dispatch>>) -> Self {
+        let cap = (gpus as usize * 4).max(64);
+        EmulatedGpus {
+            from_models,
+            busy_until: vec![Instant::ZERO; gpus as usize],
+            running: IndexedHeap::with_ids(cap),
+            slots: vec![0; cap],
+            free_slots: (0..cap as u32).rev().collect(),
+            batches_done: 0,
+            requests_done: 0,
+            busy_ns: 0,
+            violations: 0,
+            first_violation: None,
+        }
+    }
+
+    /// Batches accepted but not finished.
+    pub fn in_flight(&self) -> usize {
+        self.running.len()
+    }
+
+    fn violate(&mut self, what: String) {
+        self.violations += 1;
+        if self.first_violation.is_none() {
+            self.first_violation = Some(what);
+        }
+    }
+
+    /// Accepts new batches and completes those whose time has come.
+    pub fn step(&mut self, now: Instant) -> usize {
+        let mut work = 0;
+        for i in 0..self.from_models.len() {
+            while let Some(d) = self.from_models[i].try_pop() {
+                work += 1;
+                let g = d.gpu as usize;
+                if g >= self.busy_until.len() {
+                    self.violate(format!("batch for unknown GPU {g}"));
+                    continue;
+                }
+                if d.exec_at < self.busy_until[g] {
+                    let msg = format!("GPU {g}: batch starting {} overlaps one ending {}", d.exec_at, self.busy_until[g]);
+                    self.violate(msg);
+                }
+                if d.finish_at > d.min_deadline {
+                    let msg = format!("GPU {g}: batch finishing {} after deadline {}", d.finish_at, d.min_deadline);
+                    self.violate(msg);
+                }
+                self.busy_until[g] = self.busy_until[g].max(d.finish_at);
+                self.busy_ns += d.finish_at.saturating_since(d.exec_at).as_nanos();
+                let slot = match self.free_slots.pop() {
+                    Some(s) => s,
+                    None => {
+                        // More batches in flight than slots: grow (cold path).
+                        let s = self.slots.len() as u32;
+                        self.slots.push(0);
+                        s
+                    }
+                };
+                self.slots[slot as usize] = d.size;
+                self.running.set(slot, d.finish_at);
+            }
+        }
+        while let Some((t, slot)) = self.running.peek() {
+            if t > now {
+                break;
+            }
+            self.running.pop();
+            self.batches_done += 1;
+            self.requests_done += u64::from(self.slots[slot as usize]);
+            self.free_slots.push(slot);
+            work += 1;
+        }
+        work
+    }
+
+    /// The next batch completion.
+    pub fn poll_at(&self) -> Option<Instant> {
+        self.running.peek().map(|(t, _)| t)
+    }
+}
+
+/// Open-loop load generator: per-model arrival streams (or a trace) pushed
+/// into the owning ModelThread's ingress ring at their arrival time.
+pub struct LoadGen {
+    source: Source,
+    slos: Vec<Duration>,
+    owner: Vec<u32>,
+    rings: Vec<Producer<Request>>,
+    /// An arrival that found its ring full (retried first).
+    held: Option<Request>,
+    next_id: u64,
+    /// Requests generated.
+    pub generated: u64,
+    /// Generation lag (push time minus arrival time), ns.
+    pub ingress_lag_ns: Histogram<u64>,
+    record_lag: bool,
+    /// Arrival times of the source are relative to this instant.
+    origin: Duration,
+}
+
+enum Source {
+    Streams { streams: Vec<ArrivalStream>, heap: IndexedHeap<Instant>, end: Instant },
+    Trace { trace: Vec<(Instant, u32)>, next: usize },
+}
+
+impl LoadGen {
+    /// Arrivals of `workload` from `origin` until `origin + duration`.
+    pub(crate) fn streams(
+        models: &[ModelSpec],
+        workload: &Workload,
+        seed: u64,
+        origin: Instant,
+        duration: Duration,
+        owner: Vec<u32>,
+        rings: Vec<Producer<Request>>,
+    ) -> Self {
+        let end = Instant::ZERO + duration;
+        let shares = workload.popularity.shares(models.len());
+        let streams: Vec<ArrivalStream> = shares.iter().enumerate().map(|(i, &s)| ArrivalStream::new(workload, s, i, seed)).collect();
+        let mut heap = IndexedHeap::with_ids(streams.len());
+        for (i, s) in streams.iter().enumerate() {
+            if s.peek() < end {
+                heap.set(i as u32, s.peek());
+            }
+        }
+        let mut g = Self::with_source(models, Source::Streams { streams, heap, end }, owner, rings, true);
+        g.origin = Duration::from_nanos(origin.as_nanos());
+        g
+    }
+
+    pub(crate) fn trace(models: &[ModelSpec], trace: Vec<(Instant, u32)>, owner: Vec<u32>, rings: Vec<Producer<Request>>) -> Self {
+        Self::with_source(models, Source::Trace { trace, next: 0 }, owner, rings, false)
+    }
+
+    fn with_source(models: &[ModelSpec], source: Source, owner: Vec<u32>, rings: Vec<Producer<Request>>, record_lag: bool) -> Self {
+        LoadGen {
+            source,
+            slos: models.iter().map(|m| m.slo).collect(),
+            owner,
+            rings,
+            held: None,
+            next_id: 0,
+            generated: 0,
+            ingress_lag_ns: ns_hist(),
+            record_lag,
+            origin: Duration::ZERO,
+        }
+    }
+
+    /// The next arrival time, if any remain.
+    pub fn peek(&self) -> Option<Instant> {
+        if let Some(r) = &self.held {
+            return Some(r.arrival);
+        }
+        let t = match &self.source {
+            Source::Streams { heap, .. } => heap.peek().map(|(t, _)| t),
+            Source::Trace { trace, next } => trace.get(*next).map(|a| a.0),
+        };
+        t.map(|t| t + self.origin)
+    }
+
+    fn pop(&mut self) -> Option<Request> {
+        let (t, m) = match &mut self.source {
+            Source::Streams { streams, heap, end } => {
+                let (t, m) = heap.pop()?;
+                let s = &mut streams[m as usize];
+                s.advance();
+                if s.peek() < *end {
+                    heap.set(m, s.peek());
+                }
+                (t, m)
+            }
+            Source::Trace { trace, next } => {
+                let a = *trace.get(*next)?;
+                *next += 1;
+                a
+            }
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        let slo = self.slos.get(m as usize).copied().unwrap_or(Duration::ZERO);
+        let t = t + self.origin;
+        Some(Request { id, model: m, arrival: t, deadline: t + slo })
+    }
+
+    /// Pushes every arrival due by `now`, at most `max`. Returns how many.
+    pub fn step(&mut self, now: Instant, max: usize) -> usize {
+        let mut n = 0;
+        while n < max {
+            let req = match self.held.take() {
+                Some(r) => r,
+                None => {
+                    if self.peek().is_none_or(|t| t > now) {
+                        break;
+                    }
+                    match self.pop() {
+                        Some(r) => r,
+                        None => break,
+                    }
+                }
+            };
+            let ring = self.owner.get(req.model as usize).copied().unwrap_or(0) as usize;
+            if self.rings[ring].try_push(req).is_err() {
+                self.held = Some(req);
+                break;
+            }
+            if self.record_lag {
+                let _ = self.ingress_lag_ns.record(now.saturating_since(req.arrival).as_nanos().max(1));
+            }
+            self.generated += 1;
+            n += 1;
+        }
+        n
+    }
+}

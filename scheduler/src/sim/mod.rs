@@ -1,0 +1,389 @@
+//! A discrete-event simulator on a virtual clock with emulated GPUs: a batch
+//! occupies its GPU for exactly `l(b)` from its start.
+//!
+//! It drives any [`Scheduler`] and checks, on every action, the invariants
+//! every policy must keep: no request served twice or lost, no GPU running
+//! two batches at once, no batch mixing models, no batch dispatched that the
+//! profile says would finish late. A violation ends the run with an error.
+
+mod metrics;
+pub mod workload;
+
+pub use metrics::{AutoscaleAdvice, ModelReport, SimReport};
+pub use workload::{Arrival, ArrivalStream, Popularity, RateSchedule, Workload};
+
+use crate::types::{Actions, GpuId, Request, Scheduler};
+use crate::zoo::ModelSpec;
+use dataplane::heap::IndexedHeap;
+use dataplane::time::{Duration, Instant};
+use metrics::{median_from_counts, ms, new_hist, ModelAcc};
+use std::collections::VecDeque;
+use std::fmt;
+
+/// One simulated run.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// The models; model id = index.
+    pub models: Vec<ModelSpec>,
+    /// Number of emulated GPUs.
+    pub gpus: u32,
+    /// Offered load.
+    pub workload: Workload,
+    /// Arrivals stop at this time.
+    pub duration: Duration,
+    /// Requests arriving before this are not measured.
+    pub warmup: Duration,
+    /// Seed of every random stream.
+    pub seed: u64,
+    /// A recorded arrival trace `(time, model)`, sorted by time. When set it
+    /// replaces the generated workload (whose rate is then ignored).
+    pub trace: Option<Vec<(Instant, u32)>>,
+}
+
+/// Where arrivals come from: one generated stream per model, or a trace.
+enum Arrivals {
+    Streams { streams: Vec<ArrivalStream>, heap: IndexedHeap<Instant>, end: Instant },
+    Trace { trace: Vec<(Instant, u32)>, next: usize },
+}
+
+impl Arrivals {
+    fn new(cfg: &SimConfig, end: Instant) -> Self {
+        if let Some(trace) = &cfg.trace {
+            return Arrivals::Trace { trace: trace.clone(), next: 0 };
+        }
+        let shares = cfg.workload.popularity.shares(cfg.models.len());
+        let streams: Vec<ArrivalStream> =
+            shares.iter().enumerate().map(|(i, &s)| ArrivalStream::new(&cfg.workload, s, i, cfg.seed)).collect();
+        let mut heap = IndexedHeap::with_ids(streams.len());
+        for (i, s) in streams.iter().enumerate() {
+            if s.peek() < end {
+                heap.set(i as u32, s.peek());
+            }
+        }
+        Arrivals::Streams { streams, heap, end }
+    }
+
+    fn peek(&self) -> Option<Instant> {
+        match self {
+            Arrivals::Streams { heap, .. } => heap.peek().map(|(t, _)| t),
+            Arrivals::Trace { trace, next } => trace.get(*next).map(|&(t, _)| t),
+        }
+    }
+
+    /// Consumes the next arrival: `(time, model)`.
+    fn pop(&mut self) -> Option<(Instant, u32)> {
+        match self {
+            Arrivals::Streams { streams, heap, end } => {
+                let (t, m) = heap.pop()?;
+                let s = &mut streams[m as usize];
+                s.advance();
+                if s.peek() < *end {
+                    heap.set(m, s.peek());
+                }
+                Some((t, m))
+            }
+            Arrivals::Trace { trace, next } => {
+                let a = *trace.get(*next)?;
+                *next += 1;
+                Some(a)
+            }
+        }
+    }
+}
+
+/// A broken invariant: the policy did something no policy may do.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InvariantViolation(pub String);
+
+impl fmt::Display for InvariantViolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invariant violated: {}", self.0)
+    }
+}
+impl std::error::Error for InvariantViolation {}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum State {
+    Pending,
+    Running,
+    Done,
+    Dropped,
+}
+
+struct RunningBatch {
+    model: u32,
+    exec_at: Instant,
+    finish_at: Instant,
+    members: Vec<Request>,
+}
+
+/// An observer of every dispatched batch (for traces and live comparison).
+pub trait BatchObserver {
+    /// A batch was accepted: `(now, gpu, model, exec_at, members)`.
+    fn on_batch(&mut self, now: Instant, gpu: GpuId, model: u32, exec_at: Instant, members: &[Request]);
+    /// A request was dropped.
+    fn on_drop(&mut self, _now: Instant, _req: &Request) {}
+}
+
+impl BatchObserver for () {
+    fn on_batch(&mut self, _: Instant, _: GpuId, _: u32, _: Instant, _: &[Request]) {}
+}
+
+/// Runs `cfg` under `sched`.
+pub fn simulate<S: Scheduler + ?Sized>(cfg: &SimConfig, sched: &mut S) -> Result<SimReport, InvariantViolation> {
+    simulate_observed(cfg, sched, &mut ())
+}
+
+/// Runs `cfg` under `sched`, telling `obs` about every batch and drop.
+pub fn simulate_observed<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
+    cfg: &SimConfig,
+    sched: &mut S,
+    obs: &mut O,
+) -> Result<SimReport, InvariantViolation> {
+    let end = Instant::ZERO + cfg.duration;
+    let window_start = Instant::ZERO + cfg.warmup.min(cfg.duration);
+    let mut arrivals = Arrivals::new(cfg, end);
+    let expected = (cfg.workload.rate_rps * cfg.duration.as_secs_f64() * 1.1) as usize + 1024;
+    let mut states: Vec<State> = Vec::with_capacity(expected.min(1 << 28));
+    let mut acc: Vec<ModelAcc> = cfg.models.iter().map(|m| ModelAcc::new(m.profile.max_batch())).collect();
+    let mut gpus: Vec<VecDeque<RunningBatch>> = (0..cfg.gpus).map(|_| VecDeque::new()).collect();
+    let mut completions: IndexedHeap<Instant> = IndexedHeap::with_ids(cfg.gpus as usize);
+    let mut busy_ns = vec![0u64; cfg.gpus as usize];
+    let mut spare: Vec<Vec<Request>> = Vec::new();
+    let mut out = Actions::default();
+    let mut now = Instant::ZERO;
+    let mut total_batches = 0u64;
+    let mut stalls = 0u32;
+    let window_ns = end.saturating_since(window_start).as_nanos().max(1);
+    let measured = |r: &Request| r.arrival >= window_start;
+    let overlap = |a: Instant, b: Instant| -> u64 {
+        let (s, e) = (a.max(window_start), b.min(end));
+        e.saturating_since(s).as_nanos()
+    };
+
+    loop {
+        let t_done = completions.peek().map(|(t, _)| t);
+        let t_wake = sched.poll_at().map(|t| t.max(now));
+        let t_arr = arrivals.peek();
+        let next = [t_done, t_wake, t_arr].into_iter().flatten().min();
+        let Some(t) = next else { break };
+        if t == now {
+            stalls += 1;
+            if stalls > 1_000_000 {
+                return Err(InvariantViolation(format!("{} livelocks at {now}", sched.name())));
+            }
+        } else {
+            stalls = 0;
+        }
+        now = t;
+        if t_done == Some(t) {
+            let (_, g) = completions.pop().unwrap_or((t, 0));
+            let Some(b) = gpus[g as usize].pop_front() else { continue };
+            busy_ns[g as usize] += overlap(b.exec_at, b.finish_at);
+            let a = &mut acc[b.model as usize];
+            for r in &b.members {
+                states[r.id as usize] = State::Done;
+                if measured(r) {
+                    let lat = b.finish_at.saturating_since(r.arrival);
+                    if b.finish_at <= r.deadline {
+                        a.good += 1;
+                    } else {
+                        a.late += 1;
+                    }
+                    let _ = a.latency_us.record((lat.as_nanos() / 1000).max(1));
+                }
+            }
+            let mut members = b.members;
+            members.clear();
+            spare.push(members);
+            if let Some(next) = gpus[g as usize].front() {
+                completions.set(g, next.finish_at);
+            }
+            sched.on_batch_done(now, g, &mut out);
+        } else if t_wake == Some(t) {
+            sched.on_wake(now, &mut out);
+        } else {
+            let Some((_, m)) = arrivals.pop() else { continue };
+            let spec = cfg.models.get(m as usize).ok_or_else(|| InvariantViolation(format!("trace names unknown model {m}")))?;
+            let req = Request { id: states.len() as u64, model: m, arrival: now, deadline: now + spec.slo };
+            states.push(State::Pending);
+            if measured(&req) {
+                acc[m as usize].offered += 1;
+            }
+            sched.on_request(now, req, &mut out);
+        }
+        if out.is_empty() {
+            continue;
+        }
+        // Apply the policy's actions, checking every invariant.
+        for &g in &out.preemptions {
+            let q = gpus.get_mut(g as usize).ok_or_else(|| InvariantViolation(format!("preempted unknown GPU {g}")))?;
+            let running = q.front().is_some_and(|b| b.exec_at <= now && now < b.finish_at);
+            if !running {
+                continue;
+            }
+            if let Some(b) = q.pop_front() {
+                busy_ns[g as usize] += overlap(b.exec_at, now);
+                for r in &b.members {
+                    states[r.id as usize] = State::Pending;
+                }
+                let mut members = b.members;
+                members.clear();
+                spare.push(members);
+            }
+            match q.front() {
+                Some(next) => completions.set(g, next.finish_at),
+                None => {
+                    completions.remove(g);
+                }
+            }
+        }
+        for &(r, _) in &out.drops {
+            let st = states.get_mut(r.id as usize).ok_or_else(|| InvariantViolation(format!("dropped unknown request {}", r.id)))?;
+            if *st != State::Pending {
+                return Err(InvariantViolation(format!("request {} dropped while {:?}", r.id, st)));
+            }
+            *st = State::Dropped;
+            if measured(&r) {
+                acc[r.model as usize].dropped += 1;
+            }
+            obs.on_drop(now, &r);
+        }
+        for plan in &out.batches {
+            let members = out.members_of(plan);
+            let g = plan.gpu as usize;
+            if g >= gpus.len() {
+                return Err(InvariantViolation(format!("batch for unknown GPU {g}")));
+            }
+            let spec = cfg.models.get(plan.model as usize).ok_or_else(|| InvariantViolation(format!("batch of unknown model {}", plan.model)))?;
+            let n = members.len() as u32;
+            if n == 0 || n > spec.profile.max_batch() {
+                return Err(InvariantViolation(format!("batch of size {n} for {}", spec.name)));
+            }
+            if plan.exec_at < now {
+                return Err(InvariantViolation(format!("batch starts in the past ({} < {now})", plan.exec_at)));
+            }
+            let finish = plan.exec_at + spec.profile.latency(n);
+            if let Some(last) = gpus[g].back() {
+                if plan.exec_at < last.finish_at {
+                    return Err(InvariantViolation(format!(
+                        "GPU {g} would run two batches at once: starts {} before {} ends",
+                        plan.exec_at, last.finish_at
+                    )));
+                }
+            }
+            let mut batch = spare.pop().unwrap_or_default();
+            for r in members {
+                if r.model != plan.model {
+                    return Err(InvariantViolation(format!("batch mixes models {} and {}", plan.model, r.model)));
+                }
+                if finish > r.deadline {
+                    return Err(InvariantViolation(format!(
+                        "{} dispatched a batch of {n} finishing at {finish}, after request {}'s deadline {}",
+                        sched.name(),
+                        r.id,
+                        r.deadline
+                    )));
+                }
+                let st = states.get_mut(r.id as usize).ok_or_else(|| InvariantViolation(format!("unknown request {}", r.id)))?;
+                if *st != State::Pending {
+                    return Err(InvariantViolation(format!("request {} dispatched while {:?}", r.id, st)));
+                }
+                *st = State::Running;
+                if measured(r) {
+                    let a = &mut acc[plan.model as usize];
+                    a.batch_requests[n as usize] += 1;
+                    let _ = a.queueing_us.record((plan.exec_at.saturating_since(r.arrival).as_nanos() / 1000).max(1));
+                }
+                batch.push(*r);
+            }
+            if members.iter().any(measured) {
+                acc[plan.model as usize].batches += 1;
+            }
+            total_batches += 1;
+            obs.on_batch(now, plan.gpu, plan.model, plan.exec_at, members);
+            if gpus[g].is_empty() {
+                completions.set(plan.gpu, finish);
+            }
+            gpus[g].push_back(RunningBatch { model: plan.model, exec_at: plan.exec_at, finish_at: finish, members: batch });
+        }
+        out.clear();
+    }
+
+    if let Some(id) = states.iter().position(|s| !matches!(s, State::Done | State::Dropped)) {
+        return Err(InvariantViolation(format!("request {id} was never served nor dropped ({:?})", states[id])));
+    }
+    Ok(report(cfg, sched.name(), &acc, &busy_ns, window_ns, states.len() as u64, total_batches))
+}
+
+fn report(cfg: &SimConfig, policy: &str, acc: &[ModelAcc], busy_ns: &[u64], window_ns: u64, requests: u64, batches: u64) -> SimReport {
+    let mut all_lat = new_hist();
+    let mut all_q = new_hist();
+    let mut all_batches = vec![0u64; acc.iter().map(|a| a.batch_requests.len()).max().unwrap_or(1)];
+    let mut models = Vec::with_capacity(acc.len());
+    let (mut offered, mut good, mut dropped, mut late, mut nbatches) = (0, 0, 0, 0, 0);
+    let mut worst: f64 = 0.0;
+    for (spec, a) in cfg.models.iter().zip(acc) {
+        let _ = all_lat.add(&a.latency_us);
+        let _ = all_q.add(&a.queueing_us);
+        for (b, &c) in a.batch_requests.iter().enumerate() {
+            all_batches[b] += c;
+        }
+        let bad = a.dropped + a.late;
+        let bad_rate = if a.offered > 0 { bad as f64 / a.offered as f64 } else { 0.0 };
+        worst = worst.max(bad_rate);
+        let served: u64 = a.batch_requests.iter().sum();
+        models.push(ModelReport {
+            name: spec.name.clone(),
+            offered: a.offered,
+            good: a.good,
+            bad,
+            dropped: a.dropped,
+            late: a.late,
+            bad_rate,
+            p50_ms: ms(&a.latency_us, 0.5),
+            p99_ms: ms(&a.latency_us, 0.99),
+            queueing_p50_ms: ms(&a.queueing_us, 0.5),
+            queueing_p99_ms: ms(&a.queueing_us, 0.99),
+            median_batch: median_from_counts(&a.batch_requests),
+            mean_batch: if a.batches > 0 { served as f64 / a.batches as f64 } else { 0.0 },
+            batches: a.batches,
+        });
+        offered += a.offered;
+        good += a.good;
+        dropped += a.dropped;
+        late += a.late;
+        nbatches += a.batches;
+    }
+    let window_s = window_ns as f64 / 1e9;
+    let gpu_busy_fraction: Vec<f64> = busy_ns.iter().map(|&b| b as f64 / window_ns as f64).collect();
+    let idle = if busy_ns.is_empty() { 0.0 } else { 1.0 - gpu_busy_fraction.iter().sum::<f64>() / busy_ns.len() as f64 };
+    let bad_rate = if offered > 0 { (dropped + late) as f64 / offered as f64 } else { 0.0 };
+    let served: u64 = all_batches.iter().sum();
+    SimReport {
+        policy: policy.to_string(),
+        gpus: cfg.gpus,
+        offered_rps: cfg.workload.rate_rps,
+        measured_offered_rps: offered as f64 / window_s,
+        good_rps: good as f64 / window_s,
+        offered,
+        good,
+        dropped,
+        late,
+        bad_rate,
+        max_model_bad_rate: worst,
+        median_batch: median_from_counts(&all_batches),
+        mean_batch: if nbatches > 0 { served as f64 / nbatches as f64 } else { 0.0 },
+        gpu_idle_fraction: idle,
+        p50_ms: ms(&all_lat, 0.5),
+        p99_ms: ms(&all_lat, 0.99),
+        queueing_p50_ms: ms(&all_q, 0.5),
+        queueing_p99_ms: ms(&all_q, 0.99),
+        batch_size_histogram: all_batches.iter().enumerate().filter(|(_, &c)| c > 0).map(|(b, &c)| [b as u64, c]).collect(),
+        gpu_busy_fraction,
+        autoscale: AutoscaleAdvice::new(cfg.gpus, bad_rate, idle, 0.01),
+        simulated_requests: requests,
+        simulated_batches: batches,
+        models,
+    }
+}

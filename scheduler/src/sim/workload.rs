@@ -1,0 +1,257 @@
+//! Open-loop arrival processes: Poisson, Gamma and uniform gaps, equal or
+//! Zipf popularity, and piecewise-constant rate schedules. Seeded, and
+//! independent per model so adding a model does not perturb the others.
+
+use dataplane::time::{Duration, Instant};
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Exp, Gamma};
+use rand_xoshiro::Xoshiro256PlusPlus;
+
+/// Shape of the inter-arrival gaps.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Arrival {
+    /// Exponential gaps.
+    Poisson,
+    /// Constant gaps (random phase per model).
+    Uniform,
+    /// Gamma-distributed gaps with this shape (< 1 is burstier than Poisson).
+    Gamma(f64),
+}
+
+impl Arrival {
+    /// Parses `poisson`, `uniform` or `gamma:SHAPE`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "poisson" => Ok(Arrival::Poisson),
+            "uniform" => Ok(Arrival::Uniform),
+            _ => match s.strip_prefix("gamma:").map(str::parse::<f64>) {
+                Some(Ok(k)) if k.is_finite() && k > 0.0 => Ok(Arrival::Gamma(k)),
+                _ => Err(format!("unknown arrival '{s}' (expected poisson, uniform or gamma:SHAPE with SHAPE > 0)")),
+            },
+        }
+    }
+}
+
+/// How the total rate is split across models.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Popularity {
+    /// Every model gets the same share.
+    Equal,
+    /// Model `i` (0-based) gets a share proportional to `1/(i+1)^s`.
+    Zipf(f64),
+    /// Explicit relative weights, one per model.
+    Weights(Vec<f64>),
+}
+
+impl Popularity {
+    /// Parses `equal` or `zipf:S`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "equal" => Ok(Popularity::Equal),
+            _ => match s.strip_prefix("zipf:").map(str::parse::<f64>) {
+                Some(Ok(z)) if z.is_finite() && z >= 0.0 => Ok(Popularity::Zipf(z)),
+                _ => Err(format!("unknown popularity '{s}' (expected equal or zipf:S)")),
+            },
+        }
+    }
+
+    /// Normalised shares for `n` models (sum to 1).
+    pub fn shares(&self, n: usize) -> Vec<f64> {
+        let raw: Vec<f64> = match self {
+            Popularity::Equal => vec![1.0; n],
+            Popularity::Zipf(s) => (0..n).map(|i| 1.0 / ((i + 1) as f64).powf(*s)).collect(),
+            Popularity::Weights(w) => (0..n).map(|i| w.get(i).copied().unwrap_or(0.0).max(0.0)).collect(),
+        };
+        let total: f64 = raw.iter().sum();
+        if total > 0.0 {
+            raw.iter().map(|w| w / total).collect()
+        } else {
+            vec![0.0; n]
+        }
+    }
+}
+
+/// Piecewise-constant multiplier of the base rate: `(start, multiplier)`
+/// steps sorted by start; before the first step the multiplier is 1.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RateSchedule {
+    /// The steps.
+    pub steps: Vec<(Duration, f64)>,
+}
+
+impl RateSchedule {
+    /// Parses `T0:M0,T1:M1,...` (seconds : multiplier).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let mut steps = Vec::new();
+        for part in s.split(',').filter(|p| !p.trim().is_empty()) {
+            let (t, m) = part.split_once(':').ok_or_else(|| format!("bad schedule step '{part}' (expected SECONDS:MULTIPLIER)"))?;
+            let t: f64 = t.trim().parse().map_err(|_| format!("bad time in '{part}'"))?;
+            let m: f64 = m.trim().parse().map_err(|_| format!("bad multiplier in '{part}'"))?;
+            if !(t.is_finite() && t >= 0.0 && m.is_finite() && m >= 0.0) {
+                return Err(format!("schedule step '{part}' must have time >= 0 and multiplier >= 0"));
+            }
+            steps.push((Duration::from_secs_f64(t), m));
+        }
+        if steps.windows(2).any(|w| w[1].0 <= w[0].0) {
+            return Err("schedule steps must have increasing times".into());
+        }
+        Ok(RateSchedule { steps })
+    }
+
+    /// The multiplier in force at `t` and when it next changes.
+    fn at(&self, t: Instant) -> (f64, Option<Instant>) {
+        let t = Duration::from_nanos(t.as_nanos());
+        let idx = self.steps.partition_point(|(s, _)| *s <= t);
+        let mult = if idx == 0 { 1.0 } else { self.steps[idx - 1].1 };
+        let next = self.steps.get(idx).map(|(s, _)| Instant::from_nanos(s.as_nanos()));
+        (mult, next)
+    }
+}
+
+/// The offered load of one run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Workload {
+    /// Total base rate over all models, requests per second.
+    pub rate_rps: f64,
+    /// Gap distribution.
+    pub arrival: Arrival,
+    /// Split across models.
+    pub popularity: Popularity,
+    /// Optional rate schedule.
+    pub schedule: RateSchedule,
+}
+
+impl Workload {
+    /// Poisson, equal popularity, constant rate.
+    pub fn poisson(rate_rps: f64) -> Self {
+        Workload { rate_rps, arrival: Arrival::Poisson, popularity: Popularity::Equal, schedule: RateSchedule::default() }
+    }
+}
+
+/// Arrival times of one model.
+pub struct ArrivalStream {
+    rng: Xoshiro256PlusPlus,
+    base_rps: f64,
+    arrival: Arrival,
+    schedule: RateSchedule,
+    next: Instant,
+}
+
+fn mix_seed(seed: u64, stream: u64) -> u64 {
+    // SplitMix64 finaliser: decorrelates per-model streams of one seed.
+    let mut z = seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl ArrivalStream {
+    /// The stream of model `index` under `workload` with `seed`.
+    pub fn new(workload: &Workload, share: f64, index: usize, seed: u64) -> Self {
+        let mut s = ArrivalStream {
+            rng: Xoshiro256PlusPlus::seed_from_u64(mix_seed(seed, index as u64 + 1)),
+            base_rps: workload.rate_rps * share,
+            arrival: workload.arrival,
+            schedule: workload.schedule.clone(),
+            next: Instant::ZERO,
+        };
+        s.next = match s.arrival {
+            // A random phase, so uniform streams of several models interleave.
+            Arrival::Uniform => {
+                let phase = s.rng.random::<f64>();
+                s.advance_from(Instant::ZERO, phase)
+            }
+            _ => s.advance_from(Instant::ZERO, 1.0),
+        };
+        s
+    }
+
+    /// The next arrival time (`Instant::NEVER` if the rate is zero forever).
+    pub fn peek(&self) -> Instant {
+        self.next
+    }
+
+    /// Consumes the next arrival and draws the one after.
+    pub fn advance(&mut self) -> Instant {
+        let t = self.next;
+        self.next = self.advance_from(t, 1.0);
+        t
+    }
+
+    /// Draws the gap after `from`; `fraction` scales a uniform gap (phase).
+    fn advance_from(&mut self, mut from: Instant, fraction: f64) -> Instant {
+        // Bounded: each pass either returns or moves to the next schedule step.
+        for _ in 0..=self.schedule.steps.len() + 1 {
+            let (mult, step_end) = self.schedule.at(from);
+            let rate = self.base_rps * mult;
+            if rate <= 0.0 || !rate.is_finite() {
+                match step_end {
+                    Some(t) => {
+                        from = t;
+                        continue;
+                    }
+                    None => return Instant::NEVER,
+                }
+            }
+            let mean = 1.0 / rate;
+            let gap_s = match self.arrival {
+                Arrival::Poisson => Exp::new(rate).map(|d| d.sample(&mut self.rng)).unwrap_or(mean),
+                Arrival::Uniform => mean * fraction,
+                Arrival::Gamma(k) => Gamma::new(k, mean / k).map(|d| d.sample(&mut self.rng)).unwrap_or(mean),
+            };
+            let t = from + Duration::from_secs_f64(gap_s);
+            match step_end {
+                // The draw crosses into a new rate: restart the gap there
+                // (exact for Poisson, a close approximation otherwise).
+                Some(end) if t > end => from = end,
+                _ => return t,
+            }
+        }
+        Instant::NEVER
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_match_on_average_and_are_seeded() {
+        for arrival in [Arrival::Poisson, Arrival::Uniform, Arrival::Gamma(0.2)] {
+            let w = Workload { rate_rps: 1000.0, arrival, popularity: Popularity::Equal, schedule: RateSchedule::default() };
+            let mut s = ArrivalStream::new(&w, 1.0, 0, 7);
+            let mut n = 0;
+            while s.advance() < Instant::from_nanos(20_000_000_000) {
+                n += 1;
+            }
+            assert!((n as f64 - 20_000.0).abs() < 20_000.0 * 0.05, "{arrival:?}: {n}");
+            let mut a = ArrivalStream::new(&w, 1.0, 3, 7);
+            let mut b = ArrivalStream::new(&w, 1.0, 3, 7);
+            for _ in 0..100 {
+                assert_eq!(a.advance(), b.advance());
+            }
+        }
+    }
+
+    #[test]
+    fn schedule_changes_the_rate() {
+        let sched = RateSchedule::parse("0:1,1:0,2:3").unwrap();
+        let w = Workload { rate_rps: 1000.0, arrival: Arrival::Poisson, popularity: Popularity::Equal, schedule: sched };
+        let mut s = ArrivalStream::new(&w, 1.0, 0, 1);
+        let mut per_second = [0u32; 3];
+        loop {
+            let t = s.advance();
+            let sec = (t.as_nanos() / 1_000_000_000) as usize;
+            if sec >= 3 {
+                break;
+            }
+            per_second[sec] += 1;
+        }
+        assert_eq!(per_second[1], 0);
+        assert!((900..1100).contains(&per_second[0]), "{per_second:?}");
+        assert!((2800..3200).contains(&per_second[2]), "{per_second:?}");
+        assert!(RateSchedule::parse("1:1,0:2").is_err());
+        assert!(Arrival::parse("gamma:-1").is_err());
+        assert_eq!(Popularity::parse("zipf:1").unwrap().shares(2), vec![2.0 / 3.0, 1.0 / 3.0]);
+    }
+}

@@ -1,0 +1,127 @@
+//! Identifiers, requests, and the actions a scheduling core emits.
+
+use dataplane::time::Instant;
+use std::ops::Range;
+
+/// Dense model index within one scheduler (0-based).
+pub type ModelId = u32;
+/// Dense GPU index within one scheduler (0-based); lower ids are preferred
+/// when several GPUs are idle, so high ids stay idle at low load.
+pub type GpuId = u32;
+/// Globally unique request id.
+pub type RequestId = u64;
+
+/// One inference request as the scheduler sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// Unique id.
+    pub id: RequestId,
+    /// Target model.
+    pub model: ModelId,
+    /// When it reached the scheduler (local clock).
+    pub arrival: Instant,
+    /// When its result is due (local clock): arrival plus remaining budget.
+    pub deadline: Instant,
+}
+
+/// Why a request was dropped without being executed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// Not even a batch of one could finish before the deadline.
+    DeadlineUnreachable,
+    /// Dropped by the sliding-window policy to keep batches efficient.
+    EarlyDrop,
+    /// Its model is not served by this scheduler.
+    UnknownModel,
+}
+
+impl DropReason {
+    /// Short stable name for reports and metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::DeadlineUnreachable => "deadline_unreachable",
+            DropReason::EarlyDrop => "early_drop",
+            DropReason::UnknownModel => "unknown_model",
+        }
+    }
+}
+
+/// A batch the scheduler committed to a GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchPlan {
+    /// Which GPU runs it.
+    pub gpu: GpuId,
+    /// Which model (every member is of this model).
+    pub model: ModelId,
+    /// When the GPU starts it (after inputs have arrived).
+    pub exec_at: Instant,
+    /// When the profile says it finishes: `exec_at + l(len)`.
+    pub finish_at: Instant,
+    /// When the policy meant to decide this batch (window open, GPU free,
+    /// or the triggering message, whichever is latest); the decision time
+    /// minus this is the dispatch lag.
+    pub planned_at: Instant,
+    /// Its members, as a range of [`Actions::members`].
+    pub members: Range<usize>,
+}
+
+/// Output buffer of a scheduling core. The caller drains it after each call
+/// and clears it (keeping capacity), so steady-state scheduling allocates
+/// nothing.
+#[derive(Clone, Debug, Default)]
+pub struct Actions {
+    /// Batches to send to GPUs.
+    pub batches: Vec<BatchPlan>,
+    /// Members of all batches in `batches`, batch by batch.
+    pub members: Vec<Request>,
+    /// Requests dropped, with the reason.
+    pub drops: Vec<(Request, DropReason)>,
+    /// GPUs whose running batch is abandoned (Shepherd-style preemption);
+    /// the policy re-queues or drops the preempted requests itself.
+    pub preemptions: Vec<GpuId>,
+}
+
+impl Actions {
+    /// Forgets every action, keeping the storage.
+    pub fn clear(&mut self) {
+        self.batches.clear();
+        self.members.clear();
+        self.drops.clear();
+        self.preemptions.clear();
+    }
+
+    /// True when there is nothing to act on.
+    pub fn is_empty(&self) -> bool {
+        self.batches.is_empty() && self.drops.is_empty() && self.preemptions.is_empty()
+    }
+
+    /// The members of `plan`.
+    pub fn members_of(&self, plan: &BatchPlan) -> &[Request] {
+        &self.members[plan.members.clone()]
+    }
+
+    /// Records a batch and its members.
+    pub fn push_batch(&mut self, gpu: GpuId, model: ModelId, exec_at: Instant, finish_at: Instant, planned_at: Instant, members: impl IntoIterator<Item = Request>) {
+        let start = self.members.len();
+        self.members.extend(members);
+        let end = self.members.len();
+        self.batches.push(BatchPlan { gpu, model, exec_at, finish_at, planned_at, members: start..end });
+    }
+}
+
+/// A sans-IO scheduling policy: it is told what happened and when, and
+/// answers with actions and the next time it wants to be woken. It never
+/// reads a clock, sleeps, spawns or does I/O, so the simulator and the live
+/// runtime drive the very same code.
+pub trait Scheduler {
+    /// A request arrived.
+    fn on_request(&mut self, now: Instant, req: Request, out: &mut Actions);
+    /// A GPU finished the batch it was running (at `now`).
+    fn on_batch_done(&mut self, now: Instant, gpu: GpuId, out: &mut Actions);
+    /// The time returned by [`Scheduler::poll_at`] has come.
+    fn on_wake(&mut self, now: Instant, out: &mut Actions);
+    /// The earliest time at which the policy wants `on_wake`, if any.
+    fn poll_at(&self) -> Option<Instant>;
+    /// The policy's short name.
+    fn name(&self) -> &'static str;
+}

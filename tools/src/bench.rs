@@ -1,0 +1,116 @@
+//! `symphony bench-scheduler`: the scheduler-only capacity test.
+
+use dataplane::idle::IdleStrategy;
+use dataplane::time::Duration;
+use scheduler::deferred::CoreConfig;
+use scheduler::runtime::{run_live, LiveConfig, LiveReport, RuntimeConfig};
+use scheduler::sim::Workload;
+use scheduler::zoo::{parse_model_arg, ModelSpec};
+
+pub struct BenchArgs {
+    pub models: usize,
+    pub gpus: u32,
+    pub model_threads: usize,
+    pub rate: String,
+    pub duration_s: f64,
+    pub profile: String,
+    pub idle: String,
+    pub pin: bool,
+    pub seed: u64,
+    pub json: bool,
+}
+
+/// The `--rate max` pass criteria.
+const MAX_LAG_P999_US: f64 = 100.0;
+const MAX_BAD_RATE: f64 = 0.01;
+
+fn passes(r: &LiveReport) -> bool {
+    r.dispatch_lag.p999_us <= MAX_LAG_P999_US && r.bad_rate <= MAX_BAD_RATE && r.violations == 0 && r.accounted
+}
+
+pub fn run(a: &BenchArgs) -> Result<(), String> {
+    if a.models == 0 || a.gpus == 0 || a.model_threads == 0 {
+        return Err("--models, --gpus and --model-threads must be at least 1".into());
+    }
+    if !(a.duration_s.is_finite() && a.duration_s > 0.0 && a.duration_s <= 3600.0) {
+        return Err("--duration-s must be in (0, 3600]".into());
+    }
+    let base = parse_model_arg(&format!("model={}", a.profile)).map_err(|e| e.to_string())?;
+    let models: Vec<ModelSpec> = (0..a.models).map(|i| ModelSpec { name: format!("model{i}"), ..base.clone() }).collect();
+    let idle = match a.idle.as_str() {
+        "spin" => IdleStrategy::Spin,
+        "yield" => IdleStrategy::SpinThenYield { spins: 1000 },
+        "park" => IdleStrategy::GENTLE,
+        other => return Err(format!("unknown idle strategy '{other}' (spin, yield, park)")),
+    };
+    let live = |rate: f64| -> Result<LiveReport, String> {
+        run_live(&LiveConfig {
+            runtime: RuntimeConfig { models: models.clone(), gpus: a.gpus, model_threads: a.model_threads, core: CoreConfig::default(), ring_capacity: 1 << 16 },
+            workload: Workload::poisson(rate),
+            duration: Duration::from_secs_f64(a.duration_s),
+            seed: a.seed,
+            idle,
+            pin: a.pin,
+        })
+    };
+    let (report, probes) = if a.rate == "max" {
+        // Bracket by doubling from 250k, then bisect to 2%.
+        let mut probes: Vec<(f64, bool, f64, f64)> = Vec::new();
+        let mut lo: Option<LiveReport> = None;
+        let mut hi = 250_000.0;
+        loop {
+            let r = live(hi)?;
+            let ok = passes(&r);
+            eprintln!("  {:>10.0} rps: lag p99.9 {:>8.1} us, bad {:.3}%  {}", hi, r.dispatch_lag.p999_us, r.bad_rate * 100.0, if ok { "ok" } else { "fail" });
+            probes.push((hi, ok, r.dispatch_lag.p999_us, r.bad_rate));
+            if !ok {
+                break;
+            }
+            lo = Some(r);
+            hi *= 2.0;
+            if hi > 64e6 {
+                break;
+            }
+        }
+        let mut lo_rate = lo.as_ref().map_or(0.0, |r| r.offered_rps);
+        while lo_rate > 0.0 && hi - lo_rate > 0.02 * hi {
+            let mid = 0.5 * (lo_rate + hi);
+            let r = live(mid)?;
+            let ok = passes(&r);
+            eprintln!("  {:>10.0} rps: lag p99.9 {:>8.1} us, bad {:.3}%  {}", mid, r.dispatch_lag.p999_us, r.bad_rate * 100.0, if ok { "ok" } else { "fail" });
+            probes.push((mid, ok, r.dispatch_lag.p999_us, r.bad_rate));
+            if ok {
+                lo_rate = mid;
+                lo = Some(r);
+            } else {
+                hi = mid;
+            }
+        }
+        (lo.ok_or("no rate passed (even 250k rps); try fewer GPUs or models, or check the machine's load")?, probes)
+    } else {
+        let rate: f64 = a.rate.parse().map_err(|_| format!("--rate '{}': a number or max", a.rate))?;
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err("--rate must be > 0".into());
+        }
+        (live(rate)?, Vec::new())
+    };
+    if report.violations > 0 {
+        return Err(format!("emulated GPUs saw {} violations: {:?}", report.violations, report.first_violation));
+    }
+    if a.json {
+        let mut v = serde_json::to_value(&report).map_err(|e| e.to_string())?;
+        if !probes.is_empty() {
+            v["probes"] = serde_json::json!(probes);
+        }
+        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
+    } else {
+        let r = &report;
+        println!("{} models, {} GPUs, {} ModelThread(s){}", r.models, r.gpus, r.model_threads, if r.pinned { ", pinned" } else { "" });
+        println!("sustained {:.0} rps ({:.0} per ModelThread core), bad rate {:.3}%, mean batch {:.1}", r.sustained_rps, r.rps_per_model_thread, r.bad_rate * 100.0, r.mean_batch);
+        let l = &r.dispatch_lag;
+        println!("dispatch lag us: p50 {:.1}  p99 {:.1}  p99.9 {:.1}  p99.99 {:.1}  max {:.1}", l.p50_us, l.p99_us, l.p999_us, l.p9999_us, l.max_us);
+        println!("RankThread: {:.0} events/s, utilisation {:.1}%; ModelThread utilisation {:?}", r.rank_events_per_s, r.rank_utilisation * 100.0, r.model_thread_utilisation.iter().map(|u| format!("{:.0}%", u * 100.0)).collect::<Vec<_>>());
+        println!("CPU {:.0} ns/request; ingress lag p99.9 {:.1} us; accounted {}", r.cpu_ns_per_request, r.ingress_lag.p999_us, r.accounted);
+    }
+    Ok(())
+}

@@ -1,0 +1,197 @@
+//! Command-line arguments shared by the simulation commands, and their
+//! translation into simulator and policy configurations.
+
+use clap::Args;
+use dataplane::time::Duration;
+use scheduler::deferred::Gather;
+use scheduler::netdelay::NetworkDelay;
+use scheduler::policy::{PolicyConfig, PolicyKind};
+use scheduler::sim::{Arrival, Popularity, RateSchedule, SimConfig, Workload};
+use scheduler::zoo::{parse_model_arg, parse_zoo_csv, ModelSpec, Zoo, ZooSelection};
+
+/// Cluster, models, workload and policy.
+#[derive(Args, Debug, Clone)]
+pub struct ClusterArgs {
+    /// Scheduling policy: deferred, clockwork, shepherd, timeout, nexus, eager.
+    #[arg(long, default_value = "deferred")]
+    pub policy: String,
+    /// Batch gathering for deferred/timeout/eager: lazy or early.
+    #[arg(long, default_value = "early")]
+    pub gather: String,
+    /// Number of emulated GPUs.
+    #[arg(long, default_value_t = 8)]
+    pub gpus: u32,
+    /// Arrival process: poisson, uniform, gamma:SHAPE.
+    #[arg(long, default_value = "poisson")]
+    pub arrival: String,
+    /// Popularity across models: equal or zipf:S.
+    #[arg(long, default_value = "equal")]
+    pub popularity: String,
+    /// Rate schedule as SECONDS:MULTIPLIER,... (piecewise constant).
+    #[arg(long)]
+    pub schedule: Option<String>,
+    /// Seed of all randomness.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Simulated seconds of arrivals.
+    #[arg(long = "duration-s", default_value_t = 30.0)]
+    pub duration_s: f64,
+    /// Seconds at the start that are not measured (default: 10% of the duration, at most 2 s).
+    #[arg(long = "warmup-s")]
+    pub warmup_s: Option<f64>,
+    /// Timeout policy's k, milliseconds.
+    #[arg(long = "timeout-ms", default_value_t = 5.0)]
+    pub timeout_ms: f64,
+    /// Model zoo: 1080ti or a100.
+    #[arg(long)]
+    pub zoo: Option<String>,
+    /// Zoo subset: all, strong, weak, or NAME,NAME,...
+    #[arg(long = "zoo-models", default_value = "all")]
+    pub zoo_models: String,
+    /// A zoo CSV file (name,alpha_ms,beta_ms,slo_ms) instead of an embedded zoo.
+    #[arg(long = "zoo-file")]
+    pub zoo_file: Option<String>,
+    /// A model as NAME=ALPHA_MS,BETA_MS,SLO_MS (repeatable).
+    #[arg(long = "model")]
+    pub model: Vec<String>,
+    /// Repeat the model list this many times (e.g. 10 copies of one profile).
+    #[arg(long = "model-copies", default_value_t = 1)]
+    pub model_copies: u32,
+    /// Network delay calibration file (TOML from `netbench calibrate`).
+    #[arg(long = "network-delay")]
+    pub network_delay: Option<String>,
+    /// Network delay d_ctrl in microseconds (overrides the file).
+    #[arg(long = "d-ctrl-us")]
+    pub d_ctrl_us: Option<f64>,
+    /// Network delay d_data in microseconds per input (overrides the file).
+    #[arg(long = "d-data-us")]
+    pub d_data_us: Option<f64>,
+    /// Deferred: narrowest schedulable window, microseconds.
+    #[arg(long = "min-window-us", default_value_t = 0.0)]
+    pub min_window_us: f64,
+    /// Deferred: the window is at least this many expected inter-arrival gaps wide (0 = the paper's plain frontrun).
+    #[arg(long = "window-gaps", default_value_t = scheduler::deferred::DEFAULT_WINDOW_GAPS)]
+    pub window_gaps: f64,
+    /// Deferred early drop: drop a head only when it would force a batch below this fraction of the target.
+    #[arg(long = "early-drop-fraction", default_value_t = scheduler::deferred::DEFAULT_EARLY_DROP_FRACTION)]
+    pub early_drop_fraction: f64,
+    /// Nexus: number of routing frontends.
+    #[arg(long = "nexus-frontends", default_value_t = 1)]
+    pub nexus_frontends: u32,
+}
+
+impl ClusterArgs {
+    /// The models named by `--zoo`/`--zoo-file`/`--model`.
+    pub fn models(&self) -> Result<Vec<ModelSpec>, String> {
+        let mut models = Vec::new();
+        if let Some(path) = &self.zoo_file {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+            let all = parse_zoo_csv(&text).map_err(|e| format!("{path}: {e}"))?;
+            models.extend(ZooSelection::parse(&self.zoo_models).select(all).map_err(|e| e.to_string())?);
+        }
+        if let Some(z) = &self.zoo {
+            let zoo = Zoo::parse(z).map_err(|e| e.to_string())?;
+            models.extend(ZooSelection::parse(&self.zoo_models).select(zoo.models()).map_err(|e| e.to_string())?);
+        }
+        for m in &self.model {
+            models.push(parse_model_arg(m).map_err(|e| e.to_string())?);
+        }
+        if models.is_empty() {
+            return Err("no models: give --zoo 1080ti|a100, --zoo-file FILE or --model NAME=ALPHA_MS,BETA_MS,SLO_MS".into());
+        }
+        if self.model_copies > 1 {
+            let base = models.clone();
+            models.clear();
+            for c in 0..self.model_copies {
+                for m in &base {
+                    let mut m = m.clone();
+                    m.name = format!("{}#{c}", m.name);
+                    models.push(m);
+                }
+            }
+        }
+        Ok(models)
+    }
+
+    /// The network delay bound.
+    pub fn delay(&self) -> Result<NetworkDelay, String> {
+        let mut d = match &self.network_delay {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+                NetworkDelay::from_toml(&text).map_err(|e| format!("{path}: {e}"))?
+            }
+            None => NetworkDelay::ZERO,
+        };
+        if let Some(us) = self.d_ctrl_us {
+            d.d_ctrl = Duration::from_secs_f64(us.max(0.0) * 1e-6);
+        }
+        if let Some(us) = self.d_data_us {
+            d.d_data = Duration::from_secs_f64(us.max(0.0) * 1e-6);
+        }
+        Ok(d)
+    }
+
+    /// The policy configuration.
+    pub fn policy(&self) -> Result<PolicyConfig, String> {
+        let mut p = PolicyConfig::new(PolicyKind::parse(&self.policy)?);
+        p.gather = match self.gather.as_str() {
+            "lazy" => Gather::Lazy,
+            "early" => Gather::Early,
+            other => return Err(format!("unknown gather '{other}' (lazy or early)")),
+        };
+        if !(self.timeout_ms.is_finite() && self.timeout_ms >= 0.0) {
+            return Err("--timeout-ms must be >= 0".into());
+        }
+        p.timeout = Duration::from_millis_f64(self.timeout_ms);
+        p.delay = self.delay()?;
+        p.nexus_frontends = self.nexus_frontends.max(1);
+        if !(self.min_window_us.is_finite() && self.min_window_us >= 0.0) {
+            return Err("--min-window-us must be >= 0".into());
+        }
+        p.min_window = Duration::from_secs_f64(self.min_window_us * 1e-6);
+        if !(self.window_gaps.is_finite() && self.window_gaps >= 0.0) {
+            return Err("--window-gaps must be >= 0".into());
+        }
+        p.window_gaps = self.window_gaps;
+        if !(self.early_drop_fraction.is_finite() && (0.0..=1.0).contains(&self.early_drop_fraction)) {
+            return Err("--early-drop-fraction must be within [0, 1]".into());
+        }
+        p.early_drop_fraction = self.early_drop_fraction;
+        Ok(p)
+    }
+
+    /// The simulator configuration at total rate `rate_rps`.
+    pub fn sim(&self, rate_rps: f64) -> Result<SimConfig, String> {
+        if self.gpus == 0 {
+            return Err("--gpus must be at least 1".into());
+        }
+        if !(self.duration_s.is_finite() && self.duration_s > 0.0) {
+            return Err("--duration-s must be > 0".into());
+        }
+        if !(rate_rps.is_finite() && rate_rps >= 0.0) {
+            return Err("--rate must be >= 0".into());
+        }
+        let warmup = self.warmup_s.unwrap_or((self.duration_s * 0.1).min(2.0));
+        if !(warmup.is_finite() && warmup >= 0.0 && warmup < self.duration_s) {
+            return Err("--warmup-s must be >= 0 and shorter than the duration".into());
+        }
+        let schedule = match &self.schedule {
+            Some(s) => RateSchedule::parse(s)?,
+            None => RateSchedule::default(),
+        };
+        Ok(SimConfig {
+            models: self.models()?,
+            gpus: self.gpus,
+            workload: Workload {
+                rate_rps,
+                arrival: Arrival::parse(&self.arrival)?,
+                popularity: Popularity::parse(&self.popularity)?,
+                schedule,
+            },
+            duration: Duration::from_secs_f64(self.duration_s),
+            warmup: Duration::from_secs_f64(warmup),
+            seed: self.seed,
+            trace: None,
+        })
+    }
+}

@@ -1,0 +1,314 @@
+//! Reports reproducing the figures and tables of docs/benchmarks.md. Each
+//! prints Markdown on stdout; goodputs are medians over several seeds.
+
+use crate::plot;
+use dataplane::time::Duration;
+use scheduler::analysis;
+use scheduler::deferred::Gather;
+use scheduler::goodput::{search, GoodputSearch};
+use scheduler::policy::{build, PolicyConfig, PolicyKind};
+use scheduler::sim::{simulate, Arrival, Popularity, RateSchedule, SimConfig, SimReport, Workload};
+use scheduler::zoo::{ModelSpec, Zoo, ZooSelection};
+use std::path::Path;
+
+/// Shape of the runs behind one number.
+#[derive(Clone)]
+struct Setup {
+    models: Vec<ModelSpec>,
+    gpus: u32,
+    arrival: Arrival,
+    popularity: Popularity,
+    duration_s: f64,
+    seeds: Vec<u64>,
+}
+
+impl Setup {
+    fn new(models: Vec<ModelSpec>, gpus: u32, quick: bool) -> Self {
+        Setup {
+            models,
+            gpus,
+            arrival: Arrival::Poisson,
+            popularity: Popularity::Equal,
+            duration_s: if quick { 10.0 } else { 30.0 },
+            seeds: if quick { vec![1] } else { vec![1, 2, 3] },
+        }
+    }
+
+    fn sim(&self, rate: f64, seed: u64) -> SimConfig {
+        SimConfig {
+            models: self.models.clone(),
+            gpus: self.gpus,
+            workload: Workload { rate_rps: rate, arrival: self.arrival, popularity: self.popularity.clone(), schedule: RateSchedule::default() },
+            duration: Duration::from_secs_f64(self.duration_s),
+            warmup: Duration::from_secs_f64((self.duration_s * 0.1).min(2.0)),
+            seed,
+            trace: None,
+        }
+    }
+
+    /// Median goodput over the seeds, and the run at goodput of the median seed.
+    fn goodput(&self, policy: &PolicyConfig) -> Result<(f64, Option<SimReport>), String> {
+        let mut results = Vec::new();
+        for &seed in &self.seeds {
+            let r = search(&self.sim(0.0, seed), policy, &GoodputSearch::default(), &mut |_, _, _, _| {})?;
+            results.push((r.goodput_rps, r.at_goodput));
+        }
+        results.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Ok(results.swap_remove(results.len() / 2))
+    }
+
+    fn run(&self, rate: f64, policy: &PolicyConfig) -> Result<SimReport, String> {
+        let cfg = self.sim(rate, self.seeds[0]);
+        let mut s = build(&cfg.models, cfg.gpus, policy)?;
+        simulate(&cfg, s.as_mut()).map_err(|e| e.to_string())
+    }
+}
+
+fn policy(kind: PolicyKind, gather: Gather) -> PolicyConfig {
+    let mut p = PolicyConfig::new(kind);
+    p.gather = gather;
+    p
+}
+
+/// The policies every comparison runs, with their report labels.
+fn contenders() -> Vec<(String, PolicyConfig)> {
+    vec![
+        ("deferred (early drop)".into(), policy(PolicyKind::Deferred, Gather::Early)),
+        ("deferred (lazy drop)".into(), policy(PolicyKind::Deferred, Gather::Lazy)),
+        ("clockwork".into(), policy(PolicyKind::Clockwork, Gather::Lazy)),
+        ("shepherd".into(), policy(PolicyKind::Shepherd, Gather::Lazy)),
+        ("nexus".into(), policy(PolicyKind::Nexus, Gather::Early)),
+        ("timeout (k=5 ms)".into(), policy(PolicyKind::Timeout, Gather::Lazy)),
+        ("eager (lazy drop)".into(), policy(PolicyKind::Eager, Gather::Lazy)),
+        ("eager (early drop)".into(), policy(PolicyKind::Eager, Gather::Early)),
+    ]
+}
+
+fn is_work_conserving(p: &PolicyConfig) -> bool {
+    matches!(p.kind, PolicyKind::Clockwork | PolicyKind::Shepherd | PolicyKind::Eager)
+}
+
+pub fn run(name: &str, quick: bool, plot_dir: Option<&Path>) -> Result<(), String> {
+    match name {
+        "table2" => table2(quick),
+        "fig6a" => fig6a(quick),
+        "fig9" => fig9(quick),
+        "fig2" => fig2(quick, plot_dir),
+        "fig10" => fig10(quick),
+        "grid" => grid(quick),
+        other => Err(format!("unknown report '{other}' (table2, fig6a, fig9, fig2, fig10, grid)")),
+    }
+}
+
+fn table2(quick: bool) -> Result<(), String> {
+    let models = [
+        ModelSpec::linear("ResNet50", 1.053, 5.072, 25.0).map_err(|e| e.to_string())?,
+        ModelSpec::linear("InceptionResNetV2", 5.090, 18.368, 70.0).map_err(|e| e.to_string())?,
+    ];
+    println!("| model | row | batch size | goodput (rps) |\n|---|---|---:|---:|");
+    for m in &models {
+        for (row, b) in [
+            ("analytical: staggered", analysis::staggered(m, 8)),
+            ("analytical: uncoordinated", analysis::uncoordinated(m, 8)),
+            ("analytical: hard ceiling", analysis::ceiling(m, 8)),
+        ] {
+            println!("| {} | {row} | {} | {:.0} |", m.name, b.batch, b.throughput_rps);
+        }
+        let setup = Setup::new(vec![m.clone()], 8, quick);
+        for (label, p) in contenders() {
+            let (g, at) = setup.goodput(&p)?;
+            let b = at.map_or(0, |r| r.median_batch);
+            println!("| {} | {label} | {b} (median) | {g:.0} |", m.name);
+        }
+    }
+    // Load-proportional GPU use at half of deferred's goodput.
+    let r50 = &models[0];
+    let setup = Setup::new(vec![r50.clone()], 8, quick);
+    let (g, _) = setup.goodput(&policy(PolicyKind::Deferred, Gather::Early))?;
+    println!("\nGPU idle fraction, ResNet50 on 8 GPUs at 50% of deferred's goodput ({:.0} rps):\n", g / 2.0);
+    println!("| policy | GPU idle fraction | median batch | bad rate |\n|---|---:|---:|---:|");
+    for (label, p) in contenders() {
+        let r = setup.run(g / 2.0, &p)?;
+        println!("| {label} | {:.1}% | {} | {:.2}% |", r.gpu_idle_fraction * 100.0, r.median_batch, r.bad_rate * 100.0);
+    }
+    Ok(())
+}
+
+fn fig6a(quick: bool) -> Result<(), String> {
+    println!("Eager goodput relative to deferred: 10 models of l(b) = b + beta ms, SLO = 2 l(8), 32 GPUs, Poisson.\n");
+    println!("| beta/alpha | SLO (ms) | deferred (rps) | eager lazy (rps) | eager early (rps) | best eager / deferred |\n|---:|---:|---:|---:|---:|---:|");
+    let betas: Vec<f64> = if quick { vec![1.0, 5.0, 15.0] } else { (1..=15).map(f64::from).collect() };
+    for beta in betas {
+        let slo = 2.0 * (8.0 + beta);
+        let m = ModelSpec::linear("synthetic", 1.0, beta, slo).map_err(|e| e.to_string())?;
+        let mut setup = Setup::new(vec![m; 10], 32, quick);
+        for (i, m) in setup.models.iter_mut().enumerate() {
+            m.name = format!("synthetic#{i}");
+        }
+        let (d, _) = setup.goodput(&policy(PolicyKind::Deferred, Gather::Early))?;
+        let (el, _) = setup.goodput(&policy(PolicyKind::Eager, Gather::Lazy))?;
+        let (ee, _) = setup.goodput(&policy(PolicyKind::Eager, Gather::Early))?;
+        println!("| {beta:.0} | {slo:.0} | {d:.0} | {el:.0} | {ee:.0} | {:.2} |", el.max(ee) / d);
+    }
+    Ok(())
+}
+
+fn fig9(quick: bool) -> Result<(), String> {
+    println!("Goodput (rps) of mixed model zoos on 64 GPUs, equal popularity, Poisson.\n");
+    let labels: Vec<String> = contenders().into_iter().map(|c| c.0).collect();
+    println!("| zoo | models | {} |", labels.join(" | "));
+    println!("|---|---:|{}", "---:|".repeat(labels.len()));
+    for zoo in [Zoo::Gtx1080Ti, Zoo::A100] {
+        for sel in ["all", "strong", "weak"] {
+            let models = ZooSelection::parse(sel).select(zoo.models()).map_err(|e| e.to_string())?;
+            let setup = Setup::new(models, 64, quick);
+            let mut row = Vec::new();
+            for (_, p) in contenders() {
+                row.push(format!("{:.0}", setup.goodput(&p)?.0));
+            }
+            println!("| {} {sel} | {} | {} |", if zoo == Zoo::A100 { "A100" } else { "1080Ti" }, setup.models.len(), row.join(" | "));
+        }
+    }
+    Ok(())
+}
+
+fn fig2(quick: bool, plot_dir: Option<&Path>) -> Result<(), String> {
+    let base = ModelSpec::linear("ResNet50", 2.050, 5.378, 100.0).map_err(|e| e.to_string())?;
+    let models: Vec<ModelSpec> = (0..10).map(|i| ModelSpec { name: format!("ResNet50#{i}"), ..base.clone() }).collect();
+    let setup = Setup::new(models, 24, quick);
+    let (peak, _) = setup.goodput(&policy(PolicyKind::Deferred, Gather::Early))?;
+    println!("Flat-top: 10 ResNet50-like models (1080Ti profile, SLO 100 ms), 24 GPUs, Poisson; deferred goodput {peak:.0} rps = 1.0x.\n");
+    let steps = if quick { 6 } else { 15 };
+    let loads: Vec<f64> = (1..=steps).map(|i| 1.5 * f64::from(i) / f64::from(steps)).collect();
+    println!("| policy | {} |", loads.iter().map(|l| format!("{l:.1}x")).collect::<Vec<_>>().join(" | "));
+    println!("|---|{}", "---:|".repeat(loads.len()));
+    let mut good_series = Vec::new();
+    let mut util_series = Vec::new();
+    for (label, p) in contenders() {
+        let mut cells = Vec::new();
+        let mut gs = Vec::new();
+        let mut us = Vec::new();
+        for &l in &loads {
+            let r = setup.run(peak * l, &p)?;
+            cells.push(format!("{:.2} / {:.0}%", r.good_rps / peak, (1.0 - r.gpu_idle_fraction) * 100.0));
+            gs.push((l, r.good_rps / peak));
+            us.push((l, 1.0 - r.gpu_idle_fraction));
+        }
+        println!("| {label} | {} |", cells.join(" | "));
+        good_series.push(plot::Series { label: label.clone(), points: gs });
+        util_series.push(plot::Series { label, points: us });
+    }
+    println!("\nCells: goodput relative to deferred's peak / GPU utilisation.");
+    if let Some(dir) = plot_dir {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        let write = |name: &str, svg: String| std::fs::write(dir.join(name), svg).map_err(|e| e.to_string());
+        write("fig2_goodput.svg", plot::lines("Goodput vs offered load (x peak)", "offered load (x deferred peak)", "goodput (x peak)", &good_series))?;
+        write("fig2_utilisation.svg", plot::lines("GPU utilisation vs offered load", "offered load (x deferred peak)", "GPU busy fraction", &util_series))?;
+    }
+    Ok(())
+}
+
+fn fig10(quick: bool) -> Result<(), String> {
+    let target = 15_000.0;
+    println!("Minimum GPUs to serve {target:.0} rps with every model's bad rate <= 1% (A100 profiles, Poisson).\n");
+    let r50 = ModelSpec::linear("ResNet50", 0.268, 5.172, 25.0).map_err(|e| e.to_string())?;
+    let workloads = [("ResNet50, SLO 25 ms", vec![r50]), ("37 A100 models (Table 4 SLOs)", Zoo::A100.models())];
+    let labels: Vec<String> = contenders().into_iter().map(|c| c.0).collect();
+    println!("| workload | {} |", labels.join(" | "));
+    println!("|---|{}", "---:|".repeat(labels.len()));
+    for (name, models) in workloads {
+        let mut row = Vec::new();
+        for (_, p) in contenders() {
+            row.push(min_gpus(&models, &p, target, quick)?.map_or(">512".to_string(), |n| n.to_string()));
+        }
+        println!("| {name} | {} |", row.join(" | "));
+    }
+    Ok(())
+}
+
+fn min_gpus(models: &[ModelSpec], p: &PolicyConfig, rate: f64, quick: bool) -> Result<Option<u32>, String> {
+    let passes = |n: u32| -> Result<bool, String> {
+        let setup = Setup::new(models.to_vec(), n, quick);
+        // Median over seeds of "passes".
+        let mut ok = 0;
+        for &seed in &setup.seeds {
+            let cfg = setup.sim(rate, seed);
+            let mut s = build(&cfg.models, cfg.gpus, p)?;
+            let r = simulate(&cfg, s.as_mut()).map_err(|e| e.to_string())?;
+            if r.max_model_bad_rate <= 0.01 {
+                ok += 1;
+            }
+        }
+        Ok(ok * 2 > setup.seeds.len())
+    };
+    let (mut lo, mut hi) = (0u32, 1u32);
+    while !passes(hi)? {
+        lo = hi;
+        hi *= 2;
+        if hi > 512 {
+            return Ok(None);
+        }
+    }
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if passes(mid)? {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(Some(hi))
+}
+
+fn grid(quick: bool) -> Result<(), String> {
+    println!("Deferred (best of lazy/early gathering) vs the best work-conserving policy (clockwork, shepherd, eager lazy/early).\n");
+    println!("| cell | GPUs | arrivals | deferred (rps) | best work-conserving (rps) | which | ratio |\n|---|---:|---|---:|---:|---|---:|");
+    let z = |zoo: Zoo, name: &str| zoo.models().into_iter().find(|m| m.name == name);
+    let mut cells: Vec<(String, Vec<ModelSpec>, u32)> = Vec::new();
+    for (zoo, name) in [(Zoo::Gtx1080Ti, "DenseNet121"), (Zoo::Gtx1080Ti, "ResNet50V2"), (Zoo::Gtx1080Ti, "BERT"), (Zoo::A100, "DenseNet121")] {
+        let Some(m) = z(zoo, name) else { continue };
+        for (tag, slo_scale) in [("tight", 1.0), ("loose", 2.0)] {
+            let mut mm = m.clone();
+            mm.slo = Duration::from_secs_f64(m.slo.as_secs_f64() * slo_scale);
+            mm.profile = mm.profile.clone();
+            let spec = ModelSpec::linear(
+                &mm.name,
+                m.profile.linear_coefficients().map_or(1.0, |c| c.0),
+                m.profile.linear_coefficients().map_or(1.0, |c| c.1),
+                mm.slo.as_millis_f64(),
+            )
+            .map_err(|e| e.to_string())?;
+            let models: Vec<ModelSpec> = (0..8).map(|i| ModelSpec { name: format!("{}#{i}", spec.name), ..spec.clone() }).collect();
+            let label = format!("8x {name} ({}) SLO {:.0} ms ({tag})", if zoo == Zoo::A100 { "A100" } else { "1080Ti" }, spec.slo.as_millis_f64());
+            cells.push((label, models, 16));
+        }
+    }
+    cells.push(("1080Ti zoo, all 35".into(), Zoo::Gtx1080Ti.models(), 64));
+    cells.push(("A100 zoo, all 37".into(), Zoo::A100.models(), 64));
+    cells.push(("A100 zoo, strong".into(), ZooSelection::Strong.select(Zoo::A100.models()).map_err(|e| e.to_string())?, 64));
+    let arrivals: Vec<(&str, Arrival)> = if quick { vec![("Poisson", Arrival::Poisson)] } else { vec![("Poisson", Arrival::Poisson), ("Gamma(0.3)", Arrival::Gamma(0.3))] };
+    let mut worst: f64 = f64::INFINITY;
+    for (label, models, gpus) in &cells {
+        for (aname, arrival) in &arrivals {
+            let mut setup = Setup::new(models.clone(), *gpus, quick);
+            setup.arrival = *arrival;
+            let mut best_d: f64 = 0.0;
+            let mut best_w = (0.0f64, String::new());
+            for (plabel, p) in contenders() {
+                if p.kind == PolicyKind::Deferred {
+                    best_d = best_d.max(setup.goodput(&p)?.0);
+                } else if is_work_conserving(&p) {
+                    let g = setup.goodput(&p)?.0;
+                    if g > best_w.0 {
+                        best_w = (g, plabel);
+                    }
+                }
+            }
+            let ratio = if best_w.0 > 0.0 { best_d / best_w.0 } else { f64::INFINITY };
+            worst = worst.min(ratio);
+            println!("| {label} | {gpus} | {aname} | {best_d:.0} | {:.0} | {} | {ratio:.2} |", best_w.0, best_w.1);
+        }
+    }
+    println!("\nWorst ratio over the grid: {worst:.2}");
+    Ok(())
+}
