@@ -25,6 +25,10 @@ use std::thread::{self, Thread};
 
 use crate::time::Duration;
 
+/// Below this much time to the next deadline, [`Idler::idle_within`] spins:
+/// parking and waking costs tens of microseconds of timer slack.
+pub const SPIN_BELOW: Duration = Duration::from_micros(50);
+
 /// How a polling loop waits when it finds no work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IdleStrategy {
@@ -177,6 +181,36 @@ impl Idler {
     #[inline]
     pub fn idle(&mut self, recheck: impl FnOnce() -> bool) -> IdleAction {
         let action = self.next_action();
+        self.step = self.step.saturating_add(1);
+        match action {
+            IdleAction::Spin => {
+                self.counts.spins += 1;
+                std::hint::spin_loop();
+            }
+            IdleAction::Yield => {
+                self.counts.yields += 1;
+                thread::yield_now();
+            }
+            IdleAction::Park(timeout) => self.park(timeout, recheck),
+        }
+        action
+    }
+
+    /// Like [`idle`](Self::idle), for a loop whose next timer is `budget`
+    /// away: a park never outlasts the budget, and when the budget is below
+    /// [`SPIN_BELOW`] the pass spins instead (a yield or a park could hand
+    /// the CPU away for longer than that).
+    #[inline]
+    pub fn idle_within(&mut self, budget: Duration, recheck: impl FnOnce() -> bool) -> IdleAction {
+        if budget < SPIN_BELOW {
+            self.counts.spins += 1;
+            std::hint::spin_loop();
+            return IdleAction::Spin;
+        }
+        let action = match self.next_action() {
+            IdleAction::Park(t) => IdleAction::Park(t.min(budget - Duration::from_nanos(SPIN_BELOW.as_nanos() / 2))),
+            other => other,
+        };
         self.step = self.step.saturating_add(1);
         match action {
             IdleAction::Spin => {

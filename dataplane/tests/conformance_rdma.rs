@@ -20,7 +20,8 @@ use dataplane::time::Duration;
 use dataplane::transport::conformance::{self, TransportFactory};
 use dataplane::transport::rdma::{RdmaConnection, RdmaDomain};
 use dataplane::transport::{
-    Access, Completion, Connection, Domain, Error, ErrorKind, Listener, ReadOp, Region, Registration, RemoteRef,
+    Access, Completion, Connection, Domain, Error, ErrorKind, Listener, ReadOp, Region,
+    Registration, RemoteRef,
 };
 use dataplane::wire::{self, Message};
 
@@ -76,12 +77,28 @@ macro_rules! suite_check {
 }
 
 // Each check of the shared suite as its own test (they serialise themselves).
-suite_check!(connect_and_exchange, read_sizes, incast, rejects_bad_reads, deregister_during_reads, disconnect_mid_read, no_leaks);
+suite_check!(
+    connect_and_exchange,
+    read_sizes,
+    incast,
+    rejects_bad_reads,
+    deregister_during_reads,
+    disconnect_mid_read,
+    no_leaks
+);
 
 /// Encodes a heartbeat carrying `seq` (the verbs-specific tests' message).
 fn heartbeat(seq: u64) -> Vec<u8> {
     let mut buf = vec![0u8; 64];
-    let n = wire::encode(&mut buf, &wire::Heartbeat { seq, role: wire::Role::Backend as u32, id: 1 }).unwrap();
+    let n = wire::encode(
+        &mut buf,
+        &wire::Heartbeat {
+            seq,
+            role: wire::Role::Backend as u32,
+            id: 1,
+        },
+    )
+    .unwrap();
     buf.truncate(n);
     buf
 }
@@ -110,7 +127,12 @@ fn pattern(seed: u8, i: usize) -> u8 {
     (i as u8).wrapping_mul(131).wrapping_add(seed) ^ (i >> 8) as u8
 }
 
-fn filled_region(d: &RdmaDomain, len: usize, seed: u8, access: Access) -> (Arc<Region>, Registration) {
+fn filled_region(
+    d: &RdmaDomain,
+    len: usize,
+    seed: u8,
+    access: Access,
+) -> (Arc<Region>, Registration) {
     let r = Region::anonymous(len).unwrap();
     let bytes: Vec<u8> = (0..len).map(|i| pattern(seed, i)).collect();
     r.write_at(0, &bytes).unwrap();
@@ -128,7 +150,10 @@ fn wait_completions(c: &mut RdmaConnection, n: usize) -> Vec<Completion> {
         let k = c.poll_completions(&mut out[got..]).unwrap();
         got += k;
         if k == 0 {
-            assert!(Instant::now() < deadline, "only {got} of {n} completions before the deadline");
+            assert!(
+                Instant::now() < deadline,
+                "only {got} of {n} completions before the deadline"
+            );
             idler.idle(|| false);
         } else {
             idler.reset();
@@ -158,26 +183,58 @@ fn rdma_refuses_bad_landing_buffers_and_queue_overflow_without_posting() {
     let (_dst, dst_reg) = filled_region(&d, 1 << 16, 0, Access::LOCAL_WRITE);
     let remote = src_reg.remote_ref(0, 256).unwrap();
     let local = dst_reg.local_ref(0, 256).unwrap();
-    let op = |wr_id, remote: RemoteRef, local| ReadOp { wr_id, remote, local };
+    let op = |wr_id, remote: RemoteRef, local| ReadOp {
+        wr_id,
+        remote,
+        local,
+    };
     let mut bad_key = local;
     bad_key.key ^= 0x5a5a_0000;
-    assert_eq!(client.post_read(&op(1, remote, bad_key)).unwrap_err().kind(), ErrorKind::BadKey);
+    assert_eq!(
+        client
+            .post_read(&op(1, remote, bad_key))
+            .unwrap_err()
+            .kind(),
+        ErrorKind::BadKey
+    );
     let mut past_end = local;
     past_end.offset += (1 << 16) - 100;
-    assert_eq!(client.post_read(&op(2, remote, past_end)).unwrap_err().kind(), ErrorKind::OutOfBounds);
+    assert_eq!(
+        client
+            .post_read(&op(2, remote, past_end))
+            .unwrap_err()
+            .kind(),
+        ErrorKind::OutOfBounds
+    );
     let mut short = local;
     short.len = 10;
-    assert_eq!(client.post_read(&op(3, remote, short)).unwrap_err().kind(), ErrorKind::OutOfBounds);
+    assert_eq!(
+        client.post_read(&op(3, remote, short)).unwrap_err().kind(),
+        ErrorKind::OutOfBounds
+    );
     // A staging region (REMOTE_READ only) is not a landing buffer.
     let mut wrong_access = local;
     wrong_access.key = src_reg.key();
     wrong_access.offset = src_reg.addr_base();
-    assert_eq!(client.post_read(&op(4, remote, wrong_access)).unwrap_err().kind(), ErrorKind::AccessDenied);
+    assert_eq!(
+        client
+            .post_read(&op(4, remote, wrong_access))
+            .unwrap_err()
+            .kind(),
+        ErrorKind::AccessDenied
+    );
     assert_eq!(client.outstanding_reads(), 0);
     // More READs than the depth: the excess is refused, nothing lost.
     let depth = client.max_outstanding_reads();
-    let ops: Vec<ReadOp> =
-        (0..depth as u64 + 5).map(|i| op(100 + i, src_reg.remote_ref(0, 8).unwrap(), dst_reg.local_ref(i * 8, 8).unwrap())).collect();
+    let ops: Vec<ReadOp> = (0..depth as u64 + 5)
+        .map(|i| {
+            op(
+                100 + i,
+                src_reg.remote_ref(0, 8).unwrap(),
+                dst_reg.local_ref(i * 8, 8).unwrap(),
+            )
+        })
+        .collect();
     // (post_reads frees finished slots only before it starts, so this is exact.)
     let accepted = client.post_reads(&ops).unwrap();
     assert_eq!(accepted, depth);
@@ -197,12 +254,27 @@ fn rdma_remote_access_error_completes_with_error_and_ends_the_connection() {
     let (_dst, dst_reg) = filled_region(&d, 4096, 0, Access::LOCAL_WRITE);
     let mut remote = src_reg.remote_ref(0, 64).unwrap();
     remote.key ^= 0x00ff_ff00; // no such rkey at the peer
-    client.post_read(&ReadOp { wr_id: 5, remote, local: dst_reg.local_ref(0, 64).unwrap() }).unwrap();
+    client
+        .post_read(&ReadOp {
+            wr_id: 5,
+            remote,
+            local: dst_reg.local_ref(0, 64).unwrap(),
+        })
+        .unwrap();
     let c = wait_completions(&mut client, 1);
     assert_eq!(c[0].wr_id, 5);
     assert_eq!(c[0].status, Err(ErrorKind::BadKey));
-    assert!(!client.is_connected(), "verbs: a remote access error moves the QP to the error state");
-    assert!(client.post_read(&ReadOp { wr_id: 6, remote, local: dst_reg.local_ref(0, 64).unwrap() }).is_err());
+    assert!(
+        !client.is_connected(),
+        "verbs: a remote access error moves the QP to the error state"
+    );
+    assert!(client
+        .post_read(&ReadOp {
+            wr_id: 6,
+            remote,
+            local: dst_reg.local_ref(0, 64).unwrap()
+        })
+        .is_err());
 }
 
 #[test]
@@ -227,7 +299,11 @@ fn rdma_peer_departure_comes_after_its_queued_messages() {
 fn rdma_connect_to_nobody_times_out() {
     let Some(d) = domain_or_skip() else { return };
     // A listener that never accepts on the RDMA side: bind, then drop, so the port is closed.
-    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
     let t = Instant::now();
     let e = d.connect(&addr, Duration::from_millis(300)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Timeout);
@@ -239,7 +315,10 @@ fn rdma_connect_to_nobody_times_out() {
 // ----------------------------------------------------------------------------------------
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Value at quantile `q` of sorted samples (perftest's convention: index `n * q`).
@@ -258,7 +337,11 @@ fn rdma_read_latency() {
     let (_server, mut client) = connected_pair(&d);
     let (_src, src_reg) = filled_region(&d, size as usize, 3, Access::REMOTE_READ);
     let (dst, dst_reg) = filled_region(&d, size as usize, 0, Access::LOCAL_WRITE);
-    let op = ReadOp { wr_id: 0, remote: src_reg.remote_ref(0, size).unwrap(), local: dst_reg.local_ref(0, size).unwrap() };
+    let op = ReadOp {
+        wr_id: 0,
+        remote: src_reg.remote_ref(0, size).unwrap(),
+        local: dst_reg.local_ref(0, size).unwrap(),
+    };
     let mut samples = Vec::with_capacity(iters);
     let mut out = [Completion::default(); 1];
     let warmup = 100.min(iters);
@@ -304,7 +387,13 @@ fn rdma_pair_server() {
     let (_region, reg) = filled_region(&d, PAIR_REGION, PAIR_SEED, Access::REMOTE_READ);
     let whole = reg.remote_ref(0, PAIR_REGION as u32).unwrap();
     let mut msg = [0u8; 128];
-    let task = wire::Task { task_id: 1, budget_ns: 0, model_id: 0, frontend_id: 0, input: whole };
+    let task = wire::Task {
+        task_id: 1,
+        budget_ns: 0,
+        model_id: 0,
+        frontend_id: 0,
+        input: whole,
+    };
     let n = wire::encode(&mut msg, &task).unwrap();
     conn.send(&msg[..n]).unwrap();
     let mut buf = [0u8; 256];
@@ -341,8 +430,16 @@ fn rdma_pair_client() {
         .enumerate()
         .map(|(i, off)| {
             let len = chunk.min(PAIR_REGION as u32 - off);
-            let remote = RemoteRef { key: whole.key, len, offset: whole.offset + u64::from(off) };
-            ReadOp { wr_id: i as u64, remote, local: dst_reg.local_ref(u64::from(off), len).unwrap() }
+            let remote = RemoteRef {
+                key: whole.key,
+                len,
+                offset: whole.offset + u64::from(off),
+            };
+            ReadOp {
+                wr_id: i as u64,
+                remote,
+                local: dst_reg.local_ref(u64::from(off), len).unwrap(),
+            }
         })
         .collect();
     let t = Instant::now();
@@ -355,19 +452,37 @@ fn rdma_pair_client() {
     let elapsed = t.elapsed();
     let mut got = vec![0u8; PAIR_REGION];
     dst.read_at(0, &mut got).unwrap();
-    let bad = got.iter().enumerate().filter(|&(i, &b)| b != pattern(PAIR_SEED, i)).count();
+    let bad = got
+        .iter()
+        .enumerate()
+        .filter(|&(i, &b)| b != pattern(PAIR_SEED, i))
+        .count();
     // Small READs at odd offsets, one at a time, for a cross-VM latency figure.
     let mut lat = Vec::with_capacity(200);
     for i in 0..200u64 {
         let off = (i * 104_729) % (PAIR_REGION as u64 - 4096);
-        let remote = RemoteRef { key: whole.key, len: 4096, offset: whole.offset + off };
+        let remote = RemoteRef {
+            key: whole.key,
+            len: 4096,
+            offset: whole.offset + off,
+        };
         let t = Instant::now();
-        conn.post_read(&ReadOp { wr_id: i, remote, local: dst_reg.local_ref(0, 4096).unwrap() }).unwrap();
+        conn.post_read(&ReadOp {
+            wr_id: i,
+            remote,
+            local: dst_reg.local_ref(0, 4096).unwrap(),
+        })
+        .unwrap();
         assert_eq!(wait_completions(&mut conn, 1)[0].status, Ok(()));
         lat.push(t.elapsed().as_nanos() as u64);
         let mut b = vec![0u8; 4096];
         dst.read_at(0, &mut b).unwrap();
-        assert!(b.iter().enumerate().all(|(j, &x)| x == pattern(PAIR_SEED, off as usize + j)), "4 KiB READ at {off}");
+        assert!(
+            b.iter()
+                .enumerate()
+                .all(|(j, &x)| x == pattern(PAIR_SEED, off as usize + j)),
+            "4 KiB READ at {off}"
+        );
     }
     lat.sort_unstable();
     println!(

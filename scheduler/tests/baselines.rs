@@ -168,11 +168,15 @@ fn squishy_bin_packing_saturates_then_shares() {
     let p = squishy_bin_packing(&models, &[4000.0, 0.0, 0.0]);
     assert_eq!(p.len(), 8);
     assert!(p[..7].iter().all(|g| g.residents.len() == 1 && g.residents[0].batch == 7));
-    assert!(p[7].residents[0].batch < 7);
-    // Light loads share a GPU when their batches fit the shortest duty
-    // cycle; InceptionResNetV2's batch of one (23.5 ms) does not fit a 10 ms
-    // cycle, so it gets its own.
-    let p = squishy_bin_packing(&models, &[50.0, 10.0, 100.0]);
+    // The eighth GPU carries the residual load, with a batch that covers
+    // that residual's Poisson bursts.
+    let residual = 4000.0 - 7.0 * 7.0 / models[0].profile.latency(7).as_secs_f64();
+    assert!((p[7].residents[0].rate_rps - residual).abs() < 1.0, "{:?}", p[7]);
+    assert!(p[7].residents[0].batch <= 7);
+    // Light loads share a GPU when their batches (sized for the per-cycle
+    // Poisson burst) fit the shortest duty cycle; InceptionResNetV2's batch
+    // of one (23.5 ms) does not fit a ~13 ms cycle, so it gets its own.
+    let p = squishy_bin_packing(&models, &[5.0, 10.0, 20.0]);
     assert_eq!(p.len(), 2, "{p:?}");
     assert_eq!(p.iter().map(|g| g.residents.len()).max(), Some(2));
     let g = p.iter().find(|g| g.residents.len() == 2).unwrap();
@@ -185,5 +189,6 @@ fn squishy_bin_packing_saturates_then_shares() {
     // Too much load for the cluster: every rate scaled down to fit.
     let fitted = plan(&models, &[10_000.0, 500.0, 2000.0], 8);
     assert!(fitted.gpus.len() <= 8);
-    assert!(fitted.rate_scale < 1.0 && fitted.rate_scale > 0.3, "scale {}", fitted.rate_scale);
+    // Burst allowances make the fitted plan more conservative than a mean-rate one.
+    assert!(fitted.rate_scale < 1.0 && fitted.rate_scale > 0.2, "scale {}", fitted.rate_scale);
 }

@@ -7,6 +7,7 @@ mod example;
 mod plot;
 mod progress;
 mod reports;
+mod up;
 
 use clap::{Parser, Subcommand};
 use cli::ClusterArgs;
@@ -26,6 +27,36 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Run a local cluster with emulated GPUs on the real clock and print a summary.
+    Up {
+        /// Model zoo: a100 or 1080ti.
+        #[arg(long, default_value = "a100")]
+        zoo: String,
+        /// Zoo subset: all, strong, weak, or NAME,NAME,...
+        #[arg(long = "zoo-models", default_value = "all")]
+        zoo_models: String,
+        /// Emulated GPUs.
+        #[arg(long, default_value_t = 64)]
+        gpus: u32,
+        /// Offered load as a fraction of the simulated goodput.
+        #[arg(long, default_value_t = 0.7)]
+        load: f64,
+        /// Seconds of load.
+        #[arg(long = "duration-s", default_value_t = 10.0)]
+        duration_s: f64,
+        /// ModelThreads.
+        #[arg(long = "model-threads", default_value_t = 1)]
+        model_threads: usize,
+        /// Idle strategy: park (shares the machine), yield, spin (pinned, for dedicated cores).
+        #[arg(long, default_value = "park")]
+        idle: String,
+        /// Write SVG figures into this directory.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        /// Print JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
     /// Simulate one offered load.
     Sim {
         #[command(flatten)]
@@ -189,6 +220,9 @@ fn run(cmd: Cmd) -> Result<(), String> {
             Ok(())
         }
         Cmd::Example { policy, skip, requests, gather, json } => example::run(&policy, &skip, requests, &gather, json),
+        Cmd::Up { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json } => {
+            up::run(&up::UpArgs { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json })
+        }
         Cmd::Report { name, quick, plot } => reports::run(&name, quick, plot.as_deref()),
         Cmd::BenchScheduler { models, gpus, model_threads, rate, duration_s, profile, idle, no_pin, seed, json } => {
             bench::run(&bench::BenchArgs { models, gpus, model_threads, rate, duration_s, profile, idle, pin: !no_pin, seed, json })

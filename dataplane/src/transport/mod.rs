@@ -397,6 +397,22 @@ pub trait Connection: Send {
 
     /// False once the peer is known to be gone.
     fn is_connected(&self) -> bool;
+
+    /// Blocks the calling thread for at most `timeout` until this
+    /// connection may have work: bytes arrived (a message, a peer's READ
+    /// request, the peer's departure) or a send finished. For memory owners
+    /// that should not busy-poll (benchmark servers, tests, idle processes
+    /// on small machines); the data path never calls it. Wake-ups may be
+    /// spurious, so callers poll afterwards as usual.
+    ///
+    /// Returns `Ok(true)` if it waited in the kernel or found work pending,
+    /// `Ok(false)` if this transport cannot wait (the default: the caller
+    /// backs off on its own, e.g. with a short sleep), and the connection's
+    /// error once it is dead.
+    fn wait(&mut self, timeout: Duration) -> Result<bool, Error> {
+        let _ = timeout;
+        Ok(false)
+    }
 }
 
 /// Retries [`Domain::deregister`] while it says `Busy`, polling `conns`

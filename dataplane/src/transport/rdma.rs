@@ -23,9 +23,10 @@
 //!
 //! Verbs semantics the other transports do not share: a READ that fails at
 //! the responder (bad key, out of bounds, deregistered) moves BOTH queue
-//! pairs to the error state, so the connection is dead afterwards (its
-//! completion says why; later calls say `PeerDisconnected`). The NIC reports
-//! all three causes as one "remote access error", mapped to `BadKey`.
+//! pairs to the error state, so the connection is dead afterwards: its
+//! completion says why, READs still in flight complete with that same error,
+//! later READs are refused with it and messages with `PeerDisconnected`. The
+//! NIC reports all three causes as one "remote access error" (`BadKey`).
 //!
 //! Resource setup goes through the `sideway` crate; the data path (post,
 //! poll) calls verbs directly through `rdma-mummy-sys` with work requests
@@ -1042,7 +1043,11 @@ impl RdmaConnection {
 
     /// Posts `wrs` (with `sges`, same length) as one linked list; on failure unwinds
     /// the ones the provider did not take and returns how many it took.
-    fn post_chain(&mut self, wrs: &mut [sys::ibv_send_wr], sges: &mut [sys::ibv_sge]) -> Result<(), (usize, Error)> {
+    fn post_chain(
+        &mut self,
+        wrs: &mut [sys::ibv_send_wr],
+        sges: &mut [sys::ibv_sge],
+    ) -> Result<(), (usize, Error)> {
         let n = wrs.len().min(sges.len());
         for i in 0..n {
             wrs[i].sg_list = &mut sges[i];
@@ -1211,7 +1216,10 @@ impl Connection for RdmaConnection {
                 // SAFETY: the first n entries of both arrays were written just above.
                 let (wrs, sges) = unsafe {
                     (
-                        std::slice::from_raw_parts_mut(wrs.as_mut_ptr().cast::<sys::ibv_send_wr>(), n),
+                        std::slice::from_raw_parts_mut(
+                            wrs.as_mut_ptr().cast::<sys::ibv_send_wr>(),
+                            n,
+                        ),
                         std::slice::from_raw_parts_mut(sges.as_mut_ptr().cast::<sys::ibv_sge>(), n),
                     )
                 };

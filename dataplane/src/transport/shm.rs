@@ -574,4 +574,13 @@ impl Connection for ShmConn {
     fn is_connected(&self) -> bool {
         self.stream.is_connected() && self.peer.alive()
     }
+    fn wait(&mut self, timeout: Duration) -> Result<bool, Error> {
+        // READs complete inside post_read: only the control stream can
+        // bring work (messages, the peer's departure).
+        if !self.done.is_empty() {
+            return Ok(true);
+        }
+        let t = std::time::Duration::from_nanos(timeout.as_nanos());
+        self.stream.wait(t).map(|()| true)
+    }
 }

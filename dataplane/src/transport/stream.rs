@@ -248,6 +248,41 @@ impl ByteIo {
         }
     }
 
+    /// Blocks up to `timeout` until an operation may have finished: the
+    /// socket is readable (std engine; sends finish inside `start_send`), or
+    /// a completion is ready (io_uring: `io_uring_enter` with GETEVENTS and a
+    /// timeout, which also runs deferred task work). Errors and timeouts are
+    /// not reported: the caller polls next and learns the outcome there.
+    fn wait(&mut self, timeout: std::time::Duration) {
+        match self {
+            ByteIo::Std(s) => {
+                let mut pfd = libc::pollfd {
+                    fd: s.fd,
+                    events: libc::POLLIN | libc::POLLRDHUP,
+                    revents: 0,
+                };
+                let ts = libc::timespec {
+                    tv_sec: timeout.as_secs() as libc::time_t,
+                    tv_nsec: timeout.subsec_nanos() as libc::c_long,
+                };
+                // SAFETY: `pfd` is one valid pollfd on the stack, `ts` a
+                // valid timespec, and a null signal mask means "unchanged".
+                unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+            }
+            ByteIo::Uring(u) => {
+                if !(u.recv_busy || u.send_busy) || !u.ring.completion().is_empty() {
+                    return;
+                }
+                let ts = io_uring::types::Timespec::new()
+                    .sec(timeout.as_secs())
+                    .nsec(timeout.subsec_nanos());
+                let args = io_uring::types::SubmitArgs::new().timespec(&ts);
+                // ETIME (timed out) and EINTR are fine: the caller polls next.
+                let _ = u.ring.submitter().submit_with_args(1, &args);
+            }
+        }
+    }
+
     /// Shuts the socket down and waits (bounded) until no operation is in
     /// flight. False if the kernel still holds one.
     fn quiesce(&mut self) -> bool {
@@ -582,6 +617,26 @@ impl Stream {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// Blocks up to `timeout` until the kernel reports something for this
+    /// stream (see `Connection::wait`). Returns at once when work is already
+    /// pending: a message in the inbox, a completion to hand out, bytes not
+    /// yet parsed, or no receive armed (the caller must poll first).
+    pub(crate) fn wait(&mut self, timeout: std::time::Duration) -> Result<(), Error> {
+        self.pump();
+        if let Some(e) = self.dead_error() {
+            return Err(e);
+        }
+        let pending_work = self.ihead != self.itail
+            || !self.done.is_empty()
+            || self.rpos != self.wpos
+            || self.recv_busy.is_none();
+        if pending_work || timeout.is_zero() {
+            return Ok(());
+        }
+        self.io.wait(timeout);
+        Ok(())
     }
 
     // ---- engine --------------------------------------------------------------

@@ -120,16 +120,46 @@ struct SharedNode {
     occupancy: f64,
 }
 
+/// One-sided 99% normal quantile, for per-cycle Poisson burst allowance.
+const POISSON_Z99: f64 = 2.33;
+
+/// The batch that covers the 99th percentile of a Poisson count of
+/// `rate` over `duty`.
+fn burst_batch(m: &ModelSpec, rate: f64, duty: Duration) -> u32 {
+    let mean = rate * duty.as_secs_f64();
+    // The tolerance keeps `ceil(6.0000001)` from becoming 7.
+    (mean + POISSON_Z99 * mean.sqrt() - 1e-6).ceil().max(1.0).min(f64::from(m.profile.max_batch())) as u32
+}
+
+/// A residual load alone on a node: starting from `duty`, shortens the cycle
+/// until the burst-sized batch also fits the SLO (`duty + l(b) <= SLO`).
+fn fit_alone(models: &[ModelSpec], p: Placement, mut duty: Duration) -> Option<SharedNode> {
+    let m = &models[p.model as usize];
+    for _ in 0..8 {
+        if let Some(node) = SharedNode::build(models, duty, std::iter::once(p)) {
+            return Some(node);
+        }
+        let shorter = m.slo.saturating_sub(m.profile.latency(burst_batch(m, p.rate_rps, duty)));
+        if shorter >= duty || shorter == Duration::ZERO {
+            return None;
+        }
+        duty = shorter;
+    }
+    None
+}
+
 impl SharedNode {
     /// The node with `residents` at duty cycle `duty`, if every resident's
-    /// batch `ceil(rate * duty)` fits the cycle and its SLO.
+    /// batch fits the cycle and its SLO. The batch covers the 99th
+    /// percentile of a Poisson count per cycle, `rate*duty + 2.33 sqrt(rate*duty)`:
+    /// planning for the mean count drops every burst above it, so at low
+    /// rates (batch 1) a fifth of the requests would miss their cycle.
     fn build(models: &[ModelSpec], duty: Duration, residents: impl Iterator<Item = Placement>) -> Option<SharedNode> {
         let mut used = Duration::ZERO;
         let mut placed = Vec::new();
         for mut p in residents {
             let m = &models[p.model as usize];
-            // The tolerance keeps `ceil(6.0000001)` from becoming 7.
-            let b = (p.rate_rps * duty.as_secs_f64() - 1e-6).ceil().max(1.0).min(f64::from(m.profile.max_batch())) as u32;
+            let b = burst_batch(m, p.rate_rps, duty);
             let l = m.profile.latency(b);
             if duty + l > m.slo {
                 return None;
@@ -189,7 +219,7 @@ pub fn squishy_bin_packing(models: &[ModelSpec], rates: &[f64]) -> Vec<GpuPlan> 
         let gap = Duration::from_secs_f64(1.0 / p.rate_rps);
         let b = m.profile.max_batch_within(m.slo, gap, u32::MAX).max(1);
         let duty = Duration::from_secs_f64(f64::from(b) / p.rate_rps).min(m.slo.saturating_sub(m.profile.latency(b)));
-        match SharedNode::build(models, duty, std::iter::once(p)) {
+        match fit_alone(models, p, duty) {
             Some(node) => alone.push(node),
             // A residual too heavy to share a duty cycle (its batch takes
             // longer than gathering it) gets a GPU of its own.
@@ -426,7 +456,10 @@ impl NexusScheduler {
     fn replan(&mut self, now: Instant, out: &mut Actions) {
         let secs = now.saturating_since(self.last_plan).as_secs_f64();
         let scale = if secs > 0.0 { (1.0 + self.cfg.headroom) / secs } else { 0.0 };
-        let rates: Vec<f64> = self.arrivals.iter().map(|&n| n as f64 * scale).collect();
+        // Nexus plans for the measured rate plus one standard deviation; a
+        // Poisson count `n` has deviation `sqrt(n)`, and the `+ 1` keeps a
+        // model that happened to see no request this epoch placed somewhere.
+        let rates: Vec<f64> = self.arrivals.iter().map(|&n| (n as f64 + (n as f64).sqrt() + 1.0) * scale).collect();
         let p = plan(&self.specs, &rates, self.backends.len() as u32);
         self.install(p);
         self.arrivals.iter_mut().for_each(|n| *n = 0);

@@ -228,6 +228,11 @@ impl ModelThreadCore {
         self.models.iter().map(|m| m.queue.len()).sum()
     }
 
+    /// The largest batch any owned model supports.
+    pub fn max_batch(&self) -> u32 {
+        self.models.iter().map(|m| m.profile.max_batch()).max().unwrap_or(1)
+    }
+
     /// The earliest time any owned model wants a refresh.
     pub fn poll_at(&self) -> Option<Instant> {
         self.wakes.peek().map(|(t, _)| t)

@@ -235,6 +235,12 @@ pub struct LiveReport {
     pub batches: u64,
     /// Mean batch size.
     pub mean_batch: f64,
+    /// Median batch size seen by a dispatched request.
+    pub median_batch: u32,
+    /// Requests executed within their deadline per second of the run.
+    pub goodput_rps: f64,
+    /// Autoscaling advice from the bad rate and the GPU idle fraction.
+    pub autoscale: crate::sim::AutoscaleAdvice,
     /// Dispatch lag (decision time minus planned decision time).
     pub dispatch_lag: LagSummary,
     /// Load-generation lag (push time minus scheduled arrival).
@@ -277,21 +283,21 @@ fn pin(core: Option<usize>) -> bool {
     ids.get(core % ids.len().max(1)).is_some_and(|id| core_affinity::set_for_current(*id))
 }
 
-/// Idles one pass: spins when the next deadline is close, otherwise
-/// follows the strategy (which may park for a bounded time).
-fn idle_pass(idler: &mut Idler, strategy: IdleStrategy, now: Instant, next: Option<Instant>) {
+/// Idles one pass: a spinning strategy spins; otherwise the pass follows
+/// the strategy but never sleeps past `next` (the worker's next timer), and a
+/// park ends early when a producer wakes the thread.
+fn idle_pass(idler: &mut Idler, strategy: IdleStrategy, now: Instant, next: Option<Instant>, recheck: impl FnOnce() -> bool) {
     if matches!(strategy, IdleStrategy::Spin) {
         std::hint::spin_loop();
         return;
     }
-    let horizon = match strategy {
-        IdleStrategy::SpinThenPark { park, .. } => park,
-        _ => Duration::ZERO,
-    };
-    if next.is_some_and(|t| t <= now + horizon) {
-        std::thread::yield_now();
-    } else {
-        idler.idle(|| false);
+    match next {
+        Some(t) => {
+            idler.idle_within(t.saturating_since(now), recheck);
+        }
+        None => {
+            idler.idle(recheck);
+        }
     }
 }
 
@@ -315,16 +321,23 @@ pub fn run_live(cfg: &LiveConfig) -> Result<LiveReport, String> {
     // every working pass so the RankThread knows when the run is quiet.
     // (dispatched, dropped) per ModelThread.
     let resolved: Arc<Vec<[AtomicU64; 2]>> = Arc::new((0..threads).map(|_| [AtomicU64::new(0), AtomicU64::new(0)]).collect());
+    // Each side wakes the other after pushing into a ring, so parked
+    // threads (non-spinning strategies) react at once instead of at their
+    // next timeout.
+    let rank_idler = Idler::new(cfg.idle);
+    let rank_waker = rank_idler.waker();
+    let model_idlers: Vec<Idler> = (0..threads).map(|_| Idler::new(cfg.idle)).collect();
+    let model_wakers: Vec<_> = model_idlers.iter().map(Idler::waker).collect();
     let mut handles = Vec::new();
-    for (i, mut w) in model_workers.into_iter().enumerate() {
+    for ((i, mut w), mut idler) in model_workers.into_iter().enumerate().zip(model_idlers) {
         let stop = Arc::clone(&stop);
         let resolved = Arc::clone(&resolved);
+        let rank_waker = rank_waker.clone();
         let (strategy, core) = (cfg.idle, cfg.pin.then_some(i));
         let h = std::thread::Builder::new()
             .name(format!("model-thread-{i}"))
             .spawn(move || {
                 let pinned = pin(core);
-                let mut idler = Idler::new(strategy);
                 let (mut busy, t0) = (0u64, clock.now());
                 while !stop.load(Ordering::Relaxed) {
                     let now = clock.now();
@@ -333,9 +346,11 @@ pub fn run_live(cfg: &LiveConfig) -> Result<LiveReport, String> {
                         busy += clock.now().saturating_since(now).as_nanos();
                         resolved[i][1].store(w.stats.dropped, Ordering::Release);
                         resolved[i][0].store(w.stats.batched, Ordering::Release);
+                        rank_waker.wake();
                         idler.reset();
                     } else {
-                        idle_pass(&mut idler, strategy, now, w.poll_at());
+                        let next = w.poll_at();
+                        idle_pass(&mut idler, strategy, now, next, || w.has_input());
                     }
                 }
                 let wall = clock.now().saturating_since(t0).as_nanos().max(1);
@@ -348,7 +363,7 @@ pub fn run_live(cfg: &LiveConfig) -> Result<LiveReport, String> {
     // The RankThread (with the load generator and the emulated GPUs) runs
     // on this thread.
     let pinned_rank = pin(cfg.pin.then_some(threads));
-    let mut idler = Idler::new(cfg.idle);
+    let mut idler = rank_idler;
     let mut rank_busy = 0u64;
     let drain_deadline = end + max_slo + Duration::from_millis(500);
     loop {
@@ -369,10 +384,13 @@ pub fn run_live(cfg: &LiveConfig) -> Result<LiveReport, String> {
             }
         }
         if work > 0 {
+            for wk in &model_wakers {
+                wk.wake();
+            }
             idler.reset();
         } else {
             let next = [load.peek(), rank.poll_at(), gpus.poll_at()].into_iter().flatten().min();
-            idle_pass(&mut idler, cfg.idle, now, next);
+            idle_pass(&mut idler, cfg.idle, now, next, || rank.has_input() || gpus.has_input());
         }
     }
     let run_end = clock.now();
@@ -382,6 +400,7 @@ pub fn run_live(cfg: &LiveConfig) -> Result<LiveReport, String> {
     let mut accepted = 0;
     let mut queued = 0;
     let mut by_reason = [0u64; 3];
+    let mut batch_requests: Vec<u64> = Vec::new();
     for h in handles {
         let (w, util, pinned) = h.join().map_err(|_| "a ModelThread panicked".to_string())?;
         let _ = lag.add(&w.stats.dispatch_lag_ns);
@@ -391,6 +410,12 @@ pub fn run_live(cfg: &LiveConfig) -> Result<LiveReport, String> {
             *a += b;
         }
         batches += w.stats.batches;
+        if batch_requests.len() < w.stats.batch_requests.len() {
+            batch_requests.resize(w.stats.batch_requests.len(), 0);
+        }
+        for (a, b) in batch_requests.iter_mut().zip(&w.stats.batch_requests) {
+            *a += b;
+        }
         accepted += w.stats.requests;
         queued += w.queued() as u64;
         utils.push(util);
@@ -401,6 +426,8 @@ pub fn run_live(cfg: &LiveConfig) -> Result<LiveReport, String> {
     let secs = cfg.duration.as_secs_f64();
     let wall = run_end.saturating_since(start).as_secs_f64().max(1e-9);
     let generated = load.generated;
+    let bad_rate = if generated > 0 { dropped as f64 / generated as f64 } else { 0.0 };
+    let gpu_busy_fraction = gpus.busy_ns as f64 / (wall * 1e9 * f64::from(rt.gpus));
     Ok(LiveReport {
         models: rt.models.len(),
         gpus: rt.gpus,
@@ -411,17 +438,20 @@ pub fn run_live(cfg: &LiveConfig) -> Result<LiveReport, String> {
         rps_per_model_thread: generated as f64 / secs / threads as f64,
         dropped,
         dropped_by_reason: by_reason,
-        bad_rate: if generated > 0 { dropped as f64 / generated as f64 } else { 0.0 },
+        bad_rate,
         completed: gpus.requests_done,
         batches,
         mean_batch: if batches > 0 { dispatched as f64 / batches as f64 } else { 0.0 },
+        median_batch: crate::sim::median_from_counts(&batch_requests),
+        goodput_rps: gpus.requests_done as f64 / secs,
+        autoscale: crate::sim::AutoscaleAdvice::new(rt.gpus, bad_rate, 1.0 - gpu_busy_fraction, 0.01),
         dispatch_lag: LagSummary::of(&lag),
         ingress_lag: LagSummary::of(&load.ingress_lag_ns),
         rank_events_per_s: rank.stats.events as f64 / wall,
         rank_utilisation: rank_busy as f64 / (wall * 1e9),
         model_thread_utilisation: utils,
         cpu_ns_per_request: if generated > 0 { cpu as f64 / generated as f64 } else { 0.0 },
-        gpu_busy_fraction: gpus.busy_ns as f64 / (wall * 1e9 * f64::from(rt.gpus)),
+        gpu_busy_fraction,
         violations: gpus.violations,
         first_violation: gpus.first_violation.clone(),
         accounted: accepted == generated && queued == 0 && dispatched + dropped == accepted && gpus.requests_done == dispatched,

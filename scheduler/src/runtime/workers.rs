@@ -59,6 +59,8 @@ pub struct ModelWorkerStats {
     pub dropped_by_reason: [u64; 3],
     /// Dispatch lag: decision time minus planned decision time, ns.
     pub dispatch_lag_ns: Histogram<u64>,
+    /// `batch_requests[b]`: requests dispatched in batches of size `b`.
+    pub batch_requests: Vec<u64>,
 }
 
 /// A ModelThread: a [`ModelThreadCore`] fed by ingress rings and the
@@ -88,6 +90,7 @@ impl ModelWorker {
         to_rank: Producer<ToRank>,
         dispatches: Producer<Dispatch>,
     ) -> Self {
+        let max_batch = core.max_batch() as usize;
         let mut out = Actions::default();
         out.batches.reserve(64);
         out.members.reserve(4096);
@@ -102,7 +105,15 @@ impl ModelWorker {
             dispatch_backlog: VecDeque::with_capacity(1024),
             out,
             record_members: None,
-            stats: ModelWorkerStats { requests: 0, batches: 0, batched: 0, dropped: 0, dropped_by_reason: [0; 3], dispatch_lag_ns: ns_hist() },
+            stats: ModelWorkerStats {
+                requests: 0,
+                batches: 0,
+                batched: 0,
+                dropped: 0,
+                dropped_by_reason: [0; 3],
+                dispatch_lag_ns: ns_hist(),
+                batch_requests: vec![0; max_batch + 1],
+            },
         }
     }
 
@@ -159,6 +170,9 @@ impl ModelWorker {
             let min_deadline = members.iter().map(|r| r.deadline).min().unwrap_or(plan.finish_at);
             self.stats.batches += 1;
             self.stats.batched += members.len() as u64;
+            if let Some(c) = self.stats.batch_requests.get_mut(members.len()) {
+                *c += members.len() as u64;
+            }
             let _ = self.stats.dispatch_lag_ns.record(now.saturating_since(plan.planned_at).as_nanos().max(1));
             if let Some(rec) = &mut self.record_members {
                 rec.push((plan.gpu, plan.model, plan.exec_at, members.iter().map(|r| r.id).collect()));
@@ -202,6 +216,12 @@ impl ModelWorker {
     /// True when nothing is waiting to be sent.
     pub fn flushed(&self) -> bool {
         self.outbox.is_empty() && self.dispatch_backlog.is_empty()
+    }
+
+    /// True when a ring has something for this worker (the recheck before
+    /// parking).
+    pub fn has_input(&mut self) -> bool {
+        !self.grants.is_empty() || self.ingress.iter_mut().any(|c| !c.is_empty())
     }
 }
 
@@ -283,6 +303,12 @@ impl RankWorker {
     /// True when no grant waits to be sent.
     pub fn flushed(&self) -> bool {
         self.backlog.iter().all(VecDeque::is_empty)
+    }
+
+    /// True when a ModelThread's ring has a message (the recheck before
+    /// parking).
+    pub fn has_input(&mut self) -> bool {
+        self.from_models.iter_mut().any(|c| !c.is_empty())
     }
 }
 
@@ -387,6 +413,11 @@ impl EmulatedGpus {
     /// The next batch completion.
     pub fn poll_at(&self) -> Option<Instant> {
         self.running.peek().map(|(t, _)| t)
+    }
+
+    /// True when a ModelThread sent a batch not yet taken.
+    pub fn has_input(&mut self) -> bool {
+        self.from_models.iter_mut().any(|c| !c.is_empty())
     }
 }
 

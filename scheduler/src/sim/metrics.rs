@@ -144,7 +144,8 @@ pub struct SimReport {
     pub models: Vec<ModelReport>,
 }
 
-pub(crate) fn median_from_counts(counts: &[u64]) -> u32 {
+/// The median index of a histogram given as counts per index.
+pub fn median_from_counts(counts: &[u64]) -> u32 {
     let total: u64 = counts.iter().sum();
     if total == 0 {
         return 0;

@@ -9,14 +9,14 @@
 mod metrics;
 pub mod workload;
 
-pub use metrics::{AutoscaleAdvice, ModelReport, SimReport};
+pub use metrics::{median_from_counts, AutoscaleAdvice, ModelReport, SimReport};
 pub use workload::{Arrival, ArrivalStream, Popularity, RateSchedule, Workload};
 
 use crate::types::{Actions, GpuId, Request, Scheduler};
 use crate::zoo::ModelSpec;
 use dataplane::heap::IndexedHeap;
 use dataplane::time::{Duration, Instant};
-use metrics::{median_from_counts, ms, new_hist, ModelAcc};
+use metrics::{ms, new_hist, ModelAcc};
 use std::collections::VecDeque;
 use std::fmt;
 

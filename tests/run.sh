@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The project's test command: the README's second line, and exactly what .ci/run runs.
+#   1. system packages (scripts/setup.sh)
+#   2. clippy, warnings as errors, with and without the rdma feature
+#   3. every unit, property and integration test of the workspace (release build: the
+#      simulator and runtime tests run real workloads)
+#   4. loom model checking of the SPSC ring's memory ordering
+#   5. real RDMA verbs: the transport conformance suite and a cross-guest READ inside
+#      Soft-RoCE QEMU guests (tests/softroce/ci.sh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never
+step() { echo "== $* ($(date -u +%H:%M:%S))" >&2; }
+step setup
+bash scripts/setup.sh
+step clippy
+cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy -p dataplane --all-targets --features rdma -- -D warnings
+step tests
+cargo test --workspace --release
+step loom
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p dataplane --test loom_ring --release
+step soft-roce
+bash tests/softroce/ci.sh
+step done
