@@ -181,19 +181,7 @@ impl Idler {
     #[inline]
     pub fn idle(&mut self, recheck: impl FnOnce() -> bool) -> IdleAction {
         let action = self.next_action();
-        self.step = self.step.saturating_add(1);
-        match action {
-            IdleAction::Spin => {
-                self.counts.spins += 1;
-                std::hint::spin_loop();
-            }
-            IdleAction::Yield => {
-                self.counts.yields += 1;
-                thread::yield_now();
-            }
-            IdleAction::Park(timeout) => self.park(timeout, recheck),
-        }
-        action
+        self.perform(action, recheck)
     }
 
     /// Like [`idle`](Self::idle), for a loop whose next timer is `budget`
@@ -211,6 +199,12 @@ impl Idler {
             IdleAction::Park(t) => IdleAction::Park(t.min(budget - Duration::from_nanos(SPIN_BELOW.as_nanos() / 2))),
             other => other,
         };
+        self.perform(action, recheck)
+    }
+
+    /// Takes one idle step of kind `action`.
+    #[inline]
+    fn perform(&mut self, action: IdleAction, recheck: impl FnOnce() -> bool) -> IdleAction {
         self.step = self.step.saturating_add(1);
         match action {
             IdleAction::Spin => {
@@ -337,6 +331,20 @@ mod tests {
         assert_eq!(idler.counts().parks_avoided, 1);
         assert_eq!(idler.counts().parks, 0);
         assert!(!idler.waker().is_sleeping());
+    }
+
+    #[test]
+    fn idle_within_never_parks_past_the_budget() {
+        let mut idler = Idler::new(IdleStrategy::SpinThenPark { spins: 0, yields: 0, park: Duration::from_millis(1000) });
+        // Closer than SPIN_BELOW: spin, whatever the strategy says.
+        assert_eq!(idler.idle_within(Duration::from_micros(10), || true), IdleAction::Spin);
+        // Further: the strategy's park, cut to the budget (the recheck says
+        // work is there, so the park itself is skipped).
+        match idler.idle_within(Duration::from_millis(2), || true) {
+            IdleAction::Park(t) => assert!(t < Duration::from_millis(2), "{t:?}"),
+            other => panic!("expected a bounded park, got {other:?}"),
+        }
+        assert_eq!(idler.counts().parks_avoided, 1);
     }
 
     #[test]

@@ -5,6 +5,7 @@ use crate::plot;
 use dataplane::time::Duration;
 use scheduler::analysis;
 use scheduler::deferred::Gather;
+use scheduler::netdelay::NetworkDelay;
 use scheduler::goodput::{search, GoodputSearch};
 use scheduler::policy::{build, PolicyConfig, PolicyKind};
 use scheduler::sim::{simulate, Arrival, Popularity, RateSchedule, SimConfig, SimReport, Workload};
@@ -96,7 +97,9 @@ pub fn run(name: &str, quick: bool, plot_dir: Option<&Path>) -> Result<(), Strin
         "fig2" => fig2(quick, plot_dir),
         "fig10" => fig10(quick),
         "grid" => grid(quick),
-        other => Err(format!("unknown report '{other}' (table2, fig6a, fig9, fig2, fig10, grid)")),
+        "fig14" => fig14(quick),
+        "live-curve" => live_curve(quick),
+        other => Err(format!("unknown report '{other}' (table2, fig6a, fig9, fig2, fig10, grid, fig14, live-curve)")),
     }
 }
 
@@ -310,5 +313,103 @@ fn grid(quick: bool) -> Result<(), String> {
         }
     }
     println!("\nWorst ratio over the grid: {worst:.2}");
+    Ok(())
+}
+
+/// Network delay settings for Figure 14: synthetic points over the RDMA and
+/// TCP ranges, then every calibration file in `docs/calibrations/`.
+fn delay_settings() -> Result<Vec<(String, NetworkDelay)>, String> {
+    let us = |c: f64, d: f64| NetworkDelay { d_ctrl: Duration::from_secs_f64(c * 1e-6), d_data: Duration::from_secs_f64(d * 1e-6) };
+    let mut out = vec![
+        ("none".to_string(), NetworkDelay::ZERO),
+        ("RDMA range: 25 us + 2 us/input".into(), us(25.0, 2.0)),
+        ("RDMA range: 50 us + 5 us/input".into(), us(50.0, 5.0)),
+        ("RDMA range: 100 us + 10 us/input".into(), us(100.0, 10.0)),
+        ("TCP range: 1 ms + 50 us/input".into(), us(1000.0, 50.0)),
+        ("TCP range: 3 ms + 100 us/input".into(), us(3000.0, 100.0)),
+        ("TCP range: 6 ms + 200 us/input".into(), us(6000.0, 200.0)),
+        ("TCP range: 12 ms + 400 us/input".into(), us(12000.0, 400.0)),
+    ];
+    let dir = Path::new("docs/calibrations");
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        let mut files: Vec<_> = entries.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "toml")).collect();
+        files.sort();
+        for f in files {
+            let text = std::fs::read_to_string(&f).map_err(|e| format!("{}: {e}", f.display()))?;
+            let d = NetworkDelay::from_toml(&text).map_err(|e| format!("{}: {e}", f.display()))?;
+            let name = f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            out.push((format!("calibrated: {name} ({:.1} us + {:.2} us/input)", d.d_ctrl.as_secs_f64() * 1e6, d.d_data.as_secs_f64() * 1e6), d));
+        }
+    }
+    Ok(out)
+}
+
+fn fig14(quick: bool) -> Result<(), String> {
+    let slos = [20.0, 25.0, 50.0, 100.0];
+    println!("Goodput vs network delay: 20 equally popular ResNet50 models (A100 profile 0.268 b + 5.172 ms), 32 GPUs, Poisson, deferred.\n");
+    println!("| network delay bound | {} |", slos.iter().map(|s| format!("SLO {s:.0} ms")).collect::<Vec<_>>().join(" | "));
+    println!("|---|{}", "---:|".repeat(slos.len()));
+    let mut base = vec![0.0; slos.len()];
+    for (i, (label, delay)) in delay_settings()?.into_iter().enumerate() {
+        let mut cells = Vec::new();
+        for (j, &slo) in slos.iter().enumerate() {
+            let m = ModelSpec::linear("ResNet50", 0.268, 5.172, slo).map_err(|e| e.to_string())?;
+            let models: Vec<ModelSpec> = (0..20).map(|k| ModelSpec { name: format!("ResNet50#{k}"), ..m.clone() }).collect();
+            let setup = Setup::new(models, 32, quick);
+            let mut p = policy(PolicyKind::Deferred, Gather::Early);
+            p.delay = delay;
+            let (g, _) = setup.goodput(&p)?;
+            if i == 0 {
+                base[j] = g;
+            }
+            cells.push(if i == 0 || base[j] <= 0.0 { format!("{g:.0}") } else { format!("{g:.0} ({:.0}%)", 100.0 * g / base[j]) });
+        }
+        println!("| {label} | {} |", cells.join(" | "));
+    }
+    println!("\nCells: goodput in rps (relative to no network delay).");
+    Ok(())
+}
+
+/// The live runtime over models and GPUs: 1 ModelThread + 1 RankThread,
+/// spinning and pinned; each point offered min(4M rps, 80% of the emulated
+/// cluster's capacity) so the GPUs are never the bottleneck.
+fn live_curve(quick: bool) -> Result<(), String> {
+    use dataplane::idle::IdleStrategy;
+    use scheduler::deferred::CoreConfig;
+    use scheduler::runtime::{run_live, LiveConfig, RuntimeConfig};
+    let base = ModelSpec::linear("m", 0.1, 5.0, 50.0).map_err(|e| e.to_string())?;
+    let per_gpu = base.profile.throughput_rps(base.profile.max_batch());
+    let secs = if quick { 2.0 } else { 5.0 };
+    println!("Live runtime, 1 ModelThread + 1 RankThread (pinned, spinning), emulated GPUs (profile 0.1 b + 5 ms, SLO 50 ms), {secs} s per point.\n");
+    println!("| models | GPUs | offered (rps) | sustained (rps) | bad rate | lag p50 / p99 / p99.9 / max (us) | RankThread events/s | RankThread util. | ModelThread util. | CPU ns/req |");
+    println!("|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|");
+    for &models in &[10usize, 100, 1000] {
+        for &gpus in &[8u32, 100, 1000, 10_000] {
+            let rate = (0.8 * per_gpu * f64::from(gpus)).min(4e6);
+            let specs: Vec<ModelSpec> = (0..models).map(|i| ModelSpec { name: format!("m{i}"), ..base.clone() }).collect();
+            let r = run_live(&LiveConfig {
+                runtime: RuntimeConfig { models: specs, gpus, model_threads: 1, core: CoreConfig::default(), ring_capacity: 1 << 16 },
+                workload: Workload::poisson(rate),
+                duration: Duration::from_secs_f64(secs),
+                seed: 1,
+                idle: IdleStrategy::Spin,
+                pin: true,
+            })?;
+            let l = &r.dispatch_lag;
+            println!(
+                "| {models} | {gpus} | {rate:.0} | {:.0} | {:.3}% | {:.1} / {:.1} / {:.1} / {:.0} | {:.0} | {:.1}% | {:.0}% | {:.0} |",
+                r.sustained_rps,
+                r.bad_rate * 100.0,
+                l.p50_us,
+                l.p99_us,
+                l.p999_us,
+                l.max_us,
+                r.rank_events_per_s,
+                r.rank_utilisation * 100.0,
+                r.model_thread_utilisation.first().copied().unwrap_or(0.0) * 100.0,
+                r.cpu_ns_per_request
+            );
+        }
+    }
     Ok(())
 }

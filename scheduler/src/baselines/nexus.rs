@@ -120,6 +120,9 @@ struct SharedNode {
     occupancy: f64,
 }
 
+/// Utilisation of a GPU dedicated to a model Nexus's rule cannot plan.
+const UNPLANNABLE_UTILISATION: f64 = 0.3;
+
 /// One-sided 99% normal quantile, for per-cycle Poisson burst allowance.
 const POISSON_Z99: f64 = 2.33;
 
@@ -205,6 +208,20 @@ pub fn squishy_bin_packing(models: &[ModelSpec], rates: &[f64]) -> Vec<GpuPlan> 
             };
             plans.extend(std::iter::repeat_n(whole, n as usize));
             rest -= n * per_gpu;
+        } else {
+            // Even a batch of one cannot wait one execution and still meet
+            // the SLO (A100 DenseNet121: 2 l(1) = 21.2 ms > 21 ms), so Nexus's
+            // duty-cycle rule has no plan. Our adaptation: dedicated GPUs at
+            // batch 1, loaded to UNPLANNABLE_UTILISATION so a request rarely
+            // queues longer than the SLO's slack.
+            let per_gpu = UNPLANNABLE_UTILISATION * m.profile.throughput_rps(1);
+            let n = (rate / per_gpu).ceil().max(1.0);
+            let whole = GpuPlan {
+                residents: vec![Placement { model: i as ModelId, batch: 1, rate_rps: rate / n }],
+                duty_cycle: m.profile.latency(1),
+            };
+            plans.extend(std::iter::repeat_n(whole, n as usize));
+            rest = 0.0;
         }
         if rest >= MIN_RATE_RPS {
             residual.push(Placement { model: i as ModelId, batch: 0, rate_rps: rest });
