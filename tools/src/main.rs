@@ -62,7 +62,7 @@ enum Cmd {
         #[command(flatten)]
         cluster: ClusterArgs,
         /// Total offered rate, requests per second.
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         rate: f64,
         /// Print JSON on stdout.
         #[arg(long)]
