@@ -133,7 +133,7 @@ impl ModelState {
         let full = bs >= self.profile.max_batch();
         let latest = dl - self.profile.latency(bs);
         let exec_at = match cfg.rule {
-            ExecRule::Frontrun if full => Instant::ZERO,
+            ExecRule::Frontrun if full || self.batching_gain(bs) < cfg.min_batching_gain => Instant::ZERO,
             ExecRule::Frontrun => {
                 // Waiting until the last moment buys at most the requests
                 // that arrive meanwhile; within the final `window_gaps`
@@ -147,6 +147,17 @@ impl ModelState {
             ExecRule::Timeout(k) => head.arrival + k,
         };
         Some(Candidate { bs, exec_at, latest })
+    }
+
+    /// How much one more request would raise this model's throughput per
+    /// GPU: `e(b+1)/e(b) - 1` with `e(b) = b / l(b)`.
+    #[inline]
+    fn batching_gain(&self, b: u32) -> f64 {
+        let (l0, l1) = (self.profile.latency(b).as_nanos() as f64, self.profile.latency(b + 1).as_nanos() as f64);
+        if l1 <= 0.0 {
+            return f64::INFINITY;
+        }
+        (f64::from(b + 1) * l0) / (f64::from(b) * l1) - 1.0
     }
 
     /// True when the candidate's window has opened: a batch decided now
