@@ -127,6 +127,15 @@ pub enum ToRank {
         /// When it is free.
         free_at: Instant,
     },
+    /// Control plane: a GPU joined (free now) or left the cluster (a dead
+    /// or drained backend). A GPU that left is never granted again, and a
+    /// `GpuFree` for it (a batch that was in flight) is ignored.
+    GpuMembership {
+        /// Which GPU (new ids extend the cluster).
+        gpu: GpuId,
+        /// Joined (true) or left (false).
+        online: bool,
+    },
 }
 
 /// RankThread -> ModelThread: use this GPU for this model now.

@@ -31,6 +31,8 @@ pub struct RankCore {
     cands: Vec<Option<Candidate>>,
     by_latest: IndexedHeap<Instant>,
     by_size: IndexedHeap<Reverse<u32>>,
+    /// `offline[g]`: GPU `g` left the cluster.
+    offline: Vec<bool>,
     wake: Option<Instant>,
     stats: RankStats,
 }
@@ -49,6 +51,7 @@ impl RankCore {
             cands: vec![None; models],
             by_latest: IndexedHeap::with_ids(models),
             by_size: IndexedHeap::with_ids(models),
+            offline: vec![false; gpus as usize],
             wake: None,
             stats: RankStats::default(),
         }
@@ -80,9 +83,25 @@ impl RankCore {
                 }
             }
             ToRank::GpuFree { gpu, free_at } => {
+                if !self.is_offline(gpu) {
+                    self.idle.remove(gpu);
+                    self.busy.set(gpu, free_at);
+                    self.match_gpus(now, grant);
+                }
+            }
+            ToRank::GpuMembership { gpu, online } => {
+                let g = gpu as usize;
+                if g >= self.offline.len() {
+                    // New ids start out offline until they join below.
+                    self.offline.resize(g + 1, true);
+                }
+                self.offline[g] = !online;
                 self.idle.remove(gpu);
-                self.busy.set(gpu, free_at);
-                self.match_gpus(now, grant);
+                self.busy.remove(gpu);
+                if online {
+                    self.idle.set(gpu, gpu);
+                    self.match_gpus(now, grant);
+                }
             }
         }
         self.rearm(now);
@@ -93,6 +112,15 @@ impl RankCore {
         self.stats.wakes += 1;
         self.match_gpus(now, grant);
         self.rearm(now);
+    }
+
+    fn is_offline(&self, gpu: GpuId) -> bool {
+        self.offline.get(gpu as usize).copied().unwrap_or(true)
+    }
+
+    /// GPUs currently in the cluster.
+    pub fn online_gpus(&self) -> usize {
+        self.offline.iter().filter(|o| !**o).count()
     }
 
     fn remove_candidate(&mut self, model: ModelId) {
@@ -192,5 +220,36 @@ impl RankCore {
         } else {
             self.busy.peek().map(|(t, _)| (t - self.max_lead()).max(now))
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dataplane::time::Duration;
+
+    fn cand(bs: u32, latest_ms: u64) -> Candidate {
+        Candidate { bs, exec_at: Instant::ZERO, latest: Instant::from_nanos(latest_ms * 1_000_000) }
+    }
+
+    #[test]
+    fn grants_lowest_idle_gpu_and_never_an_offline_one() {
+        let mut rank = RankCore::new(2, 3, NetworkDelay::ZERO);
+        let mut grants = Vec::new();
+        let now = Instant::ZERO;
+        rank.on_message(now, ToRank::GpuMembership { gpu: 0, online: false }, &mut |g| grants.push(g));
+        rank.on_message(now, ToRank::Candidate { model: 0, cand: Some(cand(4, 10)) }, &mut |g| grants.push(g));
+        assert_eq!(grants.pop().map(|g| g.gpu), Some(1), "GPU 0 left, so the lowest idle is 1");
+        // The in-flight batch on GPU 0 finishes: still offline, not reused.
+        rank.on_message(now, ToRank::GpuFree { gpu: 0, free_at: now }, &mut |g| grants.push(g));
+        rank.on_message(now, ToRank::Candidate { model: 1, cand: Some(cand(4, 10)) }, &mut |g| grants.push(g));
+        assert_eq!(grants.pop().map(|g| g.gpu), Some(2));
+        assert_eq!(rank.online_gpus(), 2);
+        // A new GPU joins and takes the waiting candidate at once.
+        rank.on_message(now, ToRank::Candidate { model: 0, cand: Some(cand(4, 10)) }, &mut |g| grants.push(g));
+        assert!(grants.is_empty() && rank.waiting_candidates() == 1);
+        rank.on_message(now + Duration::from_millis(1), ToRank::GpuMembership { gpu: 7, online: true }, &mut |g| grants.push(g));
+        assert_eq!(grants.pop().map(|g| (g.model, g.gpu)), Some((0, 7)));
+        assert_eq!(rank.online_gpus(), 3);
     }
 }
