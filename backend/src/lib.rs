@@ -1,1 +1,24 @@
-//! The GPU worker (see docs/architecture.md).
+//! The GPU worker (see docs/architecture.md, "GPU execution").
+//!
+//! - [`exec`]: the [`Executor`] interface, completion based
+//!   and polled from the worker's loop, with an emulated implementation
+//!   (a batch occupies its device for exactly `l(b)`, many devices on one
+//!   timer queue) and a CUDA one (feature `cuda`).
+//! - [`worker`]: the batch pipeline: a batch plan arrives from the
+//!   scheduler, every input is pulled at once with one-sided READs into
+//!   staging slots, the batch runs at its planned time, each output goes
+//!   back to its frontend and a `BatchDone` to the scheduler.
+//! - [`output`]: the deterministic "model" both executors compute, so a
+//!   frontend can check every response.
+
+#![warn(missing_docs)]
+
+pub mod exec;
+pub mod output;
+pub mod worker;
+
+#[cfg(feature = "cuda")]
+pub use exec::cuda::CudaExecutor;
+pub use exec::emulated::EmulatedExecutor;
+pub use exec::{ExecError, ExecModel, Executor, Finished, InputRef, Job, OutputRef};
+pub use worker::{BatchReport, BatchWorker, WorkerConfig, WorkerError, WorkerStats};

@@ -1,0 +1,972 @@
+//! The batch pipeline: plan in, READs out, execute, outputs back.
+//!
+//! A [`BatchWorker`] owns the scheduler connection, one connection per
+//! frontend (by frontend id), an [`Executor`] and a staging region cut into
+//! `batch_slots` batch buffers (`max_batch` input slots + `max_batch`
+//! output slots each). Its [`poll`](BatchWorker::poll) takes `now` from the
+//! caller (real or virtual clock) and does a bounded amount of work:
+//!
+//! 1. takes batch plans from the scheduler while a batch buffer is free
+//!    (otherwise plans wait in the transport: back-pressure, never a drop);
+//!    `exec_at = receipt + exec_in - control_delay`;
+//! 2. posts every input READ of a plan at once, one `post_reads` per
+//!    frontend (an incast), retrying `QueueFull` on later polls;
+//! 3. collects READ completions; a failed READ or a dead frontend fails
+//!    only its tasks;
+//! 4. when every input is in (or `exec_at + fetch_grace` passed: the
+//!    missing ones fail) and the device is idle, submits the batch of the
+//!    arrived inputs to the executor with its `exec_at`;
+//! 5. when the executor reports the batch, sends one `Completion` per task
+//!    and then a `BatchDone` (actual duration) to the scheduler.
+//!
+//! Outputs travel **inline** in the `Completion` (at most
+//! [`wire::MAX_INLINE_OUTPUT`] bytes): the frontend needs no second READ
+//! and the output slot is free as soon as the message is queued. A task
+//! whose frontend is gone (or unknown) gets its error `Completion` sent to
+//! the scheduler instead, so every planned task has exactly one terminal
+//! message somewhere. A batch buffer is reused only once all its READs have
+//! completed (a READ that outlived a fetch deadline still owns its slot).
+//!
+//! Once warm (every batch buffer used once, connections warm) a batch
+//! allocates nothing: all state is preallocated at construction.
+
+use std::collections::VecDeque;
+
+use dataplane::mem::LocalRef;
+use dataplane::time::{Duration, Instant};
+use dataplane::transport::{Completion, Connection, Error, ReadOp, Registration};
+use dataplane::wire::{self, BatchDone, CompletionHead, Message, OutputKind, TaskStatus};
+
+use crate::exec::{ExecError, Executor, Finished, InputRef, Job, OutputRef};
+
+/// Sizes and delays of a [`BatchWorker`].
+#[derive(Clone, Copy, Debug)]
+pub struct WorkerConfig {
+    /// Largest batch (at most [`wire::MAX_BATCH_TASKS`]).
+    pub max_batch: u32,
+    /// Bytes of one input slot (longest input).
+    pub input_slot: u32,
+    /// Bytes of one output slot (longest model output, at most
+    /// [`wire::MAX_INLINE_OUTPUT`]).
+    pub output_slot: u32,
+    /// Batch buffers: batches fetching, waiting, running or sending at
+    /// once, over all devices (2-3 per device is plenty: one running, one
+    /// fetching).
+    pub batch_slots: u32,
+    /// Largest frontend id + 1.
+    pub max_frontends: u32,
+    /// One-way control delay bound subtracted from a plan's `exec_in`.
+    pub control_delay: Duration,
+    /// How long after `exec_at` missing inputs are waited for before the
+    /// batch runs without them.
+    pub fetch_grace: Duration,
+    /// Finished-batch reports kept for [`BatchWorker::pop_report`].
+    pub report_capacity: u32,
+}
+
+impl WorkerConfig {
+    /// Bytes of one batch buffer.
+    pub fn batch_buffer_bytes(&self) -> u64 {
+        u64::from(self.max_batch) * (u64::from(self.input_slot) + u64::from(self.output_slot))
+    }
+    /// Bytes the staging region needs.
+    pub fn staging_bytes(&self) -> u64 {
+        self.batch_buffer_bytes() * u64::from(self.batch_slots)
+    }
+    fn input_offset(&self, slot: usize, task: usize) -> u64 {
+        slot as u64 * self.batch_buffer_bytes() + task as u64 * u64::from(self.input_slot)
+    }
+    fn output_offset(&self, slot: usize) -> u64 {
+        slot as u64 * self.batch_buffer_bytes()
+            + u64::from(self.max_batch) * u64::from(self.input_slot)
+    }
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            max_batch: 64,
+            input_slot: 4096,
+            output_slot: 1024,
+            batch_slots: 8,
+            max_frontends: 64,
+            control_delay: Duration::ZERO,
+            fetch_grace: Duration::from_millis(5),
+            report_capacity: 1024,
+        }
+    }
+}
+
+/// Worker failures.
+#[derive(Debug)]
+pub enum WorkerError {
+    /// The configuration cannot work (why).
+    Config(&'static str),
+    /// The scheduler connection is gone.
+    SchedulerGone,
+    /// A transport call failed in a way that is not a task's failure.
+    Transport(Error),
+    /// The executor refused a batch that the worker checked (a bug).
+    Executor(ExecError),
+}
+
+impl std::fmt::Display for WorkerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WorkerError::Config(w) => write!(f, "bad worker configuration: {w}"),
+            WorkerError::SchedulerGone => write!(f, "scheduler connection lost"),
+            WorkerError::Transport(e) => write!(f, "transport: {e}"),
+            WorkerError::Executor(e) => write!(f, "executor: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for WorkerError {}
+
+/// Counters (monotone).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkerStats {
+    /// Batch plans received.
+    pub plans: u64,
+    /// Batches the executor ran.
+    pub batches_executed: u64,
+    /// Tasks answered with an output.
+    pub tasks_ok: u64,
+    /// Tasks answered with an error status.
+    pub tasks_failed: u64,
+    /// READs posted.
+    pub reads_posted: u64,
+    /// READs that completed with an error or never got posted.
+    pub reads_failed: u64,
+    /// Error completions sent to the scheduler (frontend gone or unknown).
+    pub rerouted_to_scheduler: u64,
+    /// Completions that could not be sent anywhere.
+    pub undeliverable: u64,
+    /// Batches that started after their `exec_at`.
+    pub late_starts: u64,
+    /// Messages from peers that the worker does not handle.
+    pub ignored_messages: u64,
+    /// Reports dropped because nobody popped them.
+    pub reports_dropped: u64,
+}
+
+/// One finished batch, for observers and tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchReport {
+    /// Scheduler's batch id.
+    pub batch_id: u64,
+    /// Device.
+    pub gpu: u32,
+    /// Model.
+    pub model: u32,
+    /// When the plan arrived.
+    pub received: Instant,
+    /// Planned start on this process's clock.
+    pub exec_at: Instant,
+    /// Actual start (`None`: nothing ran, every input failed).
+    pub start: Option<Instant>,
+    /// Actual finish.
+    pub finish: Option<Instant>,
+    /// Tasks answered with an output.
+    pub ok: u32,
+    /// Tasks answered with an error.
+    pub failed: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TaskPhase {
+    Unposted,
+    Posted,
+    Arrived,
+    Failed(TaskStatus),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct TaskState {
+    task_id: u64,
+    frontend: u32,
+    input: wire::RemoteRef,
+    phase: TaskPhase,
+    /// Index of the task's output in the executed job.
+    out_index: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Free,
+    /// READs posted or to post.
+    Fetching,
+    /// Inputs resolved; waiting for the device.
+    Ready,
+    /// On the device.
+    Executing,
+    /// Sending completions (cursor) then BatchDone.
+    Sending,
+    /// Everything sent; READs still outstanding.
+    Draining,
+}
+
+#[derive(Debug)]
+struct BatchSlot {
+    generation: u32,
+    phase: Phase,
+    batch_id: u64,
+    model: u32,
+    gpu: u32,
+    received: Instant,
+    exec_at: Instant,
+    tasks: Vec<TaskState>,
+    /// Tasks not yet Arrived or Failed.
+    unresolved: u32,
+    unposted: u32,
+    outstanding_reads: u32,
+    start: Option<Instant>,
+    finish: Option<Instant>,
+    exec_ok: bool,
+    /// Next task whose completion to send; `tasks.len()` = BatchDone next.
+    send_cursor: usize,
+}
+
+/// The batch pipeline over connections `C` and executor `E`.
+pub struct BatchWorker<C: Connection, E: Executor> {
+    cfg: WorkerConfig,
+    exec: E,
+    staging: Registration,
+    scheduler: C,
+    frontends: Vec<Option<C>>,
+    slots: Vec<BatchSlot>,
+    free_slots: usize,
+    msg_in: Vec<u8>,
+    msg_out: Vec<u8>,
+    out_bytes: Vec<u8>,
+    ops: Vec<ReadOp>,
+    op_tasks: Vec<u32>,
+    inputs: Vec<InputRef>,
+    completions: Vec<Completion>,
+    finished: Vec<Finished>,
+    reports: VecDeque<BatchReport>,
+    stats: WorkerStats,
+}
+
+/// Messages taken from the scheduler per poll (bounds one poll's work).
+const PLANS_PER_POLL: usize = 8;
+/// Messages drained from each frontend per poll.
+const FRONTEND_MSGS_PER_POLL: usize = 8;
+
+fn wr_id(slot: usize, generation: u32, task: usize) -> u64 {
+    (u64::from(generation) << 40) | ((slot as u64 & 0xffff) << 24) | (task as u64 & 0xff_ffff)
+}
+
+fn split_wr_id(id: u64) -> (usize, u32, usize) {
+    (
+        ((id >> 24) & 0xffff) as usize,
+        (id >> 40) as u32,
+        (id & 0xff_ffff) as usize,
+    )
+}
+
+impl<C: Connection, E: Executor> BatchWorker<C, E> {
+    /// A worker. `staging` is the registration (with `LOCAL_WRITE`) of the
+    /// region the executor was built on, at least
+    /// [`WorkerConfig::staging_bytes`] long; `scheduler` is the connection
+    /// plans arrive on.
+    pub fn new(
+        cfg: WorkerConfig,
+        exec: E,
+        staging: Registration,
+        scheduler: C,
+    ) -> Result<Self, WorkerError> {
+        if cfg.max_batch == 0 || cfg.max_batch as usize > wire::MAX_BATCH_TASKS {
+            return Err(WorkerError::Config("max_batch must be 1..=MAX_BATCH_TASKS"));
+        }
+        if cfg.max_batch > exec.max_batch() {
+            return Err(WorkerError::Config("max_batch above the executor's"));
+        }
+        if cfg.output_slot as usize > wire::MAX_INLINE_OUTPUT {
+            return Err(WorkerError::Config("output_slot above MAX_INLINE_OUTPUT"));
+        }
+        if cfg.input_slot == 0 || cfg.batch_slots == 0 || cfg.batch_slots > 0xffff {
+            return Err(WorkerError::Config(
+                "input_slot and batch_slots must be positive",
+            ));
+        }
+        if (staging.region().len() as u64) < cfg.staging_bytes() {
+            return Err(WorkerError::Config(
+                "staging region smaller than staging_bytes()",
+            ));
+        }
+        let mb = cfg.max_batch as usize;
+        let slots = (0..cfg.batch_slots)
+            .map(|_| BatchSlot {
+                generation: 1,
+                phase: Phase::Free,
+                batch_id: 0,
+                model: 0,
+                gpu: 0,
+                received: Instant::ZERO,
+                exec_at: Instant::ZERO,
+                tasks: Vec::with_capacity(mb),
+                unresolved: 0,
+                unposted: 0,
+                outstanding_reads: 0,
+                start: None,
+                finish: None,
+                exec_ok: false,
+                send_cursor: 0,
+            })
+            .collect();
+        Ok(BatchWorker {
+            exec,
+            staging,
+            scheduler,
+            frontends: (0..cfg.max_frontends).map(|_| None).collect(),
+            slots,
+            free_slots: cfg.batch_slots as usize,
+            msg_in: vec![0; wire::MAX_MESSAGE_LEN],
+            msg_out: vec![0; wire::MAX_MESSAGE_LEN],
+            out_bytes: vec![0; cfg.output_slot as usize],
+            ops: Vec::with_capacity(mb),
+            op_tasks: Vec::with_capacity(mb),
+            inputs: Vec::with_capacity(mb),
+            completions: vec![Completion::default(); 64],
+            finished: vec![Finished::default(); 16],
+            reports: VecDeque::with_capacity(cfg.report_capacity as usize),
+            stats: WorkerStats::default(),
+            cfg,
+        })
+    }
+
+    /// Adds (or replaces) the connection to frontend `id`. A replaced
+    /// connection is returned; its outstanding READs are lost with it, so
+    /// only replace a connection that has none.
+    pub fn add_frontend(&mut self, id: u32, conn: C) -> Result<Option<C>, WorkerError> {
+        let slot = self
+            .frontends
+            .get_mut(id as usize)
+            .ok_or(WorkerError::Config("frontend id >= max_frontends"))?;
+        Ok(slot.replace(conn))
+    }
+
+    /// The connection to frontend `id`.
+    pub fn frontend(&mut self, id: u32) -> Option<&mut C> {
+        self.frontends.get_mut(id as usize)?.as_mut()
+    }
+
+    /// The scheduler connection.
+    pub fn scheduler(&mut self) -> &mut C {
+        &mut self.scheduler
+    }
+
+    /// The executor.
+    pub fn executor(&self) -> &E {
+        &self.exec
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> WorkerStats {
+        self.stats
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &WorkerConfig {
+        &self.cfg
+    }
+
+    /// The oldest finished-batch report not yet taken.
+    pub fn pop_report(&mut self) -> Option<BatchReport> {
+        self.reports.pop_front()
+    }
+
+    /// Batches held (fetching, waiting, running, sending or draining).
+    pub fn batches_in_flight(&self) -> usize {
+        self.slots.len() - self.free_slots
+    }
+
+    /// Whether progress depends on I/O rather than on time: READs
+    /// outstanding or to post, or messages waiting to be sent. A caller on
+    /// a virtual clock keeps polling at the same `now` while this holds.
+    pub fn io_pending(&self) -> bool {
+        self.slots
+            .iter()
+            .any(|s| s.outstanding_reads > 0 || s.unposted > 0 || s.phase == Phase::Sending)
+    }
+
+    /// The next instant at which time alone makes progress: a device
+    /// finishing, a batch's planned start, or a fetch deadline. `None`
+    /// when only I/O can.
+    pub fn next_wakeup(&self) -> Option<Instant> {
+        let mut t = self.exec.next_wakeup();
+        for s in &self.slots {
+            let due = match s.phase {
+                Phase::Fetching => Some(s.exec_at + self.cfg.fetch_grace),
+                _ => None,
+            };
+            t = match (t, due) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        t
+    }
+
+    /// Does one round of work at `now`; returns whether anything happened.
+    ///
+    /// Errors are about the scheduler connection (gone, or a malformed
+    /// message from it); they are returned after the round's other work
+    /// (READs, execution, answers to frontends) is done, and the worker
+    /// stays usable: batches in flight still finish on later polls.
+    pub fn poll(&mut self, now: Instant) -> Result<bool, WorkerError> {
+        let plans = self.take_plans(now);
+        let mut progressed = *plans.as_ref().unwrap_or(&false);
+        progressed |= self.post_pending_reads();
+        progressed |= self.poll_frontends();
+        progressed |= self.expire_fetches(now);
+        progressed |= self.collect_finished(now);
+        progressed |= self.submit_ready(now)?;
+        progressed |= self.send_results();
+        plans?;
+        if let Err(e) = self.scheduler.progress() {
+            if matches!(e, Error::PeerDisconnected) {
+                return Err(WorkerError::SchedulerGone);
+            }
+            return Err(WorkerError::Transport(e));
+        }
+        Ok(progressed)
+    }
+
+    // ---- 1. plans ---------------------------------------------------------
+
+    fn take_plans(&mut self, now: Instant) -> Result<bool, WorkerError> {
+        let mut any = false;
+        for _ in 0..PLANS_PER_POLL {
+            if self.free_slots == 0 {
+                break;
+            }
+            let n = match self.scheduler.try_recv(&mut self.msg_in) {
+                Ok(Some(n)) => n,
+                Ok(None) => break,
+                Err(Error::PeerDisconnected) => return Err(WorkerError::SchedulerGone),
+                Err(e) => return Err(WorkerError::Transport(e)),
+            };
+            any = true;
+            let (head, tasks) = match wire::decode(&self.msg_in[..n]) {
+                Ok(Message::BatchPlan(h, t)) => (h, t),
+                Ok(_) => {
+                    self.stats.ignored_messages += 1;
+                    continue;
+                }
+                Err(e) => return Err(WorkerError::Transport(Error::Protocol(e))),
+            };
+            self.stats.plans += 1;
+            let Some(si) = self.slots.iter().position(|s| s.phase == Phase::Free) else {
+                break;
+            };
+            self.free_slots -= 1;
+            let plan_ok = head.gpu_id < self.exec.devices()
+                && self
+                    .exec
+                    .output_len(head.model_id)
+                    .is_some_and(|l| l <= self.cfg.output_slot)
+                && tasks.len() <= self.cfg.max_batch as usize;
+            let s = &mut self.slots[si];
+            s.generation = s.generation.wrapping_add(1) & 0xff_ffff;
+            s.phase = Phase::Fetching;
+            s.batch_id = head.batch_id;
+            s.model = head.model_id;
+            s.gpu = head.gpu_id;
+            s.received = now;
+            s.exec_at = (now + Duration::from_nanos(head.exec_in_ns)) - self.cfg.control_delay;
+            s.tasks.clear();
+            s.unresolved = 0;
+            s.unposted = 0;
+            s.outstanding_reads = 0;
+            s.start = None;
+            s.finish = None;
+            s.exec_ok = false;
+            s.send_cursor = 0;
+            // An over-long plan keeps its first max_batch entries as tasks
+            // so that each gets a failure completion; the rest are dropped
+            // (counted) since there is no room to hold them.
+            let cap = self.cfg.max_batch as usize;
+            for t in tasks.iter().take(cap) {
+                let fits = t.input.len <= self.cfg.input_slot;
+                let phase = if plan_ok && fits {
+                    s.unresolved += 1;
+                    s.unposted += 1;
+                    TaskPhase::Unposted
+                } else {
+                    TaskPhase::Failed(TaskStatus::ExecFailed)
+                };
+                s.tasks.push(TaskState {
+                    task_id: t.task_id,
+                    frontend: t.frontend_id,
+                    input: t.input,
+                    phase,
+                    out_index: 0,
+                });
+            }
+            if tasks.len() > cap {
+                self.stats.undeliverable += (tasks.len() - cap) as u64;
+            }
+            if s.unresolved == 0 {
+                s.phase = Phase::Ready;
+            }
+        }
+        Ok(any)
+    }
+
+    // ---- 2. READs ---------------------------------------------------------
+
+    fn post_pending_reads(&mut self) -> bool {
+        let mut any = false;
+        for si in 0..self.slots.len() {
+            if self.slots[si].phase != Phase::Fetching || self.slots[si].unposted == 0 {
+                continue;
+            }
+            // One post_reads per frontend: group the unposted tasks by
+            // frontend, first come first served.
+            let mut from = 0;
+            while from < self.slots[si].tasks.len() {
+                let Some(first) = self.slots[si].tasks[from..]
+                    .iter()
+                    .position(|t| t.phase == TaskPhase::Unposted)
+                else {
+                    break;
+                };
+                let first = from + first;
+                let fe = self.slots[si].tasks[first].frontend;
+                any |= self.post_for_frontend(si, fe, first);
+                from = first + 1;
+            }
+        }
+        any
+    }
+
+    /// Posts the unposted READs of slot `si` from frontend `fe` (tasks at or
+    /// after `first`). Returns whether anything changed.
+    fn post_for_frontend(&mut self, si: usize, fe: u32, first: usize) -> bool {
+        let cfg = self.cfg;
+        let key = self.staging.key();
+        let base = self.staging.addr_base();
+        self.ops.clear();
+        self.op_tasks.clear();
+        let s = &self.slots[si];
+        for (ti, t) in s.tasks.iter().enumerate().skip(first) {
+            if t.frontend != fe || t.phase != TaskPhase::Unposted {
+                continue;
+            }
+            self.ops.push(ReadOp {
+                wr_id: wr_id(si, s.generation, ti),
+                remote: t.input,
+                local: LocalRef {
+                    key,
+                    len: cfg.input_slot,
+                    offset: base + cfg.input_offset(si, ti),
+                },
+            });
+            self.op_tasks.push(ti as u32);
+        }
+        let conn = self
+            .frontends
+            .get_mut(fe as usize)
+            .and_then(|c| c.as_mut())
+            .filter(|c| c.is_connected());
+        let Some(conn) = conn else {
+            // Unknown or departed frontend: its tasks fail now.
+            for k in 0..self.op_tasks.len() {
+                let ti = self.op_tasks[k] as usize;
+                fail_task(&mut self.slots[si], ti, &mut self.stats);
+            }
+            finish_fetch_if_resolved(&mut self.slots[si]);
+            return true;
+        };
+        let mut done = 0;
+        let mut changed = false;
+        while done < self.ops.len() {
+            match conn.post_reads(&self.ops[done..]) {
+                Ok(n) => {
+                    for k in done..done + n {
+                        let ti = self.op_tasks[k] as usize;
+                        let s = &mut self.slots[si];
+                        s.tasks[ti].phase = TaskPhase::Posted;
+                        s.unposted -= 1;
+                        s.outstanding_reads += 1;
+                    }
+                    self.stats.reads_posted += n as u64;
+                    changed |= n > 0;
+                    done += n;
+                    if n == 0 {
+                        break;
+                    }
+                }
+                Err(Error::QueueFull) => break,
+                Err(Error::PeerDisconnected) => {
+                    for k in done..self.ops.len() {
+                        let ti = self.op_tasks[k] as usize;
+                        fail_task(&mut self.slots[si], ti, &mut self.stats);
+                    }
+                    changed = true;
+                    break;
+                }
+                Err(_) => {
+                    // This READ alone is refused (too long, bad local ref).
+                    let ti = self.op_tasks[done] as usize;
+                    fail_task(&mut self.slots[si], ti, &mut self.stats);
+                    done += 1;
+                    changed = true;
+                }
+            }
+        }
+        finish_fetch_if_resolved(&mut self.slots[si]);
+        changed
+    }
+
+    // ---- 3. READ completions ---------------------------------------------
+
+    fn poll_frontends(&mut self) -> bool {
+        let mut any = false;
+        for fi in 0..self.frontends.len() {
+            let Some(conn) = self.frontends[fi].as_mut() else {
+                continue;
+            };
+            // Drains (and ignores) anything the frontend sends us, so its
+            // queue cannot grow; errors surface through READs and sends.
+            for _ in 0..FRONTEND_MSGS_PER_POLL {
+                match conn.try_recv(&mut self.msg_in) {
+                    Ok(Some(_)) => self.stats.ignored_messages += 1,
+                    _ => break,
+                }
+            }
+            if conn.outstanding_reads() == 0 {
+                let _ = conn.progress();
+                continue;
+            }
+            loop {
+                let n = conn.poll_completions(&mut self.completions).unwrap_or(0);
+                for k in 0..n {
+                    let c = self.completions[k];
+                    handle_read_completion(
+                        &mut self.slots,
+                        &mut self.free_slots,
+                        &mut self.stats,
+                        c,
+                    );
+                }
+                any |= n > 0;
+                if n < self.completions.len() {
+                    break;
+                }
+            }
+        }
+        any
+    }
+
+    // ---- 4. fetch deadlines ----------------------------------------------
+
+    fn expire_fetches(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        for s in self.slots.iter_mut() {
+            if s.phase != Phase::Fetching || now < s.exec_at + self.cfg.fetch_grace {
+                continue;
+            }
+            for ti in 0..s.tasks.len() {
+                if matches!(s.tasks[ti].phase, TaskPhase::Unposted | TaskPhase::Posted) {
+                    fail_task(s, ti, &mut self.stats);
+                }
+            }
+            finish_fetch_if_resolved(s);
+            any = true;
+        }
+        any
+    }
+
+    // ---- 5. executor -----------------------------------------------------
+
+    fn collect_finished(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        loop {
+            let n = self.exec.poll(now, &mut self.finished);
+            for k in 0..n {
+                let f = self.finished[k];
+                let si = (f.tag & 0xffff) as usize;
+                let generation = (f.tag >> 32) as u32;
+                let Some(s) = self.slots.get_mut(si) else {
+                    continue;
+                };
+                if s.generation != generation || s.phase != Phase::Executing {
+                    continue;
+                }
+                s.start = Some(f.start);
+                s.finish = Some(f.finish);
+                s.exec_ok = f.ok;
+                if f.start > s.exec_at {
+                    self.stats.late_starts += 1;
+                }
+                self.stats.batches_executed += 1;
+                s.phase = Phase::Sending;
+            }
+            any |= n > 0;
+            if n < self.finished.len() {
+                break;
+            }
+        }
+        any
+    }
+
+    fn submit_ready(&mut self, now: Instant) -> Result<bool, WorkerError> {
+        let mut any = false;
+        loop {
+            // Per device, the ready batch with the earliest exec_at.
+            let mut pick: Option<usize> = None;
+            for (i, s) in self.slots.iter().enumerate() {
+                if s.phase != Phase::Ready {
+                    continue;
+                }
+                let arrived = s.tasks.iter().any(|t| t.phase == TaskPhase::Arrived);
+                if arrived && !self.exec.is_idle(s.gpu) {
+                    continue;
+                }
+                if pick.is_none_or(|p| s.exec_at < self.slots[p].exec_at) {
+                    pick = Some(i);
+                }
+            }
+            let Some(si) = pick else {
+                return Ok(any);
+            };
+            any = true;
+            let cfg = self.cfg;
+            let s = &mut self.slots[si];
+            self.inputs.clear();
+            for (ti, t) in s.tasks.iter_mut().enumerate() {
+                if t.phase == TaskPhase::Arrived {
+                    t.out_index = self.inputs.len() as u32;
+                    self.inputs.push(InputRef {
+                        offset: cfg.input_offset(si, ti),
+                        len: t.input.len,
+                    });
+                }
+            }
+            if self.inputs.is_empty() {
+                // Nothing to run: every task failed; answer them.
+                s.phase = Phase::Sending;
+                continue;
+            }
+            let job = Job {
+                tag: (u64::from(s.generation) << 32) | si as u64,
+                device: s.gpu,
+                model: s.model,
+                exec_at: s.exec_at,
+                inputs: &self.inputs,
+                output: OutputRef {
+                    offset: cfg.output_offset(si),
+                    stride: cfg.output_slot,
+                },
+            };
+            match self.exec.submit(now, &job) {
+                Ok(()) => s.phase = Phase::Executing,
+                Err(e) => return Err(WorkerError::Executor(e)),
+            }
+        }
+    }
+
+    // ---- 6. results ------------------------------------------------------
+
+    fn send_results(&mut self) -> bool {
+        let mut any = false;
+        for si in 0..self.slots.len() {
+            if self.slots[si].phase != Phase::Sending {
+                continue;
+            }
+            while self.slots[si].send_cursor < self.slots[si].tasks.len() {
+                let ti = self.slots[si].send_cursor;
+                if !self.send_completion(si, ti) {
+                    break;
+                }
+                self.slots[si].send_cursor += 1;
+                any = true;
+            }
+            if self.slots[si].send_cursor < self.slots[si].tasks.len() {
+                continue;
+            }
+            let s = &self.slots[si];
+            let executed = s
+                .tasks
+                .iter()
+                .filter(|t| t.phase == TaskPhase::Arrived)
+                .count();
+            let actual = match (s.start, s.finish) {
+                (Some(a), Some(b)) => b.saturating_since(a),
+                _ => Duration::ZERO,
+            };
+            let done = BatchDone {
+                batch_id: s.batch_id,
+                actual_ns: actual.as_nanos(),
+                gpu_id: s.gpu,
+                count: executed as u32,
+            };
+            let Ok(n) = wire::encode(&mut self.msg_out, &done) else {
+                continue;
+            };
+            match self.scheduler.send(&self.msg_out[..n]) {
+                Ok(()) => {}
+                Err(Error::QueueFull) => continue,
+                // A dead scheduler is reported by the next poll's progress.
+                Err(_) => self.stats.undeliverable += 1,
+            }
+            any = true;
+            self.finish_batch(si);
+        }
+        any
+    }
+
+    /// Sends task `ti`'s completion; false if it must be retried later.
+    fn send_completion(&mut self, si: usize, ti: usize) -> bool {
+        let s = &self.slots[si];
+        let t = s.tasks[ti];
+        let out_len = self.exec.output_len(s.model).unwrap_or(0) as usize;
+        let (status, inline_len) = match t.phase {
+            TaskPhase::Arrived if s.exec_ok => (TaskStatus::Ok, out_len),
+            TaskPhase::Arrived => (TaskStatus::ExecFailed, 0),
+            TaskPhase::Failed(st) => (st, 0),
+            // Unreachable by construction: a batch is sent only when every
+            // task is resolved.
+            TaskPhase::Unposted | TaskPhase::Posted => (TaskStatus::ExecFailed, 0),
+        };
+        let mut head = CompletionHead {
+            task_id: t.task_id,
+            status: status as u32,
+            output_kind: OutputKind::None as u32,
+            ..CompletionHead::default()
+        };
+        if status == TaskStatus::Ok {
+            head.output_kind = OutputKind::Inline as u32;
+            let at = self.cfg.output_offset(si)
+                + u64::from(t.out_index) * u64::from(self.cfg.output_slot);
+            let buf = &mut self.out_bytes[..inline_len];
+            if self.staging.region().read_at(at, buf).is_err() {
+                head.output_kind = OutputKind::None as u32;
+                head.status = TaskStatus::ExecFailed as u32;
+            }
+        }
+        let inline = if head.output_kind == OutputKind::Inline as u32 {
+            &self.out_bytes[..inline_len]
+        } else {
+            &[][..]
+        };
+        let Ok(n) = wire::encode_completion(&mut self.msg_out, &head, inline) else {
+            self.stats.undeliverable += 1;
+            return true;
+        };
+        let ok = head.status == TaskStatus::Ok as u32;
+        let to_frontend = self
+            .frontends
+            .get_mut(t.frontend as usize)
+            .and_then(|c| c.as_mut())
+            .filter(|c| c.is_connected());
+        let sent = match to_frontend {
+            Some(conn) => match conn.send(&self.msg_out[..n]) {
+                Ok(()) => Ok(()),
+                Err(Error::QueueFull) => return false,
+                Err(e) => Err(e),
+            },
+            None => Err(Error::PeerDisconnected),
+        };
+        if sent.is_err() {
+            // The frontend is gone: tell the scheduler so the task's outcome
+            // is still recorded somewhere.
+            match self.scheduler.send(&self.msg_out[..n]) {
+                Ok(()) => self.stats.rerouted_to_scheduler += 1,
+                Err(Error::QueueFull) => return false,
+                Err(_) => self.stats.undeliverable += 1,
+            }
+        }
+        if ok && sent.is_ok() {
+            self.stats.tasks_ok += 1;
+        } else {
+            self.stats.tasks_failed += 1;
+        }
+        true
+    }
+
+    fn finish_batch(&mut self, si: usize) {
+        let s = &mut self.slots[si];
+        let ok = s
+            .tasks
+            .iter()
+            .filter(|t| t.phase == TaskPhase::Arrived && s.exec_ok)
+            .count() as u32;
+        let report = BatchReport {
+            batch_id: s.batch_id,
+            gpu: s.gpu,
+            model: s.model,
+            received: s.received,
+            exec_at: s.exec_at,
+            start: s.start,
+            finish: s.finish,
+            ok,
+            failed: s.tasks.len() as u32 - ok,
+        };
+        if s.outstanding_reads == 0 {
+            s.phase = Phase::Free;
+            self.free_slots += 1;
+        } else {
+            s.phase = Phase::Draining;
+        }
+        if self.reports.len() >= self.cfg.report_capacity as usize {
+            self.reports.pop_front();
+            self.stats.reports_dropped += 1;
+        }
+        if self.cfg.report_capacity > 0 {
+            self.reports.push_back(report);
+        }
+    }
+}
+
+fn fail_task(s: &mut BatchSlot, ti: usize, stats: &mut WorkerStats) {
+    let t = &mut s.tasks[ti];
+    match t.phase {
+        TaskPhase::Unposted => {
+            s.unposted -= 1;
+            s.unresolved -= 1;
+        }
+        TaskPhase::Posted => s.unresolved -= 1,
+        _ => return,
+    }
+    t.phase = TaskPhase::Failed(TaskStatus::InputUnavailable);
+    stats.reads_failed += 1;
+}
+
+fn finish_fetch_if_resolved(s: &mut BatchSlot) {
+    if s.phase == Phase::Fetching && s.unresolved == 0 {
+        s.phase = Phase::Ready;
+    }
+}
+
+fn handle_read_completion(
+    slots: &mut [BatchSlot],
+    free_slots: &mut usize,
+    stats: &mut WorkerStats,
+    c: Completion,
+) {
+    let (si, generation, ti) = split_wr_id(c.wr_id);
+    let Some(s) = slots.get_mut(si) else {
+        return;
+    };
+    if s.generation != generation || ti >= s.tasks.len() || s.outstanding_reads == 0 {
+        return;
+    }
+    s.outstanding_reads -= 1;
+    if s.tasks[ti].phase == TaskPhase::Posted {
+        if c.status.is_ok() && c.bytes == s.tasks[ti].input.len {
+            s.tasks[ti].phase = TaskPhase::Arrived;
+            s.unresolved -= 1;
+        } else {
+            fail_task(s, ti, stats);
+        }
+        finish_fetch_if_resolved(s);
+    }
+    if s.phase == Phase::Draining && s.outstanding_reads == 0 {
+        s.phase = Phase::Free;
+        *free_slots += 1;
+    }
+}

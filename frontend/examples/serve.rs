@@ -1,0 +1,109 @@
+//! Serves the KServe v2 HTTP API over the in-process cluster.
+//!
+//! `cargo run -p frontend --example serve -- --port 0 --print-port`
+//! prints `PORT <n>` on stdout once listening, then serves until stdin
+//! closes or SIGTERM/ctrl-c.
+
+use clap::Parser;
+use frontend::local::{LocalConfig, LocalServer};
+use frontend::models::ModelCatalog;
+use scheduler::zoo::{parse_model_arg, Zoo, ZooSelection};
+use std::io::Write;
+use std::net::SocketAddr;
+
+#[derive(Parser)]
+struct Args {
+    /// Port on 127.0.0.1 (0 picks one).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Print `PORT <n>` on stdout when listening.
+    #[arg(long)]
+    print_port: bool,
+    /// Zoo table: 1080ti or a100.
+    #[arg(long, default_value = "a100")]
+    zoo: String,
+    /// Models of the zoo: all, strong, weak, none, or names (comma-separated).
+    #[arg(long, default_value = "ResNet50,DenseNet121")]
+    models: String,
+    /// Extra models NAME=ALPHA_MS,BETA_MS,SLO_MS.
+    #[arg(long = "model")]
+    extra: Vec<String>,
+    /// Narrowest schedulable window of the in-process scheduler, ms (its
+    /// timer's lateness bound).
+    #[arg(long, default_value_t = 5.0)]
+    timer_slack_ms: f64,
+    /// Emulated GPUs.
+    #[arg(long, default_value_t = 2)]
+    gpus: u32,
+    /// Staging slots (requests in flight at most).
+    #[arg(long, default_value_t = 4096)]
+    slots: u32,
+    /// Largest request body, bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    max_body: usize,
+    /// Exit when stdin reaches end of file (for harnesses).
+    #[arg(long)]
+    exit_on_stdin_eof: bool,
+}
+
+fn main() -> Result<(), String> {
+    let args = Args::parse();
+    let zoo = Zoo::parse(&args.zoo).map_err(|e| e.to_string())?;
+    let mut specs = match args.models.as_str() {
+        "none" => Vec::new(),
+        sel => ZooSelection::parse(sel)
+            .select(zoo.models())
+            .map_err(|e| e.to_string())?,
+    };
+    for m in &args.extra {
+        specs.push(parse_model_arg(m).map_err(|e| e.to_string())?);
+    }
+    let mut cfg = LocalConfig::new(ModelCatalog::with_default_tensors(&specs));
+    cfg.addr = SocketAddr::from(([127, 0, 0, 1], args.port));
+    cfg.cluster.gpus = args.gpus;
+    cfg.cluster.timer_slack = dataplane::time::Duration::from_millis_f64(args.timer_slack_ms);
+    cfg.slots = args.slots;
+    cfg.http.max_body = args.max_body;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let server = LocalServer::start(cfg).await.map_err(|e| e.to_string())?;
+        if args.print_port {
+            println!("PORT {}", server.addr().port());
+            let _ = std::io::stdout().flush();
+        }
+        eprintln!("serving {} models on http://{}", specs.len(), server.addr());
+        let stdin_eof = async {
+            if args.exit_on_stdin_eof {
+                let _ = tokio::task::spawn_blocking(|| {
+                    std::io::copy(&mut std::io::stdin(), &mut std::io::sink())
+                })
+                .await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate() => {}
+            _ = stdin_eof => {}
+        }
+        let c = server.service().staging().counters().snapshot();
+        eprintln!("stopping: {c:?}");
+        server.stop().await;
+        Ok(())
+    })
+}
+
+#[cfg(unix)]
+async fn terminate() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut s) => {
+            s.recv().await;
+        }
+        Err(_) => std::future::pending().await,
+    }
+}

@@ -1,0 +1,340 @@
+//! The KServe v2 / Open Inference Protocol REST server on hyper 1.x.
+//!
+//! Routes: `GET /v2/health/live`, `GET /v2/health/ready`, `GET /v2`,
+//! `GET /v2/models/{m}[/versions/{v}]`, `GET .../ready`, `GET .../config`,
+//! `POST .../infer`, `POST /v2/repository/index`, `GET /metrics`.
+//!
+//! Status codes follow Triton's mapping of its error kinds: invalid
+//! argument 400, not found 404, unavailable 503, internal 500; plus 413 for
+//! a body over [`HttpConfig::max_body`] and 405 for a wrong method. Every
+//! error body is `{"error": "..."}`. A request dropped for its deadline
+//! (or overload, or shutdown), a request that found no free staging slot
+//! and one with no outcome within its budget plus grace are all 503.
+
+use crate::protocol::{self, BadRequest};
+use crate::service::{infer, InferResult, InferenceService, SubmitError};
+use bytes::Bytes;
+use dataplane::wire::TaskStatus;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+
+/// The binary tensor data extension's header.
+pub const HEADER_LEN_HEADER: &str = "inference-header-content-length";
+
+/// Server limits.
+#[derive(Clone, Copy, Debug)]
+pub struct HttpConfig {
+    /// Largest request body, bytes (larger: 413).
+    pub max_body: usize,
+    /// Most connections served at once; more wait in the accept queue.
+    pub max_connections: usize,
+    /// A client must send its request head within this time.
+    pub header_timeout: std::time::Duration,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            max_body: 1 << 20,
+            max_connections: 1024,
+            header_timeout: std::time::Duration::from_secs(10),
+        }
+    }
+}
+
+type Body = Full<Bytes>;
+
+fn respond(status: StatusCode, content_type: &'static str, body: Vec<u8>) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
+    respond(
+        status,
+        "application/json",
+        serde_json::to_vec(v).unwrap_or_default(),
+    )
+}
+
+fn error(status: StatusCode, msg: &str) -> Response<Body> {
+    respond(status, "application/json", protocol::error_body(msg))
+}
+
+/// A running server.
+#[derive(Debug)]
+pub struct Server {
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    /// Binds `addr` (e.g. `127.0.0.1:0`) and serves `service` on the current runtime.
+    pub async fn start<S: InferenceService>(
+        addr: SocketAddr,
+        service: Arc<S>,
+        cfg: HttpConfig,
+    ) -> std::io::Result<Server> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let (stop, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(accept_loop(listener, service, cfg, stop_rx));
+        Ok(Server { addr, stop, task })
+    }
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+    /// Stops accepting connections (open ones finish their current request).
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+async fn accept_loop<S: InferenceService>(
+    listener: TcpListener,
+    service: Arc<S>,
+    cfg: HttpConfig,
+    mut stop: watch::Receiver<bool>,
+) {
+    let permits = Arc::new(Semaphore::new(cfg.max_connections.max(1)));
+    loop {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+            _ = stop.changed() => return,
+        };
+        let (stream, _) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(s) => s,
+                // Out of file descriptors and the like: keep serving others.
+                Err(_) => { tokio::time::sleep(std::time::Duration::from_millis(10)).await; continue; }
+            },
+            _ = stop.changed() => return,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = service.clone();
+        let mut conn_stop = stop.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let service = service.clone();
+                async move { Ok::<_, std::convert::Infallible>(handle(&*service, req, cfg).await) }
+            });
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(cfg.header_timeout)
+                .serve_connection(TokioIo::new(stream), svc);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = conn_stop.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// Handles one request (exposed for in-process use without sockets).
+pub async fn handle<S: InferenceService>(
+    service: &S,
+    req: Request<Incoming>,
+    cfg: HttpConfig,
+) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    let segs: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
+    let method = req.method().clone();
+    let get = method == Method::GET || method == Method::HEAD;
+    match segs.as_slice() {
+        ["v2", "health", "live"] if get => respond(StatusCode::OK, "text/plain", Vec::new()),
+        ["v2", "health", "ready"] if get => {
+            let s = if service.ready() {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            respond(s, "text/plain", Vec::new())
+        }
+        ["v2"] if get => json(StatusCode::OK, &protocol::server_metadata()),
+        ["v2", "repository", "index"] if method == Method::POST => json(
+            StatusCode::OK,
+            &protocol::repository_index(service.catalog()),
+        ),
+        ["metrics"] if get => respond(
+            StatusCode::OK,
+            "text/plain; version=0.0.4",
+            service.metrics().render(&service.counters()).into_bytes(),
+        ),
+        ["v2", "models", name, rest @ ..] => {
+            let (version, rest) = match rest {
+                ["versions", v, rest @ ..] => (Some(*v), rest),
+                _ => (None, rest),
+            };
+            let Some(model) = service.model(name, version) else {
+                return error(
+                    StatusCode::NOT_FOUND,
+                    &format!(
+                        "unknown model: '{name}'{}",
+                        version
+                            .map(|v| format!(" version '{v}'"))
+                            .unwrap_or_default()
+                    ),
+                );
+            };
+            match (rest, get, method == Method::POST) {
+                ([], true, _) => json(StatusCode::OK, &protocol::model_metadata(model)),
+                (["ready"], true, _) => respond(StatusCode::OK, "text/plain", Vec::new()),
+                (["config"], true, _) => json(StatusCode::OK, &protocol::model_config(model)),
+                (["infer"], _, true) => handle_infer(service, model.id, req, cfg).await,
+                ([] | ["ready"] | ["config"] | ["infer"], _, _) => error(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    &format!("method {method} not allowed on {path}"),
+                ),
+                _ => error(StatusCode::NOT_FOUND, &format!("not found: {path}")),
+            }
+        }
+        _ => error(StatusCode::NOT_FOUND, &format!("not found: {path}")),
+    }
+}
+
+async fn handle_infer<S: InferenceService>(
+    service: &S,
+    model_id: u32,
+    req: Request<Incoming>,
+    cfg: HttpConfig,
+) -> Response<Body> {
+    let started = std::time::Instant::now();
+    let Some(model) = service.catalog().by_id(model_id) else {
+        return error(StatusCode::NOT_FOUND, "unknown model");
+    };
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > cfg.max_body as u64) {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("request body larger than {} bytes", cfg.max_body),
+        );
+    }
+    let header_len = match req.headers().get(HEADER_LEN_HEADER) {
+        None => None,
+        Some(v) => match v.to_str().ok().and_then(|s| s.trim().parse::<usize>().ok()) {
+            Some(n) => Some(n),
+            None => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "Inference-Header-Content-Length is not a byte count",
+                )
+            }
+        },
+    };
+    let body = match Limited::new(req.into_body(), cfg.max_body).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("request body larger than {} bytes", cfg.max_body),
+            );
+        }
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("reading the request body: {e}"),
+            )
+        }
+    };
+    let parsed = match protocol::parse_infer(&body, header_len, model) {
+        Ok(p) => p,
+        Err(BadRequest(msg)) => return error(StatusCode::BAD_REQUEST, &msg),
+    };
+    // The budget runs from the request's arrival: time spent reading and
+    // parsing the body is already gone.
+    let spent = dataplane::time::Duration::from_nanos(started.elapsed().as_nanos() as u64);
+    let result = infer(
+        service,
+        model_id,
+        &parsed.input,
+        parsed.budget.saturating_sub(spent),
+    )
+    .await;
+    let us = started.elapsed().as_micros() as u64;
+    let metrics = service.metrics();
+    match result {
+        InferResult::Ok(out) => {
+            metrics.record_success(model_id, us);
+            let head =
+                protocol::infer_response(model, parsed.id.as_deref(), &out, parsed.binary_output);
+            if parsed.binary_output {
+                let hl = head.len();
+                let mut body = head;
+                body.extend_from_slice(&out);
+                let mut r = respond(StatusCode::OK, "application/octet-stream", body);
+                r.headers_mut()
+                    .insert(HEADER_LEN_HEADER, HeaderValue::from(hl));
+                r
+            } else {
+                respond(StatusCode::OK, "application/json", head)
+            }
+        }
+        other => {
+            metrics.record_failure(model_id, us);
+            let (status, msg) = match other {
+                InferResult::Dropped(r) => {
+                    metrics.record_drop(model_id, r);
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("request dropped: {}", crate::metrics::drop_reason_label(r)),
+                    )
+                }
+                InferResult::Failed(TaskStatus::InputUnavailable) => (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "backend could not fetch the input".into(),
+                ),
+                InferResult::Failed(_) => (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "model execution failed".into(),
+                ),
+                InferResult::TimedOut => (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "no outcome within the request's deadline".into(),
+                ),
+                InferResult::Refused(SubmitError::UnknownModel) => {
+                    (StatusCode::NOT_FOUND, "unknown model".into())
+                }
+                InferResult::Refused(SubmitError::BadInput(m)) => (StatusCode::BAD_REQUEST, m),
+                InferResult::Refused(SubmitError::Unavailable(m)) => {
+                    (StatusCode::SERVICE_UNAVAILABLE, m)
+                }
+                InferResult::Refused(SubmitError::SendFailed(m)) => (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("scheduler unreachable: {m}"),
+                ),
+                InferResult::Refused(SubmitError::Internal(m)) => {
+                    (StatusCode::INTERNAL_SERVER_ERROR, m)
+                }
+                InferResult::Ok(_) => (StatusCode::INTERNAL_SERVER_ERROR, String::new()),
+            };
+            error(status, &msg)
+        }
+    }
+}

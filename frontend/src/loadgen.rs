@@ -1,0 +1,279 @@
+//! An open-loop HTTP load generator for capacity tests: per-model arrival
+//! streams (Poisson, Gamma or uniform gaps, rate schedules; the
+//! simulator's [`ArrivalStream`]) fire KServe v2 JSON inference requests at
+//! a loopback server through a real HTTP client (hyper-util's pooled
+//! client). Requests are sent on schedule whether or not earlier ones have
+//! returned (open loop); every response's output is checked against the
+//! reference output of the input that was sent.
+
+use crate::tensor::{reference_output, DataType};
+use bytes::Bytes;
+use dataplane::time::{Duration, Instant};
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use scheduler::sim::workload::{ArrivalStream, Workload};
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::sync::Semaphore;
+
+/// One load run.
+#[derive(Clone, Debug)]
+pub struct LoadConfig {
+    /// Server address; must be a loopback address.
+    pub target: SocketAddr,
+    /// Model names (stream `i` targets model `i`).
+    pub models: Vec<String>,
+    /// Elements of each model's FP32 input (the server's declared shape is `[1, n]`).
+    pub input_elements: usize,
+    /// Elements of the FP32 output to verify.
+    pub output_elements: usize,
+    /// Offered load (total rate, gaps, split over models, schedule).
+    pub workload: Workload,
+    /// Stop sending after this long.
+    pub duration: Duration,
+    /// Stop sending after this many requests.
+    pub max_requests: u64,
+    /// Requests outstanding at most; an arrival beyond that is counted as
+    /// `skipped` rather than delaying the schedule.
+    pub max_in_flight: usize,
+    /// Seed of the arrival streams and input data.
+    pub seed: u64,
+    /// Optional `timeout` parameter (µs) sent with each request.
+    pub timeout_us: Option<u64>,
+}
+
+/// What a run measured.
+#[derive(Clone, Debug, Default)]
+pub struct LoadReport {
+    /// Requests sent.
+    pub sent: u64,
+    /// 200 with the right output and id.
+    pub ok: u64,
+    /// 200 whose output or id did not match what was sent.
+    pub wrong_output: u64,
+    /// 503 (dropped, timed out, no capacity).
+    pub unavailable: u64,
+    /// Other 4xx.
+    pub client_errors: u64,
+    /// Other 5xx.
+    pub server_errors: u64,
+    /// Connection or protocol failures.
+    pub transport_errors: u64,
+    /// Arrivals not sent because `max_in_flight` requests were outstanding.
+    pub skipped: u64,
+    /// Wall time from the first send to the last response.
+    pub elapsed_s: f64,
+    /// Latency of successful requests, ms: p50, p90, p99, p99.9, max.
+    pub latency_ms: [f64; 5],
+    /// All requests' latency (any status), ms: p50, p99.
+    pub all_latency_ms: [f64; 2],
+}
+
+impl LoadReport {
+    /// Successful requests per second.
+    pub fn goodput_rps(&self) -> f64 {
+        if self.elapsed_s > 0.0 {
+            self.ok as f64 / self.elapsed_s
+        } else {
+            0.0
+        }
+    }
+    /// Every sent request got exactly one classified answer.
+    pub fn balanced(&self) -> bool {
+        self.sent
+            == self.ok
+                + self.wrong_output
+                + self.unavailable
+                + self.client_errors
+                + self.server_errors
+                + self.transport_errors
+    }
+}
+
+impl std::fmt::Display for LoadReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let l = &self.latency_ms;
+        write!(
+            f,
+            "sent={} ok={} wrong_output={} unavailable_503={} client_4xx={} server_5xx={} transport={} skipped={} elapsed={:.2}s goodput={:.1} rps \
+             latency_ok_ms p50={:.2} p90={:.2} p99={:.2} p99.9={:.2} max={:.2}",
+            self.sent, self.ok, self.wrong_output, self.unavailable, self.client_errors, self.server_errors,
+            self.transport_errors, self.skipped, self.elapsed_s, self.goodput_rps(), l[0], l[1], l[2], l[3], l[4]
+        )
+    }
+}
+
+enum Answer {
+    Ok,
+    Wrong,
+    Status(u16),
+    Transport,
+}
+
+/// Deterministic input values of request `n`: small integers (exact in FP32
+/// and JSON).
+fn input_values(seed: u64, n: u64, elements: usize) -> Vec<f32> {
+    let mut x = seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (0..elements)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % 2001) as f32 - 1000.0
+        })
+        .collect()
+}
+
+/// Runs the load; returns once every sent request has been answered.
+pub async fn run(cfg: LoadConfig) -> Result<LoadReport, String> {
+    if !cfg.target.ip().is_loopback() {
+        return Err(format!(
+            "refusing to load {}: the load generator targets loopback addresses only",
+            cfg.target
+        ));
+    }
+    if cfg.models.is_empty() {
+        return Err("no models to load".into());
+    }
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(cfg.max_in_flight.max(1))
+        .build_http();
+    let shares = cfg.workload.popularity.shares(cfg.models.len());
+    let mut streams: Vec<ArrivalStream> = shares
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| ArrivalStream::new(&cfg.workload, s, i, cfg.seed))
+        .collect();
+    let end = Instant::from_nanos(cfg.duration.as_nanos());
+    let limit = Arc::new(Semaphore::new(cfg.max_in_flight.max(1)));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Answer, u64)>();
+    let origin = tokio::time::Instant::now();
+    let mut report = LoadReport::default();
+    let mut n: u64 = 0;
+    while n < cfg.max_requests {
+        let Some((i, t)) = streams
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (i, s.peek()))
+            .min_by_key(|&(_, t)| t)
+        else {
+            break;
+        };
+        if t >= end {
+            break;
+        }
+        streams[i].advance();
+        tokio::time::sleep_until(origin + std::time::Duration::from_nanos(t.as_nanos())).await;
+        let Ok(permit) = limit.clone().try_acquire_owned() else {
+            report.skipped += 1;
+            continue;
+        };
+        let values = input_values(cfg.seed, n, cfg.input_elements);
+        let id = format!("req-{n}");
+        let mut body = json!({
+            "id": id,
+            "inputs": [{"name": "INPUT0", "shape": [1, cfg.input_elements], "datatype": "FP32", "data": values}],
+        });
+        if let Some(us) = cfg.timeout_us {
+            body["parameters"] = json!({ "timeout": us });
+        }
+        let uri = format!("http://{}/v2/models/{}/infer", cfg.target, cfg.models[i]);
+        let client = client.clone();
+        let tx = tx.clone();
+        let out_n = cfg.output_elements;
+        n += 1;
+        report.sent += 1;
+        tokio::spawn(async move {
+            let start = std::time::Instant::now();
+            let answer = send_one(&client, &uri, &body, &id, &values, out_n).await;
+            let _ = tx.send((answer, start.elapsed().as_micros() as u64));
+            drop(permit);
+        });
+    }
+    drop(tx);
+    let mut ok_hist =
+        Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string())?;
+    let mut all_hist = ok_hist.clone();
+    while let Some((answer, us)) = rx.recv().await {
+        let us = us.max(1);
+        let _ = all_hist.record(us);
+        match answer {
+            Answer::Ok => {
+                report.ok += 1;
+                let _ = ok_hist.record(us);
+            }
+            Answer::Wrong => report.wrong_output += 1,
+            Answer::Status(503) => report.unavailable += 1,
+            Answer::Status(s) if (400..500).contains(&s) => report.client_errors += 1,
+            Answer::Status(_) => report.server_errors += 1,
+            Answer::Transport => report.transport_errors += 1,
+        }
+    }
+    report.elapsed_s = origin.elapsed().as_secs_f64();
+    let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    report.latency_ms = [
+        ms(&ok_hist, 0.5),
+        ms(&ok_hist, 0.9),
+        ms(&ok_hist, 0.99),
+        ms(&ok_hist, 0.999),
+        ok_hist.max() as f64 / 1000.0,
+    ];
+    report.all_latency_ms = [ms(&all_hist, 0.5), ms(&all_hist, 0.99)];
+    Ok(report)
+}
+
+async fn send_one<C>(
+    client: &Client<C, Full<Bytes>>,
+    uri: &str,
+    body: &Value,
+    id: &str,
+    values: &[f32],
+    out_n: usize,
+) -> Answer
+where
+    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+{
+    let Ok(bytes) = serde_json::to_vec(body) else {
+        return Answer::Transport;
+    };
+    let Ok(req) = Request::post(uri)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(bytes)))
+    else {
+        return Answer::Transport;
+    };
+    let Ok(resp) = client.request(req).await else {
+        return Answer::Transport;
+    };
+    let status = resp.status().as_u16();
+    let Ok(body) = resp.into_body().collect().await else {
+        return Answer::Transport;
+    };
+    if status != 200 {
+        return Answer::Status(status);
+    }
+    if verify(&body.to_bytes(), id, values, out_n) {
+        Answer::Ok
+    } else {
+        Answer::Wrong
+    }
+}
+
+/// Whether a JSON inference response carries `id` and the reference output
+/// of `values`.
+pub fn verify(body: &[u8], id: &str, values: &[f32], out_n: usize) -> bool {
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return false;
+    };
+    if v["id"] != id {
+        return false;
+    }
+    let input: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let mut expect = vec![0u8; out_n * 4];
+    reference_output(&input, &mut expect);
+    v["outputs"][0]["data"] == crate::tensor::decode_to_json(&expect, DataType::F32)
+}

@@ -1,0 +1,106 @@
+//! The models a frontend serves: each scheduler [`ModelSpec`] plus the
+//! tensors its API declares.
+
+use crate::tensor::{DataType, TensorSpec};
+use scheduler::zoo::ModelSpec;
+use std::collections::HashMap;
+
+/// Default declared input: `INPUT0`, FP32 `[1, 16]`. Small on purpose: the
+/// zoo models' real inputs (e.g. FP32 `[1,3,224,224]`, 602 KB) would make
+/// every test and load run mostly a JSON-parsing benchmark.
+pub fn default_input() -> TensorSpec {
+    TensorSpec::new("INPUT0", DataType::F32, &[1, 16])
+}
+
+/// Default declared output: `OUTPUT0`, FP32 `[1, 10]`, filled by
+/// [`crate::tensor::reference_output`].
+pub fn default_output() -> TensorSpec {
+    TensorSpec::new("OUTPUT0", DataType::F32, &[1, 10])
+}
+
+/// One served model.
+#[derive(Clone, Debug)]
+pub struct ModelEntry {
+    /// Dense id (index in the catalog; the scheduler's model id).
+    pub id: u32,
+    /// Scheduling facts: name, profile, SLO.
+    pub spec: ModelSpec,
+    /// The one input tensor.
+    pub input: TensorSpec,
+    /// The one output tensor (always FP32).
+    pub output: TensorSpec,
+    /// Version string reported in metadata.
+    pub version: String,
+    /// Platform string reported in metadata.
+    pub platform: String,
+}
+
+/// The served models, by id and by name.
+#[derive(Clone, Debug, Default)]
+pub struct ModelCatalog {
+    entries: Vec<ModelEntry>,
+    by_name: HashMap<String, u32>,
+}
+
+impl ModelCatalog {
+    /// A catalog of `specs` (id = index) with the default tensors.
+    pub fn with_default_tensors(specs: &[ModelSpec]) -> Self {
+        let mut c = ModelCatalog::default();
+        for s in specs {
+            c.push(s.clone(), default_input(), default_output());
+        }
+        c
+    }
+
+    /// Adds a model with explicit tensors; returns its id. The output must
+    /// be FP32 (the emulated models write [`crate::tensor::reference_output`]).
+    /// A duplicate name shadows nothing: the first one keeps the name.
+    pub fn push(&mut self, spec: ModelSpec, input: TensorSpec, output: TensorSpec) -> u32 {
+        let id = self.entries.len() as u32;
+        self.by_name.entry(spec.name.clone()).or_insert(id);
+        self.entries.push(ModelEntry {
+            id,
+            spec,
+            input,
+            output,
+            version: "1".into(),
+            platform: "symphony_emulated".into(),
+        });
+        id
+    }
+
+    /// The model named `name`.
+    pub fn by_name(&self, name: &str) -> Option<&ModelEntry> {
+        self.by_name
+            .get(name)
+            .and_then(|&i| self.entries.get(i as usize))
+    }
+    /// The model with id `id`.
+    pub fn by_id(&self, id: u32) -> Option<&ModelEntry> {
+        self.entries.get(id as usize)
+    }
+    /// Every model, by id.
+    pub fn entries(&self) -> &[ModelEntry] {
+        &self.entries
+    }
+    /// The scheduler specs, by id.
+    pub fn specs(&self) -> Vec<ModelSpec> {
+        self.entries.iter().map(|e| e.spec.clone()).collect()
+    }
+    /// The largest input of any model, bytes (the staging slot size needed).
+    pub fn max_input_bytes(&self) -> u64 {
+        self.entries
+            .iter()
+            .map(|e| e.input.byte_len())
+            .max()
+            .unwrap_or(0)
+    }
+    /// The largest output of any model, bytes.
+    pub fn max_output_bytes(&self) -> u64 {
+        self.entries
+            .iter()
+            .map(|e| e.output.byte_len())
+            .max()
+            .unwrap_or(0)
+    }
+}

@@ -1,0 +1,215 @@
+//! What the HTTP layer calls: [`InferenceService`] (submit a validated
+//! request, get exactly one outcome; look up models), and its real
+//! implementation [`ClusterService`], which stages the input in registered
+//! memory and hands a [`wire::Task`] to a [`TaskSink`] (the daemon's
+//! transport to the scheduler, or the in-process cluster in tests).
+
+use crate::metrics::Metrics;
+use crate::models::{ModelCatalog, ModelEntry};
+use crate::staging::{CounterSnapshot, Outcome, StageError, Staging, Ticket};
+use dataplane::time::Duration;
+use dataplane::wire::{self, DropReason, TaskStatus};
+use std::future::Future;
+use std::sync::Arc;
+
+/// Why a task could not be handed on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SinkError(pub String);
+
+/// Where tasks go: the daemon implements it over a dataplane transport to
+/// the scheduler. `send` must not block for long (it runs on the HTTP
+/// worker threads); a full queue is an error, not a wait.
+pub trait TaskSink: Send + Sync + 'static {
+    /// Hands `task` to the scheduler.
+    fn send(&self, task: &wire::Task) -> Result<(), SinkError>;
+}
+
+/// A submitted request's outcome, still to come.
+pub trait PendingOutcome: Future<Output = Outcome> + Send + Unpin {
+    /// Gives up waiting: returns the outcome if it has arrived, otherwise
+    /// ends the request as [`Outcome::TimedOut`] (counted as failed).
+    fn expire(&mut self) -> Outcome;
+}
+
+impl PendingOutcome for Ticket {
+    fn expire(&mut self) -> Outcome {
+        Ticket::expire(self)
+    }
+}
+
+/// Why a request was refused before it was accepted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SubmitError {
+    /// No such model id.
+    UnknownModel,
+    /// The input does not have the model's byte length.
+    BadInput(String),
+    /// No capacity right now (every staging slot in use).
+    Unavailable(String),
+    /// The task could not be sent (the request counts as failed).
+    SendFailed(String),
+    /// Anything else.
+    Internal(String),
+}
+
+/// The final result of one inference request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InferResult {
+    /// The output tensor's bytes (little-endian elements).
+    Ok(Vec<u8>),
+    /// Dropped by the cluster, with the reason.
+    Dropped(DropReason),
+    /// Failed at the backend.
+    Failed(TaskStatus),
+    /// No outcome within the deadline plus grace.
+    TimedOut,
+    /// Refused before it was accepted.
+    Refused(SubmitError),
+}
+
+/// The service behind the HTTP API.
+pub trait InferenceService: Send + Sync + 'static {
+    /// The pending outcome of an accepted request.
+    type Pending: PendingOutcome;
+
+    /// The served models.
+    fn catalog(&self) -> &ModelCatalog;
+    /// Whether the service takes requests.
+    fn ready(&self) -> bool;
+    /// Submits `input` (exactly the model's input bytes) for model
+    /// `model_id` with `budget` until its deadline.
+    fn submit(
+        &self,
+        model_id: u32,
+        input: &[u8],
+        budget: Duration,
+    ) -> Result<Self::Pending, SubmitError>;
+    /// How long past the budget a caller waits before giving up.
+    fn grace(&self) -> Duration;
+    /// The metrics registry.
+    fn metrics(&self) -> &Metrics;
+    /// The global outcome counters.
+    fn counters(&self) -> CounterSnapshot;
+
+    /// Model metadata lookup by name (and version, if given).
+    fn model(&self, name: &str, version: Option<&str>) -> Option<&ModelEntry> {
+        self.catalog()
+            .by_name(name)
+            .filter(|m| version.is_none_or(|v| v == m.version))
+    }
+}
+
+/// Submits and waits for exactly one outcome, giving up at
+/// `budget + service.grace()`.
+pub async fn infer<S: InferenceService>(
+    service: &S,
+    model_id: u32,
+    input: &[u8],
+    budget: Duration,
+) -> InferResult {
+    let mut pending = match service.submit(model_id, input, budget) {
+        Ok(p) => p,
+        Err(e) => return InferResult::Refused(e),
+    };
+    let limit = std::time::Duration::from_nanos(budget.saturating_add(service.grace()).as_nanos());
+    let outcome = tokio::select! {
+        o = &mut pending => o,
+        _ = tokio::time::sleep(limit) => pending.expire(),
+    };
+    match outcome {
+        Outcome::Ok(b) => InferResult::Ok(b),
+        Outcome::Dropped(r) => InferResult::Dropped(r),
+        Outcome::Failed(s) => InferResult::Failed(s),
+        Outcome::TimedOut => InferResult::TimedOut,
+    }
+}
+
+/// The real service: stages inputs in a [`Staging`] area and sends tasks
+/// through a [`TaskSink`]; outcomes come back through
+/// [`Staging::route`] / [`Staging::route_message`].
+pub struct ClusterService<S: TaskSink> {
+    catalog: Arc<ModelCatalog>,
+    staging: Arc<Staging>,
+    sink: S,
+    metrics: Arc<Metrics>,
+    grace: Duration,
+}
+
+impl<S: TaskSink> std::fmt::Debug for ClusterService<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterService")
+            .field("staging", &self.staging)
+            .finish()
+    }
+}
+
+impl<S: TaskSink> ClusterService<S> {
+    /// A service over `staging` sending to `sink`; requests wait at most
+    /// their budget plus `grace` for an outcome.
+    pub fn new(
+        catalog: Arc<ModelCatalog>,
+        staging: Arc<Staging>,
+        sink: S,
+        metrics: Arc<Metrics>,
+        grace: Duration,
+    ) -> Self {
+        ClusterService {
+            catalog,
+            staging,
+            sink,
+            metrics,
+            grace,
+        }
+    }
+    /// The staging area (completions are routed through it).
+    pub fn staging(&self) -> &Arc<Staging> {
+        &self.staging
+    }
+}
+
+impl<S: TaskSink> InferenceService for ClusterService<S> {
+    type Pending = Ticket;
+
+    fn catalog(&self) -> &ModelCatalog {
+        &self.catalog
+    }
+    fn ready(&self) -> bool {
+        true
+    }
+    fn submit(&self, model_id: u32, input: &[u8], budget: Duration) -> Result<Ticket, SubmitError> {
+        let model = self
+            .catalog
+            .by_id(model_id)
+            .ok_or(SubmitError::UnknownModel)?;
+        if input.len() as u64 != model.input.byte_len() {
+            return Err(SubmitError::BadInput(format!(
+                "input has {} bytes, model '{}' takes {}",
+                input.len(),
+                model.spec.name,
+                model.input.byte_len()
+            )));
+        }
+        let (task, ticket) = self
+            .staging
+            .stage(model_id, input, budget)
+            .map_err(|e| match e {
+                StageError::Full => SubmitError::Unavailable(e.to_string()),
+                StageError::TooLarge => SubmitError::BadInput(e.to_string()),
+                StageError::Memory(_) => SubmitError::Internal(e.to_string()),
+            })?;
+        if let Err(e) = self.sink.send(&task) {
+            ticket.fail_unsent();
+            return Err(SubmitError::SendFailed(e.0));
+        }
+        Ok(ticket)
+    }
+    fn grace(&self) -> Duration {
+        self.grace
+    }
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+    fn counters(&self) -> CounterSnapshot {
+        self.staging.counters().snapshot()
+    }
+}

@@ -1,0 +1,833 @@
+//! Input staging and completion routing.
+//!
+//! Every request in flight owns one fixed-size slot of a registered region
+//! (its input, READ by a backend) and the pending cell with the same index
+//! (where its outcome lands). The task id names both: frontend id, a
+//! per-slot sequence number and the slot index, so routing a completion is
+//! one array index and a compare-and-swap, and a stale or duplicated
+//! completion (older sequence, or a cell that already has its outcome) is
+//! recognised and counted instead of being delivered to the wrong request.
+//!
+//! Once warm nothing here allocates or locks: free slots sit in a lock-free
+//! bounded queue, outcomes are written into buffers preallocated per cell,
+//! and the waiting request is woken through an [`AtomicWaker`].
+//!
+//! Cell life cycle (`state = seq << 3 | phase`):
+//! `FREE -> WAITING` (staged) `-> WRITING -> DONE` (outcome written, the
+//! ticket reads it and frees the slot). A ticket dropped before its outcome
+//! (client gone) moves `WAITING -> ORPHANED`; the outcome, when it comes,
+//! is counted and frees the slot. A ticket that gives up waiting moves
+//! `WAITING -> EXPIRED` and counts a failure; a late outcome only frees the
+//! slot. The slot is never reused while a backend may still READ it.
+
+use atomic_waker::AtomicWaker;
+use crossbeam_queue::ArrayQueue;
+use dataplane::mem::{MemError, Slot, SlotPool};
+use dataplane::time::Duration;
+use dataplane::transport::Registration;
+use dataplane::wire::{self, DropReason, Message, OutputKind, Task, TaskStatus};
+use std::cell::UnsafeCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+const FREE: u64 = 0;
+const WAITING: u64 = 1;
+const WRITING: u64 = 2;
+const DONE: u64 = 3;
+const ORPHANED: u64 = 4;
+const EXPIRED: u64 = 5;
+const PHASE_MASK: u64 = 7;
+
+const INDEX_BITS: u32 = 20;
+const SEQ_BITS: u32 = 28;
+/// Most slots a [`Staging`] can have (the slot index takes 20 task-id bits).
+pub const MAX_SLOTS: u32 = 1 << INDEX_BITS;
+const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+
+/// Sizes of a [`Staging`].
+#[derive(Clone, Copy, Debug)]
+pub struct StagingConfig {
+    /// This frontend's id (the high 16 bits of every task id).
+    pub frontend_id: u16,
+    /// Slots, i.e. the most requests in flight at once.
+    pub slots: u32,
+    /// Bytes per slot (at least the largest model input).
+    pub slot_size: u32,
+    /// Largest output accepted in a completion, bytes.
+    pub max_output: u32,
+}
+
+/// Global outcome counters. Once quiet,
+/// `accepted = succeeded + dropped + failed`.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Requests staged and handed to the cluster.
+    pub accepted: AtomicU64,
+    /// Requests answered with a result.
+    pub succeeded: AtomicU64,
+    /// Requests dropped by the cluster (deadline, overload, ...).
+    pub dropped: AtomicU64,
+    /// Requests that ended in an error (backend failure, send failure,
+    /// no outcome within the deadline plus grace).
+    pub failed: AtomicU64,
+    /// Requests refused before staging because every slot was in use.
+    pub rejected_full: AtomicU64,
+    /// Completions naming no request in flight (stale sequence, foreign
+    /// frontend id, bad index).
+    pub unroutable: AtomicU64,
+    /// Second outcomes for a request that already had one.
+    pub duplicates: AtomicU64,
+    /// Outcomes that arrived after their request had given up waiting.
+    pub late: AtomicU64,
+}
+
+/// A snapshot of [`Counters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CounterSnapshot {
+    /// See [`Counters::accepted`].
+    pub accepted: u64,
+    /// See [`Counters::succeeded`].
+    pub succeeded: u64,
+    /// See [`Counters::dropped`].
+    pub dropped: u64,
+    /// See [`Counters::failed`].
+    pub failed: u64,
+    /// See [`Counters::rejected_full`].
+    pub rejected_full: u64,
+    /// See [`Counters::unroutable`].
+    pub unroutable: u64,
+    /// See [`Counters::duplicates`].
+    pub duplicates: u64,
+    /// See [`Counters::late`].
+    pub late: u64,
+}
+
+impl CounterSnapshot {
+    /// Whether every accepted request has exactly one terminal outcome.
+    pub fn balanced(&self) -> bool {
+        self.accepted == self.succeeded + self.dropped + self.failed
+    }
+}
+
+impl Counters {
+    /// Reads every counter.
+    pub fn snapshot(&self) -> CounterSnapshot {
+        let l = |a: &AtomicU64| a.load(Ordering::SeqCst);
+        CounterSnapshot {
+            accepted: l(&self.accepted),
+            succeeded: l(&self.succeeded),
+            dropped: l(&self.dropped),
+            failed: l(&self.failed),
+            rejected_full: l(&self.rejected_full),
+            unroutable: l(&self.unroutable),
+            duplicates: l(&self.duplicates),
+            late: l(&self.late),
+        }
+    }
+}
+
+/// The terminal outcome of one request, as the cluster reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoutedOutcome<'a> {
+    /// Ran; the output bytes.
+    Ok(&'a [u8]),
+    /// Dropped by the scheduler.
+    Dropped(DropReason),
+    /// Failed at the backend.
+    Failed(TaskStatus),
+}
+
+/// The outcome a waiting request receives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The output bytes.
+    Ok(Vec<u8>),
+    /// Dropped, with the reason.
+    Dropped(DropReason),
+    /// Failed at the backend.
+    Failed(TaskStatus),
+    /// No outcome arrived within the deadline plus grace.
+    TimedOut,
+}
+
+/// What [`Staging::route`] did with an outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouteResult {
+    /// Delivered to the waiting request.
+    Delivered,
+    /// The request's client had gone; counted and the slot freed.
+    Orphaned,
+    /// The request had given up; the slot is freed.
+    Late,
+    /// No such request in flight.
+    Unroutable,
+    /// The request already had its outcome.
+    Duplicate,
+}
+
+/// Why a request could not be staged.
+#[derive(Debug)]
+pub enum StageError {
+    /// Every slot is in use.
+    Full,
+    /// The input is larger than a slot.
+    TooLarge,
+    /// The registration refused the reference.
+    Memory(String),
+}
+
+impl std::fmt::Display for StageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StageError::Full => write!(f, "every staging slot is in use"),
+            StageError::TooLarge => write!(f, "input larger than a staging slot"),
+            StageError::Memory(e) => write!(f, "staging memory: {e}"),
+        }
+    }
+}
+
+struct CellOut {
+    /// 0 ok, 1 dropped, 2 failed.
+    kind: u32,
+    code: u32,
+    len: usize,
+    bytes: Box<[u8]>,
+}
+
+struct Cell {
+    state: AtomicU64,
+    waker: AtomicWaker,
+    out: UnsafeCell<CellOut>,
+}
+
+/// Staging slots and the pending cells that route outcomes back.
+pub struct Staging {
+    reg: Registration,
+    cells: Box<[Cell]>,
+    offsets: Box<[u64]>,
+    free: ArrayQueue<u32>,
+    slot_size: u32,
+    max_output: usize,
+    frontend_id: u16,
+    counters: Counters,
+    // Owns the slots for the life of the staging area.
+    _slots: Vec<Slot>,
+    _pool: SlotPool,
+}
+
+// SAFETY: `CellOut` is only touched by the one party the cell's phase
+// designates (the router in WRITING, the ticket in DONE, or whoever moved
+// it to FREE), and phase changes are acquire/release atomics.
+unsafe impl Sync for Staging {}
+
+impl std::fmt::Debug for Staging {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Staging")
+            .field("slots", &self.cells.len())
+            .field("free", &self.free.len())
+            .field("slot_size", &self.slot_size)
+            .finish()
+    }
+}
+
+/// A task id's parts.
+fn split_id(id: u64) -> (u16, u64, u32) {
+    (
+        (id >> 48) as u16,
+        (id >> INDEX_BITS) & SEQ_MASK,
+        (id & (u64::from(MAX_SLOTS) - 1)) as u32,
+    )
+}
+
+impl Staging {
+    /// Carves `cfg.slots` slots of `cfg.slot_size` bytes from the start of
+    /// the registered region (registered with REMOTE_READ by the daemon's
+    /// transport domain) and preallocates every pending cell.
+    pub fn new(reg: Registration, cfg: StagingConfig) -> Result<Arc<Staging>, MemError> {
+        if cfg.slots == 0 || cfg.slots > MAX_SLOTS {
+            return Err(MemError::Unsupported("staging slots must be 1..=2^20"));
+        }
+        let mut pool = SlotPool::new(reg.region().clone(), 0, cfg.slot_size, cfg.slots)?;
+        let free = ArrayQueue::new(cfg.slots as usize);
+        let mut slots = Vec::with_capacity(cfg.slots as usize);
+        let mut offsets = vec![0u64; cfg.slots as usize];
+        while let Some(s) = pool.alloc() {
+            offsets[s.index() as usize] = s.offset();
+            let _ = free.push(s.index());
+            slots.push(s);
+        }
+        let cells = (0..cfg.slots)
+            .map(|_| Cell {
+                state: AtomicU64::new(FREE),
+                waker: AtomicWaker::new(),
+                out: UnsafeCell::new(CellOut {
+                    kind: 0,
+                    code: 0,
+                    len: 0,
+                    bytes: vec![0u8; cfg.max_output as usize].into_boxed_slice(),
+                }),
+            })
+            .collect();
+        Ok(Arc::new(Staging {
+            reg,
+            cells,
+            offsets: offsets.into_boxed_slice(),
+            free,
+            slot_size: cfg.slot_size,
+            max_output: cfg.max_output as usize,
+            frontend_id: cfg.frontend_id,
+            counters: Counters::default(),
+            _slots: slots,
+            _pool: pool,
+        }))
+    }
+
+    /// The outcome counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+    /// Slots not in use.
+    pub fn free_slots(&self) -> usize {
+        self.free.len()
+    }
+    /// Total slots.
+    pub fn capacity(&self) -> usize {
+        self.cells.len()
+    }
+    /// The registration the slots live in.
+    pub fn registration(&self) -> &Registration {
+        &self.reg
+    }
+
+    /// Copies `input` into a free slot and returns the task to send (with
+    /// `budget` as its remaining budget) and the ticket that resolves to
+    /// its outcome. Counts the request as accepted: from here on it ends
+    /// in exactly one outcome.
+    pub fn stage(
+        self: &Arc<Self>,
+        model_id: u32,
+        input: &[u8],
+        budget: Duration,
+    ) -> Result<(Task, Ticket), StageError> {
+        if input.len() > self.slot_size as usize {
+            return Err(StageError::TooLarge);
+        }
+        let Some(index) = self.free.pop() else {
+            self.counters.rejected_full.fetch_add(1, Ordering::Relaxed);
+            return Err(StageError::Full);
+        };
+        let offset = self.offsets[index as usize];
+        let cell = &self.cells[index as usize];
+        let put_back = |e: String| {
+            let _ = self.free.push(index);
+            StageError::Memory(e)
+        };
+        self.reg
+            .region()
+            .write_at(offset, input)
+            .map_err(|e| put_back(e.to_string()))?;
+        let remote = self
+            .reg
+            .remote_ref(offset, input.len() as u32)
+            .map_err(|e| put_back(format!("{e:?}")))?;
+        let seq = ((cell.state.load(Ordering::Acquire) >> 3) + 1) & SEQ_MASK;
+        cell.state.store(seq << 3 | WAITING, Ordering::Release);
+        self.counters.accepted.fetch_add(1, Ordering::SeqCst);
+        let task_id = u64::from(self.frontend_id) << 48 | seq << INDEX_BITS | u64::from(index);
+        let task = Task {
+            task_id,
+            budget_ns: budget.as_nanos(),
+            model_id,
+            frontend_id: u32::from(self.frontend_id),
+            input: remote,
+        };
+        Ok((
+            task,
+            Ticket {
+                staging: self.clone(),
+                index,
+                seq,
+                finished: false,
+            },
+        ))
+    }
+
+    fn release(&self, index: u32, seq: u64) {
+        self.cells[index as usize]
+            .state
+            .store(seq << 3 | FREE, Ordering::Release);
+        // Cannot fail: each index is in the queue at most once and the
+        // queue holds every index.
+        let _ = self.free.push(index);
+    }
+
+    fn count(&self, o: &RoutedOutcome<'_>) {
+        let c = match o {
+            RoutedOutcome::Ok(_) => &self.counters.succeeded,
+            RoutedOutcome::Dropped(_) => &self.counters.dropped,
+            RoutedOutcome::Failed(_) => &self.counters.failed,
+        };
+        c.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Delivers the outcome of task `task_id`. Exactly one outcome per
+    /// request is counted and delivered; anything else is classified.
+    pub fn route(&self, task_id: u64, outcome: RoutedOutcome<'_>) -> RouteResult {
+        let (fid, seq, index) = split_id(task_id);
+        let Some(cell) = self
+            .cells
+            .get(index as usize)
+            .filter(|_| fid == self.frontend_id)
+        else {
+            self.counters.unroutable.fetch_add(1, Ordering::Relaxed);
+            return RouteResult::Unroutable;
+        };
+        // An output too long for the cell is a backend failure.
+        let outcome = match outcome {
+            RoutedOutcome::Ok(b) if b.len() > self.max_output => {
+                RoutedOutcome::Failed(TaskStatus::ExecFailed)
+            }
+            o => o,
+        };
+        loop {
+            let s = cell.state.load(Ordering::Acquire);
+            if (s >> 3) & SEQ_MASK != seq || s & PHASE_MASK == FREE {
+                self.counters.unroutable.fetch_add(1, Ordering::Relaxed);
+                return RouteResult::Unroutable;
+            }
+            let base = s & !PHASE_MASK;
+            match s & PHASE_MASK {
+                WAITING => {
+                    if cell
+                        .state
+                        .compare_exchange(s, base | WRITING, Ordering::AcqRel, Ordering::Acquire)
+                        .is_err()
+                    {
+                        continue;
+                    }
+                    // SAFETY: in WRITING only this router touches the outcome.
+                    let out = unsafe { &mut *cell.out.get() };
+                    match outcome {
+                        RoutedOutcome::Ok(b) => {
+                            out.kind = 0;
+                            out.len = b.len();
+                            out.bytes[..b.len()].copy_from_slice(b);
+                        }
+                        RoutedOutcome::Dropped(r) => {
+                            out.kind = 1;
+                            out.code = r as u32;
+                        }
+                        RoutedOutcome::Failed(st) => {
+                            out.kind = 2;
+                            out.code = st as u32;
+                        }
+                    }
+                    self.count(&outcome);
+                    cell.state.store(base | DONE, Ordering::Release);
+                    cell.waker.wake();
+                    return RouteResult::Delivered;
+                }
+                ORPHANED => {
+                    if cell
+                        .state
+                        .compare_exchange(s, base | WRITING, Ordering::AcqRel, Ordering::Acquire)
+                        .is_err()
+                    {
+                        continue;
+                    }
+                    self.count(&outcome);
+                    self.release(index, seq);
+                    return RouteResult::Orphaned;
+                }
+                EXPIRED => {
+                    if cell
+                        .state
+                        .compare_exchange(s, base | WRITING, Ordering::AcqRel, Ordering::Acquire)
+                        .is_err()
+                    {
+                        continue;
+                    }
+                    self.counters.late.fetch_add(1, Ordering::Relaxed);
+                    self.release(index, seq);
+                    return RouteResult::Late;
+                }
+                _ => {
+                    self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+                    return RouteResult::Duplicate;
+                }
+            }
+        }
+    }
+
+    /// Routes a decoded wire message: a [`Message::Completion`] (inline or
+    /// no output) or a [`Message::Dropped`]. Other kinds, unknown status or
+    /// reason codes and remote outputs (which need a READ this frontend
+    /// does not do) are refused with an error; a completion for a known
+    /// task with an unusable output still ends that task (as failed).
+    pub fn route_message(&self, msg: &Message<'_>) -> Result<RouteResult, wire::WireError> {
+        match *msg {
+            Message::Completion(head, inline) => {
+                let status = TaskStatus::from_u32(head.status)
+                    .ok_or(wire::WireError::BadValue("task status"))?;
+                let outcome = match (status, OutputKind::from_u32(head.output_kind)) {
+                    (TaskStatus::Ok, Some(OutputKind::Inline)) => RoutedOutcome::Ok(inline),
+                    (TaskStatus::Ok, Some(OutputKind::None)) => RoutedOutcome::Ok(&[]),
+                    (TaskStatus::Ok, _) => RoutedOutcome::Failed(TaskStatus::ExecFailed),
+                    (st, _) => RoutedOutcome::Failed(st),
+                };
+                Ok(self.route(head.task_id, outcome))
+            }
+            Message::Dropped(d) => {
+                let reason = DropReason::from_u32(d.reason)
+                    .ok_or(wire::WireError::BadValue("drop reason"))?;
+                Ok(self.route(d.task_id, RoutedOutcome::Dropped(reason)))
+            }
+            _ => Err(wire::WireError::BadValue("not a completion or drop")),
+        }
+    }
+
+    fn take_done(&self, index: u32, seq: u64) -> Outcome {
+        let cell = &self.cells[index as usize];
+        // SAFETY: the phase is DONE with our sequence: the router finished
+        // writing (release store, acquired by our load) and only we read.
+        let out = unsafe { &*cell.out.get() };
+        let o = match out.kind {
+            0 => Outcome::Ok(out.bytes[..out.len].to_vec()),
+            1 => Outcome::Dropped(DropReason::from_u32(out.code).unwrap_or(DropReason::Overloaded)),
+            _ => Outcome::Failed(TaskStatus::from_u32(out.code).unwrap_or(TaskStatus::ExecFailed)),
+        };
+        self.release(index, seq);
+        o
+    }
+
+    /// Waits (briefly: the router is inside a short copy) for a WRITING
+    /// cell to become DONE.
+    fn wait_written(&self, index: u32, seq: u64) {
+        let cell = &self.cells[index as usize];
+        for i in 0u32.. {
+            if cell.state.load(Ordering::Acquire) == (seq << 3 | DONE) {
+                return;
+            }
+            if i < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// Resolves to the outcome of one staged request. Dropping it before then
+/// leaves the outcome to be counted when it arrives (the slot stays in use
+/// until then, since a backend may still READ it).
+#[derive(Debug)]
+pub struct Ticket {
+    staging: Arc<Staging>,
+    index: u32,
+    seq: u64,
+    finished: bool,
+}
+
+impl Ticket {
+    /// The task id.
+    pub fn task_id(&self) -> u64 {
+        u64::from(self.staging.frontend_id) << 48 | self.seq << INDEX_BITS | u64::from(self.index)
+    }
+
+    /// Ends the wait now: if the outcome is already here it is returned,
+    /// otherwise the request counts as failed and resolves to
+    /// [`Outcome::TimedOut`] (a late outcome only frees the slot).
+    pub fn expire(&mut self) -> Outcome {
+        if self.finished {
+            return Outcome::TimedOut;
+        }
+        self.finished = true;
+        let cell = &self.staging.cells[self.index as usize];
+        let waiting = self.seq << 3 | WAITING;
+        match cell.state.compare_exchange(
+            waiting,
+            self.seq << 3 | EXPIRED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => {
+                self.staging.counters.failed.fetch_add(1, Ordering::SeqCst);
+                Outcome::TimedOut
+            }
+            Err(_) => {
+                self.staging.wait_written(self.index, self.seq);
+                self.staging.take_done(self.index, self.seq)
+            }
+        }
+    }
+
+    /// Ends the request as failed without waiting (its task could not be
+    /// sent). The slot is freed at once: nobody will READ it.
+    pub fn fail_unsent(mut self) {
+        let cell = &self.staging.cells[self.index as usize];
+        let waiting = self.seq << 3 | WAITING;
+        if cell
+            .state
+            .compare_exchange(
+                waiting,
+                self.seq << 3 | WRITING,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
+            self.staging.counters.failed.fetch_add(1, Ordering::SeqCst);
+            self.staging.release(self.index, self.seq);
+            self.finished = true;
+        }
+        // Otherwise an outcome raced in (impossible for an unsent task);
+        // Drop handles it.
+    }
+}
+
+impl Future for Ticket {
+    type Output = Outcome;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
+        if self.finished {
+            return Poll::Ready(Outcome::TimedOut);
+        }
+        let cell = &self.staging.cells[self.index as usize];
+        cell.waker.register(cx.waker());
+        if cell.state.load(Ordering::Acquire) == (self.seq << 3 | DONE) {
+            self.finished = true;
+            return Poll::Ready(self.staging.take_done(self.index, self.seq));
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let cell = &self.staging.cells[self.index as usize];
+        let waiting = self.seq << 3 | WAITING;
+        if cell
+            .state
+            .compare_exchange(
+                waiting,
+                self.seq << 3 | ORPHANED,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_err()
+        {
+            // The outcome is here or being written: it was counted; free.
+            self.staging.wait_written(self.index, self.seq);
+            let _ = self.staging.take_done(self.index, self.seq);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dataplane::mem::{Access, Region};
+
+    fn staging(slots: u32) -> Arc<Staging> {
+        let region = Region::anonymous(64 * slots as usize).unwrap();
+        let reg = Registration::new(1, region, Access::REMOTE_READ, 0);
+        Staging::new(
+            reg,
+            StagingConfig {
+                frontend_id: 7,
+                slots,
+                slot_size: 64,
+                max_output: 16,
+            },
+        )
+        .unwrap()
+    }
+
+    fn poll_now(t: &mut Ticket) -> Poll<Outcome> {
+        let w = std::task::Waker::noop();
+        Pin::new(t).poll(&mut Context::from_waker(w))
+    }
+
+    #[test]
+    fn outcomes_route_once_and_stale_ids_are_refused() {
+        let s = staging(2);
+        let (task, mut t) = s.stage(3, b"abc", Duration::from_millis(5)).unwrap();
+        assert_eq!(task.input.len, 3);
+        let mut b = [0u8; 3];
+        s.registration()
+            .region()
+            .read_at(task.input.offset, &mut b)
+            .unwrap();
+        assert_eq!(&b, b"abc");
+        assert!(poll_now(&mut t).is_pending());
+        assert_eq!(
+            s.route(task.task_id, RoutedOutcome::Ok(b"out")),
+            RouteResult::Delivered
+        );
+        assert_eq!(
+            s.route(task.task_id, RoutedOutcome::Ok(b"out")),
+            RouteResult::Duplicate
+        );
+        assert_eq!(poll_now(&mut t), Poll::Ready(Outcome::Ok(b"out".to_vec())));
+        drop(t);
+        // The slot is free again; the old id is stale.
+        assert_eq!(
+            s.route(task.task_id, RoutedOutcome::Ok(b"x")),
+            RouteResult::Unroutable
+        );
+        let (task2, mut t2) = s.stage(3, b"d", Duration::ZERO).unwrap();
+        assert_ne!(task2.task_id, task.task_id);
+        assert_eq!(
+            s.route(task2.task_id ^ (1 << 60), RoutedOutcome::Ok(b"")),
+            RouteResult::Unroutable
+        );
+        assert_eq!(
+            s.route(
+                task2.task_id,
+                RoutedOutcome::Dropped(DropReason::DeadlineUnmeetable)
+            ),
+            RouteResult::Delivered
+        );
+        assert_eq!(
+            poll_now(&mut t2),
+            Poll::Ready(Outcome::Dropped(DropReason::DeadlineUnmeetable))
+        );
+        let c = s.counters().snapshot();
+        assert_eq!(
+            (
+                c.accepted,
+                c.succeeded,
+                c.dropped,
+                c.duplicates,
+                c.unroutable
+            ),
+            (2, 1, 1, 1, 2)
+        );
+        assert!(c.balanced());
+    }
+
+    #[test]
+    fn orphaned_expired_and_full_requests_keep_the_counters_balanced() {
+        let s = staging(2);
+        let (a, ta) = s.stage(0, b"a", Duration::ZERO).unwrap();
+        let (b, mut tb) = s.stage(0, b"b", Duration::ZERO).unwrap();
+        assert!(matches!(
+            s.stage(0, b"c", Duration::ZERO),
+            Err(StageError::Full)
+        ));
+        drop(ta);
+        assert_eq!(
+            s.free_slots(),
+            0,
+            "an orphaned slot stays in use until its outcome"
+        );
+        assert_eq!(
+            s.route(a.task_id, RoutedOutcome::Failed(TaskStatus::ExecFailed)),
+            RouteResult::Orphaned
+        );
+        assert_eq!(tb.expire(), Outcome::TimedOut);
+        assert_eq!(s.free_slots(), 1);
+        assert_eq!(
+            s.route(b.task_id, RoutedOutcome::Ok(b"late")),
+            RouteResult::Late
+        );
+        assert_eq!(s.free_slots(), 2);
+        // An output longer than the cell's buffer fails the request.
+        let (c, mut tc) = s.stage(0, b"c", Duration::ZERO).unwrap();
+        s.route(c.task_id, RoutedOutcome::Ok(&[0u8; 17]));
+        assert_eq!(
+            poll_now(&mut tc),
+            Poll::Ready(Outcome::Failed(TaskStatus::ExecFailed))
+        );
+        let snap = s.counters().snapshot();
+        assert_eq!(
+            (snap.accepted, snap.failed, snap.late, snap.rejected_full),
+            (3, 3, 1, 1)
+        );
+        assert!(snap.balanced());
+        assert!(matches!(
+            s.stage(0, &[0u8; 65], Duration::ZERO),
+            Err(StageError::TooLarge)
+        ));
+    }
+
+    #[test]
+    fn racing_outcomes_expiries_and_hang_ups_lose_nothing() {
+        // One thread stages and then waits, gives up or hangs up; another
+        // routes each outcome (sometimes twice). Seeded choices, bounded.
+        let s = staging(8);
+        let (tx, rx) = std::sync::mpsc::channel::<u64>();
+        let router = {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let (mut n, mut seconds) = (0u64, 0u64);
+                while let Ok(id) = rx.recv() {
+                    n += 1;
+                    let o = match n % 3 {
+                        0 => RoutedOutcome::Ok(b"out"),
+                        1 => RoutedOutcome::Dropped(DropReason::DeadlineUnmeetable),
+                        _ => RoutedOutcome::Failed(TaskStatus::ExecFailed),
+                    };
+                    let first = s.route(id, o);
+                    assert!(
+                        matches!(
+                            first,
+                            RouteResult::Delivered | RouteResult::Orphaned | RouteResult::Late
+                        ),
+                        "{first:?}"
+                    );
+                    if n % 7 == 0 {
+                        seconds += 1;
+                        let second = s.route(id, o);
+                        // Still held: a duplicate; already freed: unroutable.
+                        assert!(
+                            matches!(second, RouteResult::Duplicate | RouteResult::Unroutable),
+                            "{second:?}"
+                        );
+                    }
+                }
+                seconds
+            })
+        };
+        let mut x: u64 = 0x1234_5678;
+        let mut staged = 0u64;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let (task, mut t) = match s.stage(0, b"in", Duration::ZERO) {
+                Ok(v) => v,
+                Err(StageError::Full) => {
+                    std::thread::yield_now();
+                    continue;
+                }
+                Err(e) => panic!("{e}"),
+            };
+            staged += 1;
+            tx.send(task.task_id).unwrap();
+            match x % 3 {
+                0 => drop(t),
+                1 => {
+                    let _ = t.expire();
+                }
+                _ => {
+                    while poll_now(&mut t).is_pending() {
+                        std::thread::yield_now();
+                    }
+                }
+            }
+        }
+        drop(tx);
+        let seconds = router.join().unwrap();
+        let c = s.counters().snapshot();
+        assert_eq!(c.accepted, staged);
+        assert!(c.balanced(), "{c:?}");
+        assert_eq!(c.unroutable + c.duplicates, seconds, "{c:?}");
+        assert_eq!(s.free_slots(), s.capacity(), "every slot came back");
+    }
+}

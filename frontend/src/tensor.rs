@@ -1,0 +1,333 @@
+//! Tensor datatypes and shapes of the Open Inference Protocol, the decoding
+//! of JSON tensor data into little-endian bytes, and the deterministic
+//! reference output every emulated model computes.
+
+use serde_json::Value;
+
+/// Element types of the protocol (`BYTES` is not served: models here take
+/// fixed-size numeric tensors only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DataType {
+    /// `BOOL`, one byte (0 or 1).
+    Bool,
+    /// `UINT8`.
+    U8,
+    /// `UINT16`.
+    U16,
+    /// `UINT32`.
+    U32,
+    /// `UINT64`.
+    U64,
+    /// `INT8`.
+    I8,
+    /// `INT16`.
+    I16,
+    /// `INT32`.
+    I32,
+    /// `INT64`.
+    I64,
+    /// `FP32`.
+    F32,
+    /// `FP64`.
+    F64,
+}
+
+impl DataType {
+    /// Parses a protocol datatype name (`FP32`, `INT64`, ...). Case-sensitive,
+    /// as the protocol spells them.
+    pub fn parse(s: &str) -> Option<DataType> {
+        Some(match s {
+            "BOOL" => DataType::Bool,
+            "UINT8" => DataType::U8,
+            "UINT16" => DataType::U16,
+            "UINT32" => DataType::U32,
+            "UINT64" => DataType::U64,
+            "INT8" => DataType::I8,
+            "INT16" => DataType::I16,
+            "INT32" => DataType::I32,
+            "INT64" => DataType::I64,
+            "FP32" => DataType::F32,
+            "FP64" => DataType::F64,
+            _ => return None,
+        })
+    }
+
+    /// The protocol name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DataType::Bool => "BOOL",
+            DataType::U8 => "UINT8",
+            DataType::U16 => "UINT16",
+            DataType::U32 => "UINT32",
+            DataType::U64 => "UINT64",
+            DataType::I8 => "INT8",
+            DataType::I16 => "INT16",
+            DataType::I32 => "INT32",
+            DataType::I64 => "INT64",
+            DataType::F32 => "FP32",
+            DataType::F64 => "FP64",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DataType::Bool | DataType::U8 | DataType::I8 => 1,
+            DataType::U16 | DataType::I16 => 2,
+            DataType::U32 | DataType::I32 | DataType::F32 => 4,
+            DataType::U64 | DataType::I64 | DataType::F64 => 8,
+        }
+    }
+
+    /// Encodes one JSON scalar as this type, little-endian, into `out`
+    /// (exactly `self.size()` bytes). `None` if the value is not a number
+    /// (or bool) representable in the type.
+    fn encode(self, v: &Value, out: &mut [u8]) -> Option<()> {
+        fn int<T: TryFrom<i64> + TryFrom<u64>>(v: &Value) -> Option<T> {
+            if let Some(u) = v.as_u64() {
+                T::try_from(u).ok()
+            } else {
+                T::try_from(v.as_i64()?).ok()
+            }
+        }
+        match self {
+            DataType::Bool => out[0] = u8::from(v.as_bool()?),
+            DataType::U8 => out.copy_from_slice(&int::<u8>(v)?.to_le_bytes()),
+            DataType::U16 => out.copy_from_slice(&int::<u16>(v)?.to_le_bytes()),
+            DataType::U32 => out.copy_from_slice(&int::<u32>(v)?.to_le_bytes()),
+            DataType::U64 => out.copy_from_slice(&int::<u64>(v)?.to_le_bytes()),
+            DataType::I8 => out.copy_from_slice(&int::<i8>(v)?.to_le_bytes()),
+            DataType::I16 => out.copy_from_slice(&int::<i16>(v)?.to_le_bytes()),
+            DataType::I32 => out.copy_from_slice(&int::<i32>(v)?.to_le_bytes()),
+            DataType::I64 => out.copy_from_slice(&int::<i64>(v)?.to_le_bytes()),
+            DataType::F32 => out.copy_from_slice(&(v.as_f64()? as f32).to_le_bytes()),
+            DataType::F64 => out.copy_from_slice(&v.as_f64()?.to_le_bytes()),
+        }
+        Some(())
+    }
+
+    /// Decodes one little-endian element of this type as JSON.
+    fn decode(self, b: &[u8]) -> Value {
+        let a = |n: usize| -> [u8; 8] {
+            let mut x = [0u8; 8];
+            x[..n].copy_from_slice(&b[..n]);
+            x
+        };
+        match self {
+            DataType::Bool => Value::Bool(b[0] != 0),
+            DataType::U8 => Value::from(b[0]),
+            DataType::U16 => Value::from(u16::from_le_bytes([b[0], b[1]])),
+            DataType::U32 => Value::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            DataType::U64 => Value::from(u64::from_le_bytes(a(8))),
+            DataType::I8 => Value::from(b[0] as i8),
+            DataType::I16 => Value::from(i16::from_le_bytes([b[0], b[1]])),
+            DataType::I32 => Value::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            DataType::I64 => Value::from(i64::from_le_bytes(a(8))),
+            DataType::F32 => Value::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64),
+            DataType::F64 => Value::from(f64::from_le_bytes(a(8))),
+        }
+    }
+}
+
+/// A named tensor with a fixed datatype and shape (model metadata).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSpec {
+    /// Tensor name (`INPUT0`).
+    pub name: String,
+    /// Element type.
+    pub datatype: DataType,
+    /// Dimensions; all positive (no variable dimensions are served).
+    pub shape: Vec<u64>,
+}
+
+impl TensorSpec {
+    /// A tensor spec.
+    pub fn new(name: &str, datatype: DataType, shape: &[u64]) -> Self {
+        TensorSpec {
+            name: name.to_string(),
+            datatype,
+            shape: shape.to_vec(),
+        }
+    }
+    /// Number of elements (product of the shape).
+    pub fn elements(&self) -> u64 {
+        self.shape.iter().product()
+    }
+    /// Bytes of the whole tensor.
+    pub fn byte_len(&self) -> u64 {
+        self.elements() * self.datatype.size() as u64
+    }
+}
+
+/// Why tensor data was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DataError {
+    /// The flattened data does not have the expected number of elements.
+    Count {
+        /// Elements the shape requires.
+        expected: u64,
+        /// Elements found (counting stops once past `expected`).
+        got: u64,
+    },
+    /// An element is not a value of the datatype.
+    Element(DataType),
+    /// Nesting deeper than the shape allows.
+    TooDeep,
+}
+
+impl std::fmt::Display for DataError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DataError::Count { expected, got } => {
+                write!(
+                    f,
+                    "tensor data has {got} elements, shape requires {expected}"
+                )
+            }
+            DataError::Element(t) => {
+                write!(f, "tensor data holds a value that is not {}", t.as_str())
+            }
+            DataError::TooDeep => write!(f, "tensor data nested deeper than its shape"),
+        }
+    }
+}
+
+/// Flattens JSON tensor data (a flat array, nested row-major arrays, or a
+/// single scalar for one element) into `out` as little-endian `dt`
+/// elements. `out.len()` must be `elements * dt.size()`; the data must
+/// fill it exactly. Never panics and never allocates.
+pub fn encode_json_data(data: &Value, dt: DataType, out: &mut [u8]) -> Result<(), DataError> {
+    let size = dt.size();
+    let expected = (out.len() / size) as u64;
+    let mut n: usize = 0;
+    // Depth bounded by the recursion limit serde_json itself enforces (128).
+    fn walk(
+        v: &Value,
+        dt: DataType,
+        out: &mut [u8],
+        n: &mut usize,
+        depth: u32,
+    ) -> Result<(), DataError> {
+        if depth > 64 {
+            return Err(DataError::TooDeep);
+        }
+        match v {
+            Value::Array(items) => {
+                for it in items {
+                    walk(it, dt, out, n, depth + 1)?;
+                }
+                Ok(())
+            }
+            scalar => {
+                let size = dt.size();
+                let at = *n * size;
+                *n += 1;
+                match out.get_mut(at..at + size) {
+                    Some(dst) => dt.encode(scalar, dst).ok_or(DataError::Element(dt)),
+                    // Keep counting (no writes) to report the real length.
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+    walk(data, dt, out, &mut n, 0)?;
+    if n as u64 != expected {
+        return Err(DataError::Count {
+            expected,
+            got: n as u64,
+        });
+    }
+    Ok(())
+}
+
+/// Decodes little-endian `dt` elements into a flat JSON array.
+pub fn decode_to_json(bytes: &[u8], dt: DataType) -> Value {
+    Value::Array(
+        bytes
+            .chunks_exact(dt.size())
+            .map(|c| dt.decode(c))
+            .collect(),
+    )
+}
+
+/// FNV-1a, 64 bits, over `bytes`.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The output every emulated model computes from its staged input bytes:
+/// with `h = fnv1a64(input)`, element `i` is the FP32 value
+/// `((h >> (16 * (i % 4))) & 0xffff) + i`, written little-endian into
+/// `out` (`out.len() / 4` elements). Exact in FP32, cheap to recompute in a
+/// client (see tests/python/test_tritonclient.py), and different for
+/// different inputs, so a response delivered to the wrong client is caught.
+pub fn reference_output(input: &[u8], out: &mut [u8]) {
+    let h = fnv1a64(input);
+    for (i, c) in out.chunks_exact_mut(4).enumerate() {
+        let v = ((h >> (16 * (i % 4))) & 0xffff) as f32 + i as f32;
+        c.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn flat_and_nested_data_encode_alike_and_bad_data_is_refused() {
+        let mut a = [0u8; 16];
+        let mut b = [0u8; 16];
+        encode_json_data(&json!([1, 2.5, 3, 4]), DataType::F32, &mut a).unwrap();
+        encode_json_data(&json!([[1, 2.5], [3, 4]]), DataType::F32, &mut b).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(
+            decode_to_json(&a, DataType::F32),
+            json!([1.0, 2.5, 3.0, 4.0])
+        );
+        assert_eq!(
+            encode_json_data(&json!([1, 2, 3]), DataType::F32, &mut a),
+            Err(DataError::Count {
+                expected: 4,
+                got: 3
+            })
+        );
+        assert_eq!(
+            encode_json_data(&json!([1, 2, 3, 4, 5]), DataType::F32, &mut a),
+            Err(DataError::Count {
+                expected: 4,
+                got: 5
+            })
+        );
+        assert_eq!(
+            encode_json_data(&json!([1, "x", 3, 4]), DataType::F32, &mut a),
+            Err(DataError::Element(DataType::F32))
+        );
+        let mut c = [0u8; 4];
+        assert_eq!(
+            encode_json_data(&json!([1, 300, 3, -1]), DataType::U8, &mut c),
+            Err(DataError::Element(DataType::U8))
+        );
+        encode_json_data(&json!([1, 255, 3, 0]), DataType::U8, &mut c).unwrap();
+        assert_eq!(c, [1, 255, 3, 0]);
+        assert!(DataType::parse("BYTES").is_none());
+        assert_eq!(DataType::parse("INT64").unwrap().size(), 8);
+    }
+
+    #[test]
+    fn reference_output_depends_on_input() {
+        let mut x = [0u8; 40];
+        let mut y = [0u8; 40];
+        reference_output(&[1, 2, 3], &mut x);
+        reference_output(&[1, 2, 4], &mut y);
+        assert_ne!(x, y);
+        let e1 = f32::from_le_bytes([x[4], x[5], x[6], x[7]]);
+        let h = fnv1a64(&[1, 2, 3]);
+        assert_eq!(e1, ((h >> 16) & 0xffff) as f32 + 1.0);
+    }
+}

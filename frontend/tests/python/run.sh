@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Runs the tritonclient tests against the frontend's example server.
+# Installs tritonclient[http] (and pytest) if missing, builds and starts
+# `cargo run -p frontend --example serve -- --port 0 --print-port`, runs the
+# tests, and stops the server. Bounded in time; leaves no process behind.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../../.." && pwd)"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/frontend}"
+PY="${PYTHON:-python3}"
+
+if ! "$PY" -c "import tritonclient.http, numpy" 2>/dev/null; then
+    timeout 600 "$PY" -m pip install -q "tritonclient[http]"
+fi
+have_pytest=1
+"$PY" -c "import pytest" 2>/dev/null || have_pytest=0
+
+(cd "$root" && timeout 900 cargo build -q -p frontend --example serve)
+bin="$CARGO_TARGET_DIR/debug/examples/serve"
+
+tmp="$(mktemp -d)"
+fifo="$tmp/stdin"
+mkfifo "$fifo"
+# The server exits when its stdin closes (--exit-on-stdin-eof): holding the
+# fifo open on fd 9 keeps it alive; closing fd 9 (or this script dying)
+# stops it even if the kill below is never reached.
+# ResNet50 and DenseNet121 from the A100 zoo (20 and 21 ms SLOs), plus
+# tc_model with a 200 ms SLO: the functional tests use tc_model so that a
+# loaded 2-core machine (timer wakes late) cannot turn them into drops.
+"$bin" --port 0 --print-port --exit-on-stdin-eof --gpus 2 --model tc_model=0.268,5.172,200 <"$fifo" >"$tmp/out" 2>"$tmp/err" &
+server=$!
+exec 9>"$fifo"
+cleanup() {
+    exec 9>&- || true
+    for _ in $(seq 50); do kill -0 "$server" 2>/dev/null || break; sleep 0.1; done
+    kill "$server" 2>/dev/null || true
+    wait "$server" 2>/dev/null || true
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+port=""
+for _ in $(seq 100); do
+    port="$(sed -n 's/^PORT \([0-9]*\)$/\1/p' "$tmp/out")"
+    [ -n "$port" ] && break
+    kill -0 "$server" 2>/dev/null || { cat "$tmp/err"; exit 1; }
+    sleep 0.1
+done
+[ -n "$port" ] || { echo "server did not report its port"; cat "$tmp/err"; exit 1; }
+export SYMPHONY_URL="127.0.0.1:$port"
+export SYMPHONY_MODEL="${SYMPHONY_MODEL:-tc_model}"
+echo "server at $SYMPHONY_URL"
+
+if [ "$have_pytest" = 1 ]; then
+    timeout 300 "$PY" -m pytest -q "$here/test_tritonclient.py"
+else
+    timeout 300 "$PY" "$here/test_tritonclient.py"
+fi
+
+# perf_analyzer, when present (PyPI perf-analyzer ships a binary that needs
+# the Triton C++ client libraries; see docs/_parts/frontend.md).
+if [ "${RUN_PERF_ANALYZER:-0}" = 1 ] && command -v perf_analyzer >/dev/null; then
+    timeout 120 perf_analyzer -m ResNet50 -u "$SYMPHONY_URL" -i http \
+        --shape INPUT0:1,16 --measurement-interval 2000 --concurrency-range 1:4 || true
+fi
