@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The project's test command: the README's second line, and exactly what .ci/run runs.
 #   1. system packages (scripts/setup.sh)
-#   2. clippy, warnings as errors, with and without the rdma feature
+#   2. clippy, warnings as errors, with and without the rdma and cuda features
 #   3. every unit, property and integration test of the workspace (release build: the
 #      simulator and runtime tests run real workloads)
 #   4. loom model checking of the SPSC ring's memory ordering
-#   5. real RDMA verbs: the transport conformance suite and a cross-guest READ inside
+#   5. a client this project did not write: Triton's tritonclient (PyPI) runs health,
+#      metadata and infer calls against the frontend's HTTP server
+#   6. real RDMA verbs: the transport conformance suite and a cross-guest READ inside
 #      Soft-RoCE QEMU guests (tests/softroce/ci.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,10 +18,15 @@ bash scripts/setup.sh
 step clippy
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p dataplane --all-targets --features rdma -- -D warnings
+cargo clippy -p backend --all-targets --features cuda -- -D warnings
 step tests
 cargo test --workspace --release
+# The cuda executor is compiled and its no-driver path tested (no GPU here).
+cargo test -p backend --release --features cuda
 step loom
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p dataplane --test loom_ring --release
+step tritonclient
+CARGO_TARGET_DIR=target bash frontend/tests/python/run.sh
 step soft-roce
 bash tests/softroce/ci.sh
 step done
