@@ -23,6 +23,8 @@ pub struct BenchArgs {
 /// The `--rate max` pass criteria.
 const MAX_LAG_P999_US: f64 = 100.0;
 const MAX_BAD_RATE: f64 = 0.01;
+/// Runs per `--rate max` probe (the median decides).
+const PROBE_RUNS: usize = 3;
 
 fn passes(r: &LiveReport) -> bool {
     r.dispatch_lag.p999_us <= MAX_LAG_P999_US && r.bad_rate <= MAX_BAD_RATE && r.violations == 0 && r.accounted
@@ -54,39 +56,54 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
         })
     };
     let (report, probes) = if a.rate == "max" {
-        // Bracket by doubling from 250k, then bisect to 2%.
+        // One probe = the median of PROBE_RUNS runs (a shared machine stalls
+        // a pinned thread for a scheduler tick now and then, which decides a
+        // single run's p99.9). Rates double from 250k while at most one
+        // probe in a row fails, then the gap above the best pass is bisected.
         let mut probes: Vec<(f64, bool, f64, f64)> = Vec::new();
-        let mut lo: Option<LiveReport> = None;
-        let mut hi = 250_000.0;
-        loop {
-            let r = live(hi)?;
-            let ok = passes(&r);
-            eprintln!("  {:>10.0} rps: lag p99.9 {:>8.1} us, bad {:.3}%  {}", hi, r.dispatch_lag.p999_us, r.bad_rate * 100.0, if ok { "ok" } else { "fail" });
-            probes.push((hi, ok, r.dispatch_lag.p999_us, r.bad_rate));
-            if !ok {
-                break;
+        let probe = |rate: f64, probes: &mut Vec<(f64, bool, f64, f64)>| -> Result<(bool, LiveReport), String> {
+            let mut runs = Vec::with_capacity(PROBE_RUNS);
+            for _ in 0..PROBE_RUNS {
+                runs.push(live(rate)?);
             }
-            lo = Some(r);
-            hi *= 2.0;
-            if hi > 64e6 {
-                break;
-            }
-        }
-        let mut lo_rate = lo.as_ref().map_or(0.0, |r| r.offered_rps);
-        while lo_rate > 0.0 && hi - lo_rate > 0.02 * hi {
-            let mid = 0.5 * (lo_rate + hi);
-            let r = live(mid)?;
+            runs.sort_by(|x, y| x.dispatch_lag.p999_us.total_cmp(&y.dispatch_lag.p999_us));
+            let r = runs.swap_remove(PROBE_RUNS / 2);
             let ok = passes(&r);
-            eprintln!("  {:>10.0} rps: lag p99.9 {:>8.1} us, bad {:.3}%  {}", mid, r.dispatch_lag.p999_us, r.bad_rate * 100.0, if ok { "ok" } else { "fail" });
-            probes.push((mid, ok, r.dispatch_lag.p999_us, r.bad_rate));
+            eprintln!("  {:>10.0} rps: median lag p99.9 {:>8.1} us, bad {:.3}%  {}", rate, r.dispatch_lag.p999_us, r.bad_rate * 100.0, if ok { "ok" } else { "fail" });
+            probes.push((rate, ok, r.dispatch_lag.p999_us, r.bad_rate));
+            Ok((ok, r))
+        };
+        let mut best: Option<LiveReport> = None;
+        let mut fail_above: Option<f64> = None;
+        let (mut rate, mut fails) = (250_000.0, 0);
+        while rate <= 32e6 && fails < 2 {
+            let (ok, r) = probe(rate, &mut probes)?;
             if ok {
-                lo_rate = mid;
-                lo = Some(r);
+                best = Some(r);
+                fails = 0;
+                fail_above = None;
+            } else {
+                fails += 1;
+                fail_above.get_or_insert(rate);
+            }
+            rate *= 2.0;
+        }
+        let mut lo = best.as_ref().map_or(0.0, |r| r.offered_rps);
+        let mut hi = fail_above.unwrap_or(lo * 2.0);
+        for _ in 0..3 {
+            if lo <= 0.0 || hi - lo <= 0.02 * hi {
+                break;
+            }
+            let mid = 0.5 * (lo + hi);
+            let (ok, r) = probe(mid, &mut probes)?;
+            if ok {
+                lo = mid;
+                best = Some(r);
             } else {
                 hi = mid;
             }
         }
-        (lo.ok_or("no rate passed (even 250k rps); try fewer GPUs or models, or check the machine's load")?, probes)
+        (best.ok_or("no rate passed (even 250k rps); try fewer GPUs or models, or check the machine's load")?, probes)
     } else {
         let rate: f64 = a.rate.parse().map_err(|_| format!("--rate '{}': a number or max", a.rate))?;
         if !(rate.is_finite() && rate > 0.0) {
