@@ -80,8 +80,8 @@ pub struct PolicyConfig {
     pub window_gaps: f64,
     /// Deferred early drop: fraction of the target batch below which heads are dropped.
     pub early_drop_fraction: f64,
-    /// Deferred: stop deferring below this marginal batching gain.
-    pub min_batching_gain: f64,
+    /// Deferred: stop deferring within this fraction of the best efficiency.
+    pub efficiency_slack: f64,
     /// Nexus: number of routing frontends.
     pub nexus_frontends: u32,
     /// Nexus: epoch length for re-planning.
@@ -99,7 +99,7 @@ impl PolicyConfig {
             min_window: crate::deferred::DEFAULT_MIN_WINDOW,
             window_gaps: crate::deferred::DEFAULT_WINDOW_GAPS,
             early_drop_fraction: crate::deferred::DEFAULT_EARLY_DROP_FRACTION,
-            min_batching_gain: crate::deferred::DEFAULT_MIN_BATCHING_GAIN,
+            efficiency_slack: crate::deferred::DEFAULT_EFFICIENCY_SLACK,
             nexus_frontends: 1,
             nexus_epoch: Duration::from_millis(10_000),
         }
@@ -108,7 +108,7 @@ impl PolicyConfig {
 
 /// Builds the policy for `models` (id = index) on `gpus` GPUs.
 pub fn build(models: &[ModelSpec], gpus: u32, cfg: &PolicyConfig) -> Result<Box<dyn Scheduler>, String> {
-    let core = |rule| CoreConfig { gather: cfg.gather, rule, delay: cfg.delay, min_window: cfg.min_window, window_gaps: cfg.window_gaps, early_drop_fraction: cfg.early_drop_fraction, min_batching_gain: cfg.min_batching_gain };
+    let core = |rule| CoreConfig { gather: cfg.gather, rule, delay: cfg.delay, min_window: cfg.min_window, window_gaps: cfg.window_gaps, early_drop_fraction: cfg.early_drop_fraction, efficiency_slack: cfg.efficiency_slack };
     Ok(match cfg.kind {
         PolicyKind::Deferred => Box::new(DeferredScheduler::new(models, gpus, core(ExecRule::Frontrun))),
         PolicyKind::Eager => Box::new(DeferredScheduler::new(models, gpus, core(ExecRule::Timeout(Duration::ZERO)))),

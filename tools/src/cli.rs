@@ -75,9 +75,9 @@ pub struct ClusterArgs {
     /// Deferred early drop: drop a head only when it would force a batch below this fraction of the target.
     #[arg(long = "early-drop-fraction", default_value_t = scheduler::deferred::DEFAULT_EARLY_DROP_FRACTION)]
     pub early_drop_fraction: f64,
-    /// Deferred: stop deferring once one more request would raise throughput per GPU by less than this fraction.
-    #[arg(long = "min-batching-gain", default_value_t = scheduler::deferred::DEFAULT_MIN_BATCHING_GAIN)]
-    pub min_batching_gain: f64,
+    /// Deferred: stop deferring once the batch runs within this fraction of the best throughput per GPU the SLO allows.
+    #[arg(long = "efficiency-slack", default_value_t = scheduler::deferred::DEFAULT_EFFICIENCY_SLACK)]
+    pub efficiency_slack: f64,
     /// Nexus: number of routing frontends.
     #[arg(long = "nexus-frontends", default_value_t = 1)]
     pub nexus_frontends: u32,
@@ -160,10 +160,10 @@ impl ClusterArgs {
             return Err("--early-drop-fraction must be within [0, 1]".into());
         }
         p.early_drop_fraction = self.early_drop_fraction;
-        if !(self.min_batching_gain.is_finite() && self.min_batching_gain >= 0.0) {
-            return Err("--min-batching-gain must be >= 0".into());
+        if !(self.efficiency_slack.is_finite() && (0.0..1.0).contains(&self.efficiency_slack)) {
+            return Err("--efficiency-slack must be within [0, 1)".into());
         }
-        p.min_batching_gain = self.min_batching_gain;
+        p.efficiency_slack = self.efficiency_slack;
         Ok(p)
     }
 

@@ -67,10 +67,10 @@ pub struct CoreConfig {
     /// Early drop drops a head only when it would force a batch smaller
     /// than this fraction of the target batch size (1.0 = Nexus's window).
     pub early_drop_fraction: f64,
-    /// Deferral stops once one more request would raise the model's
-    /// throughput per GPU by less than this fraction: waiting then buys
-    /// (almost) nothing and only risks colliding with the next burst.
-    pub min_batching_gain: f64,
+    /// Deferral stops once the batch runs within this fraction of the best
+    /// throughput per GPU the SLO allows: waiting then buys (almost) nothing
+    /// and only risks colliding with the next burst.
+    pub efficiency_slack: f64,
 }
 
 /// Default for [`CoreConfig::min_window`].
@@ -78,8 +78,8 @@ pub const DEFAULT_MIN_WINDOW: Duration = Duration::ZERO;
 /// Default for [`CoreConfig::window_gaps`], chosen by the sweep recorded in
 /// docs/decisions.md.
 pub const DEFAULT_WINDOW_GAPS: f64 = 0.5;
-/// Default for [`CoreConfig::min_batching_gain`] (see docs/decisions.md).
-pub const DEFAULT_MIN_BATCHING_GAIN: f64 = 0.01;
+/// Default for [`CoreConfig::efficiency_slack`] (see docs/decisions.md).
+pub const DEFAULT_EFFICIENCY_SLACK: f64 = 0.02;
 /// Default for [`CoreConfig::early_drop_fraction`] (see docs/decisions.md).
 pub const DEFAULT_EARLY_DROP_FRACTION: f64 = 0.9;
 
@@ -92,7 +92,7 @@ impl Default for CoreConfig {
             min_window: DEFAULT_MIN_WINDOW,
             window_gaps: DEFAULT_WINDOW_GAPS,
             early_drop_fraction: DEFAULT_EARLY_DROP_FRACTION,
-            min_batching_gain: DEFAULT_MIN_BATCHING_GAIN,
+            efficiency_slack: DEFAULT_EFFICIENCY_SLACK,
         }
     }
 }

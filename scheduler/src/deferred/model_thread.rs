@@ -67,6 +67,8 @@ struct ModelState {
     id: ModelId,
     profile: LatencyProfile,
     slo: Duration,
+    /// The batch with the best throughput per GPU that fits the SLO.
+    best_batch: u32,
     /// Pending requests, sorted by deadline (arrival order for one SLO).
     queue: VecDeque<Request>,
     /// What the RankThread currently holds for this model.
@@ -133,7 +135,7 @@ impl ModelState {
         let full = bs >= self.profile.max_batch();
         let latest = dl - self.profile.latency(bs);
         let exec_at = match cfg.rule {
-            ExecRule::Frontrun if full || self.batching_gain(bs) < cfg.min_batching_gain => Instant::ZERO,
+            ExecRule::Frontrun if full || self.near_best_efficiency(bs, cfg.efficiency_slack) => Instant::ZERO,
             ExecRule::Frontrun => {
                 // Waiting until the last moment buys at most the requests
                 // that arrive meanwhile; within the final `window_gaps`
@@ -149,15 +151,13 @@ impl ModelState {
         Some(Candidate { bs, exec_at, latest })
     }
 
-    /// How much one more request would raise this model's throughput per
-    /// GPU: `e(b+1)/e(b) - 1` with `e(b) = b / l(b)`.
+    /// True when a batch of `b` already runs within `slack` of the best
+    /// throughput per GPU the SLO allows (`e(b) = b / l(b)` against
+    /// `e(b_max)`): deferring further would buy at most that much.
     #[inline]
-    fn batching_gain(&self, b: u32) -> f64 {
-        let (l0, l1) = (self.profile.latency(b).as_nanos() as f64, self.profile.latency(b + 1).as_nanos() as f64);
-        if l1 <= 0.0 {
-            return f64::INFINITY;
-        }
-        (f64::from(b + 1) * l0) / (f64::from(b) * l1) - 1.0
+    fn near_best_efficiency(&self, b: u32, slack: f64) -> bool {
+        let e = |b: u32| f64::from(b) / self.profile.latency(b).as_nanos().max(1) as f64;
+        e(b) >= (1.0 - slack) * e(self.best_batch)
     }
 
     /// True when the candidate's window has opened: a batch decided now
@@ -214,8 +214,12 @@ impl ModelThreadCore {
             .enumerate()
             .map(|(i, (id, spec))| {
                 local[id as usize] = i as u32;
+                let best_batch = (1..=spec.profile.max_batch_within(spec.slo, Duration::ZERO, u32::MAX).max(1))
+                    .max_by(|&a, &b| spec.profile.throughput_rps(a).total_cmp(&spec.profile.throughput_rps(b)))
+                    .unwrap_or(1);
                 ModelState {
                     id,
+                    best_batch,
                     profile: spec.profile,
                     slo: spec.slo,
                     queue: VecDeque::with_capacity(256),
