@@ -20,15 +20,24 @@ pub struct Fail {
 impl Fail {
     /// A runtime failure.
     pub fn runtime(msg: impl Into<String>) -> Self {
-        Fail { msg: msg.into(), code: EXIT_RUNTIME }
+        Fail {
+            msg: msg.into(),
+            code: EXIT_RUNTIME,
+        }
     }
     /// A bad-argument failure.
     pub fn usage(msg: impl Into<String>) -> Self {
-        Fail { msg: msg.into(), code: EXIT_USAGE }
+        Fail {
+            msg: msg.into(),
+            code: EXIT_USAGE,
+        }
     }
     /// Prefixes the message with context.
     pub fn context(self, what: impl fmt::Display) -> Self {
-        Fail { msg: format!("{what}: {}", self.msg), code: self.code }
+        Fail {
+            msg: format!("{what}: {}", self.msg),
+            code: self.code,
+        }
     }
 }
 

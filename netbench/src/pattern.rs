@@ -3,7 +3,8 @@
 
 /// Word `w` of object `object` (splitmix64 of a mix of both).
 fn word(object: u32, w: u64) -> u64 {
-    let mut z = (u64::from(object) << 40) ^ w.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x6E65_7462_656E_6368;
+    let mut z =
+        (u64::from(object) << 40) ^ w.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x6E65_7462_656E_6368;
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
@@ -23,7 +24,11 @@ pub fn verify(got: &[u8], object: u32) -> Result<(), usize> {
     for (w, chunk) in got.chunks(8).enumerate() {
         let bytes = word(object, w as u64).to_le_bytes();
         if chunk != &bytes[..chunk.len()] {
-            let i = chunk.iter().zip(bytes.iter()).position(|(a, b)| a != b).unwrap_or(0);
+            let i = chunk
+                .iter()
+                .zip(bytes.iter())
+                .position(|(a, b)| a != b)
+                .unwrap_or(0);
             return Err(w * 8 + i);
         }
     }

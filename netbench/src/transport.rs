@@ -1,9 +1,9 @@
 //! Picks a transport by name and runs generic code on its domain.
 
+use dataplane::time::Duration;
 use dataplane::transport::shm::ShmDomain;
 use dataplane::transport::tcp::{Engine, TcpConfig, TcpDomain};
 use dataplane::transport::Domain;
-use dataplane::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::fail::{Fail, Res};
@@ -32,10 +32,6 @@ impl TransportKind {
             TransportKind::Shm => "shm",
         }
     }
-    /// Whether peers are IP addresses (so network namespaces apply).
-    pub fn is_ip(self) -> bool {
-        matches!(self, TransportKind::Tcp | TransportKind::TcpBlocking | TransportKind::Rdma)
-    }
     /// A listen address for a server on this host when none is given.
     pub fn default_listen(self, host: &str) -> String {
         match self {
@@ -61,10 +57,18 @@ pub struct DomainOptions {
 }
 
 /// Opens a `kind` domain and runs `task` on it.
-pub fn with_domain<W: WithDomain>(kind: TransportKind, opts: DomainOptions, task: W) -> Res<W::Out> {
+pub fn with_domain<W: WithDomain>(
+    kind: TransportKind,
+    opts: DomainOptions,
+    task: W,
+) -> Res<W::Out> {
     match kind {
         TransportKind::Tcp | TransportKind::TcpBlocking => {
-            let engine = if kind == TransportKind::Tcp { Engine::Uring } else { Engine::Blocking };
+            let engine = if kind == TransportKind::Tcp {
+                Engine::Uring
+            } else {
+                Engine::Blocking
+            };
             let mut cfg = TcpConfig::new(engine);
             cfg.read_timeout = opts.read_timeout;
             let d = TcpDomain::new(cfg).map_err(|e| {
@@ -76,7 +80,8 @@ pub fn with_domain<W: WithDomain>(kind: TransportKind, opts: DomainOptions, task
             task.run(d)
         }
         TransportKind::Shm => {
-            let d = ShmDomain::new().map_err(|e| Fail::runtime(format!("transport shm unavailable: {e}")))?;
+            let d = ShmDomain::new()
+                .map_err(|e| Fail::runtime(format!("transport shm unavailable: {e}")))?;
             task.run(d)
         }
         TransportKind::Rdma => rdma(task),

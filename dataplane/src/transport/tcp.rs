@@ -316,7 +316,15 @@ mod tests {
         assert_eq!(server.try_recv(&mut buf).unwrap(), None);
 
         let mut msg = [0u8; 64];
-        let n = wire::encode(&mut msg, &Heartbeat { seq: 7, role: 4, id: 1 }).unwrap();
+        let n = wire::encode(
+            &mut msg,
+            &Heartbeat {
+                seq: 7,
+                role: 4,
+                id: 1,
+            },
+        )
+        .unwrap();
         client.send(&msg[..n]).unwrap();
         let t0 = std::time::Instant::now();
         let mut got = None;

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# netbench/scripts/softroce.sh [single|pair|both] - netbench on real RDMA verbs (Soft-RoCE).
+#
+# Builds netbench with --features rdma on the host, stages it with the guest scripts
+# (guest_single.sh, guest_pair.sh, and tests/softroce/guest/perftest.sh, used read-only), and runs
+# them with tests/softroce/run.sh (which copies the binary's libraries into the guest). Files the
+# guests print between "=== BEGIN name" / "=== END name" are written to OUT (default
+# docs/calibrations/runs; .toml files go to docs/calibrations). Guest logs: OUT/softroce-*.log.
+# Knobs: passed to the guests: LAT_ITERS ROUNDS SIZES PAPER_ITERS CAL_ITERS SKIP_PAPER SKIP_CAL
+# PAIR_STEPS PAIR_CONC;
+# to run.sh: TIMEOUT (default 1500 s per VM), ACCEL, SOFTROCE_WORK.
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+MODE=${1:-both}
+OUT=${OUT:-$REPO/docs/calibrations/runs}
+CAL=$REPO/docs/calibrations
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target/netbench}
+export TIMEOUT=${TIMEOUT:-1500}
+(cd "$REPO" && cargo build -p netbench --release --features rdma)
+STAGE=$(mktemp -d "${TMPDIR:-/tmp}/netbench-softroce.XXXXXX")
+trap 'rm -rf "$STAGE"' EXIT
+cp "$CARGO_TARGET_DIR/release/netbench" "$STAGE/"
+cp "$REPO/tests/softroce/guest/perftest.sh" "$REPO"/netbench/scripts/guest_*.sh "$STAGE/"
+mkdir -p "$OUT"
+envs=""
+for v in LAT_ITERS ROUNDS SIZES PAPER_ITERS CAL_ITERS SKIP_PAPER SKIP_CAL PAIR_STEPS PAIR_CONC; do
+  [ -n "${!v:-}" ] && envs="$envs $v=${!v}"
+done
+extract() { # $1 = log: write every BEGIN/END block to its file
+  python3 - "$1" "$OUT" "$CAL" <<'PY'
+import sys, os
+log, out, cal = sys.argv[1:4]
+name, buf = None, []
+for line in open(log, errors="replace"):
+    line = line.rstrip("\n")
+    if line.startswith("=== BEGIN "):
+        name, buf = line[10:].strip(), []
+    elif line.startswith("=== END ") and name:
+        path = os.path.join(cal if name.endswith(".toml") else out, name)
+        open(path, "w").write("\n".join(buf) + "\n")
+        print("wrote", path)
+        name = None
+    elif name:
+        buf.append(line)
+PY
+}
+summary() { # latency table: netbench read row vs perftest's row, medians over rounds
+  python3 - "$1" <<'PY'
+import sys, statistics as st
+nb, pt = {}, {}
+for line in open(sys.argv[1], errors="replace"):
+    f = line.split()
+    if f[:1] == ["NB"] and len(f) >= 3:
+        c = f[2].split(",")   # transport,metric,bytes,iters,min,max,typical,avg,stdev,p99,p99.9,p99.99
+        nb.setdefault(int(f[1]), []).append([float(c[6]), float(c[9]), float(c[10])])
+    elif f[:1] == ["PERFTEST"] and len(f) >= 10:
+        try: pt.setdefault(int(f[1]), []).append([float(f[5]), float(f[8]), float(f[9])])
+        except ValueError: pass
+med = lambda rows, i: st.median(r[i] for r in rows)
+print("| size (B) | runs | netbench read p50 | p99 | p99.9 | ib_read_lat typical | p99 | p99.9 | p50 / typical |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for s in sorted(nb):
+    o, p = nb[s], pt.get(s)
+    row = f"| {s} | {len(o)} | {med(o,0):.1f} | {med(o,1):.1f} | {med(o,2):.1f} |"
+    row += f" {med(p,0):.1f} | {med(p,1):.1f} | {med(p,2):.1f} | {med(o,0)/med(p,0):.2f} |" if p else " n/a | n/a | n/a | n/a |"
+    print(row)
+PY
+}
+rc=0
+if [ "$MODE" = single ] || [ "$MODE" = both ]; then
+  "$REPO/tests/softroce/run.sh" --mode single --dir "$STAGE" "$envs sh ./guest_single.sh" 2>&1 | tee "$OUT/softroce-single.log" || rc=1
+  extract "$OUT/softroce-single.log"
+  summary "$OUT/softroce-single.log"
+fi
+if [ "$MODE" = pair ] || [ "$MODE" = both ]; then
+  "$REPO/tests/softroce/run.sh" --mode pair --dir "$STAGE" "$envs sh ./guest_pair.sh" 2>&1 | tee "$OUT/softroce-pair.log" || rc=1
+  extract "$OUT/softroce-pair.log"
+fi
+exit $rc

@@ -1,0 +1,301 @@
+//! `netbench serve`: exposes K objects of S bytes in one registered region,
+//! hands its catalog to each client that says hello, echoes pings, and (tcp)
+//! answers READs by polling its connections.
+
+use std::sync::{mpsc, Arc};
+
+use dataplane::mem::{Access, Region, RegionOptions};
+use dataplane::time::Duration;
+use dataplane::transport::{Connection, Domain, Listener, RemoteRef};
+use dataplane::wire::MAX_MESSAGE_LEN;
+
+use crate::fail::{Fail, Res};
+use crate::transport::{TransportKind, WithDomain};
+use crate::{pattern, proto};
+
+/// How a server waits when it has nothing to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Idle {
+    /// Sleep in the kernel until a connection has bytes (one client), else
+    /// back off (spin, yield, then 50 us sleeps). Fair on shared cores.
+    Block,
+    /// Busy-poll without pause (a dedicated core per server).
+    Spin,
+}
+
+/// What to serve.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// Transport.
+    pub kind: TransportKind,
+    /// Listen address ("" = transport default).
+    pub listen: String,
+    /// Objects.
+    pub objects: u32,
+    /// Bytes per object.
+    pub size: u32,
+    /// Id announced in the catalog.
+    pub id: u32,
+    /// Idle behaviour.
+    pub idle: Idle,
+    /// Exit when the parent process goes away (set by `netbench local`).
+    pub exit_with_parent: bool,
+    /// Stop after this long (None = until killed).
+    pub duration: Option<std::time::Duration>,
+    /// Stop once this many clients have come and gone (None = never).
+    pub exit_after_clients: Option<u64>,
+    /// Largest region allowed, bytes.
+    pub max_region: u64,
+}
+
+/// Checks object count and size against the protocol and a transport's limit.
+pub fn check_shape(
+    objects: u32,
+    size: u32,
+    max_read: u32,
+    max_region: u64,
+    kind: TransportKind,
+) -> Res<()> {
+    if objects == 0 {
+        return Err(Fail::usage("--objects must be at least 1"));
+    }
+    if objects as usize > proto::MAX_OBJECTS {
+        return Err(Fail::usage(format!(
+            "--objects {objects}: a server announces at most {} objects (one catalog message)",
+            proto::MAX_OBJECTS
+        )));
+    }
+    if size == 0 {
+        return Err(Fail::usage("--size must be at least 1 byte"));
+    }
+    if size > max_read {
+        return Err(Fail::usage(format!(
+            "--size {size}: larger than the {} transport's longest READ ({max_read} bytes)",
+            kind.name()
+        )));
+    }
+    let total = u64::from(objects) * u64::from(size);
+    if total > max_region {
+        return Err(Fail::usage(format!(
+            "--objects {objects} x --size {size} = {total} bytes: larger than the region limit \
+             ({max_region} bytes, --max-region)"
+        )));
+    }
+    Ok(())
+}
+
+/// Runs a server until killed (or `duration`, or the parent's exit).
+pub fn serve(cfg: ServeConfig, opts: crate::transport::DomainOptions) -> Res<()> {
+    crate::transport::with_domain(cfg.kind, opts, Serve(cfg))
+}
+
+struct Serve(ServeConfig);
+
+impl WithDomain for Serve {
+    type Out = ();
+    fn run<D: Domain>(self, domain: D) -> Res<()> {
+        let cfg = self.0;
+        check_shape(
+            cfg.objects,
+            cfg.size,
+            domain.max_read_len(),
+            cfg.max_region,
+            cfg.kind,
+        )?;
+        let total = cfg.objects as usize * cfg.size as usize;
+        let opts = if cfg.kind == TransportKind::Shm {
+            RegionOptions::shared(total)
+        } else {
+            RegionOptions::anonymous(total)
+        };
+        let region: Arc<Region> = Region::with_options(&opts)
+            .map_err(|e| Fail::runtime(format!("cannot map {total} bytes: {e}")))?;
+        let mut obj = vec![0u8; cfg.size as usize];
+        for j in 0..cfg.objects {
+            pattern::fill(&mut obj, j);
+            region.write_at(u64::from(j) * u64::from(cfg.size), &obj)?;
+        }
+        drop(obj);
+        let reg = domain.register(&region, Access::REMOTE_READ)?;
+        let refs: Vec<RemoteRef> = (0..cfg.objects)
+            .map(|j| reg.remote_ref(u64::from(j) * u64::from(cfg.size), cfg.size))
+            .collect::<Result<_, _>>()?;
+        let listener = domain
+            .listen(&cfg.listen)
+            .map_err(|e| Fail::runtime(format!("cannot listen on {:?}: {e}", cfg.listen)))?;
+        // The first stdout line is the contract with `netbench local`.
+        println!("listening {}", listener.local_addr());
+        println!(
+            "serving {} objects x {} bytes over {} (key {:#x}, first offset {:#x}); \
+             clients get the catalog on connect",
+            cfg.objects,
+            cfg.size,
+            domain.kind(),
+            refs[0].key,
+            refs[0].offset
+        );
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+
+        let mut catalog = vec![0u8; MAX_MESSAGE_LEN];
+        let clen = proto::encode_catalog(&mut catalog, cfg.id, &refs)?;
+        let catalog = &catalog[..clen];
+        let parent = std::os::unix::process::parent_id();
+        let started = std::time::Instant::now();
+        let mut conns: Vec<D::Conn> = Vec::new();
+        let mut buf = vec![0u8; MAX_MESSAGE_LEN];
+        let mut idle_steps = 0u32;
+        let mut departed = 0u64;
+        let mut last_check = std::time::Instant::now();
+        let incoming = spawn_acceptor(listener);
+        loop {
+            // Housekeeping a few times a second: new clients, exit conditions.
+            let now = std::time::Instant::now();
+            if conns.is_empty()
+                || now.duration_since(last_check) >= std::time::Duration::from_millis(20)
+            {
+                last_check = now;
+                if cfg.exit_with_parent && std::os::unix::process::parent_id() != parent {
+                    return Ok(());
+                }
+                if cfg.duration.is_some_and(|d| started.elapsed() >= d) {
+                    return Ok(());
+                }
+                if conns.is_empty() && cfg.exit_after_clients.is_some_and(|n| departed >= n) {
+                    return Ok(());
+                }
+                if conns.is_empty() {
+                    match incoming.recv_timeout(std::time::Duration::from_millis(50)) {
+                        Ok(c) => conns.push(c),
+                        Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                        Err(mpsc::RecvTimeoutError::Disconnected) => {
+                            return Err(Fail::runtime("the listener stopped accepting"));
+                        }
+                    }
+                }
+                conns.extend(incoming.try_iter());
+            }
+            let mut busy = false;
+            conns.retain_mut(|c| match serve_one(c, &mut buf, catalog, cfg.objects) {
+                Ok(worked) => {
+                    busy |= worked;
+                    true
+                }
+                Err(e) => {
+                    if e.kind() != dataplane::transport::ErrorKind::PeerDisconnected {
+                        eprintln!("netbench serve: dropping a client: {e}");
+                    }
+                    departed += 1;
+                    false
+                }
+            });
+            if busy {
+                idle_steps = 0;
+                continue;
+            }
+            idle_steps = idle_steps.saturating_add(1);
+            match cfg.idle {
+                Idle::Spin => std::hint::spin_loop(),
+                Idle::Block => {
+                    let waited = if conns.len() == 1 {
+                        // An error is noticed by the next poll.
+                        conns[0].wait(Duration::from_millis(20)).unwrap_or(true)
+                    } else {
+                        false
+                    };
+                    if !waited {
+                        backoff(idle_steps);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Accepts on a thread of its own and hands connections over a channel.
+///
+/// Why a thread: a transport's `accept` includes its connection setup
+/// (the rdma queue-pair exchange, the shm registry handshake) within the
+/// timeout it is given, so polling it with a zero timeout from the serving
+/// loop would cut setups short, and a long timeout would stall the clients
+/// already connected. Accepting is not on any measured path.
+fn spawn_acceptor<L: Listener + 'static>(mut listener: L) -> mpsc::Receiver<L::Conn> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || loop {
+        match listener.accept(Duration::from_millis(5_000)) {
+            Ok(c) => {
+                if tx.send(c).is_err() {
+                    return; // the server is gone
+                }
+            }
+            Err(dataplane::transport::Error::Timeout) => {}
+            Err(e) => {
+                eprintln!("netbench serve: accept failed: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+    });
+    rx
+}
+
+/// Spin a little, then yield, then sleep: for transports that cannot block
+/// in the kernel (rdma: READs need no server CPU, only pings and hellos do).
+/// Sleeps are 50 us for the first ~10 ms of idleness, then 1 ms, so that
+/// idle servers on few (or emulated) cores cost little CPU. The spin phase
+/// is short: under emulation (QEMU TCG) each PAUSE costs microseconds.
+fn backoff(step: u32) {
+    if step < 200 {
+        std::hint::spin_loop();
+    } else if step < 300 {
+        std::thread::yield_now();
+    } else if step < 500 {
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    } else {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// Polls one client: answers hellos and pings, serves READs (tcp). Returns
+/// whether anything happened.
+fn serve_one<C: Connection>(
+    conn: &mut C,
+    buf: &mut [u8],
+    catalog: &[u8],
+    objects: u32,
+) -> Result<bool, dataplane::transport::Error> {
+    let mut worked = false;
+    conn.progress()?;
+    while let Some(n) = conn.try_recv(buf)? {
+        worked = true;
+        let msg = &buf[..n];
+        if proto::is_ping(msg) {
+            send_retrying(conn, msg)?;
+        } else if let Some(want) = proto::decode_hello(msg) {
+            if want != objects {
+                eprintln!(
+                    "netbench serve: a client asked for {want} objects; this server has {objects} \
+                     (sending the catalog; the client will refuse it)"
+                );
+            }
+            send_retrying(conn, catalog)?;
+        } else {
+            eprintln!("netbench serve: ignoring an unexpected {n}-byte message");
+        }
+    }
+    Ok(worked)
+}
+
+fn send_retrying<C: Connection>(
+    conn: &mut C,
+    msg: &[u8],
+) -> Result<(), dataplane::transport::Error> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match conn.send(msg) {
+            Err(dataplane::transport::Error::QueueFull) if std::time::Instant::now() < deadline => {
+                conn.progress()?;
+            }
+            other => return other,
+        }
+    }
+}
