@@ -8,6 +8,7 @@ pub mod idle;
 pub mod mem;
 pub mod poll;
 pub mod ring;
+pub mod spsc;
 pub mod time;
 pub mod timer;
 pub mod transport;

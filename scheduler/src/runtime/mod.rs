@@ -27,7 +27,7 @@ use crate::sim::Workload;
 use crate::types::ModelId;
 use crate::zoo::ModelSpec;
 use dataplane::idle::{IdleStrategy, Idler};
-use dataplane::ring::{channel, Producer};
+use dataplane::spsc::{channel, Producer};
 use dataplane::time::{Duration, Instant, MonotonicClock};
 use hdrhistogram::Histogram;
 use serde::Serialize;

@@ -8,7 +8,7 @@ use crate::sim::{ArrivalStream, Workload};
 use crate::types::{Actions, DropReason, GpuId, ModelId, Request};
 use crate::zoo::ModelSpec;
 use dataplane::heap::IndexedHeap;
-use dataplane::ring::{Consumer, Producer};
+use dataplane::spsc::{Consumer, Producer};
 use dataplane::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use std::collections::VecDeque;
