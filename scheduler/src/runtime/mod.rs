@@ -277,10 +277,29 @@ fn cpu_time_ns() -> u64 {
     (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
 }
 
-fn pin(core: Option<usize>) -> bool {
+/// Pins the calling thread to `core`, an index into `cores` (the CPUs this
+/// process may use, read before anything was pinned).
+fn pin(cores: &[core_affinity::CoreId], core: Option<usize>) -> bool {
     let Some(core) = core else { return false };
-    let ids = core_affinity::get_core_ids().unwrap_or_default();
-    ids.get(core % ids.len().max(1)).is_some_and(|id| core_affinity::set_for_current(*id))
+    cores.get(core % cores.len().max(1)).is_some_and(|id| core_affinity::set_for_current(*id))
+}
+
+/// Lets the calling thread run on every CPU again. A pinned thread's mask is
+/// inherited by the threads it spawns and is all `core_affinity` reports, so
+/// the runtime's own (pinned) thread must be unpinned after a run, or the
+/// next run would put every thread on its core.
+fn unpin_current() {
+    // SAFETY: an all-zero `cpu_set_t` is a valid empty set; `CPU_SET` writes
+    // bits inside it for indices below `CPU_SETSIZE`; `sched_setaffinity`
+    // reads exactly `size_of::<cpu_set_t>()` bytes from it. The kernel
+    // intersects the mask with the CPUs the process may use.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for i in 0..libc::CPU_SETSIZE as usize {
+            libc::CPU_SET(i, &mut set);
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
 }
 
 /// Idles one pass: a spinning strategy spins; otherwise the pass follows
@@ -309,6 +328,8 @@ pub fn run_live(cfg: &LiveConfig) -> Result<LiveReport, String> {
     }
     let Topology { model_workers, mut rank, mut gpus, ingress, owner } = build(rt);
     let threads = model_workers.len();
+    unpin_current();
+    let cores = Arc::new(core_affinity::get_core_ids().unwrap_or_default());
     let clock = MonotonicClock::new();
     let start = clock.now() + Duration::from_millis(5);
     let end = start + cfg.duration;
@@ -333,11 +354,12 @@ pub fn run_live(cfg: &LiveConfig) -> Result<LiveReport, String> {
         let stop = Arc::clone(&stop);
         let resolved = Arc::clone(&resolved);
         let rank_waker = rank_waker.clone();
+        let cores = Arc::clone(&cores);
         let (strategy, core) = (cfg.idle, cfg.pin.then_some(i));
         let h = std::thread::Builder::new()
             .name(format!("model-thread-{i}"))
             .spawn(move || {
-                let pinned = pin(core);
+                let pinned = pin(&cores, core);
                 let (mut busy, t0) = (0u64, clock.now());
                 while !stop.load(Ordering::Relaxed) {
                     let now = clock.now();
@@ -362,7 +384,7 @@ pub fn run_live(cfg: &LiveConfig) -> Result<LiveReport, String> {
 
     // The RankThread (with the load generator and the emulated GPUs) runs
     // on this thread.
-    let pinned_rank = pin(cfg.pin.then_some(threads));
+    let pinned_rank = pin(&cores, cfg.pin.then_some(threads));
     let mut idler = rank_idler;
     let mut rank_busy = 0u64;
     let drain_deadline = end + max_slo + Duration::from_millis(500);
@@ -395,6 +417,9 @@ pub fn run_live(cfg: &LiveConfig) -> Result<LiveReport, String> {
     }
     let run_end = clock.now();
     stop.store(true, Ordering::Relaxed);
+    if cfg.pin {
+        unpin_current();
+    }
     let mut lag = workers::ns_hist();
     let (mut dispatched, mut dropped, mut batches, mut utils, mut all_pinned) = (0u64, 0u64, 0u64, Vec::new(), pinned_rank || !cfg.pin);
     let mut accepted = 0;
