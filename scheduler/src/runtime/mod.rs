@@ -117,7 +117,7 @@ pub fn run_lockstep(cfg: &RuntimeConfig, trace: Vec<(Instant, u32)>) -> Lockstep
     for w in &mut model_workers {
         w.record_members = Some(Vec::new());
     }
-    let mut load = LoadGen::trace(&cfg.models, trace, owner.clone(), ingress);
+    let mut load = LoadGen::trace(&cfg.models, trace, owner, ingress);
     let quiesce = |now: Instant, mws: &mut [ModelWorker], rank: &mut RankWorker| loop {
         let mut work = rank.drain_messages(now);
         for w in mws.iter_mut() {
@@ -146,8 +146,8 @@ pub fn run_lockstep(cfg: &RuntimeConfig, trace: Vec<(Instant, u32)>) -> Lockstep
             quiesce(now, &mut model_workers, &mut rank);
         } else {
             load.step(now, 1);
-            for (i, w) in model_workers.iter_mut().enumerate() {
-                let _ = i;
+            // The arrival went to its owner's ring; the others are empty.
+            for w in &mut model_workers {
                 w.drain_ingress(0, now, 1);
             }
             quiesce(now, &mut model_workers, &mut rank);
