@@ -271,16 +271,10 @@ fn grid(quick: bool) -> Result<(), String> {
     for (zoo, name) in [(Zoo::Gtx1080Ti, "DenseNet121"), (Zoo::Gtx1080Ti, "ResNet50V2"), (Zoo::Gtx1080Ti, "BERT"), (Zoo::A100, "DenseNet121")] {
         let Some(m) = z(zoo, name) else { continue };
         for (tag, slo_scale) in [("tight", 1.0), ("loose", 2.0)] {
-            let mut mm = m.clone();
-            mm.slo = Duration::from_secs_f64(m.slo.as_secs_f64() * slo_scale);
-            mm.profile = mm.profile.clone();
-            let spec = ModelSpec::linear(
-                &mm.name,
-                m.profile.linear_coefficients().map_or(1.0, |c| c.0),
-                m.profile.linear_coefficients().map_or(1.0, |c| c.1),
-                mm.slo.as_millis_f64(),
-            )
-            .map_err(|e| e.to_string())?;
+            // Zoo profiles are linear; rebuild with the scaled SLO so the
+            // profile is capped at the new largest batch.
+            let (alpha, beta) = m.profile.linear_coefficients().unwrap_or((1.0, 1.0));
+            let spec = ModelSpec::linear(&m.name, alpha, beta, m.slo.as_millis_f64() * slo_scale).map_err(|e| e.to_string())?;
             let models: Vec<ModelSpec> = (0..8).map(|i| ModelSpec { name: format!("{}#{i}", spec.name), ..spec.clone() }).collect();
             let label = format!("8x {name} ({}) SLO {:.0} ms ({tag})", if zoo == Zoo::A100 { "A100" } else { "1080Ti" }, spec.slo.as_millis_f64());
             cells.push((label, models, 16));
