@@ -420,6 +420,17 @@ impl WithDomain for RunPlans {
     }
 }
 
+/// Runs the full incast (every object of every peer per round) against
+/// `addrs`; returns the inputs per round and the result.
+fn run_full_incast(kind: TransportKind, addrs: &[String], cfg: &BenchConfig, max_region: u64) -> Res<(usize, RunResult)> {
+    let plan = client::full_plan(addrs.len(), cfg.objects);
+    let inputs = plan.len();
+    let task = RunPlans { addrs: addrs.to_vec(), cfg: cfg.clone(), plans: vec![plan], max_region, kind };
+    let mut res = transport::with_domain(kind, DomainOptions { read_timeout: cfg.round_timeout }, task)?;
+    let first = res.drain(..).next().ok_or_else(|| Fail::runtime("the run produced no result"))?;
+    Ok((inputs, first))
+}
+
 fn check_peers(peers: &[String]) -> Res<()> {
     if peers.is_empty() || peers.iter().any(|p| p.trim().is_empty()) {
         return Err(Fail::usage("--peers needs at least one non-empty address"));
@@ -496,22 +507,7 @@ fn emit(rep: &Report, out: &Output) -> Res<()> {
 fn cmd_incast(a: IncastArgs) -> Res<()> {
     check_peers(&a.peers)?;
     let cfg = bench_config(&a.shape, &a.measure)?;
-    let plan = client::full_plan(a.peers.len(), cfg.objects);
-    let inputs = plan.len();
-    let task = RunPlans {
-        addrs: a.peers.clone(),
-        cfg: cfg.clone(),
-        plans: vec![plan],
-        max_region: a.shape.max_region,
-        kind: a.transport,
-    };
-    let res = transport::with_domain(
-        a.transport,
-        DomainOptions {
-            read_timeout: cfg.round_timeout,
-        },
-        task,
-    )?;
+    let (inputs, res) = run_full_incast(a.transport, &a.peers, &cfg, a.shape.max_region)?;
     let fabric = a
         .fabric
         .unwrap_or_else(|| format!("{} peer(s) over {}", a.peers.len(), a.transport.name()));
@@ -522,7 +518,7 @@ fn cmd_incast(a: IncastArgs) -> Res<()> {
         a.peers,
         &cfg,
         inputs,
-        &res[0],
+        &res,
     )?;
     emit(&rep, &a.output)
 }
@@ -579,22 +575,7 @@ fn cmd_local(a: LocalArgs) -> Res<()> {
     note_oversubscription(lo.servers, lo.idle, lo.kind);
     let servers = local::LocalServers::start(&lo)?;
     servers.enter_client_netns()?;
-    let plan = client::full_plan(servers.addrs.len(), cfg.objects);
-    let inputs = plan.len();
-    let task = RunPlans {
-        addrs: servers.addrs.clone(),
-        cfg: cfg.clone(),
-        plans: vec![plan],
-        max_region: a.shape.max_region,
-        kind: a.transport,
-    };
-    let res = transport::with_domain(
-        a.transport,
-        DomainOptions {
-            read_timeout: cfg.round_timeout,
-        },
-        task,
-    )?;
+    let (inputs, res) = run_full_incast(a.transport, &servers.addrs, &cfg, a.shape.max_region)?;
     let rep = report(
         a.transport,
         servers.fabric(&lo),
@@ -602,7 +583,7 @@ fn cmd_local(a: LocalArgs) -> Res<()> {
         servers.addrs.clone(),
         &cfg,
         inputs,
-        &res[0],
+        &res,
     )?;
     drop(servers);
     emit(&rep, &a.output)
