@@ -88,6 +88,9 @@ pub enum Kind {
     ReadRequest = 8,
     /// [`ReadResponse`] (tcp transport internal; payload follows the message)
     ReadResponse = 9,
+    /// [`ModelsHead`] + `u32` model ids (backend -> scheduler, after
+    /// [`Register`]: the models it holds)
+    Models = 10,
 }
 
 impl Kind {
@@ -103,6 +106,7 @@ impl Kind {
             7 => Kind::BatchDone,
             8 => Kind::ReadRequest,
             9 => Kind::ReadResponse,
+            10 => Kind::Models,
             _ => return None,
         })
     }
@@ -383,6 +387,20 @@ pub struct BatchDone {
     pub count: u32,
 }
 
+/// Head of a model list (backend -> scheduler): `count` little-endian
+/// `u32` model ids follow, each at most once.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ModelsHead {
+    /// Ids that follow (at most [`MAX_MODEL_IDS`]).
+    pub count: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+/// Most model ids one [`Kind::Models`] message carries.
+pub const MAX_MODEL_IDS: usize = (MAX_MESSAGE_LEN - HEADER_LEN - 8) / 4;
+
 /// Emulated one-sided READ: "send me `remote`" (tcp transport internal).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
@@ -499,6 +517,29 @@ impl<'a> BatchTasks<'a> {
     }
 }
 
+/// A model list's ids, borrowed from the received bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelIds<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> ModelIds<'a> {
+    /// Number of ids.
+    pub fn len(&self) -> usize {
+        self.bytes.len() / 4
+    }
+    /// No ids.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+    /// All ids in order.
+    pub fn iter(&self) -> impl Iterator<Item = u32> + 'a {
+        self.bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+    }
+}
+
 /// A decoded message, borrowing variable parts from the input bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Message<'a> {
@@ -520,6 +561,8 @@ pub enum Message<'a> {
     ReadRequest(ReadRequest),
     /// READ response (payload not included).
     ReadResponse(ReadResponse),
+    /// Models a backend holds.
+    Models(ModelIds<'a>),
 }
 
 fn put_header(buf: &mut [u8], kind: Kind, body_len: usize) -> Result<(), WireError> {
@@ -548,6 +591,42 @@ pub fn encode<M: FixedMessage>(buf: &mut [u8], msg: &M) -> Result<usize, WireErr
     put_header(buf, M::KIND, body.len())?;
     buf[HEADER_LEN..HEADER_LEN + body.len()].copy_from_slice(body);
     Ok(HEADER_LEN + body.len())
+}
+
+/// Encodes a model list. Duplicate ids or more than [`MAX_MODEL_IDS`] are
+/// refused (`BadCount`), as the decoder would refuse them.
+pub fn encode_models(buf: &mut [u8], ids: &[u32]) -> Result<usize, WireError> {
+    if ids.len() > MAX_MODEL_IDS || has_duplicates(ids.len(), |i| ids[i]) {
+        return Err(WireError::BadCount);
+    }
+    let body_len = 8 + 4 * ids.len();
+    put_header(buf, Kind::Models, body_len)?;
+    let head = ModelsHead {
+        count: ids.len() as u32,
+        reserved: 0,
+    };
+    buf[HEADER_LEN..HEADER_LEN + 8].copy_from_slice(bytemuck::bytes_of(&head));
+    for (i, id) in ids.iter().enumerate() {
+        let at = HEADER_LEN + 8 + 4 * i;
+        buf[at..at + 4].copy_from_slice(&id.to_le_bytes());
+    }
+    Ok(HEADER_LEN + body_len)
+}
+
+/// Whether an id repeats. Model lists are short (and bounded by
+/// [`MAX_MODEL_IDS`]); a sorted copy on the stack would not be, so this is a
+/// bitmap over the ids' low bits with an exact fallback on a collision.
+fn has_duplicates(n: usize, id_at: impl Fn(usize) -> u32) -> bool {
+    let mut seen = [0u64; 64];
+    for i in 0..n {
+        let id = id_at(i);
+        let bit = (id % 4096) as usize;
+        if seen[bit / 64] & (1 << (bit % 64)) != 0 && (0..i).any(|j| id_at(j) == id) {
+            return true;
+        }
+        seen[bit / 64] |= 1 << (bit % 64);
+    }
+    false
 }
 
 /// Encodes a batch plan; `head.count` is set from `tasks.len()`.
@@ -687,7 +766,7 @@ fn fixed_body_len(kind: Kind) -> Option<usize> {
         Kind::BatchDone => size_of::<BatchDone>(),
         Kind::ReadRequest => size_of::<ReadRequest>(),
         Kind::ReadResponse => size_of::<ReadResponse>(),
-        Kind::BatchPlan | Kind::Completion => return None,
+        Kind::BatchPlan | Kind::Completion | Kind::Models => return None,
     })
 }
 
@@ -806,6 +885,26 @@ pub fn decode(buf: &[u8]) -> Result<Message<'_>, WireError> {
             }
             Message::ReadResponse(m)
         }
+        Kind::Models => {
+            let head_bytes = body.get(..8).ok_or(WireError::BadLength)?;
+            let head: ModelsHead = bytemuck::pod_read_unaligned(head_bytes);
+            if head.reserved != 0 {
+                return Err(WireError::ReservedNotZero);
+            }
+            let count = head.count as usize;
+            if count > MAX_MODEL_IDS || body.len() != 8 + 4 * count {
+                return Err(WireError::BadCount);
+            }
+            let ids = ModelIds { bytes: &body[8..] };
+            let at = |i: usize| {
+                let b = &ids.bytes[4 * i..4 * i + 4];
+                u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+            };
+            if has_duplicates(ids.len(), at) {
+                return Err(WireError::BadValue("duplicate model id"));
+            }
+            Message::Models(ids)
+        }
     })
 }
 
@@ -832,6 +931,10 @@ pub fn fuzz_decode(data: &[u8]) {
             Message::BatchDone(r) => encode(&mut buf, &r),
             Message::ReadRequest(r) => encode(&mut buf, &r),
             Message::ReadResponse(r) => encode(&mut buf, &r),
+            Message::Models(ids) => {
+                let ids: Vec<u32> = ids.iter().collect();
+                encode_models(&mut buf, &ids)
+            }
         }
         .expect("a decoded message re-encodes");
         assert_eq!(
@@ -884,8 +987,29 @@ mod tests {
     }
 
     #[test]
+    fn model_lists_round_trip_and_refuse_duplicates() {
+        let mut buf = [0u8; MAX_MESSAGE_LEN];
+        let ids = [3u32, 0, 4099, 7];
+        let n = encode_models(&mut buf, &ids).unwrap();
+        match decode(&buf[..n]).unwrap() {
+            Message::Models(m) => assert_eq!(m.iter().collect::<Vec<_>>(), ids),
+            m => panic!("{m:?}"),
+        }
+        assert_eq!(encode_models(&mut buf, &[1, 2, 1]), Err(WireError::BadCount));
+        // 4099 and 3 share a bitmap bit but are different ids.
+        assert!(encode_models(&mut buf, &[3, 4099]).is_ok());
+        // A duplicate forged on the wire is refused by the decoder.
+        let n = encode_models(&mut buf, &[5, 6]).unwrap();
+        buf[n - 4..n].copy_from_slice(&5u32.to_le_bytes());
+        assert_eq!(decode(&buf[..n]), Err(WireError::BadValue("duplicate model id")));
+        assert_eq!(decode(&buf[..n - 4]), Err(WireError::Truncated));
+        let empty = encode_models(&mut buf, &[]).unwrap();
+        assert!(matches!(decode(&buf[..empty]), Ok(Message::Models(m)) if m.is_empty()));
+    }
+
+    #[test]
     fn every_fixed_message_has_a_length_multiple_of_eight() {
-        for k in 1..=9 {
+        for k in 1..=10 {
             if let Some(n) = fixed_body_len(Kind::from_u16(k).unwrap()) {
                 assert_eq!(n % 8, 0, "kind {k}");
             }

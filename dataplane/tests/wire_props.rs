@@ -35,6 +35,7 @@ enum Msg {
     BatchDone(BatchDone),
     ReadRequest(ReadRequest),
     ReadResponse(ReadResponse),
+    Models(Vec<u32>),
 }
 
 fn msg() -> impl Strategy<Value = Msg> {
@@ -137,6 +138,8 @@ fn msg() -> impl Strategy<Value = Msg> {
                 len: if status == 0 { len } else { 0 },
             })
         }),
+        proptest::collection::btree_set(any::<u32>(), 0..64)
+            .prop_map(|ids| Msg::Models(ids.into_iter().collect())),
     ]
 }
 
@@ -154,6 +157,7 @@ fn encode_msg(m: &Msg, buf: &mut [u8]) -> usize {
         Msg::BatchDone(x) => wire::encode(buf, x),
         Msg::ReadRequest(x) => wire::encode(buf, x),
         Msg::ReadResponse(x) => wire::encode(buf, x),
+        Msg::Models(ids) => wire::encode_models(buf, ids),
     }
     .expect("valid messages encode")
 }
@@ -188,6 +192,7 @@ fn every_message_round_trips() {
                 (Msg::BatchDone(a), Message::BatchDone(b)) => prop_assert_eq!(*a, b),
                 (Msg::ReadRequest(a), Message::ReadRequest(b)) => prop_assert_eq!(*a, b),
                 (Msg::ReadResponse(a), Message::ReadResponse(b)) => prop_assert_eq!(*a, b),
+                (Msg::Models(a), Message::Models(b)) => prop_assert!(b.iter().eq(a.iter().copied())),
                 (a, b) => prop_assert!(false, "{:?} decoded as {:?}", a, b),
             }
             // Any strict prefix is refused, as is any extra byte.

@@ -96,6 +96,7 @@ fn kind_name(m: &Message<'_>) -> &'static str {
         Message::BatchDone(_) => "BatchDone",
         Message::ReadRequest(_) => "ReadRequest",
         Message::ReadResponse(_) => "ReadResponse",
+        Message::Models(_) => "Models",
     }
 }
 

@@ -1,0 +1,543 @@
+//! Control-plane plumbing the daemons share: picking a transport by name,
+//! the registration handshake, heartbeat liveness, bounded blocking helpers
+//! for the rare control-path sends and receives, idle-strategy parsing,
+//! termination signals, and a tiny HTTP endpoint for Prometheus scrapes.
+//!
+//! Nothing here is on the data path: a daemon's poll loop only calls
+//! [`Liveness`] (two comparisons) and [`stop_requested`] (one load) per pass.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crate::idle::IdleStrategy;
+use crate::mem::{MemError, Region};
+use crate::time::{Duration, Instant};
+use crate::transport::shm::ShmDomain;
+use crate::transport::tcp::{Engine, TcpConfig, TcpDomain};
+use crate::transport::{Connection, Domain, Error};
+use crate::wire::{self, Message, Register, Role};
+
+// ---- transports by name -----------------------------------------------------
+
+/// The transports a daemon can run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TransportKind {
+    /// Same-host shared memory (the local default).
+    Shm,
+    /// TCP over io_uring, READs served by a responder at the memory owner.
+    Tcp,
+    /// TCP on plain blocking sockets.
+    TcpBlocking,
+    /// RDMA verbs (needs the `rdma` feature and a device).
+    Rdma,
+}
+
+impl TransportKind {
+    /// Every kind, for help texts.
+    pub const ALL: [TransportKind; 4] = [
+        TransportKind::Shm,
+        TransportKind::Tcp,
+        TransportKind::TcpBlocking,
+        TransportKind::Rdma,
+    ];
+
+    /// Parses a command-line name.
+    pub fn parse(s: &str) -> Result<TransportKind, String> {
+        TransportKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| format!("unknown transport '{s}' (shm, tcp, tcp-blocking, rdma)"))
+    }
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Shm => "shm",
+            TransportKind::Tcp => "tcp",
+            TransportKind::TcpBlocking => "tcp-blocking",
+            TransportKind::Rdma => "rdma",
+        }
+    }
+
+    /// A listen address on `host` that picks a fresh port or name.
+    pub fn ephemeral_listen(self, host: &str) -> String {
+        match self {
+            TransportKind::Shm => String::new(),
+            _ => format!("{host}:0"),
+        }
+    }
+
+    /// A region peers of this transport can READ once registered: shm
+    /// regions live in shared memory files that readers map; the others
+    /// are private memory the transport (or NIC) reads on the owner's
+    /// behalf.
+    pub fn readable_region(self, len: usize) -> Result<Arc<Region>, MemError> {
+        match self {
+            TransportKind::Shm => Region::shared(len),
+            _ => Region::anonymous(len),
+        }
+    }
+}
+
+/// Code that runs on any transport domain (the daemons are generic over
+/// [`Domain`]; this picks the type at run time).
+pub trait WithDomain {
+    /// What it returns.
+    type Out;
+    /// Runs on `domain`.
+    fn run<D: Domain>(self, domain: D) -> Self::Out;
+}
+
+/// Opens a domain of `kind` and runs `task` on it; `Err` says why the
+/// transport is unavailable.
+pub fn with_domain<W: WithDomain>(kind: TransportKind, task: W) -> Result<W::Out, String> {
+    match kind {
+        TransportKind::Shm => {
+            let d = ShmDomain::new().map_err(|e| format!("transport shm unavailable: {e}"))?;
+            Ok(task.run(d))
+        }
+        TransportKind::Tcp | TransportKind::TcpBlocking => {
+            let engine = if kind == TransportKind::Tcp {
+                Engine::Uring
+            } else {
+                Engine::Blocking
+            };
+            let d = TcpDomain::new(TcpConfig::new(engine)).map_err(|e| {
+                format!(
+                    "transport {} unavailable: {e} (try --transport tcp-blocking)",
+                    kind.name()
+                )
+            })?;
+            Ok(task.run(d))
+        }
+        TransportKind::Rdma => rdma(task),
+    }
+}
+
+#[cfg(feature = "rdma")]
+fn rdma<W: WithDomain>(task: W) -> Result<W::Out, String> {
+    let d = crate::transport::rdma::RdmaDomain::from_env()
+        .map_err(|e| format!("transport rdma unavailable: {e}"))?;
+    Ok(task.run(d))
+}
+
+#[cfg(not(feature = "rdma"))]
+fn rdma<W: WithDomain>(_task: W) -> Result<W::Out, String> {
+    Err("transport rdma: built without RDMA support (rebuild with `--features rdma`)".into())
+}
+
+// ---- bounded blocking helpers ---------------------------------------------
+
+fn std_deadline(timeout: Duration) -> std::time::Instant {
+    std::time::Instant::now() + std::time::Duration::from_nanos(timeout.as_nanos())
+}
+
+/// Connects to `addr`, retrying refused or failed attempts (the peer may
+/// still be starting) until `timeout` has passed.
+pub fn connect_retrying<D: Domain>(
+    domain: &D,
+    addr: &str,
+    timeout: Duration,
+) -> Result<D::Conn, Error> {
+    let deadline = std_deadline(timeout);
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let attempt = Duration::from_nanos((left.as_nanos() as u64).min(1_000_000_000));
+        match domain.connect(addr, attempt) {
+            Ok(c) => return Ok(c),
+            Err(e) => {
+                if std::time::Instant::now() + pause >= deadline {
+                    return Err(e);
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// Queues `msg`, polling the connection while its send queue is full, for
+/// at most `timeout` (`Timeout` then).
+pub fn send_within<C: Connection>(conn: &mut C, msg: &[u8], timeout: Duration) -> Result<(), Error> {
+    let deadline = std_deadline(timeout);
+    loop {
+        match conn.send(msg) {
+            Err(Error::QueueFull) => {
+                conn.progress()?;
+                if std::time::Instant::now() >= deadline {
+                    return Err(Error::Timeout);
+                }
+                std::thread::yield_now();
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Waits up to `timeout` for the next message (`Timeout` then); returns its
+/// length in `buf`.
+pub fn recv_within<C: Connection>(conn: &mut C, buf: &mut [u8], timeout: Duration) -> Result<usize, Error> {
+    let deadline = std_deadline(timeout);
+    loop {
+        if let Some(n) = conn.try_recv(buf)? {
+            return Ok(n);
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(Error::Timeout);
+        }
+        let step = Duration::from_nanos((left.as_nanos() as u64).min(10_000_000));
+        if !conn.wait(step)? {
+            std::thread::sleep(std::time::Duration::from_micros(200).min(left));
+        }
+    }
+}
+
+/// Sends `reg` as the first message of a control connection.
+pub fn send_register<C: Connection>(conn: &mut C, reg: &Register, timeout: Duration) -> Result<(), Error> {
+    let mut buf = [0u8; 128];
+    let n = wire::encode(&mut buf, reg)?;
+    send_within(conn, &buf[..n], timeout)?;
+    flush_within(conn, timeout)
+}
+
+/// Drives the connection until queued sends have left (best effort: the
+/// trait has no "send queue empty" query, so this progresses a few rounds).
+pub fn flush_within<C: Connection>(conn: &mut C, timeout: Duration) -> Result<(), Error> {
+    let deadline = std_deadline(timeout);
+    for _ in 0..8 {
+        conn.progress()?;
+        if std::time::Instant::now() >= deadline {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Waits for the peer's [`Register`] (the first message of a control
+/// connection); anything else first is a protocol error.
+pub fn expect_register<C: Connection>(conn: &mut C, timeout: Duration) -> Result<Register, Error> {
+    let mut buf = [0u8; wire::MAX_MESSAGE_LEN];
+    let n = recv_within(conn, &mut buf, timeout)?;
+    match wire::decode(&buf[..n])? {
+        Message::Register(r) => Ok(r),
+        _ => Err(Error::Protocol(wire::WireError::BadValue(
+            "first message is not Register",
+        ))),
+    }
+}
+
+// ---- liveness ----------------------------------------------------------------
+
+/// Heartbeat bookkeeping for one peer: when to send ours, and whether the
+/// peer has been silent too long. Any message from the peer counts as
+/// proof of life, not only heartbeats.
+#[derive(Clone, Copy, Debug)]
+pub struct Liveness {
+    interval: Duration,
+    timeout: Duration,
+    next_send: Instant,
+    last_heard: Instant,
+    seq: u64,
+}
+
+impl Liveness {
+    /// Heartbeats every `interval`; the peer is dead after `timeout` of
+    /// silence. Starts as heard at `now`.
+    pub fn new(now: Instant, interval: Duration, timeout: Duration) -> Self {
+        Liveness {
+            interval,
+            timeout,
+            next_send: now,
+            last_heard: now,
+            seq: 0,
+        }
+    }
+    /// The peer was heard from at `now`.
+    pub fn heard(&mut self, now: Instant) {
+        self.last_heard = now;
+    }
+    /// Whether the peer has been silent for longer than the timeout.
+    pub fn expired(&self, now: Instant) -> bool {
+        now.saturating_since(self.last_heard) > self.timeout
+    }
+    /// Our heartbeat to send at `now`, if one is due (encoded into `buf`;
+    /// returns its length).
+    pub fn due(&mut self, now: Instant, role: Role, id: u32, buf: &mut [u8]) -> Option<usize> {
+        if now < self.next_send {
+            return None;
+        }
+        self.next_send = now + self.interval;
+        self.seq += 1;
+        let hb = wire::Heartbeat {
+            seq: self.seq,
+            role: role as u32,
+            id,
+        };
+        wire::encode(buf, &hb).ok()
+    }
+    /// When the next heartbeat is due.
+    pub fn next_send(&self) -> Instant {
+        self.next_send
+    }
+}
+
+// ---- idle strategies -----------------------------------------------------------
+
+/// Parses `spin`, `yield`, `park` (100 spins, 10 yields, then parks of at
+/// most 100 us) or `park:US` (parks of at most US microseconds).
+pub fn parse_idle(s: &str) -> Result<IdleStrategy, String> {
+    let park = |us: u64| IdleStrategy::SpinThenPark {
+        spins: 100,
+        yields: 10,
+        park: Duration::from_micros(us),
+    };
+    match s {
+        "spin" => Ok(IdleStrategy::Spin),
+        "yield" => Ok(IdleStrategy::SpinThenYield { spins: 1000 }),
+        "park" => Ok(park(100)),
+        _ => match s.strip_prefix("park:").map(str::parse::<u64>) {
+            Some(Ok(us)) if (1..=1_000_000).contains(&us) => Ok(park(us)),
+            _ => Err(format!(
+                "unknown idle strategy '{s}' (spin, yield, park, park:US with 1..=1000000)"
+            )),
+        },
+    }
+}
+
+// ---- termination --------------------------------------------------------------
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_sig: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// Makes SIGINT and SIGTERM set the flag [`stop_requested`] reads (instead
+/// of killing the process), so a daemon can shut down cleanly.
+pub fn install_stop_signals() -> Result<(), String> {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: `on_signal` is an `extern "C"` function that only stores
+        // to an atomic, which is async-signal-safe; `signal` has no other
+        // preconditions.
+        let prev = unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+        if prev == libc::SIG_ERR {
+            return Err(format!("cannot install handler for signal {sig}"));
+        }
+    }
+    Ok(())
+}
+
+/// Whether a stop signal arrived (or [`request_stop`] was called).
+pub fn stop_requested() -> bool {
+    STOP.load(Ordering::Relaxed)
+}
+
+/// Asks this process's daemon loop to stop (as a signal would).
+pub fn request_stop() {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// Asks the kernel to send this process SIGTERM when its parent dies, so
+/// that daemons started by `symphony up` never outlive it (even when it is
+/// killed with SIGKILL). Linux only; elsewhere a no-op.
+pub fn terminate_with_parent() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: PR_SET_PDEATHSIG takes a signal number and has no memory
+        // effects.
+        let _ = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
+    }
+}
+
+// ---- metrics endpoint -----------------------------------------------------------
+
+/// Renders the Prometheus text exposition on each scrape.
+pub type RenderFn = dyn Fn() -> String + Send + Sync;
+
+/// A minimal HTTP/1.1 endpoint on its own thread: `GET /metrics` returns
+/// the rendered text, `GET /health` returns 200, anything else 404. One
+/// request per connection, bounded reads, so a bad client costs nothing but
+/// its own socket.
+pub struct MetricsEndpoint {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MetricsEndpoint {
+    /// Listens on `addr` (port 0 picks one).
+    pub fn start(addr: SocketAddr, render: Arc<RenderFn>) -> std::io::Result<MetricsEndpoint> {
+        let listener = TcpListener::bind(addr)?;
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("metrics-http".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if flag.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    if let Ok(s) = conn {
+                        let _ = serve_one(s, &*render);
+                    }
+                }
+            })?;
+        Ok(MetricsEndpoint {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for MetricsEndpoint {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Unblocks `accept`; the thread then sees the flag.
+        let _ = TcpStream::connect_timeout(&self.addr, std::time::Duration::from_secs(1));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn serve_one(mut s: TcpStream, render: &RenderFn) -> std::io::Result<()> {
+    s.set_read_timeout(Some(std::time::Duration::from_secs(2)))?;
+    s.set_write_timeout(Some(std::time::Duration::from_secs(2)))?;
+    let mut req = [0u8; 4096];
+    let mut n = 0;
+    while n < req.len() && !req[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut req[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    let line = req[..n].split(|&b| b == b'\r').next().unwrap_or(&[]);
+    let (status, ctype, body) = if line.starts_with(b"GET /metrics ") {
+        ("200 OK", "text/plain; version=0.0.4", render())
+    } else if line.starts_with(b"GET /health ") {
+        ("200 OK", "text/plain", "ok\n".to_string())
+    } else {
+        ("404 Not Found", "text/plain", "not found\n".to_string())
+    };
+    let head = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes())?;
+    s.write_all(body.as_bytes())
+}
+
+/// Fetches `http://addr/path` with a plain blocking client (for tools and
+/// tests that scrape the endpoints); the body on a 200, else an error.
+pub fn http_get(addr: SocketAddr, path: &str, timeout: std::time::Duration) -> std::io::Result<String> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    write!(s, "GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n")?;
+    let mut resp = Vec::new();
+    s.take(64 << 20).read_to_end(&mut resp)?;
+    let text = String::from_utf8_lossy(&resp);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("malformed HTTP response"))?;
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        return Err(std::io::Error::other(format!(
+            "GET {path}: {}",
+            head.lines().next().unwrap_or("")
+        )));
+    }
+    Ok(body.to_string())
+}
+
+/// The value of an unlabelled (or exactly labelled) sample `name` in a
+/// Prometheus text exposition, e.g. `metric(text, "symphony_backends")` or
+/// `metric(text, "nv_inference_count{model=\"ResNet50\"}")`.
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let rest = rest.strip_prefix(' ')?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+}
+
+/// The sum of every sample of `name` over all label sets.
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let rest = if rest.starts_with('{') {
+                &rest[rest.find('}')? + 1..]
+            } else {
+                rest
+            };
+            rest.strip_prefix(' ')?.split_whitespace().next()?.parse::<f64>().ok()
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_names_parse_and_bad_ones_are_refused() {
+        assert_eq!(parse_idle("spin"), Ok(IdleStrategy::Spin));
+        assert!(matches!(
+            parse_idle("park:250"),
+            Ok(IdleStrategy::SpinThenPark { park, .. }) if park == Duration::from_micros(250)
+        ));
+        assert!(parse_idle("park:0").is_err());
+        assert!(parse_idle("nap").is_err());
+        assert_eq!(TransportKind::parse("tcp-blocking"), Ok(TransportKind::TcpBlocking));
+        assert!(TransportKind::parse("udp").unwrap_err().contains("unknown transport"));
+    }
+
+    #[test]
+    fn liveness_sends_on_schedule_and_expires_after_silence() {
+        let t0 = Instant::ZERO + Duration::from_millis(1000);
+        let mut l = Liveness::new(t0, Duration::from_millis(100), Duration::from_millis(300));
+        let mut buf = [0u8; 64];
+        assert!(l.due(t0, Role::Backend, 3, &mut buf).is_some());
+        assert!(l.due(t0 + Duration::from_millis(99), Role::Backend, 3, &mut buf).is_none());
+        let n = l.due(t0 + Duration::from_millis(100), Role::Backend, 3, &mut buf).unwrap();
+        assert!(matches!(wire::decode(&buf[..n]), Ok(Message::Heartbeat(h)) if h.seq == 2 && h.id == 3));
+        assert!(!l.expired(t0 + Duration::from_millis(300)));
+        assert!(l.expired(t0 + Duration::from_millis(301)));
+        l.heard(t0 + Duration::from_millis(301));
+        assert!(!l.expired(t0 + Duration::from_millis(500)));
+    }
+
+    #[test]
+    fn metrics_endpoint_serves_scrapes_and_refuses_other_paths() {
+        let ep = MetricsEndpoint::start(
+            "127.0.0.1:0".parse().unwrap(),
+            Arc::new(|| "# HELP x y\nsymphony_up 1\nreq{model=\"a\"} 2\nreq{model=\"b\"} 3.5\n".to_string()),
+        )
+        .unwrap();
+        let t = std::time::Duration::from_secs(5);
+        let body = http_get(ep.addr(), "/metrics", t).unwrap();
+        assert_eq!(metric(&body, "symphony_up"), Some(1.0));
+        assert_eq!(metric(&body, "req{model=\"b\"}"), Some(3.5));
+        assert_eq!(metric_sum(&body, "req"), 5.5);
+        assert_eq!(metric(&body, "symphony"), None);
+        assert!(http_get(ep.addr(), "/nope", t).is_err());
+        assert_eq!(http_get(ep.addr(), "/health", t).unwrap(), "ok\n");
+        drop(ep);
+    }
+}
