@@ -10,6 +10,7 @@
 
 pub mod analysis;
 pub mod baselines;
+pub mod daemon;
 pub mod deferred;
 pub mod goodput;
 pub mod netdelay;

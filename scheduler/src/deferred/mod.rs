@@ -177,6 +177,20 @@ impl DeferredScheduler {
         }
     }
 
+    /// Control plane: GPU `gpu` joined (free now) or left the cluster (a
+    /// dead or drained backend). Ids past the current count extend the
+    /// cluster; a GPU that left is never granted again, and the batch it
+    /// was running (if any) is the caller's to fail back.
+    pub fn set_gpu_online(&mut self, now: Instant, gpu: GpuId, online: bool, out: &mut Actions) {
+        self.to_rank.push_back(ToRank::GpuMembership { gpu, online });
+        self.pump(now, out);
+    }
+
+    /// GPUs currently in the cluster.
+    pub fn online_gpus(&self) -> usize {
+        self.rank.online_gpus()
+    }
+
     /// Statistics of the two cores.
     pub fn stats(&self) -> (ModelThreadStats, RankStats) {
         (self.models.stats(), self.rank.stats())

@@ -1,0 +1,271 @@
+//! The scheduler daemon's counters (atomics written by the poll thread,
+//! read by the `/metrics` thread; no locks) and their Prometheus text.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use dataplane::wire::DropReason;
+
+use crate::sim::AutoscaleAdvice;
+use crate::zoo::ModelSpec;
+
+/// Upper bounds of the batch-size histogram buckets.
+pub const BATCH_BUCKETS: [u32; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
+/// Upper bounds (µs) of the dispatch-lag histogram buckets.
+pub const LAG_BUCKETS_US: [u64; 8] = [10, 50, 100, 500, 1000, 5000, 10000, 50000];
+
+const DROP_REASONS: [DropReason; 5] = [
+    DropReason::DeadlineUnmeetable,
+    DropReason::Overloaded,
+    DropReason::UnknownModel,
+    DropReason::Shutdown,
+    DropReason::InputUnavailable,
+];
+
+fn reason_label(r: DropReason) -> &'static str {
+    match r {
+        DropReason::DeadlineUnmeetable => "deadline",
+        DropReason::Overloaded => "overloaded",
+        DropReason::UnknownModel => "unknown_model",
+        DropReason::Shutdown => "shutdown",
+        DropReason::InputUnavailable => "input_unavailable",
+    }
+}
+
+/// Per-model counters.
+#[derive(Debug, Default)]
+pub struct ModelCounters {
+    /// Tasks dispatched in batches.
+    pub dispatched: AtomicU64,
+    /// Batches dispatched.
+    pub batches: AtomicU64,
+    /// Tasks dropped by the policy.
+    pub dropped: AtomicU64,
+}
+
+/// Everything `/metrics` shows.
+#[derive(Debug)]
+pub struct SchedulerMetrics {
+    names: Vec<String>,
+    /// Per model, by global id.
+    pub models: Vec<ModelCounters>,
+    /// Live frontends.
+    pub frontends: AtomicU64,
+    /// Live backends.
+    pub backends: AtomicU64,
+    /// GPUs in matchmaking.
+    pub gpus_online: AtomicU64,
+    /// Tasks received.
+    pub tasks_received: AtomicU64,
+    /// Batches reported done.
+    pub batches_done: AtomicU64,
+    /// Drops by reason (index = wire code - 1).
+    pub drops: [AtomicU64; 5],
+    /// Tasks failed back because their backend died.
+    pub failed_back: AtomicU64,
+    /// Completions forwarded from backends to frontends.
+    pub forwarded: AtomicU64,
+    /// Outcomes for frontends that are gone.
+    pub undeliverable: AtomicU64,
+    /// Messages that broke the protocol (wrong sender, unknown batch, ...).
+    pub protocol_errors: AtomicU64,
+    /// Registrations refused.
+    pub refused: AtomicU64,
+    /// Backends declared dead.
+    pub backend_deaths: AtomicU64,
+    /// Frontends declared dead.
+    pub frontend_deaths: AtomicU64,
+    /// Planned GPU busy time, ns (sum of `l(b)` of dispatched batches).
+    pub planned_busy_ns: AtomicU64,
+    /// Busy time the backends reported, ns.
+    pub actual_busy_ns: AtomicU64,
+    /// Online GPU time, ns (integrated by the poll thread).
+    pub gpu_online_ns: AtomicU64,
+    /// Batch-size histogram (non-cumulative counts per bucket, plus +Inf).
+    pub batch_size: [AtomicU64; BATCH_BUCKETS.len() + 1],
+    /// Sum of batch sizes.
+    pub batch_size_sum: AtomicU64,
+    /// Dispatch lag histogram (decision time minus planned time).
+    pub lag: [AtomicU64; LAG_BUCKETS_US.len() + 1],
+    /// Sum of dispatch lags, µs.
+    pub lag_sum_us: AtomicU64,
+}
+
+impl SchedulerMetrics {
+    /// Counters for `models`.
+    pub fn new(models: &[ModelSpec]) -> Self {
+        SchedulerMetrics {
+            names: models.iter().map(|m| m.name.clone()).collect(),
+            models: models.iter().map(|_| ModelCounters::default()).collect(),
+            frontends: AtomicU64::new(0),
+            backends: AtomicU64::new(0),
+            gpus_online: AtomicU64::new(0),
+            tasks_received: AtomicU64::new(0),
+            batches_done: AtomicU64::new(0),
+            drops: Default::default(),
+            failed_back: AtomicU64::new(0),
+            forwarded: AtomicU64::new(0),
+            undeliverable: AtomicU64::new(0),
+            protocol_errors: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            backend_deaths: AtomicU64::new(0),
+            frontend_deaths: AtomicU64::new(0),
+            planned_busy_ns: AtomicU64::new(0),
+            actual_busy_ns: AtomicU64::new(0),
+            gpu_online_ns: AtomicU64::new(0),
+            batch_size: Default::default(),
+            batch_size_sum: AtomicU64::new(0),
+            lag: Default::default(),
+            lag_sum_us: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts a drop.
+    pub fn count_drop(&self, r: DropReason) {
+        if let Some(c) = self.drops.get((r as u32 as usize).wrapping_sub(1)) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a policy drop of `model`.
+    pub fn model_drops(&self, model: u32) {
+        if let Some(m) = self.models.get(model as usize) {
+            m.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Records a dispatched batch.
+    pub fn record_batch(&self, model: u32, size: u32, planned_ns: u64, lag_ns: u64) {
+        if let Some(m) = self.models.get(model as usize) {
+            m.dispatched.fetch_add(u64::from(size), Ordering::Relaxed);
+            m.batches.fetch_add(1, Ordering::Relaxed);
+        }
+        let b = BATCH_BUCKETS
+            .iter()
+            .position(|&u| size <= u)
+            .unwrap_or(BATCH_BUCKETS.len());
+        self.batch_size[b].fetch_add(1, Ordering::Relaxed);
+        self.batch_size_sum
+            .fetch_add(u64::from(size), Ordering::Relaxed);
+        self.planned_busy_ns.fetch_add(planned_ns, Ordering::Relaxed);
+        let us = lag_ns / 1000;
+        let l = LAG_BUCKETS_US
+            .iter()
+            .position(|&u| us <= u)
+            .unwrap_or(LAG_BUCKETS_US.len());
+        self.lag[l].fetch_add(1, Ordering::Relaxed);
+        self.lag_sum_us.fetch_add(us, Ordering::Relaxed);
+    }
+
+    /// GPU busy fraction so far (planned busy time over online GPU time).
+    pub fn busy_fraction(&self) -> f64 {
+        let online = self.gpu_online_ns.load(Ordering::Relaxed) as f64;
+        if online <= 0.0 {
+            return 0.0;
+        }
+        (self.planned_busy_ns.load(Ordering::Relaxed) as f64 / online).min(1.0)
+    }
+
+    /// Bad rate so far: policy drops over tasks received.
+    pub fn drop_rate(&self) -> f64 {
+        let rx = self.tasks_received.load(Ordering::Relaxed) as f64;
+        if rx <= 0.0 {
+            return 0.0;
+        }
+        let dropped: u64 = self.models.iter().map(|m| m.dropped.load(Ordering::Relaxed)).sum();
+        dropped as f64 / rx
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut s = String::with_capacity(4096);
+        let gauge = |s: &mut String, name: &str, help: &str, v: f64| {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        };
+        let counter = |s: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        };
+        gauge(&mut s, "symphony_frontends", "Registered live frontends.", l(&self.frontends) as f64);
+        gauge(&mut s, "symphony_backends", "Registered live backends.", l(&self.backends) as f64);
+        gauge(&mut s, "symphony_gpus_online", "GPUs in matchmaking.", l(&self.gpus_online) as f64);
+        counter(&mut s, "symphony_tasks_received_total", "Tasks received from frontends.", l(&self.tasks_received));
+        counter(&mut s, "symphony_batches_done_total", "Batches reported done by backends.", l(&self.batches_done));
+        counter(&mut s, "symphony_tasks_failed_back_total", "Tasks failed back because their backend died.", l(&self.failed_back));
+        counter(&mut s, "symphony_completions_forwarded_total", "Backend completions forwarded to frontends.", l(&self.forwarded));
+        counter(&mut s, "symphony_undeliverable_total", "Outcomes for frontends that are gone.", l(&self.undeliverable));
+        counter(&mut s, "symphony_protocol_errors_total", "Peer messages that broke the protocol.", l(&self.protocol_errors));
+        counter(&mut s, "symphony_registrations_refused_total", "Registrations refused.", l(&self.refused));
+        counter(&mut s, "symphony_backend_deaths_total", "Backends declared dead.", l(&self.backend_deaths));
+        counter(&mut s, "symphony_frontend_deaths_total", "Frontends declared dead.", l(&self.frontend_deaths));
+        let _ = writeln!(s, "# HELP symphony_tasks_dropped_total Tasks dropped by the scheduler, by reason.\n# TYPE symphony_tasks_dropped_total counter");
+        for r in DROP_REASONS {
+            let v = self.drops.get(r as usize - 1).map(l).unwrap_or(0);
+            let _ = writeln!(s, "symphony_tasks_dropped_total{{reason=\"{}\"}} {v}", reason_label(r));
+        }
+        let _ = writeln!(s, "# HELP symphony_model_dispatched_total Tasks dispatched in batches, by model.\n# TYPE symphony_model_dispatched_total counter");
+        for (name, m) in self.names.iter().zip(&self.models) {
+            let _ = writeln!(s, "symphony_model_dispatched_total{{model=\"{name}\"}} {}", l(&m.dispatched));
+        }
+        let _ = writeln!(s, "# HELP symphony_model_batches_total Batches dispatched, by model.\n# TYPE symphony_model_batches_total counter");
+        for (name, m) in self.names.iter().zip(&self.models) {
+            let _ = writeln!(s, "symphony_model_batches_total{{model=\"{name}\"}} {}", l(&m.batches));
+        }
+        let _ = writeln!(s, "# HELP symphony_model_dropped_total Tasks dropped by the policy, by model.\n# TYPE symphony_model_dropped_total counter");
+        for (name, m) in self.names.iter().zip(&self.models) {
+            let _ = writeln!(s, "symphony_model_dropped_total{{model=\"{name}\"}} {}", l(&m.dropped));
+        }
+        histogram(&mut s, "symphony_batch_size", "Dispatched batch sizes.", &BATCH_BUCKETS.map(u64::from), &self.batch_size, l(&self.batch_size_sum));
+        histogram(&mut s, "symphony_dispatch_lag_us", "Decision time minus planned time, microseconds.", &LAG_BUCKETS_US, &self.lag, l(&self.lag_sum_us));
+        counter(&mut s, "symphony_planned_busy_ns_total", "Planned GPU busy time of dispatched batches, ns.", l(&self.planned_busy_ns));
+        counter(&mut s, "symphony_reported_busy_ns_total", "GPU busy time reported by backends, ns.", l(&self.actual_busy_ns));
+        counter(&mut s, "symphony_gpu_online_ns_total", "Online GPU time, ns.", l(&self.gpu_online_ns));
+        let busy = self.busy_fraction();
+        gauge(&mut s, "symphony_gpu_busy_fraction", "Planned busy time over online GPU time, since start.", busy);
+        let gpus = l(&self.gpus_online) as u32;
+        let advice = AutoscaleAdvice::new(gpus, self.drop_rate(), 1.0 - busy, 0.01);
+        gauge(&mut s, "symphony_autoscale_add_gpus", "GPUs to add: N*r/(1-r) when the drop rate r exceeds 1%.", advice.add_gpus);
+        gauge(&mut s, "symphony_autoscale_remove_gpus", "GPUs that could go: N*idle fraction while the drop rate is at most 1%.", advice.remove_gpus);
+        s
+    }
+}
+
+fn histogram(s: &mut String, name: &str, help: &str, bounds: &[u64], counts: &[AtomicU64], sum: u64) {
+    let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} histogram");
+    let mut cum = 0;
+    for (b, c) in bounds.iter().zip(counts) {
+        cum += c.load(Ordering::Relaxed);
+        let _ = writeln!(s, "{name}_bucket{{le=\"{b}\"}} {cum}");
+    }
+    cum += counts.last().map(|c| c.load(Ordering::Relaxed)).unwrap_or(0);
+    let _ = writeln!(s, "{name}_bucket{{le=\"+Inf\"}} {cum}\n{name}_sum {sum}\n{name}_count {cum}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dataplane::control::metric;
+
+    #[test]
+    fn render_shows_counters_histograms_and_advice() {
+        let m = SchedulerMetrics::new(&[ModelSpec::linear("r50", 1.0, 5.0, 50.0).unwrap()]);
+        m.tasks_received.store(100, Ordering::Relaxed);
+        m.record_batch(0, 3, 8_000_000, 20_000);
+        m.record_batch(0, 600, 1, 0);
+        m.model_drops(0);
+        m.count_drop(DropReason::DeadlineUnmeetable);
+        m.gpus_online.store(4, Ordering::Relaxed);
+        m.gpu_online_ns.store(80_000_000, Ordering::Relaxed);
+        let t = m.render();
+        assert_eq!(metric(&t, "symphony_batch_size_bucket{le=\"2\"}"), Some(0.0));
+        assert_eq!(metric(&t, "symphony_batch_size_bucket{le=\"4\"}"), Some(1.0));
+        assert_eq!(metric(&t, "symphony_batch_size_bucket{le=\"+Inf\"}"), Some(2.0));
+        assert_eq!(metric(&t, "symphony_batch_size_sum"), Some(603.0));
+        assert_eq!(metric(&t, "symphony_model_dispatched_total{model=\"r50\"}"), Some(603.0));
+        assert_eq!(metric(&t, "symphony_tasks_dropped_total{reason=\"deadline\"}"), Some(1.0));
+        assert_eq!(metric(&t, "symphony_gpu_busy_fraction"), Some(0.1000000125));
+        // 1% drop rate is at the threshold: no GPUs to add, 90% of 4 idle.
+        assert_eq!(metric(&t, "symphony_autoscale_add_gpus"), Some(0.0));
+        assert!((metric(&t, "symphony_autoscale_remove_gpus").unwrap() - 3.6).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,786 @@
+//! The scheduler daemon's control plane as a sans-IO state machine: peers
+//! joining and leaving, tasks in, batch plans and drops out, failing back
+//! the batches of a backend that died. It takes `now` from the caller and
+//! writes every message it wants sent into an [`Outbox`]; the I/O loop in
+//! `daemon::run` moves the bytes. Tests drive it on a virtual clock.
+//!
+//! # Sub-clusters
+//!
+//! Models are partitioned into sub-clusters (by configuration; one holding
+//! every model by default). Each sub-cluster is one [`DeferredScheduler`]
+//! over its models and its own GPU id space. A backend joins the
+//! sub-cluster whose models it holds all of (the one with the fewest GPUs
+//! if several qualify), and its GPUs extend that sub-cluster. GPU ids are
+//! never reused: a backend that leaves takes its ids out of matchmaking for
+//! good, and one that comes back gets fresh ones.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use dataplane::time::{Duration, Instant};
+use dataplane::wire::{
+    self, BatchPlanHead, BatchPlanWriter, BatchTask, CompletionHead, DropReason, OutputKind,
+    Register, RemoteRef, Role, Task, TaskStatus,
+};
+
+use super::metrics::SchedulerMetrics;
+use crate::deferred::{CoreConfig, DeferredScheduler};
+use crate::types::{self, Actions, GpuId, Request, Scheduler};
+use crate::zoo::ModelSpec;
+
+/// A peer of the scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PeerId {
+    /// Frontend by id.
+    Frontend(u32),
+    /// Backend by id.
+    Backend(u32),
+}
+
+/// Largest frontend id + 1 (task ids carry 16 bits of frontend id).
+pub const MAX_FRONTENDS: u32 = 1 << 12;
+/// Largest backend id + 1.
+pub const MAX_BACKENDS: u32 = 1 << 16;
+
+/// Encoded messages waiting to be sent, in order, in one flat buffer
+/// (no allocation once warm).
+#[derive(Debug, Default)]
+pub struct Outbox {
+    bytes: Vec<u8>,
+    items: Vec<(PeerId, usize, usize)>,
+}
+
+impl Outbox {
+    /// An empty outbox.
+    pub fn new() -> Self {
+        Outbox {
+            bytes: Vec::with_capacity(1 << 20),
+            items: Vec::with_capacity(4096),
+        }
+    }
+    /// The messages, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (PeerId, &[u8])> {
+        self.items
+            .iter()
+            .map(|&(p, at, n)| (p, &self.bytes[at..at + n]))
+    }
+    /// Number of messages.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+    /// Nothing to send.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+    /// Forgets every message, keeping the storage.
+    pub fn clear(&mut self) {
+        self.bytes.clear();
+        self.items.clear();
+    }
+    /// Appends a message produced by `encode` (which writes into the given
+    /// buffer and returns the length).
+    fn push(
+        &mut self,
+        to: PeerId,
+        encode: impl FnOnce(&mut [u8]) -> Result<usize, wire::WireError>,
+    ) {
+        let at = self.bytes.len();
+        self.bytes.resize(at + wire::MAX_MESSAGE_LEN, 0);
+        match encode(&mut self.bytes[at..]) {
+            Ok(n) => {
+                self.bytes.truncate(at + n);
+                self.items.push((to, at, n));
+            }
+            Err(_) => self.bytes.truncate(at),
+        }
+    }
+}
+
+/// Why a registration was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The id is out of range.
+    BadId(u32),
+    /// A live peer already has this id.
+    Duplicate(u32),
+    /// A model id the scheduler does not know.
+    UnknownModel(u32),
+    /// The backend's models cover no sub-cluster.
+    NoSubCluster,
+    /// A backend with no GPUs.
+    NoGpus,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::BadId(id) => write!(f, "id {id} out of range"),
+            Refusal::Duplicate(id) => write!(f, "id {id} is already registered"),
+            Refusal::UnknownModel(m) => write!(f, "unknown model id {m}"),
+            Refusal::NoSubCluster => write!(f, "its models cover no sub-cluster"),
+            Refusal::NoGpus => write!(f, "no GPUs"),
+        }
+    }
+}
+
+struct FrontendState {
+    endpoint: String,
+}
+
+struct BackendState {
+    subcluster: usize,
+    /// Sub-cluster GPU id of each local GPU.
+    gpus: Vec<GpuId>,
+}
+
+/// A task the scheduler holds (waiting in a sub-cluster).
+#[derive(Clone, Copy, Debug)]
+struct TaskMeta {
+    frontend: u32,
+    input: RemoteRef,
+    model: u32,
+}
+
+/// A batch sent to a backend and not yet reported done.
+struct InFlight {
+    backend: u32,
+    /// (task id, frontend id)
+    tasks: Vec<(u64, u32)>,
+}
+
+struct SubCluster {
+    /// Global model ids, by local id.
+    models: Vec<u32>,
+    sched: DeferredScheduler,
+    /// (backend, local GPU) of each sub-cluster GPU id.
+    gpu_owner: Vec<(u32, u32)>,
+}
+
+/// The control plane.
+pub struct ControlPlane {
+    models: Vec<ModelSpec>,
+    /// Sub-cluster and local model id of each global model (None: unserved).
+    placement: Vec<Option<(usize, u32)>>,
+    subclusters: Vec<SubCluster>,
+    frontends: HashMap<u32, FrontendState>,
+    backends: HashMap<u32, BackendState>,
+    tasks: HashMap<u64, TaskMeta>,
+    inflight: HashMap<u64, InFlight>,
+    spare_task_lists: Vec<Vec<(u64, u32)>>,
+    next_batch: u64,
+    actions: Actions,
+    out: Outbox,
+    metrics: Arc<SchedulerMetrics>,
+    stopping: bool,
+}
+
+impl ControlPlane {
+    /// A control plane for `models` (global id = index) partitioned into
+    /// `subclusters` (lists of global ids; every model in at most one).
+    pub fn new(
+        models: Vec<ModelSpec>,
+        subclusters: &[Vec<u32>],
+        core: CoreConfig,
+        metrics: Arc<SchedulerMetrics>,
+    ) -> Result<ControlPlane, String> {
+        let mut placement = vec![None; models.len()];
+        let mut scs = Vec::new();
+        for (si, ids) in subclusters.iter().enumerate() {
+            let mut specs = Vec::new();
+            for (local, &g) in ids.iter().enumerate() {
+                let spec = models
+                    .get(g as usize)
+                    .ok_or_else(|| format!("sub-cluster {si}: no model id {g}"))?;
+                if placement[g as usize].is_some() {
+                    return Err(format!(
+                        "model {} is in more than one sub-cluster",
+                        spec.name
+                    ));
+                }
+                placement[g as usize] = Some((si, local as u32));
+                specs.push(spec.clone());
+            }
+            if specs.is_empty() {
+                return Err(format!("sub-cluster {si} has no models"));
+            }
+            scs.push(SubCluster {
+                models: ids.clone(),
+                sched: DeferredScheduler::new(&specs, 0, core),
+                gpu_owner: Vec::new(),
+            });
+        }
+        Ok(ControlPlane {
+            models,
+            placement,
+            subclusters: scs,
+            frontends: HashMap::new(),
+            backends: HashMap::new(),
+            tasks: HashMap::with_capacity(1 << 16),
+            inflight: HashMap::with_capacity(1024),
+            spare_task_lists: Vec::new(),
+            next_batch: 1,
+            actions: Actions::default(),
+            out: Outbox::new(),
+            metrics,
+            stopping: false,
+        })
+    }
+
+    /// Messages to send; the caller sends them and then calls
+    /// [`Outbox::clear`].
+    pub fn outbox(&mut self) -> &mut Outbox {
+        &mut self.out
+    }
+
+    /// The served models.
+    pub fn models(&self) -> &[ModelSpec] {
+        &self.models
+    }
+
+    /// Tasks waiting in sub-clusters.
+    pub fn waiting_tasks(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Batches sent and not reported done.
+    pub fn batches_in_flight(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// GPUs in matchmaking, over all sub-clusters.
+    pub fn online_gpus(&self) -> usize {
+        self.subclusters.iter().map(|s| s.sched.online_gpus()).sum()
+    }
+
+    /// Live frontends and backends.
+    pub fn peers(&self) -> (usize, usize) {
+        (self.frontends.len(), self.backends.len())
+    }
+
+    fn ack(&mut self, to: PeerId) {
+        let n = self.models.len() as u32;
+        self.out
+            .push(to, |b| wire::encode(b, &Register::new(Role::Scheduler, 0, n, "")));
+    }
+
+    /// A frontend registered with its data endpoint.
+    pub fn frontend_joined(&mut self, id: u32, endpoint: &str) -> Result<(), Refusal> {
+        if id >= MAX_FRONTENDS {
+            return Err(Refusal::BadId(id));
+        }
+        if self.frontends.contains_key(&id) {
+            return Err(Refusal::Duplicate(id));
+        }
+        self.frontends.insert(
+            id,
+            FrontendState {
+                endpoint: endpoint.to_string(),
+            },
+        );
+        self.ack(PeerId::Frontend(id));
+        let announce = Register::new(Role::Frontend, id, 0, endpoint);
+        let mut backends: Vec<u32> = self.backends.keys().copied().collect();
+        backends.sort_unstable();
+        for b in backends {
+            self.out
+                .push(PeerId::Backend(b), |buf| wire::encode(buf, &announce));
+        }
+        self.sync_peer_gauges();
+        Ok(())
+    }
+
+    /// A backend registered with `gpus` GPUs holding `models`.
+    pub fn backend_joined(
+        &mut self,
+        now: Instant,
+        id: u32,
+        gpus: u32,
+        models: &[u32],
+    ) -> Result<(), Refusal> {
+        if id >= MAX_BACKENDS {
+            return Err(Refusal::BadId(id));
+        }
+        if self.backends.contains_key(&id) {
+            return Err(Refusal::Duplicate(id));
+        }
+        if gpus == 0 {
+            return Err(Refusal::NoGpus);
+        }
+        if let Some(&m) = models.iter().find(|&&m| m as usize >= self.models.len()) {
+            return Err(Refusal::UnknownModel(m));
+        }
+        let sc = self
+            .subclusters
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.models.iter().all(|m| models.contains(m)))
+            .min_by_key(|(i, s)| (s.sched.online_gpus(), *i))
+            .map(|(i, _)| i)
+            .ok_or(Refusal::NoSubCluster)?;
+        let s = &mut self.subclusters[sc];
+        let mut ids = Vec::with_capacity(gpus as usize);
+        for local in 0..gpus {
+            let g = s.gpu_owner.len() as GpuId;
+            s.gpu_owner.push((id, local));
+            ids.push(g);
+        }
+        self.backends.insert(
+            id,
+            BackendState {
+                subcluster: sc,
+                gpus: ids.clone(),
+            },
+        );
+        self.ack(PeerId::Backend(id));
+        let mut fronts: Vec<(u32, String)> = self
+            .frontends
+            .iter()
+            .map(|(&f, st)| (f, st.endpoint.clone()))
+            .collect();
+        fronts.sort_unstable();
+        for (f, ep) in fronts {
+            let r = Register::new(Role::Frontend, f, 0, &ep);
+            self.out.push(PeerId::Backend(id), |b| wire::encode(b, &r));
+        }
+        for g in ids {
+            self.subclusters[sc]
+                .sched
+                .set_gpu_online(now, g, true, &mut self.actions);
+            self.apply(now, sc);
+        }
+        self.sync_peer_gauges();
+        Ok(())
+    }
+
+    /// A frontend left (disconnected or silent). Its tasks stay scheduled:
+    /// their READs fail at the backend and the outcomes go nowhere.
+    pub fn frontend_left(&mut self, id: u32) {
+        if self.frontends.remove(&id).is_some() {
+            self.sync_peer_gauges();
+        }
+    }
+
+    /// A backend left: its GPUs leave matchmaking and every task of its
+    /// in-flight batches is failed back to its frontend.
+    pub fn backend_left(&mut self, now: Instant, id: u32) {
+        let Some(b) = self.backends.remove(&id) else {
+            return;
+        };
+        self.metrics.backend_deaths.fetch_add(1, Ordering::Relaxed);
+        for &g in &b.gpus {
+            self.subclusters[b.subcluster]
+                .sched
+                .set_gpu_online(now, g, false, &mut self.actions);
+            self.apply(now, b.subcluster);
+        }
+        let dead: Vec<u64> = self
+            .inflight
+            .iter()
+            .filter(|(_, f)| f.backend == id)
+            .map(|(&k, _)| k)
+            .collect();
+        for batch in dead {
+            if let Some(f) = self.inflight.remove(&batch) {
+                for &(task, frontend) in &f.tasks {
+                    self.fail_back(task, frontend);
+                }
+                self.recycle(f.tasks);
+            }
+        }
+        self.sync_peer_gauges();
+    }
+
+    fn fail_back(&mut self, task: u64, frontend: u32) {
+        self.metrics.failed_back.fetch_add(1, Ordering::Relaxed);
+        if !self.frontends.contains_key(&frontend) {
+            self.metrics.undeliverable.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let head = CompletionHead {
+            task_id: task,
+            status: TaskStatus::ExecFailed as u32,
+            output_kind: OutputKind::None as u32,
+            ..CompletionHead::default()
+        };
+        self.out.push(PeerId::Frontend(frontend), |b| {
+            wire::encode_completion(b, &head, &[])
+        });
+    }
+
+    fn send_dropped(&mut self, task: u64, frontend: u32, reason: DropReason) {
+        self.metrics.count_drop(reason);
+        if !self.frontends.contains_key(&frontend) {
+            self.metrics.undeliverable.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let d = wire::Dropped {
+            task_id: task,
+            reason: reason as u32,
+            reserved: 0,
+        };
+        self.out
+            .push(PeerId::Frontend(frontend), |b| wire::encode(b, &d));
+    }
+
+    /// A task from frontend `from`.
+    pub fn on_task(&mut self, now: Instant, from: u32, task: &Task) {
+        self.metrics.tasks_received.fetch_add(1, Ordering::Relaxed);
+        if task.frontend_id != from {
+            // A frontend may only submit tasks whose outcome comes back to it.
+            self.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if self.stopping {
+            self.send_dropped(task.task_id, from, DropReason::Shutdown);
+            return;
+        }
+        let Some((sc, local)) = self
+            .placement
+            .get(task.model_id as usize)
+            .copied()
+            .flatten()
+        else {
+            self.send_dropped(task.task_id, from, DropReason::UnknownModel);
+            return;
+        };
+        if self.tasks.contains_key(&task.task_id) {
+            // Ids are unique per frontend by construction; a repeat is a
+            // peer bug. The original keeps its place; the repeat is ignored
+            // (answering it would answer the original's id).
+            self.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.tasks.insert(
+            task.task_id,
+            TaskMeta {
+                frontend: from,
+                input: task.input,
+                model: task.model_id,
+            },
+        );
+        let req = Request {
+            id: task.task_id,
+            model: local,
+            arrival: now,
+            deadline: now.saturating_add(Duration::from_nanos(task.budget_ns)),
+        };
+        self.subclusters[sc]
+            .sched
+            .on_request(now, req, &mut self.actions);
+        self.apply(now, sc);
+    }
+
+    /// Backend `from` finished a batch.
+    pub fn on_batch_done(&mut self, now: Instant, from: u32, done: &wire::BatchDone) {
+        let Some(f) = self.inflight.get(&done.batch_id) else {
+            self.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if f.backend != from {
+            self.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if let Some(f) = self.inflight.remove(&done.batch_id) {
+            self.recycle(f.tasks);
+        }
+        self.metrics.batches_done.fetch_add(1, Ordering::Relaxed);
+        self.metrics
+            .actual_busy_ns
+            .fetch_add(done.actual_ns, Ordering::Relaxed);
+        if let Some(b) = self.backends.get(&from) {
+            let sc = b.subcluster;
+            let gpu = b.gpus.get(done.gpu_id as usize).copied().unwrap_or(0);
+            self.subclusters[sc]
+                .sched
+                .on_batch_done(now, gpu, &mut self.actions);
+            self.apply(now, sc);
+        }
+    }
+
+    /// A completion a backend could not deliver itself (its frontend was
+    /// unknown to it or gone): forwarded if the frontend is live. Task ids
+    /// carry their frontend's id in the top 16 bits (the frontend's
+    /// staging assigns them so).
+    pub fn on_rerouted_completion(&mut self, msg: &[u8], task_id: u64) {
+        let f = (task_id >> 48) as u32;
+        if self.frontends.contains_key(&f) {
+            self.metrics.forwarded.fetch_add(1, Ordering::Relaxed);
+            self.out.push(PeerId::Frontend(f), |b| {
+                let n = msg.len();
+                b.get_mut(..n)
+                    .ok_or(wire::WireError::BufferTooSmall)?
+                    .copy_from_slice(msg);
+                Ok(n)
+            });
+        } else {
+            self.metrics.undeliverable.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// When the control plane wants [`on_wake`](Self::on_wake).
+    pub fn poll_at(&self) -> Option<Instant> {
+        self.subclusters
+            .iter()
+            .filter_map(|s| s.sched.poll_at())
+            .min()
+    }
+
+    /// Runs every sub-cluster timer due at `now`.
+    pub fn on_wake(&mut self, now: Instant) {
+        for sc in 0..self.subclusters.len() {
+            if self.subclusters[sc].sched.poll_at().is_some_and(|t| t <= now) {
+                self.subclusters[sc].sched.on_wake(now, &mut self.actions);
+                self.apply(now, sc);
+            }
+        }
+    }
+
+    /// Shutdown: every waiting task is dropped (reason `Shutdown`) and new
+    /// ones are refused; batches in flight still finish.
+    pub fn stop(&mut self) {
+        self.stopping = true;
+        let waiting: Vec<(u64, u32)> = self
+            .tasks
+            .drain()
+            .map(|(id, m)| (id, m.frontend))
+            .collect();
+        for (id, f) in waiting {
+            self.send_dropped(id, f, DropReason::Shutdown);
+        }
+    }
+
+    fn recycle(&mut self, mut v: Vec<(u64, u32)>) {
+        v.clear();
+        self.spare_task_lists.push(v);
+    }
+
+    /// Turns the sub-cluster's actions into messages.
+    fn apply(&mut self, now: Instant, sc: usize) {
+        let mut actions = std::mem::take(&mut self.actions);
+        for &(req, reason) in &actions.drops {
+            if let Some(m) = self.tasks.remove(&req.id) {
+                let r = match reason {
+                    types::DropReason::UnknownModel => DropReason::UnknownModel,
+                    _ => DropReason::DeadlineUnmeetable,
+                };
+                self.metrics.model_drops(m.model);
+                self.send_dropped(req.id, m.frontend, r);
+            }
+        }
+        for plan in &actions.batches {
+            let members = actions.members_of(plan);
+            let Some(&(backend, local_gpu)) =
+                self.subclusters[sc].gpu_owner.get(plan.gpu as usize)
+            else {
+                continue;
+            };
+            let batch_id = self.next_batch;
+            self.next_batch += 1;
+            let global_model = self.subclusters[sc].models[plan.model as usize];
+            let mut list = self.spare_task_lists.pop().unwrap_or_default();
+            let head = BatchPlanHead {
+                batch_id,
+                exec_in_ns: plan.exec_at.saturating_since(now).as_nanos(),
+                model_id: global_model,
+                gpu_id: local_gpu,
+                count: 0,
+                reserved: 0,
+            };
+            let tasks = &mut self.tasks;
+            self.out.push(PeerId::Backend(backend), |buf| {
+                let mut w = BatchPlanWriter::new(buf, &head)?;
+                for r in members {
+                    if let Some(m) = tasks.remove(&r.id) {
+                        w.push(&BatchTask {
+                            task_id: r.id,
+                            frontend_id: m.frontend,
+                            reserved: 0,
+                            input: m.input,
+                        })?;
+                        list.push((r.id, m.frontend));
+                    }
+                }
+                Ok(w.finish())
+            });
+            self.metrics.record_batch(
+                global_model,
+                list.len() as u32,
+                plan.finish_at.saturating_since(plan.exec_at).as_nanos(),
+                now.saturating_since(plan.planned_at).as_nanos(),
+            );
+            self.inflight.insert(batch_id, InFlight { backend, tasks: list });
+        }
+        actions.clear();
+        self.actions = actions;
+    }
+
+    fn sync_peer_gauges(&self) {
+        let m = &self.metrics;
+        m.frontends
+            .store(self.frontends.len() as u64, Ordering::Relaxed);
+        m.backends.store(self.backends.len() as u64, Ordering::Relaxed);
+        m.gpus_online
+            .store(self.online_gpus() as u64, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dataplane::wire::Message;
+
+    fn models() -> Vec<ModelSpec> {
+        vec![
+            ModelSpec::linear("a", 1.0, 5.0, 50.0).unwrap(),
+            ModelSpec::linear("b", 2.0, 5.0, 100.0).unwrap(),
+        ]
+    }
+
+    fn plane(subclusters: &[Vec<u32>]) -> ControlPlane {
+        let metrics = Arc::new(SchedulerMetrics::new(&models()));
+        ControlPlane::new(models(), subclusters, CoreConfig::default(), metrics).unwrap()
+    }
+
+    fn task(id: u64, model: u32, frontend: u32) -> Task {
+        Task {
+            task_id: id,
+            budget_ns: 40_000_000,
+            model_id: model,
+            frontend_id: frontend,
+            input: RemoteRef {
+                key: 1,
+                len: 16,
+                offset: id * 16,
+            },
+        }
+    }
+
+    /// Every message in the outbox, decoded, with its peer; clears it.
+    fn drain(p: &mut ControlPlane) -> Vec<(PeerId, String)> {
+        let out = p
+            .outbox()
+            .iter()
+            .map(|(to, b)| (to, format!("{:?}", wire::decode(b).expect("valid message"))))
+            .collect();
+        p.outbox().clear();
+        out
+    }
+
+    fn run_until_quiet(p: &mut ControlPlane, from: Instant, limit: Instant) -> Instant {
+        let mut now = from;
+        while let Some(t) = p.poll_at() {
+            if t > limit {
+                break;
+            }
+            now = t.max(now);
+            p.on_wake(now);
+        }
+        now
+    }
+
+    #[test]
+    fn registration_acks_announces_frontends_and_refuses_bad_peers() {
+        let mut p = plane(&[vec![0, 1]]);
+        let t0 = Instant::ZERO;
+        p.frontend_joined(3, "fe3").unwrap();
+        assert_eq!(p.frontend_joined(3, "again"), Err(Refusal::Duplicate(3)));
+        assert_eq!(p.frontend_joined(MAX_FRONTENDS, "x"), Err(Refusal::BadId(MAX_FRONTENDS)));
+        p.backend_joined(t0, 7, 2, &[0, 1]).unwrap();
+        assert_eq!(p.backend_joined(t0, 8, 1, &[0]), Err(Refusal::NoSubCluster));
+        assert_eq!(p.backend_joined(t0, 9, 1, &[0, 5]), Err(Refusal::UnknownModel(5)));
+        assert_eq!(p.backend_joined(t0, 9, 0, &[0, 1]), Err(Refusal::NoGpus));
+        p.frontend_joined(4, "fe4").unwrap();
+        let msgs = drain(&mut p);
+        let to_backend: Vec<&String> = msgs
+            .iter()
+            .filter(|(to, _)| *to == PeerId::Backend(7))
+            .map(|(_, m)| m)
+            .collect();
+        assert_eq!(to_backend.len(), 3, "ack + fe3 + fe4: {to_backend:?}");
+        assert!(to_backend[1].contains("id: 3"));
+        assert!(to_backend[2].contains("id: 4"));
+        assert_eq!(msgs.iter().filter(|(to, _)| *to == PeerId::Frontend(3)).count(), 1);
+        assert_eq!(p.online_gpus(), 2);
+    }
+
+    #[test]
+    fn tasks_become_plans_on_the_owning_backend_and_a_dead_backend_fails_its_batches_back() {
+        let mut p = plane(&[vec![0], vec![1]]);
+        let t0 = Instant::ZERO;
+        p.frontend_joined(1, "fe").unwrap();
+        p.backend_joined(t0, 10, 1, &[0]).unwrap();
+        p.backend_joined(t0, 11, 1, &[1]).unwrap();
+        drain(&mut p);
+        for i in 0..4 {
+            p.on_task(t0, 1, &task(100 + i, 0, 1));
+            p.on_task(t0, 1, &task(200 + i, 1, 1));
+        }
+        // A task naming another frontend is refused without an answer.
+        p.on_task(t0, 1, &task(300, 0, 2));
+        let now = run_until_quiet(&mut p, t0, t0 + Duration::from_millis(200));
+        let msgs = drain(&mut p);
+        let plans: Vec<&(PeerId, String)> =
+            msgs.iter().filter(|(_, m)| m.starts_with("BatchPlan")).collect();
+        assert!(plans.iter().any(|(to, m)| *to == PeerId::Backend(10) && m.contains("model_id: 0")));
+        assert!(plans.iter().any(|(to, m)| *to == PeerId::Backend(11) && m.contains("model_id: 1")));
+        assert!(plans.iter().all(|(to, m)| (*to == PeerId::Backend(10)) == m.contains("model_id: 0")));
+        assert_eq!(p.waiting_tasks(), 0);
+        let inflight = p.batches_in_flight();
+        assert!(inflight >= 2);
+        // Backend 11 dies before reporting: each of its tasks fails back once.
+        p.backend_left(now, 11);
+        let msgs = drain(&mut p);
+        let failed: Vec<&String> = msgs
+            .iter()
+            .filter(|(to, m)| *to == PeerId::Frontend(1) && m.contains("status: 2"))
+            .map(|(_, m)| m)
+            .collect();
+        assert_eq!(failed.len(), 4, "{msgs:?}");
+        for i in 0..4 {
+            assert!(failed.iter().any(|m| m.contains(&format!("task_id: {}", 200 + i))));
+        }
+        assert_eq!(p.online_gpus(), 1);
+        // New tasks of model 1 now wait with no GPU and are dropped at their deadline.
+        p.on_task(now, 1, &task(400, 1, 1));
+        run_until_quiet(&mut p, now, now + Duration::from_secs_f64(1.0));
+        let msgs = drain(&mut p);
+        assert!(msgs.iter().any(|(_, m)| m.starts_with("Dropped") && m.contains("task_id: 400")), "{msgs:?}");
+    }
+
+    #[test]
+    fn stop_drops_waiting_tasks_and_refuses_new_ones() {
+        let mut p = plane(&[vec![0, 1]]);
+        let t0 = Instant::ZERO;
+        p.frontend_joined(1, "fe").unwrap();
+        drain(&mut p);
+        p.on_task(t0, 1, &task(1, 0, 1));
+        p.on_task(t0, 1, &task(2, 5, 1));
+        p.stop();
+        p.on_task(t0, 1, &task(3, 0, 1));
+        let msgs = drain(&mut p);
+        let reasons: Vec<(u64, u32)> = p_decode_drops(&msgs);
+        assert!(reasons.contains(&(2, DropReason::UnknownModel as u32)));
+        assert!(reasons.contains(&(1, DropReason::Shutdown as u32)));
+        assert!(reasons.contains(&(3, DropReason::Shutdown as u32)));
+    }
+
+    fn p_decode_drops(msgs: &[(PeerId, String)]) -> Vec<(u64, u32)> {
+        msgs.iter()
+            .filter_map(|(_, m)| {
+                let id = m.split("task_id: ").nth(1)?.split(',').next()?.parse().ok()?;
+                let r = m.split("reason: ").nth(1)?.split(',').next()?.parse().ok()?;
+                Some((id, r))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn outbox_messages_decode() {
+        let mut o = Outbox::new();
+        o.push(PeerId::Frontend(1), |b| wire::encode(b, &wire::Heartbeat { seq: 1, role: 3, id: 0 }));
+        assert_eq!(o.len(), 1);
+        let (_, b) = o.iter().next().unwrap();
+        assert!(matches!(wire::decode(b), Ok(Message::Heartbeat(_))));
+    }
+}
