@@ -7,6 +7,7 @@ mod example;
 mod plot;
 mod progress;
 mod reports;
+mod live;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -27,8 +28,53 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run a local cluster with emulated GPUs on the real clock and print a summary.
+    /// Start a local multi-process cluster (scheduler, frontends, emulated-GPU backends), drive a zoo workload over HTTP, print a summary.
     Up {
+        /// Model zoo: a100 or 1080ti.
+        #[arg(long, default_value = "a100")]
+        zoo: String,
+        /// The cluster's models: all, strong, weak, or NAME,NAME,...
+        #[arg(long, default_value = "ResNet50,DenseNet121,InceptionV3,VGG16")]
+        models: String,
+        /// Frontend processes.
+        #[arg(long, default_value_t = 2)]
+        frontends: u32,
+        /// Backend processes.
+        #[arg(long, default_value_t = 2)]
+        backends: u32,
+        /// Emulated GPUs per backend.
+        #[arg(long = "gpus-per-backend", default_value_t = 1)]
+        gpus_per_backend: u32,
+        /// Transport between the daemons: shm, tcp, tcp-blocking.
+        #[arg(long, default_value = "shm")]
+        transport: String,
+        /// Offered load as a fraction of the simulated (scheduler-only) goodput.
+        #[arg(long, default_value_t = 0.8)]
+        load: f64,
+        /// Offered load in requests per second (overrides --load).
+        #[arg(long)]
+        rate: Option<f64>,
+        /// Seconds of load.
+        #[arg(long = "duration-s", default_value_t = 10.0)]
+        duration_s: f64,
+        /// Keep the cluster running for outside clients (prints the HTTP addresses) until Ctrl-C.
+        #[arg(long)]
+        serve: bool,
+        /// Idle strategy of every daemon: spin, yield, park, park:US.
+        #[arg(long, default_value = "park:100")]
+        idle: String,
+        /// Write SVG figures into this directory.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        /// Print JSON on stdout.
+        #[arg(long)]
+        json: bool,
+        /// Seed of the workload.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// The in-process live scheduler runtime with emulated GPUs next to the simulator (scheduler-only capacity).
+    Live {
         /// Model zoo: a100 or 1080ti.
         #[arg(long, default_value = "a100")]
         zoo: String,
@@ -149,7 +195,30 @@ enum Cmd {
     },
 }
 
+/// `symphony daemon <role> ARGS...` runs one daemon in this process (what
+/// `symphony up` starts as its children): the same entry points as the
+/// `symphony-scheduler` / `symphony-frontend` / `symphony-backend` binaries.
+fn run_daemon(args: &[String]) -> ExitCode {
+    let role = args.first().map(String::as_str).unwrap_or("");
+    let argv = |name: &str| {
+        std::iter::once(name.to_string())
+            .chain(args.iter().skip(1).cloned())
+            .collect::<Vec<String>>()
+    };
+    match role {
+        "scheduler" => scheduler::daemon::main_with_args(argv("symphony-scheduler")),
+        _ => {
+            eprintln!("symphony daemon: unknown role '{role}' (scheduler, frontend, backend)");
+            ExitCode::from(2)
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("daemon") {
+        return run_daemon(&args[2..]);
+    }
     let cli = Cli::parse();
     match run(cli.cmd) {
         Ok(()) => ExitCode::SUCCESS,
@@ -220,8 +289,11 @@ fn run(cmd: Cmd) -> Result<(), String> {
             Ok(())
         }
         Cmd::Example { policy, skip, requests, gather, json } => example::run(&policy, &skip, requests, &gather, json),
-        Cmd::Up { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json } => {
-            up::run(&up::UpArgs { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json })
+        Cmd::Up { zoo, models, frontends, backends, gpus_per_backend, transport, load, rate, duration_s, serve, idle, plot, json, seed } => {
+            up::run(&up::UpArgs { zoo, models, frontends, backends, gpus_per_backend, transport, load, rate, duration_s, serve, idle, plot, json, seed })
+        }
+        Cmd::Live { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json } => {
+            live::run(&live::LiveArgs { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json })
         }
         Cmd::Report { name, quick, plot } => reports::run(&name, quick, plot.as_deref()),
         Cmd::BenchScheduler { models, gpus, model_threads, rate, duration_s, profile, idle, no_pin, seed, json } => {

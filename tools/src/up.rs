@@ -1,39 +1,217 @@
-//! `symphony up`: run a local cluster with emulated GPUs on the real clock
-//! and print a summary.
-//!
-//! Today the cluster is the in-process live runtime (ModelThreads and a
-//! RankThread over SPSC rings, an open-loop load generator, emulated GPUs
-//! that occupy a device for exactly the profiled time). The same workload is
-//! also simulated, so the summary shows how far real threads and clocks are
-//! from the model.
+//! `symphony up`: a local multi-process cluster (one scheduler, two
+//! frontends, emulated-GPU backends; separate processes over the default
+//! local transport), an open-loop HTTP workload from the model zoo for a
+//! bounded time, and a summary next to the simulator's prediction for the
+//! same workload and cluster. `--serve` keeps the cluster up for outside
+//! clients instead. Also the end-to-end goodput search behind
+//! `symphony report e2e`.
 
-use crate::plot;
-use dataplane::idle::IdleStrategy;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration as StdDuration, Instant as StdInstant};
+
+use dataplane::control::{self, metric};
 use dataplane::time::Duration;
-use scheduler::deferred::CoreConfig;
+use frontend::loadgen::{self, LoadConfig, LoadModel, LoadReport};
+use frontend::models::ModelCatalog;
 use scheduler::goodput::{search, GoodputSearch};
 use scheduler::policy::{build, PolicyConfig, PolicyKind};
-use scheduler::runtime::{run_live, LiveConfig, RuntimeConfig};
-use scheduler::sim::{simulate, SimConfig, Workload};
-use scheduler::zoo::{Zoo, ZooSelection};
-use std::path::PathBuf;
+use scheduler::sim::{simulate, SimConfig, SimReport, Workload};
+use scheduler::zoo::ModelSpec;
+use tools::cluster::{ClusterSpec, LocalCluster};
 
+use crate::plot;
+
+/// `symphony up` options.
 pub struct UpArgs {
     pub zoo: String,
-    pub zoo_models: String,
-    pub gpus: u32,
+    pub models: String,
+    pub frontends: u32,
+    pub backends: u32,
+    pub gpus_per_backend: u32,
+    pub transport: String,
     pub load: f64,
+    pub rate: Option<f64>,
     pub duration_s: f64,
-    pub model_threads: usize,
+    pub serve: bool,
     pub idle: String,
     pub plot: Option<PathBuf>,
     pub json: bool,
+    pub seed: u64,
+}
+
+/// The cluster spec `up` and the e2e report start.
+pub fn spec(zoo: &str, models: &str, frontends: u32, backends: u32, gpus: u32, transport: &str, idle: &str) -> Result<ClusterSpec, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find my own executable: {e}"))?;
+    let mut s = ClusterSpec::new(exe, zoo, models);
+    s.frontends = frontends;
+    s.backends = backends;
+    s.gpus_per_backend = gpus;
+    s.transport = transport.into();
+    s.idle = idle.into();
+    s.log_dir = Some(std::env::temp_dir().join(format!("symphony-up-{}", std::process::id())));
+    // A request's outcome is due at its SLO: a late answer is a failure,
+    // not a slow success, so the client's 200s are the goodput.
+    s.frontend_flags = vec!["--grace-ms".into(), "0".into()];
+    Ok(s)
+}
+
+/// The simulator's view of the same workload and cluster.
+pub fn sim_config(models: &[ModelSpec], gpus: u32, rate: f64, secs: f64, seed: u64) -> SimConfig {
+    SimConfig {
+        models: models.to_vec(),
+        gpus,
+        workload: Workload::poisson(rate),
+        duration: Duration::from_secs_f64(secs.max(5.0)),
+        warmup: Duration::from_secs_f64(1.0),
+        seed,
+        trace: None,
+    }
+}
+
+/// The scheduler-only goodput (the paper's "(s)") of the cluster.
+pub fn sim_goodput(models: &[ModelSpec], gpus: u32, seed: u64) -> Result<f64, String> {
+    let policy = PolicyConfig::new(PolicyKind::Deferred);
+    Ok(search(&sim_config(models, gpus, 0.0, 10.0, seed), &policy, &GoodputSearch::default(), &mut |_, _, _, _| {})?.goodput_rps)
+}
+
+/// One end-to-end load run and what the daemons counted during it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct E2eRun {
+    pub offered_rps: f64,
+    pub sent: u64,
+    pub ok: u64,
+    pub goodput_rps: f64,
+    pub bad_rate: f64,
+    /// Worst per-model bad rate, from the frontends' per-model counters.
+    pub worst_model_bad_rate: f64,
+    pub median_batch: f64,
+    pub mean_batch: f64,
+    pub gpu_busy_fraction: f64,
+    pub latency_ok_ms: [f64; 5],
+    pub wrong_client: u64,
+    pub wrong_output: u64,
+    pub accounted: bool,
+    pub advice_add_gpus: f64,
+    pub advice_remove_gpus: f64,
+}
+
+struct Scrape {
+    sched: String,
+    fronts: Vec<String>,
+}
+
+fn scrape(c: &LocalCluster) -> Result<Scrape, String> {
+    Ok(Scrape { sched: c.scheduler.metrics()?, fronts: c.frontends.iter().map(|f| f.metrics()).collect::<Result<_, _>>()? })
+}
+
+fn m(text: &str, name: &str) -> f64 {
+    metric(text, name).unwrap_or(0.0)
+}
+
+/// Median batch size between two scrapes (from the exact per-size counts).
+fn median_batch(before: &str, after: &str) -> f64 {
+    let mut counts = Vec::new();
+    for b in scheduler::daemon::metrics::EXACT_BATCH_SIZES {
+        let name = format!("symphony_batches_of_size{{size=\"{b}\"}}");
+        counts.push((b, m(after, &name) - m(before, &name)));
+    }
+    let total: f64 = counts.iter().map(|c| c.1).sum();
+    let mut acc = 0.0;
+    for (b, c) in counts {
+        acc += c;
+        if total > 0.0 && acc >= total / 2.0 {
+            return f64::from(b);
+        }
+    }
+    0.0
+}
+
+/// Offers `rate` rps (Poisson, equal split over `models`) for `secs` to
+/// the cluster's frontends and measures it.
+pub fn run_load(c: &LocalCluster, models: &[ModelSpec], rate: f64, secs: f64, seed: u64) -> Result<E2eRun, String> {
+    let catalog = ModelCatalog::with_default_tensors(models);
+    let entry = catalog.by_id(0).ok_or("no models")?;
+    let cfg = LoadConfig {
+        targets: c.http_addrs()?,
+        models: catalog.entries().iter().enumerate().map(|(i, e)| LoadModel::new(&e.name, i as u32)).collect(),
+        input_elements: (entry.input.byte_len() / 4) as usize,
+        output_bytes: entry.output.byte_len() as usize,
+        workload: Workload::poisson(rate),
+        duration: Duration::from_secs_f64(secs),
+        max_requests: u64::MAX,
+        max_in_flight: 8192,
+        seed,
+        timeout_us: None,
+    };
+    let before = scrape(c)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| e.to_string())?;
+    let r: LoadReport = rt.block_on(loadgen::run(cfg))?;
+    // Let the last outcomes land in the daemons' counters.
+    let quiet_by = StdInstant::now() + StdDuration::from_secs(5);
+    let after = loop {
+        let s = scrape(c)?;
+        let settled = s.fronts.iter().all(|f| {
+            m(f, "symphony_requests_accepted_total")
+                == m(f, "symphony_requests_succeeded_total") + m(f, "symphony_requests_dropped_total") + m(f, "symphony_requests_failed_total")
+        });
+        if settled || StdInstant::now() >= quiet_by {
+            break s;
+        }
+        std::thread::sleep(StdDuration::from_millis(20));
+    };
+    let mut worst: f64 = 0.0;
+    for e in catalog.entries() {
+        let ok_name = format!("nv_inference_request_success{{model=\"{}\",version=\"1\"}}", e.name);
+        let fail_name = format!("nv_inference_request_failure{{model=\"{}\",version=\"1\"}}", e.name);
+        let d = |name: &str| -> f64 { after.fronts.iter().zip(&before.fronts).map(|(a, b)| m(a, name) - m(b, name)).sum() };
+        let (ok, fail) = (d(&ok_name), d(&fail_name));
+        if ok + fail > 0.0 {
+            worst = worst.max(fail / (ok + fail));
+        }
+    }
+    let delta = |name: &str| m(&after.sched, name) - m(&before.sched, name);
+    let online = delta("symphony_gpu_online_ns_total");
+    let busy = if online > 0.0 { (delta("symphony_planned_busy_ns_total") / online).min(1.0) } else { 0.0 };
+    let batches = delta("symphony_batch_size_count");
+    let accounted = after.fronts.iter().all(|f| {
+        m(f, "symphony_requests_accepted_total")
+            == m(f, "symphony_requests_succeeded_total") + m(f, "symphony_requests_dropped_total") + m(f, "symphony_requests_failed_total")
+    });
+    let bad_rate = if r.sent > 0 { 1.0 - r.ok as f64 / r.sent as f64 } else { 0.0 };
+    let gpus = m(&after.sched, "symphony_gpus_online") as u32;
+    let advice = scheduler::sim::AutoscaleAdvice::new(gpus, bad_rate, 1.0 - busy, 0.01);
+    Ok(E2eRun {
+        offered_rps: rate,
+        sent: r.sent,
+        ok: r.ok,
+        goodput_rps: r.goodput_rps(),
+        bad_rate,
+        worst_model_bad_rate: worst,
+        median_batch: median_batch(&before.sched, &after.sched),
+        mean_batch: if batches > 0.0 { delta("symphony_batch_size_sum") / batches } else { 0.0 },
+        gpu_busy_fraction: busy,
+        latency_ok_ms: r.latency_ms,
+        wrong_client: r.wrong_id,
+        wrong_output: r.wrong_output,
+        accounted,
+        advice_add_gpus: advice.add_gpus,
+        advice_remove_gpus: advice.remove_gpus,
+    })
+}
+
+fn advice_text(add: f64, remove: f64) -> String {
+    if add > 0.0 {
+        format!("add {add:.1}")
+    } else {
+        format!("remove {remove:.1}")
+    }
 }
 
 pub fn run(a: &UpArgs) -> Result<(), String> {
-    let models = ZooSelection::parse(&a.zoo_models).select(Zoo::parse(&a.zoo).map_err(|e| e.to_string())?.models()).map_err(|e| e.to_string())?;
-    if models.is_empty() || a.gpus == 0 {
-        return Err("need at least one model and one GPU".into());
+    let models = scheduler::daemon::cluster_models(&a.zoo, &a.models, &[])?;
+    if a.frontends == 0 || a.backends == 0 || a.gpus_per_backend == 0 {
+        return Err("need at least one frontend, one backend and one GPU per backend".into());
     }
     if !(a.duration_s.is_finite() && a.duration_s > 0.0 && a.duration_s <= 3600.0) {
         return Err("--duration-s must be in (0, 3600]".into());
@@ -41,77 +219,81 @@ pub fn run(a: &UpArgs) -> Result<(), String> {
     if !(a.load.is_finite() && a.load > 0.0 && a.load <= 4.0) {
         return Err("--load must be in (0, 4] (a fraction of the simulated goodput)".into());
     }
-    let idle = match a.idle.as_str() {
-        "spin" => IdleStrategy::Spin,
-        "yield" => IdleStrategy::SpinThenYield { spins: 1000 },
-        "park" => IdleStrategy::GENTLE,
-        other => return Err(format!("unknown idle strategy '{other}' (spin, yield, park)")),
-    };
-    let secs = a.duration_s;
-    let sim_cfg = SimConfig {
-        models: models.clone(),
-        gpus: a.gpus,
-        workload: Workload::poisson(0.0),
-        duration: Duration::from_secs_f64(secs.max(5.0)),
-        warmup: Duration::from_secs_f64(1.0),
-        seed: 1,
-        trace: None,
-    };
-    let policy = PolicyConfig::new(PolicyKind::Deferred);
-    eprintln!("symphony up: {} models ({} zoo), {} emulated GPUs; finding the simulated goodput...", models.len(), a.zoo, a.gpus);
-    let goodput = search(&sim_cfg, &policy, &GoodputSearch::default(), &mut |_, _, _, _| {})?.goodput_rps;
-    let rate = goodput * a.load;
-    let mut at_rate = sim_cfg.clone();
-    at_rate.workload.rate_rps = rate;
-    let mut sched = build(&models, a.gpus, &policy)?;
-    let predicted = simulate(&at_rate, sched.as_mut()).map_err(|e| e.to_string())?;
-    eprintln!("symphony up: running the live cluster at {rate:.0} rps ({:.0}% of the simulated goodput {goodput:.0}) for {secs} s...", a.load * 100.0);
-    let live = run_live(&LiveConfig {
-        runtime: RuntimeConfig { models: models.clone(), gpus: a.gpus, model_threads: a.model_threads.max(1), core: CoreConfig::default(), ring_capacity: 1 << 16 },
-        workload: Workload::poisson(rate),
-        duration: Duration::from_secs_f64(secs),
-        seed: 1,
-        idle,
-        pin: matches!(idle, IdleStrategy::Spin),
-    })?;
-    if live.violations > 0 {
-        return Err(format!("emulated GPUs saw {} violations: {:?}", live.violations, live.first_violation));
+    control::install_stop_signals()?;
+    let gpus = a.backends * a.gpus_per_backend;
+    let spec = spec(&a.zoo, &a.models, a.frontends, a.backends, a.gpus_per_backend, &a.transport, &a.idle)?;
+    eprintln!(
+        "symphony up: scheduler + {} frontends + {} backends x {} emulated GPUs over {}; {} models ({} zoo); logs in {}",
+        a.frontends,
+        a.backends,
+        a.gpus_per_backend,
+        a.transport,
+        models.len(),
+        a.zoo,
+        spec.log_dir.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
+    );
+    let cluster = LocalCluster::start(&spec)?;
+    let http: Vec<SocketAddr> = cluster.http_addrs()?;
+    if a.serve {
+        for (i, h) in http.iter().enumerate() {
+            println!("frontend {}: http://{h}  (KServe v2: /v2/health/ready, /v2/models/<name>/infer; /metrics)", i + 1);
+        }
+        println!("scheduler metrics: http://{}/metrics", cluster.scheduler.addr("metrics")?);
+        println!("serving; Ctrl-C stops every process");
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        let mut cluster = cluster;
+        while !control::stop_requested() {
+            if let Some(s) = cluster.scheduler.try_exit() {
+                return Err(format!("the scheduler exited ({s})"));
+            }
+            std::thread::sleep(StdDuration::from_millis(50));
+        }
+        eprintln!("symphony up: stopping");
+        return cluster.stop();
     }
+    eprintln!("symphony up: finding the simulated (scheduler-only) goodput of {gpus} GPUs...");
+    let s_goodput = sim_goodput(&models, gpus, a.seed)?;
+    let rate = a.rate.unwrap_or(s_goodput * a.load);
+    eprintln!("symphony up: offering {rate:.0} rps over HTTP for {} s ({:.0}% of the simulated goodput {s_goodput:.0})...", a.duration_s, rate / s_goodput * 100.0);
+    let run = run_load(&cluster, &models, rate, a.duration_s, a.seed);
+    let stopped = cluster.stop();
+    let e = run?;
+    stopped?;
+    let mut sched = build(&models, gpus, &PolicyConfig::new(PolicyKind::Deferred))?;
+    let sim: SimReport = simulate(&sim_config(&models, gpus, rate, a.duration_s, a.seed), sched.as_mut()).map_err(|e| e.to_string())?;
     if let Some(dir) = &a.plot {
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        let total: u64 = predicted.batch_size_histogram.iter().map(|b| b[1]).sum::<u64>().max(1);
-        let data: Vec<(f64, f64)> = predicted.batch_size_histogram.iter().map(|b| (b[0] as f64, b[1] as f64 / total as f64)).collect();
-        let path = dir.join("batch_sizes.svg");
-        std::fs::write(&path, plot::bars("Batch size distribution (simulated, same workload)", "batch size", "fraction of requests", &data))
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        eprintln!("wrote {}", path.display());
+        let total: u64 = sim.batch_size_histogram.iter().map(|b| b[1]).sum::<u64>().max(1);
+        let data: Vec<(f64, f64)> = sim.batch_size_histogram.iter().map(|b| (b[0] as f64, b[1] as f64 / total as f64)).collect();
+        let path = dir.join("up_batch_sizes_simulated.svg");
+        std::fs::write(&path, plot::bars("Batch sizes (simulated, same workload)", "batch size", "fraction of requests", &data)).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        let lat = [("p50", e.latency_ok_ms[0]), ("p90", e.latency_ok_ms[1]), ("p99", e.latency_ok_ms[2]), ("p99.9", e.latency_ok_ms[3])];
+        let data: Vec<(f64, f64)> = lat.iter().enumerate().map(|(i, (_, v))| (i as f64, *v)).collect();
+        let path2 = dir.join("up_latency.svg");
+        std::fs::write(&path2, plot::bars("End-to-end latency of successful requests (p50, p90, p99, p99.9)", "percentile (0=p50 1=p90 2=p99 3=p99.9)", "ms", &data)).map_err(|e| format!("cannot write {}: {e}", path2.display()))?;
+        eprintln!("wrote {} and {}", path.display(), path2.display());
     }
     if a.json {
-        let v = serde_json::json!({ "offered_rps": rate, "simulated_goodput_rps": goodput, "live": live, "simulated": predicted });
+        let v = serde_json::json!({ "simulated_goodput_rps": s_goodput, "e2e": e, "simulated": sim });
         println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
         return Ok(());
     }
-    println!("local cluster: {} models, {} emulated GPUs, {} ModelThread(s) + 1 RankThread, {secs} s", live.models, live.gpus, live.model_threads);
-    println!("{:<26} {:>14} {:>14}", "", "live", "simulated");
-    println!("{:<26} {:>14.0} {:>14.0}", "offered load (rps)", live.sustained_rps, predicted.measured_offered_rps);
-    println!("{:<26} {:>14.0} {:>14.0}", "goodput (rps)", live.goodput_rps, predicted.good_rps);
-    println!("{:<26} {:>13.3}% {:>13.3}%", "bad rate", live.bad_rate * 100.0, predicted.bad_rate * 100.0);
-    println!("{:<26} {:>14} {:>14}", "median batch", live.median_batch, predicted.median_batch);
-    println!("{:<26} {:>13.1}% {:>13.1}%", "GPU idle fraction", (1.0 - live.gpu_busy_fraction) * 100.0, predicted.gpu_idle_fraction * 100.0);
+    println!("local cluster: scheduler + {} frontends + {} backends x {} emulated GPUs ({}), {} models, {} s", a.frontends, a.backends, a.gpus_per_backend, a.transport, models.len(), a.duration_s);
+    println!("{:<26} {:>14} {:>14}", "", "end-to-end", "simulated");
+    println!("{:<26} {:>14.0} {:>14.0}", "offered load (rps)", e.offered_rps, sim.measured_offered_rps);
+    println!("{:<26} {:>14.0} {:>14.0}", "goodput (rps)", e.goodput_rps, sim.good_rps);
+    println!("{:<26} {:>13.3}% {:>13.3}%", "bad rate", e.bad_rate * 100.0, sim.bad_rate * 100.0);
+    println!("{:<26} {:>14} {:>14}", "median batch", e.median_batch, sim.median_batch);
+    println!("{:<26} {:>13.1}% {:>13.1}%", "GPU idle fraction", (1.0 - e.gpu_busy_fraction) * 100.0, sim.gpu_idle_fraction * 100.0);
+    println!("{:<26} {:>14} {:>14}", "autoscaling advice", advice_text(e.advice_add_gpus, e.advice_remove_gpus), advice_text(sim.autoscale.add_gpus, sim.autoscale.remove_gpus));
     println!(
-        "{:<26} {:>14} {:>14}",
-        "autoscaling advice",
-        advice(&live.autoscale),
-        advice(&predicted.autoscale)
+        "latency of successes (ms): p50 {:.1} p99 {:.1} p99.9 {:.1}; wrong client {}, wrong output {}; every request accounted for: {}",
+        e.latency_ok_ms[0], e.latency_ok_ms[2], e.latency_ok_ms[3], e.wrong_client, e.wrong_output, e.accounted
     );
-    println!("dispatch lag p99.9 {:.1} us; every request accounted for: {}", live.dispatch_lag.p999_us, live.accounted);
-    Ok(())
-}
-
-fn advice(a: &scheduler::sim::AutoscaleAdvice) -> String {
-    if a.add_gpus > 0.0 {
-        format!("add {:.1}", a.add_gpus)
-    } else {
-        format!("remove {:.1}", a.remove_gpus)
+    println!("scheduler-only goodput of this cluster (simulated): {s_goodput:.0} rps");
+    if e.wrong_client > 0 || e.wrong_output > 0 || !e.accounted {
+        return Err("accounting or routing check failed (see above)".into());
     }
+    Ok(())
 }

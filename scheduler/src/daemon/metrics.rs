@@ -11,6 +11,9 @@ use crate::zoo::ModelSpec;
 
 /// Upper bounds of the batch-size histogram buckets.
 pub const BATCH_BUCKETS: [u32; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
+/// Batch sizes counted one by one (`symphony_batches_of_size`); larger
+/// ones count as the last.
+pub const EXACT_BATCH_SIZES: std::ops::RangeInclusive<u32> = 1..=512;
 /// Upper bounds (µs) of the dispatch-lag histogram buckets.
 pub const LAG_BUCKETS_US: [u64; 8] = [10, 50, 100, 500, 1000, 5000, 10000, 50000];
 
@@ -85,6 +88,8 @@ pub struct SchedulerMetrics {
     pub batch_size: [AtomicU64; BATCH_BUCKETS.len() + 1],
     /// Sum of batch sizes.
     pub batch_size_sum: AtomicU64,
+    /// Batches of each size (index = size; see [`EXACT_BATCH_SIZES`]).
+    pub batches_of_size: Vec<AtomicU64>,
     /// Dispatch lag histogram (decision time minus planned time).
     pub lag: [AtomicU64; LAG_BUCKETS_US.len() + 1],
     /// Sum of dispatch lags, µs.
@@ -115,6 +120,7 @@ impl SchedulerMetrics {
             gpu_online_ns: AtomicU64::new(0),
             batch_size: Default::default(),
             batch_size_sum: AtomicU64::new(0),
+            batches_of_size: (0..=*EXACT_BATCH_SIZES.end()).map(|_| AtomicU64::new(0)).collect(),
             lag: Default::default(),
             lag_sum_us: AtomicU64::new(0),
         }
@@ -147,6 +153,10 @@ impl SchedulerMetrics {
         self.batch_size[b].fetch_add(1, Ordering::Relaxed);
         self.batch_size_sum
             .fetch_add(u64::from(size), Ordering::Relaxed);
+        let exact = size.clamp(*EXACT_BATCH_SIZES.start(), *EXACT_BATCH_SIZES.end());
+        if let Some(c) = self.batches_of_size.get(exact as usize) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
         self.planned_busy_ns.fetch_add(planned_ns, Ordering::Relaxed);
         let us = lag_ns / 1000;
         let l = LAG_BUCKETS_US
@@ -215,6 +225,13 @@ impl SchedulerMetrics {
         for (name, m) in self.names.iter().zip(&self.models) {
             let _ = writeln!(s, "symphony_model_dropped_total{{model=\"{name}\"}} {}", l(&m.dropped));
         }
+        let _ = writeln!(s, "# HELP symphony_batches_of_size Batches dispatched, by exact size (sizes with none omitted).\n# TYPE symphony_batches_of_size counter");
+        for (size, c) in self.batches_of_size.iter().enumerate() {
+            let v = l(c);
+            if v > 0 {
+                let _ = writeln!(s, "symphony_batches_of_size{{size=\"{size}\"}} {v}");
+            }
+        }
         histogram(&mut s, "symphony_batch_size", "Dispatched batch sizes.", &BATCH_BUCKETS.map(u64::from), &self.batch_size, l(&self.batch_size_sum));
         histogram(&mut s, "symphony_dispatch_lag_us", "Decision time minus planned time, microseconds.", &LAG_BUCKETS_US, &self.lag, l(&self.lag_sum_us));
         counter(&mut s, "symphony_planned_busy_ns_total", "Planned GPU busy time of dispatched batches, ns.", l(&self.planned_busy_ns));
@@ -261,6 +278,8 @@ mod tests {
         assert_eq!(metric(&t, "symphony_batch_size_bucket{le=\"4\"}"), Some(1.0));
         assert_eq!(metric(&t, "symphony_batch_size_bucket{le=\"+Inf\"}"), Some(2.0));
         assert_eq!(metric(&t, "symphony_batch_size_sum"), Some(603.0));
+        assert_eq!(metric(&t, "symphony_batches_of_size{size=\"3\"}"), Some(1.0));
+        assert_eq!(metric(&t, "symphony_batches_of_size{size=\"512\"}"), Some(1.0));
         assert_eq!(metric(&t, "symphony_model_dispatched_total{model=\"r50\"}"), Some(603.0));
         assert_eq!(metric(&t, "symphony_tasks_dropped_total{reason=\"deadline\"}"), Some(1.0));
         assert_eq!(metric(&t, "symphony_gpu_busy_fraction"), Some(0.1000000125));

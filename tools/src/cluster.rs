@@ -1,0 +1,382 @@
+//! A local multi-process cluster: one `symphony-scheduler`, F
+//! `symphony-frontend`s and B `symphony-backend`s (emulated GPUs), each a
+//! child process of this one (`symphony daemon <role> ...`), over one
+//! transport. Used by `symphony up`, the end-to-end report and the
+//! multi-process integration test.
+//!
+//! Each daemon prints one `READY key=value ...` line on stdout when it is
+//! up; this module waits for it (bounded), then waits until the scheduler's
+//! `/metrics` shows every peer registered. Children get `--exit-with-parent`
+//! so that none outlives this process, and [`LocalCluster`]'s `Drop` kills
+//! whatever is still running.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use dataplane::control::{http_get, metric};
+
+/// What to start.
+#[derive(Clone, Debug)]
+pub struct ClusterSpec {
+    /// The `symphony` executable (its `daemon` subcommand runs the roles).
+    pub exe: PathBuf,
+    /// Transport name (shm, tcp, tcp-blocking, rdma).
+    pub transport: String,
+    /// Zoo table.
+    pub zoo: String,
+    /// Zoo selection (the cluster's model list).
+    pub models: String,
+    /// Extra models NAME=ALPHA_MS,BETA_MS,SLO_MS.
+    pub extra: Vec<String>,
+    /// Frontend processes.
+    pub frontends: u32,
+    /// Backend processes.
+    pub backends: u32,
+    /// Emulated GPUs per backend.
+    pub gpus_per_backend: u32,
+    /// Idle strategy of every daemon.
+    pub idle: String,
+    /// Extra flags per role.
+    pub scheduler_flags: Vec<String>,
+    /// Extra flags for every frontend.
+    pub frontend_flags: Vec<String>,
+    /// Extra flags for every backend.
+    pub backend_flags: Vec<String>,
+    /// Where the daemons' stderr goes (one file per daemon); `None`
+    /// inherits this process's stderr.
+    pub log_dir: Option<PathBuf>,
+    /// Bound on start-up (READY lines and registration).
+    pub start_timeout: Duration,
+}
+
+impl ClusterSpec {
+    /// Defaults: shm, park:100 idle, 2 frontends, 2 backends x 1 GPU.
+    pub fn new(exe: PathBuf, zoo: &str, models: &str) -> Self {
+        ClusterSpec {
+            exe,
+            transport: "shm".into(),
+            zoo: zoo.into(),
+            models: models.into(),
+            extra: Vec::new(),
+            frontends: 2,
+            backends: 2,
+            gpus_per_backend: 1,
+            idle: "park:100".into(),
+            scheduler_flags: Vec::new(),
+            frontend_flags: Vec::new(),
+            backend_flags: Vec::new(),
+            log_dir: None,
+            start_timeout: Duration::from_secs(30),
+        }
+    }
+
+    fn model_flags(&self) -> Vec<String> {
+        let mut v = vec![
+            "--zoo".into(),
+            self.zoo.clone(),
+            "--models".into(),
+            self.models.clone(),
+        ];
+        for m in &self.extra {
+            v.push("--model".into());
+            v.push(m.clone());
+        }
+        v
+    }
+}
+
+/// One running daemon.
+#[derive(Debug)]
+pub struct Daemon {
+    /// "scheduler", "frontend-1", "backend-2", ...
+    pub name: String,
+    child: Child,
+    /// The key=value pairs of its READY line.
+    pub ready: HashMap<String, String>,
+    exited: Option<ExitStatus>,
+}
+
+impl Daemon {
+    /// A READY value parsed as a socket address.
+    pub fn addr(&self, key: &str) -> Result<SocketAddr, String> {
+        let v = self
+            .ready
+            .get(key)
+            .ok_or_else(|| format!("{}: no '{key}' on its READY line", self.name))?;
+        v.parse()
+            .map_err(|e| format!("{}: bad {key} address '{v}': {e}", self.name))
+    }
+    /// Its `/metrics` text.
+    pub fn metrics(&self) -> Result<String, String> {
+        let a = self.addr("metrics")?;
+        http_get(a, "/metrics", Duration::from_secs(5)).map_err(|e| format!("{}: {e}", self.name))
+    }
+    /// Process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+    /// Sends `sig` (e.g. `libc::SIGTERM`).
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid; no memory effects.
+        let _ = unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
+    }
+    /// Kills it with SIGKILL (a crash, as far as its peers can tell) and
+    /// reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        if let Ok(s) = self.child.wait() {
+            self.exited = Some(s);
+        }
+    }
+    /// Whether it has exited (and how), without blocking.
+    pub fn try_exit(&mut self) -> Option<ExitStatus> {
+        if self.exited.is_none() {
+            self.exited = self.child.try_wait().ok().flatten();
+        }
+        self.exited
+    }
+    /// Waits up to `timeout` for it to exit; kills it after that.
+    pub fn wait_or_kill(&mut self, timeout: Duration) -> Result<ExitStatus, String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.try_exit() {
+                return Ok(s);
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let s = self.child.wait().map_err(|e| e.to_string())?;
+                self.exited = Some(s);
+                return Err(format!("{} did not exit within {timeout:?}; killed", self.name));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// A running local cluster.
+#[derive(Debug)]
+pub struct LocalCluster {
+    /// The scheduler.
+    pub scheduler: Daemon,
+    /// Frontends, by id - 1.
+    pub frontends: Vec<Daemon>,
+    /// Backends, by id - 1.
+    pub backends: Vec<Daemon>,
+}
+
+fn spawn(
+    spec: &ClusterSpec,
+    name: &str,
+    role: &str,
+    args: Vec<String>,
+    deadline: Instant,
+) -> Result<Daemon, String> {
+    let mut cmd = Command::new(&spec.exe);
+    cmd.arg("daemon").arg(role).args(&args);
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped());
+    match &spec.log_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            let path = dir.join(format!("{name}.log"));
+            let f = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            cmd.stderr(f);
+        }
+        None => {
+            cmd.stderr(Stdio::inherit());
+        }
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start {name} ({}): {e}", spec.exe.display()))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| format!("{name}: no stdout pipe"))?;
+    let (tx, rx) = mpsc::channel();
+    // Reads the READY line, then keeps draining stdout so the child never
+    // blocks on a full pipe.
+    std::thread::Builder::new()
+        .name(format!("{name}-stdout"))
+        .spawn(move || {
+            let mut sent = false;
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if !sent && line.starts_with("READY") {
+                    let _ = tx.send(line);
+                    sent = true;
+                }
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    let mut d = Daemon {
+        name: name.to_string(),
+        child,
+        ready: HashMap::new(),
+        exited: None,
+    };
+    loop {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(line) => {
+                d.ready = line
+                    .split_whitespace()
+                    .skip(1)
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect();
+                return Ok(d);
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {}
+        }
+        if let Some(s) = d.try_exit() {
+            return Err(format!("{name} exited before it was ready ({s}); see its log"));
+        }
+        if Instant::now() >= deadline {
+            let _ = d.child.kill();
+            let _ = d.child.wait();
+            return Err(format!("{name} was not ready in time; see its log"));
+        }
+    }
+}
+
+impl LocalCluster {
+    /// Starts the scheduler, then the backends and frontends, and waits
+    /// until every peer is registered.
+    pub fn start(spec: &ClusterSpec) -> Result<LocalCluster, String> {
+        let deadline = Instant::now() + spec.start_timeout;
+        let common = |extra: &[String]| {
+            let mut v = vec![
+                "--transport".to_string(),
+                spec.transport.clone(),
+                "--idle".into(),
+                spec.idle.clone(),
+                "--exit-with-parent".into(),
+            ];
+            v.extend(spec.model_flags());
+            v.extend(extra.iter().cloned());
+            v
+        };
+        let scheduler = spawn(spec, "scheduler", "scheduler", common(&spec.scheduler_flags), deadline)?;
+        let control = scheduler
+            .ready
+            .get("control")
+            .cloned()
+            .ok_or("scheduler: no control address on its READY line")?;
+        let mut cluster = LocalCluster {
+            scheduler,
+            frontends: Vec::new(),
+            backends: Vec::new(),
+        };
+        for b in 1..=spec.backends {
+            let mut args = common(&spec.backend_flags);
+            args.extend([
+                "--id".into(),
+                b.to_string(),
+                "--scheduler".into(),
+                control.clone(),
+                "--gpus".into(),
+                spec.gpus_per_backend.to_string(),
+            ]);
+            let d = spawn(spec, &format!("backend-{b}"), "backend", args, deadline)?;
+            cluster.backends.push(d);
+        }
+        for f in 1..=spec.frontends {
+            let mut args = common(&spec.frontend_flags);
+            args.extend([
+                "--id".into(),
+                f.to_string(),
+                "--scheduler".into(),
+                control.clone(),
+            ]);
+            let d = spawn(spec, &format!("frontend-{f}"), "frontend", args, deadline)?;
+            cluster.frontends.push(d);
+        }
+        cluster.wait_registered(spec.frontends, spec.backends, deadline)?;
+        Ok(cluster)
+    }
+
+    /// Waits until the scheduler reports `f` frontends and `b` backends.
+    pub fn wait_registered(&self, f: u32, b: u32, deadline: Instant) -> Result<(), String> {
+        loop {
+            let m = self.scheduler.metrics()?;
+            let got = (
+                metric(&m, "symphony_frontends").unwrap_or(-1.0),
+                metric(&m, "symphony_backends").unwrap_or(-1.0),
+            );
+            if got == (f64::from(f), f64::from(b)) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "registration incomplete: {} of {f} frontends, {} of {b} backends",
+                    got.0, got.1
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The frontends' HTTP addresses.
+    pub fn http_addrs(&self) -> Result<Vec<SocketAddr>, String> {
+        self.frontends.iter().map(|f| f.addr("http")).collect()
+    }
+
+    /// Stops everything: frontends first (they answer what is in flight),
+    /// then the scheduler (drops what waits, lets running batches finish),
+    /// then the backends (they exit once the scheduler is gone; SIGTERM
+    /// otherwise). Returns an error naming every daemon that did not exit
+    /// cleanly.
+    pub fn stop(mut self) -> Result<(), String> {
+        let mut problems = Vec::new();
+        let check = |d: &mut Daemon, problems: &mut Vec<String>| match d.wait_or_kill(Duration::from_secs(10)) {
+            Ok(s) if s.success() => {}
+            Ok(s) => problems.push(format!("{} exited with {s}", d.name)),
+            Err(e) => problems.push(e),
+        };
+        for f in &self.frontends {
+            f.signal(libc::SIGTERM);
+        }
+        for f in &mut self.frontends {
+            check(f, &mut problems);
+        }
+        self.scheduler.signal(libc::SIGTERM);
+        check(&mut self.scheduler, &mut problems);
+        for b in &self.backends {
+            if b.exited.is_none() {
+                b.signal(libc::SIGTERM);
+            }
+        }
+        for b in &mut self.backends {
+            if b.exited.is_some() {
+                continue; // killed on purpose earlier
+            }
+            check(b, &mut problems);
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        }
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        for d in self
+            .frontends
+            .iter_mut()
+            .chain(self.backends.iter_mut())
+            .chain(std::iter::once(&mut self.scheduler))
+        {
+            if d.try_exit().is_none() {
+                let _ = d.child.kill();
+                let _ = d.child.wait();
+            }
+        }
+    }
+}

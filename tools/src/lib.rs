@@ -1,0 +1,4 @@
+//! Library side of the `symphony` CLI: what its integration tests drive
+//! directly (the local multi-process cluster).
+
+pub mod cluster;

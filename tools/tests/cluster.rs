@@ -1,0 +1,148 @@
+//! The real daemons as processes on loopback: a scheduler, two frontends
+//! and three emulated-GPU backends (`symphony daemon ...`), driven by the
+//! open-loop HTTP load generator with a mixed workload. Checks, from the
+//! daemons' own counters and the client's: every accepted request got
+//! exactly one outcome; no response went to the wrong client; killing a
+//! backend mid-run loses no request silently and the run continues on
+//! the others; everything shuts down cleanly.
+
+use std::path::PathBuf;
+use std::time::{Duration as StdDuration, Instant};
+
+use dataplane::control::metric;
+use dataplane::time::Duration;
+use frontend::loadgen::{self, LoadConfig, LoadModel, LoadReport};
+use frontend::models::ModelCatalog;
+use scheduler::sim::Workload;
+use tools::cluster::{ClusterSpec, LocalCluster};
+
+const MODELS: &str = "ResNet50,DenseNet121";
+const EXTRA: &str = "Tiny=0.05,1.0,15";
+
+fn spec(transport: &str, backends: u32) -> ClusterSpec {
+    let mut s = ClusterSpec::new(PathBuf::from(env!("CARGO_BIN_EXE_symphony")), "a100", MODELS);
+    s.extra = vec![EXTRA.into()];
+    s.transport = transport.into();
+    s.backends = backends;
+    s.frontends = 2;
+    s.log_dir = Some(std::env::temp_dir().join(format!("symphony-cluster-test-{}-{transport}", std::process::id())));
+    s
+}
+
+fn load(c: &LocalCluster, rate: f64, secs: f64, seed: u64) -> LoadReport {
+    let specs = scheduler::daemon::cluster_models("a100", MODELS, &[EXTRA.to_string()]).unwrap();
+    let catalog = ModelCatalog::with_default_tensors(&specs);
+    let e = catalog.by_id(0).unwrap();
+    let cfg = LoadConfig {
+        targets: c.http_addrs().unwrap(),
+        models: catalog.entries().iter().enumerate().map(|(i, e)| LoadModel::new(&e.name, i as u32)).collect(),
+        input_elements: (e.input.byte_len() / 4) as usize,
+        output_bytes: e.output.byte_len() as usize,
+        workload: Workload::poisson(rate),
+        duration: Duration::from_secs_f64(secs),
+        max_requests: u64::MAX,
+        max_in_flight: 4096,
+        seed,
+        timeout_us: None,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    rt.block_on(loadgen::run(cfg)).unwrap()
+}
+
+fn counters(c: &LocalCluster) -> Vec<[f64; 4]> {
+    c.frontends
+        .iter()
+        .map(|f| {
+            let t = f.metrics().unwrap();
+            let g = |n: &str| metric(&t, n).unwrap_or(f64::NAN);
+            [
+                g("symphony_requests_accepted_total"),
+                g("symphony_requests_succeeded_total"),
+                g("symphony_requests_dropped_total"),
+                g("symphony_requests_failed_total"),
+            ]
+        })
+        .collect()
+}
+
+/// Waits (bounded) until every frontend has an outcome for every request
+/// it accepted; returns the counters.
+fn settled(c: &LocalCluster) -> Vec<[f64; 4]> {
+    let deadline = Instant::now() + StdDuration::from_secs(10);
+    loop {
+        let v = counters(c);
+        if v.iter().all(|[a, s, d, f]| *a == s + d + f) || Instant::now() >= deadline {
+            return v;
+        }
+        std::thread::sleep(StdDuration::from_millis(20));
+    }
+}
+
+fn check_accounting(c: &LocalCluster, reports: &[&LoadReport]) {
+    let v = settled(c);
+    for (i, [a, s, d, f]) in v.iter().enumerate() {
+        assert_eq!(*a, s + d + f, "frontend {}: accepted {a} != succeeded {s} + dropped {d} + failed {f}", i + 1);
+    }
+    let sent: u64 = reports.iter().map(|r| r.sent).sum();
+    let ok: u64 = reports.iter().map(|r| r.ok).sum();
+    let accepted: f64 = v.iter().map(|x| x[0]).sum();
+    let succeeded: f64 = v.iter().map(|x| x[1]).sum();
+    for r in reports {
+        assert!(r.balanced(), "a request got no classified answer: {r}");
+        assert_eq!(r.wrong_id, 0, "a response went to the wrong client: {r}");
+        assert_eq!(r.wrong_output, 0, "a response carried another input's output: {r}");
+        assert_eq!(r.transport_errors, 0, "{r}");
+        assert_eq!(r.server_errors, 0, "{r}");
+        assert_eq!(r.client_errors, 0, "{r}");
+    }
+    assert_eq!(succeeded, ok as f64, "the client's 200s are the frontends' successes");
+    assert!(accepted <= sent as f64 && accepted > 0.0, "accepted {accepted} of {sent}");
+}
+
+fn sched(c: &LocalCluster, name: &str) -> f64 {
+    metric(&c.scheduler.metrics().unwrap(), name).unwrap_or(f64::NAN)
+}
+
+/// Polls the scheduler until `name` reaches `at_least` (bounded).
+fn wait_for(c: &LocalCluster, name: &str, at_least: f64) {
+    let deadline = Instant::now() + StdDuration::from_secs(20);
+    while sched(c, name) < at_least {
+        assert!(Instant::now() < deadline, "{name} never reached {at_least}");
+        std::thread::sleep(StdDuration::from_millis(10));
+    }
+}
+
+#[test]
+fn mixed_workload_survives_a_backend_kill_with_every_request_accounted_for() {
+    let mut c = LocalCluster::start(&spec("shm", 3)).expect("cluster starts");
+    let victim = c.backends[1].pid() as libc::pid_t;
+    // Phase 1: load; once batches are flowing, backend 2 is killed
+    // (SIGKILL: no goodbye, batches in flight on it are lost).
+    let report1 = std::thread::scope(|s| {
+        let h = s.spawn(|| load(&c, 300.0, 4.0, 1));
+        wait_for(&c, "symphony_batches_done_total", 30.0);
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(victim, libc::SIGKILL) }, 0);
+        h.join().expect("load thread")
+    });
+    c.backends[1].kill();
+    wait_for(&c, "symphony_backend_deaths_total", 1.0);
+    assert_eq!(sched(&c, "symphony_backends"), 2.0);
+    check_accounting(&c, &[&report1]);
+    assert!(report1.ok as f64 >= 0.8 * report1.sent as f64, "{report1}");
+    // Phase 2: the run continues on the two backends left.
+    let report2 = load(&c, 300.0, 2.0, 2);
+    assert!(report2.ok as f64 >= 0.95 * report2.sent as f64, "{report2}");
+    check_accounting(&c, &[&report1, &report2]);
+    c.stop().expect("clean shutdown");
+}
+
+#[test]
+fn tcp_transport_serves_a_mixed_workload_end_to_end() {
+    let c = LocalCluster::start(&spec("tcp", 2)).expect("cluster starts");
+    let r = load(&c, 300.0, 2.0, 3);
+    check_accounting(&c, &[&r]);
+    assert!(r.ok as f64 >= 0.95 * r.sent as f64, "{r}");
+    assert_eq!(sched(&c, "symphony_backend_deaths_total"), 0.0);
+    c.stop().expect("clean shutdown");
+}
