@@ -1,12 +1,14 @@
 //! Open-loop HTTP load against the KServe v2 API.
 //!
 //! With no `--addr`, starts an in-process server (in-process cluster) and
-//! loads it; with `--addr 127.0.0.1:PORT`, loads that server.
+//! loads it; with `--addr 127.0.0.1:PORT` (repeatable), loads those
+//! frontends round-robin. Model ids are the positions in `--models`, which
+//! must be the cluster's model list.
 //!
 //! `cargo run --release -p frontend --example loadgen -- --rate 500 --duration 5`
 
 use clap::Parser;
-use frontend::loadgen::{self, LoadConfig};
+use frontend::loadgen::{self, LoadConfig, LoadModel};
 use frontend::local::{LocalConfig, LocalServer};
 use frontend::models::{default_input, default_output, ModelCatalog};
 use frontend::service::InferenceService;
@@ -16,9 +18,10 @@ use std::net::SocketAddr;
 
 #[derive(Parser)]
 struct Args {
-    /// Target server (loopback only); none: start one in-process.
+    /// Target frontends (loopback only, repeatable); none: start a server
+    /// in-process.
     #[arg(long)]
-    addr: Option<SocketAddr>,
+    addr: Vec<SocketAddr>,
     /// Zoo table: 1080ti or a100.
     #[arg(long, default_value = "a100")]
     zoo: String,
@@ -76,7 +79,7 @@ fn main() -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     rt.block_on(async move {
-        let local = match a.addr {
+        let local = match a.addr.first() {
             Some(_) => None,
             None => {
                 let mut cfg = LocalConfig::new(ModelCatalog::with_default_tensors(&specs));
@@ -86,15 +89,19 @@ fn main() -> Result<(), String> {
                 Some(LocalServer::start(cfg).await.map_err(|e| e.to_string())?)
             }
         };
-        let target = a
-            .addr
-            .or(local.as_ref().map(|l| l.addr()))
-            .ok_or("no target")?;
+        let targets = match &local {
+            Some(l) => vec![l.addr()],
+            None => a.addr.clone(),
+        };
         let cfg = LoadConfig {
-            target,
-            models: specs.iter().map(|m| m.name.clone()).collect(),
+            targets,
+            models: specs
+                .iter()
+                .enumerate()
+                .map(|(i, m)| LoadModel::new(&m.name, i as u32))
+                .collect(),
             input_elements: default_input().elements() as usize,
-            output_elements: default_output().elements() as usize,
+            output_bytes: default_output().byte_len() as usize,
             workload,
             duration: dataplane::time::Duration::from_secs_f64(a.duration),
             max_requests: a.max_requests,

@@ -331,7 +331,7 @@ impl Loop {
         };
         self.output.resize(out_len, 0);
         let n = if read_ok {
-            reference_output(&self.input, &mut self.output);
+            reference_output(task.model_id, &self.input, &mut self.output);
             head.status = TaskStatus::Ok as u32;
             head.output_kind = OutputKind::Inline as u32;
             wire::encode_completion(&mut self.msg, &head, &self.output)

@@ -79,6 +79,9 @@ pub struct Server {
     addr: SocketAddr,
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
+    /// One permit per connection slot: all available = no connection open.
+    permits: Arc<Semaphore>,
+    max_connections: usize,
 }
 
 impl Server {
@@ -91,8 +94,22 @@ impl Server {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let (stop, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(accept_loop(listener, service, cfg, stop_rx));
-        Ok(Server { addr, stop, task })
+        let max_connections = cfg.max_connections.max(1);
+        let permits = Arc::new(Semaphore::new(max_connections));
+        let task = tokio::spawn(accept_loop(
+            listener,
+            service,
+            cfg,
+            stop_rx,
+            permits.clone(),
+        ));
+        Ok(Server {
+            addr,
+            stop,
+            task,
+            permits,
+            max_connections,
+        })
     }
     /// The bound address.
     pub fn addr(&self) -> SocketAddr {
@@ -103,6 +120,17 @@ impl Server {
         let _ = self.stop.send(true);
         let _ = self.task.await;
     }
+    /// Stops accepting connections, then waits (at most `limit`) until
+    /// every open connection has answered its request in progress and
+    /// closed. Returns whether they all did.
+    pub async fn stop_and_drain(self, limit: std::time::Duration) -> bool {
+        let permits = self.permits.clone();
+        let all = u32::try_from(self.max_connections).unwrap_or(u32::MAX);
+        self.stop().await;
+        tokio::time::timeout(limit, permits.acquire_many(all))
+            .await
+            .is_ok_and(|p| p.is_ok())
+    }
 }
 
 async fn accept_loop<S: InferenceService>(
@@ -110,8 +138,8 @@ async fn accept_loop<S: InferenceService>(
     service: Arc<S>,
     cfg: HttpConfig,
     mut stop: watch::Receiver<bool>,
+    permits: Arc<Semaphore>,
 ) {
-    let permits = Arc::new(Semaphore::new(cfg.max_connections.max(1)));
     loop {
         let permit = tokio::select! {
             p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },

@@ -5,6 +5,7 @@
 #![warn(missing_docs)]
 
 pub mod cluster;
+pub mod daemon;
 pub mod http;
 pub mod loadgen;
 pub mod local;

@@ -3,10 +3,14 @@
 //! simulator's [`ArrivalStream`]) fire KServe v2 JSON inference requests at
 //! a loopback server through a real HTTP client (hyper-util's pooled
 //! client). Requests are sent on schedule whether or not earlier ones have
-//! returned (open loop); every response's output is checked against the
-//! reference output of the input that was sent.
+//! returned (open loop), spread round-robin over one or more frontends;
+//! every response is checked twice: its `id` must be the request's (a
+//! response that went to the wrong client fails this), and its output must
+//! be the cluster-wide reference output
+//! ([`dataplane::reference::expected_output`]) of the model and input that
+//! were sent.
 
-use crate::tensor::{reference_output, DataType};
+use crate::tensor::{encode_json_data, reference_output, DataType};
 use bytes::Bytes;
 use dataplane::time::{Duration, Instant};
 use hdrhistogram::Histogram;
@@ -20,17 +24,39 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 
+/// A model the load targets: its name in the API and its cluster model id
+/// (which the reference output depends on).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadModel {
+    /// Name in the URL.
+    pub name: String,
+    /// Cluster model id (index in the cluster's model list).
+    pub id: u32,
+}
+
+impl LoadModel {
+    /// A model named `name` with cluster id `id`.
+    pub fn new(name: &str, id: u32) -> Self {
+        LoadModel {
+            name: name.to_string(),
+            id,
+        }
+    }
+}
+
 /// One load run.
 #[derive(Clone, Debug)]
 pub struct LoadConfig {
-    /// Server address; must be a loopback address.
-    pub target: SocketAddr,
-    /// Model names (stream `i` targets model `i`).
-    pub models: Vec<String>,
+    /// Frontend HTTP addresses, all loopback; request `n` goes to
+    /// `targets[n % targets.len()]`.
+    pub targets: Vec<SocketAddr>,
+    /// Models (stream `i` targets model `i`).
+    pub models: Vec<LoadModel>,
     /// Elements of each model's FP32 input (the server's declared shape is `[1, n]`).
     pub input_elements: usize,
-    /// Elements of the FP32 output to verify.
-    pub output_elements: usize,
+    /// Bytes of the output to verify (the model's output tensor length,
+    /// e.g. [`crate::models::DEFAULT_OUTPUT_BYTES`]).
+    pub output_bytes: usize,
     /// Offered load (total rate, gaps, split over models, schedule).
     pub workload: Workload,
     /// Stop sending after this long.
@@ -53,8 +79,11 @@ pub struct LoadReport {
     pub sent: u64,
     /// 200 with the right output and id.
     pub ok: u64,
-    /// 200 whose output or id did not match what was sent.
+    /// 200 whose output did not match what was sent (right id).
     pub wrong_output: u64,
+    /// 200 whose `id` was not the request's: a response delivered to the
+    /// wrong client.
+    pub wrong_id: u64,
     /// 503 (dropped, timed out, no capacity).
     pub unavailable: u64,
     /// Other 4xx.
@@ -87,6 +116,7 @@ impl LoadReport {
         self.sent
             == self.ok
                 + self.wrong_output
+                + self.wrong_id
                 + self.unavailable
                 + self.client_errors
                 + self.server_errors
@@ -99,17 +129,29 @@ impl std::fmt::Display for LoadReport {
         let l = &self.latency_ms;
         write!(
             f,
-            "sent={} ok={} wrong_output={} unavailable_503={} client_4xx={} server_5xx={} transport={} skipped={} elapsed={:.2}s goodput={:.1} rps \
+            "sent={} ok={} wrong_output={} wrong_id={} unavailable_503={} client_4xx={} server_5xx={} transport={} skipped={} elapsed={:.2}s goodput={:.1} rps \
              latency_ok_ms p50={:.2} p90={:.2} p99={:.2} p99.9={:.2} max={:.2}",
-            self.sent, self.ok, self.wrong_output, self.unavailable, self.client_errors, self.server_errors,
+            self.sent, self.ok, self.wrong_output, self.wrong_id, self.unavailable, self.client_errors, self.server_errors,
             self.transport_errors, self.skipped, self.elapsed_s, self.goodput_rps(), l[0], l[1], l[2], l[3], l[4]
         )
     }
 }
 
+/// How one response was classified.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The request's id and the reference output.
+    Ok,
+    /// The request's id, another output.
+    WrongOutput,
+    /// Another request's id (or none, or not JSON).
+    WrongId,
+}
+
 enum Answer {
     Ok,
     Wrong,
+    WrongId,
     Status(u16),
     Transport,
 }
@@ -130,10 +172,12 @@ fn input_values(seed: u64, n: u64, elements: usize) -> Vec<f32> {
 
 /// Runs the load; returns once every sent request has been answered.
 pub async fn run(cfg: LoadConfig) -> Result<LoadReport, String> {
-    if !cfg.target.ip().is_loopback() {
+    if cfg.targets.is_empty() {
+        return Err("no targets to load".into());
+    }
+    if let Some(t) = cfg.targets.iter().find(|t| !t.ip().is_loopback()) {
         return Err(format!(
-            "refusing to load {}: the load generator targets loopback addresses only",
-            cfg.target
+            "refusing to load {t}: the load generator targets loopback addresses only"
         ));
     }
     if cfg.models.is_empty() {
@@ -181,15 +225,18 @@ pub async fn run(cfg: LoadConfig) -> Result<LoadReport, String> {
         if let Some(us) = cfg.timeout_us {
             body["parameters"] = json!({ "timeout": us });
         }
-        let uri = format!("http://{}/v2/models/{}/infer", cfg.target, cfg.models[i]);
+        let target = cfg.targets[(n % cfg.targets.len() as u64) as usize];
+        let model = &cfg.models[i];
+        let uri = format!("http://{target}/v2/models/{}/infer", model.name);
+        let model_id = model.id;
         let client = client.clone();
         let tx = tx.clone();
-        let out_n = cfg.output_elements;
+        let out_n = cfg.output_bytes;
         n += 1;
         report.sent += 1;
         tokio::spawn(async move {
             let start = std::time::Instant::now();
-            let answer = send_one(&client, &uri, &body, &id, &values, out_n).await;
+            let answer = send_one(&client, &uri, &body, &id, model_id, &values, out_n).await;
             let _ = tx.send((answer, start.elapsed().as_micros() as u64));
             drop(permit);
         });
@@ -207,6 +254,7 @@ pub async fn run(cfg: LoadConfig) -> Result<LoadReport, String> {
                 let _ = ok_hist.record(us);
             }
             Answer::Wrong => report.wrong_output += 1,
+            Answer::WrongId => report.wrong_id += 1,
             Answer::Status(503) => report.unavailable += 1,
             Answer::Status(s) if (400..500).contains(&s) => report.client_errors += 1,
             Answer::Status(_) => report.server_errors += 1,
@@ -226,13 +274,15 @@ pub async fn run(cfg: LoadConfig) -> Result<LoadReport, String> {
     Ok(report)
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn send_one<C>(
     client: &Client<C, Full<Bytes>>,
     uri: &str,
     body: &Value,
     id: &str,
+    model_id: u32,
     values: &[f32],
-    out_n: usize,
+    out_bytes: usize,
 ) -> Answer
 where
     C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
@@ -256,24 +306,39 @@ where
     if status != 200 {
         return Answer::Status(status);
     }
-    if verify(&body.to_bytes(), id, values, out_n) {
-        Answer::Ok
-    } else {
-        Answer::Wrong
+    match verify(&body.to_bytes(), id, model_id, values, out_bytes) {
+        Verdict::Ok => Answer::Ok,
+        Verdict::WrongOutput => Answer::Wrong,
+        Verdict::WrongId => Answer::WrongId,
     }
 }
 
-/// Whether a JSON inference response carries `id` and the reference output
-/// of `values`.
-pub fn verify(body: &[u8], id: &str, values: &[f32], out_n: usize) -> bool {
+/// Checks a JSON inference response: it must carry `id` (else
+/// [`Verdict::WrongId`]) and, decoded with the datatype it declares, be
+/// exactly the reference output of model `model_id` for `values` (FP32,
+/// little-endian), `out_bytes` long.
+pub fn verify(body: &[u8], id: &str, model_id: u32, values: &[f32], out_bytes: usize) -> Verdict {
     let Ok(v) = serde_json::from_slice::<Value>(body) else {
-        return false;
+        return Verdict::WrongId;
     };
     if v["id"] != id {
-        return false;
+        return Verdict::WrongId;
+    }
+    let out = &v["outputs"][0];
+    let Some(dt) = out["datatype"].as_str().and_then(DataType::parse) else {
+        return Verdict::WrongOutput;
+    };
+    let mut got = vec![0u8; out_bytes];
+    if !out_bytes.is_multiple_of(dt.size()) || encode_json_data(&out["data"], dt, &mut got).is_err()
+    {
+        return Verdict::WrongOutput;
     }
     let input: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let mut expect = vec![0u8; out_n * 4];
-    reference_output(&input, &mut expect);
-    v["outputs"][0]["data"] == crate::tensor::decode_to_json(&expect, DataType::F32)
+    let mut expect = vec![0u8; out_bytes];
+    reference_output(model_id, &input, &mut expect);
+    if got == expect {
+        Verdict::Ok
+    } else {
+        Verdict::WrongOutput
+    }
 }

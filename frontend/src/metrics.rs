@@ -45,7 +45,13 @@ struct ModelMetrics {
 pub struct Metrics {
     names: Vec<(String, String)>,
     models: Box<[ModelMetrics]>,
+    /// More samples appended to every rendering (the daemon's own gauges
+    /// and counters), set once.
+    extra: std::sync::OnceLock<Box<ExtraFn>>,
 }
+
+/// Appends samples (with their HELP/TYPE lines) to a rendering.
+pub type ExtraFn = dyn Fn(&mut String) + Send + Sync;
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -69,7 +75,14 @@ impl Metrics {
                 .iter()
                 .map(|_| ModelMetrics::default())
                 .collect(),
+            extra: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Makes every [`render`](Self::render) end with what `f` appends.
+    /// Only the first call takes effect.
+    pub fn set_extra(&self, f: Box<ExtraFn>) {
+        let _ = self.extra.set(f);
     }
 
     fn model(&self, id: u32) -> Option<&ModelMetrics> {
@@ -283,6 +296,9 @@ impl Metrics {
             ),
         ] {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        }
+        if let Some(f) = self.extra.get() {
+            f(&mut o);
         }
         o
     }

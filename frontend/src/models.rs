@@ -12,11 +12,17 @@ pub fn default_input() -> TensorSpec {
     TensorSpec::new("INPUT0", DataType::F32, &[1, 16])
 }
 
-/// Default declared output: `OUTPUT0`, FP32 `[1, 10]`, filled by
-/// [`crate::tensor::reference_output`].
+/// Default declared output: `OUTPUT0`, UINT8 `[1, 40]`, filled by
+/// [`crate::tensor::reference_output`] (arbitrary bytes: an integer type
+/// keeps every value representable in JSON). 40 bytes is
+/// [`DEFAULT_OUTPUT_BYTES`], what backends must produce per input.
 pub fn default_output() -> TensorSpec {
-    TensorSpec::new("OUTPUT0", DataType::F32, &[1, 10])
+    TensorSpec::new("OUTPUT0", DataType::U8, &[1, DEFAULT_OUTPUT_BYTES])
 }
+
+/// Bytes of the default output: the `output_len` every backend executor
+/// must use for models served with the default tensors.
+pub const DEFAULT_OUTPUT_BYTES: u64 = 40;
 
 /// One served model.
 #[derive(Clone, Debug)]
@@ -27,7 +33,7 @@ pub struct ModelEntry {
     pub spec: ModelSpec,
     /// The one input tensor.
     pub input: TensorSpec,
-    /// The one output tensor (always FP32).
+    /// The one output tensor.
     pub output: TensorSpec,
     /// Version string reported in metadata.
     pub version: String,
@@ -52,8 +58,8 @@ impl ModelCatalog {
         c
     }
 
-    /// Adds a model with explicit tensors; returns its id. The output must
-    /// be FP32 (the emulated models write [`crate::tensor::reference_output`]).
+    /// Adds a model with explicit tensors; returns its id. The output's
+    /// bytes are [`crate::tensor::reference_output`] of the input.
     /// A duplicate name shadows nothing: the first one keeps the name.
     pub fn push(&mut self, spec: ModelSpec, input: TensorSpec, output: TensorSpec) -> u32 {
         let id = self.entries.len() as u32;

@@ -10,6 +10,7 @@ use crate::staging::{CounterSnapshot, Outcome, StageError, Staging, Ticket};
 use dataplane::time::Duration;
 use dataplane::wire::{self, DropReason, TaskStatus};
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Why a task could not be handed on.
@@ -133,6 +134,7 @@ pub struct ClusterService<S: TaskSink> {
     sink: S,
     metrics: Arc<Metrics>,
     grace: Duration,
+    ready: Arc<AtomicBool>,
 }
 
 impl<S: TaskSink> std::fmt::Debug for ClusterService<S> {
@@ -159,7 +161,18 @@ impl<S: TaskSink> ClusterService<S> {
             sink,
             metrics,
             grace,
+            ready: Arc::new(AtomicBool::new(true)),
         }
+    }
+    /// Makes [`InferenceService::ready`] follow `flag` (a daemon is ready
+    /// only while registered with the scheduler).
+    pub fn with_ready(mut self, flag: Arc<AtomicBool>) -> Self {
+        self.ready = flag;
+        self
+    }
+    /// The task sink.
+    pub fn sink(&self) -> &S {
+        &self.sink
     }
     /// The staging area (completions are routed through it).
     pub fn staging(&self) -> &Arc<Staging> {
@@ -174,7 +187,7 @@ impl<S: TaskSink> InferenceService for ClusterService<S> {
         &self.catalog
     }
     fn ready(&self) -> bool {
-        true
+        self.ready.load(Ordering::Acquire)
     }
     fn submit(&self, model_id: u32, input: &[u8], budget: Duration) -> Result<Ticket, SubmitError> {
         let model = self

@@ -489,6 +489,35 @@ impl Staging {
         }
     }
 
+    /// Ends every request still waiting for its outcome (including those
+    /// whose client has gone) with `outcome`, through [`route`](Self::route)
+    /// so each is still counted exactly once; returns how many it ended. For
+    /// when the cluster is gone (the scheduler died): nothing else will
+    /// answer them. O(slots); not for the hot path.
+    pub fn end_in_flight(&self, outcome: RoutedOutcome<'_>) -> usize {
+        let mut ended = 0;
+        for (index, cell) in self.cells.iter().enumerate() {
+            let s = cell.state.load(Ordering::Acquire);
+            if matches!(s & PHASE_MASK, WAITING | ORPHANED) {
+                let id = u64::from(self.frontend_id) << 48
+                    | ((s >> 3) & SEQ_MASK) << INDEX_BITS
+                    | index as u64;
+                if matches!(
+                    self.route(id, outcome),
+                    RouteResult::Delivered | RouteResult::Orphaned
+                ) {
+                    ended += 1;
+                }
+            }
+        }
+        ended
+    }
+
+    /// Requests staged and not yet finished (their slots are in use).
+    pub fn in_flight(&self) -> usize {
+        self.cells.len() - self.free.len()
+    }
+
     fn take_done(&self, index: u32, seq: u64) -> Outcome {
         let cell = &self.cells[index as usize];
         // SAFETY: the phase is DONE with our sequence: the router finished
@@ -651,6 +680,35 @@ mod tests {
     fn poll_now(t: &mut Ticket) -> Poll<Outcome> {
         let w = std::task::Waker::noop();
         Pin::new(t).poll(&mut Context::from_waker(w))
+    }
+
+    #[test]
+    fn end_in_flight_ends_waiting_and_orphaned_requests_once() {
+        let s = staging(4);
+        let (_, mut waiting) = s.stage(0, b"a", Duration::from_millis(5)).unwrap();
+        let (_, orphan) = s.stage(0, b"b", Duration::from_millis(5)).unwrap();
+        drop(orphan);
+        let (done, mut answered) = s.stage(0, b"c", Duration::from_millis(5)).unwrap();
+        assert_eq!(
+            s.route(done.task_id, RoutedOutcome::Ok(b"x")),
+            RouteResult::Delivered
+        );
+        assert_eq!(s.in_flight(), 3);
+        let gone = RoutedOutcome::Dropped(DropReason::Shutdown);
+        assert_eq!(s.end_in_flight(gone), 2);
+        assert_eq!(s.end_in_flight(gone), 0, "a second pass finds nothing");
+        assert_eq!(
+            poll_now(&mut waiting),
+            Poll::Ready(Outcome::Dropped(DropReason::Shutdown))
+        );
+        assert_eq!(
+            poll_now(&mut answered),
+            Poll::Ready(Outcome::Ok(b"x".to_vec()))
+        );
+        let c = s.counters().snapshot();
+        assert!(c.balanced(), "{c:?}");
+        assert_eq!((c.accepted, c.succeeded, c.dropped), (3, 1, 2));
+        assert_eq!(s.in_flight(), 0);
     }
 
     #[test]

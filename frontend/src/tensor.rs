@@ -250,28 +250,15 @@ pub fn decode_to_json(bytes: &[u8], dt: DataType) -> Value {
     )
 }
 
-/// FNV-1a, 64 bits, over `bytes`.
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-/// The output every emulated model computes from its staged input bytes:
-/// with `h = fnv1a64(input)`, element `i` is the FP32 value
-/// `((h >> (16 * (i % 4))) & 0xffff) + i`, written little-endian into
-/// `out` (`out.len() / 4` elements). Exact in FP32, cheap to recompute in a
-/// client (see tests/python/test_tritonclient.py), and different for
-/// different inputs, so a response delivered to the wrong client is caught.
-pub fn reference_output(input: &[u8], out: &mut [u8]) {
-    let h = fnv1a64(input);
-    for (i, c) in out.chunks_exact_mut(4).enumerate() {
-        let v = ((h >> (16 * (i % 4))) & 0xffff) as f32 + i as f32;
-        c.copy_from_slice(&v.to_le_bytes());
-    }
+/// The output model `model_id` computes from its staged input bytes,
+/// written into `out` (the model's output length): the cluster-wide
+/// reference every executor writes and every verifier checks,
+/// [`dataplane::reference::expected_output`]. Different for different
+/// inputs and models, so a response delivered to the wrong client is
+/// caught. Arbitrary bytes, which is why the default output tensor is
+/// `UINT8` (JSON cannot carry the NaNs an `FP32` view of them would hold).
+pub fn reference_output(model_id: u32, input: &[u8], out: &mut [u8]) {
+    dataplane::reference::expected_output(model_id, input, out);
 }
 
 #[cfg(test)]
@@ -320,14 +307,17 @@ mod tests {
     }
 
     #[test]
-    fn reference_output_depends_on_input() {
+    fn reference_output_is_the_shared_one_and_depends_on_model_and_input() {
         let mut x = [0u8; 40];
         let mut y = [0u8; 40];
-        reference_output(&[1, 2, 3], &mut x);
-        reference_output(&[1, 2, 4], &mut y);
+        let mut z = [0u8; 40];
+        reference_output(3, &[1, 2, 3], &mut x);
+        reference_output(3, &[1, 2, 4], &mut y);
+        reference_output(4, &[1, 2, 3], &mut z);
         assert_ne!(x, y);
-        let e1 = f32::from_le_bytes([x[4], x[5], x[6], x[7]]);
-        let h = fnv1a64(&[1, 2, 3]);
-        assert_eq!(e1, ((h >> 16) & 0xffff) as f32 + 1.0);
+        assert_ne!(x, z);
+        let mut shared = [0u8; 40];
+        dataplane::reference::expected_output(3, &[1, 2, 3], &mut shared);
+        assert_eq!(x, shared);
     }
 }

@@ -114,15 +114,16 @@ fn values(n: u64) -> Vec<f32> {
         .collect()
 }
 
-fn expected(values: &[f32]) -> Value {
+/// Model ids of [`models`].
+const RESNET: u32 = 0;
+const BERT: u32 = 1;
+
+/// The JSON data of the reference output (UINT8 elements) of `values` for `model`.
+fn expected(model: u32, values: &[f32]) -> Value {
     let input: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
     let mut out = [0u8; 40];
-    reference_output(&input, &mut out);
-    Value::Array(
-        out.chunks_exact(4)
-            .map(|c| json!(f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64))
-            .collect(),
-    )
+    reference_output(model, &input, &mut out);
+    Value::Array(out.iter().map(|&b| json!(b)).collect())
 }
 
 fn infer_body(id: &str, v: &[f32]) -> Value {
@@ -164,7 +165,7 @@ async fn health_metadata_infer_and_metrics() {
     );
     assert_eq!(
         m["outputs"][0],
-        json!({"name": "OUTPUT0", "datatype": "FP32", "shape": [1, 10]})
+        json!({"name": "OUTPUT0", "datatype": "UINT8", "shape": [1, 40]})
     );
     assert_eq!(get(&c, a, "/v2/models/resnet/versions/1").await.json(), m);
     assert_eq!(
@@ -194,14 +195,14 @@ async fn health_metadata_infer_and_metrics() {
     assert_eq!(j["id"], "a-1");
     assert_eq!(j["model_name"], "resnet");
     assert_eq!(j["outputs"][0]["name"], "OUTPUT0");
-    assert_eq!(j["outputs"][0]["shape"], json!([1, 10]));
-    assert_eq!(j["outputs"][0]["data"], expected(&v));
+    assert_eq!(j["outputs"][0]["shape"], json!([1, 40]));
+    assert_eq!(j["outputs"][0]["data"], expected(RESNET, &v));
     // Nested data, versioned path, no id.
     let nested: Vec<Vec<f32>> = vec![values(2)];
     let r = post_json(&c, a, "/v2/models/bert/versions/1/infer", &json!({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": nested}]})).await;
     assert_eq!(r.status, StatusCode::OK);
     assert!(r.json().get("id").is_none());
-    assert_eq!(r.json()["outputs"][0]["data"], expected(&values(2)));
+    assert_eq!(r.json()["outputs"][0]["data"], expected(BERT, &values(2)));
     // Binary tensor data in and out.
     let v = values(3);
     let head = serde_json::to_vec(&json!({"id": "bin", "inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "parameters": {"binary_data_size": 64}}],
@@ -228,7 +229,7 @@ async fn health_metadata_infer_and_metrics() {
     assert_eq!(j["outputs"][0]["parameters"]["binary_data_size"], 40);
     let input: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
     let mut out = [0u8; 40];
-    reference_output(&input, &mut out);
+    reference_output(RESNET, &input, &mut out);
     assert_eq!(&r.body[hl..], &out);
 
     let q = quiet(&s).await;
@@ -274,7 +275,7 @@ async fn bad_requests_get_protocol_errors_while_a_good_client_keeps_succeeding()
                 String::from_utf8_lossy(&r.body)
             );
             assert_eq!(r.json()["id"], format!("good-{n}"));
-            assert_eq!(r.json()["outputs"][0]["data"], expected(&v));
+            assert_eq!(r.json()["outputs"][0]["data"], expected(BERT, &v));
             ok += 1;
         }
         ok
@@ -496,7 +497,11 @@ async fn concurrent_clients_each_get_their_own_output_and_batches_form() {
     for n in 0..200u64 {
         handles.push(tokio::spawn(async move {
             let c = client();
-            let model = if n % 2 == 0 { "resnet" } else { "bert" };
+            let (model, id) = if n % 2 == 0 {
+                ("resnet", RESNET)
+            } else {
+                ("bert", BERT)
+            };
             let v = values(1000 + n);
             let r = post_json(
                 &c,
@@ -505,17 +510,17 @@ async fn concurrent_clients_each_get_their_own_output_and_batches_form() {
                 &infer_body(&format!("c-{n}"), &v),
             )
             .await;
-            (r.status, r.json(), v, n)
+            (r.status, r.json(), v, n, id)
         }));
     }
     let mut ok = 0;
     for h in handles {
-        let (status, j, v, n) = h.await.unwrap();
+        let (status, j, v, n, id) = h.await.unwrap();
         if status == StatusCode::OK {
             assert_eq!(j["id"], format!("c-{n}"));
             assert_eq!(
                 j["outputs"][0]["data"],
-                expected(&v),
+                expected(id, &v),
                 "request {n} got another request's output"
             );
             ok += 1;
@@ -567,14 +572,17 @@ async fn a_request_that_cannot_meet_its_deadline_is_dropped_with_503() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_generator_drives_the_server_open_loop() {
-    use frontend::loadgen::{run, LoadConfig};
+    use frontend::loadgen::{run, LoadConfig, LoadModel};
     use scheduler::sim::workload::{Arrival, Popularity, RateSchedule, Workload};
     let s = start(1 << 20).await;
     let cfg = LoadConfig {
-        target: s.addr(),
-        models: vec!["resnet".into(), "bert".into()],
+        targets: vec![s.addr()],
+        models: vec![
+            LoadModel::new("resnet", RESNET),
+            LoadModel::new("bert", BERT),
+        ],
         input_elements: 16,
-        output_elements: 10,
+        output_bytes: 40,
         workload: Workload {
             rate_rps: 200.0,
             arrival: Arrival::Gamma(0.5),
@@ -589,7 +597,7 @@ async fn load_generator_drives_the_server_open_loop() {
     };
     let r = run(cfg.clone()).await.unwrap();
     assert!(r.balanced(), "{r}");
-    assert_eq!(r.wrong_output, 0, "{r}");
+    assert_eq!((r.wrong_output, r.wrong_id), (0, 0), "{r}");
     assert!(r.sent > 100 && r.ok > 0, "{r}");
     assert_eq!(
         r.client_errors + r.server_errors + r.transport_errors,
@@ -600,7 +608,7 @@ async fn load_generator_drives_the_server_open_loop() {
     assert!(q.balanced(), "{q:?}");
     assert_eq!(q.accepted, r.sent);
     let mut remote = cfg;
-    remote.target = "10.1.2.3:8000".parse().unwrap();
+    remote.targets.push("10.1.2.3:8000".parse().unwrap());
     assert!(
         run(remote).await.is_err(),
         "non-loopback targets are refused"
@@ -628,7 +636,7 @@ async fn clients_that_hang_up_mid_request_leave_the_counters_balanced() {
     let v = values(99);
     let r = post_json(&c, a, "/v2/models/resnet/infer", &infer_body("after", &v)).await;
     assert_eq!(r.status, StatusCode::OK);
-    assert_eq!(r.json()["outputs"][0]["data"], expected(&v));
+    assert_eq!(r.json()["outputs"][0]["data"], expected(RESNET, &v));
     let q = quiet(&s).await;
     assert!(q.balanced(), "{q:?}");
     assert!(

@@ -49,6 +49,9 @@ done
 [ -n "$port" ] || { echo "server did not report its port"; cat "$tmp/err"; exit 1; }
 export SYMPHONY_URL="127.0.0.1:$port"
 export SYMPHONY_MODEL="${SYMPHONY_MODEL:-tc_model}"
+# Its cluster model id (ResNet50 0, DenseNet121 1, tc_model 2): the
+# reference output depends on it.
+export SYMPHONY_MODEL_ID="${SYMPHONY_MODEL_ID:-2}"
 echo "server at $SYMPHONY_URL"
 
 if [ "$have_pytest" = 1 ]; then

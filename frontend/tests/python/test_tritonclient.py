@@ -16,14 +16,29 @@ def client():
     return httpclient.InferenceServerClient(url=URL, connection_timeout=10.0, network_timeout=10.0)
 
 
-def reference_output(inp: np.ndarray, n: int = 10) -> np.ndarray:
-    """frontend::tensor::reference_output: FNV-1a 64 of the input's
-    little-endian bytes h; element i = ((h >> 16*(i%4)) & 0xffff) + i."""
-    h = 0xCBF29CE484222325
-    for b in inp.astype("<f4").tobytes():
-        h ^= b
-        h = (h * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return np.array([((h >> (16 * (i % 4))) & 0xFFFF) + i for i in range(n)], dtype=np.float32).reshape(1, n)
+MODEL_ID = int(os.environ.get("SYMPHONY_MODEL_ID", "2"))
+MASK = 0xFFFFFFFFFFFFFFFF
+
+
+def reference_output(inp: np.ndarray, model_id: int = MODEL_ID, n: int = 40) -> np.ndarray:
+    """dataplane::reference::expected_output over the input's little-endian
+    bytes: h = FNV offset; fold the model id, each full 8-byte LE word, each
+    remaining byte, then the length (fold: h = (h ^ x) * FNV prime);
+    output byte j = byte j % 8 of h (LE) XOR (j / 8)."""
+    data = inp.astype("<f4").tobytes()
+
+    def fold(h, x):
+        return ((h ^ x) * 0x100000001B3) & MASK
+
+    h = fold(0xCBF29CE484222325, model_id)
+    full = len(data) // 8 * 8
+    for i in range(0, full, 8):
+        h = fold(h, int.from_bytes(data[i:i + 8], "little"))
+    for b in data[full:]:
+        h = fold(h, b)
+    h = fold(h, len(data))
+    hb = h.to_bytes(8, "little")
+    return np.array([hb[j % 8] ^ ((j // 8) & 0xFF) for j in range(n)], dtype=np.uint8).reshape(1, n)
 
 
 def make_input(seed: int, binary: bool):
@@ -51,7 +66,7 @@ def test_model_metadata_config_and_index():
     assert meta["name"] == MODEL
     assert meta["versions"] == ["1"]
     assert meta["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16]}]
-    assert meta["outputs"] == [{"name": "OUTPUT0", "datatype": "FP32", "shape": [1, 10]}]
+    assert meta["outputs"] == [{"name": "OUTPUT0", "datatype": "UINT8", "shape": [1, 40]}]
     cfg = c.get_model_config(MODEL)
     assert cfg["name"] == MODEL
     index = c.get_model_repository_index()
@@ -65,7 +80,7 @@ def test_infer_binary_and_json_tensors():
         out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary)
         res = c.infer(MODEL, [inp], outputs=[out], request_id=f"py-{i}")
         got = res.as_numpy("OUTPUT0")
-        assert got.shape == (1, 10)
+        assert got.shape == (1, 40)
         np.testing.assert_array_equal(got, reference_output(data))
         assert res.get_response()["id"] == f"py-{i}"
         assert res.get_response()["model_name"] == MODEL

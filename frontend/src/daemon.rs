@@ -1,0 +1,929 @@
+//! The `symphony-frontend` daemon (see PROTOCOL-SPEC.md): the KServe v2
+//! HTTP server over a [`ClusterService`] whose tasks go to a remote
+//! scheduler, with inputs staged in a region registered for REMOTE_READ
+//! and outcomes coming back from the scheduler (drops, failures) and from
+//! the backends' data connections (completions).
+//!
+//! Threads: the HTTP runtime's workers stage requests and push their tasks
+//! into a bounded lock-free queue ([`NetSink`]); one I/O thread owns every
+//! connection (it sends the tasks, polls the scheduler and each backend,
+//! serves READs on tcp, routes outcomes into the staging area, heartbeats);
+//! an acceptor thread takes backends' data connections and hands them over
+//! after their `Register{Backend}`; the main thread waits for a stop
+//! signal or for the I/O thread to end.
+//!
+//! Entry point: [`main_with_args`] (the `symphony-frontend` binary is a
+//! thin wrapper, so a multi-call binary can run it too).
+
+use crate::http::{HttpConfig, Server};
+use crate::metrics::Metrics;
+use crate::models::ModelCatalog;
+use crate::service::{ClusterService, SinkError, TaskSink};
+use crate::staging::{RoutedOutcome, Staging, StagingConfig};
+use clap::Parser;
+use crossbeam_queue::ArrayQueue;
+use dataplane::control::{self, Liveness, MetricsEndpoint, TransportKind, WithDomain};
+use dataplane::idle::{IdleStrategy, Idler, Waker};
+use dataplane::mem::Access;
+use dataplane::time::{Duration, MonotonicClock};
+use dataplane::transport::{Connection, Domain, Error as TransportError, Listener, Registration};
+use dataplane::wire::{self, DropReason, Message, Register, Role, Task};
+use scheduler::zoo::{parse_model_arg, ModelSpec, Zoo, ZooSelection};
+use serde::Deserialize;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+
+/// Frontend ids must be below this (the scheduler refuses others).
+pub const MAX_FRONTEND_ID: u32 = 4096;
+/// How long to keep trying to reach the scheduler at start.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(5000);
+/// How long the scheduler has to acknowledge the registration, and a
+/// backend to send its `Register` on a new data connection.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(5000);
+
+/// Command line of `symphony-frontend`. Every option can also be set in
+/// the `--config` TOML file (key = the long flag with '_' for '-');
+/// flags override the file.
+#[derive(Parser, Debug, Default)]
+#[command(
+    name = "symphony-frontend",
+    about = "Symphony frontend: the KServe v2 HTTP API in front of a Symphony scheduler"
+)]
+pub struct Cli {
+    /// TOML file with any of the options below.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// This frontend's id (< 4096, unique in the cluster). Default 0.
+    #[arg(long)]
+    pub id: Option<u32>,
+    /// The scheduler's control address (required).
+    #[arg(long)]
+    pub scheduler: Option<String>,
+    /// KServe v2 HTTP listen address. Default 127.0.0.1:0.
+    #[arg(long)]
+    pub http: Option<String>,
+    /// Data listen address for backends' connections (transport address).
+    /// Default: a fresh one (shm: a new name; tcp: 127.0.0.1:0).
+    #[arg(long)]
+    pub data_listen: Option<String>,
+    /// shm, tcp, tcp-blocking or rdma. Default shm.
+    #[arg(long)]
+    pub transport: Option<String>,
+    /// I/O thread idle strategy: spin, yield, park, park:US. Default park:100.
+    #[arg(long)]
+    pub idle: Option<String>,
+    /// Prometheus /metrics listen address. Default 127.0.0.1:0.
+    #[arg(long)]
+    pub metrics: Option<String>,
+    /// Model zoo table: a100 or 1080ti. Default a100.
+    #[arg(long)]
+    pub zoo: Option<String>,
+    /// Models of the zoo: all, strong, weak, none, or names. Default all.
+    #[arg(long)]
+    pub models: Option<String>,
+    /// Extra model NAME=ALPHA_MS,BETA_MS,SLO_MS (repeatable; appended).
+    #[arg(long)]
+    pub model: Vec<String>,
+    /// Staging slots: requests in flight at most. Default 4096.
+    #[arg(long)]
+    pub slots: Option<u32>,
+    /// Largest HTTP request body, bytes. Default 1 MiB.
+    #[arg(long)]
+    pub max_body: Option<usize>,
+    /// Wait past a request's deadline before answering it timed out, ms.
+    /// Default 100.
+    #[arg(long)]
+    pub grace_ms: Option<u64>,
+    /// HTTP worker threads. Default 2.
+    #[arg(long)]
+    pub http_threads: Option<usize>,
+    /// Heartbeat interval toward the scheduler, ms. Default 100.
+    #[arg(long)]
+    pub heartbeat_ms: Option<u64>,
+    /// The scheduler is dead after this much silence, ms. Default 1000.
+    #[arg(long)]
+    pub dead_after_ms: Option<u64>,
+    /// Tasks queued toward the scheduler at most (a full queue fails the
+    /// request, 503). Default: the number of slots.
+    #[arg(long)]
+    pub queue: Option<usize>,
+    /// Exit (SIGTERM) when the parent process dies.
+    #[arg(long)]
+    pub exit_with_parent: bool,
+}
+
+/// The `--config` file: the same options, '_' for '-'.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    id: Option<u32>,
+    scheduler: Option<String>,
+    http: Option<String>,
+    data_listen: Option<String>,
+    transport: Option<String>,
+    idle: Option<String>,
+    metrics: Option<String>,
+    zoo: Option<String>,
+    models: Option<String>,
+    model: Option<Vec<String>>,
+    slots: Option<u32>,
+    max_body: Option<usize>,
+    grace_ms: Option<u64>,
+    http_threads: Option<usize>,
+    heartbeat_ms: Option<u64>,
+    dead_after_ms: Option<u64>,
+    queue: Option<usize>,
+    exit_with_parent: Option<bool>,
+}
+
+/// A validated configuration.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Frontend id.
+    pub id: u16,
+    /// Scheduler control address.
+    pub scheduler: String,
+    /// HTTP listen address.
+    pub http: SocketAddr,
+    /// Data listen address.
+    pub data_listen: String,
+    /// Transport.
+    pub transport: TransportKind,
+    /// I/O thread idle strategy.
+    pub idle: IdleStrategy,
+    /// /metrics listen address.
+    pub metrics: SocketAddr,
+    /// The cluster's model list (model id = index).
+    pub models: Vec<ModelSpec>,
+    /// Staging slots.
+    pub slots: u32,
+    /// Largest HTTP body.
+    pub max_body: usize,
+    /// Grace past a deadline.
+    pub grace: Duration,
+    /// HTTP worker threads.
+    pub http_threads: usize,
+    /// Heartbeat interval.
+    pub heartbeat: Duration,
+    /// Silence after which the scheduler is dead.
+    pub dead_after: Duration,
+    /// Task queue capacity.
+    pub queue: usize,
+    /// Die with the parent.
+    pub exit_with_parent: bool,
+}
+
+fn addr(what: &str, s: &str) -> Result<SocketAddr, String> {
+    s.parse()
+        .map_err(|_| format!("--{what} '{s}': expected HOST:PORT (e.g. 127.0.0.1:0)"))
+}
+
+impl Options {
+    /// Resolves a command line (and its `--config` file) into options.
+    pub fn resolve(cli: Cli) -> Result<Options, String> {
+        let file = match &cli.config {
+            None => FileConfig::default(),
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| format!("--config {}: {e}", p.display()))?;
+                toml::from_str::<FileConfig>(&text)
+                    .map_err(|e| format!("--config {}: {e}", p.display()))?
+            }
+        };
+        let id = cli.id.or(file.id).unwrap_or(0);
+        if id >= MAX_FRONTEND_ID {
+            return Err(format!(
+                "--id {id}: frontend ids must be < {MAX_FRONTEND_ID}"
+            ));
+        }
+        let scheduler = cli
+            .scheduler
+            .or(file.scheduler)
+            .ok_or("--scheduler ADDR is required (the scheduler's control address)")?;
+        let transport =
+            TransportKind::parse(cli.transport.or(file.transport).as_deref().unwrap_or("shm"))?;
+        let idle = control::parse_idle(cli.idle.or(file.idle).as_deref().unwrap_or("park:100"))?;
+        let http = addr(
+            "http",
+            cli.http.or(file.http).as_deref().unwrap_or("127.0.0.1:0"),
+        )?;
+        let metrics = addr(
+            "metrics",
+            cli.metrics
+                .or(file.metrics)
+                .as_deref()
+                .unwrap_or("127.0.0.1:0"),
+        )?;
+        let data_listen = cli
+            .data_listen
+            .or(file.data_listen)
+            .unwrap_or_else(|| transport.ephemeral_listen("127.0.0.1"));
+        let zoo = Zoo::parse(cli.zoo.or(file.zoo).as_deref().unwrap_or("a100"))
+            .map_err(|e| format!("--zoo: {e}"))?;
+        let mut models = match cli.models.or(file.models).as_deref().unwrap_or("all") {
+            "none" => Vec::new(),
+            sel => ZooSelection::parse(sel)
+                .select(zoo.models())
+                .map_err(|e| format!("--models: {e}"))?,
+        };
+        let extra = if cli.model.is_empty() {
+            file.model.unwrap_or_default()
+        } else {
+            cli.model
+        };
+        for m in &extra {
+            models.push(parse_model_arg(m).map_err(|e| e.to_string())?);
+        }
+        if models.is_empty() {
+            return Err("no models: give --models and/or --model".into());
+        }
+        let slots = cli.slots.or(file.slots).unwrap_or(4096);
+        if slots == 0 || slots > crate::staging::MAX_SLOTS {
+            return Err(format!(
+                "--slots {slots}: must be 1..={}",
+                crate::staging::MAX_SLOTS
+            ));
+        }
+        let max_body = cli.max_body.or(file.max_body).unwrap_or(1 << 20);
+        if max_body == 0 {
+            return Err("--max-body must be positive".into());
+        }
+        let http_threads = cli.http_threads.or(file.http_threads).unwrap_or(2);
+        if http_threads == 0 || http_threads > 256 {
+            return Err(format!("--http-threads {http_threads}: must be 1..=256"));
+        }
+        let heartbeat_ms = cli.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(100);
+        let dead_after_ms = cli.dead_after_ms.or(file.dead_after_ms).unwrap_or(1000);
+        if heartbeat_ms == 0 || dead_after_ms <= heartbeat_ms {
+            return Err(format!(
+                "--heartbeat-ms {heartbeat_ms} / --dead-after-ms {dead_after_ms}: need 0 < heartbeat < dead-after"
+            ));
+        }
+        let queue = cli.queue.or(file.queue).unwrap_or(slots as usize);
+        if queue == 0 {
+            return Err("--queue must be positive".into());
+        }
+        Ok(Options {
+            id: id as u16,
+            scheduler,
+            http,
+            data_listen,
+            transport,
+            idle,
+            metrics,
+            models,
+            slots,
+            max_body,
+            grace: Duration::from_millis(cli.grace_ms.or(file.grace_ms).unwrap_or(100)),
+            http_threads,
+            heartbeat: Duration::from_millis(heartbeat_ms),
+            dead_after: Duration::from_millis(dead_after_ms),
+            queue,
+            exit_with_parent: cli.exit_with_parent || file.exit_with_parent.unwrap_or(false),
+        })
+    }
+}
+
+/// Runs the daemon with `args` (`args[0]` is the program name). Exit code 0
+/// after a stop signal, 2 for a bad command line or configuration, 1 for
+/// anything else (scheduler unreachable, refused or gone, ...).
+pub fn main_with_args(args: Vec<String>) -> ExitCode {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let opts = match Options::resolve(cli) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("symphony-frontend: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if opts.exit_with_parent {
+        control::terminate_with_parent();
+    }
+    if let Err(e) = control::install_stop_signals() {
+        eprintln!("symphony-frontend: {e}");
+        return ExitCode::from(1);
+    }
+    match run(opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("symphony-frontend: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Runs the daemon until a stop signal ([`control::stop_requested`]):
+/// `Ok` then, `Err` if it could not start or the scheduler went away.
+pub fn run(opts: Options) -> Result<(), String> {
+    control::with_domain(opts.transport, Daemon { opts })?
+}
+
+struct Daemon {
+    opts: Options,
+}
+
+impl WithDomain for Daemon {
+    type Out = Result<(), String>;
+    fn run<D: Domain>(self, domain: D) -> Result<(), String> {
+        serve(domain, self.opts)
+    }
+}
+
+/// The daemon's own counters (beyond the staging's accounting).
+#[derive(Debug, Default)]
+struct DaemonStats {
+    ready: AtomicBool,
+    tasks_sent: AtomicU64,
+    queue_full: AtomicU64,
+    backends: AtomicU64,
+    backends_lost: AtomicU64,
+    bad_messages: AtomicU64,
+}
+
+impl DaemonStats {
+    fn render(&self, o: &mut String) {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        for (name, kind, help, v) in [
+            (
+                "symphony_frontend_ready",
+                "gauge",
+                "1 while registered with the scheduler",
+                u64::from(self.ready.load(Ordering::Relaxed)),
+            ),
+            (
+                "symphony_frontend_backends",
+                "gauge",
+                "Backend data connections open",
+                l(&self.backends),
+            ),
+            (
+                "symphony_frontend_tasks_sent_total",
+                "counter",
+                "Tasks sent to the scheduler",
+                l(&self.tasks_sent),
+            ),
+            (
+                "symphony_frontend_queue_full_total",
+                "counter",
+                "Requests failed because the queue to the scheduler was full",
+                l(&self.queue_full),
+            ),
+            (
+                "symphony_frontend_backends_lost_total",
+                "counter",
+                "Backend data connections that died or misbehaved",
+                l(&self.backends_lost),
+            ),
+            (
+                "symphony_frontend_bad_messages_total",
+                "counter",
+                "Malformed or unroutable messages received",
+                l(&self.bad_messages),
+            ),
+        ] {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+        }
+    }
+}
+
+/// The [`TaskSink`] of the daemon: a bounded lock-free queue drained by
+/// the I/O thread, which it wakes. Never blocks; a full queue or a closed
+/// sink (not registered with the scheduler) is an error, so the request
+/// fails at once (counted) instead of waiting.
+#[derive(Clone, Debug)]
+pub struct NetSink {
+    queue: Arc<ArrayQueue<Task>>,
+    waker: Waker,
+    open: Arc<AtomicBool>,
+    stats: Arc<DaemonStats>,
+}
+
+impl TaskSink for NetSink {
+    fn send(&self, task: &Task) -> Result<(), SinkError> {
+        if !self.open.load(Ordering::Acquire) {
+            return Err(SinkError("not registered with the scheduler".into()));
+        }
+        if self.queue.push(*task).is_err() {
+            self.stats.queue_full.fetch_add(1, Ordering::Relaxed);
+            return Err(SinkError("the queue to the scheduler is full".into()));
+        }
+        self.waker.wake();
+        Ok(())
+    }
+}
+
+/// Connects, registers and waits for the scheduler's acknowledgement;
+/// returns the connection and the model count the scheduler announced.
+fn register_with_scheduler<D: Domain>(
+    domain: &D,
+    opts: &Options,
+    data_addr: &str,
+) -> Result<(D::Conn, u32), String> {
+    let mut conn = control::connect_retrying(domain, &opts.scheduler, CONNECT_TIMEOUT)
+        .map_err(|e| format!("cannot reach the scheduler at '{}': {e}", opts.scheduler))?;
+    let reg = Register::new(Role::Frontend, u32::from(opts.id), 0, data_addr);
+    control::send_register(&mut conn, &reg, HANDSHAKE_TIMEOUT)
+        .map_err(|e| format!("registering with the scheduler: {e}"))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(5000);
+    let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let n = match control::recv_within(
+            &mut conn,
+            &mut buf,
+            Duration::from_nanos(left.as_nanos() as u64),
+        ) {
+            Ok(n) => n,
+            Err(TransportError::PeerDisconnected) => {
+                return Err(format!(
+                    "the scheduler refused the registration of frontend {} (closed the connection: duplicate id?)",
+                    opts.id
+                ))
+            }
+            Err(TransportError::Timeout) => {
+                return Err("the scheduler did not acknowledge the registration within 5 s".into())
+            }
+            Err(e) => return Err(format!("waiting for the scheduler's acknowledgement: {e}")),
+        };
+        match wire::decode(&buf[..n]) {
+            Ok(Message::Register(r)) if r.role() == Some(Role::Scheduler) => {
+                return Ok((conn, r.count))
+            }
+            // Heartbeats may come first; anything else before the ack is
+            // not worth failing for.
+            Ok(_) => {}
+            Err(e) => return Err(format!("the scheduler sent a malformed message: {e}")),
+        }
+    }
+}
+
+fn serve<D: Domain>(domain: D, opts: Options) -> Result<(), String> {
+    let catalog = ModelCatalog::with_default_tensors(&opts.models);
+    let slot_size = u32::try_from(catalog.max_input_bytes().max(1))
+        .map_err(|_| "a model input is too large for a staging slot".to_string())?;
+    let region = opts
+        .transport
+        .readable_region(slot_size as usize * opts.slots as usize)
+        .map_err(|e| format!("staging region: {e}"))?;
+    let reg = domain
+        .register(&region, Access::REMOTE_READ)
+        .map_err(|e| format!("registering the staging region: {e}"))?;
+    let staging = Staging::new(
+        reg.clone(),
+        StagingConfig {
+            frontend_id: opts.id,
+            slots: opts.slots,
+            slot_size,
+            max_output: catalog.max_output_bytes().min(u64::from(u32::MAX)) as u32,
+        },
+    )
+    .map_err(|e| format!("staging: {e}"))?;
+    let listener = domain
+        .listen(&opts.data_listen)
+        .map_err(|e| format!("data listener on '{}': {e}", opts.data_listen))?;
+    let data_addr = listener.local_addr();
+
+    let (sched, model_count) = register_with_scheduler(&domain, &opts, &data_addr)?;
+    if model_count as usize != catalog.entries().len() {
+        return Err(format!(
+            "the scheduler has {model_count} models, this frontend {}: give every daemon the same --zoo/--models/--model",
+            catalog.entries().len()
+        ));
+    }
+    eprintln!(
+        "symphony-frontend {}: registered with the scheduler at {} ({} models, transport {})",
+        opts.id,
+        opts.scheduler,
+        model_count,
+        opts.transport.name()
+    );
+
+    let stats = Arc::new(DaemonStats::default());
+    let ready = Arc::new(AtomicBool::new(true));
+    stats.ready.store(true, Ordering::Relaxed);
+    let open = Arc::new(AtomicBool::new(true));
+    let stop_io = Arc::new(AtomicBool::new(false));
+    let stop_accept = Arc::new(AtomicBool::new(false));
+    let idler = Idler::new(opts.idle);
+    let queue = Arc::new(ArrayQueue::new(opts.queue));
+    let sink = NetSink {
+        queue: queue.clone(),
+        waker: idler.waker(),
+        open: open.clone(),
+        stats: stats.clone(),
+    };
+
+    let (conn_tx, conn_rx) = mpsc::channel();
+    let acceptor = {
+        let (stop, waker) = (stop_accept.clone(), idler.waker());
+        std::thread::Builder::new()
+            .name("frontend-accept".into())
+            .spawn(move || accept_backends(listener, conn_tx, stop, waker))
+            .map_err(|e| format!("acceptor thread: {e}"))?
+    };
+
+    let (done_tx, done_rx) = mpsc::channel();
+    let io = IoThread {
+        domain,
+        reg,
+        sched,
+        incoming: conn_rx,
+        queue,
+        staging: staging.clone(),
+        idler,
+        id: opts.id,
+        heartbeat: opts.heartbeat,
+        dead_after: opts.dead_after,
+        ready: ready.clone(),
+        open,
+        stop: stop_io.clone(),
+        stats: stats.clone(),
+    };
+    let io_thread = std::thread::Builder::new()
+        .name("frontend-io".into())
+        .spawn(move || {
+            let r = io.run();
+            let _ = done_tx.send(r);
+        })
+        .map_err(|e| format!("I/O thread: {e}"))?;
+
+    let result = serve_http(
+        &opts, catalog, staging, sink, ready, &stats, &data_addr, &done_rx, &stop_io, &io_thread,
+    );
+    stop_io.store(true, Ordering::SeqCst);
+    stop_accept.store(true, Ordering::SeqCst);
+    io_thread.thread().unpark();
+    let _ = io_thread.join();
+    let _ = acceptor.join();
+    result
+}
+
+/// Starts HTTP and /metrics, prints READY, waits for a stop or the I/O
+/// thread's end, then shuts HTTP down after answering what is in flight.
+#[allow(clippy::too_many_arguments)]
+fn serve_http(
+    opts: &Options,
+    catalog: ModelCatalog,
+    staging: Arc<Staging>,
+    sink: NetSink,
+    ready: Arc<AtomicBool>,
+    stats: &Arc<DaemonStats>,
+    data_addr: &str,
+    done_rx: &mpsc::Receiver<Result<(), String>>,
+    stop_io: &AtomicBool,
+    io_thread: &std::thread::JoinHandle<()>,
+) -> Result<(), String> {
+    let max_slo_ms = catalog
+        .entries()
+        .iter()
+        .map(|e| e.spec.slo.as_nanos() / 1_000_000)
+        .max()
+        .unwrap_or(0);
+    let metrics = Arc::new(Metrics::new(&catalog));
+    let extra = stats.clone();
+    metrics.set_extra(Box::new(move |o: &mut String| extra.render(o)));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(opts.http_threads)
+        .thread_name("frontend-http")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("HTTP runtime: {e}"))?;
+    let service = Arc::new(
+        ClusterService::new(
+            Arc::new(catalog),
+            staging.clone(),
+            sink,
+            metrics.clone(),
+            opts.grace,
+        )
+        .with_ready(ready.clone()),
+    );
+    let http_cfg = HttpConfig {
+        max_body: opts.max_body,
+        ..HttpConfig::default()
+    };
+    let server = rt
+        .block_on(Server::start(opts.http, service, http_cfg))
+        .map_err(|e| format!("HTTP listener on {}: {e}", opts.http))?;
+    let render_staging = staging.clone();
+    let render_metrics = metrics.clone();
+    let endpoint = MetricsEndpoint::start(
+        opts.metrics,
+        Arc::new(move || render_metrics.render(&render_staging.counters().snapshot())),
+    )
+    .map_err(|e| format!("metrics listener on {}: {e}", opts.metrics))?;
+    {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(
+            out,
+            "READY http={} metrics={} data={}",
+            server.addr(),
+            endpoint.addr(),
+            data_addr
+        );
+        let _ = out.flush();
+    }
+
+    let mut io_result = None;
+    while !control::stop_requested() {
+        match done_rx.recv_timeout(std::time::Duration::from_millis(20)) {
+            Ok(r) => {
+                io_result = Some(r);
+                break;
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                io_result = Some(Err("the I/O thread ended unexpectedly".into()));
+                break;
+            }
+        }
+    }
+    // Stop taking requests; answer those in flight (outcomes still arrive
+    // while the I/O thread runs; if it has ended they were already ended),
+    // waiting at most the longest deadline plus grace.
+    ready.store(false, Ordering::Release);
+    stats.ready.store(false, Ordering::Relaxed);
+    let limit = std::time::Duration::from_millis(
+        max_slo_ms
+            .saturating_add(opts.grace.as_nanos() / 1_000_000)
+            .saturating_add(1000),
+    );
+    let drained = rt.block_on(server.stop_and_drain(limit));
+    if !drained {
+        eprintln!("symphony-frontend: some HTTP connections were still open at shutdown");
+    }
+    if io_result.is_none() {
+        stop_io.store(true, Ordering::SeqCst);
+        io_thread.thread().unpark();
+        io_result = done_rx.recv_timeout(std::time::Duration::from_secs(5)).ok();
+    }
+    // Anything staged after the I/O thread's last pass.
+    staging.end_in_flight(RoutedOutcome::Dropped(DropReason::Shutdown));
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    drop(endpoint);
+    let c = staging.counters().snapshot();
+    eprintln!(
+        "symphony-frontend {}: accepted={} succeeded={} dropped={} failed={}",
+        opts.id, c.accepted, c.succeeded, c.dropped, c.failed
+    );
+    match io_result {
+        Some(Err(e)) if !control::stop_requested() => Err(e),
+        Some(_) => Ok(()),
+        None => Err("the I/O thread did not stop within 5 s".into()),
+    }
+}
+
+/// Accepts backends' data connections, checks their `Register{Backend}`
+/// and hands them to the I/O thread.
+fn accept_backends<L: Listener>(
+    mut listener: L,
+    tx: mpsc::Sender<(u32, L::Conn)>,
+    stop: Arc<AtomicBool>,
+    waker: Waker,
+) {
+    while !stop.load(Ordering::SeqCst) {
+        match listener.accept(Duration::from_millis(100)) {
+            Ok(mut conn) => match control::expect_register(&mut conn, HANDSHAKE_TIMEOUT) {
+                Ok(r) if r.role() == Some(Role::Backend) => {
+                    if tx.send((r.id, conn)).is_err() {
+                        return;
+                    }
+                    waker.wake();
+                }
+                Ok(r) => eprintln!(
+                    "symphony-frontend: refused a data connection registering as role {} (not a backend)",
+                    r.role
+                ),
+                Err(e) => eprintln!("symphony-frontend: data connection without Register: {e}"),
+            },
+            Err(TransportError::Timeout) => {}
+            Err(e) => {
+                eprintln!("symphony-frontend: accepting a data connection: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+/// What ends the I/O loop.
+enum Ended {
+    Stopped,
+    SchedulerGone(String),
+}
+
+struct IoThread<D: Domain> {
+    domain: D,
+    reg: Registration,
+    sched: D::Conn,
+    incoming: mpsc::Receiver<(u32, D::Conn)>,
+    queue: Arc<ArrayQueue<Task>>,
+    staging: Arc<Staging>,
+    idler: Idler,
+    id: u16,
+    heartbeat: Duration,
+    dead_after: Duration,
+    ready: Arc<AtomicBool>,
+    open: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    stats: Arc<DaemonStats>,
+}
+
+impl<D: Domain> IoThread<D> {
+    fn run(mut self) -> Result<(), String> {
+        let mut backends: Vec<(u32, D::Conn)> = Vec::new();
+        let ended = self.poll_loop(&mut backends);
+        // Nothing will answer what is still queued or in flight.
+        self.ready.store(false, Ordering::Release);
+        self.stats.ready.store(false, Ordering::Relaxed);
+        self.open.store(false, Ordering::SeqCst);
+        while let Some(t) = self.queue.pop() {
+            self.staging
+                .route(t.task_id, RoutedOutcome::Dropped(DropReason::Shutdown));
+        }
+        self.staging
+            .end_in_flight(RoutedOutcome::Dropped(DropReason::Shutdown));
+        let mut conns: Vec<&mut D::Conn> = backends.iter_mut().map(|(_, c)| c).collect();
+        conns.push(&mut self.sched);
+        let _ = dataplane::transport::deregister_within(
+            &self.domain,
+            &self.reg,
+            &mut conns,
+            Duration::from_millis(1000),
+        );
+        match ended {
+            Ended::Stopped => Ok(()),
+            Ended::SchedulerGone(why) => Err(format!("scheduler gone: {why}")),
+        }
+    }
+
+    fn poll_loop(&mut self, backends: &mut Vec<(u32, D::Conn)>) -> Ended {
+        let clock = MonotonicClock::new();
+        let mut live = Liveness::new(clock.now(), self.heartbeat, self.dead_after);
+        let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN].into_boxed_slice();
+        let mut hb = [0u8; 64];
+        let mut unsent: Option<Task> = None;
+        let tid = u32::from(self.id);
+        loop {
+            if self.stop.load(Ordering::Acquire) {
+                return Ended::Stopped;
+            }
+            let now = clock.now();
+            let mut work = false;
+
+            // Tasks to the scheduler, in order; a full send queue keeps
+            // the task for the next pass.
+            while let Some(task) = unsent.take().or_else(|| self.queue.pop()) {
+                let n = match wire::encode(&mut buf, &task) {
+                    Ok(n) => n,
+                    Err(_) => {
+                        self.staging.route(
+                            task.task_id,
+                            RoutedOutcome::Failed(wire::TaskStatus::ExecFailed),
+                        );
+                        continue;
+                    }
+                };
+                match self.sched.send(&buf[..n]) {
+                    Ok(()) => {
+                        work = true;
+                        self.stats.tasks_sent.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(TransportError::QueueFull) => {
+                        unsent = Some(task);
+                        break;
+                    }
+                    Err(e) => {
+                        self.staging
+                            .route(task.task_id, RoutedOutcome::Dropped(DropReason::Shutdown));
+                        return Ended::SchedulerGone(format!("sending a task: {e}"));
+                    }
+                }
+            }
+
+            // From the scheduler: drops, failures, heartbeats.
+            loop {
+                match self.sched.try_recv(&mut buf) {
+                    Ok(Some(n)) => {
+                        work = true;
+                        live.heard(now);
+                        match wire::decode(&buf[..n]) {
+                            Ok(m @ (Message::Dropped(_) | Message::Completion(..))) => {
+                                if self.staging.route_message(&m).is_err() {
+                                    self.stats.bad_messages.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                return Ended::SchedulerGone(format!("malformed message: {e}"))
+                            }
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(TransportError::PeerDisconnected) => {
+                        return Ended::SchedulerGone("disconnected".into())
+                    }
+                    Err(e) => return Ended::SchedulerGone(e.to_string()),
+                }
+            }
+            if let Some(n) = live.due(now, Role::Frontend, tid, &mut hb) {
+                match self.sched.send(&hb[..n]) {
+                    // A full queue is sending anyway: that is proof of life too.
+                    Ok(()) | Err(TransportError::QueueFull) => {}
+                    Err(e) => return Ended::SchedulerGone(format!("sending a heartbeat: {e}")),
+                }
+            }
+            if live.expired(now) {
+                return Ended::SchedulerGone(format!(
+                    "silent for more than {} ms",
+                    self.dead_after.as_nanos() / 1_000_000
+                ));
+            }
+
+            // Backends: completions (and, on tcp, their READs of our slots).
+            let mut i = 0;
+            while i < backends.len() {
+                match poll_backend(&mut backends[i].1, &mut buf, &self.staging, &self.stats) {
+                    Ok(w) => {
+                        work |= w;
+                        i += 1;
+                    }
+                    Err(e) => {
+                        // Its tasks are failed back by the scheduler.
+                        eprintln!(
+                            "symphony-frontend {}: backend {} data connection closed: {e}",
+                            self.id, backends[i].0
+                        );
+                        backends.swap_remove(i);
+                        self.stats.backends_lost.fetch_add(1, Ordering::Relaxed);
+                        self.stats
+                            .backends
+                            .store(backends.len() as u64, Ordering::Relaxed);
+                    }
+                }
+            }
+            while let Ok((bid, conn)) = self.incoming.try_recv() {
+                work = true;
+                // A backend that reconnects replaces its old connection.
+                backends.retain(|(b, _)| *b != bid);
+                backends.push((bid, conn));
+                self.stats
+                    .backends
+                    .store(backends.len() as u64, Ordering::Relaxed);
+            }
+
+            if work {
+                self.idler.reset();
+            } else {
+                let budget = live.next_send().saturating_since(now);
+                let queue = &self.queue;
+                let stop = &self.stop;
+                self.idler
+                    .idle_within(budget, || !queue.is_empty() || stop.load(Ordering::Acquire));
+            }
+        }
+    }
+}
+
+/// Receives everything a backend has sent; `Ok(found work)`, `Err` if the
+/// connection is dead or the backend sent garbage (it is then dropped).
+fn poll_backend<C: Connection>(
+    conn: &mut C,
+    buf: &mut [u8],
+    staging: &Staging,
+    stats: &DaemonStats,
+) -> Result<bool, String> {
+    let mut work = false;
+    loop {
+        match conn.try_recv(buf) {
+            Ok(Some(n)) => {
+                work = true;
+                match wire::decode(&buf[..n]) {
+                    Ok(m @ (Message::Dropped(_) | Message::Completion(..))) => {
+                        if staging.route_message(&m).is_err() {
+                            stats.bad_messages.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        stats.bad_messages.fetch_add(1, Ordering::Relaxed);
+                        return Err(format!("malformed message: {e}"));
+                    }
+                }
+            }
+            Ok(None) => return Ok(work),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
