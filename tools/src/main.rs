@@ -34,7 +34,7 @@ enum Cmd {
         #[arg(long, default_value = "a100")]
         zoo: String,
         /// The cluster's models: all, strong, weak, or NAME,NAME,...
-        #[arg(long, default_value = "ResNet50,DenseNet121,InceptionV3,VGG16")]
+        #[arg(long, default_value = "ResNet50,VGG16")]
         models: String,
         /// Frontend processes.
         #[arg(long, default_value_t = 2)]
@@ -72,6 +72,42 @@ enum Cmd {
         /// Seed of the workload.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+    },
+    /// End-to-end goodput of the multi-process cluster over HTTP vs the simulated scheduler-only goodput.
+    E2e {
+        /// Model zoo: a100 or 1080ti.
+        #[arg(long, default_value = "a100")]
+        zoo: String,
+        /// The cluster's models.
+        #[arg(long, default_value = "ResNet50")]
+        models: String,
+        /// Frontend processes.
+        #[arg(long, default_value_t = 2)]
+        frontends: u32,
+        /// Backend processes.
+        #[arg(long, default_value_t = 2)]
+        backends: u32,
+        /// Emulated GPUs per backend.
+        #[arg(long = "gpus-per-backend", default_value_t = 1)]
+        gpus_per_backend: u32,
+        /// Transport between the daemons.
+        #[arg(long, default_value = "shm")]
+        transport: String,
+        /// Idle strategy of every daemon.
+        #[arg(long, default_value = "park:100")]
+        idle: String,
+        /// Seconds per load run.
+        #[arg(long = "run-s", default_value_t = 6.0)]
+        run_s: f64,
+        /// Bisection steps.
+        #[arg(long, default_value_t = 6)]
+        steps: u32,
+        /// Seed of the workload.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Print JSON on stdout.
+        #[arg(long)]
+        json: bool,
     },
     /// The in-process live scheduler runtime with emulated GPUs next to the simulator (scheduler-only capacity).
     Live {
@@ -207,6 +243,8 @@ fn run_daemon(args: &[String]) -> ExitCode {
     };
     match role {
         "scheduler" => scheduler::daemon::main_with_args(argv("symphony-scheduler")),
+        "frontend" => frontend::daemon::main_with_args(argv("symphony-frontend")),
+        "backend" => backend::daemon::main_with_args(argv("symphony-backend")),
         _ => {
             eprintln!("symphony daemon: unknown role '{role}' (scheduler, frontend, backend)");
             ExitCode::from(2)
@@ -291,6 +329,9 @@ fn run(cmd: Cmd) -> Result<(), String> {
         Cmd::Example { policy, skip, requests, gather, json } => example::run(&policy, &skip, requests, &gather, json),
         Cmd::Up { zoo, models, frontends, backends, gpus_per_backend, transport, load, rate, duration_s, serve, idle, plot, json, seed } => {
             up::run(&up::UpArgs { zoo, models, frontends, backends, gpus_per_backend, transport, load, rate, duration_s, serve, idle, plot, json, seed })
+        }
+        Cmd::E2e { zoo, models, frontends, backends, gpus_per_backend, transport, idle, run_s, steps, seed, json } => {
+            up::e2e(&up::E2eArgs { zoo, models, frontends, backends, gpus_per_backend, transport, idle, run_s, steps, seed, json })
         }
         Cmd::Live { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json } => {
             live::run(&live::LiveArgs { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json })

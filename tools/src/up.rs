@@ -297,3 +297,97 @@ pub fn run(a: &UpArgs) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// `symphony e2e` options.
+pub struct E2eArgs {
+    pub zoo: String,
+    pub models: String,
+    pub frontends: u32,
+    pub backends: u32,
+    pub gpus_per_backend: u32,
+    pub transport: String,
+    pub idle: String,
+    pub run_s: f64,
+    pub steps: u32,
+    pub seed: u64,
+    pub json: bool,
+}
+
+/// CPU seconds (user + system) a process has used, from /proc.
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
+    // Fields after the command name (which may contain spaces) start after ')'.
+    let rest = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the full line: 12 and 13 here.
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (ticks(11) + ticks(12)) / hz.max(1.0)
+}
+
+/// The end-to-end goodput search: the highest offered rate at which the
+/// real daemons keep the client's bad rate and every model's bad rate at
+/// or under 1%, next to the simulated scheduler-only goodput of the same
+/// workload and cluster.
+pub fn e2e(a: &E2eArgs) -> Result<(), String> {
+    let models = scheduler::daemon::cluster_models(&a.zoo, &a.models, &[])?;
+    let gpus = a.backends * a.gpus_per_backend;
+    eprintln!("symphony e2e: simulated goodput of {} on {gpus} GPUs...", a.models);
+    let s = sim_goodput(&models, gpus, a.seed)?;
+    let spec = spec(&a.zoo, &a.models, a.frontends, a.backends, a.gpus_per_backend, &a.transport, &a.idle)?;
+    let cluster = LocalCluster::start(&spec)?;
+    let pids: Vec<(String, u32)> = std::iter::once(&cluster.scheduler)
+        .chain(&cluster.frontends)
+        .chain(&cluster.backends)
+        .map(|d| (d.name.clone(), d.pid()))
+        .collect();
+    // Bisection between a passing and a failing rate, starting around s.
+    let (mut lo, mut hi) = (0.0f64, s * 1.1);
+    let mut best: Option<E2eRun> = None;
+    let mut runs = Vec::new();
+    let mut rate = s;
+    for step in 0..a.steps.max(1) {
+        let cpu0: Vec<f64> = pids.iter().map(|(_, p)| cpu_seconds(*p)).collect();
+        let me0 = cpu_seconds(std::process::id());
+        let r = run_load(&cluster, &models, rate, a.run_s, a.seed + u64::from(step))?;
+        let cpu: Vec<f64> = pids.iter().zip(&cpu0).map(|((_, p), c0)| (cpu_seconds(*p) - c0) / a.run_s).collect();
+        let me = (cpu_seconds(std::process::id()) - me0) / a.run_s;
+        let sched = cluster.scheduler.metrics()?;
+        let pass = r.bad_rate <= 0.01 && r.worst_model_bad_rate <= 0.01;
+        eprintln!(
+            "  rate {rate:.0}: goodput {:.0} bad {:.2}% worst model {:.2}% median batch {} busy {:.0}% p99 {:.1} ms -> {}; CPU cores: loadgen {me:.2}, {}",
+            r.goodput_rps,
+            r.bad_rate * 100.0,
+            r.worst_model_bad_rate * 100.0,
+            r.median_batch,
+            r.gpu_busy_fraction * 100.0,
+            r.latency_ok_ms[2],
+            if pass { "pass" } else { "fail" },
+            pids.iter().zip(&cpu).map(|((n, _), c)| format!("{n} {c:.2}")).collect::<Vec<_>>().join(", ")
+        );
+        runs.push(serde_json::json!({
+            "rate": rate, "run": r, "pass": pass, "cpu_cores_loadgen": me,
+            "cpu_cores": pids.iter().zip(&cpu).map(|((n, _), c)| (n.clone(), *c)).collect::<std::collections::BTreeMap<_, _>>(),
+            "scheduler_drops_deadline": metric(&sched, "symphony_tasks_dropped_total{reason=\"deadline\"}"),
+        }));
+        if pass {
+            lo = rate;
+            best = Some(r);
+        } else {
+            hi = rate;
+        }
+        rate = if hi.is_finite() { (lo + hi) / 2.0 } else { rate * 1.2 };
+    }
+    cluster.stop()?;
+    let e = best.as_ref().map(|b| b.offered_rps).unwrap_or(0.0);
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"simulated_goodput_rps": s, "e2e_goodput_rps": e, "ratio": e / s, "runs": runs})).map_err(|e| e.to_string())?);
+    } else {
+        println!(
+            "{} ({} zoo), {} frontends, {} backends x {} GPUs over {}: end-to-end goodput {e:.0} rps, scheduler-only (simulated) {s:.0} rps, e/s = {:.3}",
+            a.models, a.zoo, a.frontends, a.backends, a.gpus_per_backend, a.transport, e / s
+        );
+    }
+    Ok(())
+}

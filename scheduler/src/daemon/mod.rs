@@ -53,7 +53,7 @@ pub struct SchedulerArgs {
     /// Model zoo table: a100 or 1080ti [default: a100].
     #[arg(long)]
     pub zoo: Option<String>,
-    /// Models of the zoo (all, strong, weak, none, or names) [default: ResNet50,DenseNet121].
+    /// Models of the zoo (all, strong, weak, none, or names) [default: all].
     #[arg(long)]
     pub models: Option<String>,
     /// Extra model NAME=ALPHA_MS,BETA_MS,SLO_MS (repeatable).
@@ -161,7 +161,7 @@ impl SchedulerArgs {
         let extra = if a.model.is_empty() { file.model } else { a.model };
         let models = cluster_models(
             a.zoo.or(file.zoo).as_deref().unwrap_or("a100"),
-            a.models.or(file.models).as_deref().unwrap_or("ResNet50,DenseNet121"),
+            a.models.or(file.models).as_deref().unwrap_or("all"),
             &extra,
         )?;
         let groups = if a.subcluster.is_empty() { file.subcluster } else { a.subcluster };
