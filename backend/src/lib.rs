@@ -10,9 +10,13 @@
 //!   back to its frontend and a `BatchDone` to the scheduler.
 //! - [`output`]: the deterministic "model" both executors compute, so a
 //!   frontend can check every response.
+//! - [`daemon`]: the `symphony-backend` process: registration with the
+//!   scheduler, data connections to frontends, heartbeats, metrics, the
+//!   poll loop.
 
 #![warn(missing_docs)]
 
+pub mod daemon;
 pub mod exec;
 pub mod output;
 pub mod worker;
@@ -21,4 +25,7 @@ pub mod worker;
 pub use exec::cuda::CudaExecutor;
 pub use exec::emulated::EmulatedExecutor;
 pub use exec::{ExecError, ExecModel, Executor, Finished, InputRef, Job, OutputRef};
-pub use worker::{BatchReport, BatchWorker, WorkerConfig, WorkerError, WorkerStats};
+pub use worker::{
+    BatchReport, BatchWorker, ControlMessage, WorkerConfig, WorkerError, WorkerStats,
+    CONTROL_QUEUE_CAPACITY,
+};

@@ -27,6 +27,11 @@
 //! message somewhere. A batch buffer is reused only once all its READs have
 //! completed (a READ that outlived a fetch deadline still owns its slot).
 //!
+//! Scheduler messages other than plans (frontend announcements
+//! `Register{Frontend}`, heartbeats) are kept in a bounded queue for the
+//! caller ([`BatchWorker::pop_control`]); while it is full the worker stops
+//! reading from the scheduler (back-pressure, never a loss).
+//!
 //! Once warm (every batch buffer used once, connections warm) a batch
 //! allocates nothing: all state is preallocated at construction.
 
@@ -146,8 +151,20 @@ pub struct WorkerStats {
     pub late_starts: u64,
     /// Messages from peers that the worker does not handle.
     pub ignored_messages: u64,
+    /// Control messages (Register, Heartbeat) queued for the caller.
+    pub control_messages: u64,
     /// Reports dropped because nobody popped them.
     pub reports_dropped: u64,
+}
+
+/// A scheduler message that is not a plan, handed to the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ControlMessage {
+    /// A registration, e.g. `Register{Frontend, fid, 0, endpoint}`: a
+    /// frontend the backend should open a data connection to.
+    Register(wire::Register),
+    /// The scheduler's heartbeat.
+    Heartbeat(wire::Heartbeat),
 }
 
 /// One finished batch, for observers and tests.
@@ -234,6 +251,9 @@ pub struct BatchWorker<C: Connection, E: Executor> {
     staging: Registration,
     scheduler: C,
     frontends: Vec<Option<C>>,
+    /// Ids of the frontends ever added (so a poll visits only those, not
+    /// all `max_frontends` entries).
+    active_frontends: Vec<u32>,
     slots: Vec<BatchSlot>,
     free_slots: usize,
     msg_in: Vec<u8>,
@@ -245,6 +265,9 @@ pub struct BatchWorker<C: Connection, E: Executor> {
     completions: Vec<Completion>,
     finished: Vec<Finished>,
     reports: VecDeque<BatchReport>,
+    control: VecDeque<ControlMessage>,
+    taking_plans: bool,
+    scheduler_heard: Instant,
     stats: WorkerStats,
 }
 
@@ -252,6 +275,9 @@ pub struct BatchWorker<C: Connection, E: Executor> {
 const PLANS_PER_POLL: usize = 8;
 /// Messages drained from each frontend per poll.
 const FRONTEND_MSGS_PER_POLL: usize = 8;
+/// Control messages held for the caller before the worker stops reading
+/// from the scheduler.
+pub const CONTROL_QUEUE_CAPACITY: usize = 64;
 
 fn wr_id(slot: usize, generation: u32, task: usize) -> u64 {
     (u64::from(generation) << 40) | ((slot as u64 & 0xffff) << 24) | (task as u64 & 0xff_ffff)
@@ -320,6 +346,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             staging,
             scheduler,
             frontends: (0..cfg.max_frontends).map(|_| None).collect(),
+            active_frontends: Vec::with_capacity(cfg.max_frontends as usize),
             slots,
             free_slots: cfg.batch_slots as usize,
             msg_in: vec![0; wire::MAX_MESSAGE_LEN],
@@ -331,6 +358,9 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             completions: vec![Completion::default(); 64],
             finished: vec![Finished::default(); 16],
             reports: VecDeque::with_capacity(cfg.report_capacity as usize),
+            control: VecDeque::with_capacity(CONTROL_QUEUE_CAPACITY),
+            taking_plans: true,
+            scheduler_heard: Instant::ZERO,
             stats: WorkerStats::default(),
             cfg,
         })
@@ -344,7 +374,11 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             .frontends
             .get_mut(id as usize)
             .ok_or(WorkerError::Config("frontend id >= max_frontends"))?;
-        Ok(slot.replace(conn))
+        let old = slot.replace(conn);
+        if old.is_none() && !self.active_frontends.contains(&id) {
+            self.active_frontends.push(id);
+        }
+        Ok(old)
     }
 
     /// The connection to frontend `id`.
@@ -370,6 +404,36 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
     /// The configuration.
     pub fn config(&self) -> &WorkerConfig {
         &self.cfg
+    }
+
+    /// The oldest scheduler control message (not a plan) not yet taken.
+    /// Callers should take them every pass: while
+    /// [`CONTROL_QUEUE_CAPACITY`] are held, nothing more is read from the
+    /// scheduler (plans included).
+    pub fn pop_control(&mut self) -> Option<ControlMessage> {
+        self.control.pop_front()
+    }
+
+    /// When a message (of any kind) last arrived from the scheduler, on the
+    /// clock of the `now` given to [`poll`](Self::poll); `Instant::ZERO`
+    /// before the first.
+    pub fn scheduler_heard_at(&self) -> Instant {
+        self.scheduler_heard
+    }
+
+    /// Whether new plans (and control messages) are read from the scheduler
+    /// (true at construction). A worker that is shutting down sets false
+    /// and polls until [`batches_in_flight`](Self::batches_in_flight) is 0:
+    /// the batches in hand finish, later plans stay in the transport.
+    pub fn set_taking_plans(&mut self, taking: bool) {
+        self.taking_plans = taking;
+    }
+
+    /// Whether every batch buffer is held, so nothing is read from the
+    /// scheduler until one frees (its silence then says nothing about its
+    /// liveness).
+    pub fn scheduler_backlogged(&self) -> bool {
+        self.free_slots == 0 || self.control.len() >= CONTROL_QUEUE_CAPACITY
     }
 
     /// The oldest finished-batch report not yet taken.
@@ -438,8 +502,11 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
 
     fn take_plans(&mut self, now: Instant) -> Result<bool, WorkerError> {
         let mut any = false;
+        if !self.taking_plans {
+            return Ok(false);
+        }
         for _ in 0..PLANS_PER_POLL {
-            if self.free_slots == 0 {
+            if self.free_slots == 0 || self.control.len() >= CONTROL_QUEUE_CAPACITY {
                 break;
             }
             let n = match self.scheduler.try_recv(&mut self.msg_in) {
@@ -449,8 +516,19 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
                 Err(e) => return Err(WorkerError::Transport(e)),
             };
             any = true;
+            self.scheduler_heard = now;
             let (head, tasks) = match wire::decode(&self.msg_in[..n]) {
                 Ok(Message::BatchPlan(h, t)) => (h, t),
+                Ok(Message::Register(r)) => {
+                    self.control.push_back(ControlMessage::Register(r));
+                    self.stats.control_messages += 1;
+                    continue;
+                }
+                Ok(Message::Heartbeat(h)) => {
+                    self.control.push_back(ControlMessage::Heartbeat(h));
+                    self.stats.control_messages += 1;
+                    continue;
+                }
                 Ok(_) => {
                     self.stats.ignored_messages += 1;
                     continue;
@@ -625,7 +703,8 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
 
     fn poll_frontends(&mut self) -> bool {
         let mut any = false;
-        for fi in 0..self.frontends.len() {
+        for k in 0..self.active_frontends.len() {
+            let fi = self.active_frontends[k] as usize;
             let Some(conn) = self.frontends[fi].as_mut() else {
                 continue;
             };

@@ -448,3 +448,109 @@ fn executor_trait_is_object_safe_enough_for_the_worker() {
     // The worker is generic; this only pins the trait's shape.
     fn _takes(_: &dyn Executor) {}
 }
+
+/// Scheduler messages that are not plans are handed to the caller in
+/// order (with the plans still executing); a full control queue stops the
+/// reading (back-pressure, nothing lost); a worker not taking plans leaves
+/// them in the transport.
+fn control_messages_reach_the_caller<N: Net>(net: N) {
+    use backend::{ControlMessage, CONTROL_QUEUE_CAPACITY};
+    use dataplane::wire::{self, Heartbeat, Register, Role};
+    let frontends = vec![Frontend::start(net, 1, 8, seed(), Mode::Serve)];
+    let mut rig = Rig::new(net, config(), 1, frontends);
+    let clock = MonotonicClock::new();
+    let send_control = |rig: &mut Rig<N>, k: u32| {
+        let mut buf = [0u8; 256];
+        let n = if k & 1 == 0 {
+            wire::encode(&mut buf, &Register::new(Role::Frontend, k, 0, "fe-addr")).unwrap()
+        } else {
+            let hb = Heartbeat {
+                seq: u64::from(k),
+                role: Role::Scheduler as u32,
+                id: 0,
+            };
+            wire::encode(&mut buf, &hb).unwrap()
+        };
+        let until = std::time::Instant::now() + TIMEOUT;
+        while rig.sched.send(&buf[..n]).is_err() {
+            let _ = rig.sched.progress();
+            assert!(
+                std::time::Instant::now() < until,
+                "control message not sent"
+            );
+            std::thread::yield_now();
+        }
+    };
+    let total = CONTROL_QUEUE_CAPACITY as u32 + 6;
+    for k in 0..total {
+        send_control(&mut rig, k);
+    }
+    let head = BatchPlanHead {
+        batch_id: 9,
+        exec_in_ns: 0,
+        model_id: 0,
+        gpu_id: 0,
+        count: 0,
+        reserved: 0,
+    };
+    let tasks: Vec<BatchTask> = (0..2).map(|k| task(&rig.frontends[0], k)).collect();
+    rig.send_plan(head, &tasks);
+    // Nobody pops: the worker reads until its control queue is full, then
+    // stops (the plan behind stays in the transport).
+    rig.run_until(|| clock.now(), |r| r.worker.scheduler_backlogged());
+    for _ in 0..50 {
+        rig.worker.poll(clock.now()).unwrap();
+    }
+    assert_eq!(
+        rig.worker.stats().control_messages,
+        CONTROL_QUEUE_CAPACITY as u64
+    );
+    assert_eq!(rig.worker.stats().plans, 0);
+    assert!(rig.worker.scheduler_heard_at() > Instant::ZERO);
+    let mut seen = 0u32;
+    let pop_all = |rig: &mut Rig<N>, seen: &mut u32| {
+        while let Some(m) = rig.worker.pop_control() {
+            match m {
+                ControlMessage::Register(r) => {
+                    assert_eq!(*seen & 1, 0);
+                    assert_eq!(
+                        (r.role(), r.id, r.endpoint()),
+                        (Some(Role::Frontend), *seen, "fe-addr")
+                    );
+                }
+                ControlMessage::Heartbeat(h) => assert_eq!(h.seq, u64::from(*seen)),
+            }
+            *seen += 1;
+        }
+    };
+    pop_all(&mut rig, &mut seen);
+    rig.run_until(|| clock.now(), |r| r.done.len() == 1);
+    pop_all(&mut rig, &mut seen);
+    assert_eq!(seen, total, "every control message, in order");
+    assert_eq!(rig.done[0].0.count, 2);
+    // Not taking plans: a new plan waits in the transport.
+    rig.worker.set_taking_plans(false);
+    let head2 = BatchPlanHead {
+        batch_id: 10,
+        ..head
+    };
+    rig.send_plan(head2, &tasks);
+    for _ in 0..200 {
+        rig.worker.poll(clock.now()).unwrap();
+        std::thread::yield_now();
+    }
+    assert_eq!(rig.worker.stats().plans, 1);
+    rig.worker.set_taking_plans(true);
+    rig.run_until(|| clock.now(), |r| r.done.len() == 2);
+    assert_eq!(rig.done[1].0.batch_id, 10);
+}
+
+#[test]
+fn shm_control_messages_reach_the_caller() {
+    control_messages_reach_the_caller(Shm);
+}
+
+#[test]
+fn tcp_control_messages_reach_the_caller() {
+    control_messages_reach_the_caller(Tcp);
+}
