@@ -99,6 +99,11 @@ pub struct Cli {
     /// Default 100.
     #[arg(long)]
     pub grace_ms: Option<u64>,
+    /// Part of each request's budget kept for the way back (the output's
+    /// trip to this frontend and the HTTP answer): the scheduler is given
+    /// the budget minus this, µs. Default 2000.
+    #[arg(long)]
+    pub return_margin_us: Option<u64>,
     /// HTTP worker threads. Default 2.
     #[arg(long)]
     pub http_threads: Option<usize>,
@@ -134,6 +139,7 @@ struct FileConfig {
     slots: Option<u32>,
     max_body: Option<usize>,
     grace_ms: Option<u64>,
+    return_margin_us: Option<u64>,
     http_threads: Option<usize>,
     heartbeat_ms: Option<u64>,
     dead_after_ms: Option<u64>,
@@ -166,6 +172,8 @@ pub struct Options {
     pub max_body: usize,
     /// Grace past a deadline.
     pub grace: Duration,
+    /// Budget kept for the way back.
+    pub return_margin: Duration,
     /// HTTP worker threads.
     pub http_threads: usize,
     /// Heartbeat interval.
@@ -280,6 +288,9 @@ impl Options {
             slots,
             max_body,
             grace: Duration::from_millis(cli.grace_ms.or(file.grace_ms).unwrap_or(100)),
+            return_margin: Duration::from_micros(
+                cli.return_margin_us.or(file.return_margin_us).unwrap_or(2000),
+            ),
             http_threads,
             heartbeat: Duration::from_millis(heartbeat_ms),
             dead_after: Duration::from_millis(dead_after_ms),
@@ -608,7 +619,8 @@ fn serve_http(
             metrics.clone(),
             opts.grace,
         )
-        .with_ready(ready.clone()),
+        .with_ready(ready.clone())
+        .with_return_margin(opts.return_margin),
     );
     let http_cfg = HttpConfig {
         max_body: opts.max_body,

@@ -135,6 +135,7 @@ pub struct ClusterService<S: TaskSink> {
     metrics: Arc<Metrics>,
     grace: Duration,
     ready: Arc<AtomicBool>,
+    return_margin: Duration,
 }
 
 impl<S: TaskSink> std::fmt::Debug for ClusterService<S> {
@@ -162,7 +163,16 @@ impl<S: TaskSink> ClusterService<S> {
             metrics,
             grace,
             ready: Arc::new(AtomicBool::new(true)),
+            return_margin: Duration::ZERO,
         }
+    }
+    /// Keeps `margin` of every request's budget for the way back: the
+    /// scheduler is told the budget minus `margin`, so a batch that
+    /// finishes at its deadline still leaves time for the output's trip
+    /// and the answer.
+    pub fn with_return_margin(mut self, margin: Duration) -> Self {
+        self.return_margin = margin;
+        self
     }
     /// Makes [`InferenceService::ready`] follow `flag` (a daemon is ready
     /// only while registered with the scheduler).
@@ -204,7 +214,7 @@ impl<S: TaskSink> InferenceService for ClusterService<S> {
         }
         let (task, ticket) = self
             .staging
-            .stage(model_id, input, budget)
+            .stage(model_id, input, budget.saturating_sub(self.return_margin))
             .map_err(|e| match e {
                 StageError::Full => SubmitError::Unavailable(e.to_string()),
                 StageError::TooLarge => SubmitError::BadInput(e.to_string()),

@@ -274,6 +274,12 @@ impl LocalCluster {
         };
         for b in 1..=spec.backends {
             let mut args = common(&spec.backend_flags);
+            if !spec.backend_flags.iter().any(|f| f == "--control-delay-us") {
+                // Plans say "start in exec_in" from the moment the scheduler
+                // sent them; the backend starts that long after receipt minus
+                // the control delay the scheduler charged (1 ms by default).
+                args.extend(["--control-delay-us".into(), "1000".into()]);
+            }
             args.extend([
                 "--id".into(),
                 b.to_string(),
@@ -327,13 +333,13 @@ impl LocalCluster {
     }
 
     /// Stops everything: frontends first (they answer what is in flight),
-    /// then the scheduler (drops what waits, lets running batches finish),
-    /// then the backends (they exit once the scheduler is gone; SIGTERM
-    /// otherwise). Returns an error naming every daemon that did not exit
-    /// cleanly.
+    /// then the scheduler and the backends together (the scheduler drops
+    /// what waits; backends finish the batches in hand). Returns an error
+    /// naming every daemon that did not exit cleanly (a backend killed on
+    /// purpose earlier is not checked).
     pub fn stop(mut self) -> Result<(), String> {
         let mut problems = Vec::new();
-        let check = |d: &mut Daemon, problems: &mut Vec<String>| match d.wait_or_kill(Duration::from_secs(10)) {
+        let check = |d: &mut Daemon, problems: &mut Vec<String>| match d.wait_or_kill(Duration::from_secs(15)) {
             Ok(s) if s.success() => {}
             Ok(s) => problems.push(format!("{} exited with {s}", d.name)),
             Err(e) => problems.push(e),
@@ -344,18 +350,18 @@ impl LocalCluster {
         for f in &mut self.frontends {
             check(f, &mut problems);
         }
+        let running: Vec<bool> = self.backends.iter_mut().map(|b| b.try_exit().is_none()).collect();
         self.scheduler.signal(libc::SIGTERM);
-        check(&mut self.scheduler, &mut problems);
-        for b in &self.backends {
-            if b.exited.is_none() {
+        for (b, up) in self.backends.iter().zip(&running) {
+            if *up {
                 b.signal(libc::SIGTERM);
             }
         }
-        for b in &mut self.backends {
-            if b.exited.is_some() {
-                continue; // killed on purpose earlier
+        check(&mut self.scheduler, &mut problems);
+        for (b, up) in self.backends.iter_mut().zip(running) {
+            if up {
+                check(b, &mut problems);
             }
-            check(b, &mut problems);
         }
         if problems.is_empty() {
             Ok(())

@@ -134,7 +134,7 @@ pub fn run_load(c: &LocalCluster, models: &[ModelSpec], rate: f64, secs: f64, se
     let entry = catalog.by_id(0).ok_or("no models")?;
     let cfg = LoadConfig {
         targets: c.http_addrs()?,
-        models: catalog.entries().iter().enumerate().map(|(i, e)| LoadModel::new(&e.name, i as u32)).collect(),
+        models: catalog.entries().iter().enumerate().map(|(i, e)| LoadModel::new(&e.spec.name, i as u32)).collect(),
         input_elements: (entry.input.byte_len() / 4) as usize,
         output_bytes: entry.output.byte_len() as usize,
         workload: Workload::poisson(rate),
@@ -162,8 +162,8 @@ pub fn run_load(c: &LocalCluster, models: &[ModelSpec], rate: f64, secs: f64, se
     };
     let mut worst: f64 = 0.0;
     for e in catalog.entries() {
-        let ok_name = format!("nv_inference_request_success{{model=\"{}\",version=\"1\"}}", e.name);
-        let fail_name = format!("nv_inference_request_failure{{model=\"{}\",version=\"1\"}}", e.name);
+        let ok_name = format!("nv_inference_request_success{{model=\"{}\",version=\"1\"}}", e.spec.name);
+        let fail_name = format!("nv_inference_request_failure{{model=\"{}\",version=\"1\"}}", e.spec.name);
         let d = |name: &str| -> f64 { after.fronts.iter().zip(&before.fronts).map(|(a, b)| m(a, name) - m(b, name)).sum() };
         let (ok, fail) = (d(&ok_name), d(&fail_name));
         if ok + fail > 0.0 {

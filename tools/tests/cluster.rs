@@ -35,7 +35,7 @@ fn load(c: &LocalCluster, rate: f64, secs: f64, seed: u64) -> LoadReport {
     let e = catalog.by_id(0).unwrap();
     let cfg = LoadConfig {
         targets: c.http_addrs().unwrap(),
-        models: catalog.entries().iter().enumerate().map(|(i, e)| LoadModel::new(&e.name, i as u32)).collect(),
+        models: catalog.entries().iter().enumerate().map(|(i, e)| LoadModel::new(&e.spec.name, i as u32)).collect(),
         input_elements: (e.input.byte_len() / 4) as usize,
         output_bytes: e.output.byte_len() as usize,
         workload: Workload::poisson(rate),

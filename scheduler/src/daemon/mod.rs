@@ -377,8 +377,10 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), String> {
             plane.on_wake(now);
             busy = true;
         }
-        io.liveness(now);
+        // The outbox first: a new peer's first message must be its ack,
+        // before any heartbeat.
         busy |= io.flush(&mut plane);
+        io.liveness(now);
         while !io.dead.is_empty() {
             io.bury(now, &mut plane);
             io.flush(&mut plane);
