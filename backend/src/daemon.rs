@@ -34,7 +34,7 @@ use dataplane::control::{
     self, connect_retrying, expect_register, flush_within, send_register, send_within,
     MetricsEndpoint, WithDomain,
 };
-use dataplane::idle::Idler;
+use dataplane::waitset::{IdleWait, Notifier};
 use dataplane::mem::{Access, Region};
 use dataplane::time::{Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Error, Registration};
@@ -285,6 +285,7 @@ fn spawn_connector<D: Domain>(
     domain: D,
     me: Register,
     timeout: Duration,
+    wake: Notifier,
 ) -> Result<Connector<D::Conn>, String> {
     let (req_tx, req_rx) = mpsc::channel::<(u32, String)>();
     let (done_tx, done_rx) = mpsc::channel::<Opened<D::Conn>>();
@@ -302,6 +303,7 @@ fn spawn_connector<D: Domain>(
                 if done_tx.send((fid, opened)).is_err() {
                     return;
                 }
+                wake.signal();
             }
         })
         .map_err(|e| format!("cannot start the connector thread: {e}"))?;
@@ -331,7 +333,8 @@ fn serve<D: Domain, E: Executor>(
     let endpoint = MetricsEndpoint::start(s.metrics, Arc::new(move || render.render()))
         .map_err(|e| format!("metrics endpoint on {}: {e}", s.metrics))?;
     let me = Register::new(Role::Backend, s.id, s.gpus, "");
-    let connector = spawn_connector(domain.clone(), me, s.connect_timeout)?;
+    let mut idle = IdleWait::new(s.idle).map_err(|e| format!("wait set: {e}"))?;
+    let connector = spawn_connector(domain.clone(), me, s.connect_timeout, idle.notifier())?;
     eprintln!(
         "symphony-backend[{}]: registered with {} over {} ({} GPUs, {} executor, {} of {} models); metrics on {}",
         s.id,
@@ -350,7 +353,7 @@ fn serve<D: Domain, E: Executor>(
         metrics: endpoint.addr(),
         gpus: s.gpus,
     });
-    let exit = run_loop(&mut worker, s, &metrics, launch.stop, &connector);
+    let exit = run_loop(&mut worker, s, &metrics, launch.stop, &connector, &mut idle);
     // Closing the request channel ends the connector thread once its
     // current attempt (if any) is over; it is not waited for.
     drop(connector);
@@ -377,6 +380,11 @@ struct Loop<C> {
     /// connection, when to replace anyway).
     pending: Vec<(u32, C, std::time::Instant)>,
     seen_heard: Instant,
+    /// Frontend connections installed in the worker, with a generation
+    /// that changes when a connection is replaced (its fd number may be
+    /// reused by the new one).
+    installed: Vec<(u32, u64)>,
+    generation: u64,
 }
 
 fn run_loop<C: Connection, E: Executor>(
@@ -385,9 +393,13 @@ fn run_loop<C: Connection, E: Executor>(
     metrics: &BackendMetrics,
     stop: &dyn Fn() -> bool,
     connector: &Connector<C>,
+    idler: &mut IdleWait,
 ) -> Result<Exit, String> {
     let clock = MonotonicClock::new();
-    let mut idler = Idler::new(s.idle);
+    // Live connections whose fds the idle wait sleeps on: (frontend id or
+    // u32::MAX for the scheduler, fd). A dead connection's fd stays
+    // readable for ever, so it leaves the set as soon as it is known dead.
+    let mut watched: Vec<(u32, std::os::fd::RawFd, u64)> = Vec::with_capacity(16);
     let mut liveness = control::Liveness::new(clock.now(), s.heartbeat, s.dead_after);
     let mut hb = [0u8; 64];
     let mut published = WorkerStats::default();
@@ -395,6 +407,8 @@ fn run_loop<C: Connection, E: Executor>(
         draining: None,
         pending: Vec::with_capacity(8),
         seen_heard: Instant::ZERO,
+        installed: Vec::with_capacity(16),
+        generation: 0,
     };
     loop {
         let now = clock.now();
@@ -515,7 +529,57 @@ fn run_loop<C: Connection, E: Executor>(
             if let Some(w) = worker.next_wakeup() {
                 wake = wake.min(w);
             }
-            idler.idle_within(wake.saturating_since(now), || false);
+            if let Some((_, deadline)) = &st.draining {
+                // Bounded: the drain deadline is checked on the next pass.
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                wake = wake.min(now + Duration::from_nanos(left.as_nanos() as u64));
+            }
+            sync_watched(worker, &st.installed, &mut watched, idler);
+            idler.idle(wake.saturating_since(now));
+        }
+    }
+}
+
+/// Makes the wait set hold exactly the live connections' fds.
+fn sync_watched<C: Connection, E: Executor>(
+    worker: &mut BatchWorker<C, E>,
+    frontends: &[(u32, u64)],
+    watched: &mut Vec<(u32, std::os::fd::RawFd, u64)>,
+    idler: &mut IdleWait,
+) {
+    let live = |worker: &mut BatchWorker<C, E>, who: u32| -> Option<std::os::fd::RawFd> {
+        let c = if who == u32::MAX {
+            Some(worker.scheduler())
+        } else {
+            worker.frontend(who)
+        }?;
+        if c.is_connected() {
+            c.wait_fd()
+        } else {
+            None
+        }
+    };
+    let generation = |who: u32| -> u64 {
+        frontends
+            .iter()
+            .find(|&&(f, _)| f == who)
+            .map_or(0, |&(_, g)| g)
+    };
+    watched.retain(|&(who, fd, g)| {
+        let keep = g == generation(who) && live(worker, who) == Some(fd);
+        if !keep {
+            idler.set().remove(fd);
+        }
+        keep
+    });
+    for who in std::iter::once(u32::MAX).chain(frontends.iter().map(|&(f, _)| f)) {
+        if watched.iter().any(|&(w, _, _)| w == who) {
+            continue;
+        }
+        if let Some(fd) = live(worker, who) {
+            if idler.set().add(fd).is_ok() {
+                watched.push((who, fd, generation(who)));
+            }
         }
     }
 }
@@ -602,6 +666,9 @@ fn install_pending<C: Connection, E: Executor>(
         let (fid, conn, _) = st.pending.swap_remove(k);
         match worker.add_frontend(fid, conn) {
             Ok(old) => {
+                st.generation += 1;
+                st.installed.retain(|&(f, _)| f != fid);
+                st.installed.push((fid, st.generation));
                 metrics
                     .frontends_connected
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -288,8 +288,12 @@ impl Liveness {
 
 // ---- idle strategies -----------------------------------------------------------
 
-/// Parses `spin`, `yield`, `park` (100 spins, 10 yields, then parks of at
-/// most 100 us) or `park:US` (parks of at most US microseconds).
+/// Parses an idle strategy: `spin` (never sleep: dedicated cores),
+/// `yield` (spin, then yield the CPU), `park` (100 spins, 10 yields, then
+/// sleep until a connection has work, another thread notifies, or the next
+/// timer is due, at most 100 ms at a time; see [`crate::waitset::IdleWait`])
+/// or `park:US` (the same with sleeps of at most US microseconds, for
+/// transports without a wait fd).
 pub fn parse_idle(s: &str) -> Result<IdleStrategy, String> {
     let park = |us: u64| IdleStrategy::SpinThenPark {
         spins: 100,
@@ -299,7 +303,7 @@ pub fn parse_idle(s: &str) -> Result<IdleStrategy, String> {
     match s {
         "spin" => Ok(IdleStrategy::Spin),
         "yield" => Ok(IdleStrategy::SpinThenYield { spins: 1000 }),
-        "park" => Ok(park(100)),
+        "park" => Ok(park(100_000)),
         _ => match s.strip_prefix("park:").map(str::parse::<u64>) {
             Some(Ok(us)) if (1..=1_000_000).contains(&us) => Ok(park(us)),
             _ => Err(format!(

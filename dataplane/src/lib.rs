@@ -13,5 +13,6 @@ pub mod spsc;
 pub mod time;
 pub mod timer;
 pub mod transport;
+pub mod waitset;
 pub mod wire;
 pub mod control;

@@ -23,7 +23,8 @@ use crate::staging::{RoutedOutcome, Staging, StagingConfig};
 use clap::Parser;
 use crossbeam_queue::ArrayQueue;
 use dataplane::control::{self, Liveness, MetricsEndpoint, TransportKind, WithDomain};
-use dataplane::idle::{IdleStrategy, Idler, Waker};
+use dataplane::idle::IdleStrategy;
+use dataplane::waitset::{IdleWait, Notifier};
 use dataplane::mem::Access;
 use dataplane::time::{Duration, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Error as TransportError, Listener, Registration};
@@ -74,7 +75,7 @@ pub struct Cli {
     /// shm, tcp, tcp-blocking or rdma. Default shm.
     #[arg(long)]
     pub transport: Option<String>,
-    /// I/O thread idle strategy: spin, yield, park, park:US. Default park:100.
+    /// I/O thread idle strategy: spin, yield, park, park:US. Default park.
     #[arg(long)]
     pub idle: Option<String>,
     /// Prometheus /metrics listen address. Default 127.0.0.1:0.
@@ -215,7 +216,7 @@ impl Options {
             .ok_or("--scheduler ADDR is required (the scheduler's control address)")?;
         let transport =
             TransportKind::parse(cli.transport.or(file.transport).as_deref().unwrap_or("shm"))?;
-        let idle = control::parse_idle(cli.idle.or(file.idle).as_deref().unwrap_or("park:100"))?;
+        let idle = control::parse_idle(cli.idle.or(file.idle).as_deref().unwrap_or("park"))?;
         let http = addr(
             "http",
             cli.http.or(file.http).as_deref().unwrap_or("127.0.0.1:0"),
@@ -416,7 +417,7 @@ impl DaemonStats {
 #[derive(Clone, Debug)]
 pub struct NetSink {
     queue: Arc<ArrayQueue<Task>>,
-    waker: Waker,
+    waker: Notifier,
     open: Arc<AtomicBool>,
     stats: Arc<DaemonStats>,
 }
@@ -430,7 +431,7 @@ impl TaskSink for NetSink {
             self.stats.queue_full.fetch_add(1, Ordering::Relaxed);
             return Err(SinkError("the queue to the scheduler is full".into()));
         }
-        self.waker.wake();
+        self.waker.notify();
         Ok(())
     }
 }
@@ -527,18 +528,18 @@ fn serve<D: Domain>(domain: D, opts: Options) -> Result<(), String> {
     let open = Arc::new(AtomicBool::new(true));
     let stop_io = Arc::new(AtomicBool::new(false));
     let stop_accept = Arc::new(AtomicBool::new(false));
-    let idler = Idler::new(opts.idle);
+    let idler = IdleWait::new(opts.idle).map_err(|e| format!("wait set: {e}"))?;
     let queue = Arc::new(ArrayQueue::new(opts.queue));
     let sink = NetSink {
         queue: queue.clone(),
-        waker: idler.waker(),
+        waker: idler.notifier(),
         open: open.clone(),
         stats: stats.clone(),
     };
 
     let (conn_tx, conn_rx) = mpsc::channel();
     let acceptor = {
-        let (stop, waker) = (stop_accept.clone(), idler.waker());
+        let (stop, waker) = (stop_accept.clone(), idler.notifier());
         std::thread::Builder::new()
             .name("frontend-accept".into())
             .spawn(move || accept_backends(listener, conn_tx, stop, waker))
@@ -546,6 +547,7 @@ fn serve<D: Domain>(domain: D, opts: Options) -> Result<(), String> {
     };
 
     let (done_tx, done_rx) = mpsc::channel();
+    let io_wake = idler.notifier();
     let io = IoThread {
         domain,
         reg,
@@ -571,11 +573,11 @@ fn serve<D: Domain>(domain: D, opts: Options) -> Result<(), String> {
         .map_err(|e| format!("I/O thread: {e}"))?;
 
     let result = serve_http(
-        &opts, catalog, staging, sink, ready, &stats, &data_addr, &done_rx, &stop_io, &io_thread,
+        &opts, catalog, staging, sink, ready, &stats, &data_addr, &done_rx, &stop_io, &io_wake,
     );
     stop_io.store(true, Ordering::SeqCst);
     stop_accept.store(true, Ordering::SeqCst);
-    io_thread.thread().unpark();
+    io_wake.signal();
     let _ = io_thread.join();
     let _ = acceptor.join();
     result
@@ -594,7 +596,7 @@ fn serve_http(
     data_addr: &str,
     done_rx: &mpsc::Receiver<Result<(), String>>,
     stop_io: &AtomicBool,
-    io_thread: &std::thread::JoinHandle<()>,
+    io_wake: &Notifier,
 ) -> Result<(), String> {
     let max_slo_ms = catalog
         .entries()
@@ -678,7 +680,7 @@ fn serve_http(
     }
     if io_result.is_none() {
         stop_io.store(true, Ordering::SeqCst);
-        io_thread.thread().unpark();
+        io_wake.signal();
         io_result = done_rx.recv_timeout(std::time::Duration::from_secs(5)).ok();
     }
     // Anything staged after the I/O thread's last pass.
@@ -703,7 +705,7 @@ fn accept_backends<L: Listener>(
     mut listener: L,
     tx: mpsc::Sender<(u32, L::Conn)>,
     stop: Arc<AtomicBool>,
-    waker: Waker,
+    waker: Notifier,
 ) {
     while !stop.load(Ordering::SeqCst) {
         match listener.accept(Duration::from_millis(100)) {
@@ -712,7 +714,7 @@ fn accept_backends<L: Listener>(
                     if tx.send((r.id, conn)).is_err() {
                         return;
                     }
-                    waker.wake();
+                    waker.signal();
                 }
                 Ok(r) => eprintln!(
                     "symphony-frontend: refused a data connection registering as role {} (not a backend)",
@@ -742,7 +744,7 @@ struct IoThread<D: Domain> {
     incoming: mpsc::Receiver<(u32, D::Conn)>,
     queue: Arc<ArrayQueue<Task>>,
     staging: Arc<Staging>,
-    idler: Idler,
+    idler: IdleWait,
     id: u16,
     heartbeat: Duration,
     dead_after: Duration,
@@ -781,6 +783,9 @@ impl<D: Domain> IoThread<D> {
     }
 
     fn poll_loop(&mut self, backends: &mut Vec<(u32, D::Conn)>) -> Ended {
+        if let Some(fd) = self.sched.wait_fd() {
+            let _ = self.idler.set().add(fd);
+        }
         let clock = MonotonicClock::new();
         let mut live = Liveness::new(clock.now(), self.heartbeat, self.dead_after);
         let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN].into_boxed_slice();
@@ -877,7 +882,10 @@ impl<D: Domain> IoThread<D> {
                             "symphony-frontend {}: backend {} data connection closed: {e}",
                             self.id, backends[i].0
                         );
-                        backends.swap_remove(i);
+                        let (_, gone) = backends.swap_remove(i);
+                        if let Some(fd) = gone.wait_fd() {
+                            self.idler.set().remove(fd);
+                        }
                         self.stats.backends_lost.fetch_add(1, Ordering::Relaxed);
                         self.stats
                             .backends
@@ -888,7 +896,15 @@ impl<D: Domain> IoThread<D> {
             while let Ok((bid, conn)) = self.incoming.try_recv() {
                 work = true;
                 // A backend that reconnects replaces its old connection.
+                for (_, old) in backends.iter().filter(|(b, _)| *b == bid) {
+                    if let Some(fd) = old.wait_fd() {
+                        self.idler.set().remove(fd);
+                    }
+                }
                 backends.retain(|(b, _)| *b != bid);
+                if let Some(fd) = conn.wait_fd() {
+                    let _ = self.idler.set().add(fd);
+                }
                 backends.push((bid, conn));
                 self.stats
                     .backends
@@ -902,7 +918,7 @@ impl<D: Domain> IoThread<D> {
                 let queue = &self.queue;
                 let stop = &self.stop;
                 self.idler
-                    .idle_within(budget, || !queue.is_empty() || stop.load(Ordering::Acquire));
+                    .idle_unless(budget, || !queue.is_empty() || stop.load(Ordering::Acquire));
             }
         }
     }

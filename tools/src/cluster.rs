@@ -66,7 +66,7 @@ impl ClusterSpec {
             frontends: 2,
             backends: 2,
             gpus_per_backend: 1,
-            idle: "park:100".into(),
+            idle: "park".into(),
             scheduler_flags: Vec::new(),
             frontend_flags: Vec::new(),
             backend_flags: Vec::new(),

@@ -36,6 +36,9 @@ enum Cmd {
         /// The cluster's models: all, strong, weak, or NAME,NAME,...
         #[arg(long, default_value = "ResNet50,VGG16")]
         models: String,
+        /// Extra model NAME=ALPHA_MS,BETA_MS,SLO_MS (repeatable).
+        #[arg(long = "model")]
+        model: Vec<String>,
         /// Frontend processes.
         #[arg(long, default_value_t = 2)]
         frontends: u32,
@@ -61,7 +64,7 @@ enum Cmd {
         #[arg(long)]
         serve: bool,
         /// Idle strategy of every daemon: spin, yield, park, park:US.
-        #[arg(long, default_value = "park:100")]
+        #[arg(long, default_value = "park")]
         idle: String,
         /// Write SVG figures into this directory.
         #[arg(long)]
@@ -94,7 +97,7 @@ enum Cmd {
         #[arg(long, default_value = "shm")]
         transport: String,
         /// Idle strategy of every daemon.
-        #[arg(long, default_value = "park:100")]
+        #[arg(long, default_value = "park")]
         idle: String,
         /// Seconds per load run.
         #[arg(long = "run-s", default_value_t = 6.0)]
@@ -327,8 +330,8 @@ fn run(cmd: Cmd) -> Result<(), String> {
             Ok(())
         }
         Cmd::Example { policy, skip, requests, gather, json } => example::run(&policy, &skip, requests, &gather, json),
-        Cmd::Up { zoo, models, frontends, backends, gpus_per_backend, transport, load, rate, duration_s, serve, idle, plot, json, seed } => {
-            up::run(&up::UpArgs { zoo, models, frontends, backends, gpus_per_backend, transport, load, rate, duration_s, serve, idle, plot, json, seed })
+        Cmd::Up { zoo, models, model, frontends, backends, gpus_per_backend, transport, load, rate, duration_s, serve, idle, plot, json, seed } => {
+            up::run(&up::UpArgs { zoo, models, extra: model, frontends, backends, gpus_per_backend, transport, load, rate, duration_s, serve, idle, plot, json, seed })
         }
         Cmd::E2e { zoo, models, frontends, backends, gpus_per_backend, transport, idle, run_s, steps, seed, json } => {
             up::e2e(&up::E2eArgs { zoo, models, frontends, backends, gpus_per_backend, transport, idle, run_s, steps, seed, json })

@@ -26,6 +26,7 @@ use crate::plot;
 pub struct UpArgs {
     pub zoo: String,
     pub models: String,
+    pub extra: Vec<String>,
     pub frontends: u32,
     pub backends: u32,
     pub gpus_per_backend: u32,
@@ -94,15 +95,34 @@ pub struct E2eRun {
     pub accounted: bool,
     pub advice_add_gpus: f64,
     pub advice_remove_gpus: f64,
+    /// Where the bad requests went: dropped by the scheduler (deadline),
+    /// dropped for other reasons, failed at the frontends (outcome after
+    /// the deadline, or a backend failure), and batches that started late
+    /// at the backends.
+    pub scheduler_deadline_drops: f64,
+    pub frontend_dropped: f64,
+    pub frontend_failed: f64,
+    pub backend_late_starts: f64,
+    pub backend_batches: f64,
 }
 
 struct Scrape {
     sched: String,
     fronts: Vec<String>,
+    backs: Vec<String>,
 }
 
 fn scrape(c: &LocalCluster) -> Result<Scrape, String> {
-    Ok(Scrape { sched: c.scheduler.metrics()?, fronts: c.frontends.iter().map(|f| f.metrics()).collect::<Result<_, _>>()? })
+    Ok(Scrape {
+        sched: c.scheduler.metrics()?,
+        fronts: c.frontends.iter().map(|f| f.metrics()).collect::<Result<_, _>>()?,
+        // A backend killed on purpose has no metrics: count it as empty.
+        backs: c.backends.iter().map(|b| b.metrics().unwrap_or_default()).collect(),
+    })
+}
+
+fn sum_delta(after: &[String], before: &[String], name: &str) -> f64 {
+    after.iter().zip(before).map(|(a, b)| m(a, name) - m(b, name)).sum()
 }
 
 fn m(text: &str, name: &str) -> f64 {
@@ -197,6 +217,11 @@ pub fn run_load(c: &LocalCluster, models: &[ModelSpec], rate: f64, secs: f64, se
         accounted,
         advice_add_gpus: advice.add_gpus,
         advice_remove_gpus: advice.remove_gpus,
+        scheduler_deadline_drops: delta("symphony_tasks_dropped_total{reason=\"deadline\"}"),
+        frontend_dropped: sum_delta(&after.fronts, &before.fronts, "symphony_requests_dropped_total"),
+        frontend_failed: sum_delta(&after.fronts, &before.fronts, "symphony_requests_failed_total"),
+        backend_late_starts: sum_delta(&after.backs, &before.backs, "symphony_backend_late_starts_total"),
+        backend_batches: sum_delta(&after.backs, &before.backs, "symphony_backend_batches_executed_total"),
     })
 }
 
@@ -209,7 +234,7 @@ fn advice_text(add: f64, remove: f64) -> String {
 }
 
 pub fn run(a: &UpArgs) -> Result<(), String> {
-    let models = scheduler::daemon::cluster_models(&a.zoo, &a.models, &[])?;
+    let models = scheduler::daemon::cluster_models(&a.zoo, &a.models, &a.extra)?;
     if a.frontends == 0 || a.backends == 0 || a.gpus_per_backend == 0 {
         return Err("need at least one frontend, one backend and one GPU per backend".into());
     }
@@ -221,7 +246,13 @@ pub fn run(a: &UpArgs) -> Result<(), String> {
     }
     control::install_stop_signals()?;
     let gpus = a.backends * a.gpus_per_backend;
-    let spec = spec(&a.zoo, &a.models, a.frontends, a.backends, a.gpus_per_backend, &a.transport, &a.idle)?;
+    let mut spec = spec(&a.zoo, &a.models, a.frontends, a.backends, a.gpus_per_backend, &a.transport, &a.idle)?;
+    spec.extra = a.extra.clone();
+    if a.serve {
+        // Outside clients measure their own latency; answer a late result
+        // rather than turning it into an error.
+        spec.frontend_flags.clear();
+    }
     eprintln!(
         "symphony up: scheduler + {} frontends + {} backends x {} emulated GPUs over {}; {} models ({} zoo); logs in {}",
         a.frontends,
@@ -291,6 +322,10 @@ pub fn run(a: &UpArgs) -> Result<(), String> {
         "latency of successes (ms): p50 {:.1} p99 {:.1} p99.9 {:.1}; wrong client {}, wrong output {}; every request accounted for: {}",
         e.latency_ok_ms[0], e.latency_ok_ms[2], e.latency_ok_ms[3], e.wrong_client, e.wrong_output, e.accounted
     );
+    println!(
+        "bad requests: {:.0} dropped by the scheduler at their deadline, {:.0} dropped in all, {:.0} failed at the frontends (late or lost); {:.0} of {:.0} batches started late",
+        e.scheduler_deadline_drops, e.frontend_dropped, e.frontend_failed, e.backend_late_starts, e.backend_batches
+    );
     println!("scheduler-only goodput of this cluster (simulated): {s_goodput:.0} rps");
     if e.wrong_client > 0 || e.wrong_output > 0 || !e.accounted {
         return Err("accounting or routing check failed (see above)".into());
@@ -356,10 +391,14 @@ pub fn e2e(a: &E2eArgs) -> Result<(), String> {
         let sched = cluster.scheduler.metrics()?;
         let pass = r.bad_rate <= 0.01 && r.worst_model_bad_rate <= 0.01;
         eprintln!(
-            "  rate {rate:.0}: goodput {:.0} bad {:.2}% worst model {:.2}% median batch {} busy {:.0}% p99 {:.1} ms -> {}; CPU cores: loadgen {me:.2}, {}",
+            "  rate {rate:.0}: goodput {:.0} bad {:.2}% worst model {:.2}% (sched deadline drops {:.0}, frontend failed {:.0}, late batches {:.0}/{:.0}) median batch {} busy {:.0}% p99 {:.1} ms -> {}; CPU cores: loadgen {me:.2}, {}",
             r.goodput_rps,
             r.bad_rate * 100.0,
             r.worst_model_bad_rate * 100.0,
+            r.scheduler_deadline_drops,
+            r.frontend_failed,
+            r.backend_late_starts,
+            r.backend_batches,
             r.median_batch,
             r.gpu_busy_fraction * 100.0,
             r.latency_ok_ms[2],

@@ -62,6 +62,8 @@ fn bad_input_is_a_clear_error() {
         (vec!["sim", "--zoo", "a100", "--rate", "10", "--network-delay", "/nonexistent.toml"], "cannot read"),
         (vec!["sim", "--rate", "10"], "no models"),
         (vec!["report", "nope"], "unknown report"),
+        (vec!["daemon", "nope"], "unknown role"),
+        (vec!["daemon", "scheduler", "--transport", "udp"], "unknown transport"),
     ] {
         let (code, _, err) = symphony(&args);
         assert_eq!(code, 2, "{args:?}: {err}");

@@ -92,7 +92,9 @@ fn check_accounting(c: &LocalCluster, reports: &[&LoadReport]) {
         assert_eq!(r.wrong_id, 0, "a response went to the wrong client: {r}");
         assert_eq!(r.wrong_output, 0, "a response carried another input's output: {r}");
         assert_eq!(r.transport_errors, 0, "{r}");
-        assert_eq!(r.server_errors, 0, "{r}");
+        // 503 (dropped, or no outcome by the deadline) and 500 (failed at
+        // a backend: a lost batch, an input that could not be fetched in
+        // time) are outcomes; a 4xx would be this client's fault.
         assert_eq!(r.client_errors, 0, "{r}");
     }
     assert_eq!(succeeded, ok as f64, "the client's 200s are the frontends' successes");

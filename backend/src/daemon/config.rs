@@ -227,7 +227,7 @@ impl Args {
             .scheduler
             .ok_or("missing --scheduler ADDR (the scheduler's control address)")?;
         let transport = TransportKind::parse(self.transport.as_deref().unwrap_or("shm"))?;
-        let idle = parse_idle(self.idle.as_deref().unwrap_or("park:100"))?;
+        let idle = parse_idle(self.idle.as_deref().unwrap_or("park"))?;
         let metrics_text = self.metrics.as_deref().unwrap_or("127.0.0.1:0");
         let metrics: SocketAddr = metrics_text
             .parse()

@@ -413,6 +413,16 @@ pub trait Connection: Send {
         let _ = timeout;
         Ok(false)
     }
+
+    /// A file descriptor that polls readable (level-triggered) whenever
+    /// this connection may have work, so one thread can sleep on many
+    /// connections at once (see [`crate::waitset::WaitSet`]); `None` if the
+    /// transport has none (the caller then backs off on a timer). As with
+    /// [`wait`](Self::wait), poll the connection before sleeping: a
+    /// transport may only arm its receive during a poll.
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 /// Retries [`Domain::deregister`] while it says `Busy`, polling `conns`

@@ -583,4 +583,9 @@ impl Connection for ShmConn {
         let t = std::time::Duration::from_nanos(timeout.as_nanos());
         self.stream.wait(t).map(|()| true)
     }
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        // READs complete inside post_read; the control stream is the only
+        // source of work.
+        Some(self.stream.wait_fd())
+    }
 }

@@ -619,6 +619,18 @@ impl Stream {
         }
     }
 
+    /// A file descriptor that polls readable (level-triggered) whenever
+    /// [`wait`](Self::wait) would return: the socket for plain syscalls,
+    /// the ring for io_uring (its completion queue: the ring consumes the
+    /// socket's bytes itself, so the socket's readiness would race it).
+    pub(crate) fn wait_fd(&self) -> RawFd {
+        use std::os::fd::AsRawFd;
+        match &self.io {
+            ByteIo::Std(s) => s.fd,
+            ByteIo::Uring(u) => u.ring.as_raw_fd(),
+        }
+    }
+
     /// Blocks up to `timeout` until the kernel reports something for this
     /// stream (see `Connection::wait`). Returns at once when work is already
     /// pending: a message in the inbox, a completion to hand out, bytes not

@@ -296,6 +296,9 @@ impl Connection for TcpConn {
     fn wait(&mut self, timeout: Duration) -> Result<bool, Error> {
         self.stream.wait(to_std(timeout)).map(|()| true)
     }
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.stream.wait_fd())
+    }
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use dataplane::control::{self, Liveness, MetricsEndpoint, TransportKind, WithDomain};
-use dataplane::idle::Idler;
+use dataplane::waitset::IdleWait;
 use dataplane::time::{Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Error, Listener};
 use dataplane::wire::{self, Message, Role};
@@ -77,7 +77,7 @@ pub struct SchedulerArgs {
     /// A peer silent this long is dead, ms [default: 1000].
     #[arg(long)]
     pub dead_after_ms: Option<u64>,
-    /// Idle strategy: spin, yield, park, park:US [default: park:100].
+    /// Idle strategy: spin, yield, park, park:US [default: park].
     #[arg(long)]
     pub idle: Option<String>,
     /// Prometheus /metrics address [default: 127.0.0.1:0].
@@ -216,7 +216,7 @@ impl SchedulerArgs {
         if heartbeat_ms == 0 || dead_ms <= heartbeat_ms {
             return Err("need 0 < --heartbeat-ms < --dead-after-ms".into());
         }
-        let idle = control::parse_idle(a.idle.or(file.idle).as_deref().unwrap_or("park:100"))?;
+        let idle = control::parse_idle(a.idle.or(file.idle).as_deref().unwrap_or("park"))?;
         let metrics = a
             .metrics
             .or(file.metrics)
@@ -241,7 +241,8 @@ impl SchedulerArgs {
 
 /// Entry point of the `symphony-scheduler` binary (and of `symphony
 /// daemon scheduler`): parses `args` (program name first), runs until
-/// SIGINT/SIGTERM, returns the exit code.
+/// SIGINT/SIGTERM. Exit codes: 0 after a stop signal, 2 for a bad command
+/// line or configuration, 1 for a failure at run time.
 pub fn main_with_args(args: Vec<String>) -> std::process::ExitCode {
     let parsed = match SchedulerArgs::try_parse_from(args) {
         Ok(a) => a,
@@ -253,10 +254,15 @@ pub fn main_with_args(args: Vec<String>) -> std::process::ExitCode {
     if parsed.exit_with_parent {
         control::terminate_with_parent();
     }
-    let result = parsed.resolve().and_then(|cfg| {
-        control::install_stop_signals()?;
-        control::with_domain(cfg.transport, Serve(cfg))?
-    });
+    let cfg = match parsed.resolve() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("symphony-scheduler: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let result = control::install_stop_signals()
+        .and_then(|()| control::with_domain(cfg.transport, Serve(cfg))?);
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -305,6 +311,8 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), String> {
         .map_err(|e| format!("cannot serve metrics on {}: {e}", cfg.metrics))?;
     let mut plane = ControlPlane::new(cfg.models.clone(), &cfg.subclusters, cfg.core, metrics.clone())?;
 
+    let mut idle = IdleWait::new(cfg.idle).map_err(|e| format!("cannot create the wait set: {e}"))?;
+    let wake = idle.set().notifier();
     let stop_accepting = Arc::new(AtomicBool::new(false));
     let (tx, rx) = mpsc::channel::<D::Conn>();
     let flag = stop_accepting.clone();
@@ -317,6 +325,7 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), String> {
                         if tx.send(c).is_err() {
                             break;
                         }
+                        wake.signal();
                     }
                     Err(Error::Timeout) => {}
                     Err(e) => {
@@ -350,8 +359,8 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), String> {
         ids: Vec::new(),
         cfg: cfg.clone(),
         metrics: metrics.clone(),
+        idle,
     };
-    let mut idler = Idler::new(cfg.idle);
     let mut last = clock.now();
     let mut drain_until: Option<Instant> = None;
     loop {
@@ -364,6 +373,7 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), String> {
         last = now;
         let mut busy = false;
         while let Ok(c) = rx.try_recv() {
+            io.watch(&c);
             io.pending.push(Pending {
                 conn: c,
                 since: now,
@@ -396,14 +406,14 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), String> {
             _ => {}
         }
         if busy {
-            idler.reset();
+            io.idle.reset();
         } else {
-            let next = [plane.poll_at(), io.next_heartbeat()]
+            let next = [plane.poll_at(), io.next_heartbeat(), drain_until]
                 .into_iter()
                 .flatten()
                 .min()
-                .unwrap_or(now + Duration::from_millis(10));
-            idler.idle_within(next.saturating_since(clock.now()), || false);
+                .unwrap_or(now + Duration::from_millis(100));
+            io.idle.idle(next.saturating_since(clock.now()));
         }
     }
     stop_accepting.store(true, Ordering::SeqCst);
@@ -427,9 +437,31 @@ struct Io<C: Connection> {
     ids: Vec<u32>,
     cfg: SchedulerConfig,
     metrics: Arc<SchedulerMetrics>,
+    /// Idle strategy and the wait set over every connection.
+    idle: IdleWait,
 }
 
 impl<C: Connection> Io<C> {
+    /// Wakes the idle loop when `conn` has work.
+    fn watch(&mut self, conn: &C) {
+        if let Some(fd) = conn.wait_fd() {
+            let _ = self.idle.set().add(fd);
+        }
+    }
+
+    /// Stops watching `conn` (before it is dropped).
+    fn unwatch(&mut self, conn: &C) {
+        if let Some(fd) = conn.wait_fd() {
+            self.idle.set().remove(fd);
+        }
+    }
+
+    /// Drops pending connection `i`.
+    fn drop_pending(&mut self, i: usize) {
+        let p = self.pending.swap_remove(i);
+        self.unwatch(&p.conn);
+    }
+
     fn new_link(&self, conn: C, now: Instant) -> Link<C> {
         Link {
             conn,
@@ -449,14 +481,14 @@ impl<C: Connection> Io<C> {
                 Ok(None) => None,
                 Err(e) => {
                     eprintln!("symphony-scheduler: a registering peer failed: {e}");
-                    self.pending.swap_remove(i);
+                    self.drop_pending(i);
                     continue;
                 }
             };
             let Some(n) = got else {
                 if now.saturating_since(p.since) > HANDSHAKE {
                     eprintln!("symphony-scheduler: a peer did not register within {HANDSHAKE:?}");
-                    self.pending.swap_remove(i);
+                    self.drop_pending(i);
                     self.metrics.refused.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
@@ -510,7 +542,7 @@ impl<C: Connection> Io<C> {
                 Some(Err(why)) => {
                     eprintln!("symphony-scheduler: registration refused: {why}");
                     self.metrics.refused.fetch_add(1, Ordering::Relaxed);
-                    self.pending.swap_remove(i);
+                    self.drop_pending(i);
                 }
             }
         }
@@ -631,6 +663,9 @@ impl<C: Connection> Io<C> {
             return false;
         }
         for (peer, msg) in out.iter() {
+            if self.dead.contains(&peer) {
+                continue;
+            }
             let Some(link) = (match peer {
                 PeerId::Frontend(id) => self.frontends.get_mut(&id),
                 PeerId::Backend(id) => self.backends.get_mut(&id),
@@ -651,14 +686,16 @@ impl<C: Connection> Io<C> {
         while let Some(p) = self.dead.pop() {
             match p {
                 PeerId::Frontend(id) => {
-                    if self.frontends.remove(&id).is_some() {
+                    if let Some(l) = self.frontends.remove(&id) {
+                        self.unwatch(&l.conn);
                         eprintln!("symphony-scheduler: frontend {id} is gone");
                         self.metrics.frontend_deaths.fetch_add(1, Ordering::Relaxed);
                         plane.frontend_left(id);
                     }
                 }
                 PeerId::Backend(id) => {
-                    if self.backends.remove(&id).is_some() {
+                    if let Some(l) = self.backends.remove(&id) {
+                        self.unwatch(&l.conn);
                         eprintln!(
                             "symphony-scheduler: backend {id} is gone; failing back its batches"
                         );

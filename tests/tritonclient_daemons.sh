@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Triton's own Python client (tritonclient[http]) against the real daemons:
+# `symphony up --serve` (scheduler, two frontends, two emulated-GPU backends
+# as processes over shm), the same tests as frontend/tests/python against
+# frontend 1, then Ctrl-C (SIGINT) and a check that every process exited
+# cleanly. Bounded in time; leaves no process behind.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
+PY="${PYTHON:-python3}"
+"$PY" -c "import tritonclient.http, numpy" 2>/dev/null || timeout 600 "$PY" -m pip install -q "tritonclient[http]"
+(cd "$root" && timeout 900 cargo build -q --release -p tools --bin symphony)
+bin="$CARGO_TARGET_DIR/release/symphony"
+tmp="$(mktemp -d)"
+# tc_model has a 200 ms SLO so that a loaded 2-core machine cannot turn the
+# functional tests into drops; ResNet50 is what the metadata test looks up.
+"$bin" up --serve --models ResNet50,DenseNet121 --model tc_model=0.268,5.172,200 >"$tmp/out" 2>"$tmp/err" &
+up=$!
+cleanup() {
+    kill -INT "$up" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$up" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$up" 2>/dev/null || true
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+url=""
+for _ in $(seq 600); do
+    url="$(sed -n 's|^frontend 1: http://\([0-9.:]*\) .*|\1|p' "$tmp/out")"
+    [ -n "$url" ] && break
+    kill -0 "$up" 2>/dev/null || { cat "$tmp/err"; exit 1; }
+    sleep 0.1
+done
+[ -n "$url" ] || { echo "symphony up --serve did not print an address"; cat "$tmp/err"; exit 1; }
+echo "daemons up; frontend 1 at $url"
+export SYMPHONY_URL="$url" SYMPHONY_MODEL=tc_model SYMPHONY_MODEL_ID=2
+if "$PY" -c "import pytest" 2>/dev/null; then
+    timeout 300 "$PY" -m pytest -q "$root/frontend/tests/python/test_tritonclient.py"
+else
+    timeout 300 "$PY" "$root/frontend/tests/python/test_tritonclient.py"
+fi
+kill -INT "$up"
+status=0
+wait "$up" || status=$?
+[ "$status" = 0 ] || { echo "symphony up exited with $status after Ctrl-C"; cat "$tmp/err"; exit 1; }
+echo "tritonclient against the daemons: ok; clean shutdown"
