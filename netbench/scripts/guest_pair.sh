@@ -12,6 +12,16 @@ STEPS=${PAIR_STEPS:-paper lat cal}
 has() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 CONC=""
 [ -n "${PAIR_CONC:-}" ] && CONC="--concurrency $PAIR_CONC"
+# rxe's counters (retries, duplicate requests) and the NIC's drops tell loss and timeouts apart.
+counters() {
+  d=/sys/class/infiniband/${SR_DEV:-rxe0}/ports/1/hw_counters
+  [ -d "$d" ] || return 0
+  printf 'RXE_COUNTERS %s' "$SR_ROLE"
+  for f in "$d"/*; do v=$(cat "$f"); [ "$v" = 0 ] || printf ' %s=%s' "${f##*/}" "$v"; done
+  s=/sys/class/net/eth0/statistics
+  [ -d $s ] && printf ' eth0_rx_packets=%s eth0_rx_dropped=%s' "$(cat $s/rx_packets)" "$(cat $s/rx_dropped)"
+  echo
+}
 case $SR_ROLE in
   server)
     pids=""
@@ -29,6 +39,7 @@ case $SR_ROLE in
     done
     rc=0
     for p in $pids; do wait $p || rc=1; done
+    counters
     exit $rc ;;
   client)
     peers=""
@@ -60,13 +71,14 @@ case $SR_ROLE in
       echo "== warm-up client for server 0's count"
       ./netbench incast -t rdma --peers "$SR_PEER:$PORT0" --objects 8 --size 150KiB --iters 1 --warmup 0 >/dev/null || fail=1
     fi
-    has cal || exit $fail
+    has cal || { counters; exit $fail; }
     echo "== calibration against server 0 (spinning)"
     if ./netbench calibrate -t rdma --peers "$SR_PEER:$PORT0" --objects 8 --size 150KiB --iters "${CAL_ITERS:-300}" \
          --batches 1,2,4,8 --percentile 99.99 --out /tmp/pair.toml \
          --fabric "rdma, Soft-RoCE between two QEMU/TCG guests (1 vCPU each), 1 spinning server x 8 objects x 150 KiB"; then
       echo "=== BEGIN rdma-softroce-pair.toml"; cat /tmp/pair.toml; echo "=== END rdma-softroce-pair.toml"
     else fail=1; fi
+    counters
     exit $fail ;;
   *) echo "guest_pair.sh: unexpected role $SR_ROLE"; exit 2 ;;
 esac

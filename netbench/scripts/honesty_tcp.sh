@@ -2,10 +2,11 @@
 # netbench/scripts/honesty_tcp.sh [ROUNDS] - is netbench's TCP round trip honest?
 #
 # Side by side on loopback, interleaved ROUNDS times (default 3), the same 32-byte message:
-#   netbench ctrl_rtt (tcp-blocking and tcp/io_uring; one local server that blocks in the kernel
-#   when idle, a busy-polling reader; and tcp-blocking with a busy-polling server), sockperf
-#   ping-pong --tcp (reader and server wait in epoll_wait), and qperf tcp_lat (it reports RTT/2:
-#   doubled here; it gives means only).
+#   netbench ctrl_rtt with both sides sleeping in the kernel as sockperf's and qperf's do
+#   (--reader-idle block, --server-idle block) on tcp-blocking and tcp/io_uring; for reference
+#   netbench tcp-blocking with a busy-polling reader (the data path's default) and with both
+#   sides busy-polling; sockperf ping-pong --tcp (client and server block in recvfrom), and
+#   qperf tcp_lat (it reports RTT/2: doubled here; it gives means only).
 # Prints one line per round and a summary of medians (microseconds, round trip).
 # Needs: apt-get install sockperf qperf. NETBENCH=path to the binary (default: release build).
 set -euo pipefail
@@ -25,7 +26,7 @@ qperf --listen_port "$QP_PORT" >/dev/null 2>&1 & QP_PID=$!
 trap 'kill $SP_PID $QP_PID 2>/dev/null || true' EXIT
 sleep 1   # both servers bind within milliseconds; their clients also retry/fail loudly
 
-nb() { "$B" local -t "$1" --server-idle "${2:-block}" --servers 1 --objects 1 --size 64 --iters "$ITERS" --verify-every 0 \
+nb() { "$B" local -t "$1" --server-idle "${2:-block}" --reader-idle "${3:-block}" --servers 1 --objects 1 --size 64 --iters "$ITERS" --verify-every 0 \
         --ping-size "$M" --csv | awk -F, '$2=="ctrl_rtt"{print $7}'; }
 sp() { timeout 60 sockperf ping-pong --tcp -i 127.0.0.1 -p "$SP_PORT" -m "$M" -t "$SECS" --full-rtt "$@" 2>&1 \
         | awk '/percentile 50.000/{print $NF}'; }
@@ -34,8 +35,8 @@ qp() { timeout 60 qperf 127.0.0.1 --listen_port "$QP_PORT" -m "$M" -t "$SECS" tc
 
 OUT=$(mktemp)
 for r in $(seq 1 "$ROUNDS"); do
-  a=$(nb tcp-blocking); b=$(nb tcp); c=$(sp); d=$(nb tcp-blocking spin); e=$(qp)
-  echo "ROUND $r netbench-tcp-blocking=$a netbench-tcp=$b sockperf=$c netbench-tcp-blocking-spin-server=$d qperf-x2=$e" | tee -a "$OUT"
+  a=$(nb tcp-blocking); b=$(nb tcp); c=$(sp); d=$(nb tcp-blocking block spin); e=$(nb tcp-blocking spin spin); f=$(qp)
+  echo "ROUND $r netbench-tcp-blocking=$a netbench-tcp=$b sockperf=$c netbench-tcp-blocking-spinning-reader=$d netbench-tcp-blocking-both-spinning=$e qperf-x2=$f" | tee -a "$OUT"
 done
 python3 - "$OUT" <<'PY'
 import sys, statistics as st
@@ -43,8 +44,8 @@ rows = [dict(kv.split("=") for kv in l.split()[2:]) for l in open(sys.argv[1])]
 med = {k: st.median(float(r[k]) for r in rows) for k in rows[0]}
 print("median RTT (us) over %d rounds:" % len(rows))
 for k, v in med.items():
-    print("  %-24s %8.2f" % (k, v))
-for nbk in ("netbench-tcp-blocking", "netbench-tcp"):
+    print("  %-40s %8.2f" % (k, v))
+for nbk in ("netbench-tcp-blocking", "netbench-tcp", "netbench-tcp-blocking-spinning-reader"):
     for ref in ("sockperf", "qperf-x2"):
         print("  %s / %s = %.2f" % (nbk, ref, med[nbk] / med[ref]))
 PY

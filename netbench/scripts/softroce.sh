@@ -7,7 +7,7 @@
 # guests print between "=== BEGIN name" / "=== END name" are written to OUT (default
 # docs/calibrations/runs; .toml files go to docs/calibrations). Guest logs: OUT/softroce-*.log.
 # Knobs: passed to the guests: LAT_ITERS ROUNDS SIZES PAPER_ITERS CAL_ITERS SKIP_PAPER SKIP_CAL
-# PAIR_STEPS PAIR_CONC;
+# PAIR_STEPS PAIR_CONC, and the rdma transport's SYMPHONY_RDMA_READ_DEPTH SYMPHONY_RDMA_ACK_TIMEOUT;
 # to run.sh: TIMEOUT (default 1500 s per VM), ACCEL, SOFTROCE_WORK.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -23,7 +23,8 @@ cp "$CARGO_TARGET_DIR/release/netbench" "$STAGE/"
 cp "$REPO/tests/softroce/guest/perftest.sh" "$REPO"/netbench/scripts/guest_*.sh "$STAGE/"
 mkdir -p "$OUT"
 envs=""
-for v in LAT_ITERS ROUNDS SIZES PAPER_ITERS CAL_ITERS SKIP_PAPER SKIP_CAL PAIR_STEPS PAIR_CONC; do
+for v in LAT_ITERS ROUNDS SIZES PAPER_ITERS CAL_ITERS SKIP_PAPER SKIP_CAL PAIR_STEPS PAIR_CONC \
+         SYMPHONY_RDMA_READ_DEPTH SYMPHONY_RDMA_ACK_TIMEOUT; do
   [ -n "${!v:-}" ] && envs="$envs $v=${!v}"
 done
 extract() { # $1 = log: write every BEGIN/END block to its file

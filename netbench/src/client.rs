@@ -43,7 +43,26 @@ pub struct BenchConfig {
     pub connect_timeout: Duration,
     /// Bound on one round (and one ping).
     pub round_timeout: Duration,
+    /// How the reader waits for a READ completion or a ping's echo.
+    pub reader_idle: ReaderIdle,
 }
+
+/// How the reader waits for answers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReaderIdle {
+    /// Busy-poll every connection (what a frontend's data path does).
+    #[default]
+    Spin,
+    /// Sleep in the kernel on the connection while waiting for one peer
+    /// (a ping's echo; a round's READs when there is one peer), like a
+    /// blocking client (sockperf's, qperf's). Transports that cannot
+    /// sleep (rdma) poll instead; rounds across several peers always poll.
+    Block,
+}
+
+/// Longest single sleep of a blocking reader; the round and ping
+/// timeouts are checked between sleeps.
+const READER_SLEEP: Duration = Duration::from_millis(20);
 
 /// One READ of a round: object `object` of peer `peer`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -247,12 +266,17 @@ impl<D: Domain> Client<D> {
                     &clock,
                 )?;
             }
+            let block = self.cfg.reader_idle == ReaderIdle::Block && p_count == 1;
             while done < plan.len() {
                 for p in 0..p_count {
                     if inflight[p] == 0 && next[p] == ops[p].len() {
                         continue;
                     }
                     let peer = &mut self.peers[p];
+                    if block {
+                        // Errors surface in the poll below.
+                        let _ = peer.conn.wait(READER_SLEEP);
+                    }
                     let k = peer
                         .conn
                         .poll_completions(&mut comps)
@@ -331,7 +355,8 @@ impl<D: Domain> Client<D> {
         Ok(res)
     }
 
-    /// Times one control message round trip to peer `p` (busy-polls).
+    /// Times one control message round trip to peer `p` (busy-polls, or
+    /// sleeps on the connection with `ReaderIdle::Block`).
     fn ping(
         &mut self,
         p: usize,
@@ -346,7 +371,12 @@ impl<D: Domain> Client<D> {
         let deadline = std::time::Instant::now() + std::time::Duration::from_nanos(timeout_ns);
         proto::send_by(&mut peer.conn, ping.with_seq(seq), deadline)
             .map_err(|e| e.context(format!("ping to {}", peer.addr)))?;
+        let block = self.cfg.reader_idle == ReaderIdle::Block;
         loop {
+            if block {
+                // Errors surface in try_recv.
+                let _ = peer.conn.wait(READER_SLEEP);
+            }
             match peer.conn.try_recv(buf) {
                 Ok(Some(n)) => {
                     let t1 = clock.now().as_nanos();

@@ -27,7 +27,7 @@ use clap::{Args, Parser, Subcommand};
 use dataplane::time::Duration;
 use dataplane::transport::Domain;
 
-use client::{BenchConfig, Client, Input, RunResult};
+use client::{BenchConfig, Client, Input, ReaderIdle, RunResult};
 use fail::{Fail, Res};
 use server::Idle;
 use stats::Report;
@@ -127,6 +127,10 @@ struct Measure {
     /// Bound on one round (and one ping), ms.
     #[arg(long, default_value_t = 10000)]
     round_timeout_ms: u64,
+    /// How the reader waits for answers: spin (busy-poll) or block (sleep in the kernel on
+    /// the connection, as sockperf's and qperf's clients do; one peer only for READs).
+    #[arg(long, value_enum, default_value_t = ReaderIdle::Spin)]
+    reader_idle: ReaderIdle,
 }
 
 #[derive(Args, Clone)]
@@ -389,6 +393,7 @@ fn bench_config(shape: &Shape, m: &Measure) -> Res<BenchConfig> {
         verify_every: m.verify_every,
         connect_timeout: ms(m.connect_timeout_ms),
         round_timeout: ms(m.round_timeout_ms),
+        reader_idle: m.reader_idle,
     })
 }
 
@@ -422,12 +427,32 @@ impl WithDomain for RunPlans {
 
 /// Runs the full incast (every object of every peer per round) against
 /// `addrs`; returns the inputs per round and the result.
-fn run_full_incast(kind: TransportKind, addrs: &[String], cfg: &BenchConfig, max_region: u64) -> Res<(usize, RunResult)> {
+fn run_full_incast(
+    kind: TransportKind,
+    addrs: &[String],
+    cfg: &BenchConfig,
+    max_region: u64,
+) -> Res<(usize, RunResult)> {
     let plan = client::full_plan(addrs.len(), cfg.objects);
     let inputs = plan.len();
-    let task = RunPlans { addrs: addrs.to_vec(), cfg: cfg.clone(), plans: vec![plan], max_region, kind };
-    let mut res = transport::with_domain(kind, DomainOptions { read_timeout: cfg.round_timeout }, task)?;
-    let first = res.drain(..).next().ok_or_else(|| Fail::runtime("the run produced no result"))?;
+    let task = RunPlans {
+        addrs: addrs.to_vec(),
+        cfg: cfg.clone(),
+        plans: vec![plan],
+        max_region,
+        kind,
+    };
+    let mut res = transport::with_domain(
+        kind,
+        DomainOptions {
+            read_timeout: cfg.round_timeout,
+        },
+        task,
+    )?;
+    let first = res
+        .drain(..)
+        .next()
+        .ok_or_else(|| Fail::runtime("the run produced no result"))?;
     Ok((inputs, first))
 }
 

@@ -189,21 +189,27 @@ impl WithDomain for Serve {
                     false
                 }
             });
-            if busy {
-                idle_steps = 0;
-                continue;
-            }
-            idle_steps = idle_steps.saturating_add(1);
+            idle_steps = if busy {
+                0
+            } else {
+                idle_steps.saturating_add(1)
+            };
             match cfg.idle {
+                Idle::Spin if busy => {}
                 Idle::Spin => std::hint::spin_loop(),
                 Idle::Block => {
+                    // With one client, sleep in the kernel right after the
+                    // work too: `wait` returns at once if anything is
+                    // pending, and polling again first would only add
+                    // syscalls to every wake-up (the last `try_recv` of the
+                    // pass just found the connection empty).
                     let waited = if conns.len() == 1 {
                         // An error is noticed by the next poll.
                         conns[0].wait(Duration::from_millis(20)).unwrap_or(true)
                     } else {
                         false
                     };
-                    if !waited {
+                    if !waited && !busy {
                         backoff(idle_steps);
                     }
                 }
@@ -255,8 +261,8 @@ fn backoff(step: u32) {
     }
 }
 
-/// Polls one client: answers hellos and pings, serves READs (tcp). Returns
-/// whether anything happened.
+/// Polls one client: answers hellos and pings, serves READs (tcp, inside
+/// its polls). Returns whether a message was handled.
 fn serve_one<C: Connection>(
     conn: &mut C,
     buf: &mut [u8],
@@ -264,7 +270,6 @@ fn serve_one<C: Connection>(
     objects: u32,
 ) -> Result<bool, dataplane::transport::Error> {
     let mut worked = false;
-    conn.progress()?;
     while let Some(n) = conn.try_recv(buf)? {
         worked = true;
         let msg = &buf[..n];
@@ -282,6 +287,12 @@ fn serve_one<C: Connection>(
             eprintln!("netbench serve: ignoring an unexpected {n}-byte message");
         }
     }
+    // No separate `progress` call: a `try_recv` that finds no message does
+    // the connection's background work itself (tcp and shm: a full poll,
+    // which serves READ requests and sends; rdma: the peer check; rdma send
+    // completions are reaped by `send` when its queue fills, and
+    // `send_retrying` polls on QueueFull). An extra poll per pass would be
+    // an extra syscall on every wake-up of a blocking server.
     Ok(worked)
 }
 

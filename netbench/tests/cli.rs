@@ -316,6 +316,39 @@ fn incast_against_a_server_reads_verified_bytes() {
     assert_eq!(a.wait_exit(Duration::from_secs(10)), Some(0));
 }
 
+/// `--reader-idle block`: the reader sleeps on its one connection for READ
+/// completions and ping echoes (tcp and shm wait in the kernel), and every
+/// round, READ and ping still completes with verified bytes.
+#[test]
+fn a_blocking_reader_completes_every_round() {
+    for t in ["tcp-blocking", "tcp", "shm"] {
+        let o = run(
+            &[
+                "local",
+                "-t",
+                t,
+                "--servers",
+                "1",
+                "--objects",
+                "2",
+                "--size",
+                "70KiB",
+                "--iters",
+                "50",
+                "--reader-idle",
+                "block",
+                "--csv",
+            ],
+            LIMIT,
+        );
+        assert_eq!(o.code, 0, "{t}: {}", o.stderr);
+        let lines: Vec<&str> = o.stdout.lines().collect();
+        assert_eq!(lines.len(), 4, "{t}: {}", o.stdout);
+        assert!(lines[2].contains(",read,71680,100,"), "{t}: {}", lines[2]);
+        assert!(lines[3].contains(",ctrl_rtt,32,50,"), "{t}: {}", lines[3]);
+    }
+}
+
 #[test]
 fn local_json_then_plot() {
     let dir = Scratch::new("plot");

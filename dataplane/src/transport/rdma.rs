@@ -67,6 +67,10 @@ pub const ENV_DEVICE: &str = "SYMPHONY_RDMA_DEVICE";
 pub const ENV_GID_INDEX: &str = "SYMPHONY_RDMA_GID_INDEX";
 /// Environment variable naming the port number (default 1).
 pub const ENV_PORT: &str = "SYMPHONY_RDMA_PORT";
+/// Environment variable overriding [`RdmaConfig::read_depth`].
+pub const ENV_READ_DEPTH: &str = "SYMPHONY_RDMA_READ_DEPTH";
+/// Environment variable overriding [`RdmaConfig::ack_timeout`].
+pub const ENV_ACK_TIMEOUT: &str = "SYMPHONY_RDMA_ACK_TIMEOUT";
 
 /// Longest single READ accepted (verbs allows 2 GiB; staging slots are far smaller).
 pub const MAX_READ_LEN: u32 = 1 << 30;
@@ -96,8 +100,22 @@ pub struct RdmaConfig {
     pub send_slots: u32,
     /// Largest control message in bytes (one slot).
     pub max_msg_len: u32,
-    /// READs in flight per connection (also the responder depth granted to the peer).
+    /// READs a caller may have posted and not yet polled, per connection.
     pub max_reads_in_flight: u32,
+    /// READs on the wire per connection: the queue pair's initiator depth
+    /// (`max_rd_atomic`) and the responder depth granted to the peer
+    /// (`max_dest_rd_atomic`), each capped by the device (`max_qp_init_rd_atom`,
+    /// `max_qp_rd_atom`; a real NIC refuses a QP above them) and the initiator
+    /// depth by the peer's grant. READs posted beyond it wait in the send queue
+    /// and the NIC issues each as an earlier one completes, so
+    /// `max_reads_in_flight` may be larger. A small depth also bounds what a
+    /// retry re-requests: after a lost response packet an RC requester asks
+    /// again for every READ from the lost one on (`docs/benchmarks.md`,
+    /// netbench, two Soft-RoCE guests).
+    pub read_depth: u32,
+    /// ACK timeout exponent: the requester retries after 4.096 us x 2^value
+    /// without an answer (verbs `timeout`, 1..=31).
+    pub ack_timeout: u8,
 }
 
 impl Default for RdmaConfig {
@@ -110,13 +128,22 @@ impl Default for RdmaConfig {
             send_slots: 64,
             max_msg_len: crate::wire::MAX_MESSAGE_LEN as u32,
             max_reads_in_flight: 64,
+            // What mlx5 devices allow per QP; rxe allows 128.
+            read_depth: 16,
+            // 4.096 us * 2^16 = 268 ms. 14 (67 ms) was too short for Soft-RoCE
+            // between two emulated guests: their link dropped 7-14% of an
+            // incast's packets and 7 timeouts in a row ended a connection
+            // (docs/benchmarks.md, netbench). A peer process that exits is
+            // noticed sooner anyway, by the bootstrap socket's EOF.
+            ack_timeout: 16,
         }
     }
 }
 
 impl RdmaConfig {
-    /// Defaults, overridden by `SYMPHONY_RDMA_DEVICE`, `SYMPHONY_RDMA_PORT` and
-    /// `SYMPHONY_RDMA_GID_INDEX` when set.
+    /// Defaults, overridden by `SYMPHONY_RDMA_DEVICE`, `SYMPHONY_RDMA_PORT`,
+    /// `SYMPHONY_RDMA_GID_INDEX`, `SYMPHONY_RDMA_READ_DEPTH` and
+    /// `SYMPHONY_RDMA_ACK_TIMEOUT` when set.
     pub fn from_env() -> Result<Self, Error> {
         let mut cfg = RdmaConfig::default();
         if let Ok(name) = std::env::var(ENV_DEVICE) {
@@ -132,6 +159,20 @@ impl RdmaConfig {
                 v.parse()
                     .map_err(|_| invalid(format!("{ENV_GID_INDEX}={v:?} is not an index")))?,
             );
+        }
+        if let Ok(v) = std::env::var(ENV_READ_DEPTH) {
+            cfg.read_depth = v
+                .parse()
+                .ok()
+                .filter(|d| (1..=255).contains(d))
+                .ok_or_else(|| invalid(format!("{ENV_READ_DEPTH}={v:?} is not in 1..=255")))?;
+        }
+        if let Ok(v) = std::env::var(ENV_ACK_TIMEOUT) {
+            cfg.ack_timeout = v
+                .parse()
+                .ok()
+                .filter(|t| (1..=31).contains(t))
+                .ok_or_else(|| invalid(format!("{ENV_ACK_TIMEOUT}={v:?} is not in 1..=31")))?;
         }
         Ok(cfg)
     }
@@ -181,6 +222,15 @@ struct Device {
     gid_type: GidType,
     lid: u16,
     mtu: Mtu,
+    /// READs a QP may have outstanding as initiator (`max_qp_init_rd_atom`).
+    max_init_reads: u8,
+    /// READs a QP may serve at once as responder (`max_qp_rd_atom`).
+    max_resp_reads: u8,
+}
+
+/// A device's READ depth attribute as a verbs `u8` (at least 1).
+fn depth_attr(v: i32) -> u8 {
+    u8::try_from(v.clamp(1, 255)).unwrap_or(1)
 }
 
 impl Device {
@@ -238,6 +288,11 @@ impl Device {
         };
         let gid_index = u8::try_from(gid_index)
             .map_err(|_| invalid(format!("GID index {gid_index} above 255")))?;
+        let attr = ctx
+            .query_device()
+            .map_err(|e| verbs_err(&format!("query {name}"), e))?;
+        let max_init_reads = depth_attr(attr.max_qp_init_rd_atom());
+        let max_resp_reads = depth_attr(attr.max_qp_rd_atom());
         let pd = ctx.alloc_pd().map_err(|e| verbs_err("ibv_alloc_pd", e))?;
         Ok(Device {
             pd,
@@ -249,6 +304,8 @@ impl Device {
             gid_type,
             lid: port.lid(),
             mtu: port.active_mtu(),
+            max_init_reads,
+            max_resp_reads,
         })
     }
 }
@@ -565,15 +622,16 @@ struct QpEndpoint {
     gid: [u8; 16],
     /// Active MTU, verbs enum value 1..=5.
     mtu: u8,
-    /// READs this side will have outstanding as initiator (and accepts as responder).
-    max_reads: u8,
+    /// READs this side serves at once as responder (its `max_dest_rd_atomic`):
+    /// the most the peer may have on the wire towards it.
+    resp_depth: u8,
     /// Largest control message this side sends and receives.
     max_msg_len: u32,
 }
 
-/// "SYRD" + version 1.
+/// "SYRD" + version 2 (1 had one READ depth for both directions).
 const BOOTSTRAP_MAGIC: u32 = u32::from_le_bytes(*b"SYRD");
-const BOOTSTRAP_VERSION: u8 = 1;
+const BOOTSTRAP_VERSION: u8 = 2;
 
 impl QpEndpoint {
     const LEN: usize = 4 + 1 + 4 + 4 + 2 + 16 + 1 + 1 + 4;
@@ -587,7 +645,7 @@ impl QpEndpoint {
         b[13..15].copy_from_slice(&self.lid.to_le_bytes());
         b[15..31].copy_from_slice(&self.gid);
         b[31] = self.mtu;
-        b[32] = self.max_reads;
+        b[32] = self.resp_depth;
         b[33..37].copy_from_slice(&self.max_msg_len.to_le_bytes());
         b
     }
@@ -611,11 +669,11 @@ impl QpEndpoint {
             lid: u16::from_le_bytes([b[13], b[14]]),
             gid,
             mtu: b[31],
-            max_reads: b[32],
+            resp_depth: b[32],
             max_msg_len: u32_at(33),
         };
         let valid =
-            e.qpn < 1 << 24 && e.psn < 1 << 24 && (1..=5).contains(&e.mtu) && e.max_reads > 0;
+            e.qpn < 1 << 24 && e.psn < 1 << 24 && (1..=5).contains(&e.mtu) && e.resp_depth > 0;
         if !valid {
             return Err(Error::Protocol(crate::wire::WireError::BadLength));
         }
@@ -699,6 +757,9 @@ impl RdmaConnection {
         let dev = &domain.dev;
         let slot_len = cfg.max_msg_len.max(64) as usize;
         let max_reads = cfg.max_reads_in_flight.clamp(1, 128);
+        let depth = u8::try_from(cfg.read_depth.clamp(1, 255)).unwrap_or(1);
+        // What we serve at once as responder, granted to the peer.
+        let resp_depth = depth.min(dev.max_resp_reads);
         let recv_slots = cfg.recv_slots.max(1);
         let send_slots = cfg.send_slots.max(1);
         let sq_depth = send_slots + max_reads;
@@ -765,13 +826,15 @@ impl RdmaConnection {
             lid: dev.lid,
             gid: dev.gid,
             mtu: dev.mtu as u8,
-            max_reads: max_reads as u8,
+            resp_depth,
             max_msg_len: slot_len as u32,
         };
         sock.write_all(&local.encode())?;
         let mut buf = [0u8; QpEndpoint::LEN];
         sock.read_exact(&mut buf)?;
         let remote = QpEndpoint::decode(&buf)?;
+        // READs on the wire as initiator: never more than the peer serves at once.
+        let init_depth = depth.min(dev.max_init_reads).min(remote.resp_depth);
 
         let records = vec![
             ReadRecord {
@@ -801,12 +864,11 @@ impl RdmaConnection {
             records,
             free_records: (0..max_reads).rev().collect(),
             done: VecDeque::with_capacity(max_reads as usize),
-            max_reads: max_reads.min(u32::from(remote.max_reads)),
+            max_reads,
             empty_polls: 0,
             peer_gone: false,
             failed: None,
         };
-        conn.free_records.truncate(conn.max_reads as usize);
         // Receives go up before RTR, so the peer's first SEND finds one.
         for slot in 0..recv_slots {
             conn.post_recv_slot(slot)?;
@@ -821,7 +883,7 @@ impl RdmaConnection {
             .setup_path_mtu(dev.mtu.min(mtu_from_wire(remote.mtu)))
             .setup_dest_qp_num(remote.qpn)
             .setup_rq_psn(remote.psn)
-            .setup_max_dest_read_atomic(remote.max_reads)
+            .setup_max_dest_read_atomic(resp_depth)
             // 12 = 0.64 ms before a sender retries after a receive-not-ready NAK
             .setup_min_rnr_timer(12)
             .setup_address_vector(&ah);
@@ -832,14 +894,14 @@ impl RdmaConnection {
         let mut attr = QueuePairAttribute::new();
         attr.setup_state(QueuePairState::ReadyToSend)
             .setup_sq_psn(psn)
-            // ACK timeout 4.096 us * 2^14 = 67 ms: generous for Soft-RoCE under emulation
-            .setup_timeout(14)
+            .setup_timeout(cfg.ack_timeout.clamp(1, 31))
             // 6, not 7: rxe treats 7 as "retry forever", and a vanished peer must
-            // end outstanding READs with an error (~0.5 s here)
+            // end outstanding READs with an error (7 ACK timeouts: ~1.9 s by default)
             .setup_retry_cnt(6)
             // 7 = retry forever on RNR: a full receive ring back-pressures the sender
             .setup_rnr_retry(7)
-            .setup_max_read_atomic(conn.max_reads as u8);
+            // READs posted beyond this wait in the send queue (see `read_depth`).
+            .setup_max_read_atomic(init_depth);
         conn.qp
             .modify(&attr)
             .map_err(|e| verbs_err("QP to RTS", e))?;
@@ -1305,7 +1367,7 @@ mod tests {
             lid: 0,
             gid: [7; 16],
             mtu: 3,
-            max_reads: 64,
+            resp_depth: 16,
             max_msg_len: 32768,
         };
         assert_eq!(QpEndpoint::decode(&e.encode()).unwrap(), e);

@@ -216,24 +216,51 @@ impl Listener for TcpListener {
             .unwrap_or_default()
     }
 
+    /// Sleeps in the kernel (`ppoll` on the listening socket) until a
+    /// connection is pending or `timeout` passes. Why not poll-and-sleep:
+    /// an acceptor thread waking every few hundred microseconds competes
+    /// with the serving threads for the cores and its wake-ups land on
+    /// their round trips (measured: `docs/benchmarks.md`, netbench honesty).
     fn accept(&mut self, timeout: Duration) -> Result<TcpConn, Error> {
         let deadline = std::time::Instant::now() + to_std(timeout);
-        let mut backoff = Backoff::default();
         loop {
             match self.listener.accept() {
                 Ok((s, _)) => {
                     s.set_nonblocking(false)?;
                     return self.domain.wrap(s);
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                    ) => {}
                 Err(e) => return Err(e.into()),
             }
-            if std::time::Instant::now() >= deadline {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
                 return Err(Error::Timeout);
             }
-            backoff.snooze();
+            wait_readable(std::os::fd::AsRawFd::as_raw_fd(&self.listener), left);
         }
     }
+}
+
+/// Blocks up to `timeout` until `fd` is readable (or has an error or hang-up
+/// pending). Errors and timeouts are not reported: the caller retries its
+/// non-blocking call and learns the outcome there.
+fn wait_readable(fd: std::os::fd::RawFd, timeout: std::time::Duration) {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `pfd` is one valid pollfd on the stack, `ts` a valid timespec,
+    // and a null signal mask means "unchanged".
+    unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
 }
 
 /// Waits politely in setup paths: a few yields, then short sleeps.
@@ -350,6 +377,51 @@ mod tests {
                     break;
                 }
             }
+        }
+    }
+
+    /// The blocking engine skips one `recv` after a short read (the socket
+    /// was empty then): messages sent after that are still received, both
+    /// by busy polling and by `wait`, and several in one read are all parsed.
+    #[test]
+    fn no_message_is_missed_after_a_short_read() {
+        let domain = TcpDomain::blocking().unwrap();
+        let mut listener = domain.listen("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr();
+        let mut client = domain.connect(&addr, Duration::from_millis(5_000)).unwrap();
+        let mut server = listener.accept(Duration::from_millis(5_000)).unwrap();
+        let mut msg = [0u8; 64];
+        let mut buf = [0u8; 64];
+        let bound = std::time::Duration::from_secs(5);
+        for seq in 0..50u64 {
+            let n = wire::encode(
+                &mut msg,
+                &Heartbeat {
+                    seq,
+                    role: 4,
+                    id: 1,
+                },
+            )
+            .unwrap();
+            client.send(&msg[..n]).unwrap();
+            if seq % 10 == 9 {
+                // A second message right behind the first: one read, two messages.
+                client.send(&msg[..n]).unwrap();
+            }
+            let t0 = std::time::Instant::now();
+            let mut got = 0;
+            let want = if seq % 10 == 9 { 2 } else { 1 };
+            while got < want {
+                assert!(t0.elapsed() < bound, "message {seq} never arrived");
+                if seq % 2 == 0 {
+                    server.wait(Duration::from_millis(1_000)).unwrap();
+                }
+                if let Some(m) = server.try_recv(&mut buf).unwrap() {
+                    assert_eq!(&buf[..m], &msg[..n]);
+                    got += 1;
+                }
+            }
+            assert_eq!(server.try_recv(&mut buf).unwrap(), None);
         }
     }
 
