@@ -6,7 +6,9 @@
 #      simulator and runtime tests run real workloads)
 #   4. loom model checking of the SPSC ring's memory ordering
 #   5. a client this project did not write: Triton's tritonclient (PyPI) runs health,
-#      metadata and infer calls against the frontend's HTTP server
+#      metadata and infer calls against the frontend's HTTP server, in process and then
+#      against the real daemons (`symphony up --serve`: scheduler, two frontends and two
+#      emulated-GPU backends as processes), which must then shut down cleanly on Ctrl-C
 #   6. real RDMA verbs: the transport conformance suite and a cross-guest READ inside
 #      Soft-RoCE QEMU guests (tests/softroce/ci.sh)
 set -euo pipefail
@@ -27,6 +29,7 @@ step loom
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p dataplane --test loom_ring --release
 step tritonclient
 CARGO_TARGET_DIR=target bash frontend/tests/python/run.sh
+CARGO_TARGET_DIR=target bash tests/tritonclient_daemons.sh
 step soft-roce
 bash tests/softroce/ci.sh
 step done

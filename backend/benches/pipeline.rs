@@ -75,6 +75,7 @@ fn run<D: Domain>(
         control_delay: Duration::ZERO,
         fetch_grace: Duration::from_millis(1_000),
         report_capacity: 0,
+        start_when_ready: false,
     };
     let staging = Region::anonymous(cfg.staging_bytes() as usize).unwrap();
     let staging_reg = be_dom.register(&staging, Access::LOCAL_WRITE).unwrap();

@@ -216,6 +216,7 @@ fn worker_config(s: &Settings) -> WorkerConfig {
         control_delay: s.control_delay,
         fetch_grace: s.fetch_grace,
         report_capacity: 4096,
+        start_when_ready: s.start_when_ready,
     }
 }
 

@@ -67,6 +67,12 @@ pub struct WorkerConfig {
     pub fetch_grace: Duration,
     /// Finished-batch reports kept for [`BatchWorker::pop_report`].
     pub report_capacity: u32,
+    /// Start a batch as soon as its inputs are in and its device is idle,
+    /// even before its planned `exec_at`. The plan fixed the batch's
+    /// members, so starting early costs nothing and finishing early leaves
+    /// slack for a late wake-up; the scheduler's plan for the device is
+    /// unaffected (the device is free no later than it assumed).
+    pub start_when_ready: bool,
 }
 
 impl WorkerConfig {
@@ -98,6 +104,7 @@ impl Default for WorkerConfig {
             control_delay: Duration::ZERO,
             fetch_grace: Duration::from_millis(5),
             report_capacity: 1024,
+            start_when_ready: false,
         }
     }
 }
@@ -834,7 +841,11 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
                 tag: (u64::from(s.generation) << 32) | si as u64,
                 device: s.gpu,
                 model: s.model,
-                exec_at: s.exec_at,
+                exec_at: if cfg.start_when_ready {
+                    now.min(s.exec_at)
+                } else {
+                    s.exec_at
+                },
                 inputs: &self.inputs,
                 output: OutputRef {
                     offset: cfg.output_offset(si),

@@ -292,8 +292,9 @@ impl Liveness {
 /// `yield` (spin, then yield the CPU), `park` (100 spins, 10 yields, then
 /// sleep until a connection has work, another thread notifies, or the next
 /// timer is due, at most 100 ms at a time; see [`crate::waitset::IdleWait`])
-/// or `park:US` (the same with sleeps of at most US microseconds, for
-/// transports without a wait fd).
+/// `wait` (sleep at once: every idle pass is a wait-set sleep, the
+/// cheapest on a small shared machine) or `park:US` (like `park` with
+/// sleeps of at most US microseconds, for transports without a wait fd).
 pub fn parse_idle(s: &str) -> Result<IdleStrategy, String> {
     let park = |us: u64| IdleStrategy::SpinThenPark {
         spins: 100,
@@ -304,10 +305,15 @@ pub fn parse_idle(s: &str) -> Result<IdleStrategy, String> {
         "spin" => Ok(IdleStrategy::Spin),
         "yield" => Ok(IdleStrategy::SpinThenYield { spins: 1000 }),
         "park" => Ok(park(100_000)),
+        "wait" => Ok(IdleStrategy::SpinThenPark {
+            spins: 0,
+            yields: 0,
+            park: Duration::from_millis(100),
+        }),
         _ => match s.strip_prefix("park:").map(str::parse::<u64>) {
             Some(Ok(us)) if (1..=1_000_000).contains(&us) => Ok(park(us)),
             _ => Err(format!(
-                "unknown idle strategy '{s}' (spin, yield, park, park:US with 1..=1000000)"
+                "unknown idle strategy '{s}' (spin, yield, park, wait, park:US with 1..=1000000)"
             )),
         },
     }

@@ -52,10 +52,17 @@ pub struct ClusterSpec {
     pub log_dir: Option<PathBuf>,
     /// Bound on start-up (READY lines and registration).
     pub start_timeout: Duration,
+    /// The control delay the scheduler charges and the backends subtract
+    /// (µs); a plan's trip over shm between awake processes takes tens.
+    pub control_delay_us: u32,
+    /// Part of each budget the frontends keep for the way back (µs).
+    pub return_margin_us: u32,
+    /// The scheduler's narrowest window (µs): its timer lateness bound.
+    pub min_window_us: u32,
 }
 
 impl ClusterSpec {
-    /// Defaults: shm, park:100 idle, 2 frontends, 2 backends x 1 GPU.
+    /// Defaults: shm, `wait` idle, 2 frontends, 2 backends x 1 GPU.
     pub fn new(exe: PathBuf, zoo: &str, models: &str) -> Self {
         ClusterSpec {
             exe,
@@ -66,12 +73,15 @@ impl ClusterSpec {
             frontends: 2,
             backends: 2,
             gpus_per_backend: 1,
-            idle: "park".into(),
+            idle: "wait".into(),
             scheduler_flags: Vec::new(),
             frontend_flags: Vec::new(),
             backend_flags: Vec::new(),
             log_dir: None,
             start_timeout: Duration::from_secs(30),
+            control_delay_us: 200,
+            return_margin_us: 700,
+            min_window_us: 1000,
         }
     }
 
@@ -261,7 +271,14 @@ impl LocalCluster {
             v.extend(extra.iter().cloned());
             v
         };
-        let scheduler = spawn(spec, "scheduler", "scheduler", common(&spec.scheduler_flags), deadline)?;
+        let mut sched_args = common(&spec.scheduler_flags);
+        sched_args.extend([
+            "--control-delay-us".into(),
+            spec.control_delay_us.to_string(),
+            "--min-window-us".into(),
+            spec.min_window_us.to_string(),
+        ]);
+        let scheduler = spawn(spec, "scheduler", "scheduler", sched_args, deadline)?;
         let control = scheduler
             .ready
             .get("control")
@@ -274,12 +291,10 @@ impl LocalCluster {
         };
         for b in 1..=spec.backends {
             let mut args = common(&spec.backend_flags);
-            if !spec.backend_flags.iter().any(|f| f == "--control-delay-us") {
-                // Plans say "start in exec_in" from the moment the scheduler
-                // sent them; the backend starts that long after receipt minus
-                // the control delay the scheduler charged (1 ms by default).
-                args.extend(["--control-delay-us".into(), "1000".into()]);
-            }
+            // Plans say "start in exec_in" from the moment the scheduler
+            // sent them; the backend starts that long after receipt minus
+            // the control delay the scheduler charged.
+            args.extend(["--control-delay-us".into(), spec.control_delay_us.to_string()]);
             args.extend([
                 "--id".into(),
                 b.to_string(),
@@ -293,6 +308,7 @@ impl LocalCluster {
         }
         for f in 1..=spec.frontends {
             let mut args = common(&spec.frontend_flags);
+            args.extend(["--return-margin-us".into(), spec.return_margin_us.to_string()]);
             args.extend([
                 "--id".into(),
                 f.to_string(),

@@ -63,8 +63,8 @@ enum Cmd {
         /// Keep the cluster running for outside clients (prints the HTTP addresses) until Ctrl-C.
         #[arg(long)]
         serve: bool,
-        /// Idle strategy of every daemon: spin, yield, park, park:US.
-        #[arg(long, default_value = "park")]
+        /// Idle strategy of every daemon: spin, yield, park, wait, park:US.
+        #[arg(long, default_value = "wait")]
         idle: String,
         /// Write SVG figures into this directory.
         #[arg(long)]
@@ -72,6 +72,15 @@ enum Cmd {
         /// Print JSON on stdout.
         #[arg(long)]
         json: bool,
+        /// Control delay the scheduler charges and the backends subtract, µs.
+        #[arg(long = "control-delay-us", default_value_t = 200)]
+        control_delay_us: u32,
+        /// Part of each request's budget the frontends keep for the way back, µs.
+        #[arg(long = "return-margin-us", default_value_t = 700)]
+        return_margin_us: u32,
+        /// The scheduler's narrowest schedulable window, µs.
+        #[arg(long = "min-window-us", default_value_t = 1000)]
+        min_window_us: u32,
         /// Seed of the workload.
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -97,7 +106,7 @@ enum Cmd {
         #[arg(long, default_value = "shm")]
         transport: String,
         /// Idle strategy of every daemon.
-        #[arg(long, default_value = "park")]
+        #[arg(long, default_value = "wait")]
         idle: String,
         /// Seconds per load run.
         #[arg(long = "run-s", default_value_t = 6.0)]
@@ -105,6 +114,15 @@ enum Cmd {
         /// Bisection steps.
         #[arg(long, default_value_t = 6)]
         steps: u32,
+        /// Control delay the scheduler charges and the backends subtract, µs.
+        #[arg(long = "control-delay-us", default_value_t = 200)]
+        control_delay_us: u32,
+        /// Part of each request's budget the frontends keep for the way back, µs.
+        #[arg(long = "return-margin-us", default_value_t = 700)]
+        return_margin_us: u32,
+        /// The scheduler's narrowest schedulable window, µs.
+        #[arg(long = "min-window-us", default_value_t = 1000)]
+        min_window_us: u32,
         /// Seed of the workload.
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -330,11 +348,11 @@ fn run(cmd: Cmd) -> Result<(), String> {
             Ok(())
         }
         Cmd::Example { policy, skip, requests, gather, json } => example::run(&policy, &skip, requests, &gather, json),
-        Cmd::Up { zoo, models, model, frontends, backends, gpus_per_backend, transport, load, rate, duration_s, serve, idle, plot, json, seed } => {
-            up::run(&up::UpArgs { zoo, models, extra: model, frontends, backends, gpus_per_backend, transport, load, rate, duration_s, serve, idle, plot, json, seed })
+        Cmd::Up { zoo, models, model, frontends, backends, gpus_per_backend, transport, load, rate, duration_s, serve, idle, plot, json, control_delay_us, return_margin_us, min_window_us, seed } => {
+            up::run(&up::UpArgs { zoo, models, extra: model, frontends, backends, gpus_per_backend, transport, load, rate, duration_s, serve, idle, plot, json, knobs: up::Knobs { control_delay_us, return_margin_us, min_window_us }, seed })
         }
-        Cmd::E2e { zoo, models, frontends, backends, gpus_per_backend, transport, idle, run_s, steps, seed, json } => {
-            up::e2e(&up::E2eArgs { zoo, models, frontends, backends, gpus_per_backend, transport, idle, run_s, steps, seed, json })
+        Cmd::E2e { zoo, models, frontends, backends, gpus_per_backend, transport, idle, run_s, steps, control_delay_us, return_margin_us, min_window_us, seed, json } => {
+            up::e2e(&up::E2eArgs { zoo, models, frontends, backends, gpus_per_backend, transport, idle, run_s, steps, knobs: up::Knobs { control_delay_us, return_margin_us, min_window_us }, seed, json })
         }
         Cmd::Live { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json } => {
             live::run(&live::LiveArgs { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json })

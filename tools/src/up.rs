@@ -38,11 +38,29 @@ pub struct UpArgs {
     pub idle: String,
     pub plot: Option<PathBuf>,
     pub json: bool,
+    pub knobs: Knobs,
     pub seed: u64,
 }
 
+/// The timing margins of the local cluster (see `ClusterSpec`).
+#[derive(Clone, Copy, Debug)]
+pub struct Knobs {
+    pub control_delay_us: u32,
+    pub return_margin_us: u32,
+    pub min_window_us: u32,
+}
+
 /// The cluster spec `up` and the e2e report start.
-pub fn spec(zoo: &str, models: &str, frontends: u32, backends: u32, gpus: u32, transport: &str, idle: &str) -> Result<ClusterSpec, String> {
+/// How many daemons of each kind.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub frontends: u32,
+    pub backends: u32,
+    pub gpus_per_backend: u32,
+}
+
+pub fn spec(zoo: &str, models: &str, shape: Shape, transport: &str, idle: &str, k: Knobs) -> Result<ClusterSpec, String> {
+    let Shape { frontends, backends, gpus_per_backend: gpus } = shape;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find my own executable: {e}"))?;
     let mut s = ClusterSpec::new(exe, zoo, models);
     s.frontends = frontends;
@@ -50,6 +68,9 @@ pub fn spec(zoo: &str, models: &str, frontends: u32, backends: u32, gpus: u32, t
     s.gpus_per_backend = gpus;
     s.transport = transport.into();
     s.idle = idle.into();
+    s.control_delay_us = k.control_delay_us;
+    s.return_margin_us = k.return_margin_us;
+    s.min_window_us = k.min_window_us;
     s.log_dir = Some(std::env::temp_dir().join(format!("symphony-up-{}", std::process::id())));
     // A request's outcome is due at its SLO: a late answer is a failure,
     // not a slow success, so the client's 200s are the goodput.
@@ -246,7 +267,7 @@ pub fn run(a: &UpArgs) -> Result<(), String> {
     }
     control::install_stop_signals()?;
     let gpus = a.backends * a.gpus_per_backend;
-    let mut spec = spec(&a.zoo, &a.models, a.frontends, a.backends, a.gpus_per_backend, &a.transport, &a.idle)?;
+    let mut spec = spec(&a.zoo, &a.models, Shape { frontends: a.frontends, backends: a.backends, gpus_per_backend: a.gpus_per_backend }, &a.transport, &a.idle, a.knobs)?;
     spec.extra = a.extra.clone();
     if a.serve {
         // Outside clients measure their own latency; answer a late result
@@ -344,6 +365,7 @@ pub struct E2eArgs {
     pub idle: String,
     pub run_s: f64,
     pub steps: u32,
+    pub knobs: Knobs,
     pub seed: u64,
     pub json: bool,
 }
@@ -370,7 +392,7 @@ pub fn e2e(a: &E2eArgs) -> Result<(), String> {
     let gpus = a.backends * a.gpus_per_backend;
     eprintln!("symphony e2e: simulated goodput of {} on {gpus} GPUs...", a.models);
     let s = sim_goodput(&models, gpus, a.seed)?;
-    let spec = spec(&a.zoo, &a.models, a.frontends, a.backends, a.gpus_per_backend, &a.transport, &a.idle)?;
+    let spec = spec(&a.zoo, &a.models, Shape { frontends: a.frontends, backends: a.backends, gpus_per_backend: a.gpus_per_backend }, &a.transport, &a.idle, a.knobs)?;
     let cluster = LocalCluster::start(&spec)?;
     let pids: Vec<(String, u32)> = std::iter::once(&cluster.scheduler)
         .chain(&cluster.frontends)

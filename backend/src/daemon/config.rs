@@ -101,6 +101,11 @@ pub struct Args {
     /// How long after the planned start missing inputs are waited for, us. Default 5000.
     #[arg(long)]
     pub fetch_grace_us: Option<u64>,
+    /// When a batch starts: `ready` (as soon as its inputs are in and its
+    /// device is idle, possibly before the plan's start) or `planned` (not
+    /// before the plan's start). Default ready.
+    #[arg(long)]
+    pub start_at: Option<String>,
     /// Bytes of one input slot. Default 64 (the frontend's FP32 [1,16] input).
     #[arg(long)]
     pub input_bytes: Option<u32>,
@@ -156,6 +161,8 @@ pub struct Settings {
     pub control_delay: Duration,
     /// Fetch grace.
     pub fetch_grace: Duration,
+    /// Start batches when ready rather than at their planned start.
+    pub start_when_ready: bool,
     /// Input slot bytes.
     pub input_bytes: u32,
     /// Output bytes per input.
@@ -211,6 +218,7 @@ impl Args {
             batch_slots: self.batch_slots.or(file.batch_slots),
             control_delay_us: self.control_delay_us.or(file.control_delay_us),
             fetch_grace_us: self.fetch_grace_us.or(file.fetch_grace_us),
+            start_at: self.start_at.or(file.start_at),
             input_bytes: self.input_bytes.or(file.input_bytes),
             output_bytes: self.output_bytes.or(file.output_bytes),
             connect_timeout_ms: self.connect_timeout_ms.or(file.connect_timeout_ms),
@@ -306,6 +314,11 @@ impl Args {
             batch_slots,
             control_delay: Duration::from_micros(self.control_delay_us.unwrap_or(0)),
             fetch_grace: Duration::from_micros(self.fetch_grace_us.unwrap_or(5_000)),
+            start_when_ready: match self.start_at.as_deref().unwrap_or("ready") {
+                "ready" => true,
+                "planned" => false,
+                other => return Err(format!("--start-at {other}: expected ready or planned")),
+            },
             input_bytes,
             output_bytes,
             connect_timeout: Duration::from_millis(self.connect_timeout_ms.unwrap_or(5_000)),

@@ -241,6 +241,7 @@ pub fn config() -> WorkerConfig {
         control_delay: Duration::ZERO,
         fetch_grace: Duration::from_millis(2_000),
         report_capacity: 64,
+        start_when_ready: false,
     }
 }
 
