@@ -207,10 +207,17 @@ pub fn send_register<C: Connection>(conn: &mut C, reg: &Register, timeout: Durat
 
 /// Drives the connection until queued sends have left (best effort: the
 /// trait has no "send queue empty" query, so this progresses a few rounds).
+/// A peer that is gone by now is not an error here: it may well have read
+/// the message and left (a refusal, a short-lived tool); the caller's next
+/// receive reports the departure.
 pub fn flush_within<C: Connection>(conn: &mut C, timeout: Duration) -> Result<(), Error> {
     let deadline = std_deadline(timeout);
     for _ in 0..8 {
-        conn.progress()?;
+        match conn.progress() {
+            Ok(()) => {}
+            Err(Error::PeerDisconnected) => return Ok(()),
+            Err(e) => return Err(e),
+        }
         if std::time::Instant::now() >= deadline {
             break;
         }

@@ -204,11 +204,7 @@ impl Region {
     fn map(opts: &RegionOptions, id: u64) -> Result<Region, MemError> {
         if opts.shared_file {
             let path = PathBuf::from(format!("/dev/shm/symphony-{}-{}", std::process::id(), id));
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(&path)?;
+            let file = create_own_shm_file(&path)?;
             let unlink_on_err = |e: io::Error| {
                 let _ = std::fs::remove_file(&path);
                 MemError::Io(e)
@@ -903,6 +899,27 @@ impl RegionDirectory {
             .map_or(std::ptr::null_mut(), |b| {
                 b.load(Ordering::Acquire) as *mut u8
             })
+    }
+}
+
+/// Creates `path`, a `/dev/shm` file named after this process's id and a
+/// per-process counter. If it exists, it was left by a dead process that
+/// had the same id (a crash or SIGKILL skips the unlink): no live process
+/// can own it, so it is replaced.
+pub(crate) fn create_own_shm_file(path: &std::path::Path) -> io::Result<std::fs::File> {
+    let open = || {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)
+    };
+    match open() {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let _ = std::fs::remove_file(path);
+            open()
+        }
+        other => other,
     }
 }
 

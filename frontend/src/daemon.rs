@@ -446,8 +446,18 @@ fn register_with_scheduler<D: Domain>(
     let mut conn = control::connect_retrying(domain, &opts.scheduler, CONNECT_TIMEOUT)
         .map_err(|e| format!("cannot reach the scheduler at '{}': {e}", opts.scheduler))?;
     let reg = Register::new(Role::Frontend, u32::from(opts.id), 0, data_addr);
-    control::send_register(&mut conn, &reg, HANDSHAKE_TIMEOUT)
-        .map_err(|e| format!("registering with the scheduler: {e}"))?;
+    let refused = || {
+        format!(
+            "the scheduler refused the registration of frontend {} (closed the connection: duplicate id?)",
+            opts.id
+        )
+    };
+    // A refusing scheduler closes the connection, which this side may see
+    // while still sending its Register.
+    control::send_register(&mut conn, &reg, HANDSHAKE_TIMEOUT).map_err(|e| match e {
+        TransportError::PeerDisconnected => refused(),
+        e => format!("registering with the scheduler: {e}"),
+    })?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_millis(5000);
     let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
     loop {
@@ -458,12 +468,7 @@ fn register_with_scheduler<D: Domain>(
             Duration::from_nanos(left.as_nanos() as u64),
         ) {
             Ok(n) => n,
-            Err(TransportError::PeerDisconnected) => {
-                return Err(format!(
-                    "the scheduler refused the registration of frontend {} (closed the connection: duplicate id?)",
-                    opts.id
-                ))
-            }
+            Err(TransportError::PeerDisconnected) => return Err(refused()),
             Err(TransportError::Timeout) => {
                 return Err("the scheduler did not acknowledge the registration within 5 s".into())
             }

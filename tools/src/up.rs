@@ -125,6 +125,8 @@ pub struct E2eRun {
     pub frontend_failed: f64,
     pub backend_late_starts: f64,
     pub backend_batches: f64,
+    /// Batches of each size during the run, (size, count), sizes with none left out.
+    pub batch_sizes: Vec<(u32, f64)>,
 }
 
 struct Scrape {
@@ -150,18 +152,26 @@ fn m(text: &str, name: &str) -> f64 {
     metric(text, name).unwrap_or(0.0)
 }
 
-/// Median batch size between two scrapes (from the exact per-size counts).
+/// Batches of each size between two scrapes (from the exact per-size counts).
+fn batch_sizes(before: &str, after: &str) -> Vec<(u32, f64)> {
+    scheduler::daemon::metrics::EXACT_BATCH_SIZES
+        .map(|b| {
+            let name = format!("symphony_batches_of_size{{size=\"{b}\"}}");
+            (b, m(after, &name) - m(before, &name))
+        })
+        .filter(|&(_, c)| c > 0.0)
+        .collect()
+}
+
+/// The batch size the median request ran in, between two scrapes (the
+/// simulator's definition of "median batch").
 fn median_batch(before: &str, after: &str) -> f64 {
-    let mut counts = Vec::new();
-    for b in scheduler::daemon::metrics::EXACT_BATCH_SIZES {
-        let name = format!("symphony_batches_of_size{{size=\"{b}\"}}");
-        counts.push((b, m(after, &name) - m(before, &name)));
-    }
-    let total: f64 = counts.iter().map(|c| c.1).sum();
+    let counts = batch_sizes(before, after);
+    let total: f64 = counts.iter().map(|&(b, c)| f64::from(b) * c).sum();
     let mut acc = 0.0;
     for (b, c) in counts {
-        acc += c;
-        if total > 0.0 && acc >= total / 2.0 {
+        acc += f64::from(b) * c;
+        if total > 0.0 && acc * 2.0 >= total {
             return f64::from(b);
         }
     }
@@ -243,6 +253,7 @@ pub fn run_load(c: &LocalCluster, models: &[ModelSpec], rate: f64, secs: f64, se
         frontend_failed: sum_delta(&after.fronts, &before.fronts, "symphony_requests_failed_total"),
         backend_late_starts: sum_delta(&after.backs, &before.backs, "symphony_backend_late_starts_total"),
         backend_batches: sum_delta(&after.backs, &before.backs, "symphony_backend_batches_executed_total"),
+        batch_sizes: batch_sizes(&before.sched, &after.sched),
     })
 }
 
@@ -314,18 +325,28 @@ pub fn run(a: &UpArgs) -> Result<(), String> {
     stopped?;
     let mut sched = build(&models, gpus, &PolicyConfig::new(PolicyKind::Deferred))?;
     let sim: SimReport = simulate(&sim_config(&models, gpus, rate, a.duration_s, a.seed), sched.as_mut()).map_err(|e| e.to_string())?;
-    if let Some(dir) = &a.plot {
-        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        let total: u64 = sim.batch_size_histogram.iter().map(|b| b[1]).sum::<u64>().max(1);
-        let data: Vec<(f64, f64)> = sim.batch_size_histogram.iter().map(|b| (b[0] as f64, b[1] as f64 / total as f64)).collect();
-        let path = dir.join("up_batch_sizes_simulated.svg");
-        std::fs::write(&path, plot::bars("Batch sizes (simulated, same workload)", "batch size", "fraction of requests", &data)).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        let lat = [("p50", e.latency_ok_ms[0]), ("p90", e.latency_ok_ms[1]), ("p99", e.latency_ok_ms[2]), ("p99.9", e.latency_ok_ms[3])];
-        let data: Vec<(f64, f64)> = lat.iter().enumerate().map(|(i, (_, v))| (i as f64, *v)).collect();
-        let path2 = dir.join("up_latency.svg");
-        std::fs::write(&path2, plot::bars("End-to-end latency of successful requests (p50, p90, p99, p99.9)", "percentile (0=p50 1=p90 2=p99 3=p99.9)", "ms", &data)).map_err(|e| format!("cannot write {}: {e}", path2.display()))?;
-        eprintln!("wrote {} and {}", path.display(), path2.display());
-    }
+    // Figures go next to the daemons' logs unless --plot names a directory.
+    let dir = a.plot.clone().or_else(|| spec.log_dir.clone()).unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let fraction = |v: Vec<(f64, f64)>| {
+        let total: f64 = v.iter().map(|p| p.1 * p.0).sum::<f64>().max(1.0);
+        v.into_iter().map(|(b, c)| (b, b * c / total)).collect::<Vec<_>>()
+    };
+    let e2e_sizes = fraction(e.batch_sizes.iter().map(|&(b, c)| (f64::from(b), c)).collect());
+    let sim_sizes = fraction(sim.batch_size_histogram.iter().map(|b| (b[0] as f64, b[1] as f64 / b[0].max(1) as f64)).collect());
+    let path = dir.join("up_batch_sizes.svg");
+    let series = [
+        plot::Series { label: "end-to-end".into(), points: e2e_sizes },
+        plot::Series { label: "simulated".into(), points: sim_sizes },
+    ];
+    std::fs::write(&path, plot::lines("Requests by the size of the batch they ran in", "batch size", "fraction of requests", &series))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    let lat = [e.latency_ok_ms[0], e.latency_ok_ms[1], e.latency_ok_ms[2], e.latency_ok_ms[3]];
+    let data: Vec<(f64, f64)> = [50.0, 90.0, 99.0, 99.9].iter().zip(lat).map(|(p, v)| (*p, v)).collect();
+    let path2 = dir.join("up_latency.svg");
+    std::fs::write(&path2, plot::lines("End-to-end latency of successful requests", "percentile", "ms", &[plot::Series { label: "end-to-end".into(), points: data }]))
+        .map_err(|e| format!("cannot write {}: {e}", path2.display()))?;
+    eprintln!("symphony up: figures {} and {}", path.display(), path2.display());
     if a.json {
         let v = serde_json::json!({ "simulated_goodput_rps": s_goodput, "e2e": e, "simulated": sim });
         println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);

@@ -139,11 +139,7 @@ impl ShmDomain {
             std::process::id(),
             id
         ));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)?;
+        let file = crate::mem::create_own_shm_file(&path)?;
         let len = registry_bytes(cap);
         let setup = || -> Result<(HeadMap, KeyTable), Error> {
             file.set_len(len as u64)?;
