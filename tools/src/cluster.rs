@@ -19,6 +19,33 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use dataplane::control::{http_get, metric};
+use frontend::loadgen::{LoadConfig, LoadModel};
+use frontend::models::ModelCatalog;
+use scheduler::sim::Workload;
+use scheduler::zoo::ModelSpec;
+
+/// An open-loop HTTP load of `rate` rps (Poisson, equal split over
+/// `models`, whose ids are their indices) for `secs` against `targets`,
+/// with the frontends' default tensors.
+pub fn load_config(models: &[ModelSpec], targets: Vec<SocketAddr>, rate: f64, secs: f64, seed: u64) -> LoadConfig {
+    let catalog = ModelCatalog::with_default_tensors(models);
+    let (input, output) = catalog
+        .by_id(0)
+        .map(|e| ((e.input.byte_len() / 4) as usize, e.output.byte_len() as usize))
+        .unwrap_or((0, 0));
+    LoadConfig {
+        targets,
+        models: catalog.entries().iter().enumerate().map(|(i, e)| LoadModel::new(&e.spec.name, i as u32)).collect(),
+        input_elements: input,
+        output_bytes: output,
+        workload: Workload::poisson(rate),
+        duration: dataplane::time::Duration::from_secs_f64(secs),
+        max_requests: u64::MAX,
+        max_in_flight: 8192,
+        seed,
+        timeout_us: None,
+    }
+}
 
 /// What to start.
 #[derive(Clone, Debug)]

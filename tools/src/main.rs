@@ -30,27 +30,11 @@ struct Cli {
 enum Cmd {
     /// Start a local multi-process cluster (scheduler, frontends, emulated-GPU backends), drive a zoo workload over HTTP, print a summary.
     Up {
-        /// Model zoo: a100 or 1080ti.
-        #[arg(long, default_value = "a100")]
-        zoo: String,
         /// The cluster's models: all, strong, weak, or NAME,NAME,...
         #[arg(long, default_value = "ResNet50,VGG16")]
         models: String,
-        /// Extra model NAME=ALPHA_MS,BETA_MS,SLO_MS (repeatable).
-        #[arg(long = "model")]
-        model: Vec<String>,
-        /// Frontend processes.
-        #[arg(long, default_value_t = 2)]
-        frontends: u32,
-        /// Backend processes.
-        #[arg(long, default_value_t = 2)]
-        backends: u32,
-        /// Emulated GPUs per backend.
-        #[arg(long = "gpus-per-backend", default_value_t = 1)]
-        gpus_per_backend: u32,
-        /// Transport between the daemons: shm, tcp, tcp-blocking.
-        #[arg(long, default_value = "shm")]
-        transport: String,
+        #[command(flatten)]
+        cluster: up::ClusterOpts,
         /// Offered load as a fraction of the simulated (scheduler-only) goodput.
         #[arg(long, default_value_t = 0.8)]
         load: f64,
@@ -63,69 +47,26 @@ enum Cmd {
         /// Keep the cluster running for outside clients (prints the HTTP addresses) until Ctrl-C.
         #[arg(long)]
         serve: bool,
-        /// Idle strategy of every daemon: spin, yield, park, wait, park:US.
-        #[arg(long, default_value = "wait")]
-        idle: String,
-        /// Write SVG figures into this directory.
+        /// Write SVG figures into this directory (default: next to the daemons' logs).
         #[arg(long)]
         plot: Option<PathBuf>,
         /// Print JSON on stdout.
         #[arg(long)]
         json: bool,
-        /// Control delay the scheduler charges and the backends subtract, µs.
-        #[arg(long = "control-delay-us", default_value_t = 200)]
-        control_delay_us: u32,
-        /// Part of each request's budget the frontends keep for the way back, µs.
-        #[arg(long = "return-margin-us", default_value_t = 700)]
-        return_margin_us: u32,
-        /// The scheduler's narrowest schedulable window, µs.
-        #[arg(long = "min-window-us", default_value_t = 1000)]
-        min_window_us: u32,
-        /// Seed of the workload.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
     },
     /// End-to-end goodput of the multi-process cluster over HTTP vs the simulated scheduler-only goodput.
     E2e {
-        /// Model zoo: a100 or 1080ti.
-        #[arg(long, default_value = "a100")]
-        zoo: String,
         /// The cluster's models.
         #[arg(long, default_value = "ResNet50")]
         models: String,
-        /// Frontend processes.
-        #[arg(long, default_value_t = 2)]
-        frontends: u32,
-        /// Backend processes.
-        #[arg(long, default_value_t = 2)]
-        backends: u32,
-        /// Emulated GPUs per backend.
-        #[arg(long = "gpus-per-backend", default_value_t = 1)]
-        gpus_per_backend: u32,
-        /// Transport between the daemons.
-        #[arg(long, default_value = "shm")]
-        transport: String,
-        /// Idle strategy of every daemon.
-        #[arg(long, default_value = "wait")]
-        idle: String,
+        #[command(flatten)]
+        cluster: up::ClusterOpts,
         /// Seconds per load run.
         #[arg(long = "run-s", default_value_t = 6.0)]
         run_s: f64,
         /// Bisection steps.
         #[arg(long, default_value_t = 6)]
         steps: u32,
-        /// Control delay the scheduler charges and the backends subtract, µs.
-        #[arg(long = "control-delay-us", default_value_t = 200)]
-        control_delay_us: u32,
-        /// Part of each request's budget the frontends keep for the way back, µs.
-        #[arg(long = "return-margin-us", default_value_t = 700)]
-        return_margin_us: u32,
-        /// The scheduler's narrowest schedulable window, µs.
-        #[arg(long = "min-window-us", default_value_t = 1000)]
-        min_window_us: u32,
-        /// Seed of the workload.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
         /// Print JSON on stdout.
         #[arg(long)]
         json: bool,
@@ -348,12 +289,10 @@ fn run(cmd: Cmd) -> Result<(), String> {
             Ok(())
         }
         Cmd::Example { policy, skip, requests, gather, json } => example::run(&policy, &skip, requests, &gather, json),
-        Cmd::Up { zoo, models, model, frontends, backends, gpus_per_backend, transport, load, rate, duration_s, serve, idle, plot, json, control_delay_us, return_margin_us, min_window_us, seed } => {
-            up::run(&up::UpArgs { zoo, models, extra: model, frontends, backends, gpus_per_backend, transport, load, rate, duration_s, serve, idle, plot, json, knobs: up::Knobs { control_delay_us, return_margin_us, min_window_us }, seed })
+        Cmd::Up { models, cluster, load, rate, duration_s, serve, plot, json } => {
+            up::run(&up::UpArgs { models, cluster, load, rate, duration_s, serve, plot, json })
         }
-        Cmd::E2e { zoo, models, frontends, backends, gpus_per_backend, transport, idle, run_s, steps, control_delay_us, return_margin_us, min_window_us, seed, json } => {
-            up::e2e(&up::E2eArgs { zoo, models, frontends, backends, gpus_per_backend, transport, idle, run_s, steps, knobs: up::Knobs { control_delay_us, return_margin_us, min_window_us }, seed, json })
-        }
+        Cmd::E2e { models, cluster, run_s, steps, json } => up::e2e(&up::E2eArgs { models, cluster, run_s, steps, json }),
         Cmd::Live { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json } => {
             live::run(&live::LiveArgs { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json })
         }

@@ -12,7 +12,7 @@ use std::time::{Duration as StdDuration, Instant as StdInstant};
 
 use dataplane::control::{self, metric};
 use dataplane::time::Duration;
-use frontend::loadgen::{self, LoadConfig, LoadModel, LoadReport};
+use frontend::loadgen::{self, LoadReport};
 use frontend::models::ModelCatalog;
 use scheduler::goodput::{search, GoodputSearch};
 use scheduler::policy::{build, PolicyConfig, PolicyKind};
@@ -22,55 +22,69 @@ use tools::cluster::{ClusterSpec, LocalCluster};
 
 use crate::plot;
 
+/// What the local cluster is made of, shared by `up` and `e2e`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ClusterOpts {
+    /// Model zoo: a100 or 1080ti.
+    #[arg(long, default_value = "a100")]
+    pub zoo: String,
+    /// Extra model NAME=ALPHA_MS,BETA_MS,SLO_MS (repeatable).
+    #[arg(long = "model")]
+    pub extra: Vec<String>,
+    /// Frontend processes.
+    #[arg(long, default_value_t = 2)]
+    pub frontends: u32,
+    /// Backend processes.
+    #[arg(long, default_value_t = 2)]
+    pub backends: u32,
+    /// Emulated GPUs per backend.
+    #[arg(long = "gpus-per-backend", default_value_t = 1)]
+    pub gpus_per_backend: u32,
+    /// Transport between the daemons: shm, tcp, tcp-blocking.
+    #[arg(long, default_value = "shm")]
+    pub transport: String,
+    /// Idle strategy of every daemon: spin, yield, park, wait, park:US.
+    #[arg(long, default_value = "wait")]
+    pub idle: String,
+    /// Control delay the scheduler charges and the backends subtract, µs.
+    #[arg(long = "control-delay-us", default_value_t = 200)]
+    pub control_delay_us: u32,
+    /// Part of each request's budget the frontends keep for the way back, µs.
+    #[arg(long = "return-margin-us", default_value_t = 700)]
+    pub return_margin_us: u32,
+    /// The scheduler's narrowest schedulable window, µs.
+    #[arg(long = "min-window-us", default_value_t = 1000)]
+    pub min_window_us: u32,
+    /// Seed of the workload.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
 /// `symphony up` options.
 pub struct UpArgs {
-    pub zoo: String,
     pub models: String,
-    pub extra: Vec<String>,
-    pub frontends: u32,
-    pub backends: u32,
-    pub gpus_per_backend: u32,
-    pub transport: String,
+    pub cluster: ClusterOpts,
     pub load: f64,
     pub rate: Option<f64>,
     pub duration_s: f64,
     pub serve: bool,
-    pub idle: String,
     pub plot: Option<PathBuf>,
     pub json: bool,
-    pub knobs: Knobs,
-    pub seed: u64,
-}
-
-/// The timing margins of the local cluster (see `ClusterSpec`).
-#[derive(Clone, Copy, Debug)]
-pub struct Knobs {
-    pub control_delay_us: u32,
-    pub return_margin_us: u32,
-    pub min_window_us: u32,
 }
 
 /// The cluster spec `up` and the e2e report start.
-/// How many daemons of each kind.
-#[derive(Clone, Copy, Debug)]
-pub struct Shape {
-    pub frontends: u32,
-    pub backends: u32,
-    pub gpus_per_backend: u32,
-}
-
-pub fn spec(zoo: &str, models: &str, shape: Shape, transport: &str, idle: &str, k: Knobs) -> Result<ClusterSpec, String> {
-    let Shape { frontends, backends, gpus_per_backend: gpus } = shape;
+pub fn spec(models: &str, o: &ClusterOpts) -> Result<ClusterSpec, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find my own executable: {e}"))?;
-    let mut s = ClusterSpec::new(exe, zoo, models);
-    s.frontends = frontends;
-    s.backends = backends;
-    s.gpus_per_backend = gpus;
-    s.transport = transport.into();
-    s.idle = idle.into();
-    s.control_delay_us = k.control_delay_us;
-    s.return_margin_us = k.return_margin_us;
-    s.min_window_us = k.min_window_us;
+    let mut s = ClusterSpec::new(exe, &o.zoo, models);
+    s.extra = o.extra.clone();
+    s.frontends = o.frontends;
+    s.backends = o.backends;
+    s.gpus_per_backend = o.gpus_per_backend;
+    s.transport = o.transport.clone();
+    s.idle = o.idle.clone();
+    s.control_delay_us = o.control_delay_us;
+    s.return_margin_us = o.return_margin_us;
+    s.min_window_us = o.min_window_us;
     s.log_dir = Some(std::env::temp_dir().join(format!("symphony-up-{}", std::process::id())));
     // A request's outcome is due at its SLO: a late answer is a failure,
     // not a slow success, so the client's 200s are the goodput.
@@ -182,19 +196,7 @@ fn median_batch(before: &str, after: &str) -> f64 {
 /// the cluster's frontends and measures it.
 pub fn run_load(c: &LocalCluster, models: &[ModelSpec], rate: f64, secs: f64, seed: u64) -> Result<E2eRun, String> {
     let catalog = ModelCatalog::with_default_tensors(models);
-    let entry = catalog.by_id(0).ok_or("no models")?;
-    let cfg = LoadConfig {
-        targets: c.http_addrs()?,
-        models: catalog.entries().iter().enumerate().map(|(i, e)| LoadModel::new(&e.spec.name, i as u32)).collect(),
-        input_elements: (entry.input.byte_len() / 4) as usize,
-        output_bytes: entry.output.byte_len() as usize,
-        workload: Workload::poisson(rate),
-        duration: Duration::from_secs_f64(secs),
-        max_requests: u64::MAX,
-        max_in_flight: 8192,
-        seed,
-        timeout_us: None,
-    };
+    let cfg = tools::cluster::load_config(models, c.http_addrs()?, rate, secs, seed);
     let before = scrape(c)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| e.to_string())?;
     let r: LoadReport = rt.block_on(loadgen::run(cfg))?;
@@ -266,8 +268,8 @@ fn advice_text(add: f64, remove: f64) -> String {
 }
 
 pub fn run(a: &UpArgs) -> Result<(), String> {
-    let models = scheduler::daemon::cluster_models(&a.zoo, &a.models, &a.extra)?;
-    if a.frontends == 0 || a.backends == 0 || a.gpus_per_backend == 0 {
+    let models = scheduler::daemon::cluster_models(&a.cluster.zoo, &a.models, &a.cluster.extra)?;
+    if a.cluster.frontends == 0 || a.cluster.backends == 0 || a.cluster.gpus_per_backend == 0 {
         return Err("need at least one frontend, one backend and one GPU per backend".into());
     }
     if !(a.duration_s.is_finite() && a.duration_s > 0.0 && a.duration_s <= 3600.0) {
@@ -277,9 +279,8 @@ pub fn run(a: &UpArgs) -> Result<(), String> {
         return Err("--load must be in (0, 4] (a fraction of the simulated goodput)".into());
     }
     control::install_stop_signals()?;
-    let gpus = a.backends * a.gpus_per_backend;
-    let mut spec = spec(&a.zoo, &a.models, Shape { frontends: a.frontends, backends: a.backends, gpus_per_backend: a.gpus_per_backend }, &a.transport, &a.idle, a.knobs)?;
-    spec.extra = a.extra.clone();
+    let gpus = a.cluster.backends * a.cluster.gpus_per_backend;
+    let mut spec = spec(&a.models, &a.cluster)?;
     if a.serve {
         // Outside clients measure their own latency; answer a late result
         // rather than turning it into an error.
@@ -287,12 +288,12 @@ pub fn run(a: &UpArgs) -> Result<(), String> {
     }
     eprintln!(
         "symphony up: scheduler + {} frontends + {} backends x {} emulated GPUs over {}; {} models ({} zoo); logs in {}",
-        a.frontends,
-        a.backends,
-        a.gpus_per_backend,
-        a.transport,
+        a.cluster.frontends,
+        a.cluster.backends,
+        a.cluster.gpus_per_backend,
+        a.cluster.transport,
         models.len(),
-        a.zoo,
+        a.cluster.zoo,
         spec.log_dir.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
     );
     let cluster = LocalCluster::start(&spec)?;
@@ -316,15 +317,15 @@ pub fn run(a: &UpArgs) -> Result<(), String> {
         return cluster.stop();
     }
     eprintln!("symphony up: finding the simulated (scheduler-only) goodput of {gpus} GPUs...");
-    let s_goodput = sim_goodput(&models, gpus, a.seed)?;
+    let s_goodput = sim_goodput(&models, gpus, a.cluster.seed)?;
     let rate = a.rate.unwrap_or(s_goodput * a.load);
     eprintln!("symphony up: offering {rate:.0} rps over HTTP for {} s ({:.0}% of the simulated goodput {s_goodput:.0})...", a.duration_s, rate / s_goodput * 100.0);
-    let run = run_load(&cluster, &models, rate, a.duration_s, a.seed);
+    let run = run_load(&cluster, &models, rate, a.duration_s, a.cluster.seed);
     let stopped = cluster.stop();
     let e = run?;
     stopped?;
     let mut sched = build(&models, gpus, &PolicyConfig::new(PolicyKind::Deferred))?;
-    let sim: SimReport = simulate(&sim_config(&models, gpus, rate, a.duration_s, a.seed), sched.as_mut()).map_err(|e| e.to_string())?;
+    let sim: SimReport = simulate(&sim_config(&models, gpus, rate, a.duration_s, a.cluster.seed), sched.as_mut()).map_err(|e| e.to_string())?;
     // Figures go next to the daemons' logs unless --plot names a directory.
     let dir = a.plot.clone().or_else(|| spec.log_dir.clone()).unwrap_or_else(std::env::temp_dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
@@ -352,7 +353,7 @@ pub fn run(a: &UpArgs) -> Result<(), String> {
         println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
         return Ok(());
     }
-    println!("local cluster: scheduler + {} frontends + {} backends x {} emulated GPUs ({}), {} models, {} s", a.frontends, a.backends, a.gpus_per_backend, a.transport, models.len(), a.duration_s);
+    println!("local cluster: scheduler + {} frontends + {} backends x {} emulated GPUs ({}), {} models, {} s", a.cluster.frontends, a.cluster.backends, a.cluster.gpus_per_backend, a.cluster.transport, models.len(), a.duration_s);
     println!("{:<26} {:>14} {:>14}", "", "end-to-end", "simulated");
     println!("{:<26} {:>14.0} {:>14.0}", "offered load (rps)", e.offered_rps, sim.measured_offered_rps);
     println!("{:<26} {:>14.0} {:>14.0}", "goodput (rps)", e.goodput_rps, sim.good_rps);
@@ -377,17 +378,10 @@ pub fn run(a: &UpArgs) -> Result<(), String> {
 
 /// `symphony e2e` options.
 pub struct E2eArgs {
-    pub zoo: String,
     pub models: String,
-    pub frontends: u32,
-    pub backends: u32,
-    pub gpus_per_backend: u32,
-    pub transport: String,
-    pub idle: String,
+    pub cluster: ClusterOpts,
     pub run_s: f64,
     pub steps: u32,
-    pub knobs: Knobs,
-    pub seed: u64,
     pub json: bool,
 }
 
@@ -409,11 +403,11 @@ fn cpu_seconds(pid: u32) -> f64 {
 /// or under 1%, next to the simulated scheduler-only goodput of the same
 /// workload and cluster.
 pub fn e2e(a: &E2eArgs) -> Result<(), String> {
-    let models = scheduler::daemon::cluster_models(&a.zoo, &a.models, &[])?;
-    let gpus = a.backends * a.gpus_per_backend;
+    let models = scheduler::daemon::cluster_models(&a.cluster.zoo, &a.models, &a.cluster.extra)?;
+    let gpus = a.cluster.backends * a.cluster.gpus_per_backend;
     eprintln!("symphony e2e: simulated goodput of {} on {gpus} GPUs...", a.models);
-    let s = sim_goodput(&models, gpus, a.seed)?;
-    let spec = spec(&a.zoo, &a.models, Shape { frontends: a.frontends, backends: a.backends, gpus_per_backend: a.gpus_per_backend }, &a.transport, &a.idle, a.knobs)?;
+    let s = sim_goodput(&models, gpus, a.cluster.seed)?;
+    let spec = spec(&a.models, &a.cluster)?;
     let cluster = LocalCluster::start(&spec)?;
     let pids: Vec<(String, u32)> = std::iter::once(&cluster.scheduler)
         .chain(&cluster.frontends)
@@ -428,7 +422,7 @@ pub fn e2e(a: &E2eArgs) -> Result<(), String> {
     for step in 0..a.steps.max(1) {
         let cpu0: Vec<f64> = pids.iter().map(|(_, p)| cpu_seconds(*p)).collect();
         let me0 = cpu_seconds(std::process::id());
-        let r = run_load(&cluster, &models, rate, a.run_s, a.seed + u64::from(step))?;
+        let r = run_load(&cluster, &models, rate, a.run_s, a.cluster.seed + u64::from(step))?;
         let cpu: Vec<f64> = pids.iter().zip(&cpu0).map(|((_, p), c0)| (cpu_seconds(*p) - c0) / a.run_s).collect();
         let me = (cpu_seconds(std::process::id()) - me0) / a.run_s;
         let sched = cluster.scheduler.metrics()?;
@@ -468,7 +462,7 @@ pub fn e2e(a: &E2eArgs) -> Result<(), String> {
     } else {
         println!(
             "{} ({} zoo), {} frontends, {} backends x {} GPUs over {}: end-to-end goodput {e:.0} rps, scheduler-only (simulated) {s:.0} rps, e/s = {:.3}",
-            a.models, a.zoo, a.frontends, a.backends, a.gpus_per_backend, a.transport, e / s
+            a.models, a.cluster.zoo, a.cluster.frontends, a.cluster.backends, a.cluster.gpus_per_backend, a.cluster.transport, e / s
         );
     }
     Ok(())

@@ -10,10 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration as StdDuration, Instant};
 
 use dataplane::control::metric;
-use dataplane::time::Duration;
-use frontend::loadgen::{self, LoadConfig, LoadModel, LoadReport};
-use frontend::models::ModelCatalog;
-use scheduler::sim::Workload;
+use frontend::loadgen::{self, LoadReport};
 use tools::cluster::{ClusterSpec, LocalCluster};
 
 const MODELS: &str = "ResNet50,DenseNet121";
@@ -31,20 +28,8 @@ fn spec(transport: &str, backends: u32) -> ClusterSpec {
 
 fn load(c: &LocalCluster, rate: f64, secs: f64, seed: u64) -> LoadReport {
     let specs = scheduler::daemon::cluster_models("a100", MODELS, &[EXTRA.to_string()]).unwrap();
-    let catalog = ModelCatalog::with_default_tensors(&specs);
-    let e = catalog.by_id(0).unwrap();
-    let cfg = LoadConfig {
-        targets: c.http_addrs().unwrap(),
-        models: catalog.entries().iter().enumerate().map(|(i, e)| LoadModel::new(&e.spec.name, i as u32)).collect(),
-        input_elements: (e.input.byte_len() / 4) as usize,
-        output_bytes: e.output.byte_len() as usize,
-        workload: Workload::poisson(rate),
-        duration: Duration::from_secs_f64(secs),
-        max_requests: u64::MAX,
-        max_in_flight: 4096,
-        seed,
-        timeout_us: None,
-    };
+    let mut cfg = tools::cluster::load_config(&specs, c.http_addrs().unwrap(), rate, secs, seed);
+    cfg.max_in_flight = 4096;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     rt.block_on(loadgen::run(cfg)).unwrap()
 }

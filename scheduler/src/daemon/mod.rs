@@ -427,6 +427,49 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), String> {
     Ok(())
 }
 
+/// Takes up to [`MSGS_PER_PEER`] messages from one peer: heartbeats are
+/// proof of life, `handle` takes the rest (false: not a message this peer
+/// may send, counted); garbage or a failed connection marks the peer dead.
+/// Returns whether anything arrived.
+fn drain_link<C: Connection>(
+    link: &mut Link<C>,
+    buf: &mut [u8],
+    now: Instant,
+    peer: PeerId,
+    dead: &mut Vec<PeerId>,
+    metrics: &SchedulerMetrics,
+    mut handle: impl FnMut(Message<'_>, &[u8]) -> bool,
+) -> bool {
+    let mut any = false;
+    for _ in 0..MSGS_PER_PEER {
+        let n = match link.conn.try_recv(buf) {
+            Ok(Some(n)) => n,
+            Ok(None) => break,
+            Err(_) => {
+                dead.push(peer);
+                break;
+            }
+        };
+        any = true;
+        link.live.heard(now);
+        let bytes = &buf[..n];
+        match wire::decode(bytes) {
+            Ok(Message::Heartbeat(_)) => {}
+            Ok(m) => {
+                if !handle(m, bytes) {
+                    metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Err(_) => {
+                metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                dead.push(peer);
+                break;
+            }
+        }
+    }
+    any
+}
+
 struct Io<C: Connection> {
     frontends: HashMap<u32, Link<C>>,
     backends: HashMap<u32, Link<C>>,
@@ -557,65 +600,30 @@ impl<C: Connection> Io<C> {
         for k in 0..self.ids.len() {
             let id = self.ids[k];
             let Some(link) = self.frontends.get_mut(&id) else { continue };
-            for _ in 0..MSGS_PER_PEER {
-                match link.conn.try_recv(&mut self.buf) {
-                    Ok(Some(n)) => {
-                        any = true;
-                        link.live.heard(now);
-                        match wire::decode(&self.buf[..n]) {
-                            Ok(Message::Task(t)) => plane.on_task(now, id, &t),
-                            Ok(Message::Heartbeat(_)) => {}
-                            Ok(_) => {
-                                self.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(_) => {
-                                self.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                                self.dead.push(PeerId::Frontend(id));
-                                break;
-                            }
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(_) => {
-                        self.dead.push(PeerId::Frontend(id));
-                        break;
-                    }
+            any |= drain_link(link, &mut self.buf, now, PeerId::Frontend(id), &mut self.dead, &self.metrics, |m, _| match m {
+                Message::Task(t) => {
+                    plane.on_task(now, id, &t);
+                    true
                 }
-            }
+                _ => false,
+            });
         }
         self.ids.clear();
         self.ids.extend(self.backends.keys().copied());
         for k in 0..self.ids.len() {
             let id = self.ids[k];
             let Some(link) = self.backends.get_mut(&id) else { continue };
-            for _ in 0..MSGS_PER_PEER {
-                match link.conn.try_recv(&mut self.buf) {
-                    Ok(Some(n)) => {
-                        any = true;
-                        link.live.heard(now);
-                        match wire::decode(&self.buf[..n]) {
-                            Ok(Message::BatchDone(d)) => plane.on_batch_done(now, id, &d),
-                            Ok(Message::Completion(h, _)) => {
-                                plane.on_rerouted_completion(&self.buf[..n], h.task_id)
-                            }
-                            Ok(Message::Heartbeat(_)) => {}
-                            Ok(_) => {
-                                self.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(_) => {
-                                self.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                                self.dead.push(PeerId::Backend(id));
-                                break;
-                            }
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(_) => {
-                        self.dead.push(PeerId::Backend(id));
-                        break;
-                    }
+            any |= drain_link(link, &mut self.buf, now, PeerId::Backend(id), &mut self.dead, &self.metrics, |m, bytes| match m {
+                Message::BatchDone(d) => {
+                    plane.on_batch_done(now, id, &d);
+                    true
                 }
-            }
+                Message::Completion(h, _) => {
+                    plane.on_rerouted_completion(bytes, h.task_id);
+                    true
+                }
+                _ => false,
+            });
         }
         any
     }
