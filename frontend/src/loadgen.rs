@@ -32,14 +32,25 @@ pub struct LoadModel {
     pub name: String,
     /// Cluster model id (index in the cluster's model list).
     pub id: u32,
+    /// The model's latency objective as the client sees it: a correct
+    /// answer that takes longer counts as `late`, not `ok`. `None`: no
+    /// objective (every correct answer is ok).
+    pub slo: Option<std::time::Duration>,
 }
 
 impl LoadModel {
+    /// The same model with a client-side latency objective.
+    pub fn with_slo(mut self, slo: std::time::Duration) -> Self {
+        self.slo = Some(slo);
+        self
+    }
+
     /// A model named `name` with cluster id `id`.
     pub fn new(name: &str, id: u32) -> Self {
         LoadModel {
             name: name.to_string(),
             id,
+            slo: None,
         }
     }
 }
@@ -77,8 +88,10 @@ pub struct LoadConfig {
 pub struct LoadReport {
     /// Requests sent.
     pub sent: u64,
-    /// 200 with the right output and id.
+    /// 200 with the right output and id, within the model's objective.
     pub ok: u64,
+    /// 200 with the right output and id, after the model's objective.
+    pub late: u64,
     /// 200 whose output did not match what was sent (right id).
     pub wrong_output: u64,
     /// 200 whose `id` was not the request's: a response delivered to the
@@ -115,6 +128,7 @@ impl LoadReport {
     pub fn balanced(&self) -> bool {
         self.sent
             == self.ok
+                + self.late
                 + self.wrong_output
                 + self.wrong_id
                 + self.unavailable
@@ -129,9 +143,9 @@ impl std::fmt::Display for LoadReport {
         let l = &self.latency_ms;
         write!(
             f,
-            "sent={} ok={} wrong_output={} wrong_id={} unavailable_503={} client_4xx={} server_5xx={} transport={} skipped={} elapsed={:.2}s goodput={:.1} rps \
-             latency_ok_ms p50={:.2} p90={:.2} p99={:.2} p99.9={:.2} max={:.2}",
-            self.sent, self.ok, self.wrong_output, self.wrong_id, self.unavailable, self.client_errors, self.server_errors,
+            "sent={} ok={} late={} wrong_output={} wrong_id={} unavailable_503={} client_4xx={} server_5xx={} transport={} skipped={} elapsed={:.2}s goodput={:.1} rps \
+             latency_200_ms p50={:.2} p90={:.2} p99={:.2} p99.9={:.2} max={:.2}",
+            self.sent, self.ok, self.late, self.wrong_output, self.wrong_id, self.unavailable, self.client_errors, self.server_errors,
             self.transport_errors, self.skipped, self.elapsed_s, self.goodput_rps(), l[0], l[1], l[2], l[3], l[4]
         )
     }
@@ -150,6 +164,7 @@ pub enum Verdict {
 
 enum Answer {
     Ok,
+    Late,
     Wrong,
     WrongId,
     Status(u16),
@@ -229,6 +244,7 @@ pub async fn run(cfg: LoadConfig) -> Result<LoadReport, String> {
         let model = &cfg.models[i];
         let uri = format!("http://{target}/v2/models/{}/infer", model.name);
         let model_id = model.id;
+        let slo = model.slo;
         let client = client.clone();
         let tx = tx.clone();
         let out_n = cfg.output_bytes;
@@ -236,8 +252,12 @@ pub async fn run(cfg: LoadConfig) -> Result<LoadReport, String> {
         report.sent += 1;
         tokio::spawn(async move {
             let start = std::time::Instant::now();
-            let answer = send_one(&client, &uri, &body, &id, model_id, &values, out_n).await;
-            let _ = tx.send((answer, start.elapsed().as_micros() as u64));
+            let mut answer = send_one(&client, &uri, &body, &id, model_id, &values, out_n).await;
+            let took = start.elapsed();
+            if matches!(answer, Answer::Ok) && slo.is_some_and(|s| took > s) {
+                answer = Answer::Late;
+            }
+            let _ = tx.send((answer, took.as_micros() as u64));
             drop(permit);
         });
     }
@@ -251,6 +271,10 @@ pub async fn run(cfg: LoadConfig) -> Result<LoadReport, String> {
         match answer {
             Answer::Ok => {
                 report.ok += 1;
+                let _ = ok_hist.record(us);
+            }
+            Answer::Late => {
+                report.late += 1;
                 let _ = ok_hist.record(us);
             }
             Answer::Wrong => report.wrong_output += 1,

@@ -26,7 +26,8 @@ use scheduler::zoo::ModelSpec;
 
 /// An open-loop HTTP load of `rate` rps (Poisson, equal split over
 /// `models`, whose ids are their indices) for `secs` against `targets`,
-/// with the frontends' default tensors.
+/// with the frontends' default tensors; each model's SLO is the client's
+/// deadline (a later 200 is counted `late`).
 pub fn load_config(models: &[ModelSpec], targets: Vec<SocketAddr>, rate: f64, secs: f64, seed: u64) -> LoadConfig {
     let catalog = ModelCatalog::with_default_tensors(models);
     let (input, output) = catalog
@@ -35,7 +36,14 @@ pub fn load_config(models: &[ModelSpec], targets: Vec<SocketAddr>, rate: f64, se
         .unwrap_or((0, 0));
     LoadConfig {
         targets,
-        models: catalog.entries().iter().enumerate().map(|(i, e)| LoadModel::new(&e.spec.name, i as u32)).collect(),
+        // A correct answer after the model's SLO (as this client measures
+        // it, HTTP included) is late, not good.
+        models: catalog
+            .entries()
+            .iter()
+            .enumerate()
+            .map(|(i, e)| LoadModel::new(&e.spec.name, i as u32).with_slo(std::time::Duration::from_nanos(e.spec.slo.as_nanos())))
+            .collect(),
         input_elements: input,
         output_bytes: output,
         workload: Workload::poisson(rate),

@@ -67,6 +67,9 @@ enum Cmd {
         /// Bisection steps.
         #[arg(long, default_value_t = 6)]
         steps: u32,
+        /// Trials per rate (each on a fresh cluster); a rate passes when most do.
+        #[arg(long, default_value_t = 3)]
+        trials: u32,
         /// Print JSON on stdout.
         #[arg(long)]
         json: bool,
@@ -292,7 +295,7 @@ fn run(cmd: Cmd) -> Result<(), String> {
         Cmd::Up { models, cluster, load, rate, duration_s, serve, plot, json } => {
             up::run(&up::UpArgs { models, cluster, load, rate, duration_s, serve, plot, json })
         }
-        Cmd::E2e { models, cluster, run_s, steps, json } => up::e2e(&up::E2eArgs { models, cluster, run_s, steps, json }),
+        Cmd::E2e { models, cluster, run_s, steps, trials, json } => up::e2e(&up::E2eArgs { models, cluster, run_s, steps, trials, json }),
         Cmd::Live { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json } => {
             live::run(&live::LiveArgs { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json })
         }

@@ -127,6 +127,12 @@ pub struct E2eRun {
     pub latency_ok_ms: [f64; 5],
     pub wrong_client: u64,
     pub wrong_output: u64,
+    /// Client-side: correct answers after the SLO (as the client measured
+    /// it), 503s (dropped, or no outcome by the deadline) and 5xx (failed
+    /// at a backend).
+    pub late: u64,
+    pub unavailable: u64,
+    pub server_errors: u64,
     pub accounted: bool,
     pub advice_add_gpus: f64,
     pub advice_remove_gpus: f64,
@@ -247,6 +253,9 @@ pub fn run_load(c: &LocalCluster, models: &[ModelSpec], rate: f64, secs: f64, se
         latency_ok_ms: r.latency_ms,
         wrong_client: r.wrong_id,
         wrong_output: r.wrong_output,
+        late: r.late,
+        unavailable: r.unavailable,
+        server_errors: r.server_errors,
         accounted,
         advice_add_gpus: advice.add_gpus,
         advice_remove_gpus: advice.remove_gpus,
@@ -366,8 +375,8 @@ pub fn run(a: &UpArgs) -> Result<(), String> {
         e.latency_ok_ms[0], e.latency_ok_ms[2], e.latency_ok_ms[3], e.wrong_client, e.wrong_output, e.accounted
     );
     println!(
-        "bad requests: {:.0} dropped by the scheduler at their deadline, {:.0} dropped in all, {:.0} failed at the frontends (late or lost); {:.0} of {:.0} batches started late",
-        e.scheduler_deadline_drops, e.frontend_dropped, e.frontend_failed, e.backend_late_starts, e.backend_batches
+        "bad requests: {:.0} dropped by the scheduler at their deadline, {:.0} dropped in all, {:.0} failed at the frontends (late or lost), {} answered after the SLO as the client saw it; {:.0} of {:.0} batches started late",
+        e.scheduler_deadline_drops, e.frontend_dropped, e.frontend_failed, e.late, e.backend_late_starts, e.backend_batches
     );
     println!("scheduler-only goodput of this cluster (simulated): {s_goodput:.0} rps");
     if e.wrong_client > 0 || e.wrong_output > 0 || !e.accounted {
@@ -382,6 +391,7 @@ pub struct E2eArgs {
     pub cluster: ClusterOpts,
     pub run_s: f64,
     pub steps: u32,
+    pub trials: u32,
     pub json: bool,
 }
 
@@ -398,6 +408,46 @@ fn cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / hz.max(1.0)
 }
 
+/// One run of `rate` rps on a fresh cluster: the measurement, whether it
+/// passes (client and every model at most 1% bad), a line on stderr and a
+/// JSON record in `runs`.
+fn e2e_trial(spec: &ClusterSpec, models: &[ModelSpec], rate: f64, secs: f64, seed: u64, runs: &mut Vec<serde_json::Value>) -> Result<(E2eRun, bool), String> {
+    let cluster = LocalCluster::start(spec)?;
+    let pids: Vec<(String, u32)> = std::iter::once(&cluster.scheduler)
+        .chain(&cluster.frontends)
+        .chain(&cluster.backends)
+        .map(|d| (d.name.clone(), d.pid()))
+        .collect();
+    let cpu0: Vec<f64> = pids.iter().map(|(_, p)| cpu_seconds(*p)).collect();
+    let me0 = cpu_seconds(std::process::id());
+    let r = run_load(&cluster, models, rate, secs, seed)?;
+    let cpu: Vec<f64> = pids.iter().zip(&cpu0).map(|((_, p), c0)| (cpu_seconds(*p) - c0) / secs).collect();
+    let me = (cpu_seconds(std::process::id()) - me0) / secs;
+    cluster.stop()?;
+    let pass = r.bad_rate <= 0.01 && r.worst_model_bad_rate <= 0.01;
+    eprintln!(
+        "    rate {rate:.0}: goodput {:.0} bad {:.2}% worst model {:.2}% (sched deadline drops {:.0}, frontend failed {:.0}, late at the client {}, late batches {:.0}/{:.0}) median batch {} busy {:.0}% p99 {:.1} ms -> {}; CPU cores: loadgen {me:.2}, {}",
+        r.goodput_rps,
+        r.bad_rate * 100.0,
+        r.worst_model_bad_rate * 100.0,
+        r.scheduler_deadline_drops,
+        r.frontend_failed,
+        r.late,
+        r.backend_late_starts,
+        r.backend_batches,
+        r.median_batch,
+        r.gpu_busy_fraction * 100.0,
+        r.latency_ok_ms[2],
+        if pass { "pass" } else { "fail" },
+        pids.iter().zip(&cpu).map(|((n, _), c)| format!("{n} {c:.2}")).collect::<Vec<_>>().join(", ")
+    );
+    runs.push(serde_json::json!({
+        "rate": rate, "seed": seed, "run": r, "pass": pass, "cpu_cores_loadgen": me,
+        "cpu_cores": pids.iter().zip(&cpu).map(|((n, _), c)| (n.clone(), *c)).collect::<std::collections::BTreeMap<_, _>>(),
+    }));
+    Ok((r, pass))
+}
+
 /// The end-to-end goodput search: the highest offered rate at which the
 /// real daemons keep the client's bad rate and every model's bad rate at
 /// or under 1%, next to the simulated scheduler-only goodput of the same
@@ -408,54 +458,33 @@ pub fn e2e(a: &E2eArgs) -> Result<(), String> {
     eprintln!("symphony e2e: simulated goodput of {} on {gpus} GPUs...", a.models);
     let s = sim_goodput(&models, gpus, a.cluster.seed)?;
     let spec = spec(&a.models, &a.cluster)?;
-    let cluster = LocalCluster::start(&spec)?;
-    let pids: Vec<(String, u32)> = std::iter::once(&cluster.scheduler)
-        .chain(&cluster.frontends)
-        .chain(&cluster.backends)
-        .map(|d| (d.name.clone(), d.pid()))
-        .collect();
     // Bisection between a passing and a failing rate, starting around s.
     let (mut lo, mut hi) = (0.0f64, s * 1.1);
     let mut best: Option<E2eRun> = None;
     let mut runs = Vec::new();
     let mut rate = s;
     for step in 0..a.steps.max(1) {
-        let cpu0: Vec<f64> = pids.iter().map(|(_, p)| cpu_seconds(*p)).collect();
-        let me0 = cpu_seconds(std::process::id());
-        let r = run_load(&cluster, &models, rate, a.run_s, a.cluster.seed + u64::from(step))?;
-        let cpu: Vec<f64> = pids.iter().zip(&cpu0).map(|((_, p), c0)| (cpu_seconds(*p) - c0) / a.run_s).collect();
-        let me = (cpu_seconds(std::process::id()) - me0) / a.run_s;
-        let sched = cluster.scheduler.metrics()?;
-        let pass = r.bad_rate <= 0.01 && r.worst_model_bad_rate <= 0.01;
-        eprintln!(
-            "  rate {rate:.0}: goodput {:.0} bad {:.2}% worst model {:.2}% (sched deadline drops {:.0}, frontend failed {:.0}, late batches {:.0}/{:.0}) median batch {} busy {:.0}% p99 {:.1} ms -> {}; CPU cores: loadgen {me:.2}, {}",
-            r.goodput_rps,
-            r.bad_rate * 100.0,
-            r.worst_model_bad_rate * 100.0,
-            r.scheduler_deadline_drops,
-            r.frontend_failed,
-            r.backend_late_starts,
-            r.backend_batches,
-            r.median_batch,
-            r.gpu_busy_fraction * 100.0,
-            r.latency_ok_ms[2],
-            if pass { "pass" } else { "fail" },
-            pids.iter().zip(&cpu).map(|((n, _), c)| format!("{n} {c:.2}")).collect::<Vec<_>>().join(", ")
-        );
-        runs.push(serde_json::json!({
-            "rate": rate, "run": r, "pass": pass, "cpu_cores_loadgen": me,
-            "cpu_cores": pids.iter().zip(&cpu).map(|((n, _), c)| (n.clone(), *c)).collect::<std::collections::BTreeMap<_, _>>(),
-            "scheduler_drops_deadline": metric(&sched, "symphony_tasks_dropped_total{reason=\"deadline\"}"),
-        }));
+        // Each rate is tried `trials` times, each on a fresh cluster (a run
+        // must not inherit the backlog or connection pools of the one
+        // before); the rate passes when the median trial does. One trial's
+        // verdict swings on a single burst of OS preemption on 2 shared cores.
+        let mut verdicts = Vec::new();
+        for trial in 0..a.trials.max(1) {
+            let seed = a.cluster.seed + u64::from(step) * 100 + u64::from(trial);
+            let (r, pass) = e2e_trial(&spec, &models, rate, a.run_s, seed, &mut runs)?;
+            verdicts.push((pass, r));
+        }
+        let passes = verdicts.iter().filter(|v| v.0).count();
+        let pass = passes * 2 > verdicts.len();
+        eprintln!("  rate {rate:.0}: {passes} of {} trials pass -> {}", verdicts.len(), if pass { "pass" } else { "fail" });
         if pass {
             lo = rate;
-            best = Some(r);
+            best = verdicts.into_iter().find(|v| v.0).map(|v| v.1);
         } else {
             hi = rate;
         }
         rate = if hi.is_finite() { (lo + hi) / 2.0 } else { rate * 1.2 };
     }
-    cluster.stop()?;
     let e = best.as_ref().map(|b| b.offered_rps).unwrap_or(0.0);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&serde_json::json!({"simulated_goodput_rps": s, "e2e_goodput_rps": e, "ratio": e / s, "runs": runs})).map_err(|e| e.to_string())?);
