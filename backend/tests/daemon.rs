@@ -406,7 +406,14 @@ fn wait_metric(metrics: &str, name: &str, want: f64) -> String {
     }
 }
 
-const MODELS: [&str; 4] = ["--model", "small=0.2,1,50", "--model", "big=0.1,2,50"];
+const MODELS: [&str; 6] = [
+    "--models",
+    "none",
+    "--model",
+    "small=0.2,1,50",
+    "--model",
+    "big=0.1,2,50",
+];
 
 /// Registration, the frontend announcement, one plan end to end, metrics,
 /// heartbeats, then the scheduler disconnects and the process exits 1.
@@ -619,7 +626,7 @@ fn fails_with(args: &[&str], code: i32, want: &str) {
 #[test]
 fn bad_configuration_is_a_clear_error_and_nonzero_exit() {
     fails_with(&["--model", "a=1,2,50"], 2, "missing --scheduler");
-    fails_with(&["--scheduler", "x"], 2, "no models");
+    fails_with(&["--scheduler", "x", "--models", "none"], 2, "no models");
     fails_with(
         &["--scheduler", "x", "--model", "a=1,2"],
         2,

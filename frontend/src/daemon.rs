@@ -29,7 +29,7 @@ use dataplane::mem::Access;
 use dataplane::time::{Duration, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Error as TransportError, Listener, Registration};
 use dataplane::wire::{self, DropReason, Message, Register, Role, Task};
-use scheduler::zoo::{parse_model_arg, ModelSpec, Zoo, ZooSelection};
+use scheduler::zoo::{cluster_models, ModelSpec};
 use serde::Deserialize;
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -232,25 +232,16 @@ impl Options {
             .data_listen
             .or(file.data_listen)
             .unwrap_or_else(|| transport.ephemeral_listen("127.0.0.1"));
-        let zoo = Zoo::parse(cli.zoo.or(file.zoo).as_deref().unwrap_or("a100"))
-            .map_err(|e| format!("--zoo: {e}"))?;
-        let mut models = match cli.models.or(file.models).as_deref().unwrap_or("all") {
-            "none" => Vec::new(),
-            sel => ZooSelection::parse(sel)
-                .select(zoo.models())
-                .map_err(|e| format!("--models: {e}"))?,
-        };
         let extra = if cli.model.is_empty() {
             file.model.unwrap_or_default()
         } else {
             cli.model
         };
-        for m in &extra {
-            models.push(parse_model_arg(m).map_err(|e| e.to_string())?);
-        }
-        if models.is_empty() {
-            return Err("no models: give --models and/or --model".into());
-        }
+        let models = cluster_models(
+            cli.zoo.or(file.zoo).as_deref().unwrap_or("a100"),
+            cli.models.or(file.models).as_deref().unwrap_or("all"),
+            &extra,
+        )?;
         let slots = cli.slots.or(file.slots).unwrap_or(4096);
         if slots == 0 || slots > crate::staging::MAX_SLOTS {
             return Err(format!(

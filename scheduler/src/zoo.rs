@@ -176,6 +176,36 @@ pub fn parse_zoo_csv(text: &str) -> Result<Vec<ModelSpec>, ZooError> {
     Ok(out)
 }
 
+/// The cluster's model list, which every daemon of one cluster builds the
+/// same way from the same flags (model id = index): the `zoo` table's
+/// models picked by `selection` (`all`, `strong`, `weak`, names, or `none`),
+/// then the `extras` (`NAME=ALPHA_MS,BETA_MS,SLO_MS`). Names must be unique,
+/// the list non-empty and short enough for one wire message.
+pub fn cluster_models(zoo: &str, selection: &str, extras: &[String]) -> Result<Vec<ModelSpec>, String> {
+    let zoo = Zoo::parse(zoo).map_err(|e| format!("--zoo: {e}"))?;
+    let mut specs = match selection {
+        "none" => Vec::new(),
+        sel => ZooSelection::parse(sel)
+            .select(zoo.models())
+            .map_err(|e| format!("--models: {e}"))?,
+    };
+    for m in extras {
+        specs.push(parse_model_arg(m).map_err(|e| e.to_string())?);
+    }
+    for (i, m) in specs.iter().enumerate() {
+        if specs[..i].iter().any(|o| o.name == m.name) {
+            return Err(format!("model {} is listed twice", m.name));
+        }
+    }
+    if specs.is_empty() {
+        return Err("no models: give --models and/or --model NAME=ALPHA_MS,BETA_MS,SLO_MS".into());
+    }
+    if specs.len() > dataplane::wire::MAX_MODEL_IDS {
+        return Err(format!("{} models: at most {}", specs.len(), dataplane::wire::MAX_MODEL_IDS));
+    }
+    Ok(specs)
+}
+
 /// Parses `NAME=ALPHA_MS,BETA_MS,SLO_MS` (the CLI's `--model` form).
 pub fn parse_model_arg(s: &str) -> Result<ModelSpec, ZooError> {
     let (name, rest) = s

@@ -277,7 +277,7 @@ fn advice_text(add: f64, remove: f64) -> String {
 }
 
 pub fn run(a: &UpArgs) -> Result<(), String> {
-    let models = scheduler::daemon::cluster_models(&a.cluster.zoo, &a.models, &a.cluster.extra)?;
+    let models = scheduler::zoo::cluster_models(&a.cluster.zoo, &a.models, &a.cluster.extra)?;
     if a.cluster.frontends == 0 || a.cluster.backends == 0 || a.cluster.gpus_per_backend == 0 {
         return Err("need at least one frontend, one backend and one GPU per backend".into());
     }
@@ -453,7 +453,7 @@ fn e2e_trial(spec: &ClusterSpec, models: &[ModelSpec], rate: f64, secs: f64, see
 /// or under 1%, next to the simulated scheduler-only goodput of the same
 /// workload and cluster.
 pub fn e2e(a: &E2eArgs) -> Result<(), String> {
-    let models = scheduler::daemon::cluster_models(&a.cluster.zoo, &a.models, &a.cluster.extra)?;
+    let models = scheduler::zoo::cluster_models(&a.cluster.zoo, &a.models, &a.cluster.extra)?;
     let gpus = a.cluster.backends * a.cluster.gpus_per_backend;
     eprintln!("symphony e2e: simulated goodput of {} on {gpus} GPUs...", a.models);
     let s = sim_goodput(&models, gpus, a.cluster.seed)?;

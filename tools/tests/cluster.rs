@@ -27,7 +27,7 @@ fn spec(transport: &str, backends: u32) -> ClusterSpec {
 }
 
 fn load(c: &LocalCluster, rate: f64, secs: f64, seed: u64) -> LoadReport {
-    let specs = scheduler::daemon::cluster_models("a100", MODELS, &[EXTRA.to_string()]).unwrap();
+    let specs = scheduler::zoo::cluster_models("a100", MODELS, &[EXTRA.to_string()]).unwrap();
     let mut cfg = tools::cluster::load_config(&specs, c.http_addrs().unwrap(), rate, secs, seed);
     cfg.max_in_flight = 4096;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();

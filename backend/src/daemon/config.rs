@@ -13,7 +13,7 @@ use dataplane::control::{parse_idle, TransportKind};
 use dataplane::idle::IdleStrategy;
 use dataplane::time::Duration;
 use dataplane::wire;
-use scheduler::zoo::{parse_model_arg, ModelSpec, Zoo, ZooSelection};
+use scheduler::zoo::{cluster_models, ModelSpec};
 use serde::Deserialize;
 
 /// Bytes of the frontend's default input tensor, FP32 `[1, 16]`
@@ -73,10 +73,11 @@ pub struct Args {
     /// GPUs (emulated devices, or CUDA ordinals 0..N) in this process. Default 1.
     #[arg(long)]
     pub gpus: Option<u32>,
-    /// Model zoo of the cluster model list: a100 or 1080ti.
+    /// Model zoo of the cluster model list: a100 or 1080ti. Default a100
+    /// (as every daemon: the lists must match).
     #[arg(long)]
     pub zoo: Option<String>,
-    /// Zoo selection: all, strong, weak or NAME,NAME,... Default all.
+    /// Zoo selection: all, strong, weak, none or NAME,NAME,... Default all.
     #[arg(long)]
     pub models: Option<String>,
     /// Extra model NAME=ALPHA_MS,BETA_MS,SLO_MS, after the zoo's (repeatable).
@@ -251,7 +252,11 @@ impl Args {
         if gpus == 0 || gpus > 65536 {
             return Err(format!("--gpus {gpus}: must be 1..=65536"));
         }
-        let models = cluster_models(self.zoo.as_deref(), self.models.as_deref(), &self.model)?;
+        let models = cluster_models(
+            self.zoo.as_deref().unwrap_or("a100"),
+            self.models.as_deref().unwrap_or("all"),
+            &self.model,
+        )?;
         let served = served_ids(&models, self.serve.as_deref().unwrap_or("all"))?;
         let executor = match self.executor.as_deref().unwrap_or("emulated") {
             "emulated" => ExecutorKind::Emulated,
@@ -326,40 +331,6 @@ impl Args {
     }
 }
 
-/// The cluster model list: `--zoo` + `--models` selection, then `--model`
-/// extras (the same list every daemon builds; model id = index).
-pub fn cluster_models(
-    zoo: Option<&str>,
-    selection: Option<&str>,
-    extras: &[String],
-) -> Result<Vec<ModelSpec>, String> {
-    let mut models = Vec::new();
-    if let Some(z) = zoo {
-        let zoo = Zoo::parse(z).map_err(|e| e.to_string())?;
-        let sel = ZooSelection::parse(selection.unwrap_or("all"));
-        models.extend(sel.select(zoo.models()).map_err(|e| e.to_string())?);
-    } else if selection.is_some() {
-        return Err("--models needs --zoo a100|1080ti".into());
-    }
-    for m in extras {
-        models.push(parse_model_arg(m).map_err(|e| e.to_string())?);
-    }
-    if models.is_empty() {
-        return Err(
-            "no models: give --zoo a100|1080ti [--models SELECTION] and/or --model NAME=ALPHA_MS,BETA_MS,SLO_MS"
-                .into(),
-        );
-    }
-    if models.len() > wire::MAX_MODEL_IDS {
-        return Err(format!(
-            "{} models: at most {}",
-            models.len(),
-            wire::MAX_MODEL_IDS
-        ));
-    }
-    Ok(models)
-}
-
 /// Ids of the models named by `--serve` (`all` or NAME,NAME,...; names are
 /// case-insensitive; the first model of a name is taken).
 pub fn served_ids(models: &[ModelSpec], serve: &str) -> Result<Vec<u32>, String> {
@@ -415,6 +386,8 @@ mod tests {
         let s = args(&[
             "--scheduler",
             "x",
+            "--models",
+            "none",
             "--model",
             "a=1,2,50",
             "--model",
@@ -435,7 +408,7 @@ mod tests {
     fn bad_values_are_refused_with_a_reason() {
         let bad = [
             (vec!["--model", "a=1,2,50"], "missing --scheduler"),
-            (vec!["--scheduler", "x"], "no models"),
+            (vec!["--scheduler", "x", "--models", "none"], "no models"),
             (
                 vec!["--scheduler", "x", "--model", "a=1,2,50", "--gpus", "0"],
                 "--gpus",
@@ -492,7 +465,7 @@ mod tests {
     #[test]
     fn flags_override_the_config_file() {
         let file: Args = toml::from_str(
-            "scheduler = \"file-addr\"\ngpus = 3\nmodel = [\"a=1,2,50\"]\nexit_with_parent = true\n",
+            "scheduler = \"file-addr\"\ngpus = 3\nmodels = \"none\"\nmodel = [\"a=1,2,50\"]\nexit_with_parent = true\n",
         )
         .unwrap();
         let s = args(&["--gpus", "2"]).over(file).resolve().unwrap();

@@ -29,7 +29,7 @@ use serde::Deserialize;
 
 use crate::deferred::CoreConfig;
 use crate::netdelay::NetworkDelay;
-use crate::zoo::{parse_model_arg, ModelSpec, Zoo, ZooSelection};
+use crate::zoo::{cluster_models, ModelSpec};
 use metrics::SchedulerMetrics;
 use plane::{ControlPlane, PeerId};
 
@@ -115,29 +115,6 @@ pub struct SchedulerConfig {
     pub metrics: SocketAddr,
     /// Shutdown drain bound.
     pub drain: Duration,
-}
-
-/// Reads the model list every daemon shares: a zoo selection plus extras.
-pub fn cluster_models(zoo: &str, models: &str, extra: &[String]) -> Result<Vec<ModelSpec>, String> {
-    let zoo = Zoo::parse(zoo).map_err(|e| e.to_string())?;
-    let mut specs = match models {
-        "none" => Vec::new(),
-        sel => ZooSelection::parse(sel)
-            .select(zoo.models())
-            .map_err(|e| e.to_string())?,
-    };
-    for m in extra {
-        specs.push(parse_model_arg(m).map_err(|e| e.to_string())?);
-    }
-    for (i, m) in specs.iter().enumerate() {
-        if specs[..i].iter().any(|o| o.name == m.name) {
-            return Err(format!("model {} is listed twice", m.name));
-        }
-    }
-    if specs.is_empty() {
-        return Err("no models (check --models / --model)".into());
-    }
-    Ok(specs)
 }
 
 impl SchedulerArgs {
