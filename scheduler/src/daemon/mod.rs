@@ -620,14 +620,14 @@ impl<C: Connection> Io<C> {
                 dead.push(peer);
                 continue;
             }
+            // No separate progress(): `receive` has just drained every link
+            // with try_recv, which drives the connection (flushes sends,
+            // notices a departure) in the same call.
             if let Some(n) = link.live.due(now, Role::Scheduler, 0, hb) {
                 match link.conn.send(&hb[..n]) {
                     Ok(()) | Err(Error::QueueFull) => {}
                     Err(_) => dead.push(peer),
                 }
-            }
-            if link.conn.progress().is_err() {
-                dead.push(peer);
             }
         }
     }

@@ -44,11 +44,14 @@ pub const MAX_FRONTENDS: u32 = 1 << 12;
 pub const MAX_BACKENDS: u32 = 1 << 16;
 
 /// Encoded messages waiting to be sent, in order, in one flat buffer
-/// (no allocation once warm).
+/// (no allocation once warm). Each message is encoded into a scratch
+/// buffer of the largest message size and only its bytes are appended, so
+/// a 40-byte `Dropped` costs 40 bytes of copying, not a 32 KiB fill.
 #[derive(Debug, Default)]
 pub struct Outbox {
     bytes: Vec<u8>,
     items: Vec<(PeerId, usize, usize)>,
+    scratch: Vec<u8>,
 }
 
 impl Outbox {
@@ -57,6 +60,7 @@ impl Outbox {
         Outbox {
             bytes: Vec::with_capacity(1 << 20),
             items: Vec::with_capacity(4096),
+            scratch: vec![0; wire::MAX_MESSAGE_LEN],
         }
     }
     /// The messages, in order.
@@ -79,20 +83,19 @@ impl Outbox {
         self.items.clear();
     }
     /// Appends a message produced by `encode` (which writes into the given
-    /// buffer and returns the length).
+    /// buffer and returns the length); one that fails to encode is skipped.
     fn push(
         &mut self,
         to: PeerId,
         encode: impl FnOnce(&mut [u8]) -> Result<usize, wire::WireError>,
     ) {
-        let at = self.bytes.len();
-        self.bytes.resize(at + wire::MAX_MESSAGE_LEN, 0);
-        match encode(&mut self.bytes[at..]) {
-            Ok(n) => {
-                self.bytes.truncate(at + n);
-                self.items.push((to, at, n));
-            }
-            Err(_) => self.bytes.truncate(at),
+        if self.scratch.len() < wire::MAX_MESSAGE_LEN {
+            self.scratch.resize(wire::MAX_MESSAGE_LEN, 0);
+        }
+        if let Ok(n) = encode(&mut self.scratch) {
+            let at = self.bytes.len();
+            self.bytes.extend_from_slice(&self.scratch[..n]);
+            self.items.push((to, at, n));
         }
     }
 }
