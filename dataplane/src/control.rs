@@ -91,9 +91,26 @@ pub trait WithDomain {
     fn run<D: Domain>(self, domain: D) -> Self::Out;
 }
 
+/// Options that shape a domain beyond its kind.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DomainOptions {
+    /// tcp: a READ unanswered this long breaks the connection (`None`:
+    /// the transport's default).
+    pub tcp_read_timeout: Option<Duration>,
+}
+
 /// Opens a domain of `kind` and runs `task` on it; `Err` says why the
 /// transport is unavailable.
 pub fn with_domain<W: WithDomain>(kind: TransportKind, task: W) -> Result<W::Out, String> {
+    with_domain_opts(kind, DomainOptions::default(), task)
+}
+
+/// [`with_domain`] with options.
+pub fn with_domain_opts<W: WithDomain>(
+    kind: TransportKind,
+    opts: DomainOptions,
+    task: W,
+) -> Result<W::Out, String> {
     match kind {
         TransportKind::Shm => {
             let d = ShmDomain::new().map_err(|e| format!("transport shm unavailable: {e}"))?;
@@ -105,7 +122,11 @@ pub fn with_domain<W: WithDomain>(kind: TransportKind, task: W) -> Result<W::Out
             } else {
                 Engine::Blocking
             };
-            let d = TcpDomain::new(TcpConfig::new(engine)).map_err(|e| {
+            let mut cfg = TcpConfig::new(engine);
+            if let Some(t) = opts.tcp_read_timeout {
+                cfg.read_timeout = t;
+            }
+            let d = TcpDomain::new(cfg).map_err(|e| {
                 format!(
                     "transport {} unavailable: {e} (try --transport tcp-blocking)",
                     kind.name()

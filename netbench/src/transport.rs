@@ -1,8 +1,7 @@
 //! Picks a transport by name and runs generic code on its domain.
 
+use dataplane::control;
 use dataplane::time::Duration;
-use dataplane::transport::shm::ShmDomain;
-use dataplane::transport::tcp::{Engine, TcpConfig, TcpDomain};
 use dataplane::transport::Domain;
 use serde::{Deserialize, Serialize};
 
@@ -56,50 +55,43 @@ pub struct DomainOptions {
     pub read_timeout: Duration,
 }
 
-/// Opens a `kind` domain and runs `task` on it.
+impl From<TransportKind> for control::TransportKind {
+    fn from(k: TransportKind) -> Self {
+        match k {
+            TransportKind::Rdma => control::TransportKind::Rdma,
+            TransportKind::Tcp => control::TransportKind::Tcp,
+            TransportKind::TcpBlocking => control::TransportKind::TcpBlocking,
+            TransportKind::Shm => control::TransportKind::Shm,
+        }
+    }
+}
+
+/// netbench's tasks fail with [`Fail`]; the shared opener's tasks return
+/// anything.
+struct Adapt<W>(W);
+
+impl<W: WithDomain> control::WithDomain for Adapt<W> {
+    type Out = Res<W::Out>;
+    fn run<D: Domain>(self, domain: D) -> Res<W::Out> {
+        self.0.run(domain)
+    }
+}
+
+/// Opens a `kind` domain (through `dataplane::control`, as the daemons do)
+/// and runs `task` on it.
 pub fn with_domain<W: WithDomain>(
     kind: TransportKind,
     opts: DomainOptions,
     task: W,
 ) -> Res<W::Out> {
-    match kind {
-        TransportKind::Tcp | TransportKind::TcpBlocking => {
-            let engine = if kind == TransportKind::Tcp {
-                Engine::Uring
-            } else {
-                Engine::Blocking
-            };
-            let mut cfg = TcpConfig::new(engine);
-            cfg.read_timeout = opts.read_timeout;
-            let d = TcpDomain::new(cfg).map_err(|e| {
-                Fail::runtime(format!(
-                    "transport {} unavailable: {e} (try --transport tcp-blocking)",
-                    kind.name()
-                ))
-            })?;
-            task.run(d)
-        }
-        TransportKind::Shm => {
-            let d = ShmDomain::new()
-                .map_err(|e| Fail::runtime(format!("transport shm unavailable: {e}")))?;
-            task.run(d)
-        }
-        TransportKind::Rdma => rdma(task),
+    if kind == TransportKind::Rdma && !cfg!(feature = "rdma") {
+        return Err(Fail::usage(
+            "transport rdma: this netbench was built without RDMA support \
+             (rebuild with `cargo build -p netbench --features rdma`)",
+        ));
     }
-}
-
-#[cfg(feature = "rdma")]
-fn rdma<W: WithDomain>(task: W) -> Res<W::Out> {
-    use dataplane::transport::rdma::RdmaDomain;
-    let d = RdmaDomain::from_env()
-        .map_err(|e| Fail::runtime(format!("transport rdma unavailable: {e}")))?;
-    task.run(d)
-}
-
-#[cfg(not(feature = "rdma"))]
-fn rdma<W: WithDomain>(_task: W) -> Res<W::Out> {
-    Err(Fail::usage(
-        "transport rdma: this netbench was built without RDMA support \
-         (rebuild with `cargo build -p netbench --features rdma`)",
-    ))
+    let opts = control::DomainOptions {
+        tcp_read_timeout: Some(opts.read_timeout),
+    };
+    control::with_domain_opts(kind.into(), opts, Adapt(task)).map_err(Fail::runtime)?
 }
