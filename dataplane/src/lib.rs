@@ -6,6 +6,7 @@
 pub mod heap;
 pub mod idle;
 pub mod mem;
+pub mod mutation;
 pub mod poll;
 pub mod reference;
 pub mod ring;

@@ -37,6 +37,7 @@ use crate::wire::WireError;
 pub mod conformance;
 mod registry;
 pub mod shm;
+pub mod sim;
 mod stream;
 pub mod tcp;
 

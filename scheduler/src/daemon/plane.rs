@@ -158,6 +158,8 @@ struct SubCluster {
     sched: DeferredScheduler,
     /// (backend, local GPU) of each sub-cluster GPU id.
     gpu_owner: Vec<(u32, u32)>,
+    /// Planned finish of the last batch planned on each GPU id.
+    planned_free: Vec<Instant>,
 }
 
 /// The control plane.
@@ -176,6 +178,7 @@ pub struct ControlPlane {
     out: Outbox,
     metrics: Arc<SchedulerMetrics>,
     stopping: bool,
+    overlapping_plans: u64,
 }
 
 impl ControlPlane {
@@ -211,6 +214,7 @@ impl ControlPlane {
                 models: ids.clone(),
                 sched: DeferredScheduler::new(&specs, 0, core),
                 gpu_owner: Vec::new(),
+                planned_free: Vec::new(),
             });
         }
         Ok(ControlPlane {
@@ -227,10 +231,17 @@ impl ControlPlane {
             out: Outbox::new(),
             metrics,
             stopping: false,
+            overlapping_plans: 0,
         })
     }
 
     /// Messages to send; the caller sends them and then calls
+    /// Batches planned onto a GPU before its previous planned batch there
+    /// ended (a scheduling bug; stays 0).
+    pub fn overlapping_plans(&self) -> u64 {
+        self.overlapping_plans
+    }
+
     /// [`Outbox::clear`].
     pub fn outbox(&mut self) -> &mut Outbox {
         &mut self.out
@@ -578,6 +589,16 @@ impl ControlPlane {
             else {
                 continue;
             };
+            // Self-check: a GPU never gets a batch planned to start before
+            // its previous planned batch ends (the harness asserts 0).
+            let free = &mut self.subclusters[sc].planned_free;
+            if free.len() <= plan.gpu as usize {
+                free.resize(plan.gpu as usize + 1, Instant::ZERO);
+            }
+            if plan.exec_at < free[plan.gpu as usize] {
+                self.overlapping_plans += 1;
+            }
+            free[plan.gpu as usize] = free[plan.gpu as usize].max(plan.finish_at);
             let batch_id = self.next_batch;
             self.next_batch += 1;
             let global_model = self.subclusters[sc].models[plan.model as usize];
