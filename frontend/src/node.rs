@@ -304,7 +304,7 @@ impl<C: Connection> std::fmt::Debug for FrontendNode<C> {
 /// `d` for an operator: whole seconds as "5 s", otherwise milliseconds.
 fn human(d: Duration) -> String {
     let ns = d.as_nanos();
-    if ns >= 1_000_000_000 && ns % 1_000_000_000 == 0 {
+    if ns >= 1_000_000_000 && ns.is_multiple_of(1_000_000_000) {
         format!("{} s", ns / 1_000_000_000)
     } else {
         format!("{} ms", ns / 1_000_000)
@@ -469,7 +469,10 @@ impl<C: Connection> FrontendNode<C> {
     /// longer ready) while those queued still go out and outcomes are
     /// still routed: see [`drained`](Self::drained).
     pub fn begin_drain(&mut self) {
-        self.tasks.queue.state.store(SINK_DRAINING, Ordering::Release);
+        self.tasks
+            .queue
+            .state
+            .store(SINK_DRAINING, Ordering::Release);
         self.stats().ready.store(false, Ordering::Release);
     }
 
@@ -590,19 +593,19 @@ impl<C: Connection> FrontendNode<C> {
                             // before the ack is not worth failing for.
                             Ok(_) => {}
                             Err(e) => {
-                                return self
-                                    .refuse(format!("the scheduler sent a malformed message: {e}"))
+                                return self.refuse(format!(
+                                    "the scheduler sent a malformed message: {e}"
+                                ));
                             }
                         }
                     }
                     Ok(None) => break,
                     Err(TransportError::PeerDisconnected) => {
-                        return self.refuse(self.refused_text())
+                        return self.refuse(self.refused_text());
                     }
                     Err(e) => {
-                        return self.refuse(format!(
-                            "waiting for the scheduler's acknowledgement: {e}"
-                        ))
+                        return self
+                            .refuse(format!("waiting for the scheduler's acknowledgement: {e}"));
                     }
                 }
             }
@@ -614,7 +617,10 @@ impl<C: Connection> FrontendNode<C> {
                     human(self.cfg.handshake_timeout)
                 )
             } else {
-                format!("registering with the scheduler: {}", TransportError::Timeout)
+                format!(
+                    "registering with the scheduler: {}",
+                    TransportError::Timeout
+                )
             });
         }
         self.phase = Phase::Registering { sent, deadline };
@@ -799,9 +805,9 @@ impl<C: Connection> FrontendNode<C> {
                         "refused a data connection registering as role {} (not a backend)",
                         r.role
                     )),
-                    Ok(_) => Err(without(TransportError::Protocol(wire::WireError::BadValue(
-                        "first message is not Register",
-                    )))),
+                    Ok(_) => Err(without(TransportError::Protocol(
+                        wire::WireError::BadValue("first message is not Register"),
+                    ))),
                     Err(e) => Err(without(e.into())),
                 }),
                 Ok(None) if now >= p.deadline => Some(Err(without(TransportError::Timeout))),
@@ -872,4 +878,563 @@ fn poll_backend<C: Connection>(
         }
     }
     Ok(work)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::models::ModelCatalog;
+    use crate::service::{ClusterService, InferenceService, SubmitError};
+    use crate::staging::{Outcome, StagingConfig, Ticket};
+    use dataplane::mem::{Access, Region};
+    use dataplane::transport::{Completion, ReadOp, Registration};
+    use dataplane::wire::{CompletionHead, OutputKind};
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::Mutex;
+    use std::task::{Context, Poll};
+
+    // ---- a test-only in-memory link: two queues behind a mutex ----------
+
+    #[derive(Default)]
+    struct Wire {
+        to: [VecDeque<Vec<u8>>; 2],
+        gone: [bool; 2],
+    }
+
+    struct Link {
+        wire: Arc<Mutex<Wire>>,
+        side: usize,
+    }
+
+    fn link_pair() -> (Link, Link) {
+        let wire = Arc::new(Mutex::new(Wire::default()));
+        (
+            Link {
+                wire: wire.clone(),
+                side: 0,
+            },
+            Link { wire, side: 1 },
+        )
+    }
+
+    impl Drop for Link {
+        fn drop(&mut self) {
+            self.wire.lock().unwrap().gone[self.side] = true;
+        }
+    }
+
+    impl Connection for Link {
+        fn send(&mut self, msg: &[u8]) -> Result<(), TransportError> {
+            let mut w = self.wire.lock().unwrap();
+            if w.gone[1 - self.side] {
+                return Err(TransportError::PeerDisconnected);
+            }
+            w.to[1 - self.side].push_back(msg.to_vec());
+            Ok(())
+        }
+        fn try_recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, TransportError> {
+            let mut w = self.wire.lock().unwrap();
+            match w.to[self.side].pop_front() {
+                Some(m) => {
+                    buf[..m.len()].copy_from_slice(&m);
+                    Ok(Some(m.len()))
+                }
+                None if w.gone[1 - self.side] => Err(TransportError::PeerDisconnected),
+                None => Ok(None),
+            }
+        }
+        fn post_read(&mut self, _: &ReadOp) -> Result<(), TransportError> {
+            Err(TransportError::Unsupported("no READs on a test link"))
+        }
+        fn poll_completions(&mut self, _: &mut [Completion]) -> Result<usize, TransportError> {
+            Ok(0)
+        }
+        fn progress(&mut self) -> Result<(), TransportError> {
+            Ok(())
+        }
+        fn outstanding_reads(&self) -> usize {
+            0
+        }
+        fn max_outstanding_reads(&self) -> usize {
+            0
+        }
+        fn is_connected(&self) -> bool {
+            !self.wire.lock().unwrap().gone[1 - self.side]
+        }
+    }
+
+    impl Link {
+        fn put<M: wire::FixedMessage>(&mut self, m: &M) {
+            let mut b = [0u8; 256];
+            let n = wire::encode(&mut b, m).unwrap();
+            self.send(&b[..n]).unwrap();
+        }
+        fn put_completion(&mut self, task_id: u64, out: &[u8]) {
+            let head = CompletionHead {
+                task_id,
+                status: TaskStatus::Ok as u32,
+                output_kind: OutputKind::Inline as u32,
+                ..CompletionHead::default()
+            };
+            let mut b = vec![0u8; wire::MAX_MESSAGE_LEN];
+            let n = wire::encode_completion(&mut b, &head, out).unwrap();
+            self.send(&b[..n]).unwrap();
+        }
+        /// Every message waiting, raw.
+        fn take_all(&mut self) -> Vec<Vec<u8>> {
+            self.wire.lock().unwrap().to[self.side].drain(..).collect()
+        }
+        fn tasks(&mut self) -> Vec<Task> {
+            self.take_all()
+                .iter()
+                .filter_map(|m| match wire::decode(m) {
+                    Ok(Message::Task(t)) => Some(t),
+                    _ => None,
+                })
+                .collect()
+        }
+        fn heartbeats(&mut self) -> usize {
+            self.take_all()
+                .iter()
+                .filter(|m| matches!(wire::decode(m), Ok(Message::Heartbeat(_))))
+                .count()
+        }
+    }
+
+    // ---- a frontend on one thread: service, staging, node ---------------
+
+    const T0: Instant = Instant::from_nanos(1_000_000_000);
+    const MS: Duration = Duration::from_millis(1);
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    struct Frontend {
+        node: FrontendNode<Link>,
+        service: ClusterService<NetSink>,
+    }
+
+    fn frontend() -> Frontend {
+        let specs = scheduler::zoo::cluster_models(
+            "a100",
+            "none",
+            &["m0=1,1,500".to_string(), "m1=1,2,500".to_string()],
+        )
+        .unwrap();
+        let catalog = ModelCatalog::with_default_tensors(&specs);
+        let slot_size = catalog.max_input_bytes() as u32;
+        let region = Region::anonymous(slot_size as usize * 8).unwrap();
+        let staging = Staging::new(
+            Registration::new(1, region, Access::REMOTE_READ, 0),
+            StagingConfig {
+                frontend_id: 5,
+                slots: 8,
+                slot_size,
+                max_output: catalog.max_output_bytes() as u32,
+            },
+        )
+        .unwrap();
+        let (sink, tasks) = NetSink::new(4, None);
+        let node = FrontendNode::new(
+            FrontendNodeConfig {
+                id: 5,
+                data_endpoint: "mem:frontend-5".into(),
+                models: 2,
+                heartbeat: ms(100),
+                dead_after: ms(1000),
+                handshake_timeout: ms(5000),
+            },
+            staging.clone(),
+            tasks,
+        );
+        let metrics = Arc::new(Metrics::new(&catalog));
+        let service = ClusterService::new(Arc::new(catalog), staging, sink, metrics, ms(100))
+            .with_ready(node.stats().ready.clone());
+        Frontend { node, service }
+    }
+
+    impl Frontend {
+        fn submit(&self) -> Result<Ticket, SubmitError> {
+            let len = self.service.catalog().by_id(0).unwrap().input.byte_len() as usize;
+            self.service.submit(0, &vec![1u8; len], ms(400))
+        }
+        fn events(&mut self) -> Vec<FrontendEvent> {
+            std::iter::from_fn(|| self.node.poll_event()).collect()
+        }
+        /// Hands over a scheduler link and completes the handshake at `T0`;
+        /// returns the scheduler's end.
+        fn registered(&mut self) -> Link {
+            let (ours, mut sched) = link_pair();
+            self.node.handle_scheduler_link(T0, ours);
+            assert!(self.node.poll(T0));
+            sched.put(&Register::new(Role::Scheduler, 0, 2, ""));
+            assert!(self.node.poll(T0));
+            assert_eq!(self.events(), [FrontendEvent::Registered { models: 2 }]);
+            sched.take_all();
+            sched
+        }
+        /// Hands over a data link that registers as backend `id`.
+        fn backend(&mut self, now: Instant, id: u32) -> Link {
+            let (ours, mut theirs) = link_pair();
+            self.node.handle_backend_link(now, ours);
+            theirs.put(&Register::new(Role::Backend, id, 1, ""));
+            assert!(self.node.poll(now));
+            theirs
+        }
+    }
+
+    fn poll_now(t: &mut Ticket) -> Poll<Outcome> {
+        Pin::new(t).poll(&mut Context::from_waker(std::task::Waker::noop()))
+    }
+
+    // ---- tests ----------------------------------------------------------
+
+    #[test]
+    fn registers_then_opens_the_sink_and_heartbeats_once_per_interval() {
+        let mut f = frontend();
+        assert!(!f.service.ready());
+        assert_eq!(
+            f.submit().unwrap_err(),
+            SubmitError::SendFailed("not registered with the scheduler".into())
+        );
+        assert_eq!(f.node.poll_at(), None);
+
+        let (ours, mut sched) = link_pair();
+        f.node.handle_scheduler_link(T0, ours);
+        assert_eq!(f.node.poll_at(), Some(T0 + ms(5000)));
+        assert!(f.node.poll(T0));
+        let sent = sched.take_all();
+        assert_eq!(sent.len(), 1);
+        match wire::decode(&sent[0]) {
+            Ok(Message::Register(r)) => {
+                assert_eq!(r.role(), Some(Role::Frontend));
+                assert_eq!((r.id, r.count, r.endpoint()), (5, 0, "mem:frontend-5"));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Nothing until the ack; a heartbeat first is fine.
+        assert!(!f.node.poll(T0));
+        assert!(!f.node.is_registered());
+        sched.put(&wire::Heartbeat {
+            seq: 1,
+            role: Role::Scheduler as u32,
+            id: 0,
+        });
+        sched.put(&Register::new(Role::Scheduler, 0, 2, ""));
+        assert!(f.node.poll(T0 + MS));
+        assert_eq!(f.events(), [FrontendEvent::Registered { models: 2 }]);
+        assert!(f.node.is_registered() && f.service.ready());
+        assert!(f.node.stats().ready.load(Ordering::Relaxed));
+
+        // The first heartbeat is due at once; time standing still sends no
+        // second one, and an earlier `now` counts as the latest seen.
+        assert_eq!(f.node.poll_at(), Some(T0 + MS));
+        f.node.poll(T0 + MS);
+        f.node.poll(T0 + MS);
+        f.node.poll(T0);
+        assert_eq!(sched.heartbeats(), 1);
+        assert_eq!(f.node.poll_at(), Some(T0 + MS + ms(100)));
+        f.node.poll(T0 + MS + ms(100));
+        assert_eq!(sched.heartbeats(), 1);
+        assert!(f.events().is_empty());
+    }
+
+    #[test]
+    fn a_closed_link_a_model_mismatch_or_no_ack_in_time_is_a_refusal() {
+        let mut f = frontend();
+        // The scheduler hangs up: refused (duplicate id?).
+        let (ours, sched) = link_pair();
+        f.node.handle_scheduler_link(T0, ours);
+        f.node.poll(T0);
+        drop(sched);
+        f.node.poll(T0);
+        match f.events().as_slice() {
+            [FrontendEvent::Refused { why }] => assert!(why.contains("refused"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            f.node.take_closed_link().is_some(),
+            "the link is handed back"
+        );
+        assert_eq!(f.node.poll_at(), None);
+
+        // Another model count.
+        let (ours, mut sched) = link_pair();
+        f.node.handle_scheduler_link(T0, ours);
+        f.node.poll(T0);
+        sched.put(&Register::new(Role::Scheduler, 0, 3, ""));
+        f.node.poll(T0);
+        match f.events().as_slice() {
+            [FrontendEvent::Refused { why }] => assert!(why.contains("same --zoo"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+
+        // Silence: refused when the clock jumps to the handshake deadline.
+        let (ours, _sched) = link_pair();
+        f.node.handle_scheduler_link(T0, ours);
+        f.node.poll(T0);
+        let deadline = f.node.poll_at().unwrap();
+        assert_eq!(deadline, T0 + ms(5000));
+        f.node
+            .poll(deadline.saturating_sub(Duration::from_nanos(1)));
+        assert!(f.events().is_empty());
+        f.node.poll(deadline);
+        match f.events().as_slice() {
+            [FrontendEvent::Refused { why }] => {
+                assert!(
+                    why.contains("did not acknowledge") && why.contains("5 s"),
+                    "{why}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!f.node.is_registered() && !f.service.ready());
+    }
+
+    #[test]
+    fn a_task_goes_out_and_its_drop_reaches_the_ticket() {
+        let mut f = frontend();
+        let mut sched = f.registered();
+        let mut ticket = f.submit().unwrap();
+        assert!(f.node.has_queued_tasks());
+        assert!(f.node.poll(T0));
+        let tasks = sched.tasks();
+        assert_eq!(tasks.len(), 1);
+        assert_eq!(tasks[0].task_id, ticket.task_id());
+        assert_eq!((tasks[0].model_id, tasks[0].frontend_id), (0, 5));
+        assert_eq!(f.node.stats().tasks_sent.load(Ordering::Relaxed), 1);
+        assert!(poll_now(&mut ticket).is_pending());
+
+        sched.put(&wire::Dropped {
+            task_id: ticket.task_id(),
+            reason: DropReason::Overloaded as u32,
+            reserved: 0,
+        });
+        assert!(f.node.poll(T0));
+        assert_eq!(
+            poll_now(&mut ticket),
+            Poll::Ready(Outcome::Dropped(DropReason::Overloaded))
+        );
+        let c = f.service.counters();
+        assert!(c.balanced() && (c.accepted, c.dropped) == (1, 1), "{c:?}");
+    }
+
+    #[test]
+    fn a_backend_completion_is_delivered_once_and_a_duplicate_is_counted() {
+        let mut f = frontend();
+        let mut sched = f.registered();
+        let mut backend = f.backend(T0, 9);
+        assert_eq!(f.events(), [FrontendEvent::BackendJoined(9)]);
+        assert_eq!(f.node.stats().backends.load(Ordering::Relaxed), 1);
+
+        let mut ticket = f.submit().unwrap();
+        f.node.poll(T0);
+        let id = sched.tasks()[0].task_id;
+        // Delivered twice by the network: one outcome, one duplicate.
+        backend.put_completion(id, b"output");
+        backend.put_completion(id, b"output");
+        assert!(f.node.poll(T0));
+        assert_eq!(
+            poll_now(&mut ticket),
+            Poll::Ready(Outcome::Ok(b"output".to_vec()))
+        );
+        drop(ticket);
+        // A third copy after the slot is free names nothing in flight.
+        backend.put_completion(id, b"output");
+        f.node.poll(T0);
+        let c = f.service.counters();
+        assert_eq!(
+            (c.accepted, c.succeeded, c.duplicates, c.unroutable),
+            (1, 1, 1, 1),
+            "{c:?}"
+        );
+        assert!(c.balanced());
+        assert_eq!(f.node.stats().bad_messages.load(Ordering::Relaxed), 0);
+        assert!(f.events().is_empty());
+    }
+
+    #[test]
+    fn losing_the_scheduler_ends_every_request_in_flight_once() {
+        let mut f = frontend();
+        let sched = f.registered();
+        let mut sent: Vec<Ticket> = (0..2).map(|_| f.submit().unwrap()).collect();
+        f.node.poll(T0);
+        let orphan = f.submit().unwrap();
+        f.node.poll(T0);
+        drop(orphan); // its client has gone
+        let mut queued = f.submit().unwrap(); // not sent yet
+        drop(sched);
+
+        // The queued task's send finds the link gone.
+        assert!(f.node.poll(T0 + MS));
+        assert!(matches!(
+            f.events().as_slice(),
+            [FrontendEvent::SchedulerLost { why }] if why.contains("sending a task")
+        ));
+        for t in sent.iter_mut().chain([&mut queued]) {
+            assert_eq!(
+                poll_now(t),
+                Poll::Ready(Outcome::Dropped(DropReason::Shutdown))
+            );
+        }
+        let c = f.service.counters();
+        assert_eq!((c.accepted, c.dropped, c.duplicates), (4, 4, 0), "{c:?}");
+        assert!(c.balanced());
+        assert!(f.node.take_closed_link().is_some());
+
+        // Nothing more happens: no second event, no second outcome; new
+        // requests are refused at once.
+        f.node.poll(T0 + ms(5000));
+        assert!(f.events().is_empty());
+        assert!(!f.node.is_registered() && !f.service.ready());
+        assert_eq!(f.node.poll_at(), None);
+        assert!(matches!(f.submit(), Err(SubmitError::SendFailed(_))));
+        let c = f.service.counters();
+        assert_eq!((c.accepted, c.dropped, c.failed), (5, 4, 1), "{c:?}");
+        assert!(c.balanced());
+        assert_eq!(f.node.staging().in_flight(), 0);
+    }
+
+    #[test]
+    fn a_silent_scheduler_is_lost_just_past_the_timeout_on_a_jumping_clock() {
+        let mut f = frontend();
+        let mut sched = f.registered();
+        let mut ticket = f.submit().unwrap();
+        // Jump from deadline to deadline, as a virtual clock does.
+        let mut polls = 0;
+        let lost_at = loop {
+            let at = f.node.poll_at().expect("a timer while registered");
+            f.node.poll(at);
+            polls += 1;
+            if !f.events().is_empty() {
+                break at;
+            }
+            assert!(polls < 100);
+        };
+        assert_eq!(lost_at, T0 + ms(1000) + Duration::from_nanos(1));
+        // Heartbeats at 0, 100, ..., 1000 ms.
+        assert_eq!(sched.heartbeats(), 11);
+        assert_eq!(
+            poll_now(&mut ticket),
+            Poll::Ready(Outcome::Dropped(DropReason::Shutdown))
+        );
+        assert!(!f.node.is_registered());
+    }
+
+    #[test]
+    fn data_links_must_register_as_backends_in_time() {
+        // (No scheduler link: its liveness would end it as the clock jumps.)
+        let mut f = frontend();
+        // Registers as something else.
+        let (ours, mut other) = link_pair();
+        f.node.handle_backend_link(T0, ours);
+        other.put(&Register::new(Role::Frontend, 1, 0, ""));
+        // Sends something else first.
+        let (ours, mut chatty) = link_pair();
+        f.node.handle_backend_link(T0, ours);
+        chatty.put(&wire::Heartbeat {
+            seq: 1,
+            role: Role::Backend as u32,
+            id: 3,
+        });
+        f.node.poll(T0);
+        let why: Vec<String> = f
+            .events()
+            .into_iter()
+            .map(|e| match e {
+                FrontendEvent::LinkRefused { why } => why,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(why.len(), 2);
+        assert!(why.iter().any(|w| w.contains("not a backend")), "{why:?}");
+        assert!(
+            why.iter().any(|w| w.contains("without Register")),
+            "{why:?}"
+        );
+        assert_eq!(
+            std::iter::from_fn(|| f.node.take_closed_link()).count(),
+            2,
+            "refused links are handed back"
+        );
+
+        // Silent: refused at its handshake deadline.
+        let (ours, _silent) = link_pair();
+        f.node.handle_backend_link(T0 + MS, ours);
+        let mut n = 0;
+        f.node.for_each_conn(|_| n += 1);
+        assert_eq!(n, 1, "the silent link");
+        f.node.poll(T0 + ms(5000));
+        assert!(f.events().is_empty(), "not yet");
+        f.node.poll(T0 + MS + ms(5000));
+        assert!(matches!(
+            f.events().as_slice(),
+            [FrontendEvent::LinkRefused { why }] if why.contains("without Register")
+        ));
+
+        // A backend that reconnects replaces its old link; one that sends
+        // garbage is lost.
+        let _old = f.backend(T0, 9);
+        let mut new = f.backend(T0, 9);
+        assert_eq!(
+            f.events(),
+            [
+                FrontendEvent::BackendJoined(9),
+                FrontendEvent::BackendJoined(9)
+            ]
+        );
+        assert!(f.node.take_closed_link().is_some(), "the replaced link");
+        assert_eq!(f.node.stats().backends.load(Ordering::Relaxed), 1);
+        new.send(&[0xff; 16]).unwrap();
+        f.node.poll(T0);
+        assert!(matches!(
+            f.events().as_slice(),
+            [FrontendEvent::BackendLost { id: 9, why }] if why.contains("malformed")
+        ));
+        let s = f.node.stats();
+        assert_eq!(s.backends.load(Ordering::Relaxed), 0);
+        assert_eq!(s.backends_lost.load(Ordering::Relaxed), 1);
+        assert_eq!(s.bad_messages.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_drain_sends_what_is_queued_then_shutdown_ends_the_rest() {
+        let mut f = frontend();
+        let mut sched = f.registered();
+        let mut first = f.submit().unwrap();
+        let mut second = f.submit().unwrap();
+        f.node.begin_drain();
+        assert!(!f.service.ready());
+        assert_eq!(
+            f.submit().unwrap_err(),
+            SubmitError::SendFailed("the frontend is shutting down".into())
+        );
+        assert!(!f.node.drained());
+        f.node.poll(T0);
+        let tasks = sched.tasks();
+        assert_eq!(tasks.len(), 2, "queued tasks still go out");
+        sched.put(&wire::Dropped {
+            task_id: tasks[0].task_id,
+            reason: DropReason::Overloaded as u32,
+            reserved: 0,
+        });
+        f.node.poll(T0);
+        assert_eq!(
+            poll_now(&mut first),
+            Poll::Ready(Outcome::Dropped(DropReason::Overloaded))
+        );
+        assert!(!f.node.drained(), "one request is still in flight");
+        f.node.shutdown();
+        assert_eq!(
+            poll_now(&mut second),
+            Poll::Ready(Outcome::Dropped(DropReason::Shutdown))
+        );
+        assert!(f.node.drained());
+        let c = f.service.counters();
+        assert!(c.balanced() && c.accepted == 3 && c.failed == 1, "{c:?}");
+        assert_eq!(f.node.into_links().len(), 1, "the scheduler link");
+    }
 }
