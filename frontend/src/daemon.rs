@@ -22,8 +22,7 @@
 use crate::http::{HttpConfig, Server};
 use crate::metrics::Metrics;
 use crate::models::ModelCatalog;
-use crate::node::NetSink;
-use crate::node::{FrontendEvent, FrontendNode, FrontendNodeConfig, FrontendStats};
+use crate::node::{FrontendEvent, FrontendNode, FrontendNodeConfig, FrontendStats, NetSink};
 use crate::service::ClusterService;
 use crate::staging::{RoutedOutcome, Staging, StagingConfig};
 use clap::Parser;
@@ -600,7 +599,7 @@ struct IoHost<D: Domain> {
 }
 
 impl<D: Domain> IoHost<D> {
-    /// Hands `conn` to the node as a new link: its fd joins the wait set.
+    /// Puts a link's fd in the wait set (before the node gets the link).
     fn add_fd(&mut self, conn: &D::Conn) {
         if let Some(fd) = conn.wait_fd() {
             let _ = self.idler.set().add(fd);
