@@ -4,13 +4,17 @@
 //! and outcomes coming back from the scheduler (drops, failures) and from
 //! the backends' data connections (completions).
 //!
-//! Threads: the HTTP runtime's workers stage requests and push their tasks
-//! into a bounded lock-free queue ([`NetSink`]); one I/O thread owns every
-//! connection (it sends the tasks, polls the scheduler and each backend,
-//! serves READs on tcp, routes outcomes into the staging area, heartbeats);
-//! an acceptor thread takes backends' data connections and hands them over
-//! after their `Register{Backend}`; the main thread waits for a stop
-//! signal or for the I/O thread to end.
+//! The I/O work is a sans-IO [`FrontendNode`] (see [`crate::node`]); this
+//! module is its host. Threads: the HTTP runtime's workers stage requests
+//! and push their tasks into the node's bounded lock-free queue
+//! ([`NetSink`]); one I/O thread polls the node on the real clock (it owns
+//! every connection: sends the tasks, polls the scheduler and each backend,
+//! serves READs on tcp, routes outcomes into the staging area, heartbeats)
+//! and sleeps in a wait set over the node's links until the node's next
+//! timer; an acceptor thread takes backends' data connections and hands
+//! them to the node, which checks their `Register{Backend}`; the main
+//! thread connects to the scheduler, registers through the node, then
+//! waits for a stop signal or for the I/O thread to end.
 //!
 //! Entry point: [`main_with_args`] (the `symphony-frontend` binary is a
 //! thin wrapper, so a multi-call binary can run it too).
@@ -18,25 +22,24 @@
 use crate::http::{HttpConfig, Server};
 use crate::metrics::Metrics;
 use crate::models::ModelCatalog;
-use crate::service::{ClusterService, SinkError, TaskSink};
+use crate::node::{FrontendEvent, FrontendNode, FrontendNodeConfig, FrontendStats, NetSink};
+use crate::service::ClusterService;
 use crate::staging::{RoutedOutcome, Staging, StagingConfig};
 use clap::Parser;
-use crossbeam_queue::ArrayQueue;
-use dataplane::control::{self, Liveness, MetricsEndpoint, TransportKind, WithDomain};
+use dataplane::control::{self, MetricsEndpoint, TransportKind, WithDomain};
 use dataplane::idle::IdleStrategy;
 use dataplane::waitset::{IdleWait, Notifier};
 use dataplane::mem::Access;
-use dataplane::time::{Duration, MonotonicClock};
+use dataplane::time::{Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Error as TransportError, Listener, Registration};
-use dataplane::wire::{self, DropReason, Message, Register, Role, Task};
+use dataplane::wire::DropReason;
 use scheduler::zoo::{cluster_models, ModelSpec};
 use serde::Deserialize;
-use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
 /// Frontend ids must be below this (the scheduler refuses others).
@@ -344,139 +347,6 @@ impl WithDomain for Daemon {
     }
 }
 
-/// The daemon's own counters (beyond the staging's accounting).
-#[derive(Debug, Default)]
-struct DaemonStats {
-    ready: AtomicBool,
-    tasks_sent: AtomicU64,
-    queue_full: AtomicU64,
-    backends: AtomicU64,
-    backends_lost: AtomicU64,
-    bad_messages: AtomicU64,
-}
-
-impl DaemonStats {
-    fn render(&self, o: &mut String) {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        for (name, kind, help, v) in [
-            (
-                "symphony_frontend_ready",
-                "gauge",
-                "1 while registered with the scheduler",
-                u64::from(self.ready.load(Ordering::Relaxed)),
-            ),
-            (
-                "symphony_frontend_backends",
-                "gauge",
-                "Backend data connections open",
-                l(&self.backends),
-            ),
-            (
-                "symphony_frontend_tasks_sent_total",
-                "counter",
-                "Tasks sent to the scheduler",
-                l(&self.tasks_sent),
-            ),
-            (
-                "symphony_frontend_queue_full_total",
-                "counter",
-                "Requests failed because the queue to the scheduler was full",
-                l(&self.queue_full),
-            ),
-            (
-                "symphony_frontend_backends_lost_total",
-                "counter",
-                "Backend data connections that died or misbehaved",
-                l(&self.backends_lost),
-            ),
-            (
-                "symphony_frontend_bad_messages_total",
-                "counter",
-                "Malformed or unroutable messages received",
-                l(&self.bad_messages),
-            ),
-        ] {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
-        }
-    }
-}
-
-/// The [`TaskSink`] of the daemon: a bounded lock-free queue drained by
-/// the I/O thread, which it wakes. Never blocks; a full queue or a closed
-/// sink (not registered with the scheduler) is an error, so the request
-/// fails at once (counted) instead of waiting.
-#[derive(Clone, Debug)]
-pub struct NetSink {
-    queue: Arc<ArrayQueue<Task>>,
-    waker: Notifier,
-    open: Arc<AtomicBool>,
-    stats: Arc<DaemonStats>,
-}
-
-impl TaskSink for NetSink {
-    fn send(&self, task: &Task) -> Result<(), SinkError> {
-        if !self.open.load(Ordering::Acquire) {
-            return Err(SinkError("not registered with the scheduler".into()));
-        }
-        if self.queue.push(*task).is_err() {
-            self.stats.queue_full.fetch_add(1, Ordering::Relaxed);
-            return Err(SinkError("the queue to the scheduler is full".into()));
-        }
-        self.waker.notify();
-        Ok(())
-    }
-}
-
-/// Connects, registers and waits for the scheduler's acknowledgement;
-/// returns the connection and the model count the scheduler announced.
-fn register_with_scheduler<D: Domain>(
-    domain: &D,
-    opts: &Options,
-    data_addr: &str,
-) -> Result<(D::Conn, u32), String> {
-    let mut conn = control::connect_retrying(domain, &opts.scheduler, CONNECT_TIMEOUT)
-        .map_err(|e| format!("cannot reach the scheduler at '{}': {e}", opts.scheduler))?;
-    let reg = Register::new(Role::Frontend, u32::from(opts.id), 0, data_addr);
-    let refused = || {
-        format!(
-            "the scheduler refused the registration of frontend {} (closed the connection: duplicate id?)",
-            opts.id
-        )
-    };
-    // A refusing scheduler closes the connection, which this side may see
-    // while still sending its Register.
-    control::send_register(&mut conn, &reg, HANDSHAKE_TIMEOUT).map_err(|e| match e {
-        TransportError::PeerDisconnected => refused(),
-        e => format!("registering with the scheduler: {e}"),
-    })?;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(5000);
-    let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let n = match control::recv_within(
-            &mut conn,
-            &mut buf,
-            Duration::from_nanos(left.as_nanos() as u64),
-        ) {
-            Ok(n) => n,
-            Err(TransportError::PeerDisconnected) => return Err(refused()),
-            Err(TransportError::Timeout) => {
-                return Err("the scheduler did not acknowledge the registration within 5 s".into())
-            }
-            Err(e) => return Err(format!("waiting for the scheduler's acknowledgement: {e}")),
-        };
-        match wire::decode(&buf[..n]) {
-            Ok(Message::Register(r)) if r.role() == Some(Role::Scheduler) => {
-                return Ok((conn, r.count))
-            }
-            // Heartbeats may come first; anything else before the ack is
-            // not worth failing for.
-            Ok(_) => {}
-            Err(e) => return Err(format!("the scheduler sent a malformed message: {e}")),
-        }
-    }
-}
-
 fn serve<D: Domain>(domain: D, opts: Options) -> Result<(), String> {
     let catalog = ModelCatalog::with_default_tensors(&opts.models);
     let slot_size = u32::try_from(catalog.max_input_bytes().max(1))
@@ -503,13 +373,34 @@ fn serve<D: Domain>(domain: D, opts: Options) -> Result<(), String> {
         .map_err(|e| format!("data listener on '{}': {e}", opts.data_listen))?;
     let data_addr = listener.local_addr();
 
-    let (sched, model_count) = register_with_scheduler(&domain, &opts, &data_addr)?;
-    if model_count as usize != catalog.entries().len() {
-        return Err(format!(
-            "the scheduler has {model_count} models, this frontend {}: give every daemon the same --zoo/--models/--model",
-            catalog.entries().len()
-        ));
-    }
+    let idler = IdleWait::new(opts.idle).map_err(|e| format!("wait set: {e}"))?;
+    let (sink, tasks) = NetSink::new(opts.queue, Some(idler.notifier()));
+    let stats = sink.stats().clone();
+    let node = FrontendNode::new(
+        FrontendNodeConfig {
+            id: opts.id,
+            data_endpoint: data_addr.clone(),
+            models: catalog.entries().len() as u32,
+            heartbeat: opts.heartbeat,
+            dead_after: opts.dead_after,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+        },
+        staging.clone(),
+        tasks,
+    );
+    let sched = control::connect_retrying(&domain, &opts.scheduler, CONNECT_TIMEOUT)
+        .map_err(|e| format!("cannot reach the scheduler at '{}': {e}", opts.scheduler))?;
+    let stop_io = Arc::new(AtomicBool::new(false));
+    let mut io = IoHost {
+        domain,
+        reg,
+        node,
+        idler,
+        clock: MonotonicClock::new(),
+        id: opts.id,
+        stop: stop_io.clone(),
+    };
+    let model_count = io.register(sched)?;
     eprintln!(
         "symphony-frontend {}: registered with the scheduler at {} ({} models, transport {})",
         opts.id,
@@ -518,24 +409,10 @@ fn serve<D: Domain>(domain: D, opts: Options) -> Result<(), String> {
         opts.transport.name()
     );
 
-    let stats = Arc::new(DaemonStats::default());
-    let ready = Arc::new(AtomicBool::new(true));
-    stats.ready.store(true, Ordering::Relaxed);
-    let open = Arc::new(AtomicBool::new(true));
-    let stop_io = Arc::new(AtomicBool::new(false));
     let stop_accept = Arc::new(AtomicBool::new(false));
-    let idler = IdleWait::new(opts.idle).map_err(|e| format!("wait set: {e}"))?;
-    let queue = Arc::new(ArrayQueue::new(opts.queue));
-    let sink = NetSink {
-        queue: queue.clone(),
-        waker: idler.notifier(),
-        open: open.clone(),
-        stats: stats.clone(),
-    };
-
     let (conn_tx, conn_rx) = mpsc::channel();
     let acceptor = {
-        let (stop, waker) = (stop_accept.clone(), idler.notifier());
+        let (stop, waker) = (stop_accept.clone(), io.idler.notifier());
         std::thread::Builder::new()
             .name("frontend-accept".into())
             .spawn(move || accept_backends(listener, conn_tx, stop, waker))
@@ -543,33 +420,17 @@ fn serve<D: Domain>(domain: D, opts: Options) -> Result<(), String> {
     };
 
     let (done_tx, done_rx) = mpsc::channel();
-    let io_wake = idler.notifier();
-    let io = IoThread {
-        domain,
-        reg,
-        sched,
-        incoming: conn_rx,
-        queue,
-        staging: staging.clone(),
-        idler,
-        id: opts.id,
-        heartbeat: opts.heartbeat,
-        dead_after: opts.dead_after,
-        ready: ready.clone(),
-        open,
-        stop: stop_io.clone(),
-        stats: stats.clone(),
-    };
+    let io_wake = io.idler.notifier();
     let io_thread = std::thread::Builder::new()
         .name("frontend-io".into())
         .spawn(move || {
-            let r = io.run();
+            let r = io.run(conn_rx);
             let _ = done_tx.send(r);
         })
         .map_err(|e| format!("I/O thread: {e}"))?;
 
     let result = serve_http(
-        &opts, catalog, staging, sink, ready, &stats, &data_addr, &done_rx, &stop_io, &io_wake,
+        &opts, catalog, staging, sink, &stats, &data_addr, &done_rx, &stop_io, &io_wake,
     );
     stop_io.store(true, Ordering::SeqCst);
     stop_accept.store(true, Ordering::SeqCst);
@@ -587,8 +448,7 @@ fn serve_http(
     catalog: ModelCatalog,
     staging: Arc<Staging>,
     sink: NetSink,
-    ready: Arc<AtomicBool>,
-    stats: &Arc<DaemonStats>,
+    stats: &Arc<FrontendStats>,
     data_addr: &str,
     done_rx: &mpsc::Receiver<Result<(), String>>,
     stop_io: &AtomicBool,
@@ -617,7 +477,7 @@ fn serve_http(
             metrics.clone(),
             opts.grace,
         )
-        .with_ready(ready.clone())
+        .with_ready(stats.ready.clone())
         .with_return_margin(opts.return_margin),
     );
     let http_cfg = HttpConfig {
@@ -663,8 +523,7 @@ fn serve_http(
     // Stop taking requests; answer those in flight (outcomes still arrive
     // while the I/O thread runs; if it has ended they were already ended),
     // waiting at most the longest deadline plus grace.
-    ready.store(false, Ordering::Release);
-    stats.ready.store(false, Ordering::Relaxed);
+    stats.ready.store(false, Ordering::Release);
     let limit = std::time::Duration::from_millis(
         max_slo_ms
             .saturating_add(opts.grace.as_nanos() / 1_000_000)
@@ -695,29 +554,22 @@ fn serve_http(
     }
 }
 
-/// Accepts backends' data connections, checks their `Register{Backend}`
-/// and hands them to the I/O thread.
+/// Accepts backends' data connections and hands them to the I/O thread
+/// (whose node checks their `Register{Backend}`).
 fn accept_backends<L: Listener>(
     mut listener: L,
-    tx: mpsc::Sender<(u32, L::Conn)>,
+    tx: mpsc::Sender<L::Conn>,
     stop: Arc<AtomicBool>,
     waker: Notifier,
 ) {
     while !stop.load(Ordering::SeqCst) {
         match listener.accept(Duration::from_millis(100)) {
-            Ok(mut conn) => match control::expect_register(&mut conn, HANDSHAKE_TIMEOUT) {
-                Ok(r) if r.role() == Some(Role::Backend) => {
-                    if tx.send((r.id, conn)).is_err() {
-                        return;
-                    }
-                    waker.signal();
+            Ok(conn) => {
+                if tx.send(conn).is_err() {
+                    return;
                 }
-                Ok(r) => eprintln!(
-                    "symphony-frontend: refused a data connection registering as role {} (not a backend)",
-                    r.role
-                ),
-                Err(e) => eprintln!("symphony-frontend: data connection without Register: {e}"),
-            },
+                waker.signal();
+            }
             Err(TransportError::Timeout) => {}
             Err(e) => {
                 eprintln!("symphony-frontend: accepting a data connection: {e}");
@@ -733,39 +585,78 @@ enum Ended {
     SchedulerGone(String),
 }
 
-struct IoThread<D: Domain> {
+/// The host around the [`FrontendNode`]: the real clock, the wait set over
+/// the node's links, the logs, and the domain the staging region is
+/// registered in.
+struct IoHost<D: Domain> {
     domain: D,
     reg: Registration,
-    sched: D::Conn,
-    incoming: mpsc::Receiver<(u32, D::Conn)>,
-    queue: Arc<ArrayQueue<Task>>,
-    staging: Arc<Staging>,
+    node: FrontendNode<D::Conn>,
     idler: IdleWait,
+    clock: MonotonicClock,
     id: u16,
-    heartbeat: Duration,
-    dead_after: Duration,
-    ready: Arc<AtomicBool>,
-    open: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
-    stats: Arc<DaemonStats>,
 }
 
-impl<D: Domain> IoThread<D> {
-    fn run(mut self) -> Result<(), String> {
-        let mut backends: Vec<(u32, D::Conn)> = Vec::new();
-        let ended = self.poll_loop(&mut backends);
-        // Nothing will answer what is still queued or in flight.
-        self.ready.store(false, Ordering::Release);
-        self.stats.ready.store(false, Ordering::Relaxed);
-        self.open.store(false, Ordering::SeqCst);
-        while let Some(t) = self.queue.pop() {
-            self.staging
-                .route(t.task_id, RoutedOutcome::Dropped(DropReason::Shutdown));
+impl<D: Domain> IoHost<D> {
+    /// Puts a link's fd in the wait set (before the node gets the link).
+    fn add_fd(&mut self, conn: &D::Conn) {
+        if let Some(fd) = conn.wait_fd() {
+            let _ = self.idler.set().add(fd);
         }
-        self.staging
-            .end_in_flight(RoutedOutcome::Dropped(DropReason::Shutdown));
-        let mut conns: Vec<&mut D::Conn> = backends.iter_mut().map(|(_, c)| c).collect();
-        conns.push(&mut self.sched);
+    }
+
+    /// Takes the links the node let go of out of the wait set (a dead
+    /// connection's fd would stay readable) and drops them.
+    fn retire_closed(&mut self) {
+        while let Some(gone) = self.node.take_closed_link() {
+            if let Some(fd) = gone.wait_fd() {
+                self.idler.set().remove(fd);
+            }
+        }
+    }
+
+    /// One idle pass until the node's next timer, unless a task arrives.
+    fn idle(&mut self, now: Instant) {
+        let budget = self
+            .node
+            .poll_at()
+            .map_or(Duration::from_millis(100), |t| t.saturating_since(now));
+        let (node, stop) = (&self.node, &self.stop);
+        self.idler
+            .idle_unless(budget, || node.has_queued_tasks() || stop.load(Ordering::Acquire));
+    }
+
+    /// Registers with the scheduler over `sched`; returns the scheduler's
+    /// model count once it acknowledged.
+    fn register(&mut self, sched: D::Conn) -> Result<u32, String> {
+        self.add_fd(&sched);
+        self.node.handle_scheduler_link(self.clock.now(), sched);
+        loop {
+            let now = self.clock.now();
+            let work = self.node.poll(now);
+            self.retire_closed();
+            while let Some(ev) = self.node.poll_event() {
+                match ev {
+                    FrontendEvent::Registered { models } => return Ok(models),
+                    FrontendEvent::Refused { why } => return Err(why),
+                    _ => {}
+                }
+            }
+            if work {
+                self.idler.reset();
+            } else {
+                self.idle(now);
+            }
+        }
+    }
+
+    fn run(mut self, incoming: mpsc::Receiver<D::Conn>) -> Result<(), String> {
+        let ended = self.poll_loop(&incoming);
+        // Nothing will answer what is still queued or in flight.
+        self.node.shutdown();
+        let mut links = self.node.into_links();
+        let mut conns: Vec<&mut D::Conn> = links.iter_mut().collect();
         let _ = dataplane::transport::deregister_within(
             &self.domain,
             &self.reg,
@@ -778,176 +669,37 @@ impl<D: Domain> IoThread<D> {
         }
     }
 
-    fn poll_loop(&mut self, backends: &mut Vec<(u32, D::Conn)>) -> Ended {
-        if let Some(fd) = self.sched.wait_fd() {
-            let _ = self.idler.set().add(fd);
-        }
-        let clock = MonotonicClock::new();
-        let mut live = Liveness::new(clock.now(), self.heartbeat, self.dead_after);
-        let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN].into_boxed_slice();
-        let mut hb = [0u8; 64];
-        let mut unsent: Option<Task> = None;
-        let tid = u32::from(self.id);
+    fn poll_loop(&mut self, incoming: &mpsc::Receiver<D::Conn>) -> Ended {
         loop {
             if self.stop.load(Ordering::Acquire) {
                 return Ended::Stopped;
             }
-            let now = clock.now();
-            let mut work = false;
-
-            // Tasks to the scheduler, in order; a full send queue keeps
-            // the task for the next pass.
-            while let Some(task) = unsent.take().or_else(|| self.queue.pop()) {
-                let n = match wire::encode(&mut buf, &task) {
-                    Ok(n) => n,
-                    Err(_) => {
-                        self.staging.route(
-                            task.task_id,
-                            RoutedOutcome::Failed(wire::TaskStatus::ExecFailed),
-                        );
-                        continue;
-                    }
-                };
-                match self.sched.send(&buf[..n]) {
-                    Ok(()) => {
-                        work = true;
-                        self.stats.tasks_sent.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(TransportError::QueueFull) => {
-                        unsent = Some(task);
-                        break;
-                    }
-                    Err(e) => {
-                        self.staging
-                            .route(task.task_id, RoutedOutcome::Dropped(DropReason::Shutdown));
-                        return Ended::SchedulerGone(format!("sending a task: {e}"));
-                    }
+            let now = self.clock.now();
+            let mut work = self.node.poll(now);
+            self.retire_closed();
+            while let Some(ev) = self.node.poll_event() {
+                match ev {
+                    FrontendEvent::SchedulerLost { why } => return Ended::SchedulerGone(why),
+                    FrontendEvent::BackendLost { id, why } => eprintln!(
+                        "symphony-frontend {}: backend {id} data connection closed: {why}",
+                        self.id
+                    ),
+                    FrontendEvent::LinkRefused { why } => eprintln!("symphony-frontend: {why}"),
+                    FrontendEvent::Registered { .. }
+                    | FrontendEvent::Refused { .. }
+                    | FrontendEvent::BackendJoined(_) => {}
                 }
             }
-
-            // From the scheduler: drops, failures, heartbeats.
-            loop {
-                match self.sched.try_recv(&mut buf) {
-                    Ok(Some(n)) => {
-                        work = true;
-                        live.heard(now);
-                        match wire::decode(&buf[..n]) {
-                            Ok(m @ (Message::Dropped(_) | Message::Completion(..))) => {
-                                if self.staging.route_message(&m).is_err() {
-                                    self.stats.bad_messages.fetch_add(1, Ordering::Relaxed);
-                                }
-                            }
-                            Ok(_) => {}
-                            Err(e) => {
-                                return Ended::SchedulerGone(format!("malformed message: {e}"))
-                            }
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(TransportError::PeerDisconnected) => {
-                        return Ended::SchedulerGone("disconnected".into())
-                    }
-                    Err(e) => return Ended::SchedulerGone(e.to_string()),
-                }
-            }
-            if let Some(n) = live.due(now, Role::Frontend, tid, &mut hb) {
-                match self.sched.send(&hb[..n]) {
-                    // A full queue is sending anyway: that is proof of life too.
-                    Ok(()) | Err(TransportError::QueueFull) => {}
-                    Err(e) => return Ended::SchedulerGone(format!("sending a heartbeat: {e}")),
-                }
-            }
-            if live.expired(now) {
-                return Ended::SchedulerGone(format!(
-                    "silent for more than {} ms",
-                    self.dead_after.as_nanos() / 1_000_000
-                ));
-            }
-
-            // Backends: completions (and, on tcp, their READs of our slots).
-            let mut i = 0;
-            while i < backends.len() {
-                match poll_backend(&mut backends[i].1, &mut buf, &self.staging, &self.stats) {
-                    Ok(w) => {
-                        work |= w;
-                        i += 1;
-                    }
-                    Err(e) => {
-                        // Its tasks are failed back by the scheduler.
-                        eprintln!(
-                            "symphony-frontend {}: backend {} data connection closed: {e}",
-                            self.id, backends[i].0
-                        );
-                        let (_, gone) = backends.swap_remove(i);
-                        if let Some(fd) = gone.wait_fd() {
-                            self.idler.set().remove(fd);
-                        }
-                        self.stats.backends_lost.fetch_add(1, Ordering::Relaxed);
-                        self.stats
-                            .backends
-                            .store(backends.len() as u64, Ordering::Relaxed);
-                    }
-                }
-            }
-            while let Ok((bid, conn)) = self.incoming.try_recv() {
+            while let Ok(conn) = incoming.try_recv() {
                 work = true;
-                // A backend that reconnects replaces its old connection.
-                for (_, old) in backends.iter().filter(|(b, _)| *b == bid) {
-                    if let Some(fd) = old.wait_fd() {
-                        self.idler.set().remove(fd);
-                    }
-                }
-                backends.retain(|(b, _)| *b != bid);
-                if let Some(fd) = conn.wait_fd() {
-                    let _ = self.idler.set().add(fd);
-                }
-                backends.push((bid, conn));
-                self.stats
-                    .backends
-                    .store(backends.len() as u64, Ordering::Relaxed);
+                self.add_fd(&conn);
+                self.node.handle_backend_link(now, conn);
             }
-
             if work {
                 self.idler.reset();
             } else {
-                let budget = live.next_send().saturating_since(now);
-                let queue = &self.queue;
-                let stop = &self.stop;
-                self.idler
-                    .idle_unless(budget, || !queue.is_empty() || stop.load(Ordering::Acquire));
+                self.idle(now);
             }
-        }
-    }
-}
-
-/// Receives everything a backend has sent; `Ok(found work)`, `Err` if the
-/// connection is dead or the backend sent garbage (it is then dropped).
-fn poll_backend<C: Connection>(
-    conn: &mut C,
-    buf: &mut [u8],
-    staging: &Staging,
-    stats: &DaemonStats,
-) -> Result<bool, String> {
-    let mut work = false;
-    loop {
-        match conn.try_recv(buf) {
-            Ok(Some(n)) => {
-                work = true;
-                match wire::decode(&buf[..n]) {
-                    Ok(m @ (Message::Dropped(_) | Message::Completion(..))) => {
-                        if staging.route_message(&m).is_err() {
-                            stats.bad_messages.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        stats.bad_messages.fetch_add(1, Ordering::Relaxed);
-                        return Err(format!("malformed message: {e}"));
-                    }
-                }
-            }
-            Ok(None) => return Ok(work),
-            Err(e) => return Err(e.to_string()),
         }
     }
 }

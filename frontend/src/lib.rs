@@ -11,6 +11,7 @@ pub mod loadgen;
 pub mod local;
 pub mod metrics;
 pub mod models;
+pub mod node;
 pub mod protocol;
 pub mod service;
 pub mod staging;

@@ -1,0 +1,1440 @@
+//! The frontend's sans-IO node: everything the frontend does on its links,
+//! as a state machine its host drives (in the style of quinn-proto's
+//! `Connection` and smoltcp's `Interface::poll(now, device)`).
+//!
+//! The node never reads a clock, sleeps, spawns a thread, accepts or
+//! connects, and never blocks. Its host hands it links that are already
+//! connected (values implementing [`Connection`]: real shm/tcp/rdma
+//! connections in the daemon, in-memory ones in the deterministic
+//! harness), calls [`FrontendNode::poll`] with the current time, sleeps
+//! until [`FrontendNode::poll_at`] (or until a link or the task queue has
+//! work), and acts on [`FrontendNode::poll_event`]. One poll does bounded
+//! work: it sends queued tasks to the scheduler, routes `Dropped` and
+//! `Completion` messages from the scheduler and the backends into the
+//! [`Staging`] area, lets tcp links serve the backends' READs, sends
+//! heartbeats and watches the scheduler's liveness.
+//!
+//! Requests enter through a [`NetSink`] (the [`TaskSink`] behind
+//! `ClusterService`): a bounded lock-free queue that HTTP workers (or a
+//! harness, on the node's own thread) push tasks into and the node drains.
+//! If the scheduler goes away, every request in flight ends once, as
+//! dropped for [`DropReason::Shutdown`]; the node reports
+//! [`FrontendEvent::SchedulerLost`] and the host decides what happens next.
+
+use crate::service::{SinkError, TaskSink};
+use crate::staging::{RoutedOutcome, Staging};
+use crossbeam_queue::ArrayQueue;
+use dataplane::control::Liveness;
+use dataplane::time::{Duration, Instant};
+use dataplane::transport::{Connection, Error as TransportError};
+use dataplane::waitset::Notifier;
+use dataplane::wire::{self, DropReason, Message, Register, Role, Task, TaskStatus};
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+/// Most tasks sent, and messages taken from one link, per poll: bounds the
+/// work of one call. A poll that reaches it reports progress, so its host
+/// polls again at once.
+const BURST: usize = 256;
+
+/// Sink states: tasks are refused until registration, taken while
+/// registered, refused again once the node drains or lost its scheduler.
+const SINK_CLOSED: u8 = 0;
+const SINK_OPEN: u8 = 1;
+const SINK_DRAINING: u8 = 2;
+
+// ---- counters ---------------------------------------------------------------
+
+/// The node's own counters (beyond the staging's accounting), shared by the
+/// node, its [`NetSink`] and whoever renders them (the daemon's /metrics).
+#[derive(Debug, Default)]
+pub struct FrontendStats {
+    /// True while registered with the scheduler (and not draining): the
+    /// service's readiness flag.
+    pub ready: Arc<AtomicBool>,
+    /// Tasks sent to the scheduler.
+    pub tasks_sent: AtomicU64,
+    /// Requests failed because the task queue was full.
+    pub queue_full: AtomicU64,
+    /// Backend data links open (registered).
+    pub backends: AtomicU64,
+    /// Backend data links that died or misbehaved.
+    pub backends_lost: AtomicU64,
+    /// Malformed or unroutable messages received.
+    pub bad_messages: AtomicU64,
+}
+
+impl FrontendStats {
+    /// Appends the counters in the Prometheus text format.
+    pub fn render(&self, o: &mut String) {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        for (name, kind, help, v) in [
+            (
+                "symphony_frontend_ready",
+                "gauge",
+                "1 while registered with the scheduler",
+                u64::from(self.ready.load(Ordering::Relaxed)),
+            ),
+            (
+                "symphony_frontend_backends",
+                "gauge",
+                "Backend data connections open",
+                l(&self.backends),
+            ),
+            (
+                "symphony_frontend_tasks_sent_total",
+                "counter",
+                "Tasks sent to the scheduler",
+                l(&self.tasks_sent),
+            ),
+            (
+                "symphony_frontend_queue_full_total",
+                "counter",
+                "Requests failed because the queue to the scheduler was full",
+                l(&self.queue_full),
+            ),
+            (
+                "symphony_frontend_backends_lost_total",
+                "counter",
+                "Backend data connections that died or misbehaved",
+                l(&self.backends_lost),
+            ),
+            (
+                "symphony_frontend_bad_messages_total",
+                "counter",
+                "Malformed or unroutable messages received",
+                l(&self.bad_messages),
+            ),
+        ] {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+        }
+    }
+}
+
+// ---- the task queue -----------------------------------------------------------
+
+#[derive(Debug)]
+struct TaskQueue {
+    tasks: ArrayQueue<Task>,
+    state: AtomicU8,
+    waker: Option<Notifier>,
+    stats: Arc<FrontendStats>,
+}
+
+/// The [`TaskSink`] in front of a [`FrontendNode`]: a bounded lock-free
+/// queue the node drains (waking its host through the optional
+/// [`Notifier`]). Never blocks; a full queue, or a sink the node has not
+/// opened (not registered with the scheduler) or has closed, is an error,
+/// so the request fails at once (counted) instead of waiting.
+#[derive(Clone, Debug)]
+pub struct NetSink {
+    queue: Arc<TaskQueue>,
+}
+
+/// The node's end of a [`NetSink`]'s queue (give it to
+/// [`FrontendNode::new`]).
+#[derive(Debug)]
+pub struct TaskSource {
+    queue: Arc<TaskQueue>,
+}
+
+impl NetSink {
+    /// A queue of at most `capacity` tasks (at least 1): the sink to give
+    /// the service, and the source to give the node. `waker`, if any, is
+    /// notified after each push (the daemon's I/O thread sleeps on it; a
+    /// single-threaded harness needs none). Closed until the node
+    /// registers.
+    pub fn new(capacity: usize, waker: Option<Notifier>) -> (NetSink, TaskSource) {
+        let queue = Arc::new(TaskQueue {
+            tasks: ArrayQueue::new(capacity.max(1)),
+            state: AtomicU8::new(SINK_CLOSED),
+            waker,
+            stats: Arc::new(FrontendStats::default()),
+        });
+        (
+            NetSink {
+                queue: queue.clone(),
+            },
+            TaskSource { queue },
+        )
+    }
+    /// The node's counters.
+    pub fn stats(&self) -> &Arc<FrontendStats> {
+        &self.queue.stats
+    }
+}
+
+impl TaskSink for NetSink {
+    fn send(&self, task: &Task) -> Result<(), SinkError> {
+        match self.queue.state.load(Ordering::Acquire) {
+            SINK_OPEN => {}
+            SINK_DRAINING => return Err(SinkError("the frontend is shutting down".into())),
+            _ => return Err(SinkError("not registered with the scheduler".into())),
+        }
+        if self.queue.tasks.push(*task).is_err() {
+            self.queue.stats.queue_full.fetch_add(1, Ordering::Relaxed);
+            return Err(SinkError("the queue to the scheduler is full".into()));
+        }
+        if let Some(w) = &self.queue.waker {
+            w.notify();
+        }
+        Ok(())
+    }
+}
+
+// ---- the node -----------------------------------------------------------------
+
+/// What a [`FrontendNode`] is.
+#[derive(Clone, Debug)]
+pub struct FrontendNodeConfig {
+    /// This frontend's id (the high 16 bits of its task ids).
+    pub id: u16,
+    /// Where backends reach this frontend's data listener (sent in the
+    /// registration).
+    pub data_endpoint: String,
+    /// How many models this frontend serves: a scheduler announcing
+    /// another count is refused (the model ids would not agree).
+    pub models: u32,
+    /// Heartbeat interval toward the scheduler.
+    pub heartbeat: Duration,
+    /// The scheduler is lost after this much silence.
+    pub dead_after: Duration,
+    /// How long the scheduler has to acknowledge the registration, and a
+    /// backend's data link to send its `Register`.
+    pub handshake_timeout: Duration,
+}
+
+/// What the host must act on (log, exit, update its wait set's view).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FrontendEvent {
+    /// The scheduler acknowledged the registration, announcing `models`
+    /// models; tasks now flow.
+    Registered {
+        /// The scheduler's model count (equal to this node's).
+        models: u32,
+    },
+    /// The registration failed (refused, not acknowledged in time, or the
+    /// scheduler's model list differs); the link was let go.
+    Refused {
+        /// Why, for the operator.
+        why: String,
+    },
+    /// The registered scheduler link died, misbehaved or went silent. Every
+    /// request in flight has been ended (dropped, shutdown) and the sink is
+    /// closed; the link was let go.
+    SchedulerLost {
+        /// Why, for the operator.
+        why: String,
+    },
+    /// A backend's data link registered.
+    BackendJoined(u32),
+    /// A backend's data link died or sent garbage; it was let go (the
+    /// scheduler fails that backend's tasks back).
+    BackendLost {
+        /// The backend's id.
+        id: u32,
+        /// Why, for the operator.
+        why: String,
+    },
+    /// A data link that did not register as a backend in time; let go.
+    LinkRefused {
+        /// Why, for the operator.
+        why: String,
+    },
+}
+
+/// Where the scheduler link stands.
+#[derive(Clone, Copy, Debug)]
+enum Phase {
+    /// No scheduler link (none yet, refused or lost).
+    Unlinked,
+    /// The link is handed over; our `Register` is `sent` or still to send,
+    /// and the ack is due by `deadline`.
+    Registering { sent: bool, deadline: Instant },
+    /// Acknowledged; tasks flow.
+    Registered { live: Liveness, heard_at: Instant },
+}
+
+struct PendingLink<C> {
+    conn: C,
+    deadline: Instant,
+}
+
+struct BackendLink<C> {
+    id: u32,
+    conn: C,
+}
+
+/// The frontend's links and their protocol, driven by a host (see the
+/// module docs).
+pub struct FrontendNode<C: Connection> {
+    cfg: FrontendNodeConfig,
+    staging: Arc<Staging>,
+    tasks: TaskSource,
+    sched: Option<C>,
+    phase: Phase,
+    /// Data links accepted by the host, waiting for their `Register`.
+    pending: Vec<PendingLink<C>>,
+    backends: Vec<BackendLink<C>>,
+    /// Links let go of since the last poll, for the host to take.
+    closed: Vec<C>,
+    events: VecDeque<FrontendEvent>,
+    /// A task the scheduler link had no room for, sent first next time.
+    unsent: Option<Task>,
+    /// Latest `now` seen: time never goes back inside the node.
+    now: Instant,
+    shut_down: bool,
+    buf: Box<[u8]>,
+    hb: [u8; 64],
+}
+
+impl<C: Connection> std::fmt::Debug for FrontendNode<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrontendNode")
+            .field("id", &self.cfg.id)
+            .field("phase", &self.phase)
+            .field("pending", &self.pending.len())
+            .field("backends", &self.backends.len())
+            .finish()
+    }
+}
+
+/// `d` for an operator: whole seconds as "5 s", otherwise milliseconds.
+fn human(d: Duration) -> String {
+    let ns = d.as_nanos();
+    if ns >= 1_000_000_000 && ns.is_multiple_of(1_000_000_000) {
+        format!("{} s", ns / 1_000_000_000)
+    } else {
+        format!("{} ms", ns / 1_000_000)
+    }
+}
+
+impl<C: Connection> FrontendNode<C> {
+    /// A node over `staging` taking tasks from `tasks`, with no link yet.
+    pub fn new(cfg: FrontendNodeConfig, staging: Arc<Staging>, tasks: TaskSource) -> Self {
+        FrontendNode {
+            cfg,
+            staging,
+            tasks,
+            sched: None,
+            phase: Phase::Unlinked,
+            pending: Vec::new(),
+            backends: Vec::new(),
+            closed: Vec::new(),
+            events: VecDeque::new(),
+            unsent: None,
+            now: Instant::ZERO,
+            shut_down: false,
+            buf: vec![0u8; wire::MAX_MESSAGE_LEN].into_boxed_slice(),
+            hb: [0u8; 64],
+        }
+    }
+
+    /// The node's counters.
+    pub fn stats(&self) -> &Arc<FrontendStats> {
+        &self.tasks.queue.stats
+    }
+    /// The staging area outcomes are routed into.
+    pub fn staging(&self) -> &Arc<Staging> {
+        &self.staging
+    }
+    /// Whether the scheduler acknowledged the registration (and has not
+    /// been lost since).
+    pub fn is_registered(&self) -> bool {
+        matches!(self.phase, Phase::Registered { .. })
+    }
+    /// Whether tasks are waiting in the queue (for the host's idle
+    /// re-check: a producer may have pushed one after the last poll).
+    pub fn has_queued_tasks(&self) -> bool {
+        !self.tasks.queue.tasks.is_empty()
+    }
+
+    fn observe(&mut self, now: Instant) -> Instant {
+        self.now = self.now.max(now);
+        self.now
+    }
+
+    /// The scheduler link, already connected by the host. The node sends
+    /// `Register{Frontend, id, data endpoint}` and waits for the
+    /// acknowledgement in [`poll`](Self::poll), for at most the handshake
+    /// timeout from `now`. A link given while another is registered
+    /// replaces it: the old one counts as lost first.
+    pub fn handle_scheduler_link(&mut self, now: Instant, conn: C) {
+        let now = self.observe(now);
+        if self.shut_down {
+            self.closed.push(conn);
+            return;
+        }
+        if self.is_registered() {
+            self.lose_scheduler("replaced by a new scheduler link".into());
+        }
+        if let Some(old) = self.sched.replace(conn) {
+            self.closed.push(old);
+        }
+        self.phase = Phase::Registering {
+            sent: false,
+            deadline: now.saturating_add(self.cfg.handshake_timeout),
+        };
+    }
+
+    /// A backend's data link, accepted by the host. Its first message must
+    /// be a `Register{Backend}`, within the handshake timeout from `now`.
+    pub fn handle_backend_link(&mut self, now: Instant, conn: C) {
+        let now = self.observe(now);
+        if self.shut_down {
+            self.closed.push(conn);
+            return;
+        }
+        self.pending.push(PendingLink {
+            conn,
+            deadline: now.saturating_add(self.cfg.handshake_timeout),
+        });
+    }
+
+    /// Does the work that is due at `now` (which need not advance between
+    /// calls; an earlier `now` than already seen counts as that one):
+    /// registration, tasks out, outcomes routed, READs served (by polling
+    /// the links), heartbeats, liveness, backends' handshakes. Returns
+    /// whether anything happened (poll again at once if so). Links let go
+    /// of before this call and not taken by the host are dropped here.
+    pub fn poll(&mut self, now: Instant) -> bool {
+        let now = self.observe(now);
+        self.closed.clear();
+        let mut work = match self.phase {
+            Phase::Unlinked => self.end_queued(),
+            Phase::Registering { sent, deadline } => self.poll_registration(now, sent, deadline),
+            Phase::Registered { .. } => self.poll_scheduler(now),
+        };
+        work |= self.poll_backends();
+        work |= self.poll_pending(now);
+        work
+    }
+
+    /// When the node next has timed work (a heartbeat, a liveness or
+    /// handshake deadline); `None` if none. Work that arrives on a link or
+    /// in the task queue is not announced here: hosts also poll when those
+    /// have something (the daemon sleeps on the links' wait fds and the
+    /// queue's notifier).
+    pub fn poll_at(&self) -> Option<Instant> {
+        let mut at: Option<Instant> = None;
+        let mut consider = |t: Instant| at = Some(at.map_or(t, |a| a.min(t)));
+        match self.phase {
+            Phase::Unlinked => {}
+            Phase::Registering { deadline, .. } => consider(deadline),
+            Phase::Registered { live, heard_at } => {
+                consider(live.next_send());
+                // `Liveness::expired` is strict: the first instant past the timeout.
+                consider(
+                    heard_at
+                        .saturating_add(self.cfg.dead_after)
+                        .saturating_add(Duration::from_nanos(1)),
+                );
+            }
+        }
+        for p in &self.pending {
+            consider(p.deadline);
+        }
+        at
+    }
+
+    /// The next event for the host, oldest first.
+    pub fn poll_event(&mut self) -> Option<FrontendEvent> {
+        self.events.pop_front()
+    }
+
+    /// A link the node let go of (refused, lost, replaced), for the host to
+    /// take out of its wait set before dropping it. Links not taken before
+    /// the next [`poll`](Self::poll) are dropped there.
+    pub fn take_closed_link(&mut self) -> Option<C> {
+        self.closed.pop()
+    }
+
+    /// Calls `f` on every live link (scheduler, backends, data links still
+    /// handshaking), e.g. to fill a wait set.
+    pub fn for_each_conn(&self, mut f: impl FnMut(&C)) {
+        if let Some(c) = &self.sched {
+            f(c);
+        }
+        for p in &self.pending {
+            f(&p.conn);
+        }
+        for b in &self.backends {
+            f(&b.conn);
+        }
+    }
+
+    /// Stops taking new requests (the sink refuses them, the service is no
+    /// longer ready) while those queued still go out and outcomes are
+    /// still routed: see [`drained`](Self::drained).
+    pub fn begin_drain(&mut self) {
+        self.tasks
+            .queue
+            .state
+            .store(SINK_DRAINING, Ordering::Release);
+        self.stats().ready.store(false, Ordering::Release);
+    }
+
+    /// Whether no task is waiting to go out and no request is in flight.
+    pub fn drained(&self) -> bool {
+        self.unsent.is_none() && !self.has_queued_tasks() && self.staging.in_flight() == 0
+    }
+
+    /// Ends the node's service: the sink closes, and every queued task and
+    /// request in flight ends now (dropped, shutdown), each once. Links
+    /// stay open for the host ([`into_links`](Self::into_links)), which
+    /// may still need to poll them while it deregisters memory.
+    pub fn shutdown(&mut self) {
+        self.shut_down = true;
+        self.tasks.queue.state.store(SINK_CLOSED, Ordering::Release);
+        self.stats().ready.store(false, Ordering::Release);
+        self.end_queued();
+        self.staging
+            .end_in_flight(RoutedOutcome::Dropped(DropReason::Shutdown));
+    }
+
+    /// Every link the node holds (for the host's last rites).
+    pub fn into_links(mut self) -> Vec<C> {
+        let mut links: Vec<C> = self.closed.drain(..).collect();
+        links.extend(self.sched.take());
+        links.extend(self.pending.drain(..).map(|p| p.conn));
+        links.extend(self.backends.drain(..).map(|b| b.conn));
+        links
+    }
+
+    /// Ends the unsent and queued tasks (nothing will send them); whether
+    /// there were any.
+    fn end_queued(&mut self) -> bool {
+        let mut any = false;
+        while let Some(t) = self.unsent.take().or_else(|| self.tasks.queue.tasks.pop()) {
+            any = true;
+            self.staging
+                .route(t.task_id, RoutedOutcome::Dropped(DropReason::Shutdown));
+        }
+        any
+    }
+
+    /// The registration failed: let the link go.
+    fn refuse(&mut self, why: String) -> bool {
+        self.phase = Phase::Unlinked;
+        if let Some(c) = self.sched.take() {
+            self.closed.push(c);
+        }
+        self.events.push_back(FrontendEvent::Refused { why });
+        true
+    }
+
+    /// The registered scheduler is gone: nothing will answer what is queued
+    /// or in flight, so all of it ends now, once.
+    fn lose_scheduler(&mut self, why: String) {
+        self.phase = Phase::Unlinked;
+        if let Some(c) = self.sched.take() {
+            self.closed.push(c);
+        }
+        // Close before draining: a task pushed after the drain is ended by
+        // a later poll (`Phase::Unlinked`).
+        self.tasks.queue.state.store(SINK_CLOSED, Ordering::Release);
+        self.stats().ready.store(false, Ordering::Release);
+        self.end_queued();
+        self.staging
+            .end_in_flight(RoutedOutcome::Dropped(DropReason::Shutdown));
+        self.events.push_back(FrontendEvent::SchedulerLost { why });
+    }
+
+    fn refused_text(&self) -> String {
+        format!(
+            "the scheduler refused the registration of frontend {} (closed the connection: duplicate id?)",
+            self.cfg.id
+        )
+    }
+
+    fn poll_registration(&mut self, now: Instant, mut sent: bool, deadline: Instant) -> bool {
+        let Some(conn) = self.sched.as_mut() else {
+            self.phase = Phase::Unlinked;
+            return false;
+        };
+        let mut work = false;
+        if !sent {
+            let reg = Register::new(
+                Role::Frontend,
+                u32::from(self.cfg.id),
+                0,
+                &self.cfg.data_endpoint,
+            );
+            let n = match wire::encode(&mut self.buf, &reg) {
+                Ok(n) => n,
+                Err(e) => return self.refuse(format!("registering with the scheduler: {e}")),
+            };
+            match conn.send(&self.buf[..n]) {
+                Ok(()) => {
+                    sent = true;
+                    work = true;
+                }
+                Err(TransportError::QueueFull) => {}
+                // A refusing scheduler closes the link, which this side may
+                // see while still sending its Register.
+                Err(TransportError::PeerDisconnected) => return self.refuse(self.refused_text()),
+                Err(e) => return self.refuse(format!("registering with the scheduler: {e}")),
+            }
+        }
+        // Pushes our Register out; a departure shows in the receive below.
+        let _ = conn.progress();
+        if sent {
+            for _ in 0..BURST {
+                match conn.try_recv(&mut self.buf) {
+                    Ok(Some(n)) => {
+                        work = true;
+                        match wire::decode(&self.buf[..n]) {
+                            Ok(Message::Register(r)) if r.role() == Some(Role::Scheduler) => {
+                                return self.registered(now, r.count);
+                            }
+                            // Heartbeats may come first; anything else
+                            // before the ack is not worth failing for.
+                            Ok(_) => {}
+                            Err(e) => {
+                                return self.refuse(format!(
+                                    "the scheduler sent a malformed message: {e}"
+                                ));
+                            }
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(TransportError::PeerDisconnected) => {
+                        return self.refuse(self.refused_text());
+                    }
+                    Err(e) => {
+                        return self
+                            .refuse(format!("waiting for the scheduler's acknowledgement: {e}"));
+                    }
+                }
+            }
+        }
+        if now >= deadline {
+            return self.refuse(if sent {
+                format!(
+                    "the scheduler did not acknowledge the registration within {}",
+                    human(self.cfg.handshake_timeout)
+                )
+            } else {
+                format!(
+                    "registering with the scheduler: {}",
+                    TransportError::Timeout
+                )
+            });
+        }
+        self.phase = Phase::Registering { sent, deadline };
+        work
+    }
+
+    fn registered(&mut self, now: Instant, models: u32) -> bool {
+        if models != self.cfg.models {
+            return self.refuse(format!(
+                "the scheduler has {models} models, this frontend {}: give every daemon the same --zoo/--models/--model",
+                self.cfg.models
+            ));
+        }
+        self.phase = Phase::Registered {
+            live: Liveness::new(now, self.cfg.heartbeat, self.cfg.dead_after),
+            heard_at: now,
+        };
+        // A drain begun before the ack keeps the sink closed.
+        if self
+            .tasks
+            .queue
+            .state
+            .compare_exchange(SINK_CLOSED, SINK_OPEN, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.stats().ready.store(true, Ordering::Release);
+        }
+        self.events.push_back(FrontendEvent::Registered { models });
+        true
+    }
+
+    /// Tasks out, the scheduler's messages in, heartbeat, liveness.
+    fn poll_scheduler(&mut self, now: Instant) -> bool {
+        let Self {
+            cfg,
+            staging,
+            tasks,
+            sched,
+            phase,
+            unsent,
+            buf,
+            hb,
+            ..
+        } = self;
+        let (Some(conn), Phase::Registered { live, heard_at }) = (sched.as_mut(), phase) else {
+            return false;
+        };
+        let stats = &tasks.queue.stats;
+        let mut work = false;
+        let mut lost: Option<String> = None;
+
+        // Tasks to the scheduler, in order; a full send queue keeps the
+        // task for the next poll.
+        for _ in 0..BURST {
+            let Some(task) = unsent.take().or_else(|| tasks.queue.tasks.pop()) else {
+                break;
+            };
+            let n = match wire::encode(buf, &task) {
+                Ok(n) => n,
+                Err(_) => {
+                    staging.route(task.task_id, RoutedOutcome::Failed(TaskStatus::ExecFailed));
+                    continue;
+                }
+            };
+            match conn.send(&buf[..n]) {
+                Ok(()) => {
+                    work = true;
+                    stats.tasks_sent.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(TransportError::QueueFull) => {
+                    *unsent = Some(task);
+                    break;
+                }
+                Err(e) => {
+                    staging.route(task.task_id, RoutedOutcome::Dropped(DropReason::Shutdown));
+                    lost = Some(format!("sending a task: {e}"));
+                    break;
+                }
+            }
+        }
+
+        // From the scheduler: drops, failures, heartbeats.
+        if lost.is_none() {
+            for _ in 0..BURST {
+                match conn.try_recv(buf) {
+                    Ok(Some(n)) => {
+                        work = true;
+                        live.heard(now);
+                        *heard_at = now;
+                        match wire::decode(&buf[..n]) {
+                            Ok(m @ (Message::Dropped(_) | Message::Completion(..))) => {
+                                if staging.route_message(&m).is_err() {
+                                    stats.bad_messages.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                lost = Some(format!("malformed message: {e}"));
+                                break;
+                            }
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(TransportError::PeerDisconnected) => {
+                        lost = Some("disconnected".into());
+                        break;
+                    }
+                    Err(e) => {
+                        lost = Some(e.to_string());
+                        break;
+                    }
+                }
+            }
+        }
+        if lost.is_none() {
+            if let Some(n) = live.due(now, Role::Frontend, u32::from(cfg.id), hb) {
+                match conn.send(&hb[..n]) {
+                    // A full queue is sending anyway: that is proof of life too.
+                    Ok(()) | Err(TransportError::QueueFull) => {}
+                    Err(e) => lost = Some(format!("sending a heartbeat: {e}")),
+                }
+            }
+        }
+        if lost.is_none() && live.expired(now) {
+            lost = Some(format!(
+                "silent for more than {} ms",
+                cfg.dead_after.as_nanos() / 1_000_000
+            ));
+        }
+        if let Some(why) = lost {
+            self.lose_scheduler(why);
+            return true;
+        }
+        work
+    }
+
+    /// Completions from the backends (and, on tcp, their READs of our slots).
+    fn poll_backends(&mut self) -> bool {
+        let mut work = false;
+        let mut i = 0;
+        while i < self.backends.len() {
+            match poll_backend(
+                &mut self.backends[i].conn,
+                &mut self.buf,
+                &self.staging,
+                &self.tasks.queue.stats,
+            ) {
+                Ok(w) => {
+                    work |= w;
+                    i += 1;
+                }
+                Err(why) => {
+                    // Its tasks are failed back by the scheduler.
+                    work = true;
+                    let gone = self.backends.swap_remove(i);
+                    self.closed.push(gone.conn);
+                    let stats = self.stats();
+                    stats.backends_lost.fetch_add(1, Ordering::Relaxed);
+                    stats
+                        .backends
+                        .store(self.backends.len() as u64, Ordering::Relaxed);
+                    self.events
+                        .push_back(FrontendEvent::BackendLost { id: gone.id, why });
+                }
+            }
+        }
+        work
+    }
+
+    /// Data links waiting for their `Register{Backend}`.
+    fn poll_pending(&mut self, now: Instant) -> bool {
+        let without = |e: TransportError| format!("data connection without Register: {e}");
+        let mut work = false;
+        let mut i = 0;
+        while i < self.pending.len() {
+            let p = &mut self.pending[i];
+            // None: still waiting; Some(Ok(backend id)) or Some(Err(why)).
+            let verdict: Option<Result<u32, String>> = match p.conn.try_recv(&mut self.buf) {
+                Ok(Some(n)) => Some(match wire::decode(&self.buf[..n]) {
+                    Ok(Message::Register(r)) if r.role() == Some(Role::Backend) => Ok(r.id),
+                    Ok(Message::Register(r)) => Err(format!(
+                        "refused a data connection registering as role {} (not a backend)",
+                        r.role
+                    )),
+                    Ok(_) => Err(without(TransportError::Protocol(
+                        wire::WireError::BadValue("first message is not Register"),
+                    ))),
+                    Err(e) => Err(without(e.into())),
+                }),
+                Ok(None) if now >= p.deadline => Some(Err(without(TransportError::Timeout))),
+                Ok(None) => None,
+                Err(e) => Some(Err(without(e))),
+            };
+            let Some(verdict) = verdict else {
+                i += 1;
+                continue;
+            };
+            work = true;
+            let link = self.pending.swap_remove(i);
+            match verdict {
+                Ok(id) => {
+                    // A backend that reconnects replaces its old link.
+                    if let Some(at) = self.backends.iter().position(|b| b.id == id) {
+                        let old = self.backends.swap_remove(at);
+                        self.closed.push(old.conn);
+                    }
+                    self.backends.push(BackendLink {
+                        id,
+                        conn: link.conn,
+                    });
+                    self.stats()
+                        .backends
+                        .store(self.backends.len() as u64, Ordering::Relaxed);
+                    self.events.push_back(FrontendEvent::BackendJoined(id));
+                }
+                Err(why) => {
+                    self.closed.push(link.conn);
+                    self.events.push_back(FrontendEvent::LinkRefused { why });
+                }
+            }
+        }
+        work
+    }
+}
+
+/// Receives what a backend has sent (at most a burst); `Ok(found work)`,
+/// `Err` if the link is dead or the backend sent garbage (it is then let
+/// go).
+fn poll_backend<C: Connection>(
+    conn: &mut C,
+    buf: &mut [u8],
+    staging: &Staging,
+    stats: &FrontendStats,
+) -> Result<bool, String> {
+    let mut work = false;
+    for _ in 0..BURST {
+        match conn.try_recv(buf) {
+            Ok(Some(n)) => {
+                work = true;
+                match wire::decode(&buf[..n]) {
+                    Ok(m @ (Message::Dropped(_) | Message::Completion(..))) => {
+                        if staging.route_message(&m).is_err() {
+                            stats.bad_messages.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        stats.bad_messages.fetch_add(1, Ordering::Relaxed);
+                        return Err(format!("malformed message: {e}"));
+                    }
+                }
+            }
+            Ok(None) => return Ok(work),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(work)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::models::ModelCatalog;
+    use crate::service::{ClusterService, InferenceService, SubmitError};
+    use crate::staging::{Outcome, StagingConfig, Ticket};
+    use dataplane::mem::{Access, Region};
+    use dataplane::transport::{Completion, ReadOp, Registration};
+    use dataplane::wire::{CompletionHead, OutputKind};
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::Mutex;
+    use std::task::{Context, Poll};
+
+    // ---- a test-only in-memory link: two queues behind a mutex ----------
+
+    #[derive(Default)]
+    struct Wire {
+        to: [VecDeque<Vec<u8>>; 2],
+        gone: [bool; 2],
+    }
+
+    struct Link {
+        wire: Arc<Mutex<Wire>>,
+        side: usize,
+    }
+
+    fn link_pair() -> (Link, Link) {
+        let wire = Arc::new(Mutex::new(Wire::default()));
+        (
+            Link {
+                wire: wire.clone(),
+                side: 0,
+            },
+            Link { wire, side: 1 },
+        )
+    }
+
+    impl Drop for Link {
+        fn drop(&mut self) {
+            self.wire.lock().unwrap().gone[self.side] = true;
+        }
+    }
+
+    impl Connection for Link {
+        fn send(&mut self, msg: &[u8]) -> Result<(), TransportError> {
+            let mut w = self.wire.lock().unwrap();
+            if w.gone[1 - self.side] {
+                return Err(TransportError::PeerDisconnected);
+            }
+            w.to[1 - self.side].push_back(msg.to_vec());
+            Ok(())
+        }
+        fn try_recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, TransportError> {
+            let mut w = self.wire.lock().unwrap();
+            match w.to[self.side].pop_front() {
+                Some(m) => {
+                    buf[..m.len()].copy_from_slice(&m);
+                    Ok(Some(m.len()))
+                }
+                None if w.gone[1 - self.side] => Err(TransportError::PeerDisconnected),
+                None => Ok(None),
+            }
+        }
+        fn post_read(&mut self, _: &ReadOp) -> Result<(), TransportError> {
+            Err(TransportError::Unsupported("no READs on a test link"))
+        }
+        fn poll_completions(&mut self, _: &mut [Completion]) -> Result<usize, TransportError> {
+            Ok(0)
+        }
+        fn progress(&mut self) -> Result<(), TransportError> {
+            Ok(())
+        }
+        fn outstanding_reads(&self) -> usize {
+            0
+        }
+        fn max_outstanding_reads(&self) -> usize {
+            0
+        }
+        fn is_connected(&self) -> bool {
+            !self.wire.lock().unwrap().gone[1 - self.side]
+        }
+    }
+
+    impl Link {
+        fn put<M: wire::FixedMessage>(&mut self, m: &M) {
+            let mut b = [0u8; 256];
+            let n = wire::encode(&mut b, m).unwrap();
+            self.send(&b[..n]).unwrap();
+        }
+        fn put_completion(&mut self, task_id: u64, out: &[u8]) {
+            let head = CompletionHead {
+                task_id,
+                status: TaskStatus::Ok as u32,
+                output_kind: OutputKind::Inline as u32,
+                ..CompletionHead::default()
+            };
+            let mut b = vec![0u8; wire::MAX_MESSAGE_LEN];
+            let n = wire::encode_completion(&mut b, &head, out).unwrap();
+            self.send(&b[..n]).unwrap();
+        }
+        /// Every message waiting, raw.
+        fn take_all(&mut self) -> Vec<Vec<u8>> {
+            self.wire.lock().unwrap().to[self.side].drain(..).collect()
+        }
+        fn tasks(&mut self) -> Vec<Task> {
+            self.take_all()
+                .iter()
+                .filter_map(|m| match wire::decode(m) {
+                    Ok(Message::Task(t)) => Some(t),
+                    _ => None,
+                })
+                .collect()
+        }
+        fn heartbeats(&mut self) -> usize {
+            self.take_all()
+                .iter()
+                .filter(|m| matches!(wire::decode(m), Ok(Message::Heartbeat(_))))
+                .count()
+        }
+    }
+
+    // ---- a frontend on one thread: service, staging, node ---------------
+
+    const T0: Instant = Instant::from_nanos(1_000_000_000);
+    const MS: Duration = Duration::from_millis(1);
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    struct Frontend {
+        node: FrontendNode<Link>,
+        service: ClusterService<NetSink>,
+    }
+
+    fn frontend() -> Frontend {
+        let specs = scheduler::zoo::cluster_models(
+            "a100",
+            "none",
+            &["m0=1,1,500".to_string(), "m1=1,2,500".to_string()],
+        )
+        .unwrap();
+        let catalog = ModelCatalog::with_default_tensors(&specs);
+        let slot_size = catalog.max_input_bytes() as u32;
+        let region = Region::anonymous(slot_size as usize * 8).unwrap();
+        let staging = Staging::new(
+            Registration::new(1, region, Access::REMOTE_READ, 0),
+            StagingConfig {
+                frontend_id: 5,
+                slots: 8,
+                slot_size,
+                max_output: catalog.max_output_bytes() as u32,
+            },
+        )
+        .unwrap();
+        let (sink, tasks) = NetSink::new(4, None);
+        let node = FrontendNode::new(
+            FrontendNodeConfig {
+                id: 5,
+                data_endpoint: "mem:frontend-5".into(),
+                models: 2,
+                heartbeat: ms(100),
+                dead_after: ms(1000),
+                handshake_timeout: ms(5000),
+            },
+            staging.clone(),
+            tasks,
+        );
+        let metrics = Arc::new(Metrics::new(&catalog));
+        let service = ClusterService::new(Arc::new(catalog), staging, sink, metrics, ms(100))
+            .with_ready(node.stats().ready.clone());
+        Frontend { node, service }
+    }
+
+    impl Frontend {
+        fn submit(&self) -> Result<Ticket, SubmitError> {
+            let len = self.service.catalog().by_id(0).unwrap().input.byte_len() as usize;
+            self.service.submit(0, &vec![1u8; len], ms(400))
+        }
+        fn events(&mut self) -> Vec<FrontendEvent> {
+            std::iter::from_fn(|| self.node.poll_event()).collect()
+        }
+        /// Hands over a scheduler link and completes the handshake at `T0`;
+        /// returns the scheduler's end.
+        fn registered(&mut self) -> Link {
+            let (ours, mut sched) = link_pair();
+            self.node.handle_scheduler_link(T0, ours);
+            assert!(self.node.poll(T0));
+            sched.put(&Register::new(Role::Scheduler, 0, 2, ""));
+            assert!(self.node.poll(T0));
+            assert_eq!(self.events(), [FrontendEvent::Registered { models: 2 }]);
+            sched.take_all();
+            sched
+        }
+        /// Hands over a data link that registers as backend `id`.
+        fn backend(&mut self, now: Instant, id: u32) -> Link {
+            let (ours, mut theirs) = link_pair();
+            self.node.handle_backend_link(now, ours);
+            theirs.put(&Register::new(Role::Backend, id, 1, ""));
+            assert!(self.node.poll(now));
+            theirs
+        }
+    }
+
+    fn poll_now(t: &mut Ticket) -> Poll<Outcome> {
+        Pin::new(t).poll(&mut Context::from_waker(std::task::Waker::noop()))
+    }
+
+    // ---- tests ----------------------------------------------------------
+
+    #[test]
+    fn registers_then_opens_the_sink_and_heartbeats_once_per_interval() {
+        let mut f = frontend();
+        assert!(!f.service.ready());
+        assert_eq!(
+            f.submit().unwrap_err(),
+            SubmitError::SendFailed("not registered with the scheduler".into())
+        );
+        assert_eq!(f.node.poll_at(), None);
+
+        let (ours, mut sched) = link_pair();
+        f.node.handle_scheduler_link(T0, ours);
+        assert_eq!(f.node.poll_at(), Some(T0 + ms(5000)));
+        assert!(f.node.poll(T0));
+        let sent = sched.take_all();
+        assert_eq!(sent.len(), 1);
+        match wire::decode(&sent[0]) {
+            Ok(Message::Register(r)) => {
+                assert_eq!(r.role(), Some(Role::Frontend));
+                assert_eq!((r.id, r.count, r.endpoint()), (5, 0, "mem:frontend-5"));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Nothing until the ack; a heartbeat first is fine.
+        assert!(!f.node.poll(T0));
+        assert!(!f.node.is_registered());
+        sched.put(&wire::Heartbeat {
+            seq: 1,
+            role: Role::Scheduler as u32,
+            id: 0,
+        });
+        sched.put(&Register::new(Role::Scheduler, 0, 2, ""));
+        assert!(f.node.poll(T0 + MS));
+        assert_eq!(f.events(), [FrontendEvent::Registered { models: 2 }]);
+        assert!(f.node.is_registered() && f.service.ready());
+        assert!(f.node.stats().ready.load(Ordering::Relaxed));
+
+        // The first heartbeat is due at once; time standing still sends no
+        // second one, and an earlier `now` counts as the latest seen.
+        assert_eq!(f.node.poll_at(), Some(T0 + MS));
+        f.node.poll(T0 + MS);
+        f.node.poll(T0 + MS);
+        f.node.poll(T0);
+        assert_eq!(sched.heartbeats(), 1);
+        assert_eq!(f.node.poll_at(), Some(T0 + MS + ms(100)));
+        f.node.poll(T0 + MS + ms(100));
+        assert_eq!(sched.heartbeats(), 1);
+        assert!(f.events().is_empty());
+    }
+
+    #[test]
+    fn a_closed_link_a_model_mismatch_or_no_ack_in_time_is_a_refusal() {
+        let mut f = frontend();
+        // The scheduler hangs up: refused (duplicate id?).
+        let (ours, sched) = link_pair();
+        f.node.handle_scheduler_link(T0, ours);
+        f.node.poll(T0);
+        drop(sched);
+        f.node.poll(T0);
+        match f.events().as_slice() {
+            [FrontendEvent::Refused { why }] => assert!(why.contains("refused"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            f.node.take_closed_link().is_some(),
+            "the link is handed back"
+        );
+        assert_eq!(f.node.poll_at(), None);
+
+        // Another model count.
+        let (ours, mut sched) = link_pair();
+        f.node.handle_scheduler_link(T0, ours);
+        f.node.poll(T0);
+        sched.put(&Register::new(Role::Scheduler, 0, 3, ""));
+        f.node.poll(T0);
+        match f.events().as_slice() {
+            [FrontendEvent::Refused { why }] => assert!(why.contains("same --zoo"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+
+        // Silence: refused when the clock jumps to the handshake deadline.
+        let (ours, _sched) = link_pair();
+        f.node.handle_scheduler_link(T0, ours);
+        f.node.poll(T0);
+        let deadline = f.node.poll_at().unwrap();
+        assert_eq!(deadline, T0 + ms(5000));
+        f.node
+            .poll(deadline.saturating_sub(Duration::from_nanos(1)));
+        assert!(f.events().is_empty());
+        f.node.poll(deadline);
+        match f.events().as_slice() {
+            [FrontendEvent::Refused { why }] => {
+                assert!(
+                    why.contains("did not acknowledge") && why.contains("5 s"),
+                    "{why}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!f.node.is_registered() && !f.service.ready());
+    }
+
+    #[test]
+    fn a_task_goes_out_and_its_drop_reaches_the_ticket() {
+        let mut f = frontend();
+        let mut sched = f.registered();
+        let mut ticket = f.submit().unwrap();
+        assert!(f.node.has_queued_tasks());
+        assert!(f.node.poll(T0));
+        let tasks = sched.tasks();
+        assert_eq!(tasks.len(), 1);
+        assert_eq!(tasks[0].task_id, ticket.task_id());
+        assert_eq!((tasks[0].model_id, tasks[0].frontend_id), (0, 5));
+        assert_eq!(f.node.stats().tasks_sent.load(Ordering::Relaxed), 1);
+        assert!(poll_now(&mut ticket).is_pending());
+
+        sched.put(&wire::Dropped {
+            task_id: ticket.task_id(),
+            reason: DropReason::Overloaded as u32,
+            reserved: 0,
+        });
+        assert!(f.node.poll(T0));
+        assert_eq!(
+            poll_now(&mut ticket),
+            Poll::Ready(Outcome::Dropped(DropReason::Overloaded))
+        );
+        let c = f.service.counters();
+        assert!(c.balanced() && (c.accepted, c.dropped) == (1, 1), "{c:?}");
+    }
+
+    #[test]
+    fn a_backend_completion_is_delivered_once_and_a_duplicate_is_counted() {
+        let mut f = frontend();
+        let mut sched = f.registered();
+        let mut backend = f.backend(T0, 9);
+        assert_eq!(f.events(), [FrontendEvent::BackendJoined(9)]);
+        assert_eq!(f.node.stats().backends.load(Ordering::Relaxed), 1);
+
+        let mut ticket = f.submit().unwrap();
+        f.node.poll(T0);
+        let id = sched.tasks()[0].task_id;
+        // Delivered twice by the network: one outcome, one duplicate.
+        backend.put_completion(id, b"output");
+        backend.put_completion(id, b"output");
+        assert!(f.node.poll(T0));
+        assert_eq!(
+            poll_now(&mut ticket),
+            Poll::Ready(Outcome::Ok(b"output".to_vec()))
+        );
+        drop(ticket);
+        // A third copy after the slot is free names nothing in flight.
+        backend.put_completion(id, b"output");
+        f.node.poll(T0);
+        let c = f.service.counters();
+        assert_eq!(
+            (c.accepted, c.succeeded, c.duplicates, c.unroutable),
+            (1, 1, 1, 1),
+            "{c:?}"
+        );
+        assert!(c.balanced());
+        assert_eq!(f.node.stats().bad_messages.load(Ordering::Relaxed), 0);
+        assert!(f.events().is_empty());
+    }
+
+    #[test]
+    fn losing_the_scheduler_ends_every_request_in_flight_once() {
+        let mut f = frontend();
+        let sched = f.registered();
+        let mut sent: Vec<Ticket> = (0..2).map(|_| f.submit().unwrap()).collect();
+        f.node.poll(T0);
+        let orphan = f.submit().unwrap();
+        f.node.poll(T0);
+        drop(orphan); // its client has gone
+        let mut queued = f.submit().unwrap(); // not sent yet
+        drop(sched);
+
+        // The queued task's send finds the link gone.
+        assert!(f.node.poll(T0 + MS));
+        assert!(matches!(
+            f.events().as_slice(),
+            [FrontendEvent::SchedulerLost { why }] if why.contains("sending a task")
+        ));
+        for t in sent.iter_mut().chain([&mut queued]) {
+            assert_eq!(
+                poll_now(t),
+                Poll::Ready(Outcome::Dropped(DropReason::Shutdown))
+            );
+        }
+        let c = f.service.counters();
+        assert_eq!((c.accepted, c.dropped, c.duplicates), (4, 4, 0), "{c:?}");
+        assert!(c.balanced());
+        assert!(f.node.take_closed_link().is_some());
+
+        // Nothing more happens: no second event, no second outcome; new
+        // requests are refused at once.
+        f.node.poll(T0 + ms(5000));
+        assert!(f.events().is_empty());
+        assert!(!f.node.is_registered() && !f.service.ready());
+        assert_eq!(f.node.poll_at(), None);
+        assert!(matches!(f.submit(), Err(SubmitError::SendFailed(_))));
+        let c = f.service.counters();
+        assert_eq!((c.accepted, c.dropped, c.failed), (5, 4, 1), "{c:?}");
+        assert!(c.balanced());
+        assert_eq!(f.node.staging().in_flight(), 0);
+    }
+
+    #[test]
+    fn a_silent_scheduler_is_lost_just_past_the_timeout_on_a_jumping_clock() {
+        let mut f = frontend();
+        let mut sched = f.registered();
+        let mut ticket = f.submit().unwrap();
+        // Jump from deadline to deadline, as a virtual clock does.
+        let mut polls = 0;
+        let lost_at = loop {
+            let at = f.node.poll_at().expect("a timer while registered");
+            f.node.poll(at);
+            polls += 1;
+            if !f.events().is_empty() {
+                break at;
+            }
+            assert!(polls < 100);
+        };
+        assert_eq!(lost_at, T0 + ms(1000) + Duration::from_nanos(1));
+        // Heartbeats at 0, 100, ..., 1000 ms.
+        assert_eq!(sched.heartbeats(), 11);
+        assert_eq!(
+            poll_now(&mut ticket),
+            Poll::Ready(Outcome::Dropped(DropReason::Shutdown))
+        );
+        assert!(!f.node.is_registered());
+    }
+
+    #[test]
+    fn data_links_must_register_as_backends_in_time() {
+        // (No scheduler link: its liveness would end it as the clock jumps.)
+        let mut f = frontend();
+        // Registers as something else.
+        let (ours, mut other) = link_pair();
+        f.node.handle_backend_link(T0, ours);
+        other.put(&Register::new(Role::Frontend, 1, 0, ""));
+        // Sends something else first.
+        let (ours, mut chatty) = link_pair();
+        f.node.handle_backend_link(T0, ours);
+        chatty.put(&wire::Heartbeat {
+            seq: 1,
+            role: Role::Backend as u32,
+            id: 3,
+        });
+        f.node.poll(T0);
+        let why: Vec<String> = f
+            .events()
+            .into_iter()
+            .map(|e| match e {
+                FrontendEvent::LinkRefused { why } => why,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(why.len(), 2);
+        assert!(why.iter().any(|w| w.contains("not a backend")), "{why:?}");
+        assert!(
+            why.iter().any(|w| w.contains("without Register")),
+            "{why:?}"
+        );
+        assert_eq!(
+            std::iter::from_fn(|| f.node.take_closed_link()).count(),
+            2,
+            "refused links are handed back"
+        );
+
+        // Silent: refused at its handshake deadline.
+        let (ours, _silent) = link_pair();
+        f.node.handle_backend_link(T0 + MS, ours);
+        let mut n = 0;
+        f.node.for_each_conn(|_| n += 1);
+        assert_eq!(n, 1, "the silent link");
+        f.node.poll(T0 + ms(5000));
+        assert!(f.events().is_empty(), "not yet");
+        f.node.poll(T0 + MS + ms(5000));
+        assert!(matches!(
+            f.events().as_slice(),
+            [FrontendEvent::LinkRefused { why }] if why.contains("without Register")
+        ));
+
+        // A backend that reconnects replaces its old link; one that sends
+        // garbage is lost.
+        let _old = f.backend(T0, 9);
+        let mut new = f.backend(T0, 9);
+        assert_eq!(
+            f.events(),
+            [
+                FrontendEvent::BackendJoined(9),
+                FrontendEvent::BackendJoined(9)
+            ]
+        );
+        assert!(f.node.take_closed_link().is_some(), "the replaced link");
+        assert_eq!(f.node.stats().backends.load(Ordering::Relaxed), 1);
+        new.send(&[0xff; 16]).unwrap();
+        f.node.poll(T0);
+        assert!(matches!(
+            f.events().as_slice(),
+            [FrontendEvent::BackendLost { id: 9, why }] if why.contains("malformed")
+        ));
+        let s = f.node.stats();
+        assert_eq!(s.backends.load(Ordering::Relaxed), 0);
+        assert_eq!(s.backends_lost.load(Ordering::Relaxed), 1);
+        assert_eq!(s.bad_messages.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_drain_sends_what_is_queued_then_shutdown_ends_the_rest() {
+        let mut f = frontend();
+        let mut sched = f.registered();
+        let mut first = f.submit().unwrap();
+        let mut second = f.submit().unwrap();
+        f.node.begin_drain();
+        assert!(!f.service.ready());
+        assert_eq!(
+            f.submit().unwrap_err(),
+            SubmitError::SendFailed("the frontend is shutting down".into())
+        );
+        assert!(!f.node.drained());
+        f.node.poll(T0);
+        let tasks = sched.tasks();
+        assert_eq!(tasks.len(), 2, "queued tasks still go out");
+        sched.put(&wire::Dropped {
+            task_id: tasks[0].task_id,
+            reason: DropReason::Overloaded as u32,
+            reserved: 0,
+        });
+        f.node.poll(T0);
+        assert_eq!(
+            poll_now(&mut first),
+            Poll::Ready(Outcome::Dropped(DropReason::Overloaded))
+        );
+        assert!(!f.node.drained(), "one request is still in flight");
+        f.node.shutdown();
+        assert_eq!(
+            poll_now(&mut second),
+            Poll::Ready(Outcome::Dropped(DropReason::Shutdown))
+        );
+        assert!(f.node.drained());
+        let c = f.service.counters();
+        assert!(c.balanced() && c.accepted == 3 && c.failed == 1, "{c:?}");
+        assert_eq!(f.node.into_links().len(), 1, "the scheduler link");
+    }
+}
