@@ -292,6 +292,48 @@ impl IdleWait {
     }
 }
 
+/// The connection fds a daemon sleeps on, kept equal to its live links'.
+/// Each link has a key its owner never reuses: a new connection may get a
+/// closed one's fd number, so entries are matched by key and fd, and stale
+/// ones leave the set before new ones join it. A dead connection's fd stays
+/// readable for ever, so the owner lists only connected links.
+#[derive(Debug, Default)]
+pub struct WatchList {
+    /// Watched (key, fd), sorted by key.
+    watched: Vec<(u64, RawFd)>,
+    /// Scratch for the live list.
+    live: Vec<(u64, RawFd)>,
+}
+
+impl WatchList {
+    /// Nothing watched.
+    pub fn new() -> Self {
+        WatchList::default()
+    }
+
+    /// Makes `set` watch exactly the `(key, fd)` pairs `fill` pushes.
+    pub fn sync(&mut self, set: &mut WaitSet, fill: impl FnOnce(&mut Vec<(u64, RawFd)>)) {
+        self.live.clear();
+        fill(&mut self.live);
+        self.live.sort_unstable();
+        let live = &self.live;
+        self.watched.retain(|w| {
+            let keep = live.binary_search(w).is_ok();
+            if !keep {
+                set.remove(w.1);
+            }
+            keep
+        });
+        for &l in live.iter() {
+            if let Err(at) = self.watched.binary_search(&l) {
+                if set.add(l.1).is_ok() {
+                    self.watched.insert(at, l);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
