@@ -1,0 +1,595 @@
+//! The backend daemon as a sans-IO node: a [`BatchWorker`] plus the
+//! registration with the scheduler, frontend announcements, data links to
+//! frontends, heartbeats, the scheduler's liveness and the shutdown drain.
+//! Like the worker it never reads a clock, sleeps, spawns a thread or
+//! connects: it is given `now` (real or virtual, possibly jumping), does
+//! bounded work per [`poll`](BackendNode::poll), says when time alone next
+//! makes progress ([`poll_at`](BackendNode::poll_at)) and asks the host
+//! for what it cannot do itself through
+//! [`poll_event`](BackendNode::poll_event) (open a data link to a
+//! frontend: [`BackendEvent::ConnectFrontend`], answered with
+//! [`handle_frontend_link`](BackendNode::handle_frontend_link)).
+
+use std::collections::VecDeque;
+
+use dataplane::control::Liveness;
+use dataplane::time::{Duration, Instant};
+use dataplane::transport::{Connection, Error};
+use dataplane::wire::{self, Register, Role};
+
+use crate::exec::Executor;
+use crate::worker::{BatchWorker, ControlMessage, WorkerError};
+
+/// Identity and timing of a [`BackendNode`].
+#[derive(Clone, Debug)]
+pub struct BackendNodeConfig {
+    /// Backend id.
+    pub id: u32,
+    /// GPUs (the executor's devices).
+    pub gpus: u32,
+    /// Global ids of the models this backend holds.
+    pub served: Vec<u32>,
+    /// Models in the cluster list (the scheduler's ack must agree).
+    pub cluster_models: u32,
+    /// Frontend ids must be below this.
+    pub max_frontends: u32,
+    /// Heartbeat interval.
+    pub heartbeat: Duration,
+    /// Scheduler silence that makes it dead.
+    pub dead_after: Duration,
+    /// Registration must be acknowledged within this.
+    pub handshake_timeout: Duration,
+    /// How long a new link to a frontend waits for the old one's READs
+    /// before it replaces it anyway.
+    pub replace_timeout: Duration,
+    /// Longest wait for the batches in hand when draining.
+    pub drain_timeout: Duration,
+}
+
+/// What happened, for the host to act on or log (the `Display` text is the
+/// daemon's log line without its prefix).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BackendEvent {
+    /// The scheduler acknowledged the registration.
+    Registered,
+    /// The registration failed (why); the node does nothing more.
+    Refused {
+        /// Why.
+        why: String,
+    },
+    /// Open a data link to this frontend and hand it over with
+    /// [`BackendNode::handle_frontend_link`].
+    ConnectFrontend {
+        /// Frontend id.
+        id: u32,
+        /// Its data endpoint.
+        endpoint: String,
+    },
+    /// A scheduler message the node ignores (why).
+    Ignored {
+        /// Why.
+        why: String,
+    },
+    /// A data link to a frontend is in use.
+    FrontendConnected {
+        /// Frontend id.
+        id: u32,
+        /// It replaced an earlier link.
+        replaced: bool,
+    },
+    /// A data link could not be used (why): counted as a failed connect.
+    FrontendUnreachable {
+        /// Why.
+        why: String,
+    },
+    /// A frontend's data link went down (its tasks fail until the
+    /// scheduler announces it again).
+    FrontendLost(u32),
+    /// The scheduler is gone (why); the node drains.
+    SchedulerLost {
+        /// Why.
+        why: String,
+    },
+    /// The drain bound passed with batches still in hand.
+    DrainTimedOut {
+        /// Batches left.
+        in_hand: usize,
+        /// The bound.
+        after: Duration,
+    },
+    /// The node cannot go on (the executor refused a checked batch: a bug).
+    Failed {
+        /// Why.
+        why: String,
+    },
+}
+
+impl std::fmt::Display for BackendEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BackendEvent::Registered => write!(f, "registered"),
+            BackendEvent::Refused { why }
+            | BackendEvent::Ignored { why }
+            | BackendEvent::FrontendUnreachable { why }
+            | BackendEvent::SchedulerLost { why }
+            | BackendEvent::Failed { why } => write!(f, "{why}"),
+            BackendEvent::ConnectFrontend { id, endpoint } => {
+                write!(f, "frontend {id} announced at '{endpoint}'; connecting")
+            }
+            BackendEvent::FrontendConnected { id, replaced } => write!(
+                f,
+                "data connection to frontend {id} open{}",
+                if *replaced { " (replaced the previous one)" } else { "" }
+            ),
+            BackendEvent::FrontendLost(id) => write!(f, "data connection to frontend {id} lost"),
+            BackendEvent::DrainTimedOut { in_hand, after } => write!(
+                f,
+                "{in_hand} batches still in hand after {} ms; leaving them",
+                after.as_nanos() / 1_000_000
+            ),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Register (then Models) to send; how many went out.
+    Hello { sent: u8 },
+    /// Waiting for the scheduler's ack since then.
+    AwaitAck { since: Instant },
+    Serving,
+    /// Refused or failed: nothing more happens.
+    Done,
+}
+
+/// A frontend link in use, with a key no other link of this node has (a
+/// new link may reuse a replaced one's fd number).
+#[derive(Clone, Copy, Debug)]
+struct Installed {
+    frontend: u32,
+    key: u64,
+    lost: bool,
+}
+
+/// The backend's logic over links `C` and executor `E`.
+pub struct BackendNode<C: Connection, E: Executor> {
+    cfg: BackendNodeConfig,
+    worker: BatchWorker<C, E>,
+    state: State,
+    liveness: Option<Liveness>,
+    seen_heard: Instant,
+    hb: [u8; 64],
+    msg: Vec<u8>,
+    /// New links waiting for the old one's READs: (frontend, link,
+    /// replace anyway at).
+    pending: Vec<(u32, C, Instant)>,
+    installed: Vec<Installed>,
+    next_key: u64,
+    draining: bool,
+    drain_until: Option<Instant>,
+    drained: bool,
+    events: VecDeque<BackendEvent>,
+    scheduler_heartbeats: u64,
+}
+
+/// The key of the scheduler link in [`BackendNode::for_each_conn`].
+pub const SCHEDULER_LINK: u64 = 0;
+
+impl<C: Connection, E: Executor> BackendNode<C, E> {
+    /// A node around `worker`, whose scheduler connection is connected:
+    /// the first poll sends `Register{Backend}` and `Models` on it, later
+    /// polls wait for the acknowledgement.
+    pub fn new(cfg: BackendNodeConfig, worker: BatchWorker<C, E>) -> Self {
+        BackendNode {
+            cfg,
+            worker,
+            state: State::Hello { sent: 0 },
+            liveness: None,
+            seen_heard: Instant::ZERO,
+            hb: [0; 64],
+            msg: vec![0; wire::MAX_MESSAGE_LEN],
+            pending: Vec::with_capacity(8),
+            installed: Vec::with_capacity(16),
+            next_key: SCHEDULER_LINK + 1,
+            draining: false,
+            drain_until: None,
+            drained: false,
+            events: VecDeque::new(),
+            scheduler_heartbeats: 0,
+        }
+    }
+
+    /// The link the host opened to `frontend` after
+    /// [`BackendEvent::ConnectFrontend`]. The node sends `Register{Backend}`
+    /// on it first, and uses it once the frontend's previous link (if any)
+    /// has no READs outstanding or `replace_timeout` from `now` passed.
+    /// Ignored while draining.
+    pub fn handle_frontend_link(&mut self, now: Instant, frontend: u32, mut conn: C) {
+        if self.draining || self.state == State::Done {
+            return;
+        }
+        let me = Register::new(Role::Backend, self.cfg.id, self.cfg.gpus, "");
+        let sent = wire::encode(&mut self.msg, &me)
+            .map_err(Error::from)
+            .and_then(|n| send_or_progress(&mut conn, &self.msg[..n]));
+        match sent {
+            Ok(()) => self.pending.push((frontend, conn, now + self.cfg.replace_timeout)),
+            Err(e) => self.events.push_back(BackendEvent::FrontendUnreachable {
+                why: format!("registering with frontend {frontend}: {e}"),
+            }),
+        }
+    }
+
+    /// All due work at `now`; returns whether anything happened (then
+    /// poll again before idling).
+    pub fn poll(&mut self, now: Instant) -> bool {
+        match self.state {
+            State::Done => false,
+            State::Hello { .. } => self.hello(now),
+            State::AwaitAck { .. } | State::Serving => self.serve(now),
+        }
+    }
+
+    /// The earliest instant at which time alone makes progress: a device
+    /// finishing, a planned start or fetch deadline, a heartbeat, the
+    /// scheduler's liveness or acknowledgement deadline, a link
+    /// replacement, the drain bound. `None` when only I/O can (or the
+    /// node is done).
+    pub fn poll_at(&self) -> Option<Instant> {
+        let handshake = match self.state {
+            State::Done => return None,
+            State::Hello { .. } => return Some(Instant::ZERO),
+            State::AwaitAck { since } => {
+                Some(since + self.cfg.handshake_timeout + Duration::from_nanos(1))
+            }
+            State::Serving => None,
+        };
+        let live = self.liveness.iter().flat_map(|l| {
+            let expiry = (!self.draining).then(|| l.expires_at());
+            [Some(l.next_send()), expiry].into_iter().flatten()
+        });
+        let replaced = self
+            .pending
+            .iter()
+            .filter(|(f, _, _)| self.worker.frontend_ref(*f).is_some_and(|c| c.outstanding_reads() > 0))
+            .map(|&(_, _, at)| at);
+        [handshake, self.worker.next_wakeup(), self.drain_until]
+            .into_iter()
+            .flatten()
+            .chain(live)
+            .chain(replaced)
+            .min()
+    }
+
+    /// The next thing that happened, oldest first.
+    pub fn poll_event(&mut self) -> Option<BackendEvent> {
+        self.events.pop_front()
+    }
+
+    /// Stops taking plans; the batches in hand finish (bounded by the
+    /// drain timeout from the next poll) and [`drained`](Self::drained)
+    /// becomes true.
+    pub fn begin_drain(&mut self) {
+        if !self.draining {
+            self.draining = true;
+            self.worker.set_taking_plans(false);
+            self.pending.clear();
+        }
+    }
+
+    /// Whether [`begin_drain`](Self::begin_drain) was called (or the
+    /// scheduler was lost).
+    pub fn draining(&self) -> bool {
+        self.draining
+    }
+
+    /// Drained (every batch in hand finished or the bound passed), or
+    /// refused, or failed: the host may stop polling.
+    pub fn drained(&self) -> bool {
+        self.drained || self.state == State::Done
+    }
+
+    /// Whether the scheduler acknowledged the registration.
+    pub fn registered(&self) -> bool {
+        self.liveness.is_some()
+    }
+
+    /// The worker.
+    pub fn worker(&self) -> &BatchWorker<C, E> {
+        &self.worker
+    }
+
+    /// The worker, mutably (reports, final flushes).
+    pub fn worker_mut(&mut self) -> &mut BatchWorker<C, E> {
+        &mut self.worker
+    }
+
+    /// Heartbeats received from the scheduler.
+    pub fn scheduler_heartbeats(&self) -> u64 {
+        self.scheduler_heartbeats
+    }
+
+    /// Calls `f` with each connected link in use (the scheduler's, key
+    /// [`SCHEDULER_LINK`], and every frontend's) and a key no other link
+    /// of this node ever has: for the host's wait set.
+    pub fn for_each_conn(&self, mut f: impl FnMut(u64, &C)) {
+        let s = self.worker.scheduler_ref();
+        if s.is_connected() {
+            f(SCHEDULER_LINK, s);
+        }
+        for i in &self.installed {
+            if let Some(c) = self.worker.frontend_ref(i.frontend).filter(|c| c.is_connected()) {
+                f(i.key, c);
+            }
+        }
+    }
+
+    fn refuse(&mut self, why: String) {
+        self.state = State::Done;
+        self.events.push_back(BackendEvent::Refused { why });
+    }
+
+    /// Why a registration step failed, from the error that ended it (the
+    /// scheduler refuses by closing the link).
+    fn refusal(&self, e: &Error) -> String {
+        match e {
+            Error::PeerDisconnected => format!(
+                "the scheduler refused the registration of backend {} (closed the connection): duplicate id, or a model it does not know",
+                self.cfg.id
+            ),
+            e => format!("registering with the scheduler: {e}"),
+        }
+    }
+
+    /// Sends Register{Backend} and Models (retrying a full queue on later
+    /// polls).
+    fn hello(&mut self, now: Instant) -> bool {
+        let State::Hello { mut sent } = self.state else {
+            return false;
+        };
+        while sent < 2 {
+            let encoded = if sent == 0 {
+                wire::encode(&mut self.msg, &Register::new(Role::Backend, self.cfg.id, self.cfg.gpus, ""))
+            } else {
+                wire::encode_models(&mut self.msg, &self.cfg.served)
+            };
+            let result = encoded.map_err(Error::from).and_then(|n| self.worker.scheduler().send(&self.msg[..n]));
+            match result {
+                Ok(()) => sent += 1,
+                Err(Error::QueueFull) => break,
+                Err(e) => {
+                    let why = self.refusal(&e);
+                    self.refuse(why);
+                    return true;
+                }
+            }
+        }
+        self.state = if sent == 2 {
+            State::AwaitAck { since: now }
+        } else {
+            State::Hello { sent }
+        };
+        true
+    }
+
+    fn serve(&mut self, now: Instant) -> bool {
+        let mut progressed = match self.worker.poll(now) {
+            Ok(p) => p,
+            Err(WorkerError::Executor(e)) => {
+                self.state = State::Done;
+                self.events.push_back(BackendEvent::Failed { why: format!("executor: {e}") });
+                return true;
+            }
+            Err(e) => {
+                if let State::AwaitAck { .. } = self.state {
+                    let why = match e {
+                        WorkerError::SchedulerGone => self.refusal(&Error::PeerDisconnected),
+                        WorkerError::Transport(e) => self.refusal(&e),
+                        e => format!("registering with the scheduler: {e}"),
+                    };
+                    self.refuse(why);
+                    return true;
+                }
+                if !self.draining {
+                    let why = match e {
+                        WorkerError::SchedulerGone => "scheduler disconnected".to_string(),
+                        // A malformed message or a broken connection: the
+                        // scheduler is the only source of plans, so the
+                        // backend leaves (the scheduler fails its batches).
+                        e => format!("scheduler connection: {e}"),
+                    };
+                    self.lose_scheduler(now, why);
+                    true
+                } else {
+                    // Draining without a scheduler: every poll reports it
+                    // gone; that is not progress (the loop must not spin).
+                    false
+                }
+            }
+        };
+        while let Some(msg) = self.worker.pop_control() {
+            progressed = true;
+            self.handle_control(now, msg);
+            if self.state == State::Done {
+                return true;
+            }
+        }
+        if let State::AwaitAck { since } = self.state {
+            if now.saturating_since(since) > self.cfg.handshake_timeout {
+                let ms = self.cfg.handshake_timeout.as_nanos() / 1_000_000;
+                self.refuse(format!("no acknowledgement from the scheduler within {ms} ms"));
+                return true;
+            }
+            return progressed;
+        }
+        let Some(liveness) = self.liveness.as_mut() else {
+            return progressed;
+        };
+        // Any message is proof of life; a worker that reads nothing (every
+        // batch buffer held) cannot judge the scheduler's silence.
+        if self.worker.scheduler_heard_at() != self.seen_heard {
+            self.seen_heard = self.worker.scheduler_heard_at();
+            liveness.heard(self.seen_heard);
+        }
+        if self.worker.scheduler_backlogged() {
+            liveness.heard(now);
+        }
+        if !self.pending.is_empty() {
+            progressed |= self.install_pending(now);
+        }
+        self.notice_lost_frontends();
+        // Heartbeats continue while finishing the batches in hand after a
+        // stop, so that the scheduler does not fail them back meanwhile.
+        let Some(liveness) = self.liveness.as_mut() else {
+            return progressed;
+        };
+        if let Some(n) = liveness.due(now, Role::Backend, self.cfg.id, &mut self.hb) {
+            // A full send queue skips this beat: the next one follows.
+            let sent = self.worker.scheduler().send(&self.hb[..n]);
+            if !self.draining && matches!(sent, Err(Error::PeerDisconnected)) {
+                self.lose_scheduler(now, "scheduler disconnected".into());
+            }
+        }
+        if !self.draining && self.liveness.is_some_and(|l| l.expired(now)) {
+            let ms = self.cfg.dead_after.as_nanos() / 1_000_000;
+            self.lose_scheduler(now, format!("scheduler silent for more than {ms} ms"));
+        }
+        if self.draining && !self.drained {
+            let until = *self.drain_until.get_or_insert(now + self.cfg.drain_timeout);
+            let in_hand = self.worker.batches_in_flight();
+            if in_hand == 0 || now >= until {
+                if in_hand > 0 {
+                    self.events.push_back(BackendEvent::DrainTimedOut {
+                        in_hand,
+                        after: self.cfg.drain_timeout,
+                    });
+                }
+                self.drained = true;
+            }
+        }
+        progressed
+    }
+
+    fn lose_scheduler(&mut self, now: Instant, why: String) {
+        self.events.push_back(BackendEvent::SchedulerLost { why });
+        self.begin_drain();
+        self.drain_until = Some(now + self.cfg.drain_timeout);
+    }
+
+    fn handle_control(&mut self, now: Instant, msg: ControlMessage) {
+        match msg {
+            ControlMessage::Heartbeat(_) => {
+                self.scheduler_heartbeats += 1;
+                if let State::AwaitAck { .. } = self.state {
+                    let why = self.refusal(&Error::Protocol(wire::WireError::BadValue(
+                        "first message is not Register",
+                    )));
+                    self.refuse(why);
+                }
+            }
+            ControlMessage::Register(r) if matches!(self.state, State::AwaitAck { .. }) => {
+                if r.role() != Some(Role::Scheduler) {
+                    self.refuse(format!(
+                        "the scheduler answered with a registration of role {} instead of Scheduler",
+                        r.role
+                    ));
+                } else if r.count != self.cfg.cluster_models {
+                    self.refuse(format!(
+                        "model list mismatch: the scheduler has {} models, this backend {} (give every daemon the same --zoo/--models/--model)",
+                        r.count, self.cfg.cluster_models
+                    ));
+                } else {
+                    self.state = State::Serving;
+                    self.liveness = Some(Liveness::new(now, self.cfg.heartbeat, self.cfg.dead_after));
+                    self.events.push_back(BackendEvent::Registered);
+                }
+            }
+            ControlMessage::Register(r) if r.role() == Some(Role::Frontend) => {
+                if self.draining {
+                    return;
+                }
+                if r.id >= self.cfg.max_frontends {
+                    self.events.push_back(BackendEvent::Ignored {
+                        why: format!(
+                            "ignoring frontend {} (ids must be < {})",
+                            r.id, self.cfg.max_frontends
+                        ),
+                    });
+                    return;
+                }
+                self.events.push_back(BackendEvent::ConnectFrontend {
+                    id: r.id,
+                    endpoint: r.endpoint().to_string(),
+                });
+            }
+            ControlMessage::Register(r) => {
+                self.events.push_back(BackendEvent::Ignored {
+                    why: format!("ignoring a registration of role {} from the scheduler", r.role),
+                });
+            }
+        }
+    }
+
+    /// Puts the links the host opened in use, once the frontend's previous
+    /// link (if any) has no READs outstanding (its READs would be lost
+    /// with it) or waited long enough. Returns whether any was added.
+    fn install_pending(&mut self, now: Instant) -> bool {
+        let mut added = false;
+        let mut k = 0;
+        while k < self.pending.len() {
+            let (fid, _, replace_at) = self.pending[k];
+            let busy = self
+                .worker
+                .frontend_ref(fid)
+                .is_some_and(|c| c.outstanding_reads() > 0);
+            if busy && now < replace_at {
+                k += 1;
+                continue;
+            }
+            let (fid, conn, _) = self.pending.swap_remove(k);
+            match self.worker.add_frontend(fid, conn) {
+                Ok(old) => {
+                    let key = self.next_key;
+                    self.next_key += 1;
+                    self.installed.retain(|i| i.frontend != fid);
+                    self.installed.push(Installed { frontend: fid, key, lost: false });
+                    self.events.push_back(BackendEvent::FrontendConnected {
+                        id: fid,
+                        replaced: old.is_some(),
+                    });
+                    added = true;
+                }
+                Err(e) => self.events.push_back(BackendEvent::Ignored {
+                    why: format!("frontend {fid}: {e}"),
+                }),
+            }
+        }
+        added
+    }
+
+    /// Reports each installed link that went down, once.
+    fn notice_lost_frontends(&mut self) {
+        for i in self.installed.iter_mut().filter(|i| !i.lost) {
+            if self.worker.frontend_ref(i.frontend).is_some_and(|c| !c.is_connected()) {
+                i.lost = true;
+                self.events.push_back(BackendEvent::FrontendLost(i.frontend));
+            }
+        }
+    }
+}
+
+/// Queues `msg` on a fresh link, driving it once if its queue is full.
+fn send_or_progress<C: Connection>(conn: &mut C, msg: &[u8]) -> Result<(), Error> {
+    match conn.send(msg) {
+        Err(Error::QueueFull) => {
+            conn.progress()?;
+            conn.send(msg)?;
+        }
+        other => other?,
+    }
+    // Bytes leave during polls; this link is not polled until it is in use.
+    match conn.progress() {
+        Ok(()) | Err(Error::PeerDisconnected) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
