@@ -366,4 +366,26 @@ mod tests {
         // The notification was consumed: the next wait times out.
         assert_eq!(set.wait(Duration::from_millis(1)), 0);
     }
+
+    #[test]
+    fn a_watch_list_follows_the_live_links() {
+        let mut set = WaitSet::new().unwrap();
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: fresh descriptors we own.
+        let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // SAFETY: writes one byte from a valid buffer to our pipe.
+        assert_eq!(unsafe { libc::write(w.as_raw_fd(), b"x".as_ptr().cast(), 1) }, 1);
+        let mut list = WatchList::new();
+        list.sync(&mut set, |live| live.push((1, r.as_raw_fd())));
+        assert_eq!(set.wait(Duration::from_millis(5000)), 1, "watched: readable");
+        list.sync(&mut set, |_| {});
+        assert_eq!(set.wait(Duration::from_millis(1)), 0, "link gone: no longer watched");
+        // The same fd number under a new key (a new connection) is watched again.
+        list.sync(&mut set, |live| live.push((2, r.as_raw_fd())));
+        assert_eq!(set.wait(Duration::from_millis(5000)), 1);
+        list.sync(&mut set, |live| live.push((2, r.as_raw_fd())));
+        assert_eq!(set.wait(Duration::from_millis(5000)), 1, "a repeated sync keeps it");
+    }
 }
