@@ -6,15 +6,17 @@
 //! and the `Models` it holds, wait for the scheduler's acknowledgement,
 //! start `/metrics`, print `READY metrics=HOST:PORT gpus=N`.
 //!
-//! Then one thread runs the loop: [`BatchWorker::poll`] on the monotonic
-//! clock; scheduler control messages (`Register{Frontend}`: open a data
-//! connection to that frontend; heartbeats); our heartbeats; the scheduler's
-//! liveness; counters for the metrics thread; and the idle strategy, whose
-//! parks never outlast the next timer (a device finishing, a planned start,
-//! a heartbeat). Opening a data connection may take seconds (the frontend
-//! may still be starting), so a helper thread connects, sends
-//! `Register{Backend}` first and hands the connection back over a channel:
-//! the loop never blocks.
+//! The logic (registration, announcements, data links, heartbeats,
+//! liveness, drain) is the sans-IO [`BackendNode`] around the
+//! [`BatchWorker`]; this module is its host. One thread runs the loop:
+//! [`BackendNode::poll`] on the monotonic clock; its events (open a data
+//! connection to an announced frontend, logs); counters for the metrics
+//! thread; and the idle strategy, whose parks never outlast the node's
+//! `poll_at` (a device finishing, a planned start, a heartbeat). Opening a
+//! data connection may take seconds (the frontend may still be starting),
+//! so a helper thread connects and hands the connection back over a
+//! channel (the node sends `Register{Backend}` first on it): the loop never
+//! blocks.
 //!
 //! Shutdown: on SIGINT/SIGTERM, or when the scheduler is gone (disconnect,
 //! or silent for `--dead-after-ms`), the worker stops reading plans, the
@@ -27,21 +29,19 @@ pub mod metrics;
 
 use std::io::Write;
 use std::process::ExitCode;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
 
-use dataplane::control::{
-    self, connect_retrying, expect_register, flush_within, send_register, send_within,
-    MetricsEndpoint, WithDomain,
-};
-use dataplane::waitset::{IdleWait, Notifier};
+use dataplane::control::{self, connect_retrying, flush_within, MetricsEndpoint, WithDomain};
 use dataplane::mem::{Access, Region};
 use dataplane::time::{Duration, Instant, MonotonicClock};
-use dataplane::transport::{Connection, Domain, Error, Registration};
-use dataplane::wire::{self, Register, Role};
+use dataplane::transport::{Connection, Domain, Registration};
+use dataplane::waitset::{IdleWait, Notifier, WatchList};
 
 use crate::exec::{ExecModel, Executor};
-use crate::worker::{BatchWorker, ControlMessage, WorkerConfig, WorkerError, WorkerStats};
+use crate::node::{BackendEvent, BackendNode, BackendNodeConfig};
+use crate::worker::{BatchWorker, WorkerConfig, WorkerStats};
 use crate::EmulatedExecutor;
 pub use config::{Args, ExecutorKind, Settings};
 use metrics::BackendMetrics;
@@ -220,52 +220,19 @@ fn worker_config(s: &Settings) -> WorkerConfig {
     }
 }
 
-/// Connects to the scheduler and registers; returns the connection once
-/// the scheduler acknowledged.
-fn register_with_scheduler<D: Domain>(domain: &D, s: &Settings) -> Result<D::Conn, String> {
-    let mut conn = connect_retrying(domain, &s.scheduler, s.connect_timeout)
-        .map_err(|e| format!("cannot reach the scheduler at '{}': {e}", s.scheduler))?;
-    let me = Register::new(Role::Backend, s.id, s.gpus, "");
-    // The scheduler refuses a registration by closing the connection, which
-    // the backend may notice at any step of the handshake.
-    let lost = |e: Error| {
-        match e {
-        Error::PeerDisconnected => format!(
-            "the scheduler refused the registration of backend {} (closed the connection): duplicate id, or a model it does not know",
-            s.id
-        ),
-        e => format!("registering with the scheduler: {e}"),
+fn node_config(s: &Settings) -> BackendNodeConfig {
+    BackendNodeConfig {
+        id: s.id,
+        gpus: s.gpus,
+        served: s.served.clone(),
+        cluster_models: s.models.len() as u32,
+        max_frontends: config::MAX_FRONTENDS,
+        heartbeat: s.heartbeat,
+        dead_after: s.dead_after,
+        handshake_timeout: HANDSHAKE_TIMEOUT,
+        replace_timeout: REPLACE_TIMEOUT,
+        drain_timeout: DRAIN_TIMEOUT,
     }
-    };
-    send_register(&mut conn, &me, HANDSHAKE_TIMEOUT).map_err(lost)?;
-    let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
-    let n = wire::encode_models(&mut buf, &s.served).map_err(|e| lost(e.into()))?;
-    send_within(&mut conn, &buf[..n], HANDSHAKE_TIMEOUT).map_err(lost)?;
-    flush_within(&mut conn, HANDSHAKE_TIMEOUT).map_err(lost)?;
-    let ack = match expect_register(&mut conn, HANDSHAKE_TIMEOUT) {
-        Ok(r) => r,
-        Err(Error::Timeout) => {
-            return Err(format!(
-                "no acknowledgement from the scheduler within {} ms",
-                HANDSHAKE_TIMEOUT.as_nanos() / 1_000_000
-            ))
-        }
-        Err(e) => return Err(lost(e)),
-    };
-    if ack.role() != Some(Role::Scheduler) {
-        return Err(format!(
-            "the scheduler answered with a registration of role {} instead of Scheduler",
-            ack.role
-        ));
-    }
-    if ack.count as usize != s.models.len() {
-        return Err(format!(
-            "model list mismatch: the scheduler has {} models, this backend {} (give every daemon the same --zoo/--models/--model)",
-            ack.count,
-            s.models.len()
-        ));
-    }
-    Ok(conn)
 }
 
 /// A data connection opened by the connector thread.
@@ -279,12 +246,11 @@ struct Connector<C> {
     opened: mpsc::Receiver<Opened<C>>,
 }
 
-/// Starts the thread that opens frontend data connections: it connects
-/// (retrying for `timeout`), sends our `Register{Backend}` first, and hands
-/// the connection back. It ends when the request channel closes.
+/// Starts the thread that opens frontend data connections (retrying for
+/// `timeout`) and hands them back; the node sends `Register{Backend}`
+/// first on each. It ends when the request channel closes.
 fn spawn_connector<D: Domain>(
     domain: D,
-    me: Register,
     timeout: Duration,
     wake: Notifier,
 ) -> Result<Connector<D::Conn>, String> {
@@ -295,12 +261,7 @@ fn spawn_connector<D: Domain>(
         .spawn(move || {
             for (fid, endpoint) in req_rx {
                 let opened = connect_retrying(&domain, &endpoint, timeout)
-                    .map_err(|e| format!("cannot connect to frontend {fid} at '{endpoint}': {e}"))
-                    .and_then(|mut c| {
-                        send_register(&mut c, &me, timeout)
-                            .map(|()| c)
-                            .map_err(|e| format!("registering with frontend {fid}: {e}"))
-                    });
+                    .map_err(|e| format!("cannot connect to frontend {fid} at '{endpoint}': {e}"));
                 if done_tx.send((fid, opened)).is_err() {
                     return;
                 }
@@ -322,9 +283,15 @@ fn serve<D: Domain, E: Executor>(
     launch: Launch<'_>,
 ) -> Result<Exit, String> {
     let s = launch.s;
-    let sched = register_with_scheduler(&domain, s)?;
-    let mut worker =
+    let sched = connect_retrying(&domain, &s.scheduler, s.connect_timeout)
+        .map_err(|e| format!("cannot reach the scheduler at '{}': {e}", s.scheduler))?;
+    let worker =
         BatchWorker::new(cfg, exec, staging_reg, sched).map_err(|e| format!("worker: {e}"))?;
+    let mut node = BackendNode::new(node_config(s), worker);
+    let clock = MonotonicClock::new();
+    let mut idle = IdleWait::new(s.idle).map_err(|e| format!("wait set: {e}"))?;
+    let mut watched = WatchList::new();
+    register(&mut node, &clock, &mut idle, &mut watched, s.id)?;
     let metrics = Arc::new(BackendMetrics::new(
         s.id,
         s.gpus,
@@ -333,9 +300,7 @@ fn serve<D: Domain, E: Executor>(
     let render = metrics.clone();
     let endpoint = MetricsEndpoint::start(s.metrics, Arc::new(move || render.render()))
         .map_err(|e| format!("metrics endpoint on {}: {e}", s.metrics))?;
-    let me = Register::new(Role::Backend, s.id, s.gpus, "");
-    let mut idle = IdleWait::new(s.idle).map_err(|e| format!("wait set: {e}"))?;
-    let connector = spawn_connector(domain.clone(), me, s.connect_timeout, idle.notifier())?;
+    let connector = spawn_connector(domain.clone(), s.connect_timeout, idle.notifier())?;
     eprintln!(
         "symphony-backend[{}]: registered with {} over {} ({} GPUs, {} executor, {} of {} models); metrics on {}",
         s.id,
@@ -354,13 +319,63 @@ fn serve<D: Domain, E: Executor>(
         metrics: endpoint.addr(),
         gpus: s.gpus,
     });
-    let exit = run_loop(&mut worker, s, &metrics, launch.stop, &connector, &mut idle);
+    let mut host = Host {
+        s,
+        metrics: &metrics,
+        connector: &connector,
+        idle: &mut idle,
+        watched: &mut watched,
+        clock: &clock,
+    };
+    let exit = host.run(&mut node, launch.stop);
     // Closing the request channel ends the connector thread once its
     // current attempt (if any) is over; it is not waited for.
     drop(connector);
-    flush_all(&mut worker);
+    flush_all(node.worker_mut());
     drop(endpoint);
     exit
+}
+
+/// Polls the node until the scheduler acknowledges (or refuses) the
+/// registration.
+fn register<C: Connection, E: Executor>(
+    node: &mut BackendNode<C, E>,
+    clock: &MonotonicClock,
+    idle: &mut IdleWait,
+    watched: &mut WatchList,
+    id: u32,
+) -> Result<(), String> {
+    loop {
+        let now = clock.now();
+        let progressed = node.poll(now);
+        while let Some(ev) = node.poll_event() {
+            match ev {
+                BackendEvent::Registered => return Ok(()),
+                BackendEvent::Refused { why } | BackendEvent::Failed { why } => return Err(why),
+                ev => eprintln!("symphony-backend[{id}]: {ev}"),
+            }
+        }
+        if progressed {
+            idle.reset();
+        } else {
+            sleep_until_due(node, now, clock, idle, watched);
+        }
+    }
+}
+
+/// Idles per the strategy until the node's next deadline or a link wakes.
+fn sleep_until_due<C: Connection, E: Executor>(
+    node: &BackendNode<C, E>,
+    now: Instant,
+    clock: &MonotonicClock,
+    idle: &mut IdleWait,
+    watched: &mut WatchList,
+) {
+    watched.sync(idle.set(), |live| {
+        node.for_each_conn(|key, c| live.extend(c.wait_fd().map(|fd| (key, fd))))
+    });
+    let wake = node.poll_at().unwrap_or(now + Duration::from_millis(100));
+    idle.idle(wake.saturating_since(clock.now()));
 }
 
 /// Gives queued completions and BatchDones their chance to leave.
@@ -374,318 +389,97 @@ fn flush_all<C: Connection, E: Executor>(worker: &mut BatchWorker<C, E>) {
     }
 }
 
-/// Poll-loop state that is not the worker's.
-struct Loop<C> {
-    draining: Option<(Exit, std::time::Instant)>,
-    /// New connections waiting for the old one's READs (frontend id,
-    /// connection, when to replace anyway).
-    pending: Vec<(u32, C, std::time::Instant)>,
-    seen_heard: Instant,
-    /// Frontend connections installed in the worker, with a generation
-    /// that changes when a connection is replaced (its fd number may be
-    /// reused by the new one).
-    installed: Vec<(u32, u64)>,
-    generation: u64,
+/// What the serving loop needs besides the node: the real clock, the
+/// connector thread, metrics, the idle strategy.
+struct Host<'a, C> {
+    s: &'a Settings,
+    metrics: &'a BackendMetrics,
+    connector: &'a Connector<C>,
+    idle: &'a mut IdleWait,
+    watched: &'a mut WatchList,
+    clock: &'a MonotonicClock,
 }
 
-fn run_loop<C: Connection, E: Executor>(
-    worker: &mut BatchWorker<C, E>,
-    s: &Settings,
-    metrics: &BackendMetrics,
-    stop: &dyn Fn() -> bool,
-    connector: &Connector<C>,
-    idler: &mut IdleWait,
-) -> Result<Exit, String> {
-    let clock = MonotonicClock::new();
-    // Live connections whose fds the idle wait sleeps on: (frontend id or
-    // u32::MAX for the scheduler, fd). A dead connection's fd stays
-    // readable for ever, so it leaves the set as soon as it is known dead.
-    let mut watched: Vec<(u32, std::os::fd::RawFd, u64)> = Vec::with_capacity(16);
-    let mut liveness = control::Liveness::new(clock.now(), s.heartbeat, s.dead_after);
-    let mut hb = [0u8; 64];
-    let mut published = WorkerStats::default();
-    let mut st = Loop {
-        draining: None,
-        pending: Vec::with_capacity(8),
-        seen_heard: Instant::ZERO,
-        installed: Vec::with_capacity(16),
-        generation: 0,
-    };
-    loop {
-        let now = clock.now();
-        let mut progressed = match worker.poll(now) {
-            Ok(p) => p,
-            // The executor refused a batch the worker checked: a bug, and
-            // the batch would be refused again on every pass.
-            Err(WorkerError::Executor(e)) => return Err(format!("executor: {e}")),
-            Err(e) => {
-                if st.draining.is_none() {
-                    match e {
-                        WorkerError::SchedulerGone => {
-                            eprintln!("symphony-backend[{}]: scheduler disconnected", s.id)
-                        }
-                        // A malformed message or a broken connection: the
-                        // scheduler is the only source of plans, so the
-                        // backend leaves (the scheduler fails its batches).
-                        e => eprintln!("symphony-backend[{}]: scheduler connection: {e}", s.id),
+impl<C: Connection> Host<'_, C> {
+    fn run<E: Executor>(&mut self, node: &mut BackendNode<C, E>, stop: &dyn Fn() -> bool) -> Result<Exit, String> {
+        let id = self.s.id;
+        let mut published = WorkerStats::default();
+        let mut heartbeats_published = 0u64;
+        let mut exit = None;
+        loop {
+            let now = self.clock.now();
+            let mut progressed = node.poll(now);
+            while let Some(ev) = node.poll_event() {
+                progressed = true;
+                match ev {
+                    BackendEvent::ConnectFrontend { id: fid, ref endpoint } => {
+                        eprintln!("symphony-backend[{id}]: {ev}");
+                        // The connector thread outlives the loop, so a send
+                        // only fails if it died; the frontend's tasks then
+                        // fail as unreachable.
+                        let _ = self.connector.requests.send((fid, endpoint.clone()));
                     }
-                    begin_drain(worker, &mut st, Exit::SchedulerGone);
-                    true
-                } else {
-                    // Draining without a scheduler: every poll reports it
-                    // gone; that is not progress (the loop must not spin).
-                    false
-                }
-            }
-        };
-        // Any message is proof of life; a worker that reads nothing (every
-        // batch buffer held) cannot judge the scheduler's silence.
-        if worker.scheduler_heard_at() != st.seen_heard {
-            st.seen_heard = worker.scheduler_heard_at();
-            liveness.heard(st.seen_heard);
-        }
-        if worker.scheduler_backlogged() {
-            liveness.heard(now);
-        }
-        while let Some(msg) = worker.pop_control() {
-            progressed = true;
-            handle_control(msg, s, metrics, &st, &connector.requests);
-        }
-        while let Ok((fid, opened)) = connector.opened.try_recv() {
-            progressed = true;
-            match opened {
-                Ok(conn) if st.draining.is_none() => {
-                    st.pending.push((
-                        fid,
-                        conn,
-                        std::time::Instant::now() + std_dur(REPLACE_TIMEOUT),
-                    ));
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    metrics
-                        .frontend_connect_failures
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    eprintln!("symphony-backend[{}]: {e}", s.id);
-                }
-            }
-        }
-        if !st.pending.is_empty() {
-            progressed |= install_pending(worker, &mut st, s, metrics);
-        }
-        // Heartbeats continue while finishing the batches in hand after a
-        // stop, so that the scheduler does not fail them back meanwhile.
-        if let Some(n) = liveness.due(now, Role::Backend, s.id, &mut hb) {
-            // A full send queue skips this beat: the next one follows.
-            let sent = worker.scheduler().send(&hb[..n]);
-            if st.draining.is_none() && matches!(sent, Err(Error::PeerDisconnected)) {
-                eprintln!("symphony-backend[{}]: scheduler disconnected", s.id);
-                begin_drain(worker, &mut st, Exit::SchedulerGone);
-            }
-        }
-        if st.draining.is_none() {
-            if liveness.expired(now) {
-                eprintln!(
-                    "symphony-backend[{}]: scheduler silent for more than {} ms",
-                    s.id,
-                    s.dead_after.as_nanos() / 1_000_000
-                );
-                begin_drain(worker, &mut st, Exit::SchedulerGone);
-            } else if stop() {
-                eprintln!(
-                    "symphony-backend[{}]: stop requested; finishing {} batches in hand",
-                    s.id,
-                    worker.batches_in_flight()
-                );
-                begin_drain(worker, &mut st, Exit::Stopped);
-            }
-        }
-        while let Some(r) = worker.pop_report() {
-            metrics.record_batch(&r);
-        }
-        let stats = worker.stats();
-        if stats != published {
-            metrics.store_stats(&stats);
-            published = stats;
-        }
-        if let Some((_, deadline)) = &st.draining {
-            let in_hand = worker.batches_in_flight();
-            if in_hand == 0 || std::time::Instant::now() >= *deadline {
-                if in_hand > 0 {
-                    eprintln!(
-                        "symphony-backend[{}]: {in_hand} batches still in hand after {} ms; leaving them",
-                        s.id,
-                        DRAIN_TIMEOUT.as_nanos() / 1_000_000
-                    );
-                }
-                if let Some((why, _)) = st.draining.take() {
-                    return Ok(why);
-                }
-            }
-        }
-        if progressed {
-            idler.reset();
-        } else {
-            let mut wake = liveness.next_send();
-            if let Some(w) = worker.next_wakeup() {
-                wake = wake.min(w);
-            }
-            if let Some((_, deadline)) = &st.draining {
-                // Bounded: the drain deadline is checked on the next pass.
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                wake = wake.min(now + Duration::from_nanos(left.as_nanos() as u64));
-            }
-            sync_watched(worker, &st.installed, &mut watched, idler);
-            idler.idle(wake.saturating_since(now));
-        }
-    }
-}
-
-/// Makes the wait set hold exactly the live connections' fds.
-fn sync_watched<C: Connection, E: Executor>(
-    worker: &mut BatchWorker<C, E>,
-    frontends: &[(u32, u64)],
-    watched: &mut Vec<(u32, std::os::fd::RawFd, u64)>,
-    idler: &mut IdleWait,
-) {
-    let live = |worker: &mut BatchWorker<C, E>, who: u32| -> Option<std::os::fd::RawFd> {
-        let c = if who == u32::MAX {
-            Some(worker.scheduler())
-        } else {
-            worker.frontend(who)
-        }?;
-        if c.is_connected() {
-            c.wait_fd()
-        } else {
-            None
-        }
-    };
-    let generation = |who: u32| -> u64 {
-        frontends
-            .iter()
-            .find(|&&(f, _)| f == who)
-            .map_or(0, |&(_, g)| g)
-    };
-    watched.retain(|&(who, fd, g)| {
-        let keep = g == generation(who) && live(worker, who) == Some(fd);
-        if !keep {
-            idler.set().remove(fd);
-        }
-        keep
-    });
-    for who in std::iter::once(u32::MAX).chain(frontends.iter().map(|&(f, _)| f)) {
-        if watched.iter().any(|&(w, _, _)| w == who) {
-            continue;
-        }
-        if let Some(fd) = live(worker, who) {
-            if idler.set().add(fd).is_ok() {
-                watched.push((who, fd, generation(who)));
-            }
-        }
-    }
-}
-
-fn std_dur(d: Duration) -> std::time::Duration {
-    std::time::Duration::from_nanos(d.as_nanos())
-}
-
-fn begin_drain<C: Connection, E: Executor>(
-    worker: &mut BatchWorker<C, E>,
-    st: &mut Loop<C>,
-    why: Exit,
-) {
-    worker.set_taking_plans(false);
-    st.pending.clear();
-    st.draining = Some((why, std::time::Instant::now() + std_dur(DRAIN_TIMEOUT)));
-}
-
-fn handle_control<C>(
-    msg: ControlMessage,
-    s: &Settings,
-    metrics: &BackendMetrics,
-    st: &Loop<C>,
-    connect_tx: &ConnectRequests,
-) {
-    match msg {
-        ControlMessage::Heartbeat(_) => {
-            metrics
-                .scheduler_heartbeats
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        ControlMessage::Register(r) if r.role() == Some(Role::Frontend) => {
-            if st.draining.is_some() {
-                return;
-            }
-            if r.id >= config::MAX_FRONTENDS {
-                eprintln!(
-                    "symphony-backend[{}]: ignoring frontend {} (ids must be < {})",
-                    s.id,
-                    r.id,
-                    config::MAX_FRONTENDS
-                );
-                return;
-            }
-            eprintln!(
-                "symphony-backend[{}]: frontend {} announced at '{}'; connecting",
-                s.id,
-                r.id,
-                r.endpoint()
-            );
-            // The connector thread outlives the loop, so a send only fails
-            // if it died; the frontend's tasks then fail as unreachable.
-            let _ = connect_tx.send((r.id, r.endpoint().to_string()));
-        }
-        ControlMessage::Register(r) => {
-            eprintln!(
-                "symphony-backend[{}]: ignoring a registration of role {} from the scheduler",
-                s.id, r.role
-            );
-        }
-    }
-}
-
-/// Adds the connections the connector opened, once the frontend's previous
-/// connection (if any) has no READs outstanding (its READs would be lost
-/// with it) or waited long enough. Returns whether any was added.
-fn install_pending<C: Connection, E: Executor>(
-    worker: &mut BatchWorker<C, E>,
-    st: &mut Loop<C>,
-    s: &Settings,
-    metrics: &BackendMetrics,
-) -> bool {
-    let mut added = false;
-    let mut k = 0;
-    while k < st.pending.len() {
-        let fid = st.pending[k].0;
-        let busy = worker
-            .frontend(fid)
-            .is_some_and(|c| c.outstanding_reads() > 0);
-        if busy && std::time::Instant::now() < st.pending[k].2 {
-            k += 1;
-            continue;
-        }
-        let (fid, conn, _) = st.pending.swap_remove(k);
-        match worker.add_frontend(fid, conn) {
-            Ok(old) => {
-                st.generation += 1;
-                st.installed.retain(|&(f, _)| f != fid);
-                st.installed.push((fid, st.generation));
-                metrics
-                    .frontends_connected
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                eprintln!(
-                    "symphony-backend[{}]: data connection to frontend {fid} open{}",
-                    s.id,
-                    if old.is_some() {
-                        " (replaced the previous one)"
-                    } else {
-                        ""
+                    BackendEvent::SchedulerLost { .. } => {
+                        eprintln!("symphony-backend[{id}]: {ev}");
+                        exit.get_or_insert(Exit::SchedulerGone);
                     }
-                );
-                added = true;
+                    BackendEvent::FrontendConnected { .. } => {
+                        self.metrics.frontends_connected.fetch_add(1, Ordering::Relaxed);
+                        eprintln!("symphony-backend[{id}]: {ev}");
+                    }
+                    BackendEvent::FrontendUnreachable { .. } => {
+                        self.metrics.frontend_connect_failures.fetch_add(1, Ordering::Relaxed);
+                        eprintln!("symphony-backend[{id}]: {ev}");
+                    }
+                    // The worker fails the frontend's tasks; the scheduler
+                    // announces it again if it comes back.
+                    BackendEvent::FrontendLost(_) => {}
+                    BackendEvent::Failed { why } => return Err(why),
+                    ev => eprintln!("symphony-backend[{id}]: {ev}"),
+                }
             }
-            Err(e) => eprintln!("symphony-backend[{}]: frontend {fid}: {e}", s.id),
+            while let Ok((fid, opened)) = self.connector.opened.try_recv() {
+                progressed = true;
+                match opened {
+                    Ok(conn) => node.handle_frontend_link(now, fid, conn),
+                    Err(e) => {
+                        self.metrics.frontend_connect_failures.fetch_add(1, Ordering::Relaxed);
+                        eprintln!("symphony-backend[{id}]: {e}");
+                    }
+                }
+            }
+            if !node.draining() && stop() {
+                eprintln!(
+                    "symphony-backend[{id}]: stop requested; finishing {} batches in hand",
+                    node.worker().batches_in_flight()
+                );
+                node.begin_drain();
+                exit.get_or_insert(Exit::Stopped);
+                progressed = true;
+            }
+            while let Some(r) = node.worker_mut().pop_report() {
+                self.metrics.record_batch(&r);
+            }
+            let stats = node.worker().stats();
+            if stats != published {
+                self.metrics.store_stats(&stats);
+                published = stats;
+            }
+            let beats = node.scheduler_heartbeats();
+            if beats != heartbeats_published {
+                self.metrics
+                    .scheduler_heartbeats
+                    .fetch_add(beats - heartbeats_published, Ordering::Relaxed);
+                heartbeats_published = beats;
+            }
+            if node.drained() {
+                return Ok(exit.unwrap_or(Exit::Stopped));
+            }
+            if progressed {
+                self.idle.reset();
+            } else {
+                sleep_until_due(node, now, self.clock, self.idle, self.watched);
+            }
         }
     }
-    added
 }

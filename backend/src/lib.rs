@@ -10,14 +10,17 @@
 //!   back to its frontend and a `BatchDone` to the scheduler.
 //! - [`output`]: the deterministic "model" both executors compute, so a
 //!   frontend can check every response.
-//! - [`daemon`]: the `symphony-backend` process: registration with the
-//!   scheduler, data connections to frontends, heartbeats, metrics, the
-//!   poll loop.
+//! - [`node`]: the backend as a sans-IO node around the worker:
+//!   registration with the scheduler, data links to frontends,
+//!   heartbeats, liveness, drain.
+//! - [`daemon`]: the `symphony-backend` process: the node's host (real
+//!   connections and clock, a connector thread, metrics, the idle loop).
 
 #![warn(missing_docs)]
 
 pub mod daemon;
 pub mod exec;
+pub mod node;
 pub mod output;
 pub mod worker;
 
@@ -25,6 +28,7 @@ pub mod worker;
 pub use exec::cuda::CudaExecutor;
 pub use exec::emulated::EmulatedExecutor;
 pub use exec::{ExecError, ExecModel, Executor, Finished, InputRef, Job, OutputRef};
+pub use node::{BackendEvent, BackendNode, BackendNodeConfig};
 pub use worker::{
     BatchReport, BatchWorker, ControlMessage, WorkerConfig, WorkerError, WorkerStats,
     CONTROL_QUEUE_CAPACITY,

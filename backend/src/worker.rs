@@ -162,6 +162,9 @@ pub struct WorkerStats {
     pub control_messages: u64,
     /// Reports dropped because nobody popped them.
     pub reports_dropped: u64,
+    /// Plans ignored because their batch id was not above every earlier
+    /// plan's (a duplicated or replayed plan: never executed twice).
+    pub duplicate_plans: u64,
 }
 
 /// A scheduler message that is not a plan, handed to the caller.
@@ -275,6 +278,10 @@ pub struct BatchWorker<C: Connection, E: Executor> {
     control: VecDeque<ControlMessage>,
     taking_plans: bool,
     scheduler_heard: Instant,
+    /// Highest batch id taken: the scheduler numbers batches in increasing
+    /// order and a connection keeps order, so a plan at or below it is a
+    /// duplicate.
+    last_batch_id: Option<u64>,
     stats: WorkerStats,
 }
 
@@ -368,6 +375,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             control: VecDeque::with_capacity(CONTROL_QUEUE_CAPACITY),
             taking_plans: true,
             scheduler_heard: Instant::ZERO,
+            last_batch_id: None,
             stats: WorkerStats::default(),
             cfg,
         })
@@ -396,6 +404,16 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
     /// The scheduler connection.
     pub fn scheduler(&mut self) -> &mut C {
         &mut self.scheduler
+    }
+
+    /// The connection to frontend `id`, to look at (e.g. its `wait_fd`).
+    pub fn frontend_ref(&self, id: u32) -> Option<&C> {
+        self.frontends.get(id as usize)?.as_ref()
+    }
+
+    /// The scheduler connection, to look at.
+    pub fn scheduler_ref(&self) -> &C {
+        &self.scheduler
     }
 
     /// The executor.
@@ -542,6 +560,11 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
                 }
                 Err(e) => return Err(WorkerError::Transport(Error::Protocol(e))),
             };
+            if self.last_batch_id.is_some_and(|last| head.batch_id <= last) {
+                self.stats.duplicate_plans += 1;
+                continue;
+            }
+            self.last_batch_id = Some(head.batch_id);
             self.stats.plans += 1;
             let Some(si) = self.slots.iter().position(|s| s.phase == Phase::Free) else {
                 break;

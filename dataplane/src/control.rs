@@ -312,6 +312,11 @@ impl Liveness {
     pub fn next_send(&self) -> Instant {
         self.next_send
     }
+    /// The first instant at which [`expired`](Self::expired) holds unless
+    /// the peer is heard from before (for a node's `poll_at`).
+    pub fn expires_at(&self) -> Instant {
+        self.last_heard + self.timeout + Duration::from_nanos(1)
+    }
 }
 
 // ---- idle strategies -----------------------------------------------------------

@@ -292,6 +292,48 @@ impl IdleWait {
     }
 }
 
+/// The connection fds a daemon sleeps on, kept equal to its live links'.
+/// Each link has a key its owner never reuses: a new connection may get a
+/// closed one's fd number, so entries are matched by key and fd, and stale
+/// ones leave the set before new ones join it. A dead connection's fd stays
+/// readable for ever, so the owner lists only connected links.
+#[derive(Debug, Default)]
+pub struct WatchList {
+    /// Watched (key, fd), sorted by key.
+    watched: Vec<(u64, RawFd)>,
+    /// Scratch for the live list.
+    live: Vec<(u64, RawFd)>,
+}
+
+impl WatchList {
+    /// Nothing watched.
+    pub fn new() -> Self {
+        WatchList::default()
+    }
+
+    /// Makes `set` watch exactly the `(key, fd)` pairs `fill` pushes.
+    pub fn sync(&mut self, set: &mut WaitSet, fill: impl FnOnce(&mut Vec<(u64, RawFd)>)) {
+        self.live.clear();
+        fill(&mut self.live);
+        self.live.sort_unstable();
+        let live = &self.live;
+        self.watched.retain(|w| {
+            let keep = live.binary_search(w).is_ok();
+            if !keep {
+                set.remove(w.1);
+            }
+            keep
+        });
+        for &l in live.iter() {
+            if let Err(at) = self.watched.binary_search(&l) {
+                if set.add(l.1).is_ok() {
+                    self.watched.insert(at, l);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,5 +365,27 @@ mod tests {
         assert_eq!(set.wait_unless(Duration::from_millis(5000), || true), 1);
         // The notification was consumed: the next wait times out.
         assert_eq!(set.wait(Duration::from_millis(1)), 0);
+    }
+
+    #[test]
+    fn a_watch_list_follows_the_live_links() {
+        let mut set = WaitSet::new().unwrap();
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: fresh descriptors we own.
+        let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // SAFETY: writes one byte from a valid buffer to our pipe.
+        assert_eq!(unsafe { libc::write(w.as_raw_fd(), b"x".as_ptr().cast(), 1) }, 1);
+        let mut list = WatchList::new();
+        list.sync(&mut set, |live| live.push((1, r.as_raw_fd())));
+        assert_eq!(set.wait(Duration::from_millis(5000)), 1, "watched: readable");
+        list.sync(&mut set, |_| {});
+        assert_eq!(set.wait(Duration::from_millis(1)), 0, "link gone: no longer watched");
+        // The same fd number under a new key (a new connection) is watched again.
+        list.sync(&mut set, |live| live.push((2, r.as_raw_fd())));
+        assert_eq!(set.wait(Duration::from_millis(5000)), 1);
+        list.sync(&mut set, |live| live.push((2, r.as_raw_fd())));
+        assert_eq!(set.wait(Duration::from_millis(5000)), 1, "a repeated sync keeps it");
     }
 }

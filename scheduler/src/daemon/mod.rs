@@ -5,14 +5,16 @@
 //! of the sub-cluster that serves their model; the sub-cluster's
 //! [`DeferredScheduler`](crate::deferred::DeferredScheduler) decides batches,
 //! which go to the owning backend as batch plans. The logic is the sans-IO
-//! [`plane::ControlPlane`]; this module is its I/O loop: accepting and
-//! handshaking peers, moving messages, heartbeats and liveness, the real
-//! clock and the idle strategy.
+//! [`plane::ControlPlane`], wrapped with everything done per peer link
+//! (handshakes, moving messages, heartbeats and liveness) in the sans-IO
+//! [`node::SchedulerNode`]; this module is its host: the listener and its
+//! acceptor thread, the real clock, stop signals, logging and the idle
+//! strategy over the links' wait fds.
 
 pub mod metrics;
+pub mod node;
 pub mod plane;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,18 +22,18 @@ use std::sync::mpsc;
 use std::sync::Arc;
 
 use clap::Parser;
-use dataplane::control::{self, Liveness, MetricsEndpoint, TransportKind, WithDomain};
-use dataplane::waitset::IdleWait;
-use dataplane::time::{Duration, Instant, MonotonicClock};
+use dataplane::control::{self, MetricsEndpoint, TransportKind, WithDomain};
+use dataplane::time::{Duration, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Error, Listener};
-use dataplane::wire::{self, Message, Role};
+use dataplane::waitset::{IdleWait, WatchList};
 use serde::Deserialize;
 
 use crate::deferred::CoreConfig;
 use crate::netdelay::NetworkDelay;
 use crate::zoo::{cluster_models, ModelSpec};
 use metrics::SchedulerMetrics;
-use plane::{ControlPlane, PeerId};
+use node::{NodeConfig, SchedulerNode};
+use plane::ControlPlane;
 
 /// Command line (every option may also come from `--config FILE.toml`,
 /// keyed by the long name with `_` for `-`; flags win).
@@ -258,23 +260,10 @@ impl WithDomain for Serve {
     }
 }
 
-/// A registered peer's connection.
-struct Link<C> {
-    conn: C,
-    live: Liveness,
-}
-
-/// A connection that has not finished registering.
-struct Pending<C> {
-    conn: C,
-    since: Instant,
-    /// A backend's Register, waiting for its Models message.
-    backend: Option<wire::Register>,
-}
-
+/// A new connection must register within this.
 const HANDSHAKE: Duration = Duration::from_millis(5000);
-/// Messages taken from one peer per pass (bounds a pass's work).
-const MSGS_PER_PEER: usize = 256;
+/// A peer whose send queue stays full this long is dead.
+const SEND_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// Runs the scheduler on `domain` until a stop is requested.
 pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), String> {
@@ -286,7 +275,7 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), String> {
     let render = metrics.clone();
     let endpoint = MetricsEndpoint::start(cfg.metrics, Arc::new(move || render.render()))
         .map_err(|e| format!("cannot serve metrics on {}: {e}", cfg.metrics))?;
-    let mut plane = ControlPlane::new(cfg.models.clone(), &cfg.subclusters, cfg.core, metrics.clone())?;
+    let plane = ControlPlane::new(cfg.models.clone(), &cfg.subclusters, cfg.core, metrics.clone())?;
 
     let mut idle = IdleWait::new(cfg.idle).map_err(|e| format!("cannot create the wait set: {e}"))?;
     let wake = idle.set().notifier();
@@ -326,368 +315,60 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), String> {
     let _ = std::io::stdout().flush();
 
     let clock = MonotonicClock::new();
-    let mut io = Io::<D::Conn> {
-        frontends: HashMap::new(),
-        backends: HashMap::new(),
-        pending: Vec::new(),
-        dead: Vec::new(),
-        buf: vec![0u8; wire::MAX_MESSAGE_LEN],
-        hb: [0u8; 64],
-        ids: Vec::new(),
-        cfg: cfg.clone(),
-        metrics: metrics.clone(),
-        idle,
-    };
-    let mut last = clock.now();
-    let mut drain_until: Option<Instant> = None;
+    let mut node = SchedulerNode::new(
+        plane,
+        NodeConfig {
+            heartbeat: cfg.heartbeat,
+            dead_after: cfg.dead_after,
+            handshake_timeout: HANDSHAKE,
+            send_timeout: SEND_TIMEOUT,
+            drain: cfg.drain,
+            // A backend that is alive reports a batch long before its
+            // liveness bound passes.
+            batch_grace: cfg.dead_after,
+        },
+    );
+    let mut watched = WatchList::new();
     loop {
         let now = clock.now();
-        let online = plane.online_gpus() as u64;
-        metrics.gpu_online_ns.fetch_add(
-            online.saturating_mul(now.saturating_since(last).as_nanos()),
-            Ordering::Relaxed,
-        );
-        last = now;
         let mut busy = false;
         while let Ok(c) = rx.try_recv() {
-            io.watch(&c);
-            io.pending.push(Pending {
-                conn: c,
-                since: now,
-                backend: None,
-            });
+            node.handle_connection(now, c);
             busy = true;
         }
-        busy |= io.handshakes(now, &mut plane);
-        busy |= io.receive(now, &mut plane);
-        if plane.poll_at().is_some_and(|t| t <= now) {
-            plane.on_wake(now);
-            busy = true;
+        busy |= node.poll(now);
+        while let Some(ev) = node.poll_event() {
+            eprintln!("symphony-scheduler: {ev}");
         }
-        // The outbox first: a new peer's first message must be its ack,
-        // before any heartbeat.
-        busy |= io.flush(&mut plane);
-        io.liveness(now);
-        while !io.dead.is_empty() {
-            io.bury(now, &mut plane);
-            io.flush(&mut plane);
+        if !node.stopping() && control::stop_requested() {
+            eprintln!(
+                "symphony-scheduler: stopping; {} batches in flight",
+                node.plane().batches_in_flight()
+            );
+            node.stop();
+            continue;
         }
-        match drain_until {
-            None if control::stop_requested() => {
-                eprintln!("symphony-scheduler: stopping; {} batches in flight", plane.batches_in_flight());
-                plane.stop();
-                io.flush(&mut plane);
-                drain_until = Some(now + cfg.drain);
-            }
-            Some(t) if plane.batches_in_flight() == 0 || now >= t => break,
-            _ => {}
+        if node.drained() {
+            break;
         }
         if busy {
-            io.idle.reset();
+            idle.reset();
         } else {
-            let next = [plane.poll_at(), io.next_heartbeat(), drain_until]
-                .into_iter()
-                .flatten()
-                .min()
-                .unwrap_or(now + Duration::from_millis(100));
-            io.idle.idle(next.saturating_since(clock.now()));
+            watched.sync(idle.set(), |live| {
+                node.for_each_conn(|key, c| live.extend(c.wait_fd().map(|fd| (key, fd))))
+            });
+            let next = node.poll_at().unwrap_or(now + Duration::from_millis(100));
+            idle.idle(next.saturating_since(clock.now()));
         }
     }
     stop_accepting.store(true, Ordering::SeqCst);
     drop(rx);
     let _ = acceptor.join();
-    let (f, b) = plane.peers();
+    let (f, b) = node.plane().peers();
     eprintln!(
         "symphony-scheduler: stopped ({f} frontends, {b} backends connected; {} batches unfinished)",
-        plane.batches_in_flight()
+        node.plane().batches_in_flight()
     );
     Ok(())
 }
 
-/// Takes up to [`MSGS_PER_PEER`] messages from one peer: heartbeats are
-/// proof of life, `handle` takes the rest (false: not a message this peer
-/// may send, counted); garbage or a failed connection marks the peer dead.
-/// Returns whether anything arrived.
-fn drain_link<C: Connection>(
-    link: &mut Link<C>,
-    buf: &mut [u8],
-    now: Instant,
-    peer: PeerId,
-    dead: &mut Vec<PeerId>,
-    metrics: &SchedulerMetrics,
-    mut handle: impl FnMut(Message<'_>, &[u8]) -> bool,
-) -> bool {
-    let mut any = false;
-    for _ in 0..MSGS_PER_PEER {
-        let n = match link.conn.try_recv(buf) {
-            Ok(Some(n)) => n,
-            Ok(None) => break,
-            Err(_) => {
-                dead.push(peer);
-                break;
-            }
-        };
-        any = true;
-        link.live.heard(now);
-        let bytes = &buf[..n];
-        match wire::decode(bytes) {
-            Ok(Message::Heartbeat(_)) => {}
-            Ok(m) => {
-                if !handle(m, bytes) {
-                    metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            Err(_) => {
-                metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                dead.push(peer);
-                break;
-            }
-        }
-    }
-    any
-}
-
-struct Io<C: Connection> {
-    frontends: HashMap<u32, Link<C>>,
-    backends: HashMap<u32, Link<C>>,
-    pending: Vec<Pending<C>>,
-    dead: Vec<PeerId>,
-    buf: Vec<u8>,
-    hb: [u8; 64],
-    ids: Vec<u32>,
-    cfg: SchedulerConfig,
-    metrics: Arc<SchedulerMetrics>,
-    /// Idle strategy and the wait set over every connection.
-    idle: IdleWait,
-}
-
-impl<C: Connection> Io<C> {
-    /// Wakes the idle loop when `conn` has work.
-    fn watch(&mut self, conn: &C) {
-        if let Some(fd) = conn.wait_fd() {
-            let _ = self.idle.set().add(fd);
-        }
-    }
-
-    /// Stops watching `conn` (before it is dropped).
-    fn unwatch(&mut self, conn: &C) {
-        if let Some(fd) = conn.wait_fd() {
-            self.idle.set().remove(fd);
-        }
-    }
-
-    /// Drops pending connection `i`.
-    fn drop_pending(&mut self, i: usize) {
-        let p = self.pending.swap_remove(i);
-        self.unwatch(&p.conn);
-    }
-
-    fn new_link(&self, conn: C, now: Instant) -> Link<C> {
-        Link {
-            conn,
-            live: Liveness::new(now, self.cfg.heartbeat, self.cfg.dead_after),
-        }
-    }
-
-    /// Moves registering connections along: Register (then Models for a
-    /// backend) within [`HANDSHAKE`], else the connection is dropped.
-    fn handshakes(&mut self, now: Instant, plane: &mut ControlPlane) -> bool {
-        let mut any = false;
-        let mut i = 0;
-        while i < self.pending.len() {
-            let p = &mut self.pending[i];
-            let got = match p.conn.try_recv(&mut self.buf) {
-                Ok(Some(n)) => Some(n),
-                Ok(None) => None,
-                Err(e) => {
-                    eprintln!("symphony-scheduler: a registering peer failed: {e}");
-                    self.drop_pending(i);
-                    continue;
-                }
-            };
-            let Some(n) = got else {
-                if now.saturating_since(p.since) > HANDSHAKE {
-                    eprintln!("symphony-scheduler: a peer did not register within {HANDSHAKE:?}");
-                    self.drop_pending(i);
-                    self.metrics.refused.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                i += 1;
-                continue;
-            };
-            any = true;
-            let outcome = match (wire::decode(&self.buf[..n]), p.backend) {
-                (Ok(Message::Register(r)), None) => match r.role() {
-                    Some(Role::Frontend) => Some(
-                        plane
-                            .frontend_joined(r.id, r.endpoint())
-                            .map(|()| PeerId::Frontend(r.id))
-                            .map_err(|e| format!("frontend {}: {e}", r.id)),
-                    ),
-                    Some(Role::Backend) => {
-                        p.backend = Some(r);
-                        None
-                    }
-                    _ => Some(Err("a peer registered with an unexpected role".into())),
-                },
-                (Ok(Message::Models(ids)), Some(r)) => {
-                    self.ids.clear();
-                    self.ids.extend(ids.iter());
-                    Some(
-                        plane
-                            .backend_joined(now, r.id, r.count, &self.ids)
-                            .map(|()| PeerId::Backend(r.id))
-                            .map_err(|e| format!("backend {}: {e}", r.id)),
-                    )
-                }
-                (Ok(_), _) => Some(Err("a peer broke the registration handshake".into())),
-                (Err(e), _) => Some(Err(format!("a registering peer sent garbage: {e}"))),
-            };
-            match outcome {
-                None => i += 1,
-                Some(Ok(peer)) => {
-                    let p = self.pending.swap_remove(i);
-                    let link = self.new_link(p.conn, now);
-                    match peer {
-                        PeerId::Frontend(id) => {
-                            eprintln!("symphony-scheduler: frontend {id} registered");
-                            self.frontends.insert(id, link);
-                        }
-                        PeerId::Backend(id) => {
-                            eprintln!("symphony-scheduler: backend {id} registered");
-                            self.backends.insert(id, link);
-                        }
-                    }
-                }
-                Some(Err(why)) => {
-                    eprintln!("symphony-scheduler: registration refused: {why}");
-                    self.metrics.refused.fetch_add(1, Ordering::Relaxed);
-                    self.drop_pending(i);
-                }
-            }
-        }
-        any
-    }
-
-    /// Takes messages from every registered peer.
-    fn receive(&mut self, now: Instant, plane: &mut ControlPlane) -> bool {
-        let mut any = false;
-        self.ids.clear();
-        self.ids.extend(self.frontends.keys().copied());
-        for k in 0..self.ids.len() {
-            let id = self.ids[k];
-            let Some(link) = self.frontends.get_mut(&id) else { continue };
-            any |= drain_link(link, &mut self.buf, now, PeerId::Frontend(id), &mut self.dead, &self.metrics, |m, _| match m {
-                Message::Task(t) => {
-                    plane.on_task(now, id, &t);
-                    true
-                }
-                _ => false,
-            });
-        }
-        self.ids.clear();
-        self.ids.extend(self.backends.keys().copied());
-        for k in 0..self.ids.len() {
-            let id = self.ids[k];
-            let Some(link) = self.backends.get_mut(&id) else { continue };
-            any |= drain_link(link, &mut self.buf, now, PeerId::Backend(id), &mut self.dead, &self.metrics, |m, bytes| match m {
-                Message::BatchDone(d) => {
-                    plane.on_batch_done(now, id, &d);
-                    true
-                }
-                Message::Completion(h, _) => {
-                    plane.on_rerouted_completion(bytes, h.task_id);
-                    true
-                }
-                _ => false,
-            });
-        }
-        any
-    }
-
-    /// Sends due heartbeats and declares silent peers dead.
-    fn liveness(&mut self, now: Instant) {
-        let hb = &mut self.hb;
-        let dead = &mut self.dead;
-        let links = self
-            .frontends
-            .iter_mut()
-            .map(|(&id, l)| (PeerId::Frontend(id), l))
-            .chain(self.backends.iter_mut().map(|(&id, l)| (PeerId::Backend(id), l)));
-        for (peer, link) in links {
-            if link.live.expired(now) {
-                eprintln!("symphony-scheduler: {peer:?} silent for too long");
-                dead.push(peer);
-                continue;
-            }
-            // No separate progress(): `receive` has just drained every link
-            // with try_recv, which drives the connection (flushes sends,
-            // notices a departure) in the same call.
-            if let Some(n) = link.live.due(now, Role::Scheduler, 0, hb) {
-                match link.conn.send(&hb[..n]) {
-                    Ok(()) | Err(Error::QueueFull) => {}
-                    Err(_) => dead.push(peer),
-                }
-            }
-        }
-    }
-
-    fn next_heartbeat(&self) -> Option<Instant> {
-        self.frontends
-            .values()
-            .chain(self.backends.values())
-            .map(|l| l.live.next_send())
-            .min()
-    }
-
-    /// Sends the plane's outbox. A peer whose queue stays full for 100 ms
-    /// or whose connection fails is dead.
-    fn flush(&mut self, plane: &mut ControlPlane) -> bool {
-        let out = plane.outbox();
-        if out.is_empty() {
-            return false;
-        }
-        for (peer, msg) in out.iter() {
-            if self.dead.contains(&peer) {
-                continue;
-            }
-            let Some(link) = (match peer {
-                PeerId::Frontend(id) => self.frontends.get_mut(&id),
-                PeerId::Backend(id) => self.backends.get_mut(&id),
-            }) else {
-                continue;
-            };
-            if let Err(e) = control::send_within(&mut link.conn, msg, Duration::from_millis(100)) {
-                eprintln!("symphony-scheduler: sending to {peer:?} failed: {e}");
-                self.dead.push(peer);
-            }
-        }
-        out.clear();
-        true
-    }
-
-    /// Removes dead peers and tells the plane.
-    fn bury(&mut self, now: Instant, plane: &mut ControlPlane) {
-        while let Some(p) = self.dead.pop() {
-            match p {
-                PeerId::Frontend(id) => {
-                    if let Some(l) = self.frontends.remove(&id) {
-                        self.unwatch(&l.conn);
-                        eprintln!("symphony-scheduler: frontend {id} is gone");
-                        self.metrics.frontend_deaths.fetch_add(1, Ordering::Relaxed);
-                        plane.frontend_left(id);
-                    }
-                }
-                PeerId::Backend(id) => {
-                    if let Some(l) = self.backends.remove(&id) {
-                        self.unwatch(&l.conn);
-                        eprintln!(
-                            "symphony-scheduler: backend {id} is gone; failing back its batches"
-                        );
-                        plane.backend_left(now, id);
-                    }
-                }
-            }
-        }
-    }
-}

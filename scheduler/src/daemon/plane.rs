@@ -14,7 +14,8 @@
 //! never reused: a backend that leaves takes its ids out of matchmaking for
 //! good, and one that comes back gets fresh ones.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -42,6 +43,9 @@ pub enum PeerId {
 pub const MAX_FRONTENDS: u32 = 1 << 12;
 /// Largest backend id + 1.
 pub const MAX_BACKENDS: u32 = 1 << 16;
+/// How long after its planned finish a batch's `BatchDone` is waited for
+/// by default (see [`ControlPlane::expire_overdue`]).
+pub const DEFAULT_BATCH_GRACE: Duration = Duration::from_millis(1000);
 
 /// Encoded messages waiting to be sent, in order, in one flat buffer
 /// (no allocation once warm). Each message is encoded into a scratch
@@ -172,6 +176,10 @@ pub struct ControlPlane {
     backends: HashMap<u32, BackendState>,
     tasks: HashMap<u64, TaskMeta>,
     inflight: HashMap<u64, InFlight>,
+    /// (planned finish + grace, batch id) of batches in flight; entries of
+    /// batches already reported are removed lazily.
+    expiries: BinaryHeap<Reverse<(Instant, u64)>>,
+    batch_grace: Duration,
     spare_task_lists: Vec<Vec<(u64, u32)>>,
     next_batch: u64,
     actions: Actions,
@@ -225,6 +233,8 @@ impl ControlPlane {
             backends: HashMap::new(),
             tasks: HashMap::with_capacity(1 << 16),
             inflight: HashMap::with_capacity(1024),
+            expiries: BinaryHeap::with_capacity(1024),
+            batch_grace: DEFAULT_BATCH_GRACE,
             spare_task_lists: Vec::new(),
             next_batch: 1,
             actions: Actions::default(),
@@ -245,6 +255,61 @@ impl ControlPlane {
     /// [`Outbox::clear`].
     pub fn outbox(&mut self) -> &mut Outbox {
         &mut self.out
+    }
+
+    /// The metrics the plane counts into.
+    pub fn metrics(&self) -> &Arc<SchedulerMetrics> {
+        &self.metrics
+    }
+
+    /// How long after a batch's planned finish its `BatchDone` is waited
+    /// for before [`expire_overdue`](Self::expire_overdue) gives it up.
+    pub fn set_batch_grace(&mut self, grace: Duration) {
+        self.batch_grace = grace;
+    }
+
+    /// When the earliest batch in flight becomes overdue (may be the
+    /// deadline of a batch already reported: then expiring finds nothing).
+    pub fn next_expiry(&self) -> Option<Instant> {
+        self.expiries.peek().map(|Reverse((t, _))| *t)
+    }
+
+    /// Gives up on every batch whose `BatchDone` has not come within the
+    /// grace after its planned finish: its tasks are failed back to their
+    /// frontends (a frontend keeps the first outcome of a task and counts
+    /// later ones as duplicates, so this is safe if the completions did
+    /// arrive) and its record is dropped, so that a lost `BatchDone` does
+    /// not hold a shutdown drain or leak the record. The GPU itself never
+    /// waits for a `BatchDone`: the RankThread frees it at its planned
+    /// finish. A `BatchDone` that comes later is counted as a protocol
+    /// error. Returns how many batches were given up.
+    pub fn expire_overdue(&mut self, now: Instant) -> usize {
+        let mut expired = 0;
+        while let Some(&Reverse((t, batch))) = self.expiries.peek() {
+            if t > now {
+                break;
+            }
+            self.expiries.pop();
+            if let Some(f) = self.inflight.remove(&batch) {
+                for &(task, frontend) in &f.tasks {
+                    self.fail_back(task, frontend);
+                }
+                self.recycle(f.tasks);
+                expired += 1;
+            }
+        }
+        expired
+    }
+
+    /// Drops expiry entries of batches no longer in flight from the top of
+    /// the heap, so that [`next_expiry`](Self::next_expiry) stays tight.
+    fn trim_expiries(&mut self) {
+        while let Some(&Reverse((_, batch))) = self.expiries.peek() {
+            if self.inflight.contains_key(&batch) {
+                break;
+            }
+            self.expiries.pop();
+        }
     }
 
     /// The served models.
@@ -388,12 +453,14 @@ impl ControlPlane {
                 .set_gpu_online(now, g, false, &mut self.actions);
             self.apply(now, b.subcluster);
         }
-        let dead: Vec<u64> = self
+        let mut dead: Vec<u64> = self
             .inflight
             .iter()
             .filter(|(_, f)| f.backend == id)
             .map(|(&k, _)| k)
             .collect();
+        // Batch order, not hash order: a run is reproducible.
+        dead.sort_unstable();
         for batch in dead {
             if let Some(f) = self.inflight.remove(&batch) {
                 for &(task, frontend) in &f.tasks {
@@ -402,6 +469,7 @@ impl ControlPlane {
                 self.recycle(f.tasks);
             }
         }
+        self.trim_expiries();
         self.sync_peer_gauges();
     }
 
@@ -498,6 +566,7 @@ impl ControlPlane {
         if let Some(f) = self.inflight.remove(&done.batch_id) {
             self.recycle(f.tasks);
         }
+        self.trim_expiries();
         self.metrics.batches_done.fetch_add(1, Ordering::Relaxed);
         self.metrics
             .actual_busy_ns
@@ -554,11 +623,13 @@ impl ControlPlane {
     /// ones are refused; batches in flight still finish.
     pub fn stop(&mut self) {
         self.stopping = true;
-        let waiting: Vec<(u64, u32)> = self
+        let mut waiting: Vec<(u64, u32)> = self
             .tasks
             .drain()
             .map(|(id, m)| (id, m.frontend))
             .collect();
+        // Task order, not hash order: a run is reproducible.
+        waiting.sort_unstable();
         for (id, f) in waiting {
             self.send_dropped(id, f, DropReason::Shutdown);
         }
@@ -633,7 +704,15 @@ impl ControlPlane {
                 plan.finish_at.saturating_since(plan.exec_at).as_nanos(),
                 now.saturating_since(plan.planned_at).as_nanos(),
             );
-            self.inflight.insert(batch_id, InFlight { backend, tasks: list });
+            self.inflight.insert(
+                batch_id,
+                InFlight {
+                    backend,
+                    tasks: list,
+                },
+            );
+            self.expiries
+                .push(Reverse((plan.finish_at + self.batch_grace, batch_id)));
         }
         actions.clear();
         self.actions = actions;

@@ -1,0 +1,913 @@
+//! The backend daemon as a sans-IO node: a [`BatchWorker`] plus the
+//! registration with the scheduler, frontend announcements, data links to
+//! frontends, heartbeats, the scheduler's liveness and the shutdown drain.
+//! Like the worker it never reads a clock, sleeps, spawns a thread or
+//! connects: it is given `now` (real or virtual, possibly jumping), does
+//! bounded work per [`poll`](BackendNode::poll), says when time alone next
+//! makes progress ([`poll_at`](BackendNode::poll_at)) and asks the host
+//! for what it cannot do itself through
+//! [`poll_event`](BackendNode::poll_event) (open a data link to a
+//! frontend: [`BackendEvent::ConnectFrontend`], answered with
+//! [`handle_frontend_link`](BackendNode::handle_frontend_link)).
+
+use std::collections::VecDeque;
+
+use dataplane::control::Liveness;
+use dataplane::time::{Duration, Instant};
+use dataplane::transport::{Connection, Error};
+use dataplane::wire::{self, Register, Role};
+
+use crate::exec::Executor;
+use crate::worker::{BatchWorker, ControlMessage, WorkerError};
+
+/// Identity and timing of a [`BackendNode`].
+#[derive(Clone, Debug)]
+pub struct BackendNodeConfig {
+    /// Backend id.
+    pub id: u32,
+    /// GPUs (the executor's devices).
+    pub gpus: u32,
+    /// Global ids of the models this backend holds.
+    pub served: Vec<u32>,
+    /// Models in the cluster list (the scheduler's ack must agree).
+    pub cluster_models: u32,
+    /// Frontend ids must be below this.
+    pub max_frontends: u32,
+    /// Heartbeat interval.
+    pub heartbeat: Duration,
+    /// Scheduler silence that makes it dead.
+    pub dead_after: Duration,
+    /// Registration must be acknowledged within this.
+    pub handshake_timeout: Duration,
+    /// How long a new link to a frontend waits for the old one's READs
+    /// before it replaces it anyway.
+    pub replace_timeout: Duration,
+    /// Longest wait for the batches in hand when draining.
+    pub drain_timeout: Duration,
+}
+
+/// What happened, for the host to act on or log (the `Display` text is the
+/// daemon's log line without its prefix).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BackendEvent {
+    /// The scheduler acknowledged the registration.
+    Registered,
+    /// The registration failed (why); the node does nothing more.
+    Refused {
+        /// Why.
+        why: String,
+    },
+    /// Open a data link to this frontend and hand it over with
+    /// [`BackendNode::handle_frontend_link`].
+    ConnectFrontend {
+        /// Frontend id.
+        id: u32,
+        /// Its data endpoint.
+        endpoint: String,
+    },
+    /// A scheduler message the node ignores (why).
+    Ignored {
+        /// Why.
+        why: String,
+    },
+    /// A data link to a frontend is in use.
+    FrontendConnected {
+        /// Frontend id.
+        id: u32,
+        /// It replaced an earlier link.
+        replaced: bool,
+    },
+    /// A data link could not be used (why): counted as a failed connect.
+    FrontendUnreachable {
+        /// Why.
+        why: String,
+    },
+    /// A frontend's data link went down (its tasks fail until the
+    /// scheduler announces it again).
+    FrontendLost(u32),
+    /// The scheduler is gone (why); the node drains.
+    SchedulerLost {
+        /// Why.
+        why: String,
+    },
+    /// The drain bound passed with batches still in hand.
+    DrainTimedOut {
+        /// Batches left.
+        in_hand: usize,
+        /// The bound.
+        after: Duration,
+    },
+    /// The node cannot go on (the executor refused a checked batch: a bug).
+    Failed {
+        /// Why.
+        why: String,
+    },
+}
+
+impl std::fmt::Display for BackendEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BackendEvent::Registered => write!(f, "registered"),
+            BackendEvent::Refused { why }
+            | BackendEvent::Ignored { why }
+            | BackendEvent::FrontendUnreachable { why }
+            | BackendEvent::SchedulerLost { why }
+            | BackendEvent::Failed { why } => write!(f, "{why}"),
+            BackendEvent::ConnectFrontend { id, endpoint } => {
+                write!(f, "frontend {id} announced at '{endpoint}'; connecting")
+            }
+            BackendEvent::FrontendConnected { id, replaced } => write!(
+                f,
+                "data connection to frontend {id} open{}",
+                if *replaced { " (replaced the previous one)" } else { "" }
+            ),
+            BackendEvent::FrontendLost(id) => write!(f, "data connection to frontend {id} lost"),
+            BackendEvent::DrainTimedOut { in_hand, after } => write!(
+                f,
+                "{in_hand} batches still in hand after {} ms; leaving them",
+                after.as_nanos() / 1_000_000
+            ),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Register (then Models) to send; how many went out.
+    Hello { sent: u8 },
+    /// Waiting for the scheduler's ack since then.
+    AwaitAck { since: Instant },
+    Serving,
+    /// Refused or failed: nothing more happens.
+    Done,
+}
+
+/// A frontend link in use, with a key no other link of this node has (a
+/// new link may reuse a replaced one's fd number).
+#[derive(Clone, Copy, Debug)]
+struct Installed {
+    frontend: u32,
+    key: u64,
+    lost: bool,
+}
+
+/// The backend's logic over links `C` and executor `E`.
+pub struct BackendNode<C: Connection, E: Executor> {
+    cfg: BackendNodeConfig,
+    worker: BatchWorker<C, E>,
+    state: State,
+    liveness: Option<Liveness>,
+    seen_heard: Instant,
+    hb: [u8; 64],
+    msg: Vec<u8>,
+    /// New links waiting for the old one's READs: (frontend, link,
+    /// replace anyway at).
+    pending: Vec<(u32, C, Instant)>,
+    installed: Vec<Installed>,
+    next_key: u64,
+    draining: bool,
+    drain_until: Option<Instant>,
+    drained: bool,
+    events: VecDeque<BackendEvent>,
+    scheduler_heartbeats: u64,
+}
+
+/// The key of the scheduler link in [`BackendNode::for_each_conn`].
+pub const SCHEDULER_LINK: u64 = 0;
+
+impl<C: Connection, E: Executor> BackendNode<C, E> {
+    /// A node around `worker`, whose scheduler connection is connected:
+    /// the first poll sends `Register{Backend}` and `Models` on it, later
+    /// polls wait for the acknowledgement.
+    pub fn new(cfg: BackendNodeConfig, worker: BatchWorker<C, E>) -> Self {
+        BackendNode {
+            cfg,
+            worker,
+            state: State::Hello { sent: 0 },
+            liveness: None,
+            seen_heard: Instant::ZERO,
+            hb: [0; 64],
+            msg: vec![0; wire::MAX_MESSAGE_LEN],
+            pending: Vec::with_capacity(8),
+            installed: Vec::with_capacity(16),
+            next_key: SCHEDULER_LINK + 1,
+            draining: false,
+            drain_until: None,
+            drained: false,
+            events: VecDeque::new(),
+            scheduler_heartbeats: 0,
+        }
+    }
+
+    /// The link the host opened to `frontend` after
+    /// [`BackendEvent::ConnectFrontend`]. The node sends `Register{Backend}`
+    /// on it first, and uses it once the frontend's previous link (if any)
+    /// has no READs outstanding or `replace_timeout` from `now` passed.
+    /// Ignored while draining.
+    pub fn handle_frontend_link(&mut self, now: Instant, frontend: u32, mut conn: C) {
+        if self.draining || self.state == State::Done {
+            return;
+        }
+        let me = Register::new(Role::Backend, self.cfg.id, self.cfg.gpus, "");
+        let sent = wire::encode(&mut self.msg, &me)
+            .map_err(Error::from)
+            .and_then(|n| send_or_progress(&mut conn, &self.msg[..n]));
+        match sent {
+            Ok(()) => self.pending.push((frontend, conn, now + self.cfg.replace_timeout)),
+            Err(e) => self.events.push_back(BackendEvent::FrontendUnreachable {
+                why: format!("registering with frontend {frontend}: {e}"),
+            }),
+        }
+    }
+
+    /// All due work at `now`; returns whether anything happened (then
+    /// poll again before idling).
+    pub fn poll(&mut self, now: Instant) -> bool {
+        match self.state {
+            State::Done => false,
+            State::Hello { .. } => self.hello(now),
+            State::AwaitAck { .. } | State::Serving => self.serve(now),
+        }
+    }
+
+    /// The earliest instant at which time alone makes progress: a device
+    /// finishing, a planned start or fetch deadline, a heartbeat, the
+    /// scheduler's liveness or acknowledgement deadline, a link
+    /// replacement, the drain bound. `None` when only I/O can (or the
+    /// node is done).
+    pub fn poll_at(&self) -> Option<Instant> {
+        let handshake = match self.state {
+            State::Done => return None,
+            State::Hello { .. } => return Some(Instant::ZERO),
+            State::AwaitAck { since } => {
+                Some(since + self.cfg.handshake_timeout + Duration::from_nanos(1))
+            }
+            State::Serving => None,
+        };
+        let live = self.liveness.iter().flat_map(|l| {
+            let expiry = (!self.draining).then(|| l.expires_at());
+            [Some(l.next_send()), expiry].into_iter().flatten()
+        });
+        let replaced = self
+            .pending
+            .iter()
+            .filter(|(f, _, _)| self.worker.frontend_ref(*f).is_some_and(|c| c.outstanding_reads() > 0))
+            .map(|&(_, _, at)| at);
+        [handshake, self.worker.next_wakeup(), self.drain_until]
+            .into_iter()
+            .flatten()
+            .chain(live)
+            .chain(replaced)
+            .min()
+    }
+
+    /// The next thing that happened, oldest first.
+    pub fn poll_event(&mut self) -> Option<BackendEvent> {
+        self.events.pop_front()
+    }
+
+    /// Stops taking plans; the batches in hand finish (bounded by the
+    /// drain timeout from the next poll) and [`drained`](Self::drained)
+    /// becomes true.
+    pub fn begin_drain(&mut self) {
+        if !self.draining {
+            self.draining = true;
+            self.worker.set_taking_plans(false);
+            self.pending.clear();
+        }
+    }
+
+    /// Whether [`begin_drain`](Self::begin_drain) was called (or the
+    /// scheduler was lost).
+    pub fn draining(&self) -> bool {
+        self.draining
+    }
+
+    /// Drained (every batch in hand finished or the bound passed), or
+    /// refused, or failed: the host may stop polling.
+    pub fn drained(&self) -> bool {
+        self.drained || self.state == State::Done
+    }
+
+    /// Whether the scheduler acknowledged the registration.
+    pub fn registered(&self) -> bool {
+        self.liveness.is_some()
+    }
+
+    /// The worker.
+    pub fn worker(&self) -> &BatchWorker<C, E> {
+        &self.worker
+    }
+
+    /// The worker, mutably (reports, final flushes).
+    pub fn worker_mut(&mut self) -> &mut BatchWorker<C, E> {
+        &mut self.worker
+    }
+
+    /// Heartbeats received from the scheduler.
+    pub fn scheduler_heartbeats(&self) -> u64 {
+        self.scheduler_heartbeats
+    }
+
+    /// Calls `f` with each connected link in use (the scheduler's, key
+    /// [`SCHEDULER_LINK`], and every frontend's) and a key no other link
+    /// of this node ever has: for the host's wait set.
+    pub fn for_each_conn(&self, mut f: impl FnMut(u64, &C)) {
+        let s = self.worker.scheduler_ref();
+        if s.is_connected() {
+            f(SCHEDULER_LINK, s);
+        }
+        for i in &self.installed {
+            if let Some(c) = self.worker.frontend_ref(i.frontend).filter(|c| c.is_connected()) {
+                f(i.key, c);
+            }
+        }
+    }
+
+    fn refuse(&mut self, why: String) {
+        self.state = State::Done;
+        self.events.push_back(BackendEvent::Refused { why });
+    }
+
+    /// Why a registration step failed, from the error that ended it (the
+    /// scheduler refuses by closing the link).
+    fn refusal(&self, e: &Error) -> String {
+        match e {
+            Error::PeerDisconnected => format!(
+                "the scheduler refused the registration of backend {} (closed the connection): duplicate id, or a model it does not know",
+                self.cfg.id
+            ),
+            e => format!("registering with the scheduler: {e}"),
+        }
+    }
+
+    /// Sends Register{Backend} and Models (retrying a full queue on later
+    /// polls).
+    fn hello(&mut self, now: Instant) -> bool {
+        let State::Hello { mut sent } = self.state else {
+            return false;
+        };
+        while sent < 2 {
+            let encoded = if sent == 0 {
+                wire::encode(&mut self.msg, &Register::new(Role::Backend, self.cfg.id, self.cfg.gpus, ""))
+            } else {
+                wire::encode_models(&mut self.msg, &self.cfg.served)
+            };
+            let result = encoded.map_err(Error::from).and_then(|n| self.worker.scheduler().send(&self.msg[..n]));
+            match result {
+                Ok(()) => sent += 1,
+                Err(Error::QueueFull) => break,
+                Err(e) => {
+                    let why = self.refusal(&e);
+                    self.refuse(why);
+                    return true;
+                }
+            }
+        }
+        self.state = if sent == 2 {
+            State::AwaitAck { since: now }
+        } else {
+            State::Hello { sent }
+        };
+        true
+    }
+
+    fn serve(&mut self, now: Instant) -> bool {
+        let mut progressed = match self.worker.poll(now) {
+            Ok(p) => p,
+            Err(WorkerError::Executor(e)) => {
+                self.state = State::Done;
+                self.events.push_back(BackendEvent::Failed { why: format!("executor: {e}") });
+                return true;
+            }
+            Err(e) => {
+                if let State::AwaitAck { .. } = self.state {
+                    let why = match e {
+                        WorkerError::SchedulerGone => self.refusal(&Error::PeerDisconnected),
+                        WorkerError::Transport(e) => self.refusal(&e),
+                        e => format!("registering with the scheduler: {e}"),
+                    };
+                    self.refuse(why);
+                    return true;
+                }
+                if !self.draining {
+                    let why = match e {
+                        WorkerError::SchedulerGone => "scheduler disconnected".to_string(),
+                        // A malformed message or a broken connection: the
+                        // scheduler is the only source of plans, so the
+                        // backend leaves (the scheduler fails its batches).
+                        e => format!("scheduler connection: {e}"),
+                    };
+                    self.lose_scheduler(now, why);
+                    true
+                } else {
+                    // Draining without a scheduler: every poll reports it
+                    // gone; that is not progress (the loop must not spin).
+                    false
+                }
+            }
+        };
+        while let Some(msg) = self.worker.pop_control() {
+            progressed = true;
+            self.handle_control(now, msg);
+            if self.state == State::Done {
+                return true;
+            }
+        }
+        if let State::AwaitAck { since } = self.state {
+            if now.saturating_since(since) > self.cfg.handshake_timeout {
+                let ms = self.cfg.handshake_timeout.as_nanos() / 1_000_000;
+                self.refuse(format!("no acknowledgement from the scheduler within {ms} ms"));
+                return true;
+            }
+            return progressed;
+        }
+        let Some(liveness) = self.liveness.as_mut() else {
+            return progressed;
+        };
+        // Any message is proof of life; a worker that reads nothing (every
+        // batch buffer held) cannot judge the scheduler's silence.
+        if self.worker.scheduler_heard_at() != self.seen_heard {
+            self.seen_heard = self.worker.scheduler_heard_at();
+            liveness.heard(self.seen_heard);
+        }
+        if self.worker.scheduler_backlogged() {
+            liveness.heard(now);
+        }
+        if !self.pending.is_empty() {
+            progressed |= self.install_pending(now);
+        }
+        self.notice_lost_frontends();
+        // Heartbeats continue while finishing the batches in hand after a
+        // stop, so that the scheduler does not fail them back meanwhile.
+        let Some(liveness) = self.liveness.as_mut() else {
+            return progressed;
+        };
+        if let Some(n) = liveness.due(now, Role::Backend, self.cfg.id, &mut self.hb) {
+            // A full send queue skips this beat: the next one follows.
+            let sent = self.worker.scheduler().send(&self.hb[..n]);
+            if !self.draining && matches!(sent, Err(Error::PeerDisconnected)) {
+                self.lose_scheduler(now, "scheduler disconnected".into());
+            }
+        }
+        if !self.draining && self.liveness.is_some_and(|l| l.expired(now)) {
+            let ms = self.cfg.dead_after.as_nanos() / 1_000_000;
+            self.lose_scheduler(now, format!("scheduler silent for more than {ms} ms"));
+        }
+        if self.draining && !self.drained {
+            let until = *self.drain_until.get_or_insert(now + self.cfg.drain_timeout);
+            let in_hand = self.worker.batches_in_flight();
+            if in_hand == 0 || now >= until {
+                if in_hand > 0 {
+                    self.events.push_back(BackendEvent::DrainTimedOut {
+                        in_hand,
+                        after: self.cfg.drain_timeout,
+                    });
+                }
+                self.drained = true;
+            }
+        }
+        progressed
+    }
+
+    fn lose_scheduler(&mut self, now: Instant, why: String) {
+        self.events.push_back(BackendEvent::SchedulerLost { why });
+        self.begin_drain();
+        self.drain_until = Some(now + self.cfg.drain_timeout);
+    }
+
+    fn handle_control(&mut self, now: Instant, msg: ControlMessage) {
+        match msg {
+            ControlMessage::Heartbeat(_) => {
+                self.scheduler_heartbeats += 1;
+                if let State::AwaitAck { .. } = self.state {
+                    let why = self.refusal(&Error::Protocol(wire::WireError::BadValue(
+                        "first message is not Register",
+                    )));
+                    self.refuse(why);
+                }
+            }
+            ControlMessage::Register(r) if matches!(self.state, State::AwaitAck { .. }) => {
+                if r.role() != Some(Role::Scheduler) {
+                    self.refuse(format!(
+                        "the scheduler answered with a registration of role {} instead of Scheduler",
+                        r.role
+                    ));
+                } else if r.count != self.cfg.cluster_models {
+                    self.refuse(format!(
+                        "model list mismatch: the scheduler has {} models, this backend {} (give every daemon the same --zoo/--models/--model)",
+                        r.count, self.cfg.cluster_models
+                    ));
+                } else {
+                    self.state = State::Serving;
+                    self.liveness = Some(Liveness::new(now, self.cfg.heartbeat, self.cfg.dead_after));
+                    self.events.push_back(BackendEvent::Registered);
+                }
+            }
+            ControlMessage::Register(r) if r.role() == Some(Role::Frontend) => {
+                if self.draining {
+                    return;
+                }
+                if r.id >= self.cfg.max_frontends {
+                    self.events.push_back(BackendEvent::Ignored {
+                        why: format!(
+                            "ignoring frontend {} (ids must be < {})",
+                            r.id, self.cfg.max_frontends
+                        ),
+                    });
+                    return;
+                }
+                self.events.push_back(BackendEvent::ConnectFrontend {
+                    id: r.id,
+                    endpoint: r.endpoint().to_string(),
+                });
+            }
+            ControlMessage::Register(r) => {
+                self.events.push_back(BackendEvent::Ignored {
+                    why: format!("ignoring a registration of role {} from the scheduler", r.role),
+                });
+            }
+        }
+    }
+
+    /// Puts the links the host opened in use, once the frontend's previous
+    /// link (if any) has no READs outstanding (its READs would be lost
+    /// with it) or waited long enough. Returns whether any was added.
+    fn install_pending(&mut self, now: Instant) -> bool {
+        let mut added = false;
+        let mut k = 0;
+        while k < self.pending.len() {
+            let (fid, _, replace_at) = self.pending[k];
+            let busy = self
+                .worker
+                .frontend_ref(fid)
+                .is_some_and(|c| c.outstanding_reads() > 0);
+            if busy && now < replace_at {
+                k += 1;
+                continue;
+            }
+            let (fid, conn, _) = self.pending.swap_remove(k);
+            match self.worker.add_frontend(fid, conn) {
+                Ok(old) => {
+                    let key = self.next_key;
+                    self.next_key += 1;
+                    self.installed.retain(|i| i.frontend != fid);
+                    self.installed.push(Installed { frontend: fid, key, lost: false });
+                    self.events.push_back(BackendEvent::FrontendConnected {
+                        id: fid,
+                        replaced: old.is_some(),
+                    });
+                    added = true;
+                }
+                Err(e) => self.events.push_back(BackendEvent::Ignored {
+                    why: format!("frontend {fid}: {e}"),
+                }),
+            }
+        }
+        added
+    }
+
+    /// Reports each installed link that went down, once.
+    fn notice_lost_frontends(&mut self) {
+        for i in self.installed.iter_mut().filter(|i| !i.lost) {
+            if self.worker.frontend_ref(i.frontend).is_some_and(|c| !c.is_connected()) {
+                i.lost = true;
+                self.events.push_back(BackendEvent::FrontendLost(i.frontend));
+            }
+        }
+    }
+}
+
+/// Queues `msg` on a fresh link, driving it once if its queue is full.
+fn send_or_progress<C: Connection>(conn: &mut C, msg: &[u8]) -> Result<(), Error> {
+    match conn.send(msg) {
+        Err(Error::QueueFull) => {
+            conn.progress()?;
+            conn.send(msg)?;
+        }
+        other => other?,
+    }
+    // Bytes leave during polls; this link is not polled until it is in use.
+    match conn.progress() {
+        Ok(()) | Err(Error::PeerDisconnected) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::ExecModel;
+    use crate::worker::WorkerConfig;
+    use crate::EmulatedExecutor;
+    use dataplane::mem::{Access, Region};
+    use dataplane::transport::{Completion, ReadOp, Registration};
+    use dataplane::wire::{BatchPlanHead, BatchTask, Message, RemoteRef};
+    use scheduler::profile::LatencyProfile;
+    use std::sync::{Arc, Mutex};
+
+    /// One direction of a test link.
+    #[derive(Default)]
+    struct Pipe {
+        msgs: VecDeque<Vec<u8>>,
+        closed: bool,
+    }
+
+    /// A test-only in-memory link end: messages only. READs are refused
+    /// (a plan's tasks fail as unreachable), or with `hold_reads` taken and
+    /// never completed.
+    struct MemLink {
+        tx: Arc<Mutex<Pipe>>,
+        rx: Arc<Mutex<Pipe>>,
+        hold_reads: bool,
+        outstanding: usize,
+    }
+
+    fn link_pair() -> (MemLink, MemLink) {
+        let a = Arc::new(Mutex::new(Pipe::default()));
+        let b = Arc::new(Mutex::new(Pipe::default()));
+        (
+            MemLink { tx: a.clone(), rx: b.clone(), hold_reads: false, outstanding: 0 },
+            MemLink { tx: b, rx: a, hold_reads: false, outstanding: 0 },
+        )
+    }
+
+    impl Drop for MemLink {
+        fn drop(&mut self) {
+            self.tx.lock().unwrap().closed = true;
+        }
+    }
+
+    impl Connection for MemLink {
+        fn send(&mut self, msg: &[u8]) -> Result<(), Error> {
+            if self.rx.lock().unwrap().closed {
+                return Err(Error::PeerDisconnected);
+            }
+            self.tx.lock().unwrap().msgs.push_back(msg.to_vec());
+            Ok(())
+        }
+        fn try_recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, Error> {
+            let mut rx = self.rx.lock().unwrap();
+            match rx.msgs.pop_front() {
+                Some(m) => {
+                    buf[..m.len()].copy_from_slice(&m);
+                    Ok(Some(m.len()))
+                }
+                None if rx.closed => Err(Error::PeerDisconnected),
+                None => Ok(None),
+            }
+        }
+        fn post_read(&mut self, _op: &ReadOp) -> Result<(), Error> {
+            if !self.hold_reads {
+                return Err(Error::PeerDisconnected);
+            }
+            self.outstanding += 1;
+            Ok(())
+        }
+        fn poll_completions(&mut self, _out: &mut [Completion]) -> Result<usize, Error> {
+            Ok(0)
+        }
+        fn progress(&mut self) -> Result<(), Error> {
+            if self.rx.lock().unwrap().closed {
+                return Err(Error::PeerDisconnected);
+            }
+            Ok(())
+        }
+        fn outstanding_reads(&self) -> usize {
+            self.outstanding
+        }
+        fn max_outstanding_reads(&self) -> usize {
+            16
+        }
+        fn is_connected(&self) -> bool {
+            !self.rx.lock().unwrap().closed
+        }
+    }
+
+    /// The scheduler's end of the link.
+    struct FakeScheduler {
+        link: MemLink,
+        buf: Vec<u8>,
+    }
+
+    impl FakeScheduler {
+        fn send<M: wire::FixedMessage>(&mut self, m: &M) {
+            let n = wire::encode(&mut self.buf, m).unwrap();
+            self.link.send(&self.buf[..n]).unwrap();
+        }
+        fn plan(&mut self, batch_id: u64) {
+            let head = BatchPlanHead { batch_id, exec_in_ns: 1_000_000, model_id: 0, gpu_id: 0, count: 0, reserved: 0 };
+            let task = BatchTask { task_id: batch_id, frontend_id: 3, reserved: 0, input: RemoteRef { key: 1, len: 16, offset: 0 } };
+            let n = wire::encode_batch_plan(&mut self.buf, &head, &[task]).unwrap();
+            self.link.send(&self.buf[..n]).unwrap();
+        }
+        /// Every message received, debug-formatted (heartbeats left out),
+        /// and how many heartbeats.
+        fn received(&mut self) -> (Vec<String>, usize) {
+            let mut out = Vec::new();
+            let mut beats = 0;
+            while let Ok(Some(n)) = self.link.try_recv(&mut self.buf) {
+                match wire::decode(&self.buf[..n]).unwrap() {
+                    Message::Heartbeat(_) => beats += 1,
+                    m => out.push(format!("{m:?}")),
+                }
+            }
+            (out, beats)
+        }
+    }
+
+    const MODELS: u32 = 2;
+
+    fn config() -> BackendNodeConfig {
+        BackendNodeConfig {
+            id: 5,
+            gpus: 1,
+            served: vec![0, 1],
+            cluster_models: MODELS,
+            max_frontends: 8,
+            heartbeat: Duration::from_millis(100),
+            dead_after: Duration::from_millis(1000),
+            handshake_timeout: Duration::from_millis(5000),
+            replace_timeout: Duration::from_millis(5000),
+            drain_timeout: Duration::from_millis(10_000),
+        }
+    }
+
+    fn node() -> (BackendNode<MemLink, EmulatedExecutor>, FakeScheduler) {
+        let wcfg = WorkerConfig { max_batch: 4, input_slot: 16, output_slot: 16, batch_slots: 2, max_frontends: 8, ..WorkerConfig::default() };
+        let staging = Region::anonymous(wcfg.staging_bytes() as usize).unwrap();
+        let reg = Registration::new(1, staging.clone(), Access::LOCAL_WRITE, 0);
+        let models = (0..MODELS)
+            .map(|_| ExecModel { profile: LatencyProfile::linear(0.2, 1.0, 64).unwrap(), output_len: 16 })
+            .collect();
+        let exec = EmulatedExecutor::new(staging, 1, 4, models);
+        let (ours, theirs) = link_pair();
+        let worker = BatchWorker::new(wcfg, exec, reg, ours).unwrap();
+        (BackendNode::new(config(), worker), FakeScheduler { link: theirs, buf: vec![0; wire::MAX_MESSAGE_LEN] })
+    }
+
+    fn events(n: &mut BackendNode<MemLink, EmulatedExecutor>) -> Vec<BackendEvent> {
+        std::iter::from_fn(|| n.poll_event()).collect()
+    }
+
+    fn settle(n: &mut BackendNode<MemLink, EmulatedExecutor>, now: Instant) {
+        for _ in 0..100 {
+            if !n.poll(now) {
+                return;
+            }
+        }
+        panic!("node never quiet");
+    }
+
+    fn ack(count: u32) -> Register {
+        Register::new(Role::Scheduler, 0, count, "")
+    }
+
+    /// Registered at t0; the scheduler's received messages cleared.
+    fn registered(t0: Instant) -> (BackendNode<MemLink, EmulatedExecutor>, FakeScheduler) {
+        let (mut n, mut s) = node();
+        settle(&mut n, t0);
+        let (msgs, _) = s.received();
+        assert!(msgs[0].starts_with("Register") && msgs[0].contains("id: 5"), "{msgs:?}");
+        assert!(msgs[1].starts_with("Models"), "{msgs:?}");
+        s.send(&ack(MODELS));
+        settle(&mut n, t0);
+        assert_eq!(events(&mut n), vec![BackendEvent::Registered]);
+        assert!(n.registered());
+        (n, s)
+    }
+
+    #[test]
+    fn registers_then_asks_the_host_to_connect_announced_frontends() {
+        let t0 = Instant::from_nanos(7);
+        let (mut n, mut s) = registered(t0);
+        s.send(&Register::new(Role::Frontend, 3, 0, "fe3"));
+        s.send(&Register::new(Role::Frontend, 99, 0, "too-high"));
+        settle(&mut n, t0);
+        let ev = events(&mut n);
+        assert_eq!(ev[0], BackendEvent::ConnectFrontend { id: 3, endpoint: "fe3".into() });
+        assert!(matches!(&ev[1], BackendEvent::Ignored { why } if why.contains("ids must be < 8")), "{ev:?}");
+        // The host connected: Register{Backend} goes first on the link.
+        let (ours, theirs) = link_pair();
+        n.handle_frontend_link(t0, 3, ours);
+        settle(&mut n, t0);
+        assert_eq!(events(&mut n), vec![BackendEvent::FrontendConnected { id: 3, replaced: false }]);
+        let mut fe = FakeScheduler { link: theirs, buf: vec![0; wire::MAX_MESSAGE_LEN] };
+        let (msgs, _) = fe.received();
+        assert!(msgs[0].starts_with("Register") && msgs[0].contains("role: 2"), "{msgs:?}");
+        drop(fe);
+        settle(&mut n, t0);
+        assert_eq!(events(&mut n), vec![BackendEvent::FrontendLost(3)]);
+    }
+
+    #[test]
+    fn a_closed_link_or_a_wrong_model_count_is_a_refusal() {
+        let t0 = Instant::ZERO;
+        let (mut n, s) = node();
+        settle(&mut n, t0);
+        drop(s);
+        settle(&mut n, t0);
+        let ev = events(&mut n);
+        assert!(matches!(&ev[..], [BackendEvent::Refused { why }] if why.contains("refused the registration")), "{ev:?}");
+        assert!(n.drained() && n.poll_at().is_none());
+
+        let (mut n, mut s) = node();
+        settle(&mut n, t0);
+        s.send(&ack(MODELS + 1));
+        settle(&mut n, t0);
+        let ev = events(&mut n);
+        assert!(matches!(&ev[..], [BackendEvent::Refused { why }] if why.contains("model list mismatch")), "{ev:?}");
+    }
+
+    #[test]
+    fn no_ack_within_the_handshake_timeout_is_a_refusal_on_a_jumping_clock() {
+        let t0 = Instant::from_nanos(1_000);
+        let (mut n, _s) = node();
+        settle(&mut n, t0);
+        let due = n.poll_at().unwrap();
+        assert_eq!(due, t0 + config().handshake_timeout + Duration::from_nanos(1));
+        settle(&mut n, due);
+        let ev = events(&mut n);
+        assert!(matches!(&ev[..], [BackendEvent::Refused { why }] if why.contains("no acknowledgement")), "{ev:?}");
+    }
+
+    #[test]
+    fn heartbeats_and_a_silent_scheduler_on_a_virtual_clock() {
+        let t0 = Instant::from_nanos(1_000);
+        let (mut n, mut s) = registered(t0);
+        let (_, beats) = s.received();
+        assert_eq!(beats, 1, "the first beat at registration");
+        // Polling again at the same instant sends nothing more.
+        settle(&mut n, t0);
+        assert_eq!(s.received().1, 0);
+        // The clock jumps from deadline to deadline; the scheduler says nothing.
+        let mut now = t0;
+        let mut polls = 0;
+        while !n.draining() {
+            now = n.poll_at().unwrap();
+            settle(&mut n, now);
+            polls += 1;
+            assert!(polls < 100);
+        }
+        assert_eq!(now, t0 + config().dead_after + Duration::from_nanos(1));
+        let ev = events(&mut n);
+        assert!(matches!(&ev[..], [BackendEvent::SchedulerLost { why }] if why.contains("silent")), "{ev:?}");
+        assert_eq!(s.received().1, 10, "a beat every 100 ms");
+        assert!(n.drained(), "nothing in hand");
+    }
+
+    #[test]
+    fn a_duplicated_plan_runs_once() {
+        let t0 = Instant::ZERO;
+        let (mut n, mut s) = registered(t0);
+        s.plan(1);
+        s.plan(1);
+        s.plan(2);
+        let mut now = t0;
+        for _ in 0..50 {
+            settle(&mut n, now);
+            match n.poll_at() {
+                Some(t) if t <= t0 + Duration::from_millis(50) => now = t.max(now),
+                _ => break,
+            }
+        }
+        let (msgs, _) = s.received();
+        let done: Vec<&String> = msgs.iter().filter(|m| m.starts_with("BatchDone")).collect();
+        assert_eq!(done.len(), 2, "{msgs:?}");
+        assert!(done[0].contains("batch_id: 1") && done[1].contains("batch_id: 2"), "{done:?}");
+        assert_eq!(n.worker().stats().duplicate_plans, 1);
+        assert_eq!(n.worker().stats().plans, 2);
+    }
+
+    #[test]
+    fn a_drain_keeps_beating_takes_no_plan_and_gives_up_at_its_bound() {
+        let t0 = Instant::ZERO;
+        let (mut n, mut s) = registered(t0);
+        // Frontend 3's READs never complete: the batch's buffer stays held.
+        let (mut ours, _fe) = link_pair();
+        ours.hold_reads = true;
+        n.handle_frontend_link(t0, 3, ours);
+        settle(&mut n, t0);
+        events(&mut n);
+        s.plan(1);
+        settle(&mut n, t0);
+        assert_eq!(n.worker().batches_in_flight(), 1);
+        n.begin_drain();
+        settle(&mut n, t0);
+        s.plan(2);
+        let (_, beats_before) = s.received();
+        let mut now = t0;
+        while !n.drained() {
+            now = n.poll_at().unwrap();
+            settle(&mut n, now);
+        }
+        assert_eq!(now, t0 + config().drain_timeout);
+        let (msgs, beats) = s.received();
+        assert_eq!(msgs.iter().filter(|m| m.starts_with("BatchDone")).count(), 1, "plan 2 was not taken: {msgs:?}");
+        assert!(beats + beats_before >= 100, "beats continue while draining: {beats}");
+        assert_eq!(
+            events(&mut n),
+            vec![BackendEvent::DrainTimedOut { in_hand: 1, after: config().drain_timeout }]
+        );
+    }
+}

@@ -1,0 +1,994 @@
+//! The scheduler daemon as a sans-IO node: the [`ControlPlane`] plus
+//! everything the daemon does per peer link (registration handshakes,
+//! moving messages, heartbeats and liveness, burying dead peers, sending
+//! the plane's outbox with back-pressure). In the style of quinn-proto's
+//! `Connection`: the node never reads a clock, sleeps, spawns a thread,
+//! accepts or connects; it is given `now`, does bounded work per
+//! [`poll`](SchedulerNode::poll), says when it next wants to be polled
+//! ([`poll_at`](SchedulerNode::poll_at)), and reports what the host should
+//! know through [`poll_event`](SchedulerNode::poll_event). Its links are
+//! whatever [`Connection`]s the host hands it: real transports in the
+//! daemon, in-memory ones in the deterministic harness.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use dataplane::control::Liveness;
+use dataplane::time::{Duration, Instant};
+use dataplane::transport::{Connection, Error};
+use dataplane::wire::{self, Message, Role};
+
+use super::metrics::SchedulerMetrics;
+use super::plane::{ControlPlane, PeerId, DEFAULT_BATCH_GRACE};
+
+/// Timing of a [`SchedulerNode`].
+#[derive(Clone, Copy, Debug)]
+pub struct NodeConfig {
+    /// Heartbeat interval.
+    pub heartbeat: Duration,
+    /// Silence that makes a peer dead.
+    pub dead_after: Duration,
+    /// A new link must finish registering within this.
+    pub handshake_timeout: Duration,
+    /// A peer whose send queue stays full this long is dead.
+    pub send_timeout: Duration,
+    /// After [`SchedulerNode::stop`], batches in flight are waited for at
+    /// most this long.
+    pub drain: Duration,
+    /// A batch not reported done this long after its planned finish is
+    /// failed back (see [`ControlPlane::expire_overdue`]).
+    pub batch_grace: Duration,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            heartbeat: Duration::from_millis(100),
+            dead_after: Duration::from_millis(1000),
+            handshake_timeout: Duration::from_millis(5000),
+            send_timeout: Duration::from_millis(100),
+            drain: Duration::from_millis(2000),
+            batch_grace: DEFAULT_BATCH_GRACE,
+        }
+    }
+}
+
+/// What happened, for the host to log (the `Display` text is the daemon's
+/// log line without its prefix).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SchedulerEvent {
+    /// A peer finished registering.
+    PeerJoined(PeerId),
+    /// A registration was refused (the link is closed).
+    PeerRefused {
+        /// Why.
+        why: String,
+    },
+    /// A registering link failed (the link is dropped).
+    HandshakeFailed {
+        /// The transport error.
+        error: String,
+    },
+    /// A link did not register in time (the link is dropped).
+    HandshakeTimedOut {
+        /// The bound it exceeded.
+        after: Duration,
+    },
+    /// A peer was silent for longer than the liveness bound.
+    PeerSilent(PeerId),
+    /// Sending to a peer failed (it is declared dead).
+    SendFailed {
+        /// To whom.
+        peer: PeerId,
+        /// The transport error.
+        error: String,
+    },
+    /// A peer is gone: its link is closed, the plane was told (a backend's
+    /// batches are failed back).
+    PeerLost(PeerId),
+    /// Batches whose `BatchDone` never came were failed back.
+    BatchesExpired {
+        /// How many.
+        count: usize,
+    },
+}
+
+impl std::fmt::Display for SchedulerEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SchedulerEvent::PeerJoined(PeerId::Frontend(id)) => write!(f, "frontend {id} registered"),
+            SchedulerEvent::PeerJoined(PeerId::Backend(id)) => write!(f, "backend {id} registered"),
+            SchedulerEvent::PeerRefused { why } => write!(f, "registration refused: {why}"),
+            SchedulerEvent::HandshakeFailed { error } => {
+                write!(f, "a registering peer failed: {error}")
+            }
+            SchedulerEvent::HandshakeTimedOut { after } => {
+                write!(f, "a peer did not register within {after:?}")
+            }
+            SchedulerEvent::PeerSilent(peer) => write!(f, "{peer:?} silent for too long"),
+            SchedulerEvent::SendFailed { peer, error } => {
+                write!(f, "sending to {peer:?} failed: {error}")
+            }
+            SchedulerEvent::PeerLost(PeerId::Frontend(id)) => write!(f, "frontend {id} is gone"),
+            SchedulerEvent::PeerLost(PeerId::Backend(id)) => {
+                write!(f, "backend {id} is gone; failing back its batches")
+            }
+            SchedulerEvent::BatchesExpired { count } => write!(
+                f,
+                "{count} batches not reported done within the grace after their planned finish; failed back"
+            ),
+        }
+    }
+}
+
+/// Messages taken from one peer per poll (bounds a poll's work).
+const MSGS_PER_PEER: usize = 256;
+/// While a peer's send queue is full, its backlog is retried this often.
+const BACKLOG_RETRY: Duration = Duration::from_millis(1);
+
+/// Messages a peer's full send queue did not take yet, in order.
+#[derive(Default)]
+struct Backlog {
+    bytes: Vec<u8>,
+    lens: VecDeque<usize>,
+    /// Offset of the first unsent message in `bytes`.
+    head: usize,
+    /// When the queue was first found full (None: empty backlog).
+    since: Option<Instant>,
+    retry_at: Option<Instant>,
+}
+
+impl Backlog {
+    fn is_empty(&self) -> bool {
+        self.lens.is_empty()
+    }
+
+    fn push(&mut self, now: Instant, msg: &[u8]) {
+        self.bytes.extend_from_slice(msg);
+        self.lens.push_back(msg.len());
+        self.since.get_or_insert(now);
+        self.retry_at.get_or_insert(now + BACKLOG_RETRY);
+    }
+
+    /// Sends what the queue takes; `Timeout` once it stayed full for
+    /// longer than `bound`.
+    fn drive<C: Connection>(&mut self, conn: &mut C, now: Instant, bound: Duration) -> Result<(), Error> {
+        while let Some(&n) = self.lens.front() {
+            match conn.send(&self.bytes[self.head..self.head + n]) {
+                Ok(()) => {
+                    self.lens.pop_front();
+                    self.head += n;
+                }
+                Err(Error::QueueFull) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        if self.lens.is_empty() {
+            self.bytes.clear();
+            self.head = 0;
+            self.since = None;
+            self.retry_at = None;
+            return Ok(());
+        }
+        let since = self.since.unwrap_or(now);
+        if now.saturating_since(since) > bound {
+            return Err(Error::Timeout);
+        }
+        self.retry_at = Some((now + BACKLOG_RETRY).min(since + bound + Duration::from_nanos(1)));
+        Ok(())
+    }
+}
+
+/// A registered peer's link.
+struct Link<C> {
+    key: u64,
+    conn: C,
+    live: Liveness,
+    backlog: Backlog,
+}
+
+impl<C: Connection> Link<C> {
+    /// Queues `msg` behind any backlog; a full queue starts (or extends)
+    /// the backlog.
+    fn send(&mut self, now: Instant, msg: &[u8]) -> Result<(), Error> {
+        if self.backlog.is_empty() {
+            match self.conn.send(msg) {
+                Err(Error::QueueFull) => {}
+                other => return other,
+            }
+            // Progress may free room at once (bytes leave during polls).
+            self.conn.progress()?;
+            match self.conn.send(msg) {
+                Err(Error::QueueFull) => {}
+                other => return other,
+            }
+        }
+        self.backlog.push(now, msg);
+        Ok(())
+    }
+}
+
+/// A link that has not finished registering.
+struct Pending<C> {
+    key: u64,
+    conn: C,
+    since: Instant,
+    /// A backend's Register, waiting for its Models message.
+    backend: Option<wire::Register>,
+}
+
+/// The scheduler daemon's logic over links of type `C`.
+pub struct SchedulerNode<C: Connection> {
+    plane: ControlPlane,
+    metrics: Arc<SchedulerMetrics>,
+    cfg: NodeConfig,
+    // Ordered maps: every pass visits peers in id order, so a run on a
+    // virtual clock is reproducible.
+    frontends: BTreeMap<u32, Link<C>>,
+    backends: BTreeMap<u32, Link<C>>,
+    pending: Vec<Pending<C>>,
+    dead: Vec<PeerId>,
+    events: VecDeque<SchedulerEvent>,
+    buf: Vec<u8>,
+    hb: [u8; 64],
+    ids: Vec<u32>,
+    next_key: u64,
+    /// The previous poll's `now` (for the online GPU time integral).
+    last_poll: Option<Instant>,
+    stopping: bool,
+    drain_until: Option<Instant>,
+}
+
+impl<C: Connection> SchedulerNode<C> {
+    /// A node around `plane`.
+    pub fn new(mut plane: ControlPlane, cfg: NodeConfig) -> Self {
+        plane.set_batch_grace(cfg.batch_grace);
+        SchedulerNode {
+            metrics: plane.metrics().clone(),
+            plane,
+            cfg,
+            frontends: BTreeMap::new(),
+            backends: BTreeMap::new(),
+            pending: Vec::new(),
+            dead: Vec::new(),
+            events: VecDeque::new(),
+            buf: vec![0u8; wire::MAX_MESSAGE_LEN],
+            hb: [0u8; 64],
+            ids: Vec::new(),
+            next_key: 0,
+            last_poll: None,
+            stopping: false,
+            drain_until: None,
+        }
+    }
+
+    /// A freshly accepted link. Its registration (Register [+ Models] ->
+    /// ack or refusal) is done by later polls, within the handshake
+    /// timeout from `now`.
+    pub fn handle_connection(&mut self, now: Instant, conn: C) {
+        let key = self.next_key;
+        self.next_key += 1;
+        self.pending.push(Pending {
+            key,
+            conn,
+            since: now,
+            backend: None,
+        });
+    }
+
+    /// All due work at `now`: handshakes, messages in, the plane's timers,
+    /// heartbeats out, dead peers buried, bytes flushed. Returns whether
+    /// anything happened (then poll again before idling).
+    pub fn poll(&mut self, now: Instant) -> bool {
+        if let Some(last) = self.last_poll {
+            let online = self.plane.online_gpus() as u64;
+            self.metrics().gpu_online_ns.fetch_add(
+                online.saturating_mul(now.saturating_since(last).as_nanos()),
+                Ordering::Relaxed,
+            );
+        }
+        self.last_poll = Some(now);
+        let mut busy = self.handshakes(now);
+        busy |= self.receive(now);
+        if self.plane.poll_at().is_some_and(|t| t <= now) {
+            self.plane.on_wake(now);
+            busy = true;
+        }
+        if self.plane.next_expiry().is_some_and(|t| t <= now) {
+            let count = self.plane.expire_overdue(now);
+            if count > 0 {
+                self.events.push_back(SchedulerEvent::BatchesExpired { count });
+                busy = true;
+            }
+        }
+        self.drive_backlogs(now);
+        // The outbox before heartbeats: a new peer's first message must be
+        // its ack.
+        busy |= self.flush(now);
+        self.liveness(now);
+        while !self.dead.is_empty() {
+            self.bury(now);
+            self.flush(now);
+        }
+        if self.stopping && self.drain_until.is_none() {
+            self.drain_until = Some(now + self.cfg.drain);
+        }
+        busy
+    }
+
+    /// The earliest instant at which time alone makes progress: a
+    /// scheduling timer, a heartbeat, a liveness, handshake, batch or
+    /// drain deadline, a retry of a full send queue.
+    pub fn poll_at(&self) -> Option<Instant> {
+        let links = self.frontends.values().chain(self.backends.values());
+        let handshakes = self
+            .pending
+            .iter()
+            .map(|p| p.since + self.cfg.handshake_timeout + Duration::from_nanos(1));
+        [self.plane.poll_at(), self.plane.next_expiry(), self.drain_until]
+            .into_iter()
+            .flatten()
+            .chain(links.flat_map(|l| {
+                [Some(l.live.next_send()), Some(l.live.expires_at()), l.backlog.retry_at]
+                    .into_iter()
+                    .flatten()
+            }))
+            .chain(handshakes)
+            .min()
+    }
+
+    /// The next thing that happened, oldest first.
+    pub fn poll_event(&mut self) -> Option<SchedulerEvent> {
+        self.events.pop_front()
+    }
+
+    /// The control plane.
+    pub fn plane(&self) -> &ControlPlane {
+        &self.plane
+    }
+
+    /// The control plane, mutably.
+    pub fn plane_mut(&mut self) -> &mut ControlPlane {
+        &mut self.plane
+    }
+
+    /// Calls `f` with each connected link (registering ones included) and
+    /// a key that no other link of this node ever has: for the host's
+    /// wait set.
+    pub fn for_each_conn(&self, mut f: impl FnMut(u64, &C)) {
+        for p in &self.pending {
+            f(p.key, &p.conn);
+        }
+        for l in self.frontends.values().chain(self.backends.values()) {
+            if l.conn.is_connected() {
+                f(l.key, &l.conn);
+            }
+        }
+    }
+
+    /// Shutdown: every waiting task is dropped (reason `Shutdown`, sent by
+    /// the next poll), new ones are refused, and batches in flight are
+    /// waited for (at most [`NodeConfig::drain`] from the next poll).
+    pub fn stop(&mut self) {
+        if !self.stopping {
+            self.stopping = true;
+            self.plane.stop();
+        }
+    }
+
+    /// Whether [`stop`](Self::stop) was called.
+    pub fn stopping(&self) -> bool {
+        self.stopping
+    }
+
+    /// Stopped, and every batch in flight finished or the drain bound
+    /// passed (as of the last poll).
+    pub fn drained(&self) -> bool {
+        match (self.drain_until, self.last_poll) {
+            (Some(until), Some(now)) => self.plane.batches_in_flight() == 0 || now >= until,
+            _ => false,
+        }
+    }
+
+    fn metrics(&self) -> &SchedulerMetrics {
+        &self.metrics
+    }
+
+    fn new_link(&self, key: u64, conn: C, now: Instant) -> Link<C> {
+        Link {
+            key,
+            conn,
+            live: Liveness::new(now, self.cfg.heartbeat, self.cfg.dead_after),
+            backlog: Backlog::default(),
+        }
+    }
+
+    /// Moves registering links along: Register (then Models for a
+    /// backend) within the handshake timeout, else the link is dropped.
+    fn handshakes(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        let mut i = 0;
+        while i < self.pending.len() {
+            let p = &mut self.pending[i];
+            let got = match p.conn.try_recv(&mut self.buf) {
+                Ok(Some(n)) => Some(n),
+                Ok(None) => None,
+                Err(e) => {
+                    self.events.push_back(SchedulerEvent::HandshakeFailed { error: e.to_string() });
+                    self.pending.swap_remove(i);
+                    continue;
+                }
+            };
+            let Some(n) = got else {
+                if now.saturating_since(p.since) > self.cfg.handshake_timeout {
+                    self.events.push_back(SchedulerEvent::HandshakeTimedOut {
+                        after: self.cfg.handshake_timeout,
+                    });
+                    self.pending.swap_remove(i);
+                    self.metrics().refused.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                i += 1;
+                continue;
+            };
+            any = true;
+            let plane = &mut self.plane;
+            let outcome = match (wire::decode(&self.buf[..n]), p.backend) {
+                (Ok(Message::Register(r)), None) => match r.role() {
+                    Some(Role::Frontend) => Some(
+                        plane
+                            .frontend_joined(r.id, r.endpoint())
+                            .map(|()| PeerId::Frontend(r.id))
+                            .map_err(|e| format!("frontend {}: {e}", r.id)),
+                    ),
+                    Some(Role::Backend) => {
+                        p.backend = Some(r);
+                        None
+                    }
+                    _ => Some(Err("a peer registered with an unexpected role".into())),
+                },
+                (Ok(Message::Models(ids)), Some(r)) => {
+                    self.ids.clear();
+                    self.ids.extend(ids.iter());
+                    Some(
+                        plane
+                            .backend_joined(now, r.id, r.count, &self.ids)
+                            .map(|()| PeerId::Backend(r.id))
+                            .map_err(|e| format!("backend {}: {e}", r.id)),
+                    )
+                }
+                (Ok(_), _) => Some(Err("a peer broke the registration handshake".into())),
+                (Err(e), _) => Some(Err(format!("a registering peer sent garbage: {e}"))),
+            };
+            match outcome {
+                None => i += 1,
+                Some(Ok(peer)) => {
+                    let p = self.pending.swap_remove(i);
+                    let link = self.new_link(p.key, p.conn, now);
+                    match peer {
+                        PeerId::Frontend(id) => self.frontends.insert(id, link),
+                        PeerId::Backend(id) => self.backends.insert(id, link),
+                    };
+                    self.events.push_back(SchedulerEvent::PeerJoined(peer));
+                }
+                Some(Err(why)) => {
+                    self.events.push_back(SchedulerEvent::PeerRefused { why });
+                    self.metrics().refused.fetch_add(1, Ordering::Relaxed);
+                    self.pending.swap_remove(i);
+                }
+            }
+        }
+        any
+    }
+
+    /// Takes messages from every registered peer.
+    fn receive(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        let plane = &mut self.plane;
+        for (&id, link) in self.frontends.iter_mut() {
+            any |= drain_link(link, &mut self.buf, now, PeerId::Frontend(id), &mut self.dead, &self.metrics, |m, _| match m {
+                Message::Task(t) => {
+                    plane.on_task(now, id, &t);
+                    true
+                }
+                _ => false,
+            });
+        }
+        for (&id, link) in self.backends.iter_mut() {
+            any |= drain_link(link, &mut self.buf, now, PeerId::Backend(id), &mut self.dead, &self.metrics, |m, bytes| match m {
+                Message::BatchDone(d) => {
+                    plane.on_batch_done(now, id, &d);
+                    true
+                }
+                Message::Completion(h, _) => {
+                    plane.on_rerouted_completion(bytes, h.task_id);
+                    true
+                }
+                _ => false,
+            });
+        }
+        any
+    }
+
+    /// Retries the sends that full queues refused; a peer whose queue
+    /// stays full too long, or whose link fails, is dead.
+    fn drive_backlogs(&mut self, now: Instant) {
+        let links = self
+            .frontends
+            .iter_mut()
+            .map(|(&id, l)| (PeerId::Frontend(id), l))
+            .chain(self.backends.iter_mut().map(|(&id, l)| (PeerId::Backend(id), l)));
+        for (peer, link) in links {
+            if link.backlog.is_empty() {
+                continue;
+            }
+            if let Err(e) = link.backlog.drive(&mut link.conn, now, self.cfg.send_timeout) {
+                self.events.push_back(SchedulerEvent::SendFailed { peer, error: e.to_string() });
+                self.dead.push(peer);
+            }
+        }
+    }
+
+    /// Sends due heartbeats and declares silent peers dead.
+    fn liveness(&mut self, now: Instant) {
+        let hb = &mut self.hb;
+        let links = self
+            .frontends
+            .iter_mut()
+            .map(|(&id, l)| (PeerId::Frontend(id), l))
+            .chain(self.backends.iter_mut().map(|(&id, l)| (PeerId::Backend(id), l)));
+        for (peer, link) in links {
+            if link.live.expired(now) {
+                self.events.push_back(SchedulerEvent::PeerSilent(peer));
+                self.dead.push(peer);
+                continue;
+            }
+            // No separate progress(): `receive` has just drained every link
+            // with try_recv, which drives the connection (flushes sends,
+            // notices a departure) in the same call. A backlogged link
+            // skips the beat: it must not overtake queued messages.
+            if let Some(n) = link.live.due(now, Role::Scheduler, 0, hb) {
+                if !link.backlog.is_empty() {
+                    continue;
+                }
+                match link.conn.send(&hb[..n]) {
+                    Ok(()) | Err(Error::QueueFull) => {}
+                    Err(_) => self.dead.push(peer),
+                }
+            }
+        }
+    }
+
+    /// Sends the plane's outbox. Returns whether it held anything.
+    fn flush(&mut self, now: Instant) -> bool {
+        let out = self.plane.outbox();
+        if out.is_empty() {
+            return false;
+        }
+        for (peer, msg) in out.iter() {
+            if self.dead.contains(&peer) {
+                continue;
+            }
+            let Some(link) = (match peer {
+                PeerId::Frontend(id) => self.frontends.get_mut(&id),
+                PeerId::Backend(id) => self.backends.get_mut(&id),
+            }) else {
+                continue;
+            };
+            if let Err(e) = link.send(now, msg) {
+                self.events.push_back(SchedulerEvent::SendFailed { peer, error: e.to_string() });
+                self.dead.push(peer);
+            }
+        }
+        out.clear();
+        true
+    }
+
+    /// Removes dead peers (closing their links) and tells the plane.
+    fn bury(&mut self, now: Instant) {
+        while let Some(p) = self.dead.pop() {
+            match p {
+                PeerId::Frontend(id) => {
+                    if self.frontends.remove(&id).is_some() {
+                        self.events.push_back(SchedulerEvent::PeerLost(p));
+                        self.metrics().frontend_deaths.fetch_add(1, Ordering::Relaxed);
+                        self.plane.frontend_left(id);
+                    }
+                }
+                PeerId::Backend(id) => {
+                    if self.backends.remove(&id).is_some() {
+                        self.events.push_back(SchedulerEvent::PeerLost(p));
+                        self.plane.backend_left(now, id);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Takes up to [`MSGS_PER_PEER`] messages from one peer: heartbeats are
+/// proof of life, `handle` takes the rest (false: not a message this peer
+/// may send, counted); garbage or a failed link marks the peer dead.
+/// Returns whether anything arrived.
+fn drain_link<C: Connection>(
+    link: &mut Link<C>,
+    buf: &mut [u8],
+    now: Instant,
+    peer: PeerId,
+    dead: &mut Vec<PeerId>,
+    metrics: &SchedulerMetrics,
+    mut handle: impl FnMut(Message<'_>, &[u8]) -> bool,
+) -> bool {
+    let mut any = false;
+    for _ in 0..MSGS_PER_PEER {
+        let n = match link.conn.try_recv(buf) {
+            Ok(Some(n)) => n,
+            Ok(None) => break,
+            Err(_) => {
+                dead.push(peer);
+                break;
+            }
+        };
+        any = true;
+        link.live.heard(now);
+        let bytes = &buf[..n];
+        match wire::decode(bytes) {
+            Ok(Message::Heartbeat(_)) => {}
+            Ok(m) => {
+                if !handle(m, bytes) {
+                    metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Err(_) => {
+                metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                dead.push(peer);
+                break;
+            }
+        }
+    }
+    any
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::deferred::CoreConfig;
+    use crate::zoo::ModelSpec;
+    use dataplane::transport::{Completion, ReadOp};
+    use dataplane::wire::{BatchDone, Register, RemoteRef, Task};
+    use std::sync::Mutex;
+
+    /// One direction of a test link.
+    #[derive(Default)]
+    struct Pipe {
+        msgs: VecDeque<Vec<u8>>,
+        closed: bool,
+    }
+
+    /// A test-only in-memory link end: messages only, no READs.
+    struct MemLink {
+        tx: Arc<Mutex<Pipe>>,
+        rx: Arc<Mutex<Pipe>>,
+        /// Messages the peer may hold unread before `send` says QueueFull.
+        capacity: usize,
+    }
+
+    fn link_pair() -> (MemLink, MemLink) {
+        let a = Arc::new(Mutex::new(Pipe::default()));
+        let b = Arc::new(Mutex::new(Pipe::default()));
+        (
+            MemLink { tx: a.clone(), rx: b.clone(), capacity: usize::MAX },
+            MemLink { tx: b, rx: a, capacity: usize::MAX },
+        )
+    }
+
+    impl Drop for MemLink {
+        fn drop(&mut self) {
+            self.tx.lock().unwrap().closed = true;
+        }
+    }
+
+    impl Connection for MemLink {
+        fn send(&mut self, msg: &[u8]) -> Result<(), Error> {
+            if self.rx.lock().unwrap().closed {
+                return Err(Error::PeerDisconnected);
+            }
+            let mut tx = self.tx.lock().unwrap();
+            if tx.msgs.len() >= self.capacity {
+                return Err(Error::QueueFull);
+            }
+            tx.msgs.push_back(msg.to_vec());
+            Ok(())
+        }
+        fn try_recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, Error> {
+            let mut rx = self.rx.lock().unwrap();
+            match rx.msgs.pop_front() {
+                Some(m) => {
+                    buf[..m.len()].copy_from_slice(&m);
+                    Ok(Some(m.len()))
+                }
+                None if rx.closed => Err(Error::PeerDisconnected),
+                None => Ok(None),
+            }
+        }
+        fn post_read(&mut self, _op: &ReadOp) -> Result<(), Error> {
+            Err(Error::Unsupported("test link"))
+        }
+        fn poll_completions(&mut self, _out: &mut [Completion]) -> Result<usize, Error> {
+            Ok(0)
+        }
+        fn progress(&mut self) -> Result<(), Error> {
+            Ok(())
+        }
+        fn outstanding_reads(&self) -> usize {
+            0
+        }
+        fn max_outstanding_reads(&self) -> usize {
+            0
+        }
+        fn is_connected(&self) -> bool {
+            !self.rx.lock().unwrap().closed
+        }
+    }
+
+    /// The peer's side of a link: sends and decodes.
+    struct Peer {
+        link: MemLink,
+        buf: Vec<u8>,
+    }
+
+    impl Peer {
+        fn send<M: wire::FixedMessage>(&mut self, m: &M) {
+            let n = wire::encode(&mut self.buf, m).unwrap();
+            self.link.send(&self.buf[..n]).unwrap();
+        }
+        fn send_models(&mut self, ids: &[u32]) {
+            let n = wire::encode_models(&mut self.buf, ids).unwrap();
+            self.link.send(&self.buf[..n]).unwrap();
+        }
+        /// Every message received, debug-formatted, heartbeats left out.
+        fn received(&mut self) -> Vec<String> {
+            let mut out = Vec::new();
+            while let Ok(Some(n)) = self.link.try_recv(&mut self.buf) {
+                let m = wire::decode(&self.buf[..n]).unwrap();
+                if !matches!(m, Message::Heartbeat(_)) {
+                    out.push(format!("{m:?}"));
+                }
+            }
+            out
+        }
+        fn disconnected(&mut self) -> bool {
+            matches!(self.link.try_recv(&mut self.buf), Err(Error::PeerDisconnected))
+        }
+    }
+
+    fn node(cfg: NodeConfig) -> SchedulerNode<MemLink> {
+        let models = vec![ModelSpec::linear("a", 1.0, 5.0, 50.0).unwrap()];
+        let metrics = Arc::new(SchedulerMetrics::new(&models));
+        let plane = ControlPlane::new(models, &[vec![0]], CoreConfig::default(), metrics).unwrap();
+        SchedulerNode::new(plane, cfg)
+    }
+
+    fn connect(n: &mut SchedulerNode<MemLink>, now: Instant) -> Peer {
+        let (ours, theirs) = link_pair();
+        n.handle_connection(now, ours);
+        Peer { link: theirs, buf: vec![0; wire::MAX_MESSAGE_LEN] }
+    }
+
+    fn events(n: &mut SchedulerNode<MemLink>) -> Vec<SchedulerEvent> {
+        std::iter::from_fn(|| n.poll_event()).collect()
+    }
+
+    /// Polls at `now` until quiet.
+    fn settle(n: &mut SchedulerNode<MemLink>, now: Instant) {
+        for _ in 0..100 {
+            if !n.poll(now) {
+                return;
+            }
+        }
+        panic!("node never quiet");
+    }
+
+    /// Runs on the virtual clock, jumping to each `poll_at`, up to `until`.
+    fn run_until(n: &mut SchedulerNode<MemLink>, from: Instant, until: Instant, mut each: impl FnMut(&mut SchedulerNode<MemLink>, Instant)) -> Instant {
+        let mut now = from;
+        loop {
+            settle(n, now);
+            each(n, now);
+            match n.poll_at() {
+                Some(t) if t <= until => now = t.max(now),
+                _ => return now,
+            }
+        }
+    }
+
+    fn task(id: u64, frontend: u32) -> Task {
+        Task {
+            task_id: u64::from(frontend) << 48 | id,
+            budget_ns: 40_000_000,
+            model_id: 0,
+            frontend_id: frontend,
+            input: RemoteRef { key: 1, len: 16, offset: 0 },
+        }
+    }
+
+    /// A frontend 1 and a backend 7 (one GPU), registered at t=0.
+    fn cluster(n: &mut SchedulerNode<MemLink>) -> (Peer, Peer) {
+        let t0 = Instant::ZERO;
+        let mut fe = connect(n, t0);
+        let mut be = connect(n, t0);
+        fe.send(&Register::new(Role::Frontend, 1, 0, "fe1"));
+        be.send(&Register::new(Role::Backend, 7, 1, ""));
+        be.send_models(&[0]);
+        settle(n, t0);
+        assert_eq!(
+            events(n),
+            vec![
+                SchedulerEvent::PeerJoined(PeerId::Frontend(1)),
+                SchedulerEvent::PeerJoined(PeerId::Backend(7))
+            ]
+        );
+        (fe, be)
+    }
+
+    #[test]
+    fn registers_peers_and_turns_tasks_into_plans() {
+        let mut n = node(NodeConfig::default());
+        let (mut fe, mut be) = cluster(&mut n);
+        let fe_msgs = fe.received();
+        assert_eq!(fe_msgs.len(), 1, "{fe_msgs:?}");
+        assert!(fe_msgs[0].contains("Register") && fe_msgs[0].contains("role: 3"), "the ack first: {fe_msgs:?}");
+        let be_msgs = be.received();
+        assert!(be_msgs[0].contains("Register"), "{be_msgs:?}");
+        assert!(be_msgs[1].contains("endpoint") || be_msgs[1].contains("fe1") || be_msgs[1].contains("id: 1"), "{be_msgs:?}");
+        fe.send(&task(1, 1));
+        fe.send(&task(2, 1));
+        let t0 = Instant::ZERO;
+        let mut plans = Vec::new();
+        run_until(&mut n, t0, t0 + Duration::from_millis(100), |_, _| plans.extend(be.received()));
+        assert!(plans.iter().any(|m| m.starts_with("BatchPlan")), "{plans:?}");
+        assert_eq!(n.plane().batches_in_flight(), 1);
+    }
+
+    #[test]
+    fn a_link_that_does_not_register_in_time_is_dropped_at_its_deadline() {
+        let cfg = NodeConfig::default();
+        let mut n = node(cfg);
+        let t0 = Instant::ZERO;
+        let mut silent = connect(&mut n, t0);
+        settle(&mut n, t0);
+        let deadline = t0 + cfg.handshake_timeout + Duration::from_nanos(1);
+        assert_eq!(n.poll_at(), Some(deadline));
+        // The clock jumps straight to the deadline.
+        settle(&mut n, deadline);
+        assert_eq!(events(&mut n), vec![SchedulerEvent::HandshakeTimedOut { after: cfg.handshake_timeout }]);
+        assert!(silent.disconnected());
+        assert_eq!(n.poll_at(), None);
+    }
+
+    #[test]
+    fn a_refused_registration_closes_the_link() {
+        let mut n = node(NodeConfig::default());
+        let (_fe, _be) = cluster(&mut n);
+        let mut dup = connect(&mut n, Instant::ZERO);
+        dup.send(&Register::new(Role::Frontend, 1, 0, "again"));
+        settle(&mut n, Instant::ZERO);
+        let ev = events(&mut n);
+        assert!(matches!(&ev[..], [SchedulerEvent::PeerRefused { why }] if why.contains("already registered")), "{ev:?}");
+        assert!(dup.disconnected());
+    }
+
+    #[test]
+    fn a_silent_backend_is_buried_and_its_batches_fail_back() {
+        let cfg = NodeConfig::default();
+        let mut n = node(cfg);
+        let (mut fe, mut be) = cluster(&mut n);
+        fe.received();
+        fe.send(&task(1, 1));
+        let t0 = Instant::ZERO;
+        // The frontend keeps beating; the backend says nothing after its plan.
+        let mut fe_beat = 0u64;
+        let end = run_until(&mut n, t0, t0 + Duration::from_secs_f64(1.5), |_, _| {
+            be.received();
+            fe_beat += 1;
+            fe.send(&wire::Heartbeat { seq: fe_beat, role: Role::Frontend as u32, id: 1 });
+        });
+        let ev = events(&mut n);
+        assert!(ev.contains(&SchedulerEvent::PeerSilent(PeerId::Backend(7))), "{ev:?}");
+        assert!(ev.contains(&SchedulerEvent::PeerLost(PeerId::Backend(7))), "{ev:?}");
+        assert!(end >= t0 + cfg.dead_after);
+        let failed: Vec<String> = fe.received().into_iter().filter(|m| m.contains("status: 2")).collect();
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        assert!(be.disconnected());
+        assert_eq!(n.plane().batches_in_flight(), 0);
+    }
+
+    #[test]
+    fn a_batch_whose_done_never_comes_is_failed_back_after_the_grace() {
+        let cfg = NodeConfig { batch_grace: Duration::from_millis(300), ..NodeConfig::default() };
+        let mut n = node(cfg);
+        let (mut fe, mut be) = cluster(&mut n);
+        fe.received();
+        fe.send(&task(1, 1));
+        let t0 = Instant::ZERO;
+        let mut seq = 0;
+        // Both peers stay alive, but the backend never reports the batch.
+        run_until(&mut n, t0, t0 + Duration::from_millis(500), |_, _| {
+            be.received();
+            seq += 1;
+            fe.send(&wire::Heartbeat { seq, role: Role::Frontend as u32, id: 1 });
+            be.send(&wire::Heartbeat { seq, role: Role::Backend as u32, id: 7 });
+        });
+        let ev = events(&mut n);
+        assert_eq!(ev, vec![SchedulerEvent::BatchesExpired { count: 1 }]);
+        assert_eq!(n.plane().batches_in_flight(), 0);
+        assert_eq!(fe.received().iter().filter(|m| m.contains("status: 2")).count(), 1);
+        // A late report is only a protocol error.
+        be.send(&BatchDone { batch_id: 1, actual_ns: 0, gpu_id: 0, count: 1 });
+        settle(&mut n, t0 + Duration::from_millis(500));
+        assert!(events(&mut n).is_empty());
+        assert_eq!(n.plane().metrics().protocol_errors.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_full_send_queue_backs_up_then_kills_the_peer_after_the_send_timeout() {
+        let cfg = NodeConfig::default();
+        let mut n = node(cfg);
+        let t0 = Instant::ZERO;
+        let (mut ours, theirs) = link_pair();
+        ours.capacity = 1;
+        n.handle_connection(t0, ours);
+        let mut fe = Peer { link: theirs, buf: vec![0; wire::MAX_MESSAGE_LEN] };
+        fe.send(&Register::new(Role::Frontend, 1, 0, "fe1"));
+        settle(&mut n, t0);
+        // The ack took the one place; unknown-model drops queue behind it.
+        for id in 0..3 {
+            fe.send(&Task { model_id: 9, ..task(id, 1) });
+        }
+        settle(&mut n, t0);
+        assert_eq!(fe.received().len(), 1, "only the ack got through");
+        let t1 = t0 + Duration::from_millis(50);
+        settle(&mut n, t1);
+        assert_eq!(fe.received().len(), 1, "the backlog drained one");
+        // Then the frontend stops reading for longer than the send timeout.
+        let mut now = t1;
+        while let Some(t) = n.poll_at() {
+            if t > t1 + cfg.send_timeout + cfg.send_timeout {
+                break;
+            }
+            now = t.max(now);
+            settle(&mut n, now);
+            // Proof of life (it fails once the node has closed the link).
+            let n = wire::encode(&mut fe.buf, &wire::Heartbeat { seq: 1, role: Role::Frontend as u32, id: 1 }).unwrap();
+            let _ = fe.link.send(&fe.buf[..n]);
+        }
+        let ev = events(&mut n);
+        assert!(ev.iter().any(|e| matches!(e, SchedulerEvent::SendFailed { peer: PeerId::Frontend(1), .. })), "{ev:?}");
+        assert!(ev.contains(&SchedulerEvent::PeerLost(PeerId::Frontend(1))), "{ev:?}");
+    }
+
+    #[test]
+    fn stop_drops_waiting_tasks_and_drains_once_batches_are_done() {
+        let mut n = node(NodeConfig::default());
+        let (mut fe, mut be) = cluster(&mut n);
+        fe.received();
+        let t0 = Instant::ZERO;
+        fe.send(&task(1, 1));
+        settle(&mut n, t0);
+        let plan_at = n.poll_at().unwrap();
+        settle(&mut n, plan_at);
+        assert_eq!(n.plane().batches_in_flight(), 1);
+        fe.send(&Task { budget_ns: 1_000_000_000, ..task(2, 1) });
+        settle(&mut n, plan_at);
+        n.stop();
+        settle(&mut n, plan_at);
+        assert!(!n.drained(), "a batch is in flight");
+        assert!(fe.received().iter().any(|m| m.starts_with("Dropped") && m.contains("reason: ")));
+        let plan = be.received().into_iter().find(|m| m.starts_with("BatchPlan")).unwrap();
+        assert!(plan.contains("batch_id: 1"), "{plan}");
+        be.send(&BatchDone { batch_id: 1, actual_ns: 1, gpu_id: 0, count: 1 });
+        settle(&mut n, plan_at);
+        assert!(n.drained());
+    }
+}
