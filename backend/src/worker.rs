@@ -38,6 +38,7 @@
 use std::collections::VecDeque;
 
 use dataplane::mem::LocalRef;
+use dataplane::mutation::{self, Mutation};
 use dataplane::time::{Duration, Instant};
 use dataplane::transport::{Completion, Connection, Error, ReadOp, Registration};
 use dataplane::wire::{self, BatchDone, CompletionHead, Message, OutputKind, TaskStatus};
@@ -278,11 +279,61 @@ pub struct BatchWorker<C: Connection, E: Executor> {
     control: VecDeque<ControlMessage>,
     taking_plans: bool,
     scheduler_heard: Instant,
-    /// Highest batch id taken: the scheduler numbers batches in increasing
-    /// order and a connection keeps order, so a plan at or below it is a
-    /// duplicate.
-    last_batch_id: Option<u64>,
+    /// Batch ids taken recently, so a duplicated plan runs once while a
+    /// plan overtaken by a later one still runs.
+    seen_batches: SeenBatches,
     stats: WorkerStats,
+}
+
+/// The batch ids a worker has taken: the highest, and which of the
+/// [`SeenBatches::SPAN`] ids below it. The scheduler numbers batches in
+/// increasing order (with gaps: the ids are shared by every backend), so
+/// an id already marked is a duplicate and an unmarked lower one is a plan
+/// that was overtaken. An id more than `SPAN` below the highest is too old
+/// to tell and is taken as a duplicate (a plan that late could not run in
+/// time anyway). Fixed size: no allocation per plan.
+#[derive(Debug, Default)]
+struct SeenBatches {
+    high: Option<u64>,
+    bits: [u64; (SeenBatches::SPAN / 64) as usize],
+}
+
+impl SeenBatches {
+    const SPAN: u64 = 1024;
+
+    fn bit(id: u64) -> (usize, u64) {
+        let i = id % Self::SPAN;
+        ((i / 64) as usize, 1 << (i % 64))
+    }
+
+    /// Marks `id`; returns false if it was already taken (or is too old).
+    fn insert(&mut self, id: u64) -> bool {
+        let high = match self.high {
+            None => id,
+            Some(h) if id > h => {
+                if id - h >= Self::SPAN {
+                    self.bits = [0; (Self::SPAN / 64) as usize];
+                } else {
+                    for x in h + 1..id {
+                        let (w, m) = Self::bit(x);
+                        self.bits[w] &= !m;
+                    }
+                    let (w, m) = Self::bit(id);
+                    self.bits[w] &= !m;
+                }
+                id
+            }
+            Some(h) if h - id >= Self::SPAN => return false,
+            Some(h) => h,
+        };
+        self.high = Some(high);
+        let (w, m) = Self::bit(id);
+        if self.bits[w] & m != 0 {
+            return false;
+        }
+        self.bits[w] |= m;
+        true
+    }
 }
 
 /// Messages taken from the scheduler per poll (bounds one poll's work).
@@ -375,7 +426,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             control: VecDeque::with_capacity(CONTROL_QUEUE_CAPACITY),
             taking_plans: true,
             scheduler_heard: Instant::ZERO,
-            last_batch_id: None,
+            seen_batches: SeenBatches::default(),
             stats: WorkerStats::default(),
             cfg,
         })
@@ -419,6 +470,12 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
     /// The executor.
     pub fn executor(&self) -> &E {
         &self.exec
+    }
+
+    /// The executor, to change it between batches (e.g. a slowed device
+    /// in the chaos harness).
+    pub fn executor_mut(&mut self) -> &mut E {
+        &mut self.exec
     }
 
     /// Counters.
@@ -560,11 +617,10 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
                 }
                 Err(e) => return Err(WorkerError::Transport(Error::Protocol(e))),
             };
-            if self.last_batch_id.is_some_and(|last| head.batch_id <= last) {
+            if !self.seen_batches.insert(head.batch_id) {
                 self.stats.duplicate_plans += 1;
                 continue;
             }
-            self.last_batch_id = Some(head.batch_id);
             self.stats.plans += 1;
             let Some(si) = self.slots.iter().position(|s| s.phase == Phase::Free) else {
                 break;
@@ -971,6 +1027,12 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             return true;
         };
         let ok = head.status == TaskStatus::Ok as u32;
+        // Mutation testing only (compiled out without the `mutations`
+        // feature): count the task as answered without sending anything.
+        if mutation::fires(Mutation::BackendOmitsCompletion) {
+            self.stats.tasks_ok += 1;
+            return true;
+        }
         let to_frontend = self
             .frontends
             .get_mut(t.frontend as usize)
@@ -1081,5 +1143,29 @@ fn handle_read_completion(
     if s.phase == Phase::Draining && s.outstanding_reads == 0 {
         s.phase = Phase::Free;
         *free_slots += 1;
+    }
+}
+
+#[cfg(test)]
+mod seen_tests {
+    use super::SeenBatches;
+
+    #[test]
+    fn seen_batches_take_each_id_once_and_accept_overtaken_ones() {
+        let mut s = SeenBatches::default();
+        assert!(s.insert(10));
+        assert!(!s.insert(10), "duplicate");
+        assert!(s.insert(14));
+        assert!(s.insert(12), "overtaken by 14, still new");
+        assert!(!s.insert(12));
+        assert!(s.insert(10 + SeenBatches::SPAN + 5), "far ahead clears the window");
+        assert!(!s.insert(14), "too old to tell: taken as a duplicate");
+        assert!(s.insert(10 + SeenBatches::SPAN + 4));
+        // The slot of an old id is reused by a new one in the window.
+        let mut t = SeenBatches::default();
+        assert!(t.insert(0));
+        assert!(t.insert(SeenBatches::SPAN - 1));
+        assert!(t.insert(SeenBatches::SPAN));
+        assert!(!t.insert(SeenBatches::SPAN));
     }
 }
