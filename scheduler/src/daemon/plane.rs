@@ -21,12 +21,12 @@ use std::sync::Arc;
 use dataplane::time::{Duration, Instant};
 use dataplane::wire::{
     self, BatchPlanHead, BatchPlanWriter, BatchTask, CompletionHead, DropReason, OutputKind,
-    Register, RemoteRef, Role, Task, TaskStatus,
+    Register, RemoteRef, Role, Task, TaskId, TaskStatus, MAX_BACKENDS, MAX_FRONTENDS,
 };
 
 use super::metrics::SchedulerMetrics;
 use crate::deferred::{CoreConfig, DeferredScheduler};
-use crate::types::{self, Actions, GpuId, Request, Scheduler};
+use crate::types::{Actions, GpuId, Request, Scheduler};
 use crate::zoo::ModelSpec;
 
 /// A peer of the scheduler.
@@ -37,11 +37,6 @@ pub enum PeerId {
     /// Backend by id.
     Backend(u32),
 }
-
-/// Largest frontend id + 1 (task ids carry 16 bits of frontend id).
-pub const MAX_FRONTENDS: u32 = 1 << 12;
-/// Largest backend id + 1.
-pub const MAX_BACKENDS: u32 = 1 << 16;
 
 /// Encoded messages waiting to be sent, in order, in one flat buffer
 /// (no allocation once warm). Each message is encoded into a scratch
@@ -419,7 +414,7 @@ impl ControlPlane {
         }
         let d = wire::Dropped {
             task_id: task,
-            reason: reason as u32,
+            reason: reason.code(),
             reserved: 0,
         };
         self.out
@@ -502,11 +497,10 @@ impl ControlPlane {
     }
 
     /// A completion a backend could not deliver itself (its frontend was
-    /// unknown to it or gone): forwarded if the frontend is live. Task ids
-    /// carry their frontend's id in the top 16 bits (the frontend's
-    /// staging assigns them so).
+    /// unknown to it or gone): forwarded if the frontend is live, which
+    /// the task id names.
     pub fn on_rerouted_completion(&mut self, msg: &[u8], task_id: u64) {
-        let f = (task_id >> 48) as u32;
+        let f = TaskId(task_id).frontend();
         if self.frontends.contains_key(&f) {
             self.metrics.forwarded.fetch_add(1, Ordering::Relaxed);
             self.out.push(PeerId::Frontend(f), |b| {
@@ -563,12 +557,8 @@ impl ControlPlane {
         let mut actions = std::mem::take(&mut self.actions);
         for &(req, reason) in &actions.drops {
             if let Some(m) = self.tasks.remove(&req.id) {
-                let r = match reason {
-                    types::DropReason::UnknownModel => DropReason::UnknownModel,
-                    _ => DropReason::DeadlineUnmeetable,
-                };
                 self.metrics.model_drops(m.model);
-                self.send_dropped(req.id, m.frontend, r);
+                self.send_dropped(req.id, m.frontend, reason);
             }
         }
         for plan in &actions.batches {
