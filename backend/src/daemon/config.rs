@@ -16,15 +16,9 @@ use dataplane::wire;
 use scheduler::zoo::{cluster_models, ModelSpec};
 use serde::Deserialize;
 
-/// Bytes of the frontend's default input tensor, FP32 `[1, 16]`
-/// (`frontend::models::default_input`). The backend cannot depend on the
-/// frontend crate, so the size is restated here; an input slot must hold
-/// the largest input any frontend stages.
-pub const DEFAULT_INPUT_BYTES: u32 = 16 * 4;
-
-/// Bytes of the frontend's default output tensor, FP32 `[1, 10]`
-/// (`frontend::models::default_output`): the output length of every model.
-pub const DEFAULT_OUTPUT_BYTES: u32 = 10 * 4;
+/// The default tensors' sizes, defined once for frontends and backends: an
+/// input slot must hold the largest input any frontend stages.
+pub use dataplane::reference::{DEFAULT_INPUT_BYTES, DEFAULT_OUTPUT_BYTES};
 
 /// Frontend ids are below `MAX_FRONTENDS` and backend ids below
 /// `MAX_BACKENDS` on every daemon (the task-id layout fixes the first).
