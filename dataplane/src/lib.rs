@@ -4,6 +4,7 @@
 #![warn(missing_docs)]
 
 pub mod heap;
+pub mod ids;
 pub mod idle;
 pub mod mem;
 pub mod mutation;

@@ -11,6 +11,15 @@
 //! (truncated to 8 bits). The CUDA kernel computes the same thing (see
 //! `exec::cuda`, feature `cuda`).
 
+/// Bytes of the input every frontend declares for a model served with the
+/// default tensors (`INPUT0`, FP32 `[1, 16]`): the input slot a backend
+/// needs for such models.
+pub const DEFAULT_INPUT_BYTES: u32 = 16 * 4;
+/// Bytes of the output of a model served with the default tensors
+/// (`OUTPUT0`, UINT8 `[1, 40]`): the reference output length every
+/// executor produces for such models.
+pub const DEFAULT_OUTPUT_BYTES: u32 = 40;
+
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 

@@ -15,6 +15,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
+pub use crate::ids::{TaskId, MAX_BACKENDS, MAX_FRONTENDS};
 pub use crate::mem::RemoteRef;
 
 /// First four bytes of every message: "SYMP" little-endian.
@@ -220,7 +221,7 @@ pub struct Heartbeat {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct Task {
-    /// Cluster-unique task id (frontend id in the high bits is a good choice).
+    /// Cluster-unique task id, a [`TaskId`] (see [`Task::id`]).
     pub task_id: u64,
     /// Time left until the deadline when the message was sent, ns.
     pub budget_ns: u64,
@@ -331,11 +332,14 @@ pub struct CompletionHead {
     pub remote: RemoteRef,
 }
 
-/// Why a task was dropped.
+/// Why a task was dropped: the one list of drop reasons, for the wire, the
+/// scheduling cores (`scheduler::types` re-exports it), metrics and reports.
+/// Wire codes are stable; a new reason takes the next code.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DropReason {
-    /// It can no longer meet its deadline.
+    /// It can no longer meet its deadline (not even a batch of one would
+    /// finish in time).
     DeadlineUnmeetable = 1,
     /// Admission refused: queue full / overload.
     Overloaded = 2,
@@ -345,19 +349,61 @@ pub enum DropReason {
     Shutdown = 4,
     /// Its input could not be fetched.
     InputUnavailable = 5,
+    /// Dropped by a sliding-window policy to keep batches efficient (it
+    /// could still have run alone).
+    EarlyDrop = 6,
+    /// Its frontend failed while it was in flight: nobody is left to answer.
+    FrontendLost = 7,
 }
 
 impl DropReason {
+    /// Number of reasons: the length of a counter-by-reason array.
+    pub const COUNT: usize = 7;
+    /// Every reason, in [`index`](Self::index) order (wire-code order).
+    pub const ALL: [DropReason; DropReason::COUNT] = [
+        DropReason::DeadlineUnmeetable,
+        DropReason::Overloaded,
+        DropReason::UnknownModel,
+        DropReason::Shutdown,
+        DropReason::InputUnavailable,
+        DropReason::EarlyDrop,
+        DropReason::FrontendLost,
+    ];
+
     /// The reason with wire code `v`.
     pub fn from_u32(v: u32) -> Option<DropReason> {
-        Some(match v {
-            1 => DropReason::DeadlineUnmeetable,
-            2 => DropReason::Overloaded,
-            3 => DropReason::UnknownModel,
-            4 => DropReason::Shutdown,
-            5 => DropReason::InputUnavailable,
-            _ => return None,
-        })
+        let i = usize::try_from(v).ok()?.checked_sub(1)?;
+        DropReason::ALL.get(i).copied()
+    }
+
+    /// Its wire code.
+    pub const fn code(self) -> u32 {
+        self as u32
+    }
+
+    /// Its position in [`ALL`](Self::ALL): the index of its entry in a
+    /// `[_; DropReason::COUNT]` counter array.
+    pub const fn index(self) -> usize {
+        self as usize - 1
+    }
+
+    /// Stable snake_case name: metric label and report key.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DropReason::DeadlineUnmeetable => "deadline_unmeetable",
+            DropReason::Overloaded => "overloaded",
+            DropReason::UnknownModel => "unknown_model",
+            DropReason::Shutdown => "shutdown",
+            DropReason::InputUnavailable => "input_unavailable",
+            DropReason::EarlyDrop => "early_drop",
+            DropReason::FrontendLost => "frontend_lost",
+        }
+    }
+}
+
+impl std::fmt::Display for DropReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -462,6 +508,19 @@ pub trait FixedMessage: Pod {
     /// Its kind.
     const KIND: Kind;
 }
+/// The typed id of a message that names one task.
+macro_rules! task_id_accessor {
+    ($($t:ty),*) => {$(
+        impl $t {
+            /// `task_id` as a [`TaskId`].
+            pub const fn id(&self) -> TaskId {
+                TaskId(self.task_id)
+            }
+        }
+    )*};
+}
+task_id_accessor!(Task, BatchTask, CompletionHead, Dropped);
+
 impl FixedMessage for Register {
     const KIND: Kind = Kind::Register;
 }
@@ -914,6 +973,17 @@ pub fn decode(buf: &[u8]) -> Result<Message<'_>, WireError> {
 pub fn fuzz_decode(data: &[u8]) {
     let _ = frame_len(data);
     if let Ok(m) = decode(data) {
+        match m {
+            Message::Task(t) => fuzz_task_id(t.id()),
+            Message::BatchPlan(_, t) => t.iter().for_each(|e| fuzz_task_id(e.id())),
+            Message::Completion(h, _) => fuzz_task_id(h.id()),
+            Message::Dropped(d) => {
+                fuzz_task_id(d.id());
+                let r = DropReason::from_u32(d.reason).expect("decoded reasons are known");
+                assert_eq!((r.code(), DropReason::ALL[r.index()]), (d.reason, r));
+            }
+            _ => {}
+        }
         let mut buf = [0u8; MAX_MESSAGE_LEN];
         let n = match m {
             Message::Register(r) => encode(&mut buf, &r),
@@ -943,6 +1013,11 @@ pub fn fuzz_decode(data: &[u8]) {
             "decode/encode round trip changed the bytes"
         );
     }
+}
+
+/// Any task id's fields rebuild it.
+fn fuzz_task_id(id: TaskId) {
+    assert_eq!(TaskId::new(id.frontend(), id.seq(), id.slot()), id);
 }
 
 #[cfg(test)]

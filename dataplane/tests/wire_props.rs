@@ -116,11 +116,13 @@ fn msg() -> impl Strategy<Value = Msg> {
         task.prop_map(Msg::Task),
         plan,
         completion,
-        (any::<u64>(), 1u32..=5).prop_map(|(task_id, reason)| Msg::Dropped(Dropped {
-            task_id,
-            reason,
-            reserved: 0
-        })),
+        (any::<u64>(), 1u32..=DropReason::COUNT as u32).prop_map(|(task_id, reason)| Msg::Dropped(
+            Dropped {
+                task_id,
+                reason,
+                reserved: 0
+            }
+        )),
         (any::<u64>(), any::<u64>(), any::<u32>(), any::<u32>()).prop_map(
             |(batch_id, actual_ns, gpu_id, count)| Msg::BatchDone(BatchDone {
                 batch_id,
@@ -235,4 +237,50 @@ fn mutated_valid_messages_never_panic() {
             Ok(())
         })
         .unwrap();
+}
+
+#[test]
+fn task_id_fields_round_trip_over_their_full_ranges() {
+    use dataplane::ids::{MAX_SLOTS, SEQ_MASK};
+    let fields = (0..MAX_FRONTENDS, 0..=SEQ_MASK, 0..MAX_SLOTS);
+    runner(4096)
+        .run(&fields, |(f, s, i)| {
+            let id = TaskId::new(f, s, i);
+            prop_assert_eq!((id.frontend(), id.seq(), id.slot()), (f, s, i));
+            prop_assert_eq!(TaskId::from(u64::from(id)), id);
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn any_u64_decodes_to_in_range_fields_that_rebuild_it() {
+    use dataplane::ids::{MAX_SLOTS, SEQ_MASK};
+    runner(4096)
+        .run(&any::<u64>(), |v| {
+            let id = TaskId(v);
+            prop_assert!(
+                id.frontend() < MAX_FRONTENDS && id.seq() <= SEQ_MASK && id.slot() < MAX_SLOTS
+            );
+            prop_assert_eq!(TaskId::new(id.frontend(), id.seq(), id.slot()).get(), v);
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn drop_reasons_have_distinct_codes_indices_and_names() {
+    for (i, r) in DropReason::ALL.iter().enumerate() {
+        assert_eq!(r.index(), i);
+        assert_eq!(DropReason::from_u32(r.code()), Some(*r));
+        assert!(DropReason::ALL[..i]
+            .iter()
+            .all(|o| o.as_str() != r.as_str()));
+    }
+    assert_eq!(DropReason::from_u32(0), None);
+    assert_eq!(DropReason::from_u32(DropReason::COUNT as u32 + 1), None);
+    assert_eq!(DropReason::from_u32(u32::MAX), None);
+    // Codes that predate the shared enum keep their meaning.
+    assert_eq!(DropReason::DeadlineUnmeetable.code(), 1);
+    assert_eq!(DropReason::InputUnavailable.code(), 5);
 }

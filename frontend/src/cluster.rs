@@ -27,7 +27,7 @@ use dataplane::time::{Duration, Instant, MonotonicClock};
 use dataplane::wire::{self, CompletionHead, DropReason, OutputKind, Task, TaskStatus};
 use scheduler::deferred::{CoreConfig, DeferredScheduler};
 use scheduler::netdelay::NetworkDelay;
-use scheduler::types::{self, Actions, Request, Scheduler};
+use scheduler::types::{Actions, Request, Scheduler};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -261,11 +261,7 @@ impl Loop {
         let mut actions = std::mem::take(&mut self.actions);
         for (req, reason) in actions.drops.drain(..) {
             if self.waiting.remove(&req.id).is_some() {
-                let r = match reason {
-                    types::DropReason::UnknownModel => DropReason::UnknownModel,
-                    _ => DropReason::DeadlineUnmeetable,
-                };
-                self.send_dropped(req.id, r);
+                self.send_dropped(req.id, reason);
             }
         }
         for plan in &actions.batches {
@@ -346,7 +342,7 @@ impl Loop {
     fn send_dropped(&mut self, task_id: u64, reason: DropReason) {
         let d = wire::Dropped {
             task_id,
-            reason: reason as u32,
+            reason: reason.code(),
             reserved: 0,
         };
         let n = wire::encode(&mut self.msg, &d);

@@ -42,8 +42,9 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
-/// Frontend ids must be below this (the scheduler refuses others).
-pub const MAX_FRONTEND_ID: u32 = 4096;
+/// Frontend ids must be below this (every daemon refuses others; the
+/// task-id layout fixes it).
+pub use dataplane::ids::MAX_FRONTENDS as MAX_FRONTEND_ID;
 /// How long to keep trying to reach the scheduler at start.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(5000);
 /// How long the scheduler has to acknowledge the registration, and a

@@ -331,7 +331,7 @@ async fn handle_infer<S: InferenceService>(
                     metrics.record_drop(model_id, r);
                     (
                         StatusCode::SERVICE_UNAVAILABLE,
-                        format!("request dropped: {}", crate::metrics::drop_reason_label(r)),
+                        format!("request dropped: {}", r.as_str()),
                     )
                 }
                 InferResult::Failed(TaskStatus::InputUnavailable) => (

@@ -14,18 +14,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Upper bounds of the batch-size histogram buckets (`+Inf` is implied).
 pub const BATCH_BUCKETS: [u32; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
-const REASONS: usize = 6;
-
-/// Stable label of a drop reason.
-pub fn drop_reason_label(r: DropReason) -> &'static str {
-    match r {
-        DropReason::DeadlineUnmeetable => "deadline_unmeetable",
-        DropReason::Overloaded => "overloaded",
-        DropReason::UnknownModel => "unknown_model",
-        DropReason::Shutdown => "shutdown",
-        DropReason::InputUnavailable => "input_unavailable",
-    }
-}
 
 #[derive(Default)]
 struct ModelMetrics {
@@ -35,7 +23,7 @@ struct ModelMetrics {
     request_us: AtomicU64,
     queue_us: AtomicU64,
     compute_us: AtomicU64,
-    dropped: [AtomicU64; REASONS],
+    dropped: [AtomicU64; DropReason::COUNT],
     batch_buckets: [AtomicU64; BATCH_BUCKETS.len() + 1],
     batch_sum: AtomicU64,
 }
@@ -107,7 +95,7 @@ impl Metrics {
     /// Triton's terms; call [`Metrics::record_failure`] as well).
     pub fn record_drop(&self, id: u32, reason: DropReason) {
         if let Some(m) = self.model(id) {
-            m.dropped[(reason as usize).min(REASONS - 1)].fetch_add(1, Ordering::Relaxed);
+            m.dropped[reason.index()].fetch_add(1, Ordering::Relaxed);
         }
     }
     /// A batch of `size` requests of model `id` executed in `compute_us`,
@@ -212,16 +200,14 @@ impl Metrics {
 
         let _ = writeln!(o, "# HELP symphony_dropped_total Requests dropped by the cluster, by reason\n# TYPE symphony_dropped_total counter");
         for ((model, _), m) in self.names.iter().zip(self.models.iter()) {
-            for code in 1..REASONS as u32 {
-                if let Some(r) = DropReason::from_u32(code) {
-                    let _ = writeln!(
-                        o,
-                        "symphony_dropped_total{{model=\"{}\",reason=\"{}\"}} {}",
-                        esc(model),
-                        drop_reason_label(r),
-                        ld(&m.dropped[code as usize])
-                    );
-                }
+            for r in DropReason::ALL {
+                let _ = writeln!(
+                    o,
+                    "symphony_dropped_total{{model=\"{}\",reason=\"{}\"}} {}",
+                    esc(model),
+                    r.as_str(),
+                    ld(&m.dropped[r.index()])
+                );
             }
         }
         let _ = writeln!(o, "# HELP symphony_batch_size Sizes of executed batches\n# TYPE symphony_batch_size histogram");

@@ -2,14 +2,20 @@
 //! tensors its API declares.
 
 use crate::tensor::{DataType, TensorSpec};
+pub use dataplane::reference::{DEFAULT_INPUT_BYTES, DEFAULT_OUTPUT_BYTES};
 use scheduler::zoo::ModelSpec;
 use std::collections::HashMap;
 
-/// Default declared input: `INPUT0`, FP32 `[1, 16]`. Small on purpose: the
+/// Default declared input: `INPUT0`, FP32 `[1, 16]`
+/// ([`DEFAULT_INPUT_BYTES`]). Small on purpose: the
 /// zoo models' real inputs (e.g. FP32 `[1,3,224,224]`, 602 KB) would make
 /// every test and load run mostly a JSON-parsing benchmark.
 pub fn default_input() -> TensorSpec {
-    TensorSpec::new("INPUT0", DataType::F32, &[1, 16])
+    TensorSpec::new(
+        "INPUT0",
+        DataType::F32,
+        &[1, u64::from(DEFAULT_INPUT_BYTES) / 4],
+    )
 }
 
 /// Default declared output: `OUTPUT0`, UINT8 `[1, 40]`, filled by
@@ -17,12 +23,12 @@ pub fn default_input() -> TensorSpec {
 /// keeps every value representable in JSON). 40 bytes is
 /// [`DEFAULT_OUTPUT_BYTES`], what backends must produce per input.
 pub fn default_output() -> TensorSpec {
-    TensorSpec::new("OUTPUT0", DataType::U8, &[1, DEFAULT_OUTPUT_BYTES])
+    TensorSpec::new(
+        "OUTPUT0",
+        DataType::U8,
+        &[1, u64::from(DEFAULT_OUTPUT_BYTES)],
+    )
 }
-
-/// Bytes of the default output: the `output_len` every backend executor
-/// must use for models served with the default tensors.
-pub const DEFAULT_OUTPUT_BYTES: u64 = 40;
 
 /// One served model.
 #[derive(Clone, Debug)]
@@ -108,5 +114,16 @@ impl ModelCatalog {
             .map(|e| e.output.byte_len())
             .max()
             .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_tensors_have_the_sizes_backends_assume() {
+        assert_eq!(default_input().byte_len(), u64::from(DEFAULT_INPUT_BYTES));
+        assert_eq!(default_output().byte_len(), u64::from(DEFAULT_OUTPUT_BYTES));
     }
 }

@@ -3,7 +3,7 @@
 //! Every request in flight owns one fixed-size slot of a registered region
 //! (its input, READ by a backend) and the pending cell with the same index
 //! (where its outcome lands). The task id names both: frontend id, a
-//! per-slot sequence number and the slot index, so routing a completion is
+//! per-slot sequence number and the slot index ([`TaskId`]), so routing a completion is
 //! one array index and a compare-and-swap, and a stale or duplicated
 //! completion (older sequence, or a cell that already has its outcome) is
 //! recognised and counted instead of being delivered to the wrong request.
@@ -22,10 +22,11 @@
 
 use atomic_waker::AtomicWaker;
 use crossbeam_queue::ArrayQueue;
+use dataplane::ids::{MAX_FRONTENDS, SEQ_MASK};
 use dataplane::mem::{MemError, Slot, SlotPool};
 use dataplane::time::Duration;
 use dataplane::transport::Registration;
-use dataplane::wire::{self, DropReason, Message, OutputKind, Task, TaskStatus};
+use dataplane::wire::{self, DropReason, Message, OutputKind, Task, TaskId, TaskStatus};
 use std::cell::UnsafeCell;
 use std::future::Future;
 use std::pin::Pin;
@@ -41,16 +42,14 @@ const ORPHANED: u64 = 4;
 const EXPIRED: u64 = 5;
 const PHASE_MASK: u64 = 7;
 
-const INDEX_BITS: u32 = 20;
-const SEQ_BITS: u32 = 28;
-/// Most slots a [`Staging`] can have (the slot index takes 20 task-id bits).
-pub const MAX_SLOTS: u32 = 1 << INDEX_BITS;
-const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+/// Most slots a [`Staging`] can have (the slot index is a task-id field).
+pub use dataplane::ids::MAX_SLOTS;
 
 /// Sizes of a [`Staging`].
 #[derive(Clone, Copy, Debug)]
 pub struct StagingConfig {
-    /// This frontend's id (the high 16 bits of every task id).
+    /// This frontend's id (below [`MAX_FRONTENDS`]; the frontend field of
+    /// every task id).
     pub frontend_id: u16,
     /// Slots, i.e. the most requests in flight at once.
     pub slots: u32,
@@ -233,15 +232,6 @@ impl std::fmt::Debug for Staging {
     }
 }
 
-/// A task id's parts.
-fn split_id(id: u64) -> (u16, u64, u32) {
-    (
-        (id >> 48) as u16,
-        (id >> INDEX_BITS) & SEQ_MASK,
-        (id & (u64::from(MAX_SLOTS) - 1)) as u32,
-    )
-}
-
 impl Staging {
     /// Carves `cfg.slots` slots of `cfg.slot_size` bytes from the start of
     /// the registered region (registered with REMOTE_READ by the daemon's
@@ -249,6 +239,11 @@ impl Staging {
     pub fn new(reg: Registration, cfg: StagingConfig) -> Result<Arc<Staging>, MemError> {
         if cfg.slots == 0 || cfg.slots > MAX_SLOTS {
             return Err(MemError::Unsupported("staging slots must be 1..=2^20"));
+        }
+        if u32::from(cfg.frontend_id) >= MAX_FRONTENDS {
+            return Err(MemError::Unsupported(
+                "frontend ids must be below MAX_FRONTENDS",
+            ));
         }
         let mut pool = SlotPool::new(reg.region().clone(), 0, cfg.slot_size, cfg.slots)?;
         let free = ArrayQueue::new(cfg.slots as usize);
@@ -336,9 +331,8 @@ impl Staging {
         let seq = ((cell.state.load(Ordering::Acquire) >> 3) + 1) & SEQ_MASK;
         cell.state.store(seq << 3 | WAITING, Ordering::Release);
         self.counters.accepted.fetch_add(1, Ordering::SeqCst);
-        let task_id = u64::from(self.frontend_id) << 48 | seq << INDEX_BITS | u64::from(index);
         let task = Task {
-            task_id,
+            task_id: self.task_id(seq, index).get(),
             budget_ns: budget.as_nanos(),
             model_id,
             frontend_id: u32::from(self.frontend_id),
@@ -353,6 +347,11 @@ impl Staging {
                 finished: false,
             },
         ))
+    }
+
+    /// The id of sequence `seq` of slot `index` of this frontend.
+    fn task_id(&self, seq: u64, index: u32) -> TaskId {
+        TaskId::new(u32::from(self.frontend_id), seq, index)
     }
 
     fn release(&self, index: u32, seq: u64) {
@@ -376,11 +375,12 @@ impl Staging {
     /// Delivers the outcome of task `task_id`. Exactly one outcome per
     /// request is counted and delivered; anything else is classified.
     pub fn route(&self, task_id: u64, outcome: RoutedOutcome<'_>) -> RouteResult {
-        let (fid, seq, index) = split_id(task_id);
+        let id = TaskId(task_id);
+        let (seq, index) = (id.seq(), id.slot());
         let Some(cell) = self
             .cells
             .get(index as usize)
-            .filter(|_| fid == self.frontend_id)
+            .filter(|_| id.frontend() == u32::from(self.frontend_id))
         else {
             self.counters.unroutable.fetch_add(1, Ordering::Relaxed);
             return RouteResult::Unroutable;
@@ -418,7 +418,7 @@ impl Staging {
                         }
                         RoutedOutcome::Dropped(r) => {
                             out.kind = 1;
-                            out.code = r as u32;
+                            out.code = r.code();
                         }
                         RoutedOutcome::Failed(st) => {
                             out.kind = 2;
@@ -499,11 +499,9 @@ impl Staging {
         for (index, cell) in self.cells.iter().enumerate() {
             let s = cell.state.load(Ordering::Acquire);
             if matches!(s & PHASE_MASK, WAITING | ORPHANED) {
-                let id = u64::from(self.frontend_id) << 48
-                    | ((s >> 3) & SEQ_MASK) << INDEX_BITS
-                    | index as u64;
+                let id = self.task_id((s >> 3) & SEQ_MASK, index as u32);
                 if matches!(
-                    self.route(id, outcome),
+                    self.route(id.get(), outcome),
                     RouteResult::Delivered | RouteResult::Orphaned
                 ) {
                     ended += 1;
@@ -563,7 +561,7 @@ pub struct Ticket {
 impl Ticket {
     /// The task id.
     pub fn task_id(&self) -> u64 {
-        u64::from(self.staging.frontend_id) << 48 | self.seq << INDEX_BITS | u64::from(self.index)
+        self.staging.task_id(self.seq, self.index).get()
     }
 
     /// Ends the wait now: if the outcome is already here it is returned,
@@ -677,6 +675,19 @@ mod tests {
         .unwrap()
     }
 
+    #[test]
+    fn frontend_ids_outside_the_task_id_field_are_refused() {
+        let cfg = |frontend_id| StagingConfig {
+            frontend_id,
+            slots: 1,
+            slot_size: 64,
+            max_output: 16,
+        };
+        let reg = || Registration::new(1, Region::anonymous(64).unwrap(), Access::REMOTE_READ, 0);
+        assert!(Staging::new(reg(), cfg((MAX_FRONTENDS - 1) as u16)).is_ok());
+        assert!(Staging::new(reg(), cfg(MAX_FRONTENDS as u16)).is_err());
+    }
+
     fn poll_now(t: &mut Ticket) -> Poll<Outcome> {
         let w = std::task::Waker::noop();
         Pin::new(t).poll(&mut Context::from_waker(w))
@@ -740,8 +751,11 @@ mod tests {
         );
         let (task2, mut t2) = s.stage(3, b"d", Duration::ZERO).unwrap();
         assert_ne!(task2.task_id, task.task_id);
+        let id2 = task2.id();
+        assert_eq!(id2.frontend(), 7, "task ids carry the frontend id");
+        let foreign = TaskId::new(8, id2.seq(), id2.slot());
         assert_eq!(
-            s.route(task2.task_id ^ (1 << 60), RoutedOutcome::Ok(b"")),
+            s.route(foreign.get(), RoutedOutcome::Ok(b"")),
             RouteResult::Unroutable
         );
         assert_eq!(

@@ -24,27 +24,12 @@ pub struct Request {
     pub deadline: Instant,
 }
 
-/// Why a request was dropped without being executed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DropReason {
-    /// Not even a batch of one could finish before the deadline.
-    DeadlineUnreachable,
-    /// Dropped by the sliding-window policy to keep batches efficient.
-    EarlyDrop,
-    /// Its model is not served by this scheduler.
-    UnknownModel,
-}
-
-impl DropReason {
-    /// Short stable name for reports and metrics labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DropReason::DeadlineUnreachable => "deadline_unreachable",
-            DropReason::EarlyDrop => "early_drop",
-            DropReason::UnknownModel => "unknown_model",
-        }
-    }
-}
+/// Why a request was dropped without being executed: the cluster's one
+/// list of reasons, owned by the wire because it crosses it. The cores use
+/// `DeadlineUnmeetable` (not even a batch of one could finish before the
+/// deadline), `EarlyDrop` (a sliding window gave it up to keep batches
+/// efficient) and `UnknownModel`.
+pub use dataplane::wire::DropReason;
 
 /// A batch the scheduler committed to a GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]

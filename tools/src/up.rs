@@ -12,6 +12,7 @@ use std::time::{Duration as StdDuration, Instant as StdInstant};
 
 use dataplane::control::{self, metric};
 use dataplane::time::Duration;
+use dataplane::wire::DropReason;
 use frontend::loadgen::{self, LoadReport};
 use frontend::models::ModelCatalog;
 use scheduler::goodput::{search, GoodputSearch};
@@ -136,7 +137,8 @@ pub struct E2eRun {
     pub accounted: bool,
     pub advice_add_gpus: f64,
     pub advice_remove_gpus: f64,
-    /// Where the bad requests went: dropped by the scheduler (deadline),
+    /// Where the bad requests went: dropped by the scheduler (deadline
+    /// unmeetable, or given up early by the policy),
     /// dropped for other reasons, failed at the frontends (outcome after
     /// the deadline, or a backend failure), and batches that started late
     /// at the backends.
@@ -259,7 +261,10 @@ pub fn run_load(c: &LocalCluster, models: &[ModelSpec], rate: f64, secs: f64, se
         accounted,
         advice_add_gpus: advice.add_gpus,
         advice_remove_gpus: advice.remove_gpus,
-        scheduler_deadline_drops: delta("symphony_tasks_dropped_total{reason=\"deadline\"}"),
+        scheduler_deadline_drops: [DropReason::DeadlineUnmeetable, DropReason::EarlyDrop]
+            .iter()
+            .map(|r| delta(&format!("symphony_tasks_dropped_total{{reason=\"{}\"}}", r.as_str())))
+            .sum(),
         frontend_dropped: sum_delta(&after.fronts, &before.fronts, "symphony_requests_dropped_total"),
         frontend_failed: sum_delta(&after.fronts, &before.fronts, "symphony_requests_failed_total"),
         backend_late_starts: sum_delta(&after.backs, &before.backs, "symphony_backend_late_starts_total"),

@@ -16,21 +16,13 @@ use dataplane::wire;
 use scheduler::zoo::{cluster_models, ModelSpec};
 use serde::Deserialize;
 
-/// Bytes of the frontend's default input tensor, FP32 `[1, 16]`
-/// (`frontend::models::default_input`). The backend cannot depend on the
-/// frontend crate, so the size is restated here; an input slot must hold
-/// the largest input any frontend stages.
-pub const DEFAULT_INPUT_BYTES: u32 = 16 * 4;
+/// The default tensors' sizes, defined once for frontends and backends: an
+/// input slot must hold the largest input any frontend stages.
+pub use dataplane::reference::{DEFAULT_INPUT_BYTES, DEFAULT_OUTPUT_BYTES};
 
-/// Bytes of the frontend's default output tensor, FP32 `[1, 10]`
-/// (`frontend::models::default_output`): the output length of every model.
-pub const DEFAULT_OUTPUT_BYTES: u32 = 10 * 4;
-
-/// Frontend ids are below this (the scheduler refuses others).
-pub const MAX_FRONTENDS: u32 = 4096;
-
-/// Backend ids are below this (the scheduler refuses others).
-pub const MAX_BACKEND_ID: u32 = 65536;
+/// Frontend ids are below `MAX_FRONTENDS` and backend ids below
+/// `MAX_BACKENDS` on every daemon (the task-id layout fixes the first).
+pub use dataplane::ids::{MAX_BACKENDS, MAX_FRONTENDS};
 
 /// Flags of `symphony-backend` (every one may also be a key of the
 /// `--config` file).
@@ -229,8 +221,8 @@ impl Args {
     /// Applies defaults and checks every value.
     pub fn resolve(self) -> Result<Settings, String> {
         let id = self.id.unwrap_or(0);
-        if id >= MAX_BACKEND_ID {
-            return Err(format!("--id {id}: backend ids must be < {MAX_BACKEND_ID}"));
+        if id >= MAX_BACKENDS {
+            return Err(format!("--id {id}: backend ids must be < {MAX_BACKENDS}"));
         }
         let scheduler = self
             .scheduler

@@ -125,7 +125,7 @@ impl ModelState {
             if done_by(1) <= self.target(head) {
                 break;
             }
-            out.drops.push((*head, DropReason::DeadlineUnreachable));
+            out.drops.push((*head, DropReason::DeadlineUnmeetable));
             self.queue.pop_front();
         }
         let n = self.queue.len();

@@ -546,7 +546,7 @@ fn early_drop(queue: &mut VecDeque<Request>, now: Instant, batch: u32, profile: 
         if done_by(window) <= head.deadline {
             break;
         }
-        let reason = if window > 1 && done_by(1) <= head.deadline { DropReason::EarlyDrop } else { DropReason::DeadlineUnreachable };
+        let reason = if window > 1 && done_by(1) <= head.deadline { DropReason::EarlyDrop } else { DropReason::DeadlineUnmeetable };
         out.drops.push((head, reason));
         queue.pop_front();
     }

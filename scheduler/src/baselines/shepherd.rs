@@ -54,7 +54,7 @@ impl ModelState {
             if one <= head.deadline {
                 break;
             }
-            out.drops.push((head, DropReason::DeadlineUnreachable));
+            out.drops.push((head, DropReason::DeadlineUnmeetable));
             self.queue.pop_front();
         }
         let Some(head) = self.queue.front() else { return 0 };

@@ -17,24 +17,6 @@ pub const EXACT_BATCH_SIZES: std::ops::RangeInclusive<u32> = 1..=512;
 /// Upper bounds (µs) of the dispatch-lag histogram buckets.
 pub const LAG_BUCKETS_US: [u64; 8] = [10, 50, 100, 500, 1000, 5000, 10000, 50000];
 
-const DROP_REASONS: [DropReason; 5] = [
-    DropReason::DeadlineUnmeetable,
-    DropReason::Overloaded,
-    DropReason::UnknownModel,
-    DropReason::Shutdown,
-    DropReason::InputUnavailable,
-];
-
-fn reason_label(r: DropReason) -> &'static str {
-    match r {
-        DropReason::DeadlineUnmeetable => "deadline",
-        DropReason::Overloaded => "overloaded",
-        DropReason::UnknownModel => "unknown_model",
-        DropReason::Shutdown => "shutdown",
-        DropReason::InputUnavailable => "input_unavailable",
-    }
-}
-
 /// Per-model counters.
 #[derive(Debug, Default)]
 pub struct ModelCounters {
@@ -62,8 +44,8 @@ pub struct SchedulerMetrics {
     pub tasks_received: AtomicU64,
     /// Batches reported done.
     pub batches_done: AtomicU64,
-    /// Drops by reason (index = wire code - 1).
-    pub drops: [AtomicU64; 5],
+    /// Drops by reason, indexed by [`DropReason::index`].
+    pub drops: [AtomicU64; DropReason::COUNT],
     /// Tasks failed back because their backend died.
     pub failed_back: AtomicU64,
     /// Completions forwarded from backends to frontends.
@@ -128,9 +110,7 @@ impl SchedulerMetrics {
 
     /// Counts a drop.
     pub fn count_drop(&self, r: DropReason) {
-        if let Some(c) = self.drops.get((r as u32 as usize).wrapping_sub(1)) {
-            c.fetch_add(1, Ordering::Relaxed);
-        }
+        self.drops[r.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a policy drop of `model`.
@@ -209,9 +189,8 @@ impl SchedulerMetrics {
         counter(&mut s, "symphony_backend_deaths_total", "Backends declared dead.", l(&self.backend_deaths));
         counter(&mut s, "symphony_frontend_deaths_total", "Frontends declared dead.", l(&self.frontend_deaths));
         let _ = writeln!(s, "# HELP symphony_tasks_dropped_total Tasks dropped by the scheduler, by reason.\n# TYPE symphony_tasks_dropped_total counter");
-        for r in DROP_REASONS {
-            let v = self.drops.get(r as usize - 1).map(l).unwrap_or(0);
-            let _ = writeln!(s, "symphony_tasks_dropped_total{{reason=\"{}\"}} {v}", reason_label(r));
+        for r in DropReason::ALL {
+            let _ = writeln!(s, "symphony_tasks_dropped_total{{reason=\"{}\"}} {}", r.as_str(), l(&self.drops[r.index()]));
         }
         let _ = writeln!(s, "# HELP symphony_model_dispatched_total Tasks dispatched in batches, by model.\n# TYPE symphony_model_dispatched_total counter");
         for (name, m) in self.names.iter().zip(&self.models) {
@@ -281,7 +260,8 @@ mod tests {
         assert_eq!(metric(&t, "symphony_batches_of_size{size=\"3\"}"), Some(1.0));
         assert_eq!(metric(&t, "symphony_batches_of_size{size=\"512\"}"), Some(1.0));
         assert_eq!(metric(&t, "symphony_model_dispatched_total{model=\"r50\"}"), Some(603.0));
-        assert_eq!(metric(&t, "symphony_tasks_dropped_total{reason=\"deadline\"}"), Some(1.0));
+        assert_eq!(metric(&t, "symphony_tasks_dropped_total{reason=\"deadline_unmeetable\"}"), Some(1.0));
+        assert_eq!(metric(&t, "symphony_tasks_dropped_total{reason=\"frontend_lost\"}"), Some(0.0));
         assert_eq!(metric(&t, "symphony_gpu_busy_fraction"), Some(0.1000000125));
         // 1% drop rate is at the threshold: no GPUs to add, 90% of 4 idle.
         assert_eq!(metric(&t, "symphony_autoscale_add_gpus"), Some(0.0));

@@ -22,12 +22,12 @@ use std::sync::Arc;
 use dataplane::time::{Duration, Instant};
 use dataplane::wire::{
     self, BatchPlanHead, BatchPlanWriter, BatchTask, CompletionHead, DropReason, OutputKind,
-    Register, RemoteRef, Role, Task, TaskStatus,
+    Register, RemoteRef, Role, Task, TaskId, TaskStatus, MAX_BACKENDS, MAX_FRONTENDS,
 };
 
 use super::metrics::SchedulerMetrics;
 use crate::deferred::{CoreConfig, DeferredScheduler};
-use crate::types::{self, Actions, GpuId, Request, Scheduler};
+use crate::types::{Actions, GpuId, Request, Scheduler};
 use crate::zoo::ModelSpec;
 
 /// A peer of the scheduler.
@@ -39,10 +39,6 @@ pub enum PeerId {
     Backend(u32),
 }
 
-/// Largest frontend id + 1 (task ids carry 16 bits of frontend id).
-pub const MAX_FRONTENDS: u32 = 1 << 12;
-/// Largest backend id + 1.
-pub const MAX_BACKENDS: u32 = 1 << 16;
 /// How long after its planned finish a batch's `BatchDone` is waited for
 /// by default (see [`ControlPlane::expire_overdue`]).
 pub const DEFAULT_BATCH_GRACE: Duration = Duration::from_millis(1000);
@@ -498,7 +494,7 @@ impl ControlPlane {
         }
         let d = wire::Dropped {
             task_id: task,
-            reason: reason as u32,
+            reason: reason.code(),
             reserved: 0,
         };
         self.out
@@ -582,11 +578,10 @@ impl ControlPlane {
     }
 
     /// A completion a backend could not deliver itself (its frontend was
-    /// unknown to it or gone): forwarded if the frontend is live. Task ids
-    /// carry their frontend's id in the top 16 bits (the frontend's
-    /// staging assigns them so).
+    /// unknown to it or gone): forwarded if the frontend is live, which
+    /// the task id names.
     pub fn on_rerouted_completion(&mut self, msg: &[u8], task_id: u64) {
-        let f = (task_id >> 48) as u32;
+        let f = TaskId(task_id).frontend();
         if self.frontends.contains_key(&f) {
             self.metrics.forwarded.fetch_add(1, Ordering::Relaxed);
             self.out.push(PeerId::Frontend(f), |b| {
@@ -645,12 +640,8 @@ impl ControlPlane {
         let mut actions = std::mem::take(&mut self.actions);
         for &(req, reason) in &actions.drops {
             if let Some(m) = self.tasks.remove(&req.id) {
-                let r = match reason {
-                    types::DropReason::UnknownModel => DropReason::UnknownModel,
-                    _ => DropReason::DeadlineUnmeetable,
-                };
                 self.metrics.model_drops(m.model);
-                self.send_dropped(req.id, m.frontend, r);
+                self.send_dropped(req.id, m.frontend, reason);
             }
         }
         for plan in &actions.batches {

@@ -117,7 +117,7 @@ impl ModelState {
             let reason = if w > 1 && self.fits(now, delay, gpu_free, 1, head.deadline) {
                 DropReason::EarlyDrop
             } else {
-                DropReason::DeadlineUnreachable
+                DropReason::DeadlineUnmeetable
             };
             self.queue.pop_front();
             out.drops.push((head, reason));

@@ -225,8 +225,8 @@ pub struct LiveReport {
     pub rps_per_model_thread: f64,
     /// Requests dropped.
     pub dropped: u64,
-    /// Drops by reason: deadline unreachable, early drop, unknown model.
-    pub dropped_by_reason: [u64; 3],
+    /// Drops by reason, indexed by [`DropReason::index`](crate::types::DropReason::index).
+    pub dropped_by_reason: [u64; crate::types::DropReason::COUNT],
     /// Dropped / generated.
     pub bad_rate: f64,
     /// Requests executed by the emulated GPUs.
@@ -424,7 +424,7 @@ pub fn run_live(cfg: &LiveConfig) -> Result<LiveReport, String> {
     let (mut dispatched, mut dropped, mut batches, mut utils, mut all_pinned) = (0u64, 0u64, 0u64, Vec::new(), pinned_rank || !cfg.pin);
     let mut accepted = 0;
     let mut queued = 0;
-    let mut by_reason = [0u64; 3];
+    let mut by_reason = [0u64; crate::types::DropReason::COUNT];
     let mut batch_requests: Vec<u64> = Vec::new();
     for h in handles {
         let (w, util, pinned) = h.join().map_err(|_| "a ModelThread panicked".to_string())?;

@@ -55,8 +55,8 @@ pub struct ModelWorkerStats {
     pub batched: u64,
     /// Requests dropped.
     pub dropped: u64,
-    /// Drops by reason: deadline unreachable, early drop, unknown model.
-    pub dropped_by_reason: [u64; 3],
+    /// Drops by reason, indexed by [`DropReason::index`].
+    pub dropped_by_reason: [u64; DropReason::COUNT],
     /// Dispatch lag: decision time minus planned decision time, ns.
     pub dispatch_lag_ns: Histogram<u64>,
     /// `batch_requests[b]`: requests dispatched in batches of size `b`.
@@ -110,7 +110,7 @@ impl ModelWorker {
                 batches: 0,
                 batched: 0,
                 dropped: 0,
-                dropped_by_reason: [0; 3],
+                dropped_by_reason: [0; DropReason::COUNT],
                 dispatch_lag_ns: ns_hist(),
                 batch_requests: vec![0; max_batch + 1],
             },
@@ -189,11 +189,7 @@ impl ModelWorker {
         }
         self.stats.dropped += self.out.drops.len() as u64;
         for (_, reason) in &self.out.drops {
-            self.stats.dropped_by_reason[match reason {
-                DropReason::DeadlineUnreachable => 0,
-                DropReason::EarlyDrop => 1,
-                DropReason::UnknownModel => 2,
-            }] += 1;
+            self.stats.dropped_by_reason[reason.index()] += 1;
         }
         self.out.clear();
         while let Some(&d) = self.dispatch_backlog.front() {
