@@ -43,11 +43,13 @@ pub struct Completed<T> {
     pub tag: T,
 }
 
+#[derive(Debug)]
 struct Held<T> {
     span: Span,
     tag: T,
 }
 
+#[derive(Debug)]
 struct Device<T> {
     /// Batches submitted and not yet popped, in start order. The head is
     /// running (or waiting for its start); each starts after the previous
@@ -65,6 +67,7 @@ struct Device<T> {
 const HELD_PER_DEVICE: usize = 4;
 
 /// `N` emulated GPUs with a heap of their next finish times.
+#[derive(Debug)]
 pub struct GpuSet<T> {
     devices: Vec<Device<T>>,
     /// Per device holding a batch: the head batch's finish time.
