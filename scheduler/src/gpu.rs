@@ -206,3 +206,89 @@ impl<T> GpuSet<T> {
         Some(Completed { device, start: b.span.start, finish: now, tag: b.tag })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ns: u64) -> Instant {
+        Instant::from_nanos(ns)
+    }
+
+    #[test]
+    fn a_batch_holds_its_device_for_exactly_l_from_max_of_planned_start_and_free() {
+        let mut g: GpuSet<&str> = GpuSet::new(2);
+        // An odd number of nanoseconds: no floating point may touch it.
+        let l = Duration::from_nanos(5_072_123_457);
+        assert_eq!(g.submit(1, at(1_000), l, "a"), Ok(Span { start: at(1_000), finish: at(1_000) + l }));
+        assert_eq!(g.free_at(1), Some(at(1_000) + l));
+        assert!(g.is_idle(0) && !g.is_idle(1) && !g.is_idle(9));
+        // Planned before the device is free: starts when it frees.
+        assert!(g.would_overlap(1, at(2_000)));
+        assert!(!g.would_overlap(1, at(1_000) + l));
+        let s = g.submit(1, at(2_000), l, "b").unwrap();
+        assert_eq!(s, Span { start: at(1_000) + l, finish: at(1_000) + l + l });
+        // Planned after: starts as planned.
+        let s = g.submit(0, at(7), Duration::from_nanos(3), "c").unwrap();
+        assert_eq!(s, Span { start: at(7), finish: at(10) });
+        assert_eq!(g.submit(2, at(0), l, "unknown device"), Err("unknown device"));
+        assert_eq!(g.in_flight(), 3);
+    }
+
+    #[test]
+    fn slowdown_scales_only_its_device_and_one_restores_the_profile() {
+        let mut g: GpuSet<()> = GpuSet::new(2);
+        let l = Duration::from_nanos(1_000_001);
+        assert!(g.set_slowdown(0, 2.5));
+        assert!(!g.set_slowdown(0, 0.0) && !g.set_slowdown(0, f64::NAN) && !g.set_slowdown(5, 2.0));
+        assert_eq!(g.slowdown(0), 2.5);
+        assert_eq!(g.hold_time(0, l), Duration::from_nanos(2_500_003));
+        assert_eq!(g.hold_time(1, l), l);
+        assert_eq!(g.submit(0, at(0), l, ()).unwrap().finish, at(2_500_003));
+        assert!(g.set_slowdown(0, 1.0));
+        assert_eq!(g.hold_time(0, Duration::from_nanos(u64::MAX / 3)), Duration::from_nanos(u64::MAX / 3));
+    }
+
+    #[test]
+    fn batches_leave_in_finish_order_ties_to_the_lower_device() {
+        let mut g: GpuSet<u32> = GpuSet::new(3);
+        let ms = Duration::from_millis;
+        g.submit(2, at(0), ms(5), 20).unwrap();
+        g.submit(1, at(0), ms(5), 10).unwrap();
+        g.submit(0, at(0), ms(7), 0).unwrap();
+        g.submit(1, at(0), ms(1), 11).unwrap(); // queued: [5, 6) ms
+        assert_eq!(g.poll_at(), Some(at(0) + ms(5)));
+        assert_eq!(g.pop_finished(at(0) + ms(5) - Duration::from_nanos(1)), None);
+        let order: Vec<(GpuId, u32, Instant)> =
+            std::iter::from_fn(|| g.pop_finished(at(0) + ms(10))).map(|c| (c.device, c.tag, c.finish)).collect();
+        assert_eq!(
+            order,
+            vec![(1, 10, at(0) + ms(5)), (2, 20, at(0) + ms(5)), (1, 11, at(0) + ms(6)), (0, 0, at(0) + ms(7))]
+        );
+        assert_eq!(g.poll_at(), None);
+        assert!(g.is_idle(1) && g.in_flight() == 0);
+        assert_eq!(g.free_at(1), Some(at(0) + ms(6)));
+    }
+
+    #[test]
+    fn preemption_frees_the_device_at_once_and_keeps_queued_batches() {
+        let mut g: GpuSet<u32> = GpuSet::new(1);
+        let ms = Duration::from_millis;
+        g.submit(0, at(0) + ms(2), ms(10), 1).unwrap();
+        // Not started yet: nothing to preempt.
+        assert_eq!(g.preempt(0, at(0) + ms(1)), None);
+        let p = g.preempt(0, at(0) + ms(4)).unwrap();
+        assert_eq!((p.tag, p.start, p.finish), (1, at(0) + ms(2), at(0) + ms(4)));
+        assert!(g.is_idle(0) && g.poll_at().is_none());
+        assert_eq!(g.free_at(0), Some(at(0) + ms(4)));
+        assert!(!g.would_overlap(0, at(0) + ms(4)));
+        g.submit(0, at(0) + ms(4), ms(3), 2).unwrap();
+        g.submit(0, at(0) + ms(7), ms(3), 3).unwrap();
+        let p = g.preempt(0, at(0) + ms(5)).unwrap();
+        assert_eq!(p.tag, 2);
+        // The queued batch keeps its start; the device is free after it.
+        assert_eq!(g.poll_at(), Some(at(0) + ms(10)));
+        assert_eq!(g.free_at(0), Some(at(0) + ms(10)));
+        assert_eq!(g.pop_finished(at(0) + ms(10)).map(|c| (c.tag, c.start)), Some((3, at(0) + ms(7))));
+    }
+}
