@@ -123,7 +123,8 @@ impl<T> GpuSet<T> {
         if f == 1.0 {
             l
         } else {
-            Duration::from_secs_f64(l.as_secs_f64() * f)
+            // Float-to-integer casts saturate: a huge product holds forever.
+            Duration::from_nanos((l.as_nanos() as f64 * f).round() as u64)
         }
     }
 
