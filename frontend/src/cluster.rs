@@ -1,7 +1,7 @@
 //! A working single-process cluster for tests and the example server: a
 //! [`TaskSink`] that feeds a real [`DeferredScheduler`] driven by a tokio
-//! task on the real clock, with emulated GPUs (a batch occupies its GPU for
-//! exactly `l(b)` of the model's profile). When a batch finishes, each
+//! task on the real clock, with emulated GPUs ([`scheduler::gpu`]: a batch
+//! occupies its GPU for exactly `l(b)` of the model's profile). When a batch finishes, each
 //! member's input is READ from the frontend's staging region through its
 //! [`RemoteRef`](dataplane::mem::RemoteRef) (a bounds-checked copy, as the
 //! tcp/shm responders do), the model's reference output is computed, and a
@@ -26,10 +26,10 @@ use crate::tensor::reference_output;
 use dataplane::time::{Duration, Instant, MonotonicClock};
 use dataplane::wire::{self, CompletionHead, DropReason, OutputKind, Task, TaskStatus};
 use scheduler::deferred::{CoreConfig, DeferredScheduler};
+use scheduler::gpu::GpuSet;
 use scheduler::netdelay::NetworkDelay;
 use scheduler::types::{Actions, Request, Scheduler};
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -129,7 +129,7 @@ pub fn start(
         origin: tokio::time::Instant::now(),
 
         waiting: HashMap::with_capacity(1024),
-        running: BinaryHeap::new(),
+        gpus: GpuSet::new(cfg.gpus.max(1)),
         actions: Actions::default(),
         msg: vec![0u8; wire::MAX_MESSAGE_LEN],
         input: Vec::with_capacity(4096),
@@ -168,28 +168,8 @@ pub fn start(
 
 /// A batch on an emulated GPU.
 struct Running {
-    finish_at: Instant,
-    gpu: u32,
     model: u32,
-    exec_at: Instant,
     tasks: Vec<(Task, Instant)>,
-}
-
-impl PartialEq for Running {
-    fn eq(&self, o: &Self) -> bool {
-        self.finish_at == o.finish_at
-    }
-}
-impl Eq for Running {}
-impl PartialOrd for Running {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Running {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        self.finish_at.cmp(&o.finish_at)
-    }
 }
 
 struct Loop {
@@ -202,7 +182,7 @@ struct Loop {
     origin: tokio::time::Instant,
     /// Tasks the scheduler holds, by id, with their arrival.
     waiting: HashMap<u64, (Task, Instant)>,
-    running: BinaryHeap<Reverse<Running>>,
+    gpus: GpuSet<Running>,
     actions: Actions,
     msg: Vec<u8>,
     input: Vec<u8>,
@@ -219,13 +199,10 @@ impl Loop {
                 self.apply(now);
                 continue;
             }
-            let next = [
-                self.sched.poll_at(),
-                self.running.peek().map(|r| r.0.finish_at),
-            ]
-            .into_iter()
-            .flatten()
-            .min();
+            let next = [self.sched.poll_at(), self.gpus.poll_at()]
+                .into_iter()
+                .flatten()
+                .min();
             let sleep_until =
                 next.map(|t| self.origin + std::time::Duration::from_nanos(t.as_nanos()));
             tokio::select! {
@@ -270,36 +247,44 @@ impl Loop {
                 .iter()
                 .filter_map(|r| self.waiting.remove(&r.id))
                 .collect();
-            self.running.push(Reverse(Running {
-                finish_at: plan.finish_at,
-                gpu: plan.gpu,
-                model: plan.model,
-                exec_at: plan.exec_at,
-                tasks,
-            }));
+            let l = self
+                .specs
+                .get(plan.model as usize)
+                .map_or(Duration::ZERO, |m| {
+                    m.profile.latency(plan.members.len() as u32)
+                });
+            // Cannot fail: the scheduler plans only the GPUs it was given.
+            let _ = self.gpus.submit(
+                plan.gpu,
+                plan.exec_at,
+                l,
+                Running {
+                    model: plan.model,
+                    tasks,
+                },
+            );
         }
         actions.clear();
         self.actions = actions;
     }
 
     fn finish_batches(&mut self, now: Instant) {
-        while self.running.peek().is_some_and(|r| r.0.finish_at <= now) {
-            let Some(Reverse(batch)) = self.running.pop() else {
-                break;
-            };
+        while let Some(done) = self.gpus.pop_finished(now) {
+            let batch = done.tag;
             let size = batch.tasks.len() as u32;
-            let compute = batch.finish_at.saturating_since(batch.exec_at);
+            let compute = done.finish.saturating_since(done.start);
             let queued: u64 = batch
                 .tasks
                 .iter()
-                .map(|(_, a)| batch.exec_at.saturating_since(*a).as_nanos() / 1000)
+                .map(|(_, a)| done.start.saturating_since(*a).as_nanos() / 1000)
                 .sum();
             self.metrics
                 .record_batch(batch.model, size, compute.as_nanos() / 1000, queued);
             for (task, _) in &batch.tasks {
                 self.execute(task);
             }
-            self.sched.on_batch_done(now, batch.gpu, &mut self.actions);
+            self.sched
+                .on_batch_done(now, done.device, &mut self.actions);
             self.apply(now);
         }
     }
@@ -363,9 +348,8 @@ impl Loop {
             .drain()
             .map(|(id, _)| id)
             .chain(
-                self.running
-                    .drain()
-                    .flat_map(|r| r.0.tasks.into_iter().map(|(t, _)| t.task_id)),
+                std::iter::from_fn(|| self.gpus.pop_finished(Instant::NEVER))
+                    .flat_map(|r| r.tag.tasks.into_iter().map(|(t, _)| t.task_id)),
             )
             .collect();
         for id in ids {

@@ -1,6 +1,6 @@
 //! An open-loop HTTP load generator for capacity tests: per-model arrival
 //! streams (Poisson, Gamma or uniform gaps, rate schedules; the
-//! simulator's [`ArrivalStream`]) fire KServe v2 JSON inference requests at
+//! simulator's [`Arrivals`]) fire KServe v2 JSON inference requests at
 //! a loopback server through a real HTTP client (hyper-util's pooled
 //! client). Requests are sent on schedule whether or not earlier ones have
 //! returned (open loop), spread round-robin over one or more frontends;
@@ -12,13 +12,13 @@
 
 use crate::tensor::{encode_json_data, reference_output, DataType};
 use bytes::Bytes;
-use dataplane::time::{Duration, Instant};
+use dataplane::time::Duration;
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use scheduler::sim::workload::{ArrivalStream, Workload};
+use scheduler::sim::workload::{Arrivals, Workload};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -201,31 +201,17 @@ pub async fn run(cfg: LoadConfig) -> Result<LoadReport, String> {
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(cfg.max_in_flight.max(1))
         .build_http();
-    let shares = cfg.workload.popularity.shares(cfg.models.len());
-    let mut streams: Vec<ArrivalStream> = shares
-        .iter()
-        .enumerate()
-        .map(|(i, &s)| ArrivalStream::new(&cfg.workload, s, i, cfg.seed))
-        .collect();
-    let end = Instant::from_nanos(cfg.duration.as_nanos());
+    let mut arrivals =
+        Arrivals::for_model_count(cfg.models.len(), &cfg.workload, cfg.seed, cfg.duration);
     let limit = Arc::new(Semaphore::new(cfg.max_in_flight.max(1)));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Answer, u64)>();
     let origin = tokio::time::Instant::now();
     let mut report = LoadReport::default();
     let mut n: u64 = 0;
     while n < cfg.max_requests {
-        let Some((i, t)) = streams
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (i, s.peek()))
-            .min_by_key(|&(_, t)| t)
-        else {
+        let Some((t, i)) = arrivals.next() else {
             break;
         };
-        if t >= end {
-            break;
-        }
-        streams[i].advance();
         tokio::time::sleep_until(origin + std::time::Duration::from_nanos(t.as_nanos())).await;
         let Ok(permit) = limit.clone().try_acquire_owned() else {
             report.skipped += 1;
@@ -241,7 +227,7 @@ pub async fn run(cfg: LoadConfig) -> Result<LoadReport, String> {
             body["parameters"] = json!({ "timeout": us });
         }
         let target = cfg.targets[(n % cfg.targets.len() as u64) as usize];
-        let model = &cfg.models[i];
+        let model = &cfg.models[i as usize];
         let uri = format!("http://{target}/v2/models/{}/infer", model.name);
         let model_id = model.id;
         let slo = model.slo;

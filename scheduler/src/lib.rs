@@ -6,6 +6,8 @@
 //!   RankThread cores), and the timeout/eager rules.
 //! - [`baselines`]: the Clockwork, Shepherd and Nexus policies.
 //! - [`netdelay`]: the network delay bound charged before each batch.
+//! - [`gpu`]: the emulated GPUs every simulated or emulated backend uses.
+//! - [`sim`]: the simulator, its arrival generator and the event order.
 #![warn(missing_docs)]
 
 pub mod analysis;
@@ -13,6 +15,7 @@ pub mod baselines;
 pub mod daemon;
 pub mod deferred;
 pub mod goodput;
+pub mod gpu;
 pub mod netdelay;
 pub mod policy;
 pub mod profile;

@@ -6,7 +6,7 @@ use dataplane::idle::IdleStrategy;
 use dataplane::time::{Duration, Instant};
 use scheduler::deferred::{CoreConfig, DeferredScheduler, Gather};
 use scheduler::runtime::{run_live, run_lockstep, LiveConfig, RuntimeConfig};
-use scheduler::sim::{simulate_observed, ArrivalStream, BatchObserver, SimConfig, Workload};
+use scheduler::sim::{simulate_observed, Arrivals, BatchObserver, SimConfig, Workload};
 use scheduler::types::{GpuId, Request};
 use scheduler::zoo::{ModelSpec, Zoo, ZooSelection};
 
@@ -20,16 +20,7 @@ impl BatchObserver for Record {
 
 fn trace(models: usize, rate: f64, secs: u64, seed: u64, arrival: scheduler::sim::Arrival) -> Vec<(Instant, u32)> {
     let w = Workload { arrival, ..Workload::poisson(rate) };
-    let end = Instant::from_nanos(secs * 1_000_000_000);
-    let mut out = Vec::new();
-    for m in 0..models {
-        let mut s = ArrivalStream::new(&w, 1.0 / models as f64, m, seed);
-        while s.peek() < end {
-            out.push((s.advance(), m as u32));
-        }
-    }
-    out.sort();
-    out
+    Arrivals::for_model_count(models, &w, seed, Duration::from_millis(secs * 1_000)).collect()
 }
 
 fn agree(models: Vec<ModelSpec>, gpus: u32, rate: f64, core: CoreConfig, arrival: scheduler::sim::Arrival) {

@@ -1,8 +1,10 @@
-//! Zero allocations per request on the runtime's hot path once warm,
-//! measured with a counting global allocator.
+//! Zero allocations per request on the runtime's hot path once warm, and
+//! none per batch on the emulated GPUs, measured with a counting global
+//! allocator (one test function, so no other test allocates meanwhile).
 
 use dataplane::time::{Duration, Instant};
 use scheduler::deferred::CoreConfig;
+use scheduler::gpu::GpuSet;
 use scheduler::runtime::{build, RuntimeConfig, Topology};
 use scheduler::types::Request;
 use scheduler::zoo::ModelSpec;
@@ -64,4 +66,31 @@ fn no_allocation_per_request_once_warm() {
     let batches = model_workers[0].stats.batches;
     assert!(batches > 10_000, "the workload dispatches batches: {batches}");
     assert_eq!(allocs, 0, "allocations while handling 200k requests once warm");
+    gpu_set_allocates_nothing_per_batch_once_warm();
+}
+
+/// Batches queued several deep on every device, completed and preempted:
+/// once each device's queue has grown to its peak, nothing allocates.
+fn gpu_set_allocates_nothing_per_batch_once_warm() {
+    let mut gpus: GpuSet<[u64; 4]> = GpuSet::new(16);
+    let l = Duration::from_micros(700);
+    let mut now = Instant::ZERO;
+    let mut round = |rounds: u64, now: &mut Instant| {
+        for r in 0..rounds {
+            for d in 0..16 {
+                for k in 0..6 {
+                    let _ = gpus.submit(d, *now, l, [r, u64::from(d), k, 0]);
+                }
+            }
+            if r % 7 == 0 {
+                let _ = gpus.preempt(3, *now + Duration::from_micros(100));
+            }
+            *now += Duration::from_millis(5);
+            while gpus.pop_finished(*now).is_some() {}
+        }
+    };
+    round(100, &mut now);
+    let before = ALLOCS.load(Ordering::Relaxed);
+    round(10_000, &mut now);
+    assert_eq!(ALLOCS.load(Ordering::Relaxed) - before, 0, "allocations on the emulated GPUs once warm");
 }

@@ -1,43 +1,42 @@
 //! Emulated GPUs: a batch of `b` occupies its device for exactly `l(b)` of
 //! the model's profile, starting at `max(now, exec_at, device free)`.
 //!
-//! Any number of devices share one [`TimerQueue`] keyed by device, so a
-//! process emulating a whole rack costs one heap, not a core or a thread
-//! per GPU. Outputs are computed when the batch finishes (that is when a
-//! real GPU's device-to-host copy lands), with [`crate::output`].
+//! Timing and device state are the scheduler's one emulated GPU set
+//! ([`scheduler::gpu::GpuSet`]): any number of devices share its heap of
+//! finish times, so a process emulating a whole rack costs one heap, not a
+//! core or a thread per GPU. This executor adds what a backend needs on
+//! top: one batch per device, and outputs computed when the batch finishes
+//! (that is when a real GPU's device-to-host copy lands), with
+//! [`crate::output`].
 
 use std::sync::Arc;
 
 use dataplane::mem::Region;
 use dataplane::time::Instant;
-use dataplane::timer::TimerQueue;
+use scheduler::gpu::GpuSet;
 
 use super::{check_job, ExecError, ExecModel, Executor, Finished, InputRef, Job, OutputRef};
 use crate::output::OutputHasher;
 
-/// What an emulated device holds.
+/// The batch a device holds, as far as its outputs go.
 #[derive(Debug)]
-struct Device {
-    busy: bool,
-    /// Finish time of the last batch (the device is free from then on).
-    free_at: Instant,
-    tag: u64,
+struct DeviceJob {
     model: u32,
-    start: Instant,
-    finish: Instant,
     /// The batch's inputs, copied at submit (capacity `max_batch`).
     inputs: Vec<InputRef>,
     output: OutputRef,
 }
 
-/// Many emulated GPUs driven by one timer queue.
+/// Many emulated GPUs on one [`GpuSet`].
 #[derive(Debug)]
 pub struct EmulatedExecutor {
     staging: Arc<Region>,
     models: Vec<ExecModel>,
     max_batch: u32,
-    devices: Vec<Device>,
-    timers: TimerQueue<u32>,
+    /// What each device computes; its timeline is in `gpus`.
+    jobs: Vec<DeviceJob>,
+    /// The devices; a batch's tag is its job tag.
+    gpus: GpuSet<u64>,
     /// One output, built before it is copied into the region.
     out_scratch: Vec<u8>,
     busy_rejections: u64,
@@ -51,25 +50,19 @@ impl EmulatedExecutor {
     /// batches of at most `max_batch`, with inputs and outputs in `staging`.
     pub fn new(staging: Arc<Region>, devices: u32, max_batch: u32, models: Vec<ExecModel>) -> Self {
         let max_out = models.iter().map(|m| m.output_len).max().unwrap_or(0);
-        let devices = (0..devices)
-            .map(|_| Device {
-                busy: false,
-                free_at: Instant::ZERO,
-                tag: 0,
+        let jobs = (0..devices)
+            .map(|_| DeviceJob {
                 model: 0,
-                start: Instant::ZERO,
-                finish: Instant::ZERO,
                 inputs: Vec::with_capacity(max_batch as usize),
                 output: OutputRef::default(),
             })
             .collect::<Vec<_>>();
-        let n = devices.len();
         EmulatedExecutor {
             staging,
             models,
             max_batch,
-            devices,
-            timers: TimerQueue::with_capacity(n),
+            jobs,
+            gpus: GpuSet::new(devices),
             out_scratch: vec![0; max_out as usize],
             busy_rejections: 0,
         }
@@ -82,13 +75,18 @@ impl EmulatedExecutor {
 
     /// When `device` is next free (the finish of its last or current batch).
     pub fn free_at(&self, device: u32) -> Option<Instant> {
-        self.devices
-            .get(device as usize)
-            .map(|d| if d.busy { d.finish } else { d.free_at })
+        self.gpus.free_at(device)
+    }
+
+    /// Multiplies later batches' time on `device` by `factor` (the
+    /// slow-GPU fault; 1 restores the profile). False for an unknown device
+    /// or a factor that is not positive and finite.
+    pub fn set_slowdown(&mut self, device: u32, factor: f64) -> bool {
+        self.gpus.set_slowdown(device, factor)
     }
 
     fn compute_outputs(&mut self, device: usize) -> bool {
-        let d = &self.devices[device];
+        let d = &self.jobs[device];
         let Some(model) = self.models.get(d.model as usize) else {
             return false;
         };
@@ -122,7 +120,7 @@ impl EmulatedExecutor {
 
 impl Executor for EmulatedExecutor {
     fn devices(&self) -> u32 {
-        self.devices.len() as u32
+        self.gpus.devices()
     }
 
     fn max_batch(&self) -> u32 {
@@ -134,7 +132,7 @@ impl Executor for EmulatedExecutor {
     }
 
     fn is_idle(&self, device: u32) -> bool {
-        self.devices.get(device as usize).is_some_and(|d| !d.busy)
+        self.gpus.is_idle(device)
     }
 
     fn submit(&mut self, now: Instant, job: &Job<'_>) -> Result<(), ExecError> {
@@ -143,45 +141,38 @@ impl Executor for EmulatedExecutor {
             .get(job.model as usize)
             .ok_or(ExecError::NoSuchModel(job.model))?;
         let d = self
-            .devices
+            .jobs
             .get_mut(job.device as usize)
             .ok_or(ExecError::NoSuchDevice(job.device))?;
-        if d.busy {
+        if !self.gpus.is_idle(job.device) {
             self.busy_rejections += 1;
             return Err(ExecError::DeviceBusy { device: job.device });
         }
         check_job(job, self.staging.len(), self.max_batch, model.output_len)?;
-        let b = job.inputs.len() as u32;
-        let start = now.max(job.exec_at).max(d.free_at);
-        let finish = start + model.profile.latency(b);
-        d.busy = true;
-        d.tag = job.tag;
+        let l = model.profile.latency(job.inputs.len() as u32);
+        self.gpus
+            .submit(job.device, now.max(job.exec_at), l, job.tag)
+            .map_err(|_| ExecError::NoSuchDevice(job.device))?;
         d.model = job.model;
-        d.start = start;
-        d.finish = finish;
         d.inputs.clear();
         d.inputs.extend_from_slice(job.inputs);
         d.output = job.output;
-        self.timers.insert(finish, job.device);
         Ok(())
     }
 
     fn poll(&mut self, now: Instant, out: &mut [Finished]) -> usize {
         let mut n = 0;
         while n < out.len() {
-            let Some((_, device)) = self.timers.pop_expired(now) else {
+            let Some(done) = self.gpus.pop_finished(now) else {
                 break;
             };
-            let ok = self.compute_outputs(device as usize);
-            let d = &mut self.devices[device as usize];
-            d.busy = false;
-            d.free_at = d.finish;
+            let ok = self.compute_outputs(done.device as usize);
             out[n] = Finished {
-                tag: d.tag,
-                device,
-                batch: d.inputs.len() as u32,
-                start: d.start,
-                finish: d.finish,
+                tag: done.tag,
+                device: done.device,
+                batch: self.jobs[done.device as usize].inputs.len() as u32,
+                start: done.start,
+                finish: done.finish,
                 ok,
             };
             n += 1;
@@ -190,7 +181,7 @@ impl Executor for EmulatedExecutor {
     }
 
     fn next_wakeup(&self) -> Option<Instant> {
-        self.timers.next_deadline()
+        self.gpus.poll_at()
     }
 }
 

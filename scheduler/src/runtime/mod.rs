@@ -23,7 +23,7 @@ mod workers;
 pub use workers::{RecordedBatch, Dispatch, EmulatedGpus, LoadGen, ModelWorker, ModelWorkerStats, RankWorker, RankWorkerStats};
 
 use crate::deferred::{CoreConfig, ModelThreadCore, RankCore};
-use crate::sim::Workload;
+use crate::sim::{next_event, Event, Workload};
 use crate::types::ModelId;
 use crate::zoo::ModelSpec;
 use dataplane::idle::{IdleStrategy, Idler};
@@ -94,7 +94,7 @@ pub fn build(cfg: &RuntimeConfig) -> Topology {
         dispatch_rx.push(d_rx);
     }
     let rank = RankWorker::new(RankCore::new(cfg.models.len(), cfg.gpus, cfg.core.delay), to_rank_rx, grants_tx, owner.clone());
-    let gpus = EmulatedGpus::new(cfg.gpus, dispatch_rx);
+    let gpus = EmulatedGpus::new(&cfg.models, cfg.gpus, dispatch_rx);
     Topology { model_workers, rank, gpus, ingress, owner }
 }
 
@@ -110,8 +110,11 @@ pub struct LockstepResult {
 }
 
 /// Runs `trace` through the live workers on a manual clock, in the
-/// simulator's event order: at each instant, due timers (then everything
-/// they cause), then one arrival at a time (then everything it causes).
+/// simulator's event order ([`next_event`]): at each instant, due timers
+/// (then everything they cause), then one arrival at a time (then
+/// everything it causes). The emulated GPUs take dispatches after every
+/// event; their completions feed nothing back (the RankThread keeps its own
+/// GPU timers), so they only advance the GPUs' clock.
 pub fn run_lockstep(cfg: &RuntimeConfig, trace: Vec<(Instant, u32)>) -> LockstepResult {
     let Topology { mut model_workers, mut rank, mut gpus, ingress, owner } = build(cfg);
     for w in &mut model_workers {
@@ -127,30 +130,32 @@ pub fn run_lockstep(cfg: &RuntimeConfig, trace: Vec<(Instant, u32)>) -> Lockstep
             break;
         }
     };
-    // Bounded: every pass consumes an arrival or fires a timer that moves
-    // time forward; the bound only guards against a policy bug.
+    let mut now = Instant::ZERO;
+    // Bounded: every pass consumes an arrival, completes a batch or fires a
+    // timer that moves time forward; the bound only guards against a
+    // policy bug.
     for _ in 0..u64::MAX {
-        let t_wake = model_workers.iter().filter_map(ModelWorker::poll_at).chain(rank.poll_at()).min();
-        let t_arr = load.peek();
-        let now = match (t_wake, t_arr) {
-            (None, None) => break,
-            (Some(w), Some(a)) => w.min(a),
-            (w, a) => w.or(a).unwrap_or(Instant::ZERO),
-        };
-        if t_wake.is_some_and(|w| w <= now) {
-            for w in &mut model_workers {
-                w.wake(now);
+        let t_wake = model_workers.iter().filter_map(ModelWorker::poll_at).chain(rank.poll_at()).min().map(|t| t.max(now));
+        let Some((t, event)) = next_event(gpus.poll_at(), t_wake, load.peek()) else { break };
+        now = t;
+        match event {
+            Event::GpuDone => {}
+            Event::Wake => {
+                for w in &mut model_workers {
+                    w.wake(now);
+                }
+                quiesce(now, &mut model_workers, &mut rank);
+                rank.wake(now);
+                quiesce(now, &mut model_workers, &mut rank);
             }
-            quiesce(now, &mut model_workers, &mut rank);
-            rank.wake(now);
-            quiesce(now, &mut model_workers, &mut rank);
-        } else {
-            load.step(now, 1);
-            // The arrival went to its owner's ring; the others are empty.
-            for w in &mut model_workers {
-                w.drain_ingress(0, now, 1);
+            Event::Arrival => {
+                load.step(now, 1);
+                // The arrival went to its owner's ring; the others are empty.
+                for w in &mut model_workers {
+                    w.drain_ingress(0, now, 1);
+                }
+                quiesce(now, &mut model_workers, &mut rank);
             }
-            quiesce(now, &mut model_workers, &mut rank);
         }
         gpus.step(now);
     }

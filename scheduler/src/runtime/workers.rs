@@ -4,10 +4,11 @@
 
 use crate::deferred::{Grant, ModelThreadCore, ToRank};
 use crate::deferred::RankCore;
-use crate::sim::{ArrivalStream, Workload};
+use crate::gpu::GpuSet;
+use crate::profile::LatencyProfile;
+use crate::sim::{Arrivals, Workload};
 use crate::types::{Actions, DropReason, GpuId, ModelId, Request};
 use crate::zoo::ModelSpec;
-use dataplane::heap::IndexedHeap;
 use dataplane::spsc::{Consumer, Producer};
 use dataplane::time::{Duration, Instant};
 use hdrhistogram::Histogram;
@@ -308,37 +309,34 @@ impl RankWorker {
     }
 }
 
-/// In-process emulated GPUs: each batch occupies its GPU from `exec_at` for
-/// exactly its profiled time. Checks that no two batches overlap on a GPU
-/// and none finishes after its earliest deadline.
+/// In-process emulated backends: take the ModelThreads' dispatches and run
+/// each batch on a [`GpuSet`] (exactly its profiled time from its planned
+/// start). Checks that no two batches overlap on a GPU and none finishes
+/// after its earliest deadline.
 pub struct EmulatedGpus {
     from_models: Vec<Consumer<Dispatch>>,
-    busy_until: Vec<Instant>,
-    /// Running or queued batches by finish time (id = slot).
-    running: IndexedHeap<Instant>,
-    slots: Vec<u32>,
-    free_slots: Vec<u32>,
+    /// Each model's profile, for `l(b)`.
+    profiles: Vec<LatencyProfile>,
+    /// The GPUs; a batch's tag is its size.
+    gpus: GpuSet<u32>,
     /// Batches completed.
     pub batches_done: u64,
     /// Requests completed (all within their deadline, or counted below).
     pub requests_done: u64,
-    /// Busy GPU time accumulated by completed batches, ns.
+    /// Busy GPU time accumulated by accepted batches, ns.
     pub busy_ns: u64,
-    /// Invariant violations seen (overlap or late finish).
+    /// Invariant violations seen (overlap, late finish, unknown GPU or model).
     pub violations: u64,
     /// The first violation, described.
     pub first_violation: Option<String>,
 }
 
 impl EmulatedGpus {
-    pub(crate) fn new(gpus: u32, from_models: Vec<Consumer<Dispatch>>) -> Self {
-        let cap = (gpus as usize * 4).max(64);
+    pub(crate) fn new(models: &[ModelSpec], gpus: u32, from_models: Vec<Consumer<Dispatch>>) -> Self {
         EmulatedGpus {
             from_models,
-            busy_until: vec![Instant::ZERO; gpus as usize],
-            running: IndexedHeap::with_ids(cap),
-            slots: vec![0; cap],
-            free_slots: (0..cap as u32).rev().collect(),
+            profiles: models.iter().map(|m| m.profile.clone()).collect(),
+            gpus: GpuSet::new(gpus),
             batches_done: 0,
             requests_done: 0,
             busy_ns: 0,
@@ -349,7 +347,7 @@ impl EmulatedGpus {
 
     /// Batches accepted but not finished.
     pub fn in_flight(&self) -> usize {
-        self.running.len()
+        self.gpus.in_flight()
     }
 
     fn violate(&mut self, what: String) {
@@ -365,42 +363,28 @@ impl EmulatedGpus {
         for i in 0..self.from_models.len() {
             while let Some(d) = self.from_models[i].try_pop() {
                 work += 1;
-                let g = d.gpu as usize;
-                if g >= self.busy_until.len() {
+                let g = d.gpu;
+                let Some(l) = self.profiles.get(d.model as usize).map(|p| p.latency(d.size)) else {
+                    self.violate(format!("batch of unknown model {}", d.model));
+                    continue;
+                };
+                if self.gpus.would_overlap(g, d.exec_at) {
+                    let free = self.gpus.free_at(g).unwrap_or(Instant::NEVER);
+                    self.violate(format!("GPU {g}: batch starting {} overlaps one ending {free}", d.exec_at));
+                }
+                let Ok(span) = self.gpus.submit(g, d.exec_at, l, d.size) else {
                     self.violate(format!("batch for unknown GPU {g}"));
                     continue;
-                }
-                if d.exec_at < self.busy_until[g] {
-                    let msg = format!("GPU {g}: batch starting {} overlaps one ending {}", d.exec_at, self.busy_until[g]);
-                    self.violate(msg);
-                }
-                if d.finish_at > d.min_deadline {
-                    let msg = format!("GPU {g}: batch finishing {} after deadline {}", d.finish_at, d.min_deadline);
-                    self.violate(msg);
-                }
-                self.busy_until[g] = self.busy_until[g].max(d.finish_at);
-                self.busy_ns += d.finish_at.saturating_since(d.exec_at).as_nanos();
-                let slot = match self.free_slots.pop() {
-                    Some(s) => s,
-                    None => {
-                        // More batches in flight than slots: grow (cold path).
-                        let s = self.slots.len() as u32;
-                        self.slots.push(0);
-                        s
-                    }
                 };
-                self.slots[slot as usize] = d.size;
-                self.running.set(slot, d.finish_at);
+                if span.finish > d.min_deadline {
+                    self.violate(format!("GPU {g}: batch finishing {} after deadline {}", span.finish, d.min_deadline));
+                }
+                self.busy_ns += span.finish.saturating_since(span.start).as_nanos();
             }
         }
-        while let Some((t, slot)) = self.running.peek() {
-            if t > now {
-                break;
-            }
-            self.running.pop();
+        while let Some(done) = self.gpus.pop_finished(now) {
             self.batches_done += 1;
-            self.requests_done += u64::from(self.slots[slot as usize]);
-            self.free_slots.push(slot);
+            self.requests_done += u64::from(done.tag);
             work += 1;
         }
         work
@@ -408,7 +392,7 @@ impl EmulatedGpus {
 
     /// The next batch completion.
     pub fn poll_at(&self) -> Option<Instant> {
-        self.running.peek().map(|(t, _)| t)
+        self.gpus.poll_at()
     }
 
     /// True when a ModelThread sent a batch not yet taken.
@@ -417,10 +401,10 @@ impl EmulatedGpus {
     }
 }
 
-/// Open-loop load generator: per-model arrival streams (or a trace) pushed
-/// into the owning ModelThread's ingress ring at their arrival time.
+/// Open-loop load generator: [`Arrivals`] pushed into the owning
+/// ModelThread's ingress ring at their arrival time.
 pub struct LoadGen {
-    source: Source,
+    arrivals: Arrivals,
     slos: Vec<Duration>,
     owner: Vec<u32>,
     rings: Vec<Producer<Request>>,
@@ -432,13 +416,6 @@ pub struct LoadGen {
     /// Generation lag (push time minus arrival time), ns.
     pub ingress_lag_ns: Histogram<u64>,
     record_lag: bool,
-    /// Arrival times of the source are relative to this instant.
-    origin: Duration,
-}
-
-enum Source {
-    Streams { streams: Vec<ArrivalStream>, heap: IndexedHeap<Instant>, end: Instant },
-    Trace { trace: Vec<(Instant, u32)>, next: usize },
 }
 
 impl LoadGen {
@@ -452,27 +429,17 @@ impl LoadGen {
         owner: Vec<u32>,
         rings: Vec<Producer<Request>>,
     ) -> Self {
-        let end = Instant::ZERO + duration;
-        let shares = workload.popularity.shares(models.len());
-        let streams: Vec<ArrivalStream> = shares.iter().enumerate().map(|(i, &s)| ArrivalStream::new(workload, s, i, seed)).collect();
-        let mut heap = IndexedHeap::with_ids(streams.len());
-        for (i, s) in streams.iter().enumerate() {
-            if s.peek() < end {
-                heap.set(i as u32, s.peek());
-            }
-        }
-        let mut g = Self::with_source(models, Source::Streams { streams, heap, end }, owner, rings, true);
-        g.origin = Duration::from_nanos(origin.as_nanos());
-        g
+        let arrivals = Arrivals::generated(models, workload, seed, duration).with_origin(origin);
+        Self::new(models, arrivals, owner, rings, true)
     }
 
     pub(crate) fn trace(models: &[ModelSpec], trace: Vec<(Instant, u32)>, owner: Vec<u32>, rings: Vec<Producer<Request>>) -> Self {
-        Self::with_source(models, Source::Trace { trace, next: 0 }, owner, rings, false)
+        Self::new(models, Arrivals::trace(trace), owner, rings, false)
     }
 
-    fn with_source(models: &[ModelSpec], source: Source, owner: Vec<u32>, rings: Vec<Producer<Request>>, record_lag: bool) -> Self {
+    fn new(models: &[ModelSpec], arrivals: Arrivals, owner: Vec<u32>, rings: Vec<Producer<Request>>, record_lag: bool) -> Self {
         LoadGen {
-            source,
+            arrivals,
             slos: models.iter().map(|m| m.slo).collect(),
             owner,
             rings,
@@ -481,43 +448,22 @@ impl LoadGen {
             generated: 0,
             ingress_lag_ns: ns_hist(),
             record_lag,
-            origin: Duration::ZERO,
         }
     }
 
     /// The next arrival time, if any remain.
     pub fn peek(&self) -> Option<Instant> {
-        if let Some(r) = &self.held {
-            return Some(r.arrival);
+        match &self.held {
+            Some(r) => Some(r.arrival),
+            None => self.arrivals.peek_time(),
         }
-        let t = match &self.source {
-            Source::Streams { heap, .. } => heap.peek().map(|(t, _)| t),
-            Source::Trace { trace, next } => trace.get(*next).map(|a| a.0),
-        };
-        t.map(|t| t + self.origin)
     }
 
     fn pop(&mut self) -> Option<Request> {
-        let (t, m) = match &mut self.source {
-            Source::Streams { streams, heap, end } => {
-                let (t, m) = heap.pop()?;
-                let s = &mut streams[m as usize];
-                s.advance();
-                if s.peek() < *end {
-                    heap.set(m, s.peek());
-                }
-                (t, m)
-            }
-            Source::Trace { trace, next } => {
-                let a = *trace.get(*next)?;
-                *next += 1;
-                a
-            }
-        };
+        let (t, m) = self.arrivals.next()?;
         let id = self.next_id;
         self.next_id += 1;
         let slo = self.slos.get(m as usize).copied().unwrap_or(Duration::ZERO);
-        let t = t + self.origin;
         Some(Request { id, model: m, arrival: t, deadline: t + slo })
     }
 

@@ -1,23 +1,26 @@
-//! A discrete-event simulator on a virtual clock with emulated GPUs: a batch
-//! occupies its GPU for exactly `l(b)` from its start.
+//! A discrete-event simulator on a virtual clock with emulated GPUs
+//! ([`crate::gpu`]): a batch occupies its GPU for exactly `l(b)` from its
+//! start. Arrivals come from [`Arrivals`]; events are taken in the order of
+//! [`next_event`].
 //!
 //! It drives any [`Scheduler`] and checks, on every action, the invariants
 //! every policy must keep: no request served twice or lost, no GPU running
 //! two batches at once, no batch mixing models, no batch dispatched that the
 //! profile says would finish late. A violation ends the run with an error.
 
+pub mod event;
 mod metrics;
 pub mod workload;
 
+pub use event::{next_event, Event};
 pub use metrics::{median_from_counts, AutoscaleAdvice, ModelReport, SimReport};
-pub use workload::{Arrival, ArrivalStream, Popularity, RateSchedule, Workload};
+pub use workload::{Arrival, ArrivalStream, Arrivals, Popularity, RateSchedule, Workload};
 
-use crate::types::{Actions, GpuId, Request, Scheduler};
+use crate::gpu::GpuSet;
+use crate::types::{Actions, GpuId, ModelId, Request, Scheduler};
 use crate::zoo::ModelSpec;
-use dataplane::heap::IndexedHeap;
 use dataplane::time::{Duration, Instant};
 use metrics::{ms, new_hist, ModelAcc};
-use std::collections::VecDeque;
 use std::fmt;
 
 /// One simulated run.
@@ -40,57 +43,6 @@ pub struct SimConfig {
     pub trace: Option<Vec<(Instant, u32)>>,
 }
 
-/// Where arrivals come from: one generated stream per model, or a trace.
-enum Arrivals {
-    Streams { streams: Vec<ArrivalStream>, heap: IndexedHeap<Instant>, end: Instant },
-    Trace { trace: Vec<(Instant, u32)>, next: usize },
-}
-
-impl Arrivals {
-    fn new(cfg: &SimConfig, end: Instant) -> Self {
-        if let Some(trace) = &cfg.trace {
-            return Arrivals::Trace { trace: trace.clone(), next: 0 };
-        }
-        let shares = cfg.workload.popularity.shares(cfg.models.len());
-        let streams: Vec<ArrivalStream> =
-            shares.iter().enumerate().map(|(i, &s)| ArrivalStream::new(&cfg.workload, s, i, cfg.seed)).collect();
-        let mut heap = IndexedHeap::with_ids(streams.len());
-        for (i, s) in streams.iter().enumerate() {
-            if s.peek() < end {
-                heap.set(i as u32, s.peek());
-            }
-        }
-        Arrivals::Streams { streams, heap, end }
-    }
-
-    fn peek(&self) -> Option<Instant> {
-        match self {
-            Arrivals::Streams { heap, .. } => heap.peek().map(|(t, _)| t),
-            Arrivals::Trace { trace, next } => trace.get(*next).map(|&(t, _)| t),
-        }
-    }
-
-    /// Consumes the next arrival: `(time, model)`.
-    fn pop(&mut self) -> Option<(Instant, u32)> {
-        match self {
-            Arrivals::Streams { streams, heap, end } => {
-                let (t, m) = heap.pop()?;
-                let s = &mut streams[m as usize];
-                s.advance();
-                if s.peek() < *end {
-                    heap.set(m, s.peek());
-                }
-                Some((t, m))
-            }
-            Arrivals::Trace { trace, next } => {
-                let a = *trace.get(*next)?;
-                *next += 1;
-                Some(a)
-            }
-        }
-    }
-}
-
 /// A broken invariant: the policy did something no policy may do.
 #[derive(Clone, Debug, PartialEq)]
 pub struct InvariantViolation(pub String);
@@ -110,10 +62,9 @@ enum State {
     Dropped,
 }
 
-struct RunningBatch {
-    model: u32,
-    exec_at: Instant,
-    finish_at: Instant,
+/// What the simulator keeps of a batch on an emulated GPU.
+struct SimBatch {
+    model: ModelId,
     members: Vec<Request>,
 }
 
@@ -142,12 +93,14 @@ pub fn simulate_observed<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
 ) -> Result<SimReport, InvariantViolation> {
     let end = Instant::ZERO + cfg.duration;
     let window_start = Instant::ZERO + cfg.warmup.min(cfg.duration);
-    let mut arrivals = Arrivals::new(cfg, end);
+    let mut arrivals = match &cfg.trace {
+        Some(trace) => Arrivals::trace(trace.clone()),
+        None => Arrivals::generated(&cfg.models, &cfg.workload, cfg.seed, cfg.duration),
+    };
     let expected = (cfg.workload.rate_rps * cfg.duration.as_secs_f64() * 1.1) as usize + 1024;
     let mut states: Vec<State> = Vec::with_capacity(expected.min(1 << 28));
     let mut acc: Vec<ModelAcc> = cfg.models.iter().map(|m| ModelAcc::new(m.profile.max_batch())).collect();
-    let mut gpus: Vec<VecDeque<RunningBatch>> = (0..cfg.gpus).map(|_| VecDeque::new()).collect();
-    let mut completions: IndexedHeap<Instant> = IndexedHeap::with_ids(cfg.gpus as usize);
+    let mut gpus: GpuSet<SimBatch> = GpuSet::new(cfg.gpus);
     let mut busy_ns = vec![0u64; cfg.gpus as usize];
     let mut spare: Vec<Vec<Request>> = Vec::new();
     let mut out = Actions::default();
@@ -162,11 +115,8 @@ pub fn simulate_observed<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
     };
 
     loop {
-        let t_done = completions.peek().map(|(t, _)| t);
         let t_wake = sched.poll_at().map(|t| t.max(now));
-        let t_arr = arrivals.peek();
-        let next = [t_done, t_wake, t_arr].into_iter().flatten().min();
-        let Some(t) = next else { break };
+        let Some((t, event)) = next_event(gpus.poll_at(), t_wake, arrivals.peek_time()) else { break };
         if t == now {
             stalls += 1;
             if stalls > 1_000_000 {
@@ -176,66 +126,59 @@ pub fn simulate_observed<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
             stalls = 0;
         }
         now = t;
-        if t_done == Some(t) {
-            let (_, g) = completions.pop().unwrap_or((t, 0));
-            let Some(b) = gpus[g as usize].pop_front() else { continue };
-            busy_ns[g as usize] += overlap(b.exec_at, b.finish_at);
-            let a = &mut acc[b.model as usize];
-            for r in &b.members {
-                states[r.id as usize] = State::Done;
-                if measured(r) {
-                    let lat = b.finish_at.saturating_since(r.arrival);
-                    if b.finish_at <= r.deadline {
-                        a.good += 1;
-                    } else {
-                        a.late += 1;
+        match event {
+            Event::GpuDone => {
+                let Some(done) = gpus.pop_finished(now) else { continue };
+                let g = done.device;
+                busy_ns[g as usize] += overlap(done.start, done.finish);
+                let b = done.tag;
+                let a = &mut acc[b.model as usize];
+                for r in &b.members {
+                    states[r.id as usize] = State::Done;
+                    if measured(r) {
+                        let lat = done.finish.saturating_since(r.arrival);
+                        if done.finish <= r.deadline {
+                            a.good += 1;
+                        } else {
+                            a.late += 1;
+                        }
+                        let _ = a.latency_us.record((lat.as_nanos() / 1000).max(1));
                     }
-                    let _ = a.latency_us.record((lat.as_nanos() / 1000).max(1));
                 }
+                let mut members = b.members;
+                members.clear();
+                spare.push(members);
+                sched.on_batch_done(now, g, &mut out);
             }
-            let mut members = b.members;
-            members.clear();
-            spare.push(members);
-            if let Some(next) = gpus[g as usize].front() {
-                completions.set(g, next.finish_at);
+            Event::Wake => sched.on_wake(now, &mut out),
+            Event::Arrival => {
+                let Some((_, m)) = arrivals.next() else { continue };
+                let spec =
+                    cfg.models.get(m as usize).ok_or_else(|| InvariantViolation(format!("trace names unknown model {m}")))?;
+                let req = Request { id: states.len() as u64, model: m, arrival: now, deadline: now + spec.slo };
+                states.push(State::Pending);
+                if measured(&req) {
+                    acc[m as usize].offered += 1;
+                }
+                sched.on_request(now, req, &mut out);
             }
-            sched.on_batch_done(now, g, &mut out);
-        } else if t_wake == Some(t) {
-            sched.on_wake(now, &mut out);
-        } else {
-            let Some((_, m)) = arrivals.pop() else { continue };
-            let spec = cfg.models.get(m as usize).ok_or_else(|| InvariantViolation(format!("trace names unknown model {m}")))?;
-            let req = Request { id: states.len() as u64, model: m, arrival: now, deadline: now + spec.slo };
-            states.push(State::Pending);
-            if measured(&req) {
-                acc[m as usize].offered += 1;
-            }
-            sched.on_request(now, req, &mut out);
         }
         if out.is_empty() {
             continue;
         }
         // Apply the policy's actions, checking every invariant.
         for &g in &out.preemptions {
-            let q = gpus.get_mut(g as usize).ok_or_else(|| InvariantViolation(format!("preempted unknown GPU {g}")))?;
-            let running = q.front().is_some_and(|b| b.exec_at <= now && now < b.finish_at);
-            if !running {
-                continue;
+            if g >= gpus.devices() {
+                return Err(InvariantViolation(format!("preempted unknown GPU {g}")));
             }
-            if let Some(b) = q.pop_front() {
-                busy_ns[g as usize] += overlap(b.exec_at, now);
-                for r in &b.members {
+            if let Some(b) = gpus.preempt(g, now) {
+                busy_ns[g as usize] += overlap(b.start, b.finish);
+                for r in &b.tag.members {
                     states[r.id as usize] = State::Pending;
                 }
-                let mut members = b.members;
+                let mut members = b.tag.members;
                 members.clear();
                 spare.push(members);
-            }
-            match q.front() {
-                Some(next) => completions.set(g, next.finish_at),
-                None => {
-                    completions.remove(g);
-                }
             }
         }
         for &(r, _) in &out.drops {
@@ -251,8 +194,8 @@ pub fn simulate_observed<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
         }
         for plan in &out.batches {
             let members = out.members_of(plan);
-            let g = plan.gpu as usize;
-            if g >= gpus.len() {
+            let g = plan.gpu;
+            if g >= gpus.devices() {
                 return Err(InvariantViolation(format!("batch for unknown GPU {g}")));
             }
             let spec = cfg.models.get(plan.model as usize).ok_or_else(|| InvariantViolation(format!("batch of unknown model {}", plan.model)))?;
@@ -263,14 +206,14 @@ pub fn simulate_observed<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
             if plan.exec_at < now {
                 return Err(InvariantViolation(format!("batch starts in the past ({} < {now})", plan.exec_at)));
             }
-            let finish = plan.exec_at + spec.profile.latency(n);
-            if let Some(last) = gpus[g].back() {
-                if plan.exec_at < last.finish_at {
-                    return Err(InvariantViolation(format!(
-                        "GPU {g} would run two batches at once: starts {} before {} ends",
-                        plan.exec_at, last.finish_at
-                    )));
-                }
+            let l = spec.profile.latency(n);
+            let finish = plan.exec_at + gpus.hold_time(g, l);
+            if gpus.would_overlap(g, plan.exec_at) {
+                return Err(InvariantViolation(format!(
+                    "GPU {g} would run two batches at once: starts {} before {} ends",
+                    plan.exec_at,
+                    gpus.free_at(g).unwrap_or(Instant::NEVER)
+                )));
             }
             let mut batch = spare.pop().unwrap_or_default();
             for r in members {
@@ -302,10 +245,8 @@ pub fn simulate_observed<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
             }
             total_batches += 1;
             obs.on_batch(now, plan.gpu, plan.model, plan.exec_at, members);
-            if gpus[g].is_empty() {
-                completions.set(plan.gpu, finish);
-            }
-            gpus[g].push_back(RunningBatch { model: plan.model, exec_at: plan.exec_at, finish_at: finish, members: batch });
+            // Cannot fail: the GPU exists and the batch starts when planned.
+            let _ = gpus.submit(g, plan.exec_at, l, SimBatch { model: plan.model, members: batch });
         }
         out.clear();
     }

@@ -1,7 +1,14 @@
 //! Open-loop arrival processes: Poisson, Gamma and uniform gaps, equal or
 //! Zipf popularity, and piecewise-constant rate schedules. Seeded, and
 //! independent per model so adding a model does not perturb the others.
+//!
+//! [`Arrivals`] is the one arrival generator: the simulator, the live
+//! runtime's load generator and open-loop clients outside this crate take
+//! their requests' intended times and models from it.
 
+use crate::types::ModelId;
+use crate::zoo::ModelSpec;
+use dataplane::heap::IndexedHeap;
 use dataplane::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp, Gamma};
@@ -208,6 +215,94 @@ impl ArrivalStream {
             }
         }
         Instant::NEVER
+    }
+}
+
+/// The arrivals of one run, in time order: each model's [`ArrivalStream`]
+/// merged by a heap (equal times go to the lower model id), or a recorded
+/// trace. Every arrival is `(intended time, model)`, shifted by the origin.
+pub struct Arrivals {
+    source: Source,
+    /// Added to every time of the source.
+    origin: Duration,
+}
+
+enum Source {
+    Streams { streams: Vec<ArrivalStream>, heap: IndexedHeap<Instant>, end: Instant },
+    Trace { trace: Vec<(Instant, ModelId)>, next: usize },
+}
+
+impl Arrivals {
+    /// `workload` over `models` (model id = index) with `seed`, for arrivals
+    /// before `duration`.
+    pub fn generated(models: &[ModelSpec], workload: &Workload, seed: u64, duration: Duration) -> Self {
+        Self::for_model_count(models.len(), workload, seed, duration)
+    }
+
+    /// [`Arrivals::generated`] for `models` models known only by count.
+    pub fn for_model_count(models: usize, workload: &Workload, seed: u64, duration: Duration) -> Self {
+        let end = Instant::ZERO + duration;
+        let shares = workload.popularity.shares(models);
+        let streams: Vec<ArrivalStream> =
+            shares.iter().enumerate().map(|(i, &s)| ArrivalStream::new(workload, s, i, seed)).collect();
+        let mut heap = IndexedHeap::with_ids(streams.len());
+        for (i, s) in streams.iter().enumerate() {
+            if s.peek() < end {
+                heap.set(i as u32, s.peek());
+            }
+        }
+        Arrivals { source: Source::Streams { streams, heap, end }, origin: Duration::ZERO }
+    }
+
+    /// A recorded trace of `(time, model)`, replayed in its order (sorted by
+    /// time for a meaningful run).
+    pub fn trace(trace: Vec<(Instant, ModelId)>) -> Self {
+        Arrivals { source: Source::Trace { trace, next: 0 }, origin: Duration::ZERO }
+    }
+
+    /// Shifts every arrival by `origin` (time zero of the source is `origin`).
+    pub fn with_origin(mut self, origin: Instant) -> Self {
+        self.origin = Duration::from_nanos(origin.as_nanos());
+        self
+    }
+
+    /// The next arrival `(time, model)` without consuming it.
+    pub fn peek(&self) -> Option<(Instant, ModelId)> {
+        let (t, m) = match &self.source {
+            Source::Streams { heap, .. } => heap.peek()?,
+            Source::Trace { trace, next } => *trace.get(*next)?,
+        };
+        Some((t + self.origin, m))
+    }
+
+    /// The next arrival's time.
+    pub fn peek_time(&self) -> Option<Instant> {
+        self.peek().map(|(t, _)| t)
+    }
+}
+
+impl Iterator for Arrivals {
+    type Item = (Instant, ModelId);
+
+    /// Consumes the next arrival `(time, model)`.
+    fn next(&mut self) -> Option<(Instant, ModelId)> {
+        let (t, m) = match &mut self.source {
+            Source::Streams { streams, heap, end } => {
+                let (t, m) = heap.pop()?;
+                let s = &mut streams[m as usize];
+                s.advance();
+                if s.peek() < *end {
+                    heap.set(m, s.peek());
+                }
+                (t, m)
+            }
+            Source::Trace { trace, next } => {
+                let a = *trace.get(*next)?;
+                *next += 1;
+                a
+            }
+        };
+        Some((t + self.origin, m))
     }
 }
 
