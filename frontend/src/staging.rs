@@ -23,6 +23,7 @@
 use atomic_waker::AtomicWaker;
 use crossbeam_queue::ArrayQueue;
 use dataplane::ids::{MAX_FRONTENDS, SEQ_MASK};
+use dataplane::mutation::{self, Mutation};
 use dataplane::mem::{MemError, Slot, SlotPool};
 use dataplane::time::Duration;
 use dataplane::transport::Registration;
@@ -426,6 +427,11 @@ impl Staging {
                         }
                     }
                     self.count(&outcome);
+                    // Mutation testing only (compiled out without the
+                    // `mutations` feature): answer this request a second time.
+                    if mutation::fires(Mutation::FrontendAnswersTwice) {
+                        self.count(&outcome);
+                    }
                     cell.state.store(base | DONE, Ordering::Release);
                     cell.waker.wake();
                     return RouteResult::Delivered;

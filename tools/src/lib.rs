@@ -1,4 +1,5 @@
 //! Library side of the `symphony` CLI: what its integration tests drive
 //! directly (the local multi-process cluster).
 
+pub mod chaos;
 pub mod cluster;

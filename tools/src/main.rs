@@ -2,6 +2,7 @@
 //! paper's worked example, and produce the reports in docs/benchmarks.md.
 
 mod bench;
+mod chaos_cmd;
 mod cli;
 mod example;
 mod plot;
@@ -183,6 +184,39 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Deterministic cluster run with seeded fault injection: the real scheduler, frontend and backend nodes on virtual time over an in-memory network; checks that every request ends exactly once.
+    Chaos {
+        /// Seed of the workload and of every fault (the same seed replays the same trace).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Fault classes: all, none, or a list of loss,dup,reorder,partition,crash,slow-gpu.
+        #[arg(long, default_value = "all")]
+        faults: String,
+        /// Seconds of arrivals (virtual time).
+        #[arg(long, default_value_t = 30.0)]
+        duration_s: f64,
+        /// Frontend nodes.
+        #[arg(long, default_value_t = 3)]
+        frontends: usize,
+        /// Backend nodes (one emulated GPU each).
+        #[arg(long, default_value_t = 4)]
+        backends: usize,
+        /// Offered load, requests per second.
+        #[arg(long, default_value_t = 800.0)]
+        rate: f64,
+        /// Run this many seeds (seed, seed+1, ...) and print a summary.
+        #[arg(long)]
+        seeds: Option<u64>,
+        /// Threads for --seeds (default: every core).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Switch on a deliberate bug (builds with the `mutations` feature only).
+        #[arg(long)]
+        mutation: Option<String>,
+        /// Print JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
     /// Reproduce a figure or table of docs/benchmarks.md (Markdown on stdout).
     Report {
         /// table2, example, fig6a, fig9, fig2, fig10, grid, fig14.
@@ -300,6 +334,9 @@ fn run(cmd: Cmd) -> Result<(), String> {
             live::run(&live::LiveArgs { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json })
         }
         Cmd::Report { name, quick, plot } => reports::run(&name, quick, plot.as_deref()),
+        Cmd::Chaos { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json } => {
+            chaos_cmd::run(&chaos_cmd::ChaosArgs { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json })
+        }
         Cmd::BenchScheduler { models, gpus, model_threads, rate, duration_s, profile, idle, no_pin, seed, json } => {
             bench::run(&bench::BenchArgs { models, gpus, model_threads, rate, duration_s, profile, idle, pin: !no_pin, seed, json })
         }

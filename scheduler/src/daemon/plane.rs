@@ -15,7 +15,7 @@
 //! good, and one that comes back gets fresh ones.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -183,6 +183,11 @@ pub struct ControlPlane {
     metrics: Arc<SchedulerMetrics>,
     stopping: bool,
     overlapping_plans: u64,
+    /// Ids of tasks taken whose deadline has not passed (duplicate filter).
+    seen: HashSet<u64>,
+    /// When each id in `seen` may be forgotten.
+    seen_expiry: BinaryHeap<Reverse<(Instant, u64)>>,
+    duplicate_tasks: u64,
 }
 
 impl ControlPlane {
@@ -238,6 +243,9 @@ impl ControlPlane {
             metrics,
             stopping: false,
             overlapping_plans: 0,
+            seen: HashSet::with_capacity(4096),
+            seen_expiry: BinaryHeap::with_capacity(4096),
+            duplicate_tasks: 0,
         })
     }
 
@@ -522,13 +530,18 @@ impl ControlPlane {
             self.send_dropped(task.task_id, from, DropReason::UnknownModel);
             return;
         };
-        if self.tasks.contains_key(&task.task_id) {
-            // Ids are unique per frontend by construction; a repeat is a
-            // peer bug. The original keeps its place; the repeat is ignored
-            // (answering it would answer the original's id).
+        // Ids are unique per frontend by construction, so a repeat is a
+        // duplicated message (or a peer bug). It is ignored while the
+        // original can still run: waiting, planned or running, i.e. until
+        // the original's deadline. Answering it would answer the original.
+        self.forget_seen(now);
+        let deadline = now.saturating_add(Duration::from_nanos(task.budget_ns));
+        if self.tasks.contains_key(&task.task_id) || !self.seen.insert(task.task_id) {
+            self.duplicate_tasks += 1;
             self.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
             return;
         }
+        self.seen_expiry.push(Reverse((deadline, task.task_id)));
         self.tasks.insert(
             task.task_id,
             TaskMeta {
@@ -537,16 +550,27 @@ impl ControlPlane {
                 model: task.model_id,
             },
         );
-        let req = Request {
-            id: task.task_id,
-            model: local,
-            arrival: now,
-            deadline: now.saturating_add(Duration::from_nanos(task.budget_ns)),
-        };
+        let req = Request { id: task.task_id, model: local, arrival: now, deadline };
         self.subclusters[sc]
             .sched
             .on_request(now, req, &mut self.actions);
         self.apply(now, sc);
+    }
+
+    /// Forgets the ids of tasks whose deadline has passed.
+    fn forget_seen(&mut self, now: Instant) {
+        while let Some(&Reverse((t, id))) = self.seen_expiry.peek() {
+            if t > now {
+                break;
+            }
+            self.seen_expiry.pop();
+            self.seen.remove(&id);
+        }
+    }
+
+    /// Task messages ignored as repeats of a task already taken.
+    pub fn duplicate_tasks(&self) -> u64 {
+        self.duplicate_tasks
     }
 
     /// Backend `from` finished a batch.
@@ -840,6 +864,34 @@ mod tests {
         run_until_quiet(&mut p, now, now + Duration::from_secs_f64(1.0));
         let msgs = drain(&mut p);
         assert!(msgs.iter().any(|(_, m)| m.starts_with("Dropped") && m.contains("task_id: 400")), "{msgs:?}");
+    }
+
+    #[test]
+    fn a_repeated_task_is_ignored_while_its_original_can_run_and_forgotten_after() {
+        let mut p = plane(&[vec![0]]);
+        let t0 = Instant::ZERO;
+        p.frontend_joined(1, "fe").unwrap();
+        p.backend_joined(t0, 10, 1, &[0]).unwrap();
+        drain(&mut p);
+        p.on_task(t0, 1, &task(7, 0, 1));
+        p.on_task(t0, 1, &task(7, 0, 1));
+        let mut now = t0;
+        while p.batches_in_flight() == 0 {
+            now = p.poll_at().expect("a timer until the task is planned");
+            p.on_wake(now);
+        }
+        assert!(now < t0 + Duration::from_millis(40), "planned before its deadline");
+        // A copy that arrives after the original was planned is still a copy.
+        p.on_task(now, 1, &task(7, 0, 1));
+        run_until_quiet(&mut p, now, now + Duration::from_millis(100));
+        let plans = drain(&mut p).iter().filter(|(_, m)| m.starts_with("BatchPlan")).count();
+        assert_eq!(plans, 1);
+        assert_eq!(p.duplicate_tasks(), 2);
+        // Past the original's deadline the id is forgotten (ids are reused
+        // only with a new sequence number, so nothing old comes back).
+        let later = t0 + Duration::from_millis(500);
+        p.on_task(later, 1, &task(7, 0, 1));
+        assert_eq!(p.duplicate_tasks(), 2);
     }
 
     #[test]

@@ -5,7 +5,6 @@ use super::{Candidate, CoreConfig, ExecRule, Gather, Grant, ToRank};
 use crate::netdelay::NetworkDelay;
 use crate::profile::LatencyProfile;
 use crate::types::{Actions, DropReason, ModelId, Request};
-use dataplane::mutation::{self, Mutation};
 use crate::zoo::ModelSpec;
 use dataplane::heap::IndexedHeap;
 use dataplane::time::{Duration, Instant};
@@ -307,18 +306,7 @@ impl ModelThreadCore {
         let drops_before = out.drops.len();
         let cand = m.gather(now, &cfg, Some(g.free_at), out);
         self.stats.drops += (out.drops.len() - drops_before) as u64;
-        // Mutation testing only (compiled out without the `mutations`
-        // feature): plan as if a busy GPU were already free.
-        let free_at = match &cand {
-            Some(c) if c.exec_at <= now + cfg.delay.of(c.bs)
-                && g.free_at > now + cfg.delay.of(c.bs)
-                && mutation::fires(Mutation::SchedulerPlansOntoBusyGpu) =>
-            {
-                now
-            }
-            _ => g.free_at,
-        };
-        let start_bound = |c: &Candidate| (now + cfg.delay.of(c.bs)).max(free_at);
+        let start_bound = |c: &Candidate| (now + cfg.delay.of(c.bs)).max(g.free_at);
         match cand {
             Some(c) if c.exec_at <= start_bound(&c) => {
                 let exec_at = start_bound(&c);

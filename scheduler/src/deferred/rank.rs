@@ -3,6 +3,7 @@
 use super::{Candidate, Grant, ToRank};
 use crate::netdelay::NetworkDelay;
 use crate::types::{GpuId, ModelId};
+use dataplane::mutation::{self, Mutation};
 use dataplane::heap::IndexedHeap;
 use dataplane::time::Instant;
 use std::cmp::Reverse;
@@ -155,6 +156,16 @@ impl RankCore {
         }
         self.promote(now);
         if let Some((_, g)) = self.idle.pop() {
+            // Mutation testing only (compiled out without the `mutations`
+            // feature): grant a GPU that is still busy as if it were free.
+            if let Some((busy_until, b)) = self.busy.peek() {
+                if busy_until > now + self.delay.of(c.bs) && mutation::fires(Mutation::SchedulerPlansOntoBusyGpu) {
+                    self.idle.set(g, g);
+                    self.busy.pop();
+                    self.give(model, b, now, grant);
+                    return;
+                }
+            }
             self.give(model, g, now, grant);
             return;
         }

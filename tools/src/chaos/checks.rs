@@ -1,0 +1,99 @@
+//! The invariants checked after every harness run.
+
+use std::collections::{HashMap, HashSet};
+
+use dataplane::transport::sim::{NodeId, Traffic};
+use dataplane::wire::{self, Message, TaskStatus};
+use frontend::staging::CounterSnapshot;
+
+use super::client::{counter_mismatches, Client};
+
+/// What the network tap saw of the backends' work.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    /// Network ids of backend nodes (every incarnation).
+    pub backends: HashSet<NodeId>,
+    /// Successful completions sent by backends, by task id (counted at the
+    /// send, before the network can duplicate them).
+    pub executed: HashMap<u64, u32>,
+    /// Tasks of the plans each backend received.
+    pub planned: HashMap<NodeId, HashSet<u64>>,
+    /// Tasks each backend sent a completion for (to anyone).
+    pub answered: HashMap<NodeId, HashSet<u64>>,
+}
+
+impl Ledger {
+    /// Takes one message the network carried.
+    pub fn observe(&mut self, t: Traffic<'_>) {
+        match (t.delivered, wire::decode(t.bytes)) {
+            (true, Ok(Message::BatchPlan(_, tasks))) if self.backends.contains(&t.to) => {
+                let set = self.planned.entry(t.to).or_default();
+                set.extend(tasks.iter().map(|task| task.task_id));
+            }
+            (false, Ok(Message::Completion(head, _))) if self.backends.contains(&t.from) => {
+                self.answered.entry(t.from).or_default().insert(head.task_id);
+                if head.status == TaskStatus::Ok as u32 {
+                    *self.executed.entry(head.task_id).or_insert(0) += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Tasks that backend `b` received in a plan and never answered.
+    pub fn unanswered(&self, b: NodeId) -> usize {
+        let Some(planned) = self.planned.get(&b) else { return 0 };
+        let answered = self.answered.get(&b);
+        planned.iter().filter(|t| !answered.is_some_and(|a| a.contains(t))).count()
+    }
+}
+
+/// What the harness observed, for the checks.
+pub struct Observed<'a> {
+    /// Plans the scheduler made onto a GPU before its previous planned
+    /// batch there finished.
+    pub overlapping_plans: u64,
+    /// Batches an executor refused because their device was busy.
+    pub busy_rejections: u64,
+    /// What the network tap saw.
+    pub ledger: &'a Ledger,
+    /// Backends that ran from their start to the end of the run.
+    pub surviving_backends: &'a [NodeId],
+    /// Each live frontend's own counters, by slot.
+    pub frontend_counters: &'a [(usize, CounterSnapshot)],
+    /// The client.
+    pub client: &'a Client,
+}
+
+/// Appends a line to `out` for every invariant that did not hold.
+pub fn check(o: &Observed<'_>, out: &mut Vec<String>) {
+    let unended = o.client.unended();
+    if unended > 0 {
+        out.push(format!("{unended} requests never ended (unaccounted)"));
+    }
+    let twice = o.client.ended_twice();
+    if twice > 0 {
+        out.push(format!("{twice} requests were answered more than once"));
+    }
+    if o.overlapping_plans > 0 {
+        out.push(format!("{} batches were planned onto a GPU still busy with another", o.overlapping_plans));
+    }
+    if o.busy_rejections > 0 {
+        out.push(format!("{} batches reached a busy device", o.busy_rejections));
+    }
+    for &b in o.surviving_backends {
+        let n = o.ledger.unanswered(b);
+        if n > 0 {
+            out.push(format!("backend node {b} received {n} planned tasks it never answered"));
+        }
+    }
+    let mut dup: Vec<(u64, u32)> = o.ledger.executed.iter().filter(|(_, &n)| n > 1).map(|(&t, &n)| (t, n)).collect();
+    if !dup.is_empty() {
+        dup.sort_unstable();
+        out.push(format!("{} tasks were executed more than once (first: task {:#x}, {} times)", dup.len(), dup[0].0, dup[0].1));
+    }
+    if o.client.wrong_outputs > 0 {
+        out.push(format!("{} answers carried another request's output", o.client.wrong_outputs));
+    }
+    out.extend(counter_mismatches(o.frontend_counters, o.client));
+}

@@ -1,0 +1,209 @@
+//! Fault classes and the seeded schedule of the faults that are events
+//! (partitions, crashes, slow GPUs) rather than per-message chances.
+
+use dataplane::time::{Duration, Instant};
+use dataplane::transport::sim::FaultConfig;
+use rand::{Rng, SeedableRng};
+use rand_xoshiro::Xoshiro256PlusPlus;
+
+/// One class of injected fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FaultClass {
+    /// Messages and READs lost.
+    Loss,
+    /// Messages delivered twice.
+    Dup,
+    /// Messages overtaken by later ones.
+    Reorder,
+    /// Two nodes cut from each other for a while.
+    Partition,
+    /// A frontend or backend crashes and is restarted.
+    Crash,
+    /// A GPU runs slower than its profile.
+    SlowGpu,
+}
+
+impl FaultClass {
+    /// Every class, in report order.
+    pub const ALL: [FaultClass; 6] =
+        [FaultClass::Loss, FaultClass::Dup, FaultClass::Reorder, FaultClass::Partition, FaultClass::Crash, FaultClass::SlowGpu];
+
+    /// The name used on the command line and in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FaultClass::Loss => "loss",
+            FaultClass::Dup => "dup",
+            FaultClass::Reorder => "reorder",
+            FaultClass::Partition => "partition",
+            FaultClass::Crash => "crash",
+            FaultClass::SlowGpu => "slow-gpu",
+        }
+    }
+
+    fn parse_one(s: &str) -> Option<FaultClass> {
+        FaultClass::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+}
+
+/// A set of fault classes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultSet(u8);
+
+impl FaultSet {
+    /// No faults.
+    pub const NONE: FaultSet = FaultSet(0);
+    /// Every class.
+    pub const ALL: FaultSet = FaultSet(0x3f);
+
+    /// Only `c`.
+    pub fn only(c: FaultClass) -> FaultSet {
+        FaultSet(1 << c as u8)
+    }
+
+    /// Whether `c` is in the set.
+    pub fn has(self, c: FaultClass) -> bool {
+        self.0 & (1 << c as u8) != 0
+    }
+
+    /// Parses `all`, `none` or a comma-separated list of class names.
+    pub fn parse(s: &str) -> Result<FaultSet, String> {
+        match s {
+            "all" => return Ok(FaultSet::ALL),
+            "none" => return Ok(FaultSet::NONE),
+            _ => {}
+        }
+        let mut set = FaultSet::NONE;
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let c = FaultClass::parse_one(part).ok_or_else(|| {
+                let names: Vec<_> = FaultClass::ALL.iter().map(|c| c.as_str()).collect();
+                format!("unknown fault class '{part}' (valid: all, none, {})", names.join(", "))
+            })?;
+            set.0 |= 1 << c as u8;
+        }
+        Ok(set)
+    }
+
+    /// The names of the classes in the set, comma-separated.
+    pub fn names(self) -> String {
+        let v: Vec<_> = FaultClass::ALL.iter().filter(|c| self.has(**c)).map(|c| c.as_str()).collect();
+        if v.is_empty() {
+            "none".into()
+        } else {
+            v.join(",")
+        }
+    }
+}
+
+/// A node of the cluster, by role and index (not by network id: a
+/// restarted node keeps its index and gets a new network id).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// The scheduler.
+    Scheduler,
+    /// Frontend `i`.
+    Frontend(usize),
+    /// Backend `i`.
+    Backend(usize),
+}
+
+/// A fault that happens at an instant.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Event {
+    /// Cut `a` from `b` until `until`.
+    Partition { a: Target, b: Target, until: Instant },
+    /// Crash a node; it restarts at `restart_at`.
+    Crash { node: Target, restart_at: Instant },
+    /// GPU `gpu` of backend `backend` runs `factor` times slower until `until`.
+    SlowGpu { backend: usize, gpu: u32, factor: f64, until: Instant },
+}
+
+/// The per-message fault probabilities of `set`.
+pub fn message_faults(set: FaultSet, active_from: Instant) -> FaultConfig {
+    let mut cfg = FaultConfig { active_from, ..FaultConfig::default() };
+    if set.has(FaultClass::Loss) {
+        cfg.loss = 0.002;
+    }
+    if set.has(FaultClass::Dup) {
+        cfg.duplicate = 0.01;
+    }
+    if set.has(FaultClass::Reorder) {
+        cfg.reorder = 0.02;
+    }
+    cfg
+}
+
+/// The seeded schedule of event faults between `start` and `end`, sorted
+/// by time: about one event of each enabled class per second of run (at
+/// least one each).
+pub fn schedule(set: FaultSet, seed: u64, start: Instant, end: Instant, frontends: usize, backends: usize, gpus: u32) -> Vec<(Instant, Event)> {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed ^ 0x6661_756c_7473);
+    let span = end.saturating_since(start).as_nanos().max(1);
+    let per_class = (span / 1_000_000_000).max(1);
+    let at = |rng: &mut Xoshiro256PlusPlus| start + Duration::from_nanos(rng.random_range(0..span));
+    let mut events = Vec::new();
+    let nodes = |rng: &mut Xoshiro256PlusPlus| -> Target {
+        let k = rng.random_range(0..(1 + frontends + backends));
+        if k == 0 {
+            Target::Scheduler
+        } else if k <= frontends {
+            Target::Frontend(k - 1)
+        } else {
+            Target::Backend(k - 1 - frontends)
+        }
+    };
+    for _ in 0..per_class {
+        if set.has(FaultClass::Partition) {
+            let t = at(&mut rng);
+            let a = nodes(&mut rng);
+            let mut b = nodes(&mut rng);
+            while b == a {
+                b = nodes(&mut rng);
+            }
+            // Short cuts (under the 1 s liveness bound) and long ones (past it).
+            let len = Duration::from_millis(rng.random_range(50..1500));
+            events.push((t, Event::Partition { a, b, until: t + len }));
+        }
+        if set.has(FaultClass::Crash) && frontends + backends > 0 {
+            let t = at(&mut rng);
+            let k = rng.random_range(0..(frontends + backends));
+            let node = if k < frontends { Target::Frontend(k) } else { Target::Backend(k - frontends) };
+            let down = Duration::from_millis(rng.random_range(20..500));
+            events.push((t, Event::Crash { node, restart_at: t + down }));
+        }
+        if set.has(FaultClass::SlowGpu) && backends > 0 && gpus > 0 {
+            let t = at(&mut rng);
+            let backend = rng.random_range(0..backends);
+            let gpu = rng.random_range(0..gpus);
+            let factor = 1.0 + rng.random_range(0.2..1.5);
+            let len = Duration::from_millis(rng.random_range(200..2000));
+            events.push((t, Event::SlowGpu { backend, gpu, factor, until: t + len }));
+        }
+    }
+    events.sort_by_key(|e| e.0);
+    events
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sets_and_names_valid_values_on_error() {
+        assert_eq!(FaultSet::parse("all").unwrap(), FaultSet::ALL);
+        let s = FaultSet::parse("loss,slow-gpu").unwrap();
+        assert!(s.has(FaultClass::Loss) && s.has(FaultClass::SlowGpu) && !s.has(FaultClass::Dup));
+        assert_eq!(s.names(), "loss,slow-gpu");
+        let e = FaultSet::parse("loss,bogus").unwrap_err();
+        assert!(e.contains("bogus") && e.contains("partition"), "{e}");
+    }
+
+    #[test]
+    fn schedule_is_seeded_sorted_and_covers_each_class() {
+        let (s, e) = (Instant::ZERO + Duration::from_millis(100), Instant::ZERO + Duration::from_millis(3000));
+        let a = schedule(FaultSet::ALL, 7, s, e, 3, 4, 1);
+        assert_eq!(a, schedule(FaultSet::ALL, 7, s, e, 3, 4, 1));
+        assert!(a.windows(2).all(|w| w[0].0 <= w[1].0));
+        assert_eq!(a.len(), 3 * 3);
+        assert!(a.iter().all(|(t, _)| *t >= s && *t < e));
+    }
+}

@@ -1,0 +1,99 @@
+//! The deterministic cluster harness in CI: many seeds of every fault
+//! class, with every invariant checked after each seed, and the contract
+//! of `symphony chaos` (JSON keys, the same trace hash for the same seed).
+//!
+//! `CHAOS_SEEDS` sets the seeds per class (default 1000; a nightly soak
+//! sets more, e.g. `CHAOS_SEEDS=100000`).
+
+use std::process::Command;
+
+use dataplane::time::Duration;
+use tools::chaos::sweep::sweep;
+use tools::chaos::{run, ChaosConfig, FaultClass, FaultSet};
+
+/// Arrivals per seed: 0.8 s at 800 requests/s (about 640 requests; the
+/// fewest over 1000 seeds stays above 500).
+const SEED_DURATION: Duration = Duration::from_millis(800);
+
+fn seeds() -> u64 {
+    std::env::var("CHAOS_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1000)
+}
+
+fn class_holds_over_many_seeds(class: FaultClass) {
+    let cfg = ChaosConfig::new(1, FaultSet::only(class), SEED_DURATION);
+    assert!(cfg.frontends >= 3 && cfg.backends >= 4);
+    let n = seeds();
+    let s = sweep(&cfg, n, 1, &|_| {}).expect("harness runs");
+    assert_eq!(s.seeds, n);
+    assert!(s.min_requests >= 500, "{}: a seed had only {} requests", class.as_str(), s.min_requests);
+    for r in &s.failures {
+        eprintln!("seed {} failed: {:?}\n  replay: {}", r.seed, r.violations, r.replay);
+    }
+    assert!(s.ok(), "{}: {} of {n} seeds broke an invariant; classes without hits: {:?}", class.as_str(), s.failed_seeds, s.classes_without_hits);
+    eprintln!("{}: {n} seeds, {} requests, {} hits in flight", class.as_str(), s.accepted, s.faults.get(class.as_str()).copied().unwrap_or(0));
+}
+
+#[test]
+fn loss() {
+    class_holds_over_many_seeds(FaultClass::Loss);
+}
+#[test]
+fn dup() {
+    class_holds_over_many_seeds(FaultClass::Dup);
+}
+#[test]
+fn reorder() {
+    class_holds_over_many_seeds(FaultClass::Reorder);
+}
+#[test]
+fn partition() {
+    class_holds_over_many_seeds(FaultClass::Partition);
+}
+#[test]
+fn crash() {
+    class_holds_over_many_seeds(FaultClass::Crash);
+}
+#[test]
+fn slow_gpu() {
+    class_holds_over_many_seeds(FaultClass::SlowGpu);
+}
+
+#[test]
+fn the_same_seed_replays_the_same_trace_and_another_seed_does_not() {
+    let cfg = ChaosConfig::new(7, FaultSet::ALL, Duration::from_millis(2000));
+    let a = run(cfg.clone()).unwrap();
+    let b = run(cfg.clone()).unwrap();
+    assert!(a.ok(), "{:?}", a.violations);
+    assert_eq!(a.trace_hash, b.trace_hash);
+    assert_eq!((a.accepted, a.succeeded, a.late, a.batches), (b.accepted, b.succeeded, b.late, b.batches));
+    let c = run(ChaosConfig { seed: 8, ..cfg }).unwrap();
+    assert_ne!(a.trace_hash, c.trace_hash);
+}
+
+#[test]
+fn without_faults_nearly_everything_succeeds() {
+    let r = run(ChaosConfig::new(3, FaultSet::NONE, Duration::from_millis(3000))).unwrap();
+    assert!(r.ok(), "{:?}", r.violations);
+    assert!(r.accepted > 2000, "{}", r.accepted);
+    assert!(r.succeeded as f64 >= 0.99 * r.accepted as f64, "{r:?}");
+    assert!(r.faults.is_empty());
+}
+
+#[test]
+fn cli_json_has_the_documented_keys_and_a_stable_hash() {
+    let json = |args: &[&str]| -> serde_json::Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_symphony")).args(args).output().expect("runs");
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("JSON")
+    };
+    let args = ["chaos", "--seed", "1", "--faults", "all", "--duration-s", "2", "--json"];
+    let v = json(&args);
+    for k in ["accepted", "succeeded", "dropped", "failed", "unaccounted", "faults", "trace_hash"] {
+        assert!(v.get(k).is_some(), "missing {k}: {v}");
+    }
+    assert_eq!(v["unaccounted"], 0);
+    assert_eq!(json(&args)["trace_hash"], v["trace_hash"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_symphony")).args(["chaos", "--faults", "loss,bogus"]).output().expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("valid: all, none, loss"));
+}
