@@ -3,3 +3,4 @@
 
 pub mod chaos;
 pub mod cluster;
+pub mod inproc;

@@ -11,8 +11,6 @@ use super::client::{counter_mismatches, Client};
 /// What the network tap saw of the backends' work.
 #[derive(Debug, Default)]
 pub struct Ledger {
-    /// Network ids of backend nodes (every incarnation).
-    pub backends: HashSet<NodeId>,
     /// Successful completions sent by backends, by task id (counted at the
     /// send, before the network can duplicate them).
     pub executed: HashMap<u64, u32>,
@@ -26,11 +24,14 @@ impl Ledger {
     /// Takes one message the network carried.
     pub fn observe(&mut self, t: Traffic<'_>) {
         match (t.delivered, wire::decode(t.bytes)) {
-            (true, Ok(Message::BatchPlan(_, tasks))) if self.backends.contains(&t.to) => {
+            // Only backends receive plans.
+            (true, Ok(Message::BatchPlan(_, tasks))) => {
                 let set = self.planned.entry(t.to).or_default();
                 set.extend(tasks.iter().map(|task| task.task_id));
             }
-            (false, Ok(Message::Completion(head, _))) if self.backends.contains(&t.from) => {
+            // Completions come from backends, and from the scheduler
+            // (node 0) when it fails a batch back or forwards one.
+            (false, Ok(Message::Completion(head, _))) if t.from != 0 => {
                 self.answered.entry(t.from).or_default().insert(head.task_id);
                 if head.status == TaskStatus::Ok as u32 {
                     *self.executed.entry(head.task_id).or_insert(0) += 1;
