@@ -28,7 +28,7 @@ cargo test -p backend --release --features cuda
 step loom
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p dataplane --test loom_ring --release
 step tritonclient
-CARGO_TARGET_DIR=target bash frontend/tests/python/run.sh
+CARGO_TARGET_DIR=target bash tools/tests/python/run.sh
 CARGO_TARGET_DIR=target bash tests/tritonclient_daemons.sh
 step soft-roce
 bash tests/softroce/ci.sh

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Triton's own Python client (tritonclient[http]) against the real daemons:
 # `symphony up --serve` (scheduler, two frontends, two emulated-GPU backends
-# as processes over shm), the same tests as frontend/tests/python against
+# as processes over shm), the same tests as tools/tests/python against
 # frontend 1, then Ctrl-C (SIGINT) and a check that every process exited
 # cleanly. Bounded in time; leaves no process behind.
 set -euo pipefail
@@ -34,9 +34,9 @@ done
 echo "daemons up; frontend 1 at $url"
 export SYMPHONY_URL="$url" SYMPHONY_MODEL=tc_model SYMPHONY_MODEL_ID=2
 if "$PY" -c "import pytest" 2>/dev/null; then
-    timeout 300 "$PY" -m pytest -q "$root/frontend/tests/python/test_tritonclient.py"
+    timeout 300 "$PY" -m pytest -q "$root/tools/tests/python/test_tritonclient.py"
 else
-    timeout 300 "$PY" "$root/frontend/tests/python/test_tritonclient.py"
+    timeout 300 "$PY" "$root/tools/tests/python/test_tritonclient.py"
 fi
 kill -INT "$up"
 status=0

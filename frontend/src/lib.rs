@@ -1,14 +1,13 @@
 //! The client-facing side (see docs/architecture.md): the Open Inference
 //! Protocol (KServe v2) over HTTP, input staging in registered memory,
-//! completion routing, Prometheus metrics, an in-process cluster for tests
-//! and an open-loop HTTP load generator.
+//! completion routing, Prometheus metrics, the sans-IO frontend node and
+//! an open-loop HTTP load generator. (The in-process stack that runs the
+//! nodes behind this HTTP server is `tools::inproc`.)
 #![warn(missing_docs)]
 
-pub mod cluster;
 pub mod daemon;
 pub mod http;
 pub mod loadgen;
-pub mod local;
 pub mod metrics;
 pub mod models;
 pub mod node;

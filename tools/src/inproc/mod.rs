@@ -4,3 +4,4 @@
 //! real clock behind a KServe v2 HTTP server.
 
 pub mod cluster;
+pub mod server;

@@ -3,7 +3,7 @@
 //! real HTTP client.
 
 use bytes::Bytes;
-use frontend::local::{LocalConfig, LocalServer};
+use tools::inproc::server::{LocalConfig, LocalServer};
 use frontend::models::ModelCatalog;
 use frontend::service::InferenceService;
 use frontend::staging::CounterSnapshot;

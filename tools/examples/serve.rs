@@ -1,11 +1,11 @@
 //! Serves the KServe v2 HTTP API over the in-process cluster.
 //!
-//! `cargo run -p frontend --example serve -- --port 0 --print-port`
+//! `cargo run -p tools --example serve -- --port 0 --print-port`
 //! prints `PORT <n>` on stdout once listening, then serves until stdin
 //! closes or SIGTERM/ctrl-c.
 
 use clap::Parser;
-use frontend::local::{LocalConfig, LocalServer};
+use tools::inproc::server::{LocalConfig, LocalServer};
 use frontend::models::ModelCatalog;
 use scheduler::zoo::{parse_model_arg, Zoo, ZooSelection};
 use std::io::Write;

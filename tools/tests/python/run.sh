@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs the tritonclient tests against the frontend's example server.
+# Runs the tritonclient tests against the in-process stack (tools' serve example).
 # Installs tritonclient[http] (and pytest) if missing, builds and starts
-# `cargo run -p frontend --example serve -- --port 0 --print-port`, runs the
+# `cargo run -p tools --example serve -- --port 0 --print-port`, runs the
 # tests, and stops the server. Bounded in time; leaves no process behind.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -15,7 +15,7 @@ fi
 have_pytest=1
 "$PY" -c "import pytest" 2>/dev/null || have_pytest=0
 
-(cd "$root" && timeout 900 cargo build -q -p frontend --example serve)
+(cd "$root" && timeout 900 cargo build -q -p tools --example serve)
 bin="$CARGO_TARGET_DIR/debug/examples/serve"
 
 tmp="$(mktemp -d)"

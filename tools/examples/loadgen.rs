@@ -5,11 +5,11 @@
 //! frontends round-robin. Model ids are the positions in `--models`, which
 //! must be the cluster's model list.
 //!
-//! `cargo run --release -p frontend --example loadgen -- --rate 500 --duration 5`
+//! `cargo run --release -p tools --example loadgen -- --rate 500 --duration 5`
 
 use clap::Parser;
 use frontend::loadgen::{self, LoadConfig, LoadModel};
-use frontend::local::{LocalConfig, LocalServer};
+use tools::inproc::server::{LocalConfig, LocalServer};
 use frontend::models::{default_input, default_output, ModelCatalog};
 use frontend::service::InferenceService;
 use scheduler::sim::workload::{Arrival, Popularity, RateSchedule, Workload};

@@ -1,0 +1,233 @@
+//! A whole serving stack in one process: the KServe v2 HTTP server over a
+//! frontend node's `ClusterService`, with the scheduler, frontend and
+//! backend nodes of a [`NodeCluster`] on one thread on the real clock.
+//! What the HTTP tests, the `serve` example (the in-process tritonclient
+//! tests) and quick capacity runs start. It runs the same nodes as the
+//! daemons and the chaos harness; only the transport (`sim`, in memory)
+//! and the GPUs (emulated) differ.
+//!
+//! The cluster thread sleeps in a wait set until the cluster's next timer
+//! or until an HTTP worker queues a task (the frontend's task queue
+//! notifies it). A wake-up can still come late on a loaded machine, so
+//! every schedulable window is kept at least [`ClusterConfig::timer_slack`]
+//! wide (`CoreConfig::min_window`), and [`ClusterConfig::control_delay`] is
+//! charged as the scheduler's control delay.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+
+use dataplane::time::{Duration, MonotonicClock};
+use dataplane::transport::sim::{FaultConfig, SimNet};
+use dataplane::waitset::WaitSet;
+use frontend::http::{HttpConfig, Server};
+use frontend::metrics::Metrics;
+use frontend::models::ModelCatalog;
+use frontend::node::NetSink;
+use frontend::service::{ClusterService, InferenceService};
+use scheduler::deferred::CoreConfig;
+use scheduler::netdelay::NetworkDelay;
+
+use super::cluster::{ClusterEvent, ClusterSpec, NodeCluster};
+
+/// Shape of the in-process cluster.
+#[derive(Clone, Copy, Debug)]
+pub struct ClusterConfig {
+    /// Emulated GPUs (on one backend node).
+    pub gpus: u32,
+    /// Scheduler knobs (the delay and the narrowest window are set from
+    /// the fields below).
+    pub core: CoreConfig,
+    /// The timer's lateness bound: the narrowest schedulable window.
+    pub timer_slack: Duration,
+    /// Charged before each batch as the scheduler's control delay.
+    pub control_delay: Duration,
+    /// Tasks queued toward the scheduler before a submit is refused.
+    pub queue: usize,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            gpus: 1,
+            core: CoreConfig::default(),
+            timer_slack: Duration::from_millis(5),
+            control_delay: Duration::from_millis(1),
+            queue: 4096,
+        }
+    }
+}
+
+/// Configuration of a [`LocalServer`].
+#[derive(Clone, Debug)]
+pub struct LocalConfig {
+    /// Served models.
+    pub catalog: ModelCatalog,
+    /// The emulated cluster.
+    pub cluster: ClusterConfig,
+    /// HTTP limits.
+    pub http: HttpConfig,
+    /// Where to listen (`127.0.0.1:0` picks a port).
+    pub addr: SocketAddr,
+    /// Staging slots (requests in flight at most).
+    pub slots: u32,
+    /// Wait past a request's budget before answering it timed out.
+    pub grace: Duration,
+}
+
+impl LocalConfig {
+    /// Defaults around `catalog`: one GPU, 4096 slots, 1 MiB bodies,
+    /// 100 ms grace, an ephemeral loopback port.
+    pub fn new(catalog: ModelCatalog) -> Self {
+        LocalConfig {
+            catalog,
+            cluster: ClusterConfig::default(),
+            http: HttpConfig::default(),
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            slots: 4096,
+            grace: Duration::from_millis(100),
+        }
+    }
+}
+
+/// How long start-up waits for the nodes to register.
+const FORM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// The longest the cluster thread sleeps without a timer (it also wakes
+/// on every queued task).
+const MAX_SLEEP: Duration = Duration::from_millis(50);
+
+/// A running single-process stack.
+pub struct LocalServer {
+    server: Server,
+    service: Arc<ClusterService<NetSink>>,
+    stop: StopOnDrop,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Stops the cluster thread when the server is dropped without `stop`.
+struct StopOnDrop {
+    flag: Arc<AtomicBool>,
+    wake: dataplane::waitset::Notifier,
+}
+
+impl StopOnDrop {
+    fn stop(&self) {
+        self.flag.store(true, Ordering::Release);
+        self.wake.signal();
+    }
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl std::fmt::Debug for LocalServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalServer").field("addr", &self.server.addr()).finish_non_exhaustive()
+    }
+}
+
+fn spec(cfg: &LocalConfig) -> ClusterSpec {
+    let mut spec = ClusterSpec::new(cfg.catalog.specs(), 1, 1, cfg.cluster.gpus.max(1));
+    spec.catalog = Arc::new(cfg.catalog.clone());
+    let mut core = cfg.cluster.core;
+    core.delay = NetworkDelay { d_ctrl: cfg.cluster.control_delay, d_data: Duration::ZERO };
+    core.min_window = core.min_window.max(cfg.cluster.timer_slack);
+    spec.core = core;
+    spec.slots = cfg.slots.max(1);
+    spec.grace = cfg.grace;
+    spec.queue = cfg.cluster.queue.max(1);
+    spec.return_margin = Duration::ZERO;
+    spec
+}
+
+/// Records a finished batch in the frontend's Triton metrics (the
+/// in-process host sees both ends; the daemons do not yet).
+fn record(metrics: &Metrics, r: &backend::worker::BatchReport) {
+    let (Some(start), Some(finish)) = (r.start, r.finish) else { return };
+    let size = r.ok + r.failed;
+    let compute_us = finish.saturating_since(start).as_nanos() / 1000;
+    // Time the batch's requests waited at the backend before it started.
+    let queue_us = start.saturating_since(r.received).as_nanos() / 1000 * u64::from(size);
+    metrics.record_batch(r.model, size, compute_us, queue_us);
+}
+
+impl LocalServer {
+    /// Starts the cluster thread and the HTTP server on the current tokio
+    /// runtime; returns once the nodes have registered.
+    pub async fn start(cfg: LocalConfig) -> std::io::Result<LocalServer> {
+        let spec = spec(&cfg);
+        let mut waits = WaitSet::new()?;
+        let wake = waits.notifier();
+        let net = SimNet::new(0, FaultConfig { base_delay: Duration::from_micros(5), read_delay: Duration::from_micros(5), ..FaultConfig::default() });
+        let mut cluster = NodeCluster::new(spec, net, Some(wake.clone())).map_err(std::io::Error::other)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<Arc<ClusterService<NetSink>>, String>>();
+        let stopping = stop.clone();
+        let thread = std::thread::Builder::new().name("symphony-inproc".into()).spawn(move || {
+            let clock = MonotonicClock::new();
+            let begun = std::time::Instant::now();
+            let mut ready = Some(ready_tx);
+            while !stopping.load(Ordering::Acquire) {
+                let now = clock.now();
+                let service = cluster.frontend(0).map(|h| h.service.clone());
+                cluster.poll(now, &mut |e| {
+                    if let (ClusterEvent::Batch(_, r), Some(s)) = (e, &service) {
+                        record(s.metrics(), &r);
+                    }
+                });
+                if let Some(tx) = &ready {
+                    let formed = cluster.frontend(0).filter(|h| h.node.is_registered()).map(|h| h.service.clone());
+                    let gpus = cluster.scheduler().plane().online_gpus();
+                    match formed {
+                        Some(svc) if gpus > 0 => {
+                            let _ = tx.send(Ok(svc));
+                            ready = None;
+                        }
+                        _ if begun.elapsed() > FORM_TIMEOUT => {
+                            let _ = tx.send(Err("the in-process cluster did not form".into()));
+                            return;
+                        }
+                        _ => {}
+                    }
+                }
+                let next = cluster.next_wakeup();
+                let now = clock.now();
+                let sleep = next.map_or(MAX_SLEEP, |t| t.saturating_since(now).min(MAX_SLEEP));
+                if sleep > Duration::ZERO {
+                    // Sleep unless an HTTP worker queued a task meanwhile
+                    // (its notify sees the sleeping flag, or this sees the task).
+                    waits.wait_unless(sleep, || cluster.frontend(0).is_some_and(|h| h.node.has_queued_tasks()));
+                }
+            }
+        })?;
+        let service = tokio::task::spawn_blocking(move || ready_rx.recv_timeout(FORM_TIMEOUT + std::time::Duration::from_secs(1)))
+            .await
+            .map_err(std::io::Error::other)?
+            .map_err(std::io::Error::other)?
+            .map_err(std::io::Error::other)?;
+        let server = Server::start(cfg.addr, service.clone(), cfg.http).await?;
+        Ok(LocalServer { server, service, stop: StopOnDrop { flag: stop, wake }, thread: Some(thread) })
+    }
+
+    /// The HTTP address.
+    pub fn addr(&self) -> SocketAddr {
+        self.server.addr()
+    }
+
+    /// The service (counters, metrics, catalog, staging).
+    pub fn service(&self) -> &Arc<ClusterService<NetSink>> {
+        &self.service
+    }
+
+    /// Stops the HTTP server, then the cluster thread.
+    pub async fn stop(mut self) {
+        self.server.stop().await;
+        self.stop.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
+    }
+}
