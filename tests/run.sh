@@ -4,6 +4,8 @@
 #   2. clippy, warnings as errors, with and without the rdma and cuda features
 #   3. every unit, property and integration test of the workspace (release build: the
 #      simulator and runtime tests run real workloads)
+#      including the deterministic cluster harness (`symphony chaos`: 1000 seeds per
+#      fault class), then its mutation tests (feature `mutations`)
 #   4. loom model checking of the SPSC ring's memory ordering
 #   5. a client this project did not write: Triton's tritonclient (PyPI) runs health,
 #      metadata and infer calls against the frontend's HTTP server, in process and then
@@ -14,6 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
+# Every build below shares one target directory (the caller's, if set).
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 step() { echo "== $* ($(date -u +%H:%M:%S))" >&2; }
 step setup
 bash scripts/setup.sh
@@ -21,15 +25,21 @@ step clippy
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p dataplane --all-targets --features rdma -- -D warnings
 cargo clippy -p backend --all-targets --features cuda -- -D warnings
+cargo clippy -p tools --all-targets --features mutations -- -D warnings
 step tests
 cargo test --workspace --release
 # The cuda executor is compiled and its no-driver path tested (no GPU here).
 cargo test -p backend --release --features cuda
+step chaos-mutations
+# The chaos harness (1000 seeds per fault class) ran above with the workspace
+# (tools/tests/chaos.rs; CHAOS_SEEDS=N for a longer soak). Here each
+# deliberate bug must be caught within 100 seeds and its replay must fail.
+cargo test -p tools --release --features mutations --test mutations
 step loom
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p dataplane --test loom_ring --release
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="$CARGO_TARGET_DIR/loom" cargo test -p dataplane --test loom_ring --release
 step tritonclient
-CARGO_TARGET_DIR=target bash tools/tests/python/run.sh
-CARGO_TARGET_DIR=target bash tests/tritonclient_daemons.sh
+bash tools/tests/python/run.sh
+bash tests/tritonclient_daemons.sh
 step soft-roce
 bash tests/softroce/ci.sh
 step done
