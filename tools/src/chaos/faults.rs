@@ -203,7 +203,9 @@ mod tests {
         let a = schedule(FaultSet::ALL, 7, s, e, 3, 4, 1);
         assert_eq!(a, schedule(FaultSet::ALL, 7, s, e, 3, 4, 1));
         assert!(a.windows(2).all(|w| w[0].0 <= w[1].0));
-        assert_eq!(a.len(), 3 * 3);
+        // Partition, crash and slow-gpu are events (loss, dup, reorder are
+        // per-message chances): one of each per whole second of the span.
+        assert_eq!(a.len(), 3 * 2);
         assert!(a.iter().all(|(t, _)| *t >= s && *t < e));
     }
 }
