@@ -241,6 +241,17 @@ fn run_daemon(args: &[String]) -> ExitCode {
             .collect::<Vec<String>>()
     };
     match role {
+        "-h" | "--help" | "help" => {
+            println!(
+                "Runs one daemon in this process (what `symphony up` starts as its children).\n\n\
+                 Usage: symphony daemon <ROLE> [OPTIONS]\n\n\
+                 Roles:\n  scheduler  the centralized scheduler (same as symphony-scheduler)\n  \
+                 frontend   the KServe v2 frontend (same as symphony-frontend)\n  \
+                 backend    a GPU backend (same as symphony-backend)\n\n\
+                 `symphony daemon <ROLE> --help` lists the role's options."
+            );
+            ExitCode::SUCCESS
+        }
         "scheduler" => scheduler::daemon::main_with_args(argv("symphony-scheduler")),
         "frontend" => frontend::daemon::main_with_args(argv("symphony-frontend")),
         "backend" => backend::daemon::main_with_args(argv("symphony-backend")),

@@ -75,6 +75,9 @@ pub struct UpArgs {
 
 /// The cluster spec `up` and the e2e report start.
 pub fn spec(models: &str, o: &ClusterOpts) -> Result<ClusterSpec, String> {
+    // Every option is checked here, before any child starts.
+    control::TransportKind::parse(&o.transport).map_err(|e| format!("--transport: {e}"))?;
+    control::parse_idle(&o.idle).map_err(|e| format!("--idle: {e}"))?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find my own executable: {e}"))?;
     let mut s = ClusterSpec::new(exe, &o.zoo, models);
     s.extra = o.extra.clone();

@@ -64,6 +64,10 @@ fn bad_input_is_a_clear_error() {
         (vec!["report", "nope"], "unknown report"),
         (vec!["daemon", "nope"], "unknown role"),
         (vec!["daemon", "scheduler", "--transport", "udp"], "unknown transport"),
+        // `up` checks every option before it starts a child.
+        (vec!["up", "--transport", "bogus"], "unknown transport 'bogus' (shm, tcp, tcp-blocking, rdma)"),
+        (vec!["up", "--idle", "nope"], "unknown idle strategy"),
+        (vec!["e2e", "--transport", "bogus"], "unknown transport"),
     ] {
         let (code, _, err) = symphony(&args);
         assert_eq!(code, 2, "{args:?}: {err}");
@@ -85,4 +89,13 @@ fn network_delay_file_round_trips_into_the_simulator() {
     let with = json(&with);
     assert!(with["median_batch"].as_u64() < without["median_batch"].as_u64(), "{} vs {}", with["median_batch"], without["median_batch"]);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn every_daemon_entry_point_has_help() {
+    for args in [vec!["daemon", "--help"], vec!["daemon", "scheduler", "--help"], vec!["daemon", "frontend", "--help"], vec!["daemon", "backend", "--help"]] {
+        let (code, out, err) = symphony(&args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert!(out.contains("Usage"), "{args:?}: {out}");
+    }
 }
