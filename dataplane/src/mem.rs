@@ -907,6 +907,10 @@ impl RegionDirectory {
 /// had the same id (a crash or SIGKILL skips the unlink): no live process
 /// can own it, so it is replaced.
 pub(crate) fn create_own_shm_file(path: &std::path::Path) -> io::Result<std::fs::File> {
+    static SWEEP: std::sync::Once = std::sync::Once::new();
+    SWEEP.call_once(|| {
+        sweep_stale_files(std::path::Path::new("/dev/shm"), &["symphony-reg-", "symphony-"]);
+    });
     let open = || {
         OpenOptions::new()
             .read(true)
@@ -923,9 +927,70 @@ pub(crate) fn create_own_shm_file(path: &std::path::Path) -> io::Result<std::fs:
     }
 }
 
+/// Whether process `pid` exists (a process we may not signal exists too).
+pub fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks that the process exists; no signal is sent.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// The process id in a file name `<prefix><pid>[-<anything>]`, if it has
+/// one of `prefixes` (longest first).
+fn owner_pid(name: &str, prefixes: &[&str]) -> Option<u32> {
+    let rest = prefixes.iter().find_map(|p| name.strip_prefix(p))?;
+    rest.split('-').next()?.parse().ok()
+}
+
+/// Removes the entries of `dir` (files or directories) named
+/// `<prefix><pid>[-...]` whose process is dead: what a crash or SIGKILL left
+/// behind. Entries of live processes (other clusters, parallel tests) are
+/// left alone. Returns how many were removed.
+pub fn sweep_stale_files(dir: &std::path::Path, prefixes: &[&str]) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let me = std::process::id();
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(|n| owner_pid(n, prefixes)) else { continue };
+        if pid == me || process_alive(pid) {
+            continue;
+        }
+        let path = e.path();
+        let gone = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+        if gone.is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sweeps_only_entries_of_dead_processes() {
+        let dir = std::env::temp_dir().join(format!("sweep-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // A pid far above pid_max cannot be alive; ours is.
+        let dead = dir.join("symphony-4000000000-1");
+        let mine = dir.join(format!("symphony-{}-1", std::process::id()));
+        let reg = dir.join("symphony-reg-4000000000-2");
+        let other = dir.join("unrelated-4000000000-1");
+        for f in [&dead, &mine, &reg, &other] {
+            std::fs::write(f, b"x").unwrap();
+        }
+        assert_eq!(sweep_stale_files(&dir, &["symphony-reg-", "symphony-"]), 2);
+        assert!(!dead.exists() && !reg.exists());
+        assert!(mine.exists() && other.exists());
+        assert_eq!(owner_pid("symphony-up-123", &["symphony-up-"]), Some(123));
+        assert_eq!(owner_pid("symphony-x-1", &["symphony-"]), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn slot_pool_hands_out_each_slot_once_and_refuses_foreign_frees() {

@@ -48,7 +48,7 @@ enum Cmd {
         /// Keep the cluster running for outside clients (prints the HTTP addresses) until Ctrl-C.
         #[arg(long)]
         serve: bool,
-        /// Write SVG figures into this directory (default: next to the daemons' logs).
+        /// Write SVG figures into this directory (default: ./symphony-up).
         #[arg(long)]
         plot: Option<PathBuf>,
         /// Print JSON on stdout.

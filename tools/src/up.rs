@@ -89,7 +89,7 @@ pub fn spec(models: &str, o: &ClusterOpts) -> Result<ClusterSpec, String> {
     s.control_delay_us = o.control_delay_us;
     s.return_margin_us = o.return_margin_us;
     s.min_window_us = o.min_window_us;
-    s.log_dir = Some(std::env::temp_dir().join(format!("symphony-up-{}", std::process::id())));
+    s.log_dir = Some(std::env::temp_dir().join(format!("{LOG_DIR_PREFIX}{}", std::process::id())));
     // A request's outcome is due at its SLO: a late answer is a failure,
     // not a slow success, so the client's 200s are the goodput.
     s.frontend_flags = vec!["--grace-ms".into(), "0".into()];
@@ -284,7 +284,34 @@ fn advice_text(add: f64, remove: f64) -> String {
     }
 }
 
+/// Runs `body` with the daemons' log directory of `spec`: stale log
+/// directories of dead `up`/`e2e` processes are removed first, and this
+/// run's own is removed when the run succeeds (kept, and named, when it
+/// fails), so nothing is left in the temporary directory.
+fn with_logs<T>(spec: &ClusterSpec, body: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    dataplane::mem::sweep_stale_files(&std::env::temp_dir(), &[LOG_DIR_PREFIX]);
+    let r = body();
+    if let Some(dir) = &spec.log_dir {
+        match &r {
+            Ok(_) => {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            Err(_) if dir.exists() => eprintln!("symphony: the daemons' logs are kept in {}", dir.display()),
+            Err(_) => {}
+        }
+    }
+    r
+}
+
+/// Log directories are `<tmp>/symphony-up-<pid>`.
+const LOG_DIR_PREFIX: &str = "symphony-up-";
+
 pub fn run(a: &UpArgs) -> Result<(), String> {
+    let spec = spec(&a.models, &a.cluster)?;
+    with_logs(&spec, || run_with(a, spec.clone()))
+}
+
+fn run_with(a: &UpArgs, mut spec: ClusterSpec) -> Result<(), String> {
     let models = scheduler::zoo::cluster_models(&a.cluster.zoo, &a.models, &a.cluster.extra)?;
     if a.cluster.frontends == 0 || a.cluster.backends == 0 || a.cluster.gpus_per_backend == 0 {
         return Err("need at least one frontend, one backend and one GPU per backend".into());
@@ -297,7 +324,6 @@ pub fn run(a: &UpArgs) -> Result<(), String> {
     }
     control::install_stop_signals()?;
     let gpus = a.cluster.backends * a.cluster.gpus_per_backend;
-    let mut spec = spec(&a.models, &a.cluster)?;
     if a.serve {
         // Outside clients measure their own latency; answer a late result
         // rather than turning it into an error.
@@ -343,8 +369,9 @@ pub fn run(a: &UpArgs) -> Result<(), String> {
     stopped?;
     let mut sched = build(&models, gpus, &PolicyConfig::new(PolicyKind::Deferred))?;
     let sim: SimReport = simulate(&sim_config(&models, gpus, rate, a.duration_s, a.cluster.seed), sched.as_mut()).map_err(|e| e.to_string())?;
-    // Figures go next to the daemons' logs unless --plot names a directory.
-    let dir = a.plot.clone().or_else(|| spec.log_dir.clone()).unwrap_or_else(std::env::temp_dir);
+    // Figures go to --plot, by default ./symphony-up (the logs' temporary
+    // directory is removed when the run ends).
+    let dir = a.plot.clone().unwrap_or_else(|| PathBuf::from("symphony-up"));
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let fraction = |v: Vec<(f64, f64)>| {
         let total: f64 = v.iter().map(|p| p.1 * p.0).sum::<f64>().max(1.0);
@@ -466,6 +493,10 @@ pub fn e2e(a: &E2eArgs) -> Result<(), String> {
     eprintln!("symphony e2e: simulated goodput of {} on {gpus} GPUs...", a.models);
     let s = sim_goodput(&models, gpus, a.cluster.seed)?;
     let spec = spec(&a.models, &a.cluster)?;
+    with_logs(&spec, || e2e_with(a, &spec, &models, s))
+}
+
+fn e2e_with(a: &E2eArgs, spec: &ClusterSpec, models: &[ModelSpec], s: f64) -> Result<(), String> {
     // Bisection between a passing and a failing rate, starting around s.
     let (mut lo, mut hi) = (0.0f64, s * 1.1);
     let mut best: Option<E2eRun> = None;
@@ -479,7 +510,7 @@ pub fn e2e(a: &E2eArgs) -> Result<(), String> {
         let mut verdicts = Vec::new();
         for trial in 0..a.trials.max(1) {
             let seed = a.cluster.seed + u64::from(step) * 100 + u64::from(trial);
-            let (r, pass) = e2e_trial(&spec, &models, rate, a.run_s, seed, &mut runs)?;
+            let (r, pass) = e2e_trial(spec, models, rate, a.run_s, seed, &mut runs)?;
             verdicts.push((pass, r));
         }
         let passes = verdicts.iter().filter(|v| v.0).count();
