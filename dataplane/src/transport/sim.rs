@@ -89,6 +89,14 @@ impl Default for FaultConfig {
     }
 }
 
+impl FaultConfig {
+    /// No faults, and every message delivered at the instant it is sent:
+    /// for unit tests that drive one node and play its peers by hand.
+    pub fn same_instant() -> Self {
+        FaultConfig { base_delay: Duration::ZERO, ..FaultConfig::default() }
+    }
+}
+
 /// How many faults hit something in flight, per class.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FaultCounts {
@@ -944,7 +952,7 @@ mod tests {
 
     #[test]
     fn a_zero_base_delay_delivers_at_the_send_instant_and_reports_no_future_event() {
-        let net = SimNet::new(1, FaultConfig { base_delay: Duration::ZERO, ..FaultConfig::default() });
+        let net = SimNet::new(1, FaultConfig::same_instant());
         let (mut c, mut s) = pair(&net);
         let mut buf = [0u8; 128];
         let t = Instant::ZERO + Duration::from_millis(3);
