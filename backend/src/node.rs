@@ -601,7 +601,7 @@ mod tests {
     use crate::worker::WorkerConfig;
     use crate::EmulatedExecutor;
     use dataplane::mem::{Access, Region};
-    use dataplane::transport::sim::{FaultConfig, NodeId, SimConn, SimNet};
+    use dataplane::transport::sim::{FaultConfig, NodeId, SimConn, SimNet, SimPeer};
     use dataplane::transport::Domain;
     use dataplane::wire::{BatchPlanHead, BatchTask, Message, RemoteRef};
     use scheduler::profile::LatencyProfile;
@@ -610,30 +610,26 @@ mod tests {
     const SCHEDULER: NodeId = 0;
     const FRONTEND: NodeId = 3;
 
-    /// The scheduler's end of the link.
-    struct FakeScheduler {
-        link: SimConn,
-        buf: Vec<u8>,
+    /// What the tests read from and write to a peer's end.
+    trait PeerExt {
+        /// Sends a plan of one task from frontend 3.
+        fn plan(&mut self, batch_id: u64);
+        /// Every message received, debug-formatted (heartbeats left out),
+        /// and how many heartbeats.
+        fn received(&mut self) -> (Vec<String>, usize);
     }
 
-    impl FakeScheduler {
-        fn send<M: wire::FixedMessage>(&mut self, m: &M) {
-            let n = wire::encode(&mut self.buf, m).unwrap();
-            self.link.send(&self.buf[..n]).unwrap();
-        }
+    impl PeerExt for SimPeer {
         fn plan(&mut self, batch_id: u64) {
             let head = BatchPlanHead { batch_id, exec_in_ns: 1_000_000, model_id: 0, gpu_id: 0, count: 0, reserved: 0 };
             let task = BatchTask { task_id: batch_id, frontend_id: 3, reserved: 0, input: RemoteRef { key: 1, len: 16, offset: 0 } };
-            let n = wire::encode_batch_plan(&mut self.buf, &head, &[task]).unwrap();
-            self.link.send(&self.buf[..n]).unwrap();
+            self.send_encoded(|buf| wire::encode_batch_plan(buf, &head, &[task])).unwrap();
         }
-        /// Every message received, debug-formatted (heartbeats left out),
-        /// and how many heartbeats.
         fn received(&mut self) -> (Vec<String>, usize) {
             let mut out = Vec::new();
             let mut beats = 0;
-            while let Ok(Some(n)) = self.link.try_recv(&mut self.buf) {
-                match wire::decode(&self.buf[..n]).unwrap() {
+            for m in self.take_all() {
+                match wire::decode(&m).unwrap() {
                     Message::Heartbeat(_) => beats += 1,
                     m => out.push(format!("{m:?}")),
                 }
@@ -667,7 +663,7 @@ mod tests {
         node: BackendNode<SimConn, EmulatedExecutor>,
     }
 
-    fn node() -> (Backend, FakeScheduler) {
+    fn node() -> (Backend, SimPeer) {
         // READs held by a partition (see `hold_reads`) last longer than any test.
         let net = SimNet::new(0, FaultConfig { read_timeout: Duration::from_millis(3_600_000), ..FaultConfig::same_instant() });
         let wcfg = WorkerConfig { max_batch: 4, input_slot: 16, output_slot: 16, batch_slots: 2, max_frontends: 8, ..WorkerConfig::default() };
@@ -680,7 +676,7 @@ mod tests {
         let (ours, theirs) = net.link(BACKEND, SCHEDULER).unwrap();
         let worker = BatchWorker::new(wcfg, exec, reg, ours).unwrap();
         let node = BackendNode::new(config(), worker);
-        (Backend { net, node }, FakeScheduler { link: theirs, buf: vec![0; wire::MAX_MESSAGE_LEN] })
+        (Backend { net, node }, SimPeer::new(theirs))
     }
 
     impl Backend {
@@ -690,26 +686,20 @@ mod tests {
 
         /// Moves the clock to `now` and polls until quiet.
         fn settle(&mut self, now: Instant) {
-            self.net.set_now(now);
-            for _ in 0..100 {
-                if !self.node.poll(now) {
-                    return;
-                }
-            }
-            panic!("node never quiet");
+            assert!(self.net.settle(now, 100, |t| self.node.poll(t)), "node never quiet");
         }
 
         /// Hands the node a link to frontend 3 at `now`; returns the
         /// frontend's end. With `hold_reads`, the backend's READs of the
         /// frontend never complete (the two are cut from each other).
-        fn connect_frontend(&mut self, now: Instant, hold_reads: bool) -> FakeScheduler {
+        fn connect_frontend(&mut self, now: Instant, hold_reads: bool) -> SimPeer {
             self.net.set_now(now);
             let (ours, theirs) = self.net.link(BACKEND, FRONTEND).unwrap();
             if hold_reads {
                 self.net.partition(BACKEND, FRONTEND);
             }
             self.node.handle_frontend_link(now, 3, ours);
-            FakeScheduler { link: theirs, buf: vec![0; wire::MAX_MESSAGE_LEN] }
+            SimPeer::new(theirs)
         }
     }
 
@@ -718,13 +708,13 @@ mod tests {
     }
 
     /// Registered at t0; the scheduler's received messages cleared.
-    fn registered(t0: Instant) -> (Backend, FakeScheduler) {
+    fn registered(t0: Instant) -> (Backend, SimPeer) {
         let (mut n, mut s) = node();
         n.settle(t0);
         let (msgs, _) = s.received();
         assert!(msgs[0].starts_with("Register") && msgs[0].contains("id: 5"), "{msgs:?}");
         assert!(msgs[1].starts_with("Models"), "{msgs:?}");
-        s.send(&ack(MODELS));
+        s.send(&ack(MODELS)).unwrap();
         n.settle(t0);
         assert_eq!(n.events(), vec![BackendEvent::Registered]);
         assert!(n.node.registered());
@@ -735,8 +725,8 @@ mod tests {
     fn registers_then_asks_the_host_to_connect_announced_frontends() {
         let t0 = Instant::from_nanos(7);
         let (mut n, mut s) = registered(t0);
-        s.send(&Register::new(Role::Frontend, 3, 0, "fe3"));
-        s.send(&Register::new(Role::Frontend, 99, 0, "too-high"));
+        s.send(&Register::new(Role::Frontend, 3, 0, "fe3")).unwrap();
+        s.send(&Register::new(Role::Frontend, 99, 0, "too-high")).unwrap();
         n.settle(t0);
         let ev = n.events();
         assert_eq!(ev[0], BackendEvent::ConnectFrontend { id: 3, endpoint: "fe3".into() });
@@ -765,7 +755,7 @@ mod tests {
 
         let (mut n, mut s) = node();
         n.settle(t0);
-        s.send(&ack(MODELS + 1));
+        s.send(&ack(MODELS + 1)).unwrap();
         n.settle(t0);
         let ev = n.events();
         assert!(matches!(&ev[..], [BackendEvent::Refused { why }] if why.contains("model list mismatch")), "{ev:?}");

@@ -888,25 +888,25 @@ mod tests {
     use crate::service::{ClusterService, InferenceService, SubmitError};
     use crate::staging::{Outcome, StagingConfig, Ticket};
     use dataplane::mem::{Access, Region};
-    use dataplane::transport::sim::{FaultConfig, NodeId, SimConn, SimNet};
+    use dataplane::transport::sim::{FaultConfig, NodeId, SimConn, SimNet, SimPeer};
     use dataplane::transport::Domain;
     use dataplane::wire::{CompletionHead, OutputKind};
     use std::future::Future;
     use std::pin::Pin;
     use std::task::{Context, Poll};
 
-    // ---- a peer's end of a link on the sim transport ---------------------
+    // ---- what the tests read from and write to a peer's end ------------
 
-    /// The scheduler's or a backend's end of a link: sends and decodes.
-    struct Peer {
-        link: SimConn,
+    trait PeerExt {
+        fn put<M: wire::FixedMessage>(&mut self, m: &M);
+        fn put_completion(&mut self, task_id: u64, out: &[u8]);
+        fn tasks(&mut self) -> Vec<Task>;
+        fn heartbeats(&mut self) -> usize;
     }
 
-    impl Peer {
+    impl PeerExt for SimPeer {
         fn put<M: wire::FixedMessage>(&mut self, m: &M) {
-            let mut b = [0u8; 256];
-            let n = wire::encode(&mut b, m).unwrap();
-            self.link.send(&b[..n]).unwrap();
+            self.send(m).unwrap();
         }
         fn put_completion(&mut self, task_id: u64, out: &[u8]) {
             let head = CompletionHead {
@@ -915,18 +915,8 @@ mod tests {
                 output_kind: OutputKind::Inline as u32,
                 ..CompletionHead::default()
             };
-            let mut b = vec![0u8; wire::MAX_MESSAGE_LEN];
-            let n = wire::encode_completion(&mut b, &head, out).unwrap();
-            self.link.send(&b[..n]).unwrap();
-        }
-        /// Every message that has arrived, raw.
-        fn take_all(&mut self) -> Vec<Vec<u8>> {
-            let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
-            std::iter::from_fn(|| match self.link.try_recv(&mut buf) {
-                Ok(Some(n)) => Some(buf[..n].to_vec()),
-                _ => None,
-            })
-            .collect()
+            self.send_encoded(|b| wire::encode_completion(b, &head, out))
+                .unwrap();
         }
         fn tasks(&mut self) -> Vec<Task> {
             self.take_all()
@@ -1023,13 +1013,13 @@ mod tests {
             self.node.poll(now)
         }
         /// A new link from this frontend to `peer`: ours, theirs.
-        fn link(&self, peer: NodeId) -> (SimConn, Peer) {
+        fn link(&self, peer: NodeId) -> (SimConn, SimPeer) {
             let (ours, theirs) = self.net.link(FRONTEND, peer).unwrap();
-            (ours, Peer { link: theirs })
+            (ours, SimPeer::new(theirs))
         }
         /// Hands over a scheduler link and completes the handshake at `T0`;
         /// returns the scheduler's end.
-        fn registered(&mut self) -> Peer {
+        fn registered(&mut self) -> SimPeer {
             let (ours, mut sched) = self.link(SCHEDULER);
             self.node.handle_scheduler_link(T0, ours);
             assert!(self.poll(T0));
@@ -1040,7 +1030,7 @@ mod tests {
             sched
         }
         /// Hands over a data link that registers as backend `id`.
-        fn backend(&mut self, now: Instant, id: u32) -> Peer {
+        fn backend(&mut self, now: Instant, id: u32) -> SimPeer {
             let (ours, mut theirs) = self.link(PEER);
             self.node.handle_backend_link(now, ours);
             theirs.put(&Register::new(Role::Backend, id, 1, ""));

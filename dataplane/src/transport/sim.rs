@@ -43,6 +43,9 @@ use rand::{Rng, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
 use super::{Completion, Connection, Domain, Error, ErrorKind, Listener, ReadOp, Registration};
+
+mod manual;
+pub use manual::SimPeer;
 use crate::mem::{Access, Region};
 use crate::time::{Duration, Instant};
 

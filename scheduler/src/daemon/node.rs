@@ -655,40 +655,30 @@ mod tests {
     use super::*;
     use crate::deferred::CoreConfig;
     use crate::zoo::ModelSpec;
-    use dataplane::transport::sim::{FaultConfig, NodeId, SimConn, SimNet};
+    use dataplane::transport::sim::{FaultConfig, NodeId, SimConn, SimNet, SimPeer};
     use dataplane::wire::{BatchDone, Register, RemoteRef, Task};
 
     const SCHEDULER: NodeId = 0;
     const PEER: NodeId = 1;
 
-    /// The peer's side of a link: sends and decodes.
-    struct Peer {
-        link: SimConn,
-        buf: Vec<u8>,
+    /// What the tests read from and write to a peer's end.
+    trait PeerExt {
+        fn send_models(&mut self, ids: &[u32]);
+        /// Every message received, debug-formatted, heartbeats left out.
+        fn received(&mut self) -> Vec<String>;
     }
 
-    impl Peer {
-        fn send<M: wire::FixedMessage>(&mut self, m: &M) {
-            let n = wire::encode(&mut self.buf, m).unwrap();
-            self.link.send(&self.buf[..n]).unwrap();
-        }
+    impl PeerExt for SimPeer {
         fn send_models(&mut self, ids: &[u32]) {
-            let n = wire::encode_models(&mut self.buf, ids).unwrap();
-            self.link.send(&self.buf[..n]).unwrap();
+            self.send_encoded(|buf| wire::encode_models(buf, ids)).unwrap();
         }
-        /// Every message received, debug-formatted, heartbeats left out.
         fn received(&mut self) -> Vec<String> {
-            let mut out = Vec::new();
-            while let Ok(Some(n)) = self.link.try_recv(&mut self.buf) {
-                let m = wire::decode(&self.buf[..n]).unwrap();
-                if !matches!(m, Message::Heartbeat(_)) {
-                    out.push(format!("{m:?}"));
-                }
-            }
-            out
-        }
-        fn disconnected(&mut self) -> bool {
-            matches!(self.link.try_recv(&mut self.buf), Err(Error::PeerDisconnected))
+            let msgs = self.take_all();
+            msgs.iter()
+                .map(|m| wire::decode(m).unwrap())
+                .filter(|m| !matches!(m, Message::Heartbeat(_)))
+                .map(|m| format!("{m:?}"))
+                .collect()
         }
     }
 
@@ -709,15 +699,15 @@ mod tests {
     impl Sched {
         /// Hands the node a new link at `now`; returns the peer's end,
         /// whose sends may queue up to `capacity` unread at the node.
-        fn connect_with(&mut self, now: Instant, capacity: Option<usize>) -> Peer {
+        fn connect_with(&mut self, now: Instant, capacity: Option<usize>) -> SimPeer {
             self.net.set_now(now);
             let (mut ours, theirs) = self.net.link(SCHEDULER, PEER).unwrap();
             ours.set_send_capacity(capacity);
             self.node.handle_connection(now, ours);
-            Peer { link: theirs, buf: vec![0; wire::MAX_MESSAGE_LEN] }
+            SimPeer::new(theirs)
         }
 
-        fn connect(&mut self, now: Instant) -> Peer {
+        fn connect(&mut self, now: Instant) -> SimPeer {
             self.connect_with(now, None)
         }
 
@@ -727,13 +717,7 @@ mod tests {
 
         /// Moves the clock to `now` and polls until quiet.
         fn settle(&mut self, now: Instant) {
-            self.net.set_now(now);
-            for _ in 0..100 {
-                if !self.node.poll(now) {
-                    return;
-                }
-            }
-            panic!("node never quiet");
+            assert!(self.net.settle(now, 100, |t| self.node.poll(t)), "node never quiet");
         }
 
         /// Runs on the virtual clock, jumping to each `poll_at`, up to `until`.
@@ -761,12 +745,12 @@ mod tests {
     }
 
     /// A frontend 1 and a backend 7 (one GPU), registered at t=0.
-    fn cluster(n: &mut Sched) -> (Peer, Peer) {
+    fn cluster(n: &mut Sched) -> (SimPeer, SimPeer) {
         let t0 = Instant::ZERO;
         let mut fe = n.connect(t0);
         let mut be = n.connect(t0);
-        fe.send(&Register::new(Role::Frontend, 1, 0, "fe1"));
-        be.send(&Register::new(Role::Backend, 7, 1, ""));
+        fe.send(&Register::new(Role::Frontend, 1, 0, "fe1")).unwrap();
+        be.send(&Register::new(Role::Backend, 7, 1, "")).unwrap();
         be.send_models(&[0]);
         n.settle(t0);
         assert_eq!(
@@ -789,8 +773,8 @@ mod tests {
         let be_msgs = be.received();
         assert!(be_msgs[0].contains("Register"), "{be_msgs:?}");
         assert!(be_msgs[1].contains("endpoint") || be_msgs[1].contains("fe1") || be_msgs[1].contains("id: 1"), "{be_msgs:?}");
-        fe.send(&task(1, 1));
-        fe.send(&task(2, 1));
+        fe.send(&task(1, 1)).unwrap();
+        fe.send(&task(2, 1)).unwrap();
         let t0 = Instant::ZERO;
         let mut plans = Vec::new();
         n.run_until(t0, t0 + Duration::from_millis(100), |_| plans.extend(be.received()));
@@ -819,7 +803,7 @@ mod tests {
         let mut n = node(NodeConfig::default());
         let (_fe, _be) = cluster(&mut n);
         let mut dup = n.connect(Instant::ZERO);
-        dup.send(&Register::new(Role::Frontend, 1, 0, "again"));
+        dup.send(&Register::new(Role::Frontend, 1, 0, "again")).unwrap();
         n.settle(Instant::ZERO);
         let ev = n.events();
         assert!(matches!(&ev[..], [SchedulerEvent::PeerRefused { why }] if why.contains("already registered")), "{ev:?}");
@@ -832,14 +816,14 @@ mod tests {
         let mut n = node(cfg);
         let (mut fe, mut be) = cluster(&mut n);
         fe.received();
-        fe.send(&task(1, 1));
+        fe.send(&task(1, 1)).unwrap();
         let t0 = Instant::ZERO;
         // The frontend keeps beating; the backend says nothing after its plan.
         let mut fe_beat = 0u64;
         let end = n.run_until(t0, t0 + Duration::from_secs_f64(1.5), |_| {
             be.received();
             fe_beat += 1;
-            fe.send(&wire::Heartbeat { seq: fe_beat, role: Role::Frontend as u32, id: 1 });
+            fe.send(&wire::Heartbeat { seq: fe_beat, role: Role::Frontend as u32, id: 1 }).unwrap();
         });
         let ev = n.events();
         assert!(ev.contains(&SchedulerEvent::PeerSilent(PeerId::Backend(7))), "{ev:?}");
@@ -857,22 +841,22 @@ mod tests {
         let mut n = node(cfg);
         let (mut fe, mut be) = cluster(&mut n);
         fe.received();
-        fe.send(&task(1, 1));
+        fe.send(&task(1, 1)).unwrap();
         let t0 = Instant::ZERO;
         let mut seq = 0;
         // Both peers stay alive, but the backend never reports the batch.
         n.run_until(t0, t0 + Duration::from_millis(500), |_| {
             be.received();
             seq += 1;
-            fe.send(&wire::Heartbeat { seq, role: Role::Frontend as u32, id: 1 });
-            be.send(&wire::Heartbeat { seq, role: Role::Backend as u32, id: 7 });
+            fe.send(&wire::Heartbeat { seq, role: Role::Frontend as u32, id: 1 }).unwrap();
+            be.send(&wire::Heartbeat { seq, role: Role::Backend as u32, id: 7 }).unwrap();
         });
         let ev = n.events();
         assert_eq!(ev, vec![SchedulerEvent::BatchesExpired { count: 1 }]);
         assert_eq!(n.node.plane().batches_in_flight(), 0);
         assert_eq!(fe.received().iter().filter(|m| m.contains("status: 2")).count(), 1);
         // A late report is only a protocol error.
-        be.send(&BatchDone { batch_id: 1, actual_ns: 0, gpu_id: 0, count: 1 });
+        be.send(&BatchDone { batch_id: 1, actual_ns: 0, gpu_id: 0, count: 1 }).unwrap();
         n.settle(t0 + Duration::from_millis(500));
         assert!(n.events().is_empty());
         assert_eq!(n.node.plane().metrics().protocol_errors.load(Ordering::Relaxed), 1);
@@ -884,11 +868,11 @@ mod tests {
         let mut n = node(cfg);
         let t0 = Instant::ZERO;
         let mut fe = n.connect_with(t0, Some(1));
-        fe.send(&Register::new(Role::Frontend, 1, 0, "fe1"));
+        fe.send(&Register::new(Role::Frontend, 1, 0, "fe1")).unwrap();
         n.settle(t0);
         // The ack took the one place; unknown-model drops queue behind it.
         for id in 0..3 {
-            fe.send(&Task { model_id: 9, ..task(id, 1) });
+            fe.send(&Task { model_id: 9, ..task(id, 1) }).unwrap();
         }
         n.settle(t0);
         assert_eq!(fe.received().len(), 1, "only the ack got through");
@@ -904,8 +888,7 @@ mod tests {
             now = t.max(now);
             n.settle(now);
             // Proof of life (it fails once the node has closed the link).
-            let n = wire::encode(&mut fe.buf, &wire::Heartbeat { seq: 1, role: Role::Frontend as u32, id: 1 }).unwrap();
-            let _ = fe.link.send(&fe.buf[..n]);
+            let _ = fe.send(&wire::Heartbeat { seq: 1, role: Role::Frontend as u32, id: 1 });
         }
         let ev = n.events();
         assert!(ev.iter().any(|e| matches!(e, SchedulerEvent::SendFailed { peer: PeerId::Frontend(1), .. })), "{ev:?}");
@@ -918,12 +901,12 @@ mod tests {
         let (mut fe, mut be) = cluster(&mut n);
         fe.received();
         let t0 = Instant::ZERO;
-        fe.send(&task(1, 1));
+        fe.send(&task(1, 1)).unwrap();
         n.settle(t0);
         let plan_at = n.node.poll_at().unwrap();
         n.settle(plan_at);
         assert_eq!(n.node.plane().batches_in_flight(), 1);
-        fe.send(&Task { budget_ns: 1_000_000_000, ..task(2, 1) });
+        fe.send(&Task { budget_ns: 1_000_000_000, ..task(2, 1) }).unwrap();
         n.settle(plan_at);
         n.node.stop();
         n.settle(plan_at);
@@ -931,7 +914,7 @@ mod tests {
         assert!(fe.received().iter().any(|m| m.starts_with("Dropped") && m.contains("reason: ")));
         let plan = be.received().into_iter().find(|m| m.starts_with("BatchPlan")).unwrap();
         assert!(plan.contains("batch_id: 1"), "{plan}");
-        be.send(&BatchDone { batch_id: 1, actual_ns: 1, gpu_id: 0, count: 1 });
+        be.send(&BatchDone { batch_id: 1, actual_ns: 1, gpu_id: 0, count: 1 }).unwrap();
         n.settle(plan_at);
         assert!(n.node.drained());
     }
