@@ -601,113 +601,35 @@ mod tests {
     use crate::worker::WorkerConfig;
     use crate::EmulatedExecutor;
     use dataplane::mem::{Access, Region};
-    use dataplane::transport::{Completion, ReadOp, Registration};
+    use dataplane::transport::sim::{FaultConfig, NodeId, SimConn, SimNet, SimPeer};
+    use dataplane::transport::Domain;
     use dataplane::wire::{BatchPlanHead, BatchTask, Message, RemoteRef};
     use scheduler::profile::LatencyProfile;
-    use std::sync::{Arc, Mutex};
 
-    /// One direction of a test link.
-    #[derive(Default)]
-    struct Pipe {
-        msgs: VecDeque<Vec<u8>>,
-        closed: bool,
+    const BACKEND: NodeId = 5;
+    const SCHEDULER: NodeId = 0;
+    const FRONTEND: NodeId = 3;
+
+    /// What the tests read from and write to a peer's end.
+    trait PeerExt {
+        /// Sends a plan of one task from frontend 3.
+        fn plan(&mut self, batch_id: u64);
+        /// Every message received, debug-formatted (heartbeats left out),
+        /// and how many heartbeats.
+        fn received(&mut self) -> (Vec<String>, usize);
     }
 
-    /// A test-only in-memory link end: messages only. READs are refused
-    /// (a plan's tasks fail as unreachable), or with `hold_reads` taken and
-    /// never completed.
-    struct MemLink {
-        tx: Arc<Mutex<Pipe>>,
-        rx: Arc<Mutex<Pipe>>,
-        hold_reads: bool,
-        outstanding: usize,
-    }
-
-    fn link_pair() -> (MemLink, MemLink) {
-        let a = Arc::new(Mutex::new(Pipe::default()));
-        let b = Arc::new(Mutex::new(Pipe::default()));
-        (
-            MemLink { tx: a.clone(), rx: b.clone(), hold_reads: false, outstanding: 0 },
-            MemLink { tx: b, rx: a, hold_reads: false, outstanding: 0 },
-        )
-    }
-
-    impl Drop for MemLink {
-        fn drop(&mut self) {
-            self.tx.lock().unwrap().closed = true;
-        }
-    }
-
-    impl Connection for MemLink {
-        fn send(&mut self, msg: &[u8]) -> Result<(), Error> {
-            if self.rx.lock().unwrap().closed {
-                return Err(Error::PeerDisconnected);
-            }
-            self.tx.lock().unwrap().msgs.push_back(msg.to_vec());
-            Ok(())
-        }
-        fn try_recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, Error> {
-            let mut rx = self.rx.lock().unwrap();
-            match rx.msgs.pop_front() {
-                Some(m) => {
-                    buf[..m.len()].copy_from_slice(&m);
-                    Ok(Some(m.len()))
-                }
-                None if rx.closed => Err(Error::PeerDisconnected),
-                None => Ok(None),
-            }
-        }
-        fn post_read(&mut self, _op: &ReadOp) -> Result<(), Error> {
-            if !self.hold_reads {
-                return Err(Error::PeerDisconnected);
-            }
-            self.outstanding += 1;
-            Ok(())
-        }
-        fn poll_completions(&mut self, _out: &mut [Completion]) -> Result<usize, Error> {
-            Ok(0)
-        }
-        fn progress(&mut self) -> Result<(), Error> {
-            if self.rx.lock().unwrap().closed {
-                return Err(Error::PeerDisconnected);
-            }
-            Ok(())
-        }
-        fn outstanding_reads(&self) -> usize {
-            self.outstanding
-        }
-        fn max_outstanding_reads(&self) -> usize {
-            16
-        }
-        fn is_connected(&self) -> bool {
-            !self.rx.lock().unwrap().closed
-        }
-    }
-
-    /// The scheduler's end of the link.
-    struct FakeScheduler {
-        link: MemLink,
-        buf: Vec<u8>,
-    }
-
-    impl FakeScheduler {
-        fn send<M: wire::FixedMessage>(&mut self, m: &M) {
-            let n = wire::encode(&mut self.buf, m).unwrap();
-            self.link.send(&self.buf[..n]).unwrap();
-        }
+    impl PeerExt for SimPeer {
         fn plan(&mut self, batch_id: u64) {
             let head = BatchPlanHead { batch_id, exec_in_ns: 1_000_000, model_id: 0, gpu_id: 0, count: 0, reserved: 0 };
             let task = BatchTask { task_id: batch_id, frontend_id: 3, reserved: 0, input: RemoteRef { key: 1, len: 16, offset: 0 } };
-            let n = wire::encode_batch_plan(&mut self.buf, &head, &[task]).unwrap();
-            self.link.send(&self.buf[..n]).unwrap();
+            self.send_encoded(|buf| wire::encode_batch_plan(buf, &head, &[task])).unwrap();
         }
-        /// Every message received, debug-formatted (heartbeats left out),
-        /// and how many heartbeats.
         fn received(&mut self) -> (Vec<String>, usize) {
             let mut out = Vec::new();
             let mut beats = 0;
-            while let Ok(Some(n)) = self.link.try_recv(&mut self.buf) {
-                match wire::decode(&self.buf[..n]).unwrap() {
+            for m in self.take_all() {
+                match wire::decode(&m).unwrap() {
                     Message::Heartbeat(_) => beats += 1,
                     m => out.push(format!("{m:?}")),
                 }
@@ -733,30 +655,52 @@ mod tests {
         }
     }
 
-    fn node() -> (BackendNode<MemLink, EmulatedExecutor>, FakeScheduler) {
+    /// The node under test and the network its links run on (messages
+    /// arrive at the instant they are sent; the scheduler is node 0, the
+    /// backend node 5).
+    struct Backend {
+        net: SimNet,
+        node: BackendNode<SimConn, EmulatedExecutor>,
+    }
+
+    fn node() -> (Backend, SimPeer) {
+        // READs held by a partition (see `hold_reads`) last longer than any test.
+        let net = SimNet::new(0, FaultConfig { read_timeout: Duration::from_millis(3_600_000), ..FaultConfig::same_instant() });
         let wcfg = WorkerConfig { max_batch: 4, input_slot: 16, output_slot: 16, batch_slots: 2, max_frontends: 8, ..WorkerConfig::default() };
         let staging = Region::anonymous(wcfg.staging_bytes() as usize).unwrap();
-        let reg = Registration::new(1, staging.clone(), Access::LOCAL_WRITE, 0);
+        let reg = net.domain(BACKEND).register(&staging, Access::LOCAL_WRITE).unwrap();
         let models = (0..MODELS)
             .map(|_| ExecModel { profile: LatencyProfile::linear(0.2, 1.0, 64).unwrap(), output_len: 16 })
             .collect();
         let exec = EmulatedExecutor::new(staging, 1, 4, models);
-        let (ours, theirs) = link_pair();
+        let (ours, theirs) = net.link(BACKEND, SCHEDULER).unwrap();
         let worker = BatchWorker::new(wcfg, exec, reg, ours).unwrap();
-        (BackendNode::new(config(), worker), FakeScheduler { link: theirs, buf: vec![0; wire::MAX_MESSAGE_LEN] })
+        let node = BackendNode::new(config(), worker);
+        (Backend { net, node }, SimPeer::new(theirs))
     }
 
-    fn events(n: &mut BackendNode<MemLink, EmulatedExecutor>) -> Vec<BackendEvent> {
-        std::iter::from_fn(|| n.poll_event()).collect()
-    }
-
-    fn settle(n: &mut BackendNode<MemLink, EmulatedExecutor>, now: Instant) {
-        for _ in 0..100 {
-            if !n.poll(now) {
-                return;
-            }
+    impl Backend {
+        fn events(&mut self) -> Vec<BackendEvent> {
+            std::iter::from_fn(|| self.node.poll_event()).collect()
         }
-        panic!("node never quiet");
+
+        /// Moves the clock to `now` and polls until quiet.
+        fn settle(&mut self, now: Instant) {
+            assert!(self.net.settle(now, 100, |t| self.node.poll(t)), "node never quiet");
+        }
+
+        /// Hands the node a link to frontend 3 at `now`; returns the
+        /// frontend's end. With `hold_reads`, the backend's READs of the
+        /// frontend never complete (the two are cut from each other).
+        fn connect_frontend(&mut self, now: Instant, hold_reads: bool) -> SimPeer {
+            self.net.set_now(now);
+            let (ours, theirs) = self.net.link(BACKEND, FRONTEND).unwrap();
+            if hold_reads {
+                self.net.partition(BACKEND, FRONTEND);
+            }
+            self.node.handle_frontend_link(now, 3, ours);
+            SimPeer::new(theirs)
+        }
     }
 
     fn ack(count: u32) -> Register {
@@ -764,16 +708,16 @@ mod tests {
     }
 
     /// Registered at t0; the scheduler's received messages cleared.
-    fn registered(t0: Instant) -> (BackendNode<MemLink, EmulatedExecutor>, FakeScheduler) {
+    fn registered(t0: Instant) -> (Backend, SimPeer) {
         let (mut n, mut s) = node();
-        settle(&mut n, t0);
+        n.settle(t0);
         let (msgs, _) = s.received();
         assert!(msgs[0].starts_with("Register") && msgs[0].contains("id: 5"), "{msgs:?}");
         assert!(msgs[1].starts_with("Models"), "{msgs:?}");
-        s.send(&ack(MODELS));
-        settle(&mut n, t0);
-        assert_eq!(events(&mut n), vec![BackendEvent::Registered]);
-        assert!(n.registered());
+        s.send(&ack(MODELS)).unwrap();
+        n.settle(t0);
+        assert_eq!(n.events(), vec![BackendEvent::Registered]);
+        assert!(n.node.registered());
         (n, s)
     }
 
@@ -781,41 +725,39 @@ mod tests {
     fn registers_then_asks_the_host_to_connect_announced_frontends() {
         let t0 = Instant::from_nanos(7);
         let (mut n, mut s) = registered(t0);
-        s.send(&Register::new(Role::Frontend, 3, 0, "fe3"));
-        s.send(&Register::new(Role::Frontend, 99, 0, "too-high"));
-        settle(&mut n, t0);
-        let ev = events(&mut n);
+        s.send(&Register::new(Role::Frontend, 3, 0, "fe3")).unwrap();
+        s.send(&Register::new(Role::Frontend, 99, 0, "too-high")).unwrap();
+        n.settle(t0);
+        let ev = n.events();
         assert_eq!(ev[0], BackendEvent::ConnectFrontend { id: 3, endpoint: "fe3".into() });
         assert!(matches!(&ev[1], BackendEvent::Ignored { why } if why.contains("ids must be < 8")), "{ev:?}");
         // The host connected: Register{Backend} goes first on the link.
-        let (ours, theirs) = link_pair();
-        n.handle_frontend_link(t0, 3, ours);
-        settle(&mut n, t0);
-        assert_eq!(events(&mut n), vec![BackendEvent::FrontendConnected { id: 3, replaced: false }]);
-        let mut fe = FakeScheduler { link: theirs, buf: vec![0; wire::MAX_MESSAGE_LEN] };
+        let mut fe = n.connect_frontend(t0, false);
+        n.settle(t0);
+        assert_eq!(n.events(), vec![BackendEvent::FrontendConnected { id: 3, replaced: false }]);
         let (msgs, _) = fe.received();
         assert!(msgs[0].starts_with("Register") && msgs[0].contains("role: 2"), "{msgs:?}");
         drop(fe);
-        settle(&mut n, t0);
-        assert_eq!(events(&mut n), vec![BackendEvent::FrontendLost(3)]);
+        n.settle(t0);
+        assert_eq!(n.events(), vec![BackendEvent::FrontendLost(3)]);
     }
 
     #[test]
     fn a_closed_link_or_a_wrong_model_count_is_a_refusal() {
         let t0 = Instant::ZERO;
         let (mut n, s) = node();
-        settle(&mut n, t0);
+        n.settle(t0);
         drop(s);
-        settle(&mut n, t0);
-        let ev = events(&mut n);
+        n.settle(t0);
+        let ev = n.events();
         assert!(matches!(&ev[..], [BackendEvent::Refused { why }] if why.contains("refused the registration")), "{ev:?}");
-        assert!(n.drained() && n.poll_at().is_none());
+        assert!(n.node.drained() && n.node.poll_at().is_none());
 
         let (mut n, mut s) = node();
-        settle(&mut n, t0);
-        s.send(&ack(MODELS + 1));
-        settle(&mut n, t0);
-        let ev = events(&mut n);
+        n.settle(t0);
+        s.send(&ack(MODELS + 1)).unwrap();
+        n.settle(t0);
+        let ev = n.events();
         assert!(matches!(&ev[..], [BackendEvent::Refused { why }] if why.contains("model list mismatch")), "{ev:?}");
     }
 
@@ -823,11 +765,11 @@ mod tests {
     fn no_ack_within_the_handshake_timeout_is_a_refusal_on_a_jumping_clock() {
         let t0 = Instant::from_nanos(1_000);
         let (mut n, _s) = node();
-        settle(&mut n, t0);
-        let due = n.poll_at().unwrap();
+        n.settle(t0);
+        let due = n.node.poll_at().unwrap();
         assert_eq!(due, t0 + config().handshake_timeout + Duration::from_nanos(1));
-        settle(&mut n, due);
-        let ev = events(&mut n);
+        n.settle(due);
+        let ev = n.events();
         assert!(matches!(&ev[..], [BackendEvent::Refused { why }] if why.contains("no acknowledgement")), "{ev:?}");
     }
 
@@ -838,22 +780,22 @@ mod tests {
         let (_, beats) = s.received();
         assert_eq!(beats, 1, "the first beat at registration");
         // Polling again at the same instant sends nothing more.
-        settle(&mut n, t0);
+        n.settle(t0);
         assert_eq!(s.received().1, 0);
         // The clock jumps from deadline to deadline; the scheduler says nothing.
         let mut now = t0;
         let mut polls = 0;
-        while !n.draining() {
-            now = n.poll_at().unwrap();
-            settle(&mut n, now);
+        while !n.node.draining() {
+            now = n.node.poll_at().unwrap();
+            n.settle(now);
             polls += 1;
             assert!(polls < 100);
         }
         assert_eq!(now, t0 + config().dead_after + Duration::from_nanos(1));
-        let ev = events(&mut n);
+        let ev = n.events();
         assert!(matches!(&ev[..], [BackendEvent::SchedulerLost { why }] if why.contains("silent")), "{ev:?}");
         assert_eq!(s.received().1, 10, "a beat every 100 ms");
-        assert!(n.drained(), "nothing in hand");
+        assert!(n.node.drained(), "nothing in hand");
     }
 
     #[test]
@@ -865,8 +807,8 @@ mod tests {
         s.plan(2);
         let mut now = t0;
         for _ in 0..50 {
-            settle(&mut n, now);
-            match n.poll_at() {
+            n.settle(now);
+            match n.node.poll_at() {
                 Some(t) if t <= t0 + Duration::from_millis(50) => now = t.max(now),
                 _ => break,
             }
@@ -875,8 +817,8 @@ mod tests {
         let done: Vec<&String> = msgs.iter().filter(|m| m.starts_with("BatchDone")).collect();
         assert_eq!(done.len(), 2, "{msgs:?}");
         assert!(done[0].contains("batch_id: 1") && done[1].contains("batch_id: 2"), "{done:?}");
-        assert_eq!(n.worker().stats().duplicate_plans, 1);
-        assert_eq!(n.worker().stats().plans, 2);
+        assert_eq!(n.node.worker().stats().duplicate_plans, 1);
+        assert_eq!(n.node.worker().stats().plans, 2);
     }
 
     #[test]
@@ -884,29 +826,27 @@ mod tests {
         let t0 = Instant::ZERO;
         let (mut n, mut s) = registered(t0);
         // Frontend 3's READs never complete: the batch's buffer stays held.
-        let (mut ours, _fe) = link_pair();
-        ours.hold_reads = true;
-        n.handle_frontend_link(t0, 3, ours);
-        settle(&mut n, t0);
-        events(&mut n);
+        let _fe = n.connect_frontend(t0, true);
+        n.settle(t0);
+        n.events();
         s.plan(1);
-        settle(&mut n, t0);
-        assert_eq!(n.worker().batches_in_flight(), 1);
-        n.begin_drain();
-        settle(&mut n, t0);
+        n.settle(t0);
+        assert_eq!(n.node.worker().batches_in_flight(), 1);
+        n.node.begin_drain();
+        n.settle(t0);
         s.plan(2);
         let (_, beats_before) = s.received();
         let mut now = t0;
-        while !n.drained() {
-            now = n.poll_at().unwrap();
-            settle(&mut n, now);
+        while !n.node.drained() {
+            now = n.node.poll_at().unwrap();
+            n.settle(now);
         }
         assert_eq!(now, t0 + config().drain_timeout);
         let (msgs, beats) = s.received();
         assert_eq!(msgs.iter().filter(|m| m.starts_with("BatchDone")).count(), 1, "plan 2 was not taken: {msgs:?}");
         assert!(beats + beats_before >= 100, "beats continue while draining: {beats}");
         assert_eq!(
-            events(&mut n),
+            n.events(),
             vec![BackendEvent::DrainTimedOut { in_hand: 1, after: config().drain_timeout }]
         );
     }

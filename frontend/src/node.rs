@@ -888,88 +888,25 @@ mod tests {
     use crate::service::{ClusterService, InferenceService, SubmitError};
     use crate::staging::{Outcome, StagingConfig, Ticket};
     use dataplane::mem::{Access, Region};
-    use dataplane::transport::{Completion, ReadOp, Registration};
+    use dataplane::transport::sim::{FaultConfig, NodeId, SimConn, SimNet, SimPeer};
+    use dataplane::transport::Domain;
     use dataplane::wire::{CompletionHead, OutputKind};
     use std::future::Future;
     use std::pin::Pin;
-    use std::sync::Mutex;
     use std::task::{Context, Poll};
 
-    // ---- a test-only in-memory link: two queues behind a mutex ----------
+    // ---- what the tests read from and write to a peer's end ------------
 
-    #[derive(Default)]
-    struct Wire {
-        to: [VecDeque<Vec<u8>>; 2],
-        gone: [bool; 2],
+    trait PeerExt {
+        fn put<M: wire::FixedMessage>(&mut self, m: &M);
+        fn put_completion(&mut self, task_id: u64, out: &[u8]);
+        fn tasks(&mut self) -> Vec<Task>;
+        fn heartbeats(&mut self) -> usize;
     }
 
-    struct Link {
-        wire: Arc<Mutex<Wire>>,
-        side: usize,
-    }
-
-    fn link_pair() -> (Link, Link) {
-        let wire = Arc::new(Mutex::new(Wire::default()));
-        (
-            Link {
-                wire: wire.clone(),
-                side: 0,
-            },
-            Link { wire, side: 1 },
-        )
-    }
-
-    impl Drop for Link {
-        fn drop(&mut self) {
-            self.wire.lock().unwrap().gone[self.side] = true;
-        }
-    }
-
-    impl Connection for Link {
-        fn send(&mut self, msg: &[u8]) -> Result<(), TransportError> {
-            let mut w = self.wire.lock().unwrap();
-            if w.gone[1 - self.side] {
-                return Err(TransportError::PeerDisconnected);
-            }
-            w.to[1 - self.side].push_back(msg.to_vec());
-            Ok(())
-        }
-        fn try_recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, TransportError> {
-            let mut w = self.wire.lock().unwrap();
-            match w.to[self.side].pop_front() {
-                Some(m) => {
-                    buf[..m.len()].copy_from_slice(&m);
-                    Ok(Some(m.len()))
-                }
-                None if w.gone[1 - self.side] => Err(TransportError::PeerDisconnected),
-                None => Ok(None),
-            }
-        }
-        fn post_read(&mut self, _: &ReadOp) -> Result<(), TransportError> {
-            Err(TransportError::Unsupported("no READs on a test link"))
-        }
-        fn poll_completions(&mut self, _: &mut [Completion]) -> Result<usize, TransportError> {
-            Ok(0)
-        }
-        fn progress(&mut self) -> Result<(), TransportError> {
-            Ok(())
-        }
-        fn outstanding_reads(&self) -> usize {
-            0
-        }
-        fn max_outstanding_reads(&self) -> usize {
-            0
-        }
-        fn is_connected(&self) -> bool {
-            !self.wire.lock().unwrap().gone[1 - self.side]
-        }
-    }
-
-    impl Link {
+    impl PeerExt for SimPeer {
         fn put<M: wire::FixedMessage>(&mut self, m: &M) {
-            let mut b = [0u8; 256];
-            let n = wire::encode(&mut b, m).unwrap();
-            self.send(&b[..n]).unwrap();
+            self.send(m).unwrap();
         }
         fn put_completion(&mut self, task_id: u64, out: &[u8]) {
             let head = CompletionHead {
@@ -978,13 +915,8 @@ mod tests {
                 output_kind: OutputKind::Inline as u32,
                 ..CompletionHead::default()
             };
-            let mut b = vec![0u8; wire::MAX_MESSAGE_LEN];
-            let n = wire::encode_completion(&mut b, &head, out).unwrap();
-            self.send(&b[..n]).unwrap();
-        }
-        /// Every message waiting, raw.
-        fn take_all(&mut self) -> Vec<Vec<u8>> {
-            self.wire.lock().unwrap().to[self.side].drain(..).collect()
+            self.send_encoded(|b| wire::encode_completion(b, &head, out))
+                .unwrap();
         }
         fn tasks(&mut self) -> Vec<Task> {
             self.take_all()
@@ -1012,8 +944,16 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    const FRONTEND: NodeId = 5;
+    const SCHEDULER: NodeId = 0;
+    /// Every data link's other end (backends, or impostors).
+    const PEER: NodeId = 1;
+
+    /// The node under test, its service, and the network its links run
+    /// on (messages arrive at the instant they are sent).
     struct Frontend {
-        node: FrontendNode<Link>,
+        net: SimNet,
+        node: FrontendNode<SimConn>,
         service: ClusterService<NetSink>,
     }
 
@@ -1026,9 +966,12 @@ mod tests {
         .unwrap();
         let catalog = ModelCatalog::with_default_tensors(&specs);
         let slot_size = catalog.max_input_bytes() as u32;
+        let net = SimNet::new(0, FaultConfig::same_instant());
         let region = Region::anonymous(slot_size as usize * 8).unwrap();
         let staging = Staging::new(
-            Registration::new(1, region, Access::REMOTE_READ, 0),
+            net.domain(FRONTEND)
+                .register(&region, Access::REMOTE_READ)
+                .unwrap(),
             StagingConfig {
                 frontend_id: 5,
                 slots: 8,
@@ -1053,7 +996,7 @@ mod tests {
         let metrics = Arc::new(Metrics::new(&catalog));
         let service = ClusterService::new(Arc::new(catalog), staging, sink, metrics, ms(100))
             .with_ready(node.stats().ready.clone());
-        Frontend { node, service }
+        Frontend { net, node, service }
     }
 
     impl Frontend {
@@ -1064,24 +1007,34 @@ mod tests {
         fn events(&mut self) -> Vec<FrontendEvent> {
             std::iter::from_fn(|| self.node.poll_event()).collect()
         }
+        /// Moves the clock to `now` and polls the node once.
+        fn poll(&mut self, now: Instant) -> bool {
+            self.net.set_now(now);
+            self.node.poll(now)
+        }
+        /// A new link from this frontend to `peer`: ours, theirs.
+        fn link(&self, peer: NodeId) -> (SimConn, SimPeer) {
+            let (ours, theirs) = self.net.link(FRONTEND, peer).unwrap();
+            (ours, SimPeer::new(theirs))
+        }
         /// Hands over a scheduler link and completes the handshake at `T0`;
         /// returns the scheduler's end.
-        fn registered(&mut self) -> Link {
-            let (ours, mut sched) = link_pair();
+        fn registered(&mut self) -> SimPeer {
+            let (ours, mut sched) = self.link(SCHEDULER);
             self.node.handle_scheduler_link(T0, ours);
-            assert!(self.node.poll(T0));
+            assert!(self.poll(T0));
             sched.put(&Register::new(Role::Scheduler, 0, 2, ""));
-            assert!(self.node.poll(T0));
+            assert!(self.poll(T0));
             assert_eq!(self.events(), [FrontendEvent::Registered { models: 2 }]);
             sched.take_all();
             sched
         }
         /// Hands over a data link that registers as backend `id`.
-        fn backend(&mut self, now: Instant, id: u32) -> Link {
-            let (ours, mut theirs) = link_pair();
+        fn backend(&mut self, now: Instant, id: u32) -> SimPeer {
+            let (ours, mut theirs) = self.link(PEER);
             self.node.handle_backend_link(now, ours);
             theirs.put(&Register::new(Role::Backend, id, 1, ""));
-            assert!(self.node.poll(now));
+            assert!(self.poll(now));
             theirs
         }
     }
@@ -1102,10 +1055,10 @@ mod tests {
         );
         assert_eq!(f.node.poll_at(), None);
 
-        let (ours, mut sched) = link_pair();
+        let (ours, mut sched) = f.link(SCHEDULER);
         f.node.handle_scheduler_link(T0, ours);
         assert_eq!(f.node.poll_at(), Some(T0 + ms(5000)));
-        assert!(f.node.poll(T0));
+        assert!(f.poll(T0));
         let sent = sched.take_all();
         assert_eq!(sent.len(), 1);
         match wire::decode(&sent[0]) {
@@ -1116,7 +1069,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // Nothing until the ack; a heartbeat first is fine.
-        assert!(!f.node.poll(T0));
+        assert!(!f.poll(T0));
         assert!(!f.node.is_registered());
         sched.put(&wire::Heartbeat {
             seq: 1,
@@ -1124,7 +1077,7 @@ mod tests {
             id: 0,
         });
         sched.put(&Register::new(Role::Scheduler, 0, 2, ""));
-        assert!(f.node.poll(T0 + MS));
+        assert!(f.poll(T0 + MS));
         assert_eq!(f.events(), [FrontendEvent::Registered { models: 2 }]);
         assert!(f.node.is_registered() && f.service.ready());
         assert!(f.node.stats().ready.load(Ordering::Relaxed));
@@ -1132,12 +1085,12 @@ mod tests {
         // The first heartbeat is due at once; time standing still sends no
         // second one, and an earlier `now` counts as the latest seen.
         assert_eq!(f.node.poll_at(), Some(T0 + MS));
-        f.node.poll(T0 + MS);
-        f.node.poll(T0 + MS);
-        f.node.poll(T0);
+        f.poll(T0 + MS);
+        f.poll(T0 + MS);
+        f.poll(T0);
         assert_eq!(sched.heartbeats(), 1);
         assert_eq!(f.node.poll_at(), Some(T0 + MS + ms(100)));
-        f.node.poll(T0 + MS + ms(100));
+        f.poll(T0 + MS + ms(100));
         assert_eq!(sched.heartbeats(), 1);
         assert!(f.events().is_empty());
     }
@@ -1146,11 +1099,11 @@ mod tests {
     fn a_closed_link_a_model_mismatch_or_no_ack_in_time_is_a_refusal() {
         let mut f = frontend();
         // The scheduler hangs up: refused (duplicate id?).
-        let (ours, sched) = link_pair();
+        let (ours, sched) = f.link(SCHEDULER);
         f.node.handle_scheduler_link(T0, ours);
-        f.node.poll(T0);
+        f.poll(T0);
         drop(sched);
-        f.node.poll(T0);
+        f.poll(T0);
         match f.events().as_slice() {
             [FrontendEvent::Refused { why }] => assert!(why.contains("refused"), "{why}"),
             other => panic!("{other:?}"),
@@ -1162,26 +1115,25 @@ mod tests {
         assert_eq!(f.node.poll_at(), None);
 
         // Another model count.
-        let (ours, mut sched) = link_pair();
+        let (ours, mut sched) = f.link(SCHEDULER);
         f.node.handle_scheduler_link(T0, ours);
-        f.node.poll(T0);
+        f.poll(T0);
         sched.put(&Register::new(Role::Scheduler, 0, 3, ""));
-        f.node.poll(T0);
+        f.poll(T0);
         match f.events().as_slice() {
             [FrontendEvent::Refused { why }] => assert!(why.contains("same --zoo"), "{why}"),
             other => panic!("{other:?}"),
         }
 
         // Silence: refused when the clock jumps to the handshake deadline.
-        let (ours, _sched) = link_pair();
+        let (ours, _sched) = f.link(SCHEDULER);
         f.node.handle_scheduler_link(T0, ours);
-        f.node.poll(T0);
+        f.poll(T0);
         let deadline = f.node.poll_at().unwrap();
         assert_eq!(deadline, T0 + ms(5000));
-        f.node
-            .poll(deadline.saturating_sub(Duration::from_nanos(1)));
+        f.poll(deadline.saturating_sub(Duration::from_nanos(1)));
         assert!(f.events().is_empty());
-        f.node.poll(deadline);
+        f.poll(deadline);
         match f.events().as_slice() {
             [FrontendEvent::Refused { why }] => {
                 assert!(
@@ -1200,7 +1152,7 @@ mod tests {
         let mut sched = f.registered();
         let mut ticket = f.submit().unwrap();
         assert!(f.node.has_queued_tasks());
-        assert!(f.node.poll(T0));
+        assert!(f.poll(T0));
         let tasks = sched.tasks();
         assert_eq!(tasks.len(), 1);
         assert_eq!(tasks[0].task_id, ticket.task_id());
@@ -1213,7 +1165,7 @@ mod tests {
             reason: DropReason::Overloaded as u32,
             reserved: 0,
         });
-        assert!(f.node.poll(T0));
+        assert!(f.poll(T0));
         assert_eq!(
             poll_now(&mut ticket),
             Poll::Ready(Outcome::Dropped(DropReason::Overloaded))
@@ -1231,12 +1183,12 @@ mod tests {
         assert_eq!(f.node.stats().backends.load(Ordering::Relaxed), 1);
 
         let mut ticket = f.submit().unwrap();
-        f.node.poll(T0);
+        f.poll(T0);
         let id = sched.tasks()[0].task_id;
         // Delivered twice by the network: one outcome, one duplicate.
         backend.put_completion(id, b"output");
         backend.put_completion(id, b"output");
-        assert!(f.node.poll(T0));
+        assert!(f.poll(T0));
         assert_eq!(
             poll_now(&mut ticket),
             Poll::Ready(Outcome::Ok(b"output".to_vec()))
@@ -1244,7 +1196,7 @@ mod tests {
         drop(ticket);
         // A third copy after the slot is free names nothing in flight.
         backend.put_completion(id, b"output");
-        f.node.poll(T0);
+        f.poll(T0);
         let c = f.service.counters();
         assert_eq!(
             (c.accepted, c.succeeded, c.duplicates, c.unroutable),
@@ -1261,15 +1213,15 @@ mod tests {
         let mut f = frontend();
         let sched = f.registered();
         let mut sent: Vec<Ticket> = (0..2).map(|_| f.submit().unwrap()).collect();
-        f.node.poll(T0);
+        f.poll(T0);
         let orphan = f.submit().unwrap();
-        f.node.poll(T0);
+        f.poll(T0);
         drop(orphan); // its client has gone
         let mut queued = f.submit().unwrap(); // not sent yet
         drop(sched);
 
         // The queued task's send finds the link gone.
-        assert!(f.node.poll(T0 + MS));
+        assert!(f.poll(T0 + MS));
         assert!(matches!(
             f.events().as_slice(),
             [FrontendEvent::SchedulerLost { why }] if why.contains("sending a task")
@@ -1287,7 +1239,7 @@ mod tests {
 
         // Nothing more happens: no second event, no second outcome; new
         // requests are refused at once.
-        f.node.poll(T0 + ms(5000));
+        f.poll(T0 + ms(5000));
         assert!(f.events().is_empty());
         assert!(!f.node.is_registered() && !f.service.ready());
         assert_eq!(f.node.poll_at(), None);
@@ -1307,7 +1259,7 @@ mod tests {
         let mut polls = 0;
         let lost_at = loop {
             let at = f.node.poll_at().expect("a timer while registered");
-            f.node.poll(at);
+            f.poll(at);
             polls += 1;
             if !f.events().is_empty() {
                 break at;
@@ -1329,18 +1281,18 @@ mod tests {
         // (No scheduler link: its liveness would end it as the clock jumps.)
         let mut f = frontend();
         // Registers as something else.
-        let (ours, mut other) = link_pair();
+        let (ours, mut other) = f.link(PEER);
         f.node.handle_backend_link(T0, ours);
         other.put(&Register::new(Role::Frontend, 1, 0, ""));
         // Sends something else first.
-        let (ours, mut chatty) = link_pair();
+        let (ours, mut chatty) = f.link(PEER);
         f.node.handle_backend_link(T0, ours);
         chatty.put(&wire::Heartbeat {
             seq: 1,
             role: Role::Backend as u32,
             id: 3,
         });
-        f.node.poll(T0);
+        f.poll(T0);
         let why: Vec<String> = f
             .events()
             .into_iter()
@@ -1362,14 +1314,14 @@ mod tests {
         );
 
         // Silent: refused at its handshake deadline.
-        let (ours, _silent) = link_pair();
+        let (ours, _silent) = f.link(PEER);
         f.node.handle_backend_link(T0 + MS, ours);
         let mut n = 0;
         f.node.for_each_conn(|_| n += 1);
         assert_eq!(n, 1, "the silent link");
-        f.node.poll(T0 + ms(5000));
+        f.poll(T0 + ms(5000));
         assert!(f.events().is_empty(), "not yet");
-        f.node.poll(T0 + MS + ms(5000));
+        f.poll(T0 + MS + ms(5000));
         assert!(matches!(
             f.events().as_slice(),
             [FrontendEvent::LinkRefused { why }] if why.contains("without Register")
@@ -1388,8 +1340,8 @@ mod tests {
         );
         assert!(f.node.take_closed_link().is_some(), "the replaced link");
         assert_eq!(f.node.stats().backends.load(Ordering::Relaxed), 1);
-        new.send(&[0xff; 16]).unwrap();
-        f.node.poll(T0);
+        new.link.send(&[0xff; 16]).unwrap();
+        f.poll(T0);
         assert!(matches!(
             f.events().as_slice(),
             [FrontendEvent::BackendLost { id: 9, why }] if why.contains("malformed")
@@ -1413,7 +1365,7 @@ mod tests {
             SubmitError::SendFailed("the frontend is shutting down".into())
         );
         assert!(!f.node.drained());
-        f.node.poll(T0);
+        f.poll(T0);
         let tasks = sched.tasks();
         assert_eq!(tasks.len(), 2, "queued tasks still go out");
         sched.put(&wire::Dropped {
@@ -1421,7 +1373,7 @@ mod tests {
             reason: DropReason::Overloaded as u32,
             reserved: 0,
         });
-        f.node.poll(T0);
+        f.poll(T0);
         assert_eq!(
             poll_now(&mut first),
             Poll::Ready(Outcome::Dropped(DropReason::Overloaded))

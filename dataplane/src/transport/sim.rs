@@ -43,6 +43,9 @@ use rand::{Rng, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
 use super::{Completion, Connection, Domain, Error, ErrorKind, Listener, ReadOp, Registration};
+
+mod manual;
+pub use manual::SimPeer;
 use crate::mem::{Access, Region};
 use crate::time::{Duration, Instant};
 
@@ -52,8 +55,10 @@ pub type NodeId = u32;
 /// Probabilities and delays of the injected faults.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct FaultConfig {
-    /// One-way latency of every message (must be > 0, so that nothing is
-    /// delivered at the instant it is sent).
+    /// One-way latency of every message. Zero delivers a message at the
+    /// instant it is sent (for unit tests that drive one node at one
+    /// instant); the harness keeps it positive so that a reply never lands
+    /// in the poll that caused it.
     pub base_delay: Duration,
     /// Latency of a READ.
     pub read_delay: Duration,
@@ -84,6 +89,14 @@ impl Default for FaultConfig {
             reorder_window: Duration::from_millis(2),
             active_from: Instant::ZERO,
         }
+    }
+}
+
+impl FaultConfig {
+    /// No faults, and every message delivered at the instant it is sent:
+    /// for unit tests that drive one node and play its peers by hand.
+    pub fn same_instant() -> Self {
+        FaultConfig { base_delay: Duration::ZERO, ..FaultConfig::default() }
     }
 }
 
@@ -150,6 +163,9 @@ struct Side {
     reads: VecDeque<PendingRead>,
     /// When this side closed (dropped its connection or crashed).
     closed_at: Option<Instant>,
+    /// Most messages this side may have on their way to, or unread at, its
+    /// peer before `send` says `QueueFull` (`None`: no bound).
+    send_capacity: Option<usize>,
 }
 
 struct Link {
@@ -256,11 +272,7 @@ impl std::fmt::Debug for SimNet {
 impl SimNet {
     /// A network whose faults are drawn from `seed`.
     pub fn new(seed: u64, cfg: FaultConfig) -> Self {
-        let cfg = FaultConfig {
-            base_delay: cfg.base_delay.max(Duration::from_nanos(1)),
-            read_delay: cfg.read_delay.max(Duration::from_nanos(1)),
-            ..cfg
-        };
+        let cfg = FaultConfig { read_delay: cfg.read_delay.max(Duration::from_nanos(1)), ..cfg };
         SimNet {
             inner: Arc::new(Mutex::new(Inner {
                 now: Instant::ZERO,
@@ -387,7 +399,9 @@ impl SimNet {
 
     /// The earliest future instant at which something happens on the
     /// network by itself: a delivery, a READ completion, a peer's departure
-    /// becoming visible.
+    /// becoming visible. What is due at or before [`now`](Self::now) (with
+    /// a zero `base_delay`, a message sent now) is ready already and not
+    /// reported: the caller polls its nodes at `now` until they are quiet.
     pub fn next_event_at(&self) -> Option<Instant> {
         let g = self.lock();
         let delay = g.cfg.base_delay;
@@ -415,6 +429,16 @@ impl SimNet {
             }
         }
         best
+    }
+
+    /// A connected pair of link ends between `a` and `b` (`a`'s end
+    /// first), made as `b` listening and `a` connecting: for tests that
+    /// hand a node one end and play its peer with the other.
+    pub fn link(&self, a: NodeId, b: NodeId) -> Result<(SimConn, SimConn), Error> {
+        let mut listener = self.domain(b).listen("")?;
+        let ours = self.domain(a).connect(&listener.local_addr(), Duration::ZERO)?;
+        let theirs = listener.accept(Duration::ZERO)?;
+        Ok((ours, theirs))
     }
 
     /// Links with a live side (for leak checks).
@@ -581,6 +605,14 @@ impl SimConn {
         self.net.lock().links[self.link].sides[1 - self.side].node
     }
 
+    /// Bounds the messages this end may have on their way to, or unread
+    /// at, its peer: beyond `capacity`, [`Connection::send`] returns
+    /// `QueueFull` (nothing sent), as a real send queue does when the peer
+    /// stops reading. `None` lifts the bound (the default).
+    pub fn set_send_capacity(&mut self, capacity: Option<usize>) {
+        self.net.lock().links[self.link].sides[self.side].send_capacity = capacity;
+    }
+
     /// Whether the peer's departure is visible at `now`.
     fn peer_gone(g: &Inner, link: &Link, side: usize) -> bool {
         link.sides[side].closed_at.is_some() || link.gone_notice(side, g.cfg.base_delay).is_some_and(|t| t <= g.now)
@@ -624,6 +656,11 @@ impl Connection for SimConn {
         let (link, side) = (self.link, self.side);
         if Self::peer_gone(&g, &g.links[link], side) {
             return Err(Error::PeerDisconnected);
+        }
+        if let Some(cap) = g.links[link].sides[side].send_capacity {
+            if g.links[link].sides[1 - side].inbox.len() >= cap {
+                return Err(Error::QueueFull);
+            }
         }
         let (from, to) = (g.links[link].sides[side].node, g.links[link].sides[1 - side].node);
         let now = g.now;
@@ -815,11 +852,7 @@ mod tests {
     }
 
     fn pair(net: &SimNet) -> (SimConn, SimConn) {
-        let (a, b) = (net.domain(1), net.domain(2));
-        let mut l = b.listen("").unwrap();
-        let c = a.connect(&l.local_addr(), Duration::ZERO).unwrap();
-        let s = l.accept(Duration::ZERO).unwrap();
-        (c, s)
+        net.link(1, 2).unwrap()
     }
 
     #[test]
@@ -918,5 +951,75 @@ mod tests {
         assert!(matches!(s.try_recv(&mut buf), Err(Error::PeerDisconnected)));
         assert!(matches!(c.send(&hb(3)), Err(Error::PeerDisconnected)));
         assert_eq!(net.counts().crash_links, 1);
+    }
+
+    #[test]
+    fn a_zero_base_delay_delivers_at_the_send_instant_and_reports_no_future_event() {
+        let net = SimNet::new(1, FaultConfig::same_instant());
+        let (mut c, mut s) = pair(&net);
+        let mut buf = [0u8; 128];
+        let t = Instant::ZERO + Duration::from_millis(3);
+        net.set_now(t);
+        c.send(&hb(1)).unwrap();
+        assert_eq!(net.next_event_at(), None, "due now, not in the future");
+        let n = s.try_recv(&mut buf).unwrap().unwrap();
+        assert!(matches!(wire::decode(&buf[..n]).unwrap(), wire::Message::Heartbeat(h) if h.seq == 1));
+        // READs keep their (positive) delay, and the next event says when.
+        let (a, b) = (net.domain(1), net.domain(2));
+        let src = Region::anonymous(64).unwrap();
+        let sreg = b.register(&src, Access::REMOTE_READ).unwrap();
+        let dst = Region::anonymous(64).unwrap();
+        let dreg = a.register(&dst, Access::LOCAL_WRITE).unwrap();
+        let op = ReadOp { wr_id: 1, remote: sreg.remote_ref(0, 8).unwrap(), local: dreg.local_ref(0, 8).unwrap() };
+        c.post_read(&op).unwrap();
+        assert_eq!(net.next_event_at(), Some(t + Duration::from_micros(30)));
+        // A departure is visible at once.
+        drop(c);
+        assert!(matches!(s.try_recv(&mut buf), Err(Error::PeerDisconnected)));
+    }
+
+    #[test]
+    fn a_send_capacity_refuses_sends_while_the_peer_holds_that_many_unread() {
+        let net = SimNet::new(1, FaultConfig::default());
+        let (mut c, mut s) = pair(&net);
+        let mut buf = [0u8; 128];
+        c.set_send_capacity(Some(2));
+        c.send(&hb(1)).unwrap();
+        c.send(&hb(2)).unwrap();
+        assert!(matches!(c.send(&hb(3)), Err(Error::QueueFull)), "two on their way");
+        let sent_hash = net.trace_hash();
+        assert!(matches!(c.send(&hb(3)), Err(Error::QueueFull)));
+        assert_eq!(net.trace_hash(), sent_hash, "a refused send is not traffic");
+        s.send(&hb(9)).unwrap();
+        net.set_now(Instant::ZERO + Duration::from_micros(20));
+        assert!(s.try_recv(&mut buf).unwrap().is_some());
+        c.send(&hb(3)).unwrap();
+        assert!(matches!(c.send(&hb(4)), Err(Error::QueueFull)));
+        c.set_send_capacity(None);
+        c.send(&hb(4)).unwrap();
+    }
+
+    #[test]
+    fn a_partition_with_a_long_read_timeout_holds_reads_and_cuts_only_that_pair() {
+        let hour = Duration::from_millis(3_600_000);
+        let net = SimNet::new(1, FaultConfig { read_timeout: hour, ..FaultConfig::default() });
+        let (mut c, _s) = net.link(1, 2).unwrap();
+        let (mut c3, mut s3) = net.link(1, 3).unwrap();
+        let src = Region::anonymous(64).unwrap();
+        let sreg = net.domain(2).register(&src, Access::REMOTE_READ).unwrap();
+        let dst = Region::anonymous(64).unwrap();
+        let dreg = net.domain(1).register(&dst, Access::LOCAL_WRITE).unwrap();
+        let op = ReadOp { wr_id: 4, remote: sreg.remote_ref(0, 8).unwrap(), local: dreg.local_ref(0, 8).unwrap() };
+        net.partition(1, 2);
+        c.post_read(&op).unwrap();
+        c3.send(&hb(1)).unwrap();
+        let mut out = [Completion::default(); 1];
+        net.set_now(Instant::ZERO + hour - Duration::from_nanos(1));
+        assert!(s3.try_recv(&mut [0u8; 128]).unwrap().is_some(), "other pairs unaffected");
+        assert_eq!(c.poll_completions(&mut out).unwrap(), 0, "held until the timeout");
+        assert_eq!(c.outstanding_reads(), 1);
+        net.set_now(Instant::ZERO + hour);
+        assert_eq!(c.poll_completions(&mut out).unwrap(), 1);
+        assert_eq!((out[0].wr_id, out[0].status), (4, Err(ErrorKind::Timeout)));
     }
 }

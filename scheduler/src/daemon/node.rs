@@ -655,150 +655,81 @@ mod tests {
     use super::*;
     use crate::deferred::CoreConfig;
     use crate::zoo::ModelSpec;
-    use dataplane::transport::{Completion, ReadOp};
+    use dataplane::transport::sim::{FaultConfig, NodeId, SimConn, SimNet, SimPeer};
     use dataplane::wire::{BatchDone, Register, RemoteRef, Task};
-    use std::sync::Mutex;
 
-    /// One direction of a test link.
-    #[derive(Default)]
-    struct Pipe {
-        msgs: VecDeque<Vec<u8>>,
-        closed: bool,
-    }
+    const SCHEDULER: NodeId = 0;
+    const PEER: NodeId = 1;
 
-    /// A test-only in-memory link end: messages only, no READs.
-    struct MemLink {
-        tx: Arc<Mutex<Pipe>>,
-        rx: Arc<Mutex<Pipe>>,
-        /// Messages the peer may hold unread before `send` says QueueFull.
-        capacity: usize,
-    }
-
-    fn link_pair() -> (MemLink, MemLink) {
-        let a = Arc::new(Mutex::new(Pipe::default()));
-        let b = Arc::new(Mutex::new(Pipe::default()));
-        (
-            MemLink { tx: a.clone(), rx: b.clone(), capacity: usize::MAX },
-            MemLink { tx: b, rx: a, capacity: usize::MAX },
-        )
-    }
-
-    impl Drop for MemLink {
-        fn drop(&mut self) {
-            self.tx.lock().unwrap().closed = true;
-        }
-    }
-
-    impl Connection for MemLink {
-        fn send(&mut self, msg: &[u8]) -> Result<(), Error> {
-            if self.rx.lock().unwrap().closed {
-                return Err(Error::PeerDisconnected);
-            }
-            let mut tx = self.tx.lock().unwrap();
-            if tx.msgs.len() >= self.capacity {
-                return Err(Error::QueueFull);
-            }
-            tx.msgs.push_back(msg.to_vec());
-            Ok(())
-        }
-        fn try_recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, Error> {
-            let mut rx = self.rx.lock().unwrap();
-            match rx.msgs.pop_front() {
-                Some(m) => {
-                    buf[..m.len()].copy_from_slice(&m);
-                    Ok(Some(m.len()))
-                }
-                None if rx.closed => Err(Error::PeerDisconnected),
-                None => Ok(None),
-            }
-        }
-        fn post_read(&mut self, _op: &ReadOp) -> Result<(), Error> {
-            Err(Error::Unsupported("test link"))
-        }
-        fn poll_completions(&mut self, _out: &mut [Completion]) -> Result<usize, Error> {
-            Ok(0)
-        }
-        fn progress(&mut self) -> Result<(), Error> {
-            Ok(())
-        }
-        fn outstanding_reads(&self) -> usize {
-            0
-        }
-        fn max_outstanding_reads(&self) -> usize {
-            0
-        }
-        fn is_connected(&self) -> bool {
-            !self.rx.lock().unwrap().closed
-        }
-    }
-
-    /// The peer's side of a link: sends and decodes.
-    struct Peer {
-        link: MemLink,
-        buf: Vec<u8>,
-    }
-
-    impl Peer {
-        fn send<M: wire::FixedMessage>(&mut self, m: &M) {
-            let n = wire::encode(&mut self.buf, m).unwrap();
-            self.link.send(&self.buf[..n]).unwrap();
-        }
-        fn send_models(&mut self, ids: &[u32]) {
-            let n = wire::encode_models(&mut self.buf, ids).unwrap();
-            self.link.send(&self.buf[..n]).unwrap();
-        }
+    /// What the tests read from and write to a peer's end.
+    trait PeerExt {
+        fn send_models(&mut self, ids: &[u32]);
         /// Every message received, debug-formatted, heartbeats left out.
-        fn received(&mut self) -> Vec<String> {
-            let mut out = Vec::new();
-            while let Ok(Some(n)) = self.link.try_recv(&mut self.buf) {
-                let m = wire::decode(&self.buf[..n]).unwrap();
-                if !matches!(m, Message::Heartbeat(_)) {
-                    out.push(format!("{m:?}"));
-                }
-            }
-            out
+        fn received(&mut self) -> Vec<String>;
+    }
+
+    impl PeerExt for SimPeer {
+        fn send_models(&mut self, ids: &[u32]) {
+            self.send_encoded(|buf| wire::encode_models(buf, ids)).unwrap();
         }
-        fn disconnected(&mut self) -> bool {
-            matches!(self.link.try_recv(&mut self.buf), Err(Error::PeerDisconnected))
+        fn received(&mut self) -> Vec<String> {
+            let msgs = self.take_all();
+            msgs.iter()
+                .map(|m| wire::decode(m).unwrap())
+                .filter(|m| !matches!(m, Message::Heartbeat(_)))
+                .map(|m| format!("{m:?}"))
+                .collect()
         }
     }
 
-    fn node(cfg: NodeConfig) -> SchedulerNode<MemLink> {
+    /// The node under test and the network its links run on (messages
+    /// arrive at the instant they are sent).
+    struct Sched {
+        net: SimNet,
+        node: SchedulerNode<SimConn>,
+    }
+
+    fn node(cfg: NodeConfig) -> Sched {
         let models = vec![ModelSpec::linear("a", 1.0, 5.0, 50.0).unwrap()];
         let metrics = Arc::new(SchedulerMetrics::new(&models));
         let plane = ControlPlane::new(models, &[vec![0]], CoreConfig::default(), metrics).unwrap();
-        SchedulerNode::new(plane, cfg)
+        Sched { net: SimNet::new(0, FaultConfig::same_instant()), node: SchedulerNode::new(plane, cfg) }
     }
 
-    fn connect(n: &mut SchedulerNode<MemLink>, now: Instant) -> Peer {
-        let (ours, theirs) = link_pair();
-        n.handle_connection(now, ours);
-        Peer { link: theirs, buf: vec![0; wire::MAX_MESSAGE_LEN] }
-    }
-
-    fn events(n: &mut SchedulerNode<MemLink>) -> Vec<SchedulerEvent> {
-        std::iter::from_fn(|| n.poll_event()).collect()
-    }
-
-    /// Polls at `now` until quiet.
-    fn settle(n: &mut SchedulerNode<MemLink>, now: Instant) {
-        for _ in 0..100 {
-            if !n.poll(now) {
-                return;
-            }
+    impl Sched {
+        /// Hands the node a new link at `now`; returns the peer's end,
+        /// whose sends may queue up to `capacity` unread at the node.
+        fn connect_with(&mut self, now: Instant, capacity: Option<usize>) -> SimPeer {
+            self.net.set_now(now);
+            let (mut ours, theirs) = self.net.link(SCHEDULER, PEER).unwrap();
+            ours.set_send_capacity(capacity);
+            self.node.handle_connection(now, ours);
+            SimPeer::new(theirs)
         }
-        panic!("node never quiet");
-    }
 
-    /// Runs on the virtual clock, jumping to each `poll_at`, up to `until`.
-    fn run_until(n: &mut SchedulerNode<MemLink>, from: Instant, until: Instant, mut each: impl FnMut(&mut SchedulerNode<MemLink>, Instant)) -> Instant {
-        let mut now = from;
-        loop {
-            settle(n, now);
-            each(n, now);
-            match n.poll_at() {
-                Some(t) if t <= until => now = t.max(now),
-                _ => return now,
+        fn connect(&mut self, now: Instant) -> SimPeer {
+            self.connect_with(now, None)
+        }
+
+        fn events(&mut self) -> Vec<SchedulerEvent> {
+            std::iter::from_fn(|| self.node.poll_event()).collect()
+        }
+
+        /// Moves the clock to `now` and polls until quiet.
+        fn settle(&mut self, now: Instant) {
+            assert!(self.net.settle(now, 100, |t| self.node.poll(t)), "node never quiet");
+        }
+
+        /// Runs on the virtual clock, jumping to each `poll_at`, up to `until`.
+        fn run_until(&mut self, from: Instant, until: Instant, mut each: impl FnMut(Instant)) -> Instant {
+            let mut now = from;
+            loop {
+                self.settle(now);
+                each(now);
+                match self.node.poll_at() {
+                    Some(t) if t <= until => now = t.max(now),
+                    _ => return now,
+                }
             }
         }
     }
@@ -814,16 +745,16 @@ mod tests {
     }
 
     /// A frontend 1 and a backend 7 (one GPU), registered at t=0.
-    fn cluster(n: &mut SchedulerNode<MemLink>) -> (Peer, Peer) {
+    fn cluster(n: &mut Sched) -> (SimPeer, SimPeer) {
         let t0 = Instant::ZERO;
-        let mut fe = connect(n, t0);
-        let mut be = connect(n, t0);
-        fe.send(&Register::new(Role::Frontend, 1, 0, "fe1"));
-        be.send(&Register::new(Role::Backend, 7, 1, ""));
+        let mut fe = n.connect(t0);
+        let mut be = n.connect(t0);
+        fe.send(&Register::new(Role::Frontend, 1, 0, "fe1")).unwrap();
+        be.send(&Register::new(Role::Backend, 7, 1, "")).unwrap();
         be.send_models(&[0]);
-        settle(n, t0);
+        n.settle(t0);
         assert_eq!(
-            events(n),
+            n.events(),
             vec![
                 SchedulerEvent::PeerJoined(PeerId::Frontend(1)),
                 SchedulerEvent::PeerJoined(PeerId::Backend(7))
@@ -842,13 +773,13 @@ mod tests {
         let be_msgs = be.received();
         assert!(be_msgs[0].contains("Register"), "{be_msgs:?}");
         assert!(be_msgs[1].contains("endpoint") || be_msgs[1].contains("fe1") || be_msgs[1].contains("id: 1"), "{be_msgs:?}");
-        fe.send(&task(1, 1));
-        fe.send(&task(2, 1));
+        fe.send(&task(1, 1)).unwrap();
+        fe.send(&task(2, 1)).unwrap();
         let t0 = Instant::ZERO;
         let mut plans = Vec::new();
-        run_until(&mut n, t0, t0 + Duration::from_millis(100), |_, _| plans.extend(be.received()));
+        n.run_until(t0, t0 + Duration::from_millis(100), |_| plans.extend(be.received()));
         assert!(plans.iter().any(|m| m.starts_with("BatchPlan")), "{plans:?}");
-        assert_eq!(n.plane().batches_in_flight(), 1);
+        assert_eq!(n.node.plane().batches_in_flight(), 1);
     }
 
     #[test]
@@ -856,25 +787,25 @@ mod tests {
         let cfg = NodeConfig::default();
         let mut n = node(cfg);
         let t0 = Instant::ZERO;
-        let mut silent = connect(&mut n, t0);
-        settle(&mut n, t0);
+        let mut silent = n.connect(t0);
+        n.settle(t0);
         let deadline = t0 + cfg.handshake_timeout + Duration::from_nanos(1);
-        assert_eq!(n.poll_at(), Some(deadline));
+        assert_eq!(n.node.poll_at(), Some(deadline));
         // The clock jumps straight to the deadline.
-        settle(&mut n, deadline);
-        assert_eq!(events(&mut n), vec![SchedulerEvent::HandshakeTimedOut { after: cfg.handshake_timeout }]);
+        n.settle(deadline);
+        assert_eq!(n.events(), vec![SchedulerEvent::HandshakeTimedOut { after: cfg.handshake_timeout }]);
         assert!(silent.disconnected());
-        assert_eq!(n.poll_at(), None);
+        assert_eq!(n.node.poll_at(), None);
     }
 
     #[test]
     fn a_refused_registration_closes_the_link() {
         let mut n = node(NodeConfig::default());
         let (_fe, _be) = cluster(&mut n);
-        let mut dup = connect(&mut n, Instant::ZERO);
-        dup.send(&Register::new(Role::Frontend, 1, 0, "again"));
-        settle(&mut n, Instant::ZERO);
-        let ev = events(&mut n);
+        let mut dup = n.connect(Instant::ZERO);
+        dup.send(&Register::new(Role::Frontend, 1, 0, "again")).unwrap();
+        n.settle(Instant::ZERO);
+        let ev = n.events();
         assert!(matches!(&ev[..], [SchedulerEvent::PeerRefused { why }] if why.contains("already registered")), "{ev:?}");
         assert!(dup.disconnected());
     }
@@ -885,23 +816,23 @@ mod tests {
         let mut n = node(cfg);
         let (mut fe, mut be) = cluster(&mut n);
         fe.received();
-        fe.send(&task(1, 1));
+        fe.send(&task(1, 1)).unwrap();
         let t0 = Instant::ZERO;
         // The frontend keeps beating; the backend says nothing after its plan.
         let mut fe_beat = 0u64;
-        let end = run_until(&mut n, t0, t0 + Duration::from_secs_f64(1.5), |_, _| {
+        let end = n.run_until(t0, t0 + Duration::from_secs_f64(1.5), |_| {
             be.received();
             fe_beat += 1;
-            fe.send(&wire::Heartbeat { seq: fe_beat, role: Role::Frontend as u32, id: 1 });
+            fe.send(&wire::Heartbeat { seq: fe_beat, role: Role::Frontend as u32, id: 1 }).unwrap();
         });
-        let ev = events(&mut n);
+        let ev = n.events();
         assert!(ev.contains(&SchedulerEvent::PeerSilent(PeerId::Backend(7))), "{ev:?}");
         assert!(ev.contains(&SchedulerEvent::PeerLost(PeerId::Backend(7))), "{ev:?}");
         assert!(end >= t0 + cfg.dead_after);
         let failed: Vec<String> = fe.received().into_iter().filter(|m| m.contains("status: 2")).collect();
         assert_eq!(failed.len(), 1, "{failed:?}");
         assert!(be.disconnected());
-        assert_eq!(n.plane().batches_in_flight(), 0);
+        assert_eq!(n.node.plane().batches_in_flight(), 0);
     }
 
     #[test]
@@ -910,25 +841,25 @@ mod tests {
         let mut n = node(cfg);
         let (mut fe, mut be) = cluster(&mut n);
         fe.received();
-        fe.send(&task(1, 1));
+        fe.send(&task(1, 1)).unwrap();
         let t0 = Instant::ZERO;
         let mut seq = 0;
         // Both peers stay alive, but the backend never reports the batch.
-        run_until(&mut n, t0, t0 + Duration::from_millis(500), |_, _| {
+        n.run_until(t0, t0 + Duration::from_millis(500), |_| {
             be.received();
             seq += 1;
-            fe.send(&wire::Heartbeat { seq, role: Role::Frontend as u32, id: 1 });
-            be.send(&wire::Heartbeat { seq, role: Role::Backend as u32, id: 7 });
+            fe.send(&wire::Heartbeat { seq, role: Role::Frontend as u32, id: 1 }).unwrap();
+            be.send(&wire::Heartbeat { seq, role: Role::Backend as u32, id: 7 }).unwrap();
         });
-        let ev = events(&mut n);
+        let ev = n.events();
         assert_eq!(ev, vec![SchedulerEvent::BatchesExpired { count: 1 }]);
-        assert_eq!(n.plane().batches_in_flight(), 0);
+        assert_eq!(n.node.plane().batches_in_flight(), 0);
         assert_eq!(fe.received().iter().filter(|m| m.contains("status: 2")).count(), 1);
         // A late report is only a protocol error.
-        be.send(&BatchDone { batch_id: 1, actual_ns: 0, gpu_id: 0, count: 1 });
-        settle(&mut n, t0 + Duration::from_millis(500));
-        assert!(events(&mut n).is_empty());
-        assert_eq!(n.plane().metrics().protocol_errors.load(Ordering::Relaxed), 1);
+        be.send(&BatchDone { batch_id: 1, actual_ns: 0, gpu_id: 0, count: 1 }).unwrap();
+        n.settle(t0 + Duration::from_millis(500));
+        assert!(n.events().is_empty());
+        assert_eq!(n.node.plane().metrics().protocol_errors.load(Ordering::Relaxed), 1);
     }
 
     #[test]
@@ -936,34 +867,30 @@ mod tests {
         let cfg = NodeConfig::default();
         let mut n = node(cfg);
         let t0 = Instant::ZERO;
-        let (mut ours, theirs) = link_pair();
-        ours.capacity = 1;
-        n.handle_connection(t0, ours);
-        let mut fe = Peer { link: theirs, buf: vec![0; wire::MAX_MESSAGE_LEN] };
-        fe.send(&Register::new(Role::Frontend, 1, 0, "fe1"));
-        settle(&mut n, t0);
+        let mut fe = n.connect_with(t0, Some(1));
+        fe.send(&Register::new(Role::Frontend, 1, 0, "fe1")).unwrap();
+        n.settle(t0);
         // The ack took the one place; unknown-model drops queue behind it.
         for id in 0..3 {
-            fe.send(&Task { model_id: 9, ..task(id, 1) });
+            fe.send(&Task { model_id: 9, ..task(id, 1) }).unwrap();
         }
-        settle(&mut n, t0);
+        n.settle(t0);
         assert_eq!(fe.received().len(), 1, "only the ack got through");
         let t1 = t0 + Duration::from_millis(50);
-        settle(&mut n, t1);
+        n.settle(t1);
         assert_eq!(fe.received().len(), 1, "the backlog drained one");
         // Then the frontend stops reading for longer than the send timeout.
         let mut now = t1;
-        while let Some(t) = n.poll_at() {
+        while let Some(t) = n.node.poll_at() {
             if t > t1 + cfg.send_timeout + cfg.send_timeout {
                 break;
             }
             now = t.max(now);
-            settle(&mut n, now);
+            n.settle(now);
             // Proof of life (it fails once the node has closed the link).
-            let n = wire::encode(&mut fe.buf, &wire::Heartbeat { seq: 1, role: Role::Frontend as u32, id: 1 }).unwrap();
-            let _ = fe.link.send(&fe.buf[..n]);
+            let _ = fe.send(&wire::Heartbeat { seq: 1, role: Role::Frontend as u32, id: 1 });
         }
-        let ev = events(&mut n);
+        let ev = n.events();
         assert!(ev.iter().any(|e| matches!(e, SchedulerEvent::SendFailed { peer: PeerId::Frontend(1), .. })), "{ev:?}");
         assert!(ev.contains(&SchedulerEvent::PeerLost(PeerId::Frontend(1))), "{ev:?}");
     }
@@ -974,21 +901,21 @@ mod tests {
         let (mut fe, mut be) = cluster(&mut n);
         fe.received();
         let t0 = Instant::ZERO;
-        fe.send(&task(1, 1));
-        settle(&mut n, t0);
-        let plan_at = n.poll_at().unwrap();
-        settle(&mut n, plan_at);
-        assert_eq!(n.plane().batches_in_flight(), 1);
-        fe.send(&Task { budget_ns: 1_000_000_000, ..task(2, 1) });
-        settle(&mut n, plan_at);
-        n.stop();
-        settle(&mut n, plan_at);
-        assert!(!n.drained(), "a batch is in flight");
+        fe.send(&task(1, 1)).unwrap();
+        n.settle(t0);
+        let plan_at = n.node.poll_at().unwrap();
+        n.settle(plan_at);
+        assert_eq!(n.node.plane().batches_in_flight(), 1);
+        fe.send(&Task { budget_ns: 1_000_000_000, ..task(2, 1) }).unwrap();
+        n.settle(plan_at);
+        n.node.stop();
+        n.settle(plan_at);
+        assert!(!n.node.drained(), "a batch is in flight");
         assert!(fe.received().iter().any(|m| m.starts_with("Dropped") && m.contains("reason: ")));
         let plan = be.received().into_iter().find(|m| m.starts_with("BatchPlan")).unwrap();
         assert!(plan.contains("batch_id: 1"), "{plan}");
-        be.send(&BatchDone { batch_id: 1, actual_ns: 1, gpu_id: 0, count: 1 });
-        settle(&mut n, plan_at);
-        assert!(n.drained());
+        be.send(&BatchDone { batch_id: 1, actual_ns: 1, gpu_id: 0, count: 1 }).unwrap();
+        n.settle(plan_at);
+        assert!(n.node.drained());
     }
 }
