@@ -8,7 +8,6 @@ pub mod ids;
 pub mod idle;
 pub mod mem;
 pub mod mutation;
-pub mod poll;
 pub mod reference;
 pub mod ring;
 pub mod spsc;

@@ -1,1 +1,0 @@
-//! Cross-crate test helpers live in the integration tests under `tests/tests/`.
