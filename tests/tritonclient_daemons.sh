@@ -25,7 +25,7 @@ cleanup() {
 trap cleanup EXIT
 url=""
 for _ in $(seq 600); do
-    url="$(sed -n 's|^frontend 1: http://\([0-9.:]*\) .*|\1|p' "$tmp/out")"
+    url="$(sed -n 's|^frontend 1: http://\([0-9.:]*\)$|\1|p' "$tmp/out")"
     [ -n "$url" ] && break
     kill -0 "$up" 2>/dev/null || { cat "$tmp/err"; exit 1; }
     sleep 0.1

@@ -342,10 +342,18 @@ fn run_with(a: &UpArgs, mut spec: ClusterSpec) -> Result<(), String> {
     let cluster = LocalCluster::start(&spec)?;
     let http: Vec<SocketAddr> = cluster.http_addrs()?;
     if a.serve {
+        // One address per line, `<what>: <url>`, for people and scripts.
         for (i, h) in http.iter().enumerate() {
-            println!("frontend {}: http://{h}  (KServe v2: /v2/health/ready, /v2/models/<name>/infer; /metrics)", i + 1);
+            println!("frontend {}: http://{h}", i + 1);
+        }
+        for (i, f) in cluster.frontends.iter().enumerate() {
+            println!("frontend {} metrics: http://{}/metrics", i + 1, f.addr("metrics")?);
+        }
+        for (i, b) in cluster.backends.iter().enumerate() {
+            println!("backend {} metrics: http://{}/metrics", i + 1, b.addr("metrics")?);
         }
         println!("scheduler metrics: http://{}/metrics", cluster.scheduler.addr("metrics")?);
+        println!("(KServe v2 on each frontend: /v2/health/ready, /v2/models/<name>/infer; terms: docs/glossary.md)");
         println!("serving; Ctrl-C stops every process");
         use std::io::Write;
         let _ = std::io::stdout().flush();
@@ -399,6 +407,7 @@ fn run_with(a: &UpArgs, mut spec: ClusterSpec) -> Result<(), String> {
     }
     println!("local cluster: scheduler + {} frontends + {} backends x {} emulated GPUs ({}), {} models, {} s", a.cluster.frontends, a.cluster.backends, a.cluster.gpus_per_backend, a.cluster.transport, models.len(), a.duration_s);
     println!("{:<26} {:>14} {:>14}", "", "end-to-end", "simulated");
+    println!("{:<26} {:>14.0} {:>14.0}", "requested load (rps)", rate, rate);
     println!("{:<26} {:>14.0} {:>14.0}", "offered load (rps)", e.offered_rps, sim.measured_offered_rps);
     println!("{:<26} {:>14.0} {:>14.0}", "goodput (rps)", e.goodput_rps, sim.good_rps);
     println!("{:<26} {:>13.3}% {:>13.3}%", "bad rate", e.bad_rate * 100.0, sim.bad_rate * 100.0);

@@ -26,6 +26,11 @@ fn spec(transport: &str, backends: u32) -> ClusterSpec {
     s
 }
 
+/// A passing test leaves no log directory behind (a failing one keeps it).
+fn remove_logs(transport: &str) {
+    let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("symphony-cluster-test-{}-{transport}", std::process::id())));
+}
+
 fn load(c: &LocalCluster, rate: f64, secs: f64, seed: u64) -> LoadReport {
     let specs = scheduler::zoo::cluster_models("a100", MODELS, &[EXTRA.to_string()]).unwrap();
     let mut cfg = tools::cluster::load_config(&specs, c.http_addrs().unwrap(), rate, secs, seed);
@@ -122,6 +127,7 @@ fn mixed_workload_survives_a_backend_kill_with_every_request_accounted_for() {
     assert!((report2.ok + report2.late) as f64 >= 0.95 * report2.sent as f64, "{report2}");
     check_accounting(&c, &[&report1, &report2]);
     c.stop().expect("clean shutdown");
+    remove_logs("shm");
 }
 
 #[test]
@@ -132,4 +138,5 @@ fn tcp_transport_serves_a_mixed_workload_end_to_end() {
     assert!((r.ok + r.late) as f64 >= 0.95 * r.sent as f64, "{r}");
     assert_eq!(sched(&c, "symphony_backend_deaths_total"), 0.0);
     c.stop().expect("clean shutdown");
+    remove_logs("tcp");
 }
