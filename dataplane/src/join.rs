@@ -105,7 +105,10 @@ impl JoinToken {
         mac.update(MAC_DOMAIN);
         mac.update(nonce);
         mac.update(&version.to_le_bytes());
-        mac.update(&bytemuck::bytes_of(join)[..JOIN_SIGNED_LEN]);
+        // The MAC covers the Join as sent: with the has-MAC flag set.
+        let mut signed = *join;
+        signed.flags |= wire::JOIN_HAS_MAC;
+        mac.update(&bytemuck::bytes_of(&signed)[..JOIN_SIGNED_LEN]);
         mac
     }
 
@@ -162,8 +165,8 @@ mod tests {
         let token = JoinToken::new(b"  correct horse battery staple\n").unwrap();
         let other = JoinToken::new(b"another sixteen-byte token").unwrap();
         let nonce = [7u8; NONCE_LEN];
-        let mut j = Join::new(Role::Backend, 3, 2, "");
-        j.mac = token.sign(&nonce, wire::VERSION, &j);
+        let j = Join::new(Role::Backend, 3, 2, "");
+        let j = j.with_mac(token.sign(&nonce, wire::VERSION, &j));
         assert!(token.verify(&nonce, wire::VERSION, &j));
         assert!(!other.verify(&nonce, wire::VERSION, &j));
         assert!(!token.verify(&[8u8; NONCE_LEN], wire::VERSION, &j));

@@ -887,6 +887,10 @@ fn drain_link<C: Connection>(
 }
 
 #[cfg(test)]
+#[path = "node_auth_tests.rs"]
+mod auth_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::deferred::CoreConfig;
