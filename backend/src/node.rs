@@ -729,6 +729,10 @@ fn send_or_progress<C: Connection>(conn: &mut C, msg: &[u8]) -> Result<(), Error
 }
 
 #[cfg(test)]
+#[path = "node_auth_tests.rs"]
+mod auth_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::exec::ExecModel;

@@ -30,6 +30,9 @@ use dataplane::time::{Duration, Instant};
 use dataplane::transport::{Connection, Error as TransportError};
 use dataplane::waitset::Notifier;
 use dataplane::wire::{self, DropReason, Join, Message, Role, Task, TaskStatus, WireError};
+// The `tests` module's fake peers use it through `super::*`.
+#[cfg(test)]
+use dataplane::wire::Register;
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -913,6 +916,10 @@ fn poll_backend<C: Connection>(
     }
     Ok(work)
 }
+
+#[cfg(test)]
+#[path = "node_auth_tests.rs"]
+mod auth_tests;
 
 #[cfg(test)]
 mod tests {
