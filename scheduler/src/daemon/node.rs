@@ -594,6 +594,11 @@ impl<C: Connection> SchedulerNode<C> {
         let (join, nonce) = match (decoded, p.backend, p.nonce) {
             (Ok(Message::Join(j)), None, Some(nonce)) => (j, nonce),
             (Ok(Message::Models(ids)), Some(j), _) => {
+                // Another backend may have joined since this one's Join.
+                if self.backends.len() >= self.membership.max_backends {
+                    let why = format!("{} backends are registered (the limit)", self.backends.len());
+                    return Verdict::Refuse(RefuseReason::Full, wire::VERSION, peek_of(&j).to_string(), why);
+                }
                 self.ids.clear();
                 self.ids.extend(ids.iter());
                 return match self.plane.backend_joined(now, j.id, j.count, &self.ids) {
