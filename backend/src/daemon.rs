@@ -2,9 +2,10 @@
 //!
 //! Start-up: check the configuration, build the staging region and the
 //! executor (so a missing CUDA driver is reported before anything
-//! connects), connect to the scheduler, send `Register{Backend, id, gpus}`
-//! and the `Models` it holds, wait for the scheduler's acknowledgement,
-//! start `/metrics`, print `READY metrics=HOST:PORT gpus=N`.
+//! connects), connect to the scheduler, answer its challenge with
+//! `Join{Backend, id, gpus, MAC}` and the `Models` it holds, wait for its
+//! `Welcome` (which announces the control delay bound), start `/metrics`,
+//! print `READY metrics=HOST:PORT gpus=N`.
 //!
 //! The logic (registration, announcements, data links, heartbeats,
 //! liveness, drain) is the sans-IO [`BackendNode`] around the
@@ -213,7 +214,8 @@ fn worker_config(s: &Settings) -> WorkerConfig {
         output_slot: s.output_bytes,
         batch_slots: s.batch_slots,
         max_frontends: config::MAX_FRONTENDS,
-        control_delay: s.control_delay,
+        // Until the scheduler's Welcome says (or the override).
+        control_delay: s.control_delay.unwrap_or(Duration::ZERO),
         fetch_grace: s.fetch_grace,
         report_capacity: 4096,
         start_when_ready: s.start_when_ready,
@@ -287,11 +289,16 @@ fn serve<D: Domain, E: Executor>(
         .map_err(|e| format!("cannot reach the scheduler at '{}': {e}", s.scheduler))?;
     let worker =
         BatchWorker::new(cfg, exec, staging_reg, sched).map_err(|e| format!("worker: {e}"))?;
-    let mut node = BackendNode::new(node_config(s), worker);
+    let mut node = BackendNode::new(node_config(s), worker)
+        .with_join_token(s.join_token.clone())
+        .with_control_delay_override(s.control_delay);
     let clock = MonotonicClock::new();
     let mut idle = IdleWait::new(s.idle).map_err(|e| format!("wait set: {e}"))?;
     let mut watched = WatchList::new();
     register(&mut node, &clock, &mut idle, &mut watched, s.id)?;
+    if let Some(d) = node.control_delay() {
+        eprintln!("symphony-backend[{}]: {d}", s.id);
+    }
     let metrics = Arc::new(BackendMetrics::new(
         s.id,
         s.gpus,

@@ -28,7 +28,7 @@ pub mod worker;
 pub use exec::cuda::CudaExecutor;
 pub use exec::emulated::EmulatedExecutor;
 pub use exec::{ExecError, ExecModel, Executor, Finished, InputRef, Job, OutputRef};
-pub use node::{BackendEvent, BackendNode, BackendNodeConfig};
+pub use node::{BackendEvent, BackendNode, BackendNodeConfig, ControlDelay};
 pub use worker::{
     BatchReport, BatchWorker, ControlMessage, WorkerConfig, WorkerError, WorkerStats,
     CONTROL_QUEUE_CAPACITY,

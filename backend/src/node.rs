@@ -13,9 +13,10 @@
 use std::collections::VecDeque;
 
 use dataplane::control::Liveness;
+use dataplane::join::JoinToken;
 use dataplane::time::{Duration, Instant};
 use dataplane::transport::{Connection, Error};
-use dataplane::wire::{self, Register, Role};
+use dataplane::wire::{self, Join, Message, Register, Role, WireError};
 
 use crate::exec::Executor;
 use crate::worker::{BatchWorker, ControlMessage, WorkerError};
@@ -131,10 +132,44 @@ impl std::fmt::Display for BackendEvent {
     }
 }
 
+/// The control delay bound a registered backend uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ControlDelay {
+    /// The bound subtracted from every plan's `exec_in`.
+    pub bound: Duration,
+    /// What the scheduler announced in its `Welcome`.
+    pub announced: Duration,
+    /// Whether `bound` is this backend's explicit override (else it is the
+    /// announced one).
+    pub overridden: bool,
+}
+
+impl std::fmt::Display for ControlDelay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let us = |d: Duration| d.as_nanos() / 1000;
+        if self.overridden {
+            write!(
+                f,
+                "control delay bound {} µs (--control-delay-us override; the scheduler announced {} µs)",
+                us(self.bound),
+                us(self.announced)
+            )
+        } else {
+            write!(f, "control delay bound {} µs (announced by the scheduler)", us(self.bound))
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
-    /// Register (then Models) to send; how many went out.
-    Hello { sent: u8 },
+    /// Waiting for the scheduler's Challenge (since the first poll).
+    AwaitChallenge { since: Option<Instant> },
+    /// Join (then Models) to send, answering `nonce`; how many went out.
+    Hello {
+        sent: u8,
+        nonce: [u8; wire::NONCE_LEN],
+        since: Instant,
+    },
     /// Waiting for the scheduler's ack since then.
     AwaitAck { since: Instant },
     Serving,
@@ -170,6 +205,12 @@ pub struct BackendNode<C: Connection, E: Executor> {
     drained: bool,
     events: VecDeque<BackendEvent>,
     scheduler_heartbeats: u64,
+    /// The cluster's join token (its MAC answers the challenge).
+    token: Option<JoinToken>,
+    /// A control delay bound that wins over the announced one.
+    delay_override: Option<Duration>,
+    /// The bound in force, once registered.
+    control_delay: Option<ControlDelay>,
 }
 
 /// The key of the scheduler link in [`BackendNode::for_each_conn`].
@@ -177,13 +218,13 @@ pub const SCHEDULER_LINK: u64 = 0;
 
 impl<C: Connection, E: Executor> BackendNode<C, E> {
     /// A node around `worker`, whose scheduler connection is connected:
-    /// the first poll sends `Register{Backend}` and `Models` on it, later
-    /// polls wait for the acknowledgement.
+    /// polls wait for the scheduler's `Challenge`, answer with
+    /// `Join{Backend}` and `Models`, and wait for the `Welcome`.
     pub fn new(cfg: BackendNodeConfig, worker: BatchWorker<C, E>) -> Self {
         BackendNode {
             cfg,
             worker,
-            state: State::Hello { sent: 0 },
+            state: State::AwaitChallenge { since: None },
             liveness: None,
             seen_heard: Instant::ZERO,
             hb: [0; 64],
@@ -196,7 +237,30 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             drained: false,
             events: VecDeque::new(),
             scheduler_heartbeats: 0,
+            token: None,
+            delay_override: None,
+            control_delay: None,
         }
+    }
+
+    /// This node proving `token` when it registers (none: it registers
+    /// without, which a scheduler that requires one refuses).
+    pub fn with_join_token(mut self, token: Option<JoinToken>) -> Self {
+        self.token = token;
+        self
+    }
+
+    /// A control delay bound that wins over the one the scheduler
+    /// announces (none: the announced one).
+    pub fn with_control_delay_override(mut self, bound: Option<Duration>) -> Self {
+        self.delay_override = bound;
+        self
+    }
+
+    /// The control delay bound in force and where it came from (once
+    /// registered).
+    pub fn control_delay(&self) -> Option<ControlDelay> {
+        self.control_delay
     }
 
     /// The link the host opened to `frontend` after
@@ -225,8 +289,10 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
     pub fn poll(&mut self, now: Instant) -> bool {
         match self.state {
             State::Done => false,
-            State::Hello { .. } => self.hello(now),
-            State::AwaitAck { .. } | State::Serving => self.serve(now),
+            State::AwaitChallenge { .. } | State::Hello { .. } | State::AwaitAck { .. } => {
+                self.handshake(now)
+            }
+            State::Serving => self.serve(now),
         }
     }
 
@@ -238,8 +304,10 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
     pub fn poll_at(&self) -> Option<Instant> {
         let handshake = match self.state {
             State::Done => return None,
-            State::Hello { .. } => return Some(Instant::ZERO),
-            State::AwaitAck { since } => {
+            State::Hello { .. } | State::AwaitChallenge { since: None } => {
+                return Some(Instant::ZERO)
+            }
+            State::AwaitChallenge { since: Some(since) } | State::AwaitAck { since } => {
                 Some(since + self.cfg.handshake_timeout + Duration::from_nanos(1))
             }
             State::Serving => None,
@@ -329,47 +397,155 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
         self.events.push_back(BackendEvent::Refused { why });
     }
 
-    /// Why a registration step failed, from the error that ended it (the
-    /// scheduler refuses by closing the link).
+    /// Why a registration step failed, from the error that ended it.
     fn refusal(&self, e: &Error) -> String {
         match e {
             Error::PeerDisconnected => format!(
-                "the scheduler refused the registration of backend {} (closed the connection): duplicate id, or a model it does not know",
+                "the scheduler closed the connection while backend {} registered (refused it without saying why)",
                 self.cfg.id
             ),
             e => format!("registering with the scheduler: {e}"),
         }
     }
 
-    /// Sends Register{Backend} and Models (retrying a full queue on later
-    /// polls).
-    fn hello(&mut self, now: Instant) -> bool {
-        let State::Hello { mut sent } = self.state else {
-            return false;
-        };
-        while sent < 2 {
-            let encoded = if sent == 0 {
-                wire::encode(&mut self.msg, &Register::new(Role::Backend, self.cfg.id, self.cfg.gpus, ""))
-            } else {
-                wire::encode_models(&mut self.msg, &self.cfg.served)
-            };
-            let result = encoded.map_err(Error::from).and_then(|n| self.worker.scheduler().send(&self.msg[..n]));
-            match result {
-                Ok(()) => sent += 1,
-                Err(Error::QueueFull) => break,
+    /// Our Join answering `nonce`, with a MAC if we hold a token.
+    fn join(&self, nonce: &[u8; wire::NONCE_LEN]) -> Join {
+        let j = Join::new(Role::Backend, self.cfg.id, self.cfg.gpus, "");
+        match &self.token {
+            Some(t) => j.with_mac(t.sign(nonce, wire::VERSION, &j)),
+            None => j,
+        }
+    }
+
+    /// The registration, on the scheduler link directly (the worker takes
+    /// the link over once registered): the challenge in, Join and Models
+    /// out (retrying a full queue on later polls), the Welcome or a
+    /// refusal in, all within the handshake timeout.
+    fn handshake(&mut self, now: Instant) -> bool {
+        let mut progressed = false;
+        if let State::AwaitChallenge { since: None } = self.state {
+            self.state = State::AwaitChallenge { since: Some(now) };
+            progressed = true;
+        }
+        for _ in 0..64 {
+            if let State::Hello { sent, nonce, since } = self.state {
+                match self.hello(sent, &nonce) {
+                    Ok(2) => self.state = State::AwaitAck { since },
+                    Ok(sent) => {
+                        self.state = State::Hello { sent, nonce, since };
+                        break;
+                    }
+                    Err(e) => {
+                        let why = self.refusal(&e);
+                        self.refuse(why);
+                        return true;
+                    }
+                }
+                progressed = true;
+            }
+            let conn = self.worker.scheduler();
+            let _ = conn.progress();
+            let n = match conn.try_recv(&mut self.msg) {
+                Ok(Some(n)) => n,
+                Ok(None) => break,
                 Err(e) => {
                     let why = self.refusal(&e);
                     self.refuse(why);
                     return true;
                 }
+            };
+            progressed = true;
+            match (wire::decode(&self.msg[..n]), self.state) {
+                (Ok(Message::Challenge(c)), State::AwaitChallenge { since }) => {
+                    self.state = State::Hello { sent: 0, nonce: c.nonce, since: since.unwrap_or(now) };
+                }
+                (Ok(Message::Welcome(w)), State::AwaitAck { .. }) => {
+                    self.welcomed(now, w);
+                    // What follows (announcements, plans) is the worker's.
+                    return true;
+                }
+                (Ok(Message::Refused(r)), _) => {
+                    self.refuse(format!(
+                        "the scheduler refused the registration of backend {}: {r}",
+                        self.cfg.id
+                    ));
+                    return true;
+                }
+                (Err(WireError::BadVersion(v)), _) => {
+                    self.refuse(format!(
+                        "the scheduler speaks wire version {v}, this backend {}: run one version in the whole cluster",
+                        wire::VERSION
+                    ));
+                    return true;
+                }
+                (Ok(Message::Heartbeat(_)), _) => self.scheduler_heartbeats += 1,
+                (Ok(_), _) => {
+                    self.events.push_back(BackendEvent::Ignored {
+                        why: "a scheduler message out of the registration's order".into(),
+                    });
+                }
+                (Err(e), _) => {
+                    self.refuse(format!("the scheduler sent a malformed message: {e}"));
+                    return true;
+                }
             }
         }
-        self.state = if sent == 2 {
-            State::AwaitAck { since: now }
-        } else {
-            State::Hello { sent }
+        let since = match self.state {
+            State::AwaitChallenge { since: Some(s) } | State::Hello { since: s, .. } | State::AwaitAck { since: s } => s,
+            _ => return progressed,
         };
-        true
+        if now.saturating_since(since) > self.cfg.handshake_timeout {
+            let ms = self.cfg.handshake_timeout.as_nanos() / 1_000_000;
+            let what = match self.state {
+                State::AwaitAck { .. } => "acknowledgement",
+                _ => "challenge",
+            };
+            self.refuse(format!("no {what} from the scheduler within {ms} ms"));
+            return true;
+        }
+        progressed
+    }
+
+    /// Sends what remains of Join and Models; returns how many went out.
+    fn hello(&mut self, mut sent: u8, nonce: &[u8; wire::NONCE_LEN]) -> Result<u8, Error> {
+        while sent < 2 {
+            let encoded = if sent == 0 {
+                let join = self.join(nonce);
+                wire::encode(&mut self.msg, &join)
+            } else {
+                wire::encode_models(&mut self.msg, &self.cfg.served)
+            };
+            let n = encoded?;
+            match self.worker.scheduler().send(&self.msg[..n]) {
+                Ok(()) => sent += 1,
+                Err(Error::QueueFull) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(sent)
+    }
+
+    /// The scheduler's Welcome: check the model count, adopt the control
+    /// delay bound (unless overridden), start serving.
+    fn welcomed(&mut self, now: Instant, w: wire::Welcome) {
+        if w.models != self.cfg.cluster_models {
+            self.refuse(format!(
+                "model list mismatch: the scheduler has {} models, this backend {} (give every daemon the same --zoo/--models/--model)",
+                w.models, self.cfg.cluster_models
+            ));
+            return;
+        }
+        let announced = Duration::from_nanos(w.control_delay_ns);
+        let delay = ControlDelay {
+            bound: self.delay_override.unwrap_or(announced),
+            announced,
+            overridden: self.delay_override.is_some(),
+        };
+        self.worker.set_control_delay(delay.bound);
+        self.control_delay = Some(delay);
+        self.state = State::Serving;
+        self.liveness = Some(Liveness::new(now, self.cfg.heartbeat, self.cfg.dead_after));
+        self.events.push_back(BackendEvent::Registered);
     }
 
     fn serve(&mut self, now: Instant) -> bool {
@@ -381,15 +557,6 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
                 return true;
             }
             Err(e) => {
-                if let State::AwaitAck { .. } = self.state {
-                    let why = match e {
-                        WorkerError::SchedulerGone => self.refusal(&Error::PeerDisconnected),
-                        WorkerError::Transport(e) => self.refusal(&e),
-                        e => format!("registering with the scheduler: {e}"),
-                    };
-                    self.refuse(why);
-                    return true;
-                }
                 if !self.draining {
                     let why = match e {
                         WorkerError::SchedulerGone => "scheduler disconnected".to_string(),
@@ -409,18 +576,10 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
         };
         while let Some(msg) = self.worker.pop_control() {
             progressed = true;
-            self.handle_control(now, msg);
+            self.handle_control(msg);
             if self.state == State::Done {
                 return true;
             }
-        }
-        if let State::AwaitAck { since } = self.state {
-            if now.saturating_since(since) > self.cfg.handshake_timeout {
-                let ms = self.cfg.handshake_timeout.as_nanos() / 1_000_000;
-                self.refuse(format!("no acknowledgement from the scheduler within {ms} ms"));
-                return true;
-            }
-            return progressed;
         }
         let Some(liveness) = self.liveness.as_mut() else {
             return progressed;
@@ -476,34 +635,9 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
         self.drain_until = Some(now + self.cfg.drain_timeout);
     }
 
-    fn handle_control(&mut self, now: Instant, msg: ControlMessage) {
+    fn handle_control(&mut self, msg: ControlMessage) {
         match msg {
-            ControlMessage::Heartbeat(_) => {
-                self.scheduler_heartbeats += 1;
-                if let State::AwaitAck { .. } = self.state {
-                    let why = self.refusal(&Error::Protocol(wire::WireError::BadValue(
-                        "first message is not Register",
-                    )));
-                    self.refuse(why);
-                }
-            }
-            ControlMessage::Register(r) if matches!(self.state, State::AwaitAck { .. }) => {
-                if r.role() != Some(Role::Scheduler) {
-                    self.refuse(format!(
-                        "the scheduler answered with a registration of role {} instead of Scheduler",
-                        r.role
-                    ));
-                } else if r.count != self.cfg.cluster_models {
-                    self.refuse(format!(
-                        "model list mismatch: the scheduler has {} models, this backend {} (give every daemon the same --zoo/--models/--model)",
-                        r.count, self.cfg.cluster_models
-                    ));
-                } else {
-                    self.state = State::Serving;
-                    self.liveness = Some(Liveness::new(now, self.cfg.heartbeat, self.cfg.dead_after));
-                    self.events.push_back(BackendEvent::Registered);
-                }
-            }
+            ControlMessage::Heartbeat(_) => self.scheduler_heartbeats += 1,
             ControlMessage::Register(r) if r.role() == Some(Role::Frontend) => {
                 if self.draining {
                     return;
@@ -593,6 +727,10 @@ fn send_or_progress<C: Connection>(conn: &mut C, msg: &[u8]) -> Result<(), Error
         Err(e) => Err(e),
     }
 }
+
+#[cfg(test)]
+#[path = "node_auth_tests.rs"]
+mod auth_tests;
 
 #[cfg(test)]
 mod tests {

@@ -452,6 +452,17 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
         self.frontends.get_mut(id as usize)?.as_mut()
     }
 
+    /// Sets the one-way control delay bound subtracted from later plans'
+    /// `exec_in` (the scheduler announces it at registration).
+    pub fn set_control_delay(&mut self, bound: Duration) {
+        self.cfg.control_delay = bound;
+    }
+
+    /// The control delay bound in force.
+    pub fn control_delay(&self) -> Duration {
+        self.cfg.control_delay
+    }
+
     /// The scheduler connection.
     pub fn scheduler(&mut self) -> &mut C {
         &mut self.scheduler

@@ -59,6 +59,7 @@ impl Proc {
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
+            .env_remove(dataplane::join::TOKEN_ENV)
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn symphony-backend");
@@ -300,10 +301,16 @@ impl<D: Domain> FakeScheduler<D> {
         self.conn.as_mut().expect("accepted")
     }
 
-    /// Accepts the backend; returns its Register and model ids.
-    fn accept(&mut self) -> (Register, Vec<u32>) {
+    /// Accepts the backend, challenges it; returns its Join and model ids.
+    fn accept(&mut self) -> (wire::Join, Vec<u32>) {
         let mut c = self.listener.accept(dp(TIMEOUT)).expect("scheduler accept");
-        let r = expect_register(&mut c, dp(TIMEOUT)).expect("backend Register first");
+        let n = wire::encode(&mut self.buf, &wire::Challenge::new([7; wire::NONCE_LEN], false)).unwrap();
+        send_within(&mut c, &self.buf[..n], dp(TIMEOUT)).expect("send the challenge");
+        let n = recv_within(&mut c, &mut self.buf, dp(TIMEOUT)).expect("Join");
+        let r = match wire::decode(&self.buf[..n]) {
+            Ok(Message::Join(j)) => j,
+            other => panic!("expected Join, got {other:?}"),
+        };
         let n = recv_within(&mut c, &mut self.buf, dp(TIMEOUT)).expect("Models");
         let ids = match wire::decode(&self.buf[..n]) {
             Ok(Message::Models(ids)) => ids.iter().collect(),
@@ -319,6 +326,19 @@ impl<D: Domain> FakeScheduler<D> {
 
     fn send_register(&mut self, r: &Register) {
         send_register(self.conn(), r, dp(TIMEOUT)).expect("scheduler send Register");
+    }
+
+    /// Acknowledges the registration: `models` models, control delay 0.
+    fn welcome(&mut self, models: u32) -> Result<(), dataplane::transport::Error> {
+        self.welcome_with(models, 0)
+    }
+
+    /// Acknowledges the registration announcing a control delay bound.
+    fn welcome_with(&mut self, models: u32, control_delay_ns: u64) -> Result<(), dataplane::transport::Error> {
+        let w = wire::Welcome { models, reserved: 0, control_delay_ns };
+        let n = wire::encode(&mut self.buf, &w).unwrap();
+        let msg = self.buf[..n].to_vec();
+        send_within(self.conn(), &msg, dp(TIMEOUT))
     }
 
     /// Sends our heartbeat when due (the backend must hear us).
@@ -444,7 +464,7 @@ fn serves_a_plan_and_exits_when_the_scheduler_leaves<N: Net>(net: N, seed: u64) 
         (Some(Role::Backend), 5, 2, "")
     );
     assert_eq!(ids, vec![0, 1]);
-    sched.send_register(&Register::new(Role::Scheduler, 0, 2, ""));
+    sched.welcome(2).expect("send the Welcome");
     let ready = p.ready();
     assert_eq!(ready[1], ("gpus".to_string(), "2".to_string()));
     assert_eq!(ready[0].0, "metrics");
@@ -537,6 +557,18 @@ fn tcp_serves_a_plan_and_exits_when_the_scheduler_leaves() {
     serves_a_plan_and_exits_when_the_scheduler_leaves(Tcp, 0x5eed_0002);
 }
 
+/// Starts a backend and takes its registration without answering yet.
+fn joined(extra: &[&str]) -> (Proc, FakeScheduler<<Shm as Net>::D>) {
+    let mut sched = FakeScheduler::listen(Shm.domain());
+    let addr = sched.addr();
+    let mut args = vec!["--scheduler", &addr, "--transport", transport_name(Shm)];
+    args.extend(MODELS);
+    args.extend(extra);
+    let p = Proc::spawn(&args);
+    let _ = sched.accept();
+    (p, sched)
+}
+
 /// Starts a backend and acknowledges it with `ack_models` models.
 fn started<N: Net>(net: N, extra: &[&str], ack_models: Option<u32>) -> (Proc, FakeScheduler<N::D>) {
     let mut sched = FakeScheduler::listen(net.domain());
@@ -549,11 +581,7 @@ fn started<N: Net>(net: N, extra: &[&str], ack_models: Option<u32>) -> (Proc, Fa
     match ack_models {
         // A backend that refuses the ack may be gone before the flush.
         Some(n) => {
-            let _ = send_register(
-                sched.conn(),
-                &Register::new(Role::Scheduler, 0, n, ""),
-                dp(TIMEOUT),
-            );
+            let _ = sched.welcome(n);
         }
         None => sched.conn = None,
     }
@@ -601,6 +629,33 @@ fn a_refused_registration_exits_nonzero_with_a_reason() {
     let st = p.wait(TIMEOUT);
     assert_eq!(st.code(), Some(1));
     assert!(p.stderr().contains("refused"), "{}", p.stderr());
+}
+
+#[test]
+fn the_announced_control_delay_is_used_unless_overridden_and_the_log_says_which() {
+    for (extra, want) in [
+        (&[][..], "control delay bound 300 µs (announced by the scheduler)"),
+        (&["--control-delay-us", "50"][..], "control delay bound 50 µs (--control-delay-us override; the scheduler announced 300 µs)"),
+    ] {
+        let (mut p, mut sched) = joined(extra);
+        sched.welcome_with(2, 300_000).expect("send the Welcome");
+        let _ = p.ready();
+        p.signal(libc::SIGINT);
+        assert_eq!(p.wait(TIMEOUT).code(), Some(0));
+        assert!(p.stderr().contains(want), "{}", p.stderr());
+    }
+}
+
+#[test]
+fn a_refusal_is_logged_with_its_reason_and_both_versions() {
+    let (mut p, mut sched) = joined(&[]);
+    let r = wire::Refused::new(wire::RefuseReason::Version, 9, "it speaks wire version 9");
+    let n = wire::encode(&mut sched.buf, &r).unwrap();
+    let msg = sched.buf[..n].to_vec();
+    sched.send(&msg);
+    assert_eq!(p.wait(TIMEOUT).code(), Some(1));
+    let want = format!("refused the registration of backend 0: version (scheduler wire version {}, ours 9)", wire::VERSION);
+    assert!(p.stderr().contains(&want), "{}", p.stderr());
 }
 
 #[test]

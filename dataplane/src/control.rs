@@ -218,7 +218,8 @@ pub fn recv_within<C: Connection>(conn: &mut C, buf: &mut [u8], timeout: Duratio
     }
 }
 
-/// Sends `reg` as the first message of a control connection.
+/// Sends `reg` as the first message of a connection (a backend's data
+/// link to a frontend).
 pub fn send_register<C: Connection>(conn: &mut C, reg: &Register, timeout: Duration) -> Result<(), Error> {
     let mut buf = [0u8; 128];
     let n = wire::encode(&mut buf, reg)?;
@@ -246,8 +247,8 @@ pub fn flush_within<C: Connection>(conn: &mut C, timeout: Duration) -> Result<()
     Ok(())
 }
 
-/// Waits for the peer's [`Register`] (the first message of a control
-/// connection); anything else first is a protocol error.
+/// Waits for the peer's [`Register`] (the first message of a backend's
+/// data link); anything else first is a protocol error.
 pub fn expect_register<C: Connection>(conn: &mut C, timeout: Duration) -> Result<Register, Error> {
     let mut buf = [0u8; wire::MAX_MESSAGE_LEN];
     let n = recv_within(conn, &mut buf, timeout)?;
@@ -257,6 +258,37 @@ pub fn expect_register<C: Connection>(conn: &mut C, timeout: Duration) -> Result
             "first message is not Register",
         ))),
     }
+}
+
+/// Plays the scheduler's side of a registration, for tools and tests that
+/// stand in for a scheduler: sends a [`wire::Challenge`] (no token
+/// required), waits for the peer's [`wire::Join`] and answers `welcome`.
+/// A backend's `Models` message follows on the link for the caller to read.
+pub fn admit_peer<C: Connection>(
+    conn: &mut C,
+    welcome: &wire::Welcome,
+    timeout: Duration,
+) -> Result<wire::Join, Error> {
+    let mut buf = [0u8; wire::MAX_MESSAGE_LEN];
+    let nonce = crate::join::NonceSource::Os
+        .next_nonce()
+        .ok_or(Error::Protocol(wire::WireError::BadValue("no OS randomness")))?;
+    let n = wire::encode(&mut buf, &wire::Challenge::new(nonce, false))?;
+    send_within(conn, &buf[..n], timeout)?;
+    flush_within(conn, timeout)?;
+    let n = recv_within(conn, &mut buf, timeout)?;
+    let join = match wire::decode(&buf[..n])? {
+        Message::Join(j) => j,
+        _ => {
+            return Err(Error::Protocol(wire::WireError::BadValue(
+                "first message is not Join",
+            )))
+        }
+    };
+    let n = wire::encode(&mut buf, welcome)?;
+    send_within(conn, &buf[..n], timeout)?;
+    flush_within(conn, timeout)?;
+    Ok(join)
 }
 
 // ---- liveness ----------------------------------------------------------------

@@ -17,3 +17,4 @@ pub mod transport;
 pub mod waitset;
 pub mod wire;
 pub mod control;
+pub mod join;

@@ -12,6 +12,24 @@
 //! from the input, checks everything (magic, version, kind, exact lengths,
 //! counts, reserved fields, enum values) and returns a [`WireError`]; it
 //! never panics, whatever the bytes.
+//!
+//! # What every version keeps (the preamble)
+//!
+//! A scheduler and a peer of different wire versions must still be able to
+//! tell each other so. These never change, in any version:
+//! - the 16-byte [`Header`] (magic, version, kind, length, reserved), so a
+//!   framer can cut any version's messages ([`frame_len`] checks only the
+//!   magic and the length bound of a message of another version);
+//! - the bodies of [`Challenge`] (kind 11: the scheduler's first message on
+//!   every link, with the range of peer versions it accepts) and
+//!   [`Refused`] (kind 14: its last, naming both versions), which
+//!   [`decode`] accepts whatever the header's version;
+//! - the first 8 bytes of a peer's first message: its role and id (`u32`
+//!   each; version 1's `Register` began the same way), read by
+//!   [`peek_peer`] from a message of any version.
+//!
+//! Everything else (every other kind and layout) may change with
+//! [`VERSION`]; see `docs/operations.md` for the upgrade policy.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -20,8 +38,18 @@ pub use crate::mem::RemoteRef;
 
 /// First four bytes of every message: "SYMP" little-endian.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SYMP");
-/// Protocol version this code speaks.
-pub const VERSION: u16 = 1;
+/// Protocol version this code speaks. Version 2: the authenticated
+/// registration (Challenge, Join, Welcome, Refused).
+pub const VERSION: u16 = 2;
+/// Oldest peer version a scheduler of this version accepts. Upgrades are
+/// stop-the-world (`docs/operations.md`): only its own version.
+pub const OLDEST_PEER_VERSION: u16 = VERSION;
+/// Bytes of the MAC in a [`Join`] (HMAC-SHA256).
+pub const MAC_LEN: usize = 32;
+/// Bytes of the nonce in a [`Challenge`].
+pub const NONCE_LEN: usize = 32;
+/// Bytes of the operator text in a [`Refused`].
+pub const REFUSAL_TEXT_LEN: usize = 128;
 /// Largest message (header + body) accepted or produced. READ payloads that
 /// follow a [`ReadResponse`] are not messages and are bounded separately.
 pub const MAX_MESSAGE_LEN: usize = 32 * 1024;
@@ -90,8 +118,16 @@ pub enum Kind {
     /// [`ReadResponse`] (tcp transport internal; payload follows the message)
     ReadResponse = 9,
     /// [`ModelsHead`] + `u32` model ids (backend -> scheduler, after
-    /// [`Register`]: the models it holds)
+    /// [`Join`]: the models it holds)
     Models = 10,
+    /// [`Challenge`] (scheduler -> peer, first message; layout frozen)
+    Challenge = 11,
+    /// [`Join`] (peer -> scheduler, the answer to the challenge)
+    Join = 12,
+    /// [`Welcome`] (scheduler -> peer: registered)
+    Welcome = 13,
+    /// [`Refused`] (scheduler -> peer, then it closes; layout frozen)
+    Refused = 14,
 }
 
 impl Kind {
@@ -108,6 +144,10 @@ impl Kind {
             8 => Kind::ReadRequest,
             9 => Kind::ReadResponse,
             10 => Kind::Models,
+            11 => Kind::Challenge,
+            12 => Kind::Join,
+            13 => Kind::Welcome,
+            14 => Kind::Refused,
             _ => return None,
         })
     }
@@ -156,7 +196,9 @@ impl Role {
     }
 }
 
-/// "I am `role` number `id`". First message on a control connection.
+/// "I am `role` number `id`": a backend's first message on its data link
+/// to a frontend, and the scheduler's announcement of a frontend to the
+/// backends (`Register{Frontend, id, 0, data endpoint}`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
 pub struct Register {
@@ -176,18 +218,12 @@ pub struct Register {
 impl Register {
     /// A registration; `endpoint` is cut to [`ENDPOINT_LEN`] bytes.
     pub fn new(role: Role, id: u32, count: u32, endpoint: &str) -> Self {
-        let mut e = [0u8; ENDPOINT_LEN];
-        let mut n = endpoint.len().min(ENDPOINT_LEN);
-        while !endpoint.is_char_boundary(n) {
-            n -= 1;
-        }
-        e[..n].copy_from_slice(&endpoint.as_bytes()[..n]);
         Register {
             role: role as u32,
             id,
             count,
             reserved: 0,
-            endpoint: e,
+            endpoint: fill_text(endpoint),
         }
     }
     /// The role (validated by the decoder).
@@ -196,13 +232,299 @@ impl Register {
     }
     /// The endpoint text (validated by the decoder).
     pub fn endpoint(&self) -> &str {
-        let n = self
-            .endpoint
-            .iter()
-            .position(|&b| b == 0)
-            .unwrap_or(ENDPOINT_LEN);
-        std::str::from_utf8(&self.endpoint[..n]).unwrap_or("")
+        padded_text(&self.endpoint).unwrap_or("")
     }
+}
+
+/// Copies `text` into a zero-padded field, cut at a character boundary.
+fn fill_text<const N: usize>(text: &str) -> [u8; N] {
+    let mut e = [0u8; N];
+    let mut n = text.len().min(N);
+    while !text.is_char_boundary(n) {
+        n -= 1;
+    }
+    e[..n].copy_from_slice(&text.as_bytes()[..n]);
+    e
+}
+
+/// The text of a zero-padded field, if it is UTF-8 followed only by zeros.
+fn padded_text(field: &[u8]) -> Option<&str> {
+    let n = field.iter().position(|&b| b == 0).unwrap_or(field.len());
+    if field[n..].iter().any(|&b| b != 0) {
+        return None;
+    }
+    std::str::from_utf8(&field[..n]).ok()
+}
+
+/// [`Challenge::flags`]: the scheduler requires a join token.
+pub const CHALLENGE_TOKEN_REQUIRED: u32 = 1;
+/// [`Join::flags`]: `mac` holds a MAC (the peer has a token).
+pub const JOIN_HAS_MAC: u32 = 1;
+
+/// The scheduler's first message on every accepted link: a fresh nonce and
+/// the peer versions it accepts. Layout frozen for every version (see the
+/// module docs).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct Challenge {
+    /// Random bytes the peer's MAC must cover.
+    pub nonce: [u8; NONCE_LEN],
+    /// Oldest peer version accepted.
+    pub oldest_version: u16,
+    /// The scheduler's own (newest accepted) version.
+    pub scheduler_version: u16,
+    /// [`CHALLENGE_TOKEN_REQUIRED`] or 0 (other bits: ignored).
+    pub flags: u32,
+    /// Zero (ignored).
+    pub reserved: u64,
+}
+
+impl Challenge {
+    /// A challenge of this version.
+    pub fn new(nonce: [u8; NONCE_LEN], token_required: bool) -> Self {
+        Challenge {
+            nonce,
+            oldest_version: OLDEST_PEER_VERSION,
+            scheduler_version: VERSION,
+            flags: if token_required { CHALLENGE_TOKEN_REQUIRED } else { 0 },
+            reserved: 0,
+        }
+    }
+    /// Whether the scheduler requires a join token.
+    pub fn token_required(&self) -> bool {
+        self.flags & CHALLENGE_TOKEN_REQUIRED != 0
+    }
+}
+
+/// A peer's registration with the scheduler, answering its [`Challenge`]:
+/// "I am `role` number `id`", with the MAC that proves the join token
+/// (`join::JoinToken::sign`). A backend sends its [`Kind::Models`] next.
+/// `role` and `id` stay the first 8 bytes in every version.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct Join {
+    /// [`Role`] code (Frontend or Backend).
+    pub role: u32,
+    /// Id within the role.
+    pub id: u32,
+    /// Role-specific count (a backend's GPUs); 0 if unused.
+    pub count: u32,
+    /// [`JOIN_HAS_MAC`] or 0.
+    pub flags: u32,
+    /// A frontend's data endpoint (UTF-8, zero padded); empty otherwise.
+    pub endpoint: [u8; ENDPOINT_LEN],
+    /// HMAC-SHA256 over the challenge and the fields above; zero without
+    /// a token.
+    pub mac: [u8; MAC_LEN],
+}
+
+impl Join {
+    /// A join without a MAC (set `mac` and `flags` with
+    /// [`with_mac`](Self::with_mac)); `endpoint` is cut to
+    /// [`ENDPOINT_LEN`] bytes.
+    pub fn new(role: Role, id: u32, count: u32, endpoint: &str) -> Self {
+        Join {
+            role: role as u32,
+            id,
+            count,
+            flags: 0,
+            endpoint: fill_text(endpoint),
+            mac: [0; MAC_LEN],
+        }
+    }
+    /// This join carrying `mac`.
+    pub fn with_mac(mut self, mac: [u8; MAC_LEN]) -> Self {
+        self.flags |= JOIN_HAS_MAC;
+        self.mac = mac;
+        self
+    }
+    /// Whether it carries a MAC.
+    pub fn has_mac(&self) -> bool {
+        self.flags & JOIN_HAS_MAC != 0
+    }
+    /// The role (validated by the decoder).
+    pub fn role(&self) -> Option<Role> {
+        Role::from_u32(self.role)
+    }
+    /// The endpoint text (validated by the decoder).
+    pub fn endpoint(&self) -> &str {
+        padded_text(&self.endpoint).unwrap_or("")
+    }
+}
+
+/// The scheduler accepted a [`Join`]: what every peer must agree on.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Welcome {
+    /// Models in the scheduler's list (the peer's must be as many).
+    pub models: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// The one-way control delay bound `d_ctrl` the scheduler charges,
+    /// ns: backends subtract it from a plan's `exec_in`.
+    pub control_delay_ns: u64,
+}
+
+/// Why the scheduler refused a registration. Wire codes are stable; a new
+/// reason takes the next code (a peer shows an unknown one by its code).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RefuseReason {
+    /// The peer speaks a wire version the scheduler does not accept.
+    Version = 1,
+    /// The scheduler requires a join token and the peer sent no MAC.
+    NoToken = 2,
+    /// The MAC does not verify (wrong token).
+    BadToken = 3,
+    /// The registration did not decode or broke the handshake's order.
+    Malformed = 4,
+    /// The plane refused it: duplicate or out-of-range id, unknown model,
+    /// no sub-cluster, no GPUs.
+    Rejected = 5,
+    /// The configured peer limit is reached.
+    Full = 6,
+    /// It did not register within the handshake timeout.
+    Timeout = 7,
+}
+
+impl RefuseReason {
+    /// Number of reasons.
+    pub const COUNT: usize = 7;
+    /// Every reason, in wire-code order.
+    pub const ALL: [RefuseReason; RefuseReason::COUNT] = [
+        RefuseReason::Version,
+        RefuseReason::NoToken,
+        RefuseReason::BadToken,
+        RefuseReason::Malformed,
+        RefuseReason::Rejected,
+        RefuseReason::Full,
+        RefuseReason::Timeout,
+    ];
+    /// The reason with wire code `v`.
+    pub fn from_u32(v: u32) -> Option<RefuseReason> {
+        let i = usize::try_from(v).ok()?.checked_sub(1)?;
+        RefuseReason::ALL.get(i).copied()
+    }
+    /// Its position in [`ALL`](Self::ALL) (a counter array's index).
+    pub const fn index(self) -> usize {
+        self as usize - 1
+    }
+    /// Stable snake_case name: metric label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RefuseReason::Version => "version",
+            RefuseReason::NoToken => "no_token",
+            RefuseReason::BadToken => "bad_token",
+            RefuseReason::Malformed => "malformed",
+            RefuseReason::Rejected => "rejected",
+            RefuseReason::Full => "full",
+            RefuseReason::Timeout => "timeout",
+        }
+    }
+}
+
+impl std::fmt::Display for RefuseReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The scheduler refused a registration and closes the link. Layout
+/// frozen for every version (see the module docs), so that a peer of any
+/// version can show why.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct Refused {
+    /// [`RefuseReason`] code (an unknown code is shown as a number).
+    pub reason: u32,
+    /// The scheduler's wire version.
+    pub scheduler_version: u16,
+    /// The peer's wire version, as the scheduler read it.
+    pub peer_version: u16,
+    /// Why, for the operator (UTF-8, zero padded).
+    pub text: [u8; REFUSAL_TEXT_LEN],
+}
+
+impl Refused {
+    /// A refusal of a peer of `peer_version`; `text` is cut to
+    /// [`REFUSAL_TEXT_LEN`] bytes.
+    pub fn new(reason: RefuseReason, peer_version: u16, text: &str) -> Self {
+        Refused {
+            reason: reason as u32,
+            scheduler_version: VERSION,
+            peer_version,
+            text: fill_text(text),
+        }
+    }
+    /// The reason, if this version knows its code.
+    pub fn reason(&self) -> Option<RefuseReason> {
+        RefuseReason::from_u32(self.reason)
+    }
+    /// The operator text (invalid UTF-8 shows as replacement characters).
+    pub fn text(&self) -> std::borrow::Cow<'_, str> {
+        let n = self.text.iter().position(|&b| b == 0).unwrap_or(REFUSAL_TEXT_LEN);
+        String::from_utf8_lossy(&self.text[..n])
+    }
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.reason() {
+            Some(r) => write!(f, "{r}")?,
+            None => write!(f, "reason code {}", self.reason)?,
+        }
+        write!(
+            f,
+            " (scheduler wire version {}, ours {}): {}",
+            self.scheduler_version,
+            self.peer_version,
+            self.text()
+        )
+    }
+}
+
+/// The version-independent part of a peer's first message
+/// ([`peek_peer`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerPeek {
+    /// The header's version.
+    pub version: u16,
+    /// The header's kind code.
+    pub kind: u16,
+    /// The first body word: the role code.
+    pub role: u32,
+    /// The second body word: the id.
+    pub id: u32,
+}
+
+impl std::fmt::Display for PeerPeek {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match Role::from_u32(self.role) {
+            Some(Role::Frontend) => write!(f, "frontend {}", self.id),
+            Some(Role::Backend) => write!(f, "backend {}", self.id),
+            _ => write!(f, "a peer of role code {}", self.role),
+        }
+    }
+}
+
+/// Reads the header's version and the sender's role and id from the first
+/// message of a peer of any version (magic checked; nothing else), e.g. to
+/// name a peer whose version is refused. `None` if too short or not ours.
+pub fn peek_peer(buf: &[u8]) -> Option<PeerPeek> {
+    let h: Header = bytemuck::pod_read_unaligned(buf.get(..HEADER_LEN)?);
+    let word = |at: usize| -> Option<u32> {
+        let b = buf.get(HEADER_LEN + at..HEADER_LEN + at + 4)?;
+        Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    if h.magic != MAGIC || (h.len as usize) < 8 {
+        return None;
+    }
+    Some(PeerPeek {
+        version: h.version,
+        kind: h.kind,
+        role: word(0)?,
+        id: word(4)?,
+    })
 }
 
 /// Liveness beacon.
@@ -527,6 +849,18 @@ impl FixedMessage for Register {
 impl FixedMessage for Heartbeat {
     const KIND: Kind = Kind::Heartbeat;
 }
+impl FixedMessage for Challenge {
+    const KIND: Kind = Kind::Challenge;
+}
+impl FixedMessage for Join {
+    const KIND: Kind = Kind::Join;
+}
+impl FixedMessage for Welcome {
+    const KIND: Kind = Kind::Welcome;
+}
+impl FixedMessage for Refused {
+    const KIND: Kind = Kind::Refused;
+}
 impl FixedMessage for Task {
     const KIND: Kind = Kind::Task;
 }
@@ -622,6 +956,14 @@ pub enum Message<'a> {
     ReadResponse(ReadResponse),
     /// Models a backend holds.
     Models(ModelIds<'a>),
+    /// The scheduler's challenge (any header version).
+    Challenge(Challenge),
+    /// A peer's registration.
+    Join(Join),
+    /// The scheduler accepted the registration.
+    Welcome(Welcome),
+    /// The scheduler refused the registration (any header version).
+    Refused(Refused),
 }
 
 fn put_header(buf: &mut [u8], kind: Kind, body_len: usize) -> Result<(), WireError> {
@@ -785,11 +1127,20 @@ pub fn encode_completion(
 /// Validates the header at the start of `buf` and returns the whole
 /// message length, or `None` if fewer than [`HEADER_LEN`] bytes are there.
 /// Stream framers call this before they have the body.
+/// A message of another version is framed by its length alone (the header
+/// is the same in every version), so that the receiver can decode a
+/// [`Refused`] or name the peer ([`peek_peer`]) instead of losing the link.
 pub fn frame_len(buf: &[u8]) -> Result<Option<usize>, WireError> {
     let Some(hb) = buf.get(..HEADER_LEN) else {
         return Ok(None);
     };
     let h: Header = bytemuck::pod_read_unaligned(hb);
+    if h.magic == MAGIC && h.version != VERSION {
+        if h.len as usize > MAX_MESSAGE_LEN - HEADER_LEN {
+            return Err(WireError::BadLength);
+        }
+        return Ok(Some(HEADER_LEN + h.len as usize));
+    }
     let kind = check_header(&h)?;
     let body = h.len as usize;
     if body != fixed_body_len(kind).unwrap_or(body) {
@@ -825,6 +1176,10 @@ fn fixed_body_len(kind: Kind) -> Option<usize> {
         Kind::BatchDone => size_of::<BatchDone>(),
         Kind::ReadRequest => size_of::<ReadRequest>(),
         Kind::ReadResponse => size_of::<ReadResponse>(),
+        Kind::Challenge => size_of::<Challenge>(),
+        Kind::Join => size_of::<Join>(),
+        Kind::Welcome => size_of::<Welcome>(),
+        Kind::Refused => size_of::<Refused>(),
         Kind::BatchPlan | Kind::Completion | Kind::Models => return None,
     })
 }
@@ -847,6 +1202,9 @@ pub fn decode(buf: &[u8]) -> Result<Message<'_>, WireError> {
     }
     let h: Header = bytemuck::pod_read_unaligned(&buf[..HEADER_LEN]);
     let body = &buf[HEADER_LEN..];
+    if h.version != VERSION {
+        return decode_preamble(&h, body);
+    }
     let kind = Kind::from_u16(h.kind).ok_or(WireError::UnknownKind(h.kind))?;
     Ok(match kind {
         Kind::Register => {
@@ -855,14 +1213,7 @@ pub fn decode(buf: &[u8]) -> Result<Message<'_>, WireError> {
             if r.reserved != 0 {
                 return Err(WireError::ReservedNotZero);
             }
-            let n = r
-                .endpoint
-                .iter()
-                .position(|&b| b == 0)
-                .unwrap_or(ENDPOINT_LEN);
-            if std::str::from_utf8(&r.endpoint[..n]).is_err()
-                || r.endpoint[n..].iter().any(|&b| b != 0)
-            {
+            if padded_text(&r.endpoint).is_none() {
                 return Err(WireError::BadValue("endpoint"));
             }
             Message::Register(r)
@@ -964,7 +1315,47 @@ pub fn decode(buf: &[u8]) -> Result<Message<'_>, WireError> {
             }
             Message::Models(ids)
         }
+        Kind::Challenge => Message::Challenge(read_fixed(body)?),
+        Kind::Join => {
+            let j: Join = read_fixed(body)?;
+            match j.role() {
+                Some(Role::Frontend | Role::Backend) => {}
+                _ => return Err(WireError::BadValue("role")),
+            }
+            if j.flags & !JOIN_HAS_MAC != 0 {
+                return Err(WireError::BadValue("join flags"));
+            }
+            if !j.has_mac() && j.mac != [0; MAC_LEN] {
+                return Err(WireError::ReservedNotZero);
+            }
+            if padded_text(&j.endpoint).is_none() {
+                return Err(WireError::BadValue("endpoint"));
+            }
+            Message::Join(j)
+        }
+        Kind::Welcome => {
+            let w: Welcome = read_fixed(body)?;
+            if w.reserved != 0 {
+                return Err(WireError::ReservedNotZero);
+            }
+            Message::Welcome(w)
+        }
+        Kind::Refused => Message::Refused(read_fixed(body)?),
     })
+}
+
+/// A message whose header has another version: only the frozen preamble
+/// kinds decode (leniently: a later version may use their flags, reasons
+/// and reserved bits); anything else is `BadVersion`.
+fn decode_preamble<'a>(h: &Header, body: &'a [u8]) -> Result<Message<'a>, WireError> {
+    if h.magic != MAGIC {
+        return Err(WireError::BadMagic);
+    }
+    match Kind::from_u16(h.kind) {
+        Some(Kind::Challenge) => Ok(Message::Challenge(read_fixed(body)?)),
+        Some(Kind::Refused) => Ok(Message::Refused(read_fixed(body)?)),
+        _ => Err(WireError::BadVersion(h.version)),
+    }
 }
 
 /// Entry point for fuzzers and property tests: decodes arbitrary bytes both
@@ -972,6 +1363,9 @@ pub fn decode(buf: &[u8]) -> Result<Message<'_>, WireError> {
 /// re-encodes to the same bytes. Panics only on a real codec bug.
 pub fn fuzz_decode(data: &[u8]) {
     let _ = frame_len(data);
+    if let Some(p) = peek_peer(data) {
+        let _ = p.to_string();
+    }
     if let Ok(m) = decode(data) {
         match m {
             Message::Task(t) => fuzz_task_id(t.id()),
@@ -982,7 +1376,20 @@ pub fn fuzz_decode(data: &[u8]) {
                 let r = DropReason::from_u32(d.reason).expect("decoded reasons are known");
                 assert_eq!((r.code(), DropReason::ALL[r.index()]), (d.reason, r));
             }
+            Message::Refused(r) => {
+                let _ = r.to_string();
+            }
+            Message::Join(j) => {
+                let _ = j.endpoint();
+            }
             _ => {}
+        }
+        // A preamble message of another version decodes but re-encodes
+        // with this version's header.
+        let version = u16::from_le_bytes([data[4], data[5]]);
+        if version != VERSION {
+            assert!(matches!(m, Message::Challenge(_) | Message::Refused(_)), "{m:?}");
+            return;
         }
         let mut buf = [0u8; MAX_MESSAGE_LEN];
         let n = match m {
@@ -1005,6 +1412,10 @@ pub fn fuzz_decode(data: &[u8]) {
                 let ids: Vec<u32> = ids.iter().collect();
                 encode_models(&mut buf, &ids)
             }
+            Message::Challenge(r) => encode(&mut buf, &r),
+            Message::Join(r) => encode(&mut buf, &r),
+            Message::Welcome(r) => encode(&mut buf, &r),
+            Message::Refused(r) => encode(&mut buf, &r),
         }
         .expect("a decoded message re-encodes");
         assert_eq!(
@@ -1084,7 +1495,7 @@ mod tests {
 
     #[test]
     fn every_fixed_message_has_a_length_multiple_of_eight() {
-        for k in 1..=10 {
+        for k in 1..=14 {
             if let Some(n) = fixed_body_len(Kind::from_u16(k).unwrap()) {
                 assert_eq!(n % 8, 0, "kind {k}");
             }

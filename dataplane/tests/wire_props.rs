@@ -284,3 +284,76 @@ fn drop_reasons_have_distinct_codes_indices_and_names() {
     assert_eq!(DropReason::DeadlineUnmeetable.code(), 1);
     assert_eq!(DropReason::InputUnavailable.code(), 5);
 }
+
+/// The registration's messages (Challenge, Join, Welcome, Refused, and
+/// version 1's Register) with any header version, any body length near
+/// theirs and any bytes: never a panic; the frozen preamble kinds decode
+/// whatever the version; `peek_peer` names any first message.
+#[test]
+fn handshake_messages_of_any_version_never_panic() {
+    use std::mem::size_of;
+    let strat = (
+        prop::sample::select(vec![1u16, 11, 12, 13, 14]),
+        prop_oneof![Just(wire::VERSION), Just(1u16), Just(wire::VERSION + 1), any::<u16>()],
+        -9i64..9,
+        prop::collection::vec(any::<u8>(), 300),
+    );
+    runner(4096)
+        .run(&strat, |(kind, version, delta, body)| {
+            let fixed = match kind {
+                1 => size_of::<wire::Register>(),
+                11 => size_of::<wire::Challenge>(),
+                12 => size_of::<wire::Join>(),
+                13 => size_of::<wire::Welcome>(),
+                _ => size_of::<wire::Refused>(),
+            };
+            let len = (fixed as i64 + delta).max(0) as usize;
+            let mut v = Vec::with_capacity(16 + len);
+            v.extend_from_slice(&wire::MAGIC.to_le_bytes());
+            v.extend_from_slice(&version.to_le_bytes());
+            v.extend_from_slice(&kind.to_le_bytes());
+            v.extend_from_slice(&(len as u32).to_le_bytes());
+            v.extend_from_slice(&0u32.to_le_bytes());
+            v.extend_from_slice(&body[..len]);
+            wire::fuzz_decode(&v);
+            let peek = wire::peek_peer(&v);
+            prop_assert_eq!(peek.map(|p| (p.version, p.kind)), (len >= 8).then_some((version, kind)));
+            let decoded = wire::decode(&v);
+            if version != wire::VERSION {
+                match (kind, delta, &decoded) {
+                    (11, 0, Ok(Message::Challenge(_))) | (14, 0, Ok(Message::Refused(_))) => {}
+                    (11 | 14, 0, other) => prop_assert!(false, "a frozen kind must decode: {:?}", other),
+                    (_, _, Ok(m)) if delta != 0 || !matches!(kind, 11 | 14) => {
+                        prop_assert!(false, "{:?} decoded from version {}", m, version)
+                    }
+                    _ => {}
+                }
+            }
+            if let Ok(Message::Refused(r)) = decoded {
+                let _ = r.to_string();
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn a_join_round_trips_and_its_mac_flag_must_match_its_mac() {
+    let strat = (any::<u32>(), any::<u32>(), "[a-z0-9.:]{0,64}", any::<[u8; 32]>(), any::<bool>());
+    runner(1024)
+        .run(&strat, |(id, count, endpoint, mac, signed)| {
+            let mut buf = vec![0u8; MAX_MESSAGE_LEN];
+            let j = wire::Join::new(Role::Backend, id, count, &endpoint);
+            let j = if signed { j.with_mac(mac) } else { j };
+            let n = wire::encode(&mut buf, &j).unwrap();
+            prop_assert_eq!(wire::decode(&buf[..n]), Ok(Message::Join(j)));
+            // A MAC without the flag is refused.
+            if !signed && mac != [0; 32] {
+                let forged = wire::Join { mac, ..j };
+                let n = wire::encode(&mut buf, &forged).unwrap();
+                prop_assert_eq!(wire::decode(&buf[..n]), Err(WireError::ReservedNotZero));
+            }
+            Ok(())
+        })
+        .unwrap();
+}

@@ -28,6 +28,7 @@ use crate::staging::{RoutedOutcome, Staging, StagingConfig};
 use clap::Parser;
 use dataplane::control::{self, MetricsEndpoint, TransportKind, WithDomain};
 use dataplane::idle::IdleStrategy;
+use dataplane::join::JoinToken;
 use dataplane::waitset::{IdleWait, Notifier};
 use dataplane::mem::Access;
 use dataplane::time::{Duration, Instant, MonotonicClock};
@@ -125,6 +126,10 @@ pub struct Cli {
     /// Exit (SIGTERM) when the parent process dies.
     #[arg(long)]
     pub exit_with_parent: bool,
+    /// File holding the cluster's join token (else the environment's
+    /// SYMPHONY_JOIN_TOKEN; never a flag's value).
+    #[arg(long)]
+    pub join_token_file: Option<PathBuf>,
 }
 
 /// The `--config` file: the same options, '_' for '-'.
@@ -150,6 +155,7 @@ struct FileConfig {
     dead_after_ms: Option<u64>,
     queue: Option<usize>,
     exit_with_parent: Option<bool>,
+    join_token_file: Option<PathBuf>,
 }
 
 /// A validated configuration.
@@ -189,6 +195,8 @@ pub struct Options {
     pub queue: usize,
     /// Die with the parent.
     pub exit_with_parent: bool,
+    /// The cluster's join token, if any.
+    pub join_token: Option<JoinToken>,
 }
 
 fn addr(what: &str, s: &str) -> Result<SocketAddr, String> {
@@ -272,7 +280,10 @@ impl Options {
         if queue == 0 {
             return Err("--queue must be positive".into());
         }
+        let join_token =
+            JoinToken::from_file_or_env(cli.join_token_file.or(file.join_token_file).as_deref())?;
         Ok(Options {
+            join_token,
             id: id as u16,
             scheduler,
             http,
@@ -388,7 +399,8 @@ fn serve<D: Domain>(domain: D, opts: Options) -> Result<(), String> {
         },
         staging.clone(),
         tasks,
-    );
+    )
+    .with_join_token(opts.join_token.clone());
     let sched = control::connect_retrying(&domain, &opts.scheduler, CONNECT_TIMEOUT)
         .map_err(|e| format!("cannot reach the scheduler at '{}': {e}", opts.scheduler))?;
     let stop_io = Arc::new(AtomicBool::new(false));

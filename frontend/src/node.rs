@@ -25,10 +25,14 @@ use crate::service::{SinkError, TaskSink};
 use crate::staging::{RoutedOutcome, Staging};
 use crossbeam_queue::ArrayQueue;
 use dataplane::control::Liveness;
+use dataplane::join::JoinToken;
 use dataplane::time::{Duration, Instant};
 use dataplane::transport::{Connection, Error as TransportError};
 use dataplane::waitset::Notifier;
-use dataplane::wire::{self, DropReason, Message, Register, Role, Task, TaskStatus};
+use dataplane::wire::{self, DropReason, Join, Message, Role, Task, TaskStatus, WireError};
+// The `tests` module's fake peers use it through `super::*`.
+#[cfg(test)]
+use dataplane::wire::Register;
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -250,9 +254,14 @@ pub enum FrontendEvent {
 enum Phase {
     /// No scheduler link (none yet, refused or lost).
     Unlinked,
-    /// The link is handed over; our `Register` is `sent` or still to send,
-    /// and the ack is due by `deadline`.
-    Registering { sent: bool, deadline: Instant },
+    /// The link is handed over: the scheduler's challenge (its nonce) is
+    /// awaited, then our `Join` is `sent` or still to send; the `Welcome`
+    /// is due by `deadline`.
+    Registering {
+        nonce: Option<[u8; wire::NONCE_LEN]>,
+        sent: bool,
+        deadline: Instant,
+    },
     /// Acknowledged; tasks flow.
     Registered { live: Liveness, heard_at: Instant },
 }
@@ -288,6 +297,8 @@ pub struct FrontendNode<C: Connection> {
     shut_down: bool,
     buf: Box<[u8]>,
     hb: [u8; 64],
+    /// The cluster's join token (its MAC answers the scheduler's challenge).
+    token: Option<JoinToken>,
 }
 
 impl<C: Connection> std::fmt::Debug for FrontendNode<C> {
@@ -329,7 +340,15 @@ impl<C: Connection> FrontendNode<C> {
             shut_down: false,
             buf: vec![0u8; wire::MAX_MESSAGE_LEN].into_boxed_slice(),
             hb: [0u8; 64],
+            token: None,
         }
+    }
+
+    /// This node proving `token` when it registers (none: it registers
+    /// without, which a scheduler that requires one refuses).
+    pub fn with_join_token(mut self, token: Option<JoinToken>) -> Self {
+        self.token = token;
+        self
     }
 
     /// The node's counters.
@@ -356,10 +375,10 @@ impl<C: Connection> FrontendNode<C> {
         self.now
     }
 
-    /// The scheduler link, already connected by the host. The node sends
-    /// `Register{Frontend, id, data endpoint}` and waits for the
-    /// acknowledgement in [`poll`](Self::poll), for at most the handshake
-    /// timeout from `now`. A link given while another is registered
+    /// The scheduler link, already connected by the host. The node waits
+    /// for the scheduler's `Challenge`, answers `Join{Frontend, id, data
+    /// endpoint, MAC}` and waits for the `Welcome` in [`poll`](Self::poll),
+    /// all within the handshake timeout from `now`. A link given while another is registered
     /// replaces it: the old one counts as lost first.
     pub fn handle_scheduler_link(&mut self, now: Instant, conn: C) {
         let now = self.observe(now);
@@ -374,6 +393,7 @@ impl<C: Connection> FrontendNode<C> {
             self.closed.push(old);
         }
         self.phase = Phase::Registering {
+            nonce: None,
             sent: false,
             deadline: now.saturating_add(self.cfg.handshake_timeout),
         };
@@ -404,7 +424,9 @@ impl<C: Connection> FrontendNode<C> {
         self.closed.clear();
         let mut work = match self.phase {
             Phase::Unlinked => self.end_queued(),
-            Phase::Registering { sent, deadline } => self.poll_registration(now, sent, deadline),
+            Phase::Registering { nonce, sent, deadline } => {
+                self.poll_registration(now, nonce, sent, deadline)
+            }
             Phase::Registered { .. } => self.poll_scheduler(now),
         };
         work |= self.poll_backends();
@@ -544,69 +566,84 @@ impl<C: Connection> FrontendNode<C> {
 
     fn refused_text(&self) -> String {
         format!(
-            "the scheduler refused the registration of frontend {} (closed the connection: duplicate id?)",
+            "the scheduler closed the connection while frontend {} registered (refused it without saying why)",
             self.cfg.id
         )
     }
 
-    fn poll_registration(&mut self, now: Instant, mut sent: bool, deadline: Instant) -> bool {
-        let Some(conn) = self.sched.as_mut() else {
+    /// Our Join answering `nonce`, with a MAC if we hold a token.
+    fn join(&self, nonce: &[u8; wire::NONCE_LEN]) -> Join {
+        let j = Join::new(Role::Frontend, u32::from(self.cfg.id), 0, &self.cfg.data_endpoint);
+        match &self.token {
+            Some(t) => j.with_mac(t.sign(nonce, wire::VERSION, &j)),
+            None => j,
+        }
+    }
+
+    fn poll_registration(
+        &mut self,
+        now: Instant,
+        mut nonce: Option<[u8; wire::NONCE_LEN]>,
+        mut sent: bool,
+        deadline: Instant,
+    ) -> bool {
+        if self.sched.is_none() {
             self.phase = Phase::Unlinked;
             return false;
-        };
-        let mut work = false;
-        if !sent {
-            let reg = Register::new(
-                Role::Frontend,
-                u32::from(self.cfg.id),
-                0,
-                &self.cfg.data_endpoint,
-            );
-            let n = match wire::encode(&mut self.buf, &reg) {
-                Ok(n) => n,
-                Err(e) => return self.refuse(format!("registering with the scheduler: {e}")),
-            };
-            match conn.send(&self.buf[..n]) {
-                Ok(()) => {
-                    sent = true;
-                    work = true;
-                }
-                Err(TransportError::QueueFull) => {}
-                // A refusing scheduler closes the link, which this side may
-                // see while still sending its Register.
-                Err(TransportError::PeerDisconnected) => return self.refuse(self.refused_text()),
-                Err(e) => return self.refuse(format!("registering with the scheduler: {e}")),
-            }
         }
-        // Pushes our Register out; a departure shows in the receive below.
-        let _ = conn.progress();
-        if sent {
-            for _ in 0..BURST {
-                match conn.try_recv(&mut self.buf) {
-                    Ok(Some(n)) => {
+        let mut work = false;
+        for _ in 0..BURST {
+            if let (Some(n), false) = (nonce, sent) {
+                let join = self.join(&n);
+                let len = match wire::encode(&mut self.buf, &join) {
+                    Ok(len) => len,
+                    Err(e) => return self.refuse(format!("registering with the scheduler: {e}")),
+                };
+                let Some(conn) = self.sched.as_mut() else { break };
+                match conn.send(&self.buf[..len]) {
+                    Ok(()) => {
+                        sent = true;
                         work = true;
-                        match wire::decode(&self.buf[..n]) {
-                            Ok(Message::Register(r)) if r.role() == Some(Role::Scheduler) => {
-                                return self.registered(now, r.count);
-                            }
-                            // Heartbeats may come first; anything else
-                            // before the ack is not worth failing for.
-                            Ok(_) => {}
-                            Err(e) => {
-                                return self.refuse(format!(
-                                    "the scheduler sent a malformed message: {e}"
-                                ));
-                            }
-                        }
                     }
-                    Ok(None) => break,
-                    Err(TransportError::PeerDisconnected) => {
-                        return self.refuse(self.refused_text());
-                    }
-                    Err(e) => {
-                        return self
-                            .refuse(format!("waiting for the scheduler's acknowledgement: {e}"));
-                    }
+                    Err(TransportError::QueueFull) => {}
+                    // A refusing scheduler closes the link, which this side
+                    // may see while still sending its Join.
+                    Err(TransportError::PeerDisconnected) => return self.refuse(self.refused_text()),
+                    Err(e) => return self.refuse(format!("registering with the scheduler: {e}")),
+                }
+            }
+            let Some(conn) = self.sched.as_mut() else { break };
+            // Pushes our Join out; a departure shows in the receive.
+            let _ = conn.progress();
+            let n = match conn.try_recv(&mut self.buf) {
+                Ok(Some(n)) => n,
+                Ok(None) => break,
+                Err(TransportError::PeerDisconnected) => return self.refuse(self.refused_text()),
+                Err(e) => {
+                    return self.refuse(format!("waiting for the scheduler's acknowledgement: {e}"))
+                }
+            };
+            work = true;
+            match wire::decode(&self.buf[..n]) {
+                Ok(Message::Challenge(c)) if nonce.is_none() => nonce = Some(c.nonce),
+                Ok(Message::Welcome(w)) if sent => return self.registered(now, w.models),
+                Ok(Message::Refused(r)) => {
+                    return self.refuse(format!(
+                        "the scheduler refused the registration of frontend {}: {r}",
+                        self.cfg.id
+                    ))
+                }
+                Err(WireError::BadVersion(v)) => {
+                    return self.refuse(format!(
+                        "the scheduler speaks wire version {v}, this frontend {}: run one version in the whole cluster",
+                        wire::VERSION
+                    ))
+                }
+                // Heartbeats may come first; anything else before the
+                // Welcome is not worth failing for.
+                Ok(_) => {}
+                Err(e) => {
+                    return self.refuse(format!("the scheduler sent a malformed message: {e}"));
                 }
             }
         }
@@ -618,12 +655,12 @@ impl<C: Connection> FrontendNode<C> {
                 )
             } else {
                 format!(
-                    "registering with the scheduler: {}",
-                    TransportError::Timeout
+                    "registering with the scheduler: no challenge within {}",
+                    human(self.cfg.handshake_timeout)
                 )
             });
         }
-        self.phase = Phase::Registering { sent, deadline };
+        self.phase = Phase::Registering { nonce, sent, deadline };
         work
     }
 
@@ -879,6 +916,10 @@ fn poll_backend<C: Connection>(
     }
     Ok(work)
 }
+
+#[cfg(test)]
+#[path = "node_auth_tests.rs"]
+mod auth_tests;
 
 #[cfg(test)]
 mod tests {

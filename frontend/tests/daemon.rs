@@ -12,8 +12,14 @@ use dataplane::transport::shm::ShmDomain;
 use dataplane::transport::tcp::{Engine, TcpConfig, TcpDomain};
 use dataplane::transport::{Completion, Connection, Domain, Listener, ReadOp};
 use dataplane::wire::{
-    self, CompletionHead, Message, OutputKind, Register, Role, Task, TaskStatus,
+    self, CompletionHead, Message, OutputKind, RefuseReason, Refused, Register, Role, Task,
+    TaskStatus, Welcome,
 };
+
+/// The fake scheduler's Welcome for `models` models.
+fn welcome(models: u32) -> Welcome {
+    Welcome { models, reserved: 0, control_delay_ns: 0 }
+}
 use frontend::loadgen::{verify, Verdict};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
@@ -50,6 +56,7 @@ fn spawn(args: &[&str]) -> Daemon {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .env_remove(dataplane::join::TOKEN_ENV)
         .spawn()
         .expect("start symphony-frontend");
     let (tx, rx) = mpsc::channel();
@@ -230,12 +237,12 @@ fn round_trip<D: Domain>(domain: D, kind: TransportKind) {
         "60000",
     ]);
 
-    // Registration: Register{Frontend, 3, 0, data endpoint}, then our ack.
+    // Registration: our challenge, its Join{Frontend, 3, 0, data endpoint},
+    // our Welcome.
     let mut sched = listener.accept(WAIT).expect("the frontend connects");
-    let reg = control::expect_register(&mut sched, WAIT).unwrap();
+    let reg = control::admit_peer(&mut sched, &welcome(2), WAIT).unwrap();
     assert_eq!(reg.role(), Some(Role::Frontend));
-    assert_eq!((reg.id, reg.count), (3, 0), "flags override the file's id");
-    control::send_register(&mut sched, &Register::new(Role::Scheduler, 0, 2, ""), WAIT).unwrap();
+    assert_eq!((reg.id, reg.count, reg.has_mac()), (3, 0, false), "flags override the file's id");
     let ready = daemon.ready();
     assert_eq!(ready.data, reg.endpoint());
     assert!(control::http_get(ready.http, "/v2/health/ready", StdDuration::from_secs(5)).is_ok());
@@ -380,8 +387,7 @@ fn registered(extra: &[&str]) -> (Daemon, ShmDomain, <ShmDomain as Domain>::Conn
     args.extend_from_slice(extra);
     let daemon = spawn(&args);
     let mut sched = listener.accept(WAIT).expect("the frontend connects");
-    control::expect_register(&mut sched, WAIT).unwrap();
-    control::send_register(&mut sched, &Register::new(Role::Scheduler, 0, 1, ""), WAIT).unwrap();
+    control::admit_peer(&mut sched, &welcome(1), WAIT).unwrap();
     let ready = daemon.ready();
     (daemon, domain, sched, ready)
 }
@@ -416,10 +422,15 @@ fn a_refused_registration_is_a_clear_error() {
     let addr = listener.local_addr();
     let mut daemon = spawn(&["--scheduler", &addr, "--models", "ResNet50"]);
     let mut sched = listener.accept(WAIT).expect("the frontend connects");
-    control::expect_register(&mut sched, WAIT).unwrap();
-    drop(sched);
+    let mut buf = [0u8; wire::MAX_MESSAGE_LEN];
+    let refusal = Refused::new(RefuseReason::BadToken, wire::VERSION, "frontend 0: its join token is not this cluster's");
+    let n = wire::encode(&mut buf, &refusal).unwrap();
+    control::send_within(&mut sched, &buf[..n], WAIT).unwrap();
+    control::flush_within(&mut sched, WAIT).unwrap();
     assert_eq!(daemon.exit_code(StdDuration::from_secs(15)), 1);
-    daemon.expect_stderr("refused");
+    drop(sched);
+    daemon.expect_stderr("refused the registration of frontend 0: bad_token");
+    daemon.expect_stderr("join token is not this cluster's");
 }
 
 #[test]
@@ -429,8 +440,7 @@ fn a_model_list_that_differs_from_the_schedulers_is_refused() {
     let addr = listener.local_addr();
     let mut daemon = spawn(&["--scheduler", &addr, "--models", "ResNet50,DenseNet121"]);
     let mut sched = listener.accept(WAIT).expect("the frontend connects");
-    control::expect_register(&mut sched, WAIT).unwrap();
-    control::send_register(&mut sched, &Register::new(Role::Scheduler, 0, 5, ""), WAIT).unwrap();
+    control::admit_peer(&mut sched, &welcome(5), WAIT).unwrap();
     assert_eq!(daemon.exit_code(StdDuration::from_secs(15)), 1);
     daemon.expect_stderr("same --zoo");
 }

@@ -97,6 +97,10 @@ fn kind_name(m: &Message<'_>) -> &'static str {
         Message::ReadRequest(_) => "ReadRequest",
         Message::ReadResponse(_) => "ReadResponse",
         Message::Models(_) => "Models",
+        Message::Challenge(_) => "Challenge",
+        Message::Join(_) => "Join",
+        Message::Welcome(_) => "Welcome",
+        Message::Refused(_) => "Refused",
     }
 }
 

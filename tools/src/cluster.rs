@@ -8,7 +8,9 @@
 //! up; this module waits for it (bounded), then waits until the scheduler's
 //! `/metrics` shows every peer registered. Children get `--exit-with-parent`
 //! so that none outlives this process, and [`LocalCluster`]'s `Drop` kills
-//! whatever is still running.
+//! whatever is still running. Every cluster has its own random join token,
+//! handed to the children in their environment (`SYMPHONY_JOIN_TOKEN`),
+//! never on a command line.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -19,6 +21,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use dataplane::control::{http_get, metric};
+use dataplane::join::{JoinToken, TOKEN_ENV};
 use frontend::loadgen::{LoadConfig, LoadModel};
 use frontend::models::ModelCatalog;
 use scheduler::sim::Workload;
@@ -87,9 +90,12 @@ pub struct ClusterSpec {
     pub log_dir: Option<PathBuf>,
     /// Bound on start-up (READY lines and registration).
     pub start_timeout: Duration,
-    /// The control delay the scheduler charges and the backends subtract
-    /// (µs); a plan's trip over shm between awake processes takes tens.
+    /// The control delay the scheduler charges and announces to the
+    /// backends, which subtract it (µs); a plan's trip over shm between
+    /// awake processes takes tens.
     pub control_delay_us: u32,
+    /// The cluster's join token (`None`: a fresh random one per start).
+    pub join_token: Option<JoinToken>,
     /// Part of each budget the frontends keep for the way back (µs).
     pub return_margin_us: u32,
     /// The scheduler's narrowest window (µs): its timer lateness bound.
@@ -115,6 +121,7 @@ impl ClusterSpec {
             log_dir: None,
             start_timeout: Duration::from_secs(30),
             control_delay_us: 200,
+            join_token: None,
             return_margin_us: 700,
             min_window_us: 1000,
         }
@@ -206,6 +213,8 @@ impl Daemon {
 /// A running local cluster.
 #[derive(Debug)]
 pub struct LocalCluster {
+    /// The join token its daemons prove.
+    pub join_token: JoinToken,
     /// The scheduler.
     pub scheduler: Daemon,
     /// Frontends, by id - 1.
@@ -214,15 +223,24 @@ pub struct LocalCluster {
     pub backends: Vec<Daemon>,
 }
 
-fn spawn(
+/// Starts `symphony daemon <role> <args>` with `token` in its environment
+/// (none: without any token, also not one this process inherited) and
+/// waits (until `deadline`) for its READY line; its stderr goes to
+/// `spec.log_dir/<name>.log` if set.
+pub fn spawn(
     spec: &ClusterSpec,
     name: &str,
     role: &str,
     args: Vec<String>,
+    token: Option<&JoinToken>,
     deadline: Instant,
 ) -> Result<Daemon, String> {
     let mut cmd = Command::new(&spec.exe);
     cmd.arg("daemon").arg(role).args(&args);
+    match token.map(|t| t.as_text().ok_or("the join token is not text")) {
+        Some(t) => cmd.env(TOKEN_ENV, t?),
+        None => cmd.env_remove(TOKEN_ENV),
+    };
     cmd.stdin(Stdio::null()).stdout(Stdio::piped());
     match &spec.log_dir {
         Some(dir) => {
@@ -294,6 +312,10 @@ impl LocalCluster {
     /// until every peer is registered.
     pub fn start(spec: &ClusterSpec) -> Result<LocalCluster, String> {
         let deadline = Instant::now() + spec.start_timeout;
+        let token = match &spec.join_token {
+            Some(t) => t.clone(),
+            None => JoinToken::generate()?,
+        };
         let common = |extra: &[String]| {
             let mut v = vec![
                 "--transport".to_string(),
@@ -313,23 +335,23 @@ impl LocalCluster {
             "--min-window-us".into(),
             spec.min_window_us.to_string(),
         ]);
-        let scheduler = spawn(spec, "scheduler", "scheduler", sched_args, deadline)?;
+        let scheduler = spawn(spec, "scheduler", "scheduler", sched_args, Some(&token), deadline)?;
         let control = scheduler
             .ready
             .get("control")
             .cloned()
             .ok_or("scheduler: no control address on its READY line")?;
         let mut cluster = LocalCluster {
+            join_token: token,
             scheduler,
             frontends: Vec::new(),
             backends: Vec::new(),
         };
         for b in 1..=spec.backends {
-            let mut args = common(&spec.backend_flags);
             // Plans say "start in exec_in" from the moment the scheduler
             // sent them; the backend starts that long after receipt minus
-            // the control delay the scheduler charged.
-            args.extend(["--control-delay-us".into(), spec.control_delay_us.to_string()]);
+            // the control delay the scheduler charged and announced.
+            let mut args = common(&spec.backend_flags);
             args.extend([
                 "--id".into(),
                 b.to_string(),
@@ -338,7 +360,7 @@ impl LocalCluster {
                 "--gpus".into(),
                 spec.gpus_per_backend.to_string(),
             ]);
-            let d = spawn(spec, &format!("backend-{b}"), "backend", args, deadline)?;
+            let d = spawn(spec, &format!("backend-{b}"), "backend", args, Some(&cluster.join_token), deadline)?;
             cluster.backends.push(d);
         }
         for f in 1..=spec.frontends {
@@ -350,7 +372,7 @@ impl LocalCluster {
                 "--scheduler".into(),
                 control.clone(),
             ]);
-            let d = spawn(spec, &format!("frontend-{f}"), "frontend", args, deadline)?;
+            let d = spawn(spec, &format!("frontend-{f}"), "frontend", args, Some(&cluster.join_token), deadline)?;
             cluster.frontends.push(d);
         }
         cluster.wait_registered(spec.frontends, spec.backends, deadline)?;

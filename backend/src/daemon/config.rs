@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use clap::Parser;
 use dataplane::control::{parse_idle, TransportKind};
 use dataplane::idle::IdleStrategy;
+use dataplane::join::JoinToken;
 use dataplane::time::Duration;
 use dataplane::wire;
 use scheduler::zoo::{cluster_models, ModelSpec};
@@ -88,9 +89,15 @@ pub struct Args {
     /// Batch buffers (batches held at once over all GPUs). Default 3 per GPU.
     #[arg(long)]
     pub batch_slots: Option<u32>,
-    /// One-way control delay bound subtracted from a plan's exec_in, us. Default 0.
+    /// One-way control delay bound subtracted from a plan's exec_in, us.
+    /// Default: the bound the scheduler announces at registration (this
+    /// flag overrides it; the log says which is in force).
     #[arg(long)]
     pub control_delay_us: Option<u64>,
+    /// File holding the cluster's join token (else the environment's
+    /// SYMPHONY_JOIN_TOKEN; never a flag's value).
+    #[arg(long)]
+    pub join_token_file: Option<PathBuf>,
     /// How long after the planned start missing inputs are waited for, us. Default 5000.
     #[arg(long)]
     pub fetch_grace_us: Option<u64>,
@@ -150,8 +157,10 @@ pub struct Settings {
     pub max_batch: u32,
     /// Batch buffers.
     pub batch_slots: u32,
-    /// Control delay bound.
-    pub control_delay: Duration,
+    /// Control delay bound override (`None`: the scheduler's announced one).
+    pub control_delay: Option<Duration>,
+    /// The cluster's join token, if any.
+    pub join_token: Option<JoinToken>,
     /// Fetch grace.
     pub fetch_grace: Duration,
     /// Start batches when ready rather than at their planned start.
@@ -210,6 +219,7 @@ impl Args {
             max_batch: self.max_batch.or(file.max_batch),
             batch_slots: self.batch_slots.or(file.batch_slots),
             control_delay_us: self.control_delay_us.or(file.control_delay_us),
+            join_token_file: self.join_token_file.or(file.join_token_file),
             fetch_grace_us: self.fetch_grace_us.or(file.fetch_grace_us),
             start_at: self.start_at.or(file.start_at),
             input_bytes: self.input_bytes.or(file.input_bytes),
@@ -309,7 +319,8 @@ impl Args {
             executor,
             max_batch,
             batch_slots,
-            control_delay: Duration::from_micros(self.control_delay_us.unwrap_or(0)),
+            control_delay: self.control_delay_us.map(Duration::from_micros),
+            join_token: JoinToken::from_file_or_env(self.join_token_file.as_deref())?,
             fetch_grace: Duration::from_micros(self.fetch_grace_us.unwrap_or(5_000)),
             start_when_ready: match self.start_at.as_deref().unwrap_or("ready") {
                 "ready" => true,

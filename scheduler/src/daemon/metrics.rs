@@ -4,7 +4,7 @@
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use dataplane::wire::DropReason;
+use dataplane::wire::{DropReason, RefuseReason};
 
 use crate::sim::AutoscaleAdvice;
 use crate::zoo::ModelSpec;
@@ -54,8 +54,9 @@ pub struct SchedulerMetrics {
     pub undeliverable: AtomicU64,
     /// Messages that broke the protocol (wrong sender, unknown batch, ...).
     pub protocol_errors: AtomicU64,
-    /// Registrations refused.
-    pub refused: AtomicU64,
+    /// Peers refused at registration, by reason, indexed by
+    /// [`RefuseReason::index`].
+    pub refused: [AtomicU64; RefuseReason::COUNT],
     /// Backends declared dead.
     pub backend_deaths: AtomicU64,
     /// Frontends declared dead.
@@ -94,7 +95,7 @@ impl SchedulerMetrics {
             forwarded: AtomicU64::new(0),
             undeliverable: AtomicU64::new(0),
             protocol_errors: AtomicU64::new(0),
-            refused: AtomicU64::new(0),
+            refused: Default::default(),
             backend_deaths: AtomicU64::new(0),
             frontend_deaths: AtomicU64::new(0),
             planned_busy_ns: AtomicU64::new(0),
@@ -185,12 +186,15 @@ impl SchedulerMetrics {
         counter(&mut s, "symphony_completions_forwarded_total", "Backend completions forwarded to frontends.", l(&self.forwarded));
         counter(&mut s, "symphony_undeliverable_total", "Outcomes for frontends that are gone.", l(&self.undeliverable));
         counter(&mut s, "symphony_protocol_errors_total", "Peer messages that broke the protocol.", l(&self.protocol_errors));
-        counter(&mut s, "symphony_registrations_refused_total", "Registrations refused.", l(&self.refused));
         counter(&mut s, "symphony_backend_deaths_total", "Backends declared dead.", l(&self.backend_deaths));
         counter(&mut s, "symphony_frontend_deaths_total", "Frontends declared dead.", l(&self.frontend_deaths));
         let _ = writeln!(s, "# HELP symphony_tasks_dropped_total Tasks dropped by the scheduler, by reason.\n# TYPE symphony_tasks_dropped_total counter");
         for r in DropReason::ALL {
             let _ = writeln!(s, "symphony_tasks_dropped_total{{reason=\"{}\"}} {}", r.as_str(), l(&self.drops[r.index()]));
+        }
+        let _ = writeln!(s, "# HELP symphony_peers_refused_total Peers refused at registration (nothing they sent reached the scheduler's state), by reason.\n# TYPE symphony_peers_refused_total counter");
+        for r in RefuseReason::ALL {
+            let _ = writeln!(s, "symphony_peers_refused_total{{reason=\"{}\"}} {}", r.as_str(), l(&self.refused[r.index()]));
         }
         let _ = writeln!(s, "# HELP symphony_model_dispatched_total Tasks dispatched in batches, by model.\n# TYPE symphony_model_dispatched_total counter");
         for (name, m) in self.names.iter().zip(&self.models) {
@@ -262,6 +266,10 @@ mod tests {
         assert_eq!(metric(&t, "symphony_model_dispatched_total{model=\"r50\"}"), Some(603.0));
         assert_eq!(metric(&t, "symphony_tasks_dropped_total{reason=\"deadline_unmeetable\"}"), Some(1.0));
         assert_eq!(metric(&t, "symphony_tasks_dropped_total{reason=\"frontend_lost\"}"), Some(0.0));
+        m.refused[RefuseReason::BadToken.index()].fetch_add(2, Ordering::Relaxed);
+        let t = m.render();
+        assert_eq!(metric(&t, "symphony_peers_refused_total{reason=\"bad_token\"}"), Some(2.0));
+        assert_eq!(metric(&t, "symphony_peers_refused_total{reason=\"version\"}"), Some(0.0));
         assert_eq!(metric(&t, "symphony_gpu_busy_fraction"), Some(0.1000000125));
         // 1% drop rate is at the threshold: no GPUs to add, 90% of 4 idle.
         assert_eq!(metric(&t, "symphony_autoscale_add_gpus"), Some(0.0));

@@ -31,8 +31,9 @@ use serde::Deserialize;
 use crate::deferred::CoreConfig;
 use crate::netdelay::NetworkDelay;
 use crate::zoo::{cluster_models, ModelSpec};
+use dataplane::join::{JoinToken, TOKEN_ENV};
 use metrics::SchedulerMetrics;
-use node::{NodeConfig, SchedulerNode};
+use node::{Membership, NodeConfig, SchedulerNode};
 use plane::ControlPlane;
 
 /// Command line (every option may also come from `--config FILE.toml`,
@@ -92,6 +93,24 @@ pub struct SchedulerArgs {
     #[arg(long)]
     #[serde(default)]
     pub exit_with_parent: bool,
+    /// File holding the cluster's join token (else the environment's
+    /// SYMPHONY_JOIN_TOKEN; never a flag's value). Peers must prove it.
+    #[arg(long)]
+    pub join_token_file: Option<PathBuf>,
+    /// Let any peer that reaches the port join, without a token (a test
+    /// setup on a trusted host only).
+    #[arg(long)]
+    #[serde(default)]
+    pub open_membership: bool,
+    /// Most live frontends [default: 4096, the id bound].
+    #[arg(long)]
+    pub max_frontends: Option<usize>,
+    /// Most live backends [default: the id bound].
+    #[arg(long)]
+    pub max_backends: Option<usize>,
+    /// Most links registering at once [default: 256].
+    #[arg(long)]
+    pub max_registering: Option<usize>,
 }
 
 /// The resolved configuration.
@@ -117,6 +136,8 @@ pub struct SchedulerConfig {
     pub metrics: SocketAddr,
     /// Shutdown drain bound.
     pub drain: Duration,
+    /// The join token and the registration limits.
+    pub membership: Membership,
 }
 
 impl SchedulerArgs {
@@ -203,7 +224,31 @@ impl SchedulerArgs {
         let metrics: SocketAddr = metrics
             .parse()
             .map_err(|e| format!("bad --metrics address '{metrics}': {e}"))?;
+        let token = JoinToken::from_file_or_env(a.join_token_file.or(file.join_token_file).as_deref())?;
+        let open = a.open_membership || file.open_membership;
+        let mut membership = match (token, open) {
+            (Some(_), true) => {
+                return Err("a join token and --open-membership exclude each other".into())
+            }
+            (Some(t), false) => Membership::with_token(t),
+            (None, true) => Membership::open(),
+            (None, false) => {
+                return Err(format!(
+                    "no join token: give --join-token-file PATH or set {TOKEN_ENV} (or --open-membership to let any peer join)"
+                ))
+            }
+        };
+        let limit = |v: Option<usize>, name: &str, default: usize, max: usize| match v {
+            None => Ok(default),
+            Some(n) if (1..=max).contains(&n) => Ok(n),
+            Some(n) => Err(format!("--{name} {n}: must be 1..={max}")),
+        };
+        let m = &mut membership;
+        m.max_frontends = limit(a.max_frontends.or(file.max_frontends), "max-frontends", m.max_frontends, m.max_frontends)?;
+        m.max_backends = limit(a.max_backends.or(file.max_backends), "max-backends", m.max_backends, m.max_backends)?;
+        m.max_pending = limit(a.max_registering.or(file.max_registering), "max-registering", m.max_pending, 65536)?;
         Ok(SchedulerConfig {
+            membership,
             listen,
             transport,
             models,
@@ -310,6 +355,18 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), String> {
         cfg.transport.name(),
         endpoint.addr()
     );
+    eprintln!(
+        "symphony-scheduler: wire version {} (accepting peers of {}..={}); control delay bound {} µs announced to every peer; {}",
+        dataplane::wire::VERSION,
+        dataplane::wire::OLDEST_PEER_VERSION,
+        dataplane::wire::VERSION,
+        cfg.core.delay.d_ctrl.as_nanos() / 1000,
+        if cfg.membership.token.is_some() {
+            "peers must prove the join token"
+        } else {
+            "OPEN MEMBERSHIP: any peer that reaches the port may join"
+        }
+    );
     println!("READY control={control_addr} metrics={}", endpoint.addr());
     use std::io::Write;
     let _ = std::io::stdout().flush();
@@ -327,7 +384,8 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), String> {
             // liveness bound passes.
             batch_grace: cfg.dead_after,
         },
-    );
+    )
+    .with_membership(cfg.membership.clone());
     let mut watched = WatchList::new();
     loop {
         let now = clock.now();

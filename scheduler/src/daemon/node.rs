@@ -15,9 +15,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use dataplane::control::Liveness;
+use dataplane::join::{JoinToken, NonceSource};
 use dataplane::time::{Duration, Instant};
 use dataplane::transport::{Connection, Error};
-use dataplane::wire::{self, Message, Role};
+use dataplane::wire::{self, Challenge, Join, Message, RefuseReason, Refused, Role, WireError};
 
 use super::metrics::SchedulerMetrics;
 use super::plane::{ControlPlane, PeerId, DEFAULT_BATCH_GRACE};
@@ -54,15 +55,58 @@ impl Default for NodeConfig {
     }
 }
 
+/// Who may join, and the limits of the registration path (see
+/// `docs/operations.md`, "The join token").
+#[derive(Clone, Debug)]
+pub struct Membership {
+    /// The join token every peer must prove (challenge-response); `None`
+    /// lets any peer that reaches the port join (the daemon allows that
+    /// only when told so explicitly).
+    pub token: Option<JoinToken>,
+    /// Where the challenges' nonces come from.
+    pub nonces: NonceSource,
+    /// Most live frontends; more are refused (`full`).
+    pub max_frontends: usize,
+    /// Most live backends; more are refused (`full`).
+    pub max_backends: usize,
+    /// Most links registering at once; more are refused (`full`): a flood
+    /// of connections costs a bounded amount of memory.
+    pub max_pending: usize,
+    /// How long a refused link stays open so that its `Refused` can leave
+    /// (it closes earlier once the peer hangs up).
+    pub linger: Duration,
+}
+
+impl Membership {
+    /// Any peer may join (no token), OS nonces, the id bounds as limits.
+    pub fn open() -> Self {
+        Membership {
+            token: None,
+            nonces: NonceSource::Os,
+            max_frontends: wire::MAX_FRONTENDS as usize,
+            max_backends: wire::MAX_BACKENDS as usize,
+            max_pending: 256,
+            linger: Duration::from_millis(100),
+        }
+    }
+
+    /// Only peers that prove `token` may join.
+    pub fn with_token(token: JoinToken) -> Self {
+        Membership { token: Some(token), ..Membership::open() }
+    }
+}
+
 /// What happened, for the host to log (the `Display` text is the daemon's
 /// log line without its prefix).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SchedulerEvent {
     /// A peer finished registering.
     PeerJoined(PeerId),
-    /// A registration was refused (the link is closed).
+    /// A registration was refused (a `Refused` is sent, the link closed,
+    /// `symphony_peers_refused_total{reason}` counted, nothing it sent
+    /// kept).
     PeerRefused {
-        /// Why.
+        /// Who (as it claimed to be), why, and the counter's reason label.
         why: String,
     },
     /// A registering link failed (the link is dropped).
@@ -214,8 +258,27 @@ struct Pending<C> {
     key: u64,
     conn: C,
     since: Instant,
-    /// A backend's Register, waiting for its Models message.
-    backend: Option<wire::Register>,
+    /// The nonce of the challenge sent on it (None: not sent yet).
+    nonce: Option<[u8; wire::NONCE_LEN]>,
+    /// A backend's accepted Join, waiting for its Models message.
+    backend: Option<Join>,
+}
+
+/// A refused link kept open until its `Refused` has left.
+struct Closing<C> {
+    key: u64,
+    conn: C,
+    until: Instant,
+}
+
+/// What one message did to a registering link.
+enum Verdict {
+    /// Registered.
+    Joined(PeerId),
+    /// Half-way (a backend's Join, its Models to come).
+    Continue,
+    /// Refused: (reason, the peer's version, who, why).
+    Refuse(RefuseReason, u16, String, String),
 }
 
 /// The scheduler daemon's logic over links of type `C`.
@@ -228,6 +291,8 @@ pub struct SchedulerNode<C: Connection> {
     frontends: BTreeMap<u32, Link<C>>,
     backends: BTreeMap<u32, Link<C>>,
     pending: Vec<Pending<C>>,
+    closing: Vec<Closing<C>>,
+    membership: Membership,
     dead: Vec<PeerId>,
     events: VecDeque<SchedulerEvent>,
     buf: Vec<u8>,
@@ -251,6 +316,8 @@ impl<C: Connection> SchedulerNode<C> {
             frontends: BTreeMap::new(),
             backends: BTreeMap::new(),
             pending: Vec::new(),
+            closing: Vec::new(),
+            membership: Membership::open(),
             dead: Vec::new(),
             events: VecDeque::new(),
             buf: vec![0u8; wire::MAX_MESSAGE_LEN],
@@ -263,16 +330,38 @@ impl<C: Connection> SchedulerNode<C> {
         }
     }
 
-    /// A freshly accepted link. Its registration (Register [+ Models] ->
-    /// ack or refusal) is done by later polls, within the handshake
-    /// timeout from `now`.
+    /// This node with `membership` (the token and the limits; by default
+    /// [`Membership::open`]).
+    pub fn with_membership(mut self, membership: Membership) -> Self {
+        self.membership = membership;
+        self
+    }
+
+    /// The membership rules in force.
+    pub fn membership(&self) -> &Membership {
+        &self.membership
+    }
+
+    /// A freshly accepted link. Its registration (Challenge -> Join [+
+    /// Models] -> Welcome or Refused) is done by later polls, within the
+    /// handshake timeout from `now`. Beyond
+    /// [`Membership::max_pending`] registering links it is refused at once.
     pub fn handle_connection(&mut self, now: Instant, conn: C) {
         let key = self.next_key;
         self.next_key += 1;
+        if self.pending.len() >= self.membership.max_pending {
+            let why = format!(
+                "{} links are registering already (the limit)",
+                self.pending.len()
+            );
+            self.refuse(now, key, conn, RefuseReason::Full, 0, "a new peer".into(), why);
+            return;
+        }
         self.pending.push(Pending {
             key,
             conn,
             since: now,
+            nonce: None,
             backend: None,
         });
     }
@@ -290,6 +379,7 @@ impl<C: Connection> SchedulerNode<C> {
         }
         self.last_poll = Some(now);
         let mut busy = self.handshakes(now);
+        self.linger(now);
         busy |= self.receive(now);
         if self.plane.poll_at().is_some_and(|t| t <= now) {
             self.plane.on_wake(now);
@@ -325,7 +415,8 @@ impl<C: Connection> SchedulerNode<C> {
         let handshakes = self
             .pending
             .iter()
-            .map(|p| p.since + self.cfg.handshake_timeout + Duration::from_nanos(1));
+            .map(|p| p.since + self.cfg.handshake_timeout + Duration::from_nanos(1))
+            .chain(self.closing.iter().map(|c| c.until));
         [self.plane.poll_at(), self.plane.next_expiry(), self.drain_until]
             .into_iter()
             .flatten()
@@ -359,6 +450,9 @@ impl<C: Connection> SchedulerNode<C> {
     pub fn for_each_conn(&self, mut f: impl FnMut(u64, &C)) {
         for p in &self.pending {
             f(p.key, &p.conn);
+        }
+        for c in &self.closing {
+            f(c.key, &c.conn);
         }
         for l in self.frontends.values().chain(self.backends.values()) {
             if l.conn.is_connected() {
@@ -404,12 +498,24 @@ impl<C: Connection> SchedulerNode<C> {
         }
     }
 
-    /// Moves registering links along: Register (then Models for a
-    /// backend) within the handshake timeout, else the link is dropped.
+    /// Moves registering links along: the challenge out, then the Join
+    /// (and a backend's Models) in, within the handshake timeout; a link
+    /// that fails any check is refused.
     fn handshakes(&mut self, now: Instant) -> bool {
         let mut any = false;
         let mut i = 0;
         while i < self.pending.len() {
+            if self.pending[i].nonce.is_none() {
+                match self.challenge(i) {
+                    Ok(true) => any = true,
+                    Ok(false) => {}
+                    Err(error) => {
+                        self.events.push_back(SchedulerEvent::HandshakeFailed { error });
+                        self.pending.swap_remove(i);
+                        continue;
+                    }
+                }
+            }
             let p = &mut self.pending[i];
             let got = match p.conn.try_recv(&mut self.buf) {
                 Ok(Some(n)) => Some(n),
@@ -425,45 +531,18 @@ impl<C: Connection> SchedulerNode<C> {
                     self.events.push_back(SchedulerEvent::HandshakeTimedOut {
                         after: self.cfg.handshake_timeout,
                     });
-                    self.pending.swap_remove(i);
-                    self.metrics().refused.fetch_add(1, Ordering::Relaxed);
+                    let p = self.pending.swap_remove(i);
+                    let why = format!("no registration within {:?}", self.cfg.handshake_timeout);
+                    self.refuse_quietly(now, p.key, p.conn, RefuseReason::Timeout, wire::VERSION, &why);
                     continue;
                 }
                 i += 1;
                 continue;
             };
             any = true;
-            let plane = &mut self.plane;
-            let outcome = match (wire::decode(&self.buf[..n]), p.backend) {
-                (Ok(Message::Register(r)), None) => match r.role() {
-                    Some(Role::Frontend) => Some(
-                        plane
-                            .frontend_joined(r.id, r.endpoint())
-                            .map(|()| PeerId::Frontend(r.id))
-                            .map_err(|e| format!("frontend {}: {e}", r.id)),
-                    ),
-                    Some(Role::Backend) => {
-                        p.backend = Some(r);
-                        None
-                    }
-                    _ => Some(Err("a peer registered with an unexpected role".into())),
-                },
-                (Ok(Message::Models(ids)), Some(r)) => {
-                    self.ids.clear();
-                    self.ids.extend(ids.iter());
-                    Some(
-                        plane
-                            .backend_joined(now, r.id, r.count, &self.ids)
-                            .map(|()| PeerId::Backend(r.id))
-                            .map_err(|e| format!("backend {}: {e}", r.id)),
-                    )
-                }
-                (Ok(_), _) => Some(Err("a peer broke the registration handshake".into())),
-                (Err(e), _) => Some(Err(format!("a registering peer sent garbage: {e}"))),
-            };
-            match outcome {
-                None => i += 1,
-                Some(Ok(peer)) => {
+            match self.judge(now, i, n) {
+                Verdict::Continue => i += 1,
+                Verdict::Joined(peer) => {
                     let p = self.pending.swap_remove(i);
                     let link = self.new_link(p.key, p.conn, now);
                     match peer {
@@ -472,14 +551,151 @@ impl<C: Connection> SchedulerNode<C> {
                     };
                     self.events.push_back(SchedulerEvent::PeerJoined(peer));
                 }
-                Some(Err(why)) => {
-                    self.events.push_back(SchedulerEvent::PeerRefused { why });
-                    self.metrics().refused.fetch_add(1, Ordering::Relaxed);
-                    self.pending.swap_remove(i);
+                Verdict::Refuse(reason, version, who, why) => {
+                    let p = self.pending.swap_remove(i);
+                    self.refuse(now, p.key, p.conn, reason, version, who, why);
                 }
             }
         }
         any
+    }
+
+    /// Sends the challenge on pending link `i`: Ok(true) once sent,
+    /// Ok(false) while its queue is full, Err when the link is unusable.
+    fn challenge(&mut self, i: usize) -> Result<bool, String> {
+        let nonce = self
+            .membership
+            .nonces
+            .next_nonce()
+            .ok_or("no OS randomness for a challenge")?;
+        let c = Challenge::new(nonce, self.membership.token.is_some());
+        let n = wire::encode(&mut self.buf, &c).map_err(|e| e.to_string())?;
+        let p = &mut self.pending[i];
+        match p.conn.send(&self.buf[..n]) {
+            Ok(()) => {
+                p.nonce = Some(nonce);
+                Ok(true)
+            }
+            Err(Error::QueueFull) => Ok(false),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// What the `n`-byte message in the buffer does to pending link `i`.
+    /// Nothing a refused peer sent reaches the plane: it is told only of
+    /// authenticated Joins within the limits.
+    fn judge(&mut self, now: Instant, i: usize, n: usize) -> Verdict {
+        let bytes = &self.buf[..n];
+        let p = &mut self.pending[i];
+        let who = |peek: Option<wire::PeerPeek>| {
+            peek.map_or_else(|| "an unidentified peer".to_string(), |p| p.to_string())
+        };
+        let decoded = wire::decode(bytes);
+        let (join, nonce) = match (decoded, p.backend, p.nonce) {
+            (Ok(Message::Join(j)), None, Some(nonce)) => (j, nonce),
+            (Ok(Message::Models(ids)), Some(j), _) => {
+                // Another backend may have joined since this one's Join.
+                if self.backends.len() >= self.membership.max_backends {
+                    let why = format!("{} backends are registered (the limit)", self.backends.len());
+                    return Verdict::Refuse(RefuseReason::Full, wire::VERSION, peek_of(&j).to_string(), why);
+                }
+                self.ids.clear();
+                self.ids.extend(ids.iter());
+                return match self.plane.backend_joined(now, j.id, j.count, &self.ids) {
+                    Ok(()) => Verdict::Joined(PeerId::Backend(j.id)),
+                    Err(e) => Verdict::Refuse(RefuseReason::Rejected, wire::VERSION, peek_of(&j).to_string(), e.to_string()),
+                };
+            }
+            (Err(WireError::BadVersion(v)), _, _) => {
+                let why = format!(
+                    "it speaks wire version {v}; this scheduler speaks {} and accepts {}..={}",
+                    wire::VERSION,
+                    wire::OLDEST_PEER_VERSION,
+                    wire::VERSION
+                );
+                return Verdict::Refuse(RefuseReason::Version, v, who(wire::peek_peer(bytes)), why);
+            }
+            (Ok(m), _, _) => {
+                let why = format!("{} out of the registration's order", kind_name(&m));
+                return Verdict::Refuse(RefuseReason::Malformed, wire::VERSION, who(wire::peek_peer(bytes)), why);
+            }
+            (Err(e), _, _) => {
+                let why = format!("a registration that does not decode ({e})");
+                return Verdict::Refuse(RefuseReason::Malformed, wire::VERSION, who(wire::peek_peer(bytes)), why);
+            }
+        };
+        let who = peek_of(&join).to_string();
+        if let Some(token) = &self.membership.token {
+            if !join.has_mac() {
+                let why = "it has no join token (give it --join-token-file or SYMPHONY_JOIN_TOKEN)";
+                return Verdict::Refuse(RefuseReason::NoToken, wire::VERSION, who, why.into());
+            }
+            if !token.verify(&nonce, wire::VERSION, &join) {
+                let why = "its join token is not this cluster's";
+                return Verdict::Refuse(RefuseReason::BadToken, wire::VERSION, who, why.into());
+            }
+        }
+        let (live, limit) = match join.role() {
+            Some(Role::Frontend) => (self.frontends.len(), self.membership.max_frontends),
+            _ => (self.backends.len(), self.membership.max_backends),
+        };
+        if live >= limit {
+            let why = format!("{live} peers of its role are registered (the limit)");
+            return Verdict::Refuse(RefuseReason::Full, wire::VERSION, who, why);
+        }
+        match join.role() {
+            Some(Role::Frontend) => match self.plane.frontend_joined(join.id, join.endpoint()) {
+                Ok(()) => Verdict::Joined(PeerId::Frontend(join.id)),
+                Err(e) => Verdict::Refuse(RefuseReason::Rejected, wire::VERSION, who, e.to_string()),
+            },
+            // The decoder admits only frontends and backends.
+            _ => {
+                p.backend = Some(join);
+                Verdict::Continue
+            }
+        }
+    }
+
+    /// Refuses a link: counted, logged, told why (best effort), kept open
+    /// for [`Membership::linger`] so that the refusal can leave.
+    #[allow(clippy::too_many_arguments)]
+    fn refuse(&mut self, now: Instant, key: u64, conn: C, reason: RefuseReason, version: u16, who: String, why: String) {
+        self.events.push_back(SchedulerEvent::PeerRefused {
+            why: format!("{who}: {why} [{reason}]"),
+        });
+        self.refuse_quietly(now, key, conn, reason, version, &why);
+    }
+
+    /// [`refuse`](Self::refuse) without the event (the caller has its own).
+    fn refuse_quietly(&mut self, now: Instant, key: u64, mut conn: C, reason: RefuseReason, version: u16, why: &str) {
+        self.metrics.refused[reason.index()].fetch_add(1, Ordering::Relaxed);
+        if let Ok(n) = wire::encode(&mut self.buf, &Refused::new(reason, version, why)) {
+            let _ = conn.send(&self.buf[..n]);
+            let _ = conn.progress();
+        }
+        self.closing.push(Closing { key, conn, until: now + self.membership.linger });
+    }
+
+    /// Drives refused links until their refusal left (the peer hung up) or
+    /// the linger passed; then drops them.
+    fn linger(&mut self, now: Instant) {
+        let buf = &mut self.buf;
+        self.closing.retain_mut(|c| {
+            // Anything the peer still sends is read and discarded (bounded
+            // per poll); an error is its departure.
+            let mut gone = c.conn.progress().is_err();
+            for _ in 0..MSGS_PER_PEER {
+                match c.conn.try_recv(buf) {
+                    Ok(Some(_)) => {}
+                    Ok(None) => break,
+                    Err(_) => {
+                        gone = true;
+                        break;
+                    }
+                }
+            }
+            !gone && now < c.until
+        });
     }
 
     /// Takes messages from every registered peer.
@@ -607,6 +823,31 @@ impl<C: Connection> SchedulerNode<C> {
     }
 }
 
+/// The role and id a Join claims, for log lines.
+fn peek_of(j: &Join) -> wire::PeerPeek {
+    wire::PeerPeek { version: wire::VERSION, kind: wire::Kind::Join as u16, role: j.role, id: j.id }
+}
+
+/// A message's kind name, for log lines.
+fn kind_name(m: &Message<'_>) -> &'static str {
+    match m {
+        Message::Register(_) => "a Register",
+        Message::Heartbeat(_) => "a Heartbeat",
+        Message::Task(_) => "a Task",
+        Message::BatchPlan(..) => "a BatchPlan",
+        Message::Completion(..) => "a Completion",
+        Message::Dropped(_) => "a Dropped",
+        Message::BatchDone(_) => "a BatchDone",
+        Message::ReadRequest(_) => "a ReadRequest",
+        Message::ReadResponse(_) => "a ReadResponse",
+        Message::Models(_) => "a Models list",
+        Message::Challenge(_) => "a Challenge",
+        Message::Join(_) => "a Join",
+        Message::Welcome(_) => "a Welcome",
+        Message::Refused(_) => "a Refused",
+    }
+}
+
 /// Takes up to [`MSGS_PER_PEER`] messages from one peer: heartbeats are
 /// proof of life, `handle` takes the rest (false: not a message this peer
 /// may send, counted); garbage or a failed link marks the peer dead.
@@ -649,6 +890,10 @@ fn drain_link<C: Connection>(
     }
     any
 }
+
+#[cfg(test)]
+#[path = "node_auth_tests.rs"]
+mod auth_tests;
 
 #[cfg(test)]
 mod tests {

@@ -188,6 +188,9 @@ pub struct ControlPlane {
     /// When each id in `seen` may be forgotten.
     seen_expiry: BinaryHeap<Reverse<(Instant, u64)>>,
     duplicate_tasks: u64,
+    /// `d_ctrl` of the scheduling cores: announced to every peer in its
+    /// `Welcome`, so that backends subtract the bound the scheduler charges.
+    control_delay: Duration,
 }
 
 impl ControlPlane {
@@ -246,6 +249,7 @@ impl ControlPlane {
             seen: HashSet::with_capacity(4096),
             seen_expiry: BinaryHeap::with_capacity(4096),
             duplicate_tasks: 0,
+            control_delay: core.delay.d_ctrl,
         })
     }
 
@@ -341,10 +345,19 @@ impl ControlPlane {
         (self.frontends.len(), self.backends.len())
     }
 
+    /// The control delay bound every peer is told in its `Welcome`.
+    pub fn control_delay(&self) -> Duration {
+        self.control_delay
+    }
+
+    /// The registration's acknowledgement: the model count and `d_ctrl`.
     fn ack(&mut self, to: PeerId) {
-        let n = self.models.len() as u32;
-        self.out
-            .push(to, |b| wire::encode(b, &Register::new(Role::Scheduler, 0, n, "")));
+        let welcome = wire::Welcome {
+            models: self.models.len() as u32,
+            reserved: 0,
+            control_delay_ns: self.control_delay.as_nanos(),
+        };
+        self.out.push(to, |b| wire::encode(b, &welcome));
     }
 
     /// A frontend registered with its data endpoint.

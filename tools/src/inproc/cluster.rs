@@ -24,7 +24,8 @@ use frontend::node::{FrontendEvent, FrontendNode, FrontendNodeConfig, NetSink};
 use frontend::service::ClusterService;
 use frontend::staging::{Staging, StagingConfig};
 use scheduler::daemon::metrics::SchedulerMetrics;
-use scheduler::daemon::node::{NodeConfig, SchedulerNode};
+use scheduler::daemon::node::{Membership, NodeConfig, SchedulerNode};
+use dataplane::join::{JoinToken, NonceSource};
 use scheduler::daemon::plane::ControlPlane;
 use scheduler::deferred::CoreConfig;
 use scheduler::zoo::ModelSpec;
@@ -63,7 +64,16 @@ pub struct ClusterSpec {
     pub batch_slots_per_gpu: u32,
     /// How long after an exit a node is restarted.
     pub restart_after: Duration,
+    /// The join token every node proves ([`TEST_JOIN_TOKEN`] by default;
+    /// the scheduler's nonces are seeded, so runs replay).
+    pub join_token: JoinToken,
 }
+
+/// The harness's fixed join token (deterministic runs; never a real
+/// cluster's).
+pub const TEST_JOIN_TOKEN: &[u8] = b"symphony-inproc-test-join-token";
+/// Seed of the scheduler's challenge nonces in the harness.
+const NONCE_SEED: u64 = 0x6e6f_6e63_6573;
 
 impl ClusterSpec {
     /// The daemons' defaults around `models`.
@@ -85,7 +95,16 @@ impl ClusterSpec {
             queue: 4096,
             batch_slots_per_gpu: 3,
             restart_after: Duration::from_millis(1000),
+            join_token: test_join_token(),
         }
+    }
+}
+
+/// [`TEST_JOIN_TOKEN`] as a token.
+pub fn test_join_token() -> JoinToken {
+    match JoinToken::new(TEST_JOIN_TOKEN) {
+        Ok(t) => t,
+        Err(e) => unreachable!("the fixed test token is long enough: {e}"),
     }
 }
 
@@ -168,7 +187,11 @@ impl NodeCluster {
                 batch_grace: spec.dead_after,
                 ..NodeConfig::default()
             },
-        );
+        )
+        .with_membership(Membership {
+            nonces: NonceSource::Seeded(NONCE_SEED),
+            ..Membership::with_token(spec.join_token.clone())
+        });
         let sched_listener = net.domain(0).listen("sim:scheduler").map_err(|e| e.to_string())?;
         let sched_addr = sched_listener.local_addr();
         Ok(NodeCluster {
@@ -270,7 +293,8 @@ impl NodeCluster {
             },
             staging,
             source,
-        );
+        )
+        .with_join_token(Some(self.spec.join_token.clone()));
         let conn = domain.connect(&self.sched_addr, Duration::ZERO).map_err(|e| {
             // Unreachable (partitioned): the daemon would exit.
             self.net.crash(net_id);
@@ -324,7 +348,8 @@ impl NodeCluster {
         })?;
         let worker = BatchWorker::new(wcfg, exec, reg, sched).map_err(|e| e.to_string())?;
         self.backend_net_ids.push(net_id);
-        Ok(BackendHost { net_id, domain, node: BackendNode::new(cfg, worker) })
+        let node = BackendNode::new(cfg, worker).with_join_token(Some(spec.join_token.clone()));
+        Ok(BackendHost { net_id, domain, node })
     }
 
     /// Starts every node whose restart time has come. Returns the backend

@@ -1,0 +1,181 @@
+//! The frontend's side of the authenticated registration: against the
+//! real scheduler node (right, wrong and missing token) and against a
+//! hand-written scheduler of another wire version, over the `sim`
+//! transport.
+
+use super::*;
+use crate::staging::StagingConfig;
+use dataplane::join::{JoinToken, NonceSource};
+use dataplane::mem::{Access, Region};
+use dataplane::transport::sim::{FaultConfig, SimConn, SimNet};
+use dataplane::transport::{Domain, Listener, Registration};
+use dataplane::wire::{Challenge, RefuseReason, Refused, Welcome};
+use scheduler::daemon::metrics::SchedulerMetrics;
+use scheduler::daemon::node::{Membership, NodeConfig, SchedulerNode};
+use scheduler::daemon::plane::ControlPlane;
+
+const TOKEN: &[u8] = b"frontend test token, long enough";
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn token(t: &[u8]) -> JoinToken {
+    JoinToken::new(t).unwrap()
+}
+
+/// A frontend node (id 5, two models) holding `token`.
+fn frontend(token: Option<JoinToken>) -> FrontendNode<SimConn> {
+    let region = Region::anonymous(64 * 8).unwrap();
+    let staging = Staging::new(
+        Registration::new(1, region, Access::REMOTE_READ, 0),
+        StagingConfig { frontend_id: 5, slots: 8, slot_size: 64, max_output: 64 },
+    )
+    .unwrap();
+    let (_sink, tasks) = NetSink::new(4, None);
+    FrontendNode::new(
+        FrontendNodeConfig {
+            id: 5,
+            data_endpoint: "sim:frontend-5".into(),
+            models: 2,
+            heartbeat: ms(100),
+            dead_after: ms(1000),
+            handshake_timeout: ms(1000),
+        },
+        staging,
+        tasks,
+    )
+    .with_join_token(token)
+}
+
+/// The real scheduler node (two models) requiring [`TOKEN`].
+fn scheduler_node() -> SchedulerNode<SimConn> {
+    let models = scheduler::zoo::cluster_models("a100", "none", &["m0=1,1,500".into(), "m1=1,2,500".into()]).unwrap();
+    let metrics = Arc::new(SchedulerMetrics::new(&models));
+    let plane = ControlPlane::new(models, &[vec![0, 1]], Default::default(), metrics).unwrap();
+    SchedulerNode::new(plane, NodeConfig::default())
+        .with_membership(Membership { nonces: NonceSource::Seeded(5), ..Membership::with_token(token(TOKEN)) })
+}
+
+/// Runs the scheduler and the frontend together for `ms` virtual
+/// milliseconds; returns the frontend's events.
+fn run(net: &SimNet, sched: &mut SchedulerNode<SimConn>, fe: &mut FrontendNode<SimConn>, from: Instant, ms: u64) -> Vec<FrontendEvent> {
+    let mut now = from;
+    for _ in 0..ms {
+        net.set_now(now);
+        while sched.poll(now) | fe.poll(now) {}
+        now += Duration::from_millis(1);
+    }
+    std::iter::from_fn(|| fe.poll_event()).collect()
+}
+
+fn connect(net: &SimNet, fe: &mut FrontendNode<SimConn>, sched: &mut SchedulerNode<SimConn>) {
+    let mut listener = net.domain(0).listen("sim:scheduler").unwrap();
+    fe.handle_scheduler_link(Instant::ZERO, net.domain(1).connect("sim:scheduler", Duration::ZERO).unwrap());
+    sched.handle_connection(Instant::ZERO, listener.accept(Duration::ZERO).unwrap());
+}
+
+fn refused_total(sched: &SchedulerNode<SimConn>, r: RefuseReason) -> u64 {
+    sched.plane().metrics().refused[r.index()].load(Ordering::Relaxed)
+}
+
+#[test]
+fn the_right_token_registers_and_a_wrong_or_missing_one_is_refused_with_the_reason() {
+    for (held, want) in [
+        (Some(token(TOKEN)), None),
+        (Some(token(b"some other cluster's token")), Some(RefuseReason::BadToken)),
+        (None, Some(RefuseReason::NoToken)),
+    ] {
+        let net = SimNet::new(1, FaultConfig::default());
+        let mut sched = scheduler_node();
+        let mut fe = frontend(held);
+        connect(&net, &mut fe, &mut sched);
+        let ev = run(&net, &mut sched, &mut fe, Instant::ZERO, 20);
+        match want {
+            None => {
+                assert_eq!(ev, [FrontendEvent::Registered { models: 2 }]);
+                assert!(fe.is_registered());
+                assert_eq!(sched.plane().peers(), (1, 0));
+            }
+            Some(reason) => {
+                let [FrontendEvent::Refused { why }] = &ev[..] else { panic!("{ev:?}") };
+                let v = wire::VERSION;
+                let head = format!("the scheduler refused the registration of frontend 5: {reason} (scheduler wire version {v}, ours {v}): ");
+                assert!(why.starts_with(&head), "{why}");
+                assert!(!fe.is_registered());
+                assert_eq!(refused_total(&sched, reason), 1);
+                assert_eq!(sched.plane().peers(), (0, 0));
+            }
+        }
+    }
+}
+
+/// A hand-written scheduler end: sends raw bytes.
+fn send_raw(conn: &mut SimConn, bytes: &[u8]) {
+    conn.send(bytes).unwrap();
+}
+
+/// `msg` encoded with its header's version set to `version`.
+fn with_version<M: wire::FixedMessage>(msg: &M, version: u16) -> Vec<u8> {
+    let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
+    let n = wire::encode(&mut buf, msg).unwrap();
+    buf.truncate(n);
+    buf[4..6].copy_from_slice(&version.to_le_bytes());
+    buf
+}
+
+#[test]
+fn a_scheduler_of_another_version_is_named_with_both_versions() {
+    let future = wire::VERSION + 1;
+    // It refuses us with its (frozen-layout) refusal ...
+    let net = SimNet::new(2, FaultConfig::default());
+    let mut listener = net.domain(0).listen("sim:scheduler").unwrap();
+    let mut fe = frontend(Some(token(TOKEN)));
+    fe.handle_scheduler_link(Instant::ZERO, net.domain(1).connect("sim:scheduler", Duration::ZERO).unwrap());
+    let mut sched = listener.accept(Duration::ZERO).unwrap();
+    let challenge = Challenge { oldest_version: future, scheduler_version: future, ..Challenge::new([1; wire::NONCE_LEN], true) };
+    send_raw(&mut sched, &with_version(&challenge, future));
+    let mut now = Instant::ZERO;
+    let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
+    let mut joined = None;
+    for _ in 0..10 {
+        net.set_now(now);
+        fe.poll(now);
+        if let Ok(Some(n)) = sched.try_recv(&mut buf) {
+            if let Ok(Message::Join(j)) = wire::decode(&buf[..n]) {
+                joined = Some(j);
+            }
+        }
+        now += ms(1);
+    }
+    let Some(j) = joined else { panic!("no Join") };
+    assert!(j.has_mac() && j.id == 5, "it answers with its own version's Join");
+    let refusal = Refused { scheduler_version: future, ..Refused::new(RefuseReason::Version, wire::VERSION, "it speaks an older version") };
+    send_raw(&mut sched, &with_version(&refusal, future));
+    for _ in 0..5 {
+        net.set_now(now);
+        fe.poll(now);
+        now += ms(1);
+    }
+    let ev: Vec<_> = std::iter::from_fn(|| fe.poll_event()).collect();
+    let [FrontendEvent::Refused { why }] = &ev[..] else { panic!("{ev:?}") };
+    assert!(why.contains(&format!("version (scheduler wire version {future}, ours {})", wire::VERSION)), "{why}");
+
+    // ... or it answers with a message only its version knows.
+    let net = SimNet::new(3, FaultConfig::default());
+    let mut listener = net.domain(0).listen("sim:scheduler").unwrap();
+    let mut fe = frontend(Some(token(TOKEN)));
+    fe.handle_scheduler_link(Instant::ZERO, net.domain(1).connect("sim:scheduler", Duration::ZERO).unwrap());
+    let mut sched = listener.accept(Duration::ZERO).unwrap();
+    send_raw(&mut sched, &with_version(&Challenge::new([1; wire::NONCE_LEN], true), future));
+    send_raw(&mut sched, &with_version(&Welcome { models: 2, reserved: 0, control_delay_ns: 0 }, future));
+    let mut now = Instant::ZERO;
+    for _ in 0..10 {
+        net.set_now(now);
+        fe.poll(now);
+        now += ms(1);
+    }
+    let ev: Vec<_> = std::iter::from_fn(|| fe.poll_event()).collect();
+    let want = format!("the scheduler speaks wire version {future}, this frontend {}", wire::VERSION);
+    assert!(matches!(&ev[..], [FrontendEvent::Refused { why }] if why.starts_with(&want)), "{ev:?}");
+}
