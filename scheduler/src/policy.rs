@@ -1,8 +1,8 @@
 //! Every policy behind one constructor, so the simulator, the CLI and the
 //! benchmarks run them all the same way.
 
-use crate::baselines::{ClockworkConfig, ClockworkScheduler, NexusConfig, NexusScheduler, ShepherdScheduler};
-use crate::deferred::{CoreConfig, DeferredScheduler, ExecRule, Gather};
+use crate::baselines::{ClockworkConfig, ClockworkScheduler, EagerScheduler, NexusConfig, NexusScheduler, ShepherdScheduler};
+use crate::deferred::{CoreConfig, DeferredScheduler, Gather};
 use crate::netdelay::NetworkDelay;
 use crate::types::Scheduler;
 use crate::zoo::ModelSpec;
@@ -14,12 +14,17 @@ use std::fmt;
 pub enum PolicyKind {
     /// Symphony's deferred batch scheduling.
     Deferred,
-    /// Eager: dispatch as soon as a GPU is free (timeout 0).
+    /// Eager: work-conserving earliest-deadline-first, dispatched as soon
+    /// as a GPU is free.
     Eager,
-    /// TF-Serving style: full batch or the oldest waited `timeout`.
+    /// TF-Serving style: full batch or the oldest waited `k` (per model).
     Timeout,
-    /// Clockwork-style work-conserving earliest-latest-moment.
+    /// Clockwork's controller: schedule-ahead, power-of-two batches, a
+    /// safety margin.
     Clockwork,
+    /// Clockwork's controller with any batch size (the Symphony authors'
+    /// fairness variant).
+    ClockworkAny,
     /// Shepherd-style largest-batch-first with preemption.
     Shepherd,
     /// Nexus epoch squishy bin packing with per-GPU round robin.
@@ -28,8 +33,15 @@ pub enum PolicyKind {
 
 impl PolicyKind {
     /// Every policy, in report order.
-    pub const ALL: [PolicyKind; 6] =
-        [PolicyKind::Deferred, PolicyKind::Clockwork, PolicyKind::Shepherd, PolicyKind::Timeout, PolicyKind::Nexus, PolicyKind::Eager];
+    pub const ALL: [PolicyKind; 7] = [
+        PolicyKind::Deferred,
+        PolicyKind::Clockwork,
+        PolicyKind::ClockworkAny,
+        PolicyKind::Shepherd,
+        PolicyKind::Timeout,
+        PolicyKind::Nexus,
+        PolicyKind::Eager,
+    ];
 
     /// Parses a policy name.
     pub fn parse(s: &str) -> Result<Self, String> {
@@ -38,9 +50,10 @@ impl PolicyKind {
             "eager" => PolicyKind::Eager,
             "timeout" => PolicyKind::Timeout,
             "clockwork" => PolicyKind::Clockwork,
+            "clockwork-any" => PolicyKind::ClockworkAny,
             "shepherd" => PolicyKind::Shepherd,
             "nexus" => PolicyKind::Nexus,
-            other => return Err(format!("unknown policy '{other}' (deferred, clockwork, shepherd, timeout, nexus, eager)")),
+            other => return Err(format!("unknown policy '{other}' (deferred, clockwork, clockwork-any, shepherd, timeout, nexus, eager)")),
         })
     }
 
@@ -51,6 +64,7 @@ impl PolicyKind {
             PolicyKind::Eager => "eager",
             PolicyKind::Timeout => "timeout",
             PolicyKind::Clockwork => "clockwork",
+            PolicyKind::ClockworkAny => "clockwork-any",
             PolicyKind::Shepherd => "shepherd",
             PolicyKind::Nexus => "nexus",
         }
@@ -68,10 +82,13 @@ impl fmt::Display for PolicyKind {
 pub struct PolicyConfig {
     /// Which policy.
     pub kind: PolicyKind,
-    /// Batch gathering for the deferred family (deferred, timeout, eager).
+    /// Batch gathering for deferred scheduling.
     pub gather: Gather,
-    /// The timeout policy's `k`.
+    /// The timeout policy's `k` for every model without one in `timeouts`.
     pub timeout: Duration,
+    /// The timeout policy's `k` per model (model id = index), e.g. from
+    /// [`crate::baselines::timeout::best_timeouts`]; empty: `timeout`.
+    pub timeouts: Vec<Duration>,
     /// Network delay bound charged before each batch.
     pub delay: NetworkDelay,
     /// Deferred: the narrowest schedulable window (see [`CoreConfig::min_window`]).
@@ -95,6 +112,7 @@ impl PolicyConfig {
             kind,
             gather: Gather::Early,
             timeout: Duration::from_millis(5),
+            timeouts: Vec::new(),
             delay: NetworkDelay::ZERO,
             min_window: crate::deferred::DEFAULT_MIN_WINDOW,
             window_gaps: crate::deferred::DEFAULT_WINDOW_GAPS,
@@ -108,12 +126,18 @@ impl PolicyConfig {
 
 /// Builds the policy for `models` (id = index) on `gpus` GPUs.
 pub fn build(models: &[ModelSpec], gpus: u32, cfg: &PolicyConfig) -> Result<Box<dyn Scheduler>, String> {
-    let core = |rule| CoreConfig { gather: cfg.gather, rule, delay: cfg.delay, min_window: cfg.min_window, window_gaps: cfg.window_gaps, early_drop_fraction: cfg.early_drop_fraction, efficiency_slack: cfg.efficiency_slack };
+    let core = CoreConfig { gather: cfg.gather, delay: cfg.delay, min_window: cfg.min_window, window_gaps: cfg.window_gaps, early_drop_fraction: cfg.early_drop_fraction, efficiency_slack: cfg.efficiency_slack };
     Ok(match cfg.kind {
-        PolicyKind::Deferred => Box::new(DeferredScheduler::new(models, gpus, core(ExecRule::Frontrun))),
-        PolicyKind::Eager => Box::new(DeferredScheduler::new(models, gpus, core(ExecRule::Timeout(Duration::ZERO)))),
-        PolicyKind::Timeout => Box::new(DeferredScheduler::new(models, gpus, core(ExecRule::Timeout(cfg.timeout)))),
+        PolicyKind::Deferred => Box::new(DeferredScheduler::new(models, gpus, core)),
+        PolicyKind::Eager => Box::new(EagerScheduler::eager(models, gpus, cfg.delay)),
+        PolicyKind::Timeout => {
+            let ks: Vec<Duration> = (0..models.len()).map(|m| cfg.timeouts.get(m).copied().unwrap_or(cfg.timeout)).collect();
+            Box::new(EagerScheduler::timeout(models, gpus, cfg.delay, &ks))
+        }
         PolicyKind::Clockwork => Box::new(ClockworkScheduler::new(models, gpus, ClockworkConfig { delay: cfg.delay, ..ClockworkConfig::default() })),
+        PolicyKind::ClockworkAny => {
+            Box::new(ClockworkScheduler::new(models, gpus, ClockworkConfig { delay: cfg.delay, pow2_batches: false, ..ClockworkConfig::default() }))
+        }
         PolicyKind::Shepherd => Box::new(ShepherdScheduler::new(models, gpus, cfg.delay)),
         PolicyKind::Nexus => Box::new(NexusScheduler::new(
             models,

@@ -192,3 +192,230 @@ fn squishy_bin_packing_saturates_then_shares() {
     // Burst allowances make the fitted plan more conservative than a mean-rate one.
     assert!(fitted.rate_scale < 1.0 && fitted.rate_scale > 0.2, "scale {}", fitted.rate_scale);
 }
+
+// ---------------------------------------------------------------------------
+// Second implementations: deliberately plain, obviously-correct versions of
+// the baselines (linear scans over every model and GPU on every event), run
+// through the same simulator on small workloads. Each real baseline must
+// reach at least 95% of its second implementation's goodput.
+// ---------------------------------------------------------------------------
+
+use dataplane::time::Instant;
+use scheduler::types::{Actions, DropReason, GpuId, Request, Scheduler};
+
+/// Eager EDF, or timeout batching when `timeouts` are non-zero.
+struct PlainEdf {
+    models: Vec<ModelSpec>,
+    timeouts: Vec<Duration>,
+    queues: Vec<Vec<Request>>,
+    free_at: Vec<Instant>,
+    now: Instant,
+}
+
+impl PlainEdf {
+    fn new(models: &[ModelSpec], gpus: u32, timeouts: Vec<Duration>) -> Self {
+        PlainEdf { models: models.to_vec(), timeouts, queues: vec![Vec::new(); models.len()], free_at: vec![Instant::ZERO; gpus as usize], now: Instant::ZERO }
+    }
+
+    fn full(&self, m: usize) -> usize {
+        let p = &self.models[m].profile;
+        (1..=p.max_batch()).filter(|&b| p.latency(b) <= self.models[m].slo).max().unwrap_or(1) as usize
+    }
+
+    fn step(&mut self, now: Instant, out: &mut Actions) {
+        self.now = now;
+        loop {
+            let Some(gpu) = (0..self.free_at.len()).find(|&g| self.free_at[g] <= now) else { return };
+            for (m, q) in self.queues.iter_mut().enumerate() {
+                let l1 = self.models[m].profile.latency(1);
+                while !q.is_empty() && q[0].deadline < now + l1 {
+                    out.drops.push((q.remove(0), DropReason::DeadlineUnmeetable));
+                }
+            }
+            let eligible = |m: usize| {
+                let q = &self.queues[m];
+                !q.is_empty() && (q[0].arrival + self.timeouts[m] <= now || q.len() >= self.full(m))
+            };
+            let Some(m) = (0..self.queues.len()).filter(|&m| eligible(m)).min_by_key(|&m| (self.queues[m][0].deadline, m)) else { return };
+            let p = &self.models[m].profile;
+            let head = self.queues[m][0].deadline;
+            let n = self.queues[m].len().min(p.max_batch() as usize) as u32;
+            let b = (1..=n).filter(|&b| now + p.latency(b) <= head).max().unwrap_or(1);
+            let finish = now + p.latency(b);
+            let members: Vec<Request> = self.queues[m].drain(..b as usize).collect();
+            out.push_batch(gpu as GpuId, m as u32, now, finish, now, members);
+            self.free_at[gpu] = finish;
+        }
+    }
+}
+
+impl Scheduler for PlainEdf {
+    fn on_request(&mut self, now: Instant, req: Request, out: &mut Actions) {
+        let q = &mut self.queues[req.model as usize];
+        let pos = q.iter().position(|r| r.deadline > req.deadline).unwrap_or(q.len());
+        q.insert(pos, req);
+        self.step(now, out);
+    }
+    fn on_batch_done(&mut self, now: Instant, _gpu: GpuId, out: &mut Actions) {
+        self.step(now, out);
+    }
+    fn on_wake(&mut self, now: Instant, out: &mut Actions) {
+        self.step(now, out);
+    }
+    fn poll_at(&self) -> Option<Instant> {
+        // Only timeouts still to come: a GPU's completion wakes the rest.
+        (0..self.queues.len()).filter_map(|m| self.queues[m].first().map(|h| h.arrival + self.timeouts[m])).filter(|&t| t > self.now).min()
+    }
+    fn name(&self) -> &'static str {
+        "plain-edf"
+    }
+}
+
+/// Shepherd's Flex: largest candidate first, preemption at 3x.
+struct PlainShepherd {
+    models: Vec<ModelSpec>,
+    queues: Vec<Vec<Request>>,
+    /// Per GPU: (finish, decided at, members).
+    running: Vec<(Instant, Instant, Vec<Request>)>,
+}
+
+impl PlainShepherd {
+    fn new(models: &[ModelSpec], gpus: u32) -> Self {
+        PlainShepherd { models: models.to_vec(), queues: vec![Vec::new(); models.len()], running: vec![(Instant::ZERO, Instant::ZERO, Vec::new()); gpus as usize] }
+    }
+
+    fn requeue(&mut self, r: Request) {
+        let q = &mut self.queues[r.model as usize];
+        let pos = q.iter().position(|x| x.deadline > r.deadline).unwrap_or(q.len());
+        q.insert(pos, r);
+    }
+
+    fn step(&mut self, now: Instant, out: &mut Actions) {
+        loop {
+            for (m, q) in self.queues.iter_mut().enumerate() {
+                let l1 = self.models[m].profile.latency(1);
+                while !q.is_empty() && q[0].deadline < now + l1 {
+                    out.drops.push((q.remove(0), DropReason::DeadlineUnmeetable));
+                }
+            }
+            let size = |m: usize| -> u32 {
+                let q = &self.queues[m];
+                let p = &self.models[m].profile;
+                let n = q.len().min(p.max_batch() as usize) as u32;
+                q.first().map_or(0, |h| (1..=n).filter(|&b| now + p.latency(b) <= h.deadline).max().unwrap_or(0))
+            };
+            let Some((m, b)) = (0..self.queues.len()).map(|m| (m, size(m))).filter(|&(_, b)| b > 0).max_by_key(|&(m, b)| (b, std::cmp::Reverse(m))) else { return };
+            let gpu = match (0..self.running.len()).find(|&g| self.running[g].0 <= now) {
+                Some(g) => g,
+                None => {
+                    let victim = (0..self.running.len())
+                        .filter(|&g| self.running[g].1 < now)
+                        .min_by_key(|&g| (self.running[g].2.len(), g))
+                        .filter(|&g| b as usize >= 3 * self.running[g].2.len());
+                    let Some(g) = victim else { return };
+                    out.preemptions.push(g as GpuId);
+                    let aborted = std::mem::take(&mut self.running[g].2);
+                    self.running[g].0 = now;
+                    self.launch(now, g, m, b, out);
+                    for r in aborted {
+                        self.requeue(r);
+                    }
+                    continue;
+                }
+            };
+            self.launch(now, gpu, m, b, out);
+        }
+    }
+
+    fn launch(&mut self, now: Instant, g: usize, m: usize, b: u32, out: &mut Actions) {
+        let finish = now + self.models[m].profile.latency(b);
+        let members: Vec<Request> = self.queues[m].drain(..b as usize).collect();
+        out.push_batch(g as GpuId, m as u32, now, finish, now, members.iter().copied());
+        self.running[g] = (finish, now, members);
+    }
+}
+
+impl Scheduler for PlainShepherd {
+    fn on_request(&mut self, now: Instant, req: Request, out: &mut Actions) {
+        self.requeue(req);
+        self.step(now, out);
+    }
+    fn on_batch_done(&mut self, now: Instant, gpu: GpuId, out: &mut Actions) {
+        if self.running[gpu as usize].0 <= now {
+            self.running[gpu as usize].2.clear();
+        }
+        self.step(now, out);
+    }
+    fn on_wake(&mut self, now: Instant, out: &mut Actions) {
+        self.step(now, out);
+    }
+    fn poll_at(&self) -> Option<Instant> {
+        None
+    }
+    fn name(&self) -> &'static str {
+        "plain-shepherd"
+    }
+}
+
+/// Goodput by bisection over the same probes for any scheduler factory:
+/// the highest rate (of `steps` halvings of `[0, top]`) at which every
+/// model's bad rate is at most 1%.
+fn plain_goodput(cfg: &SimConfig, top: f64, make: &dyn Fn() -> Box<dyn Scheduler>) -> f64 {
+    let (mut lo, mut hi) = (0.0, top);
+    for _ in 0..9 {
+        let mid = 0.5 * (lo + hi);
+        let mut c = cfg.clone();
+        c.workload.rate_rps = mid;
+        let mut s = make();
+        let r = simulate(&c, s.as_mut()).unwrap_or_else(|e| panic!("{}: {e}", s.name()));
+        if r.max_model_bad_rate <= 0.01 {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+fn second_implementation_cases() -> Vec<(SimConfig, f64)> {
+    vec![
+        (config(vec![resnet50()], 2, workload(0.0, Arrival::Poisson, Popularity::Equal), 6, 1), 2000.0),
+        (config(vec![resnet50(), inception(), small()], 3, workload(0.0, Arrival::Gamma(0.5), Popularity::Equal), 6, 2), 2000.0),
+    ]
+}
+
+fn assert_close_or_above(name: &str, ours: f64, plain: f64) {
+    eprintln!("{name}: ours {ours:.0} rps, second implementation {plain:.0} rps");
+    assert!(ours >= 0.95 * plain, "{name}: {ours:.0} rps < 95% of the second implementation's {plain:.0} rps");
+}
+
+#[test]
+fn eager_matches_its_second_implementation() {
+    for (cfg, top) in second_implementation_cases() {
+        let n = cfg.models.len();
+        let ours = plain_goodput(&cfg, top, &|| build(&cfg.models, cfg.gpus, &PolicyConfig::new(PolicyKind::Eager)).unwrap());
+        let plain = plain_goodput(&cfg, top, &|| Box::new(PlainEdf::new(&cfg.models, cfg.gpus, vec![Duration::ZERO; n])));
+        assert_close_or_above("eager", ours, plain);
+    }
+}
+
+#[test]
+fn timeout_matches_its_second_implementation() {
+    for (cfg, top) in second_implementation_cases() {
+        let ks: Vec<Duration> = cfg.models.iter().map(|m| Duration::from_nanos(m.slo.as_nanos() / 5)).collect();
+        let mut p = PolicyConfig::new(PolicyKind::Timeout);
+        p.timeouts = ks.clone();
+        let ours = plain_goodput(&cfg, top, &|| build(&cfg.models, cfg.gpus, &p).unwrap());
+        let plain = plain_goodput(&cfg, top, &|| Box::new(PlainEdf::new(&cfg.models, cfg.gpus, ks.clone())));
+        assert_close_or_above("timeout", ours, plain);
+    }
+}
+
+#[test]
+fn shepherd_matches_its_second_implementation() {
+    for (cfg, top) in second_implementation_cases() {
+        let ours = plain_goodput(&cfg, top, &|| build(&cfg.models, cfg.gpus, &PolicyConfig::new(PolicyKind::Shepherd)).unwrap());
+        let plain = plain_goodput(&cfg, top, &|| Box::new(PlainShepherd::new(&cfg.models, cfg.gpus)));
+        assert_close_or_above("shepherd", ours, plain);
+    }
+}

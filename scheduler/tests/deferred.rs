@@ -2,7 +2,8 @@
 //! network delay, and the acceptance goodputs (all on the virtual clock).
 
 use dataplane::time::{Duration, Instant};
-use scheduler::deferred::{CoreConfig, DeferredScheduler, ExecRule, Gather};
+use scheduler::baselines::EagerScheduler;
+use scheduler::deferred::{CoreConfig, DeferredScheduler, Gather};
 use scheduler::goodput::{search, GoodputSearch};
 use scheduler::netdelay::NetworkDelay;
 use scheduler::policy::{PolicyConfig, PolicyKind};
@@ -62,11 +63,7 @@ fn worked_example_recovers_after_missing_requests_while_eager_collapses() {
     assert_eq!(d.dropped, 0, "deferred drops nothing");
     // After the gap it settles back into batches of four.
     assert!(log.0.iter().skip(3).take(8).all(|b| b.3.len() == 4), "{:?}", log.0);
-    let mut eager = DeferredScheduler::new(
-        &[ModelSpec::linear("ex", 1.0, 5.0, 12.0).unwrap()],
-        3,
-        CoreConfig { gather: Gather::Lazy, rule: ExecRule::Timeout(Duration::ZERO), ..CoreConfig::default() },
-    );
+    let mut eager = EagerScheduler::eager(&[ModelSpec::linear("ex", 1.0, 5.0, 12.0).unwrap()], 3, NetworkDelay::ZERO);
     let e = simulate(&example_cfg(trace), &mut eager).unwrap();
     assert!(e.dropped > 10, "eager degrades into batches of one and drops: {}", e.dropped);
 }

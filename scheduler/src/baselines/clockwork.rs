@@ -248,6 +248,10 @@ impl Scheduler for ClockworkScheduler {
     }
 
     fn name(&self) -> &'static str {
-        "clockwork"
+        if self.cfg.pow2_batches {
+            "clockwork"
+        } else {
+            "clockwork-any"
+        }
     }
 }

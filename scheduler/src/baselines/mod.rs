@@ -10,16 +10,22 @@
 //! - [`nexus`]: epoch-based squishy bin packing of models onto GPUs, frontend
 //!   routing by weighted round robin, per-GPU round-robin duty cycles and
 //!   early drop.
+//! - [`eager`]: the simplest work-conserving earliest-deadline-first policy,
+//!   and TF-Serving-style timeout batching on the same loop ([`timeout`]
+//!   searches its `k` per model).
 //!
-//! All three are sans-IO [`Scheduler`](crate::types::Scheduler)s, like the
+//! All are sans-IO [`Scheduler`](crate::types::Scheduler)s, like the
 //! deferred cores: they never read a clock, and they check every batch
 //! against the profile before dispatching it, dropping what cannot make it.
 
 pub mod clockwork;
+pub mod eager;
 pub mod nexus;
 pub mod shepherd;
+pub mod timeout;
 
 pub use clockwork::{ClockworkConfig, ClockworkScheduler};
+pub use eager::EagerScheduler;
 pub use nexus::{NexusConfig, NexusScheduler};
 pub use shepherd::ShepherdScheduler;
 

@@ -1,6 +1,8 @@
 //! Deferred batch scheduling (Symphony's Algorithm 1 with the Appendix D
-//! network-aware, multicore split), plus the timeout and eager rules that
-//! the paper derives from it by changing one line.
+//! network-aware, multicore split). Eager and timeout batching, which the
+//! paper derives from it by changing one line, are separate, plain policies
+//! in [`crate::baselines::eager`], so no artefact of this machinery (windows,
+//! rate estimates, the RankThread's matchmaking) shapes the baselines.
 //!
 //! Two sans-IO cores talk only by messages:
 //! - [`ModelThreadCore`] owns a disjoint set of models: their queues, batch
@@ -37,23 +39,11 @@ pub enum Gather {
     Early,
 }
 
-/// When a candidate batch becomes schedulable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExecRule {
-    /// Deferred: at frontrun, `d - l(b+1)` (Algorithm 1, line 5).
-    Frontrun,
-    /// TF-Serving-style: when the oldest request has waited `k`, or the
-    /// batch is full. `Timeout(0)` is eager scheduling.
-    Timeout(Duration),
-}
-
 /// Configuration shared by every model of one scheduler.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CoreConfig {
     /// Batch gathering.
     pub gather: Gather,
-    /// Schedulable-window rule.
-    pub rule: ExecRule,
     /// Network delay charged before a batch can start.
     pub delay: NetworkDelay,
     /// The schedulable window `[exec_at, latest]` is at least this wide:
@@ -87,7 +77,6 @@ impl Default for CoreConfig {
     fn default() -> Self {
         CoreConfig {
             gather: Gather::Early,
-            rule: ExecRule::Frontrun,
             delay: NetworkDelay::ZERO,
             min_window: DEFAULT_MIN_WINDOW,
             window_gaps: DEFAULT_WINDOW_GAPS,
@@ -102,7 +91,7 @@ impl Default for CoreConfig {
 pub struct Candidate {
     /// Batch size.
     pub bs: u32,
-    /// Earliest moment the window allows it to start (frontrun or timeout);
+    /// Earliest moment the window allows it to start (frontrun);
     /// the actual start is also bounded by the network delay and the GPU.
     pub exec_at: Instant,
     /// Latest start that still meets the earliest deadline in the batch.
@@ -156,24 +145,17 @@ pub struct DeferredScheduler {
     rank: RankCore,
     to_rank: VecDeque<ToRank>,
     grants: VecDeque<Grant>,
-    name: &'static str,
 }
 
 impl DeferredScheduler {
     /// A scheduler for `models` (model id = index) on `gpus` GPUs.
     pub fn new(models: &[ModelSpec], gpus: u32, cfg: CoreConfig) -> Self {
-        let name = match cfg.rule {
-            ExecRule::Frontrun => "deferred",
-            ExecRule::Timeout(k) if k == Duration::ZERO => "eager",
-            ExecRule::Timeout(_) => "timeout",
-        };
         let owned: Vec<(ModelId, ModelSpec)> = models.iter().cloned().enumerate().map(|(i, m)| (i as ModelId, m)).collect();
         DeferredScheduler {
             models: ModelThreadCore::new(cfg, owned),
             rank: RankCore::new(models.len(), gpus, cfg.delay),
             to_rank: VecDeque::with_capacity(64),
             grants: VecDeque::with_capacity(64),
-            name,
         }
     }
 
@@ -245,6 +227,6 @@ impl Scheduler for DeferredScheduler {
     }
 
     fn name(&self) -> &'static str {
-        self.name
+        "deferred"
     }
 }

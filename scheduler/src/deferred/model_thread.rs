@@ -1,7 +1,7 @@
 //! The ModelThread core: per-model queues, batch gathering, candidates and
 //! timers for a disjoint set of models.
 
-use super::{Candidate, CoreConfig, ExecRule, Gather, Grant, ToRank};
+use super::{Candidate, CoreConfig, Gather, Grant, ToRank};
 use crate::netdelay::NetworkDelay;
 use crate::profile::LatencyProfile;
 use crate::types::{Actions, DropReason, ModelId, Request};
@@ -134,19 +134,16 @@ impl ModelState {
         }
         let full = bs >= self.profile.max_batch();
         let latest = dl - self.profile.latency(bs);
-        let exec_at = match cfg.rule {
-            ExecRule::Frontrun if full || self.near_best_efficiency(bs, cfg.efficiency_slack) => Instant::ZERO,
-            ExecRule::Frontrun => {
-                // Waiting until the last moment buys at most the requests
-                // that arrive meanwhile; within the final `window_gaps`
-                // expected inter-arrival gaps that is likely none, while a
-                // window as narrow as `alpha` drops the head whenever no GPU
-                // frees inside it. See docs/decisions.md.
-                let gap = self.rate.mean_gap(now).map_or(Duration::ZERO, |g| Duration::from_nanos((g.as_nanos() as f64 * cfg.window_gaps) as u64));
-                (dl - self.profile.latency(bs + 1)).min(latest - cfg.min_window.max(gap))
-            }
-            ExecRule::Timeout(_) if full => Instant::ZERO,
-            ExecRule::Timeout(k) => head.arrival + k,
+        let exec_at = if full || self.near_best_efficiency(bs, cfg.efficiency_slack) {
+            Instant::ZERO
+        } else {
+            // Frontrun, `d - l(bs+1)`. Waiting until the last moment buys at
+            // most the requests that arrive meanwhile; within the final
+            // `window_gaps` expected inter-arrival gaps that is likely none,
+            // while a window as narrow as `alpha` drops the head whenever no
+            // GPU frees inside it. See docs/decisions.md.
+            let gap = self.rate.mean_gap(now).map_or(Duration::ZERO, |g| Duration::from_nanos((g.as_nanos() as f64 * cfg.window_gaps) as u64));
+            (dl - self.profile.latency(bs + 1)).min(latest - cfg.min_window.max(gap))
         };
         Some(Candidate { bs, exec_at, latest })
     }
@@ -161,7 +158,7 @@ impl ModelState {
     }
 
     /// True when the candidate's window has opened: a batch decided now
-    /// starts no earlier than its frontrun (or timeout) moment.
+    /// starts no earlier than its frontrun moment.
     #[inline]
     fn ready(now: Instant, delay: &NetworkDelay, c: &Candidate) -> bool {
         c.exec_at <= now + delay.of(c.bs)
