@@ -741,7 +741,7 @@ mod tests {
     use dataplane::mem::{Access, Region};
     use dataplane::transport::sim::{FaultConfig, NodeId, SimConn, SimNet, SimPeer};
     use dataplane::transport::Domain;
-    use dataplane::wire::{BatchPlanHead, BatchTask, Message, RemoteRef};
+    use dataplane::wire::{BatchPlanHead, BatchTask, Message, RemoteRef, Welcome};
     use scheduler::profile::LatencyProfile;
 
     const BACKEND: NodeId = 5;
@@ -841,18 +841,23 @@ mod tests {
         }
     }
 
-    fn ack(count: u32) -> Register {
-        Register::new(Role::Scheduler, 0, count, "")
+    /// The fake scheduler's challenge (it asks for no token).
+    const NONCE: [u8; wire::NONCE_LEN] = [9; wire::NONCE_LEN];
+
+    /// The fake scheduler's welcome for a list of `models`.
+    fn welcome(models: u32) -> Welcome {
+        Welcome { models, reserved: 0, control_delay_ns: 0 }
     }
 
     /// Registered at t0; the scheduler's received messages cleared.
     fn registered(t0: Instant) -> (Backend, SimPeer) {
         let (mut n, mut s) = node();
+        s.challenge(NONCE).unwrap();
         n.settle(t0);
         let (msgs, _) = s.received();
-        assert!(msgs[0].starts_with("Register") && msgs[0].contains("id: 5"), "{msgs:?}");
+        assert!(msgs[0].starts_with("Join") && msgs[0].contains("id: 5"), "{msgs:?}");
         assert!(msgs[1].starts_with("Models"), "{msgs:?}");
-        s.send(&ack(MODELS)).unwrap();
+        s.send(&welcome(MODELS)).unwrap();
         n.settle(t0);
         assert_eq!(n.events(), vec![BackendEvent::Registered]);
         assert!(n.node.registered());
@@ -888,12 +893,13 @@ mod tests {
         drop(s);
         n.settle(t0);
         let ev = n.events();
-        assert!(matches!(&ev[..], [BackendEvent::Refused { why }] if why.contains("refused the registration")), "{ev:?}");
+        assert!(matches!(&ev[..], [BackendEvent::Refused { why }] if why.contains("refused it without saying why")), "{ev:?}");
         assert!(n.node.drained() && n.node.poll_at().is_none());
 
         let (mut n, mut s) = node();
+        s.challenge(NONCE).unwrap();
         n.settle(t0);
-        s.send(&ack(MODELS + 1)).unwrap();
+        s.send(&welcome(MODELS + 1)).unwrap();
         n.settle(t0);
         let ev = n.events();
         assert!(matches!(&ev[..], [BackendEvent::Refused { why }] if why.contains("model list mismatch")), "{ev:?}");
@@ -902,8 +908,10 @@ mod tests {
     #[test]
     fn no_ack_within_the_handshake_timeout_is_a_refusal_on_a_jumping_clock() {
         let t0 = Instant::from_nanos(1_000);
-        let (mut n, _s) = node();
+        let (mut n, mut s) = node();
+        s.challenge(NONCE).unwrap();
         n.settle(t0);
+        assert!(s.take_join().is_some(), "answered");
         let due = n.node.poll_at().unwrap();
         assert_eq!(due, t0 + config().handshake_timeout + Duration::from_nanos(1));
         n.settle(due);

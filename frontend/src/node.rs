@@ -30,9 +30,6 @@ use dataplane::time::{Duration, Instant};
 use dataplane::transport::{Connection, Error as TransportError};
 use dataplane::waitset::Notifier;
 use dataplane::wire::{self, DropReason, Join, Message, Role, Task, TaskStatus, WireError};
-// The `tests` module's fake peers use it through `super::*`.
-#[cfg(test)]
-use dataplane::wire::Register;
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -931,7 +928,7 @@ mod tests {
     use dataplane::mem::{Access, Region};
     use dataplane::transport::sim::{FaultConfig, NodeId, SimConn, SimNet, SimPeer};
     use dataplane::transport::Domain;
-    use dataplane::wire::{CompletionHead, OutputKind};
+    use dataplane::wire::{CompletionHead, OutputKind, Register, Welcome};
     use std::future::Future;
     use std::pin::Pin;
     use std::task::{Context, Poll};
@@ -983,6 +980,14 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    /// The fake scheduler's challenge (it asks for no token).
+    const NONCE: [u8; wire::NONCE_LEN] = [9; wire::NONCE_LEN];
+
+    /// The fake scheduler's welcome for a list of `models`.
+    fn welcome(models: u32) -> Welcome {
+        Welcome { models, reserved: 0, control_delay_ns: 0 }
     }
 
     const FRONTEND: NodeId = 5;
@@ -1063,8 +1068,10 @@ mod tests {
         fn registered(&mut self) -> SimPeer {
             let (ours, mut sched) = self.link(SCHEDULER);
             self.node.handle_scheduler_link(T0, ours);
+            sched.challenge(NONCE).unwrap();
             assert!(self.poll(T0));
-            sched.put(&Register::new(Role::Scheduler, 0, 2, ""));
+            assert!(sched.take_join().is_some());
+            sched.put(&welcome(2));
             assert!(self.poll(T0));
             assert_eq!(self.events(), [FrontendEvent::Registered { models: 2 }]);
             sched.take_all();
@@ -1099,13 +1106,16 @@ mod tests {
         let (ours, mut sched) = f.link(SCHEDULER);
         f.node.handle_scheduler_link(T0, ours);
         assert_eq!(f.node.poll_at(), Some(T0 + ms(5000)));
+        // It answers the challenge with its Join (no token: no MAC).
+        sched.challenge(NONCE).unwrap();
         assert!(f.poll(T0));
         let sent = sched.take_all();
         assert_eq!(sent.len(), 1);
         match wire::decode(&sent[0]) {
-            Ok(Message::Register(r)) => {
-                assert_eq!(r.role(), Some(Role::Frontend));
-                assert_eq!((r.id, r.count, r.endpoint()), (5, 0, "mem:frontend-5"));
+            Ok(Message::Join(j)) => {
+                assert_eq!(j.role(), Some(Role::Frontend));
+                assert_eq!((j.id, j.count, j.endpoint()), (5, 0, "mem:frontend-5"));
+                assert!(!j.has_mac());
             }
             other => panic!("{other:?}"),
         }
@@ -1117,7 +1127,7 @@ mod tests {
             role: Role::Scheduler as u32,
             id: 0,
         });
-        sched.put(&Register::new(Role::Scheduler, 0, 2, ""));
+        sched.put(&welcome(2));
         assert!(f.poll(T0 + MS));
         assert_eq!(f.events(), [FrontendEvent::Registered { models: 2 }]);
         assert!(f.node.is_registered() && f.service.ready());
@@ -1158,18 +1168,22 @@ mod tests {
         // Another model count.
         let (ours, mut sched) = f.link(SCHEDULER);
         f.node.handle_scheduler_link(T0, ours);
+        sched.challenge(NONCE).unwrap();
         f.poll(T0);
-        sched.put(&Register::new(Role::Scheduler, 0, 3, ""));
+        sched.put(&welcome(3));
         f.poll(T0);
         match f.events().as_slice() {
             [FrontendEvent::Refused { why }] => assert!(why.contains("same --zoo"), "{why}"),
             other => panic!("{other:?}"),
         }
 
-        // Silence: refused when the clock jumps to the handshake deadline.
-        let (ours, _sched) = f.link(SCHEDULER);
+        // Silence after the Join: refused when the clock jumps to the
+        // handshake deadline.
+        let (ours, mut sched) = f.link(SCHEDULER);
         f.node.handle_scheduler_link(T0, ours);
+        sched.challenge(NONCE).unwrap();
         f.poll(T0);
+        assert!(sched.take_join().is_some());
         let deadline = f.node.poll_at().unwrap();
         assert_eq!(deadline, T0 + ms(5000));
         f.poll(deadline.saturating_sub(Duration::from_nanos(1)));

@@ -7,7 +7,7 @@ use super::*;
 use crate::staging::StagingConfig;
 use dataplane::join::{JoinToken, NonceSource};
 use dataplane::mem::{Access, Region};
-use dataplane::transport::sim::{FaultConfig, SimConn, SimNet};
+use dataplane::transport::sim::{FaultConfig, SimConn, SimNet, SimPeer};
 use dataplane::transport::{Domain, Listener, Registration};
 use dataplane::wire::{Challenge, RefuseReason, Refused, Welcome};
 use scheduler::daemon::metrics::SchedulerMetrics;
@@ -132,26 +132,21 @@ fn a_scheduler_of_another_version_is_named_with_both_versions() {
     let mut listener = net.domain(0).listen("sim:scheduler").unwrap();
     let mut fe = frontend(Some(token(TOKEN)));
     fe.handle_scheduler_link(Instant::ZERO, net.domain(1).connect("sim:scheduler", Duration::ZERO).unwrap());
-    let mut sched = listener.accept(Duration::ZERO).unwrap();
+    let mut sched = SimPeer::new(listener.accept(Duration::ZERO).unwrap());
     let challenge = Challenge { oldest_version: future, scheduler_version: future, ..Challenge::new([1; wire::NONCE_LEN], true) };
-    send_raw(&mut sched, &with_version(&challenge, future));
+    send_raw(&mut sched.link, &with_version(&challenge, future));
     let mut now = Instant::ZERO;
-    let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
     let mut joined = None;
     for _ in 0..10 {
         net.set_now(now);
         fe.poll(now);
-        if let Ok(Some(n)) = sched.try_recv(&mut buf) {
-            if let Ok(Message::Join(j)) = wire::decode(&buf[..n]) {
-                joined = Some(j);
-            }
-        }
+        joined = joined.or(sched.take_join());
         now += ms(1);
     }
     let Some(j) = joined else { panic!("no Join") };
     assert!(j.has_mac() && j.id == 5, "it answers with its own version's Join");
     let refusal = Refused { scheduler_version: future, ..Refused::new(RefuseReason::Version, wire::VERSION, "it speaks an older version") };
-    send_raw(&mut sched, &with_version(&refusal, future));
+    send_raw(&mut sched.link, &with_version(&refusal, future));
     for _ in 0..5 {
         net.set_now(now);
         fe.poll(now);

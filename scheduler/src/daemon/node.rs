@@ -901,19 +901,26 @@ mod tests {
     use crate::deferred::CoreConfig;
     use crate::zoo::ModelSpec;
     use dataplane::transport::sim::{FaultConfig, NodeId, SimConn, SimNet, SimPeer};
-    use dataplane::wire::{BatchDone, Register, RemoteRef, Task};
+    use dataplane::wire::{BatchDone, Join, RemoteRef, Task};
 
     const SCHEDULER: NodeId = 0;
     const PEER: NodeId = 1;
 
     /// What the tests read from and write to a peer's end.
     trait PeerExt {
+        /// Answers the scheduler's challenge with `join` (the node's
+        /// membership is open: no MAC).
+        fn join(&mut self, join: &Join);
         fn send_models(&mut self, ids: &[u32]);
         /// Every message received, debug-formatted, heartbeats left out.
         fn received(&mut self) -> Vec<String>;
     }
 
     impl PeerExt for SimPeer {
+        fn join(&mut self, join: &Join) {
+            super::auth_tests::take_nonce(&mut self.link);
+            self.send(join).unwrap();
+        }
         fn send_models(&mut self, ids: &[u32]) {
             self.send_encoded(|buf| wire::encode_models(buf, ids)).unwrap();
         }
@@ -942,13 +949,15 @@ mod tests {
     }
 
     impl Sched {
-        /// Hands the node a new link at `now`; returns the peer's end,
-        /// whose sends may queue up to `capacity` unread at the node.
+        /// Hands the node a new link at `now` and lets its challenge go
+        /// out; returns the peer's end, whose sends may queue up to
+        /// `capacity` unread at the node.
         fn connect_with(&mut self, now: Instant, capacity: Option<usize>) -> SimPeer {
             self.net.set_now(now);
             let (mut ours, theirs) = self.net.link(SCHEDULER, PEER).unwrap();
             ours.set_send_capacity(capacity);
             self.node.handle_connection(now, ours);
+            self.settle(now);
             SimPeer::new(theirs)
         }
 
@@ -994,8 +1003,8 @@ mod tests {
         let t0 = Instant::ZERO;
         let mut fe = n.connect(t0);
         let mut be = n.connect(t0);
-        fe.send(&Register::new(Role::Frontend, 1, 0, "fe1")).unwrap();
-        be.send(&Register::new(Role::Backend, 7, 1, "")).unwrap();
+        fe.join(&Join::new(Role::Frontend, 1, 0, "fe1"));
+        be.join(&Join::new(Role::Backend, 7, 1, ""));
         be.send_models(&[0]);
         n.settle(t0);
         assert_eq!(
@@ -1014,9 +1023,9 @@ mod tests {
         let (mut fe, mut be) = cluster(&mut n);
         let fe_msgs = fe.received();
         assert_eq!(fe_msgs.len(), 1, "{fe_msgs:?}");
-        assert!(fe_msgs[0].contains("Register") && fe_msgs[0].contains("role: 3"), "the ack first: {fe_msgs:?}");
+        assert!(fe_msgs[0].starts_with("Welcome") && fe_msgs[0].contains("models: 1"), "the ack first: {fe_msgs:?}");
         let be_msgs = be.received();
-        assert!(be_msgs[0].contains("Register"), "{be_msgs:?}");
+        assert!(be_msgs[0].starts_with("Welcome"), "{be_msgs:?}");
         assert!(be_msgs[1].contains("endpoint") || be_msgs[1].contains("fe1") || be_msgs[1].contains("id: 1"), "{be_msgs:?}");
         fe.send(&task(1, 1)).unwrap();
         fe.send(&task(2, 1)).unwrap();
@@ -1039,6 +1048,11 @@ mod tests {
         // The clock jumps straight to the deadline.
         n.settle(deadline);
         assert_eq!(n.events(), vec![SchedulerEvent::HandshakeTimedOut { after: cfg.handshake_timeout }]);
+        // The refusal gets its linger to leave, then the link closes.
+        let closed_at = deadline + Membership::open().linger;
+        assert_eq!(n.node.poll_at(), Some(closed_at));
+        n.settle(closed_at);
+        assert!(silent.received().iter().any(|m| m.starts_with("Refused")));
         assert!(silent.disconnected());
         assert_eq!(n.node.poll_at(), None);
     }
@@ -1048,10 +1062,13 @@ mod tests {
         let mut n = node(NodeConfig::default());
         let (_fe, _be) = cluster(&mut n);
         let mut dup = n.connect(Instant::ZERO);
-        dup.send(&Register::new(Role::Frontend, 1, 0, "again")).unwrap();
+        dup.join(&Join::new(Role::Frontend, 1, 0, "again"));
         n.settle(Instant::ZERO);
         let ev = n.events();
         assert!(matches!(&ev[..], [SchedulerEvent::PeerRefused { why }] if why.contains("already registered")), "{ev:?}");
+        // The link closes once the refusal had its linger.
+        n.settle(Instant::ZERO + Membership::open().linger);
+        assert!(dup.received().iter().any(|m| m.starts_with("Refused")));
         assert!(dup.disconnected());
     }
 
@@ -1113,7 +1130,7 @@ mod tests {
         let mut n = node(cfg);
         let t0 = Instant::ZERO;
         let mut fe = n.connect_with(t0, Some(1));
-        fe.send(&Register::new(Role::Frontend, 1, 0, "fe1")).unwrap();
+        fe.join(&Join::new(Role::Frontend, 1, 0, "fe1"));
         n.settle(t0);
         // The ack took the one place; unknown-model drops queue behind it.
         for id in 0..3 {

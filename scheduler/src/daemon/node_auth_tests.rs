@@ -57,14 +57,7 @@ impl Peer {
     }
     /// The challenge's nonce (the first message).
     fn nonce(&mut self) -> [u8; wire::NONCE_LEN] {
-        let n = self.conn.try_recv(&mut self.buf).unwrap().expect("a challenge first");
-        match wire::decode(&self.buf[..n]).unwrap() {
-            Message::Challenge(c) => {
-                assert_eq!((c.scheduler_version, c.oldest_version), (wire::VERSION, wire::OLDEST_PEER_VERSION));
-                c.nonce
-            }
-            m => panic!("first message {m:?}"),
-        }
+        take_nonce(&mut self.conn)
     }
     /// The refusal that ended the link.
     fn refusal(&mut self) -> Refused {
@@ -119,6 +112,21 @@ impl World {
 
     fn refused(&self, r: RefuseReason) -> u64 {
         self.node.plane().metrics().refused[r.index()].load(Ordering::Relaxed)
+    }
+}
+
+/// Takes the challenge that opens every link (the first message a peer
+/// gets), checking its versions; its nonce. The peer's side of the
+/// handshake for both test modules.
+pub(super) fn take_nonce(conn: &mut SimConn) -> [u8; wire::NONCE_LEN] {
+    let mut buf = [0u8; wire::MAX_MESSAGE_LEN];
+    let n = conn.try_recv(&mut buf).unwrap().expect("a challenge first");
+    match wire::decode(&buf[..n]).unwrap() {
+        Message::Challenge(c) => {
+            assert_eq!((c.scheduler_version, c.oldest_version), (wire::VERSION, wire::OLDEST_PEER_VERSION));
+            c.nonce
+        }
+        m => panic!("first message {m:?}"),
     }
 }
 

@@ -43,6 +43,21 @@ impl SimPeer {
         out
     }
 
+    /// Plays the scheduler's opening of a registration: a
+    /// [`wire::Challenge`] with `nonce` that asks for no token.
+    pub fn challenge(&mut self, nonce: [u8; wire::NONCE_LEN]) -> Result<(), Error> {
+        self.send(&wire::Challenge::new(nonce, false))
+    }
+
+    /// The first [`wire::Join`] among the messages that have arrived by
+    /// now (the others are dropped): the answer to [`challenge`](Self::challenge).
+    pub fn take_join(&mut self) -> Option<wire::Join> {
+        self.take_all().iter().find_map(|m| match wire::decode(m) {
+            Ok(wire::Message::Join(j)) => Some(j),
+            _ => None,
+        })
+    }
+
     /// Whether the next receive reports the peer gone (nothing left to
     /// read and the other end closed).
     pub fn disconnected(&mut self) -> bool {
@@ -80,6 +95,20 @@ mod tests {
         assert!(b.take_all().is_empty() && !b.disconnected());
         drop(a);
         assert!(b.disconnected());
+    }
+
+    #[test]
+    fn a_peer_plays_the_scheduler_s_challenge_and_takes_the_join() {
+        let net = SimNet::new(1, FaultConfig::same_instant());
+        let (a, b) = net.link(1, 2).unwrap();
+        let (mut sched, mut peer) = (SimPeer::new(a), SimPeer::new(b));
+        sched.challenge([7; wire::NONCE_LEN]).unwrap();
+        let got = peer.take_all();
+        assert!(matches!(wire::decode(&got[0]).unwrap(), Message::Challenge(c) if c.nonce == [7; wire::NONCE_LEN]));
+        assert_eq!(sched.take_join(), None);
+        peer.send(&Heartbeat { seq: 1, role: Role::Frontend as u32, id: 4 }).unwrap();
+        peer.send(&wire::Join::new(Role::Frontend, 4, 0, "fe4")).unwrap();
+        assert_eq!(sched.take_join().map(|j| (j.id, j.endpoint().to_string())), Some((4, "fe4".to_string())));
     }
 
     #[test]
