@@ -3,7 +3,7 @@
 //! Completion based and driven by the caller's loop: `submit` returns at
 //! once, `poll(now)` reports batches that finished, `next_wakeup` says when
 //! the next one can finish (for a caller that sleeps). No executor starts a
-//! thread. Inputs and outputs live in the staging region the executor was
+//! thread (except the ONNX one, whose devices are threads: `onnx`). Inputs and outputs live in the staging region the executor was
 //! built with (the transport's landing zone): a [`Job`] names them by
 //! offset. Between `submit` and the [`Finished`] report the executor owns
 //! those bytes: the caller must not write the inputs or read the outputs.
@@ -17,6 +17,7 @@ use dataplane::time::Instant;
 use scheduler::profile::LatencyProfile;
 
 pub mod emulated;
+pub mod onnx;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
