@@ -28,6 +28,7 @@
 
 pub mod config;
 pub mod pbtxt;
+pub mod profile;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration as StdDuration;
