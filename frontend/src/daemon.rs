@@ -125,6 +125,11 @@ pub struct Cli {
     /// Exit (SIGTERM) when the parent process dies.
     #[arg(long)]
     pub exit_with_parent: bool,
+    /// Triton-layout model repository: the models found there by name
+    /// declare their real tensors (names, types, shapes) instead of the
+    /// default INPUT0/OUTPUT0.
+    #[arg(long)]
+    pub model_repository: Option<PathBuf>,
 }
 
 /// The `--config` file: the same options, '_' for '-'.
@@ -150,6 +155,7 @@ struct FileConfig {
     dead_after_ms: Option<u64>,
     queue: Option<usize>,
     exit_with_parent: Option<bool>,
+    model_repository: Option<PathBuf>,
 }
 
 /// A validated configuration.
@@ -189,6 +195,8 @@ pub struct Options {
     pub queue: usize,
     /// Die with the parent.
     pub exit_with_parent: bool,
+    /// Model repository whose tensors the catalog declares.
+    pub model_repository: Option<PathBuf>,
 }
 
 fn addr(what: &str, s: &str) -> Result<SocketAddr, String> {
@@ -292,6 +300,7 @@ impl Options {
             dead_after: Duration::from_millis(dead_after_ms),
             queue,
             exit_with_parent: cli.exit_with_parent || file.exit_with_parent.unwrap_or(false),
+            model_repository: cli.model_repository.or(file.model_repository),
         })
     }
 }
@@ -349,7 +358,16 @@ impl WithDomain for Daemon {
 }
 
 fn serve<D: Domain>(domain: D, opts: Options) -> Result<(), String> {
-    let catalog = ModelCatalog::with_default_tensors(&opts.models);
+    let catalog = match &opts.model_repository {
+        Some(repo) => {
+            let scanned = scheduler::repository::scan(repo).map_err(|e| e.to_string())?;
+            for e in &scanned.refused {
+                eprintln!("symphony-frontend: model repository: refused: {e}");
+            }
+            ModelCatalog::with_repository(&opts.models, &scanned)
+        }
+        None => ModelCatalog::with_default_tensors(&opts.models),
+    };
     let slot_size = u32::try_from(catalog.max_input_bytes().max(1))
         .map_err(|_| "a model input is too large for a staging slot".to_string())?;
     let region = opts

@@ -158,6 +158,10 @@ pub trait Executor {
     /// When `poll` next has something to do (`None`: nothing pending;
     /// a real device that must be polled returns `Some(now)`-like times).
     fn next_wakeup(&self) -> Option<Instant>;
+    /// Gives the executor a function to call when a batch finishes on a
+    /// thread of its own (so a sleeping host wakes). Default: ignored
+    /// (executors polled on the caller's clock need none).
+    fn set_waker(&self, _wake: onnx::Waker) {}
 }
 
 /// Checks a job against a region of `region_len` bytes, a batch limit and

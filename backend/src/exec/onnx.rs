@@ -21,7 +21,7 @@
 //! `intra_threads` ONNX Runtime threads. A batch is handed to its thread at
 //! `max(now, exec_at)` by [`Executor::poll`]; the thread reports the
 //! measured run time, and `Finished` is `start + measured`. A completion
-//! calls the waker ([`OnnxExecutor::set_waker`]) so a host that sleeps
+//! calls the waker ([`Executor::set_waker`]) so a host that sleeps
 //! wakes up; without one, [`Executor::next_wakeup`] asks to be polled.
 //!
 //! **The runtime library** is found without any variable: the project's
@@ -131,6 +131,19 @@ impl OnnxModel {
                 InstanceKind::Cpu | InstanceKind::Auto => Provider::Cpu,
             },
         })
+    }
+    /// A stand-in for a model id this executor cannot serve (never loaded).
+    fn unavailable(name: &str) -> OnnxModel {
+        let t = TensorConfig { name: String::new(), data_type: DataType::U8, dims: vec![1], reshape: None };
+        OnnxModel {
+            name: name.to_string(),
+            path: PathBuf::new(),
+            config_path: PathBuf::new(),
+            input: t.clone(),
+            output: t,
+            max_batch_size: 1,
+            provider: Provider::Cpu,
+        }
     }
     /// Input bytes of one sample.
     pub fn input_bytes(&self) -> u32 {
@@ -429,13 +442,37 @@ impl OnnxExecutor {
     /// ([`OnnxExecutor::load_error`]) and the others serve; a missing
     /// runtime library or a refused CUDA provider fails the whole call.
     pub fn new(staging: Arc<Region>, models: Vec<OnnxModel>, opts: &OnnxOptions) -> Result<Self, OnnxError> {
+        Self::with_slots(staging, models.into_iter().map(Ok).collect(), opts)
+    }
+
+    /// As [`OnnxExecutor::new`], with model ids that cannot be served
+    /// (`Err((name, why))`: not in the repository, refused by it, not held
+    /// by this backend): their batches fail and `load_error` says why.
+    pub fn with_slots(
+        staging: Arc<Region>,
+        slots: Vec<Result<OnnxModel, (String, String)>>,
+        opts: &OnnxOptions,
+    ) -> Result<Self, OnnxError> {
         let env = environment(opts.dylib.as_deref())?;
+        let mut load_errors: Vec<Option<String>> = Vec::with_capacity(slots.len());
+        let models: Vec<OnnxModel> = slots
+            .into_iter()
+            .map(|s| match s {
+                Ok(m) => {
+                    load_errors.push(None);
+                    m
+                }
+                Err((name, why)) => {
+                    load_errors.push(Some(why));
+                    OnnxModel::unavailable(&name)
+                }
+            })
+            .collect();
         let ndev = opts.devices.max(1);
         let max_batch = models.iter().map(OnnxModel::max_batch).max().unwrap_or(1);
         let max_input = models.iter().map(|m| u64::from(m.input_bytes()) * u64::from(m.max_batch())).max().unwrap_or(0);
         // Sessions per device; a model that fails on device 0 is not
         // retried on the others.
-        let mut load_errors: Vec<Option<String>> = vec![None; models.len()];
         let mut per_device: Vec<Vec<Option<Session>>> = Vec::with_capacity(ndev as usize);
         for _ in 0..ndev {
             let mut sessions = Vec::with_capacity(models.len());
@@ -524,11 +561,6 @@ impl OnnxExecutor {
     /// The last run failure's message (if any).
     pub fn last_error(&self) -> Option<&str> {
         self.last_error.as_deref()
-    }
-
-    /// Sets the function device threads call when a batch finishes (once).
-    pub fn set_waker(&self, waker: Waker) {
-        let _ = self.waker.set(waker);
     }
 
     /// Blocks until a running batch finishes or `timeout` passes; the
@@ -639,23 +671,31 @@ impl Executor for OnnxExecutor {
         if dev.state != DeviceState::Idle {
             return Err(ExecError::DeviceBusy { device: job.device });
         }
-        check_job(job, self.staging.len(), model.max_batch(), model.output_bytes())?;
+        check_job(job, self.staging.len(), self.max_batch, model.output_bytes())?;
         let sample = model.input_bytes();
+        // A batch that cannot run is accepted and fails (batch 0): the
+        // worker answers its tasks with an execution error and goes on.
+        let refused = if let Some(e) = &self.load_errors[job.model as usize] {
+            Some(format!("model {} is not loaded: {e}", model.name))
+        } else if job.inputs.len() > model.max_batch() as usize {
+            Some(format!("model {}: batch {} above max_batch_size {}", model.name, job.inputs.len(), model.max_batch()))
+        } else if job.inputs.iter().any(|r| r.len != sample) {
+            Some(format!("model {}: an input is not {sample} bytes", model.name))
+        } else {
+            None
+        };
         let first = job.inputs[0].offset;
         let elem = model.input.data_type.size();
         let contiguous = job
             .inputs
             .iter()
             .enumerate()
-            .all(|(i, r)| r.len == sample && r.offset == first + i as u64 * u64::from(sample));
+            .all(|(i, r)| r.offset == first + i as u64 * u64::from(sample));
         let aligned = (self.staging.as_ptr() as usize + first as usize) % elem as usize == 0;
-        let wrong_len = job.inputs.iter().any(|r| r.len != sample);
         let input = if contiguous && aligned {
             InputSourceKind::Staging(first)
         } else {
-            // Gather (only whole, correctly sized inputs; a wrong size fails
-            // the batch in the thread via a zero batch).
-            if !wrong_len {
+            if refused.is_none() {
                 let d = &mut self.devices[job.device as usize];
                 if let Some(scratch) = d.scratch.as_mut() {
                     for (i, r) in job.inputs.iter().enumerate() {
@@ -672,13 +712,12 @@ impl Executor for OnnxExecutor {
         let d = &mut self.devices[job.device as usize];
         d.tag = job.tag;
         d.model = job.model;
-        // A batch with a wrongly sized input cannot run: batch 0 fails it.
-        d.batch = if wrong_len { 0 } else { job.inputs.len() as u32 };
+        d.batch = if refused.is_some() { 0 } else { job.inputs.len() as u32 };
         d.input = input;
         d.output = job.output;
         d.state = DeviceState::Pending { at: now.max(job.exec_at) };
-        if wrong_len {
-            self.last_error = Some(format!("model {}: an input is not {sample} bytes", model.name));
+        if refused.is_some() {
+            self.last_error = refused;
         }
         Ok(())
     }
@@ -714,6 +753,11 @@ impl Executor for OnnxExecutor {
             }
         }
         n
+    }
+
+    /// Sets the function device threads call when a batch finishes (once).
+    fn set_waker(&self, waker: Waker) {
+        let _ = self.waker.set(waker);
     }
 
     fn next_wakeup(&self) -> Option<Instant> {
