@@ -215,3 +215,22 @@ fn a_broken_model_and_a_bad_input_fail_alone() {
     assert!(run(&mut e, 1, 0, &one, out).ok);
     let _ = std::fs::remove_file(&junk);
 }
+
+#[test]
+fn a_gpu_model_without_a_gpu_is_refused_at_start_up_with_a_clear_message() {
+    use backend::exec::onnx::{OnnxError, Provider};
+    let Some(repo) = models() else { return };
+    let mut m = OnnxModel::from_repo(repo.model("ppocr_cls").unwrap()).unwrap();
+    m.provider = Provider::Cuda; // what instance_group { kind: KIND_GPU } selects
+    let region = Region::anonymous(1 << 20).unwrap();
+    // The CPU wheel has no CUDA provider (and this machine no GPU): refused,
+    // never a crash; without the `cuda` feature the message says to build it.
+    match OnnxExecutor::new(region, vec![m], &OnnxOptions::default()) {
+        Err(OnnxError::Cuda(msg)) => {
+            eprintln!("refused as expected: {msg}");
+            assert!(msg.contains("cuda") || msg.contains("CUDA") || msg.contains("GPU"), "{msg}");
+        }
+        Err(e) => panic!("expected a CUDA refusal, got {e}"),
+        Ok(_) => eprintln!("a CUDA provider and a GPU are present: nothing to refuse"),
+    }
+}

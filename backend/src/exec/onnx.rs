@@ -252,13 +252,12 @@ fn environment(dylib: Option<&Path>) -> Result<&'static ort::environment::Enviro
 /// Loads and checks one model for one device.
 fn load_session(m: &OnnxModel, opts: &OnnxOptions, env: &ort::environment::Environment) -> Result<Session, OnnxError> {
     let model_err = |field: &str, what: String| OnnxError::Model(RepositoryError::field(&m.path, field, what));
-    let mut b = Session::builder(env)
-        .map_err(|e| model_err("session", e.to_string()))?
-        .with_intra_threads(opts.intra_threads)
-        .and_then(|b| b.with_inter_threads(1))
-        .and_then(|b| b.with_intra_op_spinning(opts.spin))
-        .and_then(|b| b.with_inter_op_spinning(false))
-        .map_err(|e| model_err("session options", e.to_string()))?;
+    let opt_err = |e: ort::Error<ort::session::builder::SessionBuilder>| model_err("session options", e.to_string());
+    let b = Session::builder(env).map_err(|e| model_err("session", e.to_string()))?;
+    let b = b.with_intra_threads(opts.intra_threads).map_err(opt_err)?;
+    let b = b.with_inter_threads(1).map_err(opt_err)?;
+    let b = b.with_intra_op_spinning(opts.spin).map_err(opt_err)?;
+    let mut b = b.with_inter_op_spinning(false).map_err(opt_err)?;
     if m.provider == Provider::Cuda {
         b = cuda_provider(b)?;
     }
@@ -277,7 +276,7 @@ fn load_session(m: &OnnxModel, opts: &OnnxOptions, env: &ort::environment::Envir
 fn cuda_provider(b: ort::session::builder::SessionBuilder) -> Result<ort::session::builder::SessionBuilder, OnnxError> {
     use ort::ep::ExecutionProvider;
     let ep = ort::ep::CUDA::default();
-    match ep.is_available() {
+    match ort::ep::CUDA::is_available() {
         Ok(true) => {}
         Ok(false) => {
             return Err(OnnxError::Cuda(
@@ -582,19 +581,20 @@ impl OnnxExecutor {
     fn dispatch(&mut self, now: Instant, d: usize) {
         let dev = &mut self.devices[d];
         let input = match dev.input {
-            InputSourceKind::Staging(off) => InputSource::Staging(off),
-            InputSourceKind::Scratch => match dev.scratch.take() {
-                Some(s) => InputSource::Scratch(s),
-                None => InputSource::Staging(0),
-            },
+            InputSourceKind::Staging(off) => Some(InputSource::Staging(off)),
+            // The scratch buffer is back whenever the device is idle; a
+            // missing one (its thread died mid-run) fails the batch.
+            InputSourceKind::Scratch => dev.scratch.take().map(InputSource::Scratch),
         };
-        let req = RunRequest {
-            model: dev.model,
-            batch: dev.batch,
-            input,
-            output: dev.output,
-        };
-        let sent = dev.to_thread.as_ref().is_some_and(|tx| tx.send(req).is_ok());
+        let sent = input.is_some_and(|input| {
+            let req = RunRequest {
+                model: dev.model,
+                batch: dev.batch,
+                input,
+                output: dev.output,
+            };
+            dev.to_thread.as_ref().is_some_and(|tx| tx.send(req).is_ok())
+        });
         if sent {
             dev.state = DeviceState::Running { start: now };
         } else {
@@ -691,7 +691,7 @@ impl Executor for OnnxExecutor {
             .iter()
             .enumerate()
             .all(|(i, r)| r.offset == first + i as u64 * u64::from(sample));
-        let aligned = (self.staging.as_ptr() as usize + first as usize) % elem as usize == 0;
+        let aligned = (self.staging.as_ptr() as usize + first as usize).is_multiple_of(elem as usize);
         let input = if contiguous && aligned {
             InputSourceKind::Staging(first)
         } else {
@@ -865,7 +865,7 @@ impl DeviceThread {
                 (SessionInputValue::from(t.into_dyn()), p)
             }};
         }
-        if (ptr as usize) % m.input.data_type.size() as usize != 0 {
+        if !(ptr as usize).is_multiple_of(m.input.data_type.size() as usize) {
             return Err("misaligned input".into());
         }
         let (value, data_ptr) = match m.input.data_type {

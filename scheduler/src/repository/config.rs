@@ -381,7 +381,7 @@ fn dims(m: &Message, path: &str, name: &str) -> R<Vec<i64>> {
     for f in m.all(name) {
         let p = format!("{path}.{name}");
         let d: i64 = int(f, &p)?;
-        if d == 0 || d < -1 || d > (1 << 31) {
+        if d == 0 || !(-1..=(1 << 31)).contains(&d) {
             return Err(field_err(p, f.line, format!("{d} is not a dim (positive, or -1 for variable)")));
         }
         out.push(d);
@@ -437,7 +437,7 @@ fn tensors(m: &Message, kind: &str) -> R<Vec<TensorConfig>> {
             }
             None => None,
         };
-        for unknown in t.fields.iter().filter(|f| {
+        if let Some(unknown) = t.fields.iter().find(|f| {
             !matches!(f.name.as_str(), "name" | "data_type" | "dims" | "reshape" | "format" | "optional" | "is_shape_tensor")
         }) {
             return Err(field_err(format!("{path}.{}", unknown.name), unknown.line, "unsupported field"));
