@@ -59,9 +59,15 @@ pub fn run(a: &ProfileArgs) -> Result<(), String> {
         return Err(format!("{}: no loadable model to profile", a.model_repository.display()));
     }
     let mut file = ProfileFile::default();
-    for m in &repo.models {
-        eprintln!("symphony profile: {} ...", m.name());
-        file.models.push(profile_model(m, a)?);
+    if repo.models.len() == 1 {
+        eprintln!("symphony profile: {} ...", repo.models[0].name());
+        file.models.push(profile_model(&repo.models[0], a)?);
+    } else {
+        // One process per model: resident-memory figures of a model must
+        // not include (or reuse the freed pages of) the one before.
+        for m in &repo.models {
+            file.models.push(profile_in_child(m.name(), a)?);
+        }
     }
     let out = a.out.clone().unwrap_or_else(|| ProfileFile::path(&a.model_repository));
     let text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())?;
@@ -100,6 +106,29 @@ pub fn batch_sizes(max: u32) -> Vec<u32> {
     let mut v: Vec<u32> = std::iter::successors(Some(1u32), |b| b.checked_mul(2)).take_while(|&b| b < max).collect();
     v.push(max.max(1));
     v
+}
+
+/// Runs `symphony profile --models NAME --out TMP` and reads its result.
+fn profile_in_child(name: &str, a: &ProfileArgs) -> Result<ModelProfile, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find my own executable: {e}"))?;
+    let tmp = std::env::temp_dir().join(format!("symphony-profile-{}-{name}.json", std::process::id()));
+    let status = std::process::Command::new(exe)
+        .arg("profile")
+        .arg("--model-repository")
+        .arg(&a.model_repository)
+        .args(["--models", name, "--runs", &a.runs.to_string(), "--intra-threads", &a.intra_threads.to_string()])
+        .arg("--out")
+        .arg(&tmp)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("cannot run the profiler for {name}: {e}"))?;
+    let text = std::fs::read_to_string(&tmp);
+    let _ = std::fs::remove_file(&tmp);
+    if !status.success() {
+        return Err(format!("profiling {name} failed ({status})"));
+    }
+    let file: ProfileFile = serde_json::from_str(&text.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+    file.models.into_iter().next().ok_or_else(|| format!("profiling {name} gave no result"))
 }
 
 fn profile_model(m: &RepoModel, a: &ProfileArgs) -> Result<ModelProfile, String> {
