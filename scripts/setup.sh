@@ -2,10 +2,10 @@
 # Installs the system packages the build and the tests need (Debian/Ubuntu, as root).
 # Idempotent: installs only what is missing. The Rust toolchain itself comes with the machine.
 #   cmake, clang, libclang-dev: sideway's rdma-mummy-sys generates its verbs bindings with
-#   bindgen (the `rdma` feature of dataplane).
+#   bindgen (the `rdma` feature of dataplane). python3-venv: the project venv below.
 # The Soft-RoCE harness (tests/softroce/run.sh) installs QEMU and its guest packages itself.
 set -euo pipefail
-need="cmake clang libclang-dev"
+need="cmake clang libclang-dev python3-venv"
 missing=""
 for p in $need; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $p"

@@ -845,12 +845,8 @@ impl DeviceThread {
                 s.as_mut_ptr()
             }
         };
-        let mut shape: Vec<i64> = Vec::with_capacity(1 + m.input.model_dims().len());
-        if m.max_batch_size > 0 {
-            shape.push(i64::from(b));
-        }
-        shape.extend_from_slice(m.input.model_dims());
-        let shape = Shape::new(shape);
+        let batch_dim = (m.max_batch_size > 0).then_some(i64::from(b));
+        let shape = Shape::new(batch_dim.into_iter().chain(m.input.model_dims().iter().copied()));
         let info = MemoryInfo::default();
         macro_rules! view {
             ($t:ty) => {{
