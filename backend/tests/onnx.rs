@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
 use backend::exec::onnx::{find_dylib, OnnxExecutor, OnnxModel, OnnxOptions};
-use backend::{Executor, Finished, InputRef, Job, OutputRef};
+use backend::{Executor, Finished, InputRef, Job, OutputRef, WorkerConfig};
 use dataplane::mem::Region;
 use dataplane::time::Instant;
 use scheduler::repository;
@@ -115,25 +115,36 @@ fn check_model(repo: &repository::Repository, name: &str, b: usize) {
     let m = OnnxModel::from_repo(repo.model(name).unwrap()).unwrap();
     let sample = m.input_bytes() as usize;
     let out_len = m.output_bytes() as usize;
-    let in_region = b * sample;
-    let region = Region::anonymous(in_region + b * out_len + 4096).unwrap();
+    // The backend's staging layout for a single-model backend: input slot
+    // = the model's sample size; the batch runs in batch buffer 1.
+    let cfg = WorkerConfig {
+        max_batch: b as u32,
+        input_slot: sample as u32,
+        output_slot: out_len as u32,
+        batch_slots: 2,
+        ..WorkerConfig::default()
+    };
+    let region = Region::anonymous(cfg.staging_bytes() as usize).unwrap();
+    let base = cfg.input_offset(1, 0);
     let x = inputs(b * sample / 4, 0x5eed ^ sample as u64);
-    region.write_at(0, &as_bytes(&x)).unwrap();
+    region.write_at(base, &as_bytes(&x)).unwrap();
     let mut e = OnnxExecutor::new(region.clone(), vec![m.clone()], &OnnxOptions::default()).unwrap();
     assert_eq!(e.load_error(0), None);
-    // The batch: slot i at i * sample (contiguous, slot size = sample size).
+    // The landing slots of the batch, as the worker computes them: contiguous.
     let ins: Vec<InputRef> = (0..b)
-        .map(|i| InputRef { offset: (i * sample) as u64, len: sample as u32 })
+        .map(|i| InputRef { offset: cfg.input_offset(1, i), len: sample as u32 })
         .collect();
-    let output = OutputRef { offset: in_region as u64, stride: out_len as u32 };
+    assert!(ins.windows(2).all(|w| w[1].offset == w[0].offset + sample as u64), "slots are contiguous");
+    let out_at = cfg.output_offset(1) as usize;
+    let output = OutputRef { offset: out_at as u64, stride: out_len as u32 };
     let f = run(&mut e, 0, 0, &ins, output);
     assert!(f.ok, "{name}: batch failed: {:?}", e.last_error());
     assert_eq!(f.batch, b as u32);
     let mut got = vec![0u8; b * out_len];
-    region.read_at(in_region as u64, &mut got).unwrap();
+    region.read_at(out_at as u64, &mut got).unwrap();
     let got = floats(&got);
-    // Zero copy: ONNX Runtime read the landing slots in place.
-    assert_eq!(e.last_input_ptr(0), Some(region.as_ptr() as usize));
+    // Zero copy: ONNX Runtime's input tensor is the first landing slot.
+    assert_eq!(e.last_input_ptr(0), Some(region.as_ptr() as usize + base as usize));
     assert_eq!(e.bytes_copied(), 0);
     // Python onnxruntime on the same inputs.
     close(&got, &python_reference(&m, &x, b), &format!("{name}: vs Python onnxruntime"));
@@ -142,9 +153,9 @@ fn check_model(repo: &repository::Repository, name: &str, b: usize) {
     for i in 0..b {
         let f = run(&mut e, 0, 0, &ins[i..=i], output);
         assert!(f.ok && f.batch == 1);
-        assert_eq!(e.last_input_ptr(0), Some(region.as_ptr() as usize + i * sample));
+        assert_eq!(e.last_input_ptr(0), Some(region.as_ptr() as usize + ins[i].offset as usize));
         let mut one = vec![0u8; out_len];
-        region.read_at(in_region as u64, &mut one).unwrap();
+        region.read_at(out_at as u64, &mut one).unwrap();
         close(&floats(&one), &got[i * per..(i + 1) * per], &format!("{name}: sample {i} batch 1 vs batch {b}"));
     }
     assert_eq!(e.bytes_copied(), 0);
@@ -154,7 +165,7 @@ fn check_model(repo: &repository::Repository, name: &str, b: usize) {
     assert!(f.ok);
     assert_eq!(e.bytes_copied(), (b * sample) as u64);
     let mut back = vec![0u8; b * out_len];
-    region.read_at(in_region as u64, &mut back).unwrap();
+    region.read_at(out_at as u64, &mut back).unwrap();
     let back = floats(&back);
     for i in 0..b {
         close(&back[i * per..(i + 1) * per], &got[(b - 1 - i) * per..(b - i) * per], "gathered batch");
