@@ -69,8 +69,11 @@ check("unknown model -> 404", code == 404 and "unknown model" in body.get("error
 code, body = infer("ppocr_cls", x, path="/v2/models/ppocr_cls/versions/7/infer")
 check("unknown version -> 404", code == 404 and "version" in body.get("error", ""), f"{code} {body}")
 xb = rng.random([1, 4, 48, 192], dtype=np.float32)  # what its (wrong) config declares
-code, body = infer("broken", xb)
-check("a model that failed to load -> 5xx", 500 <= code < 600, f"{code} {body}")
+for _ in range(5):  # a 503 (dropped under a loaded machine's stall) is retried
+    code, body = infer("broken", xb)
+    if code != 503:
+        break
+check("a model that failed to load -> 5xx naming it", 500 <= code < 600 and "failed to load" in body.get("error", ""), f"{code} {body}")
 want = ort.InferenceSession(f"{models}/ppocr_cls/1/model.onnx", providers=["CPUExecutionProvider"]).run(None, {"x": x})[0].reshape(-1)
 code, body = infer("ppocr_cls", x)
 got = np.array(body.get("outputs", [{}])[0].get("data", []), dtype=np.float32) if code == 200 else None
