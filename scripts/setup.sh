@@ -2,10 +2,10 @@
 # Installs the system packages the build and the tests need (Debian/Ubuntu, as root).
 # Idempotent: installs only what is missing. The Rust toolchain itself comes with the machine.
 #   cmake, clang, libclang-dev: sideway's rdma-mummy-sys generates its verbs bindings with
-#   bindgen (the `rdma` feature of dataplane).
+#   bindgen (the `rdma` feature of dataplane). python3-venv: the project venv below.
 # The Soft-RoCE harness (tests/softroce/run.sh) installs QEMU and its guest packages itself.
 set -euo pipefail
-need="cmake clang libclang-dev"
+need="cmake clang libclang-dev python3-venv"
 missing=""
 for p in $need; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $p"
@@ -16,4 +16,23 @@ if [ -n "$missing" ]; then
   apt-get update -qq
   # shellcheck disable=SC2086
   apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+# ONNX Runtime for the backend's ONNX executor (the `ort` crate loads libonnxruntime.so at run
+# time, `load-dynamic`): the shared library comes from the PyPI wheel onnxruntime==1.31.1 (pinned:
+# the crate's ONNX Runtime API version is 31; a newer wheel may not match), installed into the
+# project-local, git-ignored venv .venv/ together with numpy (the reference outputs the tests
+# compare against are computed by this same wheel: scripts/onnx_reference.py). The executor finds
+# .venv/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime.so.* by itself
+# (override: SYMPHONY_ORT_DYLIB). A failure here is reported and the ONNX tests then skip.
+root="$(cd "$(dirname "$0")/.." && pwd)"
+venv="$root/.venv"
+ORT_PINS="onnxruntime==1.31.1 numpy==1.26.4"
+if ! "$venv/bin/python" -c 'import onnxruntime, numpy, sys; sys.exit(onnxruntime.__version__ != "1.31.1")' 2>/dev/null; then
+  echo "[setup] python venv $venv with $ORT_PINS" >&2
+  if { [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv" || python3 -m venv "$venv"; } &&
+    timeout 600 "$venv/bin/python" -m pip install -q --disable-pip-version-check $ORT_PINS; then
+    :
+  else
+    echo "[setup] WARNING: could not install $ORT_PINS into $venv: the ONNX executor's tests will skip" >&2
+  fi
 fi

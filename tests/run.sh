@@ -11,7 +11,10 @@
 #      metadata and infer calls against the frontend's HTTP server, in process and then
 #      against the real daemons (`symphony up --serve`: scheduler, two frontends and two
 #      emulated-GPU backends as processes), which must then shut down cleanly on Ctrl-C
-#   6. real RDMA verbs: the transport conformance suite and a cross-guest READ inside
+#   6. real models: scripts/fetch-models.sh (or the models already in models/) for the ONNX
+#      executor's tests in step 3 (required then: SYMPHONY_ONNX_REQUIRED=1), and
+#      tests/onnx_daemons.sh (real inference through the daemons, bad inputs, a broken model)
+#   7. real RDMA verbs: the transport conformance suite and a cross-guest READ inside
 #      Soft-RoCE QEMU guests (tests/softroce/ci.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +29,12 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p dataplane --all-targets --features rdma -- -D warnings
 cargo clippy -p backend --all-targets --features cuda -- -D warnings
 cargo clippy -p tools --all-targets --features mutations -- -D warnings
+step onnx-models
+if .venv/bin/python -c "import onnxruntime" 2>/dev/null && bash scripts/fetch-models.sh; then
+  export SYMPHONY_ONNX_REQUIRED=1
+else
+  echo "SKIPPED: the onnxruntime wheel or the models could not be installed; ONNX tests skip" >&2
+fi
 step tests
 cargo test --workspace --release
 # The cuda executor is compiled and its no-driver path tested (no GPU here).
@@ -40,6 +49,8 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="$CARGO_TARGET_DIR/loom" cargo test -p d
 step tritonclient
 bash tools/tests/python/run.sh
 bash tests/tritonclient_daemons.sh
+step onnx-daemons
+bash tests/onnx_daemons.sh
 step soft-roce
 bash tests/softroce/ci.sh
 step done

@@ -43,6 +43,7 @@ use dataplane::waitset::{IdleWait, Notifier, WatchList};
 use crate::exec::{ExecModel, Executor};
 use crate::node::{BackendEvent, BackendNode, BackendNodeConfig};
 use crate::worker::{BatchWorker, WorkerConfig, WorkerStats};
+use crate::exec::onnx::{OnnxExecutor, OnnxOptions};
 use crate::EmulatedExecutor;
 pub use config::{Args, ExecutorKind, Settings};
 use metrics::BackendMetrics;
@@ -168,6 +169,25 @@ impl WithDomain for Launch<'_> {
                 serve(domain, cfg, exec, staging_reg, self)
             }
             ExecutorKind::Cuda => cuda(domain, cfg, staging, staging_reg, models, self),
+            ExecutorKind::Onnx => {
+                let setup = s.onnx.as_ref().ok_or("executor onnx: no model repository")?;
+                let opts = OnnxOptions {
+                    devices: s.gpus,
+                    intra_threads: setup.intra_threads,
+                    ..OnnxOptions::default()
+                };
+                let exec = OnnxExecutor::with_slots(staging, setup.slots.clone(), &opts)
+                    .map_err(|e| format!("executor onnx: {e}"))?;
+                for (id, m) in s.models.iter().enumerate() {
+                    if s.served.contains(&(id as u32)) {
+                        match exec.load_error(id as u32) {
+                            Some(e) => eprintln!("symphony-backend[{}]: model {} NOT loaded: {e}", s.id, m.name),
+                            None => eprintln!("symphony-backend[{}]: model {} loaded from {}", s.id, m.name, setup.repository.display()),
+                        }
+                    }
+                }
+                serve(domain, cfg, exec, staging_reg, self)
+            }
         }
     }
 }
@@ -287,13 +307,16 @@ fn serve<D: Domain, E: Executor>(
     let s = launch.s;
     let sched = connect_retrying(&domain, &s.scheduler, s.connect_timeout)
         .map_err(|e| format!("cannot reach the scheduler at '{}': {e}", s.scheduler))?;
+    let mut idle = IdleWait::new(s.idle).map_err(|e| format!("wait set: {e}"))?;
+    // Executors whose devices finish on their own threads wake the loop.
+    let notifier = idle.notifier();
+    exec.set_waker(Arc::new(move || notifier.signal()));
     let worker =
         BatchWorker::new(cfg, exec, staging_reg, sched).map_err(|e| format!("worker: {e}"))?;
     let mut node = BackendNode::new(node_config(s), worker)
         .with_join_token(s.join_token.clone())
         .with_control_delay_override(s.control_delay);
     let clock = MonotonicClock::new();
-    let mut idle = IdleWait::new(s.idle).map_err(|e| format!("wait set: {e}"))?;
     let mut watched = WatchList::new();
     register(&mut node, &clock, &mut idle, &mut watched, s.id)?;
     if let Some(d) = node.control_delay() {
@@ -317,6 +340,7 @@ fn serve<D: Domain, E: Executor>(
         match s.executor {
             ExecutorKind::Emulated => "emulated",
             ExecutorKind::Cuda => "cuda",
+            ExecutorKind::Onnx => "onnx",
         },
         s.served.len(),
         s.models.len(),

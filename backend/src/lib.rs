@@ -3,7 +3,8 @@
 //! - [`exec`]: the [`Executor`] interface, completion based
 //!   and polled from the worker's loop, with an emulated implementation
 //!   (a batch occupies its device for exactly `l(b)`, many devices on one
-//!   timer queue) and a CUDA one (feature `cuda`).
+//!   timer queue), real inference with ONNX Runtime over the staging
+//!   buffers (`exec::onnx`), and a CUDA one (feature `cuda`).
 //! - [`worker`]: the batch pipeline: a batch plan arrives from the
 //!   scheduler, every input is pulled at once with one-sided READs into
 //!   staging slots, the batch runs at its planned time, each output goes
@@ -27,6 +28,7 @@ pub mod worker;
 #[cfg(feature = "cuda")]
 pub use exec::cuda::CudaExecutor;
 pub use exec::emulated::EmulatedExecutor;
+pub use exec::onnx::{OnnxExecutor, OnnxModel, OnnxOptions};
 pub use exec::{ExecError, ExecModel, Executor, Finished, InputRef, Job, OutputRef};
 pub use node::{BackendEvent, BackendNode, BackendNodeConfig, ControlDelay};
 pub use worker::{

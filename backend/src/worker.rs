@@ -85,10 +85,14 @@ impl WorkerConfig {
     pub fn staging_bytes(&self) -> u64 {
         self.batch_buffer_bytes() * u64::from(self.batch_slots)
     }
-    fn input_offset(&self, slot: usize, task: usize) -> u64 {
+    /// Where task `task`'s input of batch buffer `slot` lands: the input
+    /// slots of a batch are contiguous (`input_slot` apart), which is what
+    /// lets an executor read a whole batch in place.
+    pub fn input_offset(&self, slot: usize, task: usize) -> u64 {
         slot as u64 * self.batch_buffer_bytes() + task as u64 * u64::from(self.input_slot)
     }
-    fn output_offset(&self, slot: usize) -> u64 {
+    /// Where output 0 of batch buffer `slot` goes (outputs `output_slot` apart).
+    pub fn output_offset(&self, slot: usize) -> u64 {
         slot as u64 * self.batch_buffer_bytes()
             + u64::from(self.max_batch) * u64::from(self.input_slot)
     }

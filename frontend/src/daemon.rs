@@ -130,6 +130,11 @@ pub struct Cli {
     /// SYMPHONY_JOIN_TOKEN; never a flag's value).
     #[arg(long)]
     pub join_token_file: Option<PathBuf>,
+    /// Triton-layout model repository: the models found there by name
+    /// declare their real tensors (names, types, shapes) instead of the
+    /// default INPUT0/OUTPUT0.
+    #[arg(long)]
+    pub model_repository: Option<PathBuf>,
 }
 
 /// The `--config` file: the same options, '_' for '-'.
@@ -156,6 +161,7 @@ struct FileConfig {
     queue: Option<usize>,
     exit_with_parent: Option<bool>,
     join_token_file: Option<PathBuf>,
+    model_repository: Option<PathBuf>,
 }
 
 /// A validated configuration.
@@ -197,6 +203,8 @@ pub struct Options {
     pub exit_with_parent: bool,
     /// The cluster's join token, if any.
     pub join_token: Option<JoinToken>,
+    /// Model repository whose tensors the catalog declares.
+    pub model_repository: Option<PathBuf>,
 }
 
 fn addr(what: &str, s: &str) -> Result<SocketAddr, String> {
@@ -303,6 +311,7 @@ impl Options {
             dead_after: Duration::from_millis(dead_after_ms),
             queue,
             exit_with_parent: cli.exit_with_parent || file.exit_with_parent.unwrap_or(false),
+            model_repository: cli.model_repository.or(file.model_repository),
         })
     }
 }
@@ -360,7 +369,16 @@ impl WithDomain for Daemon {
 }
 
 fn serve<D: Domain>(domain: D, opts: Options) -> Result<(), String> {
-    let catalog = ModelCatalog::with_default_tensors(&opts.models);
+    let catalog = match &opts.model_repository {
+        Some(repo) => {
+            let scanned = scheduler::repository::scan(repo).map_err(|e| e.to_string())?;
+            for e in &scanned.refused {
+                eprintln!("symphony-frontend: model repository: refused: {e}");
+            }
+            ModelCatalog::with_repository(&opts.models, &scanned)
+        }
+        None => ModelCatalog::with_default_tensors(&opts.models),
+    };
     let slot_size = u32::try_from(catalog.max_input_bytes().max(1))
         .map_err(|_| "a model input is too large for a staging slot".to_string())?;
     let region = opts

@@ -340,7 +340,7 @@ async fn handle_infer<S: InferenceService>(
                 ),
                 InferResult::Failed(_) => (
                     StatusCode::INTERNAL_SERVER_ERROR,
-                    "model execution failed".into(),
+                    "model execution failed on its backend (a model that failed to load there fails every request; the backend log says why)".into(),
                 ),
                 InferResult::TimedOut => (
                     StatusCode::SERVICE_UNAVAILABLE,

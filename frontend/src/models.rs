@@ -64,6 +64,44 @@ impl ModelCatalog {
         c
     }
 
+    /// A catalog of `specs` (id = index) whose models found by name in a
+    /// Triton-layout repository (with one input and one output of fixed
+    /// dims) declare the repository's tensors, shape `[1, dims..]` per
+    /// request, platform and newest version; the others keep the default
+    /// tensors (a backend cannot run them: their requests fail with an
+    /// execution error).
+    pub fn with_repository(specs: &[ModelSpec], repo: &scheduler::repository::Repository) -> Self {
+        let mut c = ModelCatalog::default();
+        for s in specs {
+            let found = repo.model(&s.name).and_then(|m| {
+                let cfg = &m.config;
+                let tensor = |t: &scheduler::repository::TensorConfig| {
+                    let dims: Option<Vec<u64>> = std::iter::once(1i64)
+                        .chain(t.dims.iter().copied())
+                        .map(|d| u64::try_from(d).ok())
+                        .collect();
+                    Some(TensorSpec::new(&t.name, DataType::parse(t.data_type.kserve_name())?, &dims?))
+                };
+                match (cfg.inputs.as_slice(), cfg.outputs.as_slice()) {
+                    ([i], [o]) => Some((tensor(i)?, tensor(o)?, m.latest().version, cfg.platform.clone())),
+                    _ => None,
+                }
+            });
+            match found {
+                Some((input, output, version, platform)) => {
+                    let id = c.push(s.clone(), input, output);
+                    let e = &mut c.entries[id as usize];
+                    e.version = version.to_string();
+                    e.platform = if platform.is_empty() { "onnxruntime_onnx".into() } else { platform };
+                }
+                None => {
+                    c.push(s.clone(), default_input(), default_output());
+                }
+            }
+        }
+        c
+    }
+
     /// Adds a model with explicit tensors; returns its id. The output's
     /// bytes are [`crate::tensor::reference_output`] of the input.
     /// A duplicate name shadows nothing: the first one keeps the name.

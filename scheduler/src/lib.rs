@@ -8,6 +8,7 @@
 //! - [`netdelay`]: the network delay bound charged before each batch.
 //! - [`gpu`]: the emulated GPUs every simulated or emulated backend uses.
 //! - [`sim`]: the simulator, its arrival generator and the event order.
+//! - [`repository`]: Triton-layout model repositories and `config.pbtxt`.
 #![warn(missing_docs)]
 
 pub mod analysis;
@@ -19,6 +20,7 @@ pub mod gpu;
 pub mod netdelay;
 pub mod policy;
 pub mod profile;
+pub mod repository;
 pub mod runtime;
 pub mod sim;
 pub mod types;

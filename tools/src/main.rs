@@ -6,6 +6,7 @@ mod chaos_cmd;
 mod cli;
 mod example;
 mod plot;
+mod profile;
 mod progress;
 mod reports;
 mod live;
@@ -151,6 +152,8 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Measure the latency profile l(b) = alpha*b + beta of real ONNX models in a Triton-layout repository; writes REPO/profile.json.
+    Profile(profile::ProfileArgs),
     /// Scheduler-only capacity test: the live runtime with in-process load and emulated GPUs.
     BenchScheduler {
         /// Number of models (copies of one profile).
@@ -344,6 +347,7 @@ fn run(cmd: Cmd) -> Result<(), String> {
         Cmd::Live { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json } => {
             live::run(&live::LiveArgs { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json })
         }
+        Cmd::Profile(a) => profile::run(&a),
         Cmd::Report { name, quick, plot } => reports::run(&name, quick, plot.as_deref()),
         Cmd::Chaos { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json } => {
             chaos_cmd::run(&chaos_cmd::ChaosArgs { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json })

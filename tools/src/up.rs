@@ -59,6 +59,12 @@ pub struct ClusterOpts {
     /// Seed of the workload.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Serve the real ONNX models of this Triton-layout repository (see
+    /// scripts/fetch-models.sh) with the profiles `symphony profile` wrote
+    /// into REPO/profile.json; the backends run them with ONNX Runtime.
+    /// Implies --serve (the zoo workload's reference outputs do not apply).
+    #[arg(long = "model-repository")]
+    pub model_repository: Option<PathBuf>,
 }
 
 /// `symphony up` options.
@@ -93,7 +99,35 @@ pub fn spec(models: &str, o: &ClusterOpts) -> Result<ClusterSpec, String> {
     // A request's outcome is due at its SLO: a late answer is a failure,
     // not a slow success, so the client's 200s are the goodput.
     s.frontend_flags = vec!["--grace-ms".into(), "0".into()];
+    if let Some(repo) = &o.model_repository {
+        let repo = repo.display().to_string();
+        s.backend_flags.extend(["--executor".into(), "onnx".into(), "--model-repository".into(), repo.clone()]);
+        s.frontend_flags.extend(["--model-repository".into(), repo]);
+    }
     Ok(s)
+}
+
+/// The cluster's models for `--model-repository`: every loadable model of
+/// the repository that REPO/profile.json profiles, as
+/// `NAME=ALPHA_MS,BETA_MS,SLO_MS` (the SLO from its config.pbtxt).
+pub fn repository_models(repo: &std::path::Path) -> Result<Vec<String>, String> {
+    use scheduler::repository::{self, profile::ProfileFile};
+    let scanned = repository::scan(repo).map_err(|e| e.to_string())?;
+    for e in &scanned.refused {
+        eprintln!("symphony up: model repository: refused: {e}");
+    }
+    let profiles = ProfileFile::load(repo)?;
+    let mut out = Vec::new();
+    for m in &scanned.models {
+        match profiles.model(m.name()) {
+            Some(p) => out.push(format!("{}={},{},{}", m.name(), p.alpha_ms.max(0.0), p.beta_ms.max(0.0), m.slo().as_secs_f64() * 1e3)),
+            None => eprintln!("symphony up: {}: not in {} (run symphony profile); not served", m.name(), ProfileFile::path(repo).display()),
+        }
+    }
+    if out.is_empty() {
+        return Err(format!("{}: no profiled, loadable model", repo.display()));
+    }
+    Ok(out)
 }
 
 /// The simulator's view of the same workload and cluster.
@@ -307,6 +341,19 @@ fn with_logs<T>(spec: &ClusterSpec, body: impl FnOnce() -> Result<T, String>) ->
 const LOG_DIR_PREFIX: &str = "symphony-up-";
 
 pub fn run(a: &UpArgs) -> Result<(), String> {
+    if let Some(repo) = &a.cluster.model_repository {
+        if !a.cluster.extra.is_empty() {
+            return Err("--model-repository serves the repository's models: no --model".into());
+        }
+        let mut cluster = a.cluster.clone();
+        cluster.extra = repository_models(repo)?;
+        let real = UpArgs { models: "none".into(), cluster, load: a.load, rate: a.rate, duration_s: a.duration_s, serve: true, plot: a.plot.clone(), json: a.json };
+        return start_and_run(&real);
+    }
+    start_and_run(a)
+}
+
+fn start_and_run(a: &UpArgs) -> Result<(), String> {
     let spec = spec(&a.models, &a.cluster)?;
     with_logs(&spec, || run_with(a, spec.clone()))
 }
@@ -326,8 +373,9 @@ fn run_with(a: &UpArgs, mut spec: ClusterSpec) -> Result<(), String> {
     let gpus = a.cluster.backends * a.cluster.gpus_per_backend;
     if a.serve {
         // Outside clients measure their own latency; answer a late result
-        // rather than turning it into an error.
-        spec.frontend_flags.clear();
+        // rather than turning it into an error (`spec` puts `--grace-ms 0`
+        // first; the model-repository flags after it stay).
+        spec.frontend_flags.drain(0..2);
     }
     eprintln!(
         "symphony up: scheduler + {} frontends + {} backends x {} emulated GPUs over {}; {} models ({} zoo); logs in {}",
@@ -497,6 +545,9 @@ fn e2e_trial(spec: &ClusterSpec, models: &[ModelSpec], rate: f64, secs: f64, see
 /// or under 1%, next to the simulated scheduler-only goodput of the same
 /// workload and cluster.
 pub fn e2e(a: &E2eArgs) -> Result<(), String> {
+    if a.cluster.model_repository.is_some() {
+        return Err("symphony e2e drives the emulated zoo models; --model-repository is for symphony up".into());
+    }
     let models = scheduler::zoo::cluster_models(&a.cluster.zoo, &a.models, &a.cluster.extra)?;
     let gpus = a.cluster.backends * a.cluster.gpus_per_backend;
     eprintln!("symphony e2e: simulated goodput of {} on {gpus} GPUs...", a.models);

@@ -15,7 +15,10 @@ use dataplane::join::JoinToken;
 use dataplane::time::Duration;
 use dataplane::wire;
 use scheduler::zoo::{cluster_models, ModelSpec};
+use scheduler::repository;
 use serde::Deserialize;
+
+use crate::exec::onnx::OnnxModel;
 
 /// The default tensors' sizes, defined once for frontends and backends: an
 /// input slot must hold the largest input any frontend stages.
@@ -79,9 +82,17 @@ pub struct Args {
     /// Models this backend holds: all or NAME,NAME,... Default all.
     #[arg(long)]
     pub serve: Option<String>,
-    /// Executor: emulated or cuda (needs the `cuda` feature). Default emulated.
+    /// Executor: emulated, onnx (real models from --model-repository) or
+    /// cuda (needs the `cuda` feature). Default emulated.
     #[arg(long)]
     pub executor: Option<String>,
+    /// Triton-layout model repository the onnx executor serves from (the
+    /// cluster's models are looked up in it by name).
+    #[arg(long)]
+    pub model_repository: Option<PathBuf>,
+    /// ONNX Runtime intra-op threads per batch (onnx executor). Default 1.
+    #[arg(long)]
+    pub intra_threads: Option<usize>,
     /// Largest batch. Default: the largest profile batch of the served
     /// models, at most 512.
     #[arg(long)]
@@ -124,6 +135,20 @@ pub enum ExecutorKind {
     Emulated,
     /// Real GPUs through CUDA (feature `cuda`).
     Cuda,
+    /// Real models through ONNX Runtime (`--model-repository`).
+    Onnx,
+}
+
+/// What the onnx executor serves: per cluster model id, the repository
+/// model or why it cannot be served here.
+#[derive(Clone, Debug)]
+pub struct OnnxSetup {
+    /// The repository.
+    pub repository: PathBuf,
+    /// Per model id.
+    pub slots: Vec<Result<OnnxModel, (String, String)>>,
+    /// ONNX Runtime intra-op threads per batch.
+    pub intra_threads: usize,
 }
 
 /// A checked configuration.
@@ -153,6 +178,8 @@ pub struct Settings {
     pub served: Vec<u32>,
     /// Executor.
     pub executor: ExecutorKind,
+    /// The onnx executor's models (with `ExecutorKind::Onnx`).
+    pub onnx: Option<OnnxSetup>,
     /// Largest batch.
     pub max_batch: u32,
     /// Batch buffers.
@@ -216,6 +243,8 @@ impl Args {
             },
             serve: self.serve.or(file.serve),
             executor: self.executor.or(file.executor),
+            model_repository: self.model_repository.or(file.model_repository),
+            intra_threads: self.intra_threads.or(file.intra_threads),
             max_batch: self.max_batch.or(file.max_batch),
             batch_slots: self.batch_slots.or(file.batch_slots),
             control_delay_us: self.control_delay_us.or(file.control_delay_us),
@@ -263,8 +292,21 @@ impl Args {
         let executor = match self.executor.as_deref().unwrap_or("emulated") {
             "emulated" => ExecutorKind::Emulated,
             "cuda" => ExecutorKind::Cuda,
-            other => return Err(format!("unknown executor '{other}' (emulated, cuda)")),
+            "onnx" => ExecutorKind::Onnx,
+            other => return Err(format!("unknown executor '{other}' (emulated, onnx, cuda)")),
         };
+        let onnx = match (executor, &self.model_repository) {
+            (ExecutorKind::Onnx, Some(repo)) => Some(onnx_setup(repo, &models, &served, self.intra_threads.unwrap_or(1))?),
+            (ExecutorKind::Onnx, None) => return Err("--executor onnx needs --model-repository DIR".into()),
+            (_, Some(_)) => return Err("--model-repository is for --executor onnx".into()),
+            _ => None,
+        };
+        // The onnx executor's sizes come from the served models: an input
+        // slot of exactly one sample keeps a single-model backend zero copy.
+        let served_onnx = || onnx.iter().flat_map(|o| o.slots.iter()).filter_map(|s| s.as_ref().ok());
+        let onnx_input = served_onnx().map(OnnxModel::input_bytes).max();
+        let onnx_output = served_onnx().map(OnnxModel::output_bytes).max();
+        let onnx_batch = served_onnx().map(OnnxModel::max_batch).max();
         let profile_max = served
             .iter()
             .map(|&m| models[m as usize].profile.max_batch())
@@ -272,6 +314,7 @@ impl Args {
             .unwrap_or(1);
         let max_batch = self
             .max_batch
+            .or(onnx_batch)
             .unwrap_or(profile_max.min(wire::MAX_BATCH_TASKS as u32));
         if max_batch == 0 || max_batch as usize > wire::MAX_BATCH_TASKS {
             return Err(format!(
@@ -285,11 +328,11 @@ impl Args {
         if batch_slots == 0 || batch_slots > 0xffff {
             return Err(format!("--batch-slots {batch_slots}: must be 1..=65535"));
         }
-        let input_bytes = self.input_bytes.unwrap_or(DEFAULT_INPUT_BYTES);
+        let input_bytes = self.input_bytes.or(onnx_input).unwrap_or(DEFAULT_INPUT_BYTES);
         if input_bytes == 0 {
             return Err("--input-bytes must be positive".into());
         }
-        let output_bytes = self.output_bytes.unwrap_or(DEFAULT_OUTPUT_BYTES);
+        let output_bytes = self.output_bytes.or(onnx_output).unwrap_or(DEFAULT_OUTPUT_BYTES);
         if output_bytes == 0 || output_bytes as usize > wire::MAX_INLINE_OUTPUT {
             return Err(format!(
                 "--output-bytes {output_bytes}: must be 1..={} (outputs travel inline)",
@@ -317,6 +360,7 @@ impl Args {
             models,
             served,
             executor,
+            onnx,
             max_batch,
             batch_slots,
             control_delay: self.control_delay_us.map(Duration::from_micros),
@@ -332,6 +376,39 @@ impl Args {
             connect_timeout: Duration::from_millis(self.connect_timeout_ms.unwrap_or(5_000)),
         })
     }
+}
+
+/// Looks every served model up in the repository by name. A model that is
+/// missing or refused there is recorded (its batches fail with the reason)
+/// and the others serve; the refusals are printed once here.
+fn onnx_setup(repo: &std::path::Path, models: &[ModelSpec], served: &[u32], intra_threads: usize) -> Result<OnnxSetup, String> {
+    let scanned = repository::scan(repo).map_err(|e| e.to_string())?;
+    for e in &scanned.refused {
+        eprintln!("symphony-backend: model repository: refused: {e}");
+    }
+    let slots = models
+        .iter()
+        .enumerate()
+        .map(|(id, spec)| {
+            let name = spec.name.clone();
+            if !served.contains(&(id as u32)) {
+                return Err((name, "not served by this backend".to_string()));
+            }
+            match scanned.model(&spec.name) {
+                Some(m) => OnnxModel::from_repo(m).map_err(|e| (name, e.to_string())),
+                None => {
+                    let why = scanned
+                        .refused
+                        .iter()
+                        .map(ToString::to_string)
+                        .find(|e| e.contains(&format!("/{}/", spec.name)))
+                        .unwrap_or_else(|| format!("no model '{}' in {}", spec.name, repo.display()));
+                    Err((name, why))
+                }
+            }
+        })
+        .collect();
+    Ok(OnnxSetup { repository: repo.to_path_buf(), slots, intra_threads })
 }
 
 /// Ids of the models named by `--serve` (`all` or NAME,NAME,...; names are

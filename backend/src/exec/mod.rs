@@ -3,7 +3,7 @@
 //! Completion based and driven by the caller's loop: `submit` returns at
 //! once, `poll(now)` reports batches that finished, `next_wakeup` says when
 //! the next one can finish (for a caller that sleeps). No executor starts a
-//! thread. Inputs and outputs live in the staging region the executor was
+//! thread (except the ONNX one, whose devices are threads: `onnx`). Inputs and outputs live in the staging region the executor was
 //! built with (the transport's landing zone): a [`Job`] names them by
 //! offset. Between `submit` and the [`Finished`] report the executor owns
 //! those bytes: the caller must not write the inputs or read the outputs.
@@ -17,6 +17,7 @@ use dataplane::time::Instant;
 use scheduler::profile::LatencyProfile;
 
 pub mod emulated;
+pub mod onnx;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -157,6 +158,10 @@ pub trait Executor {
     /// When `poll` next has something to do (`None`: nothing pending;
     /// a real device that must be polled returns `Some(now)`-like times).
     fn next_wakeup(&self) -> Option<Instant>;
+    /// Gives the executor a function to call when a batch finishes on a
+    /// thread of its own (so a sleeping host wakes). Default: ignored
+    /// (executors polled on the caller's clock need none).
+    fn set_waker(&self, _wake: onnx::Waker) {}
 }
 
 /// Checks a job against a region of `region_len` bytes, a batch limit and

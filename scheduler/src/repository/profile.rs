@@ -1,0 +1,81 @@
+//! The measured-profile file `symphony profile` writes into a model
+//! repository (`<repo>/profile.json`) and `symphony up --model-repository`
+//! loads: per model the fitted `l(b) = alpha_ms * b + beta_ms`, the fit's
+//! quality, the memory the partitioner needs, and the measured latencies.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::zoo::ModelSpec;
+
+/// The file's name inside a repository.
+pub const PROFILE_FILE: &str = "profile.json";
+
+/// Median and p99 latency of one batch size.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BatchLatency {
+    /// Batch size.
+    pub batch: u32,
+    /// Median, ms.
+    pub p50: f64,
+    /// 99th percentile, ms.
+    pub p99: f64,
+}
+
+/// One model's measured profile.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelProfile {
+    /// Model name.
+    pub name: String,
+    /// Per-item cost, ms.
+    pub alpha_ms: f64,
+    /// Fixed cost per batch, ms.
+    pub beta_ms: f64,
+    /// Coefficient of determination of the fit on the medians.
+    pub r2: f64,
+    /// Largest |fit - median| over the batch sizes, ms.
+    pub worst_residual_ms: f64,
+    /// Resident memory the loaded model adds, bytes.
+    pub memory_static_bytes: u64,
+    /// Peak resident memory while running the largest batch, bytes above
+    /// the process's baseline.
+    pub memory_peak_bytes: u64,
+    /// Measured latencies per batch size.
+    pub latency_ms: Vec<BatchLatency>,
+}
+
+/// The whole file.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProfileFile {
+    /// Profiled models.
+    pub models: Vec<ModelProfile>,
+}
+
+impl ProfileFile {
+    /// `<repo>/profile.json`.
+    pub fn path(repo: &Path) -> PathBuf {
+        repo.join(PROFILE_FILE)
+    }
+    /// Reads `<repo>/profile.json`.
+    pub fn load(repo: &Path) -> Result<ProfileFile, String> {
+        let p = Self::path(repo);
+        let text = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e} (run `symphony profile --model-repository {}`)", p.display(), repo.display()))?;
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))
+    }
+    /// The profile of `name`.
+    pub fn model(&self, name: &str) -> Option<&ModelProfile> {
+        self.models.iter().find(|m| m.name == name)
+    }
+}
+
+impl ModelProfile {
+    /// The scheduler's model: the fitted linear profile, capped at
+    /// `max_batch`, with `slo`.
+    pub fn spec(&self, slo: std::time::Duration, max_batch: u32) -> Result<ModelSpec, String> {
+        let mut s = ModelSpec::linear(&self.name, self.alpha_ms.max(0.0), self.beta_ms.max(0.0), slo.as_secs_f64() * 1e3)
+            .map_err(|e| e.to_string())?;
+        s.profile = s.profile.capped(max_batch.max(1));
+        Ok(s)
+    }
+}

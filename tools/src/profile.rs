@@ -1,0 +1,278 @@
+//! `symphony profile --model-repository R [--models a,b] [--json]`: runs
+//! each model of a Triton-layout repository here, on the ONNX executor the
+//! backend uses (inputs in a staging region, zero copy), at batch sizes
+//! 1, 2, 4, ... and `max_batch_size`; reports median and p99 latency per
+//! batch size, fits `l(b) = alpha * b + beta` (weighted least squares on
+//! the medians, weights 1/median², so the fit is good *relatively* at every
+//! b, small batches included), prints R² and the worst residual, records
+//! each model's static and peak memory, and writes `R/profile.json`, which
+//! `symphony up --model-repository R` loads.
+//!
+//! Memory: static = resident-set growth when the model's sessions load;
+//! peak = the kernel's high-water mark (reset through
+//! `/proc/self/clear_refs`) while the model runs, above the resident set
+//! before it loaded.
+
+use std::path::PathBuf;
+use std::time::Duration as StdDuration;
+
+use backend::exec::onnx::{OnnxExecutor, OnnxModel, OnnxOptions};
+use backend::{Executor, Finished, InputRef, Job, OutputRef};
+use dataplane::mem::Region;
+use dataplane::time::{Instant, MonotonicClock};
+use scheduler::repository::profile::{BatchLatency, ModelProfile, ProfileFile};
+use scheduler::repository::{self, RepoModel};
+
+/// Flags of `symphony profile`.
+#[derive(clap::Args, Debug)]
+pub struct ProfileArgs {
+    /// The Triton-layout model repository (e.g. models/, from scripts/fetch-models.sh).
+    #[arg(long = "model-repository")]
+    pub model_repository: PathBuf,
+    /// Models to profile (default: every loadable model).
+    #[arg(long, value_delimiter = ',')]
+    pub models: Vec<String>,
+    /// Timed runs per batch size (after 3 warm-up runs).
+    #[arg(long, default_value_t = 40)]
+    pub runs: u32,
+    /// ONNX Runtime intra-op threads (as the backend will run it).
+    #[arg(long = "intra-threads", default_value_t = 1)]
+    pub intra_threads: usize,
+    /// Where to write the profile file (default: REPO/profile.json).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs the command.
+pub fn run(a: &ProfileArgs) -> Result<(), String> {
+    let mut repo = repository::scan(&a.model_repository).map_err(|e| e.to_string())?;
+    if !a.models.is_empty() {
+        repo.select(&a.models);
+    }
+    for e in &repo.refused {
+        eprintln!("symphony profile: refused: {e}");
+    }
+    if repo.models.is_empty() {
+        return Err(format!("{}: no loadable model to profile", a.model_repository.display()));
+    }
+    let mut file = ProfileFile::default();
+    if repo.models.len() == 1 {
+        eprintln!("symphony profile: {} ...", repo.models[0].name());
+        file.models.push(profile_model(&repo.models[0], a)?);
+    } else {
+        // One process per model: resident-memory figures of a model must
+        // not include (or reuse the freed pages of) the one before.
+        for m in &repo.models {
+            file.models.push(profile_in_child(m.name(), a)?);
+        }
+    }
+    let out = a.out.clone().unwrap_or_else(|| ProfileFile::path(&a.model_repository));
+    let text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())?;
+    std::fs::write(&out, format!("{text}\n")).map_err(|e| format!("cannot write {}: {e}", out.display()))?;
+    eprintln!("symphony profile: wrote {}", out.display());
+    if a.json {
+        println!("{text}");
+    } else {
+        for p in &file.models {
+            print_model(p);
+        }
+    }
+    Ok(())
+}
+
+fn print_model(p: &ModelProfile) {
+    println!(
+        "{}: l(b) = {:.4} ms * b + {:.4} ms   R2 {:.4}   worst residual {:.4} ms   memory static {:.1} MiB peak {:.1} MiB",
+        p.name,
+        p.alpha_ms,
+        p.beta_ms,
+        p.r2,
+        p.worst_residual_ms,
+        p.memory_static_bytes as f64 / 1048576.0,
+        p.memory_peak_bytes as f64 / 1048576.0
+    );
+    println!("  {:>5} {:>9} {:>9} {:>9} {:>7}", "batch", "p50 ms", "p99 ms", "fit ms", "fit err");
+    for l in &p.latency_ms {
+        let fit = p.alpha_ms * f64::from(l.batch) + p.beta_ms;
+        println!("  {:>5} {:>9.3} {:>9.3} {:>9.3} {:>6.1}%", l.batch, l.p50, l.p99, fit, (fit - l.p50) / l.p50 * 100.0);
+    }
+}
+
+/// Batch sizes profiled: powers of two below `max`, and `max`.
+pub fn batch_sizes(max: u32) -> Vec<u32> {
+    let mut v: Vec<u32> = std::iter::successors(Some(1u32), |b| b.checked_mul(2)).take_while(|&b| b < max).collect();
+    v.push(max.max(1));
+    v
+}
+
+/// Runs `symphony profile --models NAME --out TMP` and reads its result.
+fn profile_in_child(name: &str, a: &ProfileArgs) -> Result<ModelProfile, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find my own executable: {e}"))?;
+    let tmp = std::env::temp_dir().join(format!("symphony-profile-{}-{name}.json", std::process::id()));
+    let status = std::process::Command::new(exe)
+        .arg("profile")
+        .arg("--model-repository")
+        .arg(&a.model_repository)
+        .args(["--models", name, "--runs", &a.runs.to_string(), "--intra-threads", &a.intra_threads.to_string()])
+        .arg("--out")
+        .arg(&tmp)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("cannot run the profiler for {name}: {e}"))?;
+    let text = std::fs::read_to_string(&tmp);
+    let _ = std::fs::remove_file(&tmp);
+    if !status.success() {
+        return Err(format!("profiling {name} failed ({status})"));
+    }
+    let file: ProfileFile = serde_json::from_str(&text.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+    file.models.into_iter().next().ok_or_else(|| format!("profiling {name} gave no result"))
+}
+
+fn profile_model(m: &RepoModel, a: &ProfileArgs) -> Result<ModelProfile, String> {
+    let model = OnnxModel::from_repo(m).map_err(|e| e.to_string())?;
+    let max = model.max_batch();
+    let sample = model.input_bytes() as usize;
+    let out_len = model.output_bytes() as usize;
+    let in_bytes = sample * max as usize;
+    let region = Region::anonymous(in_bytes + out_len * max as usize).map_err(|e| e.to_string())?;
+    // Deterministic non-trivial input bytes (valid numbers for every
+    // element type: small values).
+    let fill: Vec<u8> = (0..in_bytes).map(|i| if i % 4 == 3 { 0x3c } else { (i % 251) as u8 }).collect();
+    region.write_at(0, &fill).map_err(|e| e.to_string())?;
+    let rss0 = rss_bytes("VmRSS");
+    let opts = OnnxOptions {
+        intra_threads: a.intra_threads,
+        ..OnnxOptions::default()
+    };
+    let mut exec = OnnxExecutor::new(region, vec![model.clone()], &opts).map_err(|e| e.to_string())?;
+    if let Some(e) = exec.load_error(0) {
+        return Err(e.to_string());
+    }
+    let static_bytes = rss_bytes("VmRSS").saturating_sub(rss0);
+    reset_peak();
+    let clock = MonotonicClock::new();
+    let mut latency = Vec::new();
+    for b in batch_sizes(max) {
+        let inputs: Vec<InputRef> = (0..b as usize)
+            .map(|i| InputRef { offset: (i * sample) as u64, len: sample as u32 })
+            .collect();
+        let output = OutputRef { offset: in_bytes as u64, stride: out_len as u32 };
+        let mut ms = Vec::with_capacity(a.runs as usize);
+        for i in 0..a.runs + 3 {
+            let f = run_once(&mut exec, &clock, &inputs, output)?;
+            if i >= 3 {
+                ms.push(f.finish.saturating_since(f.start).as_secs_f64() * 1e3);
+            }
+        }
+        ms.sort_by(f64::total_cmp);
+        latency.push(BatchLatency { batch: b, p50: percentile(&ms, 0.5), p99: percentile(&ms, 0.99) });
+    }
+    let peak = rss_bytes("VmHWM").saturating_sub(rss0);
+    drop(exec);
+    let (alpha, beta) = fit(&latency);
+    let mean = latency.iter().map(|l| l.p50).sum::<f64>() / latency.len() as f64;
+    let ss_tot: f64 = latency.iter().map(|l| (l.p50 - mean).powi(2)).sum();
+    let resid = |l: &BatchLatency| alpha * f64::from(l.batch) + beta - l.p50;
+    let ss_res: f64 = latency.iter().map(|l| resid(l).powi(2)).sum();
+    let r2 = if ss_tot > 0.0 { 1.0 - ss_res / ss_tot } else { 1.0 };
+    let worst = latency.iter().map(|l| resid(l).abs()).fold(0.0, f64::max);
+    Ok(ModelProfile {
+        name: model.name,
+        alpha_ms: alpha,
+        beta_ms: beta,
+        r2,
+        worst_residual_ms: worst,
+        memory_static_bytes: static_bytes,
+        memory_peak_bytes: peak.max(static_bytes),
+        latency_ms: latency,
+    })
+}
+
+fn run_once(exec: &mut OnnxExecutor, clock: &MonotonicClock, inputs: &[InputRef], output: OutputRef) -> Result<Finished, String> {
+    let now = clock.now();
+    let job = Job { tag: 1, device: 0, model: 0, exec_at: Instant::ZERO, inputs, output };
+    exec.submit(now, &job).map_err(|e| e.to_string())?;
+    let mut out = [Finished::default(); 1];
+    loop {
+        if exec.poll(clock.now(), &mut out) == 1 {
+            return if out[0].ok {
+                Ok(out[0])
+            } else {
+                Err(exec.last_error().unwrap_or("run failed").to_string())
+            };
+        }
+        if !exec.wait(StdDuration::from_secs(60)) {
+            return Err("a batch took longer than 60 s".into());
+        }
+    }
+}
+
+/// Weighted least squares (weights 1/y²) of `y = alpha * b + beta` over
+/// the medians; one point gives `alpha = 0`.
+pub fn fit(l: &[BatchLatency]) -> (f64, f64) {
+    let (mut sw, mut sx, mut sy, mut sxx, mut sxy) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    for p in l {
+        let (x, y) = (f64::from(p.batch), p.p50);
+        let w = 1.0 / (y * y).max(1e-12);
+        sw += w;
+        sx += w * x;
+        sy += w * y;
+        sxx += w * x * x;
+        sxy += w * x * y;
+    }
+    let det = sw * sxx - sx * sx;
+    if l.len() < 2 || det.abs() < 1e-18 {
+        return (0.0, if sw > 0.0 { sy / sw } else { 0.0 });
+    }
+    let alpha = (sw * sxy - sx * sy) / det;
+    let beta = (sy - alpha * sx) / sw;
+    (alpha, beta)
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// A `/proc/self/status` memory line (`VmRSS`, `VmHWM`) in bytes; 0 if
+/// unavailable.
+fn rss_bytes(key: &str) -> u64 {
+    let Ok(s) = std::fs::read_to_string("/proc/self/status") else { return 0 };
+    s.lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(':')))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Resets the resident-set high-water mark (Linux: "5" to clear_refs).
+fn reset_peak() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_sizes_are_powers_of_two_and_max() {
+        assert_eq!(batch_sizes(32), vec![1, 2, 4, 8, 16, 32]);
+        assert_eq!(batch_sizes(12), vec![1, 2, 4, 8, 12]);
+        assert_eq!(batch_sizes(1), vec![1]);
+    }
+
+    #[test]
+    fn fit_recovers_a_line() {
+        let l: Vec<BatchLatency> = [1u32, 2, 4, 8]
+            .iter()
+            .map(|&b| BatchLatency { batch: b, p50: 0.5 * f64::from(b) + 2.0, p99: 0.0 })
+            .collect();
+        let (a, b) = fit(&l);
+        assert!((a - 0.5).abs() < 1e-9 && (b - 2.0).abs() < 1e-9);
+    }
+}
