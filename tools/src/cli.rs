@@ -15,7 +15,7 @@ pub struct ClusterArgs {
     /// Scheduling policy: deferred, clockwork, shepherd, timeout, nexus, eager.
     #[arg(long, default_value = "deferred")]
     pub policy: String,
-    /// Batch gathering for deferred/timeout/eager: lazy or early.
+    /// Batch gathering of the deferred policy: lazy or early.
     #[arg(long, default_value = "early")]
     pub gather: String,
     /// Number of emulated GPUs.
