@@ -38,28 +38,9 @@ cat > "$repo/profile.json" <<'EOF'
 EOF
 sed -i 's/string_value: "20"/string_value: "500"/' "$repo/ppocr_cls/config.pbtxt"
 sed -i 's/string_value: "20"/string_value: "500"/' "$repo/broken/config.pbtxt"
-"$bin" up --model-repository "$repo" --frontends 1 --backends 1 >"$tmp/out" 2>"$tmp/err" &
-up=$!
-cleanup() {
-    kill -INT "$up" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$up" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$up" 2>/dev/null || true
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-url=""
-for _ in $(seq 600); do
-    url="$(sed -n 's|^frontend 1: http://\([0-9.:]*\) .*|\1|p' "$tmp/out")"
-    [ -n "$url" ] && break
-    kill -0 "$up" 2>/dev/null || { cat "$tmp/err"; exit 1; }
-    sleep 0.1
-done
-[ -n "$url" ] || { echo "symphony up did not print an address"; cat "$tmp/err"; exit 1; }
+. "$root/tests/lib/up_serve.sh"
+up_serve "$tmp" --model-repository "$repo" --frontends 1 --backends 1
 echo "daemons up with real models; frontend 1 at $url"
 timeout 300 "$PY" "$root/tests/python/onnx_e2e.py" "$url" "$root/models"
-kill -INT "$up"
-status=0
-wait "$up" || status=$?
-[ "$status" = 0 ] || { echo "symphony up exited with $status after Ctrl-C"; cat "$tmp/err"; exit 1; }
-grep -h "NOT loaded" "$tmp"/err /tmp/symphony-up-"$up"/backend-1.log 2>/dev/null | head -1 || true
+up_stop
 echo "real models through the daemons: ok; clean shutdown"

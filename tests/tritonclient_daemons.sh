@@ -14,23 +14,8 @@ bin="$CARGO_TARGET_DIR/release/symphony"
 tmp="$(mktemp -d)"
 # tc_model has a 200 ms SLO so that a loaded 2-core machine cannot turn the
 # functional tests into drops; ResNet50 is what the metadata test looks up.
-"$bin" up --serve --models ResNet50,DenseNet121 --model tc_model=0.268,5.172,200 >"$tmp/out" 2>"$tmp/err" &
-up=$!
-cleanup() {
-    kill -INT "$up" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$up" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$up" 2>/dev/null || true
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-url=""
-for _ in $(seq 600); do
-    url="$(sed -n 's|^frontend 1: http://\([0-9.:]*\)$|\1|p' "$tmp/out")"
-    [ -n "$url" ] && break
-    kill -0 "$up" 2>/dev/null || { cat "$tmp/err"; exit 1; }
-    sleep 0.1
-done
-[ -n "$url" ] || { echo "symphony up --serve did not print an address"; cat "$tmp/err"; exit 1; }
+. "$root/tests/lib/up_serve.sh"
+up_serve "$tmp" --serve --models ResNet50,DenseNet121 --model tc_model=0.268,5.172,200
 echo "daemons up; frontend 1 at $url"
 export SYMPHONY_URL="$url" SYMPHONY_MODEL=tc_model SYMPHONY_MODEL_ID=2
 if "$PY" -c "import pytest" 2>/dev/null; then
@@ -38,8 +23,5 @@ if "$PY" -c "import pytest" 2>/dev/null; then
 else
     timeout 300 "$PY" "$root/tools/tests/python/test_tritonclient.py"
 fi
-kill -INT "$up"
-status=0
-wait "$up" || status=$?
-[ "$status" = 0 ] || { echo "symphony up exited with $status after Ctrl-C"; cat "$tmp/err"; exit 1; }
+up_stop
 echo "tritonclient against the daemons: ok; clean shutdown"
