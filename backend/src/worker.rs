@@ -17,7 +17,10 @@
 //!    missing ones fail) and the device is idle, submits the batch of the
 //!    arrived inputs to the executor with its `exec_at`;
 //! 5. when the executor reports the batch, sends one `Completion` per task
-//!    and then a `BatchDone` (actual duration) to the scheduler.
+//!    and then a `BatchDone` to the scheduler: the device's start and
+//!    finish as durations before the send, and the batch's slowest input
+//!    READ (post to completion), which the scheduler's closed loop and its
+//!    delay-bound check learn from.
 //!
 //! Outputs travel **inline** in the `Completion` (at most
 //! [`wire::MAX_INLINE_OUTPUT`] bytes): the frontend needs no second READ
@@ -203,6 +206,8 @@ pub struct BatchReport {
     pub ok: u32,
     /// Tasks answered with an error.
     pub failed: u32,
+    /// The slowest successful input READ, post to completion.
+    pub read_max: Duration,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -221,6 +226,8 @@ struct TaskState {
     phase: TaskPhase,
     /// Index of the task's output in the executed job.
     out_index: u32,
+    /// When its READ was posted (its latency is measured from here).
+    posted_at: Instant,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -255,6 +262,9 @@ struct BatchSlot {
     start: Option<Instant>,
     finish: Option<Instant>,
     exec_ok: bool,
+    /// The slowest successful READ so far and how many succeeded.
+    read_max: Duration,
+    reads_ok: u32,
     /// Next task whose completion to send; `tasks.len()` = BatchDone next.
     send_cursor: usize,
 }
@@ -407,6 +417,8 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
                 start: None,
                 finish: None,
                 exec_ok: false,
+                read_max: Duration::ZERO,
+                reads_ok: 0,
                 send_cursor: 0,
             })
             .collect();
@@ -579,12 +591,12 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
     pub fn poll(&mut self, now: Instant) -> Result<bool, WorkerError> {
         let plans = self.take_plans(now);
         let mut progressed = *plans.as_ref().unwrap_or(&false);
-        progressed |= self.post_pending_reads();
-        progressed |= self.poll_frontends();
+        progressed |= self.post_pending_reads(now);
+        progressed |= self.poll_frontends(now);
         progressed |= self.expire_fetches(now);
         progressed |= self.collect_finished(now);
         progressed |= self.submit_ready(now)?;
-        progressed |= self.send_results();
+        progressed |= self.send_results(now);
         plans?;
         if let Err(e) = self.scheduler.progress() {
             if matches!(e, Error::PeerDisconnected) {
@@ -662,6 +674,8 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             s.start = None;
             s.finish = None;
             s.exec_ok = false;
+            s.read_max = Duration::ZERO;
+            s.reads_ok = 0;
             s.send_cursor = 0;
             // An over-long plan keeps its first max_batch entries as tasks
             // so that each gets a failure completion; the rest are dropped
@@ -682,6 +696,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
                     input: t.input,
                     phase,
                     out_index: 0,
+                    posted_at: now,
                 });
             }
             if tasks.len() > cap {
@@ -696,7 +711,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
 
     // ---- 2. READs ---------------------------------------------------------
 
-    fn post_pending_reads(&mut self) -> bool {
+    fn post_pending_reads(&mut self, now: Instant) -> bool {
         let mut any = false;
         for si in 0..self.slots.len() {
             if self.slots[si].phase != Phase::Fetching || self.slots[si].unposted == 0 {
@@ -714,7 +729,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
                 };
                 let first = from + first;
                 let fe = self.slots[si].tasks[first].frontend;
-                any |= self.post_for_frontend(si, fe, first);
+                any |= self.post_for_frontend(si, fe, first, now);
                 from = first + 1;
             }
         }
@@ -723,7 +738,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
 
     /// Posts the unposted READs of slot `si` from frontend `fe` (tasks at or
     /// after `first`). Returns whether anything changed.
-    fn post_for_frontend(&mut self, si: usize, fe: u32, first: usize) -> bool {
+    fn post_for_frontend(&mut self, si: usize, fe: u32, first: usize, now: Instant) -> bool {
         let cfg = self.cfg;
         let key = self.staging.key();
         let base = self.staging.addr_base();
@@ -768,6 +783,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
                         let ti = self.op_tasks[k] as usize;
                         let s = &mut self.slots[si];
                         s.tasks[ti].phase = TaskPhase::Posted;
+                        s.tasks[ti].posted_at = now;
                         s.unposted -= 1;
                         s.outstanding_reads += 1;
                     }
@@ -802,7 +818,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
 
     // ---- 3. READ completions ---------------------------------------------
 
-    fn poll_frontends(&mut self) -> bool {
+    fn poll_frontends(&mut self, now: Instant) -> bool {
         let mut any = false;
         for k in 0..self.active_frontends.len() {
             let fi = self.active_frontends[k] as usize;
@@ -830,6 +846,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
                         &mut self.free_slots,
                         &mut self.stats,
                         c,
+                        now,
                     );
                 }
                 any |= n > 0;
@@ -955,7 +972,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
 
     // ---- 6. results ------------------------------------------------------
 
-    fn send_results(&mut self) -> bool {
+    fn send_results(&mut self, now: Instant) -> bool {
         let mut any = false;
         for si in 0..self.slots.len() {
             if self.slots[si].phase != Phase::Sending {
@@ -978,15 +995,21 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
                 .iter()
                 .filter(|t| t.phase == TaskPhase::Arrived)
                 .count();
-            let actual = match (s.start, s.finish) {
-                (Some(a), Some(b)) => b.saturating_since(a),
-                _ => Duration::ZERO,
+            // Relative to the send (no shared clock); a batch that never
+            // ran reports 0 and 0.
+            let (start_ago, finish_ago) = match (s.start, s.finish) {
+                (Some(a), Some(b)) => (now.saturating_since(a), now.saturating_since(b.max(a))),
+                _ => (Duration::ZERO, Duration::ZERO),
             };
             let done = BatchDone {
                 batch_id: s.batch_id,
-                actual_ns: actual.as_nanos(),
+                start_ago_ns: start_ago.as_nanos(),
+                finish_ago_ns: finish_ago.as_nanos(),
+                read_max_ns: s.read_max.as_nanos(),
                 gpu_id: s.gpu,
                 count: executed as u32,
+                reads: s.reads_ok,
+                reserved: 0,
             };
             let Ok(n) = wire::encode(&mut self.msg_out, &done) else {
                 continue;
@@ -1095,6 +1118,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             finish: s.finish,
             ok,
             failed: s.tasks.len() as u32 - ok,
+            read_max: s.read_max,
         };
         if s.outstanding_reads == 0 {
             s.phase = Phase::Free;
@@ -1137,6 +1161,7 @@ fn handle_read_completion(
     free_slots: &mut usize,
     stats: &mut WorkerStats,
     c: Completion,
+    now: Instant,
 ) {
     let (si, generation, ti) = split_wr_id(c.wr_id);
     let Some(s) = slots.get_mut(si) else {
@@ -1150,6 +1175,8 @@ fn handle_read_completion(
         if c.status.is_ok() && c.bytes == s.tasks[ti].input.len {
             s.tasks[ti].phase = TaskPhase::Arrived;
             s.unresolved -= 1;
+            s.read_max = s.read_max.max(now.saturating_since(s.tasks[ti].posted_at));
+            s.reads_ok += 1;
         } else {
             fail_task(s, ti, stats);
         }

@@ -498,7 +498,7 @@ fn serves_a_plan_and_exits_when_the_scheduler_leaves<N: Net>(net: N, seed: u64) 
     let done = sched.until_batch_done(5);
     assert_eq!((done.batch_id, done.gpu_id, done.count), (42, 1, 8));
     // l(8) of "big" = 0.1 * 8 + 2 ms, exactly (emulated).
-    assert_eq!(done.actual_ns, Duration::from_micros(2_800).as_nanos());
+    assert_eq!(done.actual_ns(), Duration::from_micros(2_800).as_nanos());
     let mut got = fe.wait_completions(8);
     got.sort_by_key(|g| g.task_id);
     for (k, g) in got.iter().enumerate() {

@@ -138,7 +138,7 @@ fn serves_every_task<N: Net>(net: N) {
             .iter()
             .find(|(d, _)| d.batch_id == p.batch_id)
             .unwrap();
-        assert_eq!(Duration::from_nanos(d.actual_ns), l);
+        assert_eq!(Duration::from_nanos(d.actual_ns()), l);
         assert_eq!((d.gpu_id, d.count), (p.gpu, p.tasks.len() as u32));
         let _ = seen;
     }
@@ -214,7 +214,7 @@ fn virtual_clock_is_exact<N: Net>(net: N) {
             net.name()
         );
         assert_eq!(r.finish, Some(r.exec_at + l));
-        assert_eq!(rig.done[b as usize].0.actual_ns, l.as_nanos());
+        assert_eq!(rig.done[b as usize].0.actual_ns(), l.as_nanos());
         assert_eq!(now, r.exec_at + l, "no time passed beyond the finish");
         // The next plan arrives later on the virtual clock.
         now += Duration::from_millis(1);
@@ -309,7 +309,7 @@ fn dead_frontend_fails_only_its_tasks<N: Net>(net: N) {
     }
     let (d, _) = rig.done[0];
     assert_eq!(d.count, 10, "the batch ran with A's 10 inputs");
-    assert_eq!(d.actual_ns, models()[1].profile.latency(10).as_nanos());
+    assert_eq!(d.actual_ns(), models()[1].profile.latency(10).as_nanos());
     // The batch buffer comes back once B's READs have all completed.
     rig.run_until(|| clock.now(), |r| r.worker.batches_in_flight() == 0);
     let s = rig.worker.stats();
@@ -346,7 +346,7 @@ fn bad_plan_is_answered<N: Net>(net: N) {
     assert!(got
         .iter()
         .all(|g| g.status == TaskStatus::ExecFailed as u32));
-    assert_eq!((rig.done[0].0.count, rig.done[0].0.actual_ns), (0, 0));
+    assert_eq!((rig.done[0].0.count, rig.done[0].0.actual_ns()), (0, 0));
     assert_eq!(rig.worker.stats().batches_executed, 0);
 }
 

@@ -39,8 +39,10 @@ pub use crate::mem::RemoteRef;
 /// First four bytes of every message: "SYMP" little-endian.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SYMP");
 /// Protocol version this code speaks. Version 2: the authenticated
-/// registration (Challenge, Join, Welcome, Refused).
-pub const VERSION: u16 = 2;
+/// registration (Challenge, Join, Welcome, Refused). Version 3: a
+/// [`BatchDone`] carries the batch's start and finish (relative to its
+/// send) and its READ latency, for the scheduler's closed loop.
+pub const VERSION: u16 = 3;
 /// Oldest peer version a scheduler of this version accepts. Upgrades are
 /// stop-the-world (`docs/operations.md`): only its own version.
 pub const OLDEST_PEER_VERSION: u16 = VERSION;
@@ -741,18 +743,39 @@ pub struct Dropped {
     pub reserved: u32,
 }
 
-/// A batch finished on a GPU (backend -> scheduler).
+/// A batch finished on a GPU (backend -> scheduler): what the scheduler's
+/// closed loop learns from. Times are durations before the moment the
+/// report was sent (no clock is shared): the scheduler places them on its
+/// own clock at receipt.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct BatchDone {
     /// Batch id.
     pub batch_id: u64,
-    /// Measured execution time, ns.
-    pub actual_ns: u64,
+    /// How long before the send the device started the batch, ns (0 with
+    /// `finish_ago_ns` 0: nothing ran).
+    pub start_ago_ns: u64,
+    /// How long before the send the device finished it, ns (at most
+    /// `start_ago_ns`).
+    pub finish_ago_ns: u64,
+    /// The slowest input READ of the batch, post to completion, ns (0
+    /// when no READ completed).
+    pub read_max_ns: u64,
     /// GPU index at the backend.
     pub gpu_id: u32,
-    /// Tasks in the batch.
+    /// Tasks in the batch that ran (inputs arrived).
     pub count: u32,
+    /// READs that completed successfully (`read_max_ns` is their maximum).
+    pub reads: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+impl BatchDone {
+    /// How long the batch held its device (finish minus start).
+    pub const fn actual_ns(&self) -> u64 {
+        self.start_ago_ns.saturating_sub(self.finish_ago_ns)
+    }
 }
 
 /// Head of a model list (backend -> scheduler): `count` little-endian
@@ -1285,7 +1308,16 @@ pub fn decode(buf: &[u8]) -> Result<Message<'_>, WireError> {
             }
             Message::Dropped(m)
         }
-        Kind::BatchDone => Message::BatchDone(read_fixed(body)?),
+        Kind::BatchDone => {
+            let m: BatchDone = read_fixed(body)?;
+            if m.reserved != 0 {
+                return Err(WireError::ReservedNotZero);
+            }
+            if m.finish_ago_ns > m.start_ago_ns {
+                return Err(WireError::BadValue("batch finished before it started"));
+            }
+            Message::BatchDone(m)
+        }
         Kind::ReadRequest => Message::ReadRequest(read_fixed(body)?),
         Kind::ReadResponse => {
             let m: ReadResponse = read_fixed(body)?;
@@ -1491,6 +1523,30 @@ mod tests {
         assert_eq!(decode(&buf[..n - 4]), Err(WireError::Truncated));
         let empty = encode_models(&mut buf, &[]).unwrap();
         assert!(matches!(decode(&buf[..empty]), Ok(Message::Models(m)) if m.is_empty()));
+    }
+
+    #[test]
+    fn batch_done_round_trips_and_refuses_a_finish_before_its_start() {
+        let mut buf = [0u8; MAX_MESSAGE_LEN];
+        let done = BatchDone {
+            batch_id: 9,
+            start_ago_ns: 5_000,
+            finish_ago_ns: 1_000,
+            read_max_ns: 30_000,
+            gpu_id: 1,
+            count: 4,
+            reads: 4,
+            reserved: 0,
+        };
+        assert_eq!(done.actual_ns(), 4_000);
+        let n = encode(&mut buf, &done).unwrap();
+        assert_eq!(decode(&buf[..n]), Ok(Message::BatchDone(done)));
+        let bad = BatchDone { finish_ago_ns: 6_000, ..done };
+        let n = encode(&mut buf, &bad).unwrap();
+        assert_eq!(decode(&buf[..n]), Err(WireError::BadValue("batch finished before it started")));
+        let bad = BatchDone { reserved: 1, ..done };
+        let n = encode(&mut buf, &bad).unwrap();
+        assert_eq!(decode(&buf[..n]), Err(WireError::ReservedNotZero));
     }
 
     #[test]

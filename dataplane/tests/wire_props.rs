@@ -123,12 +123,16 @@ fn msg() -> impl Strategy<Value = Msg> {
                 reserved: 0
             }
         )),
-        (any::<u64>(), any::<u64>(), any::<u32>(), any::<u32>()).prop_map(
-            |(batch_id, actual_ns, gpu_id, count)| Msg::BatchDone(BatchDone {
+        (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>(), any::<u32>(), any::<u32>()).prop_map(
+            |(batch_id, a, b, read_max_ns, gpu_id, count, reads)| Msg::BatchDone(BatchDone {
                 batch_id,
-                actual_ns,
+                start_ago_ns: a.max(b),
+                finish_ago_ns: a.min(b),
+                read_max_ns,
                 gpu_id,
-                count
+                count,
+                reads,
+                reserved: 0,
             })
         ),
         (any::<u64>(), rref())

@@ -13,8 +13,10 @@
 
 pub mod analysis;
 pub mod baselines;
+pub mod closed_loop;
 pub mod daemon;
 pub mod deferred;
+pub mod delay_watch;
 pub mod goodput;
 pub mod gpu;
 pub mod netdelay;

@@ -125,13 +125,34 @@ impl LatencyProfile {
         self.linear
     }
 
+    /// `l(b)` on a device that runs `factor` times slower than the profile
+    /// (the closed loop's estimate): exactly `l(b)` at factor 1, else
+    /// rounded to the nanosecond, as `gpu::GpuSet::hold_time` rounds.
+    #[inline]
+    pub fn scaled_latency(&self, b: u32, factor: f64) -> Duration {
+        let l = self.latency(b);
+        if factor == 1.0 {
+            l
+        } else {
+            // Float-to-integer casts saturate: a huge product is "never".
+            Duration::from_nanos((l.as_nanos() as f64 * factor).round() as u64)
+        }
+    }
+
     /// The largest `b <= limit` with `cost(b) <= budget`, where
     /// `cost(b) = l(b) + per_item * b`; 0 if even `b = 1` does not fit.
     /// `O(log limit)`.
     #[inline]
     pub fn max_batch_within(&self, budget: Duration, per_item: Duration, limit: u32) -> u32 {
+        self.max_batch_within_scaled(budget, per_item, limit, 1.0)
+    }
+
+    /// [`max_batch_within`](Self::max_batch_within) on a device `factor`
+    /// times slower: `cost(b) = scaled_latency(b, factor) + per_item * b`.
+    #[inline]
+    pub fn max_batch_within_scaled(&self, budget: Duration, per_item: Duration, limit: u32, factor: f64) -> u32 {
         let limit = limit.min(self.max_batch());
-        let cost = |b: u32| self.latency(b) + per_item.saturating_mul(u64::from(b));
+        let cost = |b: u32| self.scaled_latency(b, factor) + per_item.saturating_mul(u64::from(b));
         if limit == 0 || cost(1) > budget {
             return 0;
         }
@@ -170,6 +191,10 @@ mod tests {
         assert_eq!(p.max_batch_within(Duration::from_millis(25), Duration::ZERO, 5), 5);
         // A per-item network cost shrinks the batch.
         assert_eq!(p.max_batch_within(Duration::from_millis(25), Duration::from_millis(1), 64), 9);
+        // On a device 1.5x slower: 1.5 * l(11) = 24.9825 ms fits, 1.5 * l(12) does not.
+        assert!(p.scaled_latency(11, 1.5).as_nanos().abs_diff(24_982_500) <= 1);
+        assert_eq!(p.max_batch_within_scaled(Duration::from_millis(25), Duration::ZERO, 64, 1.5), 11);
+        assert_eq!(p.scaled_latency(16, 1.0), p.latency(16));
     }
 
     #[test]

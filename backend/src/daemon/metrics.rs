@@ -335,6 +335,7 @@ mod tests {
                 finish: Some(t0 + Duration::from_micros(dur_us)),
                 ok: size,
                 failed: 0,
+                read_max: Duration::ZERO,
             });
         }
         m.store_stats(&WorkerStats {

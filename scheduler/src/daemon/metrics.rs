@@ -3,6 +3,7 @@
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use dataplane::wire::{DropReason, RefuseReason};
 
@@ -16,6 +17,63 @@ pub const BATCH_BUCKETS: [u32; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 pub const EXACT_BATCH_SIZES: std::ops::RangeInclusive<u32> = 1..=512;
 /// Upper bounds (µs) of the dispatch-lag histogram buckets.
 pub const LAG_BUCKETS_US: [u64; 8] = [10, 50, 100, 500, 1000, 5000, 10000, 50000];
+
+/// Why a registered peer's message was refused (counted, then ignored).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MessageRefusal {
+    /// A `BatchDone` for a batch not in flight (never planned, already
+    /// reported, or given up).
+    UnknownBatch,
+    /// A `BatchDone` from a backend the batch was not planned on.
+    WrongBackend,
+    /// A `BatchDone` naming another GPU than the batch was planned on
+    /// (the batch is done, but nothing is learned from the report).
+    WrongGpu,
+    /// A `Task` whose id (or frontend field) names another frontend than
+    /// the one that sent it.
+    FrontendMismatch,
+}
+
+impl MessageRefusal {
+    /// Every reason, in counter order.
+    pub const ALL: [MessageRefusal; 4] =
+        [MessageRefusal::UnknownBatch, MessageRefusal::WrongBackend, MessageRefusal::WrongGpu, MessageRefusal::FrontendMismatch];
+    /// Number of reasons.
+    pub const COUNT: usize = Self::ALL.len();
+
+    /// Its counter index.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Metric label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            MessageRefusal::UnknownBatch => "unknown_batch",
+            MessageRefusal::WrongBackend => "wrong_backend",
+            MessageRefusal::WrongGpu => "wrong_gpu",
+            MessageRefusal::FrontendMismatch => "frontend_mismatch",
+        }
+    }
+}
+
+/// One closed-loop estimate, as last published (see
+/// [`SchedulerMetrics::loop_estimates`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LoopEstimate {
+    /// The backend owning the GPU.
+    pub backend: u32,
+    /// The GPU's index at its backend.
+    pub gpu: u32,
+    /// The model (global id); `None`: the GPU's ratio pooled over models.
+    pub model: Option<u32>,
+    /// Measured over profiled time.
+    pub ratio: f64,
+    /// Reports behind it.
+    pub samples: u64,
+    /// Refined `(α, β)`, ms (model rows only, when known).
+    pub alpha_beta_ms: Option<(f64, f64)>,
+}
 
 /// Per-model counters.
 #[derive(Debug, Default)]
@@ -77,6 +135,35 @@ pub struct SchedulerMetrics {
     pub lag: [AtomicU64; LAG_BUCKETS_US.len() + 1],
     /// Sum of dispatch lags, µs.
     pub lag_sum_us: AtomicU64,
+    /// Messages refused, by [`MessageRefusal::index`].
+    pub refused_messages: [AtomicU64; MessageRefusal::COUNT],
+    /// Closed loop acting on reports (1) or open loop (0).
+    pub closed_loop_enabled: AtomicU64,
+    /// GPU free times the closed loop moved later (batches ran late).
+    pub free_corrections_later: AtomicU64,
+    /// GPU free times the closed loop moved earlier.
+    pub free_corrections_earlier: AtomicU64,
+    /// The closed loop's estimates, republished by the poll thread every
+    /// [`super::plane::PUBLISH_EVERY`] (a lock per publication, not per
+    /// message).
+    pub loop_estimates: Mutex<Vec<LoopEstimate>>,
+    /// The transport the READ tail is measured on (metric label).
+    pub read_transport: Mutex<String>,
+    /// The READ tail per input at the watched percentile, ns, of the last
+    /// full window (0 before one).
+    pub read_tail_ns: AtomicU64,
+    /// The per-input READ bound in force (`d_data`), ns.
+    pub read_bound_ns: AtomicU64,
+    /// The watched percentile, times 1000.
+    pub read_percentile_milli: AtomicU64,
+    /// Batches with READs the watch folded in.
+    pub read_batches: AtomicU64,
+    /// 1 while the observed READ tail exceeds the bound.
+    pub delay_bound_exceeded: AtomicU64,
+    /// Times the delay-bound alarm was raised.
+    pub delay_bound_alarms: AtomicU64,
+    /// Times an observed bound was adopted.
+    pub delay_bound_adopted: AtomicU64,
 }
 
 impl SchedulerMetrics {
@@ -106,7 +193,25 @@ impl SchedulerMetrics {
             batches_of_size: (0..=*EXACT_BATCH_SIZES.end()).map(|_| AtomicU64::new(0)).collect(),
             lag: Default::default(),
             lag_sum_us: AtomicU64::new(0),
+            refused_messages: Default::default(),
+            closed_loop_enabled: AtomicU64::new(0),
+            free_corrections_later: AtomicU64::new(0),
+            free_corrections_earlier: AtomicU64::new(0),
+            loop_estimates: Mutex::new(Vec::new()),
+            read_transport: Mutex::new(String::from("unknown")),
+            read_tail_ns: AtomicU64::new(0),
+            read_bound_ns: AtomicU64::new(0),
+            read_percentile_milli: AtomicU64::new(0),
+            read_batches: AtomicU64::new(0),
+            delay_bound_exceeded: AtomicU64::new(0),
+            delay_bound_alarms: AtomicU64::new(0),
+            delay_bound_adopted: AtomicU64::new(0),
         }
+    }
+
+    /// Counts a refused message.
+    pub fn refuse(&self, r: MessageRefusal) {
+        self.refused_messages[r.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a drop.
@@ -226,7 +331,61 @@ impl SchedulerMetrics {
         let advice = AutoscaleAdvice::new(gpus, self.drop_rate(), 1.0 - busy, 0.01);
         gauge(&mut s, "symphony_autoscale_add_gpus", "GPUs to add: N*r/(1-r) when the drop rate r exceeds 1%.", advice.add_gpus);
         gauge(&mut s, "symphony_autoscale_remove_gpus", "GPUs that could go: N*idle fraction while the drop rate is at most 1%.", advice.remove_gpus);
+        self.render_closed_loop(&mut s);
         s
+    }
+
+    /// The closed loop's and the delay watch's part of [`render`](Self::render).
+    fn render_closed_loop(&self, s: &mut String) {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let _ = writeln!(s, "# HELP symphony_messages_refused_total Peer messages refused and ignored, by reason.\n# TYPE symphony_messages_refused_total counter");
+        for r in MessageRefusal::ALL {
+            let _ = writeln!(s, "symphony_messages_refused_total{{reason=\"{}\"}} {}", r.as_str(), l(&self.refused_messages[r.index()]));
+        }
+        let _ = writeln!(s, "# HELP symphony_closed_loop_enabled Whether batch reports correct GPU free times and profiles (1) or only are measured (0).\n# TYPE symphony_closed_loop_enabled gauge\nsymphony_closed_loop_enabled {}", l(&self.closed_loop_enabled));
+        let _ = writeln!(s, "# HELP symphony_gpu_free_corrections_total GPU free times the closed loop moved, by direction.\n# TYPE symphony_gpu_free_corrections_total counter");
+        let _ = writeln!(s, "symphony_gpu_free_corrections_total{{direction=\"later\"}} {}", l(&self.free_corrections_later));
+        let _ = writeln!(s, "symphony_gpu_free_corrections_total{{direction=\"earlier\"}} {}", l(&self.free_corrections_earlier));
+        let rows = self.loop_estimates.lock().map(|r| r.clone()).unwrap_or_default();
+        let _ = writeln!(s, "# HELP symphony_gpu_speed_ratio Measured over profiled batch time on a GPU, pooled over its models (1 = as profiled).\n# TYPE symphony_gpu_speed_ratio gauge");
+        for r in rows.iter().filter(|r| r.model.is_none()) {
+            let _ = writeln!(s, "symphony_gpu_speed_ratio{{backend=\"{}\",gpu=\"{}\"}} {}", r.backend, r.gpu, r.ratio);
+        }
+        let model_rows = || rows.iter().filter_map(|r| Some((r, self.names.get(r.model? as usize)?)));
+        let _ = writeln!(s, "# HELP symphony_profile_ratio Measured over profiled batch time, by GPU and model (the profile error).\n# TYPE symphony_profile_ratio gauge");
+        for (r, name) in model_rows() {
+            let _ = writeln!(s, "symphony_profile_ratio{{backend=\"{}\",gpu=\"{}\",model=\"{name}\"}} {}", r.backend, r.gpu, r.ratio);
+        }
+        let _ = writeln!(s, "# HELP symphony_profile_reports Batch reports behind symphony_profile_ratio.\n# TYPE symphony_profile_reports gauge");
+        for (r, name) in model_rows() {
+            let _ = writeln!(s, "symphony_profile_reports{{backend=\"{}\",gpu=\"{}\",model=\"{name}\"}} {}", r.backend, r.gpu, r.samples);
+        }
+        for (metric, help, pick) in [
+            ("symphony_profile_alpha_ms", "Refined per-item batch cost alpha, ms, by GPU and model.", 0),
+            ("symphony_profile_beta_ms", "Refined fixed batch cost beta, ms, by GPU and model.", 1),
+        ] {
+            let _ = writeln!(s, "# HELP {metric} {help}\n# TYPE {metric} gauge");
+            for (r, name) in model_rows() {
+                if let Some((a, b)) = r.alpha_beta_ms {
+                    let v = if pick == 0 { a } else { b };
+                    let _ = writeln!(s, "{metric}{{backend=\"{}\",gpu=\"{}\",model=\"{name}\"}} {v}", r.backend, r.gpu);
+                }
+            }
+        }
+        let transport = self.read_transport.lock().map(|t| t.clone()).unwrap_or_default();
+        let q = l(&self.read_percentile_milli) as f64 / 100_000.0;
+        let _ = writeln!(s, "# HELP symphony_read_tail_per_input_ns Slowest input READ per input of a batch at a high percentile over the last window, ns.\n# TYPE symphony_read_tail_per_input_ns gauge");
+        let _ = writeln!(s, "symphony_read_tail_per_input_ns{{transport=\"{transport}\",quantile=\"{q}\"}} {}", l(&self.read_tail_ns));
+        let _ = writeln!(s, "# HELP symphony_read_bound_per_input_ns The per-input READ bound charged (d_data), ns.\n# TYPE symphony_read_bound_per_input_ns gauge");
+        let _ = writeln!(s, "symphony_read_bound_per_input_ns{{transport=\"{transport}\"}} {}", l(&self.read_bound_ns));
+        let _ = writeln!(s, "# HELP symphony_read_batches_total Batches whose READ latency was folded into the tail.\n# TYPE symphony_read_batches_total counter");
+        let _ = writeln!(s, "symphony_read_batches_total{{transport=\"{transport}\"}} {}", l(&self.read_batches));
+        let _ = writeln!(s, "# HELP symphony_delay_bound_exceeded 1 while the observed READ tail exceeds the bound.\n# TYPE symphony_delay_bound_exceeded gauge");
+        let _ = writeln!(s, "symphony_delay_bound_exceeded{{transport=\"{transport}\"}} {}", l(&self.delay_bound_exceeded));
+        let _ = writeln!(s, "# HELP symphony_delay_bound_alarms_total Times the observed READ tail rose above the bound.\n# TYPE symphony_delay_bound_alarms_total counter");
+        let _ = writeln!(s, "symphony_delay_bound_alarms_total{{transport=\"{transport}\"}} {}", l(&self.delay_bound_alarms));
+        let _ = writeln!(s, "# HELP symphony_delay_bound_adopted_total Times the observed READ tail was adopted as the bound.\n# TYPE symphony_delay_bound_adopted_total counter");
+        let _ = writeln!(s, "symphony_delay_bound_adopted_total{{transport=\"{transport}\"}} {}", l(&self.delay_bound_adopted));
     }
 }
 

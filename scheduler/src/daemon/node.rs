@@ -22,6 +22,7 @@ use dataplane::wire::{self, Challenge, Join, Message, RefuseReason, Refused, Rol
 
 use super::metrics::SchedulerMetrics;
 use super::plane::{ControlPlane, PeerId, DEFAULT_BATCH_GRACE};
+use crate::delay_watch::Verdict as DelayVerdict;
 
 /// Timing of a [`SchedulerNode`].
 #[derive(Clone, Copy, Debug)]
@@ -136,6 +137,10 @@ pub enum SchedulerEvent {
         /// How many.
         count: usize,
     },
+    /// The READ tail backends report crossed the network delay bound
+    /// (the alarm: also `symphony_delay_bound_exceeded`), came back
+    /// within it, or was adopted as the bound.
+    DelayBound(DelayVerdict),
 }
 
 impl std::fmt::Display for SchedulerEvent {
@@ -161,6 +166,18 @@ impl std::fmt::Display for SchedulerEvent {
             SchedulerEvent::BatchesExpired { count } => write!(
                 f,
                 "{count} batches not reported done within the grace after their planned finish; failed back"
+            ),
+            SchedulerEvent::DelayBound(DelayVerdict::Exceeded { observed, bound }) => write!(
+                f,
+                "ALARM: the READ tail per input ({observed:?}) exceeds the network delay bound d_data ({bound:?}); batches may start late (recalibrate, or adopt the observed bound)"
+            ),
+            SchedulerEvent::DelayBound(DelayVerdict::Restored { observed, bound }) => write!(
+                f,
+                "the READ tail per input ({observed:?}) is back within the network delay bound d_data ({bound:?})"
+            ),
+            SchedulerEvent::DelayBound(DelayVerdict::Adopted { old, new }) => write!(
+                f,
+                "adopted the observed READ tail as the network delay bound: d_data {old:?} -> {new:?}"
             ),
         }
     }
@@ -392,6 +409,10 @@ impl<C: Connection> SchedulerNode<C> {
                 busy = true;
             }
         }
+        while let Some(v) = self.plane.take_delay_verdict() {
+            self.events.push_back(SchedulerEvent::DelayBound(v));
+        }
+        self.plane.publish_estimates(now);
         self.drive_backlogs(now);
         // The outbox before heartbeats: a new peer's first message must be
         // its ack.
@@ -990,7 +1011,7 @@ mod tests {
 
     fn task(id: u64, frontend: u32) -> Task {
         Task {
-            task_id: u64::from(frontend) << 48 | id,
+            task_id: wire::TaskId::new(frontend, id, 0).0,
             budget_ns: 40_000_000,
             model_id: 0,
             frontend_id: frontend,
@@ -1118,7 +1139,7 @@ mod tests {
         assert_eq!(n.node.plane().batches_in_flight(), 0);
         assert_eq!(fe.received().iter().filter(|m| m.contains("status: 2")).count(), 1);
         // A late report is only a protocol error.
-        be.send(&BatchDone { batch_id: 1, actual_ns: 0, gpu_id: 0, count: 1 }).unwrap();
+        be.send(&BatchDone { batch_id: 1, gpu_id: 0, count: 1, ..BatchDone::default() }).unwrap();
         n.settle(t0 + Duration::from_millis(500));
         assert!(n.events().is_empty());
         assert_eq!(n.node.plane().metrics().protocol_errors.load(Ordering::Relaxed), 1);
@@ -1176,7 +1197,7 @@ mod tests {
         assert!(fe.received().iter().any(|m| m.starts_with("Dropped") && m.contains("reason: ")));
         let plan = be.received().into_iter().find(|m| m.starts_with("BatchPlan")).unwrap();
         assert!(plan.contains("batch_id: 1"), "{plan}");
-        be.send(&BatchDone { batch_id: 1, actual_ns: 1, gpu_id: 0, count: 1 }).unwrap();
+        be.send(&BatchDone { batch_id: 1, start_ago_ns: 1, gpu_id: 0, count: 1, ..BatchDone::default() }).unwrap();
         n.settle(plan_at);
         assert!(n.node.drained());
     }

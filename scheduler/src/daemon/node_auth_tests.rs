@@ -269,7 +269,7 @@ fn garbage_out_of_order_messages_and_limits_are_refused_with_their_reason() {
     second.send(&Join::new(Role::Backend, 2, 1, ""));
     let mut early = w.connect();
     early.nonce();
-    early.send(&wire::BatchDone { batch_id: 1, actual_ns: 0, gpu_id: 0, count: 0 });
+    early.send(&wire::BatchDone { batch_id: 1, ..wire::BatchDone::default() });
     let mut garbage = w.connect();
     garbage.nonce();
     garbage.send_raw(&[0xab; 40]);

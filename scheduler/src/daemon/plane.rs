@@ -25,8 +25,11 @@ use dataplane::wire::{
     Register, RemoteRef, Role, Task, TaskId, TaskStatus, MAX_BACKENDS, MAX_FRONTENDS,
 };
 
-use super::metrics::SchedulerMetrics;
+use super::metrics::{LoopEstimate, MessageRefusal, SchedulerMetrics};
+use crate::closed_loop::{ClosedLoop, Estimate, LoopConfig, Ratio, Report};
 use crate::deferred::{CoreConfig, DeferredScheduler};
+use crate::delay_watch::{DelayWatch, DelayWatchConfig, Verdict};
+use crate::netdelay::NetworkDelay;
 use crate::types::{Actions, GpuId, Request, Scheduler};
 use crate::zoo::ModelSpec;
 
@@ -42,6 +45,10 @@ pub enum PeerId {
 /// How long after its planned finish a batch's `BatchDone` is waited for
 /// by default (see [`ControlPlane::expire_overdue`]).
 pub const DEFAULT_BATCH_GRACE: Duration = Duration::from_millis(1000);
+
+/// How often [`ControlPlane::publish_estimates`] republishes the closed
+/// loop's estimates into the metrics.
+pub const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 
 /// Encoded messages waiting to be sent, in order, in one flat buffer
 /// (no allocation once warm). Each message is encoded into a scratch
@@ -150,6 +157,12 @@ struct InFlight {
     backend: u32,
     /// (task id, frontend id)
     tasks: Vec<(u64, u32)>,
+    subcluster: usize,
+    /// Sub-cluster GPU id, and the GPU's index at the backend.
+    gpu: GpuId,
+    local_gpu: u32,
+    /// Local model id in the sub-cluster.
+    model: u32,
 }
 
 struct SubCluster {
@@ -158,8 +171,11 @@ struct SubCluster {
     sched: DeferredScheduler,
     /// (backend, local GPU) of each sub-cluster GPU id.
     gpu_owner: Vec<(u32, u32)>,
-    /// Planned finish of the last batch planned on each GPU id.
+    /// Planned finish of the last batch planned on each GPU id (moved by
+    /// the closed loop's corrections).
     planned_free: Vec<Instant>,
+    /// What the sub-cluster learns from batch reports.
+    closed_loop: ClosedLoop,
 }
 
 /// The control plane.
@@ -191,6 +207,14 @@ pub struct ControlPlane {
     /// `d_ctrl` of the scheduling cores: announced to every peer in its
     /// `Welcome`, so that backends subtract the bound the scheduler charges.
     control_delay: Duration,
+    /// The network delay bound the cores charge.
+    delay: NetworkDelay,
+    loop_cfg: LoopConfig,
+    /// The READ tail against `delay.d_data`, for the one transport this
+    /// scheduler's links use.
+    watch: DelayWatch,
+    verdicts: Vec<Verdict>,
+    next_publish: Instant,
 }
 
 impl ControlPlane {
@@ -227,6 +251,7 @@ impl ControlPlane {
                 sched: DeferredScheduler::new(&specs, 0, core),
                 gpu_owner: Vec::new(),
                 planned_free: Vec::new(),
+                closed_loop: ClosedLoop::new(specs.len(), LoopConfig::default()),
             });
         }
         Ok(ControlPlane {
@@ -250,7 +275,117 @@ impl ControlPlane {
             seen_expiry: BinaryHeap::with_capacity(4096),
             duplicate_tasks: 0,
             control_delay: core.delay.d_ctrl,
+            delay: core.delay,
+            loop_cfg: LoopConfig::default(),
+            watch: DelayWatch::new(core.delay.d_data, DelayWatchConfig::default()),
+            verdicts: Vec::with_capacity(4),
+            next_publish: Instant::ZERO,
         })
+        .map(|p| {
+            p.sync_loop_gauges();
+            p
+        })
+    }
+
+    /// The closed loop's configuration (on by default).
+    pub fn set_closed_loop(&mut self, cfg: LoopConfig) {
+        self.loop_cfg = cfg;
+        for s in &mut self.subclusters {
+            s.closed_loop.set_config(cfg);
+        }
+        self.sync_loop_gauges();
+    }
+
+    /// The closed loop's configuration.
+    pub fn closed_loop(&self) -> LoopConfig {
+        self.loop_cfg
+    }
+
+    /// How the READ tail of `transport` (a metric label: the transport
+    /// this scheduler's links use) is held against the per-input bound.
+    pub fn set_delay_watch(&mut self, transport: &str, cfg: DelayWatchConfig) {
+        self.watch.set_config(cfg);
+        if let Ok(mut t) = self.metrics.read_transport.lock() {
+            t.clear();
+            t.push_str(transport);
+        }
+        self.sync_loop_gauges();
+    }
+
+    /// The READ tail watch.
+    pub fn delay_watch(&self) -> &DelayWatch {
+        &self.watch
+    }
+
+    /// The network delay bound the cores charge now.
+    pub fn delay(&self) -> NetworkDelay {
+        self.delay
+    }
+
+    /// The oldest delay-watch verdict not yet taken (for the host's log).
+    pub fn take_delay_verdict(&mut self) -> Option<Verdict> {
+        (!self.verdicts.is_empty()).then(|| self.verdicts.remove(0))
+    }
+
+    /// Where a live backend's GPU is: (sub-cluster, sub-cluster GPU id).
+    fn locate_gpu(&self, backend: u32, local_gpu: u32) -> Option<(usize, GpuId)> {
+        let b = self.backends.get(&backend)?;
+        Some((b.subcluster, *b.gpus.get(local_gpu as usize)?))
+    }
+
+    /// The closed loop's speed ratio of a live backend's GPU (measured
+    /// over profiled time, pooled over its models).
+    pub fn gpu_ratio(&self, backend: u32, local_gpu: u32) -> Option<Ratio> {
+        let (sc, g) = self.locate_gpu(backend, local_gpu)?;
+        Some(self.subclusters[sc].closed_loop.gpu_ratio(g))
+    }
+
+    /// The closed loop's estimate of `model` (global id) on a live
+    /// backend's GPU.
+    pub fn model_estimate(&self, backend: u32, local_gpu: u32, model: u32) -> Option<Estimate> {
+        let (sc, g) = self.locate_gpu(backend, local_gpu)?;
+        let (psc, local) = self.placement.get(model as usize).copied().flatten()?;
+        (psc == sc).then(|| {
+            let line = self.models[model as usize].profile.linear_coefficients();
+            self.subclusters[sc].closed_loop.estimate(local, g, line)
+        })
+    }
+
+    /// Republishes the closed loop's estimates into the metrics, at most
+    /// every [`PUBLISH_EVERY`] (a lock per publication, none per message).
+    pub fn publish_estimates(&mut self, now: Instant) {
+        if now < self.next_publish {
+            return;
+        }
+        self.next_publish = now + PUBLISH_EVERY;
+        let Ok(mut rows) = self.metrics.loop_estimates.lock() else { return };
+        rows.clear();
+        for s in &self.subclusters {
+            for (g, &(backend, gpu)) in s.gpu_owner.iter().enumerate() {
+                let g = g as GpuId;
+                let pooled = s.closed_loop.gpu_ratio(g);
+                if pooled.samples() == 0 {
+                    continue;
+                }
+                rows.push(LoopEstimate { backend, gpu, model: None, ratio: pooled.value(), samples: pooled.samples(), alpha_beta_ms: None });
+                for (local, &global) in s.models.iter().enumerate() {
+                    let line = self.models[global as usize].profile.linear_coefficients();
+                    let e = s.closed_loop.estimate(local as u32, g, line);
+                    if e.samples > 0 {
+                        rows.push(LoopEstimate { backend, gpu, model: Some(global), ratio: e.ratio, samples: e.samples, alpha_beta_ms: e.alpha_beta_ms });
+                    }
+                }
+            }
+        }
+    }
+
+    fn sync_loop_gauges(&self) {
+        let m = &self.metrics;
+        m.closed_loop_enabled.store(u64::from(self.loop_cfg.enabled), Ordering::Relaxed);
+        m.read_bound_ns.store(self.watch.bound().as_nanos(), Ordering::Relaxed);
+        m.read_percentile_milli.store((self.watch.config().percentile * 1000.0) as u64, Ordering::Relaxed);
+        m.read_tail_ns.store(self.watch.observed().map_or(0, |d| d.as_nanos()), Ordering::Relaxed);
+        m.delay_bound_exceeded.store(u64::from(self.watch.exceeded()), Ordering::Relaxed);
     }
 
     /// Messages to send; the caller sends them and then calls
@@ -299,6 +434,7 @@ impl ControlPlane {
             }
             self.expiries.pop();
             if let Some(f) = self.inflight.remove(&batch) {
+                self.subclusters[f.subcluster].closed_loop.forget(f.gpu, batch);
                 for &(task, frontend) in &f.tasks {
                     self.fail_back(task, frontend);
                 }
@@ -465,6 +601,7 @@ impl ControlPlane {
         };
         self.metrics.backend_deaths.fetch_add(1, Ordering::Relaxed);
         for &g in &b.gpus {
+            self.subclusters[b.subcluster].closed_loop.gpu_left(g);
             self.subclusters[b.subcluster]
                 .sched
                 .set_gpu_online(now, g, false, &mut self.actions);
@@ -525,9 +662,11 @@ impl ControlPlane {
     /// A task from frontend `from`.
     pub fn on_task(&mut self, now: Instant, from: u32, task: &Task) {
         self.metrics.tasks_received.fetch_add(1, Ordering::Relaxed);
-        if task.frontend_id != from {
-            // A frontend may only submit tasks whose outcome comes back to it.
+        if task.frontend_id != from || task.id().frontend() != from {
+            // A frontend may only submit tasks whose outcome comes back to
+            // it: completions are routed by the id's frontend field.
             self.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            self.metrics.refuse(MessageRefusal::FrontendMismatch);
             return;
         }
         if self.stopping {
@@ -586,31 +725,108 @@ impl ControlPlane {
         self.duplicate_tasks
     }
 
-    /// Backend `from` finished a batch.
+    /// Backend `from` finished a batch: the batch is done, and the closed
+    /// loop and the delay watch learn from the report. A report for a
+    /// batch not in flight, or from another backend than the batch's, is
+    /// refused and counted.
     pub fn on_batch_done(&mut self, now: Instant, from: u32, done: &wire::BatchDone) {
-        let Some(f) = self.inflight.get(&done.batch_id) else {
-            self.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
-            return;
+        let refusal = match self.inflight.get(&done.batch_id) {
+            None => Some(MessageRefusal::UnknownBatch),
+            Some(f) if f.backend != from => Some(MessageRefusal::WrongBackend),
+            Some(_) => None,
         };
-        if f.backend != from {
+        if let Some(r) = refusal {
             self.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            self.metrics.refuse(r);
             return;
         }
-        if let Some(f) = self.inflight.remove(&done.batch_id) {
-            self.recycle(f.tasks);
-        }
+        let Some(f) = self.inflight.remove(&done.batch_id) else { return };
+        let (sc, gpu, local_gpu, model) = (f.subcluster, f.gpu, f.local_gpu, f.model);
+        self.recycle(f.tasks);
         self.trim_expiries();
         self.metrics.batches_done.fetch_add(1, Ordering::Relaxed);
         self.metrics
             .actual_busy_ns
-            .fetch_add(done.actual_ns, Ordering::Relaxed);
-        if let Some(b) = self.backends.get(&from) {
-            let sc = b.subcluster;
-            let gpu = b.gpus.get(done.gpu_id as usize).copied().unwrap_or(0);
-            self.subclusters[sc]
-                .sched
-                .on_batch_done(now, gpu, &mut self.actions);
-            self.apply(now, sc);
+            .fetch_add(done.actual_ns(), Ordering::Relaxed);
+        self.watch_reads(done);
+        if done.gpu_id != local_gpu {
+            // Done, but about which device? Nothing to learn from it.
+            self.metrics.refuse(MessageRefusal::WrongGpu);
+            self.subclusters[sc].closed_loop.forget(gpu, done.batch_id);
+        } else {
+            self.learn(now, sc, gpu, model, done);
+        }
+        self.subclusters[sc]
+            .sched
+            .on_batch_done(now, gpu, &mut self.actions);
+        self.apply(now, sc);
+    }
+
+    /// Folds a report's READ latency into the delay watch.
+    fn watch_reads(&mut self, done: &wire::BatchDone) {
+        let Some(v) = self.watch.record(Duration::from_nanos(done.read_max_ns), done.reads) else {
+            if done.reads > 0 {
+                self.metrics.read_batches.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
+        };
+        self.metrics.read_batches.fetch_add(1, Ordering::Relaxed);
+        match v {
+            Verdict::Exceeded { .. } => {
+                self.metrics.delay_bound_alarms.fetch_add(1, Ordering::Relaxed);
+            }
+            Verdict::Restored { .. } => {}
+            Verdict::Adopted { new, .. } => {
+                self.metrics.delay_bound_adopted.fetch_add(1, Ordering::Relaxed);
+                self.delay.d_data = new;
+                for s in &mut self.subclusters {
+                    s.sched.set_delay(self.delay);
+                }
+            }
+        }
+        if self.verdicts.len() < self.verdicts.capacity() {
+            self.verdicts.push(v);
+        }
+        self.sync_loop_gauges();
+    }
+
+    /// The closed loop: places the report on this clock, corrects the
+    /// GPU's free time, and plans later batches with the learned factors.
+    fn learn(&mut self, now: Instant, sc: usize, gpu: GpuId, model: u32, done: &wire::BatchDone) {
+        let global = self.subclusters[sc].models[model as usize] as usize;
+        let profiled = match done.count {
+            0 => Duration::ZERO,
+            n => self.models[global].profile.latency(n),
+        };
+        let report = Report {
+            batch: done.batch_id,
+            gpu,
+            model,
+            count: done.count,
+            profiled,
+            actual: Duration::from_nanos(done.actual_ns()),
+            // It was sent at most `d_ctrl` (the bound) before `now`.
+            finished_after: now
+                .saturating_sub(Duration::from_nanos(done.finish_ago_ns))
+                .saturating_sub(self.control_delay),
+        };
+        let s = &mut self.subclusters[sc];
+        let Some(learned) = s.closed_loop.on_report(now, &report) else { return };
+        if !self.loop_cfg.enabled {
+            return;
+        }
+        s.sched.set_gpu_factor(gpu, learned.gpu_factor);
+        s.sched.set_model_gpu_factor(model, gpu, learned.model_factor);
+        if let Some(free_at) = learned.free_at {
+            let counter = match s.planned_free.get(gpu as usize) {
+                Some(&p) if free_at < p => &self.metrics.free_corrections_earlier,
+                _ => &self.metrics.free_corrections_later,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            if let Some(p) = s.planned_free.get_mut(gpu as usize) {
+                *p = free_at;
+            }
+            s.sched.correct_gpu_free(now, gpu, free_at, &mut self.actions);
         }
     }
 
@@ -732,11 +948,18 @@ impl ControlPlane {
                 plan.finish_at.saturating_since(plan.exec_at).as_nanos(),
                 now.saturating_since(plan.planned_at).as_nanos(),
             );
+            self.subclusters[sc]
+                .closed_loop
+                .on_plan(plan.gpu, batch_id, plan.exec_at, plan.finish_at);
             self.inflight.insert(
                 batch_id,
                 InFlight {
                     backend,
                     tasks: list,
+                    subcluster: sc,
+                    gpu: plan.gpu,
+                    local_gpu,
+                    model: plan.model,
                 },
             );
             self.expiries
@@ -773,9 +996,14 @@ mod tests {
         ControlPlane::new(models(), subclusters, CoreConfig::default(), metrics).unwrap()
     }
 
+    /// The id of a frontend's `seq`-th task (its frontend field set).
+    fn tid(seq: u64, frontend: u32) -> u64 {
+        TaskId::new(frontend, seq, 0).0
+    }
+
     fn task(id: u64, model: u32, frontend: u32) -> Task {
         Task {
-            task_id: id,
+            task_id: tid(id, frontend),
             budget_ns: 40_000_000,
             model_id: model,
             frontend_id: frontend,
@@ -869,14 +1097,14 @@ mod tests {
             .collect();
         assert_eq!(failed.len(), 4, "{msgs:?}");
         for i in 0..4 {
-            assert!(failed.iter().any(|m| m.contains(&format!("task_id: {}", 200 + i))));
+            assert!(failed.iter().any(|m| m.contains(&format!("task_id: {}", tid(200 + i, 1)))));
         }
         assert_eq!(p.online_gpus(), 1);
         // New tasks of model 1 now wait with no GPU and are dropped at their deadline.
         p.on_task(now, 1, &task(400, 1, 1));
         run_until_quiet(&mut p, now, now + Duration::from_secs_f64(1.0));
         let msgs = drain(&mut p);
-        assert!(msgs.iter().any(|(_, m)| m.starts_with("Dropped") && m.contains("task_id: 400")), "{msgs:?}");
+        assert!(msgs.iter().any(|(_, m)| m.starts_with("Dropped") && m.contains(&format!("task_id: {}", tid(400, 1)))), "{msgs:?}");
     }
 
     #[test]
@@ -919,9 +1147,9 @@ mod tests {
         p.on_task(t0, 1, &task(3, 0, 1));
         let msgs = drain(&mut p);
         let reasons: Vec<(u64, u32)> = p_decode_drops(&msgs);
-        assert!(reasons.contains(&(2, DropReason::UnknownModel as u32)));
-        assert!(reasons.contains(&(1, DropReason::Shutdown as u32)));
-        assert!(reasons.contains(&(3, DropReason::Shutdown as u32)));
+        assert!(reasons.contains(&(tid(2, 1), DropReason::UnknownModel as u32)));
+        assert!(reasons.contains(&(tid(1, 1), DropReason::Shutdown as u32)));
+        assert!(reasons.contains(&(tid(3, 1), DropReason::Shutdown as u32)));
     }
 
     fn p_decode_drops(msgs: &[(PeerId, String)]) -> Vec<(u64, u32)> {

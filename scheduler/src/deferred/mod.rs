@@ -116,6 +116,16 @@ pub enum ToRank {
         /// When it is free.
         free_at: Instant,
     },
+    /// Closed loop: a GPU's batches run late or early, so it is really
+    /// free at `free_at` (replacing the free time its last `GpuFree` set).
+    /// Ignored while the GPU is granted to a ModelThread (its coming
+    /// `GpuFree` decides) or offline.
+    GpuCorrect {
+        /// Which GPU.
+        gpu: GpuId,
+        /// When it is really free.
+        free_at: Instant,
+    },
     /// Control plane: a GPU joined (free now) or left the cluster (a dead
     /// or drained backend). A GPU that left is never granted again, and a
     /// `GpuFree` for it (a batch that was in flight) is ignored.
@@ -171,6 +181,32 @@ impl DeferredScheduler {
     /// GPUs currently in the cluster.
     pub fn online_gpus(&self) -> usize {
         self.rank.online_gpus()
+    }
+
+    /// The network delay bound later decisions charge (both cores).
+    pub fn set_delay(&mut self, delay: NetworkDelay) {
+        self.models.set_delay(delay);
+        self.rank.set_delay(delay);
+    }
+
+    /// Closed loop: GPU `gpu` is really free at `free_at` (its batches ran
+    /// late or early); matchmaking continues from there.
+    pub fn correct_gpu_free(&mut self, now: Instant, gpu: GpuId, free_at: Instant, out: &mut Actions) {
+        self.to_rank.push_back(ToRank::GpuCorrect { gpu, free_at });
+        self.pump(now, out);
+    }
+
+    /// Closed loop: later batches on `gpu` are planned to take `factor`
+    /// times their profiled time (for models without a factor of their
+    /// own there; see [`ModelThreadCore::set_gpu_factor`]).
+    pub fn set_gpu_factor(&mut self, gpu: GpuId, factor: f64) {
+        self.models.set_gpu_factor(gpu, factor);
+    }
+
+    /// Closed loop: later batches of `model` on `gpu` take `factor` times
+    /// their profiled time (`None`: the GPU's factor).
+    pub fn set_model_gpu_factor(&mut self, model: ModelId, gpu: GpuId, factor: Option<f64>) {
+        self.models.set_model_gpu_factor(model, gpu, factor);
     }
 
     /// Statistics of the two cores.

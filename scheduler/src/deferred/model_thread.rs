@@ -4,7 +4,7 @@
 use super::{Candidate, CoreConfig, Gather, Grant, ToRank};
 use crate::netdelay::NetworkDelay;
 use crate::profile::LatencyProfile;
-use crate::types::{Actions, DropReason, ModelId, Request};
+use crate::types::{Actions, DropReason, GpuId, ModelId, Request};
 use crate::zoo::ModelSpec;
 use dataplane::heap::IndexedHeap;
 use dataplane::time::{Duration, Instant};
@@ -76,6 +76,9 @@ struct ModelState {
     /// When `informed` was last sent.
     informed_at: Instant,
     rate: RateWindow,
+    /// The closed loop's per-GPU latency factor of this model (index: GPU
+    /// id; NaN or absent: use the GPU's factor).
+    gpu_factors: Vec<f64>,
 }
 
 impl ModelState {
@@ -86,8 +89,8 @@ impl ModelState {
     }
 
     #[inline]
-    fn fits(&self, now: Instant, delay: &NetworkDelay, gpu_free: Instant, b: u32, deadline: Instant) -> bool {
-        Self::earliest(now, delay, gpu_free, b) + self.profile.latency(b) <= deadline
+    fn fits(&self, now: Instant, delay: &NetworkDelay, gpu_free: Instant, b: u32, deadline: Instant, factor: f64) -> bool {
+        Self::earliest(now, delay, gpu_free, b) + self.profile.scaled_latency(b, factor) <= deadline
     }
 
     /// Target batch size for early drop: the largest `b` whose fill time at
@@ -101,7 +104,12 @@ impl ModelState {
 
     /// Drops what the gathering policy drops, then returns the candidate
     /// batch (Algorithm 1's UpdateCandidate / Appendix D's update_candidate).
-    fn gather(&mut self, now: Instant, cfg: &CoreConfig, gpu_free: Option<Instant>, out: &mut Actions) -> Option<Candidate> {
+    /// `factor` is how much slower than the profile the GPU at hand runs
+    /// (the closed loop's estimate; exactly 1 without a GPU or a loop): it
+    /// sizes the batch and its latest start. The window's opening
+    /// (frontrun) is never later than the profile's, so a grant the
+    /// profile would take is taken.
+    fn gather(&mut self, now: Instant, cfg: &CoreConfig, gpu_free: Option<Instant>, factor: f64, out: &mut Actions) -> Option<Candidate> {
         let delay = &cfg.delay;
         let gpu_free = gpu_free.unwrap_or(Instant::ZERO);
         let window = match cfg.gather {
@@ -110,10 +118,10 @@ impl ModelState {
         };
         while let Some(&head) = self.queue.front() {
             let w = window.min(self.queue.len() as u32).max(1);
-            if self.fits(now, delay, gpu_free, w, head.deadline) {
+            if self.fits(now, delay, gpu_free, w, head.deadline, factor) {
                 break;
             }
-            let reason = if w > 1 && self.fits(now, delay, gpu_free, 1, head.deadline) {
+            let reason = if w > 1 && self.fits(now, delay, gpu_free, 1, head.deadline, factor) {
                 DropReason::EarlyDrop
             } else {
                 DropReason::DeadlineUnmeetable
@@ -124,8 +132,8 @@ impl ModelState {
         let head = *self.queue.front()?;
         let dl = head.deadline;
         let limit = (self.queue.len() as u32).min(self.profile.max_batch());
-        let by_network = self.profile.max_batch_within(dl.saturating_since(now + delay.d_ctrl), delay.d_data, limit);
-        let by_gpu = self.profile.max_batch_within(dl.saturating_since(gpu_free), Duration::ZERO, limit);
+        let by_network = self.profile.max_batch_within_scaled(dl.saturating_since(now + delay.d_ctrl), delay.d_data, limit, factor);
+        let by_gpu = self.profile.max_batch_within_scaled(dl.saturating_since(gpu_free), Duration::ZERO, limit, factor);
         let bs = by_network.min(by_gpu);
         if bs == 0 {
             // Unreachable after the drop loop (a batch of one fits the head);
@@ -133,7 +141,8 @@ impl ModelState {
             return None;
         }
         let full = bs >= self.profile.max_batch();
-        let latest = dl - self.profile.latency(bs);
+        let latest = dl - self.profile.scaled_latency(bs, factor);
+        let slow = factor.max(1.0);
         let exec_at = if full || self.near_best_efficiency(bs, cfg.efficiency_slack) {
             Instant::ZERO
         } else {
@@ -143,7 +152,7 @@ impl ModelState {
             // while a window as narrow as `alpha` drops the head whenever no
             // GPU frees inside it. See docs/decisions.md.
             let gap = self.rate.mean_gap(now).map_or(Duration::ZERO, |g| Duration::from_nanos((g.as_nanos() as f64 * cfg.window_gaps) as u64));
-            (dl - self.profile.latency(bs + 1)).min(latest - cfg.min_window.max(gap))
+            (dl - self.profile.scaled_latency(bs + 1, slow)).min((dl - self.profile.scaled_latency(bs, slow)) - cfg.min_window.max(gap))
         };
         Some(Candidate { bs, exec_at, latest })
     }
@@ -167,7 +176,7 @@ impl ModelState {
     /// Recomputes the candidate, tells the RankThread what changed, and
     /// returns when this model next needs attention.
     fn refresh(&mut self, now: Instant, cfg: &CoreConfig, out: &mut Actions, to_rank: &mut impl FnMut(ToRank), sent: &mut u64) -> Option<Instant> {
-        let cand = self.gather(now, cfg, None, out);
+        let cand = self.gather(now, cfg, None, 1.0, out);
         let delay = &cfg.delay;
         let ready = cand.filter(|c| Self::ready(now, delay, c));
         if ready != self.informed {
@@ -198,7 +207,19 @@ pub struct ModelThreadCore {
     local: Vec<u32>,
     /// Per local model: when it wants a refresh.
     wakes: IndexedHeap<Instant>,
+    /// The closed loop's latency factor of each GPU (absent: 1).
+    gpu_factors: Vec<f64>,
     stats: ModelThreadStats,
+}
+
+/// Sets `table[gpu] = value`, growing the table (new entries NaN, which
+/// both readers take as "not set") only when a new GPU id appears.
+fn set_factor(table: &mut Vec<f64>, gpu: GpuId, value: f64) {
+    let g = gpu as usize;
+    if table.len() <= g {
+        table.resize(g + 1, f64::NAN);
+    }
+    table[g] = value;
 }
 
 impl ModelThreadCore {
@@ -223,11 +244,48 @@ impl ModelThreadCore {
                     informed: None,
                     informed_at: Instant::ZERO,
                     rate: RateWindow::new(),
+                    gpu_factors: Vec::new(),
                 }
             })
             .collect();
         let n = states.len();
-        ModelThreadCore { cfg, models: states, local, wakes: IndexedHeap::with_ids(n), stats: ModelThreadStats::default() }
+        ModelThreadCore { cfg, models: states, local, wakes: IndexedHeap::with_ids(n), gpu_factors: Vec::new(), stats: ModelThreadStats::default() }
+    }
+
+    /// The network delay bound later decisions charge (the delay watch
+    /// adopted an observed one).
+    pub fn set_delay(&mut self, delay: NetworkDelay) {
+        self.cfg.delay = delay;
+    }
+
+    /// Closed loop: batches on `gpu` take `factor` times their profiled
+    /// time (every model without a factor of its own there). Not a
+    /// positive finite number: back to the profile (1).
+    pub fn set_gpu_factor(&mut self, gpu: GpuId, factor: f64) {
+        set_factor(&mut self.gpu_factors, gpu, if factor.is_finite() && factor > 0.0 { factor } else { 1.0 });
+    }
+
+    /// Closed loop: batches of `model` on `gpu` take `factor` times their
+    /// profiled time; `None` (or not a positive finite number) falls back
+    /// to the GPU's factor. A model this core does not own is ignored.
+    pub fn set_model_gpu_factor(&mut self, model: ModelId, gpu: GpuId, factor: Option<f64>) {
+        if let Some(i) = self.local_index(model) {
+            let f = factor.filter(|f| f.is_finite() && *f > 0.0).unwrap_or(f64::NAN);
+            set_factor(&mut self.models[i].gpu_factors, gpu, f);
+        }
+    }
+
+    /// The factor batches of local model `i` on `gpu` are planned with.
+    #[inline]
+    fn factor(&self, i: usize, gpu: GpuId) -> f64 {
+        let g = gpu as usize;
+        match self.models[i].gpu_factors.get(g) {
+            Some(f) if !f.is_nan() => *f,
+            _ => match self.gpu_factors.get(g) {
+                Some(f) if !f.is_nan() => *f,
+                _ => 1.0,
+            },
+        }
     }
 
     /// Counters so far.
@@ -297,17 +355,18 @@ impl ModelThreadCore {
             return;
         };
         let cfg = self.cfg;
+        let factor = self.factor(i, g.gpu);
         let m = &mut self.models[i];
         // The RankThread dropped its copy of our candidate when it granted.
         m.informed = None;
         let drops_before = out.drops.len();
-        let cand = m.gather(now, &cfg, Some(g.free_at), out);
+        let cand = m.gather(now, &cfg, Some(g.free_at), factor, out);
         self.stats.drops += (out.drops.len() - drops_before) as u64;
         let start_bound = |c: &Candidate| (now + cfg.delay.of(c.bs)).max(g.free_at);
         match cand {
             Some(c) if c.exec_at <= start_bound(&c) => {
                 let exec_at = start_bound(&c);
-                let finish_at = exec_at + m.profile.latency(c.bs);
+                let finish_at = exec_at + m.profile.scaled_latency(c.bs, factor);
                 let lead = cfg.delay.of(c.bs);
                 let planned_at = m.informed_at.max(g.free_at - lead).max(c.exec_at - lead).min(now);
                 out.push_batch(g.gpu, m.id, exec_at, finish_at, planned_at, m.queue.drain(..c.bs as usize));

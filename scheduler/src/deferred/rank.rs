@@ -19,6 +19,10 @@ pub struct RankStats {
     pub grants: u64,
     /// Candidates discarded because no GPU could start them in time.
     pub expired: u64,
+    /// Free-time corrections applied (closed loop).
+    pub corrections: u64,
+    /// Corrections ignored: the GPU was granted out or offline.
+    pub corrections_ignored: u64,
 }
 
 /// Matchmaking state. Every operation is `O(log M + log G)`.
@@ -34,6 +38,9 @@ pub struct RankCore {
     by_size: IndexedHeap<Reverse<u32>>,
     /// `offline[g]`: GPU `g` left the cluster.
     offline: Vec<bool>,
+    /// `granted[g]`: GPU `g` is reserved by a ModelThread until its
+    /// `GpuFree` comes back.
+    granted: Vec<bool>,
     wake: Option<Instant>,
     stats: RankStats,
 }
@@ -53,9 +60,15 @@ impl RankCore {
             by_latest: IndexedHeap::with_ids(models),
             by_size: IndexedHeap::with_ids(models),
             offline: vec![false; gpus as usize],
+            granted: vec![false; gpus as usize],
             wake: None,
             stats: RankStats::default(),
         }
+    }
+
+    /// The network delay bound later matchmaking charges.
+    pub fn set_delay(&mut self, delay: NetworkDelay) {
+        self.delay = delay;
     }
 
     /// Counters so far.
@@ -84,6 +97,7 @@ impl RankCore {
                 }
             }
             ToRank::GpuFree { gpu, free_at } => {
+                self.set_granted(gpu, false);
                 if !self.is_offline(gpu) {
                     self.idle.remove(gpu);
                     self.busy.set(gpu, free_at);
@@ -95,12 +109,25 @@ impl RankCore {
                 if g >= self.offline.len() {
                     // New ids start out offline until they join below.
                     self.offline.resize(g + 1, true);
+                    self.granted.resize(g + 1, false);
                 }
                 self.offline[g] = !online;
+                self.granted[g] = false;
                 self.idle.remove(gpu);
                 self.busy.remove(gpu);
                 if online {
                     self.idle.set(gpu, gpu);
+                    self.match_gpus(now, grant);
+                }
+            }
+            ToRank::GpuCorrect { gpu, free_at } => {
+                if self.is_offline(gpu) || self.granted.get(gpu as usize).copied().unwrap_or(false) {
+                    self.stats.corrections_ignored += 1;
+                } else {
+                    self.stats.corrections += 1;
+                    self.idle.remove(gpu);
+                    self.busy.set(gpu, free_at);
+                    self.promote(now);
                     self.match_gpus(now, grant);
                 }
             }
@@ -144,8 +171,15 @@ impl RankCore {
         }
     }
 
+    fn set_granted(&mut self, gpu: GpuId, granted: bool) {
+        if let Some(g) = self.granted.get_mut(gpu as usize) {
+            *g = granted;
+        }
+    }
+
     fn give(&mut self, model: ModelId, gpu: GpuId, free_at: Instant, grant: &mut impl FnMut(Grant)) {
         self.stats.grants += 1;
+        self.set_granted(gpu, true);
         grant(Grant { model, gpu, free_at });
     }
 
@@ -262,5 +296,31 @@ mod tests {
         rank.on_message(now + Duration::from_millis(1), ToRank::GpuMembership { gpu: 7, online: true }, &mut |g| grants.push(g));
         assert_eq!(grants.pop().map(|g| (g.model, g.gpu)), Some((0, 7)));
         assert_eq!(rank.online_gpus(), 3);
+    }
+
+    #[test]
+    fn a_correction_moves_a_gpu_free_time_but_never_a_granted_gpu() {
+        let ms = |ms: u64| Instant::from_nanos(ms * 1_000_000);
+        let mut rank = RankCore::new(1, 1, NetworkDelay::ZERO);
+        let mut grants = Vec::new();
+        rank.on_message(ms(0), ToRank::Candidate { model: 0, cand: Some(cand(4, 100)) }, &mut |g| grants.push(g));
+        assert_eq!(grants.len(), 1);
+        // Granted and not handed back: a correction cannot free it.
+        rank.on_message(ms(1), ToRank::GpuCorrect { gpu: 0, free_at: ms(1) }, &mut |g| grants.push(g));
+        assert_eq!(rank.stats().corrections_ignored, 1);
+        rank.on_message(ms(1), ToRank::GpuFree { gpu: 0, free_at: ms(10) }, &mut |g| grants.push(g));
+        // The batch ran late: busy until 15 ms, not 10.
+        rank.on_message(ms(2), ToRank::GpuCorrect { gpu: 0, free_at: ms(15) }, &mut |g| grants.push(g));
+        rank.on_message(ms(2), ToRank::Candidate { model: 0, cand: Some(cand(4, 100)) }, &mut |g| grants.push(g));
+        assert_eq!(rank.poll_at(), Some(ms(15)));
+        rank.on_wake(ms(15), &mut |g| grants.push(g));
+        assert_eq!(grants.last().map(|g| g.free_at), Some(ms(15)));
+        // It finished early: free at 3 ms instead of 20, taken at once.
+        rank.on_message(ms(3), ToRank::GpuFree { gpu: 0, free_at: ms(20) }, &mut |g| grants.push(g));
+        rank.on_message(ms(3), ToRank::Candidate { model: 0, cand: Some(cand(4, 100)) }, &mut |g| grants.push(g));
+        let before = grants.len();
+        rank.on_message(ms(4), ToRank::GpuCorrect { gpu: 0, free_at: ms(3) }, &mut |g| grants.push(g));
+        assert_eq!(grants.len(), before + 1);
+        assert_eq!(rank.stats().corrections, 2);
     }
 }
