@@ -140,6 +140,9 @@ fn serves_every_task<N: Net>(net: N) {
             .unwrap();
         assert_eq!(Duration::from_nanos(d.actual_ns()), l);
         assert_eq!((d.gpu_id, d.count), (p.gpu, p.tasks.len() as u32));
+        // Every input READ completed; the slowest is what the report says.
+        assert_eq!(d.reads, p.tasks.len() as u32);
+        assert_eq!(Duration::from_nanos(d.read_max_ns), r.read_max);
         let _ = seen;
     }
     for gpu in 0..2 {

@@ -340,6 +340,20 @@ impl ControlPlane {
         Some(self.subclusters[sc].closed_loop.gpu_ratio(g))
     }
 
+    /// The closed loop's speed ratio of every live backend's GPUs, as
+    /// (backend, GPU index, ratio), in id order.
+    pub fn gpu_ratios(&self) -> Vec<(u32, u32, Ratio)> {
+        let mut v: Vec<(u32, u32, Ratio)> = self
+            .backends
+            .iter()
+            .flat_map(|(&b, st)| {
+                st.gpus.iter().enumerate().map(move |(i, &g)| (b, i as u32, self.subclusters[st.subcluster].closed_loop.gpu_ratio(g)))
+            })
+            .collect();
+        v.sort_unstable_by_key(|&(b, g, _)| (b, g));
+        v
+    }
+
     /// The closed loop's estimate of `model` (global id) on a live
     /// backend's GPU.
     pub fn model_estimate(&self, backend: u32, local_gpu: u32, model: u32) -> Option<Estimate> {

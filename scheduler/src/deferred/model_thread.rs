@@ -116,30 +116,46 @@ impl ModelState {
             Gather::Lazy => 1,
             Gather::Early => ((f64::from(self.target_batch(now, delay)) * cfg.early_drop_fraction).ceil() as u32).max(1),
         };
-        while let Some(&head) = self.queue.front() {
-            let w = window.min(self.queue.len() as u32).max(1);
-            if self.fits(now, delay, gpu_free, w, head.deadline, factor) {
-                break;
+        // The drop decision is the profile's (the early-drop window is
+        // about the model's rate, not this GPU's speed): a GPU slower than
+        // its profile makes the batch smaller, and drops only the heads
+        // that not even a batch of one on it can serve.
+        let (head, bs) = loop {
+            while let Some(&head) = self.queue.front() {
+                let w = window.min(self.queue.len() as u32).max(1);
+                if self.fits(now, delay, gpu_free, w, head.deadline, 1.0) {
+                    break;
+                }
+                let reason = if w > 1 && self.fits(now, delay, gpu_free, 1, head.deadline, 1.0) {
+                    DropReason::EarlyDrop
+                } else {
+                    DropReason::DeadlineUnmeetable
+                };
+                self.queue.pop_front();
+                out.drops.push((head, reason));
             }
-            let reason = if w > 1 && self.fits(now, delay, gpu_free, 1, head.deadline, factor) {
-                DropReason::EarlyDrop
-            } else {
-                DropReason::DeadlineUnmeetable
-            };
+            let head = *self.queue.front()?;
+            let dl = head.deadline;
+            let limit = (self.queue.len() as u32).min(self.profile.max_batch());
+            let by_network = self.profile.max_batch_within_scaled(dl.saturating_since(now + delay.d_ctrl), delay.d_data, limit, factor);
+            let by_gpu = self.profile.max_batch_within_scaled(dl.saturating_since(gpu_free), Duration::ZERO, limit, factor);
+            let bs = by_network.min(by_gpu);
+            if bs > 0 {
+                break (head, bs);
+            }
+            if factor <= 1.0 {
+                // Unreachable after the drop loop (a batch of one fits the
+                // head); kept total so a profile rounding quirk cannot
+                // stall a model.
+                return None;
+            }
+            // Not even one fits on this slow GPU: the head cannot run here
+            // in time. Handing the GPU back would only have it granted
+            // again at once; the head goes.
             self.queue.pop_front();
-            out.drops.push((head, reason));
-        }
-        let head = *self.queue.front()?;
+            out.drops.push((head, DropReason::DeadlineUnmeetable));
+        };
         let dl = head.deadline;
-        let limit = (self.queue.len() as u32).min(self.profile.max_batch());
-        let by_network = self.profile.max_batch_within_scaled(dl.saturating_since(now + delay.d_ctrl), delay.d_data, limit, factor);
-        let by_gpu = self.profile.max_batch_within_scaled(dl.saturating_since(gpu_free), Duration::ZERO, limit, factor);
-        let bs = by_network.min(by_gpu);
-        if bs == 0 {
-            // Unreachable after the drop loop (a batch of one fits the head);
-            // kept total so a profile rounding quirk cannot stall a model.
-            return None;
-        }
         let full = bs >= self.profile.max_batch();
         let latest = dl - self.profile.scaled_latency(bs, factor);
         let slow = factor.max(1.0);

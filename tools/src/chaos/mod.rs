@@ -36,7 +36,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use dataplane::time::{Duration, Instant};
-use dataplane::transport::sim::{FaultCounts, NodeId, SimNet};
+use dataplane::transport::sim::{FaultConfig, FaultCounts, NodeId, SimNet};
+use scheduler::closed_loop::LoopConfig;
+use scheduler::delay_watch::DelayWatchConfig;
 use scheduler::deferred::CoreConfig;
 use scheduler::netdelay::NetworkDelay;
 use scheduler::zoo::ModelSpec;
@@ -73,6 +75,18 @@ pub struct ChaosConfig {
     pub rate_rps: f64,
     /// A deliberate bug to switch on (mutation testing).
     pub mutation: Option<Mutation>,
+    /// The network delay bound the scheduler charges (`d_ctrl` is also
+    /// what backends subtract).
+    pub delay: NetworkDelay,
+    /// The latency of a READ on the simulated network.
+    pub read_delay: Duration,
+    /// The scheduler's closed loop.
+    pub closed_loop: LoopConfig,
+    /// How the scheduler watches the READ tail against `delay.d_data`.
+    pub delay_watch: DelayWatchConfig,
+    /// GPUs slower than their profile for the whole run: (backend, GPU,
+    /// factor).
+    pub gpu_slowdowns: Vec<(usize, u32, f64)>,
 }
 
 impl ChaosConfig {
@@ -83,7 +97,22 @@ impl ChaosConfig {
             ModelSpec::linear("ResNet50", 1.053, 5.072, 25.0).unwrap_or_else(|_| unreachable!()),
             ModelSpec::linear("InceptionV3", 1.130, 7.400, 50.0).unwrap_or_else(|_| unreachable!()),
         ];
-        ChaosConfig { seed, faults, duration, frontends: 3, backends: 4, gpus_per_backend: 1, models, rate_rps: 800.0, mutation: None }
+        ChaosConfig {
+            seed,
+            faults,
+            duration,
+            frontends: 3,
+            backends: 4,
+            gpus_per_backend: 1,
+            models,
+            rate_rps: 800.0,
+            mutation: None,
+            delay: NetworkDelay { d_ctrl: CONTROL_DELAY, d_data: Duration::ZERO },
+            read_delay: FaultConfig::default().read_delay,
+            closed_loop: LoopConfig::default(),
+            delay_watch: DelayWatchConfig::default(),
+            gpu_slowdowns: Vec::new(),
+        }
     }
 
     /// The command that replays this run.
@@ -135,6 +164,13 @@ pub struct ChaosReport {
     pub batches: u64,
     /// Virtual time simulated, seconds.
     pub virtual_s: f64,
+    /// The scheduler's closed-loop speed ratio of each GPU it learned
+    /// about, keyed `backend<id>/gpu<i>` (1 = as profiled).
+    pub gpu_speed: BTreeMap<String, f64>,
+    /// Times the scheduler's delay-bound alarm was raised.
+    pub delay_alarms: u64,
+    /// The READ tail per input the scheduler observed last, ns.
+    pub read_tail_ns: u64,
 }
 
 impl ChaosReport {
@@ -184,7 +220,10 @@ impl Harness {
         if cfg.mutation.is_some() {
             return Err("mutations need a build with the `mutations` feature".into());
         }
-        let net = SimNet::new(cfg.seed, faults::message_faults(cfg.faults, Instant::ZERO + STARTUP));
+        let net = SimNet::new(
+            cfg.seed,
+            FaultConfig { read_delay: cfg.read_delay, ..faults::message_faults(cfg.faults, Instant::ZERO + STARTUP) },
+        );
         let ledger = Arc::new(Mutex::new(checks::Ledger::default()));
         {
             let ledger = ledger.clone();
@@ -195,7 +234,10 @@ impl Harness {
             }));
         }
         let mut spec = ClusterSpec::new(cfg.models.clone(), cfg.frontends, cfg.backends, cfg.gpus_per_backend);
-        spec.core = CoreConfig { delay: NetworkDelay { d_ctrl: CONTROL_DELAY, d_data: Duration::ZERO }, ..CoreConfig::default() };
+        spec.core = CoreConfig { delay: cfg.delay, ..CoreConfig::default() };
+        spec.closed_loop = cfg.closed_loop;
+        spec.delay_watch = cfg.delay_watch;
+        spec.gpu_slowdowns = cfg.gpu_slowdowns.clone();
         let catalog = spec.catalog.clone();
         let cluster = NodeCluster::new(spec, net, None)?;
         let start = Instant::ZERO + STARTUP;
@@ -372,6 +414,10 @@ impl Harness {
             virtual_s: self.now.as_nanos() as f64 / 1e9,
             ..ChaosReport::default()
         };
+        let plane = self.cluster.scheduler().plane();
+        report.gpu_speed = plane.gpu_ratios().into_iter().map(|(b, g, r)| (format!("backend{b}/gpu{g}"), r.value())).collect();
+        report.delay_alarms = plane.delay_watch().alarms();
+        report.read_tail_ns = plane.delay_watch().observed().map_or(0, |d| d.as_nanos());
         self.client.fill(&mut report);
         report.faults = fault_map(net.counts(), self.cfg.faults, self.slow_batches, self.crash_hits);
         let mut v = std::mem::take(&mut self.violations);

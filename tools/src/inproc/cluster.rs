@@ -27,7 +27,9 @@ use scheduler::daemon::metrics::SchedulerMetrics;
 use scheduler::daemon::node::{Membership, NodeConfig, SchedulerNode};
 use dataplane::join::{JoinToken, NonceSource};
 use scheduler::daemon::plane::ControlPlane;
+use scheduler::closed_loop::LoopConfig;
 use scheduler::deferred::CoreConfig;
+use scheduler::delay_watch::DelayWatchConfig;
 use scheduler::zoo::ModelSpec;
 
 /// Shape and timing of a [`NodeCluster`].
@@ -67,6 +69,13 @@ pub struct ClusterSpec {
     /// The join token every node proves ([`TEST_JOIN_TOKEN`] by default;
     /// the scheduler's nonces are seeded, so runs replay).
     pub join_token: JoinToken,
+    /// The scheduler's closed loop (on by default).
+    pub closed_loop: LoopConfig,
+    /// How the scheduler holds the READ tail against `core.delay.d_data`.
+    pub delay_watch: DelayWatchConfig,
+    /// GPUs slower than their profile from the start, as (backend slot,
+    /// GPU, factor); a restarted backend is slowed again.
+    pub gpu_slowdowns: Vec<(usize, u32, f64)>,
 }
 
 /// The harness's fixed join token (deterministic runs; never a real
@@ -96,6 +105,9 @@ impl ClusterSpec {
             batch_slots_per_gpu: 3,
             restart_after: Duration::from_millis(1000),
             join_token: test_join_token(),
+            closed_loop: LoopConfig::default(),
+            delay_watch: DelayWatchConfig::default(),
+            gpu_slowdowns: Vec::new(),
         }
     }
 }
@@ -177,7 +189,9 @@ impl NodeCluster {
     pub fn new(spec: ClusterSpec, net: SimNet, waker: Option<dataplane::waitset::Notifier>) -> Result<NodeCluster, String> {
         let all: Vec<u32> = (0..spec.models.len() as u32).collect();
         let metrics = Arc::new(SchedulerMetrics::new(&spec.models));
-        let plane = ControlPlane::new(spec.models.clone(), &[all], spec.core, metrics).map_err(|e| e.to_string())?;
+        let mut plane = ControlPlane::new(spec.models.clone(), &[all], spec.core, metrics).map_err(|e| e.to_string())?;
+        plane.set_closed_loop(spec.closed_loop);
+        plane.set_delay_watch("sim", spec.delay_watch);
         let sched = SchedulerNode::new(
             plane,
             NodeConfig {
@@ -367,7 +381,12 @@ impl NodeCluster {
         for i in 0..self.backends.len() {
             if matches!(self.backends[i], Slot::Down { restart_at: Some(t) } if t <= now) {
                 self.backends[i] = match self.start_backend() {
-                    Ok(h) => Slot::Up(Box::new(h)),
+                    Ok(mut h) => {
+                        for &(_, gpu, factor) in self.spec.gpu_slowdowns.iter().filter(|s| s.0 == i) {
+                            h.node.worker_mut().executor_mut().set_slowdown(gpu, factor);
+                        }
+                        Slot::Up(Box::new(h))
+                    }
                     Err(_) => Slot::Down { restart_at: Some(retry) },
                 };
             }
