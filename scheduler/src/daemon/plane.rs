@@ -1177,6 +1177,59 @@ mod tests {
     }
 
     #[test]
+    fn reports_of_unknown_batches_and_tasks_naming_another_frontend_are_refused_and_counted() {
+        let mut p = plane(&[vec![0, 1]]);
+        let t0 = Instant::ZERO;
+        p.frontend_joined(1, "fe").unwrap();
+        p.backend_joined(t0, 10, 1, &[0, 1]).unwrap();
+        drain(&mut p);
+        // The id's own frontend field says 2, the message says 1.
+        let mut forged = task(5, 0, 1);
+        forged.task_id = tid(5, 2);
+        p.on_task(t0, 1, &forged);
+        assert_eq!(p.waiting_tasks(), 0);
+        p.on_batch_done(t0, 10, &wire::BatchDone { batch_id: 77, ..Default::default() });
+        let refused = |p: &ControlPlane, r: MessageRefusal| p.metrics().refused_messages[r.index()].load(Ordering::Relaxed);
+        assert_eq!(refused(&p, MessageRefusal::FrontendMismatch), 1);
+        assert_eq!(refused(&p, MessageRefusal::UnknownBatch), 1);
+        assert!(p.metrics().render().contains("symphony_messages_refused_total{reason=\"unknown_batch\"} 1"));
+    }
+
+    #[test]
+    fn a_late_report_corrects_the_gpu_and_teaches_its_speed() {
+        let mut p = plane(&[vec![0]]);
+        let t0 = Instant::ZERO;
+        p.frontend_joined(1, "fe").unwrap();
+        p.backend_joined(t0, 10, 1, &[0]).unwrap();
+        drain(&mut p);
+        let mut now = t0;
+        let mut reported = 0;
+        for round in 0..20u64 {
+            p.on_task(now, 1, &task(round, 0, 1));
+            while p.batches_in_flight() == 0 {
+                now = p.poll_at().expect("a timer until the task is planned").max(now);
+                p.on_wake(now);
+            }
+            let plan = drain(&mut p).into_iter().find(|(_, m)| m.starts_with("BatchPlan")).expect("a plan");
+            let batch_id: u64 = plan.1.split("batch_id: ").nth(1).and_then(|v| v.split(',').next()).and_then(|v| v.parse().ok()).unwrap();
+            // l(1) = 6 ms at profile; the GPU takes 9 ms, reported as it ends.
+            now += Duration::from_millis(9);
+            p.on_batch_done(now, 10, &wire::BatchDone { batch_id, start_ago_ns: 9_000_000, count: 1, ..Default::default() });
+            reported += 1;
+        }
+        assert_eq!(reported, 20);
+        let ratio = p.gpu_ratio(10, 0).expect("backend 10 is live");
+        assert_eq!(ratio.samples(), 20);
+        assert!((ratio.value() - 1.5).abs() < 0.01, "{ratio:?}");
+        let e = p.model_estimate(10, 0, 0).unwrap();
+        let (a, b) = e.alpha_beta_ms.unwrap();
+        assert!((a - 1.5).abs() < 0.02 && (b - 7.5).abs() < 0.1, "{e:?}");
+        p.publish_estimates(now);
+        let text = p.metrics().render();
+        assert!(text.contains("symphony_gpu_speed_ratio{backend=\"10\",gpu=\"0\"} 1.4"), "{text}");
+    }
+
+    #[test]
     fn outbox_messages_decode() {
         let mut o = Outbox::new();
         o.push(PeerId::Frontend(1), |b| wire::encode(b, &wire::Heartbeat { seq: 1, role: 3, id: 0 }));
