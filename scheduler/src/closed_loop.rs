@@ -271,7 +271,7 @@ impl ClosedLoop {
         for p in t.chain.drain(..at) {
             prev = Some(p.exec_at.max(prev.unwrap_or(p.exec_at)) + p.finish_at.saturating_since(p.exec_at));
         }
-        let Some(p) = t.chain.pop_front() else { return None };
+        let p = t.chain.pop_front()?;
         let start = p.exec_at.max(prev.unwrap_or(p.exec_at));
         let finish = (start + r.actual).max(r.finished_after);
         t.settled = Some(finish);

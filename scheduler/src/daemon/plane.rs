@@ -281,10 +281,7 @@ impl ControlPlane {
             verdicts: Vec::with_capacity(4),
             next_publish: Instant::ZERO,
         })
-        .map(|p| {
-            p.sync_loop_gauges();
-            p
-        })
+        .inspect(ControlPlane::sync_loop_gauges)
     }
 
     /// The closed loop's configuration (on by default).
