@@ -12,6 +12,8 @@
 //!   value parser, so a bad transport or address is refused the same way
 //!   from a flag, a variable or a file, naming where it came from.
 //! - [`logging`]: `tracing` events to stderr, human or JSON lines.
+//! - [`Acceptor`]: the thread that takes a listener's connections for a
+//!   daemon's poll loop.
 //! - [`main`]: the entry point of every daemon ([`Daemon`]): load, log,
 //!   resolve, stop signals, run; exit code 0 after a stop signal, 2 for a
 //!   bad command line or configuration, 1 for a failure at run time.
@@ -19,6 +21,7 @@
 //! What a daemon prints on stdout (its `READY ...` line) is output for
 //! its launcher, not a log line: the roles print it themselves.
 
+mod accept;
 mod load;
 pub mod logging;
 
@@ -31,6 +34,7 @@ use crate::idle::IdleStrategy;
 use crate::join::{JoinError, JoinToken};
 use crate::time::Duration;
 
+pub use accept::Acceptor;
 pub use load::{env_var_name, load, load_from, Origin};
 pub use logging::{LogArgs, LogFormat};
 
