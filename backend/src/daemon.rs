@@ -368,9 +368,9 @@ fn serve<D: Domain, E: Executor>(
     info!(
         backend = s.id,
         scheduler = %s.scheduler,
-        transport = s.transport.name(),
+        transport = %s.transport.name(),
         gpus = s.gpus,
-        executor = s.executor.name(),
+        executor = %s.executor.name(),
         models_served = s.served.len(),
         models = s.models.len(),
         metrics = %endpoint.addr(),

@@ -347,7 +347,7 @@ fn serve<D: Domain>(domain: D, cfg: FrontendConfig) -> Result<(), FrontendError>
         frontend = cfg.id,
         scheduler = %cfg.scheduler,
         models,
-        transport = cfg.transport.name(),
+        transport = %cfg.transport.name(),
         "registered with the scheduler"
     );
     let acceptor = Acceptor::spawn("frontend-accept", listener, io.idler.notifier())

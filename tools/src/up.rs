@@ -174,7 +174,7 @@ pub fn repository_models(repo: &std::path::Path) -> Result<Vec<String>, UpError>
     for m in &scanned.models {
         match profiles.model(m.name()) {
             Some(p) => out.push(format!("{}={},{},{}", m.name(), p.alpha_ms.max(0.0), p.beta_ms.max(0.0), m.slo().as_secs_f64() * 1e3)),
-            None => warn!(model = m.name(), profiles = %ProfileFile::path(repo).display(), "not profiled (run symphony profile); not served"),
+            None => warn!(model = %m.name(), profiles = %ProfileFile::path(repo).display(), "not profiled (run symphony profile); not served"),
         }
     }
     if out.is_empty() {
@@ -442,7 +442,7 @@ fn run_with(a: &UpArgs, mut spec: ClusterSpec) -> Result<(), UpError> {
         frontends = a.cluster.frontends,
         backends = a.cluster.backends,
         gpus_per_backend = a.cluster.gpus_per_backend,
-        transport = a.cluster.transport.name(),
+        transport = %a.cluster.transport.name(),
         models = models.len(),
         zoo = %a.cluster.zoo,
         logs = %spec.log_dir.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),

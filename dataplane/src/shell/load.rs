@@ -94,18 +94,12 @@ pub fn load_from<A: Parser>(
             (Origin::Env { var }, values)
         } else if let (Some(v), Some(file)) = (table.get(&key), &file_path) {
             let origin = Origin::File { file: file.clone(), key };
-            let values = toml_values(v).map_err(|message| ConfigError::BadValue {
-                origin: origin.clone(),
-                message,
-            })?;
+            let values = toml_values(v, &origin)?;
             (origin, values)
         } else {
             continue;
         };
-        for flag in as_flags(arg, long, values).map_err(|message| ConfigError::BadValue {
-            origin: origin.clone(),
-            message,
-        })? {
+        for flag in as_flags(arg, long, values, &origin)? {
             added.push((flag, origin.clone()));
         }
     }
@@ -146,14 +140,21 @@ fn read_table(path: &Path, cmd: &Command) -> Result<toml::Table, ConfigError> {
     Ok(table)
 }
 
+fn bad(origin: &Origin, message: String) -> ConfigError {
+    ConfigError::BadValue {
+        origin: origin.clone(),
+        message,
+    }
+}
+
 /// A file value as the text(s) a flag would carry.
-fn toml_values(v: &toml::Value) -> Result<Vec<String>, String> {
+fn toml_values(v: &toml::Value, origin: &Origin) -> Result<Vec<String>, ConfigError> {
     let scalar = |v: &toml::Value| match v {
         toml::Value::String(s) => Ok(s.clone()),
         toml::Value::Integer(i) => Ok(i.to_string()),
         toml::Value::Float(f) => Ok(f.to_string()),
         toml::Value::Boolean(b) => Ok(b.to_string()),
-        other => Err(format!("expected a string, number or boolean, found a {}", other.type_str())),
+        other => Err(bad(origin, format!("expected a string, number or boolean, found a {}", other.type_str()))),
     };
     match v {
         toml::Value::Array(items) => items.iter().map(scalar).collect(),
@@ -162,22 +163,22 @@ fn toml_values(v: &toml::Value) -> Result<Vec<String>, String> {
 }
 
 /// `values` for the option `long` as command-line words.
-fn as_flags(arg: &Arg, long: &str, values: Vec<String>) -> Result<Vec<String>, String> {
+fn as_flags(arg: &Arg, long: &str, values: Vec<String>, origin: &Origin) -> Result<Vec<String>, ConfigError> {
     match arg.get_action() {
         ArgAction::SetTrue => {
             let [v] = values.as_slice() else {
-                return Err("expected true or false, not a list".into());
+                return Err(bad(origin, "expected true or false, not a list".into()));
             };
             match v.to_ascii_lowercase().as_str() {
                 "true" | "1" | "yes" | "on" => Ok(vec![format!("--{long}")]),
                 "false" | "0" | "no" | "off" => Ok(Vec::new()),
-                _ => Err(format!("'{v}': expected true or false")),
+                _ => Err(bad(origin, format!("'{v}': expected true or false"))),
             }
         }
         ArgAction::Append => Ok(values.into_iter().map(|v| format!("--{long}={v}")).collect()),
         _ => match values.as_slice() {
             [v] => Ok(vec![format!("--{long}={v}")]),
-            _ => Err(format!("--{long} takes one value, not a list")),
+            _ => Err(bad(origin, format!("--{long} takes one value, not a list"))),
         },
     }
 }

@@ -30,10 +30,10 @@ pub struct LogArgs {
     pub log_level: String,
 }
 
-fn parse_filter(s: &str) -> Result<String, String> {
+fn parse_filter(s: &str) -> Result<String, super::ValueError> {
     EnvFilter::try_new(s)
         .map(|_| s.to_string())
-        .map_err(|e| format!("'{s}': not a level (error, warn, info, debug, trace) or filter: {e}"))
+        .map_err(|e| super::ValueError::BadLogLevel { value: s.to_string(), why: e.to_string() })
 }
 
 /// Starts logging for this process (once: a second call, e.g. from a test

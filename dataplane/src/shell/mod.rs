@@ -198,17 +198,36 @@ impl CommonArgs {
     }
 }
 
+/// A value one of the shell's option parsers refuses (clap shows it with
+/// the option's name).
+#[derive(Debug, thiserror::Error)]
+pub enum ValueError {
+    /// Not a socket address.
+    #[error("'{0}' is not HOST:PORT with an IP address (e.g. 127.0.0.1:0)")]
+    NotSocketAddr(String),
+    /// Not a delay in range.
+    #[error("'{0}': expected microseconds in [0, 1000000]")]
+    BadDelay(String),
+    /// Not a log level or filter.
+    #[error("'{value}': not a level (error, warn, info, debug, trace) or filter: {why}")]
+    BadLogLevel {
+        /// The text.
+        value: String,
+        /// The filter parser's complaint.
+        why: String,
+    },
+}
+
 /// A socket address, with a message that says what is expected.
-pub fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
-    s.parse()
-        .map_err(|_| format!("'{s}' is not HOST:PORT with an IP address (e.g. 127.0.0.1:0)"))
+pub fn parse_socket_addr(s: &str) -> Result<SocketAddr, ValueError> {
+    s.parse().map_err(|_| ValueError::NotSocketAddr(s.to_string()))
 }
 
 /// A delay in µs within [0, 1e6].
-fn parse_delay_us(s: &str) -> Result<f64, String> {
+fn parse_delay_us(s: &str) -> Result<f64, ValueError> {
     match s.parse::<f64>() {
         Ok(us) if us.is_finite() && (0.0..=1e6).contains(&us) => Ok(us),
-        _ => Err(format!("'{s}': expected microseconds in [0, 1000000]")),
+        _ => Err(ValueError::BadDelay(s.to_string())),
     }
 }
 

@@ -151,8 +151,8 @@ fn announce(cfg: &SchedulerConfig, control_addr: &str, metrics: SocketAddr) {
     info!(
         models = cfg.models.len(),
         subclusters = cfg.subclusters.len(),
-        transport = cfg.transport.name(),
-        control = control_addr,
+        transport = %cfg.transport.name(),
+        control = %control_addr,
         metrics = %format_args!("http://{metrics}/metrics"),
         "scheduler serving"
     );
