@@ -23,7 +23,9 @@
 //! or silent for `--dead-after-ms`), the worker stops reading plans, the
 //! batches in hand finish (bounded by [`DRAIN_TIMEOUT`]), queued messages
 //! are flushed, and the process exits: 0 after a stop signal, 1 when the
-//! scheduler went away.
+//! scheduler went away. The command line, logs, stop signals and exit
+//! codes are the daemon shell's ([`dataplane::shell`]); the options are in
+//! [`config`].
 
 pub mod config;
 pub mod metrics;
@@ -34,18 +36,20 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
 
-use dataplane::control::{self, connect_retrying, flush_within, MetricsEndpoint, WithDomain};
+use dataplane::control::{self, connect_retrying, flush_within, ControlError, MetricsEndpoint, WithDomain};
 use dataplane::mem::{Access, Region};
+use dataplane::shell::{self, Common, CommonArgs, ConfigError, Daemon};
 use dataplane::time::{Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Registration};
 use dataplane::waitset::{IdleWait, Notifier, WatchList};
+use tracing::{info, warn};
 
+use crate::exec::onnx::{OnnxExecutor, OnnxOptions};
 use crate::exec::{ExecModel, Executor};
 use crate::node::{BackendEvent, BackendNode, BackendNodeConfig};
 use crate::worker::{BatchWorker, WorkerConfig, WorkerStats};
-use crate::exec::onnx::{OnnxExecutor, OnnxOptions};
 use crate::EmulatedExecutor;
-pub use config::{Args, ExecutorKind, Settings};
+pub use config::{BackendArgs, BackendConfig, ExecutorKind, StartAt};
 use metrics::BackendMetrics;
 
 /// Longest wait for the batches in hand when shutting down.
@@ -65,52 +69,84 @@ pub enum Exit {
     SchedulerGone,
 }
 
+/// Why the backend could not start or had to give up.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The transport cannot be opened.
+    #[error(transparent)]
+    Transport(#[from] ControlError),
+    /// The input slot is longer than the transport can READ.
+    #[error("--input-bytes {input_bytes}: above the {transport} transport's longest READ ({max})")]
+    InputTooLarge {
+        /// The slot size.
+        input_bytes: u32,
+        /// The transport.
+        transport: &'static str,
+        /// Its longest READ.
+        max: u32,
+    },
+    /// A part of the daemon cannot be set up.
+    #[error("{what}: {source}")]
+    Setup {
+        /// What.
+        what: String,
+        /// Why.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The scheduler cannot be reached.
+    #[error("cannot reach the scheduler at '{addr}': {source}")]
+    Unreachable {
+        /// Its address.
+        addr: String,
+        /// Why.
+        source: dataplane::transport::Error,
+    },
+    /// The scheduler refused the registration, or the node failed.
+    #[error("{0}")]
+    Node(String),
+    /// `--executor cuda` in a build without the `cuda` feature.
+    #[error("executor cuda: built without CUDA support (rebuild with `--features cuda`)")]
+    NoCudaSupport,
+    /// The scheduler went away (disconnected or silent).
+    #[error("scheduler gone; exiting")]
+    SchedulerGone,
+}
+
+fn setup<E: Into<Box<dyn std::error::Error + Send + Sync>>>(what: impl Into<String>) -> impl FnOnce(E) -> BackendError {
+    let what = what.into();
+    move |e| BackendError::Setup { what, source: e.into() }
+}
+
+impl Daemon for BackendArgs {
+    type Config = BackendConfig;
+    type Error = BackendError;
+    fn common(&self) -> &CommonArgs {
+        &self.common
+    }
+    fn configure(self, common: Common) -> Result<BackendConfig, ConfigError> {
+        self.resolve(common)
+    }
+    fn run(cfg: BackendConfig) -> Result<(), BackendError> {
+        let announce = |ready: &Ready| {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "READY metrics={} gpus={}", ready.metrics, ready.gpus);
+            let _ = out.flush();
+        };
+        match run(&cfg, &control::stop_requested, &announce)? {
+            Exit::Stopped => {
+                info!(backend = cfg.id, "stopped");
+                Ok(())
+            }
+            Exit::SchedulerGone => Err(BackendError::SchedulerGone),
+        }
+    }
+}
+
 /// Runs `symphony-backend` with a command line (`args[0]` is the program
-/// name); for the binary and for a multi-call binary. Installs the
-/// SIGINT/SIGTERM handlers. Exit code 0 after a stop signal, 1 on a
-/// runtime failure (scheduler gone or refusing us, executor unavailable),
-/// 2 on a bad command line or configuration.
+/// name), for the binary and for a multi-call binary: see
+/// [`dataplane::shell::main`].
 pub fn main_with_args(args: Vec<String>) -> ExitCode {
-    let parsed = match Args::parse_from_args(&args) {
-        Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
-        }
-    };
-    let settings = match parsed.with_config_file().and_then(Args::resolve) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("symphony-backend: configuration error: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    if settings.exit_with_parent {
-        control::terminate_with_parent();
-    }
-    if let Err(e) = control::install_stop_signals() {
-        eprintln!("symphony-backend: {e}");
-        return ExitCode::from(1);
-    }
-    let announce = |ready: &Ready| {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "READY metrics={} gpus={}", ready.metrics, ready.gpus);
-        let _ = out.flush();
-    };
-    match run(&settings, &control::stop_requested, &announce) {
-        Ok(Exit::Stopped) => {
-            eprintln!("symphony-backend[{}]: stopped", settings.id);
-            ExitCode::SUCCESS
-        }
-        Ok(Exit::SchedulerGone) => {
-            eprintln!("symphony-backend[{}]: scheduler gone; exiting", settings.id);
-            ExitCode::from(1)
-        }
-        Err(e) => {
-            eprintln!("symphony-backend[{}]: error: {e}", settings.id);
-            ExitCode::from(1)
-        }
-    }
+    shell::main::<BackendArgs>(args)
 }
 
 /// What a started backend tells its launcher.
@@ -125,36 +161,35 @@ pub struct Ready {
 /// Runs the daemon until `stop()` returns true (then `Ok(Exit::Stopped)`)
 /// or the scheduler is gone; `ready` is called once registered and
 /// serving. `Err` says why it could not start or had to give up.
-pub fn run(s: &Settings, stop: &dyn Fn() -> bool, ready: &dyn Fn(&Ready)) -> Result<Exit, String> {
+pub fn run(s: &BackendConfig, stop: &dyn Fn() -> bool, ready: &dyn Fn(&Ready)) -> Result<Exit, BackendError> {
     control::with_domain(s.transport, Launch { s, stop, ready })?
 }
 
 struct Launch<'a> {
-    s: &'a Settings,
+    s: &'a BackendConfig,
     stop: &'a dyn Fn() -> bool,
     ready: &'a dyn Fn(&Ready),
 }
 
 impl WithDomain for Launch<'_> {
-    type Out = Result<Exit, String>;
+    type Out = Result<Exit, BackendError>;
     fn run<D: Domain>(self, domain: D) -> Self::Out {
         let s = self.s;
         if s.input_bytes > domain.max_read_len() {
-            return Err(format!(
-                "--input-bytes {}: above the {} transport's longest READ ({})",
-                s.input_bytes,
-                s.transport.name(),
-                domain.max_read_len()
-            ));
+            return Err(BackendError::InputTooLarge {
+                input_bytes: s.input_bytes,
+                transport: s.transport.name(),
+                max: domain.max_read_len(),
+            });
         }
         let cfg = worker_config(s);
         // Private memory is enough: the staging region is written by READs
         // this process issues, never read by peers.
         let staging = Region::anonymous(cfg.staging_bytes() as usize)
-            .map_err(|e| format!("staging region ({} bytes): {e}", cfg.staging_bytes()))?;
+            .map_err(setup(format!("staging region ({} bytes)", cfg.staging_bytes())))?;
         let staging_reg = domain
             .register(&staging, Access::LOCAL_WRITE)
-            .map_err(|e| format!("registering the staging region: {e}"))?;
+            .map_err(setup("registering the staging region"))?;
         let models: Vec<ExecModel> = s
             .models
             .iter()
@@ -170,26 +205,31 @@ impl WithDomain for Launch<'_> {
             }
             ExecutorKind::Cuda => cuda(domain, cfg, staging, staging_reg, models, self),
             ExecutorKind::Onnx => {
-                let setup = s.onnx.as_ref().ok_or("executor onnx: no model repository")?;
-                let opts = OnnxOptions {
-                    devices: s.gpus,
-                    intra_threads: setup.intra_threads,
-                    ..OnnxOptions::default()
-                };
-                let exec = OnnxExecutor::with_slots(staging, setup.slots.clone(), &opts)
-                    .map_err(|e| format!("executor onnx: {e}"))?;
-                for (id, m) in s.models.iter().enumerate() {
-                    if s.served.contains(&(id as u32)) {
-                        match exec.load_error(id as u32) {
-                            Some(e) => eprintln!("symphony-backend[{}]: model {} NOT loaded: {e}", s.id, m.name),
-                            None => eprintln!("symphony-backend[{}]: model {} loaded from {}", s.id, m.name, setup.repository.display()),
-                        }
-                    }
-                }
+                let exec = onnx(s, staging)?;
                 serve(domain, cfg, exec, staging_reg, self)
             }
         }
     }
+}
+
+/// The onnx executor over the repository's models; says which loaded.
+fn onnx(s: &BackendConfig, staging: Arc<Region>) -> Result<OnnxExecutor, BackendError> {
+    let repo = s.onnx.as_ref().ok_or_else(|| BackendError::Node("executor onnx: no model repository".into()))?;
+    let opts = OnnxOptions {
+        devices: s.gpus,
+        intra_threads: repo.intra_threads,
+        ..OnnxOptions::default()
+    };
+    let exec = OnnxExecutor::with_slots(staging, repo.slots.clone(), &opts).map_err(setup("executor onnx"))?;
+    for (id, m) in s.models.iter().enumerate() {
+        if s.served.contains(&(id as u32)) {
+            match exec.load_error(id as u32) {
+                Some(e) => warn!(backend = s.id, model = %m.name, error = %e, "model NOT loaded"),
+                None => info!(backend = s.id, model = %m.name, repository = %repo.repository.display(), "model loaded"),
+            }
+        }
+    }
+    Ok(exec)
 }
 
 #[cfg(feature = "cuda")]
@@ -200,7 +240,7 @@ fn cuda<D: Domain>(
     staging_reg: Registration,
     models: Vec<ExecModel>,
     launch: Launch<'_>,
-) -> Result<Exit, String> {
+) -> Result<Exit, BackendError> {
     let s = launch.s;
     let ordinals: Vec<usize> = (0..s.gpus as usize).collect();
     let exec = crate::CudaExecutor::new(
@@ -211,7 +251,7 @@ fn cuda<D: Domain>(
         s.output_bytes,
         models,
     )
-    .map_err(|e| format!("executor cuda: {e}"))?;
+    .map_err(setup("executor cuda"))?;
     serve(domain, cfg, exec, staging_reg, launch)
 }
 
@@ -223,11 +263,11 @@ fn cuda<D: Domain>(
     _staging_reg: Registration,
     _models: Vec<ExecModel>,
     _launch: Launch<'_>,
-) -> Result<Exit, String> {
-    Err("executor cuda: built without CUDA support (rebuild with `--features cuda`)".into())
+) -> Result<Exit, BackendError> {
+    Err(BackendError::NoCudaSupport)
 }
 
-fn worker_config(s: &Settings) -> WorkerConfig {
+fn worker_config(s: &BackendConfig) -> WorkerConfig {
     WorkerConfig {
         max_batch: s.max_batch,
         input_slot: s.input_bytes,
@@ -242,7 +282,7 @@ fn worker_config(s: &Settings) -> WorkerConfig {
     }
 }
 
-fn node_config(s: &Settings) -> BackendNodeConfig {
+fn node_config(s: &BackendConfig) -> BackendNodeConfig {
     BackendNodeConfig {
         id: s.id,
         gpus: s.gpus,
@@ -257,40 +297,38 @@ fn node_config(s: &Settings) -> BackendNodeConfig {
     }
 }
 
-/// A data connection opened by the connector thread.
-type Opened<C> = (u32, Result<C, String>);
-/// Requests to the connector thread: frontend id and data endpoint.
-type ConnectRequests = mpsc::Sender<(u32, String)>;
+/// A frontend data connection the connector thread tried to open.
+struct Opened<C> {
+    frontend: u32,
+    endpoint: String,
+    conn: Result<C, dataplane::transport::Error>,
+}
 
 /// The poll loop's ends of the connector thread's channels.
 struct Connector<C> {
-    requests: ConnectRequests,
+    /// Frontend id and data endpoint to connect to.
+    requests: mpsc::Sender<(u32, String)>,
     opened: mpsc::Receiver<Opened<C>>,
 }
 
 /// Starts the thread that opens frontend data connections (retrying for
 /// `timeout`) and hands them back; the node sends `Register{Backend}`
 /// first on each. It ends when the request channel closes.
-fn spawn_connector<D: Domain>(
-    domain: D,
-    timeout: Duration,
-    wake: Notifier,
-) -> Result<Connector<D::Conn>, String> {
+fn spawn_connector<D: Domain>(domain: D, timeout: Duration, wake: Notifier) -> Result<Connector<D::Conn>, BackendError> {
     let (req_tx, req_rx) = mpsc::channel::<(u32, String)>();
     let (done_tx, done_rx) = mpsc::channel::<Opened<D::Conn>>();
     std::thread::Builder::new()
         .name("backend-connect".into())
         .spawn(move || {
-            for (fid, endpoint) in req_rx {
-                let opened = connect_retrying(&domain, &endpoint, timeout)
-                    .map_err(|e| format!("cannot connect to frontend {fid} at '{endpoint}': {e}"));
-                if done_tx.send((fid, opened)).is_err() {
+            for (frontend, endpoint) in req_rx {
+                let conn = connect_retrying(&domain, &endpoint, timeout);
+                if done_tx.send(Opened { frontend, endpoint, conn }).is_err() {
                     return;
                 }
                 wake.signal();
             }
         })
-        .map_err(|e| format!("cannot start the connector thread: {e}"))?;
+        .map_err(setup("connector thread"))?;
     Ok(Connector {
         requests: req_tx,
         opened: done_rx,
@@ -303,60 +341,54 @@ fn serve<D: Domain, E: Executor>(
     exec: E,
     staging_reg: Registration,
     launch: Launch<'_>,
-) -> Result<Exit, String> {
+) -> Result<Exit, BackendError> {
     let s = launch.s;
     let sched = connect_retrying(&domain, &s.scheduler, s.connect_timeout)
-        .map_err(|e| format!("cannot reach the scheduler at '{}': {e}", s.scheduler))?;
-    let mut idle = IdleWait::new(s.idle).map_err(|e| format!("wait set: {e}"))?;
+        .map_err(|source| BackendError::Unreachable { addr: s.scheduler.clone(), source })?;
+    let mut idle = IdleWait::new(s.idle).map_err(setup("wait set"))?;
     // Executors whose devices finish on their own threads wake the loop.
     let notifier = idle.notifier();
     exec.set_waker(Arc::new(move || notifier.signal()));
-    let worker =
-        BatchWorker::new(cfg, exec, staging_reg, sched).map_err(|e| format!("worker: {e}"))?;
+    let worker = BatchWorker::new(cfg, exec, staging_reg, sched).map_err(setup("worker"))?;
     let mut node = BackendNode::new(node_config(s), worker)
         .with_join_token(s.join_token.clone())
         .with_control_delay_override(s.control_delay);
     let clock = MonotonicClock::new();
     let mut watched = WatchList::new();
-    register(&mut node, &clock, &mut idle, &mut watched, s.id)?;
+    register(&mut node, &clock, &mut idle, &mut watched)?;
     if let Some(d) = node.control_delay() {
-        eprintln!("symphony-backend[{}]: {d}", s.id);
+        info!(backend = s.id, "{d}");
     }
-    let metrics = Arc::new(BackendMetrics::new(
-        s.id,
-        s.gpus,
-        s.models.iter().map(|m| m.name.clone()).collect(),
-    ));
+    let metrics = BackendMetrics::new(s.id, s.gpus, s.models.iter().map(|m| m.name.clone()).collect());
+    let metrics = Arc::new(metrics);
     let render = metrics.clone();
     let endpoint = MetricsEndpoint::start(s.metrics, Arc::new(move || render.render()))
-        .map_err(|e| format!("metrics endpoint on {}: {e}", s.metrics))?;
+        .map_err(setup(format!("metrics endpoint on {}", s.metrics)))?;
     let connector = spawn_connector(domain.clone(), s.connect_timeout, idle.notifier())?;
-    eprintln!(
-        "symphony-backend[{}]: registered with {} over {} ({} GPUs, {} executor, {} of {} models); metrics on {}",
-        s.id,
-        s.scheduler,
-        s.transport.name(),
-        s.gpus,
-        match s.executor {
-            ExecutorKind::Emulated => "emulated",
-            ExecutorKind::Cuda => "cuda",
-            ExecutorKind::Onnx => "onnx",
-        },
-        s.served.len(),
-        s.models.len(),
-        endpoint.addr()
+    info!(
+        backend = s.id,
+        scheduler = %s.scheduler,
+        transport = %s.transport.name(),
+        gpus = s.gpus,
+        executor = %s.executor.name(),
+        models_served = s.served.len(),
+        models = s.models.len(),
+        metrics = %endpoint.addr(),
+        "registered with the scheduler"
     );
     (launch.ready)(&Ready {
         metrics: endpoint.addr(),
         gpus: s.gpus,
     });
     let mut host = Host {
-        s,
         metrics: &metrics,
         connector: &connector,
         idle: &mut idle,
         watched: &mut watched,
         clock: &clock,
+        published: WorkerStats::default(),
+        heartbeats_published: 0,
+        exit: None,
     };
     let exit = host.run(&mut node, launch.stop);
     // Closing the request channel ends the connector thread once its
@@ -374,16 +406,15 @@ fn register<C: Connection, E: Executor>(
     clock: &MonotonicClock,
     idle: &mut IdleWait,
     watched: &mut WatchList,
-    id: u32,
-) -> Result<(), String> {
+) -> Result<(), BackendError> {
     loop {
         let now = clock.now();
         let progressed = node.poll(now);
         while let Some(ev) = node.poll_event() {
             match ev {
                 BackendEvent::Registered => return Ok(()),
-                BackendEvent::Refused { why } | BackendEvent::Failed { why } => return Err(why),
-                ev => eprintln!("symphony-backend[{id}]: {ev}"),
+                BackendEvent::Refused { why } | BackendEvent::Failed { why } => return Err(BackendError::Node(why)),
+                ev => info!("{ev}"),
             }
         }
         if progressed {
@@ -421,96 +452,113 @@ fn flush_all<C: Connection, E: Executor>(worker: &mut BatchWorker<C, E>) {
 }
 
 /// What the serving loop needs besides the node: the real clock, the
-/// connector thread, metrics, the idle strategy.
+/// connector thread, metrics, the idle strategy, and what it published
+/// and decided so far.
 struct Host<'a, C> {
-    s: &'a Settings,
     metrics: &'a BackendMetrics,
     connector: &'a Connector<C>,
     idle: &'a mut IdleWait,
     watched: &'a mut WatchList,
     clock: &'a MonotonicClock,
+    published: WorkerStats,
+    heartbeats_published: u64,
+    /// How the loop will end once the node has drained.
+    exit: Option<Exit>,
 }
 
 impl<C: Connection> Host<'_, C> {
-    fn run<E: Executor>(&mut self, node: &mut BackendNode<C, E>, stop: &dyn Fn() -> bool) -> Result<Exit, String> {
-        let id = self.s.id;
-        let mut published = WorkerStats::default();
-        let mut heartbeats_published = 0u64;
-        let mut exit = None;
+    /// Polls the node until it has drained after a stop or the
+    /// scheduler's departure.
+    fn run<E: Executor>(&mut self, node: &mut BackendNode<C, E>, stop: &dyn Fn() -> bool) -> Result<Exit, BackendError> {
         loop {
             let now = self.clock.now();
             let mut progressed = node.poll(now);
             while let Some(ev) = node.poll_event() {
                 progressed = true;
-                match ev {
-                    BackendEvent::ConnectFrontend { id: fid, ref endpoint } => {
-                        eprintln!("symphony-backend[{id}]: {ev}");
-                        // The connector thread outlives the loop, so a send
-                        // only fails if it died; the frontend's tasks then
-                        // fail as unreachable.
-                        let _ = self.connector.requests.send((fid, endpoint.clone()));
-                    }
-                    BackendEvent::SchedulerLost { .. } => {
-                        eprintln!("symphony-backend[{id}]: {ev}");
-                        exit.get_or_insert(Exit::SchedulerGone);
-                    }
-                    BackendEvent::FrontendConnected { .. } => {
-                        self.metrics.frontends_connected.fetch_add(1, Ordering::Relaxed);
-                        eprintln!("symphony-backend[{id}]: {ev}");
-                    }
-                    BackendEvent::FrontendUnreachable { .. } => {
-                        self.metrics.frontend_connect_failures.fetch_add(1, Ordering::Relaxed);
-                        eprintln!("symphony-backend[{id}]: {ev}");
-                    }
-                    // The worker fails the frontend's tasks; the scheduler
-                    // announces it again if it comes back.
-                    BackendEvent::FrontendLost(_) => {}
-                    BackendEvent::Failed { why } => return Err(why),
-                    ev => eprintln!("symphony-backend[{id}]: {ev}"),
-                }
+                self.on_event(ev)?;
             }
-            while let Ok((fid, opened)) = self.connector.opened.try_recv() {
-                progressed = true;
-                match opened {
-                    Ok(conn) => node.handle_frontend_link(now, fid, conn),
-                    Err(e) => {
-                        self.metrics.frontend_connect_failures.fetch_add(1, Ordering::Relaxed);
-                        eprintln!("symphony-backend[{id}]: {e}");
-                    }
-                }
-            }
+            progressed |= self.take_opened(node, now);
             if !node.draining() && stop() {
-                eprintln!(
-                    "symphony-backend[{id}]: stop requested; finishing {} batches in hand",
-                    node.worker().batches_in_flight()
-                );
+                info!(batches_in_hand = node.worker().batches_in_flight(), "stop requested; finishing the batches in hand");
                 node.begin_drain();
-                exit.get_or_insert(Exit::Stopped);
+                self.exit.get_or_insert(Exit::Stopped);
                 progressed = true;
             }
-            while let Some(r) = node.worker_mut().pop_report() {
-                self.metrics.record_batch(&r);
-            }
-            let stats = node.worker().stats();
-            if stats != published {
-                self.metrics.store_stats(&stats);
-                published = stats;
-            }
-            let beats = node.scheduler_heartbeats();
-            if beats != heartbeats_published {
-                self.metrics
-                    .scheduler_heartbeats
-                    .fetch_add(beats - heartbeats_published, Ordering::Relaxed);
-                heartbeats_published = beats;
-            }
+            self.publish(node);
             if node.drained() {
-                return Ok(exit.unwrap_or(Exit::Stopped));
+                return Ok(self.exit.take().unwrap_or(Exit::Stopped));
             }
             if progressed {
                 self.idle.reset();
             } else {
                 sleep_until_due(node, now, self.clock, self.idle, self.watched);
             }
+        }
+    }
+
+    /// Acts on one of the node's events.
+    fn on_event(&mut self, ev: BackendEvent) -> Result<(), BackendError> {
+        match ev {
+            BackendEvent::ConnectFrontend { id, ref endpoint } => {
+                info!("{ev}");
+                // The connector thread outlives the loop, so a send only
+                // fails if it died; the frontend's tasks then fail as
+                // unreachable.
+                let _ = self.connector.requests.send((id, endpoint.clone()));
+            }
+            BackendEvent::SchedulerLost { .. } => {
+                warn!("{ev}");
+                self.exit.get_or_insert(Exit::SchedulerGone);
+            }
+            BackendEvent::FrontendConnected { .. } => {
+                self.metrics.frontends_connected.fetch_add(1, Ordering::Relaxed);
+                info!("{ev}");
+            }
+            BackendEvent::FrontendUnreachable { .. } => {
+                self.metrics.frontend_connect_failures.fetch_add(1, Ordering::Relaxed);
+                warn!("{ev}");
+            }
+            // The worker fails the frontend's tasks; the scheduler
+            // announces it again if it comes back.
+            BackendEvent::FrontendLost(_) => {}
+            BackendEvent::Failed { why } => return Err(BackendError::Node(why)),
+            ev => info!("{ev}"),
+        }
+        Ok(())
+    }
+
+    /// Hands the connections the connector opened to the node.
+    fn take_opened<E: Executor>(&mut self, node: &mut BackendNode<C, E>, now: Instant) -> bool {
+        let mut any = false;
+        while let Ok(o) = self.connector.opened.try_recv() {
+            any = true;
+            match o.conn {
+                Ok(conn) => node.handle_frontend_link(now, o.frontend, conn),
+                Err(e) => {
+                    self.metrics.frontend_connect_failures.fetch_add(1, Ordering::Relaxed);
+                    warn!(frontend = o.frontend, endpoint = %o.endpoint, error = %e, "cannot connect to the frontend");
+                }
+            }
+        }
+        any
+    }
+
+    /// Moves the node's reports and counters into the metrics.
+    fn publish<E: Executor>(&mut self, node: &mut BackendNode<C, E>) {
+        while let Some(r) = node.worker_mut().pop_report() {
+            self.metrics.record_batch(&r);
+        }
+        let stats = node.worker().stats();
+        if stats != self.published {
+            self.metrics.store_stats(&stats);
+            self.published = stats;
+        }
+        let beats = node.scheduler_heartbeats();
+        if beats != self.heartbeats_published {
+            self.metrics
+                .scheduler_heartbeats
+                .fetch_add(beats - self.heartbeats_published, Ordering::Relaxed);
+            self.heartbeats_published = beats;
         }
     }
 }

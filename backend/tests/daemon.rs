@@ -680,7 +680,7 @@ fn fails_with(args: &[&str], code: i32, want: &str) {
 
 #[test]
 fn bad_configuration_is_a_clear_error_and_nonzero_exit() {
-    fails_with(&["--model", "a=1,2,50"], 2, "missing --scheduler");
+    fails_with(&["--model", "a=1,2,50"], 2, "--scheduler is required");
     fails_with(&["--scheduler", "x", "--models", "none"], 2, "no models");
     fails_with(
         &["--scheduler", "x", "--model", "a=1,2"],
@@ -706,13 +706,13 @@ fn bad_configuration_is_a_clear_error_and_nonzero_exit() {
     fails_with(
         &["--config", "/nonexistent/backend.toml"],
         2,
-        "cannot read config file",
+        "cannot read the config file",
     );
     let dir = std::env::temp_dir();
     let path = dir.join(format!("symphony-backend-test-{}.toml", std::process::id()));
     std::fs::write(&path, "scheduler = \"x\"\ngpu = 2\n").unwrap();
     let p = path.to_str().unwrap().to_string();
-    fails_with(&["--config", &p], 2, "unknown field");
+    fails_with(&["--config", &p], 2, "unknown key `gpu`");
     std::fs::write(&path, "scheduler = \"127.0.0.1:1\"\nmodel = [\"a=1,2,50\"]\ntransport = \"tcp-blocking\"\nconnect_timeout_ms = 200\n").unwrap();
     fails_with(&["--config", &p], 1, "cannot reach the scheduler");
     std::fs::remove_file(&path).unwrap();

@@ -20,6 +20,48 @@ use crate::transport::tcp::{Engine, TcpConfig, TcpDomain};
 use crate::transport::{Connection, Domain, Error};
 use crate::wire::{self, Message, Register, Role};
 
+/// Why a daemon's plumbing could not be set up: a name that is not a
+/// transport or idle strategy, a transport this host or build lacks, a
+/// signal handler the OS refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// Not a transport name.
+    #[error("unknown transport '{0}' (shm, tcp, tcp-blocking, rdma)")]
+    UnknownTransport(String),
+    /// Not an idle strategy.
+    #[error("unknown idle strategy '{0}' (spin, yield, park, wait, park:US with 1..=1000000)")]
+    UnknownIdle(String),
+    /// The transport cannot be opened on this host.
+    #[error("transport {kind} unavailable: {source}{hint}")]
+    TransportUnavailable {
+        /// The transport's name.
+        kind: &'static str,
+        /// What failed.
+        source: Error,
+        /// What to try instead (may be empty).
+        hint: &'static str,
+    },
+    /// This build has no support for the transport.
+    #[error("transport {kind}: built without support for it (rebuild with `--features {feature}`)")]
+    NotBuilt {
+        /// The transport's name.
+        kind: &'static str,
+        /// The cargo feature that brings it.
+        feature: &'static str,
+    },
+    /// A stop-signal handler could not be installed.
+    #[error("cannot install a handler for signal {0}")]
+    Signal(i32),
+}
+
+/// For callers that still collect errors as text (`?` into a
+/// `Result<_, String>`).
+impl From<ControlError> for String {
+    fn from(e: ControlError) -> String {
+        e.to_string()
+    }
+}
+
 // ---- transports by name -----------------------------------------------------
 
 /// The transports a daemon can run on.
@@ -45,11 +87,11 @@ impl TransportKind {
     ];
 
     /// Parses a command-line name.
-    pub fn parse(s: &str) -> Result<TransportKind, String> {
+    pub fn parse(s: &str) -> Result<TransportKind, ControlError> {
         TransportKind::ALL
             .into_iter()
             .find(|k| k.name() == s)
-            .ok_or_else(|| format!("unknown transport '{s}' (shm, tcp, tcp-blocking, rdma)"))
+            .ok_or_else(|| ControlError::UnknownTransport(s.to_string()))
     }
 
     /// The command-line name.
@@ -101,7 +143,7 @@ pub struct DomainOptions {
 
 /// Opens a domain of `kind` and runs `task` on it; `Err` says why the
 /// transport is unavailable.
-pub fn with_domain<W: WithDomain>(kind: TransportKind, task: W) -> Result<W::Out, String> {
+pub fn with_domain<W: WithDomain>(kind: TransportKind, task: W) -> Result<W::Out, ControlError> {
     with_domain_opts(kind, DomainOptions::default(), task)
 }
 
@@ -110,10 +152,13 @@ pub fn with_domain_opts<W: WithDomain>(
     kind: TransportKind,
     opts: DomainOptions,
     task: W,
-) -> Result<W::Out, String> {
+) -> Result<W::Out, ControlError> {
+    let unavailable = |kind: TransportKind, hint| {
+        move |source| ControlError::TransportUnavailable { kind: kind.name(), source, hint }
+    };
     match kind {
         TransportKind::Shm => {
-            let d = ShmDomain::new().map_err(|e| format!("transport shm unavailable: {e}"))?;
+            let d = ShmDomain::new().map_err(unavailable(kind, ""))?;
             Ok(task.run(d))
         }
         TransportKind::Tcp | TransportKind::TcpBlocking => {
@@ -126,12 +171,7 @@ pub fn with_domain_opts<W: WithDomain>(
             if let Some(t) = opts.tcp_read_timeout {
                 cfg.read_timeout = t;
             }
-            let d = TcpDomain::new(cfg).map_err(|e| {
-                format!(
-                    "transport {} unavailable: {e} (try --transport tcp-blocking)",
-                    kind.name()
-                )
-            })?;
+            let d = TcpDomain::new(cfg).map_err(unavailable(kind, " (try --transport tcp-blocking)"))?;
             Ok(task.run(d))
         }
         TransportKind::Rdma => rdma(task),
@@ -139,15 +179,16 @@ pub fn with_domain_opts<W: WithDomain>(
 }
 
 #[cfg(feature = "rdma")]
-fn rdma<W: WithDomain>(task: W) -> Result<W::Out, String> {
-    let d = crate::transport::rdma::RdmaDomain::from_env()
-        .map_err(|e| format!("transport rdma unavailable: {e}"))?;
+fn rdma<W: WithDomain>(task: W) -> Result<W::Out, ControlError> {
+    let d = crate::transport::rdma::RdmaDomain::from_env().map_err(|source| {
+        ControlError::TransportUnavailable { kind: "rdma", source, hint: "" }
+    })?;
     Ok(task.run(d))
 }
 
 #[cfg(not(feature = "rdma"))]
-fn rdma<W: WithDomain>(_task: W) -> Result<W::Out, String> {
-    Err("transport rdma: built without RDMA support (rebuild with `--features rdma`)".into())
+fn rdma<W: WithDomain>(_task: W) -> Result<W::Out, ControlError> {
+    Err(ControlError::NotBuilt { kind: "rdma", feature: "rdma" })
 }
 
 // ---- bounded blocking helpers ---------------------------------------------
@@ -360,7 +401,7 @@ impl Liveness {
 /// `wait` (sleep at once: every idle pass is a wait-set sleep, the
 /// cheapest on a small shared machine) or `park:US` (like `park` with
 /// sleeps of at most US microseconds, for transports without a wait fd).
-pub fn parse_idle(s: &str) -> Result<IdleStrategy, String> {
+pub fn parse_idle(s: &str) -> Result<IdleStrategy, ControlError> {
     let park = |us: u64| IdleStrategy::SpinThenPark {
         spins: 100,
         yields: 10,
@@ -377,9 +418,7 @@ pub fn parse_idle(s: &str) -> Result<IdleStrategy, String> {
         }),
         _ => match s.strip_prefix("park:").map(str::parse::<u64>) {
             Some(Ok(us)) if (1..=1_000_000).contains(&us) => Ok(park(us)),
-            _ => Err(format!(
-                "unknown idle strategy '{s}' (spin, yield, park, wait, park:US with 1..=1000000)"
-            )),
+            _ => Err(ControlError::UnknownIdle(s.to_string())),
         },
     }
 }
@@ -395,14 +434,14 @@ extern "C" fn on_signal(_sig: libc::c_int) {
 
 /// Makes SIGINT and SIGTERM set the flag [`stop_requested`] reads (instead
 /// of killing the process), so a daemon can shut down cleanly.
-pub fn install_stop_signals() -> Result<(), String> {
+pub fn install_stop_signals() -> Result<(), ControlError> {
     for sig in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: `on_signal` is an `extern "C"` function that only stores
         // to an atomic, which is async-signal-safe; `signal` has no other
         // preconditions.
         let prev = unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
         if prev == libc::SIG_ERR {
-            return Err(format!("cannot install handler for signal {sig}"));
+            return Err(ControlError::Signal(sig));
         }
     }
     Ok(())
@@ -572,15 +611,16 @@ mod tests {
 
     #[test]
     fn idle_names_parse_and_bad_ones_are_refused() {
-        assert_eq!(parse_idle("spin"), Ok(IdleStrategy::Spin));
+        assert_eq!(parse_idle("spin").ok(), Some(IdleStrategy::Spin));
         assert!(matches!(
             parse_idle("park:250"),
             Ok(IdleStrategy::SpinThenPark { park, .. }) if park == Duration::from_micros(250)
         ));
         assert!(parse_idle("park:0").is_err());
         assert!(parse_idle("nap").is_err());
-        assert_eq!(TransportKind::parse("tcp-blocking"), Ok(TransportKind::TcpBlocking));
-        assert!(TransportKind::parse("udp").unwrap_err().contains("unknown transport"));
+        assert_eq!(TransportKind::parse("tcp-blocking").ok(), Some(TransportKind::TcpBlocking));
+        let e = TransportKind::parse("udp").unwrap_err().to_string();
+        assert_eq!(e, "unknown transport 'udp' (shm, tcp, tcp-blocking, rdma)");
     }
 
     #[test]

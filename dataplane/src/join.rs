@@ -12,7 +12,7 @@
 //! environment ([`TOKEN_ENV`]), never from the command line, where any
 //! user of the host could read it in the process list.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -33,6 +33,43 @@ const JOIN_SIGNED_LEN: usize = std::mem::size_of::<Join>() - wire::MAC_LEN;
 
 type HmacSha256 = Hmac<Sha256>;
 
+/// Why no usable join token could be had.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    /// Shorter than [`MIN_TOKEN_LEN`] once trimmed.
+    #[error("the join token has {0} bytes; at least {MIN_TOKEN_LEN} are needed")]
+    TooShort(usize),
+    /// The token file cannot be read.
+    #[error("cannot read the join token file {}: {source}", file.display())]
+    Read {
+        /// The file.
+        file: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The token file holds an unusable token.
+    #[error("{}: {source}", file.display())]
+    BadFile {
+        /// The file.
+        file: PathBuf,
+        /// What is wrong with its token.
+        source: Box<JoinError>,
+    },
+    /// [`TOKEN_ENV`] holds an unusable token.
+    #[error("{TOKEN_ENV}: {0}")]
+    BadEnv(Box<JoinError>),
+    /// The OS random generator failed.
+    #[error("no OS randomness for a join token: {0}")]
+    NoRandomness(getrandom::Error),
+}
+
+/// For callers that still collect errors as text.
+impl From<JoinError> for String {
+    fn from(e: JoinError) -> String {
+        e.to_string()
+    }
+}
+
 /// A cluster's shared secret. Its `Debug` output never shows the bytes.
 #[derive(Clone, PartialEq, Eq)]
 pub struct JoinToken(Vec<u8>);
@@ -47,22 +84,19 @@ impl JoinToken {
     /// A token of `bytes` with surrounding ASCII whitespace removed (a
     /// file's trailing newline is not part of it); at least
     /// [`MIN_TOKEN_LEN`] bytes.
-    pub fn new(bytes: &[u8]) -> Result<JoinToken, String> {
+    pub fn new(bytes: &[u8]) -> Result<JoinToken, JoinError> {
         let t = bytes.trim_ascii();
         if t.len() < MIN_TOKEN_LEN {
-            return Err(format!(
-                "the join token has {} bytes; at least {MIN_TOKEN_LEN} are needed",
-                t.len()
-            ));
+            return Err(JoinError::TooShort(t.len()));
         }
         Ok(JoinToken(t.to_vec()))
     }
 
     /// A fresh random token: 32 bytes of the OS generator as 64 hex
     /// digits (printable, so it can travel in the environment).
-    pub fn generate() -> Result<JoinToken, String> {
+    pub fn generate() -> Result<JoinToken, JoinError> {
         let mut raw = [0u8; 32];
-        getrandom::fill(&mut raw).map_err(|e| format!("no OS randomness for a join token: {e}"))?;
+        getrandom::fill(&mut raw).map_err(JoinError::NoRandomness)?;
         let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
         Ok(JoinToken(hex.into_bytes()))
     }
@@ -76,18 +110,21 @@ impl JoinToken {
     /// The token a daemon uses: the file's content if `file` is given (an
     /// unreadable or too short file is an error), else [`TOKEN_ENV`] if
     /// set and not empty, else none.
-    pub fn from_file_or_env(file: Option<&Path>) -> Result<Option<JoinToken>, String> {
+    pub fn from_file_or_env(file: Option<&Path>) -> Result<Option<JoinToken>, JoinError> {
         if let Some(p) = file {
-            let bytes = std::fs::read(p)
-                .map_err(|e| format!("cannot read the join token file {}: {e}", p.display()))?;
-            return JoinToken::new(&bytes)
-                .map(Some)
-                .map_err(|e| format!("{}: {e}", p.display()));
+            let bytes = std::fs::read(p).map_err(|source| JoinError::Read {
+                file: p.to_path_buf(),
+                source,
+            })?;
+            return JoinToken::new(&bytes).map(Some).map_err(|e| JoinError::BadFile {
+                file: p.to_path_buf(),
+                source: Box::new(e),
+            });
         }
         match std::env::var_os(TOKEN_ENV) {
             Some(v) if !v.is_empty() => JoinToken::new(v.as_encoded_bytes())
                 .map(Some)
-                .map_err(|e| format!("{TOKEN_ENV}: {e}")),
+                .map_err(|e| JoinError::BadEnv(Box::new(e))),
             _ => Ok(None),
         }
     }
@@ -178,7 +215,7 @@ mod tests {
 
     #[test]
     fn tokens_are_trimmed_checked_and_never_printed() {
-        assert!(JoinToken::new(b"short").unwrap_err().contains("at least 16"));
+        assert!(JoinToken::new(b"short").unwrap_err().to_string().contains("at least 16"));
         let t = JoinToken::generate().unwrap();
         assert_eq!(t.as_text().unwrap().len(), 64);
         assert_ne!(t, JoinToken::generate().unwrap());
@@ -188,7 +225,7 @@ mod tests {
         let from_file = JoinToken::from_file_or_env(Some(&dir)).unwrap().unwrap();
         std::fs::remove_file(&dir).unwrap();
         assert_eq!(from_file.as_text(), Some("0123456789abcdef0123"));
-        assert!(JoinToken::from_file_or_env(Some(&dir)).unwrap_err().contains("cannot read"));
+        assert!(JoinToken::from_file_or_env(Some(&dir)).unwrap_err().to_string().contains("cannot read"));
     }
 
     #[test]

@@ -18,3 +18,4 @@ pub mod waitset;
 pub mod wire;
 pub mod control;
 pub mod join;
+pub mod shell;

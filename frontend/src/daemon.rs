@@ -17,7 +17,9 @@
 //! waits for a stop signal or for the I/O thread to end.
 //!
 //! Entry point: [`main_with_args`] (the `symphony-frontend` binary is a
-//! thin wrapper, so a multi-call binary can run it too).
+//! thin wrapper, so a multi-call binary can run it too); the command line,
+//! logs, stop signals and exit codes are the daemon shell's
+//! ([`dataplane::shell`]).
 
 use crate::http::{HttpConfig, Server};
 use crate::metrics::Metrics;
@@ -26,22 +28,24 @@ use crate::node::{FrontendEvent, FrontendNode, FrontendNodeConfig, FrontendStats
 use crate::service::ClusterService;
 use crate::staging::{RoutedOutcome, Staging, StagingConfig};
 use clap::Parser;
-use dataplane::control::{self, MetricsEndpoint, TransportKind, WithDomain};
+use dataplane::control::{self, ControlError, MetricsEndpoint, TransportKind, WithDomain};
 use dataplane::idle::IdleStrategy;
 use dataplane::join::JoinToken;
-use dataplane::waitset::{IdleWait, Notifier};
 use dataplane::mem::Access;
+use dataplane::shell::{self, parse_socket_addr, Acceptor, Common, CommonArgs, ConfigError, Daemon};
 use dataplane::time::{Duration, Instant, MonotonicClock};
-use dataplane::transport::{Connection, Domain, Error as TransportError, Listener, Registration};
+use dataplane::transport::{Connection, Domain, Listener, Registration};
+use dataplane::waitset::{IdleWait, Notifier};
 use dataplane::wire::DropReason;
-use scheduler::zoo::{cluster_models, ModelSpec};
-use serde::Deserialize;
+use scheduler::daemon::ModelListArgs;
+use scheduler::zoo::ModelSpec;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
+use tracing::{info, warn};
 
 /// Frontend ids must be below this (every daemon refuses others; the
 /// task-id layout fixes it).
@@ -52,121 +56,64 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(5000);
 /// backend to send its `Register` on a new data connection.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(5000);
 
-/// Command line of `symphony-frontend`. Every option can also be set in
-/// the `--config` TOML file (key = the long flag with '_' for '-');
-/// flags override the file.
-#[derive(Parser, Debug, Default)]
+/// Command line of `symphony-frontend` (loaded by
+/// [`dataplane::shell::load`]: flags, `SYMPHONY_*` variables, `--config`).
+#[derive(Parser, Debug)]
 #[command(
     name = "symphony-frontend",
     about = "Symphony frontend: the KServe v2 HTTP API in front of a Symphony scheduler"
 )]
-pub struct Cli {
-    /// TOML file with any of the options below.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// This frontend's id (< 4096, unique in the cluster). Default 0.
-    #[arg(long)]
-    pub id: Option<u32>,
+pub struct FrontendArgs {
+    /// This frontend's id (< 4096, unique in the cluster).
+    #[arg(long, default_value_t = 0)]
+    pub id: u32,
     /// The scheduler's control address (required).
     #[arg(long)]
     pub scheduler: Option<String>,
-    /// KServe v2 HTTP listen address. Default 127.0.0.1:0.
-    #[arg(long)]
-    pub http: Option<String>,
+    /// KServe v2 HTTP listen address, HOST:PORT.
+    #[arg(long, default_value = "127.0.0.1:0", value_parser = parse_socket_addr)]
+    pub http: SocketAddr,
     /// Data listen address for backends' connections (transport address).
     /// Default: a fresh one (shm: a new name; tcp: 127.0.0.1:0).
     #[arg(long)]
     pub data_listen: Option<String>,
-    /// shm, tcp, tcp-blocking or rdma. Default shm.
-    #[arg(long)]
-    pub transport: Option<String>,
-    /// I/O thread idle strategy: spin, yield, park, park:US. Default park.
-    #[arg(long)]
-    pub idle: Option<String>,
-    /// Prometheus /metrics listen address. Default 127.0.0.1:0.
-    #[arg(long)]
-    pub metrics: Option<String>,
-    /// Model zoo table: a100 or 1080ti. Default a100.
-    #[arg(long)]
-    pub zoo: Option<String>,
-    /// Models of the zoo: all, strong, weak, none, or names. Default all.
-    #[arg(long)]
-    pub models: Option<String>,
-    /// Extra model NAME=ALPHA_MS,BETA_MS,SLO_MS (repeatable; appended).
-    #[arg(long)]
-    pub model: Vec<String>,
-    /// Staging slots: requests in flight at most. Default 4096.
-    #[arg(long)]
-    pub slots: Option<u32>,
-    /// Largest HTTP request body, bytes. Default 1 MiB.
-    #[arg(long)]
-    pub max_body: Option<usize>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub model_list: ModelListArgs,
+    /// Staging slots: requests in flight at most.
+    #[arg(long, default_value_t = 4096)]
+    pub slots: u32,
+    /// Largest HTTP request body, bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_body: usize,
     /// Wait past a request's deadline before answering it timed out, ms.
-    /// Default 100.
-    #[arg(long)]
-    pub grace_ms: Option<u64>,
+    #[arg(long, default_value_t = 100)]
+    pub grace_ms: u64,
     /// Part of each request's budget kept for the way back (the output's
     /// trip to this frontend and the HTTP answer): the scheduler is given
-    /// the budget minus this, µs. Default 2000.
-    #[arg(long)]
-    pub return_margin_us: Option<u64>,
-    /// HTTP worker threads. Default 2.
-    #[arg(long)]
-    pub http_threads: Option<usize>,
-    /// Heartbeat interval toward the scheduler, ms. Default 100.
-    #[arg(long)]
-    pub heartbeat_ms: Option<u64>,
-    /// The scheduler is dead after this much silence, ms. Default 1000.
-    #[arg(long)]
-    pub dead_after_ms: Option<u64>,
+    /// the budget minus this, µs.
+    #[arg(long, default_value_t = 2000)]
+    pub return_margin_us: u64,
+    /// HTTP worker threads.
+    #[arg(long, default_value_t = 2)]
+    pub http_threads: usize,
     /// Tasks queued toward the scheduler at most (a full queue fails the
     /// request, 503). Default: the number of slots.
     #[arg(long)]
     pub queue: Option<usize>,
-    /// Exit (SIGTERM) when the parent process dies.
-    #[arg(long)]
-    pub exit_with_parent: bool,
-    /// File holding the cluster's join token (else the environment's
-    /// SYMPHONY_JOIN_TOKEN; never a flag's value).
-    #[arg(long)]
-    pub join_token_file: Option<PathBuf>,
     /// Triton-layout model repository: the models found there by name
     /// declare their real tensors (names, types, shapes) instead of the
     /// default INPUT0/OUTPUT0.
     #[arg(long)]
     pub model_repository: Option<PathBuf>,
-}
-
-/// The `--config` file: the same options, '_' for '-'.
-#[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    id: Option<u32>,
-    scheduler: Option<String>,
-    http: Option<String>,
-    data_listen: Option<String>,
-    transport: Option<String>,
-    idle: Option<String>,
-    metrics: Option<String>,
-    zoo: Option<String>,
-    models: Option<String>,
-    model: Option<Vec<String>>,
-    slots: Option<u32>,
-    max_body: Option<usize>,
-    grace_ms: Option<u64>,
-    return_margin_us: Option<u64>,
-    http_threads: Option<usize>,
-    heartbeat_ms: Option<u64>,
-    dead_after_ms: Option<u64>,
-    queue: Option<usize>,
-    exit_with_parent: Option<bool>,
-    join_token_file: Option<PathBuf>,
-    model_repository: Option<PathBuf>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub common: CommonArgs,
 }
 
 /// A validated configuration.
 #[derive(Clone, Debug)]
-pub struct Options {
+pub struct FrontendConfig {
     /// Frontend id.
     pub id: u16,
     /// Scheduler control address.
@@ -199,228 +146,193 @@ pub struct Options {
     pub dead_after: Duration,
     /// Task queue capacity.
     pub queue: usize,
-    /// Die with the parent.
-    pub exit_with_parent: bool,
     /// The cluster's join token, if any.
     pub join_token: Option<JoinToken>,
     /// Model repository whose tensors the catalog declares.
     pub model_repository: Option<PathBuf>,
 }
 
-fn addr(what: &str, s: &str) -> Result<SocketAddr, String> {
-    s.parse()
-        .map_err(|_| format!("--{what} '{s}': expected HOST:PORT (e.g. 127.0.0.1:0)"))
-}
-
-impl Options {
-    /// Resolves a command line (and its `--config` file) into options.
-    pub fn resolve(cli: Cli) -> Result<Options, String> {
-        let file = match &cli.config {
-            None => FileConfig::default(),
-            Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .map_err(|e| format!("--config {}: {e}", p.display()))?;
-                toml::from_str::<FileConfig>(&text)
-                    .map_err(|e| format!("--config {}: {e}", p.display()))?
+impl FrontendArgs {
+    /// Checks every frontend option; `common` is the resolved shared part.
+    pub fn resolve(self, common: Common) -> Result<FrontendConfig, ConfigError> {
+        if self.id >= MAX_FRONTEND_ID {
+            return Err(ConfigError::invalid("id", format!("{}: frontend ids must be < {MAX_FRONTEND_ID}", self.id)));
+        }
+        let scheduler = self.scheduler.ok_or(ConfigError::Missing {
+            option: "scheduler",
+            what: "the scheduler's control address",
+        })?;
+        let in_range = |name: &str, v: usize, max: usize| {
+            if (1..=max).contains(&v) {
+                Ok(v)
+            } else {
+                Err(ConfigError::invalid(name, format!("{v}: must be 1..={max}")))
             }
         };
-        let id = cli.id.or(file.id).unwrap_or(0);
-        if id >= MAX_FRONTEND_ID {
-            return Err(format!(
-                "--id {id}: frontend ids must be < {MAX_FRONTEND_ID}"
-            ));
+        let slots = in_range("slots", self.slots as usize, crate::staging::MAX_SLOTS as usize)? as u32;
+        if common.control_delay.is_some() {
+            warn!("--control-delay-us is for the scheduler and the backends; a frontend ignores it");
         }
-        let scheduler = cli
-            .scheduler
-            .or(file.scheduler)
-            .ok_or("--scheduler ADDR is required (the scheduler's control address)")?;
-        let transport =
-            TransportKind::parse(cli.transport.or(file.transport).as_deref().unwrap_or("shm"))?;
-        let idle = control::parse_idle(cli.idle.or(file.idle).as_deref().unwrap_or("park"))?;
-        let http = addr(
-            "http",
-            cli.http.or(file.http).as_deref().unwrap_or("127.0.0.1:0"),
-        )?;
-        let metrics = addr(
-            "metrics",
-            cli.metrics
-                .or(file.metrics)
-                .as_deref()
-                .unwrap_or("127.0.0.1:0"),
-        )?;
-        let data_listen = cli
-            .data_listen
-            .or(file.data_listen)
-            .unwrap_or_else(|| transport.ephemeral_listen("127.0.0.1"));
-        let extra = if cli.model.is_empty() {
-            file.model.unwrap_or_default()
-        } else {
-            cli.model
-        };
-        let models = cluster_models(
-            cli.zoo.or(file.zoo).as_deref().unwrap_or("a100"),
-            cli.models.or(file.models).as_deref().unwrap_or("all"),
-            &extra,
-        )?;
-        let slots = cli.slots.or(file.slots).unwrap_or(4096);
-        if slots == 0 || slots > crate::staging::MAX_SLOTS {
-            return Err(format!(
-                "--slots {slots}: must be 1..={}",
-                crate::staging::MAX_SLOTS
-            ));
-        }
-        let max_body = cli.max_body.or(file.max_body).unwrap_or(1 << 20);
-        if max_body == 0 {
-            return Err("--max-body must be positive".into());
-        }
-        let http_threads = cli.http_threads.or(file.http_threads).unwrap_or(2);
-        if http_threads == 0 || http_threads > 256 {
-            return Err(format!("--http-threads {http_threads}: must be 1..=256"));
-        }
-        let heartbeat_ms = cli.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(100);
-        let dead_after_ms = cli.dead_after_ms.or(file.dead_after_ms).unwrap_or(1000);
-        if heartbeat_ms == 0 || dead_after_ms <= heartbeat_ms {
-            return Err(format!(
-                "--heartbeat-ms {heartbeat_ms} / --dead-after-ms {dead_after_ms}: need 0 < heartbeat < dead-after"
-            ));
-        }
-        let queue = cli.queue.or(file.queue).unwrap_or(slots as usize);
-        if queue == 0 {
-            return Err("--queue must be positive".into());
-        }
-        let join_token =
-            JoinToken::from_file_or_env(cli.join_token_file.or(file.join_token_file).as_deref())?;
-        Ok(Options {
-            join_token,
-            id: id as u16,
+        Ok(FrontendConfig {
+            id: self.id as u16,
             scheduler,
-            http,
-            data_listen,
-            transport,
-            idle,
-            metrics,
-            models,
+            http: self.http,
+            data_listen: self
+                .data_listen
+                .unwrap_or_else(|| common.transport.ephemeral_listen("127.0.0.1")),
+            transport: common.transport,
+            idle: common.idle,
+            metrics: common.metrics,
+            models: self.model_list.resolve()?,
             slots,
-            max_body,
-            grace: Duration::from_millis(cli.grace_ms.or(file.grace_ms).unwrap_or(100)),
-            return_margin: Duration::from_micros(
-                cli.return_margin_us.or(file.return_margin_us).unwrap_or(2000),
-            ),
-            http_threads,
-            heartbeat: Duration::from_millis(heartbeat_ms),
-            dead_after: Duration::from_millis(dead_after_ms),
-            queue,
-            exit_with_parent: cli.exit_with_parent || file.exit_with_parent.unwrap_or(false),
-            model_repository: cli.model_repository.or(file.model_repository),
+            max_body: in_range("max-body", self.max_body, usize::MAX)?,
+            grace: Duration::from_millis(self.grace_ms),
+            return_margin: Duration::from_micros(self.return_margin_us),
+            http_threads: in_range("http-threads", self.http_threads, 256)?,
+            heartbeat: common.heartbeat,
+            dead_after: common.dead_after,
+            queue: in_range("queue", self.queue.unwrap_or(slots as usize), usize::MAX)?,
+            join_token: common.join_token,
+            model_repository: self.model_repository,
         })
     }
 }
 
-/// Runs the daemon with `args` (`args[0]` is the program name). Exit code 0
-/// after a stop signal, 2 for a bad command line or configuration, 1 for
-/// anything else (scheduler unreachable, refused or gone, ...).
+/// Why the frontend could not start or had to stop.
+#[derive(Debug, thiserror::Error)]
+pub enum FrontendError {
+    /// The transport cannot be opened.
+    #[error(transparent)]
+    Transport(#[from] ControlError),
+    /// A part of the daemon cannot be set up.
+    #[error("{what}: {source}")]
+    Setup {
+        /// What.
+        what: String,
+        /// Why.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The scheduler cannot be reached.
+    #[error("cannot reach the scheduler at '{addr}': {source}")]
+    Unreachable {
+        /// Its address.
+        addr: String,
+        /// Why.
+        source: dataplane::transport::Error,
+    },
+    /// The scheduler refused the registration (or its model list differs).
+    #[error("{0}")]
+    Refused(String),
+    /// The registered scheduler went away.
+    #[error("scheduler gone: {0}")]
+    SchedulerGone(String),
+    /// The I/O thread ended without saying why, or did not stop.
+    #[error("the I/O thread {0}")]
+    IoThread(&'static str),
+}
+
+fn setup<E: Into<Box<dyn std::error::Error + Send + Sync>>>(what: impl Into<String>) -> impl FnOnce(E) -> FrontendError {
+    let what = what.into();
+    move |e| FrontendError::Setup { what, source: e.into() }
+}
+
+impl Daemon for FrontendArgs {
+    type Config = FrontendConfig;
+    type Error = FrontendError;
+    fn common(&self) -> &CommonArgs {
+        &self.common
+    }
+    fn configure(self, common: Common) -> Result<FrontendConfig, ConfigError> {
+        self.resolve(common)
+    }
+    fn run(cfg: FrontendConfig) -> Result<(), FrontendError> {
+        run(cfg)
+    }
+}
+
+/// Runs the daemon with `args` (`args[0]` is the program name): see
+/// [`dataplane::shell::main`].
 pub fn main_with_args(args: Vec<String>) -> ExitCode {
-    let cli = match Cli::try_parse_from(args) {
-        Ok(c) => c,
-        Err(e) => {
-            let code = if e.use_stderr() { 2 } else { 0 };
-            let _ = e.print();
-            return ExitCode::from(code);
-        }
-    };
-    let opts = match Options::resolve(cli) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("symphony-frontend: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    if opts.exit_with_parent {
-        control::terminate_with_parent();
-    }
-    if let Err(e) = control::install_stop_signals() {
-        eprintln!("symphony-frontend: {e}");
-        return ExitCode::from(1);
-    }
-    match run(opts) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("symphony-frontend: {e}");
-            ExitCode::from(1)
-        }
-    }
+    shell::main::<FrontendArgs>(args)
 }
 
 /// Runs the daemon until a stop signal ([`control::stop_requested`]):
 /// `Ok` then, `Err` if it could not start or the scheduler went away.
-pub fn run(opts: Options) -> Result<(), String> {
-    control::with_domain(opts.transport, Daemon { opts })?
+pub fn run(cfg: FrontendConfig) -> Result<(), FrontendError> {
+    control::with_domain(cfg.transport, Serve(cfg))?
 }
 
-struct Daemon {
-    opts: Options,
-}
+struct Serve(FrontendConfig);
 
-impl WithDomain for Daemon {
-    type Out = Result<(), String>;
-    fn run<D: Domain>(self, domain: D) -> Result<(), String> {
-        serve(domain, self.opts)
+impl WithDomain for Serve {
+    type Out = Result<(), FrontendError>;
+    fn run<D: Domain>(self, domain: D) -> Result<(), FrontendError> {
+        serve(domain, self.0)
     }
 }
 
-fn serve<D: Domain>(domain: D, opts: Options) -> Result<(), String> {
-    let catalog = match &opts.model_repository {
-        Some(repo) => {
-            let scanned = scheduler::repository::scan(repo).map_err(|e| e.to_string())?;
-            for e in &scanned.refused {
-                eprintln!("symphony-frontend: model repository: refused: {e}");
-            }
-            ModelCatalog::with_repository(&opts.models, &scanned)
-        }
-        None => ModelCatalog::with_default_tensors(&opts.models),
+/// The models' tensors: the repository's where it declares them.
+fn catalog(cfg: &FrontendConfig) -> Result<ModelCatalog, FrontendError> {
+    let Some(repo) = &cfg.model_repository else {
+        return Ok(ModelCatalog::with_default_tensors(&cfg.models));
     };
+    let scanned = scheduler::repository::scan(repo).map_err(setup("model repository"))?;
+    for e in &scanned.refused {
+        warn!(error = %e, "model repository: refused");
+    }
+    Ok(ModelCatalog::with_repository(&cfg.models, &scanned))
+}
+
+/// The staging area: a region backends READ inputs from, registered.
+fn staging<D: Domain>(domain: &D, cfg: &FrontendConfig, catalog: &ModelCatalog) -> Result<(Registration, Arc<Staging>), FrontendError> {
     let slot_size = u32::try_from(catalog.max_input_bytes().max(1))
-        .map_err(|_| "a model input is too large for a staging slot".to_string())?;
-    let region = opts
+        .map_err(setup("a model input is too large for a staging slot"))?;
+    let region = cfg
         .transport
-        .readable_region(slot_size as usize * opts.slots as usize)
-        .map_err(|e| format!("staging region: {e}"))?;
+        .readable_region(slot_size as usize * cfg.slots as usize)
+        .map_err(setup("staging region"))?;
     let reg = domain
         .register(&region, Access::REMOTE_READ)
-        .map_err(|e| format!("registering the staging region: {e}"))?;
+        .map_err(setup("registering the staging region"))?;
     let staging = Staging::new(
         reg.clone(),
         StagingConfig {
-            frontend_id: opts.id,
-            slots: opts.slots,
+            frontend_id: cfg.id,
+            slots: cfg.slots,
             slot_size,
             max_output: catalog.max_output_bytes().min(u64::from(u32::MAX)) as u32,
         },
     )
-    .map_err(|e| format!("staging: {e}"))?;
-    let listener = domain
-        .listen(&opts.data_listen)
-        .map_err(|e| format!("data listener on '{}': {e}", opts.data_listen))?;
-    let data_addr = listener.local_addr();
+    .map_err(setup("staging"))?;
+    Ok((reg, staging))
+}
 
-    let idler = IdleWait::new(opts.idle).map_err(|e| format!("wait set: {e}"))?;
-    let (sink, tasks) = NetSink::new(opts.queue, Some(idler.notifier()));
+fn serve<D: Domain>(domain: D, cfg: FrontendConfig) -> Result<(), FrontendError> {
+    let catalog = catalog(&cfg)?;
+    let (reg, staging) = staging(&domain, &cfg, &catalog)?;
+    let listener = domain
+        .listen(&cfg.data_listen)
+        .map_err(setup(format!("data listener on '{}'", cfg.data_listen)))?;
+    let data_addr = listener.local_addr();
+    let idler = IdleWait::new(cfg.idle).map_err(setup("wait set"))?;
+    let (sink, tasks) = NetSink::new(cfg.queue, Some(idler.notifier()));
     let stats = sink.stats().clone();
     let node = FrontendNode::new(
         FrontendNodeConfig {
-            id: opts.id,
+            id: cfg.id,
             data_endpoint: data_addr.clone(),
             models: catalog.entries().len() as u32,
-            heartbeat: opts.heartbeat,
-            dead_after: opts.dead_after,
+            heartbeat: cfg.heartbeat,
+            dead_after: cfg.dead_after,
             handshake_timeout: HANDSHAKE_TIMEOUT,
         },
         staging.clone(),
         tasks,
     )
-    .with_join_token(opts.join_token.clone());
-    let sched = control::connect_retrying(&domain, &opts.scheduler, CONNECT_TIMEOUT)
-        .map_err(|e| format!("cannot reach the scheduler at '{}': {e}", opts.scheduler))?;
+    .with_join_token(cfg.join_token.clone());
+    let sched = control::connect_retrying(&domain, &cfg.scheduler, CONNECT_TIMEOUT).map_err(|source| {
+        FrontendError::Unreachable { addr: cfg.scheduler.clone(), source }
+    })?;
     let stop_io = Arc::new(AtomicBool::new(false));
     let mut io = IoHost {
         domain,
@@ -428,184 +340,152 @@ fn serve<D: Domain>(domain: D, opts: Options) -> Result<(), String> {
         node,
         idler,
         clock: MonotonicClock::new(),
-        id: opts.id,
         stop: stop_io.clone(),
     };
-    let model_count = io.register(sched)?;
-    eprintln!(
-        "symphony-frontend {}: registered with the scheduler at {} ({} models, transport {})",
-        opts.id,
-        opts.scheduler,
-        model_count,
-        opts.transport.name()
+    let models = io.register(sched)?;
+    info!(
+        frontend = cfg.id,
+        scheduler = %cfg.scheduler,
+        models,
+        transport = %cfg.transport.name(),
+        "registered with the scheduler"
     );
-
-    let stop_accept = Arc::new(AtomicBool::new(false));
-    let (conn_tx, conn_rx) = mpsc::channel();
-    let acceptor = {
-        let (stop, waker) = (stop_accept.clone(), io.idler.notifier());
-        std::thread::Builder::new()
-            .name("frontend-accept".into())
-            .spawn(move || accept_backends(listener, conn_tx, stop, waker))
-            .map_err(|e| format!("acceptor thread: {e}"))?
-    };
-
+    let acceptor = Acceptor::spawn("frontend-accept", listener, io.idler.notifier())
+        .map_err(setup("acceptor thread"))?;
     let (done_tx, done_rx) = mpsc::channel();
     let io_wake = io.idler.notifier();
     let io_thread = std::thread::Builder::new()
         .name("frontend-io".into())
         .spawn(move || {
-            let r = io.run(conn_rx);
-            let _ = done_tx.send(r);
+            let _ = done_tx.send(io.run(acceptor));
         })
-        .map_err(|e| format!("I/O thread: {e}"))?;
-
-    let result = serve_http(
-        &opts, catalog, staging, sink, &stats, &data_addr, &done_rx, &stop_io, &io_wake,
-    );
-    stop_io.store(true, Ordering::SeqCst);
-    stop_accept.store(true, Ordering::SeqCst);
-    io_wake.signal();
+        .map_err(setup("I/O thread"))?;
+    let io_end = IoEnd { done: done_rx, stop: stop_io, wake: io_wake };
+    let result = Http::start(&cfg, catalog, staging, sink, &stats, &data_addr).and_then(|http| http.serve(&cfg, &stats, &io_end));
+    io_end.stop.store(true, Ordering::SeqCst);
+    io_end.wake.signal();
     let _ = io_thread.join();
-    let _ = acceptor.join();
     result
 }
 
-/// Starts HTTP and /metrics, prints READY, waits for a stop or the I/O
-/// thread's end, then shuts HTTP down after answering what is in flight.
-#[allow(clippy::too_many_arguments)]
-fn serve_http(
-    opts: &Options,
-    catalog: ModelCatalog,
-    staging: Arc<Staging>,
-    sink: NetSink,
-    stats: &Arc<FrontendStats>,
-    data_addr: &str,
-    done_rx: &mpsc::Receiver<Result<(), String>>,
-    stop_io: &AtomicBool,
-    io_wake: &Notifier,
-) -> Result<(), String> {
-    let max_slo_ms = catalog
-        .entries()
-        .iter()
-        .map(|e| e.spec.slo.as_nanos() / 1_000_000)
-        .max()
-        .unwrap_or(0);
-    let metrics = Arc::new(Metrics::new(&catalog));
-    let extra = stats.clone();
-    metrics.set_extra(Box::new(move |o: &mut String| extra.render(o)));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(opts.http_threads)
-        .thread_name("frontend-http")
-        .enable_all()
-        .build()
-        .map_err(|e| format!("HTTP runtime: {e}"))?;
-    let service = Arc::new(
-        ClusterService::new(
-            Arc::new(catalog),
-            staging.clone(),
-            sink,
-            metrics.clone(),
-            opts.grace,
-        )
-        .with_ready(stats.ready.clone())
-        .with_return_margin(opts.return_margin),
-    );
-    let http_cfg = HttpConfig {
-        max_body: opts.max_body,
-        ..HttpConfig::default()
-    };
-    let server = rt
-        .block_on(Server::start(opts.http, service, http_cfg))
-        .map_err(|e| format!("HTTP listener on {}: {e}", opts.http))?;
-    let render_staging = staging.clone();
-    let render_metrics = metrics.clone();
-    let endpoint = MetricsEndpoint::start(
-        opts.metrics,
-        Arc::new(move || render_metrics.render(&render_staging.counters().snapshot())),
-    )
-    .map_err(|e| format!("metrics listener on {}: {e}", opts.metrics))?;
-    {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(
-            out,
-            "READY http={} metrics={} data={}",
-            server.addr(),
-            endpoint.addr(),
-            data_addr
-        );
-        let _ = out.flush();
-    }
-
-    let mut io_result = None;
-    while !control::stop_requested() {
-        match done_rx.recv_timeout(std::time::Duration::from_millis(20)) {
-            Ok(r) => {
-                io_result = Some(r);
-                break;
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                io_result = Some(Err("the I/O thread ended unexpectedly".into()));
-                break;
-            }
-        }
-    }
-    // Stop taking requests; answer those in flight (outcomes still arrive
-    // while the I/O thread runs; if it has ended they were already ended),
-    // waiting at most the longest deadline plus grace.
-    stats.ready.store(false, Ordering::Release);
-    let limit = std::time::Duration::from_millis(
-        max_slo_ms
-            .saturating_add(opts.grace.as_nanos() / 1_000_000)
-            .saturating_add(1000),
-    );
-    let drained = rt.block_on(server.stop_and_drain(limit));
-    if !drained {
-        eprintln!("symphony-frontend: some HTTP connections were still open at shutdown");
-    }
-    if io_result.is_none() {
-        stop_io.store(true, Ordering::SeqCst);
-        io_wake.signal();
-        io_result = done_rx.recv_timeout(std::time::Duration::from_secs(5)).ok();
-    }
-    // Anything staged after the I/O thread's last pass.
-    staging.end_in_flight(RoutedOutcome::Dropped(DropReason::Shutdown));
-    rt.shutdown_timeout(std::time::Duration::from_secs(1));
-    drop(endpoint);
-    let c = staging.counters().snapshot();
-    eprintln!(
-        "symphony-frontend {}: accepted={} succeeded={} dropped={} failed={}",
-        opts.id, c.accepted, c.succeeded, c.dropped, c.failed
-    );
-    match io_result {
-        Some(Err(e)) if !control::stop_requested() => Err(e),
-        Some(_) => Ok(()),
-        None => Err("the I/O thread did not stop within 5 s".into()),
-    }
+/// The main thread's handle on the I/O thread: its result, its stop flag
+/// and its waker.
+struct IoEnd {
+    done: mpsc::Receiver<Result<(), FrontendError>>,
+    stop: Arc<AtomicBool>,
+    wake: Notifier,
 }
 
-/// Accepts backends' data connections and hands them to the I/O thread
-/// (whose node checks their `Register{Backend}`).
-fn accept_backends<L: Listener>(
-    mut listener: L,
-    tx: mpsc::Sender<L::Conn>,
-    stop: Arc<AtomicBool>,
-    waker: Notifier,
-) {
-    while !stop.load(Ordering::SeqCst) {
-        match listener.accept(Duration::from_millis(100)) {
-            Ok(conn) => {
-                if tx.send(conn).is_err() {
-                    return;
+/// The HTTP side: its runtime, server and `/metrics`.
+struct Http {
+    rt: tokio::runtime::Runtime,
+    server: Server,
+    endpoint: MetricsEndpoint,
+    staging: Arc<Staging>,
+    /// How long answering what is in flight may take at shutdown.
+    drain_limit: std::time::Duration,
+}
+
+impl Http {
+    /// Starts HTTP and /metrics and prints the READY line.
+    fn start(
+        cfg: &FrontendConfig,
+        catalog: ModelCatalog,
+        staging: Arc<Staging>,
+        sink: NetSink,
+        stats: &Arc<FrontendStats>,
+        data_addr: &str,
+    ) -> Result<Http, FrontendError> {
+        let max_slo_ms = catalog
+            .entries()
+            .iter()
+            .map(|e| e.spec.slo.as_nanos() / 1_000_000)
+            .max()
+            .unwrap_or(0);
+        let drain_limit = std::time::Duration::from_millis(
+            max_slo_ms
+                .saturating_add(cfg.grace.as_nanos() / 1_000_000)
+                .saturating_add(1000),
+        );
+        let metrics = Arc::new(Metrics::new(&catalog));
+        let extra = stats.clone();
+        metrics.set_extra(Box::new(move |o: &mut String| extra.render(o)));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cfg.http_threads)
+            .thread_name("frontend-http")
+            .enable_all()
+            .build()
+            .map_err(setup("HTTP runtime"))?;
+        let service = Arc::new(
+            ClusterService::new(Arc::new(catalog), staging.clone(), sink, metrics.clone(), cfg.grace)
+                .with_ready(stats.ready.clone())
+                .with_return_margin(cfg.return_margin),
+        );
+        let http_cfg = HttpConfig {
+            max_body: cfg.max_body,
+            ..HttpConfig::default()
+        };
+        let server = rt
+            .block_on(Server::start(cfg.http, service, http_cfg))
+            .map_err(setup(format!("HTTP listener on {}", cfg.http)))?;
+        let render_staging = staging.clone();
+        let endpoint = MetricsEndpoint::start(
+            cfg.metrics,
+            Arc::new(move || metrics.render(&render_staging.counters().snapshot())),
+        )
+        .map_err(setup(format!("metrics listener on {}", cfg.metrics)))?;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "READY http={} metrics={} data={data_addr}", server.addr(), endpoint.addr());
+        let _ = out.flush();
+        Ok(Http { rt, server, endpoint, staging, drain_limit })
+    }
+
+    /// Waits for a stop or the I/O thread's end, then shuts HTTP down
+    /// after answering what is in flight.
+    fn serve(self, cfg: &FrontendConfig, stats: &FrontendStats, io: &IoEnd) -> Result<(), FrontendError> {
+        let mut io_result = None;
+        while !control::stop_requested() {
+            match io.done.recv_timeout(std::time::Duration::from_millis(20)) {
+                Ok(r) => {
+                    io_result = Some(r);
+                    break;
                 }
-                waker.signal();
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    io_result = Some(Err(FrontendError::IoThread("ended unexpectedly")));
+                    break;
+                }
             }
-            Err(TransportError::Timeout) => {}
-            Err(e) => {
-                eprintln!("symphony-frontend: accepting a data connection: {e}");
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
+        }
+        // Stop taking requests; answer those in flight (outcomes still
+        // arrive while the I/O thread runs; if it has ended they were
+        // already ended), waiting at most the longest deadline plus grace.
+        stats.ready.store(false, Ordering::Release);
+        if !self.rt.block_on(self.server.stop_and_drain(self.drain_limit)) {
+            warn!("some HTTP connections were still open at shutdown");
+        }
+        if io_result.is_none() {
+            io.stop.store(true, Ordering::SeqCst);
+            io.wake.signal();
+            io_result = io.done.recv_timeout(std::time::Duration::from_secs(5)).ok();
+        }
+        // Anything staged after the I/O thread's last pass.
+        self.staging.end_in_flight(RoutedOutcome::Dropped(DropReason::Shutdown));
+        self.rt.shutdown_timeout(std::time::Duration::from_secs(1));
+        drop(self.endpoint);
+        let c = self.staging.counters().snapshot();
+        info!(
+            frontend = cfg.id,
+            accepted = c.accepted,
+            succeeded = c.succeeded,
+            dropped = c.dropped,
+            failed = c.failed,
+            "requests at shutdown"
+        );
+        match io_result {
+            Some(Err(e)) if !control::stop_requested() => Err(e),
+            Some(_) => Ok(()),
+            None => Err(FrontendError::IoThread("did not stop within 5 s")),
         }
     }
 }
@@ -625,7 +505,6 @@ struct IoHost<D: Domain> {
     node: FrontendNode<D::Conn>,
     idler: IdleWait,
     clock: MonotonicClock,
-    id: u16,
     stop: Arc<AtomicBool>,
 }
 
@@ -660,7 +539,7 @@ impl<D: Domain> IoHost<D> {
 
     /// Registers with the scheduler over `sched`; returns the scheduler's
     /// model count once it acknowledged.
-    fn register(&mut self, sched: D::Conn) -> Result<u32, String> {
+    fn register(&mut self, sched: D::Conn) -> Result<u32, FrontendError> {
         self.add_fd(&sched);
         self.node.handle_scheduler_link(self.clock.now(), sched);
         loop {
@@ -670,7 +549,7 @@ impl<D: Domain> IoHost<D> {
             while let Some(ev) = self.node.poll_event() {
                 match ev {
                     FrontendEvent::Registered { models } => return Ok(models),
-                    FrontendEvent::Refused { why } => return Err(why),
+                    FrontendEvent::Refused { why } => return Err(FrontendError::Refused(why)),
                     _ => {}
                 }
             }
@@ -682,8 +561,9 @@ impl<D: Domain> IoHost<D> {
         }
     }
 
-    fn run(mut self, incoming: mpsc::Receiver<D::Conn>) -> Result<(), String> {
-        let ended = self.poll_loop(&incoming);
+    fn run(mut self, acceptor: Acceptor<D::Conn>) -> Result<(), FrontendError> {
+        let ended = self.poll_loop(&acceptor);
+        drop(acceptor);
         // Nothing will answer what is still queued or in flight.
         self.node.shutdown();
         let mut links = self.node.into_links();
@@ -696,11 +576,11 @@ impl<D: Domain> IoHost<D> {
         );
         match ended {
             Ended::Stopped => Ok(()),
-            Ended::SchedulerGone(why) => Err(format!("scheduler gone: {why}")),
+            Ended::SchedulerGone(why) => Err(FrontendError::SchedulerGone(why)),
         }
     }
 
-    fn poll_loop(&mut self, incoming: &mpsc::Receiver<D::Conn>) -> Ended {
+    fn poll_loop(&mut self, acceptor: &Acceptor<D::Conn>) -> Ended {
         loop {
             if self.stop.load(Ordering::Acquire) {
                 return Ended::Stopped;
@@ -711,17 +591,15 @@ impl<D: Domain> IoHost<D> {
             while let Some(ev) = self.node.poll_event() {
                 match ev {
                     FrontendEvent::SchedulerLost { why } => return Ended::SchedulerGone(why),
-                    FrontendEvent::BackendLost { id, why } => eprintln!(
-                        "symphony-frontend {}: backend {id} data connection closed: {why}",
-                        self.id
-                    ),
-                    FrontendEvent::LinkRefused { why } => eprintln!("symphony-frontend: {why}"),
-                    FrontendEvent::Registered { .. }
-                    | FrontendEvent::Refused { .. }
-                    | FrontendEvent::BackendJoined(_) => {}
+                    FrontendEvent::BackendLost { id, why } => {
+                        warn!(backend = id, %why, "backend data connection closed")
+                    }
+                    FrontendEvent::LinkRefused { why } => warn!("{why}"),
+                    FrontendEvent::BackendJoined(id) => info!(backend = id, "backend data connection registered"),
+                    FrontendEvent::Registered { .. } | FrontendEvent::Refused { .. } => {}
                 }
             }
-            while let Ok(conn) = incoming.try_recv() {
+            while let Some(conn) = acceptor.try_next() {
                 work = true;
                 self.add_fd(&conn);
                 self.node.handle_backend_link(now, conn);

@@ -817,7 +817,7 @@ impl<C: Connection> FrontendNode<C> {
                         .backends
                         .store(self.backends.len() as u64, Ordering::Relaxed);
                     self.events
-                        .push_back(FrontendEvent::BackendLost { id: gone.id, why });
+                        .push_back(FrontendEvent::BackendLost { id: gone.id, why: why.to_string() });
                 }
             }
         }
@@ -826,27 +826,23 @@ impl<C: Connection> FrontendNode<C> {
 
     /// Data links waiting for their `Register{Backend}`.
     fn poll_pending(&mut self, now: Instant) -> bool {
-        let without = |e: TransportError| format!("data connection without Register: {e}");
         let mut work = false;
         let mut i = 0;
         while i < self.pending.len() {
             let p = &mut self.pending[i];
             // None: still waiting; Some(Ok(backend id)) or Some(Err(why)).
-            let verdict: Option<Result<u32, String>> = match p.conn.try_recv(&mut self.buf) {
+            let verdict: Option<Result<u32, DataLinkError>> = match p.conn.try_recv(&mut self.buf) {
                 Ok(Some(n)) => Some(match wire::decode(&self.buf[..n]) {
                     Ok(Message::Register(r)) if r.role() == Some(Role::Backend) => Ok(r.id),
-                    Ok(Message::Register(r)) => Err(format!(
-                        "refused a data connection registering as role {} (not a backend)",
-                        r.role
-                    )),
-                    Ok(_) => Err(without(TransportError::Protocol(
+                    Ok(Message::Register(r)) => Err(DataLinkError::NotABackend(r.role)),
+                    Ok(_) => Err(DataLinkError::NoRegister(TransportError::Protocol(
                         wire::WireError::BadValue("first message is not Register"),
                     ))),
-                    Err(e) => Err(without(e.into())),
+                    Err(e) => Err(DataLinkError::NoRegister(e.into())),
                 }),
-                Ok(None) if now >= p.deadline => Some(Err(without(TransportError::Timeout))),
+                Ok(None) if now >= p.deadline => Some(Err(DataLinkError::NoRegister(TransportError::Timeout))),
                 Ok(None) => None,
-                Err(e) => Some(Err(without(e))),
+                Err(e) => Some(Err(DataLinkError::NoRegister(e))),
             };
             let Some(verdict) = verdict else {
                 i += 1;
@@ -872,12 +868,29 @@ impl<C: Connection> FrontendNode<C> {
                 }
                 Err(why) => {
                     self.closed.push(link.conn);
-                    self.events.push_back(FrontendEvent::LinkRefused { why });
+                    self.events.push_back(FrontendEvent::LinkRefused { why: why.to_string() });
                 }
             }
         }
         work
     }
+}
+
+/// Why a backend's data link is let go.
+#[derive(Debug, thiserror::Error)]
+enum DataLinkError {
+    /// It registered as another role.
+    #[error("refused a data connection registering as role {0} (not a backend)")]
+    NotABackend(u32),
+    /// Its first message was not a `Register`, or did not come in time.
+    #[error("data connection without Register: {0}")]
+    NoRegister(TransportError),
+    /// It sent bytes that do not decode.
+    #[error("malformed message: {0}")]
+    Malformed(WireError),
+    /// The link broke.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
 }
 
 /// Receives what a backend has sent (at most a burst); `Ok(found work)`,
@@ -888,7 +901,7 @@ fn poll_backend<C: Connection>(
     buf: &mut [u8],
     staging: &Staging,
     stats: &FrontendStats,
-) -> Result<bool, String> {
+) -> Result<bool, DataLinkError> {
     let mut work = false;
     for _ in 0..BURST {
         match conn.try_recv(buf) {
@@ -903,12 +916,12 @@ fn poll_backend<C: Connection>(
                     Ok(_) => {}
                     Err(e) => {
                         stats.bad_messages.fetch_add(1, Ordering::Relaxed);
-                        return Err(format!("malformed message: {e}"));
+                        return Err(DataLinkError::Malformed(e));
                     }
                 }
             }
             Ok(None) => return Ok(work),
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(work)

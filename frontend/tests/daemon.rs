@@ -450,7 +450,7 @@ fn bad_configurations_are_clear_errors_with_non_zero_exit() {
     let unknown_key = write_config("unknown-key", "scheduler = \"x\"\nslotz = 4\n");
     let not_toml = write_config("not-toml", "scheduler = \n");
     let cases: Vec<(Vec<String>, &str)> = vec![
-        (vec![], "--scheduler ADDR is required"),
+        (vec![], "--scheduler is required"),
         (
             vec!["--scheduler", "x", "--transport", "udp"],
             "unknown transport 'udp'",
@@ -462,7 +462,7 @@ fn bad_configurations_are_clear_errors_with_non_zero_exit() {
         ),
         (
             vec!["--scheduler", "x", "--http", "nowhere"],
-            "--http 'nowhere'",
+            "'nowhere' is not HOST:PORT",
         ),
         (
             vec!["--scheduler", "x", "--models", "NoSuchNet"],
@@ -472,7 +472,7 @@ fn bad_configurations_are_clear_errors_with_non_zero_exit() {
             vec!["--scheduler", "x", "--model", "bad"],
             "expected NAME=ALPHA_MS",
         ),
-        (vec!["--scheduler", "x", "--slots", "0"], "--slots 0"),
+        (vec!["--scheduler", "x", "--slots", "0"], "--slots: 0: must be"),
         (vec!["--scheduler", "x", "--zoo", "h100"], "unknown zoo"),
         (
             vec!["--config", "/nonexistent/frontend.toml"],
@@ -480,9 +480,9 @@ fn bad_configurations_are_clear_errors_with_non_zero_exit() {
         ),
         (
             vec!["--config", unknown_key.to_str().unwrap()],
-            "unknown field `slotz`",
+            "unknown key `slotz`",
         ),
-        (vec!["--config", not_toml.to_str().unwrap()], "--config"),
+        (vec!["--config", not_toml.to_str().unwrap()], "not valid TOML"),
         (vec!["--no-such-flag"], "--no-such-flag"),
     ]
     .into_iter()

@@ -341,9 +341,9 @@ fn run(cmd: Cmd) -> Result<(), String> {
         }
         Cmd::Example { policy, skip, requests, gather, json } => example::run(&policy, &skip, requests, &gather, json),
         Cmd::Up { models, cluster, load, rate, duration_s, serve, plot, json } => {
-            up::run(&up::UpArgs { models, cluster, load, rate, duration_s, serve, plot, json })
+            up::run(&up::UpArgs { models, cluster, load, rate, duration_s, serve, plot, json }).map_err(|e| e.to_string())
         }
-        Cmd::E2e { models, cluster, run_s, steps, trials, json } => up::e2e(&up::E2eArgs { models, cluster, run_s, steps, trials, json }),
+        Cmd::E2e { models, cluster, run_s, steps, trials, json } => up::e2e(&up::E2eArgs { models, cluster, run_s, steps, trials, json }).map_err(|e| e.to_string()),
         Cmd::Live { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json } => {
             live::run(&live::LiveArgs { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json })
         }

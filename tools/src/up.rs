@@ -6,11 +6,11 @@
 //! clients instead. Also the end-to-end goodput search behind
 //! `symphony report e2e`.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration as StdDuration, Instant as StdInstant};
 
-use dataplane::control::{self, metric};
+use dataplane::control::{self, metric, parse_idle, ControlError, TransportKind};
+use dataplane::shell::{self, LogArgs, LogFormat};
 use dataplane::time::Duration;
 use dataplane::wire::DropReason;
 use frontend::loadgen::{self, LoadReport};
@@ -20,6 +20,7 @@ use scheduler::policy::{build, PolicyConfig, PolicyKind};
 use scheduler::sim::{simulate, SimConfig, SimReport, Workload};
 use scheduler::zoo::ModelSpec;
 use tools::cluster::{ClusterSpec, LocalCluster};
+use tracing::{info, warn};
 
 use crate::plot;
 
@@ -41,13 +42,14 @@ pub struct ClusterOpts {
     /// Emulated GPUs per backend.
     #[arg(long = "gpus-per-backend", default_value_t = 1)]
     pub gpus_per_backend: u32,
-    /// Transport between the daemons: shm, tcp, tcp-blocking.
-    #[arg(long, default_value = "shm")]
-    pub transport: String,
+    /// Transport between the daemons: shm, tcp, tcp-blocking, rdma.
+    #[arg(long, default_value = "shm", value_parser = TransportKind::parse)]
+    pub transport: TransportKind,
     /// Idle strategy of every daemon: spin, yield, park, wait, park:US.
-    #[arg(long, default_value = "wait")]
+    #[arg(long, default_value = "wait", value_parser = valid_idle)]
     pub idle: String,
-    /// Control delay the scheduler charges and the backends subtract, µs.
+    /// Control delay the scheduler charges and announces, which the
+    /// backends adopt, µs.
     #[arg(long = "control-delay-us", default_value_t = 200)]
     pub control_delay_us: u32,
     /// Part of each request's budget the frontends keep for the way back, µs.
@@ -65,6 +67,50 @@ pub struct ClusterOpts {
     /// Implies --serve (the zoo workload's reference outputs do not apply).
     #[arg(long = "model-repository")]
     pub model_repository: Option<PathBuf>,
+    /// This command's and every daemon's log options.
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// An idle strategy's name, checked by the daemons' own parser (the name
+/// itself is handed to them).
+fn valid_idle(s: &str) -> Result<String, ControlError> {
+    parse_idle(s).map(|_| s.to_string())
+}
+
+/// Why `up` or `e2e` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpError {
+    /// A bad option (found before any daemon starts).
+    #[error("{0}")]
+    Usage(String),
+    /// The cluster, the load or the simulation failed.
+    #[error("{0}")]
+    Run(String),
+    /// A file cannot be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The file or directory.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The stop signals cannot be installed.
+    #[error(transparent)]
+    Signals(#[from] ControlError),
+    /// The accounting or routing checks failed after a run.
+    #[error("accounting or routing check failed (see above)")]
+    Check,
+}
+
+/// An error of the code `up` drives (the cluster, the load generator, the
+/// simulator), by its message.
+fn run_err(e: impl std::fmt::Display) -> UpError {
+    UpError::Run(e.to_string())
+}
+
+fn write_err(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> UpError + '_ {
+    move |source| UpError::Write { path: path.to_path_buf(), source }
 }
 
 /// `symphony up` options.
@@ -80,17 +126,16 @@ pub struct UpArgs {
 }
 
 /// The cluster spec `up` and the e2e report start.
-pub fn spec(models: &str, o: &ClusterOpts) -> Result<ClusterSpec, String> {
-    // Every option is checked here, before any child starts.
-    control::TransportKind::parse(&o.transport).map_err(|e| format!("--transport: {e}"))?;
-    control::parse_idle(&o.idle).map_err(|e| format!("--idle: {e}"))?;
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find my own executable: {e}"))?;
+pub fn spec(models: &str, o: &ClusterOpts) -> Result<ClusterSpec, UpError> {
+    // The transport and idle names were checked by the daemons' own
+    // parsers when the command line was read, before any child starts.
+    let exe = std::env::current_exe().map_err(|e| UpError::Run(format!("cannot find my own executable: {e}")))?;
     let mut s = ClusterSpec::new(exe, &o.zoo, models);
     s.extra = o.extra.clone();
     s.frontends = o.frontends;
     s.backends = o.backends;
     s.gpus_per_backend = o.gpus_per_backend;
-    s.transport = o.transport.clone();
+    s.transport = o.transport.name().to_string();
     s.idle = o.idle.clone();
     s.control_delay_us = o.control_delay_us;
     s.return_margin_us = o.return_margin_us;
@@ -104,28 +149,36 @@ pub fn spec(models: &str, o: &ClusterOpts) -> Result<ClusterSpec, String> {
         s.backend_flags.extend(["--executor".into(), "onnx".into(), "--model-repository".into(), repo.clone()]);
         s.frontend_flags.extend(["--model-repository".into(), repo]);
     }
+    // The daemons log as this command does.
+    let format = match o.log.log_format {
+        LogFormat::Human => "human",
+        LogFormat::Json => "json",
+    };
+    for flags in [&mut s.scheduler_flags, &mut s.frontend_flags, &mut s.backend_flags] {
+        flags.extend(["--log-format".into(), format.into(), "--log-level".into(), o.log.log_level.clone()]);
+    }
     Ok(s)
 }
 
 /// The cluster's models for `--model-repository`: every loadable model of
 /// the repository that REPO/profile.json profiles, as
 /// `NAME=ALPHA_MS,BETA_MS,SLO_MS` (the SLO from its config.pbtxt).
-pub fn repository_models(repo: &std::path::Path) -> Result<Vec<String>, String> {
+pub fn repository_models(repo: &std::path::Path) -> Result<Vec<String>, UpError> {
     use scheduler::repository::{self, profile::ProfileFile};
-    let scanned = repository::scan(repo).map_err(|e| e.to_string())?;
+    let scanned = repository::scan(repo).map_err(run_err)?;
     for e in &scanned.refused {
-        eprintln!("symphony up: model repository: refused: {e}");
+        warn!(error = %e, "model repository: refused");
     }
-    let profiles = ProfileFile::load(repo)?;
+    let profiles = ProfileFile::load(repo).map_err(run_err)?;
     let mut out = Vec::new();
     for m in &scanned.models {
         match profiles.model(m.name()) {
             Some(p) => out.push(format!("{}={},{},{}", m.name(), p.alpha_ms.max(0.0), p.beta_ms.max(0.0), m.slo().as_secs_f64() * 1e3)),
-            None => eprintln!("symphony up: {}: not in {} (run symphony profile); not served", m.name(), ProfileFile::path(repo).display()),
+            None => warn!(model = %m.name(), profiles = %ProfileFile::path(repo).display(), "not profiled (run symphony profile); not served"),
         }
     }
     if out.is_empty() {
-        return Err(format!("{}: no profiled, loadable model", repo.display()));
+        return Err(UpError::Usage(format!("{}: no profiled, loadable model", repo.display())));
     }
     Ok(out)
 }
@@ -144,9 +197,10 @@ pub fn sim_config(models: &[ModelSpec], gpus: u32, rate: f64, secs: f64, seed: u
 }
 
 /// The scheduler-only goodput (the paper's "(s)") of the cluster.
-pub fn sim_goodput(models: &[ModelSpec], gpus: u32, seed: u64) -> Result<f64, String> {
+pub fn sim_goodput(models: &[ModelSpec], gpus: u32, seed: u64) -> Result<f64, UpError> {
     let policy = PolicyConfig::new(PolicyKind::Deferred);
-    Ok(search(&sim_config(models, gpus, 0.0, 10.0, seed), &policy, &GoodputSearch::default(), &mut |_, _, _, _| {})?.goodput_rps)
+    let found = search(&sim_config(models, gpus, 0.0, 10.0, seed), &policy, &GoodputSearch::default(), &mut |_, _, _, _| {});
+    Ok(found.map_err(run_err)?.goodput_rps)
 }
 
 /// One end-to-end load run and what the daemons counted during it.
@@ -194,10 +248,10 @@ struct Scrape {
     backs: Vec<String>,
 }
 
-fn scrape(c: &LocalCluster) -> Result<Scrape, String> {
+fn scrape(c: &LocalCluster) -> Result<Scrape, UpError> {
     Ok(Scrape {
-        sched: c.scheduler.metrics()?,
-        fronts: c.frontends.iter().map(|f| f.metrics()).collect::<Result<_, _>>()?,
+        sched: c.scheduler.metrics().map_err(run_err)?,
+        fronts: c.frontends.iter().map(|f| f.metrics()).collect::<Result<_, _>>().map_err(run_err)?,
         // A backend killed on purpose has no metrics: count it as empty.
         backs: c.backends.iter().map(|b| b.metrics().unwrap_or_default()).collect(),
     })
@@ -239,12 +293,12 @@ fn median_batch(before: &str, after: &str) -> f64 {
 
 /// Offers `rate` rps (Poisson, equal split over `models`) for `secs` to
 /// the cluster's frontends and measures it.
-pub fn run_load(c: &LocalCluster, models: &[ModelSpec], rate: f64, secs: f64, seed: u64) -> Result<E2eRun, String> {
+pub fn run_load(c: &LocalCluster, models: &[ModelSpec], rate: f64, secs: f64, seed: u64) -> Result<E2eRun, UpError> {
     let catalog = ModelCatalog::with_default_tensors(models);
-    let cfg = tools::cluster::load_config(models, c.http_addrs()?, rate, secs, seed);
+    let cfg = tools::cluster::load_config(models, c.http_addrs().map_err(run_err)?, rate, secs, seed);
     let before = scrape(c)?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| e.to_string())?;
-    let r: LoadReport = rt.block_on(loadgen::run(cfg))?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(run_err)?;
+    let r: LoadReport = rt.block_on(loadgen::run(cfg)).map_err(run_err)?;
     // Let the last outcomes land in the daemons' counters.
     let quiet_by = StdInstant::now() + StdDuration::from_secs(5);
     let after = loop {
@@ -322,7 +376,7 @@ fn advice_text(add: f64, remove: f64) -> String {
 /// directories of dead `up`/`e2e` processes are removed first, and this
 /// run's own is removed when the run succeeds (kept, and named, when it
 /// fails), so nothing is left in the temporary directory.
-fn with_logs<T>(spec: &ClusterSpec, body: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+fn with_logs<T>(spec: &ClusterSpec, body: impl FnOnce() -> Result<T, UpError>) -> Result<T, UpError> {
     dataplane::mem::sweep_stale_files(&std::env::temp_dir(), &[LOG_DIR_PREFIX]);
     let r = body();
     if let Some(dir) = &spec.log_dir {
@@ -330,7 +384,7 @@ fn with_logs<T>(spec: &ClusterSpec, body: impl FnOnce() -> Result<T, String>) ->
             Ok(_) => {
                 let _ = std::fs::remove_dir_all(dir);
             }
-            Err(_) if dir.exists() => eprintln!("symphony: the daemons' logs are kept in {}", dir.display()),
+            Err(_) if dir.exists() => warn!(dir = %dir.display(), "the daemons' logs are kept"),
             Err(_) => {}
         }
     }
@@ -340,10 +394,11 @@ fn with_logs<T>(spec: &ClusterSpec, body: impl FnOnce() -> Result<T, String>) ->
 /// Log directories are `<tmp>/symphony-up-<pid>`.
 const LOG_DIR_PREFIX: &str = "symphony-up-";
 
-pub fn run(a: &UpArgs) -> Result<(), String> {
+pub fn run(a: &UpArgs) -> Result<(), UpError> {
+    shell::logging::init(&a.cluster.log);
     if let Some(repo) = &a.cluster.model_repository {
         if !a.cluster.extra.is_empty() {
-            return Err("--model-repository serves the repository's models: no --model".into());
+            return Err(UpError::Usage("--model-repository serves the repository's models: no --model".into()));
         }
         let mut cluster = a.cluster.clone();
         cluster.extra = repository_models(repo)?;
@@ -353,22 +408,28 @@ pub fn run(a: &UpArgs) -> Result<(), String> {
     start_and_run(a)
 }
 
-fn start_and_run(a: &UpArgs) -> Result<(), String> {
+fn start_and_run(a: &UpArgs) -> Result<(), UpError> {
     let spec = spec(&a.models, &a.cluster)?;
     with_logs(&spec, || run_with(a, spec.clone()))
 }
 
-fn run_with(a: &UpArgs, mut spec: ClusterSpec) -> Result<(), String> {
-    let models = scheduler::zoo::cluster_models(&a.cluster.zoo, &a.models, &a.cluster.extra)?;
+/// Checks the options `clap` could not (before any child starts).
+fn check(a: &UpArgs) -> Result<Vec<ModelSpec>, UpError> {
+    let models = scheduler::zoo::cluster_models(&a.cluster.zoo, &a.models, &a.cluster.extra).map_err(|e| UpError::Usage(e.to_string()))?;
     if a.cluster.frontends == 0 || a.cluster.backends == 0 || a.cluster.gpus_per_backend == 0 {
-        return Err("need at least one frontend, one backend and one GPU per backend".into());
+        return Err(UpError::Usage("need at least one frontend, one backend and one GPU per backend".into()));
     }
     if !(a.duration_s.is_finite() && a.duration_s > 0.0 && a.duration_s <= 3600.0) {
-        return Err("--duration-s must be in (0, 3600]".into());
+        return Err(UpError::Usage("--duration-s must be in (0, 3600]".into()));
     }
     if !(a.load.is_finite() && a.load > 0.0 && a.load <= 4.0) {
-        return Err("--load must be in (0, 4] (a fraction of the simulated goodput)".into());
+        return Err(UpError::Usage("--load must be in (0, 4] (a fraction of the simulated goodput)".into()));
     }
+    Ok(models)
+}
+
+fn run_with(a: &UpArgs, mut spec: ClusterSpec) -> Result<(), UpError> {
+    let models = check(a)?;
     control::install_stop_signals()?;
     let gpus = a.cluster.backends * a.cluster.gpus_per_backend;
     if a.serve {
@@ -377,58 +438,101 @@ fn run_with(a: &UpArgs, mut spec: ClusterSpec) -> Result<(), String> {
         // first; the model-repository flags after it stay).
         spec.frontend_flags.drain(0..2);
     }
-    eprintln!(
-        "symphony up: scheduler + {} frontends + {} backends x {} emulated GPUs over {}; {} models ({} zoo); logs in {}",
-        a.cluster.frontends,
-        a.cluster.backends,
-        a.cluster.gpus_per_backend,
-        a.cluster.transport,
-        models.len(),
-        a.cluster.zoo,
-        spec.log_dir.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
+    info!(
+        frontends = a.cluster.frontends,
+        backends = a.cluster.backends,
+        gpus_per_backend = a.cluster.gpus_per_backend,
+        transport = %a.cluster.transport.name(),
+        models = models.len(),
+        zoo = %a.cluster.zoo,
+        logs = %spec.log_dir.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+        "starting a local cluster (emulated GPUs)"
     );
-    let cluster = LocalCluster::start(&spec)?;
-    let http: Vec<SocketAddr> = cluster.http_addrs()?;
+    let cluster = LocalCluster::start(&spec).map_err(run_err)?;
     if a.serve {
-        // One address per line, `<what>: <url>`, for people and scripts.
-        for (i, h) in http.iter().enumerate() {
-            println!("frontend {}: http://{h}", i + 1);
-        }
-        for (i, f) in cluster.frontends.iter().enumerate() {
-            println!("frontend {} metrics: http://{}/metrics", i + 1, f.addr("metrics")?);
-        }
-        for (i, b) in cluster.backends.iter().enumerate() {
-            println!("backend {} metrics: http://{}/metrics", i + 1, b.addr("metrics")?);
-        }
-        println!("scheduler metrics: http://{}/metrics", cluster.scheduler.addr("metrics")?);
-        println!("(KServe v2 on each frontend: /v2/health/ready, /v2/models/<name>/infer; terms: docs/glossary.md)");
-        println!("serving; Ctrl-C stops every process");
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
-        let mut cluster = cluster;
-        while !control::stop_requested() {
-            if let Some(s) = cluster.scheduler.try_exit() {
-                return Err(format!("the scheduler exited ({s})"));
-            }
-            std::thread::sleep(StdDuration::from_millis(50));
-        }
-        eprintln!("symphony up: stopping");
-        return cluster.stop();
+        return serve(cluster, &spec);
     }
-    eprintln!("symphony up: finding the simulated (scheduler-only) goodput of {gpus} GPUs...");
+    info!(gpus, "finding the simulated (scheduler-only) goodput");
     let s_goodput = sim_goodput(&models, gpus, a.cluster.seed)?;
     let rate = a.rate.unwrap_or(s_goodput * a.load);
-    eprintln!("symphony up: offering {rate:.0} rps over HTTP for {} s ({:.0}% of the simulated goodput {s_goodput:.0})...", a.duration_s, rate / s_goodput * 100.0);
+    info!(rate_rps = rate, duration_s = a.duration_s, simulated_goodput_rps = s_goodput, "offering load over HTTP");
     let run = run_load(&cluster, &models, rate, a.duration_s, a.cluster.seed);
-    let stopped = cluster.stop();
+    let stopped = cluster.stop().map_err(run_err);
     let e = run?;
     stopped?;
-    let mut sched = build(&models, gpus, &PolicyConfig::new(PolicyKind::Deferred))?;
-    let sim: SimReport = simulate(&sim_config(&models, gpus, rate, a.duration_s, a.cluster.seed), sched.as_mut()).map_err(|e| e.to_string())?;
-    // Figures go to --plot, by default ./symphony-up (the logs' temporary
-    // directory is removed when the run ends).
+    let mut sched = build(&models, gpus, &PolicyConfig::new(PolicyKind::Deferred)).map_err(run_err)?;
+    let sim: SimReport = simulate(&sim_config(&models, gpus, rate, a.duration_s, a.cluster.seed), sched.as_mut()).map_err(run_err)?;
+    write_figures(a, &e, &sim)?;
+    if a.json {
+        let v = serde_json::json!({ "simulated_goodput_rps": s_goodput, "e2e": e, "simulated": sim });
+        println!("{}", serde_json::to_string_pretty(&v).map_err(run_err)?);
+        return Ok(());
+    }
+    print_report(a, models.len(), rate, s_goodput, &e, &sim);
+    if e.wrong_client > 0 || e.wrong_output > 0 || !e.accounted {
+        return Err(UpError::Check);
+    }
+    Ok(())
+}
+
+/// `up --serve`: prints every address a client or tool needs, one per
+/// line (`<what>: <url>`, for people and scripts), and where the join
+/// token is (never the token itself); serves until Ctrl-C.
+fn serve(mut cluster: LocalCluster, spec: &ClusterSpec) -> Result<(), UpError> {
+    let token_file = write_join_token(&cluster, spec)?;
+    let addr = |d: &tools::cluster::Daemon, key| d.addr(key).map_err(run_err);
+    for (i, f) in cluster.frontends.iter().enumerate() {
+        println!("frontend {}: http://{}", i + 1, addr(f, "http")?);
+    }
+    for (i, f) in cluster.frontends.iter().enumerate() {
+        println!("frontend {} metrics: http://{}/metrics", i + 1, addr(f, "metrics")?);
+    }
+    for (i, b) in cluster.backends.iter().enumerate() {
+        println!("backend {} metrics: http://{}/metrics", i + 1, addr(b, "metrics")?);
+    }
+    println!("scheduler metrics: http://{}/metrics", addr(&cluster.scheduler, "metrics")?);
+    println!("scheduler control: {}", cluster.scheduler.ready.get("control").map_or("", String::as_str));
+    println!("join token: {}", token_file.display());
+    println!("(KServe v2 on each frontend: /v2/health/ready, /v2/models/<name>/infer; terms: docs/glossary.md)");
+    println!("serving; Ctrl-C stops every process");
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    while !control::stop_requested() {
+        if let Some(s) = cluster.scheduler.try_exit() {
+            return Err(UpError::Run(format!("the scheduler exited ({s})")));
+        }
+        std::thread::sleep(StdDuration::from_millis(50));
+    }
+    info!("stopping");
+    cluster.stop().map_err(run_err)
+}
+
+/// Writes the cluster's join token, readable by this user only, into the
+/// run's directory (removed with it), for a daemon started by hand to
+/// join with `--join-token-file`.
+fn write_join_token(cluster: &LocalCluster, spec: &ClusterSpec) -> Result<PathBuf, UpError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = spec.log_dir.clone().unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&dir).map_err(write_err(&dir))?;
+    let path = dir.join("join-token");
+    let text = cluster.join_token.as_text().ok_or_else(|| UpError::Run("the join token is not text".into()))?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(write_err(&path))?;
+    Ok(path)
+}
+
+/// The batch-size and latency figures (in --plot, by default ./symphony-up:
+/// the logs' temporary directory is removed when the run ends).
+fn write_figures(a: &UpArgs, e: &E2eRun, sim: &SimReport) -> Result<(), UpError> {
     let dir = a.plot.clone().unwrap_or_else(|| PathBuf::from("symphony-up"));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(write_err(&dir))?;
     let fraction = |v: Vec<(f64, f64)>| {
         let total: f64 = v.iter().map(|p| p.1 * p.0).sum::<f64>().max(1.0);
         v.into_iter().map(|(b, c)| (b, b * c / total)).collect::<Vec<_>>()
@@ -440,20 +544,19 @@ fn run_with(a: &UpArgs, mut spec: ClusterSpec) -> Result<(), String> {
         plot::Series { label: "end-to-end".into(), points: e2e_sizes },
         plot::Series { label: "simulated".into(), points: sim_sizes },
     ];
-    std::fs::write(&path, plot::lines("Requests by the size of the batch they ran in", "batch size", "fraction of requests", &series))
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    std::fs::write(&path, plot::lines("Requests by the size of the batch they ran in", "batch size", "fraction of requests", &series)).map_err(write_err(&path))?;
     let lat = [e.latency_ok_ms[0], e.latency_ok_ms[1], e.latency_ok_ms[2], e.latency_ok_ms[3]];
     let data: Vec<(f64, f64)> = [50.0, 90.0, 99.0, 99.9].iter().zip(lat).map(|(p, v)| (*p, v)).collect();
     let path2 = dir.join("up_latency.svg");
     std::fs::write(&path2, plot::lines("End-to-end latency of successful requests", "percentile", "ms", &[plot::Series { label: "end-to-end".into(), points: data }]))
-        .map_err(|e| format!("cannot write {}: {e}", path2.display()))?;
-    eprintln!("symphony up: figures {} and {}", path.display(), path2.display());
-    if a.json {
-        let v = serde_json::json!({ "simulated_goodput_rps": s_goodput, "e2e": e, "simulated": sim });
-        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
-        return Ok(());
-    }
-    println!("local cluster: scheduler + {} frontends + {} backends x {} emulated GPUs ({}), {} models, {} s", a.cluster.frontends, a.cluster.backends, a.cluster.gpus_per_backend, a.cluster.transport, models.len(), a.duration_s);
+        .map_err(write_err(&path2))?;
+    info!(batch_sizes = %path.display(), latency = %path2.display(), "figures written");
+    Ok(())
+}
+
+/// The end-to-end run next to the simulated one, on stdout.
+fn print_report(a: &UpArgs, models: usize, rate: f64, s_goodput: f64, e: &E2eRun, sim: &SimReport) {
+    println!("local cluster: scheduler + {} frontends + {} backends x {} emulated GPUs ({}), {} models, {} s", a.cluster.frontends, a.cluster.backends, a.cluster.gpus_per_backend, a.cluster.transport.name(), models, a.duration_s);
     println!("{:<26} {:>14} {:>14}", "", "end-to-end", "simulated");
     println!("{:<26} {:>14.0} {:>14.0}", "requested load (rps)", rate, rate);
     println!("{:<26} {:>14.0} {:>14.0}", "offered load (rps)", e.offered_rps, sim.measured_offered_rps);
@@ -471,10 +574,6 @@ fn run_with(a: &UpArgs, mut spec: ClusterSpec) -> Result<(), String> {
         e.scheduler_deadline_drops, e.frontend_dropped, e.frontend_failed, e.late, e.backend_late_starts, e.backend_batches
     );
     println!("scheduler-only goodput of this cluster (simulated): {s_goodput:.0} rps");
-    if e.wrong_client > 0 || e.wrong_output > 0 || !e.accounted {
-        return Err("accounting or routing check failed (see above)".into());
-    }
-    Ok(())
 }
 
 /// `symphony e2e` options.
@@ -503,8 +602,8 @@ fn cpu_seconds(pid: u32) -> f64 {
 /// One run of `rate` rps on a fresh cluster: the measurement, whether it
 /// passes (client and every model at most 1% bad), a line on stderr and a
 /// JSON record in `runs`.
-fn e2e_trial(spec: &ClusterSpec, models: &[ModelSpec], rate: f64, secs: f64, seed: u64, runs: &mut Vec<serde_json::Value>) -> Result<(E2eRun, bool), String> {
-    let cluster = LocalCluster::start(spec)?;
+fn e2e_trial(spec: &ClusterSpec, models: &[ModelSpec], rate: f64, secs: f64, seed: u64, runs: &mut Vec<serde_json::Value>) -> Result<(E2eRun, bool), UpError> {
+    let cluster = LocalCluster::start(spec).map_err(run_err)?;
     let pids: Vec<(String, u32)> = std::iter::once(&cluster.scheduler)
         .chain(&cluster.frontends)
         .chain(&cluster.backends)
@@ -515,23 +614,25 @@ fn e2e_trial(spec: &ClusterSpec, models: &[ModelSpec], rate: f64, secs: f64, see
     let r = run_load(&cluster, models, rate, secs, seed)?;
     let cpu: Vec<f64> = pids.iter().zip(&cpu0).map(|((_, p), c0)| (cpu_seconds(*p) - c0) / secs).collect();
     let me = (cpu_seconds(std::process::id()) - me0) / secs;
-    cluster.stop()?;
+    cluster.stop().map_err(run_err)?;
     let pass = r.bad_rate <= 0.01 && r.worst_model_bad_rate <= 0.01;
-    eprintln!(
-        "    rate {rate:.0}: goodput {:.0} bad {:.2}% worst model {:.2}% (sched deadline drops {:.0}, frontend failed {:.0}, late at the client {}, late batches {:.0}/{:.0}) median batch {} busy {:.0}% p99 {:.1} ms -> {}; CPU cores: loadgen {me:.2}, {}",
-        r.goodput_rps,
-        r.bad_rate * 100.0,
-        r.worst_model_bad_rate * 100.0,
-        r.scheduler_deadline_drops,
-        r.frontend_failed,
-        r.late,
-        r.backend_late_starts,
-        r.backend_batches,
-        r.median_batch,
-        r.gpu_busy_fraction * 100.0,
-        r.latency_ok_ms[2],
-        if pass { "pass" } else { "fail" },
-        pids.iter().zip(&cpu).map(|((n, _), c)| format!("{n} {c:.2}")).collect::<Vec<_>>().join(", ")
+    info!(
+        rate_rps = rate,
+        goodput_rps = r.goodput_rps,
+        bad_rate = r.bad_rate,
+        worst_model_bad_rate = r.worst_model_bad_rate,
+        scheduler_deadline_drops = r.scheduler_deadline_drops,
+        frontend_failed = r.frontend_failed,
+        late_at_client = r.late,
+        late_batches = r.backend_late_starts,
+        batches = r.backend_batches,
+        median_batch = r.median_batch,
+        gpu_busy_fraction = r.gpu_busy_fraction,
+        p99_ms = r.latency_ok_ms[2],
+        pass,
+        cpu_cores_loadgen = me,
+        cpu_cores = %pids.iter().zip(&cpu).map(|((n, _), c)| format!("{n} {c:.2}")).collect::<Vec<_>>().join(", "),
+        "trial"
     );
     runs.push(serde_json::json!({
         "rate": rate, "seed": seed, "run": r, "pass": pass, "cpu_cores_loadgen": me,
@@ -544,19 +645,20 @@ fn e2e_trial(spec: &ClusterSpec, models: &[ModelSpec], rate: f64, secs: f64, see
 /// real daemons keep the client's bad rate and every model's bad rate at
 /// or under 1%, next to the simulated scheduler-only goodput of the same
 /// workload and cluster.
-pub fn e2e(a: &E2eArgs) -> Result<(), String> {
+pub fn e2e(a: &E2eArgs) -> Result<(), UpError> {
+    shell::logging::init(&a.cluster.log);
     if a.cluster.model_repository.is_some() {
-        return Err("symphony e2e drives the emulated zoo models; --model-repository is for symphony up".into());
+        return Err(UpError::Usage("symphony e2e drives the emulated zoo models; --model-repository is for symphony up".into()));
     }
-    let models = scheduler::zoo::cluster_models(&a.cluster.zoo, &a.models, &a.cluster.extra)?;
+    let models = scheduler::zoo::cluster_models(&a.cluster.zoo, &a.models, &a.cluster.extra).map_err(|e| UpError::Usage(e.to_string()))?;
     let gpus = a.cluster.backends * a.cluster.gpus_per_backend;
-    eprintln!("symphony e2e: simulated goodput of {} on {gpus} GPUs...", a.models);
+    info!(models = %a.models, gpus, "symphony e2e: finding the simulated goodput");
     let s = sim_goodput(&models, gpus, a.cluster.seed)?;
     let spec = spec(&a.models, &a.cluster)?;
     with_logs(&spec, || e2e_with(a, &spec, &models, s))
 }
 
-fn e2e_with(a: &E2eArgs, spec: &ClusterSpec, models: &[ModelSpec], s: f64) -> Result<(), String> {
+fn e2e_with(a: &E2eArgs, spec: &ClusterSpec, models: &[ModelSpec], s: f64) -> Result<(), UpError> {
     // Bisection between a passing and a failing rate, starting around s.
     let (mut lo, mut hi) = (0.0f64, s * 1.1);
     let mut best: Option<E2eRun> = None;
@@ -575,7 +677,7 @@ fn e2e_with(a: &E2eArgs, spec: &ClusterSpec, models: &[ModelSpec], s: f64) -> Re
         }
         let passes = verdicts.iter().filter(|v| v.0).count();
         let pass = passes * 2 > verdicts.len();
-        eprintln!("  rate {rate:.0}: {passes} of {} trials pass -> {}", verdicts.len(), if pass { "pass" } else { "fail" });
+        info!(rate_rps = rate, passes, trials = verdicts.len(), pass, "rate tried");
         if pass {
             lo = rate;
             best = verdicts.into_iter().find(|v| v.0).map(|v| v.1);
@@ -586,11 +688,11 @@ fn e2e_with(a: &E2eArgs, spec: &ClusterSpec, models: &[ModelSpec], s: f64) -> Re
     }
     let e = best.as_ref().map(|b| b.offered_rps).unwrap_or(0.0);
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"simulated_goodput_rps": s, "e2e_goodput_rps": e, "ratio": e / s, "runs": runs})).map_err(|e| e.to_string())?);
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"simulated_goodput_rps": s, "e2e_goodput_rps": e, "ratio": e / s, "runs": runs})).map_err(run_err)?);
     } else {
         println!(
             "{} ({} zoo), {} frontends, {} backends x {} GPUs over {}: end-to-end goodput {e:.0} rps, scheduler-only (simulated) {s:.0} rps, e/s = {:.3}",
-            a.models, a.cluster.zoo, a.cluster.frontends, a.cluster.backends, a.cluster.gpus_per_backend, a.cluster.transport, e / s
+            a.models, a.cluster.zoo, a.cluster.frontends, a.cluster.backends, a.cluster.gpus_per_backend, a.cluster.transport.name(), e / s
         );
     }
     Ok(())

@@ -1,0 +1,211 @@
+//! The command line of `symphony-scheduler` (its own options plus the
+//! shell's [`CommonArgs`]) and its resolution into a [`SchedulerConfig`];
+//! also [`ModelListArgs`], the cluster model list options every role has.
+//! Loading (flags, `SYMPHONY_*` variables, `--config` file) is
+//! [`dataplane::shell::load`]'s.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+use dataplane::control::TransportKind;
+use dataplane::join::TOKEN_ENV;
+use dataplane::shell::{Common, CommonArgs, ConfigError};
+use dataplane::time::Duration;
+
+use super::node::Membership;
+use crate::deferred::CoreConfig;
+use crate::netdelay::NetworkDelay;
+use crate::zoo::{cluster_models, ModelSpec};
+
+/// The cluster's model list (model id = index): every daemon of a cluster
+/// must be given the same one.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelListArgs {
+    /// Model zoo table: a100 or 1080ti.
+    #[arg(long, default_value = "a100")]
+    pub zoo: String,
+    /// Models of the zoo: all, strong, weak, none, or NAME,NAME,...
+    #[arg(long, default_value = "all")]
+    pub models: String,
+    /// Extra model NAME=ALPHA_MS,BETA_MS,SLO_MS, after the zoo's (repeatable).
+    #[arg(long)]
+    pub model: Vec<String>,
+}
+
+impl ModelListArgs {
+    /// The model list.
+    pub fn resolve(&self) -> Result<Vec<ModelSpec>, ConfigError> {
+        cluster_models(&self.zoo, &self.models, &self.model)
+            .map_err(|e| ConfigError::invalid("zoo, --models, --model", e))
+    }
+}
+
+/// Command line of `symphony-scheduler`.
+#[derive(Parser, Debug)]
+#[command(name = "symphony-scheduler", about = "The Symphony centralized scheduler daemon")]
+pub struct SchedulerArgs {
+    /// Control address to listen on (tcp: HOST:PORT; shm: a socket path or
+    /// "@name"; default: a fresh one, printed on the READY line).
+    #[arg(long)]
+    pub listen: Option<String>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub model_list: ModelListArgs,
+    /// A sub-cluster: comma-separated model names (repeatable) [default: one with every model].
+    #[arg(long)]
+    pub subcluster: Vec<String>,
+    /// Network delay calibration (netbench calibrate's TOML); replaces
+    /// --control-delay-us.
+    #[arg(long)]
+    pub network_delay: Option<PathBuf>,
+    /// Narrowest schedulable window: this process's timer lateness bound, µs.
+    #[arg(long, default_value_t = 2000.0)]
+    pub min_window_us: f64,
+    /// On shutdown, wait at most this long for batches in flight, ms.
+    #[arg(long, default_value_t = 2000)]
+    pub drain_ms: u64,
+    /// Let any peer that reaches the port join, without a token (a test
+    /// setup on a trusted host only).
+    #[arg(long)]
+    pub open_membership: bool,
+    /// Most live frontends [default: 4096, the id bound].
+    #[arg(long)]
+    pub max_frontends: Option<usize>,
+    /// Most live backends [default: the id bound].
+    #[arg(long)]
+    pub max_backends: Option<usize>,
+    /// Most links registering at once [default: 256].
+    #[arg(long)]
+    pub max_registering: Option<usize>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub common: CommonArgs,
+}
+
+/// The control delay bound when neither a calibration nor
+/// `--control-delay-us` gives one.
+pub const DEFAULT_CONTROL_DELAY: Duration = Duration::from_micros(1000);
+
+/// The resolved configuration.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Listen address.
+    pub listen: String,
+    /// Transport.
+    pub transport: TransportKind,
+    /// Models (global id = index).
+    pub models: Vec<ModelSpec>,
+    /// Sub-clusters as lists of global model ids.
+    pub subclusters: Vec<Vec<u32>>,
+    /// Scheduling core configuration (delay and min window included).
+    pub core: CoreConfig,
+    /// Heartbeat interval.
+    pub heartbeat: Duration,
+    /// Silence that makes a peer dead.
+    pub dead_after: Duration,
+    /// Idle strategy.
+    pub idle: dataplane::idle::IdleStrategy,
+    /// Metrics address.
+    pub metrics: SocketAddr,
+    /// Shutdown drain bound.
+    pub drain: Duration,
+    /// The join token and the registration limits.
+    pub membership: Membership,
+}
+
+impl SchedulerArgs {
+    /// Checks every scheduler option; `common` is the resolved shared part.
+    pub fn resolve(self, common: Common) -> Result<SchedulerConfig, ConfigError> {
+        let models = self.model_list.resolve()?;
+        let subclusters = subclusters(&self.subcluster, &models)?;
+        let delay = match &self.network_delay {
+            Some(p) => {
+                let bad = |why: String| ConfigError::invalid("network-delay", format!("{}: {why}", p.display()));
+                let text = std::fs::read_to_string(p).map_err(|e| bad(e.to_string()))?;
+                NetworkDelay::from_toml(&text).map_err(|e| bad(e.to_string()))?
+            }
+            None => NetworkDelay {
+                d_ctrl: common.control_delay.unwrap_or(DEFAULT_CONTROL_DELAY),
+                d_data: Duration::ZERO,
+            },
+        };
+        let w = self.min_window_us;
+        if !(w.is_finite() && (0.0..=1e6).contains(&w)) {
+            return Err(ConfigError::invalid("min-window-us", format!("{w}: must be in [0, 1e6]")));
+        }
+        let core = CoreConfig {
+            delay,
+            min_window: Duration::from_nanos((w * 1000.0) as u64),
+            ..CoreConfig::default()
+        };
+        let membership = self.membership(&common)?;
+        Ok(SchedulerConfig {
+            listen: self
+                .listen
+                .unwrap_or_else(|| common.transport.ephemeral_listen("127.0.0.1")),
+            transport: common.transport,
+            models,
+            subclusters,
+            core,
+            heartbeat: common.heartbeat,
+            dead_after: common.dead_after,
+            idle: common.idle,
+            metrics: common.metrics,
+            drain: Duration::from_millis(self.drain_ms),
+            membership,
+        })
+    }
+
+    /// The join token (or open membership) and the registration limits.
+    fn membership(&self, common: &Common) -> Result<Membership, ConfigError> {
+        let mut m = match (common.join_token.clone(), self.open_membership) {
+            (Some(_), true) => {
+                return Err(ConfigError::invalid(
+                    "open-membership",
+                    "a join token and --open-membership exclude each other",
+                ))
+            }
+            (Some(t), false) => Membership::with_token(t),
+            (None, true) => Membership::open(),
+            (None, false) => {
+                return Err(ConfigError::invalid(
+                    "join-token-file",
+                    format!("no join token: give --join-token-file PATH or set {TOKEN_ENV} (or --open-membership to let any peer join)"),
+                ))
+            }
+        };
+        let limit = |v: Option<usize>, name: &str, default: usize, max: usize| match v {
+            None => Ok(default),
+            Some(n) if (1..=max).contains(&n) => Ok(n),
+            Some(n) => Err(ConfigError::invalid(name, format!("{n}: must be 1..={max}"))),
+        };
+        m.max_frontends = limit(self.max_frontends, "max-frontends", m.max_frontends, m.max_frontends)?;
+        m.max_backends = limit(self.max_backends, "max-backends", m.max_backends, m.max_backends)?;
+        m.max_pending = limit(self.max_registering, "max-registering", m.max_pending, 65536)?;
+        Ok(m)
+    }
+}
+
+/// `--subcluster` lists as global model ids (default: one with every model).
+fn subclusters(groups: &[String], models: &[ModelSpec]) -> Result<Vec<Vec<u32>>, ConfigError> {
+    if groups.is_empty() {
+        return Ok(vec![(0..models.len() as u32).collect()]);
+    }
+    groups
+        .iter()
+        .map(|g| {
+            g.split(',')
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .map(|n| {
+                    models
+                        .iter()
+                        .position(|m| m.name == n)
+                        .map(|i| i as u32)
+                        .ok_or_else(|| ConfigError::invalid("subcluster", format!("unknown model '{n}'")))
+                })
+                .collect()
+        })
+        .collect()
+}
