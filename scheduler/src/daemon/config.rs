@@ -14,7 +14,9 @@ use dataplane::shell::{Common, CommonArgs, ConfigError};
 use dataplane::time::Duration;
 
 use super::node::Membership;
+use crate::closed_loop::LoopConfig;
 use crate::deferred::CoreConfig;
+use crate::delay_watch::DelayWatchConfig;
 use crate::netdelay::NetworkDelay;
 use crate::zoo::{cluster_models, ModelSpec};
 
@@ -78,9 +80,34 @@ pub struct SchedulerArgs {
     /// Most links registering at once [default: 256].
     #[arg(long)]
     pub max_registering: Option<usize>,
+    /// Closed loop: correct GPU free times and plan with the profile
+    /// ratios learned from backends' batch reports (`off`: the estimates
+    /// are still kept and exported, scheduling is open loop).
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    pub closed_loop: Switch,
+    /// Percentile of backends' per-input READ costs held against the
+    /// delay bound.
+    #[arg(long, default_value_t = 99.0)]
+    pub read_bound_percentile: f64,
+    /// Batch reports per delay-bound verdict.
+    #[arg(long, default_value_t = 1000)]
+    pub read_bound_window: u32,
+    /// Raise the per-input delay bound to the observed READ tail when it
+    /// exceeds it (never lowered automatically).
+    #[arg(long)]
+    pub adopt_read_bound: bool,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub common: CommonArgs,
+}
+
+/// An on/off option.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Switch {
+    /// Enabled.
+    On,
+    /// Disabled.
+    Off,
 }
 
 /// The control delay bound when neither a calibration nor
@@ -112,6 +139,10 @@ pub struct SchedulerConfig {
     pub drain: Duration,
     /// The join token and the registration limits.
     pub membership: Membership,
+    /// The closed loop over backends' batch reports.
+    pub closed_loop: LoopConfig,
+    /// The online check of the delay bound against observed READs.
+    pub delay_watch: DelayWatchConfig,
 }
 
 impl SchedulerArgs {
@@ -140,6 +171,15 @@ impl SchedulerArgs {
             ..CoreConfig::default()
         };
         let membership = self.membership(&common)?;
+        let p = self.read_bound_percentile;
+        if !(p.is_finite() && p > 0.0 && p <= 100.0) {
+            return Err(ConfigError::invalid("read-bound-percentile", format!("{p}: must be in (0, 100]")));
+        }
+        if self.read_bound_window == 0 {
+            return Err(ConfigError::invalid("read-bound-window", "must be at least 1"));
+        }
+        let closed_loop = LoopConfig { enabled: self.closed_loop == Switch::On, ..LoopConfig::default() };
+        let delay_watch = DelayWatchConfig { percentile: p, window: self.read_bound_window, adopt: self.adopt_read_bound };
         Ok(SchedulerConfig {
             listen: self
                 .listen
@@ -154,6 +194,8 @@ impl SchedulerArgs {
             metrics: common.metrics,
             drain: Duration::from_millis(self.drain_ms),
             membership,
+            closed_loop,
+            delay_watch,
         })
     }
 

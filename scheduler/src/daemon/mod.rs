@@ -113,8 +113,10 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), Scheduler
     let render = metrics.clone();
     let endpoint = MetricsEndpoint::start(cfg.metrics, Arc::new(move || render.render()))
         .map_err(|source| SchedulerError::Metrics { addr: cfg.metrics, source })?;
-    let plane = ControlPlane::new(cfg.models.clone(), &cfg.subclusters, cfg.core, metrics)
+    let mut plane = ControlPlane::new(cfg.models.clone(), &cfg.subclusters, cfg.core, metrics)
         .map_err(|e| SchedulerError::Plane(e.to_string()))?;
+    plane.set_closed_loop(cfg.closed_loop);
+    plane.set_delay_watch(cfg.transport.name(), cfg.delay_watch);
     let setup = |what| move |source| SchedulerError::Setup { what, source };
     let mut idle = IdleWait::new(cfg.idle).map_err(setup("wait set"))?;
     let acceptor = Acceptor::spawn("sched-accept", listener, idle.set().notifier())
