@@ -224,27 +224,32 @@ impl Samples<'_, '_> {
 pub type SampleFn = dyn Fn(&mut Samples<'_, '_>) + Send + Sync;
 
 /// A family whose samples are computed when scraped (a ratio, or another
-/// component's counters read where they are kept): a gauge, or a counter
-/// (`_total` appended).
+/// component's counters read where they are kept): a gauge, a counter
+/// (`_total` appended) or, like [`PlainCounter`], a count under its exact
+/// name (typed `unknown`).
 pub struct Computed {
-    counter: bool,
+    kind: MetricType,
     f: Box<SampleFn>,
 }
 
 impl std::fmt::Debug for Computed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Computed").field("counter", &self.counter).finish()
+        f.debug_struct("Computed").field("kind", &self.kind).finish()
     }
 }
 
 impl Computed {
     /// A gauge whose samples `f` gives.
     pub fn gauge(f: impl Fn(&mut Samples<'_, '_>) + Send + Sync + 'static) -> Self {
-        Computed { counter: false, f: Box::new(f) }
+        Computed { kind: MetricType::Gauge, f: Box::new(f) }
     }
     /// A counter whose samples `f` gives (they must never decrease).
     pub fn counter(f: impl Fn(&mut Samples<'_, '_>) + Send + Sync + 'static) -> Self {
-        Computed { counter: true, f: Box::new(f) }
+        Computed { kind: MetricType::Counter, f: Box::new(f) }
+    }
+    /// Counts under their exact names, as [`PlainCounter`]s.
+    pub fn plain(f: impl Fn(&mut Samples<'_, '_>) + Send + Sync + 'static) -> Self {
+        Computed { kind: MetricType::Unknown, f: Box::new(f) }
     }
     /// An unlabelled gauge of value `f()`.
     pub fn gauge_of(f: impl Fn() -> f64 + Send + Sync + 'static) -> Self {
@@ -258,16 +263,13 @@ impl Computed {
 
 impl EncodeMetric for Computed {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        let mut s = Samples { encoder: &mut encoder, counter: self.counter, result: Ok(()) };
+        let counter = matches!(self.kind, MetricType::Counter);
+        let mut s = Samples { encoder: &mut encoder, counter, result: Ok(()) };
         (self.f)(&mut s);
         s.result
     }
     fn metric_type(&self) -> MetricType {
-        if self.counter {
-            MetricType::Counter
-        } else {
-            MetricType::Gauge
-        }
+        self.kind
     }
 }
 

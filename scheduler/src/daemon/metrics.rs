@@ -1,16 +1,19 @@
-//! The scheduler daemon's counters (atomics written by the poll thread,
-//! read by the `/metrics` thread; no locks) and their Prometheus text.
+//! The scheduler daemon's metrics: handles into one
+//! [`MetricsRegistry`] (`dataplane::metrics`), written by the poll thread
+//! with relaxed atomic adds (no lock, no allocation) and encoded by the
+//! `/metrics` thread.
 
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
+use dataplane::metrics::{self, Computed, Counter, Gauge, Histogram, MetricsRegistry};
 use dataplane::wire::{DropReason, RefuseReason};
 
 use crate::sim::AutoscaleAdvice;
 use crate::zoo::ModelSpec;
 
 /// Upper bounds of the batch-size histogram buckets.
-pub const BATCH_BUCKETS: [u32; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
+pub const BATCH_BUCKETS: [u64; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 /// Batch sizes counted one by one (`symphony_batches_of_size`); larger
 /// ones count as the last.
 pub const EXACT_BATCH_SIZES: std::ops::RangeInclusive<u32> = 1..=512;
@@ -18,227 +21,248 @@ pub const EXACT_BATCH_SIZES: std::ops::RangeInclusive<u32> = 1..=512;
 pub const LAG_BUCKETS_US: [u64; 8] = [10, 50, 100, 500, 1000, 5000, 10000, 50000];
 
 /// Per-model counters.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ModelCounters {
     /// Tasks dispatched in batches.
-    pub dispatched: AtomicU64,
+    pub dispatched: Counter,
     /// Batches dispatched.
-    pub batches: AtomicU64,
+    pub batches: Counter,
     /// Tasks dropped by the policy.
-    pub dropped: AtomicU64,
+    pub dropped: Counter,
 }
 
 /// Everything `/metrics` shows.
 #[derive(Debug)]
 pub struct SchedulerMetrics {
-    names: Vec<String>,
+    registry: Arc<MetricsRegistry>,
     /// Per model, by global id.
     pub models: Vec<ModelCounters>,
     /// Live frontends.
-    pub frontends: AtomicU64,
+    pub frontends: Gauge,
     /// Live backends.
-    pub backends: AtomicU64,
+    pub backends: Gauge,
     /// GPUs in matchmaking.
-    pub gpus_online: AtomicU64,
+    pub gpus_online: Gauge,
     /// Tasks received.
-    pub tasks_received: AtomicU64,
+    pub tasks_received: Counter,
     /// Batches reported done.
-    pub batches_done: AtomicU64,
+    pub batches_done: Counter,
     /// Drops by reason, indexed by [`DropReason::index`].
-    pub drops: [AtomicU64; DropReason::COUNT],
+    pub drops: Vec<Counter>,
     /// Tasks failed back because their backend died.
-    pub failed_back: AtomicU64,
+    pub failed_back: Counter,
     /// Completions forwarded from backends to frontends.
-    pub forwarded: AtomicU64,
+    pub forwarded: Counter,
     /// Outcomes for frontends that are gone.
-    pub undeliverable: AtomicU64,
+    pub undeliverable: Counter,
     /// Messages that broke the protocol (wrong sender, unknown batch, ...).
-    pub protocol_errors: AtomicU64,
+    pub protocol_errors: Counter,
     /// Peers refused at registration, by reason, indexed by
     /// [`RefuseReason::index`].
-    pub refused: [AtomicU64; RefuseReason::COUNT],
+    pub refused: Vec<Counter>,
     /// Backends declared dead.
-    pub backend_deaths: AtomicU64,
+    pub backend_deaths: Counter,
     /// Frontends declared dead.
-    pub frontend_deaths: AtomicU64,
+    pub frontend_deaths: Counter,
     /// Planned GPU busy time, ns (sum of `l(b)` of dispatched batches).
-    pub planned_busy_ns: AtomicU64,
+    pub planned_busy_ns: Counter,
     /// Busy time the backends reported, ns.
-    pub actual_busy_ns: AtomicU64,
+    pub actual_busy_ns: Counter,
     /// Online GPU time, ns (integrated by the poll thread).
-    pub gpu_online_ns: AtomicU64,
-    /// Batch-size histogram (non-cumulative counts per bucket, plus +Inf).
-    pub batch_size: [AtomicU64; BATCH_BUCKETS.len() + 1],
-    /// Sum of batch sizes.
-    pub batch_size_sum: AtomicU64,
+    pub gpu_online_ns: Counter,
+    /// Dispatched batch sizes.
+    pub batch_size: Histogram,
     /// Batches of each size (index = size; see [`EXACT_BATCH_SIZES`]).
-    pub batches_of_size: Vec<AtomicU64>,
-    /// Dispatch lag histogram (decision time minus planned time).
-    pub lag: [AtomicU64; LAG_BUCKETS_US.len() + 1],
-    /// Sum of dispatch lags, µs.
-    pub lag_sum_us: AtomicU64,
+    batches_of_size: Arc<[AtomicU64]>,
+    /// Dispatch lag (decision time minus planned time), µs.
+    pub lag: Histogram,
+}
+
+fn counter(r: &MetricsRegistry, name: &str, help: &str) -> Counter {
+    let c = Counter::default();
+    r.register(name, help, c.clone());
+    c
+}
+
+fn gauge(r: &MetricsRegistry, name: &str, help: &str) -> Gauge {
+    let g = Gauge::default();
+    r.register(name, help, g.clone());
+    g
+}
+
+/// Planned busy time over online GPU time, at most 1.
+fn busy_fraction(planned: &Counter, online: &Counter) -> f64 {
+    let online = online.get() as f64;
+    if online <= 0.0 {
+        return 0.0;
+    }
+    (planned.get() as f64 / online).min(1.0)
+}
+
+/// Policy drops over tasks received.
+fn drop_rate(models: &[Counter], received: &Counter) -> f64 {
+    let rx = received.get() as f64;
+    if rx <= 0.0 {
+        return 0.0;
+    }
+    models.iter().map(Counter::get).sum::<u64>() as f64 / rx
 }
 
 impl SchedulerMetrics {
-    /// Counters for `models`.
+    /// Counters for `models`, registered in a registry of their own.
     pub fn new(models: &[ModelSpec]) -> Self {
+        let r = Arc::new(MetricsRegistry::new());
+        let names = || models.iter().map(|m| m.name.clone());
+        let new_counter = Counter::default as fn() -> Counter;
+        let frontends = gauge(&r, "symphony_frontends", "Registered live frontends");
+        let backends = gauge(&r, "symphony_backends", "Registered live backends");
+        let gpus_online = gauge(&r, "symphony_gpus_online", "GPUs in matchmaking");
+        let tasks_received = counter(&r, "symphony_tasks_received", "Tasks received from frontends");
+        let batches_done = counter(&r, "symphony_batches_done", "Batches reported done by backends");
+        let failed_back = counter(&r, "symphony_tasks_failed_back", "Tasks failed back because their backend died");
+        let forwarded = counter(&r, "symphony_completions_forwarded", "Backend completions forwarded to frontends");
+        let undeliverable = counter(&r, "symphony_undeliverable", "Outcomes for frontends that are gone");
+        let protocol_errors = counter(&r, "symphony_protocol_errors", "Peer messages that broke the protocol");
+        let backend_deaths = counter(&r, "symphony_backend_deaths", "Backends declared dead");
+        let frontend_deaths = counter(&r, "symphony_frontend_deaths", "Frontends declared dead");
+        let drops = metrics::labelled(
+            &r,
+            "symphony_tasks_dropped",
+            "Tasks dropped by the scheduler, by reason",
+            "reason",
+            DropReason::ALL.map(|d| d.as_str().to_string()),
+            new_counter,
+        );
+        let refused = metrics::labelled(
+            &r,
+            "symphony_peers_refused",
+            "Peers refused at registration (nothing they sent reached the scheduler's state), by reason",
+            "reason",
+            RefuseReason::ALL.map(|d| d.as_str().to_string()),
+            new_counter,
+        );
+        let dispatched = metrics::labelled(&r, "symphony_model_dispatched", "Tasks dispatched in batches, by model", "model", names(), new_counter);
+        let batches = metrics::labelled(&r, "symphony_model_batches", "Batches dispatched, by model", "model", names(), new_counter);
+        let dropped = metrics::labelled(&r, "symphony_model_dropped", "Tasks dropped by the policy, by model", "model", names(), new_counter);
+        let batches_of_size: Arc<[AtomicU64]> = (0..=*EXACT_BATCH_SIZES.end()).map(|_| AtomicU64::new(0)).collect();
+        let sizes = batches_of_size.clone();
+        r.register(
+            "symphony_batches_of_size",
+            "Batches dispatched, by exact size (sizes with none omitted)",
+            Computed::plain(move |s| {
+                for (size, c) in sizes.iter().enumerate() {
+                    let v = c.load(Ordering::Relaxed);
+                    if v > 0 {
+                        s.labelled(&[("size", &size.to_string())], v as f64);
+                    }
+                }
+            }),
+        );
+        let batch_size = Histogram::new(&BATCH_BUCKETS);
+        r.register("symphony_batch_size", "Dispatched batch sizes", batch_size.clone());
+        let lag = Histogram::new(&LAG_BUCKETS_US);
+        r.register("symphony_dispatch_lag_us", "Decision time minus planned time, microseconds", lag.clone());
+        let planned_busy_ns = counter(&r, "symphony_planned_busy_ns", "Planned GPU busy time of dispatched batches, ns");
+        let actual_busy_ns = counter(&r, "symphony_reported_busy_ns", "GPU busy time reported by backends, ns");
+        let gpu_online_ns = counter(&r, "symphony_gpu_online_ns", "Online GPU time, ns");
+        let (p, o) = (planned_busy_ns.clone(), gpu_online_ns.clone());
+        r.register(
+            "symphony_gpu_busy_fraction",
+            "Planned busy time over online GPU time, since start",
+            Computed::gauge_of(move || busy_fraction(&p, &o)),
+        );
+        let advice = {
+            let (p, o, g, d, rx) = (planned_busy_ns.clone(), gpu_online_ns.clone(), gpus_online.clone(), dropped.clone(), tasks_received.clone());
+            move || AutoscaleAdvice::new(g.get().max(0) as u32, drop_rate(&d, &rx), 1.0 - busy_fraction(&p, &o), 0.01)
+        };
+        let add = advice.clone();
+        r.register(
+            "symphony_autoscale_add_gpus",
+            "GPUs to add: N*r/(1-r) when the drop rate r exceeds 1%",
+            Computed::gauge_of(move || add().add_gpus),
+        );
+        r.register(
+            "symphony_autoscale_remove_gpus",
+            "GPUs that could go: N*idle fraction while the drop rate is at most 1%",
+            Computed::gauge_of(move || advice().remove_gpus),
+        );
+        let models = dispatched
+            .into_iter()
+            .zip(batches)
+            .zip(dropped)
+            .map(|((dispatched, batches), dropped)| ModelCounters { dispatched, batches, dropped })
+            .collect();
         SchedulerMetrics {
-            names: models.iter().map(|m| m.name.clone()).collect(),
-            models: models.iter().map(|_| ModelCounters::default()).collect(),
-            frontends: AtomicU64::new(0),
-            backends: AtomicU64::new(0),
-            gpus_online: AtomicU64::new(0),
-            tasks_received: AtomicU64::new(0),
-            batches_done: AtomicU64::new(0),
-            drops: Default::default(),
-            failed_back: AtomicU64::new(0),
-            forwarded: AtomicU64::new(0),
-            undeliverable: AtomicU64::new(0),
-            protocol_errors: AtomicU64::new(0),
-            refused: Default::default(),
-            backend_deaths: AtomicU64::new(0),
-            frontend_deaths: AtomicU64::new(0),
-            planned_busy_ns: AtomicU64::new(0),
-            actual_busy_ns: AtomicU64::new(0),
-            gpu_online_ns: AtomicU64::new(0),
-            batch_size: Default::default(),
-            batch_size_sum: AtomicU64::new(0),
-            batches_of_size: (0..=*EXACT_BATCH_SIZES.end()).map(|_| AtomicU64::new(0)).collect(),
-            lag: Default::default(),
-            lag_sum_us: AtomicU64::new(0),
+            registry: r,
+            models,
+            frontends,
+            backends,
+            gpus_online,
+            tasks_received,
+            batches_done,
+            drops,
+            failed_back,
+            forwarded,
+            undeliverable,
+            protocol_errors,
+            refused,
+            backend_deaths,
+            frontend_deaths,
+            planned_busy_ns,
+            actual_busy_ns,
+            gpu_online_ns,
+            batch_size,
+            batches_of_size,
+            lag,
         }
+    }
+
+    /// The registry to serve (`MetricsEndpoint::start`).
+    pub fn registry(&self) -> &Arc<MetricsRegistry> {
+        &self.registry
     }
 
     /// Counts a drop.
     pub fn count_drop(&self, r: DropReason) {
-        self.drops[r.index()].fetch_add(1, Ordering::Relaxed);
+        self.drops[r.index()].inc();
+    }
+
+    /// Counts a peer refused at registration.
+    pub fn count_refusal(&self, r: RefuseReason) {
+        self.refused[r.index()].inc();
     }
 
     /// Counts a policy drop of `model`.
     pub fn model_drops(&self, model: u32) {
         if let Some(m) = self.models.get(model as usize) {
-            m.dropped.fetch_add(1, Ordering::Relaxed);
+            m.dropped.inc();
         }
     }
 
     /// Records a dispatched batch.
     pub fn record_batch(&self, model: u32, size: u32, planned_ns: u64, lag_ns: u64) {
         if let Some(m) = self.models.get(model as usize) {
-            m.dispatched.fetch_add(u64::from(size), Ordering::Relaxed);
-            m.batches.fetch_add(1, Ordering::Relaxed);
+            m.dispatched.inc_by(u64::from(size));
+            m.batches.inc();
         }
-        let b = BATCH_BUCKETS
-            .iter()
-            .position(|&u| size <= u)
-            .unwrap_or(BATCH_BUCKETS.len());
-        self.batch_size[b].fetch_add(1, Ordering::Relaxed);
-        self.batch_size_sum
-            .fetch_add(u64::from(size), Ordering::Relaxed);
+        self.batch_size.observe(u64::from(size));
         let exact = size.clamp(*EXACT_BATCH_SIZES.start(), *EXACT_BATCH_SIZES.end());
         if let Some(c) = self.batches_of_size.get(exact as usize) {
             c.fetch_add(1, Ordering::Relaxed);
         }
-        self.planned_busy_ns.fetch_add(planned_ns, Ordering::Relaxed);
-        let us = lag_ns / 1000;
-        let l = LAG_BUCKETS_US
-            .iter()
-            .position(|&u| us <= u)
-            .unwrap_or(LAG_BUCKETS_US.len());
-        self.lag[l].fetch_add(1, Ordering::Relaxed);
-        self.lag_sum_us.fetch_add(us, Ordering::Relaxed);
+        self.planned_busy_ns.inc_by(planned_ns);
+        self.lag.observe(lag_ns / 1000);
     }
 
     /// GPU busy fraction so far (planned busy time over online GPU time).
     pub fn busy_fraction(&self) -> f64 {
-        let online = self.gpu_online_ns.load(Ordering::Relaxed) as f64;
-        if online <= 0.0 {
-            return 0.0;
-        }
-        (self.planned_busy_ns.load(Ordering::Relaxed) as f64 / online).min(1.0)
+        busy_fraction(&self.planned_busy_ns, &self.gpu_online_ns)
     }
 
-    /// Bad rate so far: policy drops over tasks received.
-    pub fn drop_rate(&self) -> f64 {
-        let rx = self.tasks_received.load(Ordering::Relaxed) as f64;
-        if rx <= 0.0 {
-            return 0.0;
-        }
-        let dropped: u64 = self.models.iter().map(|m| m.dropped.load(Ordering::Relaxed)).sum();
-        dropped as f64 / rx
+    /// The OpenMetrics text of every family.
+    pub fn encode(&self) -> String {
+        self.registry.encode()
     }
-
-    /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let mut s = String::with_capacity(4096);
-        let gauge = |s: &mut String, name: &str, help: &str, v: f64| {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-        };
-        let counter = |s: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
-        };
-        gauge(&mut s, "symphony_frontends", "Registered live frontends.", l(&self.frontends) as f64);
-        gauge(&mut s, "symphony_backends", "Registered live backends.", l(&self.backends) as f64);
-        gauge(&mut s, "symphony_gpus_online", "GPUs in matchmaking.", l(&self.gpus_online) as f64);
-        counter(&mut s, "symphony_tasks_received_total", "Tasks received from frontends.", l(&self.tasks_received));
-        counter(&mut s, "symphony_batches_done_total", "Batches reported done by backends.", l(&self.batches_done));
-        counter(&mut s, "symphony_tasks_failed_back_total", "Tasks failed back because their backend died.", l(&self.failed_back));
-        counter(&mut s, "symphony_completions_forwarded_total", "Backend completions forwarded to frontends.", l(&self.forwarded));
-        counter(&mut s, "symphony_undeliverable_total", "Outcomes for frontends that are gone.", l(&self.undeliverable));
-        counter(&mut s, "symphony_protocol_errors_total", "Peer messages that broke the protocol.", l(&self.protocol_errors));
-        counter(&mut s, "symphony_backend_deaths_total", "Backends declared dead.", l(&self.backend_deaths));
-        counter(&mut s, "symphony_frontend_deaths_total", "Frontends declared dead.", l(&self.frontend_deaths));
-        let _ = writeln!(s, "# HELP symphony_tasks_dropped_total Tasks dropped by the scheduler, by reason.\n# TYPE symphony_tasks_dropped_total counter");
-        for r in DropReason::ALL {
-            let _ = writeln!(s, "symphony_tasks_dropped_total{{reason=\"{}\"}} {}", r.as_str(), l(&self.drops[r.index()]));
-        }
-        let _ = writeln!(s, "# HELP symphony_peers_refused_total Peers refused at registration (nothing they sent reached the scheduler's state), by reason.\n# TYPE symphony_peers_refused_total counter");
-        for r in RefuseReason::ALL {
-            let _ = writeln!(s, "symphony_peers_refused_total{{reason=\"{}\"}} {}", r.as_str(), l(&self.refused[r.index()]));
-        }
-        let _ = writeln!(s, "# HELP symphony_model_dispatched_total Tasks dispatched in batches, by model.\n# TYPE symphony_model_dispatched_total counter");
-        for (name, m) in self.names.iter().zip(&self.models) {
-            let _ = writeln!(s, "symphony_model_dispatched_total{{model=\"{name}\"}} {}", l(&m.dispatched));
-        }
-        let _ = writeln!(s, "# HELP symphony_model_batches_total Batches dispatched, by model.\n# TYPE symphony_model_batches_total counter");
-        for (name, m) in self.names.iter().zip(&self.models) {
-            let _ = writeln!(s, "symphony_model_batches_total{{model=\"{name}\"}} {}", l(&m.batches));
-        }
-        let _ = writeln!(s, "# HELP symphony_model_dropped_total Tasks dropped by the policy, by model.\n# TYPE symphony_model_dropped_total counter");
-        for (name, m) in self.names.iter().zip(&self.models) {
-            let _ = writeln!(s, "symphony_model_dropped_total{{model=\"{name}\"}} {}", l(&m.dropped));
-        }
-        let _ = writeln!(s, "# HELP symphony_batches_of_size Batches dispatched, by exact size (sizes with none omitted).\n# TYPE symphony_batches_of_size counter");
-        for (size, c) in self.batches_of_size.iter().enumerate() {
-            let v = l(c);
-            if v > 0 {
-                let _ = writeln!(s, "symphony_batches_of_size{{size=\"{size}\"}} {v}");
-            }
-        }
-        histogram(&mut s, "symphony_batch_size", "Dispatched batch sizes.", &BATCH_BUCKETS.map(u64::from), &self.batch_size, l(&self.batch_size_sum));
-        histogram(&mut s, "symphony_dispatch_lag_us", "Decision time minus planned time, microseconds.", &LAG_BUCKETS_US, &self.lag, l(&self.lag_sum_us));
-        counter(&mut s, "symphony_planned_busy_ns_total", "Planned GPU busy time of dispatched batches, ns.", l(&self.planned_busy_ns));
-        counter(&mut s, "symphony_reported_busy_ns_total", "GPU busy time reported by backends, ns.", l(&self.actual_busy_ns));
-        counter(&mut s, "symphony_gpu_online_ns_total", "Online GPU time, ns.", l(&self.gpu_online_ns));
-        let busy = self.busy_fraction();
-        gauge(&mut s, "symphony_gpu_busy_fraction", "Planned busy time over online GPU time, since start.", busy);
-        let gpus = l(&self.gpus_online) as u32;
-        let advice = AutoscaleAdvice::new(gpus, self.drop_rate(), 1.0 - busy, 0.01);
-        gauge(&mut s, "symphony_autoscale_add_gpus", "GPUs to add: N*r/(1-r) when the drop rate r exceeds 1%.", advice.add_gpus);
-        gauge(&mut s, "symphony_autoscale_remove_gpus", "GPUs that could go: N*idle fraction while the drop rate is at most 1%.", advice.remove_gpus);
-        s
-    }
-}
-
-fn histogram(s: &mut String, name: &str, help: &str, bounds: &[u64], counts: &[AtomicU64], sum: u64) {
-    let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} histogram");
-    let mut cum = 0;
-    for (b, c) in bounds.iter().zip(counts) {
-        cum += c.load(Ordering::Relaxed);
-        let _ = writeln!(s, "{name}_bucket{{le=\"{b}\"}} {cum}");
-    }
-    cum += counts.last().map(|c| c.load(Ordering::Relaxed)).unwrap_or(0);
-    let _ = writeln!(s, "{name}_bucket{{le=\"+Inf\"}} {cum}\n{name}_sum {sum}\n{name}_count {cum}");
 }
 
 #[cfg(test)]
@@ -249,16 +273,16 @@ mod tests {
     #[test]
     fn render_shows_counters_histograms_and_advice() {
         let m = SchedulerMetrics::new(&[ModelSpec::linear("r50", 1.0, 5.0, 50.0).unwrap()]);
-        m.tasks_received.store(100, Ordering::Relaxed);
+        m.tasks_received.inc_by(100);
         m.record_batch(0, 3, 8_000_000, 20_000);
         m.record_batch(0, 600, 1, 0);
         m.model_drops(0);
         m.count_drop(DropReason::DeadlineUnmeetable);
-        m.gpus_online.store(4, Ordering::Relaxed);
-        m.gpu_online_ns.store(80_000_000, Ordering::Relaxed);
-        let t = m.render();
-        assert_eq!(metric(&t, "symphony_batch_size_bucket{le=\"2\"}"), Some(0.0));
-        assert_eq!(metric(&t, "symphony_batch_size_bucket{le=\"4\"}"), Some(1.0));
+        m.gpus_online.set(4);
+        m.gpu_online_ns.inc_by(80_000_000);
+        let t = m.encode();
+        assert_eq!(metric(&t, "symphony_batch_size_bucket{le=\"2.0\"}"), Some(0.0));
+        assert_eq!(metric(&t, "symphony_batch_size_bucket{le=\"4.0\"}"), Some(1.0));
         assert_eq!(metric(&t, "symphony_batch_size_bucket{le=\"+Inf\"}"), Some(2.0));
         assert_eq!(metric(&t, "symphony_batch_size_sum"), Some(603.0));
         assert_eq!(metric(&t, "symphony_batches_of_size{size=\"3\"}"), Some(1.0));
@@ -266,8 +290,9 @@ mod tests {
         assert_eq!(metric(&t, "symphony_model_dispatched_total{model=\"r50\"}"), Some(603.0));
         assert_eq!(metric(&t, "symphony_tasks_dropped_total{reason=\"deadline_unmeetable\"}"), Some(1.0));
         assert_eq!(metric(&t, "symphony_tasks_dropped_total{reason=\"frontend_lost\"}"), Some(0.0));
-        m.refused[RefuseReason::BadToken.index()].fetch_add(2, Ordering::Relaxed);
-        let t = m.render();
+        m.count_refusal(RefuseReason::BadToken);
+        m.count_refusal(RefuseReason::BadToken);
+        let t = m.encode();
         assert_eq!(metric(&t, "symphony_peers_refused_total{reason=\"bad_token\"}"), Some(2.0));
         assert_eq!(metric(&t, "symphony_peers_refused_total{reason=\"version\"}"), Some(0.0));
         assert_eq!(metric(&t, "symphony_gpu_busy_fraction"), Some(0.1000000125));

@@ -317,8 +317,7 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), String> {
         .map_err(|e| format!("cannot listen on '{}': {e}", cfg.listen))?;
     let control_addr = listener.local_addr();
     let metrics = Arc::new(SchedulerMetrics::new(&cfg.models));
-    let render = metrics.clone();
-    let endpoint = MetricsEndpoint::start(cfg.metrics, Arc::new(move || render.render()))
+    let endpoint = MetricsEndpoint::start(cfg.metrics, metrics.registry().clone())
         .map_err(|e| format!("cannot serve metrics on {}: {e}", cfg.metrics))?;
     let plane = ControlPlane::new(cfg.models.clone(), &cfg.subclusters, cfg.core, metrics.clone())?;
 

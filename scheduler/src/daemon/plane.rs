@@ -16,7 +16,6 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use dataplane::time::{Duration, Instant};
@@ -463,7 +462,7 @@ impl ControlPlane {
         let Some(b) = self.backends.remove(&id) else {
             return;
         };
-        self.metrics.backend_deaths.fetch_add(1, Ordering::Relaxed);
+        self.metrics.backend_deaths.inc();
         for &g in &b.gpus {
             self.subclusters[b.subcluster]
                 .sched
@@ -491,9 +490,9 @@ impl ControlPlane {
     }
 
     fn fail_back(&mut self, task: u64, frontend: u32) {
-        self.metrics.failed_back.fetch_add(1, Ordering::Relaxed);
+        self.metrics.failed_back.inc();
         if !self.frontends.contains_key(&frontend) {
-            self.metrics.undeliverable.fetch_add(1, Ordering::Relaxed);
+            self.metrics.undeliverable.inc();
             return;
         }
         let head = CompletionHead {
@@ -510,7 +509,7 @@ impl ControlPlane {
     fn send_dropped(&mut self, task: u64, frontend: u32, reason: DropReason) {
         self.metrics.count_drop(reason);
         if !self.frontends.contains_key(&frontend) {
-            self.metrics.undeliverable.fetch_add(1, Ordering::Relaxed);
+            self.metrics.undeliverable.inc();
             return;
         }
         let d = wire::Dropped {
@@ -524,10 +523,10 @@ impl ControlPlane {
 
     /// A task from frontend `from`.
     pub fn on_task(&mut self, now: Instant, from: u32, task: &Task) {
-        self.metrics.tasks_received.fetch_add(1, Ordering::Relaxed);
+        self.metrics.tasks_received.inc();
         if task.frontend_id != from {
             // A frontend may only submit tasks whose outcome comes back to it.
-            self.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            self.metrics.protocol_errors.inc();
             return;
         }
         if self.stopping {
@@ -551,7 +550,7 @@ impl ControlPlane {
         let deadline = now.saturating_add(Duration::from_nanos(task.budget_ns));
         if self.tasks.contains_key(&task.task_id) || !self.seen.insert(task.task_id) {
             self.duplicate_tasks += 1;
-            self.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            self.metrics.protocol_errors.inc();
             return;
         }
         self.seen_expiry.push(Reverse((deadline, task.task_id)));
@@ -589,21 +588,19 @@ impl ControlPlane {
     /// Backend `from` finished a batch.
     pub fn on_batch_done(&mut self, now: Instant, from: u32, done: &wire::BatchDone) {
         let Some(f) = self.inflight.get(&done.batch_id) else {
-            self.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            self.metrics.protocol_errors.inc();
             return;
         };
         if f.backend != from {
-            self.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            self.metrics.protocol_errors.inc();
             return;
         }
         if let Some(f) = self.inflight.remove(&done.batch_id) {
             self.recycle(f.tasks);
         }
         self.trim_expiries();
-        self.metrics.batches_done.fetch_add(1, Ordering::Relaxed);
-        self.metrics
-            .actual_busy_ns
-            .fetch_add(done.actual_ns, Ordering::Relaxed);
+        self.metrics.batches_done.inc();
+        self.metrics.actual_busy_ns.inc_by(done.actual_ns);
         if let Some(b) = self.backends.get(&from) {
             let sc = b.subcluster;
             let gpu = b.gpus.get(done.gpu_id as usize).copied().unwrap_or(0);
@@ -620,7 +617,7 @@ impl ControlPlane {
     pub fn on_rerouted_completion(&mut self, msg: &[u8], task_id: u64) {
         let f = TaskId(task_id).frontend();
         if self.frontends.contains_key(&f) {
-            self.metrics.forwarded.fetch_add(1, Ordering::Relaxed);
+            self.metrics.forwarded.inc();
             self.out.push(PeerId::Frontend(f), |b| {
                 let n = msg.len();
                 b.get_mut(..n)
@@ -629,7 +626,7 @@ impl ControlPlane {
                 Ok(n)
             });
         } else {
-            self.metrics.undeliverable.fetch_add(1, Ordering::Relaxed);
+            self.metrics.undeliverable.inc();
         }
     }
 
@@ -748,11 +745,9 @@ impl ControlPlane {
 
     fn sync_peer_gauges(&self) {
         let m = &self.metrics;
-        m.frontends
-            .store(self.frontends.len() as u64, Ordering::Relaxed);
-        m.backends.store(self.backends.len() as u64, Ordering::Relaxed);
-        m.gpus_online
-            .store(self.online_gpus() as u64, Ordering::Relaxed);
+        m.frontends.set(self.frontends.len() as i64);
+        m.backends.set(self.backends.len() as i64);
+        m.gpus_online.set(self.online_gpus() as i64);
     }
 }
 
