@@ -30,7 +30,6 @@ pub mod metrics;
 
 use std::io::Write;
 use std::process::ExitCode;
-use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -327,8 +326,7 @@ fn serve<D: Domain, E: Executor>(
         s.gpus,
         s.models.iter().map(|m| m.name.clone()).collect(),
     ));
-    let render = metrics.clone();
-    let endpoint = MetricsEndpoint::start(s.metrics, Arc::new(move || render.render()))
+    let endpoint = MetricsEndpoint::start(s.metrics, metrics.registry().clone())
         .map_err(|e| format!("metrics endpoint on {}: {e}", s.metrics))?;
     let connector = spawn_connector(domain.clone(), s.connect_timeout, idle.notifier())?;
     eprintln!(
@@ -455,11 +453,11 @@ impl<C: Connection> Host<'_, C> {
                         exit.get_or_insert(Exit::SchedulerGone);
                     }
                     BackendEvent::FrontendConnected { .. } => {
-                        self.metrics.frontends_connected.fetch_add(1, Ordering::Relaxed);
+                        self.metrics.frontends_connected.inc();
                         eprintln!("symphony-backend[{id}]: {ev}");
                     }
                     BackendEvent::FrontendUnreachable { .. } => {
-                        self.metrics.frontend_connect_failures.fetch_add(1, Ordering::Relaxed);
+                        self.metrics.frontend_connect_failures.inc();
                         eprintln!("symphony-backend[{id}]: {ev}");
                     }
                     // The worker fails the frontend's tasks; the scheduler
@@ -474,7 +472,7 @@ impl<C: Connection> Host<'_, C> {
                 match opened {
                     Ok(conn) => node.handle_frontend_link(now, fid, conn),
                     Err(e) => {
-                        self.metrics.frontend_connect_failures.fetch_add(1, Ordering::Relaxed);
+                        self.metrics.frontend_connect_failures.inc();
                         eprintln!("symphony-backend[{id}]: {e}");
                     }
                 }
@@ -498,9 +496,7 @@ impl<C: Connection> Host<'_, C> {
             }
             let beats = node.scheduler_heartbeats();
             if beats != heartbeats_published {
-                self.metrics
-                    .scheduler_heartbeats
-                    .fetch_add(beats - heartbeats_published, Ordering::Relaxed);
+                self.metrics.scheduler_heartbeats.inc_by(beats - heartbeats_published);
                 heartbeats_published = beats;
             }
             if node.drained() {
