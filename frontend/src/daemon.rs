@@ -492,8 +492,7 @@ fn serve_http(
         .max()
         .unwrap_or(0);
     let metrics = Arc::new(Metrics::new(&catalog));
-    let extra = stats.clone();
-    metrics.set_extra(Box::new(move |o: &mut String| extra.render(o)));
+    stats.register(metrics.registry());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(opts.http_threads)
         .thread_name("frontend-http")
@@ -518,12 +517,7 @@ fn serve_http(
     let server = rt
         .block_on(Server::start(opts.http, service, http_cfg))
         .map_err(|e| format!("HTTP listener on {}: {e}", opts.http))?;
-    let render_staging = staging.clone();
-    let render_metrics = metrics.clone();
-    let endpoint = MetricsEndpoint::start(
-        opts.metrics,
-        Arc::new(move || render_metrics.render(&render_staging.counters().snapshot())),
-    )
+    let endpoint = MetricsEndpoint::start(opts.metrics, metrics.registry().clone())
     .map_err(|e| format!("metrics listener on {}: {e}", opts.metrics))?;
     {
         let mut out = std::io::stdout().lock();
