@@ -23,5 +23,22 @@ if "$PY" -c "import pytest" 2>/dev/null; then
 else
     timeout 300 "$PY" "$root/tools/tests/python/test_tritonclient.py"
 fi
+# Issue 16: the daemons' Triton series are truthful, on the addresses `up --serve` prints.
+"$PY" - "$tmp/out" <<'PYEOF'
+import re, sys, urllib.request
+out = open(sys.argv[1]).read()
+def total(url, name):
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return sum(float(v) for v in re.findall(r"^%s(?:\{[^}]*\})? (\S+)$" % name, text, re.M))
+front = re.search(r"^frontend 1 metrics: (\S+)$", out, re.M).group(1)
+backs = re.findall(r"^backend \d+ metrics: (\S+)$", out, re.M)
+assert backs, "up --serve printed no backend metrics address"
+ok = total(front, "nv_inference_request_success")
+assert ok > 0 and total(front, "nv_inference_count") == ok, ok
+for name in ("nv_inference_exec_count", "nv_inference_queue_duration_us", "nv_inference_compute_infer_duration_us"):
+    assert total(front, name) > 0, name + " is 0 on frontend 1"
+assert sum(total(b, "nv_inference_exec_count") for b in backs) > 0, "no backend counted an execution"
+print("metrics: %d successes, %d executions on frontend 1" % (ok, total(front, "nv_inference_exec_count")))
+PYEOF
 up_stop
 echo "tritonclient against the daemons: ok; clean shutdown"

@@ -32,7 +32,6 @@ pub mod metrics;
 
 use std::io::Write;
 use std::process::ExitCode;
-use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -361,8 +360,7 @@ fn serve<D: Domain, E: Executor>(
     }
     let metrics = BackendMetrics::new(s.id, s.gpus, s.models.iter().map(|m| m.name.clone()).collect());
     let metrics = Arc::new(metrics);
-    let render = metrics.clone();
-    let endpoint = MetricsEndpoint::start(s.metrics, Arc::new(move || render.render()))
+    let endpoint = MetricsEndpoint::start(s.metrics, metrics.registry().clone())
         .map_err(setup(format!("metrics endpoint on {}", s.metrics)))?;
     let connector = spawn_connector(domain.clone(), s.connect_timeout, idle.notifier())?;
     info!(
@@ -511,11 +509,11 @@ impl<C: Connection> Host<'_, C> {
                 self.exit.get_or_insert(Exit::SchedulerGone);
             }
             BackendEvent::FrontendConnected { .. } => {
-                self.metrics.frontends_connected.fetch_add(1, Ordering::Relaxed);
+                self.metrics.frontends_connected.inc();
                 info!("{ev}");
             }
             BackendEvent::FrontendUnreachable { .. } => {
-                self.metrics.frontend_connect_failures.fetch_add(1, Ordering::Relaxed);
+                self.metrics.frontend_connect_failures.inc();
                 warn!("{ev}");
             }
             // The worker fails the frontend's tasks; the scheduler
@@ -535,7 +533,7 @@ impl<C: Connection> Host<'_, C> {
             match o.conn {
                 Ok(conn) => node.handle_frontend_link(now, o.frontend, conn),
                 Err(e) => {
-                    self.metrics.frontend_connect_failures.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.frontend_connect_failures.inc();
                     warn!(frontend = o.frontend, endpoint = %o.endpoint, error = %e, "cannot connect to the frontend");
                 }
             }
@@ -555,9 +553,7 @@ impl<C: Connection> Host<'_, C> {
         }
         let beats = node.scheduler_heartbeats();
         if beats != self.heartbeats_published {
-            self.metrics
-                .scheduler_heartbeats
-                .fetch_add(beats - self.heartbeats_published, Ordering::Relaxed);
+            self.metrics.scheduler_heartbeats.inc_by(beats - self.heartbeats_published);
             self.heartbeats_published = beats;
         }
     }

@@ -110,7 +110,7 @@ fn a_backend_with_a_wrong_or_no_token_is_refused_and_its_gpus_never_join() {
         assert!(why.starts_with(&format!("the scheduler refused the registration of backend 4: {reason} ")), "{why}");
         assert!(be.drained(), "a refused backend does nothing more");
         assert!(!be.registered());
-        assert_eq!(sched.plane().metrics().refused[reason.index()].load(std::sync::atomic::Ordering::Relaxed), 1);
+        assert_eq!(sched.plane().metrics().refused[reason.index()].get(), 1);
         assert_eq!((sched.plane().peers(), sched.plane().online_gpus()), ((0, 0), 0));
         let sched_events: Vec<String> = std::iter::from_fn(|| sched.poll_event()).map(|e| e.to_string()).collect();
         assert!(sched_events[0].starts_with("registration refused: backend 4: "), "{sched_events:?}");

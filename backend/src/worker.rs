@@ -198,6 +198,9 @@ pub struct BatchReport {
     pub received: Instant,
     /// Planned start on this process's clock.
     pub exec_at: Instant,
+    /// When its inputs were in place and it was handed to its device
+    /// (`None`: nothing ran).
+    pub submitted: Option<Instant>,
     /// Actual start (`None`: nothing ran, every input failed).
     pub start: Option<Instant>,
     /// Actual finish.
@@ -259,6 +262,9 @@ struct BatchSlot {
     unresolved: u32,
     unposted: u32,
     outstanding_reads: u32,
+    submitted: Option<Instant>,
+    /// Tasks handed to the executor (their `out_index` is their position).
+    ran: u32,
     start: Option<Instant>,
     finish: Option<Instant>,
     exec_ok: bool,
@@ -414,6 +420,8 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
                 unresolved: 0,
                 unposted: 0,
                 outstanding_reads: 0,
+                submitted: None,
+                ran: 0,
                 start: None,
                 finish: None,
                 exec_ok: false,
@@ -671,6 +679,8 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             s.unresolved = 0;
             s.unposted = 0;
             s.outstanding_reads = 0;
+            s.submitted = None;
+            s.ran = 0;
             s.start = None;
             s.finish = None;
             s.exec_ok = false;
@@ -964,7 +974,11 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
                 },
             };
             match self.exec.submit(now, &job) {
-                Ok(()) => s.phase = Phase::Executing,
+                Ok(()) => {
+                    s.phase = Phase::Executing;
+                    s.submitted = Some(now);
+                    s.ran = self.inputs.len() as u32;
+                }
                 Err(e) => return Err(WorkerError::Executor(e)),
             }
         }
@@ -980,7 +994,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             }
             while self.slots[si].send_cursor < self.slots[si].tasks.len() {
                 let ti = self.slots[si].send_cursor;
-                if !self.send_completion(si, ti) {
+                if !self.send_completion(si, ti, now) {
                     break;
                 }
                 self.slots[si].send_cursor += 1;
@@ -1026,8 +1040,9 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
         any
     }
 
-    /// Sends task `ti`'s completion; false if it must be retried later.
-    fn send_completion(&mut self, si: usize, ti: usize) -> bool {
+    /// Sends task `ti`'s completion (at `now`); false if it must be
+    /// retried later.
+    fn send_completion(&mut self, si: usize, ti: usize, now: Instant) -> bool {
         let s = &self.slots[si];
         let t = s.tasks[ti];
         let out_len = self.exec.output_len(s.model).unwrap_or(0) as usize;
@@ -1045,6 +1060,17 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             output_kind: OutputKind::None as u32,
             ..CompletionHead::default()
         };
+        if let (TaskPhase::Arrived, true, Some(submitted), Some(start), Some(finish)) =
+            (t.phase, s.exec_ok, s.submitted, s.start, s.finish)
+        {
+            // The execution this task was part of, for the frontend's
+            // accounting (position 0 is the execution's leader).
+            head.batch_size = s.ran;
+            head.batch_index = t.out_index;
+            head.input_ns = submitted.saturating_since(s.received).as_nanos();
+            head.compute_ns = finish.saturating_since(start).as_nanos();
+            head.since_start_ns = now.saturating_since(start).as_nanos();
+        }
         if status == TaskStatus::Ok {
             head.output_kind = OutputKind::Inline as u32;
             let at = self.cfg.output_offset(si)
@@ -1114,6 +1140,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             model: s.model,
             received: s.received,
             exec_at: s.exec_at,
+            submitted: s.submitted,
             start: s.start,
             finish: s.finish,
             ok,

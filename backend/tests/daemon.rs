@@ -530,7 +530,7 @@ fn serves_a_plan_and_exits_when_the_scheduler_leaves<N: Net>(net: N, seed: u64) 
         Some(0.0)
     );
     assert_eq!(
-        metric(&text, "symphony_batch_size_bucket{le=\"8\"}"),
+        metric(&text, "symphony_batch_size_bucket{le=\"8.0\"}"),
         Some(1.0)
     );
     assert_eq!(

@@ -19,6 +19,7 @@ use crate::transport::shm::ShmDomain;
 use crate::transport::tcp::{Engine, TcpConfig, TcpDomain};
 use crate::transport::{Connection, Domain, Error};
 use crate::wire::{self, Message, Register, Role};
+use crate::metrics::{self, MetricsRegistry};
 
 /// Why a daemon's plumbing could not be set up: a name that is not a
 /// transport or idle strategy, a transport this host or build lacks, a
@@ -471,11 +472,8 @@ pub fn terminate_with_parent() {
 
 // ---- metrics endpoint -----------------------------------------------------------
 
-/// Renders the Prometheus text exposition on each scrape.
-pub type RenderFn = dyn Fn() -> String + Send + Sync;
-
 /// A minimal HTTP/1.1 endpoint on its own thread: `GET /metrics` returns
-/// the rendered text, `GET /health` returns 200, anything else 404. One
+/// the registry's OpenMetrics text ([`crate::metrics`]), `GET /health` returns 200, anything else 404. One
 /// request per connection, bounded reads, so a bad client costs nothing but
 /// its own socket.
 pub struct MetricsEndpoint {
@@ -486,7 +484,7 @@ pub struct MetricsEndpoint {
 
 impl MetricsEndpoint {
     /// Listens on `addr` (port 0 picks one).
-    pub fn start(addr: SocketAddr, render: Arc<RenderFn>) -> std::io::Result<MetricsEndpoint> {
+    pub fn start(addr: SocketAddr, registry: Arc<MetricsRegistry>) -> std::io::Result<MetricsEndpoint> {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -499,7 +497,7 @@ impl MetricsEndpoint {
                         break;
                     }
                     if let Ok(s) = conn {
-                        let _ = serve_one(s, &*render);
+                        let _ = serve_one(s, &registry);
                     }
                 }
             })?;
@@ -527,7 +525,7 @@ impl Drop for MetricsEndpoint {
     }
 }
 
-fn serve_one(mut s: TcpStream, render: &RenderFn) -> std::io::Result<()> {
+fn serve_one(mut s: TcpStream, registry: &MetricsRegistry) -> std::io::Result<()> {
     s.set_read_timeout(Some(std::time::Duration::from_secs(2)))?;
     s.set_write_timeout(Some(std::time::Duration::from_secs(2)))?;
     let mut req = [0u8; 4096];
@@ -540,7 +538,7 @@ fn serve_one(mut s: TcpStream, render: &RenderFn) -> std::io::Result<()> {
     }
     let line = req[..n].split(|&b| b == b'\r').next().unwrap_or(&[]);
     let (status, ctype, body) = if line.starts_with(b"GET /metrics ") {
-        ("200 OK", "text/plain; version=0.0.4", render())
+        ("200 OK", metrics::CONTENT_TYPE, registry.encode())
     } else if line.starts_with(b"GET /health ") {
         ("200 OK", "text/plain", "ok\n".to_string())
     } else {
@@ -640,11 +638,12 @@ mod tests {
 
     #[test]
     fn metrics_endpoint_serves_scrapes_and_refuses_other_paths() {
-        let ep = MetricsEndpoint::start(
-            "127.0.0.1:0".parse().unwrap(),
-            Arc::new(|| "# HELP x y\nsymphony_up 1\nreq{model=\"a\"} 2\nreq{model=\"b\"} 3.5\n".to_string()),
-        )
-        .unwrap();
+        let registry = Arc::new(MetricsRegistry::new());
+        registry.register("symphony_up", "Up", metrics::Computed::gauge_of(|| 1.0));
+        let req = metrics::labelled(&registry, "req", "Requests", "model", ["a".into(), "b".into()], metrics::FloatGauge::default);
+        req[0].set(2.0);
+        req[1].set(3.5);
+        let ep = MetricsEndpoint::start("127.0.0.1:0".parse().unwrap(), registry).unwrap();
         let t = std::time::Duration::from_secs(5);
         let body = http_get(ep.addr(), "/metrics", t).unwrap();
         assert_eq!(metric(&body, "symphony_up"), Some(1.0));

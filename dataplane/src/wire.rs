@@ -41,7 +41,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SYMP");
 /// Protocol version this code speaks. Version 2: the authenticated
 /// registration (Challenge, Join, Welcome, Refused). Version 3: a
 /// [`BatchDone`] carries the batch's start and finish (relative to its
-/// send) and its READ latency, for the scheduler's closed loop.
+/// send) and its READ latency, for the scheduler's closed loop; a
+/// [`CompletionHead`] says which execution its task was part of (batch
+/// size, position, input/compute/output-side durations).
 pub const VERSION: u16 = 3;
 /// Oldest peer version a scheduler of this version accepts. Upgrades are
 /// stop-the-world (`docs/operations.md`): only its own version.
@@ -639,6 +641,13 @@ impl OutputKind {
 }
 
 /// Completion head (backend -> frontend/scheduler); inline output may follow.
+///
+/// The `batch_*` and duration fields describe the execution the task was
+/// part of, so the frontend can account for it (Triton's execution count,
+/// queue and compute durations, batch sizes). All zero when the task was
+/// not executed (a failed input, a failed execution, an answer from the
+/// scheduler). Durations are measured on the backend's clock; only
+/// differences travel.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct CompletionHead {
@@ -650,10 +659,25 @@ pub struct CompletionHead {
     pub output_kind: u32,
     /// Output bytes (inline count, or `remote.len`).
     pub output_len: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// Tasks the execution ran (at most [`MAX_BATCH_TASKS`]); 0: not executed.
+    pub batch_size: u32,
     /// Output location when `output_kind` is Remote, else zero.
     pub remote: RemoteRef,
+    /// This task's position in the execution (below `batch_size`). Exactly
+    /// one task per execution has position 0, the execution's leader: an
+    /// execution is counted once, from its leader's completion.
+    pub batch_index: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// From the plan's arrival at the backend to the batch's hand-over to
+    /// its device (fetching the inputs), ns.
+    pub input_ns: u64,
+    /// The execution on the device, start to finish, ns.
+    pub compute_ns: u64,
+    /// From the execution's start to the sending of this completion, ns
+    /// (at least `compute_ns`; the rest is output handling). The frontend
+    /// derives the time before the start from its own clock.
+    pub since_start_ns: u64,
 }
 
 /// Why a task was dropped: the one list of drop reasons, for the wire, the
@@ -1274,6 +1298,11 @@ pub fn decode(buf: &[u8]) -> Result<Message<'_>, WireError> {
             if head.reserved != 0 {
                 return Err(WireError::ReservedNotZero);
             }
+            let executed = head.batch_size > 0 && head.batch_index < head.batch_size;
+            let not_executed = head.batch_size == 0 && head.batch_index == 0;
+            if head.batch_size as usize > MAX_BATCH_TASKS || !(executed || not_executed) {
+                return Err(WireError::BadValue("batch size or index"));
+            }
             match OutputKind::from_u32(head.output_kind)
                 .ok_or(WireError::BadValue("output kind"))?
             {
@@ -1555,6 +1584,27 @@ mod tests {
             if let Some(n) = fixed_body_len(Kind::from_u16(k).unwrap()) {
                 assert_eq!(n % 8, 0, "kind {k}");
             }
+        }
+    }
+
+    #[test]
+    fn completion_execution_fields_round_trip_and_are_checked() {
+        let mut buf = [0u8; 256];
+        let head = CompletionHead {
+            task_id: 9,
+            batch_size: 4,
+            batch_index: 3,
+            input_ns: 1,
+            compute_ns: 2,
+            since_start_ns: 3,
+            ..CompletionHead::default()
+        };
+        let n = encode_completion(&mut buf, &head, &[]).unwrap();
+        assert!(matches!(decode(&buf[..n]), Ok(Message::Completion(h, _)) if h == head));
+        for (size, index) in [(4, 4), (0, 1), (MAX_BATCH_TASKS as u32 + 1, 0)] {
+            let bad = CompletionHead { batch_size: size, batch_index: index, ..head };
+            let n = encode_completion(&mut buf, &bad, &[]).unwrap();
+            assert_eq!(decode(&buf[..n]).err(), Some(WireError::BadValue("batch size or index")));
         }
     }
 }

@@ -88,10 +88,18 @@ fn msg() -> impl Strategy<Value = Msg> {
         prop::collection::vec(any::<u8>(), 0..2048),
     )
         .prop_map(|(task_id, status, kind, remote, bytes)| {
+            // The execution fields, derived from the id: some executed
+            // (size 1..=512, a valid position), some not (all zero).
+            let batch_size = (task_id % 600) as u32 % 513;
             let mut h = CompletionHead {
                 task_id,
                 status,
                 output_kind: kind,
+                batch_size,
+                batch_index: (task_id >> 12) as u32 % batch_size.max(1),
+                input_ns: task_id.rotate_left(7) * u64::from(batch_size > 0),
+                compute_ns: task_id.rotate_left(19) * u64::from(batch_size > 0),
+                since_start_ns: task_id.rotate_left(31) * u64::from(batch_size > 0),
                 ..Default::default()
             };
             let inline = match kind {

@@ -408,8 +408,7 @@ impl Http {
                 .saturating_add(1000),
         );
         let metrics = Arc::new(Metrics::new(&catalog));
-        let extra = stats.clone();
-        metrics.set_extra(Box::new(move |o: &mut String| extra.render(o)));
+        stats.register(metrics.registry());
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(cfg.http_threads)
             .thread_name("frontend-http")
@@ -428,11 +427,7 @@ impl Http {
         let server = rt
             .block_on(Server::start(cfg.http, service, http_cfg))
             .map_err(setup(format!("HTTP listener on {}", cfg.http)))?;
-        let render_staging = staging.clone();
-        let endpoint = MetricsEndpoint::start(
-            cfg.metrics,
-            Arc::new(move || metrics.render(&render_staging.counters().snapshot())),
-        )
+        let endpoint = MetricsEndpoint::start(cfg.metrics, metrics.registry().clone())
         .map_err(setup(format!("metrics listener on {}", cfg.metrics)))?;
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "READY http={} metrics={} data={data_addr}", server.addr(), endpoint.addr());

@@ -205,8 +205,8 @@ pub async fn handle<S: InferenceService>(
         ),
         ["metrics"] if get => respond(
             StatusCode::OK,
-            "text/plain; version=0.0.4",
-            service.metrics().render(&service.counters()).into_bytes(),
+            dataplane::metrics::CONTENT_TYPE,
+            service.metrics().encode().into_bytes(),
         ),
         ["v2", "models", name, rest @ ..] => {
             let (version, rest) = match rest {
@@ -303,13 +303,11 @@ async fn handle_infer<S: InferenceService>(
         model_id,
         &parsed.input,
         parsed.budget.saturating_sub(spent),
+        started,
     )
     .await;
-    let us = started.elapsed().as_micros() as u64;
-    let metrics = service.metrics();
     match result {
         InferResult::Ok(out) => {
-            metrics.record_success(model_id, us);
             let head =
                 protocol::infer_response(model, parsed.id.as_deref(), &out, parsed.binary_output);
             if parsed.binary_output {
@@ -325,15 +323,11 @@ async fn handle_infer<S: InferenceService>(
             }
         }
         other => {
-            metrics.record_failure(model_id, us);
             let (status, msg) = match other {
-                InferResult::Dropped(r) => {
-                    metrics.record_drop(model_id, r);
-                    (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        format!("request dropped: {}", r.as_str()),
-                    )
-                }
+                InferResult::Dropped(r) => (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("request dropped: {}", r.as_str()),
+                ),
                 InferResult::Failed(TaskStatus::InputUnavailable) => (
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "backend could not fetch the input".into(),

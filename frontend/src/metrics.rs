@@ -1,298 +1,239 @@
-//! Prometheus metrics in the text exposition format (version 0.0.4),
-//! hand-written over preallocated atomics: recording is a few relaxed
-//! atomic adds, rendering happens only when `/metrics` is scraped.
+//! The frontend's per-model metrics: handles into one
+//! [`MetricsRegistry`] (`dataplane::metrics`), resolved per model once at
+//! start, so recording is a few relaxed atomic adds (no lock, no
+//! allocation, no label lookup).
 //!
 //! Names follow Triton where a Triton metric means the same thing
-//! (`nv_inference_*`, label `model` and `version`); the rest are
-//! `symphony_*`.
+//! (`nv_inference_*`, labels `model` and `version`); the rest are
+//! `symphony_*`. Execution figures come from the backends: every
+//! completion says which execution its task was part of ([`Execution`],
+//! from `dataplane::wire::CompletionHead`), and an execution is counted
+//! once, from the completion of its leader (position 0).
 
 use crate::models::ModelCatalog;
-use crate::staging::CounterSnapshot;
-use dataplane::wire::DropReason;
-use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::staging::{CounterSnapshot, Staging};
+use dataplane::metrics::{self, Computed, Counter, Histogram, Label, MetricsRegistry, PlainCounter};
+use dataplane::wire::{CompletionHead, DropReason};
+use std::sync::Arc;
 
 /// Upper bounds of the batch-size histogram buckets (`+Inf` is implied).
-pub const BATCH_BUCKETS: [u32; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
+pub const BATCH_BUCKETS: [u64; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 
-#[derive(Default)]
-struct ModelMetrics {
-    success: AtomicU64,
-    failure: AtomicU64,
-    exec_count: AtomicU64,
-    request_us: AtomicU64,
-    queue_us: AtomicU64,
-    compute_us: AtomicU64,
-    dropped: [AtomicU64; DropReason::COUNT],
-    batch_buckets: [AtomicU64; BATCH_BUCKETS.len() + 1],
-    batch_sum: AtomicU64,
+/// The execution a task was part of, as its backend reported it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Execution {
+    /// Tasks the execution ran.
+    pub batch_size: u32,
+    /// This task's position in it (0: the leader, which counts the
+    /// execution).
+    pub batch_index: u32,
+    /// Plan arrival at the backend to hand-over to the device, ns.
+    pub input_ns: u64,
+    /// On the device, ns.
+    pub compute_ns: u64,
+    /// Execution start to the completion's sending, ns.
+    pub since_start_ns: u64,
 }
 
-/// Per-model metrics of one frontend (and of the in-process cluster, which
-/// reports batches and their timing here).
-pub struct Metrics {
-    names: Vec<(String, String)>,
-    models: Box<[ModelMetrics]>,
-    /// More samples appended to every rendering (the daemon's own gauges
-    /// and counters), set once.
-    extra: std::sync::OnceLock<Box<ExtraFn>>,
-}
-
-/// Appends samples (with their HELP/TYPE lines) to a rendering.
-pub type ExtraFn = dyn Fn(&mut String) + Send + Sync;
-
-impl std::fmt::Debug for Metrics {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Metrics")
-            .field("models", &self.names.len())
-            .finish()
+impl Execution {
+    /// The execution a completion names (`None`: not executed).
+    pub fn from_head(h: &CompletionHead) -> Option<Execution> {
+        (h.batch_size > 0).then_some(Execution {
+            batch_size: h.batch_size,
+            batch_index: h.batch_index,
+            input_ns: h.input_ns,
+            compute_ns: h.compute_ns,
+            since_start_ns: h.since_start_ns,
+        })
     }
+}
+
+/// One model's series.
+#[derive(Debug)]
+struct ModelSeries {
+    success: PlainCounter,
+    failure: PlainCounter,
+    inference_count: PlainCounter,
+    exec_count: PlainCounter,
+    request_us: PlainCounter,
+    queue_us: PlainCounter,
+    compute_input_us: PlainCounter,
+    compute_infer_us: PlainCounter,
+    compute_output_us: PlainCounter,
+    dropped: Vec<Counter>,
+    batch_size: Histogram,
+}
+
+/// Per-model metrics of one frontend, and the registry its `/metrics`
+/// encodes.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Arc<MetricsRegistry>,
+    models: Box<[ModelSeries]>,
 }
 
 impl Metrics {
-    /// Metrics for every model of `catalog`.
+    /// Metrics for every model of `catalog`, in a registry of their own.
     pub fn new(catalog: &ModelCatalog) -> Self {
-        Metrics {
-            names: catalog
-                .entries()
-                .iter()
-                .map(|e| (e.spec.name.clone(), e.version.clone()))
-                .collect(),
-            models: catalog
-                .entries()
-                .iter()
-                .map(|_| ModelMetrics::default())
-                .collect(),
-            extra: std::sync::OnceLock::new(),
+        let r = Arc::new(MetricsRegistry::new());
+        let entries = catalog.entries();
+        let labels: Vec<Vec<Label>> = entries
+            .iter()
+            .map(|e| vec![("model", e.spec.name.clone()), ("version", e.version.clone())])
+            .collect();
+        let triton = |name: &str, help: &str| metrics::labelled_by(&r, name, help, labels.clone(), PlainCounter::default);
+        let mut success = triton("nv_inference_request_success", "Number of successful inference requests, all batch sizes").into_iter();
+        let mut failure = triton(
+            "nv_inference_request_failure",
+            "Number of failed inference requests (errors and drops), all batch sizes",
+        )
+        .into_iter();
+        let mut inference_count = triton("nv_inference_count", "Number of inferences performed (requests of batch 1 each)").into_iter();
+        let mut exec_count = triton("nv_inference_exec_count", "Number of model executions performed (batches)").into_iter();
+        let mut request_us = triton("nv_inference_request_duration_us", "Cumulative end-to-end inference request duration in microseconds").into_iter();
+        let mut queue_us = triton(
+            "nv_inference_queue_duration_us",
+            "Cumulative time requests waited before their input fetch began (frontend queue, network, scheduling), in microseconds",
+        )
+        .into_iter();
+        let mut compute_input_us = triton(
+            "nv_inference_compute_input_duration_us",
+            "Cumulative input duration (backend input READs until the device took the batch) in microseconds",
+        )
+        .into_iter();
+        let mut compute_infer_us = triton("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds").into_iter();
+        let mut compute_output_us = triton(
+            "nv_inference_compute_output_duration_us",
+            "Cumulative output duration (device finish until the backend sent the result) in microseconds",
+        )
+        .into_iter();
+        let drop_labels = entries
+            .iter()
+            .flat_map(|e| DropReason::ALL.map(|d| vec![("model", e.spec.name.clone()), ("reason", d.as_str().to_string())]))
+            .collect();
+        let mut dropped = metrics::labelled_by(&r, "symphony_dropped", "Requests dropped by the cluster, by reason", drop_labels, Counter::default).into_iter();
+        let mut batch_size = metrics::labelled(
+            &r,
+            "symphony_batch_size",
+            "Sizes of executed batches (counted by their leader's frontend)",
+            "model",
+            entries.iter().map(|e| e.spec.name.clone()),
+            || Histogram::new(&BATCH_BUCKETS),
+        )
+        .into_iter();
+        let models = entries
+            .iter()
+            .filter_map(|_| {
+                Some(ModelSeries {
+                    success: success.next()?,
+                    failure: failure.next()?,
+                    inference_count: inference_count.next()?,
+                    exec_count: exec_count.next()?,
+                    request_us: request_us.next()?,
+                    queue_us: queue_us.next()?,
+                    compute_input_us: compute_input_us.next()?,
+                    compute_infer_us: compute_infer_us.next()?,
+                    compute_output_us: compute_output_us.next()?,
+                    dropped: dropped.by_ref().take(DropReason::COUNT).collect(),
+                    batch_size: batch_size.next()?,
+                })
+            })
+            .collect();
+        Metrics { registry: r, models }
+    }
+
+    /// The registry (the daemon serves it and adds its own families).
+    pub fn registry(&self) -> &Arc<MetricsRegistry> {
+        &self.registry
+    }
+
+    /// The OpenMetrics text of every family.
+    pub fn encode(&self) -> String {
+        self.registry.encode()
+    }
+
+    /// Registers `staging`'s outcome accounting as the
+    /// `symphony_requests_*` / `symphony_completions_*` families (once per
+    /// staging area: the service does it when it is built).
+    pub fn register_staging(&self, staging: &Arc<Staging>) {
+        type Pick = fn(&CounterSnapshot) -> u64;
+        let families: [(&str, &str, Pick); 8] = [
+            ("symphony_requests_accepted", "Requests staged and handed to the cluster", |c| c.accepted),
+            ("symphony_requests_succeeded", "Accepted requests answered with a result", |c| c.succeeded),
+            ("symphony_requests_dropped", "Accepted requests dropped by the cluster", |c| c.dropped),
+            ("symphony_requests_failed", "Accepted requests that ended in an error", |c| c.failed),
+            ("symphony_requests_rejected_full", "Requests refused because every staging slot was in use", |c| c.rejected_full),
+            ("symphony_completions_unroutable", "Outcomes naming no request in flight", |c| c.unroutable),
+            ("symphony_completions_duplicate", "Second outcomes for one request", |c| c.duplicates),
+            ("symphony_completions_late", "Outcomes arriving after their request gave up", |c| c.late),
+        ];
+        for (name, help, pick) in families {
+            let s = staging.clone();
+            self.registry
+                .register(name, help, Computed::counter_of(move || pick(&s.counters().snapshot())));
         }
     }
 
-    /// Makes every [`render`](Self::render) end with what `f` appends.
-    /// Only the first call takes effect.
-    pub fn set_extra(&self, f: Box<ExtraFn>) {
-        let _ = self.extra.set(f);
-    }
-
-    fn model(&self, id: u32) -> Option<&ModelMetrics> {
+    fn model(&self, id: u32) -> Option<&ModelSeries> {
         self.models.get(id as usize)
     }
 
     /// A request of model `id` succeeded after `request_us` end to end.
     pub fn record_success(&self, id: u32, request_us: u64) {
         if let Some(m) = self.model(id) {
-            m.success.fetch_add(1, Ordering::Relaxed);
-            m.request_us.fetch_add(request_us, Ordering::Relaxed);
+            m.success.inc();
+            m.inference_count.inc();
+            m.request_us.inc_by(request_us);
         }
     }
     /// A request of model `id` failed (error, timeout, or drop).
     pub fn record_failure(&self, id: u32, request_us: u64) {
         if let Some(m) = self.model(id) {
-            m.failure.fetch_add(1, Ordering::Relaxed);
-            m.request_us.fetch_add(request_us, Ordering::Relaxed);
+            m.failure.inc();
+            m.request_us.inc_by(request_us);
         }
     }
     /// A request of model `id` was dropped for `reason` (also a failure in
     /// Triton's terms; call [`Metrics::record_failure`] as well).
     pub fn record_drop(&self, id: u32, reason: DropReason) {
-        if let Some(m) = self.model(id) {
-            m.dropped[reason.index()].fetch_add(1, Ordering::Relaxed);
+        if let Some(m) = self.model(id).and_then(|m| m.dropped.get(reason.index())) {
+            m.inc();
         }
     }
-    /// A batch of `size` requests of model `id` executed in `compute_us`,
-    /// its requests having queued `queue_us` in total.
-    pub fn record_batch(&self, id: u32, size: u32, compute_us: u64, queue_us: u64) {
-        if let Some(m) = self.model(id) {
-            m.exec_count.fetch_add(1, Ordering::Relaxed);
-            m.compute_us.fetch_add(
-                compute_us.saturating_mul(u64::from(size)),
-                Ordering::Relaxed,
-            );
-            m.queue_us.fetch_add(queue_us, Ordering::Relaxed);
-            let b = BATCH_BUCKETS
-                .iter()
-                .position(|&ub| size <= ub)
-                .unwrap_or(BATCH_BUCKETS.len());
-            m.batch_buckets[b].fetch_add(1, Ordering::Relaxed);
-            m.batch_sum.fetch_add(u64::from(size), Ordering::Relaxed);
+    /// A request of model `id` that took `request_ns` end to end was part
+    /// of execution `e`: its queue, input, compute and output times (per
+    /// request, as Triton counts them), and, from the execution's leader,
+    /// the execution itself.
+    pub fn record_execution(&self, id: u32, request_ns: u64, e: &Execution) {
+        let Some(m) = self.model(id) else { return };
+        // Everything before the backend's input phase: the request's time
+        // here minus the backend's time since it began the batch's inputs
+        // (the completion's trip back is counted in, as it is not known).
+        let at_backend = e.since_start_ns.saturating_add(e.input_ns);
+        m.queue_us.inc_by(request_ns.saturating_sub(at_backend) / 1_000);
+        m.compute_input_us.inc_by(e.input_ns / 1_000);
+        m.compute_infer_us.inc_by(e.compute_ns / 1_000);
+        m.compute_output_us.inc_by(e.since_start_ns.saturating_sub(e.compute_ns) / 1_000);
+        if e.batch_index == 0 {
+            m.exec_count.inc();
+            m.batch_size.observe(u64::from(e.batch_size));
         }
     }
 
     /// Successful requests of model `id` so far.
     pub fn successes(&self, id: u32) -> u64 {
-        self.model(id)
-            .map_or(0, |m| m.success.load(Ordering::Relaxed))
+        self.model(id).map_or(0, |m| m.success.get())
     }
-    /// Batches of model `id` executed so far.
+    /// Inferences of model `id` so far.
+    pub fn inferences(&self, id: u32) -> u64 {
+        self.model(id).map_or(0, |m| m.inference_count.get())
+    }
+    /// Executions (batches) of model `id` counted here so far.
     pub fn exec_count(&self, id: u32) -> u64 {
-        self.model(id)
-            .map_or(0, |m| m.exec_count.load(Ordering::Relaxed))
+        self.model(id).map_or(0, |m| m.exec_count.get())
     }
-
-    /// Renders every metric, plus the global outcome counters `c`.
-    pub fn render(&self, c: &CounterSnapshot) -> String {
-        let mut o = String::with_capacity(4096);
-        let per_model = |o: &mut String,
-                         name: &str,
-                         help: &str,
-                         kind: &str,
-                         f: &dyn Fn(&ModelMetrics) -> u64| {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for ((model, version), m) in self.names.iter().zip(self.models.iter()) {
-                let _ = writeln!(
-                    o,
-                    "{name}{{model=\"{}\",version=\"{}\"}} {}",
-                    esc(model),
-                    esc(version),
-                    f(m)
-                );
-            }
-        };
-        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        per_model(
-            &mut o,
-            "nv_inference_request_success",
-            "Number of successful inference requests, all batch sizes",
-            "counter",
-            &|m| ld(&m.success),
-        );
-        per_model(
-            &mut o,
-            "nv_inference_request_failure",
-            "Number of failed inference requests (errors and drops), all batch sizes",
-            "counter",
-            &|m| ld(&m.failure),
-        );
-        per_model(
-            &mut o,
-            "nv_inference_count",
-            "Number of inferences performed (requests of batch 1 each)",
-            "counter",
-            &|m| ld(&m.success),
-        );
-        per_model(
-            &mut o,
-            "nv_inference_exec_count",
-            "Number of model executions performed (batches)",
-            "counter",
-            &|m| ld(&m.exec_count),
-        );
-        per_model(
-            &mut o,
-            "nv_inference_request_duration_us",
-            "Cumulative end-to-end inference request duration in microseconds",
-            "counter",
-            &|m| ld(&m.request_us),
-        );
-        per_model(
-            &mut o,
-            "nv_inference_queue_duration_us",
-            "Cumulative inference queuing duration in microseconds",
-            "counter",
-            &|m| ld(&m.queue_us),
-        );
-        per_model(
-            &mut o,
-            "nv_inference_compute_infer_duration_us",
-            "Cumulative compute inference duration in microseconds",
-            "counter",
-            &|m| ld(&m.compute_us),
-        );
-
-        let _ = writeln!(o, "# HELP symphony_dropped_total Requests dropped by the cluster, by reason\n# TYPE symphony_dropped_total counter");
-        for ((model, _), m) in self.names.iter().zip(self.models.iter()) {
-            for r in DropReason::ALL {
-                let _ = writeln!(
-                    o,
-                    "symphony_dropped_total{{model=\"{}\",reason=\"{}\"}} {}",
-                    esc(model),
-                    r.as_str(),
-                    ld(&m.dropped[r.index()])
-                );
-            }
-        }
-        let _ = writeln!(o, "# HELP symphony_batch_size Sizes of executed batches\n# TYPE symphony_batch_size histogram");
-        for ((model, _), m) in self.names.iter().zip(self.models.iter()) {
-            let mut cum = 0;
-            for (i, ub) in BATCH_BUCKETS.iter().enumerate() {
-                cum += ld(&m.batch_buckets[i]);
-                let _ = writeln!(
-                    o,
-                    "symphony_batch_size_bucket{{model=\"{}\",le=\"{ub}\"}} {cum}",
-                    esc(model)
-                );
-            }
-            cum += ld(&m.batch_buckets[BATCH_BUCKETS.len()]);
-            let _ = writeln!(
-                o,
-                "symphony_batch_size_bucket{{model=\"{}\",le=\"+Inf\"}} {cum}",
-                esc(model)
-            );
-            let _ = writeln!(
-                o,
-                "symphony_batch_size_sum{{model=\"{}\"}} {}",
-                esc(model),
-                ld(&m.batch_sum)
-            );
-            let _ = writeln!(
-                o,
-                "symphony_batch_size_count{{model=\"{}\"}} {cum}",
-                esc(model)
-            );
-        }
-        for (name, help, v) in [
-            (
-                "symphony_requests_accepted_total",
-                "Requests staged and handed to the cluster",
-                c.accepted,
-            ),
-            (
-                "symphony_requests_succeeded_total",
-                "Accepted requests answered with a result",
-                c.succeeded,
-            ),
-            (
-                "symphony_requests_dropped_total",
-                "Accepted requests dropped by the cluster",
-                c.dropped,
-            ),
-            (
-                "symphony_requests_failed_total",
-                "Accepted requests that ended in an error",
-                c.failed,
-            ),
-            (
-                "symphony_requests_rejected_full_total",
-                "Requests refused because every staging slot was in use",
-                c.rejected_full,
-            ),
-            (
-                "symphony_completions_unroutable_total",
-                "Outcomes naming no request in flight",
-                c.unroutable,
-            ),
-            (
-                "symphony_completions_duplicate_total",
-                "Second outcomes for one request",
-                c.duplicates,
-            ),
-            (
-                "symphony_completions_late_total",
-                "Outcomes arriving after their request gave up",
-                c.late,
-            ),
-        ] {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
-        }
-        if let Some(f) = self.extra.get() {
-            f(&mut o);
-        }
-        o
+    /// Sum of the batch sizes of those executions.
+    pub fn executed_inferences(&self, id: u32) -> u64 {
+        self.model(id).map_or(0, |m| m.batch_size.sum())
     }
-}
-
-/// Escapes a label value (backslash, quote, newline).
-fn esc(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }

@@ -26,12 +26,12 @@ use crate::staging::{RoutedOutcome, Staging};
 use crossbeam_queue::ArrayQueue;
 use dataplane::control::Liveness;
 use dataplane::join::JoinToken;
+use dataplane::metrics::{Computed, MetricsRegistry};
 use dataplane::time::{Duration, Instant};
 use dataplane::transport::{Connection, Error as TransportError};
 use dataplane::waitset::Notifier;
 use dataplane::wire::{self, DropReason, Join, Message, Role, Task, TaskStatus, WireError};
 use std::collections::VecDeque;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
@@ -68,48 +68,39 @@ pub struct FrontendStats {
 }
 
 impl FrontendStats {
-    /// Appends the counters in the Prometheus text format.
-    pub fn render(&self, o: &mut String) {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        for (name, kind, help, v) in [
-            (
-                "symphony_frontend_ready",
-                "gauge",
-                "1 while registered with the scheduler",
-                u64::from(self.ready.load(Ordering::Relaxed)),
-            ),
-            (
-                "symphony_frontend_backends",
-                "gauge",
-                "Backend data connections open",
-                l(&self.backends),
-            ),
-            (
-                "symphony_frontend_tasks_sent_total",
-                "counter",
-                "Tasks sent to the scheduler",
-                l(&self.tasks_sent),
-            ),
-            (
-                "symphony_frontend_queue_full_total",
-                "counter",
-                "Requests failed because the queue to the scheduler was full",
-                l(&self.queue_full),
-            ),
-            (
-                "symphony_frontend_backends_lost_total",
-                "counter",
-                "Backend data connections that died or misbehaved",
-                l(&self.backends_lost),
-            ),
-            (
-                "symphony_frontend_bad_messages_total",
-                "counter",
-                "Malformed or unroutable messages received",
-                l(&self.bad_messages),
-            ),
-        ] {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+    /// Registers the counters in `r` (read where they are kept, when
+    /// scraped).
+    pub fn register(self: &Arc<Self>, r: &MetricsRegistry) {
+        type Read = fn(&FrontendStats) -> u64;
+        let gauges: [(&str, &str, Read); 2] = [
+            ("symphony_frontend_ready", "1 while registered with the scheduler", |s| {
+                u64::from(s.ready.load(Ordering::Relaxed))
+            }),
+            ("symphony_frontend_backends", "Backend data connections open", |s| {
+                s.backends.load(Ordering::Relaxed)
+            }),
+        ];
+        let counters: [(&str, &str, Read); 4] = [
+            ("symphony_frontend_tasks_sent", "Tasks sent to the scheduler", |s| {
+                s.tasks_sent.load(Ordering::Relaxed)
+            }),
+            ("symphony_frontend_queue_full", "Requests failed because the queue to the scheduler was full", |s| {
+                s.queue_full.load(Ordering::Relaxed)
+            }),
+            ("symphony_frontend_backends_lost", "Backend data connections that died or misbehaved", |s| {
+                s.backends_lost.load(Ordering::Relaxed)
+            }),
+            ("symphony_frontend_bad_messages", "Malformed or unroutable messages received", |s| {
+                s.bad_messages.load(Ordering::Relaxed)
+            }),
+        ];
+        for (name, help, read) in gauges {
+            let s = self.clone();
+            r.register(name, help, Computed::gauge_of(move || read(&s) as f64));
+        }
+        for (name, help, read) in counters {
+            let s = self.clone();
+            r.register(name, help, Computed::counter_of(move || read(&s)));
         }
     }
 }

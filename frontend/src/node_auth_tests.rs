@@ -76,7 +76,7 @@ fn connect(net: &SimNet, fe: &mut FrontendNode<SimConn>, sched: &mut SchedulerNo
 }
 
 fn refused_total(sched: &SchedulerNode<SimConn>, r: RefuseReason) -> u64 {
-    sched.plane().metrics().refused[r.index()].load(Ordering::Relaxed)
+    sched.plane().metrics().refused[r.index()].get()
 }
 
 #[test]

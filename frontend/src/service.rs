@@ -4,7 +4,7 @@
 //! memory and hands a [`wire::Task`] to a [`TaskSink`] (the daemon's
 //! transport to the scheduler, or the in-process cluster in tests).
 
-use crate::metrics::Metrics;
+use crate::metrics::{Execution, Metrics};
 use crate::models::{ModelCatalog, ModelEntry};
 use crate::staging::{CounterSnapshot, Outcome, StageError, Staging, Ticket};
 use dataplane::time::Duration;
@@ -30,11 +30,18 @@ pub trait PendingOutcome: Future<Output = Outcome> + Send + Unpin {
     /// Gives up waiting: returns the outcome if it has arrived, otherwise
     /// ends the request as [`Outcome::TimedOut`] (counted as failed).
     fn expire(&mut self) -> Outcome;
+    /// The execution the request was part of, once its outcome is in.
+    fn execution(&self) -> Option<Execution> {
+        None
+    }
 }
 
 impl PendingOutcome for Ticket {
     fn expire(&mut self) -> Outcome {
         Ticket::expire(self)
+    }
+    fn execution(&self) -> Option<Execution> {
+        Ticket::execution(self)
     }
 }
 
@@ -101,28 +108,56 @@ pub trait InferenceService: Send + Sync + 'static {
 }
 
 /// Submits and waits for exactly one outcome, giving up at
-/// `budget + service.grace()`.
+/// `budget + service.grace()`, and accounts for it in the service's
+/// metrics (`arrived`: when the request arrived, for its durations). The
+/// one accounting path of every protocol.
 pub async fn infer<S: InferenceService>(
     service: &S,
     model_id: u32,
     input: &[u8],
     budget: Duration,
+    arrived: std::time::Instant,
 ) -> InferResult {
+    let (result, exec) = wait_outcome(service, model_id, input, budget).await;
+    let request_ns = arrived.elapsed().as_nanos() as u64;
+    let metrics = service.metrics();
+    match &result {
+        InferResult::Ok(_) => metrics.record_success(model_id, request_ns / 1_000),
+        other => {
+            metrics.record_failure(model_id, request_ns / 1_000);
+            if let InferResult::Dropped(r) = other {
+                metrics.record_drop(model_id, *r);
+            }
+        }
+    }
+    if let Some(e) = exec {
+        metrics.record_execution(model_id, request_ns, &e);
+    }
+    result
+}
+
+async fn wait_outcome<S: InferenceService>(
+    service: &S,
+    model_id: u32,
+    input: &[u8],
+    budget: Duration,
+) -> (InferResult, Option<Execution>) {
     let mut pending = match service.submit(model_id, input, budget) {
         Ok(p) => p,
-        Err(e) => return InferResult::Refused(e),
+        Err(e) => return (InferResult::Refused(e), None),
     };
     let limit = std::time::Duration::from_nanos(budget.saturating_add(service.grace()).as_nanos());
     let outcome = tokio::select! {
         o = &mut pending => o,
         _ = tokio::time::sleep(limit) => pending.expire(),
     };
-    match outcome {
+    let result = match outcome {
         Outcome::Ok(b) => InferResult::Ok(b),
         Outcome::Dropped(r) => InferResult::Dropped(r),
         Outcome::Failed(s) => InferResult::Failed(s),
         Outcome::TimedOut => InferResult::TimedOut,
-    }
+    };
+    (result, pending.execution())
 }
 
 /// The real service: stages inputs in a [`Staging`] area and sends tasks
@@ -156,6 +191,7 @@ impl<S: TaskSink> ClusterService<S> {
         metrics: Arc<Metrics>,
         grace: Duration,
     ) -> Self {
+        metrics.register_staging(&staging);
         ClusterService {
             catalog,
             staging,

@@ -20,6 +20,7 @@
 //! `WAITING -> EXPIRED` and counts a failure; a late outcome only frees the
 //! slot. The slot is never reused while a backend may still READ it.
 
+use crate::metrics::Execution;
 use atomic_waker::AtomicWaker;
 use crossbeam_queue::ArrayQueue;
 use dataplane::ids::{MAX_FRONTENDS, SEQ_MASK};
@@ -195,6 +196,8 @@ struct CellOut {
     code: u32,
     len: usize,
     bytes: Box<[u8]>,
+    /// The execution the task was part of, as its backend reported it.
+    exec: Option<Execution>,
 }
 
 struct Cell {
@@ -264,6 +267,7 @@ impl Staging {
                     code: 0,
                     len: 0,
                     bytes: vec![0u8; cfg.max_output as usize].into_boxed_slice(),
+                    exec: None,
                 }),
             })
             .collect();
@@ -346,6 +350,7 @@ impl Staging {
                 index,
                 seq,
                 finished: false,
+                exec: None,
             },
         ))
     }
@@ -376,6 +381,17 @@ impl Staging {
     /// Delivers the outcome of task `task_id`. Exactly one outcome per
     /// request is counted and delivered; anything else is classified.
     pub fn route(&self, task_id: u64, outcome: RoutedOutcome<'_>) -> RouteResult {
+        self.route_executed(task_id, outcome, None)
+    }
+
+    /// [`route`](Self::route), with the execution the task was part of
+    /// (the waiting request reads it with [`Ticket::execution`]).
+    pub fn route_executed(
+        &self,
+        task_id: u64,
+        outcome: RoutedOutcome<'_>,
+        exec: Option<Execution>,
+    ) -> RouteResult {
         let id = TaskId(task_id);
         let (seq, index) = (id.seq(), id.slot());
         let Some(cell) = self
@@ -411,6 +427,7 @@ impl Staging {
                     }
                     // SAFETY: in WRITING only this router touches the outcome.
                     let out = unsafe { &mut *cell.out.get() };
+                    out.exec = exec;
                     match outcome {
                         RoutedOutcome::Ok(b) => {
                             out.kind = 0;
@@ -484,7 +501,7 @@ impl Staging {
                     (TaskStatus::Ok, _) => RoutedOutcome::Failed(TaskStatus::ExecFailed),
                     (st, _) => RoutedOutcome::Failed(st),
                 };
-                Ok(self.route(head.task_id, outcome))
+                Ok(self.route_executed(head.task_id, outcome, Execution::from_head(&head)))
             }
             Message::Dropped(d) => {
                 let reason = DropReason::from_u32(d.reason)
@@ -522,7 +539,7 @@ impl Staging {
         self.cells.len() - self.free.len()
     }
 
-    fn take_done(&self, index: u32, seq: u64) -> Outcome {
+    fn take_done(&self, index: u32, seq: u64) -> (Outcome, Option<Execution>) {
         let cell = &self.cells[index as usize];
         // SAFETY: the phase is DONE with our sequence: the router finished
         // writing (release store, acquired by our load) and only we read.
@@ -532,8 +549,9 @@ impl Staging {
             1 => Outcome::Dropped(DropReason::from_u32(out.code).unwrap_or(DropReason::Overloaded)),
             _ => Outcome::Failed(TaskStatus::from_u32(out.code).unwrap_or(TaskStatus::ExecFailed)),
         };
+        let exec = out.exec;
         self.release(index, seq);
-        o
+        (o, exec)
     }
 
     /// Waits (briefly: the router is inside a short copy) for a WRITING
@@ -562,9 +580,16 @@ pub struct Ticket {
     index: u32,
     seq: u64,
     finished: bool,
+    exec: Option<Execution>,
 }
 
 impl Ticket {
+    /// The execution the request was part of, once its outcome is in
+    /// (`None` before, or when it was not executed).
+    pub fn execution(&self) -> Option<Execution> {
+        self.exec
+    }
+
     /// The task id.
     pub fn task_id(&self) -> u64 {
         self.staging.task_id(self.seq, self.index).get()
@@ -592,7 +617,9 @@ impl Ticket {
             }
             Err(_) => {
                 self.staging.wait_written(self.index, self.seq);
-                self.staging.take_done(self.index, self.seq)
+                let (o, exec) = self.staging.take_done(self.index, self.seq);
+                self.exec = exec;
+                o
             }
         }
     }
@@ -631,7 +658,9 @@ impl Future for Ticket {
         cell.waker.register(cx.waker());
         if cell.state.load(Ordering::Acquire) == (self.seq << 3 | DONE) {
             self.finished = true;
-            return Poll::Ready(self.staging.take_done(self.index, self.seq));
+            let (o, exec) = self.staging.take_done(self.index, self.seq);
+            self.exec = exec;
+            return Poll::Ready(o);
         }
         Poll::Pending
     }

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::time::{Duration as StdDuration, Instant};
 
-use dataplane::control::metric;
+use dataplane::control::{metric, metric_sum};
 use frontend::loadgen::{self, LoadReport};
 use tools::cluster::{ClusterSpec, LocalCluster};
 
@@ -88,6 +88,16 @@ fn check_accounting(c: &LocalCluster, reports: &[&LoadReport]) {
         assert_eq!(r.client_errors, 0, "{r}");
     }
     assert_eq!(succeeded, ok as f64, "the client's 200s are the frontends' successes");
+    // Triton's series in the daemons come from the backends' completions
+    // (issue 16): non-zero, and one inference per success.
+    let texts: Vec<String> = c.frontends.iter().map(|f| f.metrics().unwrap()).collect();
+    let total = |name: &str| texts.iter().map(|t| metric_sum(t, name)).sum::<f64>();
+    assert_eq!(total("nv_inference_request_success"), succeeded);
+    assert_eq!(total("nv_inference_count"), succeeded);
+    for name in ["nv_inference_exec_count", "nv_inference_queue_duration_us", "nv_inference_compute_infer_duration_us", "symphony_batch_size_sum"] {
+        assert!(total(name) > 0.0, "{name} is 0 on every frontend");
+    }
+    assert!(total("symphony_batch_size_sum") <= succeeded + total("symphony_requests_failed_total"));
     assert!(accepted <= sent as f64 && accepted > 0.0, "accepted {accepted} of {sent}");
 }
 

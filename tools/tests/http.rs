@@ -242,7 +242,7 @@ async fn health_metadata_infer_and_metrics() {
         "nv_inference_request_duration_us",
         "nv_inference_queue_duration_us",
         "nv_inference_compute_infer_duration_us",
-        "symphony_batch_size_bucket{model=\"resnet\",le=\"+Inf\"}",
+        "symphony_batch_size_bucket{le=\"+Inf\",model=\"resnet\"}",
         "symphony_dropped_total{model=\"resnet\",reason=\"deadline_unmeetable\"} 0",
         "symphony_requests_accepted_total 3",
         "symphony_requests_succeeded_total 3",
@@ -541,6 +541,24 @@ async fn concurrent_clients_each_get_their_own_output_and_batches_form() {
         batches < ok,
         "a burst of 200 requests should batch: {batches} batches for {ok} results"
     );
+    // Issue 16's invariant, from what the backends reported in their
+    // completions: success = inferences = N, and the batch sizes of the
+    // executions add up to N.
+    let text = String::from_utf8(get(&client(), a, "/metrics").await.body.to_vec()).unwrap();
+    let sum = |name: &str| dataplane::control::metric_sum(&text, name);
+    let n = ok as f64;
+    assert_eq!(sum("nv_inference_request_success"), n, "{text}");
+    assert_eq!(sum("nv_inference_count"), n);
+    assert_eq!(sum("symphony_batch_size_sum"), n);
+    assert_eq!(sum("nv_inference_exec_count"), batches as f64);
+    assert_eq!(sum("symphony_batch_size_count"), batches as f64);
+    for busy in [
+        "nv_inference_queue_duration_us",
+        "nv_inference_compute_infer_duration_us",
+        "nv_inference_compute_output_duration_us",
+    ] {
+        assert!(sum(busy) > 0.0, "{busy} is 0 in\n{text}");
+    }
     s.stop().await;
 }
 

@@ -1,12 +1,16 @@
-//! The backend's Prometheus counters.
+//! The backend's metrics: handles into one [`MetricsRegistry`]
+//! (`dataplane::metrics`).
 //!
-//! The poll thread is the only writer: it stores the worker's counters and
-//! folds each finished batch into histograms with relaxed atomics (no lock,
-//! no allocation); the metrics HTTP thread only reads them when it renders
-//! a scrape.
+//! The poll thread is the only writer: it copies the worker's counters and
+//! folds each finished batch into counters and histograms with relaxed
+//! atomics (no lock, no allocation); the metrics endpoint's thread only
+//! encodes them when scraped.
 
-use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use dataplane::metrics::{self, Computed, Counter, Histogram, Label, MetricsRegistry, PlainCounter};
 
 use crate::worker::{BatchReport, WorkerStats};
 
@@ -17,296 +21,183 @@ const COMPUTE_US_BOUNDS: [u64; 12] = [
     100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
 ];
 
-/// Counters shared by the poll thread (writer) and the scrape renderer.
+/// Triton's per-model series, by model id.
+#[derive(Debug)]
+struct ModelSeries {
+    exec_count: PlainCounter,
+    inference_count: PlainCounter,
+    compute_input_us: PlainCounter,
+    compute_infer_us: PlainCounter,
+}
+
+/// Copies of the worker's counters ([`WorkerStats`]).
+#[derive(Debug)]
+struct WorkerCounters {
+    plans: Counter,
+    batches_executed: Counter,
+    tasks_ok: Counter,
+    tasks_failed: Counter,
+    reads_posted: Counter,
+    reads_failed: Counter,
+    late_starts: Counter,
+    rerouted_to_scheduler: Counter,
+    undeliverable: Counter,
+    ignored_messages: Counter,
+}
+
+/// The backend daemon's counters.
 #[derive(Debug)]
 pub struct BackendMetrics {
-    start: std::time::Instant,
-    backend_id: u32,
-    model_names: Vec<String>,
-    // Copies of the worker's counters.
-    plans: AtomicU64,
-    batches_executed: AtomicU64,
-    tasks_ok: AtomicU64,
-    tasks_failed: AtomicU64,
-    reads_posted: AtomicU64,
-    reads_failed: AtomicU64,
-    rerouted_to_scheduler: AtomicU64,
-    undeliverable: AtomicU64,
-    late_starts: AtomicU64,
-    ignored_messages: AtomicU64,
-    // Daemon events.
+    registry: Arc<MetricsRegistry>,
+    worker: WorkerCounters,
     /// Heartbeats received from the scheduler.
-    pub scheduler_heartbeats: AtomicU64,
+    pub scheduler_heartbeats: Counter,
     /// Frontend data connections opened.
-    pub frontends_connected: AtomicU64,
+    pub frontends_connected: Counter,
     /// Frontend data connections that could not be opened.
-    pub frontend_connect_failures: AtomicU64,
-    // Per model.
-    exec_count: Vec<AtomicU64>,
-    inference_count: Vec<AtomicU64>,
-    compute_us: Vec<AtomicU64>,
-    // Histograms over batches.
-    batch_size_buckets: [AtomicU64; BATCH_SIZE_BOUNDS.len() + 1],
-    batch_size_sum: AtomicU64,
-    compute_buckets: [AtomicU64; COMPUTE_US_BOUNDS.len() + 1],
-    compute_sum_us: AtomicU64,
-    batches_reported: AtomicU64,
-    // Per GPU.
-    gpu_busy_ns: Vec<AtomicU64>,
+    pub frontend_connect_failures: Counter,
+    models: Vec<ModelSeries>,
+    batch_size: Histogram,
+    compute_us: Histogram,
+    gpu_busy_ns: Arc<[AtomicU64]>,
 }
 
-fn zeros(n: usize) -> Vec<AtomicU64> {
-    (0..n).map(|_| AtomicU64::new(0)).collect()
-}
-
-fn bucket(bounds: &[u64], v: u64) -> usize {
-    bounds.iter().position(|&b| v <= b).unwrap_or(bounds.len())
+fn counter(r: &MetricsRegistry, name: &str, help: &str) -> Counter {
+    let c = Counter::default();
+    r.register(name, help, c.clone());
+    c
 }
 
 impl BackendMetrics {
     /// Counters for a backend with `gpus` devices and the cluster's
-    /// `model_names` (model id = index).
+    /// `model_names` (model id = index), registered in a registry of their
+    /// own.
     pub fn new(backend_id: u32, gpus: u32, model_names: Vec<String>) -> Self {
-        let m = model_names.len();
+        let r = Arc::new(MetricsRegistry::new());
+        r.register("symphony_backend_id", "This backend's id", Computed::gauge_of(move || f64::from(backend_id)));
+        r.register("symphony_backend_gpus", "GPUs of this backend", Computed::gauge_of(move || f64::from(gpus)));
+        let worker = WorkerCounters {
+            plans: counter(&r, "symphony_backend_plans", "Batch plans received"),
+            batches_executed: counter(&r, "symphony_backend_batches_executed", "Batches the executor ran"),
+            tasks_ok: counter(&r, "symphony_backend_tasks_ok", "Tasks answered with an output"),
+            tasks_failed: counter(&r, "symphony_backend_tasks_failed", "Tasks answered with an error status"),
+            reads_posted: counter(&r, "symphony_backend_reads_posted", "Input READs posted"),
+            reads_failed: counter(&r, "symphony_backend_read_failures", "Input READs that failed or could not be posted"),
+            late_starts: counter(&r, "symphony_backend_late_starts", "Batches that started after their planned time"),
+            rerouted_to_scheduler: counter(&r, "symphony_backend_rerouted", "Completions sent to the scheduler because the frontend was gone"),
+            undeliverable: counter(&r, "symphony_backend_undeliverable", "Messages that could not be sent anywhere"),
+            ignored_messages: counter(&r, "symphony_backend_ignored_messages", "Peer messages the backend does not handle"),
+        };
+        let scheduler_heartbeats = counter(&r, "symphony_backend_scheduler_heartbeats", "Heartbeats received from the scheduler");
+        let frontends_connected = counter(&r, "symphony_backend_frontend_connections", "Frontend data connections opened");
+        let frontend_connect_failures = counter(&r, "symphony_backend_frontend_connect_failures", "Frontend data connections that failed");
+        let labels: Vec<Vec<Label>> = model_names
+            .iter()
+            .map(|m| vec![("model", m.clone()), ("version", "1".to_string())])
+            .collect();
+        let per_model = |name: &str, help: &str| metrics::labelled_by(&r, name, help, labels.clone(), PlainCounter::default);
+        let exec_count = per_model("nv_inference_exec_count", "Batches executed");
+        let inference_count = per_model("nv_inference_count", "Inferences executed successfully");
+        let compute_input_us = per_model(
+            "nv_inference_compute_input_duration_us",
+            "Cumulative time from batch plans' arrival to their hand-over to the device (input READs), us",
+        );
+        let compute_infer_us = per_model("nv_inference_compute_infer_duration_us", "Cumulative batch compute duration, us");
+        let models = exec_count
+            .into_iter()
+            .zip(inference_count)
+            .zip(compute_input_us)
+            .zip(compute_infer_us)
+            .map(|(((exec_count, inference_count), compute_input_us), compute_infer_us)| ModelSeries {
+                exec_count,
+                inference_count,
+                compute_input_us,
+                compute_infer_us,
+            })
+            .collect();
+        let batch_size = Histogram::new(&BATCH_SIZE_BOUNDS);
+        r.register("symphony_batch_size", "Tasks per batch plan executed here", batch_size.clone());
+        let compute_us = Histogram::new(&COMPUTE_US_BOUNDS);
+        r.register(
+            "symphony_backend_compute_duration_us",
+            "Batch compute duration (device start to finish), us",
+            compute_us.clone(),
+        );
+        let gpu_busy_ns: Arc<[AtomicU64]> = (0..gpus).map(|_| AtomicU64::new(0)).collect();
+        let (busy, started) = (gpu_busy_ns.clone(), std::time::Instant::now());
+        r.register(
+            "nv_gpu_utilization",
+            "GPU busy fraction since the backend started",
+            Computed::gauge(move |s| {
+                let elapsed = started.elapsed().as_nanos().max(1) as f64;
+                for (g, b) in busy.iter().enumerate() {
+                    s.labelled(&[("gpu", &g.to_string())], (b.load(Relaxed) as f64 / elapsed).min(1.0));
+                }
+            }),
+        );
         BackendMetrics {
-            start: std::time::Instant::now(),
-            backend_id,
-            model_names,
-            plans: AtomicU64::new(0),
-            batches_executed: AtomicU64::new(0),
-            tasks_ok: AtomicU64::new(0),
-            tasks_failed: AtomicU64::new(0),
-            reads_posted: AtomicU64::new(0),
-            reads_failed: AtomicU64::new(0),
-            rerouted_to_scheduler: AtomicU64::new(0),
-            undeliverable: AtomicU64::new(0),
-            late_starts: AtomicU64::new(0),
-            ignored_messages: AtomicU64::new(0),
-            scheduler_heartbeats: AtomicU64::new(0),
-            frontends_connected: AtomicU64::new(0),
-            frontend_connect_failures: AtomicU64::new(0),
-            exec_count: zeros(m),
-            inference_count: zeros(m),
-            compute_us: zeros(m),
-            batch_size_buckets: std::array::from_fn(|_| AtomicU64::new(0)),
-            batch_size_sum: AtomicU64::new(0),
-            compute_buckets: std::array::from_fn(|_| AtomicU64::new(0)),
-            compute_sum_us: AtomicU64::new(0),
-            batches_reported: AtomicU64::new(0),
-            gpu_busy_ns: zeros(gpus as usize),
+            registry: r,
+            worker,
+            scheduler_heartbeats,
+            frontends_connected,
+            frontend_connect_failures,
+            models,
+            batch_size,
+            compute_us,
+            gpu_busy_ns,
         }
+    }
+
+    /// The registry to serve (`MetricsEndpoint::start`).
+    pub fn registry(&self) -> &Arc<MetricsRegistry> {
+        &self.registry
     }
 
     /// Publishes the worker's counters (single writer: plain stores).
     pub fn store_stats(&self, s: &WorkerStats) {
-        self.plans.store(s.plans, Relaxed);
-        self.batches_executed.store(s.batches_executed, Relaxed);
-        self.tasks_ok.store(s.tasks_ok, Relaxed);
-        self.tasks_failed.store(s.tasks_failed, Relaxed);
-        self.reads_posted.store(s.reads_posted, Relaxed);
-        self.reads_failed.store(s.reads_failed, Relaxed);
-        self.rerouted_to_scheduler
-            .store(s.rerouted_to_scheduler, Relaxed);
-        self.undeliverable.store(s.undeliverable, Relaxed);
-        self.late_starts.store(s.late_starts, Relaxed);
-        self.ignored_messages.store(s.ignored_messages, Relaxed);
+        let w = &self.worker;
+        for (c, v) in [
+            (&w.plans, s.plans),
+            (&w.batches_executed, s.batches_executed),
+            (&w.tasks_ok, s.tasks_ok),
+            (&w.tasks_failed, s.tasks_failed),
+            (&w.reads_posted, s.reads_posted),
+            (&w.reads_failed, s.reads_failed),
+            (&w.late_starts, s.late_starts),
+            (&w.rerouted_to_scheduler, s.rerouted_to_scheduler),
+            (&w.undeliverable, s.undeliverable),
+            (&w.ignored_messages, s.ignored_messages),
+        ] {
+            c.inner().store(v, Relaxed);
+        }
     }
 
-    /// Folds one finished batch into the histograms.
+    /// Folds one finished batch into the counters and histograms.
     pub fn record_batch(&self, r: &BatchReport) {
         let size = u64::from(r.ok) + u64::from(r.failed);
-        self.batch_size_buckets[bucket(&BATCH_SIZE_BOUNDS, size)].fetch_add(1, Relaxed);
-        self.batch_size_sum.fetch_add(size, Relaxed);
-        self.batches_reported.fetch_add(1, Relaxed);
+        self.batch_size.observe(size);
         let (Some(start), Some(finish)) = (r.start, r.finish) else {
             return;
         };
         let ns = finish.saturating_since(start).as_nanos();
         let us = ns / 1_000;
-        self.compute_buckets[bucket(&COMPUTE_US_BOUNDS, us)].fetch_add(1, Relaxed);
-        self.compute_sum_us.fetch_add(us, Relaxed);
-        if let Some(c) = self.exec_count.get(r.model as usize) {
-            c.fetch_add(1, Relaxed);
-            self.inference_count[r.model as usize].fetch_add(u64::from(r.ok), Relaxed);
-            self.compute_us[r.model as usize].fetch_add(us, Relaxed);
+        self.compute_us.observe(us);
+        if let Some(m) = self.models.get(r.model as usize) {
+            m.exec_count.inc();
+            m.inference_count.inc_by(u64::from(r.ok));
+            m.compute_infer_us.inc_by(us);
+            if let Some(submitted) = r.submitted {
+                m.compute_input_us.inc_by(submitted.saturating_since(r.received).as_nanos() / 1_000);
+            }
         }
         if let Some(g) = self.gpu_busy_ns.get(r.gpu as usize) {
             g.fetch_add(ns, Relaxed);
         }
     }
 
-    /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
-        let mut o = String::with_capacity(4096);
-        let counter = |o: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
-        };
-        let l = |a: &AtomicU64| a.load(Relaxed);
-        let _ = writeln!(
-            o,
-            "# HELP symphony_backend_id This backend's id\n# TYPE symphony_backend_id gauge\nsymphony_backend_id {}",
-            self.backend_id
-        );
-        let _ = writeln!(
-            o,
-            "# HELP symphony_backend_gpus GPUs of this backend\n# TYPE symphony_backend_gpus gauge\nsymphony_backend_gpus {}",
-            self.gpu_busy_ns.len()
-        );
-        counter(
-            &mut o,
-            "symphony_backend_plans_total",
-            "Batch plans received",
-            l(&self.plans),
-        );
-        counter(
-            &mut o,
-            "symphony_backend_batches_executed_total",
-            "Batches the executor ran",
-            l(&self.batches_executed),
-        );
-        counter(
-            &mut o,
-            "symphony_backend_tasks_ok_total",
-            "Tasks answered with an output",
-            l(&self.tasks_ok),
-        );
-        counter(
-            &mut o,
-            "symphony_backend_tasks_failed_total",
-            "Tasks answered with an error status",
-            l(&self.tasks_failed),
-        );
-        counter(
-            &mut o,
-            "symphony_backend_reads_posted_total",
-            "Input READs posted",
-            l(&self.reads_posted),
-        );
-        counter(
-            &mut o,
-            "symphony_backend_read_failures_total",
-            "Input READs that failed or could not be posted",
-            l(&self.reads_failed),
-        );
-        counter(
-            &mut o,
-            "symphony_backend_late_starts_total",
-            "Batches that started after their planned time",
-            l(&self.late_starts),
-        );
-        counter(
-            &mut o,
-            "symphony_backend_rerouted_total",
-            "Completions sent to the scheduler because the frontend was gone",
-            l(&self.rerouted_to_scheduler),
-        );
-        counter(
-            &mut o,
-            "symphony_backend_undeliverable_total",
-            "Messages that could not be sent anywhere",
-            l(&self.undeliverable),
-        );
-        counter(
-            &mut o,
-            "symphony_backend_ignored_messages_total",
-            "Peer messages the backend does not handle",
-            l(&self.ignored_messages),
-        );
-        counter(
-            &mut o,
-            "symphony_backend_scheduler_heartbeats_total",
-            "Heartbeats received from the scheduler",
-            l(&self.scheduler_heartbeats),
-        );
-        counter(
-            &mut o,
-            "symphony_backend_frontend_connections_total",
-            "Frontend data connections opened",
-            l(&self.frontends_connected),
-        );
-        counter(
-            &mut o,
-            "symphony_backend_frontend_connect_failures_total",
-            "Frontend data connections that failed",
-            l(&self.frontend_connect_failures),
-        );
-
-        for (name, help, per_model) in [
-            (
-                "nv_inference_exec_count",
-                "Batches executed",
-                &self.exec_count,
-            ),
-            (
-                "nv_inference_count",
-                "Inferences executed successfully",
-                &self.inference_count,
-            ),
-            (
-                "nv_inference_compute_infer_duration_us",
-                "Cumulative batch compute duration, us",
-                &self.compute_us,
-            ),
-        ] {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
-            for (m, v) in per_model.iter().enumerate() {
-                let _ = writeln!(
-                    o,
-                    "{name}{{model=\"{}\",version=\"1\"}} {}",
-                    self.model_names[m],
-                    l(v)
-                );
-            }
-        }
-
-        let histogram = |o: &mut String,
-                         name: &str,
-                         help: &str,
-                         bounds: &[u64],
-                         buckets: &[AtomicU64],
-                         sum: u64| {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} histogram");
-            let mut cum = 0;
-            for (k, b) in buckets.iter().enumerate() {
-                cum += l(b);
-                match bounds.get(k) {
-                    Some(le) => {
-                        let _ = writeln!(o, "{name}_bucket{{le=\"{le}\"}} {cum}");
-                    }
-                    None => {
-                        let _ = writeln!(o, "{name}_bucket{{le=\"+Inf\"}} {cum}");
-                    }
-                }
-            }
-            let _ = writeln!(o, "{name}_sum {sum}\n{name}_count {cum}");
-        };
-        histogram(
-            &mut o,
-            "symphony_batch_size",
-            "Tasks per batch plan executed here",
-            &BATCH_SIZE_BOUNDS,
-            &self.batch_size_buckets,
-            l(&self.batch_size_sum),
-        );
-        histogram(
-            &mut o,
-            "symphony_backend_compute_duration_us",
-            "Batch compute duration (device start to finish), us",
-            &COMPUTE_US_BOUNDS,
-            &self.compute_buckets,
-            l(&self.compute_sum_us),
-        );
-
-        let elapsed = self.start.elapsed().as_nanos().max(1) as f64;
-        let _ = writeln!(
-            o,
-            "# HELP nv_gpu_utilization GPU busy fraction since the backend started\n# TYPE nv_gpu_utilization gauge"
-        );
-        for (g, busy) in self.gpu_busy_ns.iter().enumerate() {
-            let frac = (l(busy) as f64 / elapsed).min(1.0);
-            let _ = writeln!(o, "nv_gpu_utilization{{gpu=\"{g}\"}} {frac:.6}");
-        }
-        o
+    /// The OpenMetrics text of every family.
+    pub fn encode(&self) -> String {
+        self.registry.encode()
     }
 }
 
@@ -331,6 +222,7 @@ mod tests {
                 model,
                 received: t0,
                 exec_at: t0,
+                submitted: Some(t0 + Duration::from_micros(5)),
                 start: Some(t0),
                 finish: Some(t0 + Duration::from_micros(dur_us)),
                 ok: size,
@@ -343,13 +235,13 @@ mod tests {
             reads_failed: 2,
             ..WorkerStats::default()
         });
-        let text = m.render();
+        let text = m.encode();
         assert_eq!(
-            metric(&text, "symphony_batch_size_bucket{le=\"1\"}"),
+            metric(&text, "symphony_batch_size_bucket{le=\"1.0\"}"),
             Some(1.0)
         );
         assert_eq!(
-            metric(&text, "symphony_batch_size_bucket{le=\"32\"}"),
+            metric(&text, "symphony_batch_size_bucket{le=\"32.0\"}"),
             Some(2.0)
         );
         assert_eq!(
@@ -362,10 +254,11 @@ mod tests {
             Some(2.0)
         );
         assert_eq!(metric_sum(&text, "nv_inference_count"), 621.0);
+        assert_eq!(metric_sum(&text, "nv_inference_compute_input_duration_us"), 15.0);
         assert_eq!(
             metric(
                 &text,
-                "symphony_backend_compute_duration_us_bucket{le=\"500\"}"
+                "symphony_backend_compute_duration_us_bucket{le=\"500.0\"}"
             ),
             Some(1.0)
         );

@@ -1,17 +1,19 @@
-//! The scheduler daemon's counters (atomics written by the poll thread,
-//! read by the `/metrics` thread; no locks) and their Prometheus text.
+//! The scheduler daemon's metrics: handles into one
+//! [`MetricsRegistry`] (`dataplane::metrics`), written by the poll thread
+//! with relaxed atomic adds (no lock, no allocation) and encoded by the
+//! `/metrics` thread.
 
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
+use dataplane::metrics::{self, Computed, Counter, Gauge, Histogram, MetricsRegistry};
 use dataplane::wire::{DropReason, RefuseReason};
 
 use crate::sim::AutoscaleAdvice;
 use crate::zoo::ModelSpec;
 
 /// Upper bounds of the batch-size histogram buckets.
-pub const BATCH_BUCKETS: [u32; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
+pub const BATCH_BUCKETS: [u64; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 /// Batch sizes counted one by one (`symphony_batches_of_size`); larger
 /// ones count as the last.
 pub const EXACT_BATCH_SIZES: std::ops::RangeInclusive<u32> = 1..=512;
@@ -75,66 +77,11 @@ pub struct LoopEstimate {
     pub alpha_beta_ms: Option<(f64, f64)>,
 }
 
-/// Per-model counters.
+/// The closed loop's and the delay watch's state as `/metrics` shows it.
+/// Written by the poll thread (relaxed stores and adds; the two locks once
+/// per publication, never per message), read when scraped.
 #[derive(Debug, Default)]
-pub struct ModelCounters {
-    /// Tasks dispatched in batches.
-    pub dispatched: AtomicU64,
-    /// Batches dispatched.
-    pub batches: AtomicU64,
-    /// Tasks dropped by the policy.
-    pub dropped: AtomicU64,
-}
-
-/// Everything `/metrics` shows.
-#[derive(Debug)]
-pub struct SchedulerMetrics {
-    names: Vec<String>,
-    /// Per model, by global id.
-    pub models: Vec<ModelCounters>,
-    /// Live frontends.
-    pub frontends: AtomicU64,
-    /// Live backends.
-    pub backends: AtomicU64,
-    /// GPUs in matchmaking.
-    pub gpus_online: AtomicU64,
-    /// Tasks received.
-    pub tasks_received: AtomicU64,
-    /// Batches reported done.
-    pub batches_done: AtomicU64,
-    /// Drops by reason, indexed by [`DropReason::index`].
-    pub drops: [AtomicU64; DropReason::COUNT],
-    /// Tasks failed back because their backend died.
-    pub failed_back: AtomicU64,
-    /// Completions forwarded from backends to frontends.
-    pub forwarded: AtomicU64,
-    /// Outcomes for frontends that are gone.
-    pub undeliverable: AtomicU64,
-    /// Messages that broke the protocol (wrong sender, unknown batch, ...).
-    pub protocol_errors: AtomicU64,
-    /// Peers refused at registration, by reason, indexed by
-    /// [`RefuseReason::index`].
-    pub refused: [AtomicU64; RefuseReason::COUNT],
-    /// Backends declared dead.
-    pub backend_deaths: AtomicU64,
-    /// Frontends declared dead.
-    pub frontend_deaths: AtomicU64,
-    /// Planned GPU busy time, ns (sum of `l(b)` of dispatched batches).
-    pub planned_busy_ns: AtomicU64,
-    /// Busy time the backends reported, ns.
-    pub actual_busy_ns: AtomicU64,
-    /// Online GPU time, ns (integrated by the poll thread).
-    pub gpu_online_ns: AtomicU64,
-    /// Batch-size histogram (non-cumulative counts per bucket, plus +Inf).
-    pub batch_size: [AtomicU64; BATCH_BUCKETS.len() + 1],
-    /// Sum of batch sizes.
-    pub batch_size_sum: AtomicU64,
-    /// Batches of each size (index = size; see [`EXACT_BATCH_SIZES`]).
-    pub batches_of_size: Vec<AtomicU64>,
-    /// Dispatch lag histogram (decision time minus planned time).
-    pub lag: [AtomicU64; LAG_BUCKETS_US.len() + 1],
-    /// Sum of dispatch lags, µs.
-    pub lag_sum_us: AtomicU64,
+pub struct LoopMetrics {
     /// Messages refused, by [`MessageRefusal::index`].
     pub refused_messages: [AtomicU64; MessageRefusal::COUNT],
     /// Closed loop acting on reports (1) or open loop (0).
@@ -144,8 +91,7 @@ pub struct SchedulerMetrics {
     /// GPU free times the closed loop moved earlier.
     pub free_corrections_earlier: AtomicU64,
     /// The closed loop's estimates, republished by the poll thread every
-    /// [`super::plane::PUBLISH_EVERY`] (a lock per publication, not per
-    /// message).
+    /// [`super::plane::PUBLISH_EVERY`].
     pub loop_estimates: Mutex<Vec<LoopEstimate>>,
     /// The transport the READ tail is measured on (metric label).
     pub read_transport: Mutex<String>,
@@ -166,238 +112,370 @@ pub struct SchedulerMetrics {
     pub delay_bound_adopted: AtomicU64,
 }
 
+impl LoopMetrics {
+    /// Registers the families that show `this` in `r`.
+    fn register(this: &Arc<LoopMetrics>, r: &MetricsRegistry, names: Arc<[String]>) {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        let m = this.clone();
+        r.register(
+            "symphony_messages_refused",
+            "Peer messages refused and ignored, by reason",
+            Computed::counter(move |s| {
+                for r in MessageRefusal::ALL {
+                    s.labelled(&[("reason", r.as_str())], l(&m.refused_messages[r.index()]));
+                }
+            }),
+        );
+        let m = this.clone();
+        r.register(
+            "symphony_closed_loop_enabled",
+            "Whether batch reports correct GPU free times and profiles (1) or only are measured (0)",
+            Computed::gauge_of(move || l(&m.closed_loop_enabled)),
+        );
+        let m = this.clone();
+        r.register(
+            "symphony_gpu_free_corrections",
+            "GPU free times the closed loop moved, by direction",
+            Computed::counter(move |s| {
+                s.labelled(&[("direction", "later")], l(&m.free_corrections_later));
+                s.labelled(&[("direction", "earlier")], l(&m.free_corrections_earlier));
+            }),
+        );
+        Self::register_estimates(this, r, names);
+        Self::register_read_watch(this, r);
+    }
+
+    /// The closed loop's per-GPU and per-(GPU, model) estimates.
+    fn register_estimates(this: &Arc<LoopMetrics>, r: &MetricsRegistry, names: Arc<[String]>) {
+        let rows = |m: &LoopMetrics| m.loop_estimates.lock().map(|r| r.clone()).unwrap_or_default();
+        let m = this.clone();
+        r.register(
+            "symphony_gpu_speed_ratio",
+            "Measured over profiled batch time on a GPU, pooled over its models (1 = as profiled)",
+            Computed::gauge(move |s| {
+                for e in rows(&m).iter().filter(|e| e.model.is_none()) {
+                    s.labelled(&[("backend", &e.backend.to_string()), ("gpu", &e.gpu.to_string())], e.ratio);
+                }
+            }),
+        );
+        type Pick = fn(&LoopEstimate) -> Option<f64>;
+        let families: [(&str, &str, Pick); 4] = [
+            ("symphony_profile_ratio", "Measured over profiled batch time, by GPU and model (the profile error)", |e| Some(e.ratio)),
+            ("symphony_profile_reports", "Batch reports behind symphony_profile_ratio", |e| Some(e.samples as f64)),
+            ("symphony_profile_alpha_ms", "Refined per-item batch cost alpha, ms, by GPU and model", |e| e.alpha_beta_ms.map(|(a, _)| a)),
+            ("symphony_profile_beta_ms", "Refined fixed batch cost beta, ms, by GPU and model", |e| e.alpha_beta_ms.map(|(_, b)| b)),
+        ];
+        for (name, help, pick) in families {
+            let (m, names) = (this.clone(), names.clone());
+            r.register(
+                name,
+                help,
+                Computed::gauge(move |s| {
+                    for e in rows(&m) {
+                        let Some(model) = e.model.and_then(|i| names.get(i as usize)) else { continue };
+                        if let Some(v) = pick(&e) {
+                            let (b, g) = (e.backend.to_string(), e.gpu.to_string());
+                            s.labelled(&[("backend", &b), ("gpu", &g), ("model", model)], v);
+                        }
+                    }
+                }),
+            );
+        }
+    }
+
+    /// The READ tail against the delay bound.
+    fn register_read_watch(this: &Arc<LoopMetrics>, r: &MetricsRegistry) {
+        let transport = |m: &LoopMetrics| m.read_transport.lock().map(|t| t.clone()).unwrap_or_default();
+        let m = this.clone();
+        r.register(
+            "symphony_read_tail_per_input_ns",
+            "Slowest input READ per input of a batch at a high percentile over the last window, ns",
+            Computed::gauge(move |s| {
+                let q = (m.read_percentile_milli.load(Ordering::Relaxed) as f64 / 100_000.0).to_string();
+                s.labelled(&[("transport", &transport(&m)), ("quantile", &q)], l(&m.read_tail_ns));
+            }),
+        );
+        type Field = fn(&LoopMetrics) -> &AtomicU64;
+        let gauges: [(&str, &str, Field); 2] = [
+            ("symphony_read_bound_per_input_ns", "The per-input READ bound charged (d_data), ns", |m| &m.read_bound_ns),
+            ("symphony_delay_bound_exceeded", "1 while the observed READ tail exceeds the bound", |m| &m.delay_bound_exceeded),
+        ];
+        for (name, help, field) in gauges {
+            let m = this.clone();
+            r.register(name, help, Computed::gauge(move |s| s.labelled(&[("transport", &transport(&m))], l(field(&m)))));
+        }
+        let counters: [(&str, &str, Field); 3] = [
+            ("symphony_read_batches", "Batches whose READ latency was folded into the tail", |m| &m.read_batches),
+            ("symphony_delay_bound_alarms", "Times the observed READ tail rose above the bound", |m| &m.delay_bound_alarms),
+            ("symphony_delay_bound_adopted", "Times the observed READ tail was adopted as the bound", |m| &m.delay_bound_adopted),
+        ];
+        for (name, help, field) in counters {
+            let m = this.clone();
+            r.register(name, help, Computed::counter(move |s| s.labelled(&[("transport", &transport(&m))], l(field(&m)))));
+        }
+    }
+}
+
+fn l(a: &AtomicU64) -> f64 {
+    a.load(Ordering::Relaxed) as f64
+}
+
+/// Per-model counters.
+#[derive(Debug)]
+pub struct ModelCounters {
+    /// Tasks dispatched in batches.
+    pub dispatched: Counter,
+    /// Batches dispatched.
+    pub batches: Counter,
+    /// Tasks dropped by the policy.
+    pub dropped: Counter,
+}
+
+/// Everything `/metrics` shows.
+#[derive(Debug)]
+pub struct SchedulerMetrics {
+    registry: Arc<MetricsRegistry>,
+    /// Per model, by global id.
+    pub models: Vec<ModelCounters>,
+    /// Live frontends.
+    pub frontends: Gauge,
+    /// Live backends.
+    pub backends: Gauge,
+    /// GPUs in matchmaking.
+    pub gpus_online: Gauge,
+    /// Tasks received.
+    pub tasks_received: Counter,
+    /// Batches reported done.
+    pub batches_done: Counter,
+    /// Drops by reason, indexed by [`DropReason::index`].
+    pub drops: Vec<Counter>,
+    /// Tasks failed back because their backend died.
+    pub failed_back: Counter,
+    /// Completions forwarded from backends to frontends.
+    pub forwarded: Counter,
+    /// Outcomes for frontends that are gone.
+    pub undeliverable: Counter,
+    /// Messages that broke the protocol (wrong sender, unknown batch, ...).
+    pub protocol_errors: Counter,
+    /// Peers refused at registration, by reason, indexed by
+    /// [`RefuseReason::index`].
+    pub refused: Vec<Counter>,
+    /// Backends declared dead.
+    pub backend_deaths: Counter,
+    /// Frontends declared dead.
+    pub frontend_deaths: Counter,
+    /// Planned GPU busy time, ns (sum of `l(b)` of dispatched batches).
+    pub planned_busy_ns: Counter,
+    /// Busy time the backends reported, ns.
+    pub actual_busy_ns: Counter,
+    /// Online GPU time, ns (integrated by the poll thread).
+    pub gpu_online_ns: Counter,
+    /// Dispatched batch sizes.
+    pub batch_size: Histogram,
+    /// Batches of each size (index = size; see [`EXACT_BATCH_SIZES`]).
+    batches_of_size: Arc<[AtomicU64]>,
+    /// Dispatch lag (decision time minus planned time), µs.
+    pub lag: Histogram,
+    /// The closed loop and the delay watch.
+    pub closed_loop: Arc<LoopMetrics>,
+}
+
+fn counter(r: &MetricsRegistry, name: &str, help: &str) -> Counter {
+    let c = Counter::default();
+    r.register(name, help, c.clone());
+    c
+}
+
+fn gauge(r: &MetricsRegistry, name: &str, help: &str) -> Gauge {
+    let g = Gauge::default();
+    r.register(name, help, g.clone());
+    g
+}
+
+/// Planned busy time over online GPU time, at most 1.
+fn busy_fraction(planned: &Counter, online: &Counter) -> f64 {
+    let online = online.get() as f64;
+    if online <= 0.0 {
+        return 0.0;
+    }
+    (planned.get() as f64 / online).min(1.0)
+}
+
+/// Policy drops over tasks received.
+fn drop_rate(models: &[Counter], received: &Counter) -> f64 {
+    let rx = received.get() as f64;
+    if rx <= 0.0 {
+        return 0.0;
+    }
+    models.iter().map(Counter::get).sum::<u64>() as f64 / rx
+}
+
 impl SchedulerMetrics {
-    /// Counters for `models`.
+    /// Counters for `models`, registered in a registry of their own.
     pub fn new(models: &[ModelSpec]) -> Self {
+        let r = Arc::new(MetricsRegistry::new());
+        let names = || models.iter().map(|m| m.name.clone());
+        let new_counter = Counter::default as fn() -> Counter;
+        let frontends = gauge(&r, "symphony_frontends", "Registered live frontends");
+        let backends = gauge(&r, "symphony_backends", "Registered live backends");
+        let gpus_online = gauge(&r, "symphony_gpus_online", "GPUs in matchmaking");
+        let tasks_received = counter(&r, "symphony_tasks_received", "Tasks received from frontends");
+        let batches_done = counter(&r, "symphony_batches_done", "Batches reported done by backends");
+        let failed_back = counter(&r, "symphony_tasks_failed_back", "Tasks failed back because their backend died");
+        let forwarded = counter(&r, "symphony_completions_forwarded", "Backend completions forwarded to frontends");
+        let undeliverable = counter(&r, "symphony_undeliverable", "Outcomes for frontends that are gone");
+        let protocol_errors = counter(&r, "symphony_protocol_errors", "Peer messages that broke the protocol");
+        let backend_deaths = counter(&r, "symphony_backend_deaths", "Backends declared dead");
+        let frontend_deaths = counter(&r, "symphony_frontend_deaths", "Frontends declared dead");
+        let drops = metrics::labelled(
+            &r,
+            "symphony_tasks_dropped",
+            "Tasks dropped by the scheduler, by reason",
+            "reason",
+            DropReason::ALL.map(|d| d.as_str().to_string()),
+            new_counter,
+        );
+        let refused = metrics::labelled(
+            &r,
+            "symphony_peers_refused",
+            "Peers refused at registration (nothing they sent reached the scheduler's state), by reason",
+            "reason",
+            RefuseReason::ALL.map(|d| d.as_str().to_string()),
+            new_counter,
+        );
+        let dispatched = metrics::labelled(&r, "symphony_model_dispatched", "Tasks dispatched in batches, by model", "model", names(), new_counter);
+        let batches = metrics::labelled(&r, "symphony_model_batches", "Batches dispatched, by model", "model", names(), new_counter);
+        let dropped = metrics::labelled(&r, "symphony_model_dropped", "Tasks dropped by the policy, by model", "model", names(), new_counter);
+        let batches_of_size: Arc<[AtomicU64]> = (0..=*EXACT_BATCH_SIZES.end()).map(|_| AtomicU64::new(0)).collect();
+        let sizes = batches_of_size.clone();
+        r.register(
+            "symphony_batches_of_size",
+            "Batches dispatched, by exact size (sizes with none omitted)",
+            Computed::plain(move |s| {
+                for (size, c) in sizes.iter().enumerate() {
+                    let v = c.load(Ordering::Relaxed);
+                    if v > 0 {
+                        s.labelled(&[("size", &size.to_string())], v as f64);
+                    }
+                }
+            }),
+        );
+        let batch_size = Histogram::new(&BATCH_BUCKETS);
+        r.register("symphony_batch_size", "Dispatched batch sizes", batch_size.clone());
+        let lag = Histogram::new(&LAG_BUCKETS_US);
+        r.register("symphony_dispatch_lag_us", "Decision time minus planned time, microseconds", lag.clone());
+        let planned_busy_ns = counter(&r, "symphony_planned_busy_ns", "Planned GPU busy time of dispatched batches, ns");
+        let actual_busy_ns = counter(&r, "symphony_reported_busy_ns", "GPU busy time reported by backends, ns");
+        let gpu_online_ns = counter(&r, "symphony_gpu_online_ns", "Online GPU time, ns");
+        let (p, o) = (planned_busy_ns.clone(), gpu_online_ns.clone());
+        r.register(
+            "symphony_gpu_busy_fraction",
+            "Planned busy time over online GPU time, since start",
+            Computed::gauge_of(move || busy_fraction(&p, &o)),
+        );
+        let advice = {
+            let (p, o, g, d, rx) = (planned_busy_ns.clone(), gpu_online_ns.clone(), gpus_online.clone(), dropped.clone(), tasks_received.clone());
+            move || AutoscaleAdvice::new(g.get().max(0) as u32, drop_rate(&d, &rx), 1.0 - busy_fraction(&p, &o), 0.01)
+        };
+        let add = advice.clone();
+        r.register(
+            "symphony_autoscale_add_gpus",
+            "GPUs to add: N*r/(1-r) when the drop rate r exceeds 1%",
+            Computed::gauge_of(move || add().add_gpus),
+        );
+        r.register(
+            "symphony_autoscale_remove_gpus",
+            "GPUs that could go: N*idle fraction while the drop rate is at most 1%",
+            Computed::gauge_of(move || advice().remove_gpus),
+        );
+        let closed_loop = Arc::new(LoopMetrics::default());
+        if let Ok(mut t) = closed_loop.read_transport.lock() {
+            t.push_str("unknown");
+        }
+        LoopMetrics::register(&closed_loop, &r, names().collect());
+        let models = dispatched
+            .into_iter()
+            .zip(batches)
+            .zip(dropped)
+            .map(|((dispatched, batches), dropped)| ModelCounters { dispatched, batches, dropped })
+            .collect();
         SchedulerMetrics {
-            names: models.iter().map(|m| m.name.clone()).collect(),
-            models: models.iter().map(|_| ModelCounters::default()).collect(),
-            frontends: AtomicU64::new(0),
-            backends: AtomicU64::new(0),
-            gpus_online: AtomicU64::new(0),
-            tasks_received: AtomicU64::new(0),
-            batches_done: AtomicU64::new(0),
-            drops: Default::default(),
-            failed_back: AtomicU64::new(0),
-            forwarded: AtomicU64::new(0),
-            undeliverable: AtomicU64::new(0),
-            protocol_errors: AtomicU64::new(0),
-            refused: Default::default(),
-            backend_deaths: AtomicU64::new(0),
-            frontend_deaths: AtomicU64::new(0),
-            planned_busy_ns: AtomicU64::new(0),
-            actual_busy_ns: AtomicU64::new(0),
-            gpu_online_ns: AtomicU64::new(0),
-            batch_size: Default::default(),
-            batch_size_sum: AtomicU64::new(0),
-            batches_of_size: (0..=*EXACT_BATCH_SIZES.end()).map(|_| AtomicU64::new(0)).collect(),
-            lag: Default::default(),
-            lag_sum_us: AtomicU64::new(0),
-            refused_messages: Default::default(),
-            closed_loop_enabled: AtomicU64::new(0),
-            free_corrections_later: AtomicU64::new(0),
-            free_corrections_earlier: AtomicU64::new(0),
-            loop_estimates: Mutex::new(Vec::new()),
-            read_transport: Mutex::new(String::from("unknown")),
-            read_tail_ns: AtomicU64::new(0),
-            read_bound_ns: AtomicU64::new(0),
-            read_percentile_milli: AtomicU64::new(0),
-            read_batches: AtomicU64::new(0),
-            delay_bound_exceeded: AtomicU64::new(0),
-            delay_bound_alarms: AtomicU64::new(0),
-            delay_bound_adopted: AtomicU64::new(0),
+            registry: r,
+            models,
+            frontends,
+            backends,
+            gpus_online,
+            tasks_received,
+            batches_done,
+            drops,
+            failed_back,
+            forwarded,
+            undeliverable,
+            protocol_errors,
+            refused,
+            backend_deaths,
+            frontend_deaths,
+            planned_busy_ns,
+            actual_busy_ns,
+            gpu_online_ns,
+            batch_size,
+            batches_of_size,
+            lag,
+            closed_loop,
         }
     }
 
     /// Counts a refused message.
     pub fn refuse(&self, r: MessageRefusal) {
-        self.refused_messages[r.index()].fetch_add(1, Ordering::Relaxed);
+        self.closed_loop.refused_messages[r.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The registry to serve (`MetricsEndpoint::start`).
+    pub fn registry(&self) -> &Arc<MetricsRegistry> {
+        &self.registry
     }
 
     /// Counts a drop.
     pub fn count_drop(&self, r: DropReason) {
-        self.drops[r.index()].fetch_add(1, Ordering::Relaxed);
+        self.drops[r.index()].inc();
+    }
+
+    /// Counts a peer refused at registration.
+    pub fn count_refusal(&self, r: RefuseReason) {
+        self.refused[r.index()].inc();
     }
 
     /// Counts a policy drop of `model`.
     pub fn model_drops(&self, model: u32) {
         if let Some(m) = self.models.get(model as usize) {
-            m.dropped.fetch_add(1, Ordering::Relaxed);
+            m.dropped.inc();
         }
     }
 
     /// Records a dispatched batch.
     pub fn record_batch(&self, model: u32, size: u32, planned_ns: u64, lag_ns: u64) {
         if let Some(m) = self.models.get(model as usize) {
-            m.dispatched.fetch_add(u64::from(size), Ordering::Relaxed);
-            m.batches.fetch_add(1, Ordering::Relaxed);
+            m.dispatched.inc_by(u64::from(size));
+            m.batches.inc();
         }
-        let b = BATCH_BUCKETS
-            .iter()
-            .position(|&u| size <= u)
-            .unwrap_or(BATCH_BUCKETS.len());
-        self.batch_size[b].fetch_add(1, Ordering::Relaxed);
-        self.batch_size_sum
-            .fetch_add(u64::from(size), Ordering::Relaxed);
+        self.batch_size.observe(u64::from(size));
         let exact = size.clamp(*EXACT_BATCH_SIZES.start(), *EXACT_BATCH_SIZES.end());
         if let Some(c) = self.batches_of_size.get(exact as usize) {
             c.fetch_add(1, Ordering::Relaxed);
         }
-        self.planned_busy_ns.fetch_add(planned_ns, Ordering::Relaxed);
-        let us = lag_ns / 1000;
-        let l = LAG_BUCKETS_US
-            .iter()
-            .position(|&u| us <= u)
-            .unwrap_or(LAG_BUCKETS_US.len());
-        self.lag[l].fetch_add(1, Ordering::Relaxed);
-        self.lag_sum_us.fetch_add(us, Ordering::Relaxed);
+        self.planned_busy_ns.inc_by(planned_ns);
+        self.lag.observe(lag_ns / 1000);
     }
 
     /// GPU busy fraction so far (planned busy time over online GPU time).
     pub fn busy_fraction(&self) -> f64 {
-        let online = self.gpu_online_ns.load(Ordering::Relaxed) as f64;
-        if online <= 0.0 {
-            return 0.0;
-        }
-        (self.planned_busy_ns.load(Ordering::Relaxed) as f64 / online).min(1.0)
+        busy_fraction(&self.planned_busy_ns, &self.gpu_online_ns)
     }
 
-    /// Bad rate so far: policy drops over tasks received.
-    pub fn drop_rate(&self) -> f64 {
-        let rx = self.tasks_received.load(Ordering::Relaxed) as f64;
-        if rx <= 0.0 {
-            return 0.0;
-        }
-        let dropped: u64 = self.models.iter().map(|m| m.dropped.load(Ordering::Relaxed)).sum();
-        dropped as f64 / rx
+    /// The OpenMetrics text of every family.
+    pub fn encode(&self) -> String {
+        self.registry.encode()
     }
-
-    /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let mut s = String::with_capacity(4096);
-        let gauge = |s: &mut String, name: &str, help: &str, v: f64| {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-        };
-        let counter = |s: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
-        };
-        gauge(&mut s, "symphony_frontends", "Registered live frontends.", l(&self.frontends) as f64);
-        gauge(&mut s, "symphony_backends", "Registered live backends.", l(&self.backends) as f64);
-        gauge(&mut s, "symphony_gpus_online", "GPUs in matchmaking.", l(&self.gpus_online) as f64);
-        counter(&mut s, "symphony_tasks_received_total", "Tasks received from frontends.", l(&self.tasks_received));
-        counter(&mut s, "symphony_batches_done_total", "Batches reported done by backends.", l(&self.batches_done));
-        counter(&mut s, "symphony_tasks_failed_back_total", "Tasks failed back because their backend died.", l(&self.failed_back));
-        counter(&mut s, "symphony_completions_forwarded_total", "Backend completions forwarded to frontends.", l(&self.forwarded));
-        counter(&mut s, "symphony_undeliverable_total", "Outcomes for frontends that are gone.", l(&self.undeliverable));
-        counter(&mut s, "symphony_protocol_errors_total", "Peer messages that broke the protocol.", l(&self.protocol_errors));
-        counter(&mut s, "symphony_backend_deaths_total", "Backends declared dead.", l(&self.backend_deaths));
-        counter(&mut s, "symphony_frontend_deaths_total", "Frontends declared dead.", l(&self.frontend_deaths));
-        let _ = writeln!(s, "# HELP symphony_tasks_dropped_total Tasks dropped by the scheduler, by reason.\n# TYPE symphony_tasks_dropped_total counter");
-        for r in DropReason::ALL {
-            let _ = writeln!(s, "symphony_tasks_dropped_total{{reason=\"{}\"}} {}", r.as_str(), l(&self.drops[r.index()]));
-        }
-        let _ = writeln!(s, "# HELP symphony_peers_refused_total Peers refused at registration (nothing they sent reached the scheduler's state), by reason.\n# TYPE symphony_peers_refused_total counter");
-        for r in RefuseReason::ALL {
-            let _ = writeln!(s, "symphony_peers_refused_total{{reason=\"{}\"}} {}", r.as_str(), l(&self.refused[r.index()]));
-        }
-        let _ = writeln!(s, "# HELP symphony_model_dispatched_total Tasks dispatched in batches, by model.\n# TYPE symphony_model_dispatched_total counter");
-        for (name, m) in self.names.iter().zip(&self.models) {
-            let _ = writeln!(s, "symphony_model_dispatched_total{{model=\"{name}\"}} {}", l(&m.dispatched));
-        }
-        let _ = writeln!(s, "# HELP symphony_model_batches_total Batches dispatched, by model.\n# TYPE symphony_model_batches_total counter");
-        for (name, m) in self.names.iter().zip(&self.models) {
-            let _ = writeln!(s, "symphony_model_batches_total{{model=\"{name}\"}} {}", l(&m.batches));
-        }
-        let _ = writeln!(s, "# HELP symphony_model_dropped_total Tasks dropped by the policy, by model.\n# TYPE symphony_model_dropped_total counter");
-        for (name, m) in self.names.iter().zip(&self.models) {
-            let _ = writeln!(s, "symphony_model_dropped_total{{model=\"{name}\"}} {}", l(&m.dropped));
-        }
-        let _ = writeln!(s, "# HELP symphony_batches_of_size Batches dispatched, by exact size (sizes with none omitted).\n# TYPE symphony_batches_of_size counter");
-        for (size, c) in self.batches_of_size.iter().enumerate() {
-            let v = l(c);
-            if v > 0 {
-                let _ = writeln!(s, "symphony_batches_of_size{{size=\"{size}\"}} {v}");
-            }
-        }
-        histogram(&mut s, "symphony_batch_size", "Dispatched batch sizes.", &BATCH_BUCKETS.map(u64::from), &self.batch_size, l(&self.batch_size_sum));
-        histogram(&mut s, "symphony_dispatch_lag_us", "Decision time minus planned time, microseconds.", &LAG_BUCKETS_US, &self.lag, l(&self.lag_sum_us));
-        counter(&mut s, "symphony_planned_busy_ns_total", "Planned GPU busy time of dispatched batches, ns.", l(&self.planned_busy_ns));
-        counter(&mut s, "symphony_reported_busy_ns_total", "GPU busy time reported by backends, ns.", l(&self.actual_busy_ns));
-        counter(&mut s, "symphony_gpu_online_ns_total", "Online GPU time, ns.", l(&self.gpu_online_ns));
-        let busy = self.busy_fraction();
-        gauge(&mut s, "symphony_gpu_busy_fraction", "Planned busy time over online GPU time, since start.", busy);
-        let gpus = l(&self.gpus_online) as u32;
-        let advice = AutoscaleAdvice::new(gpus, self.drop_rate(), 1.0 - busy, 0.01);
-        gauge(&mut s, "symphony_autoscale_add_gpus", "GPUs to add: N*r/(1-r) when the drop rate r exceeds 1%.", advice.add_gpus);
-        gauge(&mut s, "symphony_autoscale_remove_gpus", "GPUs that could go: N*idle fraction while the drop rate is at most 1%.", advice.remove_gpus);
-        self.render_closed_loop(&mut s);
-        s
-    }
-
-    /// The closed loop's and the delay watch's part of [`render`](Self::render).
-    fn render_closed_loop(&self, s: &mut String) {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let _ = writeln!(s, "# HELP symphony_messages_refused_total Peer messages refused and ignored, by reason.\n# TYPE symphony_messages_refused_total counter");
-        for r in MessageRefusal::ALL {
-            let _ = writeln!(s, "symphony_messages_refused_total{{reason=\"{}\"}} {}", r.as_str(), l(&self.refused_messages[r.index()]));
-        }
-        let _ = writeln!(s, "# HELP symphony_closed_loop_enabled Whether batch reports correct GPU free times and profiles (1) or only are measured (0).\n# TYPE symphony_closed_loop_enabled gauge\nsymphony_closed_loop_enabled {}", l(&self.closed_loop_enabled));
-        let _ = writeln!(s, "# HELP symphony_gpu_free_corrections_total GPU free times the closed loop moved, by direction.\n# TYPE symphony_gpu_free_corrections_total counter");
-        let _ = writeln!(s, "symphony_gpu_free_corrections_total{{direction=\"later\"}} {}", l(&self.free_corrections_later));
-        let _ = writeln!(s, "symphony_gpu_free_corrections_total{{direction=\"earlier\"}} {}", l(&self.free_corrections_earlier));
-        let rows = self.loop_estimates.lock().map(|r| r.clone()).unwrap_or_default();
-        let _ = writeln!(s, "# HELP symphony_gpu_speed_ratio Measured over profiled batch time on a GPU, pooled over its models (1 = as profiled).\n# TYPE symphony_gpu_speed_ratio gauge");
-        for r in rows.iter().filter(|r| r.model.is_none()) {
-            let _ = writeln!(s, "symphony_gpu_speed_ratio{{backend=\"{}\",gpu=\"{}\"}} {}", r.backend, r.gpu, r.ratio);
-        }
-        let model_rows = || rows.iter().filter_map(|r| Some((r, self.names.get(r.model? as usize)?)));
-        let _ = writeln!(s, "# HELP symphony_profile_ratio Measured over profiled batch time, by GPU and model (the profile error).\n# TYPE symphony_profile_ratio gauge");
-        for (r, name) in model_rows() {
-            let _ = writeln!(s, "symphony_profile_ratio{{backend=\"{}\",gpu=\"{}\",model=\"{name}\"}} {}", r.backend, r.gpu, r.ratio);
-        }
-        let _ = writeln!(s, "# HELP symphony_profile_reports Batch reports behind symphony_profile_ratio.\n# TYPE symphony_profile_reports gauge");
-        for (r, name) in model_rows() {
-            let _ = writeln!(s, "symphony_profile_reports{{backend=\"{}\",gpu=\"{}\",model=\"{name}\"}} {}", r.backend, r.gpu, r.samples);
-        }
-        for (metric, help, pick) in [
-            ("symphony_profile_alpha_ms", "Refined per-item batch cost alpha, ms, by GPU and model.", 0),
-            ("symphony_profile_beta_ms", "Refined fixed batch cost beta, ms, by GPU and model.", 1),
-        ] {
-            let _ = writeln!(s, "# HELP {metric} {help}\n# TYPE {metric} gauge");
-            for (r, name) in model_rows() {
-                if let Some((a, b)) = r.alpha_beta_ms {
-                    let v = if pick == 0 { a } else { b };
-                    let _ = writeln!(s, "{metric}{{backend=\"{}\",gpu=\"{}\",model=\"{name}\"}} {v}", r.backend, r.gpu);
-                }
-            }
-        }
-        let transport = self.read_transport.lock().map(|t| t.clone()).unwrap_or_default();
-        let q = l(&self.read_percentile_milli) as f64 / 100_000.0;
-        let _ = writeln!(s, "# HELP symphony_read_tail_per_input_ns Slowest input READ per input of a batch at a high percentile over the last window, ns.\n# TYPE symphony_read_tail_per_input_ns gauge");
-        let _ = writeln!(s, "symphony_read_tail_per_input_ns{{transport=\"{transport}\",quantile=\"{q}\"}} {}", l(&self.read_tail_ns));
-        let _ = writeln!(s, "# HELP symphony_read_bound_per_input_ns The per-input READ bound charged (d_data), ns.\n# TYPE symphony_read_bound_per_input_ns gauge");
-        let _ = writeln!(s, "symphony_read_bound_per_input_ns{{transport=\"{transport}\"}} {}", l(&self.read_bound_ns));
-        let _ = writeln!(s, "# HELP symphony_read_batches_total Batches whose READ latency was folded into the tail.\n# TYPE symphony_read_batches_total counter");
-        let _ = writeln!(s, "symphony_read_batches_total{{transport=\"{transport}\"}} {}", l(&self.read_batches));
-        let _ = writeln!(s, "# HELP symphony_delay_bound_exceeded 1 while the observed READ tail exceeds the bound.\n# TYPE symphony_delay_bound_exceeded gauge");
-        let _ = writeln!(s, "symphony_delay_bound_exceeded{{transport=\"{transport}\"}} {}", l(&self.delay_bound_exceeded));
-        let _ = writeln!(s, "# HELP symphony_delay_bound_alarms_total Times the observed READ tail rose above the bound.\n# TYPE symphony_delay_bound_alarms_total counter");
-        let _ = writeln!(s, "symphony_delay_bound_alarms_total{{transport=\"{transport}\"}} {}", l(&self.delay_bound_alarms));
-        let _ = writeln!(s, "# HELP symphony_delay_bound_adopted_total Times the observed READ tail was adopted as the bound.\n# TYPE symphony_delay_bound_adopted_total counter");
-        let _ = writeln!(s, "symphony_delay_bound_adopted_total{{transport=\"{transport}\"}} {}", l(&self.delay_bound_adopted));
-    }
-}
-
-fn histogram(s: &mut String, name: &str, help: &str, bounds: &[u64], counts: &[AtomicU64], sum: u64) {
-    let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} histogram");
-    let mut cum = 0;
-    for (b, c) in bounds.iter().zip(counts) {
-        cum += c.load(Ordering::Relaxed);
-        let _ = writeln!(s, "{name}_bucket{{le=\"{b}\"}} {cum}");
-    }
-    cum += counts.last().map(|c| c.load(Ordering::Relaxed)).unwrap_or(0);
-    let _ = writeln!(s, "{name}_bucket{{le=\"+Inf\"}} {cum}\n{name}_sum {sum}\n{name}_count {cum}");
 }
 
 #[cfg(test)]
@@ -408,16 +486,16 @@ mod tests {
     #[test]
     fn render_shows_counters_histograms_and_advice() {
         let m = SchedulerMetrics::new(&[ModelSpec::linear("r50", 1.0, 5.0, 50.0).unwrap()]);
-        m.tasks_received.store(100, Ordering::Relaxed);
+        m.tasks_received.inc_by(100);
         m.record_batch(0, 3, 8_000_000, 20_000);
         m.record_batch(0, 600, 1, 0);
         m.model_drops(0);
         m.count_drop(DropReason::DeadlineUnmeetable);
-        m.gpus_online.store(4, Ordering::Relaxed);
-        m.gpu_online_ns.store(80_000_000, Ordering::Relaxed);
-        let t = m.render();
-        assert_eq!(metric(&t, "symphony_batch_size_bucket{le=\"2\"}"), Some(0.0));
-        assert_eq!(metric(&t, "symphony_batch_size_bucket{le=\"4\"}"), Some(1.0));
+        m.gpus_online.set(4);
+        m.gpu_online_ns.inc_by(80_000_000);
+        let t = m.encode();
+        assert_eq!(metric(&t, "symphony_batch_size_bucket{le=\"2.0\"}"), Some(0.0));
+        assert_eq!(metric(&t, "symphony_batch_size_bucket{le=\"4.0\"}"), Some(1.0));
         assert_eq!(metric(&t, "symphony_batch_size_bucket{le=\"+Inf\"}"), Some(2.0));
         assert_eq!(metric(&t, "symphony_batch_size_sum"), Some(603.0));
         assert_eq!(metric(&t, "symphony_batches_of_size{size=\"3\"}"), Some(1.0));
@@ -425,8 +503,9 @@ mod tests {
         assert_eq!(metric(&t, "symphony_model_dispatched_total{model=\"r50\"}"), Some(603.0));
         assert_eq!(metric(&t, "symphony_tasks_dropped_total{reason=\"deadline_unmeetable\"}"), Some(1.0));
         assert_eq!(metric(&t, "symphony_tasks_dropped_total{reason=\"frontend_lost\"}"), Some(0.0));
-        m.refused[RefuseReason::BadToken.index()].fetch_add(2, Ordering::Relaxed);
-        let t = m.render();
+        m.count_refusal(RefuseReason::BadToken);
+        m.count_refusal(RefuseReason::BadToken);
+        let t = m.encode();
         assert_eq!(metric(&t, "symphony_peers_refused_total{reason=\"bad_token\"}"), Some(2.0));
         assert_eq!(metric(&t, "symphony_peers_refused_total{reason=\"version\"}"), Some(0.0));
         assert_eq!(metric(&t, "symphony_gpu_busy_fraction"), Some(0.1000000125));

@@ -110,8 +110,7 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), Scheduler
     })?;
     let control_addr = listener.local_addr();
     let metrics = Arc::new(SchedulerMetrics::new(&cfg.models));
-    let render = metrics.clone();
-    let endpoint = MetricsEndpoint::start(cfg.metrics, Arc::new(move || render.render()))
+    let endpoint = MetricsEndpoint::start(cfg.metrics, metrics.registry().clone())
         .map_err(|source| SchedulerError::Metrics { addr: cfg.metrics, source })?;
     let mut plane = ControlPlane::new(cfg.models.clone(), &cfg.subclusters, cfg.core, metrics)
         .map_err(|e| SchedulerError::Plane(e.to_string()))?;

@@ -11,7 +11,6 @@
 //! daemon, in-memory ones in the deterministic harness.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use dataplane::control::Liveness;
@@ -389,10 +388,9 @@ impl<C: Connection> SchedulerNode<C> {
     pub fn poll(&mut self, now: Instant) -> bool {
         if let Some(last) = self.last_poll {
             let online = self.plane.online_gpus() as u64;
-            self.metrics().gpu_online_ns.fetch_add(
-                online.saturating_mul(now.saturating_since(last).as_nanos()),
-                Ordering::Relaxed,
-            );
+            self.metrics()
+                .gpu_online_ns
+                .inc_by(online.saturating_mul(now.saturating_since(last).as_nanos()));
         }
         self.last_poll = Some(now);
         let mut busy = self.handshakes(now);
@@ -689,7 +687,7 @@ impl<C: Connection> SchedulerNode<C> {
 
     /// [`refuse`](Self::refuse) without the event (the caller has its own).
     fn refuse_quietly(&mut self, now: Instant, key: u64, mut conn: C, reason: RefuseReason, version: u16, why: &str) {
-        self.metrics.refused[reason.index()].fetch_add(1, Ordering::Relaxed);
+        self.metrics.count_refusal(reason);
         if let Ok(n) = wire::encode(&mut self.buf, &Refused::new(reason, version, why)) {
             let _ = conn.send(&self.buf[..n]);
             let _ = conn.progress();
@@ -829,7 +827,7 @@ impl<C: Connection> SchedulerNode<C> {
                 PeerId::Frontend(id) => {
                     if self.frontends.remove(&id).is_some() {
                         self.events.push_back(SchedulerEvent::PeerLost(p));
-                        self.metrics().frontend_deaths.fetch_add(1, Ordering::Relaxed);
+                        self.metrics().frontend_deaths.inc();
                         self.plane.frontend_left(id);
                     }
                 }
@@ -899,11 +897,11 @@ fn drain_link<C: Connection>(
             Ok(Message::Heartbeat(_)) => {}
             Ok(m) => {
                 if !handle(m, bytes) {
-                    metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                    metrics.protocol_errors.inc();
                 }
             }
             Err(_) => {
-                metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                metrics.protocol_errors.inc();
                 dead.push(peer);
                 break;
             }
@@ -1142,7 +1140,7 @@ mod tests {
         be.send(&BatchDone { batch_id: 1, gpu_id: 0, count: 1, ..BatchDone::default() }).unwrap();
         n.settle(t0 + Duration::from_millis(500));
         assert!(n.events().is_empty());
-        assert_eq!(n.node.plane().metrics().protocol_errors.load(Ordering::Relaxed), 1);
+        assert_eq!(n.node.plane().metrics().protocol_errors.get(), 1);
     }
 
     #[test]

@@ -111,7 +111,7 @@ impl World {
     }
 
     fn refused(&self, r: RefuseReason) -> u64 {
-        self.node.plane().metrics().refused[r.index()].load(Ordering::Relaxed)
+        self.node.plane().metrics().refused[r.index()].get()
     }
 }
 
@@ -193,7 +193,7 @@ fn a_wrong_or_missing_token_is_refused_counted_and_leaves_no_trace() {
     assert!(r.to_string().contains("no join token"), "{r}");
     assert_eq!(w.node.plane().peers(), (0, 0));
     assert_eq!(w.node.plane().online_gpus(), 0);
-    assert_eq!(w.node.plane().metrics().tasks_received.load(Ordering::Relaxed), 0);
+    assert_eq!(w.node.plane().metrics().tasks_received.get(), 0);
     // The refused links are closed once the refusal had its time.
     w.step(200);
     assert!(wrong.received().last().is_some_and(|m| m.starts_with("gone")));

@@ -302,7 +302,7 @@ impl ControlPlane {
     /// this scheduler's links use) is held against the per-input bound.
     pub fn set_delay_watch(&mut self, transport: &str, cfg: DelayWatchConfig) {
         self.watch.set_config(cfg);
-        if let Ok(mut t) = self.metrics.read_transport.lock() {
+        if let Ok(mut t) = self.metrics.closed_loop.read_transport.lock() {
             t.clear();
             t.push_str(transport);
         }
@@ -369,7 +369,7 @@ impl ControlPlane {
             return;
         }
         self.next_publish = now + PUBLISH_EVERY;
-        let Ok(mut rows) = self.metrics.loop_estimates.lock() else { return };
+        let Ok(mut rows) = self.metrics.closed_loop.loop_estimates.lock() else { return };
         rows.clear();
         for s in &self.subclusters {
             for (g, &(backend, gpu)) in s.gpu_owner.iter().enumerate() {
@@ -391,7 +391,7 @@ impl ControlPlane {
     }
 
     fn sync_loop_gauges(&self) {
-        let m = &self.metrics;
+        let m = &self.metrics.closed_loop;
         m.closed_loop_enabled.store(u64::from(self.loop_cfg.enabled), Ordering::Relaxed);
         m.read_bound_ns.store(self.watch.bound().as_nanos(), Ordering::Relaxed);
         m.read_percentile_milli.store((self.watch.config().percentile * 1000.0) as u64, Ordering::Relaxed);
@@ -610,7 +610,7 @@ impl ControlPlane {
         let Some(b) = self.backends.remove(&id) else {
             return;
         };
-        self.metrics.backend_deaths.fetch_add(1, Ordering::Relaxed);
+        self.metrics.backend_deaths.inc();
         for &g in &b.gpus {
             self.subclusters[b.subcluster].closed_loop.gpu_left(g);
             self.subclusters[b.subcluster]
@@ -639,9 +639,9 @@ impl ControlPlane {
     }
 
     fn fail_back(&mut self, task: u64, frontend: u32) {
-        self.metrics.failed_back.fetch_add(1, Ordering::Relaxed);
+        self.metrics.failed_back.inc();
         if !self.frontends.contains_key(&frontend) {
-            self.metrics.undeliverable.fetch_add(1, Ordering::Relaxed);
+            self.metrics.undeliverable.inc();
             return;
         }
         let head = CompletionHead {
@@ -658,7 +658,7 @@ impl ControlPlane {
     fn send_dropped(&mut self, task: u64, frontend: u32, reason: DropReason) {
         self.metrics.count_drop(reason);
         if !self.frontends.contains_key(&frontend) {
-            self.metrics.undeliverable.fetch_add(1, Ordering::Relaxed);
+            self.metrics.undeliverable.inc();
             return;
         }
         let d = wire::Dropped {
@@ -672,11 +672,11 @@ impl ControlPlane {
 
     /// A task from frontend `from`.
     pub fn on_task(&mut self, now: Instant, from: u32, task: &Task) {
-        self.metrics.tasks_received.fetch_add(1, Ordering::Relaxed);
+        self.metrics.tasks_received.inc();
         if task.frontend_id != from || task.id().frontend() != from {
             // A frontend may only submit tasks whose outcome comes back to
             // it: completions are routed by the id's frontend field.
-            self.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            self.metrics.protocol_errors.inc();
             self.metrics.refuse(MessageRefusal::FrontendMismatch);
             return;
         }
@@ -701,7 +701,7 @@ impl ControlPlane {
         let deadline = now.saturating_add(Duration::from_nanos(task.budget_ns));
         if self.tasks.contains_key(&task.task_id) || !self.seen.insert(task.task_id) {
             self.duplicate_tasks += 1;
-            self.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            self.metrics.protocol_errors.inc();
             return;
         }
         self.seen_expiry.push(Reverse((deadline, task.task_id)));
@@ -747,7 +747,7 @@ impl ControlPlane {
             Some(_) => None,
         };
         if let Some(r) = refusal {
-            self.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            self.metrics.protocol_errors.inc();
             self.metrics.refuse(r);
             return;
         }
@@ -755,10 +755,8 @@ impl ControlPlane {
         let (sc, gpu, local_gpu, model) = (f.subcluster, f.gpu, f.local_gpu, f.model);
         self.recycle(f.tasks);
         self.trim_expiries();
-        self.metrics.batches_done.fetch_add(1, Ordering::Relaxed);
-        self.metrics
-            .actual_busy_ns
-            .fetch_add(done.actual_ns(), Ordering::Relaxed);
+        self.metrics.batches_done.inc();
+        self.metrics.actual_busy_ns.inc_by(done.actual_ns());
         self.watch_reads(done);
         if done.gpu_id != local_gpu {
             // Done, but about which device? Nothing to learn from it.
@@ -777,18 +775,18 @@ impl ControlPlane {
     fn watch_reads(&mut self, done: &wire::BatchDone) {
         let Some(v) = self.watch.record(Duration::from_nanos(done.read_max_ns), done.reads) else {
             if done.reads > 0 {
-                self.metrics.read_batches.fetch_add(1, Ordering::Relaxed);
+                self.metrics.closed_loop.read_batches.fetch_add(1, Ordering::Relaxed);
             }
             return;
         };
-        self.metrics.read_batches.fetch_add(1, Ordering::Relaxed);
+        self.metrics.closed_loop.read_batches.fetch_add(1, Ordering::Relaxed);
         match v {
             Verdict::Exceeded { .. } => {
-                self.metrics.delay_bound_alarms.fetch_add(1, Ordering::Relaxed);
+                self.metrics.closed_loop.delay_bound_alarms.fetch_add(1, Ordering::Relaxed);
             }
             Verdict::Restored { .. } => {}
             Verdict::Adopted { new, .. } => {
-                self.metrics.delay_bound_adopted.fetch_add(1, Ordering::Relaxed);
+                self.metrics.closed_loop.delay_bound_adopted.fetch_add(1, Ordering::Relaxed);
                 self.delay.d_data = new;
                 for s in &mut self.subclusters {
                     s.sched.set_delay(self.delay);
@@ -830,8 +828,8 @@ impl ControlPlane {
         s.sched.set_model_gpu_factor(model, gpu, learned.model_factor);
         if let Some(free_at) = learned.free_at {
             let counter = match s.planned_free.get(gpu as usize) {
-                Some(&p) if free_at < p => &self.metrics.free_corrections_earlier,
-                _ => &self.metrics.free_corrections_later,
+                Some(&p) if free_at < p => &self.metrics.closed_loop.free_corrections_earlier,
+                _ => &self.metrics.closed_loop.free_corrections_later,
             };
             counter.fetch_add(1, Ordering::Relaxed);
             if let Some(p) = s.planned_free.get_mut(gpu as usize) {
@@ -847,7 +845,7 @@ impl ControlPlane {
     pub fn on_rerouted_completion(&mut self, msg: &[u8], task_id: u64) {
         let f = TaskId(task_id).frontend();
         if self.frontends.contains_key(&f) {
-            self.metrics.forwarded.fetch_add(1, Ordering::Relaxed);
+            self.metrics.forwarded.inc();
             self.out.push(PeerId::Frontend(f), |b| {
                 let n = msg.len();
                 b.get_mut(..n)
@@ -856,7 +854,7 @@ impl ControlPlane {
                 Ok(n)
             });
         } else {
-            self.metrics.undeliverable.fetch_add(1, Ordering::Relaxed);
+            self.metrics.undeliverable.inc();
         }
     }
 
@@ -982,11 +980,9 @@ impl ControlPlane {
 
     fn sync_peer_gauges(&self) {
         let m = &self.metrics;
-        m.frontends
-            .store(self.frontends.len() as u64, Ordering::Relaxed);
-        m.backends.store(self.backends.len() as u64, Ordering::Relaxed);
-        m.gpus_online
-            .store(self.online_gpus() as u64, Ordering::Relaxed);
+        m.frontends.set(self.frontends.len() as i64);
+        m.backends.set(self.backends.len() as i64);
+        m.gpus_online.set(self.online_gpus() as i64);
     }
 }
 
@@ -1186,10 +1182,10 @@ mod tests {
         p.on_task(t0, 1, &forged);
         assert_eq!(p.waiting_tasks(), 0);
         p.on_batch_done(t0, 10, &wire::BatchDone { batch_id: 77, ..Default::default() });
-        let refused = |p: &ControlPlane, r: MessageRefusal| p.metrics().refused_messages[r.index()].load(Ordering::Relaxed);
+        let refused = |p: &ControlPlane, r: MessageRefusal| p.metrics().closed_loop.refused_messages[r.index()].load(Ordering::Relaxed);
         assert_eq!(refused(&p, MessageRefusal::FrontendMismatch), 1);
         assert_eq!(refused(&p, MessageRefusal::UnknownBatch), 1);
-        assert!(p.metrics().render().contains("symphony_messages_refused_total{reason=\"unknown_batch\"} 1"));
+        assert!(p.metrics().encode().contains("symphony_messages_refused_total{reason=\"unknown_batch\"} 1"));
     }
 
     #[test]
@@ -1222,7 +1218,7 @@ mod tests {
         let (a, b) = e.alpha_beta_ms.unwrap();
         assert!((a - 1.5).abs() < 0.02 && (b - 7.5).abs() < 0.1, "{e:?}");
         p.publish_estimates(now);
-        let text = p.metrics().render();
+        let text = p.metrics().encode();
         assert!(text.contains("symphony_gpu_speed_ratio{backend=\"10\",gpu=\"0\"} 1.4"), "{text}");
     }
 

@@ -21,14 +21,13 @@ use dataplane::time::{Duration, MonotonicClock};
 use dataplane::transport::sim::{FaultConfig, SimNet};
 use dataplane::waitset::WaitSet;
 use frontend::http::{HttpConfig, Server};
-use frontend::metrics::Metrics;
 use frontend::models::ModelCatalog;
 use frontend::node::NetSink;
-use frontend::service::{ClusterService, InferenceService};
+use frontend::service::ClusterService;
 use scheduler::deferred::CoreConfig;
 use scheduler::netdelay::NetworkDelay;
 
-use super::cluster::{ClusterEvent, ClusterSpec, NodeCluster};
+use super::cluster::{ClusterSpec, NodeCluster};
 
 /// Shape of the in-process cluster.
 #[derive(Clone, Copy, Debug)]
@@ -143,17 +142,6 @@ fn spec(cfg: &LocalConfig) -> ClusterSpec {
     spec
 }
 
-/// Records a finished batch in the frontend's Triton metrics (the
-/// in-process host sees both ends; the daemons do not yet).
-fn record(metrics: &Metrics, r: &backend::worker::BatchReport) {
-    let (Some(start), Some(finish)) = (r.start, r.finish) else { return };
-    let size = r.ok + r.failed;
-    let compute_us = finish.saturating_since(start).as_nanos() / 1000;
-    // Time the batch's requests waited at the backend before it started.
-    let queue_us = start.saturating_since(r.received).as_nanos() / 1000 * u64::from(size);
-    metrics.record_batch(r.model, size, compute_us, queue_us);
-}
-
 impl LocalServer {
     /// Starts the cluster thread and the HTTP server on the current tokio
     /// runtime; returns once the nodes have registered.
@@ -172,12 +160,7 @@ impl LocalServer {
             let mut ready = Some(ready_tx);
             while !stopping.load(Ordering::Acquire) {
                 let now = clock.now();
-                let service = cluster.frontend(0).map(|h| h.service.clone());
-                cluster.poll(now, &mut |e| {
-                    if let (ClusterEvent::Batch(_, r), Some(s)) = (e, &service) {
-                        record(s.metrics(), &r);
-                    }
-                });
+                cluster.poll(now, &mut |_| {});
                 if let Some(tx) = &ready {
                     let formed = cluster.frontend(0).filter(|h| h.node.is_registered()).map(|h| h.service.clone());
                     let gpus = cluster.scheduler().plane().online_gpus();
