@@ -2,6 +2,7 @@
 //! translation into simulator and policy configurations.
 
 use clap::Args;
+use dataplane::idle::IdleStrategy;
 use dataplane::time::Duration;
 use scheduler::deferred::Gather;
 use scheduler::netdelay::{DelayFileError, NetworkDelay};
@@ -56,6 +57,12 @@ pub enum CliError {
     /// `--arrival`, `--popularity` or `--schedule` is wrong.
     #[error(transparent)]
     Workload(#[from] WorkloadParseError),
+    /// `--idle` is not a strategy.
+    #[error("unknown idle strategy '{value}' (spin, yield, park)")]
+    Idle {
+        /// The value given.
+        value: String,
+    },
     /// A number out of its range.
     #[error("{flag} must be {rule}, got {value}")]
     OutOfRange {
@@ -68,8 +75,27 @@ pub enum CliError {
     },
 }
 
+/// Parses `--gather`: `lazy` or `early`.
+pub fn parse_gather(value: &str) -> Result<Gather, CliError> {
+    match value {
+        "lazy" => Ok(Gather::Lazy),
+        "early" => Ok(Gather::Early),
+        other => Err(CliError::Gather { value: other.to_string() }),
+    }
+}
+
+/// Parses the in-process runtime's `--idle`: `spin`, `yield` or `park`.
+pub fn parse_idle(value: &str) -> Result<IdleStrategy, CliError> {
+    match value {
+        "spin" => Ok(IdleStrategy::Spin),
+        "yield" => Ok(IdleStrategy::SpinThenYield { spins: 1000 }),
+        "park" => Ok(IdleStrategy::GENTLE),
+        other => Err(CliError::Idle { value: other.to_string() }),
+    }
+}
+
 /// `Err` unless `ok`.
-fn check(ok: bool, flag: &'static str, rule: &'static str, value: f64) -> Result<(), CliError> {
+pub fn check(ok: bool, flag: &'static str, rule: &'static str, value: f64) -> Result<(), CliError> {
     if ok {
         Ok(())
     } else {
@@ -205,11 +231,7 @@ impl ClusterArgs {
     /// The policy configuration.
     pub fn policy(&self) -> Result<PolicyConfig, CliError> {
         let mut p = PolicyConfig::new(PolicyKind::parse(&self.policy)?);
-        p.gather = match self.gather.as_str() {
-            "lazy" => Gather::Lazy,
-            "early" => Gather::Early,
-            other => return Err(CliError::Gather { value: other.to_string() }),
-        };
+        p.gather = parse_gather(&self.gather)?;
         check(self.timeout_ms.is_finite() && self.timeout_ms >= 0.0, "--timeout-ms", ">= 0", self.timeout_ms)?;
         p.timeout = Duration::from_millis_f64(self.timeout_ms);
         p.delay = self.delay()?;

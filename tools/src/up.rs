@@ -413,7 +413,7 @@ fn run_with(a: &UpArgs, mut spec: ClusterSpec) -> Result<(), String> {
             std::thread::sleep(StdDuration::from_millis(50));
         }
         eprintln!("symphony up: stopping");
-        return cluster.stop();
+        return Ok(cluster.stop()?);
     }
     eprintln!("symphony up: finding the simulated (scheduler-only) goodput of {gpus} GPUs...");
     let s_goodput = sim_goodput(&models, gpus, a.cluster.seed)?;
