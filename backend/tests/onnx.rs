@@ -26,7 +26,7 @@ fn root() -> PathBuf {
 fn models() -> Option<repository::Repository> {
     let why = match (find_dylib(), repository::scan(&root().join("models"))) {
         (Ok(_), Ok(r)) if r.model("ppocr_cls").is_some() && r.model("open_nsfw").is_some() => return Some(r),
-        (Err(e), _) => e,
+        (Err(e), _) => e.to_string(),
         (_, Err(e)) => e.to_string(),
         (_, Ok(r)) => format!("models/ lacks ppocr_cls or open_nsfw ({:?}); run scripts/fetch-models.sh", r.refused),
     };

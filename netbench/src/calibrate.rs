@@ -148,7 +148,7 @@ impl Calibration {
         let _ = writeln!(t, "d_data_us = {d_data:.3}");
         let _ = writeln!(t, "percentile = {}", fmt_float(self.percentile));
         let fabric =
-            serde_json::to_string(&self.fabric).map_err(|e| Fail::runtime(e.to_string()))?;
+            serde_json::to_string(&self.fabric)?;
         let _ = writeln!(t, "fabric = {fabric}");
         Ok(t)
     }

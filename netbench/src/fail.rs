@@ -1,73 +1,93 @@
-//! One error type for the whole tool: a message for the operator and the
-//! exit code it ends the process with.
+//! One error type for the whole tool: what went wrong, and the exit code it
+//! ends the process with (usage errors 2, everything else 1).
 
-use std::fmt;
+use std::path::PathBuf;
 
 /// Exit code of runtime failures (unreachable peer, timeout, bad data).
 pub const EXIT_RUNTIME: i32 = 1;
 /// Exit code of bad arguments (what clap also uses for usage errors).
 pub const EXIT_USAGE: i32 = 2;
 
-/// A failure with its operator-facing message.
-#[derive(Debug)]
-pub struct Fail {
-    /// What went wrong, in words an operator can act on.
-    pub msg: String,
-    /// Process exit code.
-    pub code: i32,
+/// A failure, with its operator-facing message.
+#[derive(Debug, thiserror::Error)]
+pub enum Fail {
+    /// Bad arguments, in words an operator can act on.
+    #[error("{0}")]
+    Usage(String),
+    /// A runtime failure (peer, timing, data), in words an operator can act on.
+    #[error("{0}")]
+    Runtime(String),
+    /// A failure with what was being done when it happened.
+    #[error("{context}: {source}")]
+    Context {
+        /// What was being done (e.g. `peer 10.0.0.1:7000`).
+        context: String,
+        /// The failure.
+        source: Box<Fail>,
+    },
+    /// A transport call failed.
+    #[error(transparent)]
+    Transport(#[from] dataplane::transport::Error),
+    /// A memory registration or access failed.
+    #[error(transparent)]
+    Memory(#[from] dataplane::mem::MemError),
+    /// An OS call failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// A message did not decode.
+    #[error("wire: {0}")]
+    Wire(#[from] dataplane::wire::WireError),
+    /// A file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A file could not be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A report could not be encoded.
+    #[error("cannot encode JSON: {0}")]
+    Json(#[from] serde_json::Error),
 }
 
 impl Fail {
     /// A runtime failure.
     pub fn runtime(msg: impl Into<String>) -> Self {
-        Fail {
-            msg: msg.into(),
-            code: EXIT_RUNTIME,
-        }
+        Fail::Runtime(msg.into())
     }
     /// A bad-argument failure.
     pub fn usage(msg: impl Into<String>) -> Self {
-        Fail {
-            msg: msg.into(),
-            code: EXIT_USAGE,
-        }
+        Fail::Usage(msg.into())
     }
     /// Prefixes the message with context.
-    pub fn context(self, what: impl fmt::Display) -> Self {
-        Fail {
-            msg: format!("{what}: {}", self.msg),
-            code: self.code,
+    pub fn context(self, what: impl std::fmt::Display) -> Self {
+        Fail::Context { context: what.to_string(), source: Box::new(self) }
+    }
+    /// `Write` of `path`.
+    pub fn write(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Fail {
+        let path = path.into();
+        move |source| Fail::Write { path, source }
+    }
+    /// `Read` of `path`.
+    pub fn read(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Fail {
+        let path = path.into();
+        move |source| Fail::Read { path, source }
+    }
+    /// The process exit code.
+    pub fn code(&self) -> i32 {
+        match self {
+            Fail::Usage(_) => EXIT_USAGE,
+            Fail::Context { source, .. } => source.code(),
+            _ => EXIT_RUNTIME,
         }
-    }
-}
-
-impl fmt::Display for Fail {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.msg)
-    }
-}
-
-impl From<dataplane::transport::Error> for Fail {
-    fn from(e: dataplane::transport::Error) -> Self {
-        Fail::runtime(e.to_string())
-    }
-}
-
-impl From<dataplane::mem::MemError> for Fail {
-    fn from(e: dataplane::mem::MemError) -> Self {
-        Fail::runtime(e.to_string())
-    }
-}
-
-impl From<std::io::Error> for Fail {
-    fn from(e: std::io::Error) -> Self {
-        Fail::runtime(e.to_string())
-    }
-}
-
-impl From<dataplane::wire::WireError> for Fail {
-    fn from(e: dataplane::wire::WireError) -> Self {
-        Fail::runtime(format!("wire: {e}"))
     }
 }
 

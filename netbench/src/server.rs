@@ -183,7 +183,7 @@ impl WithDomain for Serve {
                 }
                 Err(e) => {
                     if e.kind() != dataplane::transport::ErrorKind::PeerDisconnected {
-                        eprintln!("netbench serve: dropping a client: {e}");
+                        tracing::warn!("dropping a client: {e}");
                     }
                     departed += 1;
                     false
@@ -236,7 +236,7 @@ fn spawn_acceptor<L: Listener + 'static>(mut listener: L) -> mpsc::Receiver<L::C
             }
             Err(dataplane::transport::Error::Timeout) => {}
             Err(e) => {
-                eprintln!("netbench serve: accept failed: {e}");
+                tracing::warn!("accept failed: {e}");
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
         }
@@ -277,14 +277,14 @@ fn serve_one<C: Connection>(
             send_retrying(conn, msg)?;
         } else if let Some(want) = proto::decode_hello(msg) {
             if want != objects {
-                eprintln!(
-                    "netbench serve: a client asked for {want} objects; this server has {objects} \
+                tracing::warn!(
+                    "a client asked for {want} objects; this server has {objects} \
                      (sending the catalog; the client will refuse it)"
                 );
             }
             send_retrying(conn, catalog)?;
         } else {
-            eprintln!("netbench serve: ignoring an unexpected {n}-byte message");
+            tracing::warn!("ignoring an unexpected {n}-byte message");
         }
     }
     // No separate `progress` call: a `try_recv` that finds no message does

@@ -9,11 +9,11 @@ use scheduler::policy::{build, PolicyConfig, PolicyKind};
 use scheduler::sim::{simulate, SimConfig, Workload};
 use scheduler::zoo::ModelSpec;
 
-fn main() -> Result<(), String> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let secs: u64 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(30);
     let setups = [("ResNet50", 1.053, 5.072, 25.0), ("InceptionResNetV2", 5.090, 18.368, 70.0)];
     for (name, alpha, beta, slo) in setups {
-        let model = ModelSpec::linear(name, alpha, beta, slo).map_err(|e| e.to_string())?;
+        let model = ModelSpec::linear(name, alpha, beta, slo)?;
         let base = SimConfig {
             models: vec![model],
             gpus: 8,
@@ -38,7 +38,7 @@ fn main() -> Result<(), String> {
             let mut cfg = base.clone();
             cfg.workload.rate_rps = deferred_goodput / 2.0;
             let mut sched = build(&cfg.models, cfg.gpus, &PolicyConfig::new(kind))?;
-            let r = simulate(&cfg, sched.as_mut()).map_err(|e| e.to_string())?;
+            let r = simulate(&cfg, sched.as_mut())?;
             println!(
                 "{name:18} {kind:9} at {:5.0} r/s: idle {:.3}  median batch {:2}  bad {:.4}",
                 cfg.workload.rate_rps, r.gpu_idle_fraction, r.median_batch, r.max_model_bad_rate

@@ -1,7 +1,7 @@
 //! Goodput: the highest total offered rate at which every model's bad rate
 //! stays at or under a threshold (1%), found by bisection on simulated runs.
 
-use crate::policy::{build, PolicyConfig};
+use crate::policy::{build, PolicyConfig, PolicyError};
 use crate::sim::{simulate, InvariantViolation, SimConfig, SimReport};
 use serde::Serialize;
 
@@ -21,6 +21,30 @@ pub struct GoodputSearch {
 impl Default for GoodputSearch {
     fn default() -> Self {
         GoodputSearch { max_bad_rate: 0.01, rel_precision: 0.005, initial_rps: 0.0, max_runs: 40 }
+    }
+}
+
+/// Why a goodput search stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum GoodputError {
+    /// The policy could not be built.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// A simulated run broke an invariant.
+    #[error("simulating {rate_rps:.1} rps: {source}")]
+    Simulation {
+        /// The offered rate of the failing run.
+        rate_rps: f64,
+        /// The invariant.
+        source: InvariantViolation,
+    },
+}
+
+/// For callers that still report errors as text (`up.rs`, converted on
+/// another branch); delete with it.
+impl From<GoodputError> for String {
+    fn from(e: GoodputError) -> String {
+        e.to_string()
     }
 }
 
@@ -59,14 +83,14 @@ pub fn search(
     policy: &PolicyConfig,
     knobs: &GoodputSearch,
     progress: &mut dyn FnMut(u32, u32, f64, bool),
-) -> Result<GoodputResult, String> {
+) -> Result<GoodputResult, GoodputError> {
     let mut probes = Vec::new();
     let mut runs = 0;
-    let mut run = |rate: f64, probes: &mut Vec<(f64, f64, bool)>| -> Result<(bool, SimReport), String> {
+    let mut run = |rate: f64, probes: &mut Vec<(f64, f64, bool)>| -> Result<(bool, SimReport), GoodputError> {
         let mut cfg = base.clone();
         cfg.workload.rate_rps = rate;
         let mut sched = build(&cfg.models, cfg.gpus, policy)?;
-        let r = simulate(&cfg, sched.as_mut()).map_err(|e: InvariantViolation| e.to_string())?;
+        let r = simulate(&cfg, sched.as_mut()).map_err(|source| GoodputError::Simulation { rate_rps: rate, source })?;
         let ok = r.max_model_bad_rate <= knobs.max_bad_rate && r.offered > 0;
         probes.push((rate, r.max_model_bad_rate, ok));
         runs += 1;

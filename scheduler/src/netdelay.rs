@@ -27,9 +27,33 @@ impl NetworkDelay {
     }
 
     /// Parses the calibration file format (see [`DelayFile`]).
-    pub fn from_toml(text: &str) -> Result<Self, String> {
-        let f: DelayFile = toml::from_str(text).map_err(|e| format!("bad network delay file: {e}"))?;
+    pub fn from_toml(text: &str) -> Result<Self, DelayFileError> {
+        let f: DelayFile = toml::from_str(text).map_err(DelayFileError::Syntax)?;
         f.to_delay()
+    }
+}
+
+/// Why a network delay file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum DelayFileError {
+    /// Not TOML, or fields missing or of the wrong type.
+    #[error("bad network delay file: {0}")]
+    Syntax(#[source] toml::de::Error),
+    /// A bound outside `[0, 1e7]` microseconds.
+    #[error("{field} must be between 0 and 1e7 microseconds, got {value}")]
+    OutOfRange {
+        /// `d_ctrl_us` or `d_data_us`.
+        field: &'static str,
+        /// The value given.
+        value: f64,
+    },
+}
+
+/// For callers that still report errors as text (the scheduler daemon's
+/// config loader, converted on another branch); delete with it.
+impl From<DelayFileError> for String {
+    fn from(e: DelayFileError) -> String {
+        e.to_string()
     }
 }
 
@@ -57,10 +81,10 @@ pub struct DelayFile {
 
 impl DelayFile {
     /// Validates and converts to a [`NetworkDelay`].
-    pub fn to_delay(&self) -> Result<NetworkDelay, String> {
-        for (name, v) in [("d_ctrl_us", self.d_ctrl_us), ("d_data_us", self.d_data_us)] {
-            if !(v.is_finite() && (0.0..=1e7).contains(&v)) {
-                return Err(format!("{name} must be between 0 and 1e7 microseconds, got {v}"));
+    pub fn to_delay(&self) -> Result<NetworkDelay, DelayFileError> {
+        for (field, value) in [("d_ctrl_us", self.d_ctrl_us), ("d_data_us", self.d_data_us)] {
+            if !(value.is_finite() && (0.0..=1e7).contains(&value)) {
+                return Err(DelayFileError::OutOfRange { field, value });
             }
         }
         Ok(NetworkDelay {

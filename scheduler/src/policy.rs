@@ -44,7 +44,7 @@ impl PolicyKind {
     ];
 
     /// Parses a policy name.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, PolicyError> {
         Ok(match s {
             "deferred" | "symphony" => PolicyKind::Deferred,
             "eager" => PolicyKind::Eager,
@@ -53,7 +53,7 @@ impl PolicyKind {
             "clockwork-any" => PolicyKind::ClockworkAny,
             "shepherd" => PolicyKind::Shepherd,
             "nexus" => PolicyKind::Nexus,
-            other => return Err(format!("unknown policy '{other}' (deferred, clockwork, clockwork-any, shepherd, timeout, nexus, eager)")),
+            other => return Err(PolicyError::Unknown { name: other.to_string() }),
         })
     }
 
@@ -74,6 +74,33 @@ impl PolicyKind {
 impl fmt::Display for PolicyKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// Why a policy could not be chosen or built.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// The name is not a policy.
+    #[error("unknown policy '{name}' (deferred, clockwork, clockwork-any, shepherd, timeout, nexus, eager)")]
+    Unknown {
+        /// The name given.
+        name: String,
+    },
+    /// No model or no GPU to schedule.
+    #[error("a policy needs at least one model and one GPU (got {models} models, {gpus} GPUs)")]
+    EmptyCluster {
+        /// Models given.
+        models: usize,
+        /// GPUs given.
+        gpus: u32,
+    },
+}
+
+/// For callers that still report errors as text (the daemon config
+/// loaders and `up.rs`, converted on other branches); delete with them.
+impl From<PolicyError> for String {
+    fn from(e: PolicyError) -> String {
+        e.to_string()
     }
 }
 
@@ -125,7 +152,10 @@ impl PolicyConfig {
 }
 
 /// Builds the policy for `models` (id = index) on `gpus` GPUs.
-pub fn build(models: &[ModelSpec], gpus: u32, cfg: &PolicyConfig) -> Result<Box<dyn Scheduler>, String> {
+pub fn build(models: &[ModelSpec], gpus: u32, cfg: &PolicyConfig) -> Result<Box<dyn Scheduler>, PolicyError> {
+    if models.is_empty() || gpus == 0 {
+        return Err(PolicyError::EmptyCluster { models: models.len(), gpus });
+    }
     let core = CoreConfig { gather: cfg.gather, delay: cfg.delay, min_window: cfg.min_window, window_gaps: cfg.window_gaps, early_drop_fraction: cfg.early_drop_fraction, efficiency_slack: cfg.efficiency_slack };
     Ok(match cfg.kind {
         PolicyKind::Deferred => Box::new(DeferredScheduler::new(models, gpus, core)),

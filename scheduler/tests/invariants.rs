@@ -78,7 +78,7 @@ proptest! {
     #[test]
     fn every_policy_keeps_the_invariants((cfg, _load) in config()) {
         for p in policies() {
-            let mut s = build(&cfg.models, cfg.gpus, &p).map_err(TestCaseError::fail)?;
+            let mut s = build(&cfg.models, cfg.gpus, &p).map_err(|e| TestCaseError::fail(e.to_string()))?;
             let r = simulate(&cfg, s.as_mut()).map_err(|e| TestCaseError::fail(format!("{:?}: {e}", p.kind)))?;
             prop_assert_eq!(r.good + r.dropped + r.late, r.offered, "{:?} loses requests", p.kind);
             prop_assert_eq!(r.late, 0, "{:?} dispatched late batches", p.kind);
@@ -92,7 +92,7 @@ proptest! {
     fn same_seed_same_output((cfg, _load) in config()) {
         for p in policies() {
             let run = || -> Result<String, TestCaseError> {
-                let mut s = build(&cfg.models, cfg.gpus, &p).map_err(TestCaseError::fail)?;
+                let mut s = build(&cfg.models, cfg.gpus, &p).map_err(|e| TestCaseError::fail(e.to_string()))?;
                 let r = simulate(&cfg, s.as_mut()).map_err(|e| TestCaseError::fail(e.to_string()))?;
                 serde_json::to_string(&r).map_err(|e| TestCaseError::fail(e.to_string()))
             };

@@ -61,12 +61,12 @@ struct Args {
     seed: u64,
 }
 
-fn main() -> Result<(), String> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = Args::parse();
-    let zoo = Zoo::parse(&a.zoo).map_err(|e| e.to_string())?;
+    let zoo = Zoo::parse(&a.zoo)?;
     let specs = ZooSelection::parse(&a.models)
         .select(zoo.models())
-        .map_err(|e| e.to_string())?;
+        ?;
     let workload = Workload {
         rate_rps: a.rate,
         arrival: Arrival::parse(&a.arrival)?,
@@ -77,7 +77,7 @@ fn main() -> Result<(), String> {
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(|e| e.to_string())?;
+        ?;
     rt.block_on(async move {
         let local = match a.addr.first() {
             Some(_) => None,
@@ -86,7 +86,7 @@ fn main() -> Result<(), String> {
                 cfg.cluster.gpus = a.gpus;
                 cfg.cluster.timer_slack =
                     dataplane::time::Duration::from_millis_f64(a.timer_slack_ms);
-                Some(LocalServer::start(cfg).await.map_err(|e| e.to_string())?)
+                Some(LocalServer::start(cfg).await?)
             }
         };
         let targets = match &local {
@@ -128,6 +128,6 @@ fn main() -> Result<(), String> {
             }
             l.stop().await;
         }
-        Ok(())
+        Ok::<(), Box<dyn std::error::Error>>(())
     })
 }

@@ -46,17 +46,17 @@ struct Args {
     exit_on_stdin_eof: bool,
 }
 
-fn main() -> Result<(), String> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let zoo = Zoo::parse(&args.zoo).map_err(|e| e.to_string())?;
+    let zoo = Zoo::parse(&args.zoo)?;
     let mut specs = match args.models.as_str() {
         "none" => Vec::new(),
         sel => ZooSelection::parse(sel)
             .select(zoo.models())
-            .map_err(|e| e.to_string())?,
+            ?,
     };
     for m in &args.extra {
-        specs.push(parse_model_arg(m).map_err(|e| e.to_string())?);
+        specs.push(parse_model_arg(m)?);
     }
     let mut cfg = LocalConfig::new(ModelCatalog::with_default_tensors(&specs));
     cfg.addr = SocketAddr::from(([127, 0, 0, 1], args.port));
@@ -68,9 +68,9 @@ fn main() -> Result<(), String> {
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(|e| e.to_string())?;
+        ?;
     rt.block_on(async move {
-        let server = LocalServer::start(cfg).await.map_err(|e| e.to_string())?;
+        let server = LocalServer::start(cfg).await?;
         if args.print_port {
             println!("PORT {}", server.addr().port());
             let _ = std::io::stdout().flush();
@@ -94,7 +94,7 @@ fn main() -> Result<(), String> {
         let c = server.service().staging().counters().snapshot();
         eprintln!("stopping: {c:?}");
         server.stop().await;
-        Ok(())
+        Ok::<(), Box<dyn std::error::Error>>(())
     })
 }
 

@@ -1,11 +1,11 @@
 //! `symphony bench-scheduler`: the scheduler-only capacity test.
 
-use dataplane::idle::IdleStrategy;
+use crate::cli::{parse_idle, CliError};
 use dataplane::time::Duration;
 use scheduler::deferred::CoreConfig;
-use scheduler::runtime::{run_live, LiveConfig, LiveReport, RuntimeConfig};
+use scheduler::runtime::{run_live, LiveConfig, LiveReport, RuntimeConfig, RuntimeError};
 use scheduler::sim::Workload;
-use scheduler::zoo::{parse_model_arg, ModelSpec};
+use scheduler::zoo::{parse_model_arg, ModelSpec, ZooError};
 
 pub struct BenchArgs {
     pub models: usize,
@@ -30,104 +30,159 @@ fn passes(r: &LiveReport) -> bool {
     r.dispatch_lag.p999_us <= MAX_LAG_P999_US && r.bad_rate <= MAX_BAD_RATE && r.violations == 0 && r.accounted
 }
 
-pub fn run(a: &BenchArgs) -> Result<(), String> {
+/// Why the capacity test stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A count is zero.
+    #[error("--models, --gpus and --model-threads must be at least 1 (got {models}, {gpus}, {model_threads})")]
+    ZeroCount {
+        /// `--models`.
+        models: usize,
+        /// `--gpus`.
+        gpus: u32,
+        /// `--model-threads`.
+        model_threads: usize,
+    },
+    /// `--duration-s` out of range.
+    #[error("--duration-s must be in (0, 3600], got {value}")]
+    Duration {
+        /// The value given.
+        value: f64,
+    },
+    /// `--profile` is not `ALPHA_MS,BETA_MS,SLO_MS`.
+    #[error("--profile: {0}")]
+    Profile(#[source] ZooError),
+    /// `--idle` is wrong.
+    #[error(transparent)]
+    Idle(#[from] CliError),
+    /// `--rate` is neither a positive number nor `max`.
+    #[error("--rate '{value}': a number > 0 or max")]
+    Rate {
+        /// The value given.
+        value: String,
+    },
+    /// The runtime failed.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// `--rate max` found no passing rate.
+    #[error("no rate passed (even 250k rps); try fewer GPUs or models, or check the machine's load")]
+    NoRatePassed,
+    /// The emulated GPUs saw a batch overlap another.
+    #[error("emulated GPUs saw {count} violations: {first:?}")]
+    Violations {
+        /// How many.
+        count: u64,
+        /// The first, described.
+        first: Option<String>,
+    },
+    /// The report could not be encoded.
+    #[error("cannot encode the report: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// One `--rate max` probe: `(rate, passed, lag p99.9 us, bad rate)`.
+type Probe = (f64, bool, f64, f64);
+
+pub fn run(a: &BenchArgs) -> Result<(), BenchError> {
     if a.models == 0 || a.gpus == 0 || a.model_threads == 0 {
-        return Err("--models, --gpus and --model-threads must be at least 1".into());
+        return Err(BenchError::ZeroCount { models: a.models, gpus: a.gpus, model_threads: a.model_threads });
     }
     if !(a.duration_s.is_finite() && a.duration_s > 0.0 && a.duration_s <= 3600.0) {
-        return Err("--duration-s must be in (0, 3600]".into());
+        return Err(BenchError::Duration { value: a.duration_s });
     }
-    let base = parse_model_arg(&format!("model={}", a.profile)).map_err(|e| e.to_string())?;
+    let base = parse_model_arg(&format!("model={}", a.profile)).map_err(BenchError::Profile)?;
     let models: Vec<ModelSpec> = (0..a.models).map(|i| ModelSpec { name: format!("model{i}"), ..base.clone() }).collect();
-    let idle = match a.idle.as_str() {
-        "spin" => IdleStrategy::Spin,
-        "yield" => IdleStrategy::SpinThenYield { spins: 1000 },
-        "park" => IdleStrategy::GENTLE,
-        other => return Err(format!("unknown idle strategy '{other}' (spin, yield, park)")),
-    };
-    let live = |rate: f64| -> Result<LiveReport, String> {
-        run_live(&LiveConfig {
+    let idle = parse_idle(&a.idle)?;
+    let live = |rate: f64| -> Result<LiveReport, BenchError> {
+        Ok(run_live(&LiveConfig {
             runtime: RuntimeConfig { models: models.clone(), gpus: a.gpus, model_threads: a.model_threads, core: CoreConfig::default(), ring_capacity: 1 << 16 },
             workload: Workload::poisson(rate),
             duration: Duration::from_secs_f64(a.duration_s),
             seed: a.seed,
             idle,
             pin: a.pin,
-        })
+        })?)
     };
     let (report, probes) = if a.rate == "max" {
-        // One probe = the median of PROBE_RUNS runs (a shared machine stalls
-        // a pinned thread for a scheduler tick now and then, which decides a
-        // single run's p99.9). Rates double from 250k while at most one
-        // probe in a row fails, then the gap above the best pass is bisected.
-        let mut probes: Vec<(f64, bool, f64, f64)> = Vec::new();
-        let probe = |rate: f64, probes: &mut Vec<(f64, bool, f64, f64)>| -> Result<(bool, LiveReport), String> {
-            let mut runs = Vec::with_capacity(PROBE_RUNS);
-            for _ in 0..PROBE_RUNS {
-                runs.push(live(rate)?);
-            }
-            runs.sort_by(|x, y| x.dispatch_lag.p999_us.total_cmp(&y.dispatch_lag.p999_us));
-            let r = runs.swap_remove(PROBE_RUNS / 2);
-            let ok = passes(&r);
-            eprintln!("  {:>10.0} rps: median lag p99.9 {:>8.1} us, bad {:.3}%  {}", rate, r.dispatch_lag.p999_us, r.bad_rate * 100.0, if ok { "ok" } else { "fail" });
-            probes.push((rate, ok, r.dispatch_lag.p999_us, r.bad_rate));
-            Ok((ok, r))
-        };
-        let mut best: Option<LiveReport> = None;
-        let mut fail_above: Option<f64> = None;
-        let (mut rate, mut fails) = (250_000.0, 0);
-        while rate <= 32e6 && fails < 2 {
-            let (ok, r) = probe(rate, &mut probes)?;
-            if ok {
-                best = Some(r);
-                fails = 0;
-                fail_above = None;
-            } else {
-                fails += 1;
-                fail_above.get_or_insert(rate);
-            }
-            rate *= 2.0;
-        }
-        let mut lo = best.as_ref().map_or(0.0, |r| r.offered_rps);
-        let mut hi = fail_above.unwrap_or(lo * 2.0);
-        for _ in 0..3 {
-            if lo <= 0.0 || hi - lo <= 0.02 * hi {
-                break;
-            }
-            let mid = 0.5 * (lo + hi);
-            let (ok, r) = probe(mid, &mut probes)?;
-            if ok {
-                lo = mid;
-                best = Some(r);
-            } else {
-                hi = mid;
-            }
-        }
-        (best.ok_or("no rate passed (even 250k rps); try fewer GPUs or models, or check the machine's load")?, probes)
+        search_max(&live)?
     } else {
-        let rate: f64 = a.rate.parse().map_err(|_| format!("--rate '{}': a number or max", a.rate))?;
+        let rate: f64 = a.rate.parse().map_err(|_| BenchError::Rate { value: a.rate.clone() })?;
         if !(rate.is_finite() && rate > 0.0) {
-            return Err("--rate must be > 0".into());
+            return Err(BenchError::Rate { value: a.rate.clone() });
         }
         (live(rate)?, Vec::new())
     };
     if report.violations > 0 {
-        return Err(format!("emulated GPUs saw {} violations: {:?}", report.violations, report.first_violation));
+        return Err(BenchError::Violations { count: report.violations, first: report.first_violation.clone() });
     }
     if a.json {
-        let mut v = serde_json::to_value(&report).map_err(|e| e.to_string())?;
+        let mut v = serde_json::to_value(&report)?;
         if !probes.is_empty() {
             v["probes"] = serde_json::json!(probes);
         }
-        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        let r = &report;
-        println!("{} models, {} GPUs, {} ModelThread(s){}", r.models, r.gpus, r.model_threads, if r.pinned { ", pinned" } else { "" });
-        println!("sustained {:.0} rps ({:.0} per ModelThread core), bad rate {:.3}%, mean batch {:.1}", r.sustained_rps, r.rps_per_model_thread, r.bad_rate * 100.0, r.mean_batch);
-        let l = &r.dispatch_lag;
-        println!("dispatch lag us: p50 {:.1}  p99 {:.1}  p99.9 {:.1}  p99.99 {:.1}  max {:.1}", l.p50_us, l.p99_us, l.p999_us, l.p9999_us, l.max_us);
-        println!("RankThread: {:.0} events/s, utilisation {:.1}%; ModelThread utilisation {:?}", r.rank_events_per_s, r.rank_utilisation * 100.0, r.model_thread_utilisation.iter().map(|u| format!("{:.0}%", u * 100.0)).collect::<Vec<_>>());
-        println!("CPU {:.0} ns/request; ingress lag p99.9 {:.1} us; accounted {}", r.cpu_ns_per_request, r.ingress_lag.p999_us, r.accounted);
+        print_report(&report);
     }
     Ok(())
+}
+
+/// `--rate max`: one probe = the median of PROBE_RUNS runs (a shared
+/// machine stalls a pinned thread for a scheduler tick now and then, which
+/// decides a single run's p99.9). Rates double from 250k while at most one
+/// probe in a row fails, then the gap above the best pass is bisected.
+fn search_max(live: &dyn Fn(f64) -> Result<LiveReport, BenchError>) -> Result<(LiveReport, Vec<Probe>), BenchError> {
+    let mut probes: Vec<Probe> = Vec::new();
+    let probe = |rate: f64, probes: &mut Vec<Probe>| -> Result<(bool, LiveReport), BenchError> {
+        let mut runs = Vec::with_capacity(PROBE_RUNS);
+        for _ in 0..PROBE_RUNS {
+            runs.push(live(rate)?);
+        }
+        runs.sort_by(|x, y| x.dispatch_lag.p999_us.total_cmp(&y.dispatch_lag.p999_us));
+        let r = runs.swap_remove(PROBE_RUNS / 2);
+        let ok = passes(&r);
+        tracing::info!("{:>10.0} rps: median lag p99.9 {:>8.1} us, bad {:.3}%  {}", rate, r.dispatch_lag.p999_us, r.bad_rate * 100.0, if ok { "ok" } else { "fail" });
+        probes.push((rate, ok, r.dispatch_lag.p999_us, r.bad_rate));
+        Ok((ok, r))
+    };
+    let mut best: Option<LiveReport> = None;
+    let mut fail_above: Option<f64> = None;
+    let (mut rate, mut fails) = (250_000.0, 0);
+    while rate <= 32e6 && fails < 2 {
+        let (ok, r) = probe(rate, &mut probes)?;
+        if ok {
+            best = Some(r);
+            fails = 0;
+            fail_above = None;
+        } else {
+            fails += 1;
+            fail_above.get_or_insert(rate);
+        }
+        rate *= 2.0;
+    }
+    let mut lo = best.as_ref().map_or(0.0, |r| r.offered_rps);
+    let mut hi = fail_above.unwrap_or(lo * 2.0);
+    for _ in 0..3 {
+        if lo <= 0.0 || hi - lo <= 0.02 * hi {
+            break;
+        }
+        let mid = 0.5 * (lo + hi);
+        let (ok, r) = probe(mid, &mut probes)?;
+        if ok {
+            lo = mid;
+            best = Some(r);
+        } else {
+            hi = mid;
+        }
+    }
+    Ok((best.ok_or(BenchError::NoRatePassed)?, probes))
+}
+
+fn print_report(r: &LiveReport) {
+    println!("{} models, {} GPUs, {} ModelThread(s){}", r.models, r.gpus, r.model_threads, if r.pinned { ", pinned" } else { "" });
+    println!("sustained {:.0} rps ({:.0} per ModelThread core), bad rate {:.3}%, mean batch {:.1}", r.sustained_rps, r.rps_per_model_thread, r.bad_rate * 100.0, r.mean_batch);
+    let l = &r.dispatch_lag;
+    println!("dispatch lag us: p50 {:.1}  p99 {:.1}  p99.9 {:.1}  p99.99 {:.1}  max {:.1}", l.p50_us, l.p99_us, l.p999_us, l.p9999_us, l.max_us);
+    println!("RankThread: {:.0} events/s, utilisation {:.1}%; ModelThread utilisation {:?}", r.rank_events_per_s, r.rank_utilisation * 100.0, r.model_thread_utilisation.iter().map(|u| format!("{:.0}%", u * 100.0)).collect::<Vec<_>>());
+    println!("CPU {:.0} ns/request; ingress lag p99.9 {:.1} us; accounted {}", r.cpu_ns_per_request, r.ingress_lag.p999_us, r.accounted);
 }

@@ -4,7 +4,8 @@ use std::io::Write as _;
 
 use dataplane::time::Duration;
 use tools::chaos::sweep::{sweep, SweepSummary};
-use tools::chaos::{run as run_one, ChaosConfig, ChaosReport, FaultSet, Mutation};
+use tools::chaos::faults::UnknownFaultClass;
+use tools::chaos::{run as run_one, ChaosConfig, ChaosError, ChaosReport, FaultSet, Mutation};
 
 use crate::progress::Progress;
 
@@ -21,23 +22,69 @@ pub struct ChaosArgs {
     pub json: bool,
 }
 
-fn config(a: &ChaosArgs) -> Result<ChaosConfig, String> {
+/// Why `symphony chaos` stopped or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ChaosCmdError {
+    /// `--faults` is wrong.
+    #[error(transparent)]
+    Faults(#[from] UnknownFaultClass),
+    /// `--duration-s` out of range.
+    #[error("--duration-s {value}: must be in (0, 3600]")]
+    Duration {
+        /// The value given.
+        value: f64,
+    },
+    /// No frontend or no backend.
+    #[error("--frontends and --backends must be at least 1 (got {frontends}, {backends})")]
+    NoNodes {
+        /// `--frontends`.
+        frontends: usize,
+        /// `--backends`.
+        backends: usize,
+    },
+    /// `--rate` not positive.
+    #[error("--rate {value}: must be positive")]
+    Rate {
+        /// The value given.
+        value: f64,
+    },
+    /// `--mutation` names none.
+    #[error("unknown mutation '{name}' (valid: {})", Mutation::ALL.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(", "))]
+    Mutation {
+        /// The name given.
+        name: String,
+    },
+    /// The run could not start.
+    #[error(transparent)]
+    Run(#[from] ChaosError),
+    /// A seed broke an invariant.
+    #[error("invariants broken; replay with: {replay}")]
+    Broken {
+        /// The command that replays the seed.
+        replay: String,
+    },
+    /// A sweep had failing seeds or classes without hits.
+    #[error("chaos sweep failed")]
+    SweepFailed,
+    /// The report could not be encoded.
+    #[error("cannot encode the report: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+fn config(a: &ChaosArgs) -> Result<ChaosConfig, ChaosCmdError> {
     let faults = FaultSet::parse(&a.faults)?;
     if !(a.duration_s > 0.0 && a.duration_s <= 3600.0) {
-        return Err(format!("--duration-s {}: must be in (0, 3600]", a.duration_s));
+        return Err(ChaosCmdError::Duration { value: a.duration_s });
     }
     if a.frontends == 0 || a.backends == 0 {
-        return Err("--frontends and --backends must be at least 1".into());
+        return Err(ChaosCmdError::NoNodes { frontends: a.frontends, backends: a.backends });
     }
     if !(a.rate > 0.0 && a.rate.is_finite()) {
-        return Err(format!("--rate {}: must be positive", a.rate));
+        return Err(ChaosCmdError::Rate { value: a.rate });
     }
     let mutation = match &a.mutation {
         None => None,
-        Some(m) => Some(Mutation::parse(m).ok_or_else(|| {
-            let names: Vec<_> = Mutation::ALL.iter().map(|m| m.as_str()).collect();
-            format!("unknown mutation '{m}' (valid: {})", names.join(", "))
-        })?),
+        Some(m) => Some(Mutation::parse(m).ok_or_else(|| ChaosCmdError::Mutation { name: m.clone() })?),
     };
     let mut cfg = ChaosConfig::new(a.seed, faults, Duration::from_nanos((a.duration_s * 1e9) as u64));
     cfg.frontends = a.frontends;
@@ -47,7 +94,7 @@ fn config(a: &ChaosArgs) -> Result<ChaosConfig, String> {
     Ok(cfg)
 }
 
-pub fn run(a: &ChaosArgs) -> Result<(), String> {
+pub fn run(a: &ChaosArgs) -> Result<(), ChaosCmdError> {
     let cfg = config(a)?;
     match a.seeds {
         None => one(&cfg, a.json),
@@ -83,27 +130,27 @@ fn print_report(r: &ChaosReport) {
     }
 }
 
-fn one(cfg: &ChaosConfig, json: bool) -> Result<(), String> {
+fn one(cfg: &ChaosConfig, json: bool) -> Result<(), ChaosCmdError> {
     let r = run_one(cfg.clone())?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&r).map_err(|e| e.to_string())?);
+        println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         print_report(&r);
     }
     if r.ok() {
         Ok(())
     } else {
-        Err(format!("invariants broken; replay with: {}", r.replay))
+        Err(ChaosCmdError::Broken { replay: r.replay })
     }
 }
 
-fn many(cfg: &ChaosConfig, n: u64, a: &ChaosArgs) -> Result<(), String> {
+fn many(cfg: &ChaosConfig, n: u64, a: &ChaosArgs) -> Result<(), ChaosCmdError> {
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let bar = Progress::new("chaos", a.json);
     let s: SweepSummary = sweep(cfg, n, threads, &|done| bar.update(done as u32, n as u32, "seeds"))?;
     bar.finish();
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&s).map_err(|e| e.to_string())?);
+        println!("{}", serde_json::to_string_pretty(&s)?);
     } else {
         println!(
             "{} seeds from {} ({}): {} requests ({} fewest in a seed), {} succeeded, {} unaccounted, {} seeds failed",
@@ -123,6 +170,6 @@ fn many(cfg: &ChaosConfig, n: u64, a: &ChaosArgs) -> Result<(), String> {
     if s.ok() {
         Ok(())
     } else {
-        Err("chaos sweep failed".into())
+        Err(ChaosCmdError::SweepFailed)
     }
 }

@@ -2,12 +2,106 @@
 //! translation into simulator and policy configurations.
 
 use clap::Args;
+use dataplane::idle::IdleStrategy;
 use dataplane::time::Duration;
 use scheduler::deferred::Gather;
-use scheduler::netdelay::NetworkDelay;
-use scheduler::policy::{PolicyConfig, PolicyKind};
+use scheduler::netdelay::{DelayFileError, NetworkDelay};
+use scheduler::policy::{PolicyConfig, PolicyError, PolicyKind};
+use scheduler::sim::workload::WorkloadParseError;
 use scheduler::sim::{Arrival, Popularity, RateSchedule, SimConfig, Workload};
-use scheduler::zoo::{parse_model_arg, parse_zoo_csv, ModelSpec, Zoo, ZooSelection};
+use scheduler::zoo::{parse_model_arg, parse_zoo_csv, ModelSpec, Zoo, ZooError, ZooSelection};
+
+/// Why the simulation commands' arguments were refused; each variant names
+/// the flag or file and the value.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// A file named by a flag cannot be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// `--zoo-file` is not a zoo CSV.
+    #[error("{path}: {source}")]
+    ZooFile {
+        /// The file.
+        path: String,
+        /// Where and what.
+        source: ZooError,
+    },
+    /// `--network-delay` is not a delay file.
+    #[error("{path}: {source}")]
+    DelayFile {
+        /// The file.
+        path: String,
+        /// What.
+        source: DelayFileError,
+    },
+    /// `--zoo`, `--zoo-models` or `--model` is wrong.
+    #[error(transparent)]
+    Zoo(#[from] ZooError),
+    /// No model given.
+    #[error("no models: give --zoo 1080ti|a100, --zoo-file FILE or --model NAME=ALPHA_MS,BETA_MS,SLO_MS")]
+    NoModels,
+    /// `--policy` is wrong.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// `--gather` is wrong.
+    #[error("unknown gather '{value}' (lazy or early)")]
+    Gather {
+        /// The value given.
+        value: String,
+    },
+    /// `--arrival`, `--popularity` or `--schedule` is wrong.
+    #[error(transparent)]
+    Workload(#[from] WorkloadParseError),
+    /// `--idle` is not a strategy.
+    #[error("unknown idle strategy '{value}' (spin, yield, park)")]
+    Idle {
+        /// The value given.
+        value: String,
+    },
+    /// A number out of its range.
+    #[error("{flag} must be {rule}, got {value}")]
+    OutOfRange {
+        /// The flag.
+        flag: &'static str,
+        /// Its range, in words.
+        rule: &'static str,
+        /// The value given.
+        value: f64,
+    },
+}
+
+/// Parses `--gather`: `lazy` or `early`.
+pub fn parse_gather(value: &str) -> Result<Gather, CliError> {
+    match value {
+        "lazy" => Ok(Gather::Lazy),
+        "early" => Ok(Gather::Early),
+        other => Err(CliError::Gather { value: other.to_string() }),
+    }
+}
+
+/// Parses the in-process runtime's `--idle`: `spin`, `yield` or `park`.
+pub fn parse_idle(value: &str) -> Result<IdleStrategy, CliError> {
+    match value {
+        "spin" => Ok(IdleStrategy::Spin),
+        "yield" => Ok(IdleStrategy::SpinThenYield { spins: 1000 }),
+        "park" => Ok(IdleStrategy::GENTLE),
+        other => Err(CliError::Idle { value: other.to_string() }),
+    }
+}
+
+/// `Err` unless `ok`.
+pub fn check(ok: bool, flag: &'static str, rule: &'static str, value: f64) -> Result<(), CliError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(CliError::OutOfRange { flag, rule, value })
+    }
+}
 
 /// Cluster, models, workload and policy.
 #[derive(Args, Debug, Clone)]
@@ -85,22 +179,22 @@ pub struct ClusterArgs {
 
 impl ClusterArgs {
     /// The models named by `--zoo`/`--zoo-file`/`--model`.
-    pub fn models(&self) -> Result<Vec<ModelSpec>, String> {
+    pub fn models(&self) -> Result<Vec<ModelSpec>, CliError> {
         let mut models = Vec::new();
         if let Some(path) = &self.zoo_file {
-            let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
-            let all = parse_zoo_csv(&text).map_err(|e| format!("{path}: {e}"))?;
-            models.extend(ZooSelection::parse(&self.zoo_models).select(all).map_err(|e| e.to_string())?);
+            let text = std::fs::read_to_string(path).map_err(|source| CliError::Read { path: path.clone(), source })?;
+            let all = parse_zoo_csv(&text).map_err(|source| CliError::ZooFile { path: path.clone(), source })?;
+            models.extend(ZooSelection::parse(&self.zoo_models).select(all)?);
         }
         if let Some(z) = &self.zoo {
-            let zoo = Zoo::parse(z).map_err(|e| e.to_string())?;
-            models.extend(ZooSelection::parse(&self.zoo_models).select(zoo.models()).map_err(|e| e.to_string())?);
+            let zoo = Zoo::parse(z)?;
+            models.extend(ZooSelection::parse(&self.zoo_models).select(zoo.models())?);
         }
         for m in &self.model {
-            models.push(parse_model_arg(m).map_err(|e| e.to_string())?);
+            models.push(parse_model_arg(m)?);
         }
         if models.is_empty() {
-            return Err("no models: give --zoo 1080ti|a100, --zoo-file FILE or --model NAME=ALPHA_MS,BETA_MS,SLO_MS".into());
+            return Err(CliError::NoModels);
         }
         if self.model_copies > 1 {
             let base = models.clone();
@@ -117,11 +211,11 @@ impl ClusterArgs {
     }
 
     /// The network delay bound.
-    pub fn delay(&self) -> Result<NetworkDelay, String> {
+    pub fn delay(&self) -> Result<NetworkDelay, CliError> {
         let mut d = match &self.network_delay {
             Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
-                NetworkDelay::from_toml(&text).map_err(|e| format!("{path}: {e}"))?
+                let text = std::fs::read_to_string(path).map_err(|source| CliError::Read { path: path.clone(), source })?;
+                NetworkDelay::from_toml(&text).map_err(|source| CliError::DelayFile { path: path.clone(), source })?
             }
             None => NetworkDelay::ZERO,
         };
@@ -135,53 +229,33 @@ impl ClusterArgs {
     }
 
     /// The policy configuration.
-    pub fn policy(&self) -> Result<PolicyConfig, String> {
+    pub fn policy(&self) -> Result<PolicyConfig, CliError> {
         let mut p = PolicyConfig::new(PolicyKind::parse(&self.policy)?);
-        p.gather = match self.gather.as_str() {
-            "lazy" => Gather::Lazy,
-            "early" => Gather::Early,
-            other => return Err(format!("unknown gather '{other}' (lazy or early)")),
-        };
-        if !(self.timeout_ms.is_finite() && self.timeout_ms >= 0.0) {
-            return Err("--timeout-ms must be >= 0".into());
-        }
+        p.gather = parse_gather(&self.gather)?;
+        check(self.timeout_ms.is_finite() && self.timeout_ms >= 0.0, "--timeout-ms", ">= 0", self.timeout_ms)?;
         p.timeout = Duration::from_millis_f64(self.timeout_ms);
         p.delay = self.delay()?;
         p.nexus_frontends = self.nexus_frontends.max(1);
-        if !(self.min_window_us.is_finite() && self.min_window_us >= 0.0) {
-            return Err("--min-window-us must be >= 0".into());
-        }
+        check(self.min_window_us.is_finite() && self.min_window_us >= 0.0, "--min-window-us", ">= 0", self.min_window_us)?;
         p.min_window = Duration::from_secs_f64(self.min_window_us * 1e-6);
-        if !(self.window_gaps.is_finite() && self.window_gaps >= 0.0) {
-            return Err("--window-gaps must be >= 0".into());
-        }
+        check(self.window_gaps.is_finite() && self.window_gaps >= 0.0, "--window-gaps", ">= 0", self.window_gaps)?;
         p.window_gaps = self.window_gaps;
-        if !(self.early_drop_fraction.is_finite() && (0.0..=1.0).contains(&self.early_drop_fraction)) {
-            return Err("--early-drop-fraction must be within [0, 1]".into());
-        }
+        let f = self.early_drop_fraction;
+        check(f.is_finite() && (0.0..=1.0).contains(&f), "--early-drop-fraction", "within [0, 1]", f)?;
         p.early_drop_fraction = self.early_drop_fraction;
-        if !(self.efficiency_slack.is_finite() && (0.0..1.0).contains(&self.efficiency_slack)) {
-            return Err("--efficiency-slack must be within [0, 1)".into());
-        }
+        let s = self.efficiency_slack;
+        check(s.is_finite() && (0.0..1.0).contains(&s), "--efficiency-slack", "within [0, 1)", s)?;
         p.efficiency_slack = self.efficiency_slack;
         Ok(p)
     }
 
     /// The simulator configuration at total rate `rate_rps`.
-    pub fn sim(&self, rate_rps: f64) -> Result<SimConfig, String> {
-        if self.gpus == 0 {
-            return Err("--gpus must be at least 1".into());
-        }
-        if !(self.duration_s.is_finite() && self.duration_s > 0.0) {
-            return Err("--duration-s must be > 0".into());
-        }
-        if !(rate_rps.is_finite() && rate_rps >= 0.0) {
-            return Err("--rate must be >= 0".into());
-        }
+    pub fn sim(&self, rate_rps: f64) -> Result<SimConfig, CliError> {
+        check(self.gpus > 0, "--gpus", "at least 1", f64::from(self.gpus))?;
+        check(self.duration_s.is_finite() && self.duration_s > 0.0, "--duration-s", "> 0", self.duration_s)?;
+        check(rate_rps.is_finite() && rate_rps >= 0.0, "--rate", ">= 0", rate_rps)?;
         let warmup = self.warmup_s.unwrap_or((self.duration_s * 0.1).min(2.0));
-        if !(warmup.is_finite() && warmup >= 0.0 && warmup < self.duration_s) {
-            return Err("--warmup-s must be >= 0 and shorter than the duration".into());
-        }
+        check(warmup.is_finite() && warmup >= 0.0 && warmup < self.duration_s, "--warmup-s", ">= 0 and shorter than the duration", warmup)?;
         let schedule = match &self.schedule {
             Some(s) => RateSchedule::parse(s)?,
             None => RateSchedule::default(),

@@ -2,12 +2,12 @@
 //! `l(b) = b + 5`, SLO 12, three GPUs, request `i` arriving at `0.75 (i-1)`
 //! (time units are milliseconds here).
 
+use crate::cli::{parse_gather, CliError};
 use dataplane::time::{Duration, Instant};
-use scheduler::deferred::Gather;
-use scheduler::policy::{build, PolicyConfig, PolicyKind};
-use scheduler::sim::{simulate_observed, BatchObserver, SimConfig, Workload};
+use scheduler::policy::{build, PolicyConfig, PolicyError, PolicyKind};
+use scheduler::sim::{simulate_observed, BatchObserver, InvariantViolation, SimConfig, Workload};
 use scheduler::types::{GpuId, Request};
-use scheduler::zoo::ModelSpec;
+use scheduler::zoo::{ModelSpec, ZooError};
 use serde::Serialize;
 
 #[derive(Serialize)]
@@ -43,8 +43,28 @@ impl BatchObserver for Trace {
     }
 }
 
-pub fn run(policy: &str, skip: &[u32], requests: u32, gather: &str, json: bool) -> Result<(), String> {
-    let model = ModelSpec::linear("example", 1.0, 5.0, 12.0).map_err(|e| e.to_string())?;
+/// Why the worked example could not be replayed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExampleError {
+    /// `--policy` or `--gather` is wrong.
+    #[error(transparent)]
+    Cli(#[from] CliError),
+    /// The example's model is invalid (a bug).
+    #[error(transparent)]
+    Zoo(#[from] ZooError),
+    /// The policy could not be built.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// The run broke an invariant.
+    #[error(transparent)]
+    Simulation(#[from] InvariantViolation),
+    /// The trace could not be encoded.
+    #[error("cannot encode the trace: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+pub fn run(policy: &str, skip: &[u32], requests: u32, gather: &str, json: bool) -> Result<(), ExampleError> {
+    let model = ModelSpec::linear("example", 1.0, 5.0, 12.0)?;
     let mut trace = Vec::new();
     // Request numbers are 1-based as in the paper; the sim numbers arrivals
     // from 0, so keep a map back to the paper's numbering.
@@ -65,15 +85,11 @@ pub fn run(policy: &str, skip: &[u32], requests: u32, gather: &str, json: bool) 
         seed: 0,
         trace: Some(trace),
     };
-    let mut pc = PolicyConfig::new(PolicyKind::parse(policy)?);
-    pc.gather = match gather {
-        "lazy" => Gather::Lazy,
-        "early" => Gather::Early,
-        other => return Err(format!("unknown gather '{other}' (lazy or early)")),
-    };
+    let mut pc = PolicyConfig::new(PolicyKind::parse(policy).map_err(CliError::from)?);
+    pc.gather = parse_gather(gather)?;
     let mut sched = build(&cfg.models, cfg.gpus, &pc)?;
     let mut obs = Trace::default();
-    let report = simulate_observed(&cfg, sched.as_mut(), &mut obs).map_err(|e| e.to_string())?;
+    let report = simulate_observed(&cfg, sched.as_mut(), &mut obs)?;
     for d in &mut obs.dispatches {
         for r in &mut d.requests {
             *r = numbers[*r as usize];
@@ -84,7 +100,7 @@ pub fn run(policy: &str, skip: &[u32], requests: u32, gather: &str, json: bool) 
     }
     if json {
         let v = serde_json::json!({ "policy": policy, "skip": skip, "trace": obs, "good": report.good, "dropped": report.dropped });
-        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
+        println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     println!("worked example: policy {policy}, 3 GPUs, l(b)=b+5, SLO 12, R_i at 0.75(i-1){}", if skip.is_empty() { String::new() } else { format!(", skipping {skip:?}") });

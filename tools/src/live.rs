@@ -6,15 +6,16 @@
 //! threads and clocks are from the model. `symphony up` is the multi-process
 //! cluster with HTTP frontends and backends.
 
+use crate::cli::{check, parse_idle, CliError};
 use crate::plot;
 use dataplane::idle::IdleStrategy;
 use dataplane::time::Duration;
 use scheduler::deferred::CoreConfig;
-use scheduler::goodput::{search, GoodputSearch};
-use scheduler::policy::{build, PolicyConfig, PolicyKind};
-use scheduler::runtime::{run_live, LiveConfig, RuntimeConfig};
-use scheduler::sim::{simulate, SimConfig, Workload};
-use scheduler::zoo::{Zoo, ZooSelection};
+use scheduler::goodput::{search, GoodputError, GoodputSearch};
+use scheduler::policy::{build, PolicyConfig, PolicyError, PolicyKind};
+use scheduler::runtime::{run_live, LiveConfig, LiveReport, RuntimeConfig, RuntimeError};
+use scheduler::sim::{simulate, InvariantViolation, SimConfig, SimReport, Workload};
+use scheduler::zoo::{Zoo, ZooError, ZooSelection};
 use std::path::PathBuf;
 
 pub struct LiveArgs {
@@ -29,23 +30,59 @@ pub struct LiveArgs {
     pub json: bool,
 }
 
-pub fn run(a: &LiveArgs) -> Result<(), String> {
-    let models = ZooSelection::parse(&a.zoo_models).select(Zoo::parse(&a.zoo).map_err(|e| e.to_string())?.models()).map_err(|e| e.to_string())?;
+/// Why `symphony live` stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum LiveError {
+    /// `--zoo` or `--zoo-models` is wrong.
+    #[error(transparent)]
+    Zoo(#[from] ZooError),
+    /// Nothing to schedule.
+    #[error("need at least one model and one GPU (got {models} models, {gpus} GPUs)")]
+    EmptyCluster {
+        /// Models selected.
+        models: usize,
+        /// `--gpus`.
+        gpus: u32,
+    },
+    /// A flag is wrong (`--idle`, `--duration-s`, `--load`).
+    #[error(transparent)]
+    Cli(#[from] CliError),
+    /// The simulated goodput search failed.
+    #[error(transparent)]
+    Goodput(#[from] GoodputError),
+    /// The policy could not be built.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// The simulated run broke an invariant.
+    #[error(transparent)]
+    Simulation(#[from] InvariantViolation),
+    /// The live runtime failed.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// The emulated GPUs saw a batch overlap another.
+    #[error("emulated GPUs saw {count} violations: {first:?}")]
+    Violations {
+        /// How many.
+        count: u64,
+        /// The first, described.
+        first: Option<String>,
+    },
+    /// A figure could not be written.
+    #[error(transparent)]
+    Plot(#[from] plot::WriteError),
+    /// The report could not be encoded.
+    #[error("cannot encode the report: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+pub fn run(a: &LiveArgs) -> Result<(), LiveError> {
+    let models = ZooSelection::parse(&a.zoo_models).select(Zoo::parse(&a.zoo)?.models())?;
     if models.is_empty() || a.gpus == 0 {
-        return Err("need at least one model and one GPU".into());
+        return Err(LiveError::EmptyCluster { models: models.len(), gpus: a.gpus });
     }
-    if !(a.duration_s.is_finite() && a.duration_s > 0.0 && a.duration_s <= 3600.0) {
-        return Err("--duration-s must be in (0, 3600]".into());
-    }
-    if !(a.load.is_finite() && a.load > 0.0 && a.load <= 4.0) {
-        return Err("--load must be in (0, 4] (a fraction of the simulated goodput)".into());
-    }
-    let idle = match a.idle.as_str() {
-        "spin" => IdleStrategy::Spin,
-        "yield" => IdleStrategy::SpinThenYield { spins: 1000 },
-        "park" => IdleStrategy::GENTLE,
-        other => return Err(format!("unknown idle strategy '{other}' (spin, yield, park)")),
-    };
+    check(a.duration_s.is_finite() && a.duration_s > 0.0 && a.duration_s <= 3600.0, "--duration-s", "in (0, 3600]", a.duration_s)?;
+    check(a.load.is_finite() && a.load > 0.0 && a.load <= 4.0, "--load", "in (0, 4] (a fraction of the simulated goodput)", a.load)?;
+    let idle = parse_idle(&a.idle)?;
     let secs = a.duration_s;
     let sim_cfg = SimConfig {
         models: models.clone(),
@@ -57,14 +94,14 @@ pub fn run(a: &LiveArgs) -> Result<(), String> {
         trace: None,
     };
     let policy = PolicyConfig::new(PolicyKind::Deferred);
-    eprintln!("symphony live: {} models ({} zoo), {} emulated GPUs; finding the simulated goodput...", models.len(), a.zoo, a.gpus);
+    tracing::info!("{} models ({} zoo), {} emulated GPUs; finding the simulated goodput...", models.len(), a.zoo, a.gpus);
     let goodput = search(&sim_cfg, &policy, &GoodputSearch::default(), &mut |_, _, _, _| {})?.goodput_rps;
     let rate = goodput * a.load;
     let mut at_rate = sim_cfg.clone();
     at_rate.workload.rate_rps = rate;
     let mut sched = build(&models, a.gpus, &policy)?;
-    let predicted = simulate(&at_rate, sched.as_mut()).map_err(|e| e.to_string())?;
-    eprintln!("symphony live: running the live cluster at {rate:.0} rps ({:.0}% of the simulated goodput {goodput:.0}) for {secs} s...", a.load * 100.0);
+    let predicted = simulate(&at_rate, sched.as_mut())?;
+    tracing::info!("running the live cluster at {rate:.0} rps ({:.0}% of the simulated goodput {goodput:.0}) for {secs} s...", a.load * 100.0);
     let live = run_live(&LiveConfig {
         runtime: RuntimeConfig { models: models.clone(), gpus: a.gpus, model_threads: a.model_threads.max(1), core: CoreConfig::default(), ring_capacity: 1 << 16 },
         workload: Workload::poisson(rate),
@@ -74,22 +111,22 @@ pub fn run(a: &LiveArgs) -> Result<(), String> {
         pin: matches!(idle, IdleStrategy::Spin),
     })?;
     if live.violations > 0 {
-        return Err(format!("emulated GPUs saw {} violations: {:?}", live.violations, live.first_violation));
+        return Err(LiveError::Violations { count: live.violations, first: live.first_violation.clone() });
     }
     if let Some(dir) = &a.plot {
-        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        let total: u64 = predicted.batch_size_histogram.iter().map(|b| b[1]).sum::<u64>().max(1);
-        let data: Vec<(f64, f64)> = predicted.batch_size_histogram.iter().map(|b| (b[0] as f64, b[1] as f64 / total as f64)).collect();
-        let path = dir.join("batch_sizes.svg");
-        std::fs::write(&path, plot::bars("Batch size distribution (simulated, same workload)", "batch size", "fraction of requests", &data))
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        eprintln!("wrote {}", path.display());
+        let svg = plot::batch_sizes("Batch size distribution (simulated, same workload)", &predicted.batch_size_histogram);
+        plot::write_svg(dir, "batch_sizes.svg", &svg)?;
     }
     if a.json {
         let v = serde_json::json!({ "offered_rps": rate, "simulated_goodput_rps": goodput, "live": live, "simulated": predicted });
-        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
-        return Ok(());
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print_comparison(&live, &predicted, secs);
     }
+    Ok(())
+}
+
+fn print_comparison(live: &LiveReport, predicted: &SimReport, secs: f64) {
     println!("local cluster: {} models, {} emulated GPUs, {} ModelThread(s) + 1 RankThread, {secs} s", live.models, live.gpus, live.model_threads);
     println!("{:<26} {:>14} {:>14}", "", "live", "simulated");
     println!("{:<26} {:>14.0} {:>14.0}", "offered load (rps)", live.sustained_rps, predicted.measured_offered_rps);
@@ -104,7 +141,6 @@ pub fn run(a: &LiveArgs) -> Result<(), String> {
         advice(&predicted.autoscale)
     );
     println!("dispatch lag p99.9 {:.1} us; every request accounted for: {}", live.dispatch_lag.p999_us, live.accounted);
-    Ok(())
 }
 
 fn advice(a: &scheduler::sim::AutoscaleAdvice) -> String {

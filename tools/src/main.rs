@@ -13,13 +13,45 @@ mod live;
 mod up;
 
 use clap::{Parser, Subcommand};
-use cli::ClusterArgs;
+use cli::{ClusterArgs, CliError};
 use progress::Progress;
-use scheduler::goodput::{search, GoodputSearch};
-use scheduler::policy::build;
-use scheduler::sim::{simulate, SimReport};
-use std::path::PathBuf;
+use scheduler::goodput::{search, GoodputError, GoodputSearch};
+use scheduler::policy::{build, PolicyError};
+use scheduler::sim::{simulate, InvariantViolation, SimReport};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+/// Why a command failed; `main` prints it after "symphony: " and exits 2.
+#[derive(Debug, thiserror::Error)]
+enum CommandError {
+    #[error(transparent)]
+    Cli(#[from] CliError),
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    #[error(transparent)]
+    Goodput(#[from] GoodputError),
+    #[error(transparent)]
+    Simulation(#[from] InvariantViolation),
+    #[error(transparent)]
+    Plot(#[from] plot::WriteError),
+    #[error("cannot encode the report: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    Example(#[from] example::ExampleError),
+    #[error(transparent)]
+    Live(#[from] live::LiveError),
+    #[error(transparent)]
+    Profile(#[from] profile::ProfileCmdError),
+    #[error(transparent)]
+    Report(#[from] reports::ReportError),
+    #[error(transparent)]
+    Chaos(#[from] chaos_cmd::ChaosCmdError),
+    #[error(transparent)]
+    Bench(#[from] bench::BenchError),
+    /// `up` and `e2e`.
+    #[error(transparent)]
+    Up(#[from] up::UpError),
+}
 
 #[derive(Parser)]
 #[command(name = "symphony", version, about = "Deferred batch scheduling for cluster DNN serving")]
@@ -271,6 +303,14 @@ fn main() -> ExitCode {
         return run_daemon(&args[2..]);
     }
     let cli = Cli::parse();
+    // Progress and diagnostics go to stderr as plain lines; reports stay
+    // on stdout.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::INFO)
+        .without_time()
+        .with_target(false)
+        .init();
     match run(cli.cmd) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -280,82 +320,91 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cmd: Cmd) -> Result<(), String> {
+fn run(cmd: Cmd) -> Result<(), CommandError> {
     match cmd {
-        Cmd::Sim { cluster, rate, json, plot } => {
-            let cfg = cluster.sim(rate)?;
-            let policy = cluster.policy()?;
-            let mut sched = build(&cfg.models, cfg.gpus, &policy)?;
-            let report = simulate(&cfg, sched.as_mut()).map_err(|e| e.to_string())?;
-            if let Some(dir) = plot {
-                write_batch_plot(&dir, &report)?;
-            }
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
-            } else {
-                print_summary(&report);
-            }
-            Ok(())
-        }
-        Cmd::Goodput { cluster, json, plot, quiet } => {
-            let cfg = cluster.sim(0.0)?;
-            let policy = cluster.policy()?;
-            let bar = Progress::new("goodput", quiet);
-            let result = search(&cfg, &policy, &GoodputSearch::default(), &mut |i, n, rate, ok| {
-                bar.update(i, n, &format!("{rate:.0} rps {}", if ok { "ok" } else { "bad" }))
-            })?;
-            bar.finish();
-            let mut sweep = Vec::new();
-            if let Some(dir) = &plot {
-                if let Some(at) = &result.at_goodput {
-                    write_batch_plot(dir, at)?;
-                }
-                sweep = load_sweep(&cluster, result.goodput_rps, &bar)?;
-                write_sweep_plots(dir, &policy.kind.to_string(), &sweep)?;
-            }
-            if json {
-                let mut v = serde_json::json!({
-                    "policy": policy.kind.as_str(),
-                    "gpus": cfg.gpus,
-                    "goodput_rps": result.goodput_rps,
-                    "probes": result.probes,
-                });
-                if let Some(at) = &result.at_goodput {
-                    v["bad_rate"] = at.bad_rate.into();
-                    v["median_batch"] = at.median_batch.into();
-                    v["gpu_idle_fraction"] = at.gpu_idle_fraction.into();
-                    v["at_goodput"] = serde_json::to_value(at).map_err(|e| e.to_string())?;
-                    v["models"] = v["at_goodput"]["models"].clone();
-                }
-                if !sweep.is_empty() {
-                    v["sweep"] = serde_json::to_value(&sweep).map_err(|e| e.to_string())?;
-                }
-                println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
-            } else {
-                println!("policy {}  gpus {}  goodput {:.0} rps", policy.kind, cfg.gpus, result.goodput_rps);
-                if let Some(at) = &result.at_goodput {
-                    print_summary(at);
-                }
-            }
-            Ok(())
-        }
-        Cmd::Example { policy, skip, requests, gather, json } => example::run(&policy, &skip, requests, &gather, json),
+        Cmd::Sim { cluster, rate, json, plot } => sim(&cluster, rate, json, plot.as_deref()),
+        Cmd::Goodput { cluster, json, plot, quiet } => goodput(&cluster, json, plot.as_deref(), quiet),
+        Cmd::Example { policy, skip, requests, gather, json } => Ok(example::run(&policy, &skip, requests, &gather, json)?),
         Cmd::Up { models, cluster, load, rate, duration_s, serve, plot, json } => {
-            up::run(&up::UpArgs { models, cluster, load, rate, duration_s, serve, plot, json }).map_err(|e| e.to_string())
+            up::run(&up::UpArgs { models, cluster, load, rate, duration_s, serve, plot, json }).map_err(CommandError::Up)
         }
-        Cmd::E2e { models, cluster, run_s, steps, trials, json } => up::e2e(&up::E2eArgs { models, cluster, run_s, steps, trials, json }).map_err(|e| e.to_string()),
+        Cmd::E2e { models, cluster, run_s, steps, trials, json } => {
+            up::e2e(&up::E2eArgs { models, cluster, run_s, steps, trials, json }).map_err(CommandError::Up)
+        }
         Cmd::Live { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json } => {
-            live::run(&live::LiveArgs { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json })
+            Ok(live::run(&live::LiveArgs { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json })?)
         }
-        Cmd::Profile(a) => profile::run(&a),
-        Cmd::Report { name, quick, plot } => reports::run(&name, quick, plot.as_deref()),
+        Cmd::Profile(a) => Ok(profile::run(&a)?),
+        Cmd::Report { name, quick, plot } => Ok(reports::run(&name, quick, plot.as_deref())?),
         Cmd::Chaos { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json } => {
-            chaos_cmd::run(&chaos_cmd::ChaosArgs { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json })
+            Ok(chaos_cmd::run(&chaos_cmd::ChaosArgs { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json })?)
         }
         Cmd::BenchScheduler { models, gpus, model_threads, rate, duration_s, profile, idle, no_pin, seed, json } => {
-            bench::run(&bench::BenchArgs { models, gpus, model_threads, rate, duration_s, profile, idle, pin: !no_pin, seed, json })
+            Ok(bench::run(&bench::BenchArgs { models, gpus, model_threads, rate, duration_s, profile, idle, pin: !no_pin, seed, json })?)
         }
     }
+}
+
+/// `symphony sim`: one simulated run.
+fn sim(cluster: &ClusterArgs, rate: f64, json: bool, plot: Option<&Path>) -> Result<(), CommandError> {
+    let cfg = cluster.sim(rate)?;
+    let policy = cluster.policy()?;
+    let mut sched = build(&cfg.models, cfg.gpus, &policy)?;
+    let report = simulate(&cfg, sched.as_mut())?;
+    if let Some(dir) = plot {
+        write_batch_plot(dir, &report)?;
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_summary(&report);
+    }
+    Ok(())
+}
+
+/// `symphony goodput`: the goodput search, optionally with a load sweep's
+/// figures.
+fn goodput(cluster: &ClusterArgs, json: bool, plot: Option<&Path>, quiet: bool) -> Result<(), CommandError> {
+    let cfg = cluster.sim(0.0)?;
+    let policy = cluster.policy()?;
+    let bar = Progress::new("goodput", quiet);
+    let result = search(&cfg, &policy, &GoodputSearch::default(), &mut |i, n, rate, ok| {
+        bar.update(i, n, &format!("{rate:.0} rps {}", if ok { "ok" } else { "bad" }))
+    })?;
+    bar.finish();
+    let mut sweep = Vec::new();
+    if let Some(dir) = plot {
+        if let Some(at) = &result.at_goodput {
+            write_batch_plot(dir, at)?;
+        }
+        sweep = load_sweep(cluster, result.goodput_rps, &bar)?;
+        write_sweep_plots(dir, &policy.kind.to_string(), &sweep)?;
+    }
+    if json {
+        let mut v = serde_json::json!({
+            "policy": policy.kind.as_str(),
+            "gpus": cfg.gpus,
+            "goodput_rps": result.goodput_rps,
+            "probes": result.probes,
+        });
+        if let Some(at) = &result.at_goodput {
+            v["bad_rate"] = at.bad_rate.into();
+            v["median_batch"] = at.median_batch.into();
+            v["gpu_idle_fraction"] = at.gpu_idle_fraction.into();
+            v["at_goodput"] = serde_json::to_value(at)?;
+            v["models"] = v["at_goodput"]["models"].clone();
+        }
+        if !sweep.is_empty() {
+            v["sweep"] = serde_json::to_value(&sweep)?;
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("policy {}  gpus {}  goodput {:.0} rps", policy.kind, cfg.gpus, result.goodput_rps);
+        if let Some(at) = &result.at_goodput {
+            print_summary(at);
+        }
+    }
+    Ok(())
 }
 
 /// One point of an offered-load sweep.
@@ -368,7 +417,7 @@ pub struct SweepPoint {
     median_batch: u32,
 }
 
-fn load_sweep(cluster: &ClusterArgs, goodput: f64, bar: &Progress) -> Result<Vec<SweepPoint>, String> {
+fn load_sweep(cluster: &ClusterArgs, goodput: f64, bar: &Progress) -> Result<Vec<SweepPoint>, CommandError> {
     let policy = cluster.policy()?;
     let steps = 15;
     let mut out = Vec::new();
@@ -377,7 +426,7 @@ fn load_sweep(cluster: &ClusterArgs, goodput: f64, bar: &Progress) -> Result<Vec
         bar.update(i, steps, &format!("sweep {rate:.0} rps"));
         let cfg = cluster.sim(rate)?;
         let mut sched = build(&cfg.models, cfg.gpus, &policy)?;
-        let r = simulate(&cfg, sched.as_mut()).map_err(|e| e.to_string())?;
+        let r = simulate(&cfg, sched.as_mut())?;
         out.push(SweepPoint {
             offered_rps: rate,
             good_rps: r.good_rps,
@@ -390,27 +439,17 @@ fn load_sweep(cluster: &ClusterArgs, goodput: f64, bar: &Progress) -> Result<Vec
     Ok(out)
 }
 
-fn write_file(dir: &std::path::Path, name: &str, svg: &str) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let path = dir.join(name);
-    std::fs::write(&path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    eprintln!("wrote {}", path.display());
-    Ok(())
-}
-
-fn write_batch_plot(dir: &std::path::Path, r: &SimReport) -> Result<(), String> {
-    let total: u64 = r.batch_size_histogram.iter().map(|b| b[1]).sum::<u64>().max(1);
-    let data: Vec<(f64, f64)> = r.batch_size_histogram.iter().map(|b| (b[0] as f64, b[1] as f64 / total as f64)).collect();
+fn write_batch_plot(dir: &Path, r: &SimReport) -> Result<(), plot::WriteError> {
     let title = format!("Batch size distribution ({}, {:.0} rps offered)", r.policy, r.offered_rps);
-    write_file(dir, "batch_sizes.svg", &plot::bars(&title, "batch size", "fraction of requests", &data))
+    plot::write_svg(dir, "batch_sizes.svg", &plot::batch_sizes(&title, &r.batch_size_histogram))
 }
 
-fn write_sweep_plots(dir: &std::path::Path, policy: &str, sweep: &[SweepPoint]) -> Result<(), String> {
+fn write_sweep_plots(dir: &Path, policy: &str, sweep: &[SweepPoint]) -> Result<(), plot::WriteError> {
     let good = plot::Series { label: policy.to_string(), points: sweep.iter().map(|p| (p.offered_rps, p.good_rps)).collect() };
     let ideal = plot::Series { label: "offered".into(), points: sweep.iter().map(|p| (p.offered_rps, p.offered_rps)).collect() };
-    write_file(dir, "goodput_vs_offered.svg", &plot::lines("Goodput vs offered load", "offered (rps)", "good (rps)", &[good, ideal]))?;
+    plot::write_svg(dir, "goodput_vs_offered.svg", &plot::lines("Goodput vs offered load", "offered (rps)", "good (rps)", &[good, ideal]))?;
     let util = plot::Series { label: policy.to_string(), points: sweep.iter().map(|p| (p.offered_rps, p.gpu_utilisation)).collect() };
-    write_file(dir, "gpu_utilisation_vs_offered.svg", &plot::lines("GPU utilisation vs offered load", "offered (rps)", "busy fraction", &[util]))
+    plot::write_svg(dir, "gpu_utilisation_vs_offered.svg", &plot::lines("GPU utilisation vs offered load", "offered (rps)", "busy fraction", &[util]))
 }
 
 fn print_summary(r: &SimReport) {

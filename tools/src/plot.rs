@@ -2,6 +2,36 @@
 //! pulling a plotting stack into the build.
 
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// Why a figure could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot {action} {}: {source}", path.display())]
+pub struct WriteError {
+    /// "create" (the directory) or "write" (the file).
+    pub action: &'static str,
+    /// The directory or file.
+    pub path: PathBuf,
+    /// The I/O error.
+    pub source: std::io::Error,
+}
+
+/// Writes `svg` to `dir/name`, creating `dir`, and logs the path.
+pub fn write_svg(dir: &Path, name: &str, svg: &str) -> Result<(), WriteError> {
+    std::fs::create_dir_all(dir).map_err(|source| WriteError { action: "create", path: dir.to_path_buf(), source })?;
+    let path = dir.join(name);
+    std::fs::write(&path, svg).map_err(|source| WriteError { action: "write", path: path.clone(), source })?;
+    tracing::info!("wrote {}", path.display());
+    Ok(())
+}
+
+/// The batch-size distribution of a simulated run (`[size, requests]`
+/// pairs) as a bar chart of the fraction of requests per batch size.
+pub fn batch_sizes(title: &str, histogram: &[[u64; 2]]) -> String {
+    let total: u64 = histogram.iter().map(|b| b[1]).sum::<u64>().max(1);
+    let data: Vec<(f64, f64)> = histogram.iter().map(|b| (b[0] as f64, b[1] as f64 / total as f64)).collect();
+    bars(title, "batch size", "fraction of requests", &data)
+}
 
 /// One named series of `(x, y)` points.
 pub struct Series {

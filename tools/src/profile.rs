@@ -14,14 +14,105 @@
 //! before it loaded.
 
 use std::path::PathBuf;
+use std::process::ExitStatus;
 use std::time::Duration as StdDuration;
 
-use backend::exec::onnx::{OnnxExecutor, OnnxModel, OnnxOptions};
-use backend::{Executor, Finished, InputRef, Job, OutputRef};
-use dataplane::mem::Region;
+use backend::exec::onnx::{OnnxError, OnnxExecutor, OnnxModel, OnnxOptions};
+use backend::{ExecError, Executor, Finished, InputRef, Job, OutputRef};
+use dataplane::mem::{MemError, Region};
 use dataplane::time::{Instant, MonotonicClock};
 use scheduler::repository::profile::{BatchLatency, ModelProfile, ProfileFile};
-use scheduler::repository::{self, RepoModel};
+use scheduler::repository::{self, RepoModel, RepositoryError};
+
+/// Why `symphony profile` stopped; each variant names the model or file.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileCmdError {
+    /// The repository or a model's config is refused.
+    #[error(transparent)]
+    Repository(#[from] RepositoryError),
+    /// Nothing to profile.
+    #[error("{}: no loadable model to profile", repo.display())]
+    NoModels {
+        /// The repository.
+        repo: PathBuf,
+    },
+    /// The executor could not be built.
+    #[error(transparent)]
+    Onnx(#[from] OnnxError),
+    /// The model did not load.
+    #[error("{model}: {what}")]
+    Load {
+        /// The model.
+        model: String,
+        /// The executor's message.
+        what: String,
+    },
+    /// The staging region could not be made or filled.
+    #[error("staging region: {0}")]
+    Memory(#[from] MemError),
+    /// A batch was refused.
+    #[error("{model}: batch refused: {source}")]
+    Submit {
+        /// The model.
+        model: String,
+        /// The executor's error.
+        source: ExecError,
+    },
+    /// A batch failed.
+    #[error("{model}: {what}")]
+    Run {
+        /// The model.
+        model: String,
+        /// The executor's message.
+        what: String,
+    },
+    /// A batch took more than a minute.
+    #[error("{model}: a batch took longer than 60 s")]
+    Timeout {
+        /// The model.
+        model: String,
+    },
+    /// This executable's path is unknown (needed for one process per model).
+    #[error("cannot find my own executable: {0}")]
+    OwnExe(#[source] std::io::Error),
+    /// The child profiling one model could not run.
+    #[error("cannot run the profiler for {model}: {source}")]
+    Child {
+        /// The model.
+        model: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The child profiling one model failed.
+    #[error("profiling {model} failed ({status})")]
+    ChildFailed {
+        /// The model.
+        model: String,
+        /// Its exit status.
+        status: ExitStatus,
+    },
+    /// The child's result file is missing or wrong.
+    #[error("profiling {model}: {}: {what}", path.display())]
+    ChildResult {
+        /// The model.
+        model: String,
+        /// The result file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+    /// The profile file could not be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The profile could not be encoded.
+    #[error("cannot encode the profile: {0}")]
+    Encode(#[from] serde_json::Error),
+}
 
 /// Flags of `symphony profile`.
 #[derive(clap::Args, Debug)]
@@ -47,20 +138,20 @@ pub struct ProfileArgs {
 }
 
 /// Runs the command.
-pub fn run(a: &ProfileArgs) -> Result<(), String> {
-    let mut repo = repository::scan(&a.model_repository).map_err(|e| e.to_string())?;
+pub fn run(a: &ProfileArgs) -> Result<(), ProfileCmdError> {
+    let mut repo = repository::scan(&a.model_repository)?;
     if !a.models.is_empty() {
         repo.select(&a.models);
     }
     for e in &repo.refused {
-        eprintln!("symphony profile: refused: {e}");
+        tracing::warn!("model repository: refused: {e}");
     }
     if repo.models.is_empty() {
-        return Err(format!("{}: no loadable model to profile", a.model_repository.display()));
+        return Err(ProfileCmdError::NoModels { repo: a.model_repository.clone() });
     }
     let mut file = ProfileFile::default();
     if repo.models.len() == 1 {
-        eprintln!("symphony profile: {} ...", repo.models[0].name());
+        tracing::info!("profiling {} ...", repo.models[0].name());
         file.models.push(profile_model(&repo.models[0], a)?);
     } else {
         // One process per model: resident-memory figures of a model must
@@ -70,9 +161,9 @@ pub fn run(a: &ProfileArgs) -> Result<(), String> {
         }
     }
     let out = a.out.clone().unwrap_or_else(|| ProfileFile::path(&a.model_repository));
-    let text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())?;
-    std::fs::write(&out, format!("{text}\n")).map_err(|e| format!("cannot write {}: {e}", out.display()))?;
-    eprintln!("symphony profile: wrote {}", out.display());
+    let text = serde_json::to_string_pretty(&file)?;
+    std::fs::write(&out, format!("{text}\n")).map_err(|source| ProfileCmdError::Write { path: out.clone(), source })?;
+    tracing::info!("wrote {}", out.display());
     if a.json {
         println!("{text}");
     } else {
@@ -109,8 +200,8 @@ pub fn batch_sizes(max: u32) -> Vec<u32> {
 }
 
 /// Runs `symphony profile --models NAME --out TMP` and reads its result.
-fn profile_in_child(name: &str, a: &ProfileArgs) -> Result<ModelProfile, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find my own executable: {e}"))?;
+fn profile_in_child(name: &str, a: &ProfileArgs) -> Result<ModelProfile, ProfileCmdError> {
+    let exe = std::env::current_exe().map_err(ProfileCmdError::OwnExe)?;
     let tmp = std::env::temp_dir().join(format!("symphony-profile-{}-{name}.json", std::process::id()));
     let status = std::process::Command::new(exe)
         .arg("profile")
@@ -121,64 +212,106 @@ fn profile_in_child(name: &str, a: &ProfileArgs) -> Result<ModelProfile, String>
         .arg(&tmp)
         .stdout(std::process::Stdio::null())
         .status()
-        .map_err(|e| format!("cannot run the profiler for {name}: {e}"))?;
+        .map_err(|source| ProfileCmdError::Child { model: name.to_string(), source })?;
     let text = std::fs::read_to_string(&tmp);
     let _ = std::fs::remove_file(&tmp);
     if !status.success() {
-        return Err(format!("profiling {name} failed ({status})"));
+        return Err(ProfileCmdError::ChildFailed { model: name.to_string(), status });
     }
-    let file: ProfileFile = serde_json::from_str(&text.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
-    file.models.into_iter().next().ok_or_else(|| format!("profiling {name} gave no result"))
+    let result = |what: String| ProfileCmdError::ChildResult { model: name.to_string(), path: tmp.clone(), what };
+    let file: ProfileFile = serde_json::from_str(&text.map_err(|e| result(e.to_string()))?).map_err(|e| result(e.to_string()))?;
+    file.models.into_iter().next().ok_or_else(|| result("no result".into()))
 }
 
-fn profile_model(m: &RepoModel, a: &ProfileArgs) -> Result<ModelProfile, String> {
-    let model = OnnxModel::from_repo(m).map_err(|e| e.to_string())?;
-    let max = model.max_batch();
-    let sample = model.input_bytes() as usize;
-    let out_len = model.output_bytes() as usize;
-    let in_bytes = sample * max as usize;
-    let region = Region::anonymous(in_bytes + out_len * max as usize).map_err(|e| e.to_string())?;
-    // Deterministic non-trivial input bytes (valid numbers for every
-    // element type: small values).
-    let fill: Vec<u8> = (0..in_bytes).map(|i| if i % 4 == 3 { 0x3c } else { (i % 251) as u8 }).collect();
-    region.write_at(0, &fill).map_err(|e| e.to_string())?;
-    let rss0 = rss_bytes("VmRSS");
-    let opts = OnnxOptions {
-        intra_threads: a.intra_threads,
-        ..OnnxOptions::default()
-    };
-    let mut exec = OnnxExecutor::new(region, vec![model.clone()], &opts).map_err(|e| e.to_string())?;
-    if let Some(e) = exec.load_error(0) {
-        return Err(e.to_string());
+/// One model loaded on the ONNX executor over a staging region that holds
+/// its largest batch's inputs (filled) and outputs.
+struct Bench {
+    name: String,
+    exec: OnnxExecutor,
+    clock: MonotonicClock,
+    sample: usize,
+    out_len: usize,
+    in_bytes: usize,
+    /// Resident bytes before the model loaded (staging region included).
+    rss_before: u64,
+    /// Resident-set growth when the model loaded.
+    static_bytes: u64,
+}
+
+impl Bench {
+    fn load(model: &OnnxModel, intra_threads: usize) -> Result<Bench, ProfileCmdError> {
+        let max = model.max_batch();
+        let sample = model.input_bytes() as usize;
+        let out_len = model.output_bytes() as usize;
+        let in_bytes = sample * max as usize;
+        let region = Region::anonymous(in_bytes + out_len * max as usize)?;
+        // Deterministic non-trivial input bytes (valid numbers for every
+        // element type: small values).
+        let fill: Vec<u8> = (0..in_bytes).map(|i| if i % 4 == 3 { 0x3c } else { (i % 251) as u8 }).collect();
+        region.write_at(0, &fill)?;
+        let rss_before = rss_bytes("VmRSS");
+        let opts = OnnxOptions {
+            intra_threads,
+            ..OnnxOptions::default()
+        };
+        let exec = OnnxExecutor::new(region, vec![model.clone()], &opts)?;
+        if let Some(e) = exec.load_error(0) {
+            return Err(ProfileCmdError::Load { model: model.name.clone(), what: e.to_string() });
+        }
+        let static_bytes = rss_bytes("VmRSS").saturating_sub(rss_before);
+        Ok(Bench { name: model.name.clone(), exec, clock: MonotonicClock::new(), sample, out_len, in_bytes, rss_before, static_bytes })
     }
-    let static_bytes = rss_bytes("VmRSS").saturating_sub(rss0);
-    reset_peak();
-    let clock = MonotonicClock::new();
-    let mut latency = Vec::new();
-    for b in batch_sizes(max) {
+
+    /// Median and p99 of `runs` timed batches of `b` (after 3 warm-ups).
+    fn latency(&mut self, b: u32, runs: u32) -> Result<BatchLatency, ProfileCmdError> {
         let inputs: Vec<InputRef> = (0..b as usize)
-            .map(|i| InputRef { offset: (i * sample) as u64, len: sample as u32 })
+            .map(|i| InputRef { offset: (i * self.sample) as u64, len: self.sample as u32 })
             .collect();
-        let output = OutputRef { offset: in_bytes as u64, stride: out_len as u32 };
-        let mut ms = Vec::with_capacity(a.runs as usize);
-        for i in 0..a.runs + 3 {
-            let f = run_once(&mut exec, &clock, &inputs, output)?;
+        let output = OutputRef { offset: self.in_bytes as u64, stride: self.out_len as u32 };
+        let mut ms = Vec::with_capacity(runs as usize);
+        for i in 0..runs + 3 {
+            let f = self.run_once(&inputs, output)?;
             if i >= 3 {
                 ms.push(f.finish.saturating_since(f.start).as_secs_f64() * 1e3);
             }
         }
         ms.sort_by(f64::total_cmp);
-        latency.push(BatchLatency { batch: b, p50: percentile(&ms, 0.5), p99: percentile(&ms, 0.99) });
+        Ok(BatchLatency { batch: b, p50: percentile(&ms, 0.5), p99: percentile(&ms, 0.99) })
+    }
+
+    fn run_once(&mut self, inputs: &[InputRef], output: OutputRef) -> Result<Finished, ProfileCmdError> {
+        let now = self.clock.now();
+        let job = Job { tag: 1, device: 0, model: 0, exec_at: Instant::ZERO, inputs, output };
+        self.exec.submit(now, &job).map_err(|source| ProfileCmdError::Submit { model: self.name.clone(), source })?;
+        let mut out = [Finished::default(); 1];
+        loop {
+            if self.exec.poll(self.clock.now(), &mut out) == 1 {
+                return if out[0].ok {
+                    Ok(out[0])
+                } else {
+                    Err(ProfileCmdError::Run { model: self.name.clone(), what: self.exec.last_error().unwrap_or("run failed").to_string() })
+                };
+            }
+            if !self.exec.wait(StdDuration::from_secs(60)) {
+                return Err(ProfileCmdError::Timeout { model: self.name.clone() });
+            }
+        }
+    }
+}
+
+fn profile_model(m: &RepoModel, a: &ProfileArgs) -> Result<ModelProfile, ProfileCmdError> {
+    let model = OnnxModel::from_repo(m)?;
+    let mut bench = Bench::load(&model, a.intra_threads)?;
+    let (rss0, static_bytes) = (bench.rss_before, bench.static_bytes);
+    reset_peak();
+    let mut latency = Vec::new();
+    for b in batch_sizes(model.max_batch()) {
+        latency.push(bench.latency(b, a.runs)?);
     }
     let peak = rss_bytes("VmHWM").saturating_sub(rss0);
-    drop(exec);
+    drop(bench);
     let (alpha, beta) = fit(&latency);
-    let mean = latency.iter().map(|l| l.p50).sum::<f64>() / latency.len() as f64;
-    let ss_tot: f64 = latency.iter().map(|l| (l.p50 - mean).powi(2)).sum();
-    let resid = |l: &BatchLatency| alpha * f64::from(l.batch) + beta - l.p50;
-    let ss_res: f64 = latency.iter().map(|l| resid(l).powi(2)).sum();
-    let r2 = if ss_tot > 0.0 { 1.0 - ss_res / ss_tot } else { 1.0 };
-    let worst = latency.iter().map(|l| resid(l).abs()).fold(0.0, f64::max);
+    let (r2, worst) = fit_quality(&latency, alpha, beta);
     Ok(ModelProfile {
         name: model.name,
         alpha_ms: alpha,
@@ -191,23 +324,15 @@ fn profile_model(m: &RepoModel, a: &ProfileArgs) -> Result<ModelProfile, String>
     })
 }
 
-fn run_once(exec: &mut OnnxExecutor, clock: &MonotonicClock, inputs: &[InputRef], output: OutputRef) -> Result<Finished, String> {
-    let now = clock.now();
-    let job = Job { tag: 1, device: 0, model: 0, exec_at: Instant::ZERO, inputs, output };
-    exec.submit(now, &job).map_err(|e| e.to_string())?;
-    let mut out = [Finished::default(); 1];
-    loop {
-        if exec.poll(clock.now(), &mut out) == 1 {
-            return if out[0].ok {
-                Ok(out[0])
-            } else {
-                Err(exec.last_error().unwrap_or("run failed").to_string())
-            };
-        }
-        if !exec.wait(StdDuration::from_secs(60)) {
-            return Err("a batch took longer than 60 s".into());
-        }
-    }
+/// R² of the fit on the medians, and its largest |residual| (ms).
+fn fit_quality(latency: &[BatchLatency], alpha: f64, beta: f64) -> (f64, f64) {
+    let mean = latency.iter().map(|l| l.p50).sum::<f64>() / latency.len() as f64;
+    let ss_tot: f64 = latency.iter().map(|l| (l.p50 - mean).powi(2)).sum();
+    let resid = |l: &BatchLatency| alpha * f64::from(l.batch) + beta - l.p50;
+    let ss_res: f64 = latency.iter().map(|l| resid(l).powi(2)).sum();
+    let r2 = if ss_tot > 0.0 { 1.0 - ss_res / ss_tot } else { 1.0 };
+    let worst = latency.iter().map(|l| resid(l).abs()).fold(0.0, f64::max);
+    (r2, worst)
 }
 
 /// Weighted least squares (weights 1/y²) of `y = alpha * b + beta` over

@@ -95,7 +95,7 @@ fn wrong_or_missing_tokens_and_another_version_are_refused_while_the_cluster_ser
         let deadline = Instant::now() + StdDuration::from_secs(20);
         let err = spawn(&s, &format!("intruder-{id}"), "backend", args, token, deadline)
             .expect_err("an intruder never becomes ready");
-        assert!(err.contains("exited before it was ready"), "{err}");
+        assert!(err.to_string().contains("exited before it was ready"), "{err}");
     };
     let wrong = JoinToken::new(b"a token of some other cluster").unwrap();
     let report = std::thread::scope(|scope| {

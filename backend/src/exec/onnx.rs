@@ -61,7 +61,7 @@ pub const DYLIB_ENV: &str = "SYMPHONY_ORT_DYLIB";
 pub enum OnnxError {
     /// The ONNX Runtime library was not found or did not load.
     #[error("ONNX Runtime: {0}")]
-    Runtime(String),
+    Runtime(#[from] RuntimeLoadError),
     /// The CUDA execution provider cannot be used here.
     #[error("CUDA execution provider refused: {0}")]
     Cuda(String),
@@ -70,7 +70,76 @@ pub enum OnnxError {
     Model(#[from] RepositoryError),
     /// A device thread could not start.
     #[error("cannot start a device thread: {0}")]
-    Thread(String),
+    Thread(#[source] std::io::Error),
+}
+
+/// Why `libonnxruntime.so` was not found.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DylibError {
+    /// An environment variable names a file that does not exist.
+    #[error("{var}={}: no such file", path.display())]
+    NoSuchFile {
+        /// The variable.
+        var: &'static str,
+        /// The path it names.
+        path: PathBuf,
+    },
+    /// No variable set and no `.venv/` wheel found.
+    #[error("libonnxruntime.so not found: run scripts/setup.sh (installs the onnxruntime==1.31.1 wheel into .venv/) or set {DYLIB_ENV}")]
+    NotFound,
+}
+
+/// Why the ONNX Runtime library could not be loaded (kept for the
+/// process: the library loads once).
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum RuntimeLoadError {
+    /// The library was not found.
+    #[error(transparent)]
+    Dylib(#[from] DylibError),
+    /// The library did not load.
+    #[error("cannot load {}: {what}", path.display())]
+    Load {
+        /// The library.
+        path: PathBuf,
+        /// ONNX Runtime's message.
+        what: String,
+    },
+    /// The environment could not be built.
+    #[error("{}: {what}", path.display())]
+    Environment {
+        /// The library.
+        path: PathBuf,
+        /// ONNX Runtime's message.
+        what: String,
+    },
+}
+
+/// Why one batch failed on a device thread (reported through
+/// [`OnnxExecutor::last_error`]).
+#[derive(Debug, thiserror::Error)]
+enum RunError {
+    #[error("no model {model}")]
+    NoModel { model: u32 },
+    #[error("model {model} is not loaded")]
+    NotLoaded { model: String },
+    #[error("model {model}: an input is not {bytes} bytes")]
+    EmptyBatch { model: String, bytes: u32 },
+    #[error("staging region: {0}")]
+    Staging(#[from] dataplane::mem::MemError),
+    #[error("scratch buffer too small")]
+    ScratchTooSmall,
+    #[error("misaligned input")]
+    Misaligned,
+    #[error("model {model}: {what}: {source}")]
+    Ort { model: String, what: &'static str, source: ort::Error },
+    #[error("model {model}: no output {output}")]
+    NoOutput { model: String, output: String },
+    #[error("model {model}: output is not a tensor")]
+    NotATensor { model: String },
+    #[error("model {model}: output type {ty}")]
+    OutputType { model: String, ty: String },
+    #[error("model {model}: output of {got:?} bytes, expected {want}")]
+    OutputSize { model: String, got: Option<usize>, want: usize },
 }
 
 /// Which execution provider runs a model.
@@ -188,11 +257,11 @@ impl Default for OnnxOptions {
 /// or `ORT_DYLIB_PATH` if set, else the `onnxruntime` wheel in a `.venv/`
 /// of an ancestor of the executable, of the working directory, or of this
 /// source tree.
-pub fn find_dylib() -> Result<PathBuf, String> {
+pub fn find_dylib() -> Result<PathBuf, DylibError> {
     for var in [DYLIB_ENV, "ORT_DYLIB_PATH"] {
         if let Some(p) = std::env::var_os(var) {
-            let p = PathBuf::from(p);
-            return if p.is_file() { Ok(p) } else { Err(format!("{var}={}: no such file", p.display())) };
+            let path = PathBuf::from(p);
+            return if path.is_file() { Ok(path) } else { Err(DylibError::NoSuchFile { var, path }) };
         }
     }
     let mut roots: Vec<PathBuf> = Vec::new();
@@ -208,9 +277,7 @@ pub fn find_dylib() -> Result<PathBuf, String> {
             return Ok(p);
         }
     }
-    Err(format!(
-        "libonnxruntime.so not found: run scripts/setup.sh (installs the onnxruntime==1.31.1 wheel into .venv/) or set {DYLIB_ENV}"
-    ))
+    Err(DylibError::NotFound)
 }
 
 fn venv_dylib(venv: &Path) -> Option<PathBuf> {
@@ -233,17 +300,17 @@ fn venv_dylib(venv: &Path) -> Option<PathBuf> {
 
 /// The process's ONNX Runtime environment (the library loads once).
 fn environment(dylib: Option<&Path>) -> Result<&'static ort::environment::Environment, OnnxError> {
-    static ENV: OnceLock<Result<ort::environment::Environment, String>> = OnceLock::new();
+    static ENV: OnceLock<Result<ort::environment::Environment, RuntimeLoadError>> = OnceLock::new();
     ENV.get_or_init(|| {
         let path = match dylib {
             Some(p) => p.to_path_buf(),
             None => find_dylib()?,
         };
         ort::init_from(&path)
-            .map_err(|e| format!("cannot load {}: {e}", path.display()))?
+            .map_err(|e| RuntimeLoadError::Load { path: path.clone(), what: e.to_string() })?
             .with_name("symphony")
             .build()
-            .map_err(|e| format!("{}: {e}", path.display()))
+            .map_err(|e| RuntimeLoadError::Environment { path: path.clone(), what: e.to_string() })
     })
     .as_ref()
     .map_err(|e| OnnxError::Runtime(e.clone()))
@@ -507,7 +574,7 @@ impl OnnxExecutor {
             let thread = std::thread::Builder::new()
                 .name(format!("onnx-dev{d}"))
                 .spawn(move || ctx.run(rx))
-                .map_err(|e| OnnxError::Thread(e.to_string()))?;
+                .map_err(OnnxError::Thread)?;
             devices.push(Device {
                 state: DeviceState::Idle,
                 tag: 0,
@@ -794,7 +861,7 @@ impl DeviceThread {
             let elapsed = t0.elapsed();
             let (ok, data_ptr, error) = match result {
                 Ok(ptr) => (true, ptr, None),
-                Err(e) => (false, 0, Some(e)),
+                Err(e) => (false, 0, Some(e.to_string())),
             };
             let scratch = match req.input {
                 InputSource::Scratch(s) => Some(s),
@@ -818,29 +885,30 @@ impl DeviceThread {
     }
 
     /// Runs one batch; returns the input tensor's data pointer.
-    fn run_one(&mut self, req: &mut RunRequest) -> Result<usize, String> {
+    fn run_one(&mut self, req: &mut RunRequest) -> Result<usize, RunError> {
         let b = req.batch;
         let Some(m) = self.models.get(req.model as usize) else {
-            return Err(format!("no model {}", req.model));
+            return Err(RunError::NoModel { model: req.model });
         };
         let Some(Some(session)) = self.sessions.get_mut(req.model as usize) else {
-            return Err(format!("model {} is not loaded", m.name));
+            return Err(RunError::NotLoaded { model: m.name.clone() });
         };
         if b == 0 {
-            return Err(format!("model {}: an input is not {} bytes", m.name, m.input_bytes()));
+            return Err(RunError::EmptyBatch { model: m.name.clone(), bytes: m.input_bytes() });
         }
+        let ort_err = |what: &'static str| move |source: ort::Error| RunError::Ort { model: m.name.clone(), what, source };
         let sample = m.input.sample_bytes().unwrap_or(0) as usize;
         let total = sample * b as usize;
         let ptr: *mut u8 = match &mut req.input {
             InputSource::Staging(off) => {
-                self.staging.check(*off, total).map_err(|e| e.to_string())?;
+                self.staging.check(*off, total)?;
                 // SAFETY: `check` proved `off..off+total` lies inside the
                 // region, whose mapping lives as long as `self.staging`.
                 unsafe { self.staging.as_ptr().add(*off as usize) }
             }
             InputSource::Scratch(s) => {
                 if s.len() < total {
-                    return Err("scratch buffer too small".into());
+                    return Err(RunError::ScratchTooSmall);
                 }
                 s.as_mut_ptr()
             }
@@ -856,13 +924,13 @@ impl DeviceThread {
                 // executor does not touch this batch's inputs until the run
                 // is reported (the Executor contract); the view lives only
                 // within this function.
-                let t = unsafe { TensorRefMut::<$t>::from_raw(info.clone(), ptr.cast(), shape) }.map_err(|e| e.to_string())?;
+                let t = unsafe { TensorRefMut::<$t>::from_raw(info.clone(), ptr.cast(), shape) }.map_err(ort_err("input view"))?;
                 let p = t.data_ptr() as usize;
                 (SessionInputValue::from(t.into_dyn()), p)
             }};
         }
         if !(ptr as usize).is_multiple_of(m.input.data_type.size() as usize) {
-            return Err("misaligned input".into());
+            return Err(RunError::Misaligned);
         }
         let (value, data_ptr) = match m.input.data_type {
             DataType::Bool => view!(bool),
@@ -874,23 +942,23 @@ impl DeviceThread {
             DataType::F32 => view!(f32),
             DataType::F64 => view!(f64),
         };
-        let mut outputs = session.run([value]).map_err(|e| format!("model {}: run failed: {e}", m.name))?;
+        let mut outputs = session.run([value]).map_err(ort_err("run failed"))?;
         let out = outputs
             .remove(&m.output.name)
-            .ok_or_else(|| format!("model {}: no output {}", m.name, m.output.name))?
+            .ok_or_else(|| RunError::NoOutput { model: m.name.clone(), output: m.output.name.clone() })?
             .downcast::<DynTensorValueType>()
-            .map_err(|e| format!("model {}: output: {e}", m.name))?;
+            .map_err(ort_err("output"))?;
         let out_len = m.output.sample_bytes().unwrap_or(0) as usize;
         let want = out_len * b as usize;
         let ValueType::Tensor { shape, ty, .. } = out.dtype() else {
-            return Err("output is not a tensor".into());
+            return Err(RunError::NotATensor { model: m.name.clone() });
         };
         if *ty != element_type(m.output.data_type) {
-            return Err(format!("model {}: output type {ty:?}", m.name));
+            return Err(RunError::OutputType { model: m.name.clone(), ty: format!("{ty:?}") });
         }
         let got = shape.iter().try_fold(m.output.data_type.size() as usize, |a, &d| usize::try_from(d).ok().map(|d| a * d));
         if got != Some(want) {
-            return Err(format!("model {}: output of {got:?} bytes, expected {want}", m.name));
+            return Err(RunError::OutputSize { model: m.name.clone(), got, want });
         }
         let src = out.data_ptr().cast::<u8>();
         // SAFETY: ONNX Runtime's CPU output tensor holds `want` bytes
@@ -899,9 +967,7 @@ impl DeviceThread {
         let bytes = unsafe { std::slice::from_raw_parts(src, want) };
         for i in 0..b as usize {
             let at = req.output.offset + i as u64 * u64::from(req.output.stride);
-            self.staging
-                .write_at(at, &bytes[i * out_len..(i + 1) * out_len])
-                .map_err(|e| e.to_string())?;
+            self.staging.write_at(at, &bytes[i * out_len..(i + 1) * out_len])?;
         }
         Ok(data_ptr)
     }

@@ -9,7 +9,7 @@
 //! cluster's goodput with the others held. One pass; with one model it is
 //! an exhaustive search over the list.
 
-use crate::goodput::{search, GoodputSearch};
+use crate::goodput::{search, GoodputError, GoodputSearch};
 use crate::policy::{PolicyConfig, PolicyKind};
 use crate::sim::SimConfig;
 use dataplane::time::Duration;
@@ -28,7 +28,7 @@ pub struct BestTimeouts {
 
 /// Searches `k` per model for the timeout policy on `base` (its rate is
 /// ignored), with `policy`'s other knobs (its kind is forced to timeout).
-pub fn best_timeouts(base: &SimConfig, policy: &PolicyConfig, knobs: &GoodputSearch) -> Result<BestTimeouts, String> {
+pub fn best_timeouts(base: &SimConfig, policy: &PolicyConfig, knobs: &GoodputSearch) -> Result<BestTimeouts, GoodputError> {
     let mut p = policy.clone();
     p.kind = PolicyKind::Timeout;
     p.timeouts = vec![Duration::ZERO; base.models.len()];

@@ -7,10 +7,41 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::zoo::ModelSpec;
+use crate::zoo::{ModelSpec, ZooError};
 
 /// The file's name inside a repository.
 pub const PROFILE_FILE: &str = "profile.json";
+
+/// Why `profile.json` could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileFileError {
+    /// Missing or unreadable (usually: not profiled yet).
+    #[error("{}: {source} (run `symphony profile --model-repository {}`)", path.display(), repo.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Its repository.
+        repo: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Not the file's JSON form.
+    #[error("{}: {source}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Where and what.
+        source: serde_json::Error,
+    },
+}
+
+/// For callers that still report errors as text (`up.rs`, converted on
+/// another branch); delete with it.
+impl From<ProfileFileError> for String {
+    fn from(e: ProfileFileError) -> String {
+        e.to_string()
+    }
+}
 
 /// Median and p99 latency of one batch size.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -58,10 +89,10 @@ impl ProfileFile {
         repo.join(PROFILE_FILE)
     }
     /// Reads `<repo>/profile.json`.
-    pub fn load(repo: &Path) -> Result<ProfileFile, String> {
-        let p = Self::path(repo);
-        let text = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e} (run `symphony profile --model-repository {}`)", p.display(), repo.display()))?;
-        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))
+    pub fn load(repo: &Path) -> Result<ProfileFile, ProfileFileError> {
+        let path = Self::path(repo);
+        let text = std::fs::read_to_string(&path).map_err(|source| ProfileFileError::Read { path: path.clone(), repo: repo.to_path_buf(), source })?;
+        serde_json::from_str(&text).map_err(|source| ProfileFileError::Parse { path, source })
     }
     /// The profile of `name`.
     pub fn model(&self, name: &str) -> Option<&ModelProfile> {
@@ -72,9 +103,8 @@ impl ProfileFile {
 impl ModelProfile {
     /// The scheduler's model: the fitted linear profile, capped at
     /// `max_batch`, with `slo`.
-    pub fn spec(&self, slo: std::time::Duration, max_batch: u32) -> Result<ModelSpec, String> {
-        let mut s = ModelSpec::linear(&self.name, self.alpha_ms.max(0.0), self.beta_ms.max(0.0), slo.as_secs_f64() * 1e3)
-            .map_err(|e| e.to_string())?;
+    pub fn spec(&self, slo: std::time::Duration, max_batch: u32) -> Result<ModelSpec, ZooError> {
+        let mut s = ModelSpec::linear(&self.name, self.alpha_ms.max(0.0), self.beta_ms.max(0.0), slo.as_secs_f64() * 1e3)?;
         s.profile = s.profile.capped(max_batch.max(1));
         Ok(s)
     }

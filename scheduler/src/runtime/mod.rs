@@ -325,39 +325,60 @@ fn idle_pass(idler: &mut Idler, strategy: IdleStrategy, now: Instant, next: Opti
     }
 }
 
-/// Runs the runtime on threads against the monotonic clock.
-pub fn run_live(cfg: &LiveConfig) -> Result<LiveReport, String> {
-    let rt = &cfg.runtime;
-    if rt.models.is_empty() || rt.gpus == 0 {
-        return Err("need at least one model and one GPU".into());
-    }
-    let Topology { model_workers, mut rank, mut gpus, ingress, owner } = build(rt);
-    let threads = model_workers.len();
-    unpin_current();
-    let cores = Arc::new(core_affinity::get_core_ids().unwrap_or_default());
-    let clock = MonotonicClock::new();
-    let start = clock.now() + Duration::from_millis(5);
-    let end = start + cfg.duration;
-    let mut load = LoadGen::streams(&rt.models, &cfg.workload, cfg.seed, start, cfg.duration, owner, ingress);
-    let stop = Arc::new(AtomicBool::new(false));
-    let max_slo = rt.models.iter().map(|m| m.slo).max().unwrap_or(Duration::ZERO);
-    let cpu0 = cpu_time_ns();
+/// Why the live runtime could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// Nothing to schedule.
+    #[error("need at least one model and one GPU (got {models} models, {gpus} GPUs)")]
+    EmptyCluster {
+        /// Models given.
+        models: usize,
+        /// GPUs given.
+        gpus: u32,
+    },
+    /// A ModelThread could not be started.
+    #[error("cannot spawn ModelThread {index}: {source}")]
+    Spawn {
+        /// Its index.
+        index: usize,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A ModelThread panicked.
+    #[error("ModelThread {index} panicked")]
+    Panicked {
+        /// Its index.
+        index: usize,
+    },
+}
 
-    // Requests each ModelThread has dispatched or dropped, published after
-    // every working pass so the RankThread knows when the run is quiet.
-    // (dispatched, dropped) per ModelThread.
-    let resolved: Arc<Vec<[AtomicU64; 2]>> = Arc::new((0..threads).map(|_| [AtomicU64::new(0), AtomicU64::new(0)]).collect());
-    // Each side wakes the other after pushing into a ring, so parked
-    // threads (non-spinning strategies) react at once instead of at their
-    // next timeout.
-    let rank_idler = Idler::new(cfg.idle);
-    let rank_waker = rank_idler.waker();
-    let model_idlers: Vec<Idler> = (0..threads).map(|_| Idler::new(cfg.idle)).collect();
+/// What each ModelThread returns when stopped: its worker, its busy
+/// fraction and whether it was pinned.
+type ModelThreadHandle = std::thread::JoinHandle<(ModelWorker, f64, bool)>;
+
+/// Requests each ModelThread has dispatched or dropped, published after
+/// every working pass so the RankThread knows when the run is quiet:
+/// `(dispatched, dropped)` per ModelThread.
+type Resolved = Arc<Vec<[AtomicU64; 2]>>;
+
+/// Starts one thread per ModelWorker; each wakes the RankThread after
+/// pushing into a ring, so a parked RankThread reacts at once instead of at
+/// its next timeout. Returns the threads and their wakers.
+fn spawn_model_threads(
+    model_workers: Vec<ModelWorker>,
+    cfg: &LiveConfig,
+    clock: MonotonicClock,
+    stop: &Arc<AtomicBool>,
+    resolved: &Resolved,
+    rank_waker: &dataplane::idle::Waker,
+) -> Result<(Vec<ModelThreadHandle>, Vec<dataplane::idle::Waker>), RuntimeError> {
+    let cores = Arc::new(core_affinity::get_core_ids().unwrap_or_default());
+    let model_idlers: Vec<Idler> = (0..model_workers.len()).map(|_| Idler::new(cfg.idle)).collect();
     let model_wakers: Vec<_> = model_idlers.iter().map(Idler::waker).collect();
     let mut handles = Vec::new();
     for ((i, mut w), mut idler) in model_workers.into_iter().enumerate().zip(model_idlers) {
-        let stop = Arc::clone(&stop);
-        let resolved = Arc::clone(&resolved);
+        let stop = Arc::clone(stop);
+        let resolved = Arc::clone(resolved);
         let rank_waker = rank_waker.clone();
         let cores = Arc::clone(&cores);
         let (strategy, core) = (cfg.idle, cfg.pin.then_some(i));
@@ -383,12 +404,86 @@ pub fn run_live(cfg: &LiveConfig) -> Result<LiveReport, String> {
                 let wall = clock.now().saturating_since(t0).as_nanos().max(1);
                 (w, busy as f64 / wall as f64, pinned)
             })
-            .map_err(|e| format!("cannot spawn a ModelThread: {e}"))?;
+            .map_err(|source| RuntimeError::Spawn { index: i, source })?;
         handles.push(h);
     }
+    Ok((handles, model_wakers))
+}
+
+/// The ModelThreads' statistics summed after they stop.
+struct ModelTotals {
+    lag: Histogram<u64>,
+    dispatched: u64,
+    dropped: u64,
+    batches: u64,
+    utils: Vec<f64>,
+    all_pinned: bool,
+    accepted: u64,
+    queued: u64,
+    by_reason: [u64; crate::types::DropReason::COUNT],
+    batch_requests: Vec<u64>,
+}
+
+/// Joins the stopped ModelThreads and sums their statistics.
+fn join_model_threads(handles: Vec<ModelThreadHandle>, pin: bool) -> Result<ModelTotals, RuntimeError> {
+    let mut t = ModelTotals {
+        lag: workers::ns_hist(),
+        dispatched: 0,
+        dropped: 0,
+        batches: 0,
+        utils: Vec::new(),
+        all_pinned: true,
+        accepted: 0,
+        queued: 0,
+        by_reason: [0u64; crate::types::DropReason::COUNT],
+        batch_requests: Vec::new(),
+    };
+    for (index, h) in handles.into_iter().enumerate() {
+        let (w, util, pinned) = h.join().map_err(|_| RuntimeError::Panicked { index })?;
+        let _ = t.lag.add(&w.stats.dispatch_lag_ns);
+        t.dispatched += w.stats.batched;
+        t.dropped += w.stats.dropped;
+        for (a, b) in t.by_reason.iter_mut().zip(w.stats.dropped_by_reason) {
+            *a += b;
+        }
+        t.batches += w.stats.batches;
+        if t.batch_requests.len() < w.stats.batch_requests.len() {
+            t.batch_requests.resize(w.stats.batch_requests.len(), 0);
+        }
+        for (a, b) in t.batch_requests.iter_mut().zip(&w.stats.batch_requests) {
+            *a += b;
+        }
+        t.accepted += w.stats.requests;
+        t.queued += w.queued() as u64;
+        t.utils.push(util);
+        t.all_pinned &= pinned || !pin;
+    }
+    Ok(t)
+}
+
+/// Runs the runtime on threads against the monotonic clock.
+pub fn run_live(cfg: &LiveConfig) -> Result<LiveReport, RuntimeError> {
+    let rt = &cfg.runtime;
+    if rt.models.is_empty() || rt.gpus == 0 {
+        return Err(RuntimeError::EmptyCluster { models: rt.models.len(), gpus: rt.gpus });
+    }
+    let Topology { model_workers, mut rank, mut gpus, ingress, owner } = build(rt);
+    let threads = model_workers.len();
+    unpin_current();
+    let clock = MonotonicClock::new();
+    let start = clock.now() + Duration::from_millis(5);
+    let end = start + cfg.duration;
+    let mut load = LoadGen::streams(&rt.models, &cfg.workload, cfg.seed, start, cfg.duration, owner, ingress);
+    let stop = Arc::new(AtomicBool::new(false));
+    let max_slo = rt.models.iter().map(|m| m.slo).max().unwrap_or(Duration::ZERO);
+    let cpu0 = cpu_time_ns();
+    let resolved: Resolved = Arc::new((0..threads).map(|_| [AtomicU64::new(0), AtomicU64::new(0)]).collect());
+    let rank_idler = Idler::new(cfg.idle);
+    let (handles, model_wakers) = spawn_model_threads(model_workers, cfg, clock, &stop, &resolved, &rank_idler.waker())?;
 
     // The RankThread (with the load generator and the emulated GPUs) runs
     // on this thread.
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
     let pinned_rank = pin(&cores, cfg.pin.then_some(threads));
     let mut idler = rank_idler;
     let mut rank_busy = 0u64;
@@ -425,32 +520,9 @@ pub fn run_live(cfg: &LiveConfig) -> Result<LiveReport, String> {
     if cfg.pin {
         unpin_current();
     }
-    let mut lag = workers::ns_hist();
-    let (mut dispatched, mut dropped, mut batches, mut utils, mut all_pinned) = (0u64, 0u64, 0u64, Vec::new(), pinned_rank || !cfg.pin);
-    let mut accepted = 0;
-    let mut queued = 0;
-    let mut by_reason = [0u64; crate::types::DropReason::COUNT];
-    let mut batch_requests: Vec<u64> = Vec::new();
-    for h in handles {
-        let (w, util, pinned) = h.join().map_err(|_| "a ModelThread panicked".to_string())?;
-        let _ = lag.add(&w.stats.dispatch_lag_ns);
-        dispatched += w.stats.batched;
-        dropped += w.stats.dropped;
-        for (a, b) in by_reason.iter_mut().zip(w.stats.dropped_by_reason) {
-            *a += b;
-        }
-        batches += w.stats.batches;
-        if batch_requests.len() < w.stats.batch_requests.len() {
-            batch_requests.resize(w.stats.batch_requests.len(), 0);
-        }
-        for (a, b) in batch_requests.iter_mut().zip(&w.stats.batch_requests) {
-            *a += b;
-        }
-        accepted += w.stats.requests;
-        queued += w.queued() as u64;
-        utils.push(util);
-        all_pinned &= pinned || !cfg.pin;
-    }
+    let ModelTotals { lag, dispatched, dropped, batches, utils, all_pinned, accepted, queued, by_reason, batch_requests } =
+        join_model_threads(handles, cfg.pin)?;
+    let all_pinned = all_pinned && (pinned_rank || !cfg.pin);
     // Requests a ModelThread has not pulled yet count as neither.
     let cpu = cpu_time_ns().saturating_sub(cpu0);
     let secs = cfg.duration.as_secs_f64();

@@ -91,32 +91,17 @@ pub fn simulate_observed<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
     sched: &mut S,
     obs: &mut O,
 ) -> Result<SimReport, InvariantViolation> {
-    let end = Instant::ZERO + cfg.duration;
-    let window_start = Instant::ZERO + cfg.warmup.min(cfg.duration);
     let mut arrivals = match &cfg.trace {
         Some(trace) => Arrivals::trace(trace.clone()),
         None => Arrivals::generated(&cfg.models, &cfg.workload, cfg.seed, cfg.duration),
     };
-    let expected = (cfg.workload.rate_rps * cfg.duration.as_secs_f64() * 1.1) as usize + 1024;
-    let mut states: Vec<State> = Vec::with_capacity(expected.min(1 << 28));
-    let mut acc: Vec<ModelAcc> = cfg.models.iter().map(|m| ModelAcc::new(m.profile.max_batch())).collect();
-    let mut gpus: GpuSet<SimBatch> = GpuSet::new(cfg.gpus);
-    let mut busy_ns = vec![0u64; cfg.gpus as usize];
-    let mut spare: Vec<Vec<Request>> = Vec::new();
+    let mut run = Run::new(cfg);
     let mut out = Actions::default();
     let mut now = Instant::ZERO;
-    let mut total_batches = 0u64;
     let mut stalls = 0u32;
-    let window_ns = end.saturating_since(window_start).as_nanos().max(1);
-    let measured = |r: &Request| r.arrival >= window_start;
-    let overlap = |a: Instant, b: Instant| -> u64 {
-        let (s, e) = (a.max(window_start), b.min(end));
-        e.saturating_since(s).as_nanos()
-    };
-
     loop {
         let t_wake = sched.poll_at().map(|t| t.max(now));
-        let Some((t, event)) = next_event(gpus.poll_at(), t_wake, arrivals.peek_time()) else { break };
+        let Some((t, event)) = next_event(run.gpus.poll_at(), t_wake, arrivals.peek_time()) else { break };
         if t == now {
             stalls += 1;
             if stalls > 1_000_000 {
@@ -128,133 +113,213 @@ pub fn simulate_observed<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
         now = t;
         match event {
             Event::GpuDone => {
-                let Some(done) = gpus.pop_finished(now) else { continue };
-                let g = done.device;
-                busy_ns[g as usize] += overlap(done.start, done.finish);
-                let b = done.tag;
-                let a = &mut acc[b.model as usize];
-                for r in &b.members {
-                    states[r.id as usize] = State::Done;
-                    if measured(r) {
-                        let lat = done.finish.saturating_since(r.arrival);
-                        if done.finish <= r.deadline {
-                            a.good += 1;
-                        } else {
-                            a.late += 1;
-                        }
-                        let _ = a.latency_us.record((lat.as_nanos() / 1000).max(1));
-                    }
+                if let Some(g) = run.gpu_done(now) {
+                    sched.on_batch_done(now, g, &mut out);
                 }
-                let mut members = b.members;
-                members.clear();
-                spare.push(members);
-                sched.on_batch_done(now, g, &mut out);
             }
             Event::Wake => sched.on_wake(now, &mut out),
             Event::Arrival => {
-                let Some((_, m)) = arrivals.next() else { continue };
-                let spec =
-                    cfg.models.get(m as usize).ok_or_else(|| InvariantViolation(format!("trace names unknown model {m}")))?;
-                let req = Request { id: states.len() as u64, model: m, arrival: now, deadline: now + spec.slo };
-                states.push(State::Pending);
-                if measured(&req) {
-                    acc[m as usize].offered += 1;
+                if let Some((_, m)) = arrivals.next() {
+                    let req = run.arrival(now, m)?;
+                    sched.on_request(now, req, &mut out);
                 }
-                sched.on_request(now, req, &mut out);
             }
         }
         if out.is_empty() {
             continue;
         }
-        // Apply the policy's actions, checking every invariant.
-        for &g in &out.preemptions {
-            if g >= gpus.devices() {
-                return Err(InvariantViolation(format!("preempted unknown GPU {g}")));
-            }
-            if let Some(b) = gpus.preempt(g, now) {
-                busy_ns[g as usize] += overlap(b.start, b.finish);
-                for r in &b.tag.members {
-                    states[r.id as usize] = State::Pending;
+        run.apply(now, &out, sched.name(), obs)?;
+        out.clear();
+    }
+    run.finish(sched.name())
+}
+
+/// One simulated run's state: every request's state, the per-model
+/// accumulators, the GPUs and their busy time inside the window.
+struct Run<'a> {
+    cfg: &'a SimConfig,
+    window_start: Instant,
+    end: Instant,
+    states: Vec<State>,
+    acc: Vec<ModelAcc>,
+    gpus: GpuSet<SimBatch>,
+    busy_ns: Vec<u64>,
+    /// Member vectors of finished batches, reused.
+    spare: Vec<Vec<Request>>,
+    total_batches: u64,
+}
+
+impl<'a> Run<'a> {
+    fn new(cfg: &'a SimConfig) -> Self {
+        let expected = (cfg.workload.rate_rps * cfg.duration.as_secs_f64() * 1.1) as usize + 1024;
+        Run {
+            cfg,
+            window_start: Instant::ZERO + cfg.warmup.min(cfg.duration),
+            end: Instant::ZERO + cfg.duration,
+            states: Vec::with_capacity(expected.min(1 << 28)),
+            acc: cfg.models.iter().map(|m| ModelAcc::new(m.profile.max_batch())).collect(),
+            gpus: GpuSet::new(cfg.gpus),
+            busy_ns: vec![0u64; cfg.gpus as usize],
+            spare: Vec::new(),
+            total_batches: 0,
+        }
+    }
+
+    /// Whether `r` arrived inside the measurement window.
+    fn measured(window_start: Instant, r: &Request) -> bool {
+        r.arrival >= window_start
+    }
+
+    /// Nanoseconds of `[a, b)` inside the measurement window.
+    fn overlap(&self, a: Instant, b: Instant) -> u64 {
+        let (s, e) = (a.max(self.window_start), b.min(self.end));
+        e.saturating_since(s).as_nanos()
+    }
+
+    /// Retires the batch finishing now; returns its GPU.
+    fn gpu_done(&mut self, now: Instant) -> Option<GpuId> {
+        let done = self.gpus.pop_finished(now)?;
+        let g = done.device;
+        self.busy_ns[g as usize] += self.overlap(done.start, done.finish);
+        let b = done.tag;
+        let a = &mut self.acc[b.model as usize];
+        for r in &b.members {
+            self.states[r.id as usize] = State::Done;
+            if Self::measured(self.window_start, r) {
+                let lat = done.finish.saturating_since(r.arrival);
+                if done.finish <= r.deadline {
+                    a.good += 1;
+                } else {
+                    a.late += 1;
                 }
-                let mut members = b.tag.members;
-                members.clear();
-                spare.push(members);
+                let _ = a.latency_us.record((lat.as_nanos() / 1000).max(1));
             }
         }
+        let mut members = b.members;
+        members.clear();
+        self.spare.push(members);
+        Some(g)
+    }
+
+    /// A request of model `m` arriving now.
+    fn arrival(&mut self, now: Instant, m: ModelId) -> Result<Request, InvariantViolation> {
+        let spec = self.cfg.models.get(m as usize).ok_or_else(|| InvariantViolation(format!("trace names unknown model {m}")))?;
+        let req = Request { id: self.states.len() as u64, model: m, arrival: now, deadline: now + spec.slo };
+        self.states.push(State::Pending);
+        if Self::measured(self.window_start, &req) {
+            self.acc[m as usize].offered += 1;
+        }
+        Ok(req)
+    }
+
+    /// Applies the policy's actions, checking every invariant.
+    fn apply<O: BatchObserver + ?Sized>(&mut self, now: Instant, out: &Actions, policy: &str, obs: &mut O) -> Result<(), InvariantViolation> {
+        for &g in &out.preemptions {
+            self.preempt(now, g)?;
+        }
         for &(r, _) in &out.drops {
-            let st = states.get_mut(r.id as usize).ok_or_else(|| InvariantViolation(format!("dropped unknown request {}", r.id)))?;
-            if *st != State::Pending {
-                return Err(InvariantViolation(format!("request {} dropped while {:?}", r.id, st)));
-            }
-            *st = State::Dropped;
-            if measured(&r) {
-                acc[r.model as usize].dropped += 1;
-            }
+            self.drop_request(&r)?;
             obs.on_drop(now, &r);
         }
         for plan in &out.batches {
             let members = out.members_of(plan);
-            let g = plan.gpu;
-            if g >= gpus.devices() {
-                return Err(InvariantViolation(format!("batch for unknown GPU {g}")));
-            }
-            let spec = cfg.models.get(plan.model as usize).ok_or_else(|| InvariantViolation(format!("batch of unknown model {}", plan.model)))?;
-            let n = members.len() as u32;
-            if n == 0 || n > spec.profile.max_batch() {
-                return Err(InvariantViolation(format!("batch of size {n} for {}", spec.name)));
-            }
-            if plan.exec_at < now {
-                return Err(InvariantViolation(format!("batch starts in the past ({} < {now})", plan.exec_at)));
-            }
-            let l = spec.profile.latency(n);
-            let finish = plan.exec_at + gpus.hold_time(g, l);
-            if gpus.would_overlap(g, plan.exec_at) {
-                return Err(InvariantViolation(format!(
-                    "GPU {g} would run two batches at once: starts {} before {} ends",
-                    plan.exec_at,
-                    gpus.free_at(g).unwrap_or(Instant::NEVER)
-                )));
-            }
-            let mut batch = spare.pop().unwrap_or_default();
-            for r in members {
-                if r.model != plan.model {
-                    return Err(InvariantViolation(format!("batch mixes models {} and {}", plan.model, r.model)));
-                }
-                if finish > r.deadline {
-                    return Err(InvariantViolation(format!(
-                        "{} dispatched a batch of {n} finishing at {finish}, after request {}'s deadline {}",
-                        sched.name(),
-                        r.id,
-                        r.deadline
-                    )));
-                }
-                let st = states.get_mut(r.id as usize).ok_or_else(|| InvariantViolation(format!("unknown request {}", r.id)))?;
-                if *st != State::Pending {
-                    return Err(InvariantViolation(format!("request {} dispatched while {:?}", r.id, st)));
-                }
-                *st = State::Running;
-                if measured(r) {
-                    let a = &mut acc[plan.model as usize];
-                    a.batch_requests[n as usize] += 1;
-                    let _ = a.queueing_us.record((plan.exec_at.saturating_since(r.arrival).as_nanos() / 1000).max(1));
-                }
-                batch.push(*r);
-            }
-            if members.iter().any(measured) {
-                acc[plan.model as usize].batches += 1;
-            }
-            total_batches += 1;
+            self.start_batch(now, plan.gpu, plan.model, plan.exec_at, members, policy)?;
             obs.on_batch(now, plan.gpu, plan.model, plan.exec_at, members);
-            // Cannot fail: the GPU exists and the batch starts when planned.
-            let _ = gpus.submit(g, plan.exec_at, l, SimBatch { model: plan.model, members: batch });
         }
-        out.clear();
+        Ok(())
     }
 
-    if let Some(id) = states.iter().position(|s| !matches!(s, State::Done | State::Dropped)) {
-        return Err(InvariantViolation(format!("request {id} was never served nor dropped ({:?})", states[id])));
+    fn preempt(&mut self, now: Instant, g: GpuId) -> Result<(), InvariantViolation> {
+        if g >= self.gpus.devices() {
+            return Err(InvariantViolation(format!("preempted unknown GPU {g}")));
+        }
+        if let Some(b) = self.gpus.preempt(g, now) {
+            self.busy_ns[g as usize] += self.overlap(b.start, b.finish);
+            for r in &b.tag.members {
+                self.states[r.id as usize] = State::Pending;
+            }
+            let mut members = b.tag.members;
+            members.clear();
+            self.spare.push(members);
+        }
+        Ok(())
     }
-    Ok(report(cfg, sched.name(), &acc, &busy_ns, window_ns, states.len() as u64, total_batches))
+
+    fn drop_request(&mut self, r: &Request) -> Result<(), InvariantViolation> {
+        let st = self.states.get_mut(r.id as usize).ok_or_else(|| InvariantViolation(format!("dropped unknown request {}", r.id)))?;
+        if *st != State::Pending {
+            return Err(InvariantViolation(format!("request {} dropped while {:?}", r.id, st)));
+        }
+        *st = State::Dropped;
+        if Self::measured(self.window_start, r) {
+            self.acc[r.model as usize].dropped += 1;
+        }
+        Ok(())
+    }
+
+    /// Checks a planned batch and puts it on its GPU.
+    fn start_batch(&mut self, now: Instant, g: GpuId, model: ModelId, exec_at: Instant, members: &[Request], policy: &str) -> Result<(), InvariantViolation> {
+        if g >= self.gpus.devices() {
+            return Err(InvariantViolation(format!("batch for unknown GPU {g}")));
+        }
+        let spec = self.cfg.models.get(model as usize).ok_or_else(|| InvariantViolation(format!("batch of unknown model {model}")))?;
+        let n = members.len() as u32;
+        if n == 0 || n > spec.profile.max_batch() {
+            return Err(InvariantViolation(format!("batch of size {n} for {}", spec.name)));
+        }
+        if exec_at < now {
+            return Err(InvariantViolation(format!("batch starts in the past ({exec_at} < {now})")));
+        }
+        let l = spec.profile.latency(n);
+        let finish = exec_at + self.gpus.hold_time(g, l);
+        if self.gpus.would_overlap(g, exec_at) {
+            return Err(InvariantViolation(format!(
+                "GPU {g} would run two batches at once: starts {} before {} ends",
+                exec_at,
+                self.gpus.free_at(g).unwrap_or(Instant::NEVER)
+            )));
+        }
+        let mut batch = self.spare.pop().unwrap_or_default();
+        for r in members {
+            if r.model != model {
+                return Err(InvariantViolation(format!("batch mixes models {model} and {}", r.model)));
+            }
+            if finish > r.deadline {
+                return Err(InvariantViolation(format!(
+                    "{policy} dispatched a batch of {n} finishing at {finish}, after request {}'s deadline {}",
+                    r.id, r.deadline
+                )));
+            }
+            let st = self.states.get_mut(r.id as usize).ok_or_else(|| InvariantViolation(format!("unknown request {}", r.id)))?;
+            if *st != State::Pending {
+                return Err(InvariantViolation(format!("request {} dispatched while {:?}", r.id, st)));
+            }
+            *st = State::Running;
+            if Self::measured(self.window_start, r) {
+                let a = &mut self.acc[model as usize];
+                a.batch_requests[n as usize] += 1;
+                let _ = a.queueing_us.record((exec_at.saturating_since(r.arrival).as_nanos() / 1000).max(1));
+            }
+            batch.push(*r);
+        }
+        let window_start = self.window_start;
+        if members.iter().any(|r| Self::measured(window_start, r)) {
+            self.acc[model as usize].batches += 1;
+        }
+        self.total_batches += 1;
+        // Cannot fail: the GPU exists and the batch starts when planned.
+        let _ = self.gpus.submit(g, exec_at, l, SimBatch { model, members: batch });
+        Ok(())
+    }
+
+    /// Checks that every request ended, and reports.
+    fn finish(self, policy: &str) -> Result<SimReport, InvariantViolation> {
+        if let Some(id) = self.states.iter().position(|s| !matches!(s, State::Done | State::Dropped)) {
+            return Err(InvariantViolation(format!("request {id} was never served nor dropped ({:?})", self.states[id])));
+        }
+        let window_ns = self.end.saturating_since(self.window_start).as_nanos().max(1);
+        Ok(report(self.cfg, policy, &self.acc, &self.busy_ns, window_ns, self.states.len() as u64, self.total_batches))
+    }
 }
 
 fn report(cfg: &SimConfig, policy: &str, acc: &[ModelAcc], busy_ns: &[u64], window_ns: u64, requests: u64, batches: u64) -> SimReport {

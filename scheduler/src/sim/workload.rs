@@ -14,6 +14,34 @@ use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp, Gamma};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
+/// Why a workload option was refused; each variant names the text given.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WorkloadParseError {
+    /// Not an arrival process.
+    #[error("unknown arrival '{value}' (expected poisson, uniform or gamma:SHAPE with SHAPE > 0)")]
+    Arrival {
+        /// The text given.
+        value: String,
+    },
+    /// Not a popularity.
+    #[error("unknown popularity '{value}' (expected equal or zipf:S)")]
+    Popularity {
+        /// The text given.
+        value: String,
+    },
+    /// A rate schedule step is malformed.
+    #[error("schedule step '{step}': {what}")]
+    ScheduleStep {
+        /// The step given.
+        step: String,
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// Rate schedule steps out of order.
+    #[error("schedule steps must have increasing times")]
+    ScheduleOrder,
+}
+
 /// Shape of the inter-arrival gaps.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Arrival {
@@ -27,13 +55,13 @@ pub enum Arrival {
 
 impl Arrival {
     /// Parses `poisson`, `uniform` or `gamma:SHAPE`.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, WorkloadParseError> {
         match s {
             "poisson" => Ok(Arrival::Poisson),
             "uniform" => Ok(Arrival::Uniform),
             _ => match s.strip_prefix("gamma:").map(str::parse::<f64>) {
                 Some(Ok(k)) if k.is_finite() && k > 0.0 => Ok(Arrival::Gamma(k)),
-                _ => Err(format!("unknown arrival '{s}' (expected poisson, uniform or gamma:SHAPE with SHAPE > 0)")),
+                _ => Err(WorkloadParseError::Arrival { value: s.to_string() }),
             },
         }
     }
@@ -52,12 +80,12 @@ pub enum Popularity {
 
 impl Popularity {
     /// Parses `equal` or `zipf:S`.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, WorkloadParseError> {
         match s {
             "equal" => Ok(Popularity::Equal),
             _ => match s.strip_prefix("zipf:").map(str::parse::<f64>) {
                 Some(Ok(z)) if z.is_finite() && z >= 0.0 => Ok(Popularity::Zipf(z)),
-                _ => Err(format!("unknown popularity '{s}' (expected equal or zipf:S)")),
+                _ => Err(WorkloadParseError::Popularity { value: s.to_string() }),
             },
         }
     }
@@ -88,19 +116,20 @@ pub struct RateSchedule {
 
 impl RateSchedule {
     /// Parses `T0:M0,T1:M1,...` (seconds : multiplier).
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, WorkloadParseError> {
         let mut steps = Vec::new();
         for part in s.split(',').filter(|p| !p.trim().is_empty()) {
-            let (t, m) = part.split_once(':').ok_or_else(|| format!("bad schedule step '{part}' (expected SECONDS:MULTIPLIER)"))?;
-            let t: f64 = t.trim().parse().map_err(|_| format!("bad time in '{part}'"))?;
-            let m: f64 = m.trim().parse().map_err(|_| format!("bad multiplier in '{part}'"))?;
+            let bad = |what| WorkloadParseError::ScheduleStep { step: part.to_string(), what };
+            let (t, m) = part.split_once(':').ok_or(bad("expected SECONDS:MULTIPLIER"))?;
+            let t: f64 = t.trim().parse().map_err(|_| bad("bad time"))?;
+            let m: f64 = m.trim().parse().map_err(|_| bad("bad multiplier"))?;
             if !(t.is_finite() && t >= 0.0 && m.is_finite() && m >= 0.0) {
-                return Err(format!("schedule step '{part}' must have time >= 0 and multiplier >= 0"));
+                return Err(bad("must have time >= 0 and multiplier >= 0"));
             }
             steps.push((Duration::from_secs_f64(t), m));
         }
         if steps.windows(2).any(|w| w[1].0 <= w[0].0) {
-            return Err("schedule steps must have increasing times".into());
+            return Err(WorkloadParseError::ScheduleOrder);
         }
         Ok(RateSchedule { steps })
     }

@@ -45,6 +45,18 @@ impl FaultClass {
     }
 }
 
+/// A fault class name that is not one.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown fault class '{name}' (valid: all, none, {})", fault_class_names())]
+pub struct UnknownFaultClass {
+    /// The name given.
+    pub name: String,
+}
+
+fn fault_class_names() -> String {
+    FaultClass::ALL.iter().map(|c| c.as_str()).collect::<Vec<_>>().join(", ")
+}
+
 /// A set of fault classes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FaultSet(u8);
@@ -66,7 +78,7 @@ impl FaultSet {
     }
 
     /// Parses `all`, `none` or a comma-separated list of class names.
-    pub fn parse(s: &str) -> Result<FaultSet, String> {
+    pub fn parse(s: &str) -> Result<FaultSet, UnknownFaultClass> {
         match s {
             "all" => return Ok(FaultSet::ALL),
             "none" => return Ok(FaultSet::NONE),
@@ -74,10 +86,7 @@ impl FaultSet {
         }
         let mut set = FaultSet::NONE;
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let c = FaultClass::parse_one(part).ok_or_else(|| {
-                let names: Vec<_> = FaultClass::ALL.iter().map(|c| c.as_str()).collect();
-                format!("unknown fault class '{part}' (valid: all, none, {})", names.join(", "))
-            })?;
+            let c = FaultClass::parse_one(part).ok_or_else(|| UnknownFaultClass { name: part.to_string() })?;
             set.0 |= 1 << c as u8;
         }
         Ok(set)
@@ -193,7 +202,7 @@ mod tests {
         let s = FaultSet::parse("loss,slow-gpu").unwrap();
         assert!(s.has(FaultClass::Loss) && s.has(FaultClass::SlowGpu) && !s.has(FaultClass::Dup));
         assert_eq!(s.names(), "loss,slow-gpu");
-        let e = FaultSet::parse("loss,bogus").unwrap_err();
+        let e = FaultSet::parse("loss,bogus").unwrap_err().to_string();
         assert!(e.contains("bogus") && e.contains("partition"), "{e}");
     }
 

@@ -213,12 +213,12 @@ struct Harness {
 }
 
 impl Harness {
-    fn new(cfg: ChaosConfig) -> Result<Harness, String> {
+    fn new(cfg: ChaosConfig) -> Result<Harness, ChaosError> {
         #[cfg(feature = "mutations")]
         dataplane::mutation::set(cfg.mutation);
         #[cfg(not(feature = "mutations"))]
         if cfg.mutation.is_some() {
-            return Err("mutations need a build with the `mutations` feature".into());
+            return Err(ChaosError::MutationsNotBuilt);
         }
         let net = SimNet::new(
             cfg.seed,
@@ -453,7 +453,18 @@ fn fault_map(c: FaultCounts, set: FaultSet, slow_batches: u64, crash_hits: u64) 
     m
 }
 
+/// Why a chaos run could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ChaosError {
+    /// `--mutation` without the `mutations` feature.
+    #[error("mutations need a build with the `mutations` feature")]
+    MutationsNotBuilt,
+    /// The in-process cluster did not start.
+    #[error(transparent)]
+    Cluster(#[from] crate::inproc::cluster::NodeClusterError),
+}
+
 /// Runs one seed.
-pub fn run(cfg: ChaosConfig) -> Result<ChaosReport, String> {
+pub fn run(cfg: ChaosConfig) -> Result<ChaosReport, ChaosError> {
     Ok(Harness::new(cfg)?.run())
 }

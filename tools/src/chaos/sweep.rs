@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 
-use super::{run, ChaosConfig, ChaosReport, FaultClass};
+use super::{run, ChaosConfig, ChaosError, ChaosReport, FaultClass};
 
 /// The outcome of a sweep over seeds.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -41,11 +41,11 @@ impl SweepSummary {
 
 /// Runs `seeds` seeds from `base.seed` on `threads` threads; `progress` is
 /// called after each seed with the count done.
-pub fn sweep(base: &ChaosConfig, seeds: u64, threads: usize, progress: &(dyn Fn(u64) + Sync)) -> Result<SweepSummary, String> {
+pub fn sweep(base: &ChaosConfig, seeds: u64, threads: usize, progress: &(dyn Fn(u64) + Sync)) -> Result<SweepSummary, ChaosError> {
     let next = AtomicU64::new(0);
     let done = AtomicU64::new(0);
     let summary = Mutex::new(SweepSummary { min_requests: u64::MAX, ..SweepSummary::default() });
-    let error: Mutex<Option<String>> = Mutex::new(None);
+    let error: Mutex<Option<ChaosError>> = Mutex::new(None);
     std::thread::scope(|s| {
         for _ in 0..threads.max(1) {
             s.spawn(|| loop {

@@ -32,6 +32,50 @@ use scheduler::deferred::CoreConfig;
 use scheduler::delay_watch::DelayWatchConfig;
 use scheduler::zoo::ModelSpec;
 
+/// Why a node of the in-process cluster could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeClusterError {
+    /// The scheduler's control plane refused the models.
+    #[error("scheduler control plane: {what}")]
+    ControlPlane {
+        /// The control plane's message.
+        what: String,
+    },
+    /// A listener, registration or link of the `sim` transport failed.
+    #[error("{what}: {source}")]
+    Transport {
+        /// What was being set up.
+        what: &'static str,
+        /// The transport error.
+        source: dataplane::transport::Error,
+    },
+    /// A memory region or the staging area could not be made.
+    #[error("{what}: {source}")]
+    Memory {
+        /// What was being set up.
+        what: &'static str,
+        /// The memory error.
+        source: dataplane::mem::MemError,
+    },
+    /// Every 16-bit frontend id was used.
+    #[error("frontend ids exhausted")]
+    FrontendIdsExhausted,
+    /// The scheduler is unreachable (partitioned): the daemon would exit.
+    #[error("scheduler unreachable: {0}")]
+    SchedulerUnreachable(#[source] dataplane::transport::Error),
+    /// The backend's worker refused its configuration.
+    #[error("backend worker: {0}")]
+    Worker(#[source] backend::worker::WorkerError),
+}
+
+fn transport(what: &'static str) -> impl FnOnce(dataplane::transport::Error) -> NodeClusterError {
+    move |source| NodeClusterError::Transport { what, source }
+}
+
+fn memory(what: &'static str) -> impl FnOnce(dataplane::mem::MemError) -> NodeClusterError {
+    move |source| NodeClusterError::Memory { what, source }
+}
+
 /// Shape and timing of a [`NodeCluster`].
 #[derive(Clone, Debug)]
 pub struct ClusterSpec {
@@ -186,10 +230,11 @@ pub struct NodeCluster {
 impl NodeCluster {
     /// A cluster on `net` (node 0 is the scheduler); every frontend and
     /// backend starts at the first poll.
-    pub fn new(spec: ClusterSpec, net: SimNet, waker: Option<dataplane::waitset::Notifier>) -> Result<NodeCluster, String> {
+    pub fn new(spec: ClusterSpec, net: SimNet, waker: Option<dataplane::waitset::Notifier>) -> Result<NodeCluster, NodeClusterError> {
         let all: Vec<u32> = (0..spec.models.len() as u32).collect();
         let metrics = Arc::new(SchedulerMetrics::new(&spec.models));
-        let mut plane = ControlPlane::new(spec.models.clone(), &[all], spec.core, metrics).map_err(|e| e.to_string())?;
+        let mut plane = ControlPlane::new(spec.models.clone(), &[all], spec.core, metrics)
+            .map_err(|e| NodeClusterError::ControlPlane { what: e.to_string() })?;
         plane.set_closed_loop(spec.closed_loop);
         plane.set_delay_watch("sim", spec.delay_watch);
         let sched = SchedulerNode::new(
@@ -206,7 +251,7 @@ impl NodeCluster {
             nonces: NonceSource::Seeded(NONCE_SEED),
             ..Membership::with_token(spec.join_token.clone())
         });
-        let sched_listener = net.domain(0).listen("sim:scheduler").map_err(|e| e.to_string())?;
+        let sched_listener = net.domain(0).listen("sim:scheduler").map_err(transport("scheduler listener"))?;
         let sched_addr = sched_listener.local_addr();
         Ok(NodeCluster {
             frontends: (0..spec.frontends).map(|_| Slot::Down { restart_at: Some(Instant::ZERO) }).collect(),
@@ -281,18 +326,18 @@ impl NodeCluster {
         id
     }
 
-    fn start_frontend(&mut self, now: Instant) -> Result<FrontendHost, String> {
+    fn start_frontend(&mut self, now: Instant) -> Result<FrontendHost, NodeClusterError> {
         let net_id = self.fresh_net_id();
         let id = self.next_frontend_id;
-        self.next_frontend_id = self.next_frontend_id.checked_add(1).ok_or("frontend ids exhausted")?;
+        self.next_frontend_id = self.next_frontend_id.checked_add(1).ok_or(NodeClusterError::FrontendIdsExhausted)?;
         let domain = self.net.domain(net_id);
         let catalog = &self.spec.catalog;
         let slot_size = catalog.max_input_bytes().max(1) as u32;
-        let region = Region::anonymous(slot_size as usize * self.spec.slots as usize).map_err(|e| e.to_string())?;
-        let reg = domain.register(&region, Access::REMOTE_READ).map_err(|e| e.to_string())?;
+        let region = Region::anonymous(slot_size as usize * self.spec.slots as usize).map_err(memory("frontend staging region"))?;
+        let reg = domain.register(&region, Access::REMOTE_READ).map_err(transport("frontend staging registration"))?;
         let staging = Staging::new(reg, StagingConfig { frontend_id: id, slots: self.spec.slots, slot_size, max_output: catalog.max_output_bytes() as u32 })
-            .map_err(|e| e.to_string())?;
-        let listener = domain.listen("").map_err(|e| e.to_string())?;
+            .map_err(memory("frontend staging"))?;
+        let listener = domain.listen("").map_err(transport("frontend data listener"))?;
         let (sink, source) = NetSink::new(self.spec.queue, self.waker.clone());
         let metrics = Arc::new(Metrics::new(catalog));
         let service = ClusterService::new(catalog.clone(), staging.clone(), sink, metrics, self.spec.grace).with_return_margin(self.spec.return_margin);
@@ -312,13 +357,13 @@ impl NodeCluster {
         let conn = domain.connect(&self.sched_addr, Duration::ZERO).map_err(|e| {
             // Unreachable (partitioned): the daemon would exit.
             self.net.crash(net_id);
-            format!("scheduler unreachable: {e}")
+            NodeClusterError::SchedulerUnreachable(e)
         })?;
         node.handle_scheduler_link(now, conn);
         Ok(FrontendHost { net_id, node, listener, service: Arc::new(service) })
     }
 
-    fn start_backend(&mut self) -> Result<BackendHost, String> {
+    fn start_backend(&mut self) -> Result<BackendHost, NodeClusterError> {
         let net_id = self.fresh_net_id();
         let id = self.next_backend_id;
         self.next_backend_id += 1;
@@ -335,8 +380,8 @@ impl NodeCluster {
             report_capacity: 1024,
             start_when_ready: true,
         };
-        let region = Region::anonymous(wcfg.staging_bytes() as usize).map_err(|e| e.to_string())?;
-        let reg = domain.register(&region, Access::LOCAL_WRITE).map_err(|e| e.to_string())?;
+        let region = Region::anonymous(wcfg.staging_bytes() as usize).map_err(memory("backend staging region"))?;
+        let reg = domain.register(&region, Access::LOCAL_WRITE).map_err(transport("backend staging registration"))?;
         let models: Vec<ExecModel> = spec
             .models
             .iter()
@@ -358,9 +403,9 @@ impl NodeCluster {
         };
         let sched = domain.connect(&self.sched_addr, Duration::ZERO).map_err(|e| {
             self.net.crash(net_id);
-            format!("scheduler unreachable: {e}")
+            NodeClusterError::SchedulerUnreachable(e)
         })?;
-        let worker = BatchWorker::new(wcfg, exec, reg, sched).map_err(|e| e.to_string())?;
+        let worker = BatchWorker::new(wcfg, exec, reg, sched).map_err(NodeClusterError::Worker)?;
         self.backend_net_ids.push(net_id);
         let node = BackendNode::new(cfg, worker).with_join_token(Some(spec.join_token.clone()));
         Ok(BackendHost { net_id, domain, node })

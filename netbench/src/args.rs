@@ -1,0 +1,286 @@
+//! netbench's command line: the subcommands, their flags, and the size
+//! parser behind `--size`/`--max-region`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::client::ReaderIdle;
+use crate::server::Idle;
+use crate::transport::TransportKind;
+
+#[derive(Parser)]
+#[command(
+    name = "netbench",
+    version,
+    about = "Incast one-sided READ tail-latency benchmark (rdma, tcp, tcp-blocking, shm) and \
+             calibration of the scheduler's network delay bound"
+)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Cmd {
+    /// Serve K objects of S bytes for READs; answer catalog requests and pings.
+    Serve(ServeArgs),
+    /// Measure incast rounds against running servers.
+    Incast(IncastArgs),
+    /// Start P servers on this machine, then measure incast rounds against them.
+    Local(LocalArgs),
+    /// Measure d_ctrl and d_data and write the scheduler's delay file.
+    Calibrate(CalibrateArgs),
+    /// Draw percentile plots of saved runs (JSON from --json/--save) as SVG.
+    Plot(PlotArgs),
+}
+
+/// Why a size argument was refused.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SizeError {
+    #[error("{value:?} is not a size (e.g. 153600, 150KiB, 1MiB)")]
+    NotASize { value: String },
+    #[error("unknown size unit {unit:?} in {value:?}")]
+    Unit { unit: String, value: String },
+    #[error("{value:?} is too large")]
+    TooLarge { value: String },
+    #[error("{value:?}: object sizes go up to 4 GiB - 1")]
+    ObjectTooLarge { value: String },
+}
+
+/// Bytes: a number with an optional suffix (K/KiB = 1024, M/MiB = 1024^2,
+/// KB = 1000, MB = 1000^2).
+fn parse_size(s: &str) -> Result<u64, SizeError> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| SizeError::NotASize { value: s.to_string() })?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "ki" | "kib" => 1 << 10,
+        "m" | "mi" | "mib" => 1 << 20,
+        "g" | "gi" | "gib" => 1 << 30,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        other => return Err(SizeError::Unit { unit: other.to_string(), value: s.to_string() }),
+    };
+    n.checked_mul(mult).ok_or_else(|| SizeError::TooLarge { value: s.to_string() })
+}
+
+fn parse_object_size(s: &str) -> Result<u32, SizeError> {
+    let v = parse_size(s)?;
+    u32::try_from(v).map_err(|_| SizeError::ObjectTooLarge { value: s.to_string() })
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct Shape {
+    /// Objects per server.
+    #[arg(long, short = 'k', default_value_t = 8)]
+    pub(crate) objects: u32,
+    /// Bytes per object (suffixes: KiB, MiB, KB, MB).
+    #[arg(long, short = 's', default_value = "150KiB", value_parser = parse_object_size)]
+    pub(crate) size: u32,
+    /// Largest registered region (server objects, reader landing buffers).
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    pub(crate) max_region: u64,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct Measure {
+    /// Measured rounds.
+    #[arg(long, short = 'n', default_value_t = 1000)]
+    pub(crate) iters: u64,
+    /// Unmeasured rounds first [default: iters/10, 1..=1000].
+    #[arg(long)]
+    pub(crate) warmup: Option<u64>,
+    /// READs outstanding per peer [default: all of a round's at once].
+    #[arg(long)]
+    pub(crate) concurrency: Option<usize>,
+    /// Control message size in bytes on the wire: 32 (Heartbeat) or 56..=32768.
+    #[arg(long, default_value_t = 32)]
+    pub(crate) ping_size: usize,
+    /// Time a control message round trip after every this many rounds (0 = never: servers
+    /// that sleep when idle then never wake during a READ-latency run).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) ping_every: u64,
+    /// Check one READ's landed bytes every this many rounds (0 = never).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) verify_every: u64,
+    /// Bound on connecting to a peer and getting its catalog, ms.
+    #[arg(long, default_value_t = 5000)]
+    pub(crate) connect_timeout_ms: u64,
+    /// Bound on one round (and one ping), ms.
+    #[arg(long, default_value_t = 10000)]
+    pub(crate) round_timeout_ms: u64,
+    /// How the reader waits for answers: spin (busy-poll) or block (sleep in the kernel on
+    /// the connection, as sockperf's and qperf's clients do; one peer only for READs).
+    #[arg(long, value_enum, default_value_t = ReaderIdle::Spin)]
+    pub(crate) reader_idle: ReaderIdle,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct Output {
+    /// Print the report as JSON (with HdrHistogram V2 base64 histograms).
+    #[arg(long, conflicts_with = "csv")]
+    pub(crate) json: bool,
+    /// Print CSV instead of the table.
+    #[arg(long)]
+    pub(crate) csv: bool,
+    /// Also write the JSON report to this file.
+    #[arg(long)]
+    pub(crate) save: Option<PathBuf>,
+    /// Also draw this run's percentile plot (SVG).
+    #[arg(long)]
+    pub(crate) plot: Option<PathBuf>,
+    /// Name of the run in reports and plots.
+    #[arg(long)]
+    pub(crate) label: Option<String>,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct LocalOpts {
+    /// Servers to start on this machine.
+    #[arg(long, short = 'p', default_value_t = 8)]
+    pub(crate) servers: usize,
+    /// Put each server (and the reader) in its own network namespace, joined by veth pairs
+    /// and a bridge (tcp transports; needs root and iproute2).
+    #[arg(long)]
+    pub(crate) netns: bool,
+    /// `tc netem` arguments for each server's egress, e.g. "delay 100us 20us loss 0.01%".
+    #[arg(long, requires = "netns", conflicts_with = "server_qdisc")]
+    pub(crate) netem: Option<String>,
+    /// `tc netem` arguments for the switch port towards the reader (where an incast converges).
+    #[arg(long, requires = "netns", conflicts_with = "client_qdisc")]
+    pub(crate) client_netem: Option<String>,
+    /// Any `tc` root qdisc (kind + arguments) for each server's egress, e.g. "tbf rate 1gbit burst 64kb latency 1ms".
+    #[arg(long, requires = "netns")]
+    pub(crate) server_qdisc: Option<String>,
+    /// Any `tc` root qdisc for the switch port towards the reader (the incast bottleneck).
+    #[arg(long, requires = "netns")]
+    pub(crate) client_qdisc: Option<String>,
+    /// How servers wait for work.
+    #[arg(long, value_enum, default_value_t = Idle::Block)]
+    pub(crate) server_idle: Idle,
+    /// Address servers listen on without --netns.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub(crate) listen_host: String,
+}
+
+#[derive(Args)]
+pub(crate) struct ServeArgs {
+    /// Transport.
+    #[arg(long, short = 't', value_enum)]
+    pub(crate) transport: TransportKind,
+    /// Listen address (tcp/rdma: HOST:PORT, port 0 = any; shm: Unix socket path or @name).
+    #[arg(long, short = 'l')]
+    pub(crate) listen: Option<String>,
+    #[command(flatten)]
+    pub(crate) shape: Shape,
+    /// Server id (announced in the catalog).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) id: u32,
+    /// How to wait for work.
+    #[arg(long, value_enum, default_value_t = Idle::Block)]
+    pub(crate) idle: Idle,
+    /// Exit when the parent process exits (used by `netbench local`).
+    #[arg(long, hide = true)]
+    pub(crate) exit_with_parent: bool,
+    /// Stop after this many seconds (default: run until killed).
+    #[arg(long)]
+    pub(crate) duration_s: Option<f64>,
+    /// Stop once this many clients have connected and left.
+    #[arg(long)]
+    pub(crate) exit_after_clients: Option<u64>,
+}
+
+#[derive(Args)]
+pub(crate) struct IncastArgs {
+    /// Transport.
+    #[arg(long, short = 't', value_enum)]
+    pub(crate) transport: TransportKind,
+    /// Server addresses, comma separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub(crate) peers: Vec<String>,
+    #[command(flatten)]
+    pub(crate) shape: Shape,
+    #[command(flatten)]
+    pub(crate) measure: Measure,
+    #[command(flatten)]
+    pub(crate) output: Output,
+    /// Describes the fabric in reports.
+    #[arg(long)]
+    pub(crate) fabric: Option<String>,
+}
+
+#[derive(Args)]
+pub(crate) struct LocalArgs {
+    /// Transport.
+    #[arg(long, short = 't', value_enum)]
+    pub(crate) transport: TransportKind,
+    #[command(flatten)]
+    pub(crate) local: LocalOpts,
+    #[command(flatten)]
+    pub(crate) shape: Shape,
+    #[command(flatten)]
+    pub(crate) measure: Measure,
+    #[command(flatten)]
+    pub(crate) output: Output,
+}
+
+#[derive(Args)]
+pub(crate) struct CalibrateArgs {
+    /// Transport.
+    #[arg(long, short = 't', value_enum)]
+    pub(crate) transport: TransportKind,
+    /// Server addresses (default: start --servers local servers).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) peers: Vec<String>,
+    #[command(flatten)]
+    pub(crate) local: LocalOpts,
+    #[command(flatten)]
+    pub(crate) shape: Shape,
+    #[command(flatten)]
+    pub(crate) measure: Measure,
+    /// Percentile of the bound.
+    #[arg(long, default_value_t = 99.99)]
+    pub(crate) percentile: f64,
+    /// Batch sizes (READs per round) [default: 1, 2, 4, ... up to peers x objects].
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) batches: Vec<usize>,
+    /// Where to write the delay file.
+    #[arg(long, short = 'o')]
+    pub(crate) out: PathBuf,
+    /// Add the fit's intercept (fixed cost of a round) to d_ctrl.
+    #[arg(long)]
+    pub(crate) fold_intercept: bool,
+    /// Describes the fabric in the file.
+    #[arg(long)]
+    pub(crate) fabric: Option<String>,
+    /// Also write each batch size's JSON report into this directory.
+    #[arg(long)]
+    pub(crate) save_dir: Option<PathBuf>,
+    /// From the same measurement, also write files at these percentiles (OUT with `.pNN`
+    /// before the extension, e.g. delay.p99.toml).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) extra_percentiles: Vec<f64>,
+}
+
+#[derive(Args)]
+pub(crate) struct PlotArgs {
+    /// JSON reports (from --json or --save).
+    #[arg(required = true)]
+    pub(crate) files: Vec<PathBuf>,
+    /// Output SVG file.
+    #[arg(long, short = 'o')]
+    pub(crate) out: PathBuf,
+    /// Metrics to draw, one panel each (round, read, ctrl_rtt) [default: all present].
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) metric: Vec<String>,
+    /// Linear latency axis (default: log).
+    #[arg(long)]
+    pub(crate) linear_y: bool,
+    /// Figure title.
+    #[arg(long, default_value = "netbench: latency by percentile")]
+    pub(crate) title: String,
+}
