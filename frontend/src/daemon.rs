@@ -73,6 +73,9 @@ pub struct Cli {
     /// KServe v2 HTTP listen address. Default 127.0.0.1:0.
     #[arg(long)]
     pub http: Option<String>,
+    /// KServe v2 gRPC listen address. Default 127.0.0.1:0.
+    #[arg(long)]
+    pub grpc: Option<String>,
     /// Data listen address for backends' connections (transport address).
     /// Default: a fresh one (shm: a new name; tcp: 127.0.0.1:0).
     #[arg(long)]
@@ -144,6 +147,7 @@ struct FileConfig {
     id: Option<u32>,
     scheduler: Option<String>,
     http: Option<String>,
+    grpc: Option<String>,
     data_listen: Option<String>,
     transport: Option<String>,
     idle: Option<String>,
@@ -173,6 +177,8 @@ pub struct Options {
     pub scheduler: String,
     /// HTTP listen address.
     pub http: SocketAddr,
+    /// gRPC listen address.
+    pub grpc: SocketAddr,
     /// Data listen address.
     pub data_listen: String,
     /// Transport.
@@ -241,6 +247,10 @@ impl Options {
             "http",
             cli.http.or(file.http).as_deref().unwrap_or("127.0.0.1:0"),
         )?;
+        let grpc = addr(
+            "grpc",
+            cli.grpc.or(file.grpc).as_deref().unwrap_or("127.0.0.1:0"),
+        )?;
         let metrics = addr(
             "metrics",
             cli.metrics
@@ -295,6 +305,7 @@ impl Options {
             id: id as u16,
             scheduler,
             http,
+            grpc,
             data_listen,
             transport,
             idle,
@@ -515,6 +526,7 @@ fn serve_http(
         max_body: opts.max_body,
         ..HttpConfig::default()
     };
+    let grpc = start_grpc(&rt, opts.grpc, service.clone())?;
     let server = rt
         .block_on(Server::start(opts.http, service, http_cfg))
         .map_err(|e| format!("HTTP listener on {}: {e}", opts.http))?;
@@ -529,8 +541,9 @@ fn serve_http(
         let mut out = std::io::stdout().lock();
         let _ = writeln!(
             out,
-            "READY http={} metrics={} data={}",
+            "READY http={} grpc={} metrics={} data={}",
             server.addr(),
+            grpc.addr(),
             endpoint.addr(),
             data_addr
         );
@@ -560,7 +573,7 @@ fn serve_http(
             .saturating_add(opts.grace.as_nanos() / 1_000_000)
             .saturating_add(1000),
     );
-    let drained = rt.block_on(server.stop_and_drain(limit));
+    let (drained, ()) = rt.block_on(async { tokio::join!(server.stop_and_drain(limit), grpc.stop()) });
     if !drained {
         eprintln!("symphony-frontend: some HTTP connections were still open at shutdown");
     }
@@ -583,6 +596,16 @@ fn serve_http(
         Some(_) => Ok(()),
         None => Err("the I/O thread did not stop within 5 s".into()),
     }
+}
+
+/// Starts the gRPC server on `rt` over the same service as HTTP.
+fn start_grpc<S: crate::service::InferenceService>(
+    rt: &tokio::runtime::Runtime,
+    addr: SocketAddr,
+    service: Arc<S>,
+) -> Result<crate::grpc::GrpcServer, String> {
+    rt.block_on(crate::grpc::GrpcServer::start(addr, service, Default::default()))
+        .map_err(|e| format!("gRPC listener on {addr}: {e}"))
 }
 
 /// Accepts backends' data connections and hands them to the I/O thread

@@ -2,7 +2,9 @@
 //!
 //! Routes: `GET /v2/health/live`, `GET /v2/health/ready`, `GET /v2`,
 //! `GET /v2/models/{m}[/versions/{v}]`, `GET .../ready`, `GET .../config`,
-//! `POST .../infer`, `POST /v2/repository/index`, `GET /metrics`.
+//! `GET .../stats`, `GET /v2/models/stats`, `POST .../infer`,
+//! `POST /v2/repository/index`, `GET /metrics`. Lookup, accounting and
+//! errors are the shared [`crate::api`] layer's (the gRPC server's too).
 //!
 //! Status codes follow Triton's mapping of its error kinds: invalid
 //! argument 400, not found 404, unavailable 503, internal 500; plus 413 for
@@ -11,10 +13,10 @@
 //! (or overload, or shutdown), a request that found no free staging slot
 //! and one with no outcome within its budget plus grace are all 503.
 
+use crate::api::{self, ApiError, ErrorKind};
 use crate::protocol::{self, BadRequest};
-use crate::service::{infer, InferResult, InferenceService, SubmitError};
+use crate::service::InferenceService;
 use bytes::Bytes;
-use dataplane::wire::TaskStatus;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
@@ -71,6 +73,21 @@ fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
 
 fn error(status: StatusCode, msg: &str) -> Response<Body> {
     respond(status, "application/json", protocol::error_body(msg))
+}
+
+/// The HTTP status of an error kind (Triton's mapping).
+pub fn status_of(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::InvalidArgument => StatusCode::BAD_REQUEST,
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
+    }
+}
+
+fn api_error(e: &ApiError) -> Response<Body> {
+    error(status_of(e.kind), &e.message)
 }
 
 /// A running server.
@@ -208,28 +225,29 @@ pub async fn handle<S: InferenceService>(
             "text/plain; version=0.0.4",
             service.metrics().render(&service.counters()).into_bytes(),
         ),
+        ["v2", "models", "stats"] if get => match api::statistics(service, "", None) {
+            Ok(s) => json(StatusCode::OK, &protocol::statistics(&s)),
+            Err(e) => api_error(&e),
+        },
         ["v2", "models", name, rest @ ..] => {
             let (version, rest) = match rest {
                 ["versions", v, rest @ ..] => (Some(*v), rest),
                 _ => (None, rest),
             };
-            let Some(model) = service.model(name, version) else {
-                return error(
-                    StatusCode::NOT_FOUND,
-                    &format!(
-                        "unknown model: '{name}'{}",
-                        version
-                            .map(|v| format!(" version '{v}'"))
-                            .unwrap_or_default()
-                    ),
-                );
+            let model = match api::find_model(service, name, version) {
+                Ok(m) => m,
+                Err(e) => return api_error(&e),
             };
             match (rest, get, method == Method::POST) {
                 ([], true, _) => json(StatusCode::OK, &protocol::model_metadata(model)),
                 (["ready"], true, _) => respond(StatusCode::OK, "text/plain", Vec::new()),
                 (["config"], true, _) => json(StatusCode::OK, &protocol::model_config(model)),
+                (["stats"], true, _) => match api::statistics(service, name, version) {
+                    Ok(s) => json(StatusCode::OK, &protocol::statistics(&s)),
+                    Err(e) => api_error(&e),
+                },
                 (["infer"], _, true) => handle_infer(service, model.id, req, cfg).await,
-                ([] | ["ready"] | ["config"] | ["infer"], _, _) => error(
+                ([] | ["ready"] | ["config"] | ["stats"] | ["infer"], _, _) => error(
                     StatusCode::METHOD_NOT_ALLOWED,
                     &format!("method {method} not allowed on {path}"),
                 ),
@@ -295,21 +313,10 @@ async fn handle_infer<S: InferenceService>(
         Ok(p) => p,
         Err(BadRequest(msg)) => return error(StatusCode::BAD_REQUEST, &msg),
     };
-    // The budget runs from the request's arrival: time spent reading and
-    // parsing the body is already gone.
-    let spent = dataplane::time::Duration::from_nanos(started.elapsed().as_nanos() as u64);
-    let result = infer(
-        service,
-        model_id,
-        &parsed.input,
-        parsed.budget.saturating_sub(spent),
-    )
-    .await;
-    let us = started.elapsed().as_micros() as u64;
-    let metrics = service.metrics();
-    match result {
-        InferResult::Ok(out) => {
-            metrics.record_success(model_id, us);
+    // The budget runs from the request's arrival (run_infer subtracts the
+    // time spent reading and parsing the body).
+    match api::run_infer(service, model_id, &parsed.input, parsed.budget, started).await {
+        Ok(out) => {
             let head =
                 protocol::infer_response(model, parsed.id.as_deref(), &out, parsed.binary_output);
             if parsed.binary_output {
@@ -324,45 +331,6 @@ async fn handle_infer<S: InferenceService>(
                 respond(StatusCode::OK, "application/json", head)
             }
         }
-        other => {
-            metrics.record_failure(model_id, us);
-            let (status, msg) = match other {
-                InferResult::Dropped(r) => {
-                    metrics.record_drop(model_id, r);
-                    (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        format!("request dropped: {}", r.as_str()),
-                    )
-                }
-                InferResult::Failed(TaskStatus::InputUnavailable) => (
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "backend could not fetch the input".into(),
-                ),
-                InferResult::Failed(_) => (
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "model execution failed on its backend (a model that failed to load there fails every request; the backend log says why)".into(),
-                ),
-                InferResult::TimedOut => (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "no outcome within the request's deadline".into(),
-                ),
-                InferResult::Refused(SubmitError::UnknownModel) => {
-                    (StatusCode::NOT_FOUND, "unknown model".into())
-                }
-                InferResult::Refused(SubmitError::BadInput(m)) => (StatusCode::BAD_REQUEST, m),
-                InferResult::Refused(SubmitError::Unavailable(m)) => {
-                    (StatusCode::SERVICE_UNAVAILABLE, m)
-                }
-                InferResult::Refused(SubmitError::SendFailed(m)) => (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("scheduler unreachable: {m}"),
-                ),
-                InferResult::Refused(SubmitError::Internal(m)) => {
-                    (StatusCode::INTERNAL_SERVER_ERROR, m)
-                }
-                InferResult::Ok(_) => (StatusCode::INTERNAL_SERVER_ERROR, String::new()),
-            };
-            error(status, &msg)
-        }
+        Err(e) => api_error(&e),
     }
 }

@@ -21,11 +21,40 @@ struct ModelMetrics {
     failure: AtomicU64,
     exec_count: AtomicU64,
     request_us: AtomicU64,
+    /// The part of `request_us` spent by failed requests.
+    failure_us: AtomicU64,
+    /// When the last request succeeded, milliseconds since the Unix epoch.
+    last_success_ms: AtomicU64,
     queue_us: AtomicU64,
     compute_us: AtomicU64,
     dropped: [AtomicU64; DropReason::COUNT],
     batch_buckets: [AtomicU64; BATCH_BUCKETS.len() + 1],
     batch_sum: AtomicU64,
+}
+
+/// One model's counters at one moment (see [`Metrics::model_counters`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ModelCounters {
+    /// Successful requests (`nv_inference_request_success`).
+    pub success: u64,
+    /// Failed requests (`nv_inference_request_failure`).
+    pub failure: u64,
+    /// Batches executed (`nv_inference_exec_count`).
+    pub exec_count: u64,
+    /// End-to-end duration of all requests, µs (`nv_inference_request_duration_us`).
+    pub request_us: u64,
+    /// The part of `request_us` spent by failed requests.
+    pub failure_us: u64,
+    /// Queueing time summed over requests, µs (`nv_inference_queue_duration_us`).
+    pub queue_us: u64,
+    /// Compute time summed over requests, µs (`nv_inference_compute_infer_duration_us`).
+    pub compute_us: u64,
+    /// Executions per [`BATCH_BUCKETS`] bucket (the last: larger).
+    pub batch_buckets: [u64; BATCH_BUCKETS.len() + 1],
+    /// Requests executed, summed over batches.
+    pub batch_sum: u64,
+    /// The last success, milliseconds since the Unix epoch (0: none).
+    pub last_success_ms: u64,
 }
 
 /// Per-model metrics of one frontend (and of the in-process cluster, which
@@ -82,6 +111,10 @@ impl Metrics {
         if let Some(m) = self.model(id) {
             m.success.fetch_add(1, Ordering::Relaxed);
             m.request_us.fetch_add(request_us, Ordering::Relaxed);
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            m.last_success_ms.fetch_max(now_ms, Ordering::Relaxed);
         }
     }
     /// A request of model `id` failed (error, timeout, or drop).
@@ -89,6 +122,7 @@ impl Metrics {
         if let Some(m) = self.model(id) {
             m.failure.fetch_add(1, Ordering::Relaxed);
             m.request_us.fetch_add(request_us, Ordering::Relaxed);
+            m.failure_us.fetch_add(request_us, Ordering::Relaxed);
         }
     }
     /// A request of model `id` was dropped for `reason` (also a failure in
@@ -126,6 +160,27 @@ impl Metrics {
     pub fn exec_count(&self, id: u32) -> u64 {
         self.model(id)
             .map_or(0, |m| m.exec_count.load(Ordering::Relaxed))
+    }
+
+    /// Model `id`'s counters, each read once (the statistics extension
+    /// reports these, so `/stats` and `/metrics` agree).
+    pub fn model_counters(&self, id: u32) -> ModelCounters {
+        let Some(m) = self.model(id) else {
+            return ModelCounters::default();
+        };
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ModelCounters {
+            success: ld(&m.success),
+            failure: ld(&m.failure),
+            exec_count: ld(&m.exec_count),
+            request_us: ld(&m.request_us),
+            failure_us: ld(&m.failure_us),
+            queue_us: ld(&m.queue_us),
+            compute_us: ld(&m.compute_us),
+            batch_buckets: std::array::from_fn(|i| ld(&m.batch_buckets[i])),
+            batch_sum: ld(&m.batch_sum),
+            last_success_ms: ld(&m.last_success_ms),
+        }
     }
 
     /// Renders every metric, plus the global outcome counters `c`.

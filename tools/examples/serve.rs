@@ -1,7 +1,7 @@
-//! Serves the KServe v2 HTTP API over the in-process cluster.
+//! Serves the KServe v2 HTTP and gRPC APIs over the in-process cluster.
 //!
 //! `cargo run -p tools --example serve -- --port 0 --print-port`
-//! prints `PORT <n>` on stdout once listening, then serves until stdin
+//! prints `GRPC_PORT <n>` then `PORT <n>` on stdout once listening, then serves until stdin
 //! closes or SIGTERM/ctrl-c.
 
 use clap::Parser;
@@ -72,10 +72,11 @@ fn main() -> Result<(), String> {
     rt.block_on(async move {
         let server = LocalServer::start(cfg).await.map_err(|e| e.to_string())?;
         if args.print_port {
+            println!("GRPC_PORT {}", server.grpc_addr().port());
             println!("PORT {}", server.addr().port());
             let _ = std::io::stdout().flush();
         }
-        eprintln!("serving {} models on http://{}", specs.len(), server.addr());
+        eprintln!("serving {} models on http://{} and grpc {}", specs.len(), server.addr(), server.grpc_addr());
         let stdin_eof = async {
             if args.exit_on_stdin_eof {
                 let _ = tokio::task::spawn_blocking(|| {

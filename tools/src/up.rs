@@ -395,6 +395,9 @@ fn run_with(a: &UpArgs, mut spec: ClusterSpec) -> Result<(), String> {
             println!("frontend {}: http://{h}", i + 1);
         }
         for (i, f) in cluster.frontends.iter().enumerate() {
+            println!("frontend {} grpc: {}", i + 1, f.addr("grpc")?);
+        }
+        for (i, f) in cluster.frontends.iter().enumerate() {
             println!("frontend {} metrics: http://{}/metrics", i + 1, f.addr("metrics")?);
         }
         for (i, b) in cluster.backends.iter().enumerate() {

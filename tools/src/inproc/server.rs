@@ -20,6 +20,7 @@ use std::sync::{mpsc, Arc};
 use dataplane::time::{Duration, MonotonicClock};
 use dataplane::transport::sim::{FaultConfig, SimNet};
 use dataplane::waitset::WaitSet;
+use frontend::grpc::{GrpcConfig, GrpcServer};
 use frontend::http::{HttpConfig, Server};
 use frontend::metrics::Metrics;
 use frontend::models::ModelCatalog;
@@ -69,6 +70,10 @@ pub struct LocalConfig {
     pub http: HttpConfig,
     /// Where to listen (`127.0.0.1:0` picks a port).
     pub addr: SocketAddr,
+    /// gRPC listen address (default `127.0.0.1:0`).
+    pub grpc_addr: SocketAddr,
+    /// gRPC limits.
+    pub grpc: GrpcConfig,
     /// Staging slots (requests in flight at most).
     pub slots: u32,
     /// Wait past a request's budget before answering it timed out.
@@ -84,6 +89,8 @@ impl LocalConfig {
             cluster: ClusterConfig::default(),
             http: HttpConfig::default(),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            grpc: GrpcConfig::default(),
             slots: 4096,
             grace: Duration::from_millis(100),
         }
@@ -99,6 +106,7 @@ const MAX_SLEEP: Duration = Duration::from_millis(50);
 /// A running single-process stack.
 pub struct LocalServer {
     server: Server,
+    grpc: GrpcServer,
     service: Arc<ClusterService<NetSink>>,
     stop: StopOnDrop,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -209,7 +217,8 @@ impl LocalServer {
             .map_err(std::io::Error::other)?
             .map_err(std::io::Error::other)?;
         let server = Server::start(cfg.addr, service.clone(), cfg.http).await?;
-        Ok(LocalServer { server, service, stop: StopOnDrop { flag: stop, wake }, thread: Some(thread) })
+        let grpc = GrpcServer::start(cfg.grpc_addr, service.clone(), cfg.grpc).await?;
+        Ok(LocalServer { server, grpc, service, stop: StopOnDrop { flag: stop, wake }, thread: Some(thread) })
     }
 
     /// The HTTP address.
@@ -217,14 +226,20 @@ impl LocalServer {
         self.server.addr()
     }
 
+    /// The gRPC address.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc.addr()
+    }
+
     /// The service (counters, metrics, catalog, staging).
     pub fn service(&self) -> &Arc<ClusterService<NetSink>> {
         &self.service
     }
 
-    /// Stops the HTTP server, then the cluster thread.
+    /// Stops the HTTP and gRPC servers, then the cluster thread.
     pub async fn stop(mut self) {
         self.server.stop().await;
+        self.grpc.stop().await;
         self.stop.stop();
         if let Some(t) = self.thread.take() {
             let _ = tokio::task::spawn_blocking(move || t.join()).await;

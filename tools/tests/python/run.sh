@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the tritonclient tests against the in-process stack (tools' serve example).
-# Installs tritonclient[http] (and pytest) if missing, builds and starts
+# Installs tritonclient[http,grpc] (and pytest) if missing, builds and starts
 # `cargo run -p tools --example serve -- --port 0 --print-port`, runs the
 # tests, and stops the server. Bounded in time; leaves no process behind.
 set -euo pipefail
@@ -9,8 +9,8 @@ root="$(cd "$here/../../.." && pwd)"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/frontend}"
 PY="${PYTHON:-python3}"
 
-if ! "$PY" -c "import tritonclient.http, numpy" 2>/dev/null; then
-    timeout 600 "$PY" -m pip install -q "tritonclient[http]"
+if ! "$PY" -c "import tritonclient.http, tritonclient.grpc, numpy" 2>/dev/null; then
+    timeout 600 "$PY" -m pip install -q "tritonclient[http,grpc]"
 fi
 have_pytest=1
 "$PY" -c "import pytest" 2>/dev/null || have_pytest=0
@@ -48,6 +48,7 @@ for _ in $(seq 100); do
 done
 [ -n "$port" ] || { echo "server did not report its port"; cat "$tmp/err"; exit 1; }
 export SYMPHONY_URL="127.0.0.1:$port"
+export SYMPHONY_GRPC_URL="127.0.0.1:$(sed -n 's/^GRPC_PORT \([0-9]*\)$/\1/p' "$tmp/out")"
 export SYMPHONY_MODEL="${SYMPHONY_MODEL:-tc_model}"
 # Its cluster model id (ResNet50 0, DenseNet121 1, tc_model 2): the
 # reference output depends on it.
@@ -55,9 +56,10 @@ export SYMPHONY_MODEL_ID="${SYMPHONY_MODEL_ID:-2}"
 echo "server at $SYMPHONY_URL"
 
 if [ "$have_pytest" = 1 ]; then
-    timeout 300 "$PY" -m pytest -q "$here/test_tritonclient.py"
+    timeout 300 "$PY" -m pytest -q "$here/test_tritonclient.py" "$here/test_tritonclient_grpc.py"
 else
     timeout 300 "$PY" "$here/test_tritonclient.py"
+    timeout 300 "$PY" "$here/test_tritonclient_grpc.py"
 fi
 
 # perf_analyzer, when present (PyPI perf-analyzer ships a binary that needs
