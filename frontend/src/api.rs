@@ -187,7 +187,9 @@ pub fn model_stats(model: &ModelEntry, c: &ModelCounters) -> ModelStats {
     let executed = c.batch_sum.max(c.success);
     let bounds = BATCH_BUCKETS.iter().map(|&b| u64::from(b));
     let batch_stats = bounds
-        .chain(std::iter::once(u64::from(BATCH_BUCKETS[BATCH_BUCKETS.len() - 1]) + 1))
+        .chain(std::iter::once(
+            u64::from(BATCH_BUCKETS[BATCH_BUCKETS.len() - 1]) + 1,
+        ))
         .zip(c.batch_buckets)
         .filter(|&(_, n)| n > 0)
         .map(|(batch_size, n)| BatchStats {

@@ -82,9 +82,7 @@ fn param_u64(p: Option<&pb::InferParameter>) -> Result<Option<u64>, ApiError> {
             .map(Some)
             .map_err(|_| ApiError::invalid("parameter 'timeout' must be non-negative")),
         Some(ParameterChoice::Uint64Param(v)) => Ok(Some(*v)),
-        Some(_) => Err(ApiError::invalid(
-            "parameter 'timeout' must be an integer",
-        )),
+        Some(_) => Err(ApiError::invalid("parameter 'timeout' must be an integer")),
     }
 }
 
@@ -176,7 +174,8 @@ fn put_all<T: Copy>(
         ));
     }
     for (v, dst) in values.iter().zip(out.chunks_exact_mut(size)) {
-        put(*v, dst).ok_or_else(|| format!("tensor data holds a value that is not {}", dt.as_str()))?;
+        put(*v, dst)
+            .ok_or_else(|| format!("tensor data holds a value that is not {}", dt.as_str()))?;
     }
     Ok(())
 }
@@ -195,12 +194,20 @@ fn encode_contents(
     }
     let r = match dt {
         DataType::Bool => put_all(&c.bool_contents, dt, out, |v, d| le([u8::from(v)], d)),
-        DataType::U8 => put_all(&c.uint_contents, dt, out, |v, d| le(u8::try_from(v).ok()?.to_le_bytes(), d)),
-        DataType::U16 => put_all(&c.uint_contents, dt, out, |v, d| le(u16::try_from(v).ok()?.to_le_bytes(), d)),
+        DataType::U8 => put_all(&c.uint_contents, dt, out, |v, d| {
+            le(u8::try_from(v).ok()?.to_le_bytes(), d)
+        }),
+        DataType::U16 => put_all(&c.uint_contents, dt, out, |v, d| {
+            le(u16::try_from(v).ok()?.to_le_bytes(), d)
+        }),
         DataType::U32 => put_all(&c.uint_contents, dt, out, |v, d| le(v.to_le_bytes(), d)),
         DataType::U64 => put_all(&c.uint64_contents, dt, out, |v, d| le(v.to_le_bytes(), d)),
-        DataType::I8 => put_all(&c.int_contents, dt, out, |v, d| le(i8::try_from(v).ok()?.to_le_bytes(), d)),
-        DataType::I16 => put_all(&c.int_contents, dt, out, |v, d| le(i16::try_from(v).ok()?.to_le_bytes(), d)),
+        DataType::I8 => put_all(&c.int_contents, dt, out, |v, d| {
+            le(i8::try_from(v).ok()?.to_le_bytes(), d)
+        }),
+        DataType::I16 => put_all(&c.int_contents, dt, out, |v, d| {
+            le(i16::try_from(v).ok()?.to_le_bytes(), d)
+        }),
         DataType::I32 => put_all(&c.int_contents, dt, out, |v, d| le(v.to_le_bytes(), d)),
         DataType::I64 => put_all(&c.int64_contents, dt, out, |v, d| le(v.to_le_bytes(), d)),
         DataType::F32 => put_all(&c.fp32_contents, dt, out, |v, d| le(v.to_le_bytes(), d)),
@@ -223,7 +230,9 @@ pub fn fuzz_decode(bytes: &[u8], catalog: &crate::models::ModelCatalog) {
 }
 
 fn shape(s: &[u64]) -> Vec<i64> {
-    s.iter().map(|&d| i64::try_from(d).unwrap_or(i64::MAX)).collect()
+    s.iter()
+        .map(|&d| i64::try_from(d).unwrap_or(i64::MAX))
+        .collect()
 }
 
 fn config_type(dt: DataType) -> i32 {
@@ -272,9 +281,15 @@ fn statistics_message(s: &api::ModelStats) -> pb::ModelStatistics {
             .iter()
             .map(|b| pb::InferBatchStatistics {
                 batch_size: b.batch_size,
-                compute_input: duration(&api::CountNs { count: b.compute_infer.count, ns: 0 }),
+                compute_input: duration(&api::CountNs {
+                    count: b.compute_infer.count,
+                    ns: 0,
+                }),
                 compute_infer: duration(&b.compute_infer),
-                compute_output: duration(&api::CountNs { count: b.compute_infer.count, ns: 0 }),
+                compute_output: duration(&api::CountNs {
+                    count: b.compute_infer.count,
+                    ns: 0,
+                }),
             })
             .collect(),
     }
@@ -364,9 +379,15 @@ impl<S: InferenceService> GrpcInferenceService for GrpcService<S> {
         let req = req.into_inner();
         let model = self.model(&req.model_name, &req.model_version)?;
         let parsed = parse_model_infer(&req, model).map_err(status)?;
-        let out = api::run_infer(&*self.service, model.id, &parsed.input, parsed.budget, started)
-            .await
-            .map_err(status)?;
+        let out = api::run_infer(
+            &*self.service,
+            model.id,
+            &parsed.input,
+            parsed.budget,
+            started,
+        )
+        .await
+        .map_err(status)?;
         let o = &model.output;
         Ok(Response::new(pb::ModelInferResponse {
             model_name: model.spec.name.clone(),
@@ -529,7 +550,10 @@ mod tests {
         ModelCatalog::with_default_tensors(&[ModelSpec::linear("m", 1.0, 1.0, 20.0).unwrap()])
     }
 
-    fn request(contents: Option<pb::InferTensorContents>, raw: Vec<Vec<u8>>) -> pb::ModelInferRequest {
+    fn request(
+        contents: Option<pb::InferTensorContents>,
+        raw: Vec<Vec<u8>>,
+    ) -> pb::ModelInferRequest {
         pb::ModelInferRequest {
             model_name: "m".into(),
             inputs: vec![InferInputTensor {
@@ -551,7 +575,13 @@ mod tests {
         let vals: Vec<f32> = (0..16).map(|i| i as f32 * 0.5).collect();
         let raw: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
         let typed = parse_model_infer(
-            &request(Some(pb::InferTensorContents { fp32_contents: vals.clone(), ..Default::default() }), vec![]),
+            &request(
+                Some(pb::InferTensorContents {
+                    fp32_contents: vals.clone(),
+                    ..Default::default()
+                }),
+                vec![],
+            ),
             m,
         )
         .unwrap();
@@ -574,8 +604,20 @@ mod tests {
             request(None, vec![vec![0; 63]]),
             request(None, vec![]),
             request(None, vec![vec![0; 64], vec![0; 64]]),
-            request(Some(pb::InferTensorContents { fp32_contents: vec![1.0; 3], ..Default::default() }), vec![]),
-            request(Some(pb::InferTensorContents { int_contents: vec![1; 16], ..Default::default() }), vec![]),
+            request(
+                Some(pb::InferTensorContents {
+                    fp32_contents: vec![1.0; 3],
+                    ..Default::default()
+                }),
+                vec![],
+            ),
+            request(
+                Some(pb::InferTensorContents {
+                    int_contents: vec![1; 16],
+                    ..Default::default()
+                }),
+                vec![],
+            ),
         ];
         for r in cases {
             let e = parse_model_infer(&r, m).unwrap_err();

@@ -92,7 +92,10 @@ fn param_u64(p: &Option<Map<String, Value>>, key: &str) -> Result<Option<u64>, B
 
 /// The message for a request with `got` inputs (every model takes one).
 pub fn input_count_message(model: &ModelEntry, got: usize) -> String {
-    format!("expected 1 input for model '{}', got {got}", model.spec.name)
+    format!(
+        "expected 1 input for model '{}', got {got}",
+        model.spec.name
+    )
 }
 
 /// Checks an input's name, datatype and shape (`None`: not all integers;
@@ -123,7 +126,10 @@ pub fn check_input(
         }
     }
     let same = shape.is_some_and(|s| {
-        s.len() == spec.shape.len() && s.iter().zip(&spec.shape).all(|(&a, &b)| u64::try_from(a) == Ok(b))
+        s.len() == spec.shape.len()
+            && s.iter()
+                .zip(&spec.shape)
+                .all(|(&a, &b)| u64::try_from(a) == Ok(b))
     });
     if !same {
         return bad(format!(
@@ -136,7 +142,9 @@ pub fn check_input(
 
 /// The message for binary input data of the wrong size.
 pub fn input_size_message(input_name: &str, got: u64, want: u64) -> String {
-    format!("input '{input_name}' has {got} bytes of binary data, shape and datatype require {want}")
+    format!(
+        "input '{input_name}' has {got} bytes of binary data, shape and datatype require {want}"
+    )
 }
 
 /// Checks a requested output's name against `model`'s output.
@@ -191,7 +199,13 @@ pub fn parse_infer(
     };
     let shape: Option<Vec<i64>> = input.shape.iter().map(Value::as_i64).collect();
     let shape_text = Value::Array(input.shape.clone()).to_string();
-    check_input(model, &input.name, &input.datatype, shape.as_deref(), &shape_text)?;
+    check_input(
+        model,
+        &input.name,
+        &input.datatype,
+        shape.as_deref(),
+        &shape_text,
+    )?;
     let len = spec.byte_len() as usize;
     let mut bytes = vec![0u8; len];
     match param_u64(&input.parameters, "binary_data_size")? {

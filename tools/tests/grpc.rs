@@ -7,6 +7,7 @@
 use frontend::grpc::pb;
 use frontend::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
 use frontend::models::ModelCatalog;
+use frontend::service::InferenceService;
 use frontend::tensor::reference_output;
 use scheduler::zoo::ModelSpec;
 use tonic::transport::Channel;
