@@ -75,6 +75,79 @@ pub fn find_model<'s, S: InferenceService>(
     })
 }
 
+/// Refuses a request for a model that is unloaded (model control).
+pub fn check_loaded<S: InferenceService>(service: &S, model: &ModelEntry) -> Result<(), ApiError> {
+    if service.model_states().is_loaded(model.id) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            ErrorKind::Unavailable,
+            format!(
+                "model '{}' is unloaded (load it with POST /v2/repository/models/{}/load or RepositoryModelLoad)",
+                model.spec.name, model.spec.name
+            ),
+        ))
+    }
+}
+
+/// Whether model `name` (any version) is served and loaded.
+pub fn model_ready<S: InferenceService>(service: &S, name: &str, version: Option<&str>) -> bool {
+    find_model(service, name, version).is_ok_and(|m| service.model_states().is_loaded(m.id))
+}
+
+/// Loads (`load`) or unloads model `name` of the catalog (explicit model
+/// control). A model outside the catalog cannot be loaded: the cluster's
+/// model list is fixed when it forms.
+pub fn set_loaded<S: InferenceService>(
+    service: &S,
+    name: &str,
+    load: bool,
+) -> Result<(), ApiError> {
+    let model = service.catalog().by_name(name).ok_or_else(|| {
+        ApiError::new(
+            ErrorKind::NotFound,
+            format!(
+                "unknown model: '{name}' (only models of the cluster's model list can be loaded)"
+            ),
+        )
+    })?;
+    service.model_states().set_loaded(model.id, load);
+    Ok(())
+}
+
+/// One repository index entry (name, version, state, reason).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexEntry {
+    /// Model name.
+    pub name: String,
+    /// Model version.
+    pub version: String,
+    /// `READY` or `UNAVAILABLE`.
+    pub state: &'static str,
+    /// Why not ready ("" when ready).
+    pub reason: &'static str,
+}
+
+/// The repository index: every model of the catalog and its state
+/// (`ready_only`: the ready ones).
+pub fn repository_index<S: InferenceService>(service: &S, ready_only: bool) -> Vec<IndexEntry> {
+    service
+        .catalog()
+        .entries()
+        .iter()
+        .map(|m| {
+            let loaded = service.model_states().is_loaded(m.id);
+            IndexEntry {
+                name: m.spec.name.clone(),
+                version: m.version.clone(),
+                state: if loaded { "READY" } else { "UNAVAILABLE" },
+                reason: if loaded { "" } else { "unloaded" },
+            }
+        })
+        .filter(|e| !ready_only || e.state == "READY")
+        .collect()
+}
+
 /// Runs a validated request (`input`: exactly the model's input bytes)
 /// that arrived at `started`, waits for its outcome and records it in the
 /// metrics (the one place requests are counted). `budget` runs from
@@ -86,6 +159,9 @@ pub async fn run_infer<S: InferenceService>(
     budget: Duration,
     started: std::time::Instant,
 ) -> Result<Vec<u8>, ApiError> {
+    if let Some(model) = service.catalog().by_id(model_id) {
+        check_loaded(service, model)?;
+    }
     let spent = Duration::from_nanos(started.elapsed().as_nanos() as u64);
     let result = infer(service, model_id, input, budget.saturating_sub(spent)).await;
     let us = started.elapsed().as_micros() as u64;

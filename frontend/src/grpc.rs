@@ -8,8 +8,8 @@
 //! Messages are bounded ([`GrpcConfig::max_message`]); a larger one is
 //! refused by tonic with `RESOURCE_EXHAUSTED` before it is decoded, and a
 //! malformed one with `INTERNAL` ("failed to decode"), as in any tonic
-//! server: neither reaches this code. Model control (load/unload) is not
-//! offered: those RPCs answer `UNIMPLEMENTED`.
+//! server: neither reaches this code. Model control (load/unload) toggles
+//! whether a catalog model takes requests ([`crate::models::ModelStates`]).
 
 use crate::api::{self, ApiError, ErrorKind};
 use crate::models::ModelEntry;
@@ -337,7 +337,7 @@ impl<S: InferenceService> GrpcInferenceService for GrpcService<S> {
         req: Request<pb::ModelReadyRequest>,
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
         let r = req.get_ref();
-        let ready = api::find_model(&*self.service, &r.name, Some(&r.version)).is_ok();
+        let ready = api::model_ready(&*self.service, &r.name, Some(&r.version));
         Ok(Response::new(pb::ModelReadyResponse { ready }))
     }
 
@@ -454,19 +454,17 @@ impl<S: InferenceService> GrpcInferenceService for GrpcService<S> {
 
     async fn repository_index(
         &self,
-        _: Request<pb::RepositoryIndexRequest>,
+        req: Request<pb::RepositoryIndexRequest>,
     ) -> Result<Response<pb::RepositoryIndexResponse>, Status> {
+        let entries = api::repository_index(&*self.service, req.get_ref().ready);
         Ok(Response::new(pb::RepositoryIndexResponse {
-            models: self
-                .service
-                .catalog()
-                .entries()
-                .iter()
-                .map(|m| pb::repository_index_response::ModelIndex {
-                    name: m.spec.name.clone(),
-                    version: m.version.clone(),
-                    state: "READY".into(),
-                    reason: String::new(),
+            models: entries
+                .into_iter()
+                .map(|e| pb::repository_index_response::ModelIndex {
+                    name: e.name,
+                    version: e.version,
+                    state: e.state.into(),
+                    reason: e.reason.into(),
                 })
                 .collect(),
         }))
@@ -474,22 +472,18 @@ impl<S: InferenceService> GrpcInferenceService for GrpcService<S> {
 
     async fn repository_model_load(
         &self,
-        _: Request<pb::RepositoryModelLoadRequest>,
+        req: Request<pb::RepositoryModelLoadRequest>,
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
-        Err(status(ApiError::new(
-            ErrorKind::Unsupported,
-            "model control is not offered: every model in the catalog is always loaded",
-        )))
+        api::set_loaded(&*self.service, &req.get_ref().model_name, true).map_err(status)?;
+        Ok(Response::new(pb::RepositoryModelLoadResponse {}))
     }
 
     async fn repository_model_unload(
         &self,
-        _: Request<pb::RepositoryModelUnloadRequest>,
+        req: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
-        Err(status(ApiError::new(
-            ErrorKind::Unsupported,
-            "model control is not offered: every model in the catalog is always loaded",
-        )))
+        api::set_loaded(&*self.service, &req.get_ref().model_name, false).map_err(status)?;
+        Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
 }
 

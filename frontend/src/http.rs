@@ -3,7 +3,8 @@
 //! Routes: `GET /v2/health/live`, `GET /v2/health/ready`, `GET /v2`,
 //! `GET /v2/models/{m}[/versions/{v}]`, `GET .../ready`, `GET .../config`,
 //! `GET .../stats`, `GET /v2/models/stats`, `POST .../infer`,
-//! `POST /v2/repository/index`, `GET /metrics`. Lookup, accounting and
+//! `POST /v2/repository/index`, `POST /v2/repository/models/{m}/load|unload`,
+//! `GET /metrics`. Lookup, accounting and
 //! errors are the shared [`crate::api`] layer's (the gRPC server's too).
 //!
 //! Status codes follow Triton's mapping of its error kinds: invalid
@@ -218,8 +219,16 @@ pub async fn handle<S: InferenceService>(
         ["v2"] if get => json(StatusCode::OK, &protocol::server_metadata()),
         ["v2", "repository", "index"] if method == Method::POST => json(
             StatusCode::OK,
-            &protocol::repository_index(service.catalog()),
+            &protocol::repository_index(&api::repository_index(service, false)),
         ),
+        ["v2", "repository", "models", name, action @ ("load" | "unload")]
+            if method == Method::POST =>
+        {
+            match api::set_loaded(service, name, *action == "load") {
+                Ok(()) => respond(StatusCode::OK, "application/json", b"{}".to_vec()),
+                Err(e) => api_error(&e),
+            }
+        }
         ["metrics"] if get => respond(
             StatusCode::OK,
             "text/plain; version=0.0.4",
@@ -240,7 +249,14 @@ pub async fn handle<S: InferenceService>(
             };
             match (rest, get, method == Method::POST) {
                 ([], true, _) => json(StatusCode::OK, &protocol::model_metadata(model)),
-                (["ready"], true, _) => respond(StatusCode::OK, "text/plain", Vec::new()),
+                (["ready"], true, _) => {
+                    let s = if api::model_ready(service, name, version) {
+                        StatusCode::OK
+                    } else {
+                        StatusCode::SERVICE_UNAVAILABLE
+                    };
+                    respond(s, "text/plain", Vec::new())
+                }
                 (["config"], true, _) => json(StatusCode::OK, &protocol::model_config(model)),
                 (["stats"], true, _) => match api::statistics(service, name, version) {
                     Ok(s) => json(StatusCode::OK, &protocol::statistics(&s)),

@@ -3,7 +3,7 @@
 //! or the binary tensor data extension), and building the responses.
 //! Pure functions over bytes: no I/O, no panics on any input.
 
-use crate::models::{ModelCatalog, ModelEntry};
+use crate::models::ModelEntry;
 use crate::tensor::{decode_to_json, encode_json_data, DataType, TensorSpec};
 use dataplane::time::Duration;
 use serde::Deserialize;
@@ -320,12 +320,17 @@ pub fn server_metadata() -> Value {
 }
 
 /// `POST /v2/repository/index`.
-pub fn repository_index(catalog: &ModelCatalog) -> Value {
+pub fn repository_index(entries: &[crate::api::IndexEntry]) -> Value {
     Value::Array(
-        catalog
-            .entries()
+        entries
             .iter()
-            .map(|m| json!({ "name": m.spec.name, "version": m.version, "state": "READY" }))
+            .map(|e| {
+                let mut v = json!({ "name": e.name, "version": e.version, "state": e.state });
+                if !e.reason.is_empty() {
+                    v["reason"] = Value::String(e.reason.into());
+                }
+                v
+            })
             .collect(),
     )
 }
@@ -372,6 +377,7 @@ pub fn error_body(msg: &str) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::models::ModelCatalog;
     use scheduler::zoo::ModelSpec;
 
     fn model() -> ModelEntry {

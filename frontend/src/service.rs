@@ -5,7 +5,7 @@
 //! transport to the scheduler, or the in-process cluster in tests).
 
 use crate::metrics::Metrics;
-use crate::models::{ModelCatalog, ModelEntry};
+use crate::models::{ModelCatalog, ModelEntry, ModelStates};
 use crate::staging::{CounterSnapshot, Outcome, StageError, Staging, Ticket};
 use dataplane::time::Duration;
 use dataplane::wire::{self, DropReason, TaskStatus};
@@ -91,6 +91,8 @@ pub trait InferenceService: Send + Sync + 'static {
     fn metrics(&self) -> &Metrics;
     /// The global outcome counters.
     fn counters(&self) -> CounterSnapshot;
+    /// Which models take requests (model control).
+    fn model_states(&self) -> &ModelStates;
 
     /// Model metadata lookup by name (and version, if given).
     fn model(&self, name: &str, version: Option<&str>) -> Option<&ModelEntry> {
@@ -136,6 +138,7 @@ pub struct ClusterService<S: TaskSink> {
     grace: Duration,
     ready: Arc<AtomicBool>,
     return_margin: Duration,
+    states: ModelStates,
 }
 
 impl<S: TaskSink> std::fmt::Debug for ClusterService<S> {
@@ -157,6 +160,7 @@ impl<S: TaskSink> ClusterService<S> {
         grace: Duration,
     ) -> Self {
         ClusterService {
+            states: ModelStates::all_loaded(&catalog),
             catalog,
             staging,
             sink,
@@ -234,5 +238,8 @@ impl<S: TaskSink> InferenceService for ClusterService<S> {
     }
     fn counters(&self) -> CounterSnapshot {
         self.staging.counters().snapshot()
+    }
+    fn model_states(&self) -> &ModelStates {
+        &self.states
     }
 }

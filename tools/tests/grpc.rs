@@ -176,13 +176,57 @@ async fn bad_input_gets_the_http_errors_as_grpc_codes() {
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
     let e = c
-        .repository_model_unload(pb::RepositoryModelUnloadRequest { model_name: "resnet".into(), ..Default::default() })
+        .repository_model_load(pb::RepositoryModelLoadRequest { model_name: "nope".into(), ..Default::default() })
         .await
         .unwrap_err();
-    assert_eq!(e.code(), Code::Unimplemented);
+    assert_eq!(e.code(), Code::NotFound);
     // The server still serves.
     let out = c.model_infer(good()).await.expect("still serving").into_inner();
     assert_eq!(out.raw_output_contents, vec![expected(&values(1))]);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unload_refuses_new_requests_and_load_serves_again() {
+    let s = start().await;
+    let mut c = client(&s).await;
+    let good = || {
+        let mut r = request("x");
+        r.raw_input_contents = vec![le(&values(2)).into()];
+        r
+    };
+    let ready = |c: &mut GrpcInferenceServiceClient<Channel>| {
+        let mut c = c.clone();
+        async move {
+            c.model_ready(pb::ModelReadyRequest { name: "resnet".into(), version: String::new() })
+                .await
+                .unwrap()
+                .into_inner()
+                .ready
+        }
+    };
+    c.model_infer(good()).await.expect("loaded at start");
+    c.repository_model_unload(pb::RepositoryModelUnloadRequest { model_name: "resnet".into(), ..Default::default() })
+        .await
+        .expect("unloads");
+    assert!(!ready(&mut c).await);
+    let e = c.model_infer(good()).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("unloaded"), "{e:?}");
+    let index = c.repository_index(pb::RepositoryIndexRequest::default()).await.unwrap().into_inner();
+    assert_eq!(index.models[0].state, "UNAVAILABLE");
+    let ready_only = c
+        .repository_index(pb::RepositoryIndexRequest { ready: true, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(ready_only.models.is_empty());
+    c.repository_model_load(pb::RepositoryModelLoadRequest { model_name: "resnet".into(), ..Default::default() })
+        .await
+        .expect("loads");
+    assert!(ready(&mut c).await);
+    let out = c.model_infer(good()).await.expect("serves again").into_inner();
+    assert_eq!(out.raw_output_contents, vec![expected(&values(2))]);
     s.stop().await;
 }
 

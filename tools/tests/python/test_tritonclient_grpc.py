@@ -119,6 +119,25 @@ def test_bad_input():
     np.testing.assert_array_equal(c.infer(MODEL, [inp]).as_numpy("OUTPUT0"), reference_output(data))
 
 
+def test_model_control_over_grpc_and_http():
+    import tritonclient.http as httpclient
+
+    from test_tritonclient import URL as HTTP_URL
+
+    for ctl in (client(), httpclient.InferenceServerClient(url=HTTP_URL)):
+        ctl.unload_model(MODEL)
+        assert not ctl.is_model_ready(MODEL)
+        inp, _ = make_input(3)
+        expect_error(lambda: client().infer(MODEL, [inp]), "UNAVAILABLE", "unloaded")
+        index = client().get_model_repository_index(as_json=True)["models"]
+        assert [e.get("state") for e in index if e["name"] == MODEL] == ["UNAVAILABLE"]
+        ctl.load_model(MODEL)
+        assert ctl.is_model_ready(MODEL)
+        inp, data = make_input(4)
+        np.testing.assert_array_equal(client().infer(MODEL, [inp]).as_numpy("OUTPUT0"), reference_output(data))
+    expect_error(lambda: client().load_model("no_such_model"), "NOT_FOUND")
+
+
 if __name__ == "__main__":
     for name, fn in list(globals().items()):
         if name.startswith("test_") and callable(fn):
