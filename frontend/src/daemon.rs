@@ -76,6 +76,12 @@ pub struct Cli {
     /// KServe v2 gRPC listen address. Default 127.0.0.1:0.
     #[arg(long)]
     pub grpc: Option<String>,
+    /// TLS certificate chain (PEM) for the HTTP and gRPC endpoints (with --tls-key). Default: no TLS.
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) for the HTTP and gRPC endpoints (with --tls-cert).
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
     /// Data listen address for backends' connections (transport address).
     /// Default: a fresh one (shm: a new name; tcp: 127.0.0.1:0).
     #[arg(long)]
@@ -148,6 +154,8 @@ struct FileConfig {
     scheduler: Option<String>,
     http: Option<String>,
     grpc: Option<String>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
     data_listen: Option<String>,
     transport: Option<String>,
     idle: Option<String>,
@@ -179,6 +187,8 @@ pub struct Options {
     pub http: SocketAddr,
     /// gRPC listen address.
     pub grpc: SocketAddr,
+    /// TLS identity for HTTP and gRPC, if any.
+    pub tls: Option<crate::tls::TlsIdentity>,
     /// Data listen address.
     pub data_listen: String,
     /// Transport.
@@ -251,6 +261,10 @@ impl Options {
             "grpc",
             cli.grpc.or(file.grpc).as_deref().unwrap_or("127.0.0.1:0"),
         )?;
+        let tls = crate::tls::from_options(
+            cli.tls_cert.or(file.tls_cert).as_ref(),
+            cli.tls_key.or(file.tls_key).as_ref(),
+        )?;
         let metrics = addr(
             "metrics",
             cli.metrics
@@ -306,6 +320,7 @@ impl Options {
             scheduler,
             http,
             grpc,
+            tls,
             data_listen,
             transport,
             idle,
@@ -526,9 +541,10 @@ fn serve_http(
         max_body: opts.max_body,
         ..HttpConfig::default()
     };
-    let grpc = start_grpc(&rt, opts.grpc, service.clone())?;
+    let grpc = start_grpc(&rt, opts, service.clone())?;
+    let http_tls = opts.tls.as_ref().map(|t| t.http_config()).transpose()?;
     let server = rt
-        .block_on(Server::start(opts.http, service, http_cfg))
+        .block_on(Server::start_tls(opts.http, service, http_cfg, http_tls))
         .map_err(|e| format!("HTTP listener on {}: {e}", opts.http))?;
     let render_staging = staging.clone();
     let render_metrics = metrics.clone();
@@ -598,14 +614,20 @@ fn serve_http(
     }
 }
 
-/// Starts the gRPC server on `rt` over the same service as HTTP.
+/// Starts the gRPC server on `rt` over the same service (and TLS) as HTTP.
 fn start_grpc<S: crate::service::InferenceService>(
     rt: &tokio::runtime::Runtime,
-    addr: SocketAddr,
+    opts: &Options,
     service: Arc<S>,
 ) -> Result<crate::grpc::GrpcServer, String> {
-    rt.block_on(crate::grpc::GrpcServer::start(addr, service, Default::default()))
-        .map_err(|e| format!("gRPC listener on {addr}: {e}"))
+    let addr = opts.grpc;
+    rt.block_on(crate::grpc::GrpcServer::start_tls(
+        addr,
+        service,
+        Default::default(),
+        opts.tls.as_ref(),
+    ))
+    .map_err(|e| format!("gRPC listener on {addr}: {e}"))
 }
 
 /// Accepts backends' data connections and hands them to the I/O thread

@@ -502,6 +502,15 @@ impl GrpcServer {
         service: Arc<S>,
         cfg: GrpcConfig,
     ) -> std::io::Result<GrpcServer> {
+        Self::start_tls(addr, service, cfg, None).await
+    }
+    /// [`GrpcServer::start`], serving gRPC over TLS with `tls` if given.
+    pub async fn start_tls<S: InferenceService>(
+        addr: SocketAddr,
+        service: Arc<S>,
+        cfg: GrpcConfig,
+        tls: Option<&crate::tls::TlsIdentity>,
+    ) -> std::io::Result<GrpcServer> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let incoming =
@@ -510,7 +519,13 @@ impl GrpcServer {
             .max_decoding_message_size(cfg.max_message)
             .max_encoding_message_size(cfg.max_message);
         let (stop, stop_rx) = oneshot::channel::<()>();
-        let router = tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(id) = tls {
+            builder = builder
+                .tls_config(id.grpc_config())
+                .map_err(|e| std::io::Error::other(format!("gRPC TLS: {e}")))?;
+        }
+        let router = builder
             .max_concurrent_streams(Some(cfg.max_concurrent_streams))
             .add_service(svc);
         let task = tokio::spawn(async move {

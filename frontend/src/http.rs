@@ -109,6 +109,15 @@ impl Server {
         service: Arc<S>,
         cfg: HttpConfig,
     ) -> std::io::Result<Server> {
+        Self::start_tls(addr, service, cfg, None).await
+    }
+    /// [`Server::start`], serving HTTPS with `tls` if given.
+    pub async fn start_tls<S: InferenceService>(
+        addr: SocketAddr,
+        service: Arc<S>,
+        cfg: HttpConfig,
+        tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+    ) -> std::io::Result<Server> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let (stop, stop_rx) = watch::channel(false);
@@ -120,6 +129,7 @@ impl Server {
             cfg,
             stop_rx,
             permits.clone(),
+            tls.map(tokio_rustls::TlsAcceptor::from),
         ));
         Ok(Server {
             addr,
@@ -157,6 +167,7 @@ async fn accept_loop<S: InferenceService>(
     cfg: HttpConfig,
     mut stop: watch::Receiver<bool>,
     permits: Arc<Semaphore>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
     loop {
         let permit = tokio::select! {
@@ -173,26 +184,51 @@ async fn accept_loop<S: InferenceService>(
         };
         let _ = stream.set_nodelay(true);
         let service = service.clone();
-        let mut conn_stop = stop.clone();
+        let conn_stop = stop.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let svc = service_fn(move |req| {
-                let service = service.clone();
-                async move { Ok::<_, std::convert::Infallible>(handle(&*service, req, cfg).await) }
-            });
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(cfg.header_timeout)
-                .serve_connection(TokioIo::new(stream), svc);
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = conn_stop.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
+            match tls {
+                None => serve_connection(stream, service, cfg, conn_stop).await,
+                Some(acceptor) => {
+                    // A client that never finishes its handshake must not hold a slot.
+                    let handshake =
+                        tokio::time::timeout(cfg.header_timeout, acceptor.accept(stream));
+                    if let Ok(Ok(stream)) = handshake.await {
+                        serve_connection(stream, service, cfg, conn_stop).await;
+                    }
                 }
             }
             drop(permit);
         });
+    }
+}
+
+/// Serves HTTP/1.1 on one connection (plain or TLS) until it closes or the
+/// server stops (then after answering the request in progress).
+async fn serve_connection<IO, S>(
+    io: IO,
+    service: Arc<S>,
+    cfg: HttpConfig,
+    mut conn_stop: watch::Receiver<bool>,
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: InferenceService,
+{
+    let svc = service_fn(move |req| {
+        let service = service.clone();
+        async move { Ok::<_, std::convert::Infallible>(handle(&*service, req, cfg).await) }
+    });
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(cfg.header_timeout)
+        .serve_connection(TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        _ = conn_stop.changed() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
     }
 }
 

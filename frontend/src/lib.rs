@@ -17,3 +17,4 @@ pub mod protocol;
 pub mod service;
 pub mod staging;
 pub mod tensor;
+pub mod tls;

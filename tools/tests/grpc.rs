@@ -286,3 +286,67 @@ impl tonic::codec::Decoder for RawCodec {
         Ok(Some(v))
     }
 }
+
+/// TLS (off by default): with a certificate and key, HTTP and gRPC both
+/// answer over TLS only, verified against the self-signed test certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_on_http_and_grpc_with_a_self_signed_certificate() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tls");
+    let id = frontend::tls::TlsIdentity::from_files(&dir.join("cert.pem"), &dir.join("key.pem"))
+        .expect("test certificate loads");
+    let models = vec![ModelSpec::linear("resnet", 1.0, 4.0, 100.0).unwrap()];
+    let mut cfg = LocalConfig::new(ModelCatalog::with_default_tensors(&models));
+    cfg.cluster.timer_slack = dataplane::time::Duration::from_millis(60);
+    cfg.tls = Some(id.clone());
+    let s = LocalServer::start(cfg).await.expect("server starts");
+
+    // gRPC over TLS, with the certificate as the only root.
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(&id.cert_pem))
+        .domain_name("localhost");
+    let channel = Channel::from_shared(format!("https://{}", s.grpc_addr()))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .expect("TLS gRPC connects");
+    let mut c = GrpcInferenceServiceClient::new(channel);
+    let mut r = request("tls");
+    r.raw_input_contents = vec![le(&values(5)).into()];
+    let out = c.model_infer(r).await.expect("infer over TLS").into_inner();
+    assert_eq!(out.raw_output_contents, vec![expected(&values(5))]);
+    // Plain text to the TLS port fails.
+    let plain = GrpcInferenceServiceClient::connect(format!("http://{}", s.grpc_addr())).await;
+    if let Ok(mut p) = plain {
+        assert!(p.server_live(pb::ServerLiveRequest {}).await.is_err());
+    }
+
+    // HTTPS.
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&id.cert_pem) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let client_cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client_cfg));
+    let tcp = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls_stream = connector.connect(name, tcp).await.expect("TLS HTTP handshake");
+    tls_stream
+        .write_all(b"GET /v2/health/live HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut reply = Vec::new();
+    let _ = tls_stream.read_to_end(&mut reply).await;
+    let text = String::from_utf8_lossy(&reply);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    s.stop().await;
+}

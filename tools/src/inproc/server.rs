@@ -74,6 +74,8 @@ pub struct LocalConfig {
     pub grpc_addr: SocketAddr,
     /// gRPC limits.
     pub grpc: GrpcConfig,
+    /// TLS for HTTP and gRPC (default: none).
+    pub tls: Option<frontend::tls::TlsIdentity>,
     /// Staging slots (requests in flight at most).
     pub slots: u32,
     /// Wait past a request's budget before answering it timed out.
@@ -91,6 +93,7 @@ impl LocalConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             grpc_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             grpc: GrpcConfig::default(),
+            tls: None,
             slots: 4096,
             grace: Duration::from_millis(100),
         }
@@ -216,8 +219,9 @@ impl LocalServer {
             .map_err(std::io::Error::other)?
             .map_err(std::io::Error::other)?
             .map_err(std::io::Error::other)?;
-        let server = Server::start(cfg.addr, service.clone(), cfg.http).await?;
-        let grpc = GrpcServer::start(cfg.grpc_addr, service.clone(), cfg.grpc).await?;
+        let http_tls = cfg.tls.as_ref().map(|t| t.http_config()).transpose().map_err(std::io::Error::other)?;
+        let server = Server::start_tls(cfg.addr, service.clone(), cfg.http, http_tls).await?;
+        let grpc = GrpcServer::start_tls(cfg.grpc_addr, service.clone(), cfg.grpc, cfg.tls.as_ref()).await?;
         Ok(LocalServer { server, grpc, service, stop: StopOnDrop { flag: stop, wake }, thread: Some(thread) })
     }
 
