@@ -44,6 +44,12 @@ struct Args {
     /// Exit when stdin reaches end of file (for harnesses).
     #[arg(long)]
     exit_on_stdin_eof: bool,
+    /// TLS certificate (PEM) for HTTP and gRPC, with --tls-key.
+    #[arg(long)]
+    tls_cert: Option<std::path::PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long)]
+    tls_key: Option<std::path::PathBuf>,
 }
 
 fn main() -> Result<(), String> {
@@ -64,6 +70,7 @@ fn main() -> Result<(), String> {
     cfg.cluster.timer_slack = dataplane::time::Duration::from_millis_f64(args.timer_slack_ms);
     cfg.slots = args.slots;
     cfg.http.max_body = args.max_body;
+    cfg.tls = frontend::tls::from_options(args.tls_cert.as_ref(), args.tls_key.as_ref())?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

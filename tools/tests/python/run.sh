@@ -62,6 +62,30 @@ else
     timeout 300 "$PY" "$here/test_tritonclient_grpc.py"
 fi
 
+# The same server with TLS (the self-signed test certificate): tritonclient's SSL options over
+# HTTP and gRPC. The certificate names localhost.
+tls_dir="$here/../data/tls"
+tls_fifo="$tmp/stdin-tls"
+mkfifo "$tls_fifo"
+"$bin" --port 0 --print-port --exit-on-stdin-eof --gpus 1 --models none --model tc_model=0.268,5.172,200 \
+    --tls-cert "$tls_dir/cert.pem" --tls-key "$tls_dir/key.pem" <"$tls_fifo" >"$tmp/out-tls" 2>"$tmp/err-tls" &
+tls_server=$!
+exec 8>"$tls_fifo"
+tls_port=""
+for _ in $(seq 100); do
+    tls_port="$(sed -n 's/^PORT \([0-9]*\)$/\1/p' "$tmp/out-tls")"
+    [ -n "$tls_port" ] && break
+    kill -0 "$tls_server" 2>/dev/null || { cat "$tmp/err-tls"; exit 1; }
+    sleep 0.1
+done
+[ -n "$tls_port" ] || { echo "TLS server did not report its port"; cat "$tmp/err-tls"; exit 1; }
+export SYMPHONY_TLS_URL="localhost:$tls_port"
+export SYMPHONY_TLS_GRPC_URL="localhost:$(sed -n 's/^GRPC_PORT \([0-9]*\)$/\1/p' "$tmp/out-tls")"
+# tc_model is model 0 of this server.
+SYMPHONY_MODEL=tc_model SYMPHONY_MODEL_ID=0 timeout 120 "$PY" "$here/test_tritonclient_tls.py"
+exec 8>&-
+wait "$tls_server" 2>/dev/null || true
+
 # perf_analyzer, when present (PyPI perf-analyzer ships a binary that needs
 # the Triton C++ client libraries; see docs/_parts/frontend.md).
 if [ "${RUN_PERF_ANALYZER:-0}" = 1 ] && command -v perf_analyzer >/dev/null; then
