@@ -66,11 +66,12 @@ fn status(e: ApiError) -> Status {
     Status::new(code_of(e.kind), e.message)
 }
 
-/// A validated `ModelInfer` request.
+/// A validated `ModelInfer` request (raw input borrowed from the request:
+/// staging copies it once, into registered memory).
 #[derive(Clone, Debug, PartialEq)]
-pub struct ParsedGrpcInfer {
+pub struct ParsedGrpcInfer<'r> {
     /// The input tensor's bytes, little-endian, exactly the model's size.
-    pub input: Vec<u8>,
+    pub input: std::borrow::Cow<'r, [u8]>,
     /// Time budget (the `timeout` parameter, µs, else the model's SLO).
     pub budget: dataplane::time::Duration,
 }
@@ -89,10 +90,10 @@ fn param_u64(p: Option<&pb::InferParameter>) -> Result<Option<u64>, ApiError> {
 /// Checks a decoded `ModelInfer` request against `model` (the same checks
 /// as an HTTP request: [`protocol::check_input`] and friends) and gathers
 /// its input bytes from `raw_input_contents` or the typed `contents`.
-pub fn parse_model_infer(
-    req: &pb::ModelInferRequest,
+pub fn parse_model_infer<'r>(
+    req: &'r pb::ModelInferRequest,
     model: &ModelEntry,
-) -> Result<ParsedGrpcInfer, ApiError> {
+) -> Result<ParsedGrpcInfer<'r>, ApiError> {
     if req.id.len() > MAX_ID_LEN {
         return Err(ApiError::invalid(format!(
             "request id longer than {MAX_ID_LEN} bytes"
@@ -109,7 +110,7 @@ pub fn parse_model_infer(
         &input.name,
         &input.datatype,
         Some(&input.shape),
-        &format!("{:?}", input.shape),
+        || format!("{:?}", input.shape),
     )?;
     for o in &req.outputs {
         protocol::check_output(model, &o.name)?;
@@ -124,12 +125,12 @@ pub fn parse_model_infer(
                     want,
                 )));
             }
-            raw.to_vec()
+            std::borrow::Cow::Borrowed(&raw[..])
         }
         ([], Some(c)) => {
             let mut out = vec![0u8; want as usize];
             encode_contents(input, c, model.input.datatype, &mut out)?;
-            out
+            std::borrow::Cow::Owned(out)
         }
         ([], None) => {
             return Err(ApiError::invalid(format!(
@@ -583,18 +584,16 @@ mod tests {
         let m = &c.entries()[0];
         let vals: Vec<f32> = (0..16).map(|i| i as f32 * 0.5).collect();
         let raw: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let typed = parse_model_infer(
-            &request(
-                Some(pb::InferTensorContents {
-                    fp32_contents: vals.clone(),
-                    ..Default::default()
-                }),
-                vec![],
-            ),
-            m,
-        )
-        .unwrap();
-        let from_raw = parse_model_infer(&request(None, vec![raw.clone()]), m).unwrap();
+        let typed_req = request(
+            Some(pb::InferTensorContents {
+                fp32_contents: vals.clone(),
+                ..Default::default()
+            }),
+            vec![],
+        );
+        let typed = parse_model_infer(&typed_req, m).unwrap();
+        let raw_req = request(None, vec![raw.clone()]);
+        let from_raw = parse_model_infer(&raw_req, m).unwrap();
         assert_eq!(typed.input, raw);
         assert_eq!(from_raw, typed);
     }

@@ -99,14 +99,14 @@ pub fn input_count_message(model: &ModelEntry, got: usize) -> String {
 }
 
 /// Checks an input's name, datatype and shape (`None`: not all integers;
-/// `shape_text` shows it as sent) against `model`'s input: the one check
+/// `shape_text` shows it as sent, formatted only for the error) against `model`'s input: the one check
 /// HTTP and gRPC requests both pass.
 pub fn check_input(
     model: &ModelEntry,
     input_name: &str,
     datatype: &str,
     shape: Option<&[i64]>,
-    shape_text: &str,
+    shape_text: impl FnOnce() -> String,
 ) -> Result<(), BadRequest> {
     let spec = &model.input;
     let name = &model.spec.name;
@@ -133,7 +133,8 @@ pub fn check_input(
     });
     if !same {
         return bad(format!(
-            "input '{input_name}' has shape {shape_text}, model '{name}' expects {:?}",
+            "input '{input_name}' has shape {}, model '{name}' expects {:?}",
+            shape_text(),
             spec.shape
         ));
     }
@@ -198,13 +199,12 @@ pub fn parse_infer(
         return bad(input_count_message(model, req.inputs.len()));
     };
     let shape: Option<Vec<i64>> = input.shape.iter().map(Value::as_i64).collect();
-    let shape_text = Value::Array(input.shape.clone()).to_string();
     check_input(
         model,
         &input.name,
         &input.datatype,
         shape.as_deref(),
-        &shape_text,
+        || Value::Array(input.shape.clone()).to_string(),
     )?;
     let len = spec.byte_len() as usize;
     let mut bytes = vec![0u8; len];
