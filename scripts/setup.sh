@@ -3,9 +3,10 @@
 # Idempotent: installs only what is missing. The Rust toolchain itself comes with the machine.
 #   cmake, clang, libclang-dev: sideway's rdma-mummy-sys generates its verbs bindings with
 #   bindgen (the `rdma` feature of dataplane). python3-venv: the project venv below.
+#   protobuf-compiler: protoc, which the frontend's build script runs on its gRPC .proto.
 # The Soft-RoCE harness (tests/softroce/run.sh) installs QEMU and its guest packages itself.
 set -euo pipefail
-need="cmake clang libclang-dev python3-venv"
+need="cmake clang libclang-dev python3-venv protobuf-compiler"
 missing=""
 for p in $need; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $p"

@@ -11,6 +11,8 @@
 #      metadata and infer calls against the frontend's HTTP server, in process and then
 #      against the real daemons (`symphony up --serve`: scheduler, two frontends and two
 #      emulated-GPU backends as processes), which must then shut down cleanly on Ctrl-C
+#   5b. Triton's perf_analyzer unchanged over HTTP and gRPC against `symphony up --serve`
+#      (tests/perf_analyzer.sh: concurrency 4, ~10 s each, 0 errors, infer/s within 5% of /stats)
 #   6. real models: scripts/fetch-models.sh (or the models already in models/) for the ONNX
 #      executor's tests in step 3 (required then: SYMPHONY_ONNX_REQUIRED=1), and
 #      tests/onnx_daemons.sh (real inference through the daemons, bad inputs, a broken model)
@@ -49,6 +51,8 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="$CARGO_TARGET_DIR/loom" cargo test -p d
 step tritonclient
 bash tools/tests/python/run.sh
 bash tests/tritonclient_daemons.sh
+step perf-analyzer
+bash tests/perf_analyzer.sh
 step onnx-daemons
 bash tests/onnx_daemons.sh
 step soft-roce

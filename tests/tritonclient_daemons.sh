@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Triton's own Python client (tritonclient[http]) against the real daemons:
+# Triton's own Python clients (tritonclient[http] and [grpc]) against the real daemons:
 # `symphony up --serve` (scheduler, two frontends, two emulated-GPU backends
 # as processes over shm), the same tests as tools/tests/python against
 # frontend 1, then Ctrl-C (SIGINT) and a check that every process exited
@@ -8,7 +8,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
 PY="${PYTHON:-python3}"
-"$PY" -c "import tritonclient.http, numpy" 2>/dev/null || timeout 600 "$PY" -m pip install -q "tritonclient[http]"
+"$PY" -c "import tritonclient.http, tritonclient.grpc, numpy" 2>/dev/null || timeout 600 "$PY" -m pip install -q "tritonclient[http,grpc]"
 (cd "$root" && timeout 900 cargo build -q --release -p tools --bin symphony)
 bin="$CARGO_TARGET_DIR/release/symphony"
 tmp="$(mktemp -d)"
@@ -17,11 +17,12 @@ tmp="$(mktemp -d)"
 . "$root/tests/lib/up_serve.sh"
 up_serve "$tmp" --serve --models ResNet50,DenseNet121 --model tc_model=0.268,5.172,200
 echo "daemons up; frontend 1 at $url"
-export SYMPHONY_URL="$url" SYMPHONY_MODEL=tc_model SYMPHONY_MODEL_ID=2
+export SYMPHONY_URL="$url" SYMPHONY_GRPC_URL="$grpc_url" SYMPHONY_MODEL=tc_model SYMPHONY_MODEL_ID=2
 if "$PY" -c "import pytest" 2>/dev/null; then
-    timeout 300 "$PY" -m pytest -q "$root/tools/tests/python/test_tritonclient.py"
+    timeout 300 "$PY" -m pytest -q "$root/tools/tests/python/test_tritonclient.py" "$root/tools/tests/python/test_tritonclient_grpc.py"
 else
     timeout 300 "$PY" "$root/tools/tests/python/test_tritonclient.py"
+    timeout 300 "$PY" "$root/tools/tests/python/test_tritonclient_grpc.py"
 fi
 # Issue 16: the daemons' Triton series are truthful, on the addresses `up --serve` prints.
 "$PY" - "$tmp/out" <<'PYEOF'

@@ -116,6 +116,12 @@ impl Histogram {
     pub fn sum(&self) -> u64 {
         self.cells.sum.load(Relaxed)
     }
+
+    /// Observations per bucket so far (not cumulative; the last is
+    /// `+Inf`'s own), each read once.
+    pub fn buckets(&self) -> Vec<u64> {
+        self.cells.buckets.iter().map(|b| b.load(Relaxed)).collect()
+    }
 }
 
 impl EncodeMetric for Histogram {

@@ -73,6 +73,16 @@ pub struct FrontendArgs {
     /// KServe v2 HTTP listen address, HOST:PORT.
     #[arg(long, default_value = "127.0.0.1:0", value_parser = parse_socket_addr)]
     pub http: SocketAddr,
+    /// KServe v2 gRPC listen address, HOST:PORT.
+    #[arg(long, default_value = "127.0.0.1:0", value_parser = parse_socket_addr)]
+    pub grpc: SocketAddr,
+    /// TLS certificate chain (PEM) for the HTTP and gRPC endpoints (with
+    /// --tls-key) [default: no TLS].
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) for the HTTP and gRPC endpoints (with --tls-cert).
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
     /// Data listen address for backends' connections (transport address).
     /// Default: a fresh one (shm: a new name; tcp: 127.0.0.1:0).
     #[arg(long)]
@@ -120,6 +130,10 @@ pub struct FrontendConfig {
     pub scheduler: String,
     /// HTTP listen address.
     pub http: SocketAddr,
+    /// gRPC listen address.
+    pub grpc: SocketAddr,
+    /// TLS identity for HTTP and gRPC, if any.
+    pub tls: Option<crate::tls::TlsIdentity>,
     /// Data listen address.
     pub data_listen: String,
     /// Transport.
@@ -177,6 +191,9 @@ impl FrontendArgs {
             id: self.id as u16,
             scheduler,
             http: self.http,
+            grpc: self.grpc,
+            tls: crate::tls::from_options(self.tls_cert.as_ref(), self.tls_key.as_ref())
+                .map_err(|e| ConfigError::invalid("tls-cert, --tls-key", e.to_string()))?,
             data_listen: self
                 .data_listen
                 .unwrap_or_else(|| common.transport.ephemeral_listen("127.0.0.1")),
@@ -380,6 +397,7 @@ struct IoEnd {
 struct Http {
     rt: tokio::runtime::Runtime,
     server: Server,
+    grpc: crate::grpc::GrpcServer,
     endpoint: MetricsEndpoint,
     staging: Arc<Staging>,
     /// How long answering what is in flight may take at shutdown.
@@ -424,15 +442,25 @@ impl Http {
             max_body: cfg.max_body,
             ..HttpConfig::default()
         };
+        let grpc = rt
+            .block_on(crate::grpc::GrpcServer::start_tls(cfg.grpc, service.clone(), Default::default(), cfg.tls.as_ref()))
+            .map_err(setup(format!("gRPC listener on {}", cfg.grpc)))?;
+        let http_tls = cfg.tls.as_ref().map(|t| t.http_config()).transpose().map_err(setup("TLS"))?;
         let server = rt
-            .block_on(Server::start(cfg.http, service, http_cfg))
+            .block_on(Server::start_tls(cfg.http, service, http_cfg, http_tls))
             .map_err(setup(format!("HTTP listener on {}", cfg.http)))?;
         let endpoint = MetricsEndpoint::start(cfg.metrics, metrics.registry().clone())
         .map_err(setup(format!("metrics listener on {}", cfg.metrics)))?;
         let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "READY http={} metrics={} data={data_addr}", server.addr(), endpoint.addr());
+        let _ = writeln!(
+            out,
+            "READY http={} grpc={} metrics={} data={data_addr}",
+            server.addr(),
+            grpc.addr(),
+            endpoint.addr()
+        );
         let _ = out.flush();
-        Ok(Http { rt, server, endpoint, staging, drain_limit })
+        Ok(Http { rt, server, grpc, endpoint, staging, drain_limit })
     }
 
     /// Waits for a stop or the I/O thread's end, then shuts HTTP down
@@ -456,7 +484,10 @@ impl Http {
         // arrive while the I/O thread runs; if it has ended they were
         // already ended), waiting at most the longest deadline plus grace.
         stats.ready.store(false, Ordering::Release);
-        if !self.rt.block_on(self.server.stop_and_drain(self.drain_limit)) {
+        let (drained, ()) = self
+            .rt
+            .block_on(async { tokio::join!(self.server.stop_and_drain(self.drain_limit), self.grpc.stop()) });
+        if !drained {
             warn!("some HTTP connections were still open at shutdown");
         }
         if io_result.is_none() {

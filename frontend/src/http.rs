@@ -2,7 +2,10 @@
 //!
 //! Routes: `GET /v2/health/live`, `GET /v2/health/ready`, `GET /v2`,
 //! `GET /v2/models/{m}[/versions/{v}]`, `GET .../ready`, `GET .../config`,
-//! `POST .../infer`, `POST /v2/repository/index`, `GET /metrics`.
+//! `GET .../stats`, `GET /v2/models/stats`, `POST .../infer`,
+//! `POST /v2/repository/index`, `POST /v2/repository/models/{m}/load|unload`,
+//! `GET /metrics`. Lookup, accounting and
+//! errors are the shared [`crate::api`] layer's (the gRPC server's too).
 //!
 //! Status codes follow Triton's mapping of its error kinds: invalid
 //! argument 400, not found 404, unavailable 503, internal 500; plus 413 for
@@ -11,10 +14,10 @@
 //! (or overload, or shutdown), a request that found no free staging slot
 //! and one with no outcome within its budget plus grace are all 503.
 
+use crate::api::{self, ApiError, ErrorKind};
 use crate::protocol::{self, BadRequest};
-use crate::service::{infer, InferResult, InferenceService, SubmitError};
+use crate::service::InferenceService;
 use bytes::Bytes;
-use dataplane::wire::TaskStatus;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
@@ -73,6 +76,21 @@ fn error(status: StatusCode, msg: &str) -> Response<Body> {
     respond(status, "application/json", protocol::error_body(msg))
 }
 
+/// The HTTP status of an error kind (Triton's mapping).
+pub fn status_of(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::InvalidArgument => StatusCode::BAD_REQUEST,
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
+    }
+}
+
+fn api_error(e: &ApiError) -> Response<Body> {
+    error(status_of(e.kind), &e.message)
+}
+
 /// A running server.
 #[derive(Debug)]
 pub struct Server {
@@ -91,6 +109,15 @@ impl Server {
         service: Arc<S>,
         cfg: HttpConfig,
     ) -> std::io::Result<Server> {
+        Self::start_tls(addr, service, cfg, None).await
+    }
+    /// [`Server::start`], serving HTTPS with `tls` if given.
+    pub async fn start_tls<S: InferenceService>(
+        addr: SocketAddr,
+        service: Arc<S>,
+        cfg: HttpConfig,
+        tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+    ) -> std::io::Result<Server> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let (stop, stop_rx) = watch::channel(false);
@@ -102,6 +129,7 @@ impl Server {
             cfg,
             stop_rx,
             permits.clone(),
+            tls.map(tokio_rustls::TlsAcceptor::from),
         ));
         Ok(Server {
             addr,
@@ -139,6 +167,7 @@ async fn accept_loop<S: InferenceService>(
     cfg: HttpConfig,
     mut stop: watch::Receiver<bool>,
     permits: Arc<Semaphore>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
     loop {
         let permit = tokio::select! {
@@ -155,26 +184,51 @@ async fn accept_loop<S: InferenceService>(
         };
         let _ = stream.set_nodelay(true);
         let service = service.clone();
-        let mut conn_stop = stop.clone();
+        let conn_stop = stop.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let svc = service_fn(move |req| {
-                let service = service.clone();
-                async move { Ok::<_, std::convert::Infallible>(handle(&*service, req, cfg).await) }
-            });
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(cfg.header_timeout)
-                .serve_connection(TokioIo::new(stream), svc);
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = conn_stop.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
+            match tls {
+                None => serve_connection(stream, service, cfg, conn_stop).await,
+                Some(acceptor) => {
+                    // A client that never finishes its handshake must not hold a slot.
+                    let handshake =
+                        tokio::time::timeout(cfg.header_timeout, acceptor.accept(stream));
+                    if let Ok(Ok(stream)) = handshake.await {
+                        serve_connection(stream, service, cfg, conn_stop).await;
+                    }
                 }
             }
             drop(permit);
         });
+    }
+}
+
+/// Serves HTTP/1.1 on one connection (plain or TLS) until it closes or the
+/// server stops (then after answering the request in progress).
+async fn serve_connection<IO, S>(
+    io: IO,
+    service: Arc<S>,
+    cfg: HttpConfig,
+    mut conn_stop: watch::Receiver<bool>,
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: InferenceService,
+{
+    let svc = service_fn(move |req| {
+        let service = service.clone();
+        async move { Ok::<_, std::convert::Infallible>(handle(&*service, req, cfg).await) }
+    });
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(cfg.header_timeout)
+        .serve_connection(TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        _ = conn_stop.changed() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
     }
 }
 
@@ -201,35 +255,51 @@ pub async fn handle<S: InferenceService>(
         ["v2"] if get => json(StatusCode::OK, &protocol::server_metadata()),
         ["v2", "repository", "index"] if method == Method::POST => json(
             StatusCode::OK,
-            &protocol::repository_index(service.catalog()),
+            &protocol::repository_index(&api::repository_index(service, false)),
         ),
+        ["v2", "repository", "models", name, action @ ("load" | "unload")]
+            if method == Method::POST =>
+        {
+            match api::set_loaded(service, name, *action == "load") {
+                Ok(()) => respond(StatusCode::OK, "application/json", b"{}".to_vec()),
+                Err(e) => api_error(&e),
+            }
+        }
         ["metrics"] if get => respond(
             StatusCode::OK,
             dataplane::metrics::CONTENT_TYPE,
             service.metrics().encode().into_bytes(),
         ),
+        ["v2", "models", "stats"] if get => match api::statistics(service, "", None) {
+            Ok(s) => json(StatusCode::OK, &protocol::statistics(&s)),
+            Err(e) => api_error(&e),
+        },
         ["v2", "models", name, rest @ ..] => {
             let (version, rest) = match rest {
                 ["versions", v, rest @ ..] => (Some(*v), rest),
                 _ => (None, rest),
             };
-            let Some(model) = service.model(name, version) else {
-                return error(
-                    StatusCode::NOT_FOUND,
-                    &format!(
-                        "unknown model: '{name}'{}",
-                        version
-                            .map(|v| format!(" version '{v}'"))
-                            .unwrap_or_default()
-                    ),
-                );
+            let model = match api::find_model(service, name, version) {
+                Ok(m) => m,
+                Err(e) => return api_error(&e),
             };
             match (rest, get, method == Method::POST) {
                 ([], true, _) => json(StatusCode::OK, &protocol::model_metadata(model)),
-                (["ready"], true, _) => respond(StatusCode::OK, "text/plain", Vec::new()),
+                (["ready"], true, _) => {
+                    let s = if api::model_ready(service, name, version) {
+                        StatusCode::OK
+                    } else {
+                        StatusCode::SERVICE_UNAVAILABLE
+                    };
+                    respond(s, "text/plain", Vec::new())
+                }
                 (["config"], true, _) => json(StatusCode::OK, &protocol::model_config(model)),
+                (["stats"], true, _) => match api::statistics(service, name, version) {
+                    Ok(s) => json(StatusCode::OK, &protocol::statistics(&s)),
+                    Err(e) => api_error(&e),
+                },
                 (["infer"], _, true) => handle_infer(service, model.id, req, cfg).await,
-                ([] | ["ready"] | ["config"] | ["infer"], _, _) => error(
+                ([] | ["ready"] | ["config"] | ["stats"] | ["infer"], _, _) => error(
                     StatusCode::METHOD_NOT_ALLOWED,
                     &format!("method {method} not allowed on {path}"),
                 ),
@@ -295,19 +365,10 @@ async fn handle_infer<S: InferenceService>(
         Ok(p) => p,
         Err(BadRequest(msg)) => return error(StatusCode::BAD_REQUEST, &msg),
     };
-    // The budget runs from the request's arrival: time spent reading and
-    // parsing the body is already gone.
-    let spent = dataplane::time::Duration::from_nanos(started.elapsed().as_nanos() as u64);
-    let result = infer(
-        service,
-        model_id,
-        &parsed.input,
-        parsed.budget.saturating_sub(spent),
-        started,
-    )
-    .await;
-    match result {
-        InferResult::Ok(out) => {
+    // The budget runs from the request's arrival (run_infer subtracts the
+    // time spent reading and parsing the body).
+    match api::run_infer(service, model_id, &parsed.input, parsed.budget, started).await {
+        Ok(out) => {
             let head =
                 protocol::infer_response(model, parsed.id.as_deref(), &out, parsed.binary_output);
             if parsed.binary_output {
@@ -322,41 +383,6 @@ async fn handle_infer<S: InferenceService>(
                 respond(StatusCode::OK, "application/json", head)
             }
         }
-        other => {
-            let (status, msg) = match other {
-                InferResult::Dropped(r) => (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("request dropped: {}", r.as_str()),
-                ),
-                InferResult::Failed(TaskStatus::InputUnavailable) => (
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "backend could not fetch the input".into(),
-                ),
-                InferResult::Failed(_) => (
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "model execution failed on its backend (a model that failed to load there fails every request; the backend log says why)".into(),
-                ),
-                InferResult::TimedOut => (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "no outcome within the request's deadline".into(),
-                ),
-                InferResult::Refused(SubmitError::UnknownModel) => {
-                    (StatusCode::NOT_FOUND, "unknown model".into())
-                }
-                InferResult::Refused(SubmitError::BadInput(m)) => (StatusCode::BAD_REQUEST, m),
-                InferResult::Refused(SubmitError::Unavailable(m)) => {
-                    (StatusCode::SERVICE_UNAVAILABLE, m)
-                }
-                InferResult::Refused(SubmitError::SendFailed(m)) => (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("scheduler unreachable: {m}"),
-                ),
-                InferResult::Refused(SubmitError::Internal(m)) => {
-                    (StatusCode::INTERNAL_SERVER_ERROR, m)
-                }
-                InferResult::Ok(_) => (StatusCode::INTERNAL_SERVER_ERROR, String::new()),
-            };
-            error(status, &msg)
-        }
+        Err(e) => api_error(&e),
     }
 }

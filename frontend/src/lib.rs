@@ -1,11 +1,13 @@
 //! The client-facing side (see docs/architecture.md): the Open Inference
-//! Protocol (KServe v2) over HTTP, input staging in registered memory,
+//! Protocol (KServe v2) over HTTP and gRPC, input staging in registered memory,
 //! completion routing, Prometheus metrics, the sans-IO frontend node and
 //! an open-loop HTTP load generator. (The in-process stack that runs the
 //! nodes behind this HTTP server is `tools::inproc`.)
 #![warn(missing_docs)]
 
+pub mod api;
 pub mod daemon;
+pub mod grpc;
 pub mod http;
 pub mod loadgen;
 pub mod metrics;
@@ -15,3 +17,4 @@ pub mod protocol;
 pub mod service;
 pub mod staging;
 pub mod tensor;
+pub mod tls;

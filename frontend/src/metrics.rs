@@ -14,6 +14,7 @@ use crate::models::ModelCatalog;
 use crate::staging::{CounterSnapshot, Staging};
 use dataplane::metrics::{self, Computed, Counter, Histogram, Label, MetricsRegistry, PlainCounter};
 use dataplane::wire::{CompletionHead, DropReason};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Upper bounds of the batch-size histogram buckets (`+Inf` is implied).
@@ -62,6 +63,42 @@ struct ModelSeries {
     compute_output_us: PlainCounter,
     dropped: Vec<Counter>,
     batch_size: Histogram,
+    /// The part of `request_us` spent by failed requests (statistics).
+    failure_us: AtomicU64,
+    /// The last success, milliseconds since the Unix epoch (statistics).
+    last_success_ms: AtomicU64,
+}
+
+/// One model's counters at one moment (see [`Metrics::model_counters`]):
+/// what the statistics extension reports, so `/stats` and `/metrics` agree.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelCounters {
+    /// Successful requests (`nv_inference_request_success`).
+    pub success: u64,
+    /// Failed requests (`nv_inference_request_failure`).
+    pub failure: u64,
+    /// Inferences (`nv_inference_count`).
+    pub inference_count: u64,
+    /// Executions (`nv_inference_exec_count`).
+    pub exec_count: u64,
+    /// End-to-end duration of all requests, µs.
+    pub request_us: u64,
+    /// The part of `request_us` spent by failed requests.
+    pub failure_us: u64,
+    /// Queueing time summed over executed requests, µs.
+    pub queue_us: u64,
+    /// Input time summed over executed requests, µs.
+    pub compute_input_us: u64,
+    /// Compute time summed over executed requests, µs.
+    pub compute_us: u64,
+    /// Output time summed over executed requests, µs.
+    pub compute_output_us: u64,
+    /// Executions per [`BATCH_BUCKETS`] bucket (the last: larger).
+    pub batch_buckets: Vec<u64>,
+    /// Requests executed, summed over executions.
+    pub batch_sum: u64,
+    /// The last success, milliseconds since the Unix epoch (0: none).
+    pub last_success_ms: u64,
 }
 
 /// Per-model metrics of one frontend, and the registry its `/metrics`
@@ -136,6 +173,8 @@ impl Metrics {
                     compute_output_us: compute_output_us.next()?,
                     dropped: dropped.by_ref().take(DropReason::COUNT).collect(),
                     batch_size: batch_size.next()?,
+                    failure_us: AtomicU64::new(0),
+                    last_success_ms: AtomicU64::new(0),
                 })
             })
             .collect();
@@ -184,6 +223,10 @@ impl Metrics {
             m.success.inc();
             m.inference_count.inc();
             m.request_us.inc_by(request_us);
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            m.last_success_ms.fetch_max(now_ms, Ordering::Relaxed);
         }
     }
     /// A request of model `id` failed (error, timeout, or drop).
@@ -191,6 +234,7 @@ impl Metrics {
         if let Some(m) = self.model(id) {
             m.failure.inc();
             m.request_us.inc_by(request_us);
+            m.failure_us.fetch_add(request_us, Ordering::Relaxed);
         }
     }
     /// A request of model `id` was dropped for `reason` (also a failure in
@@ -235,5 +279,27 @@ impl Metrics {
     /// Sum of the batch sizes of those executions.
     pub fn executed_inferences(&self, id: u32) -> u64 {
         self.model(id).map_or(0, |m| m.batch_size.sum())
+    }
+
+    /// Model `id`'s counters, each read once.
+    pub fn model_counters(&self, id: u32) -> ModelCounters {
+        let Some(m) = self.model(id) else {
+            return ModelCounters::default();
+        };
+        ModelCounters {
+            success: m.success.get(),
+            failure: m.failure.get(),
+            inference_count: m.inference_count.get(),
+            exec_count: m.exec_count.get(),
+            request_us: m.request_us.get(),
+            failure_us: m.failure_us.load(Ordering::Relaxed),
+            queue_us: m.queue_us.get(),
+            compute_input_us: m.compute_input_us.get(),
+            compute_us: m.compute_infer_us.get(),
+            compute_output_us: m.compute_output_us.get(),
+            batch_buckets: m.batch_size.buckets(),
+            batch_sum: m.batch_size.sum(),
+            last_success_ms: m.last_success_ms.load(Ordering::Relaxed),
+        }
     }
 }

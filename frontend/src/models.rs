@@ -80,10 +80,19 @@ impl ModelCatalog {
                         .chain(t.dims.iter().copied())
                         .map(|d| u64::try_from(d).ok())
                         .collect();
-                    Some(TensorSpec::new(&t.name, DataType::parse(t.data_type.kserve_name())?, &dims?))
+                    Some(TensorSpec::new(
+                        &t.name,
+                        DataType::parse(t.data_type.kserve_name())?,
+                        &dims?,
+                    ))
                 };
                 match (cfg.inputs.as_slice(), cfg.outputs.as_slice()) {
-                    ([i], [o]) => Some((tensor(i)?, tensor(o)?, m.latest().version, cfg.platform.clone())),
+                    ([i], [o]) => Some((
+                        tensor(i)?,
+                        tensor(o)?,
+                        m.latest().version,
+                        cfg.platform.clone(),
+                    )),
                     _ => None,
                 }
             });
@@ -92,7 +101,11 @@ impl ModelCatalog {
                     let id = c.push(s.clone(), input, output);
                     let e = &mut c.entries[id as usize];
                     e.version = version.to_string();
-                    e.platform = if platform.is_empty() { "onnxruntime_onnx".into() } else { platform };
+                    e.platform = if platform.is_empty() {
+                        "onnxruntime_onnx".into()
+                    } else {
+                        platform
+                    };
                 }
                 None => {
                     c.push(s.clone(), default_input(), default_output());
@@ -152,6 +165,45 @@ impl ModelCatalog {
             .map(|e| e.output.byte_len())
             .max()
             .unwrap_or(0)
+    }
+}
+
+/// Which catalog models take requests (the model-control extension's
+/// load/unload, explicit mode): all loaded at start. An unloaded model's
+/// new requests are refused as unavailable; requests already accepted
+/// finish normally. Loading only re-enables a model of the catalog (the
+/// cluster's model list is fixed when it forms).
+#[derive(Debug)]
+pub struct ModelStates {
+    loaded: Box<[std::sync::atomic::AtomicBool]>,
+}
+
+impl ModelStates {
+    /// Every model of `catalog` loaded.
+    pub fn all_loaded(catalog: &ModelCatalog) -> Self {
+        ModelStates {
+            loaded: catalog
+                .entries()
+                .iter()
+                .map(|_| std::sync::atomic::AtomicBool::new(true))
+                .collect(),
+        }
+    }
+    /// Whether model `id` takes requests.
+    pub fn is_loaded(&self, id: u32) -> bool {
+        self.loaded
+            .get(id as usize)
+            .is_some_and(|l| l.load(std::sync::atomic::Ordering::Acquire))
+    }
+    /// Loads (`true`) or unloads model `id`; false if there is no such model.
+    pub fn set_loaded(&self, id: u32, loaded: bool) -> bool {
+        match self.loaded.get(id as usize) {
+            Some(l) => {
+                l.store(loaded, std::sync::atomic::Ordering::Release);
+                true
+            }
+            None => false,
+        }
     }
 }
 

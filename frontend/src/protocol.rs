@@ -3,7 +3,7 @@
 //! or the binary tensor data extension), and building the responses.
 //! Pure functions over bytes: no I/O, no panics on any input.
 
-use crate::models::{ModelCatalog, ModelEntry};
+use crate::models::ModelEntry;
 use crate::tensor::{decode_to_json, encode_json_data, DataType, TensorSpec};
 use dataplane::time::Duration;
 use serde::Deserialize;
@@ -12,9 +12,10 @@ use serde_json::{json, Map, Value};
 /// Server name reported by `GET /v2`.
 pub const SERVER_NAME: &str = "symphony";
 /// Protocol extensions this server implements.
-pub const EXTENSIONS: [&str; 3] = [
+pub const EXTENSIONS: [&str; 4] = [
     "binary_tensor_data",
     "model_repository",
+    "statistics",
     "statistics_metrics",
 ];
 /// Longest request `id` echoed back, bytes.
@@ -89,6 +90,84 @@ fn param_u64(p: &Option<Map<String, Value>>, key: &str) -> Result<Option<u64>, B
     }
 }
 
+/// The message for a request with `got` inputs (every model takes one).
+pub fn input_count_message(model: &ModelEntry, got: usize) -> String {
+    format!(
+        "expected 1 input for model '{}', got {got}",
+        model.spec.name
+    )
+}
+
+/// Checks an input's name, datatype and shape (`None`: not all integers;
+/// `shape_text` shows it as sent, formatted only for the error) against `model`'s input: the one check
+/// HTTP and gRPC requests both pass.
+pub fn check_input(
+    model: &ModelEntry,
+    input_name: &str,
+    datatype: &str,
+    shape: Option<&[i64]>,
+    shape_text: impl FnOnce() -> String,
+) -> Result<(), BadRequest> {
+    let spec = &model.input;
+    let name = &model.spec.name;
+    if input_name != spec.name {
+        return bad(format!(
+            "unexpected inference input '{input_name}' for model '{name}' (expected '{}')",
+            spec.name
+        ));
+    }
+    match DataType::parse(datatype) {
+        Some(dt) if dt == spec.datatype => {}
+        _ => {
+            return bad(format!(
+                "input '{input_name}' has datatype '{datatype}', model '{name}' expects '{}'",
+                spec.datatype.as_str()
+            ))
+        }
+    }
+    let same = shape.is_some_and(|s| {
+        s.len() == spec.shape.len()
+            && s.iter()
+                .zip(&spec.shape)
+                .all(|(&a, &b)| u64::try_from(a) == Ok(b))
+    });
+    if !same {
+        return bad(format!(
+            "input '{input_name}' has shape {}, model '{name}' expects {:?}",
+            shape_text(),
+            spec.shape
+        ));
+    }
+    Ok(())
+}
+
+/// The message for binary input data of the wrong size.
+pub fn input_size_message(input_name: &str, got: u64, want: u64) -> String {
+    format!(
+        "input '{input_name}' has {got} bytes of binary data, shape and datatype require {want}"
+    )
+}
+
+/// Checks a requested output's name against `model`'s output.
+pub fn check_output(model: &ModelEntry, output_name: &str) -> Result<(), BadRequest> {
+    if output_name != model.output.name {
+        return bad(format!(
+            "unexpected inference output '{output_name}' for model '{}'",
+            model.spec.name
+        ));
+    }
+    Ok(())
+}
+
+/// A request's budget: its `timeout` parameter (microseconds, as Triton)
+/// if given and non-zero, else the model's SLO.
+pub fn budget(model: &ModelEntry, timeout_us: Option<u64>) -> Duration {
+    match timeout_us {
+        Some(0) | None => model.spec.slo,
+        Some(us) => Duration::from_micros(us),
+    }
+}
+
 /// Parses the body of `POST /v2/models/{m}/infer` for `model`.
 /// `header_len` is the `Inference-Header-Content-Length` value, if sent:
 /// the JSON is then `body[..header_len]` and binary tensor data follows.
@@ -116,39 +195,17 @@ pub fn parse_infer(
         Some(_) => return bad("request id must be a string"),
     };
     let spec = &model.input;
-    let name = &model.spec.name;
     let [input] = req.inputs.as_slice() else {
-        return bad(format!(
-            "expected 1 input for model '{name}', got {}",
-            req.inputs.len()
-        ));
+        return bad(input_count_message(model, req.inputs.len()));
     };
-    if input.name != spec.name {
-        return bad(format!(
-            "unexpected inference input '{}' for model '{name}' (expected '{}')",
-            input.name, spec.name
-        ));
-    }
-    match DataType::parse(&input.datatype) {
-        Some(dt) if dt == spec.datatype => {}
-        _ => {
-            return bad(format!(
-                "input '{}' has datatype '{}', model '{name}' expects '{}'",
-                input.name,
-                input.datatype,
-                spec.datatype.as_str()
-            ))
-        }
-    }
-    let shape: Option<Vec<u64>> = input.shape.iter().map(Value::as_u64).collect();
-    if shape.as_deref() != Some(spec.shape.as_slice()) {
-        return bad(format!(
-            "input '{}' has shape {}, model '{name}' expects {:?}",
-            input.name,
-            Value::Array(input.shape.clone()),
-            spec.shape
-        ));
-    }
+    let shape: Option<Vec<i64>> = input.shape.iter().map(Value::as_i64).collect();
+    check_input(
+        model,
+        &input.name,
+        &input.datatype,
+        shape.as_deref(),
+        || Value::Array(input.shape.clone()).to_string(),
+    )?;
     let len = spec.byte_len() as usize;
     let mut bytes = vec![0u8; len];
     match param_u64(&input.parameters, "binary_data_size")? {
@@ -160,10 +217,7 @@ pub fn parse_infer(
                 ));
             }
             if n != len as u64 {
-                return bad(format!(
-                    "input '{}' has {n} bytes of binary data, shape and datatype require {len}",
-                    input.name
-                ));
+                return bad(input_size_message(&input.name, n, len as u64));
             }
             if binary.len() < len {
                 return bad(format!(
@@ -192,21 +246,13 @@ pub fn parse_infer(
     let mut binary_output = param_bool(&req.parameters, "binary_data_output")?.unwrap_or(false);
     if let Some(outs) = &req.outputs {
         for o in outs {
-            if o.name != model.output.name {
-                return bad(format!(
-                    "unexpected inference output '{}' for model '{name}'",
-                    o.name
-                ));
-            }
+            check_output(model, &o.name)?;
             if let Some(b) = param_bool(&o.parameters, "binary_data")? {
                 binary_output = b;
             }
         }
     }
-    let budget = match param_u64(&req.parameters, "timeout")? {
-        Some(0) | None => model.spec.slo,
-        Some(us) => Duration::from_micros(us),
-    };
+    let budget = budget(model, param_u64(&req.parameters, "timeout")?);
     Ok(ParsedInfer {
         id,
         input: bytes,
@@ -274,14 +320,53 @@ pub fn server_metadata() -> Value {
 }
 
 /// `POST /v2/repository/index`.
-pub fn repository_index(catalog: &ModelCatalog) -> Value {
+pub fn repository_index(entries: &[crate::api::IndexEntry]) -> Value {
     Value::Array(
-        catalog
-            .entries()
+        entries
             .iter()
-            .map(|m| json!({ "name": m.spec.name, "version": m.version, "state": "READY" }))
+            .map(|e| {
+                let mut v = json!({ "name": e.name, "version": e.version, "state": e.state });
+                if !e.reason.is_empty() {
+                    v["reason"] = Value::String(e.reason.into());
+                }
+                v
+            })
             .collect(),
     )
+}
+
+/// `GET /v2/models/{m}[/versions/{v}]/stats`: Triton's statistics JSON.
+pub fn statistics(stats: &[crate::api::ModelStats]) -> Value {
+    let d = |c: &crate::api::CountNs| json!({ "count": c.count, "ns": c.ns });
+    let models: Vec<Value> = stats
+        .iter()
+        .map(|s| {
+            json!({
+                "name": s.name,
+                "version": s.version,
+                "last_inference": s.last_inference,
+                "inference_count": s.inference_count,
+                "execution_count": s.execution_count,
+                "inference_stats": {
+                    "success": d(&s.success),
+                    "fail": d(&s.fail),
+                    "queue": d(&s.queue),
+                    "compute_input": d(&s.compute_input),
+                    "compute_infer": d(&s.compute_infer),
+                    "compute_output": d(&s.compute_output),
+                    "cache_hit": { "count": 0, "ns": 0 },
+                    "cache_miss": { "count": 0, "ns": 0 },
+                },
+                "batch_stats": s.batch_stats.iter().map(|b| json!({
+                    "batch_size": b.batch_size,
+                    "compute_input": { "count": b.compute_infer.count, "ns": 0 },
+                    "compute_infer": d(&b.compute_infer),
+                    "compute_output": { "count": b.compute_infer.count, "ns": 0 },
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({ "model_stats": models })
 }
 
 /// `{"error": msg}`.
@@ -292,6 +377,7 @@ pub fn error_body(msg: &str) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::models::ModelCatalog;
     use scheduler::zoo::ModelSpec;
 
     fn model() -> ModelEntry {

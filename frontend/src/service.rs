@@ -5,7 +5,7 @@
 //! transport to the scheduler, or the in-process cluster in tests).
 
 use crate::metrics::{Execution, Metrics};
-use crate::models::{ModelCatalog, ModelEntry};
+use crate::models::{ModelCatalog, ModelEntry, ModelStates};
 use crate::staging::{CounterSnapshot, Outcome, StageError, Staging, Ticket};
 use dataplane::time::Duration;
 use dataplane::wire::{self, DropReason, TaskStatus};
@@ -98,6 +98,8 @@ pub trait InferenceService: Send + Sync + 'static {
     fn metrics(&self) -> &Metrics;
     /// The global outcome counters.
     fn counters(&self) -> CounterSnapshot;
+    /// Which models take requests (model control).
+    fn model_states(&self) -> &ModelStates;
 
     /// Model metadata lookup by name (and version, if given).
     fn model(&self, name: &str, version: Option<&str>) -> Option<&ModelEntry> {
@@ -171,6 +173,7 @@ pub struct ClusterService<S: TaskSink> {
     grace: Duration,
     ready: Arc<AtomicBool>,
     return_margin: Duration,
+    states: ModelStates,
 }
 
 impl<S: TaskSink> std::fmt::Debug for ClusterService<S> {
@@ -193,6 +196,7 @@ impl<S: TaskSink> ClusterService<S> {
     ) -> Self {
         metrics.register_staging(&staging);
         ClusterService {
+            states: ModelStates::all_loaded(&catalog),
             catalog,
             staging,
             sink,
@@ -270,5 +274,8 @@ impl<S: TaskSink> InferenceService for ClusterService<S> {
     }
     fn counters(&self) -> CounterSnapshot {
         self.staging.counters().snapshot()
+    }
+    fn model_states(&self) -> &ModelStates {
+        &self.states
     }
 }

@@ -1,7 +1,8 @@
 # Sourced by the scripts that test the real daemons through `symphony up --serve`.
 #   up_serve TMPDIR ARGS...  starts `$bin up ARGS...` (ARGS include --serve or imply it), waits
 #                            (bounded) for its "frontend 1: http://HOST:PORT" line, and sets
-#                            $up (its pid) and $url (HOST:PORT); on failure prints its stderr
+#                            $up (its pid), $url (HOST:PORT) and $grpc_url (frontend 1's
+#                            gRPC HOST:PORT); on failure prints its stderr
 #                            and exits 1. An EXIT trap stops it and removes TMPDIR.
 #   up_stop                  Ctrl-C (SIGINT) to up, and a check that it exits 0.
 # Needs $bin (the symphony binary).
@@ -14,7 +15,8 @@ up_serve() {
     url=""
     for _ in $(seq 600); do
         url="$(sed -n 's|^frontend 1: http://\([0-9.:]*\)$|\1|p' "$up_tmp/out")"
-        [ -n "$url" ] && return 0
+        grpc_url="$(sed -n 's|^frontend 1 grpc: \([0-9.:]*\)$|\1|p' "$up_tmp/out")"
+        [ -n "$url" ] && [ -n "$grpc_url" ] && return 0
         kill -0 "$up" 2>/dev/null || { cat "$up_tmp/err"; exit 1; }
         sleep 0.1
     done

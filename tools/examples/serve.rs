@@ -1,7 +1,7 @@
-//! Serves the KServe v2 HTTP API over the in-process cluster.
+//! Serves the KServe v2 HTTP and gRPC APIs over the in-process cluster.
 //!
 //! `cargo run -p tools --example serve -- --port 0 --print-port`
-//! prints `PORT <n>` on stdout once listening, then serves until stdin
+//! prints `GRPC_PORT <n>` then `PORT <n>` on stdout once listening, then serves until stdin
 //! closes or SIGTERM/ctrl-c.
 
 use clap::Parser;
@@ -44,6 +44,12 @@ struct Args {
     /// Exit when stdin reaches end of file (for harnesses).
     #[arg(long)]
     exit_on_stdin_eof: bool,
+    /// TLS certificate (PEM) for HTTP and gRPC, with --tls-key.
+    #[arg(long)]
+    tls_cert: Option<std::path::PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long)]
+    tls_key: Option<std::path::PathBuf>,
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -64,6 +70,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     cfg.cluster.timer_slack = dataplane::time::Duration::from_millis_f64(args.timer_slack_ms);
     cfg.slots = args.slots;
     cfg.http.max_body = args.max_body;
+    cfg.tls = frontend::tls::from_options(args.tls_cert.as_ref(), args.tls_key.as_ref())?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -72,10 +79,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     rt.block_on(async move {
         let server = LocalServer::start(cfg).await?;
         if args.print_port {
+            println!("GRPC_PORT {}", server.grpc_addr().port());
             println!("PORT {}", server.addr().port());
             let _ = std::io::stdout().flush();
         }
-        eprintln!("serving {} models on http://{}", specs.len(), server.addr());
+        eprintln!("serving {} models on http://{} and grpc {}", specs.len(), server.addr(), server.grpc_addr());
         let stdin_eof = async {
             if args.exit_on_stdin_eof {
                 let _ = tokio::task::spawn_blocking(|| {

@@ -485,6 +485,9 @@ fn serve(mut cluster: LocalCluster, spec: &ClusterSpec) -> Result<(), UpError> {
         println!("frontend {}: http://{}", i + 1, addr(f, "http")?);
     }
     for (i, f) in cluster.frontends.iter().enumerate() {
+        println!("frontend {} grpc: {}", i + 1, addr(f, "grpc")?);
+    }
+    for (i, f) in cluster.frontends.iter().enumerate() {
         println!("frontend {} metrics: http://{}/metrics", i + 1, addr(f, "metrics")?);
     }
     for (i, b) in cluster.backends.iter().enumerate() {
@@ -493,7 +496,7 @@ fn serve(mut cluster: LocalCluster, spec: &ClusterSpec) -> Result<(), UpError> {
     println!("scheduler metrics: http://{}/metrics", addr(&cluster.scheduler, "metrics")?);
     println!("scheduler control: {}", cluster.scheduler.ready.get("control").map_or("", String::as_str));
     println!("join token: {}", token_file.display());
-    println!("(KServe v2 on each frontend: /v2/health/ready, /v2/models/<name>/infer; terms: docs/glossary.md)");
+    println!("(KServe v2 on each frontend, HTTP and gRPC: /v2/health/ready, /v2/models/<name>/infer, /v2/models/<name>/stats; terms: docs/glossary.md)");
     println!("serving; Ctrl-C stops every process");
     use std::io::Write;
     let _ = std::io::stdout().flush();

@@ -670,3 +670,37 @@ async fn clients_that_hang_up_mid_request_leave_the_counters_balanced() {
     assert_eq!(staging.free_slots(), staging.capacity());
     s.stop().await;
 }
+
+/// `/v2/models/{m}[/versions/{v}]/stats` in Triton's shape, from the same
+/// counters as `/metrics`: after N successes, success = inference count = N.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statistics_extension_counts_what_metrics_counts() {
+    let server = start(1 << 20).await;
+    let addr = server.addr();
+    let c = client();
+    let n = 6u64;
+    for i in 0..n {
+        let r = post_json(&c, addr, "/v2/models/resnet/infer", &infer_body("s", &values(i))).await;
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    }
+    let _ = quiet(&server).await;
+    for path in ["/v2/models/resnet/stats", "/v2/models/resnet/versions/1/stats"] {
+        let r = get(&c, addr, path).await;
+        assert_eq!(r.status, StatusCode::OK);
+        let v = r.json();
+        let s = &v["model_stats"][0];
+        assert_eq!(s["name"], "resnet");
+        assert_eq!(s["inference_count"], json!(n));
+        assert_eq!(s["inference_stats"]["success"]["count"], json!(n));
+        assert_eq!(s["inference_stats"]["fail"]["count"], json!(0));
+        assert_eq!(s["execution_count"], json!(server.service().metrics().exec_count(RESNET)));
+        assert_eq!(s["inference_stats"]["success"]["count"], json!(server.service().metrics().successes(RESNET)));
+        assert!(s["inference_stats"]["queue"]["count"].as_u64().unwrap() >= n);
+    }
+    let all = get(&c, addr, "/v2/models/stats").await.json();
+    assert_eq!(all["model_stats"].as_array().map(Vec::len), Some(2));
+    assert_eq!(all["model_stats"][1]["inference_count"], json!(0));
+    assert_eq!(get(&c, addr, "/v2/models/nope/stats").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(get(&c, addr, "/v2/models/resnet/versions/9/stats").await.status, StatusCode::NOT_FOUND);
+    server.stop().await;
+}

@@ -20,6 +20,7 @@ use std::sync::{mpsc, Arc};
 use dataplane::time::{Duration, MonotonicClock};
 use dataplane::transport::sim::{FaultConfig, SimNet};
 use dataplane::waitset::WaitSet;
+use frontend::grpc::{GrpcConfig, GrpcServer};
 use frontend::http::{HttpConfig, Server};
 use frontend::models::ModelCatalog;
 use frontend::node::NetSink;
@@ -68,6 +69,12 @@ pub struct LocalConfig {
     pub http: HttpConfig,
     /// Where to listen (`127.0.0.1:0` picks a port).
     pub addr: SocketAddr,
+    /// gRPC listen address (default `127.0.0.1:0`).
+    pub grpc_addr: SocketAddr,
+    /// gRPC limits.
+    pub grpc: GrpcConfig,
+    /// TLS for HTTP and gRPC (default: none).
+    pub tls: Option<frontend::tls::TlsIdentity>,
     /// Staging slots (requests in flight at most).
     pub slots: u32,
     /// Wait past a request's budget before answering it timed out.
@@ -83,6 +90,9 @@ impl LocalConfig {
             cluster: ClusterConfig::default(),
             http: HttpConfig::default(),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            grpc: GrpcConfig::default(),
+            tls: None,
             slots: 4096,
             grace: Duration::from_millis(100),
         }
@@ -98,6 +108,7 @@ const MAX_SLEEP: Duration = Duration::from_millis(50);
 /// A running single-process stack.
 pub struct LocalServer {
     server: Server,
+    grpc: GrpcServer,
     service: Arc<ClusterService<NetSink>>,
     stop: StopOnDrop,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -191,8 +202,10 @@ impl LocalServer {
             .map_err(std::io::Error::other)?
             .map_err(std::io::Error::other)?
             .map_err(std::io::Error::other)?;
-        let server = Server::start(cfg.addr, service.clone(), cfg.http).await?;
-        Ok(LocalServer { server, service, stop: StopOnDrop { flag: stop, wake }, thread: Some(thread) })
+        let http_tls = cfg.tls.as_ref().map(|t| t.http_config()).transpose().map_err(std::io::Error::other)?;
+        let server = Server::start_tls(cfg.addr, service.clone(), cfg.http, http_tls).await?;
+        let grpc = GrpcServer::start_tls(cfg.grpc_addr, service.clone(), cfg.grpc, cfg.tls.as_ref()).await?;
+        Ok(LocalServer { server, grpc, service, stop: StopOnDrop { flag: stop, wake }, thread: Some(thread) })
     }
 
     /// The HTTP address.
@@ -200,14 +213,20 @@ impl LocalServer {
         self.server.addr()
     }
 
+    /// The gRPC address.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc.addr()
+    }
+
     /// The service (counters, metrics, catalog, staging).
     pub fn service(&self) -> &Arc<ClusterService<NetSink>> {
         &self.service
     }
 
-    /// Stops the HTTP server, then the cluster thread.
+    /// Stops the HTTP and gRPC servers, then the cluster thread.
     pub async fn stop(mut self) {
         self.server.stop().await;
+        self.grpc.stop().await;
         self.stop.stop();
         if let Some(t) = self.thread.take() {
             let _ = tokio::task::spawn_blocking(move || t.join()).await;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the tritonclient tests against the in-process stack (tools' serve example).
-# Installs tritonclient[http] (and pytest) if missing, builds and starts
+# Installs tritonclient[http,grpc] (and pytest) if missing, builds and starts
 # `cargo run -p tools --example serve -- --port 0 --print-port`, runs the
 # tests, and stops the server. Bounded in time; leaves no process behind.
 set -euo pipefail
@@ -9,8 +9,8 @@ root="$(cd "$here/../../.." && pwd)"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/frontend}"
 PY="${PYTHON:-python3}"
 
-if ! "$PY" -c "import tritonclient.http, numpy" 2>/dev/null; then
-    timeout 600 "$PY" -m pip install -q "tritonclient[http]"
+if ! "$PY" -c "import tritonclient.http, tritonclient.grpc, numpy" 2>/dev/null; then
+    timeout 600 "$PY" -m pip install -q "tritonclient[http,grpc]"
 fi
 have_pytest=1
 "$PY" -c "import pytest" 2>/dev/null || have_pytest=0
@@ -48,6 +48,7 @@ for _ in $(seq 100); do
 done
 [ -n "$port" ] || { echo "server did not report its port"; cat "$tmp/err"; exit 1; }
 export SYMPHONY_URL="127.0.0.1:$port"
+export SYMPHONY_GRPC_URL="127.0.0.1:$(sed -n 's/^GRPC_PORT \([0-9]*\)$/\1/p' "$tmp/out")"
 export SYMPHONY_MODEL="${SYMPHONY_MODEL:-tc_model}"
 # Its cluster model id (ResNet50 0, DenseNet121 1, tc_model 2): the
 # reference output depends on it.
@@ -55,10 +56,35 @@ export SYMPHONY_MODEL_ID="${SYMPHONY_MODEL_ID:-2}"
 echo "server at $SYMPHONY_URL"
 
 if [ "$have_pytest" = 1 ]; then
-    timeout 300 "$PY" -m pytest -q "$here/test_tritonclient.py"
+    timeout 300 "$PY" -m pytest -q "$here/test_tritonclient.py" "$here/test_tritonclient_grpc.py"
 else
     timeout 300 "$PY" "$here/test_tritonclient.py"
+    timeout 300 "$PY" "$here/test_tritonclient_grpc.py"
 fi
+
+# The same server with TLS (the self-signed test certificate): tritonclient's SSL options over
+# HTTP and gRPC. The certificate names localhost.
+tls_dir="$here/../data/tls"
+tls_fifo="$tmp/stdin-tls"
+mkfifo "$tls_fifo"
+"$bin" --port 0 --print-port --exit-on-stdin-eof --gpus 1 --models none --model tc_model=0.268,5.172,200 \
+    --tls-cert "$tls_dir/cert.pem" --tls-key "$tls_dir/key.pem" <"$tls_fifo" >"$tmp/out-tls" 2>"$tmp/err-tls" &
+tls_server=$!
+exec 8>"$tls_fifo"
+tls_port=""
+for _ in $(seq 100); do
+    tls_port="$(sed -n 's/^PORT \([0-9]*\)$/\1/p' "$tmp/out-tls")"
+    [ -n "$tls_port" ] && break
+    kill -0 "$tls_server" 2>/dev/null || { cat "$tmp/err-tls"; exit 1; }
+    sleep 0.1
+done
+[ -n "$tls_port" ] || { echo "TLS server did not report its port"; cat "$tmp/err-tls"; exit 1; }
+export SYMPHONY_TLS_URL="localhost:$tls_port"
+export SYMPHONY_TLS_GRPC_URL="localhost:$(sed -n 's/^GRPC_PORT \([0-9]*\)$/\1/p' "$tmp/out-tls")"
+# tc_model is model 0 of this server.
+SYMPHONY_MODEL=tc_model SYMPHONY_MODEL_ID=0 timeout 120 "$PY" "$here/test_tritonclient_tls.py"
+exec 8>&-
+wait "$tls_server" 2>/dev/null || true
 
 # perf_analyzer, when present (PyPI perf-analyzer ships a binary that needs
 # the Triton C++ client libraries; see docs/_parts/frontend.md).

@@ -1,0 +1,316 @@
+//! The transport-independent API layer both the HTTP ([`crate::http`]) and
+//! the gRPC ([`crate::grpc`]) servers call: model lookup, running a
+//! validated request with its accounting, the protocol's error kinds and
+//! the statistics extension. A transport only decodes its own encoding and
+//! maps [`ErrorKind`] to its status codes, so both answer alike.
+
+use crate::metrics::{ModelCounters, BATCH_BUCKETS};
+use crate::models::ModelEntry;
+use crate::service::{infer, InferResult, InferenceService, SubmitError};
+use dataplane::time::Duration;
+use dataplane::wire::TaskStatus;
+
+/// Triton's error kinds; HTTP and gRPC each map them to their codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Malformed or mismatched request (HTTP 400, gRPC `INVALID_ARGUMENT`).
+    InvalidArgument,
+    /// Unknown model or version (HTTP 404, gRPC `NOT_FOUND`).
+    NotFound,
+    /// Overload, drop, deadline, scheduler unreachable (HTTP 503, gRPC `UNAVAILABLE`).
+    Unavailable,
+    /// The model failed on its backend and the like (HTTP 500, gRPC `INTERNAL`).
+    Internal,
+    /// Not offered by this server (HTTP 501, gRPC `UNIMPLEMENTED`).
+    Unsupported,
+}
+
+/// An error answer: its kind and the message the client sees.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    /// What kind of error.
+    pub kind: ErrorKind,
+    /// Why, for the client.
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error of `kind` saying `message`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        ApiError {
+            kind,
+            message: message.into(),
+        }
+    }
+    /// An invalid-argument error.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidArgument, message)
+    }
+}
+
+impl From<crate::protocol::BadRequest> for ApiError {
+    fn from(e: crate::protocol::BadRequest) -> Self {
+        ApiError::invalid(e.0)
+    }
+}
+
+/// The model `name` (at `version`, if given and non-empty), or the
+/// not-found error both transports send.
+pub fn find_model<'s, S: InferenceService>(
+    service: &'s S,
+    name: &str,
+    version: Option<&str>,
+) -> Result<&'s ModelEntry, ApiError> {
+    let version = version.filter(|v| !v.is_empty());
+    service.model(name, version).ok_or_else(|| {
+        ApiError::new(
+            ErrorKind::NotFound,
+            format!(
+                "unknown model: '{name}'{}",
+                version
+                    .map(|v| format!(" version '{v}'"))
+                    .unwrap_or_default()
+            ),
+        )
+    })
+}
+
+/// Refuses a request for a model that is unloaded (model control).
+pub fn check_loaded<S: InferenceService>(service: &S, model: &ModelEntry) -> Result<(), ApiError> {
+    if service.model_states().is_loaded(model.id) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            ErrorKind::Unavailable,
+            format!(
+                "model '{}' is unloaded (load it with POST /v2/repository/models/{}/load or RepositoryModelLoad)",
+                model.spec.name, model.spec.name
+            ),
+        ))
+    }
+}
+
+/// Whether model `name` (any version) is served and loaded.
+pub fn model_ready<S: InferenceService>(service: &S, name: &str, version: Option<&str>) -> bool {
+    find_model(service, name, version).is_ok_and(|m| service.model_states().is_loaded(m.id))
+}
+
+/// Loads (`load`) or unloads model `name` of the catalog (explicit model
+/// control). A model outside the catalog cannot be loaded: the cluster's
+/// model list is fixed when it forms.
+pub fn set_loaded<S: InferenceService>(
+    service: &S,
+    name: &str,
+    load: bool,
+) -> Result<(), ApiError> {
+    let model = service.catalog().by_name(name).ok_or_else(|| {
+        ApiError::new(
+            ErrorKind::NotFound,
+            format!(
+                "unknown model: '{name}' (only models of the cluster's model list can be loaded)"
+            ),
+        )
+    })?;
+    service.model_states().set_loaded(model.id, load);
+    Ok(())
+}
+
+/// One repository index entry (name, version, state, reason).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexEntry {
+    /// Model name.
+    pub name: String,
+    /// Model version.
+    pub version: String,
+    /// `READY` or `UNAVAILABLE`.
+    pub state: &'static str,
+    /// Why not ready ("" when ready).
+    pub reason: &'static str,
+}
+
+/// The repository index: every model of the catalog and its state
+/// (`ready_only`: the ready ones).
+pub fn repository_index<S: InferenceService>(service: &S, ready_only: bool) -> Vec<IndexEntry> {
+    service
+        .catalog()
+        .entries()
+        .iter()
+        .map(|m| {
+            let loaded = service.model_states().is_loaded(m.id);
+            IndexEntry {
+                name: m.spec.name.clone(),
+                version: m.version.clone(),
+                state: if loaded { "READY" } else { "UNAVAILABLE" },
+                reason: if loaded { "" } else { "unloaded" },
+            }
+        })
+        .filter(|e| !ready_only || e.state == "READY")
+        .collect()
+}
+
+/// Runs a validated request (`input`: exactly the model's input bytes)
+/// that arrived at `started`, waits for its outcome and records it in the
+/// metrics (the one place requests are counted). `budget` runs from
+/// `started`: the time spent decoding is already gone.
+pub async fn run_infer<S: InferenceService>(
+    service: &S,
+    model_id: u32,
+    input: &[u8],
+    budget: Duration,
+    started: std::time::Instant,
+) -> Result<Vec<u8>, ApiError> {
+    if let Some(model) = service.catalog().by_id(model_id) {
+        check_loaded(service, model)?;
+    }
+    let spent = Duration::from_nanos(started.elapsed().as_nanos() as u64);
+    // `infer` accounts for the outcome (the one accounting path).
+    let (kind, message) = match infer(service, model_id, input, budget.saturating_sub(spent), started).await {
+        InferResult::Ok(out) => return Ok(out),
+        InferResult::Dropped(r) => (ErrorKind::Unavailable, format!("request dropped: {}", r.as_str())),
+        InferResult::Failed(TaskStatus::InputUnavailable) => (
+            ErrorKind::Internal,
+            "backend could not fetch the input".into(),
+        ),
+        InferResult::Failed(_) => (
+            ErrorKind::Internal,
+            "model execution failed on its backend (a model that failed to load there fails every request; the backend log says why)".into(),
+        ),
+        InferResult::TimedOut => (
+            ErrorKind::Unavailable,
+            "no outcome within the request's deadline".into(),
+        ),
+        InferResult::Refused(SubmitError::UnknownModel) => {
+            (ErrorKind::NotFound, "unknown model".into())
+        }
+        InferResult::Refused(SubmitError::BadInput(m)) => (ErrorKind::InvalidArgument, m),
+        InferResult::Refused(SubmitError::Unavailable(m)) => (ErrorKind::Unavailable, m),
+        InferResult::Refused(SubmitError::SendFailed(m)) => (
+            ErrorKind::Unavailable,
+            format!("scheduler unreachable: {m}"),
+        ),
+        InferResult::Refused(SubmitError::Internal(m)) => (ErrorKind::Internal, m),
+    };
+    Err(ApiError::new(kind, message))
+}
+
+/// A count and a total duration (Triton's `StatisticDuration`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CountNs {
+    /// How many.
+    pub count: u64,
+    /// Their total duration, nanoseconds.
+    pub ns: u64,
+}
+
+/// Executions of one batch size (Triton's `InferBatchStatistics`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    /// The batch size: the upper bound of a [`BATCH_BUCKETS`] bucket (the
+    /// counters keep a histogram, not every size).
+    pub batch_size: u64,
+    /// Executions in the bucket (duration not kept per bucket: 0).
+    pub compute_infer: CountNs,
+}
+
+/// One model's statistics (Triton's `ModelStatistics`), from the same
+/// counters as `/metrics`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelStats {
+    /// Model name.
+    pub name: String,
+    /// Model version.
+    pub version: String,
+    /// Last successful inference, milliseconds since the Unix epoch (0: none).
+    pub last_inference: u64,
+    /// Inferences performed (= successful requests, batch 1 each).
+    pub inference_count: u64,
+    /// Model executions (batches).
+    pub execution_count: u64,
+    /// Successful requests and their end-to-end time.
+    pub success: CountNs,
+    /// Failed requests and their end-to-end time.
+    pub fail: CountNs,
+    /// Requests executed and their summed queueing time.
+    pub queue: CountNs,
+    /// Requests executed and their summed input time (backend READs until the device took the batch).
+    pub compute_input: CountNs,
+    /// Requests executed and their summed compute time.
+    pub compute_infer: CountNs,
+    /// Requests executed and their summed output time (device finish until the backend sent the result).
+    pub compute_output: CountNs,
+    /// Executions per batch-size bucket (buckets with none left out).
+    pub batch_stats: Vec<BatchStats>,
+}
+
+/// `model`'s statistics from counters `c`.
+pub fn model_stats(model: &ModelEntry, c: &ModelCounters) -> ModelStats {
+    let ns = |us: u64| us.saturating_mul(1000);
+    // Requests executed: the batch sizes reported to this frontend, at
+    // least the successes (a daemon whose backends report no batches to
+    // it still knows every success went through a queue and a model).
+    let executed = c.batch_sum.max(c.success);
+    let bounds = BATCH_BUCKETS.iter().copied();
+    let batch_stats = bounds
+        .chain(std::iter::once(
+            BATCH_BUCKETS[BATCH_BUCKETS.len() - 1] + 1,
+        ))
+        .zip(c.batch_buckets.iter().copied())
+        .filter(|&(_, n)| n > 0)
+        .map(|(batch_size, n)| BatchStats {
+            batch_size,
+            compute_infer: CountNs { count: n, ns: 0 },
+        })
+        .collect();
+    ModelStats {
+        name: model.spec.name.clone(),
+        version: model.version.clone(),
+        last_inference: c.last_success_ms,
+        inference_count: c.inference_count,
+        execution_count: c.exec_count,
+        success: CountNs {
+            count: c.success,
+            ns: ns(c.request_us.saturating_sub(c.failure_us)),
+        },
+        fail: CountNs {
+            count: c.failure,
+            ns: ns(c.failure_us),
+        },
+        queue: CountNs {
+            count: executed,
+            ns: ns(c.queue_us),
+        },
+        compute_input: CountNs {
+            count: executed,
+            ns: ns(c.compute_input_us),
+        },
+        compute_infer: CountNs {
+            count: executed,
+            ns: ns(c.compute_us),
+        },
+        compute_output: CountNs {
+            count: executed,
+            ns: ns(c.compute_output_us),
+        },
+        batch_stats,
+    }
+}
+
+/// The statistics of model `name` (every version: the one served), or of
+/// every model when `name` is empty.
+pub fn statistics<S: InferenceService>(
+    service: &S,
+    name: &str,
+    version: Option<&str>,
+) -> Result<Vec<ModelStats>, ApiError> {
+    let metrics = service.metrics();
+    if name.is_empty() {
+        return Ok(service
+            .catalog()
+            .entries()
+            .iter()
+            .map(|m| model_stats(m, &metrics.model_counters(m.id)))
+            .collect());
+    }
+    let model = find_model(service, name, version)?;
+    Ok(vec![model_stats(model, &metrics.model_counters(model.id))])
+}

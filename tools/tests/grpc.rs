@@ -1,0 +1,352 @@
+//! The real gRPC server (`inference.GRPCInferenceService`) on 127.0.0.1:0
+//! over the in-process cluster, driven by a tonic client: metadata, infer
+//! with raw and typed contents, the statistics extension (also over HTTP,
+//! which must agree with /metrics), and bad input answered with the same
+//! errors as over HTTP.
+
+use frontend::grpc::pb;
+use frontend::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
+use frontend::models::ModelCatalog;
+use frontend::service::InferenceService;
+use frontend::tensor::reference_output;
+use scheduler::zoo::ModelSpec;
+use tonic::transport::Channel;
+use tonic::Code;
+use tools::inproc::server::{LocalConfig, LocalServer};
+
+async fn start() -> LocalServer {
+    let models = vec![ModelSpec::linear("resnet", 1.0, 4.0, 100.0).unwrap()];
+    let mut cfg = LocalConfig::new(ModelCatalog::with_default_tensors(&models));
+    cfg.cluster.timer_slack = dataplane::time::Duration::from_millis(60);
+    cfg.grpc.max_message = 64 << 10;
+    LocalServer::start(cfg).await.expect("server starts")
+}
+
+async fn client(s: &LocalServer) -> GrpcInferenceServiceClient<Channel> {
+    GrpcInferenceServiceClient::connect(format!("http://{}", s.grpc_addr()))
+        .await
+        .expect("connects")
+        .max_encoding_message_size(1 << 20)
+}
+
+fn values(n: u32) -> Vec<f32> {
+    (0..16).map(|i| ((n * 31 + i * 7) % 1000) as f32 - 500.0).collect()
+}
+
+fn le(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn request(id: &str) -> pb::ModelInferRequest {
+    pb::ModelInferRequest {
+        model_name: "resnet".into(),
+        id: id.into(),
+        inputs: vec![pb::model_infer_request::InferInputTensor {
+            name: "INPUT0".into(),
+            datatype: "FP32".into(),
+            shape: vec![1, 16],
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+fn expected(v: &[f32]) -> Vec<u8> {
+    let mut out = vec![0u8; 40];
+    reference_output(0, &le(v), &mut out);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_infer_and_statistics_over_grpc() {
+    let s = start().await;
+    let mut c = client(&s).await;
+    assert!(c.server_live(pb::ServerLiveRequest {}).await.unwrap().into_inner().live);
+    assert!(c.server_ready(pb::ServerReadyRequest {}).await.unwrap().into_inner().ready);
+    let meta = c.server_metadata(pb::ServerMetadataRequest {}).await.unwrap().into_inner();
+    assert_eq!(meta.name, "symphony");
+    assert!(meta.extensions.iter().any(|e| e == "statistics"));
+    let m = c
+        .model_metadata(pb::ModelMetadataRequest { name: "resnet".into(), version: String::new() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(m.inputs[0].name, "INPUT0");
+    assert_eq!(m.inputs[0].shape, vec![1, 16]);
+    assert_eq!(m.outputs[0].datatype, "UINT8");
+    let cfg = c
+        .model_config(pb::ModelConfigRequest { name: "resnet".into(), version: "1".into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .config
+        .unwrap();
+    assert_eq!(cfg.max_batch_size, 0);
+    assert_eq!(cfg.input[0].data_type, pb::DataType::TypeFp32 as i32);
+    let ready = c
+        .model_ready(pb::ModelReadyRequest { name: "resnet".into(), version: String::new() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(ready.ready);
+    let index = c.repository_index(pb::RepositoryIndexRequest::default()).await.unwrap().into_inner();
+    assert_eq!(index.models.len(), 1);
+
+    // Raw and typed contents, both checked against the reference output.
+    let n = 10u32;
+    for i in 0..n {
+        let v = values(i);
+        let mut r = request(&format!("r{i}"));
+        if i % 2 == 0 {
+            r.raw_input_contents = vec![le(&v).into()];
+        } else {
+            r.inputs[0].contents =
+                Some(pb::InferTensorContents { fp32_contents: v.clone(), ..Default::default() });
+        }
+        let out = c.model_infer(r).await.expect("infer").into_inner();
+        assert_eq!(out.id, format!("r{i}"));
+        assert_eq!(out.outputs[0].name, "OUTPUT0");
+        assert_eq!(out.outputs[0].shape, vec![1, 40]);
+        assert_eq!(out.raw_output_contents, vec![expected(&v)]);
+    }
+
+    let stats = c
+        .model_statistics(pb::ModelStatisticsRequest { name: "resnet".into(), version: String::new() })
+        .await
+        .unwrap()
+        .into_inner();
+    let st = &stats.model_stats[0];
+    let inf = st.inference_stats.as_ref().unwrap();
+    assert_eq!(st.inference_count, u64::from(n));
+    assert_eq!(inf.success.as_ref().unwrap().count, u64::from(n));
+    assert_eq!(inf.fail.as_ref().unwrap().count, 0);
+    assert!(inf.success.as_ref().unwrap().ns > 0);
+    assert!(st.last_inference > 0);
+    // In process every batch is recorded: executed requests = successes.
+    assert_eq!(inf.queue.as_ref().unwrap().count, u64::from(n));
+    assert!(st.execution_count >= 1);
+    let executions: u64 = st.batch_stats.iter().map(|b| b.compute_infer.as_ref().unwrap().count).sum();
+    assert_eq!(executions, st.execution_count);
+    // The same counters as /metrics.
+    let text = s.service().metrics().encode();
+    assert!(text.contains(&format!("nv_inference_request_success{{model=\"resnet\",version=\"1\"}} {n}")));
+    assert!(text.contains(&format!("nv_inference_exec_count{{model=\"resnet\",version=\"1\"}} {}", st.execution_count)));
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_the_http_errors_as_grpc_codes() {
+    let s = start().await;
+    let mut c = client(&s).await;
+    let good = || {
+        let mut r = request("x");
+        r.raw_input_contents = vec![le(&values(1)).into()];
+        r
+    };
+    let mut cases: Vec<(&str, pb::ModelInferRequest, Code)> = Vec::new();
+    let mut r = good();
+    r.model_name = "nope".into();
+    cases.push(("unknown model", r, Code::NotFound));
+    let mut r = good();
+    r.model_version = "7".into();
+    cases.push(("unknown version", r, Code::NotFound));
+    let mut r = good();
+    r.inputs[0].shape = vec![2, 8];
+    cases.push(("wrong shape", r, Code::InvalidArgument));
+    let mut r = good();
+    r.inputs[0].datatype = "INT32".into();
+    cases.push(("wrong type", r, Code::InvalidArgument));
+    let mut r = good();
+    r.raw_input_contents = vec![vec![0u8; 63].into()];
+    cases.push(("wrong size", r, Code::InvalidArgument));
+    let mut r = good();
+    r.raw_input_contents = vec![vec![0u8; 100 << 10].into()];
+    cases.push(("oversize message", r, Code::OutOfRange));
+    for (what, req, code) in cases {
+        let e = c.model_infer(req).await.expect_err(what);
+        // tonic reports an oversize message as RESOURCE_EXHAUSTED or OUT_OF_RANGE.
+        let ok = e.code() == code
+            || (code == Code::OutOfRange && e.code() == Code::ResourceExhausted);
+        assert!(ok, "{what}: {e:?}");
+        assert!(!e.message().is_empty(), "{what}");
+    }
+    let e = c
+        .model_statistics(pb::ModelStatisticsRequest { name: "nope".into(), version: String::new() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    let e = c
+        .repository_model_load(pb::RepositoryModelLoadRequest { model_name: "nope".into(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    // The server still serves.
+    let out = c.model_infer(good()).await.expect("still serving").into_inner();
+    assert_eq!(out.raw_output_contents, vec![expected(&values(1))]);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unload_refuses_new_requests_and_load_serves_again() {
+    let s = start().await;
+    let mut c = client(&s).await;
+    let good = || {
+        let mut r = request("x");
+        r.raw_input_contents = vec![le(&values(2)).into()];
+        r
+    };
+    let ready = |c: &mut GrpcInferenceServiceClient<Channel>| {
+        let mut c = c.clone();
+        async move {
+            c.model_ready(pb::ModelReadyRequest { name: "resnet".into(), version: String::new() })
+                .await
+                .unwrap()
+                .into_inner()
+                .ready
+        }
+    };
+    c.model_infer(good()).await.expect("loaded at start");
+    c.repository_model_unload(pb::RepositoryModelUnloadRequest { model_name: "resnet".into(), ..Default::default() })
+        .await
+        .expect("unloads");
+    assert!(!ready(&mut c).await);
+    let e = c.model_infer(good()).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("unloaded"), "{e:?}");
+    let index = c.repository_index(pb::RepositoryIndexRequest::default()).await.unwrap().into_inner();
+    assert_eq!(index.models[0].state, "UNAVAILABLE");
+    let ready_only = c
+        .repository_index(pb::RepositoryIndexRequest { ready: true, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(ready_only.models.is_empty());
+    c.repository_model_load(pb::RepositoryModelLoadRequest { model_name: "resnet".into(), ..Default::default() })
+        .await
+        .expect("loads");
+    assert!(ready(&mut c).await);
+    let out = c.model_infer(good()).await.expect("serves again").into_inner();
+    assert_eq!(out.raw_output_contents, vec![expected(&values(2))]);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_protobuf_is_refused_and_the_server_keeps_serving() {
+    let s = start().await;
+    // A raw HTTP/2 gRPC call with a body that is not a ModelInferRequest.
+    let channel = Channel::from_shared(format!("http://{}", s.grpc_addr())).unwrap().connect().await.unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    grpc.ready().await.unwrap();
+    let path = http::uri::PathAndQuery::from_static("/inference.GRPCInferenceService/ModelInfer");
+    let codec = RawCodec;
+    let r: Result<tonic::Response<Vec<u8>>, tonic::Status> = grpc
+        .unary(tonic::Request::new(vec![0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f, 1, 2]), path, codec)
+        .await;
+    let e = r.expect_err("malformed protobuf is refused");
+    assert!(matches!(e.code(), Code::Internal | Code::InvalidArgument), "{e:?}");
+    let mut c = GrpcInferenceServiceClient::new(channel);
+    assert!(c.server_live(pb::ServerLiveRequest {}).await.unwrap().into_inner().live);
+    s.stop().await;
+}
+
+/// Sends and receives raw message bytes (for malformed requests).
+#[derive(Clone, Copy, Debug, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+    fn decoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(&mut self, item: Vec<u8>, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        use bytes::BufMut;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
+        use bytes::Buf;
+        let mut v = vec![0u8; src.remaining()];
+        src.copy_to_slice(&mut v);
+        Ok(Some(v))
+    }
+}
+
+/// TLS (off by default): with a certificate and key, HTTP and gRPC both
+/// answer over TLS only, verified against the self-signed test certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_on_http_and_grpc_with_a_self_signed_certificate() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tls");
+    let id = frontend::tls::TlsIdentity::from_files(&dir.join("cert.pem"), &dir.join("key.pem"))
+        .expect("test certificate loads");
+    let models = vec![ModelSpec::linear("resnet", 1.0, 4.0, 100.0).unwrap()];
+    let mut cfg = LocalConfig::new(ModelCatalog::with_default_tensors(&models));
+    cfg.cluster.timer_slack = dataplane::time::Duration::from_millis(60);
+    cfg.tls = Some(id.clone());
+    let s = LocalServer::start(cfg).await.expect("server starts");
+
+    // gRPC over TLS, with the certificate as the only root.
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(&id.cert_pem))
+        .domain_name("localhost");
+    let channel = Channel::from_shared(format!("https://{}", s.grpc_addr()))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .expect("TLS gRPC connects");
+    let mut c = GrpcInferenceServiceClient::new(channel);
+    let mut r = request("tls");
+    r.raw_input_contents = vec![le(&values(5)).into()];
+    let out = c.model_infer(r).await.expect("infer over TLS").into_inner();
+    assert_eq!(out.raw_output_contents, vec![expected(&values(5))]);
+    // Plain text to the TLS port fails.
+    let plain = GrpcInferenceServiceClient::connect(format!("http://{}", s.grpc_addr())).await;
+    if let Ok(mut p) = plain {
+        assert!(p.server_live(pb::ServerLiveRequest {}).await.is_err());
+    }
+
+    // HTTPS.
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&id.cert_pem) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let client_cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client_cfg));
+    let tcp = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls_stream = connector.connect(name, tcp).await.expect("TLS HTTP handshake");
+    tls_stream
+        .write_all(b"GET /v2/health/live HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut reply = Vec::new();
+    let _ = tls_stream.read_to_end(&mut reply).await;
+    let text = String::from_utf8_lossy(&reply);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    s.stop().await;
+}
