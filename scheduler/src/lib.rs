@@ -9,6 +9,7 @@
 //! - [`gpu`]: the emulated GPUs every simulated or emulated backend uses.
 //! - [`sim`]: the simulator, its arrival generator and the event order.
 //! - [`repository`]: Triton-layout model repositories and `config.pbtxt`.
+//! - [`partition`]: models over sub-clusters (Appendix A): heuristic and MILP.
 #![warn(missing_docs)]
 
 pub mod analysis;
@@ -18,6 +19,7 @@ pub mod deferred;
 pub mod goodput;
 pub mod gpu;
 pub mod netdelay;
+pub mod partition;
 pub mod policy;
 pub mod profile;
 pub mod repository;
