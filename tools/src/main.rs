@@ -10,6 +10,7 @@ mod profile;
 mod progress;
 mod reports;
 mod live;
+mod partition_cmd;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -154,6 +155,8 @@ enum Cmd {
     },
     /// Measure the latency profile l(b) = alpha*b + beta of real ONNX models in a Triton-layout repository; writes REPO/profile.json.
     Profile(profile::ProfileArgs),
+    /// Partition models over sub-clusters (the arXiv paper's Appendix A): memory fits, rate and memory balanced, at most C_max moved.
+    Partition(partition_cmd::PartitionArgs),
     /// Scheduler-only capacity test: the live runtime with in-process load and emulated GPUs.
     BenchScheduler {
         /// Number of models (copies of one profile).
@@ -348,6 +351,7 @@ fn run(cmd: Cmd) -> Result<(), String> {
             live::run(&live::LiveArgs { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json })
         }
         Cmd::Profile(a) => profile::run(&a),
+        Cmd::Partition(a) => partition_cmd::run(&a),
         Cmd::Report { name, quick, plot } => reports::run(&name, quick, plot.as_deref()),
         Cmd::Chaos { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json } => {
             chaos_cmd::run(&chaos_cmd::ChaosArgs { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json })

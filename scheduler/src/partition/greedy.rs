@@ -26,11 +26,11 @@ pub struct Options {
 
 impl Options {
     /// Rounds scaled so that every instance size takes a bounded time
-    /// (about a second at 800 models × 20 sub-clusters, release build).
+    /// (about a second of CPU at 800 models × 20 sub-clusters, release build).
     pub fn for_problem(p: &Problem, seed: u64) -> Options {
         let (n, k) = (p.models.len() as f64, p.sub_clusters as f64);
         let work_per_round = n * k * k + 4.0 * n * n + 1.0;
-        let rounds = (2.0e8 / work_per_round).clamp(8.0, 400.0) as u32;
+        let rounds = (3.0e7 / work_per_round).clamp(4.0, 400.0) as u32;
         Options { seed, rounds }
     }
 }
@@ -296,11 +296,12 @@ impl<'a> State<'a> {
         self.place(i, to);
     }
 
-    /// The best single move or swap that improves the score, if any.
-    fn improve_once(&mut self) -> bool {
+    /// One pass over every single move, taking each that improves the
+    /// score as it is found; whether any did.
+    fn move_pass(&mut self) -> bool {
         let k = self.p.sub_clusters;
-        let current = self.score();
-        // Single moves.
+        let mut improved = false;
+        let mut current = self.score();
         for i in 0..self.assign.len() {
             let a = self.assign[i];
             let ta = self.totals_after(a, Some(i), None);
@@ -313,16 +314,28 @@ impl<'a> State<'a> {
                     continue;
                 }
                 let tb = self.totals_after(b, None, Some(i));
-                if self.score_with(a, ta, b, tb, moved).better_than(&current) {
+                let s = self.score_with(a, ta, b, tb, moved);
+                if s.better_than(&current) {
                     self.apply_move(i, b);
-                    return true;
+                    current = s;
+                    improved = true;
+                    break;
                 }
             }
         }
-        // Swaps with a model of an extreme or overfull sub-cluster.
+        improved
+    }
+
+    /// One pass over swaps between a model of an extreme (or overfull)
+    /// sub-cluster and any model elsewhere; whether any improved.
+    fn swap_pass(&mut self) -> bool {
+        let mut improved = false;
+        let mut current = self.score();
         for a in self.extreme_sub_clusters() {
-            let mine = self.members[a].clone();
-            for &i in &mine {
+            let mut m = 0;
+            while m < self.members[a].len() {
+                let i = self.members[a][m];
+                let mut swapped = false;
                 for x in 0..self.assign.len() {
                     let b = self.assign[x];
                     if b == a {
@@ -334,15 +347,24 @@ impl<'a> State<'a> {
                     }
                     let ta = self.totals_after(a, Some(i), Some(x));
                     let tb = self.totals_after(b, Some(x), Some(i));
-                    if self.score_with(a, ta, b, tb, moved).better_than(&current) {
+                    let s = self.score_with(a, ta, b, tb, moved);
+                    if s.better_than(&current) {
                         self.apply_move(i, b);
                         self.apply_move(x, a);
-                        return true;
+                        current = s;
+                        improved = true;
+                        swapped = true;
+                        break;
                     }
+                }
+                // A swap replaced members[a][m] (swap_remove + push): look at the same slot again
+                // only if the model there changed; otherwise go on.
+                if !swapped {
+                    m += 1;
                 }
             }
         }
-        false
+        improved
     }
 
     /// Sub-clusters with the largest and smallest rate and static memory,
@@ -374,7 +396,12 @@ impl<'a> State<'a> {
     }
 
     fn descend(&mut self) {
-        while self.improve_once() {}
+        loop {
+            let moved = self.move_pass();
+            if !self.swap_pass() && !moved {
+                break;
+            }
+        }
         // Clear the float drift of the incremental totals.
         self.rebuild();
     }
