@@ -9,6 +9,7 @@ mod plot;
 mod profile;
 mod progress;
 mod reports;
+mod report_fig16;
 mod live;
 mod partition_cmd;
 mod up;
@@ -225,7 +226,7 @@ enum Cmd {
     },
     /// Reproduce a figure or table of docs/benchmarks.md (Markdown on stdout).
     Report {
-        /// table2, example, fig6a, fig9, fig2, fig10, grid, fig14.
+        /// table2, example, fig6a, fig9, fig2, fig10, grid, fig14, fig16.
         name: String,
         /// Fewer and shorter runs (for a quick look; the docs use the default).
         #[arg(long)]

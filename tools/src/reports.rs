@@ -100,7 +100,8 @@ pub fn run(name: &str, quick: bool, plot_dir: Option<&Path>) -> Result<(), Strin
         "grid" => grid(quick),
         "fig14" => fig14(quick),
         "live-curve" => live_curve(quick),
-        other => Err(format!("unknown report '{other}' (table2, fig6a, fig9, fig2, fig10, grid, fig14, live-curve)")),
+        "fig16" => crate::report_fig16::run(quick, plot_dir),
+        other => Err(format!("unknown report '{other}' (table2, fig6a, fig9, fig2, fig10, grid, fig14, live-curve, fig16)")),
     }
 }
 
