@@ -14,7 +14,7 @@ if ! "$venv/bin/python" -c 'import kubernetes_validate, sys; sys.exit(kubernetes
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
   timeout 600 "$venv/bin/python" -m pip install -q --disable-pip-version-check "$KV_PIN"
 fi
-"$venv/bin/kubernetes-validate" --strict --quiet -k "$K8S_VERSION" deploy/*.yaml
+"$venv/bin/kubernetes-validate" --strict --quiet -k "$K8S_VERSION" deploy/*.yaml deploy/secret/*.yaml
 "$venv/bin/python" - deploy/*.yaml <<'PY'
 import sys, yaml
 errors, daemons = [], 0
@@ -34,7 +34,7 @@ for path in sys.argv[1:]:
             args = c.get("args", [])
             if not any(a.startswith("--join-token-file=") for a in args):
                 errors.append(f"{name}: no --join-token-file")
-            secrets = {v["name"] for v in spec.get("volumes", []) if "secret" in v}
+            secrets = {v["name"] for v in spec.get("volumes", []) if v.get("secret", {}).get("secretName") == "symphony-join-token"}
             if not any(m["name"] in secrets for m in c.get("volumeMounts", [])):
                 errors.append(f"{name}: the join token Secret is not mounted")
             if c["command"][0] == "symphony-backend" and "nvidia.com/gpu" not in c.get("resources", {}).get("limits", {}):
