@@ -113,7 +113,7 @@ pub fn generate(base: &[ModelMemory], spec: &InstanceSpec) -> Result<Vec<ModelLo
     }
     let exp = Exp::new(1.0 / spec.mean_rate).map_err(|_| PartitionError::Invalid(format!("mean rate must be > 0, got {}", spec.mean_rate)))?;
     let mut pick = Xoshiro256PlusPlus::seed_from_u64(spec.seed);
-    let mut rates = Xoshiro256PlusPlus::seed_from_u64(spec.rate_seed ^ 0x5eed_0f_5a7e5);
+    let mut rates = Xoshiro256PlusPlus::seed_from_u64(spec.rate_seed ^ 0x05ee_d0f5_a7e5);
     Ok((0..spec.models)
         .map(|i| {
             let b = &base[pick.random_range(0..base.len())];
