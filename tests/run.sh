@@ -18,6 +18,8 @@
 #      tests/onnx_daemons.sh (real inference through the daemons, bad inputs, a broken model)
 #   7. real RDMA verbs: the transport conformance suite and a cross-guest READ inside
 #      Soft-RoCE QEMU guests (tests/softroce/ci.sh)
+#   8. deploy/: the Kubernetes manifests against a pinned Kubernetes version, offline
+#      (tests/deploy_validate.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -31,6 +33,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p dataplane --all-targets --features rdma -- -D warnings
 cargo clippy -p backend --all-targets --features cuda -- -D warnings
 cargo clippy -p tools --all-targets --features mutations -- -D warnings
+step deploy-validate
+bash tests/deploy_validate.sh
 step onnx-models
 if .venv/bin/python -c "import onnxruntime" 2>/dev/null && bash scripts/fetch-models.sh; then
   export SYMPHONY_ONNX_REQUIRED=1

@@ -9,6 +9,7 @@
 //! - [`gpu`]: the emulated GPUs every simulated or emulated backend uses.
 //! - [`sim`]: the simulator, its arrival generator and the event order.
 //! - [`repository`]: Triton-layout model repositories and `config.pbtxt`.
+//! - [`partition`]: models over sub-clusters (Appendix A): heuristic and MILP.
 #![warn(missing_docs)]
 
 pub mod analysis;
@@ -20,6 +21,7 @@ pub mod delay_watch;
 pub mod goodput;
 pub mod gpu;
 pub mod netdelay;
+pub mod partition;
 pub mod policy;
 pub mod profile;
 pub mod repository;

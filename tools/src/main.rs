@@ -9,7 +9,9 @@ mod plot;
 mod profile;
 mod progress;
 mod reports;
+mod report_fig16;
 mod live;
+mod partition_cmd;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -48,6 +50,8 @@ enum CommandError {
     Chaos(#[from] chaos_cmd::ChaosCmdError),
     #[error(transparent)]
     Bench(#[from] bench::BenchError),
+    #[error(transparent)]
+    Partition(#[from] partition_cmd::PartitionCmdError),
     /// `up` and `e2e`.
     #[error(transparent)]
     Up(#[from] up::UpError),
@@ -186,6 +190,8 @@ enum Cmd {
     },
     /// Measure the latency profile l(b) = alpha*b + beta of real ONNX models in a Triton-layout repository; writes REPO/profile.json.
     Profile(profile::ProfileArgs),
+    /// Partition models over sub-clusters (the arXiv paper's Appendix A): memory fits, rate and memory balanced, at most C_max moved.
+    Partition(partition_cmd::PartitionArgs),
     /// Scheduler-only capacity test: the live runtime with in-process load and emulated GPUs.
     BenchScheduler {
         /// Number of models (copies of one profile).
@@ -254,7 +260,7 @@ enum Cmd {
     },
     /// Reproduce a figure or table of docs/benchmarks.md (Markdown on stdout).
     Report {
-        /// table2, example, fig6a, fig9, fig2, fig10, grid, fig14.
+        /// table2, example, fig6a, fig9, fig2, fig10, grid, fig14, fig16.
         name: String,
         /// Fewer and shorter runs (for a quick look; the docs use the default).
         #[arg(long)]
@@ -335,6 +341,7 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
             Ok(live::run(&live::LiveArgs { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json })?)
         }
         Cmd::Profile(a) => Ok(profile::run(&a)?),
+        Cmd::Partition(a) => Ok(partition_cmd::run(&a)?),
         Cmd::Report { name, quick, plot } => Ok(reports::run(&name, quick, plot.as_deref())?),
         Cmd::Chaos { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json } => {
             Ok(chaos_cmd::run(&chaos_cmd::ChaosArgs { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json })?)

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     /// No report of that name.
-    #[error("unknown report '{name}' (table2, fig6a, fig9, fig2, fig10, grid, fig14, live-curve)")]
+    #[error("unknown report '{name}' (table2, fig6a, fig9, fig2, fig10, grid, fig14, live-curve, fig16)")]
     Unknown {
         /// The name given.
         name: String,
@@ -34,6 +34,9 @@ pub enum ReportError {
     /// A model of the report is invalid.
     #[error(transparent)]
     Zoo(#[from] ZooError),
+    /// A partitioning instance failed.
+    #[error(transparent)]
+    Partition(#[from] scheduler::partition::PartitionError),
     /// A policy could not be built.
     #[error(transparent)]
     Policy(#[from] PolicyError),
@@ -62,6 +65,9 @@ pub enum ReportError {
         /// What is wrong.
         source: DelayFileError,
     },
+    /// An SVG figure cannot be written.
+    #[error(transparent)]
+    Svg(#[from] crate::plot::WriteError),
     /// A figure cannot be written.
     #[error("cannot write {}: {source}", path.display())]
     Write {
@@ -171,6 +177,7 @@ pub fn run(name: &str, quick: bool, plot_dir: Option<&Path>) -> Result<(), Repor
         "grid" => grid::grid(quick),
         "fig14" => network::fig14(quick),
         "live-curve" => live::live_curve(quick),
+        "fig16" => crate::report_fig16::run(quick, plot_dir),
         other => Err(ReportError::Unknown { name: other.to_string() }),
     }
 }
