@@ -55,13 +55,6 @@ pub enum ControlError {
     Signal(i32),
 }
 
-/// For callers that still collect errors as text (`?` into a
-/// `Result<_, String>`).
-impl From<ControlError> for String {
-    fn from(e: ControlError) -> String {
-        e.to_string()
-    }
-}
 
 // ---- transports by name -----------------------------------------------------
 

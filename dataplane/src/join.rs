@@ -63,12 +63,6 @@ pub enum JoinError {
     NoRandomness(getrandom::Error),
 }
 
-/// For callers that still collect errors as text.
-impl From<JoinError> for String {
-    fn from(e: JoinError) -> String {
-        e.to_string()
-    }
-}
 
 /// A cluster's shared secret. Its `Debug` output never shows the bytes.
 #[derive(Clone, PartialEq, Eq)]

@@ -205,13 +205,6 @@ pub enum LoadError {
     Histogram(#[from] hdrhistogram::CreationError),
 }
 
-/// For callers that still report errors as text (`symphony up`,
-/// converted on another branch); delete with it.
-impl From<LoadError> for String {
-    fn from(e: LoadError) -> String {
-        e.to_string()
-    }
-}
 
 fn check(cfg: &LoadConfig) -> Result<(), LoadError> {
     if cfg.targets.is_empty() {

@@ -93,5 +93,5 @@ pub fn with_domain<W: WithDomain>(
     let opts = control::DomainOptions {
         tcp_read_timeout: Some(opts.read_timeout),
     };
-    control::with_domain_opts(kind.into(), opts, Adapt(task)).map_err(Fail::runtime)?
+    control::with_domain_opts(kind.into(), opts, Adapt(task)).map_err(|e| Fail::runtime(e.to_string()))?
 }

@@ -40,13 +40,6 @@ pub enum GoodputError {
     },
 }
 
-/// For callers that still report errors as text (`up.rs`, converted on
-/// another branch); delete with it.
-impl From<GoodputError> for String {
-    fn from(e: GoodputError) -> String {
-        e.to_string()
-    }
-}
 
 /// The search's answer.
 #[derive(Clone, Debug, Serialize)]

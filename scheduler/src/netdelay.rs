@@ -49,13 +49,6 @@ pub enum DelayFileError {
     },
 }
 
-/// For callers that still report errors as text (the scheduler daemon's
-/// config loader, converted on another branch); delete with it.
-impl From<DelayFileError> for String {
-    fn from(e: DelayFileError) -> String {
-        e.to_string()
-    }
-}
 
 /// On-disk form of a calibration, as written by `netbench calibrate`.
 ///

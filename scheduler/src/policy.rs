@@ -96,13 +96,6 @@ pub enum PolicyError {
     },
 }
 
-/// For callers that still report errors as text (the daemon config
-/// loaders and `up.rs`, converted on other branches); delete with them.
-impl From<PolicyError> for String {
-    fn from(e: PolicyError) -> String {
-        e.to_string()
-    }
-}
 
 /// A policy and its knobs.
 #[derive(Clone, Debug, PartialEq)]

@@ -241,13 +241,6 @@ pub enum ZooError {
     },
 }
 
-/// For callers that still report errors as text (the daemon config
-/// loaders and `up.rs`, converted on other branches); delete with them.
-impl From<ZooError> for String {
-    fn from(e: ZooError) -> String {
-        e.to_string()
-    }
-}
 
 /// Parses a zoo CSV: `#` comments, a header line `name,alpha_ms,beta_ms,slo_ms`,
 /// then one model per line.

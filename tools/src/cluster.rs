@@ -273,13 +273,6 @@ pub enum ClusterError {
     },
 }
 
-/// For callers that still report errors as text (`symphony up`,
-/// converted on another branch); delete with it.
-impl From<ClusterError> for String {
-    fn from(e: ClusterError) -> String {
-        e.to_string()
-    }
-}
 
 /// One running daemon.
 #[derive(Debug)]

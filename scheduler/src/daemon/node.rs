@@ -96,6 +96,21 @@ impl Membership {
     }
 }
 
+/// Why a registering link failed before it could be judged.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HandshakeError {
+    /// The OS gave no randomness for the challenge's nonce.
+    #[error("no OS randomness for a challenge")]
+    NoRandomness,
+    /// The challenge could not be encoded.
+    #[error("cannot encode the challenge: {0}")]
+    Encode(#[from] wire::WireError),
+    /// The link broke (the transport error's text: transport errors are
+    /// not `Clone`, events are).
+    #[error("{0}")]
+    Transport(String),
+}
+
 /// What happened, for the host to log (the `Display` text is the daemon's
 /// log line without its prefix).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,8 +126,8 @@ pub enum SchedulerEvent {
     },
     /// A registering link failed (the link is dropped).
     HandshakeFailed {
-        /// The transport error.
-        error: String,
+        /// Why.
+        error: HandshakeError,
     },
     /// A link did not register in time (the link is dropped).
     HandshakeTimedOut {
@@ -540,7 +555,7 @@ impl<C: Connection> SchedulerNode<C> {
                 Ok(Some(n)) => Some(n),
                 Ok(None) => None,
                 Err(e) => {
-                    self.events.push_back(SchedulerEvent::HandshakeFailed { error: e.to_string() });
+                    self.events.push_back(SchedulerEvent::HandshakeFailed { error: HandshakeError::Transport(e.to_string()) });
                     self.pending.swap_remove(i);
                     continue;
                 }
@@ -581,14 +596,10 @@ impl<C: Connection> SchedulerNode<C> {
 
     /// Sends the challenge on pending link `i`: Ok(true) once sent,
     /// Ok(false) while its queue is full, Err when the link is unusable.
-    fn challenge(&mut self, i: usize) -> Result<bool, String> {
-        let nonce = self
-            .membership
-            .nonces
-            .next_nonce()
-            .ok_or("no OS randomness for a challenge")?;
+    fn challenge(&mut self, i: usize) -> Result<bool, HandshakeError> {
+        let nonce = self.membership.nonces.next_nonce().ok_or(HandshakeError::NoRandomness)?;
         let c = Challenge::new(nonce, self.membership.token.is_some());
-        let n = wire::encode(&mut self.buf, &c).map_err(|e| e.to_string())?;
+        let n = wire::encode(&mut self.buf, &c)?;
         let p = &mut self.pending[i];
         match p.conn.send(&self.buf[..n]) {
             Ok(()) => {
@@ -596,7 +607,7 @@ impl<C: Connection> SchedulerNode<C> {
                 Ok(true)
             }
             Err(Error::QueueFull) => Ok(false),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(HandshakeError::Transport(e.to_string())),
         }
     }
 

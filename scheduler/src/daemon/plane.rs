@@ -217,6 +217,25 @@ pub struct ControlPlane {
     next_publish: Instant,
 }
 
+/// Why a control plane cannot be built from its sub-clusters.
+#[derive(Debug, thiserror::Error)]
+pub enum PlaneError {
+    /// A sub-cluster names a model id outside the model list.
+    #[error("sub-cluster {subcluster}: no model id {model}")]
+    NoSuchModel {
+        /// The sub-cluster's index.
+        subcluster: usize,
+        /// The id.
+        model: u32,
+    },
+    /// A model is in more than one sub-cluster.
+    #[error("model {0} is in more than one sub-cluster")]
+    SharedModel(String),
+    /// A sub-cluster has no models.
+    #[error("sub-cluster {0} has no models")]
+    EmptySubCluster(usize),
+}
+
 impl ControlPlane {
     /// A control plane for `models` (global id = index) partitioned into
     /// `subclusters` (lists of global ids; every model in at most one).
@@ -225,7 +244,7 @@ impl ControlPlane {
         subclusters: &[Vec<u32>],
         core: CoreConfig,
         metrics: Arc<SchedulerMetrics>,
-    ) -> Result<ControlPlane, String> {
+    ) -> Result<ControlPlane, PlaneError> {
         let mut placement = vec![None; models.len()];
         let mut scs = Vec::new();
         for (si, ids) in subclusters.iter().enumerate() {
@@ -233,18 +252,15 @@ impl ControlPlane {
             for (local, &g) in ids.iter().enumerate() {
                 let spec = models
                     .get(g as usize)
-                    .ok_or_else(|| format!("sub-cluster {si}: no model id {g}"))?;
+                    .ok_or(PlaneError::NoSuchModel { subcluster: si, model: g })?;
                 if placement[g as usize].is_some() {
-                    return Err(format!(
-                        "model {} is in more than one sub-cluster",
-                        spec.name
-                    ));
+                    return Err(PlaneError::SharedModel(spec.name.clone()));
                 }
                 placement[g as usize] = Some((si, local as u32));
                 specs.push(spec.clone());
             }
             if specs.is_empty() {
-                return Err(format!("sub-cluster {si} has no models"));
+                return Err(PlaneError::EmptySubCluster(si));
             }
             scs.push(SubCluster {
                 models: ids.clone(),

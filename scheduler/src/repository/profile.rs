@@ -35,13 +35,6 @@ pub enum ProfileFileError {
     },
 }
 
-/// For callers that still report errors as text (`up.rs`, converted on
-/// another branch); delete with it.
-impl From<ProfileFileError> for String {
-    fn from(e: ProfileFileError) -> String {
-        e.to_string()
-    }
-}
 
 /// Median and p99 latency of one batch size.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

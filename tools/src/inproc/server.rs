@@ -163,7 +163,7 @@ impl LocalServer {
         let net = SimNet::new(0, FaultConfig { base_delay: Duration::from_micros(5), read_delay: Duration::from_micros(5), ..FaultConfig::default() });
         let mut cluster = NodeCluster::new(spec, net, Some(wake.clone())).map_err(std::io::Error::other)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<Arc<ClusterService<NetSink>>, String>>();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<Arc<ClusterService<NetSink>>, std::io::Error>>();
         let stopping = stop.clone();
         let thread = std::thread::Builder::new().name("symphony-inproc".into()).spawn(move || {
             let clock = MonotonicClock::new();
@@ -181,7 +181,10 @@ impl LocalServer {
                             ready = None;
                         }
                         _ if begun.elapsed() > FORM_TIMEOUT => {
-                            let _ = tx.send(Err("the in-process cluster did not form".into()));
+                            let _ = tx.send(Err(std::io::Error::new(
+                                std::io::ErrorKind::TimedOut,
+                                "the in-process cluster did not form",
+                            )));
                             return;
                         }
                         _ => {}
@@ -200,8 +203,7 @@ impl LocalServer {
         let service = tokio::task::spawn_blocking(move || ready_rx.recv_timeout(FORM_TIMEOUT + std::time::Duration::from_secs(1)))
             .await
             .map_err(std::io::Error::other)?
-            .map_err(std::io::Error::other)?
-            .map_err(std::io::Error::other)?;
+            .map_err(std::io::Error::other)??;
         let http_tls = cfg.tls.as_ref().map(|t| t.http_config()).transpose().map_err(std::io::Error::other)?;
         let server = Server::start_tls(cfg.addr, service.clone(), cfg.http, http_tls).await?;
         let grpc = GrpcServer::start_tls(cfg.grpc_addr, service.clone(), cfg.grpc, cfg.tls.as_ref()).await?;
