@@ -9,6 +9,7 @@
 //! - [`gpu`]: the emulated GPUs every simulated or emulated backend uses.
 //! - [`sim`]: the simulator, its arrival generator and the event order.
 //! - [`repository`]: Triton-layout model repositories and `config.pbtxt`.
+//! - [`serf`]: SERF's M/D/c-with-interference latency predictor.
 #![warn(missing_docs)]
 
 pub mod analysis;
@@ -22,6 +23,7 @@ pub mod policy;
 pub mod profile;
 pub mod repository;
 pub mod runtime;
+pub mod serf;
 pub mod sim;
 pub mod types;
 pub mod zoo;

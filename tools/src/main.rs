@@ -6,6 +6,7 @@ mod chaos_cmd;
 mod cli;
 mod example;
 mod plot;
+mod predict;
 mod profile;
 mod progress;
 mod reports;
@@ -153,6 +154,8 @@ enum Cmd {
         json: bool,
     },
     /// Measure the latency profile l(b) = alpha*b + beta of real ONNX models in a Triton-layout repository; writes REPO/profile.json.
+    /// SERF's M/D/c-with-interference prediction: mean latency per concurrent batches per worker, and the best.
+    Predict(predict::PredictArgs),
     Profile(profile::ProfileArgs),
     /// Scheduler-only capacity test: the live runtime with in-process load and emulated GPUs.
     BenchScheduler {
@@ -348,6 +351,7 @@ fn run(cmd: Cmd) -> Result<(), String> {
             live::run(&live::LiveArgs { zoo, zoo_models, gpus, load, duration_s, model_threads, idle, plot, json })
         }
         Cmd::Profile(a) => profile::run(&a),
+        Cmd::Predict(a) => predict::run(&a),
         Cmd::Report { name, quick, plot } => reports::run(&name, quick, plot.as_deref()),
         Cmd::Chaos { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json } => {
             chaos_cmd::run(&chaos_cmd::ChaosArgs { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json })
