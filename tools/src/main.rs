@@ -9,6 +9,7 @@ mod plot;
 mod predict;
 mod profile;
 mod progress;
+mod report_grid;
 mod reports;
 mod live;
 mod up;
@@ -233,6 +234,9 @@ enum Cmd {
         /// Write SVG figures into this directory where the report has any.
         #[arg(long)]
         plot: Option<PathBuf>,
+        /// Print JSON on stdout (grid).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -352,7 +356,8 @@ fn run(cmd: Cmd) -> Result<(), String> {
         }
         Cmd::Profile(a) => profile::run(&a),
         Cmd::Predict(a) => predict::run(&a),
-        Cmd::Report { name, quick, plot } => reports::run(&name, quick, plot.as_deref()),
+        Cmd::Report { name, quick, json, .. } if name == "grid" => report_grid::run(quick, json),
+        Cmd::Report { name, quick, plot, .. } => reports::run(&name, quick, plot.as_deref()),
         Cmd::Chaos { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json } => {
             chaos_cmd::run(&chaos_cmd::ChaosArgs { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json })
         }
