@@ -9,7 +9,7 @@
 //! deadline, drop its heads that could not finish even alone (lazy drop),
 //! and run the largest batch that can finish on time: the largest `b` for
 //! which `b` queued requests would meet their deadlines in a batch of `b`,
-//! the earliest such ([`largest_feasible_batch`]; Clockwork picks its batch
+//! the earliest such (`largest_feasible_batch`; Clockwork picks its batch
 //! size the same way, "the largest batch for which enough requests can
 //! still make it"). Heads only a smaller batch could save stay queued for
 //! the next free GPU. Sizing the batch by the head alone (the rule before
