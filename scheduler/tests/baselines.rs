@@ -238,14 +238,11 @@ impl PlainEdf {
             };
             let Some(m) = (0..self.queues.len()).filter(|&m| eligible(m)).min_by_key(|&m| (self.queues[m][0].deadline, m)) else { return };
             let p = &self.models[m].profile;
-            // The largest batch of requests that all finish on time, the earliest such.
-            let q = &self.queues[m];
-            let n = q.len().min(p.max_batch() as usize) as u32;
-            let on_time = |b: u32| q.iter().filter(|r| now + p.latency(b) <= r.deadline).count();
-            let b = (1..=n).filter(|&b| on_time(b) >= b as usize).max().unwrap_or(1);
+            let head = self.queues[m][0].deadline;
+            let n = self.queues[m].len().min(p.max_batch() as usize) as u32;
+            let b = (1..=n).filter(|&b| now + p.latency(b) <= head).max().unwrap_or(1);
             let finish = now + p.latency(b);
-            let first = q.iter().position(|r| finish <= r.deadline).unwrap_or(0);
-            let members: Vec<Request> = self.queues[m].drain(first..first + b as usize).collect();
+            let members: Vec<Request> = self.queues[m].drain(..b as usize).collect();
             out.push_batch(gpu as GpuId, m as u32, now, finish, now, members);
             self.free_at[gpu] = finish;
         }
