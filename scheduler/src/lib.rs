@@ -10,6 +10,7 @@
 //! - [`sim`]: the simulator, its arrival generator and the event order.
 //! - [`repository`]: Triton-layout model repositories and `config.pbtxt`.
 //! - [`partition`]: models over sub-clusters (Appendix A): heuristic and MILP.
+//! - [`serf`]: SERF's M/D/c-with-interference latency predictor.
 #![warn(missing_docs)]
 
 pub mod analysis;
@@ -26,6 +27,7 @@ pub mod policy;
 pub mod profile;
 pub mod repository;
 pub mod runtime;
+pub mod serf;
 pub mod sim;
 pub mod types;
 pub mod zoo;

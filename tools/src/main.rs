@@ -6,8 +6,10 @@ mod chaos_cmd;
 mod cli;
 mod example;
 mod plot;
+mod predict;
 mod profile;
 mod progress;
+mod report_grid;
 mod reports;
 mod report_fig16;
 mod live;
@@ -52,6 +54,10 @@ enum CommandError {
     Bench(#[from] bench::BenchError),
     #[error(transparent)]
     Partition(#[from] partition_cmd::PartitionCmdError),
+    #[error(transparent)]
+    Predict(#[from] predict::PredictError),
+    #[error(transparent)]
+    Grid(#[from] report_grid::GridError),
     /// `up` and `e2e`.
     #[error(transparent)]
     Up(#[from] up::UpError),
@@ -189,6 +195,8 @@ enum Cmd {
         json: bool,
     },
     /// Measure the latency profile l(b) = alpha*b + beta of real ONNX models in a Triton-layout repository; writes REPO/profile.json.
+    /// SERF's M/D/c-with-interference prediction: mean latency per concurrent batches per worker, and the best.
+    Predict(predict::PredictArgs),
     Profile(profile::ProfileArgs),
     /// Partition models over sub-clusters (the arXiv paper's Appendix A): memory fits, rate and memory balanced, at most C_max moved.
     Partition(partition_cmd::PartitionArgs),
@@ -268,6 +276,9 @@ enum Cmd {
         /// Write SVG figures into this directory where the report has any.
         #[arg(long)]
         plot: Option<PathBuf>,
+        /// Print JSON on stdout (grid).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -342,7 +353,9 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
         }
         Cmd::Profile(a) => Ok(profile::run(&a)?),
         Cmd::Partition(a) => Ok(partition_cmd::run(&a)?),
-        Cmd::Report { name, quick, plot } => Ok(reports::run(&name, quick, plot.as_deref())?),
+        Cmd::Predict(a) => Ok(predict::run(&a)?),
+        Cmd::Report { name, quick, json, .. } if name == "grid" => Ok(report_grid::run(quick, json)?),
+        Cmd::Report { name, quick, plot, .. } => Ok(reports::run(&name, quick, plot.as_deref())?),
         Cmd::Chaos { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json } => {
             Ok(chaos_cmd::run(&chaos_cmd::ChaosArgs { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json })?)
         }

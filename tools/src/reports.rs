@@ -4,10 +4,9 @@
 //! This file holds what every report shares (the run shape, the
 //! contenders, the error type) and the dispatch; the reports themselves
 //! are grouped by subject: `paper` (Table 2, Figures 6a, 9, 2 and 10),
-//! `grid` (deferred vs the best work-conserving policy), `network`
-//! (Figure 14) and `live` (the live runtime's curve).
+//! `network` (Figure 14) and `live` (the live runtime's curve). The grid
+//! is `report_grid`'s, Figure 16 `report_fig16`'s.
 
-mod grid;
 mod live;
 mod network;
 mod paper;
@@ -174,7 +173,6 @@ pub fn run(name: &str, quick: bool, plot_dir: Option<&Path>) -> Result<(), Repor
         "fig9" => paper::fig9(quick),
         "fig2" => paper::fig2(quick, plot_dir),
         "fig10" => paper::fig10(quick),
-        "grid" => grid::grid(quick),
         "fig14" => network::fig14(quick),
         "live-curve" => live::live_curve(quick),
         "fig16" => crate::report_fig16::run(quick, plot_dir),

@@ -45,8 +45,11 @@ fn worked_example_trace() {
     let (code, out, _) = symphony(&["example"]);
     assert_eq!(code, 0);
     assert!(out.contains("    2.25     2.25    11.25    1     4  R1 R2 R3 R4"), "{out}");
+    // Eager drops requests where deferred drops none.
     let v = json(&["example", "--skip", "13,14,15", "--policy", "eager", "--json"]);
     assert!(v["dropped"].as_u64().unwrap() > 10, "{v}");
+    let v = json(&["example", "--skip", "13,14,15", "--json"]);
+    assert_eq!(v["dropped"].as_u64().unwrap(), 0, "{v}");
 }
 
 #[test]
@@ -98,4 +101,21 @@ fn every_daemon_entry_point_has_help() {
         assert_eq!(code, 0, "{args:?}: {err}");
         assert!(out.contains("Usage"), "{args:?}: {out}");
     }
+}
+
+#[test]
+fn predict_json_picks_the_lowest_latency_concurrency() {
+    let v = json(&["predict", "--model", "ResNet50", "--zoo", "a100", "--rate", "300", "--workers", "2", "--json"]);
+    let rows = v["rows"].as_array().unwrap();
+    assert!(!rows.is_empty());
+    let best = rows.iter().min_by(|a, b| a["mean_latency_ms"].as_f64().unwrap().total_cmp(&b["mean_latency_ms"].as_f64().unwrap())).unwrap();
+    assert_eq!(v["best_concurrency"], best["concurrency"]);
+    // Measured service times replace the profile model; an overload has no stable c.
+    let v = json(&["predict", "--model", "ResNet50", "--rate", "10", "--service-ms", "5,20", "--json"]);
+    assert_eq!(v["best_concurrency"], 1);
+    let v = json(&["predict", "--model", "ResNet50", "--rate", "1000", "--service-ms", "5,20", "--json"]);
+    assert!(v["best_concurrency"].is_null());
+    let (code, _, err) = symphony(&["predict", "--model", "NoSuchNet", "--rate", "10"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("NoSuchNet"), "{err}");
 }

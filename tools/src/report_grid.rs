@@ -1,0 +1,296 @@
+//! `symphony report grid [--quick] [--json]`: deferred scheduling against
+//! every other policy over a grid fixed here (issue 20, item 3):
+//!
+//! - 2, 4 and 8 GPUs with the first 2, 3 or 4 models of [`GRID_MODELS`]
+//!   from each zoo, every model at the cell's SLO (15, 25, 50, 100 ms);
+//! - the paper's 64-GPU A100 case (Figure 9: all 37 A100 models at their
+//!   Table 4 SLOs);
+//! - Poisson, Gamma(0.5) and Gamma(0.2) arrivals, equal popularity.
+//!
+//! Per cell: every policy's goodput (median over [`SEEDS`]), the ratio
+//! deferred / best other, and over the grid the worst ratio and the
+//! geometric mean. Every policy runs on the same emulated GPUs and the same
+//! arrivals (same seeds). The timeout policy runs at `k` = 10% of the SLO
+//! (its per-model search, `symphony report table2`, costs seven goodput
+//! searches per model). Searches run on two threads; results do not depend
+//! on the order they finish in.
+
+use crate::progress::Progress;
+use dataplane::time::Duration;
+use scheduler::goodput::{search, GoodputSearch};
+use scheduler::policy::{PolicyConfig, PolicyKind};
+use scheduler::sim::{Arrival, Popularity, RateSchedule, SimConfig, Workload};
+use scheduler::zoo::{ModelSpec, Zoo};
+use serde::Serialize;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// The seeds every goodput is the median over.
+pub const SEEDS: [u64; 5] = [1, 2, 3, 4, 5];
+/// The models of the small cells, in order (a cell with `n` models takes
+/// the first `n`): strong and weak batchers, each with `l(1)` under 15 ms.
+pub const GRID_MODELS: [(Zoo, [&str; 4]); 2] = [
+    (Zoo::Gtx1080Ti, ["ResNet50", "MobileNet", "Xception", "EfficientNetB0"]),
+    (Zoo::A100, ["ResNet50", "VGG16", "EfficientNetV2S", "MobileNet"]),
+];
+const GPUS: [u32; 3] = [2, 4, 8];
+const MODEL_COUNTS: [usize; 3] = [2, 3, 4];
+const SLOS_MS: [f64; 4] = [15.0, 25.0, 50.0, 100.0];
+/// Simulated seconds per run, of which the first is warm-up (Nexus's first
+/// measured plan is made at 1 s).
+const RUN_S: f64 = 6.0;
+const WARMUP_S: f64 = 1.0;
+
+/// The policies, in column order; deferred first.
+fn policies() -> Vec<(&'static str, PolicyKind)> {
+    vec![
+        ("deferred", PolicyKind::Deferred),
+        ("clockwork", PolicyKind::Clockwork),
+        ("clockwork-any", PolicyKind::ClockworkAny),
+        ("shepherd", PolicyKind::Shepherd),
+        ("nexus", PolicyKind::Nexus),
+        ("timeout", PolicyKind::Timeout),
+        ("eager", PolicyKind::Eager),
+    ]
+}
+
+struct Cell {
+    zoo: &'static str,
+    models: Vec<ModelSpec>,
+    gpus: u32,
+    slo: String,
+    arrival: (&'static str, Arrival),
+}
+
+fn zoo_name(z: Zoo) -> &'static str {
+    if z == Zoo::A100 {
+        "A100"
+    } else {
+        "1080Ti"
+    }
+}
+
+fn cells(quick: bool) -> Result<Vec<Cell>, GridError> {
+    let arrivals: Vec<(&'static str, Arrival)> = if quick {
+        vec![("Poisson", Arrival::Poisson), ("Gamma(0.2)", Arrival::Gamma(0.2))]
+    } else {
+        vec![("Poisson", Arrival::Poisson), ("Gamma(0.5)", Arrival::Gamma(0.5)), ("Gamma(0.2)", Arrival::Gamma(0.2))]
+    };
+    let (gpus, counts, slos): (&[u32], &[usize], &[f64]) = if quick { (&[2, 8], &[2], &[25.0, 100.0]) } else { (&GPUS, &MODEL_COUNTS, &SLOS_MS) };
+    let mut out = Vec::new();
+    for (zoo, names) in GRID_MODELS {
+        let all = zoo.models();
+        for &n in counts {
+            for &slo in slos {
+                let mut models = Vec::new();
+                for name in &names[..n] {
+                    let m = all.iter().find(|m| m.name == *name).ok_or_else(|| GridError::Model(format!("no {name} in the {} zoo", zoo_name(zoo))))?;
+                    let (alpha, beta) = m.profile.linear_coefficients().ok_or_else(|| GridError::Model(format!("{name} is not linear")))?;
+                    models.push(ModelSpec::linear(name, alpha, beta, slo)?);
+                }
+                for &g in gpus {
+                    for &a in &arrivals {
+                        out.push(Cell { zoo: zoo_name(zoo), models: models.clone(), gpus: g, slo: format!("{slo:.0}"), arrival: a });
+                    }
+                }
+            }
+        }
+    }
+    if !quick {
+        for &a in &arrivals {
+            out.push(Cell { zoo: "A100", models: Zoo::A100.models(), gpus: 64, slo: "Table 4".into(), arrival: a });
+        }
+    }
+    Ok(out)
+}
+
+fn sim(cell: &Cell, seed: u64) -> SimConfig {
+    SimConfig {
+        models: cell.models.clone(),
+        gpus: cell.gpus,
+        workload: Workload { rate_rps: 0.0, arrival: cell.arrival.1, popularity: Popularity::Equal, schedule: RateSchedule::default() },
+        duration: Duration::from_secs_f64(RUN_S),
+        warmup: Duration::from_secs_f64(WARMUP_S),
+        seed,
+        trace: None,
+    }
+}
+
+fn policy_config(kind: PolicyKind, cell: &Cell) -> PolicyConfig {
+    let mut p = PolicyConfig::new(kind);
+    if kind == PolicyKind::Timeout {
+        p.timeouts = cell.models.iter().map(|m| Duration::from_nanos(m.slo.as_nanos() / 10)).collect();
+    }
+    p
+}
+
+/// One cell's result.
+#[derive(Serialize)]
+struct CellResult {
+    zoo: &'static str,
+    models: Vec<String>,
+    gpus: u32,
+    slo_ms: String,
+    arrival: &'static str,
+    /// Median goodput (rps) per policy, in [`policies`] order.
+    goodput_rps: Vec<(&'static str, f64)>,
+    best_other: &'static str,
+    /// Deferred / best other; `None` when no other policy serves anything
+    /// but deferred does (1 when none does).
+    ratio: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct GridReport {
+    seeds: Vec<u64>,
+    run_s: f64,
+    warmup_s: f64,
+    cells: Vec<CellResult>,
+    worst_ratio: f64,
+    geomean_ratio: f64,
+    wall_s: f64,
+}
+
+/// Why the grid stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum GridError {
+    /// A cell's model is invalid.
+    #[error(transparent)]
+    Zoo(#[from] scheduler::zoo::ZooError),
+    /// A goodput search failed.
+    #[error("grid: {policy}: {source}")]
+    Search {
+        /// The policy searched.
+        policy: String,
+        /// Why.
+        source: scheduler::goodput::GoodputError,
+    },
+    /// A cell names a model the zoo lacks or cannot use.
+    #[error("grid: {0}")]
+    Model(String),
+    /// A worker thread panicked or a search never ran.
+    #[error("grid: {0}")]
+    Worker(&'static str),
+    /// The JSON report cannot be encoded.
+    #[error("cannot encode the report: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+pub fn run(quick: bool, json: bool) -> Result<(), GridError> {
+    let started = std::time::Instant::now();
+    let cells = cells(quick)?;
+    let seeds: Vec<u64> = if quick { vec![1] } else { SEEDS.to_vec() };
+    let pols = policies();
+    let n_seeds = seeds.len();
+    // Every (cell, policy, seed) search is one job.
+    let jobs: Vec<(usize, usize, u64)> =
+        (0..cells.len()).flat_map(|c| (0..pols.len()).flat_map(move |p| (0..n_seeds).map(move |s| (c, p, s as u64)))).collect();
+    let results: Mutex<Vec<Option<Result<f64, scheduler::goodput::GoodputError>>>> = Mutex::new((0..jobs.len()).map(|_| None).collect());
+    let next = AtomicUsize::new(0);
+    let done = AtomicUsize::new(0);
+    let bar = Progress::new("grid", false);
+    let knobs = GoodputSearch { rel_precision: 0.01, max_runs: 24, ..GoodputSearch::default() };
+    tracing::info!("grid: {} cells x {} policies x seeds {:?} = {} goodput searches", cells.len(), pols.len(), seeds, jobs.len());
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&(c, p, si)) = jobs.get(i) else { break };
+                let cell = &cells[c];
+                let r = search(&sim(cell, seeds[si as usize]), &policy_config(pols[p].1, cell), &knobs, &mut |_, _, _, _| {}).map(|g| g.goodput_rps);
+                if let Ok(mut all) = results.lock() {
+                    all[i] = Some(r);
+                }
+                let n = done.fetch_add(1, Ordering::Relaxed) + 1;
+                bar.update(n as u32, jobs.len() as u32, &format!("{} {} GPUs", cell.zoo, cell.gpus));
+            });
+        }
+    });
+    bar.finish();
+    let mut results = results.into_inner().map_err(|_| GridError::Worker("a worker panicked"))?;
+    let mut out = Vec::new();
+    let mut idx = 0;
+    for cell in &cells {
+        let mut goodput = Vec::new();
+        for (name, _) in &pols {
+            let mut g = Vec::new();
+            for _ in &seeds {
+                match results[idx].take() {
+                    Some(Ok(v)) => g.push(v),
+                    Some(Err(source)) => return Err(GridError::Search { policy: name.to_string(), source }),
+                    None => return Err(GridError::Worker("a search did not run")),
+                }
+                idx += 1;
+            }
+            g.sort_by(f64::total_cmp);
+            goodput.push((*name, g[g.len() / 2]));
+        }
+        let deferred = goodput[0].1;
+        let (best_other, best) = goodput[1..].iter().copied().max_by(|a, b| a.1.total_cmp(&b.1)).unwrap_or(("none", 0.0));
+        let ratio = match (deferred > 0.0, best > 0.0) {
+            (_, true) => Some(deferred / best),
+            (false, false) => Some(1.0),
+            (true, false) => None,
+        };
+        out.push(CellResult {
+            zoo: cell.zoo,
+            models: cell.models.iter().map(|m| m.name.clone()).collect(),
+            gpus: cell.gpus,
+            slo_ms: cell.slo.clone(),
+            arrival: cell.arrival.0,
+            goodput_rps: goodput,
+            best_other,
+            ratio,
+        });
+    }
+    let ratios: Vec<f64> = out.iter().filter_map(|c| c.ratio).collect();
+    let worst_ratio = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let geomean_ratio = if ratios.is_empty() { 0.0 } else { (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64).exp() };
+    let report = GridReport { seeds, run_s: RUN_S, warmup_s: WARMUP_S, cells: out, worst_ratio, geomean_ratio, wall_s: started.elapsed().as_secs_f64() };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_markdown(&report, &pols);
+    }
+    Ok(())
+}
+
+fn print_markdown(r: &GridReport, pols: &[(&'static str, PolicyKind)]) {
+    println!(
+        "Goodput grid (rps, median over seeds {:?}; {} s runs, {} s warm-up; timeout at k = SLO/10). Ratio = deferred / best other.\n",
+        r.seeds, r.run_s, r.warmup_s
+    );
+    let names: Vec<&str> = pols.iter().map(|p| p.0).collect();
+    println!("| zoo | models | GPUs | SLO (ms) | arrivals | {} | best other | ratio |", names.join(" | "));
+    println!("|---|---|---:|---:|---|{}---|---:|", "---:|".repeat(names.len()));
+    for c in &r.cells {
+        let g: Vec<String> = c.goodput_rps.iter().map(|(_, v)| format!("{v:.0}")).collect();
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            c.zoo,
+            if c.models.len() > 4 { format!("all {}", c.models.len()) } else { c.models.join(", ") },
+            c.gpus,
+            c.slo_ms,
+            c.arrival,
+            g.join(" | "),
+            c.best_other,
+            c.ratio.map_or("inf".into(), |x| format!("{x:.2}"))
+        );
+    }
+    let mut worst: Vec<&CellResult> = r.cells.iter().filter(|c| c.ratio.is_some()).collect();
+    worst.sort_by(|a, b| a.ratio.unwrap_or(0.0).total_cmp(&b.ratio.unwrap_or(0.0)));
+    println!("\nWorst cells:");
+    for c in worst.iter().take(5) {
+        println!(
+            "- {} {} on {} GPUs, SLO {} ms, {}: {:.2} (best other: {})",
+            c.zoo,
+            c.models.join("+"),
+            c.gpus,
+            c.slo_ms,
+            c.arrival,
+            c.ratio.unwrap_or(0.0),
+            c.best_other
+        );
+    }
+    println!("\nworst_ratio {:.3}, geomean_ratio {:.3} over {} cells; {:.0} s wall", r.worst_ratio, r.geomean_ratio, r.cells.len(), r.wall_s);
+}
