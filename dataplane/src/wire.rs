@@ -130,6 +130,8 @@ pub enum Kind {
     Welcome = 13,
     /// [`Refused`] (scheduler -> peer, then it closes; layout frozen)
     Refused = 14,
+    /// [`Cancel`] (frontend -> scheduler: a client gave a task up)
+    Cancel = 15,
 }
 
 impl Kind {
@@ -150,6 +152,7 @@ impl Kind {
             12 => Kind::Join,
             13 => Kind::Welcome,
             14 => Kind::Refused,
+            15 => Kind::Cancel,
             _ => return None,
         })
     }
@@ -555,6 +558,27 @@ pub struct Task {
     pub frontend_id: u32,
     /// Where the staged input lives.
     pub input: RemoteRef,
+    /// Priority level, 1 = highest (Triton's numbering); 0 = the model's
+    /// default level. A level past the model's lowest counts as its lowest.
+    pub priority: u32,
+    /// [`TASK_BUDGET_IS_TIMEOUT`] or zero.
+    pub flags: u32,
+}
+
+/// [`Task::flags`]: the budget is the request's own timeout (shorter than
+/// its model's SLO budget), so running out of it is reported as
+/// [`DropReason::Timeout`] rather than a deadline drop. The frontend folds
+/// the timeout into the budget: one deadline crosses the wire.
+pub const TASK_BUDGET_IS_TIMEOUT: u32 = 1;
+
+/// A client gave a task up (frontend -> scheduler): remove it from its
+/// model's queue and answer it as [`DropReason::Cancelled`]; a task already
+/// planned onto a GPU is left alone (its result is discarded).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Cancel {
+    /// Task id.
+    pub task_id: u64,
 }
 
 /// Batch plan head (scheduler -> backend); `count` [`BatchTask`]s follow.
@@ -678,11 +702,15 @@ pub enum DropReason {
     EarlyDrop = 6,
     /// Its frontend failed while it was in flight: nobody is left to answer.
     FrontendLost = 7,
+    /// Its own timeout (shorter than the model's SLO) ran out first.
+    Timeout = 8,
+    /// Its client cancelled it before it was planned onto a GPU.
+    Cancelled = 9,
 }
 
 impl DropReason {
     /// Number of reasons: the length of a counter-by-reason array.
-    pub const COUNT: usize = 7;
+    pub const COUNT: usize = 9;
     /// Every reason, in [`index`](Self::index) order (wire-code order).
     pub const ALL: [DropReason; DropReason::COUNT] = [
         DropReason::DeadlineUnmeetable,
@@ -692,6 +720,8 @@ impl DropReason {
         DropReason::InputUnavailable,
         DropReason::EarlyDrop,
         DropReason::FrontendLost,
+        DropReason::Timeout,
+        DropReason::Cancelled,
     ];
 
     /// The reason with wire code `v`.
@@ -721,6 +751,8 @@ impl DropReason {
             DropReason::InputUnavailable => "input_unavailable",
             DropReason::EarlyDrop => "early_drop",
             DropReason::FrontendLost => "frontend_lost",
+            DropReason::Timeout => "timeout",
+            DropReason::Cancelled => "cancelled",
         }
     }
 }
@@ -864,7 +896,7 @@ macro_rules! task_id_accessor {
         }
     )*};
 }
-task_id_accessor!(Task, BatchTask, CompletionHead, Dropped);
+task_id_accessor!(Task, BatchTask, CompletionHead, Dropped, Cancel);
 
 impl FixedMessage for Register {
     const KIND: Kind = Kind::Register;
@@ -886,6 +918,9 @@ impl FixedMessage for Refused {
 }
 impl FixedMessage for Task {
     const KIND: Kind = Kind::Task;
+}
+impl FixedMessage for Cancel {
+    const KIND: Kind = Kind::Cancel;
 }
 impl FixedMessage for Dropped {
     const KIND: Kind = Kind::Dropped;
@@ -965,6 +1000,8 @@ pub enum Message<'a> {
     Heartbeat(Heartbeat),
     /// Task.
     Task(Task),
+    /// A client gave a task up.
+    Cancel(Cancel),
     /// Batch plan.
     BatchPlan(BatchPlanHead, BatchTasks<'a>),
     /// Completion with its inline output (empty unless inline).
@@ -1195,6 +1232,7 @@ fn fixed_body_len(kind: Kind) -> Option<usize> {
         Kind::Register => size_of::<Register>(),
         Kind::Heartbeat => size_of::<Heartbeat>(),
         Kind::Task => size_of::<Task>(),
+        Kind::Cancel => size_of::<Cancel>(),
         Kind::Dropped => size_of::<Dropped>(),
         Kind::BatchDone => size_of::<BatchDone>(),
         Kind::ReadRequest => size_of::<ReadRequest>(),
@@ -1246,7 +1284,14 @@ pub fn decode(buf: &[u8]) -> Result<Message<'_>, WireError> {
             Role::from_u32(m.role).ok_or(WireError::BadValue("role"))?;
             Message::Heartbeat(m)
         }
-        Kind::Task => Message::Task(read_fixed(body)?),
+        Kind::Task => {
+            let t: Task = read_fixed(body)?;
+            if t.flags & !TASK_BUDGET_IS_TIMEOUT != 0 {
+                return Err(WireError::BadValue("task flags"));
+            }
+            Message::Task(t)
+        }
+        Kind::Cancel => Message::Cancel(read_fixed(body)?),
         Kind::BatchPlan => {
             let head_bytes = body.get(..PLAN_HEAD_LEN).ok_or(WireError::BadLength)?;
             let head: BatchPlanHead = bytemuck::pod_read_unaligned(head_bytes);
@@ -1401,6 +1446,7 @@ pub fn fuzz_decode(data: &[u8]) {
     if let Ok(m) = decode(data) {
         match m {
             Message::Task(t) => fuzz_task_id(t.id()),
+            Message::Cancel(c) => fuzz_task_id(c.id()),
             Message::BatchPlan(_, t) => t.iter().for_each(|e| fuzz_task_id(e.id())),
             Message::Completion(h, _) => fuzz_task_id(h.id()),
             Message::Dropped(d) => {
@@ -1428,6 +1474,7 @@ pub fn fuzz_decode(data: &[u8]) {
             Message::Register(r) => encode(&mut buf, &r),
             Message::Heartbeat(r) => encode(&mut buf, &r),
             Message::Task(r) => encode(&mut buf, &r),
+            Message::Cancel(r) => encode(&mut buf, &r),
             Message::BatchPlan(h, t) => {
                 let mut w = BatchPlanWriter::new(&mut buf, &h).expect("room for a plan");
                 for e in t.iter() {

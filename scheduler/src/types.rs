@@ -20,8 +20,24 @@ pub struct Request {
     pub model: ModelId,
     /// When it reached the scheduler (local clock).
     pub arrival: Instant,
-    /// When its result is due (local clock): arrival plus remaining budget.
+    /// When its result is due (local clock): arrival plus remaining budget
+    /// (or its own timeout, when that is shorter: see `timed`).
     pub deadline: Instant,
+    /// Priority level as Triton numbers them: 1 is the highest, 0 means the
+    /// model's default level; a level past the model's lowest counts as
+    /// its lowest ([`crate::deferred::Admission`]).
+    pub priority: u16,
+    /// The deadline is the request's own timeout: a drop for running out of
+    /// time is reported as [`DropReason::Timeout`].
+    pub timed: bool,
+}
+
+impl Request {
+    /// A request at the model's default priority, without a timeout of its
+    /// own.
+    pub const fn new(id: RequestId, model: ModelId, arrival: Instant, deadline: Instant) -> Self {
+        Request { id, model, arrival, deadline, priority: 0, timed: false }
+    }
 }
 
 /// Why a request was dropped without being executed: the cluster's one

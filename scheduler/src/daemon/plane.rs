@@ -713,11 +713,42 @@ impl ControlPlane {
                 model: task.model_id,
             },
         );
-        let req = Request { id: task.task_id, model: local, arrival: now, deadline };
+        let req = Request {
+            id: task.task_id,
+            model: local,
+            arrival: now,
+            deadline,
+            priority: u16::try_from(task.priority).unwrap_or(u16::MAX),
+            timed: task.flags & wire::TASK_BUDGET_IS_TIMEOUT != 0,
+        };
         self.subclusters[sc]
             .sched
             .on_request(now, req, &mut self.actions);
         self.apply(now, sc);
+    }
+
+    /// Frontend `from` gave a task up. If the task still waits in its
+    /// model's queue it leaves it and is answered as
+    /// [`DropReason::Cancelled`]; planned, finished or unknown: nothing
+    /// (the frontend discards a result that still comes).
+    pub fn on_cancel(&mut self, now: Instant, from: u32, cancel: &wire::Cancel) {
+        if cancel.id().frontend() != from {
+            self.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            self.metrics.refuse(MessageRefusal::FrontendMismatch);
+            return;
+        }
+        let Some(meta) = self.tasks.get(&cancel.task_id) else { return };
+        let Some((sc, local)) = self.placement.get(meta.model as usize).copied().flatten() else { return };
+        self.subclusters[sc].sched.cancel(now, local, cancel.task_id, &mut self.actions);
+        self.apply(now, sc);
+    }
+
+    /// Sets a model's priority levels, default level and queue bound
+    /// (`model`: its index in the cluster's list; unknown: ignored).
+    pub fn set_admission(&mut self, model: u32, admission: crate::deferred::Admission) {
+        if let Some((sc, local)) = self.placement.get(model as usize).copied().flatten() {
+            self.subclusters[sc].sched.set_admission(local, admission);
+        }
     }
 
     /// Forgets the ids of tasks whose deadline has passed.
@@ -1023,6 +1054,7 @@ mod tests {
                 len: 16,
                 offset: id * 16,
             },
+            ..Default::default()
         }
     }
 

@@ -18,11 +18,11 @@
 mod model_thread;
 mod rank;
 
-pub use model_thread::{ModelThreadCore, ModelThreadStats};
+pub use model_thread::{Admission, ModelThreadCore, ModelThreadStats};
 pub use rank::{RankCore, RankStats};
 
 use crate::netdelay::NetworkDelay;
-use crate::types::{Actions, GpuId, ModelId, Request, Scheduler};
+use crate::types::{Actions, GpuId, ModelId, Request, RequestId, Scheduler};
 use crate::zoo::ModelSpec;
 use dataplane::time::{Duration, Instant};
 use std::collections::VecDeque;
@@ -207,6 +207,29 @@ impl DeferredScheduler {
     /// their profiled time (`None`: the GPU's factor).
     pub fn set_model_gpu_factor(&mut self, model: ModelId, gpu: GpuId, factor: Option<f64>) {
         self.models.set_model_gpu_factor(model, gpu, factor);
+    }
+
+    /// Sets `model`'s priority levels, default level and queue bound (see
+    /// [`Admission`]; the default is one level, unbounded: the scheduling
+    /// of a workload without priorities is exactly as before).
+    pub fn set_admission(&mut self, model: ModelId, admission: Admission) {
+        self.models.set_admission(model, admission);
+    }
+
+    /// Requests waiting in `model`'s queue.
+    pub fn queued_of(&self, model: ModelId) -> usize {
+        self.models.queued_of(model)
+    }
+
+    /// The client gave request `id` of `model` up: if it still waits in the
+    /// model's queue (no batch holding it was dispatched) it is answered
+    /// now as [`crate::types::DropReason::Cancelled`] (in `out.drops`) and
+    /// `true` is returned; otherwise nothing happens.
+    pub fn cancel(&mut self, now: Instant, model: ModelId, id: RequestId, out: &mut Actions) -> bool {
+        let to_rank = &mut self.to_rank;
+        let found = self.models.cancel(now, model, id, out, &mut |m| to_rank.push_back(m));
+        self.pump(now, out);
+        found
     }
 
     /// Statistics of the two cores.

@@ -155,7 +155,7 @@ pub fn simulate_observed<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
                 let Some((_, m)) = arrivals.next() else { continue };
                 let spec =
                     cfg.models.get(m as usize).ok_or_else(|| InvariantViolation(format!("trace names unknown model {m}")))?;
-                let req = Request { id: states.len() as u64, model: m, arrival: now, deadline: now + spec.slo };
+                let req = Request::new(states.len() as u64, m, now, now + spec.slo);
                 states.push(State::Pending);
                 if measured(&req) {
                     acc[m as usize].offered += 1;
