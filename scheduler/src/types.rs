@@ -25,7 +25,7 @@ pub struct Request {
     pub deadline: Instant,
     /// Priority level as Triton numbers them: 1 is the highest, 0 means the
     /// model's default level; a level past the model's lowest counts as
-    /// its lowest ([`crate::deferred::Admission`]).
+    /// its lowest ([`Admission`]).
     pub priority: u16,
     /// The deadline is the request's own timeout: a drop for running out of
     /// time is reported as [`DropReason::Timeout`].
@@ -46,6 +46,37 @@ impl Request {
 /// deadline), `EarlyDrop` (a sliding window gave it up to keep batches
 /// efficient) and `UnknownModel`.
 pub use dataplane::wire::DropReason;
+
+/// A model's admission policy (Triton's `dynamic_batching` priority levels
+/// and queue bound).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Admission {
+    /// Priority levels, 1 (highest) to `levels` (at least 1).
+    pub levels: u16,
+    /// The level of a request that names none (priority 0), in `1..=levels`.
+    pub default_level: u16,
+    /// Most requests waiting in the model's queue (every level together);
+    /// 0: unbounded. A request over the bound is refused at once as
+    /// [`DropReason::Overloaded`], unless a request of a lower level is
+    /// waiting: then the latest of the lowest level goes instead.
+    pub max_queue: u32,
+}
+
+impl Default for Admission {
+    fn default() -> Self {
+        Admission { levels: 1, default_level: 1, max_queue: 0 }
+    }
+}
+
+impl Admission {
+    /// Queue index (0 = highest level) of a request's priority.
+    #[inline]
+    pub fn level_index(&self, priority: u16) -> usize {
+        let levels = self.levels.max(1);
+        let level = if priority == 0 { self.default_level } else { priority };
+        usize::from(level.clamp(1, levels) - 1)
+    }
+}
 
 /// A batch the scheduler committed to a GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,4 +156,9 @@ pub trait Scheduler {
     fn poll_at(&self) -> Option<Instant>;
     /// The policy's short name.
     fn name(&self) -> &'static str;
+    /// Sets a model's priority levels and queue bound; returns whether the
+    /// policy honours them (the baselines do not).
+    fn set_admission(&mut self, _model: ModelId, _admission: Admission) -> bool {
+        false
+    }
 }

@@ -6,7 +6,7 @@ use dataplane::time::Duration;
 use scheduler::deferred::Gather;
 use scheduler::netdelay::NetworkDelay;
 use scheduler::policy::{PolicyConfig, PolicyKind};
-use scheduler::sim::{Arrival, Popularity, RateSchedule, SimConfig, Workload};
+use scheduler::sim::{Arrival, Popularity, RateSchedule, SimAdmission, SimConfig, Workload};
 use scheduler::zoo::{parse_model_arg, parse_zoo_csv, ModelSpec, Zoo, ZooSelection};
 
 /// Cluster, models, workload and policy.
@@ -78,6 +78,12 @@ pub struct ClusterArgs {
     /// Deferred: stop deferring once the batch runs within this fraction of the best throughput per GPU the SLO allows.
     #[arg(long = "efficiency-slack", default_value_t = scheduler::deferred::DEFAULT_EFFICIENCY_SLACK)]
     pub efficiency_slack: f64,
+    /// Share of requests at priority 1 (high); the rest at priority 2 (0 = no priorities).
+    #[arg(long = "priority-mix", default_value_t = 0.0)]
+    pub priority_mix: f64,
+    /// Every model's queue bound: a request over it is refused at once (0 = unbounded).
+    #[arg(long = "max-queue", default_value_t = 0)]
+    pub max_queue: u32,
     /// Nexus: number of routing frontends.
     #[arg(long = "nexus-frontends", default_value_t = 1)]
     pub nexus_frontends: u32,
@@ -186,6 +192,9 @@ impl ClusterArgs {
             Some(s) => RateSchedule::parse(s)?,
             None => RateSchedule::default(),
         };
+        if !(0.0..=1.0).contains(&self.priority_mix) {
+            return Err(format!("--priority-mix {} is not a share in [0, 1]", self.priority_mix));
+        }
         Ok(SimConfig {
             models: self.models()?,
             gpus: self.gpus,
@@ -199,6 +208,7 @@ impl ClusterArgs {
             warmup: Duration::from_secs_f64(warmup),
             seed: self.seed,
             trace: None,
+            admission: SimAdmission { priority_mix: self.priority_mix, max_queue: self.max_queue },
         })
     }
 }

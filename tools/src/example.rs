@@ -64,6 +64,7 @@ pub fn run(policy: &str, skip: &[u32], requests: u32, gather: &str, json: bool) 
         warmup: Duration::ZERO,
         seed: 0,
         trace: Some(trace),
+        admission: Default::default(),
     };
     let mut pc = PolicyConfig::new(PolicyKind::parse(policy)?);
     pc.gather = match gather {

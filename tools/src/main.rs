@@ -441,4 +441,15 @@ fn print_summary(r: &SimReport) {
             );
         }
     }
+    for c in r.classes.iter().flatten() {
+        println!(
+            "priority {}: offered {}  good {}  bad rate {:.3}%  refused {}  timeouts {}",
+            c.priority,
+            c.offered,
+            c.good,
+            c.bad_rate * 100.0,
+            c.refused,
+            c.timeouts
+        );
+    }
 }

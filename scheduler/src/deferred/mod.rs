@@ -18,7 +18,8 @@
 mod model_thread;
 mod rank;
 
-pub use model_thread::{Admission, ModelThreadCore, ModelThreadStats};
+pub use crate::types::Admission;
+pub use model_thread::{ModelThreadCore, ModelThreadStats};
 pub use rank::{RankCore, RankStats};
 
 use crate::netdelay::NetworkDelay;
@@ -287,5 +288,10 @@ impl Scheduler for DeferredScheduler {
 
     fn name(&self) -> &'static str {
         "deferred"
+    }
+
+    fn set_admission(&mut self, model: ModelId, admission: Admission) -> bool {
+        DeferredScheduler::set_admission(self, model, admission);
+        true
     }
 }

@@ -4,7 +4,7 @@
 use super::{Candidate, CoreConfig, Gather, Grant, ToRank};
 use crate::netdelay::NetworkDelay;
 use crate::profile::LatencyProfile;
-use crate::types::{Actions, DropReason, GpuId, ModelId, Request, RequestId};
+use crate::types::{Actions, Admission, DropReason, GpuId, ModelId, Request, RequestId};
 use crate::zoo::ModelSpec;
 use dataplane::heap::IndexedHeap;
 use dataplane::time::{Duration, Instant};
@@ -18,37 +18,6 @@ fn out_of_time(r: &Request) -> DropReason {
         DropReason::Timeout
     } else {
         DropReason::DeadlineUnmeetable
-    }
-}
-
-/// A model's admission policy (Triton's `dynamic_batching` priority levels
-/// and queue bound).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Admission {
-    /// Priority levels, 1 (highest) to `levels` (at least 1).
-    pub levels: u16,
-    /// The level of a request that names none (priority 0), in `1..=levels`.
-    pub default_level: u16,
-    /// Most requests waiting in the model's queue (every level together);
-    /// 0: unbounded. A request over the bound is refused at once as
-    /// [`DropReason::Overloaded`], unless a request of a lower level is
-    /// waiting: then the latest of the lowest level goes instead.
-    pub max_queue: u32,
-}
-
-impl Default for Admission {
-    fn default() -> Self {
-        Admission { levels: 1, default_level: 1, max_queue: 0 }
-    }
-}
-
-impl Admission {
-    /// Queue index (0 = highest level) of a request's priority.
-    #[inline]
-    pub fn level_index(&self, priority: u16) -> usize {
-        let levels = self.levels.max(1);
-        let level = if priority == 0 { self.default_level } else { priority };
-        usize::from(level.clamp(1, levels) - 1)
     }
 }
 
@@ -172,7 +141,12 @@ impl ModelState {
         // that not even a batch of one on it can serve.
         let (dl, bs) = loop {
             let profile = &self.profile;
-            for q in self.queues.iter_mut() {
+            let lowest = self.queues.len() - 1;
+            for (level, q) in self.queues.iter_mut().enumerate() {
+                // Early drop trades heads for efficient batches: only the
+                // lowest level pays for it; a higher level's head goes only
+                // when not even a batch of one can serve it.
+                let window = if level == lowest { window } else { 1 };
                 while let Some(&head) = q.front() {
                     let w = window.min(q.len() as u32).max(1);
                     if Self::fits_head(profile, now, delay, gpu_free, w, head.deadline) {

@@ -13,14 +13,14 @@ mod metrics;
 pub mod workload;
 
 pub use event::{next_event, Event};
-pub use metrics::{median_from_counts, AutoscaleAdvice, ModelReport, SimReport};
+pub use metrics::{median_from_counts, AutoscaleAdvice, ClassReport, ModelReport, SimReport};
 pub use workload::{Arrival, ArrivalStream, Arrivals, Popularity, RateSchedule, Workload};
 
 use crate::gpu::GpuSet;
-use crate::types::{Actions, GpuId, ModelId, Request, Scheduler};
+use crate::types::{Actions, Admission, DropReason, GpuId, ModelId, Request, Scheduler};
 use crate::zoo::ModelSpec;
 use dataplane::time::{Duration, Instant};
-use metrics::{ms, new_hist, ModelAcc};
+use metrics::{ms, new_hist, ClassAcc, ModelAcc};
 use std::fmt;
 
 /// One simulated run.
@@ -41,6 +41,50 @@ pub struct SimConfig {
     /// A recorded arrival trace `(time, model)`, sorted by time. When set it
     /// replaces the generated workload (whose rate is then ignored).
     pub trace: Option<Vec<(Instant, u32)>>,
+    /// Priority classes and queue bounds (the default: none, so the run is
+    /// exactly what it was before they existed).
+    pub admission: SimAdmission,
+}
+
+/// Priorities and queue bounds of a simulated run.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SimAdmission {
+    /// Share of requests at priority 1 (high); the rest are at priority 2.
+    /// 0: no priorities (one level).
+    pub priority_mix: f64,
+    /// Every model's queue bound (0: unbounded).
+    pub max_queue: u32,
+}
+
+impl SimAdmission {
+    /// True when the run has neither priorities nor queue bounds.
+    pub fn is_none(&self) -> bool {
+        self.priority_mix <= 0.0 && self.max_queue == 0
+    }
+
+    /// The per-model admission policy the scheduler is given.
+    pub fn model_admission(&self) -> Admission {
+        Admission { levels: if self.priority_mix > 0.0 { 2 } else { 1 }, default_level: 1, max_queue: self.max_queue }
+    }
+
+    /// The priority of request `id` under `seed`: drawn from its own hash
+    /// (not from the arrival streams, which stay exactly as without
+    /// priorities).
+    pub fn priority_of(&self, seed: u64, id: u64) -> u16 {
+        if self.priority_mix <= 0.0 {
+            return 0;
+        }
+        let mut z = seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        let u = (z >> 11) as f64 / (1u64 << 53) as f64;
+        if u < self.priority_mix {
+            1
+        } else {
+            2
+        }
+    }
 }
 
 /// A broken invariant: the policy did something no policy may do.
@@ -100,6 +144,14 @@ pub fn simulate_observed<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
     let expected = (cfg.workload.rate_rps * cfg.duration.as_secs_f64() * 1.1) as usize + 1024;
     let mut states: Vec<State> = Vec::with_capacity(expected.min(1 << 28));
     let mut acc: Vec<ModelAcc> = cfg.models.iter().map(|m| ModelAcc::new(m.profile.max_batch())).collect();
+    // Per priority class (index: level - 1; one class without priorities).
+    let mut classes = [ClassAcc::default(); 2];
+    let class_of = |r: &Request| usize::from(r.priority.saturating_sub(1)).min(1);
+    if !cfg.admission.is_none() {
+        for m in 0..cfg.models.len() {
+            sched.set_admission(m as ModelId, cfg.admission.model_admission());
+        }
+    }
     let mut gpus: GpuSet<SimBatch> = GpuSet::new(cfg.gpus);
     let mut busy_ns = vec![0u64; cfg.gpus as usize];
     let mut spare: Vec<Vec<Request>> = Vec::new();
@@ -139,8 +191,10 @@ pub fn simulate_observed<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
                         let lat = done.finish.saturating_since(r.arrival);
                         if done.finish <= r.deadline {
                             a.good += 1;
+                            classes[class_of(r)].good += 1;
                         } else {
                             a.late += 1;
+                            classes[class_of(r)].late += 1;
                         }
                         let _ = a.latency_us.record((lat.as_nanos() / 1000).max(1));
                     }
@@ -155,10 +209,12 @@ pub fn simulate_observed<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
                 let Some((_, m)) = arrivals.next() else { continue };
                 let spec =
                     cfg.models.get(m as usize).ok_or_else(|| InvariantViolation(format!("trace names unknown model {m}")))?;
-                let req = Request::new(states.len() as u64, m, now, now + spec.slo);
+                let mut req = Request::new(states.len() as u64, m, now, now + spec.slo);
+                req.priority = cfg.admission.priority_of(cfg.seed, req.id);
                 states.push(State::Pending);
                 if measured(&req) {
                     acc[m as usize].offered += 1;
+                    classes[class_of(&req)].offered += 1;
                 }
                 sched.on_request(now, req, &mut out);
             }
@@ -181,7 +237,7 @@ pub fn simulate_observed<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
                 spare.push(members);
             }
         }
-        for &(r, _) in &out.drops {
+        for &(r, reason) in &out.drops {
             let st = states.get_mut(r.id as usize).ok_or_else(|| InvariantViolation(format!("dropped unknown request {}", r.id)))?;
             if *st != State::Pending {
                 return Err(InvariantViolation(format!("request {} dropped while {:?}", r.id, st)));
@@ -189,6 +245,10 @@ pub fn simulate_observed<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
             *st = State::Dropped;
             if measured(&r) {
                 acc[r.model as usize].dropped += 1;
+                let c = &mut classes[class_of(&r)];
+                c.dropped += 1;
+                c.refused += u64::from(reason == DropReason::Overloaded);
+                c.timeouts += u64::from(reason == DropReason::Timeout);
             }
             obs.on_drop(now, &r);
         }
@@ -254,7 +314,12 @@ pub fn simulate_observed<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
     if let Some(id) = states.iter().position(|s| !matches!(s, State::Done | State::Dropped)) {
         return Err(InvariantViolation(format!("request {id} was never served nor dropped ({:?})", states[id])));
     }
-    Ok(report(cfg, sched.name(), &acc, &busy_ns, window_ns, states.len() as u64, total_batches))
+    let mut rep = report(cfg, sched.name(), &acc, &busy_ns, window_ns, states.len() as u64, total_batches);
+    if !cfg.admission.is_none() {
+        let n = if cfg.admission.priority_mix > 0.0 { 2 } else { 1 };
+        rep.classes = Some(classes[..n].iter().enumerate().map(|(i, c)| c.report(i as u16 + 1)).collect());
+    }
+    Ok(rep)
 }
 
 fn report(cfg: &SimConfig, policy: &str, acc: &[ModelAcc], busy_ns: &[u64], window_ns: u64, requests: u64, batches: u64) -> SimReport {
@@ -326,5 +391,6 @@ fn report(cfg: &SimConfig, policy: &str, acc: &[ModelAcc], busy_ns: &[u64], wind
         simulated_requests: requests,
         simulated_batches: batches,
         models,
+        classes: None,
     }
 }
