@@ -1598,10 +1598,38 @@ mod tests {
 
     #[test]
     fn every_fixed_message_has_a_length_multiple_of_eight() {
-        for k in 1..=14 {
+        for k in 1..=15 {
             if let Some(n) = fixed_body_len(Kind::from_u16(k).unwrap()) {
                 assert_eq!(n % 8, 0, "kind {k}");
             }
         }
+        assert_eq!(Kind::from_u16(16), None);
+    }
+
+    #[test]
+    fn drop_reasons_are_one_consistent_list() {
+        for (i, r) in DropReason::ALL.iter().enumerate() {
+            assert_eq!((r.index(), DropReason::from_u32(r.code())), (i, Some(*r)));
+        }
+        assert_eq!(DropReason::from_u32(0), None);
+        assert_eq!(DropReason::from_u32(DropReason::COUNT as u32 + 1), None);
+        assert_eq!((DropReason::Timeout.code(), DropReason::Timeout.as_str()), (8, "timeout"));
+        assert_eq!((DropReason::Cancelled.code(), DropReason::Cancelled.as_str()), (9, "cancelled"));
+    }
+
+    #[test]
+    fn tasks_carry_priority_and_the_timeout_flag_and_cancels_round_trip() {
+        let mut buf = [0u8; 128];
+        let t = Task { task_id: 7, budget_ns: 9, model_id: 1, frontend_id: 0, priority: 2, flags: TASK_BUDGET_IS_TIMEOUT, ..Task::default() };
+        let n = encode(&mut buf, &t).unwrap();
+        assert_eq!(decode(&buf[..n]), Ok(Message::Task(t)));
+        let bad = Task { flags: 2, ..t };
+        let n = encode(&mut buf, &bad).unwrap();
+        assert_eq!(decode(&buf[..n]), Err(WireError::BadValue("task flags")));
+        let c = Cancel { task_id: 42 };
+        let n = encode(&mut buf, &c).unwrap();
+        assert_eq!(n, HEADER_LEN + 8);
+        assert_eq!(decode(&buf[..n]), Ok(Message::Cancel(c)));
+        assert_eq!(decode(&buf[..n - 1]), Err(WireError::Truncated));
     }
 }

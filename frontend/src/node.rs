@@ -1292,6 +1292,70 @@ mod tests {
     }
 
     #[test]
+    fn a_cancel_answers_at_once_goes_to_the_scheduler_and_the_slot_frees_with_the_outcome() {
+        let mut f = frontend();
+        let mut sched = f.registered();
+        let mut queued = f.submit().unwrap();
+        let mut planned = f.submit().unwrap();
+        assert!(f.poll(T0));
+        assert_eq!(sched.tasks().len(), 2);
+
+        assert!(f.service.sink().cancel(&mut queued));
+        assert_eq!(
+            poll_now(&mut queued),
+            Poll::Ready(Outcome::Dropped(DropReason::Cancelled))
+        );
+        assert!(f.node.has_queued_tasks());
+        assert!(f.poll(T0));
+        let cancels: Vec<u64> = sched
+            .take_all()
+            .iter()
+            .filter_map(|m| match wire::decode(m) {
+                Ok(Message::Cancel(c)) => Some(c.task_id),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(cancels, [queued.task_id()]);
+        assert_eq!(f.node.stats().cancels_sent.load(Ordering::Relaxed), 1);
+        // The slot is held until the scheduler's answer (a backend might
+        // still READ it), which is then discarded.
+        assert_eq!(f.node.staging().in_flight(), 2);
+        sched.put(&wire::Dropped {
+            task_id: queued.task_id(),
+            reason: DropReason::Cancelled as u32,
+            reserved: 0,
+        });
+        assert!(f.poll(T0));
+        assert_eq!(f.node.staging().in_flight(), 1);
+
+        // Already planned: the backend's result comes and is discarded.
+        let mut backend = f.backend(T0, 9);
+        assert!(f.service.sink().cancel(&mut planned));
+        backend.put_completion(planned.task_id(), b"output");
+        f.poll(T0);
+        assert_eq!(f.node.staging().in_flight(), 0);
+        let c = f.service.counters();
+        assert!(c.balanced(), "{c:?}");
+        assert_eq!((c.accepted, c.cancelled, c.succeeded, c.dropped, c.late), (2, 2, 0, 0, 0), "{c:?}");
+
+        // Too late to cancel: the outcome is already here and still yields.
+        let mut done = f.submit().unwrap();
+        f.poll(T0);
+        sched.put(&wire::Dropped {
+            task_id: done.task_id(),
+            reason: DropReason::Overloaded as u32,
+            reserved: 0,
+        });
+        f.poll(T0);
+        assert!(!f.service.sink().cancel(&mut done));
+        assert_eq!(
+            poll_now(&mut done),
+            Poll::Ready(Outcome::Dropped(DropReason::Overloaded))
+        );
+        assert!(f.service.counters().balanced());
+    }
+
+    #[test]
     fn a_backend_completion_is_delivered_once_and_a_duplicate_is_counted() {
         let mut f = frontend();
         let mut sched = f.registered();
