@@ -19,6 +19,9 @@ pub struct ChaosArgs {
     pub threads: Option<usize>,
     pub mutation: Option<String>,
     pub json: bool,
+    pub priority_mix: f64,
+    pub cancel_share: f64,
+    pub max_queue: u32,
 }
 
 fn config(a: &ChaosArgs) -> Result<ChaosConfig, String> {
@@ -44,6 +47,14 @@ fn config(a: &ChaosArgs) -> Result<ChaosConfig, String> {
     cfg.backends = a.backends;
     cfg.rate_rps = a.rate;
     cfg.mutation = mutation;
+    for (name, v) in [("--priority-mix", a.priority_mix), ("--cancel-share", a.cancel_share)] {
+        if !(0.0..=1.0).contains(&v) {
+            return Err(format!("{name} {v}: must be a share in [0, 1]"));
+        }
+    }
+    cfg.priority_mix = a.priority_mix;
+    cfg.cancel_share = a.cancel_share;
+    cfg.max_queue = a.max_queue;
     Ok(cfg)
 }
 
@@ -58,7 +69,7 @@ pub fn run(a: &ChaosArgs) -> Result<(), String> {
 fn print_report(r: &ChaosReport) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "seed {}  faults {}  virtual {:.1} s  trace {}", r.seed, r.fault_classes, r.virtual_s, r.trace_hash);
-    let _ = writeln!(out, "accepted {}  succeeded {}  late {}  dropped {}  failed {}  unaccounted {}", r.accepted, r.succeeded, r.late, r.dropped_total(), r.failed_total(), r.unaccounted);
+    let _ = writeln!(out, "accepted {}  succeeded {}  late {}  dropped {}  failed {}  cancelled {}  unaccounted {}", r.accepted, r.succeeded, r.late, r.dropped_total(), r.failed_total(), r.cancelled, r.unaccounted);
     let mut d: Vec<_> = r.dropped.iter().collect();
     d.sort();
     for (k, v) in d {
