@@ -97,6 +97,10 @@ pub struct Candidate {
     pub exec_at: Instant,
     /// Latest start that still meets the earliest deadline in the batch.
     pub latest: Instant,
+    /// The highest priority in the batch, as a level index (0 = highest;
+    /// always 0 for a model with one level). Among feasible candidates the
+    /// RankThread grants the highest level first, then the most urgent.
+    pub level: u16,
 }
 
 /// ModelThread -> RankThread messages.

@@ -218,7 +218,8 @@ impl ModelState {
             let gap = self.rate.mean_gap(now).map_or(Duration::ZERO, |g| Duration::from_nanos((g.as_nanos() as f64 * cfg.window_gaps) as u64));
             (dl - self.profile.scaled_latency(bs + 1, slow)).min((dl - self.profile.scaled_latency(bs, slow)) - cfg.min_window.max(gap))
         };
-        Some(Candidate { bs, exec_at, latest })
+        let level = self.queues.iter().position(|q| !q.is_empty()).unwrap_or(0) as u16;
+        Some(Candidate { bs, exec_at, latest, level })
     }
 
     /// True when a batch of `b` already runs within `slack` of the best
@@ -513,13 +514,18 @@ impl ModelThreadCore {
         let factor = self.factor(i, g.gpu);
         let m = &mut self.models[i];
         // The RankThread dropped its copy of our candidate when it granted.
-        m.informed = None;
+        let was_ready = m.informed.take().is_some();
         let drops_before = out.drops.len();
         let cand = m.gather(now, &cfg, Some(g.free_at), factor, out);
         self.stats.drops += (out.drops.len() - drops_before) as u64;
         let start_bound = |c: &Candidate| (now + cfg.delay.of(c.bs)).max(g.free_at);
         match cand {
-            Some(c) if c.exec_at <= start_bound(&c) => {
+            // With priority levels the grant's batch may leave out a lower
+            // level that the profile's candidate had (a slower GPU fits
+            // fewer), which moves its window later; handing the GPU back
+            // would only have the same candidate granted again at once.
+            // The window was open when the candidate was offered: take it.
+            Some(c) if c.exec_at <= start_bound(&c) || (was_ready && m.queues.len() > 1) => {
                 let exec_at = start_bound(&c);
                 let finish_at = exec_at + m.profile.scaled_latency(c.bs, factor);
                 let lead = cfg.delay.of(c.bs);
