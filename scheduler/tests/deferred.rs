@@ -288,7 +288,7 @@ fn a_full_queue_refuses_at_once_and_a_higher_priority_evicts_a_lower_one() {
 #[test]
 fn a_cancelled_request_leaves_the_queue_and_a_dispatched_one_is_left_alone() {
     let m = ModelSpec::linear("a", 2.0, 1.0, 100.0).unwrap();
-    let mut s = DeferredScheduler::new(&[m.clone()], 0, lazy());
+    let mut s = DeferredScheduler::new(std::slice::from_ref(&m), 0, lazy());
     let (mut out, mut seen) = (Actions::default(), Answers::default());
     for id in 1..=3 {
         s.on_request(at_ms(0), Request::new(id, 0, at_ms(0), at_ms(100)), &mut out);

@@ -226,7 +226,7 @@ impl Client {
     pub fn cancel_due(&mut self, now: Instant, frontends: &[Option<&ClusterService<NetSink>>]) -> bool {
         let mut any = false;
         for o in &mut self.open {
-            if !o.cancel_at.is_some_and(|t| t <= now) {
+            if o.cancel_at.is_none_or(|t| t > now) {
                 continue;
             }
             o.cancel_at = None;
