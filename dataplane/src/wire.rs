@@ -132,6 +132,8 @@ pub enum Kind {
     Welcome = 13,
     /// [`Refused`] (scheduler -> peer, then it closes; layout frozen)
     Refused = 14,
+    /// [`Cancel`] (frontend -> scheduler: a client gave a task up)
+    Cancel = 15,
 }
 
 impl Kind {
@@ -152,6 +154,7 @@ impl Kind {
             12 => Kind::Join,
             13 => Kind::Welcome,
             14 => Kind::Refused,
+            15 => Kind::Cancel,
             _ => return None,
         })
     }
@@ -557,6 +560,27 @@ pub struct Task {
     pub frontend_id: u32,
     /// Where the staged input lives.
     pub input: RemoteRef,
+    /// Priority level, 1 = highest (Triton's numbering); 0 = the model's
+    /// default level. A level past the model's lowest counts as its lowest.
+    pub priority: u32,
+    /// [`TASK_BUDGET_IS_TIMEOUT`] or zero.
+    pub flags: u32,
+}
+
+/// [`Task::flags`]: the budget is the request's own timeout (shorter than
+/// its model's SLO budget), so running out of it is reported as
+/// [`DropReason::Timeout`] rather than a deadline drop. The frontend folds
+/// the timeout into the budget: one deadline crosses the wire.
+pub const TASK_BUDGET_IS_TIMEOUT: u32 = 1;
+
+/// A client gave a task up (frontend -> scheduler): remove it from its
+/// model's queue and answer it as [`DropReason::Cancelled`]; a task already
+/// planned onto a GPU is left alone (its result is discarded).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Cancel {
+    /// Task id.
+    pub task_id: u64,
 }
 
 /// Batch plan head (scheduler -> backend); `count` [`BatchTask`]s follow.
@@ -702,11 +726,15 @@ pub enum DropReason {
     EarlyDrop = 6,
     /// Its frontend failed while it was in flight: nobody is left to answer.
     FrontendLost = 7,
+    /// Its own timeout (shorter than the model's SLO) ran out first.
+    Timeout = 8,
+    /// Its client cancelled it before it was planned onto a GPU.
+    Cancelled = 9,
 }
 
 impl DropReason {
     /// Number of reasons: the length of a counter-by-reason array.
-    pub const COUNT: usize = 7;
+    pub const COUNT: usize = 9;
     /// Every reason, in [`index`](Self::index) order (wire-code order).
     pub const ALL: [DropReason; DropReason::COUNT] = [
         DropReason::DeadlineUnmeetable,
@@ -716,6 +744,8 @@ impl DropReason {
         DropReason::InputUnavailable,
         DropReason::EarlyDrop,
         DropReason::FrontendLost,
+        DropReason::Timeout,
+        DropReason::Cancelled,
     ];
 
     /// The reason with wire code `v`.
@@ -745,6 +775,8 @@ impl DropReason {
             DropReason::InputUnavailable => "input_unavailable",
             DropReason::EarlyDrop => "early_drop",
             DropReason::FrontendLost => "frontend_lost",
+            DropReason::Timeout => "timeout",
+            DropReason::Cancelled => "cancelled",
         }
     }
 }
@@ -888,7 +920,7 @@ macro_rules! task_id_accessor {
         }
     )*};
 }
-task_id_accessor!(Task, BatchTask, CompletionHead, Dropped);
+task_id_accessor!(Task, BatchTask, CompletionHead, Dropped, Cancel);
 
 impl FixedMessage for Register {
     const KIND: Kind = Kind::Register;
@@ -910,6 +942,9 @@ impl FixedMessage for Refused {
 }
 impl FixedMessage for Task {
     const KIND: Kind = Kind::Task;
+}
+impl FixedMessage for Cancel {
+    const KIND: Kind = Kind::Cancel;
 }
 impl FixedMessage for Dropped {
     const KIND: Kind = Kind::Dropped;
@@ -989,6 +1024,8 @@ pub enum Message<'a> {
     Heartbeat(Heartbeat),
     /// Task.
     Task(Task),
+    /// A client gave a task up.
+    Cancel(Cancel),
     /// Batch plan.
     BatchPlan(BatchPlanHead, BatchTasks<'a>),
     /// Completion with its inline output (empty unless inline).
@@ -1219,6 +1256,7 @@ fn fixed_body_len(kind: Kind) -> Option<usize> {
         Kind::Register => size_of::<Register>(),
         Kind::Heartbeat => size_of::<Heartbeat>(),
         Kind::Task => size_of::<Task>(),
+        Kind::Cancel => size_of::<Cancel>(),
         Kind::Dropped => size_of::<Dropped>(),
         Kind::BatchDone => size_of::<BatchDone>(),
         Kind::ReadRequest => size_of::<ReadRequest>(),
@@ -1270,7 +1308,14 @@ pub fn decode(buf: &[u8]) -> Result<Message<'_>, WireError> {
             Role::from_u32(m.role).ok_or(WireError::BadValue("role"))?;
             Message::Heartbeat(m)
         }
-        Kind::Task => Message::Task(read_fixed(body)?),
+        Kind::Task => {
+            let t: Task = read_fixed(body)?;
+            if t.flags & !TASK_BUDGET_IS_TIMEOUT != 0 {
+                return Err(WireError::BadValue("task flags"));
+            }
+            Message::Task(t)
+        }
+        Kind::Cancel => Message::Cancel(read_fixed(body)?),
         Kind::BatchPlan => {
             let head_bytes = body.get(..PLAN_HEAD_LEN).ok_or(WireError::BadLength)?;
             let head: BatchPlanHead = bytemuck::pod_read_unaligned(head_bytes);
@@ -1430,6 +1475,7 @@ pub fn fuzz_decode(data: &[u8]) {
     if let Ok(m) = decode(data) {
         match m {
             Message::Task(t) => fuzz_task_id(t.id()),
+            Message::Cancel(c) => fuzz_task_id(c.id()),
             Message::BatchPlan(_, t) => t.iter().for_each(|e| fuzz_task_id(e.id())),
             Message::Completion(h, _) => fuzz_task_id(h.id()),
             Message::Dropped(d) => {
@@ -1457,6 +1503,7 @@ pub fn fuzz_decode(data: &[u8]) {
             Message::Register(r) => encode(&mut buf, &r),
             Message::Heartbeat(r) => encode(&mut buf, &r),
             Message::Task(r) => encode(&mut buf, &r),
+            Message::Cancel(r) => encode(&mut buf, &r),
             Message::BatchPlan(h, t) => {
                 let mut w = BatchPlanWriter::new(&mut buf, &h).expect("room for a plan");
                 for e in t.iter() {
@@ -1580,11 +1627,39 @@ mod tests {
 
     #[test]
     fn every_fixed_message_has_a_length_multiple_of_eight() {
-        for k in 1..=14 {
+        for k in 1..=15 {
             if let Some(n) = fixed_body_len(Kind::from_u16(k).unwrap()) {
                 assert_eq!(n % 8, 0, "kind {k}");
             }
         }
+        assert_eq!(Kind::from_u16(16), None);
+    }
+
+    #[test]
+    fn drop_reasons_are_one_consistent_list() {
+        for (i, r) in DropReason::ALL.iter().enumerate() {
+            assert_eq!((r.index(), DropReason::from_u32(r.code())), (i, Some(*r)));
+        }
+        assert_eq!(DropReason::from_u32(0), None);
+        assert_eq!(DropReason::from_u32(DropReason::COUNT as u32 + 1), None);
+        assert_eq!((DropReason::Timeout.code(), DropReason::Timeout.as_str()), (8, "timeout"));
+        assert_eq!((DropReason::Cancelled.code(), DropReason::Cancelled.as_str()), (9, "cancelled"));
+    }
+
+    #[test]
+    fn tasks_carry_priority_and_the_timeout_flag_and_cancels_round_trip() {
+        let mut buf = [0u8; 128];
+        let t = Task { task_id: 7, budget_ns: 9, model_id: 1, frontend_id: 0, priority: 2, flags: TASK_BUDGET_IS_TIMEOUT, ..Task::default() };
+        let n = encode(&mut buf, &t).unwrap();
+        assert_eq!(decode(&buf[..n]), Ok(Message::Task(t)));
+        let bad = Task { flags: 2, ..t };
+        let n = encode(&mut buf, &bad).unwrap();
+        assert_eq!(decode(&buf[..n]), Err(WireError::BadValue("task flags")));
+        let c = Cancel { task_id: 42 };
+        let n = encode(&mut buf, &c).unwrap();
+        assert_eq!(n, HEADER_LEN + 8);
+        assert_eq!(decode(&buf[..n]), Ok(Message::Cancel(c)));
+        assert_eq!(decode(&buf[..n - 1]), Err(WireError::Truncated));
     }
 
     #[test]

@@ -393,6 +393,7 @@ fn rdma_pair_server() {
         model_id: 0,
         frontend_id: 0,
         input: whole,
+        ..Default::default()
     };
     let n = wire::encode(&mut msg, &task).unwrap();
     conn.send(&msg[..n]).unwrap();

@@ -52,6 +52,8 @@ fn msg() -> impl Strategy<Value = Msg> {
             model_id,
             frontend_id,
             input,
+            priority: (task_id >> 7) as u32 % 4,
+            flags: (budget_ns & 1) as u32,
         });
     let btask =
         (any::<u64>(), any::<u32>(), rref()).prop_map(|(task_id, frontend_id, input)| BatchTask {

@@ -22,7 +22,7 @@
 //! [`FrontendEvent::SchedulerLost`] and the host decides what happens next.
 
 use crate::service::{SinkError, TaskSink};
-use crate::staging::{RoutedOutcome, Staging};
+use crate::staging::{RoutedOutcome, Staging, Ticket};
 use crossbeam_queue::ArrayQueue;
 use dataplane::control::Liveness;
 use dataplane::join::JoinToken;
@@ -65,6 +65,11 @@ pub struct FrontendStats {
     pub backends_lost: AtomicU64,
     /// Malformed or unroutable messages received.
     pub bad_messages: AtomicU64,
+    /// Cancellations sent to the scheduler.
+    pub cancels_sent: AtomicU64,
+    /// Cancellations not sent (their queue was full or the scheduler
+    /// gone): the task then ends by its deadline, its slot freed then.
+    pub cancels_unsent: AtomicU64,
 }
 
 impl FrontendStats {
@@ -110,6 +115,8 @@ impl FrontendStats {
 #[derive(Debug)]
 struct TaskQueue {
     tasks: ArrayQueue<Task>,
+    /// Ids of cancelled tasks, for the scheduler.
+    cancels: ArrayQueue<u64>,
     state: AtomicU8,
     waker: Option<Notifier>,
     stats: Arc<FrontendStats>,
@@ -141,6 +148,7 @@ impl NetSink {
     pub fn new(capacity: usize, waker: Option<Notifier>) -> (NetSink, TaskSource) {
         let queue = Arc::new(TaskQueue {
             tasks: ArrayQueue::new(capacity.max(1)),
+            cancels: ArrayQueue::new(capacity.max(1)),
             state: AtomicU8::new(SINK_CLOSED),
             waker,
             stats: Arc::new(FrontendStats::default()),
@@ -155,6 +163,24 @@ impl NetSink {
     /// The node's counters.
     pub fn stats(&self) -> &Arc<FrontendStats> {
         &self.queue.stats
+    }
+
+    /// The client gave `ticket`'s request up ([`Ticket::cancel`]): it
+    /// resolves now as cancelled, and the node tells the scheduler, which
+    /// takes the task out of its queue (or, already planned, lets it run;
+    /// the result is discarded). The staging slot is freed when the task's
+    /// outcome arrives. Returns false if the outcome was already there
+    /// (the ticket still yields it). Never blocks.
+    pub fn cancel(&self, ticket: &mut Ticket) -> bool {
+        if !ticket.cancel() {
+            return false;
+        }
+        if self.queue.state.load(Ordering::Acquire) != SINK_OPEN || self.queue.cancels.push(ticket.task_id()).is_err() {
+            self.queue.stats.cancels_unsent.fetch_add(1, Ordering::Relaxed);
+        } else if let Some(w) = &self.queue.waker {
+            w.notify();
+        }
+        true
     }
 }
 
@@ -280,6 +306,8 @@ pub struct FrontendNode<C: Connection> {
     events: VecDeque<FrontendEvent>,
     /// A task the scheduler link had no room for, sent first next time.
     unsent: Option<Task>,
+    /// A cancellation the scheduler link had no room for.
+    unsent_cancel: Option<u64>,
     /// Latest `now` seen: time never goes back inside the node.
     now: Instant,
     shut_down: bool,
@@ -324,6 +352,7 @@ impl<C: Connection> FrontendNode<C> {
             closed: Vec::new(),
             events: VecDeque::new(),
             unsent: None,
+            unsent_cancel: None,
             now: Instant::ZERO,
             shut_down: false,
             buf: vec![0u8; wire::MAX_MESSAGE_LEN].into_boxed_slice(),
@@ -355,7 +384,7 @@ impl<C: Connection> FrontendNode<C> {
     /// Whether tasks are waiting in the queue (for the host's idle
     /// re-check: a producer may have pushed one after the last poll).
     pub fn has_queued_tasks(&self) -> bool {
-        !self.tasks.queue.tasks.is_empty()
+        !self.tasks.queue.tasks.is_empty() || !self.tasks.queue.cancels.is_empty()
     }
 
     fn observe(&mut self, now: Instant) -> Instant {
@@ -517,6 +546,9 @@ impl<C: Connection> FrontendNode<C> {
     /// there were any.
     fn end_queued(&mut self) -> bool {
         let mut any = false;
+        while self.unsent_cancel.take().or_else(|| self.tasks.queue.cancels.pop()).is_some() {
+            self.stats().cancels_unsent.fetch_add(1, Ordering::Relaxed);
+        }
         while let Some(t) = self.unsent.take().or_else(|| self.tasks.queue.tasks.pop()) {
             any = true;
             self.staging
@@ -686,6 +718,7 @@ impl<C: Connection> FrontendNode<C> {
             sched,
             phase,
             unsent,
+            unsent_cancel,
             buf,
             hb,
             ..
@@ -723,6 +756,35 @@ impl<C: Connection> FrontendNode<C> {
                     staging.route(task.task_id, RoutedOutcome::Dropped(DropReason::Shutdown));
                     lost = Some(format!("sending a task: {e}"));
                     break;
+                }
+            }
+        }
+
+        // Cancellations, after every task queued before them (a cancel
+        // that overtook its task would be ignored and the task would run).
+        if lost.is_none() && unsent.is_none() {
+            for _ in 0..BURST {
+                let Some(task_id) = unsent_cancel.take().or_else(|| tasks.queue.cancels.pop()) else {
+                    break;
+                };
+                let n = match wire::encode(buf, &wire::Cancel { task_id }) {
+                    Ok(n) => n,
+                    Err(_) => continue,
+                };
+                match conn.send(&buf[..n]) {
+                    Ok(()) => {
+                        work = true;
+                        stats.cancels_sent.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(TransportError::QueueFull) => {
+                        *unsent_cancel = Some(task_id);
+                        break;
+                    }
+                    Err(e) => {
+                        stats.cancels_unsent.fetch_add(1, Ordering::Relaxed);
+                        lost = Some(format!("sending a cancellation: {e}"));
+                        break;
+                    }
                 }
             }
         }
@@ -1231,6 +1293,70 @@ mod tests {
         );
         let c = f.service.counters();
         assert!(c.balanced() && (c.accepted, c.dropped) == (1, 1), "{c:?}");
+    }
+
+    #[test]
+    fn a_cancel_answers_at_once_goes_to_the_scheduler_and_the_slot_frees_with_the_outcome() {
+        let mut f = frontend();
+        let mut sched = f.registered();
+        let mut queued = f.submit().unwrap();
+        let mut planned = f.submit().unwrap();
+        assert!(f.poll(T0));
+        assert_eq!(sched.tasks().len(), 2);
+
+        assert!(f.service.sink().cancel(&mut queued));
+        assert_eq!(
+            poll_now(&mut queued),
+            Poll::Ready(Outcome::Dropped(DropReason::Cancelled))
+        );
+        assert!(f.node.has_queued_tasks());
+        assert!(f.poll(T0));
+        let cancels: Vec<u64> = sched
+            .take_all()
+            .iter()
+            .filter_map(|m| match wire::decode(m) {
+                Ok(Message::Cancel(c)) => Some(c.task_id),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(cancels, [queued.task_id()]);
+        assert_eq!(f.node.stats().cancels_sent.load(Ordering::Relaxed), 1);
+        // The slot is held until the scheduler's answer (a backend might
+        // still READ it), which is then discarded.
+        assert_eq!(f.node.staging().in_flight(), 2);
+        sched.put(&wire::Dropped {
+            task_id: queued.task_id(),
+            reason: DropReason::Cancelled as u32,
+            reserved: 0,
+        });
+        assert!(f.poll(T0));
+        assert_eq!(f.node.staging().in_flight(), 1);
+
+        // Already planned: the backend's result comes and is discarded.
+        let mut backend = f.backend(T0, 9);
+        assert!(f.service.sink().cancel(&mut planned));
+        backend.put_completion(planned.task_id(), b"output");
+        f.poll(T0);
+        assert_eq!(f.node.staging().in_flight(), 0);
+        let c = f.service.counters();
+        assert!(c.balanced(), "{c:?}");
+        assert_eq!((c.accepted, c.cancelled, c.succeeded, c.dropped, c.late), (2, 2, 0, 0, 0), "{c:?}");
+
+        // Too late to cancel: the outcome is already here and still yields.
+        let mut done = f.submit().unwrap();
+        f.poll(T0);
+        sched.put(&wire::Dropped {
+            task_id: done.task_id(),
+            reason: DropReason::Overloaded as u32,
+            reserved: 0,
+        });
+        f.poll(T0);
+        assert!(!f.service.sink().cancel(&mut done));
+        assert_eq!(
+            poll_now(&mut done),
+            Poll::Ready(Outcome::Dropped(DropReason::Overloaded))
+        );
+        assert!(f.service.counters().balanced());
     }
 
     #[test]

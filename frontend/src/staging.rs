@@ -42,6 +42,10 @@ const WRITING: u64 = 2;
 const DONE: u64 = 3;
 const ORPHANED: u64 = 4;
 const EXPIRED: u64 = 5;
+/// The client cancelled: counted as cancelled at once; the slot stays in
+/// use until the cluster's own outcome arrives (a backend may still READ
+/// it), which is then discarded.
+const CANCELLED: u64 = 6;
 const PHASE_MASK: u64 = 7;
 
 /// Most slots a [`Staging`] can have (the slot index is a task-id field).
@@ -62,7 +66,7 @@ pub struct StagingConfig {
 }
 
 /// Global outcome counters. Once quiet,
-/// `accepted = succeeded + dropped + failed`.
+/// `accepted = succeeded + dropped + failed + cancelled`.
 #[derive(Debug, Default)]
 pub struct Counters {
     /// Requests staged and handed to the cluster.
@@ -74,6 +78,8 @@ pub struct Counters {
     /// Requests that ended in an error (backend failure, send failure,
     /// no outcome within the deadline plus grace).
     pub failed: AtomicU64,
+    /// Requests their client cancelled before an outcome arrived.
+    pub cancelled: AtomicU64,
     /// Requests refused before staging because every slot was in use.
     pub rejected_full: AtomicU64,
     /// Completions naming no request in flight (stale sequence, foreign
@@ -96,6 +102,8 @@ pub struct CounterSnapshot {
     pub dropped: u64,
     /// See [`Counters::failed`].
     pub failed: u64,
+    /// See [`Counters::cancelled`].
+    pub cancelled: u64,
     /// See [`Counters::rejected_full`].
     pub rejected_full: u64,
     /// See [`Counters::unroutable`].
@@ -109,7 +117,7 @@ pub struct CounterSnapshot {
 impl CounterSnapshot {
     /// Whether every accepted request has exactly one terminal outcome.
     pub fn balanced(&self) -> bool {
-        self.accepted == self.succeeded + self.dropped + self.failed
+        self.accepted == self.succeeded + self.dropped + self.failed + self.cancelled
     }
 }
 
@@ -122,12 +130,24 @@ impl Counters {
             succeeded: l(&self.succeeded),
             dropped: l(&self.dropped),
             failed: l(&self.failed),
+            cancelled: l(&self.cancelled),
             rejected_full: l(&self.rejected_full),
             unroutable: l(&self.unroutable),
             duplicates: l(&self.duplicates),
             late: l(&self.late),
         }
     }
+}
+
+/// Per-request scheduling parameters (Triton's `priority` and `timeout`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RequestOptions {
+    /// Priority level, 1 = highest; 0 = the model's default.
+    pub priority: u32,
+    /// The request's own timeout. When shorter than the budget it becomes
+    /// the budget, and the task is flagged so that running out of it is
+    /// answered as [`DropReason::Timeout`].
+    pub timeout: Option<Duration>,
 }
 
 /// The terminal outcome of one request, as the cluster reports it.
@@ -312,6 +332,19 @@ impl Staging {
         input: &[u8],
         budget: Duration,
     ) -> Result<(Task, Ticket), StageError> {
+        self.stage_with(model_id, input, budget, RequestOptions::default())
+    }
+
+    /// [`stage`](Self::stage) with a priority and a timeout: the timeout
+    /// is folded into the budget (one deadline crosses the wire; see
+    /// [`wire::TASK_BUDGET_IS_TIMEOUT`]).
+    pub fn stage_with(
+        self: &Arc<Self>,
+        model_id: u32,
+        input: &[u8],
+        budget: Duration,
+        options: RequestOptions,
+    ) -> Result<(Task, Ticket), StageError> {
         if input.len() > self.slot_size as usize {
             return Err(StageError::TooLarge);
         }
@@ -336,12 +369,18 @@ impl Staging {
         let seq = ((cell.state.load(Ordering::Acquire) >> 3) + 1) & SEQ_MASK;
         cell.state.store(seq << 3 | WAITING, Ordering::Release);
         self.counters.accepted.fetch_add(1, Ordering::SeqCst);
+        let (budget, flags) = match options.timeout {
+            Some(t) if t < budget => (t, wire::TASK_BUDGET_IS_TIMEOUT),
+            _ => (budget, 0),
+        };
         let task = Task {
             task_id: self.task_id(seq, index).get(),
             budget_ns: budget.as_nanos(),
             model_id,
             frontend_id: u32::from(self.frontend_id),
             input: remote,
+            priority: options.priority,
+            flags,
         };
         Ok((
             task,
@@ -351,6 +390,7 @@ impl Staging {
                 seq,
                 finished: false,
                 exec: None,
+                cancelled: false,
             },
         ))
     }
@@ -465,7 +505,7 @@ impl Staging {
                     self.release(index, seq);
                     return RouteResult::Orphaned;
                 }
-                EXPIRED => {
+                EXPIRED | CANCELLED => {
                     if cell
                         .state
                         .compare_exchange(s, base | WRITING, Ordering::AcqRel, Ordering::Acquire)
@@ -473,7 +513,9 @@ impl Staging {
                     {
                         continue;
                     }
-                    self.counters.late.fetch_add(1, Ordering::Relaxed);
+                    if s & PHASE_MASK == EXPIRED {
+                        self.counters.late.fetch_add(1, Ordering::Relaxed);
+                    }
                     self.release(index, seq);
                     return RouteResult::Late;
                 }
@@ -521,7 +563,11 @@ impl Staging {
         let mut ended = 0;
         for (index, cell) in self.cells.iter().enumerate() {
             let s = cell.state.load(Ordering::Acquire);
-            if matches!(s & PHASE_MASK, WAITING | ORPHANED) {
+            if s & PHASE_MASK == CANCELLED {
+                // Its client was answered; nothing else will free the slot.
+                let id = self.task_id((s >> 3) & SEQ_MASK, index as u32);
+                let _ = self.route(id.get(), outcome);
+            } else if matches!(s & PHASE_MASK, WAITING | ORPHANED) {
                 let id = self.task_id((s >> 3) & SEQ_MASK, index as u32);
                 if matches!(
                     self.route(id.get(), outcome),
@@ -581,6 +627,8 @@ pub struct Ticket {
     seq: u64,
     finished: bool,
     exec: Option<Execution>,
+    /// [`Ticket::cancel`] succeeded.
+    cancelled: bool,
 }
 
 impl Ticket {
@@ -624,6 +672,32 @@ impl Ticket {
         }
     }
 
+    /// The client gives the request up: unless its outcome is already here
+    /// (then `false`, and the ticket still yields it), it resolves now to
+    /// `Outcome::Dropped(DropReason::Cancelled)` and counts as cancelled
+    /// (not as dropped). The slot stays in use
+    /// until the cluster's outcome for the task arrives (a backend may still
+    /// READ it); that outcome is discarded. Tell the scheduler with
+    /// `NetSink::cancel` so a queued task leaves its queue at once.
+    pub fn cancel(&mut self) -> bool {
+        if self.finished {
+            return false;
+        }
+        let cell = &self.staging.cells[self.index as usize];
+        let waiting = self.seq << 3 | WAITING;
+        if cell
+            .state
+            .compare_exchange(waiting, self.seq << 3 | CANCELLED, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return false;
+        }
+        self.finished = true;
+        self.cancelled = true;
+        self.staging.counters.cancelled.fetch_add(1, Ordering::SeqCst);
+        true
+    }
+
     /// Ends the request as failed without waiting (its task could not be
     /// sent). The slot is freed at once: nobody will READ it.
     pub fn fail_unsent(mut self) {
@@ -651,6 +725,9 @@ impl Ticket {
 impl Future for Ticket {
     type Output = Outcome;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
+        if self.cancelled {
+            return Poll::Ready(Outcome::Dropped(DropReason::Cancelled));
+        }
         if self.finished {
             return Poll::Ready(Outcome::TimedOut);
         }

@@ -90,6 +90,7 @@ fn kind_name(m: &Message<'_>) -> &'static str {
         Message::Register(_) => "Register",
         Message::Heartbeat(_) => "Heartbeat",
         Message::Task(_) => "Task",
+        Message::Cancel(_) => "Cancel",
         Message::BatchPlan(..) => "BatchPlan",
         Message::Completion(..) => "Completion",
         Message::Dropped(_) => "Dropped",

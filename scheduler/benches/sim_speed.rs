@@ -18,6 +18,7 @@ fn case(name: &str, models: Vec<ModelSpec>, gpus: u32, rate: f64, secs: u64, kin
         warmup: Duration::from_millis(1000),
         seed: 1,
         trace: None,
+        admission: Default::default(),
     };
     let mut rates = Vec::new();
     let mut requests = 0;

@@ -22,6 +22,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             warmup: Duration::from_millis(2000),
             seed: 1,
             trace: None,
+            admission: Default::default(),
         };
         let mut deferred_goodput = 0.0;
         for kind in [PolicyKind::Deferred, PolicyKind::Clockwork, PolicyKind::Shepherd, PolicyKind::Nexus] {

@@ -20,8 +20,24 @@ pub struct Request {
     pub model: ModelId,
     /// When it reached the scheduler (local clock).
     pub arrival: Instant,
-    /// When its result is due (local clock): arrival plus remaining budget.
+    /// When its result is due (local clock): arrival plus remaining budget
+    /// (or its own timeout, when that is shorter: see `timed`).
     pub deadline: Instant,
+    /// Priority level as Triton numbers them: 1 is the highest, 0 means the
+    /// model's default level; a level past the model's lowest counts as
+    /// its lowest ([`Admission`]).
+    pub priority: u16,
+    /// The deadline is the request's own timeout: a drop for running out of
+    /// time is reported as [`DropReason::Timeout`].
+    pub timed: bool,
+}
+
+impl Request {
+    /// A request at the model's default priority, without a timeout of its
+    /// own.
+    pub const fn new(id: RequestId, model: ModelId, arrival: Instant, deadline: Instant) -> Self {
+        Request { id, model, arrival, deadline, priority: 0, timed: false }
+    }
 }
 
 /// Why a request was dropped without being executed: the cluster's one
@@ -30,6 +46,37 @@ pub struct Request {
 /// deadline), `EarlyDrop` (a sliding window gave it up to keep batches
 /// efficient) and `UnknownModel`.
 pub use dataplane::wire::DropReason;
+
+/// A model's admission policy (Triton's `dynamic_batching` priority levels
+/// and queue bound).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Admission {
+    /// Priority levels, 1 (highest) to `levels` (at least 1).
+    pub levels: u16,
+    /// The level of a request that names none (priority 0), in `1..=levels`.
+    pub default_level: u16,
+    /// Most requests waiting in the model's queue (every level together);
+    /// 0: unbounded. A request over the bound is refused at once as
+    /// [`DropReason::Overloaded`], unless a request of a lower level is
+    /// waiting: then the latest of the lowest level goes instead.
+    pub max_queue: u32,
+}
+
+impl Default for Admission {
+    fn default() -> Self {
+        Admission { levels: 1, default_level: 1, max_queue: 0 }
+    }
+}
+
+impl Admission {
+    /// Queue index (0 = highest level) of a request's priority.
+    #[inline]
+    pub fn level_index(&self, priority: u16) -> usize {
+        let levels = self.levels.max(1);
+        let level = if priority == 0 { self.default_level } else { priority };
+        usize::from(level.clamp(1, levels) - 1)
+    }
+}
 
 /// A batch the scheduler committed to a GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,4 +156,9 @@ pub trait Scheduler {
     fn poll_at(&self) -> Option<Instant>;
     /// The policy's short name.
     fn name(&self) -> &'static str;
+    /// Sets a model's priority levels and queue bound; returns whether the
+    /// policy honours them (the baselines do not).
+    fn set_admission(&mut self, _model: ModelId, _admission: Admission) -> bool {
+        false
+    }
 }

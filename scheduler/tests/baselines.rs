@@ -32,6 +32,7 @@ fn config(models: Vec<ModelSpec>, gpus: u32, workload: Workload, secs: u64, seed
         warmup: Duration::from_millis(1000),
         seed,
         trace: None,
+        admission: Default::default(),
     }
 }
 

@@ -32,6 +32,7 @@ fn example_cfg(trace: Vec<(Instant, u32)>) -> SimConfig {
         warmup: Duration::ZERO,
         seed: 0,
         trace: Some(trace),
+        admission: Default::default(),
     }
 }
 
@@ -81,6 +82,7 @@ fn single(m: ModelSpec, gpus: u32, rate: f64) -> SimConfig {
         warmup: Duration::from_millis(2_000),
         seed: 1,
         trace: None,
+        admission: Default::default(),
     }
 }
 
@@ -146,4 +148,167 @@ fn same_seed_same_report_byte_for_byte() {
         serde_json::to_string(&simulate(&cfg, &mut s).unwrap()).unwrap()
     };
     assert_eq!(run(), run());
+}
+
+// ---- admission: priorities, timeouts, queue bounds, cancellation ----------
+
+use scheduler::deferred::Admission;
+use scheduler::sim::SimAdmission;
+use scheduler::types::{Actions, DropReason, Scheduler};
+
+fn at_ms(n: u64) -> Instant {
+    Instant::from_nanos(n * 1_000_000)
+}
+
+/// What a scheduler answered, with when.
+#[derive(Default)]
+struct Answers {
+    drops: Vec<(Instant, u64, DropReason)>,
+    dispatched: Vec<u64>,
+}
+
+impl Answers {
+    fn take(&mut self, now: Instant, out: &mut Actions) {
+        self.drops.extend(out.drops.iter().map(|&(r, why)| (now, r.id, why)));
+        self.dispatched.extend(out.members.iter().map(|r| r.id));
+        out.clear();
+    }
+
+    fn drop_of(&self, id: u64) -> Option<(Instant, DropReason)> {
+        self.drops.iter().find(|d| d.1 == id).map(|d| (d.0, d.2))
+    }
+}
+
+/// Runs `s`'s timers on the virtual clock up to `until`.
+fn run_until(s: &mut DeferredScheduler, until: Instant, out: &mut Actions, seen: &mut Answers) {
+    while let Some(t) = s.poll_at().filter(|&t| t <= until) {
+        s.on_wake(t, out);
+        seen.take(t, out);
+    }
+}
+
+fn lazy() -> CoreConfig {
+    CoreConfig { gather: Gather::Lazy, ..CoreConfig::default() }
+}
+
+#[test]
+fn at_twice_the_capacity_high_priority_keeps_its_slo_and_low_absorbs_the_loss() {
+    // Capacity (goodput at 1% bad) of this model on 2 GPUs: about 590 rps.
+    let m = ModelSpec::linear("a", 2.0, 1.0, 20.0).unwrap();
+    let base = SimConfig { duration: Duration::from_millis(10_000), ..single(m.clone(), 2, 1200.0) };
+    let plain = simulate(&base, &mut DeferredScheduler::new(&base.models, 2, CoreConfig::default())).unwrap();
+    assert!(plain.classes.is_none(), "a run without priorities reports as before");
+    let cfg = SimConfig { admission: SimAdmission { priority_mix: 0.3, max_queue: 0 }, ..base };
+    let r = simulate(&cfg, &mut DeferredScheduler::new(&cfg.models, 2, CoreConfig::default())).unwrap();
+    let classes = r.classes.clone().unwrap();
+    let (high, low) = (&classes[0], &classes[1]);
+    assert!(high.offered > 2000 && low.offered > 5000, "{classes:?}");
+    assert!(high.bad_rate <= 0.01, "high priority bad rate {}", high.bad_rate);
+    assert!(low.bad_rate >= 0.3, "low priority absorbs the overload: {}", low.bad_rate);
+    // Preferring one class costs (almost) no goodput.
+    assert!(r.good as f64 >= 0.98 * plain.good as f64, "{} vs {}", r.good, plain.good);
+}
+
+#[test]
+fn a_request_is_answered_by_its_timeout_with_reason_timeout() {
+    // No GPU: nothing can run, so every request ends by its deadline.
+    let m = ModelSpec::linear("a", 2.0, 1.0, 100.0).unwrap();
+    let mut s = DeferredScheduler::new(&[m], 0, lazy());
+    let (mut out, mut seen) = (Actions::default(), Answers::default());
+    let timed = Request { timed: true, ..Request::new(1, 0, at_ms(0), at_ms(30)) };
+    s.on_request(at_ms(0), timed, &mut out);
+    s.on_request(at_ms(0), Request::new(2, 0, at_ms(0), at_ms(100)), &mut out);
+    seen.take(at_ms(0), &mut out);
+    run_until(&mut s, at_ms(200), &mut out, &mut seen);
+    let (t, why) = seen.drop_of(1).unwrap();
+    assert_eq!(why, DropReason::Timeout);
+    assert!(t <= at_ms(30), "answered at {t}, after its 30 ms timeout");
+    let (t, why) = seen.drop_of(2).unwrap();
+    assert_eq!(why, DropReason::DeadlineUnmeetable);
+    assert!(t <= at_ms(100) && t > at_ms(30));
+    assert_eq!(s.queued_of(0), 0);
+}
+
+#[test]
+fn a_low_priority_timeout_behind_high_priority_work_is_answered_on_time() {
+    // The low request is outside the candidate (the highs fill it): its
+    // own expiry still wakes the model.
+    let m = ModelSpec::linear("a", 2.0, 1.0, 100.0).unwrap();
+    let max = m.profile.max_batch() as u64;
+    let mut s = DeferredScheduler::new(&[m], 0, lazy());
+    s.set_admission(0, Admission { levels: 2, default_level: 1, max_queue: 0 });
+    let (mut out, mut seen) = (Actions::default(), Answers::default());
+    for id in 0..max {
+        s.on_request(at_ms(0), Request::new(id, 0, at_ms(0), at_ms(100)), &mut out);
+    }
+    let low = Request { priority: 2, timed: true, ..Request::new(1000, 0, at_ms(0), at_ms(20)) };
+    s.on_request(at_ms(0), low, &mut out);
+    seen.take(at_ms(0), &mut out);
+    run_until(&mut s, at_ms(50), &mut out, &mut seen);
+    let (t, why) = seen.drop_of(1000).unwrap();
+    assert_eq!(why, DropReason::Timeout);
+    assert!(t <= at_ms(20), "answered at {t}");
+}
+
+#[test]
+fn a_full_queue_refuses_at_once_and_a_higher_priority_evicts_a_lower_one() {
+    let m = ModelSpec::linear("a", 2.0, 1.0, 100.0).unwrap();
+    let mut s = DeferredScheduler::new(&[m], 0, lazy());
+    s.set_admission(0, Admission { levels: 2, default_level: 2, max_queue: 3 });
+    let (mut out, mut seen) = (Actions::default(), Answers::default());
+    for id in 1..=3 {
+        s.on_request(at_ms(id), Request::new(id, 0, at_ms(id), at_ms(100 + id)), &mut out);
+    }
+    seen.take(at_ms(3), &mut out);
+    assert!(seen.drops.is_empty());
+    // Over the bound, at the default (lowest) level: refused now.
+    s.on_request(at_ms(4), Request::new(4, 0, at_ms(4), at_ms(104)), &mut out);
+    seen.take(at_ms(4), &mut out);
+    assert_eq!(seen.drop_of(4), Some((at_ms(4), DropReason::Overloaded)));
+    // A high-priority request takes the place of the latest low one.
+    s.on_request(at_ms(5), Request { priority: 1, ..Request::new(5, 0, at_ms(5), at_ms(105)) }, &mut out);
+    seen.take(at_ms(5), &mut out);
+    assert_eq!(seen.drop_of(3), Some((at_ms(5), DropReason::Overloaded)));
+    assert_eq!(seen.drop_of(5), None);
+    assert_eq!(s.queued_of(0), 3);
+    assert_eq!(s.stats().0.refused, 2);
+    // Over a lower bound, highs evict the lows one by one, latest first;
+    // with no low left, a high is refused too.
+    s.set_admission(0, Admission { levels: 2, default_level: 2, max_queue: 1 });
+    for id in 6..=8 {
+        s.on_request(at_ms(id), Request { priority: 1, ..Request::new(id, 0, at_ms(id), at_ms(100 + id)) }, &mut out);
+        seen.take(at_ms(id), &mut out);
+    }
+    assert_eq!(seen.drop_of(2), Some((at_ms(6), DropReason::Overloaded)));
+    assert_eq!(seen.drop_of(1), Some((at_ms(7), DropReason::Overloaded)));
+    assert_eq!(seen.drop_of(8), Some((at_ms(8), DropReason::Overloaded)));
+    assert_eq!(s.queued_of(0), 3, "a lowered bound evicts nothing by itself");
+}
+
+#[test]
+fn a_cancelled_request_leaves_the_queue_and_a_dispatched_one_is_left_alone() {
+    let m = ModelSpec::linear("a", 2.0, 1.0, 100.0).unwrap();
+    let mut s = DeferredScheduler::new(std::slice::from_ref(&m), 0, lazy());
+    let (mut out, mut seen) = (Actions::default(), Answers::default());
+    for id in 1..=3 {
+        s.on_request(at_ms(0), Request::new(id, 0, at_ms(0), at_ms(100)), &mut out);
+    }
+    assert!(s.cancel(at_ms(1), 0, 2, &mut out));
+    seen.take(at_ms(1), &mut out);
+    assert_eq!(seen.drop_of(2), Some((at_ms(1), DropReason::Cancelled)));
+    assert_eq!(s.queued_of(0), 2);
+    assert!(!s.cancel(at_ms(1), 0, 2, &mut out), "already gone");
+    assert!(!s.cancel(at_ms(1), 0, 77, &mut out), "never known");
+    assert!(!s.cancel(at_ms(1), 5, 1, &mut out), "unknown model");
+    assert!(out.is_empty());
+    assert_eq!(s.stats().0.cancelled, 1);
+
+    // With a GPU the request is planned; then a cancel changes nothing.
+    let mut s = DeferredScheduler::new(&[m], 1, lazy());
+    s.on_request(at_ms(0), Request::new(9, 0, at_ms(0), at_ms(100)), &mut out);
+    seen.take(at_ms(0), &mut out);
+    run_until(&mut s, at_ms(100), &mut out, &mut seen);
+    assert!(seen.dispatched.contains(&9));
+    assert!(!s.cancel(at_ms(100), 0, 9, &mut out));
+    assert!(out.is_empty());
 }

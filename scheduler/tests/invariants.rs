@@ -50,6 +50,7 @@ fn config() -> impl Strategy<Value = (SimConfig, f64)> {
                 warmup: Duration::from_millis(100),
                 seed,
                 trace: None,
+                admission: Default::default(),
             };
             let capacity = scheduler::goodput::ideal_throughput(&cfg);
             cfg.workload.rate_rps = capacity * load;

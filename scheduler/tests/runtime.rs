@@ -34,6 +34,7 @@ fn agree(models: Vec<ModelSpec>, gpus: u32, rate: f64, core: CoreConfig, arrival
         warmup: Duration::ZERO,
         seed: 0,
         trace: Some(tr.clone()),
+        admission: Default::default(),
     };
     let mut sim = DeferredScheduler::new(&models, gpus, core);
     let mut rec = Record::default();

@@ -48,7 +48,7 @@ fn no_allocation_per_request_once_warm() {
         for _ in 0..n {
             *now += gap;
             let model = (id % 20) as u32;
-            let req = Request { id, model, arrival: *now, deadline: *now + Duration::from_millis(30) };
+            let req = Request::new(id, model, *now, *now + Duration::from_millis(30));
             id += 1;
             while ingress[0].try_push(req).is_err() {
                 model_workers[0].step(*now);

@@ -20,11 +20,22 @@ pub struct ChaosArgs {
     pub threads: Option<usize>,
     pub mutation: Option<String>,
     pub json: bool,
+    pub priority_mix: f64,
+    pub cancel_share: f64,
+    pub max_queue: u32,
 }
 
 /// Why `symphony chaos` stopped or failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ChaosCmdError {
+    /// `--priority-mix` or `--cancel-share` outside [0, 1].
+    #[error("{name} {value}: must be a share in [0, 1]")]
+    Share {
+        /// The flag.
+        name: &'static str,
+        /// The value given.
+        value: f64,
+    },
     /// `--faults` is wrong.
     #[error(transparent)]
     Faults(#[from] UnknownFaultClass),
@@ -91,6 +102,14 @@ fn config(a: &ChaosArgs) -> Result<ChaosConfig, ChaosCmdError> {
     cfg.backends = a.backends;
     cfg.rate_rps = a.rate;
     cfg.mutation = mutation;
+    for (name, v) in [("--priority-mix", a.priority_mix), ("--cancel-share", a.cancel_share)] {
+        if !(0.0..=1.0).contains(&v) {
+            return Err(ChaosCmdError::Share { name, value: v });
+        }
+    }
+    cfg.priority_mix = a.priority_mix;
+    cfg.cancel_share = a.cancel_share;
+    cfg.max_queue = a.max_queue;
     Ok(cfg)
 }
 
@@ -105,7 +124,7 @@ pub fn run(a: &ChaosArgs) -> Result<(), ChaosCmdError> {
 fn print_report(r: &ChaosReport) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "seed {}  faults {}  virtual {:.1} s  trace {}", r.seed, r.fault_classes, r.virtual_s, r.trace_hash);
-    let _ = writeln!(out, "accepted {}  succeeded {}  late {}  dropped {}  failed {}  unaccounted {}", r.accepted, r.succeeded, r.late, r.dropped_total(), r.failed_total(), r.unaccounted);
+    let _ = writeln!(out, "accepted {}  succeeded {}  late {}  dropped {}  failed {}  cancelled {}  unaccounted {}", r.accepted, r.succeeded, r.late, r.dropped_total(), r.failed_total(), r.cancelled, r.unaccounted);
     let mut d: Vec<_> = r.dropped.iter().collect();
     d.sort();
     for (k, v) in d {

@@ -8,7 +8,7 @@ use scheduler::deferred::Gather;
 use scheduler::netdelay::{DelayFileError, NetworkDelay};
 use scheduler::policy::{PolicyConfig, PolicyError, PolicyKind};
 use scheduler::sim::workload::WorkloadParseError;
-use scheduler::sim::{Arrival, Popularity, RateSchedule, SimConfig, Workload};
+use scheduler::sim::{Arrival, Popularity, RateSchedule, SimAdmission, SimConfig, Workload};
 use scheduler::zoo::{parse_model_arg, parse_zoo_csv, ModelSpec, Zoo, ZooError, ZooSelection};
 
 /// Why the simulation commands' arguments were refused; each variant names
@@ -172,6 +172,12 @@ pub struct ClusterArgs {
     /// Deferred: stop deferring once the batch runs within this fraction of the best throughput per GPU the SLO allows.
     #[arg(long = "efficiency-slack", default_value_t = scheduler::deferred::DEFAULT_EFFICIENCY_SLACK)]
     pub efficiency_slack: f64,
+    /// Share of requests at priority 1 (high); the rest at priority 2 (0 = no priorities).
+    #[arg(long = "priority-mix", default_value_t = 0.0)]
+    pub priority_mix: f64,
+    /// Every model's queue bound: a request over it is refused at once (0 = unbounded).
+    #[arg(long = "max-queue", default_value_t = 0)]
+    pub max_queue: u32,
     /// Nexus: number of routing frontends.
     #[arg(long = "nexus-frontends", default_value_t = 1)]
     pub nexus_frontends: u32,
@@ -260,6 +266,7 @@ impl ClusterArgs {
             Some(s) => RateSchedule::parse(s)?,
             None => RateSchedule::default(),
         };
+        check((0.0..=1.0).contains(&self.priority_mix), "--priority-mix", "a share in [0, 1]", self.priority_mix)?;
         Ok(SimConfig {
             models: self.models()?,
             gpus: self.gpus,
@@ -273,6 +280,7 @@ impl ClusterArgs {
             warmup: Duration::from_secs_f64(warmup),
             seed: self.seed,
             trace: None,
+            admission: SimAdmission { priority_mix: self.priority_mix, max_queue: self.max_queue },
         })
     }
 }

@@ -84,6 +84,7 @@ pub fn run(policy: &str, skip: &[u32], requests: u32, gather: &str, json: bool) 
         warmup: Duration::ZERO,
         seed: 0,
         trace: Some(trace),
+        admission: Default::default(),
     };
     let mut pc = PolicyConfig::new(PolicyKind::parse(policy).map_err(CliError::from)?);
     pc.gather = parse_gather(gather)?;

@@ -92,6 +92,7 @@ pub fn run(a: &LiveArgs) -> Result<(), LiveError> {
         warmup: Duration::from_secs_f64(1.0),
         seed: 1,
         trace: None,
+        admission: Default::default(),
     };
     let policy = PolicyConfig::new(PolicyKind::Deferred);
     tracing::info!("{} models ({} zoo), {} emulated GPUs; finding the simulated goodput...", models.len(), a.zoo, a.gpus);

@@ -259,6 +259,15 @@ enum Cmd {
         /// Threads for --seeds (default: every core).
         #[arg(long)]
         threads: Option<usize>,
+        /// Share of requests at priority 1 (the rest at 2; 0 = no priorities).
+        #[arg(long = "priority-mix", default_value_t = 0.0)]
+        priority_mix: f64,
+        /// Share of requests the client cancels at a random point of their budget.
+        #[arg(long = "cancel-share", default_value_t = 0.0)]
+        cancel_share: f64,
+        /// Every model's queue bound at the scheduler (0 = unbounded).
+        #[arg(long = "max-queue", default_value_t = 0)]
+        max_queue: u32,
         /// Switch on a deliberate bug (builds with the `mutations` feature only).
         #[arg(long)]
         mutation: Option<String>,
@@ -356,8 +365,8 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
         Cmd::Predict(a) => Ok(predict::run(&a)?),
         Cmd::Report { name, quick, json, .. } if name == "grid" => Ok(report_grid::run(quick, json)?),
         Cmd::Report { name, quick, plot, .. } => Ok(reports::run(&name, quick, plot.as_deref())?),
-        Cmd::Chaos { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json } => {
-            Ok(chaos_cmd::run(&chaos_cmd::ChaosArgs { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json })?)
+        Cmd::Chaos { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json, priority_mix, cancel_share, max_queue } => {
+            Ok(chaos_cmd::run(&chaos_cmd::ChaosArgs { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json, priority_mix, cancel_share, max_queue })?)
         }
         Cmd::BenchScheduler { models, gpus, model_threads, rate, duration_s, profile, idle, no_pin, seed, json } => {
             Ok(bench::run(&bench::BenchArgs { models, gpus, model_threads, rate, duration_s, profile, idle, pin: !no_pin, seed, json })?)
@@ -499,5 +508,16 @@ fn print_summary(r: &SimReport) {
                 m.p99_ms
             );
         }
+    }
+    for c in r.classes.iter().flatten() {
+        println!(
+            "priority {}: offered {}  good {}  bad rate {:.3}%  refused {}  timeouts {}",
+            c.priority,
+            c.offered,
+            c.good,
+            c.bad_rate * 100.0,
+            c.refused,
+            c.timeouts
+        );
     }
 }

@@ -113,6 +113,7 @@ fn sim(cell: &Cell, seed: u64) -> SimConfig {
         warmup: Duration::from_secs_f64(WARMUP_S),
         seed,
         trace: None,
+        admission: Default::default(),
     }
 }
 

@@ -109,6 +109,7 @@ impl Setup {
             warmup: Duration::from_secs_f64((self.duration_s * 0.1).min(2.0)),
             seed,
             trace: None,
+            admission: Default::default(),
         }
     }
 

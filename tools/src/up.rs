@@ -193,6 +193,7 @@ pub fn sim_config(models: &[ModelSpec], gpus: u32, rate: f64, secs: f64, seed: u
         warmup: Duration::from_secs_f64(1.0),
         seed,
         trace: None,
+        admission: Default::default(),
     }
 }
 

@@ -58,6 +58,32 @@ fn slow_gpu() {
     class_holds_over_many_seeds(FaultClass::SlowGpu);
 }
 
+/// Priorities, cancellations and bounded queues under faults: every
+/// invariant (accounting with `cancelled`, nothing left at the scheduler)
+/// holds; without message loss not even a staging slot is left behind.
+fn admission_holds_over_many_seeds(faults: FaultSet) -> u64 {
+    let cfg = ChaosConfig { priority_mix: 0.3, cancel_share: 0.1, max_queue: 48, rate_rps: 1200.0, ..ChaosConfig::new(1, faults, SEED_DURATION) };
+    let n = seeds();
+    let s = sweep(&cfg, n, 1, &|_| {}).expect("harness runs");
+    for r in &s.failures {
+        eprintln!("seed {} failed: {:?}\n  replay: {}", r.seed, r.violations, r.replay);
+    }
+    assert!(s.ok(), "{}: {} of {n} seeds broke an invariant; classes without hits: {:?}", faults.names(), s.failed_seeds, s.classes_without_hits);
+    eprintln!("{}: {n} seeds, {} requests, {} cancelled", faults.names(), s.accepted, s.cancelled);
+    s.cancelled
+}
+
+#[test]
+fn priorities_cancels_and_queue_bounds_under_every_fault() {
+    admission_holds_over_many_seeds(FaultSet::ALL);
+}
+
+#[test]
+fn cancels_leave_no_slot_queue_entry_or_task_id_behind() {
+    let cancelled = admission_holds_over_many_seeds(FaultSet::parse("dup,reorder,slow-gpu").unwrap());
+    assert!(cancelled >= 1000.min(seeds() * 40), "only {cancelled} cancellations");
+}
+
 #[test]
 fn the_same_seed_replays_the_same_trace_and_another_seed_does_not() {
     let cfg = ChaosConfig::new(7, FaultSet::ALL, Duration::from_millis(2000));

@@ -364,6 +364,7 @@ pub fn connect_and_exchange<F: TransportFactory>(f: &F) {
                 model_id: 1,
                 frontend_id: 2,
                 input: RemoteRef::default(),
+                ..Default::default()
             };
             let n = wire::encode(&mut msg, &t).unwrap();
             match reader.send(&msg[..n]) {

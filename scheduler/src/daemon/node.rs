@@ -738,6 +738,10 @@ impl<C: Connection> SchedulerNode<C> {
                     plane.on_task(now, id, &t);
                     true
                 }
+                Message::Cancel(c) => {
+                    plane.on_cancel(now, id, &c);
+                    true
+                }
                 _ => false,
             });
         }
@@ -864,6 +868,7 @@ fn kind_name(m: &Message<'_>) -> &'static str {
         Message::Register(_) => "a Register",
         Message::Heartbeat(_) => "a Heartbeat",
         Message::Task(_) => "a Task",
+        Message::Cancel(_) => "a Cancel",
         Message::BatchPlan(..) => "a BatchPlan",
         Message::Completion(..) => "a Completion",
         Message::Dropped(_) => "a Dropped",
@@ -1025,6 +1030,7 @@ mod tests {
             model_id: 0,
             frontend_id: frontend,
             input: RemoteRef { key: 1, len: 16, offset: 0 },
+            ..Default::default()
         }
     }
 

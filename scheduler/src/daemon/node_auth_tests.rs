@@ -171,7 +171,7 @@ fn a_wrong_or_missing_token_is_refused_counted_and_leaves_no_trace() {
     let mut missing = w.connect();
     missing.nonce();
     missing.send(&Join::new(Role::Frontend, 2, 0, "fe2"));
-    missing.send(&Task { task_id: 2 << 52, budget_ns: 1 << 30, model_id: 0, frontend_id: 2, input: RemoteRef::default() });
+    missing.send(&Task { task_id: 2 << 52, budget_ns: 1 << 30, model_id: 0, frontend_id: 2, input: RemoteRef::default(), ..Default::default() });
     // A MAC made for another nonce (a replayed answer).
     let mut replay = w.connect();
     replay.nonce();

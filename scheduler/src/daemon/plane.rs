@@ -729,11 +729,42 @@ impl ControlPlane {
                 model: task.model_id,
             },
         );
-        let req = Request { id: task.task_id, model: local, arrival: now, deadline };
+        let req = Request {
+            id: task.task_id,
+            model: local,
+            arrival: now,
+            deadline,
+            priority: u16::try_from(task.priority).unwrap_or(u16::MAX),
+            timed: task.flags & wire::TASK_BUDGET_IS_TIMEOUT != 0,
+        };
         self.subclusters[sc]
             .sched
             .on_request(now, req, &mut self.actions);
         self.apply(now, sc);
+    }
+
+    /// Frontend `from` gave a task up. If the task still waits in its
+    /// model's queue it leaves it and is answered as
+    /// [`DropReason::Cancelled`]; planned, finished or unknown: nothing
+    /// (the frontend discards a result that still comes).
+    pub fn on_cancel(&mut self, now: Instant, from: u32, cancel: &wire::Cancel) {
+        if cancel.id().frontend() != from {
+            self.metrics.protocol_errors.inc();
+            self.metrics.refuse(MessageRefusal::FrontendMismatch);
+            return;
+        }
+        let Some(meta) = self.tasks.get(&cancel.task_id) else { return };
+        let Some((sc, local)) = self.placement.get(meta.model as usize).copied().flatten() else { return };
+        self.subclusters[sc].sched.cancel(now, local, cancel.task_id, &mut self.actions);
+        self.apply(now, sc);
+    }
+
+    /// Sets a model's priority levels, default level and queue bound
+    /// (`model`: its index in the cluster's list; unknown: ignored).
+    pub fn set_admission(&mut self, model: u32, admission: crate::deferred::Admission) {
+        if let Some((sc, local)) = self.placement.get(model as usize).copied().flatten() {
+            self.subclusters[sc].sched.set_admission(local, admission);
+        }
     }
 
     /// Forgets the ids of tasks whose deadline has passed.
@@ -1035,6 +1066,7 @@ mod tests {
                 len: 16,
                 offset: id * 16,
             },
+            ..Default::default()
         }
     }
 
@@ -1173,6 +1205,38 @@ mod tests {
         assert!(reasons.contains(&(tid(2, 1), DropReason::UnknownModel as u32)));
         assert!(reasons.contains(&(tid(1, 1), DropReason::Shutdown as u32)));
         assert!(reasons.contains(&(tid(3, 1), DropReason::Shutdown as u32)));
+    }
+
+    #[test]
+    fn cancels_timeouts_and_queue_bounds_answer_the_frontend_with_their_reason() {
+        let mut p = plane(&[vec![0, 1]]);
+        let t0 = Instant::ZERO;
+        p.frontend_joined(1, "fe").unwrap();
+        p.frontend_joined(2, "fe2").unwrap();
+        drain(&mut p);
+        p.set_admission(0, crate::deferred::Admission { levels: 2, default_level: 2, max_queue: 2 });
+        // No backend: every task waits.
+        p.on_task(t0, 1, &task(1, 0, 1));
+        p.on_task(t0, 1, &Task { budget_ns: 10_000_000, flags: wire::TASK_BUDGET_IS_TIMEOUT, ..task(2, 0, 1) });
+        p.on_task(t0, 1, &task(3, 0, 1));
+        assert_eq!(p_decode_drops(&drain(&mut p)), [(tid(3, 1), DropReason::Overloaded as u32)]);
+        // Another frontend cannot cancel it; an unknown id changes nothing.
+        p.on_cancel(t0, 2, &wire::Cancel { task_id: tid(1, 1) });
+        p.on_cancel(t0, 1, &wire::Cancel { task_id: tid(9, 1) });
+        assert!(drain(&mut p).is_empty());
+        assert_eq!(p.waiting_tasks(), 2);
+        p.on_cancel(t0, 1, &wire::Cancel { task_id: tid(1, 1) });
+        assert_eq!(p_decode_drops(&drain(&mut p)), [(tid(1, 1), DropReason::Cancelled as u32)]);
+        assert_eq!(p.waiting_tasks(), 1);
+        // The timed task ends by its 10 ms, as a timeout.
+        let mut now = t0;
+        while let Some(t) = p.poll_at().filter(|&t| t <= t0 + Duration::from_millis(10)) {
+            now = t;
+            p.on_wake(now);
+        }
+        assert_eq!(p_decode_drops(&drain(&mut p)), [(tid(2, 1), DropReason::Timeout as u32)]);
+        assert!(now <= t0 + Duration::from_millis(10));
+        assert_eq!(p.waiting_tasks(), 0);
     }
 
     fn p_decode_drops(msgs: &[(PeerId, String)]) -> Vec<(u64, u32)> {

@@ -18,11 +18,12 @@
 mod model_thread;
 mod rank;
 
+pub use crate::types::Admission;
 pub use model_thread::{ModelThreadCore, ModelThreadStats};
 pub use rank::{RankCore, RankStats};
 
 use crate::netdelay::NetworkDelay;
-use crate::types::{Actions, GpuId, ModelId, Request, Scheduler};
+use crate::types::{Actions, GpuId, ModelId, Request, RequestId, Scheduler};
 use crate::zoo::ModelSpec;
 use dataplane::time::{Duration, Instant};
 use std::collections::VecDeque;
@@ -96,6 +97,10 @@ pub struct Candidate {
     pub exec_at: Instant,
     /// Latest start that still meets the earliest deadline in the batch.
     pub latest: Instant,
+    /// The highest priority in the batch, as a level index (0 = highest;
+    /// always 0 for a model with one level). Among feasible candidates the
+    /// RankThread grants the highest level first, then the most urgent.
+    pub level: u16,
 }
 
 /// ModelThread -> RankThread messages.
@@ -209,6 +214,29 @@ impl DeferredScheduler {
         self.models.set_model_gpu_factor(model, gpu, factor);
     }
 
+    /// Sets `model`'s priority levels, default level and queue bound (see
+    /// [`Admission`]; the default is one level, unbounded: the scheduling
+    /// of a workload without priorities is exactly as before).
+    pub fn set_admission(&mut self, model: ModelId, admission: Admission) {
+        self.models.set_admission(model, admission);
+    }
+
+    /// Requests waiting in `model`'s queue.
+    pub fn queued_of(&self, model: ModelId) -> usize {
+        self.models.queued_of(model)
+    }
+
+    /// The client gave request `id` of `model` up: if it still waits in the
+    /// model's queue (no batch holding it was dispatched) it is answered
+    /// now as [`crate::types::DropReason::Cancelled`] (in `out.drops`) and
+    /// `true` is returned; otherwise nothing happens.
+    pub fn cancel(&mut self, now: Instant, model: ModelId, id: RequestId, out: &mut Actions) -> bool {
+        let to_rank = &mut self.to_rank;
+        let found = self.models.cancel(now, model, id, out, &mut |m| to_rank.push_back(m));
+        self.pump(now, out);
+        found
+    }
+
     /// Statistics of the two cores.
     pub fn stats(&self) -> (ModelThreadStats, RankStats) {
         (self.models.stats(), self.rank.stats())
@@ -264,5 +292,10 @@ impl Scheduler for DeferredScheduler {
 
     fn name(&self) -> &'static str {
         "deferred"
+    }
+
+    fn set_admission(&mut self, model: ModelId, admission: Admission) -> bool {
+        DeferredScheduler::set_admission(self, model, admission);
+        true
     }
 }

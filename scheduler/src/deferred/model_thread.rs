@@ -4,11 +4,22 @@
 use super::{Candidate, CoreConfig, Gather, Grant, ToRank};
 use crate::netdelay::NetworkDelay;
 use crate::profile::LatencyProfile;
-use crate::types::{Actions, DropReason, GpuId, ModelId, Request};
+use crate::types::{Actions, Admission, DropReason, GpuId, ModelId, Request, RequestId};
 use crate::zoo::ModelSpec;
 use dataplane::heap::IndexedHeap;
 use dataplane::time::{Duration, Instant};
 use std::collections::VecDeque;
+
+/// Why a request that ran out of time goes: its own timeout, or its
+/// model's deadline.
+#[inline]
+fn out_of_time(r: &Request) -> DropReason {
+    if r.timed {
+        DropReason::Timeout
+    } else {
+        DropReason::DeadlineUnmeetable
+    }
+}
 
 /// How many recent arrivals the rate estimate looks at.
 const RATE_WINDOW: usize = 32;
@@ -27,6 +38,11 @@ pub struct ModelThreadStats {
     pub to_rank: u64,
     /// Grants received that found no batch to run (GPU handed back).
     pub grants_returned: u64,
+    /// Requests refused or evicted because their model's queue was full
+    /// (also counted in `drops`).
+    pub refused: u64,
+    /// Requests cancelled while queued (also counted in `drops`).
+    pub cancelled: u64,
 }
 
 /// Arrival-rate estimate from the last few arrival instants.
@@ -69,8 +85,10 @@ struct ModelState {
     slo: Duration,
     /// The batch with the best throughput per GPU that fits the SLO.
     best_batch: u32,
-    /// Pending requests, sorted by deadline (arrival order for one SLO).
-    queue: VecDeque<Request>,
+    /// Pending requests, one queue per priority level (highest first),
+    /// each sorted by deadline (arrival order for one SLO).
+    queues: Vec<VecDeque<Request>>,
+    admission: Admission,
     /// What the RankThread currently holds for this model.
     informed: Option<Candidate>,
     /// When `informed` was last sent.
@@ -88,9 +106,10 @@ impl ModelState {
         (now + delay.of(b)).max(gpu_free)
     }
 
+    /// The drop test (at the profile's speed: see [`Self::gather`]).
     #[inline]
-    fn fits(&self, now: Instant, delay: &NetworkDelay, gpu_free: Instant, b: u32, deadline: Instant, factor: f64) -> bool {
-        Self::earliest(now, delay, gpu_free, b) + self.profile.scaled_latency(b, factor) <= deadline
+    fn fits_head(profile: &LatencyProfile, now: Instant, delay: &NetworkDelay, gpu_free: Instant, b: u32, deadline: Instant) -> bool {
+        Self::earliest(now, delay, gpu_free, b) + profile.scaled_latency(b, 1.0) <= deadline
     }
 
     /// Target batch size for early drop: the largest `b` whose fill time at
@@ -120,29 +139,58 @@ impl ModelState {
         // about the model's rate, not this GPU's speed): a GPU slower than
         // its profile makes the batch smaller, and drops only the heads
         // that not even a batch of one on it can serve.
-        let (head, bs) = loop {
-            while let Some(&head) = self.queue.front() {
-                let w = window.min(self.queue.len() as u32).max(1);
-                if self.fits(now, delay, gpu_free, w, head.deadline, 1.0) {
+        let (dl, bs) = loop {
+            let profile = &self.profile;
+            let lowest = self.queues.len() - 1;
+            for (level, q) in self.queues.iter_mut().enumerate() {
+                // Early drop trades heads for efficient batches: only the
+                // lowest level pays for it; a higher level's head goes only
+                // when not even a batch of one can serve it.
+                let window = if level == lowest { window } else { 1 };
+                while let Some(&head) = q.front() {
+                    let w = window.min(q.len() as u32).max(1);
+                    if Self::fits_head(profile, now, delay, gpu_free, w, head.deadline) {
+                        break;
+                    }
+                    let reason = if w > 1 && Self::fits_head(profile, now, delay, gpu_free, 1, head.deadline) {
+                        DropReason::EarlyDrop
+                    } else {
+                        out_of_time(&head)
+                    };
+                    q.pop_front();
+                    out.drops.push((head, reason));
+                }
+            }
+            // The batch takes the levels in order, highest first, each by
+            // deadline: every request of a level goes in before any of the
+            // next, so lower-priority work never takes a place a
+            // higher-priority request could have had. The batch's deadline
+            // is its members' earliest; the largest feasible batch is found
+            // level by level (one level: exactly the single-queue rule).
+            let mut taken = 0u32;
+            let mut chosen: Option<(Instant, u32)> = None;
+            let max_batch = self.profile.max_batch();
+            for q in self.queues.iter() {
+                let Some(head) = q.front() else { continue };
+                let dl = chosen.map_or(head.deadline, |(d, _)| d.min(head.deadline));
+                let level_end = taken.saturating_add(q.len() as u32);
+                let limit = level_end.min(max_batch);
+                let by_network = self.profile.max_batch_within_scaled(dl.saturating_since(now + delay.d_ctrl), delay.d_data, limit, factor);
+                let by_gpu = self.profile.max_batch_within_scaled(dl.saturating_since(gpu_free), Duration::ZERO, limit, factor);
+                let bs = by_network.min(by_gpu);
+                if bs <= taken {
                     break;
                 }
-                let reason = if w > 1 && self.fits(now, delay, gpu_free, 1, head.deadline, 1.0) {
-                    DropReason::EarlyDrop
-                } else {
-                    DropReason::DeadlineUnmeetable
-                };
-                self.queue.pop_front();
-                out.drops.push((head, reason));
+                chosen = Some((dl, bs));
+                if bs < level_end {
+                    break;
+                }
+                taken = level_end;
             }
-            let head = *self.queue.front()?;
-            let dl = head.deadline;
-            let limit = (self.queue.len() as u32).min(self.profile.max_batch());
-            let by_network = self.profile.max_batch_within_scaled(dl.saturating_since(now + delay.d_ctrl), delay.d_data, limit, factor);
-            let by_gpu = self.profile.max_batch_within_scaled(dl.saturating_since(gpu_free), Duration::ZERO, limit, factor);
-            let bs = by_network.min(by_gpu);
-            if bs > 0 {
-                break (head, bs);
+            if let Some(c) = chosen {
+                break c;
             }
+            let q = self.queues.iter_mut().find(|q| !q.is_empty())?;
             if factor <= 1.0 {
                 // Unreachable after the drop loop (a batch of one fits the
                 // head); kept total so a profile rounding quirk cannot
@@ -152,10 +200,10 @@ impl ModelState {
             // Not even one fits on this slow GPU: the head cannot run here
             // in time. Handing the GPU back would only have it granted
             // again at once; the head goes.
-            self.queue.pop_front();
-            out.drops.push((head, DropReason::DeadlineUnmeetable));
+            if let Some(head) = q.pop_front() {
+                out.drops.push((head, out_of_time(&head)));
+            }
         };
-        let dl = head.deadline;
         let full = bs >= self.profile.max_batch();
         let latest = dl - self.profile.scaled_latency(bs, factor);
         let slow = factor.max(1.0);
@@ -170,7 +218,8 @@ impl ModelState {
             let gap = self.rate.mean_gap(now).map_or(Duration::ZERO, |g| Duration::from_nanos((g.as_nanos() as f64 * cfg.window_gaps) as u64));
             (dl - self.profile.scaled_latency(bs + 1, slow)).min((dl - self.profile.scaled_latency(bs, slow)) - cfg.min_window.max(gap))
         };
-        Some(Candidate { bs, exec_at, latest })
+        let level = self.queues.iter().position(|q| !q.is_empty()).unwrap_or(0) as u16;
+        Some(Candidate { bs, exec_at, latest, level })
     }
 
     /// True when a batch of `b` already runs within `slack` of the best
@@ -201,7 +250,7 @@ impl ModelState {
             *sent += 1;
             to_rank(ToRank::Candidate { model: self.id, cand: ready });
         }
-        cand.map(|c| {
+        let wake = cand.map(|c| {
             let lead = delay.of(c.bs);
             // One nanosecond after this, a batch of `bs` can no longer make it:
             // recompute (shrink the batch, or drop the head).
@@ -211,8 +260,36 @@ impl ModelState {
             } else {
                 (c.exec_at - lead).min(invalid_at)
             }
-        })
+        });
+        if self.queues.len() == 1 {
+            return wake;
+        }
+        // With priority levels, a lower level's head may be outside the
+        // candidate: wake when not even a batch of one could serve it, so
+        // it is answered at once (a timeout, typically), not at the next
+        // arrival.
+        let one = self.profile.scaled_latency(1, 1.0) + delay.of(1);
+        let heads = self.queues.iter().filter_map(|q| q.front()).map(|h| (h.deadline - one) + Duration::from_nanos(1)).min();
+        match (wake, heads) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
+
+    /// Requests waiting, every level together.
+    fn queued(&self) -> usize {
+        self.queues.iter().map(VecDeque::len).sum()
+    }
+}
+
+/// Inserts `r` into `q` keeping it sorted by deadline; with one SLO per
+/// model and no timeouts this is always a push to the back.
+fn insert_by_deadline(q: &mut VecDeque<Request>, r: Request) {
+    let mut pos = q.len();
+    while pos > 0 && q[pos - 1].deadline > r.deadline {
+        pos -= 1;
+    }
+    q.insert(pos, r);
 }
 
 /// The ModelThread core: owns a set of models and their timers.
@@ -256,7 +333,8 @@ impl ModelThreadCore {
                     best_batch,
                     profile: spec.profile,
                     slo: spec.slo,
-                    queue: VecDeque::with_capacity(256),
+                    queues: vec![VecDeque::with_capacity(256)],
+                    admission: Admission::default(),
                     informed: None,
                     informed_at: Instant::ZERO,
                     rate: RateWindow::new(),
@@ -311,7 +389,35 @@ impl ModelThreadCore {
 
     /// Requests waiting in this core's queues.
     pub fn queued(&self) -> usize {
-        self.models.iter().map(|m| m.queue.len()).sum()
+        self.models.iter().map(ModelState::queued).sum()
+    }
+
+    /// Requests waiting in `model`'s queue (0 if not ours).
+    pub fn queued_of(&self, model: ModelId) -> usize {
+        self.local_index(model).map_or(0, |i| self.models[i].queued())
+    }
+
+    /// Sets `model`'s priority levels, default level and queue bound.
+    /// Requests already waiting keep their place (a lower level count
+    /// folds the levels past it into the new lowest). A model this core
+    /// does not own is ignored.
+    pub fn set_admission(&mut self, model: ModelId, admission: Admission) {
+        let Some(i) = self.local_index(model) else { return };
+        let levels = usize::from(admission.levels.max(1));
+        let admission = Admission { levels: levels as u16, default_level: admission.default_level.clamp(1, levels as u16), ..admission };
+        let m = &mut self.models[i];
+        m.admission = admission;
+        while m.queues.len() > levels {
+            let folded = m.queues.pop().unwrap_or_default();
+            if let Some(last) = m.queues.last_mut() {
+                for r in folded {
+                    insert_by_deadline(last, r);
+                }
+            }
+        }
+        while m.queues.len() < levels {
+            m.queues.push(VecDeque::with_capacity(64));
+        }
     }
 
     /// The largest batch any owned model supports.
@@ -350,17 +456,51 @@ impl ModelThreadCore {
             self.stats.drops += 1;
             return;
         };
+        let m = &mut self.models[i];
+        let level = m.admission.level_index(req.priority);
+        let bound = m.admission.max_queue as usize;
+        if bound > 0 && m.queued() >= bound {
+            // Full: make room by evicting the latest request of a lower
+            // level, or refuse this one at once. Either way the answer is
+            // immediate, never a wait for the deadline.
+            let lowest = m.queues.iter().rposition(|q| !q.is_empty());
+            let victim = match lowest {
+                Some(j) if j > level => m.queues[j].pop_back(),
+                _ => None,
+            };
+            self.stats.refused += 1;
+            self.stats.drops += 1;
+            match victim {
+                Some(v) => out.drops.push((v, DropReason::Overloaded)),
+                None => {
+                    out.drops.push((req, DropReason::Overloaded));
+                    return;
+                }
+            }
+        }
         self.stats.requests += 1;
         let m = &mut self.models[i];
+        // Only admitted requests count towards the rate: the estimate says
+        // how fast batches fill.
         m.rate.record(now);
-        // Keep the queue sorted by deadline; with one SLO per model this is
-        // always a push to the back.
-        let mut pos = m.queue.len();
-        while pos > 0 && m.queue[pos - 1].deadline > req.deadline {
-            pos -= 1;
-        }
-        m.queue.insert(pos, req);
+        insert_by_deadline(&mut m.queues[level], req);
         self.refresh(i, now, out, to_rank);
+    }
+
+    /// Frontend -> ModelThread: the client gave request `id` of `model` up.
+    /// If it is still waiting (not yet in a dispatched batch) it leaves the
+    /// queue and is answered as [`DropReason::Cancelled`]; returns whether
+    /// it was. O(queue length): cancellations are rare next to arrivals.
+    pub fn cancel(&mut self, now: Instant, model: ModelId, id: RequestId, out: &mut Actions, to_rank: &mut impl FnMut(ToRank)) -> bool {
+        let Some(i) = self.local_index(model) else { return false };
+        let m = &mut self.models[i];
+        let found = m.queues.iter_mut().find_map(|q| q.iter().position(|r| r.id == id).and_then(|p| q.remove(p)));
+        let Some(req) = found else { return false };
+        out.drops.push((req, DropReason::Cancelled));
+        self.stats.cancelled += 1;
+        self.stats.drops += 1;
+        self.refresh(i, now, out, to_rank);
+        true
     }
 
     /// RankThread -> ModelThread: a GPU is reserved for one of our models.
@@ -374,18 +514,31 @@ impl ModelThreadCore {
         let factor = self.factor(i, g.gpu);
         let m = &mut self.models[i];
         // The RankThread dropped its copy of our candidate when it granted.
-        m.informed = None;
+        let was_ready = m.informed.take().is_some();
         let drops_before = out.drops.len();
         let cand = m.gather(now, &cfg, Some(g.free_at), factor, out);
         self.stats.drops += (out.drops.len() - drops_before) as u64;
         let start_bound = |c: &Candidate| (now + cfg.delay.of(c.bs)).max(g.free_at);
         match cand {
-            Some(c) if c.exec_at <= start_bound(&c) => {
+            // With priority levels the grant's batch may leave out a lower
+            // level that the profile's candidate had (a slower GPU fits
+            // fewer), which moves its window later; handing the GPU back
+            // would only have the same candidate granted again at once.
+            // The window was open when the candidate was offered: take it.
+            Some(c) if c.exec_at <= start_bound(&c) || (was_ready && m.queues.len() > 1) => {
                 let exec_at = start_bound(&c);
                 let finish_at = exec_at + m.profile.scaled_latency(c.bs, factor);
                 let lead = cfg.delay.of(c.bs);
                 let planned_at = m.informed_at.max(g.free_at - lead).max(c.exec_at - lead).min(now);
-                out.push_batch(g.gpu, m.id, exec_at, finish_at, planned_at, m.queue.drain(..c.bs as usize));
+                // The batch is the first `bs` requests in level order
+                // (what `gather` sized it from).
+                let mut left = c.bs as usize;
+                let members = m.queues.iter_mut().flat_map(|q| {
+                    let k = left.min(q.len());
+                    left -= k;
+                    q.drain(..k)
+                });
+                out.push_batch(g.gpu, m.id, exec_at, finish_at, planned_at, members);
                 self.stats.batches += 1;
                 self.stats.to_rank += 1;
                 to_rank(ToRank::GpuFree { gpu: g.gpu, free_at: finish_at });

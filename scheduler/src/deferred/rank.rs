@@ -34,7 +34,9 @@ pub struct RankCore {
     idle: IndexedHeap<GpuId>,
     /// Ready candidates waiting for a GPU, by model.
     cands: Vec<Option<Candidate>>,
-    by_latest: IndexedHeap<Instant>,
+    /// Keyed by (priority level, latest start): with one level everywhere
+    /// this is plain most-urgent-first.
+    by_latest: IndexedHeap<(u16, Instant)>,
     by_size: IndexedHeap<Reverse<u32>>,
     /// `offline[g]`: GPU `g` left the cluster.
     offline: Vec<bool>,
@@ -204,7 +206,10 @@ impl RankCore {
             return;
         }
         let start = c.exec_at.max(now + self.delay.of(c.bs));
-        if let Some((free_at, g)) = self.busy.peek() {
+        // A GPU about to free goes to the newcomer only if no waiting
+        // candidate has a higher priority level (one level: always).
+        let outranked = self.by_latest.peek().is_some_and(|((level, _), _)| level < c.level);
+        if let Some((free_at, g)) = self.busy.peek().filter(|_| !outranked) {
             if free_at <= start && free_at <= c.latest {
                 self.busy.pop();
                 self.give(model, g, free_at, grant);
@@ -212,7 +217,7 @@ impl RankCore {
             }
         }
         self.cands[model as usize] = Some(c);
-        self.by_latest.set(model, c.latest);
+        self.by_latest.set(model, (c.level, c.latest));
         self.by_size.set(model, Reverse(c.bs));
     }
 
@@ -232,7 +237,7 @@ impl RankCore {
                 break;
             };
             let mut winner = None;
-            while let Some((latest, m)) = self.by_latest.peek() {
+            while let Some(((_, latest), m)) = self.by_latest.peek() {
                 let bs = self.cands[m as usize].map_or(1, |c| c.bs);
                 if free_at.max(now + self.delay.of(bs)) > latest {
                     // No GPU frees earlier than this one: the candidate can
@@ -274,7 +279,7 @@ mod tests {
     use dataplane::time::Duration;
 
     fn cand(bs: u32, latest_ms: u64) -> Candidate {
-        Candidate { bs, exec_at: Instant::ZERO, latest: Instant::from_nanos(latest_ms * 1_000_000) }
+        Candidate { bs, exec_at: Instant::ZERO, latest: Instant::from_nanos(latest_ms * 1_000_000), level: 0 }
     }
 
     #[test]

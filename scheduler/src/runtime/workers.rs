@@ -464,7 +464,7 @@ impl LoadGen {
         let id = self.next_id;
         self.next_id += 1;
         let slo = self.slos.get(m as usize).copied().unwrap_or(Duration::ZERO);
-        Some(Request { id, model: m, arrival: t, deadline: t + slo })
+        Some(Request::new(id, m, t, t + slo))
     }
 
     /// Pushes every arrival due by `now`, at most `max`. Returns how many.

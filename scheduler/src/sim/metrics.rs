@@ -37,6 +37,54 @@ impl ModelAcc {
     }
 }
 
+/// Per priority class accumulation during a run.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ClassAcc {
+    pub offered: u64,
+    pub good: u64,
+    pub late: u64,
+    pub dropped: u64,
+    pub refused: u64,
+    pub timeouts: u64,
+}
+
+impl ClassAcc {
+    pub fn report(&self, priority: u16) -> ClassReport {
+        let bad = self.dropped + self.late;
+        ClassReport {
+            priority,
+            offered: self.offered,
+            good: self.good,
+            dropped: self.dropped,
+            late: self.late,
+            refused: self.refused,
+            timeouts: self.timeouts,
+            bad_rate: if self.offered > 0 { bad as f64 / self.offered as f64 } else { 0.0 },
+        }
+    }
+}
+
+/// Outcome of one priority class (every model together).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ClassReport {
+    /// Priority level (1 = highest).
+    pub priority: u16,
+    /// Requests of the class in the measurement window.
+    pub offered: u64,
+    /// Served within the SLO.
+    pub good: u64,
+    /// Dropped without running (any reason).
+    pub dropped: u64,
+    /// Ran but finished after the deadline.
+    pub late: u64,
+    /// Of `dropped`: refused or evicted by a full queue (`overloaded`).
+    pub refused: u64,
+    /// Of `dropped`: their own timeout ran out.
+    pub timeouts: u64,
+    /// `(dropped + late) / offered`.
+    pub bad_rate: f64,
+}
+
 /// Outcome of one model.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct ModelReport {
@@ -142,6 +190,10 @@ pub struct SimReport {
     pub simulated_batches: u64,
     /// Per-model outcomes.
     pub models: Vec<ModelReport>,
+    /// Per priority class, when the run had priorities or queue bounds
+    /// (absent otherwise, so such reports are unchanged).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub classes: Option<Vec<ClassReport>>,
 }
 
 /// The median index of a histogram given as counts per index.

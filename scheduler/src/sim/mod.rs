@@ -13,14 +13,14 @@ mod metrics;
 pub mod workload;
 
 pub use event::{next_event, Event};
-pub use metrics::{median_from_counts, AutoscaleAdvice, ModelReport, SimReport};
+pub use metrics::{median_from_counts, AutoscaleAdvice, ClassReport, ModelReport, SimReport};
 pub use workload::{Arrival, ArrivalStream, Arrivals, Popularity, RateSchedule, Workload};
 
 use crate::gpu::GpuSet;
-use crate::types::{Actions, GpuId, ModelId, Request, Scheduler};
+use crate::types::{Actions, Admission, DropReason, GpuId, ModelId, Request, Scheduler};
 use crate::zoo::ModelSpec;
 use dataplane::time::{Duration, Instant};
-use metrics::{ms, new_hist, ModelAcc};
+use metrics::{ms, new_hist, ClassAcc, ModelAcc};
 use std::fmt;
 
 /// One simulated run.
@@ -41,6 +41,50 @@ pub struct SimConfig {
     /// A recorded arrival trace `(time, model)`, sorted by time. When set it
     /// replaces the generated workload (whose rate is then ignored).
     pub trace: Option<Vec<(Instant, u32)>>,
+    /// Priority classes and queue bounds (the default: none, so the run is
+    /// exactly what it was before they existed).
+    pub admission: SimAdmission,
+}
+
+/// Priorities and queue bounds of a simulated run.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SimAdmission {
+    /// Share of requests at priority 1 (high); the rest are at priority 2.
+    /// 0: no priorities (one level).
+    pub priority_mix: f64,
+    /// Every model's queue bound (0: unbounded).
+    pub max_queue: u32,
+}
+
+impl SimAdmission {
+    /// True when the run has neither priorities nor queue bounds.
+    pub fn is_none(&self) -> bool {
+        self.priority_mix <= 0.0 && self.max_queue == 0
+    }
+
+    /// The per-model admission policy the scheduler is given.
+    pub fn model_admission(&self) -> Admission {
+        Admission { levels: if self.priority_mix > 0.0 { 2 } else { 1 }, default_level: 1, max_queue: self.max_queue }
+    }
+
+    /// The priority of request `id` under `seed`: drawn from its own hash
+    /// (not from the arrival streams, which stay exactly as without
+    /// priorities).
+    pub fn priority_of(&self, seed: u64, id: u64) -> u16 {
+        if self.priority_mix <= 0.0 {
+            return 0;
+        }
+        let mut z = seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        let u = (z >> 11) as f64 / (1u64 << 53) as f64;
+        if u < self.priority_mix {
+            1
+        } else {
+            2
+        }
+    }
 }
 
 /// A broken invariant: the policy did something no policy may do.
@@ -96,6 +140,11 @@ pub fn simulate_observed<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
         None => Arrivals::generated(&cfg.models, &cfg.workload, cfg.seed, cfg.duration),
     };
     let mut run = Run::new(cfg);
+    if !cfg.admission.is_none() {
+        for m in 0..cfg.models.len() {
+            sched.set_admission(m as ModelId, cfg.admission.model_admission());
+        }
+    }
     let mut out = Actions::default();
     let mut now = Instant::ZERO;
     let mut stalls = 0u32;
@@ -142,6 +191,8 @@ struct Run<'a> {
     end: Instant,
     states: Vec<State>,
     acc: Vec<ModelAcc>,
+    /// Per priority class (index: level - 1; one class without priorities).
+    classes: [ClassAcc; 2],
     gpus: GpuSet<SimBatch>,
     busy_ns: Vec<u64>,
     /// Member vectors of finished batches, reused.
@@ -158,11 +209,17 @@ impl<'a> Run<'a> {
             end: Instant::ZERO + cfg.duration,
             states: Vec::with_capacity(expected.min(1 << 28)),
             acc: cfg.models.iter().map(|m| ModelAcc::new(m.profile.max_batch())).collect(),
+            classes: [ClassAcc::default(); 2],
             gpus: GpuSet::new(cfg.gpus),
             busy_ns: vec![0u64; cfg.gpus as usize],
             spare: Vec::new(),
             total_batches: 0,
         }
+    }
+
+    /// The class accumulator index of `r`.
+    fn class_of(r: &Request) -> usize {
+        usize::from(r.priority.saturating_sub(1)).min(1)
     }
 
     /// Whether `r` arrived inside the measurement window.
@@ -189,8 +246,10 @@ impl<'a> Run<'a> {
                 let lat = done.finish.saturating_since(r.arrival);
                 if done.finish <= r.deadline {
                     a.good += 1;
+                    self.classes[Self::class_of(r)].good += 1;
                 } else {
                     a.late += 1;
+                    self.classes[Self::class_of(r)].late += 1;
                 }
                 let _ = a.latency_us.record((lat.as_nanos() / 1000).max(1));
             }
@@ -204,10 +263,12 @@ impl<'a> Run<'a> {
     /// A request of model `m` arriving now.
     fn arrival(&mut self, now: Instant, m: ModelId) -> Result<Request, InvariantViolation> {
         let spec = self.cfg.models.get(m as usize).ok_or_else(|| InvariantViolation(format!("trace names unknown model {m}")))?;
-        let req = Request { id: self.states.len() as u64, model: m, arrival: now, deadline: now + spec.slo };
+        let mut req = Request::new(self.states.len() as u64, m, now, now + spec.slo);
+        req.priority = self.cfg.admission.priority_of(self.cfg.seed, req.id);
         self.states.push(State::Pending);
         if Self::measured(self.window_start, &req) {
             self.acc[m as usize].offered += 1;
+            self.classes[Self::class_of(&req)].offered += 1;
         }
         Ok(req)
     }
@@ -217,8 +278,8 @@ impl<'a> Run<'a> {
         for &g in &out.preemptions {
             self.preempt(now, g)?;
         }
-        for &(r, _) in &out.drops {
-            self.drop_request(&r)?;
+        for &(r, reason) in &out.drops {
+            self.drop_request(&r, reason)?;
             obs.on_drop(now, &r);
         }
         for plan in &out.batches {
@@ -245,7 +306,7 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    fn drop_request(&mut self, r: &Request) -> Result<(), InvariantViolation> {
+    fn drop_request(&mut self, r: &Request, reason: DropReason) -> Result<(), InvariantViolation> {
         let st = self.states.get_mut(r.id as usize).ok_or_else(|| InvariantViolation(format!("dropped unknown request {}", r.id)))?;
         if *st != State::Pending {
             return Err(InvariantViolation(format!("request {} dropped while {:?}", r.id, st)));
@@ -253,6 +314,10 @@ impl<'a> Run<'a> {
         *st = State::Dropped;
         if Self::measured(self.window_start, r) {
             self.acc[r.model as usize].dropped += 1;
+            let c = &mut self.classes[Self::class_of(r)];
+            c.dropped += 1;
+            c.refused += u64::from(reason == DropReason::Overloaded);
+            c.timeouts += u64::from(reason == DropReason::Timeout);
         }
         Ok(())
     }
@@ -318,7 +383,12 @@ impl<'a> Run<'a> {
             return Err(InvariantViolation(format!("request {id} was never served nor dropped ({:?})", self.states[id])));
         }
         let window_ns = self.end.saturating_since(self.window_start).as_nanos().max(1);
-        Ok(report(self.cfg, policy, &self.acc, &self.busy_ns, window_ns, self.states.len() as u64, self.total_batches))
+        let mut rep = report(self.cfg, policy, &self.acc, &self.busy_ns, window_ns, self.states.len() as u64, self.total_batches);
+        if !self.cfg.admission.is_none() {
+            let n = if self.cfg.admission.priority_mix > 0.0 { 2 } else { 1 };
+            rep.classes = Some(self.classes[..n].iter().enumerate().map(|(i, c)| c.report(i as u16 + 1)).collect());
+        }
+        Ok(rep)
     }
 }
 
@@ -391,5 +461,6 @@ fn report(cfg: &SimConfig, policy: &str, acc: &[ModelAcc], busy_ns: &[u64], wind
         simulated_requests: requests,
         simulated_batches: batches,
         models,
+        classes: None,
     }
 }

@@ -64,6 +64,13 @@ pub struct Observed<'a> {
     pub frontend_counters: &'a [(usize, CounterSnapshot)],
     /// The client.
     pub client: &'a Client,
+    /// Each live frontend's staging slots still in use at the end, by slot.
+    pub slots_in_use: &'a [(usize, usize)],
+    /// Tasks the scheduler still holds at the end (queued or planned).
+    pub scheduler_tasks: usize,
+    /// Every message arrived (no loss, partition or crash): then nothing
+    /// may be left behind anywhere.
+    pub lossless: bool,
 }
 
 /// Appends a line to `out` for every invariant that did not hold.
@@ -97,4 +104,21 @@ pub fn check(o: &Observed<'_>, out: &mut Vec<String>) {
         out.push(format!("{} answers carried another request's output", o.client.wrong_outputs));
     }
     out.extend(counter_mismatches(o.frontend_counters, o.client));
+    for (i, c) in o.frontend_counters {
+        if !c.balanced() {
+            out.push(format!("frontend slot {i}: accepted {} != succeeded + dropped + failed + cancelled ({c:?})", c.accepted));
+        }
+    }
+    // Every task left the scheduler (a queued one by its deadline at the
+    // latest, a planned one by its batch's report or fail-back).
+    if o.scheduler_tasks > 0 {
+        out.push(format!("the scheduler still holds {} tasks after the run", o.scheduler_tasks));
+    }
+    if o.lossless {
+        for &(i, n) in o.slots_in_use {
+            if n > 0 {
+                out.push(format!("frontend slot {i}: {n} staging slots (task ids) still in use after the run"));
+            }
+        }
+    }
 }

@@ -13,7 +13,7 @@ use dataplane::time::{Duration, Instant};
 use frontend::models::ModelCatalog;
 use frontend::node::NetSink;
 use frontend::service::{ClusterService, InferenceService, SubmitError};
-use frontend::staging::{CounterSnapshot, Outcome, Ticket};
+use frontend::staging::{CounterSnapshot, Outcome, RequestOptions, StageError, Ticket};
 use scheduler::sim::{Arrivals, Workload};
 
 use super::{ChaosConfig, ChaosReport};
@@ -29,6 +29,8 @@ pub enum End {
     Dropped(&'static str),
     /// Failed (reason).
     Failed(String),
+    /// The client cancelled it before an outcome came.
+    Cancelled,
 }
 
 struct Request {
@@ -44,6 +46,8 @@ struct Open {
     request: usize,
     ticket: Ticket,
     give_up_at: Instant,
+    /// When the client gives it up on purpose (a cancel), if it does.
+    cancel_at: Option<Instant>,
 }
 
 /// What the client saw from one frontend incarnation (compared with that
@@ -58,6 +62,8 @@ pub struct Tally {
     pub dropped: u64,
     /// Failed or timed out.
     pub failed: u64,
+    /// Cancelled by the client.
+    pub cancelled: u64,
 }
 
 /// The open-loop client.
@@ -74,11 +80,30 @@ pub struct Client {
     expected: Vec<u8>,
     /// Wrong outputs seen.
     pub wrong_outputs: u64,
+    seed: u64,
+    priority_mix: f64,
+    cancel_share: f64,
+    return_margin: Duration,
+    /// Cancels that came too late (the outcome was already there).
+    pub cancels_too_late: u64,
+}
+
+/// A uniform draw in [0, 1) from `(seed, i, stream)`, independent of the
+/// arrival generator (so a run without priorities or cancels is exactly
+/// what it was before they existed).
+fn unit(seed: u64, i: u64, stream: u64) -> f64 {
+    let mut z = seed ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ stream.wrapping_mul(0xD6E8_FEB8_6659_FD93);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
 }
 
 impl Client {
     /// A client for `cfg`'s workload; arrival times are offset by `origin`.
-    pub fn new(cfg: &ChaosConfig, catalog: Arc<ModelCatalog>, origin: Instant) -> Self {
+    /// `return_margin` is the frontends' (what `ClusterService::submit`
+    /// keeps of a budget; requests with a priority are staged here).
+    pub fn new(cfg: &ChaosConfig, catalog: Arc<ModelCatalog>, origin: Instant, return_margin: Duration) -> Self {
         let workload = Workload::poisson(cfg.rate_rps);
         let arrivals = Arrivals::generated(&cfg.models, &workload, cfg.seed, cfg.duration).with_origin(origin);
         Client {
@@ -93,13 +118,18 @@ impl Client {
             input: Vec::new(),
             expected: Vec::new(),
             wrong_outputs: 0,
+            seed: cfg.seed,
+            priority_mix: cfg.priority_mix,
+            cancel_share: cfg.cancel_share,
+            return_margin,
+            cancels_too_late: 0,
         }
     }
 
     /// When the client next has something to do: an arrival or a give-up.
     pub fn next_at(&self) -> Option<Instant> {
         let a = self.arrivals.peek_time();
-        let g = self.open.iter().map(|o| o.give_up_at).min();
+        let g = self.open.iter().map(|o| o.cancel_at.map_or(o.give_up_at, |c| c.min(o.give_up_at))).min();
         [a, g].into_iter().flatten().min()
     }
 
@@ -113,6 +143,7 @@ impl Client {
         match &e {
             End::OnTime | End::Late => t.succeeded += 1,
             End::Dropped(_) => t.dropped += 1,
+            End::Cancelled => t.cancelled += 1,
             // Never reached the frontend's counters, or died with it.
             End::Failed(why) if why == "frontend_lost" || why == "no_frontend" || why.starts_with("refused") => {}
             End::Failed(_) => t.failed += 1,
@@ -140,11 +171,19 @@ impl Client {
             fill_input(&mut self.input, idx as u64, self.input_len.get(model as usize).copied().unwrap_or(0));
             // Open loop: the budget runs from the intended send time.
             let budget = (intended + slo).saturating_since(now);
-            match service.submit(model, &self.input, budget) {
+            let priority = if self.priority_mix > 0.0 && unit(self.seed, idx as u64, 1) >= self.priority_mix { 2 } else { 1 };
+            let cancel_at = (self.cancel_share > 0.0 && unit(self.seed, idx as u64, 2) < self.cancel_share)
+                .then(|| now + Duration::from_nanos((unit(self.seed, idx as u64, 3) * budget.as_nanos() as f64) as u64));
+            let submitted = if self.priority_mix > 0.0 {
+                self.submit_with_priority(service, model, budget, priority)
+            } else {
+                service.submit(model, &self.input, budget)
+            };
+            match submitted {
                 Ok(ticket) => {
                     self.tallies[fe].accepted += 1;
                     let give_up_at = now + budget.saturating_add(service.grace());
-                    self.open.push(Open { request: idx, ticket, give_up_at });
+                    self.open.push(Open { request: idx, ticket, give_up_at, cancel_at });
                 }
                 Err(SubmitError::SendFailed(_)) => {
                     // Staged, then failed at once: the frontend counts it.
@@ -160,6 +199,43 @@ impl Client {
                     };
                     self.end(idx, End::Failed(why.into()));
                 }
+            }
+        }
+        any
+    }
+
+    /// `ClusterService::submit` with a priority (the HTTP and gRPC surfaces
+    /// will carry it there; until then the client stages it itself).
+    fn submit_with_priority(&self, service: &ClusterService<NetSink>, model: u32, budget: Duration, priority: u32) -> Result<Ticket, SubmitError> {
+        let options = RequestOptions { priority, timeout: None };
+        let (task, ticket) = service.staging().stage_with(model, &self.input, budget.saturating_sub(self.return_margin), options).map_err(|e| match e {
+            StageError::Full => SubmitError::Unavailable(e.to_string()),
+            StageError::TooLarge => SubmitError::BadInput(e.to_string()),
+            StageError::Memory(_) => SubmitError::Internal(e.to_string()),
+        })?;
+        if let Err(e) = frontend::service::TaskSink::send(service.sink(), &task) {
+            ticket.fail_unsent();
+            return Err(SubmitError::SendFailed(e.0));
+        }
+        Ok(ticket)
+    }
+
+    /// Cancels every open request whose cancel time has come, through its
+    /// frontend (`NetSink::cancel`).
+    /// Returns whether any was cancelled.
+    pub fn cancel_due(&mut self, now: Instant, frontends: &[Option<&ClusterService<NetSink>>]) -> bool {
+        let mut any = false;
+        for o in &mut self.open {
+            if o.cancel_at.is_none_or(|t| t > now) {
+                continue;
+            }
+            o.cancel_at = None;
+            let fe = self.requests[o.request].frontend;
+            let Some(service) = frontends.get(fe).copied().flatten() else { continue };
+            if service.sink().cancel(&mut o.ticket) {
+                any = true;
+            } else {
+                self.cancels_too_late += 1;
             }
         }
         any
@@ -204,6 +280,7 @@ impl Client {
                     End::Late
                 }
             }
+            Outcome::Dropped(dataplane::wire::DropReason::Cancelled) => End::Cancelled,
             Outcome::Dropped(reason) => End::Dropped(reason.as_str()),
             Outcome::Failed(status) => End::Failed(format!("{status:?}").to_lowercase()),
             Outcome::TimedOut => End::Failed("timed_out".into()),
@@ -255,6 +332,7 @@ impl Client {
                 Some(End::Late) => rep.late += 1,
                 Some(End::Dropped(why)) => *rep.dropped.entry((*why).to_string()).or_insert(0) += 1,
                 Some(End::Failed(why)) => *rep.failed.entry(why.clone()).or_insert(0) += 1,
+                Some(End::Cancelled) => rep.cancelled += 1,
                 None => rep.unaccounted += 1,
             }
         }
@@ -279,7 +357,7 @@ pub fn counter_mismatches(counters: &[(usize, CounterSnapshot)], client: &Client
     let mut v = Vec::new();
     for &(i, c) in counters {
         let t = client.tally(i);
-        let mine = Tally { accepted: c.accepted, succeeded: c.succeeded, dropped: c.dropped, failed: c.failed };
+        let mine = Tally { accepted: c.accepted, succeeded: c.succeeded, dropped: c.dropped, failed: c.failed, cancelled: c.cancelled };
         if mine != t {
             v.push(format!("frontend slot {i}: its counters {mine:?} differ from what the client saw {t:?}"));
         }

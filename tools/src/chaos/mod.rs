@@ -39,7 +39,7 @@ use dataplane::time::{Duration, Instant};
 use dataplane::transport::sim::{FaultConfig, FaultCounts, NodeId, SimNet};
 use scheduler::closed_loop::LoopConfig;
 use scheduler::delay_watch::DelayWatchConfig;
-use scheduler::deferred::CoreConfig;
+use scheduler::deferred::{Admission, CoreConfig};
 use scheduler::netdelay::NetworkDelay;
 use scheduler::zoo::ModelSpec;
 use serde::Serialize;
@@ -87,6 +87,14 @@ pub struct ChaosConfig {
     /// GPUs slower than their profile for the whole run: (backend, GPU,
     /// factor).
     pub gpu_slowdowns: Vec<(usize, u32, f64)>,
+    /// Share of requests at priority 1; the rest at 2 (0: no priorities,
+    /// one level).
+    pub priority_mix: f64,
+    /// Share of requests the client cancels, each at a random point of its
+    /// budget.
+    pub cancel_share: f64,
+    /// Every model's queue bound at the scheduler (0: unbounded).
+    pub max_queue: u32,
 }
 
 impl ChaosConfig {
@@ -112,6 +120,9 @@ impl ChaosConfig {
             closed_loop: LoopConfig::default(),
             delay_watch: DelayWatchConfig::default(),
             gpu_slowdowns: Vec::new(),
+            priority_mix: 0.0,
+            cancel_share: 0.0,
+            max_queue: 0,
         }
     }
 
@@ -128,6 +139,15 @@ impl ChaosConfig {
         );
         if let Some(m) = self.mutation {
             s.push_str(&format!(" --mutation {}", m.as_str()));
+        }
+        if self.priority_mix > 0.0 {
+            s.push_str(&format!(" --priority-mix {}", self.priority_mix));
+        }
+        if self.cancel_share > 0.0 {
+            s.push_str(&format!(" --cancel-share {}", self.cancel_share));
+        }
+        if self.max_queue > 0 {
+            s.push_str(&format!(" --max-queue {}", self.max_queue));
         }
         s
     }
@@ -150,6 +170,8 @@ pub struct ChaosReport {
     pub dropped: BTreeMap<String, u64>,
     /// Failed, by reason (`frontend_lost`, `timed_out`, `refused`, backend statuses).
     pub failed: BTreeMap<String, u64>,
+    /// Cancelled by the client before an outcome came.
+    pub cancelled: u64,
     /// Sent but never ended (must be 0).
     pub unaccounted: u64,
     /// Faults that hit something in flight, by class.
@@ -239,11 +261,18 @@ impl Harness {
         spec.delay_watch = cfg.delay_watch;
         spec.gpu_slowdowns = cfg.gpu_slowdowns.clone();
         let catalog = spec.catalog.clone();
-        let cluster = NodeCluster::new(spec, net, None)?;
+        let return_margin = spec.return_margin;
+        let mut cluster = NodeCluster::new(spec, net, None)?;
+        if cfg.priority_mix > 0.0 || cfg.max_queue > 0 {
+            let admission = Admission { levels: if cfg.priority_mix > 0.0 { 2 } else { 1 }, default_level: 1, max_queue: cfg.max_queue };
+            for m in 0..cfg.models.len() {
+                cluster.scheduler_mut().plane_mut().set_admission(m as u32, admission);
+            }
+        }
         let start = Instant::ZERO + STARTUP;
         let end = start + cfg.duration;
         let events = faults::schedule(cfg.faults, cfg.seed, start, end, cfg.frontends, cfg.backends, cfg.gpus_per_backend);
-        let client = Client::new(&cfg, catalog, start);
+        let client = Client::new(&cfg, catalog, start, return_margin);
         Ok(Harness {
             cfg,
             cluster,
@@ -385,6 +414,9 @@ impl Harness {
             if self.client.send_due(self.now, &self.cluster.services()) {
                 self.poll_cluster();
             }
+            if self.client.cancel_due(self.now, &self.cluster.services()) {
+                self.poll_cluster();
+            }
             self.client.collect(self.now);
             let Some(next) = self.next_wakeup() else { break };
             // Time moves forward at least 1 us per step so a node that
@@ -421,8 +453,17 @@ impl Harness {
         self.client.fill(&mut report);
         report.faults = fault_map(net.counts(), self.cfg.faults, self.slow_batches, self.crash_hits);
         let mut v = std::mem::take(&mut self.violations);
+        let slots_in_use: Vec<(usize, usize)> =
+            (0..self.cluster.frontend_count()).filter_map(|i| self.cluster.frontend(i).map(|h| (i, h.service.staging().in_flight()))).collect();
+        // A lost, partitioned or crashed-away outcome never comes back, so
+        // its slot stays held (a backend might still READ it): the leak
+        // check is exact only where every message arrives.
+        let lossless = !(self.cfg.faults.has(FaultClass::Loss) || self.cfg.faults.has(FaultClass::Partition) || self.cfg.faults.has(FaultClass::Crash));
         checks::check(
             &checks::Observed {
+                slots_in_use: &slots_in_use,
+                scheduler_tasks: self.cluster.scheduler().plane().waiting_tasks(),
+                lossless,
                 overlapping_plans: self.cluster.scheduler().plane().overlapping_plans(),
                 busy_rejections: self.cluster.busy_rejections(),
                 ledger: &ledger,

@@ -20,6 +20,8 @@ pub struct SweepSummary {
     pub succeeded: u64,
     /// Unaccounted over all seeds (must be 0).
     pub unaccounted: u64,
+    /// Cancelled by the client over all seeds.
+    pub cancelled: u64,
     /// Faults that hit something in flight, by class, over all seeds.
     pub faults: BTreeMap<String, u64>,
     /// Classes asked for that never hit anything in flight.
@@ -68,6 +70,7 @@ pub fn sweep(base: &ChaosConfig, seeds: u64, threads: usize, progress: &(dyn Fn(
                     sum.accepted += rep.accepted;
                     sum.succeeded += rep.succeeded;
                     sum.unaccounted += rep.unaccounted;
+                    sum.cancelled += rep.cancelled;
                     sum.min_requests = sum.min_requests.min(rep.accepted);
                     for (k, v) in &rep.faults {
                         *sum.faults.entry(k.clone()).or_insert(0) += v;

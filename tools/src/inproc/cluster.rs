@@ -280,6 +280,11 @@ impl NodeCluster {
         &self.sched
     }
 
+    /// The scheduler node, to configure it.
+    pub fn scheduler_mut(&mut self) -> &mut SchedulerNode<SimConn> {
+        &mut self.sched
+    }
+
     /// The frontend in slot `i`, if up.
     pub fn frontend(&self, i: usize) -> Option<&FrontendHost> {
         match self.frontends.get(i)? {
