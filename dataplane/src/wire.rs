@@ -130,6 +130,9 @@ pub enum Kind {
     Welcome = 13,
     /// [`Refused`] (scheduler -> peer, then it closes; layout frozen)
     Refused = 14,
+    /// [`BenchStamp`] (benchmark only: a sender's monotonic clock reading
+    /// for the message that follows it on the same link)
+    BenchStamp = 20,
 }
 
 impl Kind {
@@ -150,6 +153,7 @@ impl Kind {
             12 => Kind::Join,
             13 => Kind::Welcome,
             14 => Kind::Refused,
+            20 => Kind::BenchStamp,
             _ => return None,
         })
     }
@@ -529,6 +533,23 @@ pub fn peek_peer(buf: &[u8]) -> Option<PeerPeek> {
     })
 }
 
+/// Benchmark-only clock stamp for the message that follows it on the same
+/// link: `symphony bench-cluster` measures ingress and dispatch lags
+/// across processes of ONE host, whose `CLOCK_MONOTONIC` is shared.
+/// Production peers never send it and never assume shared clocks; a
+/// scheduler started without `--bench-stamps` ignores it and sends none.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct BenchStamp {
+    /// Frontend -> scheduler: when the next task was sent; scheduler ->
+    /// backend: the next plan's planned dispatch moment. `CLOCK_MONOTONIC`
+    /// of the sender's host, ns.
+    pub at_ns: u64,
+    /// Scheduler -> backend: the next plan's planned start on the device
+    /// (`CLOCK_MONOTONIC`, ns); 0 otherwise.
+    pub due_ns: u64,
+}
+
 /// Liveness beacon.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
@@ -887,6 +908,9 @@ impl FixedMessage for Refused {
 impl FixedMessage for Task {
     const KIND: Kind = Kind::Task;
 }
+impl FixedMessage for BenchStamp {
+    const KIND: Kind = Kind::BenchStamp;
+}
 impl FixedMessage for Dropped {
     const KIND: Kind = Kind::Dropped;
 }
@@ -987,6 +1011,8 @@ pub enum Message<'a> {
     Welcome(Welcome),
     /// The scheduler refused the registration (any header version).
     Refused(Refused),
+    /// Benchmark-only clock stamp.
+    BenchStamp(BenchStamp),
 }
 
 fn put_header(buf: &mut [u8], kind: Kind, body_len: usize) -> Result<(), WireError> {
@@ -1203,6 +1229,7 @@ fn fixed_body_len(kind: Kind) -> Option<usize> {
         Kind::Join => size_of::<Join>(),
         Kind::Welcome => size_of::<Welcome>(),
         Kind::Refused => size_of::<Refused>(),
+        Kind::BenchStamp => size_of::<BenchStamp>(),
         Kind::BatchPlan | Kind::Completion | Kind::Models => return None,
     })
 }
@@ -1373,6 +1400,7 @@ pub fn decode(buf: &[u8]) -> Result<Message<'_>, WireError> {
             Message::Welcome(w)
         }
         Kind::Refused => Message::Refused(read_fixed(body)?),
+        Kind::BenchStamp => Message::BenchStamp(read_fixed(body)?),
     })
 }
 
@@ -1448,6 +1476,7 @@ pub fn fuzz_decode(data: &[u8]) {
             Message::Join(r) => encode(&mut buf, &r),
             Message::Welcome(r) => encode(&mut buf, &r),
             Message::Refused(r) => encode(&mut buf, &r),
+            Message::BenchStamp(r) => encode(&mut buf, &r),
         }
         .expect("a decoded message re-encodes");
         assert_eq!(

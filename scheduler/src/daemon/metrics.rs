@@ -135,6 +135,9 @@ pub struct SchedulerMetrics {
     pub lag: [AtomicU64; LAG_BUCKETS_US.len() + 1],
     /// Sum of dispatch lags, µs.
     pub lag_sum_us: AtomicU64,
+    /// Benchmark only: frontend send -> task queued, from peers' clock
+    /// stamps (empty unless `--bench-stamps`).
+    pub bench_ingress_lag: super::bench_stamps::LagBuckets,
     /// Messages refused, by [`MessageRefusal::index`].
     pub refused_messages: [AtomicU64; MessageRefusal::COUNT],
     /// Closed loop acting on reports (1) or open loop (0).
@@ -193,6 +196,7 @@ impl SchedulerMetrics {
             batches_of_size: (0..=*EXACT_BATCH_SIZES.end()).map(|_| AtomicU64::new(0)).collect(),
             lag: Default::default(),
             lag_sum_us: AtomicU64::new(0),
+            bench_ingress_lag: Default::default(),
             refused_messages: Default::default(),
             closed_loop_enabled: AtomicU64::new(0),
             free_corrections_later: AtomicU64::new(0),
@@ -322,6 +326,7 @@ impl SchedulerMetrics {
         }
         histogram(&mut s, "symphony_batch_size", "Dispatched batch sizes.", &BATCH_BUCKETS.map(u64::from), &self.batch_size, l(&self.batch_size_sum));
         histogram(&mut s, "symphony_dispatch_lag_us", "Decision time minus planned time, microseconds.", &LAG_BUCKETS_US, &self.lag, l(&self.lag_sum_us));
+        self.bench_ingress_lag.render(&mut s, "symphony_bench_ingress_lag_us", "Benchmark only: frontend send to task queued (host clock stamps), microseconds.");
         counter(&mut s, "symphony_planned_busy_ns_total", "Planned GPU busy time of dispatched batches, ns.", l(&self.planned_busy_ns));
         counter(&mut s, "symphony_reported_busy_ns_total", "GPU busy time reported by backends, ns.", l(&self.actual_busy_ns));
         counter(&mut s, "symphony_gpu_online_ns_total", "Online GPU time, ns.", l(&self.gpu_online_ns));

@@ -729,6 +729,10 @@ impl<C: Connection> SchedulerNode<C> {
                     plane.on_task(now, id, &t);
                     true
                 }
+                Message::BenchStamp(s) => {
+                    plane.on_bench_stamp(id, &s);
+                    true
+                }
                 _ => false,
             });
         }
@@ -866,6 +870,7 @@ fn kind_name(m: &Message<'_>) -> &'static str {
         Message::Join(_) => "a Join",
         Message::Welcome(_) => "a Welcome",
         Message::Refused(_) => "a Refused",
+        Message::BenchStamp(_) => "a BenchStamp",
     }
 }
 

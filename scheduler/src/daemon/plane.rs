@@ -21,10 +21,11 @@ use std::sync::Arc;
 
 use dataplane::time::{Duration, Instant};
 use dataplane::wire::{
-    self, BatchPlanHead, BatchPlanWriter, BatchTask, CompletionHead, DropReason, OutputKind,
+    self, BatchPlanHead, BatchPlanWriter, BenchStamp, BatchTask, CompletionHead, DropReason, OutputKind,
     Register, RemoteRef, Role, Task, TaskId, TaskStatus, MAX_BACKENDS, MAX_FRONTENDS,
 };
 
+use super::bench_stamps::BenchClock;
 use super::metrics::{LoopEstimate, MessageRefusal, SchedulerMetrics};
 use crate::closed_loop::{ClosedLoop, Estimate, LoopConfig, Ratio, Report};
 use crate::deferred::{CoreConfig, DeferredScheduler};
@@ -215,6 +216,8 @@ pub struct ControlPlane {
     watch: DelayWatch,
     verdicts: Vec<Verdict>,
     next_publish: Instant,
+    /// Benchmark-only lag stamps (`--bench-stamps`), off by default.
+    bench: Option<BenchClock>,
 }
 
 impl ControlPlane {
@@ -280,6 +283,7 @@ impl ControlPlane {
             watch: DelayWatch::new(core.delay.d_data, DelayWatchConfig::default()),
             verdicts: Vec::with_capacity(4),
             next_publish: Instant::ZERO,
+            bench: None,
         })
         .inspect(ControlPlane::sync_loop_gauges)
     }
@@ -312,6 +316,21 @@ impl ControlPlane {
     /// The READ tail watch.
     pub fn delay_watch(&self) -> &DelayWatch {
         &self.watch
+    }
+
+    /// Benchmark-only: record ingress lags from frontends' stamps and
+    /// stamp every plan (see [`super::bench_stamps`]); `origin_host_ns` is
+    /// the host clock at this process's clock origin.
+    pub fn set_bench_stamps(&mut self, origin_host_ns: Option<u64>) {
+        self.bench = origin_host_ns.map(BenchClock::new);
+    }
+
+    /// A frontend's benchmark stamp for its next task (ignored unless
+    /// stamps are on).
+    pub fn on_bench_stamp(&mut self, from: u32, s: &BenchStamp) {
+        if let Some(b) = &mut self.bench {
+            b.stamped(from, s);
+        }
     }
 
     /// The network delay bound the cores charge now.
@@ -717,6 +736,9 @@ impl ControlPlane {
         self.subclusters[sc]
             .sched
             .on_request(now, req, &mut self.actions);
+        if let Some(lag) = self.bench.as_mut().and_then(|b| b.take_ingress_lag(from, now)) {
+            self.metrics.bench_ingress_lag.record(lag);
+        }
         self.apply(now, sc);
     }
 
@@ -937,6 +959,10 @@ impl ControlPlane {
                 count: 0,
                 reserved: 0,
             };
+            if let Some(b) = &self.bench {
+                let stamp = b.plan_stamp(plan.planned_at, plan.exec_at);
+                self.out.push(PeerId::Backend(backend), |buf| wire::encode(buf, &stamp));
+            }
             let tasks = &mut self.tasks;
             self.out.push(PeerId::Backend(backend), |buf| {
                 let mut w = BatchPlanWriter::new(buf, &head)?;
