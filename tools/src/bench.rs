@@ -30,31 +30,49 @@ fn passes(r: &LiveReport) -> bool {
     r.dispatch_lag.p999_us <= MAX_LAG_P999_US && r.bad_rate <= MAX_BAD_RATE && r.violations == 0 && r.accounted
 }
 
-pub fn run(a: &BenchArgs) -> Result<(), String> {
-    if a.models == 0 || a.gpus == 0 || a.model_threads == 0 {
-        return Err("--models, --gpus and --model-threads must be at least 1".into());
-    }
-    if !(a.duration_s.is_finite() && a.duration_s > 0.0 && a.duration_s <= 3600.0) {
-        return Err("--duration-s must be in (0, 3600]".into());
-    }
+/// One run of the in-process runtime on `a`'s workload at `rate` (what
+/// `bench-cluster` compares the daemon with).
+pub fn live_report(a: &BenchArgs, rate: f64) -> Result<LiveReport, String> {
+    check(a)?;
+    live(a, &models(a)?, rate)
+}
+
+fn models(a: &BenchArgs) -> Result<Vec<ModelSpec>, String> {
     let base = parse_model_arg(&format!("model={}", a.profile)).map_err(|e| e.to_string())?;
-    let models: Vec<ModelSpec> = (0..a.models).map(|i| ModelSpec { name: format!("model{i}"), ..base.clone() }).collect();
+    Ok((0..a.models).map(|i| ModelSpec { name: format!("model{i}"), ..base.clone() }).collect())
+}
+
+fn live(a: &BenchArgs, models: &[ModelSpec], rate: f64) -> Result<LiveReport, String> {
     let idle = match a.idle.as_str() {
         "spin" => IdleStrategy::Spin,
         "yield" => IdleStrategy::SpinThenYield { spins: 1000 },
         "park" => IdleStrategy::GENTLE,
         other => return Err(format!("unknown idle strategy '{other}' (spin, yield, park)")),
     };
-    let live = |rate: f64| -> Result<LiveReport, String> {
-        run_live(&LiveConfig {
-            runtime: RuntimeConfig { models: models.clone(), gpus: a.gpus, model_threads: a.model_threads, core: CoreConfig::default(), ring_capacity: 1 << 16 },
-            workload: Workload::poisson(rate),
-            duration: Duration::from_secs_f64(a.duration_s),
-            seed: a.seed,
-            idle,
-            pin: a.pin,
-        })
-    };
+    run_live(&LiveConfig {
+        runtime: RuntimeConfig { models: models.to_vec(), gpus: a.gpus, model_threads: a.model_threads, core: CoreConfig::default(), ring_capacity: 1 << 16 },
+        workload: Workload::poisson(rate),
+        duration: Duration::from_secs_f64(a.duration_s),
+        seed: a.seed,
+        idle,
+        pin: a.pin,
+    })
+}
+
+fn check(a: &BenchArgs) -> Result<(), String> {
+    if a.models == 0 || a.gpus == 0 || a.model_threads == 0 {
+        return Err("--models, --gpus and --model-threads must be at least 1".into());
+    }
+    if !(a.duration_s.is_finite() && a.duration_s > 0.0 && a.duration_s <= 3600.0) {
+        return Err("--duration-s must be in (0, 3600]".into());
+    }
+    Ok(())
+}
+
+pub fn run(a: &BenchArgs) -> Result<(), String> {
+    check(a)?;
+    let models = models(a)?;
+    let live = |rate: f64| live(a, &models, rate);
     let (report, probes) = if a.rate == "max" {
         // One probe = the median of PROBE_RUNS runs (a shared machine stalls
         // a pinned thread for a scheduler tick now and then, which decides a
