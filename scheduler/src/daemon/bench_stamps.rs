@@ -113,15 +113,21 @@ impl BenchClock {
         self.pending = Some((from, s.at_ns));
     }
 
-    /// The ingress lag of a task from `from` queued at `now`, if stamped.
-    pub fn take_ingress_lag(&mut self, from: u32, now: Instant) -> Option<u64> {
+    /// The ingress lag of a task from `from` queued at host-clock moment
+    /// `queued_host_ns`, if stamped.
+    pub fn take_ingress_lag(&mut self, from: u32, queued_host_ns: u64) -> Option<u64> {
         match self.pending {
             Some((f, at)) if f == from => {
                 self.pending = None;
-                Some(self.host_ns(now).saturating_sub(at))
+                Some(queued_host_ns.saturating_sub(at))
             }
             _ => None,
         }
+    }
+
+    /// Whether a stamp from `from` awaits its task.
+    pub fn awaits(&self, from: u32) -> bool {
+        matches!(self.pending, Some((f, _)) if f == from)
     }
 
     /// The stamp that precedes a plan.
@@ -159,8 +165,10 @@ mod tests {
     fn a_stamp_pairs_with_its_frontends_next_task_only() {
         let mut c = BenchClock::new(1_000);
         c.stamped(3, &BenchStamp { at_ns: 1_500, due_ns: 0 });
-        assert_eq!(c.take_ingress_lag(4, Instant::from_nanos(700)), None);
-        assert_eq!(c.take_ingress_lag(3, Instant::from_nanos(700)), Some(200));
-        assert_eq!(c.take_ingress_lag(3, Instant::from_nanos(800)), None);
+        assert!(c.awaits(3) && !c.awaits(4));
+        assert_eq!(c.take_ingress_lag(4, 1_700), None);
+        assert_eq!(c.take_ingress_lag(3, 1_700), Some(200));
+        assert_eq!(c.take_ingress_lag(3, 1_800), None);
+        assert_eq!(c.host_ns(Instant::from_nanos(5)), 1_005);
     }
 }

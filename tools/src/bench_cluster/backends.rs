@@ -9,15 +9,14 @@
 
 use std::io::Write as _;
 
-use dataplane::control::{self, connect_retrying};
-use dataplane::join::JoinToken;
+use dataplane::control;
 use dataplane::time::{host_monotonic_ns, Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Error};
 use dataplane::wire::{self, BatchDone, BenchStamp, Message, Role};
 use scheduler::gpu::GpuSet;
 use scheduler::zoo::parse_model_arg;
 
-use super::peer::{self, beat, gpus_of, join, ns_hist, write_report, LagUs, PeerArgs, PeerLink, HEARTBEAT};
+use super::peer::{beat, gpus_of, join_all, ns_hist, write_report, LagUs, PeerArgs};
 
 /// Messages taken per link per loop turn at most.
 const RECV_BURST: usize = 256;
@@ -44,28 +43,21 @@ pub struct BackendsReport {
 type Tag = (u32, u64, u32, u32);
 
 pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), String> {
-    let token = JoinToken::from_file_or_env(None).map_err(|e| e.to_string())?;
     let spec = parse_model_arg(&format!("m={}", a.profile)).map_err(|e| e.to_string())?;
-    let mut links = Vec::with_capacity(a.peers as usize);
-    let mut first_gpu = Vec::with_capacity(a.peers as usize);
+    let clock = MonotonicClock::new();
+    let (mut links, welcome) = join_all(&domain, &a, Role::Backend, &clock, |i| gpus_of(i, a.peers, a.gpus))?;
+    let control_delay = Duration::from_nanos(welcome.map_or(0, |w| w.control_delay_ns));
+    let mut first_gpu = Vec::with_capacity(links.len());
     let mut total = 0u32;
-    let mut control_delay = Duration::ZERO;
     for i in 0..a.peers {
-        let id = a.first_id + i;
-        let gpus = gpus_of(i, a.peers, a.gpus);
-        let mut conn = connect_retrying(&domain, &a.scheduler, peer::JOIN_TIMEOUT).map_err(|e| format!("backend {id}: connect: {e}"))?;
-        let w = join(&mut conn, Role::Backend, id, gpus, a.models, token.as_ref())?;
-        control_delay = Duration::from_nanos(w.control_delay_ns);
-        links.push(PeerLink { id, conn, live: control::Liveness::new(Instant::ZERO, HEARTBEAT, Duration::from_millis(3_600_000)) });
         first_gpu.push(total);
-        total += gpus;
+        total += gpus_of(i, a.peers, a.gpus);
     }
     {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "READY backends={} gpus={total}", links.len());
         let _ = out.flush();
     }
-    let clock = MonotonicClock::new();
     let origin_host = clock.origin_host_ns();
     let mut gpus: GpuSet<Tag> = GpuSet::new(total);
     let mut stamps: Vec<Option<BenchStamp>> = vec![None; links.len()];

@@ -7,15 +7,14 @@
 
 use std::io::Write as _;
 
-use dataplane::control::{self, connect_retrying};
-use dataplane::join::JoinToken;
+use dataplane::control;
 use dataplane::time::{host_monotonic_ns, Duration, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Error};
 use dataplane::wire::{self, BenchStamp, DropReason, Message, RemoteRef, Role, Task, TaskId};
 use scheduler::sim::{Arrivals, Workload};
 use scheduler::zoo::parse_model_arg;
 
-use super::peer::{self, beat, join, ns_hist, write_report, LagUs, PeerArgs, PeerLink, HEARTBEAT};
+use super::peer::{beat, join_all, ns_hist, write_report, LagUs, PeerArgs};
 
 /// Arrivals sent per loop turn at most (receiving must not starve).
 const SEND_BURST: usize = 4096;
@@ -40,21 +39,14 @@ pub struct FrontendsReport {
 }
 
 pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), String> {
-    let token = JoinToken::from_file_or_env(None).map_err(|e| e.to_string())?;
     let spec = parse_model_arg(&format!("m={}", a.profile)).map_err(|e| e.to_string())?;
-    let mut links = Vec::with_capacity(a.peers as usize);
-    for i in 0..a.peers {
-        let id = a.first_id + i;
-        let mut conn = connect_retrying(&domain, &a.scheduler, peer::JOIN_TIMEOUT).map_err(|e| format!("frontend {id}: connect: {e}"))?;
-        join(&mut conn, Role::Frontend, id, 0, a.models, token.as_ref())?;
-        links.push(PeerLink { id, conn, live: control::Liveness::new(dataplane::time::Instant::ZERO, HEARTBEAT, Duration::from_millis(3_600_000)) });
-    }
+    let clock = MonotonicClock::new();
+    let (mut links, _) = join_all(&domain, &a, Role::Frontend, &clock, |_| 0)?;
     {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "READY frontends={}", links.len());
         let _ = out.flush();
     }
-    let clock = MonotonicClock::new();
     let start = clock.now() + Duration::from_millis(1);
     let duration = Duration::from_secs_f64(a.duration_s);
     let mut arrivals = Arrivals::for_model_count(a.models as usize, &Workload::poisson(a.rate), a.seed, duration).with_origin(start);

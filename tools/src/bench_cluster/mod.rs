@@ -99,7 +99,10 @@ pub struct ClusterRun {
     pub offered: u64,
     pub sent: u64,
     pub received: u64,
+    /// Tasks the scheduler planned onto a GPU.
     pub planned: u64,
+    /// Tasks of plans the backends received.
+    pub delivered: u64,
     pub late: u64,
     pub drops: Vec<(String, u64)>,
     pub ingress_lag: LagUs,
@@ -108,6 +111,8 @@ pub struct ClusterRun {
     /// load generator, not the scheduler, is behind.
     pub generator_lag: LagUs,
     /// Tasks the scheduler took that are neither planned nor dropped.
+    /// `accounted`: none such, every task sent was taken, and every
+    /// planned task reached its backend.
     pub unaccounted: i64,
     pub accounted: bool,
 }
@@ -165,7 +170,10 @@ pub fn run(a: &BenchClusterArgs) -> Result<(), String> {
         println!("in-process runtime, same workload: {:.0} tasks/s; ratio {:.3}", in_process.sustained_rps, ratio);
     }
     if !best.accounted {
-        return Err(format!("accounting failed: {} tasks taken by the scheduler are neither planned nor dropped", best.unaccounted));
+        return Err(format!(
+            "accounting failed: offered {}, sent {}, taken {}, planned {}, delivered {}, neither planned nor dropped {}",
+            best.offered, best.sent, best.received, best.planned, best.delivered, best.unaccounted
+        ));
     }
     Ok(())
 }
@@ -261,7 +269,10 @@ fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64) -> Result<
     args.extend(["--rate".into(), rate.to_string(), "--duration-s".into(), secs.to_string(), "--stamp-every".into(), a.stamp_every.to_string()]);
     let mut fronts = spawn(&spec, "bench-frontends", "bench-frontends", args, Some(&token), deadline)?;
     let front_exit = fronts.wait_or_kill(StdDuration::from_secs_f64(secs + 60.0));
-    let metrics = sched.metrics();
+    let fr: Result<FrontendsReport, String> = read_report(&front_report);
+    let metrics = settled(&sched, fr.as_ref().map_or(0, |r| r.sent));
+    // The backends read the last plans the scheduler sent.
+    std::thread::sleep(StdDuration::from_millis(200));
     let stop = |d: &mut Daemon| {
         d.signal(libc::SIGTERM);
         d.wait_or_kill(StdDuration::from_secs(15))
@@ -280,10 +291,35 @@ fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64) -> Result<
         Err(e) => return Err(format!("{e}; {}", logs("bench-backends"))),
     }
     let metrics = metrics?;
-    let fr: FrontendsReport = read_report(&front_report)?;
+    let fr = fr?;
     let br: BackendsReport = read_report(&back_report)?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(figures(rate, secs, &metrics, &fr, &br))
+}
+
+/// The scheduler's metrics once it has taken the `sent` tasks and
+/// planned or dropped each (a loaded scheduler is behind its peers), or
+/// after 10 s.
+fn settled(sched: &Daemon, sent: u64) -> Result<String, String> {
+    let until = StdInstant::now() + StdDuration::from_secs(10);
+    loop {
+        let text = sched.metrics()?;
+        let m = |name: &str| metric(&text, name).unwrap_or(0.0) as u64;
+        let received = m("symphony_tasks_received_total");
+        let ended = m("symphony_batch_size_sum") + sched_drops(&text);
+        if (received >= sent && ended >= received) || StdInstant::now() >= until {
+            return Ok(text);
+        }
+        std::thread::sleep(StdDuration::from_millis(20));
+    }
+}
+
+/// Tasks the scheduler dropped, every reason.
+fn sched_drops(text: &str) -> u64 {
+    DropReason::ALL
+        .iter()
+        .map(|r| metric(text, &format!("symphony_tasks_dropped_total{{reason=\"{}\"}}", r.as_str())).unwrap_or(0.0) as u64)
+        .sum()
 }
 
 fn read_report<T: serde::de::DeserializeOwned>(path: &PathBuf) -> Result<T, String> {
@@ -300,10 +336,11 @@ fn figures(rate: f64, secs: f64, metrics: &str, fr: &FrontendsReport, br: &Backe
         .map(|r| (r.as_str().to_string(), m(&format!("symphony_tasks_dropped_total{{reason=\"{}\"}}", r.as_str()))))
         .collect();
     let sched_drops: u64 = drops.iter().map(|(_, n)| n).sum();
+    let planned = m("symphony_batch_size_sum");
     drops.push(("frontend_queue_full".into(), fr.queue_full));
     drops.push(("protocol_error".into(), m("symphony_protocol_errors_total")));
     let good = br.tasks.saturating_sub(br.late_tasks);
-    let unaccounted = received as i64 - br.tasks as i64 - sched_drops as i64;
+    let unaccounted = received as i64 - planned as i64 - sched_drops as i64;
     ClusterRun {
         offered_rps: rate,
         tasks_per_s: good as f64 / secs,
@@ -311,14 +348,15 @@ fn figures(rate: f64, secs: f64, metrics: &str, fr: &FrontendsReport, br: &Backe
         offered: fr.offered,
         sent: fr.sent,
         received,
-        planned: br.tasks,
+        planned,
+        delivered: br.tasks,
         late: br.late_tasks,
         drops,
         ingress_lag: bucket_quantiles(metrics, "symphony_bench_ingress_lag_us"),
         dispatch_lag: br.dispatch_lag,
         generator_lag: fr.send_lag,
         unaccounted,
-        accounted: unaccounted == 0 && fr.sent == received && fr.offered == fr.sent + fr.queue_full,
+        accounted: unaccounted == 0 && fr.sent == received && fr.offered == fr.sent + fr.queue_full && br.tasks == planned,
     }
 }
 

@@ -5,10 +5,10 @@
 
 use std::path::PathBuf;
 
-use dataplane::control::{self, recv_within, send_within, Liveness, TransportKind};
+use dataplane::control::{self, connect_retrying, recv_within, send_within, Liveness, TransportKind};
 use dataplane::join::JoinToken;
-use dataplane::time::{Duration, Instant};
-use dataplane::transport::{Connection, Error};
+use dataplane::time::{Duration, Instant, MonotonicClock};
+use dataplane::transport::{Connection, Domain, Error};
 use dataplane::wire::{self, Join, Message, Role, Welcome};
 use hdrhistogram::Histogram;
 
@@ -69,6 +69,10 @@ pub fn gpus_of(i: u32, peers: u32, total: u32) -> u32 {
     total / peers + u32::from(i < total % peers)
 }
 
+/// The synthetic peers never declare the scheduler silent (a failed link
+/// ends them instead).
+const NEVER_SILENT: Duration = Duration::from_millis(3_600_000);
+
 /// One registered link and its heartbeat state.
 pub struct PeerLink<C> {
     pub id: u32,
@@ -117,6 +121,38 @@ pub fn join<C: Connection>(
             other => return Err(format!("{role:?} {id}: expected a Welcome, got {other:?}")),
         }
     }
+}
+
+/// Connects and registers `a.peers` links of `role` one after the other
+/// (ids from `a.first_id`; peer `i` announces `gpus(i)` GPUs), keeping
+/// the links already registered alive meanwhile (hundreds of joins take
+/// longer than the scheduler's liveness bound). Returns the links and the
+/// last Welcome.
+pub fn join_all<D: Domain>(
+    domain: &D,
+    a: &PeerArgs,
+    role: Role,
+    clock: &MonotonicClock,
+    gpus: impl Fn(u32) -> u32,
+) -> Result<(Vec<PeerLink<D::Conn>>, Option<Welcome>), String> {
+    let token = JoinToken::from_file_or_env(None).map_err(|e| e.to_string())?;
+    let mut links: Vec<PeerLink<D::Conn>> = Vec::with_capacity(a.peers as usize);
+    let mut welcome = None;
+    let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
+    for i in 0..a.peers {
+        let id = a.first_id + i;
+        let mut conn = connect_retrying(domain, &a.scheduler, JOIN_TIMEOUT).map_err(|e| format!("{role:?} {id}: connect: {e}"))?;
+        welcome = Some(join(&mut conn, role, id, gpus(i), a.models, token.as_ref())?);
+        let now = clock.now();
+        links.push(PeerLink { id, conn, live: Liveness::new(now, HEARTBEAT, NEVER_SILENT) });
+        for l in links.iter_mut() {
+            // What the scheduler sends meanwhile (heartbeats, peer
+            // announcements) is read and dropped.
+            while let Ok(Some(_)) = l.conn.try_recv(&mut buf) {}
+            beat(l, now, role, &mut buf).map_err(|e| format!("{role:?} {}: {e}", l.id))?;
+        }
+    }
+    Ok((links, welcome))
 }
 
 /// Sends `link`'s heartbeat when due (a full queue skips a beat); an
