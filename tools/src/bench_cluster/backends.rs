@@ -16,7 +16,7 @@ use dataplane::wire::{self, BatchDone, BenchStamp, Message, Role};
 use scheduler::gpu::GpuSet;
 use scheduler::zoo::parse_model_arg;
 
-use super::peer::{beat, gpus_of, join_all, ns_hist, write_report, LagUs, PeerArgs};
+use super::peer::{self, beat, gpus_of, join_all, ns_hist, write_report, LagUs, PeerArgs};
 
 /// Messages taken per link per loop turn at most.
 const RECV_BURST: usize = 256;
@@ -37,6 +37,8 @@ pub struct BackendsReport {
     pub batches_done: u64,
     /// Planned dispatch moment -> plan received.
     pub dispatch_lag: LagUs,
+    /// CPU time over wall time from registration to the stop (1.0 = one core busy).
+    pub cpu_busy: f64,
 }
 
 /// A batch on its device: (link index, batch id, local GPU, tasks).
@@ -63,6 +65,7 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), String> {
     let mut stamps: Vec<Option<BenchStamp>> = vec![None; links.len()];
     let mut r = BackendsReport { gpus: total, ..Default::default() };
     let mut lag = ns_hist();
+    let (began, cpu_at_start) = (clock.now(), peer::cpu_s_self());
     let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
     while !control::stop_requested() {
         let now = clock.now();
@@ -138,5 +141,6 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), String> {
         }
     }
     r.dispatch_lag = LagUs::of(&lag);
+    r.cpu_busy = (peer::cpu_s_self() - cpu_at_start) / clock.now().saturating_since(began).as_secs_f64().max(1e-3);
     write_report(&a.report, &r)
 }

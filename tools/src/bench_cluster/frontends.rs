@@ -14,7 +14,7 @@ use dataplane::wire::{self, BenchStamp, DropReason, Message, RemoteRef, Role, Ta
 use scheduler::sim::{Arrivals, Workload};
 use scheduler::zoo::parse_model_arg;
 
-use super::peer::{beat, join_all, ns_hist, write_report, LagUs, PeerArgs};
+use super::peer::{self, beat, join_all, ns_hist, write_report, LagUs, PeerArgs};
 
 /// Arrivals sent per loop turn at most (receiving must not starve).
 const SEND_BURST: usize = 4096;
@@ -36,6 +36,8 @@ pub struct FrontendsReport {
     pub send_lag: LagUs,
     /// Seconds from the first intended arrival to the last send.
     pub send_span_s: f64,
+    /// CPU time over wall time of the load (1.0 = one core busy).
+    pub cpu_busy: f64,
 }
 
 pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), String> {
@@ -48,6 +50,7 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), String> {
         let _ = out.flush();
     }
     let start = clock.now() + Duration::from_millis(1);
+    let cpu_at_start = peer::cpu_s_self();
     let duration = Duration::from_secs_f64(a.duration_s);
     let mut arrivals = Arrivals::for_model_count(a.models as usize, &Workload::poisson(a.rate), a.seed, duration).with_origin(start);
     // Outcomes of the last tasks arrive within their SLO.
@@ -124,6 +127,7 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), String> {
     r.dropped = DropReason::ALL.iter().map(|d| (d.as_str().to_string(), dropped[d.index()])).collect();
     r.send_lag = LagUs::of(&send_lag);
     r.send_span_s = last_send.saturating_since(start).as_secs_f64();
+    r.cpu_busy = (peer::cpu_s_self() - cpu_at_start) / clock.now().saturating_since(start).as_secs_f64().max(1e-3);
     for link in links.iter_mut() {
         let _ = control::flush_within(&mut link.conn, Duration::from_millis(100));
     }

@@ -115,6 +115,16 @@ pub struct ClusterRun {
     /// planned task reached its backend.
     pub unaccounted: i64,
     pub accounted: bool,
+    /// CPU time over wall time of each process during the load (1.0 = one core).
+    pub cpu_busy: CpuBusy,
+}
+
+/// CPU time over wall time per process (1.0 = one core busy).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct CpuBusy {
+    pub scheduler: f64,
+    pub frontends: f64,
+    pub backends: f64,
 }
 
 pub fn run(a: &BenchClusterArgs) -> Result<(), String> {
@@ -167,6 +177,8 @@ pub fn run(a: &BenchClusterArgs) -> Result<(), String> {
         }
         let drops: Vec<String> = r.drops.iter().filter(|(_, n)| *n > 0).map(|(k, n)| format!("{k} {n}")).collect();
         println!("drops: {}; late plans' tasks {}; accounted {}", if drops.is_empty() { "none".into() } else { drops.join(", ") }, r.late, r.accounted);
+        let c = r.cpu_busy;
+        println!("CPU busy (cores): scheduler {:.2}, frontends {:.2}, backends {:.2}", c.scheduler, c.frontends, c.backends);
         println!("in-process runtime, same workload: {:.0} tasks/s; ratio {:.3}", in_process.sustained_rps, ratio);
     }
     if !best.accounted {
@@ -268,9 +280,14 @@ fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64) -> Result<
     let mut args = peer_args(a.frontends, &front_report);
     args.extend(["--rate".into(), rate.to_string(), "--duration-s".into(), secs.to_string(), "--stamp-every".into(), a.stamp_every.to_string()]);
     let mut fronts = spawn(&spec, "bench-frontends", "bench-frontends", args, Some(&token), deadline)?;
+    let sched_cpu_at_start = (StdInstant::now(), cpu_s_of(sched.pid()));
     let front_exit = fronts.wait_or_kill(StdDuration::from_secs_f64(secs + 60.0));
     let fr: Result<FrontendsReport, String> = read_report(&front_report);
     let metrics = settled(&sched, fr.as_ref().map_or(0, |r| r.sent));
+    let sched_busy = match (sched_cpu_at_start, cpu_s_of(sched.pid())) {
+        ((t, Some(c0)), Some(c1)) => (c1 - c0) / t.elapsed().as_secs_f64().max(1e-3),
+        _ => 0.0,
+    };
     // The backends read the last plans the scheduler sent.
     std::thread::sleep(StdDuration::from_millis(200));
     let stop = |d: &mut Daemon| {
@@ -294,7 +311,9 @@ fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64) -> Result<
     let fr = fr?;
     let br: BackendsReport = read_report(&back_report)?;
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(figures(rate, secs, &metrics, &fr, &br))
+    let mut run = figures(rate, secs, &metrics, &fr, &br);
+    run.cpu_busy = CpuBusy { scheduler: sched_busy, frontends: fr.cpu_busy, backends: br.cpu_busy };
+    Ok(run)
 }
 
 /// The scheduler's metrics once it has taken the `sent` tasks and
@@ -320,6 +339,18 @@ fn sched_drops(text: &str) -> u64 {
         .iter()
         .map(|r| metric(text, &format!("symphony_tasks_dropped_total{{reason=\"{}\"}}", r.as_str())).unwrap_or(0.0) as u64)
         .sum()
+}
+
+/// CPU seconds (user + system) process `pid` has used, from /proc.
+fn cpu_s_of(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (hz > 0.0).then(|| ticks / hz)
 }
 
 fn read_report<T: serde::de::DeserializeOwned>(path: &PathBuf) -> Result<T, String> {
@@ -357,6 +388,7 @@ fn figures(rate: f64, secs: f64, metrics: &str, fr: &FrontendsReport, br: &Backe
         generator_lag: fr.send_lag,
         unaccounted,
         accounted: unaccounted == 0 && fr.sent == received && fr.offered == fr.sent + fr.queue_full && br.tasks == planned,
+        cpu_busy: CpuBusy::default(),
     }
 }
 

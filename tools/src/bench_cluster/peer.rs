@@ -192,6 +192,18 @@ impl LagUs {
     }
 }
 
+/// CPU seconds (user + system) this process has used so far.
+pub fn cpu_s_self() -> f64 {
+    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes one rusage into the valid, owned `u`.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0.0;
+    }
+    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    s(u.ru_utime) + s(u.ru_stime)
+}
+
 /// Writes `report` as JSON to `path`.
 pub fn write_report<T: serde::Serialize>(path: &std::path::Path, report: &T) -> Result<(), String> {
     let text = serde_json::to_string(report).map_err(|e| e.to_string())?;
