@@ -190,6 +190,9 @@ pub fn run(a: &BenchClusterArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// One ladder rung: (offered rate, passed, tasks/s, bad rate).
+type Probe = (f64, bool, f64, f64);
+
 /// Seconds per rung of the `--rate max` ladder.
 const LADDER_RUN_S: f64 = 2.0;
 /// The ladder stops starting rungs after this long.
@@ -197,7 +200,7 @@ const LADDER_BUDGET: StdDuration = StdDuration::from_secs(90);
 
 /// Doubles the rate from 25k while the bad rate stays within 1%; returns
 /// the best passing run and every probe (rate, passed, tasks/s, bad rate).
-fn ladder(a: &BenchClusterArgs, gpus: u32) -> Result<(ClusterRun, Vec<(f64, bool, f64, f64)>), String> {
+fn ladder(a: &BenchClusterArgs, gpus: u32) -> Result<(ClusterRun, Vec<Probe>), String> {
     let began = StdInstant::now();
     let secs = LADDER_RUN_S.min(a.duration_s);
     let mut probes = Vec::new();

@@ -123,6 +123,9 @@ pub fn join<C: Connection>(
     }
 }
 
+/// Registered links and the last Welcome.
+pub type Joined<C> = (Vec<PeerLink<C>>, Option<Welcome>);
+
 /// Connects and registers `a.peers` links of `role` one after the other
 /// (ids from `a.first_id`; peer `i` announces `gpus(i)` GPUs), keeping
 /// the links already registered alive meanwhile (hundreds of joins take
@@ -134,7 +137,7 @@ pub fn join_all<D: Domain>(
     role: Role,
     clock: &MonotonicClock,
     gpus: impl Fn(u32) -> u32,
-) -> Result<(Vec<PeerLink<D::Conn>>, Option<Welcome>), String> {
+) -> Result<Joined<D::Conn>, String> {
     let token = JoinToken::from_file_or_env(None).map_err(|e| e.to_string())?;
     let mut links: Vec<PeerLink<D::Conn>> = Vec::with_capacity(a.peers as usize);
     let mut welcome = None;
