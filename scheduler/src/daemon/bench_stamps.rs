@@ -51,7 +51,7 @@ impl LagBuckets {
         if (i as u64) < LINEAR_US {
             i as u64
         } else {
-            (1u64 << (i - LINEAR_US as usize + 12)).saturating_sub(1)
+            1u64.checked_shl((i - LINEAR_US as usize + 12) as u32).map_or(u64::MAX, |v| v - 1)
         }
     }
 
