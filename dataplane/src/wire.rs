@@ -33,6 +33,9 @@
 
 use bytemuck::{Pod, Zeroable};
 
+mod batch;
+pub use batch::{fuzz_decode_tasks, TaskBatcher, TaskList, TasksHead, MAX_TASKS_PER_MESSAGE};
+
 pub use crate::ids::{TaskId, MAX_BACKENDS, MAX_FRONTENDS};
 pub use crate::mem::RemoteRef;
 
@@ -133,6 +136,8 @@ pub enum Kind {
     /// [`BenchStamp`] (benchmark only: a sender's monotonic clock reading
     /// for the message that follows it on the same link)
     BenchStamp = 20,
+    /// [`TasksHead`] + [`Task`]s (frontend -> scheduler: batched submissions)
+    Tasks = 21,
 }
 
 impl Kind {
@@ -154,6 +159,7 @@ impl Kind {
             13 => Kind::Welcome,
             14 => Kind::Refused,
             20 => Kind::BenchStamp,
+            21 => Kind::Tasks,
             _ => return None,
         })
     }
@@ -1013,6 +1019,8 @@ pub enum Message<'a> {
     Refused(Refused),
     /// Benchmark-only clock stamp.
     BenchStamp(BenchStamp),
+    /// Batched task submissions.
+    Tasks(TaskList<'a>),
 }
 
 fn put_header(buf: &mut [u8], kind: Kind, body_len: usize) -> Result<(), WireError> {
@@ -1230,7 +1238,7 @@ fn fixed_body_len(kind: Kind) -> Option<usize> {
         Kind::Welcome => size_of::<Welcome>(),
         Kind::Refused => size_of::<Refused>(),
         Kind::BenchStamp => size_of::<BenchStamp>(),
-        Kind::BatchPlan | Kind::Completion | Kind::Models => return None,
+        Kind::BatchPlan | Kind::Completion | Kind::Models | Kind::Tasks => return None,
     })
 }
 
@@ -1401,6 +1409,7 @@ pub fn decode(buf: &[u8]) -> Result<Message<'_>, WireError> {
         }
         Kind::Refused => Message::Refused(read_fixed(body)?),
         Kind::BenchStamp => Message::BenchStamp(read_fixed(body)?),
+        Kind::Tasks => Message::Tasks(batch::decode_tasks(body)?),
     })
 }
 
@@ -1477,6 +1486,13 @@ pub fn fuzz_decode(data: &[u8]) {
             Message::Welcome(r) => encode(&mut buf, &r),
             Message::Refused(r) => encode(&mut buf, &r),
             Message::BenchStamp(r) => encode(&mut buf, &r),
+            Message::Tasks(list) => {
+                let mut b = TaskBatcher::new(list.len());
+                list.iter().for_each(|t| b.push(&t).expect("a decoded batch fits its own limit"));
+                let m = b.take().expect("a decoded batch is not empty");
+                buf[..m.len()].copy_from_slice(m);
+                Ok(m.len())
+            }
         }
         .expect("a decoded message re-encodes");
         assert_eq!(

@@ -729,6 +729,12 @@ impl<C: Connection> SchedulerNode<C> {
                     plane.on_task(now, id, &t);
                     true
                 }
+                Message::Tasks(list) => {
+                    for t in list.iter() {
+                        plane.on_task(now, id, &t);
+                    }
+                    true
+                }
                 Message::BenchStamp(s) => {
                     plane.on_bench_stamp(id, &s);
                     true
@@ -871,6 +877,7 @@ fn kind_name(m: &Message<'_>) -> &'static str {
         Message::Welcome(_) => "a Welcome",
         Message::Refused(_) => "a Refused",
         Message::BenchStamp(_) => "a BenchStamp",
+        Message::Tasks(_) => "a Tasks batch",
     }
 }
 

@@ -8,13 +8,14 @@
 use std::io::Write as _;
 
 use dataplane::control;
-use dataplane::time::{host_monotonic_ns, Duration, MonotonicClock};
+use dataplane::time::{host_monotonic_ns, Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Error};
-use dataplane::wire::{self, BenchStamp, DropReason, Message, RemoteRef, Role, Task, TaskId};
+use dataplane::wire::{self, BenchStamp, DropReason, Message, RemoteRef, Role, Task, TaskBatcher, TaskId};
+use hdrhistogram::Histogram;
 use scheduler::sim::{Arrivals, Workload};
 use scheduler::zoo::parse_model_arg;
 
-use super::peer::{self, beat, join_all, ns_hist, write_report, LagUs, PeerArgs};
+use super::peer::{self, beat, join_all, ns_hist, write_report, LagUs, PeerArgs, PeerLink};
 
 /// Arrivals sent per loop turn at most (receiving must not starve).
 const SEND_BURST: usize = 4096;
@@ -62,6 +63,9 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), String> {
     let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
     let mut next_link = 0usize;
     let mut last_send = start;
+    let coalesce = a.coalesce.max(1) as usize;
+    let coalesce_wait = Duration::from_micros(a.coalesce_us);
+    let mut outgoing: Vec<Outgoing> = if coalesce > 1 { links.iter().map(|_| Outgoing::new(coalesce)).collect() } else { Vec::new() };
     loop {
         let now = clock.now();
         let mut busy = false;
@@ -84,7 +88,19 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), String> {
                 frontend_id: link.id,
                 input: RemoteRef::default(),
             };
-            if a.stamp_every > 0 && r.offered % a.stamp_every == 0 {
+            let stamped = a.stamp_every > 0 && r.offered % a.stamp_every == 0;
+            if a.coalesce > 1 {
+                let o = &mut outgoing[i];
+                o.batch.push(&task).map_err(|e| e.to_string())?;
+                o.intended.push(t);
+                o.stamp |= stamped;
+                if o.batch.is_full() {
+                    o.flush(link, now, &mut r, &mut send_lag, &mut buf)?;
+                    last_send = now;
+                }
+                continue;
+            }
+            if stamped {
                 let s = BenchStamp { at_ns: host_monotonic_ns(), due_ns: 0 };
                 let n = wire::encode(&mut buf, &s).map_err(|e| e.to_string())?;
                 send_or_progress(&mut link.conn, &buf[..n]).map_err(|e| format!("frontend {}: {e}", link.id))?;
@@ -101,6 +117,14 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), String> {
             }
         }
         busy |= burst > 0;
+        let finishing = arrivals.peek().is_none();
+        for (link, o) in links.iter_mut().zip(outgoing.iter_mut()) {
+            if o.intended.first().is_some_and(|&t| finishing || now.saturating_since(t) >= coalesce_wait) {
+                o.flush(link, now, &mut r, &mut send_lag, &mut buf)?;
+                last_send = now;
+                busy = true;
+            }
+        }
         for link in links.iter_mut() {
             for _ in 0..RECV_BURST {
                 let n = match link.conn.try_recv(&mut buf) {
@@ -132,6 +156,45 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), String> {
         let _ = control::flush_within(&mut link.conn, Duration::from_millis(100));
     }
     write_report(&a.report, &r)
+}
+
+/// A link's tasks waiting to go as one `Tasks` message.
+struct Outgoing {
+    batch: TaskBatcher,
+    /// Intended arrival of each waiting task (the oldest first).
+    intended: Vec<Instant>,
+    /// A waiting task is to be stamped: a stamp precedes the message.
+    stamp: bool,
+}
+
+impl Outgoing {
+    fn new(limit: usize) -> Self {
+        Outgoing { batch: TaskBatcher::new(limit), intended: Vec::with_capacity(limit), stamp: false }
+    }
+
+    /// Sends the waiting tasks as one message (preceded by a stamp when one
+    /// of them is stamped), or counts them refused when the link's queue
+    /// stays full.
+    fn flush<C: Connection>(&mut self, link: &mut PeerLink<C>, now: Instant, r: &mut FrontendsReport, lag: &mut Histogram<u64>, buf: &mut [u8]) -> Result<(), String> {
+        let fail = |e: Error| format!("frontend {}: {e}", link.id);
+        if std::mem::take(&mut self.stamp) {
+            let s = BenchStamp { at_ns: host_monotonic_ns(), due_ns: 0 };
+            let n = wire::encode(buf, &s).map_err(|e| e.to_string())?;
+            send_or_progress(&mut link.conn, &buf[..n]).map_err(|e| format!("frontend {}: {e}", link.id))?;
+        }
+        let Some(msg) = self.batch.take() else { return Ok(()) };
+        let n = self.intended.len() as u64;
+        if send_or_progress(&mut link.conn, msg).map_err(fail)? {
+            r.sent += n;
+            for &t in &self.intended {
+                let _ = lag.record(now.saturating_since(t).as_nanos().max(1));
+            }
+        } else {
+            r.queue_full += n;
+        }
+        self.intended.clear();
+        Ok(())
+    }
 }
 
 /// Sends `msg`; a full queue gets a few rounds of progress before the

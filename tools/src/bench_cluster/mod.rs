@@ -69,6 +69,13 @@ pub struct BenchClusterArgs {
     /// Idle strategy of the scheduler daemon: spin, yield, park, wait, park:US.
     #[arg(long, default_value = "wait")]
     pub idle: String,
+    /// Frontends send at most this many tasks per message (1: one `Task`
+    /// message per task; more: batched `Tasks` messages).
+    #[arg(long, default_value_t = 1)]
+    pub coalesce: u32,
+    /// Longest a task waits for its batch at a frontend, µs.
+    #[arg(long = "coalesce-us", default_value_t = 50)]
+    pub coalesce_us: u64,
     /// Every Nth task carries a clock stamp (ingress lag samples).
     #[arg(long = "stamp-every", default_value_t = 16)]
     pub stamp_every: u64,
@@ -282,6 +289,7 @@ fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64) -> Result<
     let mut backs = spawn(&spec, "bench-backends", "bench-backends", args, Some(&token), deadline)?;
     let mut args = peer_args(a.frontends, &front_report);
     args.extend(["--rate".into(), rate.to_string(), "--duration-s".into(), secs.to_string(), "--stamp-every".into(), a.stamp_every.to_string()]);
+    args.extend(["--coalesce".into(), a.coalesce.to_string(), "--coalesce-us".into(), a.coalesce_us.to_string()]);
     let mut fronts = spawn(&spec, "bench-frontends", "bench-frontends", args, Some(&token), deadline)?;
     let sched_cpu_at_start = (StdInstant::now(), cpu_s_of(sched.pid()));
     let front_exit = fronts.wait_or_kill(StdDuration::from_secs_f64(secs + 60.0));

@@ -49,6 +49,13 @@ pub struct PeerArgs {
     /// Frontends: every Nth task is preceded by a clock stamp.
     #[arg(long = "stamp-every", default_value_t = 16)]
     pub stamp_every: u64,
+    /// Frontends: most tasks per message (1: one `Task` message each, >1:
+    /// batched `Tasks` messages).
+    #[arg(long, default_value_t = 1)]
+    pub coalesce: u32,
+    /// Frontends: longest a task waits for its batch, µs.
+    #[arg(long = "coalesce-us", default_value_t = 50)]
+    pub coalesce_us: u64,
     /// Backends: total emulated GPUs, spread over the peers.
     #[arg(long, default_value_t = 0)]
     pub gpus: u32,
