@@ -1,13 +1,14 @@
 //! `symphony bench-cluster` at a tiny rate: the scheduler daemon and both
 //! synthetic peer processes start, register over the real handshake, and
 //! every task offered is accounted for (planned onto a GPU or dropped with
-//! a reason); the JSON carries the documented top-level keys.
+//! a reason), also when frontends batch their submissions (`Tasks`
+//! messages); the JSON carries the documented top-level keys.
 
 use std::process::Command;
 
-fn run(transport: &str) -> serde_json::Value {
+fn run(transport: &str, coalesce: &str) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_symphony"))
-        .args(["bench-cluster", "--transport", transport, "--rate", "400", "--duration-s", "1"])
+        .args(["bench-cluster", "--transport", transport, "--rate", "400", "--duration-s", "1", "--coalesce", coalesce])
         .args(["--frontends", "3", "--backends", "4", "--gpus", "6", "--models", "2", "--json"])
         .output()
         .expect("symphony runs");
@@ -37,10 +38,15 @@ fn check(v: &serde_json::Value) {
 
 #[test]
 fn shm_run_accounts_for_every_task() {
-    check(&run("shm"));
+    check(&run("shm", "1"));
+}
+
+#[test]
+fn batched_submissions_account_for_every_task() {
+    check(&run("shm", "16"));
 }
 
 #[test]
 fn tcp_run_accounts_for_every_task() {
-    check(&run("tcp"));
+    check(&run("tcp", "1"));
 }

@@ -1070,6 +1070,44 @@ mod tests {
     }
 
     #[test]
+    fn batched_tasks_are_taken_and_a_malformed_batch_costs_only_its_sender() {
+        let mut n = node(NodeConfig::default());
+        let (mut fe, mut be) = cluster(&mut n);
+        let t0 = Instant::ZERO;
+        let mut other = n.connect(t0);
+        other.join(&Join::new(Role::Frontend, 2, 0, "fe2"));
+        n.settle(t0);
+        let _ = (fe.received(), be.received(), other.received(), n.events());
+        let mut b = wire::TaskBatcher::new(8);
+        for i in 1..=3 {
+            b.push(&task(i, 1)).unwrap();
+        }
+        let batch = b.take().unwrap().to_vec();
+        fe.send_encoded(|buf| {
+            buf[..batch.len()].copy_from_slice(&batch);
+            Ok(batch.len())
+        })
+        .unwrap();
+        n.settle(t0);
+        assert_eq!(n.node.plane().metrics().tasks_received.load(Ordering::Relaxed), 3);
+        // Frontend 2's batch claims more tasks than it holds.
+        let mut bad = batch.clone();
+        bad[wire::HEADER_LEN] = 200;
+        other
+            .send_encoded(|buf| {
+                buf[..bad.len()].copy_from_slice(&bad);
+                Ok(bad.len())
+            })
+            .unwrap();
+        n.settle(t0);
+        assert_eq!(n.node.plane().metrics().protocol_errors.load(Ordering::Relaxed), 1);
+        assert_eq!(n.node.plane().peers(), (1, 1), "only the sender of the bad batch is gone");
+        fe.send(&task(4, 1)).unwrap();
+        n.settle(t0);
+        assert_eq!(n.node.plane().metrics().tasks_received.load(Ordering::Relaxed), 4);
+    }
+
+    #[test]
     fn a_link_that_does_not_register_in_time_is_dropped_at_its_deadline() {
         let cfg = NodeConfig::default();
         let mut n = node(cfg);
