@@ -554,6 +554,9 @@ pub struct BenchStamp {
     /// Scheduler -> backend: the next plan's planned start on the device
     /// (`CLOCK_MONOTONIC`, ns); 0 otherwise.
     pub due_ns: u64,
+    /// Scheduler -> backend: the earliest deadline of the next plan's
+    /// tasks (`CLOCK_MONOTONIC`, ns); 0 otherwise.
+    pub deadline_ns: u64,
 }
 
 /// Liveness beacon.

@@ -131,8 +131,8 @@ impl BenchClock {
     }
 
     /// The stamp that precedes a plan.
-    pub fn plan_stamp(&self, planned_at: Instant, exec_at: Instant) -> BenchStamp {
-        BenchStamp { at_ns: self.host_ns(planned_at), due_ns: self.host_ns(exec_at) }
+    pub fn plan_stamp(&self, planned_at: Instant, exec_at: Instant, deadline: Instant) -> BenchStamp {
+        BenchStamp { at_ns: self.host_ns(planned_at), due_ns: self.host_ns(exec_at), deadline_ns: self.host_ns(deadline) }
     }
 }
 
@@ -164,7 +164,7 @@ mod tests {
     #[test]
     fn a_stamp_pairs_with_its_frontends_next_task_only() {
         let mut c = BenchClock::new(1_000);
-        c.stamped(3, &BenchStamp { at_ns: 1_500, due_ns: 0 });
+        c.stamped(3, &BenchStamp { at_ns: 1_500, ..Default::default() });
         assert!(c.awaits(3) && !c.awaits(4));
         assert_eq!(c.take_ingress_lag(4, 1_700), None);
         assert_eq!(c.take_ingress_lag(3, 1_700), Some(200));

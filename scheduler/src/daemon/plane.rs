@@ -965,7 +965,8 @@ impl ControlPlane {
                 reserved: 0,
             };
             if let Some(b) = &self.bench {
-                let stamp = b.plan_stamp(plan.planned_at, plan.exec_at);
+                let deadline = members.iter().map(|r| r.deadline).min().unwrap_or(plan.finish_at);
+                let stamp = b.plan_stamp(plan.planned_at, plan.exec_at, deadline);
                 self.out.push(PeerId::Backend(backend), |buf| wire::encode(buf, &stamp));
             }
             let tasks = &mut self.tasks;

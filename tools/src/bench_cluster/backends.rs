@@ -27,8 +27,9 @@ pub struct BackendsReport {
     pub gpus: u32,
     pub plans: u64,
     pub tasks: u64,
-    /// Plans (and their tasks) received after their planned start.
+    /// Plans received after their planned start (they start late).
     pub late_plans: u64,
+    /// Tasks of batches that finished after their earliest deadline.
     pub late_tasks: u64,
     /// Plans naming a GPU the backend does not have, or refused by the codec.
     pub bad_messages: u64,
@@ -84,18 +85,19 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), String> {
                         let received = host_monotonic_ns();
                         r.plans += 1;
                         r.tasks += tasks.len() as u64;
-                        let start = match stamps[i].take() {
+                        let local = |host_ns: u64| Instant::from_nanos(host_ns.saturating_sub(origin_host));
+                        // A plan that arrives after its planned start starts on arrival.
+                        let (start, deadline) = match stamps[i].take() {
                             Some(s) => {
                                 let _ = lag.record(received.saturating_sub(s.at_ns).max(1));
                                 if received > s.due_ns {
                                     r.late_plans += 1;
-                                    r.late_tasks += tasks.len() as u64;
                                 }
-                                Instant::from_nanos(s.due_ns.saturating_sub(origin_host))
+                                (local(s.due_ns.max(received)), Some(local(s.deadline_ns)))
                             }
                             None => {
                                 r.unstamped_plans += 1;
-                                now + Duration::from_nanos(head.exec_in_ns).saturating_sub(control_delay)
+                                (now + Duration::from_nanos(head.exec_in_ns).saturating_sub(control_delay), None)
                             }
                         };
                         if head.gpu_id >= gpus_of(i as u32, a.peers, a.gpus) {
@@ -104,7 +106,11 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), String> {
                         }
                         let l = spec.profile.latency(tasks.len() as u32);
                         let tag = (i as u32, head.batch_id, head.gpu_id, tasks.len() as u32);
-                        let _ = gpus.submit(first_gpu[i] + head.gpu_id, start, l, tag);
+                        if let Ok(span) = gpus.submit(first_gpu[i] + head.gpu_id, start, l, tag) {
+                            if deadline.is_some_and(|d| span.finish > d) {
+                                r.late_tasks += tasks.len() as u64;
+                            }
+                        }
                     }
                     Ok(_) => {}
                     Err(_) => r.bad_messages += 1,

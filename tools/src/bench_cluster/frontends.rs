@@ -101,7 +101,7 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), String> {
                 continue;
             }
             if stamped {
-                let s = BenchStamp { at_ns: host_monotonic_ns(), due_ns: 0 };
+                let s = BenchStamp { at_ns: host_monotonic_ns(), ..Default::default() };
                 let n = wire::encode(&mut buf, &s).map_err(|e| e.to_string())?;
                 send_or_progress(&mut link.conn, &buf[..n]).map_err(|e| format!("frontend {}: {e}", link.id))?;
             }
@@ -178,7 +178,7 @@ impl Outgoing {
     fn flush<C: Connection>(&mut self, link: &mut PeerLink<C>, now: Instant, r: &mut FrontendsReport, lag: &mut Histogram<u64>, buf: &mut [u8]) -> Result<(), String> {
         let fail = |e: Error| format!("frontend {}: {e}", link.id);
         if std::mem::take(&mut self.stamp) {
-            let s = BenchStamp { at_ns: host_monotonic_ns(), due_ns: 0 };
+            let s = BenchStamp { at_ns: host_monotonic_ns(), ..Default::default() };
             let n = wire::encode(buf, &s).map_err(|e| e.to_string())?;
             send_or_progress(&mut link.conn, &buf[..n]).map_err(|e| format!("frontend {}: {e}", link.id))?;
         }
