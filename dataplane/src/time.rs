@@ -176,11 +176,30 @@ impl MonotonicClock {
     pub fn new() -> Self {
         MonotonicClock { origin: std::time::Instant::now() }
     }
+    /// This host's `CLOCK_MONOTONIC` reading at the origin, ns: what turns
+    /// this clock's instants into readings another process of the same
+    /// host can compare (benchmarks only, see [`host_monotonic_ns`]).
+    pub fn origin_host_ns(&self) -> u64 {
+        host_monotonic_ns().saturating_sub(self.now().as_nanos())
+    }
     /// Time since the origin.
     pub fn now(&self) -> Instant {
         let ns = self.origin.elapsed().as_nanos();
         Instant(u64::try_from(ns).unwrap_or(u64::MAX))
     }
+}
+
+/// This host's `CLOCK_MONOTONIC`, ns: shared by every process of one
+/// machine, so benchmarks may compare readings across processes of one
+/// host. Nothing in production compares clocks across processes.
+pub fn host_monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into the valid, owned `ts`.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
 }
 
 impl Default for MonotonicClock {

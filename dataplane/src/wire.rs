@@ -33,6 +33,9 @@
 
 use bytemuck::{Pod, Zeroable};
 
+mod batch;
+pub use batch::{fuzz_decode_tasks, TaskBatcher, TaskList, TasksHead, MAX_TASKS_PER_MESSAGE};
+
 pub use crate::ids::{TaskId, MAX_BACKENDS, MAX_FRONTENDS};
 pub use crate::mem::RemoteRef;
 
@@ -134,6 +137,11 @@ pub enum Kind {
     Refused = 14,
     /// [`Cancel`] (frontend -> scheduler: a client gave a task up)
     Cancel = 15,
+    /// [`BenchStamp`] (benchmark only: a sender's monotonic clock reading
+    /// for the message that follows it on the same link)
+    BenchStamp = 20,
+    /// [`TasksHead`] + [`Task`]s (frontend -> scheduler: batched submissions)
+    Tasks = 21,
 }
 
 impl Kind {
@@ -155,6 +163,8 @@ impl Kind {
             13 => Kind::Welcome,
             14 => Kind::Refused,
             15 => Kind::Cancel,
+            20 => Kind::BenchStamp,
+            21 => Kind::Tasks,
             _ => return None,
         })
     }
@@ -532,6 +542,26 @@ pub fn peek_peer(buf: &[u8]) -> Option<PeerPeek> {
         role: word(0)?,
         id: word(4)?,
     })
+}
+
+/// Benchmark-only clock stamp for the message that follows it on the same
+/// link: `symphony bench-cluster` measures ingress and dispatch lags
+/// across processes of ONE host, whose `CLOCK_MONOTONIC` is shared.
+/// Production peers never send it and never assume shared clocks; a
+/// scheduler started without `--bench-stamps` ignores it and sends none.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct BenchStamp {
+    /// Frontend -> scheduler: when the next task was sent; scheduler ->
+    /// backend: the next plan's planned dispatch moment. `CLOCK_MONOTONIC`
+    /// of the sender's host, ns.
+    pub at_ns: u64,
+    /// Scheduler -> backend: the next plan's planned start on the device
+    /// (`CLOCK_MONOTONIC`, ns); 0 otherwise.
+    pub due_ns: u64,
+    /// Scheduler -> backend: the earliest deadline of the next plan's
+    /// tasks (`CLOCK_MONOTONIC`, ns); 0 otherwise.
+    pub deadline_ns: u64,
 }
 
 /// Liveness beacon.
@@ -946,6 +976,9 @@ impl FixedMessage for Task {
 impl FixedMessage for Cancel {
     const KIND: Kind = Kind::Cancel;
 }
+impl FixedMessage for BenchStamp {
+    const KIND: Kind = Kind::BenchStamp;
+}
 impl FixedMessage for Dropped {
     const KIND: Kind = Kind::Dropped;
 }
@@ -1048,6 +1081,10 @@ pub enum Message<'a> {
     Welcome(Welcome),
     /// The scheduler refused the registration (any header version).
     Refused(Refused),
+    /// Benchmark-only clock stamp.
+    BenchStamp(BenchStamp),
+    /// Batched task submissions.
+    Tasks(TaskList<'a>),
 }
 
 fn put_header(buf: &mut [u8], kind: Kind, body_len: usize) -> Result<(), WireError> {
@@ -1265,7 +1302,8 @@ fn fixed_body_len(kind: Kind) -> Option<usize> {
         Kind::Join => size_of::<Join>(),
         Kind::Welcome => size_of::<Welcome>(),
         Kind::Refused => size_of::<Refused>(),
-        Kind::BatchPlan | Kind::Completion | Kind::Models => return None,
+        Kind::BenchStamp => size_of::<BenchStamp>(),
+        Kind::BatchPlan | Kind::Completion | Kind::Models | Kind::Tasks => return None,
     })
 }
 
@@ -1447,6 +1485,8 @@ pub fn decode(buf: &[u8]) -> Result<Message<'_>, WireError> {
             Message::Welcome(w)
         }
         Kind::Refused => Message::Refused(read_fixed(body)?),
+        Kind::BenchStamp => Message::BenchStamp(read_fixed(body)?),
+        Kind::Tasks => Message::Tasks(batch::decode_tasks(body)?),
     })
 }
 
@@ -1524,6 +1564,14 @@ pub fn fuzz_decode(data: &[u8]) {
             Message::Join(r) => encode(&mut buf, &r),
             Message::Welcome(r) => encode(&mut buf, &r),
             Message::Refused(r) => encode(&mut buf, &r),
+            Message::BenchStamp(r) => encode(&mut buf, &r),
+            Message::Tasks(list) => {
+                let mut b = TaskBatcher::new(list.len());
+                list.iter().for_each(|t| b.push(&t).expect("a decoded batch fits its own limit"));
+                let m = b.take().expect("a decoded batch is not empty");
+                buf[..m.len()].copy_from_slice(m);
+                Ok(m.len())
+            }
         }
         .expect("a decoded message re-encodes");
         assert_eq!(

@@ -102,6 +102,8 @@ fn kind_name(m: &Message<'_>) -> &'static str {
         Message::Join(_) => "Join",
         Message::Welcome(_) => "Welcome",
         Message::Refused(_) => "Refused",
+        Message::BenchStamp(_) => "BenchStamp",
+        Message::Tasks(_) => "Tasks",
     }
 }
 

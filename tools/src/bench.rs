@@ -1,5 +1,6 @@
 //! `symphony bench-scheduler`: the scheduler-only capacity test.
 
+use dataplane::idle::IdleStrategy;
 use crate::cli::{parse_idle, CliError};
 use dataplane::time::Duration;
 use scheduler::deferred::CoreConfig;
@@ -83,7 +84,15 @@ pub enum BenchError {
 /// One `--rate max` probe: `(rate, passed, lag p99.9 us, bad rate)`.
 type Probe = (f64, bool, f64, f64);
 
-pub fn run(a: &BenchArgs) -> Result<(), BenchError> {
+/// One run of the in-process runtime on `a`'s workload at `rate` (what
+/// `bench-cluster` compares the daemon with).
+pub fn live_report(a: &BenchArgs, rate: f64) -> Result<LiveReport, BenchError> {
+    let (models, idle) = check(a)?;
+    live(a, &models, idle, rate)
+}
+
+/// Checks `a`; its models and idle strategy.
+fn check(a: &BenchArgs) -> Result<(Vec<ModelSpec>, IdleStrategy), BenchError> {
     if a.models == 0 || a.gpus == 0 || a.model_threads == 0 {
         return Err(BenchError::ZeroCount { models: a.models, gpus: a.gpus, model_threads: a.model_threads });
     }
@@ -91,18 +100,24 @@ pub fn run(a: &BenchArgs) -> Result<(), BenchError> {
         return Err(BenchError::Duration { value: a.duration_s });
     }
     let base = parse_model_arg(&format!("model={}", a.profile)).map_err(BenchError::Profile)?;
-    let models: Vec<ModelSpec> = (0..a.models).map(|i| ModelSpec { name: format!("model{i}"), ..base.clone() }).collect();
-    let idle = parse_idle(&a.idle)?;
-    let live = |rate: f64| -> Result<LiveReport, BenchError> {
-        Ok(run_live(&LiveConfig {
-            runtime: RuntimeConfig { models: models.clone(), gpus: a.gpus, model_threads: a.model_threads, core: CoreConfig::default(), ring_capacity: 1 << 16 },
-            workload: Workload::poisson(rate),
-            duration: Duration::from_secs_f64(a.duration_s),
-            seed: a.seed,
-            idle,
-            pin: a.pin,
-        })?)
-    };
+    let models = (0..a.models).map(|i| ModelSpec { name: format!("model{i}"), ..base.clone() }).collect();
+    Ok((models, parse_idle(&a.idle)?))
+}
+
+fn live(a: &BenchArgs, models: &[ModelSpec], idle: IdleStrategy, rate: f64) -> Result<LiveReport, BenchError> {
+    Ok(run_live(&LiveConfig {
+        runtime: RuntimeConfig { models: models.to_vec(), gpus: a.gpus, model_threads: a.model_threads, core: CoreConfig::default(), ring_capacity: 1 << 16 },
+        workload: Workload::poisson(rate),
+        duration: Duration::from_secs_f64(a.duration_s),
+        seed: a.seed,
+        idle,
+        pin: a.pin,
+    })?)
+}
+
+pub fn run(a: &BenchArgs) -> Result<(), BenchError> {
+    let (models, idle) = check(a)?;
+    let live = |rate: f64| live(a, &models, idle, rate);
     let (report, probes) = if a.rate == "max" {
         search_max(&live)?
     } else {

@@ -127,7 +127,8 @@ impl ClusterSpec {
         }
     }
 
-    fn model_flags(&self) -> Vec<String> {
+    /// The model-list flags every daemon of the cluster gets.
+    pub fn model_flags(&self) -> Vec<String> {
         let mut v = vec![
             "--zoo".into(),
             self.zoo.clone(),

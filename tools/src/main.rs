@@ -2,6 +2,7 @@
 //! paper's worked example, and produce the reports in docs/benchmarks.md.
 
 mod bench;
+mod bench_cluster;
 mod chaos_cmd;
 mod cli;
 mod example;
@@ -58,6 +59,8 @@ enum CommandError {
     Predict(#[from] predict::PredictError),
     #[error(transparent)]
     Grid(#[from] report_grid::GridError),
+    #[error(transparent)]
+    BenchCluster(#[from] bench_cluster::BenchClusterError),
     /// `up` and `e2e`.
     #[error(transparent)]
     Up(#[from] up::UpError),
@@ -233,6 +236,8 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// What the scheduler daemon ingests through the real wire protocol: the daemon plus synthetic frontend and backend processes.
+    BenchCluster(bench_cluster::BenchClusterArgs),
     /// Deterministic cluster run with seeded fault injection: the real scheduler, frontend and backend nodes on virtual time over an in-memory network; checks that every request ends exactly once.
     Chaos {
         /// Seed of the workload and of every fault (the same seed replays the same trace).
@@ -316,6 +321,7 @@ fn run_daemon(args: &[String]) -> ExitCode {
         "scheduler" => scheduler::daemon::main_with_args(argv("symphony-scheduler")),
         "frontend" => frontend::daemon::main_with_args(argv("symphony-frontend")),
         "backend" => backend::daemon::main_with_args(argv("symphony-backend")),
+        role @ ("bench-frontends" | "bench-backends") => bench_cluster::peer_main(role, argv(role)),
         _ => {
             eprintln!("symphony daemon: unknown role '{role}' (scheduler, frontend, backend)");
             ExitCode::from(2)
@@ -368,6 +374,7 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
         Cmd::Chaos { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json, priority_mix, cancel_share, max_queue } => {
             Ok(chaos_cmd::run(&chaos_cmd::ChaosArgs { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json, priority_mix, cancel_share, max_queue })?)
         }
+        Cmd::BenchCluster(a) => Ok(bench_cluster::run(&a)?),
         Cmd::BenchScheduler { models, gpus, model_threads, rate, duration_s, profile, idle, no_pin, seed, json } => {
             Ok(bench::run(&bench::BenchArgs { models, gpus, model_threads, rate, duration_s, profile, idle, pin: !no_pin, seed, json })?)
         }

@@ -96,6 +96,11 @@ pub struct SchedulerArgs {
     /// exceeds it (never lowered automatically).
     #[arg(long)]
     pub adopt_read_bound: bool,
+    /// Benchmark only (`symphony bench-cluster`, one host): take peers'
+    /// clock stamps and stamp plans, comparing CLOCK_MONOTONIC readings
+    /// across processes.
+    #[arg(long)]
+    pub bench_stamps: bool,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub common: CommonArgs,
@@ -143,6 +148,8 @@ pub struct SchedulerConfig {
     pub closed_loop: LoopConfig,
     /// The online check of the delay bound against observed READs.
     pub delay_watch: DelayWatchConfig,
+    /// Benchmark-only clock stamps (`--bench-stamps`).
+    pub bench_stamps: bool,
 }
 
 impl SchedulerArgs {
@@ -196,6 +203,7 @@ impl SchedulerArgs {
             membership,
             closed_loop,
             delay_watch,
+            bench_stamps: self.bench_stamps,
         })
     }
 

@@ -278,6 +278,9 @@ pub struct SchedulerMetrics {
     pub lag: Histogram,
     /// The closed loop and the delay watch.
     pub closed_loop: Arc<LoopMetrics>,
+    /// Benchmark only: frontend send -> task queued, from peers' clock
+    /// stamps (empty unless `--bench-stamps`).
+    pub bench_ingress_lag: super::bench_stamps::LagBuckets,
 }
 
 fn counter(r: &MetricsRegistry, name: &str, help: &str) -> Counter {
@@ -388,6 +391,12 @@ impl SchedulerMetrics {
             "GPUs that could go: N*idle fraction while the drop rate is at most 1%",
             Computed::gauge_of(move || advice().remove_gpus),
         );
+        let bench_ingress_lag = super::bench_stamps::LagBuckets::default();
+        r.register(
+            "symphony_bench_ingress_lag_us",
+            "Benchmark only: frontend send to task queued (host clock stamps), microseconds",
+            bench_ingress_lag.histogram().clone(),
+        );
         let closed_loop = Arc::new(LoopMetrics::default());
         if let Ok(mut t) = closed_loop.read_transport.lock() {
             t.push_str("unknown");
@@ -422,6 +431,7 @@ impl SchedulerMetrics {
             batches_of_size,
             lag,
             closed_loop,
+            bench_ingress_lag,
         }
     }
 

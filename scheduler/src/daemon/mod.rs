@@ -12,6 +12,7 @@
 //! wait fds. The command line, logs, stop signals and exit codes are the
 //! daemon shell's ([`dataplane::shell`]); the options are in [`config`].
 
+pub mod bench_stamps;
 pub mod config;
 pub mod metrics;
 pub mod node;
@@ -116,6 +117,8 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), Scheduler
         .map_err(|e| SchedulerError::Plane(e.to_string()))?;
     plane.set_closed_loop(cfg.closed_loop);
     plane.set_delay_watch(cfg.transport.name(), cfg.delay_watch);
+    let clock = MonotonicClock::new();
+    plane.set_bench_stamps(cfg.bench_stamps.then(|| clock.origin_host_ns()));
     let setup = |what| move |source| SchedulerError::Setup { what, source };
     let mut idle = IdleWait::new(cfg.idle).map_err(setup("wait set"))?;
     let acceptor = Acceptor::spawn("sched-accept", listener, idle.set().notifier())
@@ -135,7 +138,7 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), Scheduler
         },
     )
     .with_membership(cfg.membership.clone());
-    poll_until_drained(&mut node, &acceptor, &mut idle);
+    poll_until_drained(&mut node, &acceptor, &mut idle, &clock);
     drop(acceptor);
     let (frontends, backends) = node.plane().peers();
     info!(
@@ -176,8 +179,7 @@ fn announce(cfg: &SchedulerConfig, control_addr: &str, metrics: SocketAddr) {
 /// The poll loop: new links, the node's work and events, the stop signal
 /// (then a drain), and idling on the links' wait fds until the node's
 /// next timer.
-fn poll_until_drained<C: Connection>(node: &mut SchedulerNode<C>, acceptor: &Acceptor<C>, idle: &mut IdleWait) {
-    let clock = MonotonicClock::new();
+fn poll_until_drained<C: Connection>(node: &mut SchedulerNode<C>, acceptor: &Acceptor<C>, idle: &mut IdleWait, clock: &MonotonicClock) {
     let mut watched = WatchList::new();
     loop {
         let now = clock.now();

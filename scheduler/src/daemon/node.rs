@@ -742,6 +742,16 @@ impl<C: Connection> SchedulerNode<C> {
                     plane.on_cancel(now, id, &c);
                     true
                 }
+                Message::Tasks(list) => {
+                    for t in list.iter() {
+                        plane.on_task(now, id, &t);
+                    }
+                    true
+                }
+                Message::BenchStamp(s) => {
+                    plane.on_bench_stamp(id, &s);
+                    true
+                }
                 _ => false,
             });
         }
@@ -880,6 +890,8 @@ fn kind_name(m: &Message<'_>) -> &'static str {
         Message::Join(_) => "a Join",
         Message::Welcome(_) => "a Welcome",
         Message::Refused(_) => "a Refused",
+        Message::BenchStamp(_) => "a BenchStamp",
+        Message::Tasks(_) => "a Tasks batch",
     }
 }
 
@@ -1070,6 +1082,44 @@ mod tests {
         n.run_until(t0, t0 + Duration::from_millis(100), |_| plans.extend(be.received()));
         assert!(plans.iter().any(|m| m.starts_with("BatchPlan")), "{plans:?}");
         assert_eq!(n.node.plane().batches_in_flight(), 1);
+    }
+
+    #[test]
+    fn batched_tasks_are_taken_and_a_malformed_batch_costs_only_its_sender() {
+        let mut n = node(NodeConfig::default());
+        let (mut fe, mut be) = cluster(&mut n);
+        let t0 = Instant::ZERO;
+        let mut other = n.connect(t0);
+        other.join(&Join::new(Role::Frontend, 2, 0, "fe2"));
+        n.settle(t0);
+        let _ = (fe.received(), be.received(), other.received(), n.events());
+        let mut b = wire::TaskBatcher::new(8);
+        for i in 1..=3 {
+            b.push(&task(i, 1)).unwrap();
+        }
+        let batch = b.take().unwrap().to_vec();
+        fe.send_encoded(|buf| {
+            buf[..batch.len()].copy_from_slice(&batch);
+            Ok(batch.len())
+        })
+        .unwrap();
+        n.settle(t0);
+        assert_eq!(n.node.plane().metrics().tasks_received.get(), 3);
+        // Frontend 2's batch claims more tasks than it holds.
+        let mut bad = batch.clone();
+        bad[wire::HEADER_LEN] = 200;
+        other
+            .send_encoded(|buf| {
+                buf[..bad.len()].copy_from_slice(&bad);
+                Ok(bad.len())
+            })
+            .unwrap();
+        n.settle(t0);
+        assert_eq!(n.node.plane().metrics().protocol_errors.get(), 1);
+        assert_eq!(n.node.plane().peers(), (1, 1), "only the sender of the bad batch is gone");
+        fe.send(&task(4, 1)).unwrap();
+        n.settle(t0);
+        assert_eq!(n.node.plane().metrics().tasks_received.get(), 4);
     }
 
     #[test]

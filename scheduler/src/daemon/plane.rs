@@ -21,10 +21,11 @@ use std::sync::Arc;
 
 use dataplane::time::{Duration, Instant};
 use dataplane::wire::{
-    self, BatchPlanHead, BatchPlanWriter, BatchTask, CompletionHead, DropReason, OutputKind,
+    self, BatchPlanHead, BatchPlanWriter, BenchStamp, BatchTask, CompletionHead, DropReason, OutputKind,
     Register, RemoteRef, Role, Task, TaskId, TaskStatus, MAX_BACKENDS, MAX_FRONTENDS,
 };
 
+use super::bench_stamps::BenchClock;
 use super::metrics::{LoopEstimate, MessageRefusal, SchedulerMetrics};
 use crate::closed_loop::{ClosedLoop, Estimate, LoopConfig, Ratio, Report};
 use crate::deferred::{CoreConfig, DeferredScheduler};
@@ -215,6 +216,8 @@ pub struct ControlPlane {
     watch: DelayWatch,
     verdicts: Vec<Verdict>,
     next_publish: Instant,
+    /// Benchmark-only lag stamps (`--bench-stamps`), off by default.
+    bench: Option<BenchClock>,
 }
 
 /// Why a control plane cannot be built from its sub-clusters.
@@ -296,6 +299,7 @@ impl ControlPlane {
             watch: DelayWatch::new(core.delay.d_data, DelayWatchConfig::default()),
             verdicts: Vec::with_capacity(4),
             next_publish: Instant::ZERO,
+            bench: None,
         })
         .inspect(ControlPlane::sync_loop_gauges)
     }
@@ -328,6 +332,21 @@ impl ControlPlane {
     /// The READ tail watch.
     pub fn delay_watch(&self) -> &DelayWatch {
         &self.watch
+    }
+
+    /// Benchmark-only: record ingress lags from frontends' stamps and
+    /// stamp every plan (see [`super::bench_stamps`]); `origin_host_ns` is
+    /// the host clock at this process's clock origin.
+    pub fn set_bench_stamps(&mut self, origin_host_ns: Option<u64>) {
+        self.bench = origin_host_ns.map(BenchClock::new);
+    }
+
+    /// A frontend's benchmark stamp for its next task (ignored unless
+    /// stamps are on).
+    pub fn on_bench_stamp(&mut self, from: u32, s: &BenchStamp) {
+        if let Some(b) = &mut self.bench {
+            b.stamped(from, s);
+        }
     }
 
     /// The network delay bound the cores charge now.
@@ -740,6 +759,14 @@ impl ControlPlane {
         self.subclusters[sc]
             .sched
             .on_request(now, req, &mut self.actions);
+        if let Some(b) = self.bench.as_mut().filter(|b| b.awaits(from)) {
+            // Benchmark only, the one clock read in the plane: the poll's
+            // `now` was read before this link's messages were taken, and
+            // the lag to measure ends now, when the task is queued.
+            if let Some(lag) = b.take_ingress_lag(from, dataplane::time::host_monotonic_ns()) {
+                self.metrics.bench_ingress_lag.record(lag);
+            }
+        }
         self.apply(now, sc);
     }
 
@@ -982,6 +1009,11 @@ impl ControlPlane {
                 count: 0,
                 reserved: 0,
             };
+            if let Some(b) = &self.bench {
+                let deadline = members.iter().map(|r| r.deadline).min().unwrap_or(plan.finish_at);
+                let stamp = b.plan_stamp(plan.planned_at, plan.exec_at, deadline);
+                self.out.push(PeerId::Backend(backend), |buf| wire::encode(buf, &stamp));
+            }
             let tasks = &mut self.tasks;
             self.out.push(PeerId::Backend(backend), |buf| {
                 let mut w = BatchPlanWriter::new(buf, &head)?;

@@ -1,0 +1,214 @@
+//! The synthetic frontends of `symphony bench-cluster`: one process, many
+//! registered frontend links (the real join handshake), one thread that
+//! sends `Task`s open loop at their intended times (`sim::Arrivals`, dealt
+//! round robin over the links) and counts the `Dropped`s that come back.
+//! No HTTP, no staged inputs: the scheduler only routes the input
+//! reference, and the synthetic backends never READ it.
+
+use super::BenchClusterError;
+use std::io::Write as _;
+
+use dataplane::control;
+use dataplane::time::{host_monotonic_ns, Duration, Instant, MonotonicClock};
+use dataplane::transport::{Connection, Domain, Error};
+use dataplane::wire::{self, BenchStamp, DropReason, Message, RemoteRef, Role, Task, TaskBatcher, TaskId};
+use hdrhistogram::Histogram;
+use scheduler::sim::{Arrivals, Workload};
+use scheduler::zoo::parse_model_arg;
+
+use super::peer::{self, beat, join_all, ns_hist, write_report, LagUs, PeerArgs, PeerLink};
+
+/// Arrivals sent per loop turn at most (receiving must not starve).
+const SEND_BURST: usize = 4096;
+/// Messages taken per link per loop turn at most.
+const RECV_BURST: usize = 256;
+
+/// What the frontends process saw, written to its report file.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct FrontendsReport {
+    /// Arrivals generated (offered).
+    pub offered: u64,
+    /// Tasks handed to a link.
+    pub sent: u64,
+    /// Tasks not sent: the link's send queue stayed full.
+    pub queue_full: u64,
+    /// `Dropped` received, by `DropReason::as_str`.
+    pub dropped: Vec<(String, u64)>,
+    /// Intended arrival -> handed to the link (the generator's own lag).
+    pub send_lag: LagUs,
+    /// Seconds from the first intended arrival to the last send.
+    pub send_span_s: f64,
+    /// CPU time over wall time of the load (1.0 = one core busy).
+    pub cpu_busy: f64,
+}
+
+pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
+    let spec = parse_model_arg(&format!("m={}", a.profile)).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
+    let clock = MonotonicClock::new();
+    let (mut links, _) = join_all(&domain, &a, Role::Frontend, &clock, |_| 0)?;
+    {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "READY frontends={}", links.len());
+        let _ = out.flush();
+    }
+    let start = clock.now() + Duration::from_millis(1);
+    let cpu_at_start = peer::cpu_s_self();
+    let duration = Duration::from_secs_f64(a.duration_s);
+    let mut arrivals = Arrivals::for_model_count(a.models as usize, &Workload::poisson(a.rate), a.seed, duration).with_origin(start);
+    // Outcomes of the last tasks arrive within their SLO.
+    let end = start + duration + spec.slo + Duration::from_millis(200);
+    let mut seq = vec![0u64; links.len()];
+    let mut dropped = [0u64; DropReason::COUNT];
+    let mut r = FrontendsReport::default();
+    let mut send_lag = ns_hist();
+    let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
+    let mut next_link = 0usize;
+    let mut last_send = start;
+    let coalesce = a.coalesce.max(1) as usize;
+    let coalesce_wait = Duration::from_micros(a.coalesce_us);
+    let mut outgoing: Vec<Outgoing> = if coalesce > 1 { links.iter().map(|_| Outgoing::new(coalesce)).collect() } else { Vec::new() };
+    loop {
+        let now = clock.now();
+        let mut busy = false;
+        let mut burst = 0;
+        while let Some((t, model)) = arrivals.peek() {
+            if t > now || burst == SEND_BURST {
+                break;
+            }
+            arrivals.next();
+            burst += 1;
+            r.offered += 1;
+            let i = next_link;
+            next_link = (next_link + 1) % links.len();
+            let link = &mut links[i];
+            seq[i] += 1;
+            let task = Task {
+                task_id: TaskId::new(link.id, seq[i] & dataplane::ids::SEQ_MASK, 0).0,
+                budget_ns: (t + spec.slo).saturating_since(now).as_nanos(),
+                model_id: model,
+                frontend_id: link.id,
+                input: RemoteRef::default(),
+                priority: 0,
+                flags: 0,
+            };
+            let stamped = a.stamp_every > 0 && r.offered % a.stamp_every == 0;
+            if a.coalesce > 1 {
+                let o = &mut outgoing[i];
+                o.batch.push(&task).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
+                o.intended.push(t);
+                o.stamp |= stamped;
+                if o.batch.is_full() {
+                    o.flush(link, now, &mut r, &mut send_lag, &mut buf)?;
+                    last_send = now;
+                }
+                continue;
+            }
+            if stamped {
+                let s = BenchStamp { at_ns: host_monotonic_ns(), ..Default::default() };
+                let n = wire::encode(&mut buf, &s).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
+                send_or_progress(&mut link.conn, &buf[..n]).map_err(|e| BenchClusterError::Peer(format!("frontend {}: {e}", link.id)))?;
+            }
+            let n = wire::encode(&mut buf, &task).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
+            match send_or_progress(&mut link.conn, &buf[..n]) {
+                Ok(true) => {
+                    r.sent += 1;
+                    let _ = send_lag.record(now.saturating_since(t).as_nanos().max(1));
+                    last_send = now;
+                }
+                Ok(false) => r.queue_full += 1,
+                Err(e) => return Err(BenchClusterError::Peer(format!("frontend {}: {e}", link.id))),
+            }
+        }
+        busy |= burst > 0;
+        let finishing = arrivals.peek().is_none();
+        for (link, o) in links.iter_mut().zip(outgoing.iter_mut()) {
+            if o.intended.first().is_some_and(|&t| finishing || now.saturating_since(t) >= coalesce_wait) {
+                o.flush(link, now, &mut r, &mut send_lag, &mut buf)?;
+                last_send = now;
+                busy = true;
+            }
+        }
+        for link in links.iter_mut() {
+            for _ in 0..RECV_BURST {
+                let n = match link.conn.try_recv(&mut buf) {
+                    Ok(Some(n)) => n,
+                    Ok(None) => break,
+                    Err(e) => return Err(BenchClusterError::Peer(format!("frontend {}: the scheduler link failed: {e}", link.id))),
+                };
+                busy = true;
+                if let Ok(Message::Dropped(d)) = wire::decode(&buf[..n]) {
+                    if let Some(reason) = DropReason::from_u32(d.reason) {
+                        dropped[reason.index()] += 1;
+                    }
+                }
+            }
+            beat(link, now, Role::Frontend, &mut buf).map_err(|e| BenchClusterError::Peer(format!("frontend {}: {e}", link.id)))?;
+        }
+        if arrivals.peek().is_none() && now >= end {
+            break;
+        }
+        if !busy {
+            std::thread::yield_now();
+        }
+    }
+    r.dropped = DropReason::ALL.iter().map(|d| (d.as_str().to_string(), dropped[d.index()])).collect();
+    r.send_lag = LagUs::of(&send_lag);
+    r.send_span_s = last_send.saturating_since(start).as_secs_f64();
+    r.cpu_busy = (peer::cpu_s_self() - cpu_at_start) / clock.now().saturating_since(start).as_secs_f64().max(1e-3);
+    for link in links.iter_mut() {
+        let _ = control::flush_within(&mut link.conn, Duration::from_millis(100));
+    }
+    write_report(&a.report, &r)
+}
+
+/// A link's tasks waiting to go as one `Tasks` message.
+struct Outgoing {
+    batch: TaskBatcher,
+    /// Intended arrival of each waiting task (the oldest first).
+    intended: Vec<Instant>,
+    /// A waiting task is to be stamped: a stamp precedes the message.
+    stamp: bool,
+}
+
+impl Outgoing {
+    fn new(limit: usize) -> Self {
+        Outgoing { batch: TaskBatcher::new(limit), intended: Vec::with_capacity(limit), stamp: false }
+    }
+
+    /// Sends the waiting tasks as one message (preceded by a stamp when one
+    /// of them is stamped), or counts them refused when the link's queue
+    /// stays full.
+    fn flush<C: Connection>(&mut self, link: &mut PeerLink<C>, now: Instant, r: &mut FrontendsReport, lag: &mut Histogram<u64>, buf: &mut [u8]) -> Result<(), BenchClusterError> {
+        let fail = |e: Error| BenchClusterError::Peer(format!("frontend {}: {e}", link.id));
+        if std::mem::take(&mut self.stamp) {
+            let s = BenchStamp { at_ns: host_monotonic_ns(), ..Default::default() };
+            let n = wire::encode(buf, &s).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
+            send_or_progress(&mut link.conn, &buf[..n]).map_err(|e| BenchClusterError::Peer(format!("frontend {}: {e}", link.id)))?;
+        }
+        let Some(msg) = self.batch.take() else { return Ok(()) };
+        let n = self.intended.len() as u64;
+        if send_or_progress(&mut link.conn, msg).map_err(fail)? {
+            r.sent += n;
+            for &t in &self.intended {
+                let _ = lag.record(now.saturating_since(t).as_nanos().max(1));
+            }
+        } else {
+            r.queue_full += n;
+        }
+        self.intended.clear();
+        Ok(())
+    }
+}
+
+/// Sends `msg`; a full queue gets a few rounds of progress before the
+/// message is given up (`Ok(false)`): an open-loop source never blocks.
+fn send_or_progress<C: Connection>(conn: &mut C, msg: &[u8]) -> Result<bool, Error> {
+    for _ in 0..4 {
+        match conn.send(msg) {
+            Ok(()) => return Ok(true),
+            Err(Error::QueueFull) => conn.progress()?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(false)
+}

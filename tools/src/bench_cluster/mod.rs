@@ -1,0 +1,529 @@
+//! `symphony bench-cluster`: what the scheduler daemon ingests through the
+//! real wire protocol. The scheduler runs as a child process (`symphony
+//! daemon scheduler`, as `symphony up` starts it: `tools::cluster::spawn`,
+//! a fresh join token in its environment); synthetic frontends and
+//! backends run in two further child processes (`symphony daemon
+//! bench-frontends|bench-backends`, [`frontends`], [`backends`]) that
+//! register with the real handshake and speak the real messages over a
+//! dataplane transport. Frontends send tasks open loop at the offered
+//! rate; backends hold each planned batch on an emulated GPU for its
+//! profiled time and report it. The in-process runtime
+//! (`symphony bench-scheduler`) then runs the same workload in this
+//! process, for the ratio.
+//!
+//! Lags across processes compare `CLOCK_MONOTONIC` readings, which the
+//! processes of one host share: the frontends and the scheduler exchange
+//! benchmark-only `BenchStamp` messages for that (the scheduler's
+//! `--bench-stamps`); production never compares clocks across processes.
+
+mod backends;
+mod frontends;
+mod peer;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration as StdDuration, Instant as StdInstant};
+
+use clap::Parser as _;
+use dataplane::control::{self, metric, TransportKind, WithDomain};
+use dataplane::join::JoinToken;
+use dataplane::transport::Domain;
+use dataplane::wire::DropReason;
+use tools::cluster::{spawn, ClusterSpec, Daemon};
+
+use backends::BackendsReport;
+use frontends::FrontendsReport;
+use peer::{LagUs, PeerArgs};
+
+/// Why `symphony bench-cluster` (or one of its peer processes) stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchClusterError {
+    /// A daemon or peer process failed to start or stop.
+    #[error(transparent)]
+    Cluster(#[from] tools::cluster::ClusterError),
+    /// No join token could be made.
+    #[error(transparent)]
+    Join(#[from] dataplane::join::JoinError),
+    /// The in-process comparison run failed.
+    #[error(transparent)]
+    Bench(#[from] crate::bench::BenchError),
+    /// The transport could not be opened.
+    #[error(transparent)]
+    Control(#[from] dataplane::control::ControlError),
+    /// The JSON report cannot be encoded or decoded.
+    #[error("report: {0}")]
+    Json(#[from] serde_json::Error),
+    /// An option, the peers' protocol or the accounting went wrong (the
+    /// message says which).
+    #[error("{0}")]
+    Peer(String),
+}
+
+/// `symphony bench-cluster` options.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchClusterArgs {
+    /// Transport between the processes: shm or tcp.
+    #[arg(long, default_value = "shm", value_parser = shm_or_tcp)]
+    pub transport: TransportKind,
+    /// Offered tasks/s, or `max`: a ladder of short runs (doubling from
+    /// 25k while the bad rate stays <= 1%), bounded to under 2 minutes.
+    #[arg(long, default_value = "100000")]
+    pub rate: String,
+    /// Seconds of load per run (a `max` ladder caps each rung at 2).
+    #[arg(long = "duration-s", default_value_t = 5.0)]
+    pub duration_s: f64,
+    /// Frontend connections (all in one peer process).
+    #[arg(long, default_value_t = 64)]
+    pub frontends: u32,
+    /// Backend connections (all in one peer process).
+    #[arg(long, default_value_t = 256)]
+    pub backends: u32,
+    /// Emulated GPUs in total, spread over the backends.
+    #[arg(long, default_value_t = 1000)]
+    pub gpus: u32,
+    /// Emulated GPUs per backend (replaces --gpus).
+    #[arg(long = "gpus-per-backend")]
+    pub gpus_per_backend: Option<u32>,
+    /// Models (copies of one profile), as for bench-scheduler.
+    #[arg(long, default_value_t = 20)]
+    pub models: u32,
+    /// Model profile ALPHA_MS,BETA_MS,SLO_MS, as for bench-scheduler.
+    #[arg(long, default_value = "0.1,5,50")]
+    pub profile: String,
+    /// Idle strategy of the scheduler daemon: spin, yield, park, wait, park:US.
+    #[arg(long, default_value = "wait")]
+    pub idle: String,
+    /// Frontends send at most this many tasks per message (1: one `Task`
+    /// message per task; more: batched `Tasks` messages).
+    #[arg(long, default_value_t = 1)]
+    pub coalesce: u32,
+    /// Longest a task waits for its batch at a frontend, µs.
+    #[arg(long = "coalesce-us", default_value_t = 50)]
+    pub coalesce_us: u64,
+    /// Control delay the scheduler charges before each planned start, µs
+    /// (as `symphony up`): a plan that takes longer to reach its backend
+    /// starts late.
+    #[arg(long = "control-delay-us", default_value_t = 200)]
+    pub control_delay_us: u32,
+    /// Every Nth task carries a clock stamp (ingress lag samples).
+    #[arg(long = "stamp-every", default_value_t = 16)]
+    pub stamp_every: u64,
+    /// Seed of the arrivals.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn shm_or_tcp(s: &str) -> Result<TransportKind, BenchClusterError> {
+    match TransportKind::parse(s).map_err(|e| BenchClusterError::Peer(e.to_string()))? {
+        k @ (TransportKind::Shm | TransportKind::Tcp) => Ok(k),
+        _ => Err(BenchClusterError::Peer(format!("'{s}': bench-cluster runs over shm or tcp"))),
+    }
+}
+
+/// One run's figures.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ClusterRun {
+    pub offered_rps: f64,
+    /// Tasks planned onto a GPU whose batch finished by its earliest
+    /// deadline at the backend (starting on the plan's arrival when that is
+    /// after its planned start), per second of load.
+    pub tasks_per_s: f64,
+    /// 1 - good / offered (drops anywhere, batches finished late, tasks never planned).
+    pub bad_rate: f64,
+    pub offered: u64,
+    pub sent: u64,
+    pub received: u64,
+    /// Tasks the scheduler planned onto a GPU.
+    pub planned: u64,
+    /// Tasks of plans the backends received.
+    pub delivered: u64,
+    /// Tasks of batches that finished after their earliest deadline.
+    pub late: u64,
+    /// Plans that reached their backend after their planned start.
+    pub late_plans: u64,
+    pub drops: Vec<(String, u64)>,
+    pub ingress_lag: LagUs,
+    pub dispatch_lag: LagUs,
+    /// The frontends' own lag (intended arrival -> sent): above a few µs the
+    /// load generator, not the scheduler, is behind.
+    pub generator_lag: LagUs,
+    /// Tasks the scheduler took that are neither planned nor dropped.
+    /// `accounted`: none such, every task sent was taken, and every
+    /// planned task reached its backend.
+    pub unaccounted: i64,
+    pub accounted: bool,
+    /// CPU time over wall time of each process during the load (1.0 = one core).
+    pub cpu_busy: CpuBusy,
+}
+
+/// CPU time over wall time per process (1.0 = one core busy).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct CpuBusy {
+    pub scheduler: f64,
+    pub frontends: f64,
+    pub backends: f64,
+}
+
+pub fn run(a: &BenchClusterArgs) -> Result<(), BenchClusterError> {
+    if a.frontends == 0 || a.backends == 0 || a.models == 0 {
+        return Err(BenchClusterError::Peer("--frontends, --backends and --models must be at least 1".into()));
+    }
+    if !(a.duration_s.is_finite() && a.duration_s > 0.0 && a.duration_s <= 600.0) {
+        return Err(BenchClusterError::Peer("--duration-s must be in (0, 600]".into()));
+    }
+    control::parse_idle(&a.idle).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
+    let gpus = a.gpus_per_backend.map_or(a.gpus, |g| g * a.backends);
+    if gpus < a.backends {
+        return Err(BenchClusterError::Peer(format!("{gpus} GPUs for {} backends: every backend needs one", a.backends)));
+    }
+    let (best, probes) = if a.rate == "max" {
+        ladder(a, gpus)?
+    } else {
+        let rate: f64 = a.rate.parse().map_err(|_| BenchClusterError::Peer(format!("--rate '{}': a number or max", a.rate)))?;
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err(BenchClusterError::Peer("--rate must be > 0".into()));
+        }
+        (cluster_run(a, gpus, rate, a.duration_s)?, Vec::new())
+    };
+    let duration = if a.rate == "max" { LADDER_RUN_S.min(a.duration_s) } else { a.duration_s };
+    let in_process = crate::bench::live_report(&in_process_args(a, gpus, duration), best.offered_rps)?;
+    let ratio = if in_process.goodput_rps > 0.0 { best.tasks_per_s / in_process.goodput_rps } else { 0.0 };
+    if a.json {
+        let v = serde_json::json!({
+            "tasks_per_s": best.tasks_per_s,
+            "bad_rate": best.bad_rate,
+            "ingress_lag_p99_9_us": best.ingress_lag.p99_9_us,
+            "dispatch_lag_p99_9_us": best.dispatch_lag.p99_9_us,
+            "in_process_tasks_per_s": in_process.goodput_rps,
+            "ratio": ratio,
+            "transport": a.transport.name(),
+            "frontends": a.frontends,
+            "backends": a.backends,
+            "gpus": gpus,
+            "run": best,
+            "in_process": in_process,
+            "probes": probes,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| BenchClusterError::Peer(e.to_string()))?);
+    } else {
+        let r = &best;
+        println!("{} frontends, {} backends, {gpus} GPUs over {}; {} models", a.frontends, a.backends, a.transport.name(), a.models);
+        println!("offered {:.0} tasks/s; accepted {:.0} tasks/s; bad rate {:.3}%", r.offered_rps, r.tasks_per_s, r.bad_rate * 100.0);
+        for (name, l) in [("ingress lag", &r.ingress_lag), ("dispatch lag", &r.dispatch_lag), ("generator lag", &r.generator_lag)] {
+            println!("{name:>13} us: p50 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}  ({} samples)", l.p50_us, l.p99_us, l.p99_9_us, l.max_us, l.samples);
+        }
+        let drops: Vec<String> = r.drops.iter().filter(|(_, n)| *n > 0).map(|(k, n)| format!("{k} {n}")).collect();
+        println!("drops: {}; tasks finished late {}; plans after their planned start {}; accounted {}", if drops.is_empty() { "none".into() } else { drops.join(", ") }, r.late, r.late_plans, r.accounted);
+        let c = r.cpu_busy;
+        println!("CPU busy (cores): scheduler {:.2}, frontends {:.2}, backends {:.2}", c.scheduler, c.frontends, c.backends);
+        println!("in-process runtime, same workload: {:.0} tasks/s on time; ratio {:.3}", in_process.goodput_rps, ratio);
+    }
+    if !best.accounted {
+        return Err(BenchClusterError::Peer(format!(
+            "accounting failed: offered {}, sent {}, taken {}, planned {}, delivered {}, neither planned nor dropped {}",
+            best.offered, best.sent, best.received, best.planned, best.delivered, best.unaccounted
+        )));
+    }
+    Ok(())
+}
+
+/// One ladder rung: (offered rate, passed, tasks/s, bad rate).
+type Probe = (f64, bool, f64, f64);
+
+/// Seconds per rung of the `--rate max` ladder.
+const LADDER_RUN_S: f64 = 2.0;
+/// The ladder stops starting rungs after this long.
+const LADDER_BUDGET: StdDuration = StdDuration::from_secs(90);
+
+/// Doubles the rate from 25k while the bad rate stays within 1%; returns
+/// the best passing run and every probe (rate, passed, tasks/s, bad rate).
+fn ladder(a: &BenchClusterArgs, gpus: u32) -> Result<(ClusterRun, Vec<Probe>), BenchClusterError> {
+    let began = StdInstant::now();
+    let secs = LADDER_RUN_S.min(a.duration_s);
+    let mut probes = Vec::new();
+    let mut best: Option<ClusterRun> = None;
+    let mut rate = 25_000.0;
+    while rate <= 8e6 && began.elapsed() < LADDER_BUDGET {
+        let r = cluster_run(a, gpus, rate, secs)?;
+        let ok = r.bad_rate <= 0.01 && r.accounted;
+        tracing::info!("  {rate:>10.0} tasks/s offered: accepted {:>10.0}/s, bad {:.3}%  {}", r.tasks_per_s, r.bad_rate * 100.0, if ok { "ok" } else { "fail" });
+        probes.push((rate, ok, r.tasks_per_s, r.bad_rate));
+        if !ok {
+            break;
+        }
+        best = Some(r);
+        rate *= 2.0;
+    }
+    Ok((best.ok_or(BenchClusterError::Peer("no rate passed (not even 25k tasks/s)".into()))?, probes))
+}
+
+fn in_process_args(a: &BenchClusterArgs, gpus: u32, duration_s: f64) -> crate::bench::BenchArgs {
+    crate::bench::BenchArgs {
+        models: a.models as usize,
+        gpus,
+        model_threads: 1,
+        rate: String::new(),
+        duration_s,
+        profile: a.profile.clone(),
+        idle: "spin".into(),
+        pin: true,
+        seed: a.seed,
+        json: false,
+    }
+}
+
+/// Starts the scheduler and both peer processes, offers `rate` for
+/// `secs`, stops everything and gathers the figures.
+fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64) -> Result<ClusterRun, BenchClusterError> {
+    let exe = std::env::current_exe().map_err(|e| BenchClusterError::Peer(format!("cannot find my own executable: {e}")))?;
+    let dir = std::env::temp_dir().join(format!("symphony-bench-cluster-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| BenchClusterError::Peer(format!("{}: {e}", dir.display())))?;
+    let mut spec = ClusterSpec::new(exe, "a100", "none");
+    spec.extra = (0..a.models).map(|i| format!("model{i}={}", a.profile)).collect();
+    spec.transport = a.transport.name().into();
+    spec.idle = a.idle.clone();
+    spec.log_dir = Some(dir.clone());
+    spec.control_delay_us = a.control_delay_us;
+    let token = JoinToken::generate()?;
+    let deadline = StdInstant::now() + StdDuration::from_secs(60);
+    let mut sched_args = vec!["--transport".into(), spec.transport.clone(), "--idle".into(), spec.idle.clone(), "--exit-with-parent".into()];
+    sched_args.extend(spec.model_flags());
+    sched_args.extend(
+        ["--bench-stamps", "--max-registering", "4096", "--control-delay-us", &spec.control_delay_us.to_string(), "--min-window-us", &spec.min_window_us.to_string()]
+            .map(String::from),
+    );
+    let mut sched = spawn(&spec, "scheduler", "scheduler", sched_args, Some(&token), deadline)?;
+    let control_addr = sched.ready.get("control").cloned().ok_or(BenchClusterError::Peer("scheduler: no control address on its READY line".into()))?;
+    let peer_args = |peers: u32, report: &Path| -> Vec<String> {
+        let mut v: Vec<String> = vec![
+            "--transport".into(),
+            spec.transport.clone(),
+            "--scheduler".into(),
+            control_addr.clone(),
+            "--peers".into(),
+            peers.to_string(),
+            "--models".into(),
+            a.models.to_string(),
+            "--profile".into(),
+            a.profile.clone(),
+            "--report".into(),
+            report.display().to_string(),
+            "--exit-with-parent".into(),
+        ];
+        v.extend(["--seed".into(), a.seed.to_string()]);
+        v
+    };
+    let back_report = dir.join("backends.json");
+    let front_report = dir.join("frontends.json");
+    let mut args = peer_args(a.backends, &back_report);
+    args.extend(["--gpus".into(), gpus.to_string()]);
+    let mut backs = spawn(&spec, "bench-backends", "bench-backends", args, Some(&token), deadline)?;
+    let mut args = peer_args(a.frontends, &front_report);
+    args.extend(["--rate".into(), rate.to_string(), "--duration-s".into(), secs.to_string(), "--stamp-every".into(), a.stamp_every.to_string()]);
+    args.extend(["--coalesce".into(), a.coalesce.to_string(), "--coalesce-us".into(), a.coalesce_us.to_string()]);
+    let mut fronts = spawn(&spec, "bench-frontends", "bench-frontends", args, Some(&token), deadline)?;
+    let sched_cpu_at_start = (StdInstant::now(), cpu_s_of(sched.pid()));
+    let front_exit = fronts.wait_or_kill(StdDuration::from_secs_f64(secs + 60.0));
+    let fr: Result<FrontendsReport, BenchClusterError> = read_report(&front_report);
+    let metrics = settled(&sched, fr.as_ref().map_or(0, |r| r.sent));
+    let sched_busy = match (sched_cpu_at_start, cpu_s_of(sched.pid())) {
+        ((t, Some(c0)), Some(c1)) => (c1 - c0) / t.elapsed().as_secs_f64().max(1e-3),
+        _ => 0.0,
+    };
+    // The backends read the last plans the scheduler sent.
+    std::thread::sleep(StdDuration::from_millis(200));
+    let stop = |d: &mut Daemon| {
+        d.signal(libc::SIGTERM);
+        d.wait_or_kill(StdDuration::from_secs(15))
+    };
+    let back_exit = stop(&mut backs);
+    let _ = stop(&mut sched);
+    let logs = |name: &str| format!("see {}", dir.join(format!("{name}.log")).display());
+    match front_exit {
+        Ok(s) if s.success() => {}
+        Ok(s) => return Err(BenchClusterError::Peer(format!("bench-frontends exited with {s}; {}", logs("bench-frontends")))),
+        Err(e) => return Err(BenchClusterError::Peer(format!("{e}; {}", logs("bench-frontends")))),
+    }
+    match back_exit {
+        Ok(s) if s.success() => {}
+        Ok(s) => return Err(BenchClusterError::Peer(format!("bench-backends exited with {s}; {}", logs("bench-backends")))),
+        Err(e) => return Err(BenchClusterError::Peer(format!("{e}; {}", logs("bench-backends")))),
+    }
+    let metrics = metrics?;
+    let fr = fr?;
+    let br: BackendsReport = read_report(&back_report)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut run = figures(rate, secs, &metrics, &fr, &br);
+    run.cpu_busy = CpuBusy { scheduler: sched_busy, frontends: fr.cpu_busy, backends: br.cpu_busy };
+    Ok(run)
+}
+
+/// The scheduler's metrics once it has taken the `sent` tasks and
+/// planned or dropped each (a loaded scheduler is behind its peers), or
+/// after 10 s.
+fn settled(sched: &Daemon, sent: u64) -> Result<String, BenchClusterError> {
+    let until = StdInstant::now() + StdDuration::from_secs(10);
+    loop {
+        let text = sched.metrics()?;
+        let m = |name: &str| metric(&text, name).unwrap_or(0.0) as u64;
+        let received = m("symphony_tasks_received_total");
+        let ended = m("symphony_batch_size_sum") + sched_drops(&text);
+        if (received >= sent && ended >= received) || StdInstant::now() >= until {
+            return Ok(text);
+        }
+        std::thread::sleep(StdDuration::from_millis(20));
+    }
+}
+
+/// Tasks the scheduler dropped, every reason.
+fn sched_drops(text: &str) -> u64 {
+    DropReason::ALL
+        .iter()
+        .map(|r| metric(text, &format!("symphony_tasks_dropped_total{{reason=\"{}\"}}", r.as_str())).unwrap_or(0.0) as u64)
+        .sum()
+}
+
+/// CPU seconds (user + system) process `pid` has used, from /proc.
+fn cpu_s_of(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (hz > 0.0).then(|| ticks / hz)
+}
+
+fn read_report<T: serde::de::DeserializeOwned>(path: &PathBuf) -> Result<T, BenchClusterError> {
+    let text = std::fs::read_to_string(path).map_err(|e| BenchClusterError::Peer(format!("{}: {e}", path.display())))?;
+    serde_json::from_str(&text).map_err(|e| BenchClusterError::Peer(format!("{}: {e}", path.display())))
+}
+
+/// The run's figures from the scheduler's metrics and the peers' reports.
+fn figures(rate: f64, secs: f64, metrics: &str, fr: &FrontendsReport, br: &BackendsReport) -> ClusterRun {
+    let m = |name: &str| metric(metrics, name).unwrap_or(0.0) as u64;
+    let received = m("symphony_tasks_received_total");
+    let mut drops: Vec<(String, u64)> = DropReason::ALL
+        .iter()
+        .map(|r| (r.as_str().to_string(), m(&format!("symphony_tasks_dropped_total{{reason=\"{}\"}}", r.as_str()))))
+        .collect();
+    let sched_drops: u64 = drops.iter().map(|(_, n)| n).sum();
+    let planned = m("symphony_batch_size_sum");
+    drops.push(("frontend_queue_full".into(), fr.queue_full));
+    drops.push(("protocol_error".into(), m("symphony_protocol_errors_total")));
+    let good = br.tasks.saturating_sub(br.late_tasks);
+    let unaccounted = received as i64 - planned as i64 - sched_drops as i64;
+    ClusterRun {
+        offered_rps: rate,
+        tasks_per_s: good as f64 / secs,
+        bad_rate: if fr.offered > 0 { 1.0 - good as f64 / fr.offered as f64 } else { 0.0 },
+        offered: fr.offered,
+        sent: fr.sent,
+        received,
+        planned,
+        delivered: br.tasks,
+        late: br.late_tasks,
+        late_plans: br.late_plans,
+        drops,
+        ingress_lag: bucket_quantiles(metrics, "symphony_bench_ingress_lag_us"),
+        dispatch_lag: br.dispatch_lag,
+        generator_lag: fr.send_lag,
+        unaccounted,
+        accounted: unaccounted == 0 && fr.sent == received && fr.offered == fr.sent + fr.queue_full && br.tasks == planned,
+        cpu_busy: CpuBusy::default(),
+    }
+}
+
+/// Quantiles of a cumulative `NAME_bucket{le="US"}` histogram (each the
+/// upper bound of the bucket that holds it).
+fn bucket_quantiles(text: &str, name: &str) -> LagUs {
+    let prefix = format!("{name}_bucket{{le=\"");
+    let buckets: Vec<(f64, u64)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|rest| {
+            let (le, count) = rest.split_once("\"} ")?;
+            Some((le.parse::<f64>().ok()?, count.trim().parse::<u64>().ok()?))
+        })
+        .collect();
+    let total = buckets.last().map_or(0, |&(_, c)| c);
+    if total == 0 {
+        return LagUs::default();
+    }
+    let q = |p: f64| {
+        let want = (p * total as f64).ceil().max(1.0) as u64;
+        buckets.iter().find(|&&(_, c)| c >= want).map_or(0.0, |&(le, _)| le)
+    };
+    LagUs { samples: total, p50_us: q(0.5), p99_us: q(0.99), p99_9_us: q(0.999), max_us: q(1.0) }
+}
+
+/// `symphony daemon bench-frontends|bench-backends ARGS`: one synthetic
+/// peer process (started by `bench-cluster`).
+pub fn peer_main(role: &str, argv: Vec<String>) -> ExitCode {
+    let a = match PeerArgs::try_parse_from(argv) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(2);
+        }
+    };
+    if a.exit_with_parent {
+        control::terminate_with_parent();
+    }
+    if let Err(e) = control::install_stop_signals() {
+        eprintln!("{role}: {e}");
+        return ExitCode::from(1);
+    }
+    let res = control::with_domain(a.transport, Peer { frontends: role == "bench-frontends", args: a }).map_err(|e| BenchClusterError::Peer(e.to_string())).and_then(|r| r);
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{role}: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+struct Peer {
+    frontends: bool,
+    args: PeerArgs,
+}
+
+impl WithDomain for Peer {
+    type Out = Result<(), BenchClusterError>;
+    fn run<D: Domain>(self, domain: D) -> Result<(), BenchClusterError> {
+        if self.frontends {
+            frontends::run(domain, self.args)
+        } else {
+            backends::run(domain, self.args)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_quantiles_take_the_upper_bound_holding_the_rank() {
+        let text = "x_bucket{le=\"3\"} 10\nx_bucket{le=\"7\"} 990\nx_bucket{le=\"4095\"} 1000\nx_bucket{le=\"+Inf\"} 1000\nx_count 1000\n";
+        let l = bucket_quantiles(text, "x");
+        assert_eq!(l.samples, 1000);
+        assert_eq!(l.p50_us, 7.0);
+        assert_eq!(l.p99_us, 7.0);
+        assert_eq!(l.p99_9_us, 4095.0);
+        assert_eq!(bucket_quantiles("", "x").samples, 0);
+    }
+
+    #[test]
+    fn gpus_are_spread_over_backends() {
+        let total: u32 = (0..256).map(|i| peer::gpus_of(i, 256, 1000)).sum();
+        assert_eq!(total, 1000);
+        assert_eq!(peer::gpus_of(0, 256, 1000), 4);
+        assert_eq!(peer::gpus_of(255, 256, 1000), 3);
+    }
+}

@@ -1,0 +1,52 @@
+//! `symphony bench-cluster` at a tiny rate: the scheduler daemon and both
+//! synthetic peer processes start, register over the real handshake, and
+//! every task offered is accounted for (planned onto a GPU or dropped with
+//! a reason), also when frontends batch their submissions (`Tasks`
+//! messages); the JSON carries the documented top-level keys.
+
+use std::process::Command;
+
+fn run(transport: &str, coalesce: &str) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_symphony"))
+        .args(["bench-cluster", "--transport", transport, "--rate", "400", "--duration-s", "1", "--coalesce", coalesce])
+        .args(["--frontends", "3", "--backends", "4", "--gpus", "6", "--models", "2", "--json"])
+        .output()
+        .expect("symphony runs");
+    assert!(out.status.success(), "bench-cluster failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
+}
+
+fn check(v: &serde_json::Value) {
+    for key in ["tasks_per_s", "bad_rate", "ingress_lag_p99_9_us", "dispatch_lag_p99_9_us", "in_process_tasks_per_s", "ratio"] {
+        assert!(v[key].as_f64().is_some_and(f64::is_finite), "{key} missing or not a number: {v}");
+    }
+    let r = &v["run"];
+    let n = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("run.{k}: {r}"));
+    assert!(n("offered") > 100, "{r}");
+    assert_eq!(n("offered"), n("sent"), "no send queue filled at this rate: {r}");
+    assert_eq!(n("sent"), n("received"), "the scheduler took every task sent: {r}");
+    let dropped: u64 = r["drops"].as_array().unwrap().iter().map(|d| d[1].as_u64().unwrap()).sum();
+    assert_eq!(n("planned") + dropped, n("received"), "planned + dropped = taken: {r}");
+    assert_eq!(r["unaccounted"].as_i64(), Some(0));
+    assert_eq!(r["accounted"].as_bool(), Some(true));
+    assert!(n("planned") > 0, "{r}");
+    assert!(r["dispatch_lag"]["samples"].as_u64().unwrap() > 0, "every plan is stamped: {r}");
+    assert!(r["ingress_lag"]["samples"].as_u64().unwrap() > 0, "stamped tasks reach the scheduler: {r}");
+    let bad = v["bad_rate"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&bad));
+}
+
+#[test]
+fn shm_run_accounts_for_every_task() {
+    check(&run("shm", "1"));
+}
+
+#[test]
+fn batched_submissions_account_for_every_task() {
+    check(&run("shm", "16"));
+}
+
+#[test]
+fn tcp_run_accounts_for_every_task() {
+    check(&run("tcp", "1"));
+}
