@@ -115,7 +115,7 @@ pub fn is_ping(msg: &[u8]) -> bool {
     )
 }
 
-/// Checks a ping size: 32 (a Heartbeat) or 56..=32768 bytes (a Completion).
+/// Checks a ping size: 32 (a Heartbeat) or 88..=32768 bytes (a Completion; wire version 3).
 pub fn check_ping_size(size: usize) -> Res<()> {
     if size == MIN_PING || (MIN_COMPLETION_PING..=MAX_PING).contains(&size) {
         Ok(())
@@ -227,7 +227,7 @@ mod tests {
 
     #[test]
     fn pings_of_every_allowed_size() {
-        for size in [MIN_PING, MIN_COMPLETION_PING, 64, 1000, MAX_PING] {
+        for size in [MIN_PING, MIN_COMPLETION_PING, MIN_COMPLETION_PING + 1, 1000, MAX_PING] {
             let mut p = Ping::new(size).unwrap();
             let m = p.with_seq(9).to_vec();
             assert_eq!(m.len(), size);
@@ -235,7 +235,7 @@ mod tests {
             assert!(p.is_echo(&m, 9));
             assert!(!p.is_echo(&m, 10));
         }
-        for bad in [0, 31, 33, 47, MAX_PING + 1] {
+        for bad in [0, 31, 33, 47, MIN_COMPLETION_PING - 1, MAX_PING + 1] {
             assert!(Ping::new(bad).is_err(), "{bad}");
         }
     }
