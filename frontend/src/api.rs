@@ -7,8 +7,9 @@
 use crate::metrics::{ModelCounters, BATCH_BUCKETS};
 use crate::models::ModelEntry;
 use crate::service::{infer, InferResult, InferenceService, SubmitError};
+use crate::staging::RequestOptions;
 use dataplane::time::Duration;
-use dataplane::wire::TaskStatus;
+use dataplane::wire::{DropReason, TaskStatus};
 
 /// Triton's error kinds; HTTP and gRPC each map them to their codes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,8 +18,16 @@ pub enum ErrorKind {
     InvalidArgument,
     /// Unknown model or version (HTTP 404, gRPC `NOT_FOUND`).
     NotFound,
-    /// Overload, drop, deadline, scheduler unreachable (HTTP 503, gRPC `UNAVAILABLE`).
+    /// A drop for the model's deadline, an unloaded model, scheduler
+    /// unreachable (HTTP 503, gRPC `UNAVAILABLE`).
     Unavailable,
+    /// Refused at once for overload: the model's queue or the staging area
+    /// is full; worth retrying soon (HTTP 503 with `Retry-After`, gRPC
+    /// `UNAVAILABLE`).
+    Overloaded,
+    /// The request's own `timeout` ran out, or no outcome came within its
+    /// deadline (HTTP 503, gRPC `DEADLINE_EXCEEDED`).
+    DeadlineExceeded,
     /// The model failed on its backend and the like (HTTP 500, gRPC `INTERNAL`).
     Internal,
     /// Not offered by this server (HTTP 501, gRPC `UNIMPLEMENTED`).
@@ -150,23 +159,30 @@ pub fn repository_index<S: InferenceService>(service: &S, ready_only: bool) -> V
 
 /// Runs a validated request (`input`: exactly the model's input bytes)
 /// that arrived at `started`, waits for its outcome and records it in the
-/// metrics (the one place requests are counted). `budget` runs from
-/// `started`: the time spent decoding is already gone.
+/// metrics (the one place requests are counted). `budget` and
+/// `options.timeout` run from `started`: the time spent decoding is
+/// already gone. Dropping the future before it completes cancels the
+/// request (a client that disconnected or cancelled its call).
 pub async fn run_infer<S: InferenceService>(
     service: &S,
     model_id: u32,
     input: &[u8],
     budget: Duration,
+    options: RequestOptions,
     started: std::time::Instant,
 ) -> Result<Vec<u8>, ApiError> {
     if let Some(model) = service.catalog().by_id(model_id) {
         check_loaded(service, model)?;
     }
     let spent = Duration::from_nanos(started.elapsed().as_nanos() as u64);
+    let options = RequestOptions {
+        timeout: options.timeout.map(|t| t.saturating_sub(spent)),
+        ..options
+    };
     // `infer` accounts for the outcome (the one accounting path).
-    let (kind, message) = match infer(service, model_id, input, budget.saturating_sub(spent), started).await {
+    let (kind, message) = match infer(service, model_id, input, budget.saturating_sub(spent), options, started).await {
         InferResult::Ok(out) => return Ok(out),
-        InferResult::Dropped(r) => (ErrorKind::Unavailable, format!("request dropped: {}", r.as_str())),
+        InferResult::Dropped(r) => (drop_kind(r), format!("request dropped: {}", r.as_str())),
         InferResult::Failed(TaskStatus::InputUnavailable) => (
             ErrorKind::Internal,
             "backend could not fetch the input".into(),
@@ -176,14 +192,16 @@ pub async fn run_infer<S: InferenceService>(
             "model execution failed on its backend (a model that failed to load there fails every request; the backend log says why)".into(),
         ),
         InferResult::TimedOut => (
-            ErrorKind::Unavailable,
+            ErrorKind::DeadlineExceeded,
             "no outcome within the request's deadline".into(),
         ),
         InferResult::Refused(SubmitError::UnknownModel) => {
             (ErrorKind::NotFound, "unknown model".into())
         }
         InferResult::Refused(SubmitError::BadInput(m)) => (ErrorKind::InvalidArgument, m),
-        InferResult::Refused(SubmitError::Unavailable(m)) => (ErrorKind::Unavailable, m),
+        InferResult::Refused(SubmitError::Unavailable(m)) => {
+            (ErrorKind::Overloaded, format!("overloaded: {m}"))
+        }
         InferResult::Refused(SubmitError::SendFailed(m)) => (
             ErrorKind::Unavailable,
             format!("scheduler unreachable: {m}"),
@@ -191,6 +209,15 @@ pub async fn run_infer<S: InferenceService>(
         InferResult::Refused(SubmitError::Internal(m)) => (ErrorKind::Internal, m),
     };
     Err(ApiError::new(kind, message))
+}
+
+/// The error kind of a request the cluster dropped for `reason`.
+pub fn drop_kind(reason: DropReason) -> ErrorKind {
+    match reason {
+        DropReason::Overloaded => ErrorKind::Overloaded,
+        DropReason::Timeout => ErrorKind::DeadlineExceeded,
+        _ => ErrorKind::Unavailable,
+    }
 }
 
 /// A count and a total duration (Triton's `StatisticDuration`).

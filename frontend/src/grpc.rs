@@ -15,6 +15,7 @@ use crate::api::{self, ApiError, ErrorKind};
 use crate::models::ModelEntry;
 use crate::protocol::{self, MAX_ID_LEN};
 use crate::service::InferenceService;
+use crate::staging::RequestOptions;
 use crate::tensor::DataType;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -56,7 +57,8 @@ pub fn code_of(kind: ErrorKind) -> tonic::Code {
     match kind {
         ErrorKind::InvalidArgument => tonic::Code::InvalidArgument,
         ErrorKind::NotFound => tonic::Code::NotFound,
-        ErrorKind::Unavailable => tonic::Code::Unavailable,
+        ErrorKind::Unavailable | ErrorKind::Overloaded => tonic::Code::Unavailable,
+        ErrorKind::DeadlineExceeded => tonic::Code::DeadlineExceeded,
         ErrorKind::Internal => tonic::Code::Internal,
         ErrorKind::Unsupported => tonic::Code::Unimplemented,
     }
@@ -72,18 +74,21 @@ fn status(e: ApiError) -> Status {
 pub struct ParsedGrpcInfer<'r> {
     /// The input tensor's bytes, little-endian, exactly the model's size.
     pub input: std::borrow::Cow<'r, [u8]>,
-    /// Time budget (the `timeout` parameter, µs, else the model's SLO).
-    pub budget: dataplane::time::Duration,
+    /// The `priority` and `timeout` parameters (the budget is the
+    /// model's SLO; a shorter timeout shortens it).
+    pub options: RequestOptions,
 }
 
-fn param_u64(p: Option<&pb::InferParameter>) -> Result<Option<u64>, ApiError> {
-    match p.and_then(|p| p.parameter_choice.as_ref()) {
+/// Parameter `key` of `req` as a non-negative integer (`int64_param` or
+/// `uint64_param`), if present.
+fn param_u64(req: &pb::ModelInferRequest, key: &str) -> Result<Option<u64>, ApiError> {
+    match req.parameters.get(key).and_then(|p| p.parameter_choice.as_ref()) {
         None => Ok(None),
         Some(ParameterChoice::Int64Param(v)) => u64::try_from(*v)
             .map(Some)
-            .map_err(|_| ApiError::invalid("parameter 'timeout' must be non-negative")),
+            .map_err(|_| ApiError::invalid(format!("parameter '{key}' must be non-negative"))),
         Some(ParameterChoice::Uint64Param(v)) => Ok(Some(*v)),
-        Some(_) => Err(ApiError::invalid("parameter 'timeout' must be an integer")),
+        Some(_) => Err(ApiError::invalid(format!("parameter '{key}' must be an integer"))),
     }
 }
 
@@ -151,10 +156,11 @@ pub fn parse_model_infer<'r>(
             )))
         }
     };
-    let timeout = param_u64(req.parameters.get("timeout"))?;
+    let options =
+        protocol::request_options(param_u64(req, "priority")?, param_u64(req, "timeout")?)?;
     Ok(ParsedGrpcInfer {
         input: input_bytes,
-        budget: protocol::budget(model, timeout),
+        options,
     })
 }
 
@@ -396,7 +402,8 @@ impl<S: InferenceService> GrpcInferenceService for GrpcService<S> {
             &*self.service,
             model.id,
             &parsed.input,
-            parsed.budget,
+            model.spec.slo,
+            parsed.options,
             started,
         )
         .await

@@ -10,9 +10,12 @@
 //! Status codes follow Triton's mapping of its error kinds: invalid
 //! argument 400, not found 404, unavailable 503, internal 500; plus 413 for
 //! a body over [`HttpConfig::max_body`] and 405 for a wrong method. Every
-//! error body is `{"error": "..."}`. A request dropped for its deadline
-//! (or overload, or shutdown), a request that found no free staging slot
-//! and one with no outcome within its budget plus grace are all 503.
+//! error body is `{"error": "..."}`. A request dropped for its deadline,
+//! its `timeout` or shutdown, and one with no outcome within its budget
+//! plus grace are 503 with the reason in the message; one refused for
+//! overload (its model's queue or the staging area full) is 503 with a
+//! `Retry-After` header. A client that disconnects mid-request has its
+//! request cancelled (hyper drops the handler's future).
 
 use crate::api::{self, ApiError, ErrorKind};
 use crate::protocol::{self, BadRequest};
@@ -20,7 +23,7 @@ use crate::service::InferenceService;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -29,6 +32,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
+
+/// The `Retry-After` of an overload refusal, seconds: the smallest the
+/// header can say (a queue drains within SLOs of milliseconds).
+pub const RETRY_AFTER_SECS: u32 = 1;
 
 /// The binary tensor data extension's header.
 pub const HEADER_LEN_HEADER: &str = "inference-header-content-length";
@@ -81,14 +88,21 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
     match kind {
         ErrorKind::InvalidArgument => StatusCode::BAD_REQUEST,
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
-        ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Unavailable | ErrorKind::Overloaded | ErrorKind::DeadlineExceeded => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         ErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
     }
 }
 
 fn api_error(e: &ApiError) -> Response<Body> {
-    error(status_of(e.kind), &e.message)
+    let mut r = error(status_of(e.kind), &e.message);
+    if e.kind == ErrorKind::Overloaded {
+        r.headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    }
+    r
 }
 
 /// A running server.
@@ -367,7 +381,8 @@ async fn handle_infer<S: InferenceService>(
     };
     // The budget runs from the request's arrival (run_infer subtracts the
     // time spent reading and parsing the body).
-    match api::run_infer(service, model_id, &parsed.input, parsed.budget, started).await {
+    let budget = model.spec.slo;
+    match api::run_infer(service, model_id, &parsed.input, budget, parsed.options, started).await {
         Ok(out) => {
             let head =
                 protocol::infer_response(model, parsed.id.as_deref(), &out, parsed.binary_output);

@@ -185,6 +185,9 @@ impl NetSink {
 }
 
 impl TaskSink for NetSink {
+    fn cancel(&self, ticket: &mut Ticket) -> bool {
+        NetSink::cancel(self, ticket)
+    }
     fn send(&self, task: &Task) -> Result<(), SinkError> {
         match self.queue.state.load(Ordering::Acquire) {
             SINK_OPEN => {}
@@ -1114,7 +1117,7 @@ mod tests {
     impl Frontend {
         fn submit(&self) -> Result<Ticket, SubmitError> {
             let len = self.service.catalog().by_id(0).unwrap().input.byte_len() as usize;
-            self.service.submit(0, &vec![1u8; len], ms(400))
+            self.service.submit(0, &vec![1u8; len], ms(400), Default::default())
         }
         fn events(&mut self) -> Vec<FrontendEvent> {
             std::iter::from_fn(|| self.node.poll_event()).collect()

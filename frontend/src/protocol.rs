@@ -4,6 +4,7 @@
 //! Pure functions over bytes: no I/O, no panics on any input.
 
 use crate::models::ModelEntry;
+use crate::staging::RequestOptions;
 use crate::tensor::{decode_to_json, encode_json_data, DataType, TensorSpec};
 use dataplane::time::Duration;
 use serde::Deserialize;
@@ -65,9 +66,9 @@ pub struct ParsedInfer {
     pub id: Option<String>,
     /// The input tensor's bytes, little-endian, exactly the model's size.
     pub input: Vec<u8>,
-    /// Time budget: the `timeout` parameter (microseconds, as Triton) if
-    /// given, else the model's SLO.
-    pub budget: Duration,
+    /// The `priority` and `timeout` parameters (the budget is the
+    /// model's SLO; a shorter timeout shortens it).
+    pub options: RequestOptions,
     /// Whether the output goes back as binary tensor data.
     pub binary_output: bool,
 }
@@ -159,13 +160,24 @@ pub fn check_output(model: &ModelEntry, output_name: &str) -> Result<(), BadRequ
     Ok(())
 }
 
-/// A request's budget: its `timeout` parameter (microseconds, as Triton)
-/// if given and non-zero, else the model's SLO.
-pub fn budget(model: &ModelEntry, timeout_us: Option<u64>) -> Duration {
-    match timeout_us {
-        Some(0) | None => model.spec.slo,
-        Some(us) => Duration::from_micros(us),
-    }
+/// Triton's per-request scheduling parameters, checked: `priority` (1 is
+/// the highest level; 0 or absent: the model's default) and `timeout`
+/// (microseconds; 0 or absent: none, the model's SLO alone bounds the
+/// request). The one check HTTP and gRPC requests both pass.
+pub fn request_options(
+    priority: Option<u64>,
+    timeout_us: Option<u64>,
+) -> Result<RequestOptions, BadRequest> {
+    let priority = match priority.map(u32::try_from) {
+        None => 0,
+        Some(Ok(p)) => p,
+        Some(Err(_)) => return bad(format!("parameter 'priority' must be at most {}", u32::MAX)),
+    };
+    let timeout = match timeout_us {
+        None | Some(0) => None,
+        Some(us) => Some(Duration::from_micros(us)),
+    };
+    Ok(RequestOptions { priority, timeout })
 }
 
 /// Parses the body of `POST /v2/models/{m}/infer` for `model`.
@@ -252,11 +264,14 @@ pub fn parse_infer(
             }
         }
     }
-    let budget = budget(model, param_u64(&req.parameters, "timeout")?);
+    let options = request_options(
+        param_u64(&req.parameters, "priority")?,
+        param_u64(&req.parameters, "timeout")?,
+    )?;
     Ok(ParsedInfer {
         id,
         input: bytes,
-        budget,
+        options,
         binary_output,
     })
 }
@@ -396,7 +411,7 @@ mod tests {
         let vals: Vec<f32> = (0..16).map(|i| i as f32 * 0.5).collect();
         let p = parse_infer(&body(json!(vals)), None, &m).unwrap();
         assert_eq!(p.id.as_deref(), Some("r1"));
-        assert_eq!(p.budget, Duration::from_millis(20));
+        assert_eq!(p.options, RequestOptions::default());
         let raw: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
         assert_eq!(p.input, raw);
         let head = serde_json::to_vec(&json!({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "parameters": {"binary_data_size": 64}}], "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": true}}], "parameters": {"timeout": 5000}})).unwrap();
@@ -405,7 +420,7 @@ mod tests {
         let q = parse_infer(&b, Some(head.len()), &m).unwrap();
         assert_eq!(q.input, raw);
         assert!(q.binary_output);
-        assert_eq!(q.budget, Duration::from_millis(5));
+        assert_eq!(q.options.timeout, Some(Duration::from_millis(5)));
         b.push(0);
         assert!(parse_infer(&b, Some(head.len()), &m).is_err());
         assert!(parse_infer(&b, Some(b.len() + 1), &m).is_err());
@@ -432,6 +447,34 @@ mod tests {
                 "{}",
                 String::from_utf8_lossy(&c)
             );
+        }
+    }
+
+    #[test]
+    fn priority_and_timeout_parameters_are_read_and_bad_ones_refused_by_name() {
+        let m = model();
+        let with = |p: Value| {
+            let mut v: Value = serde_json::from_slice(&body(json!(vec![0; 16]))).unwrap();
+            v["parameters"] = p;
+            parse_infer(&serde_json::to_vec(&v).unwrap(), None, &m)
+        };
+        let p = with(json!({"priority": 1, "timeout": 5000})).unwrap();
+        assert_eq!(
+            p.options,
+            RequestOptions { priority: 1, timeout: Some(Duration::from_micros(5000)) }
+        );
+        // 0: the model's default level, no timeout.
+        assert_eq!(with(json!({"priority": 0, "timeout": 0})).unwrap().options, RequestOptions::default());
+        for (p, name) in [
+            (json!({"priority": -1}), "priority"),
+            (json!({"priority": "high"}), "priority"),
+            (json!({"priority": 1.5}), "priority"),
+            (json!({"priority": 1u64 << 40}), "priority"),
+            (json!({"timeout": -5}), "timeout"),
+            (json!({"timeout": true}), "timeout"),
+        ] {
+            let e = with(p.clone()).unwrap_err();
+            assert!(e.0.contains(name), "{p}: {e:?}");
         }
     }
 

@@ -6,7 +6,7 @@
 
 use crate::metrics::{Execution, Metrics};
 use crate::models::{ModelCatalog, ModelEntry, ModelStates};
-use crate::staging::{CounterSnapshot, Outcome, StageError, Staging, Ticket};
+use crate::staging::{CounterSnapshot, Outcome, RequestOptions, StageError, Staging, Ticket};
 use dataplane::time::Duration;
 use dataplane::wire::{self, DropReason, TaskStatus};
 use std::future::Future;
@@ -23,6 +23,13 @@ pub struct SinkError(pub String);
 pub trait TaskSink: Send + Sync + 'static {
     /// Hands `task` to the scheduler.
     fn send(&self, task: &wire::Task) -> Result<(), SinkError>;
+    /// The client gave `ticket`'s request up: ends it as cancelled
+    /// ([`Ticket::cancel`]; false if its outcome was already there). A sink
+    /// with a scheduler link also tells the scheduler, so the task leaves
+    /// its queue at once. Never blocks.
+    fn cancel(&self, ticket: &mut Ticket) -> bool {
+        ticket.cancel()
+    }
 }
 
 /// A submitted request's outcome, still to come.
@@ -85,13 +92,20 @@ pub trait InferenceService: Send + Sync + 'static {
     /// Whether the service takes requests.
     fn ready(&self) -> bool;
     /// Submits `input` (exactly the model's input bytes) for model
-    /// `model_id` with `budget` until its deadline.
+    /// `model_id` with `budget` until its deadline, at `options.priority`;
+    /// `options.timeout`, when shorter, becomes the budget and running out
+    /// of it is answered as [`DropReason::Timeout`].
     fn submit(
         &self,
         model_id: u32,
         input: &[u8],
         budget: Duration,
+        options: RequestOptions,
     ) -> Result<Self::Pending, SubmitError>;
+    /// The client gave `pending` up (disconnected, cancelled): unless its
+    /// outcome is already in (then false), it ends as cancelled and the
+    /// cluster is told to drop the task.
+    fn cancel(&self, pending: &mut Self::Pending) -> bool;
     /// How long past the budget a caller waits before giving up.
     fn grace(&self) -> Duration;
     /// The metrics registry.
@@ -113,14 +127,19 @@ pub trait InferenceService: Send + Sync + 'static {
 /// `budget + service.grace()`, and accounts for it in the service's
 /// metrics (`arrived`: when the request arrived, for its durations). The
 /// one accounting path of every protocol.
+///
+/// Dropping the returned future before it completes (the client
+/// disconnected or cancelled the call) cancels the request
+/// ([`InferenceService::cancel`]); a request whose outcome is in is not.
 pub async fn infer<S: InferenceService>(
     service: &S,
     model_id: u32,
     input: &[u8],
     budget: Duration,
+    options: RequestOptions,
     arrived: std::time::Instant,
 ) -> InferResult {
-    let (result, exec) = wait_outcome(service, model_id, input, budget).await;
+    let (result, exec) = wait_outcome(service, model_id, input, budget, options).await;
     let request_ns = arrived.elapsed().as_nanos() as u64;
     let metrics = service.metrics();
     match &result {
@@ -138,21 +157,57 @@ pub async fn infer<S: InferenceService>(
     result
 }
 
+/// Cancels the request it holds when dropped before [`disarm`](Self::disarm):
+/// the waiting future was dropped, so nobody is left to answer.
+struct CancelOnDrop<'s, S: InferenceService> {
+    service: &'s S,
+    model_id: u32,
+    pending: S::Pending,
+    armed: bool,
+}
+
+impl<S: InferenceService> CancelOnDrop<'_, S> {
+    /// The outcome is in: dropping no longer cancels.
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl<S: InferenceService> Drop for CancelOnDrop<'_, S> {
+    fn drop(&mut self) {
+        if self.armed && self.service.cancel(&mut self.pending) {
+            self.service
+                .metrics()
+                .record_drop(self.model_id, DropReason::Cancelled);
+        }
+    }
+}
+
 async fn wait_outcome<S: InferenceService>(
     service: &S,
     model_id: u32,
     input: &[u8],
     budget: Duration,
+    options: RequestOptions,
 ) -> (InferResult, Option<Execution>) {
-    let mut pending = match service.submit(model_id, input, budget) {
+    let pending = match service.submit(model_id, input, budget, options) {
         Ok(p) => p,
         Err(e) => return (InferResult::Refused(e), None),
     };
-    let limit = std::time::Duration::from_nanos(budget.saturating_add(service.grace()).as_nanos());
-    let outcome = tokio::select! {
-        o = &mut pending => o,
-        _ = tokio::time::sleep(limit) => pending.expire(),
+    let mut guard = CancelOnDrop {
+        service,
+        model_id,
+        pending,
+        armed: true,
     };
+    let wait = options.timeout.map_or(budget, |t| t.min(budget));
+    let limit = std::time::Duration::from_nanos(wait.saturating_add(service.grace()).as_nanos());
+    let outcome = tokio::select! {
+        o = &mut guard.pending => o,
+        _ = tokio::time::sleep(limit) => guard.pending.expire(),
+    };
+    guard.disarm();
+    let pending = &guard.pending;
     let result = match outcome {
         Outcome::Ok(b) => InferResult::Ok(b),
         Outcome::Dropped(r) => InferResult::Dropped(r),
@@ -239,7 +294,13 @@ impl<S: TaskSink> InferenceService for ClusterService<S> {
     fn ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }
-    fn submit(&self, model_id: u32, input: &[u8], budget: Duration) -> Result<Ticket, SubmitError> {
+    fn submit(
+        &self,
+        model_id: u32,
+        input: &[u8],
+        budget: Duration,
+        options: RequestOptions,
+    ) -> Result<Ticket, SubmitError> {
         let model = self
             .catalog
             .by_id(model_id)
@@ -252,9 +313,15 @@ impl<S: TaskSink> InferenceService for ClusterService<S> {
                 model.input.byte_len()
             )));
         }
+        // The way back needs its margin whichever of budget and timeout
+        // ends first.
+        let options = RequestOptions {
+            timeout: options.timeout.map(|t| t.saturating_sub(self.return_margin)),
+            ..options
+        };
         let (task, ticket) = self
             .staging
-            .stage(model_id, input, budget.saturating_sub(self.return_margin))
+            .stage_with(model_id, input, budget.saturating_sub(self.return_margin), options)
             .map_err(|e| match e {
                 StageError::Full => SubmitError::Unavailable(e.to_string()),
                 StageError::TooLarge => SubmitError::BadInput(e.to_string()),
@@ -265,6 +332,9 @@ impl<S: TaskSink> InferenceService for ClusterService<S> {
             return Err(SubmitError::SendFailed(e.0));
         }
         Ok(ticket)
+    }
+    fn cancel(&self, ticket: &mut Ticket) -> bool {
+        self.sink.cancel(ticket)
     }
     fn grace(&self) -> Duration {
         self.grace

@@ -350,3 +350,77 @@ async fn tls_on_http_and_grpc_with_a_self_signed_certificate() {
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     s.stop().await;
 }
+
+fn int_param(v: i64) -> pb::InferParameter {
+    pb::InferParameter { parameter_choice: Some(pb::infer_parameter::ParameterChoice::Int64Param(v)) }
+}
+
+/// `resnet` and a `patient` model (l(1) = 40 ms, SLO 5 s) that holds a
+/// request for seconds, with `slots` staging slots.
+async fn start_patient(slots: u32) -> LocalServer {
+    let models = vec![
+        ModelSpec::linear("resnet", 1.0, 4.0, 100.0).unwrap(),
+        ModelSpec::linear("patient", 1.0, 39.0, 5000.0).unwrap(),
+    ];
+    let mut cfg = LocalConfig::new(ModelCatalog::with_default_tensors(&models));
+    cfg.cluster.timer_slack = dataplane::time::Duration::from_millis(60);
+    cfg.slots = slots;
+    LocalServer::start(cfg).await.expect("server starts")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn priority_timeout_overload_and_cancel_map_to_grpc_codes() {
+    let s = start_patient(1).await;
+    let mut c = client(&s).await;
+    let with = |model: &str, params: &[(&str, pb::InferParameter)]| {
+        let mut r = request("p");
+        r.model_name = model.into();
+        r.raw_input_contents = vec![le(&values(5)).into()];
+        r.parameters = params.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        r
+    };
+    // Accepted priorities (int64 and uint64), refused bad ones by name.
+    let uint = pb::InferParameter { parameter_choice: Some(pb::infer_parameter::ParameterChoice::Uint64Param(2)) };
+    for p in [int_param(1), int_param(0), uint] {
+        let out = c.model_infer(with("resnet", &[("priority", p)])).await.expect("priority accepted");
+        assert_eq!(out.into_inner().raw_output_contents, vec![expected(&values(5))]);
+    }
+    let text = pb::InferParameter { parameter_choice: Some(pb::infer_parameter::ParameterChoice::StringParam("high".into())) };
+    for (k, p) in [("priority", int_param(-1)), ("priority", text), ("timeout", int_param(-3))] {
+        let e = c.model_infer(with("resnet", &[(k, p)])).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains(k), "{e:?}");
+    }
+    // A 20 ms timeout under the 5 s SLO of a 40 ms model: DEADLINE_EXCEEDED.
+    let sent = std::time::Instant::now();
+    let e = c.model_infer(with("patient", &[("timeout", int_param(20_000))])).await.unwrap_err();
+    assert_eq!(e.code(), Code::DeadlineExceeded, "{e:?}");
+    assert!(e.message().contains("timeout"), "{e:?}");
+    assert!(sent.elapsed() <= std::time::Duration::from_millis(70), "{:?}", sent.elapsed());
+    // One held request fills the one slot: the next is refused at once.
+    let mut holder = c.clone();
+    let held = tokio::spawn(async move { holder.model_infer(with("patient", &[])).await });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while s.service().counters().accepted < 5 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let e = c.model_infer(with("resnet", &[])).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("overloaded"), "{e:?}");
+    // The client cancels the held call: the request is cancelled and its
+    // slot comes back long before the model's 5 s deadline.
+    held.abort();
+    let _ = held.await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    let staging = s.service().staging().clone();
+    while (staging.free_slots() != staging.capacity() || !s.service().counters().balanced())
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let q = s.service().counters();
+    assert!(q.balanced() && q.cancelled == 1, "{q:?}");
+    assert_eq!(staging.free_slots(), staging.capacity(), "{q:?}");
+    c.model_infer(with("resnet", &[])).await.expect("served again");
+    s.stop().await;
+}

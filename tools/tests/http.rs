@@ -563,16 +563,16 @@ async fn concurrent_clients_each_get_their_own_output_and_batches_form() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_that_cannot_meet_its_deadline_is_dropped_with_503() {
+async fn a_request_whose_timeout_cannot_be_met_is_dropped_with_503() {
     let s = start(1 << 20).await;
     let (c, a) = (client(), s.addr());
-    // l(1) = 5 ms for resnet; a 1 ms budget cannot be met.
+    // l(1) = 5 ms for resnet; a 1 ms timeout cannot be met.
     let mut body = infer_body("late", &values(7));
     body["parameters"] = json!({"timeout": 1000});
     let r = post_json(&c, a, "/v2/models/resnet/infer", &body).await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(
-        r.json()["error"].as_str().unwrap().contains("deadline"),
+        r.json()["error"].as_str().unwrap().contains("timeout"),
         "{}",
         r.json()
     );
@@ -581,7 +581,7 @@ async fn a_request_that_cannot_meet_its_deadline_is_dropped_with_503() {
     let metrics = String::from_utf8(get(&c, a, "/metrics").await.body.to_vec()).unwrap();
     assert!(
         metrics
-            .contains("symphony_dropped_total{model=\"resnet\",reason=\"deadline_unmeetable\"} 1"),
+            .contains("symphony_dropped_total{model=\"resnet\",reason=\"timeout\"} 1"),
         "{metrics}"
     );
     assert!(metrics.contains("nv_inference_request_failure{model=\"resnet\",version=\"1\"} 1"));
@@ -703,4 +703,137 @@ async fn statistics_extension_counts_what_metrics_counts() {
     assert_eq!(get(&c, addr, "/v2/models/nope/stats").await.status, StatusCode::NOT_FOUND);
     assert_eq!(get(&c, addr, "/v2/models/resnet/versions/9/stats").await.status, StatusCode::NOT_FOUND);
     server.stop().await;
+}
+
+/// A server whose `patient` model (l(1) = 40 ms, SLO 5 s) holds a request
+/// for seconds, with `slots` staging slots.
+async fn start_patient(slots: u32) -> LocalServer {
+    let mut specs = models();
+    specs.push(ModelSpec::linear("patient", 1.0, 39.0, 5000.0).unwrap());
+    let mut cfg = LocalConfig::new(ModelCatalog::with_default_tensors(&specs));
+    cfg.cluster.gpus = 2;
+    cfg.cluster.timer_slack = dataplane::time::Duration::from_millis(60);
+    cfg.slots = slots;
+    LocalServer::start(cfg).await.expect("server starts")
+}
+
+/// Waits (bounded) until the server has accepted `n` requests.
+async fn accepted(server: &LocalServer, n: u64) {
+    let deadline = std::time::Instant::now() + StdDuration::from_secs(10);
+    while server.service().counters().accepted < n && std::time::Instant::now() < deadline {
+        tokio::time::sleep(StdDuration::from_millis(2)).await;
+    }
+    assert!(server.service().counters().accepted >= n, "{:?}", server.service().counters());
+}
+
+/// Sends an infer request for `model` on a raw connection and returns it
+/// unread (dropping it hangs up).
+fn raw_infer(a: SocketAddr, model: &str, n: u64) -> std::net::TcpStream {
+    use std::io::Write;
+    let body = serde_json::to_vec(&infer_body(&format!("raw-{n}"), &values(n))).unwrap();
+    let mut stream = std::net::TcpStream::connect(a).unwrap();
+    let head = format!("POST /v2/models/{model}/infer HTTP/1.1\r\nhost: {a}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len());
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(&body).unwrap();
+    stream
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn priority_and_timeout_parameters_are_accepted_and_bad_values_refused() {
+    let s = start(1 << 20).await;
+    let (c, a) = (client(), s.addr());
+    for (n, params) in [
+        json!({"priority": 1}),
+        json!({"priority": 0}),
+        json!({"priority": 2, "timeout": 80_000}),
+        json!({"timeout": 0}),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let v = values(n as u64);
+        let mut body = infer_body("p", &v);
+        body["parameters"] = params.clone();
+        let r = post_json(&c, a, "/v2/models/resnet/infer", &body).await;
+        assert_eq!(r.status, StatusCode::OK, "{params}: {}", r.json());
+        assert_eq!(r.json()["outputs"][0]["data"], expected(RESNET, &v));
+    }
+    for (params, name) in [
+        (json!({"priority": -1}), "priority"),
+        (json!({"priority": "high"}), "priority"),
+        (json!({"priority": 1.5}), "priority"),
+        (json!({"priority": 1u64 << 33}), "priority"),
+        (json!({"timeout": -1}), "timeout"),
+        (json!({"timeout": "soon"}), "timeout"),
+    ] {
+        let mut body = infer_body("bad", &values(1));
+        body["parameters"] = params.clone();
+        let r = post_json(&c, a, "/v2/models/resnet/infer", &body).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{params}");
+        let msg = r.json()["error"].as_str().unwrap_or_default().to_string();
+        assert!(msg.contains(name), "{params}: {msg}");
+    }
+    let q = quiet(&s).await;
+    assert_eq!((q.accepted, q.succeeded, q.cancelled), (4, 4, 0), "{q:?}");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_timeout_under_a_long_slo_is_answered_timeout_within_it() {
+    let s = start_patient(64).await;
+    let (c, a) = (client(), s.addr());
+    // 20 ms cannot hold the 40 ms model, whose SLO is 5 s.
+    let timeout = StdDuration::from_millis(20);
+    let mut body = infer_body("hurry", &values(3));
+    body["parameters"] = json!({"timeout": timeout.as_micros() as u64});
+    let sent = std::time::Instant::now();
+    let r = post_json(&c, a, "/v2/models/patient/infer", &body).await;
+    let took = sent.elapsed();
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.headers.get("retry-after").is_none());
+    let msg = r.json()["error"].as_str().unwrap_or_default().to_string();
+    assert!(msg.contains("timeout"), "{msg}");
+    assert!(took <= timeout + StdDuration::from_millis(50), "answered after {took:?}");
+    let q = quiet(&s).await;
+    assert_eq!((q.accepted, q.dropped), (1, 1), "{q:?}");
+    let metrics = String::from_utf8(get(&c, a, "/metrics").await.body.to_vec()).unwrap();
+    assert!(
+        metrics.contains("symphony_dropped_total{model=\"patient\",reason=\"timeout\"} 1"),
+        "{metrics}"
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_is_refused_with_retry_after_and_clients_that_leave_are_cancelled() {
+    let s = start_patient(2).await;
+    let (c, a) = (client(), s.addr());
+    // Two requests the patient model holds for seconds fill both slots.
+    let held: Vec<_> = (0..2).map(|n| raw_infer(a, "patient", n)).collect();
+    accepted(&s, 2).await;
+    let r = post_json(&c, a, "/v2/models/resnet/infer", &infer_body("third", &values(3))).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    let retry: u64 = r.headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(retry >= 1);
+    let msg = r.json()["error"].as_str().unwrap_or_default().to_string();
+    assert!(msg.contains("overloaded"), "{msg}");
+    // Their clients hang up: both are cancelled, and the scheduler drops
+    // them long before their 5 s deadline, which frees the slots.
+    drop(held);
+    let q = quiet(&s).await;
+    assert!(q.balanced() && q.cancelled >= 1, "{q:?}");
+    assert_eq!(q.accepted, q.succeeded + q.dropped + q.failed + q.cancelled, "{q:?}");
+    let staging = s.service().staging().clone();
+    let deadline = std::time::Instant::now() + StdDuration::from_secs(3);
+    while staging.free_slots() != staging.capacity() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(StdDuration::from_millis(5)).await;
+    }
+    assert_eq!(staging.free_slots(), staging.capacity(), "{:?}", s.service().counters());
+    let v = values(4);
+    let r = post_json(&c, a, "/v2/models/resnet/infer", &infer_body("after", &v)).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["outputs"][0]["data"], expected(RESNET, &v));
+    let metrics = String::from_utf8(get(&c, a, "/metrics").await.body.to_vec()).unwrap();
+    assert!(metrics.contains("reason=\"cancelled\"} 2"), "{metrics}");
+    s.stop().await;
 }

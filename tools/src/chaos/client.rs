@@ -13,7 +13,7 @@ use dataplane::time::{Duration, Instant};
 use frontend::models::ModelCatalog;
 use frontend::node::NetSink;
 use frontend::service::{ClusterService, InferenceService, SubmitError};
-use frontend::staging::{CounterSnapshot, Outcome, RequestOptions, StageError, Ticket};
+use frontend::staging::{CounterSnapshot, Outcome, RequestOptions, Ticket};
 use scheduler::sim::{Arrivals, Workload};
 
 use super::{ChaosConfig, ChaosReport};
@@ -83,7 +83,6 @@ pub struct Client {
     seed: u64,
     priority_mix: f64,
     cancel_share: f64,
-    return_margin: Duration,
     /// Cancels that came too late (the outcome was already there).
     pub cancels_too_late: u64,
 }
@@ -101,9 +100,7 @@ fn unit(seed: u64, i: u64, stream: u64) -> f64 {
 
 impl Client {
     /// A client for `cfg`'s workload; arrival times are offset by `origin`.
-    /// `return_margin` is the frontends' (what `ClusterService::submit`
-    /// keeps of a budget; requests with a priority are staged here).
-    pub fn new(cfg: &ChaosConfig, catalog: Arc<ModelCatalog>, origin: Instant, return_margin: Duration) -> Self {
+    pub fn new(cfg: &ChaosConfig, catalog: Arc<ModelCatalog>, origin: Instant) -> Self {
         let workload = Workload::poisson(cfg.rate_rps);
         let arrivals = Arrivals::generated(&cfg.models, &workload, cfg.seed, cfg.duration).with_origin(origin);
         Client {
@@ -121,7 +118,6 @@ impl Client {
             seed: cfg.seed,
             priority_mix: cfg.priority_mix,
             cancel_share: cfg.cancel_share,
-            return_margin,
             cancels_too_late: 0,
         }
     }
@@ -174,11 +170,8 @@ impl Client {
             let priority = if self.priority_mix > 0.0 && unit(self.seed, idx as u64, 1) >= self.priority_mix { 2 } else { 1 };
             let cancel_at = (self.cancel_share > 0.0 && unit(self.seed, idx as u64, 2) < self.cancel_share)
                 .then(|| now + Duration::from_nanos((unit(self.seed, idx as u64, 3) * budget.as_nanos() as f64) as u64));
-            let submitted = if self.priority_mix > 0.0 {
-                self.submit_with_priority(service, model, budget, priority)
-            } else {
-                service.submit(model, &self.input, budget)
-            };
+            let priority = if self.priority_mix > 0.0 { priority } else { 0 };
+            let submitted = service.submit(model, &self.input, budget, RequestOptions { priority, timeout: None });
             match submitted {
                 Ok(ticket) => {
                     self.tallies[fe].accepted += 1;
@@ -202,22 +195,6 @@ impl Client {
             }
         }
         any
-    }
-
-    /// `ClusterService::submit` with a priority (the HTTP and gRPC surfaces
-    /// will carry it there; until then the client stages it itself).
-    fn submit_with_priority(&self, service: &ClusterService<NetSink>, model: u32, budget: Duration, priority: u32) -> Result<Ticket, SubmitError> {
-        let options = RequestOptions { priority, timeout: None };
-        let (task, ticket) = service.staging().stage_with(model, &self.input, budget.saturating_sub(self.return_margin), options).map_err(|e| match e {
-            StageError::Full => SubmitError::Unavailable(e.to_string()),
-            StageError::TooLarge => SubmitError::BadInput(e.to_string()),
-            StageError::Memory(_) => SubmitError::Internal(e.to_string()),
-        })?;
-        if let Err(e) = frontend::service::TaskSink::send(service.sink(), &task) {
-            ticket.fail_unsent();
-            return Err(SubmitError::SendFailed(e.0));
-        }
-        Ok(ticket)
     }
 
     /// Cancels every open request whose cancel time has come, through its

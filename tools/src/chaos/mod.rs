@@ -261,7 +261,6 @@ impl Harness {
         spec.delay_watch = cfg.delay_watch;
         spec.gpu_slowdowns = cfg.gpu_slowdowns.clone();
         let catalog = spec.catalog.clone();
-        let return_margin = spec.return_margin;
         let mut cluster = NodeCluster::new(spec, net, None)?;
         if cfg.priority_mix > 0.0 || cfg.max_queue > 0 {
             let admission = Admission { levels: if cfg.priority_mix > 0.0 { 2 } else { 1 }, default_level: 1, max_queue: cfg.max_queue };
@@ -272,7 +271,7 @@ impl Harness {
         let start = Instant::ZERO + STARTUP;
         let end = start + cfg.duration;
         let events = faults::schedule(cfg.faults, cfg.seed, start, end, cfg.frontends, cfg.backends, cfg.gpus_per_backend);
-        let client = Client::new(&cfg, catalog, start, return_margin);
+        let client = Client::new(&cfg, catalog, start);
         Ok(Harness {
             cfg,
             cluster,
