@@ -25,6 +25,10 @@ cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 # Every build below shares one target directory (the caller's, if set).
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
+# Release builds here are for tests, not profiling: no line tables (the
+# workspace's release profile keeps them for perf), which shortens every
+# release compile and link of this script. A caller's setting wins.
+export CARGO_PROFILE_RELEASE_DEBUG="${CARGO_PROFILE_RELEASE_DEBUG:-0}"
 step() { echo "== $* ($(date -u +%H:%M:%S))" >&2; }
 step setup
 bash scripts/setup.sh
