@@ -47,8 +47,10 @@ else
 fi
 step tests
 cargo test --workspace --release
-# The cuda executor is compiled and its no-driver path tested (no GPU here).
-cargo test -p backend --release --features cuda
+# The cuda executor is compiled and its no-driver path tested (no GPU here): the
+# library's own tests and tests/cuda.rs; the other backend tests ran above and do
+# not depend on the feature.
+cargo test -p backend --release --features cuda --lib --test cuda
 step chaos-mutations
 # The chaos harness (1000 seeds per fault class) ran above with the workspace
 # (tools/tests/chaos.rs; CHAOS_SEEDS=N for a longer soak). Here each

@@ -15,8 +15,10 @@ fi
 have_pytest=1
 "$PY" -c "import pytest" 2>/dev/null || have_pytest=0
 
-(cd "$root" && timeout 900 cargo build -q -p tools --example serve)
-bin="$CARGO_TARGET_DIR/debug/examples/serve"
+# Release, like every other build of tests/run.sh: the release dependencies are
+# already built there, while a debug build would compile the whole tree again.
+(cd "$root" && timeout 900 cargo build -q --release -p tools --example serve)
+bin="$CARGO_TARGET_DIR/release/examples/serve"
 
 tmp="$(mktemp -d)"
 fifo="$tmp/stdin"
