@@ -86,6 +86,14 @@ pub(crate) struct Shape {
     pub(crate) max_region: u64,
 }
 
+impl Shape {
+    /// Checks the shape against the protocol and `kind`'s longest READ, before any
+    /// transport is opened (the commands that start servers themselves).
+    pub(crate) fn check(&self, kind: TransportKind) -> crate::fail::Res<()> {
+        crate::server::check_shape(self.objects, self.size, crate::max_read_for(kind), self.max_region, kind)
+    }
+}
+
 #[derive(Args, Clone)]
 pub(crate) struct Measure {
     /// Measured rounds.

@@ -7,7 +7,7 @@ use crate::client::{self, BenchConfig, Input, RunResult};
 use crate::fail::{Fail, Res};
 use crate::output::report;
 use crate::transport::{self, DomainOptions};
-use crate::{bench_config, calibrate, check_peers, local, local_options, max_read_for, note_oversubscription, server, stats, RunPlans};
+use crate::{bench_config, calibrate, check_peers, local, local_options, note_oversubscription, stats, RunPlans};
 
 pub(crate) fn cmd_calibrate(a: CalibrateArgs) -> Res<()> {
     calibrate::check_percentile(a.percentile)?;
@@ -17,13 +17,7 @@ pub(crate) fn cmd_calibrate(a: CalibrateArgs) -> Res<()> {
             "calibrate measures d_ctrl from control round trips: --ping-every must be at least 1",
         ));
     }
-    server::check_shape(
-        a.shape.objects,
-        a.shape.size,
-        max_read_for(a.transport),
-        a.shape.max_region,
-        a.transport,
-    )?;
+    a.shape.check(a.transport)?;
     let lo = local_options(a.transport, &a.local, &a.shape);
     let (servers, addrs, fabric) = if a.peers.is_empty() {
         note_oversubscription(lo.servers, lo.idle, lo.kind);

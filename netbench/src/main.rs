@@ -78,13 +78,7 @@ pub(crate) fn max_read_for(kind: TransportKind) -> u32 {
 }
 
 fn cmd_serve(a: ServeArgs) -> Res<()> {
-    server::check_shape(
-        a.shape.objects,
-        a.shape.size,
-        max_read_for(a.transport),
-        a.shape.max_region,
-        a.transport,
-    )?;
+    a.shape.check(a.transport)?;
     let duration = match a.duration_s {
         Some(s) if !(s.is_finite() && s > 0.0) => {
             return Err(Fail::usage("--duration-s must be positive"))
@@ -266,13 +260,7 @@ pub(crate) fn note_oversubscription(servers: usize, idle: Idle, kind: TransportK
 
 fn cmd_local(a: LocalArgs) -> Res<()> {
     let cfg = bench_config(&a.shape, &a.measure)?;
-    server::check_shape(
-        a.shape.objects,
-        a.shape.size,
-        max_read_for(a.transport),
-        a.shape.max_region,
-        a.transport,
-    )?;
+    a.shape.check(a.transport)?;
     let lo = local_options(a.transport, &a.local, &a.shape);
     note_oversubscription(lo.servers, lo.idle, lo.kind);
     let servers = local::LocalServers::start(&lo)?;
