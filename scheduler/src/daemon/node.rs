@@ -415,6 +415,7 @@ impl<C: Connection> SchedulerNode<C> {
             self.plane.on_wake(now);
             busy = true;
         }
+        busy |= self.plane.collect(now);
         if self.plane.next_expiry().is_some_and(|t| t <= now) {
             let count = self.plane.expire_overdue(now);
             if count > 0 {

@@ -7,8 +7,9 @@
 //! # Sub-clusters
 //!
 //! Models are partitioned into sub-clusters (by configuration; one holding
-//! every model by default). Each sub-cluster is one [`DeferredScheduler`]
-//! over its models and its own GPU id space. A backend joins the
+//! every model by default). Each sub-cluster is one scheduling [`Engine`]
+//! (a [`DeferredScheduler`] inline, or the pinned runtime's threads) over
+//! its models and its own GPU id space. A backend joins the
 //! sub-cluster whose models it holds all of (the one with the fewest GPUs
 //! if several qualify), and its GPUs extend that sub-cluster. GPU ids are
 //! never reused: a backend that leaves takes its ids out of matchmaking for
@@ -28,10 +29,12 @@ use dataplane::wire::{
 use super::bench_stamps::BenchClock;
 use super::metrics::{LoopEstimate, MessageRefusal, SchedulerMetrics};
 use crate::closed_loop::{ClosedLoop, Estimate, LoopConfig, Ratio, Report};
+use super::engine::{Engine, EngineKind};
 use crate::deferred::{CoreConfig, DeferredScheduler};
+use crate::runtime::{Drive, PinnedConfig, PinnedScheduler, ThreadPlacement};
 use crate::delay_watch::{DelayWatch, DelayWatchConfig, Verdict};
 use crate::netdelay::NetworkDelay;
-use crate::types::{Actions, GpuId, Request, Scheduler};
+use crate::types::{Actions, GpuId, Request};
 use crate::zoo::ModelSpec;
 
 /// A peer of the scheduler.
@@ -169,7 +172,7 @@ struct InFlight {
 struct SubCluster {
     /// Global model ids, by local id.
     models: Vec<u32>,
-    sched: DeferredScheduler,
+    sched: Engine,
     /// (backend, local GPU) of each sub-cluster GPU id.
     gpu_owner: Vec<(u32, u32)>,
     /// Planned finish of the last batch planned on each GPU id (moved by
@@ -210,6 +213,8 @@ pub struct ControlPlane {
     control_delay: Duration,
     /// The network delay bound the cores charge.
     delay: NetworkDelay,
+    /// The cores' configuration (as given; `delay` is the live bound).
+    core: CoreConfig,
     loop_cfg: LoopConfig,
     /// The READ tail against `delay.d_data`, for the one transport this
     /// scheduler's links use.
@@ -237,6 +242,12 @@ pub enum PlaneError {
     /// A sub-cluster has no models.
     #[error("sub-cluster {0} has no models")]
     EmptySubCluster(usize),
+    /// The engine can change only before any peer joined.
+    #[error("the scheduling engine can change only before peers join")]
+    EngineInUse,
+    /// The pinned runtime's threads could not start.
+    #[error("cannot start the pinned runtime: {0}")]
+    Runtime(#[from] crate::runtime::RuntimeError),
 }
 
 impl ControlPlane {
@@ -267,7 +278,7 @@ impl ControlPlane {
             }
             scs.push(SubCluster {
                 models: ids.clone(),
-                sched: DeferredScheduler::new(&specs, 0, core),
+                sched: Engine::Inline(DeferredScheduler::new(&specs, 0, core)),
                 gpu_owner: Vec::new(),
                 planned_free: Vec::new(),
                 closed_loop: ClosedLoop::new(specs.len(), LoopConfig::default()),
@@ -295,6 +306,7 @@ impl ControlPlane {
             duplicate_tasks: 0,
             control_delay: core.delay.d_ctrl,
             delay: core.delay,
+            core,
             loop_cfg: LoopConfig::default(),
             watch: DelayWatch::new(core.delay.d_data, DelayWatchConfig::default()),
             verdicts: Vec::with_capacity(4),
@@ -302,6 +314,56 @@ impl ControlPlane {
             bench: None,
         })
         .inspect(ControlPlane::sync_loop_gauges)
+    }
+
+    /// Runs every sub-cluster's scheduling cores on `kind` (inline by
+    /// default). Each sub-cluster gets `pinned.model_threads` ModelThreads
+    /// and a RankThread; `pinned.cores` is dealt to them in sub-cluster
+    /// order. Only before any peer joined (the cores start empty). Returns
+    /// where each thread was asked to run (empty inline).
+    pub fn set_engine(&mut self, kind: EngineKind, pinned: &PinnedConfig, drive: Drive) -> Result<Vec<ThreadPlacement>, PlaneError> {
+        if !self.frontends.is_empty() || !self.backends.is_empty() || !self.tasks.is_empty() {
+            return Err(PlaneError::EngineInUse);
+        }
+        let core = CoreConfig { delay: self.delay, ..self.core };
+        let mut layout = Vec::new();
+        let mut cores = pinned.cores.iter().copied();
+        let several = self.subclusters.len() > 1;
+        for (i, s) in self.subclusters.iter_mut().enumerate() {
+            let specs: Vec<ModelSpec> = s.models.iter().map(|&g| self.models[g as usize].clone()).collect();
+            s.sched = match kind {
+                EngineKind::Inline => Engine::Inline(DeferredScheduler::new(&specs, 0, core)),
+                EngineKind::Pinned => {
+                    let threads = pinned.model_threads.clamp(1, specs.len()) + 1;
+                    let cfg = PinnedConfig { cores: cores.by_ref().take(threads).collect(), ..pinned.clone() };
+                    let name = if several { format!("sched{i}") } else { "sched".to_string() };
+                    let (p, placed) = PinnedScheduler::new(&name, &specs, core, &cfg, drive.clone())?;
+                    layout.extend(placed);
+                    Engine::Pinned(p)
+                }
+            };
+        }
+        Ok(layout)
+    }
+
+    /// Takes the decisions the pinned runtime's threads made since the
+    /// last call and turns them into messages. Returns whether there were
+    /// any.
+    pub fn collect(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        for sc in 0..self.subclusters.len() {
+            if self.subclusters[sc].sched.collect(&mut self.actions) > 0 || !self.actions.is_empty() {
+                self.apply(now, sc);
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// True when the pinned runtime's threads have decisions waiting for
+    /// [`collect`](Self::collect) (the host's check before it sleeps).
+    pub fn has_decisions(&self) -> bool {
+        self.subclusters.iter().any(|s| s.sched.has_output())
     }
 
     /// The closed loop's configuration (on by default).
@@ -839,9 +901,8 @@ impl ControlPlane {
         } else {
             self.learn(now, sc, gpu, model, done);
         }
-        self.subclusters[sc]
-            .sched
-            .on_batch_done(now, gpu, &mut self.actions);
+        // The cores take nothing from a report itself (they keep each
+        // GPU's planned free time); `learn` has passed on any correction.
         self.apply(now, sc);
     }
 
