@@ -1130,6 +1130,7 @@ impl ControlPlane {
 mod tests {
     use super::*;
     use dataplane::wire::Message;
+    use crate::runtime::{Drive, PinnedConfig};
 
     fn models() -> Vec<ModelSpec> {
         vec![
@@ -1393,6 +1394,129 @@ mod tests {
         p.publish_estimates(now);
         let text = p.metrics().encode();
         assert!(text.contains("symphony_gpu_speed_ratio{backend=\"10\",gpu=\"0\"} 1.4"), "{text}");
+    }
+
+    /// Drives a plane through a seeded workload on a virtual clock: two
+    /// frontends, two backends (one leaves half-way), tasks of both
+    /// models at random gaps, some cancelled, batches reported done late
+    /// (closed-loop corrections). Returns every message sent, in order.
+    fn recorded_workload(p: &mut ControlPlane) -> Vec<(PeerId, Vec<u8>)> {
+        let mut sent = Vec::new();
+        let take = |p: &mut ControlPlane, sent: &mut Vec<(PeerId, Vec<u8>)>| {
+            sent.extend(p.outbox().iter().map(|(to, b)| (to, b.to_vec())));
+            p.outbox().clear();
+        };
+        let t0 = Instant::ZERO;
+        p.frontend_joined(1, "fe1").unwrap();
+        p.frontend_joined(2, "fe2").unwrap();
+        p.backend_joined(t0, 10, 2, &[0, 1]).unwrap();
+        p.backend_joined(t0, 11, 1, &[0, 1]).unwrap();
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut now = t0;
+        let mut inflight: Vec<(Instant, u32, u64, u32)> = Vec::new();
+        for i in 0..400u64 {
+            let at = now + Duration::from_micros(next() % 900);
+            // Timers and reports due before the next arrival, in time order.
+            loop {
+                let report = inflight.iter().map(|r| r.0).min();
+                let t = [p.poll_at(), report].into_iter().flatten().filter(|&t| t <= at).min();
+                let Some(t) = t else { break };
+                now = t.max(now);
+                if report == Some(t) {
+                    let k = inflight.iter().position(|r| r.0 == t).unwrap();
+                    let (_, backend, batch_id, count) = inflight.swap_remove(k);
+                    let done = wire::BatchDone { batch_id, start_ago_ns: 7_000_000, count, ..Default::default() };
+                    p.on_batch_done(now, backend, &done);
+                } else {
+                    p.on_wake(now);
+                }
+                for (to, b) in p.outbox().iter() {
+                    if let (PeerId::Backend(be), Ok(Message::BatchPlan(h, _))) = (to, wire::decode(b)) {
+                        inflight.push((now + Duration::from_nanos(h.exec_in_ns) + Duration::from_millis(7), be, h.batch_id, h.count));
+                    }
+                }
+                take(p, &mut sent);
+            }
+            now = at;
+            let f = 1 + (i % 2) as u32;
+            p.on_task(now, f, &task(i, (next() % 2) as u32, f));
+            if i % 37 == 5 {
+                p.on_cancel(now, f, &wire::Cancel { task_id: tid(i, f) });
+            }
+            if i == 200 {
+                p.backend_left(now, 11);
+            }
+            for (to, b) in p.outbox().iter() {
+                if let (PeerId::Backend(be), Ok(Message::BatchPlan(h, _))) = (to, wire::decode(b)) {
+                    inflight.push((now + Duration::from_nanos(h.exec_in_ns) + Duration::from_millis(7), be, h.batch_id, h.count));
+                }
+            }
+            take(p, &mut sent);
+        }
+        run_until_quiet(p, now, now + Duration::from_secs_f64(1.0));
+        take(p, &mut sent);
+        sent
+    }
+
+    #[test]
+    fn the_pinned_engine_in_lockstep_sends_exactly_what_the_inline_engine_sends() {
+        let inline = recorded_workload(&mut plane(&[vec![0, 1]]));
+        let mut p = plane(&[vec![0, 1]]);
+        let cfg = PinnedConfig { model_threads: 1, ..PinnedConfig::default() };
+        let layout = p.set_engine(EngineKind::Pinned, &cfg, Drive::Lockstep).unwrap();
+        assert_eq!(layout.len(), 2, "a ModelThread and the RankThread: {layout:?}");
+        let pinned = recorded_workload(&mut p);
+        let plans = inline.iter().filter(|(_, b)| matches!(wire::decode(b), Ok(Message::BatchPlan(..)))).count();
+        let drops = inline.iter().filter(|(_, b)| matches!(wire::decode(b), Ok(Message::Dropped(_)))).count();
+        assert!(plans > 10 && drops > 0, "a workload that plans and drops: {plans} plans, {drops} drops");
+        assert_eq!(inline.len(), pinned.len());
+        for (i, (a, b)) in inline.iter().zip(&pinned).enumerate() {
+            assert_eq!(a, b, "message {i} differs");
+        }
+    }
+
+    #[test]
+    fn the_pinned_engine_on_threads_answers_every_task_once() {
+        let mut p = plane(&[vec![0], vec![1]]);
+        let clock = dataplane::time::MonotonicClock::new();
+        let cfg = PinnedConfig { model_threads: 2, ..PinnedConfig::default() };
+        let layout = p.set_engine(EngineKind::Pinned, &cfg, Drive::Threads { clock, notify: None }).unwrap();
+        assert_eq!(layout.iter().map(|t| t.thread.as_str()).collect::<Vec<_>>(), ["sched0-model-0", "sched0-rank", "sched1-model-0", "sched1-rank"]);
+        p.frontend_joined(1, "fe").unwrap();
+        p.backend_joined(clock.now(), 10, 2, &[0]).unwrap();
+        p.backend_joined(clock.now(), 11, 2, &[1]).unwrap();
+        p.outbox().clear();
+        const TASKS: u64 = 300;
+        for i in 0..TASKS {
+            p.on_task(clock.now(), 1, &task(i, (i % 2) as u32, 1));
+        }
+        p.on_cancel(clock.now(), 1, &wire::Cancel { task_id: tid(TASKS - 1, 1) });
+        let mut answered = std::collections::HashMap::new();
+        // Bounded by the tasks' 40 ms budget: by then each is planned or dropped.
+        let give_up = clock.now() + Duration::from_secs_f64(5.0);
+        while (answered.len() as u64) < TASKS && clock.now() < give_up {
+            if !p.collect(clock.now()) {
+                std::thread::yield_now();
+            }
+            for (_, b) in p.outbox().iter() {
+                match wire::decode(b) {
+                    Ok(Message::BatchPlan(_, list)) => list.iter().for_each(|t| *answered.entry(t.task_id).or_insert(0) += 1),
+                    Ok(Message::Dropped(d)) => *answered.entry(d.task_id).or_insert(0) += 1,
+                    _ => {}
+                }
+            }
+            p.outbox().clear();
+        }
+        assert_eq!(answered.len() as u64, TASKS, "every task planned or dropped");
+        assert!(answered.values().all(|&n| n == 1), "none twice");
+        assert_eq!(p.waiting_tasks(), 0);
+        assert_eq!(p.overlapping_plans(), 0);
     }
 
     #[test]
