@@ -514,6 +514,12 @@ impl Connection for ShmConn {
     fn send(&mut self, msg: &[u8]) -> Result<(), Error> {
         self.stream.send(msg)
     }
+    fn send_batched(&mut self, msg: &[u8]) -> Result<(), Error> {
+        self.stream.send_batched(msg)
+    }
+    fn flush_batched(&mut self) -> Result<(), Error> {
+        self.stream.flush_batched()
+    }
     fn try_recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, Error> {
         self.stream.try_recv(buf)
     }
