@@ -39,10 +39,10 @@ impl EngineKind {
 
 /// One sub-cluster's scheduling cores.
 pub enum Engine {
-    /// On the caller's thread.
-    Inline(DeferredScheduler),
+    /// On the caller's thread (both boxed: they differ much in size).
+    Inline(Box<DeferredScheduler>),
     /// On the pinned runtime.
-    Pinned(PinnedScheduler),
+    Pinned(Box<PinnedScheduler>),
 }
 
 impl Engine {

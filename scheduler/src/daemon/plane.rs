@@ -278,7 +278,7 @@ impl ControlPlane {
             }
             scs.push(SubCluster {
                 models: ids.clone(),
-                sched: Engine::Inline(DeferredScheduler::new(&specs, 0, core)),
+                sched: Engine::Inline(Box::new(DeferredScheduler::new(&specs, 0, core))),
                 gpu_owner: Vec::new(),
                 planned_free: Vec::new(),
                 closed_loop: ClosedLoop::new(specs.len(), LoopConfig::default()),
@@ -332,14 +332,14 @@ impl ControlPlane {
         for (i, s) in self.subclusters.iter_mut().enumerate() {
             let specs: Vec<ModelSpec> = s.models.iter().map(|&g| self.models[g as usize].clone()).collect();
             s.sched = match kind {
-                EngineKind::Inline => Engine::Inline(DeferredScheduler::new(&specs, 0, core)),
+                EngineKind::Inline => Engine::Inline(Box::new(DeferredScheduler::new(&specs, 0, core))),
                 EngineKind::Pinned => {
                     let threads = pinned.model_threads.clamp(1, specs.len()) + 1;
                     let cfg = PinnedConfig { cores: cores.by_ref().take(threads).collect(), ..pinned.clone() };
                     let name = if several { format!("sched{i}") } else { "sched".to_string() };
                     let (p, placed) = PinnedScheduler::new(&name, &specs, core, &cfg, drive.clone())?;
                     layout.extend(placed);
-                    Engine::Pinned(p)
+                    Engine::Pinned(Box::new(p))
                 }
             };
         }

@@ -194,7 +194,7 @@ impl PinnedScheduler {
     /// The client gave request `id` of `model` up (answered, if it still
     /// waited, by a [`DropReason::Cancelled`] outcome).
     pub fn cancel(&mut self, now: Instant, model: ModelId, id: RequestId, out: &mut Actions) {
-        self.to_model(model, ModelOp::Cancel { model, id });
+        self.send_to_model(model, ModelOp::Cancel { model, id });
         self.settle(now, out);
     }
 
@@ -205,7 +205,7 @@ impl PinnedScheduler {
             self.online.resize(g + 1, false);
         }
         self.online[g] = online;
-        self.to_rank(RankControl::Message(ToRank::GpuMembership { gpu, online }));
+        self.send_to_rank(RankControl::Message(ToRank::GpuMembership { gpu, online }));
         self.settle(now, out);
     }
 
@@ -217,22 +217,22 @@ impl PinnedScheduler {
     /// The network delay bound later decisions charge (every core).
     pub fn set_delay(&mut self, delay: NetworkDelay) {
         for t in 0..self.control.len() {
-            self.to_thread(t, ModelOp::Delay(delay));
+            self.send_to_thread(t, ModelOp::Delay(delay));
         }
-        self.to_rank(RankControl::Delay(delay));
+        self.send_to_rank(RankControl::Delay(delay));
         self.settle_quietly();
     }
 
     /// Closed loop: GPU `gpu` is really free at `free_at`.
     pub fn correct_gpu_free(&mut self, now: Instant, gpu: GpuId, free_at: Instant, out: &mut Actions) {
-        self.to_rank(RankControl::Message(ToRank::GpuCorrect { gpu, free_at }));
+        self.send_to_rank(RankControl::Message(ToRank::GpuCorrect { gpu, free_at }));
         self.settle(now, out);
     }
 
     /// Closed loop: later batches on `gpu` take `factor` times their profile.
     pub fn set_gpu_factor(&mut self, gpu: GpuId, factor: f64) {
         for t in 0..self.control.len() {
-            self.to_thread(t, ModelOp::GpuFactor { gpu, factor });
+            self.send_to_thread(t, ModelOp::GpuFactor { gpu, factor });
         }
         self.settle_quietly();
     }
@@ -240,13 +240,13 @@ impl PinnedScheduler {
     /// Closed loop: later batches of `model` on `gpu` take `factor` times
     /// their profile (`None`: the GPU's factor).
     pub fn set_model_gpu_factor(&mut self, model: ModelId, gpu: GpuId, factor: Option<f64>) {
-        self.to_model(model, ModelOp::ModelGpuFactor { model, gpu, factor });
+        self.send_to_model(model, ModelOp::ModelGpuFactor { model, gpu, factor });
         self.settle_quietly();
     }
 
     /// A model's priority levels, default level and queue bound.
     pub fn set_admission(&mut self, model: ModelId, admission: Admission) {
-        self.to_model(model, ModelOp::Admission { model, admission });
+        self.send_to_model(model, ModelOp::Admission { model, admission });
         self.settle_quietly();
     }
 
@@ -310,13 +310,13 @@ impl PinnedScheduler {
         taken
     }
 
-    fn to_model(&mut self, model: ModelId, op: ModelOp) {
+    fn send_to_model(&mut self, model: ModelId, op: ModelOp) {
         let t = self.owner.get(model as usize).copied().unwrap_or(0) as usize;
-        self.to_thread(t, op);
+        self.send_to_thread(t, op);
     }
 
     /// Queues `op` for ModelThread `t`, behind its earlier controls.
-    fn to_thread(&mut self, t: usize, op: ModelOp) {
+    fn send_to_thread(&mut self, t: usize, op: ModelOp) {
         let c = ModelControl { after: self.pushed[t], op };
         if !self.control_backlog[t].is_empty() || self.control[t].try_push(c).is_err() {
             self.control_backlog[t].push_back(c);
@@ -324,7 +324,7 @@ impl PinnedScheduler {
         self.kick_model(t);
     }
 
-    fn to_rank(&mut self, c: RankControl) {
+    fn send_to_rank(&mut self, c: RankControl) {
         if !self.rank_backlog.is_empty() || self.rank_control.try_push(c).is_err() {
             self.rank_backlog.push_back(c);
         }

@@ -252,11 +252,7 @@ impl ModelWorker {
     pub fn drain_control(&mut self, now: Instant) -> usize {
         let Some(ring) = &mut self.control else { return 0 };
         let mut n = 0;
-        loop {
-            let c = match self.held_control.take().or_else(|| ring.try_pop()) {
-                Some(c) => c,
-                None => break,
-            };
+        while let Some(c) = self.held_control.take().or_else(|| ring.try_pop()) {
             if c.after > self.stats.requests {
                 self.held_control = Some(c);
                 break;
