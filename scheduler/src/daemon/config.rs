@@ -116,9 +116,23 @@ pub struct SchedulerArgs {
     /// no pinning). Threads past the list run unpinned.
     #[arg(long, default_value = "none")]
     pub pin_cores: String,
+    /// Where the RankThread runs (pinned engine): `own` thread, or
+    /// `shared` with ModelThread 0 (one thread hand-off less per decision;
+    /// for machines with few cores).
+    #[arg(long, value_enum, default_value_t = RankThread::Shared)]
+    pub rank_thread: RankThread,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub common: CommonArgs,
+}
+
+/// `--rank-thread`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RankThread {
+    /// A thread of its own.
+    Own,
+    /// On ModelThread 0's thread.
+    Shared,
 }
 
 /// An on/off option.
@@ -210,7 +224,12 @@ impl SchedulerArgs {
         if !(1..=256).contains(&self.model_threads) {
             return Err(ConfigError::invalid("model-threads", format!("{}: must be 1..=256", self.model_threads)));
         }
-        let pinned = PinnedConfig { model_threads: self.model_threads, cores: pin_cores(&self.pin_cores)?, idle: common.idle };
+        let pinned = PinnedConfig {
+            model_threads: self.model_threads,
+            cores: pin_cores(&self.pin_cores)?,
+            idle: common.idle,
+            shared_rank: self.rank_thread == RankThread::Shared,
+        };
         Ok(SchedulerConfig {
             listen: self
                 .listen

@@ -173,6 +173,7 @@ fn log_layout(cfg: &SchedulerConfig, layout: &[ThreadPlacement]) {
     info!(
         engine = cfg.engine.name(),
         model_threads = cfg.pinned.model_threads,
+        rank_thread = if cfg.pinned.shared_rank { "shared" } else { "own" },
         idle = ?cfg.idle,
         layout = %threads.join(" "),
         "scheduler threads (thread@cpu)"

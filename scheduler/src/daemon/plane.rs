@@ -334,7 +334,7 @@ impl ControlPlane {
             s.sched = match kind {
                 EngineKind::Inline => Engine::Inline(Box::new(DeferredScheduler::new(&specs, 0, core))),
                 EngineKind::Pinned => {
-                    let threads = pinned.model_threads.clamp(1, specs.len()) + 1;
+                    let threads = pinned.model_threads.clamp(1, specs.len()) + usize::from(!pinned.shared_rank);
                     let cfg = PinnedConfig { cores: cores.by_ref().take(threads).collect(), ..pinned.clone() };
                     let name = if several { format!("sched{i}") } else { "sched".to_string() };
                     let (p, placed) = PinnedScheduler::new(&name, &specs, core, &cfg, drive.clone())?;
@@ -1471,6 +1471,8 @@ mod tests {
         let cfg = PinnedConfig { model_threads: 1, ..PinnedConfig::default() };
         let layout = p.set_engine(EngineKind::Pinned, &cfg, Drive::Lockstep).unwrap();
         assert_eq!(layout.len(), 2, "a ModelThread and the RankThread: {layout:?}");
+        let shared = PinnedConfig { shared_rank: true, ..cfg.clone() };
+        assert_eq!(plane(&[vec![0, 1]]).set_engine(EngineKind::Pinned, &shared, Drive::Lockstep).unwrap().len(), 1);
         let pinned = recorded_workload(&mut p);
         let plans = inline.iter().filter(|(_, b)| matches!(wire::decode(b), Ok(Message::BatchPlan(..)))).count();
         let drops = inline.iter().filter(|(_, b)| matches!(wire::decode(b), Ok(Message::Dropped(_)))).count();
@@ -1483,11 +1485,21 @@ mod tests {
 
     #[test]
     fn the_pinned_engine_on_threads_answers_every_task_once() {
+        for shared_rank in [false, true] {
+            pinned_threads_answer_every_task_once(shared_rank);
+        }
+    }
+
+    fn pinned_threads_answer_every_task_once(shared_rank: bool) {
         let mut p = plane(&[vec![0], vec![1]]);
         let clock = dataplane::time::MonotonicClock::new();
-        let cfg = PinnedConfig { model_threads: 2, ..PinnedConfig::default() };
+        let cfg = PinnedConfig { model_threads: 2, shared_rank, ..PinnedConfig::default() };
         let layout = p.set_engine(EngineKind::Pinned, &cfg, Drive::Threads { clock, notify: None }).unwrap();
-        assert_eq!(layout.iter().map(|t| t.thread.as_str()).collect::<Vec<_>>(), ["sched0-model-0", "sched0-rank", "sched1-model-0", "sched1-rank"]);
+        let names: Vec<&str> = layout.iter().map(|t| t.thread.as_str()).collect();
+        match shared_rank {
+            false => assert_eq!(names, ["sched0-model-0", "sched0-rank", "sched1-model-0", "sched1-rank"]),
+            true => assert_eq!(names, ["sched0-model-0", "sched1-model-0"]),
+        }
         p.frontend_joined(1, "fe").unwrap();
         p.backend_joined(clock.now(), 10, 2, &[0]).unwrap();
         p.backend_joined(clock.now(), 11, 2, &[1]).unwrap();

@@ -45,16 +45,19 @@ const CONTROL_SLOTS: usize = 4096;
 pub struct PinnedConfig {
     /// ModelThreads (at most one per model; models are dealt round robin).
     pub model_threads: usize,
-    /// CPU ids, in order, for ModelThread 0, 1, ..., then the RankThread;
-    /// threads past the list's end are not pinned.
+    /// CPU ids, in order, for ModelThread 0, 1, ..., then the RankThread
+    /// (unless shared); threads past the list's end are not pinned.
     pub cores: Vec<usize>,
     /// How idle threads wait.
     pub idle: IdleStrategy,
+    /// The RankThread runs on ModelThread 0's thread instead of its own:
+    /// one thread hand-off less per decision (see docs/decisions.md).
+    pub shared_rank: bool,
 }
 
 impl Default for PinnedConfig {
     fn default() -> Self {
-        PinnedConfig { model_threads: 1, cores: Vec::new(), idle: IdleStrategy::GENTLE }
+        PinnedConfig { model_threads: 1, cores: Vec::new(), idle: IdleStrategy::GENTLE, shared_rank: false }
     }
 }
 
@@ -129,7 +132,8 @@ pub struct PinnedScheduler {
 impl PinnedScheduler {
     /// Workers for `models` (local id = index) with no GPU yet, driven as
     /// `drive` says; also returns where each thread was asked to run.
-    /// Threads are named `{name}-model-{i}` and `{name}-rank`.
+    /// Threads are named `{name}-model-{i}` and `{name}-rank` (none when
+    /// the RankThread shares ModelThread 0's thread).
     pub fn new(name: &str, models: &[ModelSpec], core: CoreConfig, cfg: &PinnedConfig, drive: Drive) -> Result<(Self, Vec<ThreadPlacement>), RuntimeError> {
         let threads = cfg.model_threads.clamp(1, models.len().max(1));
         let owner: Vec<u32> = (0..models.len()).map(|m| (m % threads) as u32).collect();
@@ -156,7 +160,9 @@ impl PinnedScheduler {
         let mut layout: Vec<ThreadPlacement> = (0..threads)
             .map(|i| ThreadPlacement { thread: format!("{name}-model-{i}"), core: cfg.cores.get(i).copied() })
             .collect();
-        layout.push(ThreadPlacement { thread: format!("{name}-rank"), core: cfg.cores.get(threads).copied() });
+        if !cfg.shared_rank {
+            layout.push(ThreadPlacement { thread: format!("{name}-rank"), core: cfg.cores.get(threads).copied() });
+        }
         let mode = match drive {
             Drive::Lockstep => Mode::Stepped(Box::new(Stepped { models: workers, rank })),
             Drive::Threads { clock, notify } => Mode::Running(spawn(workers, rank, &layout, cfg.idle, clock, notify)?),
@@ -429,75 +435,73 @@ fn pin_to(core: usize) -> bool {
     core_affinity::set_for_current(core_affinity::CoreId { id: core })
 }
 
-/// Starts the ModelThreads and the RankThread.
+/// Starts the ModelThreads and the RankThread (on ModelThread 0's thread
+/// when `layout` has no place of its own for it).
 fn spawn(
     models: Vec<ModelWorker>,
-    mut rank: RankWorker,
+    rank: RankWorker,
     layout: &[ThreadPlacement],
     idle: IdleStrategy,
     clock: MonotonicClock,
     notify: Option<Notifier>,
 ) -> Result<Running, RuntimeError> {
     let stop = Arc::new(AtomicBool::new(false));
-    let model_idlers: Vec<Idler> = models.iter().map(|_| Idler::new(idle)).collect();
-    let model_wakers: Vec<Waker> = model_idlers.iter().map(Idler::waker).collect();
-    let rank_idler = Idler::new(idle);
-    let rank_waker = rank_idler.waker();
+    let n = models.len();
+    let shared = layout.len() == n;
+    let idlers: Vec<Idler> = (0..n + usize::from(!shared)).map(|_| Idler::new(idle)).collect();
+    let model_wakers: Vec<Waker> = idlers[..n].iter().map(Idler::waker).collect();
+    let rank_waker = idlers[if shared { 0 } else { n }].waker();
+    let mut rank = Some(rank);
+    let mut jobs: Vec<(Option<ModelWorker>, Option<RankWorker>)> =
+        models.into_iter().enumerate().map(|(i, m)| (Some(m), if shared && i == 0 { rank.take() } else { None })).collect();
+    if !shared {
+        jobs.push((None, rank.take()));
+    }
     let mut handles = Vec::new();
-    let placed = |i: usize| {
+    for (i, ((mut model, mut rank), mut idler)) in jobs.into_iter().zip(idlers).enumerate() {
+        let (stop, rank_waker, notify, wakers) = (Arc::clone(&stop), rank_waker.clone(), notify.clone(), model_wakers.clone());
         let p = layout[i].clone();
-        move || {
-            if let Some(c) = p.core.filter(|&c| !pin_to(c)) {
-                warn!(thread = %p.thread, core = c, "cannot pin the thread to its core; it runs unpinned");
-            }
-        }
-    };
-    for (i, (mut w, mut idler)) in models.into_iter().zip(model_idlers).enumerate() {
-        let (stop, rank_waker, notify) = (Arc::clone(&stop), rank_waker.clone(), notify.clone());
-        let pin = placed(i);
         let h = std::thread::Builder::new()
-            .name(layout[i].thread.clone())
+            .name(p.thread.clone())
             .spawn(move || {
-                pin();
+                if let Some(c) = p.core.filter(|&c| !pin_to(c)) {
+                    warn!(thread = %p.thread, core = c, "cannot pin the thread to its core; it runs unpinned");
+                }
                 while !stop.load(Ordering::Acquire) {
                     let now = clock.now();
-                    let sent = w.outcomes_sent;
-                    if w.step(now) > 0 {
-                        rank_waker.wake();
-                        if w.outcomes_sent != sent {
+                    let mut work = 0;
+                    if let Some(r) = &mut rank {
+                        let k = r.step(now);
+                        if k > 0 {
+                            wakers.iter().for_each(Waker::wake);
+                        }
+                        work += k;
+                    }
+                    if let Some(m) = &mut model {
+                        let sent = m.outcomes_sent;
+                        let k = m.step(now);
+                        if k > 0 {
+                            rank_waker.wake();
+                        }
+                        if m.outcomes_sent != sent {
                             if let Some(n) = &notify {
                                 n.notify();
                             }
                         }
+                        work += k;
+                    }
+                    if work > 0 {
                         idler.reset();
                     } else {
-                        idle_pass(&mut idler, idle, now, w.poll_at(), || w.has_input());
+                        let next = [model.as_ref().and_then(ModelWorker::poll_at), rank.as_ref().and_then(RankWorker::poll_at)].into_iter().flatten().min();
+                        idle_pass(&mut idler, idle, now, next, || {
+                            model.as_mut().is_some_and(ModelWorker::has_input) || rank.as_mut().is_some_and(RankWorker::has_input)
+                        });
                     }
                 }
             })
             .map_err(|source| RuntimeError::Spawn { index: i, source })?;
         handles.push(h);
     }
-    let n = layout.len() - 1;
-    let (stop2, wakers, pin) = (Arc::clone(&stop), model_wakers.clone(), placed(n));
-    let mut idler = rank_idler;
-    let h = std::thread::Builder::new()
-        .name(layout[n].thread.clone())
-        .spawn(move || {
-            pin();
-            while !stop2.load(Ordering::Acquire) {
-                let now = clock.now();
-                if rank.step(now) > 0 {
-                    for w in &wakers {
-                        w.wake();
-                    }
-                    idler.reset();
-                } else {
-                    idle_pass(&mut idler, idle, now, rank.poll_at(), || rank.has_input());
-                }
-            }
-        })
-        .map_err(|source| RuntimeError::Spawn { index: n, source })?;
-    handles.push(h);
     Ok(Running { stop, model_wakers, rank_waker, handles })
 }
