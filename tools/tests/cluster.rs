@@ -176,13 +176,6 @@ fn an_idle_scheduler_on_the_pinned_engine_uses_under_five_percent_of_a_core() {
     let (t0, c0) = (Instant::now(), cpu_s_of(pid));
     std::thread::sleep(StdDuration::from_secs(3));
     let busy = (cpu_s_of(pid) - c0) / t0.elapsed().as_secs_f64();
-    if std::env::var_os("RT_DEBUG").is_some() {
-        for e in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-            let e = e.unwrap();
-            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap();
-            eprintln!("{}", stat.split_whitespace().take(16).collect::<Vec<_>>().join(" "));
-        }
-    }
     assert!(busy <= 0.05, "idle scheduler busy {:.1}% of a core", busy * 100.0);
     c.stop().expect("clean shutdown");
     remove_logs("shm-idle");
