@@ -360,6 +360,20 @@ pub trait Connection: Send {
     /// retry. Bytes leave during this call or later polling calls.
     fn send(&mut self, msg: &[u8]) -> Result<(), Error>;
 
+    /// Like [`send`](Self::send), but the bytes may wait in the send queue
+    /// until [`flush_batched`](Self::flush_batched) (or a `send`, or a
+    /// `progress`), so that several messages to one peer leave in one
+    /// system call. Transports without such a queue send at once.
+    fn send_batched(&mut self, msg: &[u8]) -> Result<(), Error> {
+        self.send(msg)
+    }
+
+    /// Starts sending what [`send_batched`](Self::send_batched) queued
+    /// (nothing to do where it sent at once).
+    fn flush_batched(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// The next received control message, copied whole into `buf`; returns
     /// its length, or `None` if none is ready. A too-small `buf` gets
     /// `BufferTooSmall` and the message stays queued. After the peer left,

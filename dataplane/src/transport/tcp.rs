@@ -248,7 +248,7 @@ impl Listener for TcpListener {
 /// Blocks up to `timeout` until `fd` is readable (or has an error or hang-up
 /// pending). Errors and timeouts are not reported: the caller retries its
 /// non-blocking call and learns the outcome there.
-fn wait_readable(fd: std::os::fd::RawFd, timeout: std::time::Duration) {
+pub(crate) fn wait_readable(fd: std::os::fd::RawFd, timeout: std::time::Duration) {
     let mut pfd = libc::pollfd {
         fd,
         events: libc::POLLIN,
@@ -261,21 +261,6 @@ fn wait_readable(fd: std::os::fd::RawFd, timeout: std::time::Duration) {
     // SAFETY: `pfd` is one valid pollfd on the stack, `ts` a valid timespec,
     // and a null signal mask means "unchanged".
     unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
-}
-
-/// Waits politely in setup paths: a few yields, then short sleeps.
-#[derive(Default)]
-pub(crate) struct Backoff(u32);
-
-impl Backoff {
-    pub(crate) fn snooze(&mut self) {
-        self.0 += 1;
-        if self.0 < 16 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(std::time::Duration::from_micros(200));
-        }
-    }
 }
 
 /// A tcp connection.
@@ -295,6 +280,12 @@ impl std::fmt::Debug for TcpConn {
 impl Connection for TcpConn {
     fn send(&mut self, msg: &[u8]) -> Result<(), Error> {
         self.stream.send(msg)
+    }
+    fn send_batched(&mut self, msg: &[u8]) -> Result<(), Error> {
+        self.stream.send_batched(msg)
+    }
+    fn flush_batched(&mut self) -> Result<(), Error> {
+        self.stream.flush_batched()
     }
     fn try_recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, Error> {
         self.stream.try_recv(buf)

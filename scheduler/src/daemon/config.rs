@@ -13,7 +13,9 @@ use dataplane::join::TOKEN_ENV;
 use dataplane::shell::{Common, CommonArgs, ConfigError};
 use dataplane::time::Duration;
 
+use super::engine::EngineKind;
 use super::node::Membership;
+use crate::runtime::PinnedConfig;
 use crate::closed_loop::LoopConfig;
 use crate::deferred::CoreConfig;
 use crate::delay_watch::DelayWatchConfig;
@@ -101,9 +103,36 @@ pub struct SchedulerArgs {
     /// across processes.
     #[arg(long)]
     pub bench_stamps: bool,
+    /// Where the scheduling cores run: `pinned` (ModelThreads and a
+    /// RankThread of their own, fed through rings) or `inline` (on the I/O
+    /// thread).
+    #[arg(long, value_enum, default_value_t = EngineKind::Pinned)]
+    pub engine: EngineKind,
+    /// ModelThreads per sub-cluster (pinned engine; at most one per model).
+    #[arg(long, default_value_t = 1)]
+    pub model_threads: usize,
+    /// CPUs for the runtime's threads, in order: each sub-cluster's
+    /// ModelThreads then its RankThread (comma-separated CPU ids; `none`:
+    /// no pinning). Threads past the list run unpinned.
+    #[arg(long, default_value = "none")]
+    pub pin_cores: String,
+    /// Where the RankThread runs (pinned engine): `own` thread, or
+    /// `shared` with ModelThread 0 (one thread hand-off less per decision;
+    /// for machines with few cores).
+    #[arg(long, value_enum, default_value_t = RankThread::Shared)]
+    pub rank_thread: RankThread,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub common: CommonArgs,
+}
+
+/// `--rank-thread`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RankThread {
+    /// A thread of its own.
+    Own,
+    /// On ModelThread 0's thread.
+    Shared,
 }
 
 /// An on/off option.
@@ -150,6 +179,11 @@ pub struct SchedulerConfig {
     pub delay_watch: DelayWatchConfig,
     /// Benchmark-only clock stamps (`--bench-stamps`).
     pub bench_stamps: bool,
+    /// Where the scheduling cores run.
+    pub engine: EngineKind,
+    /// The pinned engine's threads, cores and idle strategy (the shell's
+    /// `--idle`).
+    pub pinned: PinnedConfig,
 }
 
 impl SchedulerArgs {
@@ -187,6 +221,15 @@ impl SchedulerArgs {
         }
         let closed_loop = LoopConfig { enabled: self.closed_loop == Switch::On, ..LoopConfig::default() };
         let delay_watch = DelayWatchConfig { percentile: p, window: self.read_bound_window, adopt: self.adopt_read_bound };
+        if !(1..=256).contains(&self.model_threads) {
+            return Err(ConfigError::invalid("model-threads", format!("{}: must be 1..=256", self.model_threads)));
+        }
+        let pinned = PinnedConfig {
+            model_threads: self.model_threads,
+            cores: pin_cores(&self.pin_cores)?,
+            idle: common.idle,
+            shared_rank: self.rank_thread == RankThread::Shared,
+        };
         Ok(SchedulerConfig {
             listen: self
                 .listen
@@ -204,6 +247,8 @@ impl SchedulerArgs {
             closed_loop,
             delay_watch,
             bench_stamps: self.bench_stamps,
+            engine: self.engine,
+            pinned,
         })
     }
 
@@ -235,6 +280,23 @@ impl SchedulerArgs {
         m.max_pending = limit(self.max_registering, "max-registering", m.max_pending, 65536)?;
         Ok(m)
     }
+}
+
+/// `--pin-cores`: CPU ids, or `none`.
+fn pin_cores(list: &str) -> Result<Vec<usize>, ConfigError> {
+    let list = list.trim();
+    if list.is_empty() || list == "none" {
+        return Ok(Vec::new());
+    }
+    list.split(',')
+        .map(|c| {
+            c.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|&c| c < 1024)
+                .ok_or_else(|| ConfigError::invalid("pin-cores", format!("'{c}': want CPU ids (0..1024) separated by commas, or none")))
+        })
+        .collect()
 }
 
 /// `--subcluster` lists as global model ids (default: one with every model).

@@ -14,6 +14,7 @@
 
 pub mod bench_stamps;
 pub mod config;
+pub mod engine;
 pub mod metrics;
 pub mod node;
 pub mod plane;
@@ -32,6 +33,7 @@ use tracing::{info, warn};
 pub use config::{ModelListArgs, SchedulerArgs, SchedulerConfig};
 use metrics::SchedulerMetrics;
 use node::{NodeConfig, SchedulerEvent, SchedulerNode};
+use crate::runtime::{Drive, ThreadPlacement};
 use plane::ControlPlane;
 
 /// Why the scheduler daemon could not start or had to stop.
@@ -121,8 +123,12 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), Scheduler
     plane.set_bench_stamps(cfg.bench_stamps.then(|| clock.origin_host_ns()));
     let setup = |what| move |source| SchedulerError::Setup { what, source };
     let mut idle = IdleWait::new(cfg.idle).map_err(setup("wait set"))?;
+    let drive = Drive::Threads { clock, notify: Some(idle.notifier()) };
+    let layout = plane.set_engine(cfg.engine, &cfg.pinned, drive).map_err(|e| SchedulerError::Plane(e.to_string()))?;
     let acceptor = Acceptor::spawn("sched-accept", listener, idle.set().notifier())
         .map_err(setup("acceptor thread"))?;
+    // After the acceptor's spawn: it would inherit this thread's CPU.
+    log_layout(&cfg, &layout);
     announce(&cfg, &control_addr, endpoint.addr());
     let mut node = SchedulerNode::new(
         plane,
@@ -148,6 +154,30 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), Scheduler
         "stopped"
     );
     Ok(())
+}
+
+/// Logs where every scheduling thread runs.
+fn log_layout(cfg: &SchedulerConfig, layout: &[ThreadPlacement]) {
+    let core = |c: Option<usize>| c.map_or_else(|| "any".to_string(), |c| c.to_string());
+    let io_core = cfg.pinned.cores.get(layout.len()).copied();
+    if let Some(c) = io_core {
+        if !core_affinity::set_for_current(core_affinity::CoreId { id: c }) {
+            warn!(core = c, "cannot pin the I/O thread to its core; it runs unpinned");
+        }
+    }
+    let threads: Vec<String> = layout
+        .iter()
+        .map(|p| format!("{}@{}", p.thread, core(p.core)))
+        .chain(std::iter::once(format!("sched-io@{}", core(io_core))))
+        .collect();
+    info!(
+        engine = cfg.engine.name(),
+        model_threads = cfg.pinned.model_threads,
+        rank_thread = if cfg.pinned.shared_rank { "shared" } else { "own" },
+        idle = ?cfg.idle,
+        layout = %threads.join(" "),
+        "scheduler threads (thread@cpu)"
+    );
 }
 
 /// Logs what the scheduler runs with and prints the READY line.
@@ -207,7 +237,10 @@ fn poll_until_drained<C: Connection>(node: &mut SchedulerNode<C>, acceptor: &Acc
                 node.for_each_conn(|key, c| live.extend(c.wait_fd().map(|fd| (key, fd))))
             });
             let next = node.poll_at().unwrap_or(now + Duration::from_millis(100));
-            idle.idle(next.saturating_since(clock.now()));
+            // The pinned runtime's threads notify the wait set when they
+            // hand decisions over; the recheck closes the race with a
+            // notify sent just before this thread declared itself asleep.
+            idle.idle_unless(next.saturating_since(clock.now()), || node.plane().has_decisions());
         }
     }
 }

@@ -261,20 +261,23 @@ struct Link<C> {
     conn: C,
     live: Liveness,
     backlog: Backlog,
+    /// Messages were queued on it in the current flush.
+    queued: bool,
 }
 
 impl<C: Connection> Link<C> {
     /// Queues `msg` behind any backlog; a full queue starts (or extends)
-    /// the backlog.
+    /// the backlog. The bytes leave at the link's next `progress` (the
+    /// node's flush ends with one per link it sent to).
     fn send(&mut self, now: Instant, msg: &[u8]) -> Result<(), Error> {
         if self.backlog.is_empty() {
-            match self.conn.send(msg) {
+            match self.conn.send_batched(msg) {
                 Err(Error::QueueFull) => {}
                 other => return other,
             }
             // Progress may free room at once (bytes leave during polls).
             self.conn.progress()?;
-            match self.conn.send(msg) {
+            match self.conn.send_batched(msg) {
                 Err(Error::QueueFull) => {}
                 other => return other,
             }
@@ -325,6 +328,8 @@ pub struct SchedulerNode<C: Connection> {
     closing: Vec<Closing<C>>,
     membership: Membership,
     dead: Vec<PeerId>,
+    /// Peers the current flush queued messages for (flushed once each).
+    touched: Vec<PeerId>,
     events: VecDeque<SchedulerEvent>,
     buf: Vec<u8>,
     hb: [u8; 64],
@@ -350,6 +355,7 @@ impl<C: Connection> SchedulerNode<C> {
             closing: Vec::new(),
             membership: Membership::open(),
             dead: Vec::new(),
+            touched: Vec::with_capacity(64),
             events: VecDeque::new(),
             buf: vec![0u8; wire::MAX_MESSAGE_LEN],
             hb: [0u8; 64],
@@ -415,6 +421,7 @@ impl<C: Connection> SchedulerNode<C> {
             self.plane.on_wake(now);
             busy = true;
         }
+        busy |= self.plane.collect(now);
         if self.plane.next_expiry().is_some_and(|t| t <= now) {
             let count = self.plane.expire_overdue(now);
             if count > 0 {
@@ -529,6 +536,7 @@ impl<C: Connection> SchedulerNode<C> {
             conn,
             live: Liveness::new(now, self.cfg.heartbeat, self.cfg.dead_after),
             backlog: Backlog::default(),
+            queued: false,
         }
     }
 
@@ -820,7 +828,10 @@ impl<C: Connection> SchedulerNode<C> {
         }
     }
 
-    /// Sends the plane's outbox. Returns whether it held anything.
+    /// Sends the plane's outbox: every message to a peer is queued on its
+    /// link, then each link that got any is flushed once (one system call
+    /// per peer per pass, however many plans, drops or completions).
+    /// Returns whether the outbox held anything.
     fn flush(&mut self, now: Instant) -> bool {
         let out = self.plane.outbox();
         if out.is_empty() {
@@ -839,9 +850,27 @@ impl<C: Connection> SchedulerNode<C> {
             if let Err(e) = link.send(now, msg) {
                 self.events.push_back(SchedulerEvent::SendFailed { peer, error: e.to_string() });
                 self.dead.push(peer);
+                continue;
+            }
+            if !link.queued {
+                link.queued = true;
+                self.touched.push(peer);
             }
         }
         out.clear();
+        for peer in self.touched.drain(..) {
+            let link = match peer {
+                PeerId::Frontend(id) => self.frontends.get_mut(&id),
+                PeerId::Backend(id) => self.backends.get_mut(&id),
+            };
+            if let Some(link) = link {
+                link.queued = false;
+                if let Err(e) = link.conn.flush_batched() {
+                    self.events.push_back(SchedulerEvent::SendFailed { peer, error: e.to_string() });
+                    self.dead.push(peer);
+                }
+            }
+        }
         true
     }
 

@@ -7,8 +7,9 @@
 //! # Sub-clusters
 //!
 //! Models are partitioned into sub-clusters (by configuration; one holding
-//! every model by default). Each sub-cluster is one [`DeferredScheduler`]
-//! over its models and its own GPU id space. A backend joins the
+//! every model by default). Each sub-cluster is one scheduling [`Engine`]
+//! (a [`DeferredScheduler`] inline, or the pinned runtime's threads) over
+//! its models and its own GPU id space. A backend joins the
 //! sub-cluster whose models it holds all of (the one with the fewest GPUs
 //! if several qualify), and its GPUs extend that sub-cluster. GPU ids are
 //! never reused: a backend that leaves takes its ids out of matchmaking for
@@ -28,10 +29,12 @@ use dataplane::wire::{
 use super::bench_stamps::BenchClock;
 use super::metrics::{LoopEstimate, MessageRefusal, SchedulerMetrics};
 use crate::closed_loop::{ClosedLoop, Estimate, LoopConfig, Ratio, Report};
+use super::engine::{Engine, EngineKind};
 use crate::deferred::{CoreConfig, DeferredScheduler};
+use crate::runtime::{Drive, PinnedConfig, PinnedScheduler, ThreadPlacement};
 use crate::delay_watch::{DelayWatch, DelayWatchConfig, Verdict};
 use crate::netdelay::NetworkDelay;
-use crate::types::{Actions, GpuId, Request, Scheduler};
+use crate::types::{Actions, GpuId, Request};
 use crate::zoo::ModelSpec;
 
 /// A peer of the scheduler.
@@ -169,7 +172,7 @@ struct InFlight {
 struct SubCluster {
     /// Global model ids, by local id.
     models: Vec<u32>,
-    sched: DeferredScheduler,
+    sched: Engine,
     /// (backend, local GPU) of each sub-cluster GPU id.
     gpu_owner: Vec<(u32, u32)>,
     /// Planned finish of the last batch planned on each GPU id (moved by
@@ -210,6 +213,8 @@ pub struct ControlPlane {
     control_delay: Duration,
     /// The network delay bound the cores charge.
     delay: NetworkDelay,
+    /// The cores' configuration (as given; `delay` is the live bound).
+    core: CoreConfig,
     loop_cfg: LoopConfig,
     /// The READ tail against `delay.d_data`, for the one transport this
     /// scheduler's links use.
@@ -237,6 +242,12 @@ pub enum PlaneError {
     /// A sub-cluster has no models.
     #[error("sub-cluster {0} has no models")]
     EmptySubCluster(usize),
+    /// The engine can change only before any peer joined.
+    #[error("the scheduling engine can change only before peers join")]
+    EngineInUse,
+    /// The pinned runtime's threads could not start.
+    #[error("cannot start the pinned runtime: {0}")]
+    Runtime(#[from] crate::runtime::RuntimeError),
 }
 
 impl ControlPlane {
@@ -267,7 +278,7 @@ impl ControlPlane {
             }
             scs.push(SubCluster {
                 models: ids.clone(),
-                sched: DeferredScheduler::new(&specs, 0, core),
+                sched: Engine::Inline(Box::new(DeferredScheduler::new(&specs, 0, core))),
                 gpu_owner: Vec::new(),
                 planned_free: Vec::new(),
                 closed_loop: ClosedLoop::new(specs.len(), LoopConfig::default()),
@@ -295,6 +306,7 @@ impl ControlPlane {
             duplicate_tasks: 0,
             control_delay: core.delay.d_ctrl,
             delay: core.delay,
+            core,
             loop_cfg: LoopConfig::default(),
             watch: DelayWatch::new(core.delay.d_data, DelayWatchConfig::default()),
             verdicts: Vec::with_capacity(4),
@@ -302,6 +314,56 @@ impl ControlPlane {
             bench: None,
         })
         .inspect(ControlPlane::sync_loop_gauges)
+    }
+
+    /// Runs every sub-cluster's scheduling cores on `kind` (inline by
+    /// default). Each sub-cluster gets `pinned.model_threads` ModelThreads
+    /// and a RankThread; `pinned.cores` is dealt to them in sub-cluster
+    /// order. Only before any peer joined (the cores start empty). Returns
+    /// where each thread was asked to run (empty inline).
+    pub fn set_engine(&mut self, kind: EngineKind, pinned: &PinnedConfig, drive: Drive) -> Result<Vec<ThreadPlacement>, PlaneError> {
+        if !self.frontends.is_empty() || !self.backends.is_empty() || !self.tasks.is_empty() {
+            return Err(PlaneError::EngineInUse);
+        }
+        let core = CoreConfig { delay: self.delay, ..self.core };
+        let mut layout = Vec::new();
+        let mut cores = pinned.cores.iter().copied();
+        let several = self.subclusters.len() > 1;
+        for (i, s) in self.subclusters.iter_mut().enumerate() {
+            let specs: Vec<ModelSpec> = s.models.iter().map(|&g| self.models[g as usize].clone()).collect();
+            s.sched = match kind {
+                EngineKind::Inline => Engine::Inline(Box::new(DeferredScheduler::new(&specs, 0, core))),
+                EngineKind::Pinned => {
+                    let threads = pinned.model_threads.clamp(1, specs.len()) + usize::from(!pinned.shared_rank);
+                    let cfg = PinnedConfig { cores: cores.by_ref().take(threads).collect(), ..pinned.clone() };
+                    let name = if several { format!("sched{i}") } else { "sched".to_string() };
+                    let (p, placed) = PinnedScheduler::new(&name, &specs, core, &cfg, drive.clone())?;
+                    layout.extend(placed);
+                    Engine::Pinned(Box::new(p))
+                }
+            };
+        }
+        Ok(layout)
+    }
+
+    /// Takes the decisions the pinned runtime's threads made since the
+    /// last call and turns them into messages. Returns whether there were
+    /// any.
+    pub fn collect(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        for sc in 0..self.subclusters.len() {
+            if self.subclusters[sc].sched.collect(&mut self.actions) > 0 || !self.actions.is_empty() {
+                self.apply(now, sc);
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// True when the pinned runtime's threads have decisions waiting for
+    /// [`collect`](Self::collect) (the host's check before it sleeps).
+    pub fn has_decisions(&self) -> bool {
+        self.subclusters.iter().any(|s| s.sched.has_output())
     }
 
     /// The closed loop's configuration (on by default).
@@ -839,9 +901,8 @@ impl ControlPlane {
         } else {
             self.learn(now, sc, gpu, model, done);
         }
-        self.subclusters[sc]
-            .sched
-            .on_batch_done(now, gpu, &mut self.actions);
+        // The cores take nothing from a report itself (they keep each
+        // GPU's planned free time); `learn` has passed on any correction.
         self.apply(now, sc);
     }
 
@@ -1069,6 +1130,7 @@ impl ControlPlane {
 mod tests {
     use super::*;
     use dataplane::wire::Message;
+    use crate::runtime::{Drive, PinnedConfig};
 
     fn models() -> Vec<ModelSpec> {
         vec![
@@ -1332,6 +1394,141 @@ mod tests {
         p.publish_estimates(now);
         let text = p.metrics().encode();
         assert!(text.contains("symphony_gpu_speed_ratio{backend=\"10\",gpu=\"0\"} 1.4"), "{text}");
+    }
+
+    /// Drives a plane through a seeded workload on a virtual clock: two
+    /// frontends, two backends (one leaves half-way), tasks of both
+    /// models at random gaps, some cancelled, batches reported done late
+    /// (closed-loop corrections). Returns every message sent, in order.
+    fn recorded_workload(p: &mut ControlPlane) -> Vec<(PeerId, Vec<u8>)> {
+        let mut sent = Vec::new();
+        let take = |p: &mut ControlPlane, sent: &mut Vec<(PeerId, Vec<u8>)>| {
+            sent.extend(p.outbox().iter().map(|(to, b)| (to, b.to_vec())));
+            p.outbox().clear();
+        };
+        let t0 = Instant::ZERO;
+        p.frontend_joined(1, "fe1").unwrap();
+        p.frontend_joined(2, "fe2").unwrap();
+        p.backend_joined(t0, 10, 2, &[0, 1]).unwrap();
+        p.backend_joined(t0, 11, 1, &[0, 1]).unwrap();
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut now = t0;
+        let mut inflight: Vec<(Instant, u32, u64, u32)> = Vec::new();
+        for i in 0..400u64 {
+            let at = now + Duration::from_micros(next() % 900);
+            // Timers and reports due before the next arrival, in time order.
+            loop {
+                let report = inflight.iter().map(|r| r.0).min();
+                let t = [p.poll_at(), report].into_iter().flatten().filter(|&t| t <= at).min();
+                let Some(t) = t else { break };
+                now = t.max(now);
+                if report == Some(t) {
+                    let k = inflight.iter().position(|r| r.0 == t).unwrap();
+                    let (_, backend, batch_id, count) = inflight.swap_remove(k);
+                    let done = wire::BatchDone { batch_id, start_ago_ns: 7_000_000, count, ..Default::default() };
+                    p.on_batch_done(now, backend, &done);
+                } else {
+                    p.on_wake(now);
+                }
+                for (to, b) in p.outbox().iter() {
+                    if let (PeerId::Backend(be), Ok(Message::BatchPlan(h, _))) = (to, wire::decode(b)) {
+                        inflight.push((now + Duration::from_nanos(h.exec_in_ns) + Duration::from_millis(7), be, h.batch_id, h.count));
+                    }
+                }
+                take(p, &mut sent);
+            }
+            now = at;
+            let f = 1 + (i % 2) as u32;
+            p.on_task(now, f, &task(i, (next() % 2) as u32, f));
+            if i % 37 == 5 {
+                p.on_cancel(now, f, &wire::Cancel { task_id: tid(i, f) });
+            }
+            if i == 200 {
+                p.backend_left(now, 11);
+            }
+            for (to, b) in p.outbox().iter() {
+                if let (PeerId::Backend(be), Ok(Message::BatchPlan(h, _))) = (to, wire::decode(b)) {
+                    inflight.push((now + Duration::from_nanos(h.exec_in_ns) + Duration::from_millis(7), be, h.batch_id, h.count));
+                }
+            }
+            take(p, &mut sent);
+        }
+        run_until_quiet(p, now, now + Duration::from_secs_f64(1.0));
+        take(p, &mut sent);
+        sent
+    }
+
+    #[test]
+    fn the_pinned_engine_in_lockstep_sends_exactly_what_the_inline_engine_sends() {
+        let inline = recorded_workload(&mut plane(&[vec![0, 1]]));
+        let mut p = plane(&[vec![0, 1]]);
+        let cfg = PinnedConfig { model_threads: 1, ..PinnedConfig::default() };
+        let layout = p.set_engine(EngineKind::Pinned, &cfg, Drive::Lockstep).unwrap();
+        assert_eq!(layout.len(), 2, "a ModelThread and the RankThread: {layout:?}");
+        let shared = PinnedConfig { shared_rank: true, ..cfg.clone() };
+        assert_eq!(plane(&[vec![0, 1]]).set_engine(EngineKind::Pinned, &shared, Drive::Lockstep).unwrap().len(), 1);
+        let pinned = recorded_workload(&mut p);
+        let plans = inline.iter().filter(|(_, b)| matches!(wire::decode(b), Ok(Message::BatchPlan(..)))).count();
+        let drops = inline.iter().filter(|(_, b)| matches!(wire::decode(b), Ok(Message::Dropped(_)))).count();
+        assert!(plans > 10 && drops > 0, "a workload that plans and drops: {plans} plans, {drops} drops");
+        assert_eq!(inline.len(), pinned.len());
+        for (i, (a, b)) in inline.iter().zip(&pinned).enumerate() {
+            assert_eq!(a, b, "message {i} differs");
+        }
+    }
+
+    #[test]
+    fn the_pinned_engine_on_threads_answers_every_task_once() {
+        for shared_rank in [false, true] {
+            pinned_threads_answer_every_task_once(shared_rank);
+        }
+    }
+
+    fn pinned_threads_answer_every_task_once(shared_rank: bool) {
+        let mut p = plane(&[vec![0], vec![1]]);
+        let clock = dataplane::time::MonotonicClock::new();
+        let cfg = PinnedConfig { model_threads: 2, shared_rank, ..PinnedConfig::default() };
+        let layout = p.set_engine(EngineKind::Pinned, &cfg, Drive::Threads { clock, notify: None }).unwrap();
+        let names: Vec<&str> = layout.iter().map(|t| t.thread.as_str()).collect();
+        match shared_rank {
+            false => assert_eq!(names, ["sched0-model-0", "sched0-rank", "sched1-model-0", "sched1-rank"]),
+            true => assert_eq!(names, ["sched0-model-0", "sched1-model-0"]),
+        }
+        p.frontend_joined(1, "fe").unwrap();
+        p.backend_joined(clock.now(), 10, 2, &[0]).unwrap();
+        p.backend_joined(clock.now(), 11, 2, &[1]).unwrap();
+        p.outbox().clear();
+        const TASKS: u64 = 300;
+        for i in 0..TASKS {
+            p.on_task(clock.now(), 1, &task(i, (i % 2) as u32, 1));
+        }
+        p.on_cancel(clock.now(), 1, &wire::Cancel { task_id: tid(TASKS - 1, 1) });
+        let mut answered = std::collections::HashMap::new();
+        // Bounded by the tasks' 40 ms budget: by then each is planned or dropped.
+        let give_up = clock.now() + Duration::from_secs_f64(5.0);
+        while (answered.len() as u64) < TASKS && clock.now() < give_up {
+            if !p.collect(clock.now()) {
+                std::thread::yield_now();
+            }
+            for (_, b) in p.outbox().iter() {
+                match wire::decode(b) {
+                    Ok(Message::BatchPlan(_, list)) => list.iter().for_each(|t| *answered.entry(t.task_id).or_insert(0) += 1),
+                    Ok(Message::Dropped(d)) => *answered.entry(d.task_id).or_insert(0) += 1,
+                    _ => {}
+                }
+            }
+            p.outbox().clear();
+        }
+        assert_eq!(answered.len() as u64, TASKS, "every task planned or dropped");
+        assert!(answered.values().all(|&n| n == 1), "none twice");
+        assert_eq!(p.waiting_tasks(), 0);
+        assert_eq!(p.overlapping_plans(), 0);
     }
 
     #[test]

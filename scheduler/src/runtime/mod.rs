@@ -18,9 +18,14 @@
 //! manual clock, in the simulator's event order, so a recorded trace gives
 //! exactly the simulator's decisions.
 
+mod service;
 mod workers;
 
-pub use workers::{RecordedBatch, Dispatch, EmulatedGpus, LoadGen, ModelWorker, ModelWorkerStats, RankWorker, RankWorkerStats};
+pub use service::{Drive, PinnedConfig, PinnedScheduler, ThreadPlacement, INGRESS_SLOTS};
+pub use workers::{
+    Dispatch, EmulatedGpus, LoadGen, ModelControl, ModelOp, ModelWorker, ModelWorkerStats, Outcome, RankControl, RankWorker, RankWorkerStats,
+    RecordedBatch, Sink,
+};
 
 use crate::deferred::{CoreConfig, ModelThreadCore, RankCore};
 use crate::sim::{next_event, Event, Workload};
@@ -87,7 +92,7 @@ pub fn build(cfg: &RuntimeConfig) -> Topology {
             .map(|(m, s)| (m as ModelId, s.clone()))
             .collect();
         let core = ModelThreadCore::new(cfg.core, mine);
-        model_workers.push(ModelWorker::new(core, vec![ing_rx], gr_rx, tr_tx, d_tx));
+        model_workers.push(ModelWorker::new(core, vec![ing_rx], gr_rx, tr_tx, workers::Sink::Dispatches(d_tx), None));
         ingress.push(ing_tx);
         to_rank_rx.push(tr_rx);
         grants_tx.push(gr_tx);

@@ -2,12 +2,13 @@
 //! methods and no threads of its own, so the same code runs on pinned
 //! threads (real clock) or under the lockstep driver (manual clock).
 
-use crate::deferred::{Grant, ModelThreadCore, ToRank};
+use crate::deferred::{Admission, Grant, ModelThreadCore, ToRank};
 use crate::deferred::RankCore;
+use crate::netdelay::NetworkDelay;
 use crate::gpu::GpuSet;
 use crate::profile::LatencyProfile;
 use crate::sim::{Arrivals, Workload};
-use crate::types::{Actions, DropReason, GpuId, ModelId, Request};
+use crate::types::{Actions, DropReason, GpuId, ModelId, Request, RequestId};
 use crate::zoo::ModelSpec;
 use dataplane::spsc::{Consumer, Producer};
 use dataplane::time::{Duration, Instant};
@@ -38,6 +39,102 @@ pub struct Dispatch {
     pub min_deadline: Instant,
     /// First member's request id (members are listed by the lockstep driver).
     pub first_id: u64,
+}
+
+/// What the host (the daemon's I/O thread) asks a ModelThread to do
+/// besides taking requests. It is applied once the ModelThread has taken
+/// `after` requests from its ingress ring, so it lands exactly where the
+/// host put it in the stream of requests (a cancel never overtakes its
+/// task).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ModelControl {
+    /// Requests the host had pushed to this ModelThread before this.
+    pub after: u64,
+    /// What to do.
+    pub op: ModelOp,
+}
+
+/// The operations of a [`ModelControl`] (those of
+/// [`crate::deferred::DeferredScheduler`] that reach the ModelThreads).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ModelOp {
+    /// The client gave request `id` of `model` up.
+    Cancel {
+        /// Model.
+        model: ModelId,
+        /// Request.
+        id: RequestId,
+    },
+    /// The network delay bound changed.
+    Delay(NetworkDelay),
+    /// Closed loop: a GPU's factor.
+    GpuFactor {
+        /// GPU.
+        gpu: GpuId,
+        /// Factor over the profile.
+        factor: f64,
+    },
+    /// Closed loop: a (model, GPU) factor (`None`: the GPU's).
+    ModelGpuFactor {
+        /// Model.
+        model: ModelId,
+        /// GPU.
+        gpu: GpuId,
+        /// Factor over the profile.
+        factor: Option<f64>,
+    },
+    /// A model's priority levels and queue bound.
+    Admission {
+        /// Model.
+        model: ModelId,
+        /// The policy.
+        admission: Admission,
+    },
+}
+
+/// What the host tells the RankThread: GPU membership and free-time
+/// corrections (as [`ToRank`] messages) and delay bound changes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RankControl {
+    /// A message as a ModelThread would send it.
+    Message(ToRank),
+    /// The network delay bound changed.
+    Delay(NetworkDelay),
+}
+
+/// A ModelThread's decisions for the host, in decision order: drops, and
+/// plans each followed by exactly `size` members.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// A request was dropped.
+    Dropped(Request, DropReason),
+    /// A batch (its `size` members follow).
+    Planned {
+        /// GPU.
+        gpu: GpuId,
+        /// Model.
+        model: ModelId,
+        /// Planned start.
+        exec_at: Instant,
+        /// Planned end.
+        finish_at: Instant,
+        /// When the policy meant to decide it.
+        planned_at: Instant,
+        /// Members that follow.
+        size: u32,
+    },
+    /// A member of the batch planned last.
+    Member(Request),
+}
+
+/// Where a ModelThread's decisions go: to emulated GPUs as [`Dispatch`]es
+/// (the benchmark and the lockstep comparison), or to the daemon's I/O
+/// thread as [`Outcome`]s (every member and drop, to answer peers).
+pub enum Sink {
+    /// Batches only, summarised.
+    Dispatches(Producer<Dispatch>),
+    /// Every decision in full.
+    Outcomes(Producer<Outcome>),
 }
 
 /// Latency histograms record nanoseconds up to 10 s with 3 significant digits.
@@ -73,8 +170,14 @@ pub struct ModelWorker {
     to_rank: Producer<ToRank>,
     /// Messages that did not fit in `to_rank` yet (never dropped).
     outbox: VecDeque<ToRank>,
-    dispatches: Producer<Dispatch>,
+    sink: Sink,
     dispatch_backlog: VecDeque<Dispatch>,
+    outcome_backlog: VecDeque<Outcome>,
+    /// Outcomes pushed to the sink so far (the host's wake-up cue).
+    pub outcomes_sent: u64,
+    control: Option<Consumer<ModelControl>>,
+    /// A control taken from its ring whose `after` is not reached yet.
+    held_control: Option<ModelControl>,
     out: Actions,
     /// When set, every dispatched batch's members are recorded (lockstep
     /// comparisons only; the live path leaves it off).
@@ -89,7 +192,8 @@ impl ModelWorker {
         ingress: Vec<Consumer<Request>>,
         grants: Consumer<Grant>,
         to_rank: Producer<ToRank>,
-        dispatches: Producer<Dispatch>,
+        sink: Sink,
+        control: Option<Consumer<ModelControl>>,
     ) -> Self {
         let max_batch = core.max_batch() as usize;
         let mut out = Actions::default();
@@ -102,8 +206,12 @@ impl ModelWorker {
             grants,
             to_rank,
             outbox: VecDeque::with_capacity(4096),
-            dispatches,
+            sink,
             dispatch_backlog: VecDeque::with_capacity(1024),
+            outcome_backlog: VecDeque::with_capacity(4096),
+            outcomes_sent: 0,
+            control,
+            held_control: None,
             out,
             record_members: None,
             stats: ModelWorkerStats {
@@ -134,8 +242,37 @@ impl ModelWorker {
         for i in 0..self.ingress.len() {
             work += self.drain_ingress(i, now, BATCH);
         }
+        work += self.drain_control(now);
         work += self.drain_grants(now);
         work
+    }
+
+    /// Applies the host's controls whose place in the request stream has
+    /// been reached (all of them once the ingress is drained).
+    pub fn drain_control(&mut self, now: Instant) -> usize {
+        let Some(ring) = &mut self.control else { return 0 };
+        let mut n = 0;
+        while let Some(c) = self.held_control.take().or_else(|| ring.try_pop()) {
+            if c.after > self.stats.requests {
+                self.held_control = Some(c);
+                break;
+            }
+            n += 1;
+            let (core, out, outbox) = (&mut self.core, &mut self.out, &mut self.outbox);
+            match c.op {
+                ModelOp::Cancel { model, id } => {
+                    core.cancel(now, model, id, out, &mut |m| outbox.push_back(m));
+                }
+                ModelOp::Delay(d) => core.set_delay(d),
+                ModelOp::GpuFactor { gpu, factor } => core.set_gpu_factor(gpu, factor),
+                ModelOp::ModelGpuFactor { model, gpu, factor } => core.set_model_gpu_factor(model, gpu, factor),
+                ModelOp::Admission { model, admission } => core.set_admission(model, admission),
+            }
+        }
+        if n == 0 {
+            return 0;
+        }
+        n + self.flush(now)
     }
 
     /// Fires due model timers.
@@ -163,9 +300,14 @@ impl ModelWorker {
         n + self.flush(now)
     }
 
-    /// Sends queued messages and dispatches; returns how many went out.
+    /// Sends queued messages and decisions; returns how many went out.
     fn flush(&mut self, now: Instant) -> usize {
-        let mut work = 0;
+        let outcomes = matches!(self.sink, Sink::Outcomes(_));
+        if outcomes {
+            for &(req, reason) in &self.out.drops {
+                self.outcome_backlog.push_back(Outcome::Dropped(req, reason));
+            }
+        }
         for plan in &self.out.batches {
             let members = &self.out.members[plan.members.clone()];
             let min_deadline = members.iter().map(|r| r.deadline).min().unwrap_or(plan.finish_at);
@@ -178,27 +320,54 @@ impl ModelWorker {
             if let Some(rec) = &mut self.record_members {
                 rec.push((plan.gpu, plan.model, plan.exec_at, members.iter().map(|r| r.id).collect()));
             }
-            self.dispatch_backlog.push_back(Dispatch {
-                gpu: plan.gpu,
-                model: plan.model,
-                size: members.len() as u32,
-                exec_at: plan.exec_at,
-                finish_at: plan.finish_at,
-                min_deadline,
-                first_id: members.first().map_or(0, |r| r.id),
-            });
+            if outcomes {
+                self.outcome_backlog.push_back(Outcome::Planned {
+                    gpu: plan.gpu,
+                    model: plan.model,
+                    exec_at: plan.exec_at,
+                    finish_at: plan.finish_at,
+                    planned_at: plan.planned_at,
+                    size: members.len() as u32,
+                });
+                self.outcome_backlog.extend(members.iter().map(|&r| Outcome::Member(r)));
+            } else {
+                self.dispatch_backlog.push_back(Dispatch {
+                    gpu: plan.gpu,
+                    model: plan.model,
+                    size: members.len() as u32,
+                    exec_at: plan.exec_at,
+                    finish_at: plan.finish_at,
+                    min_deadline,
+                    first_id: members.first().map_or(0, |r| r.id),
+                });
+            }
         }
         self.stats.dropped += self.out.drops.len() as u64;
         for (_, reason) in &self.out.drops {
             self.stats.dropped_by_reason[reason.index()] += 1;
         }
         self.out.clear();
-        while let Some(&d) = self.dispatch_backlog.front() {
-            if self.dispatches.try_push(d).is_err() {
-                break;
+        let mut work = 0;
+        match &mut self.sink {
+            Sink::Dispatches(ring) => {
+                while let Some(&d) = self.dispatch_backlog.front() {
+                    if ring.try_push(d).is_err() {
+                        break;
+                    }
+                    self.dispatch_backlog.pop_front();
+                    work += 1;
+                }
             }
-            self.dispatch_backlog.pop_front();
-            work += 1;
+            Sink::Outcomes(ring) => {
+                while let Some(&o) = self.outcome_backlog.front() {
+                    if ring.try_push(o).is_err() {
+                        break;
+                    }
+                    self.outcome_backlog.pop_front();
+                    self.outcomes_sent += 1;
+                    work += 1;
+                }
+            }
         }
         while let Some(&m) = self.outbox.front() {
             if self.to_rank.try_push(m).is_err() {
@@ -212,13 +381,15 @@ impl ModelWorker {
 
     /// True when nothing is waiting to be sent.
     pub fn flushed(&self) -> bool {
-        self.outbox.is_empty() && self.dispatch_backlog.is_empty()
+        self.outbox.is_empty() && self.dispatch_backlog.is_empty() && self.outcome_backlog.is_empty()
     }
 
     /// True when a ring has something for this worker (the recheck before
     /// parking).
     pub fn has_input(&mut self) -> bool {
-        !self.grants.is_empty() || self.ingress.iter_mut().any(|c| !c.is_empty())
+        !self.grants.is_empty()
+            || self.ingress.iter_mut().any(|c| !c.is_empty())
+            || self.control.as_ref().is_some_and(|c| !c.is_empty())
     }
 }
 
@@ -235,6 +406,8 @@ pub struct RankWorkerStats {
 pub struct RankWorker {
     core: RankCore,
     from_models: Vec<Consumer<ToRank>>,
+    /// The host's ring (the daemon's I/O thread), if any.
+    control: Option<Consumer<RankControl>>,
     grants: Vec<Producer<Grant>>,
     backlog: Vec<VecDeque<Grant>>,
     /// Model id -> ModelThread index.
@@ -246,7 +419,13 @@ pub struct RankWorker {
 impl RankWorker {
     pub(crate) fn new(core: RankCore, from_models: Vec<Consumer<ToRank>>, grants: Vec<Producer<Grant>>, owner: Vec<u32>) -> Self {
         let backlog = grants.iter().map(|_| VecDeque::with_capacity(1024)).collect();
-        RankWorker { core, from_models, grants, backlog, owner, stats: RankWorkerStats::default() }
+        RankWorker { core, from_models, control: None, grants, backlog, owner, stats: RankWorkerStats::default() }
+    }
+
+    /// This worker, also taking the host's controls from `control`.
+    pub(crate) fn with_control(mut self, control: Consumer<RankControl>) -> Self {
+        self.control = Some(control);
+        self
     }
 
     /// The GPU timer.
@@ -262,6 +441,15 @@ impl RankWorker {
     /// Handles every pending message from every ModelThread.
     pub fn drain_messages(&mut self, now: Instant) -> usize {
         let mut n = 0;
+        if let Some(ring) = &mut self.control {
+            let (core, backlog, owner) = (&mut self.core, &mut self.backlog, &self.owner);
+            n += ring.pop_batch(BATCH, |c| match c {
+                RankControl::Message(m) => {
+                    core.on_message(now, m, &mut |g| backlog[owner[g.model as usize] as usize].push_back(g))
+                }
+                RankControl::Delay(d) => core.set_delay(d),
+            });
+        }
         for i in 0..self.from_models.len() {
             let (core, backlog, owner) = (&mut self.core, &mut self.backlog, &self.owner);
             n += self.from_models[i].pop_batch(BATCH, |m| {
@@ -305,7 +493,7 @@ impl RankWorker {
     /// True when a ModelThread's ring has a message (the recheck before
     /// parking).
     pub fn has_input(&mut self) -> bool {
-        self.from_models.iter_mut().any(|c| !c.is_empty())
+        self.from_models.iter_mut().any(|c| !c.is_empty()) || self.control.as_ref().is_some_and(|c| !c.is_empty())
     }
 }
 

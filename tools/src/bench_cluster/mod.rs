@@ -108,6 +108,17 @@ pub struct BenchClusterArgs {
     /// Every Nth task carries a clock stamp (ingress lag samples).
     #[arg(long = "stamp-every", default_value_t = 16)]
     pub stamp_every: u64,
+    /// The scheduler's engines, comma-separated (inline, pinned): each is
+    /// run in turn on the same workload and reported side by side; the
+    /// top-level figures are the last one's.
+    #[arg(long, default_value = "pinned", value_delimiter = ',')]
+    pub engine: Vec<String>,
+    /// The scheduler's ModelThreads (pinned engine).
+    #[arg(long = "model-threads", default_value_t = 1)]
+    pub model_threads: u32,
+    /// The scheduler's --pin-cores (pinned engine): CPU ids or none.
+    #[arg(long = "pin-cores", default_value = "none")]
+    pub pin_cores: String,
     /// Seed of the arrivals.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -179,15 +190,24 @@ pub fn run(a: &BenchClusterArgs) -> Result<(), BenchClusterError> {
     if gpus < a.backends {
         return Err(BenchClusterError::Peer(format!("{gpus} GPUs for {} backends: every backend needs one", a.backends)));
     }
-    let (best, probes) = if a.rate == "max" {
-        ladder(a, gpus)?
-    } else {
-        let rate: f64 = a.rate.parse().map_err(|_| BenchClusterError::Peer(format!("--rate '{}': a number or max", a.rate)))?;
-        if !(rate.is_finite() && rate > 0.0) {
-            return Err(BenchClusterError::Peer("--rate must be > 0".into()));
-        }
-        (cluster_run(a, gpus, rate, a.duration_s)?, Vec::new())
-    };
+    if a.engine.is_empty() || a.engine.iter().any(|e| e != "inline" && e != "pinned") {
+        return Err(BenchClusterError::Peer(format!("--engine {:?}: inline and/or pinned", a.engine)));
+    }
+    let mut by_engine = Vec::new();
+    for engine in &a.engine {
+        let one = BenchClusterArgs { engine: vec![engine.clone()], ..a.clone() };
+        let run = if a.rate == "max" {
+            ladder(&one, gpus)?
+        } else {
+            let rate: f64 = a.rate.parse().map_err(|_| BenchClusterError::Peer(format!("--rate '{}': a number or max", a.rate)))?;
+            if !(rate.is_finite() && rate > 0.0) {
+                return Err(BenchClusterError::Peer("--rate must be > 0".into()));
+            }
+            (cluster_run(&one, gpus, rate, a.duration_s)?, Vec::new())
+        };
+        by_engine.push((engine.clone(), run));
+    }
+    let (best, probes) = by_engine.last().map(|(_, r)| r.clone()).ok_or(BenchClusterError::Peer("no engine".into()))?;
     let duration = if a.rate == "max" { LADDER_RUN_S.min(a.duration_s) } else { a.duration_s };
     let in_process = crate::bench::live_report(&in_process_args(a, gpus, duration), best.offered_rps)?;
     let ratio = if in_process.goodput_rps > 0.0 { best.tasks_per_s / in_process.goodput_rps } else { 0.0 };
@@ -206,11 +226,24 @@ pub fn run(a: &BenchClusterArgs) -> Result<(), BenchClusterError> {
             "run": best,
             "in_process": in_process,
             "probes": probes,
+            "engine": a.engine.last(),
+            "by_engine": by_engine.iter().map(|(e, (r, p))| serde_json::json!({"engine": e, "run": r, "probes": p})).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v).map_err(|e| BenchClusterError::Peer(e.to_string()))?);
     } else {
+        for (engine, (r, _)) in &by_engine {
+            let c = r.cpu_busy;
+            println!(
+                "engine {engine:>6}: accepted {:>10.0} tasks/s, bad {:.3}%, ingress lag p99.9 {:.1} us, dispatch lag p99.9 {:.1} us, scheduler CPU {:.2} cores",
+                r.tasks_per_s,
+                r.bad_rate * 100.0,
+                r.ingress_lag.p99_9_us,
+                r.dispatch_lag.p99_9_us,
+                c.scheduler
+            );
+        }
         let r = &best;
-        println!("{} frontends, {} backends, {gpus} GPUs over {}; {} models", a.frontends, a.backends, a.transport.name(), a.models);
+        println!("{} frontends, {} backends, {gpus} GPUs over {}; {} models; engine {}", a.frontends, a.backends, a.transport.name(), a.models, a.engine.last().map_or("", String::as_str));
         println!("offered {:.0} tasks/s; accepted {:.0} tasks/s; bad rate {:.3}%", r.offered_rps, r.tasks_per_s, r.bad_rate * 100.0);
         for (name, l) in [("ingress lag", &r.ingress_lag), ("dispatch lag", &r.dispatch_lag), ("generator lag", &r.generator_lag)] {
             println!("{name:>13} us: p50 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}  ({} samples)", l.p50_us, l.p99_us, l.p99_9_us, l.max_us, l.samples);
@@ -221,11 +254,13 @@ pub fn run(a: &BenchClusterArgs) -> Result<(), BenchClusterError> {
         println!("CPU busy (cores): scheduler {:.2}, frontends {:.2}, backends {:.2}", c.scheduler, c.frontends, c.backends);
         println!("in-process runtime, same workload: {:.0} tasks/s on time; ratio {:.3}", in_process.goodput_rps, ratio);
     }
-    if !best.accounted {
-        return Err(BenchClusterError::Peer(format!(
-            "accounting failed: offered {}, sent {}, taken {}, planned {}, delivered {}, neither planned nor dropped {}",
-            best.offered, best.sent, best.received, best.planned, best.delivered, best.unaccounted
-        )));
+    for (engine, (r, _)) in &by_engine {
+        if !r.accounted {
+            return Err(BenchClusterError::Peer(format!(
+                "engine {engine}: accounting failed: offered {}, sent {}, taken {}, planned {}, delivered {}, neither planned nor dropped {}",
+                r.offered, r.sent, r.received, r.planned, r.delivered, r.unaccounted
+            )));
+        }
     }
     Ok(())
 }
@@ -295,6 +330,8 @@ fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64) -> Result<
         ["--bench-stamps", "--max-registering", "4096", "--control-delay-us", &spec.control_delay_us.to_string(), "--min-window-us", &spec.min_window_us.to_string()]
             .map(String::from),
     );
+    let engine = a.engine.last().map_or("pinned", String::as_str);
+    sched_args.extend(["--engine", engine, "--model-threads", &a.model_threads.to_string(), "--pin-cores", &a.pin_cores].map(String::from));
     let mut sched = spawn(&spec, "scheduler", "scheduler", sched_args, Some(&token), deadline)?;
     let control_addr = sched.ready.get("control").cloned().ok_or(BenchClusterError::Peer("scheduler: no control address on its READY line".into()))?;
     let peer_args = |peers: u32, report: &Path| -> Vec<String> {

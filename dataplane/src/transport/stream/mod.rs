@@ -189,6 +189,23 @@ impl Stream {
     // ---- public operations -------------------------------------------------
 
     pub(crate) fn send(&mut self, msg: &[u8]) -> Result<(), Error> {
+        self.send_batched(msg)?;
+        self.flush();
+        Ok(())
+    }
+
+    /// Starts sending the staged bytes.
+    pub(crate) fn flush_batched(&mut self) -> Result<(), Error> {
+        self.flush();
+        match self.dead_error() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Stages `msg` behind the queued bytes; they leave at the next
+    /// flush (a `send`, a `progress`), or now if the queue had to make room.
+    pub(crate) fn send_batched(&mut self, msg: &[u8]) -> Result<(), Error> {
         if let Some(e) = self.dead_error() {
             return Err(e);
         }
@@ -207,7 +224,6 @@ impl Stream {
                 return Err(Error::QueueFull);
             }
         }
-        self.flush();
         Ok(())
     }
 
