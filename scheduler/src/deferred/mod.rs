@@ -104,6 +104,10 @@ pub struct Candidate {
     /// How long the batch runs (at the profile's speed): what a GPU is
     /// committed to once it starts, for the RankThread's contention check.
     pub exec: Duration,
+    /// For a pending candidate: how long the model takes to gather this
+    /// batch at its current arrival rate, i.e. when its next batch will
+    /// want a GPU after this one (zero: unknown, or schedulable).
+    pub cycle: Duration,
 }
 
 /// ModelThread -> RankThread messages.

@@ -221,7 +221,7 @@ impl ModelState {
             (dl - self.profile.scaled_latency(bs + 1, slow)).min((dl - self.profile.scaled_latency(bs, slow)) - cfg.min_window.max(gap))
         };
         let level = self.queues.iter().position(|q| !q.is_empty()).unwrap_or(0) as u16;
-        Some(Candidate { bs, exec_at, latest, level, exec: self.profile.scaled_latency(bs, factor) })
+        Some(Candidate { bs, exec_at, latest, level, exec: self.profile.scaled_latency(bs, factor), cycle: Duration::ZERO })
     }
 
     /// What a pending candidate will be when its window opens, for the
@@ -230,7 +230,7 @@ impl ModelState {
     /// (`now + (b - bs) gap + l(b) <= deadline`), so the GPU time it will
     /// claim is `l(b)` from `deadline - l(b)` at the latest.
     fn projected(&self, now: Instant, c: Candidate) -> Candidate {
-        let Some(gap) = self.rate.mean_gap(now) else { return c };
+        let Some(gap) = self.rate.mean_gap(now).filter(|g| *g > Duration::ZERO) else { return c };
         let deadline = c.latest + c.exec;
         let budget = deadline.saturating_since(now) + gap.saturating_mul(u64::from(c.bs));
         let b = self.profile.max_batch_within(budget, gap, self.profile.max_batch()).max(c.bs);
@@ -239,7 +239,7 @@ impl ModelState {
         }
         let exec = self.profile.latency(b);
         let latest = deadline - exec;
-        Candidate { bs: b, exec_at: c.exec_at.min(latest), latest, level: c.level, exec }
+        Candidate { bs: b, exec_at: c.exec_at.min(latest), latest, level: c.level, exec, cycle: gap.saturating_mul(u64::from(b)) }
     }
 
     /// True when a batch of `b` already runs within `slack` of the best

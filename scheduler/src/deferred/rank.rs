@@ -46,7 +46,7 @@ pub struct RankCore {
     pending: Vec<Option<Candidate>>,
     /// Keyed like `by_latest`.
     pending_by_latest: IndexedHeap<(u16, Instant)>,
-    /// Scratch of the contention check (capacity: one entry per model, so
+    /// Scratch of the contention check (capacity: two entries per model, so
     /// the check never allocates): (latest start, earliest start, run time).
     plan: Vec<(Instant, Instant, Duration)>,
     /// Scratch: the free times the plan hands out, earliest first.
@@ -78,8 +78,8 @@ impl RankCore {
             by_size: IndexedHeap::with_ids(models),
             pending: vec![None; models],
             pending_by_latest: IndexedHeap::with_ids(models),
-            plan: Vec::with_capacity(models),
-            plan_free: BinaryHeap::with_capacity(models),
+            plan: Vec::with_capacity(2 * models),
+            plan_free: BinaryHeap::with_capacity(2 * models),
             plan_busy: Vec::with_capacity(models),
             offline: vec![false; gpus as usize],
             granted: vec![false; gpus as usize],
@@ -236,7 +236,14 @@ impl RankCore {
         self.plan.clear();
         for (_, m) in self.pending_by_latest.iter() {
             if let Some(c) = self.pending[m as usize] {
-                self.plan.push((c.latest, c.exec_at.max(now + self.delay.of(c.bs)), c.exec));
+                let earliest = c.exec_at.max(now + self.delay.of(c.bs));
+                self.plan.push((c.latest, earliest, c.exec));
+                // The model's next batch, one gathering cycle later: with
+                // batches that run longer than they take to gather, one
+                // model alone keeps several GPUs busy.
+                if c.cycle > Duration::ZERO {
+                    self.plan.push((c.latest + c.cycle, earliest + c.cycle, c.exec));
+                }
             }
         }
         self.plan.sort_unstable();
