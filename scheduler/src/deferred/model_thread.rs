@@ -22,7 +22,7 @@ fn out_of_time(r: &Request) -> DropReason {
 }
 
 /// How many recent arrivals the rate estimate looks at.
-const RATE_WINDOW: usize = 32;
+const RATE_WINDOW: usize = 256;
 const NOT_OWNED: u32 = u32::MAX;
 
 /// Counters of one ModelThread core.
