@@ -395,7 +395,40 @@ mod tests {
     use dataplane::time::Duration;
 
     fn cand(bs: u32, latest_ms: u64) -> Candidate {
-        Candidate { bs, exec_at: Instant::ZERO, latest: Instant::from_nanos(latest_ms * 1_000_000), level: 0, exec: Duration::from_millis(1) }
+        Candidate { bs, exec_at: Instant::ZERO, latest: Instant::from_nanos(latest_ms * 1_000_000), level: 0, exec: Duration::from_millis(1), cycle: Duration::ZERO }
+    }
+
+    fn pending(latest_ms: u64, exec_ms: u64) -> Candidate {
+        let latest = Instant::from_nanos(latest_ms * 1_000_000);
+        Candidate { bs: 8, exec_at: latest, latest, level: 0, exec: Duration::from_millis(exec_ms), cycle: Duration::ZERO }
+    }
+
+    #[test]
+    fn an_idle_gpu_goes_early_only_when_the_deferred_plan_collides() {
+        let ms = |ms: u64| Instant::from_nanos(ms * 1_000_000);
+        let mut rank = RankCore::new(2, 2, NetworkDelay::ZERO);
+        let mut grants = Vec::new();
+        // GPU 0 busy until 50 ms; GPU 1 idle.
+        rank.on_message(ms(0), ToRank::Candidate { model: 0, cand: Some(cand(4, 100)) }, &mut |g| grants.push(g));
+        rank.on_message(ms(0), ToRank::GpuFree { gpu: 0, free_at: ms(50) }, &mut |g| grants.push(g));
+        grants.clear();
+        // One model waiting for its window: it keeps deferring.
+        rank.on_message(ms(1), ToRank::Pending { model: 0, cand: Some(pending(20, 10)) }, &mut |g| grants.push(g));
+        assert!(grants.is_empty());
+        // A second one whose window starts while the first still runs on
+        // the only free GPU and GPU 0 frees too late: the most urgent
+        // (model 0) runs now instead.
+        rank.on_message(ms(1), ToRank::Pending { model: 1, cand: Some(pending(25, 10)) }, &mut |g| grants.push(g));
+        assert_eq!(grants.pop().map(|g| (g.model, g.gpu, g.early)), Some((0, 1, true)));
+        assert_eq!(rank.stats().early_grants, 1);
+        // Had both fit (model 1's window after model 0's batch), nothing.
+        let mut rank = RankCore::new(2, 2, NetworkDelay::ZERO);
+        rank.on_message(ms(0), ToRank::Candidate { model: 0, cand: Some(cand(4, 100)) }, &mut |g| grants.push(g));
+        rank.on_message(ms(0), ToRank::GpuFree { gpu: 0, free_at: ms(50) }, &mut |g| grants.push(g));
+        grants.clear();
+        rank.on_message(ms(1), ToRank::Pending { model: 0, cand: Some(pending(20, 10)) }, &mut |g| grants.push(g));
+        rank.on_message(ms(1), ToRank::Pending { model: 1, cand: Some(pending(30, 10)) }, &mut |g| grants.push(g));
+        assert!(grants.is_empty() && rank.stats().early_grants == 0);
     }
 
     #[test]
