@@ -272,8 +272,13 @@ impl ModelState {
             *sent += 1;
             to_rank(ToRank::Candidate { model: self.id, cand: ready });
         }
-        let pending = if ready.is_some() { None } else { cand.map(|c| self.projected(now, c)) };
-        if pending != self.informed_pending {
+        // The pending candidate is projected once per head (the projection
+        // already counts the arrivals to come), so the RankThread still
+        // hears from a model about once per batch, not per request.
+        let pending = if ready.is_some() { None } else { cand };
+        let head = |c: &Candidate| (c.latest + c.exec, c.level);
+        if pending.as_ref().map(head) != self.informed_pending.as_ref().map(head) {
+            let pending = pending.map(|c| self.projected(now, c));
             self.informed_pending = pending;
             *sent += 1;
             to_rank(ToRank::Pending { model: self.id, cand: pending });
