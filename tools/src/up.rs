@@ -67,6 +67,17 @@ pub struct ClusterOpts {
     /// Implies --serve (the zoo workload's reference outputs do not apply).
     #[arg(long = "model-repository")]
     pub model_repository: Option<PathBuf>,
+    /// TLS certificate chain (PEM) the frontends serve HTTP and gRPC with
+    /// (with --tls-key; only with --serve: the built-in load speaks plain HTTP).
+    #[arg(long = "tls-cert", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) of --tls-cert.
+    #[arg(long = "tls-key", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Most requests waiting per model at the scheduler (0: unbounded); the
+    /// excess is refused at once as overloaded.
+    #[arg(long = "max-queue", default_value_t = 0)]
+    pub max_queue: u32,
     /// This command's and every daemon's log options.
     #[command(flatten)]
     pub log: LogArgs,
@@ -148,6 +159,12 @@ pub fn spec(models: &str, o: &ClusterOpts) -> Result<ClusterSpec, UpError> {
         let repo = repo.display().to_string();
         s.backend_flags.extend(["--executor".into(), "onnx".into(), "--model-repository".into(), repo.clone()]);
         s.frontend_flags.extend(["--model-repository".into(), repo]);
+    }
+    if let (Some(cert), Some(key)) = (&o.tls_cert, &o.tls_key) {
+        s.frontend_flags.extend(["--tls-cert".into(), cert.display().to_string(), "--tls-key".into(), key.display().to_string()]);
+    }
+    if o.max_queue > 0 {
+        s.scheduler_flags.extend(["--max-queue".into(), o.max_queue.to_string()]);
     }
     // The daemons log as this command does.
     let format = match o.log.log_format {
@@ -458,6 +475,9 @@ fn check(a: &UpArgs) -> Result<Vec<ModelSpec>, UpError> {
     if !(a.load.is_finite() && a.load > 0.0 && a.load <= 4.0) {
         return Err(UpError::Usage("--load must be in (0, 4] (a fraction of the simulated goodput)".into()));
     }
+    if a.cluster.tls_cert.is_some() && !a.serve {
+        return Err(UpError::Usage("--tls-cert/--tls-key need --serve (the built-in load generator speaks plain HTTP)".into()));
+    }
     Ok(models)
 }
 
@@ -514,8 +534,9 @@ fn run_with(a: &UpArgs, mut spec: ClusterSpec) -> Result<(), UpError> {
 fn serve(mut cluster: LocalCluster, spec: &ClusterSpec) -> Result<(), UpError> {
     let token_file = write_join_token(&cluster, spec)?;
     let addr = |d: &tools::cluster::Daemon, key| d.addr(key).map_err(run_err);
+    let scheme = if spec.frontend_flags.iter().any(|f| f == "--tls-cert") { "https" } else { "http" };
     for (i, f) in cluster.frontends.iter().enumerate() {
-        println!("frontend {}: http://{}", i + 1, addr(f, "http")?);
+        println!("frontend {}: {scheme}://{}", i + 1, addr(f, "http")?);
     }
     for (i, f) in cluster.frontends.iter().enumerate() {
         println!("frontend {} grpc: {}", i + 1, addr(f, "grpc")?);
@@ -686,6 +707,9 @@ pub fn e2e(a: &E2eArgs) -> Result<(), UpError> {
     shell::logging::init(&a.cluster.log);
     if a.cluster.model_repository.is_some() {
         return Err(UpError::Usage("symphony e2e drives the emulated zoo models; --model-repository is for symphony up".into()));
+    }
+    if a.cluster.tls_cert.is_some() {
+        return Err(UpError::Usage("symphony e2e's load generator speaks plain HTTP; --tls-cert is for symphony up --serve".into()));
     }
     let models = scheduler::zoo::cluster_models(&a.cluster.zoo, &a.models, &a.cluster.extra).map_err(|e| UpError::Usage(e.to_string()))?;
     let gpus = a.cluster.backends * a.cluster.gpus_per_backend;

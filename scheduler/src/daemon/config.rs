@@ -101,6 +101,10 @@ pub struct SchedulerArgs {
     /// across processes.
     #[arg(long)]
     pub bench_stamps: bool,
+    /// Most requests waiting per model queue (0: unbounded); the excess is
+    /// refused at once as overloaded (issue 17).
+    #[arg(long, default_value_t = 0)]
+    pub max_queue: u32,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub common: CommonArgs,
@@ -150,6 +154,8 @@ pub struct SchedulerConfig {
     pub delay_watch: DelayWatchConfig,
     /// Benchmark-only clock stamps (`--bench-stamps`).
     pub bench_stamps: bool,
+    /// `--max-queue`: every model's queue bound (0: unbounded).
+    pub max_queue: u32,
 }
 
 impl SchedulerArgs {
@@ -204,6 +210,7 @@ impl SchedulerArgs {
             closed_loop,
             delay_watch,
             bench_stamps: self.bench_stamps,
+            max_queue: self.max_queue,
         })
     }
 

@@ -116,6 +116,12 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), Scheduler
     let mut plane = ControlPlane::new(cfg.models.clone(), &cfg.subclusters, cfg.core, metrics)
         .map_err(|e| SchedulerError::Plane(e.to_string()))?;
     plane.set_closed_loop(cfg.closed_loop);
+    if cfg.max_queue > 0 {
+        let admission = crate::types::Admission { max_queue: cfg.max_queue, ..crate::types::Admission::default() };
+        for model in 0..cfg.models.len() as u32 {
+            plane.set_admission(model, admission);
+        }
+    }
     plane.set_delay_watch(cfg.transport.name(), cfg.delay_watch);
     let clock = MonotonicClock::new();
     plane.set_bench_stamps(cfg.bench_stamps.then(|| clock.origin_host_ns()));
