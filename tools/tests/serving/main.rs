@@ -5,5 +5,6 @@
 
 mod admission;
 mod model_control;
+mod overload;
 mod stages;
 mod up_tls;
