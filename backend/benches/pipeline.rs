@@ -108,7 +108,7 @@ fn run<D: Domain>(
         .map(|k| BatchTask {
             task_id: k as u64,
             frontend_id: 1,
-            reserved: 0,
+            queued_us: 0,
             input: reg.remote_ref((k * input as usize) as u64, input).unwrap(),
         })
         .collect();

@@ -229,6 +229,8 @@ struct TaskState {
     phase: TaskPhase,
     /// Index of the task's output in the executed job.
     out_index: u32,
+    /// [`wire::BatchTask::queued_us`], echoed in its completion.
+    queued_us: u32,
     /// When its READ was posted (its latency is measured from here).
     posted_at: Instant,
 }
@@ -706,6 +708,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
                     input: t.input,
                     phase,
                     out_index: 0,
+                    queued_us: t.queued_us,
                     posted_at: now,
                 });
             }
@@ -1058,6 +1061,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             task_id: t.task_id,
             status: status as u32,
             output_kind: OutputKind::None as u32,
+            queued_us: t.queued_us,
             ..CompletionHead::default()
         };
         if let (TaskPhase::Arrived, true, Some(submitted), Some(start), Some(finish)) =

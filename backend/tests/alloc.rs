@@ -85,7 +85,7 @@ fn a_warm_batch_allocates_nothing() {
         .map(|k| BatchTask {
             task_id: k as u64,
             frontend_id: 1,
-            reserved: 0,
+            queued_us: 0,
             input: reg
                 .remote_ref((k * SLOT) as u64, input_bytes[k].len() as u32)
                 .unwrap(),

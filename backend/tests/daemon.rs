@@ -233,7 +233,7 @@ impl FakeFrontend {
         BatchTask {
             task_id: (u64::from(self.id) << 32) | k as u64,
             frontend_id: self.id,
-            reserved: 0,
+            queued_us: 0,
             input: self
                 .reg
                 .remote_ref((k * IN) as u64, self.inputs[k].len() as u32)

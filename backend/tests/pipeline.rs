@@ -242,7 +242,7 @@ fn dead_frontend_fails_only_its_tasks<N: Net>(net: N) {
     let bogus = BatchTask {
         task_id: 0xdead,
         frontend_id: 1,
-        reserved: 0,
+        queued_us: 0,
         input: RemoteRef {
             key: 0x7777_0042,
             len: 16,

@@ -640,8 +640,10 @@ pub struct BatchTask {
     pub task_id: u64,
     /// Frontend that owns the input.
     pub frontend_id: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// From the task's ingress at the scheduler to the plan's sending, µs
+    /// (saturating; 0: not known). The backend echoes it in the task's
+    /// [`CompletionHead`], so the frontend can attribute that stage.
+    pub queued_us: u32,
     /// Where to READ the input.
     pub input: RemoteRef,
 }
@@ -721,8 +723,8 @@ pub struct CompletionHead {
     /// one task per execution has position 0, the execution's leader: an
     /// execution is counted once, from its leader's completion.
     pub batch_index: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// [`BatchTask::queued_us`] of the task, echoed (0: not known).
+    pub queued_us: u32,
     /// From the plan's arrival at the backend to the batch's hand-over to
     /// its device (fetching the inputs), ns.
     pub input_ns: u64,
@@ -1367,9 +1369,6 @@ pub fn decode(buf: &[u8]) -> Result<Message<'_>, WireError> {
             let tasks = BatchTasks {
                 bytes: &body[PLAN_HEAD_LEN..],
             };
-            if tasks.iter().any(|t| t.reserved != 0) {
-                return Err(WireError::ReservedNotZero);
-            }
             Message::BatchPlan(head, tasks)
         }
         Kind::Completion => {
@@ -1378,9 +1377,6 @@ pub fn decode(buf: &[u8]) -> Result<Message<'_>, WireError> {
             let head: CompletionHead = bytemuck::pod_read_unaligned(head_bytes);
             let inline = &body[H..];
             TaskStatus::from_u32(head.status).ok_or(WireError::BadValue("task status"))?;
-            if head.reserved != 0 {
-                return Err(WireError::ReservedNotZero);
-            }
             let executed = head.batch_size > 0 && head.batch_index < head.batch_size;
             let not_executed = head.batch_size == 0 && head.batch_index == 0;
             if head.batch_size as usize > MAX_BATCH_TASKS || !(executed || not_executed) {
@@ -1606,7 +1602,7 @@ mod tests {
             .map(|i| BatchTask {
                 task_id: i,
                 frontend_id: 1,
-                reserved: 0,
+                queued_us: 0,
                 input: RemoteRef {
                     key: 1,
                     len: 2,

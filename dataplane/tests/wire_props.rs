@@ -59,7 +59,7 @@ fn msg() -> impl Strategy<Value = Msg> {
         (any::<u64>(), any::<u32>(), rref()).prop_map(|(task_id, frontend_id, input)| BatchTask {
             task_id,
             frontend_id,
-            reserved: 0,
+            queued_us: 0,
             input,
         });
     let plan = (

@@ -20,6 +20,59 @@ use std::sync::Arc;
 /// Upper bounds of the batch-size histogram buckets (`+Inf` is implied).
 pub const BATCH_BUCKETS: [u64; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 
+/// Upper bounds of the per-stage latency buckets, µs (`+Inf` is implied).
+pub const STAGE_BUCKETS_US: [u64; 16] =
+    [10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000];
+
+/// The stages of an executed request, in order; they add up to its end-to-end
+/// time (`symphony_executed_request_duration_us`). Each is measured on one
+/// clock: `queue` on the scheduler's, `input`/`compute`/`output` on the
+/// backend's; `network` is the rest, measured here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Received here → ingress at the scheduler's ModelThread, plus the
+    /// plan's trip to the backend, the batch's wait for its device, the
+    /// completion's trip back and the answer: the parts no single clock
+    /// measures (without synchronised clocks they cannot be split).
+    Network = 0,
+    /// Ingress at the ModelThread → the plan's sending (wire
+    /// `queued_us`).
+    Queue = 1,
+    /// The plan's arrival at the backend → its READs done and the batch
+    /// handed to the device (including the wait for its start moment).
+    Input = 2,
+    /// On the device.
+    Compute = 3,
+    /// Executed → the completion's sending.
+    Output = 4,
+}
+
+impl Stage {
+    /// Every stage, in order.
+    pub const ALL: [Stage; 5] = [Stage::Network, Stage::Queue, Stage::Input, Stage::Compute, Stage::Output];
+    /// Its `stage` label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Stage::Network => "network",
+            Stage::Queue => "queue",
+            Stage::Input => "input",
+            Stage::Compute => "compute",
+            Stage::Output => "output",
+        }
+    }
+    /// The `µs` of each stage of a request that took `request_ns` here
+    /// and ran in execution `e`; they sum to `request_ns / 1000` unless
+    /// the remote figures exceed it (then `network` is 0).
+    pub fn split_us(request_ns: u64, e: &Execution) -> [u64; 5] {
+        let queue = u64::from(e.queued_us);
+        let input = e.input_ns / 1_000;
+        let compute = e.compute_ns / 1_000;
+        let output = e.since_start_ns.saturating_sub(e.compute_ns) / 1_000;
+        let remote = queue + input + compute + output;
+        [(request_ns / 1_000).saturating_sub(remote), queue, input, compute, output]
+    }
+}
+
 /// The execution a task was part of, as its backend reported it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Execution {
@@ -34,6 +87,8 @@ pub struct Execution {
     pub compute_ns: u64,
     /// Execution start to the completion's sending, ns.
     pub since_start_ns: u64,
+    /// Ingress at the scheduler to the plan's sending, µs.
+    pub queued_us: u32,
 }
 
 impl Execution {
@@ -45,6 +100,7 @@ impl Execution {
             input_ns: h.input_ns,
             compute_ns: h.compute_ns,
             since_start_ns: h.since_start_ns,
+            queued_us: h.queued_us,
         })
     }
 }
@@ -63,6 +119,10 @@ struct ModelSeries {
     compute_output_us: PlainCounter,
     dropped: Vec<Counter>,
     batch_size: Histogram,
+    /// Per [`Stage`], µs, of executed requests.
+    stages: Vec<Histogram>,
+    /// End to end, µs, of executed requests (the stages' total).
+    executed_us: Histogram,
     /// The part of `request_us` spent by failed requests (statistics).
     failure_us: AtomicU64,
     /// The last success, milliseconds since the Unix epoch (statistics).
@@ -158,6 +218,27 @@ impl Metrics {
             || Histogram::new(&BATCH_BUCKETS),
         )
         .into_iter();
+        let stage_labels = entries
+            .iter()
+            .flat_map(|e| Stage::ALL.map(|st| vec![("model", e.spec.name.clone()), ("stage", st.as_str().to_string())]))
+            .collect();
+        let mut stages = metrics::labelled_by(
+            &r,
+            "symphony_stage_duration_us",
+            "Executed requests' time per stage in microseconds: network (received to scheduler ingress, plan and completion trips, device wait, answer), queue (scheduler ingress to plan sent), input (plan at backend to READs done), compute, output (executed to completion sent)",
+            stage_labels,
+            || Histogram::new(&STAGE_BUCKETS_US),
+        )
+        .into_iter();
+        let mut executed_us = metrics::labelled(
+            &r,
+            "symphony_executed_request_duration_us",
+            "Executed requests' end-to-end time at the frontend in microseconds (the sum of their stages)",
+            "model",
+            entries.iter().map(|e| e.spec.name.clone()),
+            || Histogram::new(&STAGE_BUCKETS_US),
+        )
+        .into_iter();
         let models = entries
             .iter()
             .filter_map(|_| {
@@ -173,6 +254,8 @@ impl Metrics {
                     compute_output_us: compute_output_us.next()?,
                     dropped: dropped.by_ref().take(DropReason::COUNT).collect(),
                     batch_size: batch_size.next()?,
+                    stages: stages.by_ref().take(Stage::ALL.len()).collect(),
+                    executed_us: executed_us.next()?,
                     failure_us: AtomicU64::new(0),
                     last_success_ms: AtomicU64::new(0),
                 })
@@ -258,6 +341,11 @@ impl Metrics {
         m.compute_input_us.inc_by(e.input_ns / 1_000);
         m.compute_infer_us.inc_by(e.compute_ns / 1_000);
         m.compute_output_us.inc_by(e.since_start_ns.saturating_sub(e.compute_ns) / 1_000);
+        let split = Stage::split_us(request_ns, e);
+        for (h, us) in m.stages.iter().zip(split) {
+            h.observe(us);
+        }
+        m.executed_us.observe(request_ns / 1_000);
         if e.batch_index == 0 {
             m.exec_count.inc();
             m.batch_size.observe(u64::from(e.batch_size));
@@ -279,6 +367,17 @@ impl Metrics {
     /// Sum of the batch sizes of those executions.
     pub fn executed_inferences(&self, id: u32) -> u64 {
         self.model(id).map_or(0, |m| m.batch_size.sum())
+    }
+
+    /// Model `id`'s stage histograms so far: (observations, sum in µs) per
+    /// [`Stage::ALL`], then the end-to-end total's.
+    pub fn stage_totals(&self, id: u32) -> ([(u64, u64); 5], (u64, u64)) {
+        let mut out = [(0, 0); 5];
+        let Some(m) = self.model(id) else { return (out, (0, 0)) };
+        for (o, h) in out.iter_mut().zip(&m.stages) {
+            *o = (h.count(), h.sum());
+        }
+        (out, (m.executed_us.count(), m.executed_us.sum()))
     }
 
     /// Model `id`'s counters, each read once.

@@ -57,7 +57,7 @@ pub fn encode_catalog(buf: &mut [u8], server_id: u32, refs: &[RemoteRef]) -> Res
         w.push(&BatchTask {
             task_id: i as u64,
             frontend_id: server_id,
-            reserved: 0,
+            queued_us: 0,
             input: *r,
         })?;
     }

@@ -67,6 +67,17 @@ pub struct ClusterOpts {
     /// Implies --serve (the zoo workload's reference outputs do not apply).
     #[arg(long = "model-repository")]
     pub model_repository: Option<PathBuf>,
+    /// TLS certificate chain (PEM) the frontends serve HTTP and gRPC with
+    /// (with --tls-key; only with --serve: the built-in load speaks plain HTTP).
+    #[arg(long = "tls-cert", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) of --tls-cert.
+    #[arg(long = "tls-key", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Most requests waiting per model at the scheduler (0: unbounded); the
+    /// excess is refused at once as overloaded.
+    #[arg(long = "max-queue", default_value_t = 0)]
+    pub max_queue: u32,
     /// This command's and every daemon's log options.
     #[command(flatten)]
     pub log: LogArgs,
@@ -148,6 +159,12 @@ pub fn spec(models: &str, o: &ClusterOpts) -> Result<ClusterSpec, UpError> {
         let repo = repo.display().to_string();
         s.backend_flags.extend(["--executor".into(), "onnx".into(), "--model-repository".into(), repo.clone()]);
         s.frontend_flags.extend(["--model-repository".into(), repo]);
+    }
+    if let (Some(cert), Some(key)) = (&o.tls_cert, &o.tls_key) {
+        s.frontend_flags.extend(["--tls-cert".into(), cert.display().to_string(), "--tls-key".into(), key.display().to_string()]);
+    }
+    if o.max_queue > 0 {
+        s.scheduler_flags.extend(["--max-queue".into(), o.max_queue.to_string()]);
     }
     // The daemons log as this command does.
     let format = match o.log.log_format {
@@ -241,6 +258,11 @@ pub struct E2eRun {
     pub backend_batches: f64,
     /// Batches of each size during the run, (size, count), sizes with none left out.
     pub batch_sizes: Vec<(u32, f64)>,
+    /// Where executed requests spent their time: mean µs per stage
+    /// (`frontend::metrics::Stage`), in order, over all models and frontends.
+    pub stage_mean_us: Vec<(String, f64)>,
+    /// Their mean end-to-end time at the frontends, µs (the stages' sum).
+    pub executed_mean_us: f64,
 }
 
 struct Scrape {
@@ -292,6 +314,30 @@ fn median_batch(before: &str, after: &str) -> f64 {
     0.0
 }
 
+/// Mean µs per stage of the requests executed between two scrapes of the
+/// frontends, and their mean end-to-end time.
+fn stage_means(models: &[ModelSpec], before: &[String], after: &[String]) -> (Vec<(String, f64)>, f64) {
+    let total = |family: &str, labels: &dyn Fn(&str) -> String| -> f64 {
+        models.iter().map(|s| sum_delta(after, before, &format!("{family}{{{}}}", labels(&s.name)))).sum()
+    };
+    let count = total("symphony_executed_request_duration_us_count", &|m| format!("model=\"{m}\""));
+    let mean = |sum: f64| if count > 0.0 { sum / count } else { 0.0 };
+    let stages = frontend::metrics::Stage::ALL
+        .iter()
+        .map(|st| {
+            let sum = total("symphony_stage_duration_us_sum", &|m| format!("model=\"{m}\",stage=\"{}\"", st.as_str()));
+            (st.as_str().to_string(), mean(sum))
+        })
+        .collect();
+    (stages, mean(total("symphony_executed_request_duration_us_sum", &|m| format!("model=\"{m}\""))))
+}
+
+/// The per-stage line of a run.
+pub fn stage_line(e: &E2eRun) -> String {
+    let parts: Vec<String> = e.stage_mean_us.iter().map(|(name, us)| format!("{name} {us:.0}")).collect();
+    format!("per-stage mean of executed requests (us): {} = end to end {:.0}", parts.join(" + "), e.executed_mean_us)
+}
+
 /// Offers `rate` rps (Poisson, equal split over `models`) for `secs` to
 /// the cluster's frontends and measures it.
 pub fn run_load(c: &LocalCluster, models: &[ModelSpec], rate: f64, secs: f64, seed: u64) -> Result<E2eRun, UpError> {
@@ -333,6 +379,7 @@ pub fn run_load(c: &LocalCluster, models: &[ModelSpec], rate: f64, secs: f64, se
     });
     let bad_rate = if r.sent > 0 { 1.0 - r.ok as f64 / r.sent as f64 } else { 0.0 };
     let gpus = m(&after.sched, "symphony_gpus_online") as u32;
+    let (stage_mean_us, executed_mean_us) = stage_means(models, &before.fronts, &after.fronts);
     let advice = scheduler::sim::AutoscaleAdvice::new(gpus, bad_rate, 1.0 - busy, 0.01);
     Ok(E2eRun {
         offered_rps: rate,
@@ -362,6 +409,8 @@ pub fn run_load(c: &LocalCluster, models: &[ModelSpec], rate: f64, secs: f64, se
         backend_late_starts: sum_delta(&after.backs, &before.backs, "symphony_backend_late_starts_total"),
         backend_batches: sum_delta(&after.backs, &before.backs, "symphony_backend_batches_executed_total"),
         batch_sizes: batch_sizes(&before.sched, &after.sched),
+        stage_mean_us,
+        executed_mean_us,
     })
 }
 
@@ -426,6 +475,9 @@ fn check(a: &UpArgs) -> Result<Vec<ModelSpec>, UpError> {
     if !(a.load.is_finite() && a.load > 0.0 && a.load <= 4.0) {
         return Err(UpError::Usage("--load must be in (0, 4] (a fraction of the simulated goodput)".into()));
     }
+    if a.cluster.tls_cert.is_some() && !a.serve {
+        return Err(UpError::Usage("--tls-cert/--tls-key need --serve (the built-in load generator speaks plain HTTP)".into()));
+    }
     Ok(models)
 }
 
@@ -482,8 +534,9 @@ fn run_with(a: &UpArgs, mut spec: ClusterSpec) -> Result<(), UpError> {
 fn serve(mut cluster: LocalCluster, spec: &ClusterSpec) -> Result<(), UpError> {
     let token_file = write_join_token(&cluster, spec)?;
     let addr = |d: &tools::cluster::Daemon, key| d.addr(key).map_err(run_err);
+    let scheme = if spec.frontend_flags.iter().any(|f| f == "--tls-cert") { "https" } else { "http" };
     for (i, f) in cluster.frontends.iter().enumerate() {
-        println!("frontend {}: http://{}", i + 1, addr(f, "http")?);
+        println!("frontend {}: {scheme}://{}", i + 1, addr(f, "http")?);
     }
     for (i, f) in cluster.frontends.iter().enumerate() {
         println!("frontend {} grpc: {}", i + 1, addr(f, "grpc")?);
@@ -577,6 +630,7 @@ fn print_report(a: &UpArgs, models: usize, rate: f64, s_goodput: f64, e: &E2eRun
         "bad requests: {:.0} dropped by the scheduler at their deadline, {:.0} dropped in all, {:.0} failed at the frontends (late or lost), {} answered after the SLO as the client saw it; {:.0} of {:.0} batches started late",
         e.scheduler_deadline_drops, e.frontend_dropped, e.frontend_failed, e.late, e.backend_late_starts, e.backend_batches
     );
+    println!("{}", stage_line(e));
     println!("scheduler-only goodput of this cluster (simulated): {s_goodput:.0} rps");
 }
 
@@ -654,6 +708,9 @@ pub fn e2e(a: &E2eArgs) -> Result<(), UpError> {
     if a.cluster.model_repository.is_some() {
         return Err(UpError::Usage("symphony e2e drives the emulated zoo models; --model-repository is for symphony up".into()));
     }
+    if a.cluster.tls_cert.is_some() {
+        return Err(UpError::Usage("symphony e2e's load generator speaks plain HTTP; --tls-cert is for symphony up --serve".into()));
+    }
     let models = scheduler::zoo::cluster_models(&a.cluster.zoo, &a.models, &a.cluster.extra).map_err(|e| UpError::Usage(e.to_string()))?;
     let gpus = a.cluster.backends * a.cluster.gpus_per_backend;
     info!(models = %a.models, gpus, "symphony e2e: finding the simulated goodput");
@@ -698,6 +755,9 @@ fn e2e_with(a: &E2eArgs, spec: &ClusterSpec, models: &[ModelSpec], s: f64) -> Re
             "{} ({} zoo), {} frontends, {} backends x {} GPUs over {}: end-to-end goodput {e:.0} rps, scheduler-only (simulated) {s:.0} rps, e/s = {:.3}",
             a.models, a.cluster.zoo, a.cluster.frontends, a.cluster.backends, a.cluster.gpus_per_backend, a.cluster.transport.name(), e / s
         );
+        if let Some(b) = &best {
+            println!("at {e:.0} rps, {}", stage_line(b));
+        }
     }
     Ok(())
 }

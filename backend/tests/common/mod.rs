@@ -377,7 +377,7 @@ pub fn task(f: &Frontend, k: usize) -> BatchTask {
     BatchTask {
         task_id: f.task_id(k),
         frontend_id: f.id,
-        reserved: 0,
+        queued_us: 0,
         input: f.input_ref(k),
     }
 }

@@ -415,7 +415,7 @@ pub fn connect_and_exchange<F: TransportFactory>(f: &F) {
         .map(|i| wire::BatchTask {
             task_id: i,
             frontend_id: 1,
-            reserved: 0,
+            queued_us: 0,
             input: RemoteRef {
                 key: 1,
                 len: 2,

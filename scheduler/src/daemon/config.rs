@@ -121,6 +121,10 @@ pub struct SchedulerArgs {
     /// for machines with few cores).
     #[arg(long, value_enum, default_value_t = RankThread::Shared)]
     pub rank_thread: RankThread,
+    /// Most requests waiting per model queue (0: unbounded); the excess is
+    /// refused at once as overloaded (issue 17).
+    #[arg(long, default_value_t = 0)]
+    pub max_queue: u32,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub common: CommonArgs,
@@ -184,6 +188,8 @@ pub struct SchedulerConfig {
     /// The pinned engine's threads, cores and idle strategy (the shell's
     /// `--idle`).
     pub pinned: PinnedConfig,
+    /// `--max-queue`: every model's queue bound (0: unbounded).
+    pub max_queue: u32,
 }
 
 impl SchedulerArgs {
@@ -249,6 +255,7 @@ impl SchedulerArgs {
             bench_stamps: self.bench_stamps,
             engine: self.engine,
             pinned,
+            max_queue: self.max_queue,
         })
     }
 

@@ -125,6 +125,13 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), Scheduler
     let mut idle = IdleWait::new(cfg.idle).map_err(setup("wait set"))?;
     let drive = Drive::Threads { clock, notify: Some(idle.notifier()) };
     let layout = plane.set_engine(cfg.engine, &cfg.pinned, drive).map_err(|e| SchedulerError::Plane(e.to_string()))?;
+    // After the engine is in place: a new engine starts from the cores' defaults.
+    if cfg.max_queue > 0 {
+        let admission = crate::types::Admission { max_queue: cfg.max_queue, ..crate::types::Admission::default() };
+        for model in 0..cfg.models.len() as u32 {
+            plane.set_admission(model, admission);
+        }
+    }
     let acceptor = Acceptor::spawn("sched-accept", listener, idle.set().notifier())
         .map_err(setup("acceptor thread"))?;
     // After the acceptor's spawn: it would inherit this thread's CPU.

@@ -1083,7 +1083,7 @@ impl ControlPlane {
                         w.push(&BatchTask {
                             task_id: r.id,
                             frontend_id: m.frontend,
-                            reserved: 0,
+                            queued_us: queued_us(now, r.arrival),
                             input: m.input,
                         })?;
                         list.push((r.id, m.frontend));
@@ -1124,6 +1124,12 @@ impl ControlPlane {
         m.backends.set(self.backends.len() as i64);
         m.gpus_online.set(self.online_gpus() as i64);
     }
+}
+
+/// A task's time from its ingress to `now` (its plan's sending), µs, as
+/// [`BatchTask::queued_us`] carries it.
+fn queued_us(now: Instant, arrival: Instant) -> u32 {
+    u32::try_from(now.saturating_since(arrival).as_nanos() / 1_000).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]

@@ -138,6 +138,25 @@ pub struct DynamicBatching {
     pub preferred_batch_size: Vec<u32>,
     /// `max_queue_delay_microseconds`.
     pub max_queue_delay_us: u64,
+    /// `priority_levels` (0: one level).
+    pub priority_levels: u16,
+    /// `default_priority_level` (0: the lowest level).
+    pub default_priority_level: u16,
+    /// `default_queue_policy.max_queue_size` (0: unbounded).
+    pub max_queue_size: u32,
+}
+
+impl DynamicBatching {
+    /// The scheduler's admission for these knobs: its priority levels, the
+    /// level of a request that names none, and the queue bound.
+    pub fn admission(&self) -> crate::types::Admission {
+        let levels = self.priority_levels.max(1);
+        let default_level = match self.default_priority_level {
+            0 => levels,
+            l => l.min(levels),
+        };
+        crate::types::Admission { levels, default_level, max_queue: self.max_queue_size }
+    }
 }
 
 /// A parsed `config.pbtxt`.
@@ -322,6 +341,22 @@ pub fn from_message(m: &Message, dir_name: &str) -> R<ModelConfig> {
             }
             if let Some(q) = d.last("max_queue_delay_microseconds") {
                 db.max_queue_delay_us = int(q, "dynamic_batching.max_queue_delay_microseconds")?;
+            }
+            if let Some(p) = d.last("priority_levels") {
+                db.priority_levels = int(p, "dynamic_batching.priority_levels")?;
+            }
+            if let Some(p) = d.last("default_priority_level") {
+                let l: u16 = int(p, "dynamic_batching.default_priority_level")?;
+                if l > db.priority_levels.max(1) {
+                    return Err(field_err("dynamic_batching.default_priority_level", p.line, format!("{l} is above priority_levels ({})", db.priority_levels)));
+                }
+                db.default_priority_level = l;
+            }
+            if let Some(q) = d.last("default_queue_policy") {
+                let policy = message(q, "dynamic_batching.default_queue_policy")?;
+                if let Some(n) = policy.last("max_queue_size") {
+                    db.max_queue_size = int(n, "dynamic_batching.default_queue_policy.max_queue_size")?;
+                }
             }
             Ok(db)
         })

@@ -24,6 +24,7 @@
 //! | `instance_group.kind` | `KIND_GPU`: the CUDA execution provider (feature `cuda`); otherwise CPU |
 //! | `dynamic_batching.preferred_batch_size` | recorded, not used: the deferred scheduler sizes each batch from the deadlines and `l(b)`, which is what preferred sizes approximate |
 //! | `dynamic_batching.max_queue_delay_microseconds` | recorded, not used: a request waits exactly as long as its deadline allows (deferred batching), never a fixed delay |
+//! | `dynamic_batching.priority_levels`, `default_priority_level`, `default_queue_policy.max_queue_size` | the model's [`Admission`](crate::types::Admission) ([`DynamicBatching::admission`]): priority levels, the level of a request that names none, the bound of its queue (over it: refused as overloaded) |
 //! | `version_policy` | which version directories load; requests name a version or get the newest loaded |
 
 pub mod config;

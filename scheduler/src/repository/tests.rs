@@ -127,3 +127,22 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn priority_levels_and_the_queue_bound_become_the_models_admission() {
+    let root = tmp("admission");
+    let cfg = GOOD.replace(
+        "dynamic_batching { preferred_batch_size: [ 4, 8 ], max_queue_delay_microseconds: 100 }",
+        "dynamic_batching { priority_levels: 2 default_priority_level: 2 default_queue_policy { max_queue_size: 64 } }",
+    );
+    write_model(&root, "cls", &cfg, &[1]);
+    let bad = cfg.replace("\"cls\"", "\"bad\"").replace("default_priority_level: 2", "default_priority_level: 3");
+    write_model(&root, "bad", &bad, &[1]);
+    let repo = scan(&root).unwrap();
+    let db = repo.model("cls").unwrap().config.dynamic_batching.clone().unwrap();
+    assert_eq!(db.admission(), crate::types::Admission { levels: 2, default_level: 2, max_queue: 64 });
+    assert_eq!(DynamicBatching::default().admission(), crate::types::Admission::default());
+    assert!(repo.model("bad").is_none());
+    assert!(repo.refused.iter().any(|r| format!("{r:?}").contains("default_priority_level")), "{:?}", repo.refused);
+    let _ = std::fs::remove_dir_all(&root);
+}

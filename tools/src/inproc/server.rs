@@ -27,6 +27,7 @@ use frontend::node::NetSink;
 use frontend::service::ClusterService;
 use scheduler::deferred::CoreConfig;
 use scheduler::netdelay::NetworkDelay;
+use scheduler::types::Admission;
 
 use super::cluster::{ClusterSpec, NodeCluster};
 
@@ -79,6 +80,10 @@ pub struct LocalConfig {
     pub slots: u32,
     /// Wait past a request's budget before answering it timed out.
     pub grace: Duration,
+    /// Per model (by catalog index) its priority levels and queue bound
+    /// (`max_queue`; over it a request is refused at once as overloaded);
+    /// a model past the end gets the default (one level, unbounded).
+    pub admission: Vec<Admission>,
 }
 
 impl LocalConfig {
@@ -95,6 +100,7 @@ impl LocalConfig {
             tls: None,
             slots: 4096,
             grace: Duration::from_millis(100),
+            admission: Vec::new(),
         }
     }
 }
@@ -162,6 +168,9 @@ impl LocalServer {
         let wake = waits.notifier();
         let net = SimNet::new(0, FaultConfig { base_delay: Duration::from_micros(5), read_delay: Duration::from_micros(5), ..FaultConfig::default() });
         let mut cluster = NodeCluster::new(spec, net, Some(wake.clone())).map_err(std::io::Error::other)?;
+        for (model, admission) in cfg.admission.iter().enumerate() {
+            cluster.scheduler_mut().plane_mut().set_admission(model as u32, *admission);
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = mpsc::channel::<Result<Arc<ClusterService<NetSink>>, std::io::Error>>();
         let stopping = stop.clone();

@@ -1,0 +1,103 @@
+//! Model control under load (issue 16): load/unload cycles while other
+//! clients keep the cluster busy and requests of the cycled model are in
+//! flight leave no staging slot, queue entry, task id or `/dev/shm` file
+//! behind. 50 cycles by default (about 1.5 s);
+//! `SYMPHONY_CONTROL_CYCLES=100` runs the acceptance's 100 (about 3 s).
+
+use bytes::Bytes;
+use frontend::models::ModelCatalog;
+use frontend::service::InferenceService;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use scheduler::zoo::ModelSpec;
+use serde_json::json;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration as StdDuration, Instant as StdInstant};
+use tools::inproc::server::{LocalConfig, LocalServer};
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+async fn post(c: &HttpClient, addr: SocketAddr, path: &str, body: Vec<u8>) -> StatusCode {
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let resp = c.request(req).await.expect("request");
+    let status = resp.status();
+    let _ = resp.into_body().collect().await;
+    status
+}
+
+fn infer_body() -> Vec<u8> {
+    let v: Vec<f32> = (0..16).map(|i| i as f32).collect();
+    serde_json::to_vec(&json!({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": v}]})).unwrap()
+}
+
+/// `/dev/shm` files this process owns (`symphony-<pid>-..`).
+fn my_shm_files() -> usize {
+    let prefix = format!("symphony-{}-", std::process::id());
+    std::fs::read_dir("/dev/shm").map_or(0, |rd| rd.flatten().filter(|e| e.file_name().to_string_lossy().starts_with(&prefix)).count())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_unload_cycles_under_load_leave_nothing_behind() {
+    let cycles: u32 = std::env::var("SYMPHONY_CONTROL_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
+    let models = vec![ModelSpec::linear("cycled", 0.5, 2.0, 100.0).unwrap(), ModelSpec::linear("steady", 0.5, 2.0, 100.0).unwrap()];
+    let mut cfg = LocalConfig::new(ModelCatalog::with_default_tensors(&models));
+    cfg.cluster.gpus = 2;
+    cfg.cluster.timer_slack = dataplane::time::Duration::from_millis(60);
+    let server = LocalServer::start(cfg).await.expect("server starts");
+    let (addr, c): (SocketAddr, HttpClient) = (server.addr(), Client::builder(TokioExecutor::new()).build_http());
+    let shm_before = my_shm_files();
+    // Load: a steady client of the other model all along.
+    let stop = Arc::new(AtomicBool::new(false));
+    let steady_ok = Arc::new(AtomicU64::new(0));
+    let load = {
+        let (stop, ok, c) = (stop.clone(), steady_ok.clone(), c.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                if post(&c, addr, "/v2/models/steady/infer", infer_body()).await == StatusCode::OK {
+                    ok.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+    };
+    let started = StdInstant::now();
+    for _ in 0..cycles {
+        // A request of the cycled model in flight across its unload.
+        let in_flight = {
+            let c = c.clone();
+            tokio::spawn(async move { post(&c, addr, "/v2/models/cycled/infer", infer_body()).await })
+        };
+        assert_eq!(post(&c, addr, "/v2/repository/models/cycled/unload", Vec::new()).await, StatusCode::OK);
+        let refused = post(&c, addr, "/v2/models/cycled/infer", infer_body()).await;
+        assert!(refused.is_client_error() || refused.is_server_error(), "an unloaded model answered {refused}");
+        assert_eq!(post(&c, addr, "/v2/repository/models/cycled/load", Vec::new()).await, StatusCode::OK);
+        let early = in_flight.await.unwrap();
+        // It raced the unload: served, or refused as the unloaded model's
+        // (400/404/503), never an internal error.
+        assert!(early == StatusCode::OK || early.is_client_error() || early == StatusCode::SERVICE_UNAVAILABLE, "in flight across the unload: {early}");
+    }
+    assert_eq!(post(&c, addr, "/v2/models/cycled/infer", infer_body()).await, StatusCode::OK);
+    stop.store(true, Ordering::Relaxed);
+    load.await.unwrap();
+    eprintln!("{cycles} cycles in {:?}; steady client: {} successes", started.elapsed(), steady_ok.load(Ordering::Relaxed));
+    assert!(steady_ok.load(Ordering::Relaxed) > 0, "the steady client was served");
+    let svc = server.service().clone();
+    let staging = svc.staging().clone();
+    let deadline = StdInstant::now() + StdDuration::from_secs(10);
+    while !(svc.counters().balanced() && staging.free_slots() == staging.capacity()) && StdInstant::now() < deadline {
+        tokio::time::sleep(StdDuration::from_millis(5)).await;
+    }
+    let q = svc.counters();
+    assert_eq!(q.accepted, q.succeeded + q.dropped + q.failed + q.cancelled, "{q:?}");
+    assert_eq!(staging.free_slots(), staging.capacity(), "no staging slot left behind: {q:?}");
+    assert_eq!(my_shm_files(), shm_before, "no /dev/shm file left behind");
+    server.stop().await;
+}
