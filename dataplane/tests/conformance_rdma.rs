@@ -23,6 +23,7 @@ use dataplane::transport::{
     Access, Completion, Connection, Domain, Error, ErrorKind, Listener, ReadOp, Region,
     Registration, RemoteRef,
 };
+use dataplane::waitset::WaitSet;
 use dataplane::wire::{self, Message};
 
 const TIMEOUT: Duration = Duration::from_millis(20_000);
@@ -84,7 +85,8 @@ suite_check!(
     rejects_bad_reads,
     deregister_during_reads,
     disconnect_mid_read,
-    no_leaks
+    no_leaks,
+    wait_fd_wakes
 );
 
 /// Encodes a heartbeat carrying `seq` (the verbs-specific tests' message).
@@ -275,6 +277,115 @@ fn rdma_remote_access_error_completes_with_error_and_ends_the_connection() {
             local: dst_reg.local_ref(0, 64).unwrap()
         })
         .is_err());
+}
+
+/// Keys apart and least access at the NIC: a landing region (LOCAL_WRITE only) is not
+/// remote-readable even when a peer names it with a forged reference, and READs use
+/// the staging region's rkey, never its lkey.
+#[test]
+fn rdma_landing_regions_are_not_remote_readable() {
+    let Some(d) = domain_or_skip() else { return };
+    let (_server, mut client) = connected_pair(&d);
+    let (_src, src_reg) = filled_region(&d, 4096, 7, Access::REMOTE_READ);
+    let (dst, dst_reg) = filled_region(&d, 4096, 0, Access::LOCAL_WRITE);
+    let (_victim, victim_reg) = filled_region(&d, 4096, 9, Access::LOCAL_WRITE);
+    assert_eq!(src_reg.remote_ref(0, 64).unwrap().key, src_reg.remote_key());
+    // The good READ first (the failed one ends the queue pair).
+    client
+        .post_read(&ReadOp {
+            wr_id: 1,
+            remote: src_reg.remote_ref(0, 64).unwrap(),
+            local: dst_reg.local_ref(0, 64).unwrap(),
+        })
+        .unwrap();
+    assert_eq!(wait_completions(&mut client, 1)[0].status, Ok(()));
+    let mut got = [0u8; 64];
+    dst.read_at(0, &mut got).unwrap();
+    assert!(got.iter().enumerate().all(|(i, &b)| b == pattern(7, i)));
+    // Forged: the landing region's own keys and address, as if it had been exported.
+    for key in [victim_reg.key(), victim_reg.remote_key()] {
+        let (_s, mut c) = connected_pair(&d);
+        let forged = RemoteRef {
+            key,
+            len: 64,
+            offset: victim_reg.addr_base(),
+        };
+        c.post_read(&ReadOp {
+            wr_id: 2,
+            remote: forged,
+            local: dst_reg.local_ref(0, 64).unwrap(),
+        })
+        .unwrap();
+        assert_eq!(
+            wait_completions(&mut c, 1)[0].status,
+            Err(ErrorKind::BadKey),
+            "the NIC refuses a READ of a region without REMOTE_READ"
+        );
+    }
+}
+
+/// The completion channel: an idle connection sleeps in the kernel (no spinning) and
+/// wakes when a READ completes or a message arrives.
+#[test]
+fn rdma_idle_connection_sleeps_until_a_completion() {
+    let Some(d) = domain_or_skip() else { return };
+    let (mut server, mut client) = connected_pair(&d);
+    let (_src, src_reg) = filled_region(&d, 4096, 5, Access::REMOTE_READ);
+    let (dst, dst_reg) = filled_region(&d, 4096, 0, Access::LOCAL_WRITE);
+    let mut set = WaitSet::new().unwrap();
+    set.add(client.wait_fd().expect("rdma has a wait fd")).unwrap();
+    let mut out = [Completion::default(); 1];
+    let mut buf = [0u8; 64];
+    // Polled empty (which arms both queues): the wait sleeps its whole timeout.
+    assert_eq!(client.poll_completions(&mut out).unwrap(), 0);
+    assert_eq!(client.try_recv(&mut buf).unwrap(), None);
+    let t = Instant::now();
+    assert_eq!(set.wait(Duration::from_millis(50)), 0);
+    assert!(t.elapsed() >= std::time::Duration::from_millis(40));
+    let t = Instant::now();
+    assert!(client.wait(Duration::from_millis(50)).unwrap());
+    assert!(t.elapsed() >= std::time::Duration::from_millis(40), "Connection::wait slept");
+
+    // A READ's completion wakes the set.
+    client
+        .post_read(&ReadOp {
+            wr_id: 77,
+            remote: src_reg.remote_ref(0, 256).unwrap(),
+            local: dst_reg.local_ref(0, 256).unwrap(),
+        })
+        .unwrap();
+    let deadline = Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        assert!(Instant::now() < deadline, "the READ's completion did not wake the set");
+        set.wait(Duration::from_millis(5_000));
+        if client.poll_completions(&mut out).unwrap() == 1 {
+            break;
+        }
+    }
+    assert_eq!((out[0].wr_id, out[0].status), (77, Ok(())));
+    let mut got = [0u8; 256];
+    dst.read_at(0, &mut got).unwrap();
+    assert!(got.iter().enumerate().all(|(i, &b)| b == pattern(5, i)));
+    // Drained: quiet again.
+    assert_eq!(client.poll_completions(&mut out).unwrap(), 0);
+    assert_eq!(set.wait(Duration::from_millis(20)), 0);
+
+    // A message wakes Connection::wait, and is then received.
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        server.send(&heartbeat(9)).unwrap();
+        server
+    });
+    let t = Instant::now();
+    while t.elapsed() < std::time::Duration::from_secs(20) {
+        client.wait(Duration::from_millis(5_000)).unwrap();
+        if let Some(n) = client.try_recv(&mut buf).unwrap() {
+            assert_eq!(heartbeat_seq(&buf[..n]), 9);
+            break;
+        }
+    }
+    assert!(t.elapsed() < std::time::Duration::from_secs(20), "no message");
+    drop(sender.join().unwrap());
 }
 
 #[test]
