@@ -7,6 +7,8 @@
 //!
 //! Ignored tests are run explicitly by tests/softroce/guest/*.sh:
 //! - `rdma_read_latency`: READ latency percentiles (`LAT_SIZE`, `LAT_ITERS`);
+//! - `rdma_many_queue_pairs`: `QP_PAIRS` (default 500) connected pairs = 2 x
+//!   that many RC queue pairs in one process, data over every 50th pair;
 //! - `rdma_pair_server` / `rdma_pair_client`: one guest serves a registered
 //!   region (`SYMPHONY_PAIR_LISTEN`), the other READs it and checks every
 //!   byte (`SYMPHONY_PAIR_CONNECT`).
@@ -18,7 +20,7 @@ use std::time::Instant;
 use dataplane::idle::{IdleStrategy, Idler};
 use dataplane::time::Duration;
 use dataplane::transport::conformance::{self, TransportFactory};
-use dataplane::transport::rdma::{RdmaConnection, RdmaDomain};
+use dataplane::transport::rdma::{RdmaConfig, RdmaConnection, RdmaDomain};
 use dataplane::transport::{
     Access, Completion, Connection, Domain, Error, ErrorKind, Listener, ReadOp, Region,
     Registration, RemoteRef,
@@ -609,4 +611,106 @@ fn rdma_pair_client() {
     let n = recv_one(&mut conn, &mut buf).unwrap();
     assert_eq!(heartbeat_seq(&buf[..n]), u64::MAX, "server's goodbye");
     assert_eq!(bad, 0, "{bad} bytes differ from the server's pattern");
+}
+
+/// Raises the soft fd limit to the hard one (a connection holds four fds:
+/// bootstrap socket, two completion channels, the epoll wait fd).
+fn raise_fd_limit(want: u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid out pointer for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return;
+    }
+    if lim.rlim_max < want {
+        lim.rlim_max = want; // root (the guest) may raise the hard limit
+    }
+    lim.rlim_cur = lim.rlim_cur.max(want).min(lim.rlim_max);
+    // SAFETY: valid pointer; failure leaves the limits as they were.
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+}
+
+/// Thousands of RC queue pairs in one guest (rxe loopback): `QP_PAIRS` connected
+/// pairs (default 500 = 1000 QPs) of one domain, each with the small per-connection
+/// footprint a large fan-out would use (2 receive and 2 send slots of 256 B, 4 READs),
+/// then a message and a 4 KiB READ over every 50th pair (bytes checked), with every
+/// queue pair still open. Prints `QPS <queue pairs> <setup ms> <data ms>`.
+#[test]
+#[ignore = "scale; run by tests/softroce/guest/single.sh"]
+fn rdma_many_queue_pairs() {
+    let Some(_) = domain_or_skip() else { return };
+    let pairs: usize = env_or("QP_PAIRS", 500);
+    raise_fd_limit(4 * 2 * pairs as u64 + 256);
+    let cfg = RdmaConfig {
+        recv_slots: 2,
+        send_slots: 2,
+        max_msg_len: 256,
+        max_reads_in_flight: 4,
+        read_depth: 4,
+        ..RdmaConfig::from_env().unwrap()
+    };
+    let d = RdmaDomain::open(cfg).unwrap();
+    let mut listener = d.listen("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr();
+    let t0 = Instant::now();
+    let (servers, clients) = std::thread::scope(|s| {
+        let acceptor = s.spawn(move || {
+            (0..pairs)
+                .map(|i| {
+                    listener
+                        .accept(TIMEOUT)
+                        .unwrap_or_else(|e| panic!("accept #{i}: {e}"))
+                })
+                .collect::<Vec<_>>()
+        });
+        let clients: Vec<RdmaConnection> = (0..pairs)
+            .map(|i| {
+                d.connect(&addr, TIMEOUT)
+                    .unwrap_or_else(|e| panic!("connect #{i}: {e}"))
+            })
+            .collect();
+        (acceptor.join().unwrap(), clients)
+    });
+    let setup = t0.elapsed();
+    let (mut servers, mut clients) = (servers, clients);
+    assert_eq!(servers.len() + clients.len(), 2 * pairs);
+    let t1 = Instant::now();
+    let (_src, src_reg) = filled_region(&d, 1 << 20, 11, Access::REMOTE_READ);
+    let (dst, dst_reg) = filled_region(&d, 4096, 0, Access::LOCAL_WRITE);
+    let mut buf = [0u8; 256];
+    let mut checked = 0;
+    for i in (0..pairs).step_by(50) {
+        // Pairs are accepted in connect order: servers[i] is clients[i]'s peer.
+        clients[i].send(&heartbeat(i as u64)).unwrap();
+        let n = recv_one(&mut servers[i], &mut buf).unwrap();
+        assert_eq!(heartbeat_seq(&buf[..n]), i as u64, "pair {i}: wrong peer");
+        let at = (i as u64 * 4096) % ((1 << 20) - 4096);
+        clients[i]
+            .post_read(&ReadOp {
+                wr_id: i as u64,
+                remote: src_reg.remote_ref(at, 4096).unwrap(),
+                local: dst_reg.local_ref(0, 4096).unwrap(),
+            })
+            .unwrap();
+        let c = wait_completions(&mut clients[i], 1);
+        assert_eq!((c[0].wr_id, c[0].status), (i as u64, Ok(())));
+        let mut got = vec![0u8; 4096];
+        dst.read_at(0, &mut got).unwrap();
+        assert!(
+            got.iter()
+                .enumerate()
+                .all(|(j, &b)| b == pattern(11, at as usize + j)),
+            "pair {i}: bytes differ"
+        );
+        checked += 1;
+    }
+    assert!(servers.iter().chain(&clients).all(|c| c.is_connected()));
+    println!(
+        "QPS {} {} {} (data over {checked} pairs)",
+        2 * pairs,
+        setup.as_millis(),
+        t1.elapsed().as_millis()
+    );
 }

@@ -241,6 +241,10 @@ pub struct E2eRun {
     pub backend_batches: f64,
     /// Batches of each size during the run, (size, count), sizes with none left out.
     pub batch_sizes: Vec<(u32, f64)>,
+    /// Input READs the backends posted, and those that failed (one READ per
+    /// input: tests/softroce checks it over verbs).
+    pub backend_reads_posted: f64,
+    pub backend_read_failures: f64,
 }
 
 struct Scrape {
@@ -362,6 +366,8 @@ pub fn run_load(c: &LocalCluster, models: &[ModelSpec], rate: f64, secs: f64, se
         backend_late_starts: sum_delta(&after.backs, &before.backs, "symphony_backend_late_starts_total"),
         backend_batches: sum_delta(&after.backs, &before.backs, "symphony_backend_batches_executed_total"),
         batch_sizes: batch_sizes(&before.sched, &after.sched),
+        backend_reads_posted: sum_delta(&after.backs, &before.backs, "symphony_backend_reads_posted_total"),
+        backend_read_failures: sum_delta(&after.backs, &before.backs, "symphony_backend_read_failures_total"),
     })
 }
 
