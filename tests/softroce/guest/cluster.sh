@@ -5,21 +5,23 @@
 # loadgen in frontend/src/loadgen.rs). Every response's OUTPUT0 is checked against the
 # reference output of the bytes the client sent (dataplane::reference: the executor hashes
 # exactly the bytes that landed in its pinned staging buffer, so a changed, torn or missing
-# input byte changes the answer). Passes only if every request was answered, every answer
-# was right, and the backend's RDMA READ counter equals the number of inputs.
-# Prints "CLUSTER <sent> <ok> <wrong_output> <reads_posted> <read_failures> <seconds>".
+# input byte changes the answer). Passes only if every request was answered correctly (in
+# time or late: the objective is loose, but an emulated guest can still stall), none went to
+# the wrong client, and the backend's RDMA READ counter equals the number of inputs.
+# Prints "CLUSTER <sent> <correct> <wrong_output> <reads_posted> <read_failures> <seconds>".
 set -u
 RATE=${CLUSTER_RATE:-20}
 SECS=${CLUSTER_SECS:-3}
 t0=$(cut -d' ' -f1 /proc/uptime)
 # A loose objective: the point is the bytes and the READs, not latency under emulation.
 ./symphony up --transport rdma --frontends 1 --backends 1 --models none \
-  --model echo=2,1,3000 --rate "$RATE" --duration-s "$SECS" --plot /tmp/up-plots --json \
+  --model echo=2,1,10000 --rate "$RATE" --duration-s "$SECS" --plot /tmp/up-plots --json \
   >/tmp/up.json 2>/tmp/up.log
 rc=$?
 t1=$(cut -d' ' -f1 /proc/uptime)
 field() { sed -n "s/^ *\"$1\": *\([0-9.]*\).*/\1/p" /tmp/up.json | head -1; }
-sent=$(field sent); ok=$(field ok); wrong=$(field wrong_output)
+sent=$(field sent); wrong=$(field wrong_output); wrong_client=$(field wrong_client)
+okf=$(field ok); late=$(field late); ok=$(( ${okf:-0} + ${late:-0} ))
 reads=$(field backend_reads_posted); rfail=$(field backend_read_failures)
 echo "CLUSTER ${sent:-?} ${ok:-?} ${wrong:-?} ${reads:-?} ${rfail:-?} $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b-a}')"
 fail=0
@@ -27,6 +29,7 @@ fail=0
 [ -n "$sent" ] && [ "${sent%.*}" -gt 0 ] || { echo "cluster: no request sent"; fail=1; }
 [ "${ok:-x}" = "${sent:-y}" ] || { echo "cluster: $ok of $sent requests answered correctly"; fail=1; }
 [ "${wrong:-x}" = 0 ] || { echo "cluster: $wrong outputs differ from the reference of the sent bytes"; fail=1; }
+[ "${wrong_client:-x}" = 0 ] || { echo "cluster: $wrong_client answers went to the wrong request"; fail=1; }
 # One input per request: READs posted == inputs sent, none failed.
 [ "${reads%.*}" = "${sent:-y}" ] || { echo "cluster: $reads READs for $sent inputs"; fail=1; }
 [ "${rfail%.*}" = 0 ] || { echo "cluster: $rfail READs failed"; fail=1; }
