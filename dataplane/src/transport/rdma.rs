@@ -1023,9 +1023,18 @@ impl RdmaConnection {
             if n < 0 {
                 return Err(errno_err("ibv_poll_cq", -n));
             }
-            if n > 0 {
-                self.send_wake.note_work();
+            if n == 0 {
+                // Drained: arm the channel, then poll once more (see `wake`). Only an
+                // empty poll arms: a caller that always finds work (a busy-polled READ
+                // that completes inside its doorbell, as on rxe) never pays for it.
+                // SAFETY: the pointer is only used while self holds the CQ.
+                let cq = unsafe { self.send_cq.cq() }.as_ptr();
+                if self.send_wake.arm_when_empty(cq)? {
+                    continue;
+                }
+                return Ok(());
             }
+            self.send_wake.note_work();
             for wc in &wcs[..n as usize] {
                 // SAFETY: ibv_poll_cq initialised the first n entries.
                 let wc = unsafe { wc.assume_init_ref() };
@@ -1056,12 +1065,7 @@ impl RdmaConnection {
                 });
             }
             if (n as usize) < wcs.len() {
-                // Drained: arm the channel (then poll once more, see `wake`).
-                // SAFETY: the pointer is only used while self holds the CQ.
-                let cq = unsafe { self.send_cq.cq() }.as_ptr();
-                if !self.send_wake.arm_when_empty(cq)? {
-                    return Ok(());
-                }
+                return Ok(());
             }
         }
     }

@@ -11,10 +11,11 @@
 //!    epoll fd) turns readable and stays so until step 1 consumes it;
 //! 3. a poll that finds work while armed marks the arm as spent.
 //!
-//! A busy poller pays one `ibv_req_notify_cq` per busy-to-empty transition
-//! (a doorbell on mlx5, a system call on rxe) and one non-blocking read of
-//! the channel before the next arm; a poller that always finds work pays
-//! nothing.
+//! Only a poll that returns nothing arms. A busy poller pays one
+//! `ibv_req_notify_cq` per busy-to-empty transition (a doorbell on mlx5, a
+//! system call on rxe) and one non-blocking read of the channel before the
+//! next arm; a poller that always finds work (a busy-polled READ that
+//! completes inside its doorbell, as on rxe's loopback path) pays nothing.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
