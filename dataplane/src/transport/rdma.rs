@@ -1070,6 +1070,16 @@ impl RdmaConnection {
         }
     }
 
+    /// Before telling a caller "nothing" (after which it may sleep on the wait fd):
+    /// drains the send queue until it is armed, or until a READ completion turns
+    /// up for the caller. A drain that found only SEND completions does not arm.
+    fn arm_send_if_idle(&mut self) -> Result<(), Error> {
+        while !self.send_wake.armed() && self.done.is_empty() {
+            self.drain_send_cq()?;
+        }
+        Ok(())
+    }
+
     /// The next receive completion: `(slot, length)`, or None once the receive
     /// queue is empty (then armed).
     fn poll_recv_cq(&mut self) -> Result<Option<(u32, usize)>, Error> {
@@ -1371,6 +1381,9 @@ impl Connection for RdmaConnection {
 
     fn poll_completions(&mut self, out: &mut [Completion]) -> Result<usize, Error> {
         self.drain_send_cq()?;
+        if self.done.is_empty() {
+            self.arm_send_if_idle()?;
+        }
         let n = out.len().min(self.done.len());
         for slot in out.iter_mut().take(n) {
             if let Some(c) = self.done.pop_front() {
@@ -1385,6 +1398,9 @@ impl Connection for RdmaConnection {
 
     fn progress(&mut self) -> Result<(), Error> {
         self.drain_send_cq()?;
+        if self.done.is_empty() {
+            self.arm_send_if_idle()?;
+        }
         self.check_peer(false);
         Ok(())
     }
@@ -1411,7 +1427,7 @@ impl Connection for RdmaConnection {
         }
         // Both queues must be armed before sleeping (the caller may have polled
         // only one): drain-and-arm each; whatever turns up is kept for the next poll.
-        self.drain_send_cq()?;
+        self.arm_send_if_idle()?;
         if !self.done.is_empty() {
             return Ok(true);
         }

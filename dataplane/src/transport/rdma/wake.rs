@@ -11,7 +11,8 @@
 //!    epoll fd) turns readable and stays so until step 1 consumes it;
 //! 3. a poll that finds work while armed marks the arm as spent.
 //!
-//! Only a poll that returns nothing arms. A busy poller pays one
+//! Only a poll that returns nothing arms; the connection makes sure a poll
+//! that hands its caller nothing leaves its queue armed. A busy poller pays one
 //! `ibv_req_notify_cq` per busy-to-empty transition (a doorbell on mlx5, a
 //! system call on rxe) and one non-blocking read of the channel before the
 //! next arm; a poller that always finds work (a busy-polled READ that
