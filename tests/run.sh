@@ -16,8 +16,9 @@
 #   6. real models: scripts/fetch-models.sh (or the models already in models/) for the ONNX
 #      executor's tests in step 3 (required then: SYMPHONY_ONNX_REQUIRED=1), and
 #      tests/onnx_daemons.sh (real inference through the daemons, bad inputs, a broken model)
-#   7. real RDMA verbs: the transport conformance suite and a cross-guest READ inside
-#      Soft-RoCE QEMU guests (tests/softroce/ci.sh)
+#   7. real RDMA verbs: the transport conformance suite, >=1000 queue pairs, the whole
+#      cluster over verbs (symphony up --transport rdma, HTTP requests, READ count) and a
+#      cross-guest READ inside Soft-RoCE QEMU guests (tests/softroce/ci.sh)
 #   8. deploy/: the Kubernetes manifests against a pinned Kubernetes version, offline
 #      (tests/deploy_validate.sh)
 set -euo pipefail
@@ -29,6 +30,16 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 # workspace's release profile keeps them for perf), which shortens every
 # release compile and link of this script. A caller's setting wins.
 export CARGO_PROFILE_RELEASE_DEBUG="${CARGO_PROFILE_RELEASE_DEBUG:-0}"
+# The features of the one release build of the workspace (the test step), which every
+# later `cargo build --release -p tools --bin symphony` and tests/softroce/ci.sh repeat so
+# that they reuse its artifacts: symphony with the rdma transport (runs in the Soft-RoCE
+# guests; elsewhere `--transport rdma` says no device).
+export RELEASE_FEATURES="${RELEASE_FEATURES:---features dataplane/rdma}"
+# ... and the command itself, for the steps after it that need release binaries (symphony,
+# the tritonclient example server, the rdma test binary): `cargo build -p tools` alone
+# would unify dependency features without the workspace's dev-dependencies (bitflags'
+# `std`, ...) and so rebuild dataplane and everything above it once more.
+export RELEASE_BUILD="${RELEASE_BUILD:-cargo test --workspace --release $RELEASE_FEATURES --no-run}"
 step() { echo "== $* ($(date -u +%H:%M:%S))" >&2; }
 step setup
 bash scripts/setup.sh
@@ -46,7 +57,8 @@ else
   echo "SKIPPED: the onnxruntime wheel or the models could not be installed; ONNX tests skip" >&2
 fi
 step tests
-cargo test --workspace --release
+# shellcheck disable=SC2086
+cargo test --workspace --release $RELEASE_FEATURES
 # The cuda executor is compiled and its no-driver path tested (no GPU here): the
 # library's own tests and tests/cuda.rs; the other backend tests ran above and do
 # not depend on the feature.

@@ -97,6 +97,12 @@ macro_rules! suite {
                     conformance::no_leaks(&f);
                 }
             }
+            #[test]
+            fn wait_fd_wakes() {
+                if let Some(f) = $f {
+                    conformance::wait_fd_wakes(&f);
+                }
+            }
         }
     };
 }

@@ -7,6 +7,8 @@
 //!
 //! Ignored tests are run explicitly by tests/softroce/guest/*.sh:
 //! - `rdma_read_latency`: READ latency percentiles (`LAT_SIZE`, `LAT_ITERS`);
+//! - `rdma_many_queue_pairs`: `QP_PAIRS` (default 500) connected pairs = 2 x
+//!   that many RC queue pairs in one process, data over every 50th pair;
 //! - `rdma_pair_server` / `rdma_pair_client`: one guest serves a registered
 //!   region (`SYMPHONY_PAIR_LISTEN`), the other READs it and checks every
 //!   byte (`SYMPHONY_PAIR_CONNECT`).
@@ -18,11 +20,12 @@ use std::time::Instant;
 use dataplane::idle::{IdleStrategy, Idler};
 use dataplane::time::Duration;
 use dataplane::transport::conformance::{self, TransportFactory};
-use dataplane::transport::rdma::{RdmaConnection, RdmaDomain};
+use dataplane::transport::rdma::{RdmaConfig, RdmaConnection, RdmaDomain};
 use dataplane::transport::{
     Access, Completion, Connection, Domain, Error, ErrorKind, Listener, ReadOp, Region,
     Registration, RemoteRef,
 };
+use dataplane::waitset::WaitSet;
 use dataplane::wire::{self, Message};
 
 const TIMEOUT: Duration = Duration::from_millis(20_000);
@@ -84,7 +87,8 @@ suite_check!(
     rejects_bad_reads,
     deregister_during_reads,
     disconnect_mid_read,
-    no_leaks
+    no_leaks,
+    wait_fd_wakes
 );
 
 /// Encodes a heartbeat carrying `seq` (the verbs-specific tests' message).
@@ -275,6 +279,115 @@ fn rdma_remote_access_error_completes_with_error_and_ends_the_connection() {
             local: dst_reg.local_ref(0, 64).unwrap()
         })
         .is_err());
+}
+
+/// Keys apart and least access at the NIC: a landing region (LOCAL_WRITE only) is not
+/// remote-readable even when a peer names it with a forged reference, and READs use
+/// the staging region's rkey, never its lkey.
+#[test]
+fn rdma_landing_regions_are_not_remote_readable() {
+    let Some(d) = domain_or_skip() else { return };
+    let (_server, mut client) = connected_pair(&d);
+    let (_src, src_reg) = filled_region(&d, 4096, 7, Access::REMOTE_READ);
+    let (dst, dst_reg) = filled_region(&d, 4096, 0, Access::LOCAL_WRITE);
+    let (_victim, victim_reg) = filled_region(&d, 4096, 9, Access::LOCAL_WRITE);
+    assert_eq!(src_reg.remote_ref(0, 64).unwrap().key, src_reg.remote_key());
+    // The good READ first (the failed one ends the queue pair).
+    client
+        .post_read(&ReadOp {
+            wr_id: 1,
+            remote: src_reg.remote_ref(0, 64).unwrap(),
+            local: dst_reg.local_ref(0, 64).unwrap(),
+        })
+        .unwrap();
+    assert_eq!(wait_completions(&mut client, 1)[0].status, Ok(()));
+    let mut got = [0u8; 64];
+    dst.read_at(0, &mut got).unwrap();
+    assert!(got.iter().enumerate().all(|(i, &b)| b == pattern(7, i)));
+    // Forged: the landing region's own keys and address, as if it had been exported.
+    for key in [victim_reg.key(), victim_reg.remote_key()] {
+        let (_s, mut c) = connected_pair(&d);
+        let forged = RemoteRef {
+            key,
+            len: 64,
+            offset: victim_reg.addr_base(),
+        };
+        c.post_read(&ReadOp {
+            wr_id: 2,
+            remote: forged,
+            local: dst_reg.local_ref(0, 64).unwrap(),
+        })
+        .unwrap();
+        assert_eq!(
+            wait_completions(&mut c, 1)[0].status,
+            Err(ErrorKind::BadKey),
+            "the NIC refuses a READ of a region without REMOTE_READ"
+        );
+    }
+}
+
+/// The completion channel: an idle connection sleeps in the kernel (no spinning) and
+/// wakes when a READ completes or a message arrives.
+#[test]
+fn rdma_idle_connection_sleeps_until_a_completion() {
+    let Some(d) = domain_or_skip() else { return };
+    let (mut server, mut client) = connected_pair(&d);
+    let (_src, src_reg) = filled_region(&d, 4096, 5, Access::REMOTE_READ);
+    let (dst, dst_reg) = filled_region(&d, 4096, 0, Access::LOCAL_WRITE);
+    let mut set = WaitSet::new().unwrap();
+    set.add(client.wait_fd().expect("rdma has a wait fd")).unwrap();
+    let mut out = [Completion::default(); 1];
+    let mut buf = [0u8; 64];
+    // Polled empty (which arms both queues): the wait sleeps its whole timeout.
+    assert_eq!(client.poll_completions(&mut out).unwrap(), 0);
+    assert_eq!(client.try_recv(&mut buf).unwrap(), None);
+    let t = Instant::now();
+    assert_eq!(set.wait(Duration::from_millis(50)), 0);
+    assert!(t.elapsed() >= std::time::Duration::from_millis(40));
+    let t = Instant::now();
+    assert!(client.wait(Duration::from_millis(50)).unwrap());
+    assert!(t.elapsed() >= std::time::Duration::from_millis(40), "Connection::wait slept");
+
+    // A READ's completion wakes the set.
+    client
+        .post_read(&ReadOp {
+            wr_id: 77,
+            remote: src_reg.remote_ref(0, 256).unwrap(),
+            local: dst_reg.local_ref(0, 256).unwrap(),
+        })
+        .unwrap();
+    let deadline = Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        assert!(Instant::now() < deadline, "the READ's completion did not wake the set");
+        set.wait(Duration::from_millis(5_000));
+        if client.poll_completions(&mut out).unwrap() == 1 {
+            break;
+        }
+    }
+    assert_eq!((out[0].wr_id, out[0].status), (77, Ok(())));
+    let mut got = [0u8; 256];
+    dst.read_at(0, &mut got).unwrap();
+    assert!(got.iter().enumerate().all(|(i, &b)| b == pattern(5, i)));
+    // Drained: quiet again.
+    assert_eq!(client.poll_completions(&mut out).unwrap(), 0);
+    assert_eq!(set.wait(Duration::from_millis(20)), 0);
+
+    // A message wakes Connection::wait, and is then received.
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        server.send(&heartbeat(9)).unwrap();
+        server
+    });
+    let t = Instant::now();
+    while t.elapsed() < std::time::Duration::from_secs(20) {
+        client.wait(Duration::from_millis(5_000)).unwrap();
+        if let Some(n) = client.try_recv(&mut buf).unwrap() {
+            assert_eq!(heartbeat_seq(&buf[..n]), 9);
+            break;
+        }
+    }
+    assert!(t.elapsed() < std::time::Duration::from_secs(20), "no message");
+    drop(sender.join().unwrap());
 }
 
 #[test]
@@ -498,4 +611,106 @@ fn rdma_pair_client() {
     let n = recv_one(&mut conn, &mut buf).unwrap();
     assert_eq!(heartbeat_seq(&buf[..n]), u64::MAX, "server's goodbye");
     assert_eq!(bad, 0, "{bad} bytes differ from the server's pattern");
+}
+
+/// Raises the soft fd limit to the hard one (a connection holds four fds:
+/// bootstrap socket, two completion channels, the epoll wait fd).
+fn raise_fd_limit(want: u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid out pointer for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return;
+    }
+    if lim.rlim_max < want {
+        lim.rlim_max = want; // root (the guest) may raise the hard limit
+    }
+    lim.rlim_cur = lim.rlim_cur.max(want).min(lim.rlim_max);
+    // SAFETY: valid pointer; failure leaves the limits as they were.
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+}
+
+/// Thousands of RC queue pairs in one guest (rxe loopback): `QP_PAIRS` connected
+/// pairs (default 500 = 1000 QPs) of one domain, each with the small per-connection
+/// footprint a large fan-out would use (2 receive and 2 send slots of 256 B, 4 READs),
+/// then a message and a 4 KiB READ over every 50th pair (bytes checked), with every
+/// queue pair still open. Prints `QPS <queue pairs> <setup ms> <data ms>`.
+#[test]
+#[ignore = "scale; run by tests/softroce/guest/single.sh"]
+fn rdma_many_queue_pairs() {
+    let Some(_) = domain_or_skip() else { return };
+    let pairs: usize = env_or("QP_PAIRS", 500);
+    raise_fd_limit(4 * 2 * pairs as u64 + 256);
+    let cfg = RdmaConfig {
+        recv_slots: 2,
+        send_slots: 2,
+        max_msg_len: 256,
+        max_reads_in_flight: 4,
+        read_depth: 4,
+        ..RdmaConfig::from_env().unwrap()
+    };
+    let d = RdmaDomain::open(cfg).unwrap();
+    let mut listener = d.listen("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr();
+    let t0 = Instant::now();
+    let (servers, clients) = std::thread::scope(|s| {
+        let acceptor = s.spawn(move || {
+            (0..pairs)
+                .map(|i| {
+                    listener
+                        .accept(TIMEOUT)
+                        .unwrap_or_else(|e| panic!("accept #{i}: {e}"))
+                })
+                .collect::<Vec<_>>()
+        });
+        let clients: Vec<RdmaConnection> = (0..pairs)
+            .map(|i| {
+                d.connect(&addr, TIMEOUT)
+                    .unwrap_or_else(|e| panic!("connect #{i}: {e}"))
+            })
+            .collect();
+        (acceptor.join().unwrap(), clients)
+    });
+    let setup = t0.elapsed();
+    let (mut servers, mut clients) = (servers, clients);
+    assert_eq!(servers.len() + clients.len(), 2 * pairs);
+    let t1 = Instant::now();
+    let (_src, src_reg) = filled_region(&d, 1 << 20, 11, Access::REMOTE_READ);
+    let (dst, dst_reg) = filled_region(&d, 4096, 0, Access::LOCAL_WRITE);
+    let mut buf = [0u8; 256];
+    let mut checked = 0;
+    for i in (0..pairs).step_by(50) {
+        // Pairs are accepted in connect order: servers[i] is clients[i]'s peer.
+        clients[i].send(&heartbeat(i as u64)).unwrap();
+        let n = recv_one(&mut servers[i], &mut buf).unwrap();
+        assert_eq!(heartbeat_seq(&buf[..n]), i as u64, "pair {i}: wrong peer");
+        let at = (i as u64 * 4096) % ((1 << 20) - 4096);
+        clients[i]
+            .post_read(&ReadOp {
+                wr_id: i as u64,
+                remote: src_reg.remote_ref(at, 4096).unwrap(),
+                local: dst_reg.local_ref(0, 4096).unwrap(),
+            })
+            .unwrap();
+        let c = wait_completions(&mut clients[i], 1);
+        assert_eq!((c[0].wr_id, c[0].status), (i as u64, Ok(())));
+        let mut got = vec![0u8; 4096];
+        dst.read_at(0, &mut got).unwrap();
+        assert!(
+            got.iter()
+                .enumerate()
+                .all(|(j, &b)| b == pattern(11, at as usize + j)),
+            "pair {i}: bytes differ"
+        );
+        checked += 1;
+    }
+    assert!(servers.iter().chain(&clients).all(|c| c.is_connected()));
+    println!(
+        "QPS {} {} {} (data over {checked} pairs)",
+        2 * pairs,
+        setup.as_millis(),
+        t1.elapsed().as_millis()
+    );
 }

@@ -263,6 +263,10 @@ pub struct E2eRun {
     pub stage_mean_us: Vec<(String, f64)>,
     /// Their mean end-to-end time at the frontends, µs (the stages' sum).
     pub executed_mean_us: f64,
+    /// Input READs the backends posted, and those that failed (one READ per
+    /// input: tests/softroce checks it over verbs).
+    pub backend_reads_posted: f64,
+    pub backend_read_failures: f64,
 }
 
 struct Scrape {
@@ -411,6 +415,8 @@ pub fn run_load(c: &LocalCluster, models: &[ModelSpec], rate: f64, secs: f64, se
         batch_sizes: batch_sizes(&before.sched, &after.sched),
         stage_mean_us,
         executed_mean_us,
+        backend_reads_posted: sum_delta(&after.backs, &before.backs, "symphony_backend_reads_posted_total"),
+        backend_read_failures: sum_delta(&after.backs, &before.backs, "symphony_backend_read_failures_total"),
     })
 }
 

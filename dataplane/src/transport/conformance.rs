@@ -67,6 +67,7 @@ pub fn run_all<F: TransportFactory>(f: &F) {
     deregister_during_reads(f);
     disconnect_mid_read(f);
     no_leaks(f);
+    wait_fd_wakes(f);
 }
 
 // ---- helpers -----------------------------------------------------------------
@@ -675,6 +676,54 @@ fn is_access_error(k: ErrorKind) -> bool {
             | ErrorKind::Deregistered
             | ErrorKind::AccessDenied
     )
+}
+
+/// One thread sleeping on several connections' [`Connection::wait_fd`]s (a
+/// [`crate::waitset::WaitSet`]) wakes when any peer sends or leaves, and not
+/// otherwise. Transports without a wait fd pass trivially.
+pub fn wait_fd_wakes<F: TransportFactory>(f: &F) {
+    let _g = serial();
+    let d = f.domain().expect("domain");
+    let (mut s1, c1) = connect(f, &d, &d);
+    let (mut s2, mut c2) = connect(f, &d, &d);
+    let (Some(fd1), Some(fd2)) = (s1.wait_fd(), s2.wait_fd()) else {
+        return;
+    };
+    let mut set = crate::waitset::WaitSet::new().expect("wait set");
+    set.add(fd1).expect("add fd");
+    set.add(fd2).expect("add fd");
+    let mut buf = [0u8; 64];
+    // Poll first (arms receives), then nothing is pending: the wait times out.
+    assert_eq!(s1.try_recv(&mut buf).expect("poll"), None);
+    assert_eq!(s2.try_recv(&mut buf).expect("poll"), None);
+    assert_eq!(set.wait(Duration::from_millis(20)), 0, "{}: woke with nothing to do", f.name());
+
+    let mut msg = [0u8; 64];
+    let n = wire::encode(&mut msg, &wire::Heartbeat { seq: 1, role: 4, id: 2 }).expect("encode");
+    c2.send(&msg[..n]).expect("send");
+    c2.progress().expect("progress");
+    let end = deadline(f);
+    let mut got = None;
+    while got.is_none() {
+        assert!(StdInstant::now() < end, "{}: no wake-up", f.name());
+        set.wait(Duration::from_millis(1000));
+        assert_eq!(s1.try_recv(&mut buf).expect("poll"), None);
+        got = s2.try_recv(&mut buf).expect("poll");
+    }
+    assert_eq!(got, Some(n));
+
+    // A departure wakes the set too, and is then reported.
+    drop(c1);
+    loop {
+        assert!(StdInstant::now() < end, "{}: departure not noticed", f.name());
+        set.wait(Duration::from_millis(1000));
+        match s1.try_recv(&mut buf) {
+            Err(Error::PeerDisconnected) => break,
+            Ok(None) => {}
+            other => panic!("{}: {other:?}", f.name()),
+        }
+    }
+    let _ = (&mut c2, &mut s2);
 }
 
 /// Bad key, out of bounds, deregistered and too-long READs are refused

@@ -241,32 +241,54 @@ impl Default for Completion {
     }
 }
 
-/// A memory registration with one domain: the key peers and the local
-/// transport use, and the region it keeps alive.
+/// A memory registration with one domain: the keys peers and the local
+/// transport use, and the region it keeps alive. The local key names the
+/// registration (landing buffers, deregistration); the remote key is what a
+/// [`RemoteRef`] carries. They are equal for offset-addressed transports and
+/// may differ for verbs (`lkey` / `rkey`).
 #[derive(Debug, Clone)]
 pub struct Registration {
     key: u32,
+    remote_key: u32,
     region: Arc<Region>,
     access: Access,
     addr_base: u64,
 }
 
 impl Registration {
-    /// For transport implementations: `key` names the registration;
+    /// For transport implementations: `key` names the registration, locally
+    /// and for peers;
     /// `addr_base` is added to region offsets to form [`RemoteRef::offset`]
     /// and [`LocalRef::offset`] (0 for offset-addressed transports, the
     /// region's virtual address for verbs).
     pub fn new(key: u32, region: Arc<Region>, access: Access, addr_base: u64) -> Self {
+        Self::with_keys(key, key, region, access, addr_base)
+    }
+    /// [`new`](Self::new) with a separate key for peers (`remote_key`, what
+    /// [`remote_ref`](Self::remote_ref) hands out) and for local use
+    /// (`local_key`, what [`local_ref`](Self::local_ref) and [`key`](Self::key) give).
+    pub fn with_keys(
+        local_key: u32,
+        remote_key: u32,
+        region: Arc<Region>,
+        access: Access,
+        addr_base: u64,
+    ) -> Self {
         Registration {
-            key,
+            key: local_key,
+            remote_key,
             region,
             access,
             addr_base,
         }
     }
-    /// The key.
+    /// The local key (names the registration).
     pub fn key(&self) -> u32 {
         self.key
+    }
+    /// The key peers name in their READs ([`RemoteRef::key`]).
+    pub fn remote_key(&self) -> u32 {
+        self.remote_key
     }
     /// The registered region.
     pub fn region(&self) -> &Arc<Region> {
@@ -287,7 +309,7 @@ impl Registration {
         }
         self.region.check(offset, len as usize)?;
         Ok(RemoteRef {
-            key: self.key,
+            key: self.remote_key,
             len,
             offset: self.addr_base + offset,
         })

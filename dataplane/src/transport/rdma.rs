@@ -1,8 +1,8 @@
 //! The `rdma` transport: real verbs (feature `rdma`).
 //!
 //! - [`RdmaDomain`] = one device port + protection domain. It registers
-//!   [`Region`]s as verbs memory regions: `REMOTE_READ` only when asked
-//!   (staging regions), `LOCAL_WRITE` always (landing buffers need it).
+//!   [`Region`]s as verbs memory regions with exactly the access asked for
+//!   (see "Keys" below).
 //! - [`RdmaConnection`] = one RC queue pair, bootstrapped over a TCP socket
 //!   (both sides exchange QPN, PSN, LID, GID, MTU and READ depth, then meet at
 //!   a barrier once ready-to-send). Control messages go by SEND into a ring of
@@ -11,9 +11,14 @@
 //! - The TCP socket stays open for the connection's life: its EOF is how a
 //!   side learns the peer left (RC itself only notices on the next send).
 //!
-//! Keys: a registration's key is its verbs `lkey`, which must equal its
-//! `rkey` when it grants `REMOTE_READ` (true for rxe and mlx5; other devices
-//! get `Unsupported`), because [`Registration`] carries one key for both.
+//! Keys: a registration keeps its verbs `lkey` ([`Registration::key`], what
+//! landing [`LocalRef`](super::LocalRef)s and deregistration name) and its
+//! `rkey` ([`Registration::remote_key`], what [`RemoteRef`](super::RemoteRef)s
+//! carry) apart; nothing assumes they are equal. A memory region grants what
+//! its [`Access`] says and nothing more ([`mr_flags`]): staging regions
+//! (`REMOTE_READ`) are remote-readable only, landing regions (`LOCAL_WRITE`)
+//! are locally writable only, so the NIC itself refuses a peer's READ of a
+//! landing buffer and a READ landing in a staging region.
 //! `RemoteRef::offset` / `LocalRef::offset` are virtual addresses.
 //!
 //! Device, port and GID come from [`RdmaConfig`] (env overrides:
@@ -61,6 +66,9 @@ use super::{
 use crate::mem::{AccessToken, KeyTable};
 use crate::time::Duration;
 
+mod wake;
+use wake::{CqWake, WaitFd};
+
 /// Environment variable naming the device (default: first with an active port).
 pub const ENV_DEVICE: &str = "SYMPHONY_RDMA_DEVICE";
 /// Environment variable overriding the GID table index.
@@ -84,6 +92,11 @@ const POST_BATCH: usize = 16;
 /// Empty polls between two checks of the bootstrap socket for the peer's EOF
 /// (a syscall; keeps the busy-poll loop cheap).
 const PEER_CHECK_EVERY: u32 = 4096;
+
+/// The same once both completion queues are armed: the caller is about to sleep
+/// on the wait fd, which the socket's EOF keeps readable, so each wake-up is one
+/// empty poll and the EOF must be noticed within a few of them.
+const PEER_CHECK_EVERY_ARMED: u32 = 8;
 
 /// How to pick and drive the RDMA device.
 #[derive(Clone, Debug)]
@@ -210,6 +223,19 @@ fn gid_rank(gid_type: GidType, gid: &[u8; 16]) -> u8 {
     }
 }
 
+/// The verbs access flags of a memory region granting `access`: exactly what it
+/// asks for (local READ is always implied by verbs).
+fn mr_flags(access: Access) -> AccessFlags {
+    let mut flags = AccessFlags::none();
+    if access.contains(Access::LOCAL_WRITE) {
+        flags |= AccessFlags::LocalWrite;
+    }
+    if access.contains(Access::REMOTE_READ) {
+        flags |= AccessFlags::RemoteRead;
+    }
+    flags
+}
+
 /// An opened device port with its protection domain.
 struct Device {
     // Field order is drop order: the PD before the context it came from.
@@ -316,7 +342,7 @@ impl Device {
 
 /// The verbs side of one registration, indexed like its key-table entry.
 struct VerbsEntry {
-    /// The verbs key (lkey, = rkey when remote-readable); 0 = free.
+    /// The verbs local key (`lkey`); 0 = free.
     key: AtomicU32,
     /// The key-table key (generation and index) for accounting local READs.
     table_key: AtomicU32,
@@ -505,26 +531,16 @@ impl Domain for RdmaDomain {
 
     fn register(&self, region: &Arc<Region>, access: Access) -> Result<Registration, Error> {
         let inner = &self.inner;
-        let remote_read = access.contains(Access::REMOTE_READ);
-        let mut flags = AccessFlags::LocalWrite;
-        if remote_read {
-            flags |= AccessFlags::RemoteRead;
-        }
         // SAFETY: the region stays mapped while registered: `owners` holds an Arc to it
         // until `deregister` has dropped the MR (or the domain is dropped, MR first).
         let mr = unsafe {
             inner
                 .dev
                 .pd
-                .reg_mr(region.as_ptr() as usize, region.len(), flags)
+                .reg_mr(region.as_ptr() as usize, region.len(), mr_flags(access))
         }
         .map_err(|e| verbs_err("ibv_reg_mr", e))?;
-        let key = mr.lkey();
-        if remote_read && mr.rkey() != key {
-            return Err(Error::Unsupported(
-                "device gives different lkey and rkey (one Registration key)",
-            ));
-        }
+        let (key, remote_key) = (mr.lkey(), mr.rkey());
         let base = region.as_ptr() as u64;
         let mut owners = inner.owners.lock().unwrap_or_else(|p| p.into_inner());
         let table_key = inner
@@ -540,7 +556,13 @@ impl Domain for RdmaDomain {
             .table_key
             .store(table_key, Ordering::Release);
         owners[index] = Some((mr, region.clone()));
-        Ok(Registration::new(key, region.clone(), access, base))
+        Ok(Registration::with_keys(
+            key,
+            remote_key,
+            region.clone(),
+            access,
+            base,
+        ))
     }
 
     fn deregister(&self, reg: &Registration) -> Result<(), Error> {
@@ -715,6 +737,11 @@ pub struct RdmaConnection {
     recv_cq: Arc<BasicCompletionQueue>,
     domain: Arc<DomainInner>,
     sock: TcpStream,
+    /// Completion-channel state of each queue (event-driven idling) and the fd
+    /// over both channels and `sock` that idle callers sleep on.
+    send_wake: CqWake,
+    recv_wake: CqWake,
+    wait: WaitFd,
     slot_len: usize,
     /// Largest message the peer accepts.
     peer_max_msg: usize,
@@ -723,7 +750,8 @@ pub struct RdmaConnection {
     /// so `sends_in_flight` alone tells which slots are busy.
     send_next: u32,
     sends_in_flight: u32,
-    /// A received message that did not fit the caller's buffer: (slot, length).
+    /// A received message not yet handed out (it did not fit the caller's buffer,
+    /// or `wait` found it): (slot, length).
     pending_recv: Option<(u32, usize)>,
     records: Box<[ReadRecord]>,
     free_records: Vec<u32>,
@@ -763,16 +791,20 @@ impl RdmaConnection {
         let recv_slots = cfg.recv_slots.max(1);
         let send_slots = cfg.send_slots.max(1);
         let sq_depth = send_slots + max_reads;
+        let send_wake = CqWake::new(&dev.ctx)?;
+        let recv_wake = CqWake::new(&dev.ctx)?;
         let send_cq = dev
             .ctx
             .create_cq_builder()
             .setup_cqe(sq_depth)
+            .setup_comp_channel(send_wake.channel(), 0)
             .build()
             .map_err(|e| verbs_err("ibv_create_cq", e))?;
         let recv_cq = dev
             .ctx
             .create_cq_builder()
             .setup_cqe(recv_slots)
+            .setup_comp_channel(recv_wake.channel(), 0)
             .build()
             .map_err(|e| verbs_err("ibv_create_cq", e))?;
         let mut qp = dev
@@ -845,6 +877,8 @@ impl RdmaConnection {
             max_reads as usize
         ]
         .into_boxed_slice();
+        let conn_sock = sock.try_clone()?;
+        let wait = WaitFd::new(&send_wake, &recv_wake, conn_sock.as_raw_fd())?;
         let mut conn = RdmaConnection {
             qp,
             recv_mr,
@@ -854,7 +888,10 @@ impl RdmaConnection {
             send_cq,
             recv_cq,
             domain: domain.clone(),
-            sock: sock.try_clone()?,
+            sock: conn_sock,
+            send_wake,
+            recv_wake,
+            wait,
             slot_len,
             peer_max_msg: remote.max_msg_len as usize,
             send_slots,
@@ -986,6 +1023,18 @@ impl RdmaConnection {
             if n < 0 {
                 return Err(errno_err("ibv_poll_cq", -n));
             }
+            if n == 0 {
+                // Drained: arm the channel, then poll once more (see `wake`). Only an
+                // empty poll arms: a caller that always finds work (a busy-polled READ
+                // that completes inside its doorbell, as on rxe) never pays for it.
+                // SAFETY: the pointer is only used while self holds the CQ.
+                let cq = unsafe { self.send_cq.cq() }.as_ptr();
+                if self.send_wake.arm_when_empty(cq)? {
+                    continue;
+                }
+                return Ok(());
+            }
+            self.send_wake.note_work();
             for wc in &wcs[..n as usize] {
                 // SAFETY: ibv_poll_cq initialised the first n entries.
                 let wc = unsafe { wc.assume_init_ref() };
@@ -1021,13 +1070,62 @@ impl RdmaConnection {
         }
     }
 
+    /// Before telling a caller "nothing" (after which it may sleep on the wait fd):
+    /// drains the send queue until it is armed, or until a READ completion turns
+    /// up for the caller. A drain that found only SEND completions does not arm.
+    fn arm_send_if_idle(&mut self) -> Result<(), Error> {
+        while !self.send_wake.armed() && self.done.is_empty() {
+            self.drain_send_cq()?;
+        }
+        Ok(())
+    }
+
+    /// The next receive completion: `(slot, length)`, or None once the receive
+    /// queue is empty (then armed).
+    fn poll_recv_cq(&mut self) -> Result<Option<(u32, usize)>, Error> {
+        loop {
+            let mut wc = MaybeUninit::<sys::ibv_wc>::uninit();
+            // SAFETY: the CQ is alive; room for one entry.
+            let n = unsafe { sys::ibv_poll_cq(self.recv_cq.cq().as_ptr(), 1, wc.as_mut_ptr()) };
+            if n < 0 {
+                return Err(errno_err("ibv_poll_cq", -n));
+            }
+            if n == 0 {
+                // SAFETY: the pointer is only used while self holds the CQ.
+                let cq = unsafe { self.recv_cq.cq() }.as_ptr();
+                if self.recv_wake.arm_when_empty(cq)? {
+                    continue;
+                }
+                return Ok(None);
+            }
+            self.recv_wake.note_work();
+            // SAFETY: n == 1, so the entry is initialised.
+            let wc = unsafe { wc.assume_init() };
+            if wc.status != sys::ibv_wc_status::IBV_WC_SUCCESS {
+                // Flushed receives after the QP failed: report the connection as dead.
+                if self.failed.is_none() {
+                    self.failed = Some(Self::status_kind(wc.status));
+                }
+                return Err(Error::PeerDisconnected);
+            }
+            let slot =
+                u32::try_from(wc.wr_id).map_err(|_| errno_err("bad receive wr_id", libc::EINVAL))?;
+            return Ok(Some((slot, (wc.byte_len as usize).min(self.slot_len))));
+        }
+    }
+
     /// Every `PEER_CHECK_EVERY` calls, looks for EOF on the bootstrap socket.
     fn check_peer(&mut self, force: bool) {
         if self.peer_gone {
             return;
         }
         self.empty_polls += 1;
-        if !force && self.empty_polls < PEER_CHECK_EVERY {
+        let every = if self.send_wake.armed() && self.recv_wake.armed() {
+            PEER_CHECK_EVERY_ARMED
+        } else {
+            PEER_CHECK_EVERY
+        };
+        if !force && self.empty_polls < every {
             return;
         }
         self.empty_polls = 0;
@@ -1195,33 +1293,16 @@ impl Connection for RdmaConnection {
     fn try_recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, Error> {
         let (slot, len) = match self.pending_recv.take() {
             Some(p) => p,
-            None => {
-                let mut wc = MaybeUninit::<sys::ibv_wc>::uninit();
-                // SAFETY: the CQ is alive; room for one entry.
-                let n = unsafe { sys::ibv_poll_cq(self.recv_cq.cq().as_ptr(), 1, wc.as_mut_ptr()) };
-                if n < 0 {
-                    return Err(errno_err("ibv_poll_cq", -n));
-                }
-                if n == 0 {
+            None => match self.poll_recv_cq()? {
+                Some(p) => p,
+                None => {
                     if let Some(e) = self.dead_for_messages() {
                         return Err(e);
                     }
                     self.check_peer(false);
                     return Ok(None);
                 }
-                // SAFETY: n == 1, so the entry is initialised.
-                let wc = unsafe { wc.assume_init() };
-                if wc.status != sys::ibv_wc_status::IBV_WC_SUCCESS {
-                    // Flushed receives after the QP failed: report the connection as dead.
-                    if self.failed.is_none() {
-                        self.failed = Some(Self::status_kind(wc.status));
-                    }
-                    return Err(Error::PeerDisconnected);
-                }
-                let slot = u32::try_from(wc.wr_id)
-                    .map_err(|_| errno_err("bad receive wr_id", libc::EINVAL))?;
-                (slot, (wc.byte_len as usize).min(self.slot_len))
-            }
+            },
         };
         if len > buf.len() {
             self.pending_recv = Some((slot, len));
@@ -1300,6 +1381,9 @@ impl Connection for RdmaConnection {
 
     fn poll_completions(&mut self, out: &mut [Completion]) -> Result<usize, Error> {
         self.drain_send_cq()?;
+        if self.done.is_empty() {
+            self.arm_send_if_idle()?;
+        }
         let n = out.len().min(self.done.len());
         for slot in out.iter_mut().take(n) {
             if let Some(c) = self.done.pop_front() {
@@ -1314,6 +1398,9 @@ impl Connection for RdmaConnection {
 
     fn progress(&mut self) -> Result<(), Error> {
         self.drain_send_cq()?;
+        if self.done.is_empty() {
+            self.arm_send_if_idle()?;
+        }
         self.check_peer(false);
         Ok(())
     }
@@ -1328,6 +1415,36 @@ impl Connection for RdmaConnection {
 
     fn is_connected(&self) -> bool {
         self.dead().is_none()
+    }
+
+    /// Sleeps on the completion channels and the bootstrap socket (see `wake`).
+    fn wait(&mut self, timeout: Duration) -> Result<bool, Error> {
+        if let Some(e) = self.dead_for_messages() {
+            return Err(e);
+        }
+        if !self.done.is_empty() || self.pending_recv.is_some() {
+            return Ok(true);
+        }
+        // Both queues must be armed before sleeping (the caller may have polled
+        // only one): drain-and-arm each; whatever turns up is kept for the next poll.
+        self.arm_send_if_idle()?;
+        if !self.done.is_empty() {
+            return Ok(true);
+        }
+        if let Some(p) = self.poll_recv_cq()? {
+            self.pending_recv = Some(p);
+            return Ok(true);
+        }
+        self.check_peer(true);
+        if self.peer_gone {
+            return Ok(true);
+        }
+        self.wait.wait(timeout)?;
+        Ok(true)
+    }
+
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.wait.fd())
     }
 }
 
@@ -1399,6 +1516,31 @@ mod tests {
         assert!(!is_ipv4_mapped(&link_local));
         assert!(gid_rank(GidType::RoceV2, &v4) < gid_rank(GidType::RoceV2, &link_local));
         assert!(gid_rank(GidType::RoceV2, &link_local) < gid_rank(GidType::RoceV1, &v4));
+    }
+
+    #[test]
+    fn regions_grant_exactly_their_access() {
+        // Staging: remote READ only; landing: local write only; nothing else.
+        assert_eq!(mr_flags(Access::REMOTE_READ), AccessFlags::RemoteRead);
+        assert_eq!(mr_flags(Access::LOCAL_WRITE), AccessFlags::LocalWrite);
+        assert_eq!(
+            mr_flags(Access::REMOTE_READ | Access::LOCAL_WRITE),
+            AccessFlags::RemoteRead | AccessFlags::LocalWrite
+        );
+    }
+
+    #[test]
+    fn registration_keeps_local_and_remote_keys_apart() {
+        let region = Region::anonymous(4096).unwrap();
+        let base = region.as_ptr() as u64;
+        let staging = Registration::with_keys(0x11, 0x22, region.clone(), Access::REMOTE_READ, base);
+        assert_eq!(staging.key(), 0x11);
+        let r = staging.remote_ref(64, 8).unwrap();
+        assert_eq!((r.key, r.offset), (0x22, base + 64));
+        assert!(staging.local_ref(0, 8).is_err(), "staging is no landing buffer");
+        let landing = Registration::with_keys(0x33, 0x44, region, Access::LOCAL_WRITE, base);
+        assert_eq!(landing.local_ref(0, 8).unwrap().key, 0x33);
+        assert!(landing.remote_ref(0, 8).is_err(), "landing is not remote-readable");
     }
 
     #[test]

@@ -1,11 +1,21 @@
 #!/bin/sh
-# Guest side of ci.sh, single VM: conformance suite over rxe0 (loopback path), then RDMA READ
-# latency of the `rdma` transport and of perftest's ib_read_lat, interleaved per size,
-# ROUNDS times. Prints "LAT ..." and "PERFTEST ..." lines that ci.sh turns into a table.
+# Guest side of ci.sh, single VM: conformance suite over rxe0 (loopback path), >=1000 RC queue
+# pairs (QP_PAIRS pairs), the whole cluster over verbs (cluster.sh, when ./symphony is here),
+# then RDMA READ latency of the `rdma` transport and of perftest's ib_read_lat, interleaved per
+# size, ROUNDS times. Prints "QPS ...", "CLUSTER ...", "LAT ..." and "PERFTEST ..." lines that
+# ci.sh reports.
 . ./perftest.sh
 fail=0
 echo "== rdma conformance suite"
 ./conformance_rdma --test-threads=1 || fail=1
+echo "== $((${QP_PAIRS:-500} * 2)) RC queue pairs"
+QP_PAIRS=${QP_PAIRS:-500} ./conformance_rdma --ignored --exact rdma_many_queue_pairs --nocapture \
+  >/tmp/qps.out 2>&1 || { cat /tmp/qps.out; fail=1; }
+grep '^QPS ' /tmp/qps.out
+if [ -x ./symphony ]; then
+  echo "== cluster over verbs (symphony up --transport rdma)"
+  sh ./cluster.sh || fail=1
+fi
 if [ "${SKIP_LATENCY:-0}" != 1 ]; then
   iters=${LAT_ITERS:-2000}
   for round in $(seq 1 "${ROUNDS:-3}"); do
