@@ -492,6 +492,13 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
         &mut self.scheduler
     }
 
+    /// Puts `conn` in place of the scheduler connection (a scheduler
+    /// reached again after the last one was lost) and returns the old one;
+    /// batches in flight carry on.
+    pub fn replace_scheduler(&mut self, conn: C) -> C {
+        std::mem::replace(&mut self.scheduler, conn)
+    }
+
     /// The connection to frontend `id`, to look at (e.g. its `wait_fd`).
     pub fn frontend_ref(&self, id: u32) -> Option<&C> {
         self.frontends.get(id as usize)?.as_ref()
