@@ -9,6 +9,7 @@
 //! [`Reconnect::failed`] or [`Reconnect::connected`].
 
 use crate::time::{Duration, Instant};
+use crate::transport::{Domain, Error};
 
 /// Shortest pause between attempts (after the first, which is immediate).
 pub const DEFAULT_MIN_BACKOFF: Duration = Duration::from_millis(10);
@@ -23,6 +24,27 @@ pub fn split_addrs(list: &str) -> Vec<String> {
         .filter(|a| !a.is_empty())
         .map(str::to_string)
         .collect()
+}
+
+/// Connects to the first of `addrs` that answers, trying them in turn
+/// (each with [`crate::control::connect_retrying`] for its share) for at
+/// most `timeout`; returns the link and the address's index. For a
+/// daemon's start, where blocking is fine.
+pub fn connect_first<D: Domain>(domain: &D, addrs: &[String], timeout: Duration) -> Result<(D::Conn, usize), Error> {
+    if addrs.is_empty() {
+        // Nothing to try: as if none answered in time.
+        return Err(Error::Timeout);
+    }
+    let start = std::time::Instant::now();
+    let per_try = Duration::from_nanos((timeout.as_nanos() / addrs.len() as u64).min(1_000_000_000));
+    let mut i = 0;
+    loop {
+        match crate::control::connect_retrying(domain, &addrs[i], per_try) {
+            Ok(c) => return Ok((c, i)),
+            Err(e) if start.elapsed().as_nanos() as u64 >= timeout.as_nanos() => return Err(e),
+            Err(_) => i = (i + 1) % addrs.len(),
+        }
+    }
 }
 
 /// The reconnection schedule (see the module docs).

@@ -38,7 +38,7 @@ use dataplane::control::{self, ControlError, MetricsEndpoint, TransportKind, Wit
 use dataplane::idle::IdleStrategy;
 use dataplane::join::JoinToken;
 use dataplane::mem::Access;
-use dataplane::reconnect::{split_addrs, Reconnect, DEFAULT_MAX_BACKOFF, DEFAULT_MIN_BACKOFF};
+use dataplane::reconnect::{connect_first, split_addrs, Reconnect, DEFAULT_MAX_BACKOFF, DEFAULT_MIN_BACKOFF};
 use dataplane::shell::{self, parse_socket_addr, Acceptor, Common, CommonArgs, ConfigError, Daemon};
 use dataplane::time::{Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Listener, Registration};
@@ -362,7 +362,8 @@ fn serve<D: Domain>(domain: D, cfg: FrontendConfig) -> Result<(), FrontendError>
     )
     .with_join_token(cfg.join_token.clone())
     .with_failover(true);
-    let (sched, at) = connect_any(&domain, &cfg.schedulers, CONNECT_TIMEOUT)?;
+    let (sched, at) = connect_first(&domain, &cfg.schedulers, CONNECT_TIMEOUT)
+        .map_err(|source| FrontendError::Unreachable { addr: cfg.schedulers.join(","), source })?;
     let mut reconnect = Reconnect::new(cfg.schedulers.clone(), DEFAULT_MIN_BACKOFF, DEFAULT_MAX_BACKOFF);
     reconnect.prefer(&cfg.schedulers[at]);
     let stop_io = Arc::new(AtomicBool::new(false));
@@ -399,24 +400,6 @@ fn serve<D: Domain>(domain: D, cfg: FrontendConfig) -> Result<(), FrontendError>
     io_end.wake.signal();
     let _ = io_thread.join();
     result
-}
-
-/// Connects to the first of `addrs` that answers, trying them in turn for
-/// at most `timeout`; returns the link and the address's index.
-fn connect_any<D: Domain>(domain: &D, addrs: &[String], timeout: Duration) -> Result<(D::Conn, usize), FrontendError> {
-    let start = std::time::Instant::now();
-    let per_try = Duration::from_nanos((timeout.as_nanos() / addrs.len().max(1) as u64).min(1_000_000_000));
-    let mut i = 0;
-    loop {
-        let addr = &addrs[i % addrs.len()];
-        match control::connect_retrying(domain, addr, per_try) {
-            Ok(c) => return Ok((c, i % addrs.len())),
-            Err(source) if start.elapsed().as_nanos() as u64 >= timeout.as_nanos() => {
-                return Err(FrontendError::Unreachable { addr: addrs.join(","), source })
-            }
-            Err(_) => i += 1,
-        }
-    }
 }
 
 /// The main thread's handle on the I/O thread: its result, its stop flag
