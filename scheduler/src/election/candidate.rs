@@ -304,19 +304,16 @@ mod tests {
             let mut t = from;
             let mut step = 0u64;
             while t <= to {
-                for i in 0..2 {
-                    if !alive[i] {
-                        continue;
-                    }
-                    self.c[i].poll(t);
-                    while let Some(e) = self.c[i].poll_event() {
+                for (i, c) in self.c.iter_mut().enumerate().filter(|(i, _)| alive[*i]) {
+                    c.poll(t);
+                    while let Some(e) = c.poll_event() {
                         self.events.push((i, t, e));
                     }
                 }
                 for i in 0..2 {
                     let j = 1 - i;
                     if let (Some(e), true, true, true) = (self.c[i].leading(), alive[i], alive[j], linked) {
-                        if step % 10 == 0 {
+                        if step.is_multiple_of(10) {
                             self.c[j].handle_heartbeat(t, e);
                         }
                     }
@@ -327,7 +324,7 @@ mod tests {
                     let old = leaders.iter().min().copied().unwrap_or(0);
                     assert!(old < self.store.revision(), "two leaders of live terms at {t:?}: {leaders:?}");
                 }
-                t = t + ms(1);
+                t += ms(1);
                 step += 1;
             }
         }

@@ -72,7 +72,7 @@ impl InMemory {
     /// The store, if this handle reaches it; expired leases dropped.
     fn reach(&self, now: Instant) -> Result<std::sync::MutexGuard<'_, Store>, ElectionError> {
         let mut s = self.lock();
-        if s.down || s.cut.iter().any(|c| *c == self.me) {
+        if s.down || s.cut.contains(&self.me) {
             return Err(ElectionError::Unavailable(format!("{} cannot reach the store", self.me)));
         }
         if s.lease.as_ref().is_some_and(|l| l.expires <= now) {
