@@ -19,11 +19,14 @@
 //! channel (the node sends `Register{Backend}` first on it): the loop never
 //! blocks.
 //!
-//! Shutdown: on SIGINT/SIGTERM, or when the scheduler is gone (disconnect,
-//! or silent for `--dead-after-ms`), the worker stops reading plans, the
+//! The scheduler's loss (disconnect, or silent for `--dead-after-ms`) ends
+//! nothing: the batches in hand finish and answer their frontends while
+//! the loop reconnects (to the addresses `--scheduler` names, on a capped
+//! exponential backoff, [`Reconnect`]) and registers again.
+//!
+//! Shutdown: on SIGINT/SIGTERM the worker stops reading plans, the
 //! batches in hand finish (bounded by [`DRAIN_TIMEOUT`]), queued messages
-//! are flushed, and the process exits: 0 after a stop signal, 1 when the
-//! scheduler went away. The command line, logs, stop signals and exit
+//! are flushed, and the process exits 0. The command line, logs, stop signals and exit
 //! codes are the daemon shell's ([`dataplane::shell`]); the options are in
 //! [`config`].
 
@@ -65,10 +68,9 @@ const RECONNECT_ATTEMPT: Duration = Duration::from_millis(100);
 /// Why the daemon stopped.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Exit {
-    /// A stop was requested (signal): clean, exit code 0.
+    /// A stop was requested (signal): clean, exit code 0. (Losing the
+    /// scheduler ends nothing: the backend reconnects.)
     Stopped,
-    /// The scheduler disconnected or went silent: exit code 1.
-    SchedulerGone,
 }
 
 /// Why the backend could not start or had to give up.
@@ -109,9 +111,6 @@ pub enum BackendError {
     /// `--executor cuda` in a build without the `cuda` feature.
     #[error("executor cuda: built without CUDA support (rebuild with `--features cuda`)")]
     NoCudaSupport,
-    /// The scheduler went away (disconnected or silent).
-    #[error("scheduler gone; exiting")]
-    SchedulerGone,
 }
 
 fn setup<E: Into<Box<dyn std::error::Error + Send + Sync>>>(what: impl Into<String>) -> impl FnOnce(E) -> BackendError {
@@ -139,7 +138,6 @@ impl Daemon for BackendArgs {
                 info!(backend = cfg.id, "stopped");
                 Ok(())
             }
-            Exit::SchedulerGone => Err(BackendError::SchedulerGone),
         }
     }
 }
@@ -160,8 +158,8 @@ pub struct Ready {
     pub gpus: u32,
 }
 
-/// Runs the daemon until `stop()` returns true (then `Ok(Exit::Stopped)`)
-/// or the scheduler is gone; `ready` is called once registered and
+/// Runs the daemon until `stop()` returns true (then `Ok(Exit::Stopped)`);
+/// `ready` is called once registered and
 /// serving. `Err` says why it could not start or had to give up.
 pub fn run(s: &BackendConfig, stop: &dyn Fn() -> bool, ready: &dyn Fn(&Ready)) -> Result<Exit, BackendError> {
     control::with_domain(s.transport, Launch { s, stop, ready })?

@@ -254,9 +254,6 @@ pub enum FrontendError {
     /// The scheduler refused the registration (or its model list differs).
     #[error("{0}")]
     Refused(String),
-    /// The registered scheduler went away.
-    #[error("scheduler gone: {0}")]
-    SchedulerGone(String),
     /// The I/O thread ended without saying why, or did not stop.
     #[error("the I/O thread {0}")]
     IoThread(&'static str),
@@ -288,7 +285,8 @@ pub fn main_with_args(args: Vec<String>) -> ExitCode {
 }
 
 /// Runs the daemon until a stop signal ([`control::stop_requested`]):
-/// `Ok` then, `Err` if it could not start or the scheduler went away.
+/// `Ok` then, `Err` if it could not start (losing the scheduler ends
+/// nothing: it reconnects).
 pub fn run(cfg: FrontendConfig) -> Result<(), FrontendError> {
     control::with_domain(cfg.transport, Serve(cfg))?
 }
