@@ -502,6 +502,11 @@ fn serve(mut cluster: LocalCluster, spec: &ClusterSpec) -> Result<(), UpError> {
     use std::io::Write;
     let _ = std::io::stdout().flush();
     while !control::stop_requested() {
+        for d in cluster.frontends.iter_mut().chain(cluster.backends.iter_mut()) {
+            if let Some(s) = d.try_exit() {
+                return Err(UpError::Run(format!("{} exited ({s})", d.name)));
+            }
+        }
         // The frontends and backends outlive their scheduler (they hold
         // their work and reconnect): a scheduler that dies is restarted on
         // the same control address, where they find it again.
