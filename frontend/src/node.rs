@@ -17,9 +17,12 @@
 //! Requests enter through a [`NetSink`] (the [`TaskSink`] behind
 //! `ClusterService`): a bounded lock-free queue that HTTP workers (or a
 //! harness, on the node's own thread) push tasks into and the node drains.
-//! If the scheduler goes away, every request in flight ends once, as
-//! dropped for [`DropReason::Shutdown`]; the node reports
+//! If the scheduler goes away, the node reports
 //! [`FrontendEvent::SchedulerLost`] and the host decides what happens next.
+//! Without failover every request in flight ends once, as dropped for
+//! [`DropReason::Shutdown`]; with it ([`FrontendNode::with_failover`], the
+//! daemon's mode) they are held ([`crate::held`]) and resent to the next
+//! scheduler link that registers.
 
 use crate::held::HeldTasks;
 use crate::service::{SinkError, TaskSink};
