@@ -19,11 +19,14 @@
 //! channel (the node sends `Register{Backend}` first on it): the loop never
 //! blocks.
 //!
-//! Shutdown: on SIGINT/SIGTERM, or when the scheduler is gone (disconnect,
-//! or silent for `--dead-after-ms`), the worker stops reading plans, the
+//! The scheduler's loss (disconnect, or silent for `--dead-after-ms`) ends
+//! nothing: the batches in hand finish and answer their frontends while
+//! the loop reconnects (to the addresses `--scheduler` names, on a capped
+//! exponential backoff, [`Reconnect`]) and registers again.
+//!
+//! Shutdown: on SIGINT/SIGTERM the worker stops reading plans, the
 //! batches in hand finish (bounded by [`DRAIN_TIMEOUT`]), queued messages
-//! are flushed, and the process exits: 0 after a stop signal, 1 when the
-//! scheduler went away. The command line, logs, stop signals and exit
+//! are flushed, and the process exits 0. The command line, logs, stop signals and exit
 //! codes are the daemon shell's ([`dataplane::shell`]); the options are in
 //! [`config`].
 
@@ -37,6 +40,7 @@ use std::sync::Arc;
 
 use dataplane::control::{self, connect_retrying, flush_within, ControlError, MetricsEndpoint, WithDomain};
 use dataplane::mem::{Access, Region};
+use dataplane::reconnect::{connect_first, split_addrs, Reconnect, DEFAULT_MAX_BACKOFF, DEFAULT_MIN_BACKOFF};
 use dataplane::shell::{self, Common, CommonArgs, ConfigError, Daemon};
 use dataplane::time::{Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Registration};
@@ -58,14 +62,15 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(5_000);
 /// How long a new connection to a frontend waits for the old one's READs
 /// before it replaces it anyway.
 const REPLACE_TIMEOUT: Duration = Duration::from_millis(5_000);
+/// One reconnection attempt's connect bound (the poll loop waits in it).
+const RECONNECT_ATTEMPT: Duration = Duration::from_millis(100);
 
 /// Why the daemon stopped.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Exit {
-    /// A stop was requested (signal): clean, exit code 0.
+    /// A stop was requested (signal): clean, exit code 0. (Losing the
+    /// scheduler ends nothing: the backend reconnects.)
     Stopped,
-    /// The scheduler disconnected or went silent: exit code 1.
-    SchedulerGone,
 }
 
 /// Why the backend could not start or had to give up.
@@ -106,9 +111,6 @@ pub enum BackendError {
     /// `--executor cuda` in a build without the `cuda` feature.
     #[error("executor cuda: built without CUDA support (rebuild with `--features cuda`)")]
     NoCudaSupport,
-    /// The scheduler went away (disconnected or silent).
-    #[error("scheduler gone; exiting")]
-    SchedulerGone,
 }
 
 fn setup<E: Into<Box<dyn std::error::Error + Send + Sync>>>(what: impl Into<String>) -> impl FnOnce(E) -> BackendError {
@@ -136,7 +138,6 @@ impl Daemon for BackendArgs {
                 info!(backend = cfg.id, "stopped");
                 Ok(())
             }
-            Exit::SchedulerGone => Err(BackendError::SchedulerGone),
         }
     }
 }
@@ -157,8 +158,8 @@ pub struct Ready {
     pub gpus: u32,
 }
 
-/// Runs the daemon until `stop()` returns true (then `Ok(Exit::Stopped)`)
-/// or the scheduler is gone; `ready` is called once registered and
+/// Runs the daemon until `stop()` returns true (then `Ok(Exit::Stopped)`);
+/// `ready` is called once registered and
 /// serving. `Err` says why it could not start or had to give up.
 pub fn run(s: &BackendConfig, stop: &dyn Fn() -> bool, ready: &dyn Fn(&Ready)) -> Result<Exit, BackendError> {
     control::with_domain(s.transport, Launch { s, stop, ready })?
@@ -342,8 +343,11 @@ fn serve<D: Domain, E: Executor>(
     launch: Launch<'_>,
 ) -> Result<Exit, BackendError> {
     let s = launch.s;
-    let sched = connect_retrying(&domain, &s.scheduler, s.connect_timeout)
+    let addrs = split_addrs(&s.scheduler);
+    let (sched, at) = connect_first(&domain, &addrs, s.connect_timeout)
         .map_err(|source| BackendError::Unreachable { addr: s.scheduler.clone(), source })?;
+    let mut reconnect = Reconnect::new(addrs.clone(), DEFAULT_MIN_BACKOFF, DEFAULT_MAX_BACKOFF);
+    reconnect.prefer(&addrs[at]);
     let mut idle = IdleWait::new(s.idle).map_err(setup("wait set"))?;
     // Executors whose devices finish on their own threads wake the loop.
     let notifier = idle.notifier();
@@ -351,7 +355,8 @@ fn serve<D: Domain, E: Executor>(
     let worker = BatchWorker::new(cfg, exec, staging_reg, sched).map_err(setup("worker"))?;
     let mut node = BackendNode::new(node_config(s), worker)
         .with_join_token(s.join_token.clone())
-        .with_control_delay_override(s.control_delay);
+        .with_control_delay_override(s.control_delay)
+        .with_failover(true);
     let clock = MonotonicClock::new();
     let mut watched = WatchList::new();
     register(&mut node, &clock, &mut idle, &mut watched)?;
@@ -365,7 +370,7 @@ fn serve<D: Domain, E: Executor>(
     let connector = spawn_connector(domain.clone(), s.connect_timeout, idle.notifier())?;
     info!(
         backend = s.id,
-        scheduler = %s.scheduler,
+        scheduler = %addrs[at],
         transport = %s.transport.name(),
         gpus = s.gpus,
         executor = %s.executor.name(),
@@ -387,6 +392,8 @@ fn serve<D: Domain, E: Executor>(
         published: WorkerStats::default(),
         heartbeats_published: 0,
         exit: None,
+        reconnect,
+        connect: &|addr| domain.connect(addr, RECONNECT_ATTEMPT),
     };
     let exit = host.run(&mut node, launch.stop);
     // Closing the request channel ends the connector thread once its
@@ -462,6 +469,10 @@ struct Host<'a, C> {
     heartbeats_published: u64,
     /// How the loop will end once the node has drained.
     exit: Option<Exit>,
+    /// When to try the scheduler(s) again while the node is lost.
+    reconnect: Reconnect,
+    /// Opens a link to a scheduler address (one bounded attempt).
+    connect: &'a dyn Fn(&str) -> Result<C, dataplane::transport::Error>,
 }
 
 impl<C: Connection> Host<'_, C> {
@@ -476,6 +487,7 @@ impl<C: Connection> Host<'_, C> {
                 self.on_event(ev)?;
             }
             progressed |= self.take_opened(node, now);
+            progressed |= self.try_reconnect(node, now);
             if !node.draining() && stop() {
                 info!(batches_in_hand = node.worker().batches_in_flight(), "stop requested; finishing the batches in hand");
                 node.begin_drain();
@@ -505,8 +517,16 @@ impl<C: Connection> Host<'_, C> {
                 let _ = self.connector.requests.send((id, endpoint.clone()));
             }
             BackendEvent::SchedulerLost { .. } => {
-                warn!("{ev}");
-                self.exit.get_or_insert(Exit::SchedulerGone);
+                warn!("{ev}; batches in hand carry on, reconnecting");
+                self.reconnect.lost(self.clock.now());
+            }
+            BackendEvent::Registered => {
+                info!(attempts = self.reconnect.failures() + 1, "registered with a scheduler again");
+                self.reconnect.connected();
+            }
+            BackendEvent::Refused { .. } => {
+                warn!("{ev}; trying the next scheduler");
+                self.reconnect.failed(self.clock.now());
             }
             BackendEvent::FrontendConnected { .. } => {
                 self.metrics.frontends_connected.inc();
@@ -523,6 +543,33 @@ impl<C: Connection> Host<'_, C> {
             ev => info!("{ev}"),
         }
         Ok(())
+    }
+
+    /// One reconnection attempt if the node is lost and one is due.
+    fn try_reconnect<E: Executor>(&mut self, node: &mut BackendNode<C, E>, now: Instant) -> bool {
+        if !node.scheduler_lost() || node.draining() {
+            return false;
+        }
+        let Some(addr) = self.reconnect.due(now) else { return false };
+        match (self.connect)(addr) {
+            Ok(conn) => {
+                info!(scheduler = addr, "reconnected to a scheduler; registering");
+                self.reconnect.connected();
+                let old = node.handle_scheduler_link(conn);
+                // The old link stays open until the wait set has swapped
+                // its fd for the new one's (a reused fd number would hide
+                // the change).
+                self.watched.sync(self.idle.set(), |live| {
+                    node.for_each_conn(|key, c| live.extend(c.wait_fd().map(|fd| (key, fd))))
+                });
+                drop(old);
+            }
+            Err(e) => {
+                tracing::debug!(scheduler = addr, error = %e, "reconnection attempt failed");
+                self.reconnect.failed(self.clock.now());
+            }
+        }
+        true
     }
 
     /// Hands the connections the connector opened to the node.

@@ -173,6 +173,9 @@ enum State {
     /// Waiting for the scheduler's ack since then.
     AwaitAck { since: Instant },
     Serving,
+    /// With failover, the scheduler was lost (or refused us again): the
+    /// batches in hand carry on while the host finds a scheduler.
+    Lost,
     /// Refused or failed: nothing more happens.
     Done,
 }
@@ -211,6 +214,8 @@ pub struct BackendNode<C: Connection, E: Executor> {
     delay_override: Option<Duration>,
     /// The bound in force, once registered.
     control_delay: Option<ControlDelay>,
+    /// Whether the node outlives its scheduler ([`BackendNode::with_failover`]).
+    failover: bool,
 }
 
 /// The key of the scheduler link in [`BackendNode::for_each_conn`].
@@ -240,7 +245,37 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             token: None,
             delay_override: None,
             control_delay: None,
+            failover: false,
         }
+    }
+
+    /// With `on`, the node outlives its scheduler: losing it (or being
+    /// refused by the next one) leaves the node waiting for the host's
+    /// next scheduler link ([`handle_scheduler_link`](Self::handle_scheduler_link))
+    /// while the batches in hand finish and their results reach the
+    /// frontends; it does not drain.
+    pub fn with_failover(mut self, on: bool) -> Self {
+        self.failover = on;
+        self
+    }
+
+    /// Whether the node waits for a new scheduler link (failover, lost).
+    pub fn scheduler_lost(&self) -> bool {
+        self.state == State::Lost
+    }
+
+    /// A new scheduler link, connected by the host after
+    /// [`BackendEvent::SchedulerLost`] (failover): the node registers over
+    /// it as at start (challenge, `Join`, `Models`, `Welcome`), re-announcing
+    /// its GPUs. Returns the previous link for the host to take out of its
+    /// wait set. Ignored (returned at once) unless the node is lost.
+    pub fn handle_scheduler_link(&mut self, conn: C) -> C {
+        if self.state != State::Lost || self.draining {
+            return conn;
+        }
+        self.state = State::AwaitChallenge { since: None };
+        self.liveness = None;
+        self.worker.replace_scheduler(conn)
     }
 
     /// This node proving `token` when it registers (none: it registers
@@ -289,6 +324,7 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
     pub fn poll(&mut self, now: Instant) -> bool {
         match self.state {
             State::Done => false,
+            State::Lost => self.serve_lost(now),
             State::AwaitChallenge { .. } | State::Hello { .. } | State::AwaitAck { .. } => {
                 self.handshake(now)
             }
@@ -310,7 +346,7 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             State::AwaitChallenge { since: Some(since) } | State::AwaitAck { since } => {
                 Some(since + self.cfg.handshake_timeout + Duration::from_nanos(1))
             }
-            State::Serving => None,
+            State::Serving | State::Lost => None,
         };
         let live = self.liveness.iter().flat_map(|l| {
             let expiry = (!self.draining).then(|| l.expires_at());
@@ -393,7 +429,8 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
     }
 
     fn refuse(&mut self, why: String) {
-        self.state = State::Done;
+        // Registered once, a failover node waits for another scheduler.
+        self.state = if self.failover && self.control_delay.is_some() { State::Lost } else { State::Done };
         self.events.push_back(BackendEvent::Refused { why });
     }
 
@@ -613,6 +650,12 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             let ms = self.cfg.dead_after.as_nanos() / 1_000_000;
             self.lose_scheduler(now, format!("scheduler silent for more than {ms} ms"));
         }
+        self.check_drained(now);
+        progressed
+    }
+
+    /// Draining: done once no batch is in hand or the drain bound passed.
+    fn check_drained(&mut self, now: Instant) {
         if self.draining && !self.drained {
             let until = *self.drain_until.get_or_insert(now + self.cfg.drain_timeout);
             let in_hand = self.worker.batches_in_flight();
@@ -626,11 +669,31 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
                 self.drained = true;
             }
         }
-        progressed
+    }
+
+    /// Lost with failover: the batches in hand run and answer their
+    /// frontends; nothing comes from a scheduler.
+    fn serve_lost(&mut self, now: Instant) -> bool {
+        self.check_drained(now);
+        match self.worker.poll(now) {
+            Ok(p) => p,
+            Err(WorkerError::Executor(e)) => {
+                self.state = State::Done;
+                self.events.push_back(BackendEvent::Failed { why: format!("executor: {e}") });
+                true
+            }
+            // The old link reports its loss on every poll: not progress.
+            Err(_) => false,
+        }
     }
 
     fn lose_scheduler(&mut self, now: Instant, why: String) {
         self.events.push_back(BackendEvent::SchedulerLost { why });
+        if self.failover {
+            self.state = State::Lost;
+            self.liveness = None;
+            return;
+        }
         self.begin_drain();
         self.drain_until = Some(now + self.cfg.drain_timeout);
     }
@@ -802,6 +865,11 @@ mod tests {
     }
 
     fn node() -> (Backend, SimPeer) {
+        node_with(false)
+    }
+
+    /// [`node`], outliving its scheduler if `failover`.
+    fn node_with(failover: bool) -> (Backend, SimPeer) {
         // READs held by a partition (see `hold_reads`) last longer than any test.
         let net = SimNet::new(0, FaultConfig { read_timeout: Duration::from_millis(3_600_000), ..FaultConfig::same_instant() });
         let wcfg = WorkerConfig { max_batch: 4, input_slot: 16, output_slot: 16, batch_slots: 2, max_frontends: 8, ..WorkerConfig::default() };
@@ -813,7 +881,7 @@ mod tests {
         let exec = EmulatedExecutor::new(staging, 1, 4, models);
         let (ours, theirs) = net.link(BACKEND, SCHEDULER).unwrap();
         let worker = BatchWorker::new(wcfg, exec, reg, ours).unwrap();
-        let node = BackendNode::new(config(), worker);
+        let node = BackendNode::new(config(), worker).with_failover(failover);
         (Backend { net, node }, SimPeer::new(theirs))
     }
 
@@ -851,7 +919,11 @@ mod tests {
 
     /// Registered at t0; the scheduler's received messages cleared.
     fn registered(t0: Instant) -> (Backend, SimPeer) {
-        let (mut n, mut s) = node();
+        registered_with(t0, node())
+    }
+
+    /// [`registered`] for the node and scheduler end given.
+    fn registered_with(t0: Instant, (mut n, mut s): (Backend, SimPeer)) -> (Backend, SimPeer) {
         s.challenge(NONCE).unwrap();
         n.settle(t0);
         let (msgs, _) = s.received();
@@ -883,6 +955,31 @@ mod tests {
         drop(fe);
         n.settle(t0);
         assert_eq!(n.events(), vec![BackendEvent::FrontendLost(3)]);
+    }
+
+    #[test]
+    fn with_failover_a_lost_scheduler_is_replaced_and_the_backend_registers_again() {
+        let t0 = Instant::from_nanos(1_000);
+        let (mut n, s) = registered_with(t0, node_with(true));
+        drop(s);
+        let t1 = t0 + Duration::from_millis(1);
+        n.settle(t1);
+        let ev = n.events();
+        assert!(matches!(&ev[..], [BackendEvent::SchedulerLost { .. }]), "{ev:?}");
+        assert!(n.node.scheduler_lost() && !n.node.draining() && !n.node.drained());
+        // A scheduler that refuses leaves the node lost, not done.
+        let (ours, theirs) = n.net.link(BACKEND, SCHEDULER).unwrap();
+        let _old = n.node.handle_scheduler_link(ours);
+        drop(theirs);
+        n.settle(t1);
+        let ev = n.events();
+        assert!(matches!(&ev[..], [BackendEvent::Refused { .. }]), "{ev:?}");
+        assert!(n.node.scheduler_lost());
+        // The next one welcomes it: Join and Models (its GPUs) again.
+        let (ours, theirs) = n.net.link(BACKEND, SCHEDULER).unwrap();
+        let _old = n.node.handle_scheduler_link(ours);
+        let (n, _s) = registered_with(t1, (n, SimPeer::new(theirs)));
+        assert!(!n.node.scheduler_lost());
     }
 
     #[test]

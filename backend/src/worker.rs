@@ -255,6 +255,10 @@ struct BatchSlot {
     generation: u32,
     phase: Phase,
     batch_id: u64,
+    /// The scheduler link the plan came over ([`BatchWorker::replace_scheduler`]
+    /// counts them): a batch of an earlier one is not reported to a later
+    /// one, whose batch ids are its own.
+    link: u32,
     model: u32,
     gpu: u32,
     received: Instant,
@@ -304,6 +308,8 @@ pub struct BatchWorker<C: Connection, E: Executor> {
     /// Batch ids taken recently, so a duplicated plan runs once while a
     /// plan overtaken by a later one still runs.
     seen_batches: SeenBatches,
+    /// How many times the scheduler link was replaced.
+    scheduler_link: u32,
     stats: WorkerStats,
 }
 
@@ -414,6 +420,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
                 generation: 1,
                 phase: Phase::Free,
                 batch_id: 0,
+                link: 0,
                 model: 0,
                 gpu: 0,
                 received: Instant::ZERO,
@@ -453,6 +460,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             taking_plans: true,
             scheduler_heard: Instant::ZERO,
             seen_batches: SeenBatches::default(),
+            scheduler_link: 0,
             stats: WorkerStats::default(),
             cfg,
         })
@@ -492,6 +500,16 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
     /// The scheduler connection.
     pub fn scheduler(&mut self) -> &mut C {
         &mut self.scheduler
+    }
+
+    /// Puts `conn` in place of the scheduler connection (a scheduler
+    /// reached again after the last one was lost) and returns the old one;
+    /// batches in flight carry on.
+    pub fn replace_scheduler(&mut self, conn: C) -> C {
+        // A new scheduler numbers its batches afresh.
+        self.scheduler_link = self.scheduler_link.wrapping_add(1);
+        self.seen_batches = SeenBatches::default();
+        std::mem::replace(&mut self.scheduler, conn)
     }
 
     /// The connection to frontend `id`, to look at (e.g. its `wait_fd`).
@@ -673,6 +691,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             s.generation = s.generation.wrapping_add(1) & 0xff_ffff;
             s.phase = Phase::Fetching;
             s.batch_id = head.batch_id;
+            s.link = self.scheduler_link;
             s.model = head.model_id;
             s.gpu = head.gpu_id;
             s.received = now;
@@ -1028,6 +1047,13 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
                 reads: s.reads_ok,
                 reserved: 0,
             };
+            if s.link != self.scheduler_link {
+                // Planned by a scheduler that is gone: its results went to
+                // the frontends; the new one never planned this batch.
+                self.finish_batch(si);
+                any = true;
+                continue;
+            }
             let Ok(n) = wire::encode(&mut self.msg_out, &done) else {
                 continue;
             };

@@ -20,3 +20,4 @@ pub mod wire;
 pub mod control;
 pub mod join;
 pub mod shell;
+pub mod reconnect;

@@ -16,6 +16,12 @@
 //! thread connects to the scheduler, registers through the node, then
 //! waits for a stop signal or for the I/O thread to end.
 //!
+//! The frontend outlives its scheduler: `--scheduler` may name several
+//! addresses (comma-separated: the leader and its standbys); when the link
+//! is lost the node holds the requests in flight (see
+//! [`FrontendNode::with_failover`]) while the I/O thread reconnects on a
+//! capped exponential backoff ([`Reconnect`]) and registers again.
+//!
 //! Entry point: [`main_with_args`] (the `symphony-frontend` binary is a
 //! thin wrapper, so a multi-call binary can run it too); the command line,
 //! logs, stop signals and exit codes are the daemon shell's
@@ -32,6 +38,7 @@ use dataplane::control::{self, ControlError, MetricsEndpoint, TransportKind, Wit
 use dataplane::idle::IdleStrategy;
 use dataplane::join::JoinToken;
 use dataplane::mem::Access;
+use dataplane::reconnect::{connect_first, split_addrs, Reconnect, DEFAULT_MAX_BACKOFF, DEFAULT_MIN_BACKOFF};
 use dataplane::shell::{self, parse_socket_addr, Acceptor, Common, CommonArgs, ConfigError, Daemon};
 use dataplane::time::{Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Listener, Registration};
@@ -55,6 +62,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(5000);
 /// How long the scheduler has to acknowledge the registration, and a
 /// backend to send its `Register` on a new data connection.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(5000);
+/// One reconnection attempt's connect bound (the I/O thread waits in it).
+const RECONNECT_ATTEMPT: Duration = Duration::from_millis(100);
 
 /// Command line of `symphony-frontend` (loaded by
 /// [`dataplane::shell::load`]: flags, `SYMPHONY_*` variables, `--config`).
@@ -67,7 +76,8 @@ pub struct FrontendArgs {
     /// This frontend's id (< 4096, unique in the cluster).
     #[arg(long, default_value_t = 0)]
     pub id: u32,
-    /// The scheduler's control address (required).
+    /// The scheduler's control address (required); several, comma-separated
+    /// (a leader and its standbys), are tried in turn when reconnecting.
     #[arg(long)]
     pub scheduler: Option<String>,
     /// KServe v2 HTTP listen address, HOST:PORT.
@@ -126,8 +136,8 @@ pub struct FrontendArgs {
 pub struct FrontendConfig {
     /// Frontend id.
     pub id: u16,
-    /// Scheduler control address.
-    pub scheduler: String,
+    /// Scheduler control addresses (at least one), tried in this order.
+    pub schedulers: Vec<String>,
     /// HTTP listen address.
     pub http: SocketAddr,
     /// gRPC listen address.
@@ -187,9 +197,13 @@ impl FrontendArgs {
         if common.control_delay.is_some() {
             warn!("--control-delay-us is for the scheduler and the backends; a frontend ignores it");
         }
+        let schedulers = split_addrs(&scheduler);
+        if schedulers.is_empty() {
+            return Err(ConfigError::invalid("scheduler", "no address given"));
+        }
         Ok(FrontendConfig {
             id: self.id as u16,
-            scheduler,
+            schedulers,
             http: self.http,
             grpc: self.grpc,
             tls: crate::tls::from_options(self.tls_cert.as_ref(), self.tls_key.as_ref())
@@ -240,9 +254,6 @@ pub enum FrontendError {
     /// The scheduler refused the registration (or its model list differs).
     #[error("{0}")]
     Refused(String),
-    /// The registered scheduler went away.
-    #[error("scheduler gone: {0}")]
-    SchedulerGone(String),
     /// The I/O thread ended without saying why, or did not stop.
     #[error("the I/O thread {0}")]
     IoThread(&'static str),
@@ -274,7 +285,8 @@ pub fn main_with_args(args: Vec<String>) -> ExitCode {
 }
 
 /// Runs the daemon until a stop signal ([`control::stop_requested`]):
-/// `Ok` then, `Err` if it could not start or the scheduler went away.
+/// `Ok` then, `Err` if it could not start (losing the scheduler ends
+/// nothing: it reconnects).
 pub fn run(cfg: FrontendConfig) -> Result<(), FrontendError> {
     control::with_domain(cfg.transport, Serve(cfg))?
 }
@@ -346,10 +358,12 @@ fn serve<D: Domain>(domain: D, cfg: FrontendConfig) -> Result<(), FrontendError>
         staging.clone(),
         tasks,
     )
-    .with_join_token(cfg.join_token.clone());
-    let sched = control::connect_retrying(&domain, &cfg.scheduler, CONNECT_TIMEOUT).map_err(|source| {
-        FrontendError::Unreachable { addr: cfg.scheduler.clone(), source }
-    })?;
+    .with_join_token(cfg.join_token.clone())
+    .with_failover(true);
+    let (sched, at) = connect_first(&domain, &cfg.schedulers, CONNECT_TIMEOUT)
+        .map_err(|source| FrontendError::Unreachable { addr: cfg.schedulers.join(","), source })?;
+    let mut reconnect = Reconnect::new(cfg.schedulers.clone(), DEFAULT_MIN_BACKOFF, DEFAULT_MAX_BACKOFF);
+    reconnect.prefer(&cfg.schedulers[at]);
     let stop_io = Arc::new(AtomicBool::new(false));
     let mut io = IoHost {
         domain,
@@ -358,11 +372,12 @@ fn serve<D: Domain>(domain: D, cfg: FrontendConfig) -> Result<(), FrontendError>
         idler,
         clock: MonotonicClock::new(),
         stop: stop_io.clone(),
+        reconnect,
     };
     let models = io.register(sched)?;
     info!(
         frontend = cfg.id,
-        scheduler = %cfg.scheduler,
+        scheduler = %cfg.schedulers[at],
         models,
         transport = %cfg.transport.name(),
         "registered with the scheduler"
@@ -516,10 +531,9 @@ impl Http {
     }
 }
 
-/// What ends the I/O loop.
+/// What ends the I/O loop (losing the scheduler does not: it reconnects).
 enum Ended {
     Stopped,
-    SchedulerGone(String),
 }
 
 /// The host around the [`FrontendNode`]: the real clock, the wait set over
@@ -532,6 +546,8 @@ struct IoHost<D: Domain> {
     idler: IdleWait,
     clock: MonotonicClock,
     stop: Arc<AtomicBool>,
+    /// When to try the scheduler(s) again while the link is down.
+    reconnect: Reconnect,
 }
 
 impl<D: Domain> IoHost<D> {
@@ -554,10 +570,11 @@ impl<D: Domain> IoHost<D> {
 
     /// One idle pass until the node's next timer, unless a task arrives.
     fn idle(&mut self, now: Instant) {
-        let budget = self
-            .node
-            .poll_at()
-            .map_or(Duration::from_millis(100), |t| t.saturating_since(now));
+        let next = match (self.node.poll_at(), self.reconnect.due_at()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let budget = next.map_or(Duration::from_millis(100), |t| t.saturating_since(now));
         let (node, stop) = (&self.node, &self.stop);
         self.idler
             .idle_unless(budget, || node.has_queued_tasks() || stop.load(Ordering::Acquire));
@@ -602,8 +619,27 @@ impl<D: Domain> IoHost<D> {
         );
         match ended {
             Ended::Stopped => Ok(()),
-            Ended::SchedulerGone(why) => Err(FrontendError::SchedulerGone(why)),
         }
+    }
+
+    /// One reconnection attempt if one is due: the link goes to the node,
+    /// which registers over it (its events say how that went).
+    fn try_reconnect(&mut self, now: Instant) -> bool {
+        let Some(addr) = self.reconnect.due(now) else { return false };
+        match self.domain.connect(addr, RECONNECT_ATTEMPT) {
+            Ok(conn) => {
+                info!(scheduler = addr, "reconnected to a scheduler; registering");
+                // Nothing more is due until the registration's outcome.
+                self.reconnect.connected();
+                self.add_fd(&conn);
+                self.node.handle_scheduler_link(self.clock.now(), conn);
+            }
+            Err(e) => {
+                tracing::debug!(scheduler = addr, error = %e, "reconnection attempt failed");
+                self.reconnect.failed(self.clock.now());
+            }
+        }
+        true
     }
 
     fn poll_loop(&mut self, acceptor: &Acceptor<D::Conn>) -> Ended {
@@ -616,15 +652,26 @@ impl<D: Domain> IoHost<D> {
             self.retire_closed();
             while let Some(ev) = self.node.poll_event() {
                 match ev {
-                    FrontendEvent::SchedulerLost { why } => return Ended::SchedulerGone(why),
+                    FrontendEvent::SchedulerLost { why } => {
+                        warn!(%why, "scheduler lost; holding requests and reconnecting");
+                        self.reconnect.lost(now);
+                    }
+                    FrontendEvent::Registered { .. } => {
+                        info!(attempts = self.reconnect.failures() + 1, "registered with the scheduler again");
+                        self.reconnect.connected();
+                    }
+                    FrontendEvent::Refused { why } => {
+                        warn!(%why, "the scheduler refused the registration; trying the next");
+                        self.reconnect.failed(now);
+                    }
                     FrontendEvent::BackendLost { id, why } => {
                         warn!(backend = id, %why, "backend data connection closed")
                     }
                     FrontendEvent::LinkRefused { why } => warn!("{why}"),
                     FrontendEvent::BackendJoined(id) => info!(backend = id, "backend data connection registered"),
-                    FrontendEvent::Registered { .. } | FrontendEvent::Refused { .. } => {}
                 }
             }
+            work |= self.try_reconnect(now);
             while let Some(conn) = acceptor.try_next() {
                 work = true;
                 self.add_fd(&conn);

@@ -17,10 +17,14 @@
 //! Requests enter through a [`NetSink`] (the [`TaskSink`] behind
 //! `ClusterService`): a bounded lock-free queue that HTTP workers (or a
 //! harness, on the node's own thread) push tasks into and the node drains.
-//! If the scheduler goes away, every request in flight ends once, as
-//! dropped for [`DropReason::Shutdown`]; the node reports
+//! If the scheduler goes away, the node reports
 //! [`FrontendEvent::SchedulerLost`] and the host decides what happens next.
+//! Without failover every request in flight ends once, as dropped for
+//! [`DropReason::Shutdown`]; with it ([`FrontendNode::with_failover`], the
+//! daemon's mode) they are held ([`crate::held`]) and resent to the next
+//! scheduler link that registers.
 
+use crate::held::HeldTasks;
 use crate::service::{SinkError, TaskSink};
 use crate::staging::{RoutedOutcome, Staging, Ticket};
 use crossbeam_queue::ArrayQueue;
@@ -39,6 +43,10 @@ use std::sync::Arc;
 /// work of one call. A poll that reaches it reports progress, so its host
 /// polls again at once.
 const BURST: usize = 256;
+
+/// How often a frontend without a scheduler answers the held requests that
+/// can no longer meet their deadline (with failover on).
+const HOLD_SWEEP: Duration = Duration::from_millis(10);
 
 /// Sink states: tasks are refused until registration, taken while
 /// registered, refused again once the node drains or lost its scheduler.
@@ -242,9 +250,11 @@ pub enum FrontendEvent {
         /// Why, for the operator.
         why: String,
     },
-    /// The registered scheduler link died, misbehaved or went silent. Every
-    /// request in flight has been ended (dropped, shutdown) and the sink is
-    /// closed; the link was let go.
+    /// The registered scheduler link died, misbehaved or went silent; the
+    /// link was let go. Without failover every request in flight has been
+    /// ended (dropped, shutdown) and the sink is closed; with it
+    /// ([`FrontendNode::with_failover`]) the requests are held and resent
+    /// to the next scheduler link that registers.
     SchedulerLost {
         /// Why, for the operator.
         why: String,
@@ -318,6 +328,11 @@ pub struct FrontendNode<C: Connection> {
     hb: [u8; 64],
     /// The cluster's join token (its MAC answers the scheduler's challenge).
     token: Option<JoinToken>,
+    /// With failover on, the tasks sent, held for the next scheduler.
+    held: Option<HeldTasks>,
+    /// When held requests past their deadline are next answered (while no
+    /// scheduler is registered).
+    sweep_at: Option<Instant>,
 }
 
 impl<C: Connection> std::fmt::Debug for FrontendNode<C> {
@@ -361,7 +376,25 @@ impl<C: Connection> FrontendNode<C> {
             buf: vec![0u8; wire::MAX_MESSAGE_LEN].into_boxed_slice(),
             hb: [0u8; 64],
             token: None,
+            held: None,
+            sweep_at: None,
         }
+    }
+
+    /// With `on`, the node outlives its scheduler: losing it ends no
+    /// request; the sink keeps taking tasks (a full queue still refuses,
+    /// 503), requests that cannot be held within their deadline are
+    /// answered as overloaded, and once a new scheduler link registers
+    /// ([`handle_scheduler_link`](Self::handle_scheduler_link)) every
+    /// request still awaited is resent with the budget it has left.
+    pub fn with_failover(mut self, on: bool) -> Self {
+        self.held = on.then(|| HeldTasks::new(self.staging.capacity()));
+        self
+    }
+
+    /// Whether the node outlives its scheduler ([`with_failover`](Self::with_failover)).
+    pub fn failover(&self) -> bool {
+        self.held.is_some()
     }
 
     /// This node proving `token` when it registers (none: it registers
@@ -442,7 +475,12 @@ impl<C: Connection> FrontendNode<C> {
     pub fn poll(&mut self, now: Instant) -> bool {
         let now = self.observe(now);
         self.closed.clear();
-        let mut work = match self.phase {
+        let mut work = false;
+        if self.held.is_some() && !self.is_registered() {
+            work |= self.hold_unlinked(now);
+        }
+        work |= match self.phase {
+            Phase::Unlinked if self.held.is_some() => false,
             Phase::Unlinked => self.end_queued(),
             Phase::Registering { nonce, sent, deadline } => {
                 self.poll_registration(now, nonce, sent, deadline)
@@ -462,6 +500,11 @@ impl<C: Connection> FrontendNode<C> {
     pub fn poll_at(&self) -> Option<Instant> {
         let mut at: Option<Instant> = None;
         let mut consider = |t: Instant| at = Some(at.map_or(t, |a| a.min(t)));
+        if !self.is_registered() {
+            if let Some(t) = self.sweep_at {
+                consider(t);
+            }
+        }
         match self.phase {
             Phase::Unlinked => {}
             Phase::Registering { deadline, .. } => consider(deadline),
@@ -560,6 +603,27 @@ impl<C: Connection> FrontendNode<C> {
         any
     }
 
+    /// With failover, while no scheduler is registered: stamps the queued
+    /// tasks' budgets now (they wait in the held table) and, when due,
+    /// answers the held requests past their deadline.
+    fn hold_unlinked(&mut self, now: Instant) -> bool {
+        let Some(held) = self.held.as_mut() else { return false };
+        let mut work = false;
+        for _ in 0..BURST {
+            let Some(t) = self.unsent.take().or_else(|| self.tasks.queue.tasks.pop()) else { break };
+            held.record(&t, now);
+            work = true;
+        }
+        match self.sweep_at {
+            Some(t) if t > now => {}
+            _ => {
+                work |= held.sweep(now, &self.staging) > 0;
+                self.sweep_at = Some(now.saturating_add(HOLD_SWEEP));
+            }
+        }
+        work
+    }
+
     /// The registration failed: let the link go.
     fn refuse(&mut self, why: String) -> bool {
         self.phase = Phase::Unlinked;
@@ -576,6 +640,16 @@ impl<C: Connection> FrontendNode<C> {
         self.phase = Phase::Unlinked;
         if let Some(c) = self.sched.take() {
             self.closed.push(c);
+        }
+        if let Some(held) = self.held.as_mut() {
+            // Failover: everything stays in flight for the next scheduler.
+            self.tasks.queue.stats.ready.store(false, Ordering::Release);
+            if let Some(t) = self.unsent.take() {
+                held.record(&t, self.now);
+            }
+            self.sweep_at = Some(self.now.saturating_add(HOLD_SWEEP));
+            self.events.push_back(FrontendEvent::SchedulerLost { why });
+            return;
         }
         // Close before draining: a task pushed after the drain is ended by
         // a later poll (`Phase::Unlinked`).
@@ -698,15 +772,21 @@ impl<C: Connection> FrontendNode<C> {
             live: Liveness::new(now, self.cfg.heartbeat, self.cfg.dead_after),
             heard_at: now,
         };
-        // A drain begun before the ack keeps the sink closed.
+        // A drain begun before the ack keeps the sink closed (with
+        // failover it stayed open while the scheduler was away).
         if self
             .tasks
             .queue
             .state
             .compare_exchange(SINK_CLOSED, SINK_OPEN, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
+            || self.tasks.queue.state.load(Ordering::Acquire) == SINK_OPEN
         {
             self.stats().ready.store(true, Ordering::Release);
+        }
+        if let Some(held) = self.held.as_mut() {
+            held.begin_resubmit();
+            self.sweep_at = None;
         }
         self.events.push_back(FrontendEvent::Registered { models });
         true
@@ -724,6 +804,7 @@ impl<C: Connection> FrontendNode<C> {
             unsent_cancel,
             buf,
             hb,
+            held,
             ..
         } = self;
         let (Some(conn), Phase::Registered { live, heard_at }) = (sched.as_mut(), phase) else {
@@ -736,7 +817,11 @@ impl<C: Connection> FrontendNode<C> {
         // Tasks to the scheduler, in order; a full send queue keeps the
         // task for the next poll.
         for _ in 0..BURST {
-            let Some(task) = unsent.take().or_else(|| tasks.queue.tasks.pop()) else {
+            let Some(task) = unsent
+                .take()
+                .or_else(|| held.as_mut().and_then(|h| h.next_resubmit(now, staging)))
+                .or_else(|| tasks.queue.tasks.pop())
+            else {
                 break;
             };
             let n = match wire::encode(buf, &task) {
@@ -750,13 +835,21 @@ impl<C: Connection> FrontendNode<C> {
                 Ok(()) => {
                     work = true;
                     stats.tasks_sent.fetch_add(1, Ordering::Relaxed);
+                    if let Some(h) = held.as_mut() {
+                        h.record(&task, now);
+                    }
                 }
                 Err(TransportError::QueueFull) => {
                     *unsent = Some(task);
                     break;
                 }
                 Err(e) => {
-                    staging.route(task.task_id, RoutedOutcome::Dropped(DropReason::Shutdown));
+                    match held.as_mut() {
+                        Some(h) => h.record(&task, now),
+                        None => {
+                            staging.route(task.task_id, RoutedOutcome::Dropped(DropReason::Shutdown));
+                        }
+                    }
                     lost = Some(format!("sending a task: {e}"));
                     break;
                 }
@@ -1135,13 +1228,17 @@ mod tests {
         /// Hands over a scheduler link and completes the handshake at `T0`;
         /// returns the scheduler's end.
         fn registered(&mut self) -> SimPeer {
+            self.registered_at(T0)
+        }
+        /// [`registered`](Self::registered) at `now`.
+        fn registered_at(&mut self, now: Instant) -> SimPeer {
             let (ours, mut sched) = self.link(SCHEDULER);
-            self.node.handle_scheduler_link(T0, ours);
+            self.node.handle_scheduler_link(now, ours);
             sched.challenge(NONCE).unwrap();
-            assert!(self.poll(T0));
+            assert!(self.poll(now));
             assert!(sched.take_join().is_some());
             sched.put(&welcome(2));
-            assert!(self.poll(T0));
+            assert!(self.poll(now));
             assert_eq!(self.events(), [FrontendEvent::Registered { models: 2 }]);
             sched.take_all();
             sched
@@ -1394,6 +1491,79 @@ mod tests {
         assert!(c.balanced());
         assert_eq!(f.node.stats().bad_messages.load(Ordering::Relaxed), 0);
         assert!(f.events().is_empty());
+    }
+
+    #[test]
+    fn with_failover_requests_outlive_the_scheduler_and_are_resent_with_the_budget_left() {
+        let mut f = frontend();
+        f.node = std::mem::replace(&mut f.node, frontend().node).with_failover(true);
+        assert!(f.node.failover());
+        let sched = f.registered();
+        let mut sent: Vec<Ticket> = (0..2).map(|_| f.submit().unwrap()).collect();
+        f.poll(T0);
+        let cancelled = f.submit().unwrap();
+        f.poll(T0);
+        drop(cancelled); // its client has gone: never resent
+        let queued = f.submit().unwrap(); // not sent yet
+        drop(sched);
+        assert!(f.poll(T0 + MS));
+        assert!(matches!(
+            f.events().as_slice(),
+            [FrontendEvent::SchedulerLost { why }] if why.contains("sending a task")
+        ));
+        assert!(f.node.take_closed_link().is_some());
+        assert!(!f.service.ready(), "not ready while no scheduler is linked");
+        for t in &mut sent {
+            assert_eq!(poll_now(t), Poll::Pending, "held, not ended");
+        }
+        // Taken while the scheduler is away; held too.
+        let during = f.submit().unwrap();
+        f.poll(T0 + ms(2));
+        assert!(f.node.poll_at().is_some(), "the sweep is timed");
+        let back = T0 + ms(100);
+        let mut sched = f.registered_at(back);
+        assert!(f.service.ready());
+        f.poll(back);
+        let resent = sched.tasks();
+        let ids: Vec<u64> = resent.iter().map(|t| t.task_id).collect();
+        let want: Vec<u64> = [&sent[0], &sent[1], &queued, &during].iter().map(|t| t.task_id()).collect();
+        assert_eq!(ids.len(), 4, "{resent:?}");
+        for id in &want {
+            assert!(ids.contains(id), "{id:x} resent");
+        }
+        let first = resent.iter().find(|t| t.task_id == want[0]).unwrap();
+        let late = resent.iter().find(|t| t.task_id == want[3]).unwrap();
+        assert!(first.budget_ns < late.budget_ns, "the budget left counts from the first send");
+        assert!(first.budget_ns <= ms(400).as_nanos() - ms(100).as_nanos());
+        let c = f.service.counters();
+        // The request given up is ended (freeing its slot), not resent.
+        assert_eq!((c.accepted, c.dropped, c.failed), (5, 1, 0), "{c:?}");
+    }
+
+    #[test]
+    fn with_failover_a_request_that_cannot_be_held_within_its_deadline_is_answered_overloaded() {
+        let mut f = frontend();
+        f.node = std::mem::replace(&mut f.node, frontend().node).with_failover(true);
+        let sched = f.registered();
+        let mut t = f.submit().unwrap();
+        f.poll(T0);
+        drop(sched);
+        f.poll(T0 + MS);
+        assert_eq!(poll_now(&mut t), Poll::Pending);
+        let mut now = T0 + MS;
+        let outcome = loop {
+            if let Poll::Ready(o) = poll_now(&mut t) {
+                break o;
+            }
+            assert!(now < T0 + ms(1000), "never answered");
+            now = f.node.poll_at().unwrap();
+            f.poll(now);
+        };
+        assert_eq!(outcome, Outcome::Dropped(DropReason::Overloaded));
+        assert!(now <= T0 + ms(400) + HOLD_SWEEP + MS, "answered within a sweep of its deadline: {now:?}");
+        let c = f.service.counters();
+        assert!(c.balanced(), "{c:?}");
+        assert_eq!(f.node.staging().in_flight(), 0);
     }
 
     #[test]

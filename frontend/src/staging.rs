@@ -51,6 +51,17 @@ const PHASE_MASK: u64 = 7;
 /// Most slots a [`Staging`] can have (the slot index is a task-id field).
 pub use dataplane::ids::MAX_SLOTS;
 
+/// Where a request stands ([`Staging::standing`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Standing {
+    /// Its client waits for the outcome.
+    Awaited,
+    /// Its client is gone or cancelled; the slot waits for any outcome.
+    GivenUp,
+    /// Finished, or not a request of this staging area.
+    Gone,
+}
+
 /// Sizes of a [`Staging`].
 #[derive(Clone, Copy, Debug)]
 pub struct StagingConfig {
@@ -578,6 +589,30 @@ impl Staging {
             }
         }
         ended
+    }
+
+    /// Where request `task_id` stands, for a frontend deciding what to do
+    /// with a task it holds after losing its scheduler: still awaited
+    /// (resubmit it), given up by its client (free the slot), or finished
+    /// or unknown (forget it). Not for the hot path.
+    pub fn standing(&self, task_id: u64) -> Standing {
+        let id = TaskId(task_id);
+        let Some(cell) = self
+            .cells
+            .get(id.slot() as usize)
+            .filter(|_| id.frontend() == u32::from(self.frontend_id))
+        else {
+            return Standing::Gone;
+        };
+        let s = cell.state.load(Ordering::Acquire);
+        if (s >> 3) & SEQ_MASK != id.seq() {
+            return Standing::Gone;
+        }
+        match s & PHASE_MASK {
+            WAITING => Standing::Awaited,
+            ORPHANED | CANCELLED => Standing::GivenUp,
+            _ => Standing::Gone,
+        }
     }
 
     /// Requests staged and not yet finished (their slots are in use).

@@ -19,6 +19,7 @@ pub mod closed_loop;
 pub mod daemon;
 pub mod deferred;
 pub mod delay_watch;
+pub mod election;
 pub mod goodput;
 pub mod gpu;
 pub mod netdelay;

@@ -451,7 +451,51 @@ fn wait_ready(d: &mut Daemon, rx: &mpsc::Receiver<String>, deadline: Instant) ->
     }
 }
 
+/// Every daemon's flags: transport, idle strategy, models, then `extra`.
+fn common_args(spec: &ClusterSpec, extra: &[String]) -> Vec<String> {
+    let mut v = vec![
+        "--transport".to_string(),
+        spec.transport.clone(),
+        "--idle".into(),
+        spec.idle.clone(),
+        "--exit-with-parent".into(),
+    ];
+    v.extend(spec.model_flags());
+    v.extend(extra.iter().cloned());
+    v
+}
+
+/// The scheduler's flags (without `--listen`).
+fn scheduler_args(spec: &ClusterSpec) -> Vec<String> {
+    let mut v = common_args(spec, &spec.scheduler_flags);
+    v.extend([
+        "--control-delay-us".into(),
+        spec.control_delay_us.to_string(),
+        "--min-window-us".into(),
+        spec.min_window_us.to_string(),
+    ]);
+    v
+}
+
 impl LocalCluster {
+    /// Kills the scheduler (SIGKILL, if still running) and starts a new
+    /// one listening on the same control address, so the frontends and
+    /// backends, which outlive it, reconnect and register again.
+    pub fn restart_scheduler(&mut self, spec: &ClusterSpec) -> Result<(), ClusterError> {
+        let control = self
+            .scheduler
+            .ready
+            .get("control")
+            .cloned()
+            .ok_or_else(|| ClusterError::NoReadyKey { daemon: "scheduler".into(), key: "control".into() })?;
+        self.scheduler.kill();
+        let mut args = scheduler_args(spec);
+        args.extend(["--listen".into(), control]);
+        let deadline = Instant::now() + spec.start_timeout;
+        self.scheduler = spawn(spec, "scheduler", "scheduler", args, Some(&self.join_token), deadline)?;
+        Ok(())
+    }
+
     /// Starts the scheduler, then the backends and frontends, and waits
     /// until every peer is registered.
     pub fn start(spec: &ClusterSpec) -> Result<LocalCluster, ClusterError> {
@@ -460,26 +504,8 @@ impl LocalCluster {
             Some(t) => t.clone(),
             None => JoinToken::generate().map_err(|e| ClusterError::JoinToken { what: e.to_string() })?,
         };
-        let common = |extra: &[String]| {
-            let mut v = vec![
-                "--transport".to_string(),
-                spec.transport.clone(),
-                "--idle".into(),
-                spec.idle.clone(),
-                "--exit-with-parent".into(),
-            ];
-            v.extend(spec.model_flags());
-            v.extend(extra.iter().cloned());
-            v
-        };
-        let mut sched_args = common(&spec.scheduler_flags);
-        sched_args.extend([
-            "--control-delay-us".into(),
-            spec.control_delay_us.to_string(),
-            "--min-window-us".into(),
-            spec.min_window_us.to_string(),
-        ]);
-        let scheduler = spawn(spec, "scheduler", "scheduler", sched_args, Some(&token), deadline)?;
+        let common = |extra: &[String]| common_args(spec, extra);
+        let scheduler = spawn(spec, "scheduler", "scheduler", scheduler_args(spec), Some(&token), deadline)?;
         let control = scheduler
             .ready
             .get("control")

@@ -561,8 +561,18 @@ fn serve(mut cluster: LocalCluster, spec: &ClusterSpec) -> Result<(), UpError> {
     use std::io::Write;
     let _ = std::io::stdout().flush();
     while !control::stop_requested() {
+        for d in cluster.frontends.iter_mut().chain(cluster.backends.iter_mut()) {
+            if let Some(s) = d.try_exit() {
+                return Err(UpError::Run(format!("{} exited ({s})", d.name)));
+            }
+        }
+        // The frontends and backends outlive their scheduler (they hold
+        // their work and reconnect): a scheduler that dies is restarted on
+        // the same control address, where they find it again.
         if let Some(s) = cluster.scheduler.try_exit() {
-            return Err(UpError::Run(format!("the scheduler exited ({s})")));
+            warn!("the scheduler exited ({s}); restarting it on the same control address");
+            cluster.restart_scheduler(spec).map_err(run_err)?;
+            println!("scheduler restarted; metrics: http://{}/metrics", addr(&cluster.scheduler, "metrics")?);
         }
         std::thread::sleep(StdDuration::from_millis(50));
     }

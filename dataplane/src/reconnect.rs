@@ -1,0 +1,195 @@
+//! When to try the scheduler again, and which one: a sans-IO schedule of
+//! reconnection attempts over a list of scheduler addresses, with capped
+//! exponential backoff. Peers (frontends, backends) outlive their
+//! scheduler: when the link dies they walk this schedule instead of
+//! exiting, so a restarted or newly elected scheduler finds them again.
+//!
+//! The schedule never reads a clock: its host passes `now` and asks
+//! [`Reconnect::due`] whether an attempt is due, makes it, and reports
+//! [`Reconnect::failed`] or [`Reconnect::connected`].
+
+use crate::time::{Duration, Instant};
+use crate::transport::{Domain, Error};
+
+/// Shortest pause between attempts (after the first, which is immediate).
+pub const DEFAULT_MIN_BACKOFF: Duration = Duration::from_millis(10);
+/// Longest pause between attempts.
+pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_millis(1000);
+
+/// Splits a `--scheduler` value naming one or more addresses
+/// (comma-separated, blanks ignored).
+pub fn split_addrs(list: &str) -> Vec<String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Connects to the first of `addrs` that answers, trying them in turn
+/// (each with [`crate::control::connect_retrying`] for its share) for at
+/// most `timeout`; returns the link and the address's index. For a
+/// daemon's start, where blocking is fine.
+pub fn connect_first<D: Domain>(domain: &D, addrs: &[String], timeout: Duration) -> Result<(D::Conn, usize), Error> {
+    if addrs.is_empty() {
+        // Nothing to try: as if none answered in time.
+        return Err(Error::Timeout);
+    }
+    let start = std::time::Instant::now();
+    let per_try = Duration::from_nanos((timeout.as_nanos() / addrs.len() as u64).min(1_000_000_000));
+    let mut i = 0;
+    loop {
+        match crate::control::connect_retrying(domain, &addrs[i], per_try) {
+            Ok(c) => return Ok((c, i)),
+            Err(e) if start.elapsed().as_nanos() as u64 >= timeout.as_nanos() => return Err(e),
+            Err(_) => i = (i + 1) % addrs.len(),
+        }
+    }
+}
+
+/// The reconnection schedule (see the module docs).
+#[derive(Clone, Debug)]
+pub struct Reconnect {
+    addrs: Vec<String>,
+    /// Index of the address the next attempt goes to.
+    next: usize,
+    min: Duration,
+    max: Duration,
+    /// The pause after the next failure.
+    pause: Duration,
+    /// When the next attempt is due; `None` while connected.
+    due_at: Option<Instant>,
+    /// Failed attempts since the link was lost.
+    failures: u32,
+}
+
+impl Reconnect {
+    /// A schedule over `addrs` (at least one), connected for now, with
+    /// pauses doubling from `min` up to `max`.
+    pub fn new(addrs: Vec<String>, min: Duration, max: Duration) -> Self {
+        let min = if min.as_nanos() == 0 { Duration::from_nanos(1) } else { min };
+        Reconnect { addrs, next: 0, min, max: max.max(min), pause: min, due_at: None, failures: 0 }
+    }
+
+    /// The addresses, in the order they are tried.
+    pub fn addrs(&self) -> &[String] {
+        &self.addrs
+    }
+
+    /// The link was lost at `now`: the first attempt is due at once, at the
+    /// address that served last (a restarted scheduler comes back there).
+    pub fn lost(&mut self, now: Instant) {
+        self.pause = self.min;
+        self.failures = 0;
+        self.due_at = Some(now);
+    }
+
+    /// When the next attempt is due (`None`: connected).
+    pub fn due_at(&self) -> Option<Instant> {
+        self.due_at
+    }
+
+    /// Failed attempts since the link was lost.
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+
+    /// The address to try now, if an attempt is due at `now`.
+    pub fn due(&self, now: Instant) -> Option<&str> {
+        match self.due_at {
+            Some(t) if t <= now => self.addrs.get(self.next).map(String::as_str),
+            _ => None,
+        }
+    }
+
+    /// The attempt made at `now` failed (unreachable, refused, or it
+    /// redirected us): the next address is tried after the current pause,
+    /// which then doubles up to the cap. A whole round over the list counts
+    /// as one step of the backoff, so a standby that refuses does not slow
+    /// the way to the leader.
+    pub fn failed(&mut self, now: Instant) {
+        self.failures = self.failures.saturating_add(1);
+        self.next = (self.next + 1) % self.addrs.len().max(1);
+        if self.next == 0 {
+            self.due_at = Some(now.saturating_add(self.pause));
+            self.pause = Duration::from_nanos(self.pause.as_nanos().saturating_mul(2)).min(self.max);
+        } else {
+            self.due_at = Some(now);
+        }
+    }
+
+    /// Prefers `addr` for the next attempt (a standby named the leader);
+    /// an address not in the list is added.
+    pub fn prefer(&mut self, addr: &str) {
+        match self.addrs.iter().position(|a| a == addr) {
+            Some(i) => self.next = i,
+            None => {
+                self.addrs.push(addr.to_string());
+                self.next = self.addrs.len() - 1;
+            }
+        }
+    }
+
+    /// The attempt succeeded: nothing is due until the link is lost again.
+    pub fn connected(&mut self) {
+        self.due_at = None;
+        self.failures = 0;
+        self.pause = self.min;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn the_list_is_split_on_commas() {
+        assert_eq!(split_addrs(" a:1, b:2 ,,"), vec!["a:1".to_string(), "b:2".to_string()]);
+        assert!(split_addrs("").is_empty());
+    }
+
+    #[test]
+    fn rounds_back_off_exponentially_up_to_the_cap() {
+        let t0 = Instant::ZERO;
+        let mut r = Reconnect::new(vec!["a".into(), "b".into()], ms(10), ms(35));
+        assert_eq!(r.due(t0), None, "connected: nothing due");
+        r.lost(t0);
+        assert_eq!(r.due(t0), Some("a"));
+        r.failed(t0);
+        assert_eq!(r.due(t0), Some("b"), "the next address at once");
+        r.failed(t0);
+        assert_eq!(r.due(t0), None);
+        assert_eq!(r.due_at(), Some(t0 + ms(10)));
+        let mut t = t0 + ms(10);
+        let mut pauses = Vec::new();
+        for _ in 0..4 {
+            assert_eq!(r.due(t), Some("a"));
+            r.failed(t);
+            r.failed(t);
+            let next = r.due_at().unwrap();
+            pauses.push(next.saturating_since(t));
+            t = next;
+        }
+        assert_eq!(pauses, vec![ms(20), ms(35), ms(35), ms(35)]);
+        assert_eq!(r.failures(), 10);
+        r.connected();
+        assert_eq!(r.due_at(), None);
+        r.lost(t);
+        assert_eq!(r.due(t), Some("a"), "the pause starts over");
+    }
+
+    #[test]
+    fn a_named_leader_is_tried_next() {
+        let t0 = Instant::ZERO;
+        let mut r = Reconnect::new(vec!["a".into()], ms(10), ms(100));
+        r.lost(t0);
+        r.prefer("c");
+        assert_eq!(r.due(t0), Some("c"));
+        r.prefer("a");
+        assert_eq!(r.due(t0), Some("a"));
+    }
+}
