@@ -46,8 +46,10 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SYMP");
 /// [`BatchDone`] carries the batch's start and finish (relative to its
 /// send) and its READ latency, for the scheduler's closed loop; a
 /// [`CompletionHead`] says which execution its task was part of (batch
-/// size, position, input/compute/output-side durations).
-pub const VERSION: u16 = 3;
+/// size, position, input/compute/output-side durations). Version 4: a
+/// [`BatchTask`] and a [`CompletionHead`] carry the task's scheduler queueing
+/// time (`queued_us`) in the word that was reserved (zero) before.
+pub const VERSION: u16 = 4;
 /// Oldest peer version a scheduler of this version accepts. Upgrades are
 /// stop-the-world (`docs/operations.md`): only its own version.
 pub const OLDEST_PEER_VERSION: u16 = VERSION;

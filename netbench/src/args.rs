@@ -106,7 +106,7 @@ pub(crate) struct Measure {
     #[arg(long)]
     pub(crate) concurrency: Option<usize>,
     /// Control message size in bytes on the wire: 32 (Heartbeat) or 88..=32768 (a Completion
-    /// with inline bytes; 88 = header + completion head, wire version 3).
+    /// with inline bytes; 88 = header + completion head, wire version 3 and later).
     #[arg(long, default_value_t = 32)]
     pub(crate) ping_size: usize,
     /// Time a control message round trip after every this many rounds (0 = never: servers
