@@ -33,5 +33,5 @@ pub use exec::{ExecError, ExecModel, Executor, Finished, InputRef, Job, OutputRe
 pub use node::{BackendEvent, BackendNode, BackendNodeConfig, ControlDelay};
 pub use worker::{
     BatchReport, BatchWorker, ControlMessage, WorkerConfig, WorkerError, WorkerStats,
-    CONTROL_QUEUE_CAPACITY,
+    CONTROL_QUEUE_CAPACITY, EARLY_CAPACITY,
 };

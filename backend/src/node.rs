@@ -516,6 +516,12 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
                     return true;
                 }
                 (Ok(Message::Heartbeat(_)), _) => self.scheduler_heartbeats += 1,
+                // The scheduler sends plans and announcements right after
+                // the Welcome; a reordering network can deliver them before
+                // it. They are the worker's, in their order.
+                (Ok(Message::BatchPlan(..) | Message::Register(_)), State::AwaitAck { .. }) => {
+                    self.worker.push_early(&self.msg[..n]);
+                }
                 (Ok(_), _) => {
                     self.events.push_back(BackendEvent::Ignored {
                         why: "a scheduler message out of the registration's order".into(),

@@ -303,6 +303,10 @@ pub struct BatchWorker<C: Connection, E: Executor> {
     finished: Vec<Finished>,
     reports: VecDeque<BatchReport>,
     control: VecDeque<ControlMessage>,
+    /// The worker's messages (plans, announcements) that the registration
+    /// read off the link before the Welcome (a reordering network can
+    /// deliver them first), taken before anything newer.
+    early: VecDeque<Vec<u8>>,
     taking_plans: bool,
     scheduler_heard: Instant,
     /// Batch ids taken recently, so a duplicated plan runs once while a
@@ -371,6 +375,9 @@ const FRONTEND_MSGS_PER_POLL: usize = 8;
 /// Control messages held for the caller before the worker stops reading
 /// from the scheduler.
 pub const CONTROL_QUEUE_CAPACITY: usize = 64;
+/// Messages of the worker's that the registration keeps when they arrive
+/// before the Welcome ([`BatchWorker::push_early`]).
+pub const EARLY_CAPACITY: usize = 256;
 
 fn wr_id(slot: usize, generation: u32, task: usize) -> u64 {
     (u64::from(generation) << 40) | ((slot as u64 & 0xffff) << 24) | (task as u64 & 0xff_ffff)
@@ -457,6 +464,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             finished: vec![Finished::default(); 16],
             reports: VecDeque::with_capacity(cfg.report_capacity as usize),
             control: VecDeque::with_capacity(CONTROL_QUEUE_CAPACITY),
+            early: VecDeque::new(),
             taking_plans: true,
             scheduler_heard: Instant::ZERO,
             seen_batches: SeenBatches::default(),
@@ -566,6 +574,19 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
         self.taking_plans = taking;
     }
 
+    /// Hands over a message of the worker's (a plan or an announcement)
+    /// that arrived on the scheduler link before the registration ended;
+    /// it is taken before anything still in the link. At most
+    /// [`EARLY_CAPACITY`] are kept (registration only: the copy is off the
+    /// hot path); beyond that the message is counted as ignored.
+    pub fn push_early(&mut self, msg: &[u8]) {
+        if self.early.len() < EARLY_CAPACITY && msg.len() <= self.msg_in.len() {
+            self.early.push_back(msg.to_vec());
+        } else {
+            self.stats.ignored_messages += 1;
+        }
+    }
+
     /// Whether every batch buffer is held, so nothing is read from the
     /// scheduler until one frees (its silence then says nothing about its
     /// liveness).
@@ -646,11 +667,16 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             if self.free_slots == 0 || self.control.len() >= CONTROL_QUEUE_CAPACITY {
                 break;
             }
-            let n = match self.scheduler.try_recv(&mut self.msg_in) {
-                Ok(Some(n)) => n,
-                Ok(None) => break,
-                Err(Error::PeerDisconnected) => return Err(WorkerError::SchedulerGone),
-                Err(e) => return Err(WorkerError::Transport(e)),
+            let n = if let Some(msg) = self.early.pop_front() {
+                self.msg_in[..msg.len()].copy_from_slice(&msg);
+                msg.len()
+            } else {
+                match self.scheduler.try_recv(&mut self.msg_in) {
+                    Ok(Some(n)) => n,
+                    Ok(None) => break,
+                    Err(Error::PeerDisconnected) => return Err(WorkerError::SchedulerGone),
+                    Err(e) => return Err(WorkerError::Transport(e)),
+                }
             };
             any = true;
             self.scheduler_heard = now;
