@@ -101,6 +101,13 @@ pub struct Candidate {
     /// always 0 for a model with one level). Among feasible candidates the
     /// RankThread grants the highest level first, then the most urgent.
     pub level: u16,
+    /// How long the batch runs (at the profile's speed): what a GPU is
+    /// committed to once it starts, for the RankThread's contention check.
+    pub exec: Duration,
+    /// For a pending candidate: how long the model takes to gather this
+    /// batch at its current arrival rate, i.e. when its next batch will
+    /// want a GPU after this one (zero: unknown, or schedulable).
+    pub cycle: Duration,
 }
 
 /// ModelThread -> RankThread messages.
@@ -111,6 +118,17 @@ pub enum ToRank {
         /// Which model.
         model: ModelId,
         /// Its ready candidate, if any.
+        cand: Option<Candidate>,
+    },
+    /// The model's candidate whose window has not opened yet (`None`: it
+    /// has none, or it became schedulable and was sent as `Candidate`).
+    /// The RankThread only plans with it: it is granted a GPU early when
+    /// the deferred candidates of all models no longer fit the GPUs before
+    /// their latest starts (see [`RankCore`] and docs/decisions.md).
+    Pending {
+        /// Which model.
+        model: ModelId,
+        /// Its deferred candidate, if any.
         cand: Option<Candidate>,
     },
     /// A GPU granted to a ModelThread is busy until `free_at` (or was not
@@ -151,6 +169,9 @@ pub struct Grant {
     pub gpu: GpuId,
     /// When the GPU is free (may be in the past).
     pub free_at: Instant,
+    /// Granted to the model's pending (not yet schedulable) candidate
+    /// because deferring every model would collide: run it now.
+    pub early: bool,
 }
 
 /// One ModelThread core and one RankThread core in a single thread, for the

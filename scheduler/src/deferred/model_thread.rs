@@ -22,7 +22,7 @@ fn out_of_time(r: &Request) -> DropReason {
 }
 
 /// How many recent arrivals the rate estimate looks at.
-const RATE_WINDOW: usize = 32;
+const RATE_WINDOW: usize = 256;
 const NOT_OWNED: u32 = u32::MAX;
 
 /// Counters of one ModelThread core.
@@ -93,6 +93,8 @@ struct ModelState {
     informed: Option<Candidate>,
     /// When `informed` was last sent.
     informed_at: Instant,
+    /// The pending (not yet schedulable) candidate the RankThread holds.
+    informed_pending: Option<Candidate>,
     rate: RateWindow,
     /// The closed loop's per-GPU latency factor of this model (index: GPU
     /// id; NaN or absent: use the GPU's factor).
@@ -219,7 +221,25 @@ impl ModelState {
             (dl - self.profile.scaled_latency(bs + 1, slow)).min((dl - self.profile.scaled_latency(bs, slow)) - cfg.min_window.max(gap))
         };
         let level = self.queues.iter().position(|q| !q.is_empty()).unwrap_or(0) as u16;
-        Some(Candidate { bs, exec_at, latest, level })
+        Some(Candidate { bs, exec_at, latest, level, exec: self.profile.scaled_latency(bs, factor), cycle: Duration::ZERO })
+    }
+
+    /// What a pending candidate will be when its window opens, for the
+    /// RankThread's plan: the batch grows at the current arrival rate until
+    /// one more request would miss the head's deadline
+    /// (`now + (b - bs) gap + l(b) <= deadline`), so the GPU time it will
+    /// claim is `l(b)` from `deadline - l(b)` at the latest.
+    fn projected(&self, now: Instant, c: Candidate) -> Candidate {
+        let Some(gap) = self.rate.mean_gap(now).filter(|g| *g > Duration::ZERO) else { return c };
+        let deadline = c.latest + c.exec;
+        let budget = deadline.saturating_since(now) + gap.saturating_mul(u64::from(c.bs));
+        let b = self.profile.max_batch_within(budget, gap, self.profile.max_batch()).max(c.bs);
+        if b == c.bs {
+            return c;
+        }
+        let exec = self.profile.latency(b);
+        let latest = deadline - exec;
+        Candidate { bs: b, exec_at: c.exec_at.min(latest), latest, level: c.level, exec, cycle: gap.saturating_mul(u64::from(b)) }
     }
 
     /// True when a batch of `b` already runs within `slack` of the best
@@ -247,8 +267,21 @@ impl ModelState {
         if ready != self.informed {
             self.informed = ready;
             self.informed_at = now;
+            // The RankThread drops its pending copy on any `Candidate`.
+            self.informed_pending = None;
             *sent += 1;
             to_rank(ToRank::Candidate { model: self.id, cand: ready });
+        }
+        // The pending candidate is projected once per head (the projection
+        // already counts the arrivals to come), so the RankThread still
+        // hears from a model about once per batch, not per request.
+        let pending = if ready.is_some() { None } else { cand };
+        let head = |c: &Candidate| (c.latest + c.exec, c.level);
+        if pending.as_ref().map(head) != self.informed_pending.as_ref().map(head) {
+            let pending = pending.map(|c| self.projected(now, c));
+            self.informed_pending = pending;
+            *sent += 1;
+            to_rank(ToRank::Pending { model: self.id, cand: pending });
         }
         let wake = cand.map(|c| {
             let lead = delay.of(c.bs);
@@ -337,6 +370,7 @@ impl ModelThreadCore {
                     admission: Admission::default(),
                     informed: None,
                     informed_at: Instant::ZERO,
+                    informed_pending: None,
                     rate: RateWindow::new(),
                     gpu_factors: Vec::new(),
                 }
@@ -515,6 +549,8 @@ impl ModelThreadCore {
         let m = &mut self.models[i];
         // The RankThread dropped its copy of our candidate when it granted.
         let was_ready = m.informed.take().is_some();
+        // So did it its pending copy.
+        m.informed_pending = None;
         let drops_before = out.drops.len();
         let cand = m.gather(now, &cfg, Some(g.free_at), factor, out);
         self.stats.drops += (out.drops.len() - drops_before) as u64;
@@ -525,7 +561,9 @@ impl ModelThreadCore {
             // fewer), which moves its window later; handing the GPU back
             // would only have the same candidate granted again at once.
             // The window was open when the candidate was offered: take it.
-            Some(c) if c.exec_at <= start_bound(&c) || (was_ready && m.queues.len() > 1) => {
+            // An early grant (the work-conserving fallback) runs the batch
+            // the queue holds now, before its window.
+            Some(c) if c.exec_at <= start_bound(&c) || g.early || (was_ready && m.queues.len() > 1) => {
                 let exec_at = start_bound(&c);
                 let finish_at = exec_at + m.profile.scaled_latency(c.bs, factor);
                 let lead = cfg.delay.of(c.bs);

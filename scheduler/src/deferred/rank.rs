@@ -5,8 +5,9 @@ use crate::netdelay::NetworkDelay;
 use crate::types::{GpuId, ModelId};
 use dataplane::mutation::{self, Mutation};
 use dataplane::heap::IndexedHeap;
-use dataplane::time::Instant;
+use dataplane::time::{Duration, Instant};
 use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 /// Counters of the RankThread core.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -23,6 +24,9 @@ pub struct RankStats {
     pub corrections: u64,
     /// Corrections ignored: the GPU was granted out or offline.
     pub corrections_ignored: u64,
+    /// GPUs granted to a pending candidate because the deferred plan of
+    /// all models did not fit (the work-conserving fallback).
+    pub early_grants: u64,
 }
 
 /// Matchmaking state. Every operation is `O(log M + log G)`.
@@ -38,6 +42,17 @@ pub struct RankCore {
     /// this is plain most-urgent-first.
     by_latest: IndexedHeap<(u16, Instant)>,
     by_size: IndexedHeap<Reverse<u32>>,
+    /// Candidates whose window has not opened, by model, for planning.
+    pending: Vec<Option<Candidate>>,
+    /// Keyed like `by_latest`.
+    pending_by_latest: IndexedHeap<(u16, Instant)>,
+    /// Scratch of the contention check (capacity: two entries per model, so
+    /// the check never allocates): (latest start, earliest start, run time).
+    plan: Vec<(Instant, Instant, Duration)>,
+    /// Scratch: the free times the plan hands out, earliest first.
+    plan_free: BinaryHeap<Reverse<Instant>>,
+    /// Scratch: busy GPUs taken off `busy` while planning, put back after.
+    plan_busy: Vec<(Instant, GpuId)>,
     /// `offline[g]`: GPU `g` left the cluster.
     offline: Vec<bool>,
     /// `granted[g]`: GPU `g` is reserved by a ModelThread until its
@@ -61,6 +76,11 @@ impl RankCore {
             cands: vec![None; models],
             by_latest: IndexedHeap::with_ids(models),
             by_size: IndexedHeap::with_ids(models),
+            pending: vec![None; models],
+            pending_by_latest: IndexedHeap::with_ids(models),
+            plan: Vec::with_capacity(2 * models),
+            plan_free: BinaryHeap::with_capacity(2 * models),
+            plan_busy: Vec::with_capacity(models),
             offline: vec![false; gpus as usize],
             granted: vec![false; gpus as usize],
             wake: None,
@@ -94,8 +114,16 @@ impl RankCore {
         match msg {
             ToRank::Candidate { model, cand } => {
                 self.remove_candidate(model);
+                self.remove_pending(model);
                 if let Some(c) = cand {
                     self.offer(now, model, c, grant);
+                }
+            }
+            ToRank::Pending { model, cand } => {
+                self.remove_pending(model);
+                if let (Some(c), Some(slot)) = (cand, self.pending.get_mut(model as usize)) {
+                    *slot = Some(c);
+                    self.pending_by_latest.set(model, (c.level, c.latest));
                 }
             }
             ToRank::GpuFree { gpu, free_at } => {
@@ -134,6 +162,7 @@ impl RankCore {
                 }
             }
         }
+        self.work_conserve(now, grant);
         self.rearm(now);
     }
 
@@ -141,6 +170,7 @@ impl RankCore {
     pub fn on_wake(&mut self, now: Instant, grant: &mut impl FnMut(Grant)) {
         self.stats.wakes += 1;
         self.match_gpus(now, grant);
+        self.work_conserve(now, grant);
         self.rearm(now);
     }
 
@@ -160,6 +190,86 @@ impl RankCore {
                 self.by_size.remove(model);
             }
         }
+    }
+
+    fn remove_pending(&mut self, model: ModelId) {
+        if let Some(slot) = self.pending.get_mut(model as usize) {
+            if slot.take().is_some() {
+                self.pending_by_latest.remove(model);
+            }
+        }
+    }
+
+    /// The work-conserving fallback. Deferring pays when each deferred
+    /// batch finds a GPU inside its window; with fewer free GPUs than
+    /// models waiting, the windows of several models can close on the same
+    /// GPUs, and the losers shrink or drop their batches while a GPU sat
+    /// idle before. So when a GPU is idle, no candidate is schedulable and
+    /// the pending candidates of all models do not fit the GPUs before
+    /// their latest starts (earliest latest first, each on the GPU free
+    /// first, never before its window opens), the most urgent pending
+    /// candidate is granted the idle GPU now. With at least as many idle
+    /// GPUs as pending candidates the plan always fits, so a model alone
+    /// (or any uncontended cluster) is scheduled exactly as before.
+    fn work_conserve(&mut self, now: Instant, grant: &mut impl FnMut(Grant)) {
+        if !self.by_latest.is_empty() || self.pending_by_latest.len() <= self.idle.len() {
+            return;
+        }
+        self.promote(now);
+        if self.idle.is_empty() || self.pending_by_latest.len() <= self.idle.len() || self.deferred_plan_fits(now) {
+            return;
+        }
+        let Some((_, m)) = self.pending_by_latest.peek() else { return };
+        let Some((_, g)) = self.idle.pop() else { return };
+        self.remove_pending(m);
+        self.stats.early_grants += 1;
+        self.stats.grants += 1;
+        self.set_granted(g, true);
+        grant(Grant { model: m, gpu: g, free_at: now, early: true });
+    }
+
+    /// Whether every pending candidate can start by its latest start if
+    /// each waits for its window: earliest latest start first, each on the
+    /// GPU that is free first. `O(P log P + P log G)` for `P` pending
+    /// models; called only with more pending models than idle GPUs.
+    fn deferred_plan_fits(&mut self, now: Instant) -> bool {
+        self.plan.clear();
+        for (_, m) in self.pending_by_latest.iter() {
+            if let Some(c) = self.pending[m as usize] {
+                let earliest = c.exec_at.max(now + self.delay.of(c.bs));
+                self.plan.push((c.latest, earliest, c.exec));
+                // The model's next batch, one gathering cycle later: with
+                // batches that run longer than they take to gather, one
+                // model alone keeps several GPUs busy.
+                if c.cycle > Duration::ZERO {
+                    self.plan.push((c.latest + c.cycle, earliest + c.cycle, c.exec));
+                }
+            }
+        }
+        self.plan.sort_unstable();
+        self.plan_free.clear();
+        for _ in 0..self.idle.len().min(self.plan.len()) {
+            self.plan_free.push(Reverse(now));
+        }
+        // Only the first `P` free times can be used.
+        self.plan_busy.clear();
+        while self.plan_free.len() + self.plan_busy.len() < self.plan.len() {
+            let Some((t, g)) = self.busy.pop() else { break };
+            self.plan_busy.push((t, g));
+            self.plan_free.push(Reverse(t));
+        }
+        for &(t, g) in &self.plan_busy {
+            self.busy.set(g, t);
+        }
+        for &(latest, earliest, exec) in &self.plan {
+            let Some(Reverse(free)) = self.plan_free.pop() else { return false };
+            let start = free.max(earliest);
+            if start > latest {
+                return false;
+            }
+            self.plan_free.push(Reverse(start + exec));
+        }
+        true
     }
 
     /// Moves GPUs whose free time has passed into the idle set.
@@ -182,7 +292,7 @@ impl RankCore {
     fn give(&mut self, model: ModelId, gpu: GpuId, free_at: Instant, grant: &mut impl FnMut(Grant)) {
         self.stats.grants += 1;
         self.set_granted(gpu, true);
-        grant(Grant { model, gpu, free_at });
+        grant(Grant { model, gpu, free_at, early: false });
     }
 
     /// Appendix D's on_model_timer: a candidate just became schedulable.
@@ -264,7 +374,13 @@ impl RankCore {
 
     fn rearm(&mut self, now: Instant) {
         self.wake = if self.by_latest.is_empty() {
-            None
+            // While more models wait for their windows than GPUs are idle,
+            // the next GPU to free may be the one the fallback should use.
+            if self.pending_by_latest.len() > self.idle.len() && self.idle.is_empty() {
+                self.busy.peek().map(|(t, _)| t.max(now))
+            } else {
+                None
+            }
         } else if !self.idle.is_empty() {
             Some(now)
         } else {
@@ -279,7 +395,40 @@ mod tests {
     use dataplane::time::Duration;
 
     fn cand(bs: u32, latest_ms: u64) -> Candidate {
-        Candidate { bs, exec_at: Instant::ZERO, latest: Instant::from_nanos(latest_ms * 1_000_000), level: 0 }
+        Candidate { bs, exec_at: Instant::ZERO, latest: Instant::from_nanos(latest_ms * 1_000_000), level: 0, exec: Duration::from_millis(1), cycle: Duration::ZERO }
+    }
+
+    fn pending(latest_ms: u64, exec_ms: u64) -> Candidate {
+        let latest = Instant::from_nanos(latest_ms * 1_000_000);
+        Candidate { bs: 8, exec_at: latest, latest, level: 0, exec: Duration::from_millis(exec_ms), cycle: Duration::ZERO }
+    }
+
+    #[test]
+    fn an_idle_gpu_goes_early_only_when_the_deferred_plan_collides() {
+        let ms = |ms: u64| Instant::from_nanos(ms * 1_000_000);
+        let mut rank = RankCore::new(2, 2, NetworkDelay::ZERO);
+        let mut grants = Vec::new();
+        // GPU 0 busy until 50 ms; GPU 1 idle.
+        rank.on_message(ms(0), ToRank::Candidate { model: 0, cand: Some(cand(4, 100)) }, &mut |g| grants.push(g));
+        rank.on_message(ms(0), ToRank::GpuFree { gpu: 0, free_at: ms(50) }, &mut |g| grants.push(g));
+        grants.clear();
+        // One model waiting for its window: it keeps deferring.
+        rank.on_message(ms(1), ToRank::Pending { model: 0, cand: Some(pending(20, 10)) }, &mut |g| grants.push(g));
+        assert!(grants.is_empty());
+        // A second one whose window starts while the first still runs on
+        // the only free GPU and GPU 0 frees too late: the most urgent
+        // (model 0) runs now instead.
+        rank.on_message(ms(1), ToRank::Pending { model: 1, cand: Some(pending(25, 10)) }, &mut |g| grants.push(g));
+        assert_eq!(grants.pop().map(|g| (g.model, g.gpu, g.early)), Some((0, 1, true)));
+        assert_eq!(rank.stats().early_grants, 1);
+        // Had both fit (model 1's window after model 0's batch), nothing.
+        let mut rank = RankCore::new(2, 2, NetworkDelay::ZERO);
+        rank.on_message(ms(0), ToRank::Candidate { model: 0, cand: Some(cand(4, 100)) }, &mut |g| grants.push(g));
+        rank.on_message(ms(0), ToRank::GpuFree { gpu: 0, free_at: ms(50) }, &mut |g| grants.push(g));
+        grants.clear();
+        rank.on_message(ms(1), ToRank::Pending { model: 0, cand: Some(pending(20, 10)) }, &mut |g| grants.push(g));
+        rank.on_message(ms(1), ToRank::Pending { model: 1, cand: Some(pending(30, 10)) }, &mut |g| grants.push(g));
+        assert!(grants.is_empty() && rank.stats().early_grants == 0);
     }
 
     #[test]
