@@ -1071,6 +1071,34 @@ mod tests {
     }
 
     #[test]
+    fn a_plan_delivered_before_the_welcome_still_runs() {
+        // A reordering network may hand the node the scheduler's first plan
+        // before the Welcome that precedes it on the link.
+        let t0 = Instant::ZERO;
+        let (mut n, mut s) = node();
+        s.challenge(NONCE).unwrap();
+        n.settle(t0);
+        let _ = s.received();
+        s.plan(1);
+        s.send(&welcome(MODELS)).unwrap();
+        s.plan(2);
+        let mut now = t0;
+        for _ in 0..50 {
+            n.settle(now);
+            match n.node.poll_at() {
+                Some(t) if t <= t0 + Duration::from_millis(50) => now = t.max(now),
+                _ => break,
+            }
+        }
+        assert!(n.node.registered());
+        let (msgs, _) = s.received();
+        let done: Vec<&String> = msgs.iter().filter(|m| m.starts_with("BatchDone")).collect();
+        assert_eq!(done.len(), 2, "{msgs:?}");
+        assert!(done[0].contains("batch_id: 1") && done[1].contains("batch_id: 2"), "{done:?}");
+        assert_eq!(n.node.worker().stats().plans, 2);
+    }
+
+    #[test]
     fn a_drain_keeps_beating_takes_no_plan_and_gives_up_at_its_bound() {
         let t0 = Instant::ZERO;
         let (mut n, mut s) = registered(t0);
