@@ -901,6 +901,19 @@ mod tests {
             assert!(self.net.settle(now, 100, |t| self.node.poll(t)), "node never quiet");
         }
 
+        /// Settles at `from`, then at each time the node asks for up to
+        /// `until` (at most 50 steps).
+        fn run_until(&mut self, from: Instant, until: Instant) {
+            let mut now = from;
+            for _ in 0..50 {
+                self.settle(now);
+                match self.node.poll_at() {
+                    Some(t) if t <= until => now = t.max(now),
+                    _ => break,
+                }
+            }
+        }
+
         /// Hands the node a link to frontend 3 at `now`; returns the
         /// frontend's end. With `hold_reads`, the backend's READs of the
         /// frontend never complete (the two are cut from each other).
@@ -1054,14 +1067,7 @@ mod tests {
         s.plan(1);
         s.plan(1);
         s.plan(2);
-        let mut now = t0;
-        for _ in 0..50 {
-            n.settle(now);
-            match n.node.poll_at() {
-                Some(t) if t <= t0 + Duration::from_millis(50) => now = t.max(now),
-                _ => break,
-            }
-        }
+        n.run_until(t0, t0 + Duration::from_millis(50));
         let (msgs, _) = s.received();
         let done: Vec<&String> = msgs.iter().filter(|m| m.starts_with("BatchDone")).collect();
         assert_eq!(done.len(), 2, "{msgs:?}");
@@ -1082,14 +1088,7 @@ mod tests {
         s.plan(1);
         s.send(&welcome(MODELS)).unwrap();
         s.plan(2);
-        let mut now = t0;
-        for _ in 0..50 {
-            n.settle(now);
-            match n.node.poll_at() {
-                Some(t) if t <= t0 + Duration::from_millis(50) => now = t.max(now),
-                _ => break,
-            }
-        }
+        n.run_until(t0, t0 + Duration::from_millis(50));
         assert!(n.node.registered());
         let (msgs, _) = s.received();
         let done: Vec<&String> = msgs.iter().filter(|m| m.starts_with("BatchDone")).collect();
