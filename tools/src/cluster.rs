@@ -572,6 +572,24 @@ impl LocalCluster {
         self.frontends.iter().map(|f| f.addr("http")).collect()
     }
 
+    /// Each frontend's request outcomes from its `/metrics`: accepted,
+    /// succeeded, dropped, failed (NaN where a frontend cannot be read).
+    pub fn frontend_outcomes(&self) -> Vec<[f64; 4]> {
+        const NAMES: [&str; 4] = [
+            "symphony_requests_accepted_total",
+            "symphony_requests_succeeded_total",
+            "symphony_requests_dropped_total",
+            "symphony_requests_failed_total",
+        ];
+        self.frontends
+            .iter()
+            .map(|f| {
+                let text = f.metrics().ok();
+                NAMES.map(|n| text.as_deref().and_then(|t| metric(t, n)).unwrap_or(f64::NAN))
+            })
+            .collect()
+    }
+
     /// Stops everything: frontends first (they answer what is in flight),
     /// then the scheduler and the backends together (the scheduler drops
     /// what waits; backends finish the batches in hand). Returns an error

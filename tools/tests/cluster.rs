@@ -39,28 +39,13 @@ fn load(c: &LocalCluster, rate: f64, secs: f64, seed: u64) -> LoadReport {
     rt.block_on(loadgen::run(cfg)).unwrap()
 }
 
-fn counters(c: &LocalCluster) -> Vec<[f64; 4]> {
-    c.frontends
-        .iter()
-        .map(|f| {
-            let t = f.metrics().unwrap();
-            let g = |n: &str| metric(&t, n).unwrap_or(f64::NAN);
-            [
-                g("symphony_requests_accepted_total"),
-                g("symphony_requests_succeeded_total"),
-                g("symphony_requests_dropped_total"),
-                g("symphony_requests_failed_total"),
-            ]
-        })
-        .collect()
-}
 
 /// Waits (bounded) until every frontend has an outcome for every request
 /// it accepted; returns the counters.
 fn settled(c: &LocalCluster) -> Vec<[f64; 4]> {
     let deadline = Instant::now() + StdDuration::from_secs(10);
     loop {
-        let v = counters(c);
+        let v = c.frontend_outcomes();
         if v.iter().all(|[a, s, d, f]| *a == s + d + f) || Instant::now() >= deadline {
             return v;
         }

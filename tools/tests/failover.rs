@@ -42,20 +42,7 @@ fn sched(c: &LocalCluster, name: &str) -> f64 {
 fn settled(c: &LocalCluster) -> Vec<[f64; 4]> {
     let deadline = Instant::now() + StdDuration::from_secs(10);
     loop {
-        let v: Vec<[f64; 4]> = c
-            .frontends
-            .iter()
-            .map(|f| {
-                let t = f.metrics().unwrap();
-                let g = |n: &str| metric(&t, n).unwrap_or(f64::NAN);
-                [
-                    g("symphony_requests_accepted_total"),
-                    g("symphony_requests_succeeded_total"),
-                    g("symphony_requests_dropped_total"),
-                    g("symphony_requests_failed_total"),
-                ]
-            })
-            .collect();
+        let v = c.frontend_outcomes();
         if v.iter().all(|[a, s, d, f]| *a == s + d + f) || Instant::now() >= deadline {
             return v;
         }
