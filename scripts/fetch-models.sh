@@ -43,14 +43,17 @@ open(sys.argv[3], "wb").write(z.read(sys.argv[2]))' "$wheels/$glob" "$inner" "$d
 fetch ppocr_cls rapidocr-onnxruntime==1.4.4 'rapidocr_onnxruntime-1.4.4-*.whl' \
   rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx \
   e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c
+# max_batch_size 16: measured here (`symphony profile`, docs/benchmarks.md 13), a batch of 32 runs
+# fewer samples per ms than a batch of 16 (about 40 ms vs 16.5 ms), so it would only add latency,
+# and it could not meet the 20 ms SLO anyway.
 cat > "$repo/ppocr_cls/config.pbtxt" <<'EOF'
 # Written by scripts/fetch-models.sh. PP-OCR text-direction classifier (0 or 180 degrees).
 name: "ppocr_cls"
 platform: "onnxruntime_onnx"
-max_batch_size: 32
+max_batch_size: 16
 input [ { name: "x", data_type: TYPE_FP32, dims: [ 3, 48, 192 ] } ]
 output [ { name: "save_infer_model/scale_0.tmp_1", data_type: TYPE_FP32, dims: [ 2 ] } ]
-dynamic_batching { preferred_batch_size: [ 4, 8, 16, 32 ], max_queue_delay_microseconds: 100 }
+dynamic_batching { preferred_batch_size: [ 4, 8, 16 ], max_queue_delay_microseconds: 100 }
 instance_group [ { count: 1, kind: KIND_CPU } ]
 parameters { key: "slo_ms" value { string_value: "20" } }
 EOF
