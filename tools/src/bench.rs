@@ -115,6 +115,14 @@ fn live(a: &BenchArgs, models: &[ModelSpec], idle: IdleStrategy, rate: f64) -> R
     })?)
 }
 
+/// `--rate max` on `a`'s workload: the best passing run (what `report
+/// fig13` plots per ModelThread count).
+pub fn max_rate(a: &BenchArgs) -> Result<LiveReport, BenchError> {
+    let (models, idle) = check(a)?;
+    let (report, _) = search_max(&|rate: f64| live(a, &models, idle, rate))?;
+    Ok(report)
+}
+
 pub fn run(a: &BenchArgs) -> Result<(), BenchError> {
     let (models, idle) = check(a)?;
     let live = |rate: f64| live(a, &models, idle, rate);

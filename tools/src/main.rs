@@ -282,7 +282,7 @@ enum Cmd {
     },
     /// Reproduce a figure or table of docs/benchmarks.md (Markdown on stdout).
     Report {
-        /// table2, example, fig6a, fig9, fig2, fig10, grid, fig14, fig16.
+        /// table2, example, fig6a, fig9, fig2, fig10, grid, fig13, fig14, fig16.
         name: String,
         /// Fewer and shorter runs (for a quick look; the docs use the default).
         #[arg(long)]
@@ -293,6 +293,9 @@ enum Cmd {
         /// Print JSON on stdout (grid).
         #[arg(long)]
         json: bool,
+        /// fig13: the ModelThread counts (default 1 up to the machine's cores, at least 2).
+        #[arg(long = "model-threads", value_delimiter = ',')]
+        model_threads: Vec<usize>,
     },
 }
 
@@ -370,7 +373,7 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
         Cmd::Partition(a) => Ok(partition_cmd::run(&a)?),
         Cmd::Predict(a) => Ok(predict::run(&a)?),
         Cmd::Report { name, quick, json, .. } if name == "grid" => Ok(report_grid::run(quick, json)?),
-        Cmd::Report { name, quick, plot, .. } => Ok(reports::run(&name, quick, plot.as_deref())?),
+        Cmd::Report { name, quick, plot, model_threads, .. } => Ok(reports::run(&name, quick, plot.as_deref(), &model_threads)?),
         Cmd::Chaos { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json, priority_mix, cancel_share, max_queue } => {
             Ok(chaos_cmd::run(&chaos_cmd::ChaosArgs { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json, priority_mix, cancel_share, max_queue })?)
         }

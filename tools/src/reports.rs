@@ -4,9 +4,10 @@
 //! This file holds what every report shares (the run shape, the
 //! contenders, the error type) and the dispatch; the reports themselves
 //! are grouped by subject: `paper` (Table 2, Figures 6a, 9, 2 and 10),
-//! `network` (Figure 14) and `live` (the live runtime's curve). The grid
+//! `network` (Figure 14), `fig13` (Figure 13) and `live` (the live runtime's curve). The grid
 //! is `report_grid`'s, Figure 16 `report_fig16`'s.
 
+mod fig13;
 mod live;
 mod network;
 mod paper;
@@ -25,7 +26,7 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     /// No report of that name.
-    #[error("unknown report '{name}' (table2, fig6a, fig9, fig2, fig10, grid, fig14, live-curve, fig16)")]
+    #[error("unknown report '{name}' (table2, fig6a, fig9, fig2, fig10, grid, fig13, fig14, live-curve, fig16)")]
     Unknown {
         /// The name given.
         name: String,
@@ -48,6 +49,9 @@ pub enum ReportError {
     /// The live runtime failed.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+    /// A scheduler-only capacity search failed.
+    #[error(transparent)]
+    Bench(#[from] Box<crate::bench::BenchError>),
     /// A calibration file cannot be read.
     #[error("{}: {source}", path.display())]
     ReadCalibration {
@@ -167,13 +171,16 @@ fn print_table_header(first: &str, labels: &[String]) {
     println!("|---|{}", "---:|".repeat(labels.len()));
 }
 
-pub fn run(name: &str, quick: bool, plot_dir: Option<&Path>) -> Result<(), ReportError> {
+/// `model_threads`: the ModelThread counts of Figure 13 (empty: 1 up to
+/// the machine's cores, at least 2).
+pub fn run(name: &str, quick: bool, plot_dir: Option<&Path>, model_threads: &[usize]) -> Result<(), ReportError> {
     match name {
         "table2" => paper::table2(quick),
         "fig6a" => paper::fig6a(quick),
         "fig9" => paper::fig9(quick),
         "fig2" => paper::fig2(quick, plot_dir),
         "fig10" => paper::fig10(quick),
+        "fig13" => fig13::fig13(quick, model_threads, plot_dir),
         "fig14" => network::fig14(quick),
         "live-curve" => live::live_curve(quick),
         "fig16" => crate::report_fig16::run(quick, plot_dir),

@@ -158,7 +158,10 @@ pub fn spec(models: &str, o: &ClusterOpts) -> Result<ClusterSpec, UpError> {
     if let Some(repo) = &o.model_repository {
         let repo = repo.display().to_string();
         s.backend_flags.extend(["--executor".into(), "onnx".into(), "--model-repository".into(), repo.clone()]);
-        s.frontend_flags.extend(["--model-repository".into(), repo]);
+        s.frontend_flags.extend(["--model-repository".into(), repo.clone()]);
+        // The scheduler takes each model's admission (priority levels,
+        // queue bound) from the same config.pbtxt files.
+        s.scheduler_flags.extend(["--model-repository".into(), repo]);
     }
     if let (Some(cert), Some(key)) = (&o.tls_cert, &o.tls_key) {
         s.frontend_flags.extend(["--tls-cert".into(), cert.display().to_string(), "--tls-key".into(), key.display().to_string()]);

@@ -125,6 +125,12 @@ pub struct SchedulerArgs {
     /// refused at once as overloaded (issue 17).
     #[arg(long, default_value_t = 0)]
     pub max_queue: u32,
+    /// A Triton-layout model repository: each of its models' config.pbtxt
+    /// `dynamic_batching` (priority levels, default level,
+    /// `default_queue_policy.max_queue_size`) is that model's admission
+    /// here; `--max-queue` bounds the models it leaves unbounded.
+    #[arg(long = "model-repository")]
+    pub model_repository: Option<std::path::PathBuf>,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub common: CommonArgs,
@@ -188,8 +194,9 @@ pub struct SchedulerConfig {
     /// The pinned engine's threads, cores and idle strategy (the shell's
     /// `--idle`).
     pub pinned: PinnedConfig,
-    /// `--max-queue`: every model's queue bound (0: unbounded).
-    pub max_queue: u32,
+    /// Each model's admission (by global model id): its config.pbtxt's
+    /// under `--model-repository`, else `--max-queue`'s bound.
+    pub admissions: Vec<crate::types::Admission>,
 }
 
 impl SchedulerArgs {
@@ -230,6 +237,7 @@ impl SchedulerArgs {
         if !(1..=256).contains(&self.model_threads) {
             return Err(ConfigError::invalid("model-threads", format!("{}: must be 1..=256", self.model_threads)));
         }
+        let admissions = admissions(&models, self.max_queue, self.model_repository.as_deref())?;
         let pinned = PinnedConfig {
             model_threads: self.model_threads,
             cores: pin_cores(&self.pin_cores)?,
@@ -255,7 +263,7 @@ impl SchedulerArgs {
             bench_stamps: self.bench_stamps,
             engine: self.engine,
             pinned,
-            max_queue: self.max_queue,
+            admissions,
         })
     }
 
@@ -306,6 +314,28 @@ fn pin_cores(list: &str) -> Result<Vec<usize>, ConfigError> {
         .collect()
 }
 
+/// Each model's admission: `max_queue` bounds every queue, and a model of
+/// `repo` named like one of `models` takes its config.pbtxt's
+/// `dynamic_batching` (keeping `max_queue` where that sets no bound). A
+/// repository that cannot be read is refused; a model the repository
+/// refuses (broken config) keeps the defaults, as the frontends and
+/// backends will not serve it either.
+fn admissions(models: &[ModelSpec], max_queue: u32, repo: Option<&std::path::Path>) -> Result<Vec<crate::types::Admission>, ConfigError> {
+    let default = crate::types::Admission { max_queue, ..crate::types::Admission::default() };
+    let mut out = vec![default; models.len()];
+    let Some(repo) = repo else { return Ok(out) };
+    let scanned = crate::repository::scan(repo).map_err(|e| ConfigError::invalid("model-repository", e.to_string()))?;
+    for m in &scanned.models {
+        let (Some(db), Some(i)) = (&m.config.dynamic_batching, models.iter().position(|s| s.name == m.name())) else { continue };
+        let mut a = db.admission();
+        if a.max_queue == 0 {
+            a.max_queue = max_queue;
+        }
+        out[i] = a;
+    }
+    Ok(out)
+}
+
 /// `--subcluster` lists as global model ids (default: one with every model).
 fn subclusters(groups: &[String], models: &[ModelSpec]) -> Result<Vec<Vec<u32>>, ConfigError> {
     if groups.is_empty() {
@@ -327,4 +357,45 @@ fn subclusters(groups: &[String], models: &[ModelSpec]) -> Result<Vec<Vec<u32>>,
                 .collect()
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Admission;
+
+    fn write_model(root: &std::path::Path, name: &str, dynamic_batching: &str) {
+        let dir = root.join(name);
+        std::fs::create_dir_all(dir.join("1")).unwrap();
+        std::fs::write(dir.join("1").join("model.onnx"), b"not read here").unwrap();
+        let config = format!(
+            "name: \"{name}\"\nplatform: \"onnxruntime_onnx\"\nmax_batch_size: 8\n\
+             input [ {{ name: \"x\", data_type: TYPE_FP32, dims: [ 4 ] }} ]\n\
+             output [ {{ name: \"y\", data_type: TYPE_FP32, dims: [ 2 ] }} ]\n{dynamic_batching}\n"
+        );
+        std::fs::write(dir.join("config.pbtxt"), config).unwrap();
+    }
+
+    #[test]
+    fn each_model_takes_its_admission_from_the_repository_and_max_queue_fills_the_rest() {
+        let root = std::env::temp_dir().join(format!("symphony-sched-admission-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        write_model(&root, "bounded", "dynamic_batching { priority_levels: 2 default_priority_level: 2 default_queue_policy { max_queue_size: 64 } }");
+        write_model(&root, "levels", "dynamic_batching { priority_levels: 3 }");
+        write_model(&root, "plain", "");
+        write_model(&root, "unknown", "dynamic_batching { default_queue_policy { max_queue_size: 5 } }");
+        let models: Vec<ModelSpec> = ["bounded", "levels", "plain", "absent"]
+            .iter()
+            .map(|n| ModelSpec::linear(n, 1.0, 2.0, 50.0).unwrap())
+            .collect();
+        let got = admissions(&models, 16, Some(&root)).unwrap();
+        let bounded = |max_queue| Admission { max_queue, ..Admission::default() };
+        assert_eq!(got[0], Admission { levels: 2, default_level: 2, max_queue: 64 });
+        assert_eq!(got[1], Admission { levels: 3, default_level: 3, max_queue: 16 });
+        assert_eq!(got[2], bounded(16));
+        assert_eq!(got[3], bounded(16));
+        assert_eq!(admissions(&models, 0, None).unwrap(), vec![Admission::default(); 4]);
+        assert!(admissions(&models, 0, Some(&root.join("missing"))).is_err());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }

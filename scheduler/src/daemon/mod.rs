@@ -126,10 +126,11 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), Scheduler
     let drive = Drive::Threads { clock, notify: Some(idle.notifier()) };
     let layout = plane.set_engine(cfg.engine, &cfg.pinned, drive).map_err(|e| SchedulerError::Plane(e.to_string()))?;
     // After the engine is in place: a new engine starts from the cores' defaults.
-    if cfg.max_queue > 0 {
-        let admission = crate::types::Admission { max_queue: cfg.max_queue, ..crate::types::Admission::default() };
-        for model in 0..cfg.models.len() as u32 {
-            plane.set_admission(model, admission);
+    for (model, admission) in cfg.admissions.iter().enumerate() {
+        if *admission != crate::types::Admission::default() {
+            let name = cfg.models.get(model).map_or("?", |m| m.name.as_str());
+            info!(model = name, levels = admission.levels, default_level = admission.default_level, max_queue = admission.max_queue, "admission");
+            plane.set_admission(model as u32, *admission);
         }
     }
     let acceptor = Acceptor::spawn("sched-accept", listener, idle.set().notifier())
