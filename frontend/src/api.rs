@@ -191,6 +191,13 @@ pub async fn run_infer<S: InferenceService>(
             ErrorKind::Internal,
             "model execution failed on its backend (a model that failed to load there fails every request; the backend log says why)".into(),
         ),
+        InferResult::Unloaded => (
+            ErrorKind::Unavailable,
+            {
+                let name = service.catalog().by_id(model_id).map_or("?", |m| m.spec.name.as_str());
+                format!("model '{name}' was unloaded while the request waited (load it again with POST /v2/repository/models/{name}/load or RepositoryModelLoad)")
+            },
+        ),
         InferResult::TimedOut => (
             ErrorKind::DeadlineExceeded,
             "no outcome within the request's deadline".into(),

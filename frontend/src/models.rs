@@ -170,23 +170,24 @@ impl ModelCatalog {
 
 /// Which catalog models take requests (the model-control extension's
 /// load/unload, explicit mode): all loaded at start. An unloaded model's
-/// new requests are refused as unavailable; requests already accepted
-/// finish normally. Loading only re-enables a model of the catalog (the
+/// new requests are refused as unavailable, and the requests still waiting
+/// for their outcome are woken ([`unloaded`](Self::unloaded)) and answered
+/// as unloaded. Loading only re-enables a model of the catalog (the
 /// cluster's model list is fixed when it forms).
 #[derive(Debug)]
 pub struct ModelStates {
     loaded: Box<[std::sync::atomic::AtomicBool]>,
+    /// Woken when the model of the same index is unloaded.
+    unloads: Box<[tokio::sync::Notify]>,
 }
 
 impl ModelStates {
     /// Every model of `catalog` loaded.
     pub fn all_loaded(catalog: &ModelCatalog) -> Self {
+        let n = catalog.entries().len();
         ModelStates {
-            loaded: catalog
-                .entries()
-                .iter()
-                .map(|_| std::sync::atomic::AtomicBool::new(true))
-                .collect(),
+            loaded: (0..n).map(|_| std::sync::atomic::AtomicBool::new(true)).collect(),
+            unloads: (0..n).map(|_| tokio::sync::Notify::new()).collect(),
         }
     }
     /// Whether model `id` takes requests.
@@ -200,9 +201,33 @@ impl ModelStates {
         match self.loaded.get(id as usize) {
             Some(l) => {
                 l.store(loaded, std::sync::atomic::Ordering::Release);
+                if !loaded {
+                    if let Some(n) = self.unloads.get(id as usize) {
+                        n.notify_waiters();
+                    }
+                }
                 true
             }
             None => false,
+        }
+    }
+    /// Completes once model `id` is unloaded (at once if it is); never for
+    /// a model outside the catalog. No allocation: a request's wait
+    /// selects on it.
+    pub async fn unloaded(&self, id: u32) {
+        let Some(unloads) = self.unloads.get(id as usize) else {
+            return std::future::pending().await;
+        };
+        loop {
+            let notified = unloads.notified();
+            tokio::pin!(notified);
+            // Registered before the flag is read, so an unload between the
+            // read and the await still wakes this waiter.
+            notified.as_mut().enable();
+            if !self.is_loaded(id) {
+                return;
+            }
+            notified.await;
         }
     }
 }
@@ -210,6 +235,27 @@ impl ModelStates {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_unload_wakes_the_waiters_of_that_model_only() {
+        let catalog = ModelCatalog::with_default_tensors(&[
+            scheduler::zoo::ModelSpec::linear("a", 1.0, 1.0, 50.0).unwrap(),
+            scheduler::zoo::ModelSpec::linear("b", 1.0, 1.0, 50.0).unwrap(),
+        ]);
+        let states = std::sync::Arc::new(ModelStates::all_loaded(&catalog));
+        let (a, b) = (states.clone(), states.clone());
+        let wait_a = tokio::spawn(async move { a.unloaded(0).await });
+        let wait_b = tokio::spawn(async move { b.unloaded(1).await });
+        tokio::task::yield_now().await;
+        assert!(states.set_loaded(0, false));
+        wait_a.await.unwrap();
+        assert!(!wait_b.is_finished());
+        assert!(states.set_loaded(0, true));
+        assert!(states.set_loaded(1, false));
+        wait_b.await.unwrap();
+        // Already unloaded: at once.
+        states.unloaded(1).await;
+    }
 
     #[test]
     fn default_tensors_have_the_sizes_backends_assume() {

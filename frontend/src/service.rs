@@ -80,6 +80,8 @@ pub enum InferResult {
     TimedOut,
     /// Refused before it was accepted.
     Refused(SubmitError),
+    /// Its model was unloaded while it waited (model control): cancelled.
+    Unloaded,
 }
 
 /// The service behind the HTTP API.
@@ -203,8 +205,21 @@ async fn wait_outcome<S: InferenceService>(
     let wait = options.timeout.map_or(budget, |t| t.min(budget));
     let limit = std::time::Duration::from_nanos(wait.saturating_add(service.grace()).as_nanos());
     let outcome = tokio::select! {
-        o = &mut guard.pending => o,
-        _ = tokio::time::sleep(limit) => guard.pending.expire(),
+        o = &mut guard.pending => Some(o),
+        _ = tokio::time::sleep(limit) => Some(guard.pending.expire()),
+        () = service.model_states().unloaded(model_id) => None,
+    };
+    let outcome = match outcome {
+        Some(o) => o,
+        // The model was unloaded while the request waited: it is cancelled
+        // (slot freed, accounted as cancelled) and answered as unloaded,
+        // unless its outcome came in first.
+        None if service.cancel(&mut guard.pending) => {
+            guard.disarm();
+            service.metrics().record_drop(model_id, DropReason::Cancelled);
+            return (InferResult::Unloaded, None);
+        }
+        None => (&mut guard.pending).await,
     };
     guard.disarm();
     let pending = &guard.pending;

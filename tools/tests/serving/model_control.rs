@@ -101,3 +101,70 @@ async fn load_unload_cycles_under_load_leave_nothing_behind() {
     assert_eq!(my_shm_files(), shm_before, "no /dev/shm file left behind");
     server.stop().await;
 }
+
+/// POSTs an inference to `/v2/models/{model}/infer`: the status and the
+/// body's text.
+async fn infer_text(c: &HttpClient, addr: SocketAddr, model: &str) -> (StatusCode, String) {
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri(format!("http://{addr}/v2/models/{model}/infer"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(infer_body())))
+        .unwrap();
+    let resp = c.request(req).await.expect("request");
+    let status = resp.status();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unloading_answers_the_models_waiting_requests_at_once_and_frees_their_slots() {
+    // A 5 s SLO: the deferred scheduler holds these requests for seconds
+    // (it defers the batch toward its latest start), so they are still
+    // waiting when the model is unloaded; the other model's (1.5 s SLO) is
+    // served after it.
+    let models = vec![ModelSpec::linear("patient", 0.5, 2.0, 5000.0).unwrap(), ModelSpec::linear("other", 0.5, 2.0, 1500.0).unwrap()];
+    let cfg = LocalConfig::new(ModelCatalog::with_default_tensors(&models));
+    let server = LocalServer::start(cfg).await.expect("server starts");
+    let (addr, c): (SocketAddr, HttpClient) = (server.addr(), Client::builder(TokioExecutor::new()).build_http());
+    let svc = server.service().clone();
+    const WAITING: u64 = 5;
+    let waiting: Vec<_> = (0..WAITING)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move { infer_text(&c, addr, "patient").await })
+        })
+        .collect();
+    let other = {
+        let c = c.clone();
+        tokio::spawn(async move { infer_text(&c, addr, "other").await })
+    };
+    let deadline = StdInstant::now() + StdDuration::from_secs(10);
+    while svc.counters().accepted < WAITING + 1 && StdInstant::now() < deadline {
+        tokio::time::sleep(StdDuration::from_millis(2)).await;
+    }
+    assert_eq!(svc.counters().accepted, WAITING + 1, "every request was accepted");
+    let unloaded_at = StdInstant::now();
+    assert_eq!(post(&c, addr, "/v2/repository/models/patient/unload", Vec::new()).await, StatusCode::OK);
+    for w in waiting {
+        let (status, body) = w.await.unwrap();
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(body.contains("model 'patient' was unloaded while the request waited"), "{body}");
+    }
+    let answered_in = unloaded_at.elapsed();
+    assert!(answered_in < StdDuration::from_secs(1), "answered {answered_in:?} after the unload, not at once");
+    assert!(!other.is_finished(), "the other model's request still waits for its batch");
+    let staging = svc.staging().clone();
+    let deadline = StdInstant::now() + StdDuration::from_secs(10);
+    // A cancelled task's slot is freed once the scheduler can no longer
+    // plan it (a READ must never hit a reused slot), so a little later.
+    while !(svc.counters().cancelled == WAITING && staging.free_slots() == staging.capacity() - 1) && StdInstant::now() < deadline {
+        tokio::time::sleep(StdDuration::from_millis(2)).await;
+    }
+    let q = svc.counters();
+    assert_eq!(q.cancelled, WAITING, "{q:?}");
+    assert_eq!(staging.free_slots(), staging.capacity() - 1, "only the other model's request holds a slot: {q:?}");
+    let (status, body) = other.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    server.stop().await;
+}
