@@ -172,13 +172,13 @@ fn put_all<T: Copy>(
     out: &mut [u8],
     put: impl Fn(T, &mut [u8]) -> Option<()>,
 ) -> Result<(), ContentsError> {
-    let size = dt.size();
+    let size = dt.size() as usize;
     let expected = out.len() / size;
     if values.len() != expected {
         return Err(ContentsError::Count { got: values.len(), expected });
     }
     for (v, dst) in values.iter().zip(out.chunks_exact_mut(size)) {
-        put(*v, dst).ok_or(ContentsError::OutOfRange(dt.as_str()))?;
+        put(*v, dst).ok_or(ContentsError::OutOfRange(dt.kserve_name()))?;
     }
     Ok(())
 }
@@ -378,7 +378,7 @@ impl<S: InferenceService> GrpcInferenceService for GrpcService<S> {
         let m = self.model(&req.get_ref().name, &req.get_ref().version)?;
         let t = |t: &crate::tensor::TensorSpec| pb::model_metadata_response::TensorMetadata {
             name: t.name.clone(),
-            datatype: t.datatype.as_str().into(),
+            datatype: t.datatype.kserve_name().into(),
             shape: shape(&t.shape),
         };
         Ok(Response::new(pb::ModelMetadataResponse {
@@ -416,7 +416,7 @@ impl<S: InferenceService> GrpcInferenceService for GrpcService<S> {
             parameters: Default::default(),
             outputs: vec![pb::model_infer_response::InferOutputTensor {
                 name: o.name.clone(),
-                datatype: o.datatype.as_str().into(),
+                datatype: o.datatype.kserve_name().into(),
                 shape: shape(&o.shape),
                 parameters: Default::default(),
                 contents: None,

@@ -371,11 +371,11 @@ pub fn verify(body: &[u8], id: &str, model_id: u32, values: &[f32], out_bytes: u
         return Verdict::WrongId;
     }
     let out = &v["outputs"][0];
-    let Some(dt) = out["datatype"].as_str().and_then(DataType::parse) else {
+    let Some(dt) = out["datatype"].as_str().and_then(DataType::from_kserve) else {
         return Verdict::WrongOutput;
     };
     let mut got = vec![0u8; out_bytes];
-    if !out_bytes.is_multiple_of(dt.size()) || encode_json_data(&out["data"], dt, &mut got).is_err()
+    if !out_bytes.is_multiple_of(dt.size() as usize) || encode_json_data(&out["data"], dt, &mut got).is_err()
     {
         return Verdict::WrongOutput;
     }

@@ -82,7 +82,7 @@ impl ModelCatalog {
                         .collect();
                     Some(TensorSpec::new(
                         &t.name,
-                        DataType::parse(t.data_type.kserve_name())?,
+                        t.data_type,
                         &dims?,
                     ))
                 };

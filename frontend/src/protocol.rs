@@ -117,12 +117,12 @@ pub fn check_input(
             spec.name
         ));
     }
-    match DataType::parse(datatype) {
+    match DataType::from_kserve(datatype) {
         Some(dt) if dt == spec.datatype => {}
         _ => {
             return bad(format!(
                 "input '{input_name}' has datatype '{datatype}', model '{name}' expects '{}'",
-                spec.datatype.as_str()
+                spec.datatype.kserve_name()
             ))
         }
     }
@@ -286,7 +286,7 @@ pub fn infer_response(
     binary: bool,
 ) -> Vec<u8> {
     let o = &model.output;
-    let mut out = json!({ "name": o.name, "datatype": o.datatype.as_str(), "shape": o.shape });
+    let mut out = json!({ "name": o.name, "datatype": o.datatype.kserve_name(), "shape": o.shape });
     if binary {
         out["parameters"] = json!({ "binary_data_size": output.len() });
     } else {
@@ -301,7 +301,7 @@ pub fn infer_response(
 }
 
 fn tensor_meta(t: &TensorSpec) -> Value {
-    json!({ "name": t.name, "datatype": t.datatype.as_str(), "shape": t.shape })
+    json!({ "name": t.name, "datatype": t.datatype.kserve_name(), "shape": t.shape })
 }
 
 /// `GET /v2/models/{m}`.
@@ -318,7 +318,7 @@ pub fn model_metadata(model: &ModelEntry) -> Value {
 /// `GET /v2/models/{m}/config` (Triton's model configuration, the parts
 /// that apply).
 pub fn model_config(model: &ModelEntry) -> Value {
-    let t = |t: &TensorSpec| json!({ "name": t.name, "data_type": format!("TYPE_{}", t.datatype.as_str()), "dims": t.shape });
+    let t = |t: &TensorSpec| json!({ "name": t.name, "data_type": format!("TYPE_{}", t.datatype.kserve_name()), "dims": t.shape });
     json!({
         "name": model.spec.name,
         "platform": model.platform,

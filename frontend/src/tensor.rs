@@ -4,128 +4,61 @@
 
 use serde_json::Value;
 
-/// Element types of the protocol (`BYTES` is not served: models here take
-/// fixed-size numeric tensors only).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DataType {
-    /// `BOOL`, one byte (0 or 1).
-    Bool,
-    /// `UINT8`.
-    U8,
-    /// `UINT16`.
-    U16,
-    /// `UINT32`.
-    U32,
-    /// `UINT64`.
-    U64,
-    /// `INT8`.
-    I8,
-    /// `INT16`.
-    I16,
-    /// `INT32`.
-    I32,
-    /// `INT64`.
-    I64,
-    /// `FP32`.
-    F32,
-    /// `FP64`.
-    F64,
+/// Element types of the protocol: the tree's one datatype enum (also
+/// the repository's and the ONNX executor's), with both spellings.
+pub use scheduler::repository::DataType;
+
+/// Bytes per element of `dt`, as a length.
+fn elem_size(dt: DataType) -> usize {
+    dt.size() as usize
 }
 
-impl DataType {
-    /// Parses a protocol datatype name (`FP32`, `INT64`, ...). Case-sensitive,
-    /// as the protocol spells them.
-    pub fn parse(s: &str) -> Option<DataType> {
-        Some(match s {
-            "BOOL" => DataType::Bool,
-            "UINT8" => DataType::U8,
-            "UINT16" => DataType::U16,
-            "UINT32" => DataType::U32,
-            "UINT64" => DataType::U64,
-            "INT8" => DataType::I8,
-            "INT16" => DataType::I16,
-            "INT32" => DataType::I32,
-            "INT64" => DataType::I64,
-            "FP32" => DataType::F32,
-            "FP64" => DataType::F64,
-            _ => return None,
-        })
-    }
-
-    /// The protocol name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DataType::Bool => "BOOL",
-            DataType::U8 => "UINT8",
-            DataType::U16 => "UINT16",
-            DataType::U32 => "UINT32",
-            DataType::U64 => "UINT64",
-            DataType::I8 => "INT8",
-            DataType::I16 => "INT16",
-            DataType::I32 => "INT32",
-            DataType::I64 => "INT64",
-            DataType::F32 => "FP32",
-            DataType::F64 => "FP64",
+/// Encodes one JSON scalar as `dt`, little-endian, into `out` (exactly
+/// `dt.size()` bytes). `None` if the value is not a number (or bool)
+/// representable in the type.
+fn encode_scalar(dt: DataType, v: &Value, out: &mut [u8]) -> Option<()> {
+    fn int<T: TryFrom<i64> + TryFrom<u64>>(v: &Value) -> Option<T> {
+        if let Some(u) = v.as_u64() {
+            T::try_from(u).ok()
+        } else {
+            T::try_from(v.as_i64()?).ok()
         }
     }
-
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            DataType::Bool | DataType::U8 | DataType::I8 => 1,
-            DataType::U16 | DataType::I16 => 2,
-            DataType::U32 | DataType::I32 | DataType::F32 => 4,
-            DataType::U64 | DataType::I64 | DataType::F64 => 8,
-        }
+    match dt {
+        DataType::Bool => out[0] = u8::from(v.as_bool()?),
+        DataType::U8 => out.copy_from_slice(&int::<u8>(v)?.to_le_bytes()),
+        DataType::U16 => out.copy_from_slice(&int::<u16>(v)?.to_le_bytes()),
+        DataType::U32 => out.copy_from_slice(&int::<u32>(v)?.to_le_bytes()),
+        DataType::U64 => out.copy_from_slice(&int::<u64>(v)?.to_le_bytes()),
+        DataType::I8 => out.copy_from_slice(&int::<i8>(v)?.to_le_bytes()),
+        DataType::I16 => out.copy_from_slice(&int::<i16>(v)?.to_le_bytes()),
+        DataType::I32 => out.copy_from_slice(&int::<i32>(v)?.to_le_bytes()),
+        DataType::I64 => out.copy_from_slice(&int::<i64>(v)?.to_le_bytes()),
+        DataType::F32 => out.copy_from_slice(&(v.as_f64()? as f32).to_le_bytes()),
+        DataType::F64 => out.copy_from_slice(&v.as_f64()?.to_le_bytes()),
     }
+    Some(())
+}
 
-    /// Encodes one JSON scalar as this type, little-endian, into `out`
-    /// (exactly `self.size()` bytes). `None` if the value is not a number
-    /// (or bool) representable in the type.
-    fn encode(self, v: &Value, out: &mut [u8]) -> Option<()> {
-        fn int<T: TryFrom<i64> + TryFrom<u64>>(v: &Value) -> Option<T> {
-            if let Some(u) = v.as_u64() {
-                T::try_from(u).ok()
-            } else {
-                T::try_from(v.as_i64()?).ok()
-            }
-        }
-        match self {
-            DataType::Bool => out[0] = u8::from(v.as_bool()?),
-            DataType::U8 => out.copy_from_slice(&int::<u8>(v)?.to_le_bytes()),
-            DataType::U16 => out.copy_from_slice(&int::<u16>(v)?.to_le_bytes()),
-            DataType::U32 => out.copy_from_slice(&int::<u32>(v)?.to_le_bytes()),
-            DataType::U64 => out.copy_from_slice(&int::<u64>(v)?.to_le_bytes()),
-            DataType::I8 => out.copy_from_slice(&int::<i8>(v)?.to_le_bytes()),
-            DataType::I16 => out.copy_from_slice(&int::<i16>(v)?.to_le_bytes()),
-            DataType::I32 => out.copy_from_slice(&int::<i32>(v)?.to_le_bytes()),
-            DataType::I64 => out.copy_from_slice(&int::<i64>(v)?.to_le_bytes()),
-            DataType::F32 => out.copy_from_slice(&(v.as_f64()? as f32).to_le_bytes()),
-            DataType::F64 => out.copy_from_slice(&v.as_f64()?.to_le_bytes()),
-        }
-        Some(())
-    }
-
-    /// Decodes one little-endian element of this type as JSON.
-    fn decode(self, b: &[u8]) -> Value {
-        let a = |n: usize| -> [u8; 8] {
-            let mut x = [0u8; 8];
-            x[..n].copy_from_slice(&b[..n]);
-            x
-        };
-        match self {
-            DataType::Bool => Value::Bool(b[0] != 0),
-            DataType::U8 => Value::from(b[0]),
-            DataType::U16 => Value::from(u16::from_le_bytes([b[0], b[1]])),
-            DataType::U32 => Value::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-            DataType::U64 => Value::from(u64::from_le_bytes(a(8))),
-            DataType::I8 => Value::from(b[0] as i8),
-            DataType::I16 => Value::from(i16::from_le_bytes([b[0], b[1]])),
-            DataType::I32 => Value::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-            DataType::I64 => Value::from(i64::from_le_bytes(a(8))),
-            DataType::F32 => Value::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64),
-            DataType::F64 => Value::from(f64::from_le_bytes(a(8))),
-        }
+/// Decodes one little-endian element of `dt` as JSON.
+fn decode_scalar(dt: DataType, b: &[u8]) -> Value {
+    let a = |n: usize| -> [u8; 8] {
+        let mut x = [0u8; 8];
+        x[..n].copy_from_slice(&b[..n]);
+        x
+    };
+    match dt {
+        DataType::Bool => Value::Bool(b[0] != 0),
+        DataType::U8 => Value::from(b[0]),
+        DataType::U16 => Value::from(u16::from_le_bytes([b[0], b[1]])),
+        DataType::U32 => Value::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        DataType::U64 => Value::from(u64::from_le_bytes(a(8))),
+        DataType::I8 => Value::from(b[0] as i8),
+        DataType::I16 => Value::from(i16::from_le_bytes([b[0], b[1]])),
+        DataType::I32 => Value::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        DataType::I64 => Value::from(i64::from_le_bytes(a(8))),
+        DataType::F32 => Value::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64),
+        DataType::F64 => Value::from(f64::from_le_bytes(a(8))),
     }
 }
 
@@ -155,7 +88,7 @@ impl TensorSpec {
     }
     /// Bytes of the whole tensor.
     pub fn byte_len(&self) -> u64 {
-        self.elements() * self.datatype.size() as u64
+        self.elements() * u64::from(self.datatype.size())
     }
 }
 
@@ -185,7 +118,7 @@ impl std::fmt::Display for DataError {
                 )
             }
             DataError::Element(t) => {
-                write!(f, "tensor data holds a value that is not {}", t.as_str())
+                write!(f, "tensor data holds a value that is not {}", t.kserve_name())
             }
             DataError::TooDeep => write!(f, "tensor data nested deeper than its shape"),
         }
@@ -197,7 +130,7 @@ impl std::fmt::Display for DataError {
 /// elements. `out.len()` must be `elements * dt.size()`; the data must
 /// fill it exactly. Never panics and never allocates.
 pub fn encode_json_data(data: &Value, dt: DataType, out: &mut [u8]) -> Result<(), DataError> {
-    let size = dt.size();
+    let size = elem_size(dt);
     let expected = (out.len() / size) as u64;
     let mut n: usize = 0;
     // Depth bounded by the recursion limit serde_json itself enforces (128).
@@ -219,11 +152,11 @@ pub fn encode_json_data(data: &Value, dt: DataType, out: &mut [u8]) -> Result<()
                 Ok(())
             }
             scalar => {
-                let size = dt.size();
+                let size = elem_size(dt);
                 let at = *n * size;
                 *n += 1;
                 match out.get_mut(at..at + size) {
-                    Some(dst) => dt.encode(scalar, dst).ok_or(DataError::Element(dt)),
+                    Some(dst) => encode_scalar(dt, scalar, dst).ok_or(DataError::Element(dt)),
                     // Keep counting (no writes) to report the real length.
                     None => Ok(()),
                 }
@@ -244,8 +177,8 @@ pub fn encode_json_data(data: &Value, dt: DataType, out: &mut [u8]) -> Result<()
 pub fn decode_to_json(bytes: &[u8], dt: DataType) -> Value {
     Value::Array(
         bytes
-            .chunks_exact(dt.size())
-            .map(|c| dt.decode(c))
+            .chunks_exact(elem_size(dt))
+            .map(|c| decode_scalar(dt, c))
             .collect(),
     )
 }
@@ -302,8 +235,8 @@ mod tests {
         );
         encode_json_data(&json!([1, 255, 3, 0]), DataType::U8, &mut c).unwrap();
         assert_eq!(c, [1, 255, 3, 0]);
-        assert!(DataType::parse("BYTES").is_none());
-        assert_eq!(DataType::parse("INT64").unwrap().size(), 8);
+        assert!(DataType::from_kserve("BYTES").is_none());
+        assert_eq!(DataType::from_kserve("INT64").unwrap().size(), 8);
     }
 
     #[test]

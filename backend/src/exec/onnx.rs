@@ -367,6 +367,9 @@ fn element_type(d: DataType) -> TensorElementType {
     match d {
         DataType::Bool => TensorElementType::Bool,
         DataType::U8 => TensorElementType::Uint8,
+        DataType::U16 => TensorElementType::Uint16,
+        DataType::U32 => TensorElementType::Uint32,
+        DataType::U64 => TensorElementType::Uint64,
         DataType::I8 => TensorElementType::Int8,
         DataType::I16 => TensorElementType::Int16,
         DataType::I32 => TensorElementType::Int32,
@@ -935,6 +938,9 @@ impl DeviceThread {
         let (value, data_ptr) = match m.input.data_type {
             DataType::Bool => view!(bool),
             DataType::U8 => view!(u8),
+            DataType::U16 => view!(u16),
+            DataType::U32 => view!(u32),
+            DataType::U64 => view!(u64),
             DataType::I8 => view!(i8),
             DataType::I16 => view!(i16),
             DataType::I32 => view!(i32),

@@ -5,49 +5,70 @@ use std::time::Duration as StdDuration;
 
 use super::pbtxt::{Field, Message, Scalar, Value};
 
-/// A tensor element type (Triton's `TYPE_*` names).
+/// A tensor's element type, in both spellings the system meets: Triton's
+/// config.pbtxt (`TYPE_FP32`) and the KServe v2 protocol (`FP32`). The one
+/// datatype enum of the tree: the repository, the frontends' protocol
+/// layers and the ONNX executor share it. (`BYTES`/`STRING`, FP16 and
+/// BF16 are not served: models here take fixed-size numeric tensors.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DataType {
-    /// `TYPE_BOOL` (one byte).
+    /// `BOOL`, one byte (0 or 1).
     Bool,
-    /// `TYPE_UINT8`.
+    /// `UINT8`.
     U8,
-    /// `TYPE_INT8`.
+    /// `UINT16`.
+    U16,
+    /// `UINT32`.
+    U32,
+    /// `UINT64`.
+    U64,
+    /// `INT8`.
     I8,
-    /// `TYPE_INT16`.
+    /// `INT16`.
     I16,
-    /// `TYPE_INT32`.
+    /// `INT32`.
     I32,
-    /// `TYPE_INT64`.
+    /// `INT64`.
     I64,
-    /// `TYPE_FP32`.
+    /// `FP32`.
     F32,
-    /// `TYPE_FP64`.
+    /// `FP64`.
     F64,
 }
 
 impl DataType {
-    /// Parses a Triton type name; `None` for an unknown or unsupported one
-    /// (FP16, BF16, STRING and the unsigned 16/32/64-bit types are not
-    /// served).
+    /// Every served type.
+    pub const ALL: [DataType; 11] = [
+        DataType::Bool,
+        DataType::U8,
+        DataType::U16,
+        DataType::U32,
+        DataType::U64,
+        DataType::I8,
+        DataType::I16,
+        DataType::I32,
+        DataType::I64,
+        DataType::F32,
+        DataType::F64,
+    ];
+    /// Parses a Triton config type name (`TYPE_FP32`); `None` for an
+    /// unknown or unsupported one.
     pub fn from_triton(name: &str) -> Option<DataType> {
-        Some(match name {
-            "TYPE_BOOL" => DataType::Bool,
-            "TYPE_UINT8" => DataType::U8,
-            "TYPE_INT8" => DataType::I8,
-            "TYPE_INT16" => DataType::I16,
-            "TYPE_INT32" => DataType::I32,
-            "TYPE_INT64" => DataType::I64,
-            "TYPE_FP32" => DataType::F32,
-            "TYPE_FP64" => DataType::F64,
-            _ => return None,
-        })
+        name.strip_prefix("TYPE_").and_then(DataType::from_kserve)
+    }
+    /// Parses a protocol datatype name (`FP32`, `INT64`, ...).
+    /// Case-sensitive, as the protocol spells them.
+    pub fn from_kserve(name: &str) -> Option<DataType> {
+        DataType::ALL.into_iter().find(|d| d.kserve_name() == name)
     }
     /// Triton's config name (`TYPE_FP32`).
     pub fn triton_name(self) -> &'static str {
         match self {
             DataType::Bool => "TYPE_BOOL",
             DataType::U8 => "TYPE_UINT8",
+            DataType::U16 => "TYPE_UINT16",
+            DataType::U32 => "TYPE_UINT32",
+            DataType::U64 => "TYPE_UINT64",
             DataType::I8 => "TYPE_INT8",
             DataType::I16 => "TYPE_INT16",
             DataType::I32 => "TYPE_INT32",
@@ -64,9 +85,9 @@ impl DataType {
     pub fn size(self) -> u32 {
         match self {
             DataType::Bool | DataType::U8 | DataType::I8 => 1,
-            DataType::I16 => 2,
-            DataType::I32 | DataType::F32 => 4,
-            DataType::I64 | DataType::F64 => 8,
+            DataType::U16 | DataType::I16 => 2,
+            DataType::U32 | DataType::I32 | DataType::F32 => 4,
+            DataType::U64 | DataType::I64 | DataType::F64 => 8,
         }
     }
 }

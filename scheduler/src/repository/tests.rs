@@ -146,3 +146,17 @@ fn priority_levels_and_the_queue_bound_become_the_models_admission() {
     assert!(repo.refused.iter().any(|r| format!("{r:?}").contains("default_priority_level")), "{:?}", repo.refused);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+#[test]
+fn each_datatype_reads_back_from_both_spellings() {
+    for d in DataType::ALL {
+        assert_eq!(DataType::from_triton(d.triton_name()), Some(d));
+        assert_eq!(DataType::from_kserve(d.kserve_name()), Some(d));
+        assert_eq!(d.triton_name().strip_prefix("TYPE_"), Some(d.kserve_name()));
+    }
+    for unserved in ["TYPE_FP16", "TYPE_BF16", "TYPE_STRING", "FP32", "fp32"] {
+        assert_eq!(DataType::from_triton(unserved), None, "{unserved}");
+    }
+    assert_eq!(DataType::from_kserve("BYTES"), None);
+    assert_eq!(DataType::from_kserve("TYPE_FP32"), None);
+}
