@@ -815,7 +815,9 @@ impl<C: Connection> FrontendNode<C> {
         let mut lost: Option<String> = None;
 
         // Tasks to the scheduler, in order; a full send queue keeps the
-        // task for the next poll.
+        // task for the next poll. Tasks and cancellations are staged
+        // (`send_batched`) and leave together in one write per pass, not
+        // one system call per task.
         for _ in 0..BURST {
             let Some(task) = unsent
                 .take()
@@ -831,7 +833,7 @@ impl<C: Connection> FrontendNode<C> {
                     continue;
                 }
             };
-            match conn.send(&buf[..n]) {
+            match conn.send_batched(&buf[..n]) {
                 Ok(()) => {
                     work = true;
                     stats.tasks_sent.fetch_add(1, Ordering::Relaxed);
@@ -867,7 +869,7 @@ impl<C: Connection> FrontendNode<C> {
                     Ok(n) => n,
                     Err(_) => continue,
                 };
-                match conn.send(&buf[..n]) {
+                match conn.send_batched(&buf[..n]) {
                     Ok(()) => {
                         work = true;
                         stats.cancels_sent.fetch_add(1, Ordering::Relaxed);
@@ -882,6 +884,14 @@ impl<C: Connection> FrontendNode<C> {
                         break;
                     }
                 }
+            }
+        }
+
+        // The pass's tasks and cancellations leave now.
+        if lost.is_none() {
+            match conn.flush_batched() {
+                Ok(()) | Err(TransportError::QueueFull) => {}
+                Err(e) => lost = Some(format!("sending tasks: {e}")),
             }
         }
 
