@@ -4,10 +4,12 @@
 #   cmake, clang, libclang-dev: sideway's rdma-mummy-sys generates its verbs bindings with
 #   bindgen (the `rdma` feature of dataplane). python3-venv: the project venv below.
 #   protobuf-compiler: protoc, which the frontend's build script runs on its gRPC .proto.
+#   libprotobuf-dev: the well-known .proto files (google/protobuf/descriptor.proto) that
+#   etcd-client's protos import; protoc alone does not ship them on Debian.
 #   etcd-server: the local etcd that scheduler leader election (issue 18) runs against.
 # The Soft-RoCE harness (tests/softroce/run.sh) installs QEMU and its guest packages itself.
 set -euo pipefail
-need="cmake clang libclang-dev python3-venv protobuf-compiler etcd-server"
+need="cmake clang libclang-dev python3-venv protobuf-compiler libprotobuf-dev etcd-server"
 missing=""
 for p in $need; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $p"

@@ -113,6 +113,22 @@ pub struct LoadReport {
     pub latency_ms: [f64; 5],
     /// All requests' latency (any status), ms: p50, p99.
     pub all_latency_ms: [f64; 2],
+    /// Per [`BIN`] of intended send time from the start: requests sent
+    /// then, and how many of them ended `ok` (goodput over time, e.g.
+    /// around a scheduler failover).
+    pub bins: Vec<LoadBin>,
+}
+
+/// Width of [`LoadReport::bins`].
+pub const BIN: Duration = Duration::from_millis(250);
+
+/// One bin of [`LoadReport::bins`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadBin {
+    /// Requests whose intended send time fell in the bin.
+    pub sent: u64,
+    /// Of those, answered correctly within the objective.
+    pub ok: u64,
 }
 
 impl LoadReport {
@@ -228,7 +244,7 @@ pub async fn run(cfg: LoadConfig) -> Result<LoadReport, LoadError> {
     let mut arrivals =
         Arrivals::for_model_count(cfg.models.len(), &cfg.workload, cfg.seed, cfg.duration);
     let limit = Arc::new(Semaphore::new(cfg.max_in_flight.max(1)));
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Answer, u64)>();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Answer, u64, usize)>();
     let origin = tokio::time::Instant::now();
     let mut report = LoadReport::default();
     let mut n: u64 = 0;
@@ -260,6 +276,10 @@ pub async fn run(cfg: LoadConfig) -> Result<LoadReport, LoadError> {
         let out_n = cfg.output_bytes;
         n += 1;
         report.sent += 1;
+        let bin = usize::try_from(t.as_nanos() / BIN.as_nanos().max(1)).unwrap_or(usize::MAX);
+        if let Some(b) = report.bin(bin) {
+            b.sent += 1;
+        }
         tokio::spawn(async move {
             let start = std::time::Instant::now();
             let mut answer = send_one(&client, &uri, &body, &id, model_id, &values, out_n).await;
@@ -267,15 +287,20 @@ pub async fn run(cfg: LoadConfig) -> Result<LoadReport, LoadError> {
             if matches!(answer, Answer::Ok) && slo.is_some_and(|s| took > s) {
                 answer = Answer::Late;
             }
-            let _ = tx.send((answer, took.as_micros() as u64));
+            let _ = tx.send((answer, took.as_micros() as u64, bin));
             drop(permit);
         });
     }
     drop(tx);
     let mut ok_hist = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
     let mut all_hist = ok_hist.clone();
-    while let Some((answer, us)) = rx.recv().await {
+    while let Some((answer, us, bin)) = rx.recv().await {
         let us = us.max(1);
+        if matches!(answer, Answer::Ok) {
+            if let Some(b) = report.bin(bin) {
+                b.ok += 1;
+            }
+        }
         let _ = all_hist.record(us);
         report.count(answer, us, &mut ok_hist);
     }
@@ -285,6 +310,17 @@ pub async fn run(cfg: LoadConfig) -> Result<LoadReport, LoadError> {
 }
 
 impl LoadReport {
+    /// Bin `i`, grown on first use (`None` past a day of bins: ignored).
+    fn bin(&mut self, i: usize) -> Option<&mut LoadBin> {
+        if i > 24 * 3600 * 4 {
+            return None;
+        }
+        if self.bins.len() <= i {
+            self.bins.resize(i + 1, LoadBin::default());
+        }
+        self.bins.get_mut(i)
+    }
+
     /// Counts one answer; successes (late or not) go into `ok_hist`.
     fn count(&mut self, answer: Answer, us: u64, ok_hist: &mut Histogram<u64>) {
         let report = self;

@@ -100,6 +100,11 @@ pub struct ClusterSpec {
     pub return_margin_us: u32,
     /// The scheduler's narrowest window (µs): its timer lateness bound.
     pub min_window_us: u32,
+    /// Schedulers: 1 leads alone (the embedded default); 2 or more stand
+    /// for election through a local etcd (hot standby, issue 18).
+    pub schedulers: u32,
+    /// Members of that local etcd (1 or 3).
+    pub etcd_members: u32,
 }
 
 impl ClusterSpec {
@@ -124,6 +129,8 @@ impl ClusterSpec {
             join_token: None,
             return_margin_us: 700,
             min_window_us: 1000,
+            schedulers: 1,
+            etcd_members: 1,
         }
     }
 
@@ -147,6 +154,12 @@ impl ClusterSpec {
 /// Every variant names the daemon ("scheduler", "frontend-1", ...).
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
+    /// The local etcd for the schedulers' election did not start.
+    #[error("local etcd: {what}")]
+    Etcd {
+        /// Why.
+        what: String,
+    },
     /// Its READY line lacks a key.
     #[error("{daemon}: no '{key}' on its READY line")]
     NoReadyKey {
@@ -352,8 +365,16 @@ impl Daemon {
 pub struct LocalCluster {
     /// The join token its daemons prove.
     pub join_token: JoinToken,
-    /// The scheduler.
+    /// The scheduler (with hot standbys: scheduler 1, leading or not).
     pub scheduler: Daemon,
+    /// Schedulers 2.. (hot standbys; empty without an election).
+    pub standbys: Vec<Daemon>,
+    /// Every scheduler's control address, in order (what peers walk).
+    pub scheduler_addrs: Vec<String>,
+    /// The local etcd the schedulers stand for election in.
+    pub etcd: Option<scheduler::election::LocalEtcd>,
+    /// Each scheduler's command line (to bring a killed one back).
+    scheduler_cmds: Vec<Vec<String>>,
     /// Frontends, by id - 1.
     pub frontends: Vec<Daemon>,
     /// Backends, by id - 1.
@@ -477,6 +498,58 @@ fn scheduler_args(spec: &ClusterSpec) -> Vec<String> {
     v
 }
 
+/// Starts a local etcd and `spec.schedulers` schedulers standing for
+/// election in it, each on a fixed control address of its own (peers are
+/// given all of them) and a heartbeat socket on an ephemeral port.
+#[allow(clippy::type_complexity)]
+fn start_schedulers_ha(
+    spec: &ClusterSpec,
+    token: &JoinToken,
+    deadline: Instant,
+) -> Result<(Daemon, Vec<Daemon>, Option<scheduler::election::LocalEtcd>, Vec<Vec<String>>), ClusterError> {
+    let etcd_err = |e: &dyn std::fmt::Display| ClusterError::Etcd { what: e.to_string() };
+    let etcd = scheduler::election::LocalEtcd::start(spec.etcd_members.max(1) as usize, deadline.saturating_duration_since(Instant::now()))
+        .map_err(|e| etcd_err(&e))?;
+    let endpoints = etcd.endpoints().join(",");
+    let mut daemons = Vec::new();
+    let mut cmds = Vec::new();
+    for k in 1..=spec.schedulers {
+        let listen = match spec.transport.as_str() {
+            "shm" => format!("@symphony-{}-{}-sched-{k}", std::process::id(), unique()),
+            _ => {
+                let port = std::net::TcpListener::bind("127.0.0.1:0")
+                    .and_then(|l| l.local_addr())
+                    .map_err(|e| etcd_err(&e))?
+                    .port();
+                format!("127.0.0.1:{port}")
+            }
+        };
+        let mut args = scheduler_args(spec);
+        args.extend(["--listen".into(), listen, "--etcd".into(), endpoints.clone()]);
+        let name = scheduler_name(k as usize - 1);
+        cmds.push(args.clone());
+        daemons.push(spawn(spec, &name, "scheduler", args, Some(token), deadline)?);
+    }
+    let mut it = daemons.into_iter();
+    let first = it.next().ok_or_else(|| etcd_err(&"no scheduler"))?;
+    Ok((first, it.collect(), Some(etcd), cmds))
+}
+
+/// Scheduler `i`'s name (0-based): "scheduler", "scheduler-2", ...
+fn scheduler_name(i: usize) -> String {
+    if i == 0 {
+        "scheduler".to_string()
+    } else {
+        format!("scheduler-{}", i + 1)
+    }
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
 impl LocalCluster {
     /// Kills the scheduler (SIGKILL, if still running) and starts a new
     /// one listening on the same control address, so the frontends and
@@ -505,18 +578,34 @@ impl LocalCluster {
             None => JoinToken::generate().map_err(|e| ClusterError::JoinToken { what: e.to_string() })?,
         };
         let common = |extra: &[String]| common_args(spec, extra);
-        let scheduler = spawn(spec, "scheduler", "scheduler", scheduler_args(spec), Some(&token), deadline)?;
-        let control = scheduler
-            .ready
-            .get("control")
-            .cloned()
-            .ok_or_else(|| ClusterError::NoReadyKey { daemon: "scheduler".into(), key: "control".into() })?;
+        let (scheduler, standbys, etcd, scheduler_cmds) = if spec.schedulers >= 2 {
+            start_schedulers_ha(spec, &token, deadline)?
+        } else {
+            (spawn(spec, "scheduler", "scheduler", scheduler_args(spec), Some(&token), deadline)?, Vec::new(), None, Vec::new())
+        };
+        let scheduler_addrs = std::iter::once(&scheduler)
+            .chain(&standbys)
+            .map(|d| {
+                d.ready
+                    .get("control")
+                    .cloned()
+                    .ok_or_else(|| ClusterError::NoReadyKey { daemon: d.name.clone(), key: "control".into() })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let control = scheduler_addrs.join(",");
         let mut cluster = LocalCluster {
             join_token: token,
             scheduler,
+            standbys,
+            scheduler_addrs,
+            etcd,
+            scheduler_cmds,
             frontends: Vec::new(),
             backends: Vec::new(),
         };
+        if spec.schedulers >= 2 {
+            cluster.wait_leader(deadline)?;
+        }
         for b in 1..=spec.backends {
             // Plans say "start in exec_in" from the moment the scheduler
             // sent them; the backend starts that long after receipt minus
@@ -552,7 +641,7 @@ impl LocalCluster {
     /// Waits until the scheduler reports `f` frontends and `b` backends.
     pub fn wait_registered(&self, f: u32, b: u32, deadline: Instant) -> Result<(), ClusterError> {
         loop {
-            let m = self.scheduler.metrics()?;
+            let m = self.leader().metrics()?;
             let got = (
                 metric(&m, "symphony_frontends").unwrap_or(-1.0),
                 metric(&m, "symphony_backends").unwrap_or(-1.0),
@@ -562,6 +651,72 @@ impl LocalCluster {
             }
             if Instant::now() >= deadline {
                 return Err(ClusterError::Registration { frontends: got.0, want_frontends: f, backends: got.1, want_backends: b });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Every scheduler, leading or standing by, in order.
+    pub fn schedulers(&self) -> impl Iterator<Item = &Daemon> {
+        std::iter::once(&self.scheduler).chain(&self.standbys)
+    }
+
+    /// Scheduler `i` (0: [`Self::scheduler`]).
+    pub fn scheduler_mut(&mut self, i: usize) -> Option<&mut Daemon> {
+        match i {
+            0 => Some(&mut self.scheduler),
+            i => self.standbys.get_mut(i - 1),
+        }
+    }
+
+    /// Starts scheduler `i` again with its first command line (killed
+    /// first if it still runs): a hot standby comes back as a standby.
+    pub fn respawn_scheduler(&mut self, i: usize, spec: &ClusterSpec) -> Result<(), ClusterError> {
+        let args = self
+            .scheduler_cmds
+            .get(i)
+            .cloned()
+            .ok_or_else(|| ClusterError::Etcd { what: format!("scheduler {i} was not started with an election") })?;
+        let token = self.join_token.clone();
+        let deadline = Instant::now() + spec.start_timeout;
+        let name = scheduler_name(i);
+        let slot = self.scheduler_mut(i).ok_or_else(|| ClusterError::Etcd { what: format!("no scheduler {i}") })?;
+        slot.kill();
+        *slot = spawn(spec, &name, "scheduler", args, Some(&token), deadline)?;
+        Ok(())
+    }
+
+    /// Which scheduler leads and in which term, from their `/metrics`
+    /// (the largest `symphony_scheduler_leader_epoch`; a scheduler that
+    /// cannot be read does not lead). Without standbys: scheduler 0.
+    pub fn leader_index(&self) -> Option<(usize, u64)> {
+        if self.standbys.is_empty() {
+            return Some((0, 0));
+        }
+        self.schedulers()
+            .enumerate()
+            .filter_map(|(i, d)| {
+                let m = d.metrics().ok()?;
+                let e = metric(&m, "symphony_scheduler_leader_epoch")?;
+                (e > 0.0).then_some((i, e as u64))
+            })
+            .max_by_key(|(_, e)| *e)
+    }
+
+    /// The leading scheduler (scheduler 0 if none can be told).
+    pub fn leader(&self) -> &Daemon {
+        let i = self.leader_index().map_or(0, |(i, _)| i);
+        self.schedulers().nth(i).unwrap_or(&self.scheduler)
+    }
+
+    /// Waits until some scheduler leads.
+    pub fn wait_leader(&self, deadline: Instant) -> Result<(usize, u64), ClusterError> {
+        loop {
+            if let Some(l) = self.leader_index() {
+                return Ok(l);
+            }
+            if Instant::now() >= deadline {
+                return Err(ClusterError::NotReady { daemon: "a leading scheduler".into() });
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -609,13 +764,21 @@ impl LocalCluster {
             check(f, &mut problems);
         }
         let running: Vec<bool> = self.backends.iter_mut().map(|b| b.try_exit().is_none()).collect();
-        self.scheduler.signal(libc::SIGTERM);
+        let schedulers_up: Vec<bool> = std::iter::once(&mut self.scheduler).chain(&mut self.standbys).map(|d| d.try_exit().is_none()).collect();
+        for s in std::iter::once(&self.scheduler).chain(&self.standbys) {
+            s.signal(libc::SIGTERM);
+        }
         for (b, up) in self.backends.iter().zip(&running) {
             if *up {
                 b.signal(libc::SIGTERM);
             }
         }
-        check(&mut self.scheduler, &mut problems);
+        for (s, up) in std::iter::once(&mut self.scheduler).chain(&mut self.standbys).zip(schedulers_up) {
+            // One killed on purpose (a failover run) is not checked.
+            if up {
+                check(s, &mut problems);
+            }
+        }
         for (b, up) in self.backends.iter_mut().zip(running) {
             if up {
                 check(b, &mut problems);
@@ -636,6 +799,7 @@ impl Drop for LocalCluster {
             .iter_mut()
             .chain(self.backends.iter_mut())
             .chain(std::iter::once(&mut self.scheduler))
+            .chain(self.standbys.iter_mut())
         {
             if d.try_exit().is_none() {
                 let _ = d.child.kill();

@@ -16,6 +16,7 @@ mod report_fig16;
 mod live;
 mod partition_cmd;
 mod up;
+mod up_ha;
 
 use clap::{Parser, Subcommand};
 use cli::{ClusterArgs, CliError};
@@ -100,6 +101,8 @@ enum Cmd {
         /// Print JSON on stdout.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        ha: up_ha::HaOpts,
     },
     /// End-to-end goodput of the multi-process cluster over HTTP vs the simulated scheduler-only goodput.
     E2e {
@@ -360,7 +363,13 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
         Cmd::Sim { cluster, rate, json, plot } => sim(&cluster, rate, json, plot.as_deref()),
         Cmd::Goodput { cluster, json, plot, quiet } => goodput(&cluster, json, plot.as_deref(), quiet),
         Cmd::Example { policy, skip, requests, gather, json } => Ok(example::run(&policy, &skip, requests, &gather, json)?),
-        Cmd::Up { models, cluster, load, rate, duration_s, serve, plot, json } => {
+        Cmd::Up { models, cluster, load, rate, duration_s, serve, plot: _, json, ha } if ha.ha => {
+            if serve {
+                return Err(CommandError::Up(up::UpError::Usage("--ha runs a failover under load: no --serve".into())));
+            }
+            up_ha::run(&models, &cluster, &ha, load, rate, duration_s, json).map_err(CommandError::Up)
+        }
+        Cmd::Up { models, cluster, load, rate, duration_s, serve, plot, json, .. } => {
             up::run(&up::UpArgs { models, cluster, load, rate, duration_s, serve, plot, json }).map_err(CommandError::Up)
         }
         Cmd::E2e { models, cluster, run_s, steps, trials, json } => {

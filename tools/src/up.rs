@@ -116,7 +116,7 @@ pub enum UpError {
 
 /// An error of the code `up` drives (the cluster, the load generator, the
 /// simulator), by its message.
-fn run_err(e: impl std::fmt::Display) -> UpError {
+pub(crate) fn run_err(e: impl std::fmt::Display) -> UpError {
     UpError::Run(e.to_string())
 }
 
@@ -435,7 +435,7 @@ fn advice_text(add: f64, remove: f64) -> String {
 /// directories of dead `up`/`e2e` processes are removed first, and this
 /// run's own is removed when the run succeeds (kept, and named, when it
 /// fails), so nothing is left in the temporary directory.
-fn with_logs<T>(spec: &ClusterSpec, body: impl FnOnce() -> Result<T, UpError>) -> Result<T, UpError> {
+pub(crate) fn with_logs<T>(spec: &ClusterSpec, body: impl FnOnce() -> Result<T, UpError>) -> Result<T, UpError> {
     dataplane::mem::sweep_stale_files(&std::env::temp_dir(), &[LOG_DIR_PREFIX]);
     let r = body();
     if let Some(dir) = &spec.log_dir {

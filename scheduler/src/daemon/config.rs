@@ -131,6 +131,29 @@ pub struct SchedulerArgs {
     /// here; `--max-queue` bounds the models it leaves unbounded.
     #[arg(long = "model-repository")]
     pub model_repository: Option<std::path::PathBuf>,
+    /// Hot standby (issue 18): etcd client endpoints, comma-separated. With
+    /// them this scheduler stands for election and serves only while it
+    /// leads; without, it leads alone (epoch 0), as the embedded default.
+    #[arg(long)]
+    pub etcd: Option<String>,
+    /// The leadership key in etcd (one per cluster).
+    #[arg(long, default_value = "/symphony/scheduler/leader")]
+    pub election_key: String,
+    /// UDP address for leader/standby heartbeats (reachable by the other
+    /// schedulers; port 0: any).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub election_listen: SocketAddr,
+    /// Leader/standby heartbeat and lease renewal interval, ms.
+    #[arg(long, default_value_t = 20)]
+    pub election_heartbeat_ms: u64,
+    /// A standby that hears nothing from the leader this long revokes its
+    /// lease and takes over, ms.
+    #[arg(long, default_value_t = 120)]
+    pub failure_timeout_ms: u64,
+    /// The etcd lease's time to live, ms (whole seconds in etcd): how long
+    /// a leader cut off from etcd keeps serving before it steps down.
+    #[arg(long, default_value_t = 1000)]
+    pub lease_ttl_ms: u64,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub common: CommonArgs,
@@ -197,6 +220,8 @@ pub struct SchedulerConfig {
     /// Each model's admission (by global model id): its config.pbtxt's
     /// under `--model-repository`, else `--max-queue`'s bound.
     pub admissions: Vec<crate::types::Admission>,
+    /// Hot standby: the election (`--etcd`); `None`: lead alone.
+    pub election: Option<super::ha::ElectionConfig>,
 }
 
 impl SchedulerArgs {
@@ -238,6 +263,7 @@ impl SchedulerArgs {
             return Err(ConfigError::invalid("model-threads", format!("{}: must be 1..=256", self.model_threads)));
         }
         let admissions = admissions(&models, self.max_queue, self.model_repository.as_deref())?;
+        let election = self.election(&common)?;
         let pinned = PinnedConfig {
             model_threads: self.model_threads,
             cores: pin_cores(&self.pin_cores)?,
@@ -264,7 +290,43 @@ impl SchedulerArgs {
             engine: self.engine,
             pinned,
             admissions,
+            election,
         })
+    }
+
+    /// The election options, checked (`None` without `--etcd`).
+    fn election(&self, common: &Common) -> Result<Option<super::ha::ElectionConfig>, ConfigError> {
+        let Some(list) = &self.etcd else { return Ok(None) };
+        let endpoints = dataplane::reconnect::split_addrs(list);
+        if endpoints.is_empty() {
+            return Err(ConfigError::invalid("etcd", "no endpoint given"));
+        }
+        let (hb, ft, ttl) = (self.election_heartbeat_ms, self.failure_timeout_ms, self.lease_ttl_ms);
+        if hb == 0 || ft <= 2 * hb || ttl <= ft + hb {
+            return Err(ConfigError::invalid(
+                "failure-timeout-ms",
+                format!("heartbeat {hb} ms, failure timeout {ft} ms, lease {ttl} ms: need 0 < 2 x heartbeat < failure timeout < lease - heartbeat"),
+            ));
+        }
+        // Peers find a new leader by its address: it must be fixed, not a
+        // fresh one picked at start.
+        match &self.listen {
+            Some(l) if !l.ends_with(":0") => {}
+            _ => {
+                return Err(ConfigError::invalid(
+                    "listen",
+                    format!("--etcd needs a fixed --listen address (peers are given every scheduler's), transport {}", common.transport.name()),
+                ))
+            }
+        }
+        Ok(Some(super::ha::ElectionConfig {
+            endpoints,
+            key: self.election_key.clone(),
+            listen: self.election_listen,
+            heartbeat: Duration::from_millis(hb),
+            failure_timeout: Duration::from_millis(ft),
+            lease_ttl: Duration::from_millis(ttl),
+        }))
     }
 
     /// The join token (or open membership) and the registration limits.

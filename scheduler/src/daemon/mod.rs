@@ -15,6 +15,7 @@
 pub mod bench_stamps;
 pub mod config;
 pub mod engine;
+pub mod ha;
 pub mod metrics;
 pub mod node;
 pub mod plane;
@@ -105,25 +106,118 @@ const HANDSHAKE: Duration = Duration::from_millis(5000);
 /// A peer whose send queue stays full this long is dead.
 const SEND_TIMEOUT: Duration = Duration::from_millis(100);
 
-/// Runs the scheduler on `domain` until a stop is requested.
+/// How a term of serving ended.
+enum TermEnd {
+    /// A stop was requested and the node drained.
+    Stopped,
+    /// The election took the leadership away (hot standby only).
+    SteppedDown,
+}
+
+/// The leadership gauges every scheduler exports (issue 18): what `symphony
+/// up --ha` and an operator read to see who leads and since when.
+struct TermMetrics {
+    epoch: dataplane::metrics::Gauge,
+    terms: dataplane::metrics::Counter,
+    first_plan_host_ns: dataplane::metrics::Gauge,
+}
+
+impl TermMetrics {
+    fn register(m: &SchedulerMetrics) -> TermMetrics {
+        let r = m.registry();
+        let epoch = dataplane::metrics::Gauge::default();
+        r.register("symphony_scheduler_leader_epoch", "The term this scheduler leads (0: standby; 0 also when no election is configured and it leads alone)", epoch.clone());
+        let terms = dataplane::metrics::Counter::default();
+        r.register("symphony_scheduler_terms", "Terms this scheduler began to serve", terms.clone());
+        let first_plan_host_ns = dataplane::metrics::Gauge::default();
+        r.register(
+            "symphony_scheduler_term_first_plan_host_ns",
+            "CLOCK_MONOTONIC of the first batch planned in the current term, ns (0: none yet)",
+            first_plan_host_ns.clone(),
+        );
+        TermMetrics { epoch, terms, first_plan_host_ns }
+    }
+}
+
+/// Runs the scheduler on `domain` until a stop is requested: alone, or
+/// with `--etcd` as a hot standby that serves whenever it is elected.
 pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), SchedulerError> {
-    let listener = domain.listen(&cfg.listen).map_err(|source| SchedulerError::Listen {
-        addr: cfg.listen.clone(),
-        source,
-    })?;
-    let control_addr = listener.local_addr();
     let metrics = Arc::new(SchedulerMetrics::new(&cfg.models));
     let endpoint = MetricsEndpoint::start(cfg.metrics, metrics.registry().clone())
         .map_err(|source| SchedulerError::Metrics { addr: cfg.metrics, source })?;
-    let mut plane = ControlPlane::new(cfg.models.clone(), &cfg.subclusters, cfg.core, metrics)
+    let terms = TermMetrics::register(&metrics);
+    let clock = MonotonicClock::new();
+    let setup = |what| move |source| SchedulerError::Setup { what, source };
+    let mut idle = IdleWait::new(cfg.idle).map_err(setup("wait set"))?;
+    let Some(election) = &cfg.election else {
+        let listener = listen(&domain, &cfg)?;
+        announce(&cfg, &listener.local_addr(), endpoint.addr());
+        terms.terms.inc();
+        serve_term(listener, &cfg, 0, None, &metrics, &terms, &clock, &mut idle)?;
+        return Ok(());
+    };
+    let host = ha::ElectionHost::spawn(election, &cfg.listen, idle.notifier()).map_err(setup("election"))?;
+    announce(&cfg, &cfg.listen, endpoint.addr());
+    loop {
+        // Standing by: nothing listens on the control address, so peers
+        // walking their scheduler list pass on to the leader at once.
+        let epoch = loop {
+            if control::stop_requested() {
+                host.stop();
+                info!("stopped (standby)");
+                return Ok(());
+            }
+            if let Some(e) = host.leading() {
+                break e;
+            }
+            idle.set().wait(Duration::from_millis(100));
+        };
+        terms.epoch.set(i64::try_from(epoch).unwrap_or(i64::MAX));
+        terms.terms.inc();
+        let listener = listen(&domain, &cfg)?;
+        info!(epoch, control = %cfg.listen, "leading: serving peers");
+        let end = serve_term(listener, &cfg, epoch, Some(&host), &metrics, &terms, &clock, &mut idle)?;
+        terms.epoch.set(0);
+        terms.first_plan_host_ns.set(0);
+        match end {
+            TermEnd::Stopped => {
+                host.stop();
+                return Ok(());
+            }
+            TermEnd::SteppedDown => warn!(epoch, "no longer leading: every link is closed; standing by"),
+        }
+    }
+}
+
+fn listen<D: Domain>(domain: &D, cfg: &SchedulerConfig) -> Result<D::Listener, SchedulerError> {
+    domain.listen(&cfg.listen).map_err(|source| SchedulerError::Listen { addr: cfg.listen.clone(), source })
+}
+
+/// One term: a fresh control plane and node on `listener`, serving until
+/// a stop (then a drain) or, under an election, until this scheduler no
+/// longer leads `epoch` (then everything is dropped at once: the new
+/// leader rebuilds its state from the peers).
+#[allow(clippy::too_many_arguments)]
+fn serve_term<L: Listener + 'static>(
+    listener: L,
+    cfg: &SchedulerConfig,
+    epoch: u64,
+    election: Option<&ha::ElectionHost>,
+    metrics: &Arc<SchedulerMetrics>,
+    terms: &TermMetrics,
+    clock: &MonotonicClock,
+    idle: &mut IdleWait,
+) -> Result<TermEnd, SchedulerError>
+where
+    L::Conn: Send + 'static,
+{
+    let mut plane = ControlPlane::new(cfg.models.clone(), &cfg.subclusters, cfg.core, metrics.clone())
         .map_err(|e| SchedulerError::Plane(e.to_string()))?;
     plane.set_closed_loop(cfg.closed_loop);
     plane.set_delay_watch(cfg.transport.name(), cfg.delay_watch);
-    let clock = MonotonicClock::new();
     plane.set_bench_stamps(cfg.bench_stamps.then(|| clock.origin_host_ns()));
     let setup = |what| move |source| SchedulerError::Setup { what, source };
-    let mut idle = IdleWait::new(cfg.idle).map_err(setup("wait set"))?;
-    let drive = Drive::Threads { clock, notify: Some(idle.notifier()) };
+    let drive = Drive::Threads { clock: *clock, notify: Some(idle.notifier()) };
     let layout = plane.set_engine(cfg.engine, &cfg.pinned, drive).map_err(|e| SchedulerError::Plane(e.to_string()))?;
     // After the engine is in place: a new engine starts from the cores' defaults.
     for (model, admission) in cfg.admissions.iter().enumerate() {
@@ -136,8 +230,8 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), Scheduler
     let acceptor = Acceptor::spawn("sched-accept", listener, idle.set().notifier())
         .map_err(setup("acceptor thread"))?;
     // After the acceptor's spawn: it would inherit this thread's CPU.
-    log_layout(&cfg, &layout);
-    announce(&cfg, &control_addr, endpoint.addr());
+    log_layout(cfg, &layout);
+    let _ = epoch;
     let mut node = SchedulerNode::new(
         plane,
         NodeConfig {
@@ -152,16 +246,49 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), Scheduler
         },
     )
     .with_membership(cfg.membership.clone());
-    poll_until_drained(&mut node, &acceptor, &mut idle, &clock);
+    let still_leading = || election.is_none_or(|h| h.leading() == Some(epoch));
+    let mut first_plan = FirstPlan::new(metrics, clock, terms);
+    let end = poll_until_drained(&mut node, &acceptor, idle, clock, &still_leading, &mut first_plan);
     drop(acceptor);
     let (frontends, backends) = node.plane().peers();
     info!(
         frontends,
         backends,
         batches_unfinished = node.plane().batches_in_flight(),
+        epoch,
         "stopped"
     );
-    Ok(())
+    Ok(end)
+}
+
+/// Notes when the term's first batch is planned (for takeover times).
+struct FirstPlan<'a> {
+    metrics: &'a SchedulerMetrics,
+    clock: &'a MonotonicClock,
+    terms: &'a TermMetrics,
+    before: u64,
+    seen: bool,
+}
+
+impl<'a> FirstPlan<'a> {
+    fn new(metrics: &'a SchedulerMetrics, clock: &'a MonotonicClock, terms: &'a TermMetrics) -> Self {
+        let before = Self::batches(metrics);
+        FirstPlan { metrics, clock, terms, before, seen: false }
+    }
+
+    fn batches(metrics: &SchedulerMetrics) -> u64 {
+        metrics.models.iter().map(|m| m.batches.get()).sum()
+    }
+
+    /// Checks once per busy pass until the first batch shows.
+    fn check(&mut self) {
+        if !self.seen && Self::batches(self.metrics) != self.before {
+            self.seen = true;
+            let host_ns = self.clock.origin_host_ns().saturating_add(self.clock.now().as_nanos());
+            self.terms.first_plan_host_ns.set(i64::try_from(host_ns).unwrap_or(i64::MAX));
+            info!(host_ns, "first batch of the term planned");
+        }
+    }
 }
 
 /// Logs where every scheduling thread runs.
@@ -215,11 +342,22 @@ fn announce(cfg: &SchedulerConfig, control_addr: &str, metrics: SocketAddr) {
 }
 
 /// The poll loop: new links, the node's work and events, the stop signal
-/// (then a drain), and idling on the links' wait fds until the node's
+/// (then a drain), the loss of the leadership (then at once), and idling on the links' wait fds until the node's
 /// next timer.
-fn poll_until_drained<C: Connection>(node: &mut SchedulerNode<C>, acceptor: &Acceptor<C>, idle: &mut IdleWait, clock: &MonotonicClock) {
+fn poll_until_drained<C: Connection>(
+    node: &mut SchedulerNode<C>,
+    acceptor: &Acceptor<C>,
+    idle: &mut IdleWait,
+    clock: &MonotonicClock,
+    still_leading: &dyn Fn() -> bool,
+    first_plan: &mut FirstPlan<'_>,
+) -> TermEnd {
     let mut watched = WatchList::new();
     loop {
+        if !still_leading() {
+            // Stop planning at once: the links close when the node drops.
+            return TermEnd::SteppedDown;
+        }
         let now = clock.now();
         let mut busy = false;
         while let Some(c) = acceptor.try_next() {
@@ -236,9 +374,10 @@ fn poll_until_drained<C: Connection>(node: &mut SchedulerNode<C>, acceptor: &Acc
             continue;
         }
         if node.drained() {
-            return;
+            return TermEnd::Stopped;
         }
         if busy {
+            first_plan.check();
             idle.reset();
         } else {
             watched.sync(idle.set(), |live| {

@@ -148,6 +148,16 @@ impl<E: Election> Candidate<E> {
         }
     }
 
+    /// Gives the leadership up at `now` (a clean shutdown): revokes its own
+    /// lease so that a standby wins at its next try instead of after the
+    /// failure timeout. Not leading: nothing to do.
+    pub fn resign(&mut self, now: Instant) -> Result<(), ElectionError> {
+        let now = self.observe(now);
+        let Some(epoch) = self.leading() else { return Ok(()) };
+        self.step_down(now, epoch, "it resigned".into());
+        self.election.revoke(now, epoch)
+    }
+
     /// Does what is due at `now`; whether anything changed.
     pub fn poll(&mut self, now: Instant) -> bool {
         let now = self.observe(now);

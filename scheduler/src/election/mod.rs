@@ -12,11 +12,17 @@
 //!   to expire it: etcd's lease TTL has 1 s granularity); a leader that
 //!   cannot renew its lease steps down once the lease could have lapsed,
 //!   so two leaders never plan at once.
+//! * [`Etcd`]: the store over etcd v3; [`LocalEtcd`]: a throwaway local
+//!   etcd cluster for tests and `symphony up --ha`.
 
 mod candidate;
+mod etcd;
+mod local_etcd;
 mod memory;
 
 pub use candidate::{Candidate, CandidateConfig, RoleEvent, Standing};
+pub use etcd::{Etcd, EtcdConfig};
+pub use local_etcd::{etcd_binary, LocalEtcd, LocalEtcdError};
 pub use memory::InMemory;
 
 use dataplane::time::Instant;
