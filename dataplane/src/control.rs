@@ -596,6 +596,30 @@ pub fn metric_sum(text: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// A loopback TCP port that nothing listens on now, for a daemon that must
+/// be started on a fixed address (hot-standby schedulers, a local etcd).
+/// Drawn below the kernel's ephemeral range (Linux's default starts at
+/// 32768): a port asked of the kernel with `:0` and released is the very
+/// kind it hands out next as the source port of an outgoing connection, so
+/// a listener started on it moments later could find it taken. Racy by
+/// nature (another process may bind it first); the starter must report a
+/// failed bind.
+pub fn unused_port() -> std::io::Result<u16> {
+    use std::sync::atomic::AtomicU32;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // Spread over [20000, 32000) by pid and call count: parallel test
+    // processes do not walk the same sequence.
+    let base = std::process::id().wrapping_mul(7919);
+    for _ in 0..1000 {
+        let k = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = 20_000 + (base.wrapping_add(k.wrapping_mul(104_729)) % 12_000) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, "no unused port in 20000..32000"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -648,3 +672,4 @@ mod tests {
         drop(ep);
     }
 }
+

@@ -517,10 +517,7 @@ fn start_schedulers_ha(
         let listen = match spec.transport.as_str() {
             "shm" => format!("@symphony-{}-{}-sched-{k}", std::process::id(), unique()),
             _ => {
-                let port = std::net::TcpListener::bind("127.0.0.1:0")
-                    .and_then(|l| l.local_addr())
-                    .map_err(|e| etcd_err(&e))?
-                    .port();
+                let port = dataplane::control::unused_port().map_err(|e| etcd_err(&e))?;
                 format!("127.0.0.1:{port}")
             }
         };
@@ -696,7 +693,8 @@ impl LocalCluster {
         self.schedulers()
             .enumerate()
             .filter_map(|(i, d)| {
-                let m = d.metrics().ok()?;
+                // Briefly: a stopped (SIGSTOP) scheduler must not stall this.
+                let m = http_get(d.addr("metrics").ok()?, "/metrics", Duration::from_millis(300)).ok()?;
                 let e = metric(&m, "symphony_scheduler_leader_epoch")?;
                 (e > 0.0).then_some((i, e as u64))
             })

@@ -151,8 +151,12 @@ pub struct SchedulerArgs {
     #[arg(long, default_value_t = 120)]
     pub failure_timeout_ms: u64,
     /// The etcd lease's time to live, ms (whole seconds in etcd): how long
-    /// a leader cut off from etcd keeps serving before it steps down.
-    #[arg(long, default_value_t = 1000)]
+    /// a leader cut off from etcd keeps serving before it steps down. Longer
+    /// than etcd's own raft election (0.7-1.1 s measured with a 500 ms
+    /// election timeout), so that losing one etcd member of three, even its
+    /// raft leader, never costs the scheduler its leadership. Takeover after
+    /// a crash does not wait for it (the standby revokes the lease).
+    #[arg(long, default_value_t = 2000)]
     pub lease_ttl_ms: u64,
     #[command(flatten)]
     #[allow(missing_docs)]

@@ -85,6 +85,9 @@ fn heartbeat_addr(identity: &str) -> Option<SocketAddr> {
 struct Shared {
     /// The term this scheduler leads; 0: it does not lead.
     leading: AtomicU64,
+    /// Polls of the candidate so far (a leader's poll renews its lease
+    /// when due): the poll loop waits for one after a stall.
+    polls: AtomicU64,
     stop: AtomicBool,
 }
 
@@ -118,7 +121,7 @@ impl ElectionHost {
             CandidateConfig { me, heartbeat: cfg.heartbeat, failure_timeout: cfg.failure_timeout, lease_ttl: cfg.lease_ttl },
             etcd,
         );
-        let shared = Arc::new(Shared { leading: AtomicU64::new(0), stop: AtomicBool::new(false) });
+        let shared = Arc::new(Shared { leading: AtomicU64::new(0), polls: AtomicU64::new(0), stop: AtomicBool::new(false) });
         let (pongs, heard) = mpsc::sync_channel::<u64>(64);
         let hb = {
             let (shared, socket) = (shared.clone(), socket.try_clone()?);
@@ -141,6 +144,13 @@ impl ElectionHost {
             0 => None,
             e => Some(e),
         }
+    }
+
+    /// How many times the candidate has been polled: after a stall of the
+    /// poll loop, the first poll that follows has tried to renew the
+    /// lease (and stepped down if it was revoked meanwhile).
+    pub fn polls(&self) -> u64 {
+        self.shared.polls.load(Ordering::Acquire)
     }
 
     /// Stops both threads; a leader resigns first (revokes its lease), so
@@ -197,6 +207,8 @@ fn run_candidate(mut cand: Candidate<Etcd>, socket: &UdpSocket, heartbeat: Durat
         while let Some(ev) = cand.poll_event() {
             publish(&ev, shared, wake);
         }
+        shared.polls.fetch_add(1, Ordering::AcqRel);
+        wake.notify();
         if let Some(leader) = cand.following().and_then(|l| heartbeat_addr(&l.leader)) {
             if now >= next_ping {
                 let _ = socket.send_to(&datagram(PING, 0), leader);

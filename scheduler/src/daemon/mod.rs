@@ -246,9 +246,9 @@ where
         },
     )
     .with_membership(cfg.membership.clone());
-    let still_leading = || election.is_none_or(|h| h.leading() == Some(epoch));
+    let mut term = Term { election, epoch, stall: cfg.election.as_ref().map(|e| e.failure_timeout), last_pass: clock.now(), hold: None };
     let mut first_plan = FirstPlan::new(metrics, clock, terms);
-    let end = poll_until_drained(&mut node, &acceptor, idle, clock, &still_leading, &mut first_plan);
+    let end = poll_until_drained(&mut node, &acceptor, idle, clock, &mut term, &mut first_plan);
     drop(acceptor);
     let (frontends, backends) = node.plane().peers();
     info!(
@@ -259,6 +259,56 @@ where
         "stopped"
     );
     Ok(end)
+}
+
+/// Whether this scheduler may go on serving its term (hot standby).
+struct Term<'a> {
+    election: Option<&'a ha::ElectionHost>,
+    epoch: u64,
+    /// A gap between two passes of the poll loop longer than this (the
+    /// failure timeout) means the process was stopped or starved: a standby
+    /// may have taken over meanwhile.
+    stall: Option<Duration>,
+    last_pass: dataplane::time::Instant,
+    /// Held after a stall until the candidate has been polled again.
+    hold: Option<u64>,
+}
+
+/// What [`Term::check`] found.
+#[derive(PartialEq, Eq)]
+enum TermCheck {
+    Lead,
+    /// Touch nothing until the lease is confirmed (or lost).
+    Hold,
+    SteppedDown,
+}
+
+impl Term<'_> {
+    fn check(&mut self, now: dataplane::time::Instant) -> TermCheck {
+        let Some(host) = self.election else { return TermCheck::Lead };
+        if host.leading() != Some(self.epoch) {
+            return TermCheck::SteppedDown;
+        }
+        let gap = now.saturating_since(self.last_pass);
+        self.last_pass = now;
+        if self.stall.is_some_and(|s| gap > s) && self.hold.is_none() {
+            // Resumed after a pause (SIGSTOP, a VM stall): the term may
+            // have passed to a standby that revoked the lease. Plan nothing
+            // until the election thread has tried a renewal since; a
+            // revoked lease then steps this scheduler down before it sends
+            // a single plan of the old term.
+            warn!(stalled_ms = gap.as_nanos() / 1_000_000, "the poll loop stalled past the failure timeout: holding until the lease is confirmed");
+            self.hold = Some(host.polls());
+        }
+        match self.hold {
+            Some(p) if host.polls() <= p.saturating_add(1) => TermCheck::Hold,
+            Some(_) => {
+                self.hold = None;
+                TermCheck::Lead
+            }
+            None => TermCheck::Lead,
+        }
+    }
 }
 
 /// Notes when the term's first batch is planned (for takeover times).
@@ -349,14 +399,19 @@ fn poll_until_drained<C: Connection>(
     acceptor: &Acceptor<C>,
     idle: &mut IdleWait,
     clock: &MonotonicClock,
-    still_leading: &dyn Fn() -> bool,
+    term: &mut Term<'_>,
     first_plan: &mut FirstPlan<'_>,
 ) -> TermEnd {
     let mut watched = WatchList::new();
     loop {
-        if !still_leading() {
+        match term.check(clock.now()) {
             // Stop planning at once: the links close when the node drops.
-            return TermEnd::SteppedDown;
+            TermCheck::SteppedDown => return TermEnd::SteppedDown,
+            TermCheck::Hold => {
+                idle.set().wait(Duration::from_millis(5));
+                continue;
+            }
+            TermCheck::Lead => {}
         }
         let now = clock.now();
         let mut busy = false;
@@ -383,7 +438,10 @@ fn poll_until_drained<C: Connection>(
             watched.sync(idle.set(), |live| {
                 node.for_each_conn(|key, c| live.extend(c.wait_fd().map(|fd| (key, fd))))
             });
-            let next = node.poll_at().unwrap_or(now + Duration::from_millis(100));
+            // Under an election, wake well within the stall bound, so
+            // that an idle loop is never mistaken for a stopped one.
+            let longest = term.stall.map_or(Duration::from_millis(100), |s| Duration::from_nanos((s.as_nanos() / 2).min(100_000_000)));
+            let next = node.poll_at().unwrap_or(now + longest).min(now + longest);
             // The pinned runtime's threads notify the wait set when they
             // hand decisions over; the recheck closes the race with a
             // notify sent just before this thread declared itself asleep.

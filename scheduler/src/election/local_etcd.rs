@@ -9,7 +9,6 @@
 //! etcd raises every lease's TTL to at least 1.5 election timeouts, so a
 //! 1 s lease stays 1 s (with etcd's defaults it would be 2 s).
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
@@ -59,9 +58,9 @@ pub fn etcd_binary() -> Option<String> {
 }
 
 fn free_port() -> std::io::Result<u16> {
-    // Bound then released: another process could take it in between, in
-    // which case the member fails to start and `start` reports it.
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    // Another process could take it before the member binds it; the
+    // member then fails to start and `start` reports it.
+    dataplane::control::unused_port()
 }
 
 impl LocalEtcd {
