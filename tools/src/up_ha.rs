@@ -1,8 +1,9 @@
 //! `symphony up --ha`: the local cluster with hot-standby schedulers
 //! elected through a local etcd (issue 18). It offers a steady HTTP load,
-//! SIGKILLs the leading scheduler after `--kill-leader-after-s` (and again
-//! every `--kill-every-s` for `--kills` kills; each killed scheduler comes
-//! back as a standby), and prints for each kill the takeover time, then
+//! SIGKILLs the leading scheduler (or, with `--kill-target random`, any
+//! scheduler) after `--kill-leader-after-s` (and again every
+//! `--kill-every-s` for `--kills` kills; each killed scheduler comes back
+//! as a standby), and prints for each kill the takeover time, then
 //! goodput in 250 ms bins and the accounting.
 //!
 //! Takeover is measured from the kill (CLOCK_MONOTONIC of this process)
@@ -49,6 +50,20 @@ pub struct HaOpts {
     /// Seconds between kills.
     #[arg(long = "kill-every-s", default_value_t = 3.0)]
     pub kill_every_s: f64,
+    /// Which scheduler each kill hits: the leader, or one drawn at random
+    /// among all of them (seeded by --seed; a standby's death must change
+    /// nothing).
+    #[arg(long = "kill-target", value_enum, default_value_t = KillTarget::Leader)]
+    pub kill_target: KillTarget,
+}
+
+/// `--kill-target`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KillTarget {
+    /// The leading scheduler.
+    Leader,
+    /// Any scheduler, drawn at random.
+    Random,
 }
 
 /// One kill and the takeover after it.
@@ -108,10 +123,21 @@ fn run_with(spec: &ClusterSpec, models: &[ModelSpec], o: &ClusterOpts, ha: &HaOp
     let clock = MonotonicClock::new();
     let start = StdInstant::now();
     let mut takeovers = Vec::new();
+    let mut draw = o.seed ^ 0x9E37_79B9_7F4A_7C15;
     for k in 0..ha.kills {
         let at = ha.kill_after_s + f64::from(k) * ha.kill_every_s;
         sleep_until(start + StdDuration::from_secs_f64(at));
-        takeovers.push(kill_leader(&mut cluster, spec, &clock, start)?);
+        let target = match ha.kill_target {
+            KillTarget::Leader => None,
+            KillTarget::Random => {
+                // xorshift64: a fixed sequence per seed.
+                draw ^= draw << 13;
+                draw ^= draw >> 7;
+                draw ^= draw << 17;
+                Some((draw % u64::from(ha.schedulers)) as usize)
+            }
+        };
+        takeovers.push(kill_scheduler(&mut cluster, spec, &clock, start, target)?);
     }
     let report = load_thread.join().map_err(|_| run_err("the load thread panicked"))?.map_err(run_err)?;
     let outcomes = cluster.frontend_outcomes();
@@ -140,14 +166,25 @@ fn host_ns(clock: &MonotonicClock) -> u64 {
     clock.origin_host_ns().saturating_add(clock.now().as_nanos())
 }
 
-/// SIGKILLs the leader, waits for the next leader's first plan, restarts
-/// the killed one as a standby.
-fn kill_leader(cluster: &mut LocalCluster, spec: &ClusterSpec, clock: &MonotonicClock, start: StdInstant) -> Result<Takeover, UpError> {
-    let (killed, old_epoch) = cluster.leader_index().ok_or_else(|| run_err("no scheduler leads at the kill"))?;
+/// SIGKILLs scheduler `target` (`None`: the leader); if it led, waits for
+/// the next leader's first plan; restarts the killed one as a standby.
+fn kill_scheduler(cluster: &mut LocalCluster, spec: &ClusterSpec, clock: &MonotonicClock, start: StdInstant, target: Option<usize>) -> Result<Takeover, UpError> {
+    let (leading, old_epoch) = cluster.leader_index().ok_or_else(|| run_err("no scheduler leads at the kill"))?;
+    let killed = target.unwrap_or(leading);
     let at_s = start.elapsed().as_secs_f64();
     let kill_ns = host_ns(clock);
     if let Some(d) = cluster.scheduler_mut(killed) {
         d.kill();
+    }
+    if killed != leading {
+        warn!(scheduler = killed, at_s, "killed a standby scheduler (SIGKILL)");
+        std::thread::sleep(StdDuration::from_millis(300));
+        let still = cluster.leader_index();
+        cluster.respawn_scheduler(killed, spec).map_err(run_err)?;
+        if still != Some((leading, old_epoch)) {
+            return Err(run_err(format!("a standby's death moved the leadership: {still:?}")));
+        }
+        return Ok(Takeover { at_s, killed, old_epoch, leader: leading, new_epoch: old_epoch, takeover_ms: 0.0 });
     }
     warn!(scheduler = killed, epoch = old_epoch, at_s, "killed the leading scheduler (SIGKILL)");
     let deadline = StdInstant::now() + StdDuration::from_secs(10);
@@ -241,8 +278,15 @@ impl Summary {
     fn print(&self) {
         println!("up --ha: {:.0} rps offered (uniform gaps), {} kill(s) of the leading scheduler", self.rate, self.takeovers.len());
         for (t, (before, after)) in self.takeovers.iter().zip(&self.windows) {
+            if t.new_epoch == t.old_epoch {
+                println!(
+                    "  kill at {:.2} s: standby scheduler {}; scheduler {} led on (epoch {}); goodput 2 s before {:.0} rps, lowest 250 ms bin from 2 s after: {:.3} of it",
+                    t.at_s, t.killed, t.leader, t.old_epoch, before, after
+                );
+                continue;
+            }
             println!(
-                "  kill at {:.2} s: scheduler {} (epoch {}) -> scheduler {} (epoch {}), takeover {:.1} ms (kill to first plan); goodput 2 s before {:.0} rps, lowest 250 ms bin from 2 s after: {:.3} of it",
+                "  kill at {:.2} s: leader scheduler {} (epoch {}) -> scheduler {} (epoch {}), takeover {:.1} ms (kill to first plan); goodput 2 s before {:.0} rps, lowest 250 ms bin from 2 s after: {:.3} of it",
                 t.at_s, t.killed, t.old_epoch, t.leader, t.new_epoch, t.takeover_ms, before, after
             );
         }
