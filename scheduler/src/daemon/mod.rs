@@ -149,6 +149,7 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), Scheduler
             // A backend that is alive reports a batch long before its
             // liveness bound passes.
             batch_grace: cfg.dead_after,
+            ..NodeConfig::default()
         },
     )
     .with_membership(cfg.membership.clone());
