@@ -123,7 +123,8 @@ fn run<D: Domain>(
             model_id: 0,
             gpu_id: 0,
             count: 0,
-            reserved: 0,
+            run_ns: 0,
+            epoch: 0,
         };
         let n = wire::encode_batch_plan(&mut plan, &head, &tasks).unwrap();
         let t0 = std::time::Instant::now();

@@ -539,6 +539,8 @@ impl<C: Connection> Host<'_, C> {
             // The worker fails the frontend's tasks; the scheduler
             // announces it again if it comes back.
             BackendEvent::FrontendLost(_) => {}
+            // Counted in symphony_backend_plans_fenced{reason}.
+            BackendEvent::Fenced(_) => warn!("{ev}"),
             BackendEvent::Failed { why } => return Err(BackendError::Node(why)),
             ev => info!("{ev}"),
         }

@@ -19,7 +19,7 @@ use dataplane::transport::{Connection, Error};
 use dataplane::wire::{self, Join, Message, Register, Role, WireError};
 
 use crate::exec::Executor;
-use crate::worker::{BatchWorker, ControlMessage, WorkerError};
+use crate::worker::{BatchWorker, ControlMessage, FenceReason, FencedPlan, WorkerError};
 
 /// Identity and timing of a [`BackendNode`].
 #[derive(Clone, Debug)]
@@ -98,6 +98,9 @@ pub enum BackendEvent {
         /// The bound.
         after: Duration,
     },
+    /// A plan was not executed because of its epoch (counted in the
+    /// worker's `stale_plans` / `superseded_batches`).
+    Fenced(FencedPlan),
     /// The node cannot go on (the executor refused a checked batch: a bug).
     Failed {
         /// Why.
@@ -123,6 +126,18 @@ impl std::fmt::Display for BackendEvent {
                 if *replaced { " (replaced the previous one)" } else { "" }
             ),
             BackendEvent::FrontendLost(id) => write!(f, "data connection to frontend {id} lost"),
+            BackendEvent::Fenced(p) => match p.reason {
+                FenceReason::StaleEpoch => write!(
+                    f,
+                    "refused batch {} of epoch {}: epoch {} was seen already",
+                    p.batch_id, p.epoch, p.newest
+                ),
+                FenceReason::Superseded => write!(
+                    f,
+                    "dropped batch {} of epoch {} unstarted: a scheduler of epoch {} leads now",
+                    p.batch_id, p.epoch, p.newest
+                ),
+            },
             BackendEvent::DrainTimedOut { in_hand, after } => write!(
                 f,
                 "{in_hand} batches still in hand after {} ms; leaving them",
@@ -216,6 +231,8 @@ pub struct BackendNode<C: Connection, E: Executor> {
     control_delay: Option<ControlDelay>,
     /// Whether the node outlives its scheduler ([`BackendNode::with_failover`]).
     failover: bool,
+    /// Scratch for the busy report sent with the model list.
+    busy: Vec<wire::GpuBusy>,
 }
 
 /// The key of the scheduler link in [`BackendNode::for_each_conn`].
@@ -246,6 +263,7 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             delay_override: None,
             control_delay: None,
             failover: false,
+            busy: Vec::new(),
         }
     }
 
@@ -466,7 +484,7 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
         }
         for _ in 0..64 {
             if let State::Hello { sent, nonce, since } = self.state {
-                match self.hello(sent, &nonce) {
+                match self.hello(now, sent, &nonce) {
                     Ok(2) => self.state = State::AwaitAck { since },
                     Ok(sent) => {
                         self.state = State::Hello { sent, nonce, since };
@@ -549,14 +567,17 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
         progressed
     }
 
-    /// Sends what remains of Join and Models; returns how many went out.
-    fn hello(&mut self, mut sent: u8, nonce: &[u8; wire::NONCE_LEN]) -> Result<u8, Error> {
+    /// Sends what remains of Join and Models (with how long each GPU stays
+    /// busy with the batches in hand, as of `now`: a scheduler that takes
+    /// over plans nothing on it before then); returns how many went out.
+    fn hello(&mut self, now: Instant, mut sent: u8, nonce: &[u8; wire::NONCE_LEN]) -> Result<u8, Error> {
         while sent < 2 {
             let encoded = if sent == 0 {
                 let join = self.join(nonce);
                 wire::encode(&mut self.msg, &join)
             } else {
-                wire::encode_models(&mut self.msg, &self.cfg.served)
+                self.worker.busy_report(now, &mut self.busy);
+                wire::encode_models_busy(&mut self.msg, &self.cfg.served, &self.busy)
             };
             let n = encoded?;
             match self.worker.scheduler().send(&self.msg[..n]) {
@@ -571,6 +592,19 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
     /// The scheduler's Welcome: check the model count, adopt the control
     /// delay bound (unless overridden), start serving.
     fn welcomed(&mut self, now: Instant, w: wire::Welcome) {
+        if w.epoch < self.worker.epoch() {
+            // A deposed leader that does not know it yet (or a stale
+            // address): its plans would be refused anyway. On to the next.
+            self.refuse(format!(
+                "the scheduler leads epoch {}, but epoch {} was seen already; trying the next scheduler",
+                w.epoch,
+                self.worker.epoch()
+            ));
+            return;
+        }
+        // Held batches of older epochs that have not started never will.
+        self.worker.see_epoch(w.epoch);
+        self.drain_fenced();
         if w.models != self.cfg.cluster_models {
             self.refuse(format!(
                 "model list mismatch: the scheduler has {} models, this backend {} (give every daemon the same --zoo/--models/--model)",
@@ -589,6 +623,16 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
         self.state = State::Serving;
         self.liveness = Some(Liveness::new(now, self.cfg.heartbeat, self.cfg.dead_after));
         self.events.push_back(BackendEvent::Registered);
+    }
+
+    /// Reports the plans the worker refused for their epoch.
+    fn drain_fenced(&mut self) -> bool {
+        let mut any = false;
+        while let Some(p) = self.worker.pop_fenced() {
+            self.events.push_back(BackendEvent::Fenced(p));
+            any = true;
+        }
+        any
     }
 
     fn serve(&mut self, now: Instant) -> bool {
@@ -617,6 +661,7 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
                 }
             }
         };
+        progressed |= self.drain_fenced();
         while let Some(msg) = self.worker.pop_control() {
             progressed = true;
             self.handle_control(msg);
@@ -682,7 +727,7 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
     fn serve_lost(&mut self, now: Instant) -> bool {
         self.check_drained(now);
         match self.worker.poll(now) {
-            Ok(p) => p,
+            Ok(p) => p | self.drain_fenced(),
             Err(WorkerError::Executor(e)) => {
                 self.state = State::Done;
                 self.events.push_back(BackendEvent::Failed { why: format!("executor: {e}") });
@@ -821,6 +866,9 @@ mod tests {
     trait PeerExt {
         /// Sends a plan of one task from frontend 3.
         fn plan(&mut self, batch_id: u64);
+        /// [`plan`](Self::plan) of scheduler epoch `epoch`, holding its GPU
+        /// for 5 ms.
+        fn plan_of(&mut self, batch_id: u64, epoch: u32);
         /// Every message received, debug-formatted (heartbeats left out),
         /// and how many heartbeats.
         fn received(&mut self) -> (Vec<String>, usize);
@@ -828,7 +876,10 @@ mod tests {
 
     impl PeerExt for SimPeer {
         fn plan(&mut self, batch_id: u64) {
-            let head = BatchPlanHead { batch_id, exec_in_ns: 1_000_000, model_id: 0, gpu_id: 0, count: 0, reserved: 0 };
+            self.plan_of(batch_id, 0);
+        }
+        fn plan_of(&mut self, batch_id: u64, epoch: u32) {
+            let head = BatchPlanHead { batch_id, exec_in_ns: 1_000_000, model_id: 0, gpu_id: 0, count: 0, run_ns: 5_000_000, epoch };
             let task = BatchTask { task_id: batch_id, frontend_id: 3, queued_us: 0, input: RemoteRef { key: 1, len: 16, offset: 0 } };
             self.send_encoded(|buf| wire::encode_batch_plan(buf, &head, &[task])).unwrap();
         }
@@ -933,7 +984,7 @@ mod tests {
 
     /// The fake scheduler's welcome for a list of `models`.
     fn welcome(models: u32) -> Welcome {
-        Welcome { models, reserved: 0, control_delay_ns: 0 }
+        Welcome { models, epoch: 0, control_delay_ns: 0 }
     }
 
     /// Registered at t0; the scheduler's received messages cleared.
@@ -1125,5 +1176,109 @@ mod tests {
             n.events(),
             vec![BackendEvent::DrainTimedOut { in_hand: 1, after: config().drain_timeout }]
         );
+    }
+
+    /// Registers the node over scheduler end `s` at `t0` with a Welcome of
+    /// `epoch`; returns the Models message the node sent.
+    fn register_epoch(t0: Instant, n: &mut Backend, s: &mut SimPeer, epoch: u32) -> Vec<u8> {
+        s.challenge(NONCE).unwrap();
+        n.settle(t0);
+        let msgs = s.take_all();
+        assert!(matches!(wire::decode(&msgs[0]), Ok(Message::Join(_))));
+        s.send(&Welcome { models: MODELS, epoch, control_delay_ns: 0 }).unwrap();
+        n.settle(t0);
+        msgs[1].clone()
+    }
+
+    #[test]
+    fn a_plan_of_an_older_epoch_than_the_newest_seen_is_refused_and_reported() {
+        let t0 = Instant::ZERO;
+        let (mut n, mut s) = node();
+        register_epoch(t0, &mut n, &mut s, 1);
+        assert_eq!(n.events(), vec![BackendEvent::Registered]);
+        assert_eq!(n.node.worker().epoch(), 1);
+        let _fe = n.connect_frontend(t0, false);
+        n.settle(t0);
+        n.events();
+        // A plan teaches a newer epoch too; then one of epoch 1 is stale.
+        s.plan_of(1, 2);
+        n.settle(t0);
+        assert_eq!(n.node.worker().epoch(), 2);
+        s.plan_of(2, 1);
+        n.settle(t0);
+        let st = n.node.worker().stats();
+        assert_eq!((st.plans, st.stale_plans), (1, 1));
+        let fenced = FencedPlan { batch_id: 2, epoch: 1, newest: 2, reason: FenceReason::StaleEpoch };
+        assert_eq!(n.events(), vec![BackendEvent::Fenced(fenced)]);
+        assert!(BackendEvent::Fenced(fenced).to_string().contains("refused batch 2 of epoch 1"));
+    }
+
+    #[test]
+    fn a_new_leader_learns_the_busy_gpu_and_its_epoch_drops_the_old_unstarted_batch() {
+        let t0 = Instant::ZERO;
+        let (mut n, mut s) = node_with(true);
+        register_epoch(t0, &mut n, &mut s, 1);
+        // The batch cannot start: its input never arrives.
+        let _fe = n.connect_frontend(t0, true);
+        n.settle(t0);
+        s.plan_of(1, 1);
+        n.settle(t0);
+        assert_eq!(n.node.worker().batches_in_flight(), 1);
+        n.events();
+        // The leader dies; a new one takes over.
+        drop(s);
+        let t1 = t0 + Duration::from_micros(500);
+        n.settle(t1);
+        assert!(n.node.scheduler_lost());
+        n.events();
+        let (ours, theirs) = n.net.link(BACKEND, SCHEDULER).unwrap();
+        let _old = n.node.handle_scheduler_link(ours);
+        let mut s2 = SimPeer::new(theirs);
+        let models = register_epoch(t1, &mut n, &mut s2, 2);
+        // The Models message said: GPU 0 busy until the batch's planned
+        // start (t0 + 1 ms) plus its 5 ms.
+        match wire::decode(&models).unwrap() {
+            Message::Models(ids, busy) => {
+                assert_eq!(ids.iter().collect::<Vec<_>>(), [0, 1]);
+                let busy: Vec<_> = busy.iter().collect();
+                assert_eq!(busy, [wire::GpuBusy { busy_ns: 5_500_000, gpu_id: 0, batches: 1 }]);
+            }
+            m => panic!("{m:?}"),
+        }
+        // Epoch 2's Welcome: the unstarted batch of epoch 1 never runs.
+        let ev = n.events();
+        let fenced = FencedPlan { batch_id: 1, epoch: 1, newest: 2, reason: FenceReason::Superseded };
+        assert_eq!(ev, vec![BackendEvent::Fenced(fenced), BackendEvent::Registered]);
+        assert_eq!(n.node.worker().stats().superseded_batches, 1);
+        n.run_until(t1, t1 + Duration::from_millis(50));
+        assert_eq!(n.node.worker().stats().batches_executed, 0);
+        let (msgs, _) = s2.received();
+        assert!(!msgs.iter().any(|m| m.starts_with("BatchDone")), "{msgs:?}");
+    }
+
+    #[test]
+    fn a_welcome_of_an_older_epoch_than_the_newest_seen_sends_the_node_to_the_next_scheduler() {
+        let t0 = Instant::ZERO;
+        let (mut n, mut s) = node_with(true);
+        register_epoch(t0, &mut n, &mut s, 3);
+        n.events();
+        drop(s);
+        n.settle(t0);
+        assert!(n.node.scheduler_lost());
+        n.events();
+        // A deposed leader of epoch 2 answers first: the link is dropped.
+        let (ours, theirs) = n.net.link(BACKEND, SCHEDULER).unwrap();
+        let _old = n.node.handle_scheduler_link(ours);
+        let mut stale = SimPeer::new(theirs);
+        register_epoch(t0, &mut n, &mut stale, 2);
+        let ev = n.events();
+        assert!(matches!(&ev[..], [BackendEvent::Refused { why }] if why.contains("epoch 2") && why.contains("epoch 3")), "{ev:?}");
+        assert!(n.node.scheduler_lost() && !n.node.registered());
+        // The leader of epoch 3 (or later) is taken.
+        let (ours, theirs) = n.net.link(BACKEND, SCHEDULER).unwrap();
+        let _old = n.node.handle_scheduler_link(ours);
+        let mut leader = SimPeer::new(theirs);
+        register_epoch(t0, &mut n, &mut leader, 3);
+        assert_eq!(n.events(), vec![BackendEvent::Registered]);
     }
 }

@@ -173,7 +173,50 @@ pub struct WorkerStats {
     /// Plans ignored because their batch id was not above every earlier
     /// plan's (a duplicated or replayed plan: never executed twice).
     pub duplicate_plans: u64,
+    /// Plans refused on arrival because their epoch was older than the
+    /// newest seen (reason `stale_epoch`): never executed.
+    pub stale_plans: u64,
+    /// Batches held but not started when a newer epoch was seen, dropped
+    /// unexecuted (reason `superseded`): the new leader plans their tasks
+    /// again (frontends resubmit what they still await).
+    pub superseded_batches: u64,
 }
+
+/// Why a plan was not executed because of its epoch (metric label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FenceReason {
+    /// It arrived with an epoch older than the newest seen.
+    StaleEpoch,
+    /// It was held, not started, when a newer epoch was seen.
+    Superseded,
+}
+
+impl FenceReason {
+    /// Stable snake_case name: metric label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FenceReason::StaleEpoch => "stale_epoch",
+            FenceReason::Superseded => "superseded",
+        }
+    }
+}
+
+/// A plan refused for its epoch, for the host's log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FencedPlan {
+    /// The batch.
+    pub batch_id: u64,
+    /// Its epoch.
+    pub epoch: u32,
+    /// The newest epoch seen when it was refused.
+    pub newest: u32,
+    /// Why.
+    pub reason: FenceReason,
+}
+
+/// Refusals kept for [`BatchWorker::pop_fenced`] (older ones are only
+/// counted).
+const FENCED_CAPACITY: usize = 64;
 
 /// A scheduler message that is not a plan, handed to the caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -259,6 +302,10 @@ struct BatchSlot {
     /// counts them): a batch of an earlier one is not reported to a later
     /// one, whose batch ids are its own.
     link: u32,
+    /// The planning scheduler's epoch.
+    epoch: u32,
+    /// How long the plan said the batch holds its device.
+    run: Duration,
     model: u32,
     gpu: u32,
     received: Instant,
@@ -314,6 +361,9 @@ pub struct BatchWorker<C: Connection, E: Executor> {
     seen_batches: SeenBatches,
     /// How many times the scheduler link was replaced.
     scheduler_link: u32,
+    /// The newest election epoch seen (Welcome or plan).
+    epoch: u32,
+    fenced: VecDeque<FencedPlan>,
     stats: WorkerStats,
 }
 
@@ -428,6 +478,8 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
                 phase: Phase::Free,
                 batch_id: 0,
                 link: 0,
+                epoch: 0,
+                run: Duration::ZERO,
                 model: 0,
                 gpu: 0,
                 received: Instant::ZERO,
@@ -469,6 +521,8 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             scheduler_heard: Instant::ZERO,
             seen_batches: SeenBatches::default(),
             scheduler_link: 0,
+            epoch: 0,
+            fenced: VecDeque::with_capacity(FENCED_CAPACITY),
             stats: WorkerStats::default(),
             cfg,
         })
@@ -518,6 +572,89 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
         self.scheduler_link = self.scheduler_link.wrapping_add(1);
         self.seen_batches = SeenBatches::default();
         std::mem::replace(&mut self.scheduler, conn)
+    }
+
+    /// The newest election epoch seen (0: none).
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    /// An election epoch seen (a Welcome's or a plan's). A newer one than
+    /// any before fences the older epochs: batches of theirs held and not
+    /// started are dropped unexecuted (their tasks are the new leader's to
+    /// plan; frontends resubmit what they await), and their later plans
+    /// are refused. Running batches finish (they started before the new
+    /// epoch was known, and the new leader was told how long their GPUs
+    /// stay busy). Returns how many batches were dropped.
+    pub fn see_epoch(&mut self, epoch: u32) -> usize {
+        if epoch <= self.epoch {
+            return 0;
+        }
+        self.epoch = epoch;
+        let mut dropped = 0;
+        for si in 0..self.slots.len() {
+            let s = &mut self.slots[si];
+            if s.epoch >= epoch || !matches!(s.phase, Phase::Fetching | Phase::Ready) {
+                continue;
+            }
+            s.unposted = 0;
+            if s.outstanding_reads == 0 {
+                s.phase = Phase::Free;
+                self.free_slots += 1;
+            } else {
+                // Freed when its READs are in (they own its buffer).
+                s.phase = Phase::Draining;
+            }
+            let f = FencedPlan { batch_id: s.batch_id, epoch: s.epoch, newest: epoch, reason: FenceReason::Superseded };
+            self.stats.superseded_batches += 1;
+            self.note_fenced(f);
+            dropped += 1;
+        }
+        dropped
+    }
+
+    fn note_fenced(&mut self, f: FencedPlan) {
+        if self.fenced.len() < FENCED_CAPACITY {
+            self.fenced.push_back(f);
+        }
+    }
+
+    /// The oldest plan refused for its epoch not yet taken (for the log).
+    pub fn pop_fenced(&mut self) -> Option<FencedPlan> {
+        self.fenced.pop_front()
+    }
+
+    /// How long each device stays busy after `now` with the batches held
+    /// (running or waiting to run): one entry per busy device, for the
+    /// registration with a new scheduler. Each batch holds its device for
+    /// its plan's duration from its start (planned, or actual once
+    /// submitted); the batches of a device run one after another.
+    pub fn busy_report(&self, now: Instant, out: &mut Vec<wire::GpuBusy>) {
+        out.clear();
+        for gpu in 0..self.exec.devices() {
+            let mut free = now;
+            let mut batches = 0;
+            // Few batches per device: take them in start order by repeated
+            // scans rather than sorting a copy.
+            let mut after: Option<(Instant, usize)> = None;
+            loop {
+                let next = self
+                    .slots
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.gpu == gpu && matches!(s.phase, Phase::Fetching | Phase::Ready | Phase::Executing))
+                    .map(|(i, s)| (s.submitted.map_or(s.exec_at, |t| t.max(s.exec_at)), i))
+                    .filter(|k| after.is_none_or(|a| *k > a))
+                    .min();
+                let Some((start, i)) = next else { break };
+                after = Some((start, i));
+                free = free.max(start) + self.slots[i].run;
+                batches += 1;
+            }
+            if batches > 0 {
+                out.push(wire::GpuBusy { busy_ns: free.saturating_since(now).as_nanos(), gpu_id: gpu, batches });
+            }
+        }
     }
 
     /// The connection to frontend `id`, to look at (e.g. its `wait_fd`).
@@ -698,6 +835,12 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
                 }
                 Err(e) => return Err(WorkerError::Transport(Error::Protocol(e))),
             };
+            if head.epoch < self.epoch {
+                self.stats.stale_plans += 1;
+                let f = FencedPlan { batch_id: head.batch_id, epoch: head.epoch, newest: self.epoch, reason: FenceReason::StaleEpoch };
+                self.note_fenced(f);
+                continue;
+            }
             if !self.seen_batches.insert(head.batch_id) {
                 self.stats.duplicate_plans += 1;
                 continue;
@@ -718,6 +861,8 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             s.phase = Phase::Fetching;
             s.batch_id = head.batch_id;
             s.link = self.scheduler_link;
+            s.epoch = head.epoch;
+            s.run = Duration::from_nanos(head.run_ns);
             s.model = head.model_id;
             s.gpu = head.gpu_id;
             s.received = now;
@@ -763,6 +908,9 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             if s.unresolved == 0 {
                 s.phase = Phase::Ready;
             }
+            // A newer epoch fences the older ones' batches held (this one
+            // is of the newer epoch itself).
+            self.see_epoch(head.epoch);
         }
         Ok(any)
     }

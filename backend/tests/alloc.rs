@@ -105,7 +105,8 @@ fn a_warm_batch_allocates_nothing() {
             model_id: (b % 2) as u32,
             gpu_id: 0,
             count: 0,
-            reserved: 0,
+            run_ns: 0,
+            epoch: 0,
         };
         let n = wire::encode_batch_plan(&mut plan_buf, &head, &tasks[..size]).unwrap();
         sched.send(&plan_buf[..n]).unwrap();

@@ -324,7 +324,7 @@ impl<D: Domain> FakeScheduler<D> {
         };
         let n = recv_within(&mut c, &mut self.buf, dp(TIMEOUT)).expect("Models");
         let ids = match wire::decode(&self.buf[..n]) {
-            Ok(Message::Models(ids)) => ids.iter().collect(),
+            Ok(Message::Models(ids, _)) => ids.iter().collect(),
             other => panic!("expected Models, got {other:?}"),
         };
         self.conn = Some(c);
@@ -346,7 +346,7 @@ impl<D: Domain> FakeScheduler<D> {
 
     /// Acknowledges the registration announcing a control delay bound.
     fn welcome_with(&mut self, models: u32, control_delay_ns: u64) -> Result<(), dataplane::transport::Error> {
-        let w = wire::Welcome { models, reserved: 0, control_delay_ns };
+        let w = wire::Welcome { models, epoch: 0, control_delay_ns };
         let n = wire::encode(&mut self.buf, &w).unwrap();
         let msg = self.buf[..n].to_vec();
         send_within(self.conn(), &msg, dp(TIMEOUT))
@@ -501,7 +501,8 @@ fn serves_a_plan_and_outlives_the_scheduler<N: Net>(net: N, seed: u64) {
         model_id: 1,
         gpu_id: 1,
         count: 0,
-        reserved: 0,
+        run_ns: 0,
+            epoch: 0,
     };
     let mut b = vec![0u8; wire::MAX_MESSAGE_LEN];
     let n = wire::encode_batch_plan(&mut b, &head, &tasks).unwrap();

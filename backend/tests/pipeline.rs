@@ -59,7 +59,8 @@ fn serves_every_task<N: Net>(net: N) {
             model_id: model,
             gpu_id: gpu,
             count: 0,
-            reserved: 0,
+            run_ns: 0,
+            epoch: 0,
         };
         rig.send_plan(head, &wire_tasks);
         plans.push(Planned {
@@ -186,7 +187,8 @@ fn virtual_clock_is_exact<N: Net>(net: N) {
             model_id: 0,
             gpu_id: 0,
             count: 0,
-            reserved: 0,
+            run_ns: 0,
+            epoch: 0,
         };
         rig.send_plan(head, &tasks);
         let received_at = now;
@@ -268,7 +270,8 @@ fn dead_frontend_fails_only_its_tasks<N: Net>(net: N) {
         model_id: 1,
         gpu_id: 0,
         count: 0,
-        reserved: 0,
+        run_ns: 0,
+            epoch: 0,
     };
     rig.send_plan(head, &tasks);
     if !shm {
@@ -335,7 +338,8 @@ fn bad_plan_is_answered<N: Net>(net: N) {
         model_id: 0,
         gpu_id: 7,
         count: 0,
-        reserved: 0,
+        run_ns: 0,
+            epoch: 0,
     };
     rig.send_plan(head, &tasks);
     rig.run_until(|| clock.now(), |r| r.done.len() == 1);
@@ -366,7 +370,8 @@ fn scheduler_loss_still_answers_frontends<N: Net>(net: N) {
         model_id: 0,
         gpu_id: 0,
         count: 0,
-        reserved: 0,
+        run_ns: 0,
+            epoch: 0,
     };
     rig.send_plan(head, &tasks);
     rig.run_until(|| clock.now(), |r| r.worker.batches_in_flight() == 1);
@@ -494,7 +499,8 @@ fn control_messages_reach_the_caller<N: Net>(net: N) {
         model_id: 0,
         gpu_id: 0,
         count: 0,
-        reserved: 0,
+        run_ns: 0,
+            epoch: 0,
     };
     let tasks: Vec<BatchTask> = (0..2).map(|k| task(&rig.frontends[0], k)).collect();
     rig.send_plan(head, &tasks);

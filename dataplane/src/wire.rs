@@ -49,7 +49,13 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SYMP");
 /// size, position, input/compute/output-side durations). Version 4: a
 /// [`BatchTask`] and a [`CompletionHead`] carry the task's scheduler queueing
 /// time (`queued_us`) in the word that was reserved (zero) before.
-pub const VERSION: u16 = 4;
+/// Version 5: fencing by epoch and state from re-registration: a
+/// [`Welcome`] and a [`BatchPlanHead`] carry the scheduler's election
+/// `epoch` (0: no election) in the word that was reserved; a plan carries
+/// its planned duration (`run_ns`); a backend's [`Kind::Models`] message
+/// ends with how long each of its GPUs stays busy ([`GpuBusy`]) with the
+/// batches it already holds.
+pub const VERSION: u16 = 5;
 /// Oldest peer version a scheduler of this version accepts. Upgrades are
 /// stop-the-world (`docs/operations.md`): only its own version.
 pub const OLDEST_PEER_VERSION: u16 = VERSION;
@@ -126,8 +132,9 @@ pub enum Kind {
     ReadRequest = 8,
     /// [`ReadResponse`] (tcp transport internal; payload follows the message)
     ReadResponse = 9,
-    /// [`ModelsHead`] + `u32` model ids (backend -> scheduler, after
-    /// [`Join`]: the models it holds)
+    /// [`ModelsHead`] + `u32` model ids + [`GpuBusy`] entries (backend ->
+    /// scheduler, after [`Join`]: the models it holds, and until when each
+    /// GPU is busy with batches it already holds)
     Models = 10,
     /// [`Challenge`] (scheduler -> peer, first message; layout frozen)
     Challenge = 11,
@@ -377,8 +384,11 @@ impl Join {
 pub struct Welcome {
     /// Models in the scheduler's list (the peer's must be as many).
     pub models: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// The scheduler's election epoch (0: no election, the embedded
+    /// default). A backend that has seen a newer epoch leaves a scheduler
+    /// that welcomes it with an older one, and never executes a plan of an
+    /// older epoch than the newest it has seen.
+    pub epoch: u32,
     /// The one-way control delay bound `d_ctrl` the scheduler charges,
     /// ns: backends subtract it from a plan's `exec_in`.
     pub control_delay_ns: u64,
@@ -624,14 +634,17 @@ pub struct BatchPlanHead {
     /// Execute this long after the message was sent, ns (the receiver
     /// subtracts its one-way delay bound).
     pub exec_in_ns: u64,
+    /// How long the scheduler planned the batch to hold its GPU, ns (the
+    /// backend's busy report to a new leader is built from it).
+    pub run_ns: u64,
     /// Model to run.
     pub model_id: u32,
     /// GPU index at the backend.
     pub gpu_id: u32,
     /// Entries that follow (at most [`MAX_BATCH_TASKS`]).
     pub count: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// The planning scheduler's election epoch (see [`Welcome::epoch`]).
+    pub epoch: u32,
 }
 
 /// One task of a batch plan.
@@ -869,18 +882,37 @@ impl BatchDone {
 }
 
 /// Head of a model list (backend -> scheduler): `count` little-endian
-/// `u32` model ids follow, each at most once.
+/// `u32` model ids follow, each at most once, then `busy` [`GpuBusy`]
+/// entries, each GPU at most once.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct ModelsHead {
     /// Ids that follow (at most [`MAX_MODEL_IDS`]).
     pub count: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// [`GpuBusy`] entries after the ids.
+    pub busy: u32,
 }
 
 /// Most model ids one [`Kind::Models`] message carries.
 pub const MAX_MODEL_IDS: usize = (MAX_MESSAGE_LEN - HEADER_LEN - 8) / 4;
+
+/// A GPU of a registering backend that is still busy with batches it holds
+/// (planned by an earlier scheduler): state from re-registration. A new
+/// leader plans nothing on the GPU before `busy_ns` after the report
+/// arrived (a duration: no clock is shared; arriving late only makes the
+/// bound later, i.e. safe).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct GpuBusy {
+    /// From the report's sending until the GPU is expected free, ns.
+    pub busy_ns: u64,
+    /// GPU index at the backend.
+    pub gpu_id: u32,
+    /// Batches held for the GPU (running or waiting).
+    pub batches: u32,
+}
+
+const GPU_BUSY_LEN: usize = std::mem::size_of::<GpuBusy>();
 
 /// Emulated one-sided READ: "send me `remote`" (tcp transport internal).
 #[repr(C)]
@@ -1035,6 +1067,28 @@ pub struct ModelIds<'a> {
     bytes: &'a [u8],
 }
 
+/// A backend's busy GPUs ([`GpuBusy`]), borrowed from the received bytes
+/// (which may be unaligned: entries are copied out one at a time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuBusyList<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> GpuBusyList<'a> {
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.bytes.len() / GPU_BUSY_LEN
+    }
+    /// No entries.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+    /// All entries in order.
+    pub fn iter(&self) -> impl Iterator<Item = GpuBusy> + 'a {
+        self.bytes.chunks_exact(GPU_BUSY_LEN).map(bytemuck::pod_read_unaligned)
+    }
+}
+
 impl<'a> ModelIds<'a> {
     /// Number of ids.
     pub fn len(&self) -> usize {
@@ -1075,8 +1129,8 @@ pub enum Message<'a> {
     ReadRequest(ReadRequest),
     /// READ response (payload not included).
     ReadResponse(ReadResponse),
-    /// Models a backend holds.
-    Models(ModelIds<'a>),
+    /// Models a backend holds, and its busy GPUs.
+    Models(ModelIds<'a>, GpuBusyList<'a>),
     /// The scheduler's challenge (any header version).
     Challenge(Challenge),
     /// A peer's registration.
@@ -1119,22 +1173,38 @@ pub fn encode<M: FixedMessage>(buf: &mut [u8], msg: &M) -> Result<usize, WireErr
     Ok(HEADER_LEN + body.len())
 }
 
-/// Encodes a model list. Duplicate ids or more than [`MAX_MODEL_IDS`] are
-/// refused (`BadCount`), as the decoder would refuse them.
+/// Encodes a model list with no busy GPU. Duplicate ids or more than
+/// [`MAX_MODEL_IDS`] are refused (`BadCount`), as the decoder would refuse
+/// them.
 pub fn encode_models(buf: &mut [u8], ids: &[u32]) -> Result<usize, WireError> {
-    if ids.len() > MAX_MODEL_IDS || has_duplicates(ids.len(), |i| ids[i]) {
+    encode_models_busy(buf, ids, &[])
+}
+
+/// Encodes a model list followed by the backend's busy GPUs. Duplicate
+/// ids or GPUs are refused (`BadCount`), as the decoder would refuse them;
+/// a message over [`MAX_MESSAGE_LEN`] is `BadLength`.
+pub fn encode_models_busy(buf: &mut [u8], ids: &[u32], busy: &[GpuBusy]) -> Result<usize, WireError> {
+    if ids.len() > MAX_MODEL_IDS
+        || has_duplicates(ids.len(), |i| ids[i])
+        || has_duplicates(busy.len(), |i| busy[i].gpu_id)
+    {
         return Err(WireError::BadCount);
     }
-    let body_len = 8 + 4 * ids.len();
+    let body_len = 8 + 4 * ids.len() + GPU_BUSY_LEN * busy.len();
     put_header(buf, Kind::Models, body_len)?;
     let head = ModelsHead {
         count: ids.len() as u32,
-        reserved: 0,
+        busy: busy.len() as u32,
     };
     buf[HEADER_LEN..HEADER_LEN + 8].copy_from_slice(bytemuck::bytes_of(&head));
     for (i, id) in ids.iter().enumerate() {
         let at = HEADER_LEN + 8 + 4 * i;
         buf[at..at + 4].copy_from_slice(&id.to_le_bytes());
+    }
+    let from = HEADER_LEN + 8 + 4 * ids.len();
+    for (i, b) in busy.iter().enumerate() {
+        let at = from + GPU_BUSY_LEN * i;
+        buf[at..at + GPU_BUSY_LEN].copy_from_slice(bytemuck::bytes_of(b));
     }
     Ok(HEADER_LEN + body_len)
 }
@@ -1361,9 +1431,6 @@ pub fn decode(buf: &[u8]) -> Result<Message<'_>, WireError> {
         Kind::BatchPlan => {
             let head_bytes = body.get(..PLAN_HEAD_LEN).ok_or(WireError::BadLength)?;
             let head: BatchPlanHead = bytemuck::pod_read_unaligned(head_bytes);
-            if head.reserved != 0 {
-                return Err(WireError::ReservedNotZero);
-            }
             let count = head.count as usize;
             if count > MAX_BATCH_TASKS || body.len() != PLAN_HEAD_LEN + count * TASK_LEN {
                 return Err(WireError::BadCount);
@@ -1440,14 +1507,15 @@ pub fn decode(buf: &[u8]) -> Result<Message<'_>, WireError> {
         Kind::Models => {
             let head_bytes = body.get(..8).ok_or(WireError::BadLength)?;
             let head: ModelsHead = bytemuck::pod_read_unaligned(head_bytes);
-            if head.reserved != 0 {
-                return Err(WireError::ReservedNotZero);
-            }
             let count = head.count as usize;
-            if count > MAX_MODEL_IDS || body.len() != 8 + 4 * count {
+            let busy = head.busy as usize;
+            // Both counts are u32: the sum cannot overflow a usize of 64 bits,
+            // and the length bound keeps it far below on 32 bits too.
+            let expected = 4u64 * count as u64 + GPU_BUSY_LEN as u64 * busy as u64 + 8;
+            if count > MAX_MODEL_IDS || body.len() as u64 != expected {
                 return Err(WireError::BadCount);
             }
-            let ids = ModelIds { bytes: &body[8..] };
+            let ids = ModelIds { bytes: &body[8..8 + 4 * count] };
             let at = |i: usize| {
                 let b = &ids.bytes[4 * i..4 * i + 4];
                 u32::from_le_bytes([b[0], b[1], b[2], b[3]])
@@ -1455,7 +1523,15 @@ pub fn decode(buf: &[u8]) -> Result<Message<'_>, WireError> {
             if has_duplicates(ids.len(), at) {
                 return Err(WireError::BadValue("duplicate model id"));
             }
-            Message::Models(ids)
+            let gpus = GpuBusyList { bytes: &body[8 + 4 * count..] };
+            let gpu_at = |i: usize| {
+                let e: GpuBusy = bytemuck::pod_read_unaligned(&gpus.bytes[GPU_BUSY_LEN * i..GPU_BUSY_LEN * (i + 1)]);
+                e.gpu_id
+            };
+            if has_duplicates(gpus.len(), gpu_at) {
+                return Err(WireError::BadValue("duplicate busy GPU"));
+            }
+            Message::Models(ids, gpus)
         }
         Kind::Challenge => Message::Challenge(read_fixed(body)?),
         Kind::Join => {
@@ -1475,13 +1551,7 @@ pub fn decode(buf: &[u8]) -> Result<Message<'_>, WireError> {
             }
             Message::Join(j)
         }
-        Kind::Welcome => {
-            let w: Welcome = read_fixed(body)?;
-            if w.reserved != 0 {
-                return Err(WireError::ReservedNotZero);
-            }
-            Message::Welcome(w)
-        }
+        Kind::Welcome => Message::Welcome(read_fixed(body)?),
         Kind::Refused => Message::Refused(read_fixed(body)?),
         Kind::BenchStamp => Message::BenchStamp(read_fixed(body)?),
         Kind::Tasks => Message::Tasks(batch::decode_tasks(body)?),
@@ -1554,9 +1624,10 @@ pub fn fuzz_decode(data: &[u8]) {
             Message::BatchDone(r) => encode(&mut buf, &r),
             Message::ReadRequest(r) => encode(&mut buf, &r),
             Message::ReadResponse(r) => encode(&mut buf, &r),
-            Message::Models(ids) => {
+            Message::Models(ids, busy) => {
                 let ids: Vec<u32> = ids.iter().collect();
-                encode_models(&mut buf, &ids)
+                let busy: Vec<GpuBusy> = busy.iter().collect();
+                encode_models_busy(&mut buf, &ids, &busy)
             }
             Message::Challenge(r) => encode(&mut buf, &r),
             Message::Join(r) => encode(&mut buf, &r),
@@ -1598,7 +1669,8 @@ mod tests {
             model_id: 1,
             gpu_id: 2,
             count: 99,
-            reserved: 0,
+            run_ns: 11,
+            epoch: 3,
         };
         let tasks: Vec<BatchTask> = (0..3)
             .map(|i| BatchTask {
@@ -1622,7 +1694,7 @@ mod tests {
         }
         assert_eq!(decode(&buf[..n - 1]), Err(WireError::Truncated));
         // Claim one more entry than present.
-        buf[HEADER_LEN + 24..HEADER_LEN + 28].copy_from_slice(&4u32.to_le_bytes());
+        buf[HEADER_LEN + 32..HEADER_LEN + 36].copy_from_slice(&4u32.to_le_bytes());
         assert_eq!(decode(&buf[..n]), Err(WireError::BadCount));
     }
 
@@ -1632,7 +1704,10 @@ mod tests {
         let ids = [3u32, 0, 4099, 7];
         let n = encode_models(&mut buf, &ids).unwrap();
         match decode(&buf[..n]).unwrap() {
-            Message::Models(m) => assert_eq!(m.iter().collect::<Vec<_>>(), ids),
+            Message::Models(m, busy) => {
+                assert_eq!(m.iter().collect::<Vec<_>>(), ids);
+                assert!(busy.is_empty());
+            }
             m => panic!("{m:?}"),
         }
         assert_eq!(encode_models(&mut buf, &[1, 2, 1]), Err(WireError::BadCount));
@@ -1644,7 +1719,47 @@ mod tests {
         assert_eq!(decode(&buf[..n]), Err(WireError::BadValue("duplicate model id")));
         assert_eq!(decode(&buf[..n - 4]), Err(WireError::Truncated));
         let empty = encode_models(&mut buf, &[]).unwrap();
-        assert!(matches!(decode(&buf[..empty]), Ok(Message::Models(m)) if m.is_empty()));
+        assert!(matches!(decode(&buf[..empty]), Ok(Message::Models(m, _)) if m.is_empty()));
+    }
+
+    #[test]
+    fn busy_gpus_follow_the_model_ids_and_are_checked() {
+        let mut buf = [0u8; MAX_MESSAGE_LEN];
+        let busy = [
+            GpuBusy { busy_ns: 7_000_000, gpu_id: 1, batches: 2 },
+            GpuBusy { busy_ns: 0, gpu_id: 0, batches: 0 },
+        ];
+        let n = encode_models_busy(&mut buf, &[4, 2], &busy).unwrap();
+        match decode(&buf[..n]).unwrap() {
+            Message::Models(ids, b) => {
+                assert_eq!(ids.iter().collect::<Vec<_>>(), [4, 2]);
+                assert_eq!(b.iter().collect::<Vec<_>>(), busy);
+            }
+            m => panic!("{m:?}"),
+        }
+        fuzz_decode(&buf[..n]);
+        // One entry short of what the head claims; a GPU twice.
+        assert_eq!(decode(&buf[..n - GPU_BUSY_LEN]), Err(WireError::Truncated));
+        let twice = [busy[0], busy[0]];
+        assert_eq!(encode_models_busy(&mut buf, &[4], &twice), Err(WireError::BadCount));
+        let n = encode_models_busy(&mut buf, &[4], &busy).unwrap();
+        buf[n - GPU_BUSY_LEN + 8..n - GPU_BUSY_LEN + 12].copy_from_slice(&1u32.to_le_bytes());
+        assert_eq!(decode(&buf[..n]), Err(WireError::BadValue("duplicate busy GPU")));
+        // A busy count that does not match the length.
+        let n = encode_models_busy(&mut buf, &[4], &busy[..1]).unwrap();
+        buf[HEADER_LEN + 4..HEADER_LEN + 8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(decode(&buf[..n]), Err(WireError::BadCount));
+    }
+
+    #[test]
+    fn welcome_and_plans_carry_the_epoch() {
+        let mut buf = [0u8; MAX_MESSAGE_LEN];
+        let w = Welcome { models: 2, epoch: 7, control_delay_ns: 5 };
+        let n = encode(&mut buf, &w).unwrap();
+        assert_eq!(decode(&buf[..n]), Ok(Message::Welcome(w)));
+        let head = BatchPlanHead { batch_id: 1, epoch: u32::MAX, ..BatchPlanHead::default() };
+        let n = encode_batch_plan(&mut buf, &head, &[]).unwrap();
+        assert!(matches!(decode(&buf[..n]), Ok(Message::BatchPlan(h, _)) if h.epoch == u32::MAX));
     }
 
     #[test]

@@ -77,7 +77,8 @@ fn msg() -> impl Strategy<Value = Msg> {
                     model_id,
                     gpu_id,
                     count: t.len() as u32,
-                    reserved: 0,
+                    run_ns: 0,
+            epoch: 0,
                 },
                 t,
             )
@@ -208,7 +209,7 @@ fn every_message_round_trips() {
                 (Msg::BatchDone(a), Message::BatchDone(b)) => prop_assert_eq!(*a, b),
                 (Msg::ReadRequest(a), Message::ReadRequest(b)) => prop_assert_eq!(*a, b),
                 (Msg::ReadResponse(a), Message::ReadResponse(b)) => prop_assert_eq!(*a, b),
-                (Msg::Models(a), Message::Models(b)) => prop_assert!(b.iter().eq(a.iter().copied())),
+                (Msg::Models(a), Message::Models(b, _)) => prop_assert!(b.iter().eq(a.iter().copied())),
                 (a, b) => prop_assert!(false, "{:?} decoded as {:?}", a, b),
             }
             // Any strict prefix is refused, as is any extra byte.

@@ -1159,7 +1159,7 @@ mod tests {
 
     /// The fake scheduler's welcome for a list of `models`.
     fn welcome(models: u32) -> Welcome {
-        Welcome { models, reserved: 0, control_delay_ns: 0 }
+        Welcome { models, epoch: 0, control_delay_ns: 0 }
     }
 
     const FRONTEND: NodeId = 5;

@@ -163,7 +163,7 @@ fn a_scheduler_of_another_version_is_named_with_both_versions() {
     fe.handle_scheduler_link(Instant::ZERO, net.domain(1).connect("sim:scheduler", Duration::ZERO).unwrap());
     let mut sched = listener.accept(Duration::ZERO).unwrap();
     send_raw(&mut sched, &with_version(&Challenge::new([1; wire::NONCE_LEN], true), future));
-    send_raw(&mut sched, &with_version(&Welcome { models: 2, reserved: 0, control_delay_ns: 0 }, future));
+    send_raw(&mut sched, &with_version(&Welcome { models: 2, epoch: 0, control_delay_ns: 0 }, future));
     let mut now = Instant::ZERO;
     for _ in 0..10 {
         net.set_now(now);

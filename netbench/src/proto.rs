@@ -97,7 +97,7 @@ fn kind_name(m: &Message<'_>) -> &'static str {
         Message::BatchDone(_) => "BatchDone",
         Message::ReadRequest(_) => "ReadRequest",
         Message::ReadResponse(_) => "ReadResponse",
-        Message::Models(_) => "Models",
+        Message::Models(..) => "Models",
         Message::Challenge(_) => "Challenge",
         Message::Join(_) => "Join",
         Message::Welcome(_) => "Welcome",

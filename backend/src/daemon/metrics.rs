@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use dataplane::metrics::{self, Computed, Counter, Histogram, Label, MetricsRegistry, PlainCounter};
 
-use crate::worker::{BatchReport, WorkerStats};
+use crate::worker::{BatchReport, FenceReason, WorkerStats};
 
 /// Upper bounds of the batch-size buckets (`+Inf` follows).
 const BATCH_SIZE_BOUNDS: [u64; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
@@ -43,6 +43,9 @@ struct WorkerCounters {
     rerouted_to_scheduler: Counter,
     undeliverable: Counter,
     ignored_messages: Counter,
+    /// Plans not executed for their epoch, by [`crate::worker::FenceReason`]
+    /// (`stale_epoch`, `superseded`).
+    fenced: Vec<Counter>,
 }
 
 /// The backend daemon's counters.
@@ -87,6 +90,14 @@ impl BackendMetrics {
             rerouted_to_scheduler: counter(&r, "symphony_backend_rerouted", "Completions sent to the scheduler because the frontend was gone"),
             undeliverable: counter(&r, "symphony_backend_undeliverable", "Messages that could not be sent anywhere"),
             ignored_messages: counter(&r, "symphony_backend_ignored_messages", "Peer messages the backend does not handle"),
+            fenced: metrics::labelled(
+                &r,
+                "symphony_backend_plans_fenced",
+                "Batch plans not executed because a newer scheduler epoch was seen, by reason",
+                "reason",
+                [FenceReason::StaleEpoch, FenceReason::Superseded].map(|f| f.as_str().to_string()),
+                Counter::default,
+            ),
         };
         let scheduler_heartbeats = counter(&r, "symphony_backend_scheduler_heartbeats", "Heartbeats received from the scheduler");
         let frontends_connected = counter(&r, "symphony_backend_frontend_connections", "Frontend data connections opened");
@@ -167,6 +178,8 @@ impl BackendMetrics {
             (&w.rerouted_to_scheduler, s.rerouted_to_scheduler),
             (&w.undeliverable, s.undeliverable),
             (&w.ignored_messages, s.ignored_messages),
+            (&w.fenced[0], s.stale_plans),
+            (&w.fenced[1], s.superseded_batches),
         ] {
             c.inner().store(v, Relaxed);
         }

@@ -430,7 +430,8 @@ pub fn connect_and_exchange<F: TransportFactory>(f: &F) {
         model_id: 1,
         gpu_id: 0,
         count: 0,
-        reserved: 0,
+        run_ns: 0,
+            epoch: 0,
     };
     let n = wire::encode_batch_plan(&mut msg, &head, &tasks).unwrap();
     send_retry(&mut owner, &msg[..n], &mut || {}, until);

@@ -72,6 +72,14 @@ impl Engine {
         }
     }
 
+    /// A GPU joined, busy until `free_at`.
+    pub fn gpu_joined_busy(&mut self, now: Instant, gpu: GpuId, free_at: Instant, out: &mut Actions) {
+        match self {
+            Engine::Inline(s) => s.gpu_joined_busy(now, gpu, free_at, out),
+            Engine::Pinned(s) => s.gpu_joined_busy(now, gpu, free_at, out),
+        }
+    }
+
     /// GPUs in matchmaking.
     pub fn online_gpus(&self) -> usize {
         match self {

@@ -243,6 +243,7 @@ where
             // A backend that is alive reports a batch long before its
             // liveness bound passes.
             batch_grace: cfg.dead_after,
+            ..NodeConfig::default()
         },
     )
     .with_membership(cfg.membership.clone());

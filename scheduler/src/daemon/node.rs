@@ -40,6 +40,16 @@ pub struct NodeConfig {
     /// A batch not reported done this long after its planned finish is
     /// failed back (see [`ControlPlane::expire_overdue`]).
     pub batch_grace: Duration,
+    /// With an election epoch ([`SchedulerNode::with_epoch`] > 0), how
+    /// long after its first poll the node plans nothing (tasks queue, and
+    /// are dropped only by their deadlines). The host sets it to cover the
+    /// old leader's last lease renewal: the old leader steps down before
+    /// its lease would lapse, so once this has passed it plans nothing
+    /// more, and two leaders never plan in the same stretch of time.
+    /// Backends are fenced per link besides: each learns the new epoch
+    /// from its Welcome before the new leader's first plan to it, and from
+    /// then on refuses the old epoch's plans.
+    pub fence_wait: Duration,
 }
 
 impl Default for NodeConfig {
@@ -51,6 +61,7 @@ impl Default for NodeConfig {
             send_timeout: Duration::from_millis(100),
             drain: Duration::from_millis(2000),
             batch_grace: DEFAULT_BATCH_GRACE,
+            fence_wait: Duration::ZERO,
         }
     }
 }
@@ -334,7 +345,11 @@ pub struct SchedulerNode<C: Connection> {
     buf: Vec<u8>,
     hb: [u8; 64],
     ids: Vec<u32>,
+    busy: Vec<wire::GpuBusy>,
     next_key: u64,
+    /// When the epoch's fence lifts (set at the first poll; None: not
+    /// fenced, or not polled yet).
+    fence_until: Option<Instant>,
     /// The previous poll's `now` (for the online GPU time integral).
     last_poll: Option<Instant>,
     stopping: bool,
@@ -360,11 +375,35 @@ impl<C: Connection> SchedulerNode<C> {
             buf: vec![0u8; wire::MAX_MESSAGE_LEN],
             hb: [0u8; 64],
             ids: Vec::new(),
+            busy: Vec::new(),
             next_key: 0,
+            fence_until: None,
             last_poll: None,
             stopping: false,
             drain_until: None,
         }
+    }
+
+    /// This node as the leader of election `epoch` (0: no election, the
+    /// embedded default): the epoch is stamped in every `Welcome` and
+    /// every plan, and a node with an epoch plans nothing until
+    /// [`NodeConfig::fence_wait`] has passed since its first poll.
+    pub fn with_epoch(mut self, epoch: u32) -> Self {
+        self.plane.set_epoch(epoch);
+        if epoch > 0 {
+            self.plane.fence();
+        }
+        self
+    }
+
+    /// The election epoch this node stamps (0: none).
+    pub fn epoch(&self) -> u32 {
+        self.plane.epoch()
+    }
+
+    /// Whether the epoch's fence still holds planning back.
+    pub fn fenced(&self) -> bool {
+        self.plane.fenced()
     }
 
     /// This node with `membership` (the token and the limits; by default
@@ -414,7 +453,15 @@ impl<C: Connection> SchedulerNode<C> {
                 .inc_by(online.saturating_mul(now.saturating_since(last).as_nanos()));
         }
         self.last_poll = Some(now);
-        let mut busy = self.handshakes(now);
+        let mut busy = false;
+        if self.plane.fenced() {
+            let until = *self.fence_until.get_or_insert(now + self.cfg.fence_wait);
+            if now >= until {
+                self.plane.lift_fence(now);
+                busy = true;
+            }
+        }
+        busy |= self.handshakes(now);
         self.linger(now);
         busy |= self.receive(now);
         if self.plane.poll_at().is_some_and(|t| t <= now) {
@@ -458,7 +505,8 @@ impl<C: Connection> SchedulerNode<C> {
             .iter()
             .map(|p| p.since + self.cfg.handshake_timeout + Duration::from_nanos(1))
             .chain(self.closing.iter().map(|c| c.until));
-        [self.plane.poll_at(), self.plane.next_expiry(), self.drain_until]
+        let fence = self.fence_until.filter(|_| self.plane.fenced());
+        [self.plane.poll_at(), self.plane.next_expiry(), self.drain_until, fence]
             .into_iter()
             .flatten()
             .chain(links.flat_map(|l| {
@@ -631,7 +679,7 @@ impl<C: Connection> SchedulerNode<C> {
         let decoded = wire::decode(bytes);
         let (join, nonce) = match (decoded, p.backend, p.nonce) {
             (Ok(Message::Join(j)), None, Some(nonce)) => (j, nonce),
-            (Ok(Message::Models(ids)), Some(j), _) => {
+            (Ok(Message::Models(ids, busy)), Some(j), _) => {
                 // Another backend may have joined since this one's Join.
                 if self.backends.len() >= self.membership.max_backends {
                     let why = format!("{} backends are registered (the limit)", self.backends.len());
@@ -639,7 +687,9 @@ impl<C: Connection> SchedulerNode<C> {
                 }
                 self.ids.clear();
                 self.ids.extend(ids.iter());
-                return match self.plane.backend_joined(now, j.id, j.count, &self.ids) {
+                self.busy.clear();
+                self.busy.extend(busy.iter());
+                return match self.plane.backend_joined(now, j.id, j.count, &self.ids, &self.busy) {
                     Ok(()) => Verdict::Joined(PeerId::Backend(j.id)),
                     Err(e) => Verdict::Refuse(RefuseReason::Rejected, wire::VERSION, peek_of(&j).to_string(), e.to_string()),
                 };
@@ -914,7 +964,7 @@ fn kind_name(m: &Message<'_>) -> &'static str {
         Message::BatchDone(_) => "a BatchDone",
         Message::ReadRequest(_) => "a ReadRequest",
         Message::ReadResponse(_) => "a ReadResponse",
-        Message::Models(_) => "a Models list",
+        Message::Models(..) => "a Models list",
         Message::Challenge(_) => "a Challenge",
         Message::Join(_) => "a Join",
         Message::Welcome(_) => "a Welcome",
@@ -1294,5 +1344,74 @@ mod tests {
         be.send(&BatchDone { batch_id: 1, start_ago_ns: 1, gpu_id: 0, count: 1, ..BatchDone::default() }).unwrap();
         n.settle(plan_at);
         assert!(n.node.drained());
+    }
+
+    /// A node elected in `epoch`.
+    fn elected(cfg: NodeConfig, epoch: u32) -> Sched {
+        let Sched { net, node: n } = node(cfg);
+        Sched { net, node: n.with_epoch(epoch) }
+    }
+
+    /// Every plan a peer received, with the instant it was sent at.
+    fn plans_of(peer: &mut SimPeer, at: Instant, out: &mut Vec<(Instant, wire::BatchPlanHead)>) {
+        for m in peer.take_all() {
+            if let Ok(Message::BatchPlan(h, _)) = wire::decode(&m) {
+                out.push((at, h));
+            }
+        }
+    }
+
+    #[test]
+    fn an_elected_node_stamps_its_epoch_and_plans_nothing_until_the_fence_lifts() {
+        let fence = Duration::from_millis(20);
+        let mut n = elected(NodeConfig { fence_wait: fence, ..NodeConfig::default() }, 3);
+        assert_eq!(n.node.epoch(), 3);
+        let (mut fe, mut be) = cluster(&mut n);
+        let t0 = Instant::ZERO;
+        let welcome = |m: &[u8]| matches!(wire::decode(m), Ok(Message::Welcome(w)) if w.epoch == 3);
+        assert!(welcome(&fe.take_all()[0]) && welcome(&be.take_all()[0]));
+        assert!(n.node.fenced());
+        fe.send(&task(1, 1)).unwrap();
+        let mut plans = Vec::new();
+        n.run_until(t0, t0 + Duration::from_millis(100), |now| plans_of(&mut be, now, &mut plans));
+        assert!(!n.node.fenced());
+        assert!(!plans.is_empty(), "the task ran once the fence lifted");
+        for (at, h) in &plans {
+            assert!(*at >= t0 + fence, "planned at {at:?}, inside the fence");
+            assert_eq!(h.epoch, 3);
+            assert!(h.run_ns > 0);
+        }
+        let drops: u64 = n.node.plane().metrics().drops.iter().map(|c| c.get()).sum();
+        assert_eq!(drops, 0, "queued, not dropped");
+    }
+
+    #[test]
+    fn nothing_is_planned_on_a_gpu_before_the_busy_time_its_backend_reported() {
+        let mut n = node(NodeConfig::default());
+        let t0 = Instant::ZERO;
+        let mut fe = n.connect(t0);
+        let mut be = n.connect(t0);
+        fe.join(&Join::new(Role::Frontend, 1, 0, "fe1"));
+        be.join(&Join::new(Role::Backend, 7, 1, ""));
+        let busy = [wire::GpuBusy { busy_ns: 30_000_000, gpu_id: 0, batches: 1 }];
+        be.send_encoded(|buf| wire::encode_models_busy(buf, &[0], &busy)).unwrap();
+        n.settle(t0);
+        assert_eq!(n.node.plane().peers(), (1, 1));
+        let _ = (fe.take_all(), be.take_all());
+        fe.send(&Task { budget_ns: 45_000_000, ..task(1, 1) }).unwrap();
+        let mut plans = Vec::new();
+        n.run_until(t0, t0 + Duration::from_millis(100), |now| plans_of(&mut be, now, &mut plans));
+        assert_eq!(plans.len(), 1, "{plans:?}");
+        let (at, h) = plans[0];
+        assert!(at + Duration::from_nanos(h.exec_in_ns) >= t0 + Duration::from_millis(30), "{plans:?}");
+        assert_eq!(n.node.plane().overlapping_plans(), 0);
+        // A report about a GPU the backend does not have is refused.
+        let mut bad = n.connect(t0);
+        bad.join(&Join::new(Role::Backend, 8, 1, ""));
+        let busy = [wire::GpuBusy { busy_ns: 1, gpu_id: 1, batches: 1 }];
+        bad.send_encoded(|buf| wire::encode_models_busy(buf, &[0], &busy)).unwrap();
+        n.settle(t0);
+        let refused = n.events().into_iter().any(|e| matches!(&e, SchedulerEvent::PeerRefused { why } if why.contains("GPU 1")));
+        assert!(refused);
     }
 }

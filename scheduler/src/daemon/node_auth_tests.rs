@@ -143,7 +143,7 @@ fn a_peer_with_the_token_joins_and_is_told_the_control_delay() {
     w.step(5);
     assert_eq!(w.events(), ["frontend 1 registered"]);
     let got = fe.received();
-    let welcome = Welcome { models: 1, reserved: 0, control_delay_ns: D_CTRL.as_nanos() };
+    let welcome = Welcome { models: 1, epoch: 0, control_delay_ns: D_CTRL.as_nanos() };
     assert_eq!(got, [format!("{:?}", Message::Welcome(welcome))]);
     let mut be = w.connect();
     let nonce = be.nonce();

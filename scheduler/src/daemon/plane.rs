@@ -124,6 +124,8 @@ pub enum Refusal {
     NoSubCluster,
     /// A backend with no GPUs.
     NoGpus,
+    /// A busy report names a GPU the backend does not have.
+    BadGpu(u32),
 }
 
 impl std::fmt::Display for Refusal {
@@ -134,6 +136,7 @@ impl std::fmt::Display for Refusal {
             Refusal::UnknownModel(m) => write!(f, "unknown model id {m}"),
             Refusal::NoSubCluster => write!(f, "its models cover no sub-cluster"),
             Refusal::NoGpus => write!(f, "no GPUs"),
+            Refusal::BadGpu(g) => write!(f, "busy report for GPU {g}, which it does not have"),
         }
     }
 }
@@ -223,6 +226,13 @@ pub struct ControlPlane {
     next_publish: Instant,
     /// Benchmark-only lag stamps (`--bench-stamps`), off by default.
     bench: Option<BenchClock>,
+    /// The election epoch stamped in every `Welcome` and plan (0: none).
+    epoch: u32,
+    /// While fenced, GPUs that join are held out of matchmaking (nothing
+    /// is planned) until [`ControlPlane::lift_fence`].
+    fenced: bool,
+    /// GPUs joined while fenced: (backend, sub-cluster, GPU id, free at).
+    held_gpus: Vec<(u32, usize, GpuId, Instant)>,
 }
 
 /// Why a control plane cannot be built from its sub-clusters.
@@ -312,6 +322,9 @@ impl ControlPlane {
             verdicts: Vec::with_capacity(4),
             next_publish: Instant::ZERO,
             bench: None,
+            epoch: 0,
+            fenced: false,
+            held_gpus: Vec::new(),
         })
         .inspect(ControlPlane::sync_loop_gauges)
     }
@@ -594,11 +607,45 @@ impl ControlPlane {
         self.control_delay
     }
 
+    /// The election epoch stamped in every `Welcome` and plan (0: no
+    /// election, the embedded default).
+    pub fn set_epoch(&mut self, epoch: u32) {
+        self.epoch = epoch;
+    }
+
+    /// The epoch in force.
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    /// Holds every GPU that joins from now on out of matchmaking: nothing
+    /// is planned (tasks queue, dropped only by their deadlines) until
+    /// [`lift_fence`](Self::lift_fence).
+    pub fn fence(&mut self) {
+        self.fenced = true;
+    }
+
+    /// Whether GPUs are held out of matchmaking.
+    pub fn fenced(&self) -> bool {
+        self.fenced
+    }
+
+    /// Puts the GPUs held by the fence into matchmaking (each busy until
+    /// its backend's report said); planning starts.
+    pub fn lift_fence(&mut self, now: Instant) {
+        self.fenced = false;
+        for (_, sc, g, free_at) in std::mem::take(&mut self.held_gpus) {
+            self.subclusters[sc].sched.gpu_joined_busy(now, g, free_at, &mut self.actions);
+            self.apply(now, sc);
+        }
+        self.sync_peer_gauges();
+    }
+
     /// The registration's acknowledgement: the model count and `d_ctrl`.
     fn ack(&mut self, to: PeerId) {
         let welcome = wire::Welcome {
             models: self.models.len() as u32,
-            reserved: 0,
+            epoch: self.epoch,
             control_delay_ns: self.control_delay.as_nanos(),
         };
         self.out.push(to, |b| wire::encode(b, &welcome));
@@ -630,13 +677,17 @@ impl ControlPlane {
         Ok(())
     }
 
-    /// A backend registered with `gpus` GPUs holding `models`.
+    /// A backend registered with `gpus` GPUs holding `models`; `busy` says
+    /// how long after `now` each of its GPUs named there is still busy with
+    /// batches it holds (planned by an earlier scheduler): nothing is
+    /// planned on such a GPU to start before then.
     pub fn backend_joined(
         &mut self,
         now: Instant,
         id: u32,
         gpus: u32,
         models: &[u32],
+        busy: &[wire::GpuBusy],
     ) -> Result<(), Refusal> {
         if id >= MAX_BACKENDS {
             return Err(Refusal::BadId(id));
@@ -649,6 +700,9 @@ impl ControlPlane {
         }
         if let Some(&m) = models.iter().find(|&&m| m as usize >= self.models.len()) {
             return Err(Refusal::UnknownModel(m));
+        }
+        if let Some(b) = busy.iter().find(|b| b.gpu_id >= gpus) {
+            return Err(Refusal::BadGpu(b.gpu_id));
         }
         let sc = self
             .subclusters
@@ -683,10 +737,22 @@ impl ControlPlane {
             let r = Register::new(Role::Frontend, f, 0, &ep);
             self.out.push(PeerId::Backend(id), |b| wire::encode(b, &r));
         }
-        for g in ids {
-            self.subclusters[sc]
-                .sched
-                .set_gpu_online(now, g, true, &mut self.actions);
+        for (local, g) in ids.into_iter().enumerate() {
+            let free_at = busy
+                .iter()
+                .find(|b| b.gpu_id as usize == local)
+                .map_or(now, |b| now.saturating_add(Duration::from_nanos(b.busy_ns)));
+            // The self-check of overlapping plans starts from the report.
+            let free = &mut self.subclusters[sc].planned_free;
+            if free.len() <= g as usize {
+                free.resize(g as usize + 1, Instant::ZERO);
+            }
+            free[g as usize] = free[g as usize].max(free_at);
+            if self.fenced {
+                self.held_gpus.push((id, sc, g, free_at));
+                continue;
+            }
+            self.subclusters[sc].sched.gpu_joined_busy(now, g, free_at, &mut self.actions);
             self.apply(now, sc);
         }
         self.sync_peer_gauges();
@@ -708,6 +774,7 @@ impl ControlPlane {
             return;
         };
         self.metrics.backend_deaths.inc();
+        self.held_gpus.retain(|h| h.0 != id);
         for &g in &b.gpus {
             self.subclusters[b.subcluster].closed_loop.gpu_left(g);
             self.subclusters[b.subcluster]
@@ -1068,7 +1135,8 @@ impl ControlPlane {
                 model_id: global_model,
                 gpu_id: local_gpu,
                 count: 0,
-                reserved: 0,
+                run_ns: plan.finish_at.saturating_since(plan.exec_at).as_nanos(),
+                epoch: self.epoch,
             };
             if let Some(b) = &self.bench {
                 let deadline = members.iter().map(|r| r.deadline).min().unwrap_or(plan.finish_at);
@@ -1200,10 +1268,10 @@ mod tests {
         p.frontend_joined(3, "fe3").unwrap();
         assert_eq!(p.frontend_joined(3, "again"), Err(Refusal::Duplicate(3)));
         assert_eq!(p.frontend_joined(MAX_FRONTENDS, "x"), Err(Refusal::BadId(MAX_FRONTENDS)));
-        p.backend_joined(t0, 7, 2, &[0, 1]).unwrap();
-        assert_eq!(p.backend_joined(t0, 8, 1, &[0]), Err(Refusal::NoSubCluster));
-        assert_eq!(p.backend_joined(t0, 9, 1, &[0, 5]), Err(Refusal::UnknownModel(5)));
-        assert_eq!(p.backend_joined(t0, 9, 0, &[0, 1]), Err(Refusal::NoGpus));
+        p.backend_joined(t0, 7, 2, &[0, 1], &[]).unwrap();
+        assert_eq!(p.backend_joined(t0, 8, 1, &[0], &[]), Err(Refusal::NoSubCluster));
+        assert_eq!(p.backend_joined(t0, 9, 1, &[0, 5], &[]), Err(Refusal::UnknownModel(5)));
+        assert_eq!(p.backend_joined(t0, 9, 0, &[0, 1], &[]), Err(Refusal::NoGpus));
         p.frontend_joined(4, "fe4").unwrap();
         let msgs = drain(&mut p);
         let to_backend: Vec<&String> = msgs
@@ -1223,8 +1291,8 @@ mod tests {
         let mut p = plane(&[vec![0], vec![1]]);
         let t0 = Instant::ZERO;
         p.frontend_joined(1, "fe").unwrap();
-        p.backend_joined(t0, 10, 1, &[0]).unwrap();
-        p.backend_joined(t0, 11, 1, &[1]).unwrap();
+        p.backend_joined(t0, 10, 1, &[0], &[]).unwrap();
+        p.backend_joined(t0, 11, 1, &[1], &[]).unwrap();
         drain(&mut p);
         for i in 0..4 {
             p.on_task(t0, 1, &task(100 + i, 0, 1));
@@ -1267,7 +1335,7 @@ mod tests {
         let mut p = plane(&[vec![0]]);
         let t0 = Instant::ZERO;
         p.frontend_joined(1, "fe").unwrap();
-        p.backend_joined(t0, 10, 1, &[0]).unwrap();
+        p.backend_joined(t0, 10, 1, &[0], &[]).unwrap();
         drain(&mut p);
         p.on_task(t0, 1, &task(7, 0, 1));
         p.on_task(t0, 1, &task(7, 0, 1));
@@ -1354,7 +1422,7 @@ mod tests {
         let mut p = plane(&[vec![0, 1]]);
         let t0 = Instant::ZERO;
         p.frontend_joined(1, "fe").unwrap();
-        p.backend_joined(t0, 10, 1, &[0, 1]).unwrap();
+        p.backend_joined(t0, 10, 1, &[0, 1], &[]).unwrap();
         drain(&mut p);
         // The id's own frontend field says 2, the message says 1.
         let mut forged = task(5, 0, 1);
@@ -1373,7 +1441,7 @@ mod tests {
         let mut p = plane(&[vec![0]]);
         let t0 = Instant::ZERO;
         p.frontend_joined(1, "fe").unwrap();
-        p.backend_joined(t0, 10, 1, &[0]).unwrap();
+        p.backend_joined(t0, 10, 1, &[0], &[]).unwrap();
         drain(&mut p);
         let mut now = t0;
         let mut reported = 0;
@@ -1415,8 +1483,8 @@ mod tests {
         let t0 = Instant::ZERO;
         p.frontend_joined(1, "fe1").unwrap();
         p.frontend_joined(2, "fe2").unwrap();
-        p.backend_joined(t0, 10, 2, &[0, 1]).unwrap();
-        p.backend_joined(t0, 11, 1, &[0, 1]).unwrap();
+        p.backend_joined(t0, 10, 2, &[0, 1], &[]).unwrap();
+        p.backend_joined(t0, 11, 1, &[0, 1], &[]).unwrap();
         let mut rng = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = || {
             rng ^= rng << 13;
@@ -1507,8 +1575,8 @@ mod tests {
             true => assert_eq!(names, ["sched0-model-0", "sched1-model-0"]),
         }
         p.frontend_joined(1, "fe").unwrap();
-        p.backend_joined(clock.now(), 10, 2, &[0]).unwrap();
-        p.backend_joined(clock.now(), 11, 2, &[1]).unwrap();
+        p.backend_joined(clock.now(), 10, 2, &[0], &[]).unwrap();
+        p.backend_joined(clock.now(), 11, 2, &[1], &[]).unwrap();
         p.outbox().clear();
         const TASKS: u64 = 300;
         for i in 0..TASKS {

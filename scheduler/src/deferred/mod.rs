@@ -157,6 +157,9 @@ pub enum ToRank {
         gpu: GpuId,
         /// Joined (true) or left (false).
         online: bool,
+        /// A joining GPU is free from then on (it may still be busy with
+        /// batches an earlier scheduler planned); ignored when leaving.
+        free_at: Instant,
     },
 }
 
@@ -200,7 +203,14 @@ impl DeferredScheduler {
     /// cluster; a GPU that left is never granted again, and the batch it
     /// was running (if any) is the caller's to fail back.
     pub fn set_gpu_online(&mut self, now: Instant, gpu: GpuId, online: bool, out: &mut Actions) {
-        self.to_rank.push_back(ToRank::GpuMembership { gpu, online });
+        self.to_rank.push_back(ToRank::GpuMembership { gpu, online, free_at: now });
+        self.pump(now, out);
+    }
+
+    /// Control plane: GPU `gpu` joined, busy until `free_at` (batches its
+    /// backend already holds); nothing is planned on it to start earlier.
+    pub fn gpu_joined_busy(&mut self, now: Instant, gpu: GpuId, free_at: Instant, out: &mut Actions) {
+        self.to_rank.push_back(ToRank::GpuMembership { gpu, online: true, free_at });
         self.pump(now, out);
     }
 

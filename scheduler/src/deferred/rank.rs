@@ -134,7 +134,7 @@ impl RankCore {
                     self.match_gpus(now, grant);
                 }
             }
-            ToRank::GpuMembership { gpu, online } => {
+            ToRank::GpuMembership { gpu, online, free_at } => {
                 let g = gpu as usize;
                 if g >= self.offline.len() {
                     // New ids start out offline until they join below.
@@ -146,7 +146,14 @@ impl RankCore {
                 self.idle.remove(gpu);
                 self.busy.remove(gpu);
                 if online {
-                    self.idle.set(gpu, gpu);
+                    // A GPU that joins still busy (batches a backend holds
+                    // from an earlier scheduler) is matched as one that
+                    // frees at `free_at`.
+                    if free_at > now {
+                        self.busy.set(gpu, free_at);
+                    } else {
+                        self.idle.set(gpu, gpu);
+                    }
                     self.match_gpus(now, grant);
                 }
             }
@@ -436,7 +443,7 @@ mod tests {
         let mut rank = RankCore::new(2, 3, NetworkDelay::ZERO);
         let mut grants = Vec::new();
         let now = Instant::ZERO;
-        rank.on_message(now, ToRank::GpuMembership { gpu: 0, online: false }, &mut |g| grants.push(g));
+        rank.on_message(now, ToRank::GpuMembership { gpu: 0, online: false, free_at: now }, &mut |g| grants.push(g));
         rank.on_message(now, ToRank::Candidate { model: 0, cand: Some(cand(4, 10)) }, &mut |g| grants.push(g));
         assert_eq!(grants.pop().map(|g| g.gpu), Some(1), "GPU 0 left, so the lowest idle is 1");
         // The in-flight batch on GPU 0 finishes: still offline, not reused.
@@ -447,7 +454,7 @@ mod tests {
         // A new GPU joins and takes the waiting candidate at once.
         rank.on_message(now, ToRank::Candidate { model: 0, cand: Some(cand(4, 10)) }, &mut |g| grants.push(g));
         assert!(grants.is_empty() && rank.waiting_candidates() == 1);
-        rank.on_message(now + Duration::from_millis(1), ToRank::GpuMembership { gpu: 7, online: true }, &mut |g| grants.push(g));
+        rank.on_message(now + Duration::from_millis(1), ToRank::GpuMembership { gpu: 7, online: true, free_at: now }, &mut |g| grants.push(g));
         assert_eq!(grants.pop().map(|g| (g.model, g.gpu)), Some((0, 7)));
         assert_eq!(rank.online_gpus(), 3);
     }

@@ -206,12 +206,22 @@ impl PinnedScheduler {
 
     /// GPU `gpu` joined (free now) or left the cluster.
     pub fn set_gpu_online(&mut self, now: Instant, gpu: GpuId, online: bool, out: &mut Actions) {
+        self.membership(now, gpu, online, now, out);
+    }
+
+    /// GPU `gpu` joined, busy until `free_at` (batches its backend already
+    /// holds).
+    pub fn gpu_joined_busy(&mut self, now: Instant, gpu: GpuId, free_at: Instant, out: &mut Actions) {
+        self.membership(now, gpu, true, free_at, out);
+    }
+
+    fn membership(&mut self, now: Instant, gpu: GpuId, online: bool, free_at: Instant, out: &mut Actions) {
         let g = gpu as usize;
         if self.online.len() <= g {
             self.online.resize(g + 1, false);
         }
         self.online[g] = online;
-        self.send_to_rank(RankControl::Message(ToRank::GpuMembership { gpu, online }));
+        self.send_to_rank(RankControl::Message(ToRank::GpuMembership { gpu, online, free_at }));
         self.settle(now, out);
     }
 

@@ -91,7 +91,7 @@ mod tests {
         let got = b.take_all();
         assert_eq!(got.len(), 2);
         assert!(matches!(wire::decode(&got[0]).unwrap(), Message::Heartbeat(h) if h.seq == 1));
-        assert!(matches!(wire::decode(&got[1]).unwrap(), Message::Models(_)));
+        assert!(matches!(wire::decode(&got[1]).unwrap(), Message::Models(..)));
         assert!(b.take_all().is_empty() && !b.disconnected());
         drop(a);
         assert!(b.disconnected());
