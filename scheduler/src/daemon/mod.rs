@@ -231,7 +231,15 @@ where
         .map_err(setup("acceptor thread"))?;
     // After the acceptor's spawn: it would inherit this thread's CPU.
     log_layout(cfg, &layout);
-    let _ = epoch;
+    // The wire carries the epoch in 32 bits; an etcd revision past that is
+    // refused rather than wrapped (a wrapped epoch would fence the new
+    // leader instead of the old one).
+    let wire_epoch = u32::try_from(epoch).map_err(|_| SchedulerError::Plane(format!("election epoch {epoch} does not fit the wire's 32 bits: compact or recreate the etcd cluster")))?;
+    // The old leader finds its lease revoked at its next renewal, one
+    // heartbeat after the revoke at most (plus the etcd call): plan nothing
+    // before that has passed. Backends that register meanwhile learn the
+    // epoch from their Welcome and refuse the old term's plans from then on.
+    let fence_wait = cfg.election.as_ref().map_or(Duration::ZERO, |e| Duration::from_nanos(e.heartbeat.as_nanos().saturating_mul(2)));
     let mut node = SchedulerNode::new(
         plane,
         NodeConfig {
@@ -243,10 +251,11 @@ where
             // A backend that is alive reports a batch long before its
             // liveness bound passes.
             batch_grace: cfg.dead_after,
-            ..NodeConfig::default()
+            fence_wait,
         },
     )
-    .with_membership(cfg.membership.clone());
+    .with_membership(cfg.membership.clone())
+    .with_epoch(wire_epoch);
     let mut term = Term { election, epoch, stall: cfg.election.as_ref().map(|e| e.failure_timeout), last_pass: clock.now(), hold: None };
     let mut first_plan = FirstPlan::new(metrics, clock, terms);
     let end = poll_until_drained(&mut node, &acceptor, idle, clock, &mut term, &mut first_plan);
