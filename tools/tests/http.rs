@@ -786,19 +786,28 @@ async fn a_small_timeout_under_a_long_slo_is_answered_timeout_within_it() {
     let timeout = StdDuration::from_millis(20);
     let mut body = infer_body("hurry", &values(3));
     body["parameters"] = json!({"timeout": timeout.as_micros() as u64});
-    let sent = std::time::Instant::now();
-    let r = post_json(&c, a, "/v2/models/patient/infer", &body).await;
-    let took = sent.elapsed();
-    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(r.headers.get("retry-after").is_none());
-    let msg = r.json()["error"].as_str().unwrap_or_default().to_string();
-    assert!(msg.contains("timeout"), "{msg}");
-    assert!(took <= timeout + StdDuration::from_millis(50), "answered after {took:?}");
+    // Issue 17: answered by T + 5 ms. Ten requests one after another; the
+    // median holds the bound and none is far past it (a shared 2-core
+    // machine may preempt any single one).
+    const N: usize = 10;
+    let mut took = Vec::with_capacity(N);
+    for _ in 0..N {
+        let sent = std::time::Instant::now();
+        let r = post_json(&c, a, "/v2/models/patient/infer", &body).await;
+        took.push(sent.elapsed());
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(r.headers.get("retry-after").is_none());
+        let msg = r.json()["error"].as_str().unwrap_or_default().to_string();
+        assert!(msg.contains("timeout"), "{msg}");
+    }
+    took.sort();
+    assert!(took[N / 2] <= timeout + StdDuration::from_millis(5), "median answer after {:?} (all: {took:?})", took[N / 2]);
+    assert!(took[N - 1] <= timeout + StdDuration::from_millis(50), "answered after {:?}", took[N - 1]);
     let q = quiet(&s).await;
-    assert_eq!((q.accepted, q.dropped), (1, 1), "{q:?}");
+    assert_eq!((q.accepted, q.dropped), (N as u64, N as u64), "{q:?}");
     let metrics = String::from_utf8(get(&c, a, "/metrics").await.body.to_vec()).unwrap();
     assert!(
-        metrics.contains("symphony_dropped_total{model=\"patient\",reason=\"timeout\"} 1"),
+        metrics.contains(&format!("symphony_dropped_total{{model=\"patient\",reason=\"timeout\"}} {N}")),
         "{metrics}"
     );
     s.stop().await;
