@@ -44,28 +44,31 @@ print(i["success"]["count"], i["fail"]["count"])
 PYEOF
 }
 
-run() {  # run PROTOCOL HOST:PORT
-  local proto=$1 hp=$2 csv="$tmp/$1.csv" s0 f0 s1 f1 t0 t1
+run() {  # run PROTOCOL HOST:PORT [NAME EXTRA-FLAGS...]
+  local proto=$1 hp=$2 name=${3:-$1} csv="$tmp/${3:-$1}.csv" s0 f0 s1 f1 t0 t1
+  shift 2; [ $# -gt 0 ] && shift
+  local extra=("$@")
   read -r s0 f0 < <(stats)
   t0=$(date +%s.%N)
   if ! LD_LIBRARY_PATH="$site/nvidia/cuda_runtime/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    timeout 120 "$tdir/venv/bin/perf_analyzer" -m tc_model -u "$hp" -i "$proto" -b 1 \
+    timeout 120 "$tdir/venv/bin/perf_analyzer" -m tc_model -u "$hp" -i "$proto" -b 1 "${extra[@]}" \
     --concurrency-range 4 --measurement-interval 3300 --stability-percentage 100 --max-trials 3 \
-    -f "$csv" > "$tmp/$proto.log" 2>&1; then
-    cat "$tmp/$proto.log"; log "FAIL: perf_analyzer over $proto"; exit 1
+    -f "$csv" > "$tmp/$name.log" 2>&1; then
+    cat "$tmp/$name.log"; log "FAIL: perf_analyzer over $name"; exit 1
   fi
   t1=$(date +%s.%N)
   read -r s1 f1 < <(stats)
   local pa
   pa=$(awk -F, 'NR==1{for(i=1;i<=NF;i++)c[$i]=i;next} NR==2{print $c["Inferences/Second"]}' "$csv")
-  awk -v pa="$pa" -v n=$((s1 - s0)) -v f=$((f1 - f0)) -v t0="$t0" -v t1="$t1" -v tol="$tol" -v p="$proto" 'BEGIN {
+  awk -v pa="$pa" -v n=$((s1 - s0)) -v f=$((f1 - f0)) -v t0="$t0" -v t1="$t1" -v tol="$tol" -v p="$name" 'BEGIN {
     srv = n / (t1 - t0); dev = (pa - srv) / srv * 100; if (dev < 0) dev = -dev
     printf "[perf_analyzer] %s: perf_analyzer %.1f infer/s, /stats %d successes in %.2f s = %.1f/s (%.1f%% apart), %d failed\n", p, pa, n, t1 - t0, srv, dev, f
     exit !(f == 0 && n > 0 && dev <= tol)
-  }' || { cat "$tmp/$proto.log"; log "FAIL over $proto"; exit 1; }
-  grep -E "Server:|queue|Compute" "$tmp/$proto.log" | head -8 >&2 || true
+  }' || { cat "$tmp/$name.log"; log "FAIL over $name"; exit 1; }
+  grep -E "Server:|queue|Compute" "$tmp/$name.log" | head -8 >&2 || true
 }
 run http "$url"
 run grpc "$grpc_url"
+run grpc "$grpc_url" grpc-streaming --streaming
 up_stop
-log "ok: perf_analyzer over HTTP and gRPC, 0 errors, throughput within ${tol}% of /stats"
+log "ok: perf_analyzer over HTTP, gRPC and gRPC streaming, 0 errors, throughput within ${tol}% of /stats"

@@ -314,6 +314,35 @@ fn statistics_message(s: &api::ModelStats) -> pb::ModelStatistics {
     }
 }
 
+/// Requests of one `ModelStreamInfer` stream running at once.
+pub const STREAM_IN_FLIGHT: usize = 256;
+
+/// One inference request, unary or from a stream: validated, run through
+/// the one service layer, answered with its output.
+async fn infer_one<S: InferenceService>(service: &S, req: pb::ModelInferRequest) -> Result<pb::ModelInferResponse, Status> {
+    let started = std::time::Instant::now();
+    let model = api::find_model(service, &req.model_name, Some(&req.model_version)).map_err(status)?;
+    let parsed = parse_model_infer(&req, model).map_err(status)?;
+    let out = api::run_infer(service, model.id, &parsed.input, model.spec.slo, parsed.options, started)
+        .await
+        .map_err(status)?;
+    let o = &model.output;
+    Ok(pb::ModelInferResponse {
+        model_name: model.spec.name.clone(),
+        model_version: model.version.clone(),
+        id: req.id,
+        parameters: Default::default(),
+        outputs: vec![pb::model_infer_response::InferOutputTensor {
+            name: o.name.clone(),
+            datatype: o.datatype.kserve_name().into(),
+            shape: shape(&o.shape),
+            parameters: Default::default(),
+            contents: None,
+        }],
+        raw_output_contents: vec![out],
+    })
+}
+
 /// The tonic service over an [`InferenceService`].
 #[derive(Debug)]
 pub struct GrpcService<S> {
@@ -394,35 +423,62 @@ impl<S: InferenceService> GrpcInferenceService for GrpcService<S> {
         &self,
         req: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
-        let started = std::time::Instant::now();
-        let req = req.into_inner();
-        let model = self.model(&req.model_name, &req.model_version)?;
-        let parsed = parse_model_infer(&req, model).map_err(status)?;
-        let out = api::run_infer(
-            &*self.service,
-            model.id,
-            &parsed.input,
-            model.spec.slo,
-            parsed.options,
-            started,
-        )
-        .await
-        .map_err(status)?;
-        let o = &model.output;
-        Ok(Response::new(pb::ModelInferResponse {
-            model_name: model.spec.name.clone(),
-            model_version: model.version.clone(),
-            id: req.id,
-            parameters: Default::default(),
-            outputs: vec![pb::model_infer_response::InferOutputTensor {
-                name: o.name.clone(),
-                datatype: o.datatype.kserve_name().into(),
-                shape: shape(&o.shape),
-                parameters: Default::default(),
-                contents: None,
-            }],
-            raw_output_contents: vec![out],
-        }))
+        infer_one(&*self.service, req.into_inner()).await.map(Response::new)
+    }
+
+    type ModelStreamInferStream = tokio_stream::wrappers::ReceiverStream<Result<pb::ModelStreamInferResponse, Status>>;
+
+    /// Triton's streaming inference: every request on the stream is run
+    /// like a `ModelInfer` (same validation, errors and accounting) and
+    /// answered on the response stream as it completes (tagged with its
+    /// `id`); a failed request is answered with `error_message` and the
+    /// stream goes on. At most [`STREAM_IN_FLIGHT`] requests of a stream
+    /// run at once: past that the stream is not read (HTTP/2 flow control
+    /// pushes back on the client). A client that goes away cancels what
+    /// still runs, as a dropped unary call does.
+    async fn model_stream_infer(
+        &self,
+        req: Request<tonic::Streaming<pb::ModelInferRequest>>,
+    ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        let mut inbound = req.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(STREAM_IN_FLIGHT);
+        let service = self.service.clone();
+        tokio::spawn(async move {
+            let mut running = tokio::task::JoinSet::new();
+            let mut reading = true;
+            while reading || !running.is_empty() {
+                tokio::select! {
+                    // The client left: dropping the set aborts every request
+                    // still running, and each cancels its task.
+                    () = tx.closed() => return,
+                    Some(_) = running.join_next(), if !running.is_empty() => {}
+                    msg = inbound.message(), if reading && running.len() < STREAM_IN_FLIGHT => match msg {
+                        Ok(Some(r)) => {
+                            let (service, tx) = (service.clone(), tx.clone());
+                            running.spawn(async move {
+                                let (id, model_name, model_version) = (r.id.clone(), r.model_name.clone(), r.model_version.clone());
+                                let answer = match infer_one(&*service, r).await {
+                                    Ok(resp) => pb::ModelStreamInferResponse { error_message: String::new(), infer_response: Some(resp) },
+                                    Err(s) => pb::ModelStreamInferResponse {
+                                        error_message: s.message().to_string(),
+                                        infer_response: Some(pb::ModelInferResponse { model_name, model_version, id, ..Default::default() }),
+                                    },
+                                };
+                                let _ = tx.send(Ok(answer)).await;
+                            });
+                        }
+                        Ok(None) => reading = false,
+                        // A broken stream (malformed message, reset): say so
+                        // and finish what runs.
+                        Err(s) => {
+                            let _ = tx.send(Err(s)).await;
+                            reading = false;
+                        }
+                    },
+                }
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
 
     async fn model_config(

@@ -424,3 +424,46 @@ async fn priority_timeout_overload_and_cancel_map_to_grpc_codes() {
     c.model_infer(with("resnet", &[])).await.expect("served again");
     s.stop().await;
 }
+
+/// ModelStreamInfer: every request on the stream is answered on it, tagged
+/// with its id, good ones with their reference output and a bad one with
+/// the unary call's error text while the stream goes on; the accounting is
+/// the unary path's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_infer_answers_each_request_and_a_bad_one_does_not_end_the_stream() {
+    let s = start().await;
+    let mut c = client(&s).await;
+    let n = 8u32;
+    let mut reqs: Vec<pb::ModelInferRequest> = (0..n)
+        .map(|i| {
+            let mut r = request(&format!("s{i}"));
+            r.raw_input_contents = vec![le(&values(i)).into()];
+            r
+        })
+        .collect();
+    // One with the wrong shape, in the middle of the stream.
+    let mut bad = request("bad");
+    bad.inputs[0].shape = vec![1, 15];
+    bad.raw_input_contents = vec![le(&values(0)[..15]).into()];
+    reqs.insert(3, bad.clone());
+    let unary = c.model_infer(bad).await.expect_err("the unary call refuses it");
+    let outbound = tokio_stream::iter(reqs);
+    let mut inbound = c.model_stream_infer(outbound).await.expect("stream opens").into_inner();
+    let mut seen = std::collections::BTreeMap::new();
+    while let Some(msg) = inbound.message().await.expect("stream stays healthy") {
+        let r = msg.infer_response.expect("every answer names its request");
+        assert!(seen.insert(r.id.clone(), (msg.error_message, r.raw_output_contents)).is_none(), "answered twice: {}", r.id);
+    }
+    assert_eq!(seen.len(), n as usize + 1, "{seen:?}");
+    let (err, out) = &seen["bad"];
+    assert_eq!(err, unary.message(), "the stream reports the unary call's error");
+    assert!(out.is_empty());
+    for i in 0..n {
+        let (err, out) = &seen[&format!("s{i}")];
+        assert!(err.is_empty(), "s{i}: {err}");
+        assert_eq!(out, &vec![expected(&values(i))], "s{i}");
+    }
+    let q = s.service().counters();
+    assert_eq!((q.accepted, q.succeeded), (u64::from(n), u64::from(n)), "{q:?}");
+    s.stop().await;
+}

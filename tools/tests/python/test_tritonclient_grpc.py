@@ -71,6 +71,37 @@ def test_infer_typed_contents():
     np.testing.assert_array_equal(out, reference_output(data))
 
 
+def test_stream_infer():
+    # ModelStreamInfer through tritonclient's stream API: every request is
+    # answered on the stream by id; a bad one comes back as an error and
+    # the stream goes on.
+    import queue
+
+    answers = queue.Queue()
+    c = client()
+    c.start_stream(callback=lambda result, error: answers.put((result, error)))
+    sent = {}
+    for seed in range(6):
+        inp, data = make_input(seed)
+        sent[f"st{seed}"] = data
+        c.async_stream_infer(MODEL, [inp], request_id=f"st{seed}")
+    bad = grpcclient.InferInput("INPUT0", [1, 15], "FP32")
+    bad.set_data_from_numpy(np.zeros((1, 15), dtype=np.float32))
+    c.async_stream_infer(MODEL, [bad], request_id="bad")
+    got, errors = {}, []
+    for _ in range(len(sent) + 1):
+        result, error = answers.get(timeout=30)
+        if error is not None:
+            errors.append(str(error))
+        else:
+            got[result.get_response().id] = result.as_numpy("OUTPUT0")
+    c.stop_stream()
+    assert len(errors) == 1 and "shape" in errors[0].lower(), errors
+    assert sorted(got) == sorted(sent)
+    for rid, data in sent.items():
+        np.testing.assert_array_equal(got[rid], reference_output(data))
+
+
 def test_statistics_count_successes():
     c = client()
 
