@@ -66,6 +66,14 @@ run() {  # run PROTOCOL HOST:PORT [NAME EXTRA-FLAGS...]
     exit !(f == 0 && n > 0 && dev <= tol)
   }' || { cat "$tmp/$name.log"; log "FAIL over $name"; exit 1; }
   grep -E "Server:|queue|Compute" "$tmp/$name.log" | head -8 >&2 || true
+  # The server-side figures perf_analyzer computes from our statistics extension must be real:
+  # "Avg request latency: N usec (overhead a usec + queue q usec + compute input i usec +
+  # compute infer c usec + compute output o usec)" with q > 0 and c > 0.
+  awk -v p="$name" '/Avg request latency:/ && /queue/ {
+      for (i = 1; i <= NF; i++) { if ($i == "queue") q = $(i + 1); if ($i == "infer") c = $(i + 1) }
+      found = 1 }
+    END { if (!found || q + 0 <= 0 || c + 0 <= 0) { printf "[perf_analyzer] %s: server-side queue %s usec, compute infer %s usec: want both > 0\n", p, q, c; exit 1 } }' \
+    "$tmp/$name.log" || { cat "$tmp/$name.log"; log "FAIL: server-side figures over $name"; exit 1; }
 }
 run http "$url"
 run grpc "$grpc_url"

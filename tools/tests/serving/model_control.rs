@@ -1,8 +1,8 @@
 //! Model control under load (issue 16): load/unload cycles while other
 //! clients keep the cluster busy and requests of the cycled model are in
 //! flight leave no staging slot, queue entry, task id or `/dev/shm` file
-//! behind. 50 cycles by default (about 1.5 s);
-//! `SYMPHONY_CONTROL_CYCLES=100` runs the acceptance's 100 (about 3 s).
+//! behind. The acceptance's 100 cycles by default (about 3 s);
+//! `SYMPHONY_CONTROL_CYCLES=N` runs another count.
 
 use bytes::Bytes;
 use frontend::models::ModelCatalog;
@@ -47,7 +47,7 @@ fn my_shm_files() -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_unload_cycles_under_load_leave_nothing_behind() {
-    let cycles: u32 = std::env::var("SYMPHONY_CONTROL_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
+    let cycles: u32 = std::env::var("SYMPHONY_CONTROL_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
     let models = vec![ModelSpec::linear("cycled", 0.5, 2.0, 100.0).unwrap(), ModelSpec::linear("steady", 0.5, 2.0, 100.0).unwrap()];
     let mut cfg = LocalConfig::new(ModelCatalog::with_default_tensors(&models));
     cfg.cluster.gpus = 2;
