@@ -101,6 +101,13 @@ pub struct Candidate {
     /// always 0 for a model with one level). Among feasible candidates the
     /// RankThread grants the highest level first, then the most urgent.
     pub level: u16,
+    /// The latest start that still serves the members of that highest
+    /// level (equal to `latest` when the batch holds one level): the
+    /// RankThread orders candidates by `(level, urgency)`, so a model whose
+    /// urgency comes only from its lower-priority members yields the GPU to
+    /// one whose high-priority requests are about to miss, and the lower
+    /// level absorbs the loss across models as it does within one.
+    pub urgency: Instant,
     /// How long the batch runs (at the profile's speed): what a GPU is
     /// committed to once it starts, for the RankThread's contention check.
     pub exec: Duration,

@@ -220,8 +220,15 @@ impl ModelState {
             let gap = self.rate.mean_gap(now).map_or(Duration::ZERO, |g| Duration::from_nanos((g.as_nanos() as f64 * cfg.window_gaps) as u64));
             (dl - self.profile.scaled_latency(bs + 1, slow)).min((dl - self.profile.scaled_latency(bs, slow)) - cfg.min_window.max(gap))
         };
-        let level = self.queues.iter().position(|q| !q.is_empty()).unwrap_or(0) as u16;
-        Some(Candidate { bs, exec_at, latest, level, exec: self.profile.scaled_latency(bs, factor), cycle: Duration::ZERO })
+        let level = self.queues.iter().position(|q| !q.is_empty()).unwrap_or(0);
+        // The top level's own deadline and share of the batch (one level:
+        // exactly `latest`).
+        let urgency = match self.queues.get(level).and_then(|q| q.front().map(|h| (h.deadline, q.len() as u32))) {
+            Some((d_top, n_top)) if n_top < bs || d_top > dl => d_top - self.profile.scaled_latency(bs.min(n_top), factor),
+            _ => latest,
+        };
+        let level = level as u16;
+        Some(Candidate { bs, exec_at, latest, level, urgency, exec: self.profile.scaled_latency(bs, factor), cycle: Duration::ZERO })
     }
 
     /// What a pending candidate will be when its window opens, for the
@@ -239,7 +246,7 @@ impl ModelState {
         }
         let exec = self.profile.latency(b);
         let latest = deadline - exec;
-        Candidate { bs: b, exec_at: c.exec_at.min(latest), latest, level: c.level, exec, cycle: gap.saturating_mul(u64::from(b)) }
+        Candidate { bs: b, exec_at: c.exec_at.min(latest), latest, level: c.level, urgency: c.urgency.min(latest), exec, cycle: gap.saturating_mul(u64::from(b)) }
     }
 
     /// True when a batch of `b` already runs within `slack` of the best

@@ -123,7 +123,7 @@ impl RankCore {
                 self.remove_pending(model);
                 if let (Some(c), Some(slot)) = (cand, self.pending.get_mut(model as usize)) {
                     *slot = Some(c);
-                    self.pending_by_latest.set(model, (c.level, c.latest));
+                    self.pending_by_latest.set(model, (c.level, c.urgency));
                 }
             }
             ToRank::GpuFree { gpu, free_at } => {
@@ -334,7 +334,7 @@ impl RankCore {
             }
         }
         self.cands[model as usize] = Some(c);
-        self.by_latest.set(model, (c.level, c.latest));
+        self.by_latest.set(model, (c.level, c.urgency));
         self.by_size.set(model, Reverse(c.bs));
     }
 
@@ -402,12 +402,15 @@ mod tests {
     use dataplane::time::Duration;
 
     fn cand(bs: u32, latest_ms: u64) -> Candidate {
-        Candidate { bs, exec_at: Instant::ZERO, latest: Instant::from_nanos(latest_ms * 1_000_000), level: 0, exec: Duration::from_millis(1), cycle: Duration::ZERO }
+        {
+            let latest = Instant::from_nanos(latest_ms * 1_000_000);
+            Candidate { bs, exec_at: Instant::ZERO, latest, level: 0, urgency: latest, exec: Duration::from_millis(1), cycle: Duration::ZERO }
+        }
     }
 
     fn pending(latest_ms: u64, exec_ms: u64) -> Candidate {
         let latest = Instant::from_nanos(latest_ms * 1_000_000);
-        Candidate { bs: 8, exec_at: latest, latest, level: 0, exec: Duration::from_millis(exec_ms), cycle: Duration::ZERO }
+        Candidate { bs: 8, exec_at: latest, latest, level: 0, urgency: latest, exec: Duration::from_millis(exec_ms), cycle: Duration::ZERO }
     }
 
     #[test]
@@ -483,5 +486,24 @@ mod tests {
         rank.on_message(ms(4), ToRank::GpuCorrect { gpu: 0, free_at: ms(3) }, &mut |g| grants.push(g));
         assert_eq!(grants.len(), before + 1);
         assert_eq!(rank.stats().corrections, 2);
+    }
+
+    #[test]
+    fn a_gpu_goes_to_the_model_whose_top_priority_requests_are_most_urgent() {
+        let ms = |ms: u64| Instant::from_nanos(ms * 1_000_000);
+        let mut rank = RankCore::new(3, 1, NetworkDelay::ZERO);
+        let mut grants = Vec::new();
+        rank.on_message(ms(0), ToRank::Candidate { model: 2, cand: Some(cand(4, 100)) }, &mut |g| grants.push(g));
+        rank.on_message(ms(1), ToRank::GpuFree { gpu: 0, free_at: ms(10) }, &mut |g| grants.push(g));
+        grants.clear();
+        // Model 0's batch must start by 20 ms only for its low-priority
+        // members; its high-priority ones can wait until 60 ms. Model 1's
+        // high-priority requests need the GPU by 30 ms.
+        let both = |latest, urgency| Candidate { urgency: ms(urgency), ..cand(4, latest) };
+        rank.on_message(ms(2), ToRank::Candidate { model: 0, cand: Some(both(20, 60)) }, &mut |g| grants.push(g));
+        rank.on_message(ms(2), ToRank::Candidate { model: 1, cand: Some(both(30, 30)) }, &mut |g| grants.push(g));
+        assert!(grants.is_empty());
+        rank.on_wake(ms(10), &mut |g| grants.push(g));
+        assert_eq!(grants.first().map(|g| g.model), Some(1), "the lower level absorbs the loss across models: {grants:?}");
     }
 }
