@@ -285,7 +285,7 @@ enum Cmd {
     },
     /// Reproduce a figure or table of docs/benchmarks.md (Markdown on stdout).
     Report {
-        /// table2, example, fig6a, fig9, fig2, fig10, grid, fig13, fig14, fig16.
+        /// table2, fig6a, fig6b, fig7, fig9, fig2, fig10, fig11, fig12, grid, fig13, fig14, live-curve, fig16.
         name: String,
         /// Fewer and shorter runs (for a quick look; the docs use the default).
         #[arg(long)]

@@ -4,13 +4,17 @@
 //! This file holds what every report shares (the run shape, the
 //! contenders, the error type) and the dispatch; the reports themselves
 //! are grouped by subject: `paper` (Table 2, Figures 6a, 9, 2 and 10),
-//! `network` (Figure 14), `fig13` (Figure 13) and `live` (the live runtime's curve). The grid
+//! `network` (Figure 14), `fig13` (Figure 13), `live` (the live runtime's curve),
+//! `deferral` (Figures 6b and 7: deferred against timeout and eager) and
+//! `quality` (Figures 11 and 12: scheduling quality). The grid
 //! is `report_grid`'s, Figure 16 `report_fig16`'s.
 
+mod deferral;
 mod fig13;
 mod live;
 mod network;
 mod paper;
+mod quality;
 
 use dataplane::time::Duration;
 use scheduler::deferred::Gather;
@@ -26,7 +30,7 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     /// No report of that name.
-    #[error("unknown report '{name}' (table2, fig6a, fig9, fig2, fig10, grid, fig13, fig14, live-curve, fig16)")]
+    #[error("unknown report '{name}' (table2, fig6a, fig6b, fig7, fig9, fig2, fig10, fig11, fig12, grid, fig13, fig14, live-curve, fig16)")]
     Unknown {
         /// The name given.
         name: String,
@@ -90,6 +94,9 @@ struct Setup {
     popularity: Popularity,
     duration_s: f64,
     seeds: Vec<u64>,
+    /// The goodput search's knobs (the default unless a report needs many
+    /// searches and says so).
+    knobs: GoodputSearch,
 }
 
 impl Setup {
@@ -101,6 +108,7 @@ impl Setup {
             popularity: Popularity::Equal,
             duration_s: if quick { 10.0 } else { 30.0 },
             seeds: if quick { vec![1] } else { vec![1, 2, 3] },
+            knobs: GoodputSearch::default(),
         }
     }
 
@@ -121,7 +129,7 @@ impl Setup {
     fn goodput(&self, policy: &PolicyConfig) -> Result<(f64, Option<SimReport>), ReportError> {
         let mut results = Vec::new();
         for &seed in &self.seeds {
-            let r = search(&self.sim(0.0, seed), policy, &GoodputSearch::default(), &mut |_, _, _, _| {})?;
+            let r = search(&self.sim(0.0, seed), policy, &self.knobs, &mut |_, _, _, _| {})?;
             results.push((r.goodput_rps, r.at_goodput));
         }
         results.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -177,6 +185,10 @@ pub fn run(name: &str, quick: bool, plot_dir: Option<&Path>, model_threads: &[us
     match name {
         "table2" => paper::table2(quick),
         "fig6a" => paper::fig6a(quick),
+        "fig6b" => deferral::fig6b(quick, plot_dir),
+        "fig7" => deferral::fig7(quick, plot_dir),
+        "fig11" => quality::fig11(quick, plot_dir),
+        "fig12" => quality::fig12(quick, plot_dir),
         "fig9" => paper::fig9(quick),
         "fig2" => paper::fig2(quick, plot_dir),
         "fig10" => paper::fig10(quick),
