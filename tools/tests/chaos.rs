@@ -57,6 +57,23 @@ fn crash() {
 fn slow_gpu() {
     class_holds_over_many_seeds(FaultClass::SlowGpu);
 }
+// Failover (issue 18): three schedulers elected through an in-memory store.
+#[test]
+fn leader_crash() {
+    class_holds_over_many_seeds(FaultClass::LeaderCrash);
+}
+#[test]
+fn leader_pause() {
+    class_holds_over_many_seeds(FaultClass::LeaderPause);
+}
+#[test]
+fn store_down() {
+    class_holds_over_many_seeds(FaultClass::StoreDown);
+}
+#[test]
+fn leader_partition() {
+    class_holds_over_many_seeds(FaultClass::LeaderPartition);
+}
 
 /// Priorities, cancellations and bounded queues under faults: every
 /// invariant (accounting with `cancelled`, nothing left at the scheduler)
