@@ -30,7 +30,14 @@ fn class_holds_over_many_seeds(class: FaultClass) {
         eprintln!("seed {} failed: {:?}\n  replay: {}", r.seed, r.violations, r.replay);
     }
     assert!(s.ok(), "{}: {} of {n} seeds broke an invariant; classes without hits: {:?}", class.as_str(), s.failed_seeds, s.classes_without_hits);
-    eprintln!("{}: {n} seeds, {} requests, {} hits in flight", class.as_str(), s.accepted, s.faults.get(class.as_str()).copied().unwrap_or(0));
+    eprintln!(
+        "{}: {n} seeds, {} requests, {} succeeded, {} hits in flight, {} plans fenced off",
+        class.as_str(),
+        s.accepted,
+        s.succeeded,
+        s.faults.get(class.as_str()).copied().unwrap_or(0),
+        s.fenced_plans
+    );
 }
 
 #[test]

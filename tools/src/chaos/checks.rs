@@ -83,6 +83,13 @@ impl Ledger {
         self.epochs_seen.get(&b)?.iter().copied().find(|&(at, e)| e > epoch && at < start)
     }
 
+    /// The first plan of a newer epoch than `epoch` sent before `start`
+    /// (a batch of `epoch` starting then ran after the new leader's first
+    /// plan).
+    pub fn newer_term_before(&self, epoch: u32, start: Instant) -> Option<(u32, Instant)> {
+        self.plan_times.range(epoch + 1..).map(|(&e, &(first, _))| (e, first)).find(|&(_, first)| first < start)
+    }
+
     /// An epoch whose leader still sent a plan after a newer epoch's first
     /// plan: two leaders planning in live terms.
     pub fn overlapping_terms(&self) -> Option<String> {

@@ -199,6 +199,10 @@ pub struct ChaosReport {
     pub delay_alarms: u64,
     /// The READ tail per input the scheduler observed last, ns.
     pub read_tail_ns: u64,
+    /// Plans backends did not run for their epoch (refused as stale, or
+    /// held unstarted when a newer epoch came), over the backends up at
+    /// the end.
+    pub fenced_plans: u64,
 }
 
 impl ChaosReport {
@@ -461,6 +465,11 @@ impl Harness {
                     "backend node {b} started batch {} of epoch {} at {start}, after epoch {newer} reached it at {at}",
                     r.batch_id, r.epoch
                 ));
+            } else if let Some((newer, first)) = ledger.newer_term_before(r.epoch, start) {
+                self.fence_violations.push(format!(
+                    "backend node {b} started batch {} of epoch {} at {start}, after epoch {newer}'s first plan at {first}",
+                    r.batch_id, r.epoch
+                ));
             }
         }
     }
@@ -543,12 +552,23 @@ impl Harness {
             report.delay_alarms = plane.delay_watch().alarms();
             report.read_tail_ns = plane.delay_watch().observed().map_or(0, |d| d.as_nanos());
         }
+        report.fenced_plans = (0..self.cfg.backends)
+            .filter_map(|i| self.cluster.backend(i))
+            .map(|h| h.node.worker().stats())
+            .map(|s| s.stale_plans + s.superseded_batches)
+            .sum();
         self.client.fill(&mut report);
         report.faults = fault_map(net.counts(), self.cfg.faults, self.slow_batches, self.crash_hits);
         for (c, n) in &self.failover_hits {
             report.faults.insert(c.as_str().to_string(), *n);
         }
         let mut v = std::mem::take(&mut self.violations);
+        // A leader that was paused, cut off or without its store has
+        // stepped down on its own by the end.
+        let leaders = self.cluster.schedulers().iter().filter(|h| h.leads()).count();
+        if leaders > 1 {
+            v.push(format!("{leaders} schedulers lead at the end of the run"));
+        }
         let slots_in_use: Vec<(usize, usize)> =
             (0..self.cluster.frontend_count()).filter_map(|i| self.cluster.frontend(i).map(|h| (i, h.service.staging().in_flight()))).collect();
         // A lost, partitioned or crashed-away outcome never comes back, so

@@ -152,10 +152,10 @@ impl Default for HaSpec {
     fn default() -> Self {
         HaSpec {
             schedulers: 3,
-            heartbeat: Duration::from_millis(20),
-            failure_timeout: Duration::from_millis(100),
-            lease_ttl: Duration::from_millis(300),
-            reconnect_every: Duration::from_millis(20),
+            heartbeat: Duration::from_millis(5),
+            failure_timeout: Duration::from_millis(30),
+            lease_ttl: Duration::from_millis(150),
+            reconnect_every: Duration::from_millis(5),
         }
     }
 }
@@ -246,6 +246,8 @@ pub struct FrontendHost {
     pub service: Arc<ClusterService<NetSink>>,
     /// Without a scheduler (failover): the next address to try, and when.
     lost: Option<(usize, Instant)>,
+    /// The address after the current scheduler link's.
+    next_addr: usize,
 }
 
 /// A running backend node and what its host holds.
@@ -257,6 +259,8 @@ pub struct BackendHost {
     pub node: BackendNode<SimConn, EmulatedExecutor>,
     /// Without a scheduler (failover): the next address to try, and when.
     lost: Option<(usize, Instant)>,
+    /// The address after the current scheduler link's.
+    next_addr: usize,
 }
 
 /// A scheduler node's host: the node while it leads (always, without
@@ -274,6 +278,11 @@ pub struct SchedHost {
 }
 
 impl SchedHost {
+    /// Whether it leads (has a scheduler node).
+    pub fn leads(&self) -> bool {
+        self.node.is_some()
+    }
+
     fn running(&self, now: Instant) -> bool {
         !self.crashed && self.paused_until.is_none_or(|t| now >= t)
     }
@@ -536,7 +545,7 @@ impl NodeCluster {
             NodeClusterError::SchedulerUnreachable(e)
         })?;
         node.handle_scheduler_link(now, conn.1);
-        Ok(FrontendHost { net_id, node, listener, service: Arc::new(service), lost: None })
+        Ok(FrontendHost { net_id, node, listener, service: Arc::new(service), lost: None, next_addr: conn.0 })
     }
 
     fn start_backend(&mut self) -> Result<BackendHost, NodeClusterError> {
@@ -581,12 +590,13 @@ impl NodeCluster {
             self.net.crash(net_id);
             NodeClusterError::SchedulerUnreachable(e)
         })?;
+        let next_addr = sched.0;
         let worker = BatchWorker::new(wcfg, exec, reg, sched.1).map_err(NodeClusterError::Worker)?;
         self.backend_net_ids.push(net_id);
         let node = BackendNode::new(cfg, worker)
             .with_join_token(Some(self.spec.join_token.clone()))
             .with_failover(self.spec.ha.is_some());
-        Ok(BackendHost { net_id, domain, node, lost: None })
+        Ok(BackendHost { net_id, domain, node, lost: None, next_addr })
     }
 
     /// Connects to the first scheduler address that listens, from address
@@ -760,21 +770,25 @@ impl NodeCluster {
         progressed
     }
 
-    /// With failover, a peer without a scheduler tries the next address
-    /// when due; returns the link if one connected.
-    fn reconnect_due(&self, lost: &mut Option<(usize, Instant)>, domain: &SimDomain, now: Instant) -> Option<SimConn> {
-        let (next, at) = (*lost)?;
+    /// With failover, a peer without a scheduler tries the addresses from
+    /// the next one on when due; returns the link if one connected (then
+    /// it registers over it: no new try until that fails). `lost` holds
+    /// the next address and when to try; `next` the address after the
+    /// last link's.
+    fn reconnect_due(&self, lost: &mut Option<(usize, Instant)>, next: &mut usize, domain: &SimDomain, now: Instant) -> Option<SimConn> {
+        let (from, at) = (*lost)?;
         if now < at {
             return None;
         }
         let every = self.spec.ha.as_ref().map_or(self.spec.restart_after, |h| h.reconnect_every);
-        match self.connect_scheduler(domain, next) {
+        match self.connect_scheduler(domain, from) {
             Ok((after, conn)) => {
-                *lost = Some((after, now + every));
+                *lost = None;
+                *next = after;
                 Some(conn)
             }
             Err(_) => {
-                *lost = Some((next, now + every));
+                *lost = Some((from, now + every));
                 None
             }
         }
@@ -794,25 +808,22 @@ impl NodeCluster {
             progressed = true;
             match e {
                 FrontendEvent::SchedulerLost { .. } | FrontendEvent::Refused { .. } if failover => {
-                    let next = h.lost.map_or(0, |l| l.0);
-                    h.lost = Some((next, now));
+                    h.lost = Some((h.next_addr, now));
                 }
                 FrontendEvent::SchedulerLost { .. } | FrontendEvent::Refused { .. } => exit = true,
-                FrontendEvent::Registered { .. } => h.lost = None,
                 _ => {}
             }
         }
         if failover && h.lost.is_some() {
             let domain = self.net.domain(h.net_id);
-            let mut lost = h.lost;
-            if let Some(conn) = self.reconnect_due(&mut lost, &domain, now) {
-                if let Slot::Up(h) = &mut self.frontends[i] {
+            let (mut lost, mut next) = (h.lost, h.next_addr);
+            let conn = self.reconnect_due(&mut lost, &mut next, &domain, now);
+            if let Slot::Up(h) = &mut self.frontends[i] {
+                if let Some(conn) = conn {
                     h.node.handle_scheduler_link(now, conn);
                     progressed = true;
                 }
-            }
-            if let Slot::Up(h) = &mut self.frontends[i] {
-                h.lost = lost;
+                (h.lost, h.next_addr) = (lost, next);
             }
         }
         if exit {
@@ -837,10 +848,8 @@ impl NodeCluster {
                     }
                 }
                 BackendEvent::SchedulerLost { .. } | BackendEvent::Refused { .. } if failover => {
-                    let next = h.lost.map_or(0, |l| l.0);
-                    h.lost = Some((next, now));
+                    h.lost = Some((h.next_addr, now));
                 }
-                BackendEvent::Registered => h.lost = None,
                 BackendEvent::SchedulerLost { .. } | BackendEvent::Refused { .. } | BackendEvent::Failed { .. } => exit = true,
                 _ => {}
             }
@@ -848,15 +857,15 @@ impl NodeCluster {
         // Refused at its first registration, a node is done: restarted.
         exit |= failover && h.node.drained();
         if failover && !exit && h.node.scheduler_lost() && h.lost.is_some() {
-            let mut lost = h.lost;
+            let (mut lost, mut next) = (h.lost, h.next_addr);
             let domain = self.net.domain(h.net_id);
-            let conn = self.reconnect_due(&mut lost, &domain, now);
+            let conn = self.reconnect_due(&mut lost, &mut next, &domain, now);
             if let Slot::Up(h) = &mut self.backends[i] {
                 if let Some(conn) = conn {
                     drop(h.node.handle_scheduler_link(conn));
                     progressed = true;
                 }
-                h.lost = lost;
+                (h.lost, h.next_addr) = (lost, next);
             }
         }
         let Slot::Up(h) = &mut self.backends[i] else { return progressed };
