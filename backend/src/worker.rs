@@ -254,6 +254,8 @@ pub struct BatchReport {
     pub failed: u32,
     /// The slowest successful input READ, post to completion.
     pub read_max: Duration,
+    /// The planning scheduler's election epoch.
+    pub epoch: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1350,6 +1352,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             ok,
             failed: s.tasks.len() as u32 - ok,
             read_max: s.read_max,
+            epoch: s.epoch,
         };
         if s.outstanding_reads == 0 {
             s.phase = Phase::Free;

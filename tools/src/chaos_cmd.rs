@@ -178,6 +178,9 @@ fn many(cfg: &ChaosConfig, n: u64, a: &ChaosArgs) -> Result<(), ChaosCmdError> {
         for (k, v) in &s.faults {
             println!("  fault {k}: {v} hits in flight");
         }
+        if cfg.faults.failover() {
+            println!("  plans fenced off by epoch: {}", s.fenced_plans);
+        }
         for c in &s.classes_without_hits {
             println!("CLASS WITHOUT HITS: {c}");
         }

@@ -30,7 +30,14 @@ fn class_holds_over_many_seeds(class: FaultClass) {
         eprintln!("seed {} failed: {:?}\n  replay: {}", r.seed, r.violations, r.replay);
     }
     assert!(s.ok(), "{}: {} of {n} seeds broke an invariant; classes without hits: {:?}", class.as_str(), s.failed_seeds, s.classes_without_hits);
-    eprintln!("{}: {n} seeds, {} requests, {} hits in flight", class.as_str(), s.accepted, s.faults.get(class.as_str()).copied().unwrap_or(0));
+    eprintln!(
+        "{}: {n} seeds, {} requests, {} succeeded, {} hits in flight, {} plans fenced off",
+        class.as_str(),
+        s.accepted,
+        s.succeeded,
+        s.faults.get(class.as_str()).copied().unwrap_or(0),
+        s.fenced_plans
+    );
 }
 
 #[test]
@@ -56,6 +63,23 @@ fn crash() {
 #[test]
 fn slow_gpu() {
     class_holds_over_many_seeds(FaultClass::SlowGpu);
+}
+// Failover (issue 18): three schedulers elected through an in-memory store.
+#[test]
+fn leader_crash() {
+    class_holds_over_many_seeds(FaultClass::LeaderCrash);
+}
+#[test]
+fn leader_pause() {
+    class_holds_over_many_seeds(FaultClass::LeaderPause);
+}
+#[test]
+fn store_down() {
+    class_holds_over_many_seeds(FaultClass::StoreDown);
+}
+#[test]
+fn leader_partition() {
+    class_holds_over_many_seeds(FaultClass::LeaderPartition);
 }
 
 /// Priorities, cancellations and bounded queues under faults: every

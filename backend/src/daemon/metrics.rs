@@ -241,6 +241,7 @@ mod tests {
                 ok: size,
                 failed: 0,
                 read_max: Duration::ZERO,
+                epoch: 0,
             });
         }
         m.store_stats(&WorkerStats {

@@ -1613,4 +1613,27 @@ mod tests {
         let (_, b) = o.iter().next().unwrap();
         assert!(matches!(wire::decode(b), Ok(Message::Heartbeat(_))));
     }
+
+    #[test]
+    fn a_fence_holds_joining_gpus_out_until_lifted_and_forgets_a_backend_that_left() {
+        let mut p = plane(&[vec![0, 1]]);
+        let t0 = Instant::ZERO;
+        p.set_epoch(4);
+        p.fence();
+        p.frontend_joined(1, "fe1").unwrap();
+        p.backend_joined(t0, 10, 1, &[0, 1], &[]).unwrap();
+        p.backend_joined(t0, 11, 2, &[0, 1], &[]).unwrap();
+        assert_eq!(p.online_gpus(), 0, "held by the fence");
+        p.on_task(t0, 1, &task(1, 0, 1));
+        let _ = drain(&mut p);
+        p.backend_left(t0, 10);
+        let t1 = t0 + Duration::from_millis(5);
+        p.lift_fence(t1);
+        assert!(!p.fenced());
+        assert_eq!(p.online_gpus(), 2, "backend 11's GPUs only");
+        run_until_quiet(&mut p, t1, t1 + Duration::from_millis(100));
+        let plans: Vec<_> = drain(&mut p).into_iter().filter(|(_, m)| m.starts_with("BatchPlan")).collect();
+        assert_eq!(plans.len(), 1, "the queued task runs once the fence lifts: {plans:?}");
+        assert!(plans[0].1.contains("epoch: 4") && plans[0].0 == PeerId::Backend(11), "{plans:?}");
+    }
 }

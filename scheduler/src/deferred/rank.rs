@@ -463,6 +463,24 @@ mod tests {
     }
 
     #[test]
+    fn a_gpu_that_joins_busy_is_granted_free_at_its_busy_time() {
+        let ms = |ms: u64| Instant::from_nanos(ms * 1_000_000);
+        let mut rank = RankCore::new(1, 0, NetworkDelay::ZERO);
+        let mut grants = Vec::new();
+        rank.on_message(ms(0), ToRank::GpuMembership { gpu: 0, online: true, free_at: ms(20) }, &mut |g| grants.push(g));
+        assert_eq!(rank.online_gpus(), 1);
+        rank.on_message(ms(1), ToRank::Candidate { model: 0, cand: Some(cand(4, 100)) }, &mut |g| grants.push(g));
+        // Granted no earlier than the GPU's lead before it frees, and free
+        // at 20 ms, not at once.
+        if grants.is_empty() {
+            let wake = rank.poll_at().expect("a timer for the busy GPU");
+            rank.on_wake(wake, &mut |g| grants.push(g));
+        }
+        assert_eq!(grants.len(), 1);
+        assert!(grants[0].free_at >= ms(20), "{grants:?}");
+    }
+
+    #[test]
     fn a_correction_moves_a_gpu_free_time_but_never_a_granted_gpu() {
         let ms = |ms: u64| Instant::from_nanos(ms * 1_000_000);
         let mut rank = RankCore::new(1, 1, NetworkDelay::ZERO);

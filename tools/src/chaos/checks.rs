@@ -1,7 +1,8 @@
 //! The invariants checked after every harness run.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
+use dataplane::time::Instant;
 use dataplane::transport::sim::{NodeId, Traffic};
 use dataplane::wire::{self, Message, TaskStatus};
 use frontend::staging::CounterSnapshot;
@@ -14,24 +15,37 @@ pub struct Ledger {
     /// Successful completions sent by backends, by task id (counted at the
     /// send, before the network can duplicate them).
     pub executed: HashMap<u64, u32>,
-    /// Tasks of the plans each backend received.
-    pub planned: HashMap<NodeId, HashSet<u64>>,
+    /// Tasks of the plans each backend received, with the plan's epoch.
+    pub planned: HashMap<NodeId, HashMap<u64, u32>>,
     /// Tasks each backend sent a completion for (to anyone).
-    pub answered: HashMap<NodeId, HashSet<u64>>,
+    pub answered: HashMap<NodeId, std::collections::HashSet<u64>>,
+    /// Scheduler nodes are the network ids below this (at least node 0).
+    pub schedulers: NodeId,
+    /// Per epoch, the first and the last plan a scheduler sent.
+    pub plan_times: BTreeMap<u32, (Instant, Instant)>,
+    /// Per node, each newer epoch it was delivered (Welcome or plan), when.
+    pub epochs_seen: HashMap<NodeId, Vec<(Instant, u32)>>,
 }
 
 impl Ledger {
     /// Takes one message the network carried.
     pub fn observe(&mut self, t: Traffic<'_>) {
+        let from_scheduler = t.from < self.schedulers.max(1);
         match (t.delivered, wire::decode(t.bytes)) {
             // Only backends receive plans.
-            (true, Ok(Message::BatchPlan(_, tasks))) => {
+            (true, Ok(Message::BatchPlan(head, tasks))) => {
+                self.saw_epoch(t.to, t.at, head.epoch);
                 let set = self.planned.entry(t.to).or_default();
-                set.extend(tasks.iter().map(|task| task.task_id));
+                set.extend(tasks.iter().map(|task| (task.task_id, head.epoch)));
+            }
+            (true, Ok(Message::Welcome(w))) => self.saw_epoch(t.to, t.at, w.epoch),
+            (false, Ok(Message::BatchPlan(head, _))) if from_scheduler => {
+                let e = self.plan_times.entry(head.epoch).or_insert((t.at, t.at));
+                e.1 = e.1.max(t.at);
             }
             // Completions come from backends, and from the scheduler
-            // (node 0) when it fails a batch back or forwards one.
-            (false, Ok(Message::Completion(head, _))) if t.from != 0 => {
+            // when it fails a batch back or forwards one.
+            (false, Ok(Message::Completion(head, _))) if !from_scheduler => {
                 self.answered.entry(t.from).or_default().insert(head.task_id);
                 if head.status == TaskStatus::Ok as u32 {
                     *self.executed.entry(head.task_id).or_insert(0) += 1;
@@ -41,11 +55,51 @@ impl Ledger {
         }
     }
 
-    /// Tasks that backend `b` received in a plan and never answered.
+    fn saw_epoch(&mut self, node: NodeId, at: Instant, epoch: u32) {
+        let seen = self.epochs_seen.entry(node).or_default();
+        if seen.last().is_none_or(|&(_, e)| epoch > e) {
+            seen.push((at, epoch));
+        }
+    }
+
+    /// The newest epoch backend `b` was delivered.
+    fn newest(&self, b: NodeId) -> u32 {
+        self.epochs_seen.get(&b).and_then(|s| s.last()).map_or(0, |s| s.1)
+    }
+
+    /// Tasks that backend `b` received in a plan and never answered (plans
+    /// of an epoch older than the newest it saw are refused unexecuted:
+    /// their tasks are the new leader's).
     pub fn unanswered(&self, b: NodeId) -> usize {
         let Some(planned) = self.planned.get(&b) else { return 0 };
+        let newest = self.newest(b);
         let answered = self.answered.get(&b);
-        planned.iter().filter(|t| !answered.is_some_and(|a| a.contains(t))).count()
+        planned.iter().filter(|&(t, &e)| e >= newest && !answered.is_some_and(|a| a.contains(t))).count()
+    }
+
+    /// A newer epoch than `epoch` that backend `b` had been delivered
+    /// before `start` (a batch of `epoch` starting then broke the fence).
+    pub fn newer_epoch_before(&self, b: NodeId, epoch: u32, start: Instant) -> Option<(Instant, u32)> {
+        self.epochs_seen.get(&b)?.iter().copied().find(|&(at, e)| e > epoch && at < start)
+    }
+
+    /// The first plan of a newer epoch than `epoch` sent before `start`
+    /// (a batch of `epoch` starting then ran after the new leader's first
+    /// plan).
+    pub fn newer_term_before(&self, epoch: u32, start: Instant) -> Option<(u32, Instant)> {
+        self.plan_times.range(epoch + 1..).map(|(&e, &(first, _))| (e, first)).find(|&(_, first)| first < start)
+    }
+
+    /// An epoch whose leader still sent a plan after a newer epoch's first
+    /// plan: two leaders planning in live terms.
+    pub fn overlapping_terms(&self) -> Option<String> {
+        let terms: Vec<(u32, (Instant, Instant))> = self.plan_times.iter().map(|(&e, &t)| (e, t)).collect();
+        for (i, &(e, (_, last))) in terms.iter().enumerate() {
+            if let Some(&(newer, (first, _))) = terms[i + 1..].iter().find(|&&(_, (first, _))| first < last) {
+                return Some(format!("epoch {e} planned until {last} after epoch {newer} planned from {first}"));
+            }
+        }
+        None
     }
 }
 
@@ -71,6 +125,9 @@ pub struct Observed<'a> {
     /// Every message arrived (no loss, partition or crash): then nothing
     /// may be left behind anywhere.
     pub lossless: bool,
+    /// Batches that started on a backend after it had seen a newer epoch
+    /// than their own (the harness checks each report).
+    pub fence_violations: &'a [String],
 }
 
 /// Appends a line to `out` for every invariant that did not hold.
@@ -100,6 +157,10 @@ pub fn check(o: &Observed<'_>, out: &mut Vec<String>) {
         dup.sort_unstable();
         out.push(format!("{} tasks were executed more than once (first: task {:#x}, {} times)", dup.len(), dup[0].0, dup[0].1));
     }
+    if let Some(why) = o.ledger.overlapping_terms() {
+        out.push(format!("two leaders planned in live terms: {why}"));
+    }
+    out.extend(o.fence_violations.iter().cloned());
     if o.client.wrong_outputs > 0 {
         out.push(format!("{} answers carried another request's output", o.client.wrong_outputs));
     }

@@ -21,12 +21,24 @@ pub enum FaultClass {
     Crash,
     /// A GPU runs slower than its profile.
     SlowGpu,
+    /// The leading scheduler crashes (hot standbys take over).
+    LeaderCrash,
+    /// The leading scheduler is stopped past the failure timeout, then
+    /// resumed: it must step down on its own.
+    LeaderPause,
+    /// The election store is unavailable for a while.
+    StoreDown,
+    /// The leader's heartbeats stop reaching a standby for a while.
+    LeaderPartition,
 }
 
 impl FaultClass {
-    /// Every class, in report order.
+    /// Every class of a single-scheduler cluster, in report order.
     pub const ALL: [FaultClass; 6] =
         [FaultClass::Loss, FaultClass::Dup, FaultClass::Reorder, FaultClass::Partition, FaultClass::Crash, FaultClass::SlowGpu];
+    /// The failover classes: they run hot-standby schedulers.
+    pub const FAILOVER: [FaultClass; 4] =
+        [FaultClass::LeaderCrash, FaultClass::LeaderPause, FaultClass::StoreDown, FaultClass::LeaderPartition];
 
     /// The name used on the command line and in reports.
     pub fn as_str(self) -> &'static str {
@@ -37,11 +49,19 @@ impl FaultClass {
             FaultClass::Partition => "partition",
             FaultClass::Crash => "crash",
             FaultClass::SlowGpu => "slow-gpu",
+            FaultClass::LeaderCrash => "leader-crash",
+            FaultClass::LeaderPause => "leader-pause",
+            FaultClass::StoreDown => "store-down",
+            FaultClass::LeaderPartition => "leader-partition",
         }
     }
 
+    fn every() -> impl Iterator<Item = FaultClass> {
+        FaultClass::ALL.into_iter().chain(FaultClass::FAILOVER)
+    }
+
     fn parse_one(s: &str) -> Option<FaultClass> {
-        FaultClass::ALL.into_iter().find(|c| c.as_str() == s)
+        FaultClass::every().find(|c| c.as_str() == s)
     }
 }
 
@@ -54,18 +74,26 @@ pub struct UnknownFaultClass {
 }
 
 fn fault_class_names() -> String {
-    FaultClass::ALL.iter().map(|c| c.as_str()).collect::<Vec<_>>().join(", ")
+    FaultClass::every().map(|c| c.as_str()).collect::<Vec<_>>().join(", ")
 }
 
 /// A set of fault classes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FaultSet(u8);
+pub struct FaultSet(u16);
 
 impl FaultSet {
     /// No faults.
     pub const NONE: FaultSet = FaultSet(0);
-    /// Every class.
+    /// Every class of a single-scheduler cluster (`all`).
     pub const ALL: FaultSet = FaultSet(0x3f);
+    /// Every failover class (`failover`).
+    pub const FAILOVER: FaultSet = FaultSet(0x3c0);
+
+    /// Whether any failover class is in the set (the cluster then runs
+    /// hot-standby schedulers).
+    pub fn failover(self) -> bool {
+        self.0 & FaultSet::FAILOVER.0 != 0
+    }
 
     /// Only `c`.
     pub fn only(c: FaultClass) -> FaultSet {
@@ -82,6 +110,7 @@ impl FaultSet {
         match s {
             "all" => return Ok(FaultSet::ALL),
             "none" => return Ok(FaultSet::NONE),
+            "failover" => return Ok(FaultSet::FAILOVER),
             _ => {}
         }
         let mut set = FaultSet::NONE;
@@ -94,7 +123,7 @@ impl FaultSet {
 
     /// The names of the classes in the set, comma-separated.
     pub fn names(self) -> String {
-        let v: Vec<_> = FaultClass::ALL.iter().filter(|c| self.has(**c)).map(|c| c.as_str()).collect();
+        let v: Vec<_> = FaultClass::every().filter(|c| self.has(*c)).map(|c| c.as_str()).collect();
         if v.is_empty() {
             "none".into()
         } else {
@@ -124,6 +153,14 @@ pub enum Event {
     Crash { node: Target, restart_at: Instant },
     /// GPU `gpu` of backend `backend` runs `factor` times slower until `until`.
     SlowGpu { backend: usize, gpu: u32, factor: f64, until: Instant },
+    /// The leading scheduler crashes.
+    LeaderCrash,
+    /// The leading scheduler is stopped until `until`.
+    LeaderPause { until: Instant },
+    /// The election store is unavailable until `until`.
+    StoreDown { until: Instant },
+    /// The leader's heartbeats miss a standby until `until`.
+    LeaderPartition { until: Instant },
 }
 
 /// The per-message fault probabilities of `set`.
@@ -186,6 +223,27 @@ pub fn schedule(set: FaultSet, seed: u64, start: Instant, end: Instant, frontend
             let factor = 1.0 + rng.random_range(0.2..1.5);
             let len = Duration::from_millis(rng.random_range(200..2000));
             events.push((t, Event::SlowGpu { backend, gpu, factor, until: t + len }));
+        }
+        // Drawn after the classes above: their schedules do not change.
+        if set.has(FaultClass::LeaderCrash) {
+            events.push((at(&mut rng), Event::LeaderCrash));
+        }
+        if set.has(FaultClass::LeaderPause) {
+            let t = at(&mut rng);
+            // Past the failure timeout; some past the peers' liveness bound.
+            let len = Duration::from_millis(rng.random_range(150..1300));
+            events.push((t, Event::LeaderPause { until: t + len }));
+        }
+        if set.has(FaultClass::StoreDown) {
+            let t = at(&mut rng);
+            // Some shorter than the lease (the leader keeps leading), some longer.
+            let len = Duration::from_millis(rng.random_range(50..800));
+            events.push((t, Event::StoreDown { until: t + len }));
+        }
+        if set.has(FaultClass::LeaderPartition) {
+            let t = at(&mut rng);
+            let len = Duration::from_millis(rng.random_range(150..1000));
+            events.push((t, Event::LeaderPartition { until: t + len }));
         }
     }
     events.sort_by_key(|e| e.0);

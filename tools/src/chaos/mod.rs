@@ -24,8 +24,14 @@
 //!   reached the client after its deadline is counted late, never good;
 //! - every output is the reference output of its own input.
 //!
-//! The scheduler is not crashed here (it is a single point of failure
-//! until the failover issue lands); it can be partitioned.
+//! The failover classes (`leader-crash`, `leader-pause`, `store-down`,
+//! `leader-partition`) run three scheduler nodes elected through an
+//! in-memory store (`inproc::cluster::HaSpec`); peers outlive their
+//! scheduler and walk the address list. They add the checks that no two
+//! leaders planned in live terms (no plan of an epoch was sent after a
+//! newer epoch's first plan) and that no backend started a batch of an
+//! older epoch than one it had already been delivered. Without them the
+//! one scheduler is never crashed; it can be partitioned.
 
 pub mod checks;
 pub mod client;
@@ -44,7 +50,7 @@ use scheduler::netdelay::NetworkDelay;
 use scheduler::zoo::ModelSpec;
 use serde::Serialize;
 
-use crate::inproc::cluster::{ClusterEvent, ClusterSpec, NodeCluster};
+use crate::inproc::cluster::{ClusterEvent, ClusterSpec, HaSpec, NodeCluster};
 
 pub use faults::{FaultClass, FaultSet};
 
@@ -193,6 +199,10 @@ pub struct ChaosReport {
     pub delay_alarms: u64,
     /// The READ tail per input the scheduler observed last, ns.
     pub read_tail_ns: u64,
+    /// Plans backends did not run for their epoch (refused as stale, or
+    /// held unstarted when a newer epoch came), over the backends up at
+    /// the end.
+    pub fenced_plans: u64,
 }
 
 impl ChaosReport {
@@ -232,6 +242,16 @@ struct Harness {
     /// Requests and batches in flight on nodes when they crashed.
     crash_hits: u64,
     batches: u64,
+    /// Failover faults that hit (a leader crashed or paused, the store
+    /// down, a standby cut off), by class.
+    failover_hits: BTreeMap<FaultClass, u64>,
+    /// When the election store comes back.
+    store_down_until: Option<Instant>,
+    /// Scheduler heartbeats cut: (leader, standby, until).
+    sched_cuts: Vec<(usize, usize, Instant)>,
+    /// Batch reports of this poll: (backend slot, report).
+    reports: Vec<(usize, backend::worker::BatchReport)>,
+    fence_violations: Vec<String>,
 }
 
 impl Harness {
@@ -246,7 +266,11 @@ impl Harness {
             cfg.seed,
             FaultConfig { read_delay: cfg.read_delay, ..faults::message_faults(cfg.faults, Instant::ZERO + STARTUP) },
         );
-        let ledger = Arc::new(Mutex::new(checks::Ledger::default()));
+        let ha = cfg.faults.failover().then(HaSpec::default);
+        let ledger = Arc::new(Mutex::new(checks::Ledger {
+            schedulers: ha.as_ref().map_or(1, |h| h.schedulers as NodeId),
+            ..checks::Ledger::default()
+        }));
         {
             let ledger = ledger.clone();
             net.set_tap(Box::new(move |t| {
@@ -260,12 +284,13 @@ impl Harness {
         spec.closed_loop = cfg.closed_loop;
         spec.delay_watch = cfg.delay_watch;
         spec.gpu_slowdowns = cfg.gpu_slowdowns.clone();
+        spec.ha = ha;
         let catalog = spec.catalog.clone();
         let mut cluster = NodeCluster::new(spec, net, None)?;
         if cfg.priority_mix > 0.0 || cfg.max_queue > 0 {
             let admission = Admission { levels: if cfg.priority_mix > 0.0 { 2 } else { 1 }, default_level: 1, max_queue: cfg.max_queue };
             for m in 0..cfg.models.len() {
-                cluster.scheduler_mut().plane_mut().set_admission(m as u32, admission);
+                cluster.set_admission(m as u32, admission);
             }
         }
         let start = Instant::ZERO + STARTUP;
@@ -286,12 +311,17 @@ impl Harness {
             slow_batches: 0,
             crash_hits: 0,
             batches: 0,
+            failover_hits: BTreeMap::new(),
+            store_down_until: None,
+            sched_cuts: Vec::new(),
+            reports: Vec::new(),
+            fence_violations: Vec::new(),
         })
     }
 
     fn net_id(&self, t: Target) -> Option<NodeId> {
         match t {
-            Target::Scheduler => Some(0),
+            Target::Scheduler => Some(self.cluster.leader().map_or(0, |l| self.cluster.schedulers()[l].net_id)),
             Target::Frontend(i) => self.cluster.frontend_net_id(i),
             Target::Backend(i) => self.cluster.backend_net_id(i),
         }
@@ -316,6 +346,34 @@ impl Harness {
                 self.crash_hits += self.cluster.kill_backend(i, Some(restart_at)).unwrap_or(0) as u64;
             }
             Event::Crash { node: Target::Scheduler, .. } => {}
+            Event::LeaderCrash => {
+                if let Some(l) = self.cluster.leader() {
+                    self.cluster.crash_scheduler(l);
+                    *self.failover_hits.entry(FaultClass::LeaderCrash).or_insert(0) += 1;
+                }
+            }
+            Event::LeaderPause { until } => {
+                if let Some(l) = self.cluster.leader() {
+                    self.cluster.pause_scheduler(l, until);
+                    *self.failover_hits.entry(FaultClass::LeaderPause).or_insert(0) += 1;
+                }
+            }
+            Event::StoreDown { until } => {
+                if let Some(s) = self.cluster.election_store() {
+                    s.set_down(true);
+                    self.store_down_until = Some(until);
+                    *self.failover_hits.entry(FaultClass::StoreDown).or_insert(0) += 1;
+                }
+            }
+            Event::LeaderPartition { until } => {
+                let n = self.cluster.schedulers().len();
+                if let Some(l) = self.cluster.leader() {
+                    let standby = (l + 1) % n;
+                    self.cluster.cut_schedulers(l, standby, true);
+                    self.sched_cuts.push((l, standby, until));
+                    *self.failover_hits.entry(FaultClass::LeaderPartition).or_insert(0) += 1;
+                }
+            }
             Event::SlowGpu { backend, gpu, factor, until } => {
                 if let Some(h) = self.cluster.backend_mut(backend) {
                     h.node.worker_mut().executor_mut().set_slowdown(gpu, factor);
@@ -328,6 +386,22 @@ impl Harness {
 
     fn heal_due(&mut self) {
         let now = self.now;
+        if self.store_down_until.is_some_and(|t| t <= now) {
+            self.store_down_until = None;
+            if let Some(s) = self.cluster.election_store() {
+                s.set_down(false);
+            }
+        }
+        let mut i = 0;
+        while i < self.sched_cuts.len() {
+            let (a, b, until) = self.sched_cuts[i];
+            if until <= now {
+                self.cluster.cut_schedulers(a, b, false);
+                self.sched_cuts.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
         let mut i = 0;
         while i < self.partitions.len() {
             let (a, b, until) = self.partitions[i];
@@ -358,12 +432,14 @@ impl Harness {
         let now = self.now;
         let (client, slow) = (&mut self.client, &self.slow);
         let (batches, slow_batches) = (&mut self.batches, &mut self.slow_batches);
+        let reports = &mut self.reports;
         self.cluster.poll(now, &mut |e| match e {
             ClusterEvent::FrontendExited(i) => {
                 client.frontend_lost(i);
             }
             ClusterEvent::BackendExited(_) => {}
             ClusterEvent::Batch(i, r) => {
+                reports.push((i, r));
                 if r.start.is_some() {
                     *batches += 1;
                     if slow.iter().any(|&(b, g, _)| b == i && g == r.gpu) {
@@ -372,6 +448,30 @@ impl Harness {
                 }
             }
         });
+        self.check_fences();
+    }
+
+    /// Every batch that ran started before its backend was delivered a
+    /// newer epoch than the batch's own.
+    fn check_fences(&mut self) {
+        if self.reports.is_empty() {
+            return;
+        }
+        let ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
+        for (i, r) in self.reports.drain(..) {
+            let (Some(start), Some(b)) = (r.start, self.cluster.backend_net_id(i)) else { continue };
+            if let Some((at, newer)) = ledger.newer_epoch_before(b, r.epoch, start) {
+                self.fence_violations.push(format!(
+                    "backend node {b} started batch {} of epoch {} at {start}, after epoch {newer} reached it at {at}",
+                    r.batch_id, r.epoch
+                ));
+            } else if let Some((newer, first)) = ledger.newer_term_before(r.epoch, start) {
+                self.fence_violations.push(format!(
+                    "backend node {b} started batch {} of epoch {} at {start}, after epoch {newer}'s first plan at {first}",
+                    r.batch_id, r.epoch
+                ));
+            }
+        }
     }
 
     fn next_wakeup(&self) -> Option<Instant> {
@@ -381,6 +481,8 @@ impl Harness {
             self.events.get(self.next_event).map(|e| e.0),
             self.partitions.iter().map(|p| p.2).min(),
             self.slow.iter().map(|s| s.2).min(),
+            self.store_down_until,
+            self.sched_cuts.iter().map(|c| c.2).min(),
         ]
         .into_iter()
         .flatten()
@@ -445,25 +547,44 @@ impl Harness {
             virtual_s: self.now.as_nanos() as f64 / 1e9,
             ..ChaosReport::default()
         };
-        let plane = self.cluster.scheduler().plane();
-        report.gpu_speed = plane.gpu_ratios().into_iter().map(|(b, g, r)| (format!("backend{b}/gpu{g}"), r.value())).collect();
-        report.delay_alarms = plane.delay_watch().alarms();
-        report.read_tail_ns = plane.delay_watch().observed().map_or(0, |d| d.as_nanos());
+        if let Some(plane) = self.cluster.scheduler().map(|s| s.plane()) {
+            report.gpu_speed = plane.gpu_ratios().into_iter().map(|(b, g, r)| (format!("backend{b}/gpu{g}"), r.value())).collect();
+            report.delay_alarms = plane.delay_watch().alarms();
+            report.read_tail_ns = plane.delay_watch().observed().map_or(0, |d| d.as_nanos());
+        }
+        report.fenced_plans = (0..self.cfg.backends)
+            .filter_map(|i| self.cluster.backend(i))
+            .map(|h| h.node.worker().stats())
+            .map(|s| s.stale_plans + s.superseded_batches)
+            .sum();
         self.client.fill(&mut report);
         report.faults = fault_map(net.counts(), self.cfg.faults, self.slow_batches, self.crash_hits);
+        for (c, n) in &self.failover_hits {
+            report.faults.insert(c.as_str().to_string(), *n);
+        }
         let mut v = std::mem::take(&mut self.violations);
+        // A leader that was paused, cut off or without its store has
+        // stepped down on its own by the end.
+        let leaders = self.cluster.schedulers().iter().filter(|h| h.leads()).count();
+        if leaders > 1 {
+            v.push(format!("{leaders} schedulers lead at the end of the run"));
+        }
         let slots_in_use: Vec<(usize, usize)> =
             (0..self.cluster.frontend_count()).filter_map(|i| self.cluster.frontend(i).map(|h| (i, h.service.staging().in_flight()))).collect();
         // A lost, partitioned or crashed-away outcome never comes back, so
         // its slot stays held (a backend might still READ it): the leak
         // check is exact only where every message arrives.
-        let lossless = !(self.cfg.faults.has(FaultClass::Loss) || self.cfg.faults.has(FaultClass::Partition) || self.cfg.faults.has(FaultClass::Crash));
+        let lossless = !(self.cfg.faults.has(FaultClass::Loss)
+            || self.cfg.faults.has(FaultClass::Partition)
+            || self.cfg.faults.has(FaultClass::Crash)
+            || self.cfg.faults.failover());
         checks::check(
             &checks::Observed {
                 slots_in_use: &slots_in_use,
-                scheduler_tasks: self.cluster.scheduler().plane().waiting_tasks(),
+                scheduler_tasks: self.cluster.scheduler().map_or(0, |s| s.plane().waiting_tasks()),
                 lossless,
-                overlapping_plans: self.cluster.scheduler().plane().overlapping_plans(),
+                fence_violations: &self.fence_violations,
+                overlapping_plans: self.cluster.overlapping_plans(),
                 busy_rejections: self.cluster.busy_rejections(),
                 ledger: &ledger,
                 surviving_backends: &surviving,

@@ -32,6 +32,8 @@ pub struct SweepSummary {
     pub failed_seeds: u64,
     /// Fewest requests in one seed.
     pub min_requests: u64,
+    /// Plans backends did not run for their epoch, over all seeds.
+    pub fenced_plans: u64,
 }
 
 impl SweepSummary {
@@ -72,6 +74,7 @@ pub fn sweep(base: &ChaosConfig, seeds: u64, threads: usize, progress: &(dyn Fn(
                     sum.unaccounted += rep.unaccounted;
                     sum.cancelled += rep.cancelled;
                     sum.min_requests = sum.min_requests.min(rep.accepted);
+                    sum.fenced_plans += rep.fenced_plans;
                     for (k, v) in &rep.faults {
                         *sum.faults.entry(k.clone()).or_insert(0) += v;
                     }
@@ -91,7 +94,7 @@ pub fn sweep(base: &ChaosConfig, seeds: u64, threads: usize, progress: &(dyn Fn(
     }
     let mut sum = summary.into_inner().unwrap_or_else(|p| p.into_inner());
     sum.failures.sort_by_key(|r| r.seed);
-    for c in FaultClass::ALL {
+    for c in FaultClass::ALL.into_iter().chain(FaultClass::FAILOVER) {
         if base.faults.has(c) && sum.faults.get(c.as_str()).copied().unwrap_or(0) == 0 {
             sum.classes_without_hits.push(c.as_str().to_string());
         }

@@ -6,6 +6,13 @@
 //! the chaos harness drives it on virtual time and the in-process server on
 //! the real clock. Nodes that exit (a frontend or backend that lost its
 //! scheduler) are restarted after a delay, as a supervisor would.
+//!
+//! With [`ClusterSpec::ha`], several scheduler nodes stand by (issue 18):
+//! each runs a [`Candidate`] over one [`InMemory`] election store, the
+//! leader's heartbeats reach the standbys as `handle_heartbeat` while the
+//! two are linked, only the leader listens (a fresh `SchedulerNode` of its
+//! epoch, fenced for the lease TTL), and frontends and backends outlive
+//! their scheduler and walk the scheduler address list.
 
 use std::sync::Arc;
 
@@ -28,7 +35,8 @@ use scheduler::daemon::node::{Membership, NodeConfig, SchedulerNode};
 use dataplane::join::{JoinToken, NonceSource};
 use scheduler::daemon::plane::ControlPlane;
 use scheduler::closed_loop::LoopConfig;
-use scheduler::deferred::CoreConfig;
+use scheduler::deferred::{Admission, CoreConfig};
+use scheduler::election::{Candidate, CandidateConfig, InMemory, RoleEvent};
 use scheduler::delay_watch::DelayWatchConfig;
 use scheduler::zoo::ModelSpec;
 
@@ -120,6 +128,36 @@ pub struct ClusterSpec {
     /// GPUs slower than their profile from the start, as (backend slot,
     /// GPU, factor); a restarted backend is slowed again.
     pub gpu_slowdowns: Vec<(usize, u32, f64)>,
+    /// Hot-standby schedulers (None: one scheduler, as the embedded
+    /// default).
+    pub ha: Option<HaSpec>,
+}
+
+/// Hot-standby schedulers of a [`NodeCluster`] (see the module docs).
+#[derive(Clone, Debug)]
+pub struct HaSpec {
+    /// Scheduler nodes (2 or 3).
+    pub schedulers: usize,
+    /// Leader -> standby heartbeats and lease renewals.
+    pub heartbeat: Duration,
+    /// Leader silence after which a standby revokes and campaigns.
+    pub failure_timeout: Duration,
+    /// The lease's time to live; also each new leader's fence.
+    pub lease_ttl: Duration,
+    /// A peer without a scheduler tries the next address this often.
+    pub reconnect_every: Duration,
+}
+
+impl Default for HaSpec {
+    fn default() -> Self {
+        HaSpec {
+            schedulers: 3,
+            heartbeat: Duration::from_millis(5),
+            failure_timeout: Duration::from_millis(30),
+            lease_ttl: Duration::from_millis(150),
+            reconnect_every: Duration::from_millis(5),
+        }
+    }
 }
 
 /// The harness's fixed join token (deterministic runs; never a real
@@ -152,8 +190,40 @@ impl ClusterSpec {
             closed_loop: LoopConfig::default(),
             delay_watch: DelayWatchConfig::default(),
             gpu_slowdowns: Vec::new(),
+            ha: None,
         }
     }
+}
+
+/// A scheduler node for `spec` of election `epoch` (0: none), fenced for
+/// the lease TTL with [`ClusterSpec::ha`].
+fn build_scheduler(spec: &ClusterSpec, admissions: &[(u32, Admission)], epoch: u32) -> Result<SchedulerNode<SimConn>, NodeClusterError> {
+    let all: Vec<u32> = (0..spec.models.len() as u32).collect();
+    let metrics = Arc::new(SchedulerMetrics::new(&spec.models));
+    let mut plane = ControlPlane::new(spec.models.clone(), &[all], spec.core, metrics)
+        .map_err(|e| NodeClusterError::ControlPlane { what: e.to_string() })?;
+    plane.set_closed_loop(spec.closed_loop);
+    plane.set_delay_watch("sim", spec.delay_watch);
+    for &(m, a) in admissions {
+        plane.set_admission(m, a);
+    }
+    let node = SchedulerNode::new(
+        plane,
+        NodeConfig {
+            heartbeat: spec.heartbeat,
+            dead_after: spec.dead_after,
+            handshake_timeout: spec.handshake,
+            batch_grace: spec.dead_after,
+            // The old leader steps down before its lease could lapse.
+            fence_wait: spec.ha.as_ref().map_or(Duration::ZERO, |h| h.lease_ttl),
+            ..NodeConfig::default()
+        },
+    )
+    .with_membership(Membership {
+        nonces: NonceSource::Seeded(NONCE_SEED ^ u64::from(epoch)),
+        ..Membership::with_token(spec.join_token.clone())
+    });
+    Ok(node.with_epoch(epoch))
 }
 
 /// [`TEST_JOIN_TOKEN`] as a token.
@@ -174,6 +244,10 @@ pub struct FrontendHost {
     pub listener: SimListener,
     /// What clients submit through.
     pub service: Arc<ClusterService<NetSink>>,
+    /// Without a scheduler (failover): the next address to try, and when.
+    lost: Option<(usize, Instant)>,
+    /// The address after the current scheduler link's.
+    next_addr: usize,
 }
 
 /// A running backend node and what its host holds.
@@ -183,6 +257,35 @@ pub struct BackendHost {
     domain: SimDomain,
     /// The node.
     pub node: BackendNode<SimConn, EmulatedExecutor>,
+    /// Without a scheduler (failover): the next address to try, and when.
+    lost: Option<(usize, Instant)>,
+    /// The address after the current scheduler link's.
+    next_addr: usize,
+}
+
+/// A scheduler node's host: the node while it leads (always, without
+/// [`ClusterSpec::ha`]), its listener, its candidate.
+pub struct SchedHost {
+    /// Its node on the network.
+    pub net_id: NodeId,
+    addr: String,
+    node: Option<SchedulerNode<SimConn>>,
+    listener: Option<SimListener>,
+    candidate: Option<Candidate<InMemory>>,
+    /// Stopped (SIGSTOP) until then: nothing of it runs.
+    paused_until: Option<Instant>,
+    crashed: bool,
+}
+
+impl SchedHost {
+    /// Whether it leads (has a scheduler node).
+    pub fn leads(&self) -> bool {
+        self.node.is_some()
+    }
+
+    fn running(&self, now: Instant) -> bool {
+        !self.crashed && self.paused_until.is_none_or(|t| now >= t)
+    }
 }
 
 /// A node's place in the cluster: running, or down until a restart.
@@ -211,9 +314,14 @@ pub enum ClusterEvent {
 pub struct NodeCluster {
     spec: ClusterSpec,
     net: SimNet,
-    sched: SchedulerNode<SimConn>,
-    sched_listener: SimListener,
-    sched_addr: String,
+    scheds: Vec<SchedHost>,
+    /// The election store (with [`ClusterSpec::ha`]).
+    store: Option<InMemory>,
+    /// Scheduler pairs whose heartbeats are cut (a partition).
+    cut: Vec<(usize, usize)>,
+    /// Overlapping plans of scheduler nodes that stepped down or crashed.
+    retired_overlaps: u64,
+    admissions: Vec<(u32, Admission)>,
     frontends: Vec<Slot<FrontendHost>>,
     backends: Vec<Slot<BackendHost>>,
     next_net_id: NodeId,
@@ -231,37 +339,54 @@ impl NodeCluster {
     /// A cluster on `net` (node 0 is the scheduler); every frontend and
     /// backend starts at the first poll.
     pub fn new(spec: ClusterSpec, net: SimNet, waker: Option<dataplane::waitset::Notifier>) -> Result<NodeCluster, NodeClusterError> {
-        let all: Vec<u32> = (0..spec.models.len() as u32).collect();
-        let metrics = Arc::new(SchedulerMetrics::new(&spec.models));
-        let mut plane = ControlPlane::new(spec.models.clone(), &[all], spec.core, metrics)
-            .map_err(|e| NodeClusterError::ControlPlane { what: e.to_string() })?;
-        plane.set_closed_loop(spec.closed_loop);
-        plane.set_delay_watch("sim", spec.delay_watch);
-        let sched = SchedulerNode::new(
-            plane,
-            NodeConfig {
-                heartbeat: spec.heartbeat,
-                dead_after: spec.dead_after,
-                handshake_timeout: spec.handshake,
-                batch_grace: spec.dead_after,
-                ..NodeConfig::default()
-            },
-        )
-        .with_membership(Membership {
-            nonces: NonceSource::Seeded(NONCE_SEED),
-            ..Membership::with_token(spec.join_token.clone())
-        });
-        let sched_listener = net.domain(0).listen("sim:scheduler").map_err(transport("scheduler listener"))?;
-        let sched_addr = sched_listener.local_addr();
+        let (scheds, store) = match &spec.ha {
+            None => {
+                let node = build_scheduler(&spec, &[], 0)?;
+                let listener = net.domain(0).listen("sim:scheduler").map_err(transport("scheduler listener"))?;
+                let host = SchedHost {
+                    net_id: 0,
+                    addr: listener.local_addr(),
+                    node: Some(node),
+                    listener: Some(listener),
+                    candidate: None,
+                    paused_until: None,
+                    crashed: false,
+                };
+                (vec![host], None)
+            }
+            Some(ha) => {
+                // The models and the plane are checked now, not at the
+                // first election.
+                build_scheduler(&spec, &[], 0)?;
+                let store = InMemory::new(ha.lease_ttl);
+                let hosts = (0..ha.schedulers)
+                    .map(|i| {
+                        let addr = format!("sim:scheduler{i}");
+                        let cfg = CandidateConfig {
+                            me: addr.clone(),
+                            heartbeat: ha.heartbeat,
+                            failure_timeout: ha.failure_timeout,
+                            lease_ttl: ha.lease_ttl,
+                        };
+                        let candidate = Candidate::new(cfg, store.handle(&addr));
+                        SchedHost { net_id: i as NodeId, addr, node: None, listener: None, candidate: Some(candidate), paused_until: None, crashed: false }
+                    })
+                    .collect();
+                (hosts, Some(store))
+            }
+        };
+        let next_net_id = scheds.len() as NodeId;
         Ok(NodeCluster {
             frontends: (0..spec.frontends).map(|_| Slot::Down { restart_at: Some(Instant::ZERO) }).collect(),
             backends: (0..spec.backends).map(|_| Slot::Down { restart_at: Some(Instant::ZERO) }).collect(),
             spec,
             net,
-            sched,
-            sched_listener,
-            sched_addr,
-            next_net_id: 1,
+            scheds,
+            store,
+            cut: Vec::new(),
+            retired_overlaps: 0,
+            admissions: Vec::new(),
+            next_net_id,
             next_frontend_id: 1,
             next_backend_id: 1,
             waker,
@@ -275,14 +400,68 @@ impl NodeCluster {
         &self.net
     }
 
-    /// The scheduler node.
-    pub fn scheduler(&self) -> &SchedulerNode<SimConn> {
-        &self.sched
+    /// The scheduler node that leads (the only one without
+    /// [`ClusterSpec::ha`]), if any.
+    pub fn scheduler(&self) -> Option<&SchedulerNode<SimConn>> {
+        self.scheds.iter().find_map(|h| h.node.as_ref())
     }
 
-    /// The scheduler node, to configure it.
-    pub fn scheduler_mut(&mut self) -> &mut SchedulerNode<SimConn> {
-        &mut self.sched
+    /// Sets a model's admission on the scheduler and on every scheduler
+    /// elected later.
+    pub fn set_admission(&mut self, model: u32, admission: Admission) {
+        self.admissions.push((model, admission));
+        for n in self.scheds.iter_mut().filter_map(|h| h.node.as_mut()) {
+            n.plane_mut().set_admission(model, admission);
+        }
+    }
+
+    /// The scheduler hosts.
+    pub fn schedulers(&self) -> &[SchedHost] {
+        &self.scheds
+    }
+
+    /// The slot of the scheduler that leads (or last led while running).
+    pub fn leader(&self) -> Option<usize> {
+        self.scheds.iter().position(|h| h.node.is_some())
+    }
+
+    /// The election store (with [`ClusterSpec::ha`]).
+    pub fn election_store(&self) -> Option<&InMemory> {
+        self.store.as_ref()
+    }
+
+    /// Crashes scheduler `i` (its links break; it does not come back).
+    pub fn crash_scheduler(&mut self, i: usize) -> bool {
+        let Some(h) = self.scheds.get_mut(i).filter(|h| !h.crashed) else { return false };
+        h.crashed = true;
+        h.listener = None;
+        if let Some(n) = h.node.take() {
+            self.retired_overlaps += n.plane().overlapping_plans();
+        }
+        self.net.crash(h.net_id);
+        true
+    }
+
+    /// Stops scheduler `i` until `until` (SIGSTOP then SIGCONT): nothing of
+    /// it runs meanwhile; its links stay open.
+    pub fn pause_scheduler(&mut self, i: usize, until: Instant) -> bool {
+        let Some(h) = self.scheds.get_mut(i).filter(|h| !h.crashed) else { return false };
+        h.paused_until = Some(until);
+        true
+    }
+
+    /// Cuts (or restores) the heartbeats between schedulers `a` and `b`.
+    pub fn cut_schedulers(&mut self, a: usize, b: usize, cut: bool) {
+        self.cut.retain(|&(x, y)| (x, y) != (a, b) && (x, y) != (b, a));
+        if cut {
+            self.cut.push((a, b));
+        }
+    }
+
+    /// Plans made onto a GPU before its previous planned batch there
+    /// ended, by every scheduler node that ever led.
+    pub fn overlapping_plans(&self) -> u64 {
+        self.retired_overlaps + self.scheds.iter().filter_map(|h| h.node.as_ref()).map(|n| n.plane().overlapping_plans()).sum::<u64>()
     }
 
     /// The frontend in slot `i`, if up.
@@ -358,14 +537,15 @@ impl NodeCluster {
             staging,
             source,
         )
-        .with_join_token(Some(self.spec.join_token.clone()));
-        let conn = domain.connect(&self.sched_addr, Duration::ZERO).map_err(|e| {
+        .with_join_token(Some(self.spec.join_token.clone()))
+        .with_failover(self.spec.ha.is_some());
+        let conn = self.connect_scheduler(&domain, 0).map_err(|e| {
             // Unreachable (partitioned): the daemon would exit.
             self.net.crash(net_id);
             NodeClusterError::SchedulerUnreachable(e)
         })?;
-        node.handle_scheduler_link(now, conn);
-        Ok(FrontendHost { net_id, node, listener, service: Arc::new(service) })
+        node.handle_scheduler_link(now, conn.1);
+        Ok(FrontendHost { net_id, node, listener, service: Arc::new(service), lost: None, next_addr: conn.0 })
     }
 
     fn start_backend(&mut self) -> Result<BackendHost, NodeClusterError> {
@@ -406,20 +586,38 @@ impl NodeCluster {
             replace_timeout: Duration::from_millis(100),
             drain_timeout: Duration::from_millis(1000),
         };
-        let sched = domain.connect(&self.sched_addr, Duration::ZERO).map_err(|e| {
+        let sched = self.connect_scheduler(&domain, 0).map_err(|e| {
             self.net.crash(net_id);
             NodeClusterError::SchedulerUnreachable(e)
         })?;
-        let worker = BatchWorker::new(wcfg, exec, reg, sched).map_err(NodeClusterError::Worker)?;
+        let next_addr = sched.0;
+        let worker = BatchWorker::new(wcfg, exec, reg, sched.1).map_err(NodeClusterError::Worker)?;
         self.backend_net_ids.push(net_id);
-        let node = BackendNode::new(cfg, worker).with_join_token(Some(spec.join_token.clone()));
-        Ok(BackendHost { net_id, domain, node })
+        let node = BackendNode::new(cfg, worker)
+            .with_join_token(Some(self.spec.join_token.clone()))
+            .with_failover(self.spec.ha.is_some());
+        Ok(BackendHost { net_id, domain, node, lost: None, next_addr })
+    }
+
+    /// Connects to the first scheduler address that listens, from address
+    /// `from` on (in order, wrapping); returns the index after it.
+    fn connect_scheduler(&self, domain: &SimDomain, from: usize) -> Result<(usize, SimConn), dataplane::transport::Error> {
+        let n = self.scheds.len();
+        let mut last = dataplane::transport::Error::PeerDisconnected;
+        for k in 0..n {
+            let i = (from + k) % n;
+            match domain.connect(&self.scheds[i].addr, Duration::ZERO) {
+                Ok(c) => return Ok((i + 1, c)),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
     }
 
     /// Starts every node whose restart time has come. Returns the backend
     /// net ids started (so a tap can learn them before they send).
     fn restart_due(&mut self, now: Instant) {
-        let retry = now + self.spec.restart_after;
+        let retry = now + self.spec.ha.as_ref().map_or(self.spec.restart_after, |h| h.reconnect_every);
         for i in 0..self.frontends.len() {
             if matches!(self.frontends[i], Slot::Down { restart_at: Some(t) } if t <= now) {
                 self.frontends[i] = match self.start_frontend(now) {
@@ -481,17 +679,13 @@ impl NodeCluster {
     /// (bounded), restarting nodes that are due; `on` hears what happened.
     pub fn poll(&mut self, now: Instant, on: &mut impl FnMut(ClusterEvent)) {
         self.net.set_now(now);
+        if self.spec.ha.is_some() {
+            // A leader elected at this instant listens before peers start.
+            self.poll_schedulers(now);
+        }
         self.restart_due(now);
         for _round in 0..64 {
-            let mut progressed = false;
-            while let Ok(conn) = self.sched_listener.accept(Duration::ZERO) {
-                self.sched.handle_connection(now, conn);
-                progressed = true;
-            }
-            progressed |= self.sched.poll(now);
-            while self.sched.poll_event().is_some() {
-                progressed = true;
-            }
+            let mut progressed = self.poll_schedulers(now);
             for i in 0..self.frontends.len() {
                 progressed |= self.poll_frontend(i, now, on);
             }
@@ -500,6 +694,102 @@ impl NodeCluster {
             }
             if !progressed {
                 return;
+            }
+        }
+    }
+
+    /// The scheduler nodes: heartbeats from the leader to the standbys it
+    /// is linked with, each running candidate's election (a new leader
+    /// gets a fresh node of its epoch and listens; one that steps down
+    /// drops its node, so its links close), then each leader's node.
+    fn poll_schedulers(&mut self, now: Instant) -> bool {
+        let mut progressed = false;
+        let n = self.scheds.len();
+        for i in 0..n {
+            if !self.scheds[i].running(now) {
+                continue;
+            }
+            let Some(epoch) = self.scheds[i].candidate.as_ref().and_then(|c| c.leading()) else { continue };
+            for j in (0..n).filter(|&j| j != i) {
+                let cut = self.cut.iter().any(|&(a, b)| (a, b) == (i, j) || (a, b) == (j, i));
+                if cut || !self.scheds[j].running(now) {
+                    continue;
+                }
+                if let Some(c) = self.scheds[j].candidate.as_mut() {
+                    c.handle_heartbeat(now, epoch);
+                }
+            }
+        }
+        for i in 0..n {
+            if !self.scheds[i].running(now) {
+                continue;
+            }
+            self.scheds[i].paused_until = None;
+            let mut elected = None;
+            let mut stepped_down = false;
+            if let Some(c) = self.scheds[i].candidate.as_mut() {
+                progressed |= c.poll(now);
+                while let Some(ev) = c.poll_event() {
+                    progressed = true;
+                    match ev {
+                        RoleEvent::Elected { epoch } => elected = Some(epoch),
+                        RoleEvent::SteppedDown { .. } => stepped_down = true,
+                        RoleEvent::Following(_) | RoleEvent::LeaderSilent(_) => {}
+                    }
+                }
+            }
+            if stepped_down || elected.is_some() {
+                let h = &mut self.scheds[i];
+                h.listener = None;
+                if let Some(old) = h.node.take() {
+                    self.retired_overlaps += old.plane().overlapping_plans();
+                }
+            }
+            if let Some(epoch) = elected {
+                let epoch = u32::try_from(epoch).unwrap_or(u32::MAX);
+                if let Ok(node) = build_scheduler(&self.spec, &self.admissions, epoch) {
+                    let h = &mut self.scheds[i];
+                    h.listener = self.net.domain(h.net_id).listen(&h.addr).ok();
+                    h.node = Some(node);
+                }
+            }
+            let h = &mut self.scheds[i];
+            if let Some(node) = h.node.as_mut() {
+                if let Some(l) = h.listener.as_mut() {
+                    while let Ok(conn) = l.accept(Duration::ZERO) {
+                        node.handle_connection(now, conn);
+                        progressed = true;
+                    }
+                }
+                progressed |= node.poll(now);
+                while node.poll_event().is_some() {
+                    progressed = true;
+                }
+            }
+        }
+        progressed
+    }
+
+    /// With failover, a peer without a scheduler tries the addresses from
+    /// the next one on when due; returns the link if one connected (then
+    /// it registers over it: no new try until that fails). `lost` holds
+    /// the next address and when to try; `next` the address after the
+    /// last link's.
+    fn reconnect_due(&self, lost: &mut Option<(usize, Instant)>, next: &mut usize, domain: &SimDomain, now: Instant) -> Option<SimConn> {
+        let (from, at) = (*lost)?;
+        if now < at {
+            return None;
+        }
+        let every = self.spec.ha.as_ref().map_or(self.spec.restart_after, |h| h.reconnect_every);
+        match self.connect_scheduler(domain, from) {
+            Ok((after, conn)) => {
+                *lost = None;
+                *next = after;
+                Some(conn)
+            }
+            Err(_) => {
+                *lost = Some((from, now + every));
+                None
             }
         }
     }
@@ -513,9 +803,28 @@ impl NodeCluster {
         }
         progressed |= h.node.poll(now);
         let mut exit = false;
+        let failover = self.spec.ha.is_some();
         while let Some(e) = h.node.poll_event() {
             progressed = true;
-            exit |= matches!(e, FrontendEvent::SchedulerLost { .. } | FrontendEvent::Refused { .. });
+            match e {
+                FrontendEvent::SchedulerLost { .. } | FrontendEvent::Refused { .. } if failover => {
+                    h.lost = Some((h.next_addr, now));
+                }
+                FrontendEvent::SchedulerLost { .. } | FrontendEvent::Refused { .. } => exit = true,
+                _ => {}
+            }
+        }
+        if failover && h.lost.is_some() {
+            let domain = self.net.domain(h.net_id);
+            let (mut lost, mut next) = (h.lost, h.next_addr);
+            let conn = self.reconnect_due(&mut lost, &mut next, &domain, now);
+            if let Slot::Up(h) = &mut self.frontends[i] {
+                if let Some(conn) = conn {
+                    h.node.handle_scheduler_link(now, conn);
+                    progressed = true;
+                }
+                (h.lost, h.next_addr) = (lost, next);
+            }
         }
         if exit {
             // The daemon exits; its supervisor restarts it.
@@ -526,6 +835,7 @@ impl NodeCluster {
     }
 
     fn poll_backend(&mut self, i: usize, now: Instant, on: &mut impl FnMut(ClusterEvent)) -> bool {
+        let failover = self.spec.ha.is_some();
         let Slot::Up(h) = &mut self.backends[i] else { return false };
         let mut progressed = h.node.poll(now);
         let mut exit = false;
@@ -537,10 +847,28 @@ impl NodeCluster {
                         h.node.handle_frontend_link(now, id, conn);
                     }
                 }
+                BackendEvent::SchedulerLost { .. } | BackendEvent::Refused { .. } if failover => {
+                    h.lost = Some((h.next_addr, now));
+                }
                 BackendEvent::SchedulerLost { .. } | BackendEvent::Refused { .. } | BackendEvent::Failed { .. } => exit = true,
                 _ => {}
             }
         }
+        // Refused at its first registration, a node is done: restarted.
+        exit |= failover && h.node.drained();
+        if failover && !exit && h.node.scheduler_lost() && h.lost.is_some() {
+            let (mut lost, mut next) = (h.lost, h.next_addr);
+            let domain = self.net.domain(h.net_id);
+            let conn = self.reconnect_due(&mut lost, &mut next, &domain, now);
+            if let Slot::Up(h) = &mut self.backends[i] {
+                if let Some(conn) = conn {
+                    drop(h.node.handle_scheduler_link(conn));
+                    progressed = true;
+                }
+                (h.lost, h.next_addr) = (lost, next);
+            }
+        }
+        let Slot::Up(h) = &mut self.backends[i] else { return progressed };
         while let Some(r) = h.node.worker_mut().pop_report() {
             on(ClusterEvent::Batch(i, r));
         }
@@ -554,21 +882,35 @@ impl NodeCluster {
     /// When the cluster next has something to do by itself: a node's
     /// timer, a delivery on the network, a restart.
     pub fn next_wakeup(&self) -> Option<Instant> {
-        let mut t = [self.sched.poll_at(), self.net.next_event_at()].into_iter().flatten().min();
+        let mut t = self.net.next_event_at();
         let mut take = |x: Option<Instant>| {
             if let Some(x) = x {
                 t = Some(t.map_or(x, |y| y.min(x)));
             }
         };
+        for h in self.scheds.iter().filter(|h| !h.crashed) {
+            if let Some(p) = h.paused_until {
+                take(Some(p));
+                continue;
+            }
+            take(h.node.as_ref().and_then(|n| n.poll_at()));
+            take(h.candidate.as_ref().and_then(|c| c.poll_at()));
+        }
         for f in &self.frontends {
             match f {
-                Slot::Up(h) => take(h.node.poll_at()),
+                Slot::Up(h) => {
+                    take(h.node.poll_at());
+                    take(h.lost.map(|l| l.1));
+                }
                 Slot::Down { restart_at } => take(*restart_at),
             }
         }
         for b in &self.backends {
             match b {
-                Slot::Up(h) => take(h.node.poll_at()),
+                Slot::Up(h) => {
+                    take(h.node.poll_at());
+                    take(h.lost.map(|l| l.1));
+                }
                 Slot::Down { restart_at } => take(*restart_at),
             }
         }

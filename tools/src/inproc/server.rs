@@ -169,7 +169,7 @@ impl LocalServer {
         let net = SimNet::new(0, FaultConfig { base_delay: Duration::from_micros(5), read_delay: Duration::from_micros(5), ..FaultConfig::default() });
         let mut cluster = NodeCluster::new(spec, net, Some(wake.clone())).map_err(std::io::Error::other)?;
         for (model, admission) in cfg.admission.iter().enumerate() {
-            cluster.scheduler_mut().plane_mut().set_admission(model as u32, *admission);
+            cluster.set_admission(model as u32, *admission);
         }
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = mpsc::channel::<Result<Arc<ClusterService<NetSink>>, std::io::Error>>();
@@ -183,7 +183,7 @@ impl LocalServer {
                 cluster.poll(now, &mut |_| {});
                 if let Some(tx) = &ready {
                     let formed = cluster.frontend(0).filter(|h| h.node.is_registered()).map(|h| h.service.clone());
-                    let gpus = cluster.scheduler().plane().online_gpus();
+                    let gpus = cluster.scheduler().map_or(0, |s| s.plane().online_gpus());
                     match formed {
                         Some(svc) if gpus > 0 => {
                             let _ = tx.send(Ok(svc));
