@@ -15,6 +15,14 @@ use crate::transport::{Domain, Error};
 pub const DEFAULT_MIN_BACKOFF: Duration = Duration::from_millis(10);
 /// Longest pause between attempts.
 pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_millis(1000);
+/// For this long after the link was lost, rounds over the list are at most
+/// [`TAKEOVER_PAUSE`] apart: a hot standby takes over within a few hundred
+/// milliseconds (failure timeout plus election), and a peer whose pause had
+/// already doubled past that would find the new leader only at its next
+/// round. After the window the pauses double to the cap as before.
+pub const TAKEOVER_WINDOW: Duration = Duration::from_millis(1000);
+/// The longest pause between rounds within [`TAKEOVER_WINDOW`].
+pub const TAKEOVER_PAUSE: Duration = Duration::from_millis(40);
 
 /// Splits a `--scheduler` value naming one or more addresses
 /// (comma-separated, blanks ignored).
@@ -61,6 +69,8 @@ pub struct Reconnect {
     due_at: Option<Instant>,
     /// Failed attempts since the link was lost.
     failures: u32,
+    /// When the link was lost (the takeover window's start).
+    lost_at: Option<Instant>,
 }
 
 impl Reconnect {
@@ -68,7 +78,7 @@ impl Reconnect {
     /// pauses doubling from `min` up to `max`.
     pub fn new(addrs: Vec<String>, min: Duration, max: Duration) -> Self {
         let min = if min.as_nanos() == 0 { Duration::from_nanos(1) } else { min };
-        Reconnect { addrs, next: 0, min, max: max.max(min), pause: min, due_at: None, failures: 0 }
+        Reconnect { addrs, next: 0, min, max: max.max(min), pause: min, due_at: None, failures: 0, lost_at: None }
     }
 
     /// The addresses, in the order they are tried.
@@ -82,6 +92,7 @@ impl Reconnect {
         self.pause = self.min;
         self.failures = 0;
         self.due_at = Some(now);
+        self.lost_at = Some(now);
     }
 
     /// When the next attempt is due (`None`: connected).
@@ -111,7 +122,9 @@ impl Reconnect {
         self.failures = self.failures.saturating_add(1);
         self.next = (self.next + 1) % self.addrs.len().max(1);
         if self.next == 0 {
-            self.due_at = Some(now.saturating_add(self.pause));
+            let in_takeover = self.lost_at.is_some_and(|t| now.saturating_since(t) < TAKEOVER_WINDOW);
+            let pause = if in_takeover { self.pause.min(TAKEOVER_PAUSE.max(self.min)) } else { self.pause };
+            self.due_at = Some(now.saturating_add(pause));
             self.pause = Duration::from_nanos(self.pause.as_nanos().saturating_mul(2)).min(self.max);
         } else {
             self.due_at = Some(now);
@@ -166,6 +179,9 @@ mod tests {
         assert_eq!(r.due_at(), Some(t0 + ms(10)));
         let mut t = t0 + ms(10);
         let mut pauses = Vec::new();
+        // Past the takeover window (a connect attempt may take that long).
+        t += TAKEOVER_WINDOW;
+        r.due_at = Some(t);
         for _ in 0..4 {
             assert_eq!(r.due(t), Some("a"));
             r.failed(t);
@@ -191,5 +207,27 @@ mod tests {
         assert_eq!(r.due(t0), Some("c"));
         r.prefer("a");
         assert_eq!(r.due(t0), Some("a"));
+    }
+
+    #[test]
+    fn rounds_stay_close_together_while_a_standby_may_be_taking_over() {
+        let t0 = Instant::ZERO;
+        let mut r = Reconnect::new(vec!["leader".into(), "standby".into()], ms(10), ms(1000));
+        r.connected();
+        r.lost(t0);
+        let mut t = t0;
+        let mut rounds = Vec::new();
+        while t.saturating_since(t0) < ms(2500) {
+            assert_eq!(r.due(t), Some("leader"));
+            r.failed(t);
+            r.failed(t);
+            rounds.push(t.saturating_since(t0).as_nanos() / 1_000_000);
+            t = r.due_at().unwrap();
+        }
+        // 10, 20, then 40 ms apart for the first second; doubling after.
+        assert_eq!(&rounds[..5], &[0, 10, 30, 70, 110]);
+        assert!(rounds.windows(2).filter(|w| w[0] < 1000).all(|w| w[1] - w[0] <= 40), "{rounds:?}");
+        let last = rounds.len() - 1;
+        assert!(rounds[last] - rounds[last - 1] > 40, "back to doubling after the window: {rounds:?}");
     }
 }
