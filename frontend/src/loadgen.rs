@@ -487,3 +487,16 @@ pub fn verify(body: &[u8], id: &str, model_id: u32, values: &[f32], out_bytes: u
         Verdict::WrongOutput
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_priority_mix_picks_about_its_share_reproducibly() {
+        let high = (0..10_000).filter(|&n| priority_of(7, n, 0.2) == 1).count();
+        assert!((1_800..=2_200).contains(&high), "{high}");
+        assert!((0..100).all(|n| priority_of(7, n, 0.2) == priority_of(7, n, 0.2)));
+        assert!((0..100).all(|n| priority_of(7, n, 0.0) == 2 && priority_of(7, n, 1.0) == 1));
+    }
+}
