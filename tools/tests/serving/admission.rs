@@ -133,20 +133,21 @@ async fn a_thousand_cancellations_under_load_leave_nothing_behind() {
 async fn two_priority_classes_at_twice_the_capacity_the_low_class_absorbs_the_loss() {
     use frontend::loadgen::{run, LoadConfig, LoadModel};
     use scheduler::sim::workload::Workload;
-    // l(b) = 10 b + 40 ms, SLO 400 ms: about 80 rps at the largest batch
-    // that meets the SLO, so 160 rps is twice the capacity and cheap for a
-    // debug build.
-    let specs = vec![ModelSpec::linear("slow", 10.0, 40.0, 400.0).unwrap()];
+    // l(b) = 20 b + 80 ms, SLO 800 ms: about 40 rps at the largest batch
+    // that meets the SLO, so 80 rps is twice the capacity, light enough
+    // not to disturb the tests running beside it, on a time scale coarse
+    // enough for a debug build on shared cores.
+    let specs = vec![ModelSpec::linear("slow", 20.0, 80.0, 800.0).unwrap()];
     let mut cfg = LocalConfig::new(ModelCatalog::with_default_tensors(&specs));
     cfg.cluster.gpus = 1;
     cfg.admission = vec![Admission { levels: 2, default_level: 2, max_queue: 0 }];
     let s = LocalServer::start(cfg).await.expect("server starts");
     let load = LoadConfig {
         targets: vec![s.addr()],
-        models: vec![LoadModel::new("slow", 0).with_slo(StdDuration::from_millis(400))],
+        models: vec![LoadModel::new("slow", 0).with_slo(StdDuration::from_millis(800))],
         input_elements: (DEFAULT_INPUT_BYTES / 4) as usize,
         output_bytes: frontend::models::DEFAULT_OUTPUT_BYTES as usize,
-        workload: Workload::poisson(160.0),
+        workload: Workload::poisson(80.0),
         duration: dataplane::time::Duration::from_millis(3000),
         max_requests: u64::MAX,
         max_in_flight: 4096,
@@ -160,13 +161,13 @@ async fn two_priority_classes_at_twice_the_capacity_the_low_class_absorbs_the_lo
     let [high, low] = r.classes;
     eprintln!("high {high:?} bad {:.3}; low {low:?} bad {:.3}", high.bad_rate(), low.bad_rate());
     assert_eq!(high.sent + low.sent, r.sent, "{r}");
-    // About 96 high and 384 low requests. Were the classes served alike,
+    // About 48 high and 192 low requests. Were the classes served alike,
     // both would be refused alike (over half): the scheduler refusing at
     // most 5% of the high class while refusing 30% or more of the low one
     // is not chance. Answers after the SLO (both classes: a debug build's
     // timing on shared cores, not the scheduler's choice) count as bad
     // too, and the high class must still be far better.
-    assert!(high.sent >= 60 && low.sent >= 240, "{high:?} {low:?}");
+    assert!(high.sent >= 30 && low.sent >= 120, "{high:?} {low:?}");
     let refused = |c: &frontend::loadgen::ClassCounts| (c.unavailable + c.other) as f64 / c.sent as f64;
     assert!(refused(&low) >= 0.3, "the load is not an overload: {low:?}");
     assert!(refused(&high) <= 0.05, "high {high:?} low {low:?}");
