@@ -81,6 +81,49 @@ pub struct LoadConfig {
     pub seed: u64,
     /// Optional `timeout` parameter (µs) sent with each request.
     pub timeout_us: Option<u64>,
+    /// Two priority classes: this share of requests (chosen per request
+    /// number from `seed`, so a run is reproducible) is sent with
+    /// `priority` 1 (high), the rest with 2 (low); `None`: no `priority`
+    /// parameter, and only [`LoadReport::classes`]`[1]` counts.
+    pub priority_mix: Option<f64>,
+}
+
+/// The `priority` parameter of request `n`: 1 for a `mix` share of
+/// requests, else 2 (a hash of the seed and the number, not a shared RNG,
+/// so the class of a request does not depend on skipped arrivals).
+pub fn priority_of(seed: u64, n: u64, mix: f64) -> u32 {
+    let mut z = seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    let unit = (z >> 11) as f64 / (1u64 << 53) as f64;
+    if unit < mix { 1 } else { 2 }
+}
+
+/// One priority class's outcomes (see [`LoadReport::classes`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassCounts {
+    /// Requests sent in the class.
+    pub sent: u64,
+    /// Answered correctly within the objective.
+    pub ok: u64,
+    /// Answered correctly after the objective.
+    pub late: u64,
+    /// 503 (dropped, timed out, no capacity).
+    pub unavailable: u64,
+    /// Anything else (wrong answer, other status, transport failure).
+    pub other: u64,
+}
+
+impl ClassCounts {
+    /// Share of the class's requests not answered correctly in time.
+    pub fn bad_rate(&self) -> f64 {
+        if self.sent == 0 {
+            0.0
+        } else {
+            (self.sent - self.ok.min(self.sent)) as f64 / self.sent as f64
+        }
+    }
 }
 
 /// What a run measured.
@@ -117,6 +160,9 @@ pub struct LoadReport {
     /// then, and how many of them ended `ok` (goodput over time, e.g.
     /// around a scheduler failover).
     pub bins: Vec<LoadBin>,
+    /// Outcomes per priority class: `[0]` high (`priority` 1), `[1]` low
+    /// (`priority` 2, and every request without [`LoadConfig::priority_mix`]).
+    pub classes: [ClassCounts; 2],
 }
 
 /// Width of [`LoadReport::bins`].
@@ -244,7 +290,7 @@ pub async fn run(cfg: LoadConfig) -> Result<LoadReport, LoadError> {
     let mut arrivals =
         Arrivals::for_model_count(cfg.models.len(), &cfg.workload, cfg.seed, cfg.duration);
     let limit = Arc::new(Semaphore::new(cfg.max_in_flight.max(1)));
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Answer, u64, usize)>();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Answer, u64, usize, usize)>();
     let origin = tokio::time::Instant::now();
     let mut report = LoadReport::default();
     let mut n: u64 = 0;
@@ -263,9 +309,19 @@ pub async fn run(cfg: LoadConfig) -> Result<LoadReport, LoadError> {
             "id": id,
             "inputs": [{"name": "INPUT0", "shape": [1, cfg.input_elements], "datatype": "FP32", "data": values}],
         });
+        let mut parameters = serde_json::Map::new();
         if let Some(us) = cfg.timeout_us {
-            body["parameters"] = json!({ "timeout": us });
+            parameters.insert("timeout".into(), json!(us));
         }
+        let priority = cfg.priority_mix.map(|mix| priority_of(cfg.seed, n, mix));
+        if let Some(p) = priority {
+            parameters.insert("priority".into(), json!(p));
+        }
+        if !parameters.is_empty() {
+            body["parameters"] = Value::Object(parameters);
+        }
+        let class = usize::from(priority != Some(1));
+        report.classes[class].sent += 1;
         let target = cfg.targets[(n % cfg.targets.len() as u64) as usize];
         let model = &cfg.models[i as usize];
         let uri = format!("http://{target}/v2/models/{}/infer", model.name);
@@ -287,14 +343,14 @@ pub async fn run(cfg: LoadConfig) -> Result<LoadReport, LoadError> {
             if matches!(answer, Answer::Ok) && slo.is_some_and(|s| took > s) {
                 answer = Answer::Late;
             }
-            let _ = tx.send((answer, took.as_micros() as u64, bin));
+            let _ = tx.send((answer, took.as_micros() as u64, bin, class));
             drop(permit);
         });
     }
     drop(tx);
     let mut ok_hist = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
     let mut all_hist = ok_hist.clone();
-    while let Some((answer, us, bin)) = rx.recv().await {
+    while let Some((answer, us, bin, class)) = rx.recv().await {
         let us = us.max(1);
         if matches!(answer, Answer::Ok) {
             if let Some(b) = report.bin(bin) {
@@ -302,6 +358,13 @@ pub async fn run(cfg: LoadConfig) -> Result<LoadReport, LoadError> {
             }
         }
         let _ = all_hist.record(us);
+        let c = &mut report.classes[class];
+        match answer {
+            Answer::Ok => c.ok += 1,
+            Answer::Late => c.late += 1,
+            Answer::Status(503) => c.unavailable += 1,
+            _ => c.other += 1,
+        }
         report.count(answer, us, &mut ok_hist);
     }
     report.elapsed_s = origin.elapsed().as_secs_f64();
@@ -422,5 +485,18 @@ pub fn verify(body: &[u8], id: &str, model_id: u32, values: &[f32], out_bytes: u
         Verdict::Ok
     } else {
         Verdict::WrongOutput
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_priority_mix_picks_about_its_share_reproducibly() {
+        let high = (0..10_000).filter(|&n| priority_of(7, n, 0.2) == 1).count();
+        assert!((1_800..=2_200).contains(&high), "{high}");
+        assert!((0..100).all(|n| priority_of(7, n, 0.2) == priority_of(7, n, 0.2)));
+        assert!((0..100).all(|n| priority_of(7, n, 0.0) == 2 && priority_of(7, n, 1.0) == 1));
     }
 }

@@ -108,6 +108,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             max_in_flight: a.max_in_flight,
             seed: a.seed,
             timeout_us: None,
+            priority_mix: None,
         };
         let r = loadgen::run(cfg).await?;
         println!("{r}");

@@ -55,6 +55,7 @@ pub fn load_config(models: &[ModelSpec], targets: Vec<SocketAddr>, rate: f64, se
         max_in_flight: 8192,
         seed,
         timeout_us: None,
+        priority_mix: None,
     }
 }
 

@@ -78,9 +78,23 @@ pub struct ClusterOpts {
     /// excess is refused at once as overloaded.
     #[arg(long = "max-queue", default_value_t = 0)]
     pub max_queue: u32,
+    /// Two priority levels (issue 17): the scheduler gets
+    /// `--priority-levels 2` and this share of the load is sent with
+    /// `priority` 1 (high), the rest with 2 (low); the report gives each
+    /// class's bad rate.
+    #[arg(long = "priority-mix", value_parser = share)]
+    pub priority_mix: Option<f64>,
     /// This command's and every daemon's log options.
     #[command(flatten)]
     pub log: LogArgs,
+}
+
+/// A share in [0, 1].
+fn share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s}: must be a number in [0, 1]")),
+    }
 }
 
 /// An idle strategy's name, checked by the daemons' own parser (the name
@@ -168,6 +182,9 @@ pub fn spec(models: &str, o: &ClusterOpts) -> Result<ClusterSpec, UpError> {
     }
     if o.max_queue > 0 {
         s.scheduler_flags.extend(["--max-queue".into(), o.max_queue.to_string()]);
+    }
+    if o.priority_mix.is_some() {
+        s.scheduler_flags.extend(["--priority-levels".into(), "2".into()]);
     }
     // The daemons log as this command does.
     let format = match o.log.log_format {
@@ -270,6 +287,21 @@ pub struct E2eRun {
     /// input: tests/softroce checks it over verbs).
     pub backend_reads_posted: f64,
     pub backend_read_failures: f64,
+    /// With a priority mix: the high (`priority` 1) then the low class's
+    /// outcomes as the client saw them; empty without.
+    pub priority_classes: Vec<PriorityClass>,
+}
+
+/// One priority class's outcomes in an [`E2eRun`].
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PriorityClass {
+    pub priority: u32,
+    pub sent: u64,
+    pub ok: u64,
+    pub late: u64,
+    pub unavailable: u64,
+    pub other: u64,
+    pub bad_rate: f64,
 }
 
 struct Scrape {
@@ -347,9 +379,11 @@ pub fn stage_line(e: &E2eRun) -> String {
 
 /// Offers `rate` rps (Poisson, equal split over `models`) for `secs` to
 /// the cluster's frontends and measures it.
-pub fn run_load(c: &LocalCluster, models: &[ModelSpec], rate: f64, secs: f64, seed: u64) -> Result<E2eRun, UpError> {
+/// With `priority_mix`, that share is sent at priority 1, the rest at 2.
+pub fn run_load(c: &LocalCluster, models: &[ModelSpec], rate: f64, secs: f64, seed: u64, priority_mix: Option<f64>) -> Result<E2eRun, UpError> {
     let catalog = ModelCatalog::with_default_tensors(models);
-    let cfg = tools::cluster::load_config(models, c.http_addrs().map_err(run_err)?, rate, secs, seed);
+    let mut cfg = tools::cluster::load_config(models, c.http_addrs().map_err(run_err)?, rate, secs, seed);
+    cfg.priority_mix = priority_mix;
     let before = scrape(c)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(run_err)?;
     let r: LoadReport = rt.block_on(loadgen::run(cfg)).map_err(run_err)?;
@@ -420,6 +454,21 @@ pub fn run_load(c: &LocalCluster, models: &[ModelSpec], rate: f64, secs: f64, se
         executed_mean_us,
         backend_reads_posted: sum_delta(&after.backs, &before.backs, "symphony_backend_reads_posted_total"),
         backend_read_failures: sum_delta(&after.backs, &before.backs, "symphony_backend_read_failures_total"),
+        priority_classes: match priority_mix {
+            None => Vec::new(),
+            Some(_) => (1u32..)
+                .zip(&r.classes)
+                .map(|(priority, c)| PriorityClass {
+                    priority,
+                    sent: c.sent,
+                    ok: c.ok,
+                    late: c.late,
+                    unavailable: c.unavailable,
+                    other: c.other,
+                    bad_rate: c.bad_rate(),
+                })
+                .collect(),
+        },
     })
 }
 
@@ -518,7 +567,7 @@ fn run_with(a: &UpArgs, mut spec: ClusterSpec) -> Result<(), UpError> {
     let s_goodput = sim_goodput(&models, gpus, a.cluster.seed)?;
     let rate = a.rate.unwrap_or(s_goodput * a.load);
     info!(rate_rps = rate, duration_s = a.duration_s, simulated_goodput_rps = s_goodput, "offering load over HTTP");
-    let run = run_load(&cluster, &models, rate, a.duration_s, a.cluster.seed);
+    let run = run_load(&cluster, &models, rate, a.duration_s, a.cluster.seed, a.cluster.priority_mix);
     let stopped = cluster.stop().map_err(run_err);
     let e = run?;
     stopped?;
@@ -649,6 +698,19 @@ fn print_report(a: &UpArgs, models: usize, rate: f64, s_goodput: f64, e: &E2eRun
         "bad requests: {:.0} dropped by the scheduler at their deadline, {:.0} dropped in all, {:.0} failed at the frontends (late or lost), {} answered after the SLO as the client saw it; {:.0} of {:.0} batches started late",
         e.scheduler_deadline_drops, e.frontend_dropped, e.frontend_failed, e.late, e.backend_late_starts, e.backend_batches
     );
+    for c in &e.priority_classes {
+        println!(
+            "priority {} ({}): {} sent, {} ok, {} late, {} 503, {} other: bad rate {:.3}%",
+            c.priority,
+            if c.priority == 1 { "high" } else { "low" },
+            c.sent,
+            c.ok,
+            c.late,
+            c.unavailable,
+            c.other,
+            c.bad_rate * 100.0
+        );
+    }
     println!("{}", stage_line(e));
     println!("scheduler-only goodput of this cluster (simulated): {s_goodput:.0} rps");
 }
@@ -688,7 +750,7 @@ fn e2e_trial(spec: &ClusterSpec, models: &[ModelSpec], rate: f64, secs: f64, see
         .collect();
     let cpu0: Vec<f64> = pids.iter().map(|(_, p)| cpu_seconds(*p)).collect();
     let me0 = cpu_seconds(std::process::id());
-    let r = run_load(&cluster, models, rate, secs, seed)?;
+    let r = run_load(&cluster, models, rate, secs, seed, None)?;
     let cpu: Vec<f64> = pids.iter().zip(&cpu0).map(|((_, p), c0)| (cpu_seconds(*p) - c0) / secs).collect();
     let me = (cpu_seconds(std::process::id()) - me0) / secs;
     cluster.stop().map_err(run_err)?;

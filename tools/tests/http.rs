@@ -612,6 +612,7 @@ async fn load_generator_drives_the_server_open_loop() {
         max_in_flight: 256,
         seed: 42,
         timeout_us: None,
+        priority_mix: None,
     };
     let r = run(cfg.clone()).await.unwrap();
     assert!(r.balanced(), "{r}");

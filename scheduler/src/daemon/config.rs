@@ -125,6 +125,11 @@ pub struct SchedulerArgs {
     /// refused at once as overloaded (issue 17).
     #[arg(long, default_value_t = 0)]
     pub max_queue: u32,
+    /// Priority levels of every model (1: none), the default level the
+    /// lowest (a request naming no priority ranks last); a model's
+    /// config.pbtxt under `--model-repository` overrides it (issue 17).
+    #[arg(long, default_value_t = 1)]
+    pub priority_levels: u16,
     /// A Triton-layout model repository: each of its models' config.pbtxt
     /// `dynamic_batching` (priority levels, default level,
     /// `default_queue_policy.max_queue_size`) is that model's admission
@@ -266,7 +271,11 @@ impl SchedulerArgs {
         if !(1..=256).contains(&self.model_threads) {
             return Err(ConfigError::invalid("model-threads", format!("{}: must be 1..=256", self.model_threads)));
         }
-        let admissions = admissions(&models, self.max_queue, self.model_repository.as_deref())?;
+        if self.priority_levels == 0 {
+            return Err(ConfigError::invalid("priority-levels", "must be at least 1"));
+        }
+        let default = crate::types::Admission { levels: self.priority_levels, default_level: self.priority_levels, max_queue: self.max_queue };
+        let admissions = admissions(&models, default, self.model_repository.as_deref())?;
         let election = self.election(&common)?;
         let pinned = PinnedConfig {
             model_threads: self.model_threads,
@@ -380,14 +389,14 @@ fn pin_cores(list: &str) -> Result<Vec<usize>, ConfigError> {
         .collect()
 }
 
-/// Each model's admission: `max_queue` bounds every queue, and a model of
-/// `repo` named like one of `models` takes its config.pbtxt's
-/// `dynamic_batching` (keeping `max_queue` where that sets no bound). A
+/// Each model's admission: `default` (levels and queue bound), and a model
+/// of `repo` named like one of `models` takes its config.pbtxt's
+/// `dynamic_batching` (keeping `default`'s bound where that sets none). A
 /// repository that cannot be read is refused; a model the repository
 /// refuses (broken config) keeps the defaults, as the frontends and
 /// backends will not serve it either.
-fn admissions(models: &[ModelSpec], max_queue: u32, repo: Option<&std::path::Path>) -> Result<Vec<crate::types::Admission>, ConfigError> {
-    let default = crate::types::Admission { max_queue, ..crate::types::Admission::default() };
+fn admissions(models: &[ModelSpec], default: crate::types::Admission, repo: Option<&std::path::Path>) -> Result<Vec<crate::types::Admission>, ConfigError> {
+    let max_queue = default.max_queue;
     let mut out = vec![default; models.len()];
     let Some(repo) = repo else { return Ok(out) };
     let scanned = crate::repository::scan(repo).map_err(|e| ConfigError::invalid("model-repository", e.to_string()))?;
@@ -454,14 +463,16 @@ mod tests {
             .iter()
             .map(|n| ModelSpec::linear(n, 1.0, 2.0, 50.0).unwrap())
             .collect();
-        let got = admissions(&models, 16, Some(&root)).unwrap();
+        let got = admissions(&models, Admission { max_queue: 16, ..Admission::default() }, Some(&root)).unwrap();
         let bounded = |max_queue| Admission { max_queue, ..Admission::default() };
         assert_eq!(got[0], Admission { levels: 2, default_level: 2, max_queue: 64 });
         assert_eq!(got[1], Admission { levels: 3, default_level: 3, max_queue: 16 });
         assert_eq!(got[2], bounded(16));
         assert_eq!(got[3], bounded(16));
-        assert_eq!(admissions(&models, 0, None).unwrap(), vec![Admission::default(); 4]);
-        assert!(admissions(&models, 0, Some(&root.join("missing"))).is_err());
+        assert_eq!(admissions(&models, Admission::default(), None).unwrap(), vec![Admission::default(); 4]);
+        let two = Admission { levels: 2, default_level: 2, max_queue: 0 };
+        assert_eq!(admissions(&models, two, None).unwrap(), vec![two; 4]);
+        assert!(admissions(&models, Admission::default(), Some(&root.join("missing"))).is_err());
         std::fs::remove_dir_all(&root).unwrap();
     }
 }
