@@ -207,8 +207,10 @@ fn run_candidate(mut cand: Candidate<Etcd>, socket: &UdpSocket, heartbeat: Durat
         while let Some(ev) = cand.poll_event() {
             publish(&ev, shared, wake);
         }
+        // No wake here: a poll loop holding after a stall re-checks within
+        // its 5 ms hold wait, and waking it at every poll (50 a second)
+        // would cost an idle daemon its quiet.
         shared.polls.fetch_add(1, Ordering::AcqRel);
-        wake.notify();
         if let Some(leader) = cand.following().and_then(|l| heartbeat_addr(&l.leader)) {
             if now >= next_ping {
                 let _ = socket.send_to(&datagram(PING, 0), leader);
