@@ -517,6 +517,16 @@ impl NodeCluster {
         let domain = self.net.domain(net_id);
         let catalog = &self.spec.catalog;
         let slot_size = catalog.max_input_bytes().max(1) as u32;
+        // Reach the scheduler before mapping the staging region: while no
+        // scheduler listens (store down, between leaders) a restart is tried
+        // every few virtual milliseconds, and a populated region per failed
+        // try made whole sweeps mostly mmap/munmap system time.
+        let conn = self.connect_scheduler(&domain, 0).map_err(|e| {
+            // Unreachable (partitioned): the daemon would exit.
+            self.net.crash(net_id);
+            NodeClusterError::SchedulerUnreachable(e)
+        })?;
+        let catalog = &self.spec.catalog;
         let region = Region::anonymous(slot_size as usize * self.spec.slots as usize).map_err(memory("frontend staging region"))?;
         let reg = domain.register(&region, Access::REMOTE_READ).map_err(transport("frontend staging registration"))?;
         let staging = Staging::new(reg, StagingConfig { frontend_id: id, slots: self.spec.slots, slot_size, max_output: catalog.max_output_bytes() as u32 })
@@ -539,11 +549,6 @@ impl NodeCluster {
         )
         .with_join_token(Some(self.spec.join_token.clone()))
         .with_failover(self.spec.ha.is_some());
-        let conn = self.connect_scheduler(&domain, 0).map_err(|e| {
-            // Unreachable (partitioned): the daemon would exit.
-            self.net.crash(net_id);
-            NodeClusterError::SchedulerUnreachable(e)
-        })?;
         node.handle_scheduler_link(now, conn.1);
         Ok(FrontendHost { net_id, node, listener, service: Arc::new(service), lost: None, next_addr: conn.0 })
     }
@@ -565,6 +570,12 @@ impl NodeCluster {
             report_capacity: 1024,
             start_when_ready: true,
         };
+        // The scheduler first, as for a frontend: no region for a failed try.
+        let sched = self.connect_scheduler(&domain, 0).map_err(|e| {
+            self.net.crash(net_id);
+            NodeClusterError::SchedulerUnreachable(e)
+        })?;
+        let spec = &self.spec;
         let region = Region::anonymous(wcfg.staging_bytes() as usize).map_err(memory("backend staging region"))?;
         let reg = domain.register(&region, Access::LOCAL_WRITE).map_err(transport("backend staging registration"))?;
         let models: Vec<ExecModel> = spec
@@ -586,10 +597,6 @@ impl NodeCluster {
             replace_timeout: Duration::from_millis(100),
             drain_timeout: Duration::from_millis(1000),
         };
-        let sched = self.connect_scheduler(&domain, 0).map_err(|e| {
-            self.net.crash(net_id);
-            NodeClusterError::SchedulerUnreachable(e)
-        })?;
         let next_addr = sched.0;
         let worker = BatchWorker::new(wcfg, exec, reg, sched.1).map_err(NodeClusterError::Worker)?;
         self.backend_net_ids.push(net_id);
