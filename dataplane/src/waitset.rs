@@ -68,7 +68,13 @@ pub struct WaitSet {
     sleeping: Arc<AtomicBool>,
     timer: OwnedFd,
     events: Vec<libc::epoll_event>,
+    /// For [`ready_now`](Self::ready_now) (sized once, at first use).
+    ready: Vec<libc::epoll_event>,
 }
+
+/// At most this many fds per [`WaitSet::ready_now`] (level-triggered: the
+/// rest come first at the next call).
+const READY_BATCH: usize = 1024;
 
 /// Token of the notifier in the epoll set.
 const NOTIFY_TOKEN: u64 = u64::MAX;
@@ -107,6 +113,7 @@ impl WaitSet {
             sleeping: Arc::new(AtomicBool::new(false)),
             timer,
             events: vec![libc::epoll_event { events: 0, u64: 0 }; 64],
+            ready: Vec::new(),
         };
         set.ctl(libc::EPOLL_CTL_ADD, set.event.as_raw_fd(), NOTIFY_TOKEN)?;
         set.ctl(libc::EPOLL_CTL_ADD, set.timer.as_raw_fd(), TIMER_TOKEN)?;
@@ -130,6 +137,37 @@ impl WaitSet {
     /// or until it is closed, which removes it too).
     pub fn add(&mut self, fd: RawFd) -> io::Result<()> {
         self.ctl(libc::EPOLL_CTL_ADD, fd, fd as u64)
+    }
+
+    /// Adds `fd` under `token` (below `u64::MAX - 1`), which
+    /// [`ready_now`](Self::ready_now) reports for it.
+    pub fn add_keyed(&mut self, fd: RawFd, token: u64) -> io::Result<()> {
+        debug_assert!(token < TIMER_TOKEN);
+        self.ctl(libc::EPOLL_CTL_ADD, fd, token)
+    }
+
+    /// Without sleeping, pushes the token of each registered fd that is
+    /// readable now (or hung up) to `out` (the fd itself for fds added
+    /// with [`add`](Self::add)). One syscall, however many fds there are;
+    /// leaves the notifier and timer to the next [`wait`](Self::wait).
+    pub fn ready_now(&mut self, out: &mut Vec<u64>) {
+        if self.ready.is_empty() {
+            self.ready = vec![libc::epoll_event { events: 0, u64: 0 }; READY_BATCH];
+        }
+        // SAFETY: `ready` is a valid buffer of `len` epoll_events; a zero
+        // timeout never blocks.
+        let n = unsafe {
+            libc::epoll_wait(self.ep.as_raw_fd(), self.ready.as_mut_ptr(), self.ready.len() as i32, 0)
+        };
+        if n <= 0 {
+            return;
+        }
+        out.extend(
+            self.ready[..n as usize]
+                .iter()
+                .map(|e| e.u64)
+                .filter(|&t| t != NOTIFY_TOKEN && t != TIMER_TOKEN),
+        );
     }
 
     /// Removes `fd` (an fd that is not in the set is not an error).
@@ -311,7 +349,8 @@ impl WatchList {
         WatchList::default()
     }
 
-    /// Makes `set` watch exactly the `(key, fd)` pairs `fill` pushes.
+    /// Makes `set` watch exactly the `(key, fd)` pairs `fill` pushes, each
+    /// fd under its key (what [`WaitSet::ready_now`] reports).
     pub fn sync(&mut self, set: &mut WaitSet, fill: impl FnOnce(&mut Vec<(u64, RawFd)>)) {
         self.live.clear();
         fill(&mut self.live);
@@ -326,7 +365,7 @@ impl WatchList {
         });
         for &l in live.iter() {
             if let Err(at) = self.watched.binary_search(&l) {
-                if set.add(l.1).is_ok() {
+                if set.add_keyed(l.1, l.0).is_ok() {
                     self.watched.insert(at, l);
                 }
             }

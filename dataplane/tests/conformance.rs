@@ -103,6 +103,12 @@ macro_rules! suite {
                     conformance::wait_fd_wakes(&f);
                 }
             }
+            #[test]
+            fn wait_fd_after_empty_recv() {
+                if let Some(f) = $f {
+                    conformance::wait_fd_after_empty_recv(&f);
+                }
+            }
         }
     };
 }

@@ -68,6 +68,7 @@ pub fn run_all<F: TransportFactory>(f: &F) {
     disconnect_mid_read(f);
     no_leaks(f);
     wait_fd_wakes(f);
+    wait_fd_after_empty_recv(f);
 }
 
 // ---- helpers -----------------------------------------------------------------
@@ -725,6 +726,75 @@ pub fn wait_fd_wakes<F: TransportFactory>(f: &F) {
         }
     }
     let _ = (&mut c2, &mut s2);
+}
+
+/// The contract a host relies on to skip links that its wait set does not
+/// report ([`Connection::wait_fd`]): a burst is drained to `Ok(None)`; from
+/// then on, without any further `try_recv`, the fd stays quiet until a new
+/// message or the peer's departure makes it readable.
+pub fn wait_fd_after_empty_recv<F: TransportFactory>(f: &F) {
+    let _g = serial();
+    let d = f.domain().expect("domain");
+    let (mut s, mut c) = connect(f, &d, &d);
+    let Some(fd) = s.wait_fd() else {
+        return;
+    };
+    let mut set = crate::waitset::WaitSet::new().expect("wait set");
+    set.add_keyed(fd, 7).expect("add fd");
+    let end = deadline(f);
+    let mut buf = [0u8; 64];
+    let mut ready = Vec::new();
+    // Blocks until the fd is readable (by the set's own report, not by
+    // polling the connection).
+    let wait_ready = |set: &mut crate::waitset::WaitSet, what: &str| {
+        let mut ready = Vec::new();
+        loop {
+            assert!(StdInstant::now() < end, "{}: {what}: fd never readable", f.name());
+            set.wait(Duration::from_millis(1000));
+            set.ready_now(&mut ready);
+            if ready == [7] {
+                break;
+            }
+            ready.clear();
+        }
+    };
+    assert_eq!(s.try_recv(&mut buf).expect("poll"), None);
+    let mut msg = [0u8; 64];
+    for round in 0..3u32 {
+        // A burst in one write: the receiver may buffer all but the first.
+        let burst = 1 + round * 20;
+        for seq in 0..burst {
+            let n = wire::encode(&mut msg, &wire::Heartbeat { seq: u64::from(seq), role: 4, id: 2 }).expect("encode");
+            c.send_batched(&msg[..n]).expect("send");
+        }
+        c.flush_batched().expect("flush");
+        c.progress().expect("progress");
+        wait_ready(&mut set, "burst");
+        let mut got = 0;
+        while got < burst {
+            assert!(StdInstant::now() < end, "{}: burst of {burst}: got {got}", f.name());
+            match s.try_recv(&mut buf).expect("recv") {
+                Some(_) => got += 1,
+                // The rest is on its way: the fd says when.
+                None => wait_ready(&mut set, "rest of the burst"),
+            }
+        }
+        assert_eq!(s.try_recv(&mut buf).expect("recv"), None);
+        ready.clear();
+        set.ready_now(&mut ready);
+        assert!(ready.is_empty(), "{}: drained, yet readable", f.name());
+    }
+    drop(c);
+    wait_ready(&mut set, "departure");
+    let left = loop {
+        assert!(StdInstant::now() < end, "{}: departure not reported", f.name());
+        match s.try_recv(&mut buf) {
+            Ok(None) => wait_ready(&mut set, "departure"),
+            Ok(Some(_)) => {}
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(left, Error::PeerDisconnected), "{}: {left:?}", f.name());
 }
 
 /// Bad key, out of bounds, deregistered and too-long READs are refused

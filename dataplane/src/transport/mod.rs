@@ -457,6 +457,12 @@ pub trait Connection: Send {
     /// transport has none (the caller then backs off on a timer). As with
     /// [`wait`](Self::wait), poll the connection before sleeping: a
     /// transport may only arm its receive during a poll.
+    ///
+    /// Once [`try_recv`](Self::try_recv) has returned `Ok(None)`, the fd
+    /// turns readable before `try_recv` can return anything again (a
+    /// message or the peer's departure), so a host may skip a link until
+    /// then. Between a `Some` and the next `None` messages may be buffered
+    /// in user space without the fd saying so.
     fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }

@@ -413,6 +413,7 @@ fn poll_until_drained<C: Connection>(
     first_plan: &mut FirstPlan<'_>,
 ) -> TermEnd {
     let mut watched = WatchList::new();
+    let mut ready = Vec::new();
     loop {
         match term.check(clock.now()) {
             // Stop planning at once: the links close when the node drops.
@@ -429,6 +430,14 @@ fn poll_until_drained<C: Connection>(
             node.handle_connection(now, c);
             busy = true;
         }
+        // One epoll_wait per pass tells which links have bytes: the node
+        // then skips the rest instead of a recv each that finds nothing.
+        watched.sync(idle.set(), |live| {
+            node.for_each_conn(|key, c| live.extend(c.wait_fd().map(|fd| (key, fd))))
+        });
+        ready.clear();
+        idle.set().ready_now(&mut ready);
+        node.set_readable(ready.iter().copied());
         busy |= node.poll(now);
         while let Some(ev) = node.poll_event() {
             log_event(&ev);

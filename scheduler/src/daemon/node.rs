@@ -274,6 +274,10 @@ struct Link<C> {
     backlog: Backlog,
     /// Messages were queued on it in the current flush.
     queued: bool,
+    /// Its last drain stopped before `try_recv` said empty (or it was
+    /// never drained): it may hold messages that its wait fd does not
+    /// report (see [`SchedulerNode::set_readable`]).
+    unread: bool,
 }
 
 impl<C: Connection> Link<C> {
@@ -354,6 +358,10 @@ pub struct SchedulerNode<C: Connection> {
     last_poll: Option<Instant>,
     stopping: bool,
     drain_until: Option<Instant>,
+    /// Keys of the links whose wait fd the host saw readable since the
+    /// last poll, sorted; None: the host reports no readiness, and every
+    /// pass drains every link.
+    readable: Option<Vec<u64>>,
 }
 
 impl<C: Connection> SchedulerNode<C> {
@@ -377,6 +385,7 @@ impl<C: Connection> SchedulerNode<C> {
             ids: Vec::new(),
             busy: Vec::new(),
             next_key: 0,
+            readable: None,
             fence_until: None,
             last_poll: None,
             stopping: false,
@@ -550,6 +559,21 @@ impl<C: Connection> SchedulerNode<C> {
         }
     }
 
+    /// Readiness from the host (the keys of [`for_each_conn`](Self::for_each_conn)
+    /// whose wait fd is readable): from the first call on, the next
+    /// [`poll`](Self::poll) drains only these links, links whose last drain
+    /// was cut short, links without a wait fd and disconnected ones,
+    /// instead of one `try_recv` (a syscall that mostly finds nothing) per
+    /// link per pass. Relies on the [`Connection::wait_fd`] contract: once
+    /// `try_recv` has returned `Ok(None)`, a later message or the peer's
+    /// departure makes the fd readable.
+    pub fn set_readable(&mut self, keys: impl IntoIterator<Item = u64>) {
+        let r = self.readable.get_or_insert_with(Vec::new);
+        r.clear();
+        r.extend(keys);
+        r.sort_unstable();
+    }
+
     /// Shutdown: every waiting task is dropped (reason `Shutdown`, sent by
     /// the next poll), new ones are refused, and batches in flight are
     /// waited for (at most [`NodeConfig::drain`] from the next poll).
@@ -585,6 +609,7 @@ impl<C: Connection> SchedulerNode<C> {
             live: Liveness::new(now, self.cfg.heartbeat, self.cfg.dead_after),
             backlog: Backlog::default(),
             queued: false,
+            unread: true,
         }
     }
 
@@ -790,7 +815,11 @@ impl<C: Connection> SchedulerNode<C> {
     fn receive(&mut self, now: Instant) -> bool {
         let mut any = false;
         let plane = &mut self.plane;
+        let readable = self.readable.as_deref();
         for (&id, link) in self.frontends.iter_mut() {
+            if !may_hold_messages(link, readable) {
+                continue;
+            }
             any |= drain_link(link, &mut self.buf, now, PeerId::Frontend(id), &mut self.dead, &self.metrics, |m, _| match m {
                 Message::Task(t) => {
                     plane.on_task(now, id, &t);
@@ -814,6 +843,9 @@ impl<C: Connection> SchedulerNode<C> {
             });
         }
         for (&id, link) in self.backends.iter_mut() {
+            if !may_hold_messages(link, readable) {
+                continue;
+            }
             any |= drain_link(link, &mut self.buf, now, PeerId::Backend(id), &mut self.dead, &self.metrics, |m, bytes| match m {
                 Message::BatchDone(d) => {
                     plane.on_batch_done(now, id, &d);
@@ -825,6 +857,9 @@ impl<C: Connection> SchedulerNode<C> {
                 }
                 _ => false,
             });
+        }
+        if let Some(r) = self.readable.as_mut() {
+            r.clear();
         }
         any
     }
@@ -974,6 +1009,18 @@ fn kind_name(m: &Message<'_>) -> &'static str {
     }
 }
 
+/// Whether draining `link` may find something, given the keys the host saw
+/// readable (None: no readiness known).
+fn may_hold_messages<C: Connection>(link: &Link<C>, readable: Option<&[u64]>) -> bool {
+    let Some(readable) = readable else { return true };
+    link.unread
+        || readable.binary_search(&link.key).is_ok()
+        || link.conn.wait_fd().is_none()
+        // The host stops watching a disconnected link's fd: its error must
+        // still be read here.
+        || !link.conn.is_connected()
+}
+
 /// Takes up to [`MSGS_PER_PEER`] messages from one peer: heartbeats are
 /// proof of life, `handle` takes the rest (false: not a message this peer
 /// may send, counted); garbage or a failed link marks the peer dead.
@@ -988,10 +1035,14 @@ fn drain_link<C: Connection>(
     mut handle: impl FnMut(Message<'_>, &[u8]) -> bool,
 ) -> bool {
     let mut any = false;
+    link.unread = true;
     for _ in 0..MSGS_PER_PEER {
         let n = match link.conn.try_recv(buf) {
             Ok(Some(n)) => n,
-            Ok(None) => break,
+            Ok(None) => {
+                link.unread = false;
+                break;
+            }
             Err(_) => {
                 dead.push(peer);
                 break;
