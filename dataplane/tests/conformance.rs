@@ -109,6 +109,12 @@ macro_rules! suite {
                     conformance::wait_fd_after_empty_recv(&f);
                 }
             }
+            #[test]
+            fn input_taken_in_by_a_send_is_reported() {
+                if let Some(f) = $f {
+                    conformance::input_taken_in_by_a_send_is_reported(&f);
+                }
+            }
         }
     };
 }

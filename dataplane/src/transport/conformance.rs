@@ -69,6 +69,7 @@ pub fn run_all<F: TransportFactory>(f: &F) {
     no_leaks(f);
     wait_fd_wakes(f);
     wait_fd_after_empty_recv(f);
+    input_taken_in_by_a_send_is_reported(f);
 }
 
 // ---- helpers -----------------------------------------------------------------
@@ -795,6 +796,65 @@ pub fn wait_fd_after_empty_recv<F: TransportFactory>(f: &F) {
         }
     };
     assert!(matches!(left, Error::PeerDisconnected), "{}: {left:?}", f.name());
+}
+
+/// A message that a `send` or `progress` took off the socket (the fd is
+/// then quiet) is reported by [`Connection::may_hold_input`]: a host that
+/// drains only links its wait set reports would otherwise leave it behind
+/// until the peer's next message (a lost wake-up: a task waiting at idle
+/// until the frontend's next heartbeat).
+pub fn input_taken_in_by_a_send_is_reported<F: TransportFactory>(f: &F) {
+    let _g = serial();
+    let d = f.domain().expect("domain");
+    let (mut s, mut c) = connect(f, &d, &d);
+    let Some(fd) = s.wait_fd() else {
+        return;
+    };
+    let mut set = crate::waitset::WaitSet::new().expect("wait set");
+    set.add_keyed(fd, 7).expect("add fd");
+    let end = deadline(f);
+    let mut buf = [0u8; 64];
+    let mut msg = [0u8; 64];
+    assert_eq!(s.try_recv(&mut buf).expect("poll"), None);
+    assert!(!s.may_hold_input() || s.wait_fd().is_none(), "{}: drained, yet holds input", f.name());
+    for round in 0..3u64 {
+        let n = wire::encode(&mut msg, &wire::Heartbeat { seq: round, role: 4, id: 2 }).expect("encode");
+        c.send(&msg[..n]).expect("send");
+        c.progress().expect("progress");
+        // Wait until the kernel reports the message, without receiving.
+        let mut ready = Vec::new();
+        while ready != [7] {
+            assert!(StdInstant::now() < end, "{}: never readable", f.name());
+            ready.clear();
+            set.wait(Duration::from_millis(1000));
+            set.ready_now(&mut ready);
+        }
+        // Our own traffic on the link: a send and progress may take the
+        // message in.
+        let m = wire::encode(&mut msg, &wire::Heartbeat { seq: 100 + round, role: 4, id: 3 }).expect("encode");
+        s.send(&msg[..m]).expect("send back");
+        s.progress().expect("progress");
+        ready.clear();
+        set.ready_now(&mut ready);
+        assert!(
+            ready == [7] || s.may_hold_input(),
+            "{}: round {round}: the message left the socket and the connection does not say it holds it",
+            f.name()
+        );
+        let got = loop {
+            assert!(StdInstant::now() < end, "{}: message lost", f.name());
+            if let Some(k) = s.try_recv(&mut buf).expect("recv") {
+                break k;
+            }
+            set.wait(Duration::from_millis(10));
+        };
+        assert_eq!(got, n);
+        // Drain what came back on the other side.
+        while c.try_recv(&mut buf).expect("recv back").is_none() {
+            assert!(StdInstant::now() < end, "{}: echo lost", f.name());
+            std::thread::yield_now();
+        }
+    }
 }
 
 /// Bad key, out of bounds, deregistered and too-long READs are refused

@@ -461,10 +461,21 @@ pub trait Connection: Send {
     /// Once [`try_recv`](Self::try_recv) has returned `Ok(None)`, the fd
     /// turns readable before `try_recv` can return anything again (a
     /// message or the peer's departure), so a host may skip a link until
-    /// then. Between a `Some` and the next `None` messages may be buffered
-    /// in user space without the fd saying so.
+    /// then, unless [`may_hold_input`](Self::may_hold_input) says otherwise.
+    /// Between a `Some` and the next `None` messages may be buffered in user
+    /// space without the fd saying so.
     fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
         None
+    }
+
+    /// Whether input the kernel no longer reports may sit in user space:
+    /// calls other than `try_recv` (a `send` that had to make room, a
+    /// `progress`, `poll_completions`) may take bytes off the socket, and
+    /// the fd is then quiet although `try_recv` would return a message. A
+    /// host that skips links its wait set does not report must still drain
+    /// a link for which this is true. The default (`true`) is always safe.
+    fn may_hold_input(&self) -> bool {
+        true
     }
 }
 

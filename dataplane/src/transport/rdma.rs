@@ -1446,6 +1446,12 @@ impl Connection for RdmaConnection {
     fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
         Some(self.wait.fd())
     }
+
+    /// Receive completions are taken off the CQ only by `try_recv` and
+    /// `wait`; `wait` may keep one for the next `try_recv`.
+    fn may_hold_input(&self) -> bool {
+        self.pending_recv.is_some()
+    }
 }
 
 impl Drop for RdmaConnection {

@@ -592,4 +592,7 @@ impl Connection for ShmConn {
         // source of work.
         Some(self.stream.wait_fd())
     }
+    fn may_hold_input(&self) -> bool {
+        self.stream.may_hold_input()
+    }
 }

@@ -317,6 +317,9 @@ impl Connection for TcpConn {
     fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
         Some(self.stream.wait_fd())
     }
+    fn may_hold_input(&self) -> bool {
+        self.stream.may_hold_input()
+    }
 }
 
 #[cfg(test)]

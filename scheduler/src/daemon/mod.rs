@@ -453,6 +453,11 @@ fn poll_until_drained<C: Connection>(
         if busy {
             first_plan.check();
             idle.reset();
+        } else if holds_input(node) {
+            // A send or progress late in the pass (heartbeats after the
+            // flush) took a peer's bytes in: its fd is quiet now, so a
+            // sleep would strand the message until the next timer.
+            continue;
         } else {
             watched.sync(idle.set(), |live| {
                 node.for_each_conn(|key, c| live.extend(c.wait_fd().map(|fd| (key, fd))))
@@ -467,6 +472,15 @@ fn poll_until_drained<C: Connection>(
             idle.idle_unless(next.saturating_since(clock.now()), || node.plane().has_decisions());
         }
     }
+}
+
+/// Whether a connection holds input its wait fd no longer reports (see
+/// [`Connection::may_hold_input`]); links without a wait fd are polled on a
+/// timer anyway.
+fn holds_input<C: Connection>(node: &SchedulerNode<C>) -> bool {
+    let mut held = false;
+    node.for_each_conn(|_, c| held |= c.wait_fd().is_some() && c.may_hold_input());
+    held
 }
 
 fn log_event(ev: &SchedulerEvent) {

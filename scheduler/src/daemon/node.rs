@@ -1016,6 +1016,9 @@ fn may_hold_messages<C: Connection>(link: &Link<C>, readable: Option<&[u64]>) ->
     link.unread
         || readable.binary_search(&link.key).is_ok()
         || link.conn.wait_fd().is_none()
+        // A send or progress since (plans, heartbeats) may have taken its
+        // bytes off the socket: the fd is quiet, the messages are ours.
+        || link.conn.may_hold_input()
         // The host stops watching a disconnected link's fd: its error must
         // still be read here.
         || !link.conn.is_connected()

@@ -345,6 +345,13 @@ impl Stream {
         }
     }
 
+    /// Bytes taken in but not yet handed out: whole messages in the inbox,
+    /// or received bytes not parsed yet (a send's `pump` or io_uring's
+    /// cheap reap may take them off the socket, which then polls quiet).
+    pub(crate) fn may_hold_input(&self) -> bool {
+        self.ihead != self.itail || self.rpos != self.wpos
+    }
+
     /// A file descriptor that polls readable (level-triggered) whenever
     /// [`wait`](Self::wait) would return: the socket for plain syscalls,
     /// the ring for io_uring (its completion queue: the ring consumes the
