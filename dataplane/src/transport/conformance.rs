@@ -729,19 +729,28 @@ pub fn wait_fd_wakes<F: TransportFactory>(f: &F) {
     let _ = (&mut c2, &mut s2);
 }
 
+/// A connected pair whose accepted side's wait fd is in a fresh wait set
+/// under key 7; None if the transport has no wait fd.
+type Watched<F> = (<<F as TransportFactory>::D as Domain>::Conn, <<F as TransportFactory>::D as Domain>::Conn, crate::waitset::WaitSet);
+
+fn watched_pair<F: TransportFactory>(f: &F) -> Option<Watched<F>> {
+    let d = f.domain().expect("domain");
+    let (s, c) = connect(f, &d, &d);
+    let fd = s.wait_fd()?;
+    let mut set = crate::waitset::WaitSet::new().expect("wait set");
+    set.add_keyed(fd, 7).expect("add fd");
+    Some((s, c, set))
+}
+
 /// The contract a host relies on to skip links that its wait set does not
 /// report ([`Connection::wait_fd`]): a burst is drained to `Ok(None)`; from
 /// then on, without any further `try_recv`, the fd stays quiet until a new
 /// message or the peer's departure makes it readable.
 pub fn wait_fd_after_empty_recv<F: TransportFactory>(f: &F) {
     let _g = serial();
-    let d = f.domain().expect("domain");
-    let (mut s, mut c) = connect(f, &d, &d);
-    let Some(fd) = s.wait_fd() else {
+    let Some((mut s, mut c, mut set)) = watched_pair(f) else {
         return;
     };
-    let mut set = crate::waitset::WaitSet::new().expect("wait set");
-    set.add_keyed(fd, 7).expect("add fd");
     let end = deadline(f);
     let mut buf = [0u8; 64];
     let mut ready = Vec::new();
@@ -805,18 +814,14 @@ pub fn wait_fd_after_empty_recv<F: TransportFactory>(f: &F) {
 /// until the frontend's next heartbeat).
 pub fn input_taken_in_by_a_send_is_reported<F: TransportFactory>(f: &F) {
     let _g = serial();
-    let d = f.domain().expect("domain");
-    let (mut s, mut c) = connect(f, &d, &d);
-    let Some(fd) = s.wait_fd() else {
+    let Some((mut s, mut c, mut set)) = watched_pair(f) else {
         return;
     };
-    let mut set = crate::waitset::WaitSet::new().expect("wait set");
-    set.add_keyed(fd, 7).expect("add fd");
     let end = deadline(f);
     let mut buf = [0u8; 64];
     let mut msg = [0u8; 64];
     assert_eq!(s.try_recv(&mut buf).expect("poll"), None);
-    assert!(!s.may_hold_input() || s.wait_fd().is_none(), "{}: drained, yet holds input", f.name());
+    assert!(!s.may_hold_input(), "{}: drained, yet holds input", f.name());
     for round in 0..3u64 {
         let n = wire::encode(&mut msg, &wire::Heartbeat { seq: round, role: 4, id: 2 }).expect("encode");
         c.send(&msg[..n]).expect("send");
