@@ -15,6 +15,7 @@ mod reports;
 mod report_fig16;
 mod live;
 mod partition_cmd;
+mod route_cmd;
 mod up;
 mod up_ha;
 
@@ -56,6 +57,8 @@ enum CommandError {
     Bench(#[from] bench::BenchError),
     #[error(transparent)]
     Partition(#[from] partition_cmd::PartitionCmdError),
+    #[error(transparent)]
+    Route(#[from] route_cmd::RouteCmdError),
     #[error(transparent)]
     Predict(#[from] predict::PredictError),
     #[error(transparent)]
@@ -206,6 +209,11 @@ enum Cmd {
     Profile(profile::ProfileArgs),
     /// Partition models over sub-clusters (the arXiv paper's Appendix A): memory fits, rate and memory balanced, at most C_max moved.
     Partition(partition_cmd::PartitionArgs),
+    /// The routing table of several active scheduler groups in etcd: show it, store one, move models.
+    Route {
+        #[command(subcommand)]
+        action: route_cmd::RouteAction,
+    },
     /// Scheduler-only capacity test: the live runtime with in-process load and emulated GPUs.
     BenchScheduler {
         /// Number of models (copies of one profile).
@@ -381,6 +389,7 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
         }
         Cmd::Profile(a) => Ok(profile::run(&a)?),
         Cmd::Partition(a) => Ok(partition_cmd::run(&a)?),
+        Cmd::Route { action } => Ok(route_cmd::run(&action)?),
         Cmd::Predict(a) => Ok(predict::run(&a)?),
         Cmd::Report { name, quick, json, .. } if name == "grid" => Ok(report_grid::run(quick, json)?),
         Cmd::Report { name, quick, plot, model_threads, .. } => Ok(reports::run(&name, quick, plot.as_deref(), &model_threads)?),
