@@ -925,6 +925,14 @@ impl ControlPlane {
         self.owned.as_ref().is_none_or(|o| o.get(model as usize).copied().unwrap_or(false))
     }
 
+    /// This plane serves a scheduler group: it owns no model until a
+    /// routing table is applied.
+    pub fn await_routes(&mut self) {
+        if self.route_revision == 0 {
+            self.owned = Some(vec![false; self.models.len()]);
+        }
+    }
+
     /// The newest routing-table revision applied (0: none).
     pub fn route_revision(&self) -> u64 {
         self.route_revision
