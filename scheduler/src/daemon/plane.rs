@@ -1579,7 +1579,7 @@ mod tests {
                 p.outbox().clear();
             };
             for step in 0..400u64 {
-                now = now + Duration::from_micros(rng.random_range(100..2_000));
+                now += Duration::from_micros(rng.random_range(100..2_000));
                 if rng.random_bool(0.03) {
                     revision += 1;
                     let table = if rng.random_bool(0.5) { routes(revision, &["a", "b"], &[]) } else { routes(revision, &["b"], &["a"]) };
