@@ -106,6 +106,14 @@ enum Cmd {
         json: bool,
         #[command(flatten)]
         ha: up_ha::HaOpts,
+        /// Several active schedulers (issue 19): 2 scheduler groups on a local etcd, one backend each, one
+        /// frontend linked to group a; the last model of --models moves to group b at --reroute-at-s
+        /// (tcp; --rate or 100 req/s). Prints how soon group a applied the move and the accounting.
+        #[arg(long, default_value_t = 0)]
+        groups: u32,
+        /// With --groups: when the last model moves, seconds into the load.
+        #[arg(long = "reroute-at-s", default_value_t = 1.0)]
+        reroute_at_s: f64,
     },
     /// End-to-end goodput of the multi-process cluster over HTTP vs the simulated scheduler-only goodput.
     E2e {
@@ -372,7 +380,33 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
         Cmd::Sim { cluster, rate, json, plot } => sim(&cluster, rate, json, plot.as_deref()),
         Cmd::Goodput { cluster, json, plot, quiet } => goodput(&cluster, json, plot.as_deref(), quiet),
         Cmd::Example { policy, skip, requests, gather, json } => Ok(example::run(&policy, &skip, requests, &gather, json)?),
-        Cmd::Up { models, cluster, load, rate, duration_s, serve, plot: _, json, ha } if ha.ha => {
+        Cmd::Up { models, cluster, rate, duration_s, serve, json, groups, reroute_at_s, .. } if groups > 0 => {
+            if groups != 2 || serve {
+                return Err(CommandError::Up(up::UpError::Usage("--groups runs 2 groups and a move under load: --groups 2, no --serve".into())));
+            }
+            let exe = std::env::current_exe().map_err(|e| CommandError::Up(up::UpError::Usage(e.to_string())))?;
+            let r = tools::groups::run(&tools::groups::GroupsRun {
+                exe,
+                zoo: cluster.zoo.clone(),
+                models,
+                rate: rate.unwrap_or(100.0),
+                duration_s,
+                reroute_at_s,
+                seed: 1,
+                log_dir: None,
+            })
+            .map_err(|e| CommandError::Up(up::UpError::Usage(e.to_string())))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                println!("moved {} from group a to group b at {reroute_at_s} s: group a applied it after {:.1} ms", r.moved_model, r.applied_after_ms);
+                println!("group a's batches of {}: {} when it applied the move, {} at the end; {} tasks answered moved", r.moved_model, r.moved_batches_at_apply, r.moved_batches_at_end, r.moved_drops);
+                println!("frontend accepted {} succeeded {} dropped {} failed {}: unaccounted {}", r.frontend[0], r.frontend[1], r.frontend[2], r.frontend[3], r.unaccounted);
+                println!("load: {}", r.load);
+            }
+            Ok(())
+        }
+        Cmd::Up { models, cluster, load, rate, duration_s, serve, plot: _, json, ha, .. } if ha.ha => {
             if serve {
                 return Err(CommandError::Up(up::UpError::Usage("--ha runs a failover under load: no --serve".into())));
             }
