@@ -54,8 +54,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SYMP");
 /// `epoch` (0: no election) in the word that was reserved; a plan carries
 /// its planned duration (`run_ns`); a backend's [`Kind::Models`] message
 /// ends with how long each of its GPUs stays busy ([`GpuBusy`]) with the
-/// batches it already holds.
-pub const VERSION: u16 = 5;
+/// batches it already holds. Version 6: a [`Dropped`] may carry
+/// [`DropReason::Moved`] (code 10; several scheduler groups, issue 19).
+pub const VERSION: u16 = 6;
 /// Oldest peer version a scheduler of this version accepts. Upgrades are
 /// stop-the-world (`docs/operations.md`): only its own version.
 pub const OLDEST_PEER_VERSION: u16 = VERSION;
@@ -777,11 +778,15 @@ pub enum DropReason {
     Timeout = 8,
     /// Its client cancelled it before it was planned onto a GPU.
     Cancelled = 9,
+    /// Its model moved to another scheduler group (issue 19) before it was
+    /// planned: the frontend resubmits it to the new owner with the budget
+    /// it has left.
+    Moved = 10,
 }
 
 impl DropReason {
     /// Number of reasons: the length of a counter-by-reason array.
-    pub const COUNT: usize = 9;
+    pub const COUNT: usize = 10;
     /// Every reason, in [`index`](Self::index) order (wire-code order).
     pub const ALL: [DropReason; DropReason::COUNT] = [
         DropReason::DeadlineUnmeetable,
@@ -793,6 +798,7 @@ impl DropReason {
         DropReason::FrontendLost,
         DropReason::Timeout,
         DropReason::Cancelled,
+        DropReason::Moved,
     ];
 
     /// The reason with wire code `v`.
@@ -824,6 +830,7 @@ impl DropReason {
             DropReason::FrontendLost => "frontend_lost",
             DropReason::Timeout => "timeout",
             DropReason::Cancelled => "cancelled",
+            DropReason::Moved => "moved",
         }
     }
 }

@@ -10,6 +10,7 @@
 //! - [`sim`]: the simulator, its arrival generator and the event order.
 //! - [`repository`]: Triton-layout model repositories and `config.pbtxt`.
 //! - [`partition`]: models over sub-clusters (Appendix A): heuristic and MILP.
+//! - [`routes`]: the routing table of several active scheduler groups.
 //! - [`serf`]: SERF's M/D/c-with-interference latency predictor.
 #![warn(missing_docs)]
 
@@ -27,6 +28,7 @@ pub mod partition;
 pub mod policy;
 pub mod profile;
 pub mod repository;
+pub mod routes;
 pub mod runtime;
 pub mod serf;
 pub mod sim;

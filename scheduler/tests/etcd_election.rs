@@ -163,3 +163,30 @@ fn a_candidate_over_etcd_takes_over_from_a_silent_leader_in_the_failure_timeout(
     a.poll(clock.now() + Duration::from_millis(30));
     assert_eq!(a.leading(), None);
 }
+
+#[test]
+fn the_routing_table_is_stored_with_its_revision_and_a_stale_write_is_refused() {
+    use scheduler::election::RoutesStoreError;
+    use scheduler::routes::{RouteGroup, RouteTable};
+    let local = etcd(1);
+    let mut a = election(&local, "/t/unused");
+    let mut b = election(&local, "/t/unused");
+    let key = "/t/routes";
+    assert_eq!(a.get_routes(key).unwrap(), None, "nothing stored yet");
+    let g = |name: &str, model: &str| RouteGroup {
+        name: name.into(),
+        election_key: format!("/t/leader/{name}"),
+        schedulers: vec![],
+        models: vec![model.into()],
+        backends: vec![],
+    };
+    let t1 = RouteTable { revision: 1, groups: vec![g("a", "ResNet50"), g("b", "InceptionV3")] };
+    a.put_routes(key, &t1).unwrap();
+    assert_eq!(b.get_routes(key).unwrap(), Some(t1.clone()));
+    let t2 = t1.with_move("ResNet50", "b").unwrap();
+    b.put_routes(key, &t2).unwrap();
+    // a writes its own move on the stale revision 1: refused.
+    let stale = t1.with_move("InceptionV3", "a").unwrap();
+    assert!(matches!(a.put_routes(key, &stale), Err(RoutesStoreError::Conflict { stored: 2, written: 2 })));
+    assert_eq!(a.get_routes(key).unwrap(), Some(t2));
+}

@@ -3,4 +3,5 @@
 
 pub mod chaos;
 pub mod cluster;
+pub mod groups;
 pub mod inproc;

@@ -15,6 +15,7 @@ mod reports;
 mod report_fig16;
 mod live;
 mod partition_cmd;
+mod route_cmd;
 mod up;
 mod up_ha;
 
@@ -56,6 +57,8 @@ enum CommandError {
     Bench(#[from] bench::BenchError),
     #[error(transparent)]
     Partition(#[from] partition_cmd::PartitionCmdError),
+    #[error(transparent)]
+    Route(#[from] route_cmd::RouteCmdError),
     #[error(transparent)]
     Predict(#[from] predict::PredictError),
     #[error(transparent)]
@@ -103,6 +106,14 @@ enum Cmd {
         json: bool,
         #[command(flatten)]
         ha: up_ha::HaOpts,
+        /// Several active schedulers (issue 19): 2 scheduler groups on a local etcd, one backend each, one
+        /// frontend linked to group a; the last model of --models moves to group b at --reroute-at-s
+        /// (tcp; --rate or 100 req/s). Prints how soon group a applied the move and the accounting.
+        #[arg(long, default_value_t = 0)]
+        groups: u32,
+        /// With --groups: when the last model moves, seconds into the load.
+        #[arg(long = "reroute-at-s", default_value_t = 1.0)]
+        reroute_at_s: f64,
     },
     /// End-to-end goodput of the multi-process cluster over HTTP vs the simulated scheduler-only goodput.
     E2e {
@@ -206,6 +217,11 @@ enum Cmd {
     Profile(profile::ProfileArgs),
     /// Partition models over sub-clusters (the arXiv paper's Appendix A): memory fits, rate and memory balanced, at most C_max moved.
     Partition(partition_cmd::PartitionArgs),
+    /// The routing table of several active scheduler groups in etcd: show it, store one, move models.
+    Route {
+        #[command(subcommand)]
+        action: route_cmd::RouteAction,
+    },
     /// Scheduler-only capacity test: the live runtime with in-process load and emulated GPUs.
     BenchScheduler {
         /// Number of models (copies of one profile).
@@ -364,7 +380,33 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
         Cmd::Sim { cluster, rate, json, plot } => sim(&cluster, rate, json, plot.as_deref()),
         Cmd::Goodput { cluster, json, plot, quiet } => goodput(&cluster, json, plot.as_deref(), quiet),
         Cmd::Example { policy, skip, requests, gather, json } => Ok(example::run(&policy, &skip, requests, &gather, json)?),
-        Cmd::Up { models, cluster, load, rate, duration_s, serve, plot: _, json, ha } if ha.ha => {
+        Cmd::Up { models, cluster, rate, duration_s, serve, json, groups, reroute_at_s, .. } if groups > 0 => {
+            if groups != 2 || serve {
+                return Err(CommandError::Up(up::UpError::Usage("--groups runs 2 groups and a move under load: --groups 2, no --serve".into())));
+            }
+            let exe = std::env::current_exe().map_err(|e| CommandError::Up(up::UpError::Usage(e.to_string())))?;
+            let r = tools::groups::run(&tools::groups::GroupsRun {
+                exe,
+                zoo: cluster.zoo.clone(),
+                models,
+                rate: rate.unwrap_or(100.0),
+                duration_s,
+                reroute_at_s,
+                seed: 1,
+                log_dir: None,
+            })
+            .map_err(|e| CommandError::Up(up::UpError::Usage(e.to_string())))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                println!("moved {} from group a to group b at {reroute_at_s} s: group a applied it after {:.1} ms", r.moved_model, r.applied_after_ms);
+                println!("group a's batches of {}: {} when it applied the move, {} at the end; {} tasks answered moved", r.moved_model, r.moved_batches_at_apply, r.moved_batches_at_end, r.moved_drops);
+                println!("frontend accepted {} succeeded {} dropped {} failed {}: unaccounted {}", r.frontend[0], r.frontend[1], r.frontend[2], r.frontend[3], r.unaccounted);
+                println!("load: {}", r.load);
+            }
+            Ok(())
+        }
+        Cmd::Up { models, cluster, load, rate, duration_s, serve, plot: _, json, ha, .. } if ha.ha => {
             if serve {
                 return Err(CommandError::Up(up::UpError::Usage("--ha runs a failover under load: no --serve".into())));
             }
@@ -381,6 +423,7 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
         }
         Cmd::Profile(a) => Ok(profile::run(&a)?),
         Cmd::Partition(a) => Ok(partition_cmd::run(&a)?),
+        Cmd::Route { action } => Ok(route_cmd::run(&action)?),
         Cmd::Predict(a) => Ok(predict::run(&a)?),
         Cmd::Report { name, quick, json, .. } if name == "grid" => Ok(report_grid::run(quick, json)?),
         Cmd::Report { name, quick, plot, model_threads, .. } => Ok(reports::run(&name, quick, plot.as_deref(), &model_threads)?),

@@ -81,6 +81,13 @@ fn store_down() {
 fn leader_partition() {
     class_holds_over_many_seeds(FaultClass::LeaderPartition);
 }
+// Several scheduler groups (issue 19): the routing table moves models away
+// from the harness's scheduler and back at seeded times under load; every
+// request ends once and no plan of a moved model leaves after the move.
+#[test]
+fn reroute() {
+    class_holds_over_many_seeds(FaultClass::Reroute);
+}
 
 /// Priorities, cancellations and bounded queues under faults: every
 /// invariant (accounting with `cancelled`, nothing left at the scheduler)

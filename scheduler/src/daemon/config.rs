@@ -163,6 +163,18 @@ pub struct SchedulerArgs {
     /// a crash does not wait for it (the standby revokes the lease).
     #[arg(long, default_value_t = 2000)]
     pub lease_ttl_ms: u64,
+    /// Several active schedulers (issue 19): this scheduler's group in the
+    /// routing table stored in etcd (needs --etcd; give --election-key a
+    /// key of the group's own). It plans only the models the table gives
+    /// its group at the newest revision it has read.
+    #[arg(long)]
+    pub group: Option<String>,
+    /// The routing table's key in etcd.
+    #[arg(long, default_value = crate::routes::DEFAULT_ROUTES_KEY)]
+    pub routes_key: String,
+    /// How often the routing table is re-read, ms.
+    #[arg(long, default_value_t = 50)]
+    pub routes_poll_ms: u64,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub common: CommonArgs,
@@ -231,6 +243,9 @@ pub struct SchedulerConfig {
     pub admissions: Vec<crate::types::Admission>,
     /// Hot standby: the election (`--etcd`); `None`: lead alone.
     pub election: Option<super::ha::ElectionConfig>,
+    /// Several active schedulers: this one's group and where the routing
+    /// table is (`--group`); `None`: it owns every model.
+    pub routes: Option<super::routes_watch::RoutesConfig>,
 }
 
 impl SchedulerArgs {
@@ -277,6 +292,17 @@ impl SchedulerArgs {
         let default = crate::types::Admission { levels: self.priority_levels, default_level: self.priority_levels, max_queue: self.max_queue };
         let admissions = admissions(&models, default, self.model_repository.as_deref())?;
         let election = self.election(&common)?;
+        let routes = match (&self.group, &election) {
+            (None, _) => None,
+            (Some(_), None) => return Err(ConfigError::invalid("group", "a scheduler group reads the routing table from etcd: give --etcd")),
+            (Some(_), Some(_)) if self.routes_poll_ms == 0 => return Err(ConfigError::invalid("routes-poll-ms", "must be positive")),
+            (Some(group), Some(e)) => Some(super::routes_watch::RoutesConfig {
+                endpoints: e.endpoints.clone(),
+                group: group.clone(),
+                key: self.routes_key.clone(),
+                poll: Duration::from_millis(self.routes_poll_ms),
+            }),
+        };
         let pinned = PinnedConfig {
             model_threads: self.model_threads,
             cores: pin_cores(&self.pin_cores)?,
@@ -303,6 +329,7 @@ impl SchedulerArgs {
             engine: self.engine,
             pinned,
             admissions,
+            routes,
             election,
         })
     }

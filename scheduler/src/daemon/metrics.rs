@@ -255,6 +255,10 @@ pub struct SchedulerMetrics {
     pub forwarded: Counter,
     /// Outcomes for frontends that are gone.
     pub undeliverable: Counter,
+    /// The routing-table revision applied (issue 19; 0: none).
+    pub route_revision: Gauge,
+    /// Plans of a model moved away, held back instead of sent.
+    pub unowned_plans_held: Counter,
     /// Messages that broke the protocol (wrong sender, unknown batch, ...).
     pub protocol_errors: Counter,
     /// Peers refused at registration, by reason, indexed by
@@ -327,6 +331,8 @@ impl SchedulerMetrics {
         let failed_back = counter(&r, "symphony_tasks_failed_back", "Tasks failed back because their backend died");
         let forwarded = counter(&r, "symphony_completions_forwarded", "Backend completions forwarded to frontends");
         let undeliverable = counter(&r, "symphony_undeliverable", "Outcomes for frontends that are gone");
+        let route_revision = gauge(&r, "symphony_route_revision", "Routing-table revision applied (0: no table, every model owned)");
+        let unowned_plans_held = counter(&r, "symphony_unowned_plans_held", "Plans of a model that moved to another group, held back (their tasks answered moved)");
         let protocol_errors = counter(&r, "symphony_protocol_errors", "Peer messages that broke the protocol");
         let backend_deaths = counter(&r, "symphony_backend_deaths", "Backends declared dead");
         let frontend_deaths = counter(&r, "symphony_frontend_deaths", "Frontends declared dead");
@@ -420,6 +426,8 @@ impl SchedulerMetrics {
             failed_back,
             forwarded,
             undeliverable,
+            route_revision,
+            unowned_plans_held,
             protocol_errors,
             refused,
             backend_deaths,

@@ -19,6 +19,7 @@ pub mod ha;
 pub mod metrics;
 pub mod node;
 pub mod plane;
+pub mod routes_watch;
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -149,11 +150,15 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), Scheduler
     let clock = MonotonicClock::new();
     let setup = |what| move |source| SchedulerError::Setup { what, source };
     let mut idle = IdleWait::new(cfg.idle).map_err(setup("wait set"))?;
+    let watch = match &cfg.routes {
+        Some(r) => Some(routes_watch::RoutesWatch::spawn(r, idle.notifier()).map_err(setup("routing table watch"))?),
+        None => None,
+    };
     let Some(election) = &cfg.election else {
         let listener = listen(&domain, &cfg)?;
         announce(&cfg, &listener.local_addr(), endpoint.addr());
         terms.terms.inc();
-        serve_term(listener, &cfg, 0, None, &metrics, &terms, &clock, &mut idle)?;
+        serve_term(listener, &cfg, 0, None, watch.as_ref(), &metrics, &terms, &clock, &mut idle)?;
         return Ok(());
     };
     let host = ha::ElectionHost::spawn(election, &cfg.listen, idle.notifier()).map_err(setup("election"))?;
@@ -176,7 +181,7 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), Scheduler
         terms.terms.inc();
         let listener = listen(&domain, &cfg)?;
         info!(epoch, control = %cfg.listen, "leading: serving peers");
-        let end = serve_term(listener, &cfg, epoch, Some(&host), &metrics, &terms, &clock, &mut idle)?;
+        let end = serve_term(listener, &cfg, epoch, Some(&host), watch.as_ref(), &metrics, &terms, &clock, &mut idle)?;
         terms.epoch.set(0);
         terms.first_plan_host_ns.set(0);
         match end {
@@ -203,6 +208,7 @@ fn serve_term<L: Listener + 'static>(
     cfg: &SchedulerConfig,
     epoch: u64,
     election: Option<&ha::ElectionHost>,
+    routes: Option<&routes_watch::RoutesWatch>,
     metrics: &Arc<SchedulerMetrics>,
     terms: &TermMetrics,
     clock: &MonotonicClock,
@@ -214,6 +220,11 @@ where
     let mut plane = ControlPlane::new(cfg.models.clone(), &cfg.subclusters, cfg.core, metrics.clone())
         .map_err(|e| SchedulerError::Plane(e.to_string()))?;
     plane.set_closed_loop(cfg.closed_loop);
+    if cfg.routes.is_some() {
+        // A group owns nothing until it has read the routing table (a new
+        // term included: the poll loop applies the newest table first).
+        plane.await_routes();
+    }
     plane.set_delay_watch(cfg.transport.name(), cfg.delay_watch);
     plane.set_bench_stamps(cfg.bench_stamps.then(|| clock.origin_host_ns()));
     let setup = |what| move |source| SchedulerError::Setup { what, source };
@@ -256,7 +267,7 @@ where
     )
     .with_membership(cfg.membership.clone())
     .with_epoch(wire_epoch);
-    let mut term = Term { election, epoch, stall: cfg.election.as_ref().map(|e| e.failure_timeout), last_pass: clock.now(), hold: None };
+    let mut term = Term { election, routes: routes.map(|w| (w, cfg.routes.as_ref().map_or("", |r| r.group.as_str()))), epoch, stall: cfg.election.as_ref().map(|e| e.failure_timeout), last_pass: clock.now(), hold: None };
     let mut first_plan = FirstPlan::new(metrics, clock, terms);
     let end = poll_until_drained(&mut node, &acceptor, idle, clock, &mut term, &mut first_plan);
     drop(acceptor);
@@ -274,6 +285,8 @@ where
 /// Whether this scheduler may go on serving its term (hot standby).
 struct Term<'a> {
     election: Option<&'a ha::ElectionHost>,
+    /// With `--group`: the routing table's follower and this group's name.
+    routes: Option<(&'a routes_watch::RoutesWatch, &'a str)>,
     epoch: u64,
     /// A gap between two passes of the poll loop longer than this (the
     /// failure timeout) means the process was stopped or starved: a standby
@@ -426,6 +439,15 @@ fn poll_until_drained<C: Connection>(
         }
         let now = clock.now();
         let mut busy = false;
+        if let Some((watch, group)) = term.routes {
+            if let Some(table) = watch.newer_than(node.route_revision()) {
+                if node.handle_routes(now, &table, group) {
+                    let owned: Vec<&str> = table.group(group).map_or(Vec::new(), |g| table.groups[g].models.iter().map(String::as_str).collect());
+                    info!(revision = table.revision, group, owns = ?owned, "routing table applied");
+                    busy = true;
+                }
+            }
+        }
         while let Some(c) = acceptor.try_next() {
             node.handle_connection(now, c);
             busy = true;

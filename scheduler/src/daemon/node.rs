@@ -405,6 +405,24 @@ impl<C: Connection> SchedulerNode<C> {
         self
     }
 
+    /// Applies routing table `table` for this node's group `group` (issue
+    /// 19; see [`ControlPlane::set_routes`](super::plane::ControlPlane::set_routes)):
+    /// an older revision than the one applied is ignored. Returns whether
+    /// it was applied.
+    pub fn handle_routes(&mut self, now: Instant, table: &crate::routes::RouteTable, group: &str) -> bool {
+        self.plane.set_routes(now, table, group)
+    }
+
+    /// The routing-table revision applied (0: none).
+    pub fn route_revision(&self) -> u64 {
+        self.plane.route_revision()
+    }
+
+    /// Whether this node's group owns global model `model` (no table: yes).
+    pub fn owns(&self, model: u32) -> bool {
+        self.plane.owns(model)
+    }
+
     /// The election epoch this node stamps (0: none).
     pub fn epoch(&self) -> u32 {
         self.plane.epoch()

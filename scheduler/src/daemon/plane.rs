@@ -233,6 +233,17 @@ pub struct ControlPlane {
     fenced: bool,
     /// GPUs joined while fenced: (backend, sub-cluster, GPU id, free at).
     held_gpus: Vec<(u32, usize, GpuId, Instant)>,
+    /// With several scheduler groups (issue 19): which models this group
+    /// owns at `route_revision` (None: no routing table, it owns all).
+    owned: Option<Vec<bool>>,
+    /// The newest routing-table revision applied (0: none).
+    route_revision: u64,
+    /// Queued tasks being handed back as moved: their core cancellation
+    /// answers `Moved`, not `Cancelled`.
+    handing_over: HashSet<u64>,
+    /// Plans of a model this group no longer owned, held back (their
+    /// tasks answered moved).
+    unowned_plans_held: u64,
 }
 
 /// Why a control plane cannot be built from its sub-clusters.
@@ -325,6 +336,10 @@ impl ControlPlane {
             epoch: 0,
             fenced: false,
             held_gpus: Vec::new(),
+            owned: None,
+            route_revision: 0,
+            handing_over: HashSet::new(),
+            unowned_plans_held: 0,
         })
         .inspect(ControlPlane::sync_loop_gauges)
     }
@@ -857,6 +872,11 @@ impl ControlPlane {
             self.send_dropped(task.task_id, from, DropReason::UnknownModel);
             return;
         };
+        if !self.owns(task.model_id) {
+            // Another group owns it now: the frontend resubmits it there.
+            self.send_dropped(task.task_id, from, DropReason::Moved);
+            return;
+        }
         // Ids are unique per frontend by construction, so a repeat is a
         // duplicated message (or a peer bug). It is ignored while the
         // original can still run: waiting, planned or running, i.e. until
@@ -897,6 +917,65 @@ impl ControlPlane {
             }
         }
         self.apply(now, sc);
+    }
+
+    /// Whether this group owns global model `model` at the newest routing
+    /// revision applied (no table: every model).
+    pub fn owns(&self, model: u32) -> bool {
+        self.owned.as_ref().is_none_or(|o| o.get(model as usize).copied().unwrap_or(false))
+    }
+
+    /// This plane serves a scheduler group: it owns no model until a
+    /// routing table is applied.
+    pub fn await_routes(&mut self) {
+        if self.route_revision == 0 {
+            self.owned = Some(vec![false; self.models.len()]);
+        }
+    }
+
+    /// The newest routing-table revision applied (0: none).
+    pub fn route_revision(&self) -> u64 {
+        self.route_revision
+    }
+
+    /// Plans held back because their model had moved away (see `apply`).
+    pub fn unowned_plans_held(&self) -> u64 {
+        self.unowned_plans_held
+    }
+
+    /// Applies the routing table for group `group` (issue 19), if it is
+    /// newer than the one applied: from now on tasks of a model the group
+    /// does not own are answered [`DropReason::Moved`], and the queued
+    /// (not yet planned) tasks of every model it just lost go back to their
+    /// frontends as moved, at once, with their deadlines untouched at the
+    /// frontend. Once this returns, no plan of a lost model leaves this
+    /// plane. Returns whether the table was applied.
+    pub fn set_routes(&mut self, now: Instant, table: &crate::routes::RouteTable, group: &str) -> bool {
+        if table.revision <= self.route_revision {
+            return false;
+        }
+        let names: Vec<String> = self.models.iter().map(|m| m.name.clone()).collect();
+        let next = table.owned_mask(group, &names);
+        let lost: Vec<bool> = (0..next.len()).map(|m| self.owns(m as u32) && !next[m]).collect();
+        self.owned = Some(next);
+        self.route_revision = table.revision;
+        self.metrics.route_revision.set(i64::try_from(table.revision).unwrap_or(i64::MAX));
+        if !lost.iter().any(|&l| l) {
+            return true;
+        }
+        let mut queued: Vec<(u64, u32)> =
+            self.tasks.iter().filter(|(_, m)| lost.get(m.model as usize).copied().unwrap_or(false)).map(|(&id, m)| (id, m.model)).collect();
+        queued.sort_unstable();
+        // `tasks` holds only tasks not yet planned: each is cancelled out
+        // of its queue and answered moved (with the pinned engine, when its
+        // answer comes back; a plan formed meanwhile is held in `apply`).
+        for (id, model) in queued {
+            let Some((sc, local)) = self.placement.get(model as usize).copied().flatten() else { continue };
+            self.handing_over.insert(id);
+            self.subclusters[sc].sched.cancel(now, local, id, &mut self.actions);
+            self.apply(now, sc);
+        }
+        true
     }
 
     /// Frontend `from` gave a task up. If the task still waits in its
@@ -1103,6 +1182,10 @@ impl ControlPlane {
     fn apply(&mut self, now: Instant, sc: usize) {
         let mut actions = std::mem::take(&mut self.actions);
         for &(req, reason) in &actions.drops {
+            let reason = match self.handing_over.remove(&req.id) {
+                true if reason == DropReason::Cancelled => DropReason::Moved,
+                _ => reason,
+            };
             if let Some(m) = self.tasks.remove(&req.id) {
                 self.metrics.model_drops(m.model);
                 self.send_dropped(req.id, m.frontend, reason);
@@ -1125,9 +1208,24 @@ impl ControlPlane {
                 self.overlapping_plans += 1;
             }
             free[plan.gpu as usize] = free[plan.gpu as usize].max(plan.finish_at);
+            let global_model = self.subclusters[sc].models[plan.model as usize];
+            if !self.owns(global_model) {
+                // Planned by the cores from a candidate formed before the
+                // model moved away: nothing of it leaves this scheduler;
+                // its tasks go back to their frontends as moved.
+                self.unowned_plans_held += 1;
+                self.metrics.unowned_plans_held.inc();
+                for r in members {
+                    self.handing_over.remove(&r.id);
+                    if let Some(m) = self.tasks.remove(&r.id) {
+                        self.metrics.model_drops(m.model);
+                        self.send_dropped(r.id, m.frontend, DropReason::Moved);
+                    }
+                }
+                continue;
+            }
             let batch_id = self.next_batch;
             self.next_batch += 1;
-            let global_model = self.subclusters[sc].models[plan.model as usize];
             let mut list = self.spare_task_lists.pop().unwrap_or_default();
             let head = BatchPlanHead {
                 batch_id,
@@ -1405,6 +1503,103 @@ mod tests {
         assert_eq!(p_decode_drops(&drain(&mut p)), [(tid(2, 1), DropReason::Timeout as u32)]);
         assert!(now <= t0 + Duration::from_millis(10));
         assert_eq!(p.waiting_tasks(), 0);
+    }
+
+    fn routes(revision: u64, a: &[&str], b: &[&str]) -> crate::routes::RouteTable {
+        let g = |name: &str, models: &[&str]| crate::routes::RouteGroup {
+            name: name.into(),
+            election_key: format!("/k/{name}"),
+            schedulers: vec![],
+            models: models.iter().map(|m| m.to_string()).collect(),
+            backends: vec![],
+        };
+        crate::routes::RouteTable { revision, groups: vec![g("a", a), g("b", b)] }
+    }
+
+    #[test]
+    fn a_model_moved_away_hands_its_queued_tasks_back_and_refuses_new_ones() {
+        let mut p = plane(&[vec![0, 1]]);
+        let t0 = Instant::ZERO;
+        p.frontend_joined(1, "fe").unwrap();
+        drain(&mut p);
+        // No backend: every task waits.
+        p.on_task(t0, 1, &task(1, 0, 1));
+        p.on_task(t0, 1, &task(2, 1, 1));
+        p.on_task(t0, 1, &task(3, 0, 1));
+        assert!(p.set_routes(t0, &routes(1, &["a", "b"], &[]), "a"));
+        assert!(drain(&mut p).is_empty(), "it owns both");
+        // Revision 2 moves model "a" (id 0) to group b.
+        assert!(p.set_routes(t0, &routes(2, &["b"], &["a"]), "a"));
+        let mut moved = p_decode_drops(&drain(&mut p));
+        moved.sort_unstable();
+        assert_eq!(moved, [(tid(1, 1), DropReason::Moved as u32), (tid(3, 1), DropReason::Moved as u32)]);
+        assert_eq!(p.waiting_tasks(), 1, "model b's task stays");
+        p.on_task(t0, 1, &task(4, 0, 1));
+        assert_eq!(p_decode_drops(&drain(&mut p)), [(tid(4, 1), DropReason::Moved as u32)]);
+        // An older or equal revision arriving late changes nothing.
+        assert!(!p.set_routes(t0, &routes(1, &["a", "b"], &[]), "a"));
+        assert!(!p.owns(0) && p.owns(1) && p.route_revision() == 2);
+        let text = p.metrics.encode();
+        assert!(text.contains("moved"), "drops by reason count moved");
+    }
+
+    /// Seeded runs (the harness's ownership invariant at the plane): tasks
+    /// of two models arrive while the table moves model 0 in and out of
+    /// this group at random times. After a revision that takes a model
+    /// away, no plan of it leaves the plane, and every task ends exactly
+    /// once: in one plan or one drop.
+    #[test]
+    fn under_random_moves_no_plan_of_a_lost_model_leaves_and_every_task_ends_once() {
+        use rand::{Rng, SeedableRng};
+        for seed in 0..300u64 {
+            let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
+            let mut p = plane(&[vec![0, 1]]);
+            let t0 = Instant::ZERO;
+            p.frontend_joined(1, "fe").unwrap();
+            p.backend_joined(t0, 10, 2, &[0, 1], &[]).unwrap();
+            drain(&mut p);
+            let mut ends: HashMap<u64, u32> = HashMap::new();
+            let mut sent = 0u64;
+            let mut revision = 0;
+            let mut now = t0;
+            let account = |p: &mut ControlPlane, ends: &mut HashMap<u64, u32>| {
+                let owned = [p.owns(0), p.owns(1)];
+                for (_, b) in p.outbox().iter() {
+                    match wire::decode(b) {
+                        Ok(Message::BatchPlan(head, tasks)) => {
+                            assert!(owned[head.model_id as usize], "seed {seed}: a plan of model {} after it moved away", head.model_id);
+                            for t in tasks.iter() {
+                                *ends.entry(t.task_id).or_default() += 1;
+                            }
+                        }
+                        Ok(Message::Dropped(d)) => *ends.entry(d.task_id).or_default() += 1,
+                        _ => {}
+                    }
+                }
+                p.outbox().clear();
+            };
+            for step in 0..400u64 {
+                now += Duration::from_micros(rng.random_range(100..2_000));
+                if rng.random_bool(0.03) {
+                    revision += 1;
+                    let table = if rng.random_bool(0.5) { routes(revision, &["a", "b"], &[]) } else { routes(revision, &["b"], &["a"]) };
+                    p.set_routes(now, &table, "a");
+                    account(&mut p, &mut ends);
+                }
+                let model = rng.random_range(0..2u32);
+                p.on_task(now, 1, &task(step, model, 1));
+                sent += 1;
+                while let Some(t) = p.poll_at().filter(|&t| t <= now) {
+                    p.on_wake(t.max(now));
+                }
+                account(&mut p, &mut ends);
+            }
+            run_until_quiet(&mut p, now, now + Duration::from_millis(1000));
+            account(&mut p, &mut ends);
+            assert_eq!(ends.len() as u64, sent, "seed {seed}: every task ended");
+            assert!(ends.values().all(|&n| n == 1), "seed {seed}: a task ended twice");
+            assert_eq!(p.waiting_tasks(), 0);
+        }
     }
 
     fn p_decode_drops(msgs: &[(PeerId, String)]) -> Vec<(u64, u32)> {

@@ -25,6 +25,13 @@ pub struct Ledger {
     pub plan_times: BTreeMap<u32, (Instant, Instant)>,
     /// Per node, each newer epoch it was delivered (Welcome or plan), when.
     pub epochs_seen: HashMap<NodeId, Vec<(Instant, u32)>>,
+    /// With several scheduler groups: per model, whether the harness's
+    /// scheduler has applied a routing revision that took it away (set by
+    /// the harness right after the scheduler applied it).
+    pub moved_away: Vec<bool>,
+    /// Plans of a model a scheduler sent after it had applied a revision
+    /// that took the model away (must be empty).
+    pub unowned_plans: Vec<String>,
 }
 
 impl Ledger {
@@ -42,6 +49,9 @@ impl Ledger {
             (false, Ok(Message::BatchPlan(head, _))) if from_scheduler => {
                 let e = self.plan_times.entry(head.epoch).or_insert((t.at, t.at));
                 e.1 = e.1.max(t.at);
+                if self.moved_away.get(head.model_id as usize).copied().unwrap_or(false) {
+                    self.unowned_plans.push(format!("batch {} of model {} planned at {} after the model moved away", head.batch_id, head.model_id, t.at));
+                }
             }
             // Completions come from backends, and from the scheduler
             // when it fails a batch back or forwards one.
@@ -156,6 +166,9 @@ pub fn check(o: &Observed<'_>, out: &mut Vec<String>) {
     if !dup.is_empty() {
         dup.sort_unstable();
         out.push(format!("{} tasks were executed more than once (first: task {:#x}, {} times)", dup.len(), dup[0].0, dup[0].1));
+    }
+    if let Some(first) = o.ledger.unowned_plans.first() {
+        out.push(format!("{} plans of a model its scheduler no longer owned (first: {first})", o.ledger.unowned_plans.len()));
     }
     if let Some(why) = o.ledger.overlapping_terms() {
         out.push(format!("two leaders planned in live terms: {why}"));

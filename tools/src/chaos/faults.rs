@@ -30,6 +30,10 @@ pub enum FaultClass {
     StoreDown,
     /// The leader's heartbeats stop reaching a standby for a while.
     LeaderPartition,
+    /// The routing table of several scheduler groups changes under load
+    /// (issue 19): models move between the harness's scheduler (group a)
+    /// and another group.
+    Reroute,
 }
 
 impl FaultClass {
@@ -53,11 +57,12 @@ impl FaultClass {
             FaultClass::LeaderPause => "leader-pause",
             FaultClass::StoreDown => "store-down",
             FaultClass::LeaderPartition => "leader-partition",
+            FaultClass::Reroute => "reroute",
         }
     }
 
     fn every() -> impl Iterator<Item = FaultClass> {
-        FaultClass::ALL.into_iter().chain(FaultClass::FAILOVER)
+        FaultClass::ALL.into_iter().chain(FaultClass::FAILOVER).chain([FaultClass::Reroute])
     }
 
     fn parse_one(s: &str) -> Option<FaultClass> {
@@ -161,6 +166,9 @@ pub enum Event {
     StoreDown { until: Instant },
     /// The leader's heartbeats miss a standby until `until`.
     LeaderPartition { until: Instant },
+    /// A new routing-table revision: the harness's scheduler (group a)
+    /// owns the models whose bit is set in `owned`, another group the rest.
+    Reroute { owned: u64 },
 }
 
 /// The per-message fault probabilities of `set`.
@@ -244,6 +252,13 @@ pub fn schedule(set: FaultSet, seed: u64, start: Instant, end: Instant, frontend
             let t = at(&mut rng);
             let len = Duration::from_millis(rng.random_range(150..1000));
             events.push((t, Event::LeaderPartition { until: t + len }));
+        }
+        // Several changes a second, some taking models away, some giving
+        // them back (the model count is not known here: 64 random bits).
+        if set.has(FaultClass::Reroute) {
+            for _ in 0..4 {
+                events.push((at(&mut rng), Event::Reroute { owned: rng.random() }));
+            }
         }
     }
     events.sort_by_key(|e| e.0);

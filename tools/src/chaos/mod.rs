@@ -252,6 +252,10 @@ struct Harness {
     /// Batch reports of this poll: (backend slot, report).
     reports: Vec<(usize, backend::worker::BatchReport)>,
     fence_violations: Vec<String>,
+    /// The routing revision the `reroute` class last wrote.
+    route_revision: u64,
+    /// Routing changes applied, for the report.
+    reroutes: BTreeMap<FaultClass, u64>,
 }
 
 impl Harness {
@@ -316,6 +320,8 @@ impl Harness {
             sched_cuts: Vec::new(),
             reports: Vec::new(),
             fence_violations: Vec::new(),
+            route_revision: 0,
+            reroutes: BTreeMap::new(),
         })
     }
 
@@ -374,6 +380,7 @@ impl Harness {
                     *self.failover_hits.entry(FaultClass::LeaderPartition).or_insert(0) += 1;
                 }
             }
+            Event::Reroute { owned } => self.reroute(owned),
             Event::SlowGpu { backend, gpu, factor, until } => {
                 if let Some(h) = self.cluster.backend_mut(backend) {
                     h.node.worker_mut().executor_mut().set_slowdown(gpu, factor);
@@ -381,6 +388,37 @@ impl Harness {
                     self.slow.push((backend, gpu, until));
                 }
             }
+        }
+    }
+
+    /// The next routing revision: the scheduler (group a) owns the models
+    /// whose bit is set in `owned`, group b (no scheduler in the harness:
+    /// its models' requests end as dropped `moved`) the rest. The ledger
+    /// learns what moved away as soon as the scheduler has applied it.
+    fn reroute(&mut self, owned: u64) {
+        self.route_revision += 1;
+        let names: Vec<String> = self.cfg.models.iter().map(|m| m.name.clone()).collect();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for (i, n) in names.iter().enumerate() {
+            if owned >> (i % 64) & 1 == 1 { a.push(n.clone()) } else { b.push(n.clone()) }
+        }
+        let group = |name: &str, models: Vec<String>| scheduler::routes::RouteGroup {
+            name: name.into(),
+            election_key: format!("/symphony/leader/{name}"),
+            schedulers: Vec::new(),
+            models,
+            backends: Vec::new(),
+        };
+        let table = scheduler::routes::RouteTable { revision: self.route_revision, groups: vec![group("a", a), group("b", b)] };
+        let now = self.now;
+        let Some(node) = self.cluster.scheduler_mut() else { return };
+        if node.handle_routes(now, &table, "a") {
+            let moved_away: Vec<bool> = (0..names.len() as u32).map(|m| !node.owns(m)).collect();
+            self.cluster.net().record(0x5245_5254, owned);
+            if let Ok(mut l) = self.ledger.lock() {
+                l.moved_away = moved_away;
+            }
+            *self.reroutes.entry(FaultClass::Reroute).or_insert(0) += 1;
         }
     }
 
@@ -559,7 +597,7 @@ impl Harness {
             .sum();
         self.client.fill(&mut report);
         report.faults = fault_map(net.counts(), self.cfg.faults, self.slow_batches, self.crash_hits);
-        for (c, n) in &self.failover_hits {
+        for (c, n) in self.failover_hits.iter().chain(&self.reroutes) {
             report.faults.insert(c.as_str().to_string(), *n);
         }
         let mut v = std::mem::take(&mut self.violations);

@@ -406,6 +406,12 @@ impl NodeCluster {
         self.scheds.iter().find_map(|h| h.node.as_ref())
     }
 
+    /// The scheduler node that leads, to hand it what its host would (a
+    /// routing table).
+    pub fn scheduler_mut(&mut self) -> Option<&mut SchedulerNode<SimConn>> {
+        self.scheds.iter_mut().find_map(|h| h.node.as_mut())
+    }
+
     /// Sets a model's admission on the scheduler and on every scheduler
     /// elected later.
     pub fn set_admission(&mut self, model: u32, admission: Admission) {
