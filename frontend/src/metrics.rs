@@ -509,3 +509,28 @@ impl Metrics {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dataplane::control::metric;
+    use scheduler::zoo::ModelSpec;
+
+    #[test]
+    fn outcomes_and_stages_are_counted_by_priority_level() {
+        let m = Metrics::new(&ModelCatalog::with_default_tensors(&[ModelSpec::linear("bert", 7.0, 0.2, 59.0).unwrap()]));
+        m.record_level(0, 1, LevelOutcome::Late, Some([300, 1_000, 50, 28_000, 20]));
+        m.record_level(0, 1, LevelOutcome::Ok, None);
+        m.record_level(0, 2, LevelOutcome::Dropped(DropReason::EarlyDrop), None);
+        // Past the last label: counted as the last.
+        m.record_level(0, 9, LevelOutcome::TimedOut, None);
+        m.record_level(0, 0, LevelOutcome::Ok, None);
+        let t = m.encode();
+        let n = |level: &str, outcome: &str| metric(&t, &format!("symphony_requests_by_level_total{{model=\"bert\",level=\"{level}\",outcome=\"{outcome}\"}}"));
+        assert_eq!((n("1", "late"), n("1", "ok"), n("1", "early_drop")), (Some(1.0), Some(1.0), Some(0.0)));
+        assert_eq!((n("2", "early_drop"), n("3", "timed_out"), n("0", "ok")), (Some(1.0), Some(1.0), Some(1.0)));
+        let stage = |s: &str| metric(&t, &format!("symphony_stage_duration_by_level_us_sum{{model=\"bert\",level=\"1\",stage=\"{s}\"}}"));
+        assert_eq!((stage("network"), stage("compute")), (Some(300.0), Some(28_000.0)));
+        assert_eq!(metric(&t, "symphony_stage_duration_by_level_us_count{model=\"bert\",level=\"2\",stage=\"queue\"}"), Some(0.0));
+    }
+}

@@ -1426,6 +1426,14 @@ mod tests {
         assert_eq!(p_decode_drops(&drain(&mut p)), [(tid(2, 1), DropReason::Timeout as u32)]);
         assert!(now <= t0 + Duration::from_millis(10));
         assert_eq!(p.waiting_tasks(), 0);
+        // Counted at their level: the default (lowest) one, 2.
+        let text = p.metrics.encode();
+        let by_level = |level: u32, reason: DropReason| {
+            dataplane::control::metric(&text, &format!("symphony_tasks_dropped_by_level_total{{level=\"{level}\",reason=\"{}\"}}", reason.as_str()))
+        };
+        for r in [DropReason::Overloaded, DropReason::Cancelled, DropReason::Timeout] {
+            assert_eq!((by_level(2, r), by_level(1, r)), (Some(1.0), Some(0.0)), "{r:?}");
+        }
     }
 
     fn p_decode_drops(msgs: &[(PeerId, String)]) -> Vec<(u64, u32)> {
