@@ -73,6 +73,62 @@ impl Stage {
     }
 }
 
+/// Priority levels counted apart in the `level` label: `0` (the request
+/// named none: the model's default level), `1` (the highest), `2`, and `3`
+/// (3 and every lower one).
+pub const LEVEL_LABELS: usize = 4;
+
+/// The `level` label index of a request's `priority` parameter.
+#[inline]
+pub fn level_label(priority: u32) -> usize {
+    (priority as usize).min(LEVEL_LABELS - 1)
+}
+
+/// How a request ended, as counted by priority level
+/// (`symphony_requests_by_level`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LevelOutcome {
+    /// Answered with a result within its budget.
+    Ok,
+    /// Answered with a result after its budget (as measured here).
+    Late,
+    /// Failed at a backend.
+    Failed,
+    /// No outcome within its budget plus grace.
+    TimedOut,
+    /// Refused before it was accepted.
+    Refused,
+    /// Its model was unloaded while it waited.
+    Unloaded,
+    /// Dropped by the cluster, with the reason.
+    Dropped(DropReason),
+}
+
+impl LevelOutcome {
+    /// Outcomes other than drops, in counter order.
+    const PLAIN: [&'static str; 6] = ["ok", "late", "failed", "timed_out", "refused", "unloaded"];
+    /// Number of outcomes (drops count per reason).
+    pub const COUNT: usize = Self::PLAIN.len() + DropReason::COUNT;
+
+    /// Its counter index.
+    pub fn index(self) -> usize {
+        match self {
+            LevelOutcome::Ok => 0,
+            LevelOutcome::Late => 1,
+            LevelOutcome::Failed => 2,
+            LevelOutcome::TimedOut => 3,
+            LevelOutcome::Refused => 4,
+            LevelOutcome::Unloaded => 5,
+            LevelOutcome::Dropped(r) => Self::PLAIN.len() + r.index(),
+        }
+    }
+
+    /// Every `outcome` label, in counter order.
+    pub fn labels() -> impl Iterator<Item = String> {
+        Self::PLAIN.iter().map(|s| s.to_string()).chain(DropReason::ALL.iter().map(|r| r.as_str().to_string()))
+    }
+}
+
 /// The execution a task was part of, as its backend reported it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Execution {
@@ -123,6 +179,11 @@ struct ModelSeries {
     stages: Vec<Histogram>,
     /// End to end, µs, of executed requests (the stages' total).
     executed_us: Histogram,
+    /// Outcomes by level: `level_label * LevelOutcome::COUNT + index`.
+    by_level: Vec<Counter>,
+    /// Per level and [`Stage`], µs, of executed requests:
+    /// `level_label * Stage::ALL.len() + stage`.
+    level_stages: Vec<Histogram>,
     /// The part of `request_us` spent by failed requests (statistics).
     failure_us: AtomicU64,
     /// The last success, milliseconds since the Unix epoch (statistics).
@@ -239,6 +300,34 @@ impl Metrics {
             || Histogram::new(&STAGE_BUCKETS_US),
         )
         .into_iter();
+        let level_labels = |second: &'static str, values: Vec<String>| -> Vec<Vec<Label>> {
+            entries
+                .iter()
+                .flat_map(|e| {
+                    let values = values.clone();
+                    (0..LEVEL_LABELS).flat_map(move |l| {
+                        let name = e.spec.name.clone();
+                        values.clone().into_iter().map(move |v| vec![("model", name.clone()), ("level", l.to_string()), (second, v)])
+                    })
+                })
+                .collect()
+        };
+        let mut by_level = metrics::labelled_by(
+            &r,
+            "symphony_requests_by_level",
+            "Requests by their priority parameter (level 0: none given; 3: 3 and lower) and outcome (late: a result after the budget, as measured here; drops by reason)",
+            level_labels("outcome", LevelOutcome::labels().collect()),
+            Counter::default,
+        )
+        .into_iter();
+        let mut level_stages = metrics::labelled_by(
+            &r,
+            "symphony_stage_duration_by_level_us",
+            "Executed requests' time per stage in microseconds (as symphony_stage_duration_us), by priority parameter (level 0: none given; 3: 3 and lower)",
+            level_labels("stage", Stage::ALL.iter().map(|st| st.as_str().to_string()).collect()),
+            || Histogram::new(&STAGE_BUCKETS_US),
+        )
+        .into_iter();
         let models = entries
             .iter()
             .filter_map(|_| {
@@ -256,6 +345,8 @@ impl Metrics {
                     batch_size: batch_size.next()?,
                     stages: stages.by_ref().take(Stage::ALL.len()).collect(),
                     executed_us: executed_us.next()?,
+                    by_level: by_level.by_ref().take(LEVEL_LABELS * LevelOutcome::COUNT).collect(),
+                    level_stages: level_stages.by_ref().take(LEVEL_LABELS * Stage::ALL.len()).collect(),
                     failure_us: AtomicU64::new(0),
                     last_success_ms: AtomicU64::new(0),
                 })
@@ -352,6 +443,22 @@ impl Metrics {
         }
     }
 
+    /// A request of model `id` with `priority` ended as `outcome`; `stages`:
+    /// its time per [`Stage`] (µs) if it was executed.
+    pub fn record_level(&self, id: u32, priority: u32, outcome: LevelOutcome, stages: Option<[u64; 5]>) {
+        let Some(m) = self.model(id) else { return };
+        let level = level_label(priority);
+        if let Some(c) = m.by_level.get(level * LevelOutcome::COUNT + outcome.index()) {
+            c.inc();
+        }
+        if let Some(split) = stages {
+            let n = Stage::ALL.len();
+            for (h, us) in m.level_stages.iter().skip(level * n).take(n).zip(split) {
+                h.observe(us);
+            }
+        }
+    }
+
     /// Successful requests of model `id` so far.
     pub fn successes(&self, id: u32) -> u64 {
         self.model(id).map_or(0, |m| m.success.get())
@@ -400,5 +507,30 @@ impl Metrics {
             batch_sum: m.batch_size.sum(),
             last_success_ms: m.last_success_ms.load(Ordering::Relaxed),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dataplane::control::metric;
+    use scheduler::zoo::ModelSpec;
+
+    #[test]
+    fn outcomes_and_stages_are_counted_by_priority_level() {
+        let m = Metrics::new(&ModelCatalog::with_default_tensors(&[ModelSpec::linear("bert", 7.0, 0.2, 59.0).unwrap()]));
+        m.record_level(0, 1, LevelOutcome::Late, Some([300, 1_000, 50, 28_000, 20]));
+        m.record_level(0, 1, LevelOutcome::Ok, None);
+        m.record_level(0, 2, LevelOutcome::Dropped(DropReason::EarlyDrop), None);
+        // Past the last label: counted as the last.
+        m.record_level(0, 9, LevelOutcome::TimedOut, None);
+        m.record_level(0, 0, LevelOutcome::Ok, None);
+        let t = m.encode();
+        let n = |level: &str, outcome: &str| metric(&t, &format!("symphony_requests_by_level_total{{model=\"bert\",level=\"{level}\",outcome=\"{outcome}\"}}"));
+        assert_eq!((n("1", "late"), n("1", "ok"), n("1", "early_drop")), (Some(1.0), Some(1.0), Some(0.0)));
+        assert_eq!((n("2", "early_drop"), n("3", "timed_out"), n("0", "ok")), (Some(1.0), Some(1.0), Some(1.0)));
+        let stage = |s: &str| metric(&t, &format!("symphony_stage_duration_by_level_us_sum{{model=\"bert\",level=\"1\",stage=\"{s}\"}}"));
+        assert_eq!((stage("network"), stage("compute")), (Some(300.0), Some(28_000.0)));
+        assert_eq!(metric(&t, "symphony_stage_duration_by_level_us_count{model=\"bert\",level=\"2\",stage=\"queue\"}"), Some(0.0));
     }
 }

@@ -4,7 +4,7 @@
 //! memory and hands a [`wire::Task`] to a [`TaskSink`] (the daemon's
 //! transport to the scheduler, or the in-process cluster in tests).
 
-use crate::metrics::{Execution, Metrics};
+use crate::metrics::{Execution, LevelOutcome, Metrics, Stage};
 use crate::models::{ModelCatalog, ModelEntry, ModelStates};
 use crate::staging::{CounterSnapshot, Outcome, RequestOptions, StageError, Staging, Ticket};
 use dataplane::time::Duration;
@@ -156,6 +156,16 @@ pub async fn infer<S: InferenceService>(
     if let Some(e) = exec {
         metrics.record_execution(model_id, request_ns, &e);
     }
+    let outcome = match &result {
+        InferResult::Ok(_) if request_ns > options.timeout.map_or(budget, |t| t.min(budget)).as_nanos() => LevelOutcome::Late,
+        InferResult::Ok(_) => LevelOutcome::Ok,
+        InferResult::Dropped(r) => LevelOutcome::Dropped(*r),
+        InferResult::Failed(_) => LevelOutcome::Failed,
+        InferResult::TimedOut => LevelOutcome::TimedOut,
+        InferResult::Refused(_) => LevelOutcome::Refused,
+        InferResult::Unloaded => LevelOutcome::Unloaded,
+    };
+    metrics.record_level(model_id, options.priority, outcome, exec.map(|e| Stage::split_us(request_ns, &e)));
     result
 }
 

@@ -149,7 +149,7 @@ pub fn build(models: &[ModelSpec], gpus: u32, cfg: &PolicyConfig) -> Result<Box<
     if models.is_empty() || gpus == 0 {
         return Err(PolicyError::EmptyCluster { models: models.len(), gpus });
     }
-    let core = CoreConfig { gather: cfg.gather, delay: cfg.delay, min_window: cfg.min_window, window_gaps: cfg.window_gaps, early_drop_fraction: cfg.early_drop_fraction, efficiency_slack: cfg.efficiency_slack };
+    let core = CoreConfig { gather: cfg.gather, delay: cfg.delay, min_window: cfg.min_window, window_gaps: cfg.window_gaps, early_drop_fraction: cfg.early_drop_fraction, efficiency_slack: cfg.efficiency_slack, priority_reserve: Duration::ZERO };
     Ok(match cfg.kind {
         PolicyKind::Deferred => Box::new(DeferredScheduler::new(models, gpus, core)),
         PolicyKind::Eager => Box::new(EagerScheduler::eager(models, gpus, cfg.delay)),

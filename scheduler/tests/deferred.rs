@@ -312,3 +312,43 @@ fn a_cancelled_request_leaves_the_queue_and_a_dispatched_one_is_left_alone() {
     assert!(!s.cancel(at_ms(100), 0, 9, &mut out));
     assert!(out.is_empty());
 }
+
+/// Runs one high request (deadline `high_ms`) and ten lows (deadline 100 ms)
+/// on one GPU of l(b) = 2b + 1 ms with `reserve`; returns the first batch
+/// (finish time, members) and whether the high request was dropped.
+fn first_batch_with_reserve(reserve: Duration, high_ms: u64) -> (Instant, Vec<u64>, bool) {
+    let m = ModelSpec::linear("a", 2.0, 1.0, 100.0).unwrap();
+    let mut s = DeferredScheduler::new(&[m], 1, CoreConfig { priority_reserve: reserve, ..lazy() });
+    s.set_admission(0, Admission { levels: 2, default_level: 2, max_queue: 0 });
+    let mut out = Actions::default();
+    for id in 1..=10 {
+        s.on_request(at_ms(0), Request::new(id, 0, at_ms(0), at_ms(100)), &mut out);
+    }
+    s.on_request(at_ms(0), Request { priority: 1, ..Request::new(100, 0, at_ms(0), at_ms(high_ms)) }, &mut out);
+    while out.batches.is_empty() {
+        let Some(t) = s.poll_at() else { break };
+        s.on_wake(t, &mut out);
+    }
+    let dropped = out.drops.iter().any(|(r, _)| r.id == 100);
+    let plan = out.batches.first().cloned().expect("a batch");
+    let members = out.members_of(&plan).iter().map(|r| r.id).collect();
+    (plan.finish_at, members, dropped)
+}
+
+#[test]
+fn a_priority_reserve_keeps_lows_from_pushing_a_high_request_to_its_deadline() {
+    // Without a reserve the lows fill the batch up to the high request's
+    // deadline (40 ms); with 10 ms the batch ends by 30 ms.
+    let (finish, members, dropped) = first_batch_with_reserve(Duration::ZERO, 40);
+    assert!(!dropped && members[0] == 100 && members.len() > 1);
+    assert!(finish <= at_ms(40) && finish > at_ms(30), "finish {finish}");
+    let (finish, members, dropped) = first_batch_with_reserve(Duration::from_millis(10), 40);
+    assert!(!dropped && members[0] == 100 && members.len() > 1, "{members:?}");
+    assert!(finish <= at_ms(30), "finish {finish}");
+    // A high head that cannot keep the reserve still runs by its deadline,
+    // alone (no low joins a batch that already eats into it).
+    let (finish, members, dropped) = first_batch_with_reserve(Duration::from_millis(10), 6);
+    assert!(!dropped, "the drop test is the true deadline's");
+    assert_eq!(members, [100]);
+    assert!(finish <= at_ms(6), "finish {finish}");
+}

@@ -84,6 +84,9 @@ pub struct ClusterOpts {
     /// class's bad rate.
     #[arg(long = "priority-mix", value_parser = share)]
     pub priority_mix: Option<f64>,
+    /// With `--priority-mix`: the scheduler's `--priority-reserve-us`.
+    #[arg(long = "priority-reserve-us", default_value_t = 2000)]
+    pub priority_reserve_us: u32,
     /// This command's and every daemon's log options.
     #[command(flatten)]
     pub log: LogArgs,
@@ -184,7 +187,7 @@ pub fn spec(models: &str, o: &ClusterOpts) -> Result<ClusterSpec, UpError> {
         s.scheduler_flags.extend(["--max-queue".into(), o.max_queue.to_string()]);
     }
     if o.priority_mix.is_some() {
-        s.scheduler_flags.extend(["--priority-levels".into(), "2".into()]);
+        s.scheduler_flags.extend(["--priority-levels".into(), "2".into(), "--priority-reserve-us".into(), o.priority_reserve_us.to_string()]);
     }
     // The daemons log as this command does.
     let format = match o.log.log_format {
@@ -302,6 +305,15 @@ pub struct PriorityClass {
     pub unavailable: u64,
     pub other: u64,
     pub bad_rate: f64,
+    /// Where the class's requests went, from the daemons' per-level
+    /// counters between the run's scrapes: tasks the scheduler dispatched,
+    /// its drops by reason (reasons with none left out), the frontends'
+    /// outcomes (`late`: a result after the budget as the frontend measured
+    /// it), and the executed requests' mean µs per stage.
+    pub scheduler_dispatched: f64,
+    pub scheduler_drops: Vec<(String, f64)>,
+    pub frontend_outcomes: Vec<(String, f64)>,
+    pub stage_mean_us: Vec<(String, f64)>,
 }
 
 struct Scrape {
@@ -369,6 +381,45 @@ fn stage_means(models: &[ModelSpec], before: &[String], after: &[String]) -> (Ve
         })
         .collect();
     (stages, mean(total("symphony_executed_request_duration_us_sum", &|m| format!("model=\"{m}\""))))
+}
+
+/// One priority level's view between two scrapes (requests sent with
+/// `priority`, which is also their scheduler level when the model has that
+/// many): the scheduler's dispatched tasks and drops by reason, the
+/// frontends' outcomes, and the executed requests' mean µs per stage.
+#[allow(clippy::type_complexity)]
+fn level_view(models: &[ModelSpec], before: &Scrape, after: &Scrape, priority: u32) -> (f64, Vec<(String, f64)>, Vec<(String, f64)>, Vec<(String, f64)>) {
+    let level = priority.to_string();
+    let sched = |name: String| m(&after.sched, &name) - m(&before.sched, &name);
+    let dispatched = sched(format!("symphony_tasks_dispatched_by_level_total{{level=\"{level}\"}}"));
+    let drops = DropReason::ALL
+        .iter()
+        .map(|r| (r.as_str().to_string(), sched(format!("symphony_tasks_dropped_by_level_total{{level=\"{level}\",reason=\"{}\"}}", r.as_str()))))
+        .filter(|(_, n)| *n > 0.0)
+        .collect();
+    let label = frontend::metrics::level_label(priority).to_string();
+    let fronts = |family: &str, second: &str, value: &str| -> f64 {
+        models
+            .iter()
+            .map(|s| sum_delta(&after.fronts, &before.fronts, &format!("{family}{{model=\"{}\",level=\"{label}\",{second}=\"{value}\"}}", s.name)))
+            .sum()
+    };
+    let outcomes = frontend::metrics::LevelOutcome::labels()
+        .map(|o| {
+            let n = fronts("symphony_requests_by_level_total", "outcome", &o);
+            (o, n)
+        })
+        .filter(|(_, n)| *n > 0.0)
+        .collect();
+    let count = fronts("symphony_stage_duration_by_level_us_count", "stage", frontend::metrics::Stage::Network.as_str());
+    let stages = frontend::metrics::Stage::ALL
+        .iter()
+        .map(|st| {
+            let sum = fronts("symphony_stage_duration_by_level_us_sum", "stage", st.as_str());
+            (st.as_str().to_string(), if count > 0.0 { sum / count } else { 0.0 })
+        })
+        .collect();
+    (dispatched, drops, outcomes, stages)
 }
 
 /// The per-stage line of a run.
@@ -458,14 +509,21 @@ pub fn run_load(c: &LocalCluster, models: &[ModelSpec], rate: f64, secs: f64, se
             None => Vec::new(),
             Some(_) => (1u32..)
                 .zip(&r.classes)
-                .map(|(priority, c)| PriorityClass {
-                    priority,
-                    sent: c.sent,
-                    ok: c.ok,
-                    late: c.late,
-                    unavailable: c.unavailable,
-                    other: c.other,
-                    bad_rate: c.bad_rate(),
+                .map(|(priority, c)| {
+                    let (scheduler_dispatched, scheduler_drops, frontend_outcomes, stage_mean_us) = level_view(models, &before, &after, priority);
+                    PriorityClass {
+                        priority,
+                        sent: c.sent,
+                        ok: c.ok,
+                        late: c.late,
+                        unavailable: c.unavailable,
+                        other: c.other,
+                        bad_rate: c.bad_rate(),
+                        scheduler_dispatched,
+                        scheduler_drops,
+                        frontend_outcomes,
+                        stage_mean_us,
+                    }
                 })
                 .collect(),
         },
@@ -709,6 +767,14 @@ fn print_report(a: &UpArgs, models: usize, rate: f64, s_goodput: f64, e: &E2eRun
             c.unavailable,
             c.other,
             c.bad_rate * 100.0
+        );
+        let pairs = |v: &[(String, f64)]| v.iter().map(|(k, n)| format!("{k} {n:.0}")).collect::<Vec<_>>().join(", ");
+        println!(
+            "  scheduler: {:.0} dispatched, dropped: [{}]; frontends: [{}]; per-stage mean (us): {}",
+            c.scheduler_dispatched,
+            pairs(&c.scheduler_drops),
+            pairs(&c.frontend_outcomes),
+            pairs(&c.stage_mean_us)
         );
     }
     println!("{}", stage_line(e));

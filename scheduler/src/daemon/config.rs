@@ -130,6 +130,13 @@ pub struct SchedulerArgs {
     /// config.pbtxt under `--model-repository` overrides it (issue 17).
     #[arg(long, default_value_t = 1)]
     pub priority_levels: u16,
+    /// Models with several priority levels: batches holding higher-level
+    /// requests are planned to finish this long before their deadline, as
+    /// far as lower-level requests go (`CoreConfig::priority_reserve`), µs:
+    /// the timing slack the higher levels keep against a late start or a
+    /// slow answer (no effect with one level).
+    #[arg(long, default_value_t = 2000.0)]
+    pub priority_reserve_us: f64,
     /// A Triton-layout model repository: each of its models' config.pbtxt
     /// `dynamic_batching` (priority levels, default level,
     /// `default_queue_policy.max_queue_size`) is that model's admission
@@ -268,9 +275,14 @@ impl SchedulerArgs {
         if !(w.is_finite() && (0.0..=1e6).contains(&w)) {
             return Err(ConfigError::invalid("min-window-us", format!("{w}: must be in [0, 1e6]")));
         }
+        let r = self.priority_reserve_us;
+        if !(r.is_finite() && (0.0..=1e6).contains(&r)) {
+            return Err(ConfigError::invalid("priority-reserve-us", format!("{r}: must be in [0, 1e6]")));
+        }
         let core = CoreConfig {
             delay,
             min_window: Duration::from_nanos((w * 1000.0) as u64),
+            priority_reserve: Duration::from_nanos((r * 1000.0) as u64),
             ..CoreConfig::default()
         };
         let membership = self.membership(&common)?;

@@ -19,6 +19,20 @@ pub const BATCH_BUCKETS: [u64; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 pub const EXACT_BATCH_SIZES: std::ops::RangeInclusive<u32> = 1..=512;
 /// Upper bounds (µs) of the dispatch-lag histogram buckets.
 pub const LAG_BUCKETS_US: [u64; 8] = [10, 50, 100, 500, 1000, 5000, 10000, 50000];
+/// Priority levels counted apart in the `level` label (`1` is the highest);
+/// a task of a lower level counts as the last.
+pub const LEVEL_LABELS: usize = 4;
+
+/// The `level` label index (0 = level 1) of a task at queue index
+/// `level_index` ([`crate::types::Admission::level_index`]).
+#[inline]
+pub const fn level_label(level_index: usize) -> usize {
+    if level_index < LEVEL_LABELS {
+        level_index
+    } else {
+        LEVEL_LABELS - 1
+    }
+}
 
 /// Why a registered peer's message was refused (counted, then ignored).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -249,6 +263,11 @@ pub struct SchedulerMetrics {
     pub batches_done: Counter,
     /// Drops by reason, indexed by [`DropReason::index`].
     pub drops: Vec<Counter>,
+    /// Policy drops by priority level and reason, indexed by
+    /// `level_label * DropReason::COUNT + reason index`.
+    drops_by_level: Vec<Counter>,
+    /// Tasks dispatched in batches, by priority level ([`level_label`]).
+    dispatched_by_level: Vec<Counter>,
     /// Tasks failed back because their backend died.
     pub failed_back: Counter,
     /// Completions forwarded from backends to frontends.
@@ -344,6 +363,24 @@ impl SchedulerMetrics {
             DropReason::ALL.map(|d| d.as_str().to_string()),
             new_counter,
         );
+        let level_values = || (1..=LEVEL_LABELS).map(|l| l.to_string());
+        let drops_by_level = metrics::labelled_by(
+            &r,
+            "symphony_tasks_dropped_by_level",
+            "Tasks dropped by the policy, by priority level (1 highest; the last also counts lower ones) and reason",
+            level_values()
+                .flat_map(|l| DropReason::ALL.map(|d| vec![("level", l.clone()), ("reason", d.as_str().to_string())]))
+                .collect(),
+            new_counter,
+        );
+        let dispatched_by_level = metrics::labelled(
+            &r,
+            "symphony_tasks_dispatched_by_level",
+            "Tasks dispatched in batches, by priority level (1 highest; the last also counts lower ones)",
+            "level",
+            level_values(),
+            new_counter,
+        );
         let refused = metrics::labelled(
             &r,
             "symphony_peers_refused",
@@ -423,6 +460,8 @@ impl SchedulerMetrics {
             tasks_received,
             batches_done,
             drops,
+            drops_by_level,
+            dispatched_by_level,
             failed_back,
             forwarded,
             undeliverable,
@@ -467,6 +506,21 @@ impl SchedulerMetrics {
     pub fn model_drops(&self, model: u32) {
         if let Some(m) = self.models.get(model as usize) {
             m.dropped.inc();
+        }
+    }
+
+    /// Counts a policy drop of a task at queue index `level_index` (the
+    /// model's [`crate::types::Admission::level_index`]).
+    pub fn level_drops(&self, level_index: usize, r: DropReason) {
+        if let Some(c) = self.drops_by_level.get(level_label(level_index) * DropReason::COUNT + r.index()) {
+            c.inc();
+        }
+    }
+
+    /// Counts `n` dispatched tasks at queue index `level_index`.
+    pub fn level_dispatched(&self, level_index: usize, n: u64) {
+        if let Some(c) = self.dispatched_by_level.get(level_label(level_index)) {
+            c.inc_by(n);
         }
     }
 

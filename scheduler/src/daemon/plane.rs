@@ -190,6 +190,9 @@ pub struct ControlPlane {
     models: Vec<ModelSpec>,
     /// Sub-cluster and local model id of each global model (None: unserved).
     placement: Vec<Option<(usize, u32)>>,
+    /// Each model's admission (by global id): the priority level of a
+    /// task, for the per-level counters.
+    admissions: Vec<crate::types::Admission>,
     subclusters: Vec<SubCluster>,
     frontends: HashMap<u32, FrontendState>,
     backends: HashMap<u32, BackendState>,
@@ -306,6 +309,7 @@ impl ControlPlane {
             });
         }
         Ok(ControlPlane {
+            admissions: vec![crate::types::Admission::default(); models.len()],
             models,
             placement,
             subclusters: scs,
@@ -997,9 +1001,18 @@ impl ControlPlane {
     /// Sets a model's priority levels, default level and queue bound
     /// (`model`: its index in the cluster's list; unknown: ignored).
     pub fn set_admission(&mut self, model: u32, admission: crate::deferred::Admission) {
+        if let Some(a) = self.admissions.get_mut(model as usize) {
+            *a = admission;
+        }
         if let Some((sc, local)) = self.placement.get(model as usize).copied().flatten() {
             self.subclusters[sc].sched.set_admission(local, admission);
         }
+    }
+
+    /// The queue index (0: the highest level) of a task of global `model`
+    /// at `priority`.
+    fn level_index(&self, model: u32, priority: u16) -> usize {
+        self.admissions.get(model as usize).map_or(0, |a| a.level_index(priority))
     }
 
     /// Forgets the ids of tasks whose deadline has passed.
@@ -1188,6 +1201,7 @@ impl ControlPlane {
             };
             if let Some(m) = self.tasks.remove(&req.id) {
                 self.metrics.model_drops(m.model);
+                self.metrics.level_drops(self.level_index(m.model, req.priority), reason);
                 self.send_dropped(req.id, m.frontend, reason);
             }
         }
@@ -1257,6 +1271,13 @@ impl ControlPlane {
                 }
                 Ok(w.finish())
             });
+            if let Some(a) = self.admissions.get(global_model as usize).filter(|a| a.levels > 1) {
+                for r in members {
+                    self.metrics.level_dispatched(a.level_index(r.priority), 1);
+                }
+            } else {
+                self.metrics.level_dispatched(0, list.len() as u64);
+            }
             self.metrics.record_batch(
                 global_model,
                 list.len() as u32,
@@ -1503,6 +1524,14 @@ mod tests {
         assert_eq!(p_decode_drops(&drain(&mut p)), [(tid(2, 1), DropReason::Timeout as u32)]);
         assert!(now <= t0 + Duration::from_millis(10));
         assert_eq!(p.waiting_tasks(), 0);
+        // Counted at their level: the default (lowest) one, 2.
+        let text = p.metrics.encode();
+        let by_level = |level: u32, reason: DropReason| {
+            dataplane::control::metric(&text, &format!("symphony_tasks_dropped_by_level_total{{level=\"{level}\",reason=\"{}\"}}", reason.as_str()))
+        };
+        for r in [DropReason::Overloaded, DropReason::Cancelled, DropReason::Timeout] {
+            assert_eq!((by_level(2, r), by_level(1, r)), (Some(1.0), Some(0.0)), "{r:?}");
+        }
     }
 
     fn routes(revision: u64, a: &[&str], b: &[&str]) -> crate::routes::RouteTable {

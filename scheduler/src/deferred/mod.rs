@@ -62,6 +62,16 @@ pub struct CoreConfig {
     /// throughput per GPU the SLO allows: waiting then buys (almost) nothing
     /// and only risks colliding with the next burst.
     pub efficiency_slack: f64,
+    /// Models with several priority levels: a batch holding members of a
+    /// level above the lowest is planned to finish this long before the
+    /// earliest of their deadlines, and lower-level members join only
+    /// within that. The higher levels keep this much of their budget
+    /// against what the plan cannot see (a late start, a slow answer); the
+    /// lowest level pays for it in batch size. Their drop test stays at
+    /// the true deadline: when not even the level's head fits the reserve,
+    /// the batch is planned against its true deadline, with that level
+    /// only. Zero (the default), or one level: no effect.
+    pub priority_reserve: Duration,
 }
 
 /// Default for [`CoreConfig::min_window`].
@@ -83,6 +93,7 @@ impl Default for CoreConfig {
             window_gaps: DEFAULT_WINDOW_GAPS,
             early_drop_fraction: DEFAULT_EARLY_DROP_FRACTION,
             efficiency_slack: DEFAULT_EFFICIENCY_SLACK,
+            priority_reserve: Duration::ZERO,
         }
     }
 }

@@ -172,15 +172,30 @@ impl ModelState {
             let mut taken = 0u32;
             let mut chosen: Option<(Instant, u32)> = None;
             let max_batch = self.profile.max_batch();
-            for q in self.queues.iter() {
+            let lowest = self.queues.len() - 1;
+            let profile = &self.profile;
+            let size = |dl: Instant, limit: u32| {
+                let by_network = profile.max_batch_within_scaled(dl.saturating_since(now + delay.d_ctrl), delay.d_data, limit, factor);
+                let by_gpu = profile.max_batch_within_scaled(dl.saturating_since(gpu_free), Duration::ZERO, limit, factor);
+                by_network.min(by_gpu)
+            };
+            for (level, q) in self.queues.iter().enumerate() {
                 let Some(head) = q.front() else { continue };
-                let dl = chosen.map_or(head.deadline, |(d, _)| d.min(head.deadline));
+                let own = if level < lowest { head.deadline - cfg.priority_reserve } else { head.deadline };
+                let dl = chosen.map_or(own, |(d, _)| d.min(own));
                 let level_end = taken.saturating_add(q.len() as u32);
                 let limit = level_end.min(max_batch);
-                let by_network = self.profile.max_batch_within_scaled(dl.saturating_since(now + delay.d_ctrl), delay.d_data, limit, factor);
-                let by_gpu = self.profile.max_batch_within_scaled(dl.saturating_since(gpu_free), Duration::ZERO, limit, factor);
-                let bs = by_network.min(by_gpu);
+                let bs = size(dl, limit);
                 if bs <= taken {
+                    if own < head.deadline && taken == 0 {
+                        // Not even this level's head fits its reserve: it
+                        // runs without one, and no lower level joins.
+                        let dl = head.deadline;
+                        let bs = size(dl, limit);
+                        if bs > 0 {
+                            chosen = Some((dl, bs));
+                        }
+                    }
                     break;
                 }
                 chosen = Some((dl, bs));

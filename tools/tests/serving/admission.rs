@@ -179,3 +179,65 @@ async fn two_priority_classes_at_twice_the_capacity_the_low_class_absorbs_the_lo
     assert_eq!(c.accepted, c.succeeded + c.dropped + c.failed + c.cancelled, "{c:?}");
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_that_expires_while_queued_is_answered_by_t_plus_5_ms() {
+    // One GPU. A `quick` model (l(1) = 5 ms, SLO 5 s) gets a request with a 100 ms
+    // timeout while the GPU is free: meetable, and deferred towards its
+    // window (about 90 ms on). Then `hog` (l(1) = 200 ms, SLO 205 ms, its
+    // window open at once) takes the GPU for 200 ms, so the timed request
+    // cannot run before its timeout: it must be answered `timeout` by
+    // T + 5 ms, while the hog still runs.
+    // A `quick` model per round: one with an arrival history would size its
+    // window by its arrival rate (seconds apart here) and run at once.
+    const ROUNDS: usize = 5;
+    const HOG: u32 = ROUNDS as u32;
+    let mut specs: Vec<ModelSpec> = (0..ROUNDS).map(|i| ModelSpec::linear(&format!("quick{i}"), 1.0, 4.0, 5000.0).unwrap()).collect();
+    specs.push(ModelSpec::linear("hog", 1.0, 199.0, 205.0).unwrap());
+    let mut cfg = LocalConfig::new(ModelCatalog::with_default_tensors(&specs));
+    cfg.cluster.gpus = 1;
+    let s = LocalServer::start(cfg).await.expect("server starts");
+    let svc = s.service().clone();
+    let timeout = StdDuration::from_millis(100);
+    let options = RequestOptions { priority: 0, timeout: Some(dataplane::time::Duration::from_nanos(timeout.as_nanos() as u64)) };
+    let mut took = Vec::with_capacity(ROUNDS);
+    for round in 0..ROUNDS {
+        let before = svc.counters().accepted;
+        let timed = {
+            let svc = svc.clone();
+            tokio::spawn(async move {
+                let sent = StdInstant::now();
+                let r = infer(&*svc, round as u32, &input(), dataplane::time::Duration::from_millis(5000), options, sent).await;
+                (r, sent.elapsed())
+            })
+        };
+        // Handed to the scheduler's link first (one link, in order): the
+        // hog reaches the scheduler after it, with the GPU still free.
+        until(|| svc.counters().accepted > before).await;
+        assert!(svc.counters().accepted > before, "round {round}: the timed request was not accepted");
+        let hog = {
+            let svc = svc.clone();
+            tokio::spawn(async move { infer(&*svc, HOG, &input(), dataplane::time::Duration::from_millis(205), RequestOptions::default(), StdInstant::now()).await })
+        };
+        let (r, t) = timed.await.unwrap();
+        assert_eq!(r, InferResult::Dropped(DropReason::Timeout), "round {round}");
+        // The GPU was held: the hog ran (to completion) over the timeout.
+        let h = hog.await.unwrap();
+        assert!(matches!(h, InferResult::Ok(_)), "round {round}: the hog {h:?}");
+        took.push(t);
+    }
+    took.sort();
+    eprintln!("timeout {timeout:?} expiring while queued, answered after: {took:?}");
+    // No earlier than the timeout allows (the request was meetable: it is
+    // not refused on arrival) ...
+    assert!(took[0] >= timeout - StdDuration::from_millis(10), "answered after {:?}: before its window", took[0]);
+    // ... and by T + 5 ms (the median; none far past it: a shared 2-core
+    // machine may preempt any single one).
+    assert!(took[ROUNDS / 2] <= timeout + StdDuration::from_millis(5), "median answer after {:?} (all: {took:?})", took[ROUNDS / 2]);
+    assert!(took[ROUNDS - 1] <= timeout + StdDuration::from_millis(50), "answered after {:?}", took[ROUNDS - 1]);
+    let metrics = svc.metrics().encode();
+    for i in 0..ROUNDS {
+        assert!(metrics.contains(&format!("symphony_dropped_total{{model=\"quick{i}\",reason=\"timeout\"}} 1")), "{metrics}");
+    }
+    s.stop().await;
+}
