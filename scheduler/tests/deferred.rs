@@ -66,7 +66,9 @@ fn worked_example_recovers_after_missing_requests_while_eager_collapses() {
     assert!(log.0.iter().skip(3).take(8).all(|b| b.3.len() == 4), "{:?}", log.0);
     let mut eager = EagerScheduler::eager(&[ModelSpec::linear("ex", 1.0, 5.0, 12.0).unwrap()], 3, NetworkDelay::ZERO);
     let e = simulate(&example_cfg(trace), &mut eager).unwrap();
-    assert!(e.dropped > 10, "eager degrades into batches of one and drops: {}", e.dropped);
+    // 18 with batches sized by the head alone, 8 since eager skips heads
+    // where batching pays (docs/decisions.md, "Eager").
+    assert!(e.dropped > 0, "eager drops where deferred drops none: {}", e.dropped);
 }
 
 fn resnet50() -> ModelSpec {

@@ -47,7 +47,7 @@ fn worked_example_trace() {
     assert!(out.contains("    2.25     2.25    11.25    1     4  R1 R2 R3 R4"), "{out}");
     // Eager drops requests where deferred drops none.
     let v = json(&["example", "--skip", "13,14,15", "--policy", "eager", "--json"]);
-    assert!(v["dropped"].as_u64().unwrap() > 10, "{v}");
+    assert!(v["dropped"].as_u64().unwrap() > 0, "{v}");
     let v = json(&["example", "--skip", "13,14,15", "--json"]);
     assert_eq!(v["dropped"].as_u64().unwrap(), 0, "{v}");
 }
