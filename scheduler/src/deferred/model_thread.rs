@@ -135,7 +135,7 @@ impl ModelState {
         let gpu_free = gpu_free.unwrap_or(Instant::ZERO);
         let window = match cfg.gather {
             Gather::Lazy => 1,
-            Gather::Early => ((f64::from(self.target_batch(now, delay)) * cfg.early_drop_fraction).ceil() as u32).max(1),
+            Gather::Early => self.drop_window(self.target_batch(now, delay), cfg.early_drop_fraction),
         };
         // The drop decision is the profile's (the early-drop window is
         // about the model's rate, not this GPU's speed): a GPU slower than
@@ -228,7 +228,7 @@ impl ModelState {
             _ => latest,
         };
         let level = level as u16;
-        Some(Candidate { bs, exec_at, latest, level, urgency, exec: self.profile.scaled_latency(bs, factor), cycle: Duration::ZERO })
+        Some(Candidate { bs, exec_at, latest, level, urgency, exec: self.profile.scaled_latency(bs, factor) })
     }
 
     /// What a pending candidate will be when its window opens, for the
@@ -246,7 +246,31 @@ impl ModelState {
         }
         let exec = self.profile.latency(b);
         let latest = deadline - exec;
-        Candidate { bs: b, exec_at: c.exec_at.min(latest), latest, level: c.level, urgency: c.urgency.min(latest), exec, cycle: gap.saturating_mul(u64::from(b)) }
+        Candidate { bs: b, exec_at: c.exec_at.min(latest), latest, level: c.level, urgency: c.urgency.min(latest), exec }
+    }
+
+    /// Early drop's window: the smallest batch whose throughput per GPU is
+    /// at least `fraction` of the target batch's (`e(b) = b / l(b)`). A head
+    /// that would force a smaller batch costs more GPU time per request than
+    /// the rate allows saving, so it goes; a head that merely keeps the batch
+    /// a little below the target is served. For a weak batcher (large
+    /// `alpha / beta`) this is a batch of one: nothing to protect.
+    /// `O(log target)` (`e` grows with `b` for every profile with a fixed
+    /// cost and a non-decreasing per-item cost).
+    fn drop_window(&self, target: u32, fraction: f64) -> u32 {
+        let e = |b: u32| f64::from(b) / self.profile.latency(b).as_nanos().max(1) as f64;
+        let want = fraction * e(target);
+        let (mut lo, mut hi) = (1u32, target.max(1));
+        // Invariant: e(hi) >= want (or hi == target); the answer is in [lo, hi].
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if e(mid) >= want {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        lo
     }
 
     /// True when a batch of `b` already runs within `slack` of the best
