@@ -53,7 +53,9 @@ pub struct CoreConfig {
     /// merely because no GPU freed inside a sliver of time.
     pub min_window: Duration,
     /// The window is also at least this many expected inter-arrival gaps of
-    /// the model wide (0 disables; see docs/decisions.md).
+    /// the model wide, times the squared coefficient of variation of its
+    /// recent gaps when that exceeds 1 (Poisson; 0 disables; see
+    /// docs/decisions.md, deferred items 4 and 10).
     pub window_gaps: f64,
     /// Early drop drops a head only when it would force a batch whose
     /// throughput per GPU (`b / l(b)`) is below this fraction of the target
@@ -69,7 +71,7 @@ pub struct CoreConfig {
 pub const DEFAULT_MIN_WINDOW: Duration = Duration::ZERO;
 /// Default for [`CoreConfig::window_gaps`], chosen by the sweep recorded in
 /// docs/decisions.md.
-pub const DEFAULT_WINDOW_GAPS: f64 = 4.0;
+pub const DEFAULT_WINDOW_GAPS: f64 = 1.0;
 /// Default for [`CoreConfig::efficiency_slack`] (see docs/decisions.md).
 pub const DEFAULT_EFFICIENCY_SLACK: f64 = 0.02;
 /// Default for [`CoreConfig::early_drop_fraction`] (see docs/decisions.md).
