@@ -115,7 +115,7 @@ pub struct PolicyConfig {
     pub min_window: Duration,
     /// Deferred: the window is at least this many inter-arrival gaps wide.
     pub window_gaps: f64,
-    /// Deferred early drop: fraction of the target batch below which heads are dropped.
+    /// Deferred early drop: fraction of the target batch's throughput per GPU below which heads are dropped.
     pub early_drop_fraction: f64,
     /// Deferred: stop deferring within this fraction of the best efficiency.
     pub efficiency_slack: f64,

@@ -207,8 +207,12 @@ fn at_twice_the_capacity_high_priority_keeps_its_slo_and_low_absorbs_the_loss() 
     assert!(high.offered > 2000 && low.offered > 5000, "{classes:?}");
     assert!(high.bad_rate <= 0.01, "high priority bad rate {}", high.bad_rate);
     assert!(low.bad_rate >= 0.3, "low priority absorbs the overload: {}", low.bad_rate);
-    // Preferring one class costs (almost) no goodput.
-    assert!(r.good as f64 >= 0.98 * plain.good as f64, "{} vs {}", r.good, plain.good);
+    // Preferring one class costs little goodput. Was 2% until early drop
+    // protected throughput per GPU rather than batch size (docs/decisions.md,
+    // deferred item 10): this weak batcher's lowest level now drops below a
+    // batch of 3 instead of 6, and at twice the capacity the small batches
+    // the high level forces cost 6% (6554 vs 6957 requests).
+    assert!(r.good as f64 >= 0.93 * plain.good as f64, "{} vs {}", r.good, plain.good);
 }
 
 #[test]

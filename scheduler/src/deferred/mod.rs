@@ -53,10 +53,13 @@ pub struct CoreConfig {
     /// merely because no GPU freed inside a sliver of time.
     pub min_window: Duration,
     /// The window is also at least this many expected inter-arrival gaps of
-    /// the model wide (0 disables; see docs/decisions.md).
+    /// the model wide, times the squared coefficient of variation of its
+    /// recent gaps when that exceeds 1 (Poisson; 0 disables; see
+    /// docs/decisions.md, deferred items 4 and 10).
     pub window_gaps: f64,
-    /// Early drop drops a head only when it would force a batch smaller
-    /// than this fraction of the target batch size (1.0 = Nexus's window).
+    /// Early drop drops a head only when it would force a batch whose
+    /// throughput per GPU (`b / l(b)`) is below this fraction of the target
+    /// batch's (1.0 = Nexus's window; see docs/decisions.md, deferred 10).
     pub early_drop_fraction: f64,
     /// Deferral stops once the batch runs within this fraction of the best
     /// throughput per GPU the SLO allows: waiting then buys (almost) nothing
@@ -78,7 +81,7 @@ pub struct CoreConfig {
 pub const DEFAULT_MIN_WINDOW: Duration = Duration::ZERO;
 /// Default for [`CoreConfig::window_gaps`], chosen by the sweep recorded in
 /// docs/decisions.md.
-pub const DEFAULT_WINDOW_GAPS: f64 = 0.5;
+pub const DEFAULT_WINDOW_GAPS: f64 = 1.0;
 /// Default for [`CoreConfig::efficiency_slack`] (see docs/decisions.md).
 pub const DEFAULT_EFFICIENCY_SLACK: f64 = 0.02;
 /// Default for [`CoreConfig::early_drop_fraction`] (see docs/decisions.md).
@@ -120,12 +123,8 @@ pub struct Candidate {
     /// level absorbs the loss across models as it does within one.
     pub urgency: Instant,
     /// How long the batch runs (at the profile's speed): what a GPU is
-    /// committed to once it starts, for the RankThread's contention check.
+    /// committed to once it starts.
     pub exec: Duration,
-    /// For a pending candidate: how long the model takes to gather this
-    /// batch at its current arrival rate, i.e. when its next batch will
-    /// want a GPU after this one (zero: unknown, or schedulable).
-    pub cycle: Duration,
 }
 
 /// ModelThread -> RankThread messages.
@@ -140,9 +139,9 @@ pub enum ToRank {
     },
     /// The model's candidate whose window has not opened yet (`None`: it
     /// has none, or it became schedulable and was sent as `Candidate`).
-    /// The RankThread only plans with it: it is granted a GPU early when
-    /// the deferred candidates of all models no longer fit the GPUs before
-    /// their latest starts (see [`RankCore`] and docs/decisions.md).
+    /// The RankThread grants it a GPU early when more models wait for
+    /// their windows than GPUs are idle (see [`RankCore`] and
+    /// docs/decisions.md).
     Pending {
         /// Which model.
         model: ModelId,
@@ -191,7 +190,7 @@ pub struct Grant {
     /// When the GPU is free (may be in the past).
     pub free_at: Instant,
     /// Granted to the model's pending (not yet schedulable) candidate
-    /// because deferring every model would collide: run it now.
+    /// because more models wait than GPUs are idle: run it now.
     pub early: bool,
 }
 

@@ -51,17 +51,49 @@ struct RateWindow {
     times: [Instant; RATE_WINDOW],
     next: usize,
     filled: usize,
+    /// Sum of the squared gaps between the recorded arrivals, in ns²
+    /// (exact: 255 gaps of up to 10^9 ns each fit a u128 many times over).
+    gap_sq_sum: u128,
 }
 
 impl RateWindow {
     fn new() -> Self {
-        RateWindow { times: [Instant::ZERO; RATE_WINDOW], next: 0, filled: 0 }
+        RateWindow { times: [Instant::ZERO; RATE_WINDOW], next: 0, filled: 0, gap_sq_sum: 0 }
     }
 
     fn record(&mut self, t: Instant) {
+        let sq = |d: Duration| u128::from(d.as_nanos()).pow(2);
+        if self.filled == RATE_WINDOW {
+            // The oldest gap leaves the window with the oldest arrival.
+            let oldest = self.times[self.next];
+            let second = self.times[(self.next + 1) % RATE_WINDOW];
+            self.gap_sq_sum -= sq(second.saturating_since(oldest));
+        }
+        if self.filled > 0 {
+            let last = self.times[(self.next + RATE_WINDOW - 1) % RATE_WINDOW];
+            self.gap_sq_sum += sq(t.saturating_since(last));
+        }
         self.times[self.next] = t;
         self.next = (self.next + 1) % RATE_WINDOW;
         self.filled = (self.filled + 1).min(RATE_WINDOW);
+    }
+
+    /// Squared coefficient of variation of the recent inter-arrival gaps
+    /// (0: evenly spaced, 1: Poisson, `1 / k`: Gamma with shape `k`), if at
+    /// least two gaps were seen.
+    fn gap_cv2(&self) -> Option<f64> {
+        if self.filled < 3 {
+            return None;
+        }
+        let oldest = if self.filled < RATE_WINDOW { self.times[0] } else { self.times[self.next] };
+        let newest = self.times[(self.next + RATE_WINDOW - 1) % RATE_WINDOW];
+        let n = (self.filled - 1) as f64;
+        let mean = newest.saturating_since(oldest).as_nanos() as f64 / n;
+        if mean <= 0.0 {
+            return None;
+        }
+        let mean_sq = self.gap_sq_sum as f64 / n;
+        Some((mean_sq / (mean * mean) - 1.0).max(0.0))
     }
 
     /// Mean gap between recent arrivals, if at least two were seen.
@@ -135,7 +167,7 @@ impl ModelState {
         let gpu_free = gpu_free.unwrap_or(Instant::ZERO);
         let window = match cfg.gather {
             Gather::Lazy => 1,
-            Gather::Early => ((f64::from(self.target_batch(now, delay)) * cfg.early_drop_fraction).ceil() as u32).max(1),
+            Gather::Early => self.drop_window(self.target_batch(now, delay), cfg.early_drop_fraction),
         };
         // The drop decision is the profile's (the early-drop window is
         // about the model's rate, not this GPU's speed): a GPU slower than
@@ -232,7 +264,16 @@ impl ModelState {
             // `window_gaps` expected inter-arrival gaps that is likely none,
             // while a window as narrow as `alpha` drops the head whenever no
             // GPU frees inside it. See docs/decisions.md.
-            let gap = self.rate.mean_gap(now).map_or(Duration::ZERO, |g| Duration::from_nanos((g.as_nanos() as f64 * cfg.window_gaps) as u64));
+            // The gaps count in Poisson units, widened by the squared
+            // coefficient of variation of the recent gaps when the arrivals
+            // are burstier than Poisson: the chance that the last stretch
+            // before `latest` brings no request grows with burstiness
+            // (Gamma(0.2): five times the Poisson window). Never narrower
+            // than Poisson's: with evenly spaced arrivals the window would
+            // shrink to `alpha`, too narrow for a GPU slower than its
+            // profile (the closed loop's factor) to start in.
+            let gaps = cfg.window_gaps * self.rate.gap_cv2().unwrap_or(1.0).max(1.0);
+            let gap = self.rate.mean_gap(now).map_or(Duration::ZERO, |g| Duration::from_nanos((g.as_nanos() as f64 * gaps) as u64));
             (dl - self.profile.scaled_latency(bs + 1, slow)).min((dl - self.profile.scaled_latency(bs, slow)) - cfg.min_window.max(gap))
         };
         let level = self.queues.iter().position(|q| !q.is_empty()).unwrap_or(0);
@@ -243,7 +284,7 @@ impl ModelState {
             _ => latest,
         };
         let level = level as u16;
-        Some(Candidate { bs, exec_at, latest, level, urgency, exec: self.profile.scaled_latency(bs, factor), cycle: Duration::ZERO })
+        Some(Candidate { bs, exec_at, latest, level, urgency, exec: self.profile.scaled_latency(bs, factor) })
     }
 
     /// What a pending candidate will be when its window opens, for the
@@ -261,7 +302,31 @@ impl ModelState {
         }
         let exec = self.profile.latency(b);
         let latest = deadline - exec;
-        Candidate { bs: b, exec_at: c.exec_at.min(latest), latest, level: c.level, urgency: c.urgency.min(latest), exec, cycle: gap.saturating_mul(u64::from(b)) }
+        Candidate { bs: b, exec_at: c.exec_at.min(latest), latest, level: c.level, urgency: c.urgency.min(latest), exec }
+    }
+
+    /// Early drop's window: the smallest batch whose throughput per GPU is
+    /// at least `fraction` of the target batch's (`e(b) = b / l(b)`). A head
+    /// that would force a smaller batch costs more GPU time per request than
+    /// the rate allows saving, so it goes; a head that merely keeps the batch
+    /// a little below the target is served. For a weak batcher (large
+    /// `alpha / beta`) this is a batch of one: nothing to protect.
+    /// `O(log target)` (`e` grows with `b` for every profile with a fixed
+    /// cost and a non-decreasing per-item cost).
+    fn drop_window(&self, target: u32, fraction: f64) -> u32 {
+        let e = |b: u32| f64::from(b) / self.profile.latency(b).as_nanos().max(1) as f64;
+        let want = fraction * e(target.min(self.profile.max_batch()));
+        let (mut lo, mut hi) = (1u32, target.clamp(1, self.profile.max_batch()));
+        // Invariant: e(hi) >= want (or hi == target); the answer is in [lo, hi].
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if e(mid) >= want {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        lo
     }
 
     /// True when a batch of `b` already runs within `slack` of the best
@@ -620,5 +685,44 @@ impl ModelThreadCore {
             }
             self.refresh(i as usize, now, out, to_rank);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn core(alpha_ms: f64, beta_ms: f64) -> ModelThreadCore {
+        let spec = ModelSpec::linear("m", alpha_ms, beta_ms, 25.0).expect("a valid profile");
+        ModelThreadCore::new(CoreConfig::default(), vec![(0, spec)])
+    }
+
+    #[test]
+    fn the_gap_variation_is_zero_for_even_arrivals_and_large_for_bursts() {
+        let ms = |n: u64| Instant::from_nanos(n * 1_000_000);
+        let mut even = RateWindow::new();
+        for i in 0..1000 {
+            even.record(ms(i));
+        }
+        assert!(even.gap_cv2().is_some_and(|c| c < 1e-9), "{:?}", even.gap_cv2());
+        // Bursts of ten back-to-back arrivals every 100 ms (window wrapped).
+        let mut bursty = RateWindow::new();
+        for i in 0..1000u64 {
+            bursty.record(Instant::from_nanos((i / 10) * 100_000_000 + (i % 10) * 1_000));
+        }
+        assert!(bursty.gap_cv2().is_some_and(|c| c > 5.0), "{:?}", bursty.gap_cv2());
+    }
+
+    #[test]
+    fn the_early_drop_window_protects_throughput_per_gpu_not_batch_size() {
+        // Table 2's ResNet50, target 16: e(11) >= 0.9 e(16) > e(10).
+        let c = core(1.053, 5.072);
+        assert_eq!(c.models[0].drop_window(16, 0.9), 11);
+        assert_eq!(c.models[0].drop_window(16, 1.0), 16, "fraction 1 is Nexus's window");
+        // A weak batcher: a batch of one runs within 10% of the target's
+        // throughput, so no head is dropped to protect a batch.
+        let c = core(5.0, 0.1);
+        assert_eq!(c.models[0].drop_window(4, 0.9), 1);
+        assert_eq!(c.models[0].drop_window(1, 0.9), 1);
     }
 }

@@ -5,9 +5,8 @@ use crate::netdelay::NetworkDelay;
 use crate::types::{GpuId, ModelId};
 use dataplane::mutation::{self, Mutation};
 use dataplane::heap::IndexedHeap;
-use dataplane::time::{Duration, Instant};
+use dataplane::time::Instant;
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 
 /// Counters of the RankThread core.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -24,8 +23,8 @@ pub struct RankStats {
     pub corrections: u64,
     /// Corrections ignored: the GPU was granted out or offline.
     pub corrections_ignored: u64,
-    /// GPUs granted to a pending candidate because the deferred plan of
-    /// all models did not fit (the work-conserving fallback).
+    /// GPUs granted to a pending candidate because more models waited than
+    /// GPUs were idle (the work-conserving fallback).
     pub early_grants: u64,
 }
 
@@ -42,17 +41,10 @@ pub struct RankCore {
     /// this is plain most-urgent-first.
     by_latest: IndexedHeap<(u16, Instant)>,
     by_size: IndexedHeap<Reverse<u32>>,
-    /// Candidates whose window has not opened, by model, for planning.
+    /// Candidates whose window has not opened, by model, for the work-conserving fallback.
     pending: Vec<Option<Candidate>>,
     /// Keyed like `by_latest`.
     pending_by_latest: IndexedHeap<(u16, Instant)>,
-    /// Scratch of the contention check (capacity: two entries per model, so
-    /// the check never allocates): (latest start, earliest start, run time).
-    plan: Vec<(Instant, Instant, Duration)>,
-    /// Scratch: the free times the plan hands out, earliest first.
-    plan_free: BinaryHeap<Reverse<Instant>>,
-    /// Scratch: busy GPUs taken off `busy` while planning, put back after.
-    plan_busy: Vec<(Instant, GpuId)>,
     /// `offline[g]`: GPU `g` left the cluster.
     offline: Vec<bool>,
     /// `granted[g]`: GPU `g` is reserved by a ModelThread until its
@@ -78,9 +70,6 @@ impl RankCore {
             by_size: IndexedHeap::with_ids(models),
             pending: vec![None; models],
             pending_by_latest: IndexedHeap::with_ids(models),
-            plan: Vec::with_capacity(2 * models),
-            plan_free: BinaryHeap::with_capacity(2 * models),
-            plan_busy: Vec::with_capacity(models),
             offline: vec![false; gpus as usize],
             granted: vec![false; gpus as usize],
             wake: None,
@@ -207,23 +196,26 @@ impl RankCore {
         }
     }
 
-    /// The work-conserving fallback. Deferring pays when each deferred
-    /// batch finds a GPU inside its window; with fewer free GPUs than
-    /// models waiting, the windows of several models can close on the same
-    /// GPUs, and the losers shrink or drop their batches while a GPU sat
-    /// idle before. So when a GPU is idle, no candidate is schedulable and
-    /// the pending candidates of all models do not fit the GPUs before
-    /// their latest starts (earliest latest first, each on the GPU free
-    /// first, never before its window opens), the most urgent pending
-    /// candidate is granted the idle GPU now. With at least as many idle
-    /// GPUs as pending candidates the plan always fits, so a model alone
-    /// (or any uncontended cluster) is scheduled exactly as before.
+    /// The work-conserving fallback (docs/decisions.md, deferred items 8
+    /// and 10). Deferring pays when each deferred batch finds a GPU inside
+    /// its window; with more models waiting for their windows than GPUs
+    /// idle, the windows close on the same GPUs and the losers shrink or
+    /// drop their batches while a GPU sat idle before. So when a GPU is
+    /// idle, no candidate is schedulable and more models wait than GPUs are
+    /// idle, the model whose (projected) batch must start first is granted
+    /// the idle GPU now and runs what its queue holds. Running it now can
+    /// never make another model's deferred batch late: it frees that GPU
+    /// earlier than its own deferred batch would have, and every other
+    /// model keeps the same GPUs (so a lookahead against the deferred plan
+    /// always passes, and is not made). With at least as many idle GPUs as
+    /// waiting models nothing changes, so a model alone (Table 2) is
+    /// scheduled exactly as before.
     fn work_conserve(&mut self, now: Instant, grant: &mut impl FnMut(Grant)) {
         if !self.by_latest.is_empty() || self.pending_by_latest.len() <= self.idle.len() {
             return;
         }
         self.promote(now);
-        if self.idle.is_empty() || self.pending_by_latest.len() <= self.idle.len() || self.deferred_plan_fits(now) {
+        if self.idle.is_empty() || self.pending_by_latest.len() <= self.idle.len() {
             return;
         }
         let Some((_, m)) = self.pending_by_latest.peek() else { return };
@@ -233,50 +225,6 @@ impl RankCore {
         self.stats.grants += 1;
         self.set_granted(g, true);
         grant(Grant { model: m, gpu: g, free_at: now, early: true });
-    }
-
-    /// Whether every pending candidate can start by its latest start if
-    /// each waits for its window: earliest latest start first, each on the
-    /// GPU that is free first. `O(P log P + P log G)` for `P` pending
-    /// models; called only with more pending models than idle GPUs.
-    fn deferred_plan_fits(&mut self, now: Instant) -> bool {
-        self.plan.clear();
-        for (_, m) in self.pending_by_latest.iter() {
-            if let Some(c) = self.pending[m as usize] {
-                let earliest = c.exec_at.max(now + self.delay.of(c.bs));
-                self.plan.push((c.latest, earliest, c.exec));
-                // The model's next batch, one gathering cycle later: with
-                // batches that run longer than they take to gather, one
-                // model alone keeps several GPUs busy.
-                if c.cycle > Duration::ZERO {
-                    self.plan.push((c.latest + c.cycle, earliest + c.cycle, c.exec));
-                }
-            }
-        }
-        self.plan.sort_unstable();
-        self.plan_free.clear();
-        for _ in 0..self.idle.len().min(self.plan.len()) {
-            self.plan_free.push(Reverse(now));
-        }
-        // Only the first `P` free times can be used.
-        self.plan_busy.clear();
-        while self.plan_free.len() + self.plan_busy.len() < self.plan.len() {
-            let Some((t, g)) = self.busy.pop() else { break };
-            self.plan_busy.push((t, g));
-            self.plan_free.push(Reverse(t));
-        }
-        for &(t, g) in &self.plan_busy {
-            self.busy.set(g, t);
-        }
-        for &(latest, earliest, exec) in &self.plan {
-            let Some(Reverse(free)) = self.plan_free.pop() else { return false };
-            let start = free.max(earliest);
-            if start > latest {
-                return false;
-            }
-            self.plan_free.push(Reverse(start + exec));
-        }
-        true
     }
 
     /// Moves GPUs whose free time has passed into the idle set.
@@ -404,40 +352,40 @@ mod tests {
     fn cand(bs: u32, latest_ms: u64) -> Candidate {
         {
             let latest = Instant::from_nanos(latest_ms * 1_000_000);
-            Candidate { bs, exec_at: Instant::ZERO, latest, level: 0, urgency: latest, exec: Duration::from_millis(1), cycle: Duration::ZERO }
+            Candidate { bs, exec_at: Instant::ZERO, latest, level: 0, urgency: latest, exec: Duration::from_millis(1) }
         }
     }
 
     fn pending(latest_ms: u64, exec_ms: u64) -> Candidate {
         let latest = Instant::from_nanos(latest_ms * 1_000_000);
-        Candidate { bs: 8, exec_at: latest, latest, level: 0, urgency: latest, exec: Duration::from_millis(exec_ms), cycle: Duration::ZERO }
+        Candidate { bs: 8, exec_at: latest, latest, level: 0, urgency: latest, exec: Duration::from_millis(exec_ms) }
     }
 
     #[test]
-    fn an_idle_gpu_goes_early_only_when_the_deferred_plan_collides() {
+    fn an_idle_gpu_goes_early_only_when_more_models_wait_than_gpus_are_idle() {
         let ms = |ms: u64| Instant::from_nanos(ms * 1_000_000);
-        let mut rank = RankCore::new(2, 2, NetworkDelay::ZERO);
+        let mut rank = RankCore::new(3, 2, NetworkDelay::ZERO);
         let mut grants = Vec::new();
         // GPU 0 busy until 50 ms; GPU 1 idle.
         rank.on_message(ms(0), ToRank::Candidate { model: 0, cand: Some(cand(4, 100)) }, &mut |g| grants.push(g));
         rank.on_message(ms(0), ToRank::GpuFree { gpu: 0, free_at: ms(50) }, &mut |g| grants.push(g));
         grants.clear();
-        // One model waiting for its window: it keeps deferring.
+        // One model waiting for its window on one idle GPU: it keeps
+        // deferring (a model alone is scheduled as without the fallback).
         rank.on_message(ms(1), ToRank::Pending { model: 0, cand: Some(pending(20, 10)) }, &mut |g| grants.push(g));
         assert!(grants.is_empty());
-        // A second one whose window starts while the first still runs on
-        // the only free GPU and GPU 0 frees too late: the most urgent
-        // (model 0) runs now instead.
-        rank.on_message(ms(1), ToRank::Pending { model: 1, cand: Some(pending(25, 10)) }, &mut |g| grants.push(g));
-        assert_eq!(grants.pop().map(|g| (g.model, g.gpu, g.early)), Some((0, 1, true)));
+        // A second one: the model whose batch must start first (model 1)
+        // takes the idle GPU now.
+        rank.on_message(ms(1), ToRank::Pending { model: 1, cand: Some(pending(15, 10)) }, &mut |g| grants.push(g));
+        assert_eq!(grants.pop().map(|g| (g.model, g.gpu, g.early)), Some((1, 1, true)));
         assert_eq!(rank.stats().early_grants, 1);
-        // Had both fit (model 1's window after model 0's batch), nothing.
+        // No idle GPU left: a third waiting model gets nothing early.
+        rank.on_message(ms(2), ToRank::Pending { model: 2, cand: Some(pending(30, 10)) }, &mut |g| grants.push(g));
+        assert!(grants.is_empty() && rank.stats().early_grants == 1);
+        // With two idle GPUs, two waiting models keep deferring.
         let mut rank = RankCore::new(2, 2, NetworkDelay::ZERO);
-        rank.on_message(ms(0), ToRank::Candidate { model: 0, cand: Some(cand(4, 100)) }, &mut |g| grants.push(g));
-        rank.on_message(ms(0), ToRank::GpuFree { gpu: 0, free_at: ms(50) }, &mut |g| grants.push(g));
-        grants.clear();
         rank.on_message(ms(1), ToRank::Pending { model: 0, cand: Some(pending(20, 10)) }, &mut |g| grants.push(g));
-        rank.on_message(ms(1), ToRank::Pending { model: 1, cand: Some(pending(30, 10)) }, &mut |g| grants.push(g));
+        rank.on_message(ms(1), ToRank::Pending { model: 1, cand: Some(pending(15, 10)) }, &mut |g| grants.push(g));
         assert!(grants.is_empty() && rank.stats().early_grants == 0);
     }
 
