@@ -266,11 +266,15 @@ impl PlainEdf {
     }
 }
 
+/// The twins' queues: by deadline, ties in arrival order.
+fn insert_by_deadline(q: &mut Vec<Request>, req: Request) {
+    let pos = q.iter().position(|r| r.deadline > req.deadline).unwrap_or(q.len());
+    q.insert(pos, req);
+}
+
 impl Scheduler for PlainEdf {
     fn on_request(&mut self, now: Instant, req: Request, out: &mut Actions) {
-        let q = &mut self.queues[req.model as usize];
-        let pos = q.iter().position(|r| r.deadline > req.deadline).unwrap_or(q.len());
-        q.insert(pos, req);
+        insert_by_deadline(&mut self.queues[req.model as usize], req);
         self.step(now, out);
     }
     fn on_batch_done(&mut self, now: Instant, _gpu: GpuId, out: &mut Actions) {
@@ -446,9 +450,7 @@ impl PlainClockwork {
 
 impl Scheduler for PlainClockwork {
     fn on_request(&mut self, now: Instant, req: Request, out: &mut Actions) {
-        let q = &mut self.queues[req.model as usize];
-        let pos = q.iter().position(|r| r.deadline > req.deadline).unwrap_or(q.len());
-        q.insert(pos, req);
+        insert_by_deadline(&mut self.queues[req.model as usize], req);
         self.step(now, out);
     }
     fn on_batch_done(&mut self, now: Instant, _gpu: GpuId, out: &mut Actions) {
@@ -667,30 +669,27 @@ fn timeout_matches_its_second_implementation() {
     }
 }
 
-#[test]
-fn shepherd_matches_its_second_implementation() {
+/// Our policy `kind` against its plain twin on every case.
+fn matches_its_twin(name: &str, kind: PolicyKind, twin: impl Fn(&SimConfig) -> Box<dyn Scheduler>) {
     for (cfg, top) in second_implementation_cases() {
-        let ours = plain_goodput(&cfg, top, &|| build(&cfg.models, cfg.gpus, &PolicyConfig::new(PolicyKind::Shepherd)).unwrap());
-        let plain = plain_goodput(&cfg, top, &|| Box::new(PlainShepherd::new(&cfg.models, cfg.gpus)));
-        assert_close_or_above("shepherd", ours, plain);
+        let ours = plain_goodput(&cfg, top, &|| build(&cfg.models, cfg.gpus, &PolicyConfig::new(kind)).unwrap());
+        let plain = plain_goodput(&cfg, top, &|| twin(&cfg));
+        assert_close_or_above(name, ours, plain);
     }
 }
 
 #[test]
+fn shepherd_matches_its_second_implementation() {
+    matches_its_twin("shepherd", PolicyKind::Shepherd, |cfg| Box::new(PlainShepherd::new(&cfg.models, cfg.gpus)));
+}
+
+#[test]
 fn clockwork_matches_its_second_implementation() {
-    for (cfg, top) in second_implementation_cases() {
-        let ours = plain_goodput(&cfg, top, &|| build(&cfg.models, cfg.gpus, &PolicyConfig::new(PolicyKind::Clockwork)).unwrap());
-        let plain = plain_goodput(&cfg, top, &|| Box::new(PlainClockwork::new(&cfg.models, cfg.gpus)));
-        assert_close_or_above("clockwork", ours, plain);
-    }
+    matches_its_twin("clockwork", PolicyKind::Clockwork, |cfg| Box::new(PlainClockwork::new(&cfg.models, cfg.gpus)));
 }
 
 #[test]
 fn nexus_matches_its_second_implementation() {
     // Runs of 6 s: the measured plan at 1 s is the only re-plan (epochs of 10 s).
-    for (cfg, top) in second_implementation_cases() {
-        let ours = plain_goodput(&cfg, top, &|| build(&cfg.models, cfg.gpus, &PolicyConfig::new(PolicyKind::Nexus)).unwrap());
-        let plain = plain_goodput(&cfg, top, &|| Box::new(PlainNexus::new(&cfg.models, cfg.gpus)));
-        assert_close_or_above("nexus", ours, plain);
-    }
+    matches_its_twin("nexus", PolicyKind::Nexus, |cfg| Box::new(PlainNexus::new(&cfg.models, cfg.gpus)));
 }
