@@ -122,9 +122,12 @@ async fn unloading_answers_the_models_waiting_requests_at_once_and_frees_their_s
     // A 5 s SLO: the deferred scheduler holds these requests for seconds
     // (it defers the batch toward its latest start), so they are still
     // waiting when the model is unloaded; the other model's (1.5 s SLO) is
-    // served after it.
+    // served after it. Two GPUs: with fewer idle GPUs than waiting models
+    // deferred serves the most urgent model at once (work conservation),
+    // and the other model's request would not wait.
     let models = vec![ModelSpec::linear("patient", 0.5, 2.0, 5000.0).unwrap(), ModelSpec::linear("other", 0.5, 2.0, 1500.0).unwrap()];
-    let cfg = LocalConfig::new(ModelCatalog::with_default_tensors(&models));
+    let mut cfg = LocalConfig::new(ModelCatalog::with_default_tensors(&models));
+    cfg.cluster.gpus = 2;
     let server = LocalServer::start(cfg).await.expect("server starts");
     let (addr, c): (SocketAddr, HttpClient) = (server.addr(), Client::builder(TokioExecutor::new()).build_http());
     let svc = server.service().clone();
