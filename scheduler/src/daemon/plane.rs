@@ -1195,10 +1195,10 @@ impl ControlPlane {
     fn apply(&mut self, now: Instant, sc: usize) {
         let mut actions = std::mem::take(&mut self.actions);
         for &(req, reason) in &actions.drops {
-            let reason = match self.handing_over.remove(&req.id) {
-                true if reason == DropReason::Cancelled => DropReason::Moved,
-                _ => reason,
-            };
+            // Empty unless a routing change is handing tasks back: no hash
+            // per drop otherwise.
+            let handed_back = !self.handing_over.is_empty() && self.handing_over.remove(&req.id);
+            let reason = if handed_back && reason == DropReason::Cancelled { DropReason::Moved } else { reason };
             if let Some(m) = self.tasks.remove(&req.id) {
                 self.metrics.model_drops(m.model);
                 self.metrics.level_drops(self.level_index(m.model, req.priority), reason);

@@ -345,11 +345,20 @@ impl Stream {
         }
     }
 
-    /// Bytes taken in but not yet handed out: whole messages in the inbox,
-    /// or received bytes not parsed yet (a send's `pump` or io_uring's
-    /// cheap reap may take them off the socket, which then polls quiet).
+    /// Input the fd no longer reports: whole messages in the inbox, a whole
+    /// frame received but not parsed yet (a send's `pump` or io_uring's
+    /// cheap reap may take it off the socket, which then polls quiet), or
+    /// no receive armed (nothing would make the fd readable). A partial
+    /// frame is not: the rest of it makes the fd readable, and counting it
+    /// would keep an idle host spinning on a peer that stalled mid-frame.
     pub(crate) fn may_hold_input(&self) -> bool {
-        self.ihead != self.itail || self.rpos != self.wpos
+        if self.dead.is_some() {
+            return false;
+        }
+        let unparsed = &self.rx[self.rpos..self.wpos];
+        self.ihead != self.itail
+            || self.recv_busy.is_none()
+            || (!self.in_payload && matches!(wire::frame_len(unparsed), Ok(Some(t)) if t <= unparsed.len()))
     }
 
     /// A file descriptor that polls readable (level-triggered) whenever
