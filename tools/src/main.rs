@@ -11,6 +11,7 @@ mod predict;
 mod profile;
 mod progress;
 mod report_grid;
+mod serf_measure;
 mod reports;
 mod report_fig16;
 mod live;

@@ -1,4 +1,5 @@
-//! `symphony predict --model M --rate R --workers N [--zoo a100|1080ti] [--json]`:
+//! `symphony predict --model M --rate R --workers N [--zoo a100|1080ti] [--json]`
+//! (or `--measure --model-repository models`: against ONNX Runtime, [`crate::serf_measure`]):
 //! SERF's interference-aware M/D/c latency prediction
 //! ([`scheduler::serf`]) for one zoo model served by `N` workers (GPUs),
 //! each running up to `c` batches at once. Prints the predicted mean
@@ -10,8 +11,12 @@
 //! `c` concurrent batches overlap like one batch of `c` times the size,
 //! plus `--interference` per co-runner).
 
+use std::path::PathBuf;
+
 use scheduler::serf;
 use scheduler::zoo::Zoo;
+
+use crate::serf_measure::{self, MeasureConfig, MeasureError};
 use serde::Serialize;
 
 /// Flags of `symphony predict`.
@@ -44,6 +49,27 @@ pub struct PredictArgs {
     /// Print JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Profile t_c on the ONNX Runtime executor, predict from it, and
+    /// measure an open-loop run per c beside the prediction
+    /// (see `serf_measure`); needs --model-repository.
+    #[arg(long)]
+    pub measure: bool,
+    /// The Triton-layout repository of --measure (e.g. models/).
+    #[arg(long = "model-repository")]
+    pub model_repository: Option<PathBuf>,
+    /// --measure: seconds of Poisson arrivals per c.
+    #[arg(long = "duration-s", default_value_t = 20.0)]
+    pub duration_s: f64,
+    /// --measure: seconds of closed-loop profiling per t_i.
+    #[arg(long = "profile-s", default_value_t = 2.0)]
+    pub profile_s: f64,
+    /// --measure: seed of the arrival stream.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// --measure: ONNX Runtime intra-op threads shared by the c concurrent
+    /// batches (each gets max(1, budget / c); 0: this machine's cores).
+    #[arg(long = "thread-budget", default_value_t = 0)]
+    pub thread_budget: usize,
 }
 
 /// One row of the prediction table.
@@ -76,7 +102,7 @@ struct Output {
 #[derive(Debug, thiserror::Error)]
 pub enum PredictError {
     /// An option is out of range.
-    #[error("predict: --rate must be positive, --workers, --batch and --max-concurrency at least 1")]
+    #[error("predict: --rate, --duration-s and --profile-s must be positive, --workers, --batch and --max-concurrency at least 1")]
     Range,
     /// No such model in the zoo.
     #[error("predict: no model '{model}' in the {zoo} zoo")]
@@ -89,6 +115,12 @@ pub enum PredictError {
     /// The zoo is unknown.
     #[error(transparent)]
     Zoo(#[from] scheduler::zoo::ZooError),
+    /// `--measure` without `--model-repository`.
+    #[error("predict --measure needs --model-repository (and --workers 1)")]
+    MeasureNeedsRepository,
+    /// The measurement failed.
+    #[error(transparent)]
+    Measure(#[from] MeasureError),
     /// The JSON output cannot be encoded.
     #[error("cannot encode the prediction: {0}")]
     Json(#[from] serde_json::Error),
@@ -97,6 +129,9 @@ pub enum PredictError {
 pub fn run(a: &PredictArgs) -> Result<(), PredictError> {
     if !(a.rate > 0.0 && a.rate.is_finite()) || a.workers == 0 || a.batch == 0 || a.max_concurrency == 0 {
         return Err(PredictError::Range);
+    }
+    if a.measure {
+        return run_measure(a);
     }
     let zoo = Zoo::parse(&a.zoo)?;
     let spec = zoo
@@ -156,6 +191,36 @@ pub fn run(a: &PredictArgs) -> Result<(), PredictError> {
     match (out.best_concurrency, out.best_latency_ms) {
         (Some(c), Some(l)) => println!("best concurrency per worker: {c} (mean latency {l:.3} ms)"),
         _ => println!("no stable configuration: the rate exceeds every c's capacity"),
+    }
+    Ok(())
+}
+
+/// `--measure`: SERF's prediction from t_c profiled on the ONNX Runtime
+/// executor, beside an open-loop measurement per c.
+fn run_measure(a: &PredictArgs) -> Result<(), PredictError> {
+    let Some(repo) = a.model_repository.clone().filter(|_| a.workers == 1) else {
+        return Err(PredictError::MeasureNeedsRepository);
+    };
+    if !(a.duration_s > 0.0 && a.duration_s.is_finite() && a.profile_s > 0.0 && a.profile_s.is_finite()) {
+        return Err(PredictError::Range);
+    }
+    let thread_budget = if a.thread_budget == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { a.thread_budget };
+    let cfg = MeasureConfig {
+        model_repository: repo,
+        model: a.model.clone(),
+        rate_rps: a.rate,
+        batch: a.batch,
+        max_concurrency: a.max_concurrency,
+        duration_s: a.duration_s,
+        profile_s: a.profile_s,
+        seed: a.seed,
+        thread_budget,
+    };
+    let report = serf_measure::measure(&cfg)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        serf_measure::print(&report);
     }
     Ok(())
 }

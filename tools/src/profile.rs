@@ -240,15 +240,18 @@ fn profile_in_child(name: &str, a: &ProfileArgs) -> Result<ModelProfile, Profile
     file.models.into_iter().next().ok_or_else(|| result("no result".into()))
 }
 
-/// One model loaded on the ONNX executor over a staging region that holds
-/// its largest batch's inputs (filled) and outputs.
-struct Bench {
+/// One model loaded on the ONNX executor over a staging region that holds,
+/// for each device, its largest batch's inputs (filled) and outputs (each
+/// device its own area, so concurrent batches share no bytes).
+pub(crate) struct Bench {
     name: String,
-    exec: OnnxExecutor,
-    clock: MonotonicClock,
+    pub(crate) exec: OnnxExecutor,
+    pub(crate) clock: MonotonicClock,
     sample: usize,
     out_len: usize,
     in_bytes: usize,
+    /// Bytes of one device's area: its inputs, then its outputs.
+    area: usize,
     /// Resident bytes before the model loaded (staging region included).
     rss_before: u64,
     /// Resident-set growth when the model loaded.
@@ -257,26 +260,42 @@ struct Bench {
 
 impl Bench {
     fn load(model: &OnnxModel, intra_threads: usize) -> Result<Bench, ProfileCmdError> {
+        Self::load_with(model, &OnnxOptions { intra_threads, ..OnnxOptions::default() })
+    }
+
+    /// As the profile loads it, on `opts.devices` devices.
+    pub(crate) fn load_with(model: &OnnxModel, opts: &OnnxOptions) -> Result<Bench, ProfileCmdError> {
         let max = model.max_batch();
+        let devices = opts.devices.max(1) as usize;
         let sample = model.input_bytes() as usize;
         let out_len = model.output_bytes() as usize;
         let in_bytes = sample * max as usize;
-        let region = Region::anonymous(in_bytes + out_len * max as usize)?;
+        let area = in_bytes + out_len * max as usize;
+        let region = Region::anonymous(area * devices)?;
         // Deterministic non-trivial input bytes (valid numbers for every
         // element type: small values).
         let fill: Vec<u8> = (0..in_bytes).map(|i| if i % 4 == 3 { 0x3c } else { (i % 251) as u8 }).collect();
-        region.write_at(0, &fill)?;
+        for d in 0..devices {
+            region.write_at((d * area) as u64, &fill)?;
+        }
         let rss_before = rss_bytes("VmRSS");
-        let opts = OnnxOptions {
-            intra_threads,
-            ..OnnxOptions::default()
-        };
-        let exec = OnnxExecutor::new(region, vec![model.clone()], &opts)?;
+        let exec = OnnxExecutor::new(region, vec![model.clone()], opts)?;
         if let Some(e) = exec.load_error(0) {
             return Err(ProfileCmdError::Load { model: model.name.clone(), what: e.to_string() });
         }
         let static_bytes = rss_bytes("VmRSS").saturating_sub(rss_before);
-        Ok(Bench { name: model.name.clone(), exec, clock: MonotonicClock::new(), sample, out_len, in_bytes, rss_before, static_bytes })
+        Ok(Bench { name: model.name.clone(), exec, clock: MonotonicClock::new(), sample, out_len, in_bytes, area, rss_before, static_bytes })
+    }
+
+    /// The inputs of a batch of `batch` on `device` (contiguous: zero copy).
+    pub(crate) fn inputs(&self, device: u32, batch: u32) -> Vec<InputRef> {
+        let base = device as usize * self.area;
+        (0..batch as usize).map(|i| InputRef { offset: (base + i * self.sample) as u64, len: self.sample as u32 }).collect()
+    }
+
+    /// Where `device`'s outputs go.
+    pub(crate) fn output(&self, device: u32) -> OutputRef {
+        OutputRef { offset: (device as usize * self.area + self.in_bytes) as u64, stride: self.out_len as u32 }
     }
 
     /// Median and p99 of `runs` timed batches at each of `sizes` (after 3
@@ -287,11 +306,8 @@ impl Bench {
     /// of the same size, so it runs with its own working set in the caches
     /// (as in steady serving) rather than the previous size's.
     fn latencies(&mut self, sizes: &[u32], runs: u32) -> Result<Vec<BatchLatency>, ProfileCmdError> {
-        let inputs: Vec<Vec<InputRef>> = sizes
-            .iter()
-            .map(|&b| (0..b as usize).map(|i| InputRef { offset: (i * self.sample) as u64, len: self.sample as u32 }).collect())
-            .collect();
-        let output = OutputRef { offset: self.in_bytes as u64, stride: self.out_len as u32 };
+        let inputs: Vec<Vec<InputRef>> = sizes.iter().map(|&b| self.inputs(0, b)).collect();
+        let output = self.output(0);
         let mut ms = vec![Vec::with_capacity(runs as usize); sizes.len()];
         for round in 0..runs + 3 {
             for (k, batch) in inputs.iter().enumerate() {

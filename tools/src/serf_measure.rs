@@ -1,0 +1,714 @@
+//! `symphony predict --measure`: checks SERF's prediction
+//! ([`scheduler::serf`]) against the ONNX Runtime executor on this machine.
+//!
+//! **What a worker is on a CPU.** SERF's worker is one machine (elsewhere in this
+//! project a GPU) whose fixed compute is shared by the `c` requests it
+//! runs at once. On a CPU the worker is one [`OnnxExecutor`] with `c`
+//! devices (device threads, each with its own session) and a fixed budget
+//! of `T` ONNX Runtime intra-op threads (`--thread-budget`, default the
+//! cores of this machine): each device gets `max(1, T / c)` threads, so
+//! `c = 1` runs one batch on all `T` threads and `c = 2` runs two batches
+//! on `T / 2` each: SERF's rule that the intra-node parallelism of a
+//! configuration with service parallelism `c` is `F / c` for `F` cores
+//! (section IV-C3, after Eq. 13). Giving every concurrent batch its own thread instead
+//! would grant `c = 2` twice the compute of `c = 1` and make the question
+//! SERF answers (does sharing a worker between batches pay?) moot.
+//!
+//! **Inputs (SERF's profile, section IV-C):** for configuration `c`, `t_i`
+//! for `i = 1..=c` is the mean service time of one batch of `--batch` while
+//! exactly `i` batches run at once on that configuration's executor
+//! (closed loop: each of `i` devices resubmits as soon as it finishes; a
+//! warm-up is discarded). The `t_i` depend on `c` (a batch alone on the
+//! `c = 2` worker has `T / 2` threads), so each `c` is predicted from its
+//! own profile.
+//!
+//! **Measurement:** a seeded Poisson stream of batches at `rate / batch`
+//! per second for `--duration-s`, served FIFO with at most `c` batches in
+//! flight; a batch's latency is its finish minus its intended arrival
+//! (queueing + service). The first tenth of the arrivals is a warm-up and
+//! not counted (the queue starts empty).
+//!
+//! The driver ([`OpenLoop`]) is sans-IO over any [`Executor`]: the
+//! command drives it on the wall clock, the tests on the emulated
+//! executor in virtual time.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::time::Duration as StdDuration;
+
+use backend::exec::onnx::{OnnxModel, OnnxOptions};
+use backend::{ExecError, Executor, Finished, InputRef, Job, OutputRef};
+use dataplane::time::{Duration, Instant};
+use scheduler::repository;
+use scheduler::serf;
+use scheduler::sim::workload::{ArrivalStream, Workload};
+use serde::Serialize;
+
+use crate::profile::{Bench, ProfileCmdError};
+
+/// Relative error of the predicted mean latency the acceptance allows.
+pub const TOLERANCE: f64 = 0.10;
+/// Fraction of the arrivals (the first ones) not counted.
+const WARMUP_FRACTION: f64 = 0.1;
+
+/// Why the measurement stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum MeasureError {
+    /// Loading or running the model on the executor failed.
+    #[error(transparent)]
+    Bench(#[from] ProfileCmdError),
+    /// The repository has no such model.
+    #[error("predict --measure: no loadable model '{0}' in the repository")]
+    NoModel(String),
+    /// The model's configuration is not servable by the executor.
+    #[error(transparent)]
+    Repository(#[from] repository::RepositoryError),
+    /// The batch does not fit the model.
+    #[error("predict --measure: --batch {batch} above {model}'s max_batch_size {max}")]
+    Batch {
+        /// The model.
+        model: String,
+        /// The batch asked for.
+        batch: u32,
+        /// Its limit.
+        max: u32,
+    },
+    /// The executor refused a batch.
+    #[error("{model}: batch refused: {source}")]
+    Submit {
+        /// The model.
+        model: String,
+        /// The executor's error.
+        source: ExecError,
+    },
+    /// A batch failed.
+    #[error("{model}: a batch failed: {what}")]
+    Run {
+        /// The model.
+        model: String,
+        /// The executor's message.
+        what: String,
+    },
+}
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct MeasureConfig {
+    /// The Triton-layout repository.
+    pub model_repository: PathBuf,
+    /// The model's name in it.
+    pub model: String,
+    /// Requests per second (arriving in batches of `batch`).
+    pub rate_rps: f64,
+    /// Requests per batch.
+    pub batch: u32,
+    /// Largest `c` measured.
+    pub max_concurrency: usize,
+    /// Seconds of arrivals per `c`.
+    pub duration_s: f64,
+    /// Seconds of closed-loop profiling per `t_i` (after a warm-up).
+    pub profile_s: f64,
+    /// Seed of the arrival stream.
+    pub seed: u64,
+    /// ONNX Runtime intra-op threads shared by the concurrent batches.
+    pub thread_budget: usize,
+}
+
+/// One open-loop run's outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Measured {
+    /// Mean latency (intended arrival to finish) of the counted batches, seconds.
+    pub mean_latency_s: f64,
+    /// Mean service time (start to finish) of the counted batches, seconds:
+    /// beside the profiled `t_i`, it shows whether the queueing or the
+    /// service is what the prediction misses.
+    pub mean_service_s: f64,
+    /// Batches counted.
+    pub batches: usize,
+    /// Whether every batch finished before the run's time limit (an
+    /// overloaded `c` does not: its latency grows with the run's length).
+    pub drained: bool,
+}
+
+/// One `c`: its profile, the prediction and the measurement.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    /// Concurrent batches at most.
+    pub concurrency: usize,
+    /// Intra-op threads per concurrent batch.
+    pub intra_threads: usize,
+    /// `t_1..t_c` on this configuration, ms.
+    pub service_ms: Vec<f64>,
+    /// SERF's `rho` (`None`: no profile).
+    pub utilisation: Option<f64>,
+    /// Predicted mean latency, ms (`None`: unstable, `rho >= 1`).
+    pub predicted_ms: Option<f64>,
+    /// Measured mean latency, ms (`None`: not measured or not drained).
+    pub measured_ms: Option<f64>,
+    /// Predicted mean service time (SERF Eq. 12), ms.
+    pub predicted_service_ms: Option<f64>,
+    /// Measured mean service time, ms.
+    pub measured_service_ms: Option<f64>,
+    /// Batches the measurement counted.
+    pub measured_batches: usize,
+    /// `(predicted - measured) / measured`.
+    pub relative_error: Option<f64>,
+}
+
+/// The whole comparison (what `--json` prints).
+#[derive(Clone, Debug, Serialize)]
+pub struct Comparison {
+    /// The model.
+    pub model: String,
+    /// Requests per second.
+    pub rate_rps: f64,
+    /// Requests per batch.
+    pub batch: u32,
+    /// Batch arrivals per second.
+    pub batches_per_s: f64,
+    /// Seed of the arrival stream.
+    pub seed: u64,
+    /// Intra-op thread budget of the worker.
+    pub thread_budget: usize,
+    /// Seconds of arrivals per `c`.
+    pub duration_s: f64,
+    /// One row per `c`.
+    pub rows: Vec<Row>,
+    /// `c` with the lowest predicted mean latency.
+    pub best_predicted: Option<usize>,
+    /// `c` with the lowest measured mean latency.
+    pub best_measured: Option<usize>,
+    /// Both bests exist and are the same `c`.
+    pub same_best: bool,
+    /// Largest |relative error| over the rows with both figures.
+    pub max_abs_relative_error: Option<f64>,
+    /// Every `c` has both figures within [`TOLERANCE`] and the bests agree.
+    pub accepted: bool,
+}
+
+/// One `c`'s inputs to [`compare`].
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Concurrent batches at most.
+    pub concurrency: usize,
+    /// Intra-op threads per concurrent batch.
+    pub intra_threads: usize,
+    /// `t_1..t_c`, seconds.
+    pub service_s: Vec<f64>,
+    /// The open-loop run (`None`: not measured).
+    pub measured: Option<Measured>,
+}
+
+/// SERF's prediction of every configuration from its own profile, set
+/// beside its measurement: relative errors, the best `c` of each, whether
+/// they agree and whether the acceptance holds.
+pub fn compare(header: Header, lambda: f64, configs: &[Config]) -> Comparison {
+    let rows: Vec<Row> = configs
+        .iter()
+        .map(|k| {
+            let p = serf::predict(&k.service_s, k.concurrency, lambda);
+            let predicted_ms = p.as_ref().map(|p| p.latency_s * 1e3);
+            let measured_ms = k.measured.filter(|m| m.drained && m.batches > 0).map(|m| m.mean_latency_s * 1e3);
+            Row {
+                concurrency: k.concurrency,
+                intra_threads: k.intra_threads,
+                service_ms: k.service_s.iter().map(|t| t * 1e3).collect(),
+                utilisation: p.as_ref().map(|p| p.utilisation),
+                predicted_ms,
+                measured_ms,
+                predicted_service_ms: p.as_ref().map(|p| p.service_s * 1e3),
+                measured_service_ms: k.measured.filter(|m| m.batches > 0).map(|m| m.mean_service_s * 1e3),
+                measured_batches: k.measured.map_or(0, |m| m.batches),
+                relative_error: predicted_ms.zip(measured_ms).map(|(p, m)| (p - m) / m),
+            }
+        })
+        .collect();
+    let best = |f: fn(&Row) -> Option<f64>| {
+        rows.iter().filter_map(|r| f(r).map(|v| (r.concurrency, v))).min_by(|a, b| a.1.total_cmp(&b.1)).map(|(c, _)| c)
+    };
+    let best_predicted = best(|r| r.predicted_ms);
+    let best_measured = best(|r| r.measured_ms);
+    let same_best = best_predicted.is_some() && best_predicted == best_measured;
+    let max_abs_relative_error = rows.iter().filter_map(|r| r.relative_error.map(f64::abs)).max_by(f64::total_cmp);
+    let all_within = !rows.is_empty() && rows.iter().all(|r| r.relative_error.is_some_and(|e| e.abs() <= TOLERANCE));
+    Comparison {
+        model: header.model,
+        rate_rps: header.rate_rps,
+        batch: header.batch,
+        batches_per_s: lambda,
+        seed: header.seed,
+        thread_budget: header.thread_budget,
+        duration_s: header.duration_s,
+        rows,
+        best_predicted,
+        best_measured,
+        same_best,
+        max_abs_relative_error,
+        accepted: all_within && same_best,
+    }
+}
+
+/// The run's settings as the report prints them.
+#[derive(Clone, Debug)]
+pub struct Header {
+    /// The model.
+    pub model: String,
+    /// Requests per second.
+    pub rate_rps: f64,
+    /// Requests per batch.
+    pub batch: u32,
+    /// Seed of the arrival stream.
+    pub seed: u64,
+    /// Intra-op thread budget.
+    pub thread_budget: usize,
+    /// Seconds of arrivals per `c`.
+    pub duration_s: f64,
+}
+
+/// Intra-op threads per concurrent batch: the budget shared by `c`.
+pub fn intra_threads(thread_budget: usize, c: usize) -> usize {
+    (thread_budget / c.max(1)).max(1)
+}
+
+/// Seeded Poisson arrival times at `lambda` per second in `[origin,
+/// origin + duration_s)` (the simulator's arrival stream).
+pub fn poisson_arrivals(lambda: f64, duration_s: f64, seed: u64, origin: Instant) -> Vec<Instant> {
+    let mut stream = ArrivalStream::new(&Workload::poisson(lambda), 1.0, 0, seed);
+    let end = Instant::ZERO + Duration::from_secs_f64(duration_s);
+    let mut out = Vec::new();
+    while stream.peek() < end {
+        out.push(origin + Duration::from_nanos(stream.advance().as_nanos()));
+    }
+    out
+}
+
+/// What [`OpenLoop::step`] asks of its host next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Call again at this time, or earlier when a batch finishes.
+    At(Instant),
+    /// Every batch finished.
+    Done,
+}
+
+/// A FIFO queue of batch arrivals served by at most `c` devices of an
+/// executor (one batch each): sans-IO, stepped at explicit times.
+pub struct OpenLoop {
+    arrivals: Vec<Instant>,
+    /// Arrivals before this index are queued or served.
+    admitted: usize,
+    queue: VecDeque<usize>,
+    in_flight: usize,
+    /// Arrivals with a lower index are not counted.
+    counted_from: usize,
+    latency_sum_s: f64,
+    service_sum_s: f64,
+    counted: usize,
+    finished: usize,
+    /// Inputs and output of each device's batch.
+    slots: Vec<(Vec<InputRef>, OutputRef)>,
+    done: Vec<Finished>,
+}
+
+impl OpenLoop {
+    /// Serves `arrivals` (time order) on devices `0..slots.len()`, device
+    /// `d` running batches with inputs and output `slots[d]`.
+    pub fn new(arrivals: Vec<Instant>, slots: Vec<(Vec<InputRef>, OutputRef)>) -> Self {
+        let counted_from = (arrivals.len() as f64 * WARMUP_FRACTION).ceil() as usize;
+        let c = slots.len();
+        OpenLoop {
+            arrivals,
+            admitted: 0,
+            queue: VecDeque::new(),
+            in_flight: 0,
+            counted_from,
+            latency_sum_s: 0.0,
+            service_sum_s: 0.0,
+            counted: 0,
+            finished: 0,
+            slots,
+            done: vec![Finished::default(); c.max(1)],
+        }
+    }
+
+    /// Takes finished batches, queues the arrivals due at `now` and starts
+    /// queued batches on idle devices. `Err((tag, error))` for a refused or
+    /// failed batch.
+    pub fn step<E: Executor>(&mut self, now: Instant, exec: &mut E) -> Result<Next, StepError> {
+        loop {
+            let n = exec.poll(now, &mut self.done);
+            for f in &self.done[..n] {
+                if !f.ok {
+                    return Err(StepError::Failed);
+                }
+                self.in_flight = self.in_flight.saturating_sub(1);
+                self.finished += 1;
+                let i = f.tag as usize;
+                if i >= self.counted_from {
+                    if let Some(&at) = self.arrivals.get(i) {
+                        self.latency_sum_s += f.finish.saturating_since(at).as_secs_f64();
+                        self.service_sum_s += f.finish.saturating_since(f.start).as_secs_f64();
+                        self.counted += 1;
+                    }
+                }
+            }
+            while self.admitted < self.arrivals.len() && self.arrivals[self.admitted] <= now {
+                self.queue.push_back(self.admitted);
+                self.admitted += 1;
+            }
+            let mut started = false;
+            for (d, (inputs, output)) in self.slots.iter().enumerate() {
+                if self.queue.is_empty() {
+                    break;
+                }
+                if !exec.is_idle(d as u32) {
+                    continue;
+                }
+                let Some(i) = self.queue.pop_front() else { break };
+                let job = Job { tag: i as u64, device: d as u32, model: 0, exec_at: Instant::ZERO, inputs, output: *output };
+                exec.submit(now, &job).map_err(StepError::Submit)?;
+                self.in_flight += 1;
+                started = true;
+            }
+            // A start is handed to its device by the next poll; a poll
+            // that reported batches may have freed devices.
+            if !started && n == 0 {
+                break;
+            }
+        }
+        if self.admitted == self.arrivals.len() && self.queue.is_empty() && self.in_flight == 0 {
+            return Ok(Next::Done);
+        }
+        let next_arrival = self.arrivals.get(self.admitted).copied().unwrap_or(Instant::NEVER);
+        Ok(Next::At(next_arrival))
+    }
+
+    /// Batches not yet finished.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// The result so far (`drained` when every batch finished).
+    pub fn measured(&self) -> Measured {
+        let mean = |sum: f64| if self.counted == 0 { 0.0 } else { sum / self.counted as f64 };
+        Measured {
+            mean_latency_s: mean(self.latency_sum_s),
+            mean_service_s: mean(self.service_sum_s),
+            batches: self.counted,
+            drained: self.finished == self.arrivals.len(),
+        }
+    }
+}
+
+/// Why [`OpenLoop::step`] stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// The executor refused a batch.
+    #[error(transparent)]
+    Submit(ExecError),
+    /// A batch failed.
+    #[error("a batch failed")]
+    Failed,
+}
+
+/// Profiles, predicts and measures every `c = 1..=max_concurrency` on the
+/// ONNX executor (see the module docs).
+pub fn measure(cfg: &MeasureConfig) -> Result<Comparison, MeasureError> {
+    let mut repo = repository::scan(&cfg.model_repository)?;
+    repo.select(std::slice::from_ref(&cfg.model));
+    let m = repo.models.first().ok_or_else(|| MeasureError::NoModel(cfg.model.clone()))?;
+    let model = OnnxModel::from_repo(m)?;
+    if cfg.batch > model.max_batch() {
+        return Err(MeasureError::Batch { batch: cfg.batch, max: model.max_batch(), model: model.name });
+    }
+    let lambda = cfg.rate_rps / f64::from(cfg.batch);
+    let mut configs = Vec::with_capacity(cfg.max_concurrency);
+    for c in 1..=cfg.max_concurrency {
+        let intra = intra_threads(cfg.thread_budget, c);
+        tracing::info!("{}: c = {c} ({intra} intra-op threads each): profiling t_1..t_{c}", model.name);
+        let opts = OnnxOptions { devices: c as u32, intra_threads: intra, ..OnnxOptions::default() };
+        let mut bench = Bench::load_with(&model, &opts)?;
+        let service_s = (1..=c).map(|i| profile_service(&mut bench, &model.name, i, cfg)).collect::<Result<Vec<f64>, _>>()?;
+        tracing::info!("{}: c = {c}: t = {service_s:?} s; measuring {} s of arrivals", model.name, cfg.duration_s);
+        let measured = run_open_loop(&mut bench, &model.name, c, lambda, cfg)?;
+        configs.push(Config { concurrency: c, intra_threads: intra, service_s, measured: Some(measured) });
+    }
+    let header = Header {
+        model: model.name,
+        rate_rps: cfg.rate_rps,
+        batch: cfg.batch,
+        seed: cfg.seed,
+        thread_budget: cfg.thread_budget,
+        duration_s: cfg.duration_s,
+    };
+    Ok(compare(header, lambda, &configs))
+}
+
+/// Mean service time (seconds) of a batch while `i` run at once: devices
+/// `0..i` each resubmit at once, for `cfg.profile_s` after a warm-up of
+/// a quarter of that (at least 3 batches per device).
+fn profile_service(bench: &mut Bench, name: &str, i: usize, cfg: &MeasureConfig) -> Result<f64, MeasureError> {
+    let slots: Vec<(Vec<InputRef>, OutputRef)> = (0..i as u32).map(|d| (bench.inputs(d, cfg.batch), bench.output(d))).collect();
+    let start = bench.clock.now();
+    let warm_until = start + Duration::from_secs_f64(cfg.profile_s / 4.0);
+    let end = warm_until + Duration::from_secs_f64(cfg.profile_s);
+    let mut per_device_runs = vec![0u32; i];
+    let (mut sum, mut n) = (0.0f64, 0usize);
+    let mut done = vec![Finished::default(); i];
+    let mut running = 0usize;
+    let mut stopping = false;
+    let submit = |bench: &mut Bench, d: usize| -> Result<(), MeasureError> {
+        let now = bench.clock.now();
+        let job = Job { tag: d as u64, device: d as u32, model: 0, exec_at: Instant::ZERO, inputs: &slots[d].0, output: slots[d].1 };
+        bench.exec.submit(now, &job).map_err(|source| MeasureError::Submit { model: name.to_string(), source })
+    };
+    for d in 0..i {
+        submit(bench, d)?;
+        running += 1;
+    }
+    while running > 0 {
+        let now = bench.clock.now();
+        let k = bench.exec.poll(now, &mut done);
+        let mut resubmit = Vec::new();
+        for f in &done[..k] {
+            running -= 1;
+            if !f.ok {
+                let what = bench.exec.last_error().unwrap_or("run failed").to_string();
+                return Err(MeasureError::Run { model: name.to_string(), what });
+            }
+            let d = f.device as usize;
+            per_device_runs[d] += 1;
+            // Counted only while all `i` run: after the warm-up and before
+            // the first device stops.
+            if f.start >= warm_until && per_device_runs[d] > 3 && !stopping {
+                sum += f.finish.saturating_since(f.start).as_secs_f64();
+                n += 1;
+            }
+            if f.finish >= end && per_device_runs[d] > 3 {
+                stopping = true;
+            }
+            if !stopping {
+                resubmit.push(d);
+            }
+        }
+        for d in resubmit {
+            submit(bench, d)?;
+            running += 1;
+        }
+        if k == 0 {
+            bench.exec.wait(StdDuration::from_secs(60));
+        }
+    }
+    Ok(if n == 0 { f64::NAN } else { sum / n as f64 })
+}
+
+/// The open-loop run of one `c` on the wall clock.
+fn run_open_loop(bench: &mut Bench, name: &str, c: usize, lambda: f64, cfg: &MeasureConfig) -> Result<Measured, MeasureError> {
+    let slots = (0..c as u32).map(|d| (bench.inputs(d, cfg.batch), bench.output(d))).collect();
+    let origin = bench.clock.now();
+    let arrivals = poisson_arrivals(lambda, cfg.duration_s, cfg.seed, origin);
+    let mut driver = OpenLoop::new(arrivals, slots);
+    // An overloaded `c` never drains: give up at three times the run.
+    let limit = origin + Duration::from_secs_f64(3.0 * cfg.duration_s + 10.0);
+    loop {
+        let now = bench.clock.now();
+        if now >= limit {
+            break;
+        }
+        match driver.step(now, &mut bench.exec) {
+            Ok(Next::Done) => break,
+            Ok(Next::At(t)) => {
+                let wait = t.min(limit).saturating_since(bench.clock.now());
+                if wait > Duration::ZERO {
+                    if driver.in_flight() > 0 {
+                        bench.exec.wait(StdDuration::from_nanos(wait.as_nanos()));
+                    } else {
+                        std::thread::sleep(StdDuration::from_nanos(wait.as_nanos()));
+                    }
+                }
+            }
+            Err(StepError::Submit(source)) => return Err(MeasureError::Submit { model: name.to_string(), source }),
+            Err(StepError::Failed) => {
+                let what = bench.exec.last_error().unwrap_or("run failed").to_string();
+                return Err(MeasureError::Run { model: name.to_string(), what });
+            }
+        }
+    }
+    Ok(driver.measured())
+}
+
+/// The human-readable report.
+pub fn print(c: &Comparison) {
+    println!(
+        "SERF vs ONNX Runtime: {} at {:.1} rps in batches of {} ({:.2} batches/s, Poisson, seed {}), {} s per c, {} intra-op threads shared by the concurrent batches",
+        c.model, c.rate_rps, c.batch, c.batches_per_s, c.seed, c.duration_s, c.thread_budget
+    );
+    println!("| c | threads/batch | t_1..t_c (ms) | utilisation | service: predicted / measured (ms) | latency: predicted (ms) | measured (ms) | batches | error |");
+    println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|");
+    let opt = |v: Option<f64>, scale: f64, unit: &str| v.map_or("-".to_string(), |v| format!("{:.3}{unit}", v * scale));
+    for r in &c.rows {
+        let ts: Vec<String> = r.service_ms.iter().map(|t| format!("{t:.3}")).collect();
+        println!(
+            "| {} | {} | {} | {} | {} / {} | {} | {} | {} | {} |",
+            r.concurrency,
+            r.intra_threads,
+            ts.join(", "),
+            opt(r.utilisation, 1.0, ""),
+            opt(r.predicted_service_ms, 1.0, ""),
+            opt(r.measured_service_ms, 1.0, ""),
+            opt(r.predicted_ms, 1.0, ""),
+            opt(r.measured_ms, 1.0, ""),
+            r.measured_batches,
+            r.relative_error.map_or("-".to_string(), |e| format!("{:+.1}%", e * 100.0)),
+        );
+    }
+    let show = |b: Option<usize>| b.map_or("none".to_string(), |c| c.to_string());
+    println!(
+        "best c: predicted {}, measured {} ({}); largest |error| {}; acceptance (every |error| <= {:.0}% and the same best c): {}",
+        show(c.best_predicted),
+        show(c.best_measured),
+        if c.same_best { "agree" } else { "disagree" },
+        opt(c.max_abs_relative_error, 100.0, "%"),
+        TOLERANCE * 100.0,
+        if c.accepted { "holds" } else { "fails" }
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use backend::exec::emulated::EmulatedExecutor;
+    use backend::exec::ExecModel;
+    use dataplane::mem::Region;
+    use scheduler::profile::LatencyProfile;
+
+    fn header() -> Header {
+        Header { model: "m".into(), rate_rps: 50.0, batch: 1, seed: 1, thread_budget: 2, duration_s: 10.0 }
+    }
+
+    fn measured(ms: f64) -> Option<Measured> {
+        Some(Measured { mean_latency_s: ms / 1e3, mean_service_s: 0.01, batches: 1000, drained: true })
+    }
+
+    #[test]
+    fn the_comparison_reports_errors_bests_and_acceptance() {
+        // lambda = 50/s, t_1 = 10 ms: rho 0.5, M/D/1 latency 10 + 5 = 15 ms.
+        let c1 = Config { concurrency: 1, intra_threads: 2, service_s: vec![0.010], measured: measured(14.0) };
+        // c = 2 on one thread each: t_1 = 16 ms, t_2 = 19 ms (interference).
+        let c2 = Config { concurrency: 2, intra_threads: 1, service_s: vec![0.016, 0.019], measured: measured(19.0) };
+        let r = compare(header(), 50.0, &[c1.clone(), c2.clone()]);
+        let p1 = r.rows[0].predicted_ms.unwrap();
+        assert!((p1 - 15.0).abs() < 1e-9, "{p1}");
+        assert!((r.rows[0].relative_error.unwrap() - 1.0 / 14.0).abs() < 1e-9);
+        assert_eq!(r.rows[1].service_ms, vec![16.0, 19.0]);
+        let p2 = r.rows[1].predicted_ms.unwrap();
+        assert!(p2 > 16.0 && p2 > p1, "{p2}");
+        assert_eq!((r.best_predicted, r.best_measured, r.same_best), (Some(1), Some(1), true));
+        let worst = r.max_abs_relative_error.unwrap();
+        assert!(r.accepted == (worst <= TOLERANCE), "{r:?}");
+
+        // A measurement that favours c = 2 disagrees; an error above 10% fails.
+        let r = compare(header(), 50.0, &[Config { measured: measured(25.0), ..c1.clone() }, c2.clone()]);
+        assert_eq!((r.best_measured, r.same_best, r.accepted), (Some(2), false, false));
+        // An undrained (overloaded) run has no measured figure and cannot pass.
+        let stuck = Some(Measured { mean_latency_s: 9.0, mean_service_s: 0.01, batches: 10, drained: false });
+        let r = compare(header(), 50.0, &[Config { measured: stuck, ..c1 }, c2]);
+        assert_eq!((r.rows[0].measured_ms, r.best_measured, r.accepted), (None, Some(2), false));
+    }
+
+    #[test]
+    fn an_unstable_configuration_has_no_prediction() {
+        let c1 = Config { concurrency: 1, intra_threads: 2, service_s: vec![0.030], measured: None };
+        let r = compare(header(), 50.0, &[c1]);
+        assert_eq!((r.rows[0].predicted_ms, r.best_predicted, r.accepted), (None, None, false));
+    }
+
+    #[test]
+    fn the_thread_budget_is_shared_by_the_concurrent_batches() {
+        assert_eq!(intra_threads(2, 1), 2);
+        assert_eq!(intra_threads(2, 2), 1);
+        assert_eq!(intra_threads(2, 3), 1);
+        assert_eq!(intra_threads(8, 3), 2);
+    }
+
+    #[test]
+    fn arrivals_are_seeded_poisson() {
+        let a = poisson_arrivals(200.0, 50.0, 7, Instant::ZERO);
+        assert_eq!(a, poisson_arrivals(200.0, 50.0, 7, Instant::ZERO));
+        assert_ne!(a, poisson_arrivals(200.0, 50.0, 8, Instant::ZERO));
+        let n = a.len() as f64;
+        assert!((n / 50.0 - 200.0).abs() < 200.0 * 0.03, "{n}");
+        assert!(a.windows(2).all(|w| w[0] <= w[1]));
+    }
+
+    /// Drives [`OpenLoop`] on `c` emulated devices (a fixed `t_ms` per
+    /// batch, no interference) in virtual time.
+    fn simulate(c: u32, t_ms: f64, lambda: f64, duration_s: f64, seed: u64) -> Measured {
+        let region = Region::anonymous(1 << 16).unwrap();
+        let model = ExecModel { profile: LatencyProfile::linear(0.0, t_ms, 4).unwrap(), output_len: 8 };
+        let mut exec = EmulatedExecutor::new(region, c, 4, vec![model]);
+        let slots = (0..c).map(|d| (vec![InputRef { offset: u64::from(d) * 64, len: 16 }], OutputRef { offset: 4096 + u64::from(d) * 64, stride: 8 })).collect();
+        let mut driver = OpenLoop::new(poisson_arrivals(lambda, duration_s, seed, Instant::ZERO), slots);
+        let mut now = Instant::ZERO;
+        for _ in 0..10_000_000 {
+            match driver.step(now, &mut exec).unwrap() {
+                Next::Done => return driver.measured(),
+                Next::At(t) => now = exec.next_wakeup().map_or(t, |w| w.min(t)).max(now),
+            }
+        }
+        panic!("the open loop did not finish");
+    }
+
+    #[test]
+    fn the_open_loop_on_fixed_service_times_matches_serf_m_d_c() {
+        // No interference (t_1 = t_2): SERF reduces to M/D/c, which a FIFO
+        // queue on c devices must reproduce within the model's accuracy.
+        for (c, lambda) in [(1u32, 70.0), (2, 140.0), (2, 70.0)] {
+            let m = simulate(c, 10.0, lambda, 400.0, 3);
+            assert!(m.drained && m.batches > 20_000, "{m:?}");
+            let p = serf::predict(&vec![0.010; c as usize], c as usize, lambda).unwrap();
+            let err = (p.latency_s - m.mean_latency_s) / m.mean_latency_s;
+            assert!(err.abs() < 0.03, "c {c} lambda {lambda}: predicted {} measured {} ({err:+.3})", p.latency_s, m.mean_latency_s);
+        }
+        // Deterministic: the same seed, the same figures.
+        assert_eq!(simulate(2, 10.0, 140.0, 20.0, 5), simulate(2, 10.0, 140.0, 20.0, 5));
+    }
+
+    #[test]
+    fn an_overloaded_open_loop_queues_without_bound() {
+        let short = simulate(1, 10.0, 120.0, 20.0, 1);
+        let long = simulate(1, 10.0, 120.0, 80.0, 1);
+        assert!(long.mean_latency_s > 2.0 * short.mean_latency_s, "{short:?} {long:?}");
+    }
+
+    /// The real measurement, briefly, when the models are fetched
+    /// (`bash scripts/fetch-models.sh`) and ONNX Runtime is found:
+    /// `cargo test --release -p tools serf_measure -- --ignored`.
+    #[test]
+    #[ignore = "needs models/ (scripts/fetch-models.sh) and ONNX Runtime; takes ~15 s"]
+    fn measures_ppocr_cls_on_onnx_runtime() {
+        let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
+        if !repo.join("ppocr_cls").is_dir() {
+            eprintln!("skipped: no {}/ppocr_cls (run scripts/fetch-models.sh)", repo.display());
+            return;
+        }
+        let cfg = MeasureConfig {
+            model_repository: repo,
+            model: "ppocr_cls".into(),
+            rate_rps: 200.0,
+            batch: 4,
+            max_concurrency: 2,
+            duration_s: 3.0,
+            profile_s: 0.5,
+            seed: 1,
+            thread_budget: 2,
+        };
+        let r = measure(&cfg).unwrap();
+        assert_eq!(r.rows.len(), 2);
+        for row in &r.rows {
+            assert_eq!(row.service_ms.len(), row.concurrency);
+            assert!(row.service_ms.iter().all(|t| *t > 0.0 && t.is_finite()), "{row:?}");
+            assert!(row.measured_batches > 0, "{row:?}");
+        }
+    }
+}
