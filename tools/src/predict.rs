@@ -70,6 +70,11 @@ pub struct PredictArgs {
     /// batches (each gets max(1, budget / c); 0: this machine's cores).
     #[arg(long = "thread-budget", default_value_t = 0)]
     pub thread_budget: usize,
+    /// --measure: rounds; each profiles and measures every c in turn for
+    /// its share of --duration-s and --profile-s (a change in the
+    /// machine's load then falls on every c alike).
+    #[arg(long, default_value_t = 2)]
+    pub rounds: u32,
 }
 
 /// One row of the prediction table.
@@ -215,6 +220,7 @@ fn run_measure(a: &PredictArgs) -> Result<(), PredictError> {
         profile_s: a.profile_s,
         seed: a.seed,
         thread_budget,
+        rounds: a.rounds,
     };
     let report = serf_measure::measure(&cfg)?;
     if a.json {

@@ -108,14 +108,17 @@ pub struct MeasureConfig {
     pub duration_s: f64,
     /// Seconds of closed-loop profiling per `t_i` (after a warm-up).
     pub profile_s: f64,
-    /// Seed of the arrival stream.
+    /// Seed of the arrival stream (round `r` draws stream `r` of it).
     pub seed: u64,
     /// ONNX Runtime intra-op threads shared by the concurrent batches.
     pub thread_budget: usize,
+    /// Rounds: `duration_s` and `profile_s` are split into this many
+    /// parts, and every round profiles and measures each `c` in turn.
+    pub rounds: u32,
 }
 
 /// One open-loop run's outcome.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Measured {
     /// Mean latency (intended arrival to finish) of the counted batches, seconds.
     pub mean_latency_s: f64,
@@ -123,11 +126,41 @@ pub struct Measured {
     /// beside the profiled `t_i`, it shows whether the queueing or the
     /// service is what the prediction misses.
     pub mean_service_s: f64,
+    /// Per `i = 1..=c`: summed service time (seconds) and count of the
+    /// counted batches that started with `i` batches in flight (itself
+    /// included): the `t_i` this run saw, by SERF's own approximation
+    /// (Eq. 12 charges a batch the concurrency it finds on arrival).
+    pub in_run: Vec<(f64, usize)>,
     /// Batches counted.
     pub batches: usize,
     /// Whether every batch finished before the run's time limit (an
     /// overloaded `c` does not: its latency grows with the run's length).
     pub drained: bool,
+}
+
+impl Measured {
+    /// Several runs as one: means weighted by the batches counted.
+    pub fn combine(runs: &[Measured]) -> Measured {
+        let batches: usize = runs.iter().map(|m| m.batches).sum();
+        let mean = |f: fn(&Measured) -> f64| {
+            if batches == 0 {
+                0.0
+            } else {
+                runs.iter().map(|m| f(m) * m.batches as f64).sum::<f64>() / batches as f64
+            }
+        };
+        let width = runs.iter().map(|m| m.in_run.len()).max().unwrap_or(0);
+        let in_run = (0..width)
+            .map(|i| runs.iter().filter_map(|m| m.in_run.get(i)).fold((0.0, 0), |a, &(s, n)| (a.0 + s, a.1 + n)))
+            .collect();
+        Measured {
+            mean_latency_s: mean(|m| m.mean_latency_s),
+            mean_service_s: mean(|m| m.mean_service_s),
+            in_run,
+            batches,
+            drained: runs.iter().all(|m| m.drained),
+        }
+    }
 }
 
 /// One `c`: its profile, the prediction and the measurement.
@@ -149,6 +182,14 @@ pub struct Row {
     pub predicted_service_ms: Option<f64>,
     /// Measured mean service time, ms.
     pub measured_service_ms: Option<f64>,
+    /// `t_1..t_c` as the run saw them ([`Measured::in_run`]), ms.
+    pub in_run_service_ms: Vec<Option<f64>>,
+    /// SERF's prediction from the in-run `t_i` (a profiled `t_i` where the
+    /// run saw none): the queueing model alone, without the profile's
+    /// miss of the service times under serving, ms.
+    pub predicted_from_in_run_ms: Option<f64>,
+    /// Its `(predicted - measured) / measured`.
+    pub in_run_relative_error: Option<f64>,
     /// Batches the measurement counted.
     pub measured_batches: usize,
     /// `(predicted - measured) / measured`.
@@ -172,6 +213,8 @@ pub struct Comparison {
     pub thread_budget: usize,
     /// Seconds of arrivals per `c`.
     pub duration_s: f64,
+    /// Rounds the run was split into.
+    pub rounds: u32,
     /// One row per `c`.
     pub rows: Vec<Row>,
     /// `c` with the lowest predicted mean latency.
@@ -182,7 +225,12 @@ pub struct Comparison {
     pub same_best: bool,
     /// Largest |relative error| over the rows with both figures.
     pub max_abs_relative_error: Option<f64>,
-    /// Every `c` has both figures within [`TOLERANCE`] and the bests agree.
+    /// `c` with the lowest latency predicted from the in-run `t_i`.
+    pub best_predicted_from_in_run: Option<usize>,
+    /// Largest |relative error| of the predictions from the in-run `t_i`.
+    pub max_abs_in_run_relative_error: Option<f64>,
+    /// Every `c` has both figures within [`TOLERANCE`] and the bests agree
+    /// (the prediction from the profiled `t_i`: SERF's).
     pub accepted: bool,
 }
 
@@ -208,7 +256,13 @@ pub fn compare(header: Header, lambda: f64, configs: &[Config]) -> Comparison {
         .map(|k| {
             let p = serf::predict(&k.service_s, k.concurrency, lambda);
             let predicted_ms = p.as_ref().map(|p| p.latency_s * 1e3);
-            let measured_ms = k.measured.filter(|m| m.drained && m.batches > 0).map(|m| m.mean_latency_s * 1e3);
+            let measured = k.measured.as_ref().filter(|m| m.batches > 0);
+            let measured_ms = measured.filter(|m| m.drained).map(|m| m.mean_latency_s * 1e3);
+            let in_run: Vec<Option<f64>> = (0..k.concurrency)
+                .map(|i| measured.and_then(|m| m.in_run.get(i)).filter(|&&(_, n)| n > 0).map(|&(sum, n)| sum / n as f64))
+                .collect();
+            let in_run_or_profile: Vec<f64> = in_run.iter().zip(&k.service_s).map(|(r, &t)| r.unwrap_or(t)).collect();
+            let from_in_run_ms = serf::predict(&in_run_or_profile, k.concurrency, lambda).map(|p| p.latency_s * 1e3);
             Row {
                 concurrency: k.concurrency,
                 intra_threads: k.intra_threads,
@@ -217,8 +271,11 @@ pub fn compare(header: Header, lambda: f64, configs: &[Config]) -> Comparison {
                 predicted_ms,
                 measured_ms,
                 predicted_service_ms: p.as_ref().map(|p| p.service_s * 1e3),
-                measured_service_ms: k.measured.filter(|m| m.batches > 0).map(|m| m.mean_service_s * 1e3),
-                measured_batches: k.measured.map_or(0, |m| m.batches),
+                measured_service_ms: measured.map(|m| m.mean_service_s * 1e3),
+                in_run_service_ms: in_run.iter().map(|t| t.map(|t| t * 1e3)).collect(),
+                predicted_from_in_run_ms: from_in_run_ms,
+                in_run_relative_error: from_in_run_ms.zip(measured_ms).map(|(p, m)| (p - m) / m),
+                measured_batches: measured.map_or(0, |m| m.batches),
                 relative_error: predicted_ms.zip(measured_ms).map(|(p, m)| (p - m) / m),
             }
         })
@@ -230,6 +287,8 @@ pub fn compare(header: Header, lambda: f64, configs: &[Config]) -> Comparison {
     let best_measured = best(|r| r.measured_ms);
     let same_best = best_predicted.is_some() && best_predicted == best_measured;
     let max_abs_relative_error = rows.iter().filter_map(|r| r.relative_error.map(f64::abs)).max_by(f64::total_cmp);
+    let max_abs_in_run_relative_error = rows.iter().filter_map(|r| r.in_run_relative_error.map(f64::abs)).max_by(f64::total_cmp);
+    let best_predicted_from_in_run = best(|r| r.predicted_from_in_run_ms);
     let all_within = !rows.is_empty() && rows.iter().all(|r| r.relative_error.is_some_and(|e| e.abs() <= TOLERANCE));
     Comparison {
         model: header.model,
@@ -239,11 +298,14 @@ pub fn compare(header: Header, lambda: f64, configs: &[Config]) -> Comparison {
         seed: header.seed,
         thread_budget: header.thread_budget,
         duration_s: header.duration_s,
+        rounds: header.rounds,
         rows,
         best_predicted,
         best_measured,
         same_best,
         max_abs_relative_error,
+        best_predicted_from_in_run,
+        max_abs_in_run_relative_error,
         accepted: all_within && same_best,
     }
 }
@@ -263,6 +325,8 @@ pub struct Header {
     pub thread_budget: usize,
     /// Seconds of arrivals per `c`.
     pub duration_s: f64,
+    /// Rounds the run was split into.
+    pub rounds: u32,
 }
 
 /// Intra-op threads per concurrent batch: the budget shared by `c`.
@@ -271,9 +335,10 @@ pub fn intra_threads(thread_budget: usize, c: usize) -> usize {
 }
 
 /// Seeded Poisson arrival times at `lambda` per second in `[origin,
-/// origin + duration_s)` (the simulator's arrival stream).
-pub fn poisson_arrivals(lambda: f64, duration_s: f64, seed: u64, origin: Instant) -> Vec<Instant> {
-    let mut stream = ArrivalStream::new(&Workload::poisson(lambda), 1.0, 0, seed);
+/// origin + duration_s)`: stream `index` of `seed` (the simulator's
+/// arrival stream; one per round).
+pub fn poisson_arrivals(lambda: f64, duration_s: f64, seed: u64, index: u32, origin: Instant) -> Vec<Instant> {
+    let mut stream = ArrivalStream::new(&Workload::poisson(lambda), 1.0, index as usize, seed);
     let end = Instant::ZERO + Duration::from_secs_f64(duration_s);
     let mut out = Vec::new();
     while stream.peek() < end {
@@ -303,6 +368,10 @@ pub struct OpenLoop {
     counted_from: usize,
     latency_sum_s: f64,
     service_sum_s: f64,
+    /// Per concurrency at start: summed service and count.
+    in_run: Vec<(f64, usize)>,
+    /// Per device: batches in flight when its current batch started.
+    started_with: Vec<usize>,
     counted: usize,
     finished: usize,
     /// Inputs and output of each device's batch.
@@ -324,6 +393,8 @@ impl OpenLoop {
             counted_from,
             latency_sum_s: 0.0,
             service_sum_s: 0.0,
+            in_run: vec![(0.0, 0); c],
+            started_with: vec![0; c],
             counted: 0,
             finished: 0,
             slots,
@@ -347,7 +418,13 @@ impl OpenLoop {
                 if i >= self.counted_from {
                     if let Some(&at) = self.arrivals.get(i) {
                         self.latency_sum_s += f.finish.saturating_since(at).as_secs_f64();
-                        self.service_sum_s += f.finish.saturating_since(f.start).as_secs_f64();
+                        let service = f.finish.saturating_since(f.start).as_secs_f64();
+                        self.service_sum_s += service;
+                        let with = self.started_with.get(f.device as usize).copied().unwrap_or(0);
+                        if let Some(acc) = with.checked_sub(1).and_then(|i| self.in_run.get_mut(i)) {
+                            acc.0 += service;
+                            acc.1 += 1;
+                        }
                         self.counted += 1;
                     }
                 }
@@ -368,6 +445,7 @@ impl OpenLoop {
                 let job = Job { tag: i as u64, device: d as u32, model: 0, exec_at: Instant::ZERO, inputs, output: *output };
                 exec.submit(now, &job).map_err(StepError::Submit)?;
                 self.in_flight += 1;
+                self.started_with[d] = self.in_flight;
                 started = true;
             }
             // A start is handed to its device by the next poll; a poll
@@ -394,6 +472,7 @@ impl OpenLoop {
         Measured {
             mean_latency_s: mean(self.latency_sum_s),
             mean_service_s: mean(self.service_sum_s),
+            in_run: self.in_run.clone(),
             batches: self.counted,
             drained: self.finished == self.arrivals.len(),
         }
@@ -422,17 +501,38 @@ pub fn measure(cfg: &MeasureConfig) -> Result<Comparison, MeasureError> {
         return Err(MeasureError::Batch { batch: cfg.batch, max: model.max_batch(), model: model.name });
     }
     let lambda = cfg.rate_rps / f64::from(cfg.batch);
-    let mut configs = Vec::with_capacity(cfg.max_concurrency);
+    // Every c's executor is loaded at once and the rounds alternate
+    // between them, so a change in this shared machine's load during the
+    // run falls on every c alike.
+    let mut benches = Vec::with_capacity(cfg.max_concurrency);
     for c in 1..=cfg.max_concurrency {
-        let intra = intra_threads(cfg.thread_budget, c);
-        tracing::info!("{}: c = {c} ({intra} intra-op threads each): profiling t_1..t_{c}", model.name);
-        let opts = OnnxOptions { devices: c as u32, intra_threads: intra, ..OnnxOptions::default() };
-        let mut bench = Bench::load_with(&model, &opts)?;
-        let service_s = (1..=c).map(|i| profile_service(&mut bench, &model.name, i, cfg)).collect::<Result<Vec<f64>, _>>()?;
-        tracing::info!("{}: c = {c}: t = {service_s:?} s; measuring {} s of arrivals", model.name, cfg.duration_s);
-        let measured = run_open_loop(&mut bench, &model.name, c, lambda, cfg)?;
-        configs.push(Config { concurrency: c, intra_threads: intra, service_s, measured: Some(measured) });
+        let opts = OnnxOptions { devices: c as u32, intra_threads: intra_threads(cfg.thread_budget, c), ..OnnxOptions::default() };
+        benches.push(Bench::load_with(&model, &opts)?);
     }
+    let rounds = cfg.rounds.max(1);
+    let round_cfg = MeasureConfig { duration_s: cfg.duration_s / f64::from(rounds), profile_s: cfg.profile_s / f64::from(rounds), ..cfg.clone() };
+    let mut profiled: Vec<Vec<(f64, usize)>> = (1..=cfg.max_concurrency).map(|c| vec![(0.0, 0); c]).collect();
+    let mut runs: Vec<Vec<Measured>> = vec![Vec::new(); cfg.max_concurrency];
+    for round in 0..rounds {
+        for (k, bench) in benches.iter_mut().enumerate() {
+            let c = k + 1;
+            tracing::info!("{}: round {}/{rounds}, c = {c}: profiling t_1..t_{c}, then {:.1} s of arrivals", model.name, round + 1, round_cfg.duration_s);
+            for (i, acc) in profiled[k].iter_mut().enumerate() {
+                let (sum, n) = profile_service(bench, &model.name, i + 1, &round_cfg)?;
+                acc.0 += sum;
+                acc.1 += n;
+            }
+            runs[k].push(run_open_loop(bench, &model.name, c, lambda, &round_cfg, round)?);
+        }
+    }
+    let configs: Vec<Config> = (1..=cfg.max_concurrency)
+        .map(|c| Config {
+            concurrency: c,
+            intra_threads: intra_threads(cfg.thread_budget, c),
+            service_s: profiled[c - 1].iter().map(|&(sum, n)| if n == 0 { f64::NAN } else { sum / n as f64 }).collect(),
+            measured: Some(Measured::combine(&runs[c - 1])),
+        })
+        .collect();
     let header = Header {
         model: model.name,
         rate_rps: cfg.rate_rps,
@@ -440,14 +540,16 @@ pub fn measure(cfg: &MeasureConfig) -> Result<Comparison, MeasureError> {
         seed: cfg.seed,
         thread_budget: cfg.thread_budget,
         duration_s: cfg.duration_s,
+        rounds,
     };
     Ok(compare(header, lambda, &configs))
 }
 
-/// Mean service time (seconds) of a batch while `i` run at once: devices
-/// `0..i` each resubmit at once, for `cfg.profile_s` after a warm-up of
-/// a quarter of that (at least 3 batches per device).
-fn profile_service(bench: &mut Bench, name: &str, i: usize, cfg: &MeasureConfig) -> Result<f64, MeasureError> {
+/// The summed service times (seconds) and the number of batches timed
+/// while `i` run at once: devices `0..i` each resubmit at once, for
+/// `cfg.profile_s` after a warm-up of a quarter of that (and at least 3
+/// batches per device).
+fn profile_service(bench: &mut Bench, name: &str, i: usize, cfg: &MeasureConfig) -> Result<(f64, usize), MeasureError> {
     let slots: Vec<(Vec<InputRef>, OutputRef)> = (0..i as u32).map(|d| (bench.inputs(d, cfg.batch), bench.output(d))).collect();
     let start = bench.clock.now();
     let warm_until = start + Duration::from_secs_f64(cfg.profile_s / 4.0);
@@ -499,14 +601,14 @@ fn profile_service(bench: &mut Bench, name: &str, i: usize, cfg: &MeasureConfig)
             bench.exec.wait(StdDuration::from_secs(60));
         }
     }
-    Ok(if n == 0 { f64::NAN } else { sum / n as f64 })
+    Ok((sum, n))
 }
 
 /// The open-loop run of one `c` on the wall clock.
-fn run_open_loop(bench: &mut Bench, name: &str, c: usize, lambda: f64, cfg: &MeasureConfig) -> Result<Measured, MeasureError> {
+fn run_open_loop(bench: &mut Bench, name: &str, c: usize, lambda: f64, cfg: &MeasureConfig, round: u32) -> Result<Measured, MeasureError> {
     let slots = (0..c as u32).map(|d| (bench.inputs(d, cfg.batch), bench.output(d))).collect();
     let origin = bench.clock.now();
-    let arrivals = poisson_arrivals(lambda, cfg.duration_s, cfg.seed, origin);
+    let arrivals = poisson_arrivals(lambda, cfg.duration_s, cfg.seed, round, origin);
     let mut driver = OpenLoop::new(arrivals, slots);
     // An overloaded `c` never drains: give up at three times the run.
     let limit = origin + Duration::from_secs_f64(3.0 * cfg.duration_s + 10.0);
@@ -540,8 +642,8 @@ fn run_open_loop(bench: &mut Bench, name: &str, c: usize, lambda: f64, cfg: &Mea
 /// The human-readable report.
 pub fn print(c: &Comparison) {
     println!(
-        "SERF vs ONNX Runtime: {} at {:.1} rps in batches of {} ({:.2} batches/s, Poisson, seed {}), {} s per c, {} intra-op threads shared by the concurrent batches",
-        c.model, c.rate_rps, c.batch, c.batches_per_s, c.seed, c.duration_s, c.thread_budget
+        "SERF vs ONNX Runtime: {} at {:.1} rps in batches of {} ({:.2} batches/s, Poisson, seed {}), {} s per c in {} rounds, {} intra-op threads shared by the concurrent batches",
+        c.model, c.rate_rps, c.batch, c.batches_per_s, c.seed, c.duration_s, c.rounds, c.thread_budget
     );
     println!("| c | threads/batch | t_1..t_c (ms) | utilisation | service: predicted / measured (ms) | latency: predicted (ms) | measured (ms) | batches | error |");
     println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|");
@@ -563,6 +665,16 @@ pub fn print(c: &Comparison) {
         );
     }
     let show = |b: Option<usize>| b.map_or("none".to_string(), |c| c.to_string());
+    for r in &c.rows {
+        let ts: Vec<String> = r.in_run_service_ms.iter().map(|t| t.map_or("-".into(), |t| format!("{t:.3}"))).collect();
+        println!(
+            "c = {}: t_i seen in the run {} ms; SERF from them {} ms ({})",
+            r.concurrency,
+            ts.join(", "),
+            opt(r.predicted_from_in_run_ms, 1.0, ""),
+            r.in_run_relative_error.map_or("-".to_string(), |e| format!("{:+.1}%", e * 100.0))
+        );
+    }
     println!(
         "best c: predicted {}, measured {} ({}); largest |error| {}; acceptance (every |error| <= {:.0}% and the same best c): {}",
         show(c.best_predicted),
@@ -583,11 +695,11 @@ mod tests {
     use scheduler::profile::LatencyProfile;
 
     fn header() -> Header {
-        Header { model: "m".into(), rate_rps: 50.0, batch: 1, seed: 1, thread_budget: 2, duration_s: 10.0 }
+        Header { model: "m".into(), rate_rps: 50.0, batch: 1, seed: 1, thread_budget: 2, duration_s: 10.0, rounds: 1 }
     }
 
     fn measured(ms: f64) -> Option<Measured> {
-        Some(Measured { mean_latency_s: ms / 1e3, mean_service_s: 0.01, batches: 1000, drained: true })
+        Some(Measured { mean_latency_s: ms / 1e3, mean_service_s: 0.01, in_run: vec![], batches: 1000, drained: true })
     }
 
     #[test]
@@ -611,9 +723,21 @@ mod tests {
         let r = compare(header(), 50.0, &[Config { measured: measured(25.0), ..c1.clone() }, c2.clone()]);
         assert_eq!((r.best_measured, r.same_best, r.accepted), (Some(2), false, false));
         // An undrained (overloaded) run has no measured figure and cannot pass.
-        let stuck = Some(Measured { mean_latency_s: 9.0, mean_service_s: 0.01, batches: 10, drained: false });
+        let stuck = Some(Measured { mean_latency_s: 9.0, mean_service_s: 0.01, in_run: vec![], batches: 10, drained: false });
         let r = compare(header(), 50.0, &[Config { measured: stuck, ..c1 }, c2]);
         assert_eq!((r.rows[0].measured_ms, r.best_measured, r.accepted), (None, Some(2), false));
+    }
+
+    #[test]
+    fn rounds_combine_weighted_by_batches() {
+        let a = Measured { mean_latency_s: 0.010, mean_service_s: 0.004, in_run: vec![(0.2, 50), (0.2, 50)], batches: 100, drained: true };
+        let b = Measured { mean_latency_s: 0.040, mean_service_s: 0.008, in_run: vec![(1.0, 300)], batches: 300, drained: true };
+        let m = Measured::combine(&[a.clone(), b.clone()]);
+        assert!((m.mean_latency_s - 0.0325).abs() < 1e-12 && (m.mean_service_s - 0.007).abs() < 1e-12, "{m:?}");
+        assert_eq!((m.batches, m.drained), (400, true));
+        assert_eq!(m.in_run, vec![(1.2, 350), (0.2, 50)]);
+        assert!(!Measured::combine(&[a.clone(), Measured { drained: false, ..b }]).drained);
+        assert_eq!(Measured::combine(&[]).batches, 0);
     }
 
     #[test]
@@ -633,9 +757,10 @@ mod tests {
 
     #[test]
     fn arrivals_are_seeded_poisson() {
-        let a = poisson_arrivals(200.0, 50.0, 7, Instant::ZERO);
-        assert_eq!(a, poisson_arrivals(200.0, 50.0, 7, Instant::ZERO));
-        assert_ne!(a, poisson_arrivals(200.0, 50.0, 8, Instant::ZERO));
+        let a = poisson_arrivals(200.0, 50.0, 7, 0, Instant::ZERO);
+        assert_eq!(a, poisson_arrivals(200.0, 50.0, 7, 0, Instant::ZERO));
+        assert_ne!(a, poisson_arrivals(200.0, 50.0, 8, 0, Instant::ZERO));
+        assert_ne!(a, poisson_arrivals(200.0, 50.0, 7, 1, Instant::ZERO));
         let n = a.len() as f64;
         assert!((n / 50.0 - 200.0).abs() < 200.0 * 0.03, "{n}");
         assert!(a.windows(2).all(|w| w[0] <= w[1]));
@@ -648,7 +773,7 @@ mod tests {
         let model = ExecModel { profile: LatencyProfile::linear(0.0, t_ms, 4).unwrap(), output_len: 8 };
         let mut exec = EmulatedExecutor::new(region, c, 4, vec![model]);
         let slots = (0..c).map(|d| (vec![InputRef { offset: u64::from(d) * 64, len: 16 }], OutputRef { offset: 4096 + u64::from(d) * 64, stride: 8 })).collect();
-        let mut driver = OpenLoop::new(poisson_arrivals(lambda, duration_s, seed, Instant::ZERO), slots);
+        let mut driver = OpenLoop::new(poisson_arrivals(lambda, duration_s, seed, 0, Instant::ZERO), slots);
         let mut now = Instant::ZERO;
         for _ in 0..10_000_000 {
             match driver.step(now, &mut exec).unwrap() {
@@ -666,6 +791,8 @@ mod tests {
         for (c, lambda) in [(1u32, 70.0), (2, 140.0), (2, 70.0)] {
             let m = simulate(c, 10.0, lambda, 400.0, 3);
             assert!(m.drained && m.batches > 20_000, "{m:?}");
+            // Fixed service times: every concurrency level saw exactly 10 ms.
+            assert!(m.in_run.iter().all(|&(sum, n)| n > 0 && (sum / n as f64 - 0.010).abs() < 1e-6), "{:?}", m.in_run);
             let p = serf::predict(&vec![0.010; c as usize], c as usize, lambda).unwrap();
             let err = (p.latency_s - m.mean_latency_s) / m.mean_latency_s;
             assert!(err.abs() < 0.03, "c {c} lambda {lambda}: predicted {} measured {} ({err:+.3})", p.latency_s, m.mean_latency_s);
@@ -702,6 +829,7 @@ mod tests {
             profile_s: 0.5,
             seed: 1,
             thread_budget: 2,
+            rounds: 1,
         };
         let r = measure(&cfg).unwrap();
         assert_eq!(r.rows.len(), 2);
