@@ -131,6 +131,11 @@ pub struct Measured {
     /// included): the `t_i` this run saw, by SERF's own approximation
     /// (Eq. 12 charges a batch the concurrency it finds on arrival).
     pub in_run: Vec<(f64, usize)>,
+    /// Mean start lag of the counted batches, seconds: from when the batch
+    /// could start (its arrival, or its device's previous finish if later)
+    /// to when the host handed it to the device (the host's wake-up and
+    /// dispatch on this machine; outside SERF's model).
+    pub mean_start_lag_s: f64,
     /// Batches counted.
     pub batches: usize,
     /// Whether every batch finished before the run's time limit (an
@@ -156,6 +161,7 @@ impl Measured {
         Measured {
             mean_latency_s: mean(|m| m.mean_latency_s),
             mean_service_s: mean(|m| m.mean_service_s),
+            mean_start_lag_s: mean(|m| m.mean_start_lag_s),
             in_run,
             batches,
             drained: runs.iter().all(|m| m.drained),
@@ -190,6 +196,8 @@ pub struct Row {
     pub predicted_from_in_run_ms: Option<f64>,
     /// Its `(predicted - measured) / measured`.
     pub in_run_relative_error: Option<f64>,
+    /// Measured mean start lag ([`Measured::mean_start_lag_s`]), ms.
+    pub start_lag_ms: Option<f64>,
     /// Batches the measurement counted.
     pub measured_batches: usize,
     /// `(predicted - measured) / measured`.
@@ -275,6 +283,7 @@ pub fn compare(header: Header, lambda: f64, configs: &[Config]) -> Comparison {
                 in_run_service_ms: in_run.iter().map(|t| t.map(|t| t * 1e3)).collect(),
                 predicted_from_in_run_ms: from_in_run_ms,
                 in_run_relative_error: from_in_run_ms.zip(measured_ms).map(|(p, m)| (p - m) / m),
+                start_lag_ms: measured.map(|m| m.mean_start_lag_s * 1e3),
                 measured_batches: measured.map_or(0, |m| m.batches),
                 relative_error: predicted_ms.zip(measured_ms).map(|(p, m)| (p - m) / m),
             }
@@ -372,6 +381,11 @@ pub struct OpenLoop {
     in_run: Vec<(f64, usize)>,
     /// Per device: batches in flight when its current batch started.
     started_with: Vec<usize>,
+    /// Per device: when its current batch could have started.
+    ready_at: Vec<Instant>,
+    /// Per device: its last batch's finish.
+    free_at: Vec<Instant>,
+    start_lag_sum_s: f64,
     counted: usize,
     finished: usize,
     /// Inputs and output of each device's batch.
@@ -395,6 +409,9 @@ impl OpenLoop {
             service_sum_s: 0.0,
             in_run: vec![(0.0, 0); c],
             started_with: vec![0; c],
+            ready_at: vec![Instant::ZERO; c],
+            free_at: vec![Instant::ZERO; c],
+            start_lag_sum_s: 0.0,
             counted: 0,
             finished: 0,
             slots,
@@ -414,12 +431,17 @@ impl OpenLoop {
                 }
                 self.in_flight = self.in_flight.saturating_sub(1);
                 self.finished += 1;
+                if let Some(free) = self.free_at.get_mut(f.device as usize) {
+                    *free = f.finish;
+                }
                 let i = f.tag as usize;
                 if i >= self.counted_from {
                     if let Some(&at) = self.arrivals.get(i) {
                         self.latency_sum_s += f.finish.saturating_since(at).as_secs_f64();
                         let service = f.finish.saturating_since(f.start).as_secs_f64();
                         self.service_sum_s += service;
+                        let ready = self.ready_at.get(f.device as usize).copied().unwrap_or(f.start);
+                        self.start_lag_sum_s += f.start.saturating_since(ready).as_secs_f64();
                         let with = self.started_with.get(f.device as usize).copied().unwrap_or(0);
                         if let Some(acc) = with.checked_sub(1).and_then(|i| self.in_run.get_mut(i)) {
                             acc.0 += service;
@@ -446,6 +468,7 @@ impl OpenLoop {
                 exec.submit(now, &job).map_err(StepError::Submit)?;
                 self.in_flight += 1;
                 self.started_with[d] = self.in_flight;
+                self.ready_at[d] = self.arrivals[i].max(self.free_at[d]);
                 started = true;
             }
             // A start is handed to its device by the next poll; a poll
@@ -472,6 +495,7 @@ impl OpenLoop {
         Measured {
             mean_latency_s: mean(self.latency_sum_s),
             mean_service_s: mean(self.service_sum_s),
+            mean_start_lag_s: mean(self.start_lag_sum_s),
             in_run: self.in_run.clone(),
             batches: self.counted,
             drained: self.finished == self.arrivals.len(),
@@ -668,9 +692,10 @@ pub fn print(c: &Comparison) {
     for r in &c.rows {
         let ts: Vec<String> = r.in_run_service_ms.iter().map(|t| t.map_or("-".into(), |t| format!("{t:.3}"))).collect();
         println!(
-            "c = {}: t_i seen in the run {} ms; SERF from them {} ms ({})",
+            "c = {}: t_i seen in the run {} ms; mean start lag {} ms; SERF from them {} ms ({})",
             r.concurrency,
             ts.join(", "),
+            opt(r.start_lag_ms, 1.0, ""),
             opt(r.predicted_from_in_run_ms, 1.0, ""),
             r.in_run_relative_error.map_or("-".to_string(), |e| format!("{:+.1}%", e * 100.0))
         );
@@ -699,7 +724,7 @@ mod tests {
     }
 
     fn measured(ms: f64) -> Option<Measured> {
-        Some(Measured { mean_latency_s: ms / 1e3, mean_service_s: 0.01, in_run: vec![], batches: 1000, drained: true })
+        Some(Measured { mean_latency_s: ms / 1e3, mean_service_s: 0.01, mean_start_lag_s: 0.0, in_run: vec![], batches: 1000, drained: true })
     }
 
     #[test]
@@ -723,19 +748,20 @@ mod tests {
         let r = compare(header(), 50.0, &[Config { measured: measured(25.0), ..c1.clone() }, c2.clone()]);
         assert_eq!((r.best_measured, r.same_best, r.accepted), (Some(2), false, false));
         // An undrained (overloaded) run has no measured figure and cannot pass.
-        let stuck = Some(Measured { mean_latency_s: 9.0, mean_service_s: 0.01, in_run: vec![], batches: 10, drained: false });
+        let stuck = Some(Measured { mean_latency_s: 9.0, mean_service_s: 0.01, mean_start_lag_s: 0.0, in_run: vec![], batches: 10, drained: false });
         let r = compare(header(), 50.0, &[Config { measured: stuck, ..c1 }, c2]);
         assert_eq!((r.rows[0].measured_ms, r.best_measured, r.accepted), (None, Some(2), false));
     }
 
     #[test]
     fn rounds_combine_weighted_by_batches() {
-        let a = Measured { mean_latency_s: 0.010, mean_service_s: 0.004, in_run: vec![(0.2, 50), (0.2, 50)], batches: 100, drained: true };
-        let b = Measured { mean_latency_s: 0.040, mean_service_s: 0.008, in_run: vec![(1.0, 300)], batches: 300, drained: true };
+        let a = Measured { mean_latency_s: 0.010, mean_service_s: 0.004, mean_start_lag_s: 0.001, in_run: vec![(0.2, 50), (0.2, 50)], batches: 100, drained: true };
+        let b = Measured { mean_latency_s: 0.040, mean_service_s: 0.008, mean_start_lag_s: 0.0, in_run: vec![(1.0, 300)], batches: 300, drained: true };
         let m = Measured::combine(&[a.clone(), b.clone()]);
         assert!((m.mean_latency_s - 0.0325).abs() < 1e-12 && (m.mean_service_s - 0.007).abs() < 1e-12, "{m:?}");
         assert_eq!((m.batches, m.drained), (400, true));
         assert_eq!(m.in_run, vec![(1.2, 350), (0.2, 50)]);
+        assert!((m.mean_start_lag_s - 0.00025).abs() < 1e-12);
         assert!(!Measured::combine(&[a.clone(), Measured { drained: false, ..b }]).drained);
         assert_eq!(Measured::combine(&[]).batches, 0);
     }
@@ -791,6 +817,8 @@ mod tests {
         for (c, lambda) in [(1u32, 70.0), (2, 140.0), (2, 70.0)] {
             let m = simulate(c, 10.0, lambda, 400.0, 3);
             assert!(m.drained && m.batches > 20_000, "{m:?}");
+            // Virtual time: the host hands every batch over when it can start.
+            assert_eq!(m.mean_start_lag_s, 0.0);
             // Fixed service times: every concurrency level saw exactly 10 ms.
             assert!(m.in_run.iter().all(|&(sum, n)| n > 0 && (sum / n as f64 - 0.010).abs() < 1e-6), "{:?}", m.in_run);
             let p = serf::predict(&vec![0.010; c as usize], c as usize, lambda).unwrap();
