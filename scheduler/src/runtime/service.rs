@@ -202,8 +202,8 @@ impl PinnedScheduler {
         // One wake-up per batch of requests, not per request: the thread
         // is woken at the next `collect` (the host's every pass), or now
         // once KICK_EVERY requests wait. A wake is a fence, and a futex
-        // call when the thread sleeps: per request that was ~15% of a busy
-        // daemon's time in context switches.
+        // call when the thread sleeps, which it does as soon as its ring
+        // is empty: per request, a drain of many links woke it many times.
         self.unkicked[t] += 1;
         if self.unkicked[t] >= KICK_EVERY {
             self.kick_model(t);
