@@ -22,6 +22,8 @@ use super::peer::{self, beat, gpus_of, join_all, ns_hist, write_report, LagUs, P
 
 /// Messages taken per link per loop turn at most.
 const RECV_BURST: usize = 256;
+/// Longest sleep of an idle loop turn (the stop request is checked after).
+const IDLE_CAP: Duration = Duration::from_millis(10);
 
 /// What the backends process saw, written to its report file.
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -169,8 +171,16 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
         for link in links.iter_mut() {
             beat(link, now, Role::Backend, &mut buf).map_err(|e| BenchClusterError::Peer(format!("backend {}: {e}", link.id)))?;
         }
-        if !busy {
-            std::thread::yield_now();
+        // A send late in the turn may have taken a link's bytes in: its fd
+        // is quiet then, so no sleep while any link holds input.
+        if !busy && !links.iter().any(|l| l.conn.wait_fd().is_some() && l.conn.may_hold_input()) {
+            // Sleep in epoll until a plan arrives, a batch finishes or a
+            // heartbeat is due, instead of spinning on `yield`: this process
+            // shares the 2 cores with the daemon it loads.
+            let wake = gpus.poll_at().into_iter().chain(links.iter().map(|l| l.live.next_send())).min();
+            let now = clock.now();
+            let budget = wake.map_or(IDLE_CAP, |t| t.saturating_since(now)).min(IDLE_CAP);
+            watch.wait(budget);
         }
     }
     r.dispatch_lag = LagUs::of(&lag);
