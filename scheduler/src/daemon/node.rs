@@ -577,6 +577,24 @@ impl<C: Connection> SchedulerNode<C> {
         }
     }
 
+    /// Changes whenever the set of links [`for_each_conn`](Self::for_each_conn)
+    /// visits may have changed (a link accepted, registered, refused or
+    /// removed), so that a host can skip re-listing ~300 links on every
+    /// pass. Why it is exact without a counter at every site: without a new
+    /// connection (`next_key`), links only move pending -> registered or
+    /// closing, or leave, so equal sizes of all four sets mean no move.
+    /// A link that disconnected stays listed until it is removed; its fd
+    /// then polls readable (hang-up) and the next pass drains and buries it.
+    pub fn link_set_version(&self) -> [u64; 5] {
+        [
+            self.next_key,
+            self.pending.len() as u64,
+            self.closing.len() as u64,
+            self.frontends.len() as u64,
+            self.backends.len() as u64,
+        ]
+    }
+
     /// Readiness from the host (the keys of [`for_each_conn`](Self::for_each_conn)
     /// whose wait fd is readable): from the first call on, the next
     /// [`poll`](Self::poll) drains only these links, links whose last drain

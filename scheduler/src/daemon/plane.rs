@@ -16,7 +16,17 @@
 //! good, and one that comes back gets fresh ones.
 
 use std::cmp::Reverse;
+use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap, HashSet};
+
+/// The hasher of the plane's per-task and per-batch tables (keyed by task
+/// and batch ids): foldhash, seeded per process. SipHash (std's default)
+/// was ~10% of a saturated daemon's time for four lookups per task;
+/// foldhash keeps a random per-process seed, so a peer cannot aim ids at
+/// one bucket without knowing it (docs/decisions.md).
+type IdHasher = foldhash::fast::RandomState;
+type IdMap<V> = HashMap<u64, V, IdHasher>;
+type IdSet = HashSet<u64, IdHasher>;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -196,8 +206,8 @@ pub struct ControlPlane {
     subclusters: Vec<SubCluster>,
     frontends: HashMap<u32, FrontendState>,
     backends: HashMap<u32, BackendState>,
-    tasks: HashMap<u64, TaskMeta>,
-    inflight: HashMap<u64, InFlight>,
+    tasks: IdMap<TaskMeta>,
+    inflight: IdMap<InFlight>,
     /// (planned finish + grace, batch id) of batches in flight; entries of
     /// batches already reported are removed lazily.
     expiries: BinaryHeap<Reverse<(Instant, u64)>>,
@@ -210,7 +220,7 @@ pub struct ControlPlane {
     stopping: bool,
     overlapping_plans: u64,
     /// Ids of tasks taken whose deadline has not passed (duplicate filter).
-    seen: HashSet<u64>,
+    seen: IdSet,
     /// When each id in `seen` may be forgotten.
     seen_expiry: BinaryHeap<Reverse<(Instant, u64)>>,
     duplicate_tasks: u64,
@@ -243,7 +253,7 @@ pub struct ControlPlane {
     route_revision: u64,
     /// Queued tasks being handed back as moved: their core cancellation
     /// answers `Moved`, not `Cancelled`.
-    handing_over: HashSet<u64>,
+    handing_over: IdSet,
     /// Plans of a model this group no longer owned, held back (their
     /// tasks answered moved).
     unowned_plans_held: u64,
@@ -315,8 +325,8 @@ impl ControlPlane {
             subclusters: scs,
             frontends: HashMap::new(),
             backends: HashMap::new(),
-            tasks: HashMap::with_capacity(1 << 16),
-            inflight: HashMap::with_capacity(1024),
+            tasks: IdMap::with_capacity_and_hasher(1 << 16, IdHasher::default()),
+            inflight: IdMap::with_capacity_and_hasher(1024, IdHasher::default()),
             expiries: BinaryHeap::with_capacity(1024),
             batch_grace: DEFAULT_BATCH_GRACE,
             spare_task_lists: Vec::new(),
@@ -326,7 +336,7 @@ impl ControlPlane {
             metrics,
             stopping: false,
             overlapping_plans: 0,
-            seen: HashSet::with_capacity(4096),
+            seen: IdSet::with_capacity_and_hasher(4096, IdHasher::default()),
             seen_expiry: BinaryHeap::with_capacity(4096),
             duplicate_tasks: 0,
             control_delay: core.delay.d_ctrl,
@@ -342,7 +352,7 @@ impl ControlPlane {
             held_gpus: Vec::new(),
             owned: None,
             route_revision: 0,
-            handing_over: HashSet::new(),
+            handing_over: IdSet::default(),
             unowned_plans_held: 0,
         })
         .inspect(ControlPlane::sync_loop_gauges)
@@ -885,22 +895,29 @@ impl ControlPlane {
         // duplicated message (or a peer bug). It is ignored while the
         // original can still run: waiting, planned or running, i.e. until
         // the original's deadline. Answering it would answer the original.
+        // Two hash lookups per task (the filter, then the table's entry).
+        // A repeat found only in `tasks` (its `seen` entry expired while
+        // it still waits) re-enters `seen` with an expiry of its own.
         self.forget_seen(now);
         let deadline = now.saturating_add(Duration::from_nanos(task.budget_ns));
-        if self.tasks.contains_key(&task.task_id) || !self.seen.insert(task.task_id) {
-            self.duplicate_tasks += 1;
-            self.metrics.protocol_errors.inc();
-            return;
+        let fresh = self.seen.insert(task.task_id);
+        if fresh {
+            self.seen_expiry.push(Reverse((deadline, task.task_id)));
         }
-        self.seen_expiry.push(Reverse((deadline, task.task_id)));
-        self.tasks.insert(
-            task.task_id,
-            TaskMeta {
-                frontend: from,
-                input: task.input,
-                model: task.model_id,
-            },
-        );
+        match self.tasks.entry(task.task_id) {
+            Entry::Vacant(slot) if fresh => {
+                slot.insert(TaskMeta {
+                    frontend: from,
+                    input: task.input,
+                    model: task.model_id,
+                });
+            }
+            _ => {
+                self.duplicate_tasks += 1;
+                self.metrics.protocol_errors.inc();
+                return;
+            }
+        }
         let req = Request {
             id: task.task_id,
             model: local,

@@ -35,6 +35,9 @@ use crate::zoo::ModelSpec;
 /// Slots of each ModelThread's ingress ring: a burst beyond this is
 /// refused as [`DropReason::Overloaded`], never buffered.
 pub const INGRESS_SLOTS: usize = 1 << 16;
+/// Requests handed to a ModelThread before it is woken without waiting
+/// for the host's next `collect`.
+const KICK_EVERY: u32 = 64;
 /// Slots of each outcome ring (ModelThread -> host).
 const OUTCOME_SLOTS: usize = 1 << 16;
 /// Slots of the control rings and of the rings between the cores.
@@ -119,6 +122,8 @@ pub struct PinnedScheduler {
     ingress: Vec<Producer<Request>>,
     /// Requests pushed to each ModelThread (orders its controls).
     pushed: Vec<u64>,
+    /// Requests pushed to each ModelThread since it was last woken.
+    unkicked: Vec<u32>,
     control: Vec<Producer<ModelControl>>,
     control_backlog: Vec<VecDeque<ModelControl>>,
     rank_control: Producer<RankControl>,
@@ -170,6 +175,7 @@ impl PinnedScheduler {
         let s = PinnedScheduler {
             owner,
             pushed: vec![0; threads],
+            unkicked: vec![0; threads],
             ingress,
             control_backlog: (0..threads).map(|_| VecDeque::new()).collect(),
             control,
@@ -193,8 +199,26 @@ impl PinnedScheduler {
             return;
         }
         self.pushed[t] += 1;
-        self.kick_model(t);
+        // One wake-up per batch of requests, not per request: the thread
+        // is woken at the next `collect` (the host's every pass), or now
+        // once KICK_EVERY requests wait. A wake is a fence, and a futex
+        // call when the thread sleeps, which it does as soon as its ring
+        // is empty: per request, a drain of many links woke it many times.
+        self.unkicked[t] += 1;
+        if self.unkicked[t] >= KICK_EVERY {
+            self.kick_model(t);
+        }
         self.settle(now, out);
+    }
+
+    /// Wakes the ModelThreads that were handed requests since their last
+    /// wake-up (see [`on_request`](Self::on_request)).
+    pub fn kick_pending(&mut self) {
+        for t in 0..self.unkicked.len() {
+            if self.unkicked[t] > 0 {
+                self.kick_model(t);
+            }
+        }
     }
 
     /// The client gave request `id` of `model` up (answered, if it still
@@ -293,12 +317,14 @@ impl PinnedScheduler {
     /// True when a ModelThread's outcomes wait for [`collect`](Self::collect)
     /// (the host's recheck before it sleeps).
     pub fn has_outcomes(&self) -> bool {
-        self.outcomes.iter().any(|c| !c.is_empty())
+        // A thread not woken yet is work for the host's next `collect`.
+        self.outcomes.iter().any(|c| !c.is_empty()) || self.unkicked.iter().any(|&n| n > 0)
     }
 
     /// Moves every complete decision the workers made into `out` and
     /// retries controls that found a full ring. Returns the outcomes taken.
     pub fn collect(&mut self, out: &mut Actions) -> usize {
+        self.kick_pending();
         self.retry_controls();
         let mut taken = 0;
         for (t, (ring, partial)) in self.outcomes.iter_mut().zip(&mut self.partial).enumerate() {
@@ -366,7 +392,8 @@ impl PinnedScheduler {
         }
     }
 
-    fn kick_model(&self, t: usize) {
+    fn kick_model(&mut self, t: usize) {
+        self.unkicked[t] = 0;
         if let Mode::Running(r) = &self.mode {
             r.model_wakers[t].wake();
         }

@@ -13,6 +13,7 @@ use std::io::Write as _;
 use dataplane::control;
 use dataplane::time::{host_monotonic_ns, Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Error};
+use dataplane::waitset::WaitSet;
 use dataplane::wire::{self, BatchDone, BenchStamp, Message, Role};
 use scheduler::gpu::GpuSet;
 use scheduler::zoo::parse_model_arg;
@@ -21,6 +22,8 @@ use super::peer::{self, beat, gpus_of, join_all, ns_hist, write_report, LagUs, P
 
 /// Messages taken per link per loop turn at most.
 const RECV_BURST: usize = 256;
+/// Longest sleep of an idle loop turn (the stop request is checked after).
+const IDLE_CAP: Duration = Duration::from_millis(10);
 
 /// What the backends process saw, written to its report file.
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -69,17 +72,42 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
     let mut lag = ns_hist();
     let (began, cpu_at_start) = (clock.now(), peer::cpu_s_self());
     let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
+    // Which links have bytes: one epoll_wait per turn instead of a `recv`
+    // per link (256 of them, mostly EAGAIN) that made this process cost
+    // more CPU than the daemon it measures. A link is read when its fd is
+    // readable, when its last read stopped at the burst limit, and when a
+    // send may have taken its bytes in (`Connection::may_hold_input`).
+    let mut watch = WaitSet::new().map_err(|e| BenchClusterError::Peer(format!("epoll: {e}")))?;
+    for (i, link) in links.iter().enumerate() {
+        if let Some(fd) = link.conn.wait_fd() {
+            watch.add_keyed(fd, i as u64).map_err(|e| BenchClusterError::Peer(format!("epoll: {e}")))?;
+        }
+    }
+    let mut unread: Vec<bool> = vec![true; links.len()];
+    let mut ready = Vec::new();
     while !control::stop_requested() {
         let now = clock.now();
         let mut busy = false;
+        ready.clear();
+        watch.ready_now(&mut ready);
+        for &k in &ready {
+            if let Some(u) = unread.get_mut(k as usize) {
+                *u = true;
+            }
+        }
         for (i, link) in links.iter_mut().enumerate() {
-            for _ in 0..RECV_BURST {
+            if !unread[i] && link.conn.wait_fd().is_some() && !link.conn.may_hold_input() {
+                continue;
+            }
+            unread[i] = false;
+            for turn in 0..RECV_BURST {
                 let n = match link.conn.try_recv(&mut buf) {
                     Ok(Some(n)) => n,
                     Ok(None) => break,
                     Err(e) => return Err(BenchClusterError::Peer(format!("backend {}: the scheduler link failed: {e}", link.id))),
                 };
                 busy = true;
+                unread[i] |= turn + 1 == RECV_BURST;
                 match wire::decode(&buf[..n]) {
                     Ok(Message::BenchStamp(s)) => stamps[i] = Some(s),
                     Ok(Message::BatchPlan(head, tasks)) => {
@@ -143,8 +171,16 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
         for link in links.iter_mut() {
             beat(link, now, Role::Backend, &mut buf).map_err(|e| BenchClusterError::Peer(format!("backend {}: {e}", link.id)))?;
         }
-        if !busy {
-            std::thread::yield_now();
+        // A send late in the turn may have taken a link's bytes in: its fd
+        // is quiet then, so no sleep while any link holds input.
+        if !busy && !links.iter().any(|l| l.conn.wait_fd().is_some() && l.conn.may_hold_input()) {
+            // Sleep in epoll until a plan arrives, a batch finishes or a
+            // heartbeat is due, instead of spinning on `yield`: this process
+            // shares the 2 cores with the daemon it loads.
+            let wake = gpus.poll_at().into_iter().chain(links.iter().map(|l| l.live.next_send())).min();
+            let now = clock.now();
+            let budget = wake.map_or(IDLE_CAP, |t| t.saturating_since(now)).min(IDLE_CAP);
+            watch.wait(budget);
         }
     }
     r.dispatch_lag = LagUs::of(&lag);

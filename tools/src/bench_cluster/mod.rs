@@ -94,8 +94,10 @@ pub struct BenchClusterArgs {
     #[arg(long, default_value = "wait")]
     pub idle: String,
     /// Frontends send at most this many tasks per message (1: one `Task`
-    /// message per task; more: batched `Tasks` messages).
-    #[arg(long, default_value_t = 1)]
+    /// message per task; more: batched `Tasks` messages). Batched by
+    /// default, as the production wire is (item 2: frontends
+    /// coalesce submissions).
+    #[arg(long, default_value_t = 16)]
     pub coalesce: u32,
     /// Longest a task waits for its batch at a frontend, µs.
     #[arg(long = "coalesce-us", default_value_t = 50)]
