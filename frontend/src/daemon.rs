@@ -591,8 +591,8 @@ impl<D: Domain> IoHost<D> {
             self.retire_closed();
             while let Some(ev) = self.node.poll_event() {
                 match ev {
-                    FrontendEvent::Registered { models } => return Ok(models),
-                    FrontendEvent::Refused { why } => return Err(FrontendError::Refused(why)),
+                    FrontendEvent::Registered { models, .. } => return Ok(models),
+                    FrontendEvent::Refused { why, .. } => return Err(FrontendError::Refused(why)),
                     _ => {}
                 }
             }
@@ -652,7 +652,7 @@ impl<D: Domain> IoHost<D> {
             self.retire_closed();
             while let Some(ev) = self.node.poll_event() {
                 match ev {
-                    FrontendEvent::SchedulerLost { why } => {
+                    FrontendEvent::SchedulerLost { why, .. } => {
                         warn!(%why, "scheduler lost; holding requests and reconnecting");
                         self.reconnect.lost(now);
                     }
@@ -660,7 +660,7 @@ impl<D: Domain> IoHost<D> {
                         info!(attempts = self.reconnect.failures() + 1, "registered with the scheduler again");
                         self.reconnect.connected();
                     }
-                    FrontendEvent::Refused { why } => {
+                    FrontendEvent::Refused { why, .. } => {
                         warn!(%why, "the scheduler refused the registration; trying the next");
                         self.reconnect.failed(now);
                     }
