@@ -1401,6 +1401,8 @@ mod tests {
     const SCHEDULER: NodeId = 0;
     /// Every data link's other end (backends, or impostors).
     const PEER: NodeId = 1;
+    /// With groups: group g's scheduler is node `SCHEDULER_B + g`.
+    const SCHEDULER_B: NodeId = 10;
 
     /// The node under test, its service, and the network its links run
     /// on (messages arrive at the instant they are sent).
@@ -1487,6 +1489,25 @@ mod tests {
             assert_eq!(self.events(), [FrontendEvent::Registered { group: 0, models: 2 }]);
             sched.take_all();
             sched
+        }
+        /// With groups: group `g`'s scheduler link (its own peer node),
+        /// registered at `now`; returns the scheduler's end.
+        fn registered_group(&mut self, now: Instant, g: usize) -> SimPeer {
+            let (ours, mut sched) = self.link(SCHEDULER_B + g as NodeId);
+            self.node.handle_group_link(now, g, ours);
+            sched.challenge(NONCE).unwrap();
+            assert!(self.poll(now));
+            assert!(sched.take_join().is_some());
+            sched.put(&welcome(2));
+            assert!(self.poll(now));
+            assert_eq!(self.events(), [FrontendEvent::Registered { group: g as u16, models: 2 }]);
+            sched.take_all();
+            sched
+        }
+        /// A request for model `m`.
+        fn submit_model(&self, m: u32) -> Ticket {
+            let len = self.service.catalog().by_id(m).unwrap().input.byte_len() as usize;
+            self.service.submit(m, &vec![1u8; len], ms(400), Default::default()).unwrap()
         }
         /// Hands over a data link that registers as backend `id`.
         fn backend(&mut self, now: Instant, id: u32) -> SimPeer {
@@ -1783,6 +1804,140 @@ mod tests {
         let c = f.service.counters();
         // The request given up is ended (freeing its slot), not resent.
         assert_eq!((c.accepted, c.dropped, c.failed), (5, 1, 0), "{c:?}");
+    }
+
+    // ---- scheduler groups (issue 19) -------------------------------------
+
+    fn grouped() -> Frontend {
+        let mut f = frontend();
+        f.node = std::mem::replace(&mut f.node, frontend().node).with_groups(2);
+        assert!(f.node.failover(), "groups imply holding tasks");
+        f
+    }
+
+    fn moved(task_id: u64) -> wire::Dropped {
+        wire::Dropped { task_id, reason: DropReason::Moved as u32, reserved: 0 }
+    }
+
+    #[test]
+    fn with_groups_each_task_goes_to_its_owner_and_a_moved_one_is_resubmitted_with_the_budget_left() {
+        let mut f = grouped();
+        assert!(f.node.handle_routes(1, &[Some(0), Some(1)]));
+        assert!(!f.node.handle_routes(1, &[Some(1), Some(1)]), "the same revision again is ignored");
+        let mut a = f.registered_group(T0, 0);
+        let mut b = f.registered_group(T0, 1);
+        let (mut t0, t1) = (f.submit_model(0), f.submit_model(1));
+        f.poll(T0);
+        assert_eq!(a.tasks().iter().map(|t| t.task_id).collect::<Vec<_>>(), [t0.task_id()]);
+        assert_eq!(b.tasks().iter().map(|t| t.task_id).collect::<Vec<_>>(), [t1.task_id()]);
+        // Model 0 moves to group 1; group 0 hands its task back.
+        let at = T0 + ms(10);
+        assert!(f.node.handle_routes(2, &[Some(1), Some(1)]));
+        a.put(&moved(t0.task_id()));
+        f.poll(at);
+        f.poll(at);
+        assert!(poll_now(&mut t0).is_pending(), "taken back, not ended");
+        let resent = b.tasks();
+        assert_eq!(resent.len(), 1, "{resent:?}");
+        assert_eq!(resent[0].task_id, t0.task_id());
+        assert_eq!(resent[0].budget_ns, ms(390).as_nanos(), "the budget left, same deadline");
+        assert!(a.tasks().is_empty());
+        assert_eq!(f.node.stats().moved_taken_back.load(Ordering::Relaxed), 1);
+        // Its new owner answers: the one outcome reaches the ticket.
+        b.put(&wire::Dropped { task_id: t0.task_id(), reason: DropReason::Overloaded as u32, reserved: 0 });
+        f.poll(at);
+        assert_eq!(poll_now(&mut t0), Poll::Ready(Outcome::Dropped(DropReason::Overloaded)));
+        // New tasks of model 0 now go to group 1.
+        let t2 = f.submit_model(0);
+        f.poll(at);
+        assert_eq!(b.tasks().iter().map(|t| t.task_id).collect::<Vec<_>>(), [t2.task_id()]);
+    }
+
+    #[test]
+    fn with_groups_a_task_refused_by_the_owner_its_table_names_waits_for_a_change_or_its_retry_then_its_deadline() {
+        let mut f = grouped();
+        f.node.handle_routes(1, &[Some(0), Some(1)]);
+        let mut a = f.registered_group(T0, 0);
+        let mut b = f.registered_group(T0, 1);
+        let mut t0 = f.submit_model(0);
+        f.poll(T0);
+        assert_eq!(a.tasks().len(), 1);
+        // Group 0 says moved, but the frontend's table (revision 1) still
+        // names it: nothing goes out before the retry time...
+        a.put(&moved(t0.task_id()));
+        f.poll(T0);
+        f.poll(T0 + ms(5));
+        assert!(a.tasks().is_empty() && b.tasks().is_empty());
+        // ...then it is offered to the owner again (the owner may have
+        // applied the revision late).
+        let retry = T0 + MOVED_RETRY + ms(10);
+        f.poll(retry);
+        f.poll(retry);
+        assert_eq!(a.tasks().iter().map(|t| t.task_id).collect::<Vec<_>>(), [t0.task_id()]);
+        // Refused again; a new table sends it to group 1 at once.
+        a.put(&moved(t0.task_id()));
+        f.poll(retry);
+        assert!(f.node.handle_routes(2, &[Some(1), Some(1)]));
+        f.poll(retry);
+        f.poll(retry);
+        assert_eq!(b.tasks().iter().map(|t| t.task_id).collect::<Vec<_>>(), [t0.task_id()]);
+        b.put(&wire::Dropped { task_id: t0.task_id(), reason: DropReason::Overloaded as u32, reserved: 0 });
+        f.poll(retry);
+        assert_eq!(poll_now(&mut t0), Poll::Ready(Outcome::Dropped(DropReason::Overloaded)));
+        // A group that keeps refusing: the task is offered again every
+        // retry until its deadline, then ends as dropped `moved`, once.
+        let mut t1 = f.submit_model(1);
+        let mut at = retry;
+        let mut offers = 0;
+        while at < retry + ms(500) {
+            f.poll(at);
+            for t in b.tasks() {
+                assert_eq!(t.task_id, t1.task_id());
+                offers += 1;
+                b.put(&moved(t.task_id));
+            }
+            at = at + ms(5);
+        }
+        assert!((5..=25).contains(&offers), "{offers} offers in 400 ms");
+        assert_eq!(poll_now(&mut t1), Poll::Ready(Outcome::Dropped(DropReason::Moved)));
+        let c = f.service.counters();
+        assert!(c.balanced(), "{c:?}");
+    }
+
+    #[test]
+    fn with_groups_losing_one_group_holds_its_tasks_for_its_next_link_and_cancels_go_to_the_tasks_group() {
+        let mut f = grouped();
+        // Before the first table, tasks wait (the sink opens at the first
+        // registration).
+        let mut a = f.registered_group(T0, 0);
+        let early = f.submit_model(0);
+        f.poll(T0);
+        assert!(a.tasks().is_empty(), "no table yet");
+        f.node.handle_routes(1, &[Some(0), Some(1)]);
+        f.poll(T0);
+        assert_eq!(a.tasks().iter().map(|t| t.task_id).collect::<Vec<_>>(), [early.task_id()]);
+        let b = f.registered_group(T0, 1);
+        let mut t1 = f.submit_model(1);
+        f.poll(T0);
+        drop(b);
+        let t0 = f.submit_model(0);
+        f.poll(T0 + MS);
+        assert!(matches!(f.events().as_slice(), [FrontendEvent::SchedulerLost { group: 1, .. }]));
+        assert!(f.service.ready(), "group 0 still serves");
+        assert_eq!(a.tasks().iter().map(|t| t.task_id).collect::<Vec<_>>(), [t0.task_id()]);
+        assert!(poll_now(&mut t1).is_pending(), "held for group 1");
+        let mut b = f.registered_group(T0 + ms(50), 1);
+        f.poll(T0 + ms(50));
+        let resent = b.tasks();
+        assert_eq!(resent.iter().map(|t| t.task_id).collect::<Vec<_>>(), [t1.task_id()]);
+        assert_eq!(resent[0].budget_ns, ms(350).as_nanos());
+        // A cancel goes to the group that has the task.
+        let mut t0 = t0;
+        assert!(f.service.cancel(&mut t0));
+        f.poll(T0 + ms(50));
+        let cancels = |p: &mut SimPeer| p.take_all().iter().filter(|m| matches!(wire::decode(m), Ok(Message::Cancel(_)))).count();
+        assert_eq!((cancels(&mut a), cancels(&mut b)), (1, 0));
+        assert_eq!(f.node.stats().cancels_sent.load(Ordering::Relaxed), 1);
     }
 
     #[test]
