@@ -104,15 +104,16 @@ impl HeldTasks {
     }
 
     /// `task_id` was answered `moved` at `now`: it waits (see the module
-    /// docs), retried from `now + retry` at the latest. False if no such
-    /// task is held (its outcome then goes to the staging area as is).
-    pub fn moved(&mut self, task_id: u64, now: Instant, retry: Duration) -> bool {
-        let Some(e) = self.table.get_mut(TaskId(task_id).slot() as usize) else { return false };
+    /// docs), retried from `now + retry` at the latest. Returns the
+    /// routing revision it was sent by; `None` if no such task is held (its
+    /// outcome then goes to the staging area as is).
+    pub fn moved(&mut self, task_id: u64, now: Instant, retry: Duration) -> Option<u64> {
+        let e = self.table.get_mut(TaskId(task_id).slot() as usize)?;
         if !e.used || e.task.task_id != task_id || e.wait != Wait::Sent {
-            return false;
+            return None;
         }
         e.wait = Wait::Moved { rev: e.rev, retry_at: now.saturating_add(retry) };
-        true
+        Some(e.rev)
     }
 
     /// The group `task_id` was sent to, if it is at one.

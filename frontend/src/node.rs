@@ -81,6 +81,8 @@ pub struct FrontendStats {
     /// With scheduler groups: tasks a group answered `moved`, taken back
     /// to be resubmitted to the model's owner.
     pub moved_taken_back: AtomicU64,
+    /// With scheduler groups: the routing revision followed.
+    pub route_revision: AtomicU64,
 }
 
 impl FrontendStats {
@@ -88,7 +90,10 @@ impl FrontendStats {
     /// scraped).
     pub fn register(self: &Arc<Self>, r: &MetricsRegistry) {
         type Read = fn(&FrontendStats) -> u64;
-        let gauges: [(&str, &str, Read); 2] = [
+        let gauges: [(&str, &str, Read); 3] = [
+            ("symphony_frontend_route_revision", "The routing table revision followed (scheduler groups; 0: none)", |s| {
+                s.route_revision.load(Ordering::Relaxed)
+            }),
             ("symphony_frontend_ready", "1 while registered with the scheduler", |s| {
                 u64::from(s.ready.load(Ordering::Relaxed))
             }),
@@ -354,6 +359,9 @@ struct Routing {
     repass: bool,
     /// A task taken from the queue whose group's link had no room.
     unsent: Option<Task>,
+    /// A group answered `moved` for a task this table sent it: the table
+    /// may be old (see [`FrontendNode::take_stale_table`]).
+    stale: bool,
 }
 
 /// How long a task answered `moved` by the group the frontend's table
@@ -456,7 +464,7 @@ impl<C: Connection> FrontendNode<C> {
     pub fn with_groups(mut self, groups: usize) -> Self {
         let groups = groups.clamp(1, usize::from(u16::MAX));
         self.links = (0..groups).map(|_| SchedLink::new(true)).collect();
-        self.routing = Some(Routing { revision: 0, owners: vec![None; self.cfg.models as usize], repass: false, unsent: None });
+        self.routing = Some(Routing { revision: 0, owners: vec![None; self.cfg.models as usize], repass: false, unsent: None, stale: false });
         self.held = Some(HeldTasks::new(self.staging.capacity()));
         self
     }
@@ -493,6 +501,12 @@ impl<C: Connection> FrontendNode<C> {
     /// Scheduler groups (1 without groups).
     pub fn groups(&self) -> usize {
         self.links.len()
+    }
+    /// Whether a group answered `moved` for a task the node's current
+    /// table sent it since the last call: the host may read the table
+    /// again now rather than at its next period.
+    pub fn take_stale_table(&mut self) -> bool {
+        self.routing.as_mut().is_some_and(|r| std::mem::take(&mut r.stale))
     }
     /// The routing revision the node follows (0: none, or no groups).
     pub fn route_revision(&self) -> u64 {
@@ -555,6 +569,7 @@ impl<C: Connection> FrontendNode<C> {
             *o = owners.get(m).copied().flatten().filter(|&g| usize::from(g) < groups);
         }
         r.repass = true;
+        self.tasks.queue.stats.route_revision.store(revision, Ordering::Relaxed);
         true
     }
 
@@ -1128,16 +1143,18 @@ impl<C: Connection> FrontendNode<C> {
                         live.heard(now);
                         *heard_at = now;
                         match wire::decode(&buf[..n]) {
-                            Ok(Message::Dropped(d))
-                                if d.reason == DropReason::Moved as u32
-                                    && routing.is_some()
-                                    && held.as_mut().is_some_and(|h| h.moved(d.task_id, now, MOVED_RETRY)) =>
-                            {
-                                stats.moved_taken_back.fetch_add(1, Ordering::Relaxed);
-                                if let Some(r) = routing.as_mut() {
-                                    r.repass = true;
+                            Ok(Message::Dropped(d)) if d.reason == DropReason::Moved as u32 && routing.is_some() => {
+                                match (routing.as_mut(), held.as_mut().and_then(|h| h.moved(d.task_id, now, MOVED_RETRY))) {
+                                    (Some(r), Some(sent_by)) => {
+                                        stats.moved_taken_back.fetch_add(1, Ordering::Relaxed);
+                                        r.repass = true;
+                                        r.stale |= sent_by >= r.revision;
+                                        sweep_at.get_or_insert(now.saturating_add(HOLD_SWEEP));
+                                    }
+                                    _ => {
+                                        staging.route(d.task_id, RoutedOutcome::Dropped(DropReason::Moved));
+                                    }
                                 }
-                                sweep_at.get_or_insert(now.saturating_add(HOLD_SWEEP));
                             }
                             Ok(m @ (Message::Dropped(_) | Message::Completion(..))) => {
                                 if staging.route_message(&m).is_err() {
@@ -1843,6 +1860,7 @@ mod tests {
         assert_eq!(resent[0].budget_ns, ms(390).as_nanos(), "the budget left, same deadline");
         assert!(a.tasks().is_empty());
         assert_eq!(f.node.stats().moved_taken_back.load(Ordering::Relaxed), 1);
+        assert!(!f.node.take_stale_table(), "sent by an older table: this one is not stale");
         // Its new owner answers: the one outcome reaches the ticket.
         b.put(&wire::Dropped { task_id: t0.task_id(), reason: DropReason::Overloaded as u32, reserved: 0 });
         f.poll(at);
@@ -1866,6 +1884,8 @@ mod tests {
         // names it: nothing goes out before the retry time...
         a.put(&moved(t0.task_id()));
         f.poll(T0);
+        assert!(f.node.take_stale_table(), "the host may read the table now");
+        assert!(!f.node.take_stale_table(), "once");
         f.poll(T0 + ms(5));
         assert!(a.tasks().is_empty() && b.tasks().is_empty());
         // ...then it is offered to the owner again (the owner may have

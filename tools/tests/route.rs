@@ -21,7 +21,7 @@ fn a_model_moved_between_two_scheduler_groups_under_load_leaves_nothing_unaccoun
     let r = run(&GroupsRun {
         exe: PathBuf::from(env!("CARGO_BIN_EXE_symphony")),
         zoo: "a100".into(),
-        models: "ResNet50,InceptionV3".into(),
+        models: "ResNet50,EfficientNetV2L".into(),
         rate: 200.0,
         duration_s: 3.0,
         reroute_at_s: 1.0,
