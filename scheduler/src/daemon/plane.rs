@@ -1199,6 +1199,12 @@ impl ControlPlane {
             // per drop otherwise.
             let handed_back = !self.handing_over.is_empty() && self.handing_over.remove(&req.id);
             let reason = if handed_back && reason == DropReason::Cancelled { DropReason::Moved } else { reason };
+            if handed_back {
+                // Handed back, not done: its frontend resubmits the same id
+                // to the owner, which may be this group again after a move
+                // back (then a new submission, not a duplicate).
+                self.seen.remove(&req.id);
+            }
             if let Some(m) = self.tasks.remove(&req.id) {
                 self.metrics.model_drops(m.model);
                 self.metrics.level_drops(self.level_index(m.model, req.priority), reason);
@@ -1231,6 +1237,7 @@ impl ControlPlane {
                 self.metrics.unowned_plans_held.inc();
                 for r in members {
                     self.handing_over.remove(&r.id);
+                    self.seen.remove(&r.id);
                     if let Some(m) = self.tasks.remove(&r.id) {
                         self.metrics.model_drops(m.model);
                         self.send_dropped(r.id, m.frontend, DropReason::Moved);
