@@ -1577,6 +1577,12 @@ mod tests {
         assert!(!p.owns(0) && p.owns(1) && p.route_revision() == 2);
         let text = p.metrics.encode();
         assert!(text.contains("moved"), "drops by reason count moved");
+        // Model "a" comes back: a task handed back before is resubmitted
+        // with the same id and is a new submission, not a duplicate.
+        assert!(p.set_routes(t0, &routes(3, &["a", "b"], &[]), "a"));
+        p.on_task(t0, 1, &task(1, 0, 1));
+        assert!(drain(&mut p).is_empty(), "taken, not answered");
+        assert_eq!(p.waiting_tasks(), 2, "task 1 waits again beside model b's");
     }
 
     /// Seeded runs (the harness's ownership invariant at the plane): tasks
