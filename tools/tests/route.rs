@@ -37,7 +37,7 @@ fn a_model_moved_between_two_scheduler_groups_under_load_leaves_nothing_unaccoun
     assert!(r.moved_batches_at_apply > 0.0, "group a planned the model before the move");
     assert_eq!(r.moved_batches_at_end, r.moved_batches_at_apply, "group a planned {} after it applied the revision that moved it away", r.moved_model);
     assert!(r.moved_batches_b > 0.0, "group b serves the moved model");
-    // Measured on 2026-11-26 (5 runs): 2 to 4 tasks handed back per run,
+    // Measured on 2026-11-26 (5 runs): 2 to 6 tasks handed back per run,
     // none of them ended dropped `moved`.
     assert!(r.moved_dropped * 2.0 <= r.resubmitted, "resubmitted {} tasks answered moved, {} still ended dropped moved", r.resubmitted, r.moved_dropped);
     assert_eq!(r.group_b_revision, 2.0, "group b follows the table too");
