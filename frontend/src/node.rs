@@ -1916,7 +1916,7 @@ mod tests {
                 offers += 1;
                 b.put(&moved(t.task_id));
             }
-            at = at + ms(5);
+            at += ms(5);
         }
         assert!((5..=25).contains(&offers), "{offers} offers in 400 ms");
         assert_eq!(poll_now(&mut t1), Poll::Ready(Outcome::Dropped(DropReason::Moved)));
