@@ -696,7 +696,8 @@ impl<D: Domain> IoHost<D> {
                 match ev {
                     FrontendEvent::Registered { models, group: g } if usize::from(g) == group => return Ok(models),
                     FrontendEvent::Refused { why, group: g } if usize::from(g) == group => return Err(FrontendError::Refused(why)),
-                    _ => {}
+                    // Another group's link (registered before this one).
+                    other => self.on_event(other, now),
                 }
             }
             if work {
@@ -764,6 +765,36 @@ impl<D: Domain> IoHost<D> {
         taken
     }
 
+    /// Logs an event of the node and tells its group's reconnection what
+    /// became of the link.
+    fn on_event(&mut self, ev: FrontendEvent, now: Instant) {
+        match ev {
+            FrontendEvent::SchedulerLost { why, group } => {
+                warn!(%why, group, "scheduler lost; holding requests and reconnecting");
+                if let Some(r) = self.reconnects.get_mut(usize::from(group)) {
+                    r.lost(now);
+                }
+            }
+            FrontendEvent::Registered { group, .. } => {
+                if let Some(r) = self.reconnects.get_mut(usize::from(group)) {
+                    info!(attempts = r.failures() + 1, group, "registered with the scheduler again");
+                    r.connected();
+                }
+            }
+            FrontendEvent::Refused { why, group } => {
+                warn!(%why, group, "the scheduler refused the registration; trying the next");
+                if let Some(r) = self.reconnects.get_mut(usize::from(group)) {
+                    r.failed(now);
+                }
+            }
+            FrontendEvent::BackendLost { id, why } => {
+                warn!(backend = id, %why, "backend data connection closed")
+            }
+            FrontendEvent::LinkRefused { why } => warn!("{why}"),
+            FrontendEvent::BackendJoined(id) => info!(backend = id, "backend data connection registered"),
+        }
+    }
+
     fn poll_loop(&mut self, acceptor: &Acceptor<D::Conn>) -> Ended {
         loop {
             if self.stop.load(Ordering::Acquire) {
@@ -774,31 +805,7 @@ impl<D: Domain> IoHost<D> {
             work |= self.node.poll(now);
             self.retire_closed();
             while let Some(ev) = self.node.poll_event() {
-                match ev {
-                    FrontendEvent::SchedulerLost { why, group } => {
-                        warn!(%why, group, "scheduler lost; holding requests and reconnecting");
-                        if let Some(r) = self.reconnects.get_mut(usize::from(group)) {
-                            r.lost(now);
-                        }
-                    }
-                    FrontendEvent::Registered { group, .. } => {
-                        if let Some(r) = self.reconnects.get_mut(usize::from(group)) {
-                            info!(attempts = r.failures() + 1, group, "registered with the scheduler again");
-                            r.connected();
-                        }
-                    }
-                    FrontendEvent::Refused { why, group } => {
-                        warn!(%why, group, "the scheduler refused the registration; trying the next");
-                        if let Some(r) = self.reconnects.get_mut(usize::from(group)) {
-                            r.failed(now);
-                        }
-                    }
-                    FrontendEvent::BackendLost { id, why } => {
-                        warn!(backend = id, %why, "backend data connection closed")
-                    }
-                    FrontendEvent::LinkRefused { why } => warn!("{why}"),
-                    FrontendEvent::BackendJoined(id) => info!(backend = id, "backend data connection registered"),
-                }
+                self.on_event(ev, now);
             }
             work |= self.try_reconnect(now);
             while let Some(conn) = acceptor.try_next() {
