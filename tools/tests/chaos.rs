@@ -94,8 +94,8 @@ fn reroute() {
 /// load, each node applying each table after its own seeded lag. Every
 /// request ends once, no plan of a model leaves either scheduler after it
 /// applied a revision that took the model away, and the tasks a group
-/// hands back are resubmitted: most of them succeed rather than end as
-/// dropped `moved`. Shorter seeds than the other classes (CI's budget).
+/// hands back are resubmitted: nearly all of them reach their owner rather
+/// than end as dropped `moved`. Shorter seeds than the other classes (CI's budget).
 #[test]
 fn reroute2() {
     let cfg = ChaosConfig::new(1, FaultSet::only(FaultClass::Reroute2), Duration::from_millis(400));
@@ -114,7 +114,9 @@ fn reroute2() {
         s.moved_dropped
     );
     assert!(s.resubmitted >= 3 * n, "moves hand tasks back: {} over {n} seeds", s.resubmitted);
-    assert!(s.moved_dropped * 4 <= s.resubmitted, "most resubmitted tasks find their owner: {} of {} dropped moved", s.moved_dropped, s.resubmitted);
+    // Measured on 2026-11-26: 3 of 22823 resubmitted tasks ended dropped
+    // `moved` (their budget ran out while the owner lagged).
+    assert!(s.moved_dropped * 100 <= s.resubmitted, "resubmitted tasks find their owner: {} of {} dropped moved", s.moved_dropped, s.resubmitted);
 }
 
 /// Priorities, cancellations and bounded queues under faults: every
