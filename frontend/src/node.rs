@@ -23,6 +23,12 @@
 //! [`DropReason::Shutdown`]; with it ([`FrontendNode::with_failover`], the
 //! daemon's mode) they are held ([`crate::held`]) and resent to the next
 //! scheduler link that registers.
+//!
+//! With several scheduler groups ([`FrontendNode::with_groups`], issue 19)
+//! the node holds one scheduler link per group, sends each task to its
+//! model's owner by the newest routing table handed to it, and resubmits a
+//! task a group answers `moved` to the owner with the budget it has left
+//! (through the same held table).
 
 use crate::held::HeldTasks;
 use crate::service::{SinkError, TaskSink};
