@@ -44,7 +44,9 @@ use dataplane::time::{Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Listener, Registration};
 use dataplane::waitset::{IdleWait, Notifier};
 use dataplane::wire::DropReason;
+use scheduler::daemon::routes_watch::{RoutesConfig, RoutesWatch};
 use scheduler::daemon::ModelListArgs;
+use scheduler::routes::RouteTable;
 use scheduler::zoo::ModelSpec;
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -76,10 +78,24 @@ pub struct FrontendArgs {
     /// This frontend's id (< 4096, unique in the cluster).
     #[arg(long, default_value_t = 0)]
     pub id: u32,
-    /// The scheduler's control address (required); several, comma-separated
-    /// (a leader and its standbys), are tried in turn when reconnecting.
+    /// The scheduler's control address (required unless --etcd); several,
+    /// comma-separated (a leader and its standbys), are tried in turn when
+    /// reconnecting.
     #[arg(long)]
     pub scheduler: Option<String>,
+    /// Several scheduler groups (issue 19): etcd client endpoints,
+    /// comma-separated. The frontend reads the routing table there (as the
+    /// schedulers do), links to every group by the `schedulers` addresses
+    /// the table gives, sends each task to its model's owner and follows
+    /// the table's changes; replaces --scheduler.
+    #[arg(long)]
+    pub etcd: Option<String>,
+    /// The routing table's key in etcd (with --etcd).
+    #[arg(long, default_value = scheduler::routes::DEFAULT_ROUTES_KEY)]
+    pub routes_key: String,
+    /// How often the routing table is re-read, ms (with --etcd).
+    #[arg(long, default_value_t = 50)]
+    pub routes_poll_ms: u64,
     /// KServe v2 HTTP listen address, HOST:PORT.
     #[arg(long, default_value = "127.0.0.1:0", value_parser = parse_socket_addr)]
     pub http: SocketAddr,
@@ -136,8 +152,12 @@ pub struct FrontendArgs {
 pub struct FrontendConfig {
     /// Frontend id.
     pub id: u16,
-    /// Scheduler control addresses (at least one), tried in this order.
+    /// Scheduler control addresses (at least one, unless `routes`), tried
+    /// in this order.
     pub schedulers: Vec<String>,
+    /// With scheduler groups: where the routing table is read (the
+    /// schedulers' follower; its `group` is unused here).
+    pub routes: Option<RoutesConfig>,
     /// HTTP listen address.
     pub http: SocketAddr,
     /// gRPC listen address.
@@ -182,10 +202,27 @@ impl FrontendArgs {
         if self.id >= MAX_FRONTEND_ID {
             return Err(ConfigError::invalid("id", format!("{}: frontend ids must be < {MAX_FRONTEND_ID}", self.id)));
         }
-        let scheduler = self.scheduler.ok_or(ConfigError::Missing {
-            option: "scheduler",
-            what: "the scheduler's control address",
-        })?;
+        let routes = match self.etcd.as_deref().map(split_addrs) {
+            None => None,
+            Some(e) if e.is_empty() => return Err(ConfigError::invalid("etcd", "no endpoint given")),
+            Some(_) if self.scheduler.is_some() => {
+                return Err(ConfigError::invalid("scheduler", "with --etcd the routing table names every group's schedulers: give one of the two"))
+            }
+            Some(_) if self.routes_poll_ms == 0 => return Err(ConfigError::invalid("routes-poll-ms", "must be positive")),
+            Some(endpoints) => Some(RoutesConfig {
+                endpoints,
+                group: String::new(),
+                key: self.routes_key.clone(),
+                poll: Duration::from_millis(self.routes_poll_ms),
+            }),
+        };
+        let scheduler = match (self.scheduler, &routes) {
+            (Some(s), _) => s,
+            (None, Some(_)) => String::new(),
+            (None, None) => {
+                return Err(ConfigError::Missing { option: "scheduler", what: "the scheduler's control address" })
+            }
+        };
         let in_range = |name: &str, v: usize, max: usize| {
             if (1..=max).contains(&v) {
                 Ok(v)
@@ -198,12 +235,13 @@ impl FrontendArgs {
             warn!("--control-delay-us is for the scheduler and the backends; a frontend ignores it");
         }
         let schedulers = split_addrs(&scheduler);
-        if schedulers.is_empty() {
+        if schedulers.is_empty() && routes.is_none() {
             return Err(ConfigError::invalid("scheduler", "no address given"));
         }
         Ok(FrontendConfig {
             id: self.id as u16,
             schedulers,
+            routes,
             http: self.http,
             grpc: self.grpc,
             tls: crate::tls::from_options(self.tls_cert.as_ref(), self.tls_key.as_ref())
@@ -360,10 +398,27 @@ fn serve<D: Domain>(domain: D, cfg: FrontendConfig) -> Result<(), FrontendError>
     )
     .with_join_token(cfg.join_token.clone())
     .with_failover(true);
-    let (sched, at) = connect_first(&domain, &cfg.schedulers, CONNECT_TIMEOUT)
-        .map_err(|source| FrontendError::Unreachable { addr: cfg.schedulers.join(","), source })?;
-    let mut reconnect = Reconnect::new(cfg.schedulers.clone(), DEFAULT_MIN_BACKOFF, DEFAULT_MAX_BACKOFF);
-    reconnect.prefer(&cfg.schedulers[at]);
+    // One link per scheduler group (one group without a routing table).
+    let (node, groups, routes) = match &cfg.routes {
+        None => (node, vec![(String::new(), cfg.schedulers.clone())], None),
+        Some(rc) => {
+            let watch = RoutesWatch::spawn(rc, idler.notifier()).map_err(setup("routing table follower"))?;
+            let table = first_table(&watch, rc)?;
+            let groups: Vec<(String, Vec<String>)> = table.groups.iter().map(|g| (g.name.clone(), g.schedulers.clone())).collect();
+            if let Some((name, _)) = groups.iter().find(|(_, addrs)| addrs.is_empty()) {
+                return Err(FrontendError::Setup {
+                    what: format!("routing table at {}", rc.key),
+                    source: format!("group {name:?} names no scheduler address (its `schedulers`)").into(),
+                });
+            }
+            let names: Vec<String> = groups.iter().map(|(n, _)| n.clone()).collect();
+            let models: Vec<String> = catalog.entries().iter().map(|e| e.spec.name.clone()).collect();
+            let mut node = node.with_groups(groups.len());
+            node.handle_routes(table.revision, &owners(&table, &names, &models));
+            info!(revision = table.revision, groups = groups.len(), "routing table read");
+            (node, groups, Some(FollowedRoutes { watch, names, models }))
+        }
+    };
     let stop_io = Arc::new(AtomicBool::new(false));
     let mut io = IoHost {
         domain,
@@ -372,16 +427,25 @@ fn serve<D: Domain>(domain: D, cfg: FrontendConfig) -> Result<(), FrontendError>
         idler,
         clock: MonotonicClock::new(),
         stop: stop_io.clone(),
-        reconnect,
+        reconnects: Vec::new(),
+        routes,
     };
-    let models = io.register(sched)?;
-    info!(
-        frontend = cfg.id,
-        scheduler = %cfg.schedulers[at],
-        models,
-        transport = %cfg.transport.name(),
-        "registered with the scheduler"
-    );
+    for (g, (name, addrs)) in groups.iter().enumerate() {
+        let (sched, at) = connect_first(&io.domain, addrs, CONNECT_TIMEOUT)
+            .map_err(|source| FrontendError::Unreachable { addr: addrs.join(","), source })?;
+        let mut reconnect = Reconnect::new(addrs.clone(), DEFAULT_MIN_BACKOFF, DEFAULT_MAX_BACKOFF);
+        reconnect.prefer(&addrs[at]);
+        io.reconnects.push(reconnect);
+        let models = io.register(g, sched)?;
+        info!(
+            frontend = cfg.id,
+            scheduler = %addrs[at],
+            group = %name,
+            models,
+            transport = %cfg.transport.name(),
+            "registered with the scheduler"
+        );
+    }
     let acceptor = Acceptor::spawn("frontend-accept", listener, io.idler.notifier())
         .map_err(setup("acceptor thread"))?;
     let (done_tx, done_rx) = mpsc::channel();
@@ -398,6 +462,45 @@ fn serve<D: Domain>(domain: D, cfg: FrontendConfig) -> Result<(), FrontendError>
     io_end.wake.signal();
     let _ = io_thread.join();
     result
+}
+
+/// The first routing table (waited for at most [`CONNECT_TIMEOUT`]).
+fn first_table(watch: &RoutesWatch, rc: &RoutesConfig) -> Result<Arc<RouteTable>, FrontendError> {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(t) = watch.newer_than(0) {
+            return Ok(t);
+        }
+        if start.elapsed().as_nanos() as u64 >= CONNECT_TIMEOUT.as_nanos() {
+            return Err(FrontendError::Setup {
+                what: format!("routing table at {} in etcd {}", rc.key, rc.endpoints.join(",")),
+                source: format!("none read within {} ms (store one with `symphony route set`)", CONNECT_TIMEOUT.as_nanos() / 1_000_000).into(),
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_nanos(rc.poll.as_nanos()));
+    }
+}
+
+/// The owner of each of `models` in `table`, as an index into `groups`
+/// (the groups the frontend linked to at start, by name; a group added
+/// later owns nothing here).
+fn owners(table: &RouteTable, groups: &[String], models: &[String]) -> Vec<Option<u16>> {
+    models
+        .iter()
+        .map(|m| {
+            let name = &table.groups[table.owner(m)?].name;
+            groups.iter().position(|g| g == name).map(|g| g as u16)
+        })
+        .collect()
+}
+
+/// With scheduler groups: the table's follower and what its names mean.
+struct FollowedRoutes {
+    watch: RoutesWatch,
+    /// The groups linked to, by index.
+    names: Vec<String>,
+    /// The catalog's model names, by id.
+    models: Vec<String>,
 }
 
 /// The main thread's handle on the I/O thread: its result, its stop flag
@@ -546,8 +649,11 @@ struct IoHost<D: Domain> {
     idler: IdleWait,
     clock: MonotonicClock,
     stop: Arc<AtomicBool>,
-    /// When to try the scheduler(s) again while the link is down.
-    reconnect: Reconnect,
+    /// When to try each group's scheduler(s) again while its link is down
+    /// (one group without a routing table).
+    reconnects: Vec<Reconnect>,
+    /// With scheduler groups: the routing table's follower.
+    routes: Option<FollowedRoutes>,
 }
 
 impl<D: Domain> IoHost<D> {
@@ -570,30 +676,28 @@ impl<D: Domain> IoHost<D> {
 
     /// One idle pass until the node's next timer, unless a task arrives.
     fn idle(&mut self, now: Instant) {
-        let next = match (self.node.poll_at(), self.reconnect.due_at()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let next = self.reconnects.iter().filter_map(Reconnect::due_at).chain(self.node.poll_at()).min();
         let budget = next.map_or(Duration::from_millis(100), |t| t.saturating_since(now));
         let (node, stop) = (&self.node, &self.stop);
         self.idler
             .idle_unless(budget, || node.has_queued_tasks() || stop.load(Ordering::Acquire));
     }
 
-    /// Registers with the scheduler over `sched`; returns the scheduler's
-    /// model count once it acknowledged.
-    fn register(&mut self, sched: D::Conn) -> Result<u32, FrontendError> {
+    /// Registers with group `group`'s scheduler over `sched`; returns the
+    /// scheduler's model count once it acknowledged.
+    fn register(&mut self, group: usize, sched: D::Conn) -> Result<u32, FrontendError> {
         self.add_fd(&sched);
-        self.node.handle_scheduler_link(self.clock.now(), sched);
+        self.node.handle_group_link(self.clock.now(), group, sched);
         loop {
             let now = self.clock.now();
             let work = self.node.poll(now);
             self.retire_closed();
             while let Some(ev) = self.node.poll_event() {
                 match ev {
-                    FrontendEvent::Registered { models } => return Ok(models),
-                    FrontendEvent::Refused { why } => return Err(FrontendError::Refused(why)),
-                    _ => {}
+                    FrontendEvent::Registered { models, group: g } if usize::from(g) == group => return Ok(models),
+                    FrontendEvent::Refused { why, group: g } if usize::from(g) == group => return Err(FrontendError::Refused(why)),
+                    // Another group's link (registered before this one).
+                    other => self.on_event(other, now),
                 }
             }
             if work {
@@ -625,21 +729,70 @@ impl<D: Domain> IoHost<D> {
     /// One reconnection attempt if one is due: the link goes to the node,
     /// which registers over it (its events say how that went).
     fn try_reconnect(&mut self, now: Instant) -> bool {
-        let Some(addr) = self.reconnect.due(now) else { return false };
-        match self.domain.connect(addr, RECONNECT_ATTEMPT) {
-            Ok(conn) => {
-                info!(scheduler = addr, "reconnected to a scheduler; registering");
-                // Nothing more is due until the registration's outcome.
-                self.reconnect.connected();
-                self.add_fd(&conn);
-                self.node.handle_scheduler_link(self.clock.now(), conn);
-            }
-            Err(e) => {
-                tracing::debug!(scheduler = addr, error = %e, "reconnection attempt failed");
-                self.reconnect.failed(self.clock.now());
+        let mut work = false;
+        for g in 0..self.reconnects.len() {
+            let Some(addr) = self.reconnects[g].due(now) else { continue };
+            work = true;
+            match self.domain.connect(addr, RECONNECT_ATTEMPT) {
+                Ok(conn) => {
+                    info!(scheduler = addr, group = g, "reconnected to a scheduler; registering");
+                    // Nothing more is due until the registration's outcome.
+                    self.reconnects[g].connected();
+                    self.add_fd(&conn);
+                    self.node.handle_group_link(self.clock.now(), g, conn);
+                }
+                Err(e) => {
+                    tracing::debug!(scheduler = addr, group = g, error = %e, "reconnection attempt failed");
+                    self.reconnects[g].failed(self.clock.now());
+                }
             }
         }
-        true
+        work
+    }
+
+    /// With scheduler groups: hands the node a newer routing table, if the
+    /// follower has read one.
+    fn follow_routes(&mut self) -> bool {
+        let Some(r) = &self.routes else { return false };
+        if self.node.take_stale_table() {
+            r.watch.read_now();
+        }
+        let Some(t) = r.watch.newer_than(self.node.route_revision()) else { return false };
+        let taken = self.node.handle_routes(t.revision, &owners(&t, &r.names, &r.models));
+        if taken {
+            info!(revision = t.revision, "routing table applied");
+        }
+        taken
+    }
+
+    /// Logs an event of the node and tells its group's reconnection what
+    /// became of the link.
+    fn on_event(&mut self, ev: FrontendEvent, now: Instant) {
+        match ev {
+            FrontendEvent::SchedulerLost { why, group } => {
+                warn!(%why, group, "scheduler lost; holding requests and reconnecting");
+                if let Some(r) = self.reconnects.get_mut(usize::from(group)) {
+                    r.lost(now);
+                }
+            }
+            FrontendEvent::Registered { group, .. } => {
+                if let Some(r) = self.reconnects.get_mut(usize::from(group)) {
+                    info!(attempts = r.failures() + 1, group, "registered with the scheduler again");
+                    r.connected();
+                }
+            }
+            FrontendEvent::Refused { why, group } => {
+                warn!(%why, group, "the scheduler refused the registration; trying the next");
+                if let Some(r) = self.reconnects.get_mut(usize::from(group)) {
+                    r.failed(now);
+                }
+            }
+            FrontendEvent::BackendLost { id, why } => {
+                warn!(backend = id, %why, "backend data connection closed")
+            }
+            FrontendEvent::LinkRefused { why } => warn!("{why}"),
+            FrontendEvent::BackendJoined(id) => info!(backend = id, "backend data connection registered"),
+        }
     }
 
     fn poll_loop(&mut self, acceptor: &Acceptor<D::Conn>) -> Ended {
@@ -648,28 +801,11 @@ impl<D: Domain> IoHost<D> {
                 return Ended::Stopped;
             }
             let now = self.clock.now();
-            let mut work = self.node.poll(now);
+            let mut work = self.follow_routes();
+            work |= self.node.poll(now);
             self.retire_closed();
             while let Some(ev) = self.node.poll_event() {
-                match ev {
-                    FrontendEvent::SchedulerLost { why } => {
-                        warn!(%why, "scheduler lost; holding requests and reconnecting");
-                        self.reconnect.lost(now);
-                    }
-                    FrontendEvent::Registered { .. } => {
-                        info!(attempts = self.reconnect.failures() + 1, "registered with the scheduler again");
-                        self.reconnect.connected();
-                    }
-                    FrontendEvent::Refused { why } => {
-                        warn!(%why, "the scheduler refused the registration; trying the next");
-                        self.reconnect.failed(now);
-                    }
-                    FrontendEvent::BackendLost { id, why } => {
-                        warn!(backend = id, %why, "backend data connection closed")
-                    }
-                    FrontendEvent::LinkRefused { why } => warn!("{why}"),
-                    FrontendEvent::BackendJoined(id) => info!(backend = id, "backend data connection registered"),
-                }
+                self.on_event(ev, now);
             }
             work |= self.try_reconnect(now);
             while let Some(conn) = acceptor.try_next() {

@@ -1,4 +1,5 @@
-//! The tasks a frontend holds across the loss of its scheduler.
+//! The tasks a frontend holds across the loss of its scheduler, and (with
+//! several scheduler groups) across a model's move to another group.
 //!
 //! With failover on, every task the frontend sends is also kept here, by
 //! staging slot, with its absolute deadline (a copy of a fixed-size
@@ -11,11 +12,32 @@
 //! removal when its request ends: the staging area says whether the
 //! request is still awaited ([`Staging::standing`]), and the slot's next
 //! request overwrites it.
+//!
+//! With scheduler groups (issue 19) an entry also says which group it was
+//! sent to and at which routing revision. A task a group answers `moved`
+//! waits here ([`HeldTasks::moved`]) until the frontend's table is newer
+//! than the one it was sent by, or a short retry time has passed (the new
+//! owner may not have applied the table yet), then goes to its owner with
+//! the budget left; past its deadline it is answered dropped `moved`.
 
 use crate::staging::{RoutedOutcome, Staging, Standing};
 use dataplane::ids::TaskId;
 use dataplane::time::{Duration, Instant};
 use dataplane::wire::{DropReason, Task};
+
+/// Where a held task stands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Wait {
+    /// At its group's scheduler (or queued toward its link).
+    #[default]
+    Sent,
+    /// To send once a link to its owner is registered (its link was lost,
+    /// or none was up when it came).
+    Ready,
+    /// Answered `moved`: to send once the table is newer than `rev`, or
+    /// from `retry_at`.
+    Moved { rev: u64, retry_at: Instant },
+}
 
 #[derive(Clone, Copy, Default)]
 struct HeldTask {
@@ -23,6 +45,10 @@ struct HeldTask {
     deadline: Instant,
     /// Whether this entry was ever written (slot tables start empty).
     used: bool,
+    /// The group it was sent to, and the routing revision it was sent by.
+    group: u16,
+    rev: u64,
+    wait: Wait,
 }
 
 /// The held tasks (see the module docs).
@@ -44,16 +70,56 @@ impl HeldTasks {
         HeldTasks { table: vec![HeldTask::default(); slots].into_boxed_slice(), cursor: slots }
     }
 
-    /// Keeps `task`, whose budget counts from `now`.
-    pub fn record(&mut self, task: &Task, now: Instant) {
+    fn put(&mut self, task: &Task, now: Instant, group: u16, rev: u64, wait: Wait) {
         let slot = TaskId(task.task_id).slot() as usize;
         if let Some(e) = self.table.get_mut(slot) {
             *e = HeldTask {
                 task: *task,
                 deadline: now.saturating_add(Duration::from_nanos(task.budget_ns)),
                 used: true,
+                group,
+                rev,
+                wait,
             };
         }
+    }
+
+    /// Keeps `task`, sent at `now` to `group` by routing revision `rev`.
+    pub fn sent(&mut self, task: &Task, now: Instant, group: u16, rev: u64) {
+        self.put(task, now, group, rev, Wait::Sent);
+    }
+
+    /// Keeps `task`, whose budget counts from `now`, to send once a link
+    /// to its owner is registered.
+    pub fn hold(&mut self, task: &Task, now: Instant) {
+        self.put(task, now, 0, 0, Wait::Ready);
+    }
+
+    /// `group`'s link is gone: what was sent to it is to send again.
+    /// O(slots), once per loss.
+    pub fn link_lost(&mut self, group: u16) {
+        for e in self.table.iter_mut().filter(|e| e.used && e.wait == Wait::Sent && e.group == group) {
+            e.wait = Wait::Ready;
+        }
+    }
+
+    /// `task_id` was answered `moved` at `now`: it waits (see the module
+    /// docs), retried from `now + retry` at the latest. Returns the
+    /// routing revision it was sent by; `None` if no such task is held (its
+    /// outcome then goes to the staging area as is).
+    pub fn moved(&mut self, task_id: u64, now: Instant, retry: Duration) -> Option<u64> {
+        let e = self.table.get_mut(TaskId(task_id).slot() as usize)?;
+        if !e.used || e.task.task_id != task_id || e.wait != Wait::Sent {
+            return None;
+        }
+        e.wait = Wait::Moved { rev: e.rev, retry_at: now.saturating_add(retry) };
+        Some(e.rev)
+    }
+
+    /// The group `task_id` was sent to, if it is at one.
+    pub fn group_of(&self, task_id: u64) -> Option<u16> {
+        let e = self.table.get(TaskId(task_id).slot() as usize)?;
+        (e.used && e.task.task_id == task_id && e.wait == Wait::Sent).then_some(e.group)
     }
 
     /// Starts a pass that resubmits every held task still awaited.
@@ -66,39 +132,71 @@ impl HeldTasks {
         self.cursor < self.table.len()
     }
 
-    /// The next task of the pass, its budget what is left at `now`.
-    /// Requests given up are freed and those past their deadline answered
-    /// as overloaded on the way; both are skipped.
-    pub fn next_resubmit(&mut self, now: Instant, staging: &Staging) -> Option<Task> {
+    /// The next task of the pass, its budget what is left at `now`, and
+    /// the group `route` sends its model to (`None`: no registered owner
+    /// with room now; the task stays held). A task answered `moved` is due
+    /// only once `revision` is newer than the one it was sent by, or its
+    /// retry time has come. Requests given up are freed and those past
+    /// their deadline answered on the way; both are skipped. The task
+    /// returned counts as sent to its group.
+    pub fn next_resubmit(
+        &mut self,
+        now: Instant,
+        staging: &Staging,
+        revision: u64,
+        mut route: impl FnMut(u32) -> Option<u16>,
+    ) -> Option<(Task, u16)> {
         while self.cursor < self.table.len() {
             let i = self.cursor;
             self.cursor += 1;
-            if let Some(task) = settle(&mut self.table[i], now, staging) {
-                return Some(task);
+            let e = &mut self.table[i];
+            let due = match e.wait {
+                Wait::Sent => false,
+                Wait::Ready => true,
+                Wait::Moved { rev, retry_at } => revision > rev || now >= retry_at,
+            };
+            if !due {
+                // Still answered when past its deadline (no sweep needed).
+                if e.wait != Wait::Sent {
+                    let _ = settle(e, now, staging);
+                }
+                continue;
+            }
+            let model = e.task.model_id;
+            if let Some(task) = settle(e, now, staging) {
+                if let Some(g) = route(model) {
+                    e.wait = Wait::Sent;
+                    e.group = g;
+                    return Some((task, g));
+                }
             }
         }
         None
     }
 
-    /// Answers every held request that can no longer meet its deadline
-    /// (overloaded) and frees those given up; returns how many it ended.
-    /// O(slots): for a timer while no scheduler is linked.
-    pub fn sweep(&mut self, now: Instant, staging: &Staging) -> usize {
-        let mut ended = 0;
-        for e in self.table.iter_mut().filter(|e| e.used) {
+    /// Answers every held request (not at a scheduler) that can no longer
+    /// meet its deadline and frees those given up; returns how many it
+    /// ended and how many still wait. O(slots): for a timer while
+    /// requests wait.
+    pub fn sweep(&mut self, now: Instant, staging: &Staging) -> (usize, usize) {
+        let (mut ended, mut waiting) = (0, 0);
+        for e in self.table.iter_mut().filter(|e| e.used && e.wait != Wait::Sent) {
             // Past its deadline or no longer awaited: settling ends it.
             if e.deadline <= now || staging.standing(e.task.task_id) != Standing::Awaited {
                 let _ = settle(e, now, staging);
                 ended += 1;
+            } else {
+                waiting += 1;
             }
         }
-        ended
+        (ended, waiting)
     }
 }
 
 /// What becomes of held entry `e` at `now`: the task to send (budget what
 /// is left) if its request is still awaited and in time; otherwise the
-/// request is ended or forgotten and the entry emptied.
+/// request is ended (overloaded, or `moved` if a group handed it back) or
+/// forgotten and the entry emptied.
 fn settle(e: &mut HeldTask, now: Instant, staging: &Staging) -> Option<Task> {
     if !e.used {
         return None;
@@ -111,7 +209,8 @@ fn settle(e: &mut HeldTask, now: Instant, staging: &Staging) -> Option<Task> {
             return Some(t);
         }
         Standing::Awaited => {
-            staging.route(id, RoutedOutcome::Dropped(DropReason::Overloaded));
+            let reason = if matches!(e.wait, Wait::Moved { .. }) { DropReason::Moved } else { DropReason::Overloaded };
+            staging.route(id, RoutedOutcome::Dropped(reason));
         }
         Standing::GivenUp => {
             staging.route(id, RoutedOutcome::Dropped(DropReason::Cancelled));

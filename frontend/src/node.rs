@@ -23,6 +23,12 @@
 //! [`DropReason::Shutdown`]; with it ([`FrontendNode::with_failover`], the
 //! daemon's mode) they are held ([`crate::held`]) and resent to the next
 //! scheduler link that registers.
+//!
+//! With several scheduler groups ([`FrontendNode::with_groups`], issue 19)
+//! the node holds one scheduler link per group, sends each task to its
+//! model's owner by the newest routing table handed to it, and resubmits a
+//! task a group answers `moved` to the owner with the budget it has left
+//! (through the same held table).
 
 use crate::held::HeldTasks;
 use crate::service::{SinkError, TaskSink};
@@ -78,6 +84,11 @@ pub struct FrontendStats {
     /// Cancellations not sent (their queue was full or the scheduler
     /// gone): the task then ends by its deadline, its slot freed then.
     pub cancels_unsent: AtomicU64,
+    /// With scheduler groups: tasks a group answered `moved`, taken back
+    /// to be resubmitted to the model's owner.
+    pub moved_taken_back: AtomicU64,
+    /// With scheduler groups: the routing revision followed.
+    pub route_revision: AtomicU64,
 }
 
 impl FrontendStats {
@@ -85,7 +96,10 @@ impl FrontendStats {
     /// scraped).
     pub fn register(self: &Arc<Self>, r: &MetricsRegistry) {
         type Read = fn(&FrontendStats) -> u64;
-        let gauges: [(&str, &str, Read); 2] = [
+        let gauges: [(&str, &str, Read); 3] = [
+            ("symphony_frontend_route_revision", "The routing table revision followed (scheduler groups; 0: none)", |s| {
+                s.route_revision.load(Ordering::Relaxed)
+            }),
             ("symphony_frontend_ready", "1 while registered with the scheduler", |s| {
                 u64::from(s.ready.load(Ordering::Relaxed))
             }),
@@ -93,7 +107,10 @@ impl FrontendStats {
                 s.backends.load(Ordering::Relaxed)
             }),
         ];
-        let counters: [(&str, &str, Read); 4] = [
+        let counters: [(&str, &str, Read); 5] = [
+            ("symphony_frontend_moved_resubmits", "Tasks a scheduler group answered moved, taken back for the model's owner", |s| {
+                s.moved_taken_back.load(Ordering::Relaxed)
+            }),
             ("symphony_frontend_tasks_sent", "Tasks sent to the scheduler", |s| {
                 s.tasks_sent.load(Ordering::Relaxed)
             }),
@@ -241,12 +258,16 @@ pub enum FrontendEvent {
     /// The scheduler acknowledged the registration, announcing `models`
     /// models; tasks now flow.
     Registered {
+        /// The scheduler group (0 without groups).
+        group: u16,
         /// The scheduler's model count (equal to this node's).
         models: u32,
     },
     /// The registration failed (refused, not acknowledged in time, or the
     /// scheduler's model list differs); the link was let go.
     Refused {
+        /// The scheduler group (0 without groups).
+        group: u16,
         /// Why, for the operator.
         why: String,
     },
@@ -256,6 +277,8 @@ pub enum FrontendEvent {
     /// ([`FrontendNode::with_failover`]) the requests are held and resent
     /// to the next scheduler link that registers.
     SchedulerLost {
+        /// The scheduler group (0 without groups).
+        group: u16,
         /// Why, for the operator.
         why: String,
     },
@@ -303,24 +326,75 @@ struct BackendLink<C> {
     conn: C,
 }
 
+/// One scheduler group's link (one in a single-group cluster).
+struct SchedLink<C> {
+    conn: Option<C>,
+    phase: Phase,
+    /// A task the link had no room for, sent first next time.
+    unsent: Option<Task>,
+    /// A cancellation the link had no room for.
+    unsent_cancel: Option<u64>,
+    /// With groups: tasks routed to this group, to go out on its link this
+    /// poll (at most [`BURST`]; allocated once).
+    out: VecDeque<Task>,
+}
+
+impl<C> SchedLink<C> {
+    fn new(routed: bool) -> Self {
+        SchedLink {
+            conn: None,
+            phase: Phase::Unlinked,
+            unsent: None,
+            unsent_cancel: None,
+            out: VecDeque::with_capacity(if routed { BURST } else { 0 }),
+        }
+    }
+    fn registered(&self) -> bool {
+        matches!(self.phase, Phase::Registered { .. })
+    }
+}
+
+/// With scheduler groups: the routing table as the node uses it.
+struct Routing {
+    /// The newest revision handed to the node (0: none yet).
+    revision: u64,
+    /// The owner group of each model id (`None`: no owner in the table).
+    owners: Vec<Option<u16>>,
+    /// A resubmission pass is to begin (a table, a registration or a
+    /// `moved` answer).
+    repass: bool,
+    /// A task taken from the queue whose group's link had no room.
+    unsent: Option<Task>,
+    /// A group answered `moved` for a task this table sent it: the table
+    /// may be old (see [`FrontendNode::take_stale_table`]).
+    stale: bool,
+}
+
+/// How long a task answered `moved` by the group the frontend's table
+/// still names waits before it is offered again (the table unchanged): the
+/// owner may not have applied the revision the frontend has. Also the
+/// period of the held table's sweep while tasks wait (with groups). 5 ms
+/// rather than 20: in the `reroute2` harness class (per-node lags up to
+/// 8 ms, budgets 25-50 ms) 20 ms let 9% of the resubmitted tasks end
+/// dropped `moved`, 5 ms none (300 seeds).
+pub const MOVED_RETRY: Duration = Duration::from_millis(5);
+
 /// The frontend's links and their protocol, driven by a host (see the
 /// module docs).
 pub struct FrontendNode<C: Connection> {
     cfg: FrontendNodeConfig,
     staging: Arc<Staging>,
     tasks: TaskSource,
-    sched: Option<C>,
-    phase: Phase,
+    /// One link per scheduler group (group 0 alone without groups).
+    links: Vec<SchedLink<C>>,
+    /// With groups ([`with_groups`](Self::with_groups)): the table.
+    routing: Option<Routing>,
     /// Data links accepted by the host, waiting for their `Register`.
     pending: Vec<PendingLink<C>>,
     backends: Vec<BackendLink<C>>,
     /// Links let go of since the last poll, for the host to take.
     closed: Vec<C>,
     events: VecDeque<FrontendEvent>,
-    /// A task the scheduler link had no room for, sent first next time.
-    unsent: Option<Task>,
-    /// A cancellation the scheduler link had no room for.
-    unsent_cancel: Option<u64>,
     /// Latest `now` seen: time never goes back inside the node.
     now: Instant,
     shut_down: bool,
@@ -331,7 +405,7 @@ pub struct FrontendNode<C: Connection> {
     /// With failover on, the tasks sent, held for the next scheduler.
     held: Option<HeldTasks>,
     /// When held requests past their deadline are next answered (while no
-    /// scheduler is registered).
+    /// scheduler is registered, or with groups while any task waits).
     sweep_at: Option<Instant>,
 }
 
@@ -339,7 +413,7 @@ impl<C: Connection> std::fmt::Debug for FrontendNode<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FrontendNode")
             .field("id", &self.cfg.id)
-            .field("phase", &self.phase)
+            .field("phases", &self.links.iter().map(|l| l.phase).collect::<Vec<_>>())
             .field("pending", &self.pending.len())
             .field("backends", &self.backends.len())
             .finish()
@@ -363,14 +437,12 @@ impl<C: Connection> FrontendNode<C> {
             cfg,
             staging,
             tasks,
-            sched: None,
-            phase: Phase::Unlinked,
+            links: vec![SchedLink::new(false)],
+            routing: None,
             pending: Vec::new(),
             backends: Vec::new(),
             closed: Vec::new(),
             events: VecDeque::new(),
-            unsent: None,
-            unsent_cancel: None,
             now: Instant::ZERO,
             shut_down: false,
             buf: vec![0u8; wire::MAX_MESSAGE_LEN].into_boxed_slice(),
@@ -388,7 +460,22 @@ impl<C: Connection> FrontendNode<C> {
     /// ([`handle_scheduler_link`](Self::handle_scheduler_link)) every
     /// request still awaited is resent with the budget it has left.
     pub fn with_failover(mut self, on: bool) -> Self {
-        self.held = on.then(|| HeldTasks::new(self.staging.capacity()));
+        self.held = (on || self.routing.is_some()).then(|| HeldTasks::new(self.staging.capacity()));
+        self
+    }
+
+    /// A node of a cluster with `groups` scheduler groups (issue 19): one
+    /// scheduler link per group ([`handle_group_link`](Self::handle_group_link)),
+    /// each task sent to its model's owner by the newest table handed over
+    /// ([`handle_routes`](Self::handle_routes)); a task a group answers
+    /// `moved` is resubmitted to the owner with the budget left (see
+    /// [`crate::held`]). Implies failover (per group). Until the first
+    /// table, tasks wait (bounded by their deadlines).
+    pub fn with_groups(mut self, groups: usize) -> Self {
+        let groups = groups.clamp(1, usize::from(u16::MAX));
+        self.links = (0..groups).map(|_| SchedLink::new(true)).collect();
+        self.routing = Some(Routing { revision: 0, owners: vec![None; self.cfg.models as usize], repass: false, unsent: None, stale: false });
+        self.held = Some(HeldTasks::new(self.staging.capacity()));
         self
     }
 
@@ -412,10 +499,28 @@ impl<C: Connection> FrontendNode<C> {
     pub fn staging(&self) -> &Arc<Staging> {
         &self.staging
     }
-    /// Whether the scheduler acknowledged the registration (and has not
-    /// been lost since).
+    /// Whether a scheduler acknowledged the registration (and has not
+    /// been lost since); with groups, any group's.
     pub fn is_registered(&self) -> bool {
-        matches!(self.phase, Phase::Registered { .. })
+        self.links.iter().any(SchedLink::registered)
+    }
+    /// Whether group `group`'s scheduler link is registered.
+    pub fn group_registered(&self, group: usize) -> bool {
+        self.links.get(group).is_some_and(SchedLink::registered)
+    }
+    /// Scheduler groups (1 without groups).
+    pub fn groups(&self) -> usize {
+        self.links.len()
+    }
+    /// Whether a group answered `moved` for a task the node's current
+    /// table sent it since the last call: the host may read the table
+    /// again now rather than at its next period.
+    pub fn take_stale_table(&mut self) -> bool {
+        self.routing.as_mut().is_some_and(|r| std::mem::take(&mut r.stale))
+    }
+    /// The routing revision the node follows (0: none, or no groups).
+    pub fn route_revision(&self) -> u64 {
+        self.routing.as_ref().map_or(0, |r| r.revision)
     }
     /// Whether tasks are waiting in the queue (for the host's idle
     /// re-check: a producer may have pushed one after the last poll).
@@ -428,28 +533,54 @@ impl<C: Connection> FrontendNode<C> {
         self.now
     }
 
-    /// The scheduler link, already connected by the host. The node waits
+    /// The scheduler link, already connected by the host (group 0's with
+    /// groups). The node waits
     /// for the scheduler's `Challenge`, answers `Join{Frontend, id, data
     /// endpoint, MAC}` and waits for the `Welcome` in [`poll`](Self::poll),
     /// all within the handshake timeout from `now`. A link given while another is registered
     /// replaces it: the old one counts as lost first.
     pub fn handle_scheduler_link(&mut self, now: Instant, conn: C) {
+        self.handle_group_link(now, 0, conn);
+    }
+
+    /// [`handle_scheduler_link`](Self::handle_scheduler_link) for group
+    /// `group`'s scheduler (a group the node does not have: the link is let
+    /// go).
+    pub fn handle_group_link(&mut self, now: Instant, group: usize, conn: C) {
         let now = self.observe(now);
-        if self.shut_down {
+        if self.shut_down || group >= self.links.len() {
             self.closed.push(conn);
             return;
         }
-        if self.is_registered() {
-            self.lose_scheduler("replaced by a new scheduler link".into());
+        if self.links[group].registered() {
+            self.lose_scheduler(group, "replaced by a new scheduler link".into());
         }
-        if let Some(old) = self.sched.replace(conn) {
+        let deadline = now.saturating_add(self.cfg.handshake_timeout);
+        let link = &mut self.links[group];
+        if let Some(old) = link.conn.replace(conn) {
             self.closed.push(old);
         }
-        self.phase = Phase::Registering {
-            nonce: None,
-            sent: false,
-            deadline: now.saturating_add(self.cfg.handshake_timeout),
-        };
+        link.phase = Phase::Registering { nonce: None, sent: false, deadline };
+    }
+
+    /// With groups: the routing table at `revision`, as the owner group
+    /// of each model id (`owners[m]`; a missing or out-of-range entry: no
+    /// owner). Ignored unless newer than the one the node has (returns
+    /// whether it was taken). Tasks waiting for an owner, and those
+    /// answered `moved`, are offered again at once.
+    pub fn handle_routes(&mut self, revision: u64, owners: &[Option<u16>]) -> bool {
+        let groups = self.links.len();
+        let Some(r) = self.routing.as_mut() else { return false };
+        if revision <= r.revision {
+            return false;
+        }
+        r.revision = revision;
+        for (m, o) in r.owners.iter_mut().enumerate() {
+            *o = owners.get(m).copied().flatten().filter(|&g| usize::from(g) < groups);
+        }
+        r.repass = true;
+        self.tasks.queue.stats.route_revision.store(revision, Ordering::Relaxed);
+        true
     }
 
     /// A backend's data link, accepted by the host. Its first message must
@@ -476,17 +607,25 @@ impl<C: Connection> FrontendNode<C> {
         let now = self.observe(now);
         self.closed.clear();
         let mut work = false;
-        if self.held.is_some() && !self.is_registered() {
+        if self.routing.is_some() {
+            work |= self.dispatch(now);
+        } else if self.held.is_some() && !self.is_registered() {
             work |= self.hold_unlinked(now);
         }
-        work |= match self.phase {
-            Phase::Unlinked if self.held.is_some() => false,
-            Phase::Unlinked => self.end_queued(),
-            Phase::Registering { nonce, sent, deadline } => {
-                self.poll_registration(now, nonce, sent, deadline)
-            }
-            Phase::Registered { .. } => self.poll_scheduler(now),
-        };
+        let waits = self.held.is_some() || self.routing.is_some();
+        for g in 0..self.links.len() {
+            work |= match self.links[g].phase {
+                Phase::Unlinked if waits => false,
+                Phase::Unlinked => self.end_queued(),
+                Phase::Registering { nonce, sent, deadline } => {
+                    self.poll_registration(g, now, nonce, sent, deadline)
+                }
+                Phase::Registered { .. } => self.poll_scheduler(g, now),
+            };
+        }
+        if self.routing.is_some() {
+            work |= self.send_cancels_routed();
+        }
         work |= self.poll_backends();
         work |= self.poll_pending(now);
         work
@@ -500,22 +639,24 @@ impl<C: Connection> FrontendNode<C> {
     pub fn poll_at(&self) -> Option<Instant> {
         let mut at: Option<Instant> = None;
         let mut consider = |t: Instant| at = Some(at.map_or(t, |a| a.min(t)));
-        if !self.is_registered() {
+        if !self.is_registered() || self.routing.is_some() {
             if let Some(t) = self.sweep_at {
                 consider(t);
             }
         }
-        match self.phase {
-            Phase::Unlinked => {}
-            Phase::Registering { deadline, .. } => consider(deadline),
-            Phase::Registered { live, heard_at } => {
-                consider(live.next_send());
-                // `Liveness::expired` is strict: the first instant past the timeout.
-                consider(
-                    heard_at
-                        .saturating_add(self.cfg.dead_after)
-                        .saturating_add(Duration::from_nanos(1)),
-                );
+        for link in &self.links {
+            match link.phase {
+                Phase::Unlinked => {}
+                Phase::Registering { deadline, .. } => consider(deadline),
+                Phase::Registered { live, heard_at } => {
+                    consider(live.next_send());
+                    // `Liveness::expired` is strict: the first instant past the timeout.
+                    consider(
+                        heard_at
+                            .saturating_add(self.cfg.dead_after)
+                            .saturating_add(Duration::from_nanos(1)),
+                    );
+                }
             }
         }
         for p in &self.pending {
@@ -536,10 +677,10 @@ impl<C: Connection> FrontendNode<C> {
         self.closed.pop()
     }
 
-    /// Calls `f` on every live link (scheduler, backends, data links still
+    /// Calls `f` on every live link (schedulers, backends, data links still
     /// handshaking), e.g. to fill a wait set.
     pub fn for_each_conn(&self, mut f: impl FnMut(&C)) {
-        if let Some(c) = &self.sched {
+        for c in self.links.iter().filter_map(|l| l.conn.as_ref()) {
             f(c);
         }
         for p in &self.pending {
@@ -563,7 +704,10 @@ impl<C: Connection> FrontendNode<C> {
 
     /// Whether no task is waiting to go out and no request is in flight.
     pub fn drained(&self) -> bool {
-        self.unsent.is_none() && !self.has_queued_tasks() && self.staging.in_flight() == 0
+        self.links.iter().all(|l| l.unsent.is_none() && l.out.is_empty())
+            && self.routing.as_ref().is_none_or(|r| r.unsent.is_none())
+            && !self.has_queued_tasks()
+            && self.staging.in_flight() == 0
     }
 
     /// Ends the node's service: the sink closes, and every queued task and
@@ -582,7 +726,7 @@ impl<C: Connection> FrontendNode<C> {
     /// Every link the node holds (for the host's last rites).
     pub fn into_links(mut self) -> Vec<C> {
         let mut links: Vec<C> = self.closed.drain(..).collect();
-        links.extend(self.sched.take());
+        links.extend(self.links.iter_mut().filter_map(|l| l.conn.take()));
         links.extend(self.pending.drain(..).map(|p| p.conn));
         links.extend(self.backends.drain(..).map(|b| b.conn));
         links
@@ -592,10 +736,22 @@ impl<C: Connection> FrontendNode<C> {
     /// there were any.
     fn end_queued(&mut self) -> bool {
         let mut any = false;
-        while self.unsent_cancel.take().or_else(|| self.tasks.queue.cancels.pop()).is_some() {
+        for link in &mut self.links {
+            if link.unsent_cancel.take().is_some() {
+                self.tasks.queue.stats.cancels_unsent.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        while self.tasks.queue.cancels.pop().is_some() {
             self.stats().cancels_unsent.fetch_add(1, Ordering::Relaxed);
         }
-        while let Some(t) = self.unsent.take().or_else(|| self.tasks.queue.tasks.pop()) {
+        let routed_unsent = self.routing.as_mut().and_then(|r| r.unsent.take());
+        let mut queued: Vec<Task> = Vec::new();
+        for link in &mut self.links {
+            queued.extend(link.unsent.take());
+            queued.extend(link.out.drain(..));
+        }
+        queued.extend(routed_unsent);
+        for t in queued.into_iter().chain(std::iter::from_fn(|| self.tasks.queue.tasks.pop())) {
             any = true;
             self.staging
                 .route(t.task_id, RoutedOutcome::Dropped(DropReason::Shutdown));
@@ -610,45 +766,126 @@ impl<C: Connection> FrontendNode<C> {
         let Some(held) = self.held.as_mut() else { return false };
         let mut work = false;
         for _ in 0..BURST {
-            let Some(t) = self.unsent.take().or_else(|| self.tasks.queue.tasks.pop()) else { break };
-            held.record(&t, now);
+            let Some(t) = self.links[0].unsent.take().or_else(|| self.tasks.queue.tasks.pop()) else { break };
+            held.hold(&t, now);
             work = true;
         }
         match self.sweep_at {
             Some(t) if t > now => {}
             _ => {
-                work |= held.sweep(now, &self.staging) > 0;
+                work |= held.sweep(now, &self.staging).0 > 0;
                 self.sweep_at = Some(now.saturating_add(HOLD_SWEEP));
             }
         }
         work
     }
 
-    /// The registration failed: let the link go.
-    fn refuse(&mut self, why: String) -> bool {
-        self.phase = Phase::Unlinked;
-        if let Some(c) = self.sched.take() {
+    /// With groups: every MOVED_RETRY while tasks wait, answers those past
+    /// their deadline and offers the rest again; resubmissions and new
+    /// tasks go to their owner's link (`out`), or wait in the held table
+    /// while it has no registered link.
+    fn dispatch(&mut self, now: Instant) -> bool {
+        let Self { staging, tasks, links, routing, held, sweep_at, .. } = self;
+        let (Some(r), Some(held)) = (routing.as_mut(), held.as_mut()) else { return false };
+        let mut work = false;
+        if sweep_at.is_some_and(|t| t <= now) {
+            let (ended, waiting) = held.sweep(now, staging);
+            work |= ended > 0;
+            *sweep_at = (waiting > 0).then(|| now.saturating_add(MOVED_RETRY));
+            r.repass |= waiting > 0;
+        }
+        if std::mem::take(&mut r.repass) {
+            held.begin_resubmit();
+        }
+        let room = |links: &Vec<SchedLink<C>>, g: u16| {
+            links.get(usize::from(g)).is_some_and(|l| l.registered() && l.out.len() < BURST)
+        };
+        for _ in 0..BURST {
+            if !held.resubmitting() {
+                break;
+            }
+            let owners = &r.owners;
+            let Some((t, g)) = held.next_resubmit(now, staging, r.revision, |m| {
+                owners.get(m as usize).copied().flatten().filter(|&g| room(links, g))
+            }) else {
+                break;
+            };
+            links[usize::from(g)].out.push_back(t);
+            work = true;
+        }
+        for _ in 0..BURST {
+            let Some(t) = r.unsent.take().or_else(|| tasks.queue.tasks.pop()) else { break };
+            work = true;
+            match r.owners.get(t.model_id as usize).copied().flatten() {
+                Some(g) if room(links, g) => links[usize::from(g)].out.push_back(t),
+                Some(g) if links[usize::from(g)].registered() => {
+                    r.unsent = Some(t);
+                    break;
+                }
+                _ => {
+                    held.hold(&t, now);
+                    sweep_at.get_or_insert(now.saturating_add(HOLD_SWEEP));
+                }
+            }
+        }
+        work
+    }
+
+    /// With groups: cancellations, each to the group its task was sent to
+    /// (best effort: one the link has no room for, or whose task is not
+    /// at a registered group, is not sent; the task then ends by its
+    /// deadline, or is answered cancelled when it would be resubmitted).
+    fn send_cancels_routed(&mut self) -> bool {
+        let Self { tasks, links, held, buf, .. } = self;
+        let Some(held) = held.as_ref() else { return false };
+        let stats = &tasks.queue.stats;
+        let mut work = false;
+        for _ in 0..BURST {
+            let Some(task_id) = tasks.queue.cancels.pop() else { break };
+            work = true;
+            let link = held.group_of(task_id).and_then(|g| links.get_mut(usize::from(g))).filter(|l| l.registered());
+            let sent = link.and_then(|l| l.conn.as_mut()).is_some_and(|conn| {
+                wire::encode(buf, &wire::Cancel { task_id }).is_ok_and(|n| conn.send(&buf[..n]).is_ok())
+            });
+            let counter = if sent { &stats.cancels_sent } else { &stats.cancels_unsent };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        work
+    }
+
+    /// Group `g`'s registration failed: let the link go.
+    fn refuse(&mut self, g: usize, why: String) -> bool {
+        let link = &mut self.links[g];
+        link.phase = Phase::Unlinked;
+        if let Some(c) = link.conn.take() {
             self.closed.push(c);
         }
-        self.events.push_back(FrontendEvent::Refused { why });
+        self.events.push_back(FrontendEvent::Refused { group: g as u16, why });
         true
     }
 
-    /// The registered scheduler is gone: nothing will answer what is queued
-    /// or in flight, so all of it ends now, once.
-    fn lose_scheduler(&mut self, why: String) {
-        self.phase = Phase::Unlinked;
-        if let Some(c) = self.sched.take() {
+    /// Group `g`'s registered scheduler is gone: without failover nothing
+    /// will answer what is queued or in flight, so all of it ends now,
+    /// once; with it, its tasks are held for the next link.
+    fn lose_scheduler(&mut self, g: usize, why: String) {
+        let now = self.now;
+        let link = &mut self.links[g];
+        link.phase = Phase::Unlinked;
+        if let Some(c) = link.conn.take() {
             self.closed.push(c);
         }
+        let group = g as u16;
         if let Some(held) = self.held.as_mut() {
             // Failover: everything stays in flight for the next scheduler.
-            self.tasks.queue.stats.ready.store(false, Ordering::Release);
-            if let Some(t) = self.unsent.take() {
-                held.record(&t, self.now);
+            held.link_lost(group);
+            let link = &mut self.links[g];
+            for t in link.unsent.take().into_iter().chain(link.out.drain(..)) {
+                held.hold(&t, now);
             }
-            self.sweep_at = Some(self.now.saturating_add(HOLD_SWEEP));
-            self.events.push_back(FrontendEvent::SchedulerLost { why });
+            let ready = self.links.iter().any(SchedLink::registered);
+            self.tasks.queue.stats.ready.store(ready, Ordering::Release);
+            self.sweep_at = Some(now.saturating_add(HOLD_SWEEP));
+            self.events.push_back(FrontendEvent::SchedulerLost { group, why });
             return;
         }
         // Close before draining: a task pushed after the drain is ended by
@@ -658,7 +895,7 @@ impl<C: Connection> FrontendNode<C> {
         self.end_queued();
         self.staging
             .end_in_flight(RoutedOutcome::Dropped(DropReason::Shutdown));
-        self.events.push_back(FrontendEvent::SchedulerLost { why });
+        self.events.push_back(FrontendEvent::SchedulerLost { group, why });
     }
 
     fn refused_text(&self) -> String {
@@ -679,13 +916,14 @@ impl<C: Connection> FrontendNode<C> {
 
     fn poll_registration(
         &mut self,
+        g: usize,
         now: Instant,
         mut nonce: Option<[u8; wire::NONCE_LEN]>,
         mut sent: bool,
         deadline: Instant,
     ) -> bool {
-        if self.sched.is_none() {
-            self.phase = Phase::Unlinked;
+        if self.links[g].conn.is_none() {
+            self.links[g].phase = Phase::Unlinked;
             return false;
         }
         let mut work = false;
@@ -694,9 +932,9 @@ impl<C: Connection> FrontendNode<C> {
                 let join = self.join(&n);
                 let len = match wire::encode(&mut self.buf, &join) {
                     Ok(len) => len,
-                    Err(e) => return self.refuse(format!("registering with the scheduler: {e}")),
+                    Err(e) => return self.refuse(g, format!("registering with the scheduler: {e}")),
                 };
-                let Some(conn) = self.sched.as_mut() else { break };
+                let Some(conn) = self.links[g].conn.as_mut() else { break };
                 match conn.send(&self.buf[..len]) {
                     Ok(()) => {
                         sent = true;
@@ -705,33 +943,33 @@ impl<C: Connection> FrontendNode<C> {
                     Err(TransportError::QueueFull) => {}
                     // A refusing scheduler closes the link, which this side
                     // may see while still sending its Join.
-                    Err(TransportError::PeerDisconnected) => return self.refuse(self.refused_text()),
-                    Err(e) => return self.refuse(format!("registering with the scheduler: {e}")),
+                    Err(TransportError::PeerDisconnected) => return self.refuse(g, self.refused_text()),
+                    Err(e) => return self.refuse(g, format!("registering with the scheduler: {e}")),
                 }
             }
-            let Some(conn) = self.sched.as_mut() else { break };
+            let Some(conn) = self.links[g].conn.as_mut() else { break };
             // Pushes our Join out; a departure shows in the receive.
             let _ = conn.progress();
             let n = match conn.try_recv(&mut self.buf) {
                 Ok(Some(n)) => n,
                 Ok(None) => break,
-                Err(TransportError::PeerDisconnected) => return self.refuse(self.refused_text()),
+                Err(TransportError::PeerDisconnected) => return self.refuse(g, self.refused_text()),
                 Err(e) => {
-                    return self.refuse(format!("waiting for the scheduler's acknowledgement: {e}"))
+                    return self.refuse(g, format!("waiting for the scheduler's acknowledgement: {e}"))
                 }
             };
             work = true;
             match wire::decode(&self.buf[..n]) {
                 Ok(Message::Challenge(c)) if nonce.is_none() => nonce = Some(c.nonce),
-                Ok(Message::Welcome(w)) if sent => return self.registered(now, w.models),
+                Ok(Message::Welcome(w)) if sent => return self.registered(g, now, w.models),
                 Ok(Message::Refused(r)) => {
-                    return self.refuse(format!(
+                    return self.refuse(g, format!(
                         "the scheduler refused the registration of frontend {}: {r}",
                         self.cfg.id
                     ))
                 }
                 Err(WireError::BadVersion(v)) => {
-                    return self.refuse(format!(
+                    return self.refuse(g, format!(
                         "the scheduler speaks wire version {v}, this frontend {}: run one version in the whole cluster",
                         wire::VERSION
                     ))
@@ -740,12 +978,12 @@ impl<C: Connection> FrontendNode<C> {
                 // Welcome is not worth failing for.
                 Ok(_) => {}
                 Err(e) => {
-                    return self.refuse(format!("the scheduler sent a malformed message: {e}"));
+                    return self.refuse(g, format!("the scheduler sent a malformed message: {e}"));
                 }
             }
         }
         if now >= deadline {
-            return self.refuse(if sent {
+            return self.refuse(g, if sent {
                 format!(
                     "the scheduler did not acknowledge the registration within {}",
                     human(self.cfg.handshake_timeout)
@@ -757,18 +995,18 @@ impl<C: Connection> FrontendNode<C> {
                 )
             });
         }
-        self.phase = Phase::Registering { nonce, sent, deadline };
+        self.links[g].phase = Phase::Registering { nonce, sent, deadline };
         work
     }
 
-    fn registered(&mut self, now: Instant, models: u32) -> bool {
+    fn registered(&mut self, g: usize, now: Instant, models: u32) -> bool {
         if models != self.cfg.models {
-            return self.refuse(format!(
+            return self.refuse(g, format!(
                 "the scheduler has {models} models, this frontend {}: give every daemon the same --zoo/--models/--model",
                 self.cfg.models
             ));
         }
-        self.phase = Phase::Registered {
+        self.links[g].phase = Phase::Registered {
             live: Liveness::new(now, self.cfg.heartbeat, self.cfg.dead_after),
             heard_at: now,
         };
@@ -784,48 +1022,57 @@ impl<C: Connection> FrontendNode<C> {
         {
             self.stats().ready.store(true, Ordering::Release);
         }
-        if let Some(held) = self.held.as_mut() {
-            held.begin_resubmit();
-            self.sweep_at = None;
+        match (self.routing.as_mut(), self.held.as_mut()) {
+            // The tasks waiting for this group go out from the next poll.
+            (Some(r), _) => r.repass = true,
+            (None, Some(held)) => {
+                held.begin_resubmit();
+                self.sweep_at = None;
+            }
+            (None, None) => {}
         }
-        self.events.push_back(FrontendEvent::Registered { models });
+        self.events.push_back(FrontendEvent::Registered { group: g as u16, models });
         true
     }
 
-    /// Tasks out, the scheduler's messages in, heartbeat, liveness.
-    fn poll_scheduler(&mut self, now: Instant) -> bool {
+    /// Tasks out, the scheduler's messages in, heartbeat, liveness (group
+    /// `g`'s link).
+    fn poll_scheduler(&mut self, g: usize, now: Instant) -> bool {
         let Self {
             cfg,
             staging,
             tasks,
-            sched,
-            phase,
-            unsent,
-            unsent_cancel,
+            links,
+            routing,
             buf,
             hb,
             held,
+            sweep_at,
             ..
         } = self;
-        let (Some(conn), Phase::Registered { live, heard_at }) = (sched.as_mut(), phase) else {
+        let SchedLink { conn, phase, unsent, unsent_cancel, out } = &mut links[g];
+        let (Some(conn), Phase::Registered { live, heard_at }) = (conn.as_mut(), phase) else {
             return false;
         };
         let stats = &tasks.queue.stats;
+        let (group, revision) = (g as u16, routing.as_ref().map_or(0, |r| r.revision));
         let mut work = false;
         let mut lost: Option<String> = None;
 
         // Tasks to the scheduler, in order; a full send queue keeps the
         // task for the next poll. Tasks and cancellations are staged
         // (`send_batched`) and leave together in one write per pass, not
-        // one system call per task.
+        // one system call per task. With groups, the tasks come routed
+        // (`dispatch`).
         for _ in 0..BURST {
-            let Some(task) = unsent
-                .take()
-                .or_else(|| held.as_mut().and_then(|h| h.next_resubmit(now, staging)))
-                .or_else(|| tasks.queue.tasks.pop())
-            else {
-                break;
+            let next = match routing {
+                Some(_) => unsent.take().or_else(|| out.pop_front()),
+                None => unsent
+                    .take()
+                    .or_else(|| held.as_mut().and_then(|h| h.next_resubmit(now, staging, 0, |_| Some(0))).map(|(t, _)| t))
+                    .or_else(|| tasks.queue.tasks.pop()),
             };
+            let Some(task) = next else { break };
             let n = match wire::encode(buf, &task) {
                 Ok(n) => n,
                 Err(_) => {
@@ -838,7 +1085,7 @@ impl<C: Connection> FrontendNode<C> {
                     work = true;
                     stats.tasks_sent.fetch_add(1, Ordering::Relaxed);
                     if let Some(h) = held.as_mut() {
-                        h.record(&task, now);
+                        h.sent(&task, now, group, revision);
                     }
                 }
                 Err(TransportError::QueueFull) => {
@@ -847,7 +1094,7 @@ impl<C: Connection> FrontendNode<C> {
                 }
                 Err(e) => {
                     match held.as_mut() {
-                        Some(h) => h.record(&task, now),
+                        Some(h) => h.hold(&task, now),
                         None => {
                             staging.route(task.task_id, RoutedOutcome::Dropped(DropReason::Shutdown));
                         }
@@ -860,7 +1107,8 @@ impl<C: Connection> FrontendNode<C> {
 
         // Cancellations, after every task queued before them (a cancel
         // that overtook its task would be ignored and the task would run).
-        if lost.is_none() && unsent.is_none() {
+        // With groups they go to their task's group (`send_cancels_routed`).
+        if lost.is_none() && unsent.is_none() && routing.is_none() {
             for _ in 0..BURST {
                 let Some(task_id) = unsent_cancel.take().or_else(|| tasks.queue.cancels.pop()) else {
                     break;
@@ -895,7 +1143,8 @@ impl<C: Connection> FrontendNode<C> {
             }
         }
 
-        // From the scheduler: drops, failures, heartbeats.
+        // From the scheduler: drops, failures, heartbeats. With groups, a
+        // task answered `moved` is taken back (held) for its new owner.
         if lost.is_none() {
             for _ in 0..BURST {
                 match conn.try_recv(buf) {
@@ -904,6 +1153,19 @@ impl<C: Connection> FrontendNode<C> {
                         live.heard(now);
                         *heard_at = now;
                         match wire::decode(&buf[..n]) {
+                            Ok(Message::Dropped(d)) if d.reason == DropReason::Moved as u32 && routing.is_some() => {
+                                match (routing.as_mut(), held.as_mut().and_then(|h| h.moved(d.task_id, now, MOVED_RETRY))) {
+                                    (Some(r), Some(sent_by)) => {
+                                        stats.moved_taken_back.fetch_add(1, Ordering::Relaxed);
+                                        r.repass = true;
+                                        r.stale |= sent_by >= r.revision;
+                                        sweep_at.get_or_insert(now.saturating_add(MOVED_RETRY));
+                                    }
+                                    _ => {
+                                        staging.route(d.task_id, RoutedOutcome::Dropped(DropReason::Moved));
+                                    }
+                                }
+                            }
                             Ok(m @ (Message::Dropped(_) | Message::Completion(..))) => {
                                 if staging.route_message(&m).is_err() {
                                     stats.bad_messages.fetch_add(1, Ordering::Relaxed);
@@ -944,7 +1206,7 @@ impl<C: Connection> FrontendNode<C> {
             ));
         }
         if let Some(why) = lost {
-            self.lose_scheduler(why);
+            self.lose_scheduler(g, why);
             return true;
         }
         work
@@ -1166,6 +1428,8 @@ mod tests {
     const SCHEDULER: NodeId = 0;
     /// Every data link's other end (backends, or impostors).
     const PEER: NodeId = 1;
+    /// With groups: group g's scheduler is node `SCHEDULER_B + g`.
+    const SCHEDULER_B: NodeId = 10;
 
     /// The node under test, its service, and the network its links run
     /// on (messages arrive at the instant they are sent).
@@ -1249,9 +1513,28 @@ mod tests {
             assert!(sched.take_join().is_some());
             sched.put(&welcome(2));
             assert!(self.poll(now));
-            assert_eq!(self.events(), [FrontendEvent::Registered { models: 2 }]);
+            assert_eq!(self.events(), [FrontendEvent::Registered { group: 0, models: 2 }]);
             sched.take_all();
             sched
+        }
+        /// With groups: group `g`'s scheduler link (its own peer node),
+        /// registered at `now`; returns the scheduler's end.
+        fn registered_group(&mut self, now: Instant, g: usize) -> SimPeer {
+            let (ours, mut sched) = self.link(SCHEDULER_B + g as NodeId);
+            self.node.handle_group_link(now, g, ours);
+            sched.challenge(NONCE).unwrap();
+            assert!(self.poll(now));
+            assert!(sched.take_join().is_some());
+            sched.put(&welcome(2));
+            assert!(self.poll(now));
+            assert_eq!(self.events(), [FrontendEvent::Registered { group: g as u16, models: 2 }]);
+            sched.take_all();
+            sched
+        }
+        /// A request for model `m`.
+        fn submit_model(&self, m: u32) -> Ticket {
+            let len = self.service.catalog().by_id(m).unwrap().input.byte_len() as usize;
+            self.service.submit(m, &vec![1u8; len], ms(400), Default::default()).unwrap()
         }
         /// Hands over a data link that registers as backend `id`.
         fn backend(&mut self, now: Instant, id: u32) -> SimPeer {
@@ -1305,7 +1588,7 @@ mod tests {
         });
         sched.put(&welcome(2));
         assert!(f.poll(T0 + MS));
-        assert_eq!(f.events(), [FrontendEvent::Registered { models: 2 }]);
+        assert_eq!(f.events(), [FrontendEvent::Registered { group: 0, models: 2 }]);
         assert!(f.node.is_registered() && f.service.ready());
         assert!(f.node.stats().ready.load(Ordering::Relaxed));
 
@@ -1332,7 +1615,7 @@ mod tests {
         drop(sched);
         f.poll(T0);
         match f.events().as_slice() {
-            [FrontendEvent::Refused { why }] => assert!(why.contains("refused"), "{why}"),
+            [FrontendEvent::Refused { why, .. }] => assert!(why.contains("refused"), "{why}"),
             other => panic!("{other:?}"),
         }
         assert!(
@@ -1349,7 +1632,7 @@ mod tests {
         sched.put(&welcome(3));
         f.poll(T0);
         match f.events().as_slice() {
-            [FrontendEvent::Refused { why }] => assert!(why.contains("same --zoo"), "{why}"),
+            [FrontendEvent::Refused { why, .. }] => assert!(why.contains("same --zoo"), "{why}"),
             other => panic!("{other:?}"),
         }
 
@@ -1366,7 +1649,7 @@ mod tests {
         assert!(f.events().is_empty());
         f.poll(deadline);
         match f.events().as_slice() {
-            [FrontendEvent::Refused { why }] => {
+            [FrontendEvent::Refused { why, .. }] => {
                 assert!(
                     why.contains("did not acknowledge") && why.contains("5 s"),
                     "{why}"
@@ -1519,7 +1802,7 @@ mod tests {
         assert!(f.poll(T0 + MS));
         assert!(matches!(
             f.events().as_slice(),
-            [FrontendEvent::SchedulerLost { why }] if why.contains("sending a task")
+            [FrontendEvent::SchedulerLost { why, .. }] if why.contains("sending a task")
         ));
         assert!(f.node.take_closed_link().is_some());
         assert!(!f.service.ready(), "not ready while no scheduler is linked");
@@ -1548,6 +1831,143 @@ mod tests {
         let c = f.service.counters();
         // The request given up is ended (freeing its slot), not resent.
         assert_eq!((c.accepted, c.dropped, c.failed), (5, 1, 0), "{c:?}");
+    }
+
+    // ---- scheduler groups (issue 19) -------------------------------------
+
+    fn grouped() -> Frontend {
+        let mut f = frontend();
+        f.node = std::mem::replace(&mut f.node, frontend().node).with_groups(2);
+        assert!(f.node.failover(), "groups imply holding tasks");
+        f
+    }
+
+    fn moved(task_id: u64) -> wire::Dropped {
+        wire::Dropped { task_id, reason: DropReason::Moved as u32, reserved: 0 }
+    }
+
+    #[test]
+    fn with_groups_each_task_goes_to_its_owner_and_a_moved_one_is_resubmitted_with_the_budget_left() {
+        let mut f = grouped();
+        assert!(f.node.handle_routes(1, &[Some(0), Some(1)]));
+        assert!(!f.node.handle_routes(1, &[Some(1), Some(1)]), "the same revision again is ignored");
+        let mut a = f.registered_group(T0, 0);
+        let mut b = f.registered_group(T0, 1);
+        let (mut t0, t1) = (f.submit_model(0), f.submit_model(1));
+        f.poll(T0);
+        assert_eq!(a.tasks().iter().map(|t| t.task_id).collect::<Vec<_>>(), [t0.task_id()]);
+        assert_eq!(b.tasks().iter().map(|t| t.task_id).collect::<Vec<_>>(), [t1.task_id()]);
+        // Model 0 moves to group 1; group 0 hands its task back.
+        let at = T0 + ms(10);
+        assert!(f.node.handle_routes(2, &[Some(1), Some(1)]));
+        a.put(&moved(t0.task_id()));
+        f.poll(at);
+        f.poll(at);
+        assert!(poll_now(&mut t0).is_pending(), "taken back, not ended");
+        let resent = b.tasks();
+        assert_eq!(resent.len(), 1, "{resent:?}");
+        assert_eq!(resent[0].task_id, t0.task_id());
+        assert_eq!(resent[0].budget_ns, ms(390).as_nanos(), "the budget left, same deadline");
+        assert!(a.tasks().is_empty());
+        assert_eq!(f.node.stats().moved_taken_back.load(Ordering::Relaxed), 1);
+        assert!(!f.node.take_stale_table(), "sent by an older table: this one is not stale");
+        // Its new owner answers: the one outcome reaches the ticket.
+        b.put(&wire::Dropped { task_id: t0.task_id(), reason: DropReason::Overloaded as u32, reserved: 0 });
+        f.poll(at);
+        assert_eq!(poll_now(&mut t0), Poll::Ready(Outcome::Dropped(DropReason::Overloaded)));
+        // New tasks of model 0 now go to group 1.
+        let t2 = f.submit_model(0);
+        f.poll(at);
+        assert_eq!(b.tasks().iter().map(|t| t.task_id).collect::<Vec<_>>(), [t2.task_id()]);
+    }
+
+    #[test]
+    fn with_groups_a_task_refused_by_the_owner_its_table_names_waits_for_a_change_or_its_retry_then_its_deadline() {
+        let mut f = grouped();
+        f.node.handle_routes(1, &[Some(0), Some(1)]);
+        let mut a = f.registered_group(T0, 0);
+        let mut b = f.registered_group(T0, 1);
+        let mut t0 = f.submit_model(0);
+        f.poll(T0);
+        assert_eq!(a.tasks().len(), 1);
+        // Group 0 says moved, but the frontend's table (revision 1) still
+        // names it: nothing goes out before the retry time...
+        a.put(&moved(t0.task_id()));
+        f.poll(T0);
+        assert!(f.node.take_stale_table(), "the host may read the table now");
+        assert!(!f.node.take_stale_table(), "once");
+        f.poll(T0 + ms(2));
+        assert!(a.tasks().is_empty() && b.tasks().is_empty());
+        // ...then it is offered to the owner again (the owner may have
+        // applied the revision late).
+        let retry = T0 + MOVED_RETRY + ms(10);
+        f.poll(retry);
+        f.poll(retry);
+        assert_eq!(a.tasks().iter().map(|t| t.task_id).collect::<Vec<_>>(), [t0.task_id()]);
+        // Refused again; a new table sends it to group 1 at once.
+        a.put(&moved(t0.task_id()));
+        f.poll(retry);
+        assert!(f.node.handle_routes(2, &[Some(1), Some(1)]));
+        f.poll(retry);
+        f.poll(retry);
+        assert_eq!(b.tasks().iter().map(|t| t.task_id).collect::<Vec<_>>(), [t0.task_id()]);
+        b.put(&wire::Dropped { task_id: t0.task_id(), reason: DropReason::Overloaded as u32, reserved: 0 });
+        f.poll(retry);
+        assert_eq!(poll_now(&mut t0), Poll::Ready(Outcome::Dropped(DropReason::Overloaded)));
+        // A group that keeps refusing: the task is offered again every
+        // retry until its deadline, then ends as dropped `moved`, once.
+        let mut t1 = f.submit_model(1);
+        let mut at = retry;
+        let mut offers = 0;
+        while at < retry + ms(500) {
+            f.poll(at);
+            for t in b.tasks() {
+                assert_eq!(t.task_id, t1.task_id());
+                offers += 1;
+                b.put(&moved(t.task_id));
+            }
+            at += ms(5);
+        }
+        assert!((20..=100).contains(&offers), "{offers} offers in 400 ms");
+        assert_eq!(poll_now(&mut t1), Poll::Ready(Outcome::Dropped(DropReason::Moved)));
+        let c = f.service.counters();
+        assert!(c.balanced(), "{c:?}");
+    }
+
+    #[test]
+    fn with_groups_losing_one_group_holds_its_tasks_for_its_next_link_and_cancels_go_to_the_tasks_group() {
+        let mut f = grouped();
+        // Before the first table, tasks wait (the sink opens at the first
+        // registration).
+        let mut a = f.registered_group(T0, 0);
+        let early = f.submit_model(0);
+        f.poll(T0);
+        assert!(a.tasks().is_empty(), "no table yet");
+        f.node.handle_routes(1, &[Some(0), Some(1)]);
+        f.poll(T0);
+        assert_eq!(a.tasks().iter().map(|t| t.task_id).collect::<Vec<_>>(), [early.task_id()]);
+        let b = f.registered_group(T0, 1);
+        let mut t1 = f.submit_model(1);
+        f.poll(T0);
+        drop(b);
+        let t0 = f.submit_model(0);
+        f.poll(T0 + MS);
+        assert!(matches!(f.events().as_slice(), [FrontendEvent::SchedulerLost { group: 1, .. }]));
+        assert!(f.service.ready(), "group 0 still serves");
+        assert_eq!(a.tasks().iter().map(|t| t.task_id).collect::<Vec<_>>(), [t0.task_id()]);
+        assert!(poll_now(&mut t1).is_pending(), "held for group 1");
+        let mut b = f.registered_group(T0 + ms(50), 1);
+        f.poll(T0 + ms(50));
+        let resent = b.tasks();
+        assert_eq!(resent.iter().map(|t| t.task_id).collect::<Vec<_>>(), [t1.task_id()]);
+        assert_eq!(resent[0].budget_ns, ms(350).as_nanos());
+        // A cancel goes to the group that has the task.
+        let mut t0 = t0;
+        assert!(f.service.cancel(&mut t0));
+        f.poll(T0 + ms(50));
+        let cancels = |p: &mut SimPeer| p.take_all().iter().filter(|m| matches!(wire::decode(m), Ok(Message::Cancel(_)))).count();
+        assert_eq!((cancels(&mut a), cancels(&mut b)), (1, 0));
+        assert_eq!(f.node.stats().cancels_sent.load(Ordering::Relaxed), 1);
     }
 
     #[test]
@@ -1592,7 +2012,7 @@ mod tests {
         assert!(f.poll(T0 + MS));
         assert!(matches!(
             f.events().as_slice(),
-            [FrontendEvent::SchedulerLost { why }] if why.contains("sending a task")
+            [FrontendEvent::SchedulerLost { why, .. }] if why.contains("sending a task")
         ));
         for t in sent.iter_mut().chain([&mut queued]) {
             assert_eq!(

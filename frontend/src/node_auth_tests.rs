@@ -93,12 +93,12 @@ fn the_right_token_registers_and_a_wrong_or_missing_one_is_refused_with_the_reas
         let ev = run(&net, &mut sched, &mut fe, Instant::ZERO, 20);
         match want {
             None => {
-                assert_eq!(ev, [FrontendEvent::Registered { models: 2 }]);
+                assert_eq!(ev, [FrontendEvent::Registered { group: 0, models: 2 }]);
                 assert!(fe.is_registered());
                 assert_eq!(sched.plane().peers(), (1, 0));
             }
             Some(reason) => {
-                let [FrontendEvent::Refused { why }] = &ev[..] else { panic!("{ev:?}") };
+                let [FrontendEvent::Refused { why, .. }] = &ev[..] else { panic!("{ev:?}") };
                 let v = wire::VERSION;
                 let head = format!("the scheduler refused the registration of frontend 5: {reason} (scheduler wire version {v}, ours {v}): ");
                 assert!(why.starts_with(&head), "{why}");
@@ -153,7 +153,7 @@ fn a_scheduler_of_another_version_is_named_with_both_versions() {
         now += ms(1);
     }
     let ev: Vec<_> = std::iter::from_fn(|| fe.poll_event()).collect();
-    let [FrontendEvent::Refused { why }] = &ev[..] else { panic!("{ev:?}") };
+    let [FrontendEvent::Refused { why, .. }] = &ev[..] else { panic!("{ev:?}") };
     assert!(why.contains(&format!("version (scheduler wire version {future}, ours {})", wire::VERSION)), "{why}");
 
     // ... or it answers with a message only its version knows.
@@ -172,5 +172,5 @@ fn a_scheduler_of_another_version_is_named_with_both_versions() {
     }
     let ev: Vec<_> = std::iter::from_fn(|| fe.poll_event()).collect();
     let want = format!("the scheduler speaks wire version {future}, this frontend {}", wire::VERSION);
-    assert!(matches!(&ev[..], [FrontendEvent::Refused { why }] if why.starts_with(&want)), "{ev:?}");
+    assert!(matches!(&ev[..], [FrontendEvent::Refused { why, .. }] if why.starts_with(&want)), "{ev:?}");
 }

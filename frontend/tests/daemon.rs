@@ -499,6 +499,8 @@ fn bad_configurations_are_clear_errors_with_non_zero_exit() {
         ),
         (vec!["--scheduler", "x", "--slots", "0"], "--slots: 0: must be"),
         (vec!["--scheduler", "x", "--zoo", "h100"], "unknown zoo"),
+        (vec!["--scheduler", "x", "--etcd", "127.0.0.1:1"], "give one of the two"),
+        (vec!["--etcd", "127.0.0.1:1", "--routes-poll-ms", "0"], "must be positive"),
         (
             vec!["--config", "/nonexistent/frontend.toml"],
             "/nonexistent/frontend.toml",

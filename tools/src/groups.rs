@@ -3,14 +3,15 @@
 //! --reroute-at-s S` runs and `tools/tests/route.rs` checks.
 //!
 //! Each group is one scheduler daemon with its own election key and
-//! `--group`, and one backend with one emulated GPU; one frontend links to
-//! group a (frontends hold one scheduler link for now: see
-//! docs/architecture.md). Revision 1 gives every model to group a; at
+//! `--group`, and one backend with one emulated GPU; one frontend follows
+//! the table in etcd (`--etcd`) and links to both groups by the addresses
+//! the table gives. Revision 1 gives every model to group a; at
 //! `reroute_at_s` into the load, `symphony route set --move LAST=b` moves
 //! the last model of the list. The report says how soon group a applied
 //! the revision, its batch count of the moved model then and at the end
-//! (equal: the ownership rule), its `moved` drops, and the frontend's
-//! accounting.
+//! (equal: the ownership rule), its `moved` drops, how many tasks the
+//! frontend took back and resubmitted to group b and how many of its
+//! requests still ended dropped `moved`, and the frontend's accounting.
 
 use std::path::PathBuf;
 use std::time::{Duration as StdDuration, Instant};
@@ -59,6 +60,13 @@ pub struct GroupsReport {
     pub moved_batches_at_end: f64,
     /// Tasks group a answered `moved`.
     pub moved_drops: f64,
+    /// Tasks the frontend took back (answered `moved`) and resubmitted.
+    pub resubmitted: f64,
+    /// Requests the frontend answered dropped `moved` (resubmission found
+    /// no owner within the deadline).
+    pub moved_dropped: f64,
+    /// Batches of the moved model group b ran.
+    pub moved_batches_b: f64,
     /// The revision group b applied.
     pub group_b_revision: f64,
     /// The frontend's accepted, succeeded, dropped, failed requests.
@@ -78,6 +86,10 @@ pub struct GroupsError(String);
 
 fn err(what: impl std::fmt::Display) -> GroupsError {
     GroupsError(what.to_string())
+}
+
+fn names_of(r: &GroupsRun) -> Vec<String> {
+    r.models.split(',').map(str::trim).filter(|m| !m.is_empty()).map(String::from).collect()
 }
 
 fn metrics_of(d: &Daemon) -> String {
@@ -107,7 +119,14 @@ pub fn run(r: &GroupsRun) -> Result<GroupsReport, GroupsError> {
         models: models.iter().map(|m| m.to_string()).collect(),
         backends: vec![],
     };
-    let table = RouteTable { revision: 1, groups: vec![group("a", &names), group("b", &[])] };
+    let mut listens = Vec::new();
+    for _ in ["a", "b"] {
+        listens.push(format!("127.0.0.1:{}", unused_port().map_err(err)?));
+    }
+    let mut table = RouteTable { revision: 1, groups: vec![group("a", &names), group("b", &[])] };
+    for (g, listen) in table.groups.iter_mut().zip(&listens) {
+        g.schedulers = vec![listen.clone()];
+    }
     let mut store = Etcd::new(EtcdConfig {
         endpoints: etcd.endpoints(),
         key: DEFAULT_ROUTES_KEY.into(),
@@ -118,14 +137,11 @@ pub fn run(r: &GroupsRun) -> Result<GroupsReport, GroupsError> {
     store.put_routes(DEFAULT_ROUTES_KEY, &table).map_err(err)?;
 
     let mut daemons: Vec<Daemon> = Vec::new();
-    let mut listens = Vec::new();
-    for name in ["a", "b"] {
-        let listen = format!("127.0.0.1:{}", unused_port().map_err(err)?);
+    for (name, listen) in ["a", "b"].into_iter().zip(&listens) {
         let mut args = common(&spec);
         let key = format!("/symphony/leader/{name}");
-        args.extend(["--listen", &listen, "--etcd", &endpoints, "--election-key", &key, "--group", name, "--control-delay-us", "1000"].map(String::from));
+        args.extend(["--listen", listen, "--etcd", &endpoints, "--election-key", &key, "--group", name, "--routes-poll-ms", "10", "--control-delay-us", "1000"].map(String::from));
         daemons.push(spawn(&spec, &format!("scheduler-{name}"), "scheduler", args, Some(&token), deadline).map_err(err)?);
-        listens.push(listen);
     }
     for (i, listen) in listens.iter().enumerate() {
         let mut args = common(&spec);
@@ -133,7 +149,11 @@ pub fn run(r: &GroupsRun) -> Result<GroupsReport, GroupsError> {
         daemons.push(spawn(&spec, &format!("backend-{}", i + 1), "backend", args, Some(&token), deadline).map_err(err)?);
     }
     let mut args = common(&spec);
-    args.extend(["--id", "1", "--scheduler", &listens[0]].map(String::from));
+    // The frontend re-reads the table less often than the schedulers: group
+    // a hands tasks back before the frontend knows of the move, which is
+    // the path worth measuring (a `moved` answer from the group its table
+    // names makes it read the table at once).
+    args.extend(["--id", "1", "--etcd", &endpoints, "--routes-poll-ms", "200"].map(String::from));
     daemons.push(spawn(&spec, "frontend-1", "frontend", args, Some(&token), deadline).map_err(err)?);
     let result = drive(r, &daemons, &endpoints, &moved, deadline);
     for mut d in daemons.into_iter().rev() {
@@ -152,7 +172,9 @@ fn drive(r: &GroupsRun, daemons: &[Daemon], endpoints: &str, moved: &str, deadli
         if metric(&a, "symphony_route_revision") == Some(1.0)
             && metric(&b, "symphony_route_revision") == Some(1.0)
             && metric(&a, "symphony_frontends") == Some(1.0)
+            && metric(&b, "symphony_frontends") == Some(1.0)
             && metric(&a, "symphony_backends") == Some(1.0)
+            && metric(&b, "symphony_backends") == Some(1.0)
         {
             break;
         }
@@ -205,7 +227,15 @@ fn drive(r: &GroupsRun, daemons: &[Daemon], endpoints: &str, moved: &str, deadli
         std::thread::sleep(StdDuration::from_millis(20));
     };
     let a = metrics_of(sched_a);
+    let (f, b) = (metrics_of(fe), metrics_of(sched_b));
+    let moved_dropped = names_of(r)
+        .iter()
+        .map(|m| metric(&f, &format!("symphony_dropped_total{{model=\"{m}\",reason=\"moved\"}}")).unwrap_or(0.0))
+        .sum();
     Ok(GroupsReport {
+        resubmitted: metric(&f, "symphony_frontend_moved_resubmits_total").unwrap_or(0.0),
+        moved_dropped,
+        moved_batches_b: batches(&b),
         moved_model: moved.to_string(),
         applied_after_ms,
         moved_batches_at_apply: at_apply,

@@ -402,6 +402,7 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
             } else {
                 println!("moved {} from group a to group b at {reroute_at_s} s: group a applied it after {:.1} ms", r.moved_model, r.applied_after_ms);
                 println!("group a's batches of {}: {} when it applied the move, {} at the end; {} tasks answered moved", r.moved_model, r.moved_batches_at_apply, r.moved_batches_at_end, r.moved_drops);
+                println!("frontend resubmitted {} tasks answered moved to the new owner (group b ran {} batches of {}); {} requests still ended dropped moved", r.resubmitted, r.moved_batches_b, r.moved_model, r.moved_dropped);
                 println!("frontend accepted {} succeeded {} dropped {} failed {}: unaccounted {}", r.frontend[0], r.frontend[1], r.frontend[2], r.frontend[3], r.unaccounted);
                 println!("load: {}", r.load);
             }

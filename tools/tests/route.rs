@@ -5,11 +5,13 @@
 //! (`tools::groups`, also `symphony up --groups 2`).
 //!
 //! What it holds: every request the frontend accepted ends classified
-//! (`unaccounted` 0: the moved model's requests that group a hands back
-//! end as dropped `moved`, since this frontend links to group a only; see
-//! docs/architecture.md), group a applies revision 2, and from the moment
-//! its `symphony_route_revision` gauge reads 2, its count of batches of the
+//! (`unaccounted` 0), group a applies revision 2, and from the moment its
+//! `symphony_route_revision` gauge reads 2, its count of batches of the
 //! moved model never grows again (the ownership rule, from its metrics).
+//! The frontend follows the table (`--etcd`) and links to both groups: the
+//! moved model's tasks that group a hands back are resubmitted to group b
+//! with the budget they have left, and nearly all of them succeed rather
+//! than end as dropped `moved`.
 
 use std::path::PathBuf;
 
@@ -21,7 +23,7 @@ fn a_model_moved_between_two_scheduler_groups_under_load_leaves_nothing_unaccoun
     let r = run(&GroupsRun {
         exe: PathBuf::from(env!("CARGO_BIN_EXE_symphony")),
         zoo: "a100".into(),
-        models: "ResNet50,InceptionV3".into(),
+        models: "ResNet50,EfficientNetV2L".into(),
         rate: 200.0,
         duration_s: 3.0,
         reroute_at_s: 1.0,
@@ -34,7 +36,10 @@ fn a_model_moved_between_two_scheduler_groups_under_load_leaves_nothing_unaccoun
     assert_eq!(r.unaccounted, 0.0, "frontend accounting: {:?}", r.frontend);
     assert!(r.moved_batches_at_apply > 0.0, "group a planned the model before the move");
     assert_eq!(r.moved_batches_at_end, r.moved_batches_at_apply, "group a planned {} after it applied the revision that moved it away", r.moved_model);
-    assert!(r.moved_drops > 0.0, "group a answered the moved model's tasks as moved");
+    assert!(r.moved_batches_b > 0.0, "group b serves the moved model");
+    // Measured on 2026-11-26 (5 runs): 2 to 6 tasks handed back per run,
+    // none of them ended dropped `moved`.
+    assert!(r.moved_dropped * 2.0 <= r.resubmitted, "resubmitted {} tasks answered moved, {} still ended dropped moved", r.resubmitted, r.moved_dropped);
     assert_eq!(r.group_b_revision, 2.0, "group b follows the table too");
     let _ = std::fs::remove_dir_all(log_dir);
 }

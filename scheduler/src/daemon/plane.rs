@@ -1216,6 +1216,12 @@ impl ControlPlane {
             // per drop otherwise.
             let handed_back = !self.handing_over.is_empty() && self.handing_over.remove(&req.id);
             let reason = if handed_back && reason == DropReason::Cancelled { DropReason::Moved } else { reason };
+            if handed_back {
+                // Handed back, not done: its frontend resubmits the same id
+                // to the owner, which may be this group again after a move
+                // back (then a new submission, not a duplicate).
+                self.seen.remove(&req.id);
+            }
             if let Some(m) = self.tasks.remove(&req.id) {
                 self.metrics.model_drops(m.model);
                 self.metrics.level_drops(self.level_index(m.model, req.priority), reason);
@@ -1248,6 +1254,7 @@ impl ControlPlane {
                 self.metrics.unowned_plans_held.inc();
                 for r in members {
                     self.handing_over.remove(&r.id);
+                    self.seen.remove(&r.id);
                     if let Some(m) = self.tasks.remove(&r.id) {
                         self.metrics.model_drops(m.model);
                         self.send_dropped(r.id, m.frontend, DropReason::Moved);
@@ -1587,6 +1594,12 @@ mod tests {
         assert!(!p.owns(0) && p.owns(1) && p.route_revision() == 2);
         let text = p.metrics.encode();
         assert!(text.contains("moved"), "drops by reason count moved");
+        // Model "a" comes back: a task handed back before is resubmitted
+        // with the same id and is a new submission, not a duplicate.
+        assert!(p.set_routes(t0, &routes(3, &["a", "b"], &[]), "a"));
+        p.on_task(t0, 1, &task(1, 0, 1));
+        assert!(drain(&mut p).is_empty(), "taken, not answered");
+        assert_eq!(p.waiting_tasks(), 2, "task 1 waits again beside model b's");
     }
 
     /// Seeded runs (the harness's ownership invariant at the plane): tasks

@@ -9,6 +9,9 @@
 //! the key is the whole watch: the table is small and changes rarely, and
 //! a re-read needs no resumption logic after an etcd failover (an older
 //! revision read from a lagging member is ignored by the revision rule).
+//! [`RoutesWatch::read_now`] asks for a read before the period is over
+//! (a frontend told `moved` by the group its table names: its table may be
+//! old), at most one per [`MIN_GAP`].
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -33,6 +36,9 @@ pub struct RoutesConfig {
     /// How often the key is re-read.
     pub poll: Duration,
 }
+
+/// The least time between two reads, however often one is asked for.
+pub const MIN_GAP: std::time::Duration = std::time::Duration::from_millis(2);
 
 struct Shared {
     newest: Mutex<Option<Arc<RouteTable>>>,
@@ -76,10 +82,19 @@ impl RoutesWatch {
                     }
                     Err(_) => {}
                 }
-                std::thread::sleep(poll);
+                std::thread::park_timeout(poll);
+                std::thread::sleep(MIN_GAP);
             }
         })?;
         Ok(RoutesWatch { shared, thread: Some(thread) })
+    }
+
+    /// Reads the table again soon (within [`MIN_GAP`] of the last read)
+    /// rather than at the end of the period.
+    pub fn read_now(&self) {
+        if let Some(t) = &self.thread {
+            t.thread().unpark();
+        }
     }
 
     /// The newest revision read (0: none yet).
@@ -102,6 +117,7 @@ impl Drop for RoutesWatch {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
+            t.thread().unpark();
             let _ = t.join();
         }
     }

@@ -29,6 +29,9 @@ pub struct Ledger {
     /// scheduler has applied a routing revision that took it away (set by
     /// the harness right after the scheduler applied it).
     pub moved_away: Vec<bool>,
+    /// With two groups (`reroute2`): group b's scheduler node, and what
+    /// it has applied away, as `moved_away`.
+    pub group_b: Option<(NodeId, Vec<bool>)>,
     /// Plans of a model a scheduler sent after it had applied a revision
     /// that took the model away (must be empty).
     pub unowned_plans: Vec<String>,
@@ -37,7 +40,8 @@ pub struct Ledger {
 impl Ledger {
     /// Takes one message the network carried.
     pub fn observe(&mut self, t: Traffic<'_>) {
-        let from_scheduler = t.from < self.schedulers.max(1);
+        let from_b = self.group_b.as_ref().is_some_and(|b| b.0 == t.from);
+        let from_scheduler = t.from < self.schedulers.max(1) || from_b;
         match (t.delivered, wire::decode(t.bytes)) {
             // Only backends receive plans.
             (true, Ok(Message::BatchPlan(head, tasks))) => {
@@ -49,7 +53,11 @@ impl Ledger {
             (false, Ok(Message::BatchPlan(head, _))) if from_scheduler => {
                 let e = self.plan_times.entry(head.epoch).or_insert((t.at, t.at));
                 e.1 = e.1.max(t.at);
-                if self.moved_away.get(head.model_id as usize).copied().unwrap_or(false) {
+                let away = match &self.group_b {
+                    Some((_, away)) if from_b => away,
+                    _ => &self.moved_away,
+                };
+                if away.get(head.model_id as usize).copied().unwrap_or(false) {
                     self.unowned_plans.push(format!("batch {} of model {} planned at {} after the model moved away", head.batch_id, head.model_id, t.at));
                 }
             }

@@ -34,6 +34,7 @@ pub enum FaultClass {
     /// (issue 19): models move between the harness's scheduler (group a)
     /// and another group.
     Reroute,
+    Reroute2,
 }
 
 impl FaultClass {
@@ -58,11 +59,12 @@ impl FaultClass {
             FaultClass::StoreDown => "store-down",
             FaultClass::LeaderPartition => "leader-partition",
             FaultClass::Reroute => "reroute",
+            FaultClass::Reroute2 => "reroute2",
         }
     }
 
     fn every() -> impl Iterator<Item = FaultClass> {
-        FaultClass::ALL.into_iter().chain(FaultClass::FAILOVER).chain([FaultClass::Reroute])
+        FaultClass::ALL.into_iter().chain(FaultClass::FAILOVER).chain([FaultClass::Reroute, FaultClass::Reroute2])
     }
 
     fn parse_one(s: &str) -> Option<FaultClass> {
@@ -255,7 +257,7 @@ pub fn schedule(set: FaultSet, seed: u64, start: Instant, end: Instant, frontend
         }
         // Several changes a second, some taking models away, some giving
         // them back (the model count is not known here: 64 random bits).
-        if set.has(FaultClass::Reroute) {
+        if set.has(FaultClass::Reroute) || set.has(FaultClass::Reroute2) {
             for _ in 0..4 {
                 events.push((at(&mut rng), Event::Reroute { owned: rng.random() }));
             }

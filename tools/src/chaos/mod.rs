@@ -203,6 +203,9 @@ pub struct ChaosReport {
     /// held unstarted when a newer epoch came), over the backends up at
     /// the end.
     pub fenced_plans: u64,
+    /// With two scheduler groups (`reroute2`): tasks the frontends took
+    /// back (answered `moved`) to resubmit to their model's owner.
+    pub resubmitted: u64,
 }
 
 impl ChaosReport {
@@ -224,6 +227,18 @@ impl ChaosReport {
 const CONTROL_DELAY: Duration = Duration::from_micros(200);
 /// Faults start after the cluster has formed.
 const STARTUP: Duration = Duration::from_millis(50);
+/// With two scheduler groups, each node applies a new routing table up to
+/// this long after it is stored (each its own seeded lag, as each follows
+/// etcd on its own).
+const ROUTE_LAG_MAX_US: u64 = 8_000;
+
+/// Who applies a routing table (two scheduler groups).
+#[derive(Clone, Copy, Debug)]
+enum RouteAt {
+    A,
+    B,
+    Frontend(usize),
+}
 
 /// The cluster and everything that drives it.
 struct Harness {
@@ -256,6 +271,8 @@ struct Harness {
     route_revision: u64,
     /// Routing changes applied, for the report.
     reroutes: BTreeMap<FaultClass, u64>,
+    /// With two groups: tables stored but not yet applied by a node.
+    pending_routes: Vec<(Instant, RouteAt, Arc<scheduler::routes::RouteTable>)>,
 }
 
 impl Harness {
@@ -289,6 +306,7 @@ impl Harness {
         spec.delay_watch = cfg.delay_watch;
         spec.gpu_slowdowns = cfg.gpu_slowdowns.clone();
         spec.ha = ha;
+        spec.group_b = cfg.faults.has(FaultClass::Reroute2);
         let catalog = spec.catalog.clone();
         let mut cluster = NodeCluster::new(spec, net, None)?;
         if cfg.priority_mix > 0.0 || cfg.max_queue > 0 {
@@ -322,7 +340,108 @@ impl Harness {
             fence_violations: Vec::new(),
             route_revision: 0,
             reroutes: BTreeMap::new(),
-        })
+            pending_routes: Vec::new(),
+        }
+        .with_initial_routes())
+    }
+
+    /// With two groups: revision 1 (even models to group a, odd ones to
+    /// b), applied by every node before anything runs.
+    fn with_initial_routes(mut self) -> Self {
+        let Some(b) = self.cluster.group_b_net_id() else { return self };
+        if let Ok(mut l) = self.ledger.lock() {
+            l.group_b = Some((b, Vec::new()));
+        }
+        let owned = (0..64).step_by(2).fold(0u64, |m, i| m | 1 << i);
+        self.route_revision = 1;
+        let table = Arc::new(self.table(owned));
+        for at in [RouteAt::A, RouteAt::B] {
+            self.apply_routes(at, &table);
+        }
+        let owners = self.owners(&table);
+        self.cluster.set_frontend_routes(None, table.revision, &owners);
+        self
+    }
+
+    /// Routing revision `self.route_revision`: group a owns the models
+    /// whose bit is set in `owned`, group b the rest.
+    fn table(&self, owned: u64) -> scheduler::routes::RouteTable {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for (i, m) in self.cfg.models.iter().enumerate() {
+            if owned >> (i % 64) & 1 == 1 { a.push(m.name.clone()) } else { b.push(m.name.clone()) }
+        }
+        let group = |name: &str, models: Vec<String>| scheduler::routes::RouteGroup {
+            name: name.into(),
+            election_key: format!("/symphony/leader/{name}"),
+            schedulers: Vec::new(),
+            models,
+            backends: Vec::new(),
+        };
+        scheduler::routes::RouteTable { revision: self.route_revision, groups: vec![group("a", a), group("b", b)] }
+    }
+
+    /// The owner group index of each model (a frontend's view).
+    fn owners(&self, t: &scheduler::routes::RouteTable) -> Vec<Option<u16>> {
+        self.cfg.models.iter().map(|m| t.owner(&m.name).map(|g| g as u16)).collect()
+    }
+
+    /// Node `at` applies `table` now; the ledger learns what a scheduler
+    /// gave away as soon as it has applied it.
+    fn apply_routes(&mut self, at: RouteAt, table: &scheduler::routes::RouteTable) {
+        let now = self.now;
+        let n = self.cfg.models.len();
+        let (node, name) = match at {
+            RouteAt::A => (self.cluster.scheduler_mut(), "a"),
+            RouteAt::B => (self.cluster.group_b_mut(), "b"),
+            RouteAt::Frontend(i) => {
+                let owners = self.owners(table);
+                self.cluster.set_frontend_routes(Some(i), table.revision, &owners);
+                return;
+            }
+        };
+        let Some(node) = node else { return };
+        if !node.handle_routes(now, table, name) {
+            return;
+        }
+        let away: Vec<bool> = (0..n as u32).map(|m| !node.owns(m)).collect();
+        if let Ok(mut l) = self.ledger.lock() {
+            match (at, l.group_b.as_mut()) {
+                (RouteAt::B, Some(b)) => b.1 = away,
+                _ => l.moved_away = away,
+            }
+        }
+        if matches!(at, RouteAt::A) && table.revision > 1 {
+            *self.reroutes.entry(FaultClass::Reroute2).or_insert(0) += 1;
+        }
+    }
+
+    /// With two groups: the next revision, applied by each node after its
+    /// own seeded lag.
+    fn reroute2(&mut self, owned: u64) {
+        use rand::{Rng, SeedableRng};
+        self.route_revision += 1;
+        let table = Arc::new(self.table(owned));
+        self.cluster.net().record(0x5245_5232, owned);
+        let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(self.cfg.seed ^ self.route_revision.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let targets = [RouteAt::A, RouteAt::B].into_iter().chain((0..self.cfg.frontends).map(RouteAt::Frontend));
+        for at in targets {
+            let lag = Duration::from_micros(rng.random_range(0..=ROUTE_LAG_MAX_US));
+            self.pending_routes.push((self.now + lag, at, table.clone()));
+        }
+    }
+
+    /// Applies the tables whose time has come.
+    fn apply_routes_due(&mut self) {
+        let now = self.now;
+        let mut i = 0;
+        while i < self.pending_routes.len() {
+            if self.pending_routes[i].0 <= now {
+                let (_, at, table) = self.pending_routes.remove(i);
+                self.apply_routes(at, &table);
+            } else {
+                i += 1;
+            }
+        }
     }
 
     fn net_id(&self, t: Target) -> Option<NodeId> {
@@ -396,6 +515,9 @@ impl Harness {
     /// its models' requests end as dropped `moved`) the rest. The ledger
     /// learns what moved away as soon as the scheduler has applied it.
     fn reroute(&mut self, owned: u64) {
+        if self.cluster.group_b_net_id().is_some() {
+            return self.reroute2(owned);
+        }
         self.route_revision += 1;
         let names: Vec<String> = self.cfg.models.iter().map(|m| m.name.clone()).collect();
         let (mut a, mut b) = (Vec::new(), Vec::new());
@@ -521,6 +643,7 @@ impl Harness {
             self.slow.iter().map(|s| s.2).min(),
             self.store_down_until,
             self.sched_cuts.iter().map(|c| c.2).min(),
+            self.pending_routes.iter().map(|p| p.0).min(),
         ]
         .into_iter()
         .flatten()
@@ -549,6 +672,7 @@ impl Harness {
                 self.apply_event(e);
             }
             self.heal_due();
+            self.apply_routes_due();
             self.poll_cluster();
             if self.client.send_due(self.now, &self.cluster.services()) {
                 self.poll_cluster();
@@ -583,6 +707,7 @@ impl Harness {
             replay: self.cfg.replay_command(),
             batches: self.batches,
             virtual_s: self.now.as_nanos() as f64 / 1e9,
+            resubmitted: self.cluster.moved_resubmits(),
             ..ChaosReport::default()
         };
         if let Some(plane) = self.cluster.scheduler().map(|s| s.plane()) {
@@ -619,7 +744,8 @@ impl Harness {
         checks::check(
             &checks::Observed {
                 slots_in_use: &slots_in_use,
-                scheduler_tasks: self.cluster.scheduler().map_or(0, |s| s.plane().waiting_tasks()),
+                scheduler_tasks: self.cluster.scheduler().map_or(0, |s| s.plane().waiting_tasks())
+                    + self.cluster.group_b().map_or(0, |s| s.plane().waiting_tasks()),
                 lossless,
                 fence_violations: &self.fence_violations,
                 overlapping_plans: self.cluster.overlapping_plans(),

@@ -34,6 +34,11 @@ pub struct SweepSummary {
     pub min_requests: u64,
     /// Plans backends did not run for their epoch, over all seeds.
     pub fenced_plans: u64,
+    /// Tasks frontends took back (answered `moved`) to resubmit (two
+    /// scheduler groups).
+    pub resubmitted: u64,
+    /// Requests that still ended dropped `moved`.
+    pub moved_dropped: u64,
 }
 
 impl SweepSummary {
@@ -75,6 +80,8 @@ pub fn sweep(base: &ChaosConfig, seeds: u64, threads: usize, progress: &(dyn Fn(
                     sum.cancelled += rep.cancelled;
                     sum.min_requests = sum.min_requests.min(rep.accepted);
                     sum.fenced_plans += rep.fenced_plans;
+                    sum.resubmitted += rep.resubmitted;
+                    sum.moved_dropped += rep.dropped.get("moved").copied().unwrap_or(0);
                     for (k, v) in &rep.faults {
                         *sum.faults.entry(k.clone()).or_insert(0) += v;
                     }

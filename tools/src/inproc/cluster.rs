@@ -131,6 +131,12 @@ pub struct ClusterSpec {
     /// Hot-standby schedulers (None: one scheduler, as the embedded
     /// default).
     pub ha: Option<HaSpec>,
+    /// A second scheduler group (issue 19): scheduler node `b` (no
+    /// standby) with the odd backend slots as its sub-cluster; every
+    /// frontend links to both groups and routes by the table handed to it
+    /// ([`NodeCluster::set_frontend_routes`]); each scheduler is handed
+    /// its table by the caller (`handle_routes`).
+    pub group_b: bool,
 }
 
 /// Hot-standby schedulers of a [`NodeCluster`] (see the module docs).
@@ -191,6 +197,7 @@ impl ClusterSpec {
             delay_watch: DelayWatchConfig::default(),
             gpu_slowdowns: Vec::new(),
             ha: None,
+            group_b: false,
         }
     }
 }
@@ -333,7 +340,15 @@ pub struct NodeCluster {
     /// Backend net ids ever started (for taps that tell roles apart).
     pub backend_net_ids: Vec<NodeId>,
     busy_rejections: u64,
+    /// With [`ClusterSpec::group_b`]: its scheduler.
+    group_b: Option<SchedHost>,
+    /// The newest routing table handed to frontends (revision, owner group
+    /// of each model), given to each frontend that starts.
+    frontend_routes: (u64, Vec<Option<u16>>),
 }
+
+/// Group b's scheduler address in the harness.
+const GROUP_B_ADDR: &str = "sim:scheduler-b";
 
 impl NodeCluster {
     /// A cluster on `net` (node 0 is the scheduler); every frontend and
@@ -375,8 +390,19 @@ impl NodeCluster {
                 (hosts, Some(store))
             }
         };
-        let next_net_id = scheds.len() as NodeId;
+        let mut next_net_id = scheds.len() as NodeId;
+        let group_b = if spec.group_b {
+            let net_id = next_net_id;
+            next_net_id += 1;
+            let listener = net.domain(net_id).listen(GROUP_B_ADDR).map_err(transport("group b scheduler listener"))?;
+            let node = build_scheduler(&spec, &[], 0)?;
+            Some(SchedHost { net_id, addr: listener.local_addr(), node: Some(node), listener: Some(listener), candidate: None, paused_until: None, crashed: false })
+        } else {
+            None
+        };
         Ok(NodeCluster {
+            group_b,
+            frontend_routes: (0, Vec::new()),
             frontends: (0..spec.frontends).map(|_| Slot::Down { restart_at: Some(Instant::ZERO) }).collect(),
             backends: (0..spec.backends).map(|_| Slot::Down { restart_at: Some(Instant::ZERO) }).collect(),
             spec,
@@ -416,9 +442,45 @@ impl NodeCluster {
     /// elected later.
     pub fn set_admission(&mut self, model: u32, admission: Admission) {
         self.admissions.push((model, admission));
-        for n in self.scheds.iter_mut().filter_map(|h| h.node.as_mut()) {
+        for n in self.scheds.iter_mut().chain(self.group_b.as_mut()).filter_map(|h| h.node.as_mut()) {
             n.plane_mut().set_admission(model, admission);
         }
+    }
+
+    /// With [`ClusterSpec::group_b`]: group b's scheduler node.
+    pub fn group_b(&self) -> Option<&SchedulerNode<SimConn>> {
+        self.group_b.as_ref().and_then(|h| h.node.as_ref())
+    }
+
+    /// Group b's scheduler node, to hand it what its host would.
+    pub fn group_b_mut(&mut self) -> Option<&mut SchedulerNode<SimConn>> {
+        self.group_b.as_mut().and_then(|h| h.node.as_mut())
+    }
+
+    /// Group b's scheduler's net id.
+    pub fn group_b_net_id(&self) -> Option<NodeId> {
+        self.group_b.as_ref().map(|h| h.net_id)
+    }
+
+    /// With [`ClusterSpec::group_b`]: hands routing `revision` (the owner
+    /// group of each model) to frontend `i` (`None`: none now; only kept
+    /// for frontends that start later, as every newer table is).
+    pub fn set_frontend_routes(&mut self, i: Option<usize>, revision: u64, owners: &[Option<u16>]) {
+        if revision > self.frontend_routes.0 {
+            self.frontend_routes = (revision, owners.to_vec());
+        }
+        if let Some(Slot::Up(h)) = i.and_then(|i| self.frontends.get_mut(i)) {
+            h.node.handle_routes(revision, owners);
+        }
+    }
+
+    /// Tasks the frontends up now took back (answered `moved`) for
+    /// resubmission.
+    pub fn moved_resubmits(&self) -> u64 {
+        self.frontends
+            .iter()
+            .map(|f| if let Slot::Up(h) = f { h.node.stats().moved_taken_back.load(std::sync::atomic::Ordering::Relaxed) } else { 0 })
+            .sum()
     }
 
     /// The scheduler hosts.
@@ -467,7 +529,7 @@ impl NodeCluster {
     /// Plans made onto a GPU before its previous planned batch there
     /// ended, by every scheduler node that ever led.
     pub fn overlapping_plans(&self) -> u64 {
-        self.retired_overlaps + self.scheds.iter().filter_map(|h| h.node.as_ref()).map(|n| n.plane().overlapping_plans()).sum::<u64>()
+        self.retired_overlaps + self.scheds.iter().chain(self.group_b.as_ref()).filter_map(|h| h.node.as_ref()).map(|n| n.plane().overlapping_plans()).sum::<u64>()
     }
 
     /// The frontend in slot `i`, if up.
@@ -532,6 +594,13 @@ impl NodeCluster {
             self.net.crash(net_id);
             NodeClusterError::SchedulerUnreachable(e)
         })?;
+        let conn_b = match &self.group_b {
+            Some(b) => Some(domain.connect(&b.addr, Duration::ZERO).map_err(|e| {
+                self.net.crash(net_id);
+                NodeClusterError::SchedulerUnreachable(e)
+            })?),
+            None => None,
+        };
         let catalog = &self.spec.catalog;
         let region = Region::anonymous(slot_size as usize * self.spec.slots as usize).map_err(memory("frontend staging region"))?;
         let reg = domain.register(&region, Access::REMOTE_READ).map_err(transport("frontend staging registration"))?;
@@ -555,11 +624,16 @@ impl NodeCluster {
         )
         .with_join_token(Some(self.spec.join_token.clone()))
         .with_failover(self.spec.ha.is_some());
+        if let Some(conn_b) = conn_b {
+            node = node.with_groups(2);
+            node.handle_routes(self.frontend_routes.0, &self.frontend_routes.1);
+            node.handle_group_link(now, 1, conn_b);
+        }
         node.handle_scheduler_link(now, conn.1);
         Ok(FrontendHost { net_id, node, listener, service: Arc::new(service), lost: None, next_addr: conn.0 })
     }
 
-    fn start_backend(&mut self) -> Result<BackendHost, NodeClusterError> {
+    fn start_backend(&mut self, slot: usize) -> Result<BackendHost, NodeClusterError> {
         let net_id = self.fresh_net_id();
         let id = self.next_backend_id;
         self.next_backend_id += 1;
@@ -577,7 +651,12 @@ impl NodeCluster {
             start_when_ready: true,
         };
         // The scheduler first, as for a frontend: no region for a failed try.
-        let sched = self.connect_scheduler(&domain, 0).map_err(|e| {
+        // With group b, the odd slots are its sub-cluster.
+        let sched = match self.group_b.as_ref().filter(|_| slot % 2 == 1) {
+            Some(b) => domain.connect(&b.addr, Duration::ZERO).map(|c| (0, c)),
+            None => self.connect_scheduler(&domain, 0),
+        }
+        .map_err(|e| {
             self.net.crash(net_id);
             NodeClusterError::SchedulerUnreachable(e)
         })?;
@@ -641,7 +720,7 @@ impl NodeCluster {
         }
         for i in 0..self.backends.len() {
             if matches!(self.backends[i], Slot::Down { restart_at: Some(t) } if t <= now) {
-                self.backends[i] = match self.start_backend() {
+                self.backends[i] = match self.start_backend(i) {
                     Ok(mut h) => {
                         for &(_, gpu, factor) in self.spec.gpu_slowdowns.iter().filter(|s| s.0 == i) {
                             h.node.worker_mut().executor_mut().set_slowdown(gpu, factor);
@@ -780,6 +859,16 @@ impl NodeCluster {
                 }
             }
         }
+        if let Some(SchedHost { node: Some(node), listener: Some(l), .. }) = self.group_b.as_mut() {
+            while let Ok(conn) = l.accept(Duration::ZERO) {
+                node.handle_connection(now, conn);
+                progressed = true;
+            }
+            progressed |= node.poll(now);
+            while node.poll_event().is_some() {
+                progressed = true;
+            }
+        }
         progressed
     }
 
@@ -901,6 +990,7 @@ impl NodeCluster {
                 t = Some(t.map_or(x, |y| y.min(x)));
             }
         };
+        take(self.group_b().and_then(|n| n.poll_at()));
         for h in self.scheds.iter().filter(|h| !h.crashed) {
             if let Some(p) = h.paused_until {
                 take(Some(p));
