@@ -3,15 +3,20 @@
 //! --reroute-at-s S` runs and `tools/tests/route.rs` checks.
 //!
 //! Each group is one scheduler daemon with its own election key and
-//! `--group`, and one backend with one emulated GPU; one frontend follows
-//! the table in etcd (`--etcd`) and links to both groups by the addresses
-//! the table gives. Revision 1 gives every model to group a; at
+//! `--group` (with `standby`, two: a leader and a standby on the same key,
+//! both listed in the table), and one backend with one emulated GPU; one
+//! frontend follows the table in etcd (`--etcd`) and links to both groups
+//! by the addresses the table gives. Revision 1 gives every model to group a; at
 //! `reroute_at_s` into the load, `symphony route set --move LAST=b` moves
 //! the last model of the list. The report says how soon group a applied
 //! the revision, its batch count of the moved model then and at the end
 //! (equal: the ownership rule), its `moved` drops, how many tasks the
 //! frontend took back and resubmitted to group b and how many of its
 //! requests still ended dropped `moved`, and the frontend's accounting.
+//! With `kill_a_leader_at_s`, group a's leader is killed (SIGKILL) at that
+//! moment, after the move: its standby takes over the group, must plan
+//! nothing of the moved model (a new term owns nothing until it has read
+//! the table) and serves the group's other models.
 
 use std::path::PathBuf;
 use std::time::{Duration as StdDuration, Instant};
@@ -44,6 +49,11 @@ pub struct GroupsRun {
     pub seed: u64,
     /// Daemon logs (none: inherited stderr).
     pub log_dir: Option<PathBuf>,
+    /// A standby scheduler per group (same election key and group).
+    pub standby: bool,
+    /// With `standby`: group a's leader is killed this many seconds into
+    /// the load (after the move; later than `reroute_at_s`).
+    pub kill_a_leader_at_s: Option<f64>,
 }
 
 /// What happened.
@@ -56,9 +66,11 @@ pub struct GroupsReport {
     pub applied_after_ms: f64,
     /// Group a's batches of the moved model when it applied revision 2.
     pub moved_batches_at_apply: f64,
-    /// The same at the end (equal: nothing planned after the move).
+    /// The same at the end, or just before the kill of group a's leader
+    /// (equal: nothing planned after the move).
     pub moved_batches_at_end: f64,
-    /// Tasks group a answered `moved`.
+    /// Tasks group a answered `moved` (with a kill: the old leader's until
+    /// the kill plus the new leader's).
     pub moved_drops: f64,
     /// Tasks the frontend took back (answered `moved`) and resubmitted.
     pub resubmitted: f64,
@@ -77,6 +89,25 @@ pub struct GroupsReport {
     pub load: String,
     /// Every load request got a classified answer, none a wrong one.
     pub load_clean: bool,
+    /// With a kill of group a's leader: what followed.
+    pub takeover: Option<Takeover>,
+}
+
+/// Group a's leader killed, its standby leading (see the module docs).
+#[derive(Clone, Debug, Serialize)]
+pub struct Takeover {
+    /// The killed leader's epoch.
+    pub old_epoch: u64,
+    /// The new leader's epoch.
+    pub new_epoch: u64,
+    /// From the kill to the new leader's epoch gauge, ms.
+    pub leads_after_ms: f64,
+    /// The routing revision the new leader applied.
+    pub revision: f64,
+    /// Batches of the moved model the new leader of group a planned (must be 0).
+    pub moved_batches: f64,
+    /// Batches of group a's other models the new leader planned.
+    pub kept_batches: f64,
 }
 
 /// Why the run could not be made.
@@ -119,13 +150,19 @@ pub fn run(r: &GroupsRun) -> Result<GroupsReport, GroupsError> {
         models: models.iter().map(|m| m.to_string()).collect(),
         backends: vec![],
     };
-    let mut listens = Vec::new();
+    // Per group: the scheduler, then its standby (if any).
+    let per_group = if r.standby { 2 } else { 1 };
+    let mut listens: Vec<Vec<String>> = Vec::new();
     for _ in ["a", "b"] {
-        listens.push(format!("127.0.0.1:{}", unused_port().map_err(err)?));
+        let mut l = Vec::new();
+        for _ in 0..per_group {
+            l.push(format!("127.0.0.1:{}", unused_port().map_err(err)?));
+        }
+        listens.push(l);
     }
     let mut table = RouteTable { revision: 1, groups: vec![group("a", &names), group("b", &[])] };
     for (g, listen) in table.groups.iter_mut().zip(&listens) {
-        g.schedulers = vec![listen.clone()];
+        g.schedulers = listen.clone();
     }
     let mut store = Etcd::new(EtcdConfig {
         endpoints: etcd.endpoints(),
@@ -137,15 +174,19 @@ pub fn run(r: &GroupsRun) -> Result<GroupsReport, GroupsError> {
     store.put_routes(DEFAULT_ROUTES_KEY, &table).map_err(err)?;
 
     let mut daemons: Vec<Daemon> = Vec::new();
-    for (name, listen) in ["a", "b"].into_iter().zip(&listens) {
-        let mut args = common(&spec);
-        let key = format!("/symphony/leader/{name}");
-        args.extend(["--listen", listen, "--etcd", &endpoints, "--election-key", &key, "--group", name, "--routes-poll-ms", "10", "--control-delay-us", "1000"].map(String::from));
-        daemons.push(spawn(&spec, &format!("scheduler-{name}"), "scheduler", args, Some(&token), deadline).map_err(err)?);
+    for k in 0..per_group {
+        for (name, listen) in ["a", "b"].into_iter().zip(&listens) {
+            let mut args = common(&spec);
+            let key = format!("/symphony/leader/{name}");
+            args.extend(["--listen", &listen[k], "--etcd", &endpoints, "--election-key", &key, "--group", name, "--routes-poll-ms", "10", "--control-delay-us", "1000"].map(String::from));
+            let role = if k == 0 { format!("scheduler-{name}") } else { format!("scheduler-{name}-standby") };
+            daemons.push(spawn(&spec, &role, "scheduler", args, Some(&token), deadline).map_err(err)?);
+        }
     }
     for (i, listen) in listens.iter().enumerate() {
         let mut args = common(&spec);
-        args.extend(["--id", &(i + 1).to_string(), "--scheduler", listen, "--gpus", "1"].map(String::from));
+        let list = listen.join(",");
+        args.extend(["--id", &(i + 1).to_string(), "--scheduler", &list, "--gpus", "1"].map(String::from));
         daemons.push(spawn(&spec, &format!("backend-{}", i + 1), "backend", args, Some(&token), deadline).map_err(err)?);
     }
     let mut args = common(&spec);
@@ -155,7 +196,7 @@ pub fn run(r: &GroupsRun) -> Result<GroupsReport, GroupsError> {
     // names makes it read the table at once).
     args.extend(["--id", "1", "--etcd", &endpoints, "--routes-poll-ms", "200"].map(String::from));
     daemons.push(spawn(&spec, "frontend-1", "frontend", args, Some(&token), deadline).map_err(err)?);
-    let result = drive(r, &daemons, &endpoints, &moved, deadline);
+    let result = drive(r, &daemons, per_group, &endpoints, &moved, deadline);
     for mut d in daemons.into_iter().rev() {
         d.signal(libc::SIGTERM);
         let _ = d.wait_or_kill(StdDuration::from_secs(10));
@@ -164,28 +205,58 @@ pub fn run(r: &GroupsRun) -> Result<GroupsReport, GroupsError> {
     result
 }
 
-/// Load, the move, the readings; `daemons`: scheduler a, b, backends, frontend.
-fn drive(r: &GroupsRun, daemons: &[Daemon], endpoints: &str, moved: &str, deadline: Instant) -> Result<GroupsReport, GroupsError> {
-    let (sched_a, sched_b, fe) = (&daemons[0], &daemons[1], &daemons[daemons.len() - 1]);
-    loop {
-        let (a, b) = (metrics_of(sched_a), metrics_of(sched_b));
-        if metric(&a, "symphony_route_revision") == Some(1.0)
-            && metric(&b, "symphony_route_revision") == Some(1.0)
-            && metric(&a, "symphony_frontends") == Some(1.0)
-            && metric(&b, "symphony_frontends") == Some(1.0)
-            && metric(&a, "symphony_backends") == Some(1.0)
-            && metric(&b, "symphony_backends") == Some(1.0)
-        {
-            break;
+/// The daemon of group `g` (0: a, 1: b; the schedulers are listed group
+/// by group per `per_group` round) that leads, and its epoch.
+fn leader_of(daemons: &[Daemon], per_group: usize, g: usize) -> Option<(usize, u64)> {
+    (0..per_group)
+        .map(|k| 2 * k + g)
+        .filter_map(|i| {
+            let e = metric(&metrics_of(&daemons[i]), "symphony_scheduler_leader_epoch")?;
+            (e > 0.0).then_some((i, e as u64))
+        })
+        .max_by_key(|(_, e)| *e)
+}
+
+/// What killing group a's leader left: its count of the moved model's
+/// batches just before, and the new leader's index, epochs, delay.
+struct Killed {
+    moved_batches_before: f64,
+    moved_drops_before: f64,
+    new_leader: usize,
+    old_epoch: u64,
+    new_epoch: u64,
+    leads_after_ms: f64,
+}
+
+/// Load, the move, the readings; `daemons`: the schedulers (a, b per
+/// round of `per_group`), backends, frontend.
+fn drive(r: &GroupsRun, daemons: &[Daemon], per_group: usize, endpoints: &str, moved: &str, deadline: Instant) -> Result<GroupsReport, GroupsError> {
+    let fe = &daemons[daemons.len() - 1];
+    let (ia, ib) = loop {
+        if let (Some((ia, _)), Some((ib, _))) = (leader_of(daemons, per_group, 0), leader_of(daemons, per_group, 1)) {
+            let (a, b) = (metrics_of(&daemons[ia]), metrics_of(&daemons[ib]));
+            if metric(&a, "symphony_route_revision") == Some(1.0)
+                && metric(&b, "symphony_route_revision") == Some(1.0)
+                && metric(&a, "symphony_frontends") == Some(1.0)
+                && metric(&b, "symphony_frontends") == Some(1.0)
+                && metric(&a, "symphony_backends") == Some(1.0)
+                && metric(&b, "symphony_backends") == Some(1.0)
+            {
+                break (ia, ib);
+            }
         }
         if Instant::now() >= deadline {
             return Err(err("the two groups did not come up within 60 s"));
         }
         std::thread::sleep(StdDuration::from_millis(20));
-    }
-    let batches = |text: &str| metric(text, &format!("symphony_model_batches_total{{model=\"{moved}\"}}")).unwrap_or(0.0);
+    };
+    let (sched_a, sched_b) = (&daemons[ia], &daemons[ib]);
+    let batches_of = |text: &str, model: &str| metric(text, &format!("symphony_model_batches_total{{model=\"{model}\"}}")).unwrap_or(0.0);
+    let batches = |text: &str| batches_of(text, moved);
+    let drops = |text: &str| metric(text, "symphony_tasks_dropped_total{reason=\"moved\"}").unwrap_or(0.0);
     let specs = scheduler::zoo::cluster_models(&r.zoo, &r.models, &[]).map_err(err)?;
     let load_cfg = crate::cluster::load_config(&specs, vec![fe.addr("http").map_err(err)?], r.rate, r.duration_s, r.seed);
+    let start = Instant::now();
     let (report, applied) = std::thread::scope(|s| {
         let h = s.spawn(move || -> Result<LoadReport, GroupsError> {
             let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().map_err(err)?;
@@ -201,13 +272,32 @@ fn drive(r: &GroupsRun, daemons: &[Daemon], endpoints: &str, moved: &str, deadli
                 return Err(err(format!("route set: {}", String::from_utf8_lossy(&out.stderr))));
             }
             let stored = Instant::now();
-            loop {
+            let (applied_ms, at_apply) = loop {
                 let a = metrics_of(sched_a);
                 if metric(&a, "symphony_route_revision") == Some(2.0) {
-                    return Ok((stored.elapsed().as_secs_f64() * 1e3, batches(&a)));
+                    break (stored.elapsed().as_secs_f64() * 1e3, batches(&a));
                 }
                 if stored.elapsed() > StdDuration::from_secs(10) {
                     return Err(err("group a did not apply revision 2 within 10 s"));
+                }
+                std::thread::sleep(StdDuration::from_millis(5));
+            };
+            let Some(kill_at) = r.kill_a_leader_at_s.filter(|_| per_group > 1) else {
+                return Ok((applied_ms, at_apply, None));
+            };
+            std::thread::sleep(StdDuration::from_secs_f64(kill_at).saturating_sub(start.elapsed()));
+            let (old, old_epoch) = leader_of(daemons, per_group, 0).ok_or_else(|| err("group a has no leader at the kill"))?;
+            let text = metrics_of(&daemons[old]);
+            let (moved_batches_before, moved_drops_before) = (batches(&text), drops(&text));
+            daemons[old].signal(libc::SIGKILL);
+            let killed = Instant::now();
+            loop {
+                if let Some((i, e)) = leader_of(daemons, per_group, 0).filter(|&(i, e)| i != old && e > old_epoch) {
+                    let leads_after_ms = killed.elapsed().as_secs_f64() * 1e3;
+                    return Ok((applied_ms, at_apply, Some(Killed { moved_batches_before, moved_drops_before, new_leader: i, old_epoch, new_epoch: e, leads_after_ms })));
+                }
+                if killed.elapsed() > StdDuration::from_secs(10) {
+                    return Err(err("group a's standby did not lead within 10 s of the kill"));
                 }
                 std::thread::sleep(StdDuration::from_millis(5));
             }
@@ -215,7 +305,7 @@ fn drive(r: &GroupsRun, daemons: &[Daemon], endpoints: &str, moved: &str, deadli
         (h.join().map_err(|_| err("the load thread panicked")), applied)
     });
     let report = report??;
-    let (applied_after_ms, at_apply) = applied?;
+    let (applied_after_ms, at_apply, killed) = applied?;
     // The frontend's accounting, once the last answers are in (bounded).
     let settle = Instant::now() + StdDuration::from_secs(10);
     let frontend = loop {
@@ -226,12 +316,23 @@ fn drive(r: &GroupsRun, daemons: &[Daemon], endpoints: &str, moved: &str, deadli
         }
         std::thread::sleep(StdDuration::from_millis(20));
     };
-    let a = metrics_of(sched_a);
     let (f, b) = (metrics_of(fe), metrics_of(sched_b));
     let moved_dropped = names_of(r)
         .iter()
         .map(|m| metric(&f, &format!("symphony_dropped_total{{model=\"{m}\",reason=\"moved\"}}")).unwrap_or(0.0))
         .sum();
+    // The killed leader's count stops at the kill; its moved drops are gone with it.
+    let a = killed.as_ref().map_or_else(|| metrics_of(sched_a), |k| metrics_of(&daemons[k.new_leader]));
+    let moved_batches_at_end = killed.as_ref().map_or_else(|| batches(&a), |k| k.moved_batches_before);
+    let moved_drops = killed.as_ref().map_or_else(|| drops(&a), |k| k.moved_drops_before + drops(&a));
+    let takeover = killed.map(|k| Takeover {
+        old_epoch: k.old_epoch,
+        new_epoch: k.new_epoch,
+        leads_after_ms: k.leads_after_ms,
+        revision: metric(&a, "symphony_route_revision").unwrap_or(0.0),
+        moved_batches: batches(&a),
+        kept_batches: names_of(r).iter().filter(|m| m.as_str() != moved).map(|m| batches_of(&a, m)).sum(),
+    });
     Ok(GroupsReport {
         resubmitted: metric(&f, "symphony_frontend_moved_resubmits_total").unwrap_or(0.0),
         moved_dropped,
@@ -239,12 +340,13 @@ fn drive(r: &GroupsRun, daemons: &[Daemon], endpoints: &str, moved: &str, deadli
         moved_model: moved.to_string(),
         applied_after_ms,
         moved_batches_at_apply: at_apply,
-        moved_batches_at_end: batches(&a),
-        moved_drops: metric(&a, "symphony_tasks_dropped_total{reason=\"moved\"}").unwrap_or(0.0),
-        group_b_revision: metric(&metrics_of(sched_b), "symphony_route_revision").unwrap_or(0.0),
+        moved_batches_at_end,
+        moved_drops,
+        group_b_revision: metric(&b, "symphony_route_revision").unwrap_or(0.0),
         frontend,
         unaccounted: frontend[0] - frontend[1] - frontend[2] - frontend[3],
         load_clean: report.balanced() && report.wrong_id == 0 && report.wrong_output == 0 && report.client_errors == 0,
         load: report.to_string(),
+        takeover,
     })
 }

@@ -108,13 +108,20 @@ enum Cmd {
         #[command(flatten)]
         ha: up_ha::HaOpts,
         /// Several active schedulers (issue 19): 2 scheduler groups on a local etcd, one backend each, one
-        /// frontend linked to group a; the last model of --models moves to group b at --reroute-at-s
-        /// (tcp; --rate or 100 req/s). Prints how soon group a applied the move and the accounting.
+        /// frontend following the routing table and linked to both; the last model of --models moves to
+        /// group b at --reroute-at-s (tcp; --rate or 100 req/s). Prints how soon group a applied the move,
+        /// the resubmissions and the accounting.
         #[arg(long, default_value_t = 0)]
         groups: u32,
         /// With --groups: when the last model moves, seconds into the load.
         #[arg(long = "reroute-at-s", default_value_t = 1.0)]
         reroute_at_s: f64,
+        /// With --groups: a standby scheduler per group (same election key), both in the table.
+        #[arg(long = "group-standby")]
+        group_standby: bool,
+        /// With --groups --group-standby: kill group a's leader (SIGKILL) this many seconds into the load.
+        #[arg(long = "kill-a-leader-at-s")]
+        kill_a_leader_at_s: Option<f64>,
     },
     /// End-to-end goodput of the multi-process cluster over HTTP vs the simulated scheduler-only goodput.
     E2e {
@@ -381,9 +388,12 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
         Cmd::Sim { cluster, rate, json, plot } => sim(&cluster, rate, json, plot.as_deref()),
         Cmd::Goodput { cluster, json, plot, quiet } => goodput(&cluster, json, plot.as_deref(), quiet),
         Cmd::Example { policy, skip, requests, gather, json } => Ok(example::run(&policy, &skip, requests, &gather, json)?),
-        Cmd::Up { models, cluster, rate, duration_s, serve, json, groups, reroute_at_s, .. } if groups > 0 => {
+        Cmd::Up { models, cluster, rate, duration_s, serve, json, groups, reroute_at_s, group_standby, kill_a_leader_at_s, .. } if groups > 0 => {
             if groups != 2 || serve {
                 return Err(CommandError::Up(up::UpError::Usage("--groups runs 2 groups and a move under load: --groups 2, no --serve".into())));
+            }
+            if kill_a_leader_at_s.is_some_and(|k| !group_standby || k <= reroute_at_s) {
+                return Err(CommandError::Up(up::UpError::Usage("--kill-a-leader-at-s wants --group-standby and a time after --reroute-at-s".into())));
             }
             let exe = std::env::current_exe().map_err(|e| CommandError::Up(up::UpError::Usage(e.to_string())))?;
             let r = tools::groups::run(&tools::groups::GroupsRun {
@@ -395,6 +405,8 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
                 reroute_at_s,
                 seed: 1,
                 log_dir: None,
+                standby: group_standby,
+                kill_a_leader_at_s,
             })
             .map_err(|e| CommandError::Up(up::UpError::Usage(e.to_string())))?;
             if json {
@@ -404,6 +416,9 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
                 println!("group a's batches of {}: {} when it applied the move, {} at the end; {} tasks answered moved", r.moved_model, r.moved_batches_at_apply, r.moved_batches_at_end, r.moved_drops);
                 println!("frontend resubmitted {} tasks answered moved to the new owner (group b ran {} batches of {}); {} requests still ended dropped moved", r.resubmitted, r.moved_batches_b, r.moved_model, r.moved_dropped);
                 println!("frontend accepted {} succeeded {} dropped {} failed {}: unaccounted {}", r.frontend[0], r.frontend[1], r.frontend[2], r.frontend[3], r.unaccounted);
+                if let Some(t) = &r.takeover {
+                    println!("group a's leader (epoch {}) killed: its standby led after {:.0} ms (epoch {}), at revision {}; it planned {} batches of {} and {} of the group's other models", t.old_epoch, t.leads_after_ms, t.new_epoch, t.revision, t.moved_batches, r.moved_model, t.kept_batches);
+                }
                 println!("load: {}", r.load);
             }
             Ok(())

@@ -12,23 +12,29 @@
 //! moved model's tasks that group a hands back are resubmitted to group b
 //! with the budget they have left, and nearly all of them succeed rather
 //! than end as dropped `moved`.
+//! Each group has a standby on its election key (both addresses in the
+//! table); after the move group a's leader is killed (SIGKILL): its
+//! standby leads at a higher epoch, has read the table (revision 2),
+//! plans nothing of the moved model and serves the group's other model.
 
 use std::path::PathBuf;
 
 use tools::groups::{run, GroupsRun};
 
 #[test]
-fn a_model_moved_between_two_scheduler_groups_under_load_leaves_nothing_unaccounted_and_the_old_owner_plans_it_no_more() {
+fn a_model_moved_between_two_scheduler_groups_under_load_leaves_nothing_unaccounted_and_the_old_owner_plans_it_no_more_nor_its_standby() {
     let log_dir = std::env::temp_dir().join(format!("symphony-route-test-{}", std::process::id()));
     let r = run(&GroupsRun {
         exe: PathBuf::from(env!("CARGO_BIN_EXE_symphony")),
         zoo: "a100".into(),
         models: "ResNet50,EfficientNetV2L".into(),
         rate: 200.0,
-        duration_s: 3.0,
+        duration_s: 4.0,
         reroute_at_s: 1.0,
         seed: 19,
         log_dir: Some(log_dir.clone()),
+        standby: true,
+        kill_a_leader_at_s: Some(2.0),
     })
     .expect("the run");
     eprintln!("{r:?}");
@@ -41,6 +47,11 @@ fn a_model_moved_between_two_scheduler_groups_under_load_leaves_nothing_unaccoun
     // none of them ended dropped `moved`.
     assert!(r.moved_dropped * 2.0 <= r.resubmitted, "resubmitted {} tasks answered moved, {} still ended dropped moved", r.resubmitted, r.moved_dropped);
     assert_eq!(r.group_b_revision, 2.0, "group b follows the table too");
+    let t = r.takeover.as_ref().expect("group a's leader was killed");
+    assert!(t.new_epoch > t.old_epoch, "the standby leads at a higher epoch: {t:?}");
+    assert_eq!(t.revision, 2.0, "the new leader of group a has read the table");
+    assert_eq!(t.moved_batches, 0.0, "the new leader of group a planned the model moved away: {t:?}");
+    assert!(t.kept_batches > 0.0, "the new leader of group a serves the group's other model: {t:?}");
     let _ = std::fs::remove_dir_all(log_dir);
 }
 
