@@ -165,9 +165,17 @@ impl ModelState {
     fn gather(&mut self, now: Instant, cfg: &CoreConfig, gpu_free: Option<Instant>, factor: f64, out: &mut Actions) -> Option<Candidate> {
         let delay = &cfg.delay;
         let gpu_free = gpu_free.unwrap_or(Instant::ZERO);
+        let target = self.target_batch(now, delay);
         let window = match cfg.gather {
             Gather::Lazy => 1,
-            Gather::Early => self.drop_window(self.target_batch(now, delay), cfg.early_drop_fraction),
+            Gather::Early => {
+                // Bursty arrivals: the mean-gap target says little about
+                // the rate inside a burst, so the tolerated shortfall
+                // widens with the squared coefficient of variation of the
+                // gaps, as the schedulable window does (Poisson: as set).
+                let cv2 = self.rate.gap_cv2().unwrap_or(1.0).max(1.0);
+                self.drop_window(target, 1.0 - (1.0 - cfg.early_drop_fraction) * cv2)
+            }
         };
         // The drop decision is the profile's (the early-drop window is
         // about the model's rate, not this GPU's speed): a GPU slower than
@@ -256,7 +264,11 @@ impl ModelState {
         let full = bs >= self.profile.max_batch();
         let latest = dl - self.profile.scaled_latency(bs, factor);
         let slow = factor.max(1.0);
-        let exec_at = if full || self.near_best_efficiency(bs, cfg.efficiency_slack) {
+        let target = match cfg.gather {
+            Gather::Lazy => self.best_batch,
+            Gather::Early => target,
+        };
+        let exec_at = if full || self.near_best_efficiency(bs, target, cfg.efficiency_slack) {
             Instant::ZERO
         } else {
             // Frontrun, `d - l(bs+1)`. Waiting until the last moment buys at
@@ -330,12 +342,15 @@ impl ModelState {
     }
 
     /// True when a batch of `b` already runs within `slack` of the best
-    /// throughput per GPU the SLO allows (`e(b) = b / l(b)` against
-    /// `e(b_max)`): deferring further would buy at most that much.
+    /// throughput per GPU it can reach: that of `target` (early drop: the
+    /// batch the current rate fills in time), never more than the best the
+    /// SLO allows (`e(b) = b / l(b)`). Deferring further would buy at most
+    /// that much, while a GPU held idle for it may be missing when the
+    /// next batches fall due (docs/decisions.md, deferred item 11).
     #[inline]
-    fn near_best_efficiency(&self, b: u32, slack: f64) -> bool {
+    fn near_best_efficiency(&self, b: u32, target: u32, slack: f64) -> bool {
         let e = |b: u32| f64::from(b) / self.profile.latency(b).as_nanos().max(1) as f64;
-        e(b) >= (1.0 - slack) * e(self.best_batch)
+        e(b) >= (1.0 - slack) * e(target.clamp(1, self.best_batch))
     }
 
     /// True when the candidate's window has opened: a batch decided now
