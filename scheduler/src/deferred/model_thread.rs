@@ -149,10 +149,11 @@ impl ModelState {
     /// Target batch size for early drop: the largest `b` whose fill time at
     /// the current arrival rate plus execution and network time fits the SLO
     /// (the staggered-execution batch size, as Nexus estimates it).
-    fn target_batch(&self, now: Instant, delay: &NetworkDelay) -> u32 {
-        let Some(gap) = self.rate.mean_gap(now) else { return 1 };
+    /// `None` while the rate is unknown (fewer than two arrivals).
+    fn target_batch(&self, now: Instant, delay: &NetworkDelay) -> Option<u32> {
+        let gap = self.rate.mean_gap(now)?;
         let budget = self.slo.saturating_sub(delay.d_ctrl);
-        self.profile.max_batch_within(budget, gap + delay.d_data, u32::MAX).max(1)
+        Some(self.profile.max_batch_within(budget, gap + delay.d_data, u32::MAX).max(1))
     }
 
     /// Drops what the gathering policy drops, then returns the candidate
@@ -174,7 +175,7 @@ impl ModelState {
                 // widens with the squared coefficient of variation of the
                 // gaps, as the schedulable window does (Poisson: as set).
                 let cv2 = self.rate.gap_cv2().unwrap_or(1.0).max(1.0);
-                self.drop_window(target, 1.0 - (1.0 - cfg.early_drop_fraction) * cv2)
+                self.drop_window(target.unwrap_or(1), 1.0 - (1.0 - cfg.early_drop_fraction) * cv2)
             }
         };
         // The drop decision is the profile's (the early-drop window is
@@ -264,9 +265,10 @@ impl ModelState {
         let full = bs >= self.profile.max_batch();
         let latest = dl - self.profile.scaled_latency(bs, factor);
         let slow = factor.max(1.0);
-        let target = match cfg.gather {
-            Gather::Lazy => self.best_batch,
-            Gather::Early => target,
+        // Without a rate estimate there is no target: defer as for the SLO.
+        let target = match (cfg.gather, target) {
+            (Gather::Early, Some(t)) => t,
+            _ => self.best_batch,
         };
         let exec_at = if full || self.near_best_efficiency(bs, target, cfg.efficiency_slack) {
             Instant::ZERO
