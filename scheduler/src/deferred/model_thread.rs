@@ -742,4 +742,19 @@ mod tests {
         assert_eq!(c.models[0].drop_window(4, 0.9), 1);
         assert_eq!(c.models[0].drop_window(1, 0.9), 1);
     }
+
+    #[test]
+    fn deferral_stops_near_the_target_batch_and_without_a_rate_at_the_slo_best() {
+        // Table 2's ResNet50: the SLO alone allows 18; e(15) is within 2% of
+        // e(16), e(14) is not.
+        let c = core(1.053, 5.072);
+        let m = &c.models[0];
+        assert_eq!(m.best_batch, 18);
+        assert!(m.near_best_efficiency(15, 16, 0.02));
+        assert!(!m.near_best_efficiency(14, 16, 0.02));
+        // A target above the SLO's best counts as the best.
+        assert_eq!(m.near_best_efficiency(17, 40, 0.02), m.near_best_efficiency(17, 18, 0.02));
+        // No arrival yet: no target.
+        assert_eq!(m.target_batch(Instant::ZERO, &NetworkDelay::ZERO), None);
+    }
 }
