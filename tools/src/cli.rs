@@ -166,10 +166,10 @@ pub struct ClusterArgs {
     /// Deferred: the window is at least this many expected inter-arrival gaps wide (0 = the paper's plain frontrun).
     #[arg(long = "window-gaps", default_value_t = scheduler::deferred::DEFAULT_WINDOW_GAPS)]
     pub window_gaps: f64,
-    /// Deferred early drop: drop a head only when it would force a batch whose throughput per GPU is below this fraction of the target batch's.
+    /// Deferred early drop: drop a head only when it would force a batch whose throughput per GPU is below this fraction of the target batch's (the shortfall widens with the squared CV of the arrival gaps when above 1).
     #[arg(long = "early-drop-fraction", default_value_t = scheduler::deferred::DEFAULT_EARLY_DROP_FRACTION)]
     pub early_drop_fraction: f64,
-    /// Deferred: stop deferring once the batch runs within this fraction of the best throughput per GPU the SLO allows.
+    /// Deferred: stop deferring once the batch runs within this fraction of the best throughput per GPU the arrival rate (early drop's target batch) and the SLO allow.
     #[arg(long = "efficiency-slack", default_value_t = scheduler::deferred::DEFAULT_EFFICIENCY_SLACK)]
     pub efficiency_slack: f64,
     /// Share of requests at priority 1 (high); the rest at priority 2 (0 = no priorities).

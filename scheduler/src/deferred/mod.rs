@@ -85,7 +85,7 @@ pub const DEFAULT_WINDOW_GAPS: f64 = 1.0;
 /// Default for [`CoreConfig::efficiency_slack`] (see docs/decisions.md).
 pub const DEFAULT_EFFICIENCY_SLACK: f64 = 0.02;
 /// Default for [`CoreConfig::early_drop_fraction`] (see docs/decisions.md).
-pub const DEFAULT_EARLY_DROP_FRACTION: f64 = 0.9;
+pub const DEFAULT_EARLY_DROP_FRACTION: f64 = 0.95;
 
 impl Default for CoreConfig {
     fn default() -> Self {

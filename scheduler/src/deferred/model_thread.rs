@@ -149,10 +149,11 @@ impl ModelState {
     /// Target batch size for early drop: the largest `b` whose fill time at
     /// the current arrival rate plus execution and network time fits the SLO
     /// (the staggered-execution batch size, as Nexus estimates it).
-    fn target_batch(&self, now: Instant, delay: &NetworkDelay) -> u32 {
-        let Some(gap) = self.rate.mean_gap(now) else { return 1 };
+    /// `None` while the rate is unknown (fewer than two arrivals).
+    fn target_batch(&self, now: Instant, delay: &NetworkDelay) -> Option<u32> {
+        let gap = self.rate.mean_gap(now)?;
         let budget = self.slo.saturating_sub(delay.d_ctrl);
-        self.profile.max_batch_within(budget, gap + delay.d_data, u32::MAX).max(1)
+        Some(self.profile.max_batch_within(budget, gap + delay.d_data, u32::MAX).max(1))
     }
 
     /// Drops what the gathering policy drops, then returns the candidate
@@ -165,9 +166,17 @@ impl ModelState {
     fn gather(&mut self, now: Instant, cfg: &CoreConfig, gpu_free: Option<Instant>, factor: f64, out: &mut Actions) -> Option<Candidate> {
         let delay = &cfg.delay;
         let gpu_free = gpu_free.unwrap_or(Instant::ZERO);
+        let target = self.target_batch(now, delay);
         let window = match cfg.gather {
             Gather::Lazy => 1,
-            Gather::Early => self.drop_window(self.target_batch(now, delay), cfg.early_drop_fraction),
+            Gather::Early => {
+                // Bursty arrivals: the mean-gap target says little about
+                // the rate inside a burst, so the tolerated shortfall
+                // widens with the squared coefficient of variation of the
+                // gaps, as the schedulable window does (Poisson: as set).
+                let cv2 = self.rate.gap_cv2().unwrap_or(1.0).max(1.0);
+                self.drop_window(target.unwrap_or(1), 1.0 - (1.0 - cfg.early_drop_fraction) * cv2)
+            }
         };
         // The drop decision is the profile's (the early-drop window is
         // about the model's rate, not this GPU's speed): a GPU slower than
@@ -256,7 +265,12 @@ impl ModelState {
         let full = bs >= self.profile.max_batch();
         let latest = dl - self.profile.scaled_latency(bs, factor);
         let slow = factor.max(1.0);
-        let exec_at = if full || self.near_best_efficiency(bs, cfg.efficiency_slack) {
+        // Without a rate estimate there is no target: defer as for the SLO.
+        let target = match (cfg.gather, target) {
+            (Gather::Early, Some(t)) => t,
+            _ => self.best_batch,
+        };
+        let exec_at = if full || self.near_best_efficiency(bs, target, cfg.efficiency_slack) {
             Instant::ZERO
         } else {
             // Frontrun, `d - l(bs+1)`. Waiting until the last moment buys at
@@ -330,12 +344,15 @@ impl ModelState {
     }
 
     /// True when a batch of `b` already runs within `slack` of the best
-    /// throughput per GPU the SLO allows (`e(b) = b / l(b)` against
-    /// `e(b_max)`): deferring further would buy at most that much.
+    /// throughput per GPU it can reach: that of `target` (early drop: the
+    /// batch the current rate fills in time), never more than the best the
+    /// SLO allows (`e(b) = b / l(b)`). Deferring further would buy at most
+    /// that much, while a GPU held idle for it may be missing when the
+    /// next batches fall due (docs/decisions.md, deferred item 11).
     #[inline]
-    fn near_best_efficiency(&self, b: u32, slack: f64) -> bool {
+    fn near_best_efficiency(&self, b: u32, target: u32, slack: f64) -> bool {
         let e = |b: u32| f64::from(b) / self.profile.latency(b).as_nanos().max(1) as f64;
-        e(b) >= (1.0 - slack) * e(self.best_batch)
+        e(b) >= (1.0 - slack) * e(target.clamp(1, self.best_batch))
     }
 
     /// True when the candidate's window has opened: a batch decided now
@@ -724,5 +741,20 @@ mod tests {
         let c = core(5.0, 0.1);
         assert_eq!(c.models[0].drop_window(4, 0.9), 1);
         assert_eq!(c.models[0].drop_window(1, 0.9), 1);
+    }
+
+    #[test]
+    fn deferral_stops_near_the_target_batch_and_without_a_rate_at_the_slo_best() {
+        // Table 2's ResNet50: the SLO alone allows 18; e(15) is within 2% of
+        // e(16), e(14) is not.
+        let c = core(1.053, 5.072);
+        let m = &c.models[0];
+        assert_eq!(m.best_batch, 18);
+        assert!(m.near_best_efficiency(15, 16, 0.02));
+        assert!(!m.near_best_efficiency(14, 16, 0.02));
+        // A target above the SLO's best counts as the best.
+        assert_eq!(m.near_best_efficiency(17, 40, 0.02), m.near_best_efficiency(17, 18, 0.02));
+        // No arrival yet: no target.
+        assert_eq!(m.target_batch(Instant::ZERO, &NetworkDelay::ZERO), None);
     }
 }
