@@ -519,23 +519,12 @@ impl Harness {
             return self.reroute2(owned);
         }
         self.route_revision += 1;
-        let names: Vec<String> = self.cfg.models.iter().map(|m| m.name.clone()).collect();
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        for (i, n) in names.iter().enumerate() {
-            if owned >> (i % 64) & 1 == 1 { a.push(n.clone()) } else { b.push(n.clone()) }
-        }
-        let group = |name: &str, models: Vec<String>| scheduler::routes::RouteGroup {
-            name: name.into(),
-            election_key: format!("/symphony/leader/{name}"),
-            schedulers: Vec::new(),
-            models,
-            backends: Vec::new(),
-        };
-        let table = scheduler::routes::RouteTable { revision: self.route_revision, groups: vec![group("a", a), group("b", b)] };
+        let table = self.table(owned);
+        let models = self.cfg.models.len() as u32;
         let now = self.now;
         let Some(node) = self.cluster.scheduler_mut() else { return };
         if node.handle_routes(now, &table, "a") {
-            let moved_away: Vec<bool> = (0..names.len() as u32).map(|m| !node.owns(m)).collect();
+            let moved_away: Vec<bool> = (0..models).map(|m| !node.owns(m)).collect();
             self.cluster.net().record(0x5245_5254, owned);
             if let Ok(mut l) = self.ledger.lock() {
                 l.moved_away = moved_away;

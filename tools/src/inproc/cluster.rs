@@ -285,6 +285,24 @@ pub struct SchedHost {
 }
 
 impl SchedHost {
+    /// Accepts what its listener has, runs its node and takes its events;
+    /// true when anything happened (nothing without a node).
+    fn run(&mut self, now: Instant) -> bool {
+        let Some(node) = self.node.as_mut() else { return false };
+        let mut progressed = false;
+        if let Some(l) = self.listener.as_mut() {
+            while let Ok(conn) = l.accept(Duration::ZERO) {
+                node.handle_connection(now, conn);
+                progressed = true;
+            }
+        }
+        progressed |= node.poll(now);
+        while node.poll_event().is_some() {
+            progressed = true;
+        }
+        progressed
+    }
+
     /// Whether it leads (has a scheduler node).
     pub fn leads(&self) -> bool {
         self.node.is_some()
@@ -845,29 +863,10 @@ impl NodeCluster {
                     h.node = Some(node);
                 }
             }
-            let h = &mut self.scheds[i];
-            if let Some(node) = h.node.as_mut() {
-                if let Some(l) = h.listener.as_mut() {
-                    while let Ok(conn) = l.accept(Duration::ZERO) {
-                        node.handle_connection(now, conn);
-                        progressed = true;
-                    }
-                }
-                progressed |= node.poll(now);
-                while node.poll_event().is_some() {
-                    progressed = true;
-                }
-            }
+            progressed |= self.scheds[i].run(now);
         }
-        if let Some(SchedHost { node: Some(node), listener: Some(l), .. }) = self.group_b.as_mut() {
-            while let Ok(conn) = l.accept(Duration::ZERO) {
-                node.handle_connection(now, conn);
-                progressed = true;
-            }
-            progressed |= node.poll(now);
-            while node.poll_event().is_some() {
-                progressed = true;
-            }
+        if let Some(h) = self.group_b.as_mut() {
+            progressed |= h.run(now);
         }
         progressed
     }
