@@ -21,8 +21,13 @@ pub struct Ledger {
     pub answered: HashMap<NodeId, std::collections::HashSet<u64>>,
     /// Scheduler nodes are the network ids below this (at least node 0).
     pub schedulers: NodeId,
-    /// Per epoch, the first and the last plan a scheduler sent.
+    /// Per epoch, the first and the last plan a scheduler of the elected
+    /// group (a) sent. Group b's scheduler (`reroute2`) stands outside that
+    /// election: its fixed term is no rival of group a's terms.
     pub plan_times: BTreeMap<u32, (Instant, Instant)>,
+    /// Backends group b's scheduler planned onto (their batches are of
+    /// group b's term, not of group a's).
+    pub group_b_backends: std::collections::HashSet<NodeId>,
     /// Per node, each newer epoch it was delivered (Welcome or plan), when.
     pub epochs_seen: HashMap<NodeId, Vec<(Instant, u32)>>,
     /// With several scheduler groups: per model, whether the harness's
@@ -45,14 +50,19 @@ impl Ledger {
         match (t.delivered, wire::decode(t.bytes)) {
             // Only backends receive plans.
             (true, Ok(Message::BatchPlan(head, tasks))) => {
+                if from_b {
+                    self.group_b_backends.insert(t.to);
+                }
                 self.saw_epoch(t.to, t.at, head.epoch);
                 let set = self.planned.entry(t.to).or_default();
                 set.extend(tasks.iter().map(|task| (task.task_id, head.epoch)));
             }
             (true, Ok(Message::Welcome(w))) => self.saw_epoch(t.to, t.at, w.epoch),
             (false, Ok(Message::BatchPlan(head, _))) if from_scheduler => {
-                let e = self.plan_times.entry(head.epoch).or_insert((t.at, t.at));
-                e.1 = e.1.max(t.at);
+                if !from_b {
+                    let e = self.plan_times.entry(head.epoch).or_insert((t.at, t.at));
+                    e.1 = e.1.max(t.at);
+                }
                 let away = match &self.group_b {
                     Some((_, away)) if from_b => away,
                     _ => &self.moved_away,
@@ -102,9 +112,13 @@ impl Ledger {
     }
 
     /// The first plan of a newer epoch than `epoch` sent before `start`
-    /// (a batch of `epoch` starting then ran after the new leader's first
-    /// plan).
-    pub fn newer_term_before(&self, epoch: u32, start: Instant) -> Option<(u32, Instant)> {
+    /// (a batch of `epoch` starting then on backend `b` ran after the new
+    /// leader's first plan); none for group b's backends, whose scheduler
+    /// is not in group a's election.
+    pub fn newer_term_before(&self, b: NodeId, epoch: u32, start: Instant) -> Option<(u32, Instant)> {
+        if self.group_b_backends.contains(&b) {
+            return None;
+        }
         self.plan_times.range(epoch + 1..).map(|(&e, &(first, _))| (e, first)).find(|&(_, first)| first < start)
     }
 

@@ -614,7 +614,7 @@ impl Harness {
                     "backend node {b} started batch {} of epoch {} at {start}, after epoch {newer} reached it at {at}",
                     r.batch_id, r.epoch
                 ));
-            } else if let Some((newer, first)) = ledger.newer_term_before(r.epoch, start) {
+            } else if let Some((newer, first)) = ledger.newer_term_before(b, r.epoch, start) {
                 self.fence_violations.push(format!(
                     "backend node {b} started batch {} of epoch {} at {start}, after epoch {newer}'s first plan at {first}",
                     r.batch_id, r.epoch
