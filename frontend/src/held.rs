@@ -19,6 +19,15 @@
 //! than the one it was sent by, or a short retry time has passed (the new
 //! owner may not have applied the table yet), then goes to its owner with
 //! the budget left; past its deadline it is answered dropped `moved`.
+//!
+//! A task whose group's link is lost while it is at that group goes back
+//! to the *same* group (its next leader, or the same scheduler once the
+//! link is back), never straight to another owner by the table: the lost
+//! scheduler may already have sent it in a batch that a backend of its
+//! group still runs, and only that group's next term fences those batches
+//! (a newer epoch supersedes them; the new term plans nothing at first).
+//! If the group no longer owns the model, it answers `moved`, and the
+//! task goes on to its owner from there.
 
 use crate::staging::{RoutedOutcome, Staging, Standing};
 use dataplane::ids::TaskId;
@@ -37,6 +46,9 @@ enum Wait {
     /// Answered `moved`: to send once the table is newer than `rev`, or
     /// from `retry_at`.
     Moved { rev: u64, retry_at: Instant },
+    /// At its group when that group's link was lost: to send to the same
+    /// group once it has a registered link (see the module docs).
+    Lost,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -45,9 +57,13 @@ struct HeldTask {
     deadline: Instant,
     /// Whether this entry was ever written (slot tables start empty).
     used: bool,
-    /// The group it was sent to, and the routing revision it was sent by.
+    /// The group it was sent to, and the routing revision it was sent by
+    /// (0 when it went back to its group after a lost link: no table
+    /// chose that group, so any table names its owner better).
     group: u16,
     rev: u64,
+    /// Being resent to its group after a lost link (see `rev`).
+    pinned: bool,
     wait: Wait,
 }
 
@@ -79,6 +95,7 @@ impl HeldTasks {
                 used: true,
                 group,
                 rev,
+                pinned: false,
                 wait,
             };
         }
@@ -86,7 +103,9 @@ impl HeldTasks {
 
     /// Keeps `task`, sent at `now` to `group` by routing revision `rev`.
     pub fn sent(&mut self, task: &Task, now: Instant, group: u16, rev: u64) {
-        self.put(task, now, group, rev, Wait::Sent);
+        let slot = TaskId(task.task_id).slot() as usize;
+        let pinned = self.table.get(slot).is_some_and(|e| e.used && e.task.task_id == task.task_id && e.pinned);
+        self.put(task, now, group, if pinned { 0 } else { rev }, Wait::Sent);
     }
 
     /// Keeps `task`, whose budget counts from `now`, to send once a link
@@ -95,11 +114,11 @@ impl HeldTasks {
         self.put(task, now, 0, 0, Wait::Ready);
     }
 
-    /// `group`'s link is gone: what was sent to it is to send again.
-    /// O(slots), once per loss.
+    /// `group`'s link is gone: what was sent to it is to send again, to
+    /// the same group. O(slots), once per loss.
     pub fn link_lost(&mut self, group: u16) {
         for e in self.table.iter_mut().filter(|e| e.used && e.wait == Wait::Sent && e.group == group) {
-            e.wait = Wait::Ready;
+            e.wait = Wait::Lost;
         }
     }
 
@@ -133,8 +152,10 @@ impl HeldTasks {
     }
 
     /// The next task of the pass, its budget what is left at `now`, and
-    /// the group `route` sends its model to (`None`: no registered owner
-    /// with room now; the task stays held). A task answered `moved` is due
+    /// the group `route(model, pinned)` sends it to (`None`: no registered
+    /// link with room now; the task stays held). `pinned` is the group a
+    /// task lost with its link must go back to; `None` lets the route
+    /// follow the table. A task answered `moved` is due
     /// only once `revision` is newer than the one it was sent by, or its
     /// retry time has come. Requests given up are freed and those past
     /// their deadline answered on the way; both are skipped. The task
@@ -144,7 +165,7 @@ impl HeldTasks {
         now: Instant,
         staging: &Staging,
         revision: u64,
-        mut route: impl FnMut(u32) -> Option<u16>,
+        mut route: impl FnMut(u32, Option<u16>) -> Option<u16>,
     ) -> Option<(Task, u16)> {
         while self.cursor < self.table.len() {
             let i = self.cursor;
@@ -152,7 +173,7 @@ impl HeldTasks {
             let e = &mut self.table[i];
             let due = match e.wait {
                 Wait::Sent => false,
-                Wait::Ready => true,
+                Wait::Ready | Wait::Lost => true,
                 Wait::Moved { rev, retry_at } => revision > rev || now >= retry_at,
             };
             if !due {
@@ -163,10 +184,12 @@ impl HeldTasks {
                 continue;
             }
             let model = e.task.model_id;
+            let pinned = (e.wait == Wait::Lost).then_some(e.group);
             if let Some(task) = settle(e, now, staging) {
-                if let Some(g) = route(model) {
+                if let Some(g) = route(model, pinned) {
                     e.wait = Wait::Sent;
                     e.group = g;
+                    e.pinned = pinned.is_some();
                     return Some((task, g));
                 }
             }

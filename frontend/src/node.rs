@@ -805,8 +805,8 @@ impl<C: Connection> FrontendNode<C> {
                 break;
             }
             let owners = &r.owners;
-            let Some((t, g)) = held.next_resubmit(now, staging, r.revision, |m| {
-                owners.get(m as usize).copied().flatten().filter(|&g| room(links, g))
+            let Some((t, g)) = held.next_resubmit(now, staging, r.revision, |m, pinned| {
+                pinned.or_else(|| owners.get(m as usize).copied().flatten()).filter(|&g| room(links, g))
             }) else {
                 break;
             };
@@ -1069,7 +1069,7 @@ impl<C: Connection> FrontendNode<C> {
                 Some(_) => unsent.take().or_else(|| out.pop_front()),
                 None => unsent
                     .take()
-                    .or_else(|| held.as_mut().and_then(|h| h.next_resubmit(now, staging, 0, |_| Some(0))).map(|(t, _)| t))
+                    .or_else(|| held.as_mut().and_then(|h| h.next_resubmit(now, staging, 0, |_, _| Some(0))).map(|(t, _)| t))
                     .or_else(|| tasks.queue.tasks.pop()),
             };
             let Some(task) = next else { break };
@@ -1968,6 +1968,44 @@ mod tests {
         let cancels = |p: &mut SimPeer| p.take_all().iter().filter(|m| matches!(wire::decode(m), Ok(Message::Cancel(_)))).count();
         assert_eq!((cancels(&mut a), cancels(&mut b)), (1, 0));
         assert_eq!(f.node.stats().cancels_sent.load(Ordering::Relaxed), 1);
+    }
+
+    /// A task at a group whose link is lost goes back to that group, not
+    /// to the model's new owner: the lost scheduler may have sent it in a
+    /// batch its group's backends still run. Only that group's `moved`
+    /// sends it on.
+    #[test]
+    fn with_groups_a_task_lost_with_its_groups_link_goes_back_to_that_group_even_after_its_model_moved() {
+        let mut f = grouped();
+        assert!(f.node.handle_routes(1, &[Some(0), Some(1)]));
+        let a = f.registered_group(T0, 0);
+        let mut b = f.registered_group(T0, 1);
+        let mut t = f.submit_model(0);
+        f.poll(T0);
+        drop(a);
+        assert!(f.node.handle_routes(2, &[Some(1), Some(1)]), "model 0 moves to group 1");
+        for i in 1..=20 {
+            f.poll(T0 + ms(i));
+        }
+        assert!(b.tasks().is_empty(), "not sent to the new owner while its group's link is down");
+        assert!(poll_now(&mut t).is_pending(), "held");
+        assert!(matches!(f.events().as_slice(), [FrontendEvent::SchedulerLost { group: 0, .. }]));
+        let at = T0 + ms(30);
+        let mut a = f.registered_group(at, 0);
+        f.poll(at);
+        assert_eq!(a.tasks().iter().map(|x| x.task_id).collect::<Vec<_>>(), [t.task_id()], "back to its group");
+        // Group 0's next scheduler does not own model 0 any more: its
+        // `moved` sends the task to group 1.
+        a.put(&moved(t.task_id()));
+        f.poll(at);
+        f.poll(at);
+        assert!(!f.node.take_stale_table(), "its table names another group: not stale");
+        assert_eq!(b.tasks().iter().map(|x| x.task_id).collect::<Vec<_>>(), [t.task_id()]);
+        // A new task of model 0 goes to its owner at once.
+        let t2 = f.submit_model(0);
+        f.poll(at);
+        assert_eq!(b.tasks().iter().map(|x| x.task_id).collect::<Vec<_>>(), [t2.task_id()]);
+        assert!(a.tasks().is_empty());
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub struct ChaosArgs {
     pub priority_mix: f64,
     pub cancel_share: f64,
     pub max_queue: u32,
+    pub trace_task: Option<String>,
 }
 
 /// Why `symphony chaos` stopped or failed.
@@ -52,6 +53,12 @@ pub enum ChaosCmdError {
         frontends: usize,
         /// `--backends`.
         backends: usize,
+    },
+    /// `--trace-task` is not a task id.
+    #[error("--trace-task {value}: must be a task id in hex (as a violation names it, e.g. 0x10000000100049)")]
+    TraceTask {
+        /// The value given.
+        value: String,
     },
     /// `--rate` not positive.
     #[error("--rate {value}: must be positive")]
@@ -110,6 +117,11 @@ fn config(a: &ChaosArgs) -> Result<ChaosConfig, ChaosCmdError> {
     cfg.priority_mix = a.priority_mix;
     cfg.cancel_share = a.cancel_share;
     cfg.max_queue = a.max_queue;
+    if let Some(t) = &a.trace_task {
+        let digits = t.strip_prefix("0x").unwrap_or(t);
+        let id = u64::from_str_radix(digits, 16).map_err(|_| ChaosCmdError::TraceTask { value: t.clone() })?;
+        cfg.trace_task = Some(id);
+    }
     Ok(cfg)
 }
 
@@ -141,6 +153,9 @@ fn print_report(r: &ChaosReport) {
         let _ = writeln!(out, "  fault {k}: {v} hits in flight");
     }
     let _ = writeln!(out, "batches {}", r.batches);
+    for line in &r.trace {
+        let _ = writeln!(out, "trace {line}");
+    }
     for v in &r.violations {
         let _ = writeln!(out, "VIOLATION: {v}");
     }

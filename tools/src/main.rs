@@ -301,6 +301,9 @@ enum Cmd {
         /// Every model's queue bound at the scheduler (0 = unbounded).
         #[arg(long = "max-queue", default_value_t = 0)]
         max_queue: u32,
+        /// List every message of this task (hex id, as a violation names it) the network carried.
+        #[arg(long = "trace-task")]
+        trace_task: Option<String>,
         /// Switch on a deliberate bug (builds with the `mutations` feature only).
         #[arg(long)]
         mutation: Option<String>,
@@ -444,8 +447,8 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
         Cmd::Predict(a) => Ok(predict::run(&a)?),
         Cmd::Report { name, quick, json, .. } if name == "grid" => Ok(report_grid::run(quick, json)?),
         Cmd::Report { name, quick, plot, model_threads, .. } => Ok(reports::run(&name, quick, plot.as_deref(), &model_threads)?),
-        Cmd::Chaos { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json, priority_mix, cancel_share, max_queue } => {
-            Ok(chaos_cmd::run(&chaos_cmd::ChaosArgs { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json, priority_mix, cancel_share, max_queue })?)
+        Cmd::Chaos { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json, priority_mix, cancel_share, max_queue, trace_task } => {
+            Ok(chaos_cmd::run(&chaos_cmd::ChaosArgs { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json, priority_mix, cancel_share, max_queue, trace_task })?)
         }
         Cmd::BenchCluster(a) => Ok(bench_cluster::run(&a)?),
         Cmd::BenchScheduler { models, gpus, model_threads, rate, duration_s, profile, idle, no_pin, seed, json } => {

@@ -246,6 +246,17 @@ pub struct ControlPlane {
     fenced: bool,
     /// GPUs joined while fenced: (backend, sub-cluster, GPU id, free at).
     held_gpus: Vec<(u32, usize, GpuId, Instant)>,
+    /// Tasks of a model this group does not own that came while fenced or
+    /// before `moved_release_at`: (task, frontend), answered `moved` once
+    /// both have passed. Handing a task to another group is planning it
+    /// elsewhere: the previous scheduler of this group may have it in a
+    /// batch that a backend still holds (stopped only by the fence, a
+    /// newer epoch reaching the backends) or still runs (its GPU reported
+    /// busy at registration). A frontend resubmits such tasks here.
+    moved_held: Vec<(u64, u32)>,
+    /// When the last GPU reported busy at its backend's registration
+    /// frees: the batches of a previous scheduler end by then.
+    moved_release_at: Instant,
     /// With several scheduler groups (issue 19): which models this group
     /// owns at `route_revision` (None: no routing table, it owns all).
     owned: Option<Vec<bool>>,
@@ -350,6 +361,8 @@ impl ControlPlane {
             epoch: 0,
             fenced: false,
             held_gpus: Vec::new(),
+            moved_held: Vec::new(),
+            moved_release_at: Instant::ZERO,
             owned: None,
             route_revision: 0,
             handing_over: IdSet::default(),
@@ -667,7 +680,30 @@ impl ControlPlane {
             self.subclusters[sc].sched.gpu_joined_busy(now, g, free_at, &mut self.actions);
             self.apply(now, sc);
         }
+        self.release_moved(now);
         self.sync_peer_gauges();
+    }
+
+    /// Hands `task` back to `frontend` as moved: at once, or, while a
+    /// batch of a previous scheduler of this group may still hold or run
+    /// it, once that can no longer be (see `moved_held`).
+    fn answer_moved(&mut self, now: Instant, task: u64, frontend: u32) {
+        if self.fenced || now < self.moved_release_at {
+            self.moved_held.push((task, frontend));
+        } else {
+            self.send_dropped(task, frontend, DropReason::Moved);
+        }
+    }
+
+    /// Answers the tasks held in `moved_held` once the fence has lifted and
+    /// the GPUs reported busy have freed.
+    fn release_moved(&mut self, now: Instant) {
+        if self.fenced || now < self.moved_release_at {
+            return;
+        }
+        for (task, frontend) in std::mem::take(&mut self.moved_held) {
+            self.send_dropped(task, frontend, DropReason::Moved);
+        }
     }
 
     /// The registration's acknowledgement: the model count and `d_ctrl`.
@@ -777,6 +813,7 @@ impl ControlPlane {
                 free.resize(g as usize + 1, Instant::ZERO);
             }
             free[g as usize] = free[g as usize].max(free_at);
+            self.moved_release_at = self.moved_release_at.max(free_at);
             if self.fenced {
                 self.held_gpus.push((id, sc, g, free_at));
                 continue;
@@ -886,11 +923,6 @@ impl ControlPlane {
             self.send_dropped(task.task_id, from, DropReason::UnknownModel);
             return;
         };
-        if !self.owns(task.model_id) {
-            // Another group owns it now: the frontend resubmits it there.
-            self.send_dropped(task.task_id, from, DropReason::Moved);
-            return;
-        }
         // Ids are unique per frontend by construction, so a repeat is a
         // duplicated message (or a peer bug). It is ignored while the
         // original can still run: waiting, planned or running, i.e. until
@@ -899,6 +931,20 @@ impl ControlPlane {
         // A repeat found only in `tasks` (its `seen` entry expired while
         // it still waits) re-enters `seen` with an expiry of its own.
         self.forget_seen(now);
+        if !self.owns(task.model_id) {
+            if self.seen.contains(&task.task_id) {
+                // A repeat of a task planned before its model moved away
+                // (a frontend resubmitting after its link came back): the
+                // batch it is in still runs, so it must not go elsewhere.
+                self.duplicate_tasks += 1;
+                self.metrics.protocol_errors.inc();
+                return;
+            }
+            // Another group owns it now: the frontend resubmits it there
+            // (see `answer_moved`).
+            self.answer_moved(now, task.task_id, from);
+            return;
+        }
         let deadline = now.saturating_add(Duration::from_nanos(task.budget_ns));
         let fresh = self.seen.insert(task.task_id);
         if fresh {
@@ -1171,14 +1217,17 @@ impl ControlPlane {
 
     /// When the control plane wants [`on_wake`](Self::on_wake).
     pub fn poll_at(&self) -> Option<Instant> {
+        let moved = (!self.moved_held.is_empty() && !self.fenced).then_some(self.moved_release_at);
         self.subclusters
             .iter()
             .filter_map(|s| s.sched.poll_at())
+            .chain(moved)
             .min()
     }
 
     /// Runs every sub-cluster timer due at `now`.
     pub fn on_wake(&mut self, now: Instant) {
+        self.release_moved(now);
         for sc in 0..self.subclusters.len() {
             if self.subclusters[sc].sched.poll_at().is_some_and(|t| t <= now) {
                 self.subclusters[sc].sched.on_wake(now, &mut self.actions);
@@ -1225,7 +1274,11 @@ impl ControlPlane {
             if let Some(m) = self.tasks.remove(&req.id) {
                 self.metrics.model_drops(m.model);
                 self.metrics.level_drops(self.level_index(m.model, req.priority), reason);
-                self.send_dropped(req.id, m.frontend, reason);
+                if reason == DropReason::Moved {
+                    self.answer_moved(now, req.id, m.frontend);
+                } else {
+                    self.send_dropped(req.id, m.frontend, reason);
+                }
             }
         }
         for plan in &actions.batches {
@@ -1257,7 +1310,7 @@ impl ControlPlane {
                     self.seen.remove(&r.id);
                     if let Some(m) = self.tasks.remove(&r.id) {
                         self.metrics.model_drops(m.model);
-                        self.send_dropped(r.id, m.frontend, DropReason::Moved);
+                        self.answer_moved(now, r.id, m.frontend);
                     }
                 }
                 continue;
@@ -1866,6 +1919,69 @@ mod tests {
         assert_eq!(o.len(), 1);
         let (_, b) = o.iter().next().unwrap();
         assert!(matches!(wire::decode(b), Ok(Message::Heartbeat(_))));
+    }
+
+    /// A new term hands a task to another group (answers `moved`) only
+    /// once its fence has lifted and the GPUs its backends reported busy
+    /// (with the previous term's batches, which may hold that task) have
+    /// freed; a task it queued and a table then took away waits the same.
+    #[test]
+    fn a_new_term_answers_moved_only_after_its_fence_and_the_reported_busy_gpus() {
+        let mut p = plane(&[vec![0, 1]]);
+        let t0 = Instant::ZERO;
+        p.set_epoch(4);
+        p.fence();
+        p.await_routes();
+        assert!(p.set_routes(t0, &routes(2, &["b"], &["a"]), "a"), "model a (id 0) is group b's");
+        p.frontend_joined(1, "fe1").unwrap();
+        let busy = [wire::GpuBusy { busy_ns: 20_000_000, gpu_id: 0, batches: 1 }];
+        p.backend_joined(t0, 10, 1, &[0, 1], &busy).unwrap();
+        let _ = drain(&mut p);
+        p.on_task(t0, 1, &task(1, 0, 1));
+        p.on_task(t0, 1, &task(2, 1, 1));
+        assert!(p_decode_drops(&drain(&mut p)).is_empty(), "fenced: nothing handed over");
+        // Model b (id 1) moves away too while task 2 waits in its queue.
+        assert!(p.set_routes(t0, &routes(3, &[], &["a", "b"]), "a"));
+        assert!(p_decode_drops(&drain(&mut p)).is_empty(), "still fenced");
+        let t1 = t0 + Duration::from_millis(5);
+        p.lift_fence(t1);
+        assert!(p_decode_drops(&drain(&mut p)).is_empty(), "GPU 0 is busy until 20 ms");
+        let release = t0 + Duration::from_millis(20);
+        assert_eq!(p.poll_at(), Some(release));
+        p.on_wake(release - Duration::from_nanos(1));
+        assert!(p_decode_drops(&drain(&mut p)).is_empty());
+        p.on_wake(release);
+        let mut moved = p_decode_drops(&drain(&mut p));
+        moved.sort_unstable();
+        assert_eq!(moved, [(tid(1, 1), DropReason::Moved as u32), (tid(2, 1), DropReason::Moved as u32)]);
+        // From now on a task of a model it does not own is answered at once.
+        p.on_task(release, 1, &task(3, 0, 1));
+        assert_eq!(p_decode_drops(&drain(&mut p)), [(tid(3, 1), DropReason::Moved as u32)]);
+    }
+
+    /// A frontend that lost its link resubmits what it had sent; a task
+    /// already planned before its model moved away is in a batch that
+    /// still runs, so the repeat is ignored (a duplicate), not answered
+    /// `moved` (which would send it to the new owner as well).
+    #[test]
+    fn a_repeat_of_a_task_planned_before_its_model_moved_away_is_ignored() {
+        let mut p = plane(&[vec![0, 1]]);
+        let t0 = Instant::ZERO;
+        assert!(p.set_routes(t0, &routes(1, &["a", "b"], &[]), "a"));
+        p.frontend_joined(1, "fe1").unwrap();
+        p.backend_joined(t0, 10, 1, &[0, 1], &[]).unwrap();
+        p.on_task(t0, 1, &task(1, 0, 1));
+        run_until_quiet(&mut p, t0, t0 + Duration::from_millis(100));
+        let plans = drain(&mut p).into_iter().filter(|(_, m)| m.starts_with("BatchPlan")).count();
+        assert_eq!(plans, 1, "task 1 is planned and sent");
+        assert!(p.set_routes(t0, &routes(2, &["b"], &["a"]), "a"));
+        let before = p.duplicate_tasks();
+        p.on_task(t0, 1, &task(1, 0, 1));
+        assert!(p_decode_drops(&drain(&mut p)).is_empty(), "not handed to group b");
+        assert_eq!(p.duplicate_tasks(), before + 1);
+        // A task it never had is answered moved.
+        p.on_task(t0, 1, &task(2, 0, 1));
+        assert_eq!(p_decode_drops(&drain(&mut p)), [(tid(2, 1), DropReason::Moved as u32)]);
     }
 
     #[test]

@@ -30,22 +30,29 @@ pub struct Ledger {
     pub group_b_backends: std::collections::HashSet<NodeId>,
     /// Per node, each newer epoch it was delivered (Welcome or plan), when.
     pub epochs_seen: HashMap<NodeId, Vec<(Instant, u32)>>,
-    /// With several scheduler groups: per model, whether the harness's
-    /// scheduler has applied a routing revision that took it away (set by
-    /// the harness right after the scheduler applied it).
-    pub moved_away: Vec<bool>,
-    /// With two groups (`reroute2`): group b's scheduler node, and what
-    /// it has applied away, as `moved_away`.
-    pub group_b: Option<(NodeId, Vec<bool>)>,
+    /// With routing tables: per scheduler node (of either group; a new
+    /// term is a new node), per model, whether that node has applied a
+    /// routing revision that took the model away (set by the harness right
+    /// after the node applied it).
+    pub moved_away: HashMap<NodeId, Vec<bool>>,
+    /// With two groups (`reroute2`): group b's scheduler node.
+    pub group_b: Option<NodeId>,
     /// Plans of a model a scheduler sent after it had applied a revision
     /// that took the model away (must be empty).
     pub unowned_plans: Vec<String>,
+    /// A task whose every message to note (`symphony chaos --trace-task`).
+    pub trace_task: Option<u64>,
+    /// The traced task's messages, in order.
+    pub trace: Vec<String>,
 }
 
 impl Ledger {
     /// Takes one message the network carried.
     pub fn observe(&mut self, t: Traffic<'_>) {
-        let from_b = self.group_b.as_ref().is_some_and(|b| b.0 == t.from);
+        if self.trace_task.is_some() {
+            self.trace_message(&t);
+        }
+        let from_b = self.group_b == Some(t.from);
         let from_scheduler = t.from < self.schedulers.max(1) || from_b;
         match (t.delivered, wire::decode(t.bytes)) {
             // Only backends receive plans.
@@ -63,11 +70,8 @@ impl Ledger {
                     let e = self.plan_times.entry(head.epoch).or_insert((t.at, t.at));
                     e.1 = e.1.max(t.at);
                 }
-                let away = match &self.group_b {
-                    Some((_, away)) if from_b => away,
-                    _ => &self.moved_away,
-                };
-                if away.get(head.model_id as usize).copied().unwrap_or(false) {
+                let away = self.moved_away.get(&t.from);
+                if away.and_then(|a| a.get(head.model_id as usize)).copied().unwrap_or(false) {
                     self.unowned_plans.push(format!("batch {} of model {} planned at {} after the model moved away", head.batch_id, head.model_id, t.at));
                 }
             }
@@ -81,6 +85,26 @@ impl Ledger {
             }
             _ => {}
         }
+    }
+
+    /// Notes `t` in `trace` if it names the traced task.
+    fn trace_message(&mut self, t: &Traffic<'_>) {
+        let Some(id) = self.trace_task else { return };
+        let what = match wire::decode(t.bytes) {
+            Ok(Message::Task(x)) if x.task_id == id => format!("task, budget {} us", x.budget_ns / 1000),
+            Ok(Message::Tasks(l)) if l.iter().any(|x| x.task_id == id) => "tasks (batched submission)".to_string(),
+            Ok(Message::BatchPlan(h, ts)) if ts.iter().any(|x| x.task_id == id) => {
+                format!("plan: batch {} of model {}, epoch {}, exec in {} us", h.batch_id, h.model_id, h.epoch, h.exec_in_ns / 1000)
+            }
+            Ok(Message::Completion(h, _)) if h.task_id == id => format!("completion, status {}", h.status),
+            Ok(Message::Dropped(d)) if d.task_id == id => {
+                format!("dropped, reason {}", wire::DropReason::from_u32(d.reason).map_or("unknown", |r| r.as_str()))
+            }
+            Ok(Message::Cancel(c)) if c.task_id == id => "cancel".to_string(),
+            _ => return,
+        };
+        let fate = if t.delivered { "delivered" } else { "sent" };
+        self.trace.push(format!("{} node {} -> node {} {fate}: {what}", t.at, t.from, t.to));
     }
 
     fn saw_epoch(&mut self, node: NodeId, at: Instant, epoch: u32) {

@@ -101,6 +101,9 @@ pub struct ChaosConfig {
     pub cancel_share: f64,
     /// Every model's queue bound at the scheduler (0: unbounded).
     pub max_queue: u32,
+    /// A task id whose messages the report lists (`ChaosReport::trace`),
+    /// to follow one task through a failing seed.
+    pub trace_task: Option<u64>,
 }
 
 impl ChaosConfig {
@@ -129,6 +132,7 @@ impl ChaosConfig {
             priority_mix: 0.0,
             cancel_share: 0.0,
             max_queue: 0,
+            trace_task: None,
         }
     }
 
@@ -184,6 +188,10 @@ pub struct ChaosReport {
     pub faults: BTreeMap<String, u64>,
     /// Hash of every message and fault, in order.
     pub trace_hash: String,
+    /// With `ChaosConfig::trace_task`: every message of that task the
+    /// network carried (sent and delivered), in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub trace: Vec<String>,
     /// Broken invariants (must be empty).
     pub violations: Vec<String>,
     /// The command that replays this run.
@@ -290,6 +298,7 @@ impl Harness {
         let ha = cfg.faults.failover().then(HaSpec::default);
         let ledger = Arc::new(Mutex::new(checks::Ledger {
             schedulers: ha.as_ref().map_or(1, |h| h.schedulers as NodeId),
+            trace_task: cfg.trace_task,
             ..checks::Ledger::default()
         }));
         {
@@ -350,7 +359,7 @@ impl Harness {
     fn with_initial_routes(mut self) -> Self {
         let Some(b) = self.cluster.group_b_net_id() else { return self };
         if let Ok(mut l) = self.ledger.lock() {
-            l.group_b = Some((b, Vec::new()));
+            l.group_b = Some(b);
         }
         let owned = (0..64).step_by(2).fold(0u64, |m, i| m | 1 << i);
         self.route_revision = 1;
@@ -387,28 +396,30 @@ impl Harness {
 
     /// Node `at` applies `table` now; the ledger learns what a scheduler
     /// gave away as soon as it has applied it.
-    fn apply_routes(&mut self, at: RouteAt, table: &scheduler::routes::RouteTable) {
+    fn apply_routes(&mut self, at: RouteAt, table: &Arc<scheduler::routes::RouteTable>) {
         let now = self.now;
         let n = self.cfg.models.len();
-        let (node, name) = match at {
-            RouteAt::A => (self.cluster.scheduler_mut(), "a"),
-            RouteAt::B => (self.cluster.group_b_mut(), "b"),
+        let applied = match at {
+            RouteAt::A => self.cluster.apply_group_a_routes(now, table.clone()),
+            RouteAt::B => {
+                let id = self.cluster.group_b_net_id();
+                let Some((node, id)) = self.cluster.group_b_mut().zip(id) else { return };
+                if !node.handle_routes(now, table, "b") {
+                    return;
+                }
+                vec![(id, (0..n as u32).map(|m| !node.owns(m)).collect())]
+            }
             RouteAt::Frontend(i) => {
                 let owners = self.owners(table);
                 self.cluster.set_frontend_routes(Some(i), table.revision, &owners);
                 return;
             }
         };
-        let Some(node) = node else { return };
-        if !node.handle_routes(now, table, name) {
+        if applied.is_empty() {
             return;
         }
-        let away: Vec<bool> = (0..n as u32).map(|m| !node.owns(m)).collect();
         if let Ok(mut l) = self.ledger.lock() {
-            match (at, l.group_b.as_mut()) {
-                (RouteAt::B, Some(b)) => b.1 = away,
-                _ => l.moved_away = away,
-            }
+            l.moved_away.extend(applied);
         }
         if matches!(at, RouteAt::A) && table.revision > 1 {
             *self.reroutes.entry(FaultClass::Reroute2).or_insert(0) += 1;
@@ -519,15 +530,12 @@ impl Harness {
             return self.reroute2(owned);
         }
         self.route_revision += 1;
-        let table = self.table(owned);
-        let models = self.cfg.models.len() as u32;
-        let now = self.now;
-        let Some(node) = self.cluster.scheduler_mut() else { return };
-        if node.handle_routes(now, &table, "a") {
-            let moved_away: Vec<bool> = (0..models).map(|m| !node.owns(m)).collect();
+        let table = Arc::new(self.table(owned));
+        let applied = self.cluster.apply_group_a_routes(self.now, table);
+        if !applied.is_empty() {
             self.cluster.net().record(0x5245_5254, owned);
             if let Ok(mut l) = self.ledger.lock() {
-                l.moved_away = moved_away;
+                l.moved_away.extend(applied);
             }
             *self.reroutes.entry(FaultClass::Reroute).or_insert(0) += 1;
         }
@@ -582,7 +590,13 @@ impl Harness {
         let (client, slow) = (&mut self.client, &self.slow);
         let (batches, slow_batches) = (&mut self.batches, &mut self.slow_batches);
         let reports = &mut self.reports;
+        let ledger = &self.ledger;
         self.cluster.poll(now, &mut |e| match e {
+            ClusterEvent::RoutesApplied(id, away) => {
+                if let Ok(mut l) = ledger.lock() {
+                    l.moved_away.insert(id, away);
+                }
+            }
             ClusterEvent::FrontendExited(i) => {
                 client.frontend_lost(i);
             }
@@ -699,6 +713,7 @@ impl Harness {
             resubmitted: self.cluster.moved_resubmits(),
             ..ChaosReport::default()
         };
+        report.trace = ledger.trace.clone();
         if let Some(plane) = self.cluster.scheduler().map(|s| s.plane()) {
             report.gpu_speed = plane.gpu_ratios().into_iter().map(|(b, g, r)| (format!("backend{b}/gpu{g}"), r.value())).collect();
             report.delay_alarms = plane.delay_watch().alarms();

@@ -333,6 +333,10 @@ pub enum ClusterEvent {
     BackendExited(usize),
     /// Backend slot `i` finished a batch.
     Batch(usize, BatchReport),
+    /// The scheduler node `net id` (a new term of group a) applied the
+    /// newest routing table its group had read; which models it does not
+    /// own.
+    RoutesApplied(NodeId, Vec<bool>),
 }
 
 /// The cluster (see the module docs).
@@ -363,6 +367,12 @@ pub struct NodeCluster {
     /// The newest routing table handed to frontends (revision, owner group
     /// of each model), given to each frontend that starts.
     frontend_routes: (u64, Vec<Option<u16>>),
+    /// The newest routing table group a's hosts have read (each host
+    /// follows the table, as the daemon's `RoutesWatch` does): a new term
+    /// owns nothing until it has applied it, and applies it first.
+    routes_a: Option<Arc<scheduler::routes::RouteTable>>,
+    /// New terms that applied `routes_a`, to report from `poll`.
+    new_terms_routes: Vec<(NodeId, Vec<bool>)>,
 }
 
 /// Group b's scheduler address in the harness.
@@ -421,6 +431,8 @@ impl NodeCluster {
         Ok(NodeCluster {
             group_b,
             frontend_routes: (0, Vec::new()),
+            routes_a: None,
+            new_terms_routes: Vec::new(),
             frontends: (0..spec.frontends).map(|_| Slot::Down { restart_at: Some(Instant::ZERO) }).collect(),
             backends: (0..spec.backends).map(|_| Slot::Down { restart_at: Some(Instant::ZERO) }).collect(),
             spec,
@@ -450,12 +462,6 @@ impl NodeCluster {
         self.scheds.iter().find_map(|h| h.node.as_ref())
     }
 
-    /// The scheduler node that leads, to hand it what its host would (a
-    /// routing table).
-    pub fn scheduler_mut(&mut self) -> Option<&mut SchedulerNode<SimConn>> {
-        self.scheds.iter_mut().find_map(|h| h.node.as_mut())
-    }
-
     /// Sets a model's admission on the scheduler and on every scheduler
     /// elected later.
     pub fn set_admission(&mut self, model: u32, admission: Admission) {
@@ -463,6 +469,26 @@ impl NodeCluster {
         for n in self.scheds.iter_mut().chain(self.group_b.as_mut()).filter_map(|h| h.node.as_mut()) {
             n.plane_mut().set_admission(model, admission);
         }
+    }
+
+    /// Group a's hosts have read routing `table` (ignored unless newer):
+    /// every group-a scheduler node up applies it now. Returns, for each
+    /// node that applied it, its net id and the models it does not own.
+    pub fn apply_group_a_routes(&mut self, now: Instant, table: Arc<scheduler::routes::RouteTable>) -> Vec<(NodeId, Vec<bool>)> {
+        if self.routes_a.as_ref().is_some_and(|t| t.revision >= table.revision) {
+            return Vec::new();
+        }
+        let models = self.spec.models.len() as u32;
+        let mut applied = Vec::new();
+        for h in &mut self.scheds {
+            if let Some(n) = h.node.as_mut() {
+                if n.handle_routes(now, &table, "a") {
+                    applied.push((h.net_id, (0..models).map(|m| !n.owns(m)).collect()));
+                }
+            }
+        }
+        self.routes_a = Some(table);
+        applied
     }
 
     /// With [`ClusterSpec::group_b`]: group b's scheduler node.
@@ -796,6 +822,9 @@ impl NodeCluster {
         self.restart_due(now);
         for _round in 0..64 {
             let mut progressed = self.poll_schedulers(now);
+            for (id, away) in self.new_terms_routes.drain(..) {
+                on(ClusterEvent::RoutesApplied(id, away));
+            }
             for i in 0..self.frontends.len() {
                 progressed |= self.poll_frontend(i, now, on);
             }
@@ -857,7 +886,15 @@ impl NodeCluster {
             }
             if let Some(epoch) = elected {
                 let epoch = u32::try_from(epoch).unwrap_or(u32::MAX);
-                if let Ok(node) = build_scheduler(&self.spec, &self.admissions, epoch) {
+                if let Ok(mut node) = build_scheduler(&self.spec, &self.admissions, epoch) {
+                    if let Some(table) = &self.routes_a {
+                        // As the daemon: a new term owns nothing until it
+                        // has applied the newest table, which it does first.
+                        node.plane_mut().await_routes();
+                        node.handle_routes(now, table, "a");
+                        let models = self.spec.models.len() as u32;
+                        self.new_terms_routes.push((self.scheds[i].net_id, (0..models).map(|m| !node.owns(m)).collect()));
+                    }
                     let h = &mut self.scheds[i];
                     h.listener = self.net.domain(h.net_id).listen(&h.addr).ok();
                     h.node = Some(node);
