@@ -143,6 +143,18 @@ impl Reconnect {
         }
     }
 
+    /// Replaces the addresses (the routing table listed others): the
+    /// address the next attempt goes to stays next if it is still listed.
+    /// An empty list is ignored.
+    pub fn set_addrs(&mut self, addrs: Vec<String>) {
+        if addrs.is_empty() || addrs == self.addrs {
+            return;
+        }
+        let current = self.addrs.get(self.next).cloned();
+        self.addrs = addrs;
+        self.next = current.and_then(|c| self.addrs.iter().position(|a| *a == c)).unwrap_or(0);
+    }
+
     /// The attempt succeeded: nothing is due until the link is lost again.
     pub fn connected(&mut self) {
         self.due_at = None;
@@ -154,6 +166,21 @@ impl Reconnect {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn new_addresses_keep_the_next_one_if_still_listed() {
+        let list = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let mut r = Reconnect::new(list(&["a", "b"]), ms(10), ms(100));
+        r.lost(Instant::ZERO);
+        r.failed(Instant::ZERO);
+        assert_eq!(r.due(Instant::ZERO), Some("b"));
+        r.set_addrs(list(&["c", "b"]));
+        assert_eq!(r.due(Instant::ZERO), Some("b"), "b stays next");
+        r.set_addrs(list(&["d"]));
+        assert_eq!(r.due(Instant::ZERO), Some("d"));
+        r.set_addrs(Vec::new());
+        assert_eq!(r.addrs(), ["d"], "an empty list is ignored");
+    }
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)

@@ -482,8 +482,8 @@ fn first_table(watch: &RoutesWatch, rc: &RoutesConfig) -> Result<Arc<RouteTable>
 }
 
 /// The owner of each of `models` in `table`, as an index into `groups`
-/// (the groups the frontend linked to at start, by name; a group added
-/// later owns nothing here).
+/// (the groups the frontend links to, by name; a group it has no link
+/// for owns nothing here).
 fn owners(table: &RouteTable, groups: &[String], models: &[String]) -> Vec<Option<u16>> {
     models
         .iter()
@@ -751,13 +751,33 @@ impl<D: Domain> IoHost<D> {
     }
 
     /// With scheduler groups: hands the node a newer routing table, if the
-    /// follower has read one.
-    fn follow_routes(&mut self) -> bool {
-        let Some(r) = &self.routes else { return false };
+    /// follower has read one. A group the table adds gets a link (tried at
+    /// once); a group whose scheduler addresses changed is tried at the new
+    /// ones from its next attempt.
+    fn follow_routes(&mut self, now: Instant) -> bool {
+        let Some(r) = &mut self.routes else { return false };
         if self.node.take_stale_table() {
             r.watch.read_now();
         }
         let Some(t) = r.watch.newer_than(self.node.route_revision()) else { return false };
+        for g in t.groups.iter().filter(|g| !g.schedulers.is_empty()) {
+            match r.names.iter().position(|n| *n == g.name) {
+                Some(i) => {
+                    if let Some(rc) = self.reconnects.get_mut(i) {
+                        rc.set_addrs(g.schedulers.clone());
+                    }
+                }
+                None => {
+                    let Some(i) = self.node.add_group() else { continue };
+                    debug_assert_eq!(i, r.names.len());
+                    r.names.push(g.name.clone());
+                    let mut rc = Reconnect::new(g.schedulers.clone(), DEFAULT_MIN_BACKOFF, DEFAULT_MAX_BACKOFF);
+                    rc.lost(now);
+                    self.reconnects.push(rc);
+                    info!(group = %g.name, schedulers = %g.schedulers.join(","), "the routing table added a scheduler group; linking to it");
+                }
+            }
+        }
         let taken = self.node.handle_routes(t.revision, &owners(&t, &r.names, &r.models));
         if taken {
             info!(revision = t.revision, "routing table applied");
@@ -801,7 +821,7 @@ impl<D: Domain> IoHost<D> {
                 return Ended::Stopped;
             }
             let now = self.clock.now();
-            let mut work = self.follow_routes();
+            let mut work = self.follow_routes(now);
             work |= self.node.poll(now);
             self.retire_closed();
             while let Some(ev) = self.node.poll_event() {

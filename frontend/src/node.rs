@@ -479,6 +479,17 @@ impl<C: Connection> FrontendNode<C> {
         self
     }
 
+    /// With groups: one more group (a table named a group the node has no
+    /// link for), with no link yet ([`handle_group_link`](Self::handle_group_link));
+    /// returns its index. `None` without groups, or at the limit.
+    pub fn add_group(&mut self) -> Option<usize> {
+        if self.routing.is_none() || self.links.len() >= usize::from(u16::MAX) {
+            return None;
+        }
+        self.links.push(SchedLink::new(true));
+        Some(self.links.len() - 1)
+    }
+
     /// Whether the node outlives its scheduler ([`with_failover`](Self::with_failover)).
     pub fn failover(&self) -> bool {
         self.held.is_some()
@@ -1968,6 +1979,28 @@ mod tests {
         let cancels = |p: &mut SimPeer| p.take_all().iter().filter(|m| matches!(wire::decode(m), Ok(Message::Cancel(_)))).count();
         assert_eq!((cancels(&mut a), cancels(&mut b)), (1, 0));
         assert_eq!(f.node.stats().cancels_sent.load(Ordering::Relaxed), 1);
+    }
+
+    /// A group the table adds after the start: the node grows a link for
+    /// it, and tasks of a model the table gives it wait for that link.
+    #[test]
+    fn with_groups_a_group_added_later_gets_a_link_and_its_models_tasks() {
+        let mut f = grouped();
+        assert!(f.node.handle_routes(1, &[Some(0), Some(0)]));
+        let mut a = f.registered_group(T0, 0);
+        assert_eq!(f.node.add_group(), Some(2));
+        assert_eq!(f.node.groups(), 3);
+        assert!(f.node.handle_routes(2, &[Some(0), Some(2)]));
+        let (t0, t1) = (f.submit_model(0), f.submit_model(1));
+        f.poll(T0);
+        assert_eq!(a.tasks().iter().map(|x| x.task_id).collect::<Vec<_>>(), [t0.task_id()]);
+        let at = T0 + ms(5);
+        let mut c = f.registered_group(at, 2);
+        f.poll(at);
+        assert_eq!(c.tasks().iter().map(|x| x.task_id).collect::<Vec<_>>(), [t1.task_id()], "held until the new group's link registered");
+        let mut plain = frontend();
+        assert_eq!(plain.node.add_group(), None, "without groups there is one scheduler");
+        plain.poll(T0);
     }
 
     /// A task at a group whose link is lost goes back to that group, not
