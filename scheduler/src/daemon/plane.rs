@@ -891,6 +891,16 @@ impl ControlPlane {
             self.send_dropped(task.task_id, from, DropReason::Moved);
             return;
         }
+        if !self.subclusters[sc].sched.admits(local) {
+            // Overload: refused before the id tables are touched, so that
+            // refusing costs the I/O thread less than taking (issue 14,
+            // item 2). A repeat of a refused task is refused again.
+            self.metrics.model_drops(task.model_id);
+            let level = self.level_index(task.model_id, u16::try_from(task.priority).unwrap_or(u16::MAX));
+            self.metrics.level_drops(level, DropReason::Overloaded);
+            self.send_dropped(task.task_id, from, DropReason::Overloaded);
+            return;
+        }
         // Ids are unique per frontend by construction, so a repeat is a
         // duplicated message (or a peer bug). It is ignored while the
         // original can still run: waiting, planned or running, i.e. until

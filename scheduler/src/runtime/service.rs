@@ -35,6 +35,14 @@ use crate::zoo::ModelSpec;
 /// Slots of each ModelThread's ingress ring: a burst beyond this is
 /// refused as [`DropReason::Overloaded`], never buffered.
 pub const INGRESS_SLOTS: usize = 1 << 16;
+/// Default [`PinnedConfig::ingress_bound`]: at the daemon's measured
+/// 100-400k tasks/s per ModelThread, 4096 waiting requests are 10-40 ms,
+/// within one SLO; the full ring (65,536) was 0.2-0.6 s, so under overload
+/// every request the thread reached was already late (issue 14, item 2).
+pub const INGRESS_BOUND: usize = 4096;
+/// The ring's occupancy (an atomic read of the consumer's position) is
+/// refreshed every this many pushes, not per request.
+const BOUND_CHECK_EVERY: u32 = 16;
 /// Requests handed to a ModelThread before it is woken without waiting
 /// for the host's next `collect`.
 const KICK_EVERY: u32 = 64;
@@ -56,11 +64,15 @@ pub struct PinnedConfig {
     /// The RankThread runs on ModelThread 0's thread instead of its own:
     /// one thread hand-off less per decision (see docs/decisions.md).
     pub shared_rank: bool,
+    /// Most requests waiting in a ModelThread's ingress ring: beyond, new
+    /// requests are refused as [`DropReason::Overloaded`] (at most
+    /// [`INGRESS_SLOTS`]).
+    pub ingress_bound: usize,
 }
 
 impl Default for PinnedConfig {
     fn default() -> Self {
-        PinnedConfig { model_threads: 1, cores: Vec::new(), idle: IdleStrategy::GENTLE, shared_rank: false }
+        PinnedConfig { model_threads: 1, cores: Vec::new(), idle: IdleStrategy::GENTLE, shared_rank: false, ingress_bound: INGRESS_BOUND }
     }
 }
 
@@ -124,6 +136,12 @@ pub struct PinnedScheduler {
     pushed: Vec<u64>,
     /// Requests pushed to each ModelThread since it was last woken.
     unkicked: Vec<u32>,
+    /// Most requests waiting in one ingress ring (see [`PinnedConfig`]).
+    ingress_bound: usize,
+    /// Each ring's occupancy at its last check, plus the pushes since.
+    queued: Vec<usize>,
+    /// Pushes to each ring until its occupancy is read again.
+    until_check: Vec<u32>,
     control: Vec<Producer<ModelControl>>,
     control_backlog: Vec<VecDeque<ModelControl>>,
     rank_control: Producer<RankControl>,
@@ -176,6 +194,9 @@ impl PinnedScheduler {
             owner,
             pushed: vec![0; threads],
             unkicked: vec![0; threads],
+            ingress_bound: cfg.ingress_bound.clamp(1, INGRESS_SLOTS),
+            queued: vec![0; threads],
+            until_check: vec![0; threads],
             ingress,
             control_backlog: (0..threads).map(|_| VecDeque::new()).collect(),
             control,
@@ -191,13 +212,15 @@ impl PinnedScheduler {
 
     /// A request: queued at its ModelThread, or refused at once as
     /// [`DropReason::Overloaded`] (in `out`) when that thread's ingress
-    /// ring is full.
+    /// ring holds its bound (or is full).
     pub fn on_request(&mut self, now: Instant, req: Request, out: &mut Actions) {
         let t = self.owner.get(req.model as usize).copied().unwrap_or(0) as usize;
-        if self.ingress[t].try_push(req).is_err() {
+        if !self.has_room(t) || self.ingress[t].try_push(req).is_err() {
             out.drops.push((req, DropReason::Overloaded));
             return;
         }
+        self.queued[t] += 1;
+        self.until_check[t] -= 1;
         self.pushed[t] += 1;
         // One wake-up per batch of requests, not per request: the thread
         // is woken at the next `collect` (the host's every pass), or now
@@ -209,6 +232,26 @@ impl PinnedScheduler {
             self.kick_model(t);
         }
         self.settle(now, out);
+    }
+
+    /// Whether a request of local model `model` would be taken now rather
+    /// than refused as overloaded: lets the host refuse before it spends
+    /// anything on the request (the daemon's id tables).
+    pub fn admits(&mut self, model: ModelId) -> bool {
+        let t = self.owner.get(model as usize).copied().unwrap_or(0) as usize;
+        self.has_room(t)
+    }
+
+    /// Whether ModelThread `t`'s ring is below its bound.
+    fn has_room(&mut self, t: usize) -> bool {
+        if self.until_check[t] == 0 || self.queued[t] >= self.ingress_bound {
+            // The estimate only grows between checks, so a refusal always
+            // reads the ring again: refusing stops as soon as the thread
+            // has taken requests.
+            self.queued[t] = INGRESS_SLOTS.saturating_sub(self.ingress[t].free_slots());
+            self.until_check[t] = BOUND_CHECK_EVERY;
+        }
+        self.queued[t] < self.ingress_bound
     }
 
     /// Wakes the ModelThreads that were handed requests since their last
