@@ -301,8 +301,8 @@ impl SchedulerArgs {
         }
         let closed_loop = LoopConfig { enabled: self.closed_loop == Switch::On, ..LoopConfig::default() };
         let delay_watch = DelayWatchConfig { percentile: p, window: self.read_bound_window, adopt: self.adopt_read_bound };
-        if !(1..=crate::runtime::INGRESS_SLOTS).contains(&self.ingress_bound) {
-            return Err(ConfigError::invalid("ingress-bound", format!("{}: must be 1..={}", self.ingress_bound, crate::runtime::INGRESS_SLOTS)));
+        if !(2..=crate::runtime::INGRESS_SLOTS).contains(&self.ingress_bound) {
+            return Err(ConfigError::invalid("ingress-bound", format!("{}: must be 2..={}", self.ingress_bound, crate::runtime::INGRESS_SLOTS)));
         }
         if !(1..=256).contains(&self.model_threads) {
             return Err(ConfigError::invalid("model-threads", format!("{}: must be 1..=256", self.model_threads)));
