@@ -165,10 +165,9 @@ impl PinnedScheduler {
         let (mut workers, mut ingress, mut control, mut outcomes, mut to_rank_rx, mut grants_tx) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for t in 0..threads {
-            // A ring of the bound's size, not of INGRESS_SLOTS: the I/O
-            // thread's stores into a 65,536-slot ring (3 MiB) missed the
-            // cache on nearly every request (86% of `on_request`'s samples
-            // on one store at 2 M offered); the live part never exceeds the bound.
+            // The bound is the ring's capacity: the slots past it were
+            // never live, only ~3 MiB of cache footprint (measured neutral,
+            // docs/benchmarks.md 10c.5).
             let (ing_tx, ing_rx) = channel(ingress_bound);
             let (ctl_tx, ctl_rx) = channel(CONTROL_SLOTS);
             let (out_tx, out_rx) = channel(OUTCOME_SLOTS);
