@@ -121,6 +121,12 @@ pub struct SchedulerArgs {
     /// for machines with few cores).
     #[arg(long, value_enum, default_value_t = RankThread::Shared)]
     pub rank_thread: RankThread,
+    /// Most requests handed to a ModelThread and not yet taken by it (pinned
+    /// engine); beyond, new tasks are refused at once as overloaded. Keeps
+    /// the wait in front of the cores a few ms under overload instead of
+    /// the ring's full 65,536 slots (a whole SLO and more: every task late).
+    #[arg(long = "ingress-bound", default_value_t = crate::runtime::INGRESS_BOUND)]
+    pub ingress_bound: usize,
     /// Most requests waiting per model queue (0: unbounded); the excess is
     /// refused at once as overloaded (issue 17).
     #[arg(long, default_value_t = 0)]
@@ -295,6 +301,9 @@ impl SchedulerArgs {
         }
         let closed_loop = LoopConfig { enabled: self.closed_loop == Switch::On, ..LoopConfig::default() };
         let delay_watch = DelayWatchConfig { percentile: p, window: self.read_bound_window, adopt: self.adopt_read_bound };
+        if !(2..=crate::runtime::INGRESS_SLOTS).contains(&self.ingress_bound) {
+            return Err(ConfigError::invalid("ingress-bound", format!("{}: must be 2..={}", self.ingress_bound, crate::runtime::INGRESS_SLOTS)));
+        }
         if !(1..=256).contains(&self.model_threads) {
             return Err(ConfigError::invalid("model-threads", format!("{}: must be 1..=256", self.model_threads)));
         }
@@ -320,6 +329,7 @@ impl SchedulerArgs {
             cores: pin_cores(&self.pin_cores)?,
             idle: common.idle,
             shared_rank: self.rank_thread == RankThread::Shared,
+            ingress_bound: self.ingress_bound,
         };
         Ok(SchedulerConfig {
             listen: self

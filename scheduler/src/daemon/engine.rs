@@ -54,6 +54,15 @@ impl Engine {
         }
     }
 
+    /// Whether a request of local model `model` would be queued now (the
+    /// inline core takes everything; its own admission decides).
+    pub fn admits(&mut self, model: ModelId) -> bool {
+        match self {
+            Engine::Inline(_) => true,
+            Engine::Pinned(s) => s.admits(model),
+        }
+    }
+
     /// The client gave request `id` up.
     pub fn cancel(&mut self, now: Instant, model: ModelId, id: RequestId, out: &mut Actions) {
         match self {

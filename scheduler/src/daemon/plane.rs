@@ -945,6 +945,23 @@ impl ControlPlane {
             self.answer_moved(now, task.task_id, from);
             return;
         }
+        if !self.subclusters[sc].sched.admits(local) {
+            // Overload: refused before the id tables are touched, so that
+            // refusing costs the I/O thread less than taking (issue 14,
+            // item 2). A repeat of a refused task is refused again; a
+            // repeat of one taken is ignored as below (refusing it would
+            // answer the original): one lookup, on the refusal path only.
+            if self.seen.contains(&task.task_id) {
+                self.duplicate_tasks += 1;
+                self.metrics.protocol_errors.inc();
+                return;
+            }
+            self.metrics.model_drops(task.model_id);
+            let level = self.level_index(task.model_id, u16::try_from(task.priority).unwrap_or(u16::MAX));
+            self.metrics.level_drops(level, DropReason::Overloaded);
+            self.send_dropped(task.task_id, from, DropReason::Overloaded);
+            return;
+        }
         let deadline = now.saturating_add(Duration::from_nanos(task.budget_ns));
         let fresh = self.seen.insert(task.task_id);
         if fresh {

@@ -21,7 +21,7 @@
 mod service;
 mod workers;
 
-pub use service::{Drive, PinnedConfig, PinnedScheduler, ThreadPlacement, INGRESS_SLOTS};
+pub use service::{Drive, PinnedConfig, PinnedScheduler, ThreadPlacement, INGRESS_BOUND, INGRESS_SLOTS};
 pub use workers::{
     Dispatch, EmulatedGpus, LoadGen, ModelControl, ModelOp, ModelWorker, ModelWorkerStats, Outcome, RankControl, RankWorker, RankWorkerStats,
     RecordedBatch, Sink,

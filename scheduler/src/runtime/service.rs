@@ -32,9 +32,18 @@ use crate::netdelay::NetworkDelay;
 use crate::types::{Actions, BatchPlan, DropReason, GpuId, ModelId, Request, RequestId};
 use crate::zoo::ModelSpec;
 
-/// Slots of each ModelThread's ingress ring: a burst beyond this is
-/// refused as [`DropReason::Overloaded`], never buffered.
+/// Most slots of a ModelThread's ingress ring (the largest
+/// [`PinnedConfig::ingress_bound`]): a burst beyond the ring is refused as
+/// [`DropReason::Overloaded`], never buffered.
 pub const INGRESS_SLOTS: usize = 1 << 16;
+/// Default [`PinnedConfig::ingress_bound`]: at the daemon's measured
+/// 100-400k tasks/s per ModelThread, 4096 waiting requests are 10-40 ms,
+/// within one SLO; the full ring (65,536) was 0.2-0.6 s, so under overload
+/// every request the thread reached was already late (issue 14, item 2).
+pub const INGRESS_BOUND: usize = 4096;
+/// The ring's occupancy (an atomic read of the consumer's position) is
+/// refreshed every this many pushes, not per request.
+const BOUND_CHECK_EVERY: u32 = 16;
 /// Requests handed to a ModelThread before it is woken without waiting
 /// for the host's next `collect`.
 const KICK_EVERY: u32 = 64;
@@ -56,11 +65,15 @@ pub struct PinnedConfig {
     /// The RankThread runs on ModelThread 0's thread instead of its own:
     /// one thread hand-off less per decision (see docs/decisions.md).
     pub shared_rank: bool,
+    /// Slots of each ModelThread's ingress ring, i.e. most requests waiting
+    /// there: beyond, new requests are refused as [`DropReason::Overloaded`]
+    /// (2 to [`INGRESS_SLOTS`]).
+    pub ingress_bound: usize,
 }
 
 impl Default for PinnedConfig {
     fn default() -> Self {
-        PinnedConfig { model_threads: 1, cores: Vec::new(), idle: IdleStrategy::GENTLE, shared_rank: false }
+        PinnedConfig { model_threads: 1, cores: Vec::new(), idle: IdleStrategy::GENTLE, shared_rank: false, ingress_bound: INGRESS_BOUND }
     }
 }
 
@@ -124,6 +137,12 @@ pub struct PinnedScheduler {
     pushed: Vec<u64>,
     /// Requests pushed to each ModelThread since it was last woken.
     unkicked: Vec<u32>,
+    /// Most requests waiting in one ingress ring (see [`PinnedConfig`]).
+    ingress_bound: usize,
+    /// Each ring's occupancy at its last check, plus the pushes since.
+    queued: Vec<usize>,
+    /// Pushes to each ring until its occupancy is read again.
+    until_check: Vec<u32>,
     control: Vec<Producer<ModelControl>>,
     control_backlog: Vec<VecDeque<ModelControl>>,
     rank_control: Producer<RankControl>,
@@ -142,10 +161,14 @@ impl PinnedScheduler {
     pub fn new(name: &str, models: &[ModelSpec], core: CoreConfig, cfg: &PinnedConfig, drive: Drive) -> Result<(Self, Vec<ThreadPlacement>), RuntimeError> {
         let threads = cfg.model_threads.clamp(1, models.len().max(1));
         let owner: Vec<u32> = (0..models.len()).map(|m| (m % threads) as u32).collect();
+        let ingress_bound = cfg.ingress_bound.clamp(2, INGRESS_SLOTS);
         let (mut workers, mut ingress, mut control, mut outcomes, mut to_rank_rx, mut grants_tx) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for t in 0..threads {
-            let (ing_tx, ing_rx) = channel(INGRESS_SLOTS);
+            // The bound is the ring's capacity: the slots past it were
+            // never live, only ~3 MiB of cache footprint (measured neutral,
+            // docs/benchmarks.md 10c.5).
+            let (ing_tx, ing_rx) = channel(ingress_bound);
             let (ctl_tx, ctl_rx) = channel(CONTROL_SLOTS);
             let (out_tx, out_rx) = channel(OUTCOME_SLOTS);
             let (tr_tx, tr_rx) = channel(CONTROL_SLOTS);
@@ -176,6 +199,9 @@ impl PinnedScheduler {
             owner,
             pushed: vec![0; threads],
             unkicked: vec![0; threads],
+            ingress_bound,
+            queued: vec![0; threads],
+            until_check: vec![0; threads],
             ingress,
             control_backlog: (0..threads).map(|_| VecDeque::new()).collect(),
             control,
@@ -191,13 +217,15 @@ impl PinnedScheduler {
 
     /// A request: queued at its ModelThread, or refused at once as
     /// [`DropReason::Overloaded`] (in `out`) when that thread's ingress
-    /// ring is full.
+    /// ring holds its bound (or is full).
     pub fn on_request(&mut self, now: Instant, req: Request, out: &mut Actions) {
         let t = self.owner.get(req.model as usize).copied().unwrap_or(0) as usize;
-        if self.ingress[t].try_push(req).is_err() {
+        if !self.has_room(t) || self.ingress[t].try_push(req).is_err() {
             out.drops.push((req, DropReason::Overloaded));
             return;
         }
+        self.queued[t] += 1;
+        self.until_check[t] -= 1;
         self.pushed[t] += 1;
         // One wake-up per batch of requests, not per request: the thread
         // is woken at the next `collect` (the host's every pass), or now
@@ -209,6 +237,26 @@ impl PinnedScheduler {
             self.kick_model(t);
         }
         self.settle(now, out);
+    }
+
+    /// Whether a request of local model `model` would be taken now rather
+    /// than refused as overloaded: lets the host refuse before it spends
+    /// anything on the request (the daemon's id tables).
+    pub fn admits(&mut self, model: ModelId) -> bool {
+        let t = self.owner.get(model as usize).copied().unwrap_or(0) as usize;
+        self.has_room(t)
+    }
+
+    /// Whether ModelThread `t`'s ring is below its bound.
+    fn has_room(&mut self, t: usize) -> bool {
+        if self.until_check[t] == 0 || self.queued[t] >= self.ingress_bound {
+            // The estimate only grows between checks, so a refusal always
+            // reads the ring again: refusing stops as soon as the thread
+            // has taken requests.
+            self.queued[t] = self.ingress_bound.saturating_sub(self.ingress[t].free_slots());
+            self.until_check[t] = BOUND_CHECK_EVERY;
+        }
+        self.queued[t] < self.ingress_bound
     }
 
     /// Wakes the ModelThreads that were handed requests since their last

@@ -42,6 +42,11 @@ pub struct FrontendsReport {
     pub sent: u64,
     /// Tasks not sent: the link's send queue stayed full.
     pub queue_full: u64,
+    /// Tasks not sent: the generator reached them more than `--max-lag-us`
+    /// after their arrival (it is behind: refused, as a frontend refuses
+    /// what it cannot submit while it is still worth scheduling).
+    #[serde(default)]
+    pub refused_late: u64,
     /// `Dropped` received, by `DropReason::as_str`.
     pub dropped: Vec<(String, u64)>,
     /// Intended arrival -> handed to the link (the generator's own lag).
@@ -79,6 +84,11 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
     let mut sleeper = WaitSet::new().map_err(|e| BenchClusterError::Peer(format!("timer: {e}")))?;
     let coalesce = a.coalesce.max(1) as usize;
     let coalesce_wait = Duration::from_micros(a.coalesce_us);
+    // Past this lag an arrival is refused, not sent: an open-loop source
+    // that falls behind would otherwise send only tasks whose budget is
+    // spent, and the whole run collapses into drops (issue 14, item 2:
+    // load beyond capacity is refused, counted, never buffered).
+    let max_lag = (a.max_lag_us > 0).then(|| Duration::from_micros(a.max_lag_us));
     let mut outgoing: Vec<Outgoing> = if coalesce > 1 { links.iter().map(|_| Outgoing::new(coalesce)).collect() } else { Vec::new() };
     loop {
         let now = clock.now();
@@ -89,8 +99,13 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
                 break;
             }
             arrivals.next();
-            burst += 1;
             r.offered += 1;
+            if max_lag.is_some_and(|m| now.saturating_since(t) > m) {
+                // Cheap: no link, no id, no encoding; not a turn of the burst.
+                r.refused_late += 1;
+                continue;
+            }
+            burst += 1;
             let i = next_link;
             next_link = (next_link + 1) % links.len();
             let link = &mut links[i];

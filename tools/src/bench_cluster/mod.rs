@@ -107,6 +107,10 @@ pub struct BenchClusterArgs {
     /// starts late.
     #[arg(long = "control-delay-us", default_value_t = 200)]
     pub control_delay_us: u32,
+    /// The frontends refuse (and count) an arrival they reach more than this
+    /// late instead of sending it with its budget spent; 0: send everything.
+    #[arg(long = "frontend-max-lag-us", default_value_t = 10_000)]
+    pub frontend_max_lag_us: u64,
     /// Every Nth task carries a clock stamp (ingress lag samples).
     #[arg(long = "stamp-every", default_value_t = 16)]
     pub stamp_every: u64,
@@ -363,6 +367,7 @@ fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64) -> Result<
     let mut args = peer_args(a.frontends, &front_report);
     args.extend(["--rate".into(), rate.to_string(), "--duration-s".into(), secs.to_string(), "--stamp-every".into(), a.stamp_every.to_string()]);
     args.extend(["--coalesce".into(), a.coalesce.to_string(), "--coalesce-us".into(), a.coalesce_us.to_string()]);
+    args.extend(["--max-lag-us".into(), a.frontend_max_lag_us.to_string()]);
     let mut fronts = spawn(&spec, "bench-frontends", "bench-frontends", args, Some(&token), deadline)?;
     let sched_cpu_at_start = (StdInstant::now(), cpu_s_of(sched.pid()));
     let front_exit = fronts.wait_or_kill(StdDuration::from_secs_f64(secs + 60.0));
@@ -453,6 +458,7 @@ fn figures(rate: f64, secs: f64, metrics: &str, fr: &FrontendsReport, br: &Backe
     let sched_drops: u64 = drops.iter().map(|(_, n)| n).sum();
     let planned = m("symphony_batch_size_sum");
     drops.push(("frontend_queue_full".into(), fr.queue_full));
+    drops.push(("frontend_refused_late".into(), fr.refused_late));
     drops.push(("protocol_error".into(), m("symphony_protocol_errors_total")));
     let good = br.tasks.saturating_sub(br.late_tasks);
     let unaccounted = received as i64 - planned as i64 - sched_drops as i64;
@@ -472,7 +478,7 @@ fn figures(rate: f64, secs: f64, metrics: &str, fr: &FrontendsReport, br: &Backe
         dispatch_lag: br.dispatch_lag,
         generator_lag: fr.send_lag,
         unaccounted,
-        accounted: unaccounted == 0 && fr.sent == received && fr.offered == fr.sent + fr.queue_full && br.tasks == planned,
+        accounted: unaccounted == 0 && fr.sent == received && fr.offered == fr.sent + fr.queue_full + fr.refused_late && br.tasks == planned,
         cpu_busy: CpuBusy::default(),
     }
 }

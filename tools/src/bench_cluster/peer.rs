@@ -57,6 +57,10 @@ pub struct PeerArgs {
     /// Frontends: longest a task waits for its batch, µs.
     #[arg(long = "coalesce-us", default_value_t = 50)]
     pub coalesce_us: u64,
+    /// Frontends: an arrival the generator reaches more than this late is
+    /// refused (counted), not sent; 0: every arrival is sent however late.
+    #[arg(long = "max-lag-us", default_value_t = 0)]
+    pub max_lag_us: u64,
     /// Backends: total emulated GPUs, spread over the peers.
     #[arg(long, default_value_t = 0)]
     pub gpus: u32,
