@@ -54,6 +54,10 @@ pub struct GroupsRun {
     /// With `standby`: group a's leader is killed this many seconds into
     /// the load (after the move; later than `reroute_at_s`).
     pub kill_a_leader_at_s: Option<f64>,
+    /// Group b is not in the table until the move: the move's revision
+    /// adds it (its schedulers run from the start and own nothing), so the
+    /// frontend, which started knowing group a only, must link to it.
+    pub b_added_at_move: bool,
 }
 
 /// What happened.
@@ -164,6 +168,16 @@ pub fn run(r: &GroupsRun) -> Result<GroupsReport, GroupsError> {
     for (g, listen) in table.groups.iter_mut().zip(&listens) {
         g.schedulers = listen.clone();
     }
+    // With `b_added_at_move`, revision 1 names group a only and the move
+    // stores revision 2 with group b and the moved model in it.
+    let added = r.b_added_at_move.then(|| {
+        let mut next = table.clone();
+        next.revision = 2;
+        next.groups[0].models.retain(|m| *m != moved);
+        next.groups[1].models = vec![moved.clone()];
+        table.groups.truncate(1);
+        next
+    });
     let mut store = Etcd::new(EtcdConfig {
         endpoints: etcd.endpoints(),
         key: DEFAULT_ROUTES_KEY.into(),
@@ -196,7 +210,7 @@ pub fn run(r: &GroupsRun) -> Result<GroupsReport, GroupsError> {
     // names makes it read the table at once).
     args.extend(["--id", "1", "--etcd", &endpoints, "--routes-poll-ms", "200"].map(String::from));
     daemons.push(spawn(&spec, "frontend-1", "frontend", args, Some(&token), deadline).map_err(err)?);
-    let result = drive(r, &daemons, per_group, &endpoints, &moved, deadline);
+    let result = drive(r, &daemons, per_group, &endpoints, &moved, deadline, added.map(|t| (store, t)));
     for mut d in daemons.into_iter().rev() {
         d.signal(libc::SIGTERM);
         let _ = d.wait_or_kill(StdDuration::from_secs(10));
@@ -230,7 +244,17 @@ struct Killed {
 
 /// Load, the move, the readings; `daemons`: the schedulers (a, b per
 /// round of `per_group`), backends, frontend.
-fn drive(r: &GroupsRun, daemons: &[Daemon], per_group: usize, endpoints: &str, moved: &str, deadline: Instant) -> Result<GroupsReport, GroupsError> {
+fn drive(
+    r: &GroupsRun,
+    daemons: &[Daemon],
+    per_group: usize,
+    endpoints: &str,
+    moved: &str,
+    deadline: Instant,
+    mut added: Option<(Etcd, RouteTable)>,
+) -> Result<GroupsReport, GroupsError> {
+    // Group b links to the frontend only once the table names it.
+    let b_frontends = if added.is_some() { 0.0 } else { 1.0 };
     let fe = &daemons[daemons.len() - 1];
     let (ia, ib) = loop {
         if let (Some((ia, _)), Some((ib, _))) = (leader_of(daemons, per_group, 0), leader_of(daemons, per_group, 1)) {
@@ -238,7 +262,7 @@ fn drive(r: &GroupsRun, daemons: &[Daemon], per_group: usize, endpoints: &str, m
             if metric(&a, "symphony_route_revision") == Some(1.0)
                 && metric(&b, "symphony_route_revision") == Some(1.0)
                 && metric(&a, "symphony_frontends") == Some(1.0)
-                && metric(&b, "symphony_frontends") == Some(1.0)
+                && metric(&b, "symphony_frontends") == Some(b_frontends)
                 && metric(&a, "symphony_backends") == Some(1.0)
                 && metric(&b, "symphony_backends") == Some(1.0)
             {
@@ -264,12 +288,16 @@ fn drive(r: &GroupsRun, daemons: &[Daemon], per_group: usize, endpoints: &str, m
         });
         let applied = (|| {
             std::thread::sleep(StdDuration::from_secs_f64(r.reroute_at_s));
-            let out = std::process::Command::new(&r.exe)
-                .args(["route", "set", "--etcd", endpoints, "--move", &format!("{moved}=b")])
-                .output()
-                .map_err(err)?;
-            if !out.status.success() {
-                return Err(err(format!("route set: {}", String::from_utf8_lossy(&out.stderr))));
+            if let Some((store, table)) = added.as_mut() {
+                store.put_routes(DEFAULT_ROUTES_KEY, table).map_err(err)?;
+            } else {
+                let out = std::process::Command::new(&r.exe)
+                    .args(["route", "set", "--etcd", endpoints, "--move", &format!("{moved}=b")])
+                    .output()
+                    .map_err(err)?;
+                if !out.status.success() {
+                    return Err(err(format!("route set: {}", String::from_utf8_lossy(&out.stderr))));
+                }
             }
             let stored = Instant::now();
             let (applied_ms, at_apply) = loop {

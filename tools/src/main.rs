@@ -122,6 +122,10 @@ enum Cmd {
         /// With --groups --group-standby: kill group a's leader (SIGKILL) this many seconds into the load.
         #[arg(long = "kill-a-leader-at-s")]
         kill_a_leader_at_s: Option<f64>,
+        /// With --groups: group b is not in the table until the move (its schedulers run from the start);
+        /// the move adds it, and the frontend links to it without a restart.
+        #[arg(long = "group-b-added")]
+        group_b_added: bool,
     },
     /// End-to-end goodput of the multi-process cluster over HTTP vs the simulated scheduler-only goodput.
     E2e {
@@ -391,7 +395,7 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
         Cmd::Sim { cluster, rate, json, plot } => sim(&cluster, rate, json, plot.as_deref()),
         Cmd::Goodput { cluster, json, plot, quiet } => goodput(&cluster, json, plot.as_deref(), quiet),
         Cmd::Example { policy, skip, requests, gather, json } => Ok(example::run(&policy, &skip, requests, &gather, json)?),
-        Cmd::Up { models, cluster, rate, duration_s, serve, json, groups, reroute_at_s, group_standby, kill_a_leader_at_s, .. } if groups > 0 => {
+        Cmd::Up { models, cluster, rate, duration_s, serve, json, groups, reroute_at_s, group_standby, kill_a_leader_at_s, group_b_added, .. } if groups > 0 => {
             if groups != 2 || serve {
                 return Err(CommandError::Up(up::UpError::Usage("--groups runs 2 groups and a move under load: --groups 2, no --serve".into())));
             }
@@ -410,6 +414,7 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
                 log_dir: None,
                 standby: group_standby,
                 kill_a_leader_at_s,
+                b_added_at_move: group_b_added,
             })
             .map_err(|e| CommandError::Up(up::UpError::Usage(e.to_string())))?;
             if json {
