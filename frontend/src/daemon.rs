@@ -137,6 +137,15 @@ pub struct FrontendArgs {
     /// request, 503). Default: the number of slots.
     #[arg(long)]
     pub queue: Option<usize>,
+    /// Most tasks per submission message to the scheduler (a full batch
+    /// leaves at once); 1 sends one `Task` message per task.
+    #[arg(long, default_value_t = crate::node::DEFAULT_COALESCE)]
+    pub coalesce: usize,
+    /// How long a task may wait for more to fill its message, µs; 0 never
+    /// waits (latency first: a busy frontend's messages fill anyway, since
+    /// one pass takes every task queued since the last).
+    #[arg(long, default_value_t = 0)]
+    pub coalesce_us: u64,
     /// Triton-layout model repository: the models found there by name
     /// declare their real tensors (names, types, shapes) instead of the
     /// default INPUT0/OUTPUT0.
@@ -190,6 +199,10 @@ pub struct FrontendConfig {
     pub dead_after: Duration,
     /// Task queue capacity.
     pub queue: usize,
+    /// Most tasks per submission message.
+    pub coalesce: usize,
+    /// How long a task may wait for more to fill its message.
+    pub coalesce_wait: Duration,
     /// The cluster's join token, if any.
     pub join_token: Option<JoinToken>,
     /// Model repository whose tensors the catalog declares.
@@ -261,6 +274,8 @@ impl FrontendArgs {
             heartbeat: common.heartbeat,
             dead_after: common.dead_after,
             queue: in_range("queue", self.queue.unwrap_or(slots as usize), usize::MAX)?,
+            coalesce: in_range("coalesce", self.coalesce, dataplane::wire::MAX_TASKS_PER_MESSAGE)?,
+            coalesce_wait: Duration::from_micros(self.coalesce_us),
             join_token: common.join_token,
             model_repository: self.model_repository,
         })
@@ -392,6 +407,8 @@ fn serve<D: Domain>(domain: D, cfg: FrontendConfig) -> Result<(), FrontendError>
             heartbeat: cfg.heartbeat,
             dead_after: cfg.dead_after,
             handshake_timeout: HANDSHAKE_TIMEOUT,
+            coalesce: cfg.coalesce,
+            coalesce_wait: cfg.coalesce_wait,
         },
         staging.clone(),
         tasks,

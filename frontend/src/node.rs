@@ -29,6 +29,13 @@
 //! model's owner by the newest routing table handed to it, and resubmits a
 //! task a group answers `moved` to the owner with the budget it has left
 //! (through the same held table).
+//!
+//! Tasks leave in batches (issue 14, item 2): a link stages the tasks it
+//! takes and sends up to [`FrontendNodeConfig::coalesce`] of them as one
+//! `Tasks` message (one message for the scheduler to decode, one record
+//! per task), a lone task as a plain `Task`. A pass sends what it staged
+//! before it returns unless a hold window is configured
+//! ([`FrontendNodeConfig::coalesce_wait`]).
 
 use crate::held::HeldTasks;
 use crate::service::{SinkError, TaskSink};
@@ -250,7 +257,24 @@ pub struct FrontendNodeConfig {
     /// How long the scheduler has to acknowledge the registration, and a
     /// backend's data link to send its `Register`.
     pub handshake_timeout: Duration,
+    /// Most tasks per submission message (clamped to
+    /// 1 ..= [`wire::MAX_TASKS_PER_MESSAGE`]): a full batch leaves at once
+    /// as one `Tasks` message. 1 sends one `Task` message per task (the
+    /// wire before batching).
+    pub coalesce: usize,
+    /// How long a staged task may wait for more to fill its message
+    /// (zero: never; a pass sends what it staged before it returns). Zero
+    /// is the default because the frontend's tasks carry deadlines and
+    /// batching comes free under load anyway: a pass takes every task
+    /// queued since the last one, so the busier the frontend the fuller
+    /// its messages, while an idle one adds no delay. A window trades up
+    /// to its length in latency for fewer messages at moderate load.
+    pub coalesce_wait: Duration,
 }
+
+/// [`FrontendNodeConfig::coalesce`]'s default: 16 tasks (1 KiB of task
+/// records) per message.
+pub const DEFAULT_COALESCE: usize = 16;
 
 /// What the host must act on (log, exit, update its wait set's view).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -330,8 +354,16 @@ struct BackendLink<C> {
 struct SchedLink<C> {
     conn: Option<C>,
     phase: Phase,
-    /// A task the link had no room for, sent first next time.
-    unsent: Option<Task>,
+    /// Tasks taken for this link and not sent yet, oldest first: the
+    /// next message (at most the coalesce limit; allocated once). A send
+    /// queue that had no room for their message keeps them here for the
+    /// next poll.
+    unsent: Vec<Task>,
+    /// When the oldest of `unsent` was staged.
+    staged_at: Instant,
+    /// `unsent` waits for the hold window (not for room in the send
+    /// queue): [`FrontendNode::poll_at`] names the window's end.
+    holding: bool,
     /// A cancellation the link had no room for.
     unsent_cancel: Option<u64>,
     /// With groups: tasks routed to this group, to go out on its link this
@@ -340,11 +372,13 @@ struct SchedLink<C> {
 }
 
 impl<C> SchedLink<C> {
-    fn new(routed: bool) -> Self {
+    fn new(routed: bool, coalesce: usize) -> Self {
         SchedLink {
             conn: None,
             phase: Phase::Unlinked,
-            unsent: None,
+            unsent: Vec::with_capacity(coalesce),
+            staged_at: Instant::ZERO,
+            holding: false,
             unsent_cancel: None,
             out: VecDeque::with_capacity(if routed { BURST } else { 0 }),
         }
@@ -399,6 +433,8 @@ pub struct FrontendNode<C: Connection> {
     now: Instant,
     shut_down: bool,
     buf: Box<[u8]>,
+    /// Builds the `Tasks` messages (its buffer allocated once).
+    batcher: wire::TaskBatcher,
     hb: [u8; 64],
     /// The cluster's join token (its MAC answers the scheduler's challenge).
     token: Option<JoinToken>,
@@ -432,12 +468,14 @@ fn human(d: Duration) -> String {
 
 impl<C: Connection> FrontendNode<C> {
     /// A node over `staging` taking tasks from `tasks`, with no link yet.
-    pub fn new(cfg: FrontendNodeConfig, staging: Arc<Staging>, tasks: TaskSource) -> Self {
+    pub fn new(mut cfg: FrontendNodeConfig, staging: Arc<Staging>, tasks: TaskSource) -> Self {
+        cfg.coalesce = cfg.coalesce.clamp(1, wire::MAX_TASKS_PER_MESSAGE);
         FrontendNode {
+            batcher: wire::TaskBatcher::new(cfg.coalesce),
+            links: vec![SchedLink::new(false, cfg.coalesce)],
             cfg,
             staging,
             tasks,
-            links: vec![SchedLink::new(false)],
             routing: None,
             pending: Vec::new(),
             backends: Vec::new(),
@@ -473,7 +511,7 @@ impl<C: Connection> FrontendNode<C> {
     /// table, tasks wait (bounded by their deadlines).
     pub fn with_groups(mut self, groups: usize) -> Self {
         let groups = groups.clamp(1, usize::from(u16::MAX));
-        self.links = (0..groups).map(|_| SchedLink::new(true)).collect();
+        self.links = (0..groups).map(|_| SchedLink::new(true, self.cfg.coalesce)).collect();
         self.routing = Some(Routing { revision: 0, owners: vec![None; self.cfg.models as usize], repass: false, unsent: None, stale: false });
         self.held = Some(HeldTasks::new(self.staging.capacity()));
         self
@@ -486,7 +524,7 @@ impl<C: Connection> FrontendNode<C> {
         if self.routing.is_none() || self.links.len() >= usize::from(u16::MAX) {
             return None;
         }
-        self.links.push(SchedLink::new(true));
+        self.links.push(SchedLink::new(true, self.cfg.coalesce));
         Some(self.links.len() - 1)
     }
 
@@ -660,6 +698,9 @@ impl<C: Connection> FrontendNode<C> {
                 Phase::Unlinked => {}
                 Phase::Registering { deadline, .. } => consider(deadline),
                 Phase::Registered { live, heard_at } => {
+                    if link.holding {
+                        consider(link.staged_at.saturating_add(self.cfg.coalesce_wait));
+                    }
                     consider(live.next_send());
                     // `Liveness::expired` is strict: the first instant past the timeout.
                     consider(
@@ -715,7 +756,7 @@ impl<C: Connection> FrontendNode<C> {
 
     /// Whether no task is waiting to go out and no request is in flight.
     pub fn drained(&self) -> bool {
-        self.links.iter().all(|l| l.unsent.is_none() && l.out.is_empty())
+        self.links.iter().all(|l| l.unsent.is_empty() && l.out.is_empty())
             && self.routing.as_ref().is_none_or(|r| r.unsent.is_none())
             && !self.has_queued_tasks()
             && self.staging.in_flight() == 0
@@ -758,7 +799,7 @@ impl<C: Connection> FrontendNode<C> {
         let routed_unsent = self.routing.as_mut().and_then(|r| r.unsent.take());
         let mut queued: Vec<Task> = Vec::new();
         for link in &mut self.links {
-            queued.extend(link.unsent.take());
+            queued.extend(link.unsent.drain(..));
             queued.extend(link.out.drain(..));
         }
         queued.extend(routed_unsent);
@@ -776,8 +817,12 @@ impl<C: Connection> FrontendNode<C> {
     fn hold_unlinked(&mut self, now: Instant) -> bool {
         let Some(held) = self.held.as_mut() else { return false };
         let mut work = false;
+        for t in self.links[0].unsent.drain(..) {
+            held.hold(&t, now);
+            work = true;
+        }
         for _ in 0..BURST {
-            let Some(t) = self.links[0].unsent.take().or_else(|| self.tasks.queue.tasks.pop()) else { break };
+            let Some(t) = self.tasks.queue.tasks.pop() else { break };
             held.hold(&t, now);
             work = true;
         }
@@ -890,7 +935,7 @@ impl<C: Connection> FrontendNode<C> {
             // Failover: everything stays in flight for the next scheduler.
             held.link_lost(group);
             let link = &mut self.links[g];
-            for t in link.unsent.take().into_iter().chain(link.out.drain(..)) {
+            for t in link.unsent.drain(..).chain(link.out.drain(..)) {
                 held.hold(&t, now);
             }
             let ready = self.links.iter().any(SchedLink::registered);
@@ -1056,12 +1101,13 @@ impl<C: Connection> FrontendNode<C> {
             links,
             routing,
             buf,
+            batcher,
             hb,
             held,
             sweep_at,
             ..
         } = self;
-        let SchedLink { conn, phase, unsent, unsent_cancel, out } = &mut links[g];
+        let SchedLink { conn, phase, unsent, staged_at, holding, unsent_cancel, out } = &mut links[g];
         let (Some(conn), Phase::Registered { live, heard_at }) = (conn.as_mut(), phase) else {
             return false;
         };
@@ -1070,56 +1116,100 @@ impl<C: Connection> FrontendNode<C> {
         let mut work = false;
         let mut lost: Option<String> = None;
 
-        // Tasks to the scheduler, in order; a full send queue keeps the
-        // task for the next poll. Tasks and cancellations are staged
-        // (`send_batched`) and leave together in one write per pass, not
-        // one system call per task. With groups, the tasks come routed
-        // (`dispatch`).
+        // Tasks to the scheduler, in order, staged in `unsent` and sent
+        // `cfg.coalesce` to a message; a full send queue keeps the staged
+        // tasks for the next poll. Messages and cancellations are staged
+        // on the link (`send_batched`) and leave together in one write per
+        // pass, not one system call per task. With groups, the tasks come
+        // routed (`dispatch`).
+        let mut blocked = false;
+        let mut send = |unsent: &mut Vec<Task>, conn: &mut C, held: &mut Option<HeldTasks>, work: &mut bool| {
+            let (sent, n) = (send_staged(conn, unsent.as_slice(), batcher, buf), unsent.len());
+            match &sent {
+                Sent::Tasks(n) => {
+                    *work = true;
+                    stats.tasks_sent.fetch_add(*n, Ordering::Relaxed);
+                    if let Some(h) = held.as_mut() {
+                        for task in unsent.iter() {
+                            h.sent(task, now, group, revision);
+                        }
+                    }
+                }
+                Sent::Unencodable => {
+                    *work = true;
+                    for task in unsent.iter() {
+                        staging.route(task.task_id, RoutedOutcome::Failed(TaskStatus::ExecFailed));
+                    }
+                }
+                Sent::QueueFull => return Ok(false),
+                Sent::Failed(_) => {
+                    for task in unsent.iter() {
+                        match held.as_mut() {
+                            Some(h) => h.hold(task, now),
+                            None => {
+                                staging.route(task.task_id, RoutedOutcome::Dropped(DropReason::Shutdown));
+                            }
+                        }
+                    }
+                }
+            }
+            unsent.clear();
+            match sent {
+                Sent::Failed(e) if n == 1 => Err(format!("sending a task: {e}")),
+                Sent::Failed(e) => Err(format!("sending {n} tasks: {e}")),
+                _ => Ok(true),
+            }
+        };
         for _ in 0..BURST {
+            if unsent.len() >= cfg.coalesce {
+                match send(unsent, conn, held, &mut work) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        blocked = true;
+                        break;
+                    }
+                    Err(e) => {
+                        lost = Some(e);
+                        break;
+                    }
+                }
+            }
             let next = match routing {
-                Some(_) => unsent.take().or_else(|| out.pop_front()),
-                None => unsent
-                    .take()
-                    .or_else(|| held.as_mut().and_then(|h| h.next_resubmit(now, staging, 0, |_, _| Some(0))).map(|(t, _)| t))
+                Some(_) => out.pop_front(),
+                None => held
+                    .as_mut()
+                    .and_then(|h| h.next_resubmit(now, staging, 0, |_, _| Some(0)))
+                    .map(|(t, _)| t)
                     .or_else(|| tasks.queue.tasks.pop()),
             };
             let Some(task) = next else { break };
-            let n = match wire::encode(buf, &task) {
-                Ok(n) => n,
-                Err(_) => {
-                    staging.route(task.task_id, RoutedOutcome::Failed(TaskStatus::ExecFailed));
-                    continue;
+            if unsent.is_empty() {
+                *staged_at = now;
+            }
+            unsent.push(task);
+        }
+        // The last message of the pass: a part batch leaves now, unless a
+        // hold window is configured and its oldest task is still within it
+        // (a drain does not wait).
+        *holding = false;
+        if lost.is_none() && !blocked && !unsent.is_empty() {
+            let due = unsent.len() >= cfg.coalesce
+                || now >= staged_at.saturating_add(cfg.coalesce_wait)
+                || tasks.queue.state.load(Ordering::Acquire) != SINK_OPEN;
+            if due {
+                match send(unsent, conn, held, &mut work) {
+                    Ok(_) => {}
+                    Err(e) => lost = Some(e),
                 }
-            };
-            match conn.send_batched(&buf[..n]) {
-                Ok(()) => {
-                    work = true;
-                    stats.tasks_sent.fetch_add(1, Ordering::Relaxed);
-                    if let Some(h) = held.as_mut() {
-                        h.sent(&task, now, group, revision);
-                    }
-                }
-                Err(TransportError::QueueFull) => {
-                    *unsent = Some(task);
-                    break;
-                }
-                Err(e) => {
-                    match held.as_mut() {
-                        Some(h) => h.hold(&task, now),
-                        None => {
-                            staging.route(task.task_id, RoutedOutcome::Dropped(DropReason::Shutdown));
-                        }
-                    }
-                    lost = Some(format!("sending a task: {e}"));
-                    break;
-                }
+            } else {
+                *holding = true;
             }
         }
 
         // Cancellations, after every task queued before them (a cancel
         // that overtook its task would be ignored and the task would run).
         // With groups they go to their task's group (`send_cancels_routed`).
-        if lost.is_none() && unsent.is_none() && routing.is_none() {
+        if lost.is_none() && unsent.is_empty() && routing.is_none() {
             for _ in 0..BURST {
                 let Some(task_id) = unsent_cancel.take().or_else(|| tasks.queue.cancels.pop()) else {
                     break;
@@ -1325,6 +1415,50 @@ enum DataLinkError {
     Transport(#[from] TransportError),
 }
 
+/// What became of a link's staged tasks ([`send_staged`]).
+enum Sent {
+    /// They left in one message (this many tasks).
+    Tasks(u64),
+    /// The send queue had no room: they stay staged, nothing was sent.
+    QueueFull,
+    /// They cannot be encoded (never for a well-formed task).
+    Unencodable,
+    /// The link failed.
+    Failed(TransportError),
+}
+
+/// Sends `staged` (at least one task) as one message: a lone task as a
+/// `Task`, several as a `Tasks` batch built in `batcher`'s buffer. Leaves
+/// `staged` as it was: the caller clears it unless the queue was full, so
+/// that each task leaves once, in one message, and in order.
+fn send_staged<C: Connection>(conn: &mut C, staged: &[Task], batcher: &mut wire::TaskBatcher, buf: &mut [u8]) -> Sent {
+    let msg = match staged {
+        [task] => match wire::encode(buf, task) {
+            Ok(n) => &buf[..n],
+            Err(_) => return Sent::Unencodable,
+        },
+        _ => {
+            for task in staged {
+                if batcher.push(task).is_err() {
+                    // More staged than the batcher holds: a caller bug;
+                    // nothing goes out half.
+                    let _ = batcher.take();
+                    return Sent::Unencodable;
+                }
+            }
+            match batcher.take() {
+                Some(msg) => msg,
+                None => return Sent::Unencodable,
+            }
+        }
+    };
+    match conn.send_batched(msg) {
+        Ok(()) => Sent::Tasks(staged.len() as u64),
+        Err(TransportError::QueueFull) => Sent::QueueFull,
+        Err(e) => Sent::Failed(e),
+    }
+}
+
 /// Receives what a backend has sent (at most a burst); `Ok(found work)`,
 /// `Err` if the link is dead or the backend sent garbage (it is then let
 /// go).
@@ -1383,7 +1517,10 @@ mod tests {
     trait PeerExt {
         fn put<M: wire::FixedMessage>(&mut self, m: &M);
         fn put_completion(&mut self, task_id: u64, out: &[u8]);
+        /// Every task received, in order (from `Task` and `Tasks`).
         fn tasks(&mut self) -> Vec<Task>;
+        /// The tasks of each task message received.
+        fn task_messages(&mut self) -> Vec<Vec<Task>>;
         fn heartbeats(&mut self) -> usize;
     }
 
@@ -1402,10 +1539,14 @@ mod tests {
                 .unwrap();
         }
         fn tasks(&mut self) -> Vec<Task> {
+            self.task_messages().into_iter().flatten().collect()
+        }
+        fn task_messages(&mut self) -> Vec<Vec<Task>> {
             self.take_all()
                 .iter()
                 .filter_map(|m| match wire::decode(m) {
-                    Ok(Message::Task(t)) => Some(t),
+                    Ok(Message::Task(t)) => Some(vec![t]),
+                    Ok(Message::Tasks(list)) => Some(list.iter().collect()),
                     _ => None,
                 })
                 .collect()
@@ -1451,6 +1592,12 @@ mod tests {
     }
 
     fn frontend() -> Frontend {
+        frontend_coalescing(DEFAULT_COALESCE, Duration::ZERO)
+    }
+
+    /// A frontend sending up to `coalesce` tasks per message, holding a
+    /// part batch up to `wait`.
+    fn frontend_coalescing(coalesce: usize, wait: Duration) -> Frontend {
         let specs = scheduler::zoo::cluster_models(
             "a100",
             "none",
@@ -1482,6 +1629,8 @@ mod tests {
                 heartbeat: ms(100),
                 dead_after: ms(1000),
                 handshake_timeout: ms(5000),
+                coalesce,
+                coalesce_wait: wait,
             },
             staging.clone(),
             tasks,
@@ -1524,6 +1673,21 @@ mod tests {
             assert!(sched.take_join().is_some());
             sched.put(&welcome(2));
             assert!(self.poll(now));
+            assert_eq!(self.events(), [FrontendEvent::Registered { group: 0, models: 2 }]);
+            sched.take_all();
+            sched
+        }
+        /// [`registered`](Self::registered) on a link whose send queue
+        /// holds `capacity` unread messages.
+        fn registered_with_capacity(&mut self, capacity: usize) -> SimPeer {
+            let (mut ours, mut sched) = self.link(SCHEDULER);
+            ours.set_send_capacity(Some(capacity));
+            self.node.handle_scheduler_link(T0, ours);
+            sched.challenge(NONCE).unwrap();
+            assert!(self.poll(T0));
+            assert!(sched.take_join().is_some());
+            sched.put(&welcome(2));
+            assert!(self.poll(T0));
             assert_eq!(self.events(), [FrontendEvent::Registered { group: 0, models: 2 }]);
             sched.take_all();
             sched
@@ -1669,6 +1833,70 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(!f.node.is_registered() && !f.service.ready());
+    }
+
+    #[test]
+    fn queued_tasks_leave_as_one_tasks_message_and_a_lone_task_as_a_task() {
+        let mut f = frontend();
+        let mut sched = f.registered();
+        let ids: Vec<u64> = (0..3).map(|_| f.submit().unwrap().task_id()).collect();
+        assert!(f.poll(T0));
+        let raw: Vec<Vec<u8>> =
+            sched.take_all().into_iter().filter(|m| !matches!(wire::decode(m), Ok(Message::Heartbeat(_)))).collect();
+        assert_eq!(raw.len(), 1, "one message for the pass");
+        match wire::decode(&raw[0]) {
+            Ok(Message::Tasks(list)) => assert_eq!(list.iter().map(|t| t.task_id).collect::<Vec<_>>(), ids),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(f.node.stats().tasks_sent.load(Ordering::Relaxed), 3);
+        let id = f.submit().unwrap().task_id();
+        assert!(f.poll(T0));
+        let raw = sched.take_all();
+        assert!(matches!(wire::decode(&raw[0]), Ok(Message::Task(t)) if t.task_id == id), "a lone task is a Task");
+        assert!(!f.poll(T0), "nothing staged");
+    }
+
+    #[test]
+    fn a_batch_the_send_queue_has_no_room_for_stays_staged_and_leaves_once_in_order() {
+        let mut f = frontend_coalescing(2, Duration::ZERO);
+        let mut sched = f.registered_with_capacity(1);
+        let ids: Vec<u64> = (0..4).map(|_| f.submit().unwrap().task_id()).collect();
+        assert!(f.poll(T0));
+        assert_eq!(f.node.stats().tasks_sent.load(Ordering::Relaxed), 2);
+        // Still no room: nothing leaves, nothing is lost.
+        f.poll(T0);
+        assert_eq!(f.node.poll_at(), Some(T0 + ms(100)), "a full queue sets no timer (the heartbeat's)");
+        assert_eq!(ids_of(&sched.task_messages()), [ids[..2].to_vec()]);
+        assert!(f.poll(T0));
+        assert_eq!(ids_of(&sched.task_messages()), [ids[2..].to_vec()]);
+        assert_eq!(f.node.stats().tasks_sent.load(Ordering::Relaxed), 4);
+        assert!(!f.poll(T0));
+        assert!(sched.tasks().is_empty(), "each task once");
+    }
+
+    fn ids_of(msgs: &[Vec<Task>]) -> Vec<Vec<u64>> {
+        msgs.iter().map(|m| m.iter().map(|t| t.task_id).collect()).collect()
+    }
+
+    #[test]
+    fn with_a_hold_window_a_part_batch_waits_for_it_and_a_full_one_does_not() {
+        let wait = Duration::from_micros(50);
+        let mut f = frontend_coalescing(3, wait);
+        let mut sched = f.registered();
+        let a = f.submit().unwrap().task_id();
+        f.poll(T0);
+        assert!(sched.tasks().is_empty(), "held for the window");
+        assert_eq!(f.node.poll_at(), Some(T0 + wait));
+        let b = f.submit().unwrap().task_id();
+        f.poll(T0 + Duration::from_micros(20));
+        assert!(sched.tasks().is_empty(), "the window counts from the oldest");
+        assert_eq!(f.node.poll_at(), Some(T0 + wait));
+        assert!(f.poll(T0 + wait));
+        assert_eq!(ids_of(&sched.task_messages()), [vec![a, b]]);
+        assert_eq!(f.node.poll_at(), Some(T0 + ms(100)), "no window without staged tasks");
+        let ids: Vec<u64> = (0..3).map(|_| f.submit().unwrap().task_id()).collect();
+        assert!(f.poll(T0 + wait));
+        assert_eq!(sched.tasks().iter().map(|t| t.task_id).collect::<Vec<_>>(), ids, "a full batch leaves at once");
     }
 
     #[test]

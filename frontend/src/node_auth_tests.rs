@@ -41,6 +41,8 @@ fn frontend(token: Option<JoinToken>) -> FrontendNode<SimConn> {
             heartbeat: ms(100),
             dead_after: ms(1000),
             handshake_timeout: ms(1000),
+            coalesce: crate::node::DEFAULT_COALESCE,
+            coalesce_wait: Duration::ZERO,
         },
         staging,
         tasks,

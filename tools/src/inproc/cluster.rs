@@ -662,6 +662,8 @@ impl NodeCluster {
                 heartbeat: self.spec.heartbeat,
                 dead_after: self.spec.dead_after,
                 handshake_timeout: self.spec.handshake,
+                coalesce: frontend::node::DEFAULT_COALESCE,
+                coalesce_wait: Duration::ZERO,
             },
             staging,
             source,
