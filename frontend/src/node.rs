@@ -1842,7 +1842,8 @@ mod tests {
     fn queued_tasks_leave_as_one_tasks_message_and_a_lone_task_as_a_task() {
         let mut f = frontend();
         let mut sched = f.registered();
-        let ids: Vec<u64> = (0..3).map(|_| f.submit().unwrap().task_id()).collect();
+        let tickets: Vec<Ticket> = (0..3).map(|_| f.submit().unwrap()).collect();
+        let ids: Vec<u64> = tickets.iter().map(Ticket::task_id).collect();
         assert!(f.poll(T0));
         let raw: Vec<Vec<u8>> =
             sched.take_all().into_iter().filter(|m| !matches!(wire::decode(m), Ok(Message::Heartbeat(_)))).collect();
@@ -1852,7 +1853,8 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(f.node.stats().tasks_sent.load(Ordering::Relaxed), 3);
-        let id = f.submit().unwrap().task_id();
+        let lone = f.submit().unwrap();
+        let id = lone.task_id();
         assert!(f.poll(T0));
         let raw = sched.take_all();
         assert!(matches!(wire::decode(&raw[0]), Ok(Message::Task(t)) if t.task_id == id), "a lone task is a Task");
@@ -1863,7 +1865,8 @@ mod tests {
     fn a_batch_the_send_queue_has_no_room_for_stays_staged_and_leaves_once_in_order() {
         let mut f = frontend_coalescing(2, Duration::ZERO);
         let mut sched = f.registered_with_capacity(1);
-        let ids: Vec<u64> = (0..4).map(|_| f.submit().unwrap().task_id()).collect();
+        let tickets: Vec<Ticket> = (0..4).map(|_| f.submit().unwrap()).collect();
+        let ids: Vec<u64> = tickets.iter().map(Ticket::task_id).collect();
         assert!(f.poll(T0));
         assert_eq!(f.node.stats().tasks_sent.load(Ordering::Relaxed), 2);
         // Still no room: nothing leaves, nothing is lost.
@@ -1886,18 +1889,21 @@ mod tests {
         let wait = Duration::from_micros(50);
         let mut f = frontend_coalescing(3, wait);
         let mut sched = f.registered();
-        let a = f.submit().unwrap().task_id();
+        let ta = f.submit().unwrap();
+        let a = ta.task_id();
         f.poll(T0);
         assert!(sched.tasks().is_empty(), "held for the window");
         assert_eq!(f.node.poll_at(), Some(T0 + wait));
-        let b = f.submit().unwrap().task_id();
+        let tb = f.submit().unwrap();
+        let b = tb.task_id();
         f.poll(T0 + Duration::from_micros(20));
         assert!(sched.tasks().is_empty(), "the window counts from the oldest");
         assert_eq!(f.node.poll_at(), Some(T0 + wait));
         assert!(f.poll(T0 + wait));
         assert_eq!(ids_of(&sched.task_messages()), [vec![a, b]]);
         assert_eq!(f.node.poll_at(), Some(T0 + ms(100)), "no window without staged tasks");
-        let ids: Vec<u64> = (0..3).map(|_| f.submit().unwrap().task_id()).collect();
+        let tickets: Vec<Ticket> = (0..3).map(|_| f.submit().unwrap()).collect();
+        let ids: Vec<u64> = tickets.iter().map(Ticket::task_id).collect();
         assert!(f.poll(T0 + wait));
         assert_eq!(sched.tasks().iter().map(|t| t.task_id).collect::<Vec<_>>(), ids, "a full batch leaves at once");
     }

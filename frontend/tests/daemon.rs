@@ -498,6 +498,7 @@ fn bad_configurations_are_clear_errors_with_non_zero_exit() {
             "expected NAME=ALPHA_MS",
         ),
         (vec!["--scheduler", "x", "--slots", "0"], "--slots: 0: must be"),
+        (vec!["--scheduler", "x", "--coalesce", "0"], "--coalesce: 0: must be"),
         (vec!["--scheduler", "x", "--zoo", "h100"], "unknown zoo"),
         (vec!["--scheduler", "x", "--etcd", "127.0.0.1:1"], "give one of the two"),
         (vec!["--etcd", "127.0.0.1:1", "--routes-poll-ms", "0"], "must be positive"),
