@@ -802,7 +802,7 @@ impl<C: Connection> FrontendNode<C> {
         let routed_unsent = self.routing.as_mut().and_then(|r| r.unsent.take());
         let mut queued: Vec<Task> = Vec::new();
         for link in &mut self.links {
-            queued.extend(link.unsent.drain(..));
+            queued.append(&mut link.unsent);
             queued.extend(link.out.drain(..));
         }
         queued.extend(routed_unsent);
