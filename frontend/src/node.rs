@@ -2130,6 +2130,30 @@ mod tests {
     }
 
     #[test]
+    fn with_groups_each_group_gets_one_batch_and_a_task_of_a_batch_answered_moved_is_resubmitted_alone() {
+        let mut f = grouped();
+        assert!(f.node.handle_routes(1, &[Some(0), Some(1)]));
+        let mut a = f.registered_group(T0, 0);
+        let mut b = f.registered_group(T0, 1);
+        let mut t = [f.submit_model(0), f.submit_model(1), f.submit_model(0), f.submit_model(1)];
+        f.poll(T0);
+        let ids = |x: &[usize], t: &[Ticket]| vec![x.iter().map(|&i| t[i].task_id()).collect::<Vec<_>>()];
+        assert_eq!(ids_of(&a.task_messages()), ids(&[0, 2], &t), "one batch per group, in order");
+        assert_eq!(ids_of(&b.task_messages()), ids(&[1, 3], &t));
+        // Model 0 moves to group 1; group 0 hands back one task of its batch.
+        let at = T0 + ms(10);
+        assert!(f.node.handle_routes(2, &[Some(1), Some(1)]));
+        a.put(&moved(t[2].task_id()));
+        f.poll(at);
+        f.poll(at);
+        assert!(poll_now(&mut t[2]).is_pending(), "taken back, not ended");
+        assert_eq!(ids_of(&b.task_messages()), ids(&[2], &t), "only the task handed back");
+        assert!(a.tasks().is_empty());
+        assert_eq!(f.node.stats().moved_taken_back.load(Ordering::Relaxed), 1);
+        assert_eq!(f.node.stats().tasks_sent.load(Ordering::Relaxed), 5);
+    }
+
+    #[test]
     fn with_groups_a_task_refused_by_the_owner_its_table_names_waits_for_a_change_or_its_retry_then_its_deadline() {
         let mut f = grouped();
         f.node.handle_routes(1, &[Some(0), Some(1)]);
