@@ -78,6 +78,9 @@ pub struct FrontendStats {
     pub ready: Arc<AtomicBool>,
     /// Tasks sent to the scheduler.
     pub tasks_sent: AtomicU64,
+    /// Messages that carried them (`Task` or `Tasks`): `tasks_sent` over
+    /// this is the batching the wire achieved.
+    pub task_messages_sent: AtomicU64,
     /// Requests failed because the task queue was full.
     pub queue_full: AtomicU64,
     /// Backend data links open (registered).
@@ -114,12 +117,15 @@ impl FrontendStats {
                 s.backends.load(Ordering::Relaxed)
             }),
         ];
-        let counters: [(&str, &str, Read); 5] = [
+        let counters: [(&str, &str, Read); 6] = [
             ("symphony_frontend_moved_resubmits", "Tasks a scheduler group answered moved, taken back for the model's owner", |s| {
                 s.moved_taken_back.load(Ordering::Relaxed)
             }),
             ("symphony_frontend_tasks_sent", "Tasks sent to the scheduler", |s| {
                 s.tasks_sent.load(Ordering::Relaxed)
+            }),
+            ("symphony_frontend_task_messages_sent", "Messages that carried tasks to the scheduler (Task or Tasks batches)", |s| {
+                s.task_messages_sent.load(Ordering::Relaxed)
             }),
             ("symphony_frontend_queue_full", "Requests failed because the queue to the scheduler was full", |s| {
                 s.queue_full.load(Ordering::Relaxed)
@@ -1132,6 +1138,7 @@ impl<C: Connection> FrontendNode<C> {
                 Sent::Tasks(n) => {
                     *work = true;
                     stats.tasks_sent.fetch_add(*n, Ordering::Relaxed);
+                    stats.task_messages_sent.fetch_add(1, Ordering::Relaxed);
                     if let Some(h) = held.as_mut() {
                         for task in unsent.iter() {
                             h.sent(task, now, group, revision);
@@ -1853,6 +1860,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(f.node.stats().tasks_sent.load(Ordering::Relaxed), 3);
+        assert_eq!(f.node.stats().task_messages_sent.load(Ordering::Relaxed), 1);
         let lone = f.submit().unwrap();
         let id = lone.task_id();
         assert!(f.poll(T0));
@@ -1876,6 +1884,7 @@ mod tests {
         assert!(f.poll(T0));
         assert_eq!(ids_of(&sched.task_messages()), [ids[2..].to_vec()]);
         assert_eq!(f.node.stats().tasks_sent.load(Ordering::Relaxed), 4);
+        assert_eq!(f.node.stats().task_messages_sent.load(Ordering::Relaxed), 2, "a refused message is not counted");
         assert!(!f.poll(T0));
         assert!(sched.tasks().is_empty(), "each task once");
     }

@@ -330,6 +330,7 @@ fn round_trip<D: Domain>(domain: D, kind: TransportKind) {
         assert_eq!(m("symphony_frontend_ready"), 1.0);
         assert_eq!(m("symphony_frontend_backends"), 1.0);
         assert_eq!(m("symphony_frontend_tasks_sent_total"), 2.0);
+        assert_eq!(m("symphony_frontend_task_messages_sent_total"), 2.0, "one request at a time: a Task each");
     }
 
     // The fake scheduler's heartbeats were never needed (--dead-after-ms
