@@ -56,7 +56,10 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SYMP");
 /// ends with how long each of its GPUs stays busy ([`GpuBusy`]) with the
 /// batches it already holds. Version 6: a [`Dropped`] may carry
 /// [`DropReason::Moved`] (code 10; several scheduler groups, issue 19).
-pub const VERSION: u16 = 6;
+/// Version 7: a [`Task`]'s flags carry its submission attempt in bits
+/// 16-31 ([`TASK_ATTEMPT_SHIFT`]), and a moved [`Dropped`] names the
+/// attempt it hands back in the word that was reserved.
+pub const VERSION: u16 = 7;
 /// Oldest peer version a scheduler of this version accepts. Upgrades are
 /// stop-the-world (`docs/operations.md`): only its own version.
 pub const OLDEST_PEER_VERSION: u16 = VERSION;
@@ -616,6 +619,28 @@ pub struct Task {
 /// the timeout into the budget: one deadline crosses the wire.
 pub const TASK_BUDGET_IS_TIMEOUT: u32 = 1;
 
+/// [`Task::flags`] bits 16-31: the submission attempt (0 the first time; a
+/// frontend counts one more each time it sends a task again after a
+/// `moved` answer or a lost link). A scheduler that handed attempt `a` of a
+/// task back as moved ignores a later copy of attempt `a` (a duplicated
+/// message), not attempt `a + 1`; it names the attempt in
+/// [`Dropped::reserved`] so the frontend ignores a stale answer.
+pub const TASK_ATTEMPT_SHIFT: u32 = 16;
+const TASK_ATTEMPT_MASK: u32 = 0xffff << TASK_ATTEMPT_SHIFT;
+
+impl Task {
+    /// The submission attempt (see [`TASK_ATTEMPT_SHIFT`]).
+    pub const fn attempt(&self) -> u16 {
+        (self.flags >> TASK_ATTEMPT_SHIFT) as u16
+    }
+
+    /// The same task as submission attempt `attempt`.
+    pub const fn with_attempt(mut self, attempt: u16) -> Task {
+        self.flags = (self.flags & 0xffff) | (attempt as u32) << TASK_ATTEMPT_SHIFT;
+        self
+    }
+}
+
 /// A client gave a task up (frontend -> scheduler): remove it from its
 /// model's queue and answer it as [`DropReason::Cancelled`]; a task already
 /// planned onto a GPU is left alone (its result is discarded).
@@ -849,7 +874,8 @@ pub struct Dropped {
     pub task_id: u64,
     /// [`DropReason`] code.
     pub reason: u32,
-    /// Zero.
+    /// For [`DropReason::Moved`]: the submission attempt handed back
+    /// ([`Task::attempt`]); otherwise zero.
     pub reserved: u32,
 }
 
@@ -1429,7 +1455,7 @@ pub fn decode(buf: &[u8]) -> Result<Message<'_>, WireError> {
         }
         Kind::Task => {
             let t: Task = read_fixed(body)?;
-            if t.flags & !TASK_BUDGET_IS_TIMEOUT != 0 {
+            if t.flags & !(TASK_BUDGET_IS_TIMEOUT | TASK_ATTEMPT_MASK) != 0 {
                 return Err(WireError::BadValue("task flags"));
             }
             Message::Task(t)
@@ -1486,8 +1512,10 @@ pub fn decode(buf: &[u8]) -> Result<Message<'_>, WireError> {
         }
         Kind::Dropped => {
             let m: Dropped = read_fixed(body)?;
-            DropReason::from_u32(m.reason).ok_or(WireError::BadValue("drop reason"))?;
-            if m.reserved != 0 {
+            let reason = DropReason::from_u32(m.reason).ok_or(WireError::BadValue("drop reason"))?;
+            // A moved answer names the attempt it hands back (16 bits).
+            let bound = if reason == DropReason::Moved { u32::from(u16::MAX) } else { 0 };
+            if m.reserved > bound {
                 return Err(WireError::ReservedNotZero);
             }
             Message::Dropped(m)
@@ -1817,9 +1845,21 @@ mod tests {
     #[test]
     fn tasks_carry_priority_and_the_timeout_flag_and_cancels_round_trip() {
         let mut buf = [0u8; 128];
+        // Only a moved answer names an attempt.
+        let moved = Dropped { task_id: 7, reason: DropReason::Moved.code(), reserved: 3 };
+        let n = encode(&mut buf, &moved).unwrap();
+        assert_eq!(decode(&buf[..n]), Ok(Message::Dropped(moved)));
+        let bad = Dropped { reason: DropReason::Overloaded.code(), ..moved };
+        let n = encode(&mut buf, &bad).unwrap();
+        assert_eq!(decode(&buf[..n]), Err(WireError::ReservedNotZero));
         let t = Task { task_id: 7, budget_ns: 9, model_id: 1, frontend_id: 0, priority: 2, flags: TASK_BUDGET_IS_TIMEOUT, ..Task::default() };
         let n = encode(&mut buf, &t).unwrap();
         assert_eq!(decode(&buf[..n]), Ok(Message::Task(t)));
+        // The attempt rides in the flags' upper half, beside the timeout flag.
+        let again = t.with_attempt(3);
+        assert_eq!((again.attempt(), again.flags & TASK_BUDGET_IS_TIMEOUT), (3, TASK_BUDGET_IS_TIMEOUT));
+        let n = encode(&mut buf, &again).unwrap();
+        assert_eq!(decode(&buf[..n]), Ok(Message::Task(again)));
         let bad = Task { flags: 2, ..t };
         let n = encode(&mut buf, &bad).unwrap();
         assert_eq!(decode(&buf[..n]), Err(WireError::BadValue("task flags")));

@@ -67,6 +67,18 @@ struct HeldTask {
     wait: Wait,
 }
 
+/// What a `moved` answer was to the held table ([`HeldTasks::moved`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MovedAnswer {
+    /// Taken back for its owner; the routing revision it was sent by.
+    TakenBack(u64),
+    /// An answer to an earlier attempt than the one at a group now (a
+    /// duplicated or late message): ignored.
+    Stale,
+    /// No such task is held: its outcome goes to the staging area as is.
+    Unknown,
+}
+
 /// The held tasks (see the module docs).
 pub struct HeldTasks {
     table: Box<[HeldTask]>,
@@ -122,17 +134,19 @@ impl HeldTasks {
         }
     }
 
-    /// `task_id` was answered `moved` at `now`: it waits (see the module
-    /// docs), retried from `now + retry` at the latest. Returns the
-    /// routing revision it was sent by; `None` if no such task is held (its
-    /// outcome then goes to the staging area as is).
-    pub fn moved(&mut self, task_id: u64, now: Instant, retry: Duration) -> Option<u64> {
-        let e = self.table.get_mut(TaskId(task_id).slot() as usize)?;
-        if !e.used || e.task.task_id != task_id || e.wait != Wait::Sent {
-            return None;
+    /// Attempt `attempt` of `task_id` was answered `moved` at `now`: it
+    /// waits (see the module docs), retried from `now + retry` at the
+    /// latest, as its next attempt.
+    pub fn moved(&mut self, task_id: u64, attempt: u16, now: Instant, retry: Duration) -> MovedAnswer {
+        let Some(e) = self.table.get_mut(TaskId(task_id).slot() as usize) else { return MovedAnswer::Unknown };
+        if !e.used || e.task.task_id != task_id {
+            return MovedAnswer::Unknown;
+        }
+        if e.wait != Wait::Sent || e.task.attempt() != attempt {
+            return MovedAnswer::Stale;
         }
         e.wait = Wait::Moved { rev: e.rev, retry_at: now.saturating_add(retry) };
-        Some(e.rev)
+        MovedAnswer::TakenBack(e.rev)
     }
 
     /// The group `task_id` was sent to, if it is at one.
@@ -187,6 +201,10 @@ impl HeldTasks {
             let pinned = (e.wait == Wait::Lost).then_some(e.group);
             if let Some(task) = settle(e, now, staging) {
                 if let Some(g) = route(model, pinned) {
+                    // Sent before (not only held): its next submission.
+                    let resent = matches!(e.wait, Wait::Lost | Wait::Moved { .. });
+                    let task = if resent { task.with_attempt(task.attempt().wrapping_add(1)) } else { task };
+                    e.task = e.task.with_attempt(task.attempt());
                     e.wait = Wait::Sent;
                     e.group = g;
                     e.pinned = pinned.is_some();

@@ -37,7 +37,7 @@
 //! before it returns unless a hold window is configured
 //! ([`FrontendNodeConfig::coalesce_wait`]).
 
-use crate::held::HeldTasks;
+use crate::held::{HeldTasks, MovedAnswer};
 use crate::service::{SinkError, TaskSink};
 use crate::staging::{RoutedOutcome, Staging, Ticket};
 use crossbeam_queue::ArrayQueue;
@@ -1265,8 +1265,14 @@ impl<C: Connection> FrontendNode<C> {
                         *heard_at = now;
                         match wire::decode(&buf[..n]) {
                             Ok(Message::Dropped(d)) if d.reason == DropReason::Moved as u32 && routing.is_some() => {
-                                match (routing.as_mut(), held.as_mut().and_then(|h| h.moved(d.task_id, now, MOVED_RETRY))) {
-                                    (Some(r), Some(sent_by)) => {
+                                let attempt = u16::try_from(d.reserved).unwrap_or(u16::MAX);
+                                let answer = held.as_mut().map_or(MovedAnswer::Unknown, |h| h.moved(d.task_id, attempt, now, MOVED_RETRY));
+                                match (routing.as_mut(), answer) {
+                                    // An answer to an attempt already
+                                    // superseded (a copy, or late): the
+                                    // task is elsewhere now.
+                                    (_, MovedAnswer::Stale) => {}
+                                    (Some(r), MovedAnswer::TakenBack(sent_by)) => {
                                         stats.moved_taken_back.fetch_add(1, Ordering::Relaxed);
                                         r.repass = true;
                                         r.stale |= sent_by >= r.revision;
@@ -2099,8 +2105,9 @@ mod tests {
         f
     }
 
-    fn moved(task_id: u64) -> wire::Dropped {
-        wire::Dropped { task_id, reason: DropReason::Moved as u32, reserved: 0 }
+    /// A group's `moved` answer to submission `attempt` of `task_id`.
+    fn moved(task_id: u64, attempt: u16) -> wire::Dropped {
+        wire::Dropped { task_id, reason: DropReason::Moved as u32, reserved: u32::from(attempt) }
     }
 
     #[test]
@@ -2117,7 +2124,7 @@ mod tests {
         // Model 0 moves to group 1; group 0 hands its task back.
         let at = T0 + ms(10);
         assert!(f.node.handle_routes(2, &[Some(1), Some(1)]));
-        a.put(&moved(t0.task_id()));
+        a.put(&moved(t0.task_id(), 0));
         f.poll(at);
         f.poll(at);
         assert!(poll_now(&mut t0).is_pending(), "taken back, not ended");
@@ -2152,7 +2159,7 @@ mod tests {
         // Model 0 moves to group 1; group 0 hands back one task of its batch.
         let at = T0 + ms(10);
         assert!(f.node.handle_routes(2, &[Some(1), Some(1)]));
-        a.put(&moved(t[2].task_id()));
+        a.put(&moved(t[2].task_id(), 0));
         f.poll(at);
         f.poll(at);
         assert!(poll_now(&mut t[2]).is_pending(), "taken back, not ended");
@@ -2173,7 +2180,7 @@ mod tests {
         assert_eq!(a.tasks().len(), 1);
         // Group 0 says moved, but the frontend's table (revision 1) still
         // names it: nothing goes out before the retry time...
-        a.put(&moved(t0.task_id()));
+        a.put(&moved(t0.task_id(), 0));
         f.poll(T0);
         assert!(f.node.take_stale_table(), "the host may read the table now");
         assert!(!f.node.take_stale_table(), "once");
@@ -2186,7 +2193,7 @@ mod tests {
         f.poll(retry);
         assert_eq!(a.tasks().iter().map(|t| t.task_id).collect::<Vec<_>>(), [t0.task_id()]);
         // Refused again; a new table sends it to group 1 at once.
-        a.put(&moved(t0.task_id()));
+        a.put(&moved(t0.task_id(), 1));
         f.poll(retry);
         assert!(f.node.handle_routes(2, &[Some(1), Some(1)]));
         f.poll(retry);
@@ -2205,7 +2212,7 @@ mod tests {
             for t in b.tasks() {
                 assert_eq!(t.task_id, t1.task_id());
                 offers += 1;
-                b.put(&moved(t.task_id));
+                b.put(&moved(t.task_id, t.attempt()));
             }
             at += ms(5);
         }
@@ -2296,10 +2303,16 @@ mod tests {
         let at = T0 + ms(30);
         let mut a = f.registered_group(at, 0);
         f.poll(at);
-        assert_eq!(a.tasks().iter().map(|x| x.task_id).collect::<Vec<_>>(), [t.task_id()], "back to its group");
+        let resent = a.tasks();
+        assert_eq!(resent.iter().map(|x| (x.task_id, x.attempt())).collect::<Vec<_>>(), [(t.task_id(), 1)], "back to its group, as its next attempt");
+        // A copy of an answer to the first attempt is stale: ignored.
+        a.put(&moved(t.task_id(), 0));
+        f.poll(at);
+        f.poll(at);
+        assert!(b.tasks().is_empty() && poll_now(&mut t).is_pending());
         // Group 0's next scheduler does not own model 0 any more: its
         // `moved` sends the task to group 1.
-        a.put(&moved(t.task_id()));
+        a.put(&moved(t.task_id(), 1));
         f.poll(at);
         f.poll(at);
         assert!(!f.node.take_stale_table(), "its table names another group: not stale");

@@ -16,11 +16,22 @@ pub struct GoodputSearch {
     pub initial_rps: f64,
     /// At most this many simulations.
     pub max_runs: u32,
+    /// Each probe measures at least this many requests of every model (by
+    /// the offered rate and the popularity): a low rate runs longer, up to
+    /// [`MAX_STRETCH`] times the base's measured span (0: the base's span
+    /// at every rate). With 100 requests one drop is already 1%, so a bar
+    /// of 1% judged on a few seconds of a low rate passes or fails on
+    /// single drops; every policy gets the same stretched runs.
+    pub min_requests_per_model: u64,
 }
+
+/// The longest stretch of a probe's measured span (see
+/// [`GoodputSearch::min_requests_per_model`]).
+pub const MAX_STRETCH: f64 = 100.0;
 
 impl Default for GoodputSearch {
     fn default() -> Self {
-        GoodputSearch { max_bad_rate: 0.01, rel_precision: 0.005, initial_rps: 0.0, max_runs: 40 }
+        GoodputSearch { max_bad_rate: 0.01, rel_precision: 0.005, initial_rps: 0.0, max_runs: 40, min_requests_per_model: 0 }
     }
 }
 
@@ -69,6 +80,22 @@ pub fn ideal_throughput(cfg: &SimConfig) -> f64 {
     }
 }
 
+/// The run length at `rate` that measures at least `min_requests` of the
+/// least popular model, never shorter than the base's and its measured
+/// span at most [`MAX_STRETCH`] times the base's.
+fn stretched(base: &SimConfig, rate: f64, min_requests: u64) -> dataplane::time::Duration {
+    let measured = base.duration.saturating_sub(base.warmup).as_secs_f64();
+    let share = base.workload.popularity.shares(base.models.len()).into_iter().filter(|s| *s > 0.0).fold(f64::INFINITY, f64::min);
+    if min_requests == 0 || rate <= 0.0 || !share.is_finite() || measured <= 0.0 {
+        return base.duration;
+    }
+    let need = (min_requests as f64 / (rate * share)).min(measured * MAX_STRETCH);
+    if need <= measured {
+        return base.duration;
+    }
+    base.warmup + dataplane::time::Duration::from_secs_f64(need)
+}
+
 /// Bisects the offered rate of `base` (its `workload.rate_rps` is ignored)
 /// under `policy`. `progress` is told `(run, of_at_most, rate, passed)`.
 pub fn search(
@@ -82,6 +109,7 @@ pub fn search(
     let mut run = |rate: f64, probes: &mut Vec<(f64, f64, bool)>| -> Result<(bool, SimReport), GoodputError> {
         let mut cfg = base.clone();
         cfg.workload.rate_rps = rate;
+        cfg.duration = stretched(base, rate, knobs.min_requests_per_model);
         let mut sched = build(&cfg.models, cfg.gpus, policy)?;
         let r = simulate(&cfg, sched.as_mut()).map_err(|source| GoodputError::Simulation { rate_rps: rate, source })?;
         let ok = r.max_model_bad_rate <= knobs.max_bad_rate && r.offered > 0;

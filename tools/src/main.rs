@@ -204,6 +204,11 @@ enum Cmd {
         /// No progress bar.
         #[arg(long)]
         quiet: bool,
+        /// Run each probe until it has measured at least this many requests
+        /// of every model (a low rate runs longer, up to 100 times; 0:
+        /// --duration-s always).
+        #[arg(long, default_value_t = 0)]
+        min_requests: u64,
     },
     /// Replay the paper's worked example (3 GPUs, l(b)=b+5, SLO 12).
     Example {
@@ -393,7 +398,7 @@ fn main() -> ExitCode {
 fn run(cmd: Cmd) -> Result<(), CommandError> {
     match cmd {
         Cmd::Sim { cluster, rate, json, plot } => sim(&cluster, rate, json, plot.as_deref()),
-        Cmd::Goodput { cluster, json, plot, quiet } => goodput(&cluster, json, plot.as_deref(), quiet),
+        Cmd::Goodput { cluster, json, plot, quiet, min_requests } => goodput(&cluster, json, plot.as_deref(), quiet, min_requests),
         Cmd::Example { policy, skip, requests, gather, json } => Ok(example::run(&policy, &skip, requests, &gather, json)?),
         Cmd::Up { models, cluster, rate, duration_s, serve, json, groups, reroute_at_s, group_standby, kill_a_leader_at_s, group_b_added, .. } if groups > 0 => {
             if groups != 2 || serve {
@@ -481,11 +486,12 @@ fn sim(cluster: &ClusterArgs, rate: f64, json: bool, plot: Option<&Path>) -> Res
 
 /// `symphony goodput`: the goodput search, optionally with a load sweep's
 /// figures.
-fn goodput(cluster: &ClusterArgs, json: bool, plot: Option<&Path>, quiet: bool) -> Result<(), CommandError> {
+fn goodput(cluster: &ClusterArgs, json: bool, plot: Option<&Path>, quiet: bool, min_requests: u64) -> Result<(), CommandError> {
     let cfg = cluster.sim(0.0)?;
     let policy = cluster.policy()?;
     let bar = Progress::new("goodput", quiet);
-    let result = search(&cfg, &policy, &GoodputSearch::default(), &mut |i, n, rate, ok| {
+    let knobs = GoodputSearch { min_requests_per_model: min_requests, ..GoodputSearch::default() };
+    let result = search(&cfg, &policy, &knobs, &mut |i, n, rate, ok| {
         bar.update(i, n, &format!("{rate:.0} rps {}", if ok { "ok" } else { "bad" }))
     })?;
     bar.finish();

@@ -145,11 +145,13 @@ fn reroute2_under_every_fault_class() {
 /// on both groups), a leader cut off from its standbys (seed 33: its
 /// successor handed a task to group b while the old term's batch with it
 /// still ran), and all eleven classes (seed 69: a new term planned a model
-/// before it had read the table).
+/// before it had read the table; seed 103476: a network copy of a task
+/// handed back as moved was taken by its first group after a move back
+/// while the task ran on the other).
 #[test]
 fn regression_reroute2_with_leader_faults() {
     let all = "loss,dup,reorder,partition,crash,slow-gpu,leader-crash,leader-pause,store-down,leader-partition,reroute2";
-    for (seed, faults) in [(3, "leader-crash,reroute2"), (33, "leader-partition,reroute2"), (69, all)] {
+    for (seed, faults) in [(3, "leader-crash,reroute2"), (33, "leader-partition,reroute2"), (69, all), (103476, all)] {
         let r = run(ChaosConfig::new(seed, FaultSet::parse(faults).unwrap(), Duration::from_millis(400))).unwrap();
         assert!(r.ok(), "{:?}\n  replay: {}", r.violations, r.replay);
     }

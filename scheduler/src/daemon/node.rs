@@ -1286,15 +1286,23 @@ mod tests {
         assert_eq!(n.node.plane().batches_in_flight(), 1);
     }
 
-    #[test]
-    fn batched_tasks_are_taken_and_a_malformed_batch_costs_only_its_sender() {
-        let mut n = node(NodeConfig::default());
-        let (mut fe, mut be) = cluster(&mut n);
+    /// `cluster` plus a second frontend (id 2), every message so far
+    /// taken: (frontend 1, the backend, frontend 2).
+    fn two_frontends(n: &mut Sched) -> (SimPeer, SimPeer, SimPeer) {
+        let (mut fe, mut be) = cluster(n);
         let t0 = Instant::ZERO;
         let mut other = n.connect(t0);
         other.join(&Join::new(Role::Frontend, 2, 0, "fe2"));
         n.settle(t0);
         let _ = (fe.received(), be.received(), other.received(), n.events());
+        (fe, be, other)
+    }
+
+    #[test]
+    fn batched_tasks_are_taken_and_a_malformed_batch_costs_only_its_sender() {
+        let mut n = node(NodeConfig::default());
+        let (mut fe, _be, mut other) = two_frontends(&mut n);
+        let t0 = Instant::ZERO;
         let mut b = wire::TaskBatcher::new(8);
         for i in 1..=3 {
             b.push(&task(i, 1)).unwrap();
@@ -1327,12 +1335,8 @@ mod tests {
     #[test]
     fn a_poll_takes_a_bounded_number_of_tasks_and_the_next_starts_at_the_next_frontend() {
         let mut n = node(NodeConfig::default());
-        let (mut fe, mut be) = cluster(&mut n);
+        let (mut fe, _be, mut other) = two_frontends(&mut n);
         let t0 = Instant::ZERO;
-        let mut other = n.connect(t0);
-        other.join(&Join::new(Role::Frontend, 2, 0, "fe2"));
-        n.settle(t0);
-        let _ = (fe.received(), be.received(), other.received(), n.events());
         let extra = 20;
         for i in 1..=TASKS_PER_POLL as u64 + extra {
             fe.send(&task(i, 1)).unwrap();

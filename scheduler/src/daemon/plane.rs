@@ -167,6 +167,8 @@ struct TaskMeta {
     frontend: u32,
     input: RemoteRef,
     model: u32,
+    /// Its submission attempt ([`Task::attempt`]).
+    attempt: u16,
 }
 
 /// A batch sent to a backend and not yet reported done.
@@ -223,6 +225,13 @@ pub struct ControlPlane {
     seen: IdSet,
     /// When each id in `seen` may be forgotten.
     seen_expiry: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// Tasks handed back as moved, by id: the attempt handed back. A later
+    /// copy of that attempt (a duplicated message) is ignored; the next
+    /// attempt (the frontend's resubmission, after a move back) is new.
+    handed_back: IdMap<u16>,
+    /// When each entry of `handed_back` may be forgotten (its deadline),
+    /// with its attempt.
+    handed_back_expiry: BinaryHeap<Reverse<(Instant, u64, u16)>>,
     duplicate_tasks: u64,
     /// `d_ctrl` of the scheduling cores: announced to every peer in its
     /// `Welcome`, so that backends subtract the bound the scheduler charges.
@@ -253,7 +262,7 @@ pub struct ControlPlane {
     /// batch that a backend still holds (stopped only by the fence, a
     /// newer epoch reaching the backends) or still runs (its GPU reported
     /// busy at registration). A frontend resubmits such tasks here.
-    moved_held: Vec<(u64, u32)>,
+    moved_held: Vec<(u64, u32, u16)>,
     /// When the last GPU reported busy at its backend's registration
     /// frees: the batches of a previous scheduler end by then.
     moved_release_at: Instant,
@@ -362,6 +371,8 @@ impl ControlPlane {
             fenced: false,
             held_gpus: Vec::new(),
             moved_held: Vec::new(),
+            handed_back: IdMap::default(),
+            handed_back_expiry: BinaryHeap::new(),
             moved_release_at: Instant::ZERO,
             owned: None,
             route_revision: 0,
@@ -687,12 +698,26 @@ impl ControlPlane {
     /// Hands `task` back to `frontend` as moved: at once, or, while a
     /// batch of a previous scheduler of this group may still hold or run
     /// it, once that can no longer be (see `moved_held`).
-    fn answer_moved(&mut self, now: Instant, task: u64, frontend: u32) {
+    /// The attempt handed back is remembered until `deadline`.
+    fn answer_moved(&mut self, now: Instant, task: u64, frontend: u32, attempt: u16, deadline: Instant) {
+        self.seen.remove(&task);
+        self.handed_back.insert(task, attempt);
+        self.handed_back_expiry.push(Reverse((deadline, task, attempt)));
         if self.fenced || now < self.moved_release_at {
-            self.moved_held.push((task, frontend));
+            self.moved_held.push((task, frontend, attempt));
         } else {
-            self.send_dropped(task, frontend, DropReason::Moved);
+            self.send_moved(task, frontend, attempt);
         }
+    }
+
+    fn send_moved(&mut self, task: u64, frontend: u32, attempt: u16) {
+        self.metrics.count_drop(DropReason::Moved);
+        if !self.frontends.contains_key(&frontend) {
+            self.metrics.undeliverable.inc();
+            return;
+        }
+        let d = wire::Dropped { task_id: task, reason: DropReason::Moved.code(), reserved: u32::from(attempt) };
+        self.out.push(PeerId::Frontend(frontend), |b| wire::encode(b, &d));
     }
 
     /// Answers the tasks held in `moved_held` once the fence has lifted and
@@ -701,8 +726,8 @@ impl ControlPlane {
         if self.fenced || now < self.moved_release_at {
             return;
         }
-        for (task, frontend) in std::mem::take(&mut self.moved_held) {
-            self.send_dropped(task, frontend, DropReason::Moved);
+        for (task, frontend, attempt) in std::mem::take(&mut self.moved_held) {
+            self.send_moved(task, frontend, attempt);
         }
     }
 
@@ -931,6 +956,22 @@ impl ControlPlane {
         // A repeat found only in `tasks` (its `seen` entry expired while
         // it still waits) re-enters `seen` with an expiry of its own.
         self.forget_seen(now);
+        if !self.handed_back.is_empty() {
+            // Empty unless tasks were handed back as moved: no hash per
+            // task otherwise.
+            match self.handed_back.get(&task.task_id) {
+                Some(&a) if task.attempt() <= a => {
+                    // A copy of an attempt already handed back.
+                    self.duplicate_tasks += 1;
+                    self.metrics.protocol_errors.inc();
+                    return;
+                }
+                Some(_) => {
+                    self.handed_back.remove(&task.task_id);
+                }
+                None => {}
+            }
+        }
         if !self.owns(task.model_id) {
             if self.seen.contains(&task.task_id) {
                 // A repeat of a task planned before its model moved away
@@ -942,7 +983,8 @@ impl ControlPlane {
             }
             // Another group owns it now: the frontend resubmits it there
             // (see `answer_moved`).
-            self.answer_moved(now, task.task_id, from);
+            let deadline = now.saturating_add(Duration::from_nanos(task.budget_ns));
+            self.answer_moved(now, task.task_id, from, task.attempt(), deadline);
             return;
         }
         if !self.subclusters[sc].sched.admits(local) {
@@ -973,6 +1015,7 @@ impl ControlPlane {
                     frontend: from,
                     input: task.input,
                     model: task.model_id,
+                    attempt: task.attempt(),
                 });
             }
             _ => {
@@ -1103,6 +1146,16 @@ impl ControlPlane {
             }
             self.seen_expiry.pop();
             self.seen.remove(&id);
+        }
+        while let Some(&Reverse((t, id, attempt))) = self.handed_back_expiry.peek() {
+            if t > now {
+                break;
+            }
+            self.handed_back_expiry.pop();
+            // A newer attempt handed back since has its own expiry.
+            if self.handed_back.get(&id) == Some(&attempt) {
+                self.handed_back.remove(&id);
+            }
         }
     }
 
@@ -1282,17 +1335,15 @@ impl ControlPlane {
             // per drop otherwise.
             let handed_back = !self.handing_over.is_empty() && self.handing_over.remove(&req.id);
             let reason = if handed_back && reason == DropReason::Cancelled { DropReason::Moved } else { reason };
-            if handed_back {
-                // Handed back, not done: its frontend resubmits the same id
-                // to the owner, which may be this group again after a move
-                // back (then a new submission, not a duplicate).
-                self.seen.remove(&req.id);
-            }
             if let Some(m) = self.tasks.remove(&req.id) {
                 self.metrics.model_drops(m.model);
                 self.metrics.level_drops(self.level_index(m.model, req.priority), reason);
                 if reason == DropReason::Moved {
-                    self.answer_moved(now, req.id, m.frontend);
+                    // Handed back, not done: its frontend resubmits it to
+                    // the owner as its next attempt, which may be this
+                    // group again after a move back (then a new
+                    // submission, not a duplicate).
+                    self.answer_moved(now, req.id, m.frontend, m.attempt, req.deadline);
                 } else {
                     self.send_dropped(req.id, m.frontend, reason);
                 }
@@ -1324,10 +1375,9 @@ impl ControlPlane {
                 self.metrics.unowned_plans_held.inc();
                 for r in members {
                     self.handing_over.remove(&r.id);
-                    self.seen.remove(&r.id);
                     if let Some(m) = self.tasks.remove(&r.id) {
                         self.metrics.model_drops(m.model);
-                        self.answer_moved(now, r.id, m.frontend);
+                        self.answer_moved(now, r.id, m.frontend, m.attempt, r.deadline);
                     }
                 }
                 continue;
@@ -1664,10 +1714,15 @@ mod tests {
         assert!(!p.owns(0) && p.owns(1) && p.route_revision() == 2);
         let text = p.metrics.encode();
         assert!(text.contains("moved"), "drops by reason count moved");
-        // Model "a" comes back: a task handed back before is resubmitted
-        // with the same id and is a new submission, not a duplicate.
+        // Model "a" comes back: a late copy of a task's attempt handed
+        // back is ignored; its next attempt (the frontend's resubmission,
+        // same id) is a new submission, not a duplicate.
         assert!(p.set_routes(t0, &routes(3, &["a", "b"], &[]), "a"));
+        let dups = p.duplicate_tasks();
         p.on_task(t0, 1, &task(1, 0, 1));
+        assert_eq!(p.duplicate_tasks(), dups + 1, "a copy of attempt 0, handed back");
+        assert_eq!(p.waiting_tasks(), 1);
+        p.on_task(t0, 1, &task(1, 0, 1).with_attempt(1));
         assert!(drain(&mut p).is_empty(), "taken, not answered");
         assert_eq!(p.waiting_tasks(), 2, "task 1 waits again beside model b's");
     }

@@ -23,6 +23,11 @@ fn out_of_time(r: &Request) -> DropReason {
 
 /// How many recent arrivals the rate estimate looks at.
 const RATE_WINDOW: usize = 256;
+/// Gaps whose squared coefficient of variation exceeds this are clearly
+/// burstier than Poisson: over 255 Poisson gaps the estimate is 0.99 with a
+/// standard deviation of 0.12 (above 1.5 in 0.1% of windows), over
+/// Gamma(0.5) gaps 1.98 +- 0.30 (above 1.5 in 97%).
+const BURSTY_CV2: f64 = 1.5;
 const NOT_OWNED: u32 = u32::MAX;
 
 /// Counters of one ModelThread core.
@@ -54,11 +59,18 @@ struct RateWindow {
     /// Sum of the squared gaps between the recorded arrivals, in ns²
     /// (exact: 255 gaps of up to 10^9 ns each fit a u128 many times over).
     gap_sq_sum: u128,
+    /// The same gaps in ns, ascending (the first `filled - 1` entries),
+    /// kept only with `keeps_median`.
+    sorted_gaps: [u64; RATE_WINDOW],
+    /// Whether `sorted_gaps` is kept: an insertion costs a move of up to
+    /// 2 KiB per arrival, paid only by the models that use the median
+    /// (`alone_past_half_slo`), not on every model's hot path.
+    keeps_median: bool,
 }
 
 impl RateWindow {
-    fn new() -> Self {
-        RateWindow { times: [Instant::ZERO; RATE_WINDOW], next: 0, filled: 0, gap_sq_sum: 0 }
+    fn new(keeps_median: bool) -> Self {
+        RateWindow { times: [Instant::ZERO; RATE_WINDOW], next: 0, filled: 0, gap_sq_sum: 0, sorted_gaps: [0; RATE_WINDOW], keeps_median }
     }
 
     fn record(&mut self, t: Instant) {
@@ -67,11 +79,25 @@ impl RateWindow {
             // The oldest gap leaves the window with the oldest arrival.
             let oldest = self.times[self.next];
             let second = self.times[(self.next + 1) % RATE_WINDOW];
-            self.gap_sq_sum -= sq(second.saturating_since(oldest));
+            let gap = second.saturating_since(oldest);
+            self.gap_sq_sum -= sq(gap);
+            if self.keeps_median {
+                let n = self.filled - 1;
+                let at = self.sorted_gaps[..n].partition_point(|&g| g < gap.as_nanos());
+                self.sorted_gaps.copy_within(at + 1..n, at);
+            }
         }
         if self.filled > 0 {
             let last = self.times[(self.next + RATE_WINDOW - 1) % RATE_WINDOW];
-            self.gap_sq_sum += sq(t.saturating_since(last));
+            let gap = t.saturating_since(last);
+            self.gap_sq_sum += sq(gap);
+            // Gaps held now (one fewer after the eviction above).
+            if self.keeps_median {
+                let n = if self.filled == RATE_WINDOW { RATE_WINDOW - 2 } else { self.filled - 1 };
+                let at = self.sorted_gaps[..n].partition_point(|&g| g <= gap.as_nanos());
+                self.sorted_gaps.copy_within(at..n, at + 1);
+                self.sorted_gaps[at] = gap.as_nanos();
+            }
         }
         self.times[self.next] = t;
         self.next = (self.next + 1) % RATE_WINDOW;
@@ -96,6 +122,22 @@ impl RateWindow {
         Some((mean_sq / (mean * mean) - 1.0).max(0.0))
     }
 
+    /// The recorded gaps in ns, ascending.
+    fn gaps(&self) -> &[u64] {
+        if !self.keeps_median {
+            return &[];
+        }
+        &self.sorted_gaps[..self.filled.saturating_sub(1)]
+    }
+
+    /// Median of the recent gaps, if at least two arrivals were seen:
+    /// the gap inside a burst, where the mean is dominated by the quiet
+    /// spells between bursts (Poisson: 0.69 of the mean; Gamma(0.2): 0.1).
+    fn median_gap(&self) -> Option<Duration> {
+        let gaps = self.gaps();
+        gaps.get(gaps.len() / 2).map(|g| Duration::from_nanos(*g))
+    }
+
     /// Mean gap between recent arrivals, if at least two were seen.
     fn mean_gap(&self, now: Instant) -> Option<Duration> {
         if self.filled < 2 {
@@ -117,6 +159,9 @@ struct ModelState {
     slo: Duration,
     /// The batch with the best throughput per GPU that fits the SLO.
     best_batch: u32,
+    /// `2 l(1) > SLO`: no GPU runs two of this model's batches back to back
+    /// within its SLO (see [`Self::gather`], deferred item 12).
+    alone_past_half_slo: bool,
     /// Pending requests, one queue per priority level (highest first),
     /// each sorted by deadline (arrival order for one SLO).
     queues: Vec<VecDeque<Request>>,
@@ -265,9 +310,19 @@ impl ModelState {
         let full = bs >= self.profile.max_batch();
         let latest = dl - self.profile.scaled_latency(bs, factor);
         let slow = factor.max(1.0);
+        // A model whose single request takes over half its SLO cannot run
+        // two batches back to back on one GPU within it: a batch started
+        // early locks the requests behind it out of that GPU. Under clearly
+        // bursty arrivals those requests are moments away (the mean gap is
+        // dominated by the quiet spells between bursts), so the two
+        // shortcuts that end deferral early, the efficiency stop at the mean
+        // rate's target and the window of `window_gaps x CV^2` mean gaps,
+        // are off: the batch defers to the paper's frontrun with a window of
+        // median gaps (docs/decisions.md, deferred item 12).
+        let burst_locked = self.alone_past_half_slo && self.rate.gap_cv2().is_some_and(|c| c > BURSTY_CV2);
         // Without a rate estimate there is no target: defer as for the SLO.
         let target = match (cfg.gather, target) {
-            (Gather::Early, Some(t)) => t,
+            (Gather::Early, Some(t)) if !burst_locked => t,
             _ => self.best_batch,
         };
         let exec_at = if full || self.near_best_efficiency(bs, target, cfg.efficiency_slack) {
@@ -286,8 +341,13 @@ impl ModelState {
             // than Poisson's: with evenly spaced arrivals the window would
             // shrink to `alpha`, too narrow for a GPU slower than its
             // profile (the closed loop's factor) to start in.
-            let gaps = cfg.window_gaps * self.rate.gap_cv2().unwrap_or(1.0).max(1.0);
-            let gap = self.rate.mean_gap(now).map_or(Duration::ZERO, |g| Duration::from_nanos((g.as_nanos() as f64 * gaps) as u64));
+            // Median gaps when burst-locked (Gamma(0.2): a tenth of the mean).
+            let (gap, gaps) = if burst_locked {
+                (self.rate.median_gap(), cfg.window_gaps)
+            } else {
+                (self.rate.mean_gap(now), cfg.window_gaps * self.rate.gap_cv2().unwrap_or(1.0).max(1.0))
+            };
+            let gap = gap.map_or(Duration::ZERO, |g| Duration::from_nanos((g.as_nanos() as f64 * gaps) as u64));
             (dl - self.profile.scaled_latency(bs + 1, slow)).min((dl - self.profile.scaled_latency(bs, slow)) - cfg.min_window.max(gap))
         };
         let level = self.queues.iter().position(|q| !q.is_empty()).unwrap_or(0);
@@ -462,12 +522,14 @@ impl ModelThreadCore {
             .enumerate()
             .map(|(i, (id, spec))| {
                 local[id as usize] = i as u32;
+                let alone_past_half_slo = spec.profile.latency(1).saturating_mul(2) > spec.slo;
                 let best_batch = (1..=spec.profile.max_batch_within(spec.slo, Duration::ZERO, u32::MAX).max(1))
                     .max_by(|&a, &b| spec.profile.throughput_rps(a).total_cmp(&spec.profile.throughput_rps(b)))
                     .unwrap_or(1);
                 ModelState {
                     id,
                     best_batch,
+                    alone_past_half_slo,
                     profile: spec.profile,
                     slo: spec.slo,
                     queues: vec![VecDeque::with_capacity(256)],
@@ -475,7 +537,7 @@ impl ModelThreadCore {
                     informed: None,
                     informed_at: Instant::ZERO,
                     informed_pending: None,
-                    rate: RateWindow::new(),
+                    rate: RateWindow::new(alone_past_half_slo),
                     gpu_factors: Vec::new(),
                 }
             })
@@ -717,17 +779,65 @@ mod tests {
     #[test]
     fn the_gap_variation_is_zero_for_even_arrivals_and_large_for_bursts() {
         let ms = |n: u64| Instant::from_nanos(n * 1_000_000);
-        let mut even = RateWindow::new();
+        let mut even = RateWindow::new(true);
         for i in 0..1000 {
             even.record(ms(i));
         }
         assert!(even.gap_cv2().is_some_and(|c| c < 1e-9), "{:?}", even.gap_cv2());
         // Bursts of ten back-to-back arrivals every 100 ms (window wrapped).
-        let mut bursty = RateWindow::new();
+        let mut bursty = RateWindow::new(true);
         for i in 0..1000u64 {
             bursty.record(Instant::from_nanos((i / 10) * 100_000_000 + (i % 10) * 1_000));
         }
         assert!(bursty.gap_cv2().is_some_and(|c| c > 5.0), "{:?}", bursty.gap_cv2());
+        // The median is the gap inside a burst, the mean that of the bursts.
+        assert_eq!(even.median_gap(), Some(Duration::from_millis(1)));
+        assert_eq!(bursty.median_gap(), Some(Duration::from_micros(1)));
+        assert!(bursty.mean_gap(Instant::from_nanos(9_900_009_000)).is_some_and(|g| g > Duration::from_millis(9)));
+    }
+
+    #[test]
+    fn the_sorted_gaps_follow_the_window() {
+        // Gaps 1..=600 us, the window keeps the last 255 of them, sorted.
+        let mut w = RateWindow::new(true);
+        let mut t = 0u64;
+        for i in 1..=600u64 {
+            t += (i * 7919 % 600 + 1) * 1_000;
+            w.record(Instant::from_nanos(t));
+        }
+        let gaps = w.gaps();
+        assert_eq!(gaps.len(), RATE_WINDOW - 1);
+        assert!(gaps.windows(2).all(|p| p[0] <= p[1]));
+        let mut want: Vec<u64> = (0..RATE_WINDOW - 1).map(|k| w.times[(w.next + k + 1) % RATE_WINDOW].saturating_since(w.times[(w.next + k) % RATE_WINDOW]).as_nanos()).collect();
+        want.sort_unstable();
+        assert_eq!(gaps, &want[..]);
+    }
+
+    #[test]
+    fn a_model_past_half_its_slo_waits_for_the_frontrun_only_under_bursts() {
+        // A100 EfficientNetV2S at SLO 15 ms: l(1) = 8.8 ms, l(2) = 10.3 ms.
+        let start = |bursty: bool| {
+            let spec = ModelSpec::linear("e", 1.454, 7.378, 15.0).expect("a valid profile");
+            let mut c = ModelThreadCore::new(CoreConfig::default(), vec![(0, spec)]);
+            let m = &mut c.models[0];
+            assert!(m.alone_past_half_slo);
+            // 600 arrivals, mean gap 10 ms: bursts of five 1 us apart every
+            // 50 ms, or one every 10 ms with a Poisson-like spread of gaps.
+            let mut t = 0u64;
+            for i in 0..600u64 {
+                t += if bursty { if i % 5 == 0 { 50_000_000 - 4_000 } else { 1_000 } } else { [2, 6, 10, 14, 18][(i * 3 % 5) as usize] * 1_000_000 };
+                m.rate.record(Instant::from_nanos(t));
+            }
+            let now = Instant::from_nanos(t);
+            m.queues[0].push_back(Request::new(1, 0, now, now + Duration::from_millis(15)));
+            let cand = m.gather(now, &c.cfg, None, 1.0, &mut Actions::default()).expect("a candidate");
+            cand.exec_at.saturating_since(now)
+        };
+        // Bursty: wait until the frontrun d - l(2) (4.7 ms after arrival).
+        let wait = start(true);
+        assert!(wait > Duration::from_millis(4) && wait < Duration::from_millis(5), "{wait:?}");
+        // Steady arrivals: the batch the rate fills is one, so it starts now.
+        assert_eq!(start(false), Duration::ZERO);
     }
 
     #[test]
