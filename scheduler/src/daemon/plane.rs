@@ -706,18 +706,8 @@ impl ControlPlane {
         if self.fenced || now < self.moved_release_at {
             self.moved_held.push((task, frontend, attempt));
         } else {
-            self.send_moved(task, frontend, attempt);
+            self.send_drop(task, frontend, DropReason::Moved, attempt);
         }
-    }
-
-    fn send_moved(&mut self, task: u64, frontend: u32, attempt: u16) {
-        self.metrics.count_drop(DropReason::Moved);
-        if !self.frontends.contains_key(&frontend) {
-            self.metrics.undeliverable.inc();
-            return;
-        }
-        let d = wire::Dropped { task_id: task, reason: DropReason::Moved.code(), reserved: u32::from(attempt) };
-        self.out.push(PeerId::Frontend(frontend), |b| wire::encode(b, &d));
     }
 
     /// Answers the tasks held in `moved_held` once the fence has lifted and
@@ -727,7 +717,7 @@ impl ControlPlane {
             return;
         }
         for (task, frontend, attempt) in std::mem::take(&mut self.moved_held) {
-            self.send_moved(task, frontend, attempt);
+            self.send_drop(task, frontend, DropReason::Moved, attempt);
         }
     }
 
@@ -911,6 +901,12 @@ impl ControlPlane {
     }
 
     fn send_dropped(&mut self, task: u64, frontend: u32, reason: DropReason) {
+        self.send_drop(task, frontend, reason, 0);
+    }
+
+    /// A `Dropped` to `frontend`; `attempt` is named only by a moved
+    /// answer (the wire's `reserved` word, zero otherwise).
+    fn send_drop(&mut self, task: u64, frontend: u32, reason: DropReason, attempt: u16) {
         self.metrics.count_drop(reason);
         if !self.frontends.contains_key(&frontend) {
             self.metrics.undeliverable.inc();
@@ -919,10 +915,17 @@ impl ControlPlane {
         let d = wire::Dropped {
             task_id: task,
             reason: reason.code(),
-            reserved: 0,
+            reserved: u32::from(attempt),
         };
         self.out
             .push(PeerId::Frontend(frontend), |b| wire::encode(b, &d));
+    }
+
+    /// A task message ignored as a copy of a task already taken or handed
+    /// back.
+    fn count_duplicate(&mut self) {
+        self.duplicate_tasks += 1;
+        self.metrics.protocol_errors.inc();
     }
 
     /// A task from frontend `from`.
@@ -962,8 +965,7 @@ impl ControlPlane {
             match self.handed_back.get(&task.task_id) {
                 Some(&a) if task.attempt() <= a => {
                     // A copy of an attempt already handed back.
-                    self.duplicate_tasks += 1;
-                    self.metrics.protocol_errors.inc();
+                    self.count_duplicate();
                     return;
                 }
                 Some(_) => {
@@ -977,8 +979,7 @@ impl ControlPlane {
                 // A repeat of a task planned before its model moved away
                 // (a frontend resubmitting after its link came back): the
                 // batch it is in still runs, so it must not go elsewhere.
-                self.duplicate_tasks += 1;
-                self.metrics.protocol_errors.inc();
+                self.count_duplicate();
                 return;
             }
             // Another group owns it now: the frontend resubmits it there
@@ -994,8 +995,7 @@ impl ControlPlane {
             // repeat of one taken is ignored as below (refusing it would
             // answer the original): one lookup, on the refusal path only.
             if self.seen.contains(&task.task_id) {
-                self.duplicate_tasks += 1;
-                self.metrics.protocol_errors.inc();
+                self.count_duplicate();
                 return;
             }
             self.metrics.model_drops(task.model_id);
@@ -1019,8 +1019,7 @@ impl ControlPlane {
                 });
             }
             _ => {
-                self.duplicate_tasks += 1;
-                self.metrics.protocol_errors.inc();
+                self.count_duplicate();
                 return;
             }
         }
