@@ -3,9 +3,10 @@
 #   1. system packages (scripts/setup.sh)
 #   2. clippy, warnings as errors, with and without the rdma and cuda features
 #   3. every unit, property and integration test of the workspace (release build: the
-#      simulator and runtime tests run real workloads)
-#      including the deterministic cluster harness (`symphony chaos`: 1000 seeds per
-#      fault class), then its mutation tests (feature `mutations`)
+#      simulator and runtime tests run real workloads), in one release build with the
+#      rdma, cuda and mutations features: the deterministic cluster harness (`symphony
+#      chaos`: 1000 seeds per fault class) and its mutation tests, the cuda executor's
+#      no-driver path
 #   4. loom model checking of the SPSC ring's memory ordering
 #   5. a client this project did not write: Triton's tritonclient (PyPI) runs health,
 #      metadata and infer calls against the frontend's HTTP server, in process and then
@@ -33,8 +34,11 @@ export CARGO_PROFILE_RELEASE_DEBUG="${CARGO_PROFILE_RELEASE_DEBUG:-0}"
 # The features of the one release build of the workspace (the test step), which every
 # later `cargo build --release -p tools --bin symphony` and tests/softroce/ci.sh repeat so
 # that they reuse its artifacts: symphony with the rdma transport (runs in the Soft-RoCE
-# guests; elsewhere `--transport rdma` says no device).
-export RELEASE_FEATURES="${RELEASE_FEATURES:---features dataplane/rdma}"
+# guests; elsewhere `--transport rdma` says no device), the cuda executor (compiled, and
+# its no-driver path tested: no GPU here) and the harness's deliberate bugs (inert unless
+# tools/tests/mutations.rs switches one on). One build for all three: each feature set
+# of its own rebuilt dataplane or backend and everything above it (~1.5 min each).
+export RELEASE_FEATURES="${RELEASE_FEATURES:---features dataplane/rdma,backend/cuda,tools/mutations}"
 # ... and the command itself, for the steps after it that need release binaries (symphony,
 # the tritonclient example server, the rdma test binary): `cargo build -p tools` alone
 # would unify dependency features without the workspace's dev-dependencies (bitflags'
@@ -45,9 +49,8 @@ step setup
 bash scripts/setup.sh
 step clippy
 cargo clippy --workspace --all-targets -- -D warnings
-cargo clippy -p dataplane --all-targets --features rdma -- -D warnings
-cargo clippy -p backend --all-targets --features cuda -- -D warnings
-cargo clippy -p tools --all-targets --features mutations -- -D warnings
+# The feature-gated code, in one pass (each feature's own pass rechecked the crates above it).
+cargo clippy --workspace --all-targets --features dataplane/rdma,dataplane/loom,backend/cuda,tools/mutations -- -D warnings
 step deploy-validate
 bash tests/deploy_validate.sh
 step onnx-models
@@ -57,19 +60,15 @@ else
   echo "SKIPPED: the onnxruntime wheel or the models could not be installed; ONNX tests skip" >&2
 fi
 step tests
+# The chaos harness (tools/tests/chaos.rs, 1000 seeds per fault class; CHAOS_SEEDS=N for a
+# longer soak) and its mutation tests (tools/tests/mutations.rs: each deliberate bug caught
+# within 100 seeds, its replay failing) run here with the rest.
 # shellcheck disable=SC2086
 cargo test --workspace --release $RELEASE_FEATURES
-# The cuda executor is compiled and its no-driver path tested (no GPU here): the
-# library's own tests and tests/cuda.rs; the other backend tests ran above and do
-# not depend on the feature.
-cargo test -p backend --release --features cuda --lib --test cuda
-step chaos-mutations
-# The chaos harness (1000 seeds per fault class) ran above with the workspace
-# (tools/tests/chaos.rs; CHAOS_SEEDS=N for a longer soak). Here each
-# deliberate bug must be caught within 100 seeds and its replay must fail.
-cargo test -p tools --release --features mutations --test mutations
 step loom
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="$CARGO_TARGET_DIR/loom" cargo test -p dataplane --test loom_ring --release
+# Only dataplane is rebuilt (with loom's atomics); its dependencies are the test step's.
+# shellcheck disable=SC2086
+cargo test --workspace --release $RELEASE_FEATURES --features dataplane/loom --test loom_ring
 step tritonclient
 bash tools/tests/python/run.sh
 bash tests/tritonclient_daemons.sh

@@ -2,8 +2,8 @@
 //! explores (bounded preemptions).
 //!
 //! Run with:
-//! `RUSTFLAGS="--cfg loom" cargo test -p dataplane --test loom_ring --release`
-#![cfg(loom)]
+//! `cargo test -p dataplane --features loom --test loom_ring --release`
+#![cfg(feature = "loom")]
 
 use dataplane::ring;
 use loom::sync::atomic::{AtomicUsize, Ordering};

@@ -27,7 +27,7 @@
 //!   [`Consumer::pop_batch`], [`Consumer::pop_slice`]) publish once per batch.
 //! * Items left in the ring when both ends are gone are dropped.
 //!
-//! Under `cfg(loom)` the atomics, `Arc` and `UnsafeCell` are loom's, so the
+//! Under the `loom` feature the atomics, `Arc` and `UnsafeCell` are loom's, so the
 //! model tests in `dataplane/tests/loom_ring.rs` check these orderings.
 
 mod sync;
@@ -554,7 +554,7 @@ impl<T> fmt::Debug for Consumer<T> {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(feature = "loom")))]
 mod tests {
     use super::*;
     use std::rc::Rc;
