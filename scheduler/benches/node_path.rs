@@ -81,6 +81,10 @@ struct Args {
     /// Narrowest schedulable window, µs (bench-cluster's).
     #[arg(long = "min-window-us", default_value_t = 1000)]
     min_window_us: u32,
+    /// The daemon's `--ingress-bound` (most requests waiting for the
+    /// ModelThread; beyond, refused as overloaded).
+    #[arg(long = "ingress-bound", default_value_t = scheduler::runtime::INGRESS_BOUND)]
+    ingress_bound: usize,
     /// Print one JSON line per run besides the table.
     #[arg(long)]
     json: bool,
@@ -379,7 +383,7 @@ fn sched_args(a: &Args) -> Vec<String> {
         v.extend(["--model".to_string(), format!("model{i}={}", a.profile)]);
     }
     v.extend(
-        ["--max-registering", "4096", "--control-delay-us", &a.control_delay_us.to_string(), "--min-window-us", &a.min_window_us.to_string(), "--engine", "pinned"]
+        ["--max-registering", "4096", "--control-delay-us", &a.control_delay_us.to_string(), "--min-window-us", &a.min_window_us.to_string(), "--engine", "pinned", "--ingress-bound", &a.ingress_bound.to_string()]
             .map(String::from),
     );
     v
