@@ -40,6 +40,7 @@ use super::bench_stamps::BenchClock;
 use super::metrics::{LoopEstimate, MessageRefusal, SchedulerMetrics};
 use crate::closed_loop::{ClosedLoop, Estimate, LoopConfig, Ratio, Report};
 use super::engine::{Engine, EngineKind};
+use super::expiry::ExpiryWheel;
 use crate::deferred::{CoreConfig, DeferredScheduler};
 use crate::runtime::{Drive, PinnedConfig, PinnedScheduler, ThreadPlacement};
 use crate::delay_watch::{DelayWatch, DelayWatchConfig, Verdict};
@@ -223,8 +224,8 @@ pub struct ControlPlane {
     overlapping_plans: u64,
     /// Ids of tasks taken whose deadline has not passed (duplicate filter).
     seen: IdSet,
-    /// When each id in `seen` may be forgotten.
-    seen_expiry: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// When each id in `seen` may be forgotten (its deadline).
+    seen_expiry: ExpiryWheel,
     /// Tasks handed back as moved, by id: the attempt handed back. A later
     /// copy of that attempt (a duplicated message) is ignored; the next
     /// attempt (the frontend's resubmission, after a move back) is new.
@@ -357,7 +358,7 @@ impl ControlPlane {
             stopping: false,
             overlapping_plans: 0,
             seen: IdSet::with_capacity_and_hasher(4096, IdHasher::default()),
-            seen_expiry: BinaryHeap::with_capacity(4096),
+            seen_expiry: ExpiryWheel::new(),
             duplicate_tasks: 0,
             control_delay: core.delay.d_ctrl,
             delay: core.delay,
@@ -1007,7 +1008,7 @@ impl ControlPlane {
         let deadline = now.saturating_add(Duration::from_nanos(task.budget_ns));
         let fresh = self.seen.insert(task.task_id);
         if fresh {
-            self.seen_expiry.push(Reverse((deadline, task.task_id)));
+            self.seen_expiry.insert(deadline, task.task_id);
         }
         match self.tasks.entry(task.task_id) {
             Entry::Vacant(slot) if fresh => {
@@ -1139,13 +1140,10 @@ impl ControlPlane {
 
     /// Forgets the ids of tasks whose deadline has passed.
     fn forget_seen(&mut self, now: Instant) {
-        while let Some(&Reverse((t, id))) = self.seen_expiry.peek() {
-            if t > now {
-                break;
-            }
-            self.seen_expiry.pop();
-            self.seen.remove(&id);
-        }
+        let seen = &mut self.seen;
+        self.seen_expiry.expire(now, |id| {
+            seen.remove(&id);
+        });
         while let Some(&Reverse((t, id, attempt))) = self.handed_back_expiry.peek() {
             if t > now {
                 break;
