@@ -15,6 +15,7 @@
 pub mod bench_stamps;
 pub mod config;
 pub mod engine;
+pub mod expiry;
 pub mod ha;
 pub mod metrics;
 pub mod node;
@@ -217,6 +218,44 @@ fn serve_term<L: Listener + 'static>(
 where
     L::Conn: Send + 'static,
 {
+    let (mut node, layout) = build_node(cfg, metrics, epoch, clock, Some(idle.notifier()))?;
+    let setup = |what| move |source| SchedulerError::Setup { what, source };
+    let acceptor = Acceptor::spawn("sched-accept", listener, idle.set().notifier())
+        .map_err(setup("acceptor thread"))?;
+    // After the acceptor's spawn: it would inherit this thread's CPU.
+    log_layout(cfg, &layout);
+    let mut term = Term { election, routes: routes.map(|w| (w, cfg.routes.as_ref().map_or("", |r| r.group.as_str()))), epoch, stall: cfg.election.as_ref().map(|e| e.failure_timeout), last_pass: clock.now(), hold: None };
+    let mut first_plan = FirstPlan::new(metrics, clock, terms);
+    let end = poll_until_drained(&mut node, &acceptor, idle, clock, &mut term, &mut first_plan);
+    drop(acceptor);
+    let (frontends, backends) = node.plane().peers();
+    info!(
+        frontends,
+        backends,
+        batches_unfinished = node.plane().batches_in_flight(),
+        epoch,
+        "stopped"
+    );
+    Ok(end)
+}
+
+/// The node of one term for `cfg`: a fresh control plane whose engine's
+/// threads read `clock` and tell `notify` when decisions wait, with the
+/// configured admissions, membership and (for `epoch` > 0) the election's
+/// fence. What [`serve`] runs, and what the per-task benchmark
+/// (`cargo bench -p scheduler --bench node_path`) drives over in-memory
+/// links. Also returns where the engine's threads were asked to run.
+pub fn build_node<C: Connection>(
+    cfg: &SchedulerConfig,
+    metrics: &Arc<SchedulerMetrics>,
+    epoch: u64,
+    clock: &MonotonicClock,
+    notify: Option<dataplane::waitset::Notifier>,
+) -> Result<(SchedulerNode<C>, Vec<ThreadPlacement>), SchedulerError> {
+    // The wire carries the epoch in 32 bits; an etcd revision past that is
+    // refused rather than wrapped (a wrapped epoch would fence the new
+    // leader instead of the old one).
+    let wire_epoch = u32::try_from(epoch).map_err(|_| SchedulerError::Plane(format!("election epoch {epoch} does not fit the wire's 32 bits: compact or recreate the etcd cluster")))?;
     let mut plane = ControlPlane::new(cfg.models.clone(), &cfg.subclusters, cfg.core, metrics.clone())
         .map_err(|e| SchedulerError::Plane(e.to_string()))?;
     plane.set_closed_loop(cfg.closed_loop);
@@ -227,8 +266,7 @@ where
     }
     plane.set_delay_watch(cfg.transport.name(), cfg.delay_watch);
     plane.set_bench_stamps(cfg.bench_stamps.then(|| clock.origin_host_ns()));
-    let setup = |what| move |source| SchedulerError::Setup { what, source };
-    let drive = Drive::Threads { clock: *clock, notify: Some(idle.notifier()) };
+    let drive = Drive::Threads { clock: *clock, notify };
     let layout = plane.set_engine(cfg.engine, &cfg.pinned, drive).map_err(|e| SchedulerError::Plane(e.to_string()))?;
     // After the engine is in place: a new engine starts from the cores' defaults.
     for (model, admission) in cfg.admissions.iter().enumerate() {
@@ -238,20 +276,12 @@ where
             plane.set_admission(model as u32, *admission);
         }
     }
-    let acceptor = Acceptor::spawn("sched-accept", listener, idle.set().notifier())
-        .map_err(setup("acceptor thread"))?;
-    // After the acceptor's spawn: it would inherit this thread's CPU.
-    log_layout(cfg, &layout);
-    // The wire carries the epoch in 32 bits; an etcd revision past that is
-    // refused rather than wrapped (a wrapped epoch would fence the new
-    // leader instead of the old one).
-    let wire_epoch = u32::try_from(epoch).map_err(|_| SchedulerError::Plane(format!("election epoch {epoch} does not fit the wire's 32 bits: compact or recreate the etcd cluster")))?;
     // The old leader finds its lease revoked at its next renewal, one
     // heartbeat after the revoke at most (plus the etcd call): plan nothing
     // before that has passed. Backends that register meanwhile learn the
     // epoch from their Welcome and refuse the old term's plans from then on.
     let fence_wait = cfg.election.as_ref().map_or(Duration::ZERO, |e| Duration::from_nanos(e.heartbeat.as_nanos().saturating_mul(2)));
-    let mut node = SchedulerNode::new(
+    let node = SchedulerNode::new(
         plane,
         NodeConfig {
             heartbeat: cfg.heartbeat,
@@ -267,19 +297,7 @@ where
     )
     .with_membership(cfg.membership.clone())
     .with_epoch(wire_epoch);
-    let mut term = Term { election, routes: routes.map(|w| (w, cfg.routes.as_ref().map_or("", |r| r.group.as_str()))), epoch, stall: cfg.election.as_ref().map(|e| e.failure_timeout), last_pass: clock.now(), hold: None };
-    let mut first_plan = FirstPlan::new(metrics, clock, terms);
-    let end = poll_until_drained(&mut node, &acceptor, idle, clock, &mut term, &mut first_plan);
-    drop(acceptor);
-    let (frontends, backends) = node.plane().peers();
-    info!(
-        frontends,
-        backends,
-        batches_unfinished = node.plane().batches_in_flight(),
-        epoch,
-        "stopped"
-    );
-    Ok(end)
+    Ok((node, layout))
 }
 
 /// Whether this scheduler may go on serving its term (hot standby).

@@ -40,6 +40,7 @@ use super::bench_stamps::BenchClock;
 use super::metrics::{LoopEstimate, MessageRefusal, SchedulerMetrics};
 use crate::closed_loop::{ClosedLoop, Estimate, LoopConfig, Ratio, Report};
 use super::engine::{Engine, EngineKind};
+use super::expiry::ExpiryWheel;
 use crate::deferred::{CoreConfig, DeferredScheduler};
 use crate::runtime::{Drive, PinnedConfig, PinnedScheduler, ThreadPlacement};
 use crate::delay_watch::{DelayWatch, DelayWatchConfig, Verdict};
@@ -171,6 +172,123 @@ struct TaskMeta {
     attempt: u16,
 }
 
+/// One task id's entry in [`IdTable`] (the meta's fields inline, so that
+/// the two flags fit its padding: 32 bytes).
+#[derive(Clone, Copy, Debug)]
+struct IdEntry {
+    frontend: u32,
+    input: RemoteRef,
+    model: u32,
+    attempt: u16,
+    /// In a sub-cluster's queue (the meta is valid).
+    waiting: bool,
+    /// In the duplicate filter (until its deadline).
+    seen: bool,
+}
+
+impl IdEntry {
+    fn meta(&self) -> TaskMeta {
+        TaskMeta { frontend: self.frontend, input: self.input, model: self.model, attempt: self.attempt }
+    }
+}
+
+/// The plane's two sets of task ids in one hash table: the tasks waiting
+/// in a sub-cluster (with what a plan needs of them) and the duplicate
+/// filter (ids taken whose deadline has not passed). Mostly the same ids:
+/// as two tables a taken task cost two inserts and two removals, each a
+/// cache miss at 100k ids (the largest cost left of a saturated daemon's
+/// I/O thread); here one entry serves both and goes once neither holds it.
+#[derive(Debug)]
+struct IdTable {
+    map: IdMap<IdEntry>,
+    /// Entries with `waiting` set.
+    waiting: usize,
+}
+
+impl IdTable {
+    fn new() -> Self {
+        IdTable { map: IdMap::with_capacity_and_hasher(1 << 16, IdHasher::default()), waiting: 0 }
+    }
+
+    /// Tasks waiting.
+    fn waiting_len(&self) -> usize {
+        self.waiting
+    }
+
+    /// The waiting task `id`'s meta.
+    fn waiting(&self, id: u64) -> Option<TaskMeta> {
+        self.map.get(&id).filter(|e| e.waiting).map(IdEntry::meta)
+    }
+
+    /// Every waiting task, in no order.
+    fn iter_waiting(&self) -> impl Iterator<Item = (u64, TaskMeta)> + '_ {
+        self.map.iter().filter(|(_, e)| e.waiting).map(|(&id, e)| (id, e.meta()))
+    }
+
+    /// Task `id` no longer waits (planned or dropped); its meta.
+    fn take_waiting(&mut self, id: u64) -> Option<TaskMeta> {
+        let Entry::Occupied(mut o) = self.map.entry(id) else { return None };
+        let e = o.get_mut();
+        if !e.waiting {
+            return None;
+        }
+        e.waiting = false;
+        self.waiting -= 1;
+        let meta = e.meta();
+        if !e.seen {
+            o.remove();
+        }
+        Some(meta)
+    }
+
+    /// Every waiting task leaves (ids and metas, in no order).
+    fn drain_waiting(&mut self) -> Vec<(u64, TaskMeta)> {
+        let out: Vec<(u64, TaskMeta)> = self.iter_waiting().collect();
+        for &(id, _) in &out {
+            self.take_waiting(id);
+        }
+        out
+    }
+
+    /// Whether `id` is in the duplicate filter.
+    fn seen(&self, id: u64) -> bool {
+        self.map.get(&id).is_some_and(|e| e.seen)
+    }
+
+    /// `id` leaves the duplicate filter.
+    fn forget(&mut self, id: u64) {
+        if let Entry::Occupied(mut o) = self.map.entry(id) {
+            o.get_mut().seen = false;
+            if !o.get().waiting {
+                o.remove();
+            }
+        }
+    }
+
+    /// A task offered: `id` enters the duplicate filter, and, if it was
+    /// not in it and does not wait already, waits with `meta`. Returns
+    /// (whether it was new to the filter, whether it now waits as `meta`).
+    /// One hash lookup (two sets: an insert into each).
+    fn offer(&mut self, id: u64, meta: TaskMeta) -> (bool, bool) {
+        let e = self.map.entry(id).or_insert(IdEntry {
+            frontend: meta.frontend,
+            input: meta.input,
+            model: meta.model,
+            attempt: meta.attempt,
+            waiting: false,
+            seen: false,
+        });
+        let fresh = !e.seen;
+        e.seen = true;
+        if !fresh || e.waiting {
+            return (fresh, false);
+        }
+        *e = IdEntry { frontend: meta.frontend, input: meta.input, model: meta.model, attempt: meta.attempt, waiting: true, seen: true };
+        self.waiting += 1;
+        (fresh, true)
+    }
+}
+
 /// A batch sent to a backend and not yet reported done.
 struct InFlight {
     backend: u32,
@@ -206,9 +324,14 @@ pub struct ControlPlane {
     /// task, for the per-level counters.
     admissions: Vec<crate::types::Admission>,
     subclusters: Vec<SubCluster>,
-    frontends: HashMap<u32, FrontendState>,
-    backends: HashMap<u32, BackendState>,
-    tasks: IdMap<TaskMeta>,
+    // Foldhash too: every drop, failed-back task and forwarded completion
+    // looks its frontend up (SipHash was ~20 ns of each refusal under
+    // overload). Iterations over them are sorted.
+    frontends: HashMap<u32, FrontendState, IdHasher>,
+    backends: HashMap<u32, BackendState, IdHasher>,
+    /// Waiting tasks and the duplicate filter (`seen`: ids of tasks taken
+    /// whose deadline has not passed).
+    ids: IdTable,
     inflight: IdMap<InFlight>,
     /// (planned finish + grace, batch id) of batches in flight; entries of
     /// batches already reported are removed lazily.
@@ -221,10 +344,8 @@ pub struct ControlPlane {
     metrics: Arc<SchedulerMetrics>,
     stopping: bool,
     overlapping_plans: u64,
-    /// Ids of tasks taken whose deadline has not passed (duplicate filter).
-    seen: IdSet,
-    /// When each id in `seen` may be forgotten.
-    seen_expiry: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// When each id in `seen` may be forgotten (its deadline).
+    seen_expiry: ExpiryWheel,
     /// Tasks handed back as moved, by id: the attempt handed back. A later
     /// copy of that attempt (a duplicated message) is ignored; the next
     /// attempt (the frontend's resubmission, after a move back) is new.
@@ -343,9 +464,9 @@ impl ControlPlane {
             models,
             placement,
             subclusters: scs,
-            frontends: HashMap::new(),
-            backends: HashMap::new(),
-            tasks: IdMap::with_capacity_and_hasher(1 << 16, IdHasher::default()),
+            frontends: HashMap::default(),
+            backends: HashMap::default(),
+            ids: IdTable::new(),
             inflight: IdMap::with_capacity_and_hasher(1024, IdHasher::default()),
             expiries: BinaryHeap::with_capacity(1024),
             batch_grace: DEFAULT_BATCH_GRACE,
@@ -356,8 +477,7 @@ impl ControlPlane {
             metrics,
             stopping: false,
             overlapping_plans: 0,
-            seen: IdSet::with_capacity_and_hasher(4096, IdHasher::default()),
-            seen_expiry: BinaryHeap::with_capacity(4096),
+            seen_expiry: ExpiryWheel::new(),
             duplicate_tasks: 0,
             control_delay: core.delay.d_ctrl,
             delay: core.delay,
@@ -388,7 +508,7 @@ impl ControlPlane {
     /// order. Only before any peer joined (the cores start empty). Returns
     /// where each thread was asked to run (empty inline).
     pub fn set_engine(&mut self, kind: EngineKind, pinned: &PinnedConfig, drive: Drive) -> Result<Vec<ThreadPlacement>, PlaneError> {
-        if !self.frontends.is_empty() || !self.backends.is_empty() || !self.tasks.is_empty() {
+        if !self.frontends.is_empty() || !self.backends.is_empty() || self.ids.waiting_len() > 0 {
             return Err(PlaneError::EngineInUse);
         }
         let core = CoreConfig { delay: self.delay, ..self.core };
@@ -637,7 +757,7 @@ impl ControlPlane {
 
     /// Tasks waiting in sub-clusters.
     pub fn waiting_tasks(&self) -> usize {
-        self.tasks.len()
+        self.ids.waiting_len()
     }
 
     /// Batches sent and not reported done.
@@ -700,7 +820,7 @@ impl ControlPlane {
     /// it, once that can no longer be (see `moved_held`).
     /// The attempt handed back is remembered until `deadline`.
     fn answer_moved(&mut self, now: Instant, task: u64, frontend: u32, attempt: u16, deadline: Instant) {
-        self.seen.remove(&task);
+        self.ids.forget(task);
         self.handed_back.insert(task, attempt);
         self.handed_back_expiry.push(Reverse((deadline, task, attempt)));
         if self.fenced || now < self.moved_release_at {
@@ -955,9 +1075,10 @@ impl ControlPlane {
         // duplicated message (or a peer bug). It is ignored while the
         // original can still run: waiting, planned or running, i.e. until
         // the original's deadline. Answering it would answer the original.
-        // Two hash lookups per task (the filter, then the table's entry).
-        // A repeat found only in `tasks` (its `seen` entry expired while
-        // it still waits) re-enters `seen` with an expiry of its own.
+        // One hash lookup per task (`IdTable::offer`: the filter and the
+        // waiting tasks share an entry). A repeat of a task that still
+        // waits after its filter entry expired re-enters the filter with
+        // an expiry of its own.
         self.forget_seen(now);
         if !self.handed_back.is_empty() {
             // Empty unless tasks were handed back as moved: no hash per
@@ -975,7 +1096,7 @@ impl ControlPlane {
             }
         }
         if !self.owns(task.model_id) {
-            if self.seen.contains(&task.task_id) {
+            if self.ids.seen(task.task_id) {
                 // A repeat of a task planned before its model moved away
                 // (a frontend resubmitting after its link came back): the
                 // batch it is in still runs, so it must not go elsewhere.
@@ -994,7 +1115,7 @@ impl ControlPlane {
             // item 2). A repeat of a refused task is refused again; a
             // repeat of one taken is ignored as below (refusing it would
             // answer the original): one lookup, on the refusal path only.
-            if self.seen.contains(&task.task_id) {
+            if self.ids.seen(task.task_id) {
                 self.count_duplicate();
                 return;
             }
@@ -1005,23 +1126,14 @@ impl ControlPlane {
             return;
         }
         let deadline = now.saturating_add(Duration::from_nanos(task.budget_ns));
-        let fresh = self.seen.insert(task.task_id);
+        let meta = TaskMeta { frontend: from, input: task.input, model: task.model_id, attempt: task.attempt() };
+        let (fresh, taken) = self.ids.offer(task.task_id, meta);
         if fresh {
-            self.seen_expiry.push(Reverse((deadline, task.task_id)));
+            self.seen_expiry.insert(deadline, task.task_id);
         }
-        match self.tasks.entry(task.task_id) {
-            Entry::Vacant(slot) if fresh => {
-                slot.insert(TaskMeta {
-                    frontend: from,
-                    input: task.input,
-                    model: task.model_id,
-                    attempt: task.attempt(),
-                });
-            }
-            _ => {
-                self.count_duplicate();
-                return;
-            }
+        if !taken {
+            self.count_duplicate();
+            return;
         }
         let req = Request {
             id: task.task_id,
@@ -1090,7 +1202,7 @@ impl ControlPlane {
             return true;
         }
         let mut queued: Vec<(u64, u32)> =
-            self.tasks.iter().filter(|(_, m)| lost.get(m.model as usize).copied().unwrap_or(false)).map(|(&id, m)| (id, m.model)).collect();
+            self.ids.iter_waiting().filter(|(_, m)| lost.get(m.model as usize).copied().unwrap_or(false)).map(|(id, m)| (id, m.model)).collect();
         queued.sort_unstable();
         // `tasks` holds only tasks not yet planned: each is cancelled out
         // of its queue and answered moved (with the pinned engine, when its
@@ -1114,7 +1226,7 @@ impl ControlPlane {
             self.metrics.refuse(MessageRefusal::FrontendMismatch);
             return;
         }
-        let Some(meta) = self.tasks.get(&cancel.task_id) else { return };
+        let Some(meta) = self.ids.waiting(cancel.task_id) else { return };
         let Some((sc, local)) = self.placement.get(meta.model as usize).copied().flatten() else { return };
         self.subclusters[sc].sched.cancel(now, local, cancel.task_id, &mut self.actions);
         self.apply(now, sc);
@@ -1139,13 +1251,8 @@ impl ControlPlane {
 
     /// Forgets the ids of tasks whose deadline has passed.
     fn forget_seen(&mut self, now: Instant) {
-        while let Some(&Reverse((t, id))) = self.seen_expiry.peek() {
-            if t > now {
-                break;
-            }
-            self.seen_expiry.pop();
-            self.seen.remove(&id);
-        }
+        let ids = &mut self.ids;
+        self.seen_expiry.expire(now, |id| ids.forget(id));
         while let Some(&Reverse((t, id, attempt))) = self.handed_back_expiry.peek() {
             if t > now {
                 break;
@@ -1310,8 +1417,9 @@ impl ControlPlane {
     pub fn stop(&mut self) {
         self.stopping = true;
         let mut waiting: Vec<(u64, u32)> = self
-            .tasks
-            .drain()
+            .ids
+            .drain_waiting()
+            .into_iter()
             .map(|(id, m)| (id, m.frontend))
             .collect();
         // Task order, not hash order: a run is reproducible.
@@ -1334,7 +1442,7 @@ impl ControlPlane {
             // per drop otherwise.
             let handed_back = !self.handing_over.is_empty() && self.handing_over.remove(&req.id);
             let reason = if handed_back && reason == DropReason::Cancelled { DropReason::Moved } else { reason };
-            if let Some(m) = self.tasks.remove(&req.id) {
+            if let Some(m) = self.ids.take_waiting(req.id) {
                 self.metrics.model_drops(m.model);
                 self.metrics.level_drops(self.level_index(m.model, req.priority), reason);
                 if reason == DropReason::Moved {
@@ -1374,7 +1482,7 @@ impl ControlPlane {
                 self.metrics.unowned_plans_held.inc();
                 for r in members {
                     self.handing_over.remove(&r.id);
-                    if let Some(m) = self.tasks.remove(&r.id) {
+                    if let Some(m) = self.ids.take_waiting(r.id) {
                         self.metrics.model_drops(m.model);
                         self.answer_moved(now, r.id, m.frontend, m.attempt, r.deadline);
                     }
@@ -1398,11 +1506,11 @@ impl ControlPlane {
                 let stamp = b.plan_stamp(plan.planned_at, plan.exec_at, deadline);
                 self.out.push(PeerId::Backend(backend), |buf| wire::encode(buf, &stamp));
             }
-            let tasks = &mut self.tasks;
+            let ids = &mut self.ids;
             self.out.push(PeerId::Backend(backend), |buf| {
                 let mut w = BatchPlanWriter::new(buf, &head)?;
                 for r in members {
-                    if let Some(m) = tasks.remove(&r.id) {
+                    if let Some(m) = ids.take_waiting(r.id) {
                         w.push(&BatchTask {
                             task_id: r.id,
                             frontend_id: m.frontend,

@@ -150,6 +150,8 @@ pub struct PinnedScheduler {
     outcomes: Vec<Consumer<Outcome>>,
     partial: Vec<Partial>,
     online: Vec<bool>,
+    /// GPUs set in `online` (the host reads it on every pass).
+    online_count: usize,
     mode: Mode,
 }
 
@@ -210,6 +212,7 @@ impl PinnedScheduler {
             partial: (0..threads).map(|_| Partial::default()).collect(),
             outcomes,
             online: Vec::new(),
+            online_count: 0,
             mode,
         };
         Ok((s, layout))
@@ -292,14 +295,21 @@ impl PinnedScheduler {
         if self.online.len() <= g {
             self.online.resize(g + 1, false);
         }
-        self.online[g] = online;
+        if self.online[g] != online {
+            self.online[g] = online;
+            if online {
+                self.online_count += 1;
+            } else {
+                self.online_count -= 1;
+            }
+        }
         self.send_to_rank(RankControl::Message(ToRank::GpuMembership { gpu, online, free_at }));
         self.settle(now, out);
     }
 
     /// GPUs currently in the cluster.
     pub fn online_gpus(&self) -> usize {
-        self.online.iter().filter(|&&o| o).count()
+        self.online_count
     }
 
     /// The network delay bound later decisions charge (every core).
