@@ -208,7 +208,9 @@ impl ModelState {
     /// sizes the batch and its latest start. The window's opening
     /// (frontrun) is never later than the profile's, so a grant the
     /// profile would take is taken.
-    fn gather(&mut self, now: Instant, cfg: &CoreConfig, gpu_free: Option<Instant>, factor: f64, out: &mut Actions) -> Option<Candidate> {
+    /// `spare_gpu`: some GPU is idle, as far as this ModelThread knows
+    /// (see [`ModelThreadCore::spare_gpu_at`]).
+    fn gather(&mut self, now: Instant, cfg: &CoreConfig, gpu_free: Option<Instant>, factor: f64, spare_gpu: bool, out: &mut Actions) -> Option<Candidate> {
         let delay = &cfg.delay;
         let gpu_free = gpu_free.unwrap_or(Instant::ZERO);
         let target = self.target_batch(now, delay);
@@ -318,8 +320,11 @@ impl ModelState {
         // shortcuts that end deferral early, the efficiency stop at the mean
         // rate's target and the window of `window_gaps x CV^2` mean gaps,
         // are off: the batch defers to the paper's frontrun with a window of
-        // median gaps (docs/decisions.md, deferred item 12).
-        let burst_locked = self.alone_past_half_slo && self.rate.gap_cv2().is_some_and(|c| c > BURSTY_CV2);
+        // median gaps (docs/decisions.md, deferred item 12). That bets on
+        // a GPU being free at the frontrun: on a cluster with no GPU idle
+        // the narrow window mostly closes before one frees, so the rule
+        // holds only while one idles (deferred item 13).
+        let burst_locked = spare_gpu && self.alone_past_half_slo && self.rate.gap_cv2().is_some_and(|c| c > BURSTY_CV2);
         // Without a rate estimate there is no target: defer as for the SLO.
         let target = match (cfg.gather, target) {
             (Gather::Early, Some(t)) if !burst_locked => t,
@@ -424,8 +429,8 @@ impl ModelState {
 
     /// Recomputes the candidate, tells the RankThread what changed, and
     /// returns when this model next needs attention.
-    fn refresh(&mut self, now: Instant, cfg: &CoreConfig, out: &mut Actions, to_rank: &mut impl FnMut(ToRank), sent: &mut u64) -> Option<Instant> {
-        let cand = self.gather(now, cfg, None, 1.0, out);
+    fn refresh(&mut self, now: Instant, cfg: &CoreConfig, spare_gpu: bool, out: &mut Actions, to_rank: &mut impl FnMut(ToRank), sent: &mut u64) -> Option<Instant> {
+        let cand = self.gather(now, cfg, None, 1.0, spare_gpu, out);
         let delay = &cfg.delay;
         let ready = cand.filter(|c| Self::ready(now, delay, c));
         if ready != self.informed {
@@ -499,6 +504,11 @@ pub struct ModelThreadCore {
     wakes: IndexedHeap<Instant>,
     /// The closed loop's latency factor of each GPU (absent: 1).
     gpu_factors: Vec<f64>,
+    /// When some GPU is free, as of the last grant this core received: the
+    /// RankThread's [`Grant::other_free_at`], or the granted GPU's own free
+    /// time if that is earlier (its batch ends, or it was handed back).
+    /// At or before now: a GPU idles. Zero at start (every GPU is free).
+    spare_gpu_at: Instant,
     stats: ModelThreadStats,
 }
 
@@ -543,7 +553,7 @@ impl ModelThreadCore {
             })
             .collect();
         let n = states.len();
-        ModelThreadCore { cfg, models: states, local, wakes: IndexedHeap::with_ids(n), gpu_factors: Vec::new(), stats: ModelThreadStats::default() }
+        ModelThreadCore { cfg, models: states, local, wakes: IndexedHeap::with_ids(n), gpu_factors: Vec::new(), spare_gpu_at: Instant::ZERO, stats: ModelThreadStats::default() }
     }
 
     /// The network delay bound later decisions charge (the delay watch
@@ -639,7 +649,8 @@ impl ModelThreadCore {
 
     fn refresh(&mut self, i: usize, now: Instant, out: &mut Actions, to_rank: &mut impl FnMut(ToRank)) {
         let drops_before = out.drops.len();
-        let wake = self.models[i].refresh(now, &self.cfg, out, to_rank, &mut self.stats.to_rank);
+        let spare_gpu = self.spare_gpu_at <= now;
+        let wake = self.models[i].refresh(now, &self.cfg, spare_gpu, out, to_rank, &mut self.stats.to_rank);
         self.stats.drops += (out.drops.len() - drops_before) as u64;
         match wake {
             Some(t) => self.wakes.set(i as u32, t),
@@ -718,7 +729,8 @@ impl ModelThreadCore {
         // So did it its pending copy.
         m.informed_pending = None;
         let drops_before = out.drops.len();
-        let cand = m.gather(now, &cfg, Some(g.free_at), factor, out);
+        self.spare_gpu_at = g.other_free_at;
+        let cand = m.gather(now, &cfg, Some(g.free_at), factor, g.other_free_at <= now, out);
         self.stats.drops += (out.drops.len() - drops_before) as u64;
         let start_bound = |c: &Candidate| (now + cfg.delay.of(c.bs)).max(g.free_at);
         match cand {
@@ -745,11 +757,13 @@ impl ModelThreadCore {
                 out.push_batch(g.gpu, m.id, exec_at, finish_at, planned_at, members);
                 self.stats.batches += 1;
                 self.stats.to_rank += 1;
+                self.spare_gpu_at = self.spare_gpu_at.min(finish_at);
                 to_rank(ToRank::GpuFree { gpu: g.gpu, free_at: finish_at });
             }
             _ => {
                 self.stats.grants_returned += 1;
                 self.stats.to_rank += 1;
+                self.spare_gpu_at = self.spare_gpu_at.min(g.free_at);
                 to_rank(ToRank::GpuFree { gpu: g.gpu, free_at: g.free_at });
             }
         }
@@ -830,7 +844,7 @@ mod tests {
             }
             let now = Instant::from_nanos(t);
             m.queues[0].push_back(Request::new(1, 0, now, now + Duration::from_millis(15)));
-            let cand = m.gather(now, &c.cfg, None, 1.0, &mut Actions::default()).expect("a candidate");
+            let cand = m.gather(now, &c.cfg, None, 1.0, true, &mut Actions::default()).expect("a candidate");
             cand.exec_at.saturating_since(now)
         };
         // Bursty: wait until the frontrun d - l(2) (4.7 ms after arrival).

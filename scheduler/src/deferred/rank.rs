@@ -224,7 +224,8 @@ impl RankCore {
         self.stats.early_grants += 1;
         self.stats.grants += 1;
         self.set_granted(g, true);
-        grant(Grant { model: m, gpu: g, free_at: now, early: true });
+        let other_free_at = self.other_free_at(now);
+        grant(Grant { model: m, gpu: g, free_at: now, early: true, other_free_at });
     }
 
     /// Moves GPUs whose free time has passed into the idle set.
@@ -244,10 +245,20 @@ impl RankCore {
         }
     }
 
-    fn give(&mut self, model: ModelId, gpu: GpuId, free_at: Instant, grant: &mut impl FnMut(Grant)) {
+    fn give(&mut self, now: Instant, model: ModelId, gpu: GpuId, free_at: Instant, grant: &mut impl FnMut(Grant)) {
         self.stats.grants += 1;
         self.set_granted(gpu, true);
-        grant(Grant { model, gpu, free_at, early: false });
+        let other_free_at = self.other_free_at(now);
+        grant(Grant { model, gpu, free_at, early: false, other_free_at });
+    }
+
+    /// When the first GPU not yet granted is free ([`Grant::other_free_at`]).
+    fn other_free_at(&self, now: Instant) -> Instant {
+        if self.idle.is_empty() {
+            self.busy.peek().map_or(Instant::NEVER, |(t, _)| t)
+        } else {
+            now
+        }
     }
 
     /// Appendix D's on_model_timer: a candidate just became schedulable.
@@ -263,11 +274,11 @@ impl RankCore {
                 if busy_until > now + self.delay.of(c.bs) && mutation::fires(Mutation::SchedulerPlansOntoBusyGpu) {
                     self.idle.set(g, g);
                     self.busy.pop();
-                    self.give(model, b, now, grant);
+                    self.give(now, model, b, now, grant);
                     return;
                 }
             }
-            self.give(model, g, now, grant);
+            self.give(now, model, g, now, grant);
             return;
         }
         let start = c.exec_at.max(now + self.delay.of(c.bs));
@@ -277,7 +288,7 @@ impl RankCore {
         if let Some((free_at, g)) = self.busy.peek().filter(|_| !outranked) {
             if free_at <= start && free_at <= c.latest {
                 self.busy.pop();
-                self.give(model, g, free_at, grant);
+                self.give(now, model, g, free_at, grant);
                 return;
             }
         }
@@ -318,7 +329,7 @@ impl RankCore {
             self.remove_candidate(m);
             self.idle.remove(gpu);
             self.busy.remove(gpu);
-            self.give(m, gpu, free_at, grant);
+            self.give(now, m, gpu, free_at, grant);
         }
     }
 
