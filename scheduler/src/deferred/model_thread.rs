@@ -59,18 +59,11 @@ struct RateWindow {
     /// Sum of the squared gaps between the recorded arrivals, in ns²
     /// (exact: 255 gaps of up to 10^9 ns each fit a u128 many times over).
     gap_sq_sum: u128,
-    /// The same gaps in ns, ascending (the first `filled - 1` entries),
-    /// kept only with `keeps_median`.
-    sorted_gaps: [u64; RATE_WINDOW],
-    /// Whether `sorted_gaps` is kept: an insertion costs a move of up to
-    /// 2 KiB per arrival, paid only by the models that use the median
-    /// (`alone_past_half_slo`), not on every model's hot path.
-    keeps_median: bool,
 }
 
 impl RateWindow {
-    fn new(keeps_median: bool) -> Self {
-        RateWindow { times: [Instant::ZERO; RATE_WINDOW], next: 0, filled: 0, gap_sq_sum: 0, sorted_gaps: [0; RATE_WINDOW], keeps_median }
+    fn new() -> Self {
+        RateWindow { times: [Instant::ZERO; RATE_WINDOW], next: 0, filled: 0, gap_sq_sum: 0 }
     }
 
     fn record(&mut self, t: Instant) {
@@ -81,23 +74,11 @@ impl RateWindow {
             let second = self.times[(self.next + 1) % RATE_WINDOW];
             let gap = second.saturating_since(oldest);
             self.gap_sq_sum -= sq(gap);
-            if self.keeps_median {
-                let n = self.filled - 1;
-                let at = self.sorted_gaps[..n].partition_point(|&g| g < gap.as_nanos());
-                self.sorted_gaps.copy_within(at + 1..n, at);
-            }
         }
         if self.filled > 0 {
             let last = self.times[(self.next + RATE_WINDOW - 1) % RATE_WINDOW];
             let gap = t.saturating_since(last);
             self.gap_sq_sum += sq(gap);
-            // Gaps held now (one fewer after the eviction above).
-            if self.keeps_median {
-                let n = if self.filled == RATE_WINDOW { RATE_WINDOW - 2 } else { self.filled - 1 };
-                let at = self.sorted_gaps[..n].partition_point(|&g| g <= gap.as_nanos());
-                self.sorted_gaps.copy_within(at..n, at + 1);
-                self.sorted_gaps[at] = gap.as_nanos();
-            }
         }
         self.times[self.next] = t;
         self.next = (self.next + 1) % RATE_WINDOW;
@@ -120,22 +101,6 @@ impl RateWindow {
         }
         let mean_sq = self.gap_sq_sum as f64 / n;
         Some((mean_sq / (mean * mean) - 1.0).max(0.0))
-    }
-
-    /// The recorded gaps in ns, ascending.
-    fn gaps(&self) -> &[u64] {
-        if !self.keeps_median {
-            return &[];
-        }
-        &self.sorted_gaps[..self.filled.saturating_sub(1)]
-    }
-
-    /// Median of the recent gaps, if at least two arrivals were seen:
-    /// the gap inside a burst, where the mean is dominated by the quiet
-    /// spells between bursts (Poisson: 0.69 of the mean; Gamma(0.2): 0.1).
-    fn median_gap(&self) -> Option<Duration> {
-        let gaps = self.gaps();
-        gaps.get(gaps.len() / 2).map(|g| Duration::from_nanos(*g))
     }
 
     /// Mean gap between recent arrivals, if at least two were seen.
@@ -319,11 +284,11 @@ impl ModelState {
         // dominated by the quiet spells between bursts), so the two
         // shortcuts that end deferral early, the efficiency stop at the mean
         // rate's target and the window of `window_gaps x CV^2` mean gaps,
-        // are off: the batch defers to the paper's frontrun with a window of
-        // median gaps (docs/decisions.md, deferred item 12). That bets on
-        // a GPU being free at the frontrun: on a cluster with no GPU idle
-        // the narrow window mostly closes before one frees, so the rule
-        // holds only while one idles (deferred item 13).
+        // are off: the batch defers to the paper's frontrun (docs/
+        // decisions.md, deferred items 12 and 13). That bets on a GPU being
+        // free at the frontrun: on a cluster with no GPU idle the narrow
+        // window mostly closes before one frees, so the rule holds only
+        // while one idles.
         let burst_locked = spare_gpu && self.alone_past_half_slo && self.rate.gap_cv2().is_some_and(|c| c > BURSTY_CV2);
         // Without a rate estimate there is no target: defer as for the SLO.
         let target = match (cfg.gather, target) {
@@ -346,13 +311,11 @@ impl ModelState {
             // than Poisson's: with evenly spaced arrivals the window would
             // shrink to `alpha`, too narrow for a GPU slower than its
             // profile (the closed loop's factor) to start in.
-            // Median gaps when burst-locked (Gamma(0.2): a tenth of the mean).
-            let (gap, gaps) = if burst_locked {
-                (self.rate.median_gap(), cfg.window_gaps)
-            } else {
-                (self.rate.mean_gap(now), cfg.window_gaps * self.rate.gap_cv2().unwrap_or(1.0).max(1.0))
+            // Burst-locked: no widening (only `min_window`).
+            let gap = match self.rate.mean_gap(now) {
+                Some(g) if !burst_locked => Duration::from_nanos((g.as_nanos() as f64 * cfg.window_gaps * self.rate.gap_cv2().unwrap_or(1.0).max(1.0)) as u64),
+                _ => Duration::ZERO,
             };
-            let gap = gap.map_or(Duration::ZERO, |g| Duration::from_nanos((g.as_nanos() as f64 * gaps) as u64));
             (dl - self.profile.scaled_latency(bs + 1, slow)).min((dl - self.profile.scaled_latency(bs, slow)) - cfg.min_window.max(gap))
         };
         let level = self.queues.iter().position(|q| !q.is_empty()).unwrap_or(0);
@@ -547,7 +510,7 @@ impl ModelThreadCore {
                     informed: None,
                     informed_at: Instant::ZERO,
                     informed_pending: None,
-                    rate: RateWindow::new(alone_past_half_slo),
+                    rate: RateWindow::new(),
                     gpu_factors: Vec::new(),
                 }
             })
@@ -793,44 +756,24 @@ mod tests {
     #[test]
     fn the_gap_variation_is_zero_for_even_arrivals_and_large_for_bursts() {
         let ms = |n: u64| Instant::from_nanos(n * 1_000_000);
-        let mut even = RateWindow::new(true);
+        let mut even = RateWindow::new();
         for i in 0..1000 {
             even.record(ms(i));
         }
         assert!(even.gap_cv2().is_some_and(|c| c < 1e-9), "{:?}", even.gap_cv2());
         // Bursts of ten back-to-back arrivals every 100 ms (window wrapped).
-        let mut bursty = RateWindow::new(true);
+        let mut bursty = RateWindow::new();
         for i in 0..1000u64 {
             bursty.record(Instant::from_nanos((i / 10) * 100_000_000 + (i % 10) * 1_000));
         }
         assert!(bursty.gap_cv2().is_some_and(|c| c > 5.0), "{:?}", bursty.gap_cv2());
-        // The median is the gap inside a burst, the mean that of the bursts.
-        assert_eq!(even.median_gap(), Some(Duration::from_millis(1)));
-        assert_eq!(bursty.median_gap(), Some(Duration::from_micros(1)));
         assert!(bursty.mean_gap(Instant::from_nanos(9_900_009_000)).is_some_and(|g| g > Duration::from_millis(9)));
     }
 
     #[test]
-    fn the_sorted_gaps_follow_the_window() {
-        // Gaps 1..=600 us, the window keeps the last 255 of them, sorted.
-        let mut w = RateWindow::new(true);
-        let mut t = 0u64;
-        for i in 1..=600u64 {
-            t += (i * 7919 % 600 + 1) * 1_000;
-            w.record(Instant::from_nanos(t));
-        }
-        let gaps = w.gaps();
-        assert_eq!(gaps.len(), RATE_WINDOW - 1);
-        assert!(gaps.windows(2).all(|p| p[0] <= p[1]));
-        let mut want: Vec<u64> = (0..RATE_WINDOW - 1).map(|k| w.times[(w.next + k + 1) % RATE_WINDOW].saturating_since(w.times[(w.next + k) % RATE_WINDOW]).as_nanos()).collect();
-        want.sort_unstable();
-        assert_eq!(gaps, &want[..]);
-    }
-
-    #[test]
-    fn a_model_past_half_its_slo_waits_for_the_frontrun_only_under_bursts() {
+    fn a_model_past_half_its_slo_waits_for_the_frontrun_only_under_bursts_with_a_gpu_idle() {
         // A100 EfficientNetV2S at SLO 15 ms: l(1) = 8.8 ms, l(2) = 10.3 ms.
-        let start = |bursty: bool| {
+        let start = |bursty: bool, spare_gpu: bool| {
             let spec = ModelSpec::linear("e", 1.454, 7.378, 15.0).expect("a valid profile");
             let mut c = ModelThreadCore::new(CoreConfig::default(), vec![(0, spec)]);
             let m = &mut c.models[0];
@@ -844,14 +787,16 @@ mod tests {
             }
             let now = Instant::from_nanos(t);
             m.queues[0].push_back(Request::new(1, 0, now, now + Duration::from_millis(15)));
-            let cand = m.gather(now, &c.cfg, None, 1.0, true, &mut Actions::default()).expect("a candidate");
+            let cand = m.gather(now, &c.cfg, None, 1.0, spare_gpu, &mut Actions::default()).expect("a candidate");
             cand.exec_at.saturating_since(now)
         };
         // Bursty: wait until the frontrun d - l(2) (4.7 ms after arrival).
-        let wait = start(true);
+        let wait = start(true, true);
         assert!(wait > Duration::from_millis(4) && wait < Duration::from_millis(5), "{wait:?}");
         // Steady arrivals: the batch the rate fills is one, so it starts now.
-        assert_eq!(start(false), Duration::ZERO);
+        assert_eq!(start(false, true), Duration::ZERO);
+        // No GPU idle: it takes the next one that frees, as without bursts.
+        assert_eq!(start(true, false), Duration::ZERO);
     }
 
     #[test]
