@@ -401,6 +401,26 @@ mod tests {
     }
 
     #[test]
+    fn a_grant_says_when_the_next_other_gpu_is_free() {
+        let ms = |ms: u64| Instant::from_nanos(ms * 1_000_000);
+        let mut rank = RankCore::new(3, 2, NetworkDelay::ZERO);
+        let mut grants = Vec::new();
+        // Two idle GPUs: the first grant leaves one idle (free now).
+        rank.on_message(ms(1), ToRank::Candidate { model: 0, cand: Some(cand(4, 100)) }, &mut |g| grants.push(g));
+        assert_eq!(grants.pop().map(|g| (g.gpu, g.other_free_at)), Some((0, ms(1))));
+        rank.on_message(ms(1), ToRank::GpuFree { gpu: 0, free_at: ms(30) }, &mut |g| grants.push(g));
+        // The last idle one: the next other GPU frees at 30 ms.
+        rank.on_message(ms(2), ToRank::Candidate { model: 1, cand: Some(cand(4, 100)) }, &mut |g| grants.push(g));
+        assert_eq!(grants.pop().map(|g| (g.gpu, g.other_free_at)), Some((1, ms(30))));
+        // When GPU 0 frees, every other GPU is reserved by a ModelThread
+        // (GPU 1 was not handed back): never.
+        rank.on_message(ms(3), ToRank::Candidate { model: 2, cand: Some(cand(4, 100)) }, &mut |g| grants.push(g));
+        assert!(grants.is_empty());
+        rank.on_wake(ms(30), &mut |g| grants.push(g));
+        assert_eq!(grants.pop().map(|g| (g.gpu, g.other_free_at)), Some((0, Instant::NEVER)));
+    }
+
+    #[test]
     fn grants_lowest_idle_gpu_and_never_an_offline_one() {
         let mut rank = RankCore::new(2, 3, NetworkDelay::ZERO);
         let mut grants = Vec::new();
