@@ -124,9 +124,10 @@ struct ModelState {
     slo: Duration,
     /// The batch with the best throughput per GPU that fits the SLO.
     best_batch: u32,
-    /// `2 l(1) > SLO`: no GPU runs two of this model's batches back to back
-    /// within its SLO (see [`Self::gather`], deferred item 12).
-    alone_past_half_slo: bool,
+    /// `l(1) + l(2) > SLO`: a GPU that starts one of this model's requests
+    /// alone cannot serve a pair arriving just after it within the SLO
+    /// (see [`Self::gather`], deferred items 12 and 13).
+    pair_locked_out: bool,
     /// Pending requests, one queue per priority level (highest first),
     /// each sorted by deadline (arrival order for one SLO).
     queues: Vec<VecDeque<Request>>,
@@ -277,11 +278,12 @@ impl ModelState {
         let full = bs >= self.profile.max_batch();
         let latest = dl - self.profile.scaled_latency(bs, factor);
         let slow = factor.max(1.0);
-        // A model whose single request takes over half its SLO cannot run
-        // two batches back to back on one GPU within it: a batch started
-        // early locks the requests behind it out of that GPU. Under clearly
-        // bursty arrivals those requests are moments away (the mean gap is
-        // dominated by the quiet spells between bursts), so the two
+        // A GPU that starts one of this model's requests alone cannot serve
+        // a pair arriving just after it in time (`l(1) + l(2) > SLO`): a
+        // batch started early locks the requests behind it out of that GPU.
+        // Under clearly bursty arrivals those requests are moments away and
+        // come in groups (the mean gap is dominated by the quiet spells
+        // between bursts), so the two
         // shortcuts that end deferral early, the efficiency stop at the mean
         // rate's target and the window of `window_gaps x CV^2` mean gaps,
         // are off: the batch defers to the paper's frontrun (docs/
@@ -289,7 +291,7 @@ impl ModelState {
         // free at the frontrun: on a cluster with no GPU idle the narrow
         // window mostly closes before one frees, so the rule holds only
         // while one idles.
-        let burst_locked = spare_gpu && self.alone_past_half_slo && self.rate.gap_cv2().is_some_and(|c| c > BURSTY_CV2);
+        let burst_locked = spare_gpu && self.pair_locked_out && self.rate.gap_cv2().is_some_and(|c| c > BURSTY_CV2);
         // Without a rate estimate there is no target: defer as for the SLO.
         let target = match (cfg.gather, target) {
             (Gather::Early, Some(t)) if !burst_locked => t,
@@ -495,14 +497,14 @@ impl ModelThreadCore {
             .enumerate()
             .map(|(i, (id, spec))| {
                 local[id as usize] = i as u32;
-                let alone_past_half_slo = spec.profile.latency(1).saturating_mul(2) > spec.slo;
+                let pair_locked_out = spec.profile.latency(1) + spec.profile.latency(2) > spec.slo;
                 let best_batch = (1..=spec.profile.max_batch_within(spec.slo, Duration::ZERO, u32::MAX).max(1))
                     .max_by(|&a, &b| spec.profile.throughput_rps(a).total_cmp(&spec.profile.throughput_rps(b)))
                     .unwrap_or(1);
                 ModelState {
                     id,
                     best_batch,
-                    alone_past_half_slo,
+                    pair_locked_out,
                     profile: spec.profile,
                     slo: spec.slo,
                     queues: vec![VecDeque::with_capacity(256)],
@@ -771,13 +773,13 @@ mod tests {
     }
 
     #[test]
-    fn a_model_past_half_its_slo_waits_for_the_frontrun_only_under_bursts_with_a_gpu_idle() {
+    fn a_model_locking_out_pairs_waits_for_the_frontrun_only_under_bursts_with_a_gpu_idle() {
         // A100 EfficientNetV2S at SLO 15 ms: l(1) = 8.8 ms, l(2) = 10.3 ms.
         let start = |bursty: bool, spare_gpu: bool| {
             let spec = ModelSpec::linear("e", 1.454, 7.378, 15.0).expect("a valid profile");
             let mut c = ModelThreadCore::new(CoreConfig::default(), vec![(0, spec)]);
             let m = &mut c.models[0];
-            assert!(m.alone_past_half_slo);
+            assert!(m.pair_locked_out);
             // 600 arrivals, mean gap 10 ms: bursts of five 1 us apart every
             // 50 ms, or one every 10 ms with a Poisson-like spread of gaps.
             let mut t = 0u64;
@@ -797,6 +799,19 @@ mod tests {
         assert_eq!(start(false, true), Duration::ZERO);
         // No GPU idle: it takes the next one that frees, as without bursts.
         assert_eq!(start(true, false), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_pair_behind_a_lone_request_decides_the_lock_out() {
+        let locked = |alpha: f64, beta: f64, slo: f64| {
+            let spec = ModelSpec::linear("m", alpha, beta, slo).expect("a valid profile");
+            ModelThreadCore::new(CoreConfig::default(), vec![(0, spec)]).models[0].pair_locked_out
+        };
+        // 1080Ti ResNet50 at 15 ms: 2 l(1) = 14.9 ms fits, l(1) + l(2) = 16.9 ms does not.
+        assert!(locked(2.050, 5.378, 15.0));
+        assert!(!locked(2.050, 5.378, 25.0));
+        // A100 ResNet50 at 15 ms: 5.4 + 5.7 ms.
+        assert!(!locked(0.268, 5.172, 15.0));
     }
 
     #[test]
