@@ -192,6 +192,13 @@ pub struct Grant {
     /// Granted to the model's pending (not yet schedulable) candidate
     /// because more models wait than GPUs are idle: run it now.
     pub early: bool,
+    /// When the next *other* GPU is free, as the RankThread saw it at this
+    /// grant: `free_at`-style, so at or before now when one is idle, and
+    /// [`Instant::NEVER`] when every other GPU is reserved or offline. The
+    /// ModelThread's only view of the cluster's load: a batch that waits
+    /// for its frontrun on the bet that a GPU will be there then is worth
+    /// it only while GPUs idle (docs/decisions.md, deferred item 13).
+    pub other_free_at: Instant,
 }
 
 /// One ModelThread core and one RankThread core in a single thread, for the

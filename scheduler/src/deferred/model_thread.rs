@@ -59,18 +59,11 @@ struct RateWindow {
     /// Sum of the squared gaps between the recorded arrivals, in ns²
     /// (exact: 255 gaps of up to 10^9 ns each fit a u128 many times over).
     gap_sq_sum: u128,
-    /// The same gaps in ns, ascending (the first `filled - 1` entries),
-    /// kept only with `keeps_median`.
-    sorted_gaps: [u64; RATE_WINDOW],
-    /// Whether `sorted_gaps` is kept: an insertion costs a move of up to
-    /// 2 KiB per arrival, paid only by the models that use the median
-    /// (`alone_past_half_slo`), not on every model's hot path.
-    keeps_median: bool,
 }
 
 impl RateWindow {
-    fn new(keeps_median: bool) -> Self {
-        RateWindow { times: [Instant::ZERO; RATE_WINDOW], next: 0, filled: 0, gap_sq_sum: 0, sorted_gaps: [0; RATE_WINDOW], keeps_median }
+    fn new() -> Self {
+        RateWindow { times: [Instant::ZERO; RATE_WINDOW], next: 0, filled: 0, gap_sq_sum: 0 }
     }
 
     fn record(&mut self, t: Instant) {
@@ -81,23 +74,11 @@ impl RateWindow {
             let second = self.times[(self.next + 1) % RATE_WINDOW];
             let gap = second.saturating_since(oldest);
             self.gap_sq_sum -= sq(gap);
-            if self.keeps_median {
-                let n = self.filled - 1;
-                let at = self.sorted_gaps[..n].partition_point(|&g| g < gap.as_nanos());
-                self.sorted_gaps.copy_within(at + 1..n, at);
-            }
         }
         if self.filled > 0 {
             let last = self.times[(self.next + RATE_WINDOW - 1) % RATE_WINDOW];
             let gap = t.saturating_since(last);
             self.gap_sq_sum += sq(gap);
-            // Gaps held now (one fewer after the eviction above).
-            if self.keeps_median {
-                let n = if self.filled == RATE_WINDOW { RATE_WINDOW - 2 } else { self.filled - 1 };
-                let at = self.sorted_gaps[..n].partition_point(|&g| g <= gap.as_nanos());
-                self.sorted_gaps.copy_within(at..n, at + 1);
-                self.sorted_gaps[at] = gap.as_nanos();
-            }
         }
         self.times[self.next] = t;
         self.next = (self.next + 1) % RATE_WINDOW;
@@ -122,22 +103,6 @@ impl RateWindow {
         Some((mean_sq / (mean * mean) - 1.0).max(0.0))
     }
 
-    /// The recorded gaps in ns, ascending.
-    fn gaps(&self) -> &[u64] {
-        if !self.keeps_median {
-            return &[];
-        }
-        &self.sorted_gaps[..self.filled.saturating_sub(1)]
-    }
-
-    /// Median of the recent gaps, if at least two arrivals were seen:
-    /// the gap inside a burst, where the mean is dominated by the quiet
-    /// spells between bursts (Poisson: 0.69 of the mean; Gamma(0.2): 0.1).
-    fn median_gap(&self) -> Option<Duration> {
-        let gaps = self.gaps();
-        gaps.get(gaps.len() / 2).map(|g| Duration::from_nanos(*g))
-    }
-
     /// Mean gap between recent arrivals, if at least two were seen.
     fn mean_gap(&self, now: Instant) -> Option<Duration> {
         if self.filled < 2 {
@@ -159,9 +124,10 @@ struct ModelState {
     slo: Duration,
     /// The batch with the best throughput per GPU that fits the SLO.
     best_batch: u32,
-    /// `2 l(1) > SLO`: no GPU runs two of this model's batches back to back
-    /// within its SLO (see [`Self::gather`], deferred item 12).
-    alone_past_half_slo: bool,
+    /// `l(1) + l(2) > SLO`: a GPU that starts one of this model's requests
+    /// alone cannot serve a pair arriving just after it within the SLO
+    /// (see [`Self::gather`], deferred items 12 and 13).
+    pair_locked_out: bool,
     /// Pending requests, one queue per priority level (highest first),
     /// each sorted by deadline (arrival order for one SLO).
     queues: Vec<VecDeque<Request>>,
@@ -208,7 +174,9 @@ impl ModelState {
     /// sizes the batch and its latest start. The window's opening
     /// (frontrun) is never later than the profile's, so a grant the
     /// profile would take is taken.
-    fn gather(&mut self, now: Instant, cfg: &CoreConfig, gpu_free: Option<Instant>, factor: f64, out: &mut Actions) -> Option<Candidate> {
+    /// `spare_gpu`: some GPU is idle, as far as this ModelThread knows
+    /// (see [`ModelThreadCore::spare_gpu_at`]).
+    fn gather(&mut self, now: Instant, cfg: &CoreConfig, gpu_free: Option<Instant>, factor: f64, spare_gpu: bool, out: &mut Actions) -> Option<Candidate> {
         let delay = &cfg.delay;
         let gpu_free = gpu_free.unwrap_or(Instant::ZERO);
         let target = self.target_batch(now, delay);
@@ -310,16 +278,20 @@ impl ModelState {
         let full = bs >= self.profile.max_batch();
         let latest = dl - self.profile.scaled_latency(bs, factor);
         let slow = factor.max(1.0);
-        // A model whose single request takes over half its SLO cannot run
-        // two batches back to back on one GPU within it: a batch started
-        // early locks the requests behind it out of that GPU. Under clearly
-        // bursty arrivals those requests are moments away (the mean gap is
-        // dominated by the quiet spells between bursts), so the two
+        // A GPU that starts one of this model's requests alone cannot serve
+        // a pair arriving just after it in time (`l(1) + l(2) > SLO`): a
+        // batch started early locks the requests behind it out of that GPU.
+        // Under clearly bursty arrivals those requests are moments away and
+        // come in groups (the mean gap is dominated by the quiet spells
+        // between bursts), so the two
         // shortcuts that end deferral early, the efficiency stop at the mean
         // rate's target and the window of `window_gaps x CV^2` mean gaps,
-        // are off: the batch defers to the paper's frontrun with a window of
-        // median gaps (docs/decisions.md, deferred item 12).
-        let burst_locked = self.alone_past_half_slo && self.rate.gap_cv2().is_some_and(|c| c > BURSTY_CV2);
+        // are off: the batch defers to the paper's frontrun (docs/
+        // decisions.md, deferred items 12 and 13). That bets on a GPU being
+        // free at the frontrun: on a cluster with no GPU idle the narrow
+        // window mostly closes before one frees, so the rule holds only
+        // while one idles.
+        let burst_locked = spare_gpu && self.pair_locked_out && self.rate.gap_cv2().is_some_and(|c| c > BURSTY_CV2);
         // Without a rate estimate there is no target: defer as for the SLO.
         let target = match (cfg.gather, target) {
             (Gather::Early, Some(t)) if !burst_locked => t,
@@ -341,13 +313,11 @@ impl ModelState {
             // than Poisson's: with evenly spaced arrivals the window would
             // shrink to `alpha`, too narrow for a GPU slower than its
             // profile (the closed loop's factor) to start in.
-            // Median gaps when burst-locked (Gamma(0.2): a tenth of the mean).
-            let (gap, gaps) = if burst_locked {
-                (self.rate.median_gap(), cfg.window_gaps)
-            } else {
-                (self.rate.mean_gap(now), cfg.window_gaps * self.rate.gap_cv2().unwrap_or(1.0).max(1.0))
+            // Burst-locked: no widening (only `min_window`).
+            let gap = match self.rate.mean_gap(now) {
+                Some(g) if !burst_locked => Duration::from_nanos((g.as_nanos() as f64 * cfg.window_gaps * self.rate.gap_cv2().unwrap_or(1.0).max(1.0)) as u64),
+                _ => Duration::ZERO,
             };
-            let gap = gap.map_or(Duration::ZERO, |g| Duration::from_nanos((g.as_nanos() as f64 * gaps) as u64));
             (dl - self.profile.scaled_latency(bs + 1, slow)).min((dl - self.profile.scaled_latency(bs, slow)) - cfg.min_window.max(gap))
         };
         let level = self.queues.iter().position(|q| !q.is_empty()).unwrap_or(0);
@@ -424,8 +394,8 @@ impl ModelState {
 
     /// Recomputes the candidate, tells the RankThread what changed, and
     /// returns when this model next needs attention.
-    fn refresh(&mut self, now: Instant, cfg: &CoreConfig, out: &mut Actions, to_rank: &mut impl FnMut(ToRank), sent: &mut u64) -> Option<Instant> {
-        let cand = self.gather(now, cfg, None, 1.0, out);
+    fn refresh(&mut self, now: Instant, cfg: &CoreConfig, spare_gpu: bool, out: &mut Actions, to_rank: &mut impl FnMut(ToRank), sent: &mut u64) -> Option<Instant> {
+        let cand = self.gather(now, cfg, None, 1.0, spare_gpu, out);
         let delay = &cfg.delay;
         let ready = cand.filter(|c| Self::ready(now, delay, c));
         if ready != self.informed {
@@ -499,6 +469,11 @@ pub struct ModelThreadCore {
     wakes: IndexedHeap<Instant>,
     /// The closed loop's latency factor of each GPU (absent: 1).
     gpu_factors: Vec<f64>,
+    /// When some GPU is free, as of the last grant this core received: the
+    /// RankThread's [`Grant::other_free_at`], or the granted GPU's own free
+    /// time if that is earlier (its batch ends, or it was handed back).
+    /// At or before now: a GPU idles. Zero at start (every GPU is free).
+    spare_gpu_at: Instant,
     stats: ModelThreadStats,
 }
 
@@ -522,14 +497,14 @@ impl ModelThreadCore {
             .enumerate()
             .map(|(i, (id, spec))| {
                 local[id as usize] = i as u32;
-                let alone_past_half_slo = spec.profile.latency(1).saturating_mul(2) > spec.slo;
+                let pair_locked_out = spec.profile.latency(1) + spec.profile.latency(2) > spec.slo;
                 let best_batch = (1..=spec.profile.max_batch_within(spec.slo, Duration::ZERO, u32::MAX).max(1))
                     .max_by(|&a, &b| spec.profile.throughput_rps(a).total_cmp(&spec.profile.throughput_rps(b)))
                     .unwrap_or(1);
                 ModelState {
                     id,
                     best_batch,
-                    alone_past_half_slo,
+                    pair_locked_out,
                     profile: spec.profile,
                     slo: spec.slo,
                     queues: vec![VecDeque::with_capacity(256)],
@@ -537,13 +512,13 @@ impl ModelThreadCore {
                     informed: None,
                     informed_at: Instant::ZERO,
                     informed_pending: None,
-                    rate: RateWindow::new(alone_past_half_slo),
+                    rate: RateWindow::new(),
                     gpu_factors: Vec::new(),
                 }
             })
             .collect();
         let n = states.len();
-        ModelThreadCore { cfg, models: states, local, wakes: IndexedHeap::with_ids(n), gpu_factors: Vec::new(), stats: ModelThreadStats::default() }
+        ModelThreadCore { cfg, models: states, local, wakes: IndexedHeap::with_ids(n), gpu_factors: Vec::new(), spare_gpu_at: Instant::ZERO, stats: ModelThreadStats::default() }
     }
 
     /// The network delay bound later decisions charge (the delay watch
@@ -639,7 +614,8 @@ impl ModelThreadCore {
 
     fn refresh(&mut self, i: usize, now: Instant, out: &mut Actions, to_rank: &mut impl FnMut(ToRank)) {
         let drops_before = out.drops.len();
-        let wake = self.models[i].refresh(now, &self.cfg, out, to_rank, &mut self.stats.to_rank);
+        let spare_gpu = self.spare_gpu_at <= now;
+        let wake = self.models[i].refresh(now, &self.cfg, spare_gpu, out, to_rank, &mut self.stats.to_rank);
         self.stats.drops += (out.drops.len() - drops_before) as u64;
         match wake {
             Some(t) => self.wakes.set(i as u32, t),
@@ -718,7 +694,8 @@ impl ModelThreadCore {
         // So did it its pending copy.
         m.informed_pending = None;
         let drops_before = out.drops.len();
-        let cand = m.gather(now, &cfg, Some(g.free_at), factor, out);
+        self.spare_gpu_at = g.other_free_at;
+        let cand = m.gather(now, &cfg, Some(g.free_at), factor, g.other_free_at <= now, out);
         self.stats.drops += (out.drops.len() - drops_before) as u64;
         let start_bound = |c: &Candidate| (now + cfg.delay.of(c.bs)).max(g.free_at);
         match cand {
@@ -745,11 +722,13 @@ impl ModelThreadCore {
                 out.push_batch(g.gpu, m.id, exec_at, finish_at, planned_at, members);
                 self.stats.batches += 1;
                 self.stats.to_rank += 1;
+                self.spare_gpu_at = self.spare_gpu_at.min(finish_at);
                 to_rank(ToRank::GpuFree { gpu: g.gpu, free_at: finish_at });
             }
             _ => {
                 self.stats.grants_returned += 1;
                 self.stats.to_rank += 1;
+                self.spare_gpu_at = self.spare_gpu_at.min(g.free_at);
                 to_rank(ToRank::GpuFree { gpu: g.gpu, free_at: g.free_at });
             }
         }
@@ -779,48 +758,28 @@ mod tests {
     #[test]
     fn the_gap_variation_is_zero_for_even_arrivals_and_large_for_bursts() {
         let ms = |n: u64| Instant::from_nanos(n * 1_000_000);
-        let mut even = RateWindow::new(true);
+        let mut even = RateWindow::new();
         for i in 0..1000 {
             even.record(ms(i));
         }
         assert!(even.gap_cv2().is_some_and(|c| c < 1e-9), "{:?}", even.gap_cv2());
         // Bursts of ten back-to-back arrivals every 100 ms (window wrapped).
-        let mut bursty = RateWindow::new(true);
+        let mut bursty = RateWindow::new();
         for i in 0..1000u64 {
             bursty.record(Instant::from_nanos((i / 10) * 100_000_000 + (i % 10) * 1_000));
         }
         assert!(bursty.gap_cv2().is_some_and(|c| c > 5.0), "{:?}", bursty.gap_cv2());
-        // The median is the gap inside a burst, the mean that of the bursts.
-        assert_eq!(even.median_gap(), Some(Duration::from_millis(1)));
-        assert_eq!(bursty.median_gap(), Some(Duration::from_micros(1)));
         assert!(bursty.mean_gap(Instant::from_nanos(9_900_009_000)).is_some_and(|g| g > Duration::from_millis(9)));
     }
 
     #[test]
-    fn the_sorted_gaps_follow_the_window() {
-        // Gaps 1..=600 us, the window keeps the last 255 of them, sorted.
-        let mut w = RateWindow::new(true);
-        let mut t = 0u64;
-        for i in 1..=600u64 {
-            t += (i * 7919 % 600 + 1) * 1_000;
-            w.record(Instant::from_nanos(t));
-        }
-        let gaps = w.gaps();
-        assert_eq!(gaps.len(), RATE_WINDOW - 1);
-        assert!(gaps.windows(2).all(|p| p[0] <= p[1]));
-        let mut want: Vec<u64> = (0..RATE_WINDOW - 1).map(|k| w.times[(w.next + k + 1) % RATE_WINDOW].saturating_since(w.times[(w.next + k) % RATE_WINDOW]).as_nanos()).collect();
-        want.sort_unstable();
-        assert_eq!(gaps, &want[..]);
-    }
-
-    #[test]
-    fn a_model_past_half_its_slo_waits_for_the_frontrun_only_under_bursts() {
+    fn a_model_locking_out_pairs_waits_for_the_frontrun_only_under_bursts_with_a_gpu_idle() {
         // A100 EfficientNetV2S at SLO 15 ms: l(1) = 8.8 ms, l(2) = 10.3 ms.
-        let start = |bursty: bool| {
+        let start = |bursty: bool, spare_gpu: bool| {
             let spec = ModelSpec::linear("e", 1.454, 7.378, 15.0).expect("a valid profile");
             let mut c = ModelThreadCore::new(CoreConfig::default(), vec![(0, spec)]);
             let m = &mut c.models[0];
-            assert!(m.alone_past_half_slo);
+            assert!(m.pair_locked_out);
             // 600 arrivals, mean gap 10 ms: bursts of five 1 us apart every
             // 50 ms, or one every 10 ms with a Poisson-like spread of gaps.
             let mut t = 0u64;
@@ -830,14 +789,29 @@ mod tests {
             }
             let now = Instant::from_nanos(t);
             m.queues[0].push_back(Request::new(1, 0, now, now + Duration::from_millis(15)));
-            let cand = m.gather(now, &c.cfg, None, 1.0, &mut Actions::default()).expect("a candidate");
+            let cand = m.gather(now, &c.cfg, None, 1.0, spare_gpu, &mut Actions::default()).expect("a candidate");
             cand.exec_at.saturating_since(now)
         };
         // Bursty: wait until the frontrun d - l(2) (4.7 ms after arrival).
-        let wait = start(true);
+        let wait = start(true, true);
         assert!(wait > Duration::from_millis(4) && wait < Duration::from_millis(5), "{wait:?}");
         // Steady arrivals: the batch the rate fills is one, so it starts now.
-        assert_eq!(start(false), Duration::ZERO);
+        assert_eq!(start(false, true), Duration::ZERO);
+        // No GPU idle: it takes the next one that frees, as without bursts.
+        assert_eq!(start(true, false), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_pair_behind_a_lone_request_decides_the_lock_out() {
+        let locked = |alpha: f64, beta: f64, slo: f64| {
+            let spec = ModelSpec::linear("m", alpha, beta, slo).expect("a valid profile");
+            ModelThreadCore::new(CoreConfig::default(), vec![(0, spec)]).models[0].pair_locked_out
+        };
+        // 1080Ti ResNet50 at 15 ms: 2 l(1) = 14.9 ms fits, l(1) + l(2) = 16.9 ms does not.
+        assert!(locked(2.050, 5.378, 15.0));
+        assert!(!locked(2.050, 5.378, 25.0));
+        // A100 ResNet50 at 15 ms: 5.4 + 5.7 ms.
+        assert!(!locked(0.268, 5.172, 15.0));
     }
 
     #[test]

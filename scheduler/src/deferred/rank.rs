@@ -224,7 +224,8 @@ impl RankCore {
         self.stats.early_grants += 1;
         self.stats.grants += 1;
         self.set_granted(g, true);
-        grant(Grant { model: m, gpu: g, free_at: now, early: true });
+        let other_free_at = self.other_free_at(now);
+        grant(Grant { model: m, gpu: g, free_at: now, early: true, other_free_at });
     }
 
     /// Moves GPUs whose free time has passed into the idle set.
@@ -244,10 +245,20 @@ impl RankCore {
         }
     }
 
-    fn give(&mut self, model: ModelId, gpu: GpuId, free_at: Instant, grant: &mut impl FnMut(Grant)) {
+    fn give(&mut self, now: Instant, model: ModelId, gpu: GpuId, free_at: Instant, grant: &mut impl FnMut(Grant)) {
         self.stats.grants += 1;
         self.set_granted(gpu, true);
-        grant(Grant { model, gpu, free_at, early: false });
+        let other_free_at = self.other_free_at(now);
+        grant(Grant { model, gpu, free_at, early: false, other_free_at });
+    }
+
+    /// When the first GPU not yet granted is free ([`Grant::other_free_at`]).
+    fn other_free_at(&self, now: Instant) -> Instant {
+        if self.idle.is_empty() {
+            self.busy.peek().map_or(Instant::NEVER, |(t, _)| t)
+        } else {
+            now
+        }
     }
 
     /// Appendix D's on_model_timer: a candidate just became schedulable.
@@ -263,11 +274,11 @@ impl RankCore {
                 if busy_until > now + self.delay.of(c.bs) && mutation::fires(Mutation::SchedulerPlansOntoBusyGpu) {
                     self.idle.set(g, g);
                     self.busy.pop();
-                    self.give(model, b, now, grant);
+                    self.give(now, model, b, now, grant);
                     return;
                 }
             }
-            self.give(model, g, now, grant);
+            self.give(now, model, g, now, grant);
             return;
         }
         let start = c.exec_at.max(now + self.delay.of(c.bs));
@@ -277,7 +288,7 @@ impl RankCore {
         if let Some((free_at, g)) = self.busy.peek().filter(|_| !outranked) {
             if free_at <= start && free_at <= c.latest {
                 self.busy.pop();
-                self.give(model, g, free_at, grant);
+                self.give(now, model, g, free_at, grant);
                 return;
             }
         }
@@ -318,7 +329,7 @@ impl RankCore {
             self.remove_candidate(m);
             self.idle.remove(gpu);
             self.busy.remove(gpu);
-            self.give(m, gpu, free_at, grant);
+            self.give(now, m, gpu, free_at, grant);
         }
     }
 
@@ -387,6 +398,26 @@ mod tests {
         rank.on_message(ms(1), ToRank::Pending { model: 0, cand: Some(pending(20, 10)) }, &mut |g| grants.push(g));
         rank.on_message(ms(1), ToRank::Pending { model: 1, cand: Some(pending(15, 10)) }, &mut |g| grants.push(g));
         assert!(grants.is_empty() && rank.stats().early_grants == 0);
+    }
+
+    #[test]
+    fn a_grant_says_when_the_next_other_gpu_is_free() {
+        let ms = |ms: u64| Instant::from_nanos(ms * 1_000_000);
+        let mut rank = RankCore::new(3, 2, NetworkDelay::ZERO);
+        let mut grants = Vec::new();
+        // Two idle GPUs: the first grant leaves one idle (free now).
+        rank.on_message(ms(1), ToRank::Candidate { model: 0, cand: Some(cand(4, 100)) }, &mut |g| grants.push(g));
+        assert_eq!(grants.pop().map(|g| (g.gpu, g.other_free_at)), Some((0, ms(1))));
+        rank.on_message(ms(1), ToRank::GpuFree { gpu: 0, free_at: ms(30) }, &mut |g| grants.push(g));
+        // The last idle one: the next other GPU frees at 30 ms.
+        rank.on_message(ms(2), ToRank::Candidate { model: 1, cand: Some(cand(4, 100)) }, &mut |g| grants.push(g));
+        assert_eq!(grants.pop().map(|g| (g.gpu, g.other_free_at)), Some((1, ms(30))));
+        // When GPU 0 frees, every other GPU is reserved by a ModelThread
+        // (GPU 1 was not handed back): never.
+        rank.on_message(ms(3), ToRank::Candidate { model: 2, cand: Some(cand(4, 100)) }, &mut |g| grants.push(g));
+        assert!(grants.is_empty());
+        rank.on_wake(ms(30), &mut |g| grants.push(g));
+        assert_eq!(grants.pop().map(|g| (g.gpu, g.other_free_at)), Some((0, Instant::NEVER)));
     }
 
     #[test]
