@@ -75,6 +75,12 @@ pub struct PredictArgs {
     /// machine's load then falls on every c alike).
     #[arg(long, default_value_t = 2)]
     pub rounds: u32,
+    /// --measure: how t_i is profiled: `idle` (the i batches start
+    /// together after the executor has been idle for one service time, at
+    /// least 5 ms) or `busy` (each of i devices resubmits as soon as it
+    /// finishes: warm threads and caches).
+    #[arg(long = "profile-from", value_enum, default_value_t = serf_measure::ProfileFrom::Idle)]
+    pub profile_from: serf_measure::ProfileFrom,
 }
 
 /// One row of the prediction table.
@@ -221,6 +227,7 @@ fn run_measure(a: &PredictArgs) -> Result<(), PredictError> {
         seed: a.seed,
         thread_budget,
         rounds: a.rounds,
+        profile_from: a.profile_from,
     };
     let report = serf_measure::measure(&cfg)?;
     if a.json {

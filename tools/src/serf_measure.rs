@@ -17,8 +17,9 @@
 //! **Inputs (SERF's profile, section IV-C):** for configuration `c`, `t_i`
 //! for `i = 1..=c` is the mean service time of one batch of `--batch` while
 //! exactly `i` batches run at once on that configuration's executor
-//! (closed loop: each of `i` devices resubmits as soon as it finishes; a
-//! warm-up is discarded). The `t_i` depend on `c` (a batch alone on the
+//! (closed loop: the `i` batches start together after an idle pause, or
+//! with `--profile-from busy` each of `i` devices resubmits as soon as it
+//! finishes; a warm-up is discarded). The `t_i` depend on `c` (a batch alone on the
 //! `c = 2` worker has `T / 2` threads), so each `c` is predicted from its
 //! own profile.
 //!
@@ -115,7 +116,36 @@ pub struct MeasureConfig {
     /// Rounds: `duration_s` and `profile_s` are split into this many
     /// parts, and every round profiles and measures each `c` in turn.
     pub rounds: u32,
+    /// How `t_i` is profiled.
+    pub profile_from: ProfileFrom,
 }
+
+/// How the profile times `t_i` (the `i` batches of one configuration).
+///
+/// On this VM a batch's service time depends on how long the executor
+/// idled before it, which SERF's model (service independent of load) does
+/// not have. Measured on a quiet machine (open_nsfw, batch 1, c = 1, 2
+/// intra-op threads): 16.2 ms back to back, 17.9 ms after a pause of one
+/// service time, 26.9 ms after three; 20.5 ms on average while serving 11
+/// batches/s (docs/benchmarks.md, "SERF's profile from idle").
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProfileFrom {
+    /// The `i` batches start together after the executor has been idle
+    /// for [`IDLE_PAUSE`] or one service time, whichever is longer (ONNX
+    /// Runtime's pool has stopped spinning, as for a served batch that
+    /// finds the worker idle). The default: on both models measured it
+    /// predicted closer than `Busy` (same section).
+    #[default]
+    Idle,
+    /// Each of the `i` devices resubmits as soon as it finishes (warm
+    /// threads and caches): the profile of earlier measurements.
+    Busy,
+}
+
+/// The shortest idle pause before each profiled group under
+/// [`ProfileFrom::Idle`].
+pub const IDLE_PAUSE: StdDuration = StdDuration::from_millis(5);
 
 /// One open-loop run's outcome.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -223,6 +253,8 @@ pub struct Comparison {
     pub duration_s: f64,
     /// Rounds the run was split into.
     pub rounds: u32,
+    /// How the `t_i` were profiled.
+    pub profile_from: ProfileFrom,
     /// One row per `c`.
     pub rows: Vec<Row>,
     /// `c` with the lowest predicted mean latency.
@@ -308,6 +340,7 @@ pub fn compare(header: Header, lambda: f64, configs: &[Config]) -> Comparison {
         thread_budget: header.thread_budget,
         duration_s: header.duration_s,
         rounds: header.rounds,
+        profile_from: header.profile_from,
         rows,
         best_predicted,
         best_measured,
@@ -336,6 +369,8 @@ pub struct Header {
     pub duration_s: f64,
     /// Rounds the run was split into.
     pub rounds: u32,
+    /// How the `t_i` were profiled.
+    pub profile_from: ProfileFrom,
 }
 
 /// Intra-op threads per concurrent batch: the budget shared by `c`.
@@ -565,12 +600,14 @@ pub fn measure(cfg: &MeasureConfig) -> Result<Comparison, MeasureError> {
         thread_budget: cfg.thread_budget,
         duration_s: cfg.duration_s,
         rounds,
+        profile_from: cfg.profile_from,
     };
     Ok(compare(header, lambda, &configs))
 }
 
 /// The summed service times (seconds) and the number of batches timed
-/// while `i` run at once: devices `0..i` each resubmit at once, for
+/// while `i` run at once (`cfg.profile_from`: the group restarted after an
+/// idle pause, or each device resubmitting at once), for
 /// `cfg.profile_s` after a warm-up of a quarter of that (and at least 3
 /// batches per device).
 fn profile_service(bench: &mut Bench, name: &str, i: usize, cfg: &MeasureConfig) -> Result<(f64, usize), MeasureError> {
@@ -583,6 +620,7 @@ fn profile_service(bench: &mut Bench, name: &str, i: usize, cfg: &MeasureConfig)
     let mut done = vec![Finished::default(); i];
     let mut running = 0usize;
     let mut stopping = false;
+    let mut last_service = StdDuration::ZERO;
     let submit = |bench: &mut Bench, d: usize| -> Result<(), MeasureError> {
         let now = bench.clock.now();
         let job = Job { tag: d as u64, device: d as u32, model: 0, exec_at: Instant::ZERO, inputs: &slots[d].0, output: slots[d].1 };
@@ -604,6 +642,7 @@ fn profile_service(bench: &mut Bench, name: &str, i: usize, cfg: &MeasureConfig)
             }
             let d = f.device as usize;
             per_device_runs[d] += 1;
+            last_service = StdDuration::from_nanos(f.finish.saturating_since(f.start).as_nanos());
             // Counted only while all `i` run: after the warm-up and before
             // the first device stops.
             if f.start >= warm_until && per_device_runs[d] > 3 && !stopping {
@@ -617,9 +656,22 @@ fn profile_service(bench: &mut Bench, name: &str, i: usize, cfg: &MeasureConfig)
                 resubmit.push(d);
             }
         }
-        for d in resubmit {
-            submit(bench, d)?;
-            running += 1;
+        match cfg.profile_from {
+            ProfileFrom::Busy => {
+                for d in resubmit {
+                    submit(bench, d)?;
+                    running += 1;
+                }
+            }
+            // The whole group again once all `i` are done, after a pause.
+            ProfileFrom::Idle if running == 0 && !stopping => {
+                std::thread::sleep(IDLE_PAUSE.max(last_service));
+                for d in 0..i {
+                    submit(bench, d)?;
+                    running += 1;
+                }
+            }
+            ProfileFrom::Idle => {}
         }
         if k == 0 {
             bench.exec.wait(StdDuration::from_secs(60));
@@ -666,8 +718,8 @@ fn run_open_loop(bench: &mut Bench, name: &str, c: usize, lambda: f64, cfg: &Mea
 /// The human-readable report.
 pub fn print(c: &Comparison) {
     println!(
-        "SERF vs ONNX Runtime: {} at {:.1} rps in batches of {} ({:.2} batches/s, Poisson, seed {}), {} s per c in {} rounds, {} intra-op threads shared by the concurrent batches",
-        c.model, c.rate_rps, c.batch, c.batches_per_s, c.seed, c.duration_s, c.rounds, c.thread_budget
+        "SERF vs ONNX Runtime: {} at {:.1} rps in batches of {} ({:.2} batches/s, Poisson, seed {}), {} s per c in {} rounds, {} intra-op threads shared by the concurrent batches, t_i profiled from {:?}",
+        c.model, c.rate_rps, c.batch, c.batches_per_s, c.seed, c.duration_s, c.rounds, c.thread_budget, c.profile_from
     );
     println!("| c | threads/batch | t_1..t_c (ms) | utilisation | service: predicted / measured (ms) | latency: predicted (ms) | measured (ms) | batches | error |");
     println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|");
@@ -720,7 +772,7 @@ mod tests {
     use scheduler::profile::LatencyProfile;
 
     fn header() -> Header {
-        Header { model: "m".into(), rate_rps: 50.0, batch: 1, seed: 1, thread_budget: 2, duration_s: 10.0, rounds: 1 }
+        Header { model: "m".into(), rate_rps: 50.0, batch: 1, seed: 1, thread_budget: 2, duration_s: 10.0, rounds: 1, profile_from: ProfileFrom::Idle }
     }
 
     fn measured(ms: f64) -> Option<Measured> {
@@ -865,6 +917,7 @@ mod tests {
             seed: 1,
             thread_budget: 2,
             rounds: 1,
+            profile_from: ProfileFrom::Idle,
         };
         let r = measure(&cfg).unwrap();
         assert_eq!(r.rows.len(), 2);
