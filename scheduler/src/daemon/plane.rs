@@ -280,10 +280,13 @@ impl IdTable {
         });
         let fresh = !e.seen;
         e.seen = true;
+        // An entry lives only while a flag is set, so one found here was
+        // taken before (seen) or still waits: only a new entry, just
+        // written with `meta`, starts waiting.
         if !fresh || e.waiting {
             return (fresh, false);
         }
-        *e = IdEntry { frontend: meta.frontend, input: meta.input, model: meta.model, attempt: meta.attempt, waiting: true, seen: true };
+        e.waiting = true;
         self.waiting += 1;
         (fresh, true)
     }

@@ -221,11 +221,7 @@ impl RankCore {
         let Some((_, m)) = self.pending_by_latest.peek() else { return };
         let Some((_, g)) = self.idle.pop() else { return };
         self.remove_pending(m);
-        self.stats.early_grants += 1;
-        self.stats.grants += 1;
-        self.set_granted(g, true);
-        let other_free_at = self.other_free_at(now);
-        grant(Grant { model: m, gpu: g, free_at: now, early: true, other_free_at });
+        self.give(now, m, g, now, true, grant);
     }
 
     /// Moves GPUs whose free time has passed into the idle set.
@@ -245,11 +241,14 @@ impl RankCore {
         }
     }
 
-    fn give(&mut self, now: Instant, model: ModelId, gpu: GpuId, free_at: Instant, grant: &mut impl FnMut(Grant)) {
+    /// Grants `gpu` (already out of the idle and busy sets) to `model`;
+    /// `early`: to its pending candidate ([`Grant::early`]).
+    fn give(&mut self, now: Instant, model: ModelId, gpu: GpuId, free_at: Instant, early: bool, grant: &mut impl FnMut(Grant)) {
         self.stats.grants += 1;
+        self.stats.early_grants += u64::from(early);
         self.set_granted(gpu, true);
         let other_free_at = self.other_free_at(now);
-        grant(Grant { model, gpu, free_at, early: false, other_free_at });
+        grant(Grant { model, gpu, free_at, early, other_free_at });
     }
 
     /// When the first GPU not yet granted is free ([`Grant::other_free_at`]).
@@ -274,11 +273,11 @@ impl RankCore {
                 if busy_until > now + self.delay.of(c.bs) && mutation::fires(Mutation::SchedulerPlansOntoBusyGpu) {
                     self.idle.set(g, g);
                     self.busy.pop();
-                    self.give(now, model, b, now, grant);
+                    self.give(now, model, b, now, false, grant);
                     return;
                 }
             }
-            self.give(now, model, g, now, grant);
+            self.give(now, model, g, now, false, grant);
             return;
         }
         let start = c.exec_at.max(now + self.delay.of(c.bs));
@@ -288,7 +287,7 @@ impl RankCore {
         if let Some((free_at, g)) = self.busy.peek().filter(|_| !outranked) {
             if free_at <= start && free_at <= c.latest {
                 self.busy.pop();
-                self.give(now, model, g, free_at, grant);
+                self.give(now, model, g, free_at, false, grant);
                 return;
             }
         }
@@ -329,7 +328,7 @@ impl RankCore {
             self.remove_candidate(m);
             self.idle.remove(gpu);
             self.busy.remove(gpu);
-            self.give(now, m, gpu, free_at, grant);
+            self.give(now, m, gpu, free_at, false, grant);
         }
     }
 
