@@ -51,20 +51,6 @@ impl EngineKind {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::EngineKind;
-
-    #[test]
-    fn auto_is_inline_unless_every_thread_and_peer_has_a_core() {
-        assert_eq!(EngineKind::auto(2, 1, 2), EngineKind::Inline);
-        assert_eq!(EngineKind::auto(4, 1, 2), EngineKind::Inline);
-        assert_eq!(EngineKind::auto(5, 1, 2), EngineKind::Pinned);
-        assert_eq!(EngineKind::auto(3, 1, 0), EngineKind::Pinned);
-        assert_eq!(EngineKind::auto(3, 2, 0), EngineKind::Inline);
-    }
-}
-
 /// One sub-cluster's scheduling cores.
 pub enum Engine {
     /// On the caller's thread (both boxed: they differ much in size).
@@ -197,5 +183,19 @@ impl Engine {
             Engine::Inline(_) => false,
             Engine::Pinned(s) => s.has_outcomes(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EngineKind;
+
+    #[test]
+    fn auto_is_inline_unless_every_thread_and_peer_has_a_core() {
+        assert_eq!(EngineKind::auto(2, 1, 2), EngineKind::Inline);
+        assert_eq!(EngineKind::auto(4, 1, 2), EngineKind::Inline);
+        assert_eq!(EngineKind::auto(5, 1, 2), EngineKind::Pinned);
+        assert_eq!(EngineKind::auto(3, 1, 0), EngineKind::Pinned);
+        assert_eq!(EngineKind::auto(3, 2, 0), EngineKind::Inline);
     }
 }

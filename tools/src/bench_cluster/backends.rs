@@ -104,7 +104,7 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
             }
         }
         for (i, link) in links.iter_mut().enumerate() {
-            if !unread[i] && !polled[i] && !(touched[i] && link.conn.may_hold_input()) {
+            if !(unread[i] || polled[i] || (touched[i] && link.conn.may_hold_input())) {
                 touched[i] = false;
                 continue;
             }
