@@ -122,9 +122,10 @@ impl RateWindow {
 
     /// Whether the arrivals may be burstier than Poisson: clearly so by
     /// the recent gaps, or too few gaps seen yet to tell.
-    fn maybe_bursty(&self) -> bool {
+    /// `cv2` is [`Self::gap_cv2`] (read once per gather by the caller).
+    fn maybe_bursty(&self, cv2: Option<f64>) -> bool {
         if self.filled >= MIN_BURST_ARRIVALS {
-            return self.gap_cv2().is_some_and(|c| c > BURSTY_CV2);
+            return cv2.is_some_and(|c| c > BURSTY_CV2);
         }
         if self.filled < 3 {
             return true;
@@ -198,10 +199,15 @@ impl ModelState {
     /// the current arrival rate plus execution and network time fits the SLO
     /// (the staggered-execution batch size, as Nexus estimates it).
     /// `None` while the rate is unknown (fewer than two arrivals).
+    #[cfg(test)]
     fn target_batch(&self, now: Instant, delay: &NetworkDelay) -> Option<u32> {
-        let gap = self.rate.mean_gap(now)?;
+        self.rate.mean_gap(now).map(|gap| self.target_batch_at(gap, delay))
+    }
+
+    /// [`Self::target_batch`] at mean gap `gap`.
+    fn target_batch_at(&self, gap: Duration, delay: &NetworkDelay) -> u32 {
         let budget = self.slo.saturating_sub(delay.d_ctrl);
-        Some(self.profile.max_batch_within(budget, gap + delay.d_data, u32::MAX).max(1))
+        self.profile.max_batch_within(budget, gap + delay.d_data, u32::MAX).max(1)
     }
 
     /// Drops what the gathering policy drops, then returns the candidate
@@ -216,7 +222,11 @@ impl ModelState {
     fn gather(&mut self, now: Instant, cfg: &CoreConfig, gpu_free: Option<Instant>, factor: f64, spare_gpu: bool, out: &mut Actions) -> Option<Candidate> {
         let delay = &cfg.delay;
         let gpu_free = gpu_free.unwrap_or(Instant::ZERO);
-        let target = self.target_batch(now, delay);
+        // The rate estimate does not change within a gather: read once
+        // (each read divides; three of each per request before).
+        let mean_gap = self.rate.mean_gap(now);
+        let gap_cv2 = self.rate.gap_cv2();
+        let target = mean_gap.map(|gap| self.target_batch_at(gap, delay));
         let window = match cfg.gather {
             Gather::Lazy => 1,
             Gather::Early => {
@@ -224,7 +234,7 @@ impl ModelState {
                 // the rate inside a burst, so the tolerated shortfall
                 // widens with the squared coefficient of variation of the
                 // gaps, as the schedulable window does (Poisson: as set).
-                let cv2 = self.rate.gap_cv2().unwrap_or(1.0).max(1.0);
+                let cv2 = gap_cv2.unwrap_or(1.0).max(1.0);
                 self.drop_window(target.unwrap_or(1), 1.0 - (1.0 - cfg.early_drop_fraction) * cv2)
             }
         };
@@ -328,7 +338,7 @@ impl ModelState {
         // free at the frontrun: on a cluster with no GPU idle the narrow
         // window mostly closes before one frees, so the rule holds only
         // while one idles.
-        let burst_locked = spare_gpu && self.pair_locked_out && self.rate.maybe_bursty();
+        let burst_locked = spare_gpu && self.pair_locked_out && self.rate.maybe_bursty(gap_cv2);
         // Without a rate estimate there is no target: defer as for the SLO.
         let target = match (cfg.gather, target) {
             (Gather::Early, Some(t)) if !burst_locked => t,
@@ -351,8 +361,8 @@ impl ModelState {
             // shrink to `alpha`, too narrow for a GPU slower than its
             // profile (the closed loop's factor) to start in.
             // Burst-locked: no widening (only `min_window`).
-            let gap = match self.rate.mean_gap(now) {
-                Some(g) if !burst_locked => Duration::from_nanos((g.as_nanos() as f64 * cfg.window_gaps * self.rate.gap_cv2().unwrap_or(1.0).max(1.0)) as u64),
+            let gap = match mean_gap {
+                Some(g) if !burst_locked => Duration::from_nanos((g.as_nanos() as f64 * cfg.window_gaps * gap_cv2.unwrap_or(1.0).max(1.0)) as u64),
                 _ => Duration::ZERO,
             };
             (dl - self.profile.scaled_latency(bs + 1, slow)).min((dl - self.profile.scaled_latency(bs, slow)) - cfg.min_window.max(gap))
@@ -865,7 +875,7 @@ mod tests {
                     t += g.sample(&mut rng);
                     w.record(Instant::from_nanos(t as u64));
                 }
-                by_log += usize::from(w.maybe_bursty());
+                by_log += usize::from(w.maybe_bursty(w.gap_cv2()));
                 by_cv2 += usize::from(w.gap_cv2().is_some_and(|c| c > BURSTY_CV2));
             }
             (by_log as f64 / 400.0, by_cv2 as f64 / 400.0)
