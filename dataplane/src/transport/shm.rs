@@ -89,8 +89,10 @@ pub struct ShmConfig {
     /// Registrations per domain.
     pub key_capacity: u32,
     /// Bytes of each direction's control ring (rounded up to a power of
-    /// two, at least 4 KiB). A message larger than what is free waits in
-    /// the sender's queue; a full queue refuses sends (`QueueFull`).
+    /// two, at least 4 KiB; default 64 KiB, about what a Unix socket
+    /// buffers of small messages). A message larger than what is free waits
+    /// in the sender's queue (64 KiB); a full queue refuses sends
+    /// (`QueueFull`): overload is refused, not queued for seconds.
     pub ring_bytes: usize,
 }
 
@@ -100,7 +102,7 @@ impl Default for ShmConfig {
             max_outstanding_reads: 256,
             max_read_len: 16 << 20,
             key_capacity: 1024,
-            ring_bytes: 256 << 10,
+            ring_bytes: 64 << 10,
         }
     }
 }

@@ -31,6 +31,10 @@ const RX_CAP: usize = 4 * MAX_MESSAGE_LEN;
 const INBOX_CAP: usize = 8 * MAX_MESSAGE_LEN;
 /// Outgoing staged bytes (control messages, READ requests and response heads).
 const TX_CAP: usize = 8 * MAX_MESSAGE_LEN;
+/// The same over shm rings, where the ring is the send buffer: bytes wait
+/// here only while it is full, and more room here would only add latency
+/// behind a receiver that cannot keep up (overload is refused instead).
+const RING_TX_CAP: usize = 2 * MAX_MESSAGE_LEN;
 /// iovecs per send.
 const MAX_IOV: usize = 64;
 
@@ -132,6 +136,7 @@ impl Stream {
         cfg: StreamConfig,
     ) -> Self {
         let seg_cap = 2 * cfg.max_outstanding + 256;
+        let tx_cap = if matches!(io, ByteIo::Ring(_)) { RING_TX_CAP } else { TX_CAP };
         Stream {
             io,
             sock,
@@ -142,7 +147,7 @@ impl Stream {
             wpos: 0,
             in_payload: false,
             recv_busy: None,
-            tx: vec![0u8; TX_CAP].into_boxed_slice(),
+            tx: vec![0u8; tx_cap].into_boxed_slice(),
             tx_len: 0,
             segs: VecDeque::with_capacity(seg_cap),
             seg_cap,
