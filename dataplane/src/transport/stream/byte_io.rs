@@ -293,6 +293,7 @@ impl ByteIo {
                         Ok(0) if !r.eof => {}
                         Ok(n) => {
                             r.recv = None;
+                            r.empty_polls = 0;
                             *recv = Some(Ok(n));
                         }
                         Err(_) => {
