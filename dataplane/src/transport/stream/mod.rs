@@ -728,7 +728,7 @@ impl Stream {
                     self.flush();
                 }
                 Err(e) if retryable(&e) => {}
-                Err(e) => return self.fail(Error::from(e).kind()),
+                Err(e) => self.fail(Error::from(e).kind()),
             }
         }
     }
