@@ -123,7 +123,7 @@ impl Script {
     fn new(a: &Args, slo: Duration) -> Script {
         let links = a.frontends as usize;
         let wait = Duration::from_micros(a.coalesce_us);
-        let arrivals = Arrivals::for_model_count(a.models as usize, &Workload::poisson(a.rate), a.seed, Duration::from_secs_f64(a.duration_s));
+        let arrivals = Arrivals::pooled_for_model_count(a.models as usize, &Workload::poisson(a.rate), a.seed, Duration::from_secs_f64(a.duration_s));
         let mut s = Script { bytes: Vec::new(), frames: Vec::new(), by_link: vec![Vec::new(); links], tasks: 0 };
         // Per link: (arrival, model, seq) waiting for their message.
         let mut waiting: Vec<Vec<(Instant, u32, u64)>> = vec![Vec::new(); links];

@@ -156,6 +156,13 @@ impl LatencyProfile {
         if limit == 0 || cost(1) > budget {
             return 0;
         }
+        // The cost is non-decreasing (a monotone table, a monotone scaling):
+        // when the whole limit fits, the search would end there. The common
+        // case of the gathering policy's sizing (a queue shorter than what
+        // its deadline allows), one lookup instead of ~log2(limit).
+        if cost(limit) <= budget {
+            return limit;
+        }
         // Invariant: cost(lo) <= budget; cost(hi + 1) > budget or hi == limit.
         let (mut lo, mut hi) = (1u32, limit);
         while lo < hi {
@@ -195,6 +202,24 @@ mod tests {
         assert!(p.scaled_latency(11, 1.5).as_nanos().abs_diff(24_982_500) <= 1);
         assert_eq!(p.max_batch_within_scaled(Duration::from_millis(25), Duration::ZERO, 64, 1.5), 11);
         assert_eq!(p.scaled_latency(16, 1.0), p.latency(16));
+    }
+
+    #[test]
+    fn max_batch_within_is_the_largest_fitting_batch() {
+        // Against a scan, over budgets, per-item costs, limits and factors
+        // (the early return for a fitting limit included).
+        let p = LatencyProfile::linear(0.1, 5.0, 300).unwrap();
+        for budget_us in (0..60_000).step_by(997) {
+            for per_item_ns in [0u64, 50, 3_000] {
+                for limit in [0u32, 1, 2, 17, 300, 1000] {
+                    for factor in [1.0, 0.8, 1.5] {
+                        let (budget, per_item) = (Duration::from_micros(budget_us), Duration::from_nanos(per_item_ns));
+                        let scan = (1..=limit.min(300)).filter(|&b| p.scaled_latency(b, factor) + per_item.saturating_mul(u64::from(b)) <= budget).max().unwrap_or(0);
+                        assert_eq!(p.max_batch_within_scaled(budget, per_item, limit, factor), scan, "{budget_us} {per_item_ns} {limit} {factor}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

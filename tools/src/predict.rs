@@ -75,11 +75,13 @@ pub struct PredictArgs {
     /// machine's load then falls on every c alike).
     #[arg(long, default_value_t = 2)]
     pub rounds: u32,
-    /// --measure: how t_i is profiled: `idle` (the i batches start
-    /// together after the executor has been idle for one service time, at
-    /// least 5 ms) or `busy` (each of i devices resubmits as soon as it
-    /// finishes: warm threads and caches).
-    #[arg(long = "profile-from", value_enum, default_value_t = serf_measure::ProfileFrom::Idle)]
+    /// --measure: how t_i is profiled: `load` (the i batches start
+    /// together after the idle gaps the predicted Poisson load leaves: none
+    /// for a fraction rho, else exponential at the batch rate), `idle`
+    /// (after one service time of idleness, at least 5 ms) or `busy` (each
+    /// of i devices resubmits as soon as it finishes: warm threads and
+    /// caches).
+    #[arg(long = "profile-from", value_enum, default_value_t = serf_measure::ProfileFrom::Load)]
     pub profile_from: serf_measure::ProfileFrom,
 }
 

@@ -28,6 +28,20 @@ pub enum EngineKind {
 }
 
 impl EngineKind {
+    /// The engine for a host with `cores` CPUs: the pinned runtime when its
+    /// threads (`model_threads` ModelThreads, a RankThread and the I/O
+    /// thread) plus `busy_peers` other busy processes of the host each have
+    /// a core; inline otherwise. Why: threads that share cores hand tasks
+    /// through rings across context switches, and on 2 cores the pinned
+    /// engine carries 3.5-6x less than inline (docs/benchmarks.md 10c.7).
+    pub fn auto(cores: usize, model_threads: usize, busy_peers: usize) -> Self {
+        if cores >= model_threads.max(1) + 2 + busy_peers {
+            EngineKind::Pinned
+        } else {
+            EngineKind::Inline
+        }
+    }
+
     /// The option value.
     pub fn name(self) -> &'static str {
         match self {
@@ -169,5 +183,19 @@ impl Engine {
             Engine::Inline(_) => false,
             Engine::Pinned(s) => s.has_outcomes(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EngineKind;
+
+    #[test]
+    fn auto_is_inline_unless_every_thread_and_peer_has_a_core() {
+        assert_eq!(EngineKind::auto(2, 1, 2), EngineKind::Inline);
+        assert_eq!(EngineKind::auto(4, 1, 2), EngineKind::Inline);
+        assert_eq!(EngineKind::auto(5, 1, 2), EngineKind::Pinned);
+        assert_eq!(EngineKind::auto(3, 1, 0), EngineKind::Pinned);
+        assert_eq!(EngineKind::auto(3, 2, 0), EngineKind::Inline);
     }
 }

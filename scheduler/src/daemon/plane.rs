@@ -27,6 +27,57 @@ use std::collections::{BinaryHeap, HashMap, HashSet};
 type IdHasher = foldhash::fast::RandomState;
 type IdMap<V> = HashMap<u64, V, IdHasher>;
 type IdSet = HashSet<u64, IdHasher>;
+
+/// [`IdHasher`] arranged for locality: the ids of one frontend's
+/// consecutive tasks (consecutive sequence numbers or staging slots) land
+/// in one aligned run of 16 buckets, in the same control group and a few
+/// adjacent cache lines, instead of 16 random places. Why: at 100k+ live
+/// ids the task table is ~10 MB, and the offer, take and forget of each
+/// task were each a cache miss (a third of a saturated daemon's I/O
+/// thread, node_path); the next ids of a frontend now mostly hit lines its
+/// previous ids brought in. The bucket run is still placed by the seeded
+/// hash of the id's other bits, and the control byte (top 7 bits) by the
+/// seeded hash of the whole id, so a peer still cannot aim ids at one
+/// bucket beyond its own run of 16.
+#[derive(Clone, Copy, Debug, Default)]
+struct TaskIdHash(IdHasher);
+
+/// Hashes one `u64` task id (see [`TaskIdHash`]).
+struct TaskIdHasher {
+    seeded: IdHasher,
+    hash: u64,
+}
+
+impl std::hash::BuildHasher for TaskIdHash {
+    type Hasher = TaskIdHasher;
+    fn build_hasher(&self) -> TaskIdHasher {
+        TaskIdHasher { seeded: self.0, hash: 0 }
+    }
+}
+
+impl std::hash::Hasher for TaskIdHasher {
+    #[inline]
+    fn write_u64(&mut self, id: u64) {
+        use std::hash::BuildHasher as _;
+        // The id's position: the sum of its sequence and slot (one of them
+        // steps from one task of a frontend to the next); runs of 16.
+        let t = TaskId(id);
+        let pos = t.seq() + u64::from(t.slot());
+        let (run, step) = ((u64::from(t.frontend()) << 48) | (pos >> 4), pos & 15);
+        let (place, tag) = (self.seeded.hash_one(run), self.seeded.hash_one(id));
+        const TAG: u64 = 0x7F << 57;
+        self.hash = (place & !(TAG | 15)) | (tag & TAG) | ((place ^ step) & 15);
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Not reached for `u64` keys; total all the same.
+        use std::hash::BuildHasher as _;
+        self.hash = self.seeded.hash_one(bytes);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.hash
+    }
+}
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -200,14 +251,14 @@ impl IdEntry {
 /// I/O thread); here one entry serves both and goes once neither holds it.
 #[derive(Debug)]
 struct IdTable {
-    map: IdMap<IdEntry>,
+    map: HashMap<u64, IdEntry, TaskIdHash>,
     /// Entries with `waiting` set.
     waiting: usize,
 }
 
 impl IdTable {
     fn new() -> Self {
-        IdTable { map: IdMap::with_capacity_and_hasher(1 << 16, IdHasher::default()), waiting: 0 }
+        IdTable { map: HashMap::with_capacity_and_hasher(1 << 16, TaskIdHash::default()), waiting: 0 }
     }
 
     /// Tasks waiting.
@@ -1576,6 +1627,33 @@ fn queued_us(now: Instant, arrival: Instant) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_frontends_consecutive_ids_share_one_run_of_buckets() {
+        use std::hash::BuildHasher as _;
+        let h = TaskIdHash::default();
+        for (seq0, slot0, by_seq) in [(32u64, 0u32, true), (0, 48, false)] {
+            let ids: Vec<u64> = (0..16u64).map(|k| if by_seq { TaskId::new(3, seq0 + k, slot0).0 } else { TaskId::new(3, seq0, slot0 + k as u32).0 }).collect();
+            let hashes: Vec<u64> = ids.iter().map(|&id| h.hash_one(id)).collect();
+            let runs: std::collections::HashSet<u64> = hashes.iter().map(|x| (x & !(0x7F << 57)) >> 4).collect();
+            assert_eq!(runs.len(), 1, "one run of 16 buckets");
+            let places: std::collections::HashSet<u64> = hashes.iter().map(|x| x & 15).collect();
+            assert_eq!(places.len(), 16, "16 distinct buckets in it");
+        }
+        // Another frontend, or the next run, lands elsewhere.
+        assert_ne!(h.hash_one(TaskId::new(3, 32, 0).0) >> 4, h.hash_one(TaskId::new(4, 32, 0).0) >> 4);
+        assert_ne!(h.hash_one(TaskId::new(3, 32, 0).0) >> 4, h.hash_one(TaskId::new(3, 48, 0).0) >> 4);
+        // The table behaves as any map.
+        let mut t = IdTable::new();
+        let meta = TaskMeta { frontend: 3, input: RemoteRef::default(), model: 0, attempt: 0 };
+        for seq in 0..10_000u64 {
+            assert_eq!(t.offer(TaskId::new(3, seq, (seq % 7) as u32).0, meta), (true, true));
+        }
+        assert_eq!(t.offer(TaskId::new(3, 5, 5).0, meta), (false, false));
+        assert_eq!(t.waiting_len(), 10_000);
+        assert!(t.take_waiting(TaskId::new(3, 9_999, 9_999 % 7).0).is_some());
+        assert_eq!(t.waiting_len(), 9_999);
+    }
     use dataplane::wire::Message;
     use crate::runtime::{Drive, PinnedConfig};
 

@@ -28,6 +28,16 @@ const RATE_WINDOW: usize = 256;
 /// standard deviation of 0.12 (above 1.5 in 0.1% of windows), over
 /// Gamma(0.5) gaps 1.98 +- 0.30 (above 1.5 in 97%).
 const BURSTY_CV2: f64 = 1.5;
+/// Arrivals before the squared CV of the gaps is trusted: over a few
+/// Gamma(0.2) gaps it is mostly far below its true 5 (one long quiet spell
+/// dominates the mean), and a pair-locked model that takes each burst's
+/// first request at once drops the rest. Until then the log-gap statistic
+/// decides ([`RateWindow::maybe_bursty`]; docs/decisions.md, deferred
+/// item 14).
+const MIN_BURST_ARRIVALS: usize = 32;
+/// Above this `ln(mean gap) - mean(ln gap)` the first gaps count as
+/// bursty (a Gamma shape below about 0.6; Poisson gaps give 0.58).
+const EARLY_BURSTY_LOG_RATIO: f64 = 1.0;
 const NOT_OWNED: u32 = u32::MAX;
 
 /// Counters of one ModelThread core.
@@ -59,11 +69,15 @@ struct RateWindow {
     /// Sum of the squared gaps between the recorded arrivals, in ns²
     /// (exact: 255 gaps of up to 10^9 ns each fit a u128 many times over).
     gap_sq_sum: u128,
+    /// Sum of the logarithms of the first gaps (ns, at least 1 µs), kept
+    /// until [`MIN_BURST_ARRIVALS`] arrivals: the small-sample burstiness
+    /// test ([`RateWindow::maybe_bursty`]).
+    early_log_gap_sum: f64,
 }
 
 impl RateWindow {
     fn new() -> Self {
-        RateWindow { times: [Instant::ZERO; RATE_WINDOW], next: 0, filled: 0, gap_sq_sum: 0 }
+        RateWindow { times: [Instant::ZERO; RATE_WINDOW], next: 0, filled: 0, gap_sq_sum: 0, early_log_gap_sum: 0.0 }
     }
 
     fn record(&mut self, t: Instant) {
@@ -79,6 +93,9 @@ impl RateWindow {
             let last = self.times[(self.next + RATE_WINDOW - 1) % RATE_WINDOW];
             let gap = t.saturating_since(last);
             self.gap_sq_sum += sq(gap);
+            if self.filled < MIN_BURST_ARRIVALS {
+                self.early_log_gap_sum += (gap.as_nanos().max(1_000) as f64).ln();
+            }
         }
         self.times[self.next] = t;
         self.next = (self.next + 1) % RATE_WINDOW;
@@ -101,6 +118,27 @@ impl RateWindow {
         }
         let mean_sq = self.gap_sq_sum as f64 / n;
         Some((mean_sq / (mean * mean) - 1.0).max(0.0))
+    }
+
+    /// Whether the arrivals may be burstier than Poisson: clearly so by
+    /// the recent gaps, or too few gaps seen yet to tell.
+    /// `cv2` is [`Self::gap_cv2`] (read once per gather by the caller).
+    fn maybe_bursty(&self, cv2: Option<f64>) -> bool {
+        if self.filled >= MIN_BURST_ARRIVALS {
+            return cv2.is_some_and(|c| c > BURSTY_CV2);
+        }
+        if self.filled < 3 {
+            return true;
+        }
+        // `ln(mean gap) - mean(ln gap)`, the statistic of the Gamma
+        // shape's estimate: 0.58 for Poisson gaps, 1.27 for Gamma(0.5),
+        // 3.68 for Gamma(0.2), and steady over a few gaps where the squared
+        // CV is not (one long gap rules it).
+        let n = (self.filled - 1) as f64;
+        let oldest = self.times[0];
+        let newest = self.times[self.filled - 1];
+        let mean = (newest.saturating_since(oldest).as_nanos() as f64 / n).max(1_000.0);
+        mean.ln() - self.early_log_gap_sum / n > EARLY_BURSTY_LOG_RATIO
     }
 
     /// Mean gap between recent arrivals, if at least two were seen.
@@ -161,10 +199,15 @@ impl ModelState {
     /// the current arrival rate plus execution and network time fits the SLO
     /// (the staggered-execution batch size, as Nexus estimates it).
     /// `None` while the rate is unknown (fewer than two arrivals).
+    #[cfg(test)]
     fn target_batch(&self, now: Instant, delay: &NetworkDelay) -> Option<u32> {
-        let gap = self.rate.mean_gap(now)?;
+        self.rate.mean_gap(now).map(|gap| self.target_batch_at(gap, delay))
+    }
+
+    /// [`Self::target_batch`] at mean gap `gap`.
+    fn target_batch_at(&self, gap: Duration, delay: &NetworkDelay) -> u32 {
         let budget = self.slo.saturating_sub(delay.d_ctrl);
-        Some(self.profile.max_batch_within(budget, gap + delay.d_data, u32::MAX).max(1))
+        self.profile.max_batch_within(budget, gap + delay.d_data, u32::MAX).max(1)
     }
 
     /// Drops what the gathering policy drops, then returns the candidate
@@ -179,7 +222,11 @@ impl ModelState {
     fn gather(&mut self, now: Instant, cfg: &CoreConfig, gpu_free: Option<Instant>, factor: f64, spare_gpu: bool, out: &mut Actions) -> Option<Candidate> {
         let delay = &cfg.delay;
         let gpu_free = gpu_free.unwrap_or(Instant::ZERO);
-        let target = self.target_batch(now, delay);
+        // The rate estimate does not change within a gather: read once
+        // (each read divides; three of each per request before).
+        let mean_gap = self.rate.mean_gap(now);
+        let gap_cv2 = self.rate.gap_cv2();
+        let target = mean_gap.map(|gap| self.target_batch_at(gap, delay));
         let window = match cfg.gather {
             Gather::Lazy => 1,
             Gather::Early => {
@@ -187,7 +234,7 @@ impl ModelState {
                 // the rate inside a burst, so the tolerated shortfall
                 // widens with the squared coefficient of variation of the
                 // gaps, as the schedulable window does (Poisson: as set).
-                let cv2 = self.rate.gap_cv2().unwrap_or(1.0).max(1.0);
+                let cv2 = gap_cv2.unwrap_or(1.0).max(1.0);
                 self.drop_window(target.unwrap_or(1), 1.0 - (1.0 - cfg.early_drop_fraction) * cv2)
             }
         };
@@ -291,7 +338,7 @@ impl ModelState {
         // free at the frontrun: on a cluster with no GPU idle the narrow
         // window mostly closes before one frees, so the rule holds only
         // while one idles.
-        let burst_locked = spare_gpu && self.pair_locked_out && self.rate.gap_cv2().is_some_and(|c| c > BURSTY_CV2);
+        let burst_locked = spare_gpu && self.pair_locked_out && self.rate.maybe_bursty(gap_cv2);
         // Without a rate estimate there is no target: defer as for the SLO.
         let target = match (cfg.gather, target) {
             (Gather::Early, Some(t)) if !burst_locked => t,
@@ -314,8 +361,8 @@ impl ModelState {
             // shrink to `alpha`, too narrow for a GPU slower than its
             // profile (the closed loop's factor) to start in.
             // Burst-locked: no widening (only `min_window`).
-            let gap = match self.rate.mean_gap(now) {
-                Some(g) if !burst_locked => Duration::from_nanos((g.as_nanos() as f64 * cfg.window_gaps * self.rate.gap_cv2().unwrap_or(1.0).max(1.0)) as u64),
+            let gap = match mean_gap {
+                Some(g) if !burst_locked => Duration::from_nanos((g.as_nanos() as f64 * cfg.window_gaps * gap_cv2.unwrap_or(1.0).max(1.0)) as u64),
                 _ => Duration::ZERO,
             };
             (dl - self.profile.scaled_latency(bs + 1, slow)).min((dl - self.profile.scaled_latency(bs, slow)) - cfg.min_window.max(gap))
@@ -775,15 +822,15 @@ mod tests {
     #[test]
     fn a_model_locking_out_pairs_waits_for_the_frontrun_only_under_bursts_with_a_gpu_idle() {
         // A100 EfficientNetV2S at SLO 15 ms: l(1) = 8.8 ms, l(2) = 10.3 ms.
-        let start = |bursty: bool, spare_gpu: bool| {
+        let start_after = |arrivals: u64, bursty: bool, spare_gpu: bool| {
             let spec = ModelSpec::linear("e", 1.454, 7.378, 15.0).expect("a valid profile");
             let mut c = ModelThreadCore::new(CoreConfig::default(), vec![(0, spec)]);
             let m = &mut c.models[0];
             assert!(m.pair_locked_out);
-            // 600 arrivals, mean gap 10 ms: bursts of five 1 us apart every
-            // 50 ms, or one every 10 ms with a Poisson-like spread of gaps.
+            // Mean gap 10 ms: bursts of five 1 us apart every 50 ms, or one
+            // every 10 ms with a Poisson-like spread of gaps.
             let mut t = 0u64;
-            for i in 0..600u64 {
+            for i in 0..arrivals {
                 t += if bursty { if i % 5 == 0 { 50_000_000 - 4_000 } else { 1_000 } } else { [2, 6, 10, 14, 18][(i * 3 % 5) as usize] * 1_000_000 };
                 m.rate.record(Instant::from_nanos(t));
             }
@@ -792,6 +839,7 @@ mod tests {
             let cand = m.gather(now, &c.cfg, None, 1.0, spare_gpu, &mut Actions::default()).expect("a candidate");
             cand.exec_at.saturating_since(now)
         };
+        let start = |bursty: bool, spare_gpu: bool| start_after(600, bursty, spare_gpu);
         // Bursty: wait until the frontrun d - l(2) (4.7 ms after arrival).
         let wait = start(true, true);
         assert!(wait > Duration::from_millis(4) && wait < Duration::from_millis(5), "{wait:?}");
@@ -799,6 +847,50 @@ mod tests {
         assert_eq!(start(false, true), Duration::ZERO);
         // No GPU idle: it takes the next one that frees, as without bursts.
         assert_eq!(start(true, false), Duration::ZERO);
+        // Twenty arrivals: the early test decides (see the next test).
+        let wait = start_after(20, true, true);
+        assert!(wait > Duration::from_millis(4) && wait < Duration::from_millis(5), "{wait:?}");
+        assert_eq!(start_after(20, false, true), Duration::ZERO);
+        // The first two arrivals tell nothing: the frontrun.
+        let wait = start_after(2, false, true);
+        assert!(wait > Duration::from_millis(4) && wait < Duration::from_millis(5), "{wait:?}");
+    }
+
+    #[test]
+    fn a_few_gaps_tell_gamma_bursts_from_poisson_by_their_logarithms() {
+        use rand::SeedableRng as _;
+        use rand_distr::{Distribution as _, Gamma};
+        // Share of 400 seeded windows of `gaps` Gamma(shape) gaps (mean
+        // 10 ms) called bursty, by the early test and by the squared CV.
+        let called = |shape: f64, gaps: usize| {
+            let mut by_log = 0;
+            let mut by_cv2 = 0;
+            for seed in 0..400u64 {
+                let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
+                let g = Gamma::new(shape, 10e6 / shape).expect("a valid Gamma");
+                let mut w = RateWindow::new();
+                let mut t = 1e9;
+                w.record(Instant::from_nanos(t as u64));
+                for _ in 0..gaps {
+                    t += g.sample(&mut rng);
+                    w.record(Instant::from_nanos(t as u64));
+                }
+                by_log += usize::from(w.maybe_bursty(w.gap_cv2()));
+                by_cv2 += usize::from(w.gap_cv2().is_some_and(|c| c > BURSTY_CV2));
+            }
+            (by_log as f64 / 400.0, by_cv2 as f64 / 400.0)
+        };
+        // Gamma(0.2) over 10 and 30 gaps: the log statistic sees the bursts
+        // where the squared CV misses a fair share of them.
+        for gaps in [10, 30] {
+            let (log, cv2) = called(0.2, gaps);
+            assert!(log > 0.95 && log > cv2, "Gamma(0.2), {gaps} gaps: log {log}, cv2 {cv2}");
+        }
+        // Poisson: mostly not bursty.
+        for gaps in [10, 30] {
+            let (log, _) = called(1.0, gaps);
+            assert!(log < 0.2, "Poisson, {gaps} gaps: {log}");
+        }
     }
 
     #[test]

@@ -84,6 +84,14 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
         }
     }
     let mut unread: Vec<bool> = vec![true; links.len()];
+    // Links sent on since their last read: a send may have taken their
+    // input in (`Connection::may_hold_input`). Only these are asked, not
+    // all 256 links twice per turn (the larger part of this process's
+    // user time).
+    let mut touched: Vec<bool> = vec![true; links.len()];
+    let polled: Vec<bool> = links.iter().map(|l| l.conn.wait_fd().is_none()).collect();
+    // The earliest heartbeat due over all links.
+    let mut next_beat = Instant::ZERO;
     let mut ready = Vec::new();
     while !control::stop_requested() {
         let now = clock.now();
@@ -96,10 +104,12 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
             }
         }
         for (i, link) in links.iter_mut().enumerate() {
-            if !unread[i] && link.conn.wait_fd().is_some() && !link.conn.may_hold_input() {
+            if !(unread[i] || polled[i] || (touched[i] && link.conn.may_hold_input())) {
+                touched[i] = false;
                 continue;
             }
             unread[i] = false;
+            touched[i] = false;
             for turn in 0..RECV_BURST {
                 let n = match link.conn.try_recv(&mut buf) {
                     Ok(Some(n)) => n,
@@ -161,6 +171,7 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
             };
             let n = wire::encode(&mut buf, &d).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
             let link = &mut links[i as usize];
+            touched[i as usize] = true;
             match link.conn.send(&buf[..n]) {
                 Ok(()) => r.batches_done += 1,
                 // The scheduler fails back a batch whose report never came.
@@ -168,21 +179,25 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
                 Err(e) => return Err(BenchClusterError::Peer(format!("backend {}: {e}", link.id))),
             }
         }
-        for link in links.iter_mut() {
-            beat(link, now, Role::Backend, &mut buf).map_err(|e| BenchClusterError::Peer(format!("backend {}: {e}", link.id)))?;
+        if now >= next_beat {
+            for (i, link) in links.iter_mut().enumerate() {
+                if now >= link.live.next_send() {
+                    touched[i] = true;
+                    beat(link, now, Role::Backend, &mut buf).map_err(|e| BenchClusterError::Peer(format!("backend {}: {e}", link.id)))?;
+                }
+            }
+            next_beat = links.iter().map(|l| l.live.next_send()).min().unwrap_or(Instant::NEVER);
         }
         // A send late in the turn may have taken a link's bytes in: its fd
         // is quiet then, so no sleep while any link holds input.
+        let holds_input = links.iter().zip(&touched).any(|(l, &t)| t && l.conn.wait_fd().is_some() && l.conn.may_hold_input());
         // Arming (shm: the scheduler wakes us only if told we sleep) comes
         // last: a message that came meanwhile means no sleep.
-        if !busy
-            && !links.iter().any(|l| l.conn.wait_fd().is_some() && l.conn.may_hold_input())
-            && links.iter().all(|l| l.conn.arm_wait())
-        {
+        if !busy && !holds_input && links.iter().all(|l| l.conn.arm_wait()) {
             // Sleep in epoll until a plan arrives, a batch finishes or a
             // heartbeat is due, instead of spinning on `yield`: this process
             // shares the 2 cores with the daemon it loads.
-            let wake = gpus.poll_at().into_iter().chain(links.iter().map(|l| l.live.next_send())).min();
+            let wake = gpus.poll_at().into_iter().chain([next_beat]).min();
             let now = clock.now();
             let budget = wake.map_or(IDLE_CAP, |t| t.saturating_since(now)).min(IDLE_CAP);
             watch.wait(budget);

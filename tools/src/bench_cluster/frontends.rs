@@ -50,6 +50,8 @@ pub struct FrontendsReport {
     /// `Dropped` received, by `DropReason::as_str`.
     pub dropped: Vec<(String, u64)>,
     /// Intended arrival -> handed to the link (the generator's own lag).
+    /// Coalesced, each task counts its message's oldest task's lag (an
+    /// upper bound; one histogram record per message, not per task).
     pub send_lag: LagUs,
     /// Seconds from the first intended arrival to the last send.
     pub send_span_s: f64,
@@ -69,7 +71,8 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
     let start = clock.now() + Duration::from_millis(1);
     let cpu_at_start = peer::cpu_s_self();
     let duration = Duration::from_secs_f64(a.duration_s);
-    let mut arrivals = Arrivals::for_model_count(a.models as usize, &Workload::poisson(a.rate), a.seed, duration).with_origin(start);
+    // Equal-rate Poisson models as one pooled stream (no per-arrival heap turn).
+    let mut arrivals = Arrivals::pooled_for_model_count(a.models as usize, &Workload::poisson(a.rate), a.seed, duration).with_origin(start);
     // Outcomes of the last tasks arrive within their SLO.
     let end = start + duration + spec.slo + Duration::from_millis(200);
     let mut seq = vec![0u64; links.len()];
@@ -123,7 +126,8 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
             if a.coalesce > 1 {
                 let o = &mut outgoing[i];
                 o.batch.push(&task).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
-                o.intended.push(t);
+                o.oldest.get_or_insert(t);
+                o.waiting += 1;
                 o.stamp |= stamped;
                 if o.batch.is_full() {
                     o.flush(link, now, &mut r, &mut send_lag, &mut buf)?;
@@ -150,7 +154,7 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
         busy |= burst > 0;
         let finishing = arrivals.peek().is_none();
         for (link, o) in links.iter_mut().zip(outgoing.iter_mut()) {
-            if o.intended.first().is_some_and(|&t| finishing || now.saturating_since(t) >= coalesce_wait) {
+            if o.oldest.is_some_and(|t| finishing || now.saturating_since(t) >= coalesce_wait) {
                 o.flush(link, now, &mut r, &mut send_lag, &mut buf)?;
                 last_send = now;
                 busy = true;
@@ -185,7 +189,7 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
             // on 2 cores): the next arrival, or, while tasks wait for their
             // batch, the oldest one's flush (arrivals meanwhile join
             // batches that would wait anyway); and the next read.
-            let flush_due = outgoing.iter().filter_map(|o| o.intended.first()).min().map(|&t| t + coalesce_wait);
+            let flush_due = outgoing.iter().filter_map(|o| o.oldest).min().map(|t| t + coalesce_wait);
             let next_arrival = arrivals.peek().map(|(t, _)| t);
             let work_at = flush_due.or(next_arrival).map_or(next_read, |t| t.min(next_read));
             let idle_for = work_at.saturating_since(clock.now());
@@ -209,15 +213,17 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
 /// A link's tasks waiting to go as one `Tasks` message.
 struct Outgoing {
     batch: TaskBatcher,
-    /// Intended arrival of each waiting task (the oldest first).
-    intended: Vec<Instant>,
+    /// Intended arrival of the oldest waiting task.
+    oldest: Option<Instant>,
+    /// Tasks waiting.
+    waiting: u64,
     /// A waiting task is to be stamped: a stamp precedes the message.
     stamp: bool,
 }
 
 impl Outgoing {
     fn new(limit: usize) -> Self {
-        Outgoing { batch: TaskBatcher::new(limit), intended: Vec::with_capacity(limit), stamp: false }
+        Outgoing { batch: TaskBatcher::new(limit), oldest: None, waiting: 0, stamp: false }
     }
 
     /// Sends the waiting tasks as one message (preceded by a stamp when one
@@ -231,16 +237,16 @@ impl Outgoing {
             send_or_progress(&mut link.conn, &buf[..n]).map_err(|e| BenchClusterError::Peer(format!("frontend {}: {e}", link.id)))?;
         }
         let Some(msg) = self.batch.take() else { return Ok(()) };
-        let n = self.intended.len() as u64;
+        let n = std::mem::take(&mut self.waiting);
+        let oldest = self.oldest.take();
         if send_or_progress(&mut link.conn, msg).map_err(fail)? {
             r.sent += n;
-            for &t in &self.intended {
-                let _ = lag.record(now.saturating_since(t).as_nanos().max(1));
+            if let Some(t) = oldest {
+                let _ = lag.record_n(now.saturating_since(t).as_nanos().max(1), n);
             }
         } else {
             r.queue_full += n;
         }
-        self.intended.clear();
         Ok(())
     }
 }

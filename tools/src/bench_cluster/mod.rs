@@ -29,6 +29,7 @@ use dataplane::control::{self, metric, TransportKind, WithDomain};
 use dataplane::join::JoinToken;
 use dataplane::transport::Domain;
 use dataplane::wire::DropReason;
+use scheduler::daemon::engine::EngineKind;
 use tools::cluster::{spawn, ClusterSpec, Daemon};
 
 use backends::BackendsReport;
@@ -114,10 +115,12 @@ pub struct BenchClusterArgs {
     /// Every Nth task carries a clock stamp (ingress lag samples).
     #[arg(long = "stamp-every", default_value_t = 16)]
     pub stamp_every: u64,
-    /// The scheduler's engines, comma-separated (inline, pinned): each is
-    /// run in turn on the same workload and reported side by side; the
-    /// top-level figures are the last one's.
-    #[arg(long, default_value = "pinned", value_delimiter = ',')]
+    /// The scheduler's engines, comma-separated (inline, pinned, auto): each
+    /// is run in turn on the same workload and reported side by side; the
+    /// top-level figures are the last one's. `auto`: pinned when this host
+    /// has a core for each of the runtime's threads and for the two peer
+    /// processes, inline otherwise (`EngineKind::auto`).
+    #[arg(long, default_value = "auto", value_delimiter = ',')]
     pub engine: Vec<String>,
     /// The scheduler's ModelThreads (pinned engine).
     #[arg(long = "model-threads", default_value_t = 1)]
@@ -196,9 +199,14 @@ pub fn run(a: &BenchClusterArgs) -> Result<(), BenchClusterError> {
     if gpus < a.backends {
         return Err(BenchClusterError::Peer(format!("{gpus} GPUs for {} backends: every backend needs one", a.backends)));
     }
-    if a.engine.is_empty() || a.engine.iter().any(|e| e != "inline" && e != "pinned") {
-        return Err(BenchClusterError::Peer(format!("--engine {:?}: inline and/or pinned", a.engine)));
+    if a.engine.is_empty() || a.engine.iter().any(|e| e != "inline" && e != "pinned" && e != "auto") {
+        return Err(BenchClusterError::Peer(format!("--engine {:?}: inline, pinned and/or auto", a.engine)));
     }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // The frontends and backends processes load the host beside the daemon.
+    let auto = EngineKind::auto(cores, a.model_threads as usize, 2);
+    let engine_note = a.engine.iter().any(|e| e == "auto").then(|| format!("auto = {} ({cores} cores; pinned needs {} model threads + rank + I/O + 2 peers)", auto.name(), a.model_threads));
+    let a = &BenchClusterArgs { engine: a.engine.iter().map(|e| if e == "auto" { auto.name().to_string() } else { e.clone() }).collect(), ..a.clone() };
     let mut by_engine = Vec::new();
     for engine in &a.engine {
         let one = BenchClusterArgs { engine: vec![engine.clone()], ..a.clone() };
@@ -233,6 +241,7 @@ pub fn run(a: &BenchClusterArgs) -> Result<(), BenchClusterError> {
             "in_process": in_process,
             "probes": probes,
             "engine": a.engine.last(),
+            "engine_auto": engine_note,
             "by_engine": by_engine.iter().map(|(e, (r, p))| serde_json::json!({"engine": e, "run": r, "probes": p})).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v).map_err(|e| BenchClusterError::Peer(e.to_string()))?);
@@ -249,7 +258,15 @@ pub fn run(a: &BenchClusterArgs) -> Result<(), BenchClusterError> {
             );
         }
         let r = &best;
-        println!("{} frontends, {} backends, {gpus} GPUs over {}; {} models; engine {}", a.frontends, a.backends, a.transport.name(), a.models, a.engine.last().map_or("", String::as_str));
+        println!(
+            "{} frontends, {} backends, {gpus} GPUs over {}; {} models; engine {}{}",
+            a.frontends,
+            a.backends,
+            a.transport.name(),
+            a.models,
+            a.engine.last().map_or("", String::as_str),
+            engine_note.as_ref().map_or(String::new(), |n| format!(" ({n})"))
+        );
         println!("offered {:.0} tasks/s; accepted {:.0} tasks/s; bad rate {:.3}%", r.offered_rps, r.tasks_per_s, r.bad_rate * 100.0);
         for (name, l) in [("ingress lag", &r.ingress_lag), ("dispatch lag", &r.dispatch_lag), ("generator lag", &r.generator_lag)] {
             println!("{name:>13} us: p50 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}  ({} samples)", l.p50_us, l.p99_us, l.p99_9_us, l.max_us, l.samples);
