@@ -441,6 +441,13 @@ fn sleep_until_due<C: Connection, E: Executor>(
     watched.sync(idle.set(), |live| {
         node.for_each_conn(|key, c| live.extend(c.wait_fd().map(|fd| (key, fd))))
     });
+    // Arm the links' wait fds (shm: a peer wakes us only if told we
+    // sleep); a message that came meanwhile means no sleep.
+    let mut armed = true;
+    node.for_each_conn(|_, c| armed &= c.arm_wait());
+    if !armed {
+        return;
+    }
     let wake = node.poll_at().unwrap_or(now + Duration::from_millis(100));
     idle.idle(wake.saturating_since(clock.now()));
 }

@@ -696,6 +696,13 @@ impl<D: Domain> IoHost<D> {
         let next = self.reconnects.iter().filter_map(Reconnect::due_at).chain(self.node.poll_at()).min();
         let budget = next.map_or(Duration::from_millis(100), |t| t.saturating_since(now));
         let (node, stop) = (&self.node, &self.stop);
+        // Arm the links' wait fds (shm: a peer wakes us only if told we
+        // sleep); a message that came meanwhile means no sleep.
+        let mut armed = true;
+        node.for_each_conn(|c| armed &= c.arm_wait());
+        if !armed {
+            return;
+        }
         self.idler
             .idle_unless(budget, || node.has_queued_tasks() || stop.load(Ordering::Acquire));
     }

@@ -37,6 +37,7 @@ use crate::wire::WireError;
 pub mod conformance;
 mod registry;
 pub mod shm;
+mod shm_ring;
 pub mod sim;
 mod stream;
 pub mod tcp;
@@ -461,11 +462,26 @@ pub trait Connection: Send {
     /// Once [`try_recv`](Self::try_recv) has returned `Ok(None)`, the fd
     /// turns readable before `try_recv` can return anything again (a
     /// message or the peer's departure), so a host may skip a link until
-    /// then, unless [`may_hold_input`](Self::may_hold_input) says otherwise.
+    /// then, unless [`may_hold_input`](Self::may_hold_input) says otherwise
+    /// (shm: while the peer's messages sit in the shared ring, until
+    /// [`arm_wait`](Self::arm_wait)).
     /// Between a `Some` and the next `None` messages may be buffered in user
     /// space without the fd saying so.
     fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
         None
+    }
+
+    /// Call before sleeping on [`wait_fd`](Self::wait_fd) (after polling
+    /// the connection): makes the fd turn readable when input arrives, and
+    /// returns false if input is already pending (poll instead of
+    /// sleeping). Transports whose fd always reports input need nothing
+    /// (the default). The shm transport moves messages through shared
+    /// memory and wakes a sleeping peer through its socket only after this
+    /// call, so that busy peers exchange messages without system calls;
+    /// arming on every empty poll instead would cost the peer a system call
+    /// per message.
+    fn arm_wait(&self) -> bool {
+        true
     }
 
     /// Whether input the kernel no longer reports may sit in user space:

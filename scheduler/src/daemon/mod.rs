@@ -499,10 +499,11 @@ fn poll_until_drained<C: Connection>(
         if busy {
             first_plan.check();
             idle.reset();
-        } else if holds_input(node) {
+        } else if holds_input(node) || !arm_waits(node) {
             // A send or progress late in the pass (heartbeats after the
             // flush) took a peer's bytes in: its fd is quiet now, so a
-            // sleep would strand the message until the next timer.
+            // sleep would strand the message until the next timer. Or
+            // a message arrived while the links were armed for the sleep.
             continue;
         } else {
             if synced != Some(node.link_set_version()) {
@@ -530,6 +531,15 @@ fn holds_input<C: Connection>(node: &SchedulerNode<C>) -> bool {
     let mut held = false;
     node.for_each_conn(|_, c| held |= c.wait_fd().is_some() && c.may_hold_input());
     held
+}
+
+/// Arms every link's wait fd before a sleep ([`Connection::arm_wait`]);
+/// false if one has input pending. Only here, before a sleep: shm peers
+/// then write a wake-up byte once per sleep, not once per message.
+fn arm_waits<C: Connection>(node: &SchedulerNode<C>) -> bool {
+    let mut armed = true;
+    node.for_each_conn(|_, c| armed &= c.wait_fd().is_none() || c.arm_wait());
+    armed
 }
 
 fn log_event(ev: &SchedulerEvent) {

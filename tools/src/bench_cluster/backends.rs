@@ -191,7 +191,9 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
         // A send late in the turn may have taken a link's bytes in: its fd
         // is quiet then, so no sleep while any link holds input.
         let holds_input = links.iter().zip(&touched).any(|(l, &t)| t && l.conn.wait_fd().is_some() && l.conn.may_hold_input());
-        if !busy && !holds_input {
+        // Arming (shm: the scheduler wakes us only if told we sleep) comes
+        // last: a message that came meanwhile means no sleep.
+        if !busy && !holds_input && links.iter().all(|l| l.conn.arm_wait()) {
             // Sleep in epoll until a plan arrives, a batch finishes or a
             // heartbeat is due, instead of spinning on `yield`: this process
             // shares the 2 cores with the daemon it loads.

@@ -1,11 +1,13 @@
 //! The byte movers under a stream ([`ByteIo`]): plain syscalls on a
-//! blocking socket, or io_uring submissions and completions. At most one
+//! blocking socket, io_uring submissions and completions, or shared-memory
+//! byte rings beside a socket that only wakes and reports EOF. At most one
 //! receive and one send are in flight; whatever the kernel may still touch
 //! is held until it says it is done.
 
 use std::io;
 use std::os::fd::RawFd;
 
+use super::super::shm_ring::{RingConsumer, RingProducer};
 use super::super::Error;
 
 /// Where the bytes of a finished receive landed.
@@ -23,6 +25,28 @@ pub(crate) enum ByteIo {
     Std(StdIo),
     /// io_uring submissions and completions.
     Uring(Box<UringIo>),
+    /// Shared-memory byte rings (shm): sends and receives are copies, with
+    /// no system call while the peer is awake; the socket carries wake-up
+    /// bytes and the peer's end of stream only.
+    Ring(Box<RingIo>),
+}
+
+/// Consecutive empty receives (see [`ByteIo::note_empty`]) after which
+/// the socket is read anyway, for a peer's end of stream: at most one
+/// socket read per this many empty polls of a quiet link.
+const EMPTY_POLLS_PER_SOCKET_CHECK: u32 = 4;
+
+pub(crate) struct RingIo {
+    pub(super) fd: RawFd,
+    tx: RingProducer,
+    rx: RingConsumer,
+    recv: Option<(*mut u8, usize)>,
+    pub(super) sent: Option<io::Result<usize>>,
+    /// The socket reported end of stream: the peer closed or died. Reported
+    /// once the ring is empty (its last messages are delivered first).
+    eof: bool,
+    /// Empty receives in a row since the socket was last read.
+    empty_polls: u32,
 }
 
 pub(crate) struct StdIo {
@@ -110,6 +134,21 @@ impl ByteIo {
         })
     }
 
+    /// The shm mover: `tx` and `rx` are this side's ends of the two rings,
+    /// `fd` the connection's socket (blocking or not: it is only read with
+    /// `MSG_DONTWAIT` and written one wake byte at a time).
+    pub(crate) fn ring(fd: RawFd, tx: RingProducer, rx: RingConsumer) -> Self {
+        ByteIo::Ring(Box::new(RingIo {
+            fd,
+            tx,
+            rx,
+            recv: None,
+            sent: None,
+            eof: false,
+            empty_polls: 0,
+        }))
+    }
+
     pub(crate) fn uring(fd: RawFd) -> Result<Self, Error> {
         // COOP_TASKRUN + TASKRUN_FLAG: the kernel does not interrupt the
         // busy-polling thread to post completions; it raises a flag in the
@@ -139,6 +178,10 @@ impl ByteIo {
                 s.recv = Some((ptr, len));
                 Ok(())
             }
+            ByteIo::Ring(r) => {
+                r.recv = Some((ptr, len));
+                Ok(())
+            }
             ByteIo::Uring(u) => {
                 let len = u32::try_from(len).unwrap_or(u32::MAX);
                 let e = io_uring::opcode::Recv::new(io_uring::types::Fd(u.fd), ptr, len)
@@ -166,6 +209,38 @@ impl ByteIo {
                 // SAFETY: `msg` points at `n` valid iovecs over live memory.
                 let r = unsafe { libc::sendmsg(s.fd, &msg, libc::MSG_NOSIGNAL) };
                 s.sent = Some(last_os_error_result(r));
+                Ok(())
+            }
+            ByteIo::Ring(r) => {
+                let mut parts: [&[u8]; 64] = [&[]; 64];
+                let n = n.min(parts.len());
+                for (i, part) in parts.iter_mut().take(n).enumerate() {
+                    // SAFETY: the caller passes `n` valid iovecs over live
+                    // memory (start_send contract).
+                    let v = unsafe { &*iov.add(i) };
+                    // SAFETY: each iovec describes `iov_len` readable bytes.
+                    *part = unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) };
+                }
+                r.sent = Some(match r.tx.write(&parts[..n]) {
+                    Ok((taken, wake)) => {
+                        if wake {
+                            // The peer sleeps on the socket: one byte wakes
+                            // it. A full socket buffer (EAGAIN) already holds
+                            // wake bytes, and a gone peer shows as our EOF.
+                            // SAFETY: one byte from a static buffer.
+                            unsafe {
+                                libc::send(
+                                    r.fd,
+                                    b"w".as_ptr() as *const libc::c_void,
+                                    1,
+                                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                                )
+                            };
+                        }
+                        Ok(taken)
+                    }
+                    Err(_) => Err(io::Error::new(io::ErrorKind::InvalidData, "shm ring corrupted")),
+                });
                 Ok(())
             }
             ByteIo::Uring(u) => {
@@ -209,6 +284,25 @@ impl ByteIo {
                     }
                 }
                 *send = s.sent.take();
+            }
+            ByteIo::Ring(r) => {
+                if let Some((ptr, len)) = r.recv {
+                    // SAFETY: the target is valid for `len` bytes
+                    // (start_recv contract) and is ours, not the ring's.
+                    match unsafe { r.rx.read(ptr, len) } {
+                        Ok(0) if !r.eof => {}
+                        Ok(n) => {
+                            r.recv = None;
+                            r.empty_polls = 0;
+                            *recv = Some(Ok(n));
+                        }
+                        Err(_) => {
+                            r.recv = None;
+                            *recv = Some(Err(io::Error::new(io::ErrorKind::InvalidData, "shm ring corrupted")));
+                        }
+                    }
+                }
+                *send = r.sent.take();
             }
             ByteIo::Uring(u) => {
                 if (u.recv_busy || u.send_busy)
@@ -292,6 +386,26 @@ impl ByteIo {
                     s.waited = Some(r);
                 }
             }
+            ByteIo::Ring(r) => {
+                if r.recv.is_none() || r.eof || !r.rx.arm() {
+                    return;
+                }
+                let ts = libc::timespec {
+                    tv_sec: timeout.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+                    tv_nsec: timeout.subsec_nanos() as libc::c_long,
+                };
+                let mut pfd = libc::pollfd {
+                    fd: r.fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd and a valid timespec.
+                let rc = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+                // Awake again: producers need not wake us any more.
+                if r.rx.disarm() || rc > 0 {
+                    r.read_socket();
+                }
+            }
             ByteIo::Uring(u) => {
                 if !(u.recv_busy || u.send_busy) || !u.ring.completion().is_empty() {
                     return;
@@ -316,6 +430,13 @@ impl ByteIo {
                 s.recv = None;
                 s.sent = None;
                 s.waited = None;
+                true
+            }
+            ByteIo::Ring(r) => {
+                // SAFETY: plain syscall on our fd.
+                unsafe { libc::shutdown(r.fd, libc::SHUT_RDWR) };
+                r.recv = None;
+                r.sent = None;
                 true
             }
             ByteIo::Uring(u) => {
@@ -356,3 +477,75 @@ impl ByteIo {
     }
 }
 
+
+impl ByteIo {
+    /// A receive found nothing (the caller's `try_recv` returns empty). The
+    /// ring mover reads its socket now and then: at once when a peer woke
+    /// us (a wake byte to take off), else every
+    /// [`EMPTY_POLLS_PER_SOCKET_CHECK`] empty polls in a row, to notice a
+    /// departed peer's end of stream (a busy link, whose receives are rarely
+    /// empty twice in a row, pays no system call). True if the socket said
+    /// something (bytes or EOF): poll again.
+    pub(super) fn note_empty(&mut self) -> bool {
+        let ByteIo::Ring(r) = self else {
+            return false;
+        };
+        r.empty_polls += 1;
+        if r.eof || !(r.rx.take_woken() || r.empty_polls >= EMPTY_POLLS_PER_SOCKET_CHECK) {
+            return false;
+        }
+        r.read_socket()
+    }
+
+    /// Whether the ring holds bytes not received yet (or the peer left):
+    /// input the socket does not report.
+    pub(super) fn ring_has_input(&self) -> bool {
+        match self {
+            ByteIo::Ring(r) => r.eof || r.rx.has_input(),
+            _ => false,
+        }
+    }
+
+    /// Before a sleep on the wait fd: see `Connection::arm_wait`.
+    pub(super) fn arm(&self) -> bool {
+        match self {
+            ByteIo::Ring(r) => !r.eof && r.rx.arm(),
+            _ => true,
+        }
+    }
+}
+
+impl RingIo {
+    /// Takes wake bytes off the socket and notices its end of stream. True
+    /// if it got either.
+    fn read_socket(&mut self) -> bool {
+        self.empty_polls = 0;
+        let mut scratch = [0u8; 256];
+        // SAFETY: `scratch` is valid for its length.
+        let r = unsafe {
+            libc::recv(
+                self.fd,
+                scratch.as_mut_ptr() as *mut libc::c_void,
+                scratch.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        match r {
+            0 => {
+                self.eof = true;
+                true
+            }
+            n if n > 0 => true,
+            _ => {
+                let e = io::Error::last_os_error();
+                if retryable(&e) {
+                    false
+                } else {
+                    // A reset socket: the peer is gone as surely as at EOF.
+                    self.eof = true;
+                    true
+                }
+            }
+        }
+    }
+}

@@ -1,5 +1,5 @@
 //! The framed-stream engine behind `tcp` (both I/O engines) and the `shm`
-//! control channel: wire-message framing, an inbox for control messages,
+//! control channel (its shared-memory rings as the byte mover): wire-message framing, an inbox for control messages,
 //! the emulated one-sided READ (requester and responder halves), all on
 //! preallocated buffers and driven only by the owner's polling calls.
 //!
@@ -31,6 +31,10 @@ const RX_CAP: usize = 4 * MAX_MESSAGE_LEN;
 const INBOX_CAP: usize = 8 * MAX_MESSAGE_LEN;
 /// Outgoing staged bytes (control messages, READ requests and response heads).
 const TX_CAP: usize = 8 * MAX_MESSAGE_LEN;
+/// The same over shm rings, where the ring is the send buffer: bytes wait
+/// here only while it is full, and more room here would only add latency
+/// behind a receiver that cannot keep up (overload is refused instead).
+const RING_TX_CAP: usize = 2 * MAX_MESSAGE_LEN;
 /// iovecs per send.
 const MAX_IOV: usize = 64;
 
@@ -132,6 +136,7 @@ impl Stream {
         cfg: StreamConfig,
     ) -> Self {
         let seg_cap = 2 * cfg.max_outstanding + 256;
+        let tx_cap = if matches!(io, ByteIo::Ring(_)) { RING_TX_CAP } else { TX_CAP };
         Stream {
             io,
             sock,
@@ -142,7 +147,7 @@ impl Stream {
             wpos: 0,
             in_payload: false,
             recv_busy: None,
-            tx: vec![0u8; TX_CAP].into_boxed_slice(),
+            tx: vec![0u8; tx_cap].into_boxed_slice(),
             tx_len: 0,
             segs: VecDeque::with_capacity(seg_cap),
             seg_cap,
@@ -230,6 +235,9 @@ impl Stream {
     pub(crate) fn try_recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, Error> {
         if self.ihead == self.itail {
             self.pump();
+            if self.ihead == self.itail && self.dead.is_none() && self.io.note_empty() {
+                self.pump();
+            }
         }
         if self.ihead == self.itail {
             self.check_timeout();
@@ -358,7 +366,14 @@ impl Stream {
         let unparsed = &self.rx[self.rpos..self.wpos];
         self.ihead != self.itail
             || self.recv_busy.is_none()
+            || self.io.ring_has_input()
             || (!self.in_payload && matches!(wire::frame_len(unparsed), Ok(Some(t)) if t <= unparsed.len()))
+    }
+
+    /// Before sleeping on [`wait_fd`](Self::wait_fd) (see
+    /// `Connection::arm_wait`): false if input is pending.
+    pub(crate) fn arm_wait(&self) -> bool {
+        self.dead.is_some() || (!self.may_hold_input() && self.io.arm())
     }
 
     /// A file descriptor that polls readable (level-triggered) whenever
@@ -369,6 +384,7 @@ impl Stream {
         use std::os::fd::AsRawFd;
         match &self.io {
             ByteIo::Std(s) => s.fd,
+            ByteIo::Ring(r) => r.fd,
             ByteIo::Uring(u) => u.ring.as_raw_fd(),
         }
     }
@@ -379,6 +395,7 @@ impl Stream {
     /// yet parsed, or no receive armed (the caller must poll first).
     pub(crate) fn wait(&mut self, timeout: std::time::Duration) -> Result<(), Error> {
         let std_engine = matches!(self.io, ByteIo::Std(_));
+        let ring_engine = matches!(self.io, ByteIo::Ring(_));
         // The std engine's wait is itself a receive: when nothing else is
         // pending (no send queued, a receive armed), polling first would
         // only add an EAGAIN syscall in front of it.
@@ -400,8 +417,15 @@ impl Stream {
         if pending_work || timeout.is_zero() {
             return Ok(());
         }
+        // A full ring has no wake-up for room: bytes still queued here are
+        // retried after a short sleep.
+        let timeout = if ring_engine && !self.segs.is_empty() {
+            timeout.min(std::time::Duration::from_micros(100))
+        } else {
+            timeout
+        };
         self.io.wait(timeout);
-        if std_engine {
+        if std_engine || ring_engine {
             // Take in what the receive got now: parse it, answer READ
             // requests, and leave messages in the inbox for `try_recv`.
             self.pump();
@@ -687,17 +711,24 @@ impl Stream {
             self.send_busy = false;
             return self.fail(Error::from(e).kind());
         }
-        // The std engine finished inside start_send: account for it now so
-        // that sends never wait for a later poll.
-        if let ByteIo::Std(s) = &mut self.io {
-            if let Some(r) = s.sent.take() {
-                self.send_busy = false;
-                match r {
-                    Ok(n) => self.consume_sent(n),
-                    Err(e) if retryable(&e) => {}
-                    Err(e) => return self.fail(Error::from(e).kind()),
+        // The std and ring engines finished inside start_send: account for
+        // it now so that sends never wait for a later poll. A full ring
+        // took nothing: the bytes stay queued for a later flush.
+        let sent = match &mut self.io {
+            ByteIo::Std(s) => s.sent.take(),
+            ByteIo::Ring(r) => r.sent.take(),
+            ByteIo::Uring(_) => None,
+        };
+        if let Some(r) = sent {
+            self.send_busy = false;
+            match r {
+                Ok(0) => {}
+                Ok(n) => {
+                    self.consume_sent(n);
+                    self.flush();
                 }
-                self.flush();
+                Err(e) if retryable(&e) => {}
+                Err(e) => self.fail(Error::from(e).kind()),
             }
         }
     }

@@ -1,0 +1,512 @@
+//! Single-producer single-consumer byte rings in shared memory: the shm
+//! transport's control messages cross the host through them, without a
+//! system call while both sides are busy.
+//!
+//! A ring lives in its own shared-memory file, created by its producer:
+//! one header page (magic, capacity, and three separately padded words:
+//! `tail`, written by the producer; `head`, written by the consumer;
+//! `parked`, the consumer's sleep flag) followed by `capacity` data bytes
+//! (a power of two). `tail` and `head` count bytes since the start and wrap
+//! around `u64`; `tail - head` bytes are readable. As in `crate::ring`
+//! (rtrb's design), each side keeps its own index privately plus a cached
+//! copy of the other's, publishes with a `Release` store and reads the
+//! other's index with an `Acquire` load only when its cache shows less
+//! room (producer) or fewer bytes (consumer) than the call wants.
+//!
+//! The other side is another process: every index read from the header is
+//! checked (`tail - head <= capacity`), a violation is reported as
+//! [`Corrupt`] (the caller drops the link), and data positions are masked
+//! by our own copy of the capacity, so a peer can garble bytes (the framing
+//! checks them) but never make us touch memory outside the mapping.
+//!
+//! Wake-ups (the socket beside the ring carries them): a consumer about to
+//! sleep sets `parked` to [`PARKED`] and re-checks the ring (a `SeqCst`
+//! fence between, [`RingConsumer::arm`]); a producer that published sees it
+//! after its own fence, moves it to [`WOKEN`] and writes one byte to the
+//! socket ([`RingProducer::write`] tells it to). Either the consumer sees
+//! the bytes in its re-check or the producer sees the flag: a message is
+//! never stranded behind a sleep. While the consumer is busy the flag is
+//! clear and publishing costs no system call.
+
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+
+use memmap2::MmapRaw;
+
+/// Header bytes before the data (one page keeps the data page aligned).
+pub(crate) const RING_HEADER_LEN: usize = 4096;
+/// Smallest and largest data capacity accepted.
+pub(crate) const MIN_RING_BYTES: usize = 4096;
+pub(crate) const MAX_RING_BYTES: usize = 1 << 30;
+const RING_MAGIC: u64 = u64::from_le_bytes(*b"SYMRING1");
+
+/// `parked`: the consumer is awake (or has not said it sleeps).
+const AWAKE: u32 = 0;
+/// `parked`: the consumer is about to sleep on the socket.
+const PARKED: u32 = 1;
+/// `parked`: a producer saw [`PARKED`] and wrote (or is writing) a wake byte.
+const WOKEN: u32 = 2;
+
+/// One word alone on its (prefetch pair of) cache lines.
+#[repr(C, align(128))]
+struct Padded<T>(T);
+
+/// The header page (all atomics: shared between processes).
+#[repr(C)]
+struct RingHeader {
+    magic: AtomicU64,
+    capacity: AtomicU64,
+    tail: Padded<AtomicU64>,
+    head: Padded<AtomicU64>,
+    parked: Padded<AtomicU32>,
+}
+
+const _: () = assert!(std::mem::size_of::<RingHeader>() <= RING_HEADER_LEN);
+
+/// The peer broke the ring's invariants (indices out of range, bad header):
+/// the link is dead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Corrupt;
+
+/// A mapped ring (either side's view).
+struct RingMap {
+    map: MmapRaw,
+    /// Our own copy of the capacity (never re-read from shared memory).
+    cap: u64,
+}
+
+// SAFETY: the mapping is plain shared memory reached only through atomics
+// (header) and bounds-checked copies (data); each end is used by one thread
+// at a time.
+unsafe impl Send for RingMap {}
+
+impl RingMap {
+    /// Checks a mapping's header and length; `cap` from the header.
+    fn checked(map: MmapRaw) -> Result<Self, Corrupt> {
+        if map.len() < RING_HEADER_LEN {
+            return Err(Corrupt);
+        }
+        let mut m = RingMap { map, cap: 0 };
+        let h = m.header();
+        let cap = h.capacity.load(Ordering::Acquire);
+        if h.magic.load(Ordering::Acquire) != RING_MAGIC
+            || !cap.is_power_of_two()
+            || (cap as usize) < MIN_RING_BYTES
+            || (cap as usize) > MAX_RING_BYTES
+            || m.map.len() != RING_HEADER_LEN + cap as usize
+        {
+            return Err(Corrupt);
+        }
+        m.cap = cap;
+        Ok(m)
+    }
+
+    fn header(&self) -> &RingHeader {
+        // SAFETY: the mapping is at least RING_HEADER_LEN bytes (checked
+        // before any call), page aligned, lives as long as `self`, and every
+        // field of RingHeader is an atomic for which any bytes are valid.
+        unsafe { &*(self.map.as_ptr() as *const RingHeader) }
+    }
+
+    fn data(&self) -> *mut u8 {
+        // SAFETY: the data area starts right after the header page, inside
+        // the mapping (its length was checked to be header + cap).
+        unsafe { self.map.as_mut_ptr().add(RING_HEADER_LEN) }
+    }
+}
+
+/// Lays out a fresh ring in `map` (zeroed, exactly header + `cap` bytes,
+/// `cap` a power of two in range) and returns its producer end.
+pub(crate) fn init_producer(map: MmapRaw, cap: usize) -> Result<RingProducer, Corrupt> {
+    if map.len() < RING_HEADER_LEN {
+        return Err(Corrupt);
+    }
+    // SAFETY: as in RingMap::header (length checked just above).
+    let h = unsafe { &*(map.as_ptr() as *const RingHeader) };
+    h.capacity.store(cap as u64, Ordering::Relaxed);
+    h.tail.0.store(0, Ordering::Relaxed);
+    h.head.0.store(0, Ordering::Relaxed);
+    h.parked.0.store(AWAKE, Ordering::Relaxed);
+    h.magic.store(RING_MAGIC, Ordering::Release);
+    Ok(RingProducer {
+        ring: RingMap::checked(map)?,
+        tail: 0,
+        head_cache: 0,
+    })
+}
+
+/// Opens the consumer end of a ring another side laid out in `map`.
+pub(crate) fn open_consumer(map: MmapRaw) -> Result<RingConsumer, Corrupt> {
+    let ring = RingMap::checked(map)?;
+    let h = ring.header();
+    let head = h.head.0.load(Ordering::Acquire);
+    let tail = h.tail.0.load(Ordering::Acquire);
+    if tail.wrapping_sub(head) > ring.cap {
+        return Err(Corrupt);
+    }
+    Ok(RingConsumer {
+        ring,
+        head,
+        tail_cache: head,
+    })
+}
+
+/// The writing end.
+pub(crate) struct RingProducer {
+    ring: RingMap,
+    tail: u64,
+    head_cache: u64,
+}
+
+impl RingProducer {
+    /// Free bytes, reloading the consumer's index when the cache says full.
+    fn room(&mut self, want: u64) -> Result<u64, Corrupt> {
+        let cap = self.ring.cap;
+        let mut used = self.tail.wrapping_sub(self.head_cache);
+        if cap - used < want {
+            let head = self.ring.header().head.0.load(Ordering::Acquire);
+            used = self.tail.wrapping_sub(head);
+            if used > cap {
+                return Err(Corrupt);
+            }
+            self.head_cache = head;
+        }
+        Ok(cap - used)
+    }
+
+    /// Copies as many leading bytes of `parts` as fit and publishes them
+    /// once. Returns the bytes taken and whether the consumer sleeps and
+    /// must be woken (one byte on the socket; the flag is cleared here).
+    pub(crate) fn write(&mut self, parts: &[&[u8]]) -> Result<(usize, bool), Corrupt> {
+        let want: usize = parts.iter().map(|p| p.len()).sum();
+        let room = self.room(want as u64)? as usize;
+        let mut left = want.min(room);
+        let taken = left;
+        if taken == 0 {
+            return Ok((0, false));
+        }
+        let (cap, data) = (self.ring.cap as usize, self.ring.data());
+        let mut pos = self.tail;
+        for part in parts {
+            if left == 0 {
+                break;
+            }
+            let n = part.len().min(left);
+            let at = (pos & (cap as u64 - 1)) as usize;
+            let first = n.min(cap - at);
+            // SAFETY: `at + first <= cap` and `n - first < cap`: both ranges
+            // lie in the data area; the source is a live slice of `n` bytes
+            // (ours, never the mapping). The bytes [tail, tail + room) are
+            // not being read: the consumer's head says it is done with them.
+            unsafe {
+                std::ptr::copy_nonoverlapping(part.as_ptr(), data.add(at), first);
+                std::ptr::copy_nonoverlapping(part.as_ptr().add(first), data, n - first);
+            }
+            pos = pos.wrapping_add(n as u64);
+            left -= n;
+        }
+        self.tail = pos;
+        let h = self.ring.header();
+        h.tail.0.store(pos, Ordering::Release);
+        // Pairs with the fence in `RingConsumer::arm`: either it sees our
+        // tail or we see its flag.
+        fence(Ordering::SeqCst);
+        let wake = h.parked.0.load(Ordering::Relaxed) == PARKED
+            && h
+                .parked
+                .0
+                .compare_exchange(PARKED, WOKEN, Ordering::SeqCst, Ordering::Relaxed)
+                .is_ok();
+        Ok((taken, wake))
+    }
+}
+
+/// The reading end.
+pub(crate) struct RingConsumer {
+    ring: RingMap,
+    head: u64,
+    tail_cache: u64,
+}
+
+impl RingConsumer {
+    /// Readable bytes, reloading the producer's index when the cache says
+    /// fewer than `want`.
+    fn available(&mut self, want: u64) -> Result<u64, Corrupt> {
+        if self.tail_cache.wrapping_sub(self.head) < want {
+            let tail = self.ring.header().tail.0.load(Ordering::Acquire);
+            if tail.wrapping_sub(self.head) > self.ring.cap {
+                return Err(Corrupt);
+            }
+            self.tail_cache = tail;
+        }
+        Ok(self.tail_cache.wrapping_sub(self.head))
+    }
+
+    /// Copies up to `len` readable bytes to `dst` and frees them; returns
+    /// how many (0: empty).
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `len` bytes and not overlap the
+    /// ring's mapping.
+    pub(crate) unsafe fn read(&mut self, dst: *mut u8, len: usize) -> Result<usize, Corrupt> {
+        let n = (self.available(len as u64)? as usize).min(len);
+        if n == 0 {
+            return Ok(0);
+        }
+        let (cap, data) = (self.ring.cap as usize, self.ring.data());
+        let at = (self.head & (cap as u64 - 1)) as usize;
+        let first = n.min(cap - at);
+        // SAFETY: `at + first <= cap` and `n - first < cap` keep the source
+        // in the data area; `dst` holds `len >= n` bytes (caller). The bytes
+        // [head, tail) were published by the producer's Release store,
+        // which our Acquire load of `tail` saw.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.add(at), dst, first);
+            std::ptr::copy_nonoverlapping(data, dst.add(first), n - first);
+        }
+        self.head = self.head.wrapping_add(n as u64);
+        self.ring.header().head.0.store(self.head, Ordering::Release);
+        Ok(n)
+    }
+
+    /// Whether bytes are readable now (a cheap check: one load of the
+    /// producer's index at most). A corrupted ring counts as readable, so
+    /// that the caller reads it and learns the error.
+    pub(crate) fn has_input(&self) -> bool {
+        self.tail_cache != self.head
+            || self.ring.header().tail.0.load(Ordering::Acquire) != self.head
+    }
+
+    /// Declares that the consumer is about to sleep on the socket; false if
+    /// bytes arrived meanwhile (then do not sleep). Leaves a pending wake
+    /// ([`WOKEN`]) alone: its byte keeps the socket readable.
+    pub(crate) fn arm(&self) -> bool {
+        let h = self.ring.header();
+        if h.parked.0.load(Ordering::Relaxed) != WOKEN {
+            h.parked.0.store(PARKED, Ordering::Relaxed);
+        }
+        // Pairs with the fence in `RingProducer::write`.
+        fence(Ordering::SeqCst);
+        !self.has_input()
+    }
+
+    /// Awake after a sleep: clears the flag. True if a producer answered
+    /// the `arm` with a wake byte (the caller then reads the socket).
+    pub(crate) fn disarm(&self) -> bool {
+        let p = &self.ring.header().parked.0;
+        p.compare_exchange(PARKED, AWAKE, Ordering::SeqCst, Ordering::Relaxed)
+            .is_err()
+            && self.take_woken()
+    }
+
+    /// Whether a producer answered our `arm` with a wake byte (the flag is
+    /// reset): the caller then reads the socket.
+    pub(crate) fn take_woken(&self) -> bool {
+        let p = &self.ring.header().parked.0;
+        p.load(Ordering::Relaxed) == WOKEN
+            && p.compare_exchange(WOKEN, AWAKE, Ordering::SeqCst, Ordering::Relaxed)
+                .is_ok()
+    }
+}
+
+/// The data capacity for a configured size: a power of two in range.
+pub(crate) fn ring_capacity(bytes: usize) -> usize {
+    bytes
+        .clamp(MIN_RING_BYTES, MAX_RING_BYTES)
+        .checked_next_power_of_two()
+        .unwrap_or(MAX_RING_BYTES)
+        .min(MAX_RING_BYTES)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memmap2::MmapOptions;
+
+    /// Two views of one anonymous shared mapping (as two processes would
+    /// see one file): the producer's and the consumer's.
+    fn pair(cap: usize) -> (RingProducer, RingConsumer, MmapRaw) {
+        let len = RING_HEADER_LEN + cap;
+        let file = tempfile_shm(len);
+        let p = init_producer(MmapOptions::new().len(len).map_raw(&file).unwrap(), cap).unwrap();
+        let c = open_consumer(MmapOptions::new().len(len).map_raw(&file).unwrap()).unwrap();
+        let raw = MmapOptions::new().len(len).map_raw(&file).unwrap();
+        (p, c, raw)
+    }
+
+    fn tempfile_shm(len: usize) -> std::fs::File {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let path = format!(
+            "/dev/shm/symphony-ringtest-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let f = crate::mem::create_own_shm_file(std::path::Path::new(&path)).unwrap();
+        let _ = std::fs::remove_file(&path);
+        f.set_len(len as u64).unwrap();
+        f
+    }
+
+    fn read_all(c: &mut RingConsumer, max: usize) -> Vec<u8> {
+        let mut out = vec![0u8; max];
+        // SAFETY: `out` holds `max` bytes.
+        let n = unsafe { c.read(out.as_mut_ptr(), max) }.unwrap();
+        out.truncate(n);
+        out
+    }
+
+    fn header(raw: &MmapRaw) -> &RingHeader {
+        // SAFETY: as in RingMap::header.
+        unsafe { &*(raw.as_ptr() as *const RingHeader) }
+    }
+
+    #[test]
+    fn bytes_cross_in_order_across_the_wrap() {
+        let (mut p, mut c, _raw) = pair(4096);
+        let mut expect = Vec::new();
+        let mut got = Vec::new();
+        let mut x = 0u8;
+        for round in 0..50 {
+            let a: Vec<u8> = (0..700 + round * 13).map(|_| { x = x.wrapping_add(1); x }).collect();
+            let b: Vec<u8> = (0..333).map(|_| { x = x.wrapping_add(7); x }).collect();
+            let (n, wake) = p.write(&[&a, &b]).unwrap();
+            assert!(!wake, "nobody parked");
+            assert_eq!(n, a.len() + b.len());
+            expect.extend_from_slice(&a);
+            expect.extend_from_slice(&b);
+            // Partial reads: a frame may arrive in pieces.
+            got.extend(read_all(&mut c, 500));
+            got.extend(read_all(&mut c, 1 << 20));
+        }
+        assert_eq!(got, expect);
+        assert!(p.tail > 4096 * 10, "wrapped many times");
+    }
+
+    #[test]
+    fn a_full_ring_takes_what_fits_then_nothing() {
+        let (mut p, mut c, _raw) = pair(4096);
+        let big = vec![9u8; 5000];
+        assert_eq!(p.write(&[&big]).unwrap().0, 4096);
+        assert_eq!(p.write(&[&big]).unwrap().0, 0, "full");
+        assert_eq!(read_all(&mut c, 100).len(), 100);
+        assert_eq!(p.write(&[&big]).unwrap().0, 100, "room the consumer freed");
+        assert_eq!(read_all(&mut c, 1 << 20).len(), 4096);
+        assert!(read_all(&mut c, 10).is_empty());
+        assert!(!c.has_input());
+    }
+
+    #[test]
+    fn corrupted_indices_are_refused_not_followed() {
+        let (mut p, mut c, raw) = pair(4096);
+        p.write(&[b"hello"]).unwrap();
+        // The peer claims more bytes than the ring holds.
+        header(&raw).tail.0.store(1 << 40, Ordering::SeqCst);
+        let mut buf = [0u8; 64];
+        // SAFETY: `buf` holds 64 bytes.
+        assert_eq!(unsafe { c.read(buf.as_mut_ptr(), 64) }, Err(Corrupt));
+        // The consumer's index runs ahead of the producer's.
+        header(&raw).head.0.store(1 << 40, Ordering::SeqCst);
+        assert_eq!(p.write(&[&[0u8; 8000]]), Err(Corrupt));
+    }
+
+    #[test]
+    fn a_bad_header_is_refused_at_open() {
+        let len = RING_HEADER_LEN + 4096;
+        let file = tempfile_shm(len);
+        let raw = MmapOptions::new().len(len).map_raw(&file).unwrap();
+        init_producer(MmapOptions::new().len(len).map_raw(&file).unwrap(), 4096).unwrap();
+        header(&raw).capacity.store(4097, Ordering::SeqCst);
+        let open = || open_consumer(MmapOptions::new().len(len).map_raw(&file).unwrap()).err();
+        assert_eq!(open(), Some(Corrupt), "capacity not a power of two");
+        header(&raw).capacity.store(8192, Ordering::SeqCst);
+        assert_eq!(open(), Some(Corrupt), "capacity beyond the file");
+        header(&raw).capacity.store(4096, Ordering::SeqCst);
+        header(&raw).magic.store(0, Ordering::SeqCst);
+        assert_eq!(open(), Some(Corrupt), "no magic");
+    }
+
+    #[test]
+    fn a_parked_consumer_is_woken_once() {
+        let (mut p, mut c, _raw) = pair(4096);
+        assert!(c.arm(), "empty: may sleep");
+        let (_, wake) = p.write(&[b"a"]).unwrap();
+        assert!(wake, "the producer saw the flag");
+        let (_, wake) = p.write(&[b"b"]).unwrap();
+        assert!(!wake, "one byte per sleep");
+        assert!(c.take_woken());
+        assert!(!c.take_woken());
+        assert!(!c.arm(), "input pending: do not sleep");
+        assert_eq!(read_all(&mut c, 10), b"ab");
+        assert!(c.arm());
+    }
+
+    /// Two threads, a small ring, partial writes and reads, and a consumer
+    /// that sleeps whenever it finds the ring empty: every byte arrives in
+    /// order and no sleep misses its wake-up. The socket is modelled by a
+    /// counter of unread wake bytes; a lost wake-up hangs the consumer
+    /// (caught by the deadline).
+    #[test]
+    fn threads_move_bytes_and_never_lose_a_wake_up() {
+        use std::sync::Arc;
+        const TOTAL: usize = 4 << 20;
+        let (mut p, mut c, _raw) = pair(4096);
+        let socket = Arc::new(AtomicU64::new(0));
+        let sock = socket.clone();
+        let producer = std::thread::spawn(move || {
+            let mut sent = 0usize;
+            let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+            let mut chunk = [0u8; 300];
+            while sent < TOTAL {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let n = (1 + (rng % 300) as usize).min(TOTAL - sent);
+                for (i, b) in chunk[..n].iter_mut().enumerate() {
+                    *b = ((sent + i) % 251) as u8;
+                }
+                let mut off = 0;
+                while off < n {
+                    let (k, wake) = p.write(&[&chunk[off..n]]).expect("write");
+                    if wake {
+                        sock.fetch_add(1, Ordering::SeqCst);
+                    }
+                    off += k;
+                    if k == 0 {
+                        std::thread::yield_now();
+                    }
+                }
+                sent += n;
+            }
+        });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut got = 0usize;
+        let mut buf = [0u8; 777];
+        let mut sleeps = 0u64;
+        while got < TOTAL {
+            // SAFETY: `buf` holds its length.
+            let n = unsafe { c.read(buf.as_mut_ptr(), buf.len()) }.expect("read");
+            for (i, b) in buf[..n].iter().enumerate() {
+                assert_eq!(*b, ((got + i) % 251) as u8, "byte {}", got + i);
+            }
+            got += n;
+            if n == 0 && c.arm() {
+                sleeps += 1;
+                while socket.load(Ordering::SeqCst) == 0 {
+                    assert!(std::time::Instant::now() < deadline, "lost wake-up after {got} bytes");
+                    std::hint::spin_loop();
+                }
+                socket.store(0, Ordering::SeqCst);
+                c.take_woken();
+            }
+        }
+        producer.join().unwrap();
+        assert!(sleeps > 0, "the consumer never slept: the test proved nothing");
+    }
+
+    #[test]
+    fn capacities_are_powers_of_two_in_range() {
+        assert_eq!(ring_capacity(0), MIN_RING_BYTES);
+        assert_eq!(ring_capacity(5000), 8192);
+        assert_eq!(ring_capacity(1 << 20), 1 << 20);
+        assert_eq!(ring_capacity(usize::MAX), MAX_RING_BYTES);
+    }
+}
