@@ -120,9 +120,11 @@ impl RateWindow {
         Some((mean_sq / (mean * mean) - 1.0).max(0.0))
     }
 
-    /// Whether the arrivals may be burstier than Poisson: clearly so by
-    /// the recent gaps, or too few gaps seen yet to tell.
-    /// `cv2` is [`Self::gap_cv2`] (read once per gather by the caller).
+    /// Whether the arrivals may be burstier than Poisson: from
+    /// [`MIN_BURST_ARRIVALS`] arrivals on by the squared CV of the recent
+    /// gaps (`cv2`, [`Self::gap_cv2`] as the caller read it once per
+    /// gather), before that by the log-gap statistic of the first gaps,
+    /// and with fewer than three arrivals (nothing to tell) always.
     fn maybe_bursty(&self, cv2: Option<f64>) -> bool {
         if self.filled >= MIN_BURST_ARRIVALS {
             return cv2.is_some_and(|c| c > BURSTY_CV2);

@@ -212,7 +212,8 @@ impl ByteIo {
                 Ok(())
             }
             ByteIo::Ring(r) => {
-                let mut parts: [&[u8]; 64] = [&[]; 64];
+                // The stream sends at most MAX_IOV segments at once.
+                let mut parts: [&[u8]; super::MAX_IOV] = [&[]; super::MAX_IOV];
                 let n = n.min(parts.len());
                 for (i, part) in parts.iter_mut().take(n).enumerate() {
                     // SAFETY: the caller passes `n` valid iovecs over live
@@ -476,7 +477,6 @@ impl ByteIo {
         }
     }
 }
-
 
 impl ByteIo {
     /// A receive found nothing (the caller's `try_recv` returns empty). The

@@ -1,7 +1,8 @@
 //! The framed-stream engine behind `tcp` (both I/O engines) and the `shm`
-//! control channel (its shared-memory rings as the byte mover): wire-message framing, an inbox for control messages,
-//! the emulated one-sided READ (requester and responder halves), all on
-//! preallocated buffers and driven only by the owner's polling calls.
+//! control channel (its shared-memory rings as the byte mover): wire-message
+//! framing, an inbox for control messages, the emulated one-sided READ
+//! (requester and responder halves), all on preallocated buffers and driven
+//! only by the owner's polling calls.
 //!
 //! On the stream, a READ is `ReadRequest{wr_id, remote}` one way and
 //! `ReadResponse{wr_id, status, len}` + `len` raw bytes the other way. The
