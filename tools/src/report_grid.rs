@@ -40,6 +40,13 @@ const SLOS_MS: [f64; 4] = [15.0, 25.0, 50.0, 100.0];
 /// measured plan is made at 1 s).
 const RUN_S: f64 = 6.0;
 const WARMUP_S: f64 = 1.0;
+/// Every probe of every policy measures at least this many requests of each
+/// model (a low rate runs longer than [`RUN_S`], up to
+/// [`scheduler::goodput::MAX_STRETCH`] times): the 1% bar is then judged
+/// on at least 20 bad requests, not on one or two. Over 6 s the
+/// low-rate cells (tens of requests/s, SLO 15 ms, bursty) measured 60-200
+/// requests per model, and their medians moved 2-4x between seed sets.
+pub const MIN_REQUESTS_PER_MODEL: u64 = 2000;
 
 /// The policies, in column order; deferred first.
 fn policies() -> Vec<(&'static str, PolicyKind)> {
@@ -146,6 +153,7 @@ struct GridReport {
     seeds: Vec<u64>,
     run_s: f64,
     warmup_s: f64,
+    min_requests_per_model: u64,
     cells: Vec<CellResult>,
     worst_ratio: f64,
     geomean_ratio: f64,
@@ -190,7 +198,7 @@ pub fn run(quick: bool, json: bool) -> Result<(), GridError> {
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
     let bar = Progress::new("grid", false);
-    let knobs = GoodputSearch { rel_precision: 0.01, max_runs: 24, ..GoodputSearch::default() };
+    let knobs = GoodputSearch { rel_precision: 0.01, max_runs: 24, min_requests_per_model: MIN_REQUESTS_PER_MODEL, ..GoodputSearch::default() };
     tracing::info!("grid: {} cells x {} policies x seeds {:?} = {} goodput searches", cells.len(), pols.len(), seeds, jobs.len());
     std::thread::scope(|s| {
         for _ in 0..2 {
@@ -247,7 +255,7 @@ pub fn run(quick: bool, json: bool) -> Result<(), GridError> {
     let ratios: Vec<f64> = out.iter().filter_map(|c| c.ratio).collect();
     let worst_ratio = ratios.iter().copied().fold(f64::INFINITY, f64::min);
     let geomean_ratio = if ratios.is_empty() { 0.0 } else { (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64).exp() };
-    let report = GridReport { seeds, run_s: RUN_S, warmup_s: WARMUP_S, cells: out, worst_ratio, geomean_ratio, wall_s: started.elapsed().as_secs_f64() };
+    let report = GridReport { seeds, run_s: RUN_S, warmup_s: WARMUP_S, min_requests_per_model: knobs.min_requests_per_model, cells: out, worst_ratio, geomean_ratio, wall_s: started.elapsed().as_secs_f64() };
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -258,8 +266,8 @@ pub fn run(quick: bool, json: bool) -> Result<(), GridError> {
 
 fn print_markdown(r: &GridReport, pols: &[(&'static str, PolicyKind)]) {
     println!(
-        "Goodput grid (rps, median over seeds {:?}; {} s runs, {} s warm-up; timeout at k = SLO/10). Ratio = deferred / best other.\n",
-        r.seeds, r.run_s, r.warmup_s
+        "Goodput grid (rps, median over seeds {:?}; {} s runs, {} s warm-up, longer where needed to measure {} requests of each model; timeout at k = SLO/10). Ratio = deferred / best other.\n",
+        r.seeds, r.run_s, r.warmup_s, r.min_requests_per_model
     );
     let names: Vec<&str> = pols.iter().map(|p| p.0).collect();
     println!("| zoo | models | GPUs | SLO (ms) | arrivals | {} | best other | ratio |", names.join(" | "));
