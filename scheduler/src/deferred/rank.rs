@@ -224,6 +224,34 @@ impl RankCore {
         self.give(now, m, g, now, true, grant);
     }
 
+    /// Earliest deadline first across a newly ready candidate (keyed
+    /// `key`) and the pending ones, while the idle GPUs cannot serve them
+    /// all: with at least as many pending candidates as idle GPUs, each
+    /// pending candidate more urgent than the newcomer takes an idle GPU
+    /// now (an early grant: it runs what its queue holds), before the
+    /// newcomer. Without this a ready batch with slack, typically a model
+    /// whose low rate ends deferral at once, took the last idle GPU the
+    /// moment it arrived while a model whose window was about to open, and
+    /// whose requests have less slack, found none when it did (the
+    /// SLO-15 ms cells of the grid: up to 2.6x goodput; docs/decisions.md,
+    /// deferred item 15). The fallback's reasoning carries over: running a
+    /// pending batch now frees its GPU no later than its deferred batch
+    /// would have; the newcomer, whose batch can start later, waits for
+    /// the next GPU to free as any less urgent candidate does. With more
+    /// idle GPUs than pending candidates (a model alone: Table 2) nothing
+    /// changes.
+    fn serve_more_urgent_pending(&mut self, now: Instant, key: (u16, Instant), grant: &mut impl FnMut(Grant)) {
+        while !self.idle.is_empty() && self.pending_by_latest.len() >= self.idle.len() {
+            let Some((pending_key, m)) = self.pending_by_latest.peek() else { return };
+            if pending_key >= key {
+                return;
+            }
+            let Some((_, g)) = self.idle.pop() else { return };
+            self.remove_pending(m);
+            self.give(now, m, g, now, true, grant);
+        }
+    }
+
     /// Moves GPUs whose free time has passed into the idle set.
     fn promote(&mut self, now: Instant) {
         while let Some((t, g)) = self.busy.peek() {
@@ -266,6 +294,7 @@ impl RankCore {
             return;
         }
         self.promote(now);
+        self.serve_more_urgent_pending(now, (c.level, c.urgency), grant);
         if let Some((_, g)) = self.idle.pop() {
             // Mutation testing only (compiled out without the `mutations`
             // feature): grant a GPU that is still busy as if it were free.
@@ -397,6 +426,35 @@ mod tests {
         rank.on_message(ms(1), ToRank::Pending { model: 0, cand: Some(pending(20, 10)) }, &mut |g| grants.push(g));
         rank.on_message(ms(1), ToRank::Pending { model: 1, cand: Some(pending(15, 10)) }, &mut |g| grants.push(g));
         assert!(grants.is_empty() && rank.stats().early_grants == 0);
+    }
+
+    #[test]
+    fn a_ready_batch_with_slack_leaves_the_last_idle_gpu_to_a_more_urgent_pending_one() {
+        let ms = |ms: u64| Instant::from_nanos(ms * 1_000_000);
+        let setup = || {
+            let mut rank = RankCore::new(3, 2, NetworkDelay::ZERO);
+            let mut grants = Vec::new();
+            // GPU 0 busy until 50 ms; GPU 1 idle; model 1 waits for its
+            // window (latest start 15 ms): one pending model, one idle
+            // GPU, so it keeps deferring.
+            rank.on_message(ms(0), ToRank::Candidate { model: 0, cand: Some(cand(4, 100)) }, &mut |g| grants.push(g));
+            rank.on_message(ms(0), ToRank::GpuFree { gpu: 0, free_at: ms(50) }, &mut |g| grants.push(g));
+            rank.on_message(ms(1), ToRank::Pending { model: 1, cand: Some(pending(15, 5)) }, &mut |g| grants.push(g));
+            assert_eq!(grants.len(), 1);
+            rank
+        };
+        // A ready batch that can start as late as 30 ms: model 1 takes the
+        // idle GPU now (early), the newcomer waits for GPU 0.
+        let mut rank = setup();
+        let mut grants = Vec::new();
+        rank.on_message(ms(2), ToRank::Candidate { model: 2, cand: Some(cand(2, 30)) }, &mut |g| grants.push(g));
+        assert_eq!(grants.iter().map(|g| (g.model, g.gpu, g.early)).collect::<Vec<_>>(), vec![(1, 1, true)]);
+        assert_eq!(rank.waiting_candidates(), 1);
+        // A ready batch more urgent than the pending one takes it itself.
+        let mut rank = setup();
+        let mut grants = Vec::new();
+        rank.on_message(ms(2), ToRank::Candidate { model: 2, cand: Some(cand(2, 10)) }, &mut |g| grants.push(g));
+        assert_eq!(grants.iter().map(|g| (g.model, g.gpu, g.early)).collect::<Vec<_>>(), vec![(2, 1, false)]);
     }
 
     #[test]
