@@ -68,26 +68,6 @@ impl Engine {
         }
     }
 
-    /// A request of a run that arrives at one instant (`now`), which
-    /// [`end_run`](Self::end_run) closes: inline, its model's candidate is
-    /// refreshed once at the end of the run, not per request (see
-    /// `ModelThreadCore::on_request_unrefreshed`); on the pinned runtime,
-    /// as [`on_request`](Self::on_request).
-    pub fn on_request_in_run(&mut self, now: Instant, req: Request, out: &mut Actions) {
-        match self {
-            Engine::Inline(s) => s.on_request_unrefreshed(now, req, out),
-            Engine::Pinned(s) => s.on_request(now, req, out),
-        }
-    }
-
-    /// Closes a run of [`on_request_in_run`](Self::on_request_in_run).
-    pub fn end_run(&mut self, now: Instant, out: &mut Actions) {
-        match self {
-            Engine::Inline(s) => s.refresh_arrived(now, out),
-            Engine::Pinned(_) => {}
-        }
-    }
-
     /// Whether a request of local model `model` would be queued now (the
     /// inline core takes everything; its own admission decides).
     pub fn admits(&mut self, model: ModelId) -> bool {

@@ -875,9 +875,6 @@ impl<C: Connection> SchedulerNode<C> {
         let start = self.next_frontend;
         let mut taken = 0usize;
         let mut cut = None;
-        // One `now` for every task read here: their models decide once,
-        // after the last (`ControlPlane::begin_tasks`).
-        plane.begin_tasks();
         'links: for half in 0..2 {
             let range = if half == 0 { self.frontends.range_mut(start..) } else { self.frontends.range_mut(..start) };
             for (&id, link) in range {
@@ -913,7 +910,6 @@ impl<C: Connection> SchedulerNode<C> {
                 });
             }
         }
-        plane.end_tasks(now);
         if let Some(id) = cut {
             // The links not reached keep their bytes (their fds stay
             // readable): this poll counts as busy, so the host polls again

@@ -397,12 +397,6 @@ pub struct ControlPlane {
     out: Outbox,
     metrics: Arc<SchedulerMetrics>,
     stopping: bool,
-    /// Inside [`begin_tasks`](Self::begin_tasks) ..
-    /// [`end_tasks`](Self::end_tasks).
-    in_task_run: bool,
-    /// The sub-clusters that took a task in the run (their models'
-    /// refreshes wait for its end).
-    task_run: Vec<usize>,
     overlapping_plans: u64,
     /// When each id in `seen` may be forgotten (its deadline).
     seen_expiry: ExpiryWheel,
@@ -558,8 +552,6 @@ impl ControlPlane {
             route_revision: 0,
             handing_over: IdSet::default(),
             unowned_plans_held: 0,
-            in_task_run: false,
-            task_run: Vec::new(),
         })
         .inspect(ControlPlane::sync_loop_gauges)
     }
@@ -606,30 +598,6 @@ impl ControlPlane {
             }
         }
         any
-    }
-
-    /// Opens a run of tasks that arrive at one instant (a poll's reads):
-    /// until [`end_tasks`](Self::end_tasks), the inline engine queues
-    /// them and refreshes each model that took some once at the end, not
-    /// per task (the same `now` for all; no batch starts with only the
-    /// first tasks of a run). Messages other than tasks are handled as
-    /// ever in between.
-    pub fn begin_tasks(&mut self) {
-        self.in_task_run = true;
-    }
-
-    /// Closes the run [`begin_tasks`](Self::begin_tasks) opened: the
-    /// models that took tasks decide, and their plans and drops go out.
-    pub fn end_tasks(&mut self, now: Instant) {
-        self.in_task_run = false;
-        // Taken and put back: no allocation once warm.
-        let mut run = std::mem::take(&mut self.task_run);
-        for &sc in &run {
-            self.subclusters[sc].sched.end_run(now, &mut self.actions);
-            self.apply(now, sc);
-        }
-        run.clear();
-        self.task_run = run;
     }
 
     /// True when the pinned runtime's threads have decisions waiting for
@@ -1229,14 +1197,9 @@ impl ControlPlane {
             priority: u16::try_from(task.priority).unwrap_or(u16::MAX),
             timed: task.flags & wire::TASK_BUDGET_IS_TIMEOUT != 0,
         };
-        if self.in_task_run {
-            if !self.task_run.contains(&sc) {
-                self.task_run.push(sc);
-            }
-            self.subclusters[sc].sched.on_request_in_run(now, req, &mut self.actions);
-        } else {
-            self.subclusters[sc].sched.on_request(now, req, &mut self.actions);
-        }
+        self.subclusters[sc]
+            .sched
+            .on_request(now, req, &mut self.actions);
         if let Some(b) = self.bench.as_mut().filter(|b| b.awaits(from)) {
             // Benchmark only, the one clock read in the plane: the poll's
             // `now` was read before this link's messages were taken, and

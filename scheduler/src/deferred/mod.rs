@@ -297,21 +297,6 @@ impl DeferredScheduler {
         (self.models.stats(), self.rank.stats())
     }
 
-    /// A request whose model's refresh waits for [`Self::refresh_arrived`]
-    /// (see [`ModelThreadCore::on_request_unrefreshed`]): for a run of
-    /// requests at one instant. Nothing is decided until then.
-    pub fn on_request_unrefreshed(&mut self, now: Instant, req: Request, out: &mut Actions) {
-        self.models.on_request_unrefreshed(now, req, out);
-    }
-
-    /// Ends a run of [`Self::on_request_unrefreshed`]: refreshes the
-    /// models that took requests, and delivers what follows.
-    pub fn refresh_arrived(&mut self, now: Instant, out: &mut Actions) {
-        let to_rank = &mut self.to_rank;
-        self.models.refresh_arrived(now, out, &mut |m| to_rank.push_back(m));
-        self.pump(now, out);
-    }
-
     /// Delivers queued messages between the two cores until both are quiet.
     fn pump(&mut self, now: Instant, out: &mut Actions) {
         let DeferredScheduler { models, rank, to_rank, grants, .. } = self;
@@ -367,48 +352,5 @@ impl Scheduler for DeferredScheduler {
     fn set_admission(&mut self, model: ModelId, admission: Admission) -> bool {
         DeferredScheduler::set_admission(self, model, admission);
         true
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Batch sizes planned when `n` requests arrive at one instant on one
-    /// GPU, one by one or as a run.
-    fn batches_of(n: u64, as_run: bool) -> (Vec<usize>, usize) {
-        let spec = ModelSpec::linear("m", 1.053, 5.072, 25.0).expect("a valid profile");
-        let mut s = DeferredScheduler::new(&[spec], 1, CoreConfig::default());
-        let mut out = Actions::default();
-        let now = Instant::from_nanos(1_000_000_000);
-        for id in 0..n {
-            let r = Request::new(id, 0, now, now + Duration::from_millis(25));
-            if as_run {
-                s.on_request_unrefreshed(now, r, &mut out);
-                assert!(out.batches.is_empty(), "nothing is decided inside a run");
-            } else {
-                s.on_request(now, r, &mut out);
-            }
-        }
-        if as_run {
-            s.refresh_arrived(now, &mut out);
-        }
-        assert_eq!(s.queued_of(0) + out.members.len() + out.drops.len(), n as usize);
-        (out.batches.iter().map(|b| out.members_of(b).len()).collect(), s.queued_of(0))
-    }
-
-    #[test]
-    fn a_run_of_requests_at_one_instant_is_decided_once_at_its_end() {
-        // One by one, the batch starts as soon as it is near the best
-        // efficiency, with the requests so far; as a run, with all of them
-        // (the SLO's largest batch, 18, here).
-        let (one_by_one, _) = batches_of(18, false);
-        let (run, left) = batches_of(18, true);
-        assert_eq!(run, vec![18]);
-        assert_eq!(left, 0);
-        assert!(one_by_one.first().is_some_and(|&b| b < 18), "{one_by_one:?}");
-        // A run that fits in no batch yet decides as the last request alone
-        // would have: nothing planned, everything waits.
-        assert_eq!(batches_of(2, true), batches_of(2, false));
     }
 }

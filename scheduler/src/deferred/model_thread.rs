@@ -193,10 +193,6 @@ struct ModelState {
     target_memo: u32,
     /// The last [`Self::drop_window`] (target, fraction bits, answer).
     drop_window_memo: Option<(u32, u64, u32)>,
-    /// Requests arrived since the last refresh, which waits for
-    /// [`ModelThreadCore::refresh_arrived`] (see
-    /// [`ModelThreadCore::on_request_unrefreshed`]).
-    arrived_unrefreshed: bool,
 }
 
 impl ModelState {
@@ -566,13 +562,7 @@ fn insert_by_deadline(q: &mut VecDeque<Request>, r: Request) {
     while pos > 0 && q[pos - 1].deadline > r.deadline {
         pos -= 1;
     }
-    if pos == q.len() {
-        // The common case; `insert` at the end still goes through its
-        // general (memmove) path.
-        q.push_back(r);
-    } else {
-        q.insert(pos, r);
-    }
+    q.insert(pos, r);
 }
 
 /// The ModelThread core: owns a set of models and their timers.
@@ -591,10 +581,6 @@ pub struct ModelThreadCore {
     /// At or before now: a GPU idles. Zero at start (every GPU is free).
     spare_gpu_at: Instant,
     stats: ModelThreadStats,
-    /// Local models with requests queued by
-    /// [`Self::on_request_unrefreshed`] and not refreshed since, in
-    /// arrival order.
-    unrefreshed: Vec<u32>,
 }
 
 /// Sets `table[gpu] = value`, growing the table (new entries NaN, which
@@ -638,21 +624,11 @@ impl ModelThreadCore {
                     efficiency,
                     target_memo: 0,
                     drop_window_memo: None,
-                    arrived_unrefreshed: false,
                 }
             })
             .collect();
         let n = states.len();
-        ModelThreadCore {
-            cfg,
-            models: states,
-            local,
-            wakes: IndexedHeap::with_ids(n),
-            gpu_factors: Vec::new(),
-            spare_gpu_at: Instant::ZERO,
-            stats: ModelThreadStats::default(),
-            unrefreshed: Vec::with_capacity(n),
-        }
+        ModelThreadCore { cfg, models: states, local, wakes: IndexedHeap::with_ids(n), gpu_factors: Vec::new(), spare_gpu_at: Instant::ZERO, stats: ModelThreadStats::default() }
     }
 
     /// The network delay bound later decisions charge (the delay watch
@@ -747,7 +723,6 @@ impl ModelThreadCore {
     }
 
     fn refresh(&mut self, i: usize, now: Instant, out: &mut Actions, to_rank: &mut impl FnMut(ToRank)) {
-        self.models[i].arrived_unrefreshed = false;
         let drops_before = out.drops.len();
         let spare_gpu = self.spare_gpu_at <= now;
         let wake = self.models[i].refresh(now, &self.cfg, spare_gpu, out, to_rank, &mut self.stats.to_rank);
@@ -762,51 +737,10 @@ impl ModelThreadCore {
 
     /// Frontend -> ModelThread: a new request.
     pub fn on_request(&mut self, now: Instant, req: Request, out: &mut Actions, to_rank: &mut impl FnMut(ToRank)) {
-        if let Some(i) = self.enqueue(now, req, out) {
-            self.refresh(i, now, out, to_rank);
-        }
-    }
-
-    /// [`Self::on_request`] without the refresh of the model's candidate,
-    /// which waits for [`Self::refresh_arrived`]: a run of requests that
-    /// arrive at one instant (the daemon's poll, one `now` for every task
-    /// it reads) is queued first and its models refreshed once each. Per
-    /// request, the refresh (the whole `gather`) was the largest cost of
-    /// the daemon's inline engine after the id table (node_path). The
-    /// queues, drops for a full queue and the rate estimate are exactly as
-    /// per request; what differs is that no batch is started in the
-    /// middle of the run with only its first requests.
-    pub fn on_request_unrefreshed(&mut self, now: Instant, req: Request, out: &mut Actions) {
-        if let Some(i) = self.enqueue(now, req, out) {
-            let m = &mut self.models[i];
-            if !m.arrived_unrefreshed {
-                m.arrived_unrefreshed = true;
-                self.unrefreshed.push(i as u32);
-            }
-        }
-    }
-
-    /// Refreshes every model that queued requests through
-    /// [`Self::on_request_unrefreshed`] and was not refreshed since (a
-    /// grant, a cancel or a timer refreshes it too), in arrival order.
-    pub fn refresh_arrived(&mut self, now: Instant, out: &mut Actions, to_rank: &mut impl FnMut(ToRank)) {
-        let mut list = std::mem::take(&mut self.unrefreshed);
-        for &i in &list {
-            if self.models[i as usize].arrived_unrefreshed {
-                self.refresh(i as usize, now, out, to_rank);
-            }
-        }
-        list.clear();
-        self.unrefreshed = list;
-    }
-
-    /// Queues `req` (or refuses it); the local index of its model when it
-    /// was queued.
-    fn enqueue(&mut self, now: Instant, req: Request, out: &mut Actions) -> Option<usize> {
         let Some(i) = self.local_index(req.model) else {
             out.drops.push((req, DropReason::UnknownModel));
             self.stats.drops += 1;
-            return None;
+            return;
         };
         let m = &mut self.models[i];
         let level = m.admission.level_index(req.priority);
@@ -826,7 +760,7 @@ impl ModelThreadCore {
                 Some(v) => out.drops.push((v, DropReason::Overloaded)),
                 None => {
                     out.drops.push((req, DropReason::Overloaded));
-                    return None;
+                    return;
                 }
             }
         }
@@ -836,7 +770,7 @@ impl ModelThreadCore {
         // how fast batches fill.
         m.rate.record(now);
         insert_by_deadline(&mut m.queues[level], req);
-        Some(i)
+        self.refresh(i, now, out, to_rank);
     }
 
     /// Frontend -> ModelThread: the client gave request `id` of `model` up.
