@@ -562,7 +562,13 @@ fn insert_by_deadline(q: &mut VecDeque<Request>, r: Request) {
     while pos > 0 && q[pos - 1].deadline > r.deadline {
         pos -= 1;
     }
-    q.insert(pos, r);
+    if pos == q.len() {
+        // The common case; `insert` at the end still goes through its
+        // general (memmove) path.
+        q.push_back(r);
+    } else {
+        q.insert(pos, r);
+    }
 }
 
 /// The ModelThread core: owns a set of models and their timers.
