@@ -153,7 +153,7 @@ impl LatencyProfile {
     pub fn max_batch_within_scaled(&self, budget: Duration, per_item: Duration, limit: u32, factor: f64) -> u32 {
         let limit = limit.min(self.max_batch());
         let cost = |b: u32| self.scaled_latency(b, factor) + per_item.saturating_mul(u64::from(b));
-        if limit == 0 || cost(1) > budget {
+        if limit == 0 || !self.batch_fits(budget, per_item, 1, factor) {
             return 0;
         }
         // The cost is non-decreasing (a monotone table, a monotone scaling):
@@ -174,6 +174,13 @@ impl LatencyProfile {
             }
         }
         lo
+    }
+
+    /// Whether `cost(b) = l(b) * factor + per_item * b` is within `budget`
+    /// (the test [`Self::max_batch_within_scaled`] searches with).
+    #[inline]
+    pub fn batch_fits(&self, budget: Duration, per_item: Duration, b: u32, factor: f64) -> bool {
+        self.scaled_latency(b, factor) + per_item.saturating_mul(u64::from(b)) <= budget
     }
 
     /// Throughput of back-to-back batches of size `b`, in requests per second.

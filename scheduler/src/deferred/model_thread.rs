@@ -182,6 +182,17 @@ struct ModelState {
     /// The closed loop's per-GPU latency factor of this model (index: GPU
     /// id; NaN or absent: use the GPU's factor).
     gpu_factors: Vec<f64>,
+    /// `e(b) = b / l(b)` for `b` in `1..=max_batch` (index `b - 1`): the
+    /// early-drop window and the efficiency stop read it once or a dozen
+    /// times per request, and each read was a division (the largest share
+    /// of `gather`, node_path). The same expression, so the same bits.
+    efficiency: Box<[f64]>,
+    /// The last [`Self::target_batch_at`] answer: the mean gap moves a
+    /// little per arrival and the target rarely with it, so checking the
+    /// answer's two borders (two lookups) replaces a binary search.
+    target_memo: u32,
+    /// The last [`Self::drop_window`] (target, fraction bits, answer).
+    drop_window_memo: Option<(u32, u64, u32)>,
 }
 
 impl ModelState {
@@ -212,6 +223,33 @@ impl ModelState {
         self.profile.max_batch_within(budget, gap + delay.d_data, u32::MAX).max(1)
     }
 
+    /// [`Self::target_batch_at`], answered from the last answer when it
+    /// still holds. The cost is non-decreasing in `b` (what the binary
+    /// search relies on), so `t` is the answer exactly when `t` fits (or is
+    /// 1, the floor) and `t + 1` does not (or `t` is the largest batch).
+    fn target_batch_memo(&mut self, gap: Duration, delay: &NetworkDelay) -> u32 {
+        let budget = self.slo.saturating_sub(delay.d_ctrl);
+        let per_item = gap + delay.d_data;
+        let t = self.target_memo;
+        let max = self.profile.max_batch();
+        let fits = |b: u32| self.profile.batch_fits(budget, per_item, b, 1.0);
+        if (1..=max).contains(&t) && (t == 1 || fits(t)) && (t == max || !fits(t + 1)) {
+            return t;
+        }
+        let t = self.target_batch_at(gap, delay);
+        self.target_memo = t;
+        t
+    }
+
+    /// `e(b) = b / l(b)`, the throughput per GPU of a batch of `b`.
+    #[inline]
+    fn efficiency(&self, b: u32) -> f64 {
+        match b.checked_sub(1).and_then(|i| self.efficiency.get(i as usize)) {
+            Some(&e) => e,
+            None => efficiency_of(&self.profile, b),
+        }
+    }
+
     /// Drops what the gathering policy drops, then returns the candidate
     /// batch (Algorithm 1's UpdateCandidate / Appendix D's update_candidate).
     /// `factor` is how much slower than the profile the GPU at hand runs
@@ -228,7 +266,7 @@ impl ModelState {
         // (each read divides; three of each per request before).
         let mean_gap = self.rate.mean_gap(now);
         let gap_cv2 = self.rate.gap_cv2();
-        let target = mean_gap.map(|gap| self.target_batch_at(gap, delay));
+        let target = mean_gap.map(|gap| self.target_batch_memo(gap, delay));
         let window = match cfg.gather {
             Gather::Lazy => 1,
             Gather::Early => {
@@ -406,8 +444,21 @@ impl ModelState {
     /// `alpha / beta`) this is a batch of one: nothing to protect.
     /// `O(log target)` (`e` grows with `b` for every profile with a fixed
     /// cost and a non-decreasing per-item cost).
-    fn drop_window(&self, target: u32, fraction: f64) -> u32 {
-        let e = |b: u32| f64::from(b) / self.profile.latency(b).as_nanos().max(1) as f64;
+    fn drop_window(&mut self, target: u32, fraction: f64) -> u32 {
+        let key = (target, fraction.to_bits());
+        if let Some((t, f, w)) = self.drop_window_memo {
+            if (t, f) == key {
+                return w;
+            }
+        }
+        let w = self.drop_window_search(target, fraction);
+        self.drop_window_memo = Some((key.0, key.1, w));
+        w
+    }
+
+    /// [`Self::drop_window`] by binary search.
+    fn drop_window_search(&self, target: u32, fraction: f64) -> u32 {
+        let e = |b: u32| self.efficiency(b);
         let want = fraction * e(target.min(self.profile.max_batch()));
         let (mut lo, mut hi) = (1u32, target.clamp(1, self.profile.max_batch()));
         // Invariant: e(hi) >= want (or hi == target); the answer is in [lo, hi].
@@ -430,7 +481,7 @@ impl ModelState {
     /// next batches fall due (docs/decisions.md, deferred item 11).
     #[inline]
     fn near_best_efficiency(&self, b: u32, target: u32, slack: f64) -> bool {
-        let e = |b: u32| f64::from(b) / self.profile.latency(b).as_nanos().max(1) as f64;
+        let e = |b: u32| self.efficiency(b);
         e(b) >= (1.0 - slack) * e(target.clamp(1, self.best_batch))
     }
 
@@ -498,6 +549,12 @@ impl ModelState {
     }
 }
 
+/// `e(b) = b / l(b)` (see [`ModelState::efficiency`]).
+#[inline]
+fn efficiency_of(profile: &LatencyProfile, b: u32) -> f64 {
+    f64::from(b) / profile.latency(b).as_nanos().max(1) as f64
+}
+
 /// Inserts `r` into `q` keeping it sorted by deadline; with one SLO per
 /// model and no timeouts this is always a push to the back.
 fn insert_by_deadline(q: &mut VecDeque<Request>, r: Request) {
@@ -505,7 +562,13 @@ fn insert_by_deadline(q: &mut VecDeque<Request>, r: Request) {
     while pos > 0 && q[pos - 1].deadline > r.deadline {
         pos -= 1;
     }
-    q.insert(pos, r);
+    if pos == q.len() {
+        // The common case; `insert` at the end still goes through its
+        // general (memmove) path.
+        q.push_back(r);
+    } else {
+        q.insert(pos, r);
+    }
 }
 
 /// The ModelThread core: owns a set of models and their timers.
@@ -550,6 +613,7 @@ impl ModelThreadCore {
                 let best_batch = (1..=spec.profile.max_batch_within(spec.slo, Duration::ZERO, u32::MAX).max(1))
                     .max_by(|&a, &b| spec.profile.throughput_rps(a).total_cmp(&spec.profile.throughput_rps(b)))
                     .unwrap_or(1);
+                let efficiency = (1..=spec.profile.max_batch()).map(|b| efficiency_of(&spec.profile, b)).collect();
                 ModelState {
                     id,
                     best_batch,
@@ -563,6 +627,9 @@ impl ModelThreadCore {
                     informed_pending: None,
                     rate: RateWindow::new(),
                     gpu_factors: Vec::new(),
+                    efficiency,
+                    target_memo: 0,
+                    drop_window_memo: None,
                 }
             })
             .collect();
@@ -911,14 +978,37 @@ mod tests {
     #[test]
     fn the_early_drop_window_protects_throughput_per_gpu_not_batch_size() {
         // Table 2's ResNet50, target 16: e(11) >= 0.9 e(16) > e(10).
-        let c = core(1.053, 5.072);
+        let mut c = core(1.053, 5.072);
         assert_eq!(c.models[0].drop_window(16, 0.9), 11);
         assert_eq!(c.models[0].drop_window(16, 1.0), 16, "fraction 1 is Nexus's window");
         // A weak batcher: a batch of one runs within 10% of the target's
         // throughput, so no head is dropped to protect a batch.
-        let c = core(5.0, 0.1);
+        let mut c = core(5.0, 0.1);
         assert_eq!(c.models[0].drop_window(4, 0.9), 1);
         assert_eq!(c.models[0].drop_window(1, 0.9), 1);
+    }
+
+    #[test]
+    fn the_remembered_target_and_window_answer_as_the_searches_do() {
+        // Gaps sweeping up and down (the memo's borders crossed both ways),
+        // a strong and a weak batcher, with and without a network delay.
+        for (alpha, beta, slo) in [(1.053, 5.072, 25.0), (0.1, 5.0, 50.0), (5.0, 0.1, 30.0)] {
+            for delay in [NetworkDelay::ZERO, NetworkDelay { d_ctrl: Duration::from_micros(200), d_data: Duration::from_micros(30) }] {
+                let mut c = ModelThreadCore::new(CoreConfig::default(), vec![(0, ModelSpec::linear("m", alpha, beta, slo).expect("a valid profile"))]);
+                let m = &mut c.models[0];
+                for step in (0..4000u64).chain((0..4000).rev()) {
+                    let gap = Duration::from_nanos(step * step / 3);
+                    let target = m.target_batch_memo(gap, &delay);
+                    assert_eq!(target, m.target_batch_at(gap, &delay), "gap {gap:?}");
+                    for fraction in [0.9, 0.85, 1.0, -0.2] {
+                        assert_eq!(m.drop_window(target, fraction), m.drop_window_search(target, fraction));
+                    }
+                }
+                for b in 0..m.profile.max_batch() + 3 {
+                    assert_eq!(m.efficiency(b).to_bits(), efficiency_of(&m.profile, b).to_bits(), "b {b}");
+                }
+            }
+        }
     }
 
     #[test]
