@@ -86,6 +86,9 @@ proptest! {
             prop_assert!(r.gpu_idle_fraction >= -1e-9 && r.gpu_idle_fraction <= 1.0 + 1e-9);
             let per_model: u64 = r.models.iter().map(|m| m.offered).sum();
             prop_assert_eq!(per_model, r.offered);
+            for m in &r.models {
+                prop_assert_eq!(m.drops_by_reason.values().sum::<u64>(), m.dropped, "{:?}: {} drops by reason", p.kind, m.name);
+            }
         }
     }
 

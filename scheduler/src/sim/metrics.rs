@@ -1,8 +1,10 @@
 //! What a run measured: per-model and overall outcomes, latency and
 //! queueing percentiles, batch sizes, GPU idle time, autoscaling advice.
 
+use crate::types::DropReason;
 use hdrhistogram::Histogram;
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 /// Latency histograms record microseconds up to 100 s, 3 significant digits.
 pub(crate) fn new_hist() -> Histogram<u64> {
@@ -15,6 +17,8 @@ pub(crate) struct ModelAcc {
     pub good: u64,
     pub late: u64,
     pub dropped: u64,
+    /// `dropped`, by [`DropReason::index`].
+    pub drops_by_reason: [u64; DropReason::COUNT],
     pub latency_us: Histogram<u64>,
     pub queueing_us: Histogram<u64>,
     /// `batch_requests[b]` = measured requests served in batches of size `b`.
@@ -29,6 +33,7 @@ impl ModelAcc {
             good: 0,
             late: 0,
             dropped: 0,
+            drops_by_reason: [0; DropReason::COUNT],
             latency_us: new_hist(),
             queueing_us: new_hist(),
             batch_requests: vec![0; max_batch as usize + 1],
@@ -98,6 +103,11 @@ pub struct ModelReport {
     pub bad: u64,
     /// Dropped without running.
     pub dropped: u64,
+    /// `dropped` by reason (reasons that dropped none left out): a
+    /// deferred policy's `early_drop` against its `deadline_unmeetable`
+    /// tells heads given up for efficient batches from heads no GPU was
+    /// found for in time.
+    pub drops_by_reason: BTreeMap<&'static str, u64>,
     /// Ran but finished after the deadline.
     pub late: u64,
     /// `bad / offered`.

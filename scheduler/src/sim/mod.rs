@@ -313,7 +313,9 @@ impl<'a> Run<'a> {
         }
         *st = State::Dropped;
         if Self::measured(self.window_start, r) {
-            self.acc[r.model as usize].dropped += 1;
+            let acc = &mut self.acc[r.model as usize];
+            acc.dropped += 1;
+            acc.drops_by_reason[reason.index()] += 1;
             let c = &mut self.classes[Self::class_of(r)];
             c.dropped += 1;
             c.refused += u64::from(reason == DropReason::Overloaded);
@@ -415,6 +417,7 @@ fn report(cfg: &SimConfig, policy: &str, acc: &[ModelAcc], busy_ns: &[u64], wind
             good: a.good,
             bad,
             dropped: a.dropped,
+            drops_by_reason: DropReason::ALL.iter().filter(|r| a.drops_by_reason[r.index()] > 0).map(|r| (r.as_str(), a.drops_by_reason[r.index()])).collect(),
             late: a.late,
             bad_rate,
             p50_ms: ms(&a.latency_us, 0.5),
