@@ -111,6 +111,10 @@ pub(crate) struct Stream {
     front_sent: usize,
     send_busy: bool,
     iov: Box<[libc::iovec]>,
+    /// Bytes queued for sending since the start (see `send_progress`).
+    accepted: u64,
+    /// Of those, bytes the byte mover has taken.
+    moved: u64,
 
     inbox: Box<[u8]>,
     ihead: usize,
@@ -162,6 +166,8 @@ impl Stream {
                 MAX_IOV
             ]
             .into_boxed_slice(),
+            accepted: 0,
+            moved: 0,
             inbox: vec![0u8; INBOX_CAP].into_boxed_slice(),
             ihead: 0,
             itail: 0,
@@ -369,6 +375,20 @@ impl Stream {
             || self.recv_busy.is_none()
             || self.io.ring_has_input()
             || (!self.in_payload && matches!(wire::frame_len(unparsed), Ok(Some(t)) if t <= unparsed.len()))
+    }
+
+    /// Bytes queued since the start and how many of them the peer has
+    /// taken (see `Connection::send_progress`): over shm rings, what the
+    /// peer read out of the ring; otherwise what the kernel took.
+    pub(crate) fn send_progress(&self) -> super::SendProgress {
+        let taken = match &self.io {
+            ByteIo::Ring(r) => r.peer_taken(),
+            _ => self.moved,
+        };
+        super::SendProgress {
+            accepted: self.accepted,
+            taken: taken.min(self.moved),
+        }
     }
 
     /// Before sleeping on [`wait_fd`](Self::wait_fd) (see
@@ -640,7 +660,10 @@ impl Stream {
         debug_assert!(staged, "room was checked");
         match seg {
             Some(Seg::Region { token, .. }) if r.len == 0 => self.registry.release(token),
-            Some(seg) => self.segs.push_back(seg),
+            Some(seg) => {
+                self.accepted += seg.len() as u64;
+                self.segs.push_back(seg);
+            }
             None => {}
         }
     }
@@ -672,6 +695,7 @@ impl Stream {
         let start = self.tx_len;
         self.tx[start..start + bytes.len()].copy_from_slice(bytes);
         self.tx_len += bytes.len();
+        self.accepted += bytes.len() as u64;
         // Contiguous bytes extend the last staged segment, even one being
         // sent: the kernel sends the iovec's old length and `front_sent`
         // then points into the segment, so ordering is kept.
@@ -743,6 +767,7 @@ impl Stream {
     }
 
     fn consume_sent(&mut self, mut n: usize) {
+        self.moved += n as u64;
         while n > 0 {
             let Some(front) = self.segs.front() else {
                 break;
