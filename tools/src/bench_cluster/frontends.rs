@@ -311,29 +311,60 @@ impl Outgoing {
 }
 
 /// Messages a link sent that the scheduler has not read yet, oldest first:
-/// (the link's accepted byte count once the message was queued, when).
-/// From the link's `send_progress` this tells how long its oldest unread
-/// message has waited: a later one waits at least as long, so past the
-/// budget the link refuses instead of queueing (issue 14, item 2: a ring
-/// and a send queue in front of a saturated scheduler held ~260 ms).
+/// (the link's accepted byte count once the message was queued, when),
+/// and how fast the scheduler reads the link when it is behind. From the
+/// link's `send_progress` this tells how long a new message would wait:
+/// past the budget the link refuses instead of queueing (issue 14, item
+/// 2: a ring and a send queue in front of a saturated scheduler held
+/// ~260 ms).
 struct Unread {
     ends: VecDeque<(u64, Instant)>,
+    /// Start of the current drain-rate window: (taken, unread, when).
+    window: (u64, u64, Instant),
+    /// Bytes per ns the scheduler takes off this link while behind it;
+    /// `None` until measured.
+    drain: Option<f64>,
 }
+
+/// Length of a drain-rate measurement window.
+const DRAIN_WINDOW: Duration = Duration::from_micros(500);
 
 impl Unread {
     fn new() -> Self {
-        Unread { ends: VecDeque::with_capacity(UNREAD_CAP) }
+        Unread { ends: VecDeque::with_capacity(UNREAD_CAP), window: (0, 0, Instant::ZERO), drain: None }
     }
 
-    /// Whether the link's oldest unread message has waited past `budget`
-    /// (never, without a budget or where the transport cannot tell).
+    /// Whether a message queued now would wait past `budget` (never,
+    /// without a budget or where the transport cannot tell): the oldest
+    /// unread one already has, or the bytes ahead of it take longer than
+    /// the budget at the rate the scheduler drained this link lately. Why
+    /// both: the age alone bounds what is queued to a budget's worth of
+    /// the *offered* rate, which a scheduler draining ten times slower
+    /// takes ten budgets to read.
     fn over_budget<C: Connection>(&mut self, conn: &C, budget: Option<Duration>, now: Instant) -> bool {
         let Some(budget) = budget else { return false };
         let Some(p) = conn.send_progress() else { return false };
         while self.ends.front().is_some_and(|&(end, _)| end <= p.taken) {
             self.ends.pop_front();
         }
-        self.ends.front().is_some_and(|&(_, at)| now.saturating_since(at) > budget)
+        let unread = p.accepted - p.taken;
+        let (taken0, unread0, at0) = self.window;
+        let span = now.saturating_since(at0);
+        if span >= DRAIN_WINDOW {
+            let rate = (p.taken - taken0) as f64 / span.as_nanos() as f64;
+            if unread0 > 0 && unread > 0 {
+                // Behind the whole window: the scheduler's pace on this link.
+                self.drain = Some(self.drain.map_or(rate, |d| 0.5 * d + 0.5 * rate));
+            } else if unread0 > 0 {
+                // It caught up: at least this fast.
+                self.drain = Some(self.drain.map_or(rate, |d| d.max(rate)));
+            }
+            self.window = (p.taken, unread, now);
+        }
+        if self.ends.front().is_some_and(|&(_, at)| now.saturating_since(at) > budget) {
+            return true;
+        }
+        unread > 0 && self.drain.is_some_and(|d| unread as f64 > d * budget.as_nanos() as f64)
     }
 
     /// Notes a message just queued on the link.

@@ -36,6 +36,13 @@ const TX_CAP: usize = 8 * MAX_MESSAGE_LEN;
 /// here only while it is full, and more room here would only add latency
 /// behind a receiver that cannot keep up (overload is refused instead).
 const RING_TX_CAP: usize = 2 * MAX_MESSAGE_LEN;
+/// Most bytes one receive takes out of an shm ring. Why: what the ring
+/// holds, the sender sees waiting (`send_progress`) and can refuse load
+/// past a time budget; bytes taken into this side's buffers before it
+/// handles them would be a queue the sender does not see (up to a whole
+/// ring per link: tens of ms in front of a saturated scheduler). Small
+/// receives cost no system call, only a pass through `pump`.
+const RING_RECV_CHUNK: usize = 4096;
 /// iovecs per send.
 const MAX_IOV: usize = 64;
 
@@ -242,6 +249,14 @@ impl Stream {
     pub(crate) fn try_recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, Error> {
         if self.ihead == self.itail {
             self.pump();
+            // A ring receive takes at most RING_RECV_CHUNK: a message may
+            // span a few of them.
+            for _ in 0..MAX_MESSAGE_LEN / RING_RECV_CHUNK {
+                if self.ihead != self.itail || self.dead.is_some() || !self.io.ring_has_input() {
+                    break;
+                }
+                self.pump();
+            }
             if self.ihead == self.itail && self.dead.is_none() && self.io.note_empty() {
                 self.pump();
             }
@@ -831,10 +846,15 @@ impl Stream {
                 RecvTarget::Payload,
             )
         } else if self.wpos < self.rx.len() {
+            let room = self.rx.len() - self.wpos;
+            let len = match self.io {
+                ByteIo::Ring(_) => room.min(RING_RECV_CHUNK),
+                _ => room,
+            };
             // SAFETY: `wpos < rx.len()`.
             (
                 unsafe { self.rx.as_mut_ptr().add(self.wpos) },
-                self.rx.len() - self.wpos,
+                len,
                 RecvTarget::Buffer,
             )
         } else {
