@@ -12,7 +12,6 @@ use std::io::Write as _;
 use dataplane::control;
 use dataplane::time::{host_monotonic_ns, Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Error};
-use dataplane::waitset::WaitSet;
 use dataplane::wire::{self, BenchStamp, DropReason, Message, RemoteRef, Role, Task, TaskBatcher, TaskId};
 use hdrhistogram::Histogram;
 use scheduler::sim::{Arrivals, Workload};
@@ -33,12 +32,6 @@ const RECV_EVERY: Duration = Duration::from_millis(1);
 /// Idle gaps shorter than this are spent in `yield` rather than a timed
 /// sleep (a sleep costs two context switches and its timer).
 const MIN_SLEEP: Duration = Duration::from_micros(20);
-/// Longest stretch of the loop's timed sleeps: batches due within it are
-/// flushed before their time, so that one wake-up serves many links
-/// instead of one (at 2 M tasks/s over 64 links some batch is always due
-/// within a microsecond, and waking per batch was a spin on `yield` and
-/// clock reads: most of this process's CPU, taken from the daemon).
-const MAX_GRAIN: Duration = Duration::from_micros(20);
 /// Unread messages remembered per link (see `Unread`).
 const UNREAD_CAP: usize = 256;
 
@@ -94,8 +87,10 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
     let mut next_link = 0usize;
     let mut last_send = start;
     let mut next_read = start;
-    // A timer with the kernel timer's precision (no fds: only timeouts).
-    let mut sleeper = WaitSet::new().map_err(|e| BenchClusterError::Peer(format!("timer: {e}")))?;
+    // Timed sleeps with the kernel timer's precision: 1 µs of slack
+    // instead of the default 50 (a sleep of 20 µs must not last 70).
+    // SAFETY: PR_SET_TIMERSLACK takes one integer and touches no memory.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
     let coalesce = a.coalesce.max(1) as usize;
     let coalesce_wait = Duration::from_micros(a.coalesce_us);
     // Past this lag an arrival is refused, not sent: an open-loop source
@@ -108,8 +103,6 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
     // (= the order their batches are due): (link, that task's arrival).
     // An entry whose batch left meanwhile is skipped when reached.
     let mut due: VecDeque<(usize, Instant)> = VecDeque::with_capacity(4 * links.len());
-    // Unbatched, every arrival is sent at its time: no grain.
-    let grain = if coalesce > 1 { Duration::from_nanos(coalesce_wait.as_nanos() / 4).min(MAX_GRAIN) } else { Duration::ZERO };
     let queue_budget = (a.queue_budget_us > 0).then(|| Duration::from_micros(a.queue_budget_us));
     let mut unread: Vec<Unread> = links.iter().map(|_| Unread::new()).collect();
     loop {
@@ -183,11 +176,11 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
                 Err(e) => return Err(BenchClusterError::Peer(format!("frontend {}: {e}", link.id))),
             }
         }
-        // Batches due before the next turn go now (see MAX_GRAIN), the
-        // last ones at once.
+        // Batches due go now (found in order, not by a pass over all
+        // links per turn), the last ones at once.
         let finishing = arrivals.peek().is_none();
         while let Some(&(i, t)) = due.front() {
-            if !finishing && t + coalesce_wait > now + grain {
+            if !finishing && t + coalesce_wait > now {
                 break;
             }
             due.pop_front();
@@ -222,20 +215,23 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
         if !again {
             // Sleep until there is something to do instead of spinning on
             // `yield` (a third of this process's CPU, taken from the daemon
-            // on 2 cores): the next read, and the next batch due (less the
-            // grain it may go early by). Arrivals not taken yet wait too:
+            // on 2 cores): the next read, and the next batch due. Arrivals
+            // not taken yet wait too:
             // batched, they would wait for their batch anyway, so the
             // earliest an untaken arrival's batch can be due is its time
             // plus the batch wait. Unbatched, each arrival is work.
             let wait_for_batch = if coalesce > 1 { coalesce_wait } else { Duration::ZERO };
             let flush_due = due.front().map(|&(_, t)| t + coalesce_wait);
             let arrival_due = arrivals.peek().map(|(t, _)| t + wait_for_batch);
-            let work_at = [flush_due, arrival_due].into_iter().flatten().map(|t| t.saturating_sub(grain)).fold(next_read, Instant::min);
+            // Timed sleeps (each a timer and two context switches) were
+            // tried for shorter gaps too, with batches flushed up to 12 µs
+            // early to serve many links per wake-up: on the shared 2 cores
+            // that cost the frontends more CPU than the yields (0.25-0.35
+            // vs 0.16 cores at 200k tasks/s) and the daemon its share.
+            let work_at = [flush_due, arrival_due].into_iter().flatten().fold(next_read, Instant::min);
             let idle_for = work_at.saturating_since(clock.now());
-            if idle_for >= MIN_SLEEP || (grain > Duration::ZERO && idle_for > Duration::ZERO) {
-                // Rounded up to MIN_SLEEP: what falls due meanwhile goes
-                // late by at most MIN_SLEEP - grain.
-                sleeper.wait(idle_for.max(MIN_SLEEP));
+            if idle_for >= MIN_SLEEP {
+                sleep_for(idle_for);
             } else if idle_for > Duration::ZERO {
                 std::thread::yield_now();
             }
@@ -380,6 +376,17 @@ impl Unread {
             self.ends.push_back((p.accepted, now));
         }
     }
+}
+
+/// One `clock_nanosleep` (a timerfd and epoll, as `WaitSet::wait`, is
+/// two system calls per wake-up, and this loop wakes up to 50k times a
+/// second).
+fn sleep_for(d: Duration) {
+    let ns = d.as_nanos();
+    let ts = libc::timespec { tv_sec: (ns / 1_000_000_000) as libc::time_t, tv_nsec: (ns % 1_000_000_000) as libc::c_long };
+    // SAFETY: a valid timespec; no remainder is asked for (an interrupted
+    // sleep ends early, and the loop computes its next sleep anew).
+    unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, 0, &ts, std::ptr::null_mut()) };
 }
 
 /// Sends `msg`; a full queue gets one round of progress before the message
