@@ -497,8 +497,10 @@ pub trait Connection: Send {
     /// How far the peer has got with what this side sent: bytes accepted
     /// by [`send`](Self::send) so far, and how many of them have left this
     /// side's queues. shm: taken means taken out of the shared ring by the
-    /// peer (its index, one load); tcp: handed to the kernel (the socket
-    /// buffer is not seen). An open-loop sender compares the two to learn
+    /// peer (its index, one load). tcp says `None`: the socket buffer, the
+    /// queue there, is not seen, and an io_uring send counts as taken only
+    /// once a later call reaps it (a quiet link would look stuck). An
+    /// open-loop sender compares the two to learn
     /// how long its oldest unread message has waited, and refuses load
     /// rather than queueing it past a time budget (issue 14: overload is
     /// refused and counted, never buffered without bound). `None` (the

@@ -117,8 +117,8 @@ pub struct BenchClusterArgs {
     /// `frontend_queue_full`, instead of queueing them behind a saturated
     /// scheduler (issue 14: overload is refused, never buffered without
     /// bound); 0: queue up to the transport's buffers. Default: a tenth
-    /// of the default SLO (50 ms). shm sees what the scheduler read; tcp
-    /// only what the kernel took (its socket buffer is not seen).
+    /// of the default SLO (50 ms). shm only: over tcp the queue is the
+    /// socket buffer, which the frontend does not see.
     #[arg(long = "frontend-queue-budget-us", default_value_t = 5_000)]
     pub frontend_queue_budget_us: u64,
     /// Every Nth task carries a clock stamp (ingress lag samples).

@@ -394,7 +394,8 @@ impl Stream {
 
     /// Bytes queued since the start and how many of them the peer has
     /// taken (see `Connection::send_progress`): over shm rings, what the
-    /// peer read out of the ring; otherwise what the kernel took.
+    /// peer read out of the ring; otherwise what the kernel took (as far as
+    /// reaped).
     pub(crate) fn send_progress(&self) -> super::SendProgress {
         let taken = match &self.io {
             ByteIo::Ring(r) => r.peer_taken(),
