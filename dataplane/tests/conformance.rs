@@ -115,6 +115,12 @@ macro_rules! suite {
                     conformance::input_taken_in_by_a_send_is_reported(&f);
                 }
             }
+            #[test]
+            fn send_progress_counts() {
+                if let Some(f) = $f {
+                    conformance::send_progress_counts(&f);
+                }
+            }
         }
     };
 }

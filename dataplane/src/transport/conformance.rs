@@ -70,6 +70,7 @@ pub fn run_all<F: TransportFactory>(f: &F) {
     wait_fd_wakes(f);
     wait_fd_after_empty_recv(f);
     input_taken_in_by_a_send_is_reported(f);
+    send_progress_counts(f);
 }
 
 // ---- helpers -----------------------------------------------------------------
@@ -870,6 +871,39 @@ pub fn input_taken_in_by_a_send_is_reported<F: TransportFactory>(f: &F) {
         // Drain what came back on the other side.
         while c.try_recv(&mut buf).expect("recv back").is_none() {
             assert!(StdInstant::now() < end, "{}: echo lost", f.name());
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// `send_progress`, where a transport reports it: `accepted` grows by
+/// each message's bytes at `send`; `taken` never passes it and catches up
+/// once the peer has the message.
+pub fn send_progress_counts<F: TransportFactory>(f: &F) {
+    let _g = serial();
+    let mut p = pair(f);
+    let Some(start) = p.reader.send_progress() else {
+        return;
+    };
+    assert!(start.taken <= start.accepted, "{}: {start:?}", f.name());
+    let end = deadline(f);
+    let (mut msg, mut buf) = ([0u8; 64], [0u8; 64]);
+    for round in 0..4u64 {
+        let n = wire::encode(&mut msg, &wire::Heartbeat { seq: round, role: 4, id: 2 }).expect("encode");
+        let before = p.reader.send_progress().expect("progress");
+        send_retry(&mut p.reader, &msg[..n], &mut || {}, end);
+        let after = p.reader.send_progress().expect("progress");
+        assert_eq!(after.accepted, before.accepted + n as u64, "{}: round {round}", f.name());
+        assert!(after.taken <= after.accepted, "{}: {after:?}", f.name());
+        let got = recv_one(&mut p.owner, &mut buf, &mut || {}, end);
+        assert_eq!(got, n);
+        loop {
+            let _ = p.reader.progress();
+            let now = p.reader.send_progress().expect("progress");
+            if now.taken == now.accepted {
+                break;
+            }
+            assert!(StdInstant::now() < end, "{}: taken stuck at {now:?} after the peer read", f.name());
             std::thread::yield_now();
         }
     }

@@ -493,6 +493,31 @@ pub trait Connection: Send {
     fn may_hold_input(&self) -> bool {
         true
     }
+
+    /// How far the peer has got with what this side sent: bytes accepted
+    /// by [`send`](Self::send) so far, and how many of them have left this
+    /// side's queues. shm: taken means taken out of the shared ring by the
+    /// peer (its index, one load). tcp says `None`: the socket buffer, the
+    /// queue there, is not seen, and an io_uring send counts as taken only
+    /// once a later call reaps it (a quiet link would look stuck). An
+    /// open-loop sender compares the two to learn
+    /// how long its oldest unread message has waited, and refuses load
+    /// rather than queueing it past a time budget (issue 14: overload is
+    /// refused and counted, never buffered without bound). `None` (the
+    /// default): the transport cannot tell.
+    fn send_progress(&self) -> Option<SendProgress> {
+        None
+    }
+}
+
+/// See [`Connection::send_progress`]: both counts run from the
+/// connection's start and only grow; `taken <= accepted`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SendProgress {
+    /// Bytes accepted by `send` since the connection started.
+    pub accepted: u64,
+    /// Of those, bytes the peer (or the kernel, see above) has taken.
+    pub taken: u64,
 }
 
 /// Retries [`Domain::deregister`] while it says `Busy`, polling `conns`

@@ -688,6 +688,9 @@ impl Connection for ShmConn {
         // Includes the incoming ring: one load of the peer's index.
         self.stream.may_hold_input()
     }
+    fn send_progress(&self) -> Option<super::SendProgress> {
+        Some(self.stream.send_progress())
+    }
     fn arm_wait(&self) -> bool {
         self.stream.arm_wait()
     }

@@ -173,11 +173,34 @@ impl RingProducer {
         Ok(cap - used)
     }
 
+    /// Bytes the consumer has taken out of the ring since its start (its
+    /// index, one load; never more than we wrote, whatever the peer
+    /// stores there).
+    pub(crate) fn taken(&self) -> u64 {
+        let head = self.ring.header().head.0.load(Ordering::Acquire);
+        if self.tail.wrapping_sub(head) > self.ring.cap {
+            // A corrupted index: report nothing taken; the next write
+            // reports the corruption.
+            return self.tail.saturating_sub(self.ring.cap);
+        }
+        head
+    }
+
     /// Copies as many leading bytes of `parts` as fit and publishes them
     /// once. Returns the bytes taken and whether the consumer sleeps and
     /// must be woken (one byte on the socket; the flag is cleared here).
+    #[cfg(test)]
     pub(crate) fn write(&mut self, parts: &[&[u8]]) -> Result<(usize, bool), Corrupt> {
-        let want: usize = parts.iter().map(|p| p.len()).sum();
+        self.write_parts(parts.iter().copied())
+    }
+
+    /// [`write`](Self::write) over any sequence of slices (walked twice:
+    /// the stream's iovecs, without gathering them into an array first).
+    pub(crate) fn write_parts<'a, I>(&mut self, parts: I) -> Result<(usize, bool), Corrupt>
+    where
+        I: Iterator<Item = &'a [u8]> + Clone,
+    {
+        let want: usize = parts.clone().map(|p| p.len()).sum();
         let room = self.room(want as u64)? as usize;
         let mut left = want.min(room);
         let taken = left;

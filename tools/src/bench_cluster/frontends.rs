@@ -6,12 +6,12 @@
 //! reference, and the synthetic backends never READ it.
 
 use super::BenchClusterError;
+use std::collections::VecDeque;
 use std::io::Write as _;
 
 use dataplane::control;
 use dataplane::time::{host_monotonic_ns, Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Error};
-use dataplane::waitset::WaitSet;
 use dataplane::wire::{self, BenchStamp, DropReason, Message, RemoteRef, Role, Task, TaskBatcher, TaskId};
 use hdrhistogram::Histogram;
 use scheduler::sim::{Arrivals, Workload};
@@ -32,6 +32,8 @@ const RECV_EVERY: Duration = Duration::from_millis(1);
 /// Idle gaps shorter than this are spent in `yield` rather than a timed
 /// sleep (a sleep costs two context switches and its timer).
 const MIN_SLEEP: Duration = Duration::from_micros(20);
+/// Unread messages remembered per link (see `Unread`).
+const UNREAD_CAP: usize = 256;
 
 /// What the frontends process saw, written to its report file.
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -40,7 +42,9 @@ pub struct FrontendsReport {
     pub offered: u64,
     /// Tasks handed to a link.
     pub sent: u64,
-    /// Tasks not sent: the link's send queue stayed full.
+    /// Tasks not sent: the link's send queue stayed full, or its oldest
+    /// message not yet read by the scheduler had waited past
+    /// `--queue-budget-us` (the queue is full in time: issue 14, item 2).
     pub queue_full: u64,
     /// Tasks not sent: the generator reached them more than `--max-lag-us`
     /// after their arrival (it is behind: refused, as a frontend refuses
@@ -83,8 +87,10 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
     let mut next_link = 0usize;
     let mut last_send = start;
     let mut next_read = start;
-    // A timer with the kernel timer's precision (no fds: only timeouts).
-    let mut sleeper = WaitSet::new().map_err(|e| BenchClusterError::Peer(format!("timer: {e}")))?;
+    // Timed sleeps with the kernel timer's precision: 1 µs of slack
+    // instead of the default 50 (a sleep of 20 µs must not last 70).
+    // SAFETY: PR_SET_TIMERSLACK takes one integer and touches no memory.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
     let coalesce = a.coalesce.max(1) as usize;
     let coalesce_wait = Duration::from_micros(a.coalesce_us);
     // Past this lag an arrival is refused, not sent: an open-loop source
@@ -93,12 +99,23 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
     // load beyond capacity is refused, counted, never buffered).
     let max_lag = (a.max_lag_us > 0).then(|| Duration::from_micros(a.max_lag_us));
     let mut outgoing: Vec<Outgoing> = if coalesce > 1 { links.iter().map(|_| Outgoing::new(coalesce)).collect() } else { Vec::new() };
+    // Links with waiting tasks, in the order their oldest task arrived
+    // (= the order their batches are due): (link, that task's arrival).
+    // An entry whose batch left meanwhile is skipped when reached.
+    let mut due: VecDeque<(usize, Instant)> = VecDeque::with_capacity(4 * links.len());
+    let queue_budget = (a.queue_budget_us > 0).then(|| Duration::from_micros(a.queue_budget_us));
+    let mut unread: Vec<Unread> = links.iter().map(|_| Unread::new()).collect();
     loop {
         let now = clock.now();
-        let mut busy = false;
+        // More to do now: a burst limit was reached.
+        let mut again = false;
         let mut burst = 0;
         while let Some((t, model)) = arrivals.peek() {
-            if t > now || burst == SEND_BURST {
+            if t > now {
+                break;
+            }
+            if burst == SEND_BURST {
+                again = true;
                 break;
             }
             arrivals.next();
@@ -126,13 +143,20 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
             if a.coalesce > 1 {
                 let o = &mut outgoing[i];
                 o.batch.push(&task).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
-                o.oldest.get_or_insert(t);
+                if o.oldest.is_none() {
+                    o.oldest = Some(t);
+                    due.push_back((i, t));
+                }
                 o.waiting += 1;
                 o.stamp |= stamped;
                 if o.batch.is_full() {
-                    o.flush(link, now, &mut r, &mut send_lag, &mut buf)?;
+                    o.flush(link, &mut unread[i], queue_budget, now, &mut r, &mut send_lag, &mut buf)?;
                     last_send = now;
                 }
+                continue;
+            }
+            if unread[i].over_budget(&link.conn, queue_budget, now) {
+                r.queue_full += 1;
                 continue;
             }
             if stamped {
@@ -146,18 +170,24 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
                     r.sent += 1;
                     let _ = send_lag.record(now.saturating_since(t).as_nanos().max(1));
                     last_send = now;
+                    unread[i].sent(&link.conn, queue_budget, now);
                 }
                 Ok(false) => r.queue_full += 1,
                 Err(e) => return Err(BenchClusterError::Peer(format!("frontend {}: {e}", link.id))),
             }
         }
-        busy |= burst > 0;
+        // Batches due go now (found in order, not by a pass over all
+        // links per turn), the last ones at once.
         let finishing = arrivals.peek().is_none();
-        for (link, o) in links.iter_mut().zip(outgoing.iter_mut()) {
-            if o.oldest.is_some_and(|t| finishing || now.saturating_since(t) >= coalesce_wait) {
-                o.flush(link, now, &mut r, &mut send_lag, &mut buf)?;
+        while let Some(&(i, t)) = due.front() {
+            if !finishing && t + coalesce_wait > now {
+                break;
+            }
+            due.pop_front();
+            let o = &mut outgoing[i];
+            if o.oldest == Some(t) {
+                o.flush(&mut links[i], &mut unread[i], queue_budget, now, &mut r, &mut send_lag, &mut buf)?;
                 last_send = now;
-                busy = true;
             }
         }
         let read_links = now >= next_read;
@@ -171,7 +201,6 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
                     Ok(None) => break,
                     Err(e) => return Err(BenchClusterError::Peer(format!("frontend {}: the scheduler link failed: {e}", link.id))),
                 };
-                busy = true;
                 if let Ok(Message::Dropped(d)) = wire::decode(&buf[..n]) {
                     if let Some(reason) = DropReason::from_u32(d.reason) {
                         dropped[reason.index()] += 1;
@@ -183,19 +212,27 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
         if arrivals.peek().is_none() && now >= end {
             break;
         }
-        if !busy {
+        if !again {
             // Sleep until there is something to do instead of spinning on
             // `yield` (a third of this process's CPU, taken from the daemon
-            // on 2 cores): the next arrival, or, while tasks wait for their
-            // batch, the oldest one's flush (arrivals meanwhile join
-            // batches that would wait anyway); and the next read.
-            let flush_due = outgoing.iter().filter_map(|o| o.oldest).min().map(|t| t + coalesce_wait);
-            let next_arrival = arrivals.peek().map(|(t, _)| t);
-            let work_at = flush_due.or(next_arrival).map_or(next_read, |t| t.min(next_read));
+            // on 2 cores): the next read, and the next batch due. Arrivals
+            // not taken yet wait too:
+            // batched, they would wait for their batch anyway, so the
+            // earliest an untaken arrival's batch can be due is its time
+            // plus the batch wait. Unbatched, each arrival is work.
+            let wait_for_batch = if coalesce > 1 { coalesce_wait } else { Duration::ZERO };
+            let flush_due = due.front().map(|&(_, t)| t + coalesce_wait);
+            let arrival_due = arrivals.peek().map(|(t, _)| t + wait_for_batch);
+            // Timed sleeps (each a timer and two context switches) were
+            // tried for shorter gaps too, with batches flushed up to 12 µs
+            // early to serve many links per wake-up: on the shared 2 cores
+            // that cost the frontends more CPU than the yields (0.25-0.35
+            // vs 0.16 cores at 200k tasks/s) and the daemon its share.
+            let work_at = [flush_due, arrival_due].into_iter().flatten().fold(next_read, Instant::min);
             let idle_for = work_at.saturating_since(clock.now());
             if idle_for >= MIN_SLEEP {
-                sleeper.wait(idle_for);
-            } else {
+                sleep_for(idle_for);
+            } else if idle_for > Duration::ZERO {
                 std::thread::yield_now();
             }
         }
@@ -228,9 +265,26 @@ impl Outgoing {
 
     /// Sends the waiting tasks as one message (preceded by a stamp when one
     /// of them is stamped), or counts them refused when the link's queue
-    /// stays full.
-    fn flush<C: Connection>(&mut self, link: &mut PeerLink<C>, now: Instant, r: &mut FrontendsReport, lag: &mut Histogram<u64>, buf: &mut [u8]) -> Result<(), BenchClusterError> {
+    /// stays full or is over its time budget.
+    #[allow(clippy::too_many_arguments)]
+    fn flush<C: Connection>(
+        &mut self,
+        link: &mut PeerLink<C>,
+        unread: &mut Unread,
+        budget: Option<Duration>,
+        now: Instant,
+        r: &mut FrontendsReport,
+        lag: &mut Histogram<u64>,
+        buf: &mut [u8],
+    ) -> Result<(), BenchClusterError> {
         let fail = |e: Error| BenchClusterError::Peer(format!("frontend {}: {e}", link.id));
+        if unread.over_budget(&link.conn, budget, now) {
+            self.stamp = false;
+            self.oldest = None;
+            r.queue_full += std::mem::take(&mut self.waiting);
+            let _ = self.batch.take();
+            return Ok(());
+        }
         if std::mem::take(&mut self.stamp) {
             let s = BenchStamp { at_ns: host_monotonic_ns(), ..Default::default() };
             let n = wire::encode(buf, &s).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
@@ -240,6 +294,7 @@ impl Outgoing {
         let n = std::mem::take(&mut self.waiting);
         let oldest = self.oldest.take();
         if send_or_progress(&mut link.conn, msg).map_err(fail)? {
+            unread.sent(&link.conn, budget, now);
             r.sent += n;
             if let Some(t) = oldest {
                 let _ = lag.record_n(now.saturating_since(t).as_nanos().max(1), n);
@@ -251,10 +306,96 @@ impl Outgoing {
     }
 }
 
-/// Sends `msg`; a full queue gets a few rounds of progress before the
-/// message is given up (`Ok(false)`): an open-loop source never blocks.
+/// Messages a link sent that the scheduler has not read yet, oldest first:
+/// (the link's accepted byte count once the message was queued, when),
+/// and how fast the scheduler reads the link when it is behind. From the
+/// link's `send_progress` this tells how long a new message would wait:
+/// past the budget the link refuses instead of queueing (issue 14, item
+/// 2: a ring and a send queue in front of a saturated scheduler held
+/// ~260 ms).
+struct Unread {
+    ends: VecDeque<(u64, Instant)>,
+    /// Start of the current drain-rate window: (taken, unread, when).
+    window: (u64, u64, Instant),
+    /// Bytes per ns the scheduler takes off this link while behind it;
+    /// `None` until measured.
+    drain: Option<f64>,
+}
+
+/// Length of a drain-rate measurement window.
+const DRAIN_WINDOW: Duration = Duration::from_micros(500);
+
+impl Unread {
+    fn new() -> Self {
+        Unread { ends: VecDeque::with_capacity(UNREAD_CAP), window: (0, 0, Instant::ZERO), drain: None }
+    }
+
+    /// Whether a message queued now would wait past `budget` (never,
+    /// without a budget or where the transport cannot tell): the oldest
+    /// unread one already has, or the bytes ahead of it take longer than
+    /// the budget at the rate the scheduler drained this link lately. Why
+    /// both: the age alone bounds what is queued to a budget's worth of
+    /// the *offered* rate, which a scheduler draining ten times slower
+    /// takes ten budgets to read.
+    fn over_budget<C: Connection>(&mut self, conn: &C, budget: Option<Duration>, now: Instant) -> bool {
+        let Some(budget) = budget else { return false };
+        let Some(p) = conn.send_progress() else { return false };
+        while self.ends.front().is_some_and(|&(end, _)| end <= p.taken) {
+            self.ends.pop_front();
+        }
+        let unread = p.accepted - p.taken;
+        let (taken0, unread0, at0) = self.window;
+        let span = now.saturating_since(at0);
+        if span >= DRAIN_WINDOW {
+            let rate = (p.taken - taken0) as f64 / span.as_nanos() as f64;
+            if unread0 > 0 && unread > 0 {
+                // Behind the whole window: the scheduler's pace on this link.
+                self.drain = Some(self.drain.map_or(rate, |d| 0.5 * d + 0.5 * rate));
+            } else if unread0 > 0 {
+                // It caught up: at least this fast.
+                self.drain = Some(self.drain.map_or(rate, |d| d.max(rate)));
+            }
+            self.window = (p.taken, unread, now);
+        }
+        if self.ends.front().is_some_and(|&(_, at)| now.saturating_since(at) > budget) {
+            return true;
+        }
+        unread > 0 && self.drain.is_some_and(|d| unread as f64 > d * budget.as_nanos() as f64)
+    }
+
+    /// Notes a message just queued on the link.
+    fn sent<C: Connection>(&mut self, conn: &C, budget: Option<Duration>, now: Instant) {
+        let Some(p) = budget.and_then(|_| conn.send_progress()) else { return };
+        if self.ends.len() == UNREAD_CAP {
+            // Full (no allocation): the newest entry absorbs this message,
+            // keeping its older time (the wait is overstated, never under).
+            if let Some(back) = self.ends.back_mut() {
+                back.0 = p.accepted;
+            }
+        } else {
+            self.ends.push_back((p.accepted, now));
+        }
+    }
+}
+
+/// One `clock_nanosleep` (a timerfd and epoll, as `WaitSet::wait`, is
+/// two system calls per wake-up, and this loop wakes up to 50k times a
+/// second).
+fn sleep_for(d: Duration) {
+    let ns = d.as_nanos();
+    let ts = libc::timespec { tv_sec: (ns / 1_000_000_000) as libc::time_t, tv_nsec: (ns % 1_000_000_000) as libc::c_long };
+    // SAFETY: a valid timespec; no remainder is asked for (an interrupted
+    // sleep ends early, and the loop computes its next sleep anew).
+    unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, 0, &ts, std::ptr::null_mut()) };
+}
+
+/// Sends `msg`; a full queue gets one round of progress before the message
+/// is given up (`Ok(false)`): an open-loop source never blocks. Why not
+/// more: the scheduler does not drain a full queue within nanoseconds, and
+/// each retry on a full shm ring was a pass through the stream (a third of
+/// this process's CPU in overload).
 fn send_or_progress<C: Connection>(conn: &mut C, msg: &[u8]) -> Result<bool, Error> {
-    for _ in 0..4 {
+    for _ in 0..2 {
         match conn.send(msg) {
             Ok(()) => return Ok(true),
             Err(Error::QueueFull) => conn.progress()?,

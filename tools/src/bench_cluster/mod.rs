@@ -112,6 +112,15 @@ pub struct BenchClusterArgs {
     /// late instead of sending it with its budget spent; 0: send everything.
     #[arg(long = "frontend-max-lag-us", default_value_t = 10_000)]
     pub frontend_max_lag_us: u64,
+    /// A frontend link whose oldest message not yet read by the scheduler
+    /// has waited longer than this (µs) refuses further tasks, counted as
+    /// `frontend_queue_full`, instead of queueing them behind a saturated
+    /// scheduler (issue 14: overload is refused, never buffered without
+    /// bound); 0: queue up to the transport's buffers. Default: a tenth
+    /// of the default SLO (50 ms). shm only: over tcp the queue is the
+    /// socket buffer, which the frontend does not see.
+    #[arg(long = "frontend-queue-budget-us", default_value_t = 5_000)]
+    pub frontend_queue_budget_us: u64,
     /// Every Nth task carries a clock stamp (ingress lag samples).
     #[arg(long = "stamp-every", default_value_t = 16)]
     pub stamp_every: u64,
@@ -385,6 +394,7 @@ fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64) -> Result<
     args.extend(["--rate".into(), rate.to_string(), "--duration-s".into(), secs.to_string(), "--stamp-every".into(), a.stamp_every.to_string()]);
     args.extend(["--coalesce".into(), a.coalesce.to_string(), "--coalesce-us".into(), a.coalesce_us.to_string()]);
     args.extend(["--max-lag-us".into(), a.frontend_max_lag_us.to_string()]);
+    args.extend(["--queue-budget-us".into(), a.frontend_queue_budget_us.to_string()]);
     let mut fronts = spawn(&spec, "bench-frontends", "bench-frontends", args, Some(&token), deadline)?;
     let sched_cpu_at_start = (StdInstant::now(), cpu_s_of(sched.pid()));
     let front_exit = fronts.wait_or_kill(StdDuration::from_secs_f64(secs + 60.0));

@@ -61,6 +61,11 @@ pub struct PeerArgs {
     /// refused (counted), not sent; 0: every arrival is sent however late.
     #[arg(long = "max-lag-us", default_value_t = 0)]
     pub max_lag_us: u64,
+    /// Frontends: a link whose oldest message not yet read by the
+    /// scheduler has waited longer than this (µs) refuses further tasks
+    /// (counted as queue full) instead of queueing them; 0: no bound.
+    #[arg(long = "queue-budget-us", default_value_t = 0)]
+    pub queue_budget_us: u64,
     /// Backends: total emulated GPUs, spread over the peers.
     #[arg(long, default_value_t = 0)]
     pub gpus: u32,

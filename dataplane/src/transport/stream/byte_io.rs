@@ -212,17 +212,12 @@ impl ByteIo {
                 Ok(())
             }
             ByteIo::Ring(r) => {
-                // The stream sends at most MAX_IOV segments at once.
-                let mut parts: [&[u8]; super::MAX_IOV] = [&[]; super::MAX_IOV];
-                let n = n.min(parts.len());
-                for (i, part) in parts.iter_mut().take(n).enumerate() {
-                    // SAFETY: the caller passes `n` valid iovecs over live
-                    // memory (start_send contract).
-                    let v = unsafe { &*iov.add(i) };
-                    // SAFETY: each iovec describes `iov_len` readable bytes.
-                    *part = unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) };
-                }
-                r.sent = Some(match r.tx.write(&parts[..n]) {
+                // SAFETY: the caller passes `n` valid iovecs over live
+                // memory (start_send contract).
+                let iov = unsafe { std::slice::from_raw_parts(iov, n) };
+                // SAFETY: each iovec describes `iov_len` readable bytes.
+                let parts = iov.iter().map(|v| unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) });
+                r.sent = Some(match r.tx.write_parts(parts) {
                     Ok((taken, wake)) => {
                         if wake {
                             // The peer sleeps on the socket: one byte wakes
@@ -516,6 +511,11 @@ impl ByteIo {
 }
 
 impl RingIo {
+    /// Bytes the peer has taken out of our outgoing ring since the start.
+    pub(super) fn peer_taken(&self) -> u64 {
+        self.tx.taken()
+    }
+
     /// Takes wake bytes off the socket and notices its end of stream. True
     /// if it got either.
     fn read_socket(&mut self) -> bool {

@@ -36,6 +36,13 @@ const TX_CAP: usize = 8 * MAX_MESSAGE_LEN;
 /// here only while it is full, and more room here would only add latency
 /// behind a receiver that cannot keep up (overload is refused instead).
 const RING_TX_CAP: usize = 2 * MAX_MESSAGE_LEN;
+/// Most bytes one receive takes out of an shm ring. Why: what the ring
+/// holds, the sender sees waiting (`send_progress`) and can refuse load
+/// past a time budget; bytes taken into this side's buffers before it
+/// handles them would be a queue the sender does not see (up to a whole
+/// ring per link: tens of ms in front of a saturated scheduler). Small
+/// receives cost no system call, only a pass through `pump`.
+const RING_RECV_CHUNK: usize = 4096;
 /// iovecs per send.
 const MAX_IOV: usize = 64;
 
@@ -111,6 +118,10 @@ pub(crate) struct Stream {
     front_sent: usize,
     send_busy: bool,
     iov: Box<[libc::iovec]>,
+    /// Bytes queued for sending since the start (see `send_progress`).
+    accepted: u64,
+    /// Of those, bytes the byte mover has taken.
+    moved: u64,
 
     inbox: Box<[u8]>,
     ihead: usize,
@@ -162,6 +173,8 @@ impl Stream {
                 MAX_IOV
             ]
             .into_boxed_slice(),
+            accepted: 0,
+            moved: 0,
             inbox: vec![0u8; INBOX_CAP].into_boxed_slice(),
             ihead: 0,
             itail: 0,
@@ -236,6 +249,14 @@ impl Stream {
     pub(crate) fn try_recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, Error> {
         if self.ihead == self.itail {
             self.pump();
+            // A ring receive takes at most RING_RECV_CHUNK: a message may
+            // span a few of them.
+            for _ in 0..MAX_MESSAGE_LEN / RING_RECV_CHUNK {
+                if self.ihead != self.itail || self.dead.is_some() || !self.io.ring_has_input() {
+                    break;
+                }
+                self.pump();
+            }
             if self.ihead == self.itail && self.dead.is_none() && self.io.note_empty() {
                 self.pump();
             }
@@ -369,6 +390,21 @@ impl Stream {
             || self.recv_busy.is_none()
             || self.io.ring_has_input()
             || (!self.in_payload && matches!(wire::frame_len(unparsed), Ok(Some(t)) if t <= unparsed.len()))
+    }
+
+    /// Bytes queued since the start and how many of them the peer has
+    /// taken (see `Connection::send_progress`): over shm rings, what the
+    /// peer read out of the ring; otherwise what the kernel took (as far as
+    /// reaped).
+    pub(crate) fn send_progress(&self) -> super::SendProgress {
+        let taken = match &self.io {
+            ByteIo::Ring(r) => r.peer_taken(),
+            _ => self.moved,
+        };
+        super::SendProgress {
+            accepted: self.accepted,
+            taken: taken.min(self.moved),
+        }
     }
 
     /// Before sleeping on [`wait_fd`](Self::wait_fd) (see
@@ -640,7 +676,10 @@ impl Stream {
         debug_assert!(staged, "room was checked");
         match seg {
             Some(Seg::Region { token, .. }) if r.len == 0 => self.registry.release(token),
-            Some(seg) => self.segs.push_back(seg),
+            Some(seg) => {
+                self.accepted += seg.len() as u64;
+                self.segs.push_back(seg);
+            }
             None => {}
         }
     }
@@ -672,6 +711,7 @@ impl Stream {
         let start = self.tx_len;
         self.tx[start..start + bytes.len()].copy_from_slice(bytes);
         self.tx_len += bytes.len();
+        self.accepted += bytes.len() as u64;
         // Contiguous bytes extend the last staged segment, even one being
         // sent: the kernel sends the iovec's old length and `front_sent`
         // then points into the segment, so ordering is kept.
@@ -743,6 +783,7 @@ impl Stream {
     }
 
     fn consume_sent(&mut self, mut n: usize) {
+        self.moved += n as u64;
         while n > 0 {
             let Some(front) = self.segs.front() else {
                 break;
@@ -806,10 +847,15 @@ impl Stream {
                 RecvTarget::Payload,
             )
         } else if self.wpos < self.rx.len() {
+            let room = self.rx.len() - self.wpos;
+            let len = match self.io {
+                ByteIo::Ring(_) => room.min(RING_RECV_CHUNK),
+                _ => room,
+            };
             // SAFETY: `wpos < rx.len()`.
             (
                 unsafe { self.rx.as_mut_ptr().add(self.wpos) },
-                self.rx.len() - self.wpos,
+                len,
                 RecvTarget::Buffer,
             )
         } else {
