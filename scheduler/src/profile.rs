@@ -152,22 +152,22 @@ impl LatencyProfile {
     #[inline]
     pub fn max_batch_within_scaled(&self, budget: Duration, per_item: Duration, limit: u32, factor: f64) -> u32 {
         let limit = limit.min(self.max_batch());
-        let cost = |b: u32| self.scaled_latency(b, factor) + per_item.saturating_mul(u64::from(b));
-        if limit == 0 || !self.batch_fits(budget, per_item, 1, factor) {
+        let fits = |b: u32| self.batch_fits(budget, per_item, b, factor);
+        if limit == 0 || !fits(1) {
             return 0;
         }
         // The cost is non-decreasing (a monotone table, a monotone scaling):
         // when the whole limit fits, the search would end there. The common
         // case of the gathering policy's sizing (a queue shorter than what
         // its deadline allows), one lookup instead of ~log2(limit).
-        if cost(limit) <= budget {
+        if fits(limit) {
             return limit;
         }
-        // Invariant: cost(lo) <= budget; cost(hi + 1) > budget or hi == limit.
+        // Invariant: fits(lo); !fits(hi + 1) or hi == limit.
         let (mut lo, mut hi) = (1u32, limit);
         while lo < hi {
             let mid = lo + (hi - lo).div_ceil(2);
-            if cost(mid) <= budget {
+            if fits(mid) {
                 lo = mid;
             } else {
                 hi = mid - 1;

@@ -218,10 +218,9 @@ impl RankCore {
         if self.idle.is_empty() || self.pending_by_latest.len() <= self.idle.len() {
             return;
         }
-        let Some((_, m)) = self.pending_by_latest.peek() else { return };
-        let Some((_, g)) = self.idle.pop() else { return };
-        self.remove_pending(m);
-        self.give(now, m, g, now, true, grant);
+        if let Some((_, m)) = self.pending_by_latest.peek() {
+            self.grant_idle_early(now, m, grant);
+        }
     }
 
     /// Earliest deadline first across a newly ready candidate (keyed
@@ -243,13 +242,19 @@ impl RankCore {
     fn serve_more_urgent_pending(&mut self, now: Instant, key: (u16, Instant), grant: &mut impl FnMut(Grant)) {
         while !self.idle.is_empty() && self.pending_by_latest.len() >= self.idle.len() {
             let Some((pending_key, m)) = self.pending_by_latest.peek() else { return };
-            if pending_key >= key {
+            if pending_key >= key || !self.grant_idle_early(now, m, grant) {
                 return;
             }
-            let Some((_, g)) = self.idle.pop() else { return };
-            self.remove_pending(m);
-            self.give(now, m, g, now, true, grant);
         }
+    }
+
+    /// Grants an idle GPU to `model`'s pending candidate now (an early
+    /// grant: it runs what its queue holds). False if no GPU is idle.
+    fn grant_idle_early(&mut self, now: Instant, model: ModelId, grant: &mut impl FnMut(Grant)) -> bool {
+        let Some((_, g)) = self.idle.pop() else { return false };
+        self.remove_pending(model);
+        self.give(now, model, g, now, true, grant);
+        true
     }
 
     /// Moves GPUs whose free time has passed into the idle set.
