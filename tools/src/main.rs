@@ -378,6 +378,9 @@ fn main() -> ExitCode {
         return run_daemon(&args[2..]);
     }
     let cli = Cli::parse();
+    if matches!(cli.cmd, Cmd::Sim { .. } | Cmd::Goodput { .. } | Cmd::Example { .. } | Cmd::Predict(_) | Cmd::Partition(_)) || matches!(&cli.cmd, Cmd::Report { name, .. } if name == "grid") {
+        restore_sigpipe();
+    }
     // Progress and diagnostics go to stderr as plain lines; reports stay
     // on stdout.
     tracing_subscriber::fmt()
@@ -392,6 +395,19 @@ fn main() -> ExitCode {
             eprintln!("symphony: {e}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// The offline reports (no sockets) end quietly when their reader goes
+/// away (`symphony goodput ... | head -1`; the grid report among the reports: others may run live clusters), as other Unix tools do, instead
+/// of panicking in `println!` on a broken pipe: Rust starts with SIGPIPE
+/// ignored, which the daemons and the networked commands keep (a peer that
+/// closes its socket must not kill them).
+fn restore_sigpipe() {
+    // SAFETY: called once at start, before any thread exists; SIG_DFL is a
+    // valid disposition for SIGPIPE and no handler is installed.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 
