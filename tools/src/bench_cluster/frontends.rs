@@ -311,7 +311,13 @@ impl Outgoing {
         if std::mem::take(&mut self.stamp) {
             let s = BenchStamp { at_ns: host_monotonic_ns(), ..Default::default() };
             let n = wire::encode(buf, &s).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
-            send_or_progress(&mut link.conn, &buf[..n]).map_err(|e| BenchClusterError::Peer(format!("frontend {}: {e}", link.id)))?;
+            // Queued, not sent: it leaves with the batch below in one write
+            // (one system call over tcp instead of two; a full queue skips
+            // the stamp, as a full queue skipped it before).
+            match link.conn.send_batched(&buf[..n]) {
+                Ok(()) | Err(Error::QueueFull) => {}
+                Err(e) => return Err(fail(e)),
+            }
         }
         let Some(msg) = self.batch.take() else { return Ok(()) };
         let n = std::mem::take(&mut self.waiting);
