@@ -171,6 +171,26 @@ fn main() {
     println!("| sent with | M msg/s | sender CPU ns/msg | receiver CPU ns/msg |\n|---:|---:|---:|---:|");
     row("send", 0, &tasks);
     row("send_batched, flush every 1", 1, &tasks);
+    let one = |m: &[u8]| median((0..RUNS).map(|_| one_thread(m)).collect());
+    println!("\none thread, send 32 then receive 32, CPU ns per message: heartbeat {:.0}, 16-task Tasks {:.0}", one(&hb), one(&tasks));
+}
+
+/// CPU ns per message of `send` + `try_recv` on one thread (send 32, then
+/// receive them): unlike the two-thread stream, not disturbed by the
+/// other thread being descheduled on a shared machine.
+fn one_thread(msg: &[u8]) -> f64 {
+    let (mut rx, mut tx) = pair();
+    let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
+    let c0 = thread_cpu_ns();
+    for _ in 0..STREAM / 32 {
+        for _ in 0..32 {
+            tx.send(msg).expect("send");
+        }
+        for _ in 0..32 {
+            recv_one(&mut rx, &mut buf);
+        }
+    }
+    (thread_cpu_ns() - c0) as f64 / (STREAM / 32 * 32) as f64
 }
 
 fn row(label: &str, batch: usize, msg: &[u8]) {
