@@ -3,8 +3,10 @@
 //! flushed after every message (the frontends' coalesced `Tasks` carry 1-2
 //! tasks each at 1 M tasks/s) and in batches of 16 (`send_batched` +
 //! `flush_batched`), with the CPU time each side spends per message (thread
-//! CPU clock, less disturbed by a shared machine than wall time). Median of
-//! RUNS runs.
+//! CPU clock, less disturbed by a shared machine than wall time); then the
+//! bench-cluster frontends' unit, a 16-task `Tasks` message, sent with
+//! `send` one at a time (as they do) and with `send_batched` + a flush.
+//! Median of RUNS runs.
 //! Run: `cargo bench -p dataplane --bench messages`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,7 +15,7 @@ use std::time::Instant;
 use dataplane::time::Duration;
 use dataplane::transport::shm::ShmDomain;
 use dataplane::transport::{Connection, Domain, Error, Listener};
-use dataplane::wire::{self, Heartbeat};
+use dataplane::wire::{self, Heartbeat, Task, TaskBatcher};
 
 const RUNS: usize = 5;
 const PINGS: usize = 20_000;
@@ -80,17 +82,32 @@ fn ping_pong() -> f64 {
     median(rtts)
 }
 
-/// (messages/s, sender CPU ns/msg, receiver CPU ns/msg).
-fn stream(batch: usize) -> (f64, f64, f64) {
-    let (mut rx, mut tx) = pair();
+fn heartbeat() -> Vec<u8> {
     let mut msg = vec![0u8; 64];
     let n = wire::encode(&mut msg, &Heartbeat { seq: 1, role: 4, id: 2 }).expect("encode");
     msg.truncate(n);
+    msg
+}
+
+/// A `Tasks` message of 16 tasks (the bench-cluster frontends' default batch).
+fn tasks16() -> Vec<u8> {
+    let mut b = TaskBatcher::new(16);
+    for i in 0..16u64 {
+        let t = Task { task_id: i, budget_ns: 50_000_000, model_id: (i % 20) as u32, frontend_id: 1, ..Default::default() };
+        b.push(&t).expect("push");
+    }
+    b.take().expect("batch").to_vec()
+}
+
+/// (messages/s, sender CPU ns/msg, receiver CPU ns/msg). `batch` 0: each
+/// message with `send`; otherwise `send_batched`, flushed every `batch`.
+fn stream(batch: usize, msg: &[u8]) -> (f64, f64, f64) {
+    let (mut rx, mut tx) = pair();
     let t = Instant::now();
     let (send_cpu, recv_cpu) = std::thread::scope(|s| {
         let r = s.spawn(|| {
             let c0 = thread_cpu_ns();
-            let mut buf = [0u8; 256];
+            let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
             for _ in 0..STREAM {
                 recv_one(&mut rx, &mut buf);
             }
@@ -98,10 +115,20 @@ fn stream(batch: usize) -> (f64, f64, f64) {
         });
         let c0 = thread_cpu_ns();
         let mut sent = 0;
+        while batch == 0 && sent < STREAM {
+            match tx.send(msg) {
+                Ok(()) => sent += 1,
+                Err(Error::QueueFull) => {
+                    let _ = tx.progress();
+                    std::hint::spin_loop();
+                }
+                Err(e) => panic!("send: {e}"),
+            }
+        }
         while sent < STREAM {
             let mut k = 0;
             while k < batch && sent < STREAM {
-                match tx.send_batched(&msg) {
+                match tx.send_batched(msg) {
                     Ok(()) => {
                         sent += 1;
                         k += 1;
@@ -136,14 +163,38 @@ fn main() {
     println!("## shm control messages ({len} bytes; median of {RUNS} runs)\n");
     println!("heartbeat round trip p50: {rtt:.2} us\n");
     println!("| flush every | M msg/s | sender CPU ns/msg | receiver CPU ns/msg |\n|---:|---:|---:|---:|");
+    let (hb, tasks) = (heartbeat(), tasks16());
     for batch in [1, 16] {
-        let runs: Vec<_> = (0..RUNS).map(|_| stream(batch)).collect();
-        let pick = |f: fn(&(f64, f64, f64)) -> f64| median(runs.iter().map(f).collect());
-        println!(
-            "| {batch} | {:.2} | {:.0} | {:.0} |",
-            pick(|r| r.0) / 1e6,
-            pick(|r| r.1),
-            pick(|r| r.2)
-        );
+        row(&batch.to_string(), batch, &hb);
     }
+    println!("\n## 16-task `Tasks` messages ({} bytes)\n", tasks.len());
+    println!("| sent with | M msg/s | sender CPU ns/msg | receiver CPU ns/msg |\n|---:|---:|---:|---:|");
+    row("send", 0, &tasks);
+    row("send_batched, flush every 1", 1, &tasks);
+    let one = |m: &[u8]| median((0..RUNS).map(|_| one_thread(m)).collect());
+    println!("\none thread, send 32 then receive 32, CPU ns per message: heartbeat {:.0}, 16-task Tasks {:.0}", one(&hb), one(&tasks));
+}
+
+/// CPU ns per message of `send` + `try_recv` on one thread (send 32, then
+/// receive them): unlike the two-thread stream, not disturbed by the
+/// other thread being descheduled on a shared machine.
+fn one_thread(msg: &[u8]) -> f64 {
+    let (mut rx, mut tx) = pair();
+    let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
+    let c0 = thread_cpu_ns();
+    for _ in 0..STREAM / 32 {
+        for _ in 0..32 {
+            tx.send(msg).expect("send");
+        }
+        for _ in 0..32 {
+            recv_one(&mut rx, &mut buf);
+        }
+    }
+    (thread_cpu_ns() - c0) as f64 / (STREAM / 32 * 32) as f64
+}
+
+fn row(label: &str, batch: usize, msg: &[u8]) {
+    let runs: Vec<_> = (0..RUNS).map(|_| stream(batch, msg)).collect();
+    let pick = |f: fn(&(f64, f64, f64)) -> f64| median(runs.iter().map(f).collect());
+    println!("| {label} | {:.2} | {:.0} | {:.0} |", pick(|r| r.0) / 1e6, pick(|r| r.1), pick(|r| r.2));
 }

@@ -126,6 +126,8 @@ pub(crate) struct Stream {
     inbox: Box<[u8]>,
     ihead: usize,
     itail: usize,
+    /// Inside `try_recv`: `parse` leaves the next message in `rx` (see there).
+    deliver: bool,
 
     pending: VecDeque<Pending>,
     done: VecDeque<Completion>,
@@ -178,6 +180,7 @@ impl Stream {
             inbox: vec![0u8; INBOX_CAP].into_boxed_slice(),
             ihead: 0,
             itail: 0,
+            deliver: false,
             pending: VecDeque::with_capacity(cfg.max_outstanding),
             done: VecDeque::with_capacity(cfg.max_outstanding),
             dead: None,
@@ -208,8 +211,65 @@ impl Stream {
     // ---- public operations -------------------------------------------------
 
     pub(crate) fn send(&mut self, msg: &[u8]) -> Result<(), Error> {
+        let idle = self.segs.is_empty() && !self.send_busy && self.tx_room(msg.len(), 1);
+        if idle && matches!(self.io, ByteIo::Std(_) | ByteIo::Ring(_)) {
+            return self.send_direct(msg);
+        }
         self.send_batched(msg)?;
         self.flush();
+        Ok(())
+    }
+
+    /// `send` with nothing queued, on an engine that sends within the call
+    /// (a ring write, a nonblocking `sendmsg`): the bytes go from `msg`
+    /// straight to the ring or socket, and only what did not fit is staged.
+    /// Why: staging first was a second copy of every message.
+    fn send_direct(&mut self, msg: &[u8]) -> Result<(), Error> {
+        self.check_outgoing(msg)?;
+        let iov = libc::iovec { iov_base: msg.as_ptr() as *mut libc::c_void, iov_len: msg.len() };
+        if let Err(e) = self.io.start_send(&iov, 1) {
+            self.fail(Error::from(e).kind());
+            return Err(self.dead_error().unwrap_or(Error::QueueFull));
+        }
+        let sent = match &mut self.io {
+            ByteIo::Std(s) => s.sent.take(),
+            ByteIo::Ring(r) => r.sent.take(),
+            ByteIo::Uring(_) => None,
+        };
+        let n = match sent {
+            Some(Ok(n)) => n.min(msg.len()),
+            Some(Err(e)) if retryable(&e) => 0,
+            Some(Err(e)) => {
+                self.fail(Error::from(e).kind());
+                return Err(self.dead_error().unwrap_or(Error::QueueFull));
+            }
+            None => 0,
+        };
+        self.accepted += n as u64;
+        self.moved += n as u64;
+        if n < msg.len() {
+            // Nothing was queued and `send` checked the room: this fits,
+            // so a message is never cut short in the stream.
+            let staged = self.stage(&msg[n..]);
+            debug_assert!(staged, "room was checked");
+        }
+        Ok(())
+    }
+
+    /// Refuses what must not go out as a control message: on a dead
+    /// stream, a frame whose length is not the message's, a READ frame.
+    fn check_outgoing(&self, msg: &[u8]) -> Result<(), Error> {
+        if let Some(e) = self.dead_error() {
+            return Err(e);
+        }
+        match wire::frame_len(msg)? {
+            Some(n) if n == msg.len() => {}
+            _ => return Err(Error::Protocol(wire::WireError::BadLength)),
+        }
+        let kind = u16::from_le_bytes([msg[6], msg[7]]);
+        if kind == Kind::ReadRequest as u16 || kind == Kind::ReadResponse as u16 {
+            return Err(Error::Protocol(wire::WireError::UnknownKind(kind)));
+        }
         Ok(())
     }
 
@@ -225,17 +285,7 @@ impl Stream {
     /// Stages `msg` behind the queued bytes; they leave at the next
     /// flush (a `send`, a `progress`), or now if the queue had to make room.
     pub(crate) fn send_batched(&mut self, msg: &[u8]) -> Result<(), Error> {
-        if let Some(e) = self.dead_error() {
-            return Err(e);
-        }
-        match wire::frame_len(msg)? {
-            Some(n) if n == msg.len() => {}
-            _ => return Err(Error::Protocol(wire::WireError::BadLength)),
-        }
-        let kind = u16::from_le_bytes([msg[6], msg[7]]);
-        if kind == Kind::ReadRequest as u16 || kind == Kind::ReadResponse as u16 {
-            return Err(Error::Protocol(wire::WireError::UnknownKind(kind)));
-        }
+        self.check_outgoing(msg)?;
         self.reap_cheap();
         if !self.stage(msg) {
             self.pump();
@@ -248,17 +298,29 @@ impl Stream {
 
     pub(crate) fn try_recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, Error> {
         if self.ihead == self.itail {
+            if let Some(n) = self.rx_front_message() {
+                return self.take_rx_front(n, buf);
+            }
+            // Messages this pump parses stay in the receive buffer for the
+            // copy straight into `buf` below (not through the inbox).
+            self.deliver = true;
             self.pump();
             // A ring receive takes at most RING_RECV_CHUNK: a message may
             // span a few of them.
             for _ in 0..MAX_MESSAGE_LEN / RING_RECV_CHUNK {
-                if self.ihead != self.itail || self.dead.is_some() || !self.io.ring_has_input() {
+                if self.has_message() || self.dead.is_some() || !self.io.ring_has_input() {
                     break;
                 }
                 self.pump();
             }
-            if self.ihead == self.itail && self.dead.is_none() && self.io.note_empty() {
+            if !self.has_message() && self.dead.is_none() && self.io.note_empty() {
                 self.pump();
+            }
+            self.deliver = false;
+            if self.ihead == self.itail {
+                if let Some(n) = self.rx_front_message() {
+                    return self.take_rx_front(n, buf);
+                }
             }
         }
         if self.ihead == self.itail {
@@ -281,6 +343,44 @@ impl Stream {
         if self.ihead == self.itail {
             self.ihead = 0;
             self.itail = 0;
+        }
+        Ok(Some(n))
+    }
+
+    /// Whether `try_recv` has a message without receiving more.
+    fn has_message(&self) -> bool {
+        self.ihead != self.itail || self.rx_front_message().is_some()
+    }
+
+    /// Length of the whole control message at the front of the receive
+    /// buffer, if one is there (READ frames are the parser's, and a bad
+    /// header is left for the parser to fail the connection on).
+    fn rx_front_message(&self) -> Option<usize> {
+        if self.in_payload {
+            return None;
+        }
+        let bytes = &self.rx[self.rpos..self.wpos];
+        match wire::frame_len(bytes) {
+            Ok(Some(n)) if n <= bytes.len() => {
+                let kind = u16::from_le_bytes([bytes[6], bytes[7]]);
+                (kind != Kind::ReadRequest as u16 && kind != Kind::ReadResponse as u16).then_some(n)
+            }
+            _ => None,
+        }
+    }
+
+    /// Hands the receive buffer's front message (`n` bytes, see
+    /// `rx_front_message`) to the caller: one copy from where the bytes
+    /// were received, instead of two through the inbox.
+    fn take_rx_front(&mut self, n: usize, buf: &mut [u8]) -> Result<Option<usize>, Error> {
+        if buf.len() < n {
+            return Err(Error::BufferTooSmall { needed: n });
+        }
+        buf[..n].copy_from_slice(&self.rx[self.rpos..self.rpos + n]);
+        self.rpos += n;
+        if self.rpos == self.wpos && self.recv_busy != Some(RecvTarget::Buffer) {
+            self.rpos = 0;
+            self.wpos = 0;
         }
         Ok(Some(n))
     }
@@ -608,6 +708,14 @@ impl Stream {
                     None => return self.fail(ErrorKind::Protocol),
                 }
             } else {
+                // For `try_recv` (`deliver`), the first message waiting for
+                // the caller stays here and is copied once, straight into
+                // its buffer; parsing stops there so that order is kept.
+                // Other calls move messages into the inbox so that READ
+                // frames behind them are still served.
+                if self.deliver && self.ihead == self.itail {
+                    break;
+                }
                 if !self.inbox_push(total) {
                     break;
                 }
