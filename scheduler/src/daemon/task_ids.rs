@@ -78,6 +78,10 @@ impl std::hash::Hasher for TaskIdHasher {
 /// handle of a task that left names no later task of the same slot.
 pub(super) type Handle = u64;
 
+/// Generations count modulo 2^31 (a handle leaves the top bit of its
+/// `u64` to the map entry's `seen` flag).
+const GENERATION_MASK: u32 = u32::MAX >> 1;
+
 fn handle(index: u32, generation: u32) -> Handle {
     u64::from(generation) << 32 | u64::from(index)
 }
@@ -116,12 +120,32 @@ struct Slot {
     seen: bool,
 }
 
-/// A task id's map entry: in the filter (`seen`), waiting (`handle` names
-/// a live slot holding this id), or both; it goes once neither holds.
+/// A task id's map entry: in the filter (`seen`), waiting (its handle
+/// names a live slot holding this id), or both; it goes once neither
+/// holds. Packed into 8 bytes (the handle below the top bit, `seen` in it):
+/// with its key a bucket is 16 bytes, so a frontend's run of 16 ids (see
+/// [`TaskIdHash`]) spans 4 cache lines, not 6.
 #[derive(Clone, Copy, Debug)]
-struct IdEntry {
-    handle: Handle,
-    seen: bool,
+struct IdEntry(u64);
+
+impl IdEntry {
+    const SEEN: u64 = 1 << 63;
+
+    fn new(handle: Handle, seen: bool) -> Self {
+        IdEntry(handle | if seen { Self::SEEN } else { 0 })
+    }
+
+    fn handle(self) -> Handle {
+        self.0 & !Self::SEEN
+    }
+
+    fn seen(self) -> bool {
+        self.0 & Self::SEEN != 0
+    }
+
+    fn set_seen(&mut self, seen: bool) {
+        *self = IdEntry::new(self.handle(), seen);
+    }
 }
 
 /// Waiting tasks (a slab, by handle) and the duplicate filter (a map, by
@@ -160,7 +184,7 @@ impl TaskTable {
     /// The waiting task `id`: its handle and meta.
     pub(super) fn waiting(&self, id: u64) -> Option<(Handle, TaskMeta)> {
         let e = self.map.get(&id)?;
-        self.slot(e.handle).filter(|s| s.id == id).map(|s| (e.handle, s.meta))
+        self.slot(e.handle()).filter(|s| s.id == id).map(|s| (e.handle(), s.meta))
     }
 
     /// Every waiting task as (handle, id, meta), in no order.
@@ -179,7 +203,7 @@ impl TaskTable {
         let (i, generation) = split(h);
         let s = self.slots.get_mut(i).filter(|s| s.waiting && s.generation == generation)?;
         s.waiting = false;
-        s.generation = s.generation.wrapping_add(1);
+        s.generation = s.generation.wrapping_add(1) & GENERATION_MASK;
         let (id, meta, seen) = (s.id, s.meta, s.seen);
         self.free.push(i as u32);
         self.waiting -= 1;
@@ -197,16 +221,16 @@ impl TaskTable {
 
     /// Whether `id` is in the duplicate filter.
     pub(super) fn seen(&self, id: u64) -> bool {
-        self.map.get(&id).is_some_and(|e| e.seen)
+        self.map.get(&id).is_some_and(|e| e.seen())
     }
 
     /// `id` leaves the duplicate filter.
     pub(super) fn forget(&mut self, id: u64) {
         let Entry::Occupied(mut o) = self.map.entry(id) else { return };
-        match waiting_slot(&mut self.slots, o.get().handle, id) {
+        match waiting_slot(&mut self.slots, o.get().handle(), id) {
             Some(s) => {
                 s.seen = false;
-                o.get_mut().seen = false;
+                o.get_mut().set_seen(false);
             }
             None => {
                 o.remove();
@@ -225,11 +249,11 @@ impl TaskTable {
                 // filter is a repeat; one out of it still waits (its
                 // filter entry expired first) and re-enters the filter.
                 let e = o.get_mut();
-                if e.seen {
+                if e.seen() {
                     return (false, None);
                 }
-                e.seen = true;
-                if let Some(s) = waiting_slot(&mut self.slots, e.handle, id) {
+                e.set_seen(true);
+                if let Some(s) = waiting_slot(&mut self.slots, e.handle(), id) {
                     s.seen = true;
                 }
                 (true, None)
@@ -248,7 +272,7 @@ impl TaskTable {
                 let s = &mut self.slots[i as usize];
                 *s = Slot { id, meta, generation: s.generation, waiting: true, seen: true };
                 let h = handle(i, s.generation);
-                v.insert(IdEntry { handle: h, seen: true });
+                v.insert(IdEntry::new(h, true));
                 self.waiting += 1;
                 (true, Some(h))
             }
@@ -352,7 +376,7 @@ mod tests {
         assert_eq!(t.waiting(id(2)), Some((new, meta(1))));
         assert_eq!(t.take(new), Some((id(2), meta(1))));
         // Generations wrap without naming a live task wrongly.
-        t.slots[0].generation = u32::MAX;
+        t.slots[0].generation = GENERATION_MASK;
         let h = t.offer(id(3), meta(0)).1.expect("waits");
         assert!(t.take(h).is_some());
         assert_eq!(t.slots[0].generation, 0);
