@@ -106,11 +106,13 @@ pub(super) struct TaskMeta {
     pub attempt: u16,
 }
 
-/// A slab slot: a waiting task, or free.
+/// A slab slot: a waiting task, or free. Its meta is apart (`metas`):
+/// checking whether a task still waits, as each expiry of the filter does
+/// long after the task was taken, reads these 16 bytes only (the slot
+/// reads were most of the expiry's cost with the meta inline, perf).
 #[derive(Clone, Copy, Debug)]
 struct Slot {
     id: u64,
-    meta: TaskMeta,
     /// Bumped each time the slot is freed.
     generation: u32,
     waiting: bool,
@@ -154,6 +156,8 @@ impl IdEntry {
 pub(super) struct TaskTable {
     map: HashMap<u64, IdEntry, TaskIdHash>,
     slots: Vec<Slot>,
+    /// The meta of each slot's task (by slot index).
+    metas: Vec<TaskMeta>,
     /// Free slot indices, reused last freed first (warm in cache).
     free: Vec<u32>,
     waiting: usize,
@@ -164,6 +168,7 @@ impl TaskTable {
         TaskTable {
             map: HashMap::with_capacity_and_hasher(1 << 16, TaskIdHash::default()),
             slots: Vec::with_capacity(1 << 12),
+            metas: Vec::with_capacity(1 << 12),
             free: Vec::with_capacity(1 << 12),
             waiting: 0,
         }
@@ -184,16 +189,18 @@ impl TaskTable {
     /// The waiting task `id`: its handle and meta.
     pub(super) fn waiting(&self, id: u64) -> Option<(Handle, TaskMeta)> {
         let e = self.map.get(&id)?;
-        self.slot(e.handle()).filter(|s| s.id == id).map(|s| (e.handle(), s.meta))
+        self.slot(e.handle()).filter(|s| s.id == id)?;
+        Some((e.handle(), self.metas[split(e.handle()).0]))
     }
 
     /// Every waiting task as (handle, id, meta), in no order.
     pub(super) fn iter_waiting(&self) -> impl Iterator<Item = (Handle, u64, TaskMeta)> + '_ {
         self.slots
             .iter()
+            .zip(&self.metas)
             .enumerate()
-            .filter(|(_, s)| s.waiting)
-            .map(|(i, s)| (handle(i as u32, s.generation), s.id, s.meta))
+            .filter(|(_, (s, _))| s.waiting)
+            .map(|(i, (s, &meta))| (handle(i as u32, s.generation), s.id, meta))
     }
 
     /// The task under handle `h` no longer waits (planned or dropped): its
@@ -204,7 +211,8 @@ impl TaskTable {
         let s = self.slots.get_mut(i).filter(|s| s.waiting && s.generation == generation)?;
         s.waiting = false;
         s.generation = s.generation.wrapping_add(1) & GENERATION_MASK;
-        let (id, meta, seen) = (s.id, s.meta, s.seen);
+        let (id, seen) = (s.id, s.seen);
+        let meta = self.metas[i];
         self.free.push(i as u32);
         self.waiting -= 1;
         if !seen {
@@ -265,12 +273,14 @@ impl TaskTable {
                         // 2^32 waiting tasks would take > 100 GB: refused
                         // as a repeat rather than a panic.
                         let Ok(i) = u32::try_from(self.slots.len()) else { return (false, None) };
-                        self.slots.push(Slot { id, meta, generation: 0, waiting: false, seen: false });
+                        self.slots.push(Slot { id, generation: 0, waiting: false, seen: false });
+                        self.metas.push(meta);
                         i
                     }
                 };
                 let s = &mut self.slots[i as usize];
-                *s = Slot { id, meta, generation: s.generation, waiting: true, seen: true };
+                *s = Slot { id, generation: s.generation, waiting: true, seen: true };
+                self.metas[i as usize] = meta;
                 let h = handle(i, s.generation);
                 v.insert(IdEntry::new(h, true));
                 self.waiting += 1;
