@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod node;
 pub mod plane;
 pub mod routes_watch;
+mod task_ids;
 
 use std::io::Write as _;
 use std::net::SocketAddr;

@@ -16,7 +16,6 @@
 //! good, and one that comes back gets fresh ones.
 
 use std::cmp::Reverse;
-use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 
 /// The hasher of the plane's per-task and per-batch tables (keyed by task
@@ -24,67 +23,17 @@ use std::collections::{BinaryHeap, HashMap, HashSet};
 /// was ~10% of a saturated daemon's time for four lookups per task;
 /// foldhash keeps a random per-process seed, so a peer cannot aim ids at
 /// one bucket without knowing it (docs/decisions.md).
-type IdHasher = foldhash::fast::RandomState;
+pub(super) type IdHasher = foldhash::fast::RandomState;
 type IdMap<V> = HashMap<u64, V, IdHasher>;
 type IdSet = HashSet<u64, IdHasher>;
 
-/// [`IdHasher`] arranged for locality: the ids of one frontend's
-/// consecutive tasks (consecutive sequence numbers or staging slots) land
-/// in one aligned run of 16 buckets, in the same control group and a few
-/// adjacent cache lines, instead of 16 random places. Why: at 100k+ live
-/// ids the task table is ~10 MB, and the offer, take and forget of each
-/// task were each a cache miss (a third of a saturated daemon's I/O
-/// thread, node_path); the next ids of a frontend now mostly hit lines its
-/// previous ids brought in. The bucket run is still placed by the seeded
-/// hash of the id's other bits, and the control byte (top 7 bits) by the
-/// seeded hash of the whole id, so a peer still cannot aim ids at one
-/// bucket beyond its own run of 16.
-#[derive(Clone, Copy, Debug, Default)]
-struct TaskIdHash(IdHasher);
-
-/// Hashes one `u64` task id (see [`TaskIdHash`]).
-struct TaskIdHasher {
-    seeded: IdHasher,
-    hash: u64,
-}
-
-impl std::hash::BuildHasher for TaskIdHash {
-    type Hasher = TaskIdHasher;
-    fn build_hasher(&self) -> TaskIdHasher {
-        TaskIdHasher { seeded: self.0, hash: 0 }
-    }
-}
-
-impl std::hash::Hasher for TaskIdHasher {
-    #[inline]
-    fn write_u64(&mut self, id: u64) {
-        use std::hash::BuildHasher as _;
-        // The id's position: the sum of its sequence and slot (one of them
-        // steps from one task of a frontend to the next); runs of 16.
-        let t = TaskId(id);
-        let pos = t.seq() + u64::from(t.slot());
-        let (run, step) = ((u64::from(t.frontend()) << 48) | (pos >> 4), pos & 15);
-        let (place, tag) = (self.seeded.hash_one(run), self.seeded.hash_one(id));
-        const TAG: u64 = 0x7F << 57;
-        self.hash = (place & !(TAG | 15)) | (tag & TAG) | ((place ^ step) & 15);
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        // Not reached for `u64` keys; total all the same.
-        use std::hash::BuildHasher as _;
-        self.hash = self.seeded.hash_one(bytes);
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.hash
-    }
-}
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use dataplane::time::{Duration, Instant};
 use dataplane::wire::{
     self, BatchPlanHead, BatchPlanWriter, BenchStamp, BatchTask, CompletionHead, DropReason, OutputKind,
-    Register, RemoteRef, Role, Task, TaskId, TaskStatus, MAX_BACKENDS, MAX_FRONTENDS,
+    Register, Role, Task, TaskId, TaskStatus, MAX_BACKENDS, MAX_FRONTENDS,
 };
 
 use super::bench_stamps::BenchClock;
@@ -92,6 +41,7 @@ use super::metrics::{LoopEstimate, MessageRefusal, SchedulerMetrics};
 use crate::closed_loop::{ClosedLoop, Estimate, LoopConfig, Ratio, Report};
 use super::engine::{Engine, EngineKind};
 use super::expiry::ExpiryWheel;
+use super::task_ids::{TaskMeta, TaskTable};
 use crate::deferred::{CoreConfig, DeferredScheduler};
 use crate::runtime::{Drive, PinnedConfig, PinnedScheduler, ThreadPlacement};
 use crate::delay_watch::{DelayWatch, DelayWatchConfig, Verdict};
@@ -213,136 +163,6 @@ struct BackendState {
     gpus: Vec<GpuId>,
 }
 
-/// A task the scheduler holds (waiting in a sub-cluster).
-#[derive(Clone, Copy, Debug)]
-struct TaskMeta {
-    frontend: u32,
-    input: RemoteRef,
-    model: u32,
-    /// Its submission attempt ([`Task::attempt`]).
-    attempt: u16,
-}
-
-/// One task id's entry in [`IdTable`] (the meta's fields inline, so that
-/// the two flags fit its padding: 32 bytes).
-#[derive(Clone, Copy, Debug)]
-struct IdEntry {
-    frontend: u32,
-    input: RemoteRef,
-    model: u32,
-    attempt: u16,
-    /// In a sub-cluster's queue (the meta is valid).
-    waiting: bool,
-    /// In the duplicate filter (until its deadline).
-    seen: bool,
-}
-
-impl IdEntry {
-    fn meta(&self) -> TaskMeta {
-        TaskMeta { frontend: self.frontend, input: self.input, model: self.model, attempt: self.attempt }
-    }
-}
-
-/// The plane's two sets of task ids in one hash table: the tasks waiting
-/// in a sub-cluster (with what a plan needs of them) and the duplicate
-/// filter (ids taken whose deadline has not passed). Mostly the same ids:
-/// as two tables a taken task cost two inserts and two removals, each a
-/// cache miss at 100k ids (the largest cost left of a saturated daemon's
-/// I/O thread); here one entry serves both and goes once neither holds it.
-#[derive(Debug)]
-struct IdTable {
-    map: HashMap<u64, IdEntry, TaskIdHash>,
-    /// Entries with `waiting` set.
-    waiting: usize,
-}
-
-impl IdTable {
-    fn new() -> Self {
-        IdTable { map: HashMap::with_capacity_and_hasher(1 << 16, TaskIdHash::default()), waiting: 0 }
-    }
-
-    /// Tasks waiting.
-    fn waiting_len(&self) -> usize {
-        self.waiting
-    }
-
-    /// The waiting task `id`'s meta.
-    fn waiting(&self, id: u64) -> Option<TaskMeta> {
-        self.map.get(&id).filter(|e| e.waiting).map(IdEntry::meta)
-    }
-
-    /// Every waiting task, in no order.
-    fn iter_waiting(&self) -> impl Iterator<Item = (u64, TaskMeta)> + '_ {
-        self.map.iter().filter(|(_, e)| e.waiting).map(|(&id, e)| (id, e.meta()))
-    }
-
-    /// Task `id` no longer waits (planned or dropped); its meta.
-    fn take_waiting(&mut self, id: u64) -> Option<TaskMeta> {
-        let Entry::Occupied(mut o) = self.map.entry(id) else { return None };
-        let e = o.get_mut();
-        if !e.waiting {
-            return None;
-        }
-        e.waiting = false;
-        self.waiting -= 1;
-        let meta = e.meta();
-        if !e.seen {
-            o.remove();
-        }
-        Some(meta)
-    }
-
-    /// Every waiting task leaves (ids and metas, in no order).
-    fn drain_waiting(&mut self) -> Vec<(u64, TaskMeta)> {
-        let out: Vec<(u64, TaskMeta)> = self.iter_waiting().collect();
-        for &(id, _) in &out {
-            self.take_waiting(id);
-        }
-        out
-    }
-
-    /// Whether `id` is in the duplicate filter.
-    fn seen(&self, id: u64) -> bool {
-        self.map.get(&id).is_some_and(|e| e.seen)
-    }
-
-    /// `id` leaves the duplicate filter.
-    fn forget(&mut self, id: u64) {
-        if let Entry::Occupied(mut o) = self.map.entry(id) {
-            o.get_mut().seen = false;
-            if !o.get().waiting {
-                o.remove();
-            }
-        }
-    }
-
-    /// A task offered: `id` enters the duplicate filter, and, if it was
-    /// not in it and does not wait already, waits with `meta`. Returns
-    /// (whether it was new to the filter, whether it now waits as `meta`).
-    /// One hash lookup (two sets: an insert into each).
-    fn offer(&mut self, id: u64, meta: TaskMeta) -> (bool, bool) {
-        let e = self.map.entry(id).or_insert(IdEntry {
-            frontend: meta.frontend,
-            input: meta.input,
-            model: meta.model,
-            attempt: meta.attempt,
-            waiting: false,
-            seen: false,
-        });
-        let fresh = !e.seen;
-        e.seen = true;
-        // An entry lives only while a flag is set, so one found here was
-        // taken before (seen) or still waits: only a new entry, just
-        // written with `meta`, starts waiting.
-        if !fresh || e.waiting {
-            return (fresh, false);
-        }
-        e.waiting = true;
-        self.waiting += 1;
-        (fresh, true)
-    }
-}
-
 /// A batch sent to a backend and not yet reported done.
 struct InFlight {
     backend: u32,
@@ -385,7 +205,7 @@ pub struct ControlPlane {
     backends: HashMap<u32, BackendState, IdHasher>,
     /// Waiting tasks and the duplicate filter (`seen`: ids of tasks taken
     /// whose deadline has not passed).
-    ids: IdTable,
+    ids: TaskTable,
     inflight: IdMap<InFlight>,
     /// (planned finish + grace, batch id) of batches in flight; entries of
     /// batches already reported are removed lazily.
@@ -520,7 +340,7 @@ impl ControlPlane {
             subclusters: scs,
             frontends: HashMap::default(),
             backends: HashMap::default(),
-            ids: IdTable::new(),
+            ids: TaskTable::new(),
             inflight: IdMap::with_capacity_and_hasher(1024, IdHasher::default()),
             expiries: BinaryHeap::with_capacity(1024),
             batch_grace: DEFAULT_BATCH_GRACE,
@@ -1181,16 +1001,17 @@ impl ControlPlane {
         }
         let deadline = now.saturating_add(Duration::from_nanos(task.budget_ns));
         let meta = TaskMeta { frontend: from, input: task.input, model: task.model_id, attempt: task.attempt() };
-        let (fresh, taken) = self.ids.offer(task.task_id, meta);
+        let (fresh, handle) = self.ids.offer(task.task_id, meta);
         if fresh {
             self.seen_expiry.insert(deadline, task.task_id);
         }
-        if !taken {
+        let Some(handle) = handle else {
             self.count_duplicate();
             return;
-        }
+        };
+        // The cores know it by its handle (see `task_ids`).
         let req = Request {
-            id: task.task_id,
+            id: handle,
             model: local,
             arrival: now,
             deadline,
@@ -1255,16 +1076,20 @@ impl ControlPlane {
         if !lost.iter().any(|&l| l) {
             return true;
         }
-        let mut queued: Vec<(u64, u32)> =
-            self.ids.iter_waiting().filter(|(_, m)| lost.get(m.model as usize).copied().unwrap_or(false)).map(|(id, m)| (id, m.model)).collect();
+        let mut queued: Vec<(u64, u64, u32)> = self
+            .ids
+            .iter_waiting()
+            .filter(|(_, _, m)| lost.get(m.model as usize).copied().unwrap_or(false))
+            .map(|(handle, id, m)| (id, handle, m.model))
+            .collect();
         queued.sort_unstable();
         // `tasks` holds only tasks not yet planned: each is cancelled out
         // of its queue and answered moved (with the pinned engine, when its
         // answer comes back; a plan formed meanwhile is held in `apply`).
-        for (id, model) in queued {
+        for (id, handle, model) in queued {
             let Some((sc, local)) = self.placement.get(model as usize).copied().flatten() else { continue };
             self.handing_over.insert(id);
-            self.subclusters[sc].sched.cancel(now, local, id, &mut self.actions);
+            self.subclusters[sc].sched.cancel(now, local, handle, &mut self.actions);
             self.apply(now, sc);
         }
         true
@@ -1280,9 +1105,9 @@ impl ControlPlane {
             self.metrics.refuse(MessageRefusal::FrontendMismatch);
             return;
         }
-        let Some(meta) = self.ids.waiting(cancel.task_id) else { return };
+        let Some((handle, meta)) = self.ids.waiting(cancel.task_id) else { return };
         let Some((sc, local)) = self.placement.get(meta.model as usize).copied().flatten() else { return };
-        self.subclusters[sc].sched.cancel(now, local, cancel.task_id, &mut self.actions);
+        self.subclusters[sc].sched.cancel(now, local, handle, &mut self.actions);
         self.apply(now, sc);
     }
 
@@ -1491,12 +1316,13 @@ impl ControlPlane {
     /// Turns the sub-cluster's actions into messages.
     fn apply(&mut self, now: Instant, sc: usize) {
         let mut actions = std::mem::take(&mut self.actions);
+        // The cores name tasks by handle (`req.id`; see `task_ids`).
         for &(req, reason) in &actions.drops {
-            // Empty unless a routing change is handing tasks back: no hash
-            // per drop otherwise.
-            let handed_back = !self.handing_over.is_empty() && self.handing_over.remove(&req.id);
-            let reason = if handed_back && reason == DropReason::Cancelled { DropReason::Moved } else { reason };
-            if let Some(m) = self.ids.take_waiting(req.id) {
+            if let Some((id, m)) = self.ids.take(req.id) {
+                // Empty unless a routing change is handing tasks back: no
+                // hash per drop otherwise.
+                let handed_back = !self.handing_over.is_empty() && self.handing_over.remove(&id);
+                let reason = if handed_back && reason == DropReason::Cancelled { DropReason::Moved } else { reason };
                 self.metrics.model_drops(m.model);
                 self.metrics.level_drops(self.level_index(m.model, req.priority), reason);
                 if reason == DropReason::Moved {
@@ -1504,9 +1330,9 @@ impl ControlPlane {
                     // the owner as its next attempt, which may be this
                     // group again after a move back (then a new
                     // submission, not a duplicate).
-                    self.answer_moved(now, req.id, m.frontend, m.attempt, req.deadline);
+                    self.answer_moved(now, id, m.frontend, m.attempt, req.deadline);
                 } else {
-                    self.send_dropped(req.id, m.frontend, reason);
+                    self.send_dropped(id, m.frontend, reason);
                 }
             }
         }
@@ -1535,10 +1361,10 @@ impl ControlPlane {
                 self.unowned_plans_held += 1;
                 self.metrics.unowned_plans_held.inc();
                 for r in members {
-                    self.handing_over.remove(&r.id);
-                    if let Some(m) = self.ids.take_waiting(r.id) {
+                    if let Some((id, m)) = self.ids.take(r.id) {
+                        self.handing_over.remove(&id);
                         self.metrics.model_drops(m.model);
-                        self.answer_moved(now, r.id, m.frontend, m.attempt, r.deadline);
+                        self.answer_moved(now, id, m.frontend, m.attempt, r.deadline);
                     }
                 }
                 continue;
@@ -1564,14 +1390,14 @@ impl ControlPlane {
             self.out.push(PeerId::Backend(backend), |buf| {
                 let mut w = BatchPlanWriter::new(buf, &head)?;
                 for r in members {
-                    if let Some(m) = ids.take_waiting(r.id) {
+                    if let Some((id, m)) = ids.take(r.id) {
                         w.push(&BatchTask {
-                            task_id: r.id,
+                            task_id: id,
                             frontend_id: m.frontend,
                             queued_us: queued_us(now, r.arrival),
                             input: m.input,
                         })?;
-                        list.push((r.id, m.frontend));
+                        list.push((id, m.frontend));
                     }
                 }
                 Ok(w.finish())
@@ -1628,33 +1454,7 @@ fn queued_us(now: Instant, arrival: Instant) -> u32 {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_frontends_consecutive_ids_share_one_run_of_buckets() {
-        use std::hash::BuildHasher as _;
-        let h = TaskIdHash::default();
-        for (seq0, slot0, by_seq) in [(32u64, 0u32, true), (0, 48, false)] {
-            let ids: Vec<u64> = (0..16u64).map(|k| if by_seq { TaskId::new(3, seq0 + k, slot0).0 } else { TaskId::new(3, seq0, slot0 + k as u32).0 }).collect();
-            let hashes: Vec<u64> = ids.iter().map(|&id| h.hash_one(id)).collect();
-            let runs: std::collections::HashSet<u64> = hashes.iter().map(|x| (x & !(0x7F << 57)) >> 4).collect();
-            assert_eq!(runs.len(), 1, "one run of 16 buckets");
-            let places: std::collections::HashSet<u64> = hashes.iter().map(|x| x & 15).collect();
-            assert_eq!(places.len(), 16, "16 distinct buckets in it");
-        }
-        // Another frontend, or the next run, lands elsewhere.
-        assert_ne!(h.hash_one(TaskId::new(3, 32, 0).0) >> 4, h.hash_one(TaskId::new(4, 32, 0).0) >> 4);
-        assert_ne!(h.hash_one(TaskId::new(3, 32, 0).0) >> 4, h.hash_one(TaskId::new(3, 48, 0).0) >> 4);
-        // The table behaves as any map.
-        let mut t = IdTable::new();
-        let meta = TaskMeta { frontend: 3, input: RemoteRef::default(), model: 0, attempt: 0 };
-        for seq in 0..10_000u64 {
-            assert_eq!(t.offer(TaskId::new(3, seq, (seq % 7) as u32).0, meta), (true, true));
-        }
-        assert_eq!(t.offer(TaskId::new(3, 5, 5).0, meta), (false, false));
-        assert_eq!(t.waiting_len(), 10_000);
-        assert!(t.take_waiting(TaskId::new(3, 9_999, 9_999 % 7).0).is_some());
-        assert_eq!(t.waiting_len(), 9_999);
-    }
-    use dataplane::wire::Message;
+    use dataplane::wire::{Message, RemoteRef};
     use crate::runtime::{Drive, PinnedConfig};
 
     fn models() -> Vec<ModelSpec> {
