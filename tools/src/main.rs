@@ -399,10 +399,11 @@ fn main() -> ExitCode {
 }
 
 /// The offline reports (no sockets) end quietly when their reader goes
-/// away (`symphony goodput ... | head -1`; the grid report among the reports: others may run live clusters), as other Unix tools do, instead
-/// of panicking in `println!` on a broken pipe: Rust starts with SIGPIPE
+/// away (`symphony goodput ... | head -1`), as other Unix tools do, instead
+/// of panicking in `println!` on a broken pipe. Rust starts with SIGPIPE
 /// ignored, which the daemons and the networked commands keep (a peer that
-/// closes its socket must not kill them).
+/// closes its socket must not kill them); of the reports only the grid is
+/// included, as others may run live clusters.
 fn restore_sigpipe() {
     // SAFETY: called once at start, before any thread exists; SIG_DFL is a
     // valid disposition for SIGPIPE and no handler is installed.
