@@ -93,7 +93,7 @@ fn split(h: Handle) -> (usize, u32) {
 /// The slot of `slots` where task `id` waits under handle `h`.
 fn waiting_slot(slots: &mut [Slot], h: Handle, id: u64) -> Option<&mut Slot> {
     let (i, generation) = split(h);
-    slots.get_mut(i).filter(|s| s.waiting && s.generation == generation && s.id == id)
+    slots.get_mut(i).filter(|s| s.holds(generation) && s.id == id)
 }
 
 /// What a plan or a drop needs of a waiting task.
@@ -120,6 +120,13 @@ struct Slot {
     /// it leaves); a copy of the map entry's flag, so that taking a task
     /// needs no lookup.
     seen: bool,
+}
+
+impl Slot {
+    /// Whether a handle of `generation` names this slot's waiting task.
+    fn holds(&self, generation: u32) -> bool {
+        self.waiting && self.generation == generation
+    }
 }
 
 /// A task id's map entry: in the filter (`seen`), waiting (its handle
@@ -182,9 +189,8 @@ impl TaskTable {
     /// The live slot `h` names.
     fn slot(&self, h: Handle) -> Option<&Slot> {
         let (i, generation) = split(h);
-        self.slots.get(i).filter(|s| s.waiting && s.generation == generation)
+        self.slots.get(i).filter(|s| s.holds(generation))
     }
-
 
     /// The waiting task `id`: its handle and meta.
     pub(super) fn waiting(&self, id: u64) -> Option<(Handle, TaskMeta)> {
@@ -208,7 +214,7 @@ impl TaskTable {
     /// No hash lookup unless its filter entry expired while it waited.
     pub(super) fn take(&mut self, h: Handle) -> Option<(u64, TaskMeta)> {
         let (i, generation) = split(h);
-        let s = self.slots.get_mut(i).filter(|s| s.waiting && s.generation == generation)?;
+        let s = self.slots.get_mut(i).filter(|s| s.holds(generation))?;
         s.waiting = false;
         s.generation = s.generation.wrapping_add(1) & GENERATION_MASK;
         let (id, seen) = (s.id, s.seen);
@@ -330,6 +336,7 @@ mod tests {
         assert_eq!(t.take(handles[9_999]).map(|(id, _)| id), Some(TaskId::new(3, 9_999, 9_999 % 7).0));
         assert_eq!(t.waiting_len(), 9_999);
     }
+
     #[test]
     fn a_repeat_is_a_duplicate_until_forgotten_and_a_handle_takes_once() {
         let mut t = TaskTable::new();

@@ -247,11 +247,12 @@ impl Stream {
         };
         self.accepted += n as u64;
         self.moved += n as u64;
-        if n < msg.len() {
-            // Nothing was queued and `send` checked the room: this fits,
-            // so a message is never cut short in the stream.
-            let staged = self.stage(&msg[n..]);
-            debug_assert!(staged, "room was checked");
+        // Nothing was queued and `send` checked the room, so the rest
+        // fits; were it ever not to, the peer would read a message cut
+        // short, so the connection fails rather than go on.
+        if n < msg.len() && !self.stage(&msg[n..]) {
+            self.fail(ErrorKind::Protocol);
+            return Err(self.dead_error().unwrap_or(Error::QueueFull));
         }
         Ok(())
     }
