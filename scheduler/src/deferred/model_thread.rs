@@ -38,6 +38,38 @@ const MIN_BURST_ARRIVALS: usize = 32;
 /// Above this `ln(mean gap) - mean(ln gap)` the first gaps count as
 /// bursty (a Gamma shape below about 0.6; Poisson gaps give 0.58).
 const EARLY_BURSTY_LOG_RATIO: f64 = 1.0;
+/// Under Poisson arrivals the early-drop window is at most the count that
+/// a fill of the target's mean reaches in all but this share of fills
+/// (docs/decisions.md, deferred item 17).
+const SHORT_FILL_SHARE: f64 = 0.2;
+/// The fill floor caps the early-drop window while the gaps' squared CV
+/// is at most this: Poisson (1) and Gamma(0.5) (2, estimated 1.98 +-
+/// 0.30), not Gamma(0.2) (5), whose bursts bring backlogs far beyond a
+/// fill's spread (docs/decisions.md, deferred item 17).
+const FILL_FLOOR_MAX_CV2: f64 = 2.5;
+
+/// The largest `w <= mean` (at least 1) with `P(N < w) <= SHORT_FILL_SHARE`
+/// for `N ~ Poisson(mean)`: the count a fill whose expected count is
+/// `mean` falls short of only in that share of fills. `O(mean)`; the
+/// terms are summed from their logarithms, so a large mean does not
+/// underflow `e^-mean` into a window of the whole target.
+fn poisson_fill_floor(mean: u32) -> u32 {
+    let m = f64::from(mean);
+    let ln_m = m.ln();
+    let mut ln_term = -m; // ln P(N = w)
+    let mut below = 0.0; // P(N < w)
+    let mut w = 0u32;
+    while w < mean {
+        let p = ln_term.exp();
+        if below + p > SHORT_FILL_SHARE {
+            break;
+        }
+        below += p;
+        w += 1;
+        ln_term += ln_m - f64::from(w).ln();
+    }
+    w.max(1)
+}
 const NOT_OWNED: u32 = u32::MAX;
 
 /// Counters of one ModelThread core.
@@ -193,6 +225,8 @@ struct ModelState {
     target_memo: u32,
     /// The last [`Self::drop_window`] (target, fraction bits, answer).
     drop_window_memo: Option<(u32, u64, u32)>,
+    /// The last [`poisson_fill_floor`] (target, answer).
+    fill_floor_memo: (u32, u32),
 }
 
 impl ModelState {
@@ -459,25 +493,35 @@ impl ModelState {
     /// squared CV `gap_cv2`: [`Self::drop_window`] at `fraction`, whose
     /// tolerated shortfall widens with `max(1, CV^2)` (bursty arrivals:
     /// the mean-gap target says little about the rate inside a burst).
-    /// Under arrivals no burstier than Poisson (`CV^2 <= BURSTY_CV2`) the
-    /// window is also at most `target - 1`: the target is what the *mean*
+    /// Under arrivals no burstier than Gamma(0.5) (`CV^2 <=
+    /// FILL_FLOOR_MAX_CV2`) the window is also at most
+    /// [`poisson_fill_floor`]`(target)`: the target is what the *mean*
     /// rate fills, the count that arrives in a fill time varies about it
-    /// by `sqrt(target)`, and where one request fewer costs more than the
-    /// tolerated shortfall (small targets: 1080Ti ResNet50 at 15 ms, `e(2)
-    /// = 0.81 e(3)`) the window was the whole target and every sample one
-    /// short dropped a head that a GPU could have served. Under bursts the
-    /// cap is not applied: there the window is what stops the queue from
-    /// collapsing into small batches after a burst (docs/decisions.md,
-    /// deferred items 5 and 16), and capping it cost 4-6% on small
-    /// clusters.
+    /// (Poisson at least), and a window above what most fills reach drops
+    /// heads whenever a fill comes short by chance, heads a GPU could have
+    /// served (small targets: 1080Ti ResNet50 at 15 ms, target 3, `e(2) =
+    /// 0.81 e(3)`, so the fraction alone protected the whole target).
+    /// Under stronger bursts the cap is not applied: there the window is
+    /// what stops the queue from collapsing into small batches after a
+    /// burst (docs/decisions.md, deferred items 5, 16 and 17), and capping
+    /// it cost 4-6% on small clusters.
     fn early_drop_window(&mut self, target: u32, gap_cv2: Option<f64>, fraction: f64) -> u32 {
         let cv2 = gap_cv2.unwrap_or(1.0).max(1.0);
         let window = self.drop_window(target, 1.0 - (1.0 - fraction) * cv2);
-        if gap_cv2.is_some_and(|c| c <= BURSTY_CV2) {
-            window.min(target.saturating_sub(1).max(1))
+        if gap_cv2.is_some_and(|c| c <= FILL_FLOOR_MAX_CV2) {
+            window.min(self.fill_floor(target))
         } else {
             window
         }
+    }
+
+    /// [`poisson_fill_floor`]`(target)`, remembered: the target rarely
+    /// moves between gathers.
+    fn fill_floor(&mut self, target: u32) -> u32 {
+        if self.fill_floor_memo.0 != target {
+            self.fill_floor_memo = (target, poisson_fill_floor(target));
+        }
+        self.fill_floor_memo.1
     }
 
     /// [`Self::drop_window`] by binary search.
@@ -654,6 +698,7 @@ impl ModelThreadCore {
                     efficiency,
                     target_memo: 0,
                     drop_window_memo: None,
+                    fill_floor_memo: (0, 0),
                 }
             })
             .collect();
@@ -1013,7 +1058,32 @@ mod tests {
     }
 
     #[test]
-    fn under_poisson_arrivals_the_early_drop_window_leaves_one_request_of_the_target() {
+    fn the_poisson_fill_floor_is_the_count_four_fills_in_five_reach() {
+        // A plain sum of the Poisson terms (fine for small means).
+        let plain = |mean: u32| {
+            let m = f64::from(mean);
+            let (mut p, mut below, mut w) = ((-m).exp(), 0.0, 0u32);
+            while w < mean && below + p <= SHORT_FILL_SHARE {
+                below += p;
+                w += 1;
+                p *= m / f64::from(w);
+            }
+            w.max(1)
+        };
+        for mean in 1..=200 {
+            assert_eq!(poisson_fill_floor(mean), plain(mean), "mean {mean}");
+        }
+        // P(N < 2) = 0.199 for a mean of 3; P(N < 13) = 0.193 for 16.
+        assert_eq!(poisson_fill_floor(3), 2);
+        assert_eq!(poisson_fill_floor(7), 5);
+        assert_eq!(poisson_fill_floor(16), 13);
+        // A mean whose e^-mean underflows: about mean - 0.84 sqrt(mean).
+        let w = poisson_fill_floor(2000);
+        assert!((1955..=1965).contains(&w), "{w}");
+    }
+
+    #[test]
+    fn under_poisson_arrivals_the_early_drop_window_is_what_most_fills_reach() {
         // 1080Ti ResNet50 at 15 ms, target 3: e(2) = 0.81 e(3), below the
         // 0.95 fraction, so the fraction alone protects the whole target.
         let mut c = ModelThreadCore::new(CoreConfig::default(), vec![(0, ModelSpec::linear("m", 2.050, 5.378, 15.0).expect("a valid profile"))]);
@@ -1021,18 +1091,29 @@ mod tests {
         assert_eq!(m.drop_window(3, 0.95), 3);
         assert_eq!(m.early_drop_window(3, Some(1.0), 0.95), 2, "Poisson: one request short is served");
         assert_eq!(m.early_drop_window(3, Some(0.0), 0.95), 2, "evenly spaced");
-        // Bursty (CV^2 2, Gamma(0.5)): the widened fraction 0.9 still
-        // protects the target, and no cap applies.
-        assert_eq!(m.early_drop_window(3, Some(2.0), 0.95), 3);
+        // Gamma(0.5) (CV^2 2): the widened fraction 0.9 still protects
+        // the whole target, and the fill floor caps it.
+        assert_eq!(m.drop_window(3, 0.9), 3);
+        assert_eq!(m.early_drop_window(3, Some(2.0), 0.95), 2);
+        // Gamma(0.2) (CV^2 5): the fraction alone.
+        assert_eq!(m.early_drop_window(3, Some(5.0), 0.95), m.drop_window(3, 0.75));
         // No estimate yet: the fraction alone.
         assert_eq!(m.early_drop_window(3, None, 0.95), 3);
         assert_eq!(m.early_drop_window(1, Some(1.0), 0.95), 1, "never below one");
-        // Table 2's ResNet50, target 16: the fraction's window is already
-        // below the cap.
+        // Table 2's ResNet50, target 16: the fraction's window is 14, and
+        // one Poisson fill in four comes below it (P(N < 14) = 0.27).
         let mut c = core(1.053, 5.072);
         let m = &mut c.models[0];
-        assert_eq!(m.early_drop_window(16, Some(1.0), 0.95), m.drop_window(16, 0.95));
-        assert!(m.drop_window(16, 0.95) < 15);
+        assert_eq!(m.drop_window(16, 0.95), 14);
+        assert_eq!(m.early_drop_window(16, Some(1.0), 0.95), 13);
+        assert_eq!(m.early_drop_window(16, Some(2.0), 0.95), m.drop_window(16, 0.9).min(13));
+        assert_eq!(m.early_drop_window(16, Some(5.0), 0.95), m.drop_window(16, 0.75), "strong bursts: the fraction alone");
+        // A 1080Ti ResNet50 at 25 ms, target 7: the fraction leaves 6,
+        // the fill floor 5.
+        let mut c = ModelThreadCore::new(CoreConfig::default(), vec![(0, ModelSpec::linear("m", 2.050, 5.378, 25.0).expect("a valid profile"))]);
+        let m = &mut c.models[0];
+        assert_eq!(m.drop_window(7, 0.95), 6);
+        assert_eq!(m.early_drop_window(7, Some(1.0), 0.95), 5);
     }
 
     #[test]
