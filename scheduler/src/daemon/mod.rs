@@ -15,7 +15,6 @@
 pub mod bench_stamps;
 pub mod config;
 pub mod engine;
-pub mod expiry;
 pub mod ha;
 pub mod metrics;
 pub mod node;

@@ -40,7 +40,6 @@ use super::bench_stamps::BenchClock;
 use super::metrics::{LoopEstimate, MessageRefusal, SchedulerMetrics};
 use crate::closed_loop::{ClosedLoop, Estimate, LoopConfig, Ratio, Report};
 use super::engine::{Engine, EngineKind};
-use super::expiry::ExpiryWheel;
 use super::task_ids::{TaskMeta, TaskTable};
 use crate::deferred::{CoreConfig, DeferredScheduler};
 use crate::runtime::{Drive, PinnedConfig, PinnedScheduler, ThreadPlacement};
@@ -203,8 +202,7 @@ pub struct ControlPlane {
     // overload). Iterations over them are sorted.
     frontends: HashMap<u32, FrontendState, IdHasher>,
     backends: HashMap<u32, BackendState, IdHasher>,
-    /// Waiting tasks and the duplicate filter (`seen`: ids of tasks taken
-    /// whose deadline has not passed).
+    /// Waiting tasks and the duplicate filter (see `task_ids`).
     ids: TaskTable,
     inflight: IdMap<InFlight>,
     /// (planned finish + grace, batch id) of batches in flight; entries of
@@ -218,8 +216,6 @@ pub struct ControlPlane {
     metrics: Arc<SchedulerMetrics>,
     stopping: bool,
     overlapping_plans: u64,
-    /// When each id in `seen` may be forgotten (its deadline).
-    seen_expiry: ExpiryWheel,
     /// Tasks handed back as moved, by id: the attempt handed back. A later
     /// copy of that attempt (a duplicated message) is ignored; the next
     /// attempt (the frontend's resubmission, after a move back) is new.
@@ -351,7 +347,6 @@ impl ControlPlane {
             metrics,
             stopping: false,
             overlapping_plans: 0,
-            seen_expiry: ExpiryWheel::new(),
             duplicate_tasks: 0,
             control_delay: core.delay.d_ctrl,
             delay: core.delay,
@@ -733,6 +728,8 @@ impl ControlPlane {
         if self.frontends.contains_key(&id) {
             return Err(Refusal::Duplicate(id));
         }
+        // A restarted frontend numbers its tasks from the start again.
+        self.ids.frontend_registered(id);
         self.frontends.insert(
             id,
             FrontendState {
@@ -949,11 +946,10 @@ impl ControlPlane {
         // duplicated message (or a peer bug). It is ignored while the
         // original can still run: waiting, planned or running, i.e. until
         // the original's deadline. Answering it would answer the original.
-        // One hash lookup per task (`IdTable::offer`: the filter and the
-        // waiting tasks share an entry). A repeat of a task that still
-        // waits after its filter entry expired re-enters the filter with
-        // an expiry of its own.
-        self.forget_seen(now);
+        // One indexed entry per task, no hash (`TaskTable::offer`: a
+        // window per frontend by staging slot). A repeat of a task that
+        // still waits after its hold expired is held again.
+        self.forget_handed_back(now);
         if !self.handed_back.is_empty() {
             // Empty unless tasks were handed back as moved: no hash per
             // task otherwise.
@@ -970,7 +966,7 @@ impl ControlPlane {
             }
         }
         if !self.owns(task.model_id) {
-            if self.ids.seen(task.task_id) {
+            if self.ids.seen(task.task_id, now) {
                 // A repeat of a task planned before its model moved away
                 // (a frontend resubmitting after its link came back): the
                 // batch it is in still runs, so it must not go elsewhere.
@@ -989,7 +985,7 @@ impl ControlPlane {
             // item 2). A repeat of a refused task is refused again; a
             // repeat of one taken is ignored as below (refusing it would
             // answer the original): one lookup, on the refusal path only.
-            if self.ids.seen(task.task_id) {
+            if self.ids.seen(task.task_id, now) {
                 self.count_duplicate();
                 return;
             }
@@ -1001,10 +997,7 @@ impl ControlPlane {
         }
         let deadline = now.saturating_add(Duration::from_nanos(task.budget_ns));
         let meta = TaskMeta { frontend: from, input: task.input, model: task.model_id, attempt: task.attempt() };
-        let (fresh, handle) = self.ids.offer(task.task_id, meta);
-        if fresh {
-            self.seen_expiry.insert(deadline, task.task_id);
-        }
+        let (_, handle) = self.ids.offer(task.task_id, now, deadline, meta);
         let Some(handle) = handle else {
             self.count_duplicate();
             return;
@@ -1128,10 +1121,8 @@ impl ControlPlane {
         self.admissions.get(model as usize).map_or(0, |a| a.level_index(priority))
     }
 
-    /// Forgets the ids of tasks whose deadline has passed.
-    fn forget_seen(&mut self, now: Instant) {
-        let ids = &mut self.ids;
-        self.seen_expiry.expire(now, |id| ids.forget(id));
+    /// Forgets the tasks handed back whose deadline has passed.
+    fn forget_handed_back(&mut self, now: Instant) {
         while let Some(&Reverse((t, id, attempt))) = self.handed_back_expiry.peek() {
             if t > now {
                 break;
@@ -1470,8 +1461,11 @@ mod tests {
     }
 
     /// The id of a frontend's `seq`-th task (its frontend field set).
-    fn tid(seq: u64, frontend: u32) -> u64 {
-        TaskId::new(frontend, seq, 0).0
+    /// Test task `n` of `frontend`: in staging slot `n`, as a frontend
+    /// numbers tasks in flight together (the duplicate filter goes by
+    /// slot: see `task_ids`).
+    fn tid(n: u64, frontend: u32) -> u64 {
+        TaskId::new(frontend, 1, n as u32).0
     }
 
     fn task(id: u64, model: u32, frontend: u32) -> Task {
