@@ -38,6 +38,9 @@ impl TransportFactory for Tcp {
     fn listen_addr(&self) -> String {
         "127.0.0.1:0".into()
     }
+    fn sends_block(&self) -> bool {
+        self.0 == Engine::Blocking
+    }
 }
 
 fn uring() -> Option<Tcp> {

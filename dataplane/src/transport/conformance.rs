@@ -39,6 +39,11 @@ pub trait TransportFactory: Sync {
     fn precise_errors(&self) -> bool {
         true
     }
+    /// Whether `send` blocks while the peer's buffers are full (the tcp
+    /// blocking baseline) instead of queueing until `QueueFull`.
+    fn sends_block(&self) -> bool {
+        false
+    }
     /// Bound for every wait in the suite.
     fn timeout(&self) -> Duration {
         Duration::from_millis(20_000)
@@ -877,8 +882,10 @@ pub fn input_taken_in_by_a_send_is_reported<F: TransportFactory>(f: &F) {
 }
 
 /// `send_progress`, where a transport reports it: `accepted` grows by
-/// each message's bytes at `send`; `taken` never passes it and catches up
-/// once the peer has the message.
+/// each message's bytes at `send`; `taken` never passes it, never goes
+/// back, and catches up once the peer has the message. While the peer
+/// does not read, the backlog shows (`taken < accepted` once `send` says
+/// the queue is full) and clears once the peer has read every message.
 pub fn send_progress_counts<F: TransportFactory>(f: &F) {
     let _g = serial();
     let mut p = pair(f);
@@ -906,6 +913,46 @@ pub fn send_progress_counts<F: TransportFactory>(f: &F) {
             assert!(StdInstant::now() < end, "{}: taken stuck at {now:?} after the peer read", f.name());
             std::thread::yield_now();
         }
+    }
+    if f.sends_block() {
+        return;
+    }
+    // The peer stops reading: send until the queue is full.
+    let n = wire::encode(&mut msg, &wire::Heartbeat { seq: 9, role: 4, id: 2 }).expect("encode");
+    let before = p.reader.send_progress().expect("progress");
+    let mut last = before;
+    let mut queued = 0u64;
+    loop {
+        match p.reader.send(&msg[..n]) {
+            Ok(()) => queued += 1,
+            Err(Error::QueueFull) => break,
+            Err(e) => panic!("{}: send: {e}", f.name()),
+        }
+        let now = p.reader.send_progress().expect("progress");
+        assert!(now.taken >= last.taken && now.taken <= now.accepted, "{}: {last:?} then {now:?}", f.name());
+        last = now;
+        assert!(queued * (n as u64) < 1 << 30, "{}: 1 GiB queued and never full", f.name());
+        assert!(StdInstant::now() < end, "{}: the queue never filled", f.name());
+    }
+    let full = p.reader.send_progress().expect("progress");
+    assert_eq!(full.accepted, before.accepted + queued * n as u64, "{}", f.name());
+    assert!(full.taken < full.accepted, "{}: a full queue and nothing waiting: {full:?}", f.name());
+    // The peer reads every message: the backlog clears.
+    for _ in 0..queued {
+        let got = recv_one(&mut p.owner, &mut buf, &mut || {
+            let _ = p.reader.progress();
+        }, end);
+        assert_eq!(got, n);
+    }
+    loop {
+        let _ = p.reader.progress();
+        let now = p.reader.send_progress().expect("progress");
+        assert!(now.taken >= full.taken, "{}: taken went back: {full:?} then {now:?}", f.name());
+        if now.taken == now.accepted {
+            break;
+        }
+        assert!(StdInstant::now() < end, "{}: taken stuck at {now:?} after the peer read all", f.name());
+        std::thread::yield_now();
     }
 }
 

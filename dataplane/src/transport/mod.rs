@@ -497,10 +497,19 @@ pub trait Connection: Send {
     /// How far the peer has got with what this side sent: bytes accepted
     /// by [`send`](Self::send) so far, and how many of them have left this
     /// side's queues. shm: taken means taken out of the shared ring by the
-    /// peer (its index, one load). tcp says `None`: the socket buffer, the
-    /// queue there, is not seen, and an io_uring send counts as taken only
-    /// once a later call reaps it (a quiet link would look stuck). An
-    /// open-loop sender compares the two to learn
+    /// peer (its index, one load). tcp: put on the wire by the kernel
+    /// (bytes handed to the socket less those it still holds unsent, one
+    /// `ioctl`); bytes wait unsent when the peer's receive window is
+    /// closed, i.e. its reader is behind. Not seen on tcp: what the peer's
+    /// socket and stream hold unread (its receive buffer, ~100 KiB per
+    /// link measured on loopback, and one receive of its stream's; a
+    /// receive buffer capped small to shrink that closed the window so
+    /// often that loopback throughput collapsed). With io_uring
+    /// a send counts only
+    /// once a later call on the connection (`send`, `try_recv`,
+    /// `progress`) reaps it, so a sender that asks after a quiet spell
+    /// polls the link first or sees its last message as still waiting.
+    /// An open-loop sender compares the two to learn
     /// how long its oldest unread message has waited, and refuses load
     /// rather than queueing it past a time budget (issue 14: overload is
     /// refused and counted, never buffered without bound). `None` (the

@@ -320,6 +320,9 @@ impl Connection for TcpConn {
     fn may_hold_input(&self) -> bool {
         self.stream.may_hold_input()
     }
+    fn send_progress(&self) -> Option<super::SendProgress> {
+        Some(self.stream.send_progress())
+    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,6 @@ use super::BenchClusterError;
 use std::collections::VecDeque;
 use std::io::Write as _;
 
-use dataplane::control;
 use dataplane::time::{host_monotonic_ns, Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Error};
 use dataplane::wire::{self, BenchStamp, DropReason, Message, RemoteRef, Role, Task, TaskBatcher, TaskId};
@@ -34,6 +33,10 @@ const RECV_EVERY: Duration = Duration::from_millis(1);
 const MIN_SLEEP: Duration = Duration::from_micros(20);
 /// Unread messages remembered per link (see `Unread`).
 const UNREAD_CAP: usize = 256;
+/// Longest the links are driven after the load for what is still queued
+/// to leave (the scheduler may be far behind: what it has not taken by
+/// then is counted, `FrontendsReport::unsent_at_exit`).
+const DRAIN_AT_EXIT: Duration = Duration::from_millis(500);
 
 /// What the frontends process saw, written to its report file.
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -51,6 +54,14 @@ pub struct FrontendsReport {
     /// what it cannot submit while it is still worth scheduling).
     #[serde(default)]
     pub refused_late: u64,
+    /// Of the tasks sent, at most this many had not left this process
+    /// when the load ended and the links' drain bound ([`DRAIN_AT_EXIT`])
+    /// passed: their messages were still queued in the link's stream or
+    /// its socket's unsent bytes (`Connection::send_progress`) and go down
+    /// with this process, the socket's perhaps not. An upper bound: what
+    /// the scheduler counts received of them is not lost.
+    #[serde(default)]
+    pub unsent_at_exit: u64,
     /// `Dropped` received, by `DropReason::as_str`.
     pub dropped: Vec<(String, u64)>,
     /// Intended arrival -> handed to the link (the generator's own lag).
@@ -172,7 +183,7 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
                     r.sent += 1;
                     let _ = send_lag.record(now.saturating_since(t).as_nanos().max(1));
                     last_send = now;
-                    unread[i].sent(&link.conn, queue_budget, now);
+                    unread[i].sent(&link.conn, 1, now);
                 }
                 Ok(false) => r.queue_full += 1,
                 Err(e) => return Err(BenchClusterError::Peer(format!("frontend {}: {e}", link.id))),
@@ -243,10 +254,56 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
     r.send_lag = LagUs::of(&send_lag);
     r.send_span_s = last_send.saturating_since(start).as_secs_f64();
     r.cpu_busy = (peer::cpu_s_self() - cpu_at_start) / clock.now().saturating_since(start).as_secs_f64().max(1e-3);
-    for link in links.iter_mut() {
-        let _ = control::flush_within(&mut link.conn, Duration::from_millis(100));
+    r.unsent_at_exit = drain_at_exit(&mut links, &mut unread, &clock);
+    write_report(&a.report, &r)?;
+    linger(&mut links, &mut buf);
+    Ok(())
+}
+
+/// Drives every link until what it queued has left this process (or
+/// [`DRAIN_AT_EXIT`] passes); returns how many sent tasks may not have.
+fn drain_at_exit<C: Connection>(links: &mut [PeerLink<C>], unread: &mut [Unread], clock: &MonotonicClock) -> u64 {
+    let until = clock.now() + DRAIN_AT_EXIT;
+    let waiting = |c: &C| c.send_progress().is_some_and(|p| p.taken < p.accepted);
+    loop {
+        let mut any = false;
+        for link in links.iter_mut() {
+            if waiting(&link.conn) {
+                // A gone scheduler leaves the bytes unsent: counted below.
+                let _ = link.conn.progress();
+                any |= waiting(&link.conn);
+            }
+        }
+        if !any || clock.now() >= until {
+            break;
+        }
+        std::thread::yield_now();
     }
-    write_report(&a.report, &r)
+    links.iter().zip(unread.iter_mut()).map(|(l, u)| u.unsent_tasks(&l.conn)).sum()
+}
+
+/// Longest the links stay open after the report (the runner stops this
+/// process once the scheduler has settled).
+const LINGER_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Keeps the links open and read until the runner says stop. Why: a socket
+/// closed with input unread resets the connection (RFC 2525), and the
+/// scheduler's socket then discards tasks it has received and not read
+/// yet; a behind scheduler (a starved host) would lose them uncounted.
+fn linger<C: Connection>(links: &mut [PeerLink<C>], buf: &mut [u8]) {
+    let until = std::time::Instant::now() + LINGER_MAX;
+    while !dataplane::control::stop_requested() && std::time::Instant::now() < until {
+        let mut open = false;
+        for link in links.iter_mut() {
+            // Dropped and heartbeats, counted already or not at all.
+            while let Ok(Some(_)) = link.conn.try_recv(buf) {}
+            open |= link.conn.is_connected();
+        }
+        if !open {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
 
 /// Most arrivals drawn before the load starts (16 bytes each: 512 MiB);
@@ -323,7 +380,7 @@ impl Outgoing {
         let n = std::mem::take(&mut self.waiting);
         let oldest = self.oldest.take();
         if send_or_progress(&mut link.conn, msg).map_err(fail)? {
-            unread.sent(&link.conn, budget, now);
+            unread.sent(&link.conn, n, now);
             r.sent += n;
             if let Some(t) = oldest {
                 let _ = lag.record_n(now.saturating_since(t).as_nanos().max(1), n);
@@ -336,14 +393,19 @@ impl Outgoing {
 }
 
 /// Messages a link sent that the scheduler has not read yet, oldest first:
-/// (the link's accepted byte count once the message was queued, when),
-/// and how fast the scheduler reads the link when it is behind. From the
+/// (the link's accepted byte count once the message was queued, when, the
+/// link's tasks queued so far then), and how fast the scheduler reads the
+/// link when it is behind. From the
 /// link's `send_progress` this tells how long a new message would wait:
 /// past the budget the link refuses instead of queueing (issue 14, item
 /// 2: a ring and a send queue in front of a saturated scheduler held
 /// ~260 ms).
 struct Unread {
-    ends: VecDeque<(u64, Instant)>,
+    ends: VecDeque<(u64, Instant, u64)>,
+    /// Tasks queued on the link so far.
+    tasks: u64,
+    /// Of those, tasks whose messages have left (as far as `ends` tells).
+    tasks_left: u64,
     /// Start of the current drain-rate window: (taken, unread, when).
     window: (u64, u64, Instant),
     /// Bytes per ns the scheduler takes off this link while behind it;
@@ -356,7 +418,7 @@ const DRAIN_WINDOW: Duration = Duration::from_micros(500);
 
 impl Unread {
     fn new() -> Self {
-        Unread { ends: VecDeque::with_capacity(UNREAD_CAP), window: (0, 0, Instant::ZERO), drain: None }
+        Unread { ends: VecDeque::with_capacity(UNREAD_CAP), tasks: 0, tasks_left: 0, window: (0, 0, Instant::ZERO), drain: None }
     }
 
     /// Whether a message queued now would wait past `budget` (never,
@@ -369,9 +431,7 @@ impl Unread {
     fn over_budget<C: Connection>(&mut self, conn: &C, budget: Option<Duration>, now: Instant) -> bool {
         let Some(budget) = budget else { return false };
         let Some(p) = conn.send_progress() else { return false };
-        while self.ends.front().is_some_and(|&(end, _)| end <= p.taken) {
-            self.ends.pop_front();
-        }
+        self.forget_taken(p.taken);
         let unread = p.accepted - p.taken;
         let (taken0, unread0, at0) = self.window;
         let span = now.saturating_since(at0);
@@ -386,24 +446,46 @@ impl Unread {
             }
             self.window = (p.taken, unread, now);
         }
-        if self.ends.front().is_some_and(|&(_, at)| now.saturating_since(at) > budget) {
+        if self.ends.front().is_some_and(|&(_, at, _)| now.saturating_since(at) > budget) {
             return true;
         }
         unread > 0 && self.drain.is_some_and(|d| unread as f64 > d * budget.as_nanos() as f64)
     }
 
-    /// Notes a message just queued on the link.
-    fn sent<C: Connection>(&mut self, conn: &C, budget: Option<Duration>, now: Instant) {
-        let Some(p) = budget.and_then(|_| conn.send_progress()) else { return };
+    /// Forgets the messages that have left (`taken` bytes have).
+    fn forget_taken(&mut self, taken: u64) {
+        while let Some(&(end, _, tasks)) = self.ends.front() {
+            if end > taken {
+                break;
+            }
+            self.tasks_left = tasks;
+            self.ends.pop_front();
+        }
+    }
+
+    /// Notes a message of `tasks` tasks just queued on the link.
+    fn sent<C: Connection>(&mut self, conn: &C, tasks: u64, now: Instant) {
+        self.tasks += tasks;
+        let Some(p) = conn.send_progress() else { return };
         if self.ends.len() == UNREAD_CAP {
             // Full (no allocation): the newest entry absorbs this message,
             // keeping its older time (the wait is overstated, never under).
             if let Some(back) = self.ends.back_mut() {
                 back.0 = p.accepted;
+                back.2 = self.tasks;
             }
         } else {
-            self.ends.push_back((p.accepted, now));
+            self.ends.push_back((p.accepted, now, self.tasks));
         }
+    }
+
+    /// Tasks queued whose messages have not all left the link (an upper
+    /// bound where full `ends` merged messages); 0 where the transport
+    /// cannot tell.
+    fn unsent_tasks<C: Connection>(&mut self, conn: &C) -> u64 {
+        let Some(p) = conn.send_progress() else { return 0 };
+        self.forget_taken(p.taken);
+        self.tasks - self.tasks_left
     }
 }
 

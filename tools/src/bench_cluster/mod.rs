@@ -117,8 +117,9 @@ pub struct BenchClusterArgs {
     /// `frontend_queue_full`, instead of queueing them behind a saturated
     /// scheduler (issue 14: overload is refused, never buffered without
     /// bound); 0: queue up to the transport's buffers. Default: a tenth
-    /// of the default SLO (50 ms). shm only: over tcp the queue is the
-    /// socket buffer, which the frontend does not see.
+    /// of the default SLO (50 ms). Over tcp "read" means sent by the
+    /// frontend's kernel: what the scheduler's socket holds unread is not
+    /// seen (see `Connection::send_progress`).
     #[arg(long = "frontend-queue-budget-us", default_value_t = 5_000)]
     pub frontend_queue_budget_us: u64,
     /// Every Nth task carries a clock stamp (ingress lag samples).
@@ -183,6 +184,9 @@ pub struct ClusterRun {
     /// `accounted`: none such, every task sent was taken, and every
     /// planned task reached its backend.
     pub unaccounted: i64,
+    /// The frontends' bound on the tasks they sent that never left them
+    /// (`FrontendsReport::unsent_at_exit`); the count lost is among `drops`.
+    pub unsent_bound: u64,
     pub accounted: bool,
     /// CPU time over wall time of each process during the load (1.0 = one core).
     pub cpu_busy: CpuBusy,
@@ -289,8 +293,8 @@ pub fn run(a: &BenchClusterArgs) -> Result<(), BenchClusterError> {
     for (engine, (r, _)) in &by_engine {
         if !r.accounted {
             return Err(BenchClusterError::Peer(format!(
-                "engine {engine}: accounting failed: offered {}, sent {}, taken {}, planned {}, delivered {}, neither planned nor dropped {}",
-                r.offered, r.sent, r.received, r.planned, r.delivered, r.unaccounted
+                "engine {engine}: accounting failed: offered {}, sent {}, taken {}, unsent at exit {} (frontends' bound {}), planned {}, delivered {}, neither planned nor dropped {}",
+                r.offered, r.sent, r.received, r.sent.saturating_sub(r.received), r.unsent_bound, r.planned, r.delivered, r.unaccounted
             )));
         }
     }
@@ -397,9 +401,15 @@ fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64) -> Result<
     args.extend(["--queue-budget-us".into(), a.frontend_queue_budget_us.to_string()]);
     let mut fronts = spawn(&spec, "bench-frontends", "bench-frontends", args, Some(&token), deadline)?;
     let sched_cpu_at_start = (StdInstant::now(), cpu_s_of(sched.pid()));
-    let front_exit = fronts.wait_or_kill(StdDuration::from_secs_f64(secs + 60.0));
+    // The frontends write their report and keep their links open until
+    // told to stop (see `frontends::linger`), so the scheduler can read all
+    // it was sent before settling.
+    let reported_by = StdInstant::now() + StdDuration::from_secs_f64(secs + 60.0);
+    while !front_report.exists() && fronts.try_exit().is_none() && StdInstant::now() < reported_by {
+        std::thread::sleep(StdDuration::from_millis(20));
+    }
     let fr: Result<FrontendsReport, BenchClusterError> = read_report(&front_report);
-    let metrics = settled(&sched, fr.as_ref().map_or(0, |r| r.sent));
+    let metrics = settled(&sched, fr.as_ref().map_or((0, 0), |r| (r.sent, r.unsent_at_exit)));
     let sched_busy = match (sched_cpu_at_start, cpu_s_of(sched.pid())) {
         ((t, Some(c0)), Some(c1)) => (c1 - c0) / t.elapsed().as_secs_f64().max(1e-3),
         _ => 0.0,
@@ -407,9 +417,12 @@ fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64) -> Result<
     // The backends read the last plans the scheduler sent.
     std::thread::sleep(StdDuration::from_millis(200));
     let stop = |d: &mut Daemon| {
-        d.signal(libc::SIGTERM);
+        if d.try_exit().is_none() {
+            d.signal(libc::SIGTERM);
+        }
         d.wait_or_kill(StdDuration::from_secs(15))
     };
+    let front_exit = stop(&mut fronts);
     let back_exit = stop(&mut backs);
     let _ = stop(&mut sched);
     let logs = |name: &str| format!("see {}", dir.join(format!("{name}.log")).display());
@@ -434,20 +447,31 @@ fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64) -> Result<
 
 /// The scheduler's metrics once it has taken the `sent` tasks and
 /// planned or dropped each (a loaded scheduler is behind its peers), or
-/// after 10 s.
-fn settled(sched: &Daemon, sent: u64) -> Result<String, BenchClusterError> {
+/// after 10 s. `sent` is (tasks sent, of those at most this many never
+/// left the frontends): when some never left, once the count taken has
+/// stopped growing (for [`SETTLED_QUIET`]) within that bound.
+fn settled(sched: &Daemon, (sent, unsent): (u64, u64)) -> Result<String, BenchClusterError> {
     let until = StdInstant::now() + StdDuration::from_secs(10);
+    let mut last = (u64::MAX, StdInstant::now());
     loop {
         let text = sched.metrics()?;
         let m = |name: &str| metric(&text, name).unwrap_or(0.0) as u64;
         let received = m("symphony_tasks_received_total");
         let ended = m("symphony_batch_size_sum") + sched_drops(&text);
-        if (received >= sent && ended >= received) || StdInstant::now() >= until {
+        if received != last.0 {
+            last = (received, StdInstant::now());
+        }
+        let quiet = last.1.elapsed() >= SETTLED_QUIET && received + unsent >= sent;
+        if ((received >= sent || quiet) && ended >= received) || StdInstant::now() >= until {
             return Ok(text);
         }
         std::thread::sleep(StdDuration::from_millis(20));
     }
 }
+
+/// How long the scheduler's count of tasks taken must stand still before
+/// the tasks still missing count as lost with the frontends' exit.
+const SETTLED_QUIET: StdDuration = StdDuration::from_millis(300);
 
 /// Tasks the scheduler dropped, every reason.
 fn sched_drops(text: &str) -> u64 {
@@ -486,6 +510,10 @@ fn figures(rate: f64, secs: f64, metrics: &str, fr: &FrontendsReport, br: &Backe
     let planned = m("symphony_batch_size_sum");
     drops.push(("frontend_queue_full".into(), fr.queue_full));
     drops.push(("frontend_refused_late".into(), fr.refused_late));
+    // Sent, never taken by the scheduler: lost with the frontends' exit
+    // (the drain bound passed with them still queued), which they bound.
+    let unsent_at_exit = fr.sent.saturating_sub(received);
+    drops.push(("frontend_unsent_at_exit".into(), unsent_at_exit));
     drops.push(("protocol_error".into(), m("symphony_protocol_errors_total")));
     let good = br.tasks.saturating_sub(br.late_tasks);
     let unaccounted = received as i64 - planned as i64 - sched_drops as i64;
@@ -505,7 +533,11 @@ fn figures(rate: f64, secs: f64, metrics: &str, fr: &FrontendsReport, br: &Backe
         dispatch_lag: br.dispatch_lag,
         generator_lag: fr.send_lag,
         unaccounted,
-        accounted: unaccounted == 0 && fr.sent == received && fr.offered == fr.sent + fr.queue_full + fr.refused_late && br.tasks == planned,
+        unsent_bound: fr.unsent_at_exit,
+        accounted: unaccounted == 0
+            && fr.sent == received + unsent_at_exit
+            && unsent_at_exit <= fr.unsent_at_exit
+            && fr.offered == fr.sent + fr.queue_full + fr.refused_late && br.tasks == planned,
         cpu_busy: CpuBusy::default(),
     }
 }

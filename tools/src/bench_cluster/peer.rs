@@ -227,5 +227,8 @@ pub fn cpu_s_self() -> f64 {
 /// Writes `report` as JSON to `path`.
 pub fn write_report<T: serde::Serialize>(path: &std::path::Path, report: &T) -> Result<(), BenchClusterError> {
     let text = serde_json::to_string(report).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
-    std::fs::write(path, text).map_err(|e| BenchClusterError::Peer(format!("{}: {e}", path.display())))
+    // Whole or not at all: the runner reads it as soon as it appears.
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).map_err(|e| BenchClusterError::Peer(format!("{}: {e}", tmp.display())))?;
+    std::fs::rename(&tmp, path).map_err(|e| BenchClusterError::Peer(format!("{}: {e}", path.display())))
 }

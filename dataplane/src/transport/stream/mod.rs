@@ -43,6 +43,12 @@ const RING_TX_CAP: usize = 2 * MAX_MESSAGE_LEN;
 /// ring per link: tens of ms in front of a saturated scheduler). Small
 /// receives cost no system call, only a pass through `pump`.
 const RING_RECV_CHUNK: usize = 4096;
+/// Most bytes one receive takes off a socket into the receive buffer (READ
+/// payloads land in place, unbounded by this). Why: as for
+/// [`RING_RECV_CHUNK`], bytes taken in ahead of the caller are a queue the
+/// sender does not see, and io_uring takes them in the background: up to
+/// the whole receive buffer (4 maximal messages) per link before.
+const SOCKET_RECV_CHUNK: usize = 8192;
 /// iovecs per send.
 const MAX_IOV: usize = 64;
 
@@ -122,6 +128,8 @@ pub(crate) struct Stream {
     accepted: u64,
     /// Of those, bytes the byte mover has taken.
     moved: u64,
+    /// The highest `taken` `send_progress` reported (it never goes back).
+    taken_seen: std::cell::Cell<u64>,
 
     inbox: Box<[u8]>,
     ihead: usize,
@@ -177,6 +185,7 @@ impl Stream {
             .into_boxed_slice(),
             accepted: 0,
             moved: 0,
+            taken_seen: std::cell::Cell::new(0),
             inbox: vec![0u8; INBOX_CAP].into_boxed_slice(),
             ihead: 0,
             itail: 0,
@@ -493,18 +502,46 @@ impl Stream {
             || (!self.in_payload && matches!(wire::frame_len(unparsed), Ok(Some(t)) if t <= unparsed.len()))
     }
 
-    /// Bytes queued since the start and how many of them the peer has
-    /// taken (see `Connection::send_progress`): over shm rings, what the
-    /// peer read out of the ring; otherwise what the kernel took (as far as
-    /// reaped).
+    /// Bytes queued since the start and how many of them have left this
+    /// side (see `Connection::send_progress`): over shm rings, what the
+    /// peer read out of the ring; over a socket, what the kernel has put on
+    /// the wire: handed to it (as far as reaped) less what still waits in
+    /// its send queue, unsent (`SIOCOUTQNSD`: the peer's receive window is
+    /// closed, its reader is behind). Why unsent rather than unacknowledged
+    /// (`SIOCOUTQ`): a delayed ACK would make a quiet link's last message
+    /// look unread for tens of ms; bytes in flight wait for the network,
+    /// not for the reader. What the peer's socket holds unread is not seen
+    /// here (it is bounded by that socket's receive buffer).
     pub(crate) fn send_progress(&self) -> super::SendProgress {
         let taken = match &self.io {
-            ByteIo::Ring(r) => r.peer_taken(),
-            _ => self.moved,
+            ByteIo::Ring(r) => r.peer_taken().min(self.moved),
+            _ => self.moved.saturating_sub(self.kernel_unsent()),
         };
+        // A send the kernel finished but nobody reaped yet is in the
+        // kernel's count and not yet in `moved`: the difference can dip
+        // for a moment, and the count only grows.
+        let taken = taken.max(self.taken_seen.get());
+        self.taken_seen.set(taken);
         super::SendProgress {
             accepted: self.accepted,
-            taken: taken.min(self.moved),
+            taken,
+        }
+    }
+
+    /// Bytes the socket holds that the kernel has not sent yet (0 when it
+    /// cannot tell: a dead socket's bytes go nowhere anyway).
+    fn kernel_unsent(&self) -> u64 {
+        if self.dead.is_some() {
+            return 0;
+        }
+        let mut n: libc::c_int = 0;
+        // SAFETY: SIOCOUTQNSD writes one int through the pointer, which
+        // points at `n` on this stack frame.
+        let rc = unsafe { libc::ioctl(self.sock.as_raw_fd(), libc::SIOCOUTQNSD as _, &mut n as *mut libc::c_int) };
+        if rc == 0 {
+            n.max(0) as u64
+        } else {
+            0
         }
     }
 
@@ -956,10 +993,17 @@ impl Stream {
                 RecvTarget::Payload,
             )
         } else if self.wpos < self.rx.len() {
+            if self.holds_unread_messages() {
+                // Received ahead of the caller already: the rest waits in
+                // the socket, where the sender sees it (see
+                // SOCKET_RECV_CHUNK). A `try_recv` that empties the
+                // buffers arms the next receive.
+                return;
+            }
             let room = self.rx.len() - self.wpos;
             let len = match self.io {
                 ByteIo::Ring(_) => room.min(RING_RECV_CHUNK),
-                _ => room,
+                _ => room.min(SOCKET_RECV_CHUNK),
             };
             // SAFETY: `wpos < rx.len()`.
             (
@@ -974,6 +1018,18 @@ impl Stream {
             Ok(()) => self.recv_busy = Some(target),
             Err(e) => self.fail(Error::from(e).kind()),
         }
+    }
+
+    /// Whether a socket stream holds at least a receive's worth of whole
+    /// control messages its caller has not taken (in the inbox, or whole
+    /// at the front of the receive buffer). A partial frame never counts:
+    /// its rest must be received.
+    fn holds_unread_messages(&self) -> bool {
+        if matches!(self.io, ByteIo::Ring(_)) {
+            return false;
+        }
+        let front = if self.rx_front_message().is_some() { self.wpos - self.rpos } else { 0 };
+        (self.itail - self.ihead) + front >= SOCKET_RECV_CHUNK
     }
 
     /// The connection is over: stop the kernel, then fail everything pending.
