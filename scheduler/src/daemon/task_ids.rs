@@ -29,7 +29,10 @@
 //! - except after the frontend registered again: a restarted frontend
 //!   numbers from the start, so an older number is its new task. A
 //!   frontend that only reconnected resubmits the newest number or newer,
-//!   never an older one.
+//!   never an older one. Not told apart: a restarted frontend's new task
+//!   whose id equals that of a task from its previous run still waiting
+//!   here (a crash, a restart and a registration within that task's
+//!   deadline; the set could not tell them apart either).
 //!
 //! Sequence numbers are compared modulo 2^32 (serial number arithmetic),
 //! so a slot wraps around without a break. The cores never look at a
