@@ -515,3 +515,112 @@ fn send_or_progress<C: Connection>(conn: &mut C, msg: &[u8]) -> Result<bool, Err
     }
     Ok(false)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dataplane::transport::{Completion, ReadOp, SendProgress};
+
+    /// A link whose send progress the test sets: `accepted` grows with each
+    /// message queued, `taken` as the test says the scheduler read.
+    struct Link(SendProgress);
+
+    impl Connection for Link {
+        fn send(&mut self, msg: &[u8]) -> Result<(), Error> {
+            self.0.accepted += msg.len() as u64;
+            Ok(())
+        }
+        fn try_recv(&mut self, _: &mut [u8]) -> Result<Option<usize>, Error> {
+            Ok(None)
+        }
+        fn post_read(&mut self, _: &ReadOp) -> Result<(), Error> {
+            Ok(())
+        }
+        fn poll_completions(&mut self, _: &mut [Completion]) -> Result<usize, Error> {
+            Ok(0)
+        }
+        fn progress(&mut self) -> Result<(), Error> {
+            Ok(())
+        }
+        fn outstanding_reads(&self) -> usize {
+            0
+        }
+        fn max_outstanding_reads(&self) -> usize {
+            0
+        }
+        fn is_connected(&self) -> bool {
+            true
+        }
+        fn send_progress(&self) -> Option<SendProgress> {
+            Some(self.0)
+        }
+    }
+
+    fn at(us: u64) -> Instant {
+        Instant::from_nanos(1_000_000_000 + us * 1000)
+    }
+
+    const BUDGET: Option<Duration> = Some(Duration::from_micros(5_000));
+
+    /// Queues one 100-byte message of one task at `now`.
+    fn queue(link: &mut Link, u: &mut Unread, now: Instant) {
+        link.send(&[0; 100]).unwrap();
+        u.sent(link, 1, now);
+    }
+
+    #[test]
+    fn a_link_read_in_time_never_refuses() {
+        let (mut link, mut u) = (Link(SendProgress { accepted: 0, taken: 0 }), Unread::new());
+        for i in 0..1_000 {
+            let now = at(i * 100);
+            assert!(!u.over_budget(&link, BUDGET, now), "message {i}");
+            queue(&mut link, &mut u, now);
+            // Read 50 µs later, well within the budget.
+            link.0.taken = link.0.accepted;
+        }
+        assert_eq!(u.unsent_tasks(&link), 0);
+    }
+
+    #[test]
+    fn refuses_once_the_oldest_unread_message_is_older_than_the_budget() {
+        let (mut link, mut u) = (Link(SendProgress { accepted: 0, taken: 0 }), Unread::new());
+        queue(&mut link, &mut u, at(0));
+        assert!(!u.over_budget(&link, BUDGET, at(5_000)), "at the budget, not past it");
+        assert!(u.over_budget(&link, BUDGET, at(5_001)));
+        assert_eq!(u.unsent_tasks(&link), 1);
+        // The scheduler reads it: accepted again.
+        link.0.taken = link.0.accepted;
+        assert!(!u.over_budget(&link, BUDGET, at(5_002)));
+        assert_eq!(u.unsent_tasks(&link), 0);
+    }
+
+    #[test]
+    fn refuses_what_a_slow_drain_would_hold_past_the_budget() {
+        // Offered: a 100-byte message every 10 µs (10 bytes/µs); the
+        // scheduler reads 1 byte/µs. Every message is younger than the
+        // budget when the refusals start: the drain rate tells first.
+        let (mut link, mut u) = (Link(SendProgress { accepted: 0, taken: 0 }), Unread::new());
+        let mut first_refusal = None;
+        for i in 0..2_000u64 {
+            let now = at(i * 10);
+            link.0.taken = (i * 10).min(link.0.accepted);
+            if u.over_budget(&link, BUDGET, now) {
+                first_refusal.get_or_insert(i * 10);
+                continue;
+            }
+            queue(&mut link, &mut u, now);
+        }
+        let first = first_refusal.expect("a link drained 10x slower than fed refuses");
+        assert!(first < 5_000, "refused at {first} µs, before any message aged past the budget");
+        // What it let queue drains within about a budget at the measured rate.
+        let unread = link.0.accepted - link.0.taken;
+        assert!(unread <= 5_000 + 200, "{unread} bytes unread at 1 byte/µs");
+    }
+
+    #[test]
+    fn no_budget_or_no_progress_never_refuses() {
+        let (mut link, mut u) = (Link(SendProgress { accepted: 0, taken: 0 }), Unread::new());
+        queue(&mut link, &mut u, at(0));
+        assert!(!u.over_budget(&link, None, at(1_000_000)));
+    }
+}
