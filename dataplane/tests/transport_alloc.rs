@@ -44,12 +44,16 @@ fn wait() {
     std::thread::yield_now();
 }
 
-/// Runs `rounds` READ + message round trips; panics on a stall.
-fn rounds<C: Connection>(reader: &mut C, ops: &[ReadOp], msg: &[u8], rounds: usize) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+/// Runs `rounds` READ + message round trips; panics on a stall (one round
+/// trip taking 20 s).
+fn rounds<C: Connection>(name: &str, reader: &mut C, ops: &[ReadOp], msg: &[u8], rounds: usize) {
     let mut comps = [Completion::default(); 16];
     let mut buf = [0u8; 256];
     for i in 0..rounds {
+        // Per round trip: on a loaded machine (CI, or the grid next to it)
+        // each handoff between the two yielding threads can wait a
+        // scheduler tick, and 2000 of them took over 20 s in all.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         let op = &ops[i % ops.len()];
         reader.post_read(op).expect("post");
         loop {
@@ -58,7 +62,7 @@ fn rounds<C: Connection>(reader: &mut C, ops: &[ReadOp], msg: &[u8], rounds: usi
                 assert_eq!(comps[0].status, Ok(()));
                 break;
             }
-            assert!(std::time::Instant::now() < deadline, "READ stalled");
+            assert!(std::time::Instant::now() < deadline, "{name}: READ {i} stalled");
             wait();
         }
         reader.send(msg).expect("send");
@@ -67,7 +71,7 @@ fn rounds<C: Connection>(reader: &mut C, ops: &[ReadOp], msg: &[u8], rounds: usi
             if reader.try_recv(&mut buf).expect("recv").is_some() {
                 break;
             }
-            assert!(std::time::Instant::now() < deadline, "echo stalled");
+            assert!(std::time::Instant::now() < deadline, "{name}: echo {i} stalled");
             wait();
         }
     }
@@ -121,9 +125,18 @@ fn check<D: Domain>(
                 wait();
             }
         });
-        rounds(&mut reader, &ops, &msg[..n], 200);
+        // Stops the echo thread however this thread leaves the scope: a
+        // panic in `rounds` (a stall) would otherwise wait on it forever.
+        struct StopOnDrop<'a>(&'a AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Release);
+            }
+        }
+        let _stop_echo = StopOnDrop(&stop);
+        rounds(name, &mut reader, &ops, &msg[..n], 200);
         let before = ALLOCS.load(Ordering::SeqCst);
-        rounds(&mut reader, &ops, &msg[..n], 2000);
+        rounds(name, &mut reader, &ops, &msg[..n], 2000);
         let after = ALLOCS.load(Ordering::SeqCst);
         stop.store(true, Ordering::Release);
         assert_eq!(

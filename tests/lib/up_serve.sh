@@ -9,7 +9,12 @@
 up_serve() {
     up_tmp="$1"
     shift
-    "$bin" up "$@" >"$up_tmp/out" 2>"$up_tmp/err" &
+    # The files exist before the poll below reads them: the background job
+    # opens its redirections only once it runs, and a `sed` on a missing
+    # file ends this script under `set -e` (a loaded CI machine did).
+    : >"$up_tmp/out"
+    : >"$up_tmp/err"
+    "$bin" up "$@" >>"$up_tmp/out" 2>>"$up_tmp/err" &
     up=$!
     trap up_cleanup EXIT
     url=""

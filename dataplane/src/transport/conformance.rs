@@ -886,6 +886,7 @@ pub fn input_taken_in_by_a_send_is_reported<F: TransportFactory>(f: &F) {
 /// back, and catches up once the peer has the message. While the peer
 /// does not read, the backlog shows (`taken < accepted` once `send` says
 /// the queue is full) and clears once the peer has read every message.
+/// `accepted_bytes` is `accepted` throughout.
 pub fn send_progress_counts<F: TransportFactory>(f: &F) {
     let _g = serial();
     let mut p = pair(f);
@@ -901,6 +902,7 @@ pub fn send_progress_counts<F: TransportFactory>(f: &F) {
         send_retry(&mut p.reader, &msg[..n], &mut || {}, end);
         let after = p.reader.send_progress().expect("progress");
         assert_eq!(after.accepted, before.accepted + n as u64, "{}: round {round}", f.name());
+        assert_eq!(p.reader.accepted_bytes(), Some(after.accepted), "{}: accepted_bytes is send_progress's", f.name());
         assert!(after.taken <= after.accepted, "{}: {after:?}", f.name());
         let got = recv_one(&mut p.owner, &mut buf, &mut || {}, end);
         assert_eq!(got, n);
@@ -935,6 +937,7 @@ pub fn send_progress_counts<F: TransportFactory>(f: &F) {
         assert!(StdInstant::now() < end, "{}: the queue never filled", f.name());
     }
     let full = p.reader.send_progress().expect("progress");
+    assert_eq!(p.reader.accepted_bytes(), Some(full.accepted), "{}", f.name());
     assert_eq!(full.accepted, before.accepted + queued * n as u64, "{}", f.name());
     assert!(full.taken < full.accepted, "{}: a full queue and nothing waiting: {full:?}", f.name());
     // The peer reads every message: the backlog clears.

@@ -517,6 +517,13 @@ pub trait Connection: Send {
     fn send_progress(&self) -> Option<SendProgress> {
         None
     }
+
+    /// [`SendProgress::accepted`] alone, where the transport counts it
+    /// without asking the kernel (tcp: `send_progress` is one `ioctl`, and
+    /// a sender noting each message's end needs only this half).
+    fn accepted_bytes(&self) -> Option<u64> {
+        self.send_progress().map(|p| p.accepted)
+    }
 }
 
 /// See [`Connection::send_progress`]: both counts run from the

@@ -323,6 +323,10 @@ impl Connection for TcpConn {
     fn send_progress(&self) -> Option<super::SendProgress> {
         Some(self.stream.send_progress())
     }
+
+    fn accepted_bytes(&self) -> Option<u64> {
+        Some(self.stream.accepted_bytes())
+    }
 }
 
 #[cfg(test)]

@@ -466,16 +466,16 @@ impl Unread {
     /// Notes a message of `tasks` tasks just queued on the link.
     fn sent<C: Connection>(&mut self, conn: &C, tasks: u64, now: Instant) {
         self.tasks += tasks;
-        let Some(p) = conn.send_progress() else { return };
+        let Some(accepted) = conn.accepted_bytes() else { return };
         if self.ends.len() == UNREAD_CAP {
             // Full (no allocation): the newest entry absorbs this message,
             // keeping its older time (the wait is overstated, never under).
             if let Some(back) = self.ends.back_mut() {
-                back.0 = p.accepted;
+                back.0 = accepted;
                 back.2 = self.tasks;
             }
         } else {
-            self.ends.push_back((p.accepted, now, self.tasks));
+            self.ends.push_back((accepted, now, self.tasks));
         }
     }
 

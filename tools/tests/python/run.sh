@@ -30,7 +30,10 @@ mkfifo "$fifo"
 # ResNet50 and DenseNet121 from the A100 zoo (20 and 21 ms SLOs), plus
 # tc_model with a 200 ms SLO: the functional tests use tc_model so that a
 # loaded 2-core machine (timer wakes late) cannot turn them into drops.
-"$bin" --port 0 --print-port --exit-on-stdin-eof --gpus 2 --model tc_model=0.268,5.172,200 <"$fifo" >"$tmp/out" 2>"$tmp/err" &
+# The output files exist before the polls below read them (the background
+# job opens its redirections only once it runs; see tests/lib/up_serve.sh).
+: >"$tmp/out"; : >"$tmp/err"; : >"$tmp/out-tls"; : >"$tmp/err-tls"
+"$bin" --port 0 --print-port --exit-on-stdin-eof --gpus 2 --model tc_model=0.268,5.172,200 <"$fifo" >>"$tmp/out" 2>>"$tmp/err" &
 server=$!
 exec 9>"$fifo"
 cleanup() {
@@ -71,7 +74,7 @@ tls_dir="$here/../data/tls"
 tls_fifo="$tmp/stdin-tls"
 mkfifo "$tls_fifo"
 "$bin" --port 0 --print-port --exit-on-stdin-eof --gpus 1 --models none --model tc_model=0.268,5.172,200 \
-    --tls-cert "$tls_dir/cert.pem" --tls-key "$tls_dir/key.pem" <"$tls_fifo" >"$tmp/out-tls" 2>"$tmp/err-tls" &
+    --tls-cert "$tls_dir/cert.pem" --tls-key "$tls_dir/key.pem" <"$tls_fifo" >>"$tmp/out-tls" 2>>"$tmp/err-tls" &
 tls_server=$!
 exec 8>"$tls_fifo"
 tls_port=""

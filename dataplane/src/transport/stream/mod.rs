@@ -515,6 +515,9 @@ impl Stream {
     pub(crate) fn send_progress(&self) -> super::SendProgress {
         let taken = match &self.io {
             ByteIo::Ring(r) => r.peer_taken().min(self.moved),
+            // Everything handed to the kernel has left already: no need to
+            // ask it (the count only grows).
+            _ if self.taken_seen.get() >= self.moved => self.moved,
             _ => self.moved.saturating_sub(self.kernel_unsent()),
         };
         // A send the kernel finished but nobody reaped yet is in the
@@ -526,6 +529,11 @@ impl Stream {
             accepted: self.accepted,
             taken,
         }
+    }
+
+    /// `send_progress().accepted` without the `ioctl`.
+    pub(crate) fn accepted_bytes(&self) -> u64 {
+        self.accepted
     }
 
     /// Bytes the socket holds that the kernel has not sent yet (0 when it
