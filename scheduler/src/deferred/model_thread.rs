@@ -105,11 +105,88 @@ struct RateWindow {
     /// until [`MIN_BURST_ARRIVALS`] arrivals: the small-sample burstiness
     /// test ([`RateWindow::maybe_bursty`]).
     early_log_gap_sum: f64,
+    /// The recorded gaps by octave (`GAP_OCTAVE_FLOOR` + index = `floor(log2
+    /// ns)`): their empirical distribution, see [`Self::quiet_start`].
+    gap_octaves: [u16; GAP_OCTAVES],
+}
+
+/// A batch of a model whose gaps are clearly bursty (squared CV above
+/// [`BURSTY_CV2`]) stops deferring once a burst goes quiet: see
+/// [`RateWindow::quiet_start`] and docs/decisions.md, deferred item 18.
+const QUIET_STOP_MIN_CV2: f64 = BURSTY_CV2;
+/// ... once the next request comes before the frontrun with a chance below
+/// this (`1 - e^-5`: under Poisson gaps, the last five mean gaps before
+/// the frontrun; chosen by the full grid, item 18).
+const QUIET_STOP_CHANCE: f64 = 0.993_262_053;
+
+/// Gaps of at most `2^GAP_OCTAVE_FLOOR` ns (~1 µs) share the first octave.
+const GAP_OCTAVE_FLOOR: u32 = 10;
+/// Octaves counted: up to `2^(10 + 32)` ns (~73 minutes), the last takes
+/// every longer gap.
+const GAP_OCTAVES: usize = 32;
+
+fn gap_octave(gap: Duration) -> usize {
+    let log2 = 63 - gap.as_nanos().max(1).leading_zeros();
+    (log2.saturating_sub(GAP_OCTAVE_FLOOR) as usize).min(GAP_OCTAVES - 1)
 }
 
 impl RateWindow {
     fn new() -> Self {
-        RateWindow { times: [Instant::ZERO; RATE_WINDOW], next: 0, filled: 0, gap_sq_sum: 0, early_log_gap_sum: 0.0 }
+        RateWindow { times: [Instant::ZERO; RATE_WINDOW], next: 0, filled: 0, gap_sq_sum: 0, early_log_gap_sum: 0.0, gap_octaves: [0; GAP_OCTAVES] }
+    }
+
+    /// The empirical CDF of the recorded gaps at `x`, linear within an
+    /// octave; `None` with fewer than [`MIN_BURST_ARRIVALS`] arrivals.
+    fn gap_cdf(&self, x: Duration) -> Option<f64> {
+        if self.filled < MIN_BURST_ARRIVALS {
+            return None;
+        }
+        let n = (self.filled - 1) as f64;
+        let o = gap_octave(x);
+        let below: u32 = self.gap_octaves[..o].iter().map(|&c| u32::from(c)).sum();
+        let lo = if o == 0 { 0 } else { 1u64 << (o as u32 + GAP_OCTAVE_FLOOR) };
+        let width = (1u64 << (o as u32 + GAP_OCTAVE_FLOOR + 1)) - lo;
+        let within = ((x.as_nanos().saturating_sub(lo)) as f64 / width as f64).min(1.0);
+        Some((f64::from(below) + within * f64::from(self.gap_octaves[o])) / n)
+    }
+
+    /// The smallest `x` with `gap_cdf(x) >= q` (`q` in `[0, 1]`).
+    fn gap_quantile(&self, q: f64) -> Duration {
+        let n = (self.filled - 1) as f64;
+        let mut below = 0.0;
+        for (o, &c) in self.gap_octaves.iter().enumerate() {
+            let share = f64::from(c) / n;
+            if below + share >= q && c > 0 {
+                let lo = if o == 0 { 0 } else { 1u64 << (o as u32 + GAP_OCTAVE_FLOOR) };
+                let width = (1u64 << (o as u32 + GAP_OCTAVE_FLOOR + 1)) - lo;
+                let within = ((q - below) / share).clamp(0.0, 1.0);
+                return Duration::from_nanos(lo + (within * width as f64) as u64);
+            }
+            below += share;
+        }
+        Duration::from_nanos(1u64 << (GAP_OCTAVES as u32 + GAP_OCTAVE_FLOOR))
+    }
+
+    /// When a batch that would take one more request arriving by `horizon`
+    /// stops waiting for it: the first moment after the newest arrival at
+    /// which the next request, given the quiet so far, comes before
+    /// `horizon` with probability below `chance`, by the recorded gaps'
+    /// empirical distribution `F`. With `e` the quiet so far and `H` the
+    /// horizon, both from the newest arrival, that probability is `(F(H) -
+    /// F(e)) / (1 - F(e))`, which is below `chance` exactly when `F(e) >
+    /// (F(H) - chance) / (1 - chance)`: a quantile of the gaps. Poisson gaps
+    /// give one `-ln(1 - chance)` mean gaps before `horizon`; bursty gaps
+    /// wait a burst's short gaps out right after an arrival and not at all
+    /// once the burst has gone quiet. `None` before the distribution is
+    /// known.
+    fn quiet_start(&self, horizon: Instant, chance: f64) -> Option<Instant> {
+        let last = self.times[(self.next + RATE_WINDOW - 1) % RATE_WINDOW];
+        let f_h = self.gap_cdf(horizon.saturating_since(last))?;
+        let q = (f_h - chance) / (1.0 - chance);
+        if q <= 0.0 {
+            return Some(last);
+        }
+        Some(last + self.gap_quantile(q))
     }
 
     fn record(&mut self, t: Instant) {
@@ -120,11 +197,14 @@ impl RateWindow {
             let second = self.times[(self.next + 1) % RATE_WINDOW];
             let gap = second.saturating_since(oldest);
             self.gap_sq_sum -= sq(gap);
+            let o = &mut self.gap_octaves[gap_octave(gap)];
+            *o = o.saturating_sub(1);
         }
         if self.filled > 0 {
             let last = self.times[(self.next + RATE_WINDOW - 1) % RATE_WINDOW];
             let gap = t.saturating_since(last);
             self.gap_sq_sum += sq(gap);
+            self.gap_octaves[gap_octave(gap)] += 1;
             if self.filled < MIN_BURST_ARRIVALS {
                 self.early_log_gap_sum += (gap.as_nanos().max(1_000) as f64).ln();
             }
@@ -434,11 +514,25 @@ impl ModelState {
             // shrink to `alpha`, too narrow for a GPU slower than its
             // profile (the closed loop's factor) to start in.
             // Burst-locked: no widening (only `min_window`).
+            let frontrun = dl - self.profile.scaled_latency(bs + 1, slow);
             let gap = match mean_gap {
                 Some(g) if !burst_locked => Duration::from_nanos((g.as_nanos() as f64 * cfg.window_gaps * gap_cv2.unwrap_or(1.0).max(1.0)) as u64),
                 _ => Duration::ZERO,
             };
-            (dl - self.profile.scaled_latency(bs + 1, slow)).min((dl - self.profile.scaled_latency(bs, slow)) - cfg.min_window.max(gap))
+            let at = frontrun.min((dl - self.profile.scaled_latency(bs, slow)) - cfg.min_window.max(gap));
+            // Burstier than Poisson: also stop once a burst has gone quiet
+            // (the next request is no longer all but certain before the
+            // frontrun, given the quiet so far and the recent gaps). The
+            // mean-gap window above knows the average burstiness, not
+            // whether a burst is under way (deferred item 18).
+            // Burst-locked models wait for the frontrun as before: there a
+            // batch started early locks out the pair behind it.
+            let quiet = if !burst_locked && gap_cv2.is_some_and(|c| c > QUIET_STOP_MIN_CV2) {
+                self.rate.quiet_start(frontrun, QUIET_STOP_CHANCE)
+            } else {
+                None
+            };
+            quiet.map_or(at, |q| at.min(q))
         };
         let level = self.queues.iter().position(|q| !q.is_empty()).unwrap_or(0);
         // The top level's own deadline and share of the batch (one level:
@@ -955,6 +1049,59 @@ mod tests {
         }
         assert!(bursty.gap_cv2().is_some_and(|c| c > 5.0), "{:?}", bursty.gap_cv2());
         assert!(bursty.mean_gap(Instant::from_nanos(9_900_009_000)).is_some_and(|g| g > Duration::from_millis(9)));
+    }
+
+    #[test]
+    fn a_burst_is_waited_out_and_a_quiet_spell_is_not() {
+        // Bursts of ten arrivals 1 µs apart every 100 ms (window wrapped):
+        // nine gaps in ten are 1 µs.
+        let mut w = RateWindow::new();
+        let mut last = Instant::ZERO;
+        for i in 0..1000u64 {
+            last = Instant::from_nanos(1_000_000_000 + (i / 10) * 100_000_000 + (i % 10) * 1_000);
+            w.record(last);
+        }
+        let cdf = |x: u64| w.gap_cdf(Duration::from_nanos(x)).expect("known");
+        assert!((cdf(2_047) - 0.9).abs() < 0.01, "{}", cdf(2_047));
+        assert!(cdf(200_000_000) > 0.999);
+        // A frontrun 5 ms away: the next request comes by then with chance
+        // 0.9 right after an arrival, so only the burst's 1 µs gaps are
+        // waited out (at the quantile, within their octave)...
+        let start = w.quiet_start(last + Duration::from_millis(5), 0.5).expect("known");
+        assert!(start.saturating_since(last) <= Duration::from_nanos(2_048), "{:?}", start.saturating_since(last));
+        // ... and a near-certain chance is asked for: no wait at all.
+        assert_eq!(w.quiet_start(last + Duration::from_millis(5), QUIET_STOP_CHANCE), Some(last));
+        // A frontrun past the next burst: that burst is all but certain to
+        // start first, so the wait runs into the long gaps' octave.
+        let start = w.quiet_start(last + Duration::from_millis(150), QUIET_STOP_CHANCE).expect("known");
+        assert!(start.saturating_since(last) > Duration::from_millis(60), "{:?}", start.saturating_since(last));
+        // Too few arrivals: nothing known.
+        let mut few = RateWindow::new();
+        for i in 0..10u64 {
+            few.record(Instant::from_nanos(i * 1_000));
+        }
+        assert_eq!(few.quiet_start(Instant::from_nanos(1_000_000), 0.5), None);
+    }
+
+    #[test]
+    fn poisson_gaps_stop_about_the_chance_s_mean_gaps_before_the_frontrun() {
+        use rand::SeedableRng as _;
+        use rand_distr::{Distribution as _, Exp};
+        let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(7);
+        let gap = Exp::new(1.0 / 10e6).expect("a valid rate"); // mean 10 ms
+        let mut w = RateWindow::new();
+        let mut t = 1e9;
+        for _ in 0..1000 {
+            t += gap.sample(&mut rng);
+            w.record(Instant::from_nanos(t as u64));
+        }
+        let last = Instant::from_nanos(t as u64);
+        // Chance 1 - 1/e: one mean gap (10 ms) before a frontrun 60 ms
+        // away, so about 50 ms after the last arrival (octave-linear CDF:
+        // within 20%).
+        let start = w.quiet_start(last + Duration::from_millis(60), 1.0 - (-1.0f64).exp()).expect("known");
+        let waited = start.saturating_since(last).as_millis_f64();
+        assert!((40.0..=60.0).contains(&waited), "{waited} ms");
     }
 
     #[test]
