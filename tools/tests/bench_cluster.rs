@@ -57,3 +57,13 @@ fn batched_submissions_account_for_every_task() {
 fn tcp_run_accounts_for_every_task() {
     check(&run("tcp", "1"));
 }
+
+#[test]
+fn a_real_time_priority_out_of_range_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_symphony"))
+        .args(["bench-cluster", "--transport", "shm", "--rate", "400", "--duration-s", "1", "--backend-rt-priority", "100"])
+        .output()
+        .expect("symphony runs");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("backend-rt-priority"), "{}", String::from_utf8_lossy(&out.stderr));
+}

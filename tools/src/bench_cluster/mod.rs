@@ -138,6 +138,16 @@ pub struct BenchClusterArgs {
     /// The scheduler's --pin-cores (pinned engine): CPU ids or none.
     #[arg(long = "pin-cores", default_value = "none")]
     pub pin_cores: String,
+    /// Run the backend peer process under `SCHED_FIFO` at this priority
+    /// (1-99; 0: the default policy). The backends sleep between plans; on
+    /// a host with fewer cores than busy processes (this 2-core VM: the
+    /// scheduler and the frontends each keep a core busy at 2 M tasks/s)
+    /// the kernel wakes them up to a 4 ms tick late, which is the dispatch
+    /// lag's tail. A real-time process that sleeps when idle takes the
+    /// core at once and gives it back (docs/benchmarks.md). Needs root or
+    /// `CAP_SYS_NICE`; refused with a message otherwise.
+    #[arg(long = "backend-rt-priority", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=99))]
+    pub backend_rt_priority: u8,
     /// Seed of the arrivals.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -255,6 +265,7 @@ pub fn run(a: &BenchClusterArgs) -> Result<(), BenchClusterError> {
             "probes": probes,
             "engine": a.engine.last(),
             "engine_auto": engine_note,
+            "backend_rt_priority": a.backend_rt_priority,
             "by_engine": by_engine.iter().map(|(e, (r, p))| serde_json::json!({"engine": e, "run": r, "probes": p})).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v).map_err(|e| BenchClusterError::Peer(e.to_string()))?);
@@ -392,7 +403,7 @@ fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64) -> Result<
     let back_report = dir.join("backends.json");
     let front_report = dir.join("frontends.json");
     let mut args = peer_args(a.backends, &back_report);
-    args.extend(["--gpus".into(), gpus.to_string()]);
+    args.extend(["--gpus".into(), gpus.to_string(), "--rt-priority".into(), a.backend_rt_priority.to_string()]);
     let mut backs = spawn(&spec, "bench-backends", "bench-backends", args, Some(&token), deadline)?;
     let mut args = peer_args(a.frontends, &front_report);
     args.extend(["--rate".into(), rate.to_string(), "--duration-s".into(), secs.to_string(), "--stamp-every".into(), a.stamp_every.to_string()]);
@@ -581,6 +592,13 @@ pub fn peer_main(role: &str, argv: Vec<String>) -> ExitCode {
     if let Err(e) = control::install_stop_signals() {
         eprintln!("{role}: {e}");
         return ExitCode::from(1);
+    }
+    if a.rt_priority > 0 {
+        // Before any thread starts: threads inherit the policy.
+        if let Err(e) = peer::set_realtime_fifo(a.rt_priority) {
+            eprintln!("{role}: SCHED_FIFO at priority {}: {e} (needs root or CAP_SYS_NICE)", a.rt_priority);
+            return ExitCode::from(1);
+        }
     }
     let res = control::with_domain(a.transport, Peer { frontends: role == "bench-frontends", args: a }).map_err(|e| BenchClusterError::Peer(e.to_string())).and_then(|r| r);
     match res {

@@ -78,6 +78,24 @@ pub struct PeerArgs {
     /// Exit when the parent does.
     #[arg(long)]
     pub exit_with_parent: bool,
+    /// Run this process under `SCHED_FIFO` at this priority (1-99; 0: the
+    /// default policy). See `bench-cluster --backend-rt-priority`.
+    #[arg(long = "rt-priority", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=99))]
+    pub rt_priority: u8,
+}
+
+/// Puts the calling thread (and the threads it starts after this) under
+/// `SCHED_FIFO` at `priority`.
+pub fn set_realtime_fifo(priority: u8) -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: i32::from(priority) };
+    // SAFETY: `param` is a valid sched_param on this stack frame; pid 0 is
+    // the calling thread.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// GPUs of peer `i` of `peers` when `total` are spread as evenly as
