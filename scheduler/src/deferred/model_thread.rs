@@ -119,7 +119,7 @@ const QUIET_STOP_MIN_CV2: f64 = BURSTY_CV2;
 /// the frontrun; chosen by the full grid, item 18).
 const QUIET_STOP_CHANCE: f64 = 0.993_262_053;
 
-/// Gaps of at most `2^GAP_OCTAVE_FLOOR` ns (~1 µs) share the first octave.
+/// Gaps under `2^(GAP_OCTAVE_FLOOR + 1)` ns (~2 µs) share the first octave.
 const GAP_OCTAVE_FLOOR: u32 = 10;
 /// Octaves counted: up to `2^(10 + 32)` ns (~73 minutes), the last takes
 /// every longer gap.
@@ -128,6 +128,13 @@ const GAP_OCTAVES: usize = 32;
 fn gap_octave(gap: Duration) -> usize {
     let log2 = 63 - gap.as_nanos().max(1).leading_zeros();
     (log2.saturating_sub(GAP_OCTAVE_FLOOR) as usize).min(GAP_OCTAVES - 1)
+}
+
+/// Where octave `o` starts (ns) and how wide it is: the first takes every
+/// gap below `2^(GAP_OCTAVE_FLOOR + 1)` ns.
+fn octave_span(o: usize) -> (u64, u64) {
+    let lo = if o == 0 { 0 } else { 1u64 << (o as u32 + GAP_OCTAVE_FLOOR) };
+    (lo, (1u64 << (o as u32 + GAP_OCTAVE_FLOOR + 1)) - lo)
 }
 
 impl RateWindow {
@@ -144,8 +151,7 @@ impl RateWindow {
         let n = (self.filled - 1) as f64;
         let o = gap_octave(x);
         let below: u32 = self.gap_octaves[..o].iter().map(|&c| u32::from(c)).sum();
-        let lo = if o == 0 { 0 } else { 1u64 << (o as u32 + GAP_OCTAVE_FLOOR) };
-        let width = (1u64 << (o as u32 + GAP_OCTAVE_FLOOR + 1)) - lo;
+        let (lo, width) = octave_span(o);
         let within = ((x.as_nanos().saturating_sub(lo)) as f64 / width as f64).min(1.0);
         Some((f64::from(below) + within * f64::from(self.gap_octaves[o])) / n)
     }
@@ -157,8 +163,7 @@ impl RateWindow {
         for (o, &c) in self.gap_octaves.iter().enumerate() {
             let share = f64::from(c) / n;
             if below + share >= q && c > 0 {
-                let lo = if o == 0 { 0 } else { 1u64 << (o as u32 + GAP_OCTAVE_FLOOR) };
-                let width = (1u64 << (o as u32 + GAP_OCTAVE_FLOOR + 1)) - lo;
+                let (lo, width) = octave_span(o);
                 let within = ((q - below) / share).clamp(0.0, 1.0);
                 return Duration::from_nanos(lo + (within * width as f64) as u64);
             }
@@ -175,7 +180,7 @@ impl RateWindow {
     /// horizon, both from the newest arrival, that probability is `(F(H) -
     /// F(e)) / (1 - F(e))`, which is below `chance` exactly when `F(e) >
     /// (F(H) - chance) / (1 - chance)`: a quantile of the gaps. Poisson gaps
-    /// give one `-ln(1 - chance)` mean gaps before `horizon`; bursty gaps
+    /// stop `-ln(1 - chance)` mean gaps before `horizon`; bursty gaps
     /// wait a burst's short gaps out right after an arrival and not at all
     /// once the burst has gone quiet. `None` before the distribution is
     /// known.
