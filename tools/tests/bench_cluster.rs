@@ -39,6 +39,14 @@ fn check(v: &serde_json::Value) {
     assert!(n("planned") > 0, "{r}");
     assert!(r["dispatch_lag"]["samples"].as_u64().unwrap() > 0, "every plan is stamped: {r}");
     assert!(r["ingress_lag"]["samples"].as_u64().unwrap() > 0, "stamped tasks reach the scheduler: {r}");
+    // The dispatch lag's parts: every stamped plan is decided and handed
+    // to its link, each no earlier than decided (1 µs buckets).
+    let (decided, sent) = (&r["decision_lag"], &r["send_lag"]);
+    assert_eq!(decided["samples"], sent["samples"], "{r}");
+    assert!(decided["samples"].as_u64().unwrap() >= r["dispatch_lag"]["samples"].as_u64().unwrap(), "{r}");
+    for q in ["p50_us", "p99_us", "p99_9_us", "max_us"] {
+        assert!(decided[q].as_f64().unwrap() <= sent[q].as_f64().unwrap(), "{q}: {r}");
+    }
     let bad = v["bad_rate"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&bad));
 }

@@ -304,6 +304,13 @@ pub struct SchedulerMetrics {
     /// Benchmark only: frontend send -> task queued, from peers' clock
     /// stamps (empty unless `--bench-stamps`).
     pub bench_ingress_lag: super::bench_stamps::LagBuckets,
+    /// Benchmark only: a plan's planned dispatch moment -> the plan
+    /// encoded for its backend (the first part of the dispatch lag).
+    pub bench_decision_lag: super::bench_stamps::LagBuckets,
+    /// Benchmark only: planned dispatch moment -> the plan handed to its
+    /// backend's link (the rest, to the backend's receipt, is transit and
+    /// the backend's wake-up).
+    pub bench_send_lag: super::bench_stamps::LagBuckets,
 }
 
 fn counter(r: &MetricsRegistry, name: &str, help: &str) -> Counter {
@@ -440,6 +447,18 @@ impl SchedulerMetrics {
             "Benchmark only: frontend send to task queued (host clock stamps), microseconds",
             bench_ingress_lag.histogram().clone(),
         );
+        let bench_decision_lag = super::bench_stamps::LagBuckets::default();
+        r.register(
+            "symphony_bench_decision_lag_us",
+            "Benchmark only: planned dispatch moment to the plan encoded (host clock), microseconds",
+            bench_decision_lag.histogram().clone(),
+        );
+        let bench_send_lag = super::bench_stamps::LagBuckets::default();
+        r.register(
+            "symphony_bench_send_lag_us",
+            "Benchmark only: planned dispatch moment to the plan handed to its link (host clock), microseconds",
+            bench_send_lag.histogram().clone(),
+        );
         let closed_loop = Arc::new(LoopMetrics::default());
         if let Ok(mut t) = closed_loop.read_transport.lock() {
             t.push_str("unknown");
@@ -479,6 +498,8 @@ impl SchedulerMetrics {
             lag,
             closed_loop,
             bench_ingress_lag,
+            bench_decision_lag,
+            bench_send_lag,
         }
     }
 

@@ -1037,6 +1037,7 @@ impl<C: Connection> SchedulerNode<C> {
                 }
             }
         }
+        self.plane.outbox_sent();
         true
     }
 

@@ -239,6 +239,9 @@ pub struct ControlPlane {
     next_publish: Instant,
     /// Benchmark-only lag stamps (`--bench-stamps`), off by default.
     bench: Option<BenchClock>,
+    /// Benchmark only: planned dispatch moments (host clock) of the plans
+    /// in the outbox, for [`ControlPlane::outbox_sent`].
+    bench_unsent: Vec<u64>,
     /// The election epoch stamped in every `Welcome` and plan (0: none).
     epoch: u32,
     /// While fenced, GPUs that join are held out of matchmaking (nothing
@@ -356,6 +359,7 @@ impl ControlPlane {
             verdicts: Vec::with_capacity(4),
             next_publish: Instant::ZERO,
             bench: None,
+            bench_unsent: Vec::new(),
             epoch: 0,
             fenced: false,
             held_gpus: Vec::new(),
@@ -456,6 +460,20 @@ impl ControlPlane {
     /// the host clock at this process's clock origin.
     pub fn set_bench_stamps(&mut self, origin_host_ns: Option<u64>) {
         self.bench = origin_host_ns.map(BenchClock::new);
+        self.bench_unsent = Vec::with_capacity(if self.bench.is_some() { 4096 } else { 0 });
+    }
+
+    /// The outbox was handed to the links. Benchmark only: records the
+    /// send lag of each plan it held.
+    pub fn outbox_sent(&mut self) {
+        if self.bench_unsent.is_empty() {
+            return;
+        }
+        let sent = dataplane::time::host_monotonic_ns();
+        for &planned in &self.bench_unsent {
+            self.metrics.bench_send_lag.record(sent.saturating_sub(planned));
+        }
+        self.bench_unsent.clear();
     }
 
     /// A frontend's benchmark stamp for its next task (ignored unless
@@ -1375,6 +1393,11 @@ impl ControlPlane {
             if let Some(b) = &self.bench {
                 let deadline = members.iter().map(|r| r.deadline).min().unwrap_or(plan.finish_at);
                 let stamp = b.plan_stamp(plan.planned_at, plan.exec_at, deadline);
+                // Benchmark only: where the dispatch lag goes (decided
+                // here, handed to the link in `outbox_sent`, received at
+                // the backend).
+                self.metrics.bench_decision_lag.record(dataplane::time::host_monotonic_ns().saturating_sub(stamp.at_ns));
+                self.bench_unsent.push(stamp.at_ns);
                 self.out.push(PeerId::Backend(backend), |buf| wire::encode(buf, &stamp));
             }
             let ids = &mut self.ids;

@@ -187,6 +187,12 @@ pub struct ClusterRun {
     pub drops: Vec<(String, u64)>,
     pub ingress_lag: LagUs,
     pub dispatch_lag: LagUs,
+    /// The dispatch lag's first part: planned dispatch moment -> plan
+    /// encoded at the scheduler.
+    pub decision_lag: LagUs,
+    /// Planned dispatch moment -> plan handed to the backend's link (the
+    /// dispatch lag less transit and the backend's wake-up).
+    pub send_lag: LagUs,
     /// The frontends' own lag (intended arrival -> sent): above a few µs the
     /// load generator, not the scheduler, is behind.
     pub generator_lag: LagUs,
@@ -292,7 +298,13 @@ pub fn run(a: &BenchClusterArgs) -> Result<(), BenchClusterError> {
             engine_note.as_ref().map_or(String::new(), |n| format!(" ({n})"))
         );
         println!("offered {:.0} tasks/s; accepted {:.0} tasks/s; bad rate {:.3}%", r.offered_rps, r.tasks_per_s, r.bad_rate * 100.0);
-        for (name, l) in [("ingress lag", &r.ingress_lag), ("dispatch lag", &r.dispatch_lag), ("generator lag", &r.generator_lag)] {
+        for (name, l) in [
+            ("ingress lag", &r.ingress_lag),
+            ("dispatch lag", &r.dispatch_lag),
+            ("  decided", &r.decision_lag),
+            ("  sent", &r.send_lag),
+            ("generator lag", &r.generator_lag),
+        ] {
             println!("{name:>13} us: p50 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}  ({} samples)", l.p50_us, l.p99_us, l.p99_9_us, l.max_us, l.samples);
         }
         let drops: Vec<String> = r.drops.iter().filter(|(_, n)| *n > 0).map(|(k, n)| format!("{k} {n}")).collect();
@@ -542,6 +554,8 @@ fn figures(rate: f64, secs: f64, metrics: &str, fr: &FrontendsReport, br: &Backe
         drops,
         ingress_lag: bucket_quantiles(metrics, "symphony_bench_ingress_lag_us"),
         dispatch_lag: br.dispatch_lag,
+        decision_lag: bucket_quantiles(metrics, "symphony_bench_decision_lag_us"),
+        send_lag: bucket_quantiles(metrics, "symphony_bench_send_lag_us"),
         generator_lag: fr.send_lag,
         unaccounted,
         unsent_bound: fr.unsent_at_exit,
