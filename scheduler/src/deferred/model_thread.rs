@@ -48,6 +48,18 @@ const SHORT_FILL_SHARE: f64 = 0.2;
 /// fill's spread (docs/decisions.md, deferred item 17).
 const FILL_FLOOR_MAX_CV2: f64 = 2.5;
 
+/// Whether waiting for a second request pays enough to protect the pair
+/// (deferred item 19): running two together saves `2 l(1) - l(2)` of GPU
+/// time (`beta` for a linear profile), which must be at least what the
+/// second adds to the batch, `l(2) - l(1)` (`alpha`). A model whose
+/// batching saves less (1080Ti Xception: `beta` 2.0 ms, `alpha` 4.8 ms)
+/// loses little by running a burst's requests apart and more by holding a
+/// GPU idle for a partner, so it is never pair-locked.
+fn pair_worth_waiting_for(profile: &LatencyProfile) -> bool {
+    let (one, two) = (profile.latency(1), profile.latency(2));
+    (one + one).saturating_sub(two) >= two.saturating_sub(one)
+}
+
 /// The largest `w <= mean` (at least 1) with `P(N < w) <= SHORT_FILL_SHARE`
 /// for `N ~ Poisson(mean)`: the count a fill whose expected count is
 /// `mean` falls short of only in that share of fills. `O(mean)`; the
@@ -283,7 +295,8 @@ struct ModelState {
     best_batch: u32,
     /// `l(1) + l(2) > SLO`: a GPU that starts one of this model's requests
     /// alone cannot serve a pair arriving just after it within the SLO
-    /// (see [`Self::gather`], deferred items 12 and 13).
+    /// (see [`Self::gather`], deferred items 12 and 13), and the pair is
+    /// worth waiting for (see [`pair_worth_waiting_for`], item 19).
     pair_locked_out: bool,
     /// Pending requests, one queue per priority level (highest first),
     /// each sorted by deadline (arrival order for one SLO).
@@ -776,7 +789,8 @@ impl ModelThreadCore {
             .enumerate()
             .map(|(i, (id, spec))| {
                 local[id as usize] = i as u32;
-                let pair_locked_out = spec.profile.latency(1) + spec.profile.latency(2) > spec.slo;
+                let pair_locked_out = spec.profile.latency(1) + spec.profile.latency(2) > spec.slo
+                    && pair_worth_waiting_for(&spec.profile);
                 let best_batch = (1..=spec.profile.max_batch_within(spec.slo, Duration::ZERO, u32::MAX).max(1))
                     .max_by(|&a, &b| spec.profile.throughput_rps(a).total_cmp(&spec.profile.throughput_rps(b)))
                     .unwrap_or(1);
@@ -1181,6 +1195,22 @@ mod tests {
             let (log, _) = called(1.0, gaps);
             assert!(log < 0.2, "Poisson, {gaps} gaps: {log}");
         }
+    }
+
+    #[test]
+    fn a_pair_that_saves_less_than_its_second_request_costs_locks_nothing_out() {
+        let locked = |alpha: f64, beta: f64, slo: f64| {
+            let spec = ModelSpec::linear("m", alpha, beta, slo).expect("a valid profile");
+            ModelThreadCore::new(CoreConfig::default(), vec![(0, spec)]).models[0].pair_locked_out
+        };
+        // 1080Ti Xception at 15 ms: l(1) + l(2) = 6.8 + 11.5 ms, but the
+        // pair saves beta = 2.0 ms against alpha = 4.8 ms for its second.
+        assert!(!locked(4.751, 2.046, 15.0));
+        // 1080Ti EfficientNetB0 and A100 EfficientNetV2S at 15 ms: beta > alpha.
+        assert!(locked(1.569, 5.586, 15.0));
+        assert!(locked(1.454, 7.378, 15.0));
+        // The border: beta = alpha is worth it.
+        assert!(locked(5.0, 5.0, 15.0));
     }
 
     #[test]
