@@ -125,6 +125,12 @@ pub struct Candidate {
     /// How long the batch runs (at the profile's speed): what a GPU is
     /// committed to once it starts.
     pub exec: Duration,
+    /// The share of the model's recent admitted requests that scheduling
+    /// dropped (early drop or out of time), in basis points (1% = 100):
+    /// when a GPU cannot serve every candidate that cannot wait for the
+    /// next one, the RankThread serves the model that has lost the most
+    /// first (docs/decisions.md, deferred item 20).
+    pub recent_loss_bp: u16,
 }
 
 /// ModelThread -> RankThread messages.

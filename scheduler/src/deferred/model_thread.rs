@@ -60,6 +60,42 @@ fn pair_worth_waiting_for(profile: &LatencyProfile) -> bool {
     (one + one).saturating_sub(two) >= two.saturating_sub(one)
 }
 
+/// Admitted requests over which [`RecentLoss`] counts: both counts halve
+/// when the admitted count reaches this, so the share covers the last
+/// 2048-4096 requests (a count, not a time: no clock, and a slow model is
+/// judged on as many requests as a fast one).
+const RECENT_LOSS_SPAN: u32 = 4096;
+
+/// The share of a model's recent admitted requests that scheduling dropped
+/// (deferred item 20). Two counters; no allocation.
+#[derive(Clone, Copy, Debug, Default)]
+struct RecentLoss {
+    admitted: u32,
+    dropped: u32,
+}
+
+impl RecentLoss {
+    fn admitted(&mut self) {
+        self.admitted += 1;
+        if self.admitted >= RECENT_LOSS_SPAN {
+            self.admitted /= 2;
+            self.dropped /= 2;
+        }
+    }
+
+    fn dropped(&mut self) {
+        self.dropped = self.dropped.saturating_add(1).min(self.admitted.max(1));
+    }
+
+    /// In basis points (1% = 100); 0 before any request.
+    fn basis_points(&self) -> u16 {
+        if self.admitted == 0 {
+            return 0;
+        }
+        (u64::from(self.dropped) * 10_000 / u64::from(self.admitted)).min(10_000) as u16
+    }
+}
+
 /// The largest `w <= mean` (at least 1) with `P(N < w) <= SHORT_FILL_SHARE`
 /// for `N ~ Poisson(mean)`: the count a fill whose expected count is
 /// `mean` falls short of only in that share of fills. `O(mean)`; the
@@ -323,6 +359,8 @@ struct ModelState {
     target_memo: u32,
     /// The last [`Self::drop_window`] (target, fraction bits, answer).
     drop_window_memo: Option<(u32, u64, u32)>,
+    /// The share of recent admitted requests dropped (deferred item 20).
+    loss: RecentLoss,
     /// The last [`poisson_fill_floor`] (target, answer).
     fill_floor_memo: (u32, u32),
 }
@@ -432,6 +470,7 @@ impl ModelState {
                         out_of_time(&head)
                     };
                     q.pop_front();
+                    self.loss.dropped();
                     out.drops.push((head, reason));
                 }
             }
@@ -490,6 +529,7 @@ impl ModelState {
             // in time. Handing the GPU back would only have it granted
             // again at once; the head goes.
             if let Some(head) = q.pop_front() {
+                self.loss.dropped();
                 out.drops.push((head, out_of_time(&head)));
             }
         };
@@ -560,7 +600,7 @@ impl ModelState {
             _ => latest,
         };
         let level = level as u16;
-        Some(Candidate { bs, exec_at, latest, level, urgency, exec: self.profile.scaled_latency(bs, factor) })
+        Some(Candidate { bs, exec_at, latest, level, urgency, exec: self.profile.scaled_latency(bs, factor), recent_loss_bp: self.loss.basis_points() })
     }
 
     /// What a pending candidate will be when its window opens, for the
@@ -578,7 +618,7 @@ impl ModelState {
         }
         let exec = self.profile.latency(b);
         let latest = deadline - exec;
-        Candidate { bs: b, exec_at: c.exec_at.min(latest), latest, level: c.level, urgency: c.urgency.min(latest), exec }
+        Candidate { bs: b, exec_at: c.exec_at.min(latest), latest, level: c.level, urgency: c.urgency.min(latest), exec, recent_loss_bp: c.recent_loss_bp }
     }
 
     /// Early drop's window: the smallest batch whose throughput per GPU is
@@ -811,6 +851,7 @@ impl ModelThreadCore {
                     efficiency,
                     target_memo: 0,
                     drop_window_memo: None,
+                    loss: RecentLoss::default(),
                     fill_floor_memo: (0, 0),
                 }
             })
@@ -957,6 +998,7 @@ impl ModelThreadCore {
         // Only admitted requests count towards the rate: the estimate says
         // how fast batches fill.
         m.rate.record(now);
+        m.loss.admitted();
         insert_by_deadline(&mut m.queues[level], req);
         self.refresh(i, now, out, to_rank);
     }
@@ -1195,6 +1237,31 @@ mod tests {
             let (log, _) = called(1.0, gaps);
             assert!(log < 0.2, "Poisson, {gaps} gaps: {log}");
         }
+    }
+
+    #[test]
+    fn the_recent_loss_is_the_dropped_share_of_the_last_admitted_requests() {
+        let mut l = RecentLoss::default();
+        assert_eq!(l.basis_points(), 0);
+        for i in 0..1000 {
+            l.admitted();
+            if i % 50 == 0 {
+                l.dropped();
+            }
+        }
+        assert_eq!(l.basis_points(), 200, "20 of 1000");
+        // Both counts halve at the span: the share holds, old requests
+        // weigh less from then on.
+        for _ in 1000..RECENT_LOSS_SPAN {
+            l.admitted();
+        }
+        assert_eq!((l.admitted, l.dropped), (RECENT_LOSS_SPAN / 2, 10));
+        // Never above all of them.
+        let mut all = RecentLoss::default();
+        all.dropped();
+        all.admitted();
+        all.dropped();
+        assert_eq!(all.basis_points(), 10_000);
     }
 
     #[test]

@@ -28,7 +28,8 @@ pub struct RankStats {
     pub early_grants: u64,
 }
 
-/// Matchmaking state. Every operation is `O(log M + log G)`.
+/// Matchmaking state. Every operation is `O(log M + log G)`, but for a
+/// contended grant (`least_served_that_cannot_wait`, `O(M)`).
 pub struct RankCore {
     delay: NetworkDelay,
     /// GPUs not reserved by a ModelThread, keyed by the time they are free.
@@ -358,12 +359,44 @@ impl RankCore {
                 winner = Some(m);
                 break;
             }
-            let Some(m) = winner else { break };
-            self.remove_candidate(m);
+            let Some(top) = winner else { break };
             self.idle.remove(gpu);
             self.busy.remove(gpu);
+            let m = self.least_served_that_cannot_wait(now, free_at, top);
+            self.remove_candidate(m);
             self.give(now, m, gpu, free_at, false, grant);
         }
+    }
+
+    /// Which candidate takes a GPU free at `free_at` (already out of the
+    /// idle and busy sets) when `top` is the most urgent feasible one.
+    /// If `top` could still start by its latest on the next GPU to free,
+    /// it takes this one (latest-start order, Appendix D). Otherwise
+    /// some candidate of `top`'s level will have to shrink or drop for
+    /// lack of a GPU; among those that can start on this GPU and cannot
+    /// wait for the next, the one whose model has lost the largest share
+    /// of its recent requests goes first (ties: the more urgent). The
+    /// goodput bar is every model's bad rate, and latest-start order
+    /// alone lets the model with the longer batch take every contended
+    /// GPU while the other loses all (deferred item 20). `O(M)` over the
+    /// waiting candidates, and only when `top` cannot wait.
+    fn least_served_that_cannot_wait(&self, now: Instant, free_at: Instant, top: ModelId) -> ModelId {
+        let Some(t) = self.cands[top as usize] else { return top };
+        let next_free = if self.idle.is_empty() { self.busy.peek().map_or(Instant::NEVER, |(at, _)| at) } else { now };
+        let cannot_wait = |c: &Candidate| next_free.max(now + self.delay.of(c.bs)) > c.latest;
+        if !cannot_wait(&t) {
+            return top;
+        }
+        let (mut best, mut best_key) = (top, (t.recent_loss_bp, Reverse(t.urgency)));
+        for (m, c) in self.cands.iter().enumerate() {
+            let Some(c) = c else { continue };
+            let key = (c.recent_loss_bp, Reverse(c.urgency));
+            if c.level != t.level || key <= best_key || free_at.max(now + self.delay.of(c.bs)) > c.latest || !cannot_wait(c) {
+                continue;
+            }
+            (best, best_key) = (m as ModelId, key);
+        }
+        best
     }
 
     /// The largest network lead time among waiting candidates.
@@ -396,13 +429,13 @@ mod tests {
     fn cand(bs: u32, latest_ms: u64) -> Candidate {
         {
             let latest = Instant::from_nanos(latest_ms * 1_000_000);
-            Candidate { bs, exec_at: Instant::ZERO, latest, level: 0, urgency: latest, exec: Duration::from_millis(1) }
+            Candidate { bs, exec_at: Instant::ZERO, latest, level: 0, urgency: latest, exec: Duration::from_millis(1), recent_loss_bp: 0 }
         }
     }
 
     fn pending(latest_ms: u64, exec_ms: u64) -> Candidate {
         let latest = Instant::from_nanos(latest_ms * 1_000_000);
-        Candidate { bs: 8, exec_at: latest, latest, level: 0, urgency: latest, exec: Duration::from_millis(exec_ms) }
+        Candidate { bs: 8, exec_at: latest, latest, level: 0, urgency: latest, exec: Duration::from_millis(exec_ms), recent_loss_bp: 0 }
     }
 
     #[test]
@@ -564,5 +597,38 @@ mod tests {
         assert!(grants.is_empty());
         rank.on_wake(ms(10), &mut |g| grants.push(g));
         assert_eq!(grants.first().map(|g| g.model), Some(1), "the lower level absorbs the loss across models: {grants:?}");
+    }
+
+    #[test]
+    fn a_gpu_neither_waiting_candidate_can_spare_goes_to_the_model_that_lost_more() {
+        let ms = |ms: u64| Instant::from_nanos(ms * 1_000_000);
+        // Two GPUs, busy until 10 ms and until `other_free` ms. Model 0's
+        // batch must start by 12 ms, model 1's by 15 ms. Returns who gets
+        // the GPU free at 10 ms.
+        let first_at_10 = |loss0: u16, loss1: u16, other_free: u64| {
+            let mut rank = RankCore::new(3, 2, NetworkDelay::ZERO);
+            let mut grants = Vec::new();
+            for (gpu, free) in [(0, 10), (1, other_free)] {
+                rank.on_message(ms(0), ToRank::Candidate { model: 2, cand: Some(cand(4, 100)) }, &mut |g| grants.push(g));
+                rank.on_message(ms(1), ToRank::GpuFree { gpu, free_at: ms(free) }, &mut |g| grants.push(g));
+            }
+            grants.clear();
+            let lost = |latest, bp| Candidate { recent_loss_bp: bp, ..cand(4, latest) };
+            rank.on_message(ms(2), ToRank::Candidate { model: 0, cand: Some(lost(12, loss0)) }, &mut |g| grants.push(g));
+            rank.on_message(ms(2), ToRank::Candidate { model: 1, cand: Some(lost(15, loss1)) }, &mut |g| grants.push(g));
+            assert!(grants.is_empty());
+            rank.on_wake(ms(10), &mut |g| grants.push(g));
+            grants.iter().find(|g| g.gpu == 0).map(|g| g.model)
+        };
+        // The next GPU frees at 50 ms: one of the two must lose its batch;
+        // the model that has lost more so far keeps it.
+        assert_eq!(first_at_10(0, 300, 50), Some(1));
+        assert_eq!(first_at_10(300, 0, 50), Some(0));
+        // Equal losses: the more urgent, as without losses.
+        assert_eq!(first_at_10(100, 100, 50), Some(0));
+        // The next GPU frees at 11 ms: model 0 could wait for it, but it is
+        // the more urgent and model 1 can take the one after; latest-start
+        // order holds whatever the losses.
+        assert_eq!(first_at_10(0, 300, 11), Some(0));
     }
 }
