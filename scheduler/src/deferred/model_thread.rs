@@ -47,6 +47,11 @@ const SHORT_FILL_SHARE: f64 = 0.2;
 /// 0.30), not Gamma(0.2) (5), whose bursts bring backlogs far beyond a
 /// fill's spread (docs/decisions.md, deferred item 17).
 const FILL_FLOOR_MAX_CV2: f64 = 2.5;
+/// Under bursts the widened early-drop window is never below the target
+/// divided by this (nor above the plain window): on a flat efficiency
+/// curve the widened fraction alone tolerates batches of a fifth of the
+/// target (docs/decisions.md, deferred item 21).
+const BURST_WINDOW_FLOOR_DIVISOR: u32 = 3;
 
 /// Whether waiting for a second request pays enough to protect the pair
 /// (deferred item 19): running two together saves `2 l(1) - l(2)` of GPU
@@ -657,11 +662,22 @@ impl ModelState {
     /// what stops the queue from collapsing into small batches after a
     /// burst (docs/decisions.md, deferred items 5, 16 and 17), and capping
     /// it cost 4-6% on small clusters.
+    /// The widening stops at a third of the target
+    /// ([`BURST_WINDOW_FLOOR_DIVISOR`]), or at the plain window where that
+    /// is smaller: a shortfall in throughput per GPU is not one in batch
+    /// size, and where `e(b)` is flat (1080Ti ResNet50 at 100 ms, target
+    /// 30: `e(6) = 0.75 e(30)`) the widened fraction lets a backlog that
+    /// outlives its burst run its oldest heads, each near its deadline, in
+    /// batches of 6-16 that cannot keep up with the rate (deferred item 21).
     fn early_drop_window(&mut self, target: u32, gap_cv2: Option<f64>, fraction: f64) -> u32 {
         let cv2 = gap_cv2.unwrap_or(1.0).max(1.0);
         let window = self.drop_window(target, 1.0 - (1.0 - fraction) * cv2);
-        if gap_cv2.is_some_and(|c| c <= FILL_FLOOR_MAX_CV2) {
-            window.min(self.fill_floor(target))
+        let window = if gap_cv2.is_some_and(|c| c <= FILL_FLOOR_MAX_CV2) { window.min(self.fill_floor(target)) } else { window };
+        let floor = target / BURST_WINDOW_FLOOR_DIVISOR;
+        if cv2 > 1.0 && window < floor {
+            // Only here: a second fraction would evict the memo each gather.
+            let plain = self.drop_window_search(target, fraction).min(self.fill_floor(target));
+            window.max(plain.min(floor))
         } else {
             window
         }
@@ -1363,6 +1379,26 @@ mod tests {
         let m = &mut c.models[0];
         assert_eq!(m.drop_window(7, 0.95), 6);
         assert_eq!(m.early_drop_window(7, Some(1.0), 0.95), 5);
+    }
+
+    #[test]
+    fn burst_widening_stops_at_a_third_of_the_target_or_the_plain_window() {
+        // 1080Ti ResNet50 at 100 ms, target 30: e(b) is flat, so the
+        // Gamma(0.2) fraction 0.75 alone would serve batches of 6.
+        let mut c = ModelThreadCore::new(CoreConfig::default(), vec![(0, ModelSpec::linear("m", 2.050, 5.378, 100.0).expect("a valid profile"))]);
+        let m = &mut c.models[0];
+        assert_eq!(m.drop_window(30, 0.75), 6);
+        assert_eq!(m.early_drop_window(30, Some(5.0), 0.95), 10, "a third of the target");
+        assert_eq!(m.early_drop_window(30, Some(2.0), 0.95), m.drop_window(30, 0.9).max(10), "Gamma(0.5)");
+        // Poisson and no estimate: unchanged (the floor only bounds the widening).
+        let plain = m.drop_window(30, 0.95).min(poisson_fill_floor(30));
+        assert_eq!(m.early_drop_window(30, Some(1.0), 0.95), plain);
+        assert_eq!(m.early_drop_window(30, None, 0.95), m.drop_window(30, 0.95));
+        // A weak batcher's plain window is one: the floor never lifts it.
+        let mut c = ModelThreadCore::new(CoreConfig::default(), vec![(0, ModelSpec::linear("m", 5.0, 0.1, 100.0).expect("a valid profile"))]);
+        let m = &mut c.models[0];
+        assert_eq!(m.early_drop_window(12, Some(1.0), 0.95), 1);
+        assert_eq!(m.early_drop_window(12, Some(5.0), 0.95), 1);
     }
 
     #[test]
