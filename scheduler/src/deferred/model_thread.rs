@@ -172,6 +172,12 @@ const QUIET_STOP_MIN_CV2: f64 = BURSTY_CV2;
 /// the frontrun; chosen by the full grid, item 18).
 const QUIET_STOP_CHANCE: f64 = 0.993_262_053;
 
+/// A lone request of a model that locks out a following pair but whose
+/// pair is not worth the frontrun ([`pair_worth_waiting_for`]) waits, under
+/// bursts stronger than Gamma(0.5), while a partner comes before the
+/// frontrun with at least this chance (deferred item 22).
+const PARTNER_HOLD_CHANCE: f64 = 0.2;
+
 /// Gaps under `2^(GAP_OCTAVE_FLOOR + 1)` ns (~2 µs) share the first octave.
 const GAP_OCTAVE_FLOOR: u32 = 10;
 /// Octaves counted: up to `2^(10 + 32)` ns (~73 minutes), the last takes
@@ -339,6 +345,10 @@ struct ModelState {
     /// (see [`Self::gather`], deferred items 12 and 13), and the pair is
     /// worth waiting for (see [`pair_worth_waiting_for`], item 19).
     pair_locked_out: bool,
+    /// `l(1) + l(2) > SLO`, whether or not the pair is worth the wait: a
+    /// lone request started at once leaves no room for a pair behind it on
+    /// its GPU (deferred items 13, 19 and 22).
+    lone_locks_out_pair: bool,
     /// Pending requests, one queue per priority level (highest first),
     /// each sorted by deadline (arrival order for one SLO).
     queues: Vec<VecDeque<Request>>,
@@ -560,8 +570,26 @@ impl ModelState {
             (Gather::Early, Some(t)) if !burst_locked => t,
             _ => self.best_batch,
         };
-        let exec_at = if full || self.near_best_efficiency(bs, target, cfg.efficiency_slack) {
+        let exec_at = if full {
             Instant::ZERO
+        } else if self.near_best_efficiency(bs, target, cfg.efficiency_slack) {
+            // A model that locks out a pair behind a lone request but whose
+            // pair is not worth holding a GPU to the frontrun (item 19)
+            // still waits, under strong bursts with a GPU idle, while a
+            // partner is likely: a burst's requests come microseconds to
+            // a millisecond apart, and two run apart take two GPUs that the
+            // rest of the burst then lacks (deferred item 22).
+            let hold = spare_gpu
+                && self.lone_locks_out_pair
+                && !self.pair_locked_out
+                && bs < self.best_batch
+                && gap_cv2.is_some_and(|c| c > FILL_FLOOR_MAX_CV2);
+            if hold {
+                let frontrun = dl - self.profile.scaled_latency(bs + 1, slow);
+                self.rate.quiet_start(frontrun, PARTNER_HOLD_CHANCE).unwrap_or(Instant::ZERO)
+            } else {
+                Instant::ZERO
+            }
         } else {
             // Frontrun, `d - l(bs+1)`. Waiting until the last moment buys at
             // most the requests that arrive meanwhile; within the final
@@ -845,8 +873,8 @@ impl ModelThreadCore {
             .enumerate()
             .map(|(i, (id, spec))| {
                 local[id as usize] = i as u32;
-                let pair_locked_out = spec.profile.latency(1) + spec.profile.latency(2) > spec.slo
-                    && pair_worth_waiting_for(&spec.profile);
+                let lone_locks_out_pair = spec.profile.latency(1) + spec.profile.latency(2) > spec.slo;
+                let pair_locked_out = lone_locks_out_pair && pair_worth_waiting_for(&spec.profile);
                 let best_batch = (1..=spec.profile.max_batch_within(spec.slo, Duration::ZERO, u32::MAX).max(1))
                     .max_by(|&a, &b| spec.profile.throughput_rps(a).total_cmp(&spec.profile.throughput_rps(b)))
                     .unwrap_or(1);
@@ -855,6 +883,7 @@ impl ModelThreadCore {
                     id,
                     best_batch,
                     pair_locked_out,
+                    lone_locks_out_pair,
                     profile: spec.profile,
                     slo: spec.slo,
                     queues: vec![VecDeque::with_capacity(256)],
@@ -1216,6 +1245,41 @@ mod tests {
         // The first two arrivals tell nothing: the frontrun.
         let wait = start_after(2, false, true);
         assert!(wait > Duration::from_millis(4) && wait < Duration::from_millis(5), "{wait:?}");
+    }
+
+    #[test]
+    fn a_lone_request_whose_pair_is_not_worth_the_frontrun_waits_only_while_a_partner_is_likely() {
+        // 1080Ti Xception at SLO 15 ms: l(1) + l(2) = 6.8 + 11.5 ms locks
+        // out a pair, but the pair saves beta = 2.0 ms < alpha = 4.8 ms.
+        let start = |alpha: f64, slo: f64, bursty: bool, spare_gpu: bool| {
+            let spec = ModelSpec::linear("x", alpha, 2.046, slo).expect("a valid profile");
+            let mut c = ModelThreadCore::new(CoreConfig::default(), vec![(0, spec)]);
+            let m = &mut c.models[0];
+            assert!(!m.pair_locked_out);
+            // Mean gap 20 ms: bursts of five 1 us apart every 100 ms (squared
+            // CV 4), or a Poisson-like spread of gaps.
+            let mut t = 0u64;
+            for i in 0..600u64 {
+                t += if bursty { if i % 5 == 0 { 100_000_000 - 4_000 } else { 1_000 } } else { [4, 12, 20, 28, 36][(i * 3 % 5) as usize] * 1_000_000 };
+                m.rate.record(Instant::from_nanos(t));
+            }
+            let now = Instant::from_nanos(t);
+            m.queues[0].push_back(Request::new(1, 0, now, now + Duration::from_millis(slo as u64)));
+            let cand = m.gather(now, &c.cfg, None, 1.0, spare_gpu, &mut Actions::default()).expect("a candidate");
+            (m.lone_locks_out_pair, cand.exec_at.saturating_since(now))
+        };
+        // Bursts: the burst's microsecond gaps are waited out (four gaps in
+        // five are 1 us, so a partner is likely only that long)...
+        let (locks, wait) = start(4.751, 15.0, true, true);
+        assert!(locks);
+        assert!(wait > Duration::ZERO && wait <= Duration::from_nanos(2_048), "{wait:?}");
+        // ... but not without an idle GPU, nor under Poisson-like gaps.
+        assert_eq!(start(4.751, 15.0, true, false).1, Duration::ZERO);
+        assert_eq!(start(4.751, 15.0, false, true).1, Duration::ZERO);
+        // At SLO 25 ms a pair fits behind a lone request: nothing to hold for.
+        let (locks, wait) = start(4.751, 25.0, true, true);
+        assert!(!locks);
+        assert_eq!(wait, Duration::ZERO);
     }
 
     #[test]
