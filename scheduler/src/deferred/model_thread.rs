@@ -1136,8 +1136,18 @@ mod tests {
     use super::*;
 
     fn core(alpha_ms: f64, beta_ms: f64) -> ModelThreadCore {
-        let spec = ModelSpec::linear("m", alpha_ms, beta_ms, 25.0).expect("a valid profile");
+        core_at(alpha_ms, beta_ms, 25.0)
+    }
+
+    /// One model with a linear profile at `slo_ms`.
+    fn core_at(alpha_ms: f64, beta_ms: f64, slo_ms: f64) -> ModelThreadCore {
+        let spec = ModelSpec::linear("m", alpha_ms, beta_ms, slo_ms).expect("a valid profile");
         ModelThreadCore::new(CoreConfig::default(), vec![(0, spec)])
+    }
+
+    /// Whether such a model is pair-locked (deferred items 13 and 19).
+    fn locked(alpha_ms: f64, beta_ms: f64, slo_ms: f64) -> bool {
+        core_at(alpha_ms, beta_ms, slo_ms).models[0].pair_locked_out
     }
 
     #[test]
@@ -1346,10 +1356,6 @@ mod tests {
 
     #[test]
     fn a_pair_that_saves_less_than_its_second_request_costs_locks_nothing_out() {
-        let locked = |alpha: f64, beta: f64, slo: f64| {
-            let spec = ModelSpec::linear("m", alpha, beta, slo).expect("a valid profile");
-            ModelThreadCore::new(CoreConfig::default(), vec![(0, spec)]).models[0].pair_locked_out
-        };
         // 1080Ti Xception at 15 ms: l(1) + l(2) = 6.8 + 11.5 ms, but the
         // pair saves beta = 2.0 ms against alpha = 4.8 ms for its second.
         assert!(!locked(4.751, 2.046, 15.0));
@@ -1362,10 +1368,6 @@ mod tests {
 
     #[test]
     fn a_pair_behind_a_lone_request_decides_the_lock_out() {
-        let locked = |alpha: f64, beta: f64, slo: f64| {
-            let spec = ModelSpec::linear("m", alpha, beta, slo).expect("a valid profile");
-            ModelThreadCore::new(CoreConfig::default(), vec![(0, spec)]).models[0].pair_locked_out
-        };
         // 1080Ti ResNet50 at 15 ms: 2 l(1) = 14.9 ms fits, l(1) + l(2) = 16.9 ms does not.
         assert!(locked(2.050, 5.378, 15.0));
         assert!(!locked(2.050, 5.378, 25.0));
@@ -1415,7 +1417,7 @@ mod tests {
     fn under_poisson_arrivals_the_early_drop_window_is_what_most_fills_reach() {
         // 1080Ti ResNet50 at 15 ms, target 3: e(2) = 0.81 e(3), below the
         // 0.95 fraction, so the fraction alone protects the whole target.
-        let mut c = ModelThreadCore::new(CoreConfig::default(), vec![(0, ModelSpec::linear("m", 2.050, 5.378, 15.0).expect("a valid profile"))]);
+        let mut c = core_at(2.050, 5.378, 15.0);
         let m = &mut c.models[0];
         assert_eq!(m.drop_window(3, 0.95), 3);
         assert_eq!(m.early_drop_window(3, Some(1.0), 0.95), 2, "Poisson: one request short is served");
@@ -1439,7 +1441,7 @@ mod tests {
         assert_eq!(m.early_drop_window(16, Some(5.0), 0.95), m.drop_window(16, 0.75), "strong bursts: the fraction alone");
         // A 1080Ti ResNet50 at 25 ms, target 7: the fraction leaves 6,
         // the fill floor 5.
-        let mut c = ModelThreadCore::new(CoreConfig::default(), vec![(0, ModelSpec::linear("m", 2.050, 5.378, 25.0).expect("a valid profile"))]);
+        let mut c = core_at(2.050, 5.378, 25.0);
         let m = &mut c.models[0];
         assert_eq!(m.drop_window(7, 0.95), 6);
         assert_eq!(m.early_drop_window(7, Some(1.0), 0.95), 5);
@@ -1449,7 +1451,7 @@ mod tests {
     fn burst_widening_stops_at_a_third_of_the_target_or_the_plain_window() {
         // 1080Ti ResNet50 at 100 ms, target 30: e(b) is flat, so the
         // Gamma(0.2) fraction 0.75 alone would serve batches of 6.
-        let mut c = ModelThreadCore::new(CoreConfig::default(), vec![(0, ModelSpec::linear("m", 2.050, 5.378, 100.0).expect("a valid profile"))]);
+        let mut c = core_at(2.050, 5.378, 100.0);
         let m = &mut c.models[0];
         assert_eq!(m.drop_window(30, 0.75), 6);
         assert_eq!(m.early_drop_window(30, Some(5.0), 0.95), 10, "a third of the target");
@@ -1459,7 +1461,7 @@ mod tests {
         assert_eq!(m.early_drop_window(30, Some(1.0), 0.95), plain);
         assert_eq!(m.early_drop_window(30, None, 0.95), m.drop_window(30, 0.95));
         // A weak batcher's plain window is one: the floor never lifts it.
-        let mut c = ModelThreadCore::new(CoreConfig::default(), vec![(0, ModelSpec::linear("m", 5.0, 0.1, 100.0).expect("a valid profile"))]);
+        let mut c = core_at(5.0, 0.1, 100.0);
         let m = &mut c.models[0];
         assert_eq!(m.early_drop_window(12, Some(1.0), 0.95), 1);
         assert_eq!(m.early_drop_window(12, Some(5.0), 0.95), 1);
@@ -1471,7 +1473,7 @@ mod tests {
         // a strong and a weak batcher, with and without a network delay.
         for (alpha, beta, slo) in [(1.053, 5.072, 25.0), (0.1, 5.0, 50.0), (5.0, 0.1, 30.0)] {
             for delay in [NetworkDelay::ZERO, NetworkDelay { d_ctrl: Duration::from_micros(200), d_data: Duration::from_micros(30) }] {
-                let mut c = ModelThreadCore::new(CoreConfig::default(), vec![(0, ModelSpec::linear("m", alpha, beta, slo).expect("a valid profile"))]);
+                let mut c = core_at(alpha, beta, slo);
                 let m = &mut c.models[0];
                 for step in (0..4000u64).chain((0..4000).rev()) {
                     let gap = Duration::from_nanos(step * step / 3);
