@@ -17,17 +17,24 @@ pub struct GoodputSearch {
     /// At most this many simulations.
     pub max_runs: u32,
     /// Each probe measures at least this many requests of every model (by
-    /// the offered rate and the popularity): a low rate runs longer, up to
-    /// [`MAX_STRETCH`] times the base's measured span (0: the base's span
-    /// at every rate). With 100 requests one drop is already 1%, so a bar
-    /// of 1% judged on a few seconds of a low rate passes or fails on
-    /// single drops; every policy gets the same stretched runs.
+    /// the offered rate and the popularity), times the arrivals' squared
+    /// gap CV when above 1: a low rate runs longer, up to [`MAX_STRETCH`]
+    /// times the base's measured span (0: the base's span at every rate).
+    /// With 100 requests one drop is already 1%, so a bar of 1% judged on
+    /// a few seconds of a low rate passes or fails on single drops; every
+    /// policy gets the same stretched runs. Bursty arrivals drop in
+    /// clusters (a burst too big for the cluster loses several requests at
+    /// once), so the count of independent events behind a bad rate is the
+    /// count of bursts, about the requests over the index of dispersion
+    /// ([`crate::sim::Arrival::gap_cv2`]).
     pub min_requests_per_model: u64,
 }
 
 /// The longest stretch of a probe's measured span (see
-/// [`GoodputSearch::min_requests_per_model`]).
-pub const MAX_STRETCH: f64 = 100.0;
+/// [`GoodputSearch::min_requests_per_model`]). It only bounds probes at
+/// rates near zero: the cost of a run follows its requests, which the
+/// minimum bounds.
+pub const MAX_STRETCH: f64 = 10_000.0;
 
 impl Default for GoodputSearch {
     fn default() -> Self {
@@ -89,7 +96,8 @@ fn stretched(base: &SimConfig, rate: f64, min_requests: u64) -> dataplane::time:
     if min_requests == 0 || rate <= 0.0 || !share.is_finite() || measured <= 0.0 {
         return base.duration;
     }
-    let need = (min_requests as f64 / (rate * share)).min(measured * MAX_STRETCH);
+    let min_requests = min_requests as f64 * base.workload.arrival.gap_cv2().max(1.0);
+    let need = (min_requests / (rate * share)).min(measured * MAX_STRETCH);
     if need <= measured {
         return base.duration;
     }
@@ -160,4 +168,43 @@ pub fn search(
         }
     }
     Ok(GoodputResult { goodput_rps: lo, at_goodput: best, probes })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::{Arrival, Popularity, RateSchedule, Workload};
+    use crate::zoo::ModelSpec;
+    use dataplane::time::Duration;
+
+    fn base(arrival: Arrival) -> SimConfig {
+        let models = vec![ModelSpec::linear("a", 1.0, 5.0, 20.0).unwrap(), ModelSpec::linear("b", 1.0, 5.0, 20.0).unwrap()];
+        SimConfig {
+            models,
+            gpus: 2,
+            workload: Workload { rate_rps: 0.0, arrival, popularity: Popularity::Equal, schedule: RateSchedule::default() },
+            duration: Duration::from_millis(6000),
+            warmup: Duration::from_millis(1000),
+            seed: 1,
+            trace: None,
+            admission: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_probe_measures_the_minimum_scaled_by_the_gaps_dispersion() {
+        // 100 rps over two models: 50 per model per second.
+        let poisson = stretched(&base(Arrival::Poisson), 100.0, 2000);
+        assert_eq!(poisson, Duration::from_millis(41_000));
+        let bursty = stretched(&base(Arrival::Gamma(0.2)), 100.0, 2000);
+        assert_eq!(bursty, Duration::from_millis(201_000));
+        // Constant gaps are not shortened below the Poisson count.
+        assert_eq!(stretched(&base(Arrival::Uniform), 100.0, 2000), poisson);
+        // A high rate keeps the base span; 0 turns stretching off.
+        assert_eq!(stretched(&base(Arrival::Gamma(0.2)), 1e6, 2000), Duration::from_millis(6000));
+        assert_eq!(stretched(&base(Arrival::Gamma(0.2)), 100.0, 0), Duration::from_millis(6000));
+        // A rate near zero stops at the cap.
+        let cap = Duration::from_millis(1000) + Duration::from_secs_f64(5.0 * MAX_STRETCH);
+        assert_eq!(stretched(&base(Arrival::Poisson), 1e-3, 2000), cap);
+    }
 }

@@ -205,8 +205,9 @@ enum Cmd {
         #[arg(long)]
         quiet: bool,
         /// Run each probe until it has measured at least this many requests
-        /// of every model (a low rate runs longer, up to 100 times; 0:
-        /// --duration-s always).
+        /// of every model, times the gaps' squared CV when above 1 (5x
+        /// under gamma:0.2): a low rate runs longer, up to 10000 times; 0:
+        /// --duration-s always.
         #[arg(long, default_value_t = 0)]
         min_requests: u64,
     },

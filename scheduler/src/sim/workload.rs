@@ -65,6 +65,20 @@ impl Arrival {
             },
         }
     }
+
+    /// The squared coefficient of variation of the gaps: 1 for Poisson, 0
+    /// for constant gaps, `1 / k` for Gamma(k). For a renewal process it is
+    /// also the long-run index of dispersion of the counts (variance over
+    /// mean of the arrivals in a window), so a count measured under
+    /// Gamma(0.2) carries as much information as one a fifth its size under
+    /// Poisson.
+    pub fn gap_cv2(&self) -> f64 {
+        match *self {
+            Arrival::Poisson => 1.0,
+            Arrival::Uniform => 0.0,
+            Arrival::Gamma(k) => 1.0 / k,
+        }
+    }
 }
 
 /// How the total rate is split across models.
