@@ -1224,8 +1224,7 @@ mod tests {
     fn a_model_locking_out_pairs_waits_for_the_frontrun_only_under_bursts_with_a_gpu_idle() {
         // A100 EfficientNetV2S at SLO 15 ms: l(1) = 8.8 ms, l(2) = 10.3 ms.
         let start_after = |arrivals: u64, bursty: bool, spare_gpu: bool| {
-            let spec = ModelSpec::linear("e", 1.454, 7.378, 15.0).expect("a valid profile");
-            let mut c = ModelThreadCore::new(CoreConfig::default(), vec![(0, spec)]);
+            let mut c = core_at(1.454, 7.378, 15.0);
             let m = &mut c.models[0];
             assert!(m.pair_locked_out);
             // Mean gap 10 ms: bursts of five 1 us apart every 50 ms, or one
@@ -1262,8 +1261,7 @@ mod tests {
         // 1080Ti Xception at SLO 15 ms: l(1) + l(2) = 6.8 + 11.5 ms locks
         // out a pair, but the pair saves beta = 2.0 ms < alpha = 4.8 ms.
         let start = |alpha: f64, slo: f64, bursty: bool, spare_gpu: bool| {
-            let spec = ModelSpec::linear("x", alpha, 2.046, slo).expect("a valid profile");
-            let mut c = ModelThreadCore::new(CoreConfig::default(), vec![(0, spec)]);
+            let mut c = core_at(alpha, 2.046, slo);
             let m = &mut c.models[0];
             assert!(!m.pair_locked_out);
             // Mean gap 20 ms: bursts of five 1 us apart every 100 ms (squared
