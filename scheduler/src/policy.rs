@@ -123,6 +123,8 @@ pub struct PolicyConfig {
     pub nexus_frontends: u32,
     /// Nexus: epoch length for re-planning.
     pub nexus_epoch: Duration,
+    /// Nexus: relay overflow to backup GPUs.
+    pub nexus_backups: bool,
 }
 
 impl PolicyConfig {
@@ -140,6 +142,7 @@ impl PolicyConfig {
             efficiency_slack: crate::deferred::DEFAULT_EFFICIENCY_SLACK,
             nexus_frontends: 1,
             nexus_epoch: Duration::from_millis(10_000),
+            nexus_backups: true,
         }
     }
 }
@@ -165,7 +168,7 @@ pub fn build(models: &[ModelSpec], gpus: u32, cfg: &PolicyConfig) -> Result<Box<
         PolicyKind::Nexus => Box::new(NexusScheduler::new(
             models,
             gpus,
-            NexusConfig { delay: cfg.delay, frontends: cfg.nexus_frontends, epoch: cfg.nexus_epoch, rates: None, ..NexusConfig::default() },
+            NexusConfig { delay: cfg.delay, frontends: cfg.nexus_frontends, epoch: cfg.nexus_epoch, rates: None, backups: cfg.nexus_backups, ..NexusConfig::default() },
         )),
     })
 }

@@ -162,6 +162,33 @@ fn nexus_leaves_unplanned_gpus_idle() {
     assert!(r.gpu_busy_fraction.iter().filter(|&&b| b < 0.01).count() >= 5, "{:?}", r.gpu_busy_fraction);
 }
 
+/// Two models on two GPUs with a tight SLO: a GPU each, and the overflow
+/// of one model's planned batch goes to the other's GPU.
+fn backup_case(rate_rps: f64) -> SimConfig {
+    let models = vec![ModelSpec::linear("ResNet50", 2.050, 5.378, 25.0).unwrap(), ModelSpec::linear("MobileNet", 1.009, 2.390, 25.0).unwrap()];
+    config(models, 2, workload(rate_rps, Arrival::Poisson, Popularity::Equal), 6, 1)
+}
+
+#[test]
+fn nexus_relays_overflow_to_backup_gpus() {
+    let cfg = backup_case(300.0);
+    let run_with = |backups: bool| {
+        let mut sched = NexusScheduler::new(&cfg.models, cfg.gpus, NexusConfig { backups, ..NexusConfig::default() });
+        let r = simulate(&cfg, &mut sched).unwrap();
+        assert_accounted(&r);
+        assert_eq!(sched.plan().gpus.len(), 2, "{:?}", sched.plan());
+        (r, sched.relayed())
+    };
+    let (with, relayed) = run_with(true);
+    let (without, none) = run_with(false);
+    assert_eq!(none, 0);
+    assert!(relayed > 100, "relayed {relayed}");
+    // ResNet50's GPU alone cannot take its bursts at this rate; with the
+    // MobileNet GPU's spare duty cycle it can.
+    assert!(without.max_model_bad_rate > 0.01, "without backups: {}", without.max_model_bad_rate);
+    assert!(with.max_model_bad_rate < without.max_model_bad_rate / 2.0, "with {} without {}", with.max_model_bad_rate, without.max_model_bad_rate);
+}
+
 #[test]
 fn squishy_bin_packing_saturates_then_shares() {
     let models = vec![resnet50(), inception(), small()];
@@ -473,12 +500,21 @@ impl Scheduler for PlainClockwork {
 /// headroom; requests routed to the planned GPUs in proportion to their
 /// planned rates (least routed-to-planned ratio first); each GPU serves its
 /// residents round robin, at most the planned batch, after the early-drop
-/// sliding window.
+/// sliding window. A request that would open more than the planned batch
+/// on its GPU goes to the least loaded GPU (its residents' planned
+/// batches and its backup queues' work over its duty cycle, below 1) that does not host its model and whose duty cycle can hold
+/// one request of it; after each round of its residents a GPU runs such
+/// backup requests in what the round left of its duty cycle.
 struct PlainNexus {
     models: Vec<ModelSpec>,
     gpus: usize,
-    /// Per GPU, its residents as (model, batch, rate).
+    /// Per GPU, its residents as (model, batch, rate), and its duty cycle.
     residents: Vec<Vec<(usize, u32, f64)>>,
+    duty: Vec<Duration>,
+    /// Per GPU: the running (or last) batch's model and size, and the GPU
+    /// time of the current round.
+    running: Vec<(usize, u32)>,
+    round: Vec<Duration>,
     /// Per GPU and model: the queue, and how many requests were routed there.
     queues: Vec<Vec<Vec<Request>>>,
     routed: Vec<Vec<f64>>,
@@ -494,7 +530,7 @@ impl PlainNexus {
         let n = models.len();
         // The first second: model g % n on GPU g (or every model spread
         // over the GPUs when there are more models), half the SLO's batch.
-        let residents = (0..gpus)
+        let residents: Vec<Vec<(usize, u32, f64)>> = (0..gpus)
             .map(|g| {
                 let ms: Vec<usize> = if n <= gpus { vec![g % n] } else { (g..n).step_by(gpus).collect() };
                 ms.into_iter()
@@ -505,10 +541,14 @@ impl PlainNexus {
                     .collect()
             })
             .collect();
+        let duty = residents.iter().map(|rs| rs.iter().map(|&(m, b, _)| models[m].profile.latency(b)).fold(Duration::ZERO, |a, l| a + l)).collect();
         PlainNexus {
             models: models.to_vec(),
             gpus,
             residents,
+            duty,
+            running: vec![(0, 0); gpus],
+            round: vec![Duration::ZERO; gpus],
             queues: vec![vec![Vec::new(); n]; gpus],
             routed: vec![vec![0.0; n]; gpus],
             next: vec![0; gpus],
@@ -523,6 +563,8 @@ impl PlainNexus {
         let rates: Vec<f64> = self.arrivals.iter().map(|&a| (a as f64 + (a as f64).sqrt() + 1.0) * 1.2 / secs).collect();
         let p = plan(&self.models, &rates, self.gpus as u32);
         self.residents = (0..self.gpus).map(|g| p.gpus.get(g).map_or(Vec::new(), |gp| gp.residents.iter().map(|x| (x.model as usize, x.batch, x.rate_rps)).collect())).collect();
+        self.duty = (0..self.gpus).map(|g| p.gpus.get(g).map_or(Duration::ZERO, |gp| gp.duty_cycle)).collect();
+        self.round = vec![Duration::ZERO; self.gpus];
         self.routed = vec![vec![0.0; self.models.len()]; self.gpus];
         self.next = vec![0; self.gpus];
         self.planned = true;
@@ -535,21 +577,56 @@ impl PlainNexus {
             }
         }
         for r in moved {
-            self.enqueue(r, out);
+            self.enqueue(now, r, out);
         }
         for g in 0..self.gpus {
             self.dispatch(now, g, out);
         }
     }
 
-    fn enqueue(&mut self, r: Request, out: &mut Actions) -> Option<usize> {
+    fn hosts(&self, g: usize, m: usize) -> bool {
+        self.residents[g].iter().any(|x| x.0 == m)
+    }
+
+    fn can_back_up(&self, g: usize, m: usize) -> bool {
+        !self.residents[g].is_empty() && !self.hosts(g, m) && self.duty[g] > self.models[m].profile.latency(1)
+    }
+
+    fn load(&self, g: usize) -> f64 {
+        let mut work = self.residents[g].iter().map(|&(m, b, _)| self.models[m].profile.latency(b)).fold(Duration::ZERO, |a, l| a + l);
+        for (m, q) in self.queues[g].iter().enumerate() {
+            if !q.is_empty() && !self.hosts(g, m) {
+                let p = &self.models[m].profile;
+                work += p.latency((q.len() as u32).min(p.max_batch()));
+            }
+        }
+        work.as_secs_f64() / self.duty[g].as_secs_f64()
+    }
+
+    fn enqueue(&mut self, now: Instant, r: Request, out: &mut Actions) -> Option<usize> {
         let m = r.model as usize;
         let share = |g: usize| self.residents[g].iter().filter(|x| x.0 == m).map(|x| x.2).sum::<f64>();
-        let Some(g) = (0..self.gpus).filter(|&g| share(g) > 0.0).min_by(|&a, &b| (self.routed[a][m] / share(a)).total_cmp(&(self.routed[b][m] / share(b))).then(a.cmp(&b))) else {
+        let Some(mut g) = (0..self.gpus).filter(|&g| share(g) > 0.0).min_by(|&a, &b| (self.routed[a][m] / share(a)).total_cmp(&(self.routed[b][m] / share(b))).then(a.cmp(&b))) else {
             out.drops.push((r, DropReason::UnknownModel));
             return None;
         };
         self.routed[g][m] += 1.0;
+        let planned = self.residents[g].iter().find(|x| x.0 == m).map_or(0, |x| x.1);
+        let running = if self.free_at[g] > now && self.running[g].0 == m { self.running[g].1 } else { 0 };
+        if self.queues[g][m].len() as u32 + running + 1 > planned {
+            let mut best: Option<(usize, f64)> = None;
+            for h in 0..self.gpus {
+                if self.can_back_up(h, m) {
+                    let u = self.load(h);
+                    if u < 1.0 && best.is_none_or(|(_, b)| u < b) {
+                        best = Some((h, u));
+                    }
+                }
+            }
+            if let Some((h, _)) = best {
+                g = h;
+            }
+        }
         let q = &mut self.queues[g][m];
         let pos = q.iter().position(|x| x.deadline > r.deadline).unwrap_or(q.len());
         q.insert(pos, r);
@@ -560,29 +637,58 @@ impl PlainNexus {
         if self.free_at[g] > now {
             return;
         }
-        let k = self.residents[g].len();
-        for step in 0..k {
-            let idx = (self.next[g] + step) % k;
-            let (m, batch, _) = self.residents[g][idx];
-            let p = &self.models[m].profile;
-            let q = &mut self.queues[g][m];
-            // Sliding window: drop heads until the head can finish in a
-            // batch of the window's size.
-            while !q.is_empty() && now + p.latency(batch.min(q.len() as u32)) > q[0].deadline {
-                let reason = if now + p.latency(1) <= q[0].deadline { DropReason::EarlyDrop } else { DropReason::DeadlineUnmeetable };
-                out.drops.push((q.remove(0), reason));
+        for attempt in 0..2 {
+            if attempt == 1 {
+                self.next[g] = 0;
+                self.round[g] = Duration::ZERO;
             }
-            if q.is_empty() {
-                continue;
+            // The residents from where the round stands.
+            for idx in self.next[g]..self.residents[g].len() {
+                let (m, batch, _) = self.residents[g][idx];
+                if self.try_run(now, g, m, batch, out) {
+                    self.next[g] = idx + 1;
+                    return;
+                }
             }
-            let b = batch.min(q.len() as u32);
-            let finish = now + p.latency(b);
-            let members: Vec<Request> = q.drain(..b as usize).collect();
-            out.push_batch(g as GpuId, m as u32, now, finish, now, members);
-            self.free_at[g] = finish;
-            self.next[g] = idx + 1;
-            return;
+            // The backups, in what the round left of the duty cycle.
+            let budget = self.duty[g].saturating_sub(self.round[g]);
+            for m in 0..self.models.len() {
+                if self.hosts(g, m) || self.queues[g][m].is_empty() {
+                    continue;
+                }
+                let p = &self.models[m].profile;
+                let mut batch = 0;
+                while batch < p.max_batch() && p.latency(batch + 1) <= budget {
+                    batch += 1;
+                }
+                if batch > 0 && self.try_run(now, g, m, batch, out) {
+                    return;
+                }
+            }
         }
+    }
+
+    /// Sliding window, then a batch of at most `batch`; whether one ran.
+    fn try_run(&mut self, now: Instant, g: usize, m: usize, batch: u32, out: &mut Actions) -> bool {
+        let p = &self.models[m].profile;
+        let q = &mut self.queues[g][m];
+        // Sliding window: drop heads until the head can finish in a batch of
+        // the window's size.
+        while !q.is_empty() && now + p.latency(batch.min(q.len() as u32)) > q[0].deadline {
+            let reason = if now + p.latency(1) <= q[0].deadline { DropReason::EarlyDrop } else { DropReason::DeadlineUnmeetable };
+            out.drops.push((q.remove(0), reason));
+        }
+        if q.is_empty() {
+            return false;
+        }
+        let b = batch.min(q.len() as u32);
+        let finish = now + p.latency(b);
+        let members: Vec<Request> = q.drain(..b as usize).collect();
+        out.push_batch(g as GpuId, m as u32, now, finish, now, members);
+        self.free_at[g] = finish;
+        self.running[g] = (m, b);
+        self.round[g] += p.latency(b);
+        true
     }
 }
 
@@ -592,7 +698,7 @@ impl Scheduler for PlainNexus {
             self.replan(now, out);
         }
         self.arrivals[req.model as usize] += 1;
-        if let Some(g) = self.enqueue(req, out) {
+        if let Some(g) = self.enqueue(now, req, out) {
             self.dispatch(now, g, out);
         }
     }
@@ -692,4 +798,9 @@ fn clockwork_matches_its_second_implementation() {
 fn nexus_matches_its_second_implementation() {
     // Runs of 6 s: the measured plan at 1 s is the only re-plan (epochs of 10 s).
     matches_its_twin("nexus", PolicyKind::Nexus, |cfg| Box::new(PlainNexus::new(&cfg.models, cfg.gpus)));
+    // And where backups carry much of the load.
+    let cfg = backup_case(0.0);
+    let ours = plain_goodput(&cfg, 1000.0, &|| build(&cfg.models, cfg.gpus, &PolicyConfig::new(PolicyKind::Nexus)).unwrap());
+    let plain = plain_goodput(&cfg, 1000.0, &|| Box::new(PlainNexus::new(&cfg.models, cfg.gpus)));
+    assert_close_or_above("nexus with backups", ours, plain);
 }

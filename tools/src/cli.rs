@@ -181,6 +181,9 @@ pub struct ClusterArgs {
     /// Nexus: number of routing frontends.
     #[arg(long = "nexus-frontends", default_value_t = 1)]
     pub nexus_frontends: u32,
+    /// Nexus: no backup GPUs (overflow stays on the routed GPU, as in the paper's description).
+    #[arg(long = "nexus-no-backups")]
+    pub nexus_no_backups: bool,
 }
 
 impl ClusterArgs {
@@ -242,6 +245,7 @@ impl ClusterArgs {
         p.timeout = Duration::from_millis_f64(self.timeout_ms);
         p.delay = self.delay()?;
         p.nexus_frontends = self.nexus_frontends.max(1);
+        p.nexus_backups = !self.nexus_no_backups;
         check(self.min_window_us.is_finite() && self.min_window_us >= 0.0, "--min-window-us", ">= 0", self.min_window_us)?;
         p.min_window = Duration::from_secs_f64(self.min_window_us * 1e-6);
         check(self.window_gaps.is_finite() && self.window_gaps >= 0.0, "--window-gaps", ">= 0", self.window_gaps)?;

@@ -23,6 +23,17 @@
 //!   that, the early-drop sliding window drops head requests that could not
 //!   meet their deadline in a batch of the planned size.
 //!
+//! - **Backups** (Nexus's code, not its paper: `src/nexus/backend/worker.cpp`,
+//!   `model_exec.cpp` and `gpu_executor.cpp` in uwsampl/nexus). A request
+//!   whose model already has its planned batch open on its GPU (queued or
+//!   running) is relayed to the least utilised backup GPU of that model, if
+//!   one is below full utilisation; otherwise it queues on its GPU anyway.
+//!   A GPU serves its backup models after each pass over its residents,
+//!   with the largest batch that fits what the pass left of its duty cycle.
+//!   Nexus configures backups by hand; here every planned GPU whose duty
+//!   cycle can hold one request of a model it does not host is that
+//!   model's backup ([`NexusConfig::backups`]).
+//!
 //! The duty cycle is not enforced by a timer: a backend that finds its
 //! residents' queues empty idles until a request arrives, as Nexus's eager
 //! backends do. Requests queued on a GPU that a new plan no longer gives
@@ -68,6 +79,8 @@ pub struct NexusConfig {
     /// Plans are made for the measured (or configured) rates times
     /// `1 + headroom`.
     pub headroom: f64,
+    /// Relay a GPU's overflow to backup GPUs (see the module documentation).
+    pub backups: bool,
 }
 
 impl Default for NexusConfig {
@@ -79,6 +92,7 @@ impl Default for NexusConfig {
             warm_epoch: Duration::from_millis(1_000),
             rates: None,
             headroom: DEFAULT_HEADROOM,
+            backups: true,
         }
     }
 }
@@ -363,6 +377,12 @@ struct Backend {
     next: usize,
     /// When its current batch ends.
     free_at: Instant,
+    /// The model and size of the batch it runs (or ran last).
+    running: (ModelId, u32),
+    /// GPU time taken by the batches of the current pass over the
+    /// residents and backups: the duty cycle's budget for backups is what
+    /// it leaves.
+    pass_exec: Duration,
 }
 
 /// The Nexus policy: see the module documentation.
@@ -375,6 +395,8 @@ pub struct NexusScheduler {
     queues: Vec<VecDeque<Request>>,
     /// Per model, the GPUs its requests are routed to, in sequence.
     routes: Vec<Vec<GpuId>>,
+    /// Per model, the GPUs that back it up (empty without backups).
+    backups: Vec<Vec<GpuId>>,
     /// `cursors[f * models + m]`: how many of model `m`'s requests frontend
     /// `f` has routed.
     cursors: Vec<u64>,
@@ -384,6 +406,7 @@ pub struct NexusScheduler {
     last_plan: Instant,
     next_plan: Instant,
     plans: u32,
+    relayed: u64,
 }
 
 impl NexusScheduler {
@@ -401,15 +424,17 @@ impl NexusScheduler {
         let mut s = NexusScheduler {
             specs: models.to_vec(),
             plan: Plan::default(),
-            backends: (0..gpus).map(|_| Backend { next: 0, free_at: Instant::ZERO }).collect(),
+            backends: (0..gpus).map(|_| Backend { next: 0, free_at: Instant::ZERO, running: (0, 0), pass_exec: Duration::ZERO }).collect(),
             queues: (0..gpus as usize * m_count).map(|_| VecDeque::new()).collect(),
             routes: vec![Vec::new(); m_count],
+            backups: vec![Vec::new(); m_count],
             cursors: vec![0; frontends * m_count],
             arrivals: vec![0; m_count],
             arrivals_total: 0,
             last_plan: Instant::ZERO,
             next_plan,
             plans: 0,
+            relayed: 0,
             cfg,
         };
         s.install(first);
@@ -426,6 +451,11 @@ impl NexusScheduler {
         self.plans
     }
 
+    /// Requests relayed to a backup GPU so far.
+    pub fn relayed(&self) -> u64 {
+        self.relayed
+    }
+
     /// Makes `plan` current: routing tables and backend round-robin state.
     fn install(&mut self, plan: Plan) {
         for (m, route) in self.routes.iter_mut().enumerate() {
@@ -437,8 +467,23 @@ impl NexusScheduler {
                 .collect();
             *route = weighted_sequence(&targets);
         }
+        for (m, backups) in self.backups.iter_mut().enumerate() {
+            backups.clear();
+            if !self.cfg.backups {
+                continue;
+            }
+            let one = self.specs[m].profile.latency(1);
+            backups.extend(
+                plan.gpus
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| p.duty_cycle > one && !p.residents.iter().any(|x| x.model as usize == m))
+                    .map(|(g, _)| g as GpuId),
+            );
+        }
         for b in &mut self.backends {
             b.next = 0;
+            b.pass_exec = Duration::ZERO;
         }
         self.plan = plan;
         self.plans += 1;
@@ -459,14 +504,58 @@ impl NexusScheduler {
     }
 
     /// Routes `req` to a backend's queue; returns the GPU.
-    fn enqueue(&mut self, req: Request, out: &mut Actions) -> Option<GpuId> {
-        let Some(g) = self.route(&req) else {
+    fn enqueue(&mut self, now: Instant, req: Request, out: &mut Actions) -> Option<GpuId> {
+        let Some(mut g) = self.route(&req) else {
             out.drops.push((req, DropReason::UnknownModel));
             return None;
         };
+        if self.overflows(now, g, req.model) {
+            if let Some(b) = self.least_utilised_backup(req.model) {
+                g = b;
+                self.relayed += 1;
+            }
+        }
         let i = g as usize * self.specs.len() + req.model as usize;
         insert_by_deadline(&mut self.queues[i], req);
         Some(g)
+    }
+
+    /// Whether one more request of `model` on GPU `g` would open more than
+    /// its planned batch there (queued plus running): Nexus's
+    /// `IncreaseOpenRequests` with a backup to go to.
+    fn overflows(&self, now: Instant, g: GpuId, model: ModelId) -> bool {
+        if self.backups[model as usize].is_empty() {
+            return false;
+        }
+        let Some(planned) = self.plan.gpus.get(g as usize).and_then(|p| p.residents.iter().find(|x| x.model == model)).map(|x| x.batch) else {
+            return false;
+        };
+        let b = &self.backends[g as usize];
+        let running = if b.free_at > now && b.running.0 == model { b.running.1 } else { 0 };
+        let queued = self.queues[g as usize * self.specs.len() + model as usize].len() as u32;
+        queued + running + 1 > planned
+    }
+
+    /// The backup GPU of `model` with the lowest utilisation below 1, as
+    /// Nexus's worker picks it. A GPU's utilisation is one duty cycle's
+    /// work over its length: its residents' planned batches and a batch of
+    /// each backup queue (Nexus's `GpuExecutorMultiBatching::
+    /// CurrentUtilization`, with the planned batches for its estimate of
+    /// the residents' next ones), so a saturated GPU is never a backup.
+    fn least_utilised_backup(&self, model: ModelId) -> Option<GpuId> {
+        let m_count = self.specs.len();
+        let utilisation = |g: GpuId| {
+            let plan = &self.plan.gpus[g as usize];
+            let mut work = plan.residents.iter().map(|p| self.specs[p.model as usize].profile.latency(p.batch)).fold(Duration::ZERO, |a, l| a + l);
+            for (m, spec) in self.specs.iter().enumerate() {
+                let q = self.queues[g as usize * m_count + m].len() as u32;
+                if q > 0 && !plan.residents.iter().any(|p| p.model as usize == m) {
+                    work += spec.profile.latency(q.min(spec.profile.max_batch()));
+                }
+            }
+            work.as_secs_f64() / plan.duty_cycle.as_secs_f64()
+        };
+        self.backups[model as usize].iter().map(|&g| (g, utilisation(g))).filter(|&(_, u)| u < 1.0).min_by(|a, b| a.1.total_cmp(&b.1)).map(|(g, _)| g)
     }
 
     /// Re-plans from the rates measured since the last plan.
@@ -484,14 +573,14 @@ impl NexusScheduler {
         self.last_plan = now;
         self.next_plan = now + self.cfg.epoch;
         // Requests waiting on a GPU that no longer serves their model follow
-        // the model to its new GPUs.
+        // the model to its new GPUs (or to one of its backups).
         let m_count = self.specs.len();
         for i in 0..self.queues.len() {
             let (g, m) = (i / m_count, (i % m_count) as ModelId);
             let resident = self.plan.gpus.get(g).is_some_and(|p| p.residents.iter().any(|x| x.model == m));
             if !resident && !self.queues[i].is_empty() {
                 for r in std::mem::take(&mut self.queues[i]) {
-                    self.enqueue(r, out);
+                    self.enqueue(now, r, out);
                 }
             }
         }
@@ -501,18 +590,33 @@ impl NexusScheduler {
     }
 
     /// A free backend runs its next resident with queued requests, after
-    /// early drop, at most at the planned batch size.
+    /// early drop, at most at the planned batch size. A pass over the
+    /// residents ends with its backups: each with queued requests may run
+    /// the largest batch that fits what the pass left of the duty cycle
+    /// (Nexus's `GpuExecutorMultiBatching::Run`); then a new pass starts.
     fn dispatch(&mut self, now: Instant, g: GpuId, out: &mut Actions) {
-        let m_count = self.specs.len();
-        let backend = &mut self.backends[g as usize];
-        if backend.free_at > now {
+        if self.backends[g as usize].free_at > now {
             return;
         }
-        let Some(gpu_plan) = self.plan.gpus.get(g as usize) else { return };
-        let k = gpu_plan.residents.len();
-        for step in 0..k {
-            let idx = (backend.next + step) % k;
-            let p = gpu_plan.residents[idx];
+        let Some(k) = self.plan.gpus.get(g as usize).map(|p| p.residents.len()) else { return };
+        let from = self.backends[g as usize].next.min(k);
+        if self.run_resident(now, g, from..k, out) || self.run_backup(now, g, out) {
+            return;
+        }
+        let b = &mut self.backends[g as usize];
+        b.next = 0;
+        b.pass_exec = Duration::ZERO;
+        if !self.run_resident(now, g, 0..k, out) {
+            self.run_backup(now, g, out);
+        }
+    }
+
+    /// Runs the first resident in `range` with queued requests (after early
+    /// drop); whether one ran.
+    fn run_resident(&mut self, now: Instant, g: GpuId, range: std::ops::Range<usize>, out: &mut Actions) -> bool {
+        let m_count = self.specs.len();
+        for idx in range {
+            let p = self.plan.gpus[g as usize].residents[idx];
             let profile = &self.specs[p.model as usize].profile;
             let queue = &mut self.queues[g as usize * m_count + p.model as usize];
             early_drop(queue, now, p.batch, profile, &self.cfg.delay, out);
@@ -520,13 +624,51 @@ impl NexusScheduler {
                 continue;
             }
             let size = p.batch.min(queue.len() as u32);
-            let exec_at = now + self.cfg.delay.of(size);
-            let finish_at = exec_at + profile.latency(size);
-            out.push_batch(g, p.model, exec_at, finish_at, now, queue.drain(..size as usize));
-            backend.free_at = finish_at;
-            backend.next = idx + 1;
-            return;
+            self.start(now, g, p.model, size, out);
+            self.backends[g as usize].next = idx + 1;
+            return true;
         }
+        false
+    }
+
+    /// Runs the first backup model of GPU `g` with queued requests whose
+    /// batch fits the pass's remaining budget; whether one ran.
+    fn run_backup(&mut self, now: Instant, g: GpuId, out: &mut Actions) -> bool {
+        let m_count = self.specs.len();
+        let gpu_plan = &self.plan.gpus[g as usize];
+        let budget = gpu_plan.duty_cycle.saturating_sub(self.backends[g as usize].pass_exec);
+        for m in 0..m_count {
+            if gpu_plan.residents.iter().any(|x| x.model as usize == m) || self.queues[g as usize * m_count + m].is_empty() {
+                continue;
+            }
+            let profile = &self.specs[m].profile;
+            let batch = profile.max_batch_within(budget, Duration::ZERO, profile.max_batch());
+            if batch == 0 {
+                continue;
+            }
+            let queue = &mut self.queues[g as usize * m_count + m];
+            early_drop(queue, now, batch, profile, &self.cfg.delay, out);
+            if queue.is_empty() {
+                continue;
+            }
+            let size = batch.min(queue.len() as u32);
+            self.start(now, g, m as ModelId, size, out);
+            return true;
+        }
+        false
+    }
+
+    /// Starts a batch of the first `size` queued requests of `model` on `g`.
+    fn start(&mut self, now: Instant, g: GpuId, model: ModelId, size: u32, out: &mut Actions) {
+        let profile = &self.specs[model as usize].profile;
+        let exec_at = now + self.cfg.delay.of(size);
+        let exec = profile.latency(size);
+        let queue = &mut self.queues[g as usize * self.specs.len() + model as usize];
+        out.push_batch(g, model, exec_at, exec_at + exec, now, queue.drain(..size as usize));
+        let b = &mut self.backends[g as usize];
+        b.free_at = exec_at + exec;
+        b.running = (model, size);
+        b.pass_exec += exec;
     }
 
     fn maybe_replan(&mut self, now: Instant, out: &mut Actions) {
@@ -561,7 +703,7 @@ impl Scheduler for NexusScheduler {
         };
         *n += 1;
         self.arrivals_total += 1;
-        if let Some(g) = self.enqueue(req, out) {
+        if let Some(g) = self.enqueue(now, req, out) {
             self.dispatch(now, g, out);
         }
     }
