@@ -182,7 +182,8 @@ fn nexus_relays_overflow_to_backup_gpus() {
     let (with, relayed) = run_with(true);
     let (without, none) = run_with(false);
     assert_eq!(none, 0);
-    assert!(relayed > 100, "relayed {relayed}");
+    assert!(relayed > 10, "relayed {relayed}");
+    eprintln!("relayed {relayed}: bad rate {} with backups, {} without", with.max_model_bad_rate, without.max_model_bad_rate);
     // ResNet50's GPU alone cannot take its bursts at this rate; with the
     // MobileNet GPU's spare duty cycle it can.
     assert!(without.max_model_bad_rate > 0.01, "without backups: {}", without.max_model_bad_rate);
@@ -500,8 +501,8 @@ impl Scheduler for PlainClockwork {
 /// headroom; requests routed to the planned GPUs in proportion to their
 /// planned rates (least routed-to-planned ratio first); each GPU serves its
 /// residents round robin, at most the planned batch, after the early-drop
-/// sliding window. A request that would open more than the planned batch
-/// on its GPU goes to the least loaded GPU (its residents' planned
+/// sliding window. A request that would queue past the planned batch on
+/// its GPU goes to the least loaded GPU (its residents' planned
 /// batches and its backup queues' work over its duty cycle, below 1) that does not host its model and whose duty cycle can hold
 /// one request of it; after each round of its residents a GPU runs such
 /// backup requests in what the round left of its duty cycle.
@@ -511,9 +512,7 @@ struct PlainNexus {
     /// Per GPU, its residents as (model, batch, rate), and its duty cycle.
     residents: Vec<Vec<(usize, u32, f64)>>,
     duty: Vec<Duration>,
-    /// Per GPU: the running (or last) batch's model and size, and the GPU
-    /// time of the current round.
-    running: Vec<(usize, u32)>,
+    /// Per GPU: the GPU time of the current round.
     round: Vec<Duration>,
     /// Per GPU and model: the queue, and how many requests were routed there.
     queues: Vec<Vec<Vec<Request>>>,
@@ -547,7 +546,6 @@ impl PlainNexus {
             gpus,
             residents,
             duty,
-            running: vec![(0, 0); gpus],
             round: vec![Duration::ZERO; gpus],
             queues: vec![vec![Vec::new(); n]; gpus],
             routed: vec![vec![0.0; n]; gpus],
@@ -577,7 +575,7 @@ impl PlainNexus {
             }
         }
         for r in moved {
-            self.enqueue(now, r, out);
+            self.enqueue(r, out);
         }
         for g in 0..self.gpus {
             self.dispatch(now, g, out);
@@ -603,7 +601,7 @@ impl PlainNexus {
         work.as_secs_f64() / self.duty[g].as_secs_f64()
     }
 
-    fn enqueue(&mut self, now: Instant, r: Request, out: &mut Actions) -> Option<usize> {
+    fn enqueue(&mut self, r: Request, out: &mut Actions) -> Option<usize> {
         let m = r.model as usize;
         let share = |g: usize| self.residents[g].iter().filter(|x| x.0 == m).map(|x| x.2).sum::<f64>();
         let Some(mut g) = (0..self.gpus).filter(|&g| share(g) > 0.0).min_by(|&a, &b| (self.routed[a][m] / share(a)).total_cmp(&(self.routed[b][m] / share(b))).then(a.cmp(&b))) else {
@@ -612,8 +610,7 @@ impl PlainNexus {
         };
         self.routed[g][m] += 1.0;
         let planned = self.residents[g].iter().find(|x| x.0 == m).map_or(0, |x| x.1);
-        let running = if self.free_at[g] > now && self.running[g].0 == m { self.running[g].1 } else { 0 };
-        if self.queues[g][m].len() as u32 + running + 1 > planned {
+        if self.queues[g][m].len() as u32 + 1 > planned {
             let mut best: Option<(usize, f64)> = None;
             for h in 0..self.gpus {
                 if self.can_back_up(h, m) {
@@ -686,7 +683,6 @@ impl PlainNexus {
         let members: Vec<Request> = q.drain(..b as usize).collect();
         out.push_batch(g as GpuId, m as u32, now, finish, now, members);
         self.free_at[g] = finish;
-        self.running[g] = (m, b);
         self.round[g] += p.latency(b);
         true
     }
@@ -698,7 +694,7 @@ impl Scheduler for PlainNexus {
             self.replan(now, out);
         }
         self.arrivals[req.model as usize] += 1;
-        if let Some(g) = self.enqueue(now, req, out) {
+        if let Some(g) = self.enqueue(req, out) {
             self.dispatch(now, g, out);
         }
     }

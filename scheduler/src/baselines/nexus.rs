@@ -25,9 +25,11 @@
 //!
 //! - **Backups** (Nexus's code, not its paper: `src/nexus/backend/worker.cpp`,
 //!   `model_exec.cpp` and `gpu_executor.cpp` in uwsampl/nexus). A request
-//!   whose model already has its planned batch open on its GPU (queued or
-//!   running) is relayed to the least utilised backup GPU of that model, if
-//!   one is below full utilisation; otherwise it queues on its GPU anyway.
+//!   whose model already has its planned batch queued on its GPU is
+//!   relayed to the least utilised backup GPU of that model, if one is
+//!   below full utilisation; otherwise it queues on its GPU anyway. (Nexus
+//!   also counts the running batch, which relays requests that would make
+//!   the next batch in time; see docs/decisions.md, "Nexus backups".)
 //!   A GPU serves its backup models after each pass over its residents,
 //!   with the largest batch that fits what the pass left of its duty cycle.
 //!   Nexus configures backups by hand; here every planned GPU whose duty
@@ -377,8 +379,6 @@ struct Backend {
     next: usize,
     /// When its current batch ends.
     free_at: Instant,
-    /// The model and size of the batch it runs (or ran last).
-    running: (ModelId, u32),
     /// GPU time taken by the batches of the current pass over the
     /// residents and backups: the duty cycle's budget for backups is what
     /// it leaves.
@@ -424,7 +424,7 @@ impl NexusScheduler {
         let mut s = NexusScheduler {
             specs: models.to_vec(),
             plan: Plan::default(),
-            backends: (0..gpus).map(|_| Backend { next: 0, free_at: Instant::ZERO, running: (0, 0), pass_exec: Duration::ZERO }).collect(),
+            backends: (0..gpus).map(|_| Backend { next: 0, free_at: Instant::ZERO, pass_exec: Duration::ZERO }).collect(),
             queues: (0..gpus as usize * m_count).map(|_| VecDeque::new()).collect(),
             routes: vec![Vec::new(); m_count],
             backups: vec![Vec::new(); m_count],
@@ -504,12 +504,12 @@ impl NexusScheduler {
     }
 
     /// Routes `req` to a backend's queue; returns the GPU.
-    fn enqueue(&mut self, now: Instant, req: Request, out: &mut Actions) -> Option<GpuId> {
+    fn enqueue(&mut self, req: Request, out: &mut Actions) -> Option<GpuId> {
         let Some(mut g) = self.route(&req) else {
             out.drops.push((req, DropReason::UnknownModel));
             return None;
         };
-        if self.overflows(now, g, req.model) {
+        if self.overflows(g, req.model) {
             if let Some(b) = self.least_utilised_backup(req.model) {
                 g = b;
                 self.relayed += 1;
@@ -520,20 +520,19 @@ impl NexusScheduler {
         Some(g)
     }
 
-    /// Whether one more request of `model` on GPU `g` would open more than
-    /// its planned batch there (queued plus running): Nexus's
-    /// `IncreaseOpenRequests` with a backup to go to.
-    fn overflows(&self, now: Instant, g: GpuId, model: ModelId) -> bool {
+    /// Whether one more request of `model` on GPU `g` would queue past its
+    /// planned batch there, so that it would wait for two batches, beyond
+    /// what the plan's worst case allows: Nexus's `IncreaseOpenRequests`
+    /// with a backup to go to, without the running batch.
+    fn overflows(&self, g: GpuId, model: ModelId) -> bool {
         if self.backups[model as usize].is_empty() {
             return false;
         }
         let Some(planned) = self.plan.gpus.get(g as usize).and_then(|p| p.residents.iter().find(|x| x.model == model)).map(|x| x.batch) else {
             return false;
         };
-        let b = &self.backends[g as usize];
-        let running = if b.free_at > now && b.running.0 == model { b.running.1 } else { 0 };
         let queued = self.queues[g as usize * self.specs.len() + model as usize].len() as u32;
-        queued + running + 1 > planned
+        queued + 1 > planned
     }
 
     /// The backup GPU of `model` with the lowest utilisation below 1, as
@@ -580,7 +579,7 @@ impl NexusScheduler {
             let resident = self.plan.gpus.get(g).is_some_and(|p| p.residents.iter().any(|x| x.model == m));
             if !resident && !self.queues[i].is_empty() {
                 for r in std::mem::take(&mut self.queues[i]) {
-                    self.enqueue(now, r, out);
+                    self.enqueue(r, out);
                 }
             }
         }
@@ -667,7 +666,6 @@ impl NexusScheduler {
         out.push_batch(g, model, exec_at, exec_at + exec, now, queue.drain(..size as usize));
         let b = &mut self.backends[g as usize];
         b.free_at = exec_at + exec;
-        b.running = (model, size);
         b.pass_exec += exec;
     }
 
@@ -703,7 +701,7 @@ impl Scheduler for NexusScheduler {
         };
         *n += 1;
         self.arrivals_total += 1;
-        if let Some(g) = self.enqueue(now, req, out) {
+        if let Some(g) = self.enqueue(req, out) {
             self.dispatch(now, g, out);
         }
     }
