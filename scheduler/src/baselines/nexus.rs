@@ -119,6 +119,13 @@ pub struct GpuPlan {
     pub duty_cycle: Duration,
 }
 
+impl GpuPlan {
+    /// Whether `model` is one of this GPU's residents.
+    pub fn hosts(&self, model: usize) -> bool {
+        self.residents.iter().any(|x| x.model as usize == model)
+    }
+}
+
 /// A cluster plan: GPU `g` runs `gpus[g]`; GPUs past the end stay idle.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Plan {
@@ -304,7 +311,7 @@ pub fn plan(models: &[ModelSpec], rates: &[f64], gpus: u32) -> Plan {
             hi = mid;
         }
     }
-    let served = |p: &[GpuPlan]| rates.iter().enumerate().all(|(m, &r)| r < MIN_RATE_RPS || p.iter().any(|g| g.residents.iter().any(|x| x.model as usize == m)));
+    let served = |p: &[GpuPlan]| rates.iter().enumerate().all(|(m, &r)| r < MIN_RATE_RPS || p.iter().any(|g| g.hosts(m)));
     match best {
         Some(p) if served(&p) => Plan { gpus: p, rate_scale: lo },
         _ => {
@@ -397,6 +404,9 @@ pub struct NexusScheduler {
     routes: Vec<Vec<GpuId>>,
     /// Per model, the GPUs that back it up (empty without backups).
     backups: Vec<Vec<GpuId>>,
+    /// Per planned GPU, its residents' planned batches' GPU time: the
+    /// fixed part of its utilisation as a backup.
+    planned_work: Vec<Duration>,
     /// `cursors[f * models + m]`: how many of model `m`'s requests frontend
     /// `f` has routed.
     cursors: Vec<u64>,
@@ -428,6 +438,7 @@ impl NexusScheduler {
             queues: (0..gpus as usize * m_count).map(|_| VecDeque::new()).collect(),
             routes: vec![Vec::new(); m_count],
             backups: vec![Vec::new(); m_count],
+            planned_work: Vec::new(),
             cursors: vec![0; frontends * m_count],
             arrivals: vec![0; m_count],
             arrivals_total: 0,
@@ -477,10 +488,11 @@ impl NexusScheduler {
                 plan.gpus
                     .iter()
                     .enumerate()
-                    .filter(|(_, p)| p.duty_cycle > one && !p.residents.iter().any(|x| x.model as usize == m))
+                    .filter(|(_, p)| p.duty_cycle > one && !p.hosts(m))
                     .map(|(g, _)| g as GpuId),
             );
         }
+        self.planned_work = plan.gpus.iter().map(|p| p.residents.iter().map(|x| self.specs[x.model as usize].profile.latency(x.batch)).fold(Duration::ZERO, |a, l| a + l)).collect();
         for b in &mut self.backends {
             b.next = 0;
             b.pass_exec = Duration::ZERO;
@@ -545,10 +557,10 @@ impl NexusScheduler {
         let m_count = self.specs.len();
         let utilisation = |g: GpuId| {
             let plan = &self.plan.gpus[g as usize];
-            let mut work = plan.residents.iter().map(|p| self.specs[p.model as usize].profile.latency(p.batch)).fold(Duration::ZERO, |a, l| a + l);
+            let mut work = self.planned_work[g as usize];
             for (m, spec) in self.specs.iter().enumerate() {
                 let q = self.queues[g as usize * m_count + m].len() as u32;
-                if q > 0 && !plan.residents.iter().any(|p| p.model as usize == m) {
+                if q > 0 && !plan.hosts(m) {
                     work += spec.profile.latency(q.min(spec.profile.max_batch()));
                 }
             }
@@ -576,7 +588,7 @@ impl NexusScheduler {
         let m_count = self.specs.len();
         for i in 0..self.queues.len() {
             let (g, m) = (i / m_count, (i % m_count) as ModelId);
-            let resident = self.plan.gpus.get(g).is_some_and(|p| p.residents.iter().any(|x| x.model == m));
+            let resident = self.plan.gpus.get(g).is_some_and(|p| p.hosts(m as usize));
             if !resident && !self.queues[i].is_empty() {
                 for r in std::mem::take(&mut self.queues[i]) {
                     self.enqueue(r, out);
@@ -637,7 +649,7 @@ impl NexusScheduler {
         let gpu_plan = &self.plan.gpus[g as usize];
         let budget = gpu_plan.duty_cycle.saturating_sub(self.backends[g as usize].pass_exec);
         for m in 0..m_count {
-            if gpu_plan.residents.iter().any(|x| x.model as usize == m) || self.queues[g as usize * m_count + m].is_empty() {
+            if gpu_plan.hosts(m) || self.queues[g as usize * m_count + m].is_empty() {
                 continue;
             }
             let profile = &self.specs[m].profile;
