@@ -63,6 +63,32 @@ impl<K: Ord + Copy> IndexedHeap<K> {
         self.heap.first().copied()
     }
 
+    /// The `N` smallest `(key, id)`, smallest first (`None` past the
+    /// heap's length). The `N` smallest lie in the heap's first `N` levels,
+    /// so this reads at most `2^N - 1` entries: meant for small `N`.
+    pub fn smallest<const N: usize>(&self) -> [Option<(K, u32)>; N] {
+        let mut out = [None; N];
+        let levels = u32::try_from(N).unwrap_or(u32::MAX).min(usize::BITS - 1);
+        for &e in self.heap.iter().take((1usize << levels) - 1) {
+            // Insertion into the sorted prefix; `None` sorts last here.
+            let mut cur = Some(e);
+            for slot in out.iter_mut() {
+                match (*slot, cur) {
+                    (None, _) => {
+                        *slot = cur;
+                        break;
+                    }
+                    (Some(have), Some(c)) if c < have => {
+                        *slot = cur;
+                        cur = Some(have);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        out
+    }
+
     /// Removes and returns the smallest `(key, id)`.
     pub fn pop(&mut self) -> Option<(K, u32)> {
         let top = self.peek()?;
@@ -214,8 +240,11 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(heap.len(), model.len());
-                let want = model.iter().map(|(&id, &k)| (k, id)).min();
-                prop_assert_eq!(heap.peek(), want);
+                let mut sorted: Vec<(u16, u32)> = model.iter().map(|(&id, &k)| (k, id)).collect();
+                sorted.sort_unstable();
+                prop_assert_eq!(heap.peek(), sorted.first().copied());
+                let three: [Option<(u16, u32)>; 3] = heap.smallest();
+                prop_assert_eq!(three.to_vec(), (0..3).map(|i| sorted.get(i).copied()).collect::<Vec<_>>());
             }
         }
     }

@@ -205,6 +205,11 @@ pub struct Grant {
     /// for its frontrun on the bet that a GPU will be there then is worth
     /// it only while GPUs idle (docs/decisions.md, deferred item 13).
     pub other_free_at: Instant,
+    /// When the second and the third other GPU are free, in the same
+    /// terms: the second at or before now when two GPUs besides this one
+    /// idle. A batch that waits for its pair need not hold on while three
+    /// GPUs idle (deferred item 24).
+    pub more_free_at: [Instant; 2],
 }
 
 /// One ModelThread core and one RankThread core in a single thread, for the

@@ -178,6 +178,27 @@ const QUIET_STOP_CHANCE: f64 = 0.993_262_053;
 /// frontrun with at least this chance (deferred item 22).
 const PARTNER_HOLD_CHANCE: f64 = 0.2;
 
+/// With [`MANY_IDLE_GPUS`] GPUs idle, a lone request that locks out a pair
+/// behind it (deferred items 12, 13 and 22) waits for a partner only while
+/// one comes before the frontrun with at least this chance: as likely as
+/// not (deferred item 24).
+const MANY_IDLE_PARTNER_CHANCE: f64 = 0.5;
+
+/// Idle GPUs, counting the one a batch would take, at which a
+/// burst-locked batch no longer holds out for the frontrun (deferred item
+/// 24): at a grant, the granted GPU and two of the three others a
+/// [`Grant`] reports; between grants, three of those four.
+const MANY_IDLE_GPUS: usize = 3;
+
+/// What a ModelThread knows of the idle GPUs when it gathers a batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct IdleGpus {
+    /// Some GPU idles (at a grant: another than the granted one).
+    spare: bool,
+    /// At least [`MANY_IDLE_GPUS`] idle, counting the one the batch takes.
+    many: bool,
+}
+
 /// Gaps under `2^(GAP_OCTAVE_FLOOR + 1)` ns (~2 µs) share the first octave.
 const GAP_OCTAVE_FLOOR: u32 = 10;
 /// Octaves counted: up to `2^(10 + 32)` ns (~73 minutes), the last takes
@@ -442,9 +463,9 @@ impl ModelState {
     /// sizes the batch and its latest start. The window's opening
     /// (frontrun) is never later than the profile's, so a grant the
     /// profile would take is taken.
-    /// `spare_gpu`: some GPU is idle, as far as this ModelThread knows
-    /// (see [`ModelThreadCore::spare_gpu_at`]).
-    fn gather(&mut self, now: Instant, cfg: &CoreConfig, gpu_free: Option<Instant>, factor: f64, spare_gpu: bool, out: &mut Actions) -> Option<Candidate> {
+    /// `idle`: the idle GPUs, as far as this ModelThread knows (see
+    /// [`ModelThreadCore::spare_gpus_at`]).
+    fn gather(&mut self, now: Instant, cfg: &CoreConfig, gpu_free: Option<Instant>, factor: f64, idle: IdleGpus, out: &mut Actions) -> Option<Candidate> {
         let delay = &cfg.delay;
         let gpu_free = gpu_free.unwrap_or(Instant::ZERO);
         // The rate estimate does not change within a gather: read once
@@ -564,7 +585,7 @@ impl ModelState {
         // free at the frontrun: on a cluster with no GPU idle the narrow
         // window mostly closes before one frees, so the rule holds only
         // while one idles.
-        let burst_locked = spare_gpu && self.pair_locked_out && self.rate.maybe_bursty(gap_cv2);
+        let burst_locked = idle.spare && self.pair_locked_out && self.rate.maybe_bursty(gap_cv2);
         // Without a rate estimate there is no target: defer as for the SLO.
         let target = match (cfg.gather, target) {
             (Gather::Early, Some(t)) if !burst_locked => t,
@@ -578,15 +599,19 @@ impl ModelState {
             // still waits, under strong bursts with a GPU idle, while a
             // partner is likely: a burst's requests come microseconds to
             // a millisecond apart, and two run apart take two GPUs that the
-            // rest of the burst then lacks (deferred item 22).
-            let hold = spare_gpu
+            // rest of the burst then lacks (deferred item 22). With three
+            // GPUs idle a lone start still leaves two (partner and burst),
+            // so it holds only while a partner is as likely as not (item
+            // 24).
+            let hold = idle.spare
                 && self.lone_locks_out_pair
                 && !self.pair_locked_out
                 && bs < self.best_batch
                 && gap_cv2.is_some_and(|c| c > FILL_FLOOR_MAX_CV2);
             if hold {
                 let frontrun = dl - self.profile.scaled_latency(bs + 1, slow);
-                self.rate.quiet_start(frontrun, PARTNER_HOLD_CHANCE).unwrap_or(Instant::ZERO)
+                let chance = if idle.many { MANY_IDLE_PARTNER_CHANCE } else { PARTNER_HOLD_CHANCE };
+                self.rate.quiet_start(frontrun, chance).unwrap_or(Instant::ZERO)
             } else {
                 Instant::ZERO
             }
@@ -618,8 +643,15 @@ impl ModelState {
             // whether a burst is under way (deferred item 18).
             // Burst-locked models wait for the frontrun as before: there a
             // batch started early locks out the pair behind it.
+            // With three GPUs idle a lone request started before the
+            // frontrun still leaves two: one for its partner, one for the
+            // rest of the burst. So a burst-locked batch waits for its
+            // partner only while one is at least as likely as not to come
+            // by the frontrun (deferred item 24).
             let quiet = if !burst_locked && gap_cv2.is_some_and(|c| c > QUIET_STOP_MIN_CV2) {
                 self.rate.quiet_start(frontrun, QUIET_STOP_CHANCE)
+            } else if burst_locked && idle.many {
+                self.rate.quiet_start(frontrun, MANY_IDLE_PARTNER_CHANCE)
             } else {
                 None
             };
@@ -758,8 +790,8 @@ impl ModelState {
 
     /// Recomputes the candidate, tells the RankThread what changed, and
     /// returns when this model next needs attention.
-    fn refresh(&mut self, now: Instant, cfg: &CoreConfig, spare_gpu: bool, out: &mut Actions, to_rank: &mut impl FnMut(ToRank), sent: &mut u64) -> Option<Instant> {
-        let cand = self.gather(now, cfg, None, 1.0, spare_gpu, out);
+    fn refresh(&mut self, now: Instant, cfg: &CoreConfig, idle: IdleGpus, out: &mut Actions, to_rank: &mut impl FnMut(ToRank), sent: &mut u64) -> Option<Instant> {
+        let cand = self.gather(now, cfg, None, 1.0, idle, out);
         let delay = &cfg.delay;
         let ready = cand.filter(|c| Self::ready(now, delay, c));
         if ready != self.informed {
@@ -845,11 +877,13 @@ pub struct ModelThreadCore {
     wakes: IndexedHeap<Instant>,
     /// The closed loop's latency factor of each GPU (absent: 1).
     gpu_factors: Vec<f64>,
-    /// When some GPU is free, as of the last grant this core received: the
-    /// RankThread's [`Grant::other_free_at`], or the granted GPU's own free
-    /// time if that is earlier (its batch ends, or it was handed back).
-    /// At or before now: a GPU idles. Zero at start (every GPU is free).
-    spare_gpu_at: Instant,
+    /// When the first [`MANY_IDLE_GPUS`] GPUs are free, earliest first, as
+    /// of the last grant this core received: the RankThread's
+    /// [`Grant::other_free_at`] and [`Grant::more_free_at`] and the
+    /// granted GPU's own free time (its batch ends, or it was handed back).
+    /// At or before now: that many GPUs idle. Zero at start (every GPU is
+    /// free).
+    spare_gpus_at: [Instant; MANY_IDLE_GPUS],
     stats: ModelThreadStats,
 }
 
@@ -902,7 +936,7 @@ impl ModelThreadCore {
             })
             .collect();
         let n = states.len();
-        ModelThreadCore { cfg, models: states, local, wakes: IndexedHeap::with_ids(n), gpu_factors: Vec::new(), spare_gpu_at: Instant::ZERO, stats: ModelThreadStats::default() }
+        ModelThreadCore { cfg, models: states, local, wakes: IndexedHeap::with_ids(n), gpu_factors: Vec::new(), spare_gpus_at: [Instant::ZERO; MANY_IDLE_GPUS], stats: ModelThreadStats::default() }
     }
 
     /// The network delay bound later decisions charge (the delay watch
@@ -998,8 +1032,8 @@ impl ModelThreadCore {
 
     fn refresh(&mut self, i: usize, now: Instant, out: &mut Actions, to_rank: &mut impl FnMut(ToRank)) {
         let drops_before = out.drops.len();
-        let spare_gpu = self.spare_gpu_at <= now;
-        let wake = self.models[i].refresh(now, &self.cfg, spare_gpu, out, to_rank, &mut self.stats.to_rank);
+        let idle = IdleGpus { spare: self.spare_gpus_at[0] <= now, many: self.spare_gpus_at[MANY_IDLE_GPUS - 1] <= now };
+        let wake = self.models[i].refresh(now, &self.cfg, idle, out, to_rank, &mut self.stats.to_rank);
         self.stats.drops += (out.drops.len() - drops_before) as u64;
         match wake {
             Some(t) => self.wakes.set(i as u32, t),
@@ -1079,8 +1113,10 @@ impl ModelThreadCore {
         // So did it its pending copy.
         m.informed_pending = None;
         let drops_before = out.drops.len();
-        self.spare_gpu_at = g.other_free_at;
-        let cand = m.gather(now, &cfg, Some(g.free_at), factor, g.other_free_at <= now, out);
+        // The granted GPU is the batch's; the grant tells of the next three.
+        self.spare_gpus_at = [g.other_free_at, g.more_free_at[0], g.more_free_at[1]];
+        let idle = IdleGpus { spare: g.other_free_at <= now, many: g.more_free_at[0] <= now };
+        let cand = m.gather(now, &cfg, Some(g.free_at), factor, idle, out);
         self.stats.drops += (out.drops.len() - drops_before) as u64;
         let start_bound = |c: &Candidate| (now + cfg.delay.of(c.bs)).max(g.free_at);
         match cand {
@@ -1107,17 +1143,27 @@ impl ModelThreadCore {
                 out.push_batch(g.gpu, m.id, exec_at, finish_at, planned_at, members);
                 self.stats.batches += 1;
                 self.stats.to_rank += 1;
-                self.spare_gpu_at = self.spare_gpu_at.min(finish_at);
+                self.note_gpu_free(finish_at);
                 to_rank(ToRank::GpuFree { gpu: g.gpu, free_at: finish_at });
             }
             _ => {
                 self.stats.grants_returned += 1;
                 self.stats.to_rank += 1;
-                self.spare_gpu_at = self.spare_gpu_at.min(g.free_at);
+                self.note_gpu_free(g.free_at);
                 to_rank(ToRank::GpuFree { gpu: g.gpu, free_at: g.free_at });
             }
         }
         self.refresh(i, now, out, to_rank);
+    }
+
+    /// A GPU this core held is free at `t` (its batch ends, or it was
+    /// handed back): it joins the earliest free GPUs it knows of.
+    fn note_gpu_free(&mut self, t: Instant) {
+        let s = &mut self.spare_gpus_at;
+        if t < s[MANY_IDLE_GPUS - 1] {
+            s[MANY_IDLE_GPUS - 1] = t;
+            s.sort_unstable();
+        }
     }
 
     /// Timer: refreshes every model whose wake time has come.
@@ -1223,7 +1269,7 @@ mod tests {
     #[test]
     fn a_model_locking_out_pairs_waits_for_the_frontrun_only_under_bursts_with_a_gpu_idle() {
         // A100 EfficientNetV2S at SLO 15 ms: l(1) = 8.8 ms, l(2) = 10.3 ms.
-        let start_after = |arrivals: u64, bursty: bool, spare_gpu: bool| {
+        let start_with = |arrivals: u64, bursty: bool, idle: IdleGpus| {
             let mut c = core_at(1.454, 7.378, 15.0);
             let m = &mut c.models[0];
             assert!(m.pair_locked_out);
@@ -1236,9 +1282,10 @@ mod tests {
             }
             let now = Instant::from_nanos(t);
             m.queues[0].push_back(Request::new(1, 0, now, now + Duration::from_millis(15)));
-            let cand = m.gather(now, &c.cfg, None, 1.0, spare_gpu, &mut Actions::default()).expect("a candidate");
+            let cand = m.gather(now, &c.cfg, None, 1.0, idle, &mut Actions::default()).expect("a candidate");
             cand.exec_at.saturating_since(now)
         };
+        let start_after = |arrivals: u64, bursty: bool, spare: bool| start_with(arrivals, bursty, IdleGpus { spare, many: false });
         let start = |bursty: bool, spare_gpu: bool| start_after(600, bursty, spare_gpu);
         // Bursty: wait until the frontrun d - l(2) (4.7 ms after arrival).
         let wait = start(true, true);
@@ -1254,6 +1301,14 @@ mod tests {
         // The first two arrivals tell nothing: the frontrun.
         let wait = start_after(2, false, true);
         assert!(wait > Duration::from_millis(4) && wait < Duration::from_millis(5), "{wait:?}");
+        // Three GPUs idle: a lone request started early still leaves two
+        // (its partner's and one more), so the batch waits only while a
+        // partner is as likely as not by the frontrun: the burst's 1 us
+        // gaps (deferred item 24). Under steady arrivals nothing changes.
+        let many = IdleGpus { spare: true, many: true };
+        let wait = start_with(600, true, many);
+        assert!(wait > Duration::ZERO && wait <= Duration::from_nanos(2_048), "{wait:?}");
+        assert_eq!(start_with(600, false, many), Duration::ZERO);
     }
 
     #[test]
@@ -1261,6 +1316,7 @@ mod tests {
         // 1080Ti Xception at SLO 15 ms: l(1) + l(2) = 6.8 + 11.5 ms locks
         // out a pair, but the pair saves beta = 2.0 ms < alpha = 4.8 ms.
         let start = |alpha: f64, slo: f64, bursty: bool, spare_gpu: bool| {
+            let idle = IdleGpus { spare: spare_gpu, many: false };
             let mut c = core_at(alpha, 2.046, slo);
             let m = &mut c.models[0];
             assert!(!m.pair_locked_out);
@@ -1273,7 +1329,7 @@ mod tests {
             }
             let now = Instant::from_nanos(t);
             m.queues[0].push_back(Request::new(1, 0, now, now + Duration::from_millis(slo as u64)));
-            let cand = m.gather(now, &c.cfg, None, 1.0, spare_gpu, &mut Actions::default()).expect("a candidate");
+            let cand = m.gather(now, &c.cfg, None, 1.0, idle, &mut Actions::default()).expect("a candidate");
             (m.lone_locks_out_pair, cand.exec_at.saturating_since(now))
         };
         // Bursts: the burst's microsecond gaps are waited out (four gaps in
@@ -1288,6 +1344,37 @@ mod tests {
         let (locks, wait) = start(4.751, 25.0, true, true);
         assert!(!locks);
         assert_eq!(wait, Duration::ZERO);
+    }
+
+    #[test]
+    fn with_three_gpus_idle_a_lone_request_holds_only_for_a_partner_as_likely_as_not() {
+        // 1080Ti Xception at SLO 15 ms (the frontrun 3.45 ms after an
+        // arrival). Per ten gaps: four of 1 us, five of 5 ms, one of 300 ms
+        // (squared CV 7.5): a partner comes by the frontrun with a chance
+        // of 0.4 right after an arrival.
+        let wait = |idle: IdleGpus| {
+            let mut c = core_at(4.751, 2.046, 15.0);
+            let m = &mut c.models[0];
+            let mut t = 0u64;
+            for i in 0..600u64 {
+                t += match i % 10 {
+                    0..=3 => 1_000,
+                    4..=8 => 5_000_000,
+                    _ => 300_000_000,
+                };
+                m.rate.record(Instant::from_nanos(t));
+            }
+            let now = Instant::from_nanos(t);
+            m.queues[0].push_back(Request::new(1, 0, now, now + Duration::from_millis(15)));
+            let cand = m.gather(now, &c.cfg, None, 1.0, idle, &mut Actions::default()).expect("a candidate");
+            cand.exec_at.saturating_since(now)
+        };
+        // One or two GPUs idle: 0.4 is above item 22's 0.2, so it holds
+        // through the microsecond gaps.
+        let held = wait(IdleGpus { spare: true, many: false });
+        assert!(held > Duration::ZERO && held <= Duration::from_nanos(2_048), "{held:?}");
+        // Three idle: 0.4 is below even odds, so it starts at once.
+        assert_eq!(wait(IdleGpus { spare: true, many: true }), Duration::ZERO);
     }
 
     #[test]

@@ -281,17 +281,17 @@ impl RankCore {
         self.stats.grants += 1;
         self.stats.early_grants += u64::from(early);
         self.set_granted(gpu, true);
-        let other_free_at = self.other_free_at(now);
-        grant(Grant { model, gpu, free_at, early, other_free_at });
+        let [other_free_at, second, third] = self.others_free_at(now);
+        grant(Grant { model, gpu, free_at, early, other_free_at, more_free_at: [second, third] });
     }
 
-    /// When the first GPU not yet granted is free ([`Grant::other_free_at`]).
-    fn other_free_at(&self, now: Instant) -> Instant {
-        if self.idle.is_empty() {
-            self.busy.peek().map_or(Instant::NEVER, |(t, _)| t)
-        } else {
-            now
-        }
+    /// When the first three GPUs not yet granted are free, earliest first
+    /// ([`Grant::other_free_at`], [`Grant::more_free_at`]): now for the
+    /// idle ones, then the busy ones by free time, never past the rest.
+    fn others_free_at(&self, now: Instant) -> [Instant; 3] {
+        let idle = self.idle.len().min(3);
+        let busy: [Option<(Instant, GpuId)>; 3] = self.busy.smallest();
+        std::array::from_fn(|i| if i < idle { now } else { busy[i - idle].map_or(Instant::NEVER, |(t, _)| t) })
     }
 
     /// Appendix D's on_model_timer: a candidate just became schedulable.
@@ -513,6 +513,34 @@ mod tests {
         assert!(grants.is_empty());
         rank.on_wake(ms(30), &mut |g| grants.push(g));
         assert_eq!(grants.pop().map(|g| (g.gpu, g.other_free_at)), Some((0, Instant::NEVER)));
+    }
+
+    #[test]
+    fn a_grant_says_when_the_next_three_other_gpus_are_free() {
+        let ms = |ms: u64| Instant::from_nanos(ms * 1_000_000);
+        let mut rank = RankCore::new(5, 4, NetworkDelay::ZERO);
+        let mut grants = Vec::new();
+        let mut grant_to = |rank: &mut RankCore, now: Instant, model: ModelId| {
+            rank.on_message(now, ToRank::Candidate { model, cand: Some(cand(4, 100)) }, &mut |g| grants.push(g));
+            grants.pop().map(|g| (g.gpu, g.other_free_at, g.more_free_at[0], g.more_free_at[1]))
+        };
+        // Four idle GPUs: the first grant leaves three.
+        assert_eq!(grant_to(&mut rank, ms(1), 0), Some((0, ms(1), ms(1), ms(1))));
+        rank.on_message(ms(1), ToRank::GpuFree { gpu: 0, free_at: ms(30) }, &mut |_| {});
+        // Two others idle, then GPU 0 frees at 30 ms.
+        assert_eq!(grant_to(&mut rank, ms(2), 1), Some((1, ms(2), ms(2), ms(30))));
+        rank.on_message(ms(2), ToRank::GpuFree { gpu: 1, free_at: ms(20) }, &mut |_| {});
+        // One other idle; then GPUs 1 and 0 by free time.
+        assert_eq!(grant_to(&mut rank, ms(3), 2), Some((2, ms(3), ms(20), ms(30))));
+        rank.on_message(ms(3), ToRank::GpuFree { gpu: 2, free_at: ms(40) }, &mut |_| {});
+        // None idle: the three busy GPUs, in order of their free times.
+        assert_eq!(grant_to(&mut rank, ms(4), 3), Some((3, ms(20), ms(30), ms(40))));
+        // A fifth model finds no GPU; when GPU 1 frees it is granted, and
+        // the other GPUs are busy (0, 2) or reserved (3): one is never.
+        rank.on_message(ms(5), ToRank::Candidate { model: 4, cand: Some(cand(4, 100)) }, &mut |g| grants.push(g));
+        assert!(grants.is_empty());
+        rank.on_wake(ms(20), &mut |g| grants.push(g));
+        assert_eq!(grants.pop().map(|g| (g.gpu, g.other_free_at, g.more_free_at)), Some((1, ms(30), [ms(40), Instant::NEVER])));
     }
 
     #[test]
