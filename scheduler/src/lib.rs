@@ -16,6 +16,7 @@
 
 pub mod analysis;
 pub mod baselines;
+pub mod batch_past_heads;
 pub mod closed_loop;
 pub mod daemon;
 pub mod deferred;

@@ -21,6 +21,7 @@
 //! Every event costs `O(log M + log G)` plus `O(B log B)` per batch formed.
 
 use super::{insert_by_deadline, GpuPool};
+use crate::batch_past_heads::larger_batch_past_heads;
 use crate::netdelay::NetworkDelay;
 use crate::profile::LatencyProfile;
 use crate::types::{Actions, DropReason, GpuId, ModelId, Request, Scheduler};
@@ -151,39 +152,15 @@ impl EagerScheduler {
 
 /// The batch a free GPU runs from `queue` (sorted by deadline, non-empty,
 /// head able to finish alone): `(skip, size)`, members `skip..skip + size`.
-///
-/// By default the largest batch that finishes by the head's deadline
-/// (`skip = 0`). Sizing by the head alone is metastable: after a burst every
-/// head has little slack, every GPU runs batches of one and the queue never
-/// drains (docs/benchmarks.md, "Eager: the largest batch"). So the batch may
-/// instead leave the first `i` heads queued and take the next requests,
-/// whose later deadlines allow a larger batch `b_i`, but only where batching
-/// pays: the GPU time per request of that batch plus the skipped heads run
-/// as a batch of their own, `(l(b_i) + l(i)) / (b_i + i)`, must be below the
-/// head's batch's `l(b_0) / b_0`. Models without batching benefit (A100
-/// SSDMobilenet, `l(b) = 19.4 b + 4.4 ms`) then never skip their heads.
-/// Among the batches that pass, the largest (fewest skipped heads on ties).
+/// The largest batch that finishes by the head's deadline, or a larger one
+/// past the first heads where batching pays even counting the skipped
+/// heads ([`larger_batch_past_heads`]).
 fn largest_batch(queue: &VecDeque<Request>, profile: &LatencyProfile, now: Instant, delay: NetworkDelay) -> (usize, u32) {
     let max_batch = profile.max_batch();
     let within = |deadline: Instant, limit: u32| profile.max_batch_within(deadline.saturating_since(now + delay.d_ctrl), delay.d_data, limit);
-    let per_request = |n: u32, t: Duration| t.as_secs_f64() / f64::from(n);
     let Some(head) = queue.front() else { return (0, 0) };
     let b0 = within(head.deadline, (queue.len() as u32).min(max_batch)).max(1);
-    let head_cost = per_request(b0, profile.latency(b0));
-    let (mut skip, mut size) = (0usize, b0);
-    // Skipping more heads than a batch holds: they could not run as one.
-    for (i, r) in queue.iter().enumerate().skip(1).take(max_batch as usize) {
-        let cap = ((queue.len() - i) as u32).min(max_batch);
-        if cap <= size {
-            break;
-        }
-        let b = within(r.deadline, cap);
-        let skipped = i as u32;
-        if b > size && per_request(b + skipped, profile.latency(b) + profile.latency(skipped)) < head_cost {
-            (skip, size) = (i, b);
-        }
-    }
-    (skip, size)
+    larger_batch_past_heads(queue, b0, max_batch, |b| profile.latency(b), within, |_, _| true)
 }
 
 impl Scheduler for EagerScheduler {

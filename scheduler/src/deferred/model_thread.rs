@@ -2,6 +2,7 @@
 //! timers for a disjoint set of models.
 
 use super::{Candidate, CoreConfig, Gather, Grant, ToRank};
+use crate::batch_past_heads::larger_batch_past_heads;
 use crate::netdelay::NetworkDelay;
 use crate::profile::LatencyProfile;
 use crate::types::{Actions, Admission, DropReason, GpuId, ModelId, Request, RequestId};
@@ -686,6 +687,29 @@ impl ModelState {
         Candidate { bs: b, exec_at: c.exec_at.min(latest), latest, level: c.level, urgency: c.urgency.min(latest), exec, recent_loss_bp: c.recent_loss_bp }
     }
 
+    /// The batch a grant runs from the one queue of a model whose lone
+    /// request locks out a pair (`b0`: the head's batch, as gathered):
+    /// `(skip, size)`, members `skip..skip + size`. A head that can run
+    /// only in a small batch holds a GPU for `l(1)` or more, longer than a
+    /// request that comes after it can wait; when a larger batch behind it
+    /// pays even counting the heads run apart (eager's rule, [`larger_batch_past_heads`])
+    /// and the next GPU to free (`next_free`, at the profile's speed) could
+    /// not run that batch as large, the heads stay queued for another GPU
+    /// and this one runs the larger batch (deferred item 25). Where the
+    /// next GPU could, the head runs here and the batch there, as before.
+    fn batch_past_heads(&self, now: Instant, delay: &NetworkDelay, gpu_free: Instant, next_free: Instant, factor: f64, b0: u32) -> (usize, u32) {
+        let p = &self.profile;
+        let within = |gpu_free: Instant, factor: f64| {
+            move |deadline: Instant, limit: u32| {
+                let by_network = p.max_batch_within_scaled(deadline.saturating_since(now + delay.d_ctrl), delay.d_data, limit, factor);
+                let by_gpu = p.max_batch_within_scaled(deadline.saturating_since(gpu_free), Duration::ZERO, limit, factor);
+                by_network.min(by_gpu)
+            }
+        };
+        let on_next = within(next_free, 1.0);
+        larger_batch_past_heads(&self.queues[0], b0, p.max_batch(), |b| p.scaled_latency(b, factor), within(gpu_free, factor), |r, b| on_next(r.deadline, b) < b)
+    }
+
     /// Early drop's window: the smallest batch whose throughput per GPU is
     /// at least `fraction` of the target batch's (`e(b) = b / l(b)`). A head
     /// that would force a smaller batch costs more GPU time per request than
@@ -1128,19 +1152,31 @@ impl ModelThreadCore {
             // An early grant (the work-conserving fallback) runs the batch
             // the queue holds now, before its window.
             Some(c) if c.exec_at <= start_bound(&c) || g.early || (was_ready && m.queues.len() > 1) => {
-                let exec_at = start_bound(&c);
-                let finish_at = exec_at + m.profile.scaled_latency(c.bs, factor);
                 let lead = cfg.delay.of(c.bs);
                 let planned_at = m.informed_at.max(g.free_at - lead).max(c.exec_at - lead).min(now);
-                // The batch is the first `bs` requests in level order
-                // (what `gather` sized it from).
-                let mut left = c.bs as usize;
-                let members = m.queues.iter_mut().flat_map(|q| {
-                    let k = left.min(q.len());
-                    left -= k;
-                    q.drain(..k)
-                });
-                out.push_batch(g.gpu, m.id, exec_at, finish_at, planned_at, members);
+                // A model whose lone request locks out a pair may pass its
+                // first heads over for a larger batch behind them (deferred
+                // item 25); with priority levels the batch keeps level order.
+                let (skip, bs) = if m.lone_locks_out_pair && m.queues.len() == 1 {
+                    m.batch_past_heads(now, &cfg.delay, g.free_at, g.other_free_at, factor, c.bs)
+                } else {
+                    (0, c.bs)
+                };
+                let exec_at = (now + cfg.delay.of(bs)).max(g.free_at);
+                let finish_at = exec_at + m.profile.scaled_latency(bs, factor);
+                if skip > 0 {
+                    out.push_batch(g.gpu, m.id, exec_at, finish_at, planned_at, m.queues[0].drain(skip..skip + bs as usize));
+                } else {
+                    // The batch is the first `bs` requests in level order
+                    // (what `gather` sized it from).
+                    let mut left = bs as usize;
+                    let members = m.queues.iter_mut().flat_map(|q| {
+                        let k = left.min(q.len());
+                        left -= k;
+                        q.drain(..k)
+                    });
+                    out.push_batch(g.gpu, m.id, exec_at, finish_at, planned_at, members);
+                }
                 self.stats.batches += 1;
                 self.stats.to_rank += 1;
                 self.note_gpu_free(finish_at);
@@ -1375,6 +1411,35 @@ mod tests {
         assert!(held > Duration::ZERO && held <= Duration::from_nanos(2_048), "{held:?}");
         // Three idle: 0.4 is below even odds, so it starts at once.
         assert_eq!(wait(IdleGpus { spare: true, many: true }), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_grant_passes_a_lone_head_over_for_a_batch_the_next_gpu_could_not_run() {
+        // 1080Ti ResNet50 at SLO 15 ms (l(1) = 7.4 ms, l(4) = 13.6 ms): a
+        // lone request locks out a pair. The head has 8 ms left (a batch of
+        // one), four requests behind it 15 ms.
+        let ms = |n: u64| Duration::from_millis(n);
+        let run = |next_free: Instant| {
+            let mut c = core_at(2.050, 5.378, 15.0);
+            assert!(c.models[0].lone_locks_out_pair);
+            let now = Instant::from_nanos(1_000_000_000);
+            c.models[0].queues[0].push_back(Request::new(1, 0, now - ms(7), now + ms(8)));
+            for id in 2..6 {
+                c.models[0].queues[0].push_back(Request::new(id, 0, now, now + ms(15)));
+            }
+            let mut out = Actions::default();
+            let g = Grant { model: 0, gpu: 0, free_at: now, early: true, other_free_at: next_free, more_free_at: [Instant::NEVER; 2] };
+            c.on_grant(now, g, &mut out, &mut |_| {});
+            let batch = out.batches.first().expect("a batch");
+            let ids: Vec<u64> = out.members[batch.members.clone()].iter().map(|r| r.id).collect();
+            (ids, c.models[0].queues[0].iter().map(|r| r.id).collect::<Vec<_>>())
+        };
+        let now = Instant::from_nanos(1_000_000_000);
+        // The next GPU frees in 10 ms, too late for a batch of four: the
+        // four run here and the head stays queued for another GPU.
+        assert_eq!(run(now + ms(10)), (vec![2, 3, 4, 5], vec![1]));
+        // Another GPU idles: the head runs here, the four there.
+        assert_eq!(run(now), (vec![1], vec![2, 3, 4, 5]));
     }
 
     #[test]
