@@ -192,7 +192,7 @@ const MANY_IDLE_PARTNER_CHANCE: f64 = 0.5;
 const MANY_IDLE_GPUS: usize = 3;
 
 /// What a ModelThread knows of the idle GPUs when it gathers a batch.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct IdleGpus {
     /// Some GPU idles (at a grant: another than the granted one).
     spare: bool,
@@ -409,6 +409,16 @@ impl ModelState {
         (now + delay.of(b)).max(gpu_free)
     }
 
+    /// The largest batch up to `limit` that reaches a GPU free at
+    /// `gpu_free` over the network and finishes there by `deadline`, on a
+    /// GPU `factor` times slower than the profile.
+    #[inline]
+    fn batch_by(profile: &LatencyProfile, now: Instant, delay: &NetworkDelay, gpu_free: Instant, deadline: Instant, limit: u32, factor: f64) -> u32 {
+        let by_network = profile.max_batch_within_scaled(deadline.saturating_since(now + delay.d_ctrl), delay.d_data, limit, factor);
+        let by_gpu = profile.max_batch_within_scaled(deadline.saturating_since(gpu_free), Duration::ZERO, limit, factor);
+        by_network.min(by_gpu)
+    }
+
     /// The drop test (at the profile's speed: see [`Self::gather`]).
     #[inline]
     fn fits_head(profile: &LatencyProfile, now: Instant, delay: &NetworkDelay, gpu_free: Instant, b: u32, deadline: Instant) -> bool {
@@ -522,11 +532,7 @@ impl ModelState {
             let max_batch = self.profile.max_batch();
             let lowest = self.queues.len() - 1;
             let profile = &self.profile;
-            let size = |dl: Instant, limit: u32| {
-                let by_network = profile.max_batch_within_scaled(dl.saturating_since(now + delay.d_ctrl), delay.d_data, limit, factor);
-                let by_gpu = profile.max_batch_within_scaled(dl.saturating_since(gpu_free), Duration::ZERO, limit, factor);
-                by_network.min(by_gpu)
-            };
+            let size = |dl: Instant, limit: u32| Self::batch_by(profile, now, delay, gpu_free, dl, limit, factor);
             for (level, q) in self.queues.iter().enumerate() {
                 let Some(head) = q.front() else { continue };
                 let own = if level < lowest { head.deadline - cfg.priority_reserve } else { head.deadline };
@@ -699,15 +705,9 @@ impl ModelState {
     /// next GPU could, the head runs here and the batch there, as before.
     fn batch_past_heads(&self, now: Instant, delay: &NetworkDelay, gpu_free: Instant, next_free: Instant, factor: f64, b0: u32) -> (usize, u32) {
         let p = &self.profile;
-        let within = |gpu_free: Instant, factor: f64| {
-            move |deadline: Instant, limit: u32| {
-                let by_network = p.max_batch_within_scaled(deadline.saturating_since(now + delay.d_ctrl), delay.d_data, limit, factor);
-                let by_gpu = p.max_batch_within_scaled(deadline.saturating_since(gpu_free), Duration::ZERO, limit, factor);
-                by_network.min(by_gpu)
-            }
-        };
-        let on_next = within(next_free, 1.0);
-        larger_batch_past_heads(&self.queues[0], b0, p.max_batch(), |b| p.scaled_latency(b, factor), within(gpu_free, factor), |r, b| on_next(r.deadline, b) < b)
+        let here = |deadline: Instant, limit: u32| Self::batch_by(p, now, delay, gpu_free, deadline, limit, factor);
+        let next_could = |r: &Request, b: u32| Self::batch_by(p, now, delay, next_free, r.deadline, b, 1.0) >= b;
+        larger_batch_past_heads(&self.queues[0], b0, p.max_batch(), |b| p.scaled_latency(b, factor), here, |r, b| !next_could(r, b))
     }
 
     /// Early drop's window: the smallest batch whose throughput per GPU is
