@@ -2,7 +2,7 @@
 //! stays at or under a threshold (1%), found by bisection on simulated runs.
 
 use crate::policy::{build, PolicyConfig, PolicyError};
-use crate::sim::{simulate, InvariantViolation, SimConfig, SimReport};
+use crate::sim::{simulate_until_failed, InvariantViolation, ProbeRun, SimConfig, SimReport};
 use serde::Serialize;
 
 /// Search knobs.
@@ -14,6 +14,13 @@ pub struct GoodputSearch {
     pub rel_precision: f64,
     /// Initial guess (0: derive from the cluster's ideal throughput).
     pub initial_rps: f64,
+    /// With an initial guess: the bracket around it widens by this
+    /// fraction of the rate, doubling per probe (0: as from the ceiling,
+    /// 1.5x up and halving down). A guess from a neighbouring run (the
+    /// same cell under another seed) is usually within a few percent, so
+    /// a small step brackets it in one or two probes where halving from
+    /// the ceiling takes six to eight.
+    pub warm_step: f64,
     /// At most this many simulations.
     pub max_runs: u32,
     /// Each probe measures at least this many requests of every model (by
@@ -28,6 +35,12 @@ pub struct GoodputSearch {
     /// count of bursts, about the requests over the index of dispersion
     /// ([`crate::sim::Arrival::gap_cv2`]).
     pub min_requests_per_model: u64,
+    /// Stop a probe as soon as it is certain to fail
+    /// ([`simulate_until_failed`]): the same passes and fails, so the same
+    /// goodput, for less simulated time. A probe stopped early records the
+    /// bad rate it had reached over all its measured requests, a lower bound
+    /// on the full run's.
+    pub stop_failed_probes: bool,
 }
 
 /// The longest stretch of a probe's measured span (see
@@ -38,7 +51,7 @@ pub const MAX_STRETCH: f64 = 10_000.0;
 
 impl Default for GoodputSearch {
     fn default() -> Self {
-        GoodputSearch { max_bad_rate: 0.01, rel_precision: 0.005, initial_rps: 0.0, max_runs: 40, min_requests_per_model: 0 }
+        GoodputSearch { max_bad_rate: 0.01, rel_precision: 0.005, initial_rps: 0.0, warm_step: 0.0, max_runs: 40, min_requests_per_model: 0, stop_failed_probes: true }
     }
 }
 
@@ -66,7 +79,9 @@ pub struct GoodputResult {
     pub goodput_rps: f64,
     /// The run at that rate.
     pub at_goodput: Option<SimReport>,
-    /// `(offered_rps, max model bad rate, passed)` of every probe, in order.
+    /// `(offered_rps, max model bad rate, passed)` of every probe, in order
+    /// (a failed probe stopped early: the bad rate it had reached; see
+    /// [`GoodputSearch::stop_failed_probes`]).
     pub probes: Vec<(f64, f64, bool)>,
 }
 
@@ -114,22 +129,30 @@ pub fn search(
 ) -> Result<GoodputResult, GoodputError> {
     let mut probes = Vec::new();
     let mut runs = 0;
-    let mut run = |rate: f64, probes: &mut Vec<(f64, f64, bool)>| -> Result<(bool, SimReport), GoodputError> {
+    let mut run = |rate: f64, probes: &mut Vec<(f64, f64, bool)>| -> Result<(bool, Option<SimReport>), GoodputError> {
         let mut cfg = base.clone();
         cfg.workload.rate_rps = rate;
         cfg.duration = stretched(base, rate, knobs.min_requests_per_model);
         let mut sched = build(&cfg.models, cfg.gpus, policy)?;
-        let r = simulate(&cfg, sched.as_mut()).map_err(|source| GoodputError::Simulation { rate_rps: rate, source })?;
-        let ok = r.max_model_bad_rate <= knobs.max_bad_rate && r.offered > 0;
-        probes.push((rate, r.max_model_bad_rate, ok));
+        // Without early stops the bar is never crossed before the end (no
+        // bad rate exceeds infinity): the run is the plain one.
+        let bar = if knobs.stop_failed_probes { knobs.max_bad_rate } else { f64::INFINITY };
+        let outcome = simulate_until_failed(&cfg, sched.as_mut(), bar).map_err(|source| GoodputError::Simulation { rate_rps: rate, source })?;
+        let (ok, bad, report) = match outcome {
+            ProbeRun::Completed(r) => (r.max_model_bad_rate <= knobs.max_bad_rate && r.offered > 0, r.max_model_bad_rate, Some(*r)),
+            ProbeRun::Failed { bad_rate_at_least, .. } => (false, bad_rate_at_least, None),
+        };
+        probes.push((rate, bad, ok));
         runs += 1;
         progress(runs, knobs.max_runs, rate, ok);
-        Ok((ok, r))
+        Ok((ok, report))
     };
     let ceiling = ideal_throughput(base);
+    let warm = knobs.initial_rps > 0.0 && knobs.warm_step > 0.0;
     let mut hi = if knobs.initial_rps > 0.0 { knobs.initial_rps } else { ceiling.max(1.0) };
     let mut lo = 0.0;
     let mut best: Option<SimReport> = None;
+    let mut step = knobs.warm_step;
     // Bracket: the ceiling normally fails; if it passes, grow.
     loop {
         let (ok, r) = run(hi, &mut probes)?;
@@ -137,24 +160,27 @@ pub fn search(
             break;
         }
         lo = hi;
-        best = Some(r);
-        hi *= 1.5;
+        best = r;
+        hi *= if warm { 1.0 + step } else { 1.5 };
+        step *= 2.0;
         if probes.len() as u32 >= knobs.max_runs {
             break;
         }
     }
     if lo == 0.0 {
-        // Find a passing lower bound by halving.
-        let mut probe = hi / 2.0;
+        // Find a passing lower bound by halving (or, warm, by a widening step).
+        let shrink = |step: f64| if warm { (1.0 - step).max(0.5) } else { 0.5 };
+        let mut probe = hi * shrink(step);
         while probe > 1e-3 && (probes.len() as u32) < knobs.max_runs {
             let (ok, r) = run(probe, &mut probes)?;
             if ok {
                 lo = probe;
-                best = Some(r);
+                best = r;
                 break;
             }
             hi = probe;
-            probe /= 2.0;
+            step *= 2.0;
+            probe *= shrink(step);
         }
     }
     while lo > 0.0 && (hi - lo) > knobs.rel_precision * hi && (probes.len() as u32) < knobs.max_runs {
@@ -162,7 +188,7 @@ pub fn search(
         let (ok, r) = run(mid, &mut probes)?;
         if ok {
             lo = mid;
-            best = Some(r);
+            best = r;
         } else {
             hi = mid;
         }
@@ -206,5 +232,77 @@ mod tests {
         // A rate near zero stops at the cap.
         let cap = Duration::from_millis(1000) + Duration::from_secs_f64(5.0 * MAX_STRETCH);
         assert_eq!(stretched(&base(Arrival::Poisson), 1e-3, 2000), cap);
+    }
+
+    #[test]
+    fn a_probe_stopped_once_it_must_fail_leaves_every_pass_fail_and_the_goodput_as_they_were() {
+        use crate::policy::PolicyKind;
+        use crate::sim::{simulate, simulate_until_failed, ProbeRun};
+        for (arrival, kind) in [(Arrival::Poisson, PolicyKind::Deferred), (Arrival::Gamma(0.2), PolicyKind::Eager), (Arrival::Poisson, PolicyKind::Nexus)] {
+            let policy = PolicyConfig::new(kind);
+            let knobs = GoodputSearch { min_requests_per_model: 500, ..GoodputSearch::default() };
+            let full = GoodputSearch { stop_failed_probes: false, ..knobs.clone() };
+            let a = search(&base(arrival), &policy, &knobs, &mut |_, _, _, _| {}).unwrap();
+            let b = search(&base(arrival), &policy, &full, &mut |_, _, _, _| {}).unwrap();
+            assert_eq!(a.goodput_rps, b.goodput_rps, "{arrival:?} {kind:?}");
+            let verdicts = |r: &GoodputResult| r.probes.iter().map(|&(rate, _, ok)| (rate, ok)).collect::<Vec<_>>();
+            assert_eq!(verdicts(&a), verdicts(&b));
+            assert!(a.probes.iter().any(|p| !p.2), "some probe fails");
+            // A stopped probe's bad rate is a lower bound on the full run's.
+            for (x, y) in a.probes.iter().zip(&b.probes) {
+                assert!(x.1 <= y.1 && x.1 > knobs.max_bad_rate || x.2, "{x:?} {y:?}");
+            }
+            // Far above the crossing a probe stops well before its end.
+            let mut cfg = base(arrival);
+            cfg.workload.rate_rps = 4.0 * a.goodput_rps;
+            let mut sched = build(&cfg.models, cfg.gpus, &policy).unwrap();
+            match simulate_until_failed(&cfg, sched.as_mut(), 0.01).unwrap() {
+                ProbeRun::Failed { bad_rate_at_least, stopped_at, .. } => {
+                    assert!(bad_rate_at_least > 0.01);
+                    assert!(stopped_at < dataplane::time::Instant::from_nanos(cfg.duration.as_nanos() / 2), "{stopped_at}");
+                }
+                ProbeRun::Completed(r) => panic!("4x the goodput passed: {}", r.max_model_bad_rate),
+            }
+            // A passing run is the plain run.
+            cfg.workload.rate_rps = 0.5 * a.goodput_rps;
+            let mut sched = build(&cfg.models, cfg.gpus, &policy).unwrap();
+            let ProbeRun::Completed(r) = simulate_until_failed(&cfg, sched.as_mut(), 0.01).unwrap() else { panic!("half the goodput failed") };
+            let mut sched = build(&cfg.models, cfg.gpus, &policy).unwrap();
+            let plain = simulate(&cfg, sched.as_mut()).unwrap();
+            assert_eq!(serde_json::to_string(&r).unwrap(), serde_json::to_string(&plain).unwrap());
+        }
+    }
+
+    #[test]
+    fn a_search_warmed_by_a_neighbouring_goodput_brackets_it_in_fewer_probes_to_the_same_precision() {
+        use crate::policy::PolicyKind;
+        let policy = PolicyConfig::new(PolicyKind::Deferred);
+        let knobs = GoodputSearch { min_requests_per_model: 500, ..GoodputSearch::default() };
+        let mut cfg = base(Arrival::Poisson);
+        let cold = search(&cfg, &policy, &knobs, &mut |_, _, _, _| {}).unwrap();
+        for seed in [2, 3] {
+            cfg.seed = seed;
+            let fresh = search(&cfg, &policy, &knobs, &mut |_, _, _, _| {}).unwrap();
+            let warm_knobs = GoodputSearch { initial_rps: cold.goodput_rps, warm_step: 0.02, ..knobs.clone() };
+            let warm = search(&cfg, &policy, &warm_knobs, &mut |_, _, _, _| {}).unwrap();
+            assert!(warm.probes.len() < fresh.probes.len(), "{} vs {}", warm.probes.len(), fresh.probes.len());
+            // Both end with a passing rate and a failing one within the
+            // precision above it; the crossings agree to about that.
+            let gap = (warm.goodput_rps - fresh.goodput_rps).abs() / fresh.goodput_rps;
+            assert!(gap < 0.02, "seed {seed}: {} vs {}", warm.goodput_rps, fresh.goodput_rps);
+            let above = warm.probes.iter().filter(|p| !p.2 && p.0 > warm.goodput_rps).map(|p| p.0).fold(f64::INFINITY, f64::min);
+            assert!(above - warm.goodput_rps <= knobs.rel_precision * above + 1e-9, "{:?}", warm.probes);
+        }
+        // A guess far off still brackets (widening doubles per probe) and
+        // ends as precisely; near the bar the bad rate is not monotone in
+        // the rate, so another probe sequence may settle on another
+        // crossing a little apart.
+        let far = GoodputSearch { initial_rps: cold.goodput_rps * 3.0, warm_step: 0.02, ..knobs.clone() };
+        cfg.seed = 1;
+        let r = search(&cfg, &policy, &far, &mut |_, _, _, _| {}).unwrap();
+        assert!((r.goodput_rps - cold.goodput_rps).abs() / cold.goodput_rps < 0.05, "{} vs {}", r.goodput_rps, cold.goodput_rps);
+        let above = r.probes.iter().filter(|p| !p.2 && p.0 > r.goodput_rps).map(|p| p.0).fold(f64::INFINITY, f64::min);
+        assert!(above - r.goodput_rps <= knobs.rel_precision * above + 1e-9, "{:?}", r.probes);
+        assert!(r.probes.iter().any(|p| p.2 && p.0 == r.goodput_rps));
     }
 }

@@ -210,6 +210,12 @@ enum Cmd {
         /// --duration-s always.
         #[arg(long, default_value_t = 0)]
         min_requests: u64,
+        /// Start from this rate (rps) and bracket the goodput around it,
+        /// widening by 2% and doubling per probe, instead of from the
+        /// cluster's ceiling: what `report grid` does for every seed after
+        /// the first, from the first seed's goodput.
+        #[arg(long)]
+        warm_from: Option<f64>,
     },
     /// Replay the paper's worked example (3 GPUs, l(b)=b+5, SLO 12).
     Example {
@@ -337,6 +343,9 @@ enum Cmd {
         /// fig13: the ModelThread counts (default 1 up to the machine's cores, at least 2).
         #[arg(long = "model-threads", value_delimiter = ',')]
         model_threads: Vec<usize>,
+        /// grid: the seeds each goodput is the median over (default 1,2,3,4,5; --quick: 1).
+        #[arg(long, value_delimiter = ',')]
+        seeds: Vec<u64>,
     },
 }
 
@@ -416,7 +425,7 @@ fn restore_sigpipe() {
 fn run(cmd: Cmd) -> Result<(), CommandError> {
     match cmd {
         Cmd::Sim { cluster, rate, json, plot } => sim(&cluster, rate, json, plot.as_deref()),
-        Cmd::Goodput { cluster, json, plot, quiet, min_requests } => goodput(&cluster, json, plot.as_deref(), quiet, min_requests),
+        Cmd::Goodput { cluster, json, plot, quiet, min_requests, warm_from } => goodput(&cluster, json, plot.as_deref(), quiet, min_requests, warm_from),
         Cmd::Example { policy, skip, requests, gather, json } => Ok(example::run(&policy, &skip, requests, &gather, json)?),
         Cmd::Up { models, cluster, rate, duration_s, serve, json, groups, reroute_at_s, group_standby, kill_a_leader_at_s, group_b_added, .. } if groups > 0 => {
             if groups != 2 || serve {
@@ -473,7 +482,7 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
         Cmd::Partition(a) => Ok(partition_cmd::run(&a)?),
         Cmd::Route { action } => Ok(route_cmd::run(&action)?),
         Cmd::Predict(a) => Ok(predict::run(&a)?),
-        Cmd::Report { name, quick, json, .. } if name == "grid" => Ok(report_grid::run(quick, json)?),
+        Cmd::Report { name, quick, json, seeds, .. } if name == "grid" => Ok(report_grid::run(quick, json, &seeds)?),
         Cmd::Report { name, quick, plot, model_threads, .. } => Ok(reports::run(&name, quick, plot.as_deref(), &model_threads)?),
         Cmd::Chaos { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json, priority_mix, cancel_share, max_queue, trace_task } => {
             Ok(chaos_cmd::run(&chaos_cmd::ChaosArgs { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json, priority_mix, cancel_share, max_queue, trace_task })?)
@@ -504,11 +513,15 @@ fn sim(cluster: &ClusterArgs, rate: f64, json: bool, plot: Option<&Path>) -> Res
 
 /// `symphony goodput`: the goodput search, optionally with a load sweep's
 /// figures.
-fn goodput(cluster: &ClusterArgs, json: bool, plot: Option<&Path>, quiet: bool, min_requests: u64) -> Result<(), CommandError> {
+fn goodput(cluster: &ClusterArgs, json: bool, plot: Option<&Path>, quiet: bool, min_requests: u64, warm_from: Option<f64>) -> Result<(), CommandError> {
     let cfg = cluster.sim(0.0)?;
     let policy = cluster.policy()?;
     let bar = Progress::new("goodput", quiet);
-    let knobs = GoodputSearch { min_requests_per_model: min_requests, ..GoodputSearch::default() };
+    let (initial_rps, warm_step) = match warm_from {
+        Some(r) if r > 0.0 && r.is_finite() => (r, report_grid::WARM_STEP),
+        _ => (0.0, 0.0),
+    };
+    let knobs = GoodputSearch { min_requests_per_model: min_requests, initial_rps, warm_step, ..GoodputSearch::default() };
     let result = search(&cfg, &policy, &knobs, &mut |i, n, rate, ok| {
         bar.update(i, n, &format!("{rate:.0} rps {}", if ok { "ok" } else { "bad" }))
     })?;

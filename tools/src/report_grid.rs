@@ -13,8 +13,10 @@
 //! arrivals (same seeds). The timeout policy runs at `k` = 10% of the SLO
 //! (its per-model search, `symphony report table2`, costs seven goodput
 //! searches per model). Each search bisects to 0.5% of its rate (the
-//! bar on the ratio is 1%). Searches run on two threads; results do not depend
-//! on the order they finish in.
+//! bar on the ratio is 1%): a cell's first seed from the cluster's ceiling,
+//! the others around the first seed's goodput ([`WARM_STEP`]). Each
+//! (cell, policy) runs its seeds in order on one of two threads; results
+//! do not depend on the order the jobs finish in.
 
 use crate::progress::Progress;
 use dataplane::time::Duration;
@@ -50,8 +52,15 @@ const WARMUP_S: f64 = 1.0;
 /// requests per model, and their medians moved 2-4x between seed sets; at
 /// a flat 2000 the Gamma(0.2) ones still moved 1.5-2x, and from 2000 to
 /// 4000 times the squared CV a tenth of the cells' ratios still moved by
-/// 0.028 or more (docs/decisions.md, deferred item 23).
-pub const MIN_REQUESTS_PER_MODEL: u64 = 4000;
+/// 0.028 or more (docs/decisions.md, deferred item 23); at 8000 the grid
+/// runs in about 8 minutes here with the early stop and the warm seeds
+/// (deferred item 26).
+pub const MIN_REQUESTS_PER_MODEL: u64 = 8000;
+/// Seeds after the first search around the first seed's goodput, widening
+/// by this fraction (doubling per probe) until bracketed, instead of from
+/// the cluster's ceiling: the seeds of a cell differ by a few percent, so
+/// this saves the far probes (docs/decisions.md, deferred item 26).
+pub const WARM_STEP: f64 = 0.02;
 
 /// The policies, in column order; deferred first.
 fn policies() -> Vec<(&'static str, PolicyKind)> {
@@ -190,33 +199,50 @@ pub enum GridError {
     Json(#[from] serde_json::Error),
 }
 
-pub fn run(quick: bool, json: bool) -> Result<(), GridError> {
+/// Runs the grid over `seeds` (empty: [`SEEDS`], or seed 1 with `quick`).
+pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
     let started = std::time::Instant::now();
     let cells = cells(quick)?;
-    let seeds: Vec<u64> = if quick { vec![1] } else { SEEDS.to_vec() };
+    let seeds: Vec<u64> = match (seeds, quick) {
+        ([], true) => vec![1],
+        ([], false) => SEEDS.to_vec(),
+        (given, _) => given.to_vec(),
+    };
     let pols = policies();
     let n_seeds = seeds.len();
-    // Every (cell, policy, seed) search is one job.
-    let jobs: Vec<(usize, usize, u64)> =
-        (0..cells.len()).flat_map(|c| (0..pols.len()).flat_map(move |p| (0..n_seeds).map(move |s| (c, p, s as u64)))).collect();
-    let results: Mutex<Vec<Option<Result<f64, scheduler::goodput::GoodputError>>>> = Mutex::new((0..jobs.len()).map(|_| None).collect());
+    // Every (cell, policy) is one job: its seeds in order, the first
+    // searched from the cluster's ceiling and the others bracketed around
+    // the first's goodput (see [`WARM_STEP`]).
+    let jobs: Vec<(usize, usize)> = (0..cells.len()).flat_map(|c| (0..pols.len()).map(move |p| (c, p))).collect();
+    type Goodputs = Result<Vec<f64>, scheduler::goodput::GoodputError>;
+    let results: Mutex<Vec<Option<Goodputs>>> = Mutex::new((0..jobs.len()).map(|_| None).collect());
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
     let bar = Progress::new("grid", false);
     let knobs = GoodputSearch { rel_precision: 0.005, max_runs: 24, min_requests_per_model: MIN_REQUESTS_PER_MODEL, ..GoodputSearch::default() };
-    tracing::info!("grid: {} cells x {} policies x seeds {:?} = {} goodput searches", cells.len(), pols.len(), seeds, jobs.len());
+    tracing::info!("grid: {} cells x {} policies x seeds {:?} = {} goodput searches", cells.len(), pols.len(), seeds, jobs.len() * n_seeds);
     std::thread::scope(|s| {
         for _ in 0..2 {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(&(c, p, si)) = jobs.get(i) else { break };
+                let Some(&(c, p)) = jobs.get(i) else { break };
                 let cell = &cells[c];
-                let r = search(&sim(cell, seeds[si as usize]), &policy_config(pols[p].1, cell), &knobs, &mut |_, _, _, _| {}).map(|g| g.goodput_rps);
+                let policy = policy_config(pols[p].1, cell);
+                let mut found = Vec::with_capacity(n_seeds);
+                let r: Goodputs = seeds
+                    .iter()
+                    .try_for_each(|&seed| {
+                        let warm = found.first().copied().unwrap_or(0.0);
+                        let knobs = GoodputSearch { initial_rps: warm, warm_step: WARM_STEP, ..knobs.clone() };
+                        found.push(search(&sim(cell, seed), &policy, &knobs, &mut |_, _, _, _| {})?.goodput_rps);
+                        Ok(())
+                    })
+                    .map(|()| found);
                 if let Ok(mut all) = results.lock() {
                     all[i] = Some(r);
                 }
                 let n = done.fetch_add(1, Ordering::Relaxed) + 1;
-                bar.update(n as u32, jobs.len() as u32, &format!("{} {} GPUs", cell.zoo, cell.gpus));
+                bar.update((n * n_seeds) as u32, (jobs.len() * n_seeds) as u32, &format!("{} {} GPUs", cell.zoo, cell.gpus));
             });
         }
     });
@@ -227,15 +253,13 @@ pub fn run(quick: bool, json: bool) -> Result<(), GridError> {
     for cell in &cells {
         let mut goodput = Vec::new();
         for (name, _) in &pols {
-            let mut g = Vec::new();
-            for _ in &seeds {
-                match results[idx].take() {
-                    Some(Ok(v)) => g.push(v),
-                    Some(Err(source)) => return Err(GridError::Search { policy: name.to_string(), source }),
-                    None => return Err(GridError::Worker("a search did not run")),
-                }
-                idx += 1;
-            }
+            let mut g = match results[idx].take() {
+                Some(Ok(v)) if !v.is_empty() => v,
+                Some(Ok(_)) => return Err(GridError::Worker("a cell has no seeds")),
+                Some(Err(source)) => return Err(GridError::Search { policy: name.to_string(), source }),
+                None => return Err(GridError::Worker("a search did not run")),
+            };
+            idx += 1;
             g.sort_by(f64::total_cmp);
             goodput.push((*name, g[g.len() / 2]));
         }

@@ -135,11 +135,80 @@ pub fn simulate_observed<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
     sched: &mut S,
     obs: &mut O,
 ) -> Result<SimReport, InvariantViolation> {
-    let mut arrivals = match &cfg.trace {
+    match drive(cfg, sched, obs, None)? {
+        ProbeRun::Completed(r) => Ok(*r),
+        // Without a bar the run never stops early.
+        ProbeRun::Failed { .. } => Err(InvariantViolation("a run without a bar stopped early".into())),
+    }
+}
+
+/// How a run that may stop early ended (see [`simulate_until_failed`]).
+#[derive(Clone, Debug)]
+pub enum ProbeRun {
+    /// The run went to its end.
+    Completed(Box<SimReport>),
+    /// The run stopped once `model`'s bad rate over the whole measured
+    /// window could no longer end at or under the bar.
+    Failed {
+        /// The model that failed.
+        model: ModelId,
+        /// Its bad requests so far over all its measured requests: a lower
+        /// bound on the bad rate the full run would report.
+        bad_rate_at_least: f64,
+        /// The virtual time the run stopped at.
+        stopped_at: Instant,
+    },
+}
+
+/// Runs `cfg` under `sched` until some model's bad rate is certain to end
+/// above `max_bad_rate`, or to its end. Every model's count of measured
+/// arrivals is known before the run (the arrivals are a seeded function of
+/// the configuration, counted in a first pass), and bad requests only
+/// accumulate, so once `bad / measured > max_bad_rate` for some model the
+/// full run's report would say the same: stopping there changes no pass or
+/// fail, only the cost of the runs that fail. A goodput search's failing
+/// probes above the crossing fail early, often within a fraction of their
+/// span.
+pub fn simulate_until_failed<S: Scheduler + ?Sized>(cfg: &SimConfig, sched: &mut S, max_bad_rate: f64) -> Result<ProbeRun, InvariantViolation> {
+    let offered = measured_arrivals(cfg);
+    drive(cfg, sched, &mut (), Some(FailBar { max_bad_rate, offered }))
+}
+
+/// The arrivals of `cfg` that its report will count, per model.
+fn measured_arrivals(cfg: &SimConfig) -> Vec<u64> {
+    let start = Instant::ZERO + cfg.warmup.min(cfg.duration);
+    let mut n = vec![0u64; cfg.models.len()];
+    for (t, m) in arrivals_of(cfg) {
+        if t >= start {
+            if let Some(c) = n.get_mut(m as usize) {
+                *c += 1;
+            }
+        }
+    }
+    n
+}
+
+fn arrivals_of(cfg: &SimConfig) -> Arrivals {
+    match &cfg.trace {
         Some(trace) => Arrivals::trace(trace.clone()),
         None => Arrivals::generated(&cfg.models, &cfg.workload, cfg.seed, cfg.duration),
-    };
-    let mut run = Run::new(cfg);
+    }
+}
+
+/// A bad rate no model may exceed, and every model's measured arrivals.
+struct FailBar {
+    max_bad_rate: f64,
+    offered: Vec<u64>,
+}
+
+fn drive<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
+    cfg: &SimConfig,
+    sched: &mut S,
+    obs: &mut O,
+    bar: Option<FailBar>,
+) -> Result<ProbeRun, InvariantViolation> {
+    let mut arrivals = arrivals_of(cfg);
+    let mut run = Run::new(cfg, bar);
     if !cfg.admission.is_none() {
         for m in 0..cfg.models.len() {
             sched.set_admission(m as ModelId, cfg.admission.model_admission());
@@ -149,6 +218,12 @@ pub fn simulate_observed<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
     let mut now = Instant::ZERO;
     let mut stalls = 0u32;
     loop {
+        if let Some(model) = run.failed {
+            let a = &run.acc[model as usize];
+            let measured = run.bar.as_ref().and_then(|b| b.offered.get(model as usize)).copied().unwrap_or(0).max(1);
+            let bad_rate_at_least = (a.dropped + a.late) as f64 / measured as f64;
+            return Ok(ProbeRun::Failed { model, bad_rate_at_least, stopped_at: now });
+        }
         let t_wake = sched.poll_at().map(|t| t.max(now));
         let Some((t, event)) = next_event(run.gpus.poll_at(), t_wake, arrivals.peek_time()) else { break };
         if t == now {
@@ -180,7 +255,7 @@ pub fn simulate_observed<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
         run.apply(now, &out, sched.name(), obs)?;
         out.clear();
     }
-    run.finish(sched.name())
+    run.finish(sched.name()).map(|r| ProbeRun::Completed(Box::new(r)))
 }
 
 /// One simulated run's state: every request's state, the per-model
@@ -198,10 +273,14 @@ struct Run<'a> {
     /// Member vectors of finished batches, reused.
     spare: Vec<Vec<Request>>,
     total_batches: u64,
+    /// The bar a run may stop early on, if any.
+    bar: Option<FailBar>,
+    /// The first model found certain to end above the bar.
+    failed: Option<ModelId>,
 }
 
 impl<'a> Run<'a> {
-    fn new(cfg: &'a SimConfig) -> Self {
+    fn new(cfg: &'a SimConfig, bar: Option<FailBar>) -> Self {
         let expected = (cfg.workload.rate_rps * cfg.duration.as_secs_f64() * 1.1) as usize + 1024;
         Run {
             cfg,
@@ -214,6 +293,21 @@ impl<'a> Run<'a> {
             busy_ns: vec![0u64; cfg.gpus as usize],
             spare: Vec::new(),
             total_batches: 0,
+            bar,
+            failed: None,
+        }
+    }
+
+    /// Notes a measured bad request of `model`: with a bar, the run fails
+    /// once the model's bad count over all its measured arrivals is above
+    /// it (the same division the report makes, with a numerator that can
+    /// only grow).
+    #[inline]
+    fn note_bad(&mut self, model: ModelId) {
+        let Some(bar) = &self.bar else { return };
+        let (Some(a), Some(&n)) = (self.acc.get(model as usize), bar.offered.get(model as usize)) else { return };
+        if self.failed.is_none() && n > 0 && (a.dropped + a.late) as f64 / n as f64 > bar.max_bad_rate {
+            self.failed = Some(model);
         }
     }
 
@@ -240,6 +334,7 @@ impl<'a> Run<'a> {
         self.busy_ns[g as usize] += self.overlap(done.start, done.finish);
         let b = done.tag;
         let a = &mut self.acc[b.model as usize];
+        let mut late = false;
         for r in &b.members {
             self.states[r.id as usize] = State::Done;
             if Self::measured(self.window_start, r) {
@@ -250,9 +345,13 @@ impl<'a> Run<'a> {
                 } else {
                     a.late += 1;
                     self.classes[Self::class_of(r)].late += 1;
+                    late = true;
                 }
                 let _ = a.latency_us.record((lat.as_nanos() / 1000).max(1));
             }
+        }
+        if late {
+            self.note_bad(b.model);
         }
         let mut members = b.members;
         members.clear();
@@ -320,6 +419,7 @@ impl<'a> Run<'a> {
             c.dropped += 1;
             c.refused += u64::from(reason == DropReason::Overloaded);
             c.timeouts += u64::from(reason == DropReason::Timeout);
+            self.note_bad(r.model);
         }
         Ok(())
     }
