@@ -1,15 +1,23 @@
 #!/usr/bin/env python3
 """Upper bound on Nexus (Algorithm 1, squishy bin packing as published) for equal-rate model pairs on 2 GPUs.
 
-Usage: scripts/nexus_algorithm1_bound.py A,B [C,D ...]  (A100 zoo; prints 2x the highest equal rate that fits).
+Usage: scripts/nexus_algorithm1_bound.py [--zoo a100|1080ti] [--slo MS] A,B [C,D ...]
+(default: the A100 zoo at each model's Table 4 SLO; --slo gives every model that SLO, as the goodput
+grid's cells do). Prints 2x the highest equal rate that fits.
 Mean rates, fractional batches, GPUs loaded to 100%: generous. See docs/benchmarks.md (Nexus on 2 GPUs).
 """
+import argparse
 import math
 import os
+ap=argparse.ArgumentParser()
+ap.add_argument('--zoo',choices=['a100','1080ti'],default='a100')
+ap.add_argument('--slo',type=float,default=None)
+ap.add_argument('pairs',nargs='+')
+args=ap.parse_args()
 Z={}
-for line in open(os.path.join(os.path.dirname(__file__), '..', 'scheduler', 'data', 'zoo-a100.csv')):
+for line in open(os.path.join(os.path.dirname(__file__), '..', 'scheduler', 'data', f'zoo-{args.zoo}.csv')):
     if line.startswith('#') or not line.strip() or 'alpha' in line: continue
-    n,a,b,s=line.strip().split(',')[:4]; Z[n]=(float(a),float(b),float(s))
+    n,a,b,s=line.strip().split(',')[:4]; Z[n]=(float(a),float(b),args.slo if args.slo else float(s))
 def l(m,b): a,be,_=Z[m]; return a*b+be
 def gpus(ms,R):
     """Nexus Algorithm 1 with mean rates (no headroom, no bursts); fractional batches allowed (generous)."""
@@ -38,8 +46,7 @@ def gpus(ms,R):
         if best: merged[best[1]]=(best[0],best[2],best[3])
         else: merged.append((occ,d,res))
     return total+len(merged)
-import sys
-for pair in sys.argv[1:]:
+for pair in args.pairs:
     ms=pair.split(',')
     lo,hi=0.0,20000.0
     if gpus(ms,1e-3) is None: print(pair,'unplannable'); continue
