@@ -1142,7 +1142,7 @@ impl ModelThreadCore {
         let idle = IdleGpus { spare: g.other_free_at <= now, many: g.more_free_at[0] <= now };
         let cand = m.gather(now, &cfg, Some(g.free_at), factor, idle, out);
         self.stats.drops += (out.drops.len() - drops_before) as u64;
-        let start_bound = |c: &Candidate| (now + cfg.delay.of(c.bs)).max(g.free_at);
+        let start_at = |bs: u32| ModelState::earliest(now, &cfg.delay, g.free_at, bs);
         match cand {
             // With priority levels the grant's batch may leave out a lower
             // level that the profile's candidate had (a slower GPU fits
@@ -1151,7 +1151,7 @@ impl ModelThreadCore {
             // The window was open when the candidate was offered: take it.
             // An early grant (the work-conserving fallback) runs the batch
             // the queue holds now, before its window.
-            Some(c) if c.exec_at <= start_bound(&c) || g.early || (was_ready && m.queues.len() > 1) => {
+            Some(c) if c.exec_at <= start_at(c.bs) || g.early || (was_ready && m.queues.len() > 1) => {
                 let lead = cfg.delay.of(c.bs);
                 let planned_at = m.informed_at.max(g.free_at - lead).max(c.exec_at - lead).min(now);
                 // A model whose lone request locks out a pair may pass its
@@ -1162,7 +1162,7 @@ impl ModelThreadCore {
                 } else {
                     (0, c.bs)
                 };
-                let exec_at = (now + cfg.delay.of(bs)).max(g.free_at);
+                let exec_at = start_at(bs);
                 let finish_at = exec_at + m.profile.scaled_latency(bs, factor);
                 if skip > 0 {
                     out.push_batch(g.gpu, m.id, exec_at, finish_at, planned_at, m.queues[0].drain(skip..skip + bs as usize));

@@ -218,10 +218,7 @@ fn drive<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
     let mut now = Instant::ZERO;
     let mut stalls = 0u32;
     loop {
-        if let Some(model) = run.failed {
-            let a = &run.acc[model as usize];
-            let measured = run.bar.as_ref().and_then(|b| b.offered.get(model as usize)).copied().unwrap_or(0).max(1);
-            let bad_rate_at_least = (a.dropped + a.late) as f64 / measured as f64;
+        if let Some((model, bad_rate_at_least)) = run.failed {
             return Ok(ProbeRun::Failed { model, bad_rate_at_least, stopped_at: now });
         }
         let t_wake = sched.poll_at().map(|t| t.max(now));
@@ -275,8 +272,9 @@ struct Run<'a> {
     total_batches: u64,
     /// The bar a run may stop early on, if any.
     bar: Option<FailBar>,
-    /// The first model found certain to end above the bar.
-    failed: Option<ModelId>,
+    /// The first model found certain to end above the bar, and its bad
+    /// rate then.
+    failed: Option<(ModelId, f64)>,
 }
 
 impl<'a> Run<'a> {
@@ -306,8 +304,9 @@ impl<'a> Run<'a> {
     fn note_bad(&mut self, model: ModelId) {
         let Some(bar) = &self.bar else { return };
         let (Some(a), Some(&n)) = (self.acc.get(model as usize), bar.offered.get(model as usize)) else { return };
-        if self.failed.is_none() && n > 0 && (a.dropped + a.late) as f64 / n as f64 > bar.max_bad_rate {
-            self.failed = Some(model);
+        let bad_rate = (a.dropped + a.late) as f64 / n as f64;
+        if self.failed.is_none() && n > 0 && bad_rate > bar.max_bad_rate {
+            self.failed = Some((model, bad_rate));
         }
     }
 
