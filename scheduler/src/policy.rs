@@ -125,6 +125,8 @@ pub struct PolicyConfig {
     pub nexus_epoch: Duration,
     /// Nexus: relay overflow to backup GPUs.
     pub nexus_backups: bool,
+    /// Nexus: plan over every GPU (rates scaled up to the cluster); off: the fewest GPUs.
+    pub nexus_fill_cluster: bool,
 }
 
 impl PolicyConfig {
@@ -143,6 +145,7 @@ impl PolicyConfig {
             nexus_frontends: 1,
             nexus_epoch: Duration::from_millis(10_000),
             nexus_backups: true,
+            nexus_fill_cluster: true,
         }
     }
 }
@@ -168,7 +171,7 @@ pub fn build(models: &[ModelSpec], gpus: u32, cfg: &PolicyConfig) -> Result<Box<
         PolicyKind::Nexus => Box::new(NexusScheduler::new(
             models,
             gpus,
-            NexusConfig { delay: cfg.delay, frontends: cfg.nexus_frontends, epoch: cfg.nexus_epoch, rates: None, backups: cfg.nexus_backups, ..NexusConfig::default() },
+            NexusConfig { delay: cfg.delay, frontends: cfg.nexus_frontends, epoch: cfg.nexus_epoch, rates: None, backups: cfg.nexus_backups, fill_cluster: cfg.nexus_fill_cluster, ..NexusConfig::default() },
         )),
     })
 }

@@ -2,7 +2,7 @@
 //! invariant, are deterministic, and show the behaviour that defines them.
 
 use dataplane::time::Duration;
-use scheduler::baselines::nexus::{plan, squishy_bin_packing};
+use scheduler::baselines::nexus::{plan, plan_fewest, squishy_bin_packing, GpuPlan, Plan};
 use scheduler::baselines::{NexusConfig, NexusScheduler, ShepherdScheduler};
 use scheduler::netdelay::NetworkDelay;
 use scheduler::policy::{build, PolicyConfig, PolicyKind};
@@ -141,10 +141,10 @@ fn shepherd_preempts_on_bursts() {
 }
 
 #[test]
-fn nexus_leaves_unplanned_gpus_idle() {
+fn nexus_on_its_fewest_gpus_leaves_the_others_idle() {
     let models = vec![resnet50()];
     let cfg = config(models.clone(), 8, Workload::poisson(1000.0), 3, 1);
-    let nexus_cfg = NexusConfig { rates: Some(vec![1000.0]), ..NexusConfig::default() };
+    let nexus_cfg = NexusConfig { rates: Some(vec![1000.0]), fill_cluster: false, ..NexusConfig::default() };
     let mut sched = NexusScheduler::new(&models, 8, nexus_cfg);
     let used = sched.plan().gpus.len();
     assert!((2..=3).contains(&used), "plan uses {used} GPUs");
@@ -155,11 +155,51 @@ fn nexus_leaves_unplanned_gpus_idle() {
 
     // Without configured rates it spreads the model over every GPU until it
     // has measured the rate (the first second), then leaves GPUs idle.
-    let mut sched = NexusScheduler::new(&models, 8, NexusConfig::default());
+    let mut sched = NexusScheduler::new(&models, 8, NexusConfig { fill_cluster: false, ..NexusConfig::default() });
     let r = simulate(&cfg, &mut sched).unwrap();
     assert!(sched.plans() >= 2);
     assert!(sched.plan().gpus.len() <= 3);
     assert!(r.gpu_busy_fraction.iter().filter(|&&b| b < 0.01).count() >= 5, "{:?}", r.gpu_busy_fraction);
+}
+
+#[test]
+fn nexus_replicates_its_planned_gpus_onto_the_spare_ones() {
+    // The same load as above: by default each spare GPU copies a planned
+    // GPU (residents, batches, duty cycle) and takes an equal share of its
+    // rates, the busiest GPU's replicas first.
+    let models = vec![resnet50(), small()];
+    let rates = [1200.0, 100.0];
+    let fewest = plan_fewest(&models, &rates, 8);
+    let filled = plan(&models, &rates, 8);
+    assert!(fewest.gpus.len() <= 4, "{fewest:?}");
+    assert_eq!(filled.gpus.len(), 8, "{filled:?}");
+    for m in 0..models.len() {
+        let total = |p: &Plan| p.gpus.iter().flat_map(|g| &g.residents).filter(|x| x.model as usize == m).map(|x| x.rate_rps).sum::<f64>();
+        assert!((total(&fewest) - total(&filled)).abs() < 1e-6, "model {m}: the same load, spread");
+    }
+    for g in &filled.gpus {
+        let original = fewest.gpus.iter().find(|f| f.duty_cycle == g.duty_cycle && f.residents.iter().map(|x| (x.model, x.batch)).eq(g.residents.iter().map(|x| (x.model, x.batch))));
+        assert!(original.is_some(), "{g:?} is a copy of a planned GPU");
+    }
+    let busy = |g: &GpuPlan| g.residents.iter().map(|x| x.rate_rps * models[x.model as usize].profile.latency(x.batch).as_secs_f64() / f64::from(x.batch)).sum::<f64>();
+    let most = |p: &Plan| p.gpus.iter().map(busy).fold(0.0f64, f64::max);
+    assert!(most(&filled) < most(&fewest), "{} {}", most(&filled), most(&fewest));
+
+    // Bursty load on 8 GPUs that the fewest-GPU plan packs onto three:
+    // the bursts its three GPUs drop, the whole cluster serves.
+    let models = vec![ModelSpec::linear("ResNet50", 2.050, 5.378, 25.0).unwrap(), ModelSpec::linear("MobileNet", 1.009, 2.390, 25.0).unwrap()];
+    let cfg = config(models.clone(), 8, workload(500.0, Arrival::Gamma(0.2), Popularity::Equal), 6, 1);
+    let run_with = |fill_cluster: bool| {
+        let mut sched = NexusScheduler::new(&models, 8, NexusConfig { fill_cluster, ..NexusConfig::default() });
+        let r = simulate(&cfg, &mut sched).unwrap();
+        assert_accounted(&r);
+        (r, sched.plan().gpus.len())
+    };
+    let ((filled, filled_gpus), (fewest, fewest_gpus)) = (run_with(true), run_with(false));
+    assert_eq!(filled_gpus, 8);
+    assert!(fewest_gpus < 8, "{fewest_gpus}");
+    assert!(fewest.max_model_bad_rate > 0.02, "fewest GPUs: {}", fewest.max_model_bad_rate);
+    assert!(filled.max_model_bad_rate < fewest.max_model_bad_rate / 4.0, "filled {} fewest {}", filled.max_model_bad_rate, fewest.max_model_bad_rate);
 }
 
 /// Two models on two GPUs with a tight SLO: a GPU each, and the overflow

@@ -184,6 +184,9 @@ pub struct ClusterArgs {
     /// Nexus: no backup GPUs (overflow stays on the routed GPU, as in the paper's description).
     #[arg(long = "nexus-no-backups")]
     pub nexus_no_backups: bool,
+    /// Nexus: plan on the fewest GPUs and leave the others idle (Nexus's own objective), instead of scaling the planned rates up to the whole cluster.
+    #[arg(long = "nexus-fewest-gpus")]
+    pub nexus_fewest_gpus: bool,
 }
 
 impl ClusterArgs {
@@ -246,6 +249,7 @@ impl ClusterArgs {
         p.delay = self.delay()?;
         p.nexus_frontends = self.nexus_frontends.max(1);
         p.nexus_backups = !self.nexus_no_backups;
+        p.nexus_fill_cluster = !self.nexus_fewest_gpus;
         check(self.min_window_us.is_finite() && self.min_window_us >= 0.0, "--min-window-us", ">= 0", self.min_window_us)?;
         p.min_window = Duration::from_secs_f64(self.min_window_us * 1e-6);
         check(self.window_gaps.is_finite() && self.window_gaps >= 0.0, "--window-gaps", ">= 0", self.window_gaps)?;

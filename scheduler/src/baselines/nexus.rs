@@ -9,8 +9,14 @@
 //!   ([`NexusConfig::rates`]) or, without them, spreads the models evenly
 //!   over the GPUs until a short warm epoch has measured the rates. When the
 //!   plan needs more GPUs than exist, every rate is scaled down by the same
-//!   factor until it fits ([`plan`]); the excess load is then dropped by the
-//!   backends. GPUs the plan does not use stay idle. Plans provision
+//!   factor until it fits; the excess load is then dropped by the
+//!   backends. When it needs fewer, each spare GPU replicates a planned
+//!   GPU and takes a share of its load ([`plan`]): Nexus minimises the GPUs
+//!   it holds (the cost of a cloud fleet), but every system here is given
+//!   the same cluster, where a GPU left idle only drops the bursts it could
+//!   have served. That is an operator's use of the spare GPUs, not a rule
+//!   of Nexus's planner; [`NexusConfig::fill_cluster`] off gives the
+//!   fewest GPUs ([`plan_fewest`]), the others idle. Plans provision
 //!   [`DEFAULT_HEADROOM`] above the measured rates.
 //! - **Frontend routing.** Each request is routed to one GPU serving its
 //!   model, by smooth weighted round robin over the planned shares. With
@@ -83,6 +89,9 @@ pub struct NexusConfig {
     pub headroom: f64,
     /// Relay a GPU's overflow to backup GPUs (see the module documentation).
     pub backups: bool,
+    /// Spread the plan over every GPU by replicating planned GPUs
+    /// ([`plan`]); off: the fewest GPUs, the others idle ([`plan_fewest`]).
+    pub fill_cluster: bool,
 }
 
 impl Default for NexusConfig {
@@ -95,6 +104,7 @@ impl Default for NexusConfig {
             rates: None,
             headroom: DEFAULT_HEADROOM,
             backups: true,
+            fill_cluster: true,
         }
     }
 }
@@ -289,11 +299,54 @@ pub fn squishy_bin_packing(models: &[ModelSpec], rates: &[f64]) -> Vec<GpuPlan> 
     plans
 }
 
-/// Squishy bin packing for `gpus` GPUs: when the rates need more, every rate
-/// is scaled down by the largest common factor that fits (found by
-/// bisection). If even vanishing rates do not fit, the plan keeps the first
-/// `gpus` GPUs of the full packing and the other models are not served.
+/// Squishy bin packing for `gpus` GPUs, using all of them: [`plan_fewest`],
+/// then each GPU it leaves spare replicates one of the plan's GPUs (same
+/// residents, batches and duty cycle) and takes an equal share of that
+/// GPU's rates. Each spare goes to the GPU whose replicas carry the most
+/// planned GPU time per second (`sum rate * l(b) / b`) each. The plan's
+/// batches and duty cycles stay what squishy bin packing chose for the
+/// measured load, so its worst cases hold; every replica runs at a fraction
+/// of that load, with room for bursts.
 pub fn plan(models: &[ModelSpec], rates: &[f64], gpus: u32) -> Plan {
+    let fewest = plan_fewest(models, rates, gpus);
+    let planned = fewest.gpus.len();
+    if planned == 0 || planned >= gpus as usize {
+        return fewest;
+    }
+    let busy: Vec<f64> = fewest
+        .gpus
+        .iter()
+        .map(|g| g.residents.iter().map(|x| x.rate_rps * models[x.model as usize].profile.latency(x.batch).as_secs_f64() / f64::from(x.batch.max(1))).sum())
+        .collect();
+    let mut copies = vec![1u32; planned];
+    for _ in planned..gpus as usize {
+        let per_copy = |i: usize| busy[i] / f64::from(copies[i]);
+        // Ties go to the earlier GPU (`max_by` keeps the last maximum).
+        let i = (0..planned).rev().max_by(|&a, &b| per_copy(a).total_cmp(&per_copy(b))).unwrap_or(0);
+        copies[i] += 1;
+    }
+    let gpus = fewest
+        .gpus
+        .into_iter()
+        .zip(copies)
+        .flat_map(|(g, k)| {
+            let share = GpuPlan {
+                residents: g.residents.iter().map(|x| Placement { rate_rps: x.rate_rps / f64::from(k), ..*x }).collect(),
+                duty_cycle: g.duty_cycle,
+            };
+            std::iter::repeat_n(share, k as usize)
+        })
+        .collect();
+    Plan { gpus, rate_scale: fewest.rate_scale }
+}
+
+/// Squishy bin packing on the fewest GPUs (Nexus's own objective), at most
+/// `gpus`: when the rates need more, every rate is scaled down by the
+/// largest common factor that fits (found by bisection). If even vanishing
+/// rates do not fit, the plan keeps the first `gpus` GPUs of the full
+/// packing and the other models are not served. GPUs past the plan's stay
+/// idle.
+pub fn plan_fewest(models: &[ModelSpec], rates: &[f64], gpus: u32) -> Plan {
     let full = squishy_bin_packing(models, rates);
     if full.len() <= gpus as usize {
         return Plan { gpus: full, rate_scale: 1.0 };
@@ -319,6 +372,15 @@ pub fn plan(models: &[ModelSpec], rates: &[f64], gpus: u32) -> Plan {
             p.truncate(gpus as usize);
             Plan { gpus: p, rate_scale: 1.0 }
         }
+    }
+}
+
+/// [`plan`] or [`plan_fewest`], as `cfg` says.
+fn plan_with(cfg: &NexusConfig, models: &[ModelSpec], rates: &[f64], gpus: u32) -> Plan {
+    if cfg.fill_cluster {
+        plan(models, rates, gpus)
+    } else {
+        plan_fewest(models, rates, gpus)
     }
 }
 
@@ -427,7 +489,7 @@ impl NexusScheduler {
         let (first, next_plan) = match &cfg.rates {
             Some(r) => {
                 let r: Vec<f64> = r.iter().map(|x| x * (1.0 + cfg.headroom)).collect();
-                (plan(models, &r, gpus), Instant::ZERO + cfg.epoch)
+                (plan_with(&cfg, models, &r, gpus), Instant::ZERO + cfg.epoch)
             }
             None => (spread_evenly(models, gpus), Instant::ZERO + cfg.warm_epoch),
         };
@@ -577,7 +639,7 @@ impl NexusScheduler {
         // Poisson count `n` has deviation `sqrt(n)`, and the `+ 1` keeps a
         // model that happened to see no request this epoch placed somewhere.
         let rates: Vec<f64> = self.arrivals.iter().map(|&n| (n as f64 + (n as f64).sqrt() + 1.0) * scale).collect();
-        let p = plan(&self.specs, &rates, self.backends.len() as u32);
+        let p = plan_with(&self.cfg, &self.specs, &rates, self.backends.len() as u32);
         self.install(p);
         self.arrivals.iter_mut().for_each(|n| *n = 0);
         self.arrivals_total = 0;
