@@ -3,7 +3,9 @@
 
 use dataplane::time::Duration;
 use scheduler::baselines::nexus::{plan, plan_fewest, squishy_bin_packing, GpuPlan, Plan};
+use scheduler::baselines::timeout::{best_timeouts, TimeoutSearch, K_FRACTIONS};
 use scheduler::baselines::{NexusConfig, NexusScheduler, ShepherdScheduler};
+use scheduler::goodput::{search, GoodputSearch};
 use scheduler::netdelay::NetworkDelay;
 use scheduler::policy::{build, PolicyConfig, PolicyKind};
 use scheduler::sim::{simulate, Arrival, Popularity, RateSchedule, SimConfig, SimReport, Workload};
@@ -200,6 +202,30 @@ fn nexus_replicates_its_planned_gpus_onto_the_spare_ones() {
     assert!(fewest_gpus < 8, "{fewest_gpus}");
     assert!(fewest.max_model_bad_rate > 0.02, "fewest GPUs: {}", fewest.max_model_bad_rate);
     assert!(filled.max_model_bad_rate < fewest.max_model_bad_rate / 4.0, "filled {} fewest {}", filled.max_model_bad_rate, fewest.max_model_bad_rate);
+}
+
+#[test]
+fn the_timeout_search_beats_every_common_k_and_reports_what_it_found() {
+    let models = vec![ModelSpec::linear("ResNet50", 2.050, 5.378, 25.0).unwrap(), ModelSpec::linear("MobileNet", 1.009, 2.390, 25.0).unwrap()];
+    let cfg = config(models.clone(), 2, workload(0.0, Arrival::Gamma(0.5), Popularity::Equal), 3, 1);
+    let policy = PolicyConfig::new(PolicyKind::Timeout);
+    let knobs = GoodputSearch { rel_precision: 0.01, ..GoodputSearch::default() };
+    let goodput = |ks: &[Duration]| {
+        let p = PolicyConfig { timeouts: ks.to_vec(), ..policy.clone() };
+        search(&cfg, &p, &knobs, &mut |_, _, _, _| {}).unwrap().goodput_rps
+    };
+    let common = best_timeouts(&cfg, &policy, &TimeoutSearch { knobs: knobs.clone(), per_model: false }).unwrap();
+    let each = best_timeouts(&cfg, &policy, &TimeoutSearch { knobs: knobs.clone(), per_model: true }).unwrap();
+    assert_eq!(common.timeouts[0], common.timeouts[1], "one fraction of the same SLO");
+    for f in K_FRACTIONS {
+        let k = Duration::from_nanos((25e6 * f) as u64);
+        assert!(common.goodput_rps >= goodput(&[k, k]), "k = {k:?}");
+    }
+    // Model by model from the best common k: never worse, and the goodput
+    // reported is the one its `k`s give.
+    assert!(each.goodput_rps >= common.goodput_rps);
+    assert_eq!(goodput(&each.timeouts), each.goodput_rps);
+    assert_eq!(goodput(&common.timeouts), common.goodput_rps);
 }
 
 /// Two models on two GPUs with a tight SLO: a GPU each, and the overflow

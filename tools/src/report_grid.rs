@@ -10,9 +10,10 @@
 //! Per cell: every policy's goodput (median over [`SEEDS`]), the ratio
 //! deferred / best other, and over the grid the worst ratio and the
 //! geometric mean. Every policy runs on the same emulated GPUs and the same
-//! arrivals (same seeds). The timeout policy runs at `k` = 10% of the SLO
-//! (its per-model search, `symphony report table2`, costs seven goodput
-//! searches per model). Each search bisects to 0.5% of its rate (the
+//! arrivals (same seeds). The timeout policy runs at its best `k` per
+//! model, searched on the cell's first seed ([`best_timeouts`]: a common
+//! fraction of the SLO, then model by model in cells of up to
+//! [`TIMEOUT_PER_MODEL_MAX`] models) and printed. Each search bisects to 0.5% of its rate (the
 //! bar on the ratio is 1%): a cell's first seed from the cluster's ceiling,
 //! the others around the first seed's goodput ([`WARM_STEP`]). Each
 //! (cell, policy) runs its seeds in order on one of two threads; results
@@ -20,6 +21,7 @@
 
 use crate::progress::Progress;
 use dataplane::time::Duration;
+use scheduler::baselines::timeout::{best_timeouts, TimeoutSearch};
 use scheduler::goodput::{search, GoodputSearch};
 use scheduler::policy::{PolicyConfig, PolicyKind};
 use scheduler::sim::{Arrival, Popularity, RateSchedule, SimConfig, Workload};
@@ -61,6 +63,10 @@ pub const MIN_REQUESTS_PER_MODEL: u64 = 8000;
 /// the cluster's ceiling: the seeds of a cell differ by a few percent, so
 /// this saves the far probes (docs/decisions.md, deferred item 26).
 pub const WARM_STEP: f64 = 0.02;
+/// Cells with at most this many models search the timeout policy's `k`
+/// model by model after the common fraction (six more goodput searches per
+/// model); the 37-model cells keep the common fraction.
+const TIMEOUT_PER_MODEL_MAX: usize = 4;
 
 /// The policies, in column order; deferred first.
 fn policies() -> Vec<(&'static str, PolicyKind)> {
@@ -138,14 +144,6 @@ fn sim(cell: &Cell, seed: u64) -> SimConfig {
     }
 }
 
-fn policy_config(kind: PolicyKind, cell: &Cell) -> PolicyConfig {
-    let mut p = PolicyConfig::new(kind);
-    if kind == PolicyKind::Timeout {
-        p.timeouts = cell.models.iter().map(|m| Duration::from_nanos(m.slo.as_nanos() / 10)).collect();
-    }
-    p
-}
-
 /// One cell's result.
 #[derive(Serialize)]
 struct CellResult {
@@ -160,6 +158,15 @@ struct CellResult {
     /// Deferred / best other; `None` when no other policy serves anything
     /// but deferred does (1 when none does).
     ratio: Option<f64>,
+    /// The timeout policy's `k` per model (ms), searched on the first seed.
+    timeout_k_ms: Vec<f64>,
+}
+
+/// One (cell, policy) job's goodputs, one per seed, and the timeout
+/// policy's `k`s (empty for the others).
+struct JobResult {
+    goodputs: Vec<f64>,
+    timeouts: Vec<Duration>,
 }
 
 #[derive(Serialize)]
@@ -214,7 +221,7 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
     // searched from the cluster's ceiling and the others bracketed around
     // the first's goodput (see [`WARM_STEP`]).
     let jobs: Vec<(usize, usize)> = (0..cells.len()).flat_map(|c| (0..pols.len()).map(move |p| (c, p))).collect();
-    type Goodputs = Result<Vec<f64>, scheduler::goodput::GoodputError>;
+    type Goodputs = Result<JobResult, scheduler::goodput::GoodputError>;
     let results: Mutex<Vec<Option<Goodputs>>> = Mutex::new((0..jobs.len()).map(|_| None).collect());
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
@@ -227,17 +234,26 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&(c, p)) = jobs.get(i) else { break };
                 let cell = &cells[c];
-                let policy = policy_config(pols[p].1, cell);
+                let mut policy = PolicyConfig::new(pols[p].1);
                 let mut found = Vec::with_capacity(n_seeds);
                 let r: Goodputs = seeds
                     .iter()
-                    .try_for_each(|&seed| {
+                    .enumerate()
+                    .try_for_each(|(i, &seed)| {
                         let warm = found.first().copied().unwrap_or(0.0);
                         let knobs = GoodputSearch { initial_rps: warm, warm_step: WARM_STEP, ..knobs.clone() };
-                        found.push(search(&sim(cell, seed), &policy, &knobs, &mut |_, _, _, _| {})?.goodput_rps);
+                        if i == 0 && policy.kind == PolicyKind::Timeout {
+                            // The timeout policy at its best `k` per model, searched on the first seed.
+                            let how = TimeoutSearch { knobs, per_model: cell.models.len() <= TIMEOUT_PER_MODEL_MAX };
+                            let best = best_timeouts(&sim(cell, seed), &policy, &how)?;
+                            policy.timeouts = best.timeouts;
+                            found.push(best.goodput_rps);
+                        } else {
+                            found.push(search(&sim(cell, seed), &policy, &knobs, &mut |_, _, _, _| {})?.goodput_rps);
+                        }
                         Ok(())
                     })
-                    .map(|()| found);
+                    .map(|()| JobResult { goodputs: found, timeouts: policy.timeouts.clone() });
                 if let Ok(mut all) = results.lock() {
                     all[i] = Some(r);
                 }
@@ -252,9 +268,15 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
     let mut idx = 0;
     for cell in &cells {
         let mut goodput = Vec::new();
-        for (name, _) in &pols {
+        let mut timeout_k_ms = Vec::new();
+        for (name, kind) in &pols {
             let mut g = match results[idx].take() {
-                Some(Ok(v)) if !v.is_empty() => v,
+                Some(Ok(v)) if !v.goodputs.is_empty() => {
+                    if *kind == PolicyKind::Timeout {
+                        timeout_k_ms = v.timeouts.iter().map(|k| k.as_millis_f64()).collect();
+                    }
+                    v.goodputs
+                }
                 Some(Ok(_)) => return Err(GridError::Worker("a cell has no seeds")),
                 Some(Err(source)) => return Err(GridError::Search { policy: name.to_string(), source }),
                 None => return Err(GridError::Worker("a search did not run")),
@@ -279,6 +301,7 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
             goodput_rps: goodput,
             best_other,
             ratio,
+            timeout_k_ms,
         });
     }
     let ratios: Vec<f64> = out.iter().filter_map(|c| c.ratio).collect();
@@ -293,18 +316,30 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
     Ok(())
 }
 
+/// The timeout `k`s of a cell: one value when every model has it, each
+/// model's for a few, the range for many.
+fn timeout_ks(ks: &[f64]) -> String {
+    let (lo, hi) = ks.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &k| (lo.min(k), hi.max(k)));
+    match ks.len() {
+        0 => "-".into(),
+        _ if lo == hi => format!("{lo:.2}"),
+        1..=4 => ks.iter().map(|k| format!("{k:.2}")).collect::<Vec<_>>().join(" / "),
+        _ => format!("{lo:.2}-{hi:.2}"),
+    }
+}
+
 fn print_markdown(r: &GridReport, pols: &[(&'static str, PolicyKind)]) {
     println!(
-        "Goodput grid (rps, median over seeds {:?}; {} s runs, {} s warm-up, longer where needed to measure {} requests of each model, times the gaps' squared CV; timeout at k = SLO/10). Ratio = deferred / best other.\n",
+        "Goodput grid (rps, median over seeds {:?}; {} s runs, {} s warm-up, longer where needed to measure {} requests of each model, times the gaps' squared CV; timeout at its best k per model, searched on the first seed). Ratio = deferred / best other.\n",
         r.seeds, r.run_s, r.warmup_s, r.min_requests_per_model
     );
     let names: Vec<&str> = pols.iter().map(|p| p.0).collect();
-    println!("| zoo | models | GPUs | SLO (ms) | arrivals | {} | best other | ratio |", names.join(" | "));
-    println!("|---|---|---:|---:|---|{}---|---:|", "---:|".repeat(names.len()));
+    println!("| zoo | models | GPUs | SLO (ms) | arrivals | {} | best other | ratio | timeout k (ms) |", names.join(" | "));
+    println!("|---|---|---:|---:|---|{}---|---:|---|", "---:|".repeat(names.len()));
     for c in &r.cells {
         let g: Vec<String> = c.goodput_rps.iter().map(|(_, v)| format!("{v:.0}")).collect();
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             c.zoo,
             if c.models.len() > 4 { format!("all {}", c.models.len()) } else { c.models.join(", ") },
             c.gpus,
@@ -312,7 +347,8 @@ fn print_markdown(r: &GridReport, pols: &[(&'static str, PolicyKind)]) {
             c.arrival,
             g.join(" | "),
             c.best_other,
-            c.ratio.map_or("inf".into(), |x| format!("{x:.2}"))
+            c.ratio.map_or("inf".into(), |x| format!("{x:.2}")),
+            timeout_ks(&c.timeout_k_ms)
         );
     }
     let mut worst: Vec<&CellResult> = r.cells.iter().filter(|c| c.ratio.is_some()).collect();

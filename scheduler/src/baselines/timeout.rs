@@ -3,11 +3,12 @@
 //! section 3, compares deferred scheduling against timeout batching "with
 //! the best timeout").
 //!
-//! The search is coordinate descent over a fixed list of candidate `k`s,
-//! each a fraction of the model's SLO: starting from eager (`k = 0` for
-//! every model), each model in turn gets the candidate that maximises the
-//! cluster's goodput with the others held. One pass; with one model it is
-//! an exhaustive search over the list.
+//! The search runs over a fixed list of candidate `k`s, each a fraction of
+//! the model's SLO. First every model gets the same fraction, each in turn
+//! (with one model, an exhaustive search over the list); then, with several
+//! models and [`TimeoutSearch::per_model`], one pass of coordinate descent
+//! from the best of those: each model in turn gets the candidate that
+//! maximises the cluster's goodput with the others held.
 
 use crate::goodput::{search, GoodputError, GoodputSearch};
 use crate::policy::{PolicyConfig, PolicyKind};
@@ -26,29 +27,56 @@ pub struct BestTimeouts {
     pub goodput_rps: f64,
 }
 
+/// How [`best_timeouts`] searches.
+#[derive(Clone, Debug)]
+pub struct TimeoutSearch {
+    /// Each goodput search's knobs. With a `warm_step`, every search after
+    /// the first is bracketed around the best goodput so far (neighbouring
+    /// `k`s have close goodputs), which takes fewer probes.
+    pub knobs: GoodputSearch,
+    /// After the common fraction, one pass per model over the others.
+    pub per_model: bool,
+}
+
 /// Searches `k` per model for the timeout policy on `base` (its rate is
 /// ignored), with `policy`'s other knobs (its kind is forced to timeout).
-pub fn best_timeouts(base: &SimConfig, policy: &PolicyConfig, knobs: &GoodputSearch) -> Result<BestTimeouts, GoodputError> {
+/// Ties keep the earlier candidate.
+pub fn best_timeouts(base: &SimConfig, policy: &PolicyConfig, how: &TimeoutSearch) -> Result<BestTimeouts, GoodputError> {
     let mut p = policy.clone();
     p.kind = PolicyKind::Timeout;
-    p.timeouts = vec![Duration::ZERO; base.models.len()];
-    let mut best = f64::NEG_INFINITY;
-    for m in 0..base.models.len() {
-        let slo = base.models[m].slo;
-        let mut best_k = p.timeouts[m];
-        for f in K_FRACTIONS {
-            if m > 0 && f == 0.0 && best_k == Duration::ZERO {
-                // The held configuration: already measured.
-                continue;
-            }
-            p.timeouts[m] = Duration::from_nanos((slo.as_nanos() as f64 * f) as u64);
-            let g = search(base, &p, knobs, &mut |_, _, _, _| {})?.goodput_rps;
-            if g > best {
-                best = g;
-                best_k = p.timeouts[m];
+    let k_at = |m: usize, f: f64| Duration::from_nanos((base.models[m].slo.as_nanos() as f64 * f) as u64);
+    let mut best: Option<(f64, Vec<Duration>)> = None;
+    let goodput_with = |p: &PolicyConfig, best: &Option<(f64, Vec<Duration>)>| -> Result<f64, GoodputError> {
+        let knobs = match best {
+            Some((g, _)) if how.knobs.warm_step > 0.0 && *g > 0.0 => GoodputSearch { initial_rps: *g, ..how.knobs.clone() },
+            _ => GoodputSearch { initial_rps: 0.0, ..how.knobs.clone() },
+        };
+        Ok(search(base, p, &knobs, &mut |_, _, _, _| {})?.goodput_rps)
+    };
+    for f in K_FRACTIONS {
+        p.timeouts = (0..base.models.len()).map(|m| k_at(m, f)).collect();
+        let g = goodput_with(&p, &best)?;
+        if best.as_ref().is_none_or(|(b, _)| g > *b) {
+            best = Some((g, p.timeouts.clone()));
+        }
+    }
+    if how.per_model && base.models.len() > 1 {
+        for m in 0..base.models.len() {
+            let Some((_, held)) = best.clone() else { break };
+            for f in K_FRACTIONS {
+                p.timeouts = held.clone();
+                p.timeouts[m] = k_at(m, f);
+                if p.timeouts[m] == held[m] {
+                    // The held configuration: already measured.
+                    continue;
+                }
+                let g = goodput_with(&p, &best)?;
+                if best.as_ref().is_none_or(|(b, _)| g > *b) {
+                    best = Some((g, p.timeouts.clone()));
+                }
             }
         }
-        p.timeouts[m] = best_k;
     }
-    Ok(BestTimeouts { timeouts: p.timeouts, goodput_rps: best.max(0.0) })
+    let (goodput_rps, timeouts) = best.unwrap_or((0.0, vec![Duration::ZERO; base.models.len()]));
+    Ok(BestTimeouts { timeouts, goodput_rps: goodput_rps.max(0.0) })
 }

@@ -3,7 +3,7 @@
 use super::{contenders, copies, policy, print_table_header, ReportError, Setup};
 use crate::plot;
 use scheduler::analysis;
-use scheduler::baselines::timeout::best_timeouts;
+use scheduler::baselines::timeout::{best_timeouts, TimeoutSearch};
 use scheduler::deferred::Gather;
 use scheduler::goodput::GoodputSearch;
 use scheduler::policy::{PolicyConfig, PolicyKind};
@@ -56,7 +56,7 @@ fn table2_contenders(setup: &Setup) -> Result<Vec<(String, PolicyConfig)>, Repor
     let mut out = contenders();
     for (label, p) in out.iter_mut() {
         if p.kind == PolicyKind::Timeout {
-            let best = best_timeouts(&setup.sim(0.0, setup.seeds[0]), p, &GoodputSearch::default())?;
+            let best = best_timeouts(&setup.sim(0.0, setup.seeds[0]), p, &TimeoutSearch { knobs: GoodputSearch::default(), per_model: true })?;
             let ks: Vec<String> = best.timeouts.iter().map(|k| format!("{:.2}", k.as_millis_f64())).collect();
             *label = format!("timeout (best k={} ms)", ks.join("/"));
             p.timeouts = best.timeouts;
