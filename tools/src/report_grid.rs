@@ -56,7 +56,7 @@ const WARMUP_S: f64 = 1.0;
 /// 4000 times the squared CV a tenth of the cells' ratios still moved by
 /// 0.028 or more (docs/decisions.md, deferred item 23); at 8000 the grid
 /// runs in about 8 minutes here with the early stop and the warm seeds
-/// (deferred item 26).
+/// (deferred item 26), 12.5 with the timeout policy's `k` searched per cell.
 pub const MIN_REQUESTS_PER_MODEL: u64 = 8000;
 /// Seeds after the first search around the first seed's goodput, widening
 /// by this fraction (doubling per probe) until bracketed, instead of from
