@@ -133,9 +133,9 @@ pub struct ClusterArgs {
     /// Seconds at the start that are not measured (default: 10% of the duration, at most 2 s).
     #[arg(long = "warmup-s")]
     pub warmup_s: Option<f64>,
-    /// Timeout policy's k, milliseconds.
-    #[arg(long = "timeout-ms", default_value_t = 5.0)]
-    pub timeout_ms: f64,
+    /// Timeout policy's k, milliseconds: one for every model, or one per model in model order (as `report grid` prints them).
+    #[arg(long = "timeout-ms", value_delimiter = ',', default_value = "5")]
+    pub timeout_ms: Vec<f64>,
     /// Model zoo: 1080ti or a100.
     #[arg(long)]
     pub zoo: Option<String>,
@@ -244,8 +244,14 @@ impl ClusterArgs {
     pub fn policy(&self) -> Result<PolicyConfig, CliError> {
         let mut p = PolicyConfig::new(PolicyKind::parse(&self.policy)?);
         p.gather = parse_gather(&self.gather)?;
-        check(self.timeout_ms.is_finite() && self.timeout_ms >= 0.0, "--timeout-ms", ">= 0", self.timeout_ms)?;
-        p.timeout = Duration::from_millis_f64(self.timeout_ms);
+        for &k in &self.timeout_ms {
+            check(k.is_finite() && k >= 0.0, "--timeout-ms", ">= 0", k)?;
+        }
+        let ks: Vec<Duration> = self.timeout_ms.iter().map(|&k| Duration::from_millis_f64(k)).collect();
+        p.timeout = ks.first().copied().unwrap_or(p.timeout);
+        if ks.len() > 1 {
+            p.timeouts = ks;
+        }
         p.delay = self.delay()?;
         p.nexus_frontends = self.nexus_frontends.max(1);
         p.nexus_backups = !self.nexus_no_backups;

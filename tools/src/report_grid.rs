@@ -239,10 +239,10 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
                 let r: Goodputs = seeds
                     .iter()
                     .enumerate()
-                    .try_for_each(|(i, &seed)| {
+                    .try_for_each(|(nth, &seed)| {
                         let warm = found.first().copied().unwrap_or(0.0);
                         let knobs = GoodputSearch { initial_rps: warm, warm_step: WARM_STEP, ..knobs.clone() };
-                        if i == 0 && policy.kind == PolicyKind::Timeout {
+                        if nth == 0 && policy.kind == PolicyKind::Timeout {
                             // The timeout policy at its best `k` per model, searched on the first seed.
                             let how = TimeoutSearch { knobs, per_model: cell.models.len() <= TIMEOUT_PER_MODEL_MAX };
                             let best = best_timeouts(&sim(cell, seed), &policy, &how)?;

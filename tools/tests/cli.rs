@@ -41,6 +41,20 @@ fn goodput_json_for_every_policy() {
 }
 
 #[test]
+fn timeout_takes_one_k_or_one_per_model() {
+    let run = |ks: &str| {
+        let v = json(&["sim", "--policy", "timeout", "--timeout-ms", ks, "--model", "r=1.053,5.072,25", "--model", "i=5.090,18.368,70", "--gpus", "4", "--rate", "1500", "--duration-s", "3", "--json"]);
+        v["models"].as_array().unwrap().iter().map(|m| m["mean_batch"].as_f64().unwrap()).collect::<Vec<f64>>()
+    };
+    // A list of equal `k`s is the single `k`; a list that differs per
+    // model is neither of its values alone.
+    assert_eq!(run("10"), run("10,10"));
+    let mixed = run("10,0");
+    assert_ne!(mixed, run("10"));
+    assert_ne!(mixed, run("0"));
+}
+
+#[test]
 fn worked_example_trace() {
     let (code, out, _) = symphony(&["example"]);
     assert_eq!(code, 0);
