@@ -253,7 +253,7 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
                         }
                         Ok(())
                     })
-                    .map(|()| JobResult { goodputs: found, timeouts: policy.timeouts.clone() });
+                    .map(|()| JobResult { goodputs: found, timeouts: std::mem::take(&mut policy.timeouts) });
                 if let Ok(mut all) = results.lock() {
                     all[i] = Some(r);
                 }

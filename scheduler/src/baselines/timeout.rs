@@ -42,37 +42,33 @@ pub struct TimeoutSearch {
 /// ignored), with `policy`'s other knobs (its kind is forced to timeout).
 /// Ties keep the earlier candidate.
 pub fn best_timeouts(base: &SimConfig, policy: &PolicyConfig, how: &TimeoutSearch) -> Result<BestTimeouts, GoodputError> {
-    let mut p = policy.clone();
-    p.kind = PolicyKind::Timeout;
     let k_at = |m: usize, f: f64| Duration::from_nanos((base.models[m].slo.as_nanos() as f64 * f) as u64);
+    // The best goodput so far and its `k`s.
     let mut best: Option<(f64, Vec<Duration>)> = None;
-    let goodput_with = |p: &PolicyConfig, best: &Option<(f64, Vec<Duration>)>| -> Result<f64, GoodputError> {
+    let consider = |timeouts: Vec<Duration>, best: &mut Option<(f64, Vec<Duration>)>| -> Result<(), GoodputError> {
         let knobs = match best {
             Some((g, _)) if how.knobs.warm_step > 0.0 && *g > 0.0 => GoodputSearch { initial_rps: *g, ..how.knobs.clone() },
             _ => GoodputSearch { initial_rps: 0.0, ..how.knobs.clone() },
         };
-        Ok(search(base, p, &knobs, &mut |_, _, _, _| {})?.goodput_rps)
+        let p = PolicyConfig { kind: PolicyKind::Timeout, timeouts: timeouts.clone(), ..policy.clone() };
+        let g = search(base, &p, &knobs, &mut |_, _, _, _| {})?.goodput_rps;
+        if best.as_ref().is_none_or(|(b, _)| g > *b) {
+            *best = Some((g, timeouts));
+        }
+        Ok(())
     };
     for f in K_FRACTIONS {
-        p.timeouts = (0..base.models.len()).map(|m| k_at(m, f)).collect();
-        let g = goodput_with(&p, &best)?;
-        if best.as_ref().is_none_or(|(b, _)| g > *b) {
-            best = Some((g, p.timeouts.clone()));
-        }
+        consider((0..base.models.len()).map(|m| k_at(m, f)).collect(), &mut best)?;
     }
     if how.per_model && base.models.len() > 1 {
         for m in 0..base.models.len() {
             let Some((_, held)) = best.clone() else { break };
             for f in K_FRACTIONS {
-                p.timeouts = held.clone();
-                p.timeouts[m] = k_at(m, f);
-                if p.timeouts[m] == held[m] {
-                    // The held configuration: already measured.
-                    continue;
-                }
-                let g = goodput_with(&p, &best)?;
-                if best.as_ref().is_none_or(|(b, _)| g > *b) {
-                    best = Some((g, p.timeouts.clone()));
+                let mut timeouts = held.clone();
+                timeouts[m] = k_at(m, f);
+                // The held configuration is already measured.
+                if timeouts[m] != held[m] {
+                    consider(timeouts, &mut best)?;
                 }
             }
         }
