@@ -11,7 +11,7 @@
 //! deferred / best other, and over the grid the worst ratio and the
 //! geometric mean. Every policy runs on the same emulated GPUs and the same
 //! arrivals (same seeds). The timeout policy runs at its best `k` per
-//! model, searched on the cell's first seed ([`best_timeouts`]: a common
+//! model, searched on [`TUNING_SEED`], a seed of its own ([`best_timeouts`]: a common
 //! fraction of the SLO, then model by model in cells of up to
 //! [`TIMEOUT_PER_MODEL_MAX`] models) and printed. Each search bisects to 0.5% of its rate (the
 //! bar on the ratio is 1%): a cell's first seed from the cluster's ceiling,
@@ -21,7 +21,7 @@
 
 use crate::progress::Progress;
 use dataplane::time::Duration;
-use scheduler::baselines::timeout::{best_timeouts, TimeoutSearch};
+use scheduler::baselines::timeout::{best_timeouts, TimeoutSearch, TUNING_SEED};
 use scheduler::goodput::{search, GoodputSearch};
 use scheduler::policy::{PolicyConfig, PolicyKind};
 use scheduler::sim::{Arrival, Popularity, RateSchedule, SimConfig, Workload};
@@ -158,7 +158,12 @@ struct CellResult {
     /// Deferred / best other; `None` when no other policy serves anything
     /// but deferred does (1 when none does).
     ratio: Option<f64>,
-    /// The timeout policy's `k` per model (ms), searched on the first seed.
+    /// Seeds on which deferred's goodput is at or above the best other
+    /// policy's (the same arrivals for both): where the medians differ by
+    /// less than the seeds do, a ratio under 1 can come with deferred
+    /// ahead on most seeds.
+    deferred_ahead_seeds: usize,
+    /// The timeout policy's `k` per model (ms), searched on [`TUNING_SEED`].
     timeout_k_ms: Vec<f64>,
 }
 
@@ -172,6 +177,8 @@ struct JobResult {
 #[derive(Serialize)]
 struct GridReport {
     seeds: Vec<u64>,
+    /// The seed the timeout policy's `k`s are searched on.
+    timeout_tuning_seed: u64,
     run_s: f64,
     warmup_s: f64,
     min_requests_per_model: u64,
@@ -236,23 +243,20 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
                 let cell = &cells[c];
                 let mut policy = PolicyConfig::new(pols[p].1);
                 let mut found = Vec::with_capacity(n_seeds);
-                let r: Goodputs = seeds
-                    .iter()
-                    .enumerate()
-                    .try_for_each(|(nth, &seed)| {
+                let r: Goodputs = (|| {
+                    if policy.kind == PolicyKind::Timeout {
+                        // The timeout policy at its best `k` per model,
+                        // searched on a seed no goodput here is measured on.
+                        let how = TimeoutSearch { knobs: GoodputSearch { warm_step: WARM_STEP, ..knobs.clone() }, per_model: cell.models.len() <= TIMEOUT_PER_MODEL_MAX };
+                        policy.timeouts = best_timeouts(&sim(cell, TUNING_SEED), &policy, &how)?.timeouts;
+                    }
+                    seeds.iter().try_for_each(|&seed| {
                         let warm = found.first().copied().unwrap_or(0.0);
                         let knobs = GoodputSearch { initial_rps: warm, warm_step: WARM_STEP, ..knobs.clone() };
-                        if nth == 0 && policy.kind == PolicyKind::Timeout {
-                            // The timeout policy at its best `k` per model, searched on the first seed.
-                            let how = TimeoutSearch { knobs, per_model: cell.models.len() <= TIMEOUT_PER_MODEL_MAX };
-                            let best = best_timeouts(&sim(cell, seed), &policy, &how)?;
-                            policy.timeouts = best.timeouts;
-                            found.push(best.goodput_rps);
-                        } else {
-                            found.push(search(&sim(cell, seed), &policy, &knobs, &mut |_, _, _, _| {})?.goodput_rps);
-                        }
+                        found.push(search(&sim(cell, seed), &policy, &knobs, &mut |_, _, _, _| {})?.goodput_rps);
                         Ok(())
                     })
+                })()
                     .map(|()| JobResult { goodputs: found, timeouts: std::mem::take(&mut policy.timeouts) });
                 if let Ok(mut all) = results.lock() {
                     all[i] = Some(r);
@@ -269,6 +273,7 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
     for cell in &cells {
         let mut goodput = Vec::new();
         let mut timeout_k_ms = Vec::new();
+        let mut per_seed: Vec<Vec<f64>> = Vec::with_capacity(pols.len());
         for (name, kind) in &pols {
             let mut g = match results[idx].take() {
                 Some(Ok(v)) if !v.goodputs.is_empty() => {
@@ -282,11 +287,14 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
                 None => return Err(GridError::Worker("a search did not run")),
             };
             idx += 1;
+            per_seed.push(g.clone());
             g.sort_by(f64::total_cmp);
             goodput.push((*name, g[g.len() / 2]));
         }
         let deferred = goodput[0].1;
-        let (best_other, best) = goodput[1..].iter().copied().max_by(|a, b| a.1.total_cmp(&b.1)).unwrap_or(("none", 0.0));
+        let (best_at, (best_other, best)) = goodput.iter().copied().enumerate().skip(1).max_by(|a, b| a.1 .1.total_cmp(&b.1 .1)).unwrap_or((0, ("none", 0.0)));
+        // Paired by seed: the same arrivals for both.
+        let deferred_ahead_seeds = per_seed[0].iter().zip(&per_seed[best_at]).filter(|(d, o)| d >= o).count();
         let ratio = match (deferred > 0.0, best > 0.0) {
             (_, true) => Some(deferred / best),
             (false, false) => Some(1.0),
@@ -301,13 +309,14 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
             goodput_rps: goodput,
             best_other,
             ratio,
+            deferred_ahead_seeds,
             timeout_k_ms,
         });
     }
     let ratios: Vec<f64> = out.iter().filter_map(|c| c.ratio).collect();
     let worst_ratio = ratios.iter().copied().fold(f64::INFINITY, f64::min);
     let geomean_ratio = if ratios.is_empty() { 0.0 } else { (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64).exp() };
-    let report = GridReport { seeds, run_s: RUN_S, warmup_s: WARMUP_S, min_requests_per_model: knobs.min_requests_per_model, cells: out, worst_ratio, geomean_ratio, wall_s: started.elapsed().as_secs_f64() };
+    let report = GridReport { seeds, timeout_tuning_seed: TUNING_SEED, run_s: RUN_S, warmup_s: WARMUP_S, min_requests_per_model: knobs.min_requests_per_model, cells: out, worst_ratio, geomean_ratio, wall_s: started.elapsed().as_secs_f64() };
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -330,16 +339,16 @@ fn timeout_ks(ks: &[f64]) -> String {
 
 fn print_markdown(r: &GridReport, pols: &[(&'static str, PolicyKind)]) {
     println!(
-        "Goodput grid (rps, median over seeds {:?}; {} s runs, {} s warm-up, longer where needed to measure {} requests of each model, times the gaps' squared CV; timeout at its best k per model, searched on the first seed). Ratio = deferred / best other.\n",
-        r.seeds, r.run_s, r.warmup_s, r.min_requests_per_model
+        "Goodput grid (rps, median over seeds {:?}; {} s runs, {} s warm-up, longer where needed to measure {} requests of each model, times the gaps' squared CV; timeout at its best k per model, searched on seed {}). Ratio = deferred / best other.\n",
+        r.seeds, r.run_s, r.warmup_s, r.min_requests_per_model, r.timeout_tuning_seed
     );
     let names: Vec<&str> = pols.iter().map(|p| p.0).collect();
-    println!("| zoo | models | GPUs | SLO (ms) | arrivals | {} | best other | ratio | timeout k (ms) |", names.join(" | "));
-    println!("|---|---|---:|---:|---|{}---|---:|---|", "---:|".repeat(names.len()));
+    println!("| zoo | models | GPUs | SLO (ms) | arrivals | {} | best other | ratio | deferred ahead (seeds) | timeout k (ms) |", names.join(" | "));
+    println!("|---|---|---:|---:|---|{}---|---:|---:|---|", "---:|".repeat(names.len()));
     for c in &r.cells {
         let g: Vec<String> = c.goodput_rps.iter().map(|(_, v)| format!("{v:.0}")).collect();
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {}/{} | {} |",
             c.zoo,
             if c.models.len() > 4 { format!("all {}", c.models.len()) } else { c.models.join(", ") },
             c.gpus,
@@ -348,6 +357,8 @@ fn print_markdown(r: &GridReport, pols: &[(&'static str, PolicyKind)]) {
             g.join(" | "),
             c.best_other,
             c.ratio.map_or("inf".into(), |x| format!("{x:.2}")),
+            c.deferred_ahead_seeds,
+            r.seeds.len(),
             timeout_ks(&c.timeout_k_ms)
         );
     }
@@ -356,14 +367,16 @@ fn print_markdown(r: &GridReport, pols: &[(&'static str, PolicyKind)]) {
     println!("\nWorst cells:");
     for c in worst.iter().take(5) {
         println!(
-            "- {} {} on {} GPUs, SLO {} ms, {}: {:.2} (best other: {})",
+            "- {} {} on {} GPUs, SLO {} ms, {}: {:.2} (best other: {}; deferred ahead on {} of {} seeds)",
             c.zoo,
             c.models.join("+"),
             c.gpus,
             c.slo_ms,
             c.arrival,
             c.ratio.unwrap_or(0.0),
-            c.best_other
+            c.best_other,
+            c.deferred_ahead_seeds,
+            r.seeds.len()
         );
     }
     println!("\nworst_ratio {:.3}, geomean_ratio {:.3} over {} cells; {:.0} s wall", r.worst_ratio, r.geomean_ratio, r.cells.len(), r.wall_s);

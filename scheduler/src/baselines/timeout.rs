@@ -15,6 +15,17 @@ use crate::policy::{PolicyConfig, PolicyKind};
 use crate::sim::SimConfig;
 use dataplane::time::Duration;
 
+/// The seed reports search `k` on: one that no report measures a goodput
+/// on (they use seeds 1-5, and 6-10 to check), so the `k` chosen is not
+/// also judged on the arrivals it was picked for. Searched on seed 1 and
+/// judged on seeds 1-5, the best of some 25 configurations on seed 1
+/// carried seed 1's luck into the median: in the grid's seven lowest cells
+/// the timeout policy lost 0.5-1.4% in five when searched on another seed
+/// (docs/decisions.md, "The timeout baseline's `k` is searched on a seed
+/// of its own"). An operator picks `k` the same way: on yesterday's
+/// traffic, for today's.
+pub const TUNING_SEED: u64 = 0;
+
 /// Candidate `k`s as fractions of the model's SLO.
 pub const K_FRACTIONS: [f64; 7] = [0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4];
 

@@ -210,6 +210,13 @@ pub struct Grant {
     /// idle. A batch that waits for its pair need not hold on while three
     /// GPUs idle (deferred item 24).
     pub more_free_at: [Instant; 2],
+    /// The largest share of recent requests any *other* model lost, in
+    /// basis points, as their candidates last told the RankThread (`None`:
+    /// the scheduler has one model). A model that loses far more than all
+    /// others early-drops less (deferred item 27): the goodput bar is
+    /// every model's bad rate, so losses one model takes alone are worth
+    /// spreading.
+    pub others_loss_bp: Option<u16>,
 }
 
 /// One ModelThread core and one RankThread core in a single thread, for the

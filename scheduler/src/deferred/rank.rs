@@ -53,6 +53,70 @@ pub struct RankCore {
     granted: Vec<bool>,
     wake: Option<Instant>,
     stats: RankStats,
+    losses: LossBoard,
+}
+
+/// Reports between two full recomputations of [`LossBoard::top`].
+const LOSS_TOP_REFRESH: u32 = 64;
+
+/// Every model's recent loss as its candidates last reported it, and the
+/// two largest, for [`Grant::others_loss_bp`]. A rise is placed at once; a
+/// fall of one of the two largest waits for the next full pass (at most
+/// [`LOSS_TOP_REFRESH`] reports), so a report costs `O(1)` amortized over
+/// `O(models / 64)`.
+#[derive(Clone, Debug)]
+struct LossBoard {
+    bp: Vec<u16>,
+    /// `(bp, model)`, largest first.
+    top: [(u16, ModelId); 2],
+    reports: u32,
+}
+
+impl LossBoard {
+    fn new(models: usize) -> Self {
+        LossBoard { bp: vec![0; models], top: [(0, ModelId::MAX); 2], reports: 0 }
+    }
+
+    fn report(&mut self, model: ModelId, bp: u16) {
+        let Some(slot) = self.bp.get_mut(model as usize) else { return };
+        *slot = bp;
+        self.reports += 1;
+        if self.reports >= LOSS_TOP_REFRESH {
+            self.reports = 0;
+            let mut top = [(0, ModelId::MAX); 2];
+            for (m, &b) in self.bp.iter().enumerate() {
+                Self::place(&mut top, m as ModelId, b);
+            }
+            self.top = top;
+        } else {
+            for t in &mut self.top {
+                if t.1 == model {
+                    t.0 = bp;
+                }
+            }
+            if self.top[1].0 > self.top[0].0 {
+                self.top.swap(0, 1);
+            }
+            if !self.top.iter().any(|t| t.1 == model) {
+                Self::place(&mut self.top, model, bp);
+            }
+        }
+    }
+
+    /// Puts `(bp, model)` among the two largest if it belongs there (`model` not yet among them).
+    fn place(top: &mut [(u16, ModelId); 2], model: ModelId, bp: u16) {
+        if bp > top[0].0 || top[0].1 == ModelId::MAX {
+            *top = [(bp, model), top[0]];
+        } else if bp > top[1].0 || top[1].1 == ModelId::MAX {
+            top[1] = (bp, model);
+        }
+    }
+
+    /// The largest recent loss of any model but `model`; `None` when the
+    /// scheduler has no other model.
+    fn others(&self, model: ModelId) -> Option<u16> {
+        (self.bp.len() > 1).then(|| if self.top[0].1 == model { self.top[1].0 } else { self.top[0].0 })
+    }
 }
 
 impl RankCore {
@@ -75,6 +139,7 @@ impl RankCore {
             granted: vec![false; gpus as usize],
             wake: None,
             stats: RankStats::default(),
+            losses: LossBoard::new(models),
         }
     }
 
@@ -106,11 +171,15 @@ impl RankCore {
                 self.remove_candidate(model);
                 self.remove_pending(model);
                 if let Some(c) = cand {
+                    self.losses.report(model, c.recent_loss_bp);
                     self.offer(now, model, c, grant);
                 }
             }
             ToRank::Pending { model, cand } => {
                 self.remove_pending(model);
+                if let Some(c) = cand {
+                    self.losses.report(model, c.recent_loss_bp);
+                }
                 if let (Some(c), Some(slot)) = (cand, self.pending.get_mut(model as usize)) {
                     *slot = Some(c);
                     self.pending_by_latest.set(model, (c.level, c.urgency));
@@ -282,7 +351,7 @@ impl RankCore {
         self.stats.early_grants += u64::from(early);
         self.set_granted(gpu, true);
         let [other_free_at, second, third] = self.others_free_at(now);
-        grant(Grant { model, gpu, free_at, early, other_free_at, more_free_at: [second, third] });
+        grant(Grant { model, gpu, free_at, early, other_free_at, more_free_at: [second, third], others_loss_bp: self.losses.others(model) });
     }
 
     /// When the first three GPUs not yet granted are free, earliest first
@@ -425,6 +494,44 @@ impl RankCore {
 mod tests {
     use super::*;
     use dataplane::time::Duration;
+
+    #[test]
+    fn the_loss_board_tells_each_model_the_largest_loss_of_the_others() {
+        assert_eq!(LossBoard::new(1).others(0), None, "one model: no others");
+        let mut b = LossBoard::new(4);
+        assert_eq!(b.others(0), Some(0));
+        b.report(2, 30);
+        b.report(1, 50);
+        b.report(3, 10);
+        assert_eq!((b.others(1), b.others(2), b.others(0)), (Some(30), Some(50), Some(50)));
+        // A rise is placed at once.
+        b.report(3, 70);
+        assert_eq!((b.others(3), b.others(1), b.others(2)), (Some(50), Some(70), Some(70)));
+        // A fall of one of the two largest: exact after the next full pass.
+        b.report(3, 0);
+        for _ in 0..LOSS_TOP_REFRESH {
+            b.report(0, 5);
+        }
+        assert_eq!((b.others(1), b.others(2), b.others(3)), (Some(30), Some(50), Some(50)));
+        // Out-of-range ids are ignored.
+        b.report(9, 10_000);
+        assert_eq!(b.others(1), Some(30));
+    }
+
+    #[test]
+    fn a_grant_carries_the_largest_loss_of_the_other_models() {
+        let ms = |ms: u64| Instant::from_nanos(ms * 1_000_000);
+        let mut rank = RankCore::new(2, 1, NetworkDelay::ZERO);
+        let mut grants = Vec::new();
+        let lost = |bp| Candidate { recent_loss_bp: bp, ..cand(4, 100) };
+        rank.on_message(ms(0), ToRank::Pending { model: 1, cand: Some(Candidate { recent_loss_bp: 40, ..pending(200, 10) }) }, &mut |g| grants.push(g));
+        rank.on_message(ms(0), ToRank::Candidate { model: 0, cand: Some(lost(200)) }, &mut |g| grants.push(g));
+        assert_eq!(grants.iter().map(|g| (g.model, g.others_loss_bp)).collect::<Vec<_>>(), vec![(0, Some(40))], "{grants:?}");
+        let mut alone = RankCore::new(1, 1, NetworkDelay::ZERO);
+        grants.clear();
+        alone.on_message(ms(0), ToRank::Candidate { model: 0, cand: Some(lost(200)) }, &mut |g| grants.push(g));
+        assert_eq!(grants.iter().map(|g| g.others_loss_bp).collect::<Vec<_>>(), vec![None]);
+    }
 
     fn cand(bs: u32, latest_ms: u64) -> Candidate {
         {
