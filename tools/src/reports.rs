@@ -112,6 +112,12 @@ impl Setup {
         }
     }
 
+    /// What a report's header says of the runs: the seeds (so a re-run
+    /// with them gives the same numbers) and the run length.
+    fn runs_note(&self) -> String {
+        format!("simulator, seeds {:?} (goodput: the median over them), {} s runs", self.seeds, self.duration_s)
+    }
+
     fn sim(&self, rate: f64, seed: u64) -> SimConfig {
         SimConfig {
             models: self.models.clone(),

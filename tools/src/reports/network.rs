@@ -38,7 +38,7 @@ fn delay_settings() -> Result<Vec<(String, NetworkDelay)>, ReportError> {
 
 pub(super) fn fig14(quick: bool) -> Result<(), ReportError> {
     let slos = [20.0, 25.0, 50.0, 100.0];
-    println!("Goodput vs network delay: 20 equally popular ResNet50 models (A100 profile 0.268 b + 5.172 ms), 32 GPUs, Poisson, deferred.\n");
+    println!("Goodput vs network delay: 20 equally popular ResNet50 models (A100 profile 0.268 b + 5.172 ms), 32 GPUs, Poisson, deferred; {}.\n", Setup::new(Vec::new(), 32, quick).runs_note());
     print_table_header("network delay bound", &slos.iter().map(|s| format!("SLO {s:.0} ms")).collect::<Vec<_>>());
     let mut base = vec![0.0; slos.len()];
     for (i, (label, delay)) in delay_settings()?.into_iter().enumerate() {

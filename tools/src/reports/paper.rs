@@ -12,6 +12,10 @@ use std::path::Path;
 
 pub(super) fn table2(quick: bool) -> Result<(), ReportError> {
     let models = [ModelSpec::linear("ResNet50", 1.053, 5.072, 25.0)?, ModelSpec::linear("InceptionResNetV2", 5.090, 18.368, 70.0)?];
+    println!(
+        "Table 2: one model on 8 GPUs, Poisson; {}; the timeout policy's k searched on seed {TUNING_SEED}.\n",
+        Setup::new(Vec::new(), 8, quick).runs_note()
+    );
     println!("| model | row | batch size | goodput (rps) |\n|---|---|---:|---:|");
     for m in &models {
         table2_rows(m, quick)?;
@@ -67,7 +71,7 @@ fn table2_contenders(setup: &Setup) -> Result<Vec<(String, PolicyConfig)>, Repor
 }
 
 pub(super) fn fig6a(quick: bool) -> Result<(), ReportError> {
-    println!("Eager goodput relative to deferred: 10 models of l(b) = b + beta ms, SLO = 2 l(8), 32 GPUs, Poisson.\n");
+    println!("Eager goodput relative to deferred: 10 models of l(b) = b + beta ms, SLO = 2 l(8), 32 GPUs, Poisson; {}.\n", Setup::new(Vec::new(), 32, quick).runs_note());
     println!("| beta/alpha | SLO (ms) | deferred (rps) | eager (rps) | eager / deferred |\n|---:|---:|---:|---:|---:|");
     let betas: Vec<f64> = if quick { vec![1.0, 5.0, 15.0] } else { (1..=15).map(f64::from).collect() };
     for beta in betas {
@@ -82,7 +86,7 @@ pub(super) fn fig6a(quick: bool) -> Result<(), ReportError> {
 }
 
 pub(super) fn fig9(quick: bool) -> Result<(), ReportError> {
-    println!("Goodput (rps) of mixed model zoos on 64 GPUs, equal popularity, Poisson.\n");
+    println!("Goodput (rps) of mixed model zoos on 64 GPUs, equal popularity, Poisson; {}.\n", Setup::new(Vec::new(), 64, quick).runs_note());
     let labels: Vec<String> = contenders().into_iter().map(|c| c.0).collect();
     println!("| zoo | models | {} |", labels.join(" | "));
     println!("|---|---:|{}", "---:|".repeat(labels.len()));
@@ -104,7 +108,11 @@ pub(super) fn fig2(quick: bool, plot_dir: Option<&Path>) -> Result<(), ReportErr
     let base = ModelSpec::linear("ResNet50", 2.050, 5.378, 100.0)?;
     let setup = Setup::new(copies(&base, 10), 24, quick);
     let (peak, _) = setup.goodput(&policy(PolicyKind::Deferred, Gather::Early))?;
-    println!("Flat-top: 10 ResNet50-like models (1080Ti profile, SLO 100 ms), 24 GPUs, Poisson; deferred goodput {peak:.0} rps = 1.0x.\n");
+    println!(
+        "Flat-top: 10 ResNet50-like models (1080Ti profile, SLO 100 ms), 24 GPUs, Poisson; deferred goodput {peak:.0} rps = 1.0x; {}; each load run on seed {}.\n",
+        setup.runs_note(),
+        setup.seeds[0]
+    );
     let steps = if quick { 6 } else { 15 };
     let loads: Vec<f64> = (1..=steps).map(|i| 1.5 * f64::from(i) / f64::from(steps)).collect();
     print_table_header("policy", &loads.iter().map(|l| format!("{l:.1}x")).collect::<Vec<_>>());
@@ -143,7 +151,11 @@ fn write_fig2_plots(dir: &Path, good: &[plot::Series], util: &[plot::Series]) ->
 
 pub(super) fn fig10(quick: bool) -> Result<(), ReportError> {
     let target = 15_000.0;
-    println!("Minimum GPUs to serve {target:.0} rps with every model's bad rate <= 1% (A100 profiles, Poisson).\n");
+    let seeds = Setup::new(Vec::new(), 1, quick);
+    println!(
+        "Minimum GPUs to serve {target:.0} rps with every model's bad rate <= 1% (A100 profiles, Poisson; simulator, a GPU count passes on most of seeds {:?}, {} s runs).\n",
+        seeds.seeds, seeds.duration_s
+    );
     let r50 = ModelSpec::linear("ResNet50", 0.268, 5.172, 25.0)?;
     let workloads = [("ResNet50, SLO 25 ms", vec![r50]), ("37 A100 models (Table 4 SLOs)", Zoo::A100.models())];
     print_table_header("workload", &contenders().into_iter().map(|c| c.0).collect::<Vec<_>>());
