@@ -22,7 +22,7 @@
 use crate::progress::Progress;
 use dataplane::time::Duration;
 use scheduler::baselines::timeout::{best_timeouts, TimeoutSearch, TUNING_SEED};
-use scheduler::goodput::{search, GoodputSearch};
+use scheduler::goodput::{search, GoodputError, GoodputSearch};
 use scheduler::policy::{PolicyConfig, PolicyKind};
 use scheduler::sim::{Arrival, Popularity, RateSchedule, SimConfig, Workload};
 use scheduler::zoo::{ModelSpec, Zoo};
@@ -228,7 +228,7 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
     // searched from the cluster's ceiling and the others bracketed around
     // the first's goodput (see [`WARM_STEP`]).
     let jobs: Vec<(usize, usize)> = (0..cells.len()).flat_map(|c| (0..pols.len()).map(move |p| (c, p))).collect();
-    type Goodputs = Result<JobResult, scheduler::goodput::GoodputError>;
+    type Goodputs = Result<JobResult, GoodputError>;
     let results: Mutex<Vec<Option<Goodputs>>> = Mutex::new((0..jobs.len()).map(|_| None).collect());
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
@@ -241,23 +241,7 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&(c, p)) = jobs.get(i) else { break };
                 let cell = &cells[c];
-                let mut policy = PolicyConfig::new(pols[p].1);
-                let mut found = Vec::with_capacity(n_seeds);
-                let r: Goodputs = (|| {
-                    if policy.kind == PolicyKind::Timeout {
-                        // The timeout policy at its best `k` per model,
-                        // searched on a seed no goodput here is measured on.
-                        let how = TimeoutSearch { knobs: GoodputSearch { warm_step: WARM_STEP, ..knobs.clone() }, per_model: cell.models.len() <= TIMEOUT_PER_MODEL_MAX };
-                        policy.timeouts = best_timeouts(&sim(cell, TUNING_SEED), &policy, &how)?.timeouts;
-                    }
-                    seeds.iter().try_for_each(|&seed| {
-                        let warm = found.first().copied().unwrap_or(0.0);
-                        let knobs = GoodputSearch { initial_rps: warm, warm_step: WARM_STEP, ..knobs.clone() };
-                        found.push(search(&sim(cell, seed), &policy, &knobs, &mut |_, _, _, _| {})?.goodput_rps);
-                        Ok(())
-                    })
-                })()
-                    .map(|()| JobResult { goodputs: found, timeouts: std::mem::take(&mut policy.timeouts) });
+                let r: Goodputs = run_job(cell, pols[p].1, &seeds, &knobs);
                 if let Ok(mut all) = results.lock() {
                     all[i] = Some(r);
                 }
@@ -323,6 +307,25 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
         print_markdown(&report, &pols);
     }
     Ok(())
+}
+
+/// One (cell, policy) job: for the timeout policy its `k`s first, searched
+/// on [`TUNING_SEED`], a seed no goodput here is measured on; then every
+/// seed in order, the first from the cluster's ceiling and the others
+/// bracketed around the first's goodput ([`WARM_STEP`]).
+fn run_job(cell: &Cell, kind: PolicyKind, seeds: &[u64], knobs: &GoodputSearch) -> Result<JobResult, GoodputError> {
+    let mut policy = PolicyConfig::new(kind);
+    if kind == PolicyKind::Timeout {
+        let how = TimeoutSearch { knobs: GoodputSearch { warm_step: WARM_STEP, ..knobs.clone() }, per_model: cell.models.len() <= TIMEOUT_PER_MODEL_MAX };
+        policy.timeouts = best_timeouts(&sim(cell, TUNING_SEED), &policy, &how)?.timeouts;
+    }
+    let mut goodputs = Vec::with_capacity(seeds.len());
+    for &seed in seeds {
+        let warm = goodputs.first().copied().unwrap_or(0.0);
+        let knobs = GoodputSearch { initial_rps: warm, warm_step: WARM_STEP, ..knobs.clone() };
+        goodputs.push(search(&sim(cell, seed), &policy, &knobs, &mut |_, _, _, _| {})?.goodput_rps);
+    }
+    Ok(JobResult { goodputs, timeouts: policy.timeouts })
 }
 
 /// The timeout `k`s of a cell: one value when every model has it, each

@@ -179,10 +179,10 @@ impl RankCore {
                 self.remove_pending(model);
                 if let Some(c) = cand {
                     self.losses.report(model, c.recent_loss_bp);
-                }
-                if let (Some(c), Some(slot)) = (cand, self.pending.get_mut(model as usize)) {
-                    *slot = Some(c);
-                    self.pending_by_latest.set(model, (c.level, c.urgency));
+                    if let Some(slot) = self.pending.get_mut(model as usize) {
+                        *slot = Some(c);
+                        self.pending_by_latest.set(model, (c.level, c.urgency));
+                    }
                 }
             }
             ToRank::GpuFree { gpu, free_at } => {

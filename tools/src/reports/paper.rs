@@ -151,10 +151,10 @@ fn write_fig2_plots(dir: &Path, good: &[plot::Series], util: &[plot::Series]) ->
 
 pub(super) fn fig10(quick: bool) -> Result<(), ReportError> {
     let target = 15_000.0;
-    let seeds = Setup::new(Vec::new(), 1, quick);
+    let runs = Setup::new(Vec::new(), 1, quick);
     println!(
         "Minimum GPUs to serve {target:.0} rps with every model's bad rate <= 1% (A100 profiles, Poisson; simulator, a GPU count passes on most of seeds {:?}, {} s runs).\n",
-        seeds.seeds, seeds.duration_s
+        runs.seeds, runs.duration_s
     );
     let r50 = ModelSpec::linear("ResNet50", 0.268, 5.172, 25.0)?;
     let workloads = [("ResNet50, SLO 25 ms", vec![r50]), ("37 A100 models (Table 4 SLOs)", Zoo::A100.models())];
