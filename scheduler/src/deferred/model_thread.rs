@@ -75,6 +75,14 @@ const LOSS_SPREAD_MIN_BP: u32 = 20;
 /// taking the cluster's losses alone (0.95 -> 0.85).
 const LOSS_SPREAD_WIDENING: f64 = 3.0;
 
+/// Whether a model that lost `bp` basis points of its recent requests takes
+/// the cluster's losses alone against models that lost at most `others`:
+/// at least [`LOSS_SPREAD_MIN_BP`] and more than twice as much.
+fn takes_the_losses(bp: u16, others: u16) -> bool {
+    let bp = u32::from(bp);
+    bp >= LOSS_SPREAD_MIN_BP && bp > 2 * u32::from(others)
+}
+
 /// Admitted requests over which [`RecentLoss`] counts: both counts halve
 /// when the admitted count reaches this, so the share covers the last
 /// 2048-4096 requests (a count, not a time: no clock, and a slow model is
@@ -193,6 +201,12 @@ const PARTNER_HOLD_CHANCE: f64 = 0.2;
 /// one comes before the frontrun with at least this chance: as likely as
 /// not (deferred item 24).
 const MANY_IDLE_PARTNER_CHANCE: f64 = 0.5;
+
+/// While another model takes the cluster's losses alone, a burst-locked
+/// batch waits for its partner only while one comes before the frontrun
+/// with at least this chance (deferred item 28: under the grid's Gamma(0.2)
+/// gaps about 2 ms, near the timeout policy's searched `k` there).
+const YIELDING_PARTNER_CHANCE: f64 = 0.1;
 
 /// Idle GPUs, counting the one a batch would take, at which a
 /// burst-locked batch no longer holds out for the frontrun (deferred item
@@ -446,11 +460,19 @@ impl ModelState {
     /// model that takes the cluster's losses alone fails it first (A100
     /// ResNet50 + VGG16 on 2 GPUs at 50 ms: 1.77% against 0.04%).
     fn early_drop_fraction(&self, fraction: f64) -> f64 {
-        let own = u32::from(self.loss.basis_points());
         match self.others_loss_bp {
-            Some(others) if own >= LOSS_SPREAD_MIN_BP && own > 2 * u32::from(others) => 1.0 - (1.0 - fraction) * LOSS_SPREAD_WIDENING,
+            Some(others) if takes_the_losses(self.loss.basis_points(), others) => 1.0 - (1.0 - fraction) * LOSS_SPREAD_WIDENING,
             _ => fraction,
         }
+    }
+
+    /// Whether another model takes the cluster's losses alone, by the test
+    /// [`Self::early_drop_fraction`] applies to this one: as of this
+    /// model's last grant, some other model lost at least
+    /// [`LOSS_SPREAD_MIN_BP`] of its recent requests and more than twice
+    /// this model's share (deferred item 28).
+    fn another_takes_the_losses(&self) -> bool {
+        self.others_loss_bp.is_some_and(|others| takes_the_losses(others, self.loss.basis_points()))
     }
 
     /// Target batch size for early drop: the largest `b` whose fill time at
@@ -683,10 +705,16 @@ impl ModelState {
             // rest of the burst. So a burst-locked batch waits for its
             // partner only while one is at least as likely as not to come
             // by the frontrun (deferred item 24).
+            // While another model takes the cluster's losses alone, the
+            // GPU this batch would take late is one that model's next
+            // burst needs: the batch waits for its partner only while one
+            // is still fairly likely (deferred item 28).
             let quiet = if !burst_locked && gap_cv2.is_some_and(|c| c > QUIET_STOP_MIN_CV2) {
                 self.rate.quiet_start(frontrun, QUIET_STOP_CHANCE)
             } else if burst_locked && idle.many {
                 self.rate.quiet_start(frontrun, MANY_IDLE_PARTNER_CHANCE)
+            } else if burst_locked && self.another_takes_the_losses() {
+                self.rate.quiet_start(frontrun, YIELDING_PARTNER_CHANCE)
             } else {
                 None
             };
@@ -1375,6 +1403,45 @@ mod tests {
         let wait = start_with(600, true, many);
         assert!(wait > Duration::ZERO && wait <= Duration::from_nanos(2_048), "{wait:?}");
         assert_eq!(start_with(600, false, many), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_model_holding_out_for_its_pair_yields_while_another_takes_the_losses_alone() {
+        // A100 EfficientNetV2S at SLO 15 ms (pair-locked), bursts of five
+        // 1 us apart every 50 ms, a GPU idle besides the one it would take.
+        let start = |others: Option<u16>, own_drops_per_1000: u32| {
+            let mut c = core_at(1.454, 7.378, 15.0);
+            let m = &mut c.models[0];
+            let mut t = 0u64;
+            for i in 0..600u64 {
+                t += if i % 5 == 0 { 50_000_000 - 4_000 } else { 1_000 };
+                m.rate.record(Instant::from_nanos(t));
+            }
+            for i in 0..1000 {
+                m.loss.admitted();
+                if i < own_drops_per_1000 {
+                    m.loss.dropped();
+                }
+            }
+            m.others_loss_bp = others;
+            let now = Instant::from_nanos(t);
+            m.queues[0].push_back(Request::new(1, 0, now, now + Duration::from_millis(15)));
+            let cand = m.gather(now, &c.cfg, None, 1.0, IdleGpus { spare: true, many: false }, &mut Actions::default()).expect("a candidate");
+            cand.exec_at.saturating_since(now)
+        };
+        let frontrun = |wait: Duration| wait > Duration::from_millis(4) && wait < Duration::from_millis(5);
+        // Alone, or no other model losing much, or not more than twice
+        // this one's share: the frontrun (4.7 ms), as before.
+        for (others, own) in [(None, 0), (Some(0), 0), (Some(10), 0), (Some(100), 5), (Some(100), 6)] {
+            let wait = start(others, own);
+            assert!(frontrun(wait), "{others:?} {own}: {wait:?}");
+        }
+        // Another model taking the losses alone (1% against 0 or 0.4%):
+        // only the burst's 1 us gaps are waited out.
+        for (others, own) in [(Some(100), 0), (Some(100), 4), (Some(20), 0)] {
+            let wait = start(others, own);
+            assert!(wait > Duration::ZERO && wait <= Duration::from_nanos(2_048), "{others:?} {own}: {wait:?}");
+        }
     }
 
     #[test]
