@@ -127,6 +127,42 @@ pub fn search(
     knobs: &GoodputSearch,
     progress: &mut dyn FnMut(u32, u32, f64, bool),
 ) -> Result<GoodputResult, GoodputError> {
+    let found = bisect(base, policy, knobs, false, progress)?;
+    // Without `to_beat` the search never gives up.
+    Ok(found.unwrap_or(GoodputResult { goodput_rps: 0.0, at_goodput: None, probes: Vec::new() }))
+}
+
+/// [`search`] warmed at `incumbent` (a goodput to beat, with the knobs'
+/// `warm_step`), answering only whether `policy` beats it: `None` when the
+/// first probe, at `incumbent`, fails. A warm search whose first probe
+/// fails only probes lower rates after it, so its goodput would be below
+/// `incumbent`; the probes that would place it are skipped. When that
+/// probe passes the answer is exactly [`search`]'s with `initial_rps` =
+/// `incumbent`. Without a `warm_step` or an incumbent (0) it is
+/// [`search`] with `knobs` as given, never `None`. For choosing the best
+/// of many configurations (the timeout policy's `k`s), where most lose.
+pub fn search_to_beat(
+    base: &SimConfig,
+    policy: &PolicyConfig,
+    knobs: &GoodputSearch,
+    incumbent: f64,
+    progress: &mut dyn FnMut(u32, u32, f64, bool),
+) -> Result<Option<GoodputResult>, GoodputError> {
+    if incumbent <= 0.0 || knobs.warm_step <= 0.0 {
+        return bisect(base, policy, knobs, false, progress);
+    }
+    bisect(base, policy, &GoodputSearch { initial_rps: incumbent, ..knobs.clone() }, true, progress)
+}
+
+/// The bisection of [`search`]; with `to_beat` (a warm search), `None`
+/// once the first probe fails.
+fn bisect(
+    base: &SimConfig,
+    policy: &PolicyConfig,
+    knobs: &GoodputSearch,
+    to_beat: bool,
+    progress: &mut dyn FnMut(u32, u32, f64, bool),
+) -> Result<Option<GoodputResult>, GoodputError> {
     let mut probes = Vec::new();
     let mut runs = 0;
     let mut run = |rate: f64, probes: &mut Vec<(f64, f64, bool)>| -> Result<(bool, Option<SimReport>), GoodputError> {
@@ -157,6 +193,9 @@ pub fn search(
     loop {
         let (ok, r) = run(hi, &mut probes)?;
         if !ok {
+            if to_beat && lo == 0.0 {
+                return Ok(None);
+            }
             break;
         }
         lo = hi;
@@ -193,7 +232,7 @@ pub fn search(
             hi = mid;
         }
     }
-    Ok(GoodputResult { goodput_rps: lo, at_goodput: best, probes })
+    Ok(Some(GoodputResult { goodput_rps: lo, at_goodput: best, probes }))
 }
 
 #[cfg(test)]
@@ -271,6 +310,39 @@ mod tests {
             let plain = simulate(&cfg, sched.as_mut()).unwrap();
             assert_eq!(serde_json::to_string(&r).unwrap(), serde_json::to_string(&plain).unwrap());
         }
+    }
+
+    #[test]
+    fn a_search_to_beat_gives_up_only_where_the_full_search_would_end_below_the_incumbent() {
+        use crate::policy::PolicyKind;
+        let policy = PolicyConfig::new(PolicyKind::Timeout);
+        let knobs = GoodputSearch { min_requests_per_model: 500, warm_step: 0.02, ..GoodputSearch::default() };
+        let cfg = base(Arrival::Gamma(0.5));
+        let cold = search(&cfg, &policy, &knobs, &mut |_, _, _, _| {}).unwrap();
+        let (mut gave_up, mut beat) = (0, 0);
+        for incumbent in [0.5, 0.9, 0.97, 1.0, 1.03, 1.1, 2.0].map(|f| f * cold.goodput_rps) {
+            let full = search(&cfg, &policy, &GoodputSearch { initial_rps: incumbent, ..knobs.clone() }, &mut |_, _, _, _| {}).unwrap();
+            let mut probes = 0;
+            match search_to_beat(&cfg, &policy, &knobs, incumbent, &mut |_, _, _, _| probes += 1).unwrap() {
+                None => {
+                    gave_up += 1;
+                    assert_eq!(probes, 1, "one probe, at the incumbent");
+                    assert!(!full.probes[0].2 && full.goodput_rps < incumbent, "{incumbent}: {:?}", full.probes);
+                }
+                Some(r) => {
+                    beat += 1;
+                    assert!(full.probes[0].2, "{incumbent}: {:?}", full.probes);
+                    assert_eq!((r.goodput_rps, r.probes.clone()), (full.goodput_rps, full.probes), "{incumbent}");
+                }
+            }
+        }
+        assert!(gave_up >= 2 && beat >= 2, "gave up {gave_up}, beat {beat}");
+        // Without an incumbent or a warm step: the plain search.
+        let plain = search_to_beat(&cfg, &policy, &knobs, 0.0, &mut |_, _, _, _| {}).unwrap().unwrap();
+        assert_eq!(plain.probes, cold.probes);
+        let no_step = GoodputSearch { warm_step: 0.0, ..knobs.clone() };
+        let plain = search_to_beat(&cfg, &policy, &no_step, 2.0 * cold.goodput_rps, &mut |_, _, _, _| {}).unwrap().unwrap();
+        assert_eq!(plain.probes, search(&cfg, &policy, &no_step, &mut |_, _, _, _| {}).unwrap().probes);
     }
 
     #[test]

@@ -228,6 +228,43 @@ fn the_timeout_search_beats_every_common_k_and_reports_what_it_found() {
     assert_eq!(goodput(&common.timeouts), common.goodput_rps);
 }
 
+#[test]
+fn the_timeout_search_chooses_what_complete_warm_searches_choose() {
+    // The search gives a candidate up once it fails at the best goodput so
+    // far; here each candidate is searched completely (warm from the best
+    // so far, as the grid does), and the choice must be the same.
+    let models = vec![ModelSpec::linear("ResNet50", 2.050, 5.378, 15.0).unwrap(), ModelSpec::linear("MobileNet", 1.009, 2.390, 15.0).unwrap()];
+    let cfg = config(models, 2, workload(0.0, Arrival::Gamma(0.5), Popularity::Equal), 3, 1);
+    let policy = PolicyConfig::new(PolicyKind::Timeout);
+    let knobs = GoodputSearch { rel_precision: 0.01, warm_step: 0.02, min_requests_per_model: 300, ..GoodputSearch::default() };
+    let k_at = |f: f64| Duration::from_nanos((15e6 * f) as u64);
+    let mut best: Option<(f64, Vec<Duration>)> = None;
+    let consider = |ks: Vec<Duration>, best: &mut Option<(f64, Vec<Duration>)>| {
+        let initial_rps = best.as_ref().map_or(0.0, |b| b.0);
+        let p = PolicyConfig { timeouts: ks.clone(), ..policy.clone() };
+        let g = search(&cfg, &p, &GoodputSearch { initial_rps, ..knobs.clone() }, &mut |_, _, _, _| {}).unwrap().goodput_rps;
+        if best.as_ref().is_none_or(|b| g > b.0) {
+            *best = Some((g, ks));
+        }
+    };
+    for f in K_FRACTIONS {
+        consider(vec![k_at(f); 2], &mut best);
+    }
+    for m in 0..2 {
+        let held = best.clone().unwrap().1;
+        for f in K_FRACTIONS {
+            let mut ks = held.clone();
+            ks[m] = k_at(f);
+            if ks[m] != held[m] {
+                consider(ks, &mut best);
+            }
+        }
+    }
+    let (goodput, timeouts) = best.unwrap();
+    let found = best_timeouts(&cfg, &policy, &TimeoutSearch { knobs, per_model: true }).unwrap();
+    assert_eq!((found.goodput_rps, found.timeouts), (goodput, timeouts));
+}
+
 /// Two models on two GPUs with a tight SLO: a GPU each, and the overflow
 /// of one model's planned batch goes to the other's GPU.
 fn backup_case(rate_rps: f64) -> SimConfig {

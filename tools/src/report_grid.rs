@@ -56,7 +56,10 @@ const WARMUP_S: f64 = 1.0;
 /// 4000 times the squared CV a tenth of the cells' ratios still moved by
 /// 0.028 or more (docs/decisions.md, deferred item 23); at 8000 the grid
 /// runs in about 8 minutes here with the early stop and the warm seeds
-/// (deferred item 26), 12.5 with the timeout policy's `k` searched per cell.
+/// (deferred item 26), 12.5 with the timeout policy's `k` searched per
+/// cell; 12.6 on the slower AMD VM once that search gives each losing
+/// candidate up at its first probe (17.9 before; docs/benchmarks.md, "The
+/// grid in under 15 minutes on the AMD VM").
 pub const MIN_REQUESTS_PER_MODEL: u64 = 8000;
 /// Seeds after the first search around the first seed's goodput, widening
 /// by this fraction (doubling per probe) until bracketed, instead of from

@@ -10,7 +10,7 @@
 //! from the best of those: each model in turn gets the candidate that
 //! maximises the cluster's goodput with the others held.
 
-use crate::goodput::{search, GoodputError, GoodputSearch};
+use crate::goodput::{search_to_beat, GoodputError, GoodputSearch};
 use crate::policy::{PolicyConfig, PolicyKind};
 use crate::sim::SimConfig;
 use dataplane::time::Duration;
@@ -43,7 +43,8 @@ pub struct BestTimeouts {
 pub struct TimeoutSearch {
     /// Each goodput search's knobs. With a `warm_step`, every search after
     /// the first is bracketed around the best goodput so far (neighbouring
-    /// `k`s have close goodputs), which takes fewer probes.
+    /// `k`s have close goodputs), which takes fewer probes, and given up
+    /// at its first probe when that fails ([`search_to_beat`]).
     pub knobs: GoodputSearch,
     /// After the common fraction, one pass per model over the others.
     pub per_model: bool,
@@ -56,13 +57,16 @@ pub fn best_timeouts(base: &SimConfig, policy: &PolicyConfig, how: &TimeoutSearc
     let k_at = |m: usize, f: f64| Duration::from_nanos((base.models[m].slo.as_nanos() as f64 * f) as u64);
     // The best goodput so far and its `k`s.
     let mut best: Option<(f64, Vec<Duration>)> = None;
+    // With a `warm_step`, a candidate is searched from the best goodput so
+    // far and given up at once when it fails there: it could only come out
+    // below, and a candidate must beat the best to replace it, so the
+    // choice and its goodput are those of complete searches.
     let consider = |timeouts: Vec<Duration>, best: &mut Option<(f64, Vec<Duration>)>| -> Result<(), GoodputError> {
-        let knobs = match best {
-            Some((g, _)) if how.knobs.warm_step > 0.0 && *g > 0.0 => GoodputSearch { initial_rps: *g, ..how.knobs.clone() },
-            _ => GoodputSearch { initial_rps: 0.0, ..how.knobs.clone() },
-        };
+        let incumbent = best.as_ref().map_or(0.0, |(g, _)| *g);
+        let knobs = GoodputSearch { initial_rps: 0.0, ..how.knobs.clone() };
         let p = PolicyConfig { kind: PolicyKind::Timeout, timeouts: timeouts.clone(), ..policy.clone() };
-        let g = search(base, &p, &knobs, &mut |_, _, _, _| {})?.goodput_rps;
+        let Some(found) = search_to_beat(base, &p, &knobs, incumbent, &mut |_, _, _, _| {})? else { return Ok(()) };
+        let g = found.goodput_rps;
         if best.as_ref().is_none_or(|(b, _)| g > *b) {
             *best = Some((g, timeouts));
         }
