@@ -67,8 +67,8 @@ fn pair_worth_waiting_for(profile: &LatencyProfile) -> bool {
 }
 
 /// A model's recent loss (basis points) from which it may count as taking
-/// the cluster's losses alone ([`takes_the_losses`]; deferred items 27 and
-/// 28): 0.2%, a fifth of the goodput bar, so low loads and single early
+/// the cluster's losses alone ([`takes_the_losses`]; deferred items 27,
+/// 28 and 29): 0.2%, a fifth of the goodput bar, so low loads and single early
 /// drops move nothing.
 const LOSS_SPREAD_MIN_BP: u32 = 20;
 /// How many times wider early drop's tolerated shortfall is for a model
@@ -78,7 +78,7 @@ const LOSS_SPREAD_WIDENING: f64 = 3.0;
 /// Whether a model that lost `bp` basis points of its recent requests takes
 /// the cluster's losses alone against models that lost at most `others`:
 /// at least [`LOSS_SPREAD_MIN_BP`] and more than twice as much.
-fn takes_the_losses(bp: u16, others: u16) -> bool {
+pub(super) fn takes_the_losses(bp: u16, others: u16) -> bool {
     let bp = u32::from(bp);
     bp >= LOSS_SPREAD_MIN_BP && bp > 2 * u32::from(others)
 }

@@ -1,6 +1,7 @@
 //! The RankThread core: GPU free times, ready candidates, matchmaking.
 
 use super::{Candidate, Grant, ToRank};
+use super::model_thread::takes_the_losses;
 use crate::netdelay::NetworkDelay;
 use crate::types::{GpuId, ModelId};
 use dataplane::mutation::{self, Mutation};
@@ -29,7 +30,8 @@ pub struct RankStats {
 }
 
 /// Matchmaking state. Every operation is `O(log M + log G)`, but for a
-/// contended grant (`least_served_that_cannot_wait`, `O(M)`).
+/// contended grant the most urgent candidate cannot spare
+/// (`who_takes_the_gpu`, `O(M)`).
 pub struct RankCore {
     delay: NetworkDelay,
     /// GPUs not reserved by a ModelThread, keyed by the time they are free.
@@ -116,6 +118,15 @@ impl LossBoard {
     /// scheduler has no other model.
     fn others(&self, model: ModelId) -> Option<u16> {
         (self.bp.len() > 1).then(|| if self.top[0].1 == model { self.top[1].0 } else { self.top[0].0 })
+    }
+
+    /// The model that takes the cluster's losses alone
+    /// ([`takes_the_losses`] against every other model), if one does. Only
+    /// the largest can: `O(1)`.
+    fn alone(&self) -> Option<ModelId> {
+        let model = self.top[0].1;
+        let own = *self.bp.get(model as usize)?;
+        self.others(model).filter(|&others| takes_the_losses(own, others)).map(|_| model)
     }
 }
 
@@ -431,7 +442,7 @@ impl RankCore {
             let Some(top) = winner else { break };
             self.idle.remove(gpu);
             self.busy.remove(gpu);
-            let m = self.least_served_that_cannot_wait(now, free_at, top);
+            let m = self.who_takes_the_gpu(now, free_at, top);
             self.remove_candidate(m);
             self.give(now, m, gpu, free_at, false, grant);
         }
@@ -440,21 +451,29 @@ impl RankCore {
     /// Which candidate takes a GPU free at `free_at` (already out of the
     /// idle and busy sets) when `top` is the most urgent feasible one.
     /// If `top` could still start by its latest on the next GPU to free,
-    /// it takes this one (latest-start order, Appendix D). Otherwise
-    /// some candidate of `top`'s level will have to shrink or drop for
-    /// lack of a GPU; among those that can start on this GPU and cannot
-    /// wait for the next, the one whose model has lost the largest share
-    /// of its recent requests goes first (ties: the more urgent). The
-    /// goodput bar is every model's bad rate, and latest-start order
-    /// alone lets the model with the longer batch take every contended
-    /// GPU while the other loses all (deferred item 20). `O(M)` over the
-    /// waiting candidates, and only when `top` cannot wait.
-    fn least_served_that_cannot_wait(&self, now: Instant, free_at: Instant, top: ModelId) -> ModelId {
+    /// it takes this one (latest-start order, Appendix D), unless another
+    /// model takes the cluster's losses alone ([`LossBoard::alone`]) and
+    /// has a candidate of `top`'s level that can start here: that one goes
+    /// first, and `top` takes the next GPU (deferred item 29: the
+    /// goodput bar is the worst model's bad rate, and a GPU that the most
+    /// urgent can spare is worth most to the model losing most). `O(1)`.
+    /// Otherwise some candidate of `top`'s level will have to shrink or
+    /// drop for lack of a GPU; among those that can start on this GPU and
+    /// cannot wait for the next, the one whose model has lost the largest
+    /// share of its recent requests goes first (ties: the more urgent).
+    /// Latest-start order alone lets the model with the longer batch take
+    /// every contended GPU while the other loses all (deferred item 20).
+    /// `O(M)` over the waiting candidates, and only when `top` cannot wait.
+    fn who_takes_the_gpu(&self, now: Instant, free_at: Instant, top: ModelId) -> ModelId {
         let Some(t) = self.cands[top as usize] else { return top };
         let next_free = if self.idle.is_empty() { self.busy.peek().map_or(Instant::NEVER, |(at, _)| at) } else { now };
         let cannot_wait = |c: &Candidate| next_free.max(now + self.delay.of(c.bs)) > c.latest;
         if !cannot_wait(&t) {
-            return top;
+            let starts_here = |c: &Candidate| c.level == t.level && free_at.max(now + self.delay.of(c.bs)) <= c.latest;
+            return match self.losses.alone() {
+                Some(m) if self.cands.get(m as usize).copied().flatten().is_some_and(|c| starts_here(&c)) => m,
+                _ => top,
+            };
         }
         let (mut best, mut best_key) = (top, (t.recent_loss_bp, Reverse(t.urgency)));
         for (m, c) in self.cands.iter().enumerate() {
@@ -761,9 +780,36 @@ mod tests {
         assert_eq!(first_at_10(300, 0, 50), Some(0));
         // Equal losses: the more urgent, as without losses.
         assert_eq!(first_at_10(100, 100, 50), Some(0));
-        // The next GPU frees at 11 ms: model 0 could wait for it, but it is
-        // the more urgent and model 1 can take the one after; latest-start
-        // order holds whatever the losses.
-        assert_eq!(first_at_10(0, 300, 11), Some(0));
+        // The next GPU frees at 11 ms: model 0 could wait for it, and it
+        // does while model 1 takes the cluster's losses alone (deferred
+        // item 29: at least 0.2% and more than twice every other model's);
+        // otherwise latest-start order holds, whatever the losses.
+        assert_eq!(first_at_10(0, 300, 11), Some(1));
+        assert_eq!(first_at_10(100, 300, 11), Some(1));
+        assert_eq!(first_at_10(200, 300, 11), Some(0));
+        assert_eq!(first_at_10(0, 15, 11), Some(0));
+        assert_eq!(first_at_10(300, 0, 11), Some(0));
+    }
+
+    #[test]
+    fn the_model_taking_the_losses_alone_is_the_largest_at_twice_the_next() {
+        let mut b = LossBoard::new(3);
+        assert_eq!(b.alone(), None);
+        b.report(1, 50);
+        assert_eq!(b.alone(), Some(1));
+        b.report(2, 25);
+        assert_eq!(b.alone(), None, "50 is not more than twice 25");
+        b.report(2, 24);
+        assert_eq!(b.alone(), Some(1));
+        b.report(0, 200);
+        assert_eq!(b.alone(), Some(0));
+        // Below the floor nobody takes the losses, and one model is never
+        // alone against nobody.
+        let mut low = LossBoard::new(2);
+        low.report(0, 19);
+        assert_eq!(low.alone(), None);
+        let mut single = LossBoard::new(1);
+        single.report(0, 500);
+        assert_eq!(single.alone(), None);
     }
 }
