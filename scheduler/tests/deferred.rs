@@ -140,24 +140,8 @@ fn a_model_holding_out_for_its_pair_leaves_gpus_to_the_model_taking_the_losses()
     // burst came. While another model takes the losses alone they wait
     // only while a partner is fairly likely (deferred item 28); Xception
     // then loses less than under the timeout policy at its searched `k`.
-    let models: Vec<ModelSpec> = [("ResNet50", 2.050, 5.378), ("MobileNet", 1.009, 2.390), ("Xception", 4.751, 2.046), ("EfficientNetB0", 1.569, 5.586)]
-        .iter()
-        .map(|(name, alpha, beta)| ModelSpec::linear(name, *alpha, *beta, 15.0).unwrap())
-        .collect();
-    let timeout = PolicyConfig { timeouts: [2.25, 0.75, 0.75, 0.75].iter().map(|k| Duration::from_millis_f64(*k)).collect(), ..PolicyConfig::new(PolicyKind::Timeout) };
-    for seed in 1..=3 {
-        let workload = Workload { arrival: scheduler::sim::Arrival::Gamma(0.2), ..Workload::poisson(12.0) };
-        let cfg = SimConfig { models: models.clone(), gpus: 2, workload, duration: Duration::from_millis(20_000_000), warmup: Duration::from_millis(1_000), seed, trace: None, admission: Default::default() };
-        let run = |policy: &PolicyConfig| {
-            let mut s = scheduler::policy::build(&cfg.models, 2, policy).unwrap();
-            let r = simulate(&cfg, s.as_mut()).unwrap();
-            (r.max_model_bad_rate, r.models[2].bad_rate)
-        };
-        let (deferred, deferred_xception) = run(&PolicyConfig::new(PolicyKind::Deferred));
-        let (timeout, timeout_xception) = run(&timeout);
-        assert_eq!(deferred, deferred_xception, "seed {seed}: Xception takes the losses");
-        assert!(deferred < timeout, "seed {seed}: {deferred} / {timeout} ({timeout_xception})");
-    }
+    let models = [("ResNet50", 2.050, 5.378), ("MobileNet", 1.009, 2.390), ("Xception", 4.751, 2.046), ("EfficientNetB0", 1.569, 5.586)];
+    xception_loses_less_than_under_timeout(&models, 2, 12.0, 20_000, &[2.25, 0.75, 0.75, 0.75]);
 }
 
 #[test]
@@ -170,23 +154,29 @@ fn a_gpu_the_most_urgent_batch_can_spare_goes_to_the_model_taking_the_losses() {
     // GPU to free, a candidate of the model taking the losses alone takes
     // this one (deferred item 29); the cell's worst bad rate is then below
     // the timeout policy's at its searched `k` (0.75 ms) on each seed.
-    let models: Vec<ModelSpec> = [("ResNet50", 2.050, 5.378), ("MobileNet", 1.009, 2.390), ("Xception", 4.751, 2.046)]
-        .iter()
-        .map(|(name, alpha, beta)| ModelSpec::linear(name, *alpha, *beta, 15.0).unwrap())
-        .collect();
-    let timeout = PolicyConfig { timeouts: vec![Duration::from_micros(750); 3], ..PolicyConfig::new(PolicyKind::Timeout) };
+    let models = [("ResNet50", 2.050, 5.378), ("MobileNet", 1.009, 2.390), ("Xception", 4.751, 2.046)];
+    xception_loses_less_than_under_timeout(&models, 8, 885.0, 300, &[0.75; 3]);
+}
+
+/// 1080Ti `models` (name, alpha, beta) at 15 ms on `gpus` GPUs, Gamma(0.2)
+/// at `rate` for `secs` simulated seconds, seeds 1-3: under deferred
+/// scheduling Xception (model 2) takes the worst bad rate, and that rate is
+/// below the timeout policy's worst at `timeouts_ms`.
+fn xception_loses_less_than_under_timeout(models: &[(&str, f64, f64)], gpus: u32, rate: f64, secs: u64, timeouts_ms: &[f64]) {
+    let models: Vec<ModelSpec> = models.iter().map(|(name, alpha, beta)| ModelSpec::linear(name, *alpha, *beta, 15.0).unwrap()).collect();
+    let timeout = PolicyConfig { timeouts: timeouts_ms.iter().map(|k| Duration::from_millis_f64(*k)).collect(), ..PolicyConfig::new(PolicyKind::Timeout) };
     for seed in 1..=3 {
-        let workload = Workload { arrival: scheduler::sim::Arrival::Gamma(0.2), ..Workload::poisson(885.0) };
-        let cfg = SimConfig { models: models.clone(), gpus: 8, workload, duration: Duration::from_millis(300_000), warmup: Duration::from_millis(1_000), seed, trace: None, admission: Default::default() };
+        let workload = Workload { arrival: scheduler::sim::Arrival::Gamma(0.2), ..Workload::poisson(rate) };
+        let cfg = SimConfig { models: models.clone(), gpus, workload, duration: Duration::from_millis(secs * 1000), warmup: Duration::from_millis(1_000), seed, trace: None, admission: Default::default() };
         let run = |policy: &PolicyConfig| {
-            let mut s = scheduler::policy::build(&cfg.models, 8, policy).unwrap();
+            let mut s = scheduler::policy::build(&cfg.models, gpus, policy).unwrap();
             let r = simulate(&cfg, s.as_mut()).unwrap();
             (r.max_model_bad_rate, r.models[2].bad_rate)
         };
         let (deferred, deferred_xception) = run(&PolicyConfig::new(PolicyKind::Deferred));
-        let (timeout, _) = run(&timeout);
+        let (timeout, timeout_xception) = run(&timeout);
         assert_eq!(deferred, deferred_xception, "seed {seed}: Xception takes the losses");
-        assert!(deferred < timeout, "seed {seed}: {deferred} / {timeout}");
+        assert!(deferred < timeout, "seed {seed}: {deferred} / {timeout} ({timeout_xception})");
     }
 }
 
