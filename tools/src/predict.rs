@@ -58,10 +58,10 @@ pub struct PredictArgs {
     #[arg(long = "model-repository")]
     pub model_repository: Option<PathBuf>,
     /// --measure: seconds of Poisson arrivals per c.
-    #[arg(long = "duration-s", default_value_t = 20.0)]
+    #[arg(long = "duration-s", default_value_t = 40.0)]
     pub duration_s: f64,
     /// --measure: seconds of closed-loop profiling per t_i.
-    #[arg(long = "profile-s", default_value_t = 2.0)]
+    #[arg(long = "profile-s", default_value_t = 8.0)]
     pub profile_s: f64,
     /// --measure: seed of the arrival stream.
     #[arg(long, default_value_t = 1)]
@@ -71,9 +71,13 @@ pub struct PredictArgs {
     #[arg(long = "thread-budget", default_value_t = 0)]
     pub thread_budget: usize,
     /// --measure: rounds; each profiles and measures every c in turn for
-    /// its share of --duration-s and --profile-s (a change in the
-    /// machine's load then falls on every c alike).
-    #[arg(long, default_value_t = 2)]
+    /// its share of --duration-s and --profile-s, so a change in the
+    /// machine's speed falls on every c and on profile and run alike. The
+    /// defaults (40 s, 8 s, 16 rounds: 2.5 s of arrivals per round) are
+    /// the configuration validated in docs/benchmarks.md; with 4 rounds
+    /// (10 s) the executor's speed on a shared VM drifted up to 13%
+    /// between a profile and its run.
+    #[arg(long, default_value_t = 16)]
     pub rounds: u32,
     /// --measure: how t_i is profiled: `load` (the i batches start
     /// together after the idle gaps the predicted Poisson load leaves: none
