@@ -188,7 +188,38 @@ struct GridReport {
     cells: Vec<CellResult>,
     worst_ratio: f64,
     geomean_ratio: f64,
+    /// Nexus against deferred on the 2-GPU, 2-model cells.
+    nexus_on_two_gpus: NexusShare,
     wall_s: f64,
+}
+
+/// Nexus's goodput as a share of deferred's on the 2-GPU, 2-model cells:
+/// issue 20's line "Nexus on 2 GPUs with 2 models reaches >= 50% of
+/// deferred", measured where the grid measures everything else.
+#[derive(Serialize, Debug, PartialEq)]
+struct NexusShare {
+    cells: usize,
+    /// Cells where Nexus reaches at least half of deferred's goodput.
+    at_least_half: usize,
+    /// The lowest Nexus / deferred (1 when there is no such cell).
+    lowest: f64,
+}
+
+impl NexusShare {
+    fn of(cells: &[CellResult]) -> Self {
+        let shares: Vec<f64> = cells
+            .iter()
+            .filter(|c| c.gpus == 2 && c.models.len() == 2)
+            .filter_map(|c| {
+                let goodput = |name: &str| c.goodput_rps.iter().find(|(p, _)| *p == name).map(|&(_, g)| g);
+                match (goodput("nexus")?, goodput("deferred")?) {
+                    (n, d) if d > 0.0 => Some(n / d),
+                    _ => Some(1.0),
+                }
+            })
+            .collect();
+        NexusShare { cells: shares.len(), at_least_half: shares.iter().filter(|&&r| r >= 0.5).count(), lowest: shares.iter().copied().fold(1.0, f64::min) }
+    }
 }
 
 /// Why the grid stopped.
@@ -303,7 +334,7 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
     let ratios: Vec<f64> = out.iter().filter_map(|c| c.ratio).collect();
     let worst_ratio = ratios.iter().copied().fold(f64::INFINITY, f64::min);
     let geomean_ratio = if ratios.is_empty() { 0.0 } else { (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64).exp() };
-    let report = GridReport { seeds, timeout_tuning_seed: TUNING_SEED, run_s: RUN_S, warmup_s: WARMUP_S, min_requests_per_model: knobs.min_requests_per_model, cells: out, worst_ratio, geomean_ratio, wall_s: started.elapsed().as_secs_f64() };
+    let report = GridReport { seeds, timeout_tuning_seed: TUNING_SEED, run_s: RUN_S, warmup_s: WARMUP_S, min_requests_per_model: knobs.min_requests_per_model, nexus_on_two_gpus: NexusShare::of(&out), cells: out, worst_ratio, geomean_ratio, wall_s: started.elapsed().as_secs_f64() };
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -385,5 +416,34 @@ fn print_markdown(r: &GridReport, pols: &[(&'static str, PolicyKind)]) {
             r.seeds.len()
         );
     }
+    let n = &r.nexus_on_two_gpus;
+    println!("\nNexus on 2 GPUs with 2 models: at least half of deferred in {} of {} cells (lowest {:.2})", n.at_least_half, n.cells, n.lowest);
     println!("\nworst_ratio {:.3}, geomean_ratio {:.3} over {} cells; {:.0} s wall", r.worst_ratio, r.geomean_ratio, r.cells.len(), r.wall_s);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cell(gpus: u32, models: usize, deferred: f64, nexus: f64) -> CellResult {
+        CellResult {
+            zoo: "A100",
+            models: vec!["m".to_string(); models],
+            gpus,
+            slo_ms: "25".into(),
+            arrival: "Poisson",
+            goodput_rps: vec![("deferred", deferred), ("nexus", nexus)],
+            best_other: "nexus",
+            ratio: None,
+            deferred_ahead_seeds: 0,
+            timeout_k_ms: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_nexus_share_counts_only_two_gpu_two_model_cells() {
+        let cells = [cell(2, 2, 100.0, 60.0), cell(2, 2, 100.0, 30.0), cell(2, 2, 0.0, 0.0), cell(4, 2, 100.0, 1.0), cell(2, 3, 100.0, 1.0)];
+        assert_eq!(NexusShare::of(&cells), NexusShare { cells: 3, at_least_half: 2, lowest: 0.3 });
+        assert_eq!(NexusShare::of(&[]), NexusShare { cells: 0, at_least_half: 0, lowest: 1.0 });
+    }
 }
