@@ -115,6 +115,21 @@ fn deferred_gpu_use_is_load_proportional() {
 }
 
 #[test]
+fn with_many_gpus_idle_a_batch_grows_to_what_its_deadline_allows() {
+    // Half of Table 2's load: at 2704 rps a ResNet50 batch of 14 fills
+    // (13 gaps of 0.37 ms) and runs (19.8 ms) within the 25 ms SLO; the
+    // rate's target says 13 or 14 as the estimate moves. Stopping at the
+    // target's efficiency gave batches of 13 and 51.3% idle (deferred item
+    // 30); with most GPUs idle the batch defers to its deadline.
+    let cfg = single(resnet50(), 8, 2704.0);
+    let mut s = scheduler::policy::build(&cfg.models, 8, &PolicyConfig::new(PolicyKind::Deferred)).unwrap();
+    let r = simulate(&cfg, s.as_mut()).unwrap();
+    assert_eq!(r.median_batch, 14);
+    assert!(r.gpu_idle_fraction >= 0.52, "idle {}", r.gpu_idle_fraction);
+    assert!(r.bad_rate <= 0.001, "bad {}", r.bad_rate);
+}
+
+#[test]
 fn on_a_saturated_cluster_one_model_does_not_take_the_losses_alone() {
     // A100 ResNet50 + VGG16 on 2 GPUs at 50 ms, Poisson, at the goodput
     // (the grid's lowest cell, 2026-11-27): early drop, judged against each
@@ -126,7 +141,11 @@ fn on_a_saturated_cluster_one_model_does_not_take_the_losses_alone() {
     let mut s = scheduler::policy::build(&cfg.models, 2, &PolicyConfig::new(PolicyKind::Deferred)).unwrap();
     let r = simulate(&cfg, s.as_mut()).unwrap();
     let [r50, vgg] = [&r.models[0], &r.models[1]];
-    assert!(r.max_model_bad_rate <= 0.01, "{} / {}", r50.bad_rate, vgg.bad_rate);
+    // 3520 rps is the grid's goodput (medians of seeds 1-5 over longer
+    // runs); one 20 s run at it loses 0.76-1.34% of ResNet50's requests
+    // over seeds 1-6 (2026-11-28), so the bound here is the run's noise
+    // above 1%, and the claim is the spread below.
+    assert!(r.max_model_bad_rate <= 0.015, "{} / {}", r50.bad_rate, vgg.bad_rate);
     assert!(r50.bad_rate <= 5.0 * vgg.bad_rate, "{} / {}", r50.bad_rate, vgg.bad_rate);
 }
 
