@@ -120,7 +120,7 @@ fn with_many_gpus_idle_a_batch_grows_to_what_its_deadline_allows() {
     // (13 gaps of 0.37 ms) and runs (19.8 ms) within the 25 ms SLO; the
     // rate's target says 13 or 14 as the estimate moves. Stopping at the
     // target's efficiency gave batches of 13 and 51.3% idle (deferred item
-    // 30); with most GPUs idle the batch defers to its deadline.
+    // 30); with three GPUs idle the batch defers to its deadline.
     let cfg = single(resnet50(), 8, 2704.0);
     let mut s = scheduler::policy::build(&cfg.models, 8, &PolicyConfig::new(PolicyKind::Deferred)).unwrap();
     let r = simulate(&cfg, s.as_mut()).unwrap();
