@@ -214,6 +214,9 @@ const YIELDING_PARTNER_CHANCE: f64 = 0.1;
 /// [`Grant`] reports; between grants, three of those four.
 const MANY_IDLE_GPUS: usize = 3;
 
+/// A core's view of the idle GPUs before its first grant: one free now.
+const UNKNOWN_SPARE_GPUS: [Instant; MANY_IDLE_GPUS] = [Instant::ZERO, Instant::NEVER, Instant::NEVER];
+
 /// What a ModelThread knows of the idle GPUs when it gathers a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct IdleGpus {
@@ -967,8 +970,10 @@ pub struct ModelThreadCore {
     /// of the last grant this core received: the RankThread's
     /// [`Grant::other_free_at`] and [`Grant::more_free_at`] and the
     /// granted GPU's own free time (its batch ends, or it was handed back).
-    /// At or before now: that many GPUs idle. Zero at start (every GPU is
-    /// free).
+    /// At or before now: that many GPUs idle. Before the first grant the
+    /// core knows only that some GPU is free (a cluster has at least one),
+    /// not that three are: a 2-GPU cluster never has three idle, and
+    /// reading them there let item 30 defer its first batches.
     spare_gpus_at: [Instant; MANY_IDLE_GPUS],
     stats: ModelThreadStats,
 }
@@ -1023,7 +1028,7 @@ impl ModelThreadCore {
             })
             .collect();
         let n = states.len();
-        ModelThreadCore { cfg, models: states, local, wakes: IndexedHeap::with_ids(n), gpu_factors: Vec::new(), spare_gpus_at: [Instant::ZERO; MANY_IDLE_GPUS], stats: ModelThreadStats::default() }
+        ModelThreadCore { cfg, models: states, local, wakes: IndexedHeap::with_ids(n), gpu_factors: Vec::new(), spare_gpus_at: UNKNOWN_SPARE_GPUS, stats: ModelThreadStats::default() }
     }
 
     /// The network delay bound later decisions charge (the delay watch
