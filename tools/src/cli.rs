@@ -4,6 +4,7 @@
 use clap::Args;
 use dataplane::idle::IdleStrategy;
 use dataplane::time::Duration;
+use scheduler::baselines::nexus::held_to_nexus_batches;
 use scheduler::deferred::Gather;
 use scheduler::netdelay::{DelayFileError, NetworkDelay};
 use scheduler::policy::{PolicyConfig, PolicyError, PolicyKind};
@@ -187,6 +188,9 @@ pub struct ClusterArgs {
     /// Nexus: plan on the fewest GPUs and leave the others idle (Nexus's own objective), instead of scaling the planned rates up to the whole cluster.
     #[arg(long = "nexus-fewest-gpus")]
     pub nexus_fewest_gpus: bool,
+    /// Hold every model's batch to Nexus's largest (the largest that runs within half the SLO), for any policy: a bound on what a scheduler bound to Nexus's batches can do.
+    #[arg(long = "nexus-batch-cap")]
+    pub nexus_batch_cap: bool,
 }
 
 impl ClusterArgs {
@@ -207,6 +211,9 @@ impl ClusterArgs {
         }
         if models.is_empty() {
             return Err(CliError::NoModels);
+        }
+        if self.nexus_batch_cap {
+            models = held_to_nexus_batches(&models);
         }
         if self.model_copies > 1 {
             let base = models.clone();

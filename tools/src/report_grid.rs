@@ -18,9 +18,18 @@
 //! the others around the first seed's goodput ([`WARM_STEP`]). Each
 //! (cell, policy) runs its seeds in order on one of two threads; results
 //! do not depend on the order the jobs finish in.
+//!
+//! On the 2-GPU, 2-model cells the grid also measures a reference bound on
+//! Nexus, not a column of the comparison: deferred and eager on the same
+//! cell with every batch held to Nexus's largest ([`held_to_nexus_batches`]),
+//! the higher median of the two. It is measured, not proven (two of our
+//! schedulers, not the best one possible), but where even it stays below
+//! half of deferred, a faithful Nexus is not expected to reach half
+//! ([`NexusShare`]).
 
 use crate::progress::Progress;
 use dataplane::time::Duration;
+use scheduler::baselines::nexus::held_to_nexus_batches;
 use scheduler::baselines::timeout::{best_timeouts, TimeoutSearch, TUNING_SEED};
 use scheduler::goodput::{search, GoodputError, GoodputSearch};
 use scheduler::policy::{PolicyConfig, PolicyKind};
@@ -70,6 +79,10 @@ pub const WARM_STEP: f64 = 0.02;
 /// model by model after the common fraction (six more goodput searches per
 /// model); the 37-model cells keep the common fraction.
 const TIMEOUT_PER_MODEL_MAX: usize = 4;
+
+/// The policies the Nexus bound runs on a cell held to Nexus's batches; the
+/// bound is the higher of their median goodputs.
+const BOUND_POLICIES: [PolicyKind; 2] = [PolicyKind::Deferred, PolicyKind::Eager];
 
 /// The policies, in column order; deferred first.
 fn policies() -> Vec<(&'static str, PolicyKind)> {
@@ -168,6 +181,11 @@ struct CellResult {
     deferred_ahead_seeds: usize,
     /// The timeout policy's `k` per model (ms), searched on [`TUNING_SEED`].
     timeout_k_ms: Vec<f64>,
+    /// On the 2-GPU, 2-model cells: the bound on Nexus, the higher median
+    /// goodput of deferred and eager with every batch held to Nexus's
+    /// largest (not a column of the comparison).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nexus_cap_bound_rps: Option<f64>,
 }
 
 /// One (cell, policy) job's goodputs, one per seed, and the timeout
@@ -195,7 +213,8 @@ struct GridReport {
 
 /// Nexus's goodput as a share of deferred's on the 2-GPU, 2-model cells:
 /// issue 20's line "Nexus on 2 GPUs with 2 models reaches >= 50% of
-/// deferred", measured where the grid measures everything else.
+/// deferred", measured where the grid measures everything else; and the
+/// same share for the bound on Nexus ([`CellResult::nexus_cap_bound_rps`]).
 #[derive(Serialize, Debug, PartialEq)]
 struct NexusShare {
     cells: usize,
@@ -203,22 +222,45 @@ struct NexusShare {
     at_least_half: usize,
     /// The lowest Nexus / deferred (1 when there is no such cell).
     lowest: f64,
+    /// Cells where even the bound (the best of deferred and eager, a global
+    /// queue over both GPUs, with no batch past Nexus's largest) stays
+    /// below half of deferred.
+    bound_below_half: usize,
+    /// The lowest bound / deferred (1 when there is no such cell).
+    lowest_bound: f64,
+}
+
+/// Whether a cell is one of the 2-GPU, 2-model cells of the Nexus line.
+fn two_gpus_two_models(gpus: u32, models: usize) -> bool {
+    gpus == 2 && models == 2
 }
 
 impl NexusShare {
     fn of(cells: &[CellResult]) -> Self {
-        let shares: Vec<f64> = cells
+        let share = |x: f64, d: f64| if d > 0.0 { x / d } else { 1.0 };
+        let shares: Vec<(f64, Option<f64>)> = cells
             .iter()
-            .filter(|c| c.gpus == 2 && c.models.len() == 2)
+            .filter(|c| two_gpus_two_models(c.gpus, c.models.len()))
             .filter_map(|c| {
-                let goodput = |name: &str| c.goodput_rps.iter().find(|(p, _)| *p == name).map(|&(_, g)| g);
-                match (goodput("nexus")?, goodput("deferred")?) {
-                    (n, d) if d > 0.0 => Some(n / d),
-                    _ => Some(1.0),
-                }
+                let (n, d) = (c.goodput("nexus")?, c.goodput("deferred")?);
+                Some((share(n, d), c.nexus_cap_bound_rps.map(|b| share(b, d))))
             })
             .collect();
-        NexusShare { cells: shares.len(), at_least_half: shares.iter().filter(|&&r| r >= 0.5).count(), lowest: shares.iter().copied().fold(1.0, f64::min) }
+        let bounds = shares.iter().filter_map(|s| s.1);
+        NexusShare {
+            cells: shares.len(),
+            at_least_half: shares.iter().filter(|s| s.0 >= 0.5).count(),
+            lowest: shares.iter().map(|s| s.0).fold(1.0, f64::min),
+            bound_below_half: bounds.clone().filter(|&b| b < 0.5).count(),
+            lowest_bound: bounds.fold(1.0, f64::min),
+        }
+    }
+}
+
+impl CellResult {
+    /// The median goodput of the policy called `name`.
+    fn goodput(&self, name: &str) -> Option<f64> {
+        self.goodput_rps.iter().find(|(p, _)| *p == name).map(|&(_, g)| g)
     }
 }
 
@@ -260,22 +302,38 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
     let n_seeds = seeds.len();
     // Every (cell, policy) is one job: its seeds in order, the first
     // searched from the cluster's ceiling and the others bracketed around
-    // the first's goodput (see [`WARM_STEP`]).
-    let jobs: Vec<(usize, usize)> = (0..cells.len()).flat_map(|c| (0..pols.len()).map(move |p| (c, p))).collect();
+    // the first's goodput (see [`WARM_STEP`]). After them, the Nexus
+    // bound's jobs: the 2-GPU, 2-model cells with every batch held to
+    // Nexus's largest, under each of [`BOUND_POLICIES`].
+    let held: Vec<(usize, Cell)> = cells
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| two_gpus_two_models(c.gpus, c.models.len()))
+        .map(|(c, cell)| (c, Cell { zoo: cell.zoo, models: held_to_nexus_batches(&cell.models), gpus: cell.gpus, slo: cell.slo.clone(), arrival: cell.arrival }))
+        .collect();
+    let mut jobs: Vec<(usize, &Cell, PolicyKind)> = cells.iter().enumerate().flat_map(|(c, cell)| pols.iter().map(move |p| (c, cell, p.1))).collect();
+    let main_jobs = jobs.len();
+    jobs.extend(held.iter().flat_map(|(c, cell)| BOUND_POLICIES.iter().map(move |&k| (*c, cell, k))));
     type Goodputs = Result<JobResult, GoodputError>;
     let results: Mutex<Vec<Option<Goodputs>>> = Mutex::new((0..jobs.len()).map(|_| None).collect());
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
     let bar = Progress::new("grid", false);
     let knobs = GoodputSearch { rel_precision: 0.005, max_runs: 24, min_requests_per_model: MIN_REQUESTS_PER_MODEL, ..GoodputSearch::default() };
-    tracing::info!("grid: {} cells x {} policies x seeds {:?} = {} goodput searches", cells.len(), pols.len(), seeds, jobs.len() * n_seeds);
+    tracing::info!(
+        "grid: {} cells x {} policies x seeds {:?}, and the Nexus bound on {} cells: {} goodput searches",
+        cells.len(),
+        pols.len(),
+        seeds,
+        held.len(),
+        jobs.len() * n_seeds
+    );
     std::thread::scope(|s| {
         for _ in 0..2 {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(&(c, p)) = jobs.get(i) else { break };
-                let cell = &cells[c];
-                let r: Goodputs = run_job(cell, pols[p].1, &seeds, &knobs);
+                let Some(&(_, cell, kind)) = jobs.get(i) else { break };
+                let r: Goodputs = run_job(cell, kind, &seeds, &knobs);
                 if let Ok(mut all) = results.lock() {
                     all[i] = Some(r);
                 }
@@ -286,14 +344,22 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
     });
     bar.finish();
     let mut results = results.into_inner().map_err(|_| GridError::Worker("a worker panicked"))?;
+    let mut bounds: Vec<Option<f64>> = vec![None; cells.len()];
+    for (i, &(c, _, kind)) in jobs.iter().enumerate().skip(main_jobs) {
+        match results[i].take() {
+            Some(Ok(v)) => bounds[c] = Some(bounds[c].unwrap_or(0.0).max(median(v.goodputs))),
+            Some(Err(source)) => return Err(GridError::Search { policy: kind.to_string(), source }),
+            None => return Err(GridError::Worker("a search did not run")),
+        }
+    }
     let mut out = Vec::new();
     let mut idx = 0;
-    for cell in &cells {
+    for (c, cell) in cells.iter().enumerate() {
         let mut goodput = Vec::new();
         let mut timeout_k_ms = Vec::new();
         let mut per_seed: Vec<Vec<f64>> = Vec::with_capacity(pols.len());
         for (name, kind) in &pols {
-            let mut g = match results[idx].take() {
+            let g = match results[idx].take() {
                 Some(Ok(v)) if !v.goodputs.is_empty() => {
                     if *kind == PolicyKind::Timeout {
                         timeout_k_ms = v.timeouts.iter().map(|k| k.as_millis_f64()).collect();
@@ -306,8 +372,7 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
             };
             idx += 1;
             per_seed.push(g.clone());
-            g.sort_by(f64::total_cmp);
-            goodput.push((*name, g[g.len() / 2]));
+            goodput.push((*name, median(g)));
         }
         let deferred = goodput[0].1;
         let (best_at, (best_other, best)) = goodput.iter().copied().enumerate().skip(1).max_by(|a, b| a.1 .1.total_cmp(&b.1 .1)).unwrap_or((0, ("none", 0.0)));
@@ -329,6 +394,7 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
             ratio,
             deferred_ahead_seeds,
             timeout_k_ms,
+            nexus_cap_bound_rps: bounds[c],
         });
     }
     let ratios: Vec<f64> = out.iter().filter_map(|c| c.ratio).collect();
@@ -360,6 +426,13 @@ fn run_job(cell: &Cell, kind: PolicyKind, seeds: &[u64], knobs: &GoodputSearch) 
         goodputs.push(search(&sim(cell, seed), &policy, &knobs, &mut |_, _, _, _| {})?.goodput_rps);
     }
     Ok(JobResult { goodputs, timeouts: policy.timeouts })
+}
+
+/// The median of seeds' goodputs (the upper one of an even count); 0 when
+/// there are none.
+fn median(mut g: Vec<f64>) -> f64 {
+    g.sort_by(f64::total_cmp);
+    g.get(g.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// The timeout `k`s of a cell: one value when every model has it, each
@@ -418,6 +491,17 @@ fn print_markdown(r: &GridReport, pols: &[(&'static str, PolicyKind)]) {
     }
     let n = &r.nexus_on_two_gpus;
     println!("\nNexus on 2 GPUs with 2 models: at least half of deferred in {} of {} cells (lowest {:.2})", n.at_least_half, n.cells, n.lowest);
+    println!(
+        "Bound on Nexus (deferred or eager with every batch held to Nexus's largest): below half of deferred in {} of those cells (lowest {:.2}). Cells where Nexus is below half (nexus / deferred, bound / deferred):",
+        n.bound_below_half, n.lowest_bound
+    );
+    for c in r.cells.iter().filter(|c| two_gpus_two_models(c.gpus, c.models.len())) {
+        let (Some(nexus), Some(deferred)) = (c.goodput("nexus"), c.goodput("deferred")) else { continue };
+        if deferred > 0.0 && nexus < 0.5 * deferred {
+            let bound = c.nexus_cap_bound_rps.map_or("-".into(), |b| format!("{:.2}", b / deferred));
+            println!("- {} {}, SLO {} ms, {}: {:.2}, {}", c.zoo, c.models.join("+"), c.slo_ms, c.arrival, nexus / deferred, bound);
+        }
+    }
     println!("\nworst_ratio {:.3}, geomean_ratio {:.3} over {} cells; {:.0} s wall", r.worst_ratio, r.geomean_ratio, r.cells.len(), r.wall_s);
 }
 
@@ -437,13 +521,15 @@ mod tests {
             ratio: None,
             deferred_ahead_seeds: 0,
             timeout_k_ms: Vec::new(),
+            nexus_cap_bound_rps: (gpus == 2 && models == 2).then_some(deferred * 0.45),
         }
     }
 
     #[test]
     fn the_nexus_share_counts_only_two_gpu_two_model_cells() {
         let cells = [cell(2, 2, 100.0, 60.0), cell(2, 2, 100.0, 30.0), cell(2, 2, 0.0, 0.0), cell(4, 2, 100.0, 1.0), cell(2, 3, 100.0, 1.0)];
-        assert_eq!(NexusShare::of(&cells), NexusShare { cells: 3, at_least_half: 2, lowest: 0.3 });
-        assert_eq!(NexusShare::of(&[]), NexusShare { cells: 0, at_least_half: 0, lowest: 1.0 });
+        // The bound: 0.45 of deferred on every 2-GPU, 2-model cell (1 where deferred serves nothing).
+        assert_eq!(NexusShare::of(&cells), NexusShare { cells: 3, at_least_half: 2, lowest: 0.3, bound_below_half: 2, lowest_bound: 0.45 });
+        assert_eq!(NexusShare::of(&[]), NexusShare { cells: 0, at_least_half: 0, lowest: 1.0, bound_below_half: 0, lowest_bound: 1.0 });
     }
 }

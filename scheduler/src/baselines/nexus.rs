@@ -213,10 +213,23 @@ impl SharedNode {
 }
 
 /// The largest batch whose worst case in a GPU of its own, waiting for one
-/// batch then running one (`2 l(b)`), fits the SLO; at least 1.
-fn saturating_batch(m: &ModelSpec) -> u32 {
+/// batch then running one (`2 l(b)`), fits the SLO; at least 1. Nexus's
+/// `ModelProfile::GetMaxBatch` (uwsampl/nexus `common/model_db.cpp`), the
+/// `max_batch` its backends never run past.
+pub fn saturating_batch(m: &ModelSpec) -> u32 {
     let half_slo = Duration::from_nanos(m.slo.as_nanos() / 2);
     m.profile.max_batch_within(half_slo, Duration::ZERO, u32::MAX).max(1)
+}
+
+/// `models` with every batch held to Nexus's largest ([`saturating_batch`]),
+/// the batch its backends never run past. Not a policy but a bound: the
+/// best goodput any scheduler reaches on these models (a global queue over
+/// every GPU, deferral, early drop) is what a scheduler bound to Nexus's
+/// batches could reach, so where even that stays below a share of deferred
+/// on the full models, no faithful Nexus reaches the share
+/// (docs/benchmarks.md, "What caps Nexus on the 2-GPU cells").
+pub fn held_to_nexus_batches(models: &[ModelSpec]) -> Vec<ModelSpec> {
+    models.iter().map(|m| ModelSpec { name: m.name.clone(), profile: m.profile.clone().capped(saturating_batch(m)), slo: m.slo }).collect()
 }
 
 /// Nexus Algorithm 1 (squishy bin packing) for `rates[m]` requests/s of
