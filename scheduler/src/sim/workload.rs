@@ -185,6 +185,20 @@ pub struct ArrivalStream {
     arrival: Arrival,
     schedule: RateSchedule,
     next: Instant,
+    /// The gap distribution at the rate it was built for: rebuilt only when
+    /// the rate changes (a schedule step), not per draw (for `Gamma`, a
+    /// square root and several divisions per arrival). The draws are the
+    /// same either way.
+    gaps: Option<(f64, Gaps)>,
+}
+
+/// A gap distribution (none for uniform gaps, or where its parameters are
+/// invalid: the gap is then the mean).
+#[derive(Clone, Copy)]
+enum Gaps {
+    Exp(Exp<f64>),
+    Gamma(Gamma<f64>),
+    Mean,
 }
 
 fn mix_seed(seed: u64, stream: u64) -> u64 {
@@ -204,6 +218,7 @@ impl ArrivalStream {
             arrival: workload.arrival,
             schedule: workload.schedule.clone(),
             next: Instant::ZERO,
+            gaps: None,
         };
         s.next = match s.arrival {
             // A random phase, so uniform streams of several models interleave.
@@ -228,6 +243,29 @@ impl ArrivalStream {
         t
     }
 
+    /// One gap at `rate` (finite, positive); `fraction` scales a uniform gap.
+    fn gap_at(&mut self, rate: f64, fraction: f64) -> f64 {
+        let mean = 1.0 / rate;
+        let gaps = match self.gaps {
+            Some((r, g)) if r == rate => g,
+            _ => {
+                let g = match self.arrival {
+                    Arrival::Poisson => Exp::new(rate).map_or(Gaps::Mean, Gaps::Exp),
+                    Arrival::Uniform => Gaps::Mean,
+                    Arrival::Gamma(k) => Gamma::new(k, mean / k).map_or(Gaps::Mean, Gaps::Gamma),
+                };
+                self.gaps = Some((rate, g));
+                g
+            }
+        };
+        match (self.arrival, gaps) {
+            (Arrival::Uniform, _) => mean * fraction,
+            (_, Gaps::Exp(d)) => d.sample(&mut self.rng),
+            (_, Gaps::Gamma(d)) => d.sample(&mut self.rng),
+            (_, Gaps::Mean) => mean,
+        }
+    }
+
     /// Draws the gap after `from`; `fraction` scales a uniform gap (phase).
     fn advance_from(&mut self, mut from: Instant, fraction: f64) -> Instant {
         // Bounded: each pass either returns or moves to the next schedule step.
@@ -243,12 +281,7 @@ impl ArrivalStream {
                     None => return Instant::NEVER,
                 }
             }
-            let mean = 1.0 / rate;
-            let gap_s = match self.arrival {
-                Arrival::Poisson => Exp::new(rate).map(|d| d.sample(&mut self.rng)).unwrap_or(mean),
-                Arrival::Uniform => mean * fraction,
-                Arrival::Gamma(k) => Gamma::new(k, mean / k).map(|d| d.sample(&mut self.rng)).unwrap_or(mean),
-            };
+            let gap_s = self.gap_at(rate, fraction);
             let t = from + Duration::from_secs_f64(gap_s);
             match step_end {
                 // The draw crosses into a new rate: restart the gap there
@@ -411,6 +444,38 @@ mod tests {
             for _ in 0..100 {
                 assert_eq!(a.advance(), b.advance());
             }
+        }
+    }
+
+    /// Every gap as a distribution built afresh for each draw gives it (the
+    /// stream keeps one per rate), across a schedule's rate steps.
+    #[test]
+    fn the_kept_gap_distribution_draws_what_a_fresh_one_draws() {
+        let schedule = RateSchedule::parse("0:1,0.5:3,1:0.5").unwrap();
+        for arrival in [Arrival::Poisson, Arrival::Gamma(0.2), Arrival::Gamma(2.0)] {
+            let w = Workload { rate_rps: 800.0, arrival, popularity: Popularity::Equal, schedule: schedule.clone() };
+            let mut s = ArrivalStream::new(&w, 1.0, 2, 11);
+            let mut rng = Xoshiro256PlusPlus::seed_from_u64(mix_seed(11, 3));
+            let mut from = Instant::ZERO;
+            let mut n = 0;
+            while from < Instant::ZERO + Duration::from_millis(1500) {
+                let (mult, step_end) = schedule.at(from);
+                let rate = 800.0 * mult;
+                let gap = match arrival {
+                    Arrival::Gamma(k) => Gamma::new(k, 1.0 / rate / k).unwrap().sample(&mut rng),
+                    _ => Exp::new(rate).unwrap().sample(&mut rng),
+                };
+                let t = from + Duration::from_secs_f64(gap);
+                match step_end {
+                    Some(end) if t > end => from = end,
+                    _ => {
+                        assert_eq!(s.advance(), t, "{arrival:?}, arrival {n}");
+                        from = t;
+                        n += 1;
+                    }
+                }
+            }
+            assert!(n > 1000, "{arrival:?}: {n}");
         }
     }
 
