@@ -222,12 +222,12 @@ pub fn saturating_batch(m: &ModelSpec) -> u32 {
 }
 
 /// `models` with every batch held to Nexus's largest ([`saturating_batch`]),
-/// the batch its backends never run past. Not a policy but a bound: the
-/// best goodput any scheduler reaches on these models (a global queue over
-/// every GPU, deferral, early drop) is what a scheduler bound to Nexus's
-/// batches could reach, so where even that stays below a share of deferred
-/// on the full models, no faithful Nexus reaches the share
-/// (docs/benchmarks.md, "What caps Nexus on the 2-GPU cells").
+/// the batch its backends never run past. Not a policy but a reference:
+/// what our schedulers (a global queue over every GPU, deferral, early
+/// drop) reach on these models is a measured, not proven, bound on a
+/// scheduler held to Nexus's batches; where even they stay below a share
+/// of deferred on the full models, a faithful Nexus is not expected to
+/// reach it (docs/benchmarks.md, "What caps Nexus on the 2-GPU cells").
 pub fn held_to_nexus_batches(models: &[ModelSpec]) -> Vec<ModelSpec> {
     models.iter().map(|m| ModelSpec { name: m.name.clone(), profile: m.profile.clone().capped(saturating_batch(m)), slo: m.slo }).collect()
 }

@@ -192,8 +192,7 @@ pub struct ArrivalStream {
     gaps: Option<(f64, Gaps)>,
 }
 
-/// A gap distribution (none for uniform gaps, or where its parameters are
-/// invalid: the gap is then the mean).
+/// A random gap distribution, or the mean where its parameters are invalid.
 #[derive(Clone, Copy)]
 enum Gaps {
     Exp(Exp<f64>),
@@ -246,23 +245,17 @@ impl ArrivalStream {
     /// One gap at `rate` (finite, positive); `fraction` scales a uniform gap.
     fn gap_at(&mut self, rate: f64, fraction: f64) -> f64 {
         let mean = 1.0 / rate;
-        let gaps = match self.gaps {
-            Some((r, g)) if r == rate => g,
-            _ => {
-                let g = match self.arrival {
-                    Arrival::Poisson => Exp::new(rate).map_or(Gaps::Mean, Gaps::Exp),
-                    Arrival::Uniform => Gaps::Mean,
-                    Arrival::Gamma(k) => Gamma::new(k, mean / k).map_or(Gaps::Mean, Gaps::Gamma),
-                };
-                self.gaps = Some((rate, g));
-                g
-            }
+        let gaps = match (self.arrival, self.gaps) {
+            (Arrival::Uniform, _) => return mean * fraction,
+            (_, Some((r, g))) if r == rate => g,
+            (Arrival::Poisson, _) => Exp::new(rate).map_or(Gaps::Mean, Gaps::Exp),
+            (Arrival::Gamma(k), _) => Gamma::new(k, mean / k).map_or(Gaps::Mean, Gaps::Gamma),
         };
-        match (self.arrival, gaps) {
-            (Arrival::Uniform, _) => mean * fraction,
-            (_, Gaps::Exp(d)) => d.sample(&mut self.rng),
-            (_, Gaps::Gamma(d)) => d.sample(&mut self.rng),
-            (_, Gaps::Mean) => mean,
+        self.gaps = Some((rate, gaps));
+        match gaps {
+            Gaps::Exp(d) => d.sample(&mut self.rng),
+            Gaps::Gamma(d) => d.sample(&mut self.rng),
+            Gaps::Mean => mean,
         }
     }
 
