@@ -29,12 +29,16 @@ mkdir -p "$repo/broken/1"
 ln -s "$root/models/ppocr_cls/1/model.onnx" "$repo/broken/1/model.onnx"
 sed -e 's/"ppocr_cls"/"broken"/' -e 's/dims: \[ 3, 48, 192 \]/dims: [ 4, 48, 192 ]/' \
     "$root/models/ppocr_cls/config.pbtxt" > "$repo/broken/config.pbtxt"
-# Profiles by hand (generous): this test checks serving, not timing.
+# Profiles by hand, generous: this test checks serving, not timing. Each request here comes
+# alone, and deferred scheduling holds a lone request to its latest start (deadline - l(1)), so
+# it is answered late by however much the run exceeds l(1); over the 100 ms grace it times out.
+# Measured warm on this VM: ppocr_cls 1-2 ms, open_nsfw 20-25 ms at batch 1; these profiles say
+# 52 and 130 ms (and still fit a full batch in the SLO: 82 of 500 ms, 340 of 1000 ms).
 cat > "$repo/profile.json" <<'EOF'
 {"models": [
  {"name": "broken", "alpha_ms": 1.0, "beta_ms": 1.0, "r2": 1, "worst_residual_ms": 0, "memory_static_bytes": 0, "memory_peak_bytes": 0, "latency_ms": []},
- {"name": "open_nsfw", "alpha_ms": 30.0, "beta_ms": 10.0, "r2": 1, "worst_residual_ms": 0, "memory_static_bytes": 0, "memory_peak_bytes": 0, "latency_ms": []},
- {"name": "ppocr_cls", "alpha_ms": 1.5, "beta_ms": 1.0, "r2": 1, "worst_residual_ms": 0, "memory_static_bytes": 0, "memory_peak_bytes": 0, "latency_ms": []}
+ {"name": "open_nsfw", "alpha_ms": 30.0, "beta_ms": 100.0, "r2": 1, "worst_residual_ms": 0, "memory_static_bytes": 0, "memory_peak_bytes": 0, "latency_ms": []},
+ {"name": "ppocr_cls", "alpha_ms": 2.0, "beta_ms": 50.0, "r2": 1, "worst_residual_ms": 0, "memory_static_bytes": 0, "memory_peak_bytes": 0, "latency_ms": []}
 ]}
 EOF
 sed -i 's/string_value: "20"/string_value: "500"/' "$repo/ppocr_cls/config.pbtxt"

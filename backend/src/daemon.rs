@@ -218,6 +218,7 @@ fn onnx(s: &BackendConfig, staging: Arc<Region>) -> Result<OnnxExecutor, Backend
     let opts = OnnxOptions {
         devices: s.gpus,
         intra_threads: repo.intra_threads,
+        warmup: repo.warmup,
         ..OnnxOptions::default()
     };
     let exec = OnnxExecutor::with_slots(staging, repo.slots.clone(), &opts).map_err(setup("executor onnx"))?;
@@ -228,6 +229,10 @@ fn onnx(s: &BackendConfig, staging: Arc<Region>) -> Result<OnnxExecutor, Backend
                 None => info!(backend = s.id, model = %m.name, repository = %repo.repository.display(), "model loaded"),
             }
         }
+    }
+    for w in exec.warmup_runs() {
+        let name = s.models.get(w.model as usize).map_or("?", |m| m.name.as_str());
+        info!(backend = s.id, model = %name, device = w.device, batch = w.batch, ms = w.elapsed.as_secs_f64() * 1e3, "warm-up run");
     }
     Ok(exec)
 }

@@ -245,3 +245,31 @@ fn a_gpu_model_without_a_gpu_is_refused_at_start_up_with_a_clear_message() {
         Ok(_) => eprintln!("a CUDA provider and a GPU are present: nothing to refuse"),
     }
 }
+
+#[test]
+fn warm_up_runs_each_loaded_model_at_its_largest_batch_then_one_and_writes_nothing() {
+    let Some(repo) = models() else { return };
+    let good = OnnxModel::from_repo(repo.model("ppocr_cls").unwrap()).unwrap();
+    let nsfw = OnnxModel::from_repo(repo.model("open_nsfw").unwrap()).unwrap();
+    let mut bad_dims = good.clone();
+    bad_dims.name = "bad_dims".into();
+    bad_dims.input.dims = vec![4, 48, 192];
+    let region: Arc<Region> = Region::anonymous(1 << 16).unwrap();
+    let opts = OnnxOptions { devices: 2, ..OnnxOptions::default() };
+    assert!(opts.warmup, "on by default");
+    let e = OnnxExecutor::new(region.clone(), vec![good.clone(), bad_dims, nsfw.clone()], &opts).unwrap();
+    let runs: Vec<(u32, u32, u32)> = e.warmup_runs().iter().map(|w| (w.device, w.model, w.batch)).collect();
+    let (g, n) = (good.max_batch(), nsfw.max_batch());
+    assert!(g > 1 && n > 1);
+    // Per device, in model order; the model that failed to load is skipped.
+    assert_eq!(runs, vec![(0, 0, g), (0, 0, 1), (0, 2, n), (0, 2, 1), (1, 0, g), (1, 0, 1), (1, 2, n), (1, 2, 1)]);
+    assert!(e.warmup_runs().iter().all(|w| !w.elapsed.is_zero()));
+    assert_eq!((e.load_error(0), e.load_error(2)), (None, None));
+    // Outputs of warm-up runs are discarded: the staging region stays as it was.
+    let mut all = vec![0u8; 1 << 16];
+    region.read_at(0, &mut all).unwrap();
+    assert!(all.iter().all(|&b| b == 0));
+    drop(e);
+    let off = OnnxExecutor::new(region, vec![good], &OnnxOptions { warmup: false, ..OnnxOptions::default() }).unwrap();
+    assert!(off.warmup_runs().is_empty());
+}

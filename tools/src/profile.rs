@@ -190,6 +190,12 @@ fn print_model(p: &ModelProfile) {
         let fit = p.alpha_ms * f64::from(l.batch) + p.beta_ms;
         println!("  {:>5} {:>9.3} {:>9.3} {:>9.3} {:>6.1}%", l.batch, l.p50, l.p99, fit, (fit - l.p50) / l.p50 * 100.0);
     }
+    if let (Some(first), Some(one)) = (p.first_run_ms, p.latency_ms.iter().find(|l| l.batch == 1)) {
+        println!(
+            "  first run (cold, batch 1): {first:.3} ms, {:.1}x the warm median; the backends run every model at its largest batch and at 1 when they load it",
+            first / one.p50
+        );
+    }
     if let Some((knee, above)) = throughput_knee(&p.latency_ms) {
         println!(
             "  note: batch {above} runs fewer samples per ms than batch {knee}: batches above {knee} add latency without throughput; \
@@ -259,8 +265,10 @@ pub(crate) struct Bench {
 }
 
 impl Bench {
+    /// Without the executor's warm-up runs: the profile times the first
+    /// run itself, and counts as static memory only what loading adds.
     fn load(model: &OnnxModel, intra_threads: usize) -> Result<Bench, ProfileCmdError> {
-        Self::load_with(model, &OnnxOptions { intra_threads, ..OnnxOptions::default() })
+        Self::load_with(model, &OnnxOptions { intra_threads, warmup: false, ..OnnxOptions::default() })
     }
 
     /// As the profile loads it, on `opts.devices` devices.
@@ -353,6 +361,8 @@ fn profile_model(m: &RepoModel, a: &ProfileArgs) -> Result<ModelProfile, Profile
     let mut bench = Bench::load(&model, a.intra_threads)?;
     let (rss0, static_bytes) = (bench.rss_before, bench.static_bytes);
     reset_peak();
+    let first = bench.run_once(&bench.inputs(0, 1), bench.output(0))?;
+    let first_run_ms = first.finish.saturating_since(first.start).as_secs_f64() * 1e3;
     let latency = bench.latencies(&batch_sizes(model.max_batch()), a.runs)?;
     let peak = rss_bytes("VmHWM").saturating_sub(rss0);
     drop(bench);
@@ -367,6 +377,7 @@ fn profile_model(m: &RepoModel, a: &ProfileArgs) -> Result<ModelProfile, Profile
         memory_static_bytes: static_bytes,
         memory_peak_bytes: peak.max(static_bytes),
         latency_ms: latency,
+        first_run_ms: Some(first_run_ms),
     })
 }
 

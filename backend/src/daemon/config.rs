@@ -61,6 +61,12 @@ pub struct BackendArgs {
     /// ONNX Runtime intra-op threads per batch (onnx executor).
     #[arg(long, default_value_t = 1)]
     pub intra_threads: usize,
+    /// Skip the warm-up runs (each model at its largest batch and at 1,
+    /// before the backend registers): the first batches then pay ONNX
+    /// Runtime's first-run costs on top of their profiled time (onnx
+    /// executor).
+    #[arg(long)]
+    pub no_warmup: bool,
     /// Largest batch. Default: the largest profile batch of the served
     /// models, at most 512.
     #[arg(long)]
@@ -131,6 +137,8 @@ pub struct OnnxSetup {
     pub slots: Vec<Result<OnnxModel, (String, String)>>,
     /// ONNX Runtime intra-op threads per batch.
     pub intra_threads: usize,
+    /// Run the executor's warm-up batches at load.
+    pub warmup: bool,
 }
 
 /// A checked configuration.
@@ -207,7 +215,7 @@ impl BackendArgs {
         let models = self.model_list.resolve()?;
         let served = served_ids(&models, &self.serve)?;
         let onnx = match (self.executor, &self.model_repository) {
-            (ExecutorKind::Onnx, Some(repo)) => Some(onnx_setup(repo, &models, &served, self.intra_threads)?),
+            (ExecutorKind::Onnx, Some(repo)) => Some(onnx_setup(repo, &models, &served, self.intra_threads, !self.no_warmup)?),
             (ExecutorKind::Onnx, None) => {
                 return Err(ConfigError::invalid("executor", "onnx needs --model-repository DIR"))
             }
@@ -294,7 +302,13 @@ impl BackendArgs {
 /// Looks every served model up in the repository by name. A model that is
 /// missing or refused there is recorded (its batches fail with the reason)
 /// and the others serve; the refusals are printed once here.
-fn onnx_setup(repo: &std::path::Path, models: &[ModelSpec], served: &[u32], intra_threads: usize) -> Result<OnnxSetup, ConfigError> {
+fn onnx_setup(
+    repo: &std::path::Path,
+    models: &[ModelSpec],
+    served: &[u32],
+    intra_threads: usize,
+    warmup: bool,
+) -> Result<OnnxSetup, ConfigError> {
     let scanned = repository::scan(repo).map_err(|e| ConfigError::invalid("model-repository", e))?;
     for e in &scanned.refused {
         tracing::warn!(error = %e, "model repository: refused");
@@ -321,7 +335,7 @@ fn onnx_setup(repo: &std::path::Path, models: &[ModelSpec], served: &[u32], intr
             }
         })
         .collect();
-    Ok(OnnxSetup { repository: repo.to_path_buf(), slots, intra_threads })
+    Ok(OnnxSetup { repository: repo.to_path_buf(), slots, intra_threads, warmup })
 }
 
 /// Ids of the models named by `--serve` (`all` or NAME,NAME,...; names are

@@ -29,6 +29,12 @@
 //! wheel) next to the executable's or the working directory's ancestors or
 //! the source tree; `SYMPHONY_ORT_DYLIB` (or `ORT_DYLIB_PATH`) overrides.
 //!
+//! **Warm-up** ([`OnnxOptions::warmup`], on by default): construction runs
+//! every loaded session at its largest batch and at batch 1, so the first
+//! batches the scheduler plans to finish just inside their deadlines do not
+//! also pay ONNX Runtime's first-run costs (see docs/benchmarks.md, "Warm-up
+//! at load").
+//!
 //! **A model that fails to load** (file unreadable, graph that disagrees
 //! with `config.pbtxt`) does not stop the others: its batches finish with
 //! `ok = false` and [`OnnxExecutor::load_error`] says why.
@@ -240,6 +246,15 @@ pub struct OnnxOptions {
     pub spin: bool,
     /// `libonnxruntime.so` to load (default: [`find_dylib`]).
     pub dylib: Option<PathBuf>,
+    /// Run every loaded session once at its largest batch and once at
+    /// batch 1 (zero inputs) before the executor is returned, so the
+    /// first real batch does not pay ONNX Runtime's first-run costs
+    /// (arena growth, kernel and memory planning; cuDNN's algorithm search
+    /// on a GPU) on top of its profiled time. The scheduler plans a batch
+    /// to finish just inside its deadline, so that cost lands as lateness
+    /// (Triton's `model_warmup` does the same, opt-in). A model whose
+    /// warm-up run fails is recorded as not loaded.
+    pub warmup: bool,
 }
 
 impl Default for OnnxOptions {
@@ -249,6 +264,7 @@ impl Default for OnnxOptions {
             intra_threads: 1,
             spin: false,
             dylib: None,
+            warmup: true,
         }
     }
 }
@@ -434,7 +450,21 @@ struct RunRequest {
     model: u32,
     batch: u32,
     input: InputSource,
-    output: OutputRef,
+    /// Where the outputs go (`None`: a warm-up run; discarded).
+    output: Option<OutputRef>,
+}
+
+/// One warm-up run ([`OnnxOptions::warmup`]), as measured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WarmupRun {
+    /// Device thread.
+    pub device: u32,
+    /// Model id.
+    pub model: u32,
+    /// Batch size.
+    pub batch: u32,
+    /// How long the run took.
+    pub elapsed: StdDuration,
 }
 
 struct RunDone {
@@ -494,6 +524,7 @@ pub struct OnnxExecutor {
     waker: Arc<OnceLock<Waker>>,
     bytes_copied: Arc<AtomicU64>,
     last_error: Option<String>,
+    warmup: Vec<WarmupRun>,
 }
 
 impl std::fmt::Debug for OnnxExecutor {
@@ -564,9 +595,10 @@ impl OnnxExecutor {
         let (done_tx, done) = mpsc::sync_channel::<RunDone>(ndev as usize);
         let waker: Arc<OnceLock<Waker>> = Arc::new(OnceLock::new());
         let mut devices = Vec::with_capacity(ndev as usize);
+        let mut warmup = Vec::new();
         for (d, sessions) in per_device.into_iter().enumerate() {
             let (tx, rx) = mpsc::sync_channel::<RunRequest>(1);
-            let ctx = DeviceThread {
+            let mut ctx = DeviceThread {
                 device: d as u32,
                 staging: staging.clone(),
                 models: models.clone(),
@@ -574,6 +606,10 @@ impl OnnxExecutor {
                 done: done_tx.clone(),
                 waker: waker.clone(),
             };
+            let mut scratch = vec![0u8; max_input as usize];
+            if opts.warmup {
+                scratch = ctx.warm_up(scratch, &mut load_errors, &mut warmup);
+            }
             let thread = std::thread::Builder::new()
                 .name(format!("onnx-dev{d}"))
                 .spawn(move || ctx.run(rx))
@@ -587,7 +623,7 @@ impl OnnxExecutor {
                 output: OutputRef::default(),
                 to_thread: Some(tx),
                 thread: Some(thread),
-                scratch: Some(vec![0u8; max_input as usize]),
+                scratch: Some(scratch),
                 finished: Finished::default(),
                 last_data_ptr: 0,
             });
@@ -603,7 +639,14 @@ impl OnnxExecutor {
             waker,
             bytes_copied: Arc::new(AtomicU64::new(0)),
             last_error: None,
+            warmup,
         })
+    }
+
+    /// The warm-up runs made at construction, in order (empty with
+    /// [`OnnxOptions::warmup`] off).
+    pub fn warmup_runs(&self) -> &[WarmupRun] {
+        &self.warmup
     }
 
     /// The served models (by model id).
@@ -661,7 +704,7 @@ impl OnnxExecutor {
                 model: dev.model,
                 batch: dev.batch,
                 input,
-                output: dev.output,
+                output: Some(dev.output),
             };
             dev.to_thread.as_ref().is_some_and(|tx| tx.send(req).is_ok())
         });
@@ -857,6 +900,38 @@ struct DeviceThread {
 }
 
 impl DeviceThread {
+    /// [`OnnxOptions::warmup`]: each loaded model at its largest batch,
+    /// then at batch 1, zero inputs in `scratch` (returned for the device
+    /// to keep), outputs discarded. A failed run unloads the model
+    /// (`load_errors` says why). Runs on the constructing thread, before
+    /// this device thread exists.
+    fn warm_up(&mut self, scratch: Vec<u8>, load_errors: &mut [Option<String>], runs: &mut Vec<WarmupRun>) -> Vec<u8> {
+        let mut req = RunRequest { model: 0, batch: 0, input: InputSource::Scratch(scratch), output: None };
+        let largest: Vec<u32> = self.models.iter().map(OnnxModel::max_batch).collect();
+        for (model, (error, &largest)) in load_errors.iter_mut().zip(&largest).enumerate() {
+            let sizes = [largest, 1];
+            for &batch in &sizes[..if largest > 1 { 2 } else { 1 }] {
+                if error.is_some() {
+                    break;
+                }
+                req.model = model as u32;
+                req.batch = batch;
+                let t0 = std::time::Instant::now();
+                match self.run_one(&mut req) {
+                    Ok(_) => runs.push(WarmupRun { device: self.device, model: model as u32, batch, elapsed: t0.elapsed() }),
+                    Err(e) => {
+                        *error = Some(format!("warm-up run at batch {batch} failed: {e}"));
+                        self.sessions[model] = None;
+                    }
+                }
+            }
+        }
+        match req.input {
+            InputSource::Scratch(s) => s,
+            InputSource::Staging(_) => Vec::new(),
+        }
+    }
+
     fn run(mut self, rx: Receiver<RunRequest>) {
         for mut req in rx {
             let t0 = std::time::Instant::now();
@@ -971,9 +1046,11 @@ impl DeviceThread {
         // (its shape times the element size, checked above) at `src`,
         // valid while `outputs` lives.
         let bytes = unsafe { std::slice::from_raw_parts(src, want) };
-        for i in 0..b as usize {
-            let at = req.output.offset + i as u64 * u64::from(req.output.stride);
-            self.staging.write_at(at, &bytes[i * out_len..(i + 1) * out_len])?;
+        if let Some(o) = req.output {
+            for i in 0..b as usize {
+                let at = o.offset + i as u64 * u64::from(o.stride);
+                self.staging.write_at(at, &bytes[i * out_len..(i + 1) * out_len])?;
+            }
         }
         Ok(data_ptr)
     }

@@ -67,6 +67,11 @@ pub struct ModelProfile {
     pub memory_peak_bytes: u64,
     /// Measured latencies per batch size.
     pub latency_ms: Vec<BatchLatency>,
+    /// The first run of the freshly loaded model, at batch 1, ms: what a
+    /// first request would pay without the backends' warm-up runs at load
+    /// (absent from files written before it was measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_run_ms: Option<f64>,
 }
 
 /// The whole file.
