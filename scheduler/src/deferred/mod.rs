@@ -15,6 +15,7 @@
 //! [`DeferredScheduler`] wires one of each together with in-memory queues
 //! for the simulator; the live runtime wires the same cores with SPSC rings.
 
+mod follow_ups;
 mod model_thread;
 mod rank;
 

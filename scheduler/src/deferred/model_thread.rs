@@ -2,6 +2,7 @@
 //! timers for a disjoint set of models.
 
 use super::{Candidate, CoreConfig, Gather, Grant, ToRank};
+use super::follow_ups::FollowUps;
 use crate::batch_past_heads::larger_batch_past_heads;
 use crate::netdelay::NetworkDelay;
 use crate::profile::LatencyProfile;
@@ -424,6 +425,9 @@ struct ModelState {
     drop_window_memo: Option<(u32, u64, u32)>,
     /// The share of recent admitted requests dropped (deferred item 20).
     loss: RecentLoss,
+    /// Whether the arrivals are a closed loop's, and when its clients are
+    /// all back (see [`super::follow_ups`]).
+    follow_ups: FollowUps,
     /// [`Grant::others_loss_bp`] of this model's last grant.
     others_loss_bp: Option<u16>,
     /// The last [`poisson_fill_floor`] (target, answer).
@@ -727,7 +731,10 @@ impl ModelState {
             } else {
                 None
             };
-            quiet.map_or(at, |q| at.min(q))
+            let at = quiet.map_or(at, |q| at.min(q));
+            // A closed loop's clients are all back by `all_back_at`: no
+            // request comes after it until a batch is dispatched.
+            self.follow_ups.all_back_at().map_or(at, |b| at.min(b))
         };
         let level = self.queues.iter().position(|q| !q.is_empty()).unwrap_or(0);
         // The top level's own deadline and share of the batch (one level:
@@ -1022,6 +1029,7 @@ impl ModelThreadCore {
                     target_memo: 0,
                     drop_window_memo: None,
                     loss: RecentLoss::default(),
+                    follow_ups: FollowUps::default(),
                     others_loss_bp: None,
                     fill_floor_memo: (0, 0),
                 }
@@ -1169,6 +1177,7 @@ impl ModelThreadCore {
         // Only admitted requests count towards the rate: the estimate says
         // how fast batches fill.
         m.rate.record(now);
+        m.follow_ups.arrived(now);
         m.loss.admitted();
         insert_by_deadline(&mut m.queues[level], req);
         self.refresh(i, now, out, to_rank);
@@ -1246,6 +1255,7 @@ impl ModelThreadCore {
                     });
                     out.push_batch(g.gpu, m.id, exec_at, finish_at, planned_at, members);
                 }
+                m.follow_ups.dispatched(finish_at, bs);
                 self.stats.batches += 1;
                 self.stats.to_rank += 1;
                 self.note_gpu_free(finish_at);

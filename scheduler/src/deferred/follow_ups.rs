@@ -1,0 +1,216 @@
+//! Telling a closed-loop client from the arrivals: each of a model's
+//! batches is followed, shortly after it finishes, by exactly as many new
+//! requests as it held (every client whose answer came back sends its
+//! next request), and no request comes otherwise.
+//!
+//! Deferral waits for the requests that arrive meanwhile. Its arrival
+//! model takes arrivals as independent of service; under a closed loop they
+//! are not: once every client of the finished batches is back, nothing more
+//! comes until a batch is dispatched, and the gaps the rate estimate sees
+//! are the ones the deferral itself made: a fixed point, seen once in CI at
+//! 34.7 infer/s where the same run over gRPC made 346 (docs/decisions.md,
+//! deferred item 31). [`FollowUps::all_back_at`] says
+//! when waiting stops buying requests, only while the evidence is strict:
+//! the last [`FOLLOW_ARRIVALS`] arrivals all followed a finish within
+//! [`FOLLOW_MAX`], and the last [`EXACT_BATCHES`] batches whose follow-up
+//! window closed were each followed by exactly their size. Open-loop
+//! arrivals meet both only by chance (Poisson counts match a batch's size
+//! exactly with probability at most about 0.37 per batch).
+
+use dataplane::time::{Duration, Instant};
+
+/// Longest time from a batch's planned finish to a request it caused
+/// (the answer's way back, the client's turnaround, the request's way in).
+pub const FOLLOW_MAX: Duration = Duration::from_micros(5_000);
+/// Consecutive arrivals that must all be follow-ups.
+pub const FOLLOW_ARRIVALS: u32 = 16;
+/// Consecutive judged batches that must each be followed by exactly their size.
+pub const EXACT_BATCHES: u32 = 8;
+/// Batches remembered (a follow-up is attributed among these).
+const BATCHES: usize = 16;
+/// Follow-up delays remembered (their maximum widens the wait).
+const DELAYS: usize = 32;
+
+#[derive(Clone, Copy, Debug)]
+struct Batch {
+    finish: Instant,
+    size: u32,
+    followed: u32,
+    judged: bool,
+}
+
+const NO_BATCH: Batch = Batch { finish: Instant::NEVER, size: 0, followed: 0, judged: true };
+
+/// See the module docs. Fixed size; no allocation.
+#[derive(Clone, Debug)]
+pub struct FollowUps {
+    batches: [Batch; BATCHES],
+    next: usize,
+    delays: [Duration; DELAYS],
+    next_delay: usize,
+    follow_streak: u32,
+    exact_streak: u32,
+    latest_finish: Instant,
+}
+
+impl Default for FollowUps {
+    fn default() -> Self {
+        FollowUps {
+            batches: [NO_BATCH; BATCHES],
+            next: 0,
+            delays: [Duration::ZERO; DELAYS],
+            next_delay: 0,
+            follow_streak: 0,
+            exact_streak: 0,
+            latest_finish: Instant::ZERO,
+        }
+    }
+}
+
+impl FollowUps {
+    /// A batch of `size` was dispatched to finish at `finish` (planned).
+    pub fn dispatched(&mut self, finish: Instant, size: u32) {
+        let evicted = self.batches[self.next];
+        self.judge(evicted);
+        self.batches[self.next] = Batch { finish, size, followed: 0, judged: false };
+        self.next = (self.next + 1) % BATCHES;
+        self.latest_finish = self.latest_finish.max(finish);
+    }
+
+    /// A request arrived at `t`.
+    pub fn arrived(&mut self, t: Instant) {
+        for i in 0..BATCHES {
+            let b = self.batches[i];
+            if !b.judged && b.finish + FOLLOW_MAX < t {
+                self.batches[i].judged = true;
+                self.judge(b);
+            }
+        }
+        // The latest batch finished by `t` takes the arrival.
+        let owner = (0..BATCHES).filter(|&i| self.batches[i].size > 0 && self.batches[i].finish <= t).max_by_key(|&i| self.batches[i].finish);
+        match owner {
+            Some(i) if t.saturating_since(self.batches[i].finish) <= FOLLOW_MAX && !self.batches[i].judged => {
+                self.batches[i].followed += 1;
+                self.delays[self.next_delay] = t.saturating_since(self.batches[i].finish);
+                self.next_delay = (self.next_delay + 1) % DELAYS;
+                self.follow_streak = (self.follow_streak + 1).min(FOLLOW_ARRIVALS);
+            }
+            _ => self.follow_streak = 0,
+        }
+    }
+
+    fn judge(&mut self, b: Batch) {
+        if b.size == 0 || b.judged {
+            return;
+        }
+        if b.followed == b.size {
+            self.exact_streak = (self.exact_streak + 1).min(EXACT_BATCHES);
+        } else {
+            self.exact_streak = 0;
+        }
+    }
+
+    /// Whether the arrivals are, by the strict test of the module docs, a
+    /// closed loop's.
+    pub fn closed_loop(&self) -> bool {
+        self.follow_streak >= FOLLOW_ARRIVALS && self.exact_streak >= EXACT_BATCHES
+    }
+
+    /// Under a closed loop: when every client of the batches dispatched so
+    /// far is back (the latest planned finish plus the longest recent
+    /// follow-up delay); waiting past it buys no request. `None` otherwise.
+    pub fn all_back_at(&self) -> Option<Instant> {
+        if !self.closed_loop() {
+            return None;
+        }
+        let delay = self.delays.iter().copied().max().unwrap_or(Duration::ZERO);
+        Some(self.latest_finish + delay)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at_us(us: u64) -> Instant {
+        Instant::ZERO + Duration::from_micros(us)
+    }
+
+    /// A closed loop of `c` clients on one GPU: each batch takes everyone
+    /// queued, runs `run_us`, and every client is back `turn_us` later.
+    fn closed(c: u32, cycles: u32, run_us: u64, turn_us: u64) -> (FollowUps, u64) {
+        let mut f = FollowUps::default();
+        let mut t = 0;
+        for _ in 0..cycles {
+            for k in 0..c {
+                f.arrived(at_us(t + u64::from(k) * 10));
+            }
+            let start = t + 1_000;
+            f.dispatched(at_us(start + run_us), c);
+            t = start + run_us + turn_us;
+        }
+        (f, t)
+    }
+
+    #[test]
+    fn a_closed_loop_is_told_after_enough_exact_batches_and_says_when_all_are_back() {
+        let (f, _) = closed(4, 4, 6_000, 800);
+        assert!(!f.closed_loop(), "too few batches judged");
+        let (f, t) = closed(4, 12, 6_000, 800);
+        assert!(f.closed_loop());
+        // The last batch finished at t - 800 µs; its clients are back within
+        // the longest recent turnaround (800 µs + 30 µs of spread).
+        assert_eq!(f.all_back_at(), Some(at_us(t - 800 + 830)));
+    }
+
+    #[test]
+    fn an_arrival_that_follows_no_finish_or_an_extra_one_ends_it() {
+        let (mut f, t) = closed(4, 12, 6_000, 800);
+        assert!(f.closed_loop());
+        f.arrived(at_us(t + 50_000));
+        assert!(!f.closed_loop());
+        let (mut f, t) = closed(2, 40, 6_000, 800);
+        assert!(f.closed_loop());
+        // A third request after a batch of two (all follow-ups): once that
+        // batch is judged, not a closed loop of two.
+        f.arrived(at_us(t + 100));
+        f.arrived(at_us(t + 200));
+        f.arrived(at_us(t + 300));
+        assert!(f.closed_loop(), "not judged yet");
+        f.dispatched(at_us(t + 6_000), 3);
+        f.arrived(at_us(t + 6_100));
+        assert_eq!(f.follow_streak, FOLLOW_ARRIVALS, "every arrival followed a finish");
+        assert!(!f.closed_loop());
+    }
+
+    #[test]
+    fn poisson_arrivals_around_dense_finishes_are_not_a_closed_loop() {
+        // Open loop: arrivals at a fixed seeded Poisson rate, a batch of
+        // everything queued every 2 ms (finishes dense, every arrival within
+        // FOLLOW_MAX of one): counts match batch sizes only by chance.
+        let mut f = FollowUps::default();
+        let mut s: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut t = 0.0f64;
+        let mut queued = 0u32;
+        let mut next_batch = 2_000.0;
+        let mut told = 0;
+        for _ in 0..200_000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let u = ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+            t += -u.ln() * 400.0; // mean gap 400 µs
+            while next_batch <= t {
+                if queued > 0 {
+                    f.dispatched(at_us(next_batch as u64 + 3_000), queued);
+                    queued = 0;
+                }
+                next_batch += 2_000.0;
+            }
+            f.arrived(at_us(t as u64));
+            queued += 1;
+            told += u32::from(f.closed_loop());
+        }
+        assert_eq!(told, 0);
+    }
+}
