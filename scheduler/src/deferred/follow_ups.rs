@@ -70,39 +70,47 @@ impl Default for FollowUps {
 impl FollowUps {
     /// A batch of `size` was dispatched to finish at `finish` (planned).
     pub fn dispatched(&mut self, finish: Instant, size: u32) {
-        let evicted = self.batches[self.next];
-        self.judge(evicted);
+        self.close(self.next);
         self.batches[self.next] = Batch { finish, size, followed: 0, judged: false };
         self.next = (self.next + 1) % BATCHES;
         self.latest_finish = self.latest_finish.max(finish);
     }
 
-    /// A request arrived at `t`.
+    /// A request arrived at `t`: batches whose follow-up window ended are
+    /// judged, and the latest batch finished by `t` takes the arrival if
+    /// its window is still open.
     pub fn arrived(&mut self, t: Instant) {
+        let mut owner: Option<usize> = None;
         for i in 0..BATCHES {
             let b = self.batches[i];
-            if !b.judged && b.finish + FOLLOW_MAX < t {
-                self.batches[i].judged = true;
-                self.judge(b);
+            if b.size == 0 || b.finish > t {
+                continue;
+            }
+            if b.finish + FOLLOW_MAX < t {
+                self.close(i);
+            } else if owner.is_none_or(|o| self.batches[o].finish < b.finish) {
+                owner = Some(i);
             }
         }
-        // The latest batch finished by `t` takes the arrival.
-        let owner = (0..BATCHES).filter(|&i| self.batches[i].size > 0 && self.batches[i].finish <= t).max_by_key(|&i| self.batches[i].finish);
         match owner {
-            Some(i) if t.saturating_since(self.batches[i].finish) <= FOLLOW_MAX && !self.batches[i].judged => {
-                self.batches[i].followed += 1;
-                self.delays[self.next_delay] = t.saturating_since(self.batches[i].finish);
+            Some(i) => {
+                let b = &mut self.batches[i];
+                b.followed += 1;
+                self.delays[self.next_delay] = t.saturating_since(b.finish);
                 self.next_delay = (self.next_delay + 1) % DELAYS;
                 self.follow_streak = (self.follow_streak + 1).min(FOLLOW_ARRIVALS);
             }
-            _ => self.follow_streak = 0,
+            None => self.follow_streak = 0,
         }
     }
 
-    fn judge(&mut self, b: Batch) {
+    /// Judges batch `i` once: followed by exactly its size or not.
+    fn close(&mut self, i: usize) {
+        let b = &mut self.batches[i];
         if b.size == 0 || b.judged {
             return;
         }
+        b.judged = true;
         if b.followed == b.size {
             self.exact_streak = (self.exact_streak + 1).min(EXACT_BATCHES);
         } else {
