@@ -276,7 +276,7 @@ pub struct FrontendNodeConfig {
     /// its messages, while an idle one adds no delay. A window trades up
     /// to its length in latency for fewer messages at moderate load; one
     /// shorter than the host's sleep threshold (`waitset::SLEEP_ABOVE`)
-    /// spins its I/O thread through it (docs/benchmarks.md: 50 µs doubled
+    /// spins its I/O thread through it (docs/journal/benchmarks-2026.md: 50 µs doubled
     /// the bad rate of `symphony up` at 3k requests/s on 2 cores).
     pub coalesce_wait: Duration,
 }

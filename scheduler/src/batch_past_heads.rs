@@ -1,5 +1,5 @@
 //! Passing over a queue's first heads for a larger batch of the requests
-//! behind them: eager's batch rule (docs/benchmarks.md, "Eager: the largest
+//! behind them: eager's batch rule (docs/journal/benchmarks-2026.md, "Eager: the largest
 //! batch"), also taken by a deferred grant for a model whose lone request
 //! locks out a pair (docs/decisions.md, deferred item 25).
 

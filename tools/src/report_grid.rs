@@ -67,7 +67,7 @@ const WARMUP_S: f64 = 1.0;
 /// runs in about 8 minutes here with the early stop and the warm seeds
 /// (deferred item 26), 12.5 with the timeout policy's `k` searched per
 /// cell; 12.6 on the slower AMD VM once that search gives each losing
-/// candidate up at its first probe (17.9 before; docs/benchmarks.md, "The
+/// candidate up at its first probe (17.9 before; docs/journal/benchmarks-2026.md, "The
 /// grid in under 15 minutes on the AMD VM").
 pub const MIN_REQUESTS_PER_MODEL: u64 = 8000;
 /// Seeds after the first search around the first seed's goodput, widening

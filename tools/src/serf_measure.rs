@@ -130,7 +130,7 @@ pub struct MeasureConfig {
 /// not have. Measured on a quiet machine (open_nsfw, batch 1, c = 1, 2
 /// intra-op threads): 16.2 ms back to back, 17.9 ms after a pause of one
 /// service time, 26.9 ms after three; 20.5 ms on average while serving 11
-/// batches/s (docs/benchmarks.md, "SERF's profile from idle").
+/// batches/s (docs/journal/benchmarks-2026.md, "SERF's profile from idle").
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProfileFrom {
@@ -150,7 +150,7 @@ pub enum ProfileFrom {
     /// and long idle gaps, and on this VM its service time depends on the
     /// gap; no single pause reproduces the mix at every load. The default:
     /// open_nsfw at c = 1 from -16.7% (`Idle`) to +2.3%, ppocr_cls alike
-    /// (docs/benchmarks.md, "SERF's profile from the load's pauses").
+    /// (docs/journal/benchmarks-2026.md, "SERF's profile from the load's pauses").
     #[default]
     Load,
 }

@@ -33,7 +33,7 @@ impl EngineKind {
     /// thread) plus `busy_peers` other busy processes of the host each have
     /// a core; inline otherwise. Why: threads that share cores hand tasks
     /// through rings across context switches, and on 2 cores the pinned
-    /// engine carries 3.5-6x less than inline (docs/benchmarks.md 10c.7).
+    /// engine carries 3.5-6x less than inline (docs/journal/benchmarks-2026.md 10c.7).
     pub fn auto(cores: usize, model_threads: usize, busy_peers: usize) -> Self {
         if cores >= model_threads.max(1) + 2 + busy_peers {
             EngineKind::Pinned

@@ -169,7 +169,7 @@ impl PinnedScheduler {
         for t in 0..threads {
             // The bound is the ring's capacity: the slots past it were
             // never live, only ~3 MiB of cache footprint (measured neutral,
-            // docs/benchmarks.md 10c.5).
+            // docs/journal/benchmarks-2026.md 10c.5).
             let (ing_tx, ing_rx) = channel(ingress_bound);
             let (ctl_tx, ctl_rx) = channel(CONTROL_SLOTS);
             let (out_tx, out_rx) = channel(OUTCOME_SLOTS);
