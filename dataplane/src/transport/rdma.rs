@@ -123,7 +123,7 @@ pub struct RdmaConfig {
     /// and the NIC issues each as an earlier one completes, so
     /// `max_reads_in_flight` may be larger. A small depth also bounds what a
     /// retry re-requests: after a lost response packet an RC requester asks
-    /// again for every READ from the lost one on (`docs/benchmarks.md`,
+    /// again for every READ from the lost one on (`docs/journal/benchmarks-2026.md`,
     /// netbench, two Soft-RoCE guests).
     pub read_depth: u32,
     /// ACK timeout exponent: the requester retries after 4.096 us x 2^value
@@ -146,7 +146,7 @@ impl Default for RdmaConfig {
             // 4.096 us * 2^16 = 268 ms. 14 (67 ms) was too short for Soft-RoCE
             // between two emulated guests: their link dropped 7-14% of an
             // incast's packets and 7 timeouts in a row ended a connection
-            // (docs/benchmarks.md, netbench). A peer process that exits is
+            // (docs/journal/benchmarks-2026.md, netbench). A peer process that exits is
             // noticed sooner anyway, by the bootstrap socket's EOF.
             ack_timeout: 16,
         }
