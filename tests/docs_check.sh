@@ -11,7 +11,8 @@
 #   - relative links in both files point at files that exist.
 # Before checking the real files it checks that each rule rejects a file that
 # breaks it, so a checker that accepts everything fails here.
-# Pure bash + python3, well under a second.
+# Pure bash + python3; about two seconds, most of it starting python3 for the
+# self-test's fixtures.
 #
 # Usage: bash tests/docs_check.sh [BENCHMARKS.md [DECISIONS.md]]
 set -euo pipefail
@@ -149,6 +150,7 @@ self_test() {
     local dir good
     dir=$(mktemp -d)
     trap 'rm -rf "$dir"' RETURN
+    # shellcheck disable=SC2016 # backquotes are Markdown here, not expansions
     good='# B
 
 **Machines**
