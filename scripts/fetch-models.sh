@@ -43,7 +43,7 @@ open(sys.argv[3], "wb").write(z.read(sys.argv[2]))' "$wheels/$glob" "$inner" "$d
 fetch ppocr_cls rapidocr-onnxruntime==1.4.4 'rapidocr_onnxruntime-1.4.4-*.whl' \
   rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx \
   e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c
-# max_batch_size 16: measured here (`symphony profile`, docs/benchmarks.md 13), a batch of 32 runs
+# max_batch_size 16: measured here (`symphony profile`, docs/benchmarks.md, "Latency profiles"), a batch of 32 runs
 # fewer samples per ms than a batch of 16 (about 40 ms vs 16.5 ms), so it would only add latency,
 # and it could not meet the 20 ms SLO anyway.
 cat > "$repo/ppocr_cls/config.pbtxt" <<'EOF'
