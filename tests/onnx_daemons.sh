@@ -10,12 +10,18 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
 PY="$root/.venv/bin/python"
-if ! "$PY" -c "import onnxruntime, numpy" 2>/dev/null; then
-    echo "SKIPPED: no onnxruntime wheel in .venv (scripts/setup.sh could not install it)"
-    exit 0
-fi
+. "$root/tests/lib/require.sh"
+# ONNX Runtime is installable anywhere (scripts/setup.sh): under CI its absence is a failure.
+require tests/onnx_daemons.sh onnx-runtime \
+    "the onnxruntime and numpy wheels in $root/.venv (scripts/setup.sh installs them)" \
+    "$PY" -c "import onnxruntime, numpy" || exit 0
+# The daemons load ONNX Runtime's library themselves: an override that names nothing is missing too.
+require tests/onnx_daemons.sh onnx-runtime \
+    "ONNX Runtime's library: SYMPHONY_ORT_DYLIB=${SYMPHONY_ORT_DYLIB:-} is not a file" \
+    test -z "${SYMPHONY_ORT_DYLIB:-}" -o -f "${SYMPHONY_ORT_DYLIB:-}" || exit 0
 bash "$root/scripts/fetch-models.sh"
 # RELEASE_BUILD (tests/run.sh): its test step's build command, a no-op here.
+# shellcheck disable=SC2086
 (cd "$root" && timeout 900 ${RELEASE_BUILD:-cargo build --release -p tools --bin symphony} -q)
 bin="$CARGO_TARGET_DIR/release/symphony"
 tmp="$(mktemp -d)"

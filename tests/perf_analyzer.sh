@@ -16,7 +16,11 @@ profile="${SYMPHONY_PROFILE:-release}"
 tol="${PA_TOLERANCE_PCT:-5}"
 PY="${PYTHON:-python3}"
 log() { echo "[perf_analyzer] $*" >&2; }
-[ -f "$tref" ] || { log "SKIPPED: no $tref"; exit 0; }
+. "$root/tests/lib/require.sh"
+# The Triton reference is a script beside the repository (installable anywhere): under CI its
+# absence is a failure, not a skip (tests/lib/require.sh).
+require tests/perf_analyzer.sh triton-reference \
+  "the Triton reference script $tref (TRITON_REF), which installs perf_analyzer" test -f "$tref" || exit 0
 bash "$tref" setup
 flag=(); [ "$profile" = release ] && flag=(--release)
 build="cargo build ${flag[*]} -p tools --bin symphony"
