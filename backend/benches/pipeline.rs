@@ -63,7 +63,9 @@ fn run<D: Domain>(
         let a = s.spawn(move || (fl.accept(T).unwrap(), sl.accept(T).unwrap()));
         let c1 = be_dom.connect(&fa, T).unwrap();
         let c2 = be_dom.connect(&sa, T).unwrap();
-        let (x, y) = a.join().unwrap();
+        let (mut x, y) = a.join().unwrap();
+        // The frontend side serves the backend's READs (it registered).
+        x.allow_remote_reads();
         (x, y, c1, c2)
     });
     let cfg = WorkerConfig {

@@ -68,7 +68,9 @@ fn a_warm_batch_allocates_nothing() {
         let a = s.spawn(move || (fl.accept(t).unwrap(), sl.accept(t).unwrap()));
         let c1 = be_dom.connect(&fa, t).unwrap();
         let c2 = be_dom.connect(&sa, t).unwrap();
-        let (x, y) = a.join().unwrap();
+        let (mut x, y) = a.join().unwrap();
+        // The frontend side serves the backend's READs (it registered).
+        x.allow_remote_reads();
         (x, y, c1, c2)
     });
     let cfg = config();

@@ -202,6 +202,7 @@ impl FakeFrontend {
             let mut conn = listener.accept(dp(TIMEOUT)).expect("frontend accept");
             let r = expect_register(&mut conn, dp(TIMEOUT))
                 .expect("Register first on the data connection");
+            conn.allow_remote_reads();
             let _ = reg_tx.send(r);
             let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
             let deadline = std::time::Instant::now() + TIMEOUT * 3;

@@ -203,7 +203,7 @@ impl Region {
 
     fn map(opts: &RegionOptions, id: u64) -> Result<Region, MemError> {
         if opts.shared_file {
-            let path = PathBuf::from(format!("/dev/shm/symphony-{}-{}", std::process::id(), id));
+            let path = shm_file_path(&format!("symphony-{}-{}", std::process::id(), id))?;
             let file = create_own_shm_file(&path)?;
             let unlink_on_err = |e: io::Error| {
                 let _ = std::fs::remove_file(&path);
@@ -902,20 +902,84 @@ impl RegionDirectory {
     }
 }
 
-/// Creates `path`, a `/dev/shm` file named after this process's id and a
-/// per-process counter. If it exists, it was left by a dead process that
+/// Where this user's shared-memory files live: `/dev/shm/symphony.<uid>`,
+/// created mode 0700 (and, if it exists, used only if it is a real
+/// directory owned by this user that no one else may enter). Why a
+/// directory of our own: `/dev/shm` lists every file to every user, and
+/// one created there by someone else under our name would be theirs.
+/// Peers must run as the same user (they open these files).
+pub fn shm_dir() -> io::Result<&'static Path> {
+    static DIR: std::sync::OnceLock<Result<PathBuf, (io::ErrorKind, String)>> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        let dir = PathBuf::from(format!("/dev/shm/symphony.{uid}"));
+        make_private_dir(&dir, uid).map(|()| dir).map_err(|e| (e.kind(), e.to_string()))
+    })
+    .as_ref()
+    .map(PathBuf::as_path)
+    .map_err(|(kind, why)| io::Error::new(*kind, why.clone()))
+}
+
+/// Creates `dir` with mode 0700 (the mode is given at creation, so no
+/// window exists in which it is open to others, whatever the umask), or
+/// checks that an existing one is a directory (not a link) owned by `uid`
+/// with no access for group or others.
+fn make_private_dir(dir: &Path, uid: u32) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.file_type().is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{} is not a private directory of user {uid} (mode 0700)", dir.display()),
+        ));
+    }
+    Ok(())
+}
+
+/// `name` inside [`shm_dir`].
+pub(crate) fn shm_file_path(name: &str) -> io::Result<PathBuf> {
+    Ok(shm_dir()?.join(name))
+}
+
+/// Whether `path` (a name a peer sent) is a file directly inside this
+/// user's [`shm_dir`] whose name starts with `prefix`: a peer may point us
+/// only at files of our own user, never elsewhere.
+pub(crate) fn is_own_shm_file(path: &str, prefix: &str) -> bool {
+    let Ok(dir) = shm_dir() else { return false };
+    let p = Path::new(path);
+    !path.contains("..")
+        && p.parent() == Some(dir)
+        && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(prefix))
+}
+
+/// Creates `path`, a file in [`shm_dir`] named after this process's id
+/// and a per-process counter, mode 0600 from its creation (the umask can
+/// only take bits away). If it exists, it was left by a dead process that
 /// had the same id (a crash or SIGKILL skips the unlink): no live process
 /// can own it, so it is replaced.
 pub(crate) fn create_own_shm_file(path: &std::path::Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
     static SWEEP: std::sync::Once = std::sync::Once::new();
     SWEEP.call_once(|| {
-        sweep_stale_files(std::path::Path::new("/dev/shm"), &["symphony-reg-", "symphony-"]);
+        let prefixes = ["symphony-reg-", "symphony-ring-", "symphony-"];
+        // Files of older versions lay in /dev/shm itself.
+        sweep_stale_files(std::path::Path::new("/dev/shm"), &prefixes);
+        if let Ok(dir) = shm_dir() {
+            sweep_stale_files(dir, &prefixes);
+        }
     });
     let open = || {
         OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
+            .mode(0o600)
             .open(path)
     };
     match open() {
@@ -1057,6 +1121,31 @@ mod tests {
         let mut b = [0u8; 2];
         r.read_at(0, &mut b).unwrap();
         assert_eq!(&b, b"ok");
+    }
+
+    #[test]
+    fn a_shared_memory_directory_not_private_to_us_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let base = std::env::temp_dir().join(format!("symphony-privdir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&base).unwrap();
+        let fresh = base.join("fresh");
+        make_private_dir(&fresh, me).expect("created private");
+        let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        make_private_dir(&fresh, me).expect("reused when private");
+        // Open to others, someone else's, or a link: refused.
+        let open = base.join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(make_private_dir(&open, me).is_err());
+        assert!(make_private_dir(&fresh, me.wrapping_add(1)).is_err());
+        let link = base.join("link");
+        std::os::unix::fs::symlink(&fresh, &link).unwrap();
+        assert!(make_private_dir(&link, me).is_err());
+        std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]

@@ -1387,9 +1387,11 @@ impl<C: Connection> FrontendNode<C> {
                 continue;
             };
             work = true;
-            let link = self.pending.swap_remove(i);
+            let mut link = self.pending.swap_remove(i);
             match verdict {
                 Ok(id) => {
+                    // Only a registered backend may READ staging memory.
+                    link.conn.allow_remote_reads();
                     // A backend that reconnects replaces its old link.
                     if let Some(at) = self.backends.iter().position(|b| b.id == id) {
                         let old = self.backends.swap_remove(at);

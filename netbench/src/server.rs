@@ -229,7 +229,9 @@ fn spawn_acceptor<L: Listener + 'static>(mut listener: L) -> mpsc::Receiver<L::C
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || loop {
         match listener.accept(Duration::from_millis(5_000)) {
-            Ok(c) => {
+            Ok(mut c) => {
+                // A benchmark server serves its clients' READs at once.
+                c.allow_remote_reads();
                 if tx.send(c).is_err() {
                     return; // the server is gone
                 }

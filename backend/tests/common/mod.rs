@@ -143,6 +143,8 @@ impl Frontend {
             let _keep = dom.clone();
             let t = Duration::from_nanos(TIMEOUT.as_nanos() as u64);
             let mut conn = listener.accept(t).expect("frontend accept");
+            // This test frontend serves the backend's READs from the start.
+            conn.allow_remote_reads();
             if mode == Mode::StallThenDrop {
                 let _ = rx.recv_timeout(TIMEOUT);
                 drop(conn);

@@ -162,10 +162,13 @@ fn connect<F: TransportFactory>(
         let c = client
             .connect(&addr, t)
             .unwrap_or_else(|e| panic!("{}: connect {addr}: {e}", f.name()));
-        let a = acc
+        let mut a = acc
             .join()
             .expect("accept thread")
             .unwrap_or_else(|e| panic!("{}: accept: {e}", f.name()));
+        // The accepted side owns the memory here: it lets the peer READ,
+        // as a frontend does once a backend registered on its data port.
+        a.allow_remote_reads();
         (a, c)
     })
 }
@@ -1311,7 +1314,8 @@ fn fd_count() -> usize {
 fn shm_files() -> usize {
     let prefix = "symphony-";
     let pid = format!("-{}-", std::process::id());
-    std::fs::read_dir("/dev/shm")
+    let Ok(dir) = crate::mem::shm_dir() else { return 0 };
+    std::fs::read_dir(dir)
         .map(|d| {
             d.filter_map(|e| e.ok())
                 .filter(|e| {

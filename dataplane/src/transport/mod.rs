@@ -35,6 +35,8 @@ use crate::time::Duration;
 use crate::wire::WireError;
 
 pub mod conformance;
+#[doc(hidden)]
+pub mod fuzz;
 mod registry;
 pub mod shm;
 mod shm_ring;
@@ -49,6 +51,21 @@ pub mod rdma;
 
 /// Caller-chosen id of a work request, returned in its [`Completion`].
 pub type WrId = u64;
+
+/// Links this process closed because the peer sent bytes that are not the
+/// protocol (a bad frame, a READ before the owner allowed it, a broken
+/// shm ring). A relaxed counter: daemons export it as a metric.
+static BAD_BYTES_LINKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// See [`BAD_BYTES_LINKS`]: how many links this process has closed for
+/// malformed input from the peer, since it started.
+pub fn links_closed_on_bad_bytes() -> u64 {
+    BAD_BYTES_LINKS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+pub(crate) fn count_bad_bytes_link() {
+    BAD_BYTES_LINKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
 
 /// Error classes, small and `Copy` so that completions can carry them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -405,6 +422,17 @@ pub trait Connection: Send {
 
     /// Posts one READ (see the module docs for the contract).
     fn post_read(&mut self, op: &ReadOp) -> Result<(), Error>;
+
+    /// Lets the peer READ this side's registered memory over this link.
+    /// A link accepted by a [`Listener`] serves no READ until its owner
+    /// calls this (typically once the peer has registered): a READ request
+    /// arriving earlier is held while control messages before it wait for
+    /// the owner, and otherwise closes the link as a protocol error. A
+    /// link this side connected serves READs from the start. Transports
+    /// whose READs the owner does not serve (shm: the reader copies; rdma:
+    /// the NIC answers under the region's key) have nothing to hold: the
+    /// default does nothing.
+    fn allow_remote_reads(&mut self) {}
 
     /// Posts READs in order, all at once where the transport can (one
     /// doorbell / one submission). Returns how many were accepted: on a

@@ -2,8 +2,9 @@
 //! readers map read-only; a READ is a bounds-checked copy done by the
 //! reader itself, synchronously inside `post_read`.
 //!
-//! Each domain publishes its key table in a registry file under `/dev/shm`
-//! that peers map: a reader checks every READ against the owner's *live*
+//! Each domain publishes its key table in a registry file in this user's
+//! private directory (`crate::mem::shm_dir`, mode 0700; files 0600) that
+//! peers of the same user map: a reader checks every READ against the owner's *live*
 //! registration and counts itself in flight there, so the owner's
 //! deregistration sees it (and returns `Busy`) exactly as with the tcp
 //! responder. The registry also holds one liveness word per connection and
@@ -153,11 +154,11 @@ impl ShmDomain {
     pub fn with_config(cfg: ShmConfig) -> Result<Self, Error> {
         let cap = cfg.key_capacity.clamp(1, crate::mem::MAX_KEYS);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let path = PathBuf::from(format!(
-            "/dev/shm/symphony-reg-{}-{}",
+        let path = crate::mem::shm_file_path(&format!(
+            "symphony-reg-{}-{}",
             std::process::id(),
             id
-        ));
+        ))?;
         let file = crate::mem::create_own_shm_file(&path)?;
         let len = registry_bytes(cap);
         let setup = || -> Result<(HeadMap, KeyTable), Error> {
@@ -305,11 +306,11 @@ struct OwnRing {
 impl OwnRing {
     fn create(bytes: usize) -> Result<Self, Error> {
         let cap = ring_capacity(bytes);
-        let path = PathBuf::from(format!(
-            "/dev/shm/symphony-ring-{}-{}",
+        let path = crate::mem::shm_file_path(&format!(
+            "symphony-ring-{}-{}",
             std::process::id(),
             NEXT_ID.fetch_add(1, Ordering::Relaxed)
-        ));
+        ))?;
         let file = crate::mem::create_own_shm_file(&path)?;
         let len = RING_HEADER_LEN + cap;
         let made = (|| -> Result<RingProducer, Error> {
@@ -334,7 +335,7 @@ fn open_peer_ring(hello: &[u8; HELLO_LEN]) -> Result<RingConsumer, Error> {
     let n = name.iter().position(|&b| b == 0).unwrap_or(name.len());
     let path = std::str::from_utf8(&name[..n])
         .map_err(|_| Error::Protocol(crate::wire::WireError::BadValue("ring path")))?;
-    if !path.starts_with("/dev/shm/symphony-ring-") || path.contains("..") {
+    if !crate::mem::is_own_shm_file(path, "symphony-ring-") {
         return Err(Error::Protocol(crate::wire::WireError::BadValue("ring path")));
     }
     let file = OpenOptions::new().read(true).write(true).open(path)?;
@@ -377,7 +378,7 @@ impl PeerRegistry {
         let n = name.iter().position(|&b| b == 0).unwrap_or(name.len());
         let path = std::str::from_utf8(&name[..n])
             .map_err(|_| Error::Protocol(crate::wire::WireError::BadValue("path")))?;
-        if !path.starts_with("/dev/shm/symphony-reg-") || path.contains("..") {
+        if !crate::mem::is_own_shm_file(path, "symphony-reg-") {
             return Err(Error::Protocol(crate::wire::WireError::BadValue("path")));
         }
         let file = OpenOptions::new().read(true).write(true).open(path)?;
@@ -441,7 +442,7 @@ impl PeerRegistry {
             let mut name = [0u8; KEY_NAME_LEN];
             let n = self.table.name(index, &mut name);
             let path = std::str::from_utf8(&name[..n]).map_err(|_| ErrorKind::BadKey)?;
-            if !path.starts_with("/dev/shm/symphony-") || path.contains("..") {
+            if !crate::mem::is_own_shm_file(path, "symphony-") {
                 return Err(ErrorKind::BadKey);
             }
             let m = ReadOnlyMapping::open(std::path::Path::new(path))

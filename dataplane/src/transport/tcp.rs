@@ -115,7 +115,9 @@ impl TcpDomain {
         &self.inner.cfg
     }
 
-    fn wrap(&self, sock: TcpStream) -> Result<TcpConn, Error> {
+    /// `accepted`: the peer dialled us, so its READs wait for
+    /// [`Connection::allow_remote_reads`].
+    fn wrap(&self, sock: TcpStream, accepted: bool) -> Result<TcpConn, Error> {
         sock.set_nodelay(true)?;
         let cfg = &self.inner.cfg;
         if cfg.engine == Engine::Blocking {
@@ -134,8 +136,12 @@ impl TcpDomain {
             read_timeout: std::time::Duration::from_nanos(cfg.read_timeout.as_nanos()),
             serve_reads: true,
         };
+        let mut stream = Stream::new(fd, io, self.inner.registry.clone(), scfg);
+        if accepted {
+            stream.hold_reads();
+        }
         Ok(TcpConn {
-            stream: Stream::new(fd, io, self.inner.registry.clone(), scfg),
+            stream,
             _domain: self.clone(),
         })
     }
@@ -176,7 +182,7 @@ impl Domain for TcpDomain {
                 break;
             }
             match TcpStream::connect_timeout(&a, left) {
-                Ok(s) => return self.wrap(s),
+                Ok(s) => return self.wrap(s, false),
                 Err(e) => last = e.into(),
             }
         }
@@ -227,7 +233,7 @@ impl Listener for TcpListener {
             match self.listener.accept() {
                 Ok((s, _)) => {
                     s.set_nonblocking(false)?;
-                    return self.domain.wrap(s);
+                    return self.domain.wrap(s, true);
                 }
                 Err(e)
                     if matches!(
@@ -292,6 +298,9 @@ impl Connection for TcpConn {
     }
     fn post_read(&mut self, op: &ReadOp) -> Result<(), Error> {
         self.stream.post_reads(std::slice::from_ref(op)).map(|_| ())
+    }
+    fn allow_remote_reads(&mut self) {
+        self.stream.allow_reads();
     }
     fn post_reads(&mut self, ops: &[ReadOp]) -> Result<usize, Error> {
         self.stream.post_reads(ops)

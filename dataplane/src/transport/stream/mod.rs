@@ -143,6 +143,9 @@ pub(crate) struct Stream {
     dead: Option<ErrorKind>,
     /// The kernel did not give back an operation: never free its memory.
     leak: bool,
+    /// The owner let this link's READ requests be served (see
+    /// [`allow_reads`](Self::allow_reads)).
+    reads_allowed: bool,
 }
 
 // SAFETY: the raw pointers refer to registered regions (kept mapped by the
@@ -194,7 +197,22 @@ impl Stream {
             done: VecDeque::with_capacity(cfg.max_outstanding),
             dead: None,
             leak: false,
+            reads_allowed: true,
         }
+    }
+
+    /// Holds the peer's READ requests until [`allow_reads`](Self::allow_reads):
+    /// an accepted link serves no memory before its owner has seen the
+    /// peer register. Why not serve at once: anyone who reaches a data
+    /// port could otherwise read staging memory before saying who it is.
+    pub(crate) fn hold_reads(&mut self) {
+        self.reads_allowed = false;
+    }
+
+    /// Serves the peer's READ requests from now on (the owner accepted its
+    /// registration); requests held until now are served at the next poll.
+    pub(crate) fn allow_reads(&mut self) {
+        self.reads_allowed = true;
     }
 
     pub(crate) fn raw_fd(&self) -> RawFd {
@@ -723,10 +741,26 @@ impl Stream {
                 if !self.cfg.serve_reads {
                     return self.fail(ErrorKind::Protocol);
                 }
+                // Decoded like any other message: a frame of another wire
+                // version is framed by its length alone and may hold no
+                // body at all (issue 55: 16 bytes crashed the daemon).
+                let req = match wire::decode(&bytes[..total]) {
+                    Ok(wire::Message::ReadRequest(r)) => r,
+                    _ => return self.fail(ErrorKind::Protocol),
+                };
+                if !self.reads_allowed {
+                    // Control messages ahead of it wait for the owner (a
+                    // Register may be among them): hold the READ until the
+                    // owner has read them. With nothing ahead, the peer
+                    // asked for memory before registering.
+                    if self.ihead != self.itail {
+                        break;
+                    }
+                    return self.fail(ErrorKind::Protocol);
+                }
                 if !self.tx_room(READ_RESPONSE_LEN, 1) {
                     break;
                 }
-                let req: ReadRequest = bytemuck::pod_read_unaligned(&bytes[HEADER_LEN..total]);
                 self.rpos += total;
                 self.serve(req);
             } else if kind == Kind::ReadResponse as u16 {
@@ -1044,6 +1078,9 @@ impl Stream {
     fn fail(&mut self, kind: ErrorKind) {
         if self.dead.is_some() {
             return;
+        }
+        if kind == ErrorKind::Protocol {
+            super::count_bad_bytes_link();
         }
         self.dead = Some(kind);
         if !self.io.quiesce() {
