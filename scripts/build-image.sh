@@ -115,13 +115,18 @@ if [ -n "$ort_lib" ]; then
   cp "$ort_lib" "$context/onnxruntime/libonnxruntime.so"
 fi
 
+# The image this tag named before, removed once the tag moves (no dangling image per rebuild).
+previous=$(pod image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)
 revision=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 # chroot isolation: a build step needs no namespaces or cgroups of its own, so the build also
 # runs where podman cannot start a full container (a CI job that is itself a container).
-pod build --isolation chroot --pull=never \
+# --layers=false: no intermediate images are kept (the stages take seconds).
+pod build --isolation chroot --pull=never --layers=false \
   --build-arg "BASE_IMAGE=$base_image" --build-arg "VERSION=$version" --build-arg "REVISION=$revision" \
   -f deploy/Containerfile -t "$tag" "$context" >"$cache/build.log" 2>&1 \
   || { tail -30 "$cache/build.log" >&2; die "podman build failed (log: $cache/build.log)"; }
+current=$(pod image inspect --format '{{.Id}}' "$tag")
+if [ -n "$previous" ] && [ "$previous" != "$current" ]; then pod rmi "$previous" >/dev/null 2>&1 || true; fi
 t2=$(date +%s)
 echo "build-image: base $((t1 - t0)) s, image $((t2 - t1)) s (storage ${storage:-default})" >&2
 echo "localhost/$tag"
