@@ -54,9 +54,10 @@ version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' Ca
 [ -n "$version" ] || die "no version in Cargo.toml's [workspace.package]"
 tag=${tag:-symphony:$version}
 
-# The runtime's shared libraries beyond minbase: libibverbs for the RDMA transport (the binaries
-# link it when built with dataplane/rdma) with the userspace NIC providers, and CA certificates
-# for operators who point TLS at a public CA. Nothing else: the daemons are Rust binaries.
+# The runtime's shared libraries beyond minbase: libibverbs.so.1, which the RDMA transport loads
+# at run time (dlopen, through rdma-mummy-sys), with the userspace NIC providers, and CA
+# certificates for operators who point TLS at a public CA. Nothing else: the daemons are Rust
+# binaries linked against glibc only.
 suite=bookworm
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 packages=libibverbs1,ibverbs-providers,ca-certificates
