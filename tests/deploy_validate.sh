@@ -31,15 +31,13 @@ py="$venv/bin/python"
 flags_only=""
 if [ "${1:-}" = --flags-only ]; then flags_only=${2:?--flags-only needs the binaries\' directory}; fi
 
-if [ -z "$flags_only" ]; then
-  [ -x "$py" ] || python3 -m venv "$venv"
-  if ! "$py" - "${PINS[@]}" <<'PY' 2>/dev/null; then
+[ -x "$py" ] || python3 -m venv "$venv"
+if ! "$py" - "${PINS[@]}" <<'PY' 2>/dev/null; then
 import sys
 from importlib.metadata import version
 sys.exit(any(version(p.split("==")[0]) != p.split("==")[1] for p in sys.argv[1:]))
 PY
-    timeout 900 "$py" -m pip install -q --disable-pip-version-check "${PINS[@]}"
-  fi
+  timeout 900 "$py" -m pip install -q --disable-pip-version-check "${PINS[@]}"
 fi
 
 out=$(mktemp -d)
