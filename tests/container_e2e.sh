@@ -23,10 +23,12 @@ repo=$PWD
 t_start=$(date +%s)
 
 fail() { echo "container_e2e: FAIL: $*" >&2; exit 1; }
-[ "$(id -u)" = 0 ] || fail "needs root (podman's root store, debootstrap)"
+# shellcheck source=tests/lib/require.sh
+. tests/lib/require.sh
+require container_e2e root "podman's root store and debootstrap need root" test "$(id -u)" = 0 || exit 0
 
 missing=()
-for tool in debootstrap:debootstrap podman:podman runc:runc curl:curl; do
+for tool in debootstrap:debootstrap podman:podman runc:runc curl:curl etcd:etcd-server etcdctl:etcd-client openssl:openssl; do
   command -v "${tool%%:*}" >/dev/null || missing+=("${tool##*:}")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -48,9 +50,11 @@ echo "container_e2e: image $image ($((t_image - t_start)) s)"
 work=$(mktemp -d "$repo/target/image/e2e.XXXXXX")
 run_id=$(basename "$work" | tr -cd 'A-Za-z0-9')
 names=()
+etcd_pid=""
 cleanup() {
   local n
   for n in "${names[@]}"; do podman rm -f -t 5 "$n" >/dev/null 2>&1 || true; done
+  if [ -n "$etcd_pid" ]; then kill "$etcd_pid" 2>/dev/null || true; wait "$etcd_pid" 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -79,12 +83,13 @@ podman_run=(podman --cgroup-manager cgroupfs run -d --runtime runc --network hos
   -v "$work/cluster.toml:/etc/symphony/cluster.toml:ro")
 common=(--config=/etc/symphony/cluster.toml --join-token-file=/etc/symphony/join-token/token)
 
-# start NAME DAEMON ARGS...: runs one container, prints nothing.
+# start NAME DAEMON ARGS...: runs one container (with the volumes in $mounts), prints nothing.
+mounts=()
 start() {
   local name="symphony-e2e-$run_id-$1"
   shift
   names+=("$name")
-  "${podman_run[@]}" --name "$name" "$image" "$@" "${common[@]}" >/dev/null \
+  "${podman_run[@]}" "${mounts[@]}" --name "$name" "$image" "$@" "${common[@]}" >/dev/null \
     || fail "podman run $name failed"
 }
 # ready NAME: waits (bounded) for the daemon's READY line and prints it.
@@ -101,11 +106,81 @@ ready() {
 }
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<" $2"; }
 
-start scheduler symphony-scheduler --listen=127.0.0.1:0 --metrics=127.0.0.1:0
+# etcd as deploy/base/etcd.yaml runs it (one member here; Debian's etcd-server): TLS on the
+# client port with client-certificate auth, certificates made as docs/operations.md says, and
+# RBAC confining the schedulers' certificate to /symphony/.
+free_ports() { python3 -c 'import socket, sys
+s = [socket.socket() for _ in range(int(sys.argv[1]))]
+for x in s: x.bind(("127.0.0.1", 0))
+print(" ".join(str(x.getsockname()[1]) for x in s))' "$1"; }
+read -r etcd_client etcd_peer etcd_metrics sched_port <<<"$(free_ports 4)"
+tls=$work/etcd-tls
+mkdir -p "$tls"
+(
+  cd "$tls"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=e2e-etcd-ca \
+    -keyout ca.key -out ca.crt
+  for n in server client root; do
+    cn=etcd usage=serverAuth,clientAuth ext="subjectAltName=DNS:localhost,IP:127.0.0.1"
+    [ "$n" = client ] && cn=symphony-scheduler usage=clientAuth ext="subjectAltName=DNS:symphony-scheduler"
+    [ "$n" = root ] && cn=root usage=clientAuth ext="subjectAltName=DNS:root"
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=$cn" -keyout "$n.key" -out "$n.csr"
+    printf '%s\nextendedKeyUsage=%s\n' "$ext" "$usage" >"$n.ext"
+    openssl x509 -req -in "$n.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -extfile "$n.ext" -out "$n.crt"
+  done
+) >"$work/openssl.log" 2>&1 || { cat "$work/openssl.log" >&2; fail "openssl could not make the etcd certificates"; }
+mkdir -p "$work/scheduler-tls"
+cp "$tls/ca.crt" "$work/scheduler-tls/ca.crt"
+cp "$tls/client.crt" "$work/scheduler-tls/tls.crt"
+cp "$tls/client.key" "$work/scheduler-tls/tls.key"
+chown -R 10001:10001 "$work/scheduler-tls"
+chmod 0400 "$work/scheduler-tls"/*
+etcd --name=etcd-0 --data-dir="$work/etcd-data" \
+  --listen-client-urls="https://127.0.0.1:$etcd_client" --advertise-client-urls="https://127.0.0.1:$etcd_client" \
+  --listen-peer-urls="https://127.0.0.1:$etcd_peer" --initial-advertise-peer-urls="https://127.0.0.1:$etcd_peer" \
+  --initial-cluster="etcd-0=https://127.0.0.1:$etcd_peer" --initial-cluster-state=new \
+  --listen-metrics-urls="http://127.0.0.1:$etcd_metrics" \
+  --cert-file="$tls/server.crt" --key-file="$tls/server.key" --trusted-ca-file="$tls/ca.crt" --client-cert-auth=true \
+  --peer-cert-file="$tls/server.crt" --peer-key-file="$tls/server.key" --peer-trusted-ca-file="$tls/ca.crt" \
+  --peer-client-cert-auth=true >"$work/etcd.log" 2>&1 &
+etcd_pid=$!
+for _ in $(seq 150); do
+  curl -fsS --max-time 1 "http://127.0.0.1:$etcd_metrics/health" 2>/dev/null | grep -q '"health":"true"' && break
+  kill -0 "$etcd_pid" 2>/dev/null || { cat "$work/etcd.log" >&2; fail "etcd exited"; }
+  sleep 0.2
+done
+ectl() { ETCDCTL_API=3 etcdctl --endpoints="https://127.0.0.1:$etcd_client" --cacert="$tls/ca.crt" --command-timeout=5s "$@"; }
+root=(--cert="$tls/root.crt" --key="$tls/root.key")
+# Before RBAC, so that only the TLS layer can refuse it.
+if ectl --command-timeout=2s put /symphony/probe x >/dev/null 2>&1; then fail "etcd accepted a client without a certificate"; fi
+{ ectl "${root[@]}" user add root --no-password && ectl "${root[@]}" user grant-role root root \
+  && ectl "${root[@]}" role add symphony && ectl "${root[@]}" role grant-permission symphony readwrite /symphony/ --prefix=true \
+  && ectl "${root[@]}" user add symphony-scheduler --no-password && ectl "${root[@]}" user grant-role symphony-scheduler symphony \
+  && ectl "${root[@]}" auth enable; } >"$work/rbac.log" 2>&1 || { cat "$work/rbac.log" "$work/etcd.log" >&2; fail "etcd RBAC setup failed"; }
+# RBAC: the schedulers' certificate only under /symphony/.
+if ectl --cert="$tls/client.crt" --key="$tls/client.key" put /outside x >/dev/null 2>&1; then fail "the schedulers' certificate wrote outside /symphony/"; fi
+echo "container_e2e: etcd over TLS: a client without a certificate refused, the schedulers' certificate confined to /symphony/"
+
+mounts=(-v "$work/scheduler-tls:/etc/symphony/etcd-tls:ro")
+start scheduler symphony-scheduler --listen="127.0.0.1:$sched_port" --metrics=127.0.0.1:0 \
+  --etcd="https://127.0.0.1:$etcd_client" --etcd-ca=/etc/symphony/etcd-tls/ca.crt \
+  --etcd-cert=/etc/symphony/etcd-tls/tls.crt --etcd-key=/etc/symphony/etcd-tls/tls.key \
+  --election-listen=127.0.0.1:0
+mounts=()
 sched=$(ready scheduler)
 control=$(field control "$sched")
 sched_metrics=$(field metrics "$sched")
 if [ -z "$control" ] || [ -z "$sched_metrics" ]; then fail "scheduler READY line without addresses: $sched"; fi
+metric() { curl -fsS --max-time 2 "http://$sched_metrics/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
+# It listens on its control port only once it leads: the peers start after that (a frontend
+# that cannot reach a scheduler at start exits).
+epoch=""
+for _ in $(seq 300); do
+  epoch=$(metric symphony_scheduler_leader_epoch || true)
+  case "$epoch" in '' | 0) sleep 0.2 ;; *) break ;; esac
+done
+case "$epoch" in '' | 0) podman logs "symphony-e2e-$run_id-scheduler" >&2 || true; fail "the scheduler did not win the election through etcd over TLS" ;; esac
+echo "container_e2e: the scheduler leads through etcd over TLS with its client certificate (epoch $epoch)"
 
 start frontend symphony-frontend --id=0 --scheduler="$control" --http=127.0.0.1:0 --grpc=127.0.0.1:0 \
   --data-listen=127.0.0.1:0 --metrics=127.0.0.1:0
@@ -118,7 +193,6 @@ start backend symphony-backend --id=0 --scheduler="$control" --gpus=1 --executor
 ready backend >/dev/null
 
 # Serving once the scheduler counts the backend's GPU and the frontend says it is ready.
-metric() { curl -fsS --max-time 2 "http://$sched_metrics/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
 up=""
 for _ in $(seq 300); do
   if [ "$(metric symphony_gpus_online || true)" = 1 ] && curl -fsS --max-time 2 -o /dev/null "http://$http/v2/health/ready"; then
