@@ -3,13 +3,11 @@
 # Idempotent: installs only what is missing. The Rust toolchain itself comes with the machine.
 #   cmake, clang, libclang-dev: sideway's rdma-mummy-sys generates its verbs bindings with
 #   bindgen (the `rdma` feature of dataplane). python3-venv: the project venv below.
-#   protobuf-compiler: protoc, which the frontend's build script runs on its gRPC .proto.
-#   libprotobuf-dev: the well-known .proto files (google/protobuf/descriptor.proto) that
-#   etcd-client's protos import; protoc alone does not ship them on Debian.
 #   etcd-server: the local etcd that scheduler leader election (issue 18) runs against.
+# No protoc: the build scripts compile their .proto files with protox (a Rust crate).
 # The Soft-RoCE harness (tests/softroce/run.sh) installs QEMU and its guest packages itself.
 set -euo pipefail
-need="cmake clang libclang-dev python3-venv protobuf-compiler libprotobuf-dev etcd-server"
+need="cmake clang libclang-dev python3-venv etcd-server"
 missing=""
 for p in $need; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $p"

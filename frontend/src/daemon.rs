@@ -90,6 +90,9 @@ pub struct FrontendArgs {
     /// the table's changes; replaces --scheduler.
     #[arg(long)]
     pub etcd: Option<String>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub etcd_tls: scheduler::election::EtcdTlsArgs,
     /// The routing table's key in etcd (with --etcd).
     #[arg(long, default_value = scheduler::routes::DEFAULT_ROUTES_KEY)]
     pub routes_key: String,
@@ -227,6 +230,7 @@ impl FrontendArgs {
                 group: String::new(),
                 key: self.routes_key.clone(),
                 poll: Duration::from_millis(self.routes_poll_ms),
+                tls: self.etcd_tls.load().map_err(|(flag, why)| ConfigError::invalid(flag, why))?,
             }),
         };
         let scheduler = match (self.scheduler, &routes) {

@@ -154,6 +154,9 @@ pub struct SchedulerArgs {
     /// leads; without, it leads alone (epoch 0), as the embedded default.
     #[arg(long)]
     pub etcd: Option<String>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub etcd_tls: crate::election::EtcdTlsArgs,
     /// The leadership key in etcd (one per cluster).
     #[arg(long, default_value = "/symphony/scheduler/leader")]
     pub election_key: String,
@@ -322,6 +325,7 @@ impl SchedulerArgs {
                 group: group.clone(),
                 key: self.routes_key.clone(),
                 poll: Duration::from_millis(self.routes_poll_ms),
+                tls: e.tls.clone(),
             }),
         };
         let pinned = PinnedConfig {
@@ -358,7 +362,12 @@ impl SchedulerArgs {
 
     /// The election options, checked (`None` without `--etcd`).
     fn election(&self, common: &Common) -> Result<Option<super::ha::ElectionConfig>, ConfigError> {
-        let Some(list) = &self.etcd else { return Ok(None) };
+        let Some(list) = &self.etcd else {
+            if self.etcd_tls.etcd_ca.is_some() || self.etcd_tls.etcd_cert.is_some() {
+                return Err(ConfigError::invalid("etcd-ca", "TLS settings for etcd without --etcd"));
+            }
+            return Ok(None);
+        };
         let endpoints = dataplane::reconnect::split_addrs(list);
         if endpoints.is_empty() {
             return Err(ConfigError::invalid("etcd", "no endpoint given"));
@@ -388,6 +397,7 @@ impl SchedulerArgs {
             heartbeat: Duration::from_millis(hb),
             failure_timeout: Duration::from_millis(ft),
             lease_ttl: Duration::from_millis(ttl),
+            tls: self.etcd_tls.load().map_err(|(flag, why)| ConfigError::invalid(flag, why))?,
         }))
     }
 

@@ -47,6 +47,8 @@ pub struct ElectionConfig {
     pub failure_timeout: Duration,
     /// The etcd lease's TTL (whole seconds).
     pub lease_ttl: Duration,
+    /// TLS to etcd (`None`: plain HTTP).
+    pub tls: Option<crate::election::EtcdTls>,
 }
 
 /// Heartbeat datagram: magic, kind, term. 16 bytes, little endian.
@@ -110,13 +112,16 @@ impl ElectionHost {
         socket.set_read_timeout(Some(std::time::Duration::from_millis(50)))?;
         let heartbeat_addr = socket.local_addr()?;
         let me = format!("{control}|{heartbeat_addr}");
-        let etcd = Etcd::new(EtcdConfig {
-            endpoints: cfg.endpoints.clone(),
-            key: cfg.key.clone(),
-            lease_ttl: cfg.lease_ttl,
-            // A call never holds the candidate past a heartbeat or two.
-            op_timeout: Duration::from_nanos(cfg.failure_timeout.as_nanos().max(cfg.heartbeat.as_nanos() * 2)),
-        })?;
+        let etcd = Etcd::with_tls(
+            EtcdConfig {
+                endpoints: cfg.endpoints.clone(),
+                key: cfg.key.clone(),
+                lease_ttl: cfg.lease_ttl,
+                // A call never holds the candidate past a heartbeat or two.
+                op_timeout: Duration::from_nanos(cfg.failure_timeout.as_nanos().max(cfg.heartbeat.as_nanos() * 2)),
+            },
+            cfg.tls.clone(),
+        )?;
         let candidate = Candidate::new(
             CandidateConfig { me, heartbeat: cfg.heartbeat, failure_timeout: cfg.failure_timeout, lease_ttl: cfg.lease_ttl },
             etcd,

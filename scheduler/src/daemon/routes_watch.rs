@@ -35,6 +35,8 @@ pub struct RoutesConfig {
     pub key: String,
     /// How often the key is re-read.
     pub poll: Duration,
+    /// TLS to etcd (`None`: plain HTTP).
+    pub tls: Option<crate::election::EtcdTls>,
 }
 
 /// The least time between two reads, however often one is asked for.
@@ -55,12 +57,15 @@ pub struct RoutesWatch {
 impl RoutesWatch {
     /// Starts the thread.
     pub fn spawn(cfg: &RoutesConfig, wake: Notifier) -> std::io::Result<RoutesWatch> {
-        let mut store = Etcd::new(EtcdConfig {
-            endpoints: cfg.endpoints.clone(),
-            key: cfg.key.clone(),
-            lease_ttl: Duration::from_millis(1000),
-            op_timeout: Duration::from_millis(1000),
-        })?;
+        let mut store = Etcd::with_tls(
+            EtcdConfig {
+                endpoints: cfg.endpoints.clone(),
+                key: cfg.key.clone(),
+                lease_ttl: Duration::from_millis(1000),
+                op_timeout: Duration::from_millis(1000),
+            },
+            cfg.tls.clone(),
+        )?;
         let shared = Arc::new(Shared { newest: Mutex::new(None), revision: AtomicU64::new(0), stop: AtomicBool::new(false) });
         let s = shared.clone();
         let (key, poll) = (cfg.key.clone(), std::time::Duration::from_nanos(cfg.poll.as_nanos()));

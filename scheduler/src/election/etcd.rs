@@ -1,4 +1,5 @@
-//! [`Etcd`]: the [`Election`] over an etcd v3 cluster (crate `etcd-client`).
+//! [`Etcd`]: the [`Election`] over an etcd v3 cluster (crate `etcd-v3`, the
+//! workspace's own client; plain or TLS, see [`Etcd::with_tls`]).
 //!
 //! The leadership is one key holding the leader's identity, attached to a
 //! lease of the leader's. The term (epoch) is the key's create revision:
@@ -26,7 +27,8 @@
 use std::collections::HashMap;
 use std::future::Future;
 
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp};
+use etcd_v3::{Client, Compare, ConnectOptions, KeepAliveStream, LeaseKeeper, RequestOp, TxnRequest};
+pub use etcd_v3::Tls as EtcdTls;
 
 use super::{Election, ElectionError, Epoch, Leadership};
 use dataplane::time::{Duration, Instant};
@@ -34,7 +36,8 @@ use dataplane::time::{Duration, Instant};
 /// Where and how to reach etcd.
 #[derive(Clone, Debug)]
 pub struct EtcdConfig {
-    /// Client endpoints (`http://host:port`).
+    /// Client endpoints (`http://host:port`, `https://host:port`, or
+    /// `host:port`: https with TLS, else http).
     pub endpoints: Vec<String>,
     /// The leadership key.
     pub key: String,
@@ -46,20 +49,58 @@ pub struct EtcdConfig {
     pub op_timeout: Duration,
 }
 
+/// The TLS flags of every command that reaches etcd (flattened into its
+/// arguments beside `--etcd`).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct EtcdTlsArgs {
+    /// TLS to etcd: the CA certificate (PEM) that signed the etcd members'
+    /// certificates. With it, --etcd endpoints without a scheme use https.
+    #[arg(long, value_name = "PEM")]
+    pub etcd_ca: Option<std::path::PathBuf>,
+    /// This client's certificate (PEM), for etcd's --client-cert-auth
+    /// (with --etcd-ca and --etcd-key).
+    #[arg(long, value_name = "PEM")]
+    pub etcd_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --etcd-cert.
+    #[arg(long, value_name = "PEM")]
+    pub etcd_key: Option<std::path::PathBuf>,
+}
+
+impl EtcdTlsArgs {
+    /// The TLS settings the flags name, files read (`None`: plain HTTP);
+    /// the error names the flag at fault.
+    pub fn load(&self) -> Result<Option<EtcdTls>, (&'static str, String)> {
+        let identity = match (&self.etcd_cert, &self.etcd_key) {
+            (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+            (None, None) => None,
+            (Some(_), None) => return Err(("etcd-key", "--etcd-cert needs its key: give --etcd-key".into())),
+            (None, Some(_)) => return Err(("etcd-cert", "--etcd-key without --etcd-cert".into())),
+        };
+        let Some(ca) = &self.etcd_ca else {
+            return match identity {
+                None => Ok(None),
+                Some(_) => Err(("etcd-ca", "a client certificate is for TLS: give --etcd-ca too".into())),
+            };
+        };
+        EtcdTls::from_files(ca, identity).map(Some).map_err(|e| ("etcd-ca", e.to_string()))
+    }
+}
+
 /// The etcd election (see the module docs).
 pub struct Etcd {
     cfg: EtcdConfig,
+    tls: Option<EtcdTls>,
     rt: tokio::runtime::Runtime,
     client: Option<Client>,
     /// Leases of the terms this process leads (usually one).
     leases: HashMap<Epoch, i64>,
     /// The open keep-alive stream of one lease.
-    keeper: Option<(i64, LeaseKeeper, LeaseKeepAliveStream)>,
+    keeper: Option<(i64, LeaseKeeper, KeepAliveStream)>,
 }
 
 impl std::fmt::Debug for Etcd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Etcd").field("cfg", &self.cfg).field("leases", &self.leases).finish_non_exhaustive()
+        f.debug_struct("Etcd").field("cfg", &self.cfg).field("tls", &self.tls).field("leases", &self.leases).finish_non_exhaustive()
     }
 }
 
@@ -68,8 +109,14 @@ impl Etcd {
     /// that is down at start is not an error: calls report `Unavailable`
     /// until it answers).
     pub fn new(cfg: EtcdConfig) -> std::io::Result<Etcd> {
+        Etcd::with_tls(cfg, None)
+    }
+
+    /// As [`Etcd::new`], over TLS when `tls` is given (the CA of etcd's
+    /// members and, for its `--client-cert-auth`, a client certificate).
+    pub fn with_tls(cfg: EtcdConfig, tls: Option<EtcdTls>) -> std::io::Result<Etcd> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        Ok(Etcd { cfg, rt, client: None, leases: HashMap::new(), keeper: None })
+        Ok(Etcd { cfg, tls, rt, client: None, leases: HashMap::new(), keeper: None })
     }
 
     /// The lease TTL granted, in whole seconds.
@@ -83,20 +130,20 @@ impl Etcd {
     fn call<T, F, Fut>(&mut self, what: &str, f: F) -> Result<T, ElectionError>
     where
         F: FnOnce(Client) -> Fut,
-        Fut: Future<Output = Result<T, etcd_client::Error>>,
+        Fut: Future<Output = Result<T, etcd_v3::Error>>,
     {
         let timeout = std::time::Duration::from_nanos(self.cfg.op_timeout.as_nanos());
         let endpoints = self.cfg.endpoints.clone();
         let client = self.client.clone();
-        let options = ConnectOptions::new().with_connect_timeout(timeout).with_timeout(timeout);
+        let options = ConnectOptions { timeout, tls: self.tls.clone() };
         let out = self.rt.block_on(async move {
             tokio::time::timeout(timeout, async move {
                 let client = match client {
                     Some(c) => c,
-                    None => Client::connect(&endpoints, Some(options)).await?,
+                    None => Client::connect(&endpoints, &options)?,
                 };
                 let out = f(client.clone()).await?;
-                Ok::<_, etcd_client::Error>((client, out))
+                Ok::<_, etcd_v3::Error>((client, out))
             })
             .await
         });
@@ -130,14 +177,14 @@ impl Etcd {
         let answer = self.rt.block_on(async {
             tokio::time::timeout(timeout, async {
                 keeper.keep_alive().await?;
-                stream.message().await
+                stream.message().await.map_err(etcd_v3::Error::from)
             })
             .await
         });
         match answer {
             Ok(Ok(Some(resp))) => {
                 self.keeper = Some((lease, keeper, stream));
-                Ok(resp.ttl())
+                Ok(resp.ttl)
             }
             // The stream ended or failed: the next renewal opens another.
             Ok(Ok(None)) => Err(ElectionError::Unavailable("etcd lease keep-alive: the stream ended".into())),
@@ -152,11 +199,11 @@ impl Etcd {
     /// The key's holder and term, with its lease id.
     fn read(&mut self) -> Result<Option<(Leadership, i64)>, ElectionError> {
         let key = self.cfg.key.clone();
-        let resp = self.call("get", |mut c| async move { c.get(key, None).await })?;
-        Ok(resp.kvs().first().map(|kv| {
-            let leader = String::from_utf8_lossy(kv.value()).into_owned();
-            let epoch = u64::try_from(kv.create_revision()).unwrap_or(0);
-            (Leadership { leader, epoch }, kv.lease())
+        let resp = self.call("get", |mut c| async move { c.get(key).await })?;
+        Ok(resp.kvs.first().map(|kv| {
+            let leader = String::from_utf8_lossy(&kv.value).into_owned();
+            let epoch = u64::try_from(kv.create_revision).unwrap_or(0);
+            (Leadership { leader, epoch }, kv.lease)
         }))
     }
 }
@@ -164,16 +211,14 @@ impl Etcd {
 impl Election for Etcd {
     fn campaign(&mut self, _now: Instant, me: &str) -> Result<Option<Epoch>, ElectionError> {
         let ttl = self.ttl_secs();
-        let lease = self.call("lease grant", |mut c| async move { c.lease_grant(ttl, None).await })?.id();
+        let lease = self.call("lease grant", |mut c| async move { c.lease_grant(ttl).await })?.id;
         let key = self.cfg.key.clone();
         let value = me.to_string();
-        let txn = Txn::new()
-            .when(vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then(vec![TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease)))]);
+        let txn = TxnRequest::when(vec![Compare::create_revision_is(key.clone(), 0)], vec![RequestOp::put(key, value, lease)]);
         let won = self.call("campaign", |mut c| async move { c.txn(txn).await });
         match won {
-            Ok(resp) if resp.succeeded() => {
-                let epoch = resp.header().map_or(0, |h| u64::try_from(h.revision()).unwrap_or(0));
+            Ok(resp) if resp.succeeded => {
+                let epoch = resp.header.map_or(0, |h| u64::try_from(h.revision).unwrap_or(0));
                 self.leases.insert(epoch, lease);
                 Ok(Some(epoch))
             }
@@ -231,10 +276,10 @@ impl Etcd {
     /// The table under `key`, if any (bad bytes: `Malformed`).
     pub fn get_routes(&mut self, key: &str) -> Result<Option<crate::routes::RouteTable>, RoutesStoreError> {
         let key = key.to_string();
-        let resp = self.call("get routes", |mut c| async move { c.get(key, None).await })?;
-        match resp.kvs().first() {
+        let resp = self.call("get routes", |mut c| async move { c.get(key).await })?;
+        match resp.kvs.first() {
             None => Ok(None),
-            Some(kv) => Ok(Some(crate::routes::RouteTable::decode(kv.value())?)),
+            Some(kv) => Ok(Some(crate::routes::RouteTable::decode(&kv.value)?)),
         }
     }
 
@@ -252,14 +297,14 @@ impl Etcd {
         // The compare: the key is unchanged since the read (its mod
         // revision, or absent).
         let k = key.to_string();
-        let read = self.call("get routes", |mut c| async move { c.get(k, None).await })?;
-        let cmp = match read.kvs().first() {
-            Some(kv) if current.is_some() => Compare::mod_revision(key, CompareOp::Equal, kv.mod_revision()),
-            _ => Compare::create_revision(key, CompareOp::Equal, 0),
+        let read = self.call("get routes", |mut c| async move { c.get(k).await })?;
+        let cmp = match read.kvs.first() {
+            Some(kv) if current.is_some() => Compare::mod_revision_is(key, kv.mod_revision),
+            _ => Compare::create_revision_is(key, 0),
         };
-        let txn = Txn::new().when(vec![cmp]).and_then(vec![TxnOp::put(key, table.encode(), None)]);
+        let txn = TxnRequest::when(vec![cmp], vec![RequestOp::put(key, table.encode(), 0)]);
         let resp = self.call("put routes", |mut c| async move { c.txn(txn).await })?;
-        if resp.succeeded() {
+        if resp.succeeded {
             Ok(())
         } else {
             Err(RoutesStoreError::Conflict { stored: found, written: table.revision })
