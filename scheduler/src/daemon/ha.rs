@@ -18,6 +18,16 @@
 //!
 //! The identity a scheduler campaigns with, and so the value of the
 //! leadership key, is `CONTROL_ADDR|HEARTBEAT_ADDR`.
+//!
+//! Heartbeats are authenticated (issue 55): every datagram carries an
+//! HMAC-SHA256 under a key derived from the join token ([`HeartbeatKey`]);
+//! a ping carries a fresh random nonce and the pong must echo one of the
+//! last few nonces sent, once, so a recorded pong cannot be replayed; the
+//! leader answers at most [`PONGS_PER_WINDOW`] pings per
+//! [`PONG_WINDOW`]; and the term a pong claims is checked against the
+//! election store before anyone acts on it ([`Candidate::handle_heartbeat`]).
+//! Every datagram refused on any of these grounds is counted
+//! (`symphony_scheduler_heartbeats_refused`) and otherwise ignored.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -29,7 +39,12 @@ use dataplane::time::{Duration, Instant, MonotonicClock};
 use dataplane::waitset::Notifier;
 use tracing::{info, warn};
 
-use crate::election::{Candidate, CandidateConfig, Etcd, EtcdConfig, RoleEvent};
+use dataplane::join::{JoinToken, NonceSource};
+use dataplane::wire::{self, Join};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use crate::election::{Candidate, CandidateConfig, Etcd, EtcdConfig, Heard, RoleEvent};
 
 /// The election options of a scheduler daemon.
 #[derive(Clone, Debug)]
@@ -51,32 +66,114 @@ pub struct ElectionConfig {
     pub tls: Option<crate::election::EtcdTls>,
 }
 
-/// Heartbeat datagram: magic, kind, term. 16 bytes, little endian.
-const MAGIC: u32 = u32::from_le_bytes(*b"SYHB");
+/// The key heartbeats are authenticated with: derived from the cluster's
+/// join token, so every scheduler of a cluster holds it and nobody else.
+#[derive(Clone)]
+pub struct HeartbeatKey([u8; 32]);
+
+impl std::fmt::Debug for HeartbeatKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HeartbeatKey(<32 bytes>)")
+    }
+}
+
+impl HeartbeatKey {
+    /// The key of a cluster with join token `token`. Open membership (no
+    /// token) authenticates nothing: the key is then public (all zero).
+    ///
+    /// Derived with the token's own HMAC over a Join no peer ever signs:
+    /// wire version `u16::MAX` (a peer signs with the version it speaks)
+    /// and an all-zero Join whose nonce is this domain's label, so the key
+    /// is independent of every MAC a peer sends.
+    pub fn from_token(token: Option<&JoinToken>) -> HeartbeatKey {
+        let Some(token) = token else { return HeartbeatKey([0; 32]) };
+        let mut label = [0u8; wire::NONCE_LEN];
+        let domain = b"symphony heartbeat key v1";
+        label[..domain.len()].copy_from_slice(domain);
+        let nobody = Join { role: 0, id: 0, count: 0, flags: 0, endpoint: [0; wire::ENDPOINT_LEN], mac: [0; wire::MAC_LEN] };
+        let derived = token.sign(&label, u16::MAX, &nobody);
+        let mut key = [0u8; 32];
+        key.copy_from_slice(&derived[..32]);
+        HeartbeatKey(key)
+    }
+
+    fn mac(&self, body: &[u8]) -> Hmac<Sha256> {
+        // HMAC takes keys of any length: this cannot fail.
+        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&self.0) else { unreachable!("HMAC accepts any key length") };
+        mac.update(body);
+        mac
+    }
+}
+
+/// Heartbeat datagram, little endian: magic, kind, term, nonce, MAC (the
+/// first [`MAC_LEN`] bytes of HMAC-SHA256 over everything before it).
+const MAGIC: u32 = u32::from_le_bytes(*b"SYH2");
 const PING: u32 = 1;
 const PONG: u32 = 2;
+const NONCE_LEN: usize = 16;
+const MAC_LEN: usize = 16;
+const BODY_LEN: usize = 16 + NONCE_LEN;
+const DATAGRAM_LEN: usize = BODY_LEN + MAC_LEN;
 
-fn datagram(kind: u32, epoch: u64) -> [u8; 16] {
-    let mut b = [0u8; 16];
+/// The leader answers at most this many pings per [`PONG_WINDOW`]: a
+/// standby pings once per heartbeat, so this is room for dozens of them
+/// while a flood cannot turn the leader into an amplifier.
+const PONGS_PER_WINDOW: u32 = 64;
+const PONG_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
+/// A pong may answer any of the last this many pings (one in flight per
+/// heartbeat; a late answer to an earlier one is still a sign of life).
+const OUTSTANDING_PINGS: usize = 4;
+
+type Nonce = [u8; NONCE_LEN];
+
+fn datagram(key: &HeartbeatKey, kind: u32, epoch: u64, nonce: &Nonce) -> [u8; DATAGRAM_LEN] {
+    let mut b = [0u8; DATAGRAM_LEN];
     b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
     b[4..8].copy_from_slice(&kind.to_le_bytes());
     b[8..16].copy_from_slice(&epoch.to_le_bytes());
+    b[16..BODY_LEN].copy_from_slice(nonce);
+    let tag = key.mac(&b[..BODY_LEN]).finalize().into_bytes();
+    b[BODY_LEN..].copy_from_slice(&tag[..MAC_LEN]);
     b
 }
 
-/// `(kind, epoch)` of a well-formed datagram; anything else is ignored.
-fn parse(b: &[u8]) -> Option<(u32, u64)> {
-    let b: &[u8; 16] = b.try_into().ok()?;
-    let word = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-    if word(0) != MAGIC {
-        return None;
+/// What arrived on the heartbeat socket.
+#[derive(Debug, PartialEq, Eq)]
+enum Datagram {
+    /// A well-formed datagram whose MAC holds: `(kind, epoch, nonce)`.
+    Authentic(u32, u64, Nonce),
+    /// Our magic, but a bad MAC, kind or length: counted as forged.
+    Forged,
+    /// Not a heartbeat at all.
+    Stray,
+}
+
+fn parse(key: &HeartbeatKey, b: &[u8]) -> Datagram {
+    if b.get(0..4) != Some(&MAGIC.to_le_bytes()[..]) {
+        return Datagram::Stray;
     }
+    let Ok(b) = <&[u8; DATAGRAM_LEN]>::try_from(b) else { return Datagram::Forged };
+    // Constant time: a forger learns nothing from how fast it is refused.
+    if key.mac(&b[..BODY_LEN]).verify_truncated_left(&b[BODY_LEN..]).is_err() {
+        return Datagram::Forged;
+    }
+    let word = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
     let mut e = [0u8; 8];
     e.copy_from_slice(&b[8..16]);
+    let mut nonce = [0u8; NONCE_LEN];
+    nonce.copy_from_slice(&b[16..BODY_LEN]);
     match word(4) {
-        k @ (PING | PONG) => Some((k, u64::from_le_bytes(e))),
-        _ => None,
+        k @ (PING | PONG) => Datagram::Authentic(k, u64::from_le_bytes(e), nonce),
+        _ => Datagram::Forged,
     }
+}
+
+/// A fresh ping nonce (the OS generator; `None` if it failed).
+fn fresh_nonce() -> Option<Nonce> {
+    let wide = NonceSource::Os.next_nonce()?;
+    let mut n = [0u8; NONCE_LEN];
+    n.copy_from_slice(&wide[..NONCE_LEN]);
+    Some(n)
 }
 
 /// The heartbeat address in a leadership value `CONTROL|HEARTBEAT`.
@@ -90,6 +187,8 @@ struct Shared {
     /// Polls of the candidate so far (a leader's poll renews its lease
     /// when due): the poll loop waits for one after a stall.
     polls: AtomicU64,
+    /// Heartbeat datagrams refused (see the module docs).
+    refused: AtomicU64,
     stop: AtomicBool,
 }
 
@@ -104,9 +203,9 @@ pub struct ElectionHost {
 
 impl ElectionHost {
     /// Binds the heartbeat socket and starts both threads; `control` is
-    /// where peers reach this scheduler; `wake` is notified at every change
-    /// of standing.
-    pub fn spawn(cfg: &ElectionConfig, control: &str, wake: Notifier) -> std::io::Result<ElectionHost> {
+    /// where peers reach this scheduler; `key` authenticates heartbeats;
+    /// `wake` is notified at every change of standing.
+    pub fn spawn(cfg: &ElectionConfig, control: &str, key: HeartbeatKey, wake: Notifier) -> std::io::Result<ElectionHost> {
         let socket = UdpSocket::bind(cfg.listen)?;
         // Bounds how long a stop waits for `sched-hb`.
         socket.set_read_timeout(Some(std::time::Duration::from_millis(50)))?;
@@ -126,18 +225,18 @@ impl ElectionHost {
             CandidateConfig { me, heartbeat: cfg.heartbeat, failure_timeout: cfg.failure_timeout, lease_ttl: cfg.lease_ttl },
             etcd,
         );
-        let shared = Arc::new(Shared { leading: AtomicU64::new(0), polls: AtomicU64::new(0), stop: AtomicBool::new(false) });
-        let (pongs, heard) = mpsc::sync_channel::<u64>(64);
+        let shared = Arc::new(Shared { leading: AtomicU64::new(0), polls: AtomicU64::new(0), refused: AtomicU64::new(0), stop: AtomicBool::new(false) });
+        let (pongs, heard) = mpsc::sync_channel::<(u64, Nonce)>(64);
         let hb = {
-            let (shared, socket) = (shared.clone(), socket.try_clone()?);
-            std::thread::Builder::new().name("sched-hb".into()).spawn(move || answer_heartbeats(&socket, &shared, &pongs))?
+            let (shared, socket, key) = (shared.clone(), socket.try_clone()?, key.clone());
+            std::thread::Builder::new().name("sched-hb".into()).spawn(move || answer_heartbeats(&socket, &key, &shared, &pongs))?
         };
         let elect = {
             let shared = shared.clone();
             let heartbeat = cfg.heartbeat;
             std::thread::Builder::new()
                 .name("sched-elect".into())
-                .spawn(move || run_candidate(candidate, &socket, heartbeat, &shared, &heard, &wake))?
+                .spawn(move || run_candidate(candidate, &socket, &key, heartbeat, &shared, &heard, &wake))?
         };
         info!(heartbeat = %heartbeat_addr, key = %cfg.key, endpoints = %cfg.endpoints.join(","), "standing for election");
         Ok(ElectionHost { shared, elect: Some(elect), heartbeat: Some(hb), heartbeat_addr })
@@ -156,6 +255,19 @@ impl ElectionHost {
     /// lease (and stepped down if it was revoked meanwhile).
     pub fn polls(&self) -> u64 {
         self.shared.polls.load(Ordering::Acquire)
+    }
+
+    /// Heartbeat datagrams refused so far: a bad MAC, a replayed or
+    /// unsolicited pong, or a term the election store did not confirm.
+    pub fn heartbeats_refused(&self) -> u64 {
+        self.shared.refused.load(Ordering::Relaxed)
+    }
+
+    /// A gauge-like reader of [`Self::heartbeats_refused`] for a metrics
+    /// registry (it outlives a borrow of the host).
+    pub fn refused_reader(&self) -> impl Fn() -> u64 + Send + Sync + 'static {
+        let shared = self.shared.clone();
+        move || shared.refused.load(Ordering::Relaxed)
     }
 
     /// Stops both threads; a leader resigns first (revokes its lease), so
@@ -178,34 +290,61 @@ impl Drop for ElectionHost {
     }
 }
 
-/// `sched-hb`: answers pings with the term led (none: no answer) and
-/// passes pongs on to the candidate.
-fn answer_heartbeats(socket: &UdpSocket, shared: &Shared, pongs: &mpsc::SyncSender<u64>) {
+/// `sched-hb`: answers authentic pings with the term led (none: no
+/// answer), at most [`PONGS_PER_WINDOW`] per window, and passes authentic
+/// pongs on to the candidate; counts and drops everything forged.
+fn answer_heartbeats(socket: &UdpSocket, key: &HeartbeatKey, shared: &Shared, pongs: &mpsc::SyncSender<(u64, Nonce)>) {
     let mut buf = [0u8; 64];
+    let mut window = std::time::Instant::now();
+    let mut answered = 0u32;
     while !shared.stop.load(Ordering::Acquire) {
         let Ok((n, from)) = socket.recv_from(&mut buf) else { continue };
-        match buf.get(..n).and_then(parse) {
-            Some((PING, _)) => {
+        match parse(key, buf.get(..n).unwrap_or(&[])) {
+            Datagram::Authentic(PING, _, nonce) => {
                 let epoch = shared.leading.load(Ordering::Acquire);
-                if epoch != 0 {
-                    let _ = socket.send_to(&datagram(PONG, epoch), from);
+                if epoch == 0 {
+                    continue;
                 }
+                if window.elapsed() >= PONG_WINDOW {
+                    window = std::time::Instant::now();
+                    answered = 0;
+                }
+                if answered >= PONGS_PER_WINDOW {
+                    shared.refused.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                answered += 1;
+                let _ = socket.send_to(&datagram(key, PONG, epoch, &nonce), from);
             }
             // Full: the candidate is behind; a dropped pong is one
             // heartbeat less, never a wrong one.
-            Some((PONG, epoch)) => {
-                let _ = pongs.try_send(epoch);
+            Datagram::Authentic(_, epoch, nonce) => {
+                let _ = pongs.try_send((epoch, nonce));
             }
-            _ => {}
+            Datagram::Forged => {
+                shared.refused.fetch_add(1, Ordering::Relaxed);
+            }
+            Datagram::Stray => {}
         }
     }
 }
 
 /// `sched-elect`: polls the candidate, pings the leader while standing by,
 /// and publishes every change of standing.
-fn run_candidate(mut cand: Candidate<Etcd>, socket: &UdpSocket, heartbeat: Duration, shared: &Shared, heard: &mpsc::Receiver<u64>, wake: &Notifier) {
+fn run_candidate(
+    mut cand: Candidate<Etcd>,
+    socket: &UdpSocket,
+    key: &HeartbeatKey,
+    heartbeat: Duration,
+    shared: &Shared,
+    heard: &mpsc::Receiver<(u64, Nonce)>,
+    wake: &Notifier,
+) {
     let clock = MonotonicClock::new();
     let mut next_ping = Instant::ZERO;
+    // Nonces of the last pings sent, each answerable once.
+    let mut outstanding: [Option<Nonce>; OUTSTANDING_PINGS] = [None; OUTSTANDING_PINGS];
+    let mut next_slot = 0usize;
     while !shared.stop.load(Ordering::Acquire) {
         let now = clock.now();
         cand.poll(now);
@@ -218,16 +357,34 @@ fn run_candidate(mut cand: Candidate<Etcd>, socket: &UdpSocket, heartbeat: Durat
         shared.polls.fetch_add(1, Ordering::AcqRel);
         if let Some(leader) = cand.following().and_then(|l| heartbeat_addr(&l.leader)) {
             if now >= next_ping {
-                let _ = socket.send_to(&datagram(PING, 0), leader);
+                if let Some(nonce) = fresh_nonce() {
+                    outstanding[next_slot] = Some(nonce);
+                    next_slot = (next_slot + 1) % OUTSTANDING_PINGS;
+                    let _ = socket.send_to(&datagram(key, PING, 0, &nonce), leader);
+                }
                 next_ping = now + heartbeat;
             }
         }
         let until = cand.poll_at().unwrap_or(now + heartbeat).min(next_ping.max(now)).min(now + heartbeat);
         let wait = std::time::Duration::from_nanos(until.saturating_since(clock.now()).as_nanos().max(100_000));
-        if let Ok(epoch) = heard.recv_timeout(wait) {
-            cand.handle_heartbeat(clock.now(), epoch);
-            while let Ok(epoch) = heard.try_recv() {
-                cand.handle_heartbeat(clock.now(), epoch);
+        let mut take = |(epoch, nonce): (u64, Nonce)| {
+            // Only an answer to a ping of ours, and only once.
+            let Some(slot) = outstanding.iter_mut().find(|s| s.as_ref() == Some(&nonce)) else {
+                shared.refused.fetch_add(1, Ordering::Relaxed);
+                return;
+            };
+            *slot = None;
+            if cand.handle_heartbeat(clock.now(), epoch) == Heard::Ignored {
+                shared.refused.fetch_add(1, Ordering::Relaxed);
+            }
+            while let Some(ev) = cand.poll_event() {
+                publish(&ev, shared, wake);
+            }
+        };
+        if let Ok(pong) = heard.recv_timeout(wait) {
+            take(pong);
+            while let Ok(pong) = heard.try_recv() {
+                take(pong);
             }
         }
     }
@@ -259,15 +416,38 @@ fn publish(ev: &RoleEvent, shared: &Shared, wake: &Notifier) {
 mod tests {
     use super::*;
 
+    fn key(token: &str) -> HeartbeatKey {
+        HeartbeatKey::from_token(Some(&JoinToken::new(token.as_bytes()).unwrap()))
+    }
+
     #[test]
     fn heartbeats_parse_back_and_anything_else_is_ignored() {
-        assert_eq!(parse(&datagram(PING, 0)), Some((PING, 0)));
-        assert_eq!(parse(&datagram(PONG, 77)), Some((PONG, 77)));
-        assert_eq!(parse(&datagram(3, 1)), None);
-        assert_eq!(parse(&[0u8; 16]), None);
-        assert_eq!(parse(&datagram(PING, 0)[..15]), None);
+        let k = key("a cluster's join token, long enough");
+        let n = [7u8; NONCE_LEN];
+        assert_eq!(parse(&k, &datagram(&k, PING, 0, &n)), Datagram::Authentic(PING, 0, n));
+        assert_eq!(parse(&k, &datagram(&k, PONG, 77, &n)), Datagram::Authentic(PONG, 77, n));
+        assert_eq!(parse(&k, &datagram(&k, 3, 1, &n)), Datagram::Forged);
+        assert_eq!(parse(&k, &[0u8; DATAGRAM_LEN]), Datagram::Stray);
+        assert_eq!(parse(&k, &datagram(&k, PING, 0, &n)[..DATAGRAM_LEN - 1]), Datagram::Forged);
         assert_eq!(heartbeat_addr("/tmp/x.sock|127.0.0.1:9"), Some("127.0.0.1:9".parse().unwrap()));
         assert_eq!(heartbeat_addr("127.0.0.1:5|[::1]:7"), Some("[::1]:7".parse().unwrap()));
         assert_eq!(heartbeat_addr("no-separator"), None);
+    }
+
+    #[test]
+    fn a_heartbeat_under_another_key_or_altered_is_forged() {
+        let ours = key("a cluster's join token, long enough");
+        let theirs = key("an attacker's guess at the token!!");
+        let n = [1u8; NONCE_LEN];
+        assert_eq!(parse(&ours, &datagram(&theirs, PONG, u64::MAX, &n)), Datagram::Forged);
+        assert_eq!(parse(&ours, &datagram(&HeartbeatKey::from_token(None), PONG, 9, &n)), Datagram::Forged);
+        let mut d = datagram(&ours, PONG, 5, &n);
+        d[8] ^= 0x80; // the term raised in flight
+        assert_eq!(parse(&ours, &d), Datagram::Forged);
+        let mut d = datagram(&ours, PONG, 5, &n);
+        d[DATAGRAM_LEN - 1] ^= 1;
+        assert_eq!(parse(&ours, &d), Datagram::Forged);
+        assert_ne!(ours.0, theirs.0);
+        assert_ne!(ours.0, [0; 32]);
     }
 }

@@ -162,7 +162,13 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), Scheduler
         serve_term(listener, &cfg, 0, None, watch.as_ref(), &metrics, &terms, &clock, &mut idle)?;
         return Ok(());
     };
-    let host = ha::ElectionHost::spawn(election, &cfg.listen, idle.notifier()).map_err(setup("election"))?;
+    let key = ha::HeartbeatKey::from_token(cfg.membership.token.as_ref());
+    let host = ha::ElectionHost::spawn(election, &cfg.listen, key, idle.notifier()).map_err(setup("election"))?;
+    metrics.registry().register(
+        "symphony_scheduler_heartbeats_refused",
+        "Election heartbeats refused: a bad MAC, a replayed or unsolicited answer, a term the election store did not confirm, or pings beyond the answer rate",
+        dataplane::metrics::Computed::counter_of(host.refused_reader()),
+    );
     announce(&cfg, &cfg.listen, endpoint.addr());
     loop {
         // Standing by: nothing listens on the control address, so peers

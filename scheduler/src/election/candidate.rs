@@ -81,6 +81,20 @@ pub struct Candidate<E: Election> {
     /// leadership back and forth every failure timeout. Meanwhile it
     /// campaigns only once the store itself expires the lease.
     deposed_until: Option<Instant>,
+    /// When a heartbeat last made it consult the store (see
+    /// [`Candidate::handle_heartbeat`]).
+    store_checked_at: Option<Instant>,
+}
+
+/// What a [`Candidate`] made of a heartbeat.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Heard {
+    /// Taken as the leader's sign of life (or, by a leader, as proof of a
+    /// newer term: it stepped down).
+    Accepted,
+    /// Not believed: a term the store did not confirm, a stale one, or a
+    /// claim beyond the store-check rate (the host counts it).
+    Ignored,
 }
 
 impl<E: Election> Candidate<E> {
@@ -94,6 +108,7 @@ impl<E: Election> Candidate<E> {
             now: Instant::ZERO,
             retry_at: None,
             deposed_until: None,
+            store_checked_at: None,
         }
     }
 
@@ -128,24 +143,72 @@ impl<E: Election> Candidate<E> {
         self.events.pop_front()
     }
 
-    /// A heartbeat from the leader of term `epoch` arrived at `now`. A
-    /// leader that hears of a newer term steps down.
-    pub fn handle_heartbeat(&mut self, now: Instant, epoch: Epoch) {
+    /// A heartbeat from the leader of term `epoch` arrived at `now`.
+    ///
+    /// A heartbeat is a claim, not a fact (issue 55): the host has checked
+    /// its MAC, but a term the store never granted is believed by nobody.
+    /// A standby takes a heartbeat of the term it follows as a sign of
+    /// life; one of a newer term only once the store confirms that term. A
+    /// leader that hears of a newer term asks the store whether its own
+    /// lease still holds, and steps down only if it does not. The store is
+    /// asked at most once per heartbeat interval, so a flood of claims
+    /// costs it nothing.
+    pub fn handle_heartbeat(&mut self, now: Instant, epoch: Epoch) -> Heard {
         let now = self.observe(now);
-        match &mut self.standing {
-            Standing::Standby { leader: Some(l), heard_at } if epoch >= l.epoch => {
-                l.epoch = epoch;
-                *heard_at = now;
+        match self.standing.clone() {
+            Standing::Standby { leader: Some(l), .. } if epoch == l.epoch => {
+                self.standing = Standing::Standby { leader: Some(l), heard_at: now };
+                Heard::Accepted
             }
-            Standing::Standby { .. } => {}
-            Standing::Leader { epoch: mine, .. } => {
-                if epoch > *mine {
-                    let mine = *mine;
-                    self.deposed_until = Some(now.saturating_add(self.cfg.lease_ttl));
-                    self.step_down(now, mine, format!("a leader of the newer epoch {epoch} is heard"));
+            Standing::Standby { leader: Some(l), .. } if epoch > l.epoch => {
+                if !self.may_ask_store(now) {
+                    return Heard::Ignored;
+                }
+                match self.election.leader(now) {
+                    Ok(Some(granted)) if granted.epoch == epoch => {
+                        let changed = granted.leader != l.leader;
+                        self.standing = Standing::Standby { leader: Some(granted.clone()), heard_at: now };
+                        if changed {
+                            self.events.push_back(RoleEvent::Following(granted));
+                        }
+                        Heard::Accepted
+                    }
+                    _ => Heard::Ignored,
                 }
             }
+            Standing::Standby { .. } => Heard::Ignored,
+            Standing::Leader { epoch: mine, next_renew, .. } if epoch > mine => {
+                if !self.may_ask_store(now) {
+                    return Heard::Ignored;
+                }
+                match self.election.keep_alive(now, mine) {
+                    // Its lease holds: no newer term exists.
+                    Ok(()) => {
+                        self.standing = Standing::Leader { epoch: mine, renewed_at: now, next_renew };
+                        Heard::Ignored
+                    }
+                    Err(ElectionError::LeaseLost(_)) => {
+                        self.deposed_until = Some(now.saturating_add(self.cfg.lease_ttl));
+                        self.step_down(now, mine, format!("a leader of the newer epoch {epoch} is heard and its own lease is gone"));
+                        Heard::Accepted
+                    }
+                    // The renewal path decides (it steps down before the
+                    // lease could lapse).
+                    Err(ElectionError::Unavailable(_)) => Heard::Ignored,
+                }
+            }
+            Standing::Leader { .. } => Heard::Ignored,
         }
+    }
+
+    /// Whether a heartbeat may make it consult the store now (at most once
+    /// per heartbeat interval).
+    fn may_ask_store(&mut self, now: Instant) -> bool {
+        if self.store_checked_at.is_some_and(|t| now < t.saturating_add(self.cfg.heartbeat)) {
+            return false;
+        }
+        self.store_checked_at = Some(now);
+        true
     }
 
     /// Gives the leadership up at `now` (a clean shutdown): revokes its own
@@ -406,5 +469,55 @@ mod tests {
         p.run(healed, healed + ms(300), [true, true], true);
         assert_eq!(p.c[1].leading(), Some(2));
         assert_eq!(p.store.revision(), 2, "{:?}", p.events);
+    }
+
+    #[test]
+    fn a_heartbeat_claiming_a_term_the_store_never_granted_deposes_nobody() {
+        let mut p = Pair::new();
+        let t0 = Instant::from_nanos(1);
+        p.run(t0, t0 + ms(100), [true, true], true);
+        assert_eq!(p.c[0].leading(), Some(1));
+        let forged = t0 + ms(101);
+        assert_eq!(p.c[0].handle_heartbeat(forged, u64::MAX), Heard::Ignored);
+        // A flood within the store-check interval is not even checked.
+        for k in 0..100 {
+            assert_eq!(p.c[0].handle_heartbeat(forged + Duration::from_nanos(k), 1 << 40), Heard::Ignored);
+        }
+        p.run(forged + ms(1), forged + ms(300), [true, true], true);
+        assert_eq!(p.c[0].leading(), Some(1));
+        assert!(p.events.iter().all(|(_, _, e)| !matches!(e, RoleEvent::SteppedDown { .. })), "{:?}", p.events);
+        assert_eq!(p.store.revision(), 1);
+    }
+
+    #[test]
+    fn a_leader_whose_lease_is_gone_steps_down_on_a_newer_terms_heartbeat() {
+        let mut p = Pair::new();
+        let t0 = Instant::from_nanos(1);
+        p.run(t0, t0 + ms(100), [true, true], true);
+        let mut other = p.store.handle("b");
+        other.revoke(t0 + ms(101), 1).unwrap();
+        let e = other.campaign(t0 + ms(101), "b").unwrap().expect("b wins the free key");
+        assert_eq!(p.c[0].handle_heartbeat(t0 + ms(102), e), Heard::Accepted);
+        assert_eq!(p.c[0].leading(), None);
+    }
+
+    #[test]
+    fn heartbeats_of_terms_the_store_never_granted_do_not_keep_a_standby_from_taking_over() {
+        let mut p = Pair::new();
+        let t0 = Instant::from_nanos(1);
+        p.run(t0, t0 + ms(100), [true, true], true);
+        // The leader dies; a forger sends the standby heartbeats of newer
+        // (never granted) terms every millisecond.
+        let crash = t0 + ms(101);
+        let mut t = crash;
+        let mut claimed = 2;
+        while t <= crash + ms(200) && p.c[1].leading().is_none() {
+            assert_eq!(p.c[1].handle_heartbeat(t, claimed), Heard::Ignored);
+            claimed += 1;
+            p.c[1].poll(t);
+            t += ms(1);
+        }
+        assert_eq!(p.c[1].leading(), Some(2), "the standby took over at {:?}", t.saturating_since(crash));
+        assert!(t.saturating_since(crash) <= ms(50 + 10 + 2), "took {:?}", t.saturating_since(crash));
     }
 }

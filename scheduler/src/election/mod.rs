@@ -20,7 +20,7 @@ mod etcd;
 mod local_etcd;
 mod memory;
 
-pub use candidate::{Candidate, CandidateConfig, RoleEvent, Standing};
+pub use candidate::{Candidate, CandidateConfig, Heard, RoleEvent, Standing};
 pub use etcd::{Etcd, EtcdConfig, EtcdTls, EtcdTlsArgs, RoutesStoreError};
 pub use local_etcd::{etcd_binary, LocalEtcd, LocalEtcdError};
 pub use memory::InMemory;
