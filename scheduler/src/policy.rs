@@ -1,7 +1,7 @@
 //! Every policy behind one constructor, so the simulator, the CLI and the
 //! benchmarks run them all the same way.
 
-use crate::baselines::{ClockworkConfig, ClockworkScheduler, EagerScheduler, NexusConfig, NexusScheduler, ShepherdScheduler};
+use crate::baselines::{ClockworkConfig, ClockworkScheduler, DropMode, EagerScheduler, LatestStartScheduler, NexusConfig, NexusScheduler, Rank, ShepherdScheduler};
 use crate::deferred::{CoreConfig, DeferredScheduler, Gather};
 use crate::netdelay::NetworkDelay;
 use crate::types::Scheduler;
@@ -29,11 +29,21 @@ pub enum PolicyKind {
     Shepherd,
     /// Nexus epoch squishy bin packing with per-GPU round robin.
     Nexus,
+    /// Eager EDF with Nexus's early-drop sliding window.
+    EagerEarly,
+    /// Eager, the largest feasible batch of the model whose latest start
+    /// is the earliest ([`crate::baselines::latest_start`]), lazy drop.
+    EagerLatestStart,
+    /// [`PolicyKind::EagerLatestStart`] with early drop.
+    EagerLatestStartEarly,
+    /// Clockwork as the Symphony paper describes it: the earliest
+    /// latest-executable moment over every model and batch size.
+    ClockworkPaper,
 }
 
 impl PolicyKind {
     /// Every policy, in report order.
-    pub const ALL: [PolicyKind; 7] = [
+    pub const ALL: [PolicyKind; 11] = [
         PolicyKind::Deferred,
         PolicyKind::Clockwork,
         PolicyKind::ClockworkAny,
@@ -41,6 +51,10 @@ impl PolicyKind {
         PolicyKind::Timeout,
         PolicyKind::Nexus,
         PolicyKind::Eager,
+        PolicyKind::EagerEarly,
+        PolicyKind::EagerLatestStart,
+        PolicyKind::EagerLatestStartEarly,
+        PolicyKind::ClockworkPaper,
     ];
 
     /// Parses a policy name.
@@ -53,6 +67,10 @@ impl PolicyKind {
             "clockwork-any" => PolicyKind::ClockworkAny,
             "shepherd" => PolicyKind::Shepherd,
             "nexus" => PolicyKind::Nexus,
+            "eager-early" => PolicyKind::EagerEarly,
+            "eager-latest-start" => PolicyKind::EagerLatestStart,
+            "eager-latest-start-early" => PolicyKind::EagerLatestStartEarly,
+            "clockwork-paper" => PolicyKind::ClockworkPaper,
             other => return Err(PolicyError::Unknown { name: other.to_string() }),
         })
     }
@@ -67,6 +85,10 @@ impl PolicyKind {
             PolicyKind::ClockworkAny => "clockwork-any",
             PolicyKind::Shepherd => "shepherd",
             PolicyKind::Nexus => "nexus",
+            PolicyKind::EagerEarly => "eager-early",
+            PolicyKind::EagerLatestStart => "eager-latest-start",
+            PolicyKind::EagerLatestStartEarly => "eager-latest-start-early",
+            PolicyKind::ClockworkPaper => "clockwork-paper",
         }
     }
 }
@@ -81,7 +103,7 @@ impl fmt::Display for PolicyKind {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PolicyError {
     /// The name is not a policy.
-    #[error("unknown policy '{name}' (deferred, clockwork, clockwork-any, shepherd, timeout, nexus, eager)")]
+    #[error("unknown policy '{name}' (deferred, clockwork, clockwork-any, clockwork-paper, shepherd, timeout, nexus, eager, eager-early, eager-latest-start, eager-latest-start-early)")]
     Unknown {
         /// The name given.
         name: String,
@@ -168,6 +190,10 @@ pub fn build(models: &[ModelSpec], gpus: u32, cfg: &PolicyConfig) -> Result<Box<
             Box::new(ClockworkScheduler::new(models, gpus, ClockworkConfig { delay: cfg.delay, pow2_batches: false, ..ClockworkConfig::default() }))
         }
         PolicyKind::Shepherd => Box::new(ShepherdScheduler::new(models, gpus, cfg.delay)),
+        PolicyKind::EagerEarly => Box::new(EagerScheduler::eager_early_drop(models, gpus, cfg.delay)),
+        PolicyKind::EagerLatestStart => Box::new(LatestStartScheduler::new(models, gpus, cfg.delay, Rank::LatestStart, DropMode::Lazy)),
+        PolicyKind::EagerLatestStartEarly => Box::new(LatestStartScheduler::new(models, gpus, cfg.delay, Rank::LatestStart, DropMode::Early)),
+        PolicyKind::ClockworkPaper => Box::new(LatestStartScheduler::new(models, gpus, cfg.delay, Rank::ClockworkPaper, DropMode::Lazy)),
         PolicyKind::Nexus => Box::new(NexusScheduler::new(
             models,
             gpus,

@@ -20,6 +20,7 @@
 //!
 //! Every event costs `O(log M + log G)` plus `O(B log B)` per batch formed.
 
+use super::latest_start::{drop_heads, DropMode};
 use super::{insert_by_deadline, GpuPool};
 use crate::batch_past_heads::larger_batch_past_heads;
 use crate::netdelay::NetworkDelay;
@@ -49,6 +50,8 @@ pub struct EagerScheduler {
     eligible: IndexedHeap<Instant>,
     /// Models with queued requests still inside their timeout, by when it ends.
     waiting: IndexedHeap<Instant>,
+    /// Lazy drop, or Nexus's sliding window before it (`eager-early`).
+    drop: DropMode,
     name: &'static str,
 }
 
@@ -56,6 +59,13 @@ impl EagerScheduler {
     /// Eager EDF for `models` (model id = index) on `gpus` GPUs.
     pub fn eager(models: &[ModelSpec], gpus: u32, delay: NetworkDelay) -> Self {
         Self::with_timeouts(models, gpus, delay, &[], "eager")
+    }
+
+    /// Eager EDF with early drop: before a model's batch is formed, the
+    /// heads Nexus's sliding window skips are dropped
+    /// ([`super::latest_start::early_drop_count`]).
+    pub fn eager_early_drop(models: &[ModelSpec], gpus: u32, delay: NetworkDelay) -> Self {
+        EagerScheduler { drop: DropMode::Early, ..Self::with_timeouts(models, gpus, delay, &[], "eager-early") }
     }
 
     /// Timeout batching: model `m` waits `timeouts[m]` (the last entry for
@@ -81,6 +91,7 @@ impl EagerScheduler {
             gpus: GpuPool::new(gpus),
             eligible: IndexedHeap::with_ids(models.len()),
             waiting: IndexedHeap::with_ids(models.len()),
+            drop: DropMode::Lazy,
             name,
         }
     }
@@ -122,14 +133,20 @@ impl EagerScheduler {
             let Some((_, m)) = self.eligible.peek() else { return };
             let delay = self.delay;
             let model = &mut self.models[m as usize];
-            let alone = now + delay.of(1) + model.profile.latency(1);
-            let mut dropped = false;
-            while model.queue.front().is_some_and(|h| h.deadline < alone) {
-                if let Some(h) = model.queue.pop_front() {
-                    out.drops.push((h, DropReason::DeadlineUnmeetable));
+            let dropped = match self.drop {
+                DropMode::Lazy => {
+                    let alone = now + delay.of(1) + model.profile.latency(1);
+                    let mut dropped = false;
+                    while model.queue.front().is_some_and(|h| h.deadline < alone) {
+                        if let Some(h) = model.queue.pop_front() {
+                            out.drops.push((h, DropReason::DeadlineUnmeetable));
+                        }
+                        dropped = true;
+                    }
+                    dropped
                 }
-                dropped = true;
-            }
+                DropMode::Early => drop_heads(&mut model.queue, &model.profile, model.full as u32, DropMode::Early, now, delay, out),
+            };
             if dropped {
                 // The head changed: another model may now be more urgent,
                 // or this one may be back inside its timeout.

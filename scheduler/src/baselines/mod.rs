@@ -13,6 +13,9 @@
 //! - [`eager`]: the simplest work-conserving earliest-deadline-first policy,
 //!   and TF-Serving-style timeout batching on the same loop ([`timeout`]
 //!   searches its `k` per model).
+//! - [`latest_start`]: the eager family's strong variant (the largest
+//!   feasible batch of the model whose latest start is the earliest) and
+//!   Clockwork as the Symphony paper describes it.
 //!
 //! All are sans-IO [`Scheduler`](crate::types::Scheduler)s, like the
 //! deferred cores: they never read a clock, and they check every batch
@@ -20,12 +23,14 @@
 
 pub mod clockwork;
 pub mod eager;
+pub mod latest_start;
 pub mod nexus;
 pub mod shepherd;
 pub mod timeout;
 
 pub use clockwork::{ClockworkConfig, ClockworkScheduler};
 pub use eager::EagerScheduler;
+pub use latest_start::{DropMode, LatestStartScheduler, Rank};
 pub use nexus::{NexusConfig, NexusScheduler};
 pub use shepherd::ShepherdScheduler;
 
