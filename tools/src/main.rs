@@ -343,9 +343,15 @@ enum Cmd {
         /// fig13: the ModelThread counts (default 1 up to the machine's cores, at least 2).
         #[arg(long = "model-threads", value_delimiter = ',')]
         model_threads: Vec<usize>,
-        /// grid: the seeds each goodput is the median over (default 1,2,3,4,5; --quick: 1).
+        /// grid: the seeds each goodput is the median over (default 1,2,3,4,5; --quick or --sample: 1).
         #[arg(long, value_delimiter = ',')]
         seeds: Vec<u64>,
+        /// grid: compare on this many workloads drawn at random from a stated space instead of the fixed grid.
+        #[arg(long)]
+        sample: Option<usize>,
+        /// grid: the seed the --sample workloads are drawn with.
+        #[arg(long = "sample-seed", default_value_t = 1)]
+        sample_seed: u64,
     },
 }
 
@@ -482,7 +488,9 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
         Cmd::Partition(a) => Ok(partition_cmd::run(&a)?),
         Cmd::Route { action } => Ok(route_cmd::run(&action)?),
         Cmd::Predict(a) => Ok(predict::run(&a)?),
-        Cmd::Report { name, quick, json, seeds, .. } if name == "grid" => Ok(report_grid::run(quick, json, &seeds)?),
+        Cmd::Report { name, quick, json, seeds, sample, sample_seed, .. } if name == "grid" => {
+            Ok(report_grid::run(quick, json, &seeds, sample.map(|size| report_grid::Sample { size, seed: sample_seed }))?)
+        }
         Cmd::Report { name, quick, plot, model_threads, .. } => Ok(reports::run(&name, quick, plot.as_deref(), &model_threads)?),
         Cmd::Chaos { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json, priority_mix, cancel_share, max_queue, trace_task } => {
             Ok(chaos_cmd::run(&chaos_cmd::ChaosArgs { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json, priority_mix, cancel_share, max_queue, trace_task })?)

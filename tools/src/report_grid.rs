@@ -7,9 +7,13 @@
 //!   Table 4 SLOs);
 //! - Poisson, Gamma(0.5) and Gamma(0.2) arrivals, equal popularity.
 //!
-//! Per cell: every policy's goodput (median over [`SEEDS`]), the ratio
-//! deferred / best other, and over the grid the worst ratio and the
-//! geometric mean. Every policy runs on the same emulated GPUs and the same
+//! Per cell: every policy's goodput (median over [`SEEDS`]) and its p99
+//! latency at that goodput; the baseline panel ([`FAMILIES`], issue 49):
+//! each family's best variant, which one it was and its p99; the ratio
+//! deferred / best of the panel, and over the grid the worst ratio and the
+//! geometric mean. `--sample N --sample-seed S` runs the same comparison on
+//! `N` workloads drawn from a stated space instead ([`sample_cells`]),
+//! seed 1 unless `--seeds` says otherwise. Every policy runs on the same emulated GPUs and the same
 //! arrivals (same seeds). The timeout policy runs at its best `k` per
 //! model, searched on [`TUNING_SEED`], a seed of its own ([`best_timeouts`]: a common
 //! fraction of the SLO, then model by model in cells of up to
@@ -90,19 +94,35 @@ fn policies() -> Vec<(&'static str, PolicyKind)> {
         ("deferred", PolicyKind::Deferred),
         ("clockwork", PolicyKind::Clockwork),
         ("clockwork-any", PolicyKind::ClockworkAny),
+        ("clockwork-paper", PolicyKind::ClockworkPaper),
         ("shepherd", PolicyKind::Shepherd),
         ("nexus", PolicyKind::Nexus),
         ("timeout", PolicyKind::Timeout),
         ("eager", PolicyKind::Eager),
+        ("eager-early", PolicyKind::EagerEarly),
+        ("eager-latest-start", PolicyKind::EagerLatestStart),
+        ("eager-latest-start-early", PolicyKind::EagerLatestStartEarly),
     ]
 }
+
+/// The baseline panel (issue 49): each family's variants, by their column
+/// names. Per cell each family is represented by its best variant, and
+/// deferred is compared with the best family.
+pub const FAMILIES: [(&str, &[&str]); 5] = [
+    ("eager", &["eager", "eager-early", "eager-latest-start", "eager-latest-start-early"]),
+    ("clockwork", &["clockwork", "clockwork-any", "clockwork-paper"]),
+    ("shepherd", &["shepherd"]),
+    ("timeout", &["timeout"]),
+    ("nexus", &["nexus"]),
+];
 
 struct Cell {
     zoo: &'static str,
     models: Vec<ModelSpec>,
     gpus: u32,
     slo: String,
-    arrival: (&'static str, Arrival),
+    arrival: (String, Arrival),
+    popularity: (String, Popularity),
 }
 
 fn zoo_name(z: Zoo) -> &'static str {
@@ -119,6 +139,7 @@ fn cells(quick: bool) -> Result<Vec<Cell>, GridError> {
     } else {
         vec![("Poisson", Arrival::Poisson), ("Gamma(0.5)", Arrival::Gamma(0.5)), ("Gamma(0.2)", Arrival::Gamma(0.2))]
     };
+    let equal = || ("equal".to_string(), Popularity::Equal);
     let (gpus, counts, slos): (&[u32], &[usize], &[f64]) = if quick { (&[2, 8], &[2], &[25.0, 100.0]) } else { (&GPUS, &MODEL_COUNTS, &SLOS_MS) };
     let mut out = Vec::new();
     for (zoo, names) in GRID_MODELS {
@@ -133,7 +154,7 @@ fn cells(quick: bool) -> Result<Vec<Cell>, GridError> {
                 }
                 for &g in gpus {
                     for &a in &arrivals {
-                        out.push(Cell { zoo: zoo_name(zoo), models: models.clone(), gpus: g, slo: format!("{slo:.0}"), arrival: a });
+                        out.push(Cell { zoo: zoo_name(zoo), models: models.clone(), gpus: g, slo: format!("{slo:.0}"), arrival: (a.0.to_string(), a.1), popularity: equal() });
                     }
                 }
             }
@@ -141,8 +162,73 @@ fn cells(quick: bool) -> Result<Vec<Cell>, GridError> {
     }
     if !quick {
         for &a in &arrivals {
-            out.push(Cell { zoo: "A100", models: Zoo::A100.models(), gpus: 64, slo: "Table 4".into(), arrival: a });
+            out.push(Cell { zoo: "A100", models: Zoo::A100.models(), gpus: 64, slo: "Table 4".into(), arrival: (a.0.to_string(), a.1), popularity: equal() });
         }
+    }
+    Ok(out)
+}
+
+/// A random sample of workloads: `--sample N --sample-seed S`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Sample {
+    /// Workloads drawn.
+    pub size: usize,
+    /// The seed they are drawn with.
+    pub seed: u64,
+}
+
+/// The sample's space: GPUs log-uniform over this range (rounded).
+pub const SAMPLE_GPUS: (u32, u32) = (2, 64);
+/// Models per workload, uniform over this range, drawn without replacement
+/// from one zoo (each zoo with probability one half).
+pub const SAMPLE_MODELS: (usize, usize) = (2, 8);
+/// Every model's table SLO is scaled by one factor per workload,
+/// log-uniform over this range, and held at least [`SAMPLE_SLO_FLOOR`]
+/// times the model's `l(1)` so that every model can be served.
+pub const SAMPLE_SLO_FACTOR: (f64, f64) = (0.6, 2.0);
+/// The lowest SLO as a multiple of the model's `l(1)`.
+pub const SAMPLE_SLO_FLOOR: f64 = 1.2;
+/// Arrivals: Poisson with probability one half, otherwise Gamma with a
+/// shape log-uniform over this range (squared CV 1 to 5).
+pub const SAMPLE_GAMMA_SHAPE: (f64, f64) = (0.2, 1.0);
+/// Popularity: equal with probability one half, otherwise Zipf with an
+/// exponent uniform over this range.
+pub const SAMPLE_ZIPF: (f64, f64) = (0.5, 1.5);
+
+/// `size` workloads drawn from the stated space with `seed` (xoshiro256++,
+/// the draws in a fixed order per workload), so the same sample every run.
+fn sample_cells(sample: Sample) -> Result<Vec<Cell>, GridError> {
+    use rand::seq::IndexedRandom;
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(sample.seed);
+    let log_uniform = |rng: &mut rand_xoshiro::Xoshiro256PlusPlus, (lo, hi): (f64, f64)| (lo.ln() + rng.random::<f64>() * (hi.ln() - lo.ln())).exp();
+    let zoos = [(Zoo::Gtx1080Ti, Zoo::Gtx1080Ti.models()), (Zoo::A100, Zoo::A100.models())];
+    let mut out = Vec::with_capacity(sample.size);
+    for _ in 0..sample.size {
+        let (zoo, all) = &zoos[rng.random_range(0..zoos.len())];
+        let n = rng.random_range(SAMPLE_MODELS.0..=SAMPLE_MODELS.1).min(all.len());
+        let chosen: Vec<&ModelSpec> = all.choose_multiple(&mut rng, n).collect();
+        let gpus = log_uniform(&mut rng, (f64::from(SAMPLE_GPUS.0), f64::from(SAMPLE_GPUS.1))).round() as u32;
+        let factor = log_uniform(&mut rng, SAMPLE_SLO_FACTOR);
+        let arrival = if rng.random_bool(0.5) {
+            ("Poisson".to_string(), Arrival::Poisson)
+        } else {
+            let shape = log_uniform(&mut rng, SAMPLE_GAMMA_SHAPE);
+            (format!("Gamma({shape:.2})"), Arrival::Gamma(shape))
+        };
+        let popularity = if rng.random_bool(0.5) {
+            ("equal".to_string(), Popularity::Equal)
+        } else {
+            let s = SAMPLE_ZIPF.0 + rng.random::<f64>() * (SAMPLE_ZIPF.1 - SAMPLE_ZIPF.0);
+            (format!("zipf:{s:.2}"), Popularity::Zipf(s))
+        };
+        let mut models = Vec::with_capacity(n);
+        for m in chosen {
+            let (alpha, beta) = m.profile.linear_coefficients().ok_or_else(|| GridError::Model(format!("{} is not linear", m.name)))?;
+            let slo = (m.slo.as_millis_f64() * factor).max(SAMPLE_SLO_FLOOR * m.profile.latency(1).as_millis_f64());
+            models.push(ModelSpec::linear(&m.name, alpha, beta, slo)?);
+        }
+        out.push(Cell { zoo: zoo_name(*zoo), models, gpus: gpus.clamp(SAMPLE_GPUS.0, SAMPLE_GPUS.1), slo: format!("table x{factor:.2}"), arrival, popularity });
     }
     Ok(out)
 }
@@ -151,7 +237,7 @@ fn sim(cell: &Cell, seed: u64) -> SimConfig {
     SimConfig {
         models: cell.models.clone(),
         gpus: cell.gpus,
-        workload: Workload { rate_rps: 0.0, arrival: cell.arrival.1, popularity: Popularity::Equal, schedule: RateSchedule::default() },
+        workload: Workload { rate_rps: 0.0, arrival: cell.arrival.1, popularity: cell.popularity.1.clone(), schedule: RateSchedule::default() },
         duration: Duration::from_secs_f64(RUN_S),
         warmup: Duration::from_secs_f64(WARMUP_S),
         seed,
@@ -167,12 +253,19 @@ struct CellResult {
     models: Vec<String>,
     gpus: u32,
     slo_ms: String,
-    arrival: &'static str,
+    arrival: String,
+    popularity: String,
     /// Median goodput (rps) per policy, in [`policies`] order.
     goodput_rps: Vec<(&'static str, f64)>,
+    /// Median p99 latency (ms) of the served requests at each policy's
+    /// goodput, in [`policies`] order.
+    p99_ms: Vec<(&'static str, f64)>,
+    /// Each family's best variant on this cell ([`FAMILIES`]).
+    panel: Vec<PanelEntry>,
+    /// The best panel entry's variant.
     best_other: &'static str,
-    /// Deferred / best other; `None` when no other policy serves anything
-    /// but deferred does (1 when none does).
+    /// Deferred / best other (the best of the panel); `None` when no other
+    /// policy serves anything but deferred does (1 when none does).
     ratio: Option<f64>,
     /// Seeds on which deferred's goodput is at or above the best other
     /// policy's (the same arrivals for both): where the medians differ by
@@ -188,15 +281,52 @@ struct CellResult {
     nexus_cap_bound_rps: Option<f64>,
 }
 
-/// One (cell, policy) job's goodputs, one per seed, and the timeout
-/// policy's `k`s (empty for the others).
+/// A family's best variant on a cell: the one with the highest median
+/// goodput (the first in [`FAMILIES`] order on a tie).
+#[derive(Serialize, Debug, Clone, PartialEq)]
+struct PanelEntry {
+    family: &'static str,
+    variant: &'static str,
+    goodput_rps: f64,
+    /// Its median p99 latency at its goodput (ms).
+    p99_ms: f64,
+}
+
+/// Each family's best variant among `goodput` and `p99` (both in
+/// [`policies`] order; families whose variants are all absent are left out).
+fn panel(goodput: &[(&'static str, f64)], p99: &[(&'static str, f64)]) -> Vec<PanelEntry> {
+    let find = |v: &[(&'static str, f64)], name: &str| v.iter().find(|(p, _)| *p == name).map(|&(p, g)| (p, g));
+    FAMILIES
+        .iter()
+        .filter_map(|&(family, variants)| {
+            let mut best: Option<(&'static str, f64)> = None;
+            for &name in variants {
+                if let Some((p, g)) = find(goodput, name) {
+                    if best.is_none_or(|(_, b)| g > b) {
+                        best = Some((p, g));
+                    }
+                }
+            }
+            let (variant, goodput_rps) = best?;
+            Some(PanelEntry { family, variant, goodput_rps, p99_ms: find(p99, variant).map_or(0.0, |x| x.1) })
+        })
+        .collect()
+}
+
+/// One (cell, policy) job's goodputs and p99 latencies at them, one per
+/// seed, and the timeout policy's `k`s (empty for the others).
 struct JobResult {
     goodputs: Vec<f64>,
+    p99_ms: Vec<f64>,
     timeouts: Vec<Duration>,
 }
 
 #[derive(Serialize)]
 struct GridReport {
+    /// The random sample's size and seed (`--sample N --sample-seed S`);
+    /// absent for the fixed grid.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sample: Option<Sample>,
     seeds: Vec<u64>,
     /// The seed the timeout policy's `k`s are searched on.
     timeout_tuning_seed: u64,
@@ -289,11 +419,16 @@ pub enum GridError {
     Json(#[from] serde_json::Error),
 }
 
-/// Runs the grid over `seeds` (empty: [`SEEDS`], or seed 1 with `quick`).
-pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
+/// Runs the grid, or with `sample` that many workloads drawn from
+/// [`sample_cells`]'s space, over `seeds` (empty: [`SEEDS`]; seed 1 with
+/// `quick` or a sample, whose breadth stands in for the repetition).
+pub fn run(quick: bool, json: bool, seeds: &[u64], sample: Option<Sample>) -> Result<(), GridError> {
     let started = std::time::Instant::now();
-    let cells = cells(quick)?;
-    let seeds: Vec<u64> = match (seeds, quick) {
+    let cells = match sample {
+        Some(s) => sample_cells(s)?,
+        None => cells(quick)?,
+    };
+    let seeds: Vec<u64> = match (seeds, quick || sample.is_some()) {
         ([], true) => vec![1],
         ([], false) => SEEDS.to_vec(),
         (given, _) => given.to_vec(),
@@ -309,7 +444,7 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
         .iter()
         .enumerate()
         .filter(|(_, c)| two_gpus_two_models(c.gpus, c.models.len()))
-        .map(|(c, cell)| (c, Cell { zoo: cell.zoo, models: held_to_nexus_batches(&cell.models), gpus: cell.gpus, slo: cell.slo.clone(), arrival: cell.arrival }))
+        .map(|(c, cell)| (c, Cell { models: held_to_nexus_batches(&cell.models), slo: cell.slo.clone(), arrival: cell.arrival.clone(), popularity: cell.popularity.clone(), ..*cell }))
         .collect();
     let mut jobs: Vec<(usize, &Cell, PolicyKind)> = cells.iter().enumerate().flat_map(|(c, cell)| pols.iter().map(move |p| (c, cell, p.1))).collect();
     let main_jobs = jobs.len();
@@ -356,6 +491,7 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
     let mut idx = 0;
     for (c, cell) in cells.iter().enumerate() {
         let mut goodput = Vec::new();
+        let mut p99 = Vec::new();
         let mut timeout_k_ms = Vec::new();
         let mut per_seed: Vec<Vec<f64>> = Vec::with_capacity(pols.len());
         for (name, kind) in &pols {
@@ -364,6 +500,7 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
                     if *kind == PolicyKind::Timeout {
                         timeout_k_ms = v.timeouts.iter().map(|k| k.as_millis_f64()).collect();
                     }
+                    p99.push((*name, median(v.p99_ms)));
                     v.goodputs
                 }
                 Some(Ok(_)) => return Err(GridError::Worker("a cell has no seeds")),
@@ -375,7 +512,11 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
             goodput.push((*name, median(g)));
         }
         let deferred = goodput[0].1;
-        let (best_at, (best_other, best)) = goodput.iter().copied().enumerate().skip(1).max_by(|a, b| a.1 .1.total_cmp(&b.1 .1)).unwrap_or((0, ("none", 0.0)));
+        let panel = panel(&goodput[1..], &p99[1..]);
+        // The best of the panel (the first family on a tie).
+        let best_entry = panel.iter().fold(None::<&PanelEntry>, |b, e| if b.is_none_or(|b| e.goodput_rps > b.goodput_rps) { Some(e) } else { b });
+        let (best_other, best) = best_entry.map_or(("none", 0.0), |e| (e.variant, e.goodput_rps));
+        let best_at = goodput.iter().position(|(p, _)| *p == best_other).unwrap_or(0);
         // Paired by seed: the same arrivals for both.
         let deferred_ahead_seeds = per_seed[0].iter().zip(&per_seed[best_at]).filter(|(d, o)| d >= o).count();
         let ratio = match (deferred > 0.0, best > 0.0) {
@@ -388,8 +529,11 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
             models: cell.models.iter().map(|m| m.name.clone()).collect(),
             gpus: cell.gpus,
             slo_ms: cell.slo.clone(),
-            arrival: cell.arrival.0,
+            arrival: cell.arrival.0.clone(),
+            popularity: cell.popularity.0.clone(),
             goodput_rps: goodput,
+            p99_ms: p99,
+            panel,
             best_other,
             ratio,
             deferred_ahead_seeds,
@@ -400,7 +544,7 @@ pub fn run(quick: bool, json: bool, seeds: &[u64]) -> Result<(), GridError> {
     let ratios: Vec<f64> = out.iter().filter_map(|c| c.ratio).collect();
     let worst_ratio = ratios.iter().copied().fold(f64::INFINITY, f64::min);
     let geomean_ratio = if ratios.is_empty() { 0.0 } else { (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64).exp() };
-    let report = GridReport { seeds, timeout_tuning_seed: TUNING_SEED, run_s: RUN_S, warmup_s: WARMUP_S, min_requests_per_model: knobs.min_requests_per_model, nexus_on_two_gpus: NexusShare::of(&out), cells: out, worst_ratio, geomean_ratio, wall_s: started.elapsed().as_secs_f64() };
+    let report = GridReport { sample, seeds, timeout_tuning_seed: TUNING_SEED, run_s: RUN_S, warmup_s: WARMUP_S, min_requests_per_model: knobs.min_requests_per_model, nexus_on_two_gpus: NexusShare::of(&out), cells: out, worst_ratio, geomean_ratio, wall_s: started.elapsed().as_secs_f64() };
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -420,12 +564,15 @@ fn run_job(cell: &Cell, kind: PolicyKind, seeds: &[u64], knobs: &GoodputSearch) 
         policy.timeouts = best_timeouts(&sim(cell, TUNING_SEED), &policy, &how)?.timeouts;
     }
     let mut goodputs = Vec::with_capacity(seeds.len());
+    let mut p99_ms = Vec::with_capacity(seeds.len());
     for &seed in seeds {
         let warm = goodputs.first().copied().unwrap_or(0.0);
         let knobs = GoodputSearch { initial_rps: warm, warm_step: WARM_STEP, ..knobs.clone() };
-        goodputs.push(search(&sim(cell, seed), &policy, &knobs, &mut |_, _, _, _| {})?.goodput_rps);
+        let found = search(&sim(cell, seed), &policy, &knobs, &mut |_, _, _, _| {})?;
+        goodputs.push(found.goodput_rps);
+        p99_ms.push(found.at_goodput.map_or(0.0, |r| r.p99_ms));
     }
-    Ok(JobResult { goodputs, timeouts: policy.timeouts })
+    Ok(JobResult { goodputs, p99_ms, timeouts: policy.timeouts })
 }
 
 /// The median of seeds' goodputs (the upper one of an even count); 0 when
@@ -452,18 +599,25 @@ fn print_markdown(r: &GridReport, pols: &[(&'static str, PolicyKind)]) {
         "Goodput grid (rps, median over seeds {:?}; {} s runs, {} s warm-up, longer where needed to measure {} requests of each model, times the gaps' squared CV; timeout at its best k per model, searched on seed {}). Ratio = deferred / best other.\n",
         r.seeds, r.run_s, r.warmup_s, r.min_requests_per_model, r.timeout_tuning_seed
     );
+    if let Some(s) = r.sample {
+        println!(
+            "A random sample of {} workloads, seed {}: {}-{} GPUs (log-uniform); {}-{} models of one zoo; every table SLO times one factor in {}-{} (log-uniform, at least {} l(1)); Poisson or Gamma(shape {}-{}); equal or Zipf({}-{}) popularity.\n",
+            s.size, s.seed, SAMPLE_GPUS.0, SAMPLE_GPUS.1, SAMPLE_MODELS.0, SAMPLE_MODELS.1, SAMPLE_SLO_FACTOR.0, SAMPLE_SLO_FACTOR.1, SAMPLE_SLO_FLOOR, SAMPLE_GAMMA_SHAPE.0, SAMPLE_GAMMA_SHAPE.1, SAMPLE_ZIPF.0, SAMPLE_ZIPF.1
+        );
+    }
     let names: Vec<&str> = pols.iter().map(|p| p.0).collect();
-    println!("| zoo | models | GPUs | SLO (ms) | arrivals | {} | best other | ratio | deferred ahead (seeds) | timeout k (ms) |", names.join(" | "));
-    println!("|---|---|---:|---:|---|{}---|---:|---:|---|", "---:|".repeat(names.len()));
+    println!("| zoo | models | GPUs | SLO (ms) | arrivals | popularity | {} | best other | ratio | deferred ahead (seeds) | timeout k (ms) |", names.join(" | "));
+    println!("|---|---|---:|---:|---|---|{}---|---:|---:|---|", "---:|".repeat(names.len()));
     for c in &r.cells {
         let g: Vec<String> = c.goodput_rps.iter().map(|(_, v)| format!("{v:.0}")).collect();
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {}/{} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {}/{} | {} |",
             c.zoo,
             if c.models.len() > 4 { format!("all {}", c.models.len()) } else { c.models.join(", ") },
             c.gpus,
             c.slo_ms,
             c.arrival,
+            c.popularity,
             g.join(" | "),
             c.best_other,
             c.ratio.map_or("inf".into(), |x| format!("{x:.2}")),
@@ -472,10 +626,20 @@ fn print_markdown(r: &GridReport, pols: &[(&'static str, PolicyKind)]) {
             timeout_ks(&c.timeout_k_ms)
         );
     }
+    let families: Vec<&str> = FAMILIES.iter().map(|f| f.0).collect();
+    println!("\nThe baseline panel: each family's best variant per cell, its goodput (rps) and its p99 latency at that goodput (ms); deferred's p99 beside its goodput.\n");
+    println!("| zoo | GPUs | SLO (ms) | arrivals | popularity | deferred | {} | ratio |", families.join(" | "));
+    println!("|---|---:|---:|---|---|---:|{}---:|", "---|".repeat(families.len()));
+    for c in &r.cells {
+        let entry = |f: &str| c.panel.iter().find(|e| e.family == f).map_or("-".into(), |e| format!("{} {:.0} / {:.1}", e.variant, e.goodput_rps, e.p99_ms));
+        let deferred = format!("{:.0} / {:.1}", c.goodput("deferred").unwrap_or(0.0), c.p99_ms.first().map_or(0.0, |x| x.1));
+        let row: Vec<String> = families.iter().map(|f| entry(f)).collect();
+        println!("| {} | {} | {} | {} | {} | {} | {} | {} |", c.zoo, c.gpus, c.slo_ms, c.arrival, c.popularity, deferred, row.join(" | "), c.ratio.map_or("inf".into(), |x| format!("{x:.2}")));
+    }
     let mut worst: Vec<&CellResult> = r.cells.iter().filter(|c| c.ratio.is_some()).collect();
     worst.sort_by(|a, b| a.ratio.unwrap_or(0.0).total_cmp(&b.ratio.unwrap_or(0.0)));
-    println!("\nWorst cells:");
-    for c in worst.iter().take(5) {
+    println!("\nWorst cells (every cell below 1.0, at least five):");
+    for c in worst.iter().enumerate().take_while(|(i, c)| *i < 5 || c.ratio.is_some_and(|x| x < 1.0)).map(|(_, c)| c) {
         println!(
             "- {} {} on {} GPUs, SLO {} ms, {}: {:.2} (best other: {}; deferred ahead on {} of {} seeds)",
             c.zoo,
@@ -515,14 +679,57 @@ mod tests {
             models: vec!["m".to_string(); models],
             gpus,
             slo_ms: "25".into(),
-            arrival: "Poisson",
+            arrival: "Poisson".into(),
+            popularity: "equal".into(),
             goodput_rps: vec![("deferred", deferred), ("nexus", nexus)],
+            p99_ms: Vec::new(),
+            panel: Vec::new(),
             best_other: "nexus",
             ratio: None,
             deferred_ahead_seeds: 0,
             timeout_k_ms: Vec::new(),
             nexus_cap_bound_rps: (gpus == 2 && models == 2).then_some(deferred * 0.45),
         }
+    }
+
+    #[test]
+    fn the_panel_takes_each_familys_best_variant_with_its_p99() {
+        let goodput = [("clockwork", 10.0), ("clockwork-paper", 30.0), ("shepherd", 20.0), ("eager", 25.0), ("eager-latest-start", 25.0), ("eager-early", 26.0)];
+        let p99 = [("clockwork", 1.0), ("clockwork-paper", 3.0), ("shepherd", 2.0), ("eager", 4.0), ("eager-latest-start", 5.0), ("eager-early", 6.0)];
+        let entry = |family, variant, goodput_rps, p99_ms| PanelEntry { family, variant, goodput_rps, p99_ms };
+        assert_eq!(
+            panel(&goodput, &p99),
+            vec![entry("eager", "eager-early", 26.0, 6.0), entry("clockwork", "clockwork-paper", 30.0, 3.0), entry("shepherd", "shepherd", 20.0, 2.0)]
+        );
+        // A tie goes to the variant listed first.
+        assert_eq!(panel(&goodput[3..5], &p99[3..5]), vec![entry("eager", "eager", 25.0, 4.0)]);
+    }
+
+    #[test]
+    fn a_sample_is_the_same_for_its_seed_and_stays_in_its_space() {
+        let draw = |seed| sample_cells(Sample { size: 40, seed }).unwrap();
+        let describe = |cells: &[Cell]| cells.iter().map(|c| format!("{} {:?} {} {} {} {}", c.zoo, c.models, c.gpus, c.slo, c.arrival.0, c.popularity.0)).collect::<Vec<_>>();
+        let (a, b, other) = (draw(7), draw(7), draw(8));
+        assert_eq!(describe(&a), describe(&b));
+        assert_ne!(describe(&a), describe(&other));
+        for c in a.iter().chain(&other) {
+            assert!((SAMPLE_GPUS.0..=SAMPLE_GPUS.1).contains(&c.gpus), "{} GPUs", c.gpus);
+            assert!((SAMPLE_MODELS.0..=SAMPLE_MODELS.1).contains(&c.models.len()));
+            let names: std::collections::BTreeSet<&str> = c.models.iter().map(|m| m.name.as_str()).collect();
+            assert_eq!(names.len(), c.models.len(), "a model drawn twice");
+            for m in &c.models {
+                assert!(m.slo.as_millis_f64() >= SAMPLE_SLO_FLOOR * m.profile.latency(1).as_millis_f64() - 1e-6, "{} at {:?}", m.name, m.slo);
+            }
+            match c.arrival.1 {
+                Arrival::Gamma(k) => assert!((SAMPLE_GAMMA_SHAPE.0..=SAMPLE_GAMMA_SHAPE.1).contains(&k)),
+                a => assert_eq!(a, Arrival::Poisson),
+            }
+        }
+        // Both zoos, both arrival kinds and both popularities appear in 80 draws.
+        let all: Vec<&Cell> = a.iter().chain(&other).collect();
+        assert!(all.iter().any(|c| c.zoo == "A100") && all.iter().any(|c| c.zoo == "1080Ti"));
+        assert!(all.iter().any(|c| c.arrival.0 == "Poisson") && all.iter().any(|c| c.arrival.0 != "Poisson"));
+        assert!(all.iter().any(|c| c.popularity.0 == "equal") && all.iter().any(|c| c.popularity.0 != "equal"));
     }
 
     #[test]
