@@ -172,11 +172,47 @@ pub fn with_domain_opts<W: WithDomain>(
     }
 }
 
+/// The RDMA device, port and GID index given on the command line
+/// (`--rdma-device`, `--rdma-port`, `--gid-index`); each one given
+/// overrides its `SYMPHONY_RDMA_*` variable.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RdmaSelection {
+    /// Device name.
+    pub device: Option<String>,
+    /// Port number, from 1.
+    pub port: Option<u8>,
+    /// GID table index.
+    pub gid_index: Option<u32>,
+}
+
+/// Process-wide, like the environment variables it overrides: a process
+/// opens its RDMA domain once, deep inside [`with_domain_opts`], long after
+/// its flags were parsed.
+static RDMA_SELECTION: std::sync::OnceLock<RdmaSelection> = std::sync::OnceLock::new();
+
+/// Sets the process's RDMA selection; the first call wins (a process has
+/// one command line).
+pub fn select_rdma(selection: RdmaSelection) {
+    let _ = RDMA_SELECTION.set(selection);
+}
+
 #[cfg(feature = "rdma")]
 fn rdma<W: WithDomain>(task: W) -> Result<W::Out, ControlError> {
-    let d = crate::transport::rdma::RdmaDomain::from_env().map_err(|source| {
-        ControlError::TransportUnavailable { kind: "rdma", source, hint: "" }
-    })?;
+    use crate::transport::rdma::{RdmaConfig, RdmaDomain};
+    let unavailable = |source| ControlError::TransportUnavailable { kind: "rdma", source, hint: "" };
+    let mut cfg = RdmaConfig::from_env().map_err(unavailable)?;
+    if let Some(sel) = RDMA_SELECTION.get() {
+        if let Some(device) = &sel.device {
+            cfg.device = Some(device.clone());
+        }
+        if let Some(port) = sel.port {
+            cfg.port = port;
+        }
+        if let Some(gid) = sel.gid_index {
+            cfg.gid_index = Some(gid);
+        }
+    }
+    let d = RdmaDomain::open(cfg).map_err(unavailable)?;
     Ok(task.run(d))
 }
 

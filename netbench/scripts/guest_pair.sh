@@ -34,7 +34,7 @@ case $SR_ROLE in
         has cal && n=$((n + 1))
       fi
       ./netbench serve -t rdma --listen "0.0.0.0:$((PORT0 + i))" --objects 8 --size 150KiB --id $i \
-        --idle $idle --exit-after-clients $n --duration-s 900 >/dev/null &
+        --server-idle $idle --exit-after-clients $n --duration-s 900 >/dev/null &
       pids="$pids $!"
     done
     rc=0

@@ -84,6 +84,8 @@ pub(crate) struct Shape {
     /// Largest registered region (server objects, reader landing buffers).
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     pub(crate) max_region: u64,
+    #[command(flatten)]
+    pub(crate) rdma: dataplane::shell::RdmaArgs,
 }
 
 impl Shape {
@@ -190,7 +192,7 @@ pub(crate) struct ServeArgs {
     #[arg(long, default_value_t = 0)]
     pub(crate) id: u32,
     /// How to wait for work.
-    #[arg(long, value_enum, default_value_t = Idle::Block)]
+    #[arg(long = "server-idle", value_enum, default_value_t = Idle::Block)]
     pub(crate) idle: Idle,
     /// Exit when the parent process exits (used by `netbench local`).
     #[arg(long, hide = true)]

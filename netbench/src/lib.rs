@@ -9,6 +9,8 @@
 //! netbench plot      run1.json run2.json --out fig.svg
 //! ```
 //! See docs/_parts/netbench.md for the method and measured figures.
+//! The binary is [`main`]; [`command`] is its command line, which
+//! `symphony docs` renders into docs/cli.md.
 
 mod args;
 mod calibrate;
@@ -24,7 +26,9 @@ mod server;
 mod stats;
 mod transport;
 
-use clap::Parser;
+use std::io::IsTerminal;
+
+use clap::{CommandFactory, Parser};
 use dataplane::time::Duration;
 use dataplane::transport::Domain;
 
@@ -35,15 +39,32 @@ use output::{emit, report};
 use server::Idle;
 use transport::{DomainOptions, TransportKind, WithDomain};
 
-fn main() {
+/// netbench's command line (every subcommand and flag).
+pub fn command() -> clap::Command {
+    Cli::command()
+}
+
+/// The `netbench` binary.
+pub fn main() {
     let cli = Cli::parse();
-    // Notes and progress go to stderr as plain lines; results stay on stdout.
+    // Notes and progress go to stderr as plain lines, coloured only on a
+    // terminal; results stay on stdout.
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_max_level(tracing::Level::INFO)
         .without_time()
         .with_target(false)
         .init();
+    // `--rdma-device`/`--rdma-port`/`--gid-index` reach the domain opened
+    // deep inside each command through the process's RDMA selection.
+    match &cli.cmd {
+        Cmd::Serve(a) => a.shape.rdma.select(),
+        Cmd::Incast(a) => a.shape.rdma.select(),
+        Cmd::Local(a) => a.shape.rdma.select(),
+        Cmd::Calibrate(a) => a.shape.rdma.select(),
+        Cmd::Plot(_) => {}
+    }
     let r = match cli.cmd {
         Cmd::Serve(a) => cmd_serve(a),
         Cmd::Incast(a) => cmd_incast(a),
@@ -226,6 +247,7 @@ pub(crate) fn local_options(kind: TransportKind, l: &LocalOpts, shape: &Shape) -
         objects: shape.objects,
         size: shape.size,
         idle: l.server_idle,
+        rdma: shape.rdma.clone(),
         listen_host: l.listen_host.clone(),
         netns: l.netns,
         server_qdisc: l

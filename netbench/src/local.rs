@@ -47,6 +47,8 @@ pub struct LocalOptions {
     pub size: u32,
     /// Server idle behaviour.
     pub idle: Idle,
+    /// The RDMA device, port and GID every server opens.
+    pub rdma: dataplane::shell::RdmaArgs,
     /// Host the servers listen on without namespaces.
     pub listen_host: String,
     /// One namespace per server.
@@ -131,13 +133,14 @@ impl LocalServers {
                     &o.max_region.to_string(),
                 ])
                 .args([
-                    "--idle",
+                    "--server-idle",
                     if o.idle == Idle::Spin {
                         "spin"
                     } else {
                         "block"
                     },
                 ])
+                .args(rdma_flags(&o.rdma))
                 .arg("--exit-with-parent")
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
@@ -426,4 +429,19 @@ fn remove_stale() {
         }
         let _ = ip(&["netns", "del", name]);
     }
+}
+
+/// The RDMA selection given to `netbench local` as flags for its servers.
+fn rdma_flags(r: &dataplane::shell::RdmaArgs) -> Vec<String> {
+    let mut v = Vec::new();
+    if let Some(d) = &r.rdma_device {
+        v.extend(["--rdma-device".to_string(), d.clone()]);
+    }
+    if let Some(p) = r.rdma_port {
+        v.extend(["--rdma-port".to_string(), p.to_string()]);
+    }
+    if let Some(g) = r.gid_index {
+        v.extend(["--gid-index".to_string(), g.to_string()]);
+    }
+    v
 }

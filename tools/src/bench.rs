@@ -35,7 +35,7 @@ fn passes(r: &LiveReport) -> bool {
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     /// A count is zero.
-    #[error("--models, --gpus and --model-threads must be at least 1 (got {models}, {gpus}, {model_threads})")]
+    #[error("--profile-copies, --gpus and --model-threads must be at least 1 (got {models}, {gpus}, {model_threads})")]
     ZeroCount {
         /// `--models`.
         models: usize,

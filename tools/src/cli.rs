@@ -40,7 +40,7 @@ pub enum CliError {
         /// What.
         source: DelayFileError,
     },
-    /// `--zoo`, `--zoo-models` or `--model` is wrong.
+    /// `--zoo`, `--models` or `--model` is wrong.
     #[error(transparent)]
     Zoo(#[from] ZooError),
     /// No model given.
@@ -140,8 +140,8 @@ pub struct ClusterArgs {
     /// Model zoo: 1080ti or a100.
     #[arg(long)]
     pub zoo: Option<String>,
-    /// Zoo subset: all, strong, weak, or NAME,NAME,...
-    #[arg(long = "zoo-models", default_value = "all")]
+    /// Models of the zoo (or of --zoo-file): all, strong, weak, or NAME,NAME,... (`--zoo-models`: the old spelling, kept hidden for one release).
+    #[arg(long = "models", alias = "zoo-models", default_value = "all")]
     pub zoo_models: String,
     /// A zoo CSV file (name,alpha_ms,beta_ms,slo_ms) instead of an embedded zoo.
     #[arg(long = "zoo-file")]
@@ -161,8 +161,8 @@ pub struct ClusterArgs {
     /// Network delay d_data in microseconds per input (overrides the file).
     #[arg(long = "d-data-us")]
     pub d_data_us: Option<f64>,
-    /// Deferred: narrowest schedulable window, microseconds.
-    #[arg(long = "min-window-us", default_value_t = 0.0)]
+    /// Deferred: the simulated scheduler's narrowest schedulable window, µs (0: a simulation has no timer lateness; the daemon's --min-window-us is its process's).
+    #[arg(long = "sim-min-window-us", default_value_t = 0.0)]
     pub min_window_us: f64,
     /// Deferred: the window is at least this many expected inter-arrival gaps wide (0 = the paper's plain frontrun).
     #[arg(long = "window-gaps", default_value_t = scheduler::deferred::DEFAULT_WINDOW_GAPS)]
@@ -263,7 +263,7 @@ impl ClusterArgs {
         p.nexus_frontends = self.nexus_frontends.max(1);
         p.nexus_backups = !self.nexus_no_backups;
         p.nexus_fill_cluster = !self.nexus_fewest_gpus;
-        check(self.min_window_us.is_finite() && self.min_window_us >= 0.0, "--min-window-us", ">= 0", self.min_window_us)?;
+        check(self.min_window_us.is_finite() && self.min_window_us >= 0.0, "--sim-min-window-us", ">= 0", self.min_window_us)?;
         p.min_window = Duration::from_secs_f64(self.min_window_us * 1e-6);
         check(self.window_gaps.is_finite() && self.window_gaps >= 0.0, "--window-gaps", ">= 0", self.window_gaps)?;
         p.window_gaps = self.window_gaps;

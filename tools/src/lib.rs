@@ -5,3 +5,4 @@ pub mod chaos;
 pub mod cluster;
 pub mod groups;
 pub mod inproc;
+pub mod cli_doc;

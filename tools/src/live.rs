@@ -33,7 +33,7 @@ pub struct LiveArgs {
 /// Why `symphony live` stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum LiveError {
-    /// `--zoo` or `--zoo-models` is wrong.
+    /// `--zoo` or `--models` is wrong.
     #[error(transparent)]
     Zoo(#[from] ZooError),
     /// Nothing to schedule.

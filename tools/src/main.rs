@@ -26,6 +26,7 @@ use progress::Progress;
 use scheduler::goodput::{search, GoodputError, GoodputSearch};
 use scheduler::policy::{build, PolicyError};
 use scheduler::sim::{simulate, InvariantViolation, SimReport};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -82,8 +83,8 @@ struct Cli {
 enum Cmd {
     /// Start a local multi-process cluster (scheduler, frontends, emulated-GPU backends), drive a zoo workload over HTTP, print a summary.
     Up {
-        /// The cluster's models: all, strong, weak, or NAME,NAME,...
-        #[arg(long, default_value = "ResNet50,VGG16")]
+        /// The cluster's models of the zoo: all, strong, weak, none, or NAME,NAME,...
+        #[arg(long, default_value = "all")]
         models: String,
         #[command(flatten)]
         cluster: up::ClusterOpts,
@@ -129,8 +130,8 @@ enum Cmd {
     },
     /// End-to-end goodput of the multi-process cluster over HTTP vs the simulated scheduler-only goodput.
     E2e {
-        /// The cluster's models.
-        #[arg(long, default_value = "ResNet50")]
+        /// The cluster's models of the zoo: all, strong, weak, none, or NAME,NAME,...
+        #[arg(long, default_value = "all")]
         models: String,
         #[command(flatten)]
         cluster: up::ClusterOpts,
@@ -152,8 +153,8 @@ enum Cmd {
         /// Model zoo: a100 or 1080ti.
         #[arg(long, default_value = "a100")]
         zoo: String,
-        /// Zoo subset: all, strong, weak, or NAME,NAME,...
-        #[arg(long = "zoo-models", default_value = "all")]
+        /// Models of the zoo: all, strong, weak, or NAME,NAME,... (`--zoo-models`: the old spelling, kept hidden for one release).
+        #[arg(long = "models", alias = "zoo-models", default_value = "all")]
         zoo_models: String,
         /// Emulated GPUs.
         #[arg(long, default_value_t = 64)]
@@ -228,16 +229,16 @@ enum Cmd {
         /// How many requests arrive.
         #[arg(long, default_value_t = 48)]
         requests: u32,
-        /// Batch gathering: lazy (as in the paper's example) or early.
-        #[arg(long, default_value = "lazy")]
+        /// Batch gathering of the replay: lazy (the paper's example) or early; `sim`'s --gather defaults to early.
+        #[arg(long = "replay-gather", default_value = "lazy")]
         gather: String,
         /// Print JSON on stdout.
         #[arg(long)]
         json: bool,
     },
-    /// Measure the latency profile l(b) = alpha*b + beta of real ONNX models in a Triton-layout repository; writes REPO/profile.json.
     /// SERF's M/D/c-with-interference prediction: mean latency per concurrent batches per worker, and the best.
     Predict(predict::PredictArgs),
+    /// Measure the latency profile l(b) = alpha*b + beta of real ONNX models in a Triton-layout repository; writes REPO/profile.json.
     Profile(profile::ProfileArgs),
     /// Partition models over sub-clusters (the arXiv paper's Appendix A): memory fits, rate and memory balanced, at most C_max moved.
     Partition(partition_cmd::PartitionArgs),
@@ -248,8 +249,8 @@ enum Cmd {
     },
     /// Scheduler-only capacity test: the live runtime with in-process load and emulated GPUs.
     BenchScheduler {
-        /// Number of models (copies of one profile).
-        #[arg(long, default_value_t = 20)]
+        /// Models: this many copies of --profile.
+        #[arg(long = "profile-copies", default_value_t = 20)]
         models: usize,
         /// Emulated GPUs.
         #[arg(long, default_value_t = 1000)]
@@ -257,17 +258,20 @@ enum Cmd {
         /// ModelThreads.
         #[arg(long = "model-threads", default_value_t = 1)]
         model_threads: usize,
-        /// Offered rate in requests/s, or `max` to search for the highest rate with dispatch lag p99.9 <= 100 us and bad rate <= 1%.
-        #[arg(long, default_value = "1000000")]
-        rate: String,
+        /// Offered rate, requests/s.
+        #[arg(long, default_value_t = 1_000_000.0)]
+        rate: f64,
+        /// Instead of --rate: search for the highest rate with dispatch lag p99.9 <= 100 us and bad rate <= 1%.
+        #[arg(long = "find-max")]
+        find_max: bool,
         /// Seconds per run.
         #[arg(long = "duration-s", default_value_t = 5.0)]
         duration_s: f64,
         /// Model profile as ALPHA_MS,BETA_MS,SLO_MS (default: an A100-class ResNet-like model, so 1,000 GPUs absorb several million requests/s and the scheduler is what is measured).
         #[arg(long, default_value = "0.1,5,50")]
         profile: String,
-        /// Idle strategy: spin, yield, park.
-        #[arg(long, default_value = "spin")]
+        /// Idle strategy of the runtime's threads: park (shares the machine), yield, spin (pinned, for dedicated cores; what the capacity figures use).
+        #[arg(long, default_value = "park")]
         idle: String,
         /// Do not pin threads to cores.
         #[arg(long = "no-pin")]
@@ -303,9 +307,9 @@ enum Cmd {
         #[arg(long, default_value_t = 800.0)]
         rate: f64,
         /// Run this many seeds (seed, seed+1, ...) and print a summary.
-        #[arg(long)]
+        #[arg(long = "seed-count")]
         seeds: Option<u64>,
-        /// Threads for --seeds (default: every core).
+        /// Threads for --seed-count (default: every core).
         #[arg(long)]
         threads: Option<usize>,
         /// Share of requests at priority 1 (the rest at 2; 0 = no priorities).
@@ -340,8 +344,8 @@ enum Cmd {
         /// Print JSON on stdout (grid).
         #[arg(long)]
         json: bool,
-        /// fig13: the ModelThread counts (default 1 up to the machine's cores, at least 2).
-        #[arg(long = "model-threads", value_delimiter = ',')]
+        /// fig13: the ModelThread counts, N,N,... (default 1 up to the machine's cores, at least 2).
+        #[arg(long = "model-thread-counts", value_delimiter = ',')]
         model_threads: Vec<usize>,
         /// grid: the seeds each goodput is the median over (default 1,2,3,4,5; --quick or --sample: 1).
         #[arg(long, value_delimiter = ',')]
@@ -353,6 +357,45 @@ enum Cmd {
         #[arg(long = "sample-seed", default_value_t = 1)]
         sample_seed: u64,
     },
+    /// Run one daemon in this process, as `symphony up` starts its children: `symphony daemon scheduler|frontend|backend [OPTIONS]` is `symphony-scheduler`, `symphony-frontend` or `symphony-backend` with the same options (`symphony daemon ROLE --help`; listed in docs/cli.md).
+    #[command(disable_help_flag = true)]
+    Daemon {
+        /// The role (scheduler, frontend, backend), then its options.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0.., value_name = "ROLE [OPTIONS]")]
+        args: Vec<String>,
+    },
+    /// docs/cli.md (`symphony docs cli > docs/cli.md`), or every flag's kind and default as JSON (`flags`, for the vocabulary test).
+    #[command(hide = true)]
+    Docs {
+        /// cli or flags.
+        #[arg(value_parser = ["cli", "flags"])]
+        what: String,
+    },
+}
+
+/// Every command line this project ships, as docs/cli.md lists them: the
+/// `symphony` CLI, the three daemons (also `symphony daemon ROLE`) and
+/// netbench.
+fn all_commands() -> Vec<clap::Command> {
+    use clap::CommandFactory;
+    vec![
+        Cli::command(),
+        scheduler::daemon::SchedulerArgs::command(),
+        frontend::daemon::FrontendArgs::command(),
+        backend::daemon::BackendArgs::command(),
+        netbench::command(),
+    ]
+}
+
+/// `symphony docs cli|flags`.
+fn docs(what: &str) -> Result<(), CommandError> {
+    let commands = all_commands();
+    if what == "cli" {
+        print!("{}", tools::cli_doc::markdown(&commands));
+    } else {
+        println!("{}", serde_json::to_string_pretty(&tools::cli_doc::flag_uses(&commands))?);
+    }
+    Ok(())
 }
 
 /// `symphony daemon <role> ARGS...` runs one daemon in this process (what
@@ -394,13 +437,17 @@ fn main() -> ExitCode {
         return run_daemon(&args[2..]);
     }
     let cli = Cli::parse();
-    if matches!(cli.cmd, Cmd::Sim { .. } | Cmd::Goodput { .. } | Cmd::Example { .. } | Cmd::Predict(_) | Cmd::Partition(_)) || matches!(&cli.cmd, Cmd::Report { name, .. } if name == "grid") {
+    if let Cmd::Daemon { args } = &cli.cmd {
+        return run_daemon(args);
+    }
+    if matches!(cli.cmd, Cmd::Sim { .. } | Cmd::Goodput { .. } | Cmd::Example { .. } | Cmd::Predict(_) | Cmd::Partition(_) | Cmd::Docs { .. }) || matches!(&cli.cmd, Cmd::Report { name, .. } if name == "grid") {
         restore_sigpipe();
     }
-    // Progress and diagnostics go to stderr as plain lines; reports stay
-    // on stdout.
+    // Progress and diagnostics go to stderr as plain lines, coloured only
+    // on a terminal; reports stay on stdout.
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_max_level(tracing::Level::INFO)
         .without_time()
         .with_target(false)
@@ -496,7 +543,14 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
             Ok(chaos_cmd::run(&chaos_cmd::ChaosArgs { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json, priority_mix, cancel_share, max_queue, trace_task })?)
         }
         Cmd::BenchCluster(a) => Ok(bench_cluster::run(&a)?),
-        Cmd::BenchScheduler { models, gpus, model_threads, rate, duration_s, profile, idle, no_pin, seed, json } => {
+        // `main` runs the daemon before parsing; here only for completeness.
+        Cmd::Daemon { args } => match run_daemon(&args) {
+            c if c == ExitCode::SUCCESS => Ok(()),
+            _ => Err(CommandError::Up(up::UpError::Usage("the daemon failed".into()))),
+        },
+        Cmd::Docs { what } => docs(&what),
+        Cmd::BenchScheduler { models, gpus, model_threads, rate, find_max, duration_s, profile, idle, no_pin, seed, json } => {
+            let rate = if find_max { "max".to_string() } else { rate.to_string() };
             Ok(bench::run(&bench::BenchArgs { models, gpus, model_threads, rate, duration_s, profile, idle, pin: !no_pin, seed, json })?)
         }
     }

@@ -47,7 +47,7 @@ fn file_err(option: &'static str, path: impl std::fmt::Display, why: impl std::f
 #[derive(clap::Args, Debug)]
 pub struct PartitionArgs {
     /// Number of models (variants of randomly chosen zoo models).
-    #[arg(long, default_value_t = 800)]
+    #[arg(long = "model-count", default_value_t = 800)]
     pub models: usize,
     /// Number of sub-clusters.
     #[arg(long = "sub-clusters", default_value_t = 20)]

@@ -19,7 +19,7 @@ use scheduler::zoo::Zoo;
 use crate::serf_measure::{self, MeasureConfig, MeasureError};
 use serde::Serialize;
 
-/// Flags of `symphony predict`.
+/// The options of `symphony predict`.
 #[derive(clap::Args, Debug)]
 pub struct PredictArgs {
     /// The model's name in the zoo.
@@ -31,8 +31,8 @@ pub struct PredictArgs {
     /// Workers (GPUs) sharing the rate equally.
     #[arg(long, default_value_t = 1)]
     pub workers: u32,
-    /// Model zoo: 1080ti or a100.
-    #[arg(long, default_value = "1080ti")]
+    /// Model zoo: a100 or 1080ti.
+    #[arg(long, default_value = "a100")]
     pub zoo: String,
     /// Requests per batch (arrivals are batched in groups of this size).
     #[arg(long, default_value_t = 1)]

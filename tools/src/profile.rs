@@ -114,7 +114,7 @@ pub enum ProfileCmdError {
     Encode(#[from] serde_json::Error),
 }
 
-/// Flags of `symphony profile`.
+/// The options of `symphony profile`.
 #[derive(clap::Args, Debug)]
 pub struct ProfileArgs {
     /// The Triton-layout model repository (e.g. models/, from scripts/fetch-models.sh).

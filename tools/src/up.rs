@@ -45,18 +45,21 @@ pub struct ClusterOpts {
     /// Transport between the daemons: shm, tcp, tcp-blocking, rdma.
     #[arg(long, default_value = "shm", value_parser = TransportKind::parse)]
     pub transport: TransportKind,
-    /// Idle strategy of every daemon: spin, yield, park, wait, park:US.
-    #[arg(long, default_value = "wait", value_parser = valid_idle)]
+    /// Every daemon's --idle on this one host: spin, yield, park, wait,
+    /// park:US (wait: no spinning, as several daemons share the cores).
+    #[arg(long = "local-idle", default_value = "wait", value_parser = valid_idle)]
     pub idle: String,
-    /// Control delay the scheduler charges and announces, which the
-    /// backends adopt, µs.
-    #[arg(long = "control-delay-us", default_value_t = 200)]
+    /// The scheduler's --control-delay-us on this one host (loopback), µs:
+    /// the delay it charges and announces, which the backends adopt.
+    #[arg(long = "local-control-delay-us", default_value_t = 200)]
     pub control_delay_us: u32,
-    /// Part of each request's budget the frontends keep for the way back, µs.
-    #[arg(long = "return-margin-us", default_value_t = 700)]
+    /// The frontends' --return-margin-us on this one host, µs: the part of
+    /// each request's budget kept for the way back.
+    #[arg(long = "local-return-margin-us", default_value_t = 700)]
     pub return_margin_us: u32,
-    /// The scheduler's narrowest schedulable window, µs.
-    #[arg(long = "min-window-us", default_value_t = 1000)]
+    /// The scheduler's --min-window-us on this one host, µs: its narrowest
+    /// schedulable window.
+    #[arg(long = "local-min-window-us", default_value_t = 1000)]
     pub min_window_us: u32,
     /// Seed of the workload.
     #[arg(long, default_value_t = 1)]

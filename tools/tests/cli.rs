@@ -31,7 +31,7 @@ fn sim_json_has_the_documented_keys() {
 fn goodput_json_for_every_policy() {
     for policy in ["deferred", "clockwork", "shepherd", "timeout", "nexus", "eager"] {
         let v = json(&[
-            "goodput", "--zoo", "a100", "--zoo-models", "ResNet50,BERT", "--gpus", "4", "--policy", policy, "--duration-s", "4", "--arrival", "gamma:0.5", "--json",
+            "goodput", "--zoo", "a100", "--models", "ResNet50,BERT", "--gpus", "4", "--policy", policy, "--duration-s", "4", "--arrival", "gamma:0.5", "--json",
         ]);
         assert!(v["goodput_rps"].as_f64().unwrap() > 0.0, "{policy}: {v}");
         for k in ["bad_rate", "median_batch", "gpu_idle_fraction", "models"] {
@@ -83,7 +83,7 @@ fn bad_input_is_a_clear_error() {
         (vec!["daemon", "scheduler", "--transport", "udp"], "unknown transport"),
         // `up` checks every option before it starts a child.
         (vec!["up", "--transport", "bogus"], "unknown transport 'bogus' (shm, tcp, tcp-blocking, rdma)"),
-        (vec!["up", "--idle", "nope"], "unknown idle strategy"),
+        (vec!["up", "--local-idle", "nope"], "unknown idle strategy"),
         (vec!["e2e", "--transport", "bogus"], "unknown transport"),
     ] {
         let (code, _, err) = symphony(&args);

@@ -16,7 +16,7 @@ fn json(args: &[&str]) -> serde_json::Value {
 
 #[test]
 fn partition_json_has_the_documented_keys_and_fits_memory() {
-    let v = json(&["partition", "--models", "60", "--sub-clusters", "4", "--zoo", "1080ti", "--json"]);
+    let v = json(&["partition", "--model-count", "60", "--sub-clusters", "4", "--zoo", "1080ti", "--json"]);
     for k in ["objective", "imbalance", "memory_imbalance", "rate_spread", "memory_spread", "moved", "elapsed_s", "sub_cluster", "assignment"] {
         assert!(v.get(k).is_some(), "missing {k}: {v}");
     }
@@ -36,19 +36,19 @@ fn repartition_from_a_previous_assignment_keeps_c_max() {
     let dir = std::env::temp_dir().join(format!("symphony-partition-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let first = dir.join("first.json");
-    let (code, out, err) = symphony(&["partition", "--models", "40", "--sub-clusters", "3", "--seed", "2", "--json"]);
+    let (code, out, err) = symphony(&["partition", "--model-count", "40", "--sub-clusters", "3", "--seed", "2", "--json"]);
     assert_eq!(code, 0, "{err}");
     std::fs::write(&first, out).unwrap();
     let from = first.to_str().unwrap();
     // Same models, new rates: at most 200 MiB of models may move.
-    let v = json(&["partition", "--models", "40", "--sub-clusters", "3", "--seed", "2", "--rate-seed", "9", "--from", from, "--c-max", "200", "--json"]);
+    let v = json(&["partition", "--model-count", "40", "--sub-clusters", "3", "--seed", "2", "--rate-seed", "9", "--from", from, "--c-max", "200", "--json"]);
     assert!(v["moved"]["bytes"].as_u64().unwrap() <= 200 << 20, "{}", v["moved"]);
     assert_eq!(v["feasible"], true);
     // C_max 0: nothing moves.
-    let v = json(&["partition", "--models", "40", "--sub-clusters", "3", "--seed", "2", "--rate-seed", "9", "--from", from, "--c-max", "0", "--json"]);
+    let v = json(&["partition", "--model-count", "40", "--sub-clusters", "3", "--seed", "2", "--rate-seed", "9", "--from", from, "--c-max", "0", "--json"]);
     assert_eq!(v["moved"]["count"], 0);
     // The exact solver on a small instance agrees or does better.
-    let v = json(&["partition", "--models", "8", "--sub-clusters", "2", "--exact-s", "60", "--json"]);
+    let v = json(&["partition", "--model-count", "8", "--sub-clusters", "2", "--exact-s", "60", "--json"]);
     assert_eq!(v["exact"]["proven_optimal"], true, "{v}");
     assert!(v["exact"]["objective"].as_f64().unwrap() <= v["heuristic"]["objective"].as_f64().unwrap() + 1e-9);
     let _ = std::fs::remove_dir_all(&dir);
@@ -57,11 +57,11 @@ fn repartition_from_a_previous_assignment_keeps_c_max() {
 #[test]
 fn infeasible_input_is_a_clear_error() {
     for (args, needle) in [
-        (vec!["partition", "--models", "400", "--sub-clusters", "1", "--zoo", "1080ti"], "no feasible assignment"),
-        (vec!["partition", "--models", "10", "--sub-clusters", "2", "--gpu-memory-gib", "0.2"], "needs"),
-        (vec!["partition", "--models", "10", "--sub-clusters", "0"], "at least one sub-cluster"),
-        (vec!["partition", "--models", "10", "--zoo", "/nonexistent.json"], "--zoo"),
-        (vec!["partition", "--models", "10", "--c-max=-1"], "--c-max"),
+        (vec!["partition", "--model-count", "400", "--sub-clusters", "1", "--zoo", "1080ti"], "no feasible assignment"),
+        (vec!["partition", "--model-count", "10", "--sub-clusters", "2", "--gpu-memory-gib", "0.2"], "needs"),
+        (vec!["partition", "--model-count", "10", "--sub-clusters", "0"], "at least one sub-cluster"),
+        (vec!["partition", "--model-count", "10", "--zoo", "/nonexistent.json"], "--zoo"),
+        (vec!["partition", "--model-count", "10", "--c-max=-1"], "--c-max"),
     ] {
         let (code, _, err) = symphony(&args);
         assert_eq!(code, 2, "{args:?}: {err}");

@@ -47,8 +47,8 @@ pub struct BackendArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub model_list: ModelListArgs,
-    /// Models this backend holds: all or NAME,NAME,...
-    #[arg(long, default_value = "all")]
+    /// Models this backend holds, of the cluster's --models: all or NAME,NAME,...
+    #[arg(long = "serve-models", default_value = "all")]
     pub serve: String,
     /// Executor: emulated, onnx (real models from --model-repository) or
     /// cuda (needs the `cuda` feature).
@@ -338,7 +338,7 @@ fn onnx_setup(
     Ok(OnnxSetup { repository: repo.to_path_buf(), slots, intra_threads, warmup })
 }
 
-/// Ids of the models named by `--serve` (`all` or NAME,NAME,...; names are
+/// Ids of the models named by `--serve-models` (`all` or NAME,NAME,...; names are
 /// case-insensitive; the first model of a name is taken).
 pub fn served_ids(models: &[ModelSpec], serve: &str) -> Result<Vec<u32>, ConfigError> {
     if serve.eq_ignore_ascii_case("all") {
@@ -349,14 +349,14 @@ pub fn served_ids(models: &[ModelSpec], serve: &str) -> Result<Vec<u32>, ConfigE
         let id = models
             .iter()
             .position(|m| m.name.eq_ignore_ascii_case(name))
-            .ok_or_else(|| ConfigError::invalid("serve", format!("no model named '{name}' in the cluster model list")))?
+            .ok_or_else(|| ConfigError::invalid("serve-models", format!("no model named '{name}' in the cluster model list")))?
             as u32;
         if !ids.contains(&id) {
             ids.push(id);
         }
     }
     if ids.is_empty() {
-        return Err(ConfigError::invalid("serve", "empty model list (give all or NAME,NAME,...)"));
+        return Err(ConfigError::invalid("serve-models", "empty model list (give all or NAME,NAME,...)"));
     }
     Ok(ids)
 }
@@ -382,7 +382,7 @@ mod tests {
         assert_eq!(s.transport, TransportKind::Shm);
         assert_eq!(s.control_delay, None, "the scheduler's announced bound by default");
         let s = resolve(&[
-            "--scheduler", "x", "--models", "none", "--model", "a=1,2,50", "--model", "b=1,2,50", "--serve", "B", "--gpus", "4",
+            "--scheduler", "x", "--models", "none", "--model", "a=1,2,50", "--model", "b=1,2,50", "--serve-models", "B", "--gpus", "4",
             "--control-delay-us", "50",
         ])
         .unwrap();
@@ -398,7 +398,7 @@ mod tests {
             (vec!["--model", "a=1,2,50"], "--scheduler is required"),
             (vec!["--scheduler", "x", "--models", "none"], "no models"),
             (vec!["--scheduler", "x", "--model", "a=1,2,50", "--gpus", "0"], "--gpus"),
-            (vec!["--scheduler", "x", "--model", "a=1,2,50", "--serve", "zz"], "no model named"),
+            (vec!["--scheduler", "x", "--model", "a=1,2,50", "--serve-models", "zz"], "no model named"),
             (vec!["--scheduler", "x", "--model", "a=1,2,50", "--transport", "udp"], "unknown transport 'udp' (shm, tcp, tcp-blocking, rdma)"),
             (vec!["--scheduler", "x", "--model", "a=1,2,50", "--executor", "tpu"], "[possible values: emulated, onnx, cuda]"),
             (vec!["--scheduler", "x", "--model", "a=1,2,50", "--max-batch", "513"], "--max-batch"),

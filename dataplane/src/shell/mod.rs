@@ -148,6 +148,9 @@ pub struct CommonArgs {
     pub exit_with_parent: bool,
     #[command(flatten)]
     #[allow(missing_docs)]
+    pub rdma: RdmaArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
     pub log: LogArgs,
 }
 
@@ -173,9 +176,42 @@ pub struct Common {
     pub exit_with_parent: bool,
 }
 
+/// The RDMA device, port and GID of `--transport rdma`, shared by the
+/// daemons and netbench; the `SYMPHONY_RDMA_*` variables
+/// ([`crate::control::RdmaSelection`]) stay a fallback for each.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct RdmaArgs {
+    /// RDMA device of `--transport rdma`, e.g. mlx5_0 or rxe0 (env
+    /// SYMPHONY_RDMA_DEVICE) [default: the first device with an active port].
+    #[arg(long, value_name = "NAME")]
+    pub rdma_device: Option<String>,
+    /// RDMA port of `--transport rdma`, from 1 (env SYMPHONY_RDMA_PORT)
+    /// [default: 1].
+    #[arg(long, value_name = "PORT")]
+    pub rdma_port: Option<u8>,
+    /// GID table index of `--transport rdma` (env SYMPHONY_RDMA_GID_INDEX)
+    /// [default: RoCE v2 with an IPv4-mapped address, then RoCE v2, then any].
+    #[arg(long, value_name = "INDEX")]
+    pub gid_index: Option<u32>,
+}
+
+impl RdmaArgs {
+    /// Makes these the process's RDMA selection (see
+    /// [`control::select_rdma`]); the first call wins.
+    pub fn select(&self) {
+        control::select_rdma(control::RdmaSelection {
+            device: self.rdma_device.clone(),
+            port: self.rdma_port,
+            gid_index: self.gid_index,
+        });
+    }
+}
+
 impl CommonArgs {
-    /// Checks what one value alone cannot say and reads the join token.
+    /// Checks what one value alone cannot say and reads the join token;
+    /// also makes the RDMA flags the process's selection.
     pub fn resolve(&self) -> Result<Common, ConfigError> {
+        self.rdma.select();
         let (hb, dead) = (self.heartbeat_ms, self.dead_after_ms);
         if hb == 0 || dead <= hb {
             return Err(ConfigError::invalid(

@@ -17,11 +17,11 @@ t0=$(cut -d' ' -f1 /proc/uptime)
 # one READ takes 0.1-5 ms and the guest's 2 vCPUs run four processes: a 10 s objective, a
 # 20 ms control delay, and missing inputs waited for up to 2 s after a batch's planned start
 # (the backend's --fetch-grace-us, through its environment variable; 5 ms by default).
-# --idle park: every daemon spins, yields, then sleeps on its connections' wait fds (for
+# --local-idle park: every daemon spins, yields, then sleeps on its connections' wait fds (for
 # rdma: the completion channels) instead of polling.
 export SYMPHONY_FETCH_GRACE_US=${CLUSTER_FETCH_GRACE_US:-2000000}
 ./symphony up --transport rdma --frontends 1 --backends 1 --models none \
-  --model echo=2,1,10000 --control-delay-us 20000 --idle park \
+  --model echo=2,1,10000 --local-control-delay-us 20000 --local-idle park \
   --rate "$RATE" --duration-s "$SECS" --plot /tmp/up-plots --json \
   >/tmp/up.json 2>/tmp/up.log
 rc=$?

@@ -66,10 +66,13 @@ pub struct BenchClusterArgs {
     /// Transport between the processes: shm or tcp.
     #[arg(long, default_value = "shm", value_parser = shm_or_tcp)]
     pub transport: TransportKind,
-    /// Offered tasks/s, or `max`: a ladder of short runs (doubling from
-    /// 25k while the bad rate stays <= 1%), bounded to under 2 minutes.
-    #[arg(long, default_value = "100000")]
-    pub rate: String,
+    /// Offered tasks/s.
+    #[arg(long, default_value_t = 100_000.0)]
+    pub rate: f64,
+    /// Instead of --rate: a ladder of short runs (doubling from 25k while
+    /// the bad rate stays <= 1%), bounded to under 2 minutes.
+    #[arg(long = "find-max")]
+    pub find_max: bool,
     /// Seconds of load per run (a `max` ladder caps each rung at 2).
     #[arg(long = "duration-s", default_value_t = 5.0)]
     pub duration_s: f64,
@@ -85,14 +88,14 @@ pub struct BenchClusterArgs {
     /// Emulated GPUs per backend (replaces --gpus).
     #[arg(long = "gpus-per-backend")]
     pub gpus_per_backend: Option<u32>,
-    /// Models (copies of one profile), as for bench-scheduler.
-    #[arg(long, default_value_t = 20)]
+    /// Models: this many copies of --profile, as for bench-scheduler.
+    #[arg(long = "profile-copies", default_value_t = 20)]
     pub models: u32,
     /// Model profile ALPHA_MS,BETA_MS,SLO_MS, as for bench-scheduler.
     #[arg(long, default_value = "0.1,5,50")]
     pub profile: String,
-    /// Idle strategy of the scheduler daemon: spin, yield, park, wait, park:US.
-    #[arg(long, default_value = "wait")]
+    /// The scheduler daemon's --idle on this one host: spin, yield, park, wait, park:US.
+    #[arg(long = "local-idle", default_value = "wait")]
     pub idle: String,
     /// Frontends send at most this many tasks per message (1: one `Task`
     /// message per task; more: batched `Tasks` messages). Batched by
@@ -100,13 +103,14 @@ pub struct BenchClusterArgs {
     /// coalesce submissions).
     #[arg(long, default_value_t = 16)]
     pub coalesce: u32,
-    /// Longest a task waits for its batch at a frontend, µs.
-    #[arg(long = "coalesce-us", default_value_t = 50)]
+    /// Longest a task waits for its batch at a frontend, µs (the frontend
+    /// daemon's --coalesce-us, which defaults to 0).
+    #[arg(long = "frontend-coalesce-us", default_value_t = 50)]
     pub coalesce_us: u64,
-    /// Control delay the scheduler charges before each planned start, µs
-    /// (as `symphony up`): a plan that takes longer to reach its backend
-    /// starts late.
-    #[arg(long = "control-delay-us", default_value_t = 200)]
+    /// The scheduler's --control-delay-us on this one host, µs (as `symphony
+    /// up --local-control-delay-us`): a plan that takes longer to reach its
+    /// backend starts late.
+    #[arg(long = "local-control-delay-us", default_value_t = 200)]
     pub control_delay_us: u32,
     /// The frontends refuse (and count) an arrival they reach more than this
     /// late instead of sending it with its budget spent; 0: send everything.
@@ -130,7 +134,7 @@ pub struct BenchClusterArgs {
     /// top-level figures are the last one's. `auto`: pinned when this host
     /// has a core for each of the runtime's threads and for the two peer
     /// processes, inline otherwise (`EngineKind::auto`).
-    #[arg(long, default_value = "auto", value_delimiter = ',')]
+    #[arg(long = "engines", default_value = "auto", value_delimiter = ',')]
     pub engine: Vec<String>,
     /// The scheduler's ModelThreads (pinned engine).
     #[arg(long = "model-threads", default_value_t = 1)]
@@ -218,7 +222,7 @@ pub struct CpuBusy {
 
 pub fn run(a: &BenchClusterArgs) -> Result<(), BenchClusterError> {
     if a.frontends == 0 || a.backends == 0 || a.models == 0 {
-        return Err(BenchClusterError::Peer("--frontends, --backends and --models must be at least 1".into()));
+        return Err(BenchClusterError::Peer("--frontends, --backends and --profile-copies must be at least 1".into()));
     }
     if !(a.duration_s.is_finite() && a.duration_s > 0.0 && a.duration_s <= 600.0) {
         return Err(BenchClusterError::Peer("--duration-s must be in (0, 600]".into()));
@@ -239,10 +243,10 @@ pub fn run(a: &BenchClusterArgs) -> Result<(), BenchClusterError> {
     let mut by_engine = Vec::new();
     for engine in &a.engine {
         let one = BenchClusterArgs { engine: vec![engine.clone()], ..a.clone() };
-        let run = if a.rate == "max" {
+        let run = if a.find_max {
             ladder(&one, gpus)?
         } else {
-            let rate: f64 = a.rate.parse().map_err(|_| BenchClusterError::Peer(format!("--rate '{}': a number or max", a.rate)))?;
+            let rate = a.rate;
             if !(rate.is_finite() && rate > 0.0) {
                 return Err(BenchClusterError::Peer("--rate must be > 0".into()));
             }
@@ -251,7 +255,7 @@ pub fn run(a: &BenchClusterArgs) -> Result<(), BenchClusterError> {
         by_engine.push((engine.clone(), run));
     }
     let (best, probes) = by_engine.last().map(|(_, r)| r.clone()).ok_or(BenchClusterError::Peer("no engine".into()))?;
-    let duration = if a.rate == "max" { LADDER_RUN_S.min(a.duration_s) } else { a.duration_s };
+    let duration = if a.find_max { LADDER_RUN_S.min(a.duration_s) } else { a.duration_s };
     let in_process = crate::bench::live_report(&in_process_args(a, gpus, duration), best.offered_rps)?;
     let ratio = if in_process.goodput_rps > 0.0 { best.tasks_per_s / in_process.goodput_rps } else { 0.0 };
     if a.json {

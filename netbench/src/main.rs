@@ -1,0 +1,5 @@
+//! The `netbench` binary: everything is in the library ([`netbench::main`]).
+
+fn main() {
+    netbench::main();
+}
