@@ -32,6 +32,13 @@ pub enum ErrorKind {
     Internal,
     /// Not offered by this server (HTTP 501, gRPC `UNIMPLEMENTED`).
     Unsupported,
+    /// An admin call without the right credential (HTTP 401, gRPC
+    /// `UNAUTHENTICATED`).
+    Unauthenticated,
+    /// An admin call on a server that has no admin credential configured:
+    /// model control is off on the client ports (HTTP 403, gRPC
+    /// `PERMISSION_DENIED`).
+    PermissionDenied,
 }
 
 /// An error answer: its kind and the message the client sees.
@@ -60,6 +67,77 @@ impl ApiError {
 impl From<crate::protocol::BadRequest> for ApiError {
     fn from(e: crate::protocol::BadRequest) -> Self {
         ApiError::invalid(e.0)
+    }
+}
+
+/// The admin credential (issue 55): model control (load/unload) and the
+/// repository index need `Authorization: Bearer <token>` (HTTP header or
+/// gRPC metadata) with the token of `--admin-token-file`. Only a keyed
+/// digest of the token is kept, and a presented token is compared with it
+/// in constant time. Without one configured, those calls are refused on
+/// the client ports (as Triton's restricted API), so a client that can
+/// infer cannot unload a model and end the requests waiting for it.
+#[derive(Clone, Copy)]
+pub struct AdminCredential {
+    tag: [u8; 32],
+}
+
+impl std::fmt::Debug for AdminCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminCredential(<digest>)")
+    }
+}
+
+/// The shortest admin token accepted, bytes.
+pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
+
+impl AdminCredential {
+    fn keyed(token: &[u8]) -> hmac::Hmac<sha2::Sha256> {
+        use hmac::Mac;
+        // HMAC takes keys of any length: this cannot fail.
+        let Ok(mut mac) = hmac::Hmac::<sha2::Sha256>::new_from_slice(b"symphony admin credential v1") else {
+            unreachable!("HMAC accepts any key length")
+        };
+        mac.update(token);
+        mac
+    }
+
+    /// The credential of `token` (surrounding ASCII whitespace removed, so
+    /// a file's trailing newline is not part of it); `None` if shorter than
+    /// [`MIN_ADMIN_TOKEN_LEN`].
+    pub fn new(token: &[u8]) -> Option<AdminCredential> {
+        use hmac::Mac;
+        let token = token.trim_ascii();
+        if token.len() < MIN_ADMIN_TOKEN_LEN {
+            return None;
+        }
+        Some(AdminCredential { tag: Self::keyed(token).finalize().into_bytes().into() })
+    }
+
+    /// Whether `authorization` (an `Authorization` header's value) is
+    /// `Bearer <token>` with this credential's token (constant time in the
+    /// token).
+    pub fn admits(&self, authorization: Option<&[u8]>) -> bool {
+        use hmac::Mac;
+        let Some(token) = authorization.and_then(|a| a.strip_prefix(b"Bearer ")) else { return false };
+        Self::keyed(token.trim_ascii()).verify_slice(&self.tag).is_ok()
+    }
+}
+
+/// The admin check of a model-control or repository call: `admin` is the
+/// server's credential (none: the call is off), `authorization` what the
+/// caller presented.
+pub fn check_admin(admin: Option<&AdminCredential>, authorization: Option<&[u8]>) -> Result<(), ApiError> {
+    match admin {
+        None => Err(ApiError::new(
+            ErrorKind::PermissionDenied,
+            "model control and the repository index are off on this port: start the frontend with --admin-token-file to allow them with that token",
+        )),
+        Some(a) if a.admits(authorization) => Ok(()),
+        Some(_) => Err(ApiError::new(
+            ErrorKind::Unauthenticated,
+            "model control and the repository index need the admin credential (Authorization: Bearer <token>)",
+        )),
     }
 }
 
@@ -347,4 +425,23 @@ pub fn statistics<S: InferenceService>(
     }
     let model = find_model(service, name, version)?;
     Ok(vec![model_stats(model, &metrics.model_counters(model.id))])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_admin_token_as_a_bearer_passes() {
+        let a = AdminCredential::new(b"an admin token of some length\n").unwrap();
+        assert!(a.admits(Some(b"Bearer an admin token of some length")));
+        assert!(!a.admits(Some(b"Bearer an admin token of some lengtH")));
+        assert!(!a.admits(Some(b"an admin token of some length")));
+        assert!(!a.admits(Some(b"Bearer ")));
+        assert!(!a.admits(None));
+        assert!(AdminCredential::new(b"short").is_none());
+        assert_eq!(check_admin(None, Some(b"Bearer an admin token of some length")).unwrap_err().kind, ErrorKind::PermissionDenied);
+        assert_eq!(check_admin(Some(&a), Some(b"Bearer wrong")).unwrap_err().kind, ErrorKind::Unauthenticated);
+        assert!(check_admin(Some(&a), Some(b"Bearer an admin token of some length")).is_ok());
+    }
 }

@@ -154,6 +154,16 @@ pub struct FrontendArgs {
     /// default INPUT0/OUTPUT0.
     #[arg(long)]
     pub model_repository: Option<PathBuf>,
+    /// File holding the admin token (at least 16 bytes; a trailing newline
+    /// is not part of it): model load/unload and the repository index on
+    /// the HTTP and gRPC ports need `Authorization: Bearer TOKEN`
+    /// [default: none, and those calls are refused].
+    #[arg(long)]
+    pub admin_token_file: Option<PathBuf>,
+    /// Longest a client may take to send a request body once its head is
+    /// in, ms (HTTP; else 408 and the connection closes).
+    #[arg(long, default_value_t = 10_000)]
+    pub body_timeout_ms: u64,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub common: CommonArgs,
@@ -210,6 +220,10 @@ pub struct FrontendConfig {
     pub join_token: Option<JoinToken>,
     /// Model repository whose tensors the catalog declares.
     pub model_repository: Option<PathBuf>,
+    /// The admin credential of model control and the repository index.
+    pub admin: Option<crate::api::AdminCredential>,
+    /// Longest an HTTP request body may take to arrive.
+    pub body_timeout: std::time::Duration,
 }
 
 impl FrontendArgs {
@@ -282,6 +296,20 @@ impl FrontendArgs {
             coalesce_wait: Duration::from_micros(self.coalesce_us),
             join_token: common.join_token,
             model_repository: self.model_repository,
+            admin: match &self.admin_token_file {
+                None => None,
+                Some(p) => {
+                    let bytes = std::fs::read(p).map_err(|e| ConfigError::invalid("admin-token-file", format!("{}: {e}", p.display())))?;
+                    let admin = crate::api::AdminCredential::new(&bytes).ok_or_else(|| {
+                        ConfigError::invalid("admin-token-file", format!("{}: shorter than {} bytes", p.display(), crate::api::MIN_ADMIN_TOKEN_LEN))
+                    })?;
+                    Some(admin)
+                }
+            },
+            body_timeout: match self.body_timeout_ms {
+                0 => return Err(ConfigError::invalid("body-timeout-ms", "must be positive")),
+                n => std::time::Duration::from_millis(n),
+            },
         })
     }
 }
@@ -579,10 +607,13 @@ impl Http {
         );
         let http_cfg = HttpConfig {
             max_body: cfg.max_body,
+            body_timeout: cfg.body_timeout,
+            admin: cfg.admin,
             ..HttpConfig::default()
         };
+        let grpc_cfg = crate::grpc::GrpcConfig { admin: cfg.admin, ..Default::default() };
         let grpc = rt
-            .block_on(crate::grpc::GrpcServer::start_tls(cfg.grpc, service.clone(), Default::default(), cfg.tls.as_ref()))
+            .block_on(crate::grpc::GrpcServer::start_tls(cfg.grpc, service.clone(), grpc_cfg, cfg.tls.as_ref()))
             .map_err(setup(format!("gRPC listener on {}", cfg.grpc)))?;
         let http_tls = cfg.tls.as_ref().map(|t| t.http_config()).transpose().map_err(setup("TLS"))?;
         let server = rt

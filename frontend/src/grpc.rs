@@ -9,7 +9,16 @@
 //! refused by tonic with `RESOURCE_EXHAUSTED` before it is decoded, and a
 //! malformed one with `INTERNAL` ("failed to decode"), as in any tonic
 //! server: neither reaches this code. Model control (load/unload) toggles
-//! whether a catalog model takes requests ([`crate::models::ModelStates`]).
+//! whether a catalog model takes requests ([`crate::models::ModelStates`]);
+//! it and the repository index need the admin credential in the
+//! `authorization` metadata ([`GrpcConfig::admin`]): `PERMISSION_DENIED`
+//! when none is configured, `UNAUTHENTICATED` for a missing or wrong one.
+//!
+//! Connections are bounded (issue 55): at most
+//! [`GrpcConfig::max_connections`] at once (more wait in the accept queue),
+//! one that sends nothing within [`GrpcConfig::preface_timeout`] is closed
+//! before it takes a slot's worth of HTTP/2 state, and HTTP/2 keepalive
+//! pings close a connection whose peer stopped answering.
 
 use crate::api::{self, ApiError, ErrorKind};
 use crate::models::ModelEntry;
@@ -19,8 +28,8 @@ use crate::staging::RequestOptions;
 use crate::tensor::DataType;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tonic::{Request, Response, Status};
 
 /// The code generated from `proto/grpc_service.proto` (messages, the
@@ -41,6 +50,18 @@ pub struct GrpcConfig {
     pub max_message: usize,
     /// Most requests served at once per connection (HTTP/2 streams).
     pub max_concurrent_streams: u32,
+    /// Most connections open at once; more wait in the accept queue.
+    pub max_connections: usize,
+    /// A new connection must send its first bytes (the HTTP/2 preface or
+    /// a TLS hello) within this, else it is closed.
+    pub preface_timeout: std::time::Duration,
+    /// HTTP/2 keepalive: a ping every this often on a quiet connection...
+    pub keepalive_interval: std::time::Duration,
+    /// ...which must be answered within this, else the connection closes.
+    pub keepalive_timeout: std::time::Duration,
+    /// The admin credential model control and the repository index need
+    /// (`None`: they are refused on this port).
+    pub admin: Option<api::AdminCredential>,
 }
 
 impl Default for GrpcConfig {
@@ -48,7 +69,100 @@ impl Default for GrpcConfig {
         GrpcConfig {
             max_message: 4 << 20,
             max_concurrent_streams: 1024,
+            max_connections: 1024,
+            preface_timeout: std::time::Duration::from_secs(10),
+            keepalive_interval: std::time::Duration::from_secs(30),
+            keepalive_timeout: std::time::Duration::from_secs(10),
+            admin: None,
         }
+    }
+}
+
+/// An accepted connection holding its slot among
+/// [`GrpcConfig::max_connections`] until tonic drops it.
+#[derive(Debug)]
+struct SlottedStream {
+    stream: TcpStream,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl tokio::io::AsyncRead for SlottedStream {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for SlottedStream {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+impl tonic::transport::server::Connected for SlottedStream {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+/// Accepts connections within the cap and hands on those that speak
+/// within the preface timeout (each waits on its own task, so an idle one
+/// delays nobody).
+async fn accept_bounded(
+    listener: TcpListener,
+    cfg: GrpcConfig,
+    ready: mpsc::Sender<std::io::Result<SlottedStream>>,
+) {
+    let slots = Arc::new(Semaphore::new(cfg.max_connections.max(1)));
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else { return };
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                // Out of file descriptors and the like: keep serving others.
+                Err(_) => { tokio::time::sleep(std::time::Duration::from_millis(10)).await; continue; }
+            },
+            _ = ready.closed() => return,
+        };
+        let _ = stream.set_nodelay(true);
+        let ready = ready.clone();
+        tokio::spawn(async move {
+            let mut first = [0u8; 1];
+            let spoke = tokio::time::timeout(cfg.preface_timeout, stream.peek(&mut first)).await;
+            if let Ok(Ok(1..)) = spoke {
+                let _ = ready.send(Ok(SlottedStream { stream, _slot: slot })).await;
+            }
+        });
     }
 }
 
@@ -61,6 +175,8 @@ pub fn code_of(kind: ErrorKind) -> tonic::Code {
         ErrorKind::DeadlineExceeded => tonic::Code::DeadlineExceeded,
         ErrorKind::Internal => tonic::Code::Internal,
         ErrorKind::Unsupported => tonic::Code::Unimplemented,
+        ErrorKind::Unauthenticated => tonic::Code::Unauthenticated,
+        ErrorKind::PermissionDenied => tonic::Code::PermissionDenied,
     }
 }
 
@@ -347,12 +463,20 @@ async fn infer_one<S: InferenceService>(service: &S, req: pb::ModelInferRequest)
 #[derive(Debug)]
 pub struct GrpcService<S> {
     service: Arc<S>,
+    admin: Option<api::AdminCredential>,
 }
 
 impl<S> GrpcService<S> {
-    /// Serves `service`.
-    pub fn new(service: Arc<S>) -> Self {
-        GrpcService { service }
+    /// Serves `service`; model control and the repository index need
+    /// `admin` (none: refused).
+    pub fn new(service: Arc<S>, admin: Option<api::AdminCredential>) -> Self {
+        GrpcService { service, admin }
+    }
+
+    /// The admin check of a repository call (see [`api::check_admin`]).
+    fn admin<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let presented = req.metadata().get("authorization").map(|v| v.as_bytes());
+        api::check_admin(self.admin.as_ref(), presented).map_err(status)
     }
 }
 
@@ -532,6 +656,7 @@ impl<S: InferenceService> GrpcInferenceService for GrpcService<S> {
         &self,
         req: Request<pb::RepositoryIndexRequest>,
     ) -> Result<Response<pb::RepositoryIndexResponse>, Status> {
+        self.admin(&req)?;
         let entries = api::repository_index(&*self.service, req.get_ref().ready);
         Ok(Response::new(pb::RepositoryIndexResponse {
             models: entries
@@ -550,6 +675,7 @@ impl<S: InferenceService> GrpcInferenceService for GrpcService<S> {
         &self,
         req: Request<pb::RepositoryModelLoadRequest>,
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
+        self.admin(&req)?;
         api::set_loaded(&*self.service, &req.get_ref().model_name, true).map_err(status)?;
         Ok(Response::new(pb::RepositoryModelLoadResponse {}))
     }
@@ -558,6 +684,7 @@ impl<S: InferenceService> GrpcInferenceService for GrpcService<S> {
         &self,
         req: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
+        self.admin(&req)?;
         api::set_loaded(&*self.service, &req.get_ref().model_name, false).map_err(status)?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
@@ -589,9 +716,10 @@ impl GrpcServer {
     ) -> std::io::Result<GrpcServer> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        let svc = GrpcInferenceServiceServer::new(GrpcService::new(service))
+        let (ready, accepted) = mpsc::channel(64);
+        let acceptor = tokio::spawn(accept_bounded(listener, cfg, ready));
+        let incoming = tokio_stream::wrappers::ReceiverStream::new(accepted);
+        let svc = GrpcInferenceServiceServer::new(GrpcService::new(service, cfg.admin))
             .max_decoding_message_size(cfg.max_message)
             .max_encoding_message_size(cfg.max_message);
         let (stop, stop_rx) = oneshot::channel::<()>();
@@ -603,6 +731,8 @@ impl GrpcServer {
         }
         let router = builder
             .max_concurrent_streams(Some(cfg.max_concurrent_streams))
+            .http2_keepalive_interval(Some(cfg.keepalive_interval))
+            .http2_keepalive_timeout(Some(cfg.keepalive_timeout))
             .add_service(svc);
         let task = tokio::spawn(async move {
             let _ = router
@@ -610,6 +740,7 @@ impl GrpcServer {
                     let _ = stop_rx.await;
                 })
                 .await;
+            acceptor.abort();
         });
         Ok(GrpcServer { addr, stop, task })
     }

@@ -4,7 +4,9 @@
 //! `GET /v2/models/{m}[/versions/{v}]`, `GET .../ready`, `GET .../config`,
 //! `GET .../stats`, `GET /v2/models/stats`, `POST .../infer`,
 //! `POST /v2/repository/index`, `POST /v2/repository/models/{m}/load|unload`,
-//! `GET /metrics`. Lookup, accounting and
+//! `GET /metrics`. The repository routes need the admin credential
+//! ([`HttpConfig::admin`], [`api::AdminCredential`]): 403 when none is
+//! configured, 401 for a missing or wrong one. Lookup, accounting and
 //! errors are the shared [`crate::api`] layer's (the gRPC server's too).
 //!
 //! Status codes follow Triton's mapping of its error kinds: invalid
@@ -23,7 +25,7 @@ use crate::service::InferenceService;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -49,6 +51,13 @@ pub struct HttpConfig {
     pub max_connections: usize,
     /// A client must send its request head within this time.
     pub header_timeout: std::time::Duration,
+    /// A client must send its whole request body within this time once the
+    /// head is in (else 408 and the connection is closed): a trickled body
+    /// holds a connection slot no longer than this.
+    pub body_timeout: std::time::Duration,
+    /// The admin credential model control and the repository index need
+    /// (`None`: they are refused on this port).
+    pub admin: Option<api::AdminCredential>,
 }
 
 impl Default for HttpConfig {
@@ -57,6 +66,8 @@ impl Default for HttpConfig {
             max_body: 1 << 20,
             max_connections: 1024,
             header_timeout: std::time::Duration::from_secs(10),
+            body_timeout: std::time::Duration::from_secs(10),
+            admin: None,
         }
     }
 }
@@ -93,6 +104,8 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
         }
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         ErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
+        ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
+        ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
     }
 }
 
@@ -102,7 +115,18 @@ fn api_error(e: &ApiError) -> Response<Body> {
         r.headers_mut()
             .insert(RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
     }
+    if e.kind == ErrorKind::Unauthenticated {
+        r.headers_mut()
+            .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
     r
+}
+
+/// The admin check of a repository route (see [`api::check_admin`]): the
+/// refusal to send, if any.
+fn refused_admin(req: &Request<Incoming>, cfg: &HttpConfig) -> Option<Response<Body>> {
+    let presented = req.headers().get(AUTHORIZATION).map(HeaderValue::as_bytes);
+    api::check_admin(cfg.admin.as_ref(), presented).err().map(|e| api_error(&e))
 }
 
 /// A running server.
@@ -267,13 +291,19 @@ pub async fn handle<S: InferenceService>(
             respond(s, "text/plain", Vec::new())
         }
         ["v2"] if get => json(StatusCode::OK, &protocol::server_metadata()),
-        ["v2", "repository", "index"] if method == Method::POST => json(
-            StatusCode::OK,
-            &protocol::repository_index(&api::repository_index(service, false)),
-        ),
+        ["v2", "repository", "index"] if method == Method::POST => match refused_admin(&req, &cfg) {
+            None => json(
+                StatusCode::OK,
+                &protocol::repository_index(&api::repository_index(service, false)),
+            ),
+            Some(refused) => refused,
+        },
         ["v2", "repository", "models", name, action @ ("load" | "unload")]
             if method == Method::POST =>
         {
+            if let Some(refused) = refused_admin(&req, &cfg) {
+                return refused;
+            }
             match api::set_loaded(service, name, *action == "load") {
                 Ok(()) => respond(StatusCode::OK, "application/json", b"{}".to_vec()),
                 Err(e) => api_error(&e),
@@ -357,7 +387,24 @@ async fn handle_infer<S: InferenceService>(
             }
         },
     };
-    let body = match Limited::new(req.into_body(), cfg.max_body).collect().await {
+    // A body already in is collected at the first poll, before the
+    // timeout's timer is ever registered: the deadline costs a trickle, not
+    // every request.
+    let collected = tokio::time::timeout(
+        cfg.body_timeout,
+        Limited::new(req.into_body(), cfg.max_body).collect(),
+    )
+    .await;
+    let Ok(collected) = collected else {
+        let mut r = error(
+            StatusCode::REQUEST_TIMEOUT,
+            &format!("the request body did not arrive within {:?}", cfg.body_timeout),
+        );
+        r.headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+        return r;
+    };
+    let body = match collected {
         Ok(b) => b.to_bytes(),
         Err(e)
             if e.downcast_ref::<http_body_util::LengthLimitError>()

@@ -50,6 +50,10 @@ struct Args {
     /// TLS private key (PEM).
     #[arg(long)]
     tls_key: Option<std::path::PathBuf>,
+    /// File holding the admin token that model load/unload and the
+    /// repository index need (default: none, and they are refused).
+    #[arg(long)]
+    admin_token_file: Option<std::path::PathBuf>,
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -71,6 +75,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     cfg.slots = args.slots;
     cfg.http.max_body = args.max_body;
     cfg.tls = frontend::tls::from_options(args.tls_cert.as_ref(), args.tls_key.as_ref())?;
+    if let Some(p) = &args.admin_token_file {
+        let admin = frontend::api::AdminCredential::new(&std::fs::read(p)?).ok_or("the admin token is too short")?;
+        cfg.http.admin = Some(admin);
+        cfg.grpc.admin = Some(admin);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

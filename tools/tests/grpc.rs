@@ -14,12 +14,23 @@ use tonic::transport::Channel;
 use tonic::Code;
 use tools::inproc::server::{LocalConfig, LocalServer};
 
+/// The admin token the servers of these tests are started with.
+const ADMIN_TOKEN: &str = "grpc tests' admin token";
+
 async fn start() -> LocalServer {
     let models = vec![ModelSpec::linear("resnet", 1.0, 4.0, 100.0).unwrap()];
     let mut cfg = LocalConfig::new(ModelCatalog::with_default_tensors(&models));
     cfg.cluster.timer_slack = dataplane::time::Duration::from_millis(60);
     cfg.grpc.max_message = 64 << 10;
+    cfg.grpc.admin = frontend::api::AdminCredential::new(ADMIN_TOKEN.as_bytes());
     LocalServer::start(cfg).await.expect("server starts")
+}
+
+/// `msg` with the admin credential in its metadata.
+fn admin<T>(msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut().insert("authorization", format!("Bearer {ADMIN_TOKEN}").parse().unwrap());
+    r
 }
 
 async fn client(s: &LocalServer) -> GrpcInferenceServiceClient<Channel> {
@@ -89,7 +100,7 @@ async fn metadata_infer_and_statistics_over_grpc() {
         .unwrap()
         .into_inner();
     assert!(ready.ready);
-    let index = c.repository_index(pb::RepositoryIndexRequest::default()).await.unwrap().into_inner();
+    let index = c.repository_index(admin(pb::RepositoryIndexRequest::default())).await.unwrap().into_inner();
     assert_eq!(index.models.len(), 1);
 
     // Raw and typed contents, both checked against the reference output.
@@ -176,7 +187,7 @@ async fn bad_input_gets_the_http_errors_as_grpc_codes() {
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
     let e = c
-        .repository_model_load(pb::RepositoryModelLoadRequest { model_name: "nope".into(), ..Default::default() })
+        .repository_model_load(admin(pb::RepositoryModelLoadRequest { model_name: "nope".into(), ..Default::default() }))
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
@@ -206,22 +217,31 @@ async fn unload_refuses_new_requests_and_load_serves_again() {
         }
     };
     c.model_infer(good()).await.expect("loaded at start");
-    c.repository_model_unload(pb::RepositoryModelUnloadRequest { model_name: "resnet".into(), ..Default::default() })
+    // Without the admin credential, or with a wrong one, nothing changes.
+    let unload = || pb::RepositoryModelUnloadRequest { model_name: "resnet".into(), ..Default::default() };
+    let e = c.repository_model_unload(unload()).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    let mut wrong = tonic::Request::new(unload());
+    wrong.metadata_mut().insert("authorization", "Bearer grpc tests' admin tokeN".parse().unwrap());
+    assert_eq!(c.repository_model_unload(wrong).await.unwrap_err().code(), Code::Unauthenticated);
+    assert_eq!(c.repository_index(pb::RepositoryIndexRequest::default()).await.unwrap_err().code(), Code::Unauthenticated);
+    assert!(ready(&mut c).await);
+    c.repository_model_unload(admin(unload()))
         .await
         .expect("unloads");
     assert!(!ready(&mut c).await);
     let e = c.model_infer(good()).await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
     assert!(e.message().contains("unloaded"), "{e:?}");
-    let index = c.repository_index(pb::RepositoryIndexRequest::default()).await.unwrap().into_inner();
+    let index = c.repository_index(admin(pb::RepositoryIndexRequest::default())).await.unwrap().into_inner();
     assert_eq!(index.models[0].state, "UNAVAILABLE");
     let ready_only = c
-        .repository_index(pb::RepositoryIndexRequest { ready: true, ..Default::default() })
+        .repository_index(admin(pb::RepositoryIndexRequest { ready: true, ..Default::default() }))
         .await
         .unwrap()
         .into_inner();
     assert!(ready_only.models.is_empty());
-    c.repository_model_load(pb::RepositoryModelLoadRequest { model_name: "resnet".into(), ..Default::default() })
+    c.repository_model_load(admin(pb::RepositoryModelLoadRequest { model_name: "resnet".into(), ..Default::default() }))
         .await
         .expect("loads");
     assert!(ready(&mut c).await);

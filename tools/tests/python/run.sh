@@ -33,7 +33,14 @@ mkfifo "$fifo"
 # The output files exist before the polls below read them (the background
 # job opens its redirections only once it runs; see tests/lib/up_serve.sh).
 : >"$tmp/out"; : >"$tmp/err"; : >"$tmp/out-tls"; : >"$tmp/err-tls"
-"$bin" --port 0 --print-port --exit-on-stdin-eof --gpus 2 --model tc_model=0.268,5.172,200 <"$fifo" >>"$tmp/out" 2>>"$tmp/err" &
+# Model control and the repository index need the admin credential (issue
+# 55): the tests send it (SYMPHONY_ADMIN_TOKEN) and check that a call
+# without it is refused.
+admin_token="admin-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
+printf '%s\n' "$admin_token" >"$tmp/admin-token"
+chmod 600 "$tmp/admin-token"
+export SYMPHONY_ADMIN_TOKEN="$admin_token"
+"$bin" --port 0 --print-port --exit-on-stdin-eof --gpus 2 --model tc_model=0.268,5.172,200 --admin-token-file "$tmp/admin-token" <"$fifo" >>"$tmp/out" 2>>"$tmp/err" &
 server=$!
 exec 9>"$fifo"
 cleanup() {

@@ -10,6 +10,15 @@ from tritonclient.utils import InferenceServerException
 
 URL = os.environ.get("SYMPHONY_URL", "127.0.0.1:8000")
 MODEL = os.environ.get("SYMPHONY_MODEL", "ResNet50")
+# The frontend's admin token (--admin-token-file): model control and the
+# repository index need it; unset, the server is expected to refuse them.
+ADMIN_TOKEN = os.environ.get("SYMPHONY_ADMIN_TOKEN")
+
+
+def admin_headers(key="Authorization"):
+    """The admin credential as tritonclient's `headers` (gRPC metadata keys
+    are lower case: pass key="authorization")."""
+    return {key: "Bearer " + ADMIN_TOKEN} if ADMIN_TOKEN else None
 
 
 def client():
@@ -69,8 +78,15 @@ def test_model_metadata_config_and_index():
     assert meta["outputs"] == [{"name": "OUTPUT0", "datatype": "UINT8", "shape": [1, 40]}]
     cfg = c.get_model_config(MODEL)
     assert cfg["name"] == MODEL
-    index = c.get_model_repository_index()
-    assert MODEL in [m["name"] for m in index]
+    if ADMIN_TOKEN:
+        index = c.get_model_repository_index(headers=admin_headers())
+        assert MODEL in [m["name"] for m in index]
+        expect_error(lambda: c.get_model_repository_index(), "401")
+        expect_error(lambda: c.unload_model(MODEL, headers={"Authorization": "Bearer not-the-admin-token"}), "401")
+    else:
+        expect_error(lambda: c.get_model_repository_index(), "403")
+    expect_error(lambda: c.unload_model(MODEL), "401" if ADMIN_TOKEN else "403")
+    assert c.is_model_ready(MODEL)
 
 
 def test_infer_binary_and_json_tensors():

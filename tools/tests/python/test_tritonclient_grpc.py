@@ -10,7 +10,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from test_tritonclient import MODEL, reference_output
+from test_tritonclient import ADMIN_TOKEN, MODEL, admin_headers, reference_output
 
 URL = os.environ.get("SYMPHONY_GRPC_URL", "127.0.0.1:8001")
 
@@ -41,8 +41,10 @@ def test_health_and_metadata():
     cfg = c.get_model_config(MODEL, as_json=True)["config"]
     assert cfg["name"] == MODEL
     assert cfg["input"][0]["data_type"] == "TYPE_FP32"
-    index = c.get_model_repository_index(as_json=True)
-    assert any(e["name"] == MODEL for e in index["models"])
+    if ADMIN_TOKEN:
+        index = c.get_model_repository_index(headers=admin_headers("authorization"), as_json=True)
+        assert any(e["name"] == MODEL for e in index["models"])
+    expect_error(lambda: c.get_model_repository_index(as_json=True), "UNAUTHENTICATED" if ADMIN_TOKEN else "PERMISSION_DENIED")
 
 
 def test_infer_raw_contents():
@@ -155,18 +157,24 @@ def test_model_control_over_grpc_and_http():
 
     from test_tritonclient import URL as HTTP_URL
 
-    for ctl in (client(), httpclient.InferenceServerClient(url=HTTP_URL)):
-        ctl.unload_model(MODEL)
+    # Without the admin credential nothing is unloaded.
+    expect_error(lambda: client().unload_model(MODEL), "UNAUTHENTICATED" if ADMIN_TOKEN else "PERMISSION_DENIED")
+    assert client().is_model_ready(MODEL)
+    if not ADMIN_TOKEN:
+        return
+    grpc_admin = admin_headers("authorization")
+    for ctl, hdr in ((client(), grpc_admin), (httpclient.InferenceServerClient(url=HTTP_URL), admin_headers())):
+        ctl.unload_model(MODEL, headers=hdr)
         assert not ctl.is_model_ready(MODEL)
         inp, _ = make_input(3)
         expect_error(lambda: client().infer(MODEL, [inp]), "UNAVAILABLE", "unloaded")
-        index = client().get_model_repository_index(as_json=True)["models"]
+        index = client().get_model_repository_index(headers=grpc_admin, as_json=True)["models"]
         assert [e.get("state") for e in index if e["name"] == MODEL] == ["UNAVAILABLE"]
-        ctl.load_model(MODEL)
+        ctl.load_model(MODEL, headers=hdr)
         assert ctl.is_model_ready(MODEL)
         inp, data = make_input(4)
         np.testing.assert_array_equal(client().infer(MODEL, [inp]).as_numpy("OUTPUT0"), reference_output(data))
-    expect_error(lambda: client().load_model("no_such_model"), "NOT_FOUND")
+    expect_error(lambda: client().load_model("no_such_model", headers=grpc_admin), "NOT_FOUND")
 
 
 if __name__ == "__main__":

@@ -21,13 +21,29 @@ use tools::inproc::server::{LocalConfig, LocalServer};
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
+/// The admin token these tests' servers are started with (model control
+/// needs it, issue 55).
+const ADMIN_TOKEN: &str = "model control tests' admin token";
+
+fn with_admin(mut cfg: LocalConfig) -> LocalConfig {
+    cfg.http.admin = frontend::api::AdminCredential::new(ADMIN_TOKEN.as_bytes());
+    cfg
+}
+
+/// POSTs `body` to `path` with the admin credential.
 async fn post(c: &HttpClient, addr: SocketAddr, path: &str, body: Vec<u8>) -> StatusCode {
-    let req = Request::builder()
+    post_as(c, addr, path, body, Some(ADMIN_TOKEN)).await
+}
+
+async fn post_as(c: &HttpClient, addr: SocketAddr, path: &str, body: Vec<u8>, token: Option<&str>) -> StatusCode {
+    let mut req = Request::builder()
         .method(Method::POST)
         .uri(format!("http://{addr}{path}"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .unwrap();
+        .header("content-type", "application/json");
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let req = req.body(Full::new(Bytes::from(body))).unwrap();
     let resp = c.request(req).await.expect("request");
     let status = resp.status();
     let _ = resp.into_body().collect().await;
@@ -52,7 +68,7 @@ async fn load_unload_cycles_under_load_leave_nothing_behind() {
     let mut cfg = LocalConfig::new(ModelCatalog::with_default_tensors(&models));
     cfg.cluster.gpus = 2;
     cfg.cluster.timer_slack = dataplane::time::Duration::from_millis(60);
-    let server = LocalServer::start(cfg).await.expect("server starts");
+    let server = LocalServer::start(with_admin(cfg)).await.expect("server starts");
     let (addr, c): (SocketAddr, HttpClient) = (server.addr(), Client::builder(TokioExecutor::new()).build_http());
     let shm_before = my_shm_files();
     // Load: a steady client of the other model all along.
@@ -128,7 +144,7 @@ async fn unloading_answers_the_models_waiting_requests_at_once_and_frees_their_s
     let models = vec![ModelSpec::linear("patient", 0.5, 2.0, 5000.0).unwrap(), ModelSpec::linear("other", 0.5, 2.0, 1500.0).unwrap()];
     let mut cfg = LocalConfig::new(ModelCatalog::with_default_tensors(&models));
     cfg.cluster.gpus = 2;
-    let server = LocalServer::start(cfg).await.expect("server starts");
+    let server = LocalServer::start(with_admin(cfg)).await.expect("server starts");
     let (addr, c): (SocketAddr, HttpClient) = (server.addr(), Client::builder(TokioExecutor::new()).build_http());
     let svc = server.service().clone();
     const WAITING: u64 = 5;
@@ -147,8 +163,15 @@ async fn unloading_answers_the_models_waiting_requests_at_once_and_frees_their_s
         tokio::time::sleep(StdDuration::from_millis(2)).await;
     }
     assert_eq!(svc.counters().accepted, WAITING + 1, "every request was accepted");
+    // Without the admin credential (or with a wrong one) nothing is
+    // unloaded and nobody waiting is answered.
+    let unload = "/v2/repository/models/patient/unload";
+    assert_eq!(post_as(&c, addr, unload, Vec::new(), None).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(post_as(&c, addr, unload, Vec::new(), Some("model control tests' admin tokeN")).await, StatusCode::UNAUTHORIZED);
+    assert!(svc.model_states().is_loaded(0));
+    assert!(waiting.iter().all(|w| !w.is_finished()), "an unauthenticated unload ended a waiting request");
     let unloaded_at = StdInstant::now();
-    assert_eq!(post(&c, addr, "/v2/repository/models/patient/unload", Vec::new()).await, StatusCode::OK);
+    assert_eq!(post(&c, addr, unload, Vec::new()).await, StatusCode::OK);
     for w in waiting {
         let (status, body) = w.await.unwrap();
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
