@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The attack suite (issue 55) against the real daemons: malformed frames to
+# every TCP port of a scheduler, a frontend and a backend (each must keep
+# running, serve no READ to an unregistered peer and still serve an
+# inference), and the shm transport's files private to their user (0600 in
+# a 0700 directory). Bounded in time; leaves no process behind.
+# Usage: bash tests/security/run.sh   (builds target/release/symphony if needed)
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
+# RELEASE_BUILD (tests/run.sh): its test step's build command, a no-op here.
+(cd "$root" && timeout 1800 ${RELEASE_BUILD:-cargo build --release -p tools --bin symphony} -q)
+bin="$CARGO_TARGET_DIR/release/symphony"
+PY="${PYTHON:-python3}"
+timeout 300 "$PY" "$root/tests/security/attack_ports.py" "$bin"
+timeout 180 bash "$root/tests/security/shm_modes.sh" "$bin"
+echo "security suite: ok"
