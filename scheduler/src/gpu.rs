@@ -176,11 +176,18 @@ impl<T> GpuSet<T> {
         if t > now {
             return None;
         }
-        self.finishes.pop();
         let d = &mut self.devices[device as usize];
-        let b = d.held.pop_front()?;
-        if let Some(next) = d.held.front() {
-            self.finishes.set(device, next.span.finish);
+        let Some(b) = d.held.pop_front() else {
+            self.finishes.pop();
+            return None;
+        };
+        // The device's next batch re-keys its entry in place (one sift)
+        // instead of leaving and re-entering the heap.
+        match d.held.front() {
+            Some(next) => self.finishes.set(device, next.span.finish),
+            None => {
+                self.finishes.pop();
+            }
         }
         self.held -= 1;
         Some(Completed { device, start: b.span.start, finish: b.span.finish, tag: b.tag })

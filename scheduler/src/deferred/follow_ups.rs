@@ -28,6 +28,7 @@ pub const FOLLOW_ARRIVALS: u32 = 16;
 pub const EXACT_BATCHES: u32 = 8;
 /// Batches remembered (a follow-up is attributed among these).
 const BATCHES: usize = 16;
+const _: () = assert!(BATCHES <= u16::BITS as usize, "FollowUps::live has a bit per batch");
 /// Follow-up delays remembered (their maximum widens the wait).
 const DELAYS: usize = 32;
 
@@ -45,6 +46,12 @@ const NO_BATCH: Batch = Batch { finish: Instant::NEVER, size: 0, followed: 0, ju
 #[derive(Clone, Debug)]
 pub struct FollowUps {
     batches: [Batch; BATCHES],
+    /// Bit `i` set: batch `i` can still matter to an arrival (it holds
+    /// requests, and is not both judged and past its follow-up window).
+    /// Arrivals only come later, so a batch that leaves never returns
+    /// until its slot is reused: [`Self::arrived`] visits these few
+    /// instead of every slot, in the same (index) order.
+    live: u16,
     next: usize,
     delays: [Duration; DELAYS],
     next_delay: usize,
@@ -57,6 +64,7 @@ impl Default for FollowUps {
     fn default() -> Self {
         FollowUps {
             batches: [NO_BATCH; BATCHES],
+            live: 0,
             next: 0,
             delays: [Duration::ZERO; DELAYS],
             next_delay: 0,
@@ -72,6 +80,11 @@ impl FollowUps {
     pub fn dispatched(&mut self, finish: Instant, size: u32) {
         self.close(self.next);
         self.batches[self.next] = Batch { finish, size, followed: 0, judged: false };
+        if size > 0 {
+            self.live |= 1 << self.next;
+        } else {
+            self.live &= !(1 << self.next);
+        }
         self.next = (self.next + 1) % BATCHES;
         self.latest_finish = self.latest_finish.max(finish);
     }
@@ -81,13 +94,19 @@ impl FollowUps {
     /// its window is still open.
     pub fn arrived(&mut self, t: Instant) {
         let mut owner: Option<usize> = None;
-        for i in 0..BATCHES {
+        let mut visit = self.live;
+        while visit != 0 {
+            let i = visit.trailing_zeros() as usize;
+            visit &= visit - 1;
             let b = self.batches[i];
             if b.size == 0 || b.finish > t {
                 continue;
             }
             if b.finish + FOLLOW_MAX < t {
                 self.close(i);
+                // Judged and past its window: no later arrival can close
+                // it again or be its follow-up.
+                self.live &= !(1 << i);
             } else if owner.is_none_or(|o| self.batches[o].finish < b.finish) {
                 owner = Some(i);
             }

@@ -21,15 +21,18 @@ pub enum Event {
 /// due now fire before new work arrives), then the arrival. `None` when
 /// nothing is left.
 pub fn next_event(t_done: Option<Instant>, t_wake: Option<Instant>, t_arrival: Option<Instant>) -> Option<(Instant, Event)> {
-    let t = [t_done, t_wake, t_arrival].into_iter().flatten().min()?;
-    let event = if t_done == Some(t) {
-        Event::GpuDone
-    } else if t_wake == Some(t) {
-        Event::Wake
-    } else {
-        Event::Arrival
-    };
-    Some((t, event))
+    // Taken in priority order, a later kind only when strictly earlier:
+    // the same answer as the minimum with the tie rule above, without
+    // building and scanning an array on every event.
+    let mut next = t_done.map(|t| (t, Event::GpuDone));
+    for (t, event) in [(t_wake, Event::Wake), (t_arrival, Event::Arrival)] {
+        if let Some(t) = t {
+            if next.is_none_or(|(best, _)| t < best) {
+                next = Some((t, event));
+            }
+        }
+    }
+    next
 }
 
 #[cfg(test)]

@@ -8,7 +8,6 @@
 
 use crate::types::ModelId;
 use crate::zoo::ModelSpec;
-use dataplane::heap::IndexedHeap;
 use dataplane::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp, Gamma};
@@ -261,6 +260,16 @@ impl ArrivalStream {
 
     /// Draws the gap after `from`; `fraction` scales a uniform gap (phase).
     fn advance_from(&mut self, mut from: Instant, fraction: f64) -> Instant {
+        if self.schedule.steps.is_empty() {
+            // A constant rate (every generated workload without
+            // `--schedule`): the loop below with one pass and no step to
+            // cross, without looking the step up per arrival.
+            let rate = self.base_rps;
+            if rate <= 0.0 || !rate.is_finite() {
+                return Instant::NEVER;
+            }
+            return from + Duration::from_secs_f64(self.gap_at(rate, fraction));
+        }
         // Bounded: each pass either returns or moves to the next schedule step.
         for _ in 0..=self.schedule.steps.len() + 1 {
             let (mult, step_end) = self.schedule.at(from);
@@ -288,7 +297,7 @@ impl ArrivalStream {
 }
 
 /// The arrivals of one run, in time order: each model's [`ArrivalStream`]
-/// merged by a heap (equal times go to the lower model id), or a recorded
+/// merged by a [`WinnerTree`] (equal times go to the lower model id), or a recorded
 /// trace. Every arrival is `(intended time, model)`, shifted by the origin.
 pub struct Arrivals {
     source: Source,
@@ -297,7 +306,7 @@ pub struct Arrivals {
 }
 
 enum Source {
-    Streams { streams: Vec<ArrivalStream>, heap: IndexedHeap<Instant>, end: Instant },
+    Streams { streams: Vec<ArrivalStream>, merge: WinnerTree, end: Instant },
     /// One Poisson stream at the total rate, each arrival's model drawn
     /// uniformly by `pick` (see [`Arrivals::pooled_for_model_count`]).
     Pooled { stream: ArrivalStream, pick: Xoshiro256PlusPlus, models: u32, model: ModelId, end: Instant },
@@ -317,13 +326,8 @@ impl Arrivals {
         let shares = workload.popularity.shares(models);
         let streams: Vec<ArrivalStream> =
             shares.iter().enumerate().map(|(i, &s)| ArrivalStream::new(workload, s, i, seed)).collect();
-        let mut heap = IndexedHeap::with_ids(streams.len());
-        for (i, s) in streams.iter().enumerate() {
-            if s.peek() < end {
-                heap.set(i as u32, s.peek());
-            }
-        }
-        Arrivals { source: Source::Streams { streams, heap, end }, origin: Duration::ZERO }
+        let merge = WinnerTree::new(streams.iter().map(|s| Some(s.peek()).filter(|&t| t < end)));
+        Arrivals { source: Source::Streams { streams, merge, end }, origin: Duration::ZERO }
     }
 
     /// The same process as [`Arrivals::for_model_count`] when the models
@@ -365,7 +369,7 @@ impl Arrivals {
     /// The next arrival `(time, model)` without consuming it.
     pub fn peek(&self) -> Option<(Instant, ModelId)> {
         let (t, m) = match &self.source {
-            Source::Streams { heap, .. } => heap.peek()?,
+            Source::Streams { merge, .. } => merge.peek()?,
             Source::Pooled { stream, model, end, .. } => Some((stream.peek(), *model)).filter(|&(t, _)| t < *end)?,
             Source::Trace { trace, next } => *trace.get(*next)?,
         };
@@ -384,13 +388,11 @@ impl Iterator for Arrivals {
     /// Consumes the next arrival `(time, model)`.
     fn next(&mut self) -> Option<(Instant, ModelId)> {
         let (t, m) = match &mut self.source {
-            Source::Streams { streams, heap, end } => {
-                let (t, m) = heap.pop()?;
+            Source::Streams { streams, merge, end } => {
+                let (t, m) = merge.peek()?;
                 let s = &mut streams[m as usize];
                 s.advance();
-                if s.peek() < *end {
-                    heap.set(m, s.peek());
-                }
+                merge.replace(m, Some(s.peek()).filter(|&next| next < *end));
                 (t, m)
             }
             Source::Pooled { stream, pick, models, model, end } => {
@@ -408,6 +410,67 @@ impl Iterator for Arrivals {
             }
         };
         Some((t + self.origin, m))
+    }
+}
+
+/// The next arrival of every stream, merged: a winner tree (each inner
+/// node holds the stream with the earliest `(time, model)` below it), so
+/// replacing the winner's time replays one path of `log2(streams)` single
+/// comparisons, where a binary heap's sift down takes two per level. Every key
+/// is distinct (one per model), so any correct merge yields the same order.
+struct WinnerTree {
+    /// `(time, model)` per leaf: the streams, then padding that never wins.
+    keys: Vec<(Instant, ModelId)>,
+    /// `win[k]` for inner node `k` (`1..leaves`): the leaf index winning
+    /// its subtree; `win[leaves + i] = i`.
+    win: Vec<u32>,
+    leaves: usize,
+}
+
+impl WinnerTree {
+    /// `None`: the stream has no arrival left.
+    fn new(next: impl ExactSizeIterator<Item = Option<Instant>>) -> Self {
+        let leaves = next.len().next_power_of_two();
+        let mut keys: Vec<(Instant, ModelId)> = next.enumerate().map(|(i, t)| (t.unwrap_or(Instant::NEVER), i as ModelId)).collect();
+        keys.resize(leaves, (Instant::NEVER, ModelId::MAX));
+        let mut win = vec![0u32; 2 * leaves];
+        for (i, w) in win[leaves..].iter_mut().enumerate() {
+            *w = i as u32;
+        }
+        for k in (1..leaves).rev() {
+            win[k] = Self::winner(&keys, win[2 * k], win[2 * k + 1]);
+        }
+        WinnerTree { keys, win, leaves }
+    }
+
+    #[inline]
+    fn winner(keys: &[(Instant, ModelId)], a: u32, b: u32) -> u32 {
+        if keys[b as usize] < keys[a as usize] {
+            b
+        } else {
+            a
+        }
+    }
+
+    /// The earliest `(time, model)`, `None` when every stream has ended.
+    #[inline]
+    fn peek(&self) -> Option<(Instant, ModelId)> {
+        // `win` has at least two entries; `win[1]` is the root (with one
+        // leaf, the leaf itself). Streams only hold times before the end,
+        // so `NEVER` marks one that ended (or padding).
+        let w = self.win[1];
+        Some(self.keys[w as usize]).filter(|&(t, _)| t != Instant::NEVER)
+    }
+
+    /// Stream `model`'s next arrival is now `next` (`None`: it ended).
+    fn replace(&mut self, model: ModelId, next: Option<Instant>) {
+        let leaf = model as usize;
+        self.keys[leaf].0 = next.unwrap_or(Instant::NEVER);
+        let mut k = (self.leaves + leaf) / 2;
+        while k >= 1 {
+            self.win[k] = Self::winner(&self.keys, self.win[2 * k], self.win[2 * k + 1]);
+            k /= 2;
+        }
     }
 }
 
@@ -490,6 +553,35 @@ mod tests {
         // Not Poisson with equal shares: the merged streams, seed for seed.
         let z = Workload { popularity: Popularity::parse("zipf:1").unwrap(), ..Workload::poisson(1000.0) };
         assert!(Arrivals::pooled_for_model_count(4, &z, 3, d).eq(Arrivals::for_model_count(4, &z, 3, d)));
+    }
+
+    /// The merge yields every stream's arrivals before the end, sorted by
+    /// (time, model), for any number of streams (padding, one, none) and
+    /// streams that end early (a zero share, a rate that drops to zero).
+    #[test]
+    fn merged_streams_are_every_arrival_in_time_then_model_order() {
+        let d = Duration::from_millis(300);
+        let end = Instant::ZERO + d;
+        for (models, workload) in [
+            (0, Workload::poisson(1000.0)),
+            (1, Workload::poisson(1000.0)),
+            (5, Workload { popularity: Popularity::Weights(vec![1.0, 0.0, 2.0, 1.0, 0.5]), ..Workload::poisson(3000.0) }),
+            (9, Workload { arrival: Arrival::Uniform, ..Workload::poisson(900.0) }),
+            (37, Workload { schedule: RateSchedule::parse("0:1,0.1:0").unwrap(), arrival: Arrival::Gamma(0.3), ..Workload::poisson(20_000.0) }),
+        ] {
+            let shares = workload.popularity.shares(models);
+            let mut want = Vec::new();
+            for (i, &share) in shares.iter().enumerate() {
+                let mut s = ArrivalStream::new(&workload, share, i, 7);
+                while s.peek() < end {
+                    want.push((s.advance(), i as ModelId));
+                }
+            }
+            want.sort_unstable();
+            let got: Vec<_> = Arrivals::for_model_count(models, &workload, 7, d).collect();
+            assert!(!got.is_empty() || models == 0);
+            assert_eq!(got, want, "{models} models");
+        }
     }
 
     #[test]
