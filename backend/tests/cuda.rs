@@ -1,9 +1,13 @@
 //! The CUDA executor (feature `cuda`). On a host without a driver (the
 //! development machine) construction must fail cleanly with
 //! `NoCudaDriver`; on a host with one, a real batch must produce the same
-//! bytes as `backend::output`.
+//! bytes as `backend::output`: without a GPU that test is a capability skip
+//! (tests/capability-skips.txt).
 
 #![cfg(feature = "cuda")]
+
+#[path = "../../tests/lib/require.rs"]
+mod require;
 
 use backend::exec::cuda::{driver_present, nvrtc_present};
 use backend::exec::{ExecError, ExecModel, Executor, Finished, InputRef, Job, OutputRef};
@@ -42,8 +46,8 @@ fn without_a_driver_construction_reports_no_cuda_driver() {
 
 #[test]
 fn a_real_batch_matches_the_reference_output_when_a_gpu_exists() {
-    if !driver_present() || !nvrtc_present() {
-        eprintln!("skipped: no CUDA driver/NVRTC on this host");
+    let gpu = driver_present() && nvrtc_present();
+    if !require::capability("gpu", gpu, "no CUDA driver (libcuda) or NVRTC (libnvrtc) on this host") {
         return;
     }
     let staging = Region::anonymous(1 << 20).unwrap();
