@@ -33,10 +33,20 @@ fn table2_rows(m: &ModelSpec, quick: bool) -> Result<(), ReportError> {
         println!("| {} | {row} | {} | {:.0} |", m.name, b.batch, b.throughput_rps);
     }
     let setup = Setup::new(vec![m.clone()], 8, quick);
+    let mut measured = Vec::new();
     for (label, p) in table2_contenders(&setup)? {
         let (g, at) = setup.goodput(&p)?;
-        let b = at.map_or(0, |r| r.median_batch);
+        let b = at.as_ref().map_or(0, |r| r.median_batch);
         println!("| {} | {label} | {b} (median) | {g:.0} |", m.name);
+        measured.push((p.kind.as_str(), g, b, at.map_or(0.0, |r| r.p99_ms)));
+    }
+    // The baseline panel (issue 49): each family's best variant, which it
+    // was, and its p99 latency at its goodput.
+    for (family, variants) in crate::report_grid::FAMILIES {
+        let best = measured.iter().filter(|x| variants.contains(&x.0)).fold(None::<&(&str, f64, u32, f64)>, |b, x| if b.is_none_or(|b| x.1 > b.1) { Some(x) } else { b });
+        if let Some((variant, g, b, p99)) = best {
+            println!("| {} | panel: best {family} ({variant}, p99 {p99:.1} ms) | {b} (median) | {g:.0} |", m.name);
+        }
     }
     Ok(())
 }
@@ -59,6 +69,10 @@ fn table2_idle(r50: &ModelSpec, quick: bool) -> Result<(), ReportError> {
 /// (`scheduler::baselines::timeout`), and printed in its label.
 fn table2_contenders(setup: &Setup) -> Result<Vec<(String, PolicyConfig)>, ReportError> {
     let mut out = contenders();
+    // The panel's variants the common contenders lack.
+    for kind in [PolicyKind::ClockworkPaper, PolicyKind::EagerEarly, PolicyKind::EagerLatestStart, PolicyKind::EagerLatestStartEarly] {
+        out.push((kind.as_str().into(), policy(kind, Gather::Lazy)));
+    }
     for (label, p) in out.iter_mut() {
         if p.kind == PolicyKind::Timeout {
             let best = best_timeouts(&setup.sim(0.0, TUNING_SEED), p, &TimeoutSearch { knobs: GoodputSearch::default(), per_model: true })?;
