@@ -730,24 +730,46 @@ fn bad_configuration_is_a_clear_error_and_nonzero_exit() {
     std::fs::write(&path, "scheduler = \"127.0.0.1:1\"\nmodel = [\"a=1,2,50\"]\ntransport = \"tcp-blocking\"\nconnect_timeout_ms = 200\n").unwrap();
     fails_with(&["--config", &p], 1, "cannot reach the scheduler");
     std::fs::remove_file(&path).unwrap();
-    // No GPU here: the CUDA executor reports it cleanly, before connecting.
-    let want = if cfg!(feature = "cuda") {
-        "CUDA driver"
-    } else {
-        "built without CUDA support"
-    };
+    // The CUDA executor is built before anything connects: on a host
+    // without a GPU it says what is missing, on one with a GPU it
+    // initialises and the daemon fails only at the unreachable scheduler.
     fails_with(
         &[
             "--scheduler",
-            "x",
+            "127.0.0.1:1",
+            "--connect-timeout-ms",
+            "200",
             "--model",
             "a=1,2,50",
+            "--gpus",
+            "1",
             "--executor",
             "cuda",
         ],
         1,
-        want,
+        cuda_executor_outcome(),
     );
+}
+
+/// What `--executor cuda` must print on this host: the missing piece, or
+/// (a GPU with its driver and NVRTC here) the scheduler's absence, which
+/// comes only after the executor initialised.
+fn cuda_executor_outcome() -> &'static str {
+    #[cfg(feature = "cuda")]
+    {
+        use backend::exec::cuda::{driver_present, nvrtc_present};
+        if !driver_present() {
+            "no CUDA driver library (libcuda)"
+        } else if !nvrtc_present() {
+            "no NVRTC library (libnvrtc)"
+        } else {
+            "cannot reach the scheduler"
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        "built without CUDA support"
+    }
 }
 
 #[test]
