@@ -330,3 +330,37 @@ pub enum RoutesStoreError {
         written: u64,
     },
 }
+
+#[cfg(test)]
+mod tests {
+    use super::EtcdTlsArgs;
+    use std::path::PathBuf;
+
+    fn args(ca: Option<&str>, cert: Option<&str>, key: Option<&str>) -> EtcdTlsArgs {
+        EtcdTlsArgs { etcd_ca: ca.map(PathBuf::from), etcd_cert: cert.map(PathBuf::from), etcd_key: key.map(PathBuf::from) }
+    }
+
+    #[test]
+    fn tls_flags_come_together_or_not_at_all_and_name_the_one_at_fault() {
+        assert!(matches!(args(None, None, None).load(), Ok(None)));
+        assert_eq!(args(Some("ca"), Some("c"), None).load().unwrap_err().0, "etcd-key");
+        assert_eq!(args(Some("ca"), None, Some("k")).load().unwrap_err().0, "etcd-cert");
+        assert_eq!(args(None, Some("c"), Some("k")).load().unwrap_err().0, "etcd-ca");
+        let missing = "/nonexistent/symphony-etcd-ca.pem";
+        let (flag, why) = args(Some(missing), None, None).load().unwrap_err();
+        assert_eq!(flag, "etcd-ca");
+        assert!(why.contains(missing), "{why}");
+    }
+
+    #[test]
+    fn a_file_too_large_for_a_certificate_is_refused_unread() {
+        let path = std::env::temp_dir().join(format!("symphony-etcd-big-{}.pem", std::process::id()));
+        let file = std::fs::File::create(&path).expect("temp file");
+        file.set_len(etcd_v3::MAX_PEM_BYTES + 1).expect("sparse length");
+        let got = args(path.to_str(), None, None).load();
+        let _ = std::fs::remove_file(&path);
+        let (flag, why) = got.unwrap_err();
+        assert_eq!(flag, "etcd-ca");
+        assert!(why.contains("larger than"), "{why}");
+    }
+}
