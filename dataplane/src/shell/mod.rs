@@ -187,7 +187,7 @@ pub struct RdmaArgs {
     pub rdma_device: Option<String>,
     /// RDMA port of `--transport rdma`, from 1 (env SYMPHONY_RDMA_PORT)
     /// [default: 1].
-    #[arg(long, value_name = "PORT")]
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u8).range(1..))]
     pub rdma_port: Option<u8>,
     /// GID table index of `--transport rdma` (env SYMPHONY_RDMA_GID_INDEX)
     /// [default: RoCE v2 with an IPv4-mapped address, then RoCE v2, then any].

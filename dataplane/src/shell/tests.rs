@@ -126,3 +126,20 @@ fn help_is_not_an_error_and_shared_values_are_checked_once() {
     assert!(load_args(&["--control-delay-us", "-1"], &[]).is_err());
     assert!(load_args(&["--log-format", "xml"], &[]).is_err());
 }
+
+#[test]
+fn rdma_device_port_and_gid_are_flags_with_the_variables_as_fallback() {
+    let a = load_args(&["--rdma-device", "mlx5_1", "--gid-index", "3"], &[("SYMPHONY_RDMA_PORT", "2")]).unwrap();
+    assert_eq!(a.common.rdma.rdma_device.as_deref(), Some("mlx5_1"));
+    assert_eq!(a.common.rdma.rdma_port, Some(2));
+    assert_eq!(a.common.rdma.gid_index, Some(3));
+    // A flag beats its variable; nothing given leaves the transport's own
+    // choice (and the SYMPHONY_RDMA_* variables it reads) in place.
+    let a = load_args(&["--rdma-device", "rxe0"], &[("SYMPHONY_RDMA_DEVICE", "mlx5_0")]).unwrap();
+    assert_eq!(a.common.rdma.rdma_device.as_deref(), Some("rxe0"));
+    let a = load_args(&[], &[]).unwrap();
+    assert_eq!((a.common.rdma.rdma_device, a.common.rdma.rdma_port, a.common.rdma.gid_index), (None, None, None));
+    // Ports count from 1.
+    let e = load_args(&["--rdma-port", "0"], &[]).unwrap_err().to_string();
+    assert!(e.contains("rdma-port"), "{e}");
+}
