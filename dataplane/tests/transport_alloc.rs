@@ -86,7 +86,13 @@ fn check<D: Domain>(
     let mut l = owner_dom.listen("").expect("listen");
     let addr = l.local_addr();
     let (mut owner, mut reader) = std::thread::scope(|s| {
-        let a = s.spawn(move || l.accept(T).expect("accept"));
+        let a = s.spawn(move || {
+            let mut c = l.accept(T).expect("accept");
+            // The owner serves this reader's READs (as a frontend does
+            // once a backend registered).
+            c.allow_remote_reads();
+            c
+        });
         let c = reader_dom.connect(&addr, T).expect("connect");
         (a.join().expect("accept thread"), c)
     });
