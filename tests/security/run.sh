@@ -9,6 +9,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
 # RELEASE_BUILD (tests/run.sh): its test step's build command, a no-op here.
+# shellcheck disable=SC2086 # RELEASE_BUILD is a command line: split on purpose
 (cd "$root" && timeout 1800 ${RELEASE_BUILD:-cargo build --release -p tools --bin symphony} -q)
 bin="$CARGO_TARGET_DIR/release/symphony"
 PY="${PYTHON:-python3}"

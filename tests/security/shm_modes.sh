@@ -7,15 +7,18 @@
 # never /dev/shm itself (which every user can list). Bounded in time.
 # Usage: shm_modes.sh SYMPHONY_BINARY
 set -euo pipefail
+# shellcheck disable=SC2034 # read by up_serve (tests/lib/up_serve.sh)
 bin="$1"
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 tmp="$(mktemp -d)"
+# shellcheck source=tests/lib/up_serve.sh
 . "$root/tests/lib/up_serve.sh"
 umask 000
 up_serve "$tmp" --serve --transport shm --models ResNet50 --frontends 1 --backends 1
 umask 022
 me="$(id -u)"
 pids=""
+# shellcheck disable=SC2154 # $up is set by up_serve
 for t in /proc/"$up"/task/*/children; do pids="$pids $(cat "$t")"; done
 [ -n "${pids// /}" ] || { echo "shm: no daemon under up"; exit 1; }
 checked=0
