@@ -4,10 +4,11 @@
 #   cmake, clang, libclang-dev: sideway's rdma-mummy-sys generates its verbs bindings with
 #   bindgen (the `rdma` feature of dataplane). python3-venv: the project venv below.
 #   etcd-server: the local etcd that scheduler leader election (issue 18) runs against.
+#   valgrind: tools/tests/sim_speed.rs counts the simulator's instructions per request (callgrind).
 # No protoc: the build scripts compile their .proto files with protox (a Rust crate).
 # The Soft-RoCE harness (tests/softroce/run.sh) installs QEMU and its guest packages itself.
 set -euo pipefail
-need="cmake clang libclang-dev python3-venv etcd-server"
+need="cmake clang libclang-dev python3-venv etcd-server valgrind"
 missing=""
 for p in $need; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $p"
