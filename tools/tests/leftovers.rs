@@ -1,6 +1,6 @@
 //! No leftovers: after `kill -9` of every daemon of `symphony up --serve`,
 //! the next `symphony up` run leaves no `symphony-*` file of a dead process
-//! in /dev/shm or the temporary directory when it exits (shared-memory
+//! in the private shm directory, /dev/shm or the temporary directory when it exits (shared-memory
 //! files and log directories are named after their owner's pid; every
 //! process sweeps those of dead owners, and `up` removes its own logs when
 //! it succeeds). Files of live processes (tests running in parallel) are
@@ -20,7 +20,10 @@ fn owner(name: &str) -> Option<u32> {
 
 fn dead_owned_files() -> Vec<String> {
     let mut v = Vec::new();
-    for dir in [std::path::PathBuf::from("/dev/shm"), std::env::temp_dir()] {
+    // The private shm directory (dataplane::mem::shm_dir) holds the files; /dev/shm
+    // itself is scanned too, for files of builds from before it.
+    let private = dataplane::mem::shm_dir().expect("the private shm directory").to_path_buf();
+    for dir in [private, std::path::PathBuf::from("/dev/shm"), std::env::temp_dir()] {
         let Ok(rd) = std::fs::read_dir(&dir) else { continue };
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();

@@ -55,10 +55,15 @@ fn infer_body() -> Vec<u8> {
     serde_json::to_vec(&json!({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": v}]})).unwrap()
 }
 
-/// `/dev/shm` files this process owns (`symphony-<pid>-..`).
+/// Shared-memory files this process owns (`symphony-<pid>-..`), in the private
+/// shm directory where they are made (dataplane::mem::shm_dir) and in /dev/shm.
 fn my_shm_files() -> usize {
     let prefix = format!("symphony-{}-", std::process::id());
-    std::fs::read_dir("/dev/shm").map_or(0, |rd| rd.flatten().filter(|e| e.file_name().to_string_lossy().starts_with(&prefix)).count())
+    let private = dataplane::mem::shm_dir().expect("the private shm directory").to_path_buf();
+    [private, std::path::PathBuf::from("/dev/shm")]
+        .iter()
+        .map(|dir| std::fs::read_dir(dir).map_or(0, |rd| rd.flatten().filter(|e| e.file_name().to_string_lossy().starts_with(&prefix)).count()))
+        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
