@@ -465,18 +465,41 @@ impl<C: Connection> SchedulerNode<C> {
 
     /// A freshly accepted link. Its registration (Challenge -> Join [+
     /// Models] -> Welcome or Refused) is done by later polls, within the
-    /// handshake timeout from `now`. Beyond
-    /// [`Membership::max_pending`] registering links it is refused at once.
+    /// handshake timeout from `now`. With [`Membership::max_pending`]
+    /// links registering already, the oldest of them that has not sent its
+    /// Join (else the oldest) is refused (`full`) to make room (issue 55):
+    /// a flood of idle connections then pushes out its own connections,
+    /// not a peer that connects after it and answers its challenge within
+    /// a round trip. Refusing the newcomer instead let 256 idle
+    /// connections lock every peer out for as long as they were renewed.
     pub fn handle_connection(&mut self, now: Instant, conn: C) {
         let key = self.next_key;
         self.next_key += 1;
         if self.pending.len() >= self.membership.max_pending {
-            let why = format!(
-                "{} links are registering already (the limit)",
-                self.pending.len()
-            );
-            self.refuse(now, key, conn, RefuseReason::Full, 0, "a new peer".into(), why);
-            return;
+            let oldest = |joined: bool| {
+                self.pending
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| joined || p.backend.is_none())
+                    .min_by_key(|(_, p)| (p.since, p.key))
+                    .map(|(i, _)| i)
+            };
+            match oldest(false).or_else(|| oldest(true)) {
+                Some(i) => {
+                    let evicted = self.pending.swap_remove(i);
+                    let why = format!(
+                        "{} links are registering (the limit): the oldest made room for a new one",
+                        self.pending.len() + 1
+                    );
+                    self.refuse(now, evicted.key, evicted.conn, RefuseReason::Full, 0, "a registering peer".into(), why);
+                }
+                // max_pending 0: nobody may register.
+                None => {
+                    let why = "no link may register (the limit is 0)".to_string();
+                    self.refuse(now, key, conn, RefuseReason::Full, 0, "a new peer".into(), why);
+                    return;
+                }
+            }
         }
         self.pending.push(Pending {
             key,
