@@ -3,6 +3,8 @@
 //! parseable output.
 
 mod common;
+#[path = "../../tests/lib/require.rs"]
+mod require;
 
 use std::time::Duration;
 
@@ -423,7 +425,8 @@ fn local_json_then_plot() {
     );
 }
 
-/// Namespaces + veth + netem: runs only where `ip netns` works (root, iproute2).
+/// Namespaces + veth + netem: needs root and `ip netns` (iproute2); skips
+/// without them outside CI only.
 #[test]
 fn local_in_network_namespaces_with_netem() {
     let probe = std::process::Command::new("ip")
@@ -435,8 +438,13 @@ fn local_in_network_namespaces_with_netem() {
                 .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
         })
         .unwrap_or(false);
-    if !root || !probe.map(|o| o.status.success()).unwrap_or(false) {
-        eprintln!("no root or no `ip netns`: skipped");
+    // CI runs as root with iproute2 (installable): no capability skip.
+    let netns = root && probe.map(|o| o.status.success()).unwrap_or(false);
+    if !require::capability(
+        "netns",
+        netns,
+        "network namespaces need root and `ip netns` (iproute2)",
+    ) {
         return;
     }
     let netem = run(
