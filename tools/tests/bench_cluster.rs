@@ -15,7 +15,7 @@ use std::process::Command;
 fn run(transport: &str, coalesce: &str) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_symphony"))
         .args(["bench-cluster", "--transport", transport, "--rate", "400", "--duration-s", "1", "--coalesce", coalesce])
-        .args(["--frontends", "3", "--backends", "4", "--gpus", "6", "--models", "2", "--json"])
+        .args(["--frontends", "3", "--backends", "4", "--gpus", "6", "--profile-copies", "2", "--json"])
         .args(["--frontend-queue-budget-us", "1000000", "--frontend-max-lag-us", "1000000"])
         .output()
         .expect("symphony runs");
