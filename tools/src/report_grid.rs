@@ -641,12 +641,14 @@ fn print_markdown(r: &GridReport, pols: &[(&'static str, PolicyKind)]) {
     println!("\nWorst cells (every cell below 1.0, at least five):");
     for c in worst.iter().enumerate().take_while(|(i, c)| *i < 5 || c.ratio.is_some_and(|x| x < 1.0)).map(|(_, c)| c) {
         println!(
-            "- {} {} on {} GPUs, SLO {} ms, {}: {:.2} (best other: {}; deferred ahead on {} of {} seeds)",
+            "- {} {} on {} GPUs, SLO {}{}, {}, {} popularity: {:.2} (best other: {}; deferred ahead on {} of {} seeds)",
             c.zoo,
             c.models.join("+"),
             c.gpus,
             c.slo_ms,
+            if c.slo_ms.parse::<f64>().is_ok() { " ms" } else { "" },
             c.arrival,
+            c.popularity,
             c.ratio.unwrap_or(0.0),
             c.best_other,
             c.deferred_ahead_seeds,
