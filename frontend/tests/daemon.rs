@@ -5,6 +5,9 @@
 //! and answers with the reference output; a drop; a dead or refusing
 //! scheduler; bad configurations; SIGTERM. Every wait is bounded.
 
+#[path = "../../tests/lib/require.rs"]
+mod require;
+
 use dataplane::control::{self, TransportKind};
 use dataplane::mem::Access;
 use dataplane::time::Duration;
@@ -358,9 +361,14 @@ fn round_trip_over_shm() {
 
 #[test]
 fn round_trip_over_tcp() {
-    match TcpDomain::new(TcpConfig::new(Engine::Uring)) {
-        Ok(d) => round_trip(d, TransportKind::Tcp),
-        Err(e) => eprintln!("io_uring tcp unavailable here ({e}); tcp-blocking covers tcp"),
+    // io_uring is the kernel's (any CI kernel has it): no capability skip.
+    let uring = TcpDomain::new(TcpConfig::new(Engine::Uring));
+    let why = match &uring {
+        Ok(_) => String::new(),
+        Err(e) => format!("the io_uring tcp engine: {e}"),
+    };
+    if let (true, Ok(d)) = (require::capability("io_uring", uring.is_ok(), &why), uring) {
+        round_trip(d, TransportKind::Tcp);
     }
 }
 
