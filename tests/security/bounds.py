@@ -1,0 +1,278 @@
+#!/usr/bin/env python3
+"""Lock-out, starvation and the admin boundary against the real daemons
+(issue 55 items 6 and 7).
+
+Starts `symphony up --serve --transport tcp` (a scheduler, a frontend and a
+backend as processes), then, as an attacker on the same host with no token:
+  1. opens 1000 idle TCP connections to every port every daemon listens on
+     (found in /proc, from 127.0.0.2 where it can bind), and while they are
+     held checks that
+       - every daemon's metrics endpoint answers `GET /health` within 1 s;
+       - a new frontend with the cluster's join token still registers (the
+         scheduler counts 2 frontends) and frontend 1 still serves an
+         inference;
+  2. trickles an HTTP request body (one byte a second): the frontend must
+     answer 408 and close it within its body timeout (10 s) plus 3 s;
+  3. checks that the idle gRPC connections of step 1 were closed by the
+     frontend within its preface timeout (10 s) plus 3 s;
+  4. unloads a model over HTTP without the admin credential: refused (403,
+     `up` configures none) and the model still ready.
+Every daemon must be alive at the end. Exit 0 when all hold; 1 with the
+reason otherwise. Bounded in time (about 40 s). Loopback only.
+
+On the parent of the commit that added it: step 1 fails (260 idle
+connections filled the scheduler's 256 registering slots and the new
+frontend was refused; the metrics endpoint served one connection at a time
+with 2 s per read), step 2 fails (no body timeout), step 3 fails (tonic held
+idle connections) and step 4 fails (unload answered 200).
+
+Usage: bounds.py SYMPHONY_BINARY
+"""
+import json
+import os
+import re
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from attack_ports import alive, children, infer_within, listening_ports  # noqa: E402
+
+IDLE_PER_PORT = 1000
+BOUND_S = 60
+
+
+def fail(why):
+    print("security bounds: FAIL: " + why, flush=True)
+    sys.exit(1)
+
+
+def idle_connections(port, n):
+    """`n` connections to `port` that send nothing, from 127.0.0.2 when the
+    host lets us bind it (another address than the real peers')."""
+    conns = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind(("127.0.0.2", 0))
+        except OSError:
+            pass
+        s.settimeout(2)
+        try:
+            s.connect(("127.0.0.1", port))
+        except OSError:
+            s.close()
+            continue
+        s.setblocking(False)
+        conns.append(s)
+    return conns
+
+
+def closed_by_peer(s):
+    """Whether the other side closed `s` (EOF or reset); data is drained."""
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def health_time(url):
+    start = time.monotonic()
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            if r.status != 200:
+                return None
+    except (OSError, urllib.error.URLError):
+        return None
+    return time.monotonic() - start
+
+
+def metric(url, name):
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    m = re.search(r"^%s (\S+)$" % re.escape(name), text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def trickled_body_is_cut(http_addr, limit_s):
+    """Sends a POST head announcing 1000 bytes, then one byte a second; the
+    seconds until the server answered and closed, or None past `limit_s`."""
+    host, port = http_addr.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=2)
+    s.sendall(b"POST /v2/models/ResNet50/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+              b"content-length: 1000\r\n\r\n{")
+    start = time.monotonic()
+    got = b""
+    s.settimeout(1)
+    while time.monotonic() - start < limit_s:
+        try:
+            s.sendall(b" ")
+        except OSError:
+            break
+        try:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        except socket.timeout:
+            continue
+        except OSError:
+            break
+    took = time.monotonic() - start
+    s.close()
+    if took >= limit_s:
+        return None, got
+    return took, got
+
+
+def main():
+    if len(sys.argv) != 2:
+        fail("usage: bounds.py SYMPHONY_BINARY")
+    binary = sys.argv[1]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 16 * IDLE_PER_PORT
+    if hard != resource.RLIM_INFINITY and hard < want:
+        fail(f"the open-file limit {hard} is below the {want} this attack needs")
+    # The daemons inherit it from `up`: they must be able to accept too.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), hard))
+    tmp = tempfile.mkdtemp(prefix="symphony-security-bounds-")
+    out_path, err_path = os.path.join(tmp, "out"), os.path.join(tmp, "err")
+    args = [binary, "up", "--serve", "--transport", "tcp", "--models", "ResNet50",
+            "--frontends", "1", "--backends", "1"]
+    extra = None
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        up = subprocess.Popen(args, stdout=out, stderr=err, start_new_session=True)
+    try:
+        extra = run(up, binary, tmp, out_path, err_path)
+    finally:
+        if extra is not None and extra.poll() is None:
+            extra.send_signal(signal.SIGINT)
+            try:
+                extra.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                extra.kill()
+                extra.wait()
+        if up.poll() is None:
+            up.send_signal(signal.SIGINT)
+            try:
+                up.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(up.pid, signal.SIGKILL)
+                up.wait()
+
+
+def run(up, binary, tmp, out_path, err_path):
+    deadline = time.monotonic() + BOUND_S
+    text = ""
+    while time.monotonic() < deadline:
+        text = open(out_path).read()
+        if "serving;" in text:
+            break
+        if up.poll() is not None:
+            fail("symphony up exited early:\n" + open(err_path).read()[-3000:])
+        time.sleep(0.1)
+    else:
+        fail("symphony up did not start within %d s" % BOUND_S)
+
+    def printed(pattern):
+        m = re.search(pattern, text, re.M)
+        if not m:
+            fail(f"up printed no line matching {pattern!r}:\n{text}")
+        return m.group(1)
+
+    url = printed(r"^frontend 1: http://(\S+)$")
+    grpc_addr = printed(r"^frontend 1 grpc: (?:http://)?(\S+)$")
+    metrics_urls = re.findall(r"metrics: (http://\S+)/metrics$", text, re.M)
+    sched_metrics = printed(r"^scheduler metrics: (http://\S+)$")
+    control = printed(r"^scheduler control: (\S+)$")
+    token = printed(r"^join token: (\S+)$")
+    daemons = children(up.pid)
+    if len(daemons) < 3:
+        fail(f"expected a scheduler, a frontend and a backend under up, found pids {daemons}")
+    infer_within(url, 30)
+    ports = sorted({p for pid in daemons for p in listening_ports(pid)})
+    grpc_port = int(grpc_addr.rsplit(":", 1)[1])
+
+    # 1. Idle connections on every port.
+    flood = {p: idle_connections(p, IDLE_PER_PORT) for p in ports}
+    flooded_at = time.monotonic()
+    print("security bounds: %s idle connections held on ports %s" % (
+        sum(len(c) for c in flood.values()), ports), flush=True)
+    for m in metrics_urls:
+        health = m + "/health"
+        took = health_time(health)
+        if took is None or took >= 1.0:
+            fail(f"{health} took {took} s (None: no answer) with idle connections held")
+    joined = subprocess.Popen(
+        [binary, "daemon", "frontend", "--id", "2", "--scheduler", control, "--join-token-file", token,
+         "--transport", "tcp", "--models", "ResNet50", "--metrics", "127.0.0.1:0", "--exit-with-parent"],
+        stdout=open(os.path.join(tmp, "f2.out"), "w"), stderr=open(os.path.join(tmp, "f2.err"), "w"))
+    until = time.monotonic() + 15
+    frontends = None
+    while time.monotonic() < until:
+        frontends = metric(sched_metrics, "symphony_frontends")
+        if frontends == 2 or joined.poll() is not None:
+            break
+        time.sleep(0.1)
+    if frontends != 2:
+        fail("a frontend with the token did not register while idle connections were held "
+             f"(scheduler counts {frontends} frontends; it exited {joined.poll()}):\n"
+             + open(os.path.join(tmp, "f2.err")).read()[-2000:])
+    infer_within(url, 10)
+    print("security bounds: with the flood held, /health answered within 1 s on %d endpoints, "
+          "a frontend with the token registered, inference served" % len(metrics_urls), flush=True)
+
+    # 2. A trickled body is cut by the body timeout.
+    took, got = trickled_body_is_cut(url, 13)
+    if took is None:
+        fail("a trickled HTTP body held its connection for 13 s")
+    if b" 408 " not in got.split(b"\r\n", 1)[0]:
+        fail(f"a trickled body was closed after {took:.1f} s without a 408: {got[:200]!r}")
+    print(f"security bounds: trickled body answered 408 and closed after {took:.1f} s", flush=True)
+
+    # 3. The idle gRPC connections were closed (preface timeout).
+    until = flooded_at + 13
+    open_grpc = flood.get(grpc_port, [])
+    while time.monotonic() < until and open_grpc:
+        open_grpc = [s for s in open_grpc if not closed_by_peer(s)]
+        time.sleep(0.2)
+    if open_grpc:
+        fail(f"{len(open_grpc)} idle gRPC connections still open 13 s after they were made")
+    print("security bounds: every idle gRPC connection was closed by the frontend", flush=True)
+    for conns in flood.values():
+        for s in conns:
+            s.close()
+
+    # 4. Model control without the admin credential.
+    req = urllib.request.Request(f"http://{url}/v2/repository/models/ResNet50/unload", data=b"", method="POST")
+    try:
+        urllib.request.urlopen(req, timeout=5)
+        fail("an unload without the admin credential was answered 200")
+    except urllib.error.HTTPError as e:
+        if e.code not in (401, 403):
+            fail(f"an unload without the admin credential was answered {e.code}")
+    with urllib.request.urlopen(f"http://{url}/v2/models/ResNet50/ready", timeout=5) as r:
+        if r.status != 200:
+            fail("the model is not ready after a refused unload")
+    infer_within(url, 10)
+    print("security bounds: unload without the admin credential refused; the model still serves", flush=True)
+
+    dead = [pid for pid in daemons if not alive(pid)]
+    if up.poll() is not None or dead:
+        fail(f"daemons died: {dead} (up exit status {up.poll()}); stderr tail:\n" + open(err_path).read()[-3000:])
+    print("security bounds: ok", flush=True)
+    return joined
+
+
+if __name__ == "__main__":
+    main()
