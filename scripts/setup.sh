@@ -26,7 +26,7 @@ fi
 # project-local, git-ignored venv .venv/ together with numpy (the reference outputs the tests
 # compare against are computed by this same wheel: scripts/onnx_reference.py). The executor finds
 # .venv/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime.so.* by itself
-# (override: SYMPHONY_ORT_DYLIB). A failure here is reported and the ONNX tests then skip.
+# (override: SYMPHONY_ORT_DYLIB). A failure here is reported; the ONNX tests then skip outside CI and fail under CI=true.
 root="$(cd "$(dirname "$0")/.." && pwd)"
 venv="$root/.venv"
 ORT_PINS="onnxruntime==1.31.1 numpy==1.26.4"
@@ -36,6 +36,6 @@ if ! "$venv/bin/python" -c 'import onnxruntime, numpy, sys; sys.exit(onnxruntime
     timeout 600 "$venv/bin/python" -m pip install -q --disable-pip-version-check $ORT_PINS; then
     :
   else
-    echo "[setup] WARNING: could not install $ORT_PINS into $venv: the ONNX executor's tests will skip" >&2
+    echo "[setup] WARNING: could not install $ORT_PINS into $venv: the ONNX executor's tests will skip (fail under CI=true)" >&2
   fi
 fi

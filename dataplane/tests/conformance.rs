@@ -6,6 +6,9 @@
 
 use std::sync::Arc;
 
+#[path = "../../tests/lib/require.rs"]
+mod require;
+
 use dataplane::mem::Region;
 use dataplane::transport::conformance::{self, TransportFactory};
 use dataplane::transport::shm::ShmDomain;
@@ -48,7 +51,8 @@ fn uring() -> Option<Tcp> {
     match conformance::exclusive(TcpDomain::uring) {
         Ok(_) => Some(Tcp(Engine::Uring)),
         Err(e) => {
-            eprintln!("io_uring unavailable here, tcp-uring conformance skipped: {e}");
+            // io_uring is not a capability skip: under CI its absence fails the test.
+            require::capability("io_uring", false, &format!("io_uring unavailable, tcp-uring conformance not run: {e}"));
             None
         }
     }

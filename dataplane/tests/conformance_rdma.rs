@@ -1,8 +1,8 @@
 //! The `rdma` transport against real verbs: the shared conformance suite
 //! (`transport::conformance`, unchanged), plus verbs-specific checks.
 //!
-//! Without an RDMA device (host CI) every test prints "no RDMA device; skipped"
-//! and passes; with `SYMPHONY_REQUIRE_RDMA=1` (set by tests/softroce/run.sh in
+//! Without an RDMA device (host CI) every test is a listed capability skip
+//! (tests/capability-skips.txt, `CAPABILITY-SKIP` printed); with `SYMPHONY_REQUIRE_RDMA=1` (set by tests/softroce/run.sh in
 //! the Soft-RoCE guest) a missing device is a failure instead.
 //!
 //! Ignored tests are run explicitly by tests/softroce/guest/*.sh:
@@ -13,6 +13,9 @@
 //!   region (`SYMPHONY_PAIR_LISTEN`), the other READs it and checks every
 //!   byte (`SYMPHONY_PAIR_CONNECT`).
 #![cfg(feature = "rdma")]
+
+#[path = "../../tests/lib/require.rs"]
+mod require;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -36,7 +39,9 @@ fn domain_or_skip() -> Option<RdmaDomain> {
     match RdmaDomain::from_env() {
         Ok(d) => Some(d),
         Err(Error::Unsupported(why)) if !required => {
-            println!("no RDMA device; skipped ({why})");
+            // A listed capability skip (tests/capability-skips.txt): the
+            // Soft-RoCE guests run this suite with a device.
+            require::capability("rdma-device", false, &format!("no RDMA device on this host ({why})"));
             None
         }
         Err(e) => panic!("RDMA domain unavailable (SYMPHONY_REQUIRE_RDMA={required}): {e}"),
