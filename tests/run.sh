@@ -72,12 +72,6 @@ summary() {
   rm -f "$SYMPHONY_SKIP_LOG"
 }
 trap summary EXIT
-# A step another change is adding: runs once its script is in the tree.
-# TODO(coordinator): drop this guard once tests/fuzz.sh, tests/security/run.sh,
-# tests/docs_check.sh and tests/container_e2e.sh are all committed.
-if_present() {
-  if [ -f "$1" ]; then bash "$1"; else echo "   (no $1 in this tree yet)" >&2; fi
-}
 step setup
 bash scripts/setup.sh
 step capability-skips
@@ -89,7 +83,7 @@ cargo clippy --workspace --all-targets --features dataplane/rdma,dataplane/loom,
 step deploy-validate
 bash tests/deploy_validate.sh
 step docs-check
-if_present tests/docs_check.sh
+bash tests/docs_check.sh
 step onnx-models
 # Installable anywhere, so never a capability skip: under CI a missing piece fails here, named.
 if require tests/run.sh onnx-runtime \
@@ -117,7 +111,7 @@ step loom
 # shellcheck disable=SC2086
 cargo test --workspace --release $RELEASE_FEATURES --features dataplane/loom --test loom_ring
 step fuzz
-if_present tests/fuzz.sh
+bash tests/fuzz.sh
 step tritonclient
 bash tools/tests/python/run.sh
 bash tests/tritonclient_daemons.sh
@@ -128,7 +122,7 @@ bash tests/onnx_daemons.sh
 step soft-roce
 bash tests/softroce/ci.sh
 step security
-if_present tests/security/run.sh
+bash tests/security/run.sh
 step container-e2e
-if_present tests/container_e2e.sh
+bash tests/container_e2e.sh
 step "done"
