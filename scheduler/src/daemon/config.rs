@@ -127,8 +127,8 @@ pub struct SchedulerArgs {
     /// the ring's full 65,536 slots (a whole SLO and more: every task late).
     #[arg(long = "ingress-bound", default_value_t = crate::runtime::INGRESS_BOUND)]
     pub ingress_bound: usize,
-    /// Most requests waiting per model queue (0: unbounded); the excess is
-    /// refused at once as overloaded (issue 17).
+    /// Most requests waiting per model queue (0: the built-in bound,
+    /// 65,536); the excess is refused at once as overloaded (issue 17).
     #[arg(long, default_value_t = 0)]
     pub max_queue: u32,
     /// Priority levels of every model (1: none), the default level the

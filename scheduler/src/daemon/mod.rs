@@ -103,6 +103,12 @@ impl WithDomain for Serve {
     }
 }
 
+/// The queue bound of a model given none (`--max-queue 0` and no
+/// repository bound): the pinned engine's ingress ring holds as many, and
+/// a model queue this long is seconds of work at any rate served, so it
+/// refuses only a peer that floods the scheduler.
+pub const DEFAULT_QUEUE_BOUND: u32 = 65_536;
+
 /// A new connection must register within this.
 const HANDSHAKE: Duration = Duration::from_millis(5000);
 /// A peer whose send queue stays full this long is dead.
@@ -276,6 +282,12 @@ pub fn build_node<C: Connection>(
     let layout = plane.set_engine(cfg.engine, &cfg.pinned, drive).map_err(|e| SchedulerError::Plane(e.to_string()))?;
     // After the engine is in place: a new engine starts from the cores' defaults.
     for (model, admission) in cfg.admissions.iter().enumerate() {
+        // No model queue is unbounded in a daemon (issue 55): `--max-queue
+        // 0` means the built-in bound.
+        let admission = &crate::types::Admission {
+            max_queue: if admission.max_queue == 0 { DEFAULT_QUEUE_BOUND } else { admission.max_queue },
+            ..*admission
+        };
         if *admission != crate::types::Admission::default() {
             let name = cfg.models.get(model).map_or("?", |m| m.name.as_str());
             info!(model = name, levels = admission.levels, default_level = admission.default_level, max_queue = admission.max_queue, "admission");

@@ -61,6 +61,17 @@ pub enum PeerId {
 /// by default (see [`ControlPlane::expire_overdue`]).
 pub const DEFAULT_BATCH_GRACE: Duration = Duration::from_millis(1000);
 
+/// The longest budget a task is given (issue 55): a frontend's budget (a
+/// model's SLO, or a request's own `timeout`) beyond it is cut to it, so a
+/// peer cannot park tasks, and the memory that tracks them, for hours. A
+/// minute is far beyond every SLO and any client timeout this serves.
+pub const MAX_TASK_BUDGET: Duration = Duration::from_millis(60_000);
+
+/// A task's deadline: `budget_ns` from `now`, clamped to [`MAX_TASK_BUDGET`].
+fn task_deadline(now: Instant, budget_ns: u64) -> Instant {
+    now.saturating_add(Duration::from_nanos(budget_ns.min(MAX_TASK_BUDGET.as_nanos())))
+}
+
 /// How often [`ControlPlane::publish_estimates`] republishes the closed
 /// loop's estimates into the metrics.
 pub const PUBLISH_EVERY: Duration = Duration::from_millis(100);
@@ -993,7 +1004,7 @@ impl ControlPlane {
             }
             // Another group owns it now: the frontend resubmits it there
             // (see `answer_moved`).
-            let deadline = now.saturating_add(Duration::from_nanos(task.budget_ns));
+            let deadline = task_deadline(now, task.budget_ns);
             self.answer_moved(now, task.task_id, from, task.attempt(), deadline);
             return;
         }
@@ -1013,7 +1024,7 @@ impl ControlPlane {
             self.send_dropped(task.task_id, from, DropReason::Overloaded);
             return;
         }
-        let deadline = now.saturating_add(Duration::from_nanos(task.budget_ns));
+        let deadline = task_deadline(now, task.budget_ns);
         let meta = TaskMeta { frontend: from, input: task.input, model: task.model_id, attempt: task.attempt() };
         let (_, handle) = self.ids.offer(task.task_id, now, deadline, meta);
         let Some(handle) = handle else {
@@ -1467,6 +1478,13 @@ fn queued_us(now: Instant, arrival: Instant) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn task_budgets_are_clamped_to_a_minute() {
+        let now = Instant::from_nanos(5);
+        assert_eq!(task_deadline(now, 40_000_000), now + Duration::from_millis(40));
+        assert_eq!(task_deadline(now, u64::MAX), now + MAX_TASK_BUDGET);
+    }
 
     use dataplane::wire::{Message, RemoteRef};
     use crate::runtime::{Drive, PinnedConfig};
