@@ -13,7 +13,7 @@
 use std::path::PathBuf;
 
 use dataplane::time::Duration;
-use scheduler::election::{Etcd, EtcdConfig, RoutesStoreError};
+use scheduler::election::{Etcd, EtcdConfig, EtcdTlsArgs, RoutesStoreError};
 use scheduler::routes::{RouteTable, DEFAULT_ROUTES_KEY};
 
 /// Why `symphony route` stopped.
@@ -44,6 +44,8 @@ pub enum RouteAction {
         /// The table's key.
         #[arg(long, default_value = DEFAULT_ROUTES_KEY)]
         key: String,
+        #[command(flatten)]
+        tls: EtcdTlsArgs,
     },
     /// Store a table (FILE, JSON) or move models (--move MODEL=GROUP, repeatable).
     Set {
@@ -53,6 +55,8 @@ pub enum RouteAction {
         /// The table's key.
         #[arg(long, default_value = DEFAULT_ROUTES_KEY)]
         key: String,
+        #[command(flatten)]
+        tls: EtcdTlsArgs,
         /// Move MODEL to GROUP in the stored table (one revision for all moves given).
         #[arg(long = "move", value_name = "MODEL=GROUP")]
         moves: Vec<String>,
@@ -61,28 +65,32 @@ pub enum RouteAction {
     },
 }
 
-fn store(endpoints: &[String], key: &str) -> std::io::Result<Etcd> {
-    Etcd::new(EtcdConfig {
+/// The store at `endpoints`, over TLS when the `--etcd-*` flags say so (the
+/// same flags and rules as the scheduler's and the frontend's).
+fn store(endpoints: &[String], key: &str, tls: &EtcdTlsArgs) -> Result<Etcd, RouteCmdError> {
+    let tls = tls.load().map_err(|(flag, why)| RouteCmdError::Usage(format!("--{flag}: {why}")))?;
+    let cfg = EtcdConfig {
         endpoints: endpoints.to_vec(),
         key: key.into(),
         lease_ttl: Duration::from_millis(1000),
         op_timeout: Duration::from_millis(3000),
-    })
+    };
+    Ok(Etcd::with_tls(cfg, tls)?)
 }
 
 /// Runs `symphony route`.
 pub fn run(action: &RouteAction) -> Result<(), RouteCmdError> {
     match action {
-        RouteAction::Show { etcd, key } => {
-            let table = store(etcd, key)?.get_routes(key)?;
+        RouteAction::Show { etcd, key, tls } => {
+            let table = store(etcd, key, tls)?.get_routes(key)?;
             match table {
                 Some(t) => println!("{}", String::from_utf8_lossy(&t.encode())),
                 None => println!("no routing table under {key}"),
             }
             Ok(())
         }
-        RouteAction::Set { etcd, key, moves, file } => {
-            let mut s = store(etcd, key)?;
+        RouteAction::Set { etcd, key, tls, moves, file } => {
+            let mut s = store(etcd, key, tls)?;
             let table = match (file, moves.is_empty()) {
                 (Some(f), true) => {
                     let bytes = std::fs::read(f).map_err(|e| RouteCmdError::File(f.display().to_string(), e.to_string()))?;
