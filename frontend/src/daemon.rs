@@ -59,8 +59,6 @@ use tracing::{info, warn};
 /// Frontend ids must be below this (every daemon refuses others; the
 /// task-id layout fixes it).
 pub use dataplane::ids::MAX_FRONTENDS as MAX_FRONTEND_ID;
-/// How long to keep trying to reach the scheduler at start.
-const CONNECT_TIMEOUT: Duration = Duration::from_millis(5000);
 /// How long the scheduler has to acknowledge the registration, and a
 /// backend to send its `Register` on a new data connection.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(5000);
@@ -164,6 +162,12 @@ pub struct FrontendArgs {
     /// in, ms (HTTP; else 408 and the connection closes).
     #[arg(long, default_value_t = 10_000)]
     pub body_timeout_ms: u64,
+    /// How long to retry connecting to the scheduler (and reading the first
+    /// routing table) at start, ms. A frontend started before any scheduler
+    /// leads waits this long before it gives up (Kubernetes: raise it so a
+    /// fresh cluster does not crash-loop while etcd elects a leader).
+    #[arg(long, default_value_t = 5000)]
+    pub connect_timeout_ms: u64,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub common: CommonArgs,
@@ -224,6 +228,8 @@ pub struct FrontendConfig {
     pub admin: Option<crate::api::AdminCredential>,
     /// Longest an HTTP request body may take to arrive.
     pub body_timeout: std::time::Duration,
+    /// How long to retry reaching the scheduler at start.
+    pub connect_timeout: Duration,
 }
 
 impl FrontendArgs {
@@ -310,6 +316,7 @@ impl FrontendArgs {
                 0 => return Err(ConfigError::invalid("body-timeout-ms", "must be positive")),
                 n => std::time::Duration::from_millis(n),
             },
+            connect_timeout: Duration::from_millis(self.connect_timeout_ms),
         })
     }
 }
@@ -452,7 +459,7 @@ fn serve<D: Domain>(domain: D, cfg: FrontendConfig) -> Result<(), FrontendError>
         None => (node, vec![(String::new(), cfg.schedulers.clone())], None),
         Some(rc) => {
             let watch = RoutesWatch::spawn(rc, idler.notifier()).map_err(setup("routing table follower"))?;
-            let table = first_table(&watch, rc)?;
+            let table = first_table(&watch, rc, cfg.connect_timeout)?;
             let groups: Vec<(String, Vec<String>)> = table.groups.iter().map(|g| (g.name.clone(), g.schedulers.clone())).collect();
             if let Some((name, _)) = groups.iter().find(|(_, addrs)| addrs.is_empty()) {
                 return Err(FrontendError::Setup {
@@ -480,7 +487,7 @@ fn serve<D: Domain>(domain: D, cfg: FrontendConfig) -> Result<(), FrontendError>
         routes,
     };
     for (g, (name, addrs)) in groups.iter().enumerate() {
-        let (sched, at) = connect_first(&io.domain, addrs, CONNECT_TIMEOUT)
+        let (sched, at) = connect_first(&io.domain, addrs, cfg.connect_timeout)
             .map_err(|source| FrontendError::Unreachable { addr: addrs.join(","), source })?;
         let mut reconnect = Reconnect::new(addrs.clone(), DEFAULT_MIN_BACKOFF, DEFAULT_MAX_BACKOFF);
         reconnect.prefer(&addrs[at]);
@@ -513,17 +520,17 @@ fn serve<D: Domain>(domain: D, cfg: FrontendConfig) -> Result<(), FrontendError>
     result
 }
 
-/// The first routing table (waited for at most [`CONNECT_TIMEOUT`]).
-fn first_table(watch: &RoutesWatch, rc: &RoutesConfig) -> Result<Arc<RouteTable>, FrontendError> {
+/// The first routing table (waited for at most `timeout`).
+fn first_table(watch: &RoutesWatch, rc: &RoutesConfig, timeout: Duration) -> Result<Arc<RouteTable>, FrontendError> {
     let start = std::time::Instant::now();
     loop {
         if let Some(t) = watch.newer_than(0) {
             return Ok(t);
         }
-        if start.elapsed().as_nanos() as u64 >= CONNECT_TIMEOUT.as_nanos() {
+        if start.elapsed().as_nanos() as u64 >= timeout.as_nanos() {
             return Err(FrontendError::Setup {
                 what: format!("routing table at {} in etcd {}", rc.key, rc.endpoints.join(",")),
-                source: format!("none read within {} ms (store one with `symphony route set`)", CONNECT_TIMEOUT.as_nanos() / 1_000_000).into(),
+                source: format!("none read within {} ms (store one with `symphony route set`)", timeout.as_nanos() / 1_000_000).into(),
             });
         }
         std::thread::sleep(std::time::Duration::from_nanos(rc.poll.as_nanos()));

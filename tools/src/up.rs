@@ -77,6 +77,11 @@ pub struct ClusterOpts {
     /// TLS private key (PEM) of --tls-cert.
     #[arg(long = "tls-key", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// File holding the admin token that model control and the repository
+    /// index need on the frontends (as the frontend's --admin-token-file;
+    /// without it those calls are refused).
+    #[arg(long = "admin-token-file")]
+    pub admin_token_file: Option<PathBuf>,
     /// Most requests waiting per model at the scheduler (0: unbounded); the
     /// excess is refused at once as overloaded.
     #[arg(long = "max-queue", default_value_t = 0)]
@@ -185,6 +190,9 @@ pub fn spec(models: &str, o: &ClusterOpts) -> Result<ClusterSpec, UpError> {
     }
     if let (Some(cert), Some(key)) = (&o.tls_cert, &o.tls_key) {
         s.frontend_flags.extend(["--tls-cert".into(), cert.display().to_string(), "--tls-key".into(), key.display().to_string()]);
+    }
+    if let Some(f) = &o.admin_token_file {
+        s.frontend_flags.extend(["--admin-token-file".into(), f.display().to_string()]);
     }
     if o.max_queue > 0 {
         s.scheduler_flags.extend(["--max-queue".into(), o.max_queue.to_string()]);
