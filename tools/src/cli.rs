@@ -107,7 +107,9 @@ pub fn check(ok: bool, flag: &'static str, rule: &'static str, value: f64) -> Re
 /// Cluster, models, workload and policy.
 #[derive(Args, Debug, Clone)]
 pub struct ClusterArgs {
-    /// Scheduling policy: deferred, clockwork, shepherd, timeout, nexus, eager.
+    /// Scheduling policy: deferred, eager, eager-early, eager-latest-start,
+    /// eager-latest-start-early, clockwork, clockwork-any, clockwork-paper,
+    /// shepherd, timeout, nexus.
     #[arg(long, default_value = "deferred")]
     pub policy: String,
     /// Batch gathering of the deferred policy: lazy or early.
