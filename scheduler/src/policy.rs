@@ -1,7 +1,7 @@
 //! Every policy behind one constructor, so the simulator, the CLI and the
 //! benchmarks run them all the same way.
 
-use crate::baselines::{ClockworkConfig, ClockworkScheduler, DropMode, EagerScheduler, LatestStartScheduler, NexusConfig, NexusScheduler, Rank, ShepherdScheduler};
+use crate::baselines::{Algorithm1Scheduler, ClockworkConfig, ClockworkScheduler, DropMode, EagerScheduler, LatestStartScheduler, NexusConfig, NexusScheduler, Rank, ShepherdScheduler};
 use crate::deferred::{CoreConfig, DeferredScheduler, Gather};
 use crate::netdelay::NetworkDelay;
 use crate::types::Scheduler;
@@ -39,11 +39,15 @@ pub enum PolicyKind {
     /// Clockwork as the Symphony paper describes it: the earliest
     /// latest-executable moment over every model and batch size.
     ClockworkPaper,
+    /// The Symphony paper's Algorithm 1 as written, with Appendix D's
+    /// network delay ([`crate::baselines::algorithm1`]): deferred without
+    /// its departures.
+    Algorithm1,
 }
 
 impl PolicyKind {
     /// Every policy, in report order.
-    pub const ALL: [PolicyKind; 11] = [
+    pub const ALL: [PolicyKind; 12] = [
         PolicyKind::Deferred,
         PolicyKind::Clockwork,
         PolicyKind::ClockworkAny,
@@ -55,6 +59,7 @@ impl PolicyKind {
         PolicyKind::EagerLatestStart,
         PolicyKind::EagerLatestStartEarly,
         PolicyKind::ClockworkPaper,
+        PolicyKind::Algorithm1,
     ];
 
     /// Parses a policy name.
@@ -71,6 +76,7 @@ impl PolicyKind {
             "eager-latest-start" => PolicyKind::EagerLatestStart,
             "eager-latest-start-early" => PolicyKind::EagerLatestStartEarly,
             "clockwork-paper" => PolicyKind::ClockworkPaper,
+            "algorithm1" => PolicyKind::Algorithm1,
             other => return Err(PolicyError::Unknown { name: other.to_string() }),
         })
     }
@@ -89,6 +95,7 @@ impl PolicyKind {
             PolicyKind::EagerLatestStart => "eager-latest-start",
             PolicyKind::EagerLatestStartEarly => "eager-latest-start-early",
             PolicyKind::ClockworkPaper => "clockwork-paper",
+            PolicyKind::Algorithm1 => "algorithm1",
         }
     }
 }
@@ -103,7 +110,7 @@ impl fmt::Display for PolicyKind {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PolicyError {
     /// The name is not a policy.
-    #[error("unknown policy '{name}' (deferred, clockwork, clockwork-any, clockwork-paper, shepherd, timeout, nexus, eager, eager-early, eager-latest-start, eager-latest-start-early)")]
+    #[error("unknown policy '{name}' (deferred, clockwork, clockwork-any, clockwork-paper, shepherd, timeout, nexus, eager, eager-early, eager-latest-start, eager-latest-start-early, algorithm1)")]
     Unknown {
         /// The name given.
         name: String,
@@ -194,6 +201,7 @@ pub fn build(models: &[ModelSpec], gpus: u32, cfg: &PolicyConfig) -> Result<Box<
         PolicyKind::EagerLatestStart => Box::new(LatestStartScheduler::new(models, gpus, cfg.delay, Rank::LatestStart, DropMode::Lazy)),
         PolicyKind::EagerLatestStartEarly => Box::new(LatestStartScheduler::new(models, gpus, cfg.delay, Rank::LatestStart, DropMode::Early)),
         PolicyKind::ClockworkPaper => Box::new(LatestStartScheduler::new(models, gpus, cfg.delay, Rank::ClockworkPaper, DropMode::Lazy)),
+        PolicyKind::Algorithm1 => Box::new(Algorithm1Scheduler::new(models, gpus, cfg.delay)),
         PolicyKind::Nexus => Box::new(NexusScheduler::new(
             models,
             gpus,

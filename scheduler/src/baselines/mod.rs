@@ -16,11 +16,15 @@
 //! - [`latest_start`]: the eager family's strong variant (the largest
 //!   feasible batch of the model whose latest start is the earliest) and
 //!   Clockwork as the Symphony paper describes it.
+//! - [`algorithm1`]: not a baseline but deferred's own family: the Symphony
+//!   paper's Algorithm 1 as written, with Appendix D's network delay, the
+//!   reference [`crate::deferred`]'s departures are measured against.
 //!
 //! All are sans-IO [`Scheduler`](crate::types::Scheduler)s, like the
 //! deferred cores: they never read a clock, and they check every batch
 //! against the profile before dispatching it, dropping what cannot make it.
 
+pub mod algorithm1;
 pub mod clockwork;
 pub mod eager;
 pub mod latest_start;
@@ -28,6 +32,7 @@ pub mod nexus;
 pub mod shepherd;
 pub mod timeout;
 
+pub use algorithm1::Algorithm1Scheduler;
 pub use clockwork::{ClockworkConfig, ClockworkScheduler};
 pub use eager::EagerScheduler;
 pub use latest_start::{DropMode, LatestStartScheduler, Rank};
