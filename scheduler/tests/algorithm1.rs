@@ -181,13 +181,29 @@ fn a_free_gpu_takes_the_candidate_with_the_closest_latest() {
 /// head's deadline drops it (lazy drop).
 #[test]
 fn a_candidate_past_its_latest_is_dropped_at_its_deadline() {
-    // Model 1: l = b + 1, due 9.5, window 6.5..7.5; the GPU frees at 11.
+    // Model 1: l = b + 1, due 12.5, window 9.5..10.5; the GPU frees at 11.
+    // Taking it then would drop the head at 11 (it cannot finish alone).
     let mut d = Driver::new(&[model(1.0, 5.0, 64), model(1.0, 1.0, 64)], 1, NetworkDelay::ZERO);
     d.arrive(0, 0, 0.0, 12.0);
-    d.arrive(1, 1, 5.5, 9.5);
+    d.arrive(1, 1, 5.5, 12.5);
     d.run_until(ms(30.0));
     assert_eq!(d.batches.len(), 1, "{:?}", d.batches);
+    assert_eq!(d.drops, vec![(ms(12.5), 1, DropReason::DeadlineUnmeetable)]);
+}
+
+/// The drop timer's update reaches the matchmaking (the reading taken where
+/// Figure 18 is silent): once the expired head goes, the request behind it
+/// gets its own window without waiting for another arrival.
+#[test]
+fn after_a_drop_the_next_request_gets_a_window() {
+    let mut d = Driver::new(&[model(1.0, 5.0, 64), model(1.0, 1.0, 64)], 1, NetworkDelay::ZERO);
+    d.arrive(0, 0, 0.0, 12.0); // holds the GPU 5..11
+    d.arrive(1, 1, 5.5, 9.5);
+    d.arrive(2, 1, 5.6, 30.0); // batched with 1, too late for the GPU
+    d.run_until(ms(40.0));
     assert_eq!(d.drops, vec![(ms(9.5), 1, DropReason::DeadlineUnmeetable)]);
+    // Alone, due 30: frontrun 30 - l(2) = 27.
+    assert_eq!(d.batches.last(), Some(&Dispatched { decided: ms(27.0), gpu: 0, model: 1, exec_at: ms(27.0), ids: vec![2] }));
 }
 
 /// `GetBatch`'s lazy drop: a head that cannot finish even alone is dropped
