@@ -40,7 +40,6 @@ use dataplane::waitset::Notifier;
 use tracing::{info, warn};
 
 use dataplane::join::{JoinToken, NonceSource};
-use dataplane::wire::{self, Join};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
@@ -80,21 +79,11 @@ impl std::fmt::Debug for HeartbeatKey {
 impl HeartbeatKey {
     /// The key of a cluster with join token `token`. Open membership (no
     /// token) authenticates nothing: the key is then public (all zero).
-    ///
-    /// Derived with the token's own HMAC over a Join no peer ever signs:
-    /// wire version `u16::MAX` (a peer signs with the version it speaks)
-    /// and an all-zero Join whose nonce is this domain's label, so the key
-    /// is independent of every MAC a peer sends.
+    /// Derived from the token under this use's own label
+    /// ([`JoinToken::derive_key`]), so it is independent of every Join MAC.
     pub fn from_token(token: Option<&JoinToken>) -> HeartbeatKey {
         let Some(token) = token else { return HeartbeatKey([0; 32]) };
-        let mut label = [0u8; wire::NONCE_LEN];
-        let domain = b"symphony heartbeat key v1";
-        label[..domain.len()].copy_from_slice(domain);
-        let nobody = Join { role: 0, id: 0, count: 0, flags: 0, endpoint: [0; wire::ENDPOINT_LEN], mac: [0; wire::MAC_LEN] };
-        let derived = token.sign(&label, u16::MAX, &nobody);
-        let mut key = [0u8; 32];
-        key.copy_from_slice(&derived[..32]);
-        HeartbeatKey(key)
+        HeartbeatKey(token.derive_key(b"symphony heartbeat key v1"))
     }
 
     fn mac(&self, body: &[u8]) -> Hmac<Sha256> {
