@@ -26,7 +26,6 @@ mod server;
 mod stats;
 mod transport;
 
-use std::io::IsTerminal;
 
 use clap::{CommandFactory, Parser};
 use dataplane::time::Duration;
@@ -47,15 +46,7 @@ pub fn command() -> clap::Command {
 /// The `netbench` binary.
 pub fn main() {
     let cli = Cli::parse();
-    // Notes and progress go to stderr as plain lines, coloured only on a
-    // terminal; results stay on stdout.
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_max_level(tracing::Level::INFO)
-        .without_time()
-        .with_target(false)
-        .init();
+    dataplane::shell::logging::init_cli();
     // `--rdma-device`/`--rdma-port`/`--gid-index` reach the domain opened
     // deep inside each command through the process's RDMA selection.
     match &cli.cmd {

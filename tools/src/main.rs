@@ -26,7 +26,6 @@ use progress::Progress;
 use scheduler::goodput::{search, GoodputError, GoodputSearch};
 use scheduler::policy::{build, PolicyError};
 use scheduler::sim::{simulate, InvariantViolation, SimReport};
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -443,15 +442,7 @@ fn main() -> ExitCode {
     if matches!(cli.cmd, Cmd::Sim { .. } | Cmd::Goodput { .. } | Cmd::Example { .. } | Cmd::Predict(_) | Cmd::Partition(_) | Cmd::Docs { .. }) || matches!(&cli.cmd, Cmd::Report { name, .. } if name == "grid") {
         restore_sigpipe();
     }
-    // Progress and diagnostics go to stderr as plain lines, coloured only
-    // on a terminal; reports stay on stdout.
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_max_level(tracing::Level::INFO)
-        .without_time()
-        .with_target(false)
-        .init();
+    dataplane::shell::logging::init_cli();
     match run(cli.cmd) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

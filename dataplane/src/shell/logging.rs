@@ -53,3 +53,17 @@ pub fn init(args: &LogArgs) {
         LogFormat::Json => builder.json().try_init(),
     };
 }
+
+/// Starts logging for a command-line tool (`symphony`'s commands,
+/// `netbench`): notes and progress to stderr as plain lines at info and
+/// above, no time or target, coloured only on a terminal, so that results
+/// on stdout stay clean to pipe. Once: a second call changes nothing.
+pub fn init_cli() {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_max_level(tracing::Level::INFO)
+        .without_time()
+        .with_target(false)
+        .try_init();
+}
