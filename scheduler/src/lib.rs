@@ -8,6 +8,7 @@
 //! - [`netdelay`]: the network delay bound charged before each batch.
 //! - [`gpu`]: the emulated GPUs every simulated or emulated backend uses.
 //! - [`sim`]: the simulator, its arrival generator and the event order.
+//! - [`autoscale`]: the autoscaler acting on the paper's add/remove rule.
 //! - [`repository`]: Triton-layout model repositories and `config.pbtxt`.
 //! - [`partition`]: models over sub-clusters (Appendix A): heuristic and MILP.
 //! - [`routes`]: the routing table of several active scheduler groups.
@@ -15,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod analysis;
+pub mod autoscale;
 pub mod baselines;
 pub mod batch_past_heads;
 pub mod closed_loop;

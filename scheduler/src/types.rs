@@ -161,4 +161,13 @@ pub trait Scheduler {
     fn set_admission(&mut self, _model: ModelId, _admission: Admission) -> bool {
         false
     }
+    /// Control plane: GPU `gpu` joins matchmaking (free at `now`) or leaves
+    /// it (`online` false: it gets no new plans; what it already holds
+    /// runs to its end, and its `on_batch_done` still comes). Ids past the
+    /// current count extend the cluster. Returns whether the policy
+    /// changes its GPUs while it runs; one that does not (the default)
+    /// ignores the call, and its cluster stays as built.
+    fn set_gpu_membership(&mut self, _now: Instant, _gpu: GpuId, _online: bool, _out: &mut Actions) -> bool {
+        false
+    }
 }

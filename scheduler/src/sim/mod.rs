@@ -8,6 +8,7 @@
 //! two batches at once, no batch mixing models, no batch dispatched that the
 //! profile says would finish late. A violation ends the run with an error.
 
+pub mod autoscaled;
 pub mod event;
 mod metrics;
 pub mod workload;

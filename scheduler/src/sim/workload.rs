@@ -330,6 +330,17 @@ impl Arrivals {
         Arrivals { source: Source::Streams { streams, merge, end }, origin: Duration::ZERO }
     }
 
+    /// Each model `i` under its own `workloads[i]` (its whole rate, its
+    /// own schedule: a mix whose shares change over the run), with
+    /// `seed`, for arrivals before `duration`. Model `i`'s stream is the
+    /// one [`Arrivals::for_model_count`] would draw for it at share 1.
+    pub fn per_model(workloads: &[Workload], seed: u64, duration: Duration) -> Self {
+        let end = Instant::ZERO + duration;
+        let streams: Vec<ArrivalStream> = workloads.iter().enumerate().map(|(i, w)| ArrivalStream::new(w, 1.0, i, seed)).collect();
+        let merge = WinnerTree::new(streams.iter().map(|s| Some(s.peek()).filter(|&t| t < end)));
+        Arrivals { source: Source::Streams { streams, merge, end }, origin: Duration::ZERO }
+    }
+
     /// The same process as [`Arrivals::for_model_count`] when the models
     /// share the rate equally and arrive as Poisson processes: then their
     /// superposition is one Poisson process at the total rate (under the
