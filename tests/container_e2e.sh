@@ -188,7 +188,7 @@ front=$(ready frontend)
 http=$(field http "$front")
 [ -n "$http" ] || fail "frontend READY line without http=: $front"
 
-start backend symphony-backend --id=0 --scheduler="$control" --gpus=1 --executor=emulated \
+start backend symphony-backend --id=0 --scheduler="$control" --gpus-per-backend=1 --executor=emulated \
   --metrics=127.0.0.1:0 --connect-timeout-ms=30000
 ready backend >/dev/null
 

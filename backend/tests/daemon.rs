@@ -460,7 +460,7 @@ fn serves_a_plan_and_outlives_the_scheduler<N: Net>(net: N, seed: u64) {
         transport_name(net),
         "--id",
         "5",
-        "--gpus",
+        "--gpus-per-backend",
         "2",
         "--heartbeat-ms",
         "20",
@@ -712,9 +712,9 @@ fn bad_configuration_is_a_clear_error_and_nonzero_exit() {
         "unknown idle",
     );
     fails_with(
-        &["--scheduler", "x", "--model", "a=1,2,50", "--gpus", "0"],
+        &["--scheduler", "x", "--model", "a=1,2,50", "--gpus-per-backend", "0"],
         2,
-        "--gpus",
+        "--gpus-per-backend",
     );
     fails_with(&["--scheduler", "x", "--bogus"], 2, "--bogus");
     fails_with(
@@ -741,7 +741,7 @@ fn bad_configuration_is_a_clear_error_and_nonzero_exit() {
             "200",
             "--model",
             "a=1,2,50",
-            "--gpus",
+            "--gpus-per-backend",
             "1",
             "--executor",
             "cuda",
@@ -779,7 +779,7 @@ fn help_exits_zero() {
     let text = String::from_utf8_lossy(&out.stdout);
     for flag in [
         "--scheduler",
-        "--gpus",
+        "--gpus-per-backend",
         "--serve",
         "--executor",
         "--input-bytes",

@@ -614,7 +614,7 @@ impl LocalCluster {
                 b.to_string(),
                 "--scheduler".into(),
                 control.clone(),
-                "--gpus".into(),
+                "--gpus-per-backend".into(),
                 spec.gpus_per_backend.to_string(),
             ]);
             let d = spawn(spec, &format!("backend-{b}"), "backend", args, Some(&cluster.join_token), deadline)?;

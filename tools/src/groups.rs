@@ -200,7 +200,7 @@ pub fn run(r: &GroupsRun) -> Result<GroupsReport, GroupsError> {
     for (i, listen) in listens.iter().enumerate() {
         let mut args = common(&spec);
         let list = listen.join(",");
-        args.extend(["--id", &(i + 1).to_string(), "--scheduler", &list, "--gpus", "1"].map(String::from));
+        args.extend(["--id", &(i + 1).to_string(), "--scheduler", &list, "--gpus-per-backend", "1"].map(String::from));
         daemons.push(spawn(&spec, &format!("backend-{}", i + 1), "backend", args, Some(&token), deadline).map_err(err)?);
     }
     let mut args = common(&spec);

@@ -57,8 +57,9 @@ pub struct PredictArgs {
     /// The Triton-layout repository of --measure (e.g. models/).
     #[arg(long = "model-repository")]
     pub model_repository: Option<PathBuf>,
-    /// --measure: seconds of Poisson arrivals per c.
-    #[arg(long = "duration-s", default_value_t = 40.0)]
+    /// --measure: seconds of Poisson arrivals per c (beside --profile-s:
+    /// a measurement's length, not the run's, hence its own name).
+    #[arg(long = "measure-s", default_value_t = 40.0)]
     pub duration_s: f64,
     /// --measure: seconds of closed-loop profiling per t_i.
     #[arg(long = "profile-s", default_value_t = 8.0)]
@@ -71,7 +72,7 @@ pub struct PredictArgs {
     #[arg(long = "thread-budget", default_value_t = 0)]
     pub thread_budget: usize,
     /// --measure: rounds; each profiles and measures every c in turn for
-    /// its share of --duration-s and --profile-s, so a change in the
+    /// its share of --measure-s and --profile-s, so a change in the
     /// machine's speed falls on every c and on profile and run alike. The
     /// defaults (40 s, 8 s, 16 rounds: 2.5 s of arrivals per round) are
     /// the configuration validated in docs/benchmarks.md; with 4 rounds
@@ -119,7 +120,7 @@ struct Output {
 #[derive(Debug, thiserror::Error)]
 pub enum PredictError {
     /// An option is out of range.
-    #[error("predict: --rate, --duration-s and --profile-s must be positive, --workers, --batch and --max-concurrency at least 1")]
+    #[error("predict: --rate, --measure-s and --profile-s must be positive, --workers, --batch and --max-concurrency at least 1")]
     Range,
     /// No such model in the zoo.
     #[error("predict: no model '{model}' in the {zoo} zoo")]

@@ -25,7 +25,7 @@
 //! own profile.
 //!
 //! **Measurement:** a seeded Poisson stream of batches at `rate / batch`
-//! per second for `--duration-s`, served FIFO with at most `c` batches in
+//! per second for `--measure-s`, served FIFO with at most `c` batches in
 //! flight; a batch's latency is its finish minus its intended arrival
 //! (queueing + service). The first tenth of the arrivals is a warm-up and
 //! not counted (the queue starts empty).

@@ -15,7 +15,7 @@ use std::process::Command;
 fn run(transport: &str, coalesce: &str) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_symphony"))
         .args(["bench-cluster", "--transport", transport, "--rate", "400", "--duration-s", "1", "--coalesce", coalesce])
-        .args(["--frontends", "3", "--backends", "4", "--gpus", "6", "--profile-copies", "2", "--json"])
+        .args(["--frontend-links", "3", "--backend-links", "4", "--gpus", "6", "--profile-copies", "2", "--json"])
         .args(["--frontend-queue-budget-us", "1000000", "--frontend-max-lag-us", "1000000"])
         .output()
         .expect("symphony runs");
@@ -69,7 +69,7 @@ fn tcp_run_accounts_for_every_task() {
 #[test]
 fn a_real_time_priority_out_of_range_is_refused() {
     let out = Command::new(env!("CARGO_BIN_EXE_symphony"))
-        .args(["bench-cluster", "--transport", "shm", "--rate", "400", "--duration-s", "1", "--backend-rt-priority", "100"])
+        .args(["bench-cluster", "--transport", "shm", "--rate", "400", "--duration-s", "1", "--gpus", "8", "--backend-rt-priority", "100"])
         .output()
         .expect("symphony runs");
     assert!(!out.status.success());

@@ -9,12 +9,6 @@ use std::process::Command;
 
 use tools::cli_doc::FlagUse;
 
-/// Flags that size the run a command makes (how long, how many GPUs or
-/// peers, how hard it is driven): the same meaning everywhere, but a
-/// capacity benchmark, a demo and a daemon are sized differently on
-/// purpose, so their defaults may differ. Every other flag has one default.
-const RUN_SIZE: &[&str] = &["duration-s", "gpus", "rate", "load", "frontends", "backends"];
-
 fn symphony(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_symphony")).args(args).output().expect("run symphony");
     assert!(out.status.success(), "symphony {args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -31,7 +25,7 @@ fn normalised(kind: &str, default: &str) -> String {
 }
 
 /// Every name (long flag or alias) used with more than one kind of value,
-/// or with more than one default outside [`RUN_SIZE`], with the commands
+/// or with more than one default, with the commands
 /// that disagree.
 fn conflicts(uses: &[FlagUse]) -> Vec<String> {
     let mut by_name: BTreeMap<&str, Vec<&FlagUse>> = BTreeMap::new();
@@ -47,9 +41,6 @@ fn conflicts(uses: &[FlagUse]) -> Vec<String> {
         if kinds.len() > 1 {
             let who: Vec<String> = uses.iter().map(|u| format!("{} ({})", u.command, u.kind)).collect();
             found.push(format!("--{name} takes different kinds of value: {}", who.join(", ")));
-            continue;
-        }
-        if RUN_SIZE.contains(&name) {
             continue;
         }
         let defaults: BTreeSet<String> =
@@ -105,15 +96,17 @@ fn the_check_catches_both_kinds_of_conflict() {
     // Two defaults.
     let found = conflicts(&[flag("a", "idle", "text", Some("park")), flag("b", "idle", "text", Some("wait"))]);
     assert!(found.len() == 1 && found[0].contains("different defaults"), "{found:?}");
-    // One default written two ways, a flag without one, and a run size.
+    // One default written two ways, and a flag without one.
     let fine = [
         flag("a", "delay-us", "number", Some("2000")),
         flag("b", "delay-us", "number", Some("2000.0")),
         flag("c", "delay-us", "number", None),
-        flag("a", "gpus", "number", Some("8")),
-        flag("b", "gpus", "number", Some("1000")),
     ];
     assert!(conflicts(&fine).is_empty());
+    // A run size is no exception: a capacity test states its size rather
+    // than default to another command's.
+    let sizes = [flag("a", "gpus", "number", Some("8")), flag("b", "gpus", "number", Some("1000"))];
+    assert_eq!(conflicts(&sizes).len(), 1);
     // An old spelling kept as an alias counts as the name it spells.
     let mut old = flag("a", "models", "text", Some("all"));
     old.aliases.push("zoo-models".into());

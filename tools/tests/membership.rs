@@ -87,7 +87,7 @@ fn wrong_or_missing_tokens_and_another_version_are_refused_while_the_cluster_ser
     let intruder = |id: u32, token: Option<&JoinToken>| {
         let args: Vec<String> = [
             "--transport", "tcp", "--idle", "wait", "--exit-with-parent", "--zoo", "a100", "--models", MODELS,
-            "--scheduler", &control_addr, "--id", &id.to_string(), "--gpus", "4",
+            "--scheduler", &control_addr, "--id", &id.to_string(), "--gpus-per-backend", "4",
         ]
         .iter()
         .map(|a| a.to_string())

@@ -41,8 +41,9 @@ pub struct BackendArgs {
     /// The scheduler's control address (transport address). Required.
     #[arg(long)]
     pub scheduler: Option<String>,
-    /// GPUs (emulated devices, or CUDA ordinals 0..N) in this process.
-    #[arg(long, default_value_t = 1)]
+    /// GPUs of this backend (emulated devices, or CUDA ordinals 0..N): as
+    /// `symphony up --gpus-per-backend`, the same count under the same name.
+    #[arg(long = "gpus-per-backend", default_value_t = 1)]
     pub gpus: u32,
     #[command(flatten)]
     #[allow(missing_docs)]
@@ -210,7 +211,7 @@ impl BackendArgs {
             what: "the scheduler's control address",
         })?;
         if self.gpus == 0 || self.gpus > 65536 {
-            return Err(ConfigError::invalid("gpus", format!("{}: must be 1..=65536", self.gpus)));
+            return Err(ConfigError::invalid("gpus-per-backend", format!("{}: must be 1..=65536", self.gpus)));
         }
         let models = self.model_list.resolve()?;
         let served = served_ids(&models, &self.serve)?;
@@ -382,7 +383,7 @@ mod tests {
         assert_eq!(s.transport, TransportKind::Shm);
         assert_eq!(s.control_delay, None, "the scheduler's announced bound by default");
         let s = resolve(&[
-            "--scheduler", "x", "--models", "none", "--model", "a=1,2,50", "--model", "b=1,2,50", "--serve-models", "B", "--gpus", "4",
+            "--scheduler", "x", "--models", "none", "--model", "a=1,2,50", "--model", "b=1,2,50", "--serve-models", "B", "--gpus-per-backend", "4",
             "--control-delay-us", "50",
         ])
         .unwrap();
@@ -397,7 +398,7 @@ mod tests {
         let bad = [
             (vec!["--model", "a=1,2,50"], "--scheduler is required"),
             (vec!["--scheduler", "x", "--models", "none"], "no models"),
-            (vec!["--scheduler", "x", "--model", "a=1,2,50", "--gpus", "0"], "--gpus"),
+            (vec!["--scheduler", "x", "--model", "a=1,2,50", "--gpus-per-backend", "0"], "--gpus-per-backend"),
             (vec!["--scheduler", "x", "--model", "a=1,2,50", "--serve-models", "zz"], "no model named"),
             (vec!["--scheduler", "x", "--model", "a=1,2,50", "--transport", "udp"], "unknown transport 'udp' (shm, tcp, tcp-blocking, rdma)"),
             (vec!["--scheduler", "x", "--model", "a=1,2,50", "--executor", "tpu"], "[possible values: emulated, onnx, cuda]"),
@@ -417,11 +418,11 @@ mod tests {
         let path = std::env::temp_dir().join(format!("symphony-backend-config-test-{}.toml", std::process::id()));
         std::fs::write(
             &path,
-            "scheduler = \"file-addr\"\ngpus = 3\nmodels = \"none\"\nmodel = [\"a=1,2,50\"]\nexit_with_parent = true\n",
+            "scheduler = \"file-addr\"\ngpus_per_backend = 3\nmodels = \"none\"\nmodel = [\"a=1,2,50\"]\nexit_with_parent = true\n",
         )
         .unwrap();
         let file = path.to_str().unwrap();
-        let s = resolve(&["--config", file, "--gpus", "2"]).unwrap();
+        let s = resolve(&["--config", file, "--gpus-per-backend", "2"]).unwrap();
         assert_eq!((s.scheduler.as_str(), s.gpus, s.models.len()), ("file-addr", 2, 1));
         std::fs::write(&path, "gpu = 3\n").unwrap();
         let e = resolve(&["--config", file]).unwrap_err().to_string();

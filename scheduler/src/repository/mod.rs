@@ -20,7 +20,7 @@
 //! |---|---|
 //! | `max_batch_size` | the largest batch the scheduler plans and the backend runs (the profile's cap) |
 //! | `parameters { key: "slo_ms" }` | the model's SLO (default [`DEFAULT_SLO`]) |
-//! | `instance_group.count` | recorded; batches a backend runs at once are its devices (`symphony-backend --gpus N`, `symphony up --gpus-per-backend N`), one scheduler GPU each, so the scheduler plans for them |
+//! | `instance_group.count` | recorded; batches a backend runs at once are its devices (`--gpus-per-backend N` on `symphony-backend` and `symphony up`), one scheduler GPU each, so the scheduler plans for them |
 //! | `instance_group.kind` | `KIND_GPU`: the CUDA execution provider (feature `cuda`); otherwise CPU |
 //! | `dynamic_batching.preferred_batch_size` | recorded, not used: the deferred scheduler sizes each batch from the deadlines and `l(b)`, which is what preferred sizes approximate |
 //! | `dynamic_batching.max_queue_delay_microseconds` | recorded, not used: a request waits exactly as long as its deadline allows (deferred batching), never a fixed delay |

@@ -66,25 +66,28 @@ pub struct BenchClusterArgs {
     /// Transport between the processes: shm or tcp.
     #[arg(long, default_value = "shm", value_parser = shm_or_tcp)]
     pub transport: TransportKind,
-    /// Offered tasks/s.
-    #[arg(long, default_value_t = 100_000.0)]
-    pub rate: f64,
+    /// Offered tasks/s (required unless --find-max: a capacity test states
+    /// its load).
+    #[arg(long, required_unless_present = "find_max")]
+    pub rate: Option<f64>,
     /// Instead of --rate: a ladder of short runs (doubling from 25k while
     /// the bad rate stays <= 1%), bounded to under 2 minutes.
     #[arg(long = "find-max")]
     pub find_max: bool,
     /// Seconds of load per run (a `max` ladder caps each rung at 2).
-    #[arg(long = "duration-s", default_value_t = 5.0)]
+    #[arg(long = "duration-s", default_value_t = 10.0)]
     pub duration_s: f64,
-    /// Frontend connections (all in one peer process).
-    #[arg(long, default_value_t = 64)]
+    /// Frontend links to the scheduler, all from one synthetic peer
+    /// process (links, not frontend processes as `up`'s --frontends).
+    #[arg(long = "frontend-links", default_value_t = 64)]
     pub frontends: u32,
-    /// Backend connections (all in one peer process).
-    #[arg(long, default_value_t = 256)]
+    /// Backend links to the scheduler, all from one synthetic peer process.
+    #[arg(long = "backend-links", default_value_t = 256)]
     pub backends: u32,
-    /// Emulated GPUs in total, spread over the backends.
-    #[arg(long, default_value_t = 1000)]
-    pub gpus: u32,
+    /// Emulated GPUs in total, spread over the backend links (required
+    /// unless --gpus-per-backend: a capacity test states its size).
+    #[arg(long, required_unless_present = "gpus_per_backend")]
+    pub gpus: Option<u32>,
     /// Emulated GPUs per backend (replaces --gpus).
     #[arg(long = "gpus-per-backend")]
     pub gpus_per_backend: Option<u32>,
@@ -222,13 +225,17 @@ pub struct CpuBusy {
 
 pub fn run(a: &BenchClusterArgs) -> Result<(), BenchClusterError> {
     if a.frontends == 0 || a.backends == 0 || a.models == 0 {
-        return Err(BenchClusterError::Peer("--frontends, --backends and --profile-copies must be at least 1".into()));
+        return Err(BenchClusterError::Peer("--frontend-links, --backend-links and --profile-copies must be at least 1".into()));
     }
     if !(a.duration_s.is_finite() && a.duration_s > 0.0 && a.duration_s <= 600.0) {
         return Err(BenchClusterError::Peer("--duration-s must be in (0, 600]".into()));
     }
     control::parse_idle(&a.idle).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
-    let gpus = a.gpus_per_backend.map_or(a.gpus, |g| g * a.backends);
+    let gpus = match (a.gpus_per_backend, a.gpus) {
+        (Some(g), _) => g.saturating_mul(a.backends),
+        (None, Some(g)) => g,
+        (None, None) => return Err(BenchClusterError::Peer("--gpus or --gpus-per-backend is required".into())),
+    };
     if gpus < a.backends {
         return Err(BenchClusterError::Peer(format!("{gpus} GPUs for {} backends: every backend needs one", a.backends)));
     }
@@ -246,7 +253,7 @@ pub fn run(a: &BenchClusterArgs) -> Result<(), BenchClusterError> {
         let run = if a.find_max {
             ladder(&one, gpus)?
         } else {
-            let rate = a.rate;
+            let rate = a.rate.unwrap_or(0.0);
             if !(rate.is_finite() && rate > 0.0) {
                 return Err(BenchClusterError::Peer("--rate must be > 0".into()));
             }
