@@ -29,7 +29,8 @@
 #      cluster over verbs (symphony up --transport rdma, HTTP requests, READ count) and a
 #      cross-guest READ inside Soft-RoCE QEMU guests (tests/softroce/ci.sh)
 #   8. deploy/: the Kubernetes manifests against a pinned Kubernetes version, offline
-#      (tests/deploy_validate.sh); the docs' length and format (tests/docs_check.sh)
+#      (tests/deploy_validate.sh); the docs' length and format (tests/docs_check.sh); the
+#      code's shape against a shrink-only baseline (tests/structure)
 #   9. the attack suite (tests/security/run.sh) and the container images end to end
 #      (tests/container_e2e.sh)
 # At the end (pass or fail) a summary counts the capability skips (and, outside CI, the
@@ -84,6 +85,10 @@ step deploy-validate
 bash tests/deploy_validate.sh
 step docs-check
 bash tests/docs_check.sh
+step structure
+# File and function lengths, import loops and repeated code (tests/structure, issue 48),
+# against tests/structure/baseline.txt, which may only shrink.
+cargo run --release -q -p structure-check
 step onnx-models
 # Installable anywhere, so never a capability skip: under CI a missing piece fails here, named.
 if require tests/run.sh onnx-runtime \
