@@ -8,6 +8,7 @@ use crate::metrics::{ModelCounters, BATCH_BUCKETS};
 use crate::models::ModelEntry;
 use crate::service::{infer, InferResult, InferenceService, SubmitError};
 use crate::staging::RequestOptions;
+pub use crate::types::{BatchStats, CountNs, IndexEntry, ModelStats};
 use dataplane::time::Duration;
 use dataplane::wire::{DropReason, TaskStatus};
 
@@ -202,19 +203,6 @@ pub fn set_loaded<S: InferenceService>(
     Ok(())
 }
 
-/// One repository index entry (name, version, state, reason).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct IndexEntry {
-    /// Model name.
-    pub name: String,
-    /// Model version.
-    pub version: String,
-    /// `READY` or `UNAVAILABLE`.
-    pub state: &'static str,
-    /// Why not ready ("" when ready).
-    pub reason: &'static str,
-}
-
 /// The repository index: every model of the catalog and its state
 /// (`ready_only`: the ready ones).
 pub fn repository_index<S: InferenceService>(service: &S, ready_only: bool) -> Vec<IndexEntry> {
@@ -303,55 +291,6 @@ pub fn drop_kind(reason: DropReason) -> ErrorKind {
         DropReason::Timeout => ErrorKind::DeadlineExceeded,
         _ => ErrorKind::Unavailable,
     }
-}
-
-/// A count and a total duration (Triton's `StatisticDuration`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CountNs {
-    /// How many.
-    pub count: u64,
-    /// Their total duration, nanoseconds.
-    pub ns: u64,
-}
-
-/// Executions of one batch size (Triton's `InferBatchStatistics`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct BatchStats {
-    /// The batch size: the upper bound of a [`BATCH_BUCKETS`] bucket (the
-    /// counters keep a histogram, not every size).
-    pub batch_size: u64,
-    /// Executions in the bucket (duration not kept per bucket: 0).
-    pub compute_infer: CountNs,
-}
-
-/// One model's statistics (Triton's `ModelStatistics`), from the same
-/// counters as `/metrics`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ModelStats {
-    /// Model name.
-    pub name: String,
-    /// Model version.
-    pub version: String,
-    /// Last successful inference, milliseconds since the Unix epoch (0: none).
-    pub last_inference: u64,
-    /// Inferences performed (= successful requests, batch 1 each).
-    pub inference_count: u64,
-    /// Model executions (batches).
-    pub execution_count: u64,
-    /// Successful requests and their end-to-end time.
-    pub success: CountNs,
-    /// Failed requests and their end-to-end time.
-    pub fail: CountNs,
-    /// Requests executed and their summed queueing time.
-    pub queue: CountNs,
-    /// Requests executed and their summed input time (backend READs until the device took the batch).
-    pub compute_input: CountNs,
-    /// Requests executed and their summed compute time.
-    pub compute_infer: CountNs,
-    /// Requests executed and their summed output time (device finish until the backend sent the result).
-    pub compute_output: CountNs,
-    /// Executions per batch-size bucket (buckets with none left out).
-    pub batch_stats: Vec<BatchStats>,
 }
 
 /// `model`'s statistics from counters `c`.

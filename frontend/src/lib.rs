@@ -19,3 +19,4 @@ pub mod service;
 pub mod staging;
 pub mod tensor;
 pub mod tls;
+pub mod types;

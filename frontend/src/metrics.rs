@@ -12,8 +12,9 @@
 
 use crate::models::ModelCatalog;
 use crate::staging::{CounterSnapshot, Staging};
+pub use crate::types::Execution;
 use dataplane::metrics::{self, Computed, Counter, Histogram, Label, MetricsRegistry, PlainCounter};
-use dataplane::wire::{CompletionHead, DropReason};
+use dataplane::wire::DropReason;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -126,38 +127,6 @@ impl LevelOutcome {
     /// Every `outcome` label, in counter order.
     pub fn labels() -> impl Iterator<Item = String> {
         Self::PLAIN.iter().map(|s| s.to_string()).chain(DropReason::ALL.iter().map(|r| r.as_str().to_string()))
-    }
-}
-
-/// The execution a task was part of, as its backend reported it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Execution {
-    /// Tasks the execution ran.
-    pub batch_size: u32,
-    /// This task's position in it (0: the leader, which counts the
-    /// execution).
-    pub batch_index: u32,
-    /// Plan arrival at the backend to hand-over to the device, ns.
-    pub input_ns: u64,
-    /// On the device, ns.
-    pub compute_ns: u64,
-    /// Execution start to the completion's sending, ns.
-    pub since_start_ns: u64,
-    /// Ingress at the scheduler to the plan's sending, µs.
-    pub queued_us: u32,
-}
-
-impl Execution {
-    /// The execution a completion names (`None`: not executed).
-    pub fn from_head(h: &CompletionHead) -> Option<Execution> {
-        (h.batch_size > 0).then_some(Execution {
-            batch_size: h.batch_size,
-            batch_index: h.batch_index,
-            input_ns: h.input_ns,
-            compute_ns: h.compute_ns,
-            since_start_ns: h.since_start_ns,
-            queued_us: h.queued_us,
-        })
     }
 }
 

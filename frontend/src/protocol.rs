@@ -335,7 +335,7 @@ pub fn server_metadata() -> Value {
 }
 
 /// `POST /v2/repository/index`.
-pub fn repository_index(entries: &[crate::api::IndexEntry]) -> Value {
+pub fn repository_index(entries: &[crate::types::IndexEntry]) -> Value {
     Value::Array(
         entries
             .iter()
@@ -351,8 +351,8 @@ pub fn repository_index(entries: &[crate::api::IndexEntry]) -> Value {
 }
 
 /// `GET /v2/models/{m}[/versions/{v}]/stats`: Triton's statistics JSON.
-pub fn statistics(stats: &[crate::api::ModelStats]) -> Value {
-    let d = |c: &crate::api::CountNs| json!({ "count": c.count, "ns": c.ns });
+pub fn statistics(stats: &[crate::types::ModelStats]) -> Value {
+    let d = |c: &crate::types::CountNs| json!({ "count": c.count, "ns": c.ns });
     let models: Vec<Value> = stats
         .iter()
         .map(|s| {

@@ -20,7 +20,7 @@
 //! `WAITING -> EXPIRED` and counts a failure; a late outcome only frees the
 //! slot. The slot is never reused while a backend may still READ it.
 
-use crate::metrics::Execution;
+use crate::types::Execution;
 use atomic_waker::AtomicWaker;
 use crossbeam_queue::ArrayQueue;
 use dataplane::ids::{MAX_FRONTENDS, SEQ_MASK};
