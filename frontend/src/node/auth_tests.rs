@@ -7,6 +7,7 @@ use super::*;
 use crate::staging::StagingConfig;
 use dataplane::join::{JoinToken, NonceSource};
 use dataplane::mem::{Access, Region};
+use dataplane::time::Duration;
 use dataplane::transport::sim::{FaultConfig, SimConn, SimNet, SimPeer};
 use dataplane::transport::{Domain, Listener, Registration};
 use dataplane::wire::{Challenge, RefuseReason, Refused, Welcome};
