@@ -10,7 +10,13 @@
 //! [`DelayWatchConfig::window`] batches compares the window's high
 //! percentile with the bound: above it, the alarm is raised (once, until
 //! a window comes back within the bound); with
-//! [`DelayWatchConfig::adopt`], the observed tail becomes the bound.
+//! [`DelayWatchConfig::adopt`], the watch proposes the observed tail as
+//! the bound ([`Verdict::Adopted`]).
+//!
+//! The watch does not keep the bound: each report is held against the
+//! bound its owner charges at that moment (in the daemon, the control
+//! plane's one delay owner), so there is one copy of it and one way it
+//! changes.
 //!
 //! No allocation per report: the histogram is allocated once and reset
 //! per window.
@@ -66,7 +72,6 @@ pub enum Verdict {
 #[derive(Debug)]
 pub struct DelayWatch {
     cfg: DelayWatchConfig,
-    bound: Duration,
     hist: Histogram<u64>,
     in_window: u32,
     observed: Option<Duration>,
@@ -76,11 +81,11 @@ pub struct DelayWatch {
 }
 
 impl DelayWatch {
-    /// A watch of the per-input bound `bound` (`d_data`).
-    pub fn new(bound: Duration, cfg: DelayWatchConfig) -> Self {
+    /// A watch of the per-input bound (`d_data`, given with each report).
+    pub fn new(cfg: DelayWatchConfig) -> Self {
         // 1 ns to 100 s at 3 significant digits: allocated here, once.
         let hist = Histogram::new_with_bounds(1, 100_000_000_000, 3).unwrap_or_else(|_| unreachable!("constant, valid bounds"));
-        DelayWatch { cfg, bound, hist, in_window: 0, observed: None, exceeded: false, alarms: 0, batches: 0 }
+        DelayWatch { cfg, hist, in_window: 0, observed: None, exceeded: false, alarms: 0, batches: 0 }
     }
 
     /// The configuration.
@@ -95,8 +100,11 @@ impl DelayWatch {
         self.in_window = 0;
     }
 
-    /// A batch's slowest READ and the READs it waited for (none: ignored).
-    pub fn record(&mut self, slowest: Duration, reads: u32) -> Option<Verdict> {
+    /// A batch's slowest READ and the READs it waited for (none: ignored),
+    /// held against `bound`, the per-input bound in force. With
+    /// [`DelayWatchConfig::adopt`], [`Verdict::Adopted`] names the new
+    /// bound, which the caller charges from then on.
+    pub fn record(&mut self, slowest: Duration, reads: u32, bound: Duration) -> Option<Verdict> {
         if reads == 0 {
             return None;
         }
@@ -112,12 +120,10 @@ impl DelayWatch {
         self.hist.reset();
         self.in_window = 0;
         self.observed = Some(observed);
-        let over = observed > self.bound;
+        let over = observed > bound;
         if over && self.cfg.adopt {
-            let old = self.bound;
-            self.bound = observed;
             self.exceeded = false;
-            return Some(Verdict::Adopted { old, new: observed });
+            return Some(Verdict::Adopted { old: bound, new: observed });
         }
         if over == self.exceeded {
             return None;
@@ -125,15 +131,10 @@ impl DelayWatch {
         self.exceeded = over;
         Some(if over {
             self.alarms += 1;
-            Verdict::Exceeded { observed, bound: self.bound }
+            Verdict::Exceeded { observed, bound }
         } else {
-            Verdict::Restored { observed, bound: self.bound }
+            Verdict::Restored { observed, bound }
         })
-    }
-
-    /// The bound in force (per input).
-    pub fn bound(&self) -> Duration {
-        self.bound
     }
 
     /// The last full window's tail per input (`None` before the first).
@@ -168,42 +169,48 @@ mod tests {
     #[test]
     fn the_alarm_rises_once_above_the_bound_and_clears_below_it() {
         let cfg = DelayWatchConfig { percentile: 99.0, window: 100, adopt: false };
-        let mut w = DelayWatch::new(us(10), cfg);
+        let mut w = DelayWatch::new(cfg);
         // 4 inputs in 30 us: 7.5 us each, within the bound.
         for _ in 0..99 {
-            assert_eq!(w.record(us(30), 4), None);
+            assert_eq!(w.record(us(30), 4, us(10)), None);
         }
-        assert_eq!(w.record(us(30), 4), None);
+        assert_eq!(w.record(us(30), 4, us(10)), None);
         assert!(!w.exceeded() && w.observed().is_some());
         // A tail of 2% at 50 us per input: above at p99.
         let mut verdicts = Vec::new();
         for i in 0..300 {
             let slow = if i % 50 == 0 { us(50) } else { us(30) };
-            verdicts.extend(w.record(slow, if slow == us(50) { 1 } else { 4 }));
+            verdicts.extend(w.record(slow, if slow == us(50) { 1 } else { 4 }, us(10)));
         }
         assert_eq!(verdicts.len(), 1, "raised once: {verdicts:?}");
         assert!(matches!(verdicts[0], Verdict::Exceeded { bound, .. } if bound == us(10)));
         assert_eq!(w.alarms(), 1);
         for _ in 0..100 {
-            verdicts.extend(w.record(us(30), 4));
+            verdicts.extend(w.record(us(30), 4, us(10)));
         }
         assert!(matches!(verdicts.last(), Some(Verdict::Restored { .. })));
         assert!(!w.exceeded());
-        assert_eq!(w.record(us(1), 0), None, "no READ, no sample");
+        assert_eq!(w.record(us(1), 0, us(10)), None, "no READ, no sample");
     }
 
     #[test]
     fn adopting_raises_the_bound_to_the_tail() {
         let cfg = DelayWatchConfig { percentile: 99.0, window: 10, adopt: true };
-        let mut w = DelayWatch::new(us(10), cfg);
+        let mut w = DelayWatch::new(cfg);
         let mut v = None;
         for _ in 0..10 {
-            v = w.record(us(20), 1).or(v);
+            v = w.record(us(20), 1, us(10)).or(v);
         }
         let Some(Verdict::Adopted { old, new }) = v else { panic!("{v:?}") };
         assert_eq!(old, us(10));
         assert!(new.as_nanos().abs_diff(20_000) <= 20, "{new:?}");
-        assert_eq!(w.bound(), new);
+        assert!(!w.exceeded());
+        // Held against the adopted bound, the same tail is within it.
+        let mut v = None;
+        for _ in 0..10 {
+            v = w.record(us(20), 1, new).or(v);
+        }
+        assert_eq!(v, None);
         assert!(!w.exceeded());
     }
 }

@@ -277,7 +277,9 @@ pub fn build_node<C: Connection>(
         plane.await_routes();
     }
     plane.set_delay_watch(cfg.transport.name(), cfg.delay_watch);
-    plane.set_bench_stamps(cfg.bench_stamps.then(|| clock.origin_host_ns()));
+    // The host hands the plane its clock for the benchmark stamps: the
+    // plane reads none itself.
+    plane.set_bench_stamps(cfg.bench_stamps.then(|| clock.origin_host_ns()), dataplane::time::host_monotonic_ns);
     let drive = Drive::Threads { clock: *clock, notify };
     let layout = plane.set_engine(cfg.engine, &cfg.pinned, drive).map_err(|e| SchedulerError::Plane(e.to_string()))?;
     // After the engine is in place: a new engine starts from the cores' defaults.

@@ -1,0 +1,128 @@
+//! Dispatch: the one translation of the plane's decisions into wire
+//! messages (acknowledgements, announcements, drops, failed-back tasks,
+//! forwarded completions, batch plans), written into the [`Outbox`] in
+//! the order they are decided. It owns the outbox and counts what it
+//! sends or cannot deliver; it decides nothing: whether a frontend is
+//! live is the caller's (membership's) word.
+
+use std::sync::Arc;
+
+use dataplane::time::Instant;
+use dataplane::wire::{
+    self, BatchPlanHead, BatchPlanWriter, BatchTask, BenchStamp, CompletionHead, DropReason, OutputKind, Register, Role,
+    TaskStatus,
+};
+
+use super::ledger::TaskLedger;
+use super::outbox::{Outbox, PeerId};
+use crate::daemon::metrics::SchedulerMetrics;
+use crate::types::Request;
+
+/// Messages out (see the module docs).
+pub(super) struct Dispatch {
+    out: Outbox,
+    metrics: Arc<SchedulerMetrics>,
+}
+
+impl Dispatch {
+    pub(super) fn new(metrics: Arc<SchedulerMetrics>) -> Self {
+        Dispatch { out: Outbox::new(), metrics }
+    }
+
+    /// The messages waiting to be sent.
+    pub(super) fn outbox(&mut self) -> &mut Outbox {
+        &mut self.out
+    }
+
+    /// A registration's acknowledgement: the model count, the epoch and
+    /// `d_ctrl`.
+    pub(super) fn welcome(&mut self, to: PeerId, welcome: &wire::Welcome) {
+        self.out.push(to, |b| wire::encode(b, welcome));
+    }
+
+    /// Tells `backend` where frontend `frontend` takes READs.
+    pub(super) fn announce_frontend(&mut self, backend: u32, frontend: u32, endpoint: &str) {
+        let r = Register::new(Role::Frontend, frontend, 0, endpoint);
+        self.out.push(PeerId::Backend(backend), |b| wire::encode(b, &r));
+    }
+
+    /// A task of a batch that will not finish goes back to its frontend
+    /// as failed (`live`: the frontend is registered).
+    pub(super) fn fail_back(&mut self, task: u64, frontend: u32, live: bool) {
+        self.metrics.failed_back.inc();
+        if !live {
+            self.metrics.undeliverable.inc();
+            return;
+        }
+        let head = CompletionHead {
+            task_id: task,
+            status: TaskStatus::ExecFailed as u32,
+            output_kind: OutputKind::None as u32,
+            ..CompletionHead::default()
+        };
+        self.out.push(PeerId::Frontend(frontend), |b| wire::encode_completion(b, &head, &[]));
+    }
+
+    /// A `Dropped` to `frontend` (`live`: it is registered); `attempt` is
+    /// named only by a moved answer (the wire's `reserved` word, zero
+    /// otherwise).
+    pub(super) fn drop(&mut self, task: u64, frontend: u32, reason: DropReason, attempt: u16, live: bool) {
+        self.metrics.count_drop(reason);
+        if !live {
+            self.metrics.undeliverable.inc();
+            return;
+        }
+        let d = wire::Dropped { task_id: task, reason: reason.code(), reserved: u32::from(attempt) };
+        self.out.push(PeerId::Frontend(frontend), |b| wire::encode(b, &d));
+    }
+
+    /// A completion a backend could not deliver, forwarded to its
+    /// frontend (`live`: registered; otherwise counted undeliverable).
+    pub(super) fn forward(&mut self, frontend: u32, msg: &[u8], live: bool) {
+        if !live {
+            self.metrics.undeliverable.inc();
+            return;
+        }
+        self.metrics.forwarded.inc();
+        self.out.push(PeerId::Frontend(frontend), |b| {
+            let n = msg.len();
+            b.get_mut(..n).ok_or(wire::WireError::BufferTooSmall)?.copy_from_slice(msg);
+            Ok(n)
+        });
+    }
+
+    /// Benchmark only: the stamp that precedes a plan.
+    pub(super) fn bench_stamp(&mut self, backend: u32, stamp: &BenchStamp) {
+        self.out.push(PeerId::Backend(backend), |buf| wire::encode(buf, stamp));
+    }
+
+    /// A batch plan to `backend`: every member still waiting in the
+    /// ledger leaves it and is written into the plan, and its (task,
+    /// frontend) is appended to `list` (the batch's record).
+    pub(super) fn plan(
+        &mut self,
+        now: Instant,
+        backend: u32,
+        head: &BatchPlanHead,
+        members: &[Request],
+        ledger: &mut TaskLedger,
+        list: &mut Vec<(u64, u32)>,
+    ) {
+        self.out.push(PeerId::Backend(backend), |buf| {
+            let mut w = BatchPlanWriter::new(buf, head)?;
+            for r in members {
+                if let Some((id, m)) = ledger.take(r.id) {
+                    w.push(&BatchTask { task_id: id, frontend_id: m.frontend, queued_us: queued_us(now, r.arrival), input: m.input })?;
+                    list.push((id, m.frontend));
+                }
+            }
+            Ok(w.finish())
+        });
+    }
+}
+
+/// A task's time from its ingress to `now` (its plan's sending), µs, as
+/// [`BatchTask::queued_us`] carries it.
+fn queued_us(now: Instant, arrival: Instant) -> u32 {
+    u32::try_from(now.saturating_since(arrival).as_nanos() / 1_000).unwrap_or(u32::MAX)
+}
