@@ -1,8 +1,9 @@
 //! Goodput: the highest total offered rate at which every model's bad rate
 //! stays at or under a threshold (1%), found by bisection on simulated runs.
 
-use crate::policy::{build, PolicyConfig, PolicyError};
+use crate::policy::{build, PolicyConfig, PolicyError, PolicyKind};
 use crate::sim::{simulate_until_failed, InvariantViolation, ProbeRun, SimConfig, SimReport};
+use dataplane::time::Duration;
 use serde::Serialize;
 
 /// Search knobs.
@@ -235,6 +236,97 @@ fn bisect(
     Ok(Some(GoodputResult { goodput_rps: lo, at_goodput: best, probes }))
 }
 
+// The timeout policy's `k`, chosen per model by a goodput search (kept
+// here, beside the search it runs, so the baselines never import the
+// policy builder that imports them): a
+// timeout baseline is only honest at its best `k` (the Symphony paper,
+// section 3, compares deferred scheduling against timeout batching "with
+// the best timeout").
+//
+// The search runs over a fixed list of candidate `k`s, each a fraction of
+// the model's SLO. First every model gets the same fraction, each in turn
+// (with one model, an exhaustive search over the list); then, with several
+// models and [`TimeoutSearch::per_model`], one pass of coordinate descent
+// from the best of those: each model in turn gets the candidate that
+// maximises the cluster's goodput with the others held.
+
+/// The seed reports search `k` on: one that no report measures a goodput
+/// on (they use seeds 1-5, and 6-10 to check), so the `k` chosen is not
+/// also judged on the arrivals it was picked for. Searched on seed 1 and
+/// judged on seeds 1-5, the best of some 25 configurations on seed 1
+/// carried seed 1's luck into the median: in six of the grid's seven
+/// lowest cells the timeout policy lost 0.1-1.4% when searched on seed 6
+/// (docs/decisions.md, Baselines, "Timeout": "The `k` is searched on a
+/// seed of its own"). An operator picks `k` the same way: on yesterday's
+/// traffic, for today's.
+pub const TUNING_SEED: u64 = 0;
+
+/// Candidate `k`s as fractions of the model's SLO.
+pub const K_FRACTIONS: [f64; 7] = [0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4];
+
+/// The best `k` per model found, and the goodput (requests/s) with them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BestTimeouts {
+    /// Per model (model id = index).
+    pub timeouts: Vec<Duration>,
+    /// Goodput of `base` with these `k`s.
+    pub goodput_rps: f64,
+}
+
+/// How [`best_timeouts`] searches.
+#[derive(Clone, Debug)]
+pub struct TimeoutSearch {
+    /// Each goodput search's knobs. With a `warm_step`, every search after
+    /// the first is bracketed around the best goodput so far (neighbouring
+    /// `k`s have close goodputs), which takes fewer probes, and given up
+    /// at its first probe when that fails ([`search_to_beat`]).
+    pub knobs: GoodputSearch,
+    /// After the common fraction, one pass per model over the others.
+    pub per_model: bool,
+}
+
+/// Searches `k` per model for the timeout policy on `base` (its rate is
+/// ignored), with `policy`'s other knobs (its kind is forced to timeout).
+/// Ties keep the earlier candidate.
+pub fn best_timeouts(base: &SimConfig, policy: &PolicyConfig, how: &TimeoutSearch) -> Result<BestTimeouts, GoodputError> {
+    let k_at = |m: usize, f: f64| Duration::from_nanos((base.models[m].slo.as_nanos() as f64 * f) as u64);
+    // The best goodput so far and its `k`s.
+    let mut best: Option<(f64, Vec<Duration>)> = None;
+    // With a `warm_step`, a candidate is searched from the best goodput so
+    // far and given up at once when it fails there: it could only come out
+    // below, and a candidate must beat the best to replace it, so the
+    // choice and its goodput are those of complete searches.
+    let consider = |timeouts: Vec<Duration>, best: &mut Option<(f64, Vec<Duration>)>| -> Result<(), GoodputError> {
+        let incumbent = best.as_ref().map_or(0.0, |(g, _)| *g);
+        let knobs = GoodputSearch { initial_rps: 0.0, ..how.knobs.clone() };
+        let p = PolicyConfig { kind: PolicyKind::Timeout, timeouts: timeouts.clone(), ..policy.clone() };
+        let Some(found) = search_to_beat(base, &p, &knobs, incumbent, &mut |_, _, _, _| {})? else { return Ok(()) };
+        let g = found.goodput_rps;
+        if best.as_ref().is_none_or(|(b, _)| g > *b) {
+            *best = Some((g, timeouts));
+        }
+        Ok(())
+    };
+    for f in K_FRACTIONS {
+        consider((0..base.models.len()).map(|m| k_at(m, f)).collect(), &mut best)?;
+    }
+    if how.per_model && base.models.len() > 1 {
+        for m in 0..base.models.len() {
+            let Some((_, held)) = best.clone() else { break };
+            for f in K_FRACTIONS {
+                let mut timeouts = held.clone();
+                timeouts[m] = k_at(m, f);
+                // The held configuration is already measured.
+                if timeouts[m] != held[m] {
+                    consider(timeouts, &mut best)?;
+                }
+            }
+        }
+    }
+    let (goodput_rps, timeouts) = best.unwrap_or((0.0, vec![Duration::ZERO; base.models.len()]));
+    Ok(BestTimeouts { timeouts, goodput_rps: goodput_rps.max(0.0) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,7 +367,6 @@ mod tests {
 
     #[test]
     fn a_probe_stopped_once_it_must_fail_leaves_every_pass_fail_and_the_goodput_as_they_were() {
-        use crate::policy::PolicyKind;
         use crate::sim::{simulate, simulate_until_failed, ProbeRun};
         for (arrival, kind) in [(Arrival::Poisson, PolicyKind::Deferred), (Arrival::Gamma(0.2), PolicyKind::Eager), (Arrival::Poisson, PolicyKind::Nexus)] {
             let policy = PolicyConfig::new(kind);
@@ -314,7 +405,6 @@ mod tests {
 
     #[test]
     fn a_search_to_beat_gives_up_only_where_the_full_search_would_end_below_the_incumbent() {
-        use crate::policy::PolicyKind;
         let policy = PolicyConfig::new(PolicyKind::Timeout);
         let knobs = GoodputSearch { min_requests_per_model: 500, warm_step: 0.02, ..GoodputSearch::default() };
         let cfg = base(Arrival::Gamma(0.5));
@@ -347,7 +437,6 @@ mod tests {
 
     #[test]
     fn a_search_warmed_by_a_neighbouring_goodput_brackets_it_in_fewer_probes_to_the_same_precision() {
-        use crate::policy::PolicyKind;
         let policy = PolicyConfig::new(PolicyKind::Deferred);
         let knobs = GoodputSearch { min_requests_per_model: 500, ..GoodputSearch::default() };
         let mut cfg = base(Arrival::Poisson);

@@ -2,7 +2,7 @@
 //! benchmarks run them all the same way.
 
 use crate::baselines::{Algorithm1Scheduler, ClockworkConfig, ClockworkScheduler, DropMode, EagerScheduler, LatestStartScheduler, NexusConfig, NexusScheduler, Rank, ShepherdScheduler};
-use crate::deferred::{CoreConfig, DeferredScheduler, Gather};
+use crate::deferred::{CoreConfig, DeferredScheduler, DepartureSet, Gather};
 use crate::netdelay::NetworkDelay;
 use crate::types::Scheduler;
 use crate::zoo::ModelSpec;
@@ -27,6 +27,9 @@ pub enum PolicyKind {
     ClockworkAny,
     /// Shepherd-style largest-batch-first with preemption.
     Shepherd,
+    /// Shepherd's Flex without preemption: the largest candidate whose
+    /// head's deadline holds runs on a free GPU; running batches finish.
+    ShepherdFlex,
     /// Nexus epoch squishy bin packing with per-GPU round robin.
     Nexus,
     /// Eager EDF with Nexus's early-drop sliding window.
@@ -47,11 +50,12 @@ pub enum PolicyKind {
 
 impl PolicyKind {
     /// Every policy, in report order.
-    pub const ALL: [PolicyKind; 12] = [
+    pub const ALL: [PolicyKind; 13] = [
         PolicyKind::Deferred,
         PolicyKind::Clockwork,
         PolicyKind::ClockworkAny,
         PolicyKind::Shepherd,
+        PolicyKind::ShepherdFlex,
         PolicyKind::Timeout,
         PolicyKind::Nexus,
         PolicyKind::Eager,
@@ -71,6 +75,7 @@ impl PolicyKind {
             "clockwork" => PolicyKind::Clockwork,
             "clockwork-any" => PolicyKind::ClockworkAny,
             "shepherd" => PolicyKind::Shepherd,
+            "shepherd-flex" => PolicyKind::ShepherdFlex,
             "nexus" => PolicyKind::Nexus,
             "eager-early" => PolicyKind::EagerEarly,
             "eager-latest-start" => PolicyKind::EagerLatestStart,
@@ -90,6 +95,7 @@ impl PolicyKind {
             PolicyKind::Clockwork => "clockwork",
             PolicyKind::ClockworkAny => "clockwork-any",
             PolicyKind::Shepherd => "shepherd",
+            PolicyKind::ShepherdFlex => "shepherd-flex",
             PolicyKind::Nexus => "nexus",
             PolicyKind::EagerEarly => "eager-early",
             PolicyKind::EagerLatestStart => "eager-latest-start",
@@ -110,7 +116,7 @@ impl fmt::Display for PolicyKind {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PolicyError {
     /// The name is not a policy.
-    #[error("unknown policy '{name}' (deferred, clockwork, clockwork-any, clockwork-paper, shepherd, timeout, nexus, eager, eager-early, eager-latest-start, eager-latest-start-early, algorithm1)")]
+    #[error("unknown policy '{name}' (deferred, clockwork, clockwork-any, clockwork-paper, shepherd, shepherd-flex, timeout, nexus, eager, eager-early, eager-latest-start, eager-latest-start-early, algorithm1)")]
     Unknown {
         /// The name given.
         name: String,
@@ -136,7 +142,7 @@ pub struct PolicyConfig {
     /// The timeout policy's `k` for every model without one in `timeouts`.
     pub timeout: Duration,
     /// The timeout policy's `k` per model (model id = index), e.g. from
-    /// [`crate::baselines::timeout::best_timeouts`]; empty: `timeout`.
+    /// [`crate::goodput::best_timeouts`]; empty: `timeout`.
     pub timeouts: Vec<Duration>,
     /// Network delay bound charged before each batch.
     pub delay: NetworkDelay,
@@ -148,6 +154,8 @@ pub struct PolicyConfig {
     pub early_drop_fraction: f64,
     /// Deferred: stop deferring within this fraction of the best efficiency.
     pub efficiency_slack: f64,
+    /// Deferred: which departures from Algorithm 1 are on.
+    pub departures: DepartureSet,
     /// Nexus: number of routing frontends.
     pub nexus_frontends: u32,
     /// Nexus: epoch length for re-planning.
@@ -171,6 +179,7 @@ impl PolicyConfig {
             window_gaps: crate::deferred::DEFAULT_WINDOW_GAPS,
             early_drop_fraction: crate::deferred::DEFAULT_EARLY_DROP_FRACTION,
             efficiency_slack: crate::deferred::DEFAULT_EFFICIENCY_SLACK,
+            departures: DepartureSet::default(),
             nexus_frontends: 1,
             nexus_epoch: Duration::from_millis(10_000),
             nexus_backups: true,
@@ -184,7 +193,7 @@ pub fn build(models: &[ModelSpec], gpus: u32, cfg: &PolicyConfig) -> Result<Box<
     if models.is_empty() || gpus == 0 {
         return Err(PolicyError::EmptyCluster { models: models.len(), gpus });
     }
-    let core = CoreConfig { gather: cfg.gather, delay: cfg.delay, min_window: cfg.min_window, window_gaps: cfg.window_gaps, early_drop_fraction: cfg.early_drop_fraction, efficiency_slack: cfg.efficiency_slack, priority_reserve: Duration::ZERO };
+    let core = CoreConfig { gather: cfg.gather, delay: cfg.delay, min_window: cfg.min_window, window_gaps: cfg.window_gaps, early_drop_fraction: cfg.early_drop_fraction, efficiency_slack: cfg.efficiency_slack, priority_reserve: Duration::ZERO, departures: cfg.departures };
     Ok(match cfg.kind {
         PolicyKind::Deferred => Box::new(DeferredScheduler::new(models, gpus, core)),
         PolicyKind::Eager => Box::new(EagerScheduler::eager(models, gpus, cfg.delay)),
@@ -197,6 +206,7 @@ pub fn build(models: &[ModelSpec], gpus: u32, cfg: &PolicyConfig) -> Result<Box<
             Box::new(ClockworkScheduler::new(models, gpus, ClockworkConfig { delay: cfg.delay, pow2_batches: false, ..ClockworkConfig::default() }))
         }
         PolicyKind::Shepherd => Box::new(ShepherdScheduler::new(models, gpus, cfg.delay)),
+        PolicyKind::ShepherdFlex => Box::new(ShepherdScheduler::preemption_free(models, gpus, cfg.delay)),
         PolicyKind::EagerEarly => Box::new(EagerScheduler::eager_early_drop(models, gpus, cfg.delay)),
         PolicyKind::EagerLatestStart => Box::new(LatestStartScheduler::new(models, gpus, cfg.delay, Rank::LatestStart, DropMode::Lazy)),
         PolicyKind::EagerLatestStartEarly => Box::new(LatestStartScheduler::new(models, gpus, cfg.delay, Rank::LatestStart, DropMode::Early)),

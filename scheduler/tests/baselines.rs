@@ -3,7 +3,7 @@
 
 use dataplane::time::Duration;
 use scheduler::baselines::nexus::{held_to_nexus_batches, plan, plan_fewest, squishy_bin_packing, GpuPlan, Plan};
-use scheduler::baselines::timeout::{best_timeouts, TimeoutSearch, K_FRACTIONS};
+use scheduler::goodput::{best_timeouts, TimeoutSearch, K_FRACTIONS};
 use scheduler::baselines::{NexusConfig, NexusScheduler, ShepherdScheduler};
 use scheduler::goodput::{search, GoodputSearch};
 use scheduler::netdelay::NetworkDelay;

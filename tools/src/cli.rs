@@ -7,6 +7,7 @@ use dataplane::time::Duration;
 use scheduler::baselines::nexus::held_to_nexus_batches;
 use scheduler::deferred::Gather;
 use scheduler::netdelay::{DelayFileError, NetworkDelay};
+use scheduler::deferred::{Departure, DepartureSet};
 use scheduler::policy::{PolicyConfig, PolicyError, PolicyKind};
 use scheduler::sim::workload::WorkloadParseError;
 use scheduler::sim::{Arrival, Popularity, RateSchedule, SimAdmission, SimConfig, Workload};
@@ -49,6 +50,14 @@ pub enum CliError {
     /// `--policy` is wrong.
     #[error(transparent)]
     Policy(#[from] PolicyError),
+    /// `--departures-off` or `--departures-on` names no departure.
+    #[error("unknown departure '{name}' (one of: {known})")]
+    Departure {
+        /// The name given.
+        name: String,
+        /// The names known.
+        known: String,
+    },
     /// `--gather` is wrong.
     #[error("unknown gather '{value}' (lazy or early)")]
     Gather {
@@ -176,6 +185,12 @@ pub struct ClusterArgs {
     /// Deferred: stop deferring once the batch runs within this fraction of the best throughput per GPU the arrival rate (early drop's target batch) and the SLO allow.
     #[arg(long = "efficiency-slack", default_value_t = scheduler::deferred::DEFAULT_EFFICIENCY_SLACK)]
     pub efficiency_slack: f64,
+    /// Deferred: these departures from Algorithm 1 off, comma-separated (names as `report ablation` prints them; docs/decisions.md says what each does).
+    #[arg(long = "departures-off", default_value = "")]
+    pub departures_off: String,
+    /// Deferred: these departures on besides the default set (light-load is the one off by default).
+    #[arg(long = "departures-on", default_value = "")]
+    pub departures_on: String,
     /// Share of requests at priority 1 (high); the rest at priority 2 (0 = no priorities).
     #[arg(long = "priority-mix", default_value_t = 0.0)]
     pub priority_mix: f64,
@@ -276,6 +291,8 @@ impl ClusterArgs {
         let s = self.efficiency_slack;
         check(s.is_finite() && (0.0..1.0).contains(&s), "--efficiency-slack", "within [0, 1)", s)?;
         p.efficiency_slack = self.efficiency_slack;
+        let on = departures_named(&self.departures_on)?.iter().fold(DepartureSet::default(), |s, d| s.with(*d));
+        p.departures = departures_named(&self.departures_off)?.iter().fold(on, |s, d| s.without(*d));
         Ok(p)
     }
 
@@ -307,4 +324,15 @@ impl ClusterArgs {
             admission: SimAdmission { priority_mix: self.priority_mix, max_queue: self.max_queue },
         })
     }
+}
+
+/// The departures named in `list` (comma-separated; empty names skipped).
+fn departures_named(list: &str) -> Result<Vec<Departure>, CliError> {
+    let known = || Departure::ALL.iter().map(|d| d.name()).collect::<Vec<_>>().join(", ");
+    list.split(',').map(str::trim).filter(|n| !n.is_empty()).map(|n| Departure::parse(n).ok_or_else(|| CliError::Departure { name: n.to_string(), known: known() })).collect()
+}
+
+/// The default departure set with those named in `list` off.
+pub fn departures_off(list: &str) -> Result<DepartureSet, CliError> {
+    Ok(departures_named(list)?.iter().fold(DepartureSet::default(), |s, d| s.without(*d)))
 }

@@ -10,6 +10,7 @@ mod plot;
 mod predict;
 mod profile;
 mod progress;
+mod report_ablation;
 mod report_grid;
 mod serf_measure;
 mod reports;
@@ -332,7 +333,7 @@ enum Cmd {
     },
     /// Reproduce a figure or table of docs/benchmarks.md (Markdown on stdout).
     Report {
-        /// table2, fig6a, fig6b, fig7, fig9, fig2, fig10, fig11, fig12, grid, fig13, fig14, live-curve, fig16.
+        /// table2, fig6a, fig6b, fig7, fig9, fig2, fig10, fig11, fig12, grid, ablation, fig13, fig14, live-curve, fig16.
         name: String,
         /// Fewer and shorter runs (for a quick look; the docs use the default).
         #[arg(long)]
@@ -340,7 +341,7 @@ enum Cmd {
         /// Write SVG figures into this directory where the report has any.
         #[arg(long)]
         plot: Option<PathBuf>,
-        /// Print JSON on stdout (grid).
+        /// Print JSON on stdout (grid, ablation).
         #[arg(long)]
         json: bool,
         /// fig13: the ModelThread counts, N,N,... (default 1 up to the machine's cores, at least 2).
@@ -349,12 +350,15 @@ enum Cmd {
         /// grid: the seeds each goodput is the median over (default 1,2,3,4,5; --quick or --sample: 1).
         #[arg(long, value_delimiter = ',')]
         seeds: Vec<u64>,
-        /// grid: compare on this many workloads drawn at random from a stated space instead of the fixed grid.
+        /// grid, ablation: compare on this many workloads drawn at random from a stated space instead of the fixed grid (ablation: besides it; default 8 with --quick, else 40).
         #[arg(long)]
         sample: Option<usize>,
-        /// grid: the seed the --sample workloads are drawn with.
+        /// grid, ablation: the seed the --sample workloads are drawn with.
         #[arg(long = "sample-seed", default_value_t = 1)]
         sample_seed: u64,
+        /// grid: deferred with these departures from Algorithm 1 off (names as `report ablation` prints them, comma-separated).
+        #[arg(long = "departures-off", default_value = "")]
+        departures_off: String,
     },
     /// Run one daemon in this process, as `symphony up` starts its children: `symphony daemon scheduler|frontend|backend [OPTIONS]` is `symphony-scheduler`, `symphony-frontend` or `symphony-backend` with the same options (`symphony daemon ROLE --help`; listed in docs/cli.md).
     #[command(disable_help_flag = true)]
@@ -439,7 +443,7 @@ fn main() -> ExitCode {
     if let Cmd::Daemon { args } = &cli.cmd {
         return run_daemon(args);
     }
-    if matches!(cli.cmd, Cmd::Sim { .. } | Cmd::Goodput { .. } | Cmd::Example { .. } | Cmd::Predict(_) | Cmd::Partition(_) | Cmd::Docs { .. }) || matches!(&cli.cmd, Cmd::Report { name, .. } if name == "grid") {
+    if matches!(cli.cmd, Cmd::Sim { .. } | Cmd::Goodput { .. } | Cmd::Example { .. } | Cmd::Predict(_) | Cmd::Partition(_) | Cmd::Docs { .. }) || matches!(&cli.cmd, Cmd::Report { name, .. } if name == "grid" || name == "ablation") {
         restore_sigpipe();
     }
     dataplane::shell::logging::init_cli();
@@ -526,8 +530,12 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
         Cmd::Partition(a) => Ok(partition_cmd::run(&a)?),
         Cmd::Route { action } => Ok(route_cmd::run(&action)?),
         Cmd::Predict(a) => Ok(predict::run(&a)?),
-        Cmd::Report { name, quick, json, seeds, sample, sample_seed, .. } if name == "grid" => {
-            Ok(report_grid::run(quick, json, &seeds, sample.map(|size| report_grid::Sample { size, seed: sample_seed }))?)
+        Cmd::Report { name, quick, json, seeds, sample, sample_seed, departures_off, .. } if name == "grid" => {
+            let off = cli::departures_off(&departures_off)?;
+            Ok(report_grid::run(quick, json, &seeds, sample.map(|size| report_grid::Sample { size, seed: sample_seed }), off)?)
+        }
+        Cmd::Report { name, quick, json, sample, sample_seed, .. } if name == "ablation" => {
+            Ok(report_ablation::run(quick, json, sample.map(|size| report_grid::Sample { size, seed: sample_seed }))?)
         }
         Cmd::Report { name, quick, plot, model_threads, .. } => Ok(reports::run(&name, quick, plot.as_deref(), &model_threads)?),
         Cmd::Chaos { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json, priority_mix, cancel_share, max_queue, trace_task } => {

@@ -34,7 +34,8 @@
 use crate::progress::Progress;
 use dataplane::time::Duration;
 use scheduler::baselines::nexus::held_to_nexus_batches;
-use scheduler::baselines::timeout::{best_timeouts, TimeoutSearch, TUNING_SEED};
+use scheduler::deferred::DepartureSet;
+use scheduler::goodput::{best_timeouts, TimeoutSearch, TUNING_SEED};
 use scheduler::goodput::{search, GoodputError, GoodputSearch};
 use scheduler::policy::{PolicyConfig, PolicyKind};
 use scheduler::sim::{Arrival, Popularity, RateSchedule, SimConfig, Workload};
@@ -116,13 +117,13 @@ pub const FAMILIES: [(&str, &[&str]); 5] = [
     ("nexus", &["nexus"]),
 ];
 
-struct Cell {
-    zoo: &'static str,
-    models: Vec<ModelSpec>,
-    gpus: u32,
-    slo: String,
-    arrival: (String, Arrival),
-    popularity: (String, Popularity),
+pub(crate) struct Cell {
+    pub(crate) zoo: &'static str,
+    pub(crate) models: Vec<ModelSpec>,
+    pub(crate) gpus: u32,
+    pub(crate) slo: String,
+    pub(crate) arrival: (String, Arrival),
+    pub(crate) popularity: (String, Popularity),
 }
 
 fn zoo_name(z: Zoo) -> &'static str {
@@ -133,7 +134,7 @@ fn zoo_name(z: Zoo) -> &'static str {
     }
 }
 
-fn cells(quick: bool) -> Result<Vec<Cell>, GridError> {
+pub(crate) fn cells(quick: bool) -> Result<Vec<Cell>, GridError> {
     let arrivals: Vec<(&'static str, Arrival)> = if quick {
         vec![("Poisson", Arrival::Poisson), ("Gamma(0.2)", Arrival::Gamma(0.2))]
     } else {
@@ -197,7 +198,7 @@ pub const SAMPLE_ZIPF: (f64, f64) = (0.5, 1.5);
 
 /// `size` workloads drawn from the stated space with `seed` (xoshiro256++,
 /// the draws in a fixed order per workload), so the same sample every run.
-fn sample_cells(sample: Sample) -> Result<Vec<Cell>, GridError> {
+pub(crate) fn sample_cells(sample: Sample) -> Result<Vec<Cell>, GridError> {
     use rand::seq::IndexedRandom;
     use rand::{Rng, SeedableRng};
     let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(sample.seed);
@@ -233,7 +234,7 @@ fn sample_cells(sample: Sample) -> Result<Vec<Cell>, GridError> {
     Ok(out)
 }
 
-fn sim(cell: &Cell, seed: u64) -> SimConfig {
+pub(crate) fn sim(cell: &Cell, seed: u64) -> SimConfig {
     SimConfig {
         models: cell.models.clone(),
         gpus: cell.gpus,
@@ -421,8 +422,9 @@ pub enum GridError {
 
 /// Runs the grid, or with `sample` that many workloads drawn from
 /// [`sample_cells`]'s space, over `seeds` (empty: [`SEEDS`]; seed 1 with
-/// `quick` or a sample, whose breadth stands in for the repetition).
-pub fn run(quick: bool, json: bool, seeds: &[u64], sample: Option<Sample>) -> Result<(), GridError> {
+/// `quick` or a sample, whose breadth stands in for the repetition), with
+/// deferred's departures `departures` (the default set: as documented).
+pub fn run(quick: bool, json: bool, seeds: &[u64], sample: Option<Sample>, departures: DepartureSet) -> Result<(), GridError> {
     let started = std::time::Instant::now();
     let cells = match sample {
         Some(s) => sample_cells(s)?,
@@ -468,7 +470,7 @@ pub fn run(quick: bool, json: bool, seeds: &[u64], sample: Option<Sample>) -> Re
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&(_, cell, kind)) = jobs.get(i) else { break };
-                let r: Goodputs = run_job(cell, kind, &seeds, &knobs);
+                let r: Goodputs = run_job(cell, kind, &seeds, &knobs, departures);
                 if let Ok(mut all) = results.lock() {
                     all[i] = Some(r);
                 }
@@ -557,8 +559,8 @@ pub fn run(quick: bool, json: bool, seeds: &[u64], sample: Option<Sample>) -> Re
 /// on [`TUNING_SEED`], a seed no goodput here is measured on; then every
 /// seed in order, the first from the cluster's ceiling and the others
 /// bracketed around the first's goodput ([`WARM_STEP`]).
-fn run_job(cell: &Cell, kind: PolicyKind, seeds: &[u64], knobs: &GoodputSearch) -> Result<JobResult, GoodputError> {
-    let mut policy = PolicyConfig::new(kind);
+fn run_job(cell: &Cell, kind: PolicyKind, seeds: &[u64], knobs: &GoodputSearch, departures: DepartureSet) -> Result<JobResult, GoodputError> {
+    let mut policy = PolicyConfig { departures, ..PolicyConfig::new(kind) };
     if kind == PolicyKind::Timeout {
         let how = TimeoutSearch { knobs: GoodputSearch { warm_step: WARM_STEP, ..knobs.clone() }, per_model: cell.models.len() <= TIMEOUT_PER_MODEL_MAX };
         policy.timeouts = best_timeouts(&sim(cell, TUNING_SEED), &policy, &how)?.timeouts;
@@ -577,7 +579,7 @@ fn run_job(cell: &Cell, kind: PolicyKind, seeds: &[u64], knobs: &GoodputSearch) 
 
 /// The median of seeds' goodputs (the upper one of an even count); 0 when
 /// there are none.
-fn median(mut g: Vec<f64>) -> f64 {
+pub(crate) fn median(mut g: Vec<f64>) -> f64 {
     g.sort_by(f64::total_cmp);
     g.get(g.len() / 2).copied().unwrap_or(0.0)
 }

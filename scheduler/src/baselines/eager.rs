@@ -14,7 +14,7 @@
 //!
 //! **Timeout** is the same loop with one more condition: a model may take a
 //! free GPU only once its head has waited its `k` (per model, see
-//! [`crate::baselines::timeout`] for the search that picks it) or its queue
+//! [`crate::goodput::best_timeouts`] for the search that picks it) or its queue
 //! holds a full batch (the largest batch that fits its SLO). `k = 0` is
 //! eager.
 //!

@@ -11,8 +11,8 @@
 //!   routing by weighted round robin, per-GPU round-robin duty cycles and
 //!   early drop.
 //! - [`eager`]: the simplest work-conserving earliest-deadline-first policy,
-//!   and TF-Serving-style timeout batching on the same loop ([`timeout`]
-//!   searches its `k` per model).
+//!   and TF-Serving-style timeout batching on the same loop
+//!   ([`crate::goodput::best_timeouts`] searches its `k` per model).
 //! - [`latest_start`]: the eager family's strong variant (the largest
 //!   feasible batch of the model whose latest start is the earliest) and
 //!   Clockwork as the Symphony paper describes it.
@@ -30,7 +30,6 @@ pub mod eager;
 pub mod latest_start;
 pub mod nexus;
 pub mod shepherd;
-pub mod timeout;
 
 pub use algorithm1::Algorithm1Scheduler;
 pub use clockwork::{ClockworkConfig, ClockworkScheduler};

@@ -14,6 +14,15 @@
 //!   their queues (those that can no longer make it are dropped lazily), and
 //!   the candidate runs on the freed GPU.
 //!
+//! [`ShepherdScheduler::preemption_free`] is the same Flex without the
+//! preemption (`shepherd-flex`, the baseline panel's second Shepherd
+//! variant, issue 49): a free GPU takes the largest candidate whose head's
+//! deadline holds (equal sizes: the earlier head deadline), and a running
+//! batch always runs to its end. Preemption
+//! throws away GPU time already spent; with profiled (exact) batch times
+//! and no mispredicted arrivals to correct, that loss need not pay, so the
+//! panel keeps both and reports the better per cell.
+//!
 //! A candidate only shrinks as time passes, and only grows when requests
 //! are queued or its head is dropped (which happens only while it is being
 //! evaluated), so each model's heap key is an upper bound on its candidate,
@@ -41,6 +50,16 @@ struct ModelState {
 }
 
 impl ModelState {
+    /// The heap key of a candidate of at most `size`: larger first, and
+    /// with `edf` the earlier head deadline among equal sizes (a lazy
+    /// drop only moves the head later, so a stored key never ranks a
+    /// model below its candidate). Without `edf` equal sizes tie as the
+    /// heap leaves them (the preempting Flex's original order).
+    fn key(&self, size: u32, edf: bool) -> (Reverse<u32>, Instant) {
+        let head = if edf { self.queue.front().map_or(Instant::NEVER, |h| h.deadline) } else { Instant::ZERO };
+        (Reverse(size), head)
+    }
+
     /// An upper bound on the candidate size.
     fn bound(&self) -> u32 {
         (self.queue.len() as u32).min(self.profile.max_batch())
@@ -80,18 +99,31 @@ pub struct ShepherdScheduler {
     gpus: GpuPool,
     running: Vec<Running>,
     /// Models with queued requests, by an upper bound of their candidate
-    /// size, largest first.
-    by_size: IndexedHeap<Reverse<u32>>,
+    /// size, largest first; then (preemption-free) by the earliest head
+    /// deadline, a lower bound of the head's (see [`ModelState::key`]).
+    by_size: IndexedHeap<(Reverse<u32>, Instant)>,
     /// GPUs running a batch, by its size, smallest first.
     running_by_size: IndexedHeap<u32>,
     /// Scratch room for a preempted batch's requests.
     aborted: Vec<Request>,
     preemptions: u64,
+    /// Preempt a running batch for a candidate [`PREEMPT_FACTOR`] times
+    /// its size (Flex as the Symphony paper describes it), or never.
+    preempt: bool,
 }
 
 impl ShepherdScheduler {
     /// A scheduler for `models` (model id = index) on `gpus` GPUs.
     pub fn new(models: &[ModelSpec], gpus: u32, delay: NetworkDelay) -> Self {
+        Self::with_preemption(models, gpus, delay, true)
+    }
+
+    /// Flex without preemption (see the module documentation).
+    pub fn preemption_free(models: &[ModelSpec], gpus: u32, delay: NetworkDelay) -> Self {
+        Self::with_preemption(models, gpus, delay, false)
+    }
+
+    fn with_preemption(models: &[ModelSpec], gpus: u32, delay: NetworkDelay, preempt: bool) -> Self {
         let max_batch = models.iter().map(|m| m.profile.max_batch()).max().unwrap_or(1) as usize;
         ShepherdScheduler {
             delay,
@@ -104,6 +136,7 @@ impl ShepherdScheduler {
             running_by_size: IndexedHeap::with_ids(gpus as usize),
             aborted: Vec::with_capacity(max_batch),
             preemptions: 0,
+            preempt,
         }
     }
 
@@ -114,15 +147,18 @@ impl ShepherdScheduler {
 
     /// The largest candidate `(model, size)`, re-validating stale keys.
     fn largest(&mut self, now: Instant, out: &mut Actions) -> Option<(ModelId, u32)> {
-        while let Some((Reverse(bound), m)) = self.by_size.peek() {
-            let size = self.models[m as usize].candidate(now, &self.delay, out);
+        let edf = !self.preempt;
+        while let Some((stored, m)) = self.by_size.peek() {
+            let model = &mut self.models[m as usize];
+            let size = model.candidate(now, &self.delay, out);
             if size == 0 {
                 self.by_size.remove(m);
                 continue;
             }
-            self.by_size.set(m, Reverse(size));
+            let key = model.key(size, edf);
+            self.by_size.set(m, key);
             // Every other key bounds its model's candidate from above.
-            if size >= bound {
+            if key <= stored {
                 return Some((m, size));
             }
         }
@@ -145,7 +181,7 @@ impl ShepherdScheduler {
         if model.queue.is_empty() {
             self.by_size.remove(m);
         } else {
-            self.by_size.set(m, Reverse(model.bound()));
+            self.by_size.set(m, model.key(model.bound(), !self.preempt));
         }
     }
 
@@ -158,11 +194,11 @@ impl ShepherdScheduler {
         self.gpus.release(gpu);
         std::mem::swap(&mut self.aborted, &mut self.running[gpu as usize].members);
         self.run(now, gpu, m, size, out);
-        let ShepherdScheduler { aborted, models, by_size, .. } = self;
+        let ShepherdScheduler { aborted, models, by_size, preempt, .. } = self;
         for r in aborted.drain(..) {
             let model = &mut models[r.model as usize];
             insert_by_deadline(&mut model.queue, r);
-            by_size.set(r.model, Reverse(model.bound()));
+            by_size.set(r.model, model.key(model.bound(), !*preempt));
         }
     }
 
@@ -176,6 +212,9 @@ impl ShepherdScheduler {
                     continue;
                 }
                 _ => {}
+            }
+            if !self.preempt {
+                break;
             }
             let victim = self.running_by_size.peek().filter(|&(running, g)| {
                 let r = &self.running[g as usize];
@@ -198,7 +237,7 @@ impl Scheduler for ShepherdScheduler {
             return;
         };
         insert_by_deadline(&mut model.queue, req);
-        self.by_size.set(req.model, Reverse(model.bound()));
+        self.by_size.set(req.model, model.key(model.bound(), !self.preempt));
         self.schedule(now, out);
     }
 
@@ -221,6 +260,10 @@ impl Scheduler for ShepherdScheduler {
     }
 
     fn name(&self) -> &'static str {
-        "shepherd"
+        if self.preempt {
+            "shepherd"
+        } else {
+            "shepherd-flex"
+        }
     }
 }

@@ -15,11 +15,13 @@
 //! [`DeferredScheduler`] wires one of each together with in-memory queues
 //! for the simulator; the live runtime wires the same cores with SPSC rings.
 
+mod departures;
 mod follow_ups;
 mod model_thread;
 mod rank;
 
 pub use crate::types::Admission;
+pub use departures::{Departure, DepartureSet};
 pub use model_thread::{ModelThreadCore, ModelThreadStats};
 pub use rank::{RankCore, RankStats};
 
@@ -76,6 +78,9 @@ pub struct CoreConfig {
     /// the batch is planned against its true deadline, with that level
     /// only. Zero (the default), or one level: no effect.
     pub priority_reserve: Duration,
+    /// Which departures from Algorithm 1 are on ([`Departure`]; the
+    /// default: all but [`Departure::LightLoad`]).
+    pub departures: DepartureSet,
 }
 
 /// Default for [`CoreConfig::min_window`].
@@ -87,6 +92,13 @@ pub const DEFAULT_WINDOW_GAPS: f64 = 1.0;
 pub const DEFAULT_EFFICIENCY_SLACK: f64 = 0.02;
 /// Default for [`CoreConfig::early_drop_fraction`] (see docs/decisions.md).
 pub const DEFAULT_EARLY_DROP_FRACTION: f64 = 0.95;
+/// [`Departure::LightLoad`]: a model whose arrivals, served in batches of
+/// the current size, need at most this share of one GPU does not defer
+/// while a GPU idles.
+pub const LIGHT_LOAD_SHARE: f64 = 0.1;
+/// [`Departure::LightLoad`]: nor does a batch whose expected growth by its
+/// latest start would raise its throughput per GPU by less than this.
+pub const LIGHT_LOAD_GAIN: f64 = 0.05;
 
 impl Default for CoreConfig {
     fn default() -> Self {
@@ -98,6 +110,7 @@ impl Default for CoreConfig {
             early_drop_fraction: DEFAULT_EARLY_DROP_FRACTION,
             efficiency_slack: DEFAULT_EFFICIENCY_SLACK,
             priority_reserve: Duration::ZERO,
+            departures: DepartureSet::default(),
         }
     }
 }
@@ -235,7 +248,7 @@ impl DeferredScheduler {
         let owned: Vec<(ModelId, ModelSpec)> = models.iter().cloned().enumerate().map(|(i, m)| (i as ModelId, m)).collect();
         DeferredScheduler {
             models: ModelThreadCore::new(cfg, owned),
-            rank: RankCore::new(models.len(), gpus, cfg.delay),
+            rank: RankCore::new(models.len(), gpus, cfg.delay).with_departures(cfg.departures),
             to_rank: VecDeque::with_capacity(64),
             grants: VecDeque::with_capacity(64),
         }

@@ -1,7 +1,7 @@
 //! The ModelThread core: per-model queues, batch gathering, candidates and
 //! timers for a disjoint set of models.
 
-use super::{Candidate, CoreConfig, Gather, Grant, ToRank};
+use super::{Candidate, CoreConfig, Departure, DepartureSet, Gather, Grant, ToRank};
 use super::follow_ups::FollowUps;
 use crate::batch_past_heads::larger_batch_past_heads;
 use crate::netdelay::NetworkDelay;
@@ -350,8 +350,10 @@ impl RateWindow {
     /// gaps (`cv2`, [`Self::gap_cv2`] as the caller read it once per
     /// gather), before that by the log-gap statistic of the first gaps,
     /// and with fewer than three arrivals (nothing to tell) always.
-    fn maybe_bursty(&self, cv2: Option<f64>) -> bool {
-        if self.filled >= MIN_BURST_ARRIVALS {
+    /// `early_test` off ([`Departure::EarlyBurstTest`]): by the squared CV
+    /// alone from the first arrivals on.
+    fn maybe_bursty(&self, cv2: Option<f64>, early_test: bool) -> bool {
+        if self.filled >= MIN_BURST_ARRIVALS || !early_test {
             return cv2.is_some_and(|c| c > BURSTY_CV2);
         }
         if self.filled < 3 {
@@ -466,9 +468,15 @@ impl ModelState {
     /// heads are all this one's: at the bar (every model's bad rate) a
     /// model that takes the cluster's losses alone fails it first (A100
     /// ResNet50 + VGG16 on 2 GPUs at 50 ms: 1.77% against 0.04%).
-    fn early_drop_fraction(&self, fraction: f64) -> f64 {
+    /// Without [`Departure::DropShortfall`] the fraction is 1 (Nexus's
+    /// window: the target batch), without [`Departure::LossSpread`] never
+    /// widened.
+    fn early_drop_fraction(&self, fraction: f64, d: DepartureSet) -> f64 {
+        if !d.has(Departure::DropShortfall) {
+            return 1.0;
+        }
         match self.others_loss_bp {
-            Some(others) if takes_the_losses(self.loss.basis_points(), others) => 1.0 - (1.0 - fraction) * LOSS_SPREAD_WIDENING,
+            Some(others) if d.has(Departure::LossSpread) && takes_the_losses(self.loss.basis_points(), others) => 1.0 - (1.0 - fraction) * LOSS_SPREAD_WIDENING,
             _ => fraction,
         }
     }
@@ -535,20 +543,27 @@ impl ModelState {
     /// [`ModelThreadCore::spare_gpus_at`]).
     fn gather(&mut self, now: Instant, cfg: &CoreConfig, gpu_free: Option<Instant>, factor: f64, idle: IdleGpus, out: &mut Actions) -> Option<Candidate> {
         let delay = &cfg.delay;
+        let d = cfg.departures;
+        // Light load (item 32) asks whether a GPU idles now: between grants
+        // as far as this core knows, at a grant also the granted one (so a
+        // grant never undoes what the candidate offered).
+        let gpu_idles = idle.spare || gpu_free.is_some_and(|t| t <= now);
         let gpu_free = gpu_free.unwrap_or(Instant::ZERO);
+        // Without early drop (item 5) deferred gathers lazily.
+        let gather = if d.has(Departure::EarlyDrop) { cfg.gather } else { Gather::Lazy };
         // The rate estimate does not change within a gather: read once
         // (each read divides; three of each per request before).
         let mean_gap = self.rate.mean_gap(now);
         let gap_cv2 = self.rate.gap_cv2();
         let target = mean_gap.map(|gap| self.target_batch_memo(gap, delay));
-        let window = match cfg.gather {
+        let window = match gather {
             Gather::Lazy => 1,
             Gather::Early => {
                 // Bursty arrivals: the mean-gap target says little about
                 // the rate inside a burst, so the tolerated shortfall
                 // widens with the squared coefficient of variation of the
                 // gaps, as the schedulable window does (Poisson: as set).
-                self.early_drop_window(target.unwrap_or(1), gap_cv2, self.early_drop_fraction(cfg.early_drop_fraction))
+                self.early_drop_window(target.unwrap_or(1), gap_cv2, self.early_drop_fraction(cfg.early_drop_fraction, d), d)
             }
         };
         // The drop decision is the profile's (the early-drop window is
@@ -649,7 +664,7 @@ impl ModelState {
         // free at the frontrun: on a cluster with no GPU idle the narrow
         // window mostly closes before one frees, so the rule holds only
         // while one idles.
-        let burst_locked = idle.spare && self.pair_locked_out && self.rate.maybe_bursty(gap_cv2);
+        let burst_locked = d.has(Departure::BurstLock) && idle.spare && self.pair_locked_out && self.rate.maybe_bursty(gap_cv2, d.has(Departure::EarlyBurstTest));
         // Without a rate estimate there is no target: defer as for the SLO.
         // Nor with many GPUs idle (deferred item 30): the efficiency stop
         // at the target ends deferral early so that a later batch finds a
@@ -657,13 +672,14 @@ impl ModelState {
         // batch then grows to what its deadline allows and the GPU time
         // spent follows the load (at half of Table 2's load: idle 51.3% ->
         // 52.1%, goodput unchanged).
-        let target = match (cfg.gather, target) {
-            (Gather::Early, Some(t)) if !burst_locked && !idle.many => t,
+        // Without item 11 the stop aims at the SLO-bound batch throughout.
+        let target = match (gather, target) {
+            (Gather::Early, Some(t)) if d.has(Departure::StopAtTarget) && !burst_locked && !(idle.many && d.has(Departure::ManyIdleDeferToSlo)) => t,
             _ => self.best_batch,
         };
-        let exec_at = if full {
+        let exec_at = if full || (d.has(Departure::LightLoad) && gpu_idles && self.light_load(now, dl, bs, mean_gap)) {
             Instant::ZERO
-        } else if self.near_best_efficiency(bs, target, cfg.efficiency_slack) {
+        } else if d.has(Departure::EfficiencyStop) && self.near_best_efficiency(bs, target, cfg.efficiency_slack) {
             // A model that locks out a pair behind a lone request but whose
             // pair is not worth holding a GPU to the frontrun (item 19)
             // still waits, under strong bursts with a GPU idle, while a
@@ -673,14 +689,15 @@ impl ModelState {
             // GPUs idle a lone start still leaves two (partner and burst),
             // so it holds only while a partner is as likely as not (item
             // 24).
-            let hold = idle.spare
+            let hold = d.has(Departure::PartnerHold)
+                && idle.spare
                 && self.lone_locks_out_pair
                 && !self.pair_locked_out
                 && bs < self.best_batch
                 && gap_cv2.is_some_and(|c| c > FILL_FLOOR_MAX_CV2);
             if hold {
                 let frontrun = dl - self.profile.scaled_latency(bs + 1, slow);
-                let chance = if idle.many { MANY_IDLE_PARTNER_CHANCE } else { PARTNER_HOLD_CHANCE };
+                let chance = if idle.many && d.has(Departure::ManyIdlePartner) { MANY_IDLE_PARTNER_CHANCE } else { PARTNER_HOLD_CHANCE };
                 self.rate.quiet_start(frontrun, chance).unwrap_or(Instant::ZERO)
             } else {
                 Instant::ZERO
@@ -702,7 +719,7 @@ impl ModelState {
             // Burst-locked: no widening (only `min_window`).
             let frontrun = dl - self.profile.scaled_latency(bs + 1, slow);
             let gap = match mean_gap {
-                Some(g) if !burst_locked => Duration::from_nanos((g.as_nanos() as f64 * cfg.window_gaps * gap_cv2.unwrap_or(1.0).max(1.0)) as u64),
+                Some(g) if !burst_locked && d.has(Departure::WindowGaps) => Duration::from_nanos((g.as_nanos() as f64 * cfg.window_gaps * gap_cv2.unwrap_or(1.0).max(1.0)) as u64),
                 _ => Duration::ZERO,
             };
             let at = frontrun.min((dl - self.profile.scaled_latency(bs, slow)) - cfg.min_window.max(gap));
@@ -722,11 +739,11 @@ impl ModelState {
             // GPU this batch would take late is one that model's next
             // burst needs: the batch waits for its partner only while one
             // is still fairly likely (deferred item 28).
-            let quiet = if !burst_locked && gap_cv2.is_some_and(|c| c > QUIET_STOP_MIN_CV2) {
+            let quiet = if !burst_locked && d.has(Departure::QuietStop) && gap_cv2.is_some_and(|c| c > QUIET_STOP_MIN_CV2) {
                 self.rate.quiet_start(frontrun, QUIET_STOP_CHANCE)
-            } else if burst_locked && idle.many {
+            } else if burst_locked && idle.many && d.has(Departure::ManyIdlePartner) {
                 self.rate.quiet_start(frontrun, MANY_IDLE_PARTNER_CHANCE)
-            } else if burst_locked && self.another_takes_the_losses() {
+            } else if burst_locked && d.has(Departure::YieldToLoser) && self.another_takes_the_losses() {
                 self.rate.quiet_start(frontrun, YIELDING_PARTNER_CHANCE)
             } else {
                 None
@@ -734,7 +751,10 @@ impl ModelState {
             let at = quiet.map_or(at, |q| at.min(q));
             // A closed loop's clients are all back by `all_back_at`: no
             // request comes after it until a batch is dispatched.
-            self.follow_ups.all_back_at().map_or(at, |b| at.min(b))
+            match self.follow_ups.all_back_at() {
+                Some(b) if d.has(Departure::FollowUps) => at.min(b),
+                _ => at,
+            }
         };
         let level = self.queues.iter().position(|q| !q.is_empty()).unwrap_or(0);
         // The top level's own deadline and share of the batch (one level:
@@ -825,14 +845,18 @@ impl ModelState {
     /// 30: `e(6) = 0.75 e(30)`) the widened fraction lets a backlog that
     /// outlives its burst run its oldest heads, each near its deadline, in
     /// batches of 6-16 that cannot keep up with the rate (deferred item 21).
-    fn early_drop_window(&mut self, target: u32, gap_cv2: Option<f64>, fraction: f64) -> u32 {
+    /// Items 17 and 21 are [`Departure::FillFloor`] and
+    /// [`Departure::BurstWindowFloor`] in `d`.
+    fn early_drop_window(&mut self, target: u32, gap_cv2: Option<f64>, fraction: f64, d: DepartureSet) -> u32 {
         let cv2 = gap_cv2.unwrap_or(1.0).max(1.0);
         let window = self.drop_window(target, 1.0 - (1.0 - fraction) * cv2);
-        let window = if gap_cv2.is_some_and(|c| c <= FILL_FLOOR_MAX_CV2) { window.min(self.fill_floor(target)) } else { window };
+        let fill_floor = d.has(Departure::FillFloor);
+        let window = if fill_floor && gap_cv2.is_some_and(|c| c <= FILL_FLOOR_MAX_CV2) { window.min(self.fill_floor(target)) } else { window };
         let floor = target / BURST_WINDOW_FLOOR_DIVISOR;
-        if cv2 > 1.0 && window < floor {
+        if d.has(Departure::BurstWindowFloor) && cv2 > 1.0 && window < floor {
             // Only here: a second fraction would evict the memo each gather.
-            let plain = self.drop_window_search(target, fraction).min(self.fill_floor(target));
+            let plain = self.drop_window_search(target, fraction);
+            let plain = if fill_floor { plain.min(self.fill_floor(target)) } else { plain };
             window.max(plain.min(floor))
         } else {
             window
@@ -875,6 +899,29 @@ impl ModelState {
     fn near_best_efficiency(&self, b: u32, target: u32, slack: f64) -> bool {
         let e = |b: u32| self.efficiency(b);
         e(b) >= (1.0 - slack) * e(target.clamp(1, self.best_batch))
+    }
+
+    /// Light load (item 32, [`Departure::LightLoad`]): a batch of `bs`
+    /// whose earliest member is due at `dl` gains too little from waiting
+    /// to be worth the latency. Either the model's arrivals, served in
+    /// batches of `bs`, need at most [`super::LIGHT_LOAD_SHARE`] of a GPU
+    /// (at that load the throughput per GPU that deferral buys is not
+    /// needed), or the requests expected at the mean gap by the batch's
+    /// latest start would raise its throughput per GPU by less than
+    /// [`super::LIGHT_LOAD_GAIN`] (a weak batcher, or too few arrivals).
+    /// Before the second arrival (no rate known) a lone request is light.
+    /// The caller asks only while a GPU idles.
+    fn light_load(&self, now: Instant, dl: Instant, bs: u32, mean_gap: Option<Duration>) -> bool {
+        let Some(gap) = mean_gap.filter(|g| *g > Duration::ZERO) else { return true };
+        let e_now = self.efficiency(bs);
+        let load = 1.0 / (e_now * gap.as_nanos() as f64);
+        if load <= super::LIGHT_LOAD_SHARE {
+            return true;
+        }
+        let latest = dl - self.profile.latency(bs);
+        let expected = latest.saturating_since(now).as_nanos() / gap.as_nanos();
+        let grown = (u64::from(bs) + expected).min(u64::from(self.best_batch.max(bs))) as u32;
+        self.efficiency(grown) < (1.0 + super::LIGHT_LOAD_GAIN) * e_now
     }
 
     /// True when the candidate's window has opened: a batch decided now
@@ -1006,7 +1053,9 @@ impl ModelThreadCore {
             .map(|(i, (id, spec))| {
                 local[id as usize] = i as u32;
                 let lone_locks_out_pair = spec.profile.latency(1) + spec.profile.latency(2) > spec.slo;
-                let pair_locked_out = lone_locks_out_pair && pair_worth_waiting_for(&spec.profile);
+                // Without item 19 every model whose lone request locks out
+                // a pair is pair-locked.
+                let pair_locked_out = lone_locks_out_pair && (!cfg.departures.has(Departure::PairWorth) || pair_worth_waiting_for(&spec.profile));
                 let best_batch = (1..=spec.profile.max_batch_within(spec.slo, Duration::ZERO, u32::MAX).max(1))
                     .max_by(|&a, &b| spec.profile.throughput_rps(a).total_cmp(&spec.profile.throughput_rps(b)))
                     .unwrap_or(1);
@@ -1235,7 +1284,7 @@ impl ModelThreadCore {
                 // A model whose lone request locks out a pair may pass its
                 // first heads over for a larger batch behind them (deferred
                 // item 25); with priority levels the batch keeps level order.
-                let (skip, bs) = if m.lone_locks_out_pair && m.queues.len() == 1 {
+                let (skip, bs) = if cfg.departures.has(Departure::BatchPastHeads) && m.lone_locks_out_pair && m.queues.len() == 1 {
                     m.batch_past_heads(now, &cfg.delay, g.free_at, g.other_free_at, factor, c.bs)
                 } else {
                     (0, c.bs)
@@ -1574,7 +1623,7 @@ mod tests {
                     t += g.sample(&mut rng);
                     w.record(Instant::from_nanos(t as u64));
                 }
-                by_log += usize::from(w.maybe_bursty(w.gap_cv2()));
+                by_log += usize::from(w.maybe_bursty(w.gap_cv2(), true));
                 by_cv2 += usize::from(w.gap_cv2().is_some_and(|c| c > BURSTY_CV2));
             }
             (by_log as f64 / 400.0, by_cv2 as f64 / 400.0)
@@ -1637,7 +1686,7 @@ mod tests {
 
     #[test]
     fn a_model_taking_the_losses_alone_early_drops_less() {
-        let relaxed = |m: &ModelState| (m.early_drop_fraction(0.95) - 0.85).abs() < 1e-12;
+        let relaxed = |m: &ModelState| (m.early_drop_fraction(0.95, DepartureSet::default()) - 0.85).abs() < 1e-12;
         let mut c = losing_one_in(50);
         let m = &mut c.models[0];
         assert_eq!(m.loss.basis_points(), 200);
@@ -1645,7 +1694,7 @@ mod tests {
         // much or more: the fraction as configured.
         for others in [None, Some(100), Some(150)] {
             m.others_loss_bp = others;
-            assert_eq!(m.early_drop_fraction(0.95), 0.95, "{others:?}");
+            assert_eq!(m.early_drop_fraction(0.95, DepartureSet::default()), 0.95, "{others:?}");
         }
         // More than twice every other model's share: the shortfall triples.
         for others in [Some(0), Some(99)] {
@@ -1728,31 +1777,31 @@ mod tests {
         let mut c = core_at(2.050, 5.378, 15.0);
         let m = &mut c.models[0];
         assert_eq!(m.drop_window(3, 0.95), 3);
-        assert_eq!(m.early_drop_window(3, Some(1.0), 0.95), 2, "Poisson: one request short is served");
-        assert_eq!(m.early_drop_window(3, Some(0.0), 0.95), 2, "evenly spaced");
+        assert_eq!(m.early_drop_window(3, Some(1.0), 0.95, DepartureSet::default()), 2, "Poisson: one request short is served");
+        assert_eq!(m.early_drop_window(3, Some(0.0), 0.95, DepartureSet::default()), 2, "evenly spaced");
         // Gamma(0.5) (CV^2 2): the widened fraction 0.9 still protects
         // the whole target, and the fill floor caps it.
         assert_eq!(m.drop_window(3, 0.9), 3);
-        assert_eq!(m.early_drop_window(3, Some(2.0), 0.95), 2);
+        assert_eq!(m.early_drop_window(3, Some(2.0), 0.95, DepartureSet::default()), 2);
         // Gamma(0.2) (CV^2 5): the fraction alone.
-        assert_eq!(m.early_drop_window(3, Some(5.0), 0.95), m.drop_window(3, 0.75));
+        assert_eq!(m.early_drop_window(3, Some(5.0), 0.95, DepartureSet::default()), m.drop_window(3, 0.75));
         // No estimate yet: the fraction alone.
-        assert_eq!(m.early_drop_window(3, None, 0.95), 3);
-        assert_eq!(m.early_drop_window(1, Some(1.0), 0.95), 1, "never below one");
+        assert_eq!(m.early_drop_window(3, None, 0.95, DepartureSet::default()), 3);
+        assert_eq!(m.early_drop_window(1, Some(1.0), 0.95, DepartureSet::default()), 1, "never below one");
         // Table 2's ResNet50, target 16: the fraction's window is 14, and
         // one Poisson fill in four comes below it (P(N < 14) = 0.27).
         let mut c = core(1.053, 5.072);
         let m = &mut c.models[0];
         assert_eq!(m.drop_window(16, 0.95), 14);
-        assert_eq!(m.early_drop_window(16, Some(1.0), 0.95), 13);
-        assert_eq!(m.early_drop_window(16, Some(2.0), 0.95), m.drop_window(16, 0.9).min(13));
-        assert_eq!(m.early_drop_window(16, Some(5.0), 0.95), m.drop_window(16, 0.75), "strong bursts: the fraction alone");
+        assert_eq!(m.early_drop_window(16, Some(1.0), 0.95, DepartureSet::default()), 13);
+        assert_eq!(m.early_drop_window(16, Some(2.0), 0.95, DepartureSet::default()), m.drop_window(16, 0.9).min(13));
+        assert_eq!(m.early_drop_window(16, Some(5.0), 0.95, DepartureSet::default()), m.drop_window(16, 0.75), "strong bursts: the fraction alone");
         // A 1080Ti ResNet50 at 25 ms, target 7: the fraction leaves 6,
         // the fill floor 5.
         let mut c = core_at(2.050, 5.378, 25.0);
         let m = &mut c.models[0];
         assert_eq!(m.drop_window(7, 0.95), 6);
-        assert_eq!(m.early_drop_window(7, Some(1.0), 0.95), 5);
+        assert_eq!(m.early_drop_window(7, Some(1.0), 0.95, DepartureSet::default()), 5);
     }
 
     #[test]
@@ -1762,17 +1811,17 @@ mod tests {
         let mut c = core_at(2.050, 5.378, 100.0);
         let m = &mut c.models[0];
         assert_eq!(m.drop_window(30, 0.75), 6);
-        assert_eq!(m.early_drop_window(30, Some(5.0), 0.95), 10, "a third of the target");
-        assert_eq!(m.early_drop_window(30, Some(2.0), 0.95), m.drop_window(30, 0.9).max(10), "Gamma(0.5)");
+        assert_eq!(m.early_drop_window(30, Some(5.0), 0.95, DepartureSet::default()), 10, "a third of the target");
+        assert_eq!(m.early_drop_window(30, Some(2.0), 0.95, DepartureSet::default()), m.drop_window(30, 0.9).max(10), "Gamma(0.5)");
         // Poisson and no estimate: unchanged (the floor only bounds the widening).
         let plain = m.drop_window(30, 0.95).min(poisson_fill_floor(30));
-        assert_eq!(m.early_drop_window(30, Some(1.0), 0.95), plain);
-        assert_eq!(m.early_drop_window(30, None, 0.95), m.drop_window(30, 0.95));
+        assert_eq!(m.early_drop_window(30, Some(1.0), 0.95, DepartureSet::default()), plain);
+        assert_eq!(m.early_drop_window(30, None, 0.95, DepartureSet::default()), m.drop_window(30, 0.95));
         // A weak batcher's plain window is one: the floor never lifts it.
         let mut c = core_at(5.0, 0.1, 100.0);
         let m = &mut c.models[0];
-        assert_eq!(m.early_drop_window(12, Some(1.0), 0.95), 1);
-        assert_eq!(m.early_drop_window(12, Some(5.0), 0.95), 1);
+        assert_eq!(m.early_drop_window(12, Some(1.0), 0.95, DepartureSet::default()), 1);
+        assert_eq!(m.early_drop_window(12, Some(5.0), 0.95, DepartureSet::default()), 1);
     }
 
     #[test]

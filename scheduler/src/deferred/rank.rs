@@ -1,6 +1,6 @@
 //! The RankThread core: GPU free times, ready candidates, matchmaking.
 
-use super::{Candidate, Grant, ToRank};
+use super::{Candidate, Departure, DepartureSet, Grant, ToRank};
 use super::model_thread::takes_the_losses;
 use crate::netdelay::NetworkDelay;
 use crate::types::{GpuId, ModelId};
@@ -56,6 +56,8 @@ pub struct RankCore {
     wake: Option<Instant>,
     stats: RankStats,
     losses: LossBoard,
+    /// Items 8, 15, 20 and 29 are [`Departure`]s of this set.
+    departures: DepartureSet,
 }
 
 /// Reports between two full recomputations of [`LossBoard::top`].
@@ -151,7 +153,16 @@ impl RankCore {
             wake: None,
             stats: RankStats::default(),
             losses: LossBoard::new(models),
+            departures: DepartureSet::default(),
         }
+    }
+
+    /// This core with the departures `departures` on (only those of the
+    /// RankThread matter here: see [`Departure`]).
+    #[must_use]
+    pub fn with_departures(mut self, departures: DepartureSet) -> Self {
+        self.departures = departures;
+        self
     }
 
     /// The network delay bound later matchmaking charges.
@@ -292,7 +303,7 @@ impl RankCore {
     /// waiting models nothing changes, so a model alone (Table 2) is
     /// scheduled exactly as before.
     fn work_conserve(&mut self, now: Instant, grant: &mut impl FnMut(Grant)) {
-        if !self.by_latest.is_empty() || self.pending_by_latest.len() <= self.idle.len() {
+        if !self.departures.has(Departure::WorkConserve) || !self.by_latest.is_empty() || self.pending_by_latest.len() <= self.idle.len() {
             return;
         }
         self.promote(now);
@@ -321,6 +332,9 @@ impl RankCore {
     /// idle GPUs than pending candidates (a model alone: Table 2) nothing
     /// changes.
     fn serve_more_urgent_pending(&mut self, now: Instant, key: (u16, Instant), grant: &mut impl FnMut(Grant)) {
+        if !self.departures.has(Departure::ServeUrgentPending) {
+            return;
+        }
         while !self.idle.is_empty() && self.pending_by_latest.len() >= self.idle.len() {
             let Some((pending_key, m)) = self.pending_by_latest.peek() else { return };
             if pending_key >= key || !self.grant_idle_early(now, m, grant) {
@@ -471,9 +485,12 @@ impl RankCore {
         if !cannot_wait(&t) {
             let starts_here = |c: &Candidate| c.level == t.level && free_at.max(now + self.delay.of(c.bs)) <= c.latest;
             return match self.losses.alone() {
-                Some(m) if self.cands.get(m as usize).copied().flatten().is_some_and(|c| starts_here(&c)) => m,
+                Some(m) if self.departures.has(Departure::SpareGpuToLoser) && self.cands.get(m as usize).copied().flatten().is_some_and(|c| starts_here(&c)) => m,
                 _ => top,
             };
+        }
+        if !self.departures.has(Departure::LossPriority) {
+            return top;
         }
         let (mut best, mut best_key) = (top, (t.recent_loss_bp, Reverse(t.urgency)));
         for (m, c) in self.cands.iter().enumerate() {

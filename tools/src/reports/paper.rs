@@ -3,7 +3,7 @@
 use super::{contenders, copies, policy, print_table_header, ReportError, Setup};
 use crate::plot;
 use scheduler::analysis;
-use scheduler::baselines::timeout::{best_timeouts, TimeoutSearch, TUNING_SEED};
+use scheduler::goodput::{best_timeouts, TimeoutSearch, TUNING_SEED};
 use scheduler::deferred::Gather;
 use scheduler::goodput::GoodputSearch;
 use scheduler::policy::{PolicyConfig, PolicyKind};
@@ -66,7 +66,7 @@ fn table2_idle(r50: &ModelSpec, quick: bool) -> Result<(), ReportError> {
 
 /// [`contenders`], with the timeout policy at its best `k`, searched on
 /// [`TUNING_SEED`], a seed no goodput is measured on
-/// (`scheduler::baselines::timeout`), and printed in its label.
+/// (`scheduler::goodput::best_timeouts`), and printed in its label.
 fn table2_contenders(setup: &Setup) -> Result<Vec<(String, PolicyConfig)>, ReportError> {
     let mut out = contenders();
     // The panel's variants the common contenders lack.
