@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::client::ReaderIdle;
+use crate::perf::Verb;
 use crate::server::Idle;
 use crate::transport::TransportKind;
 
@@ -33,6 +34,15 @@ pub(crate) enum Cmd {
     Calibrate(CalibrateArgs),
     /// Draw percentile plots of saved runs (JSON from --json/--save) as SVG.
     Plot(PlotArgs),
+    /// perftest's latency test (ib_{read,write,send}_lat) over any transport.
+    #[command(after_long_help = crate::perf_out::VERB_HELP)]
+    Lat(PerfArgs),
+    /// perftest's bandwidth test (ib_{read,write,send}_bw) over any transport.
+    #[command(after_long_help = crate::perf_out::VERB_HELP)]
+    Bw(PerfArgs),
+    /// Draw latency and bandwidth against size from saved `lat`/`bw` runs
+    /// (JSON), one line per verb and transport, as SVG.
+    SweepPlot(SweepPlotArgs),
 }
 
 /// Why a size argument was refused.
@@ -293,5 +303,126 @@ pub(crate) struct PlotArgs {
     pub(crate) linear_y: bool,
     /// Figure title.
     #[arg(long, default_value = "netbench: latency by percentile")]
+    pub(crate) title: String,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct PerfArgs {
+    /// Transport (what WRITE and SEND mean on each: see below).
+    #[arg(long, short = 't', value_enum)]
+    pub(crate) transport: TransportKind,
+    /// The operation measured.
+    #[arg(long, value_enum, default_value_t = Verb::Read)]
+    pub(crate) verb: Verb,
+    /// Every size from 2 B to 8 MiB in powers of two (perftest's -a).
+    #[arg(short = 'a', long = "all-sizes", conflicts_with = "size")]
+    pub(crate) all_sizes: bool,
+    /// Bytes per operation (suffixes: KiB, MiB, KB, MB).
+    #[arg(long, short = 's', default_value = "2", value_parser = parse_object_size)]
+    pub(crate) size: u32,
+    /// Measured iterations per size: rounds (lat) or operations per queue pair (bw)
+    /// [default: 1000 (lat), 5000 (bw), as perftest].
+    #[arg(long, short = 'n', conflicts_with = "duration")]
+    pub(crate) iters: Option<u64>,
+    /// Measure each size for this many seconds instead of -n iterations.
+    #[arg(long, short = 'D')]
+    pub(crate) duration: Option<f64>,
+    /// Unmeasured iterations first, per size [default: iters/10, 1..=100 (lat); tx-depth (bw)].
+    #[arg(long)]
+    pub(crate) warmup: Option<u64>,
+    /// Queue pairs (connections) per server; each round of lat posts one operation on
+    /// every queue pair, bw keeps --tx-depth in flight on each.
+    #[arg(long = "qp", short = 'q', value_name = "QPS", default_value_t = 1)]
+    pub(crate) queue_pairs: usize,
+    /// Operations in flight per queue pair (bw).
+    #[arg(long, default_value_t = 128)]
+    pub(crate) tx_depth: usize,
+    /// bw: the server answers every WRITE/SEND with one of the same size and both
+    /// directions count (READ: refused).
+    #[arg(long, short = 'b')]
+    pub(crate) bidirectional: bool,
+    /// lat: measure again while another connection per server streams --load-verb
+    /// operations of --load-size bytes; reports both sets of percentiles.
+    #[arg(long)]
+    pub(crate) under_load: bool,
+    /// The concurrent stream's operation [default: the measured --verb].
+    #[arg(long, value_enum, requires = "under_load")]
+    pub(crate) load_verb: Option<Verb>,
+    /// The concurrent stream's bytes per operation.
+    #[arg(long, default_value = "64KiB", value_parser = parse_object_size, requires = "under_load")]
+    pub(crate) load_size: u32,
+    /// The concurrent stream's operations in flight.
+    #[arg(long, default_value_t = 16, requires = "under_load")]
+    pub(crate) load_depth: usize,
+    /// Running servers (`netbench serve --objects 1 --size LARGEST`), comma separated;
+    /// default: start --servers local ones.
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) peers: Vec<String>,
+    /// Local servers to start (more than one: an incast, every round or stream spans all).
+    #[arg(long, short = 'p', default_value_t = 1, conflicts_with = "peers")]
+    pub(crate) servers: usize,
+    /// How local servers wait for work [default: spin when every server and the client
+    /// have a core, else block].
+    #[arg(long, value_enum)]
+    pub(crate) server_idle: Option<Idle>,
+    /// Address local servers listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub(crate) listen_host: String,
+    /// RDMA device, e.g. mlx5_0 or rxe0 (perftest's -d; env SYMPHONY_RDMA_DEVICE)
+    /// [default: the first device with an active port].
+    #[arg(short = 'd', long = "rdma-device", value_name = "NAME")]
+    pub(crate) rdma_device: Option<String>,
+    /// RDMA port, from 1 (perftest's -i; env SYMPHONY_RDMA_PORT) [default: 1].
+    #[arg(short = 'i', long = "rdma-port", value_name = "PORT",
+          value_parser = clap::value_parser!(u8).range(1..))]
+    pub(crate) rdma_port: Option<u8>,
+    /// GID table index (perftest's -x; env SYMPHONY_RDMA_GID_INDEX) [default: RoCE v2
+    /// with an IPv4-mapped address, then RoCE v2, then any].
+    #[arg(short = 'x', long = "gid-index", value_name = "INDEX")]
+    pub(crate) gid_index: Option<u32>,
+    /// Bound on connecting to a server and getting its catalog, ms.
+    #[arg(long, default_value_t = 5000)]
+    pub(crate) connect_timeout_ms: u64,
+    /// Longest wait for any progress of an operation, ms.
+    #[arg(long, default_value_t = 10000)]
+    pub(crate) op_timeout_ms: u64,
+    /// Print the report as JSON (one entry per size, HdrHistogram V2 base64 histograms).
+    #[arg(long, conflicts_with = "csv")]
+    pub(crate) json: bool,
+    /// Print CSV instead of the table.
+    #[arg(long)]
+    pub(crate) csv: bool,
+    /// Also write the JSON report to this file.
+    #[arg(long)]
+    pub(crate) save: Option<PathBuf>,
+    /// Also draw this run against size (SVG): latency (t_typical, p99) or bandwidth.
+    #[arg(long)]
+    pub(crate) svg: Option<PathBuf>,
+    /// Name of the run in reports and plots [default: transport and verb].
+    #[arg(long)]
+    pub(crate) label: Option<String>,
+}
+
+impl PerfArgs {
+    /// The RDMA selection of -d/-i/-x.
+    pub(crate) fn rdma(&self) -> dataplane::shell::RdmaArgs {
+        dataplane::shell::RdmaArgs {
+            rdma_device: self.rdma_device.clone(),
+            rdma_port: self.rdma_port,
+            gid_index: self.gid_index,
+        }
+    }
+}
+
+#[derive(Args)]
+pub(crate) struct SweepPlotArgs {
+    /// JSON reports of `netbench lat`/`bw` (from --json or --save).
+    #[arg(required = true)]
+    pub(crate) files: Vec<PathBuf>,
+    /// Output SVG file.
+    #[arg(long, short = 'o')]
+    pub(crate) out: PathBuf,
+    /// Figure title.
+    #[arg(long, default_value = "netbench: latency and bandwidth by size")]
     pub(crate) title: String,
 }

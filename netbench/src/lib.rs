@@ -7,6 +7,10 @@
 //! netbench local     --transport T --servers P [--netns [--netem ..]] --objects K --size S --iters N
 //! netbench calibrate --transport T (--peers ..|--servers P) --percentile 99.99 --out delay.toml
 //! netbench plot      run1.json run2.json --out fig.svg
+//! netbench lat|bw    --transport T --verb read|write|send [-a|-s S] [-n N|-D SECS] [-q QPS]
+//!                    [--tx-depth D] [--bidirectional] [--under-load] [--servers P|--peers ..]
+//!                    [-d DEV -i PORT -x GID] [--json|--csv] [--svg sweep.svg]
+//! netbench sweep-plot lat.json bw.json ... --out sweep.svg
 //! ```
 //! See docs/_parts/netbench.md for the method and measured figures.
 //! The binary is [`main`]; [`command`] is its command line, which
@@ -19,6 +23,9 @@ mod client;
 mod fail;
 mod local;
 mod pattern;
+mod perf;
+mod perf_out;
+mod perf_proto;
 mod plot;
 mod output;
 mod proto;
@@ -54,7 +61,9 @@ pub fn main() {
         Cmd::Incast(a) => a.shape.rdma.select(),
         Cmd::Local(a) => a.shape.rdma.select(),
         Cmd::Calibrate(a) => a.shape.rdma.select(),
-        Cmd::Plot(_) => {}
+        Cmd::Plot(_) | Cmd::SweepPlot(_) => {}
+        // -d/-i/-x are selected by the command itself.
+        Cmd::Lat(_) | Cmd::Bw(_) => {}
     }
     let r = match cli.cmd {
         Cmd::Serve(a) => cmd_serve(a),
@@ -62,6 +71,9 @@ pub fn main() {
         Cmd::Local(a) => cmd_local(a),
         Cmd::Calibrate(a) => calibrate_cmd::cmd_calibrate(a),
         Cmd::Plot(a) => output::cmd_plot(a),
+        Cmd::Lat(a) => perf_out::cmd_perf(a, perf::Test::Lat),
+        Cmd::Bw(a) => perf_out::cmd_perf(a, perf::Test::Bw),
+        Cmd::SweepPlot(a) => perf_out::cmd_sweep_plot(a),
     };
     if let Err(f) = r {
         eprintln!("netbench: error: {f}");

@@ -11,7 +11,7 @@ use dataplane::wire::MAX_MESSAGE_LEN;
 
 use crate::fail::{Fail, Res};
 use crate::transport::{TransportKind, WithDomain};
-use crate::{pattern, proto};
+use crate::{pattern, perf_proto, proto};
 
 /// How a server waits when it has nothing to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -137,6 +137,8 @@ impl WithDomain for Serve {
         use std::io::Write;
         let _ = std::io::stdout().flush();
 
+        // WRITE/SEND operations of `netbench lat`/`bw` land here.
+        let mut sink = perf_proto::Sink::new(total);
         let mut catalog = vec![0u8; MAX_MESSAGE_LEN];
         let clen = proto::encode_catalog(&mut catalog, cfg.id, &refs)?;
         let catalog = &catalog[..clen];
@@ -176,7 +178,7 @@ impl WithDomain for Serve {
                 conns.extend(incoming.try_iter());
             }
             let mut busy = false;
-            conns.retain_mut(|c| match serve_one(c, &mut buf, catalog, cfg.objects) {
+            conns.retain_mut(|c| match serve_one(c, &mut buf, catalog, cfg.objects, &mut sink) {
                 Ok(worked) => {
                     busy |= worked;
                     true
@@ -270,12 +272,15 @@ fn serve_one<C: Connection>(
     buf: &mut [u8],
     catalog: &[u8],
     objects: u32,
+    sink: &mut perf_proto::Sink,
 ) -> Result<bool, dataplane::transport::Error> {
     let mut worked = false;
     while let Some(n) = conn.try_recv(buf)? {
         worked = true;
         let msg = &buf[..n];
-        if proto::is_ping(msg) {
+        if sink.handle(conn, msg, send_retrying)? {
+            // A WRITE/SEND chunk of `netbench lat`/`bw`, landed (and answered).
+        } else if proto::is_ping(msg) {
             send_retrying(conn, msg)?;
         } else if let Some(want) = proto::decode_hello(msg) {
             if want != objects {

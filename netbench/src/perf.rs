@@ -1,0 +1,991 @@
+//! `netbench lat` and `netbench bw`: perftest's latency and bandwidth tests
+//! (READ, WRITE, SEND; size sweeps; several queue pairs; a TX depth) over
+//! every transport, point to point or as an incast over P servers, plus
+//! latency under a concurrent bandwidth stream.
+//!
+//! What each verb is, per transport (also in `--help`):
+//! - READ: the transport's one-sided READ (rdma: RDMA READ work requests;
+//!   tcp/tcp-blocking: a `(key, offset, len)` request answered by the
+//!   server's responder; shm: a bounds-checked copy out of the server's
+//!   mapped region). Latency is post to completion (perftest's
+//!   `ib_read_lat` reports the same round trip).
+//! - WRITE and SEND: messages on the connection ([`crate::perf_proto`]),
+//!   chunked into wire messages of at most 32 KiB; the server's CPU lands
+//!   them in its buffer (WRITE at the operation's offset, SEND in its
+//!   receive buffer; on tcp and shm the two differ only in name) and
+//!   answers. rdma SENDs are real verbs SENDs of the transport's control
+//!   channel (an operation over 32 KiB is several SENDs); rdma WRITE needs
+//!   a remote-write registration the dataplane does not offer yet and is
+//!   refused. Latency is half the ping-pong round trip, as perftest's
+//!   `ib_write_lat`/`ib_send_lat` report.
+//! - Bandwidth: each queue pair keeps `--tx-depth` operations in flight; an
+//!   operation completes at its READ completion (READ) or at the server's
+//!   acknowledgement (WRITE/SEND; with `--bidirectional` the server answers
+//!   every operation with one of the same size, and both directions count).
+//!
+//! Only this process's monotonic clock is read.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use dataplane::mem::{Access, Region};
+use dataplane::time::{Duration, MonotonicClock};
+use dataplane::transport::{Completion, Connection, Domain, LocalRef, ReadOp, RemoteRef};
+use dataplane::wire::MAX_MESSAGE_LEN;
+
+use crate::fail::{Fail, Res};
+use crate::perf_proto::{self, Op, PerfMsg, Reply, MAX_CHUNK};
+use crate::proto;
+use crate::stats::Recorder;
+use crate::transport::WithDomain;
+
+/// The measured operation.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Verb {
+    /// One-sided READ.
+    Read,
+    /// WRITE (one-sided on verbs; emulated by messages elsewhere).
+    Write,
+    /// Two-sided SEND.
+    Send,
+}
+
+impl Verb {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Verb::Read => "read",
+            Verb::Write => "write",
+            Verb::Send => "send",
+        }
+    }
+    fn op(self) -> Op {
+        match self {
+            Verb::Write => Op::Write,
+            _ => Op::Send,
+        }
+    }
+}
+
+/// Latency or bandwidth.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Test {
+    /// One operation at a time per queue pair.
+    Lat,
+    /// `tx_depth` operations in flight per queue pair.
+    Bw,
+}
+
+/// When a measurement stops.
+#[derive(Clone, Copy, Debug)]
+pub enum Stop {
+    /// After this many operations per queue pair.
+    Count(u64),
+    /// After this long.
+    For(std::time::Duration),
+}
+
+/// The concurrent stream of `lat --under-load`.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadSpec {
+    /// Its verb.
+    pub verb: Verb,
+    /// Bytes per operation.
+    pub size: u32,
+    /// Operations in flight.
+    pub tx_depth: usize,
+}
+
+/// One bandwidth stream's shape.
+#[derive(Clone, Copy, Debug)]
+struct Stream {
+    verb: Verb,
+    size: u32,
+    /// Operations in flight per queue pair.
+    depth: usize,
+    /// WRITE/SEND: the server answers with the same size (both directions count).
+    bidirectional: bool,
+}
+
+/// How to measure.
+#[derive(Clone, Debug)]
+pub struct PerfConfig {
+    /// Latency or bandwidth.
+    pub test: Test,
+    /// The operation.
+    pub verb: Verb,
+    /// Sizes, in order.
+    pub sizes: Vec<u32>,
+    /// When each size's measurement stops.
+    pub stop: Stop,
+    /// Unmeasured operations first, per queue pair and size.
+    pub warmup: u64,
+    /// Connections (queue pairs) per server.
+    pub queue_pairs: usize,
+    /// Operations in flight per queue pair (bandwidth).
+    pub tx_depth: usize,
+    /// Bandwidth: the server answers each operation with one of the same size.
+    pub bidirectional: bool,
+    /// Latency: also measure under this concurrent stream.
+    pub under_load: Option<LoadSpec>,
+    /// Connect + catalog bound per connection.
+    pub connect_timeout: Duration,
+    /// Longest wait without any progress.
+    pub op_timeout: std::time::Duration,
+}
+
+impl PerfConfig {
+    fn max_size(&self) -> u32 {
+        let load = self.under_load.map_or(0, |l| l.size);
+        self.sizes.iter().copied().max().unwrap_or(0).max(load)
+    }
+}
+
+/// Bandwidth of one measurement.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BwStats {
+    /// Bytes per operation.
+    pub bytes: u32,
+    /// Operations completed (both directions with `--bidirectional`).
+    pub ops: u64,
+    /// First post to last completion, ns.
+    pub elapsed_ns: u64,
+    /// Highest rate over a tenth of the run's operations, bytes per second.
+    pub peak_bytes_per_s: f64,
+}
+
+impl BwStats {
+    /// Average bandwidth, bytes per second.
+    pub fn avg_bytes_per_s(&self) -> f64 {
+        if self.elapsed_ns == 0 {
+            0.0
+        } else {
+            self.ops as f64 * f64::from(self.bytes) * 1e9 / self.elapsed_ns as f64
+        }
+    }
+    /// Operations per second.
+    pub fn ops_per_s(&self) -> f64 {
+        if self.elapsed_ns == 0 {
+            0.0
+        } else {
+            self.ops as f64 * 1e9 / self.elapsed_ns as f64
+        }
+    }
+}
+
+/// Highest bandwidth over any stretch of at least `max(n/10, 1)`
+/// consecutive completions of `stamps` (completion times, ns, in order;
+/// `start` = the first post). Completions reaped together share a time, so
+/// a stretch runs from the end of one such burst to the end of a later one
+/// (a window cut inside a burst would divide by a time the burst did not
+/// take). The stretches ending at the last completion, each starting where
+/// the next ends, tile the run: the peak is never below the average.
+pub fn peak_rate(stamps: &[u64], start: u64, bytes_per_op: f64) -> f64 {
+    let n = stamps.len();
+    if n == 0 {
+        return 0.0;
+    }
+    let w = (n / 10).max(1);
+    let ends: Vec<usize> = (0..n)
+        .filter(|&j| j + 1 == n || stamps[j + 1] != stamps[j])
+        .collect();
+    let mut best = 0.0f64;
+    // `k`: index into `ends` of the latest burst end at or before j - w.
+    let mut k: Option<usize> = None;
+    for &j in &ends {
+        while let Some(next) = k.map_or(Some(0), |k| (k + 1 < ends.len()).then_some(k + 1)) {
+            if ends[next] + w <= j {
+                k = Some(next);
+            } else {
+                break;
+            }
+        }
+        let (from, count) = match k {
+            Some(k) => (stamps[ends[k]], j - ends[k]),
+            None => (start, j + 1),
+        };
+        let dt = stamps[j].saturating_sub(from);
+        if dt > 0 {
+            best = best.max(count as f64 * bytes_per_op * 1e9 / dt as f64);
+        }
+    }
+    best
+}
+
+/// One size's results.
+#[derive(Debug, Default)]
+pub struct SizeResult {
+    /// Bytes per operation.
+    pub bytes: u32,
+    /// Latency (lat).
+    pub lat: Option<Recorder>,
+    /// Latency under the concurrent stream (lat --under-load).
+    pub lat_loaded: Option<Recorder>,
+    /// Bandwidth (bw).
+    pub bw: Option<BwStats>,
+    /// What the concurrent stream achieved meanwhile (lat --under-load).
+    pub load_bw: Option<BwStats>,
+}
+
+struct Link<C> {
+    addr: String,
+    conn: C,
+    /// The server's object (READ source), at least as long as the largest size.
+    remote: RemoteRef,
+    /// This link's landing slot (READ destination), as long as the largest size.
+    landing: LocalRef,
+    /// Where answers' bytes land (WRITE/SEND), as long as the largest size.
+    rx: Vec<u8>,
+    /// Operations in flight.
+    inflight: usize,
+    /// Operations started and completed (this size).
+    started: u64,
+    done: u64,
+    /// Post time of the operation in flight (latency: one at a time).
+    t_post: u64,
+}
+
+/// Connections to the servers and the buffers every measurement uses.
+struct Links<D: Domain> {
+    links: Vec<Link<D::Conn>>,
+    landing: (Arc<Region>, dataplane::transport::Registration),
+    tx: Vec<u8>,
+    msg: Vec<u8>,
+    buf: Vec<u8>,
+    comps: Vec<Completion>,
+    clock: MonotonicClock,
+    op_timeout_ns: u64,
+}
+
+fn connect_links<D: Domain>(
+    domain: &D,
+    addrs: &[String],
+    per_server: usize,
+    max_size: u32,
+    connect_timeout: Duration,
+    op_timeout: std::time::Duration,
+) -> Res<Links<D>> {
+    let count = addrs.len() * per_server;
+    let need = count as u64 * u64::from(max_size);
+    let region = Region::anonymous(need as usize)
+        .map_err(|e| Fail::runtime(format!("cannot map {need} bytes of landing buffers: {e}")))?;
+    let reg = domain.register(&region, Access::LOCAL_WRITE)?;
+    let mut buf = vec![0u8; MAX_MESSAGE_LEN];
+    let mut links = Vec::with_capacity(count);
+    for q in 0..per_server {
+        for addr in addrs {
+            let t = std::time::Duration::from_nanos(connect_timeout.as_nanos());
+            let deadline = std::time::Instant::now() + t;
+            let mut conn = domain.connect(addr, connect_timeout).map_err(|e| {
+                Fail::runtime(format!(
+                    "cannot connect to {addr} over {} within {:.1} s: {e}",
+                    domain.kind(),
+                    t.as_secs_f64()
+                ))
+            })?;
+            let n = proto::encode_hello(&mut buf, 1)?;
+            proto::send_by(&mut conn, &buf[..n], deadline)
+                .map_err(|e| e.context(format!("server {addr}")))?;
+            let n = proto::recv_by(&mut conn, &mut buf, deadline)
+                .map_err(|e| e.context(format!("server {addr} sent no catalog")))?;
+            let (_, objects) = proto::decode_catalog(&buf[..n])
+                .map_err(|e| e.context(format!("server {addr}")))?;
+            let remote = *objects
+                .first()
+                .ok_or_else(|| Fail::runtime(format!("server {addr} serves no object")))?;
+            if remote.len < max_size {
+                return Err(Fail::runtime(format!(
+                    "server {addr} serves {}-byte objects; this run needs {max_size} (start it with \
+                     --size {max_size} or larger)",
+                    remote.len
+                )));
+            }
+            let slot = links.len() as u64;
+            links.push(Link {
+                addr: addr.clone(),
+                conn,
+                remote,
+                landing: reg.local_ref(slot * u64::from(max_size), max_size)?,
+                rx: vec![0u8; max_size as usize],
+                inflight: 0,
+                started: 0,
+                done: 0,
+                t_post: 0,
+            });
+            let _ = q;
+        }
+    }
+    let mut tx = vec![0u8; max_size as usize];
+    crate::pattern::fill(&mut tx, 0x5e);
+    Ok(Links {
+        links,
+        landing: (region, reg),
+        tx,
+        msg: vec![0u8; MAX_MESSAGE_LEN],
+        buf: vec![0u8; MAX_MESSAGE_LEN],
+        comps: vec![Completion::default(); 256],
+        clock: MonotonicClock::new(),
+        op_timeout_ns: op_timeout.as_nanos().min(u128::from(u64::MAX)) as u64,
+    })
+}
+
+/// Takes every message waiting on link `i`; calls `complete(i, seq)` for
+/// each operation the server finished (its acknowledgement, or the last
+/// chunk of its answer). Answer bytes land in the link's `rx`.
+fn drain<C: Connection>(
+    link: &mut Link<C>,
+    buf: &mut [u8],
+    mut complete: impl FnMut(&mut Link<C>, u64),
+) -> Res<bool> {
+    let mut any = false;
+    while let Some(n) = link.conn.try_recv(buf)? {
+        any = true;
+        match perf_proto::decode(&buf[..n]) {
+            Some(PerfMsg::Ack(seq)) => complete(link, seq),
+            Some(PerfMsg::Chunk(c)) => {
+                let off = c.off as usize;
+                let end = off + c.payload.len();
+                if end > link.rx.len() {
+                    return Err(Fail::runtime(format!(
+                        "server {} answered {} bytes; at most {} were asked",
+                        link.addr,
+                        c.total,
+                        link.rx.len()
+                    )));
+                }
+                link.rx[off..end].copy_from_slice(c.payload);
+                if c.is_last() {
+                    complete(link, c.seq);
+                }
+            }
+            None => {
+                return Err(Fail::runtime(format!(
+                    "server {} sent an unexpected {n}-byte message (is it a netbench server of this version?)",
+                    link.addr
+                )))
+            }
+        }
+    }
+    Ok(any)
+}
+
+impl<D: Domain> Links<D> {
+    fn now(&self) -> u64 {
+        self.clock.now().as_nanos()
+    }
+
+    fn reset(&mut self) {
+        for l in &mut self.links {
+            l.inflight = 0;
+            l.started = 0;
+            l.done = 0;
+        }
+    }
+
+    /// Sends one whole WRITE/SEND of `size` bytes on link `i`. While the
+    /// send queue is full it drains every link's answers (a server blocked
+    /// on answering one link would otherwise never read the next chunk),
+    /// handing completions to `complete`.
+    fn send_op(
+        &mut self,
+        i: usize,
+        seq: u64,
+        op: Op,
+        reply: Reply,
+        size: u32,
+        complete: &mut impl FnMut(&mut Link<D::Conn>, u64),
+    ) -> Res<()> {
+        let total = size as usize;
+        let mut off = 0usize;
+        while off < total {
+            let len = (total - off).min(MAX_CHUNK);
+            let n = perf_proto::encode_chunk(
+                &mut self.msg,
+                seq,
+                op,
+                reply,
+                size,
+                off as u32,
+                &self.tx[off..off + len],
+            )?;
+            let t0 = self.now();
+            loop {
+                match self.links[i].conn.send(&self.msg[..n]) {
+                    Ok(()) => break,
+                    Err(dataplane::transport::Error::QueueFull) => {
+                        for l in &mut self.links {
+                            drain(l, &mut self.buf, &mut *complete)?;
+                        }
+                        if self.now().saturating_sub(t0) > self.op_timeout_ns {
+                            return Err(Fail::runtime(format!(
+                                "server {}: send queue full for {:.1} s",
+                                self.links[i].addr,
+                                self.op_timeout_ns as f64 / 1e9
+                            )));
+                        }
+                    }
+                    Err(e) => {
+                        return Err(Fail::runtime(format!(
+                            "sending to {}: {e}",
+                            self.links[i].addr
+                        )))
+                    }
+                }
+            }
+            off += len;
+        }
+        Ok(())
+    }
+
+    fn read_op(&self, i: usize, size: u32, seq: u64) -> ReadOp {
+        let l = &self.links[i];
+        ReadOp {
+            wr_id: seq,
+            remote: RemoteRef {
+                len: size,
+                ..l.remote
+            },
+            local: LocalRef {
+                len: size,
+                ..l.landing
+            },
+        }
+    }
+
+    /// Reaps READ completions of link `i`; returns how many.
+    fn reap(&mut self, i: usize) -> Res<usize> {
+        let n = self.links[i].conn.poll_completions(&mut self.comps)?;
+        for c in &self.comps[..n] {
+            if let Err(k) = c.status {
+                return Err(Fail::runtime(format!(
+                    "a READ from {} failed: {k:?}",
+                    self.links[i].addr
+                )));
+            }
+        }
+        Ok(n)
+    }
+
+    /// Latency: every link has one operation in flight at a time; each
+    /// round posts one to every link and waits for all (with one link:
+    /// perftest's ping-pong). Records per-operation latency.
+    fn latency(&mut self, verb: Verb, size: u32, warmup: u64, stop: Stop) -> Res<Recorder> {
+        let mut rec = Recorder::new();
+        let started = self.now();
+        let until = match stop {
+            Stop::For(d) => Some(started + d.as_nanos().min(u128::from(u64::MAX / 4)) as u64),
+            Stop::Count(_) => None,
+        };
+        let mut round = 0u64;
+        loop {
+            let measured = round >= warmup;
+            if measured {
+                match (stop, until) {
+                    (Stop::Count(n), _) if round - warmup >= n => break,
+                    (_, Some(t)) if self.now() >= t => break,
+                    _ => {}
+                }
+            }
+            let seq = round;
+            round += 1;
+            let count = self.links.len();
+            // Post one operation on every link.
+            for i in 0..count {
+                let t = self.now();
+                self.links[i].t_post = t;
+                self.links[i].inflight = 1;
+                match verb {
+                    Verb::Read => {
+                        let op = self.read_op(i, size, seq);
+                        self.links[i].conn.post_read(&op).map_err(|e| {
+                            Fail::runtime(format!("posting a READ to {}: {e}", self.links[i].addr))
+                        })?;
+                    }
+                    Verb::Write | Verb::Send => {
+                        // An earlier link's answer drained while this one's
+                        // send queue was full ends that link's operation.
+                        let mut done_early = |l: &mut Link<D::Conn>, s: u64| {
+                            if s == seq {
+                                l.inflight = 0;
+                            }
+                        };
+                        self.send_op(i, seq, verb.op(), Reply::Full, size, &mut done_early)?;
+                    }
+                }
+            }
+            // Wait for every link's answer.
+            let mut pending = self.links.iter().filter(|l| l.inflight == 1).count();
+            // Answers drained while sending count now (their time is a bound).
+            if measured {
+                for l in &self.links {
+                    if l.inflight == 0 {
+                        let dt = self.clock.now().as_nanos().saturating_sub(l.t_post);
+                        rec.record(if verb == Verb::Read { dt } else { dt / 2 });
+                    }
+                }
+            }
+            let t_wait = self.now();
+            let mut spins = 0u32;
+            while pending > 0 {
+                for i in 0..count {
+                    if self.links[i].inflight == 0 {
+                        continue;
+                    }
+                    let finished = match verb {
+                        Verb::Read => self.reap(i)? > 0,
+                        Verb::Write | Verb::Send => {
+                            let mut hit = false;
+                            drain(&mut self.links[i], &mut self.buf, |_, s| hit |= s == seq)?;
+                            hit
+                        }
+                    };
+                    if finished {
+                        let dt = self.now().saturating_sub(self.links[i].t_post);
+                        self.links[i].inflight = 0;
+                        pending -= 1;
+                        if measured {
+                            rec.record(if verb == Verb::Read { dt } else { dt / 2 });
+                        }
+                    }
+                }
+                spins = spins.wrapping_add(1);
+                if spins.is_multiple_of(1024)
+                    && self.now().saturating_sub(t_wait) > self.op_timeout_ns
+                {
+                    return Err(Fail::runtime(format!(
+                        "no answer within {:.1} s ({} {size}-byte {})",
+                        self.op_timeout_ns as f64 / 1e9,
+                        pending,
+                        verb.name()
+                    )));
+                }
+            }
+        }
+        self.verify(verb, size)?;
+        Ok(rec)
+    }
+
+    /// Checks the bytes of every link's last operation: a READ's landing
+    /// slot against the server's object (`pattern` of object 0), a
+    /// WRITE/SEND answer against what was sent.
+    fn verify(&self, verb: Verb, size: u32) -> Res<()> {
+        let n = size as usize;
+        let mut want = vec![0u8; n];
+        let mut got = vec![0u8; n];
+        if verb == Verb::Read {
+            // The server's object 0, prefix of `size` bytes (the pattern
+            // is positional, so a prefix of the object is the pattern's prefix).
+            crate::pattern::fill(&mut want, 0);
+        } else {
+            want.copy_from_slice(&self.tx[..n]);
+        }
+        for (i, l) in self.links.iter().enumerate() {
+            if verb == Verb::Read {
+                let base = l.landing.offset - self.landing.1.addr_base();
+                self.landing.0.read_at(base, &mut got)?;
+            } else {
+                got.copy_from_slice(&l.rx[..n]);
+            }
+            if got != want {
+                let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+                return Err(Fail::runtime(format!(
+                    "link {i} to {}: the {size}-byte {}'s bytes differ from what was sent/served (first at byte {at})",
+                    l.addr,
+                    verb.name()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Bandwidth: every link keeps `depth` operations in flight until the
+    /// stop condition (or `flag`) says stop, then the rest drain. `warmup`
+    /// operations per link run first, unmeasured.
+    fn bandwidth(
+        &mut self,
+        st: Stream,
+        warmup: u64,
+        stop: Stop,
+        flag: Option<&AtomicBool>,
+        running: Option<&AtomicBool>,
+    ) -> Res<BwStats> {
+        if warmup > 0 {
+            self.bw_phase(st, Stop::Count(warmup), None, None, &mut Vec::new())?;
+        }
+        let cap = match stop {
+            Stop::Count(n) => n.saturating_mul(self.links.len() as u64).min(1 << 24) as usize,
+            Stop::For(_) => 1 << 21,
+        };
+        let mut stamps: Vec<u64> = Vec::with_capacity(cap);
+        let (start, end) = self.bw_phase(st, stop, flag, running, &mut stamps)?;
+        let Stream {
+            verb,
+            size,
+            bidirectional,
+            ..
+        } = st;
+        let total: u64 = self.links.iter().map(|l| l.done).sum();
+        let dirs = if bidirectional && verb != Verb::Read {
+            2
+        } else {
+            1
+        };
+        Ok(BwStats {
+            bytes: size,
+            ops: total * dirs,
+            elapsed_ns: end.saturating_sub(start),
+            peak_bytes_per_s: peak_rate(&stamps, start, f64::from(size) * dirs as f64),
+        })
+    }
+
+    fn bw_phase(
+        &mut self,
+        st: Stream,
+        stop: Stop,
+        flag: Option<&AtomicBool>,
+        running: Option<&AtomicBool>,
+        stamps: &mut Vec<u64>,
+    ) -> Res<(u64, u64)> {
+        let Stream {
+            verb,
+            size,
+            depth,
+            bidirectional,
+        } = st;
+        self.reset();
+        let count = self.links.len();
+        let per_link = match stop {
+            Stop::Count(n) => n,
+            Stop::For(_) => u64::MAX,
+        };
+        let start = self.now();
+        let until = match stop {
+            Stop::For(d) => start + d.as_nanos().min(u128::from(u64::MAX / 4)) as u64,
+            Stop::Count(_) => u64::MAX,
+        };
+        let reply = if bidirectional {
+            Reply::Full
+        } else {
+            Reply::Ack
+        };
+        let mut last = start;
+        let mut last_progress = start;
+        let mut spins = 0u32;
+        let mut stopping = false;
+        let mut signalled = false;
+        loop {
+            if !stopping {
+                stopping = flag.is_some_and(|f| f.load(Ordering::Relaxed))
+                    || (until != u64::MAX && spins.is_multiple_of(64) && self.now() >= until);
+            }
+            let mut outstanding = 0usize;
+            let mut finished = true;
+            for i in 0..count {
+                // Post up to the depth.
+                let l = &self.links[i];
+                let want = if stopping {
+                    0
+                } else {
+                    depth.saturating_sub(l.inflight) as u64
+                };
+                let room = want.min(per_link - l.started);
+                if room > 0 {
+                    match verb {
+                        Verb::Read => {
+                            let max = self.links[i].conn.max_outstanding_reads().max(1);
+                            let room = room.min(max.saturating_sub(self.links[i].inflight) as u64);
+                            for _ in 0..room {
+                                let seq = self.links[i].started;
+                                let op = self.read_op(i, size, seq);
+                                match self.links[i].conn.post_read(&op) {
+                                    Ok(()) => {
+                                        self.links[i].started += 1;
+                                        self.links[i].inflight += 1;
+                                    }
+                                    Err(dataplane::transport::Error::QueueFull) => break,
+                                    Err(e) => {
+                                        return Err(Fail::runtime(format!(
+                                            "posting a READ to {}: {e}",
+                                            self.links[i].addr
+                                        )))
+                                    }
+                                }
+                            }
+                        }
+                        Verb::Write | Verb::Send => {
+                            for _ in 0..room {
+                                let seq = self.links[i].started;
+                                self.links[i].started += 1;
+                                self.links[i].inflight += 1;
+                                let clock = self.clock;
+                                let mut on_done = |l: &mut Link<D::Conn>, _s: u64| {
+                                    l.inflight = l.inflight.saturating_sub(1);
+                                    l.done += 1;
+                                    let t = clock.now().as_nanos();
+                                    if stamps.len() < stamps.capacity() {
+                                        stamps.push(t);
+                                    }
+                                };
+                                self.send_op(i, seq, verb.op(), reply, size, &mut on_done)?;
+                            }
+                        }
+                    }
+                }
+                // Reap.
+                let got = match verb {
+                    Verb::Read => {
+                        let n = self.reap(i)?;
+                        self.links[i].inflight -= n.min(self.links[i].inflight);
+                        self.links[i].done += n as u64;
+                        if n > 0 {
+                            let t = self.now();
+                            for _ in 0..n {
+                                if stamps.len() < stamps.capacity() {
+                                    stamps.push(t);
+                                }
+                            }
+                        }
+                        n > 0
+                    }
+                    Verb::Write | Verb::Send => {
+                        let clock = self.clock;
+                        drain(&mut self.links[i], &mut self.buf, |l, _| {
+                            l.inflight = l.inflight.saturating_sub(1);
+                            l.done += 1;
+                            let t = clock.now().as_nanos();
+                            if stamps.len() < stamps.capacity() {
+                                stamps.push(t);
+                            }
+                        })?
+                    }
+                };
+                if got {
+                    last_progress = self.now();
+                    last = last_progress;
+                }
+                let l = &self.links[i];
+                outstanding += l.inflight;
+                if !(l.inflight == 0 && (stopping || l.started >= per_link)) {
+                    finished = false;
+                }
+            }
+            if let Some(r) = running {
+                if !signalled && self.links.iter().any(|l| l.done > 0) {
+                    r.store(true, Ordering::Release);
+                    signalled = true;
+                }
+            }
+            if finished {
+                break;
+            }
+            spins = spins.wrapping_add(1);
+            if outstanding > 0
+                && spins.is_multiple_of(1024)
+                && self.now().saturating_sub(last_progress) > self.op_timeout_ns
+            {
+                return Err(Fail::runtime(format!(
+                    "{outstanding} {size}-byte {} operation(s) unanswered for {:.1} s",
+                    verb.name(),
+                    self.op_timeout_ns as f64 / 1e9
+                )));
+            }
+        }
+        if let Some(r) = running {
+            r.store(true, Ordering::Release);
+        }
+        Ok((start, last))
+    }
+}
+
+/// Runs a whole `lat`/`bw` measurement against `addrs` (P servers).
+pub struct PerfRun {
+    /// Server addresses.
+    pub addrs: Vec<String>,
+    /// What to measure.
+    pub cfg: PerfConfig,
+}
+
+fn check_verb(kind: &str, verb: Verb) -> Res<()> {
+    if kind == "rdma" && verb == Verb::Write {
+        return Err(Fail::usage(
+            "--verb write over rdma: the dataplane registers no memory for remote writes yet \
+             (only REMOTE_READ), so an RDMA WRITE cannot be posted; use read or send",
+        ));
+    }
+    Ok(())
+}
+
+impl WithDomain for PerfRun {
+    type Out = Vec<SizeResult>;
+    fn run<D: Domain>(self, domain: D) -> Res<Vec<SizeResult>> {
+        let cfg = self.cfg;
+        check_verb(domain.kind(), cfg.verb)?;
+        if let Some(l) = cfg.under_load {
+            check_verb(domain.kind(), l.verb)?;
+        }
+        let max = cfg.max_size();
+        if max > domain.max_read_len() {
+            return Err(Fail::usage(format!(
+                "size {max}: larger than the {} transport's longest operation ({} bytes)",
+                domain.kind(),
+                domain.max_read_len()
+            )));
+        }
+        let mut links = connect_links(
+            &domain,
+            &self.addrs,
+            cfg.queue_pairs,
+            max,
+            cfg.connect_timeout,
+            cfg.op_timeout,
+        )?;
+        let mut out = Vec::with_capacity(cfg.sizes.len());
+        for &size in &cfg.sizes {
+            let mut r = SizeResult {
+                bytes: size,
+                ..Default::default()
+            };
+            match cfg.test {
+                Test::Lat => {
+                    r.lat = Some(links.latency(cfg.verb, size, cfg.warmup, cfg.stop)?);
+                    if let Some(load) = cfg.under_load {
+                        let (lat, bw) =
+                            under_load(&domain, &self.addrs, &cfg, load, &mut links, size)?;
+                        r.lat_loaded = Some(lat);
+                        r.load_bw = Some(bw);
+                    }
+                }
+                Test::Bw => {
+                    let depth = cfg.tx_depth.max(1);
+                    let st = Stream {
+                        verb: cfg.verb,
+                        size,
+                        depth,
+                        bidirectional: cfg.bidirectional,
+                    };
+                    r.bw = Some(links.bandwidth(st, cfg.warmup, cfg.stop, None, None)?);
+                }
+            }
+            out.push(r);
+        }
+        Ok(out)
+    }
+}
+
+/// Runs the latency test at `size` again while another thread, on its own
+/// connections (one per server), keeps `load` streaming until it is done.
+fn under_load<D: Domain>(
+    domain: &D,
+    addrs: &[String],
+    cfg: &PerfConfig,
+    load: LoadSpec,
+    links: &mut Links<D>,
+    size: u32,
+) -> Res<(Recorder, BwStats)> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let running = Arc::new(AtomicBool::new(false));
+    let handle = {
+        let (domain, addrs, stop, running) = (
+            domain.clone(),
+            addrs.to_vec(),
+            stop.clone(),
+            running.clone(),
+        );
+        let (connect_timeout, op_timeout) = (cfg.connect_timeout, cfg.op_timeout);
+        std::thread::spawn(move || -> Res<BwStats> {
+            let r = connect_links(&domain, &addrs, 1, load.size, connect_timeout, op_timeout)
+                .and_then(|mut l| {
+                    let st = Stream {
+                        verb: load.verb,
+                        size: load.size,
+                        depth: load.tx_depth.max(1),
+                        bidirectional: false,
+                    };
+                    l.bandwidth(
+                        st,
+                        0,
+                        Stop::For(std::time::Duration::from_secs(24 * 3600)),
+                        Some(&stop),
+                        Some(&running),
+                    )
+                });
+            running.store(true, Ordering::Release);
+            r
+        })
+    };
+    // Wait (bounded) for the stream's first completion.
+    let t0 = std::time::Instant::now();
+    while !running.load(Ordering::Acquire) {
+        if t0.elapsed()
+            > cfg.op_timeout + std::time::Duration::from_nanos(cfg.connect_timeout.as_nanos())
+        {
+            stop.store(true, Ordering::Relaxed);
+            break;
+        }
+        std::thread::yield_now();
+    }
+    let lat = links.latency(cfg.verb, size, cfg.warmup, cfg.stop);
+    stop.store(true, Ordering::Relaxed);
+    let bw = handle
+        .join()
+        .map_err(|_| Fail::runtime("the load stream's thread panicked"))?;
+    Ok((lat?, bw?))
+}
+
+/// perftest's `-a` sizes: 2, 4, ... up to 8 MiB.
+pub fn all_sizes() -> Vec<u32> {
+    (1..=23).map(|k| 1u32 << k).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sweep_sizes_are_perftests() {
+        let s = all_sizes();
+        assert_eq!((s[0], *s.last().unwrap(), s.len()), (2, 8 << 20, 23));
+    }
+
+    #[test]
+    fn peak_is_the_fastest_tenth_and_never_below_the_average() {
+        // Uniform completions: peak = average.
+        let uniform: Vec<u64> = (1..=100).map(|i| i * 5).collect();
+        let avg = 100.0 * 1e9 / 500.0;
+        assert!((peak_rate(&uniform, 0, 1.0) - avg).abs() < 1e-6);
+        // Bursts of 8 completions reaped at one time, 100 ns apart: the
+        // rate is 8 per 100 ns, whatever the window (not infinite inside a
+        // burst, not 3 per 100 ns across a burst's edge).
+        let bursts: Vec<u64> = (1..=10u64)
+            .flat_map(|b| std::iter::repeat_n(b * 100, 8))
+            .collect();
+        let p = peak_rate(&bursts, 0, 1.0);
+        assert!((p - 8.0 * 1e9 / 100.0).abs() < 1e-6, "{p}");
+        // One fast stretch: 10 completions at 1 ns spacing among slow ones.
+        let mut t = 0;
+        let mut mixed = Vec::new();
+        for i in 0..100 {
+            t += if (40..50).contains(&i) { 1 } else { 100 };
+            mixed.push(t);
+        }
+        let p = peak_rate(&mixed, 0, 1.0);
+        assert!(p > 1e8 && p <= 1e9, "{p}");
+        // Random gaps: never below the average.
+        let mut x = 12345u64;
+        let mut t = 0;
+        let mut random = Vec::new();
+        for _ in 0..1000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            t += (x >> 60) * 10; // 0..150 ns, zero gaps included (bursts)
+            random.push(t);
+        }
+        let avg = 1000.0 * 1e9 / *random.last().unwrap() as f64;
+        assert!(peak_rate(&random, 0, 1.0) >= avg * (1.0 - 1e-12));
+        assert_eq!(peak_rate(&[], 0, 1.0), 0.0);
+    }
+}

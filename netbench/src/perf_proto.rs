@@ -1,0 +1,282 @@
+//! The messages of `netbench lat`/`bw` for WRITE and SEND over transports
+//! whose connections carry messages (and, for rdma, SEND): an operation of
+//! S bytes travels as one or more wire `Completion`s with inline bytes
+//! (chunks of at most [`MAX_CHUNK`] bytes, in order on one connection).
+//! The `CompletionHead` carries the operation: `task_id` = sequence number,
+//! `input_ns` = [`CHUNK_MAGIC`], `compute_ns` = verb and reply kind,
+//! `since_start_ns` = total length << 32 | offset of this chunk.
+//!
+//! The server (`netbench serve`) lands every chunk in its sink buffer at the
+//! chunk's offset (WRITE: the emulated remote memory; SEND: the emulated
+//! receive buffer) and, once the last chunk of an operation is in, answers
+//! with the whole operation back ([`Reply::Full`]: latency ping-pong,
+//! bidirectional bandwidth) or with a short acknowledgement ([`Reply::Ack`]:
+//! the sender's "completion" in bandwidth tests). The server keeps no
+//! per-connection state: every chunk says where it goes.
+
+use dataplane::transport::{Connection, Error as TransportError};
+use dataplane::wire::{
+    self, CompletionHead, Message, OutputKind, TaskStatus, HEADER_LEN, MAX_MESSAGE_LEN,
+};
+
+use crate::fail::Res;
+
+/// `input_ns` of a chunk.
+pub const CHUNK_MAGIC: u64 = u64::from_le_bytes(*b"NBPERF01");
+/// `input_ns` of an acknowledgement.
+pub const ACK_MAGIC: u64 = u64::from_le_bytes(*b"NBPERFAK");
+/// Wire bytes of a chunk before its payload.
+pub const CHUNK_HEAD: usize = HEADER_LEN + std::mem::size_of::<CompletionHead>();
+/// Most payload bytes in one chunk (one wire message).
+pub const MAX_CHUNK: usize = MAX_MESSAGE_LEN - CHUNK_HEAD;
+
+/// The operation a chunk belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Emulated one-sided WRITE (lands at an offset of the peer's buffer).
+    Write = 1,
+    /// Two-sided SEND (lands in the peer's receive buffer).
+    Send = 2,
+}
+
+/// What the server answers once an operation is whole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// The same number of bytes back, as an operation of the same verb.
+    Full = 0,
+    /// A short acknowledgement carrying the sequence number.
+    Ack = 1,
+}
+
+/// One decoded chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chunk<'a> {
+    /// Sequence number of the operation.
+    pub seq: u64,
+    /// Verb.
+    pub op: Op,
+    /// What the receiver answers.
+    pub reply: Reply,
+    /// Bytes of the whole operation.
+    pub total: u32,
+    /// Offset of this chunk in the operation.
+    pub off: u32,
+    /// This chunk's bytes.
+    pub payload: &'a [u8],
+}
+
+impl Chunk<'_> {
+    /// Whether this chunk ends its operation.
+    pub fn is_last(&self) -> bool {
+        u64::from(self.off) + self.payload.len() as u64 == u64::from(self.total)
+    }
+}
+
+/// A decoded netbench perf message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PerfMsg<'a> {
+    /// A piece of a WRITE or SEND.
+    Chunk(Chunk<'a>),
+    /// The acknowledgement of operation `seq`.
+    Ack(u64),
+}
+
+/// Encodes one chunk into `buf` (at least `CHUNK_HEAD + payload.len()` bytes).
+pub fn encode_chunk(
+    buf: &mut [u8],
+    seq: u64,
+    op: Op,
+    reply: Reply,
+    total: u32,
+    off: u32,
+    payload: &[u8],
+) -> Res<usize> {
+    let head = CompletionHead {
+        task_id: seq,
+        status: TaskStatus::Ok as u32,
+        output_kind: OutputKind::Inline as u32,
+        input_ns: CHUNK_MAGIC,
+        compute_ns: (op as u64) | ((reply as u64) << 8),
+        since_start_ns: (u64::from(total) << 32) | u64::from(off),
+        ..Default::default()
+    };
+    Ok(wire::encode_completion(buf, &head, payload)?)
+}
+
+/// Encodes the acknowledgement of `seq`.
+pub fn encode_ack(buf: &mut [u8], seq: u64) -> Res<usize> {
+    let head = CompletionHead {
+        task_id: seq,
+        status: TaskStatus::Ok as u32,
+        output_kind: OutputKind::Inline as u32,
+        input_ns: ACK_MAGIC,
+        ..Default::default()
+    };
+    Ok(wire::encode_completion(buf, &head, &[])?)
+}
+
+/// Decodes `msg` if it is a perf message with consistent fields (a chunk
+/// that would end past its operation's length is refused: `None`).
+pub fn decode(msg: &[u8]) -> Option<PerfMsg<'_>> {
+    let Ok(Message::Completion(head, inline)) = wire::decode(msg) else {
+        return None;
+    };
+    match head.input_ns {
+        ACK_MAGIC => Some(PerfMsg::Ack(head.task_id)),
+        CHUNK_MAGIC => {
+            let op = match head.compute_ns & 0xff {
+                1 => Op::Write,
+                2 => Op::Send,
+                _ => return None,
+            };
+            let reply = match (head.compute_ns >> 8) & 0xff {
+                0 => Reply::Full,
+                1 => Reply::Ack,
+                _ => return None,
+            };
+            let total = (head.since_start_ns >> 32) as u32;
+            let off = head.since_start_ns as u32;
+            if u64::from(off) + inline.len() as u64 > u64::from(total) || inline.is_empty() {
+                return None;
+            }
+            Some(PerfMsg::Chunk(Chunk {
+                seq: head.task_id,
+                op,
+                reply,
+                total,
+                off,
+                payload: inline,
+            }))
+        }
+        _ => None,
+    }
+}
+
+/// The server's side: a sink buffer where chunks land and a message buffer
+/// for answers, both allocated once.
+pub struct Sink {
+    buf: Vec<u8>,
+    out: Vec<u8>,
+}
+
+impl Sink {
+    /// A sink for operations of up to `cap` bytes.
+    pub fn new(cap: usize) -> Self {
+        Sink {
+            buf: vec![0u8; cap],
+            out: vec![0u8; MAX_MESSAGE_LEN],
+        }
+    }
+
+    /// Handles `msg` if it is a chunk: lands it and answers a finished
+    /// operation on `conn`. Returns whether `msg` was a perf message. An
+    /// operation larger than the sink is refused with a protocol error
+    /// (the connection is dropped), never written past the buffer.
+    pub fn handle<C: Connection>(
+        &mut self,
+        conn: &mut C,
+        msg: &[u8],
+        send: impl Fn(&mut C, &[u8]) -> Result<(), TransportError>,
+    ) -> Result<bool, TransportError> {
+        let c = match decode(msg) {
+            Some(PerfMsg::Chunk(c)) => c,
+            // Acknowledgements go from servers to clients; one arriving
+            // here is ignored.
+            Some(PerfMsg::Ack(_)) => return Ok(true),
+            None => return Ok(false),
+        };
+        let total = c.total as usize;
+        if total > self.buf.len() {
+            return Err(TransportError::Protocol(wire::WireError::BadLength));
+        }
+        let off = c.off as usize;
+        self.buf[off..off + c.payload.len()].copy_from_slice(c.payload);
+        if !c.is_last() {
+            return Ok(true);
+        }
+        match c.reply {
+            Reply::Ack => {
+                let n = encode_ack(&mut self.out, c.seq)
+                    .map_err(|_| TransportError::Protocol(wire::WireError::BadLength))?;
+                send(conn, &self.out[..n])?;
+            }
+            Reply::Full => {
+                let mut off = 0usize;
+                while off < total {
+                    let len = (total - off).min(MAX_CHUNK);
+                    let n = encode_chunk(
+                        &mut self.out,
+                        c.seq,
+                        c.op,
+                        Reply::Ack,
+                        c.total,
+                        off as u32,
+                        &self.buf[off..off + len],
+                    )
+                    .map_err(|_| TransportError::Protocol(wire::WireError::BadLength))?;
+                    send(conn, &self.out[..n])?;
+                    off += len;
+                }
+            }
+        }
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_and_acks_round_trip() {
+        let mut buf = vec![0u8; MAX_MESSAGE_LEN];
+        let payload: Vec<u8> = (0..MAX_CHUNK).map(|i| i as u8).collect();
+        let n = encode_chunk(&mut buf, 7, Op::Send, Reply::Ack, 1 << 20, 4096, &payload).unwrap();
+        assert_eq!(n, MAX_MESSAGE_LEN);
+        match decode(&buf[..n]) {
+            Some(PerfMsg::Chunk(c)) => {
+                assert_eq!(
+                    (c.seq, c.op, c.reply, c.total, c.off),
+                    (7, Op::Send, Reply::Ack, 1 << 20, 4096)
+                );
+                assert_eq!(c.payload, &payload[..]);
+                assert!(!c.is_last());
+            }
+            other => panic!("{other:?}"),
+        }
+        let n = encode_chunk(&mut buf, 1, Op::Write, Reply::Full, 2, 0, &[1, 2]).unwrap();
+        assert!(
+            matches!(decode(&buf[..n]), Some(PerfMsg::Chunk(c)) if c.is_last() && c.op == Op::Write)
+        );
+        let n = encode_ack(&mut buf, 99).unwrap();
+        assert_eq!(decode(&buf[..n]), Some(PerfMsg::Ack(99)));
+        // A ping (no magic) is not a perf message.
+        let mut ping = crate::proto::Ping::new(200).unwrap();
+        assert_eq!(decode(ping.with_seq(3)), None);
+    }
+
+    #[test]
+    fn chunks_past_their_operation_are_refused() {
+        let mut buf = vec![0u8; MAX_MESSAGE_LEN];
+        // Offset + payload beyond the stated total.
+        let n = encode_chunk(&mut buf, 1, Op::Write, Reply::Ack, 10, 8, &[0; 4]).unwrap();
+        assert_eq!(decode(&buf[..n]), None);
+        // An offset near u32::MAX must not wrap.
+        let n = encode_chunk(&mut buf, 1, Op::Write, Reply::Ack, 10, u32::MAX, &[0; 4]).unwrap();
+        assert_eq!(decode(&buf[..n]), None);
+        // Empty chunks and unknown verbs are refused.
+        let n = encode_chunk(&mut buf, 1, Op::Write, Reply::Ack, 10, 0, &[]).unwrap();
+        assert_eq!(decode(&buf[..n]), None);
+        let n = encode_chunk(&mut buf, 1, Op::Write, Reply::Ack, 10, 0, &[0; 4]).unwrap();
+        let mut other = vec![0u8; MAX_MESSAGE_LEN];
+        encode_chunk(&mut other, 1, Op::Send, Reply::Ack, 10, 0, &[0; 4]).unwrap();
+        // The one byte where the verbs differ is the verb's.
+        let at = (0..n).find(|&i| buf[i] != other[i]).unwrap();
+        buf[at] = 9;
+        assert_eq!(decode(&buf[..n]), None);
+        // Truncated and random bytes never panic.
+        for cut in 0..n {
+            let _ = decode(&buf[..cut]);
+        }
+    }
+}
