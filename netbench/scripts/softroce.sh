@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
-# netbench/scripts/softroce.sh [single|pair|both] - netbench on real RDMA verbs (Soft-RoCE).
+# netbench/scripts/softroce.sh [single|pair|both|perftest] - netbench on real RDMA verbs (Soft-RoCE).
+#
+# `perftest`: netbench lat/bw next to perftest's ib_{read,send}_{lat,bw} in one guest (guest_perftest.sh:
+# sizes 2 B, 4 KiB, 64 KiB, 1 MiB, 3 alternating rounds, medians compared; -d/-i/-x checked);
+# knobs LAT_ITERS BW_ITERS ROUNDS SIZES VERBS GID_INDEX.
 #
 # Builds netbench with --features rdma on the host, stages it with the guest scripts
 # (guest_single.sh, guest_pair.sh, and tests/softroce/guest/perftest.sh, used read-only), and runs
@@ -23,7 +27,7 @@ cp "$CARGO_TARGET_DIR/release/netbench" "$STAGE/"
 cp "$REPO/tests/softroce/guest/perftest.sh" "$REPO"/netbench/scripts/guest_*.sh "$STAGE/"
 mkdir -p "$OUT"
 envs=""
-for v in LAT_ITERS ROUNDS SIZES PAPER_ITERS CAL_ITERS SKIP_PAPER SKIP_CAL PAIR_STEPS PAIR_CONC \
+for v in LAT_ITERS BW_ITERS VERBS GID_INDEX ROUNDS SIZES PAPER_ITERS CAL_ITERS SKIP_PAPER SKIP_CAL PAIR_STEPS PAIR_CONC \
          SYMPHONY_RDMA_READ_DEPTH SYMPHONY_RDMA_ACK_TIMEOUT; do
   [ -n "${!v:-}" ] && envs="$envs $v=${!v}"
 done
@@ -67,7 +71,46 @@ for s in sorted(nb):
     print(row)
 PY
 }
+perftest_summary() { # medians over rounds: netbench against perftest, per test, verb and size
+  python3 - "$1" <<'PY'
+import sys, statistics as st
+nb, pt = {}, {}
+for line in open(sys.argv[1], errors="replace"):
+    f = line.split()
+    if f[:1] == ["NB"] and len(f) >= 5:
+        c = f[4].split(",")
+        try:
+            # lat csv: transport,verb,load,bytes,iters,min,max,typical,...; bw: transport,verb,bytes,iters,peak,avg,rate
+            v = float(c[7]) if f[1] == "lat" else float(c[5])
+        except (IndexError, ValueError):
+            continue
+        nb.setdefault((f[1], f[2], int(f[3])), []).append(v)
+    elif f[:1] == ["PT"] and len(f) >= 9:
+        try:   # lat row: bytes iters min max typical ...; bw row: bytes iters peak avg rate
+            v = float(f[8]) if f[1] == "lat" else float(f[7])
+        except ValueError:
+            continue
+        pt.setdefault((f[1], f[2], int(f[3])), []).append(v)
+print("| test | verb | size (B) | runs | netbench | perftest | netbench / perftest | bar |")
+print("|---|---|---:|---:|---:|---:|---:|---|")
+for k in sorted(nb):
+    o, p = nb[k], pt.get(k)
+    unit = "us (t_typical)" if k[0] == "lat" else "MB/s (average)"
+    if not p:
+        print(f"| {k[0]} | {k[1]} | {k[2]} | {len(o)} | {st.median(o):.2f} | n/a | n/a | |"); continue
+    r = st.median(o) / st.median(p)
+    ok = r <= 1.15 if k[0] == "lat" else r >= 0.9
+    bar = ("<= 1.15" if k[0] == "lat" else ">= 0.90") + (" met" if ok else " NOT met")
+    print(f"| {k[0]} | {k[1]} | {k[2]} | {len(o)} | {st.median(o):.2f} | {st.median(p):.2f} | {r:.2f} | {bar} |")
+print("(lat: microseconds, t_typical = median; bw: MB/s = 2^20 B/s, BW average; medians over rounds)")
+PY
+}
 rc=0
+if [ "$MODE" = perftest ]; then
+  "$REPO/tests/softroce/run.sh" --mode single --dir "$STAGE" "$envs sh ./guest_perftest.sh" 2>&1 | tee "$OUT/softroce-perftest.log" || rc=1
+  perftest_summary "$OUT/softroce-perftest.log"
+  grep '^SELECT' "$OUT/softroce-perftest.log" || true
+fi
 if [ "$MODE" = single ] || [ "$MODE" = both ]; then
   "$REPO/tests/softroce/run.sh" --mode single --dir "$STAGE" "$envs sh ./guest_single.sh" 2>&1 | tee "$OUT/softroce-single.log" || rc=1
   extract "$OUT/softroce-single.log"

@@ -275,7 +275,17 @@ pub(crate) fn cmd_perf(a: PerfArgs, test: Test) -> Res<()> {
             addrs: addrs.clone(),
             cfg: cfg.clone(),
         },
-    )?;
+    )
+    .map_err(|e| match a.transport {
+        // Name the selection: the transport's own message does not.
+        TransportKind::Rdma => e.context(format!(
+            "rdma device {}, port {}, GID index {}",
+            a.rdma_device.as_deref().unwrap_or("(first active)"),
+            a.rdma_port.map_or("1".to_string(), |p| p.to_string()),
+            a.gid_index.map_or("(auto)".to_string(), |g| g.to_string())
+        )),
+        _ => e,
+    })?;
     drop(servers);
     let rep = build_report(&a, &cfg, fabric, addrs, &results)?;
     emit(&rep, &a)

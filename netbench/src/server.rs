@@ -137,8 +137,10 @@ impl WithDomain for Serve {
         use std::io::Write;
         let _ = std::io::stdout().flush();
 
-        // WRITE/SEND operations of `netbench lat`/`bw` land here.
-        let mut sink = perf_proto::Sink::new(total);
+        // WRITE/SEND operations of `netbench lat`/`bw` land here: as large
+        // as the objects together (clients size their operations by the
+        // catalog), at most 16 MiB, the tcp and shm transports' longest READ.
+        let mut sink = perf_proto::Sink::new(total.min(16 << 20));
         let mut catalog = vec![0u8; MAX_MESSAGE_LEN];
         let clen = proto::encode_catalog(&mut catalog, cfg.id, &refs)?;
         let catalog = &catalog[..clen];

@@ -1,0 +1,54 @@
+#!/bin/sh
+# Guest side of `softroce.sh perftest`, one Soft-RoCE guest (rxe loopback path): netbench lat/bw
+# next to perftest's ib_{read,send}_{lat,bw} on the same guest, for each verb and size, ROUNDS
+# times, the two tools alternating. WRITE is skipped: netbench refuses RDMA WRITE until the
+# dataplane registers memory for remote writes (prints "SKIP write ..."). Then checks that
+# -d/-i/-x select the device, port and GID (a wrong device or port must fail, naming it).
+# Prints "NB <test> <verb> <size> <csv row>" and "PT <test> <verb> <size> <perftest row>" lines.
+. ./perftest.sh
+fail=0
+LAT_N=${LAT_ITERS:-300}
+BW_N=${BW_ITERS:-300}
+SIZES=${SIZES:-2 4096 65536 1048576}
+VERBS=${VERBS:-read send}
+echo "SKIP write: netbench refuses RDMA WRITE (no remote-write registrations in the dataplane)"
+for round in $(seq 1 "${ROUNDS:-3}"); do
+  for verb in $VERBS; do
+    for size in $SIZES; do
+      for test in lat bw; do
+        if [ $test = lat ]; then n=$LAT_N; else n=$BW_N; fi
+        echo "== round $round: $test $verb $size B"
+        if ./netbench $test -t rdma -d "$SR_DEV" --verb $verb -s "$size" -n "$n" --server-idle spin --csv \
+             >/tmp/nb.csv 2>/tmp/nb.err; then
+          echo "NB $test $verb $size $(tail -1 /tmp/nb.csv)"
+        else
+          cat /tmp/nb.err; fail=1
+        fi
+        if perftest_pair "ib_${verb}_${test}" -d "$SR_DEV" -F -n "$n" -s "$size" >/tmp/pt.out; then
+          echo "PT $test $verb $size $(grep -E "^ *$size +[0-9]+ " /tmp/pt.out | tail -1)"
+        else
+          cat /tmp/pt.out; fail=1
+        fi
+      done
+    done
+  done
+done
+echo "== -d/-i/-x"
+if ./netbench lat -t rdma -d "$SR_DEV" -i 1 -x "${GID_INDEX:-1}" -n 50 --csv >/tmp/sel.csv 2>/tmp/sel.err; then
+  echo "SELECT ok: -d $SR_DEV -i 1 -x ${GID_INDEX:-1}: $(tail -1 /tmp/sel.csv)"
+else
+  cat /tmp/sel.err; echo "SELECT FAIL: -d $SR_DEV -i 1 -x ${GID_INDEX:-1}"; fail=1
+fi
+if ./netbench lat -t rdma -d nosuchdev0 -n 5 >/tmp/bad.out 2>&1; then
+  echo "SELECT FAIL: -d nosuchdev0 was accepted"; fail=1
+elif grep -q nosuchdev0 /tmp/bad.out; then
+  echo "SELECT ok: -d nosuchdev0 refused: $(grep nosuchdev0 /tmp/bad.out | head -1)"
+else
+  cat /tmp/bad.out; echo "SELECT FAIL: -d nosuchdev0 refused without naming it"; fail=1
+fi
+if ./netbench lat -t rdma -d "$SR_DEV" -i 2 -n 5 >/tmp/bad.out 2>&1; then
+  echo "SELECT FAIL: -i 2 was accepted (rxe has one port)"; fail=1
+else
+  echo "SELECT ok: -i 2 refused: $(grep -i port /tmp/bad.out | head -1)"
+fi
+exit $fail
