@@ -332,19 +332,23 @@ fn connect_links<D: Domain>(
     })
 }
 
-/// Takes every message waiting on link `i`; calls `complete(i, seq)` for
-/// each operation the server finished (its acknowledgement, or the last
-/// chunk of its answer). Answer bytes land in the link's `rx`.
+/// Takes every message waiting on link `i`; calls `complete(link, seq, t)`
+/// for each operation the server finished (its acknowledgement, or the last
+/// chunk of its answer). Answer bytes land in the link's `rx`. `t` is the
+/// caller's time before the call: completions reaped together share one
+/// time, as a verbs poll's do (per-message clock reads would make a backlog
+/// drained in one go look like a burst at memory speed).
 fn drain<C: Connection>(
     link: &mut Link<C>,
     buf: &mut [u8],
-    mut complete: impl FnMut(&mut Link<C>, u64),
+    t: u64,
+    mut complete: impl FnMut(&mut Link<C>, u64, u64),
 ) -> Res<bool> {
     let mut any = false;
     while let Some(n) = link.conn.try_recv(buf)? {
         any = true;
         match perf_proto::decode(&buf[..n]) {
-            Some(PerfMsg::Ack(seq)) => complete(link, seq),
+            Some(PerfMsg::Ack(seq)) => complete(link, seq, t),
             Some(PerfMsg::Chunk(c)) => {
                 let off = c.off as usize;
                 let end = off + c.payload.len();
@@ -358,7 +362,7 @@ fn drain<C: Connection>(
                 }
                 link.rx[off..end].copy_from_slice(c.payload);
                 if c.is_last() {
-                    complete(link, c.seq);
+                    complete(link, c.seq, t);
                 }
             }
             None => {
@@ -396,7 +400,7 @@ impl<D: Domain> Links<D> {
         op: Op,
         reply: Reply,
         size: u32,
-        complete: &mut impl FnMut(&mut Link<D::Conn>, u64),
+        complete: &mut impl FnMut(&mut Link<D::Conn>, u64, u64),
     ) -> Res<()> {
         let total = size as usize;
         let mut off = 0usize;
@@ -416,8 +420,9 @@ impl<D: Domain> Links<D> {
                 match self.links[i].conn.send(&self.msg[..n]) {
                     Ok(()) => break,
                     Err(dataplane::transport::Error::QueueFull) => {
+                        let t = self.now();
                         for l in &mut self.links {
-                            drain(l, &mut self.buf, &mut *complete)?;
+                            drain(l, &mut self.buf, t, &mut *complete)?;
                         }
                         if self.now().saturating_sub(t0) > self.op_timeout_ns {
                             return Err(Fail::runtime(format!(
@@ -507,7 +512,7 @@ impl<D: Domain> Links<D> {
                     Verb::Write | Verb::Send => {
                         // An earlier link's answer drained while this one's
                         // send queue was full ends that link's operation.
-                        let mut done_early = |l: &mut Link<D::Conn>, s: u64| {
+                        let mut done_early = |l: &mut Link<D::Conn>, s: u64, _t: u64| {
                             if s == seq {
                                 l.inflight = 0;
                             }
@@ -538,7 +543,8 @@ impl<D: Domain> Links<D> {
                         Verb::Read => self.reap(i)? > 0,
                         Verb::Write | Verb::Send => {
                             let mut hit = false;
-                            drain(&mut self.links[i], &mut self.buf, |_, s| hit |= s == seq)?;
+                            let t = self.now();
+                            drain(&mut self.links[i], &mut self.buf, t, |_, s, _| hit |= s == seq)?;
                             hit
                         }
                     };
@@ -720,11 +726,9 @@ impl<D: Domain> Links<D> {
                                 let seq = self.links[i].started;
                                 self.links[i].started += 1;
                                 self.links[i].inflight += 1;
-                                let clock = self.clock;
-                                let mut on_done = |l: &mut Link<D::Conn>, _s: u64| {
+                                let mut on_done = |l: &mut Link<D::Conn>, _s: u64, t: u64| {
                                     l.inflight = l.inflight.saturating_sub(1);
                                     l.done += 1;
-                                    let t = clock.now().as_nanos();
                                     if stamps.len() < stamps.capacity() {
                                         stamps.push(t);
                                     }
@@ -751,11 +755,10 @@ impl<D: Domain> Links<D> {
                         n > 0
                     }
                     Verb::Write | Verb::Send => {
-                        let clock = self.clock;
-                        drain(&mut self.links[i], &mut self.buf, |l, _| {
+                        let t = self.now();
+                        drain(&mut self.links[i], &mut self.buf, t, |l, _, t| {
                             l.inflight = l.inflight.saturating_sub(1);
                             l.done += 1;
-                            let t = clock.now().as_nanos();
                             if stamps.len() < stamps.capacity() {
                                 stamps.push(t);
                             }
