@@ -5,6 +5,9 @@
 # dataplane registers memory for remote writes (prints "SKIP write ..."). Then checks that
 # -d/-i/-x select the device, port and GID (a wrong device or port must fail, naming it).
 # Prints "NB <test> <verb> <size> <csv row>" and "PT <test> <verb> <size> <perftest row>" lines.
+# READs on the wire per queue pair: perftest keeps as many as the device grants (rxe: 128); the
+# rdma transport's default is 16 (SYMPHONY_RDMA_READ_DEPTH), so netbench runs here with READ_DEPTH
+# (default 128) to compare like with like.
 . ./perftest.sh
 fail=0
 LAT_N=${LAT_ITERS:-300}
@@ -18,7 +21,7 @@ for round in $(seq 1 "${ROUNDS:-3}"); do
       for test in lat bw; do
         if [ $test = lat ]; then n=$LAT_N; else n=$BW_N; fi
         echo "== round $round: $test $verb $size B"
-        if ./netbench $test -t rdma -d "$SR_DEV" --verb $verb -s "$size" -n "$n" --server-idle spin --csv \
+        if SYMPHONY_RDMA_READ_DEPTH=${READ_DEPTH:-128} ./netbench $test -t rdma -d "$SR_DEV" --verb $verb -s "$size" -n "$n" --server-idle spin --csv \
              >/tmp/nb.csv 2>/tmp/nb.err; then
           echo "NB $test $verb $size $(tail -1 /tmp/nb.csv)"
         else

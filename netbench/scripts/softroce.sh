@@ -3,7 +3,7 @@
 #
 # `perftest`: netbench lat/bw next to perftest's ib_{read,send}_{lat,bw} in one guest (guest_perftest.sh:
 # sizes 2 B, 4 KiB, 64 KiB, 1 MiB, 3 alternating rounds, medians compared; -d/-i/-x checked);
-# knobs LAT_ITERS BW_ITERS ROUNDS SIZES VERBS GID_INDEX.
+# knobs LAT_ITERS BW_ITERS ROUNDS SIZES VERBS GID_INDEX READ_DEPTH.
 #
 # Builds netbench with --features rdma on the host, stages it with the guest scripts
 # (guest_single.sh, guest_pair.sh, and tests/softroce/guest/perftest.sh, used read-only), and runs
@@ -27,7 +27,7 @@ cp "$CARGO_TARGET_DIR/release/netbench" "$STAGE/"
 cp "$REPO/tests/softroce/guest/perftest.sh" "$REPO"/netbench/scripts/guest_*.sh "$STAGE/"
 mkdir -p "$OUT"
 envs=""
-for v in LAT_ITERS BW_ITERS VERBS GID_INDEX ROUNDS SIZES PAPER_ITERS CAL_ITERS SKIP_PAPER SKIP_CAL PAIR_STEPS PAIR_CONC \
+for v in LAT_ITERS BW_ITERS VERBS GID_INDEX READ_DEPTH ROUNDS SIZES PAPER_ITERS CAL_ITERS SKIP_PAPER SKIP_CAL PAIR_STEPS PAIR_CONC \
          SYMPHONY_RDMA_READ_DEPTH SYMPHONY_RDMA_ACK_TIMEOUT; do
   [ -n "${!v:-}" ] && envs="$envs $v=${!v}"
 done

@@ -257,7 +257,7 @@ pub(crate) fn cmd_perf(a: PerfArgs, test: Test) -> Res<()> {
             max_region: u64::from(largest).max(1 << 30),
         };
         crate::note_oversubscription(lo.servers, lo.idle, lo.kind);
-        let s = crate::local::LocalServers::start(&lo)?;
+        let s = crate::local::LocalServers::start(&lo).map_err(|e| name_selection(&a, e))?;
         let addrs = s.addrs.clone();
         let fabric = s.fabric(&lo);
         (Some(s), addrs, fabric)
@@ -276,19 +276,24 @@ pub(crate) fn cmd_perf(a: PerfArgs, test: Test) -> Res<()> {
             cfg: cfg.clone(),
         },
     )
-    .map_err(|e| match a.transport {
-        // Name the selection: the transport's own message does not.
-        TransportKind::Rdma => e.context(format!(
-            "rdma device {}, port {}, GID index {}",
-            a.rdma_device.as_deref().unwrap_or("(first active)"),
-            a.rdma_port.map_or("1".to_string(), |p| p.to_string()),
-            a.gid_index.map_or("(auto)".to_string(), |g| g.to_string())
-        )),
-        _ => e,
-    })?;
+    .map_err(|e| name_selection(&a, e))?;
     drop(servers);
     let rep = build_report(&a, &cfg, fabric, addrs, &results)?;
     emit(&rep, &a)
+}
+
+/// Names the RDMA selection in an rdma failure (the transport's own message
+/// does not say which device, port or GID it was asked for).
+fn name_selection(a: &PerfArgs, e: Fail) -> Fail {
+    if a.transport != TransportKind::Rdma {
+        return e;
+    }
+    e.context(format!(
+        "rdma device {}, port {}, GID index {}",
+        a.rdma_device.as_deref().unwrap_or("(first active)"),
+        a.rdma_port.map_or("1".to_string(), |p| p.to_string()),
+        a.gid_index.map_or("(auto)".to_string(), |g| g.to_string())
+    ))
 }
 
 fn build_report(
