@@ -10,7 +10,7 @@
 //! from `dataplane::wire::CompletionHead`), and an execution is counted
 //! once, from the completion of its leader (position 0).
 
-use crate::models::ModelCatalog;
+use crate::models::{ModelCatalog, ModelEntry};
 use crate::staging::{CounterSnapshot, Staging};
 pub use crate::types::Execution;
 use dataplane::metrics::{self, Computed, Counter, Histogram, Label, MetricsRegistry, PlainCounter};
@@ -199,6 +199,21 @@ pub struct Metrics {
     models: Box<[ModelSeries]>,
 }
 
+/// The label sets of a by-level family: every model, every level, every
+/// value of its `second` label, in that order.
+fn level_labels(entries: &[ModelEntry], second: &'static str, values: Vec<String>) -> Vec<Vec<Label>> {
+    entries
+        .iter()
+        .flat_map(|e| {
+            let values = values.clone();
+            (0..LEVEL_LABELS).flat_map(move |l| {
+                let name = e.spec.name.clone();
+                values.clone().into_iter().map(move |v| vec![("model", name.clone()), ("level", l.to_string()), (second, v)])
+            })
+        })
+        .collect()
+}
+
 impl Metrics {
     /// Metrics for every model of `catalog`, in a registry of their own.
     pub fn new(catalog: &ModelCatalog) -> Self {
@@ -269,23 +284,11 @@ impl Metrics {
             || Histogram::new(&STAGE_BUCKETS_US),
         )
         .into_iter();
-        let level_labels = |second: &'static str, values: Vec<String>| -> Vec<Vec<Label>> {
-            entries
-                .iter()
-                .flat_map(|e| {
-                    let values = values.clone();
-                    (0..LEVEL_LABELS).flat_map(move |l| {
-                        let name = e.spec.name.clone();
-                        values.clone().into_iter().map(move |v| vec![("model", name.clone()), ("level", l.to_string()), (second, v)])
-                    })
-                })
-                .collect()
-        };
         let mut by_level = metrics::labelled_by(
             &r,
             "symphony_requests_by_level",
             "Requests by their priority parameter (level 0: none given; 3: 3 and lower) and outcome (late: a result after the budget, as measured here; drops by reason)",
-            level_labels("outcome", LevelOutcome::labels().collect()),
+            level_labels(entries, "outcome", LevelOutcome::labels().collect()),
             Counter::default,
         )
         .into_iter();
@@ -293,7 +296,7 @@ impl Metrics {
             &r,
             "symphony_stage_duration_by_level_us",
             "Executed requests' time per stage in microseconds (as symphony_stage_duration_us), by priority parameter (level 0: none given; 3: 3 and lower)",
-            level_labels("stage", Stage::ALL.iter().map(|st| st.as_str().to_string()).collect()),
+            level_labels(entries, "stage", Stage::ALL.iter().map(|st| st.as_str().to_string()).collect()),
             || Histogram::new(&STAGE_BUCKETS_US),
         )
         .into_iter();

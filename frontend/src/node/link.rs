@@ -335,9 +335,12 @@ impl Outbox {
         self.holding = false;
         let mut blocked = false;
         for _ in 0..BURST {
-            if self.unsent.len() >= coalesce && !self.send_unsent(conn, now, group, ctx, work)? {
-                blocked = true;
-                break;
+            if self.unsent.len() >= coalesce {
+                if !self.send_unsent(conn, now, group, ctx)? {
+                    blocked = true;
+                    break;
+                }
+                *work = true;
             }
             let next = match ctx.routed {
                 Some(_) => self.out.pop_front(),
@@ -362,7 +365,7 @@ impl Outbox {
                 || now >= self.staged_at.saturating_add(ctx.cfg.coalesce_wait)
                 || ctx.queue.state.load(Ordering::Acquire) != SINK_OPEN;
             if due {
-                self.send_unsent(conn, now, group, ctx, work)?;
+                *work |= self.send_unsent(conn, now, group, ctx)?;
             } else {
                 self.holding = true;
             }
@@ -373,21 +376,15 @@ impl Outbox {
         Ok(())
     }
 
-    /// Sends the staged tasks as one message: `Ok(false)` if the send
-    /// queue had no room (they stay staged), `Err` if the link failed.
-    fn send_unsent<C: Connection>(
-        &mut self,
-        conn: &mut C,
-        now: Instant,
-        group: u16,
-        ctx: &mut LinkCtx<'_>,
-        work: &mut bool,
-    ) -> Result<bool, String> {
+    /// Sends the staged tasks as one message: `Ok(true)` once they are
+    /// dealt with (sent, or failed if they cannot be encoded), `Ok(false)`
+    /// if the send queue had no room (they stay staged), `Err` if the link
+    /// failed.
+    fn send_unsent<C: Connection>(&mut self, conn: &mut C, now: Instant, group: u16, ctx: &mut LinkCtx<'_>) -> Result<bool, String> {
         let stats = &ctx.queue.stats;
         let (sent, n) = (send_staged(conn, &self.unsent, ctx.batcher, ctx.buf), self.unsent.len());
         match &sent {
             Sent::Tasks(n) => {
-                *work = true;
                 stats.tasks_sent.fetch_add(*n, Ordering::Relaxed);
                 stats.task_messages_sent.fetch_add(1, Ordering::Relaxed);
                 if let Some(h) = ctx.held.as_deref_mut() {
@@ -398,7 +395,6 @@ impl Outbox {
                 }
             }
             Sent::Unencodable => {
-                *work = true;
                 for task in &self.unsent {
                     ctx.staging.route(task.task_id, RoutedOutcome::Failed(TaskStatus::ExecFailed));
                 }
