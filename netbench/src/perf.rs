@@ -176,19 +176,22 @@ impl BwStats {
     }
 }
 
-/// Highest bandwidth over any stretch of at least `max(n/10, 1)`
-/// consecutive completions of `stamps` (completion times, ns, in order;
-/// `start` = the first post). Completions reaped together share a time, so
-/// a stretch runs from the end of one such burst to the end of a later one
-/// (a window cut inside a burst would divide by a time the burst did not
-/// take). The stretches ending at the last completion, each starting where
-/// the next ends, tile the run: the peak is never below the average.
+/// Highest bandwidth over any stretch of the run holding at least a tenth
+/// of its completions and lasting at least a tenth of its time (`stamps`:
+/// completion times, ns, in order; `start` = the first post). Completions
+/// reaped together share a time, so a stretch runs from the end of one such
+/// batch to the end of a later one (a window cut inside a batch would divide
+/// by a time the batch did not take), and the tenth of the time keeps a
+/// backlog of acknowledgements drained at once from passing for a burst at
+/// memory speed. The stretches ending at the last completion, each starting
+/// where the next ends, tile the run: the peak is never below the average.
 pub fn peak_rate(stamps: &[u64], start: u64, bytes_per_op: f64) -> f64 {
     let n = stamps.len();
     if n == 0 {
         return 0.0;
     }
     let w = (n / 10).max(1);
+    let min_dt = stamps[n - 1].saturating_sub(start) / 10;
     let ends: Vec<usize> = (0..n)
         .filter(|&j| j + 1 == n || stamps[j + 1] != stamps[j])
         .collect();
@@ -197,7 +200,7 @@ pub fn peak_rate(stamps: &[u64], start: u64, bytes_per_op: f64) -> f64 {
     let mut k: Option<usize> = None;
     for &j in &ends {
         while let Some(next) = k.map_or(Some(0), |k| (k + 1 < ends.len()).then_some(k + 1)) {
-            if ends[next] + w <= j {
+            if ends[next] + w <= j && stamps[j] - stamps[ends[next]] >= min_dt {
                 k = Some(next);
             } else {
                 break;
@@ -974,8 +977,18 @@ mod tests {
             t += if (40..50).contains(&i) { 1 } else { 100 };
             mixed.push(t);
         }
+        // The stretch must last a tenth of the run (~900 ns here): the fast
+        // ten completions count with the slow ones around them.
         let p = peak_rate(&mixed, 0, 1.0);
-        assert!(p > 1e8 && p <= 1e9, "{p}");
+        let avg = 100.0 * 1e9 / *mixed.last().unwrap() as f64;
+        assert!(p > avg * 1.5 && p < avg * 2.5, "{p} vs {avg}");
+        // A backlog drained in quick succession (one completion per ns at
+        // the end) cannot make the peak more than 10x the average.
+        let mut backlog: Vec<u64> = (1..=90).map(|i| i * 1000).collect();
+        backlog.extend((1..=10).map(|i| 90_000 + i));
+        let avg = 100.0 * 1e9 / 90_010.0;
+        let p = peak_rate(&backlog, 0, 1.0);
+        assert!(p >= avg && p <= avg * 10.0, "{p} vs {avg}");
         // Random gaps: never below the average.
         let mut x = 12345u64;
         let mut t = 0;
