@@ -343,6 +343,59 @@ fn drop_rate(models: &[Counter], received: &Counter) -> f64 {
     models.iter().map(Counter::get).sum::<u64>() as f64 / rx
 }
 
+/// Batches dispatched by exact size, registered as one computed family
+/// (sizes with none omitted).
+fn batches_of_size(r: &MetricsRegistry) -> Arc<[AtomicU64]> {
+    let counts: Arc<[AtomicU64]> = (0..=*EXACT_BATCH_SIZES.end()).map(|_| AtomicU64::new(0)).collect();
+    let sizes = counts.clone();
+    r.register(
+        "symphony_batches_of_size",
+        "Batches dispatched, by exact size (sizes with none omitted)",
+        Computed::plain(move |s| {
+            for (size, c) in sizes.iter().enumerate() {
+                let v = c.load(Ordering::Relaxed);
+                if v > 0 {
+                    s.labelled(&[("size", &size.to_string())], v as f64);
+                }
+            }
+        }),
+    );
+    counts
+}
+
+/// The GPU busy fraction and the autoscaling advice, computed at each
+/// scrape from the counters they read.
+fn register_utilisation(r: &MetricsRegistry, planned: &Counter, online: &Counter, gpus_online: &Gauge, dropped: &[Counter], received: &Counter) {
+    let (p, o) = (planned.clone(), online.clone());
+    r.register(
+        "symphony_gpu_busy_fraction",
+        "Planned busy time over online GPU time, since start",
+        Computed::gauge_of(move || busy_fraction(&p, &o)),
+    );
+    let advice = {
+        let (p, o, g, d, rx) = (planned.clone(), online.clone(), gpus_online.clone(), dropped.to_vec(), received.clone());
+        move || AutoscaleAdvice::new(g.get().max(0) as u32, drop_rate(&d, &rx), 1.0 - busy_fraction(&p, &o), 0.01)
+    };
+    let add = advice.clone();
+    r.register(
+        "symphony_autoscale_add_gpus",
+        "GPUs to add: N*r/(1-r) when the drop rate r exceeds 1%",
+        Computed::gauge_of(move || add().add_gpus),
+    );
+    r.register(
+        "symphony_autoscale_remove_gpus",
+        "GPUs that could go: N*idle fraction while the drop rate is at most 1%",
+        Computed::gauge_of(move || advice().remove_gpus),
+    );
+}
+
+/// A benchmark lag histogram, registered.
+fn lag_buckets(r: &MetricsRegistry, name: &str, help: &str) -> super::bench_stamps::LagBuckets {
+    let lag = super::bench_stamps::LagBuckets::default();
+    r.register(name, help, lag.histogram().clone());
+    lag
+}
+
 impl SchedulerMetrics {
     /// Counters for `models`, registered in a registry of their own.
     pub fn new(models: &[ModelSpec]) -> Self {
@@ -399,20 +452,7 @@ impl SchedulerMetrics {
         let dispatched = metrics::labelled(&r, "symphony_model_dispatched", "Tasks dispatched in batches, by model", "model", names(), new_counter);
         let batches = metrics::labelled(&r, "symphony_model_batches", "Batches dispatched, by model", "model", names(), new_counter);
         let dropped = metrics::labelled(&r, "symphony_model_dropped", "Tasks dropped by the policy, by model", "model", names(), new_counter);
-        let batches_of_size: Arc<[AtomicU64]> = (0..=*EXACT_BATCH_SIZES.end()).map(|_| AtomicU64::new(0)).collect();
-        let sizes = batches_of_size.clone();
-        r.register(
-            "symphony_batches_of_size",
-            "Batches dispatched, by exact size (sizes with none omitted)",
-            Computed::plain(move |s| {
-                for (size, c) in sizes.iter().enumerate() {
-                    let v = c.load(Ordering::Relaxed);
-                    if v > 0 {
-                        s.labelled(&[("size", &size.to_string())], v as f64);
-                    }
-                }
-            }),
-        );
+        let batches_of_size = batches_of_size(&r);
         let batch_size = Histogram::new(&BATCH_BUCKETS);
         r.register("symphony_batch_size", "Dispatched batch sizes", batch_size.clone());
         let lag = Histogram::new(&LAG_BUCKETS_US);
@@ -420,44 +460,17 @@ impl SchedulerMetrics {
         let planned_busy_ns = counter(&r, "symphony_planned_busy_ns", "Planned GPU busy time of dispatched batches, ns");
         let actual_busy_ns = counter(&r, "symphony_reported_busy_ns", "GPU busy time reported by backends, ns");
         let gpu_online_ns = counter(&r, "symphony_gpu_online_ns", "Online GPU time, ns");
-        let (p, o) = (planned_busy_ns.clone(), gpu_online_ns.clone());
-        r.register(
-            "symphony_gpu_busy_fraction",
-            "Planned busy time over online GPU time, since start",
-            Computed::gauge_of(move || busy_fraction(&p, &o)),
-        );
-        let advice = {
-            let (p, o, g, d, rx) = (planned_busy_ns.clone(), gpu_online_ns.clone(), gpus_online.clone(), dropped.clone(), tasks_received.clone());
-            move || AutoscaleAdvice::new(g.get().max(0) as u32, drop_rate(&d, &rx), 1.0 - busy_fraction(&p, &o), 0.01)
-        };
-        let add = advice.clone();
-        r.register(
-            "symphony_autoscale_add_gpus",
-            "GPUs to add: N*r/(1-r) when the drop rate r exceeds 1%",
-            Computed::gauge_of(move || add().add_gpus),
-        );
-        r.register(
-            "symphony_autoscale_remove_gpus",
-            "GPUs that could go: N*idle fraction while the drop rate is at most 1%",
-            Computed::gauge_of(move || advice().remove_gpus),
-        );
-        let bench_ingress_lag = super::bench_stamps::LagBuckets::default();
-        r.register(
-            "symphony_bench_ingress_lag_us",
-            "Benchmark only: frontend send to task queued (host clock stamps), microseconds",
-            bench_ingress_lag.histogram().clone(),
-        );
-        let bench_decision_lag = super::bench_stamps::LagBuckets::default();
-        r.register(
+        register_utilisation(&r, &planned_busy_ns, &gpu_online_ns, &gpus_online, &dropped, &tasks_received);
+        let bench_ingress_lag = lag_buckets(&r, "symphony_bench_ingress_lag_us", "Benchmark only: frontend send to task queued (host clock stamps), microseconds");
+        let bench_decision_lag = lag_buckets(
+            &r,
             "symphony_bench_decision_lag_us",
             "Benchmark only: planned dispatch moment to the plan encoded (host clock), microseconds",
-            bench_decision_lag.histogram().clone(),
         );
-        let bench_send_lag = super::bench_stamps::LagBuckets::default();
-        r.register(
+        let bench_send_lag = lag_buckets(
+            &r,
             "symphony_bench_send_lag_us",
             "Benchmark only: planned dispatch moment to the plan handed to its link (host clock), microseconds",
-            bench_send_lag.histogram().clone(),
         );
         let closed_loop = Arc::new(LoopMetrics::default());
         if let Ok(mut t) = closed_loop.read_transport.lock() {

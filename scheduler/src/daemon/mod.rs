@@ -61,9 +61,15 @@ pub enum SchedulerError {
         /// Why.
         source: std::io::Error,
     },
-    /// The models and sub-clusters do not make a control plane.
-    #[error("{0}")]
-    Plane(String),
+    /// The models and sub-clusters do not make a control plane, or its
+    /// engine cannot start.
+    #[error(transparent)]
+    Plane(#[from] plane::PlaneError),
+    /// An election epoch past the wire's 32 bits (refused rather than
+    /// wrapped: a wrapped epoch would fence the new leader instead of the
+    /// old one).
+    #[error("election epoch {0} does not fit the wire's 32 bits: compact or recreate the etcd cluster")]
+    EpochTooLarge(u64),
     /// The wait set or a thread cannot be created.
     #[error("cannot set up the {what}: {source}")]
     Setup {
@@ -267,9 +273,8 @@ pub fn build_node<C: Connection>(
     // The wire carries the epoch in 32 bits; an etcd revision past that is
     // refused rather than wrapped (a wrapped epoch would fence the new
     // leader instead of the old one).
-    let wire_epoch = u32::try_from(epoch).map_err(|_| SchedulerError::Plane(format!("election epoch {epoch} does not fit the wire's 32 bits: compact or recreate the etcd cluster")))?;
-    let mut plane = ControlPlane::new(cfg.models.clone(), &cfg.subclusters, cfg.core, metrics.clone())
-        .map_err(|e| SchedulerError::Plane(e.to_string()))?;
+    let wire_epoch = u32::try_from(epoch).map_err(|_| SchedulerError::EpochTooLarge(epoch))?;
+    let mut plane = ControlPlane::new(cfg.models.clone(), &cfg.subclusters, cfg.core, metrics.clone())?;
     plane.set_closed_loop(cfg.closed_loop);
     if cfg.routes.is_some() {
         // A group owns nothing until it has read the routing table (a new
@@ -281,7 +286,7 @@ pub fn build_node<C: Connection>(
     // plane reads none itself.
     plane.set_bench_stamps(cfg.bench_stamps.then(|| clock.origin_host_ns()), dataplane::time::host_monotonic_ns);
     let drive = Drive::Threads { clock: *clock, notify };
-    let layout = plane.set_engine(cfg.engine, &cfg.pinned, drive).map_err(|e| SchedulerError::Plane(e.to_string()))?;
+    let layout = plane.set_engine(cfg.engine, &cfg.pinned, drive)?;
     // After the engine is in place: a new engine starts from the cores' defaults.
     for (model, admission) in cfg.admissions.iter().enumerate() {
         // No model queue is unbounded in a daemon (issue 55): `--max-queue

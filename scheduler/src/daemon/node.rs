@@ -208,6 +208,16 @@ impl std::fmt::Display for SchedulerEvent {
     }
 }
 
+/// Every registered link with its peer: frontends, then backends, each
+/// in id order.
+fn every_link<'a, C>(
+    frontends: &'a mut BTreeMap<u32, Link<C>>,
+    backends: &'a mut BTreeMap<u32, Link<C>>,
+) -> impl Iterator<Item = (PeerId, &'a mut Link<C>)> {
+    let frontends = frontends.iter_mut().map(|(&id, l)| (PeerId::Frontend(id), l));
+    frontends.chain(backends.iter_mut().map(|(&id, l)| (PeerId::Backend(id), l)))
+}
+
 /// Messages taken from one peer per poll (bounds a poll's work).
 const MSGS_PER_PEER: usize = 256;
 
@@ -965,11 +975,7 @@ impl<C: Connection> SchedulerNode<C> {
     /// Retries the sends that full queues refused; a peer whose queue
     /// stays full too long, or whose link fails, is dead.
     fn drive_backlogs(&mut self, now: Instant) {
-        let links = self
-            .frontends
-            .iter_mut()
-            .map(|(&id, l)| (PeerId::Frontend(id), l))
-            .chain(self.backends.iter_mut().map(|(&id, l)| (PeerId::Backend(id), l)));
+        let links = every_link(&mut self.frontends, &mut self.backends);
         for (peer, link) in links {
             if link.backlog.is_empty() {
                 continue;
@@ -991,11 +997,7 @@ impl<C: Connection> SchedulerNode<C> {
         }
         let mut next = Instant::from_nanos(u64::MAX);
         let hb = &mut self.hb;
-        let links = self
-            .frontends
-            .iter_mut()
-            .map(|(&id, l)| (PeerId::Frontend(id), l))
-            .chain(self.backends.iter_mut().map(|(&id, l)| (PeerId::Backend(id), l)));
+        let links = every_link(&mut self.frontends, &mut self.backends);
         for (peer, link) in links {
             if link.live.expired(now) {
                 self.events.push_back(SchedulerEvent::PeerSilent(peer));
