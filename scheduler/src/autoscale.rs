@@ -8,7 +8,15 @@
 //! - a **headroom**: scale-in removes `N·f − N·headroom`, so the cluster
 //!   keeps a margin of idle time instead of being cut to the point where
 //!   the next interval's bad rate adds GPUs back (headroom 0 is the
-//!   paper's rule as written);
+//!   paper's rule as written); and, symmetrically, when the idle fraction
+//!   falls under `min_idle` with no request lost, scale-out adds
+//!   `N·(headroom − f)` before the bad rate rises (0, the default: only
+//!   the paper's `N·r/(1−r)`, which reacts to a rising load only once
+//!   requests are lost). Off by default because deferred's busy time is
+//!   not its load: it spreads over the GPUs it has (smaller batches on
+//!   more GPUs while a GPU would idle), so the GPUs added to restore idle
+//!   time are soon busy too: on `report fig15 --quick` it doubled the
+//!   GPUs in use at the same load;
 //! - a **stabilisation window** for scale-in: the target is the largest
 //!   (most conservative) one recommended over the window, so one quiet
 //!   interval in a busy period removes nothing (as Kubernetes' HPA
@@ -56,6 +64,9 @@ pub struct AutoscaleConfig {
     pub bad_rate_threshold: f64,
     /// Idle fraction kept when scaling in (0: the paper's `N·f`).
     pub headroom: f64,
+    /// An idle fraction under this adds GPUs up to the headroom even
+    /// without bad requests (0: never).
+    pub min_idle: f64,
     /// Scale-in acts on the largest target recommended over this window.
     pub stabilisation: Duration,
     /// No scale-in within this long after any action.
@@ -73,6 +84,7 @@ impl Default for AutoscaleConfig {
         AutoscaleConfig {
             bad_rate_threshold: 0.01,
             headroom: 0.1,
+            min_idle: 0.0,
             stabilisation: Duration::from_millis(30000),
             cooldown: Duration::from_millis(10000),
             min_gpus: 1,
@@ -221,10 +233,13 @@ impl Autoscaler {
         let current = serving + joining;
         // Rounded up (down for removal) past a float's error, so that
         // `8·0.2/0.8` adds 2, not 3.
+        let n = f64::from(serving);
         let raw = if advice.add_gpus > 0.0 {
             serving.saturating_add((advice.add_gpus - 1e-9).ceil() as u32)
+        } else if signals.bad_rate <= cfg.bad_rate_threshold && signals.idle_fraction < cfg.min_idle && serving > 0 {
+            serving.saturating_add((n * (cfg.headroom - signals.idle_fraction) - 1e-9).ceil().max(0.0) as u32)
         } else {
-            let remove = (advice.remove_gpus - cfg.headroom * f64::from(serving) + 1e-9).max(0.0).floor() as u32;
+            let remove = (advice.remove_gpus - cfg.headroom * n + 1e-9).max(0.0).floor() as u32;
             serving - remove.min(serving)
         };
         let recommended = raw.clamp(cfg.min_gpus, cfg.max_gpus);
@@ -240,7 +255,7 @@ impl Autoscaler {
             if step < want {
                 decision.held_by = Some(Hold::StepLimit);
             }
-        } else if advice.add_gpus > 0.0 && joining > 0 {
+        } else if raw > serving && joining > 0 {
             decision.held_by = Some(Hold::Joining);
         } else if recommended < serving {
             let stable = self.recommendations.iter().map(|&(_, r)| r).max().unwrap_or(recommended);
@@ -311,6 +326,7 @@ mod tests {
         AutoscaleConfig {
             bad_rate_threshold: 0.01,
             headroom: 0.0,
+            min_idle: 0.0,
             stabilisation: Duration::ZERO,
             cooldown: Duration::ZERO,
             min_gpus: 1,
@@ -333,6 +349,18 @@ mod tests {
         // Headroom 0.25 keeps 2 of them.
         let mut a = Autoscaler::new(AutoscaleConfig { headroom: 0.25, ..cfg() });
         assert_eq!(a.decide(at(0), QUIET, &serving(8, 0.5)).drain.len(), 2);
+    }
+
+    #[test]
+    fn a_cluster_without_idle_time_grows_to_the_headroom_before_losing_requests() {
+        let mut a = Autoscaler::new(AutoscaleConfig { headroom: 0.1, min_idle: 0.05, ..cfg() });
+        // 20 GPUs 2% idle, nothing lost: 20 * (0.1 - 0.02) = 1.6, so 2 more.
+        assert_eq!(a.decide(at(0), Signals { bad_rate: 0.0, idle_fraction: 0.02 }, &serving(20, 0.02)).add, 2);
+        // Between min_idle and the headroom nothing changes.
+        let d = a.decide(at(1), Signals { bad_rate: 0.0, idle_fraction: 0.07 }, &serving(22, 0.07));
+        assert_eq!((d.add, d.drain.len()), (0, 0));
+        // Losing requests: the paper's rule, 20 * 0.5 / 0.5.
+        assert_eq!(a.decide(at(2), Signals { bad_rate: 0.5, idle_fraction: 0.0 }, &serving(20, 0.0)).add, 20);
     }
 
     #[test]
