@@ -14,6 +14,7 @@ mod report_ablation;
 mod report_grid;
 mod serf_measure;
 mod reports;
+mod report_fig15;
 mod report_fig16;
 mod live;
 mod partition_cmd;
@@ -333,7 +334,7 @@ enum Cmd {
     },
     /// Reproduce a figure or table of docs/benchmarks.md (Markdown on stdout).
     Report {
-        /// table2, fig6a, fig6b, fig7, fig9, fig2, fig10, fig11, fig12, grid, ablation, fig13, fig14, live-curve, fig16.
+        /// table2, fig6a, fig6b, fig7, fig9, fig2, fig10, fig11, fig12, grid, ablation, fig13, fig14, fig15, live-curve, fig16.
         name: String,
         /// Fewer and shorter runs (for a quick look; the docs use the default).
         #[arg(long)]
@@ -341,7 +342,7 @@ enum Cmd {
         /// Write SVG figures into this directory where the report has any.
         #[arg(long)]
         plot: Option<PathBuf>,
-        /// Print JSON on stdout (grid, ablation).
+        /// Print JSON on stdout (grid, ablation, fig15).
         #[arg(long)]
         json: bool,
         /// fig13: the ModelThread counts, N,N,... (default 1 up to the machine's cores, at least 2).
@@ -359,6 +360,9 @@ enum Cmd {
         /// grid: deferred with these departures from Algorithm 1 off (names as `report ablation` prints them, comma-separated).
         #[arg(long = "departures-off", default_value = "")]
         departures_off: String,
+        /// fig15: the policies run under the same autoscaler, comma-separated (default deferred,eager,clockwork).
+        #[arg(long = "policy", value_delimiter = ',')]
+        policies: Vec<String>,
     },
     /// Run one daemon in this process, as `symphony up` starts its children: `symphony daemon scheduler|frontend|backend [OPTIONS]` is `symphony-scheduler`, `symphony-frontend` or `symphony-backend` with the same options (`symphony daemon ROLE --help`; listed in docs/cli.md).
     #[command(disable_help_flag = true)]
@@ -443,7 +447,7 @@ fn main() -> ExitCode {
     if let Cmd::Daemon { args } = &cli.cmd {
         return run_daemon(args);
     }
-    if matches!(cli.cmd, Cmd::Sim { .. } | Cmd::Goodput { .. } | Cmd::Example { .. } | Cmd::Predict(_) | Cmd::Partition(_) | Cmd::Docs { .. }) || matches!(&cli.cmd, Cmd::Report { name, .. } if name == "grid" || name == "ablation") {
+    if matches!(cli.cmd, Cmd::Sim { .. } | Cmd::Goodput { .. } | Cmd::Example { .. } | Cmd::Predict(_) | Cmd::Partition(_) | Cmd::Docs { .. }) || matches!(&cli.cmd, Cmd::Report { name, .. } if name == "grid" || name == "ablation" || name == "fig15") {
         restore_sigpipe();
     }
     dataplane::shell::logging::init_cli();
@@ -537,6 +541,7 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
         Cmd::Report { name, quick, json, sample, sample_seed, .. } if name == "ablation" => {
             Ok(report_ablation::run(quick, json, sample.map(|size| report_grid::Sample { size, seed: sample_seed }))?)
         }
+        Cmd::Report { name, quick, plot, json, policies, .. } if name == "fig15" => Ok(report_fig15::run(quick, plot.as_deref(), json, &policies)?),
         Cmd::Report { name, quick, plot, model_threads, .. } => Ok(reports::run(&name, quick, plot.as_deref(), &model_threads)?),
         Cmd::Chaos { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json, priority_mix, cancel_share, max_queue, trace_task } => {
             Ok(chaos_cmd::run(&chaos_cmd::ChaosArgs { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json, priority_mix, cancel_share, max_queue, trace_task })?)

@@ -7,7 +7,7 @@
 //! `network` (Figure 14), `fig13` (Figure 13), `live` (the live runtime's curve),
 //! `deferral` (Figures 6b and 7: deferred against timeout and eager) and
 //! `quality` (Figures 11 and 12: scheduling quality). The grid
-//! is `report_grid`'s, Figure 16 `report_fig16`'s.
+//! is `report_grid`'s, Figure 15 `report_fig15`'s, Figure 16 `report_fig16`'s.
 
 mod deferral;
 mod fig13;
@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     /// No report of that name.
-    #[error("unknown report '{name}' (table2, fig6a, fig6b, fig7, fig9, fig2, fig10, fig11, fig12, grid, fig13, fig14, live-curve, fig16)")]
+    #[error("unknown report '{name}' (table2, fig6a, fig6b, fig7, fig9, fig2, fig10, fig11, fig12, grid, fig13, fig14, fig15, live-curve, fig16)")]
     Unknown {
         /// The name given.
         name: String,
@@ -75,6 +75,9 @@ pub enum ReportError {
     /// An SVG figure cannot be written.
     #[error(transparent)]
     Svg(#[from] crate::plot::WriteError),
+    /// A report's JSON cannot be written.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
     /// A figure cannot be written.
     #[error("cannot write {}: {source}", path.display())]
     Write {
