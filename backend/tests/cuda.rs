@@ -1,6 +1,6 @@
 //! The CUDA executor (feature `cuda`). On a host without a driver (the
 //! development machine) construction must fail cleanly with
-//! `NoCudaDriver`; on a host with one, a real batch must produce the same
+//! `CudaLibraries`, naming what is missing; on a host with one, a real batch must produce the same
 //! bytes as `backend::output`: without a GPU that test is a capability skip
 //! (tests/capability-skips.txt).
 
@@ -9,7 +9,7 @@
 #[path = "../../tests/lib/require.rs"]
 mod require;
 
-use backend::exec::cuda::{driver_present, nvrtc_present};
+use backend::exec::cuda::{driver_present, gpu_present, nvrtc_present};
 use backend::exec::{ExecError, ExecModel, Executor, Finished, InputRef, Job, OutputRef};
 use backend::output::expected_output;
 use backend::CudaExecutor;
@@ -28,15 +28,24 @@ fn models() -> Vec<ExecModel> {
 fn without_a_driver_construction_reports_no_cuda_driver() {
     let staging = Region::anonymous(1 << 20).unwrap();
     match CudaExecutor::new(&[0], staging, 16, 256, 64, models()) {
-        Err(ExecError::NoCudaDriver) => {
+        Err(ExecError::CudaLibraries(missing)) => {
             assert!(
-                !driver_present(),
-                "NoCudaDriver only when libcuda is absent"
+                !nvrtc_present(),
+                "CudaLibraries only when a library is missing"
             );
-            eprintln!("no CUDA driver on this host: clean error, as required");
+            assert_eq!(missing.driver_missing, !driver_present());
+            let text = missing.to_string();
+            assert!(text.contains("searched"), "{text}");
+            eprintln!("no CUDA libraries on this host: clean error, as required: {text}");
         }
-        Err(ExecError::NoNvrtc) => assert!(driver_present() && !nvrtc_present()),
-        Err(e) => panic!("unexpected error with a driver present: {e}"),
+        Err(ExecError::Cuda(e)) => {
+            assert!(
+                nvrtc_present() && !gpu_present(),
+                "a driver error with a GPU present: {e}"
+            );
+            eprintln!("CUDA libraries but no usable device: clean error: {e}");
+        }
+        Err(e) => panic!("unexpected error: {e}"),
         Ok(exec) => {
             assert!(driver_present());
             drop(exec);
@@ -46,8 +55,11 @@ fn without_a_driver_construction_reports_no_cuda_driver() {
 
 #[test]
 fn a_real_batch_matches_the_reference_output_when_a_gpu_exists() {
-    let gpu = driver_present() && nvrtc_present();
-    if !require::capability("gpu", gpu, "no CUDA driver (libcuda) or NVRTC (libnvrtc) on this host") {
+    if !require::capability(
+        "gpu",
+        gpu_present(),
+        "no CUDA driver (libcuda), NVRTC (libnvrtc 12 or 13) or device on this host",
+    ) {
         return;
     }
     let staging = Region::anonymous(1 << 20).unwrap();

@@ -8,6 +8,8 @@
 //! Every wait has a deadline; ports and shm names are ephemeral.
 
 mod common;
+#[path = "../../tests/lib/require.rs"]
+mod require;
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -55,8 +57,14 @@ struct Proc {
 
 impl Proc {
     fn spawn(args: &[&str]) -> Proc {
+        Proc::spawn_env(args, &[])
+    }
+
+    /// As `spawn`, with extra environment variables.
+    fn spawn_env(args: &[&str], env: &[(&str, &str)]) -> Proc {
         let mut child = Command::new(BIN)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .env_remove(dataplane::join::TOKEN_ENV)
@@ -730,46 +738,64 @@ fn bad_configuration_is_a_clear_error_and_nonzero_exit() {
     std::fs::write(&path, "scheduler = \"127.0.0.1:1\"\nmodel = [\"a=1,2,50\"]\ntransport = \"tcp-blocking\"\nconnect_timeout_ms = 200\n").unwrap();
     fails_with(&["--config", &p], 1, "cannot reach the scheduler");
     std::fs::remove_file(&path).unwrap();
-    // The CUDA executor is built before anything connects: on a host
-    // without a GPU it says what is missing, on one with a GPU it
-    // initialises and the daemon fails only at the unreachable scheduler.
-    fails_with(
-        &[
-            "--scheduler",
-            "127.0.0.1:1",
-            "--connect-timeout-ms",
-            "200",
-            "--model",
-            "a=1,2,50",
-            "--gpus-per-backend",
-            "1",
-            "--executor",
-            "cuda",
-        ],
-        1,
-        cuda_executor_outcome(),
-    );
 }
 
-/// What `--executor cuda` must print on this host: the missing piece, or
-/// (a GPU with its driver and NVRTC here) the scheduler's absence, which
-/// comes only after the executor initialised.
-fn cuda_executor_outcome() -> &'static str {
-    #[cfg(feature = "cuda")]
-    {
-        use backend::exec::cuda::{driver_present, nvrtc_present};
-        if !driver_present() {
-            "no CUDA driver library (libcuda)"
-        } else if !nvrtc_present() {
-            "no NVRTC library (libnvrtc)"
-        } else {
-            "cannot reach the scheduler"
-        }
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
+/// `symphony-backend --executor cuda` against an unreachable scheduler.
+const CUDA_ARGS: &[&str] = &[
+    "--scheduler",
+    "127.0.0.1:1",
+    "--connect-timeout-ms",
+    "200",
+    "--model",
+    "a=1,2,50",
+    "--gpus-per-backend",
+    "1",
+    "--executor",
+    "cuda",
+];
+
+/// The CUDA executor is built before anything connects: where its libraries
+/// are not (here: the search is pointed at an empty folder, so this runs
+/// the same on a host with a GPU), it says what is missing and where it
+/// looked; a build without the feature says so.
+#[test]
+fn cuda_executor_without_its_libraries_names_what_is_missing() {
+    let empty = std::env::temp_dir().join(format!("symphony-nocuda-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let dir = empty.to_str().unwrap();
+    let want = if cfg!(feature = "cuda") {
+        "no CUDA driver library (libcuda: libcuda.so.1 or libcuda.so); no NVRTC library"
+    } else {
         "built without CUDA support"
+    };
+    let mut p = Proc::spawn_env(CUDA_ARGS, &[("SYMPHONY_CUDA_LIB_DIRS", dir)]);
+    let st = p.wait(TIMEOUT);
+    assert_eq!(st.code(), Some(1), "{}", p.stderr());
+    assert!(p.stderr().contains(want), "'{}' lacks '{want}'", p.stderr());
+    if cfg!(feature = "cuda") {
+        assert!(p.stderr().contains(dir), "the folder searched is named: {}", p.stderr());
     }
+    std::fs::remove_dir_all(&empty).unwrap();
+}
+
+/// On a host with a GPU the executor initialises (libraries, context,
+/// NVRTC kernel, page-locked staging) and the daemon fails only at the
+/// unreachable scheduler, which it reaches after that. A capability skip
+/// without a GPU (tests/capability-skips.txt).
+#[test]
+fn cuda_executor_on_a_gpu_initialises_before_it_needs_the_scheduler() {
+    #[cfg(feature = "cuda")]
+    let gpu = backend::exec::cuda::gpu_present();
+    #[cfg(not(feature = "cuda"))]
+    let gpu = false;
+    if !require::capability(
+        "gpu",
+        gpu,
+        "no GPU with its CUDA 12/13 driver and NVRTC here (or a build without the cuda feature)",
+    ) {
+        return;
+    }
+    fails_with(CUDA_ARGS, 1, "cannot reach the scheduler");
 }
 
 #[test]

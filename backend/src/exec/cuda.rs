@@ -1,7 +1,9 @@
 //! Real GPUs through the CUDA driver API (cudarc, loaded with dlopen at run
-//! time: the crate builds without the toolkit, and a host without a driver
-//! gets [`ExecError::NoCudaDriver`] from [`CudaExecutor::new`], never a
-//! panic: library presence is checked before the first driver call).
+//! time: the crate builds without the toolkit, and a host without the
+//! driver or NVRTC of CUDA 12 or 13 gets [`ExecError::CudaLibraries`] from
+//! [`CudaExecutor::new`], naming what is missing and where it looked, never
+//! a panic: [`super::cuda_libs`] finds and opens the libraries before the
+//! first driver call).
 //!
 //! Data path per batch, all asynchronous on one stream per device:
 //! 1. the staging region (the transport's READ landing zone) is page-locked
@@ -9,8 +11,11 @@
 //!    inputs the READs landed are DMA'd straight from it;
 //! 2. one `cuMemcpyHtoDAsync` per input into a packed device buffer (slot
 //!    stride), plus the input lengths from a `cuMemHostAlloc` buffer;
-//! 3. the model: one kernel launch (CUDA C compiled once with NVRTC; it
-//!    computes exactly [`crate::output`], one thread per input);
+//! 3. the model: a [`DeviceModel`] enqueues its work on the same stream
+//!    (the built-in one, [`HashKernel`], is one kernel launch of CUDA C
+//!    compiled once with NVRTC that computes exactly [`crate::output`], one
+//!    thread per input; a real model's engine is another implementation,
+//!    given to [`CudaExecutor::with_models`]);
 //! 4. one `cuMemcpyDtoHAsync` of all outputs into the staging region;
 //! 5. an event recorded after the copy; [`Executor::poll`] queries it
 //!    (`cuEventQuery`, no blocking) and reports the batch when it fired.
@@ -30,7 +35,9 @@ use cudarc::driver::{sys, CudaContext, CudaFunction};
 use dataplane::mem::Region;
 use dataplane::time::Instant;
 
-use super::{check_job, ExecError, ExecModel, Executor, Finished, InputRef, Job, OutputRef};
+use super::{
+    check_job, cuda_libs, ExecError, ExecModel, Executor, Finished, InputRef, Job, OutputRef,
+};
 
 /// The model kernel: [`crate::output`] in CUDA C (one thread per input).
 pub const KERNEL_SRC: &str = r#"
@@ -69,17 +76,30 @@ fn cuda_err(e: result::DriverError) -> ExecError {
     ExecError::Cuda(format!("{e:?}"))
 }
 
-/// Whether the CUDA driver library can be loaded on this host.
+/// Whether the CUDA driver library is found and loads on this host
+/// (through [`cuda_libs::load`]; NVRTC may still be missing).
 pub fn driver_present() -> bool {
-    // SAFETY: only tries to dlopen the library by its candidate names; no
-    // driver function is called.
-    unsafe { sys::is_culib_present() }
+    cuda_libs::load().map_or_else(|e| !e.driver_missing, |_| true)
 }
 
-/// Whether the NVRTC library can be loaded on this host.
+/// Whether the driver and an NVRTC it can use are found and load.
 pub fn nvrtc_present() -> bool {
-    // SAFETY: as above, a dlopen probe only.
-    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+    cuda_libs::load().is_ok()
+}
+
+/// The GPUs the driver sees: the libraries' error when they are missing,
+/// the driver's (say `CUDA_ERROR_NO_DEVICE`) when it cannot initialise.
+pub fn gpu_count() -> Result<u32, ExecError> {
+    cuda_libs::load().map_err(ExecError::CudaLibraries)?;
+    result::init().map_err(cuda_err)?;
+    let n = result::device::get_count().map_err(cuda_err)?;
+    Ok(u32::try_from(n).unwrap_or(0))
+}
+
+/// Whether this host has a GPU the executor can use: the libraries load
+/// and the driver counts at least one device.
+pub fn gpu_present() -> bool {
+    gpu_count().is_ok_and(|n| n > 0)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,10 +109,102 @@ enum State {
     Running,
 }
 
-/// One GPU: context, stream, kernel, device buffers, completion event.
+/// One batch as a [`DeviceModel`] sees it: device buffers already filled
+/// on the stream it is given (inputs copied from the staging region) and
+/// the buffer its outputs go to (copied back to the staging region after).
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceBatch {
+    /// The model's index in the executor's table.
+    pub model: u32,
+    /// Input `i` at `inputs + i * slot`, `lens[i]` bytes long.
+    pub inputs: sys::CUdeviceptr,
+    /// Distance between inputs in `inputs`, bytes.
+    pub slot: u32,
+    /// `n` u32 input lengths (device memory).
+    pub lens: sys::CUdeviceptr,
+    /// Batch size.
+    pub n: u32,
+    /// Output `i` goes to `outputs + i * stride`, `out_len` bytes.
+    pub outputs: sys::CUdeviceptr,
+    /// Distance between outputs, bytes.
+    pub stride: u32,
+    /// Output bytes per input.
+    pub out_len: u32,
+}
+
+/// What runs a batch on one GPU: enqueues its work on `stream` (the
+/// executor's own, in the device's bound context) and returns without
+/// waiting; the executor records its completion event after it. The
+/// executor makes one per device (see [`CudaExecutor::with_models`]).
+pub trait DeviceModel: Send {
+    /// Enqueues `batch` on `stream`.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of the context this model was made in,
+    /// bound to the calling thread; `batch`'s device pointers hold what
+    /// [`DeviceBatch`] says (n inputs `slot` apart, n lengths, room for n
+    /// outputs `stride` apart) until the stream has run past this work.
+    unsafe fn enqueue(&self, stream: sys::CUstream, batch: &DeviceBatch) -> Result<(), ExecError>;
+}
+
+/// The built-in model: [`KERNEL_SRC`], computing [`crate::output`].
+pub struct HashKernel {
+    func: CudaFunction,
+}
+
+impl HashKernel {
+    /// Loads the compiled kernel into `ctx`.
+    pub fn load(ctx: &Arc<CudaContext>, ptx: &cudarc::nvrtc::Ptx) -> Result<Self, ExecError> {
+        let module = ctx.load_module(ptx.clone()).map_err(cuda_err)?;
+        let func = module.load_function(KERNEL_NAME).map_err(cuda_err)?;
+        Ok(HashKernel { func })
+    }
+}
+
+impl DeviceModel for HashKernel {
+    unsafe fn enqueue(&self, stream: sys::CUstream, b: &DeviceBatch) -> Result<(), ExecError> {
+        let (mut a_in, mut a_slot, mut a_lens, mut a_out) = (b.inputs, b.slot, b.lens, b.outputs);
+        let (mut a_stride, mut a_out_len, mut a_n, mut a_model) =
+            (b.stride, b.out_len, b.n, b.model);
+        let mut params: [*mut c_void; 8] = [
+            &mut a_in as *mut _ as *mut c_void,
+            &mut a_slot as *mut _ as *mut c_void,
+            &mut a_lens as *mut _ as *mut c_void,
+            &mut a_out as *mut _ as *mut c_void,
+            &mut a_stride as *mut _ as *mut c_void,
+            &mut a_out_len as *mut _ as *mut c_void,
+            &mut a_n as *mut _ as *mut c_void,
+            &mut a_model as *mut _ as *mut c_void,
+        ];
+        let blocks = b.n.div_ceil(THREADS_PER_BLOCK);
+        // SAFETY: the function comes from a module loaded in the context
+        // the caller bound (the trait's contract); the 8 parameters match
+        // the kernel signature in order and type (u64 device pointers, u32
+        // scalars) and are read at launch; by the contract `inputs`/`lens`
+        // hold n*slot bytes / n entries and `outputs` (n-1)*stride +
+        // out_len bytes, so the kernel stays inside them.
+        unsafe {
+            result::launch_kernel(
+                self.func.cu_function(),
+                (blocks, 1, 1),
+                (THREADS_PER_BLOCK, 1, 1),
+                0,
+                stream,
+                &mut params,
+            )
+        }
+        .map_err(cuda_err)
+    }
+}
+
+/// Makes the model of GPU `ordinal` in its (bound) context.
+pub type MakeModel<'a> =
+    dyn FnMut(&Arc<CudaContext>, usize) -> Result<Box<dyn DeviceModel>, ExecError> + 'a;
+
+/// One GPU: context, stream, model, device buffers, completion event.
 struct Device {
     ctx: Arc<CudaContext>,
-    func: CudaFunction,
+    model_impl: Box<dyn DeviceModel>,
     stream: sys::CUstream,
     event: sys::CUevent,
     d_inputs: sys::CUdeviceptr,
@@ -124,7 +236,8 @@ pub struct CudaExecutor {
 // SAFETY: the raw CUDA handles (stream, event, device and pinned pointers)
 // are owned by this executor alone and used only through `&mut self` (or
 // `&self` reads of plain fields); CUDA handles may be used from any thread
-// once the owning context is bound, which every method does first.
+// once the owning context is bound, which every method does first. The
+// models are `Send` themselves (`DeviceModel: Send`).
 unsafe impl Send for CudaExecutor {}
 
 impl std::fmt::Debug for CudaExecutor {
@@ -140,8 +253,8 @@ impl CudaExecutor {
     /// `staging` and allocates device buffers for batches of `max_batch`
     /// inputs of at most `input_slot` bytes and outputs `output_slot` apart.
     ///
-    /// Returns [`ExecError::NoCudaDriver`] / [`ExecError::NoNvrtc`] when the
-    /// libraries are absent (checked before any call that could panic).
+    /// Returns [`ExecError::CudaLibraries`] when the libraries are absent
+    /// (checked before any call that could panic).
     pub fn new(
         ordinals: &[usize],
         staging: Arc<Region>,
@@ -150,12 +263,36 @@ impl CudaExecutor {
         output_slot: u32,
         models: Vec<ExecModel>,
     ) -> Result<Self, ExecError> {
-        if !driver_present() {
-            return Err(ExecError::NoCudaDriver);
-        }
-        if !nvrtc_present() {
-            return Err(ExecError::NoNvrtc);
-        }
+        cuda_libs::load().map_err(ExecError::CudaLibraries)?;
+        let ptx = cudarc::nvrtc::compile_ptx(KERNEL_SRC)
+            .map_err(|e| ExecError::Cuda(format!("nvrtc: {e:?}")))?;
+        let mut hash = |ctx: &Arc<CudaContext>, _ordinal: usize| {
+            HashKernel::load(ctx, &ptx).map(|k| Box::new(k) as Box<dyn DeviceModel>)
+        };
+        Self::with_models(
+            ordinals,
+            staging,
+            max_batch,
+            input_slot,
+            output_slot,
+            models,
+            &mut hash,
+        )
+    }
+
+    /// As [`CudaExecutor::new`], with the model of each GPU made by `make`
+    /// (in that GPU's context, bound to this thread): one executor per set
+    /// of GPUs by device ordinal, one stream, buffer set and model each.
+    pub fn with_models(
+        ordinals: &[usize],
+        staging: Arc<Region>,
+        max_batch: u32,
+        input_slot: u32,
+        output_slot: u32,
+        models: Vec<ExecModel>,
+        make: &mut MakeModel<'_>,
+    ) -> Result<Self, ExecError> {
+        cuda_libs::load().map_err(ExecError::CudaLibraries)?;
         if max_batch == 0 || input_slot == 0 || output_slot == 0 {
             return Err(ExecError::BadJob("zero batch, input slot or output slot"));
         }
@@ -164,8 +301,6 @@ impl CudaExecutor {
                 "a model's output is longer than output_slot",
             ));
         }
-        let ptx = cudarc::nvrtc::compile_ptx(KERNEL_SRC)
-            .map_err(|e| ExecError::Cuda(format!("nvrtc: {e:?}")))?;
         let mut exec = CudaExecutor {
             staging,
             host_registered: false,
@@ -177,9 +312,8 @@ impl CudaExecutor {
         };
         for &ordinal in ordinals {
             let ctx = CudaContext::new(ordinal).map_err(cuda_err)?;
-            let module = ctx.load_module(ptx.clone()).map_err(cuda_err)?;
-            let func = module.load_function(KERNEL_NAME).map_err(cuda_err)?;
             ctx.bind_to_thread().map_err(cuda_err)?;
+            let model_impl = make(&ctx, ordinal)?;
             let stream = result::stream::create(StreamKind::NonBlocking).map_err(cuda_err)?;
             let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
             let event = match event {
@@ -195,7 +329,7 @@ impl CudaExecutor {
             // later allocation fails.
             exec.devices.push(Device {
                 ctx,
-                func,
+                model_impl,
                 stream,
                 event,
                 d_inputs: 0,
@@ -268,38 +402,22 @@ impl CudaExecutor {
         unsafe { sys::cuMemcpyHtoDAsync_v2(d.d_lens, d.h_lens as *const c_void, b * 4, d.stream) }
             .result()
             .map_err(cuda_err)?;
-        let (mut a_in, mut a_slot, mut a_lens, mut a_out) =
-            (d.d_inputs, slot, d.d_lens, d.d_outputs);
-        let (mut a_stride, mut a_out_len, mut a_n, mut a_model) =
-            (d.output.stride, out_len, b as u32, d.model);
-        let mut params: [*mut c_void; 8] = [
-            &mut a_in as *mut _ as *mut c_void,
-            &mut a_slot as *mut _ as *mut c_void,
-            &mut a_lens as *mut _ as *mut c_void,
-            &mut a_out as *mut _ as *mut c_void,
-            &mut a_stride as *mut _ as *mut c_void,
-            &mut a_out_len as *mut _ as *mut c_void,
-            &mut a_n as *mut _ as *mut c_void,
-            &mut a_model as *mut _ as *mut c_void,
-        ];
-        let blocks = (b as u32).div_ceil(THREADS_PER_BLOCK);
-        // SAFETY: the function comes from a loaded module of this context;
-        // the 8 parameters match the kernel signature in order and type
-        // (u64 device pointers, u32 scalars) and are read at launch; the
-        // kernel touches d_inputs/d_lens below b*slot / b entries and
-        // d_outputs below (b-1)*stride + out_len <= max_batch*output_slot
-        // (stride <= output_slot checked in submit).
-        unsafe {
-            result::launch_kernel(
-                d.func.cu_function(),
-                (blocks, 1, 1),
-                (THREADS_PER_BLOCK, 1, 1),
-                0,
-                d.stream,
-                &mut params,
-            )
-        }
-        .map_err(cuda_err)?;
+        let batch = DeviceBatch {
+            model: d.model,
+            inputs: d.d_inputs,
+            slot,
+            lens: d.d_lens,
+            n: b as u32,
+            outputs: d.d_outputs,
+            stride: d.output.stride,
+            out_len,
+        };
+        // SAFETY: the device's context is bound (above) and `stream` is its
+        // own; the inputs and lengths were enqueued on it just before, into
+        // buffers of max_batch >= b slots, and d_outputs holds max_batch
+        // outputs of output_slot >= stride bytes (checked in submit); the
+        // buffers live until Drop, which synchronises the stream first.
+        unsafe { d.model_impl.enqueue(d.stream, &batch) }?;
         let span = (b - 1) * d.output.stride as usize + out_len as usize;
         // SAFETY: the destination range was bounds-checked against the
         // region in `submit` and is not read by the caller until Finished;

@@ -21,6 +21,9 @@ pub mod onnx;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+pub mod cuda_h2d;
+pub mod cuda_libs;
 
 /// One servable model as an executor sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -114,10 +117,9 @@ pub enum ExecError {
     /// Empty batch, batch over the device limit, or inputs/outputs outside
     /// the staging region.
     BadJob(&'static str),
-    /// The CUDA driver library (libcuda.so) is not present on this host.
-    NoCudaDriver,
-    /// The NVRTC library (libnvrtc.so) is not present on this host.
-    NoNvrtc,
+    /// The CUDA driver or NVRTC library (CUDA 12 or 13) is not found or
+    /// does not load: which, and the folders searched.
+    CudaLibraries(cuda_libs::MissingCudaLibs),
     /// A CUDA call failed.
     Cuda(String),
 }
@@ -131,8 +133,7 @@ impl std::fmt::Display for ExecError {
             ExecError::NoSuchDevice(d) => write!(f, "no device {d}"),
             ExecError::NoSuchModel(m) => write!(f, "no model {m}"),
             ExecError::BadJob(why) => write!(f, "bad job: {why}"),
-            ExecError::NoCudaDriver => write!(f, "no CUDA driver library (libcuda) on this host"),
-            ExecError::NoNvrtc => write!(f, "no NVRTC library (libnvrtc) on this host"),
+            ExecError::CudaLibraries(missing) => write!(f, "{missing}"),
             ExecError::Cuda(e) => write!(f, "cuda: {e}"),
         }
     }
