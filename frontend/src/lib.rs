@@ -8,7 +8,7 @@
 pub mod api;
 pub mod daemon;
 pub mod grpc;
-pub mod held;
+pub use node::held;
 pub mod http;
 pub mod loadgen;
 pub mod metrics;

@@ -13,7 +13,7 @@
 
 use super::config::{human, FrontendNodeConfig, BURST, MOVED_RETRY};
 use super::sink::{TaskQueue, SINK_OPEN};
-use crate::held::{HeldTasks, MovedAnswer};
+use super::held::{HeldTasks, MovedAnswer};
 use crate::staging::{RoutedOutcome, Staging};
 use dataplane::control::Liveness;
 use dataplane::join::JoinToken;

@@ -21,7 +21,7 @@
 //! [`FrontendEvent::SchedulerLost`] and the host decides what happens next.
 //! Without failover every request in flight ends once, as dropped for
 //! [`DropReason::Shutdown`]; with it ([`FrontendNode::with_failover`], the
-//! daemon's mode) they are held ([`crate::held`]) and resent to the next
+//! daemon's mode) they are held ([`held`]) and resent to the next
 //! scheduler link that registers.
 //!
 //! With several scheduler groups ([`FrontendNode::with_groups`], issue 19)
@@ -40,7 +40,9 @@
 //! The node is composed of parts, each its own module: `link`, one
 //! scheduler link's state machine per group (handshake, tasks out,
 //! answers in, heartbeats, liveness); `router`, the routing table and the
-//! resubmission of held tasks over the groups' links; `data`, the backends'
+//! resubmission of held tasks over the groups' links; [`held`], the tasks
+//! held across a scheduler's loss or a model's move (one table for every
+//! group: a task may move between groups); `data`, the backends'
 //! data links; `sink`, the task queue from the request handlers; `config`,
 //! the configuration, the events and the bounds the parts share (a leaf).
 //! The node itself only routes between them: it owns what spans groups
@@ -48,6 +50,7 @@
 
 mod config;
 mod data;
+pub mod held;
 mod link;
 mod router;
 mod sink;
@@ -55,7 +58,7 @@ mod sink;
 pub use config::{FrontendEvent, FrontendNodeConfig, DEFAULT_COALESCE, MOVED_RETRY};
 pub use sink::{FrontendStats, NetSink, TaskSource};
 
-use crate::held::HeldTasks;
+use held::HeldTasks;
 use crate::staging::{RoutedOutcome, Staging};
 use config::{BURST, HOLD_SWEEP};
 use data::{DataCtx, DataLinks};
@@ -151,7 +154,7 @@ impl<C: Connection> FrontendNode<C> {
     /// each task sent to its model's owner by the newest table handed over
     /// ([`handle_routes`](Self::handle_routes)); a task a group answers
     /// `moved` is resubmitted to the owner with the budget left (see
-    /// [`crate::held`]). Implies failover (per group). Until the first
+    /// [`held`]). Implies failover (per group). Until the first
     /// table, tasks wait (bounded by their deadlines).
     pub fn with_groups(mut self, groups: usize) -> Self {
         let groups = groups.clamp(1, usize::from(u16::MAX));

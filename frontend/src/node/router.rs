@@ -9,7 +9,7 @@
 use super::config::{BURST, HOLD_SWEEP, MOVED_RETRY};
 use super::link::SchedLink;
 use super::sink::TaskQueue;
-use crate::held::HeldTasks;
+use super::held::HeldTasks;
 use crate::staging::Staging;
 use dataplane::time::Instant;
 use dataplane::transport::Connection;
