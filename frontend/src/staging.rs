@@ -733,21 +733,20 @@ impl Ticket {
         true
     }
 
+    /// Moves this request's slot from waiting to `next` (one of the slot
+    /// states); false if it was not waiting (an outcome is in or being
+    /// written).
+    fn leave_waiting(&self, next: u64) -> bool {
+        let cell = &self.staging.cells[self.index as usize];
+        cell.state
+            .compare_exchange(self.seq << 3 | WAITING, self.seq << 3 | next, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
     /// Ends the request as failed without waiting (its task could not be
     /// sent). The slot is freed at once: nobody will READ it.
     pub fn fail_unsent(mut self) {
-        let cell = &self.staging.cells[self.index as usize];
-        let waiting = self.seq << 3 | WAITING;
-        if cell
-            .state
-            .compare_exchange(
-                waiting,
-                self.seq << 3 | WRITING,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_ok()
-        {
+        if self.leave_waiting(WRITING) {
             self.staging.counters.failed.fetch_add(1, Ordering::SeqCst);
             self.staging.release(self.index, self.seq);
             self.finished = true;
@@ -783,18 +782,7 @@ impl Drop for Ticket {
         if self.finished {
             return;
         }
-        let cell = &self.staging.cells[self.index as usize];
-        let waiting = self.seq << 3 | WAITING;
-        if cell
-            .state
-            .compare_exchange(
-                waiting,
-                self.seq << 3 | ORPHANED,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_err()
-        {
+        if !self.leave_waiting(ORPHANED) {
             // The outcome is here or being written: it was counted; free.
             self.staging.wait_written(self.index, self.seq);
             let _ = self.staging.take_done(self.index, self.seq);
