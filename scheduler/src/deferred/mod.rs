@@ -95,7 +95,7 @@ pub const DEFAULT_EARLY_DROP_FRACTION: f64 = 0.95;
 /// [`Departure::LightLoad`]: a model whose arrivals, served in batches of
 /// the current size, need at most this share of one GPU does not defer
 /// while a GPU idles.
-pub const LIGHT_LOAD_SHARE: f64 = 0.1;
+pub const LIGHT_LOAD_SHARE: f64 = 0.25;
 /// [`Departure::LightLoad`]: nor does a batch whose expected growth by its
 /// latest start would raise its throughput per GPU by less than this.
 pub const LIGHT_LOAD_GAIN: f64 = 0.05;

@@ -512,8 +512,10 @@ impl RankCore {
     fn rearm(&mut self, now: Instant) {
         self.wake = if self.by_latest.is_empty() {
             // While more models wait for their windows than GPUs are idle,
-            // the next GPU to free may be the one the fallback should use.
-            if self.pending_by_latest.len() > self.idle.len() && self.idle.is_empty() {
+            // the next GPU to free may be the one the fallback should use
+            // (without the fallback, item 8, nothing is done then: the
+            // GPU's time stays in the past and the wake would repeat).
+            if self.departures.has(Departure::WorkConserve) && self.pending_by_latest.len() > self.idle.len() && self.idle.is_empty() {
                 self.busy.peek().map(|(t, _)| t.max(now))
             } else {
                 None
