@@ -21,6 +21,9 @@ enum Rule {
     LatestStart,
     /// Every (model, batch size) candidate: the earliest latest-executable moment.
     ClockworkPaper,
+    /// Shepherd's Flex without preemption: the model whose head's largest
+    /// feasible batch is the largest.
+    Flex,
 }
 
 /// The twin of every new panel variant.
@@ -122,6 +125,9 @@ impl Plain {
                 }
                 best.map(|(_, b, _, m)| (m, 0, 0, b.0))
             }
+            // The largest batch over the models, each the head's largest
+            // feasible one; ties to the earlier head, then the lower id.
+            Rule::Flex => models.map(|m| (std::cmp::Reverse(self.feasible(now, m, 0)), self.queues[m][0].deadline, m)).min().map(|(b, _, m)| (m, 0, 0, b.0)),
         }
     }
 
@@ -269,4 +275,9 @@ fn eager_with_early_drop_matches_its_second_implementation() {
 #[test]
 fn eager_matches_its_second_implementation_on_the_panel_cases() {
     assert_within_3_percent(PolicyKind::Eager, Rule::Edf, false);
+}
+
+#[test]
+fn shepherd_flex_without_preemption_matches_its_second_implementation() {
+    assert_within_3_percent(PolicyKind::ShepherdFlex, Rule::Flex, false);
 }

@@ -118,8 +118,8 @@ pub fn check(ok: bool, flag: &'static str, rule: &'static str, value: f64) -> Re
 pub struct ClusterArgs {
     /// Scheduling policy: deferred, eager, eager-early, eager-latest-start,
     /// eager-latest-start-early, clockwork, clockwork-any, clockwork-paper,
-    /// shepherd, timeout, nexus, algorithm1 (the paper's Algorithm 1 as
-    /// written).
+    /// shepherd, shepherd-flex (Flex without preemption), timeout, nexus,
+    /// algorithm1 (the paper's Algorithm 1 as written).
     #[arg(long, default_value = "deferred")]
     pub policy: String,
     /// Batch gathering of the deferred policy: lazy or early.

@@ -97,6 +97,7 @@ fn policies() -> Vec<(&'static str, PolicyKind)> {
         ("clockwork-any", PolicyKind::ClockworkAny),
         ("clockwork-paper", PolicyKind::ClockworkPaper),
         ("shepherd", PolicyKind::Shepherd),
+        ("shepherd-flex", PolicyKind::ShepherdFlex),
         ("nexus", PolicyKind::Nexus),
         ("timeout", PolicyKind::Timeout),
         ("eager", PolicyKind::Eager),
@@ -112,7 +113,7 @@ fn policies() -> Vec<(&'static str, PolicyKind)> {
 pub const FAMILIES: [(&str, &[&str]); 5] = [
     ("eager", &["eager", "eager-early", "eager-latest-start", "eager-latest-start-early"]),
     ("clockwork", &["clockwork", "clockwork-any", "clockwork-paper"]),
-    ("shepherd", &["shepherd"]),
+    ("shepherd", &["shepherd", "shepherd-flex"]),
     ("timeout", &["timeout"]),
     ("nexus", &["nexus"]),
 ];
