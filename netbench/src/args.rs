@@ -301,9 +301,9 @@ pub(crate) struct PlotArgs {
     /// Linear latency axis (default: log).
     #[arg(long)]
     pub(crate) linear_y: bool,
-    /// Figure title.
-    #[arg(long, default_value = "netbench: latency by percentile")]
-    pub(crate) title: String,
+    /// Figure title [default: "netbench: latency by percentile"].
+    #[arg(long)]
+    pub(crate) title: Option<String>,
 }
 
 #[derive(Args, Clone)]
@@ -317,8 +317,9 @@ pub(crate) struct PerfArgs {
     /// Every size from 2 B to 8 MiB in powers of two (perftest's -a).
     #[arg(short = 'a', long = "all-sizes", conflicts_with = "size")]
     pub(crate) all_sizes: bool,
-    /// Bytes per operation (suffixes: KiB, MiB, KB, MB).
-    #[arg(long, short = 's', default_value = "2", value_parser = parse_object_size)]
+    /// Bytes per operation (suffixes: KiB, MiB, KB, MB); netbench's one default size, the
+    /// serving input of the incast commands (perftest's lat default is 2 B: `-s 2`).
+    #[arg(long, short = 's', default_value = "150KiB", value_parser = parse_object_size)]
     pub(crate) size: u32,
     /// Measured iterations per size: rounds (lat) or operations per queue pair (bw)
     /// [default: 1000 (lat), 5000 (bw), as perftest].
@@ -358,9 +359,10 @@ pub(crate) struct PerfArgs {
     /// default: start --servers local ones.
     #[arg(long, value_delimiter = ',')]
     pub(crate) peers: Vec<String>,
-    /// Local servers to start (more than one: an incast, every round or stream spans all).
-    #[arg(long, short = 'p', default_value_t = 1, conflicts_with = "peers")]
-    pub(crate) servers: usize,
+    /// Local servers to start: absent, one (point to point, as perftest); more than one,
+    /// an incast, every round or stream spanning all (as `netbench local --servers`).
+    #[arg(long = "servers", short = 'p', conflicts_with = "peers")]
+    pub(crate) servers_given: Option<usize>,
     /// How local servers wait for work [default: spin when every server and the client
     /// have a core, else block].
     #[arg(long, value_enum)]
@@ -404,6 +406,11 @@ pub(crate) struct PerfArgs {
 }
 
 impl PerfArgs {
+    /// Local servers to start (absent: one, point to point).
+    pub(crate) fn servers(&self) -> usize {
+        self.servers_given.unwrap_or(1)
+    }
+
     /// The RDMA selection of -d/-i/-x.
     pub(crate) fn rdma(&self) -> dataplane::shell::RdmaArgs {
         dataplane::shell::RdmaArgs {
@@ -422,7 +429,7 @@ pub(crate) struct SweepPlotArgs {
     /// Output SVG file.
     #[arg(long, short = 'o')]
     pub(crate) out: PathBuf,
-    /// Figure title.
-    #[arg(long, default_value = "netbench: latency and bandwidth by size")]
-    pub(crate) title: String,
+    /// Figure title [default: "netbench: latency and bandwidth by size"].
+    #[arg(long)]
+    pub(crate) title: Option<String>,
 }

@@ -139,7 +139,7 @@ pub(crate) fn cmd_plot(a: PlotArgs) -> Res<()> {
         reports.push(r);
     }
     let panels = panels_of(&reports, &a.metric)?;
-    let svg = plot::svg(&a.title, &panels, !a.linear_y);
+    let svg = plot::svg(a.title.as_deref().unwrap_or("netbench: latency by percentile"), &panels, !a.linear_y);
     std::fs::write(&a.out, svg)
         .map_err(Fail::write(a.out.clone()))?;
     tracing::info!(

@@ -238,14 +238,14 @@ pub(crate) fn cmd_perf(a: PerfArgs, test: Test) -> Res<()> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let idle = a
             .server_idle
-            .unwrap_or(if a.servers + 1 + usize::from(a.under_load) <= cores {
+            .unwrap_or(if a.servers() + 1 + usize::from(a.under_load) <= cores {
                 Idle::Spin
             } else {
                 Idle::Block
             });
         let lo = crate::local::LocalOptions {
             kind: a.transport,
-            servers: a.servers,
+            servers: a.servers(),
             objects: 1,
             size: largest,
             idle,
@@ -769,7 +769,7 @@ pub(crate) fn cmd_sweep_plot(a: SweepPlotArgs) -> Res<()> {
         })?;
         reports.push(r);
     }
-    std::fs::write(&a.out, sweep_svg(&a.title, &reports)).map_err(Fail::write(a.out.clone()))?;
+    std::fs::write(&a.out, sweep_svg(a.title.as_deref().unwrap_or("netbench: latency and bandwidth by size"), &reports)).map_err(Fail::write(a.out.clone()))?;
     tracing::info!("wrote {} ({} run(s))", a.out.display(), reports.len());
     Ok(())
 }

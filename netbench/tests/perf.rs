@@ -232,6 +232,8 @@ fn incast_and_queue_pairs_count_every_operation() {
         "2",
         "--verb",
         "write",
+        "-s",
+        "2",
         "-n",
         "25",
         "--json",
