@@ -23,11 +23,9 @@
 //! and no mispredicted arrivals to correct, that loss need not pay, so the
 //! panel keeps both and reports the better per cell.
 //!
-//! A candidate only shrinks as time passes, and only grows when requests
-//! are queued or its head is dropped (which happens only while it is being
-//! evaluated), so each model's heap key is an upper bound on its candidate,
-//! re-validated lazily when it reaches the top. Every event costs
-//! `O(log M + log G)` amortised, plus `O(log B)` per candidate evaluated.
+//! Each decision evaluates every model with queued requests (`O(M)`, plus
+//! `O(log B)` per candidate): see [`ShepherdScheduler::largest`] for why
+//! not a heap of candidate sizes.
 
 use super::{insert_by_deadline, GpuPool};
 use crate::netdelay::NetworkDelay;
@@ -50,19 +48,12 @@ struct ModelState {
 }
 
 impl ModelState {
-    /// The heap key of a candidate of at most `size`: larger first, and
-    /// with `edf` the earlier head deadline among equal sizes (a lazy
-    /// drop only moves the head later, so a stored key never ranks a
-    /// model below its candidate). Without `edf` equal sizes tie as the
-    /// heap leaves them (the preempting Flex's original order).
+    /// The rank of a candidate of `size` (lower first): larger first, and
+    /// with `edf` the earlier head deadline among equal sizes. Without
+    /// `edf` equal sizes tie to the lower model id.
     fn key(&self, size: u32, edf: bool) -> (Reverse<u32>, Instant) {
         let head = if edf { self.queue.front().map_or(Instant::NEVER, |h| h.deadline) } else { Instant::ZERO };
         (Reverse(size), head)
-    }
-
-    /// An upper bound on the candidate size.
-    fn bound(&self) -> u32 {
-        (self.queue.len() as u32).min(self.profile.max_batch())
     }
 
     /// Lazily drops heads that cannot make it, then returns the size of the
@@ -78,7 +69,7 @@ impl ModelState {
         }
         let Some(head) = self.queue.front() else { return 0 };
         let budget = head.deadline.saturating_since(now + delay.d_ctrl);
-        self.profile.max_batch_within(budget, delay.d_data, self.bound())
+        self.profile.max_batch_within(budget, delay.d_data, (self.queue.len() as u32).min(self.profile.max_batch()))
     }
 }
 
@@ -98,10 +89,6 @@ pub struct ShepherdScheduler {
     models: Vec<ModelState>,
     gpus: GpuPool,
     running: Vec<Running>,
-    /// Models with queued requests, by an upper bound of their candidate
-    /// size, largest first; then (preemption-free) by the earliest head
-    /// deadline, a lower bound of the head's (see [`ModelState::key`]).
-    by_size: IndexedHeap<(Reverse<u32>, Instant)>,
     /// GPUs running a batch, by its size, smallest first.
     running_by_size: IndexedHeap<u32>,
     /// Scratch room for a preempted batch's requests.
@@ -132,7 +119,6 @@ impl ShepherdScheduler {
             running: (0..gpus)
                 .map(|_| Running { decided_at: Instant::ZERO, exec_at: Instant::ZERO, finish_at: Instant::ZERO, members: Vec::with_capacity(max_batch) })
                 .collect(),
-            by_size: IndexedHeap::with_ids(models.len()),
             running_by_size: IndexedHeap::with_ids(gpus as usize),
             aborted: Vec::with_capacity(max_batch),
             preemptions: 0,
@@ -145,36 +131,15 @@ impl ShepherdScheduler {
         self.preemptions
     }
 
-    /// The largest candidate `(model, size)`, re-validating stale keys.
+    /// The largest candidate `(model, size)`: every model with queued
+    /// requests evaluated (`O(M)` per decision), in both variants. A heap
+    /// of candidate sizes would be cheaper, but its keys are not upper
+    /// bounds: a candidate grows when its head is dropped, so a model whose
+    /// head expired while it sat below the top may hold a larger batch than
+    /// its key says (measured: 5% of goodput on six A100 models against a
+    /// plain scan), and a baseline must not lose to its own shortcut.
     fn largest(&mut self, now: Instant, out: &mut Actions) -> Option<(ModelId, u32)> {
         let edf = !self.preempt;
-        if edf {
-            return self.largest_by_scan(now, out);
-        }
-        while let Some((stored, m)) = self.by_size.peek() {
-            let model = &mut self.models[m as usize];
-            let size = model.candidate(now, &self.delay, out);
-            if size == 0 {
-                self.by_size.remove(m);
-                continue;
-            }
-            let key = model.key(size, edf);
-            self.by_size.set(m, key);
-            // Every other key bounds its model's candidate from above.
-            if key <= stored {
-                return Some((m, size));
-            }
-        }
-        None
-    }
-
-    /// [`Self::largest`] for the preemption-free Flex: every model with
-    /// queued requests evaluated (`O(M)` per decision). The heap's keys
-    /// are not upper bounds after all: a candidate grows when its head is
-    /// dropped, so a model whose head expired while it sat below the top
-    /// may hold a larger batch than its key says (measured: 5% of goodput
-    /// on six A100 models against a plain scan).
-    fn largest_by_scan(&mut self, now: Instant, out: &mut Actions) -> Option<(ModelId, u32)> {
         let mut best: Option<((Reverse<u32>, Instant), ModelId, u32)> = None;
         for (m, model) in self.models.iter_mut().enumerate() {
             if model.queue.is_empty() {
@@ -184,7 +149,7 @@ impl ShepherdScheduler {
             if size == 0 {
                 continue;
             }
-            let key = model.key(size, true);
+            let key = model.key(size, edf);
             if best.is_none_or(|(k, _, _)| key < k) {
                 best = Some((key, m as ModelId, size));
             }
@@ -205,11 +170,6 @@ impl ShepherdScheduler {
         out.push_batch(gpu, m, exec_at, finish_at, now, slot.members.iter().copied());
         self.gpus.occupy(gpu, finish_at);
         self.running_by_size.set(gpu, size);
-        if model.queue.is_empty() {
-            self.by_size.remove(m);
-        } else {
-            self.by_size.set(m, model.key(model.bound(), !self.preempt));
-        }
     }
 
     /// Aborts the batch on `gpu`, runs the candidate there instead, and
@@ -221,11 +181,9 @@ impl ShepherdScheduler {
         self.gpus.release(gpu);
         std::mem::swap(&mut self.aborted, &mut self.running[gpu as usize].members);
         self.run(now, gpu, m, size, out);
-        let ShepherdScheduler { aborted, models, by_size, preempt, .. } = self;
+        let ShepherdScheduler { aborted, models, .. } = self;
         for r in aborted.drain(..) {
-            let model = &mut models[r.model as usize];
-            insert_by_deadline(&mut model.queue, r);
-            by_size.set(r.model, model.key(model.bound(), !*preempt));
+            insert_by_deadline(&mut models[r.model as usize].queue, r);
         }
     }
 
@@ -264,7 +222,6 @@ impl Scheduler for ShepherdScheduler {
             return;
         };
         insert_by_deadline(&mut model.queue, req);
-        self.by_size.set(req.model, model.key(model.bound(), !self.preempt));
         self.schedule(now, out);
     }
 

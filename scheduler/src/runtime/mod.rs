@@ -98,7 +98,7 @@ pub fn build(cfg: &RuntimeConfig) -> Topology {
         grants_tx.push(gr_tx);
         dispatch_rx.push(d_rx);
     }
-    let rank = RankWorker::new(RankCore::new(cfg.models.len(), cfg.gpus, cfg.core.delay), to_rank_rx, grants_tx, owner.clone());
+    let rank = RankWorker::new(RankCore::new(cfg.models.len(), cfg.gpus, cfg.core.delay).with_departures(cfg.core.departures), to_rank_rx, grants_tx, owner.clone());
     let gpus = EmulatedGpus::new(&cfg.models, cfg.gpus, dispatch_rx);
     Topology { model_workers, rank, gpus, ingress, owner }
 }

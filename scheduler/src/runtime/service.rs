@@ -186,7 +186,7 @@ impl PinnedScheduler {
             grants_tx.push(gr_tx);
         }
         let (rank_tx, rank_rx) = channel(CONTROL_SLOTS);
-        let rank = RankWorker::new(RankCore::new(models.len(), 0, core.delay), to_rank_rx, grants_tx, owner.clone()).with_control(rank_rx);
+        let rank = RankWorker::new(RankCore::new(models.len(), 0, core.delay).with_departures(core.departures), to_rank_rx, grants_tx, owner.clone()).with_control(rank_rx);
         let mut layout: Vec<ThreadPlacement> = (0..threads)
             .map(|i| ThreadPlacement { thread: format!("{name}-model-{i}"), core: cfg.cores.get(i).copied() })
             .collect();
