@@ -114,13 +114,16 @@ import re, sys
 import numpy as np
 import onnxruntime as ort
 model, config, out = sys.argv[1:4]
-max_batch = int(re.search(r"max_batch_size:\s*(\d+)", open(config).read()).group(1))
+text = open(config).read()
+max_batch = int(re.search(r"max_batch_size:\s*(\d+)", text).group(1))
+# The input's dims from config.pbtxt: the graph may leave some symbolic.
+dims = re.search(r"input \[ \{[^}]*dims: \[([^\]]*)\]", text).group(1)
 so = ort.SessionOptions()
 so.intra_op_num_threads = 1
 so.inter_op_num_threads = 1
 s = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 i, o = s.get_inputs()[0], s.get_outputs()[0]
-shape = [max_batch] + [int(d) for d in i.shape[1:]]
+shape = [max_batch] + [int(d) for d in dims.split(",")]
 x = np.random.default_rng(51).random(shape, dtype=np.float32)
 y = s.run([o.name], {i.name: x})[0]
 x.tofile(f"{out}/input.bin")
