@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 
 use dataplane::control::Liveness;
-use dataplane::join::JoinToken;
+use dataplane::join::{JoinToken, DATA_LINK_LABEL};
 use dataplane::time::{Duration, Instant};
 use dataplane::transport::{Connection, Error};
 use dataplane::wire::{self, Join, Message, Register, Role, WireError};
@@ -204,6 +204,18 @@ struct Installed {
     lost: bool,
 }
 
+/// A frontend link the host opened, not yet in use.
+struct PendingFrontend<C> {
+    frontend: u32,
+    conn: C,
+    /// Used even if the frontend's old link still has READs outstanding
+    /// from then on.
+    replace_at: Instant,
+    /// With a join token: the frontend's `Challenge` must come by then
+    /// (none once answered, or without a token: `Register` was sent).
+    challenge_by: Option<Instant>,
+}
+
 /// The backend's logic over links `C` and executor `E`.
 pub struct BackendNode<C: Connection, E: Executor> {
     cfg: BackendNodeConfig,
@@ -213,9 +225,9 @@ pub struct BackendNode<C: Connection, E: Executor> {
     seen_heard: Instant,
     hb: [u8; 64],
     msg: Vec<u8>,
-    /// New links waiting for the old one's READs: (frontend, link,
-    /// replace anyway at).
-    pending: Vec<(u32, C, Instant)>,
+    /// New links waiting for the frontend's challenge or the old link's
+    /// READs.
+    pending: Vec<PendingFrontend<C>>,
     installed: Vec<Installed>,
     next_key: u64,
     draining: bool,
@@ -225,6 +237,8 @@ pub struct BackendNode<C: Connection, E: Executor> {
     scheduler_heartbeats: u64,
     /// The cluster's join token (its MAC answers the challenge).
     token: Option<JoinToken>,
+    /// The token's data-link form (answers the frontends' challenges).
+    data_token: Option<JoinToken>,
     /// A control delay bound that wins over the announced one.
     delay_override: Option<Duration>,
     /// The bound in force, once registered.
@@ -260,6 +274,7 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             events: VecDeque::new(),
             scheduler_heartbeats: 0,
             token: None,
+            data_token: None,
             delay_override: None,
             control_delay: None,
             failover: false,
@@ -299,6 +314,7 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
     /// This node proving `token` when it registers (none: it registers
     /// without, which a scheduler that requires one refuses).
     pub fn with_join_token(mut self, token: Option<JoinToken>) -> Self {
+        self.data_token = token.as_ref().map(|t| t.for_purpose(DATA_LINK_LABEL));
         self.token = token;
         self
     }
@@ -317,12 +333,21 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
     }
 
     /// The link the host opened to `frontend` after
-    /// [`BackendEvent::ConnectFrontend`]. The node sends `Register{Backend}`
-    /// on it first, and uses it once the frontend's previous link (if any)
-    /// has no READs outstanding or `replace_timeout` from `now` passed.
-    /// Ignored while draining.
+    /// [`BackendEvent::ConnectFrontend`]. With a join token the node waits
+    /// (up to the handshake timeout) for the frontend's `Challenge` and
+    /// answers with a `Join{Backend}` signed with the token's data-link
+    /// form (see `frontend::node::data`); without one it sends a bare
+    /// `Register{Backend}` at once. It uses the link once the frontend's
+    /// previous link (if any) has no READs outstanding or `replace_timeout`
+    /// from `now` passed. Ignored while draining.
     pub fn handle_frontend_link(&mut self, now: Instant, frontend: u32, mut conn: C) {
         if self.draining || self.state == State::Done {
+            return;
+        }
+        let replace_at = now + self.cfg.replace_timeout;
+        if self.data_token.is_some() {
+            let challenge_by = Some(now + self.cfg.handshake_timeout);
+            self.pending.push(PendingFrontend { frontend, conn, replace_at, challenge_by });
             return;
         }
         let me = Register::new(Role::Backend, self.cfg.id, self.cfg.gpus, "");
@@ -330,7 +355,7 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             .map_err(Error::from)
             .and_then(|n| send_or_progress(&mut conn, &self.msg[..n]));
         match sent {
-            Ok(()) => self.pending.push((frontend, conn, now + self.cfg.replace_timeout)),
+            Ok(()) => self.pending.push(PendingFrontend { frontend, conn, replace_at, challenge_by: None }),
             Err(e) => self.events.push_back(BackendEvent::FrontendUnreachable {
                 why: format!("registering with frontend {frontend}: {e}"),
             }),
@@ -370,11 +395,14 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             let expiry = (!self.draining).then(|| l.expires_at());
             [Some(l.next_send()), expiry].into_iter().flatten()
         });
-        let replaced = self
-            .pending
-            .iter()
-            .filter(|(f, _, _)| self.worker.frontend_ref(*f).is_some_and(|c| c.outstanding_reads() > 0))
-            .map(|&(_, _, at)| at);
+        let replaced = self.pending.iter().filter_map(|p| match p.challenge_by {
+            Some(by) => Some(by),
+            None => self
+                .worker
+                .frontend_ref(p.frontend)
+                .is_some_and(|c| c.outstanding_reads() > 0)
+                .then_some(p.replace_at),
+        });
         [handshake, self.worker.next_wakeup(), self.drain_until]
             .into_iter()
             .flatten()
@@ -682,6 +710,7 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             liveness.heard(now);
         }
         if !self.pending.is_empty() {
+            progressed |= self.answer_challenges(now);
             progressed |= self.install_pending(now);
         }
         self.notice_lost_frontends();
@@ -785,16 +814,16 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
         let mut added = false;
         let mut k = 0;
         while k < self.pending.len() {
-            let (fid, _, replace_at) = self.pending[k];
+            let p = &self.pending[k];
             let busy = self
                 .worker
-                .frontend_ref(fid)
+                .frontend_ref(p.frontend)
                 .is_some_and(|c| c.outstanding_reads() > 0);
-            if busy && now < replace_at {
+            if p.challenge_by.is_some() || (busy && now < p.replace_at) {
                 k += 1;
                 continue;
             }
-            let (fid, conn, _) = self.pending.swap_remove(k);
+            let PendingFrontend { frontend: fid, conn, .. } = self.pending.swap_remove(k);
             match self.worker.add_frontend(fid, conn) {
                 Ok(old) => {
                     let key = self.next_key;
@@ -813,6 +842,59 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             }
         }
         added
+    }
+
+    /// Answers the frontends' challenges on the links waiting for one
+    /// (with a join token); a link whose frontend sends anything else,
+    /// breaks or stays silent past the handshake timeout is let go.
+    /// Returns whether anything happened.
+    fn answer_challenges(&mut self, now: Instant) -> bool {
+        let Some(token) = self.data_token.as_ref() else {
+            return false;
+        };
+        let mut progressed = false;
+        let mut k = 0;
+        while k < self.pending.len() {
+            let p = &mut self.pending[k];
+            let Some(by) = p.challenge_by else {
+                k += 1;
+                continue;
+            };
+            // None: still waiting; Some(Ok) answered; Some(Err(why)) let go.
+            let outcome: Option<Result<(), String>> = match p.conn.try_recv(&mut self.msg) {
+                Ok(Some(n)) => Some(match wire::decode(&self.msg[..n]) {
+                    Ok(Message::Challenge(c)) => {
+                        let j = Join::new(Role::Backend, self.cfg.id, self.cfg.gpus, "");
+                        let j = j.with_mac(token.sign(&c.nonce, wire::VERSION, &j));
+                        wire::encode(&mut self.msg, &j)
+                            .map_err(Error::from)
+                            .and_then(|n| send_or_progress(&mut p.conn, &self.msg[..n]))
+                            .map_err(|e| format!("answering its challenge: {e}"))
+                    }
+                    Ok(_) => Err("it sent another message before its challenge".into()),
+                    Err(e) => Err(format!("malformed challenge: {e}")),
+                }),
+                Ok(None) if now >= by => Some(Err("no challenge within the handshake timeout".into())),
+                Ok(None) => None,
+                Err(e) => Some(Err(e.to_string())),
+            };
+            match outcome {
+                None => k += 1,
+                Some(Ok(())) => {
+                    progressed = true;
+                    p.challenge_by = None;
+                    k += 1;
+                }
+                Some(Err(why)) => {
+                    progressed = true;
+                    let gone = self.pending.swap_remove(k);
+                    self.events.push_back(BackendEvent::FrontendUnreachable {
+                        why: format!("frontend {}'s data link: {why}", gone.frontend),
+                    });
+                }
+            }
+        }
+        progressed
     }
 
     /// Reports each installed link that went down, once.
@@ -1004,6 +1086,39 @@ mod tests {
         assert_eq!(n.events(), vec![BackendEvent::Registered]);
         assert!(n.node.registered());
         (n, s)
+    }
+
+    #[test]
+    fn with_a_token_a_frontend_link_is_used_once_its_challenge_is_answered() {
+        let t0 = Instant::from_nanos(1_000_000_000);
+        let tok = JoinToken::new(b"backend data-link test token").unwrap();
+        let data = tok.for_purpose(DATA_LINK_LABEL);
+        let (Backend { net, node }, s) = node();
+        let (mut n, _s) = registered_with(t0, (Backend { net, node: node.with_join_token(Some(tok.clone())) }, s));
+        let mut fe = n.connect_frontend(t0, false);
+        n.settle(t0);
+        assert!(fe.take_all().is_empty(), "nothing before the frontend's challenge");
+        assert!(n.events().is_empty(), "not in use before it is answered");
+        assert!(n.node.poll_at().is_some_and(|t| t <= t0 + config().handshake_timeout));
+        let nonce = [4u8; wire::NONCE_LEN];
+        fe.send(&wire::Challenge::new(nonce, true)).unwrap();
+        n.settle(t0);
+        let j = fe.take_join().expect("a Join answers the challenge");
+        assert_eq!((j.role, j.id), (Role::Backend as u32, 5));
+        assert!(data.verify(&nonce, wire::VERSION, &j), "signed for the data link");
+        assert!(!tok.verify(&nonce, wire::VERSION, &j), "not a scheduler-link answer");
+        assert_eq!(n.events(), vec![BackendEvent::FrontendConnected { id: 3, replaced: false }]);
+
+        // A "frontend" that sends anything but a challenge first is let go.
+        let mut odd = n.connect_frontend(t0, false);
+        odd.send(&Register::new(Role::Frontend, 3, 0, "")).unwrap();
+        n.settle(t0);
+        let ev = n.events();
+        assert!(
+            matches!(&ev[..], [BackendEvent::FrontendUnreachable { why }] if why.contains("before its challenge")),
+            "{ev:?}"
+        );
+        assert!(odd.take_all().is_empty(), "it got no Join");
     }
 
     #[test]

@@ -28,6 +28,9 @@ pub const MIN_TOKEN_LEN: usize = 16;
 /// Prefix of every MAC input: a MAC made for another purpose with the same
 /// token never verifies here.
 pub const MAC_DOMAIN: &[u8] = b"symphony-join\0";
+/// The [`JoinToken::for_purpose`] label of the data links between a
+/// backend and a frontend.
+pub const DATA_LINK_LABEL: &[u8] = b"symphony-data-link";
 /// Bytes of the Join covered by the MAC: everything before `mac`.
 const JOIN_SIGNED_LEN: usize = std::mem::size_of::<Join>() - wire::MAC_LEN;
 
@@ -153,6 +156,15 @@ impl JoinToken {
         mac.finalize().into_bytes().into()
     }
 
+    /// The token proving membership for one purpose only (its key is
+    /// [`derive_key`](Self::derive_key) of `label`): a Join signed with it
+    /// never verifies under the cluster token itself nor under another
+    /// label, so an answer obtained on one kind of link cannot be relayed
+    /// to another.
+    pub fn for_purpose(&self, label: &[u8]) -> JoinToken {
+        JoinToken(self.derive_key(label).to_vec())
+    }
+
     /// The MAC a peer puts in its `join` (every field but `mac` set) in
     /// answer to `nonce`, speaking wire `version`.
     pub fn sign(&self, nonce: &[u8; NONCE_LEN], version: u16, join: &Join) -> [u8; wire::MAC_LEN] {
@@ -225,6 +237,20 @@ mod tests {
         let mut renamed = j;
         renamed.id = 4;
         assert!(!token.verify(&nonce, wire::VERSION, &renamed));
+    }
+
+    #[test]
+    fn a_purpose_token_answer_verifies_for_that_purpose_only() {
+        let token = JoinToken::new(b"correct horse battery staple").unwrap();
+        let data = token.for_purpose(DATA_LINK_LABEL);
+        let nonce = [9u8; NONCE_LEN];
+        let j = Join::new(Role::Backend, 3, 2, "");
+        let on_data = j.with_mac(data.sign(&nonce, wire::VERSION, &j));
+        assert!(data.verify(&nonce, wire::VERSION, &on_data));
+        assert!(!token.verify(&nonce, wire::VERSION, &on_data), "not a scheduler-link answer");
+        let on_sched = j.with_mac(token.sign(&nonce, wire::VERSION, &j));
+        assert!(!data.verify(&nonce, wire::VERSION, &on_sched), "not a data-link answer");
+        assert_eq!(format!("{data:?}"), "JoinToken(<32 bytes>)");
     }
 
     #[test]

@@ -12,7 +12,9 @@ huge and truncated lengths, a READ request for the first staging key,
 unsolicited READ responses, a seeded random blob). Then:
   - every daemon and `up` itself is still running;
   - no attacker connection got a READ response (no staging memory served
-    to a peer that never registered);
+    to a peer that never registered, nor to one that claimed a backend's id
+    with an unsigned Register or a forged Join: data links must answer the
+    frontend's challenge with the join token);
   - every port still listens, and frontend 1 serves a KServe v2 inference
     end to end (client -> frontend -> scheduler -> backend -> client).
 Exit 0 when all hold; 1 with the reason otherwise. Bounded in time.
@@ -35,7 +37,8 @@ import urllib.request
 
 MAGIC = b"SYMP"
 VERSION = 7  # dataplane::wire::VERSION (a test below reads it off the wire when it can)
-KIND_HEARTBEAT, KIND_READ_REQUEST, KIND_READ_RESPONSE = 2, 8, 9
+KIND_REGISTER, KIND_HEARTBEAT, KIND_READ_REQUEST, KIND_READ_RESPONSE, KIND_JOIN = 1, 2, 8, 9, 12
+ROLE_BACKEND, JOIN_HAS_MAC = 2, 1
 HEADER = struct.Struct("<4sHHII")  # magic, version, kind, len, reserved
 BOUND_S = 60
 
@@ -54,6 +57,18 @@ def read_request(key, offset, length, version=VERSION):
     return frame(version, KIND_READ_REQUEST, len(body), body)
 
 
+def register_backend(backend_id):
+    """An unsigned Register{Backend}: role, id, count, reserved, 64-byte endpoint."""
+    body = struct.pack("<IIII", ROLE_BACKEND, backend_id, 1, 0) + b"\0" * 64
+    return frame(VERSION, KIND_REGISTER, len(body), body)
+
+
+def forged_join(backend_id, mac):
+    """A Join{Backend} claiming a MAC it cannot have made (no token)."""
+    body = struct.pack("<IIII", ROLE_BACKEND, backend_id, 1, JOIN_HAS_MAC) + b"\0" * 64 + mac
+    return frame(VERSION, KIND_JOIN, len(body), body)
+
+
 def attack_frames():
     rng = random.Random(55)
     return [
@@ -67,6 +82,10 @@ def attack_frames():
         ("foreign version, ReadResponse", frame(VERSION + 1, KIND_READ_RESPONSE, 0)),
         ("unsolicited ReadResponse", frame(VERSION, KIND_READ_RESPONSE, 16, struct.pack("<QII", 1, 0, 0))),
         ("seeded random bytes", bytes(rng.getrandbits(8) for _ in range(512))),
+        # Data-link forgery (issue 55 item 2): claim the backend's id, then READ.
+        ("unsigned Register{Backend} then a READ", register_backend(1) + read_request(0x10000, 0, 64)),
+        ("forged Join{Backend} then a READ",
+         forged_join(1, bytes(rng.getrandbits(8) for _ in range(32))) + read_request(0x10000, 0, 64)),
     ]
 
 

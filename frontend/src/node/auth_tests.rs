@@ -177,3 +177,81 @@ fn a_scheduler_of_another_version_is_named_with_both_versions() {
     let want = format!("the scheduler speaks wire version {future}, this frontend {}", wire::VERSION);
     assert!(matches!(&ev[..], [FrontendEvent::Refused { why, .. }] if why.starts_with(&want)), "{ev:?}");
 }
+
+/// A data link handed to `fe` at time zero: the backend's end and the
+/// nonce of the challenge it got.
+fn data_link(net: &SimNet, fe: &mut FrontendNode<SimConn>) -> (SimPeer, [u8; wire::NONCE_LEN]) {
+    let (ours, theirs) = net.link(5, 1).unwrap();
+    fe.handle_backend_link(Instant::ZERO, ours);
+    let mut peer = SimPeer::new(theirs);
+    let got = peer.take_all();
+    let [first] = &got[..] else { panic!("one challenge expected, got {got:?}") };
+    let Ok(wire::Message::Challenge(c)) = wire::decode(first) else { panic!("not a challenge: {first:?}") };
+    assert!(c.token_required());
+    (peer, c.nonce)
+}
+
+/// A `Join{role}` of id 7 signed with `t` for `nonce`.
+fn signed(t: &JoinToken, role: wire::Role, nonce: [u8; wire::NONCE_LEN]) -> wire::Join {
+    let j = wire::Join::new(role, 7, 1, "");
+    j.with_mac(t.sign(&nonce, wire::VERSION, &j))
+}
+
+#[test]
+fn with_a_token_only_a_data_link_answering_its_own_challenge_is_a_backend() {
+    use dataplane::join::DATA_LINK_LABEL;
+    let net = SimNet::new(1, FaultConfig::same_instant());
+    let mut fe = frontend(Some(token(TOKEN))).with_data_link_nonces(NonceSource::Seeded(9));
+    let data = token(TOKEN).for_purpose(DATA_LINK_LABEL);
+    let (mut good, good_nonce) = data_link(&net, &mut fe);
+    let (mut wrong, n) = data_link(&net, &mut fe);
+    wrong.send(&signed(&token(b"some other cluster's token").for_purpose(DATA_LINK_LABEL), wire::Role::Backend, n)).unwrap();
+    // A scheduler-link answer (the cluster token itself) is not a data-link one.
+    let (mut relayed, n) = data_link(&net, &mut fe);
+    relayed.send(&signed(&token(TOKEN), wire::Role::Backend, n)).unwrap();
+    // The good link's answer replayed on another link (another nonce).
+    let (mut replay, n) = data_link(&net, &mut fe);
+    assert_ne!(n, good_nonce, "every link its own nonce");
+    replay.send(&signed(&data, wire::Role::Backend, good_nonce)).unwrap();
+    let (mut not_backend, n) = data_link(&net, &mut fe);
+    not_backend.send(&signed(&data, wire::Role::Frontend, n)).unwrap();
+    let (mut unsigned, _) = data_link(&net, &mut fe);
+    unsigned.send(&wire::Register::new(wire::Role::Backend, 7, 1, "")).unwrap();
+    let (_silent, _) = data_link(&net, &mut fe);
+    good.send(&signed(&data, wire::Role::Backend, good_nonce)).unwrap();
+    fe.poll(Instant::ZERO);
+    let ev: Vec<FrontendEvent> = std::iter::from_fn(|| fe.poll_event()).collect();
+    let why: Vec<&str> = ev
+        .iter()
+        .filter_map(|e| match e {
+            FrontendEvent::LinkRefused { why } => Some(why.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ev.iter().filter(|e| **e == FrontendEvent::BackendJoined(7)).count(), 1, "{ev:?}");
+    assert_eq!(why.len(), 5, "{ev:?}");
+    assert_eq!(why.iter().filter(|w| w.contains("does not answer our challenge")).count(), 3, "{why:?}");
+    assert_eq!(why.iter().filter(|w| w.contains("not a backend")).count(), 1, "{why:?}");
+    assert_eq!(why.iter().filter(|w| w.contains("unsigned Register")).count(), 1, "{why:?}");
+    assert_eq!(std::iter::from_fn(|| fe.take_closed_link()).count(), 5, "refused links are handed back");
+    assert_eq!(fe.stats().backends.load(Ordering::Relaxed), 1, "only the good link");
+    // Silence: refused at the handshake deadline (1 s).
+    fe.poll(Instant::ZERO + ms(1000));
+    let ev: Vec<FrontendEvent> = std::iter::from_fn(|| fe.poll_event()).collect();
+    assert!(matches!(&ev[..], [FrontendEvent::LinkRefused { why }] if why.contains("without Register")), "{ev:?}");
+    assert_eq!(fe.stats().backends.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn without_a_token_a_data_link_registers_unchallenged() {
+    let net = SimNet::new(1, FaultConfig::same_instant());
+    let mut fe = frontend(None);
+    let (ours, theirs) = net.link(5, 1).unwrap();
+    fe.handle_backend_link(Instant::ZERO, ours);
+    let mut peer = SimPeer::new(theirs);
+    assert!(peer.take_all().is_empty(), "no challenge in open membership");
+    peer.send(&wire::Register::new(wire::Role::Backend, 7, 1, "")).unwrap();
+    fe.poll(Instant::ZERO);
+    let ev: Vec<FrontendEvent> = std::iter::from_fn(|| fe.poll_event()).collect();
+    assert_eq!(ev, [FrontendEvent::BackendJoined(7)]);
+}

@@ -1,20 +1,44 @@
-//! The backends' data links: accepted by the host, each must register as a
-//! backend within the handshake timeout (only then may it READ staging
-//! memory); registered, it brings completions (and, on tcp, serves its
-//! READs of our slots when polled).
+//! The backends' data links: accepted by the host, each must prove it is
+//! a backend of this cluster within the handshake timeout (only then may
+//! it READ staging memory); registered, it brings completions (and, on
+//! tcp, serves its READs of our slots when polled).
+//!
+//! With a join token the proof is the scheduler links' challenge-response
+//! ([`dataplane::join`]): every accepted link gets a fresh
+//! [`Challenge`](wire::Challenge), and only a `Join{Backend}` whose MAC
+//! answers that nonce registers it. The MAC is made with the token
+//! [`for_purpose`](JoinToken::for_purpose)([`DATA_LINK_LABEL`]), not the
+//! cluster token itself: a backend's answer to a scheduler's challenge
+//! (or to a rogue "scheduler" replaying our nonce) never verifies here,
+//! and a data-link answer never admits anyone to a scheduler. Without a
+//! token (open membership) a bare `Register{Backend}` registers, as the
+//! wire always allowed; with one it is refused.
 
 use super::config::{FrontendEvent, BURST};
 use super::sink::FrontendStats;
 use crate::staging::Staging;
+use dataplane::join::{JoinToken, NonceSource, DATA_LINK_LABEL};
 use dataplane::time::Instant;
 use dataplane::transport::{Connection, Error as TransportError};
-use dataplane::wire::{self, Message, Role, WireError};
+use dataplane::wire::{self, Challenge, Message, Role, WireError, NONCE_LEN};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
 struct PendingLink<C> {
     conn: C,
     deadline: Instant,
+    proof: Proof,
+}
+
+/// What a handshaking link must send to register.
+enum Proof {
+    /// Open membership: a `Register{Backend}`.
+    Open,
+    /// A `Join{Backend}` whose MAC answers this nonce.
+    Challenged([u8; NONCE_LEN]),
+    /// The challenge could not be drawn or sent (why): refused at the
+    /// next poll.
+    Unchallenged(String),
 }
 
 struct BackendLink<C> {
@@ -26,6 +50,10 @@ struct BackendLink<C> {
 pub(super) struct DataLinks<C> {
     pending: Vec<PendingLink<C>>,
     backends: Vec<BackendLink<C>>,
+    /// The join token's data-link form; none: open membership.
+    token: Option<JoinToken>,
+    /// Where the challenges' nonces come from.
+    nonces: NonceSource,
 }
 
 /// Where the node's data-link polls put what they let go of and report.
@@ -39,12 +67,35 @@ pub(super) struct DataCtx<'a, C> {
 
 impl<C: Connection> DataLinks<C> {
     pub fn new() -> Self {
-        DataLinks { pending: Vec::new(), backends: Vec::new() }
+        DataLinks { pending: Vec::new(), backends: Vec::new(), token: None, nonces: NonceSource::Os }
     }
 
-    /// A data link accepted at `now`, to register by `deadline`.
-    pub fn handle_link(&mut self, conn: C, deadline: Instant) {
-        self.pending.push(PendingLink { conn, deadline });
+    /// Links accepted from now on must prove `token` (the cluster's join
+    /// token; none: open membership).
+    pub fn set_join_token(&mut self, token: Option<&JoinToken>) {
+        self.token = token.map(|t| t.for_purpose(DATA_LINK_LABEL));
+    }
+
+    /// The challenges' nonces come from `nonces` (the OS generator unless
+    /// set; seeded only in a deterministic harness).
+    pub fn set_nonces(&mut self, nonces: NonceSource) {
+        self.nonces = nonces;
+    }
+
+    /// A data link accepted at `now`, to register by `deadline`; with a
+    /// token it is challenged at once.
+    pub fn handle_link(&mut self, mut conn: C, deadline: Instant) {
+        let proof = match &self.token {
+            None => Proof::Open,
+            Some(_) => match self.nonces.next_nonce() {
+                None => Proof::Unchallenged("no OS randomness for a nonce".to_string()),
+                Some(nonce) => match challenge(&mut conn, nonce) {
+                    Ok(()) => Proof::Challenged(nonce),
+                    Err(e) => Proof::Unchallenged(e.to_string()),
+                },
+            },
+        };
+        self.pending.push(PendingLink { conn, deadline, proof });
     }
 
     /// The handshake deadlines.
@@ -93,25 +144,26 @@ impl<C: Connection> DataLinks<C> {
         work
     }
 
-    /// Data links waiting for their `Register{Backend}`.
+    /// Data links waiting for their proof (`Join{Backend}` answering the
+    /// challenge, or without a token `Register{Backend}`).
     pub fn poll_pending(&mut self, now: Instant, ctx: &mut DataCtx<'_, C>) -> bool {
         let mut work = false;
         let mut i = 0;
         while i < self.pending.len() {
             let p = &mut self.pending[i];
+            let token = self.token.as_ref();
             // None: still waiting; Some(Ok(backend id)) or Some(Err(why)).
-            let verdict: Option<Result<u32, DataLinkError>> = match p.conn.try_recv(ctx.buf) {
-                Ok(Some(n)) => Some(match wire::decode(&ctx.buf[..n]) {
-                    Ok(Message::Register(r)) if r.role() == Some(Role::Backend) => Ok(r.id),
-                    Ok(Message::Register(r)) => Err(DataLinkError::NotABackend(r.role)),
-                    Ok(_) => Err(DataLinkError::NoRegister(TransportError::Protocol(WireError::BadValue(
-                        "first message is not Register",
-                    )))),
-                    Err(e) => Err(DataLinkError::NoRegister(e.into())),
-                }),
-                Ok(None) if now >= p.deadline => Some(Err(DataLinkError::NoRegister(TransportError::Timeout))),
-                Ok(None) => None,
-                Err(e) => Some(Err(DataLinkError::NoRegister(e))),
+            let verdict: Option<Result<u32, DataLinkError>> = match &p.proof {
+                Proof::Unchallenged(why) => Some(Err(DataLinkError::NoChallenge(why.clone()))),
+                proof => match p.conn.try_recv(ctx.buf) {
+                    Ok(Some(n)) => Some(judge(proof, token, wire::decode(&ctx.buf[..n]))),
+                    Ok(None) if now >= p.deadline => {
+                        Some(Err(DataLinkError::NoRegister(TransportError::Timeout)))
+                    }
+                    // The challenge leaves during polls.
+                    Ok(None) => p.conn.progress().err().map(|e| Err(DataLinkError::NoRegister(e))),
+                    Err(e) => Some(Err(DataLinkError::NoRegister(e))),
+                },
             };
             let Some(verdict) = verdict else {
                 i += 1;
@@ -147,12 +199,57 @@ impl<C: Connection> DataLinks<C> {
     }
 }
 
+/// Queues a [`Challenge`] of `nonce` on a fresh data link.
+fn challenge<C: Connection>(conn: &mut C, nonce: [u8; NONCE_LEN]) -> Result<(), TransportError> {
+    let mut msg = [0u8; 128];
+    let n = wire::encode(&mut msg, &Challenge::new(nonce, true))?;
+    conn.send(&msg[..n])?;
+    match conn.progress() {
+        Ok(()) | Err(TransportError::PeerDisconnected) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// What a handshaking link's first message proves: the backend's id, or
+/// why it is refused. `token` is the data-link token when `proof` is
+/// [`Proof::Challenged`].
+fn judge(proof: &Proof, token: Option<&JoinToken>, msg: Result<Message<'_>, WireError>) -> Result<u32, DataLinkError> {
+    match (proof, token, msg) {
+        (Proof::Open, _, Ok(Message::Register(r))) if r.role() == Some(Role::Backend) => Ok(r.id),
+        (Proof::Open, _, Ok(Message::Register(r))) => Err(DataLinkError::NotABackend(r.role)),
+        (Proof::Challenged(nonce), Some(token), Ok(Message::Join(j))) => {
+            if j.role != Role::Backend as u32 {
+                Err(DataLinkError::NotABackend(j.role))
+            } else if token.verify(nonce, wire::VERSION, &j) {
+                Ok(j.id)
+            } else {
+                Err(DataLinkError::BadProof(j.id))
+            }
+        }
+        (Proof::Challenged(_), _, Ok(Message::Register(r))) => Err(DataLinkError::Unsigned(r.id)),
+        (_, _, Ok(_)) => Err(DataLinkError::NoRegister(TransportError::Protocol(WireError::BadValue(
+            "first message is neither Register nor Join",
+        )))),
+        (_, _, Err(e)) => Err(DataLinkError::NoRegister(e.into())),
+    }
+}
+
 /// Why a backend's data link is let go.
 #[derive(Debug, thiserror::Error)]
 enum DataLinkError {
     /// It registered as another role.
     #[error("refused a data connection registering as role {0} (not a backend)")]
     NotABackend(u32),
+    /// It claimed a backend id without the token's proof (wrong token, or
+    /// an answer to another link's nonce).
+    #[error("refused a data connection claiming backend {0}: its Join does not answer our challenge with the join token")]
+    BadProof(u32),
+    /// It sent a bare Register where the token's proof is required.
+    #[error("refused a data connection claiming backend {0} with an unsigned Register (this frontend requires the join token)")]
+    Unsigned(u32),
+    /// Its challenge could not be drawn or sent.
+    #[error("could not challenge a data connection: {0}")]
+    NoChallenge(String),
     /// Its first message was not a `Register`, or did not come in time.
     #[error("data connection without Register: {0}")]
     NoRegister(TransportError),

@@ -62,7 +62,7 @@ use held::HeldTasks;
 use crate::staging::{RoutedOutcome, Staging};
 use config::{BURST, HOLD_SWEEP};
 use data::{DataCtx, DataLinks};
-use dataplane::join::JoinToken;
+use dataplane::join::{JoinToken, NonceSource};
 use dataplane::time::Instant;
 use dataplane::transport::Connection;
 use dataplane::wire::{self, DropReason, Task};
@@ -183,7 +183,16 @@ impl<C: Connection> FrontendNode<C> {
     /// This node proving `token` when it registers (none: it registers
     /// without, which a scheduler that requires one refuses).
     pub fn with_join_token(mut self, token: Option<JoinToken>) -> Self {
+        // Backends' data links prove the same token (data.rs).
+        self.data.set_join_token(token.as_ref());
         self.token = token;
+        self
+    }
+
+    /// The nonces of the data links' challenges come from `nonces` (the
+    /// OS generator unless set): a deterministic harness seeds them.
+    pub fn with_data_link_nonces(mut self, nonces: NonceSource) -> Self {
+        self.data.set_nonces(nonces);
         self
     }
 

@@ -171,6 +171,8 @@ impl Default for HaSpec {
 pub const TEST_JOIN_TOKEN: &[u8] = b"symphony-inproc-test-join-token";
 /// Seed of the scheduler's challenge nonces in the harness.
 const NONCE_SEED: u64 = 0x6e6f_6e63_6573;
+/// Seeds the frontends' data-link challenges (xor the frontend id).
+const DATA_NONCE_SEED: u64 = 0x6461_7461_6c6e_6b00;
 
 impl ClusterSpec {
     /// The daemons' defaults around `models`.
@@ -669,6 +671,8 @@ impl NodeCluster {
             source,
         )
         .with_join_token(Some(self.spec.join_token.clone()))
+        // The data links' challenges replay with the run.
+        .with_data_link_nonces(NonceSource::Seeded(DATA_NONCE_SEED ^ u64::from(id)))
         .with_failover(self.spec.ha.is_some());
         if let Some(conn_b) = conn_b {
             node = node.with_groups(2);
