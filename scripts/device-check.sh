@@ -91,14 +91,23 @@ dry_run() {
 
 # --- --prepare ------------------------------------------------------------------------------
 # The test binaries of the release build: `cargo test --no-run` prints
-# "Executable tests/cuda.rs (target/release/deps/cuda-HASH)" for each.
+# "Executable tests/cuda.rs (target/release/deps/cuda-HASH)" for each, without the crate (the
+# frontend has a tests/daemon.rs too), so the one taken is the one listing a test only the
+# backend's has.
+declare -A TEST_MARKER=([cuda]=without_a_driver_construction_reports_no_cuda_driver
+  [cuda_h2d]=registered_staging_copies_faster_than_pageable_memory_on_a_gpu
+  [daemon]=cuda_executor_without_its_libraries_names_what_is_missing [lib]=exec::cuda_libs::tests::)
 test_binary() {
-  local name=$1 listing=$2
+  local name=$1 listing=$2 bin list
   if [ "$name" = lib ]; then
     grep -F 'Executable unittests src/lib.rs (' "$listing" | grep -F '/deps/backend-'
   else
     grep -F "Executable tests/$name.rs (" "$listing" | grep -F "/deps/$name-"
-  fi | sed -E 's/.*\((.*)\)$/\1/' | tail -1
+  fi | sed -E 's/.*\((.*)\)$/\1/' | while read -r bin; do
+    # Listed whole first: grep -q would end the pipe early, and pipefail count the SIGPIPE.
+    list="$("$bin" --list 2>/dev/null || true)"
+    if grep -qF "${TEST_MARKER[$name]}" <<<"$list"; then echo "$bin"; break; fi
+  done
 }
 
 references() {

@@ -33,9 +33,11 @@ for f in bin/symphony bin/symphony-backend tests/cuda tests/cuda_h2d tests/daemo
     [ -x "$b/$f" ] || fail "bundle lacks executable $f"
 done
 # The test binaries are the backend's with the cuda feature: they list the GPU tests.
-"$b/tests/cuda_h2d" --list 2>/dev/null | grep -q '^registered_staging_copies_faster_than_pageable_memory_on_a_gpu: test' \
-    || fail "tests/cuda_h2d is not the H2D test binary"
-"$b/tests/lib" --list 2>/dev/null | grep -q 'cuda_libs::tests::' || fail "tests/lib lacks cuda_libs' tests"
+grep -q '^registered_staging_copies_faster_than_pageable_memory_on_a_gpu: test' \
+    <<<"$("$b/tests/cuda_h2d" --list 2>/dev/null)" || fail "tests/cuda_h2d is not the H2D test binary"
+grep -q 'cuda_libs::tests::' <<<"$("$b/tests/lib" --list 2>/dev/null)" || fail "tests/lib lacks cuda_libs' tests"
+grep -q '^cuda_executor_on_a_gpu_initialises_before_it_needs_the_scheduler: test' \
+    <<<"$("$b/tests/daemon" --list 2>/dev/null)" || fail "tests/daemon is not the backend's daemon test binary"
 for m in ppocr_cls open_nsfw; do
     for f in input.bin output.bin meta.txt; do [ -s "$b/reference/$m/$f" ] || fail "no reference/$m/$f"; done
     grep -q '^input .* float32 ' "$b/reference/$m/meta.txt" || fail "reference/$m/meta.txt names no input"
