@@ -111,6 +111,10 @@ step overload
 # Issue 17's 3x overload run (tools/tests/serving/overload.rs), #[ignore]d in plain cargo test.
 # shellcheck disable=SC2086
 cargo test --workspace --release $RELEASE_FEATURES --test serving -- --ignored overload::
+step device-check
+# scripts/device-check.sh without a GPU (issue 51): --dry-run lists every step, --prepare packs
+# the bundle for the GPU machine from the test step's build, at most 64 MiB.
+bash tests/device_check.sh
 step loom
 # Only dataplane is rebuilt (with loom's atomics); its dependencies are the test step's.
 # shellcheck disable=SC2086
