@@ -141,7 +141,7 @@ pub struct ClusterArgs {
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Simulated seconds of arrivals.
-    #[arg(long = "duration-s", default_value_t = 30.0)]
+    #[arg(long = "duration-s", default_value_t = 10.0)]
     pub duration_s: f64,
     /// Seconds at the start that are not measured (default: 10% of the duration, at most 2 s).
     #[arg(long = "warmup-s")]

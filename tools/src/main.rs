@@ -158,10 +158,10 @@ enum Cmd {
         #[arg(long = "models", alias = "zoo-models", default_value = "all")]
         zoo_models: String,
         /// Emulated GPUs.
-        #[arg(long, default_value_t = 64)]
+        #[arg(long, default_value_t = 8)]
         gpus: u32,
         /// Offered load as a fraction of the simulated goodput.
-        #[arg(long, default_value_t = 0.7)]
+        #[arg(long, default_value_t = 0.8)]
         load: f64,
         /// Seconds of load.
         #[arg(long = "duration-s", default_value_t = 10.0)]
@@ -253,20 +253,20 @@ enum Cmd {
         /// Models: this many copies of --profile.
         #[arg(long = "profile-copies", default_value_t = 20)]
         models: usize,
-        /// Emulated GPUs.
-        #[arg(long, default_value_t = 1000)]
+        /// Emulated GPUs (required: a capacity test states its size; the figures use 1000).
+        #[arg(long)]
         gpus: u32,
         /// ModelThreads.
         #[arg(long = "model-threads", default_value_t = 1)]
         model_threads: usize,
-        /// Offered rate, requests/s.
-        #[arg(long, default_value_t = 1_000_000.0)]
-        rate: f64,
+        /// Offered rate, requests/s (required unless --find-max).
+        #[arg(long, required_unless_present = "find_max")]
+        rate: Option<f64>,
         /// Instead of --rate: search for the highest rate with dispatch lag p99.9 <= 100 us and bad rate <= 1%.
         #[arg(long = "find-max")]
         find_max: bool,
         /// Seconds per run.
-        #[arg(long = "duration-s", default_value_t = 5.0)]
+        #[arg(long = "duration-s", default_value_t = 10.0)]
         duration_s: f64,
         /// Model profile as ALPHA_MS,BETA_MS,SLO_MS (default: an A100-class ResNet-like model, so 1,000 GPUs absorb several million requests/s and the scheduler is what is measured).
         #[arg(long, default_value = "0.1,5,50")]
@@ -296,16 +296,16 @@ enum Cmd {
         #[arg(long, default_value = "all")]
         faults: String,
         /// Seconds of arrivals (virtual time).
-        #[arg(long, default_value_t = 30.0)]
+        #[arg(long, default_value_t = 10.0)]
         duration_s: f64,
-        /// Frontend nodes.
-        #[arg(long, default_value_t = 3)]
+        /// Frontend nodes (as `up`'s; the CI sweeps use 3, printed in each replay line).
+        #[arg(long, default_value_t = 2)]
         frontends: usize,
-        /// Backend nodes (one emulated GPU each).
-        #[arg(long, default_value_t = 4)]
+        /// Backend nodes, one emulated GPU each (as `up`'s; the CI sweeps use 4).
+        #[arg(long, default_value_t = 2)]
         backends: usize,
-        /// Offered load, requests per second.
-        #[arg(long, default_value_t = 800.0)]
+        /// Offered load, requests per second (the default: about half of two GPUs' capacity for the two models).
+        #[arg(long, default_value_t = 400.0)]
         rate: f64,
         /// Run this many seeds (seed, seed+1, ...) and print a summary.
         #[arg(long = "seed-count")]
@@ -554,7 +554,10 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
         },
         Cmd::Docs { what } => docs(&what),
         Cmd::BenchScheduler { models, gpus, model_threads, rate, find_max, duration_s, profile, idle, no_pin, seed, json } => {
-            let rate = if find_max { "max".to_string() } else { rate.to_string() };
+            let rate = match (find_max, rate) {
+                (false, Some(r)) => r.to_string(),
+                _ => "max".to_string(),
+            };
             Ok(bench::run(&bench::BenchArgs { models, gpus, model_threads, rate, duration_s, profile, idle, pin: !no_pin, seed, json })?)
         }
     }
