@@ -4,7 +4,8 @@
 use dataplane::time::Duration;
 use scheduler::autoscale::AutoscaleConfig;
 use scheduler::policy::{PolicyConfig, PolicyKind};
-use scheduler::sim::autoscaled::{build_elastic, simulate_elastic, ElasticConfig, ElasticReport};
+use scheduler::policy::build;
+use scheduler::sim::autoscaled::{simulate_elastic, ElasticConfig, ElasticReport};
 use scheduler::sim::{RateSchedule, Workload};
 use scheduler::zoo::{ModelSpec, Zoo};
 
@@ -36,7 +37,7 @@ fn config(kind_max_gpus: u32) -> ElasticConfig {
 }
 
 fn run(kind: PolicyKind, cfg: &ElasticConfig) -> ElasticReport {
-    let mut s = build_elastic(&cfg.models, cfg.max_gpus, &PolicyConfig::new(kind)).unwrap();
+    let mut s = build(&cfg.models, cfg.max_gpus, &PolicyConfig::new(kind)).unwrap();
     simulate_elastic(cfg, s.as_mut()).unwrap()
 }
 

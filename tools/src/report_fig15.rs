@@ -48,7 +48,7 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 use scheduler::autoscale::AutoscaleConfig;
 use scheduler::goodput::{search, GoodputSearch};
 use scheduler::policy::{PolicyConfig, PolicyKind};
-use scheduler::sim::autoscaled::{build_elastic, simulate_elastic, ElasticConfig, ElasticReport};
+use scheduler::sim::autoscaled::{simulate_elastic, ElasticConfig, ElasticReport};
 use scheduler::sim::{Popularity, RateSchedule, SimConfig, Workload};
 use scheduler::zoo::{ModelSpec, Zoo};
 use serde::Serialize;
@@ -286,7 +286,7 @@ pub fn run(quick: bool, plot_dir: Option<&Path>, json: bool, policies: &[String]
     };
     let mut runs = Vec::with_capacity(kinds.len());
     for kind in kinds {
-        let mut sched = build_elastic(&models, shape.max_gpus, &PolicyConfig::new(kind))?;
+        let mut sched = scheduler::policy::build(&models, shape.max_gpus, &PolicyConfig::new(kind))?;
         let rep = simulate_elastic(&cfg, sched.as_mut())?;
         runs.push(PolicyRun { acceptance: acceptance(&rep, &shape, g, peak_rps, day_s), run: rep });
     }

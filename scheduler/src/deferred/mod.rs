@@ -345,6 +345,11 @@ impl DeferredScheduler {
 }
 
 impl Scheduler for DeferredScheduler {
+    fn set_gpu_membership(&mut self, now: Instant, gpu: GpuId, online: bool, out: &mut Actions) -> bool {
+        self.set_gpu_online(now, gpu, online, out);
+        true
+    }
+
     fn on_request(&mut self, now: Instant, req: Request, out: &mut Actions) {
         let to_rank = &mut self.to_rank;
         self.models.on_request(now, req, out, &mut |m| to_rank.push_back(m));

@@ -18,9 +18,7 @@
 
 use super::{next_event, Arrivals, Event, InvariantViolation, Run, SimConfig, SimReport, Workload};
 use crate::autoscale::{AutoscaleConfig, Autoscaler, GpuMember, GpuPhase, ScaleError, ScaleProvider, Signals};
-use crate::deferred::{CoreConfig, DeferredScheduler};
-use crate::policy::{build, PolicyConfig, PolicyError, PolicyKind};
-use crate::types::{Actions, Admission, GpuId, ModelId, Request, Scheduler};
+use crate::types::{Actions, GpuId, Scheduler};
 use crate::zoo::ModelSpec;
 use dataplane::time::{Duration, Instant};
 use serde::Serialize;
@@ -213,55 +211,6 @@ impl ScaleProvider for SimProvider {
             .filter_map(|(g, p)| p.map(|phase| GpuMember { gpu: g as GpuId, phase, idle_fraction: self.idle[g] }))
             .collect()
     }
-}
-
-/// Deferred scheduling with the membership hook: [`DeferredScheduler`]'s
-/// own `set_gpu_online` behind [`Scheduler::set_gpu_membership`], until
-/// `impl Scheduler for DeferredScheduler` overrides the hook itself.
-pub struct ElasticDeferred(pub DeferredScheduler);
-
-impl Scheduler for ElasticDeferred {
-    fn on_request(&mut self, now: Instant, req: Request, out: &mut Actions) {
-        self.0.on_request(now, req, out);
-    }
-    fn on_batch_done(&mut self, now: Instant, gpu: GpuId, out: &mut Actions) {
-        self.0.on_batch_done(now, gpu, out);
-    }
-    fn on_wake(&mut self, now: Instant, out: &mut Actions) {
-        self.0.on_wake(now, out);
-    }
-    fn poll_at(&self) -> Option<Instant> {
-        self.0.poll_at()
-    }
-    fn name(&self) -> &'static str {
-        self.0.name()
-    }
-    fn set_admission(&mut self, model: ModelId, admission: Admission) -> bool {
-        Scheduler::set_admission(&mut self.0, model, admission)
-    }
-    fn set_gpu_membership(&mut self, now: Instant, gpu: GpuId, online: bool, out: &mut Actions) -> bool {
-        self.0.set_gpu_online(now, gpu, online, out);
-        true
-    }
-}
-
-/// [`build`], but deferred comes with the membership hook
-/// ([`ElasticDeferred`]). Its core configuration is `policy`'s knobs over
-/// [`CoreConfig::default`].
-pub fn build_elastic(models: &[ModelSpec], gpus: u32, policy: &PolicyConfig) -> Result<Box<dyn Scheduler>, PolicyError> {
-    if policy.kind != PolicyKind::Deferred || models.is_empty() || gpus == 0 {
-        return build(models, gpus, policy);
-    }
-    let core = CoreConfig {
-        gather: policy.gather,
-        delay: policy.delay,
-        min_window: policy.min_window,
-        window_gaps: policy.window_gaps,
-        early_drop_fraction: policy.early_drop_fraction,
-        efficiency_slack: policy.efficiency_slack,
-        ..CoreConfig::default()
-    };
-    Ok(Box::new(ElasticDeferred(DeferredScheduler::new(models, gpus, core))))
 }
 
 /// Per-interval tallies the driver keeps besides the [`Run`].
@@ -563,6 +512,7 @@ fn close_epoch(k: usize, now: Instant, models: &[ModelSpec], run: &Run<'_>, tall
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::{build, PolicyConfig, PolicyKind};
     use crate::sim::RateSchedule;
 
     fn models() -> Vec<ModelSpec> {
@@ -588,7 +538,7 @@ mod tests {
     }
 
     fn deferred(gpus: u32) -> Box<dyn Scheduler> {
-        build_elastic(&models(), gpus, &PolicyConfig::new(PolicyKind::Deferred)).unwrap()
+        build(&models(), gpus, &PolicyConfig::new(PolicyKind::Deferred)).unwrap()
     }
 
     fn autoscale() -> AutoscaleConfig {
