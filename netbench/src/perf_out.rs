@@ -385,18 +385,7 @@ fn emit(rep: &PerfReport, a: &PerfArgs) -> Res<()> {
     Ok(())
 }
 
-const LAT_COLUMNS: [&str; 10] = [
-    "#bytes",
-    "#iterations",
-    "t_min[usec]",
-    "t_max[usec]",
-    "t_typical[usec]",
-    "t_avg[usec]",
-    "t_stdev[usec]",
-    "99% percentile[usec]",
-    "99.9% percentile[usec]",
-    "99.99% percentile[usec]",
-];
+use crate::stats::COLUMNS as LAT_COLUMNS;
 
 const BW_COLUMNS: [&str; 5] = [
     "#bytes",
@@ -412,19 +401,7 @@ fn lat_rows(out: &mut String, rows: &[Metric]) {
     }
     out.push('\n');
     for m in rows {
-        let cells = [
-            m.bytes.to_string(),
-            m.iterations.to_string(),
-            format!("{:.2}", m.t_min),
-            format!("{:.2}", m.t_max),
-            format!("{:.2}", m.t_typical),
-            format!("{:.2}", m.t_avg),
-            format!("{:.2}", m.t_stdev),
-            format!("{:.2}", m.p99),
-            format!("{:.2}", m.p99_9),
-            format!("{:.2}", m.p99_99),
-        ];
-        for (c, v) in LAT_COLUMNS.iter().zip(cells) {
+        for (c, v) in LAT_COLUMNS.iter().zip(m.cells()) {
             out.push_str(&format!(" {v:>w$}", w = c.len().max(9)));
         }
         out.push('\n');

@@ -150,6 +150,24 @@ pub struct Metric {
     pub histogram_unit: String,
 }
 
+impl Metric {
+    /// The row under [`COLUMNS`]: sizes as integers, times in µs to 0.01.
+    pub(crate) fn cells(&self) -> [String; 10] {
+        [
+            self.bytes.to_string(),
+            self.iterations.to_string(),
+            format!("{:.2}", self.t_min),
+            format!("{:.2}", self.t_max),
+            format!("{:.2}", self.t_typical),
+            format!("{:.2}", self.t_avg),
+            format!("{:.2}", self.t_stdev),
+            format!("{:.2}", self.p99),
+            format!("{:.2}", self.p99_9),
+            format!("{:.2}", self.p99_99),
+        ]
+    }
+}
+
 /// What was measured, how, and the results (the `--json` / `--save` form).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Report {
@@ -189,7 +207,9 @@ pub struct Report {
     pub metrics: Vec<Metric>,
 }
 
-const COLUMNS: [&str; 10] = [
+/// perftest's latency columns (`ib_*_lat`) plus 99.99%, in the order of
+/// [`Metric::cells`]; every latency table of netbench prints these.
+pub(crate) const COLUMNS: [&str; 10] = [
     "#bytes",
     "#iterations",
     "t_min[usec]",
@@ -230,19 +250,7 @@ pub fn table(r: &Report) -> String {
     out.push('\n');
     for m in &r.metrics {
         out.push_str(&format!(" {:<9}", m.name));
-        let cells = [
-            m.bytes.to_string(),
-            m.iterations.to_string(),
-            format!("{:.2}", m.t_min),
-            format!("{:.2}", m.t_max),
-            format!("{:.2}", m.t_typical),
-            format!("{:.2}", m.t_avg),
-            format!("{:.2}", m.t_stdev),
-            format!("{:.2}", m.p99),
-            format!("{:.2}", m.p99_9),
-            format!("{:.2}", m.p99_99),
-        ];
-        for (c, v) in COLUMNS.iter().zip(cells) {
+        for (c, v) in COLUMNS.iter().zip(m.cells()) {
             out.push_str(&format!(" {v:>w$}", w = c.len().max(12)));
         }
         out.push('\n');
