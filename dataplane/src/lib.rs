@@ -21,3 +21,4 @@ pub mod control;
 pub mod join;
 pub mod shell;
 pub mod reconnect;
+pub mod machine;
