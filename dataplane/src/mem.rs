@@ -106,6 +106,9 @@ impl Access {
     pub const LOCAL_WRITE: Access = Access(2);
     /// Both.
     pub const ALL: Access = Access(3);
+    /// Peers may WRITE into the region (one-sided; only the rdma transport's
+    /// WRITE uses it, for netbench's write target; serving regions never ask).
+    pub const REMOTE_WRITE: Access = Access(4);
 
     /// Whether every right of `other` is in `self`.
     pub const fn contains(self, other: Access) -> bool {
