@@ -38,7 +38,7 @@ fn without_a_driver_construction_reports_no_cuda_driver() {
             assert!(text.contains("searched"), "{text}");
             eprintln!("no CUDA libraries on this host: clean error, as required: {text}");
         }
-        Err(ExecError::Cuda(e)) => {
+        Err(e @ ExecError::Cuda { .. }) => {
             assert!(
                 nvrtc_present() && !gpu_present(),
                 "a driver error with a GPU present: {e}"

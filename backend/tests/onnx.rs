@@ -244,9 +244,9 @@ fn a_gpu_model_without_a_gpu_is_refused_at_start_up_with_a_clear_message() {
     // The CPU wheel has no CUDA provider (and this machine no GPU): refused,
     // never a crash; without the `cuda` feature the message says to build it.
     match OnnxExecutor::new(region, vec![m], &OnnxOptions::default()) {
-        Err(OnnxError::Cuda(msg)) => {
-            eprintln!("refused as expected: {msg}");
-            assert!(msg.contains("cuda") || msg.contains("CUDA") || msg.contains("GPU"), "{msg}");
+        Err(OnnxError::Cuda { why, source }) => {
+            eprintln!("refused as expected: {why} ({source:?})");
+            assert!(why.contains("cuda") || why.contains("CUDA") || why.contains("GPU"), "{why}");
         }
         Err(e) => panic!("expected a CUDA refusal, got {e}"),
         Ok(_) => eprintln!("a CUDA provider and a GPU are present: nothing to refuse"),

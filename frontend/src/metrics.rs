@@ -443,10 +443,6 @@ impl Metrics {
     pub fn exec_count(&self, id: u32) -> u64 {
         self.model(id).map_or(0, |m| m.exec_count.get())
     }
-    /// Sum of the batch sizes of those executions.
-    pub fn executed_inferences(&self, id: u32) -> u64 {
-        self.model(id).map_or(0, |m| m.batch_size.sum())
-    }
 
     /// Model `id`'s stage histograms so far: (observations, sum in µs) per
     /// [`Stage::ALL`], then the end-to-end total's.

@@ -72,8 +72,8 @@ extern "C" __global__ void symphony_model(
 const KERNEL_NAME: &str = "symphony_model";
 const THREADS_PER_BLOCK: u32 = 128;
 
-fn cuda_err(e: result::DriverError) -> ExecError {
-    ExecError::Cuda(format!("{e:?}"))
+pub(super) fn cuda_err(e: result::DriverError) -> ExecError {
+    ExecError::Cuda { what: "driver", source: Box::new(e) }
 }
 
 /// Whether the CUDA driver library is found and loads on this host
@@ -197,6 +197,18 @@ impl DeviceModel for HashKernel {
     }
 }
 
+/// The batch buffers of each GPU: inputs of at most `input_slot` bytes,
+/// outputs `output_slot` apart, `max_batch` of each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CudaSlots {
+    /// Largest batch.
+    pub max_batch: u32,
+    /// Bytes of one input slot.
+    pub input_slot: u32,
+    /// Bytes between two outputs (at least every model's output length).
+    pub output_slot: u32,
+}
+
 /// Makes the model of GPU `ordinal` in its (bound) context.
 pub type MakeModel<'a> =
     dyn FnMut(&Arc<CudaContext>, usize) -> Result<Box<dyn DeviceModel>, ExecError> + 'a;
@@ -265,19 +277,12 @@ impl CudaExecutor {
     ) -> Result<Self, ExecError> {
         cuda_libs::load().map_err(ExecError::CudaLibraries)?;
         let ptx = cudarc::nvrtc::compile_ptx(KERNEL_SRC)
-            .map_err(|e| ExecError::Cuda(format!("nvrtc: {e:?}")))?;
+            .map_err(|e| ExecError::Cuda { what: "nvrtc", source: Box::new(e) })?;
         let mut hash = |ctx: &Arc<CudaContext>, _ordinal: usize| {
             HashKernel::load(ctx, &ptx).map(|k| Box::new(k) as Box<dyn DeviceModel>)
         };
-        Self::with_models(
-            ordinals,
-            staging,
-            max_batch,
-            input_slot,
-            output_slot,
-            models,
-            &mut hash,
-        )
+        let slots = CudaSlots { max_batch, input_slot, output_slot };
+        Self::with_models(ordinals, staging, slots, models, &mut hash)
     }
 
     /// As [`CudaExecutor::new`], with the model of each GPU made by `make`
@@ -286,13 +291,12 @@ impl CudaExecutor {
     pub fn with_models(
         ordinals: &[usize],
         staging: Arc<Region>,
-        max_batch: u32,
-        input_slot: u32,
-        output_slot: u32,
+        slots: CudaSlots,
         models: Vec<ExecModel>,
         make: &mut MakeModel<'_>,
     ) -> Result<Self, ExecError> {
         cuda_libs::load().map_err(ExecError::CudaLibraries)?;
+        let CudaSlots { max_batch, input_slot, output_slot } = slots;
         if max_batch == 0 || input_slot == 0 || output_slot == 0 {
             return Err(ExecError::BadJob("zero batch, input slot or output slot"));
         }

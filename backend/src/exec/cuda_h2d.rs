@@ -17,11 +17,8 @@ use cudarc::driver::result::{self, stream::StreamKind};
 use cudarc::driver::{sys, CudaContext};
 use dataplane::mem::Region;
 
+use super::cuda::cuda_err;
 use super::{cuda_libs, ExecError};
-
-fn cuda_err(e: result::DriverError) -> ExecError {
-    ExecError::Cuda(format!("{e:?}"))
-}
 
 /// One measured copy size.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -128,7 +125,7 @@ pub fn measure(ordinal: usize, sizes: &[usize], reps: u32) -> Result<Vec<H2dSamp
     let ctx = CudaContext::new(ordinal).map_err(cuda_err)?;
     ctx.bind_to_thread().map_err(cuda_err)?;
     let staging =
-        Region::anonymous(max).map_err(|e| ExecError::Cuda(format!("staging region: {e}")))?;
+        Region::anonymous(max).map_err(|e| ExecError::Cuda { what: "staging region", source: Box::new(e) })?;
     let pageable = vec![0x5au8; max];
     let stream = result::stream::create(StreamKind::NonBlocking).map_err(cuda_err)?;
     // SAFETY: a positive size in the bound context; freed below.

@@ -120,8 +120,14 @@ pub enum ExecError {
     /// The CUDA driver or NVRTC library (CUDA 12 or 13) is not found or
     /// does not load: which, and the folders searched.
     CudaLibraries(cuda_libs::MissingCudaLibs),
-    /// A CUDA call failed.
-    Cuda(String),
+    /// A CUDA call failed: what was being done, and the driver's,
+    /// compiler's or operating system's error.
+    Cuda {
+        /// The step that failed (e.g. "nvrtc", "staging region").
+        what: &'static str,
+        /// The underlying error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 impl std::fmt::Display for ExecError {
@@ -134,12 +140,19 @@ impl std::fmt::Display for ExecError {
             ExecError::NoSuchModel(m) => write!(f, "no model {m}"),
             ExecError::BadJob(why) => write!(f, "bad job: {why}"),
             ExecError::CudaLibraries(missing) => write!(f, "{missing}"),
-            ExecError::Cuda(e) => write!(f, "cuda: {e}"),
+            ExecError::Cuda { what, source } => write!(f, "cuda: {what}: {source}"),
         }
     }
 }
 
-impl std::error::Error for ExecError {}
+impl std::error::Error for ExecError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ExecError::Cuda { source, .. } => Some(source.as_ref()),
+            _ => None,
+        }
+    }
+}
 
 /// A set of devices that run batches.
 pub trait Executor {

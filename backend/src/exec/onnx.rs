@@ -68,9 +68,16 @@ pub enum OnnxError {
     /// The ONNX Runtime library was not found or did not load.
     #[error("ONNX Runtime: {0}")]
     Runtime(#[from] RuntimeLoadError),
-    /// The CUDA execution provider cannot be used here.
-    #[error("CUDA execution provider refused: {0}")]
-    Cuda(String),
+    /// The CUDA execution provider cannot be used here: why, and ONNX
+    /// Runtime's error when it gave one.
+    #[error("CUDA execution provider refused: {why}{}", .source.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    Cuda {
+        /// Why, in words.
+        why: &'static str,
+        /// ONNX Runtime's error, if the refusal came from it.
+        #[source]
+        source: Option<ort::Error>,
+    },
     /// A model's configuration cannot be served by this executor.
     #[error(transparent)]
     Model(#[from] RepositoryError),
@@ -103,20 +110,21 @@ pub enum RuntimeLoadError {
     #[error(transparent)]
     Dylib(#[from] DylibError),
     /// The library did not load.
-    #[error("cannot load {}: {what}", path.display())]
+    #[error("cannot load {}: {source}", path.display())]
     Load {
         /// The library.
         path: PathBuf,
-        /// ONNX Runtime's message.
-        what: String,
+        /// Why the library did not load (shared: the failure is kept for
+        /// the process).
+        source: Arc<ort::LoadDynamicError>,
     },
     /// The environment could not be built.
-    #[error("{}: {what}", path.display())]
+    #[error("{}: {source}", path.display())]
     Environment {
         /// The library.
         path: PathBuf,
-        /// ONNX Runtime's message.
-        what: String,
+        /// ONNX Runtime's error (shared, as for `Load`).
+        source: Arc<ort::Error>,
     },
 }
 
@@ -323,10 +331,10 @@ fn environment(dylib: Option<&Path>) -> Result<&'static ort::environment::Enviro
             None => find_dylib()?,
         };
         ort::init_from(&path)
-            .map_err(|e| RuntimeLoadError::Load { path: path.clone(), what: e.to_string() })?
+            .map_err(|e| RuntimeLoadError::Load { path: path.clone(), source: Arc::new(e) })?
             .with_name("symphony")
             .build()
-            .map_err(|e| RuntimeLoadError::Environment { path: path.clone(), what: e.to_string() })
+            .map_err(|e| RuntimeLoadError::Environment { path: path.clone(), source: Arc::new(e) })
     })
     .as_ref()
     .map_err(|e| OnnxError::Runtime(e.clone()))
@@ -362,21 +370,25 @@ fn cuda_provider(b: ort::session::builder::SessionBuilder) -> Result<ort::sessio
     match ort::ep::CUDA::is_available() {
         Ok(true) => {}
         Ok(false) => {
-            return Err(OnnxError::Cuda(
-                "this ONNX Runtime build has no CUDA provider (the CPU wheel; install onnxruntime-gpu and a driver)".into(),
-            ))
+            return Err(OnnxError::Cuda {
+                why: "this ONNX Runtime build has no CUDA provider (the CPU wheel; install onnxruntime-gpu and a driver)",
+                source: None,
+            })
         }
-        Err(e) => return Err(OnnxError::Cuda(e.to_string())),
+        Err(e) => {
+            return Err(OnnxError::Cuda { why: "cannot tell whether the CUDA provider is available", source: Some(e) })
+        }
     }
     b.with_execution_providers([ep.build().error_on_failure()])
-        .map_err(|e| OnnxError::Cuda(format!("no usable GPU or driver: {e}")))
+        .map_err(|e| OnnxError::Cuda { why: "no usable GPU or driver", source: Some(ort::Error::from(e)) })
 }
 
 #[cfg(not(feature = "cuda"))]
 fn cuda_provider(_b: ort::session::builder::SessionBuilder) -> Result<ort::session::builder::SessionBuilder, OnnxError> {
-    Err(OnnxError::Cuda(
-        "a KIND_GPU model needs the backend built with `--features cuda` (and a GPU)".into(),
-    ))
+    Err(OnnxError::Cuda {
+        why: "a KIND_GPU model needs the backend built with `--features cuda` (and a GPU)",
+        source: None,
+    })
 }
 
 fn element_type(d: DataType) -> TensorElementType {
@@ -583,7 +595,7 @@ impl OnnxExecutor {
                 }
                 match load_session(m, opts, env) {
                     Ok(s) => sessions.push(Some(s)),
-                    Err(e @ (OnnxError::Cuda(_) | OnnxError::Runtime(_))) => return Err(e),
+                    Err(e @ (OnnxError::Cuda { .. } | OnnxError::Runtime(_))) => return Err(e),
                     Err(e) => {
                         load_errors[i] = Some(e.to_string());
                         sessions.push(None);
