@@ -26,11 +26,24 @@ pub enum TlsError {
         /// The key file.
         key: PathBuf,
         /// Why.
+        #[source]
         why: Box<TlsError>,
     },
-    /// The PEM contents are unusable.
-    #[error("{0}")]
-    Pem(String),
+    /// A PEM section does not parse.
+    #[error("{what} PEM: {source}")]
+    Pem {
+        /// "certificate" or "private key".
+        what: &'static str,
+        /// The parser's error.
+        source: rustls::pki_types::pem::Error,
+    },
+    /// The certificate PEM file holds no certificate.
+    #[error("no certificate in the PEM file")]
+    NoCertificate,
+    /// rustls refused the configuration (e.g. the key does not match the
+    /// certificate).
+    #[error(transparent)]
+    Rustls(#[from] rustls::Error),
     /// Only one of `--tls-cert` and `--tls-key` was given.
     #[error("--tls-cert and --tls-key go together")]
     Unpaired,
@@ -72,19 +85,17 @@ impl TlsIdentity {
     pub fn http_config(&self) -> Result<Arc<rustls::ServerConfig>, TlsError> {
         let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&self.cert_pem)
             .collect::<Result<_, _>>()
-            .map_err(|e| TlsError::Pem(format!("certificate PEM: {e}")))?;
+            .map_err(|source| TlsError::Pem { what: "certificate", source })?;
         if certs.is_empty() {
-            return Err(TlsError::Pem("no certificate in the PEM file".into()));
+            return Err(TlsError::NoCertificate);
         }
         let key = PrivateKeyDer::from_pem_slice(&self.key_pem)
-            .map_err(|e| TlsError::Pem(format!("private key PEM: {e}")))?;
+            .map_err(|source| TlsError::Pem { what: "private key", source })?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| TlsError::Pem(e.to_string()))?
+            .with_safe_default_protocol_versions()?
             .with_no_client_auth()
-            .with_single_cert(certs, key)
-            .map_err(|e| TlsError::Pem(e.to_string()))?;
+            .with_single_cert(certs, key)?;
         cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Arc::new(cfg))
     }

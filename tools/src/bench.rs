@@ -69,16 +69,31 @@ pub enum BenchError {
     #[error("no rate passed (even 250k rps); try fewer GPUs or models, or check the machine's load")]
     NoRatePassed,
     /// The emulated GPUs saw a batch overlap another.
-    #[error("emulated GPUs saw {count} violations: {first:?}")]
-    Violations {
-        /// How many.
-        count: u64,
-        /// The first, described.
-        first: Option<String>,
-    },
+    #[error(transparent)]
+    Violations(#[from] EmulatedViolations),
     /// The report could not be encoded.
     #[error("cannot encode the report: {0}")]
     Json(#[from] serde_json::Error),
+}
+
+/// The emulated GPUs of a live run saw a batch overlap another.
+#[derive(Debug, thiserror::Error)]
+#[error("emulated GPUs saw {count} violations: {first:?}")]
+pub struct EmulatedViolations {
+    /// How many.
+    pub count: u64,
+    /// The first, described.
+    pub first: Option<String>,
+}
+
+impl EmulatedViolations {
+    /// `Err` when the run saw any.
+    pub fn check(report: &LiveReport) -> Result<(), Self> {
+        if report.violations > 0 {
+            return Err(EmulatedViolations { count: report.violations, first: report.first_violation.clone() });
+        }
+        Ok(())
+    }
 }
 
 /// One `--rate max` probe: `(rate, passed, lag p99.9 us, bad rate)`.
@@ -135,9 +150,7 @@ pub fn run(a: &BenchArgs) -> Result<(), BenchError> {
         }
         (live(rate)?, Vec::new())
     };
-    if report.violations > 0 {
-        return Err(BenchError::Violations { count: report.violations, first: report.first_violation.clone() });
-    }
+    EmulatedViolations::check(&report)?;
     if a.json {
         let mut v = serde_json::to_value(&report)?;
         if !probes.is_empty() {

@@ -6,6 +6,7 @@
 //! threads and clocks are from the model. `symphony up` is the multi-process
 //! cluster with HTTP frontends and backends.
 
+use crate::bench::EmulatedViolations;
 use crate::cli::{check, parse_idle, CliError};
 use crate::plot;
 use dataplane::idle::IdleStrategy;
@@ -60,13 +61,8 @@ pub enum LiveError {
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
     /// The emulated GPUs saw a batch overlap another.
-    #[error("emulated GPUs saw {count} violations: {first:?}")]
-    Violations {
-        /// How many.
-        count: u64,
-        /// The first, described.
-        first: Option<String>,
-    },
+    #[error(transparent)]
+    Violations(#[from] EmulatedViolations),
     /// A figure could not be written.
     #[error(transparent)]
     Plot(#[from] plot::WriteError),
@@ -111,9 +107,7 @@ pub fn run(a: &LiveArgs) -> Result<(), LiveError> {
         idle,
         pin: matches!(idle, IdleStrategy::Spin),
     })?;
-    if live.violations > 0 {
-        return Err(LiveError::Violations { count: live.violations, first: live.first_violation.clone() });
-    }
+    EmulatedViolations::check(&live)?;
     if let Some(dir) = &a.plot {
         let svg = plot::batch_sizes("Batch size distribution (simulated, same workload)", &predicted.batch_size_histogram);
         plot::write_svg(dir, "batch_sizes.svg", &svg)?;

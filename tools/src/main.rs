@@ -15,7 +15,6 @@ mod report_grid;
 mod serf_measure;
 mod reports;
 mod report_fig15;
-mod report_fig16;
 mod live;
 mod partition_cmd;
 mod route_cmd;

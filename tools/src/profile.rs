@@ -24,6 +24,8 @@ use dataplane::time::{Instant, MonotonicClock};
 use scheduler::repository::profile::{BatchLatency, ModelProfile, ProfileFile};
 use scheduler::repository::{self, RepoModel, RepositoryError};
 
+use crate::plot::WriteError;
+
 /// Why `symphony profile` stopped; each variant names the model or file.
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileCmdError {
@@ -102,13 +104,8 @@ pub enum ProfileCmdError {
         what: String,
     },
     /// The profile file could not be written.
-    #[error("cannot write {}: {source}", path.display())]
-    Write {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Write(#[from] WriteError),
     /// The profile could not be encoded.
     #[error("cannot encode the profile: {0}")]
     Encode(#[from] serde_json::Error),
@@ -162,7 +159,7 @@ pub fn run(a: &ProfileArgs) -> Result<(), ProfileCmdError> {
     }
     let out = a.out.clone().unwrap_or_else(|| ProfileFile::path(&a.model_repository));
     let text = serde_json::to_string_pretty(&file)?;
-    std::fs::write(&out, format!("{text}\n")).map_err(|source| ProfileCmdError::Write { path: out.clone(), source })?;
+    std::fs::write(&out, format!("{text}\n")).map_err(|source| WriteError { action: "write", path: out.clone(), source })?;
     tracing::info!("wrote {}", out.display());
     if a.json {
         println!("{text}");

@@ -170,12 +170,12 @@ fn p99s(cells: &[Cell], rates: &[f64], sets: &[DepartureSet]) -> Result<Vec<Vec<
     let found = parallel(&jobs, |&(s, c)| {
         let mut cfg = sim(&cells[c], 1);
         cfg.workload.rate_rps = rates[c];
-        let mut sched = build(&cfg.models, cfg.gpus, &deferred(sets[s])).map_err(|e| e.to_string())?;
-        simulate(&cfg, &mut *sched).map(|r| r.p99_ms).map_err(|e| e.to_string())
+        let mut sched = build(&cfg.models, cfg.gpus, &deferred(sets[s]))?;
+        Ok::<_, GridError>(simulate(&cfg, &mut *sched)?.p99_ms)
     })?;
     let mut out = vec![Vec::with_capacity(cells.len()); sets.len()];
     for ((s, _), p) in jobs.iter().zip(found) {
-        out[*s].push(p.map_err(GridError::Model)?);
+        out[*s].push(p?);
     }
     Ok(out)
 }

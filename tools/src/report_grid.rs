@@ -413,6 +413,12 @@ pub enum GridError {
     /// A cell names a model the zoo lacks or cannot use.
     #[error("grid: {0}")]
     Model(String),
+    /// A policy could not be built for a cell.
+    #[error("grid: {0}")]
+    Policy(#[from] scheduler::policy::PolicyError),
+    /// A simulated run broke an invariant.
+    #[error("grid: {0}")]
+    Simulation(#[from] scheduler::sim::InvariantViolation),
     /// A worker thread panicked or a search never ran.
     #[error("grid: {0}")]
     Worker(&'static str),

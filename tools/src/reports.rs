@@ -5,12 +5,14 @@
 //! contenders, the error type) and the dispatch; the reports themselves
 //! are grouped by subject: `paper` (Table 2, Figures 6a, 9, 2 and 10),
 //! `network` (Figure 14), `fig13` (Figure 13), `live` (the live runtime's curve),
-//! `deferral` (Figures 6b and 7: deferred against timeout and eager) and
-//! `quality` (Figures 11 and 12: scheduling quality). The grid
-//! is `report_grid`'s, Figure 15 `report_fig15`'s, Figure 16 `report_fig16`'s.
+//! `deferral` (Figures 6b and 7: deferred against timeout and eager),
+//! `quality` (Figures 11 and 12: scheduling quality) and `fig16` (Figure
+//! 16: partitioning). The grid is `report_grid`'s, Figure 15
+//! `report_fig15`'s.
 
 mod deferral;
 mod fig13;
+mod fig16;
 mod live;
 mod network;
 mod paper;
@@ -72,20 +74,12 @@ pub enum ReportError {
         /// What is wrong.
         source: DelayFileError,
     },
-    /// An SVG figure cannot be written.
+    /// An SVG figure (or its directory) cannot be written.
     #[error(transparent)]
     Svg(#[from] crate::plot::WriteError),
     /// A report's JSON cannot be written.
     #[error(transparent)]
     Json(#[from] serde_json::Error),
-    /// A figure cannot be written.
-    #[error("cannot write {}: {source}", path.display())]
-    Write {
-        /// The file or directory.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
 }
 
 /// Shape of the runs behind one number.
@@ -204,7 +198,7 @@ pub fn run(name: &str, quick: bool, plot_dir: Option<&Path>, model_threads: &[us
         "fig13" => fig13::fig13(quick, model_threads, plot_dir),
         "fig14" => network::fig14(quick),
         "live-curve" => live::live_curve(quick),
-        "fig16" => crate::report_fig16::run(quick, plot_dir),
+        "fig16" => fig16::run(quick, plot_dir),
         other => Err(ReportError::Unknown { name: other.to_string() }),
     }
 }

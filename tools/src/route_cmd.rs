@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use dataplane::time::Duration;
 use scheduler::election::{Etcd, EtcdConfig, EtcdTlsArgs, RoutesStoreError};
-use scheduler::routes::{RouteTable, DEFAULT_ROUTES_KEY};
+use scheduler::routes::{RouteError, RouteTable, DEFAULT_ROUTES_KEY};
 
 /// Why `symphony route` stopped.
 #[derive(Debug, thiserror::Error)]
@@ -25,12 +25,38 @@ pub enum RouteCmdError {
     /// The store refused or could not be reached.
     #[error(transparent)]
     Store(#[from] RoutesStoreError),
-    /// FILE is unreadable.
-    #[error("{0}: {1}")]
-    File(String, String),
+    /// FILE cannot be read.
+    #[error("{}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// FILE is not a routing table.
+    #[error("{}: {source}", path.display())]
+    Decode {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        source: RouteError,
+    },
     /// No runtime for the etcd client.
     #[error("{0}")]
     Io(#[from] std::io::Error),
+}
+
+/// Where the table is stored.
+#[derive(clap::Args, Debug)]
+pub struct StoreArgs {
+    /// etcd client endpoints, comma separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    etcd: Vec<String>,
+    /// The table's key.
+    #[arg(long, default_value = DEFAULT_ROUTES_KEY)]
+    key: String,
+    #[command(flatten)]
+    tls: EtcdTlsArgs,
 }
 
 /// What to do.
@@ -38,25 +64,13 @@ pub enum RouteCmdError {
 pub enum RouteAction {
     /// Print the stored routing table.
     Show {
-        /// etcd client endpoints, comma separated.
-        #[arg(long, value_delimiter = ',', required = true)]
-        etcd: Vec<String>,
-        /// The table's key.
-        #[arg(long, default_value = DEFAULT_ROUTES_KEY)]
-        key: String,
         #[command(flatten)]
-        tls: EtcdTlsArgs,
+        store: StoreArgs,
     },
     /// Store a table (FILE, JSON) or move models (--move MODEL=GROUP, repeatable).
     Set {
-        /// etcd client endpoints, comma separated.
-        #[arg(long, value_delimiter = ',', required = true)]
-        etcd: Vec<String>,
-        /// The table's key.
-        #[arg(long, default_value = DEFAULT_ROUTES_KEY)]
-        key: String,
         #[command(flatten)]
-        tls: EtcdTlsArgs,
+        store: StoreArgs,
         /// Move MODEL to GROUP in the stored table (one revision for all moves given).
         #[arg(long = "move", value_name = "MODEL=GROUP")]
         moves: Vec<String>,
@@ -65,13 +79,13 @@ pub enum RouteAction {
     },
 }
 
-/// The store at `endpoints`, over TLS when the `--etcd-*` flags say so (the
+/// The store at `a.etcd`, over TLS when the `--etcd-*` flags say so (the
 /// same flags and rules as the scheduler's and the frontend's).
-fn store(endpoints: &[String], key: &str, tls: &EtcdTlsArgs) -> Result<Etcd, RouteCmdError> {
-    let tls = tls.load().map_err(|(flag, why)| RouteCmdError::Usage(format!("--{flag}: {why}")))?;
+fn store(a: &StoreArgs) -> Result<Etcd, RouteCmdError> {
+    let tls = a.tls.load().map_err(|(flag, why)| RouteCmdError::Usage(format!("--{flag}: {why}")))?;
     let cfg = EtcdConfig {
-        endpoints: endpoints.to_vec(),
-        key: key.into(),
+        endpoints: a.etcd.clone(),
+        key: a.key.clone(),
         lease_ttl: Duration::from_millis(1000),
         op_timeout: Duration::from_millis(3000),
     };
@@ -81,20 +95,22 @@ fn store(endpoints: &[String], key: &str, tls: &EtcdTlsArgs) -> Result<Etcd, Rou
 /// Runs `symphony route`.
 pub fn run(action: &RouteAction) -> Result<(), RouteCmdError> {
     match action {
-        RouteAction::Show { etcd, key, tls } => {
-            let table = store(etcd, key, tls)?.get_routes(key)?;
+        RouteAction::Show { store: at } => {
+            let key = &at.key;
+            let table = store(at)?.get_routes(key)?;
             match table {
                 Some(t) => println!("{}", String::from_utf8_lossy(&t.encode())),
                 None => println!("no routing table under {key}"),
             }
             Ok(())
         }
-        RouteAction::Set { etcd, key, tls, moves, file } => {
-            let mut s = store(etcd, key, tls)?;
+        RouteAction::Set { store: at, moves, file } => {
+            let key = &at.key;
+            let mut s = store(at)?;
             let table = match (file, moves.is_empty()) {
                 (Some(f), true) => {
-                    let bytes = std::fs::read(f).map_err(|e| RouteCmdError::File(f.display().to_string(), e.to_string()))?;
-                    RouteTable::decode(&bytes).map_err(|e| RouteCmdError::File(f.display().to_string(), e.to_string()))?
+                    let bytes = std::fs::read(f).map_err(|source| RouteCmdError::Read { path: f.clone(), source })?;
+                    RouteTable::decode(&bytes).map_err(|source| RouteCmdError::Decode { path: f.clone(), source })?
                 }
                 (None, false) => {
                     let Some(current) = s.get_routes(key)? else {

@@ -77,14 +77,6 @@ pub enum MeasureError {
         /// Its limit.
         max: u32,
     },
-    /// The executor refused a batch.
-    #[error("{model}: batch refused: {source}")]
-    Submit {
-        /// The model.
-        model: String,
-        /// The executor's error.
-        source: ExecError,
-    },
     /// A batch failed.
     #[error("{model}: a batch failed: {what}")]
     Run {
@@ -281,24 +273,11 @@ pub struct Row {
 /// The whole comparison (what `--json` prints).
 #[derive(Clone, Debug, Serialize)]
 pub struct Comparison {
-    /// The model.
-    pub model: String,
-    /// Requests per second.
-    pub rate_rps: f64,
-    /// Requests per batch.
-    pub batch: u32,
+    /// The run's settings.
+    #[serde(flatten)]
+    pub header: Header,
     /// Batch arrivals per second.
     pub batches_per_s: f64,
-    /// Seed of the arrival stream.
-    pub seed: u64,
-    /// Intra-op thread budget of the worker.
-    pub thread_budget: usize,
-    /// Seconds of arrivals per `c`.
-    pub duration_s: f64,
-    /// Rounds the run was split into.
-    pub rounds: u32,
-    /// How the `t_i` were profiled.
-    pub profile_from: ProfileFrom,
     /// One row per `c`.
     pub rows: Vec<Row>,
     /// `c` with the lowest predicted mean latency.
@@ -376,15 +355,8 @@ pub fn compare(header: Header, lambda: f64, configs: &[Config]) -> Comparison {
     let best_predicted_from_in_run = best(|r| r.predicted_from_in_run_ms);
     let all_within = !rows.is_empty() && rows.iter().all(|r| r.relative_error.is_some_and(|e| e.abs() <= TOLERANCE));
     Comparison {
-        model: header.model,
-        rate_rps: header.rate_rps,
-        batch: header.batch,
+        header,
         batches_per_s: lambda,
-        seed: header.seed,
-        thread_budget: header.thread_budget,
-        duration_s: header.duration_s,
-        rounds: header.rounds,
-        profile_from: header.profile_from,
         rows,
         best_predicted,
         best_measured,
@@ -397,7 +369,7 @@ pub fn compare(header: Header, lambda: f64, configs: &[Config]) -> Comparison {
 }
 
 /// The run's settings as the report prints them.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize)]
 pub struct Header {
     /// The model.
     pub model: String,
@@ -407,7 +379,7 @@ pub struct Header {
     pub batch: u32,
     /// Seed of the arrival stream.
     pub seed: u64,
-    /// Intra-op thread budget.
+    /// Intra-op thread budget of the worker.
     pub thread_budget: usize,
     /// Seconds of arrivals per `c`.
     pub duration_s: f64,
@@ -670,7 +642,7 @@ fn profile_service(bench: &mut Bench, name: &str, i: usize, c: usize, round: u32
     let submit = |bench: &mut Bench, d: usize| -> Result<(), MeasureError> {
         let now = bench.clock.now();
         let job = Job { tag: d as u64, device: d as u32, model: 0, exec_at: Instant::ZERO, inputs: &slots[d].0, output: slots[d].1 };
-        bench.exec.submit(now, &job).map_err(|source| MeasureError::Submit { model: name.to_string(), source })
+        bench.exec.submit(now, &job).map_err(|source| MeasureError::Bench(ProfileCmdError::Submit { model: name.to_string(), source }))
     };
     for d in 0..i {
         submit(bench, d)?;
@@ -757,7 +729,7 @@ fn run_open_loop(bench: &mut Bench, name: &str, c: usize, lambda: f64, cfg: &Mea
                     }
                 }
             }
-            Err(StepError::Submit(source)) => return Err(MeasureError::Submit { model: name.to_string(), source }),
+            Err(StepError::Submit(source)) => return Err(MeasureError::Bench(ProfileCmdError::Submit { model: name.to_string(), source })),
             Err(StepError::Failed) => {
                 let what = bench.exec.last_error().unwrap_or("run failed").to_string();
                 return Err(MeasureError::Run { model: name.to_string(), what });
@@ -769,9 +741,10 @@ fn run_open_loop(bench: &mut Bench, name: &str, c: usize, lambda: f64, cfg: &Mea
 
 /// The human-readable report.
 pub fn print(c: &Comparison) {
+    let h = &c.header;
     println!(
         "SERF vs ONNX Runtime: {} at {:.1} rps in batches of {} ({:.2} batches/s, Poisson, seed {}), {} s per c in {} rounds, {} intra-op threads shared by the concurrent batches, t_i profiled from {:?}",
-        c.model, c.rate_rps, c.batch, c.batches_per_s, c.seed, c.duration_s, c.rounds, c.thread_budget, c.profile_from
+        h.model, h.rate_rps, h.batch, c.batches_per_s, h.seed, h.duration_s, h.rounds, h.thread_budget, h.profile_from
     );
     println!("| c | threads/batch | t_1..t_c (ms) | utilisation | service: predicted / measured (ms) | latency: predicted (ms) | measured (ms) | batches | error |");
     println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|");

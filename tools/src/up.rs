@@ -22,7 +22,7 @@ use scheduler::zoo::ModelSpec;
 use tools::cluster::{ClusterSpec, LocalCluster};
 use tracing::{info, warn};
 
-use crate::plot;
+use crate::plot::{self, WriteError};
 
 /// What the local cluster is made of, shared by `up` and `e2e`.
 #[derive(clap::Args, Clone, Debug)]
@@ -120,17 +120,16 @@ pub enum UpError {
     /// A bad option (found before any daemon starts).
     #[error("{0}")]
     Usage(String),
-    /// The cluster, the load or the simulation failed.
-    #[error("{0}")]
-    Run(String),
+    /// The cluster, the load or the simulation failed (its error, or a
+    /// message where the failure is a finding of `up`'s own).
+    #[error(transparent)]
+    Run(Box<dyn std::error::Error + Send + Sync>),
+    /// This executable's path is unknown (needed to start the daemons).
+    #[error("cannot find my own executable: {0}")]
+    OwnExe(#[source] std::io::Error),
     /// A file cannot be written.
-    #[error("cannot write {}: {source}", path.display())]
-    Write {
-        /// The file or directory.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Write(#[from] WriteError),
     /// The stop signals cannot be installed.
     #[error(transparent)]
     Signals(#[from] ControlError),
@@ -140,13 +139,13 @@ pub enum UpError {
 }
 
 /// An error of the code `up` drives (the cluster, the load generator, the
-/// simulator), by its message.
-pub(crate) fn run_err(e: impl std::fmt::Display) -> UpError {
-    UpError::Run(e.to_string())
+/// simulator), kept as the source, or a message of `up`'s own.
+pub(crate) fn run_err(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> UpError {
+    UpError::Run(e.into())
 }
 
 fn write_err(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> UpError + '_ {
-    move |source| UpError::Write { path: path.to_path_buf(), source }
+    move |source| UpError::Write(WriteError { action: "write", path: path.to_path_buf(), source })
 }
 
 /// `symphony up` options.
@@ -165,7 +164,7 @@ pub struct UpArgs {
 pub fn spec(models: &str, o: &ClusterOpts) -> Result<ClusterSpec, UpError> {
     // The transport and idle names were checked by the daemons' own
     // parsers when the command line was read, before any child starts.
-    let exe = std::env::current_exe().map_err(|e| UpError::Run(format!("cannot find my own executable: {e}")))?;
+    let exe = std::env::current_exe().map_err(UpError::OwnExe)?;
     let mut s = ClusterSpec::new(exe, &o.zoo, models);
     s.extra = o.extra.clone();
     s.frontends = o.frontends;
@@ -684,7 +683,7 @@ fn serve(mut cluster: LocalCluster, spec: &ClusterSpec) -> Result<(), UpError> {
     while !control::stop_requested() {
         for d in cluster.frontends.iter_mut().chain(cluster.backends.iter_mut()) {
             if let Some(s) = d.try_exit() {
-                return Err(UpError::Run(format!("{} exited ({s})", d.name)));
+                return Err(run_err(format!("{} exited ({s})", d.name)));
             }
         }
         // The frontends and backends outlive their scheduler (they hold
@@ -710,7 +709,7 @@ fn write_join_token(cluster: &LocalCluster, spec: &ClusterSpec) -> Result<PathBu
     let dir = spec.log_dir.clone().unwrap_or_else(std::env::temp_dir);
     std::fs::create_dir_all(&dir).map_err(write_err(&dir))?;
     let path = dir.join("join-token");
-    let text = cluster.join_token.as_text().ok_or_else(|| UpError::Run("the join token is not text".into()))?;
+    let text = cluster.join_token.as_text().ok_or_else(|| run_err("the join token is not text"))?;
     std::fs::OpenOptions::new()
         .write(true)
         .create(true)

@@ -154,13 +154,9 @@ pub(super) fn fig2(quick: bool, plot_dir: Option<&Path>) -> Result<(), ReportErr
 }
 
 fn write_fig2_plots(dir: &Path, good: &[plot::Series], util: &[plot::Series]) -> Result<(), ReportError> {
-    std::fs::create_dir_all(dir).map_err(|source| ReportError::Write { path: dir.to_path_buf(), source })?;
-    let write = |name: &str, svg: String| {
-        let path = dir.join(name);
-        std::fs::write(&path, svg).map_err(|source| ReportError::Write { path, source })
-    };
-    write("fig2_goodput.svg", plot::lines("Goodput vs offered load (x peak)", "offered load (x deferred peak)", "goodput (x peak)", good))?;
-    write("fig2_utilisation.svg", plot::lines("GPU utilisation vs offered load", "offered load (x deferred peak)", "GPU busy fraction", util))
+    plot::write_svg(dir, "fig2_goodput.svg", &plot::lines("Goodput vs offered load (x peak)", "offered load (x deferred peak)", "goodput (x peak)", good))?;
+    plot::write_svg(dir, "fig2_utilisation.svg", &plot::lines("GPU utilisation vs offered load", "offered load (x deferred peak)", "GPU busy fraction", util))?;
+    Ok(())
 }
 
 pub(super) fn fig10(quick: bool) -> Result<(), ReportError> {

@@ -8,7 +8,7 @@ use crate::plot;
 use rand::{Rng, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 use scheduler::partition::instance::{generate, gpu_memory_bytes, zoo_memory, InstanceSpec};
-use crate::reports::ReportError;
+use super::ReportError;
 use scheduler::partition::{milp, partition, Assignment, Evaluation, PartitionError, Problem};
 use scheduler::zoo::Zoo;
 use std::path::Path;
