@@ -256,28 +256,9 @@ fn drive(
     // Group b links to the frontend only once the table names it.
     let b_frontends = if added.is_some() { 0.0 } else { 1.0 };
     let fe = &daemons[daemons.len() - 1];
-    let (ia, ib) = loop {
-        if let (Some((ia, _)), Some((ib, _))) = (leader_of(daemons, per_group, 0), leader_of(daemons, per_group, 1)) {
-            let (a, b) = (metrics_of(&daemons[ia]), metrics_of(&daemons[ib]));
-            if metric(&a, "symphony_route_revision") == Some(1.0)
-                && metric(&b, "symphony_route_revision") == Some(1.0)
-                && metric(&a, "symphony_frontends") == Some(1.0)
-                && metric(&b, "symphony_frontends") == Some(b_frontends)
-                && metric(&a, "symphony_backends") == Some(1.0)
-                && metric(&b, "symphony_backends") == Some(1.0)
-            {
-                break (ia, ib);
-            }
-        }
-        if Instant::now() >= deadline {
-            return Err(err("the two groups did not come up within 60 s"));
-        }
-        std::thread::sleep(StdDuration::from_millis(20));
-    };
+    let (ia, ib) = wait_for_groups(daemons, per_group, b_frontends, deadline)?;
     let (sched_a, sched_b) = (&daemons[ia], &daemons[ib]);
-    let batches_of = |text: &str, model: &str| metric(text, &format!("symphony_model_batches_total{{model=\"{model}\"}}")).unwrap_or(0.0);
     let batches = |text: &str| batches_of(text, moved);
-    let drops = |text: &str| metric(text, "symphony_tasks_dropped_total{reason=\"moved\"}").unwrap_or(0.0);
     let specs = scheduler::zoo::cluster_models(&r.zoo, &r.models, &[]).map_err(err)?;
     let load_cfg = crate::cluster::load_config(&specs, vec![fe.addr("http").map_err(err)?], r.rate, r.duration_s, r.seed);
     let start = Instant::now();
@@ -286,64 +267,13 @@ fn drive(
             let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().map_err(err)?;
             rt.block_on(loadgen::run(load_cfg)).map_err(err)
         });
-        let applied = (|| {
-            std::thread::sleep(StdDuration::from_secs_f64(r.reroute_at_s));
-            if let Some((store, table)) = added.as_mut() {
-                store.put_routes(DEFAULT_ROUTES_KEY, table).map_err(err)?;
-            } else {
-                let out = std::process::Command::new(&r.exe)
-                    .args(["route", "set", "--etcd", endpoints, "--move", &format!("{moved}=b")])
-                    .output()
-                    .map_err(err)?;
-                if !out.status.success() {
-                    return Err(err(format!("route set: {}", String::from_utf8_lossy(&out.stderr))));
-                }
-            }
-            let stored = Instant::now();
-            let (applied_ms, at_apply) = loop {
-                let a = metrics_of(sched_a);
-                if metric(&a, "symphony_route_revision") == Some(2.0) {
-                    break (stored.elapsed().as_secs_f64() * 1e3, batches(&a));
-                }
-                if stored.elapsed() > StdDuration::from_secs(10) {
-                    return Err(err("group a did not apply revision 2 within 10 s"));
-                }
-                std::thread::sleep(StdDuration::from_millis(5));
-            };
-            let Some(kill_at) = r.kill_a_leader_at_s.filter(|_| per_group > 1) else {
-                return Ok((applied_ms, at_apply, None));
-            };
-            std::thread::sleep(StdDuration::from_secs_f64(kill_at).saturating_sub(start.elapsed()));
-            let (old, old_epoch) = leader_of(daemons, per_group, 0).ok_or_else(|| err("group a has no leader at the kill"))?;
-            let text = metrics_of(&daemons[old]);
-            let (moved_batches_before, moved_drops_before) = (batches(&text), drops(&text));
-            daemons[old].signal(libc::SIGKILL);
-            let killed = Instant::now();
-            loop {
-                if let Some((i, e)) = leader_of(daemons, per_group, 0).filter(|&(i, e)| i != old && e > old_epoch) {
-                    let leads_after_ms = killed.elapsed().as_secs_f64() * 1e3;
-                    return Ok((applied_ms, at_apply, Some(Killed { moved_batches_before, moved_drops_before, new_leader: i, old_epoch, new_epoch: e, leads_after_ms })));
-                }
-                if killed.elapsed() > StdDuration::from_secs(10) {
-                    return Err(err("group a's standby did not lead within 10 s of the kill"));
-                }
-                std::thread::sleep(StdDuration::from_millis(5));
-            }
-        })();
+        let reroute = Reroute { r, daemons, per_group, endpoints, moved, sched_a, start };
+        let applied = reroute.run(added.as_mut());
         (h.join().map_err(|_| err("the load thread panicked")), applied)
     });
     let report = report??;
     let (applied_after_ms, at_apply, killed) = applied?;
-    // The frontend's accounting, once the last answers are in (bounded).
-    let settle = Instant::now() + StdDuration::from_secs(10);
-    let frontend = loop {
-        let t = metrics_of(fe);
-        let v = ["accepted", "succeeded", "dropped", "failed"].map(|n| metric(&t, &format!("symphony_requests_{n}_total")).unwrap_or(f64::NAN));
-        if v[0] == v[1] + v[2] + v[3] || Instant::now() >= settle {
-            break v;
-        }
-        std::thread::sleep(StdDuration::from_millis(20));
-    };
+    let frontend = settled_accounting(fe);
     let (f, b) = (metrics_of(fe), metrics_of(sched_b));
     let moved_dropped = names_of(r)
         .iter()
@@ -352,7 +282,7 @@ fn drive(
     // The killed leader's count stops at the kill; its moved drops are gone with it.
     let a = killed.as_ref().map_or_else(|| metrics_of(sched_a), |k| metrics_of(&daemons[k.new_leader]));
     let moved_batches_at_end = killed.as_ref().map_or_else(|| batches(&a), |k| k.moved_batches_before);
-    let moved_drops = killed.as_ref().map_or_else(|| drops(&a), |k| k.moved_drops_before + drops(&a));
+    let moved_drops = killed.as_ref().map_or_else(|| moved_drops(&a), |k| k.moved_drops_before + moved_drops(&a));
     let takeover = killed.map(|k| Takeover {
         old_epoch: k.old_epoch,
         new_epoch: k.new_epoch,
@@ -377,4 +307,114 @@ fn drive(
         load: report.to_string(),
         takeover,
     })
+}
+
+/// Waits (until `deadline`) for both groups' leaders to hold revision 1 with
+/// their links up; returns their indices in `daemons`.
+fn wait_for_groups(daemons: &[Daemon], per_group: usize, b_frontends: f64, deadline: Instant) -> Result<(usize, usize), GroupsError> {
+    loop {
+        if let (Some((ia, _)), Some((ib, _))) = (leader_of(daemons, per_group, 0), leader_of(daemons, per_group, 1)) {
+            let (a, b) = (metrics_of(&daemons[ia]), metrics_of(&daemons[ib]));
+            if metric(&a, "symphony_route_revision") == Some(1.0)
+                && metric(&b, "symphony_route_revision") == Some(1.0)
+                && metric(&a, "symphony_frontends") == Some(1.0)
+                && metric(&b, "symphony_frontends") == Some(b_frontends)
+                && metric(&a, "symphony_backends") == Some(1.0)
+                && metric(&b, "symphony_backends") == Some(1.0)
+            {
+                return Ok((ia, ib));
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(err("the two groups did not come up within 60 s"));
+        }
+        std::thread::sleep(StdDuration::from_millis(20));
+    }
+}
+
+/// Batches of `model` a scheduler's metrics `text` counts.
+fn batches_of(text: &str, model: &str) -> f64 {
+    metric(text, &format!("symphony_model_batches_total{{model=\"{model}\"}}")).unwrap_or(0.0)
+}
+
+/// Tasks a scheduler's metrics `text` dropped as moved.
+fn moved_drops(text: &str) -> f64 {
+    metric(text, "symphony_tasks_dropped_total{reason=\"moved\"}").unwrap_or(0.0)
+}
+
+/// The frontend's accounting (accepted, succeeded, dropped, failed), once
+/// the last answers are in (bounded: 10 s).
+fn settled_accounting(fe: &Daemon) -> [f64; 4] {
+    let settle = Instant::now() + StdDuration::from_secs(10);
+    loop {
+        let t = metrics_of(fe);
+        let v = ["accepted", "succeeded", "dropped", "failed"].map(|n| metric(&t, &format!("symphony_requests_{n}_total")).unwrap_or(f64::NAN));
+        if v[0] == v[1] + v[2] + v[3] || Instant::now() >= settle {
+            return v;
+        }
+        std::thread::sleep(StdDuration::from_millis(20));
+    }
+}
+
+/// The run's reroute, beside the load: the move stored at `reroute_at_s`,
+/// group a's leader seen applying it, and with `kill_a_leader_at_s` that
+/// leader killed and its standby seen taking over.
+struct Reroute<'a> {
+    r: &'a GroupsRun,
+    daemons: &'a [Daemon],
+    per_group: usize,
+    endpoints: &'a str,
+    moved: &'a str,
+    sched_a: &'a Daemon,
+    start: Instant,
+}
+
+impl Reroute<'_> {
+    /// Stores the move (`added`: group b's whole table into the store
+    /// given; otherwise `symphony route set --move`) and returns how long
+    /// group a took to apply it, its moved batches then, and the takeover.
+    fn run(&self, added: Option<&mut (Etcd, RouteTable)>) -> Result<(f64, f64, Option<Killed>), GroupsError> {
+        std::thread::sleep(StdDuration::from_secs_f64(self.r.reroute_at_s));
+        if let Some((store, table)) = added {
+            store.put_routes(DEFAULT_ROUTES_KEY, table).map_err(err)?;
+        } else {
+            let out = std::process::Command::new(&self.r.exe)
+                .args(["route", "set", "--etcd", self.endpoints, "--move", &format!("{}=b", self.moved)])
+                .output()
+                .map_err(err)?;
+            if !out.status.success() {
+                return Err(err(format!("route set: {}", String::from_utf8_lossy(&out.stderr))));
+            }
+        }
+        let stored = Instant::now();
+        let (applied_ms, at_apply) = loop {
+            let a = metrics_of(self.sched_a);
+            if metric(&a, "symphony_route_revision") == Some(2.0) {
+                break (stored.elapsed().as_secs_f64() * 1e3, batches_of(&a, self.moved));
+            }
+            if stored.elapsed() > StdDuration::from_secs(10) {
+                return Err(err("group a did not apply revision 2 within 10 s"));
+            }
+            std::thread::sleep(StdDuration::from_millis(5));
+        };
+        let Some(kill_at) = self.r.kill_a_leader_at_s.filter(|_| self.per_group > 1) else {
+            return Ok((applied_ms, at_apply, None));
+        };
+        std::thread::sleep(StdDuration::from_secs_f64(kill_at).saturating_sub(self.start.elapsed()));
+        let (old, old_epoch) = leader_of(self.daemons, self.per_group, 0).ok_or_else(|| err("group a has no leader at the kill"))?;
+        let text = metrics_of(&self.daemons[old]);
+        let (moved_batches_before, moved_drops_before) = (batches_of(&text, self.moved), moved_drops(&text));
+        self.daemons[old].signal(libc::SIGKILL);
+        let killed = Instant::now();
+        loop {
+            if let Some((i, e)) = leader_of(self.daemons, self.per_group, 0).filter(|&(i, e)| i != old && e > old_epoch) {
+                let leads_after_ms = killed.elapsed().as_secs_f64() * 1e3;
+                return Ok((applied_ms, at_apply, Some(Killed { moved_batches_before, moved_drops_before, new_leader: i, old_epoch, new_epoch: e, leads_after_ms })));
+            }
+            if killed.elapsed() > StdDuration::from_secs(10) {
+                return Err(err("group a's standby did not lead within 10 s of the kill"));
+            }
+            std::thread::sleep(StdDuration::from_millis(5));
+        }
+    }
 }

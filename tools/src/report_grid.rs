@@ -458,11 +458,6 @@ pub fn run(quick: bool, json: bool, seeds: &[u64], sample: Option<Sample>, depar
     let mut jobs: Vec<(usize, &Cell, PolicyKind)> = cells.iter().enumerate().flat_map(|(c, cell)| pols.iter().map(move |p| (c, cell, p.1))).collect();
     let main_jobs = jobs.len();
     jobs.extend(held.iter().flat_map(|(c, cell)| BOUND_POLICIES.iter().map(move |&k| (*c, cell, k))));
-    type Goodputs = Result<JobResult, GoodputError>;
-    let results: Mutex<Vec<Option<Goodputs>>> = Mutex::new((0..jobs.len()).map(|_| None).collect());
-    let next = AtomicUsize::new(0);
-    let done = AtomicUsize::new(0);
-    let bar = Progress::new("grid", false);
     let knobs = GoodputSearch { rel_precision: 0.005, max_runs: 24, min_requests_per_model: MIN_REQUESTS_PER_MODEL, ..GoodputSearch::default() };
     tracing::info!(
         "grid: {} cells x {} policies x seeds {:?}, and the Nexus bound on {} cells: {} goodput searches",
@@ -472,22 +467,7 @@ pub fn run(quick: bool, json: bool, seeds: &[u64], sample: Option<Sample>, depar
         held.len(),
         jobs.len() * n_seeds
     );
-    std::thread::scope(|s| {
-        for _ in 0..2 {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(&(_, cell, kind)) = jobs.get(i) else { break };
-                let r: Goodputs = run_job(cell, kind, &seeds, &knobs, departures);
-                if let Ok(mut all) = results.lock() {
-                    all[i] = Some(r);
-                }
-                let n = done.fetch_add(1, Ordering::Relaxed) + 1;
-                bar.update((n * n_seeds) as u32, (jobs.len() * n_seeds) as u32, &format!("{} {} GPUs", cell.zoo, cell.gpus));
-            });
-        }
-    });
-    bar.finish();
-    let mut results = results.into_inner().map_err(|_| GridError::Worker("a worker panicked"))?;
+    let mut results = run_jobs(&jobs, &seeds, &knobs, departures)?;
     let mut bounds: Vec<Option<f64>> = vec![None; cells.len()];
     for (i, &(c, _, kind)) in jobs.iter().enumerate().skip(main_jobs) {
         match results[i].take() {
@@ -497,58 +477,9 @@ pub fn run(quick: bool, json: bool, seeds: &[u64], sample: Option<Sample>, depar
         }
     }
     let mut out = Vec::new();
-    let mut idx = 0;
     for (c, cell) in cells.iter().enumerate() {
-        let mut goodput = Vec::new();
-        let mut p99 = Vec::new();
-        let mut timeout_k_ms = Vec::new();
-        let mut per_seed: Vec<Vec<f64>> = Vec::with_capacity(pols.len());
-        for (name, kind) in &pols {
-            let g = match results[idx].take() {
-                Some(Ok(v)) if !v.goodputs.is_empty() => {
-                    if *kind == PolicyKind::Timeout {
-                        timeout_k_ms = v.timeouts.iter().map(|k| k.as_millis_f64()).collect();
-                    }
-                    p99.push((*name, median(v.p99_ms)));
-                    v.goodputs
-                }
-                Some(Ok(_)) => return Err(GridError::Worker("a cell has no seeds")),
-                Some(Err(source)) => return Err(GridError::Search { policy: name.to_string(), source }),
-                None => return Err(GridError::Worker("a search did not run")),
-            };
-            idx += 1;
-            per_seed.push(g.clone());
-            goodput.push((*name, median(g)));
-        }
-        let deferred = goodput[0].1;
-        let panel = panel(&goodput[1..], &p99[1..]);
-        // The best of the panel (the first family on a tie).
-        let best_entry = panel.iter().fold(None::<&PanelEntry>, |b, e| if b.is_none_or(|b| e.goodput_rps > b.goodput_rps) { Some(e) } else { b });
-        let (best_other, best) = best_entry.map_or(("none", 0.0), |e| (e.variant, e.goodput_rps));
-        let best_at = goodput.iter().position(|(p, _)| *p == best_other).unwrap_or(0);
-        // Paired by seed: the same arrivals for both.
-        let deferred_ahead_seeds = per_seed[0].iter().zip(&per_seed[best_at]).filter(|(d, o)| d >= o).count();
-        let ratio = match (deferred > 0.0, best > 0.0) {
-            (_, true) => Some(deferred / best),
-            (false, false) => Some(1.0),
-            (true, false) => None,
-        };
-        out.push(CellResult {
-            zoo: cell.zoo,
-            models: cell.models.iter().map(|m| m.name.clone()).collect(),
-            gpus: cell.gpus,
-            slo_ms: cell.slo.clone(),
-            arrival: cell.arrival.0.clone(),
-            popularity: cell.popularity.0.clone(),
-            goodput_rps: goodput,
-            p99_ms: p99,
-            panel,
-            best_other,
-            ratio,
-            deferred_ahead_seeds,
-            timeout_k_ms,
-            nexus_cap_bound_rps: bounds[c],
-        });
+        let at = c * pols.len();
+        out.push(cell_result(cell, &pols, &mut results[at..at + pols.len()], bounds[c])?);
     }
     let ratios: Vec<f64> = out.iter().filter_map(|c| c.ratio).collect();
     let worst_ratio = ratios.iter().copied().fold(f64::INFINITY, f64::min);
@@ -560,6 +491,89 @@ pub fn run(quick: bool, json: bool, seeds: &[u64], sample: Option<Sample>, depar
         print_markdown(&report, &pols);
     }
     Ok(())
+}
+
+/// Outcome of one (cell, policy) job.
+type Goodputs = Result<JobResult, GoodputError>;
+
+/// Runs `jobs` on two threads, with a progress bar; one outcome per job,
+/// in order (`None`: the job never ran).
+fn run_jobs(jobs: &[(usize, &Cell, PolicyKind)], seeds: &[u64], knobs: &GoodputSearch, departures: DepartureSet) -> Result<Vec<Option<Goodputs>>, GridError> {
+    let n_seeds = seeds.len();
+    let results: Mutex<Vec<Option<Goodputs>>> = Mutex::new((0..jobs.len()).map(|_| None).collect());
+    let next = AtomicUsize::new(0);
+    let done = AtomicUsize::new(0);
+    let bar = Progress::new("grid", false);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&(_, cell, kind)) = jobs.get(i) else { break };
+                let r: Goodputs = run_job(cell, kind, seeds, knobs, departures);
+                if let Ok(mut all) = results.lock() {
+                    all[i] = Some(r);
+                }
+                let n = done.fetch_add(1, Ordering::Relaxed) + 1;
+                bar.update((n * n_seeds) as u32, (jobs.len() * n_seeds) as u32, &format!("{} {} GPUs", cell.zoo, cell.gpus));
+            });
+        }
+    });
+    bar.finish();
+    results.into_inner().map_err(|_| GridError::Worker("a worker panicked"))
+}
+
+/// One cell's row from its jobs' outcomes (`results`: one per policy of
+/// `pols`, taken) and its Nexus bound.
+fn cell_result(cell: &Cell, pols: &[(&'static str, PolicyKind)], results: &mut [Option<Goodputs>], bound: Option<f64>) -> Result<CellResult, GridError> {
+    let mut goodput = Vec::new();
+    let mut p99 = Vec::new();
+    let mut timeout_k_ms = Vec::new();
+    let mut per_seed: Vec<Vec<f64>> = Vec::with_capacity(pols.len());
+    for ((name, kind), result) in pols.iter().zip(results.iter_mut()) {
+        let g = match result.take() {
+            Some(Ok(v)) if !v.goodputs.is_empty() => {
+                if *kind == PolicyKind::Timeout {
+                    timeout_k_ms = v.timeouts.iter().map(|k| k.as_millis_f64()).collect();
+                }
+                p99.push((*name, median(v.p99_ms)));
+                v.goodputs
+            }
+            Some(Ok(_)) => return Err(GridError::Worker("a cell has no seeds")),
+            Some(Err(source)) => return Err(GridError::Search { policy: name.to_string(), source }),
+            None => return Err(GridError::Worker("a search did not run")),
+        };
+        per_seed.push(g.clone());
+        goodput.push((*name, median(g)));
+    }
+    let deferred = goodput[0].1;
+    let panel = panel(&goodput[1..], &p99[1..]);
+    // The best of the panel (the first family on a tie).
+    let best_entry = panel.iter().fold(None::<&PanelEntry>, |b, e| if b.is_none_or(|b| e.goodput_rps > b.goodput_rps) { Some(e) } else { b });
+    let (best_other, best) = best_entry.map_or(("none", 0.0), |e| (e.variant, e.goodput_rps));
+    let best_at = goodput.iter().position(|(p, _)| *p == best_other).unwrap_or(0);
+    // Paired by seed: the same arrivals for both.
+    let deferred_ahead_seeds = per_seed[0].iter().zip(&per_seed[best_at]).filter(|(d, o)| d >= o).count();
+    let ratio = match (deferred > 0.0, best > 0.0) {
+        (_, true) => Some(deferred / best),
+        (false, false) => Some(1.0),
+        (true, false) => None,
+    };
+    Ok(CellResult {
+        zoo: cell.zoo,
+        models: cell.models.iter().map(|m| m.name.clone()).collect(),
+        gpus: cell.gpus,
+        slo_ms: cell.slo.clone(),
+        arrival: cell.arrival.0.clone(),
+        popularity: cell.popularity.0.clone(),
+        goodput_rps: goodput,
+        p99_ms: p99,
+        panel,
+        best_other,
+        ratio,
+        deferred_ahead_seeds,
+        timeout_k_ms,
+        nexus_cap_bound_rps: bound,
+    })
 }
 
 /// One (cell, policy) job: for the timeout policy its `k`s first, searched

@@ -448,37 +448,13 @@ pub fn run_load(c: &LocalCluster, models: &[ModelSpec], rate: f64, secs: f64, se
     let before = scrape(c)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(run_err)?;
     let r: LoadReport = rt.block_on(loadgen::run(cfg)).map_err(run_err)?;
-    // Let the last outcomes land in the daemons' counters.
-    let quiet_by = StdInstant::now() + StdDuration::from_secs(5);
-    let after = loop {
-        let s = scrape(c)?;
-        let settled = s.fronts.iter().all(|f| {
-            m(f, "symphony_requests_accepted_total")
-                == m(f, "symphony_requests_succeeded_total") + m(f, "symphony_requests_dropped_total") + m(f, "symphony_requests_failed_total")
-        });
-        if settled || StdInstant::now() >= quiet_by {
-            break s;
-        }
-        std::thread::sleep(StdDuration::from_millis(20));
-    };
-    let mut worst: f64 = 0.0;
-    for e in catalog.entries() {
-        let ok_name = format!("nv_inference_request_success{{model=\"{}\",version=\"1\"}}", e.spec.name);
-        let fail_name = format!("nv_inference_request_failure{{model=\"{}\",version=\"1\"}}", e.spec.name);
-        let d = |name: &str| -> f64 { after.fronts.iter().zip(&before.fronts).map(|(a, b)| m(a, name) - m(b, name)).sum() };
-        let (ok, fail) = (d(&ok_name), d(&fail_name));
-        if ok + fail > 0.0 {
-            worst = worst.max(fail / (ok + fail));
-        }
-    }
+    let after = scrape_settled(c)?;
+    let worst = worst_model_bad_rate(&catalog, &before, &after);
     let delta = |name: &str| m(&after.sched, name) - m(&before.sched, name);
     let online = delta("symphony_gpu_online_ns_total");
     let busy = if online > 0.0 { (delta("symphony_planned_busy_ns_total") / online).min(1.0) } else { 0.0 };
     let batches = delta("symphony_batch_size_count");
-    let accounted = after.fronts.iter().all(|f| {
-        m(f, "symphony_requests_accepted_total")
-            == m(f, "symphony_requests_succeeded_total") + m(f, "symphony_requests_dropped_total") + m(f, "symphony_requests_failed_total")
-    });
+    let accounted = after.fronts.iter().all(|f| balanced(f));
     let bad_rate = if r.sent > 0 { 1.0 - r.ok as f64 / r.sent as f64 } else { 0.0 };
     let gpus = m(&after.sched, "symphony_gpus_online") as u32;
     let (stage_mean_us, executed_mean_us) = stage_means(models, &before.fronts, &after.fronts);
@@ -517,27 +493,67 @@ pub fn run_load(c: &LocalCluster, models: &[ModelSpec], rate: f64, secs: f64, se
         backend_read_failures: sum_delta(&after.backs, &before.backs, "symphony_backend_read_failures_total"),
         priority_classes: match priority_mix {
             None => Vec::new(),
-            Some(_) => (1u32..)
-                .zip(&r.classes)
-                .map(|(priority, c)| {
-                    let (scheduler_dispatched, scheduler_drops, frontend_outcomes, stage_mean_us) = level_view(models, &before, &after, priority);
-                    PriorityClass {
-                        priority,
-                        sent: c.sent,
-                        ok: c.ok,
-                        late: c.late,
-                        unavailable: c.unavailable,
-                        other: c.other,
-                        bad_rate: c.bad_rate(),
-                        scheduler_dispatched,
-                        scheduler_drops,
-                        frontend_outcomes,
-                        stage_mean_us,
-                    }
-                })
-                .collect(),
+            Some(_) => priority_classes(models, &r, &before, &after),
         },
     })
+}
+
+/// Whether a frontend's metrics `text` account for every accepted request
+/// (succeeded, dropped or failed).
+fn balanced(text: &str) -> bool {
+    m(text, "symphony_requests_accepted_total")
+        == m(text, "symphony_requests_succeeded_total") + m(text, "symphony_requests_dropped_total") + m(text, "symphony_requests_failed_total")
+}
+
+/// The cluster's metrics once the last outcomes landed in the daemons'
+/// counters (every frontend balanced), or after 5 s.
+fn scrape_settled(c: &LocalCluster) -> Result<Scrape, UpError> {
+    let quiet_by = StdInstant::now() + StdDuration::from_secs(5);
+    loop {
+        let s = scrape(c)?;
+        if s.fronts.iter().all(|f| balanced(f)) || StdInstant::now() >= quiet_by {
+            return Ok(s);
+        }
+        std::thread::sleep(StdDuration::from_millis(20));
+    }
+}
+
+/// The largest share of failed inferences of one model between the scrapes.
+fn worst_model_bad_rate(catalog: &ModelCatalog, before: &Scrape, after: &Scrape) -> f64 {
+    let mut worst: f64 = 0.0;
+    for e in catalog.entries() {
+        let ok_name = format!("nv_inference_request_success{{model=\"{}\",version=\"1\"}}", e.spec.name);
+        let fail_name = format!("nv_inference_request_failure{{model=\"{}\",version=\"1\"}}", e.spec.name);
+        let d = |name: &str| -> f64 { after.fronts.iter().zip(&before.fronts).map(|(a, b)| m(a, name) - m(b, name)).sum() };
+        let (ok, fail) = (d(&ok_name), d(&fail_name));
+        if ok + fail > 0.0 {
+            worst = worst.max(fail / (ok + fail));
+        }
+    }
+    worst
+}
+
+/// Each priority class's outcomes at the client and in the daemons.
+fn priority_classes(models: &[ModelSpec], r: &LoadReport, before: &Scrape, after: &Scrape) -> Vec<PriorityClass> {
+    (1u32..)
+        .zip(&r.classes)
+        .map(|(priority, c)| {
+            let (scheduler_dispatched, scheduler_drops, frontend_outcomes, stage_mean_us) = level_view(models, before, after, priority);
+            PriorityClass {
+                priority,
+                sent: c.sent,
+                ok: c.ok,
+                late: c.late,
+                unavailable: c.unavailable,
+                other: c.other,
+                bad_rate: c.bad_rate(),
+                scheduler_dispatched,
+                scheduler_drops,
+                frontend_outcomes,
+                stage_mean_us,
+            }
+        })
+        .collect()
 }
 
 fn advice_text(add: f64, remove: f64) -> String {
