@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Symphony against NVIDIA Triton 2.51 on EQUAL resources, from a clone (issue 54):
 #   bash scripts/triton-compare.sh [--quick] [--json] [--out DIR] [--cases LIST] [--protocols LIST]
+#   bash scripts/triton-compare.sh --pa-sweep [--quick] [--out DIR]
 # Cases (LIST is comma-separated; default all in full mode):
 #   ppocr_cls:1  ppocr_cls:2  open_nsfw:1  open_nsfw:2   one model, 1 or 2 model instances
 #   multi:2     both models on 2 instances in all, popularity 90/10 that flips to 10/90 halfway
@@ -24,6 +25,11 @@
 #   divided by the answers in it; reported at the goodput rung.
 # Output: DIR/summary.md (+ DIR/*.jsonl, one line per rung); with --json one JSON object on
 #   stdout, with "goodput_ratio" (Symphony / Triton's best) per case.
+# --pa-sweep: instead of the cases, does perf_analyzer (default settings, HTTP, ppocr_cls, 1
+#   instance) complete against each server at every concurrency 1..32 (quick: 1 2 4 8 16 24 32)
+#   and every rate of the ppocr_cls ladder (Poisson request-rate mode)? One row per point: done
+#   or aborted, with perf_analyzer's first error line (it aborts a measurement on any failed
+#   request). Output DIR/pa-sweep.md.
 # --quick: ppocr_cls:1, open_nsfw:1 and multi:2 over HTTP, 2.5 s rungs, Triton tuned on the
 #   first case only: under 5 minutes once installed and built.
 # Installs (cached in target/triton-ref, TRITON_DIR): the reference Triton of
@@ -33,10 +39,10 @@
 #   RELEASE_BUILD (the build command), STEP_S (seconds per rung), TRITON_DIR.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-quick=0 json=0 out="$root/target/triton-compare" cases="" protocols=""
+quick=0 json=0 pa_sweep=0 out="$root/target/triton-compare" cases="" protocols=""
 while [ $# -gt 0 ]; do
   case $1 in
-    --quick) quick=1 ;; --json) json=1 ;;
+    --quick) quick=1 ;; --json) json=1 ;; --pa-sweep) pa_sweep=1 ;;
     --out) out=$2; shift ;; --cases) cases=$2; shift ;; --protocols) protocols=$2; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
@@ -44,10 +50,10 @@ while [ $# -gt 0 ]; do
 done
 if [ "$quick" = 1 ]; then
   cases=${cases:-ppocr_cls:1,open_nsfw:1,multi:2} protocols=${protocols:-http}
-  step_s=${STEP_S:-2.5} fracs="0.05 0.15 0.25 0.35 0.45 0.6 0.8 1.0" delays="0 2000" prefs="none"
+  step_s=${STEP_S:-2.5} fracs="0.05 0.15 0.3 0.5 0.75 1.0 1.5 2.0" delays="0 2000" prefs="none" refine=2
 else
   cases=${cases:-ppocr_cls:1,ppocr_cls:2,open_nsfw:1,open_nsfw:2,multi:2} protocols=${protocols:-http,grpc}
-  step_s=${STEP_S:-8} fracs="0.05 0.1 0.2 0.3 0.4 0.5 0.6 0.7 0.8 0.9 1.0 1.1 1.2 1.4" delays="0 500 2000" prefs="none 4,8"
+  step_s=${STEP_S:-8} fracs="0.05 0.1 0.2 0.3 0.4 0.5 0.6 0.7 0.8 0.9 1.0 1.2 1.5 2.0" delays="0 500 2000" prefs="none 4,8" refine=3
 fi
 tdir="${TRITON_DIR:-$root/target/triton-ref}"
 venv=$tdir/venv py=$tdir/venv/bin/python
@@ -210,7 +216,7 @@ ladder() {
   [ "$proto" = grpc ] && url=$grpc_url
   "$py" "$root/scripts/triton_loadgen.py" ladder --url "$url" --protocol "$proto" \
     --reference "$out/reference.npz" --mix "$3" --slo-ms "$4" --rates "$5" --duration "$step_s" \
-    --server-pid "$srv_pid" > "$out/$label.jsonl" 2> "$out/$label.err" || { cat "$out/$label.err" >&2; die "load generator failed ($label)"; }
+    --refine "$refine" --server-pid "$srv_pid" > "$out/$label.jsonl" 2> "$out/$label.err" || { cat "$out/$label.err" >&2; die "load generator failed ($label)"; }
   "$py" -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1])["goodput_rps"])' "$out/$label.jsonl"
 }
 closed_loop() {  # closed_loop LABEL MODEL: perf_analyzer HTTP at concurrency 1, 4, 16 (or "failed")
@@ -218,6 +224,49 @@ closed_loop() {  # closed_loop LABEL MODEL: perf_analyzer HTTP at concurrency 1,
     -m "$2" -u "$http_url" -i http -b 1 --concurrency-range 1:16:4 --measurement-interval 3000 \
     --stability-percentage 50 --max-trials 5 -f "$out/$1-pa.csv" > "$out/$1-pa.log" 2>&1 || echo "failed" > "$out/$1-pa.failed"
 }
+
+# ---------------------------------------------------------------- perf_analyzer sweep
+# pa_point LABEL ARGS...: one perf_analyzer measurement; prints "done IPS P99_MS" or
+# "aborted: FIRST ERROR LINE"
+pa_point() {
+  local label=$1; shift
+  if LD_LIBRARY_PATH="$cudart${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 90 "$venv/bin/perf_analyzer" \
+    -m ppocr_cls -u "$http_url" -i http -b 1 --measurement-interval 2000 --stability-percentage 100 \
+    --max-trials 3 -f "$out/pa-$label.csv" "$@" > "$out/pa-$label.log" 2>&1 && [ -s "$out/pa-$label.csv" ]; then
+    awk -F, 'NR==1{for(i=1;i<=NF;i++)c[$i]=i;next} NR==2{printf "done %.0f/s p99 %.2f ms\n", $c["Inferences/Second"], $c["p99 latency"]/1000}' "$out/pa-$label.csv"
+  else
+    echo "aborted: $(grep -m1 -i "error" "$out/pa-$label.log" | cut -c1-160)"
+  fi
+}
+if [ "$pa_sweep" = 1 ]; then
+  if [ "$quick" = 1 ]; then concs="1 2 4 8 16 24 32"; else concs=$(seq 1 32); fi
+  cap=$(cap_of ppocr_cls 1)
+  prates=$(for f in $fracs; do awk -v c="$cap" -v f="$f" 'BEGIN{printf "%d ", c * f}'; done)
+  {
+    echo "# perf_analyzer 2.41.1 (default settings, HTTP, ppocr_cls, 1 instance) against both servers"
+    echo "machine: $(nproc) cores ($(lscpu | sed -n 's/^Model name: *//p')), load avg $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%Y-%m-%dT%H:%MZ)"
+    echo; echo "| point | Symphony | Triton (delay 0 us) |"; echo "|---|---|---|"
+  } > "$out/pa-sweep.md"
+  declare -A res_ours res_tri
+  for who in ours triton; do
+    if [ "$who" = ours ]; then start_ours 1 ppocr_cls; else start_triton 0 none 1 ppocr_cls; fi
+    for c in $concs; do
+      r=$(pa_point "$who-c$c" --shape x:3,48,192 --concurrency-range "$c")
+      if [ "$who" = ours ]; then res_ours[c$c]=$r; else res_tri[c$c]=$r; fi
+      log "$who concurrency $c: $r"
+    done
+    for r in $prates; do
+      x=$(pa_point "$who-r$r" --shape x:3,48,192 --request-rate-range "$r:$r:1" --request-distribution poisson)
+      if [ "$who" = ours ]; then res_ours[r$r]=$x; else res_tri[r$r]=$x; fi
+      log "$who rate $r: $x"
+    done
+    stop_server
+  done
+  for c in $concs; do echo "| concurrency $c | ${res_ours[c$c]} | ${res_tri[c$c]} |"; done >> "$out/pa-sweep.md"
+  for r in $prates; do echo "| Poisson $r req/s | ${res_ours[r$r]} | ${res_tri[r$r]} |"; done >> "$out/pa-sweep.md"
+  cat "$out/pa-sweep.md"
+  exit 0
+fi
 
 # ---------------------------------------------------------------- cases
 results="$out/results.jsonl"; : > "$results"

@@ -18,7 +18,7 @@ equal phases, each with its own shares of the total rate.
 (skipped is part of failed), bad_rate, p50/p99 of all answers (ms; failures count at their time
 to fail), the client's CPU time and the server process tree's CPU time per answered inference
 (/proc of --server-pid and its descendants); it stops after --stop-after-misses bad rates in a
-row and ends with {"goodput_rps": highest rate with bad_rate <= --max-bad}.
+row, bisects --refine times between the best good rate and the next bad one, and ends with {"goodput_rps": highest rate with bad_rate <= --max-bad}.
 """
 import argparse
 import asyncio
@@ -161,8 +161,9 @@ async def run(a):
                 await send(m, k)
             except Exception:
                 pass
-    best, misses, steps = 0.0, 0, []
-    for rate in [float(r) for r in a.rates.split()]:
+    steps = []
+
+    async def rung(rate):
         for m in models.values():
             m.counts = dict.fromkeys(m.counts, 0)
             m.lat = []
@@ -172,16 +173,29 @@ async def run(a):
         answered = sum(report[k] for k in ("ok", "late", "wrong"))
         report["server_cpu_ms_per_inference"] = round(srv * 1e3 / answered, 3) if answered else None
         report["server_cpu_s"] = round(srv, 3)
-        good = report["bad_rate"] <= a.max_bad
-        report["good"] = good
+        report["good"] = report["bad_rate"] <= a.max_bad
         print(json.dumps(report), flush=True)
         steps.append(report)
-        if good:
+        return report["good"]
+
+    best, misses = 0.0, 0
+    for rate in [float(r) for r in a.rates.split()]:
+        if await rung(rate):
             best, misses = rate, 0
         else:
             misses += 1
             if misses >= a.stop_after_misses:
                 break
+    # the first bad rate above the best good one; bisect between them
+    bad = min((r["rate"] for r in steps if not r["good"] and r["rate"] > best), default=None)
+    for _ in range(a.refine if bad is not None else 0):
+        mid = round((best + bad) / 2, 1)
+        if mid <= best or mid >= bad:
+            break
+        if await rung(mid):
+            best = mid
+        else:
+            bad = mid
     if a.protocol == "http":
         await session.close()
     else:
@@ -312,6 +326,7 @@ def main():
     l.add_argument("--rates", required=True, help="ladder of total rates, requests/s (Poisson), low to high")
     l.add_argument("--max-bad", type=float, default=0.01, help="a rate is good with at most this share late/failed/wrong")
     l.add_argument("--stop-after-misses", type=int, default=2, help="stop the ladder after this many bad rates in a row")
+    l.add_argument("--refine", type=int, default=0, help="then bisect this many times between the best good rate and the next bad one")
     l.add_argument("--server-pid", type=int, default=0, help="server root pid: its process tree's CPU time is reported")
     l.add_argument("--duration", type=float, default=5.0)
     l.add_argument("--seed", type=int, default=1)

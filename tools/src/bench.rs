@@ -96,6 +96,19 @@ impl EmulatedViolations {
     }
 }
 
+/// The machine's facts with the in-process runtime's layout (`LiveConfig::pin`:
+/// ModelThread i on the i-th CPU this process may use, the RankThread — which
+/// the load generator and the emulated GPUs share — on the next; unpinned:
+/// wherever the kernel puts them).
+pub fn runtime_machine(model_threads: usize, pin: bool) -> dataplane::machine::MachineFacts {
+    use dataplane::machine::Placement;
+    let cpus = crate::bench_cluster::layout::usable_cpus();
+    let on = |i: usize| if pin && !cpus.is_empty() { vec![cpus[i % cpus.len()]] } else { Vec::new() };
+    let mut layout: Vec<Placement> = (0..model_threads.max(1)).map(|i| Placement::new(format!("ModelThread {i}"), on(i))).collect();
+    layout.push(Placement::new("RankThread + load generator + emulated GPUs", on(model_threads.max(1))));
+    dataplane::machine::facts(layout)
+}
+
 /// One `--rate max` probe: `(rate, passed, lag p99.9 us, bad rate)`.
 type Probe = (f64, bool, f64, f64);
 
@@ -153,11 +166,13 @@ pub fn run(a: &BenchArgs) -> Result<(), BenchError> {
     EmulatedViolations::check(&report)?;
     if a.json {
         let mut v = serde_json::to_value(&report)?;
+        v["machine"] = serde_json::from_str(&runtime_machine(a.model_threads, a.pin).to_json())?;
         if !probes.is_empty() {
             v["probes"] = serde_json::json!(probes);
         }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
+        println!("{}", runtime_machine(a.model_threads, a.pin).text());
         print_report(&report);
     }
     Ok(())

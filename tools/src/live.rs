@@ -113,9 +113,11 @@ pub fn run(a: &LiveArgs) -> Result<(), LiveError> {
         plot::write_svg(dir, "batch_sizes.svg", &svg)?;
     }
     if a.json {
-        let v = serde_json::json!({ "offered_rps": rate, "simulated_goodput_rps": goodput, "live": live, "simulated": predicted });
+        let machine: serde_json::Value = serde_json::from_str(&crate::bench::runtime_machine(live.model_threads, matches!(idle, IdleStrategy::Spin)).to_json())?;
+        let v = serde_json::json!({ "offered_rps": rate, "simulated_goodput_rps": goodput, "live": live, "simulated": predicted, "machine": machine });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
+        println!("{}", crate::bench::runtime_machine(live.model_threads, matches!(idle, IdleStrategy::Spin)).text());
         print_comparison(&live, &predicted, secs);
     }
     Ok(())
