@@ -52,8 +52,7 @@ type Tag = (u32, u64, u32, u32);
 pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
     let spec = parse_model_arg(&format!("m={}", a.profile)).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
     let clock = MonotonicClock::new();
-    let (mut links, welcome) = join_all(&domain, &a, Role::Backend, &clock, |i| gpus_of(i, a.peers, a.gpus))?;
-    let control_delay = Duration::from_nanos(welcome.map_or(0, |w| w.control_delay_ns));
+    let (links, welcome) = join_all(&domain, &a, Role::Backend, &clock, |i| gpus_of(i, a.peers, a.gpus))?;
     let mut first_gpu = Vec::with_capacity(links.len());
     let mut total = 0u32;
     for i in 0..a.peers {
@@ -65,13 +64,7 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
         let _ = writeln!(out, "READY backends={} gpus={total}", links.len());
         let _ = out.flush();
     }
-    let origin_host = clock.origin_host_ns();
-    let mut gpus: GpuSet<Tag> = GpuSet::new(total);
-    let mut stamps: Vec<Option<BenchStamp>> = vec![None; links.len()];
-    let mut r = BackendsReport { gpus: total, ..Default::default() };
-    let mut lag = ns_hist();
     let (began, cpu_at_start) = (clock.now(), peer::cpu_s_self());
-    let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
     // Which links have bytes: one epoll_wait per turn instead of a `recv`
     // per link (256 of them, mostly EAGAIN) that made this process cost
     // more CPU than the daemon it measures. A link is read when its fd is
@@ -83,87 +76,159 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
             watch.add_keyed(fd, i as u64).map_err(|e| BenchClusterError::Peer(format!("epoll: {e}")))?;
         }
     }
-    let mut unread: Vec<bool> = vec![true; links.len()];
-    // Links sent on since their last read: a send may have taken their
-    // input in (`Connection::may_hold_input`). Only these are asked, not
-    // all 256 links twice per turn (the larger part of this process's
-    // user time).
-    let mut touched: Vec<bool> = vec![true; links.len()];
-    let polled: Vec<bool> = links.iter().map(|l| l.conn.wait_fd().is_none()).collect();
-    // Links armed for a sleep (`Connection::arm_wait` said true) and
-    // neither read nor sent on since: still armed, so they need no new
-    // `arm_wait` before the next sleep. Why: arming all 256 links before
-    // every sleep (a fence and a shared cache line each) was a fifth of
-    // this process's CPU, while only the links just read need it.
-    let mut armed: Vec<bool> = vec![false; links.len()];
-    // The earliest heartbeat due over all links.
-    let mut next_beat = Instant::ZERO;
+    let n = links.len();
+    let mut b = Backends {
+        control_delay: Duration::from_nanos(welcome.map_or(0, |w| w.control_delay_ns)),
+        origin_host: clock.origin_host_ns(),
+        gpus: GpuSet::new(total),
+        stamps: vec![None; n],
+        r: BackendsReport { gpus: total, ..Default::default() },
+        lag: ns_hist(),
+        buf: vec![0u8; wire::MAX_MESSAGE_LEN],
+        unread: vec![true; n],
+        touched: vec![true; n],
+        polled: links.iter().map(|l| l.conn.wait_fd().is_none()).collect(),
+        armed: vec![false; n],
+        next_beat: Instant::ZERO,
+        links,
+        first_gpu,
+        spec,
+        a,
+    };
     let mut ready = Vec::new();
     while !control::stop_requested() {
         let now = clock.now();
-        let mut busy = false;
         ready.clear();
         watch.ready_now(&mut ready);
         for &k in &ready {
-            if let Some(u) = unread.get_mut(k as usize) {
+            if let Some(u) = b.unread.get_mut(k as usize) {
                 *u = true;
             }
         }
-        for (i, link) in links.iter_mut().enumerate() {
-            if !(unread[i] || polled[i] || (touched[i] && link.conn.may_hold_input())) {
-                touched[i] = false;
+        let mut busy = b.read_links(now)?;
+        busy |= b.report_finished(now)?;
+        b.heartbeats(now)?;
+        if b.all_armed(busy) {
+            // Sleep in epoll until a plan arrives, a batch finishes or a
+            // heartbeat is due, instead of spinning on `yield`: this process
+            // shares the 2 cores with the daemon it loads.
+            let wake = b.gpus.poll_at().into_iter().chain([b.next_beat]).min();
+            let now = clock.now();
+            let budget = wake.map_or(IDLE_CAP, |t| t.saturating_since(now)).min(IDLE_CAP);
+            watch.wait(budget);
+        }
+    }
+    b.r.dispatch_lag = LagUs::of(&b.lag);
+    b.r.cpu_busy = (peer::cpu_s_self() - cpu_at_start) / clock.now().saturating_since(began).as_secs_f64().max(1e-3);
+    write_report(&b.a.report, &b.r)
+}
+
+/// The backends process's state between loop turns.
+struct Backends<C> {
+    links: Vec<peer::PeerLink<C>>,
+    a: PeerArgs,
+    spec: scheduler::zoo::ModelSpec,
+    control_delay: Duration,
+    origin_host: u64,
+    /// The first GPU of each link in `gpus`.
+    first_gpu: Vec<u32>,
+    gpus: GpuSet<Tag>,
+    /// Each link's stamp for the plan that follows it.
+    stamps: Vec<Option<BenchStamp>>,
+    r: BackendsReport,
+    lag: hdrhistogram::Histogram<u64>,
+    buf: Vec<u8>,
+    /// Links to read this turn (fd readable, or the last read stopped at the burst limit).
+    unread: Vec<bool>,
+    /// Links sent on since their last read: a send may have taken their
+    /// input in (`Connection::may_hold_input`). Only these are asked, not
+    /// all 256 links twice per turn (the larger part of this process's
+    /// user time).
+    touched: Vec<bool>,
+    /// Links without a wait fd: read every turn.
+    polled: Vec<bool>,
+    /// Links armed for a sleep (`Connection::arm_wait` said true) and
+    /// neither read nor sent on since: still armed, so they need no new
+    /// `arm_wait` before the next sleep. Why: arming all 256 links before
+    /// every sleep (a fence and a shared cache line each) was a fifth of
+    /// this process's CPU, while only the links just read need it.
+    armed: Vec<bool>,
+    /// The earliest heartbeat due over all links.
+    next_beat: Instant,
+}
+
+impl<C: Connection> Backends<C> {
+    /// Reads the links that may hold messages; whether any did.
+    fn read_links(&mut self, now: Instant) -> Result<bool, BenchClusterError> {
+        let mut busy = false;
+        for i in 0..self.links.len() {
+            if !(self.unread[i] || self.polled[i] || (self.touched[i] && self.links[i].conn.may_hold_input())) {
+                self.touched[i] = false;
                 continue;
             }
-            unread[i] = false;
-            touched[i] = false;
-            armed[i] = false;
+            self.unread[i] = false;
+            self.touched[i] = false;
+            self.armed[i] = false;
             for turn in 0..RECV_BURST {
-                let n = match link.conn.try_recv(&mut buf) {
+                let n = match self.links[i].conn.try_recv(&mut self.buf) {
                     Ok(Some(n)) => n,
                     Ok(None) => break,
-                    Err(e) => return Err(BenchClusterError::Peer(format!("backend {}: the scheduler link failed: {e}", link.id))),
+                    Err(e) => return Err(BenchClusterError::Peer(format!("backend {}: the scheduler link failed: {e}", self.links[i].id))),
                 };
                 busy = true;
-                unread[i] |= turn + 1 == RECV_BURST;
-                match wire::decode(&buf[..n]) {
-                    Ok(Message::BenchStamp(s)) => stamps[i] = Some(s),
-                    Ok(Message::BatchPlan(head, tasks)) => {
-                        let received = host_monotonic_ns();
-                        r.plans += 1;
-                        r.tasks += tasks.len() as u64;
-                        let local = |host_ns: u64| Instant::from_nanos(host_ns.saturating_sub(origin_host));
-                        // A plan that arrives after its planned start starts on arrival.
-                        let (start, deadline) = match stamps[i].take() {
-                            Some(s) => {
-                                let _ = lag.record(received.saturating_sub(s.at_ns).max(1));
-                                if received > s.due_ns {
-                                    r.late_plans += 1;
-                                }
-                                (local(s.due_ns.max(received)), Some(local(s.deadline_ns)))
-                            }
-                            None => {
-                                r.unstamped_plans += 1;
-                                (now + Duration::from_nanos(head.exec_in_ns).saturating_sub(control_delay), None)
-                            }
-                        };
-                        if head.gpu_id >= gpus_of(i as u32, a.peers, a.gpus) {
-                            r.bad_messages += 1;
-                            continue;
-                        }
-                        let l = spec.profile.latency(tasks.len() as u32);
-                        let tag = (i as u32, head.batch_id, head.gpu_id, tasks.len() as u32);
-                        if let Ok(span) = gpus.submit(first_gpu[i] + head.gpu_id, start, l, tag) {
-                            if deadline.is_some_and(|d| span.finish > d) {
-                                r.late_tasks += tasks.len() as u64;
-                            }
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(_) => r.bad_messages += 1,
-                }
+                self.unread[i] |= turn + 1 == RECV_BURST;
+                self.on_message(i, n, now);
             }
         }
-        while let Some(done) = gpus.pop_finished(now) {
+        Ok(busy)
+    }
+
+    /// The message of `n` bytes in `buf` from link `i`.
+    fn on_message(&mut self, i: usize, n: usize, now: Instant) {
+        let r = &mut self.r;
+        match wire::decode(&self.buf[..n]) {
+            Ok(Message::BenchStamp(s)) => self.stamps[i] = Some(s),
+            Ok(Message::BatchPlan(head, tasks)) => {
+                let received = host_monotonic_ns();
+                r.plans += 1;
+                r.tasks += tasks.len() as u64;
+                let origin_host = self.origin_host;
+                let local = |host_ns: u64| Instant::from_nanos(host_ns.saturating_sub(origin_host));
+                // A plan that arrives after its planned start starts on arrival.
+                let (start, deadline) = match self.stamps[i].take() {
+                    Some(s) => {
+                        let _ = self.lag.record(received.saturating_sub(s.at_ns).max(1));
+                        if received > s.due_ns {
+                            r.late_plans += 1;
+                        }
+                        (local(s.due_ns.max(received)), Some(local(s.deadline_ns)))
+                    }
+                    None => {
+                        r.unstamped_plans += 1;
+                        (now + Duration::from_nanos(head.exec_in_ns).saturating_sub(self.control_delay), None)
+                    }
+                };
+                if head.gpu_id >= gpus_of(i as u32, self.a.peers, self.a.gpus) {
+                    r.bad_messages += 1;
+                    return;
+                }
+                let l = self.spec.profile.latency(tasks.len() as u32);
+                let tag = (i as u32, head.batch_id, head.gpu_id, tasks.len() as u32);
+                if let Ok(span) = self.gpus.submit(self.first_gpu[i] + head.gpu_id, start, l, tag) {
+                    if deadline.is_some_and(|d| span.finish > d) {
+                        r.late_tasks += tasks.len() as u64;
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(_) => r.bad_messages += 1,
+        }
+    }
+
+    /// Reports every batch finished by `now`; whether there was any.
+    fn report_finished(&mut self, now: Instant) -> Result<bool, BenchClusterError> {
+        let mut busy = false;
+        while let Some(done) = self.gpus.pop_finished(now) {
             busy = true;
             let (i, batch_id, gpu_id, count) = done.tag;
             let d = BatchDone {
@@ -176,55 +241,56 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
                 reads: 0,
                 reserved: 0,
             };
-            let n = wire::encode(&mut buf, &d).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
-            let link = &mut links[i as usize];
-            touched[i as usize] = true;
-            armed[i as usize] = false;
-            match link.conn.send(&buf[..n]) {
-                Ok(()) => r.batches_done += 1,
+            let n = wire::encode(&mut self.buf, &d).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
+            let link = &mut self.links[i as usize];
+            self.touched[i as usize] = true;
+            self.armed[i as usize] = false;
+            match link.conn.send(&self.buf[..n]) {
+                Ok(()) => self.r.batches_done += 1,
                 // The scheduler fails back a batch whose report never came.
                 Err(Error::QueueFull) => {}
                 Err(e) => return Err(BenchClusterError::Peer(format!("backend {}: {e}", link.id))),
             }
         }
-        if now >= next_beat {
-            for (i, link) in links.iter_mut().enumerate() {
-                if now >= link.live.next_send() {
-                    touched[i] = true;
-                    armed[i] = false;
-                    beat(link, now, Role::Backend, &mut buf).map_err(|e| BenchClusterError::Peer(format!("backend {}: {e}", link.id)))?;
-                }
-            }
-            next_beat = links.iter().map(|l| l.live.next_send()).min().unwrap_or(Instant::NEVER);
+        Ok(busy)
+    }
+
+    /// Sends the heartbeats due by `now`.
+    fn heartbeats(&mut self, now: Instant) -> Result<(), BenchClusterError> {
+        if now < self.next_beat {
+            return Ok(());
         }
+        for (i, link) in self.links.iter_mut().enumerate() {
+            if now >= link.live.next_send() {
+                self.touched[i] = true;
+                self.armed[i] = false;
+                beat(link, now, Role::Backend, &mut self.buf).map_err(|e| BenchClusterError::Peer(format!("backend {}: {e}", link.id)))?;
+            }
+        }
+        self.next_beat = self.links.iter().map(|l| l.live.next_send()).min().unwrap_or(Instant::NEVER);
+        Ok(())
+    }
+
+    /// Whether the loop may sleep: not `busy`, no link holding input, and
+    /// every link armed (arming those not armed yet).
+    fn all_armed(&mut self, busy: bool) -> bool {
         // A send late in the turn may have taken a link's bytes in: its fd
         // is quiet then, so no sleep while any link holds input.
-        let holds_input = links.iter().zip(&touched).any(|(l, &t)| t && l.conn.wait_fd().is_some() && l.conn.may_hold_input());
+        let holds_input = self.links.iter().zip(&self.touched).any(|(l, &t)| t && l.conn.wait_fd().is_some() && l.conn.may_hold_input());
         // Arming (shm: the scheduler wakes us only if told we sleep) comes
         // last: a message that came meanwhile means no sleep, and its link
         // is read next turn (its fd may stay quiet: the message came
         // before the arming, so no wake-up byte follows it).
         let mut all_armed = !busy && !holds_input;
         if all_armed {
-            for (i, link) in links.iter().enumerate() {
-                if !armed[i] {
-                    armed[i] = link.conn.arm_wait();
-                    unread[i] |= !armed[i];
-                    all_armed &= armed[i];
+            for (i, link) in self.links.iter().enumerate() {
+                if !self.armed[i] {
+                    self.armed[i] = link.conn.arm_wait();
+                    self.unread[i] |= !self.armed[i];
+                    all_armed &= self.armed[i];
                 }
             }
         }
-        if all_armed {
-            // Sleep in epoll until a plan arrives, a batch finishes or a
-            // heartbeat is due, instead of spinning on `yield`: this process
-            // shares the 2 cores with the daemon it loads.
-            let wake = gpus.poll_at().into_iter().chain([next_beat]).min();
-            let now = clock.now();
-            let budget = wake.map_or(IDLE_CAP, |t| t.saturating_since(now)).min(IDLE_CAP);
-            watch.wait(budget);
-        }
+        all_armed
     }
-    r.dispatch_lag = LagUs::of(&lag);
-    r.cpu_busy = (peer::cpu_s_self() - cpu_at_start) / clock.now().saturating_since(began).as_secs_f64().max(1e-3);
-    write_report(&a.report, &r)
 }

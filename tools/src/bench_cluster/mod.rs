@@ -18,7 +18,9 @@
 
 mod backends;
 mod frontends;
+pub mod layout;
 mod peer;
+mod reference;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -34,6 +36,8 @@ use tools::cluster::{spawn, ClusterSpec, Daemon};
 
 use backends::BackendsReport;
 use frontends::FrontendsReport;
+use layout::LayoutPlan;
+use reference::Side;
 use peer::{LagUs, PeerArgs};
 
 /// Why `symphony bench-cluster` (or one of its peer processes) stopped.
@@ -145,6 +149,13 @@ pub struct BenchClusterArgs {
     /// The scheduler's --pin-cores (pinned engine): CPU ids or none.
     #[arg(long = "pin-cores", default_value = "none")]
     pub pin_cores: String,
+    /// Thread-to-core layout: `none` (as --engines and --pin-cores say; the
+    /// peers unpinned) or `auto` (each busy thread — the scheduler's
+    /// ModelThreads, RankThread and I/O thread, the frontends' generator,
+    /// the backends — on a core of its own when this host has them; replaces
+    /// --engines and --pin-cores). The plan is printed.
+    #[arg(long, default_value = "none", value_parser = ["none", "auto"])]
+    pub layout: String,
     /// Run the backend peer process under `SCHED_FIFO` at this priority
     /// (1-99; 0: the default policy). The backends sleep between plans; on
     /// a host with fewer cores than busy processes (this 2-core VM: the
@@ -213,6 +224,9 @@ pub struct ClusterRun {
     pub accounted: bool,
     /// CPU time over wall time of each process during the load (1.0 = one core).
     pub cpu_busy: CpuBusy,
+    /// The scheduler process's CPU time (user + system, all threads) from
+    /// the start of the load until it settled, over the tasks it took (ns).
+    pub scheduler_cpu_ns_per_task: f64,
 }
 
 /// CPU time over wall time per process (1.0 = one core busy).
@@ -245,68 +259,127 @@ pub fn run(a: &BenchClusterArgs) -> Result<(), BenchClusterError> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // The frontends and backends processes load the host beside the daemon.
     let auto = EngineKind::auto(cores, a.model_threads as usize, 2);
-    let engine_note = a.engine.iter().any(|e| e == "auto").then(|| format!("auto = {} ({cores} cores; pinned needs {} model threads + rank + I/O + 2 peers)", auto.name(), a.model_threads));
-    let a = &BenchClusterArgs { engine: a.engine.iter().map(|e| if e == "auto" { auto.name().to_string() } else { e.clone() }).collect(), ..a.clone() };
+    let planned = (a.layout == "auto").then(|| layout::plan(&layout::usable_cpus(), a.model_threads as usize));
+    let engine_note = match &planned {
+        Some(p) => Some(format!("--layout auto: {}", p.why)),
+        None => a.engine.iter().any(|e| e == "auto").then(|| format!("auto = {} ({cores} cores; pinned needs {} model threads + rank + I/O + 2 peers)", auto.name(), a.model_threads)),
+    };
+    let engines: Vec<String> = match &planned {
+        Some(p) => vec![p.engine.name().to_string()],
+        None => a.engine.iter().map(|e| if e == "auto" { auto.name().to_string() } else { e.clone() }).collect(),
+    };
+    let a = &BenchClusterArgs { engine: engines, pin_cores: planned.as_ref().map_or_else(|| a.pin_cores.clone(), LayoutPlan::pin_cores), ..a.clone() };
     let mut by_engine = Vec::new();
     for engine in &a.engine {
         let one = BenchClusterArgs { engine: vec![engine.clone()], ..a.clone() };
+        let plan = planned.clone().unwrap_or_else(|| layout::stated(if engine == "pinned" { EngineKind::Pinned } else { EngineKind::Inline }, &a.pin_cores));
+        if planned.is_some() || !a.json {
+            tracing::info!("layout: {}", dataplane::machine::facts(plan.placements(a.model_threads as usize)).text());
+        }
         let run = if a.find_max {
-            ladder(&one, gpus)?
+            ladder(&one, gpus, &plan)?
         } else {
             let rate = a.rate.unwrap_or(0.0);
             if !(rate.is_finite() && rate > 0.0) {
                 return Err(BenchClusterError::Peer("--rate must be > 0".into()));
             }
-            (cluster_run(&one, gpus, rate, a.duration_s)?, Vec::new())
+            (cluster_run(&one, gpus, rate, a.duration_s, &plan)?, Vec::new())
         };
-        by_engine.push((engine.clone(), run));
+        by_engine.push((engine.clone(), plan, run));
     }
-    let (best, probes) = by_engine.last().map(|(_, r)| r.clone()).ok_or(BenchClusterError::Peer("no engine".into()))?;
+    let (plan, (best, probes)) = by_engine.last().map(|(_, p, r)| (p.clone(), r.clone())).ok_or(BenchClusterError::Peer("no engine".into()))?;
     let duration = if a.find_max { LADDER_RUN_S.min(a.duration_s) } else { a.duration_s };
-    let in_process = crate::bench::live_report(&in_process_args(a, gpus, duration), best.offered_rps)?;
-    let ratio = if in_process.goodput_rps > 0.0 { best.tasks_per_s / in_process.goodput_rps } else { 0.0 };
+    let reference = reference::run(a, gpus, duration, best.offered_rps)?;
+    let machine = dataplane::machine::facts(plan.placements(a.model_threads as usize));
+    let out = Outcome { a, gpus, engine_note: engine_note.as_deref(), by_engine: &by_engine, best: &best, probes: &probes, reference: &reference, machine: &machine };
     if a.json {
-        let v = serde_json::json!({
+        println!("{}", serde_json::to_string_pretty(&out.json()?)?);
+    } else {
+        out.print();
+    }
+    for (engine, _, (r, _)) in &by_engine {
+        if !r.accounted {
+            return Err(BenchClusterError::Peer(format!(
+                "engine {engine}: accounting failed: offered {}, sent {}, taken {}, unsent at exit {} (frontends' bound {}), planned {}, delivered {}, neither planned nor dropped {}",
+                r.offered, r.sent, r.received, r.sent.saturating_sub(r.received), r.unsent_bound, r.planned, r.delivered, r.unaccounted
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Each engine's run: (engine, its layout, (run, ladder probes)).
+type EngineRun = (String, LayoutPlan, (ClusterRun, Vec<Probe>));
+
+/// What `bench-cluster` reports.
+struct Outcome<'a> {
+    a: &'a BenchClusterArgs,
+    gpus: u32,
+    engine_note: Option<&'a str>,
+    by_engine: &'a [EngineRun],
+    best: &'a ClusterRun,
+    probes: &'a [Probe],
+    reference: &'a reference::Reference,
+    machine: &'a dataplane::machine::MachineFacts,
+}
+
+impl Outcome<'_> {
+    fn daemon(&self) -> Side {
+        Side { tasks_per_s: self.best.tasks_per_s, bad_rate: self.best.bad_rate }
+    }
+
+    fn json(&self) -> Result<serde_json::Value, BenchClusterError> {
+        let (a, best) = (self.a, self.best);
+        let mut v = serde_json::json!({
             "tasks_per_s": best.tasks_per_s,
             "bad_rate": best.bad_rate,
+            "scheduler_cpu_ns_per_task": best.scheduler_cpu_ns_per_task,
             "ingress_lag_p99_9_us": best.ingress_lag.p99_9_us,
             "dispatch_lag_p99_9_us": best.dispatch_lag.p99_9_us,
-            "in_process_tasks_per_s": in_process.goodput_rps,
-            "ratio": ratio,
             "transport": a.transport.name(),
             "frontends": a.frontends,
             "backends": a.backends,
-            "gpus": gpus,
+            "gpus": self.gpus,
             "run": best,
-            "in_process": in_process,
-            "probes": probes,
+            "in_process": self.reference.at_offered,
+            "probes": self.probes,
             "engine": a.engine.last(),
-            "engine_auto": engine_note,
+            "engine_auto": self.engine_note,
+            "layout": a.layout,
             "backend_rt_priority": a.backend_rt_priority,
-            "by_engine": by_engine.iter().map(|(e, (r, p))| serde_json::json!({"engine": e, "run": r, "probes": p})).collect::<Vec<_>>(),
+            "machine": serde_json::from_str::<serde_json::Value>(&self.machine.to_json())?,
+            "by_engine": self.by_engine.iter().map(|(e, plan, (r, p))| serde_json::json!({"engine": e, "pin_cores": plan.pin_cores(), "run": r, "probes": p})).collect::<Vec<_>>(),
         });
-        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| BenchClusterError::Peer(e.to_string()))?);
-    } else {
-        for (engine, (r, _)) in &by_engine {
-            let c = r.cpu_busy;
+        if let Some(m) = v.as_object_mut() {
+            m.extend(reference::comparison_json(self.daemon(), self.reference));
+        }
+        Ok(v)
+    }
+
+    fn print(&self) {
+        let a = self.a;
+        println!("{}", self.machine.text());
+        for (engine, _, (r, _)) in self.by_engine {
             println!(
-                "engine {engine:>6}: accepted {:>10.0} tasks/s, bad {:.3}%, ingress lag p99.9 {:.1} us, dispatch lag p99.9 {:.1} us, scheduler CPU {:.2} cores",
+                "engine {engine:>6}: accepted {:>10.0} tasks/s, bad {:.3}%, ingress lag p99.9 {:.1} us, dispatch lag p99.9 {:.1} us, scheduler CPU {:.2} cores, {:.0} ns per task",
                 r.tasks_per_s,
                 r.bad_rate * 100.0,
                 r.ingress_lag.p99_9_us,
                 r.dispatch_lag.p99_9_us,
-                c.scheduler
+                r.cpu_busy.scheduler,
+                r.scheduler_cpu_ns_per_task
             );
         }
-        let r = &best;
+        let r = self.best;
         println!(
-            "{} frontends, {} backends, {gpus} GPUs over {}; {} models; engine {}{}",
+            "{} frontends, {} backends, {} GPUs over {}; {} models; engine {}{}",
             a.frontends,
             a.backends,
+            self.gpus,
             a.transport.name(),
             a.models,
             a.engine.last().map_or("", String::as_str),
-            engine_note.as_ref().map_or(String::new(), |n| format!(" ({n})"))
+            self.engine_note.map_or(String::new(), |n| format!(" ({n})"))
         );
         println!("offered {:.0} tasks/s; accepted {:.0} tasks/s; bad rate {:.3}%", r.offered_rps, r.tasks_per_s, r.bad_rate * 100.0);
         for (name, l) in [
@@ -322,17 +395,8 @@ pub fn run(a: &BenchClusterArgs) -> Result<(), BenchClusterError> {
         println!("drops: {}; tasks finished late {}; plans after their planned start {}; accounted {}", if drops.is_empty() { "none".into() } else { drops.join(", ") }, r.late, r.late_plans, r.accounted);
         let c = r.cpu_busy;
         println!("CPU busy (cores): scheduler {:.2}, frontends {:.2}, backends {:.2}", c.scheduler, c.frontends, c.backends);
-        println!("in-process runtime, same workload: {:.0} tasks/s on time; ratio {:.3}", in_process.goodput_rps, ratio);
+        println!("{}", reference::comparison_text(self.daemon(), self.reference));
     }
-    for (engine, (r, _)) in &by_engine {
-        if !r.accounted {
-            return Err(BenchClusterError::Peer(format!(
-                "engine {engine}: accounting failed: offered {}, sent {}, taken {}, unsent at exit {} (frontends' bound {}), planned {}, delivered {}, neither planned nor dropped {}",
-                r.offered, r.sent, r.received, r.sent.saturating_sub(r.received), r.unsent_bound, r.planned, r.delivered, r.unaccounted
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// One ladder rung: (offered rate, passed, tasks/s, bad rate).
@@ -345,14 +409,14 @@ const LADDER_BUDGET: StdDuration = StdDuration::from_secs(90);
 
 /// Doubles the rate from 25k while the bad rate stays within 1%; returns
 /// the best passing run and every probe (rate, passed, tasks/s, bad rate).
-fn ladder(a: &BenchClusterArgs, gpus: u32) -> Result<(ClusterRun, Vec<Probe>), BenchClusterError> {
+fn ladder(a: &BenchClusterArgs, gpus: u32, plan: &LayoutPlan) -> Result<(ClusterRun, Vec<Probe>), BenchClusterError> {
     let began = StdInstant::now();
     let secs = LADDER_RUN_S.min(a.duration_s);
     let mut probes = Vec::new();
     let mut best: Option<ClusterRun> = None;
     let mut rate = 25_000.0;
     while rate <= 8e6 && began.elapsed() < LADDER_BUDGET {
-        let r = cluster_run(a, gpus, rate, secs)?;
+        let r = cluster_run(a, gpus, rate, secs, plan)?;
         let ok = r.bad_rate <= 0.01 && r.accounted;
         tracing::info!("  {rate:>10.0} tasks/s offered: accepted {:>10.0}/s, bad {:.3}%  {}", r.tasks_per_s, r.bad_rate * 100.0, if ok { "ok" } else { "fail" });
         probes.push((rate, ok, r.tasks_per_s, r.bad_rate));
@@ -365,24 +429,9 @@ fn ladder(a: &BenchClusterArgs, gpus: u32) -> Result<(ClusterRun, Vec<Probe>), B
     Ok((best.ok_or(BenchClusterError::Peer("no rate passed (not even 25k tasks/s)".into()))?, probes))
 }
 
-fn in_process_args(a: &BenchClusterArgs, gpus: u32, duration_s: f64) -> crate::bench::BenchArgs {
-    crate::bench::BenchArgs {
-        models: a.models as usize,
-        gpus,
-        model_threads: 1,
-        rate: String::new(),
-        duration_s,
-        profile: a.profile.clone(),
-        idle: "spin".into(),
-        pin: true,
-        seed: a.seed,
-        json: false,
-    }
-}
-
 /// Starts the scheduler and both peer processes, offers `rate` for
 /// `secs`, stops everything and gathers the figures.
-fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64) -> Result<ClusterRun, BenchClusterError> {
+fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64, plan: &LayoutPlan) -> Result<ClusterRun, BenchClusterError> {
     let exe = std::env::current_exe().map_err(|e| BenchClusterError::Peer(format!("cannot find my own executable: {e}")))?;
     let dir = std::env::temp_dir().join(format!("symphony-bench-cluster-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| BenchClusterError::Peer(format!("{}: {e}", dir.display())))?;
@@ -404,7 +453,7 @@ fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64) -> Result<
     sched_args.extend(["--engine", engine, "--model-threads", &a.model_threads.to_string(), "--pin-cores", &a.pin_cores].map(String::from));
     let mut sched = spawn(&spec, "scheduler", "scheduler", sched_args, Some(&token), deadline)?;
     let control_addr = sched.ready.get("control").cloned().ok_or(BenchClusterError::Peer("scheduler: no control address on its READY line".into()))?;
-    let peer_args = |peers: u32, report: &Path| -> Vec<String> {
+    let peer_args = |peers: u32, report: &Path, cpu: Option<usize>| -> Vec<String> {
         let mut v: Vec<String> = vec![
             "--transport".into(),
             spec.transport.clone(),
@@ -421,14 +470,15 @@ fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64) -> Result<
             "--exit-with-parent".into(),
         ];
         v.extend(["--seed".into(), a.seed.to_string()]);
+        v.extend(cpu.map(|c| ["--pin-cpu".into(), c.to_string()]).into_iter().flatten());
         v
     };
     let back_report = dir.join("backends.json");
     let front_report = dir.join("frontends.json");
-    let mut args = peer_args(a.backends, &back_report);
+    let mut args = peer_args(a.backends, &back_report, plan.backends);
     args.extend(["--gpus".into(), gpus.to_string(), "--rt-priority".into(), a.backend_rt_priority.to_string()]);
     let mut backs = spawn(&spec, "bench-backends", "bench-backends", args, Some(&token), deadline)?;
-    let mut args = peer_args(a.frontends, &front_report);
+    let mut args = peer_args(a.frontends, &front_report, plan.frontends);
     args.extend(["--rate".into(), rate.to_string(), "--duration-s".into(), secs.to_string(), "--stamp-every".into(), a.stamp_every.to_string()]);
     args.extend(["--coalesce".into(), a.coalesce.to_string(), "--coalesce-us".into(), a.coalesce_us.to_string()]);
     args.extend(["--max-lag-us".into(), a.frontend_max_lag_us.to_string()]);
@@ -444,9 +494,10 @@ fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64) -> Result<
     }
     let fr: Result<FrontendsReport, BenchClusterError> = read_report(&front_report);
     let metrics = settled(&sched, fr.as_ref().map_or((0, 0), |r| (r.sent, r.unsent_at_exit)));
-    let sched_busy = match (sched_cpu_at_start, cpu_s_of(sched.pid())) {
-        ((t, Some(c0)), Some(c1)) => (c1 - c0) / t.elapsed().as_secs_f64().max(1e-3),
-        _ => 0.0,
+    // (CPU seconds, wall seconds) of the scheduler from the load's start until it settled.
+    let sched_cpu = match (sched_cpu_at_start, cpu_s_of(sched.pid())) {
+        ((t, Some(c0)), Some(c1)) => (c1 - c0, t.elapsed().as_secs_f64().max(1e-3)),
+        _ => (0.0, 1.0),
     };
     // The backends read the last plans the scheduler sent.
     std::thread::sleep(StdDuration::from_millis(200));
@@ -475,7 +526,8 @@ fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64) -> Result<
     let br: BackendsReport = read_report(&back_report)?;
     let _ = std::fs::remove_dir_all(&dir);
     let mut run = figures(rate, secs, &metrics, &fr, &br);
-    run.cpu_busy = CpuBusy { scheduler: sched_busy, frontends: fr.cpu_busy, backends: br.cpu_busy };
+    run.cpu_busy = CpuBusy { scheduler: sched_cpu.0 / sched_cpu.1, frontends: fr.cpu_busy, backends: br.cpu_busy };
+    run.scheduler_cpu_ns_per_task = if run.received > 0 { sched_cpu.0 * 1e9 / run.received as f64 } else { 0.0 };
     Ok(run)
 }
 
@@ -575,6 +627,7 @@ fn figures(rate: f64, secs: f64, metrics: &str, fr: &FrontendsReport, br: &Backe
             && unsent_at_exit <= fr.unsent_at_exit
             && fr.offered == fr.sent + fr.queue_full + fr.refused_late && br.tasks == planned,
         cpu_busy: CpuBusy::default(),
+        scheduler_cpu_ns_per_task: 0.0,
     }
 }
 
@@ -622,6 +675,13 @@ pub fn peer_main(role: &str, argv: Vec<String>) -> ExitCode {
         // Before any thread starts: threads inherit the policy.
         if let Err(e) = peer::set_realtime_fifo(a.rt_priority) {
             eprintln!("{role}: SCHED_FIFO at priority {}: {e} (needs root or CAP_SYS_NICE)", a.rt_priority);
+            return ExitCode::from(1);
+        }
+    }
+    if let Some(cpu) = a.pin_cpu {
+        // Before any thread starts, as above: `bench-cluster --layout auto`.
+        if let Err(e) = layout::pin_self(cpu) {
+            eprintln!("{role}: pinning to CPU {cpu}: {e}");
             return ExitCode::from(1);
         }
     }

@@ -82,6 +82,9 @@ pub struct PeerArgs {
     /// default policy). See `bench-cluster --backend-rt-priority`.
     #[arg(long = "rt-priority", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=99))]
     pub rt_priority: u8,
+    /// Run this process on this CPU only (`bench-cluster --layout auto`).
+    #[arg(long = "pin-cpu")]
+    pub pin_cpu: Option<usize>,
 }
 
 /// Puts the calling thread (and the threads it starts after this) under

@@ -33,7 +33,9 @@ pub(super) fn fig13(quick: bool, model_threads: &[usize], plot_dir: Option<&Path
     let gpu_counts: &[u32] = if quick { &[4000] } else { &[2000, 8000] };
     let secs = if quick { 0.5 } else { 1.0 };
     println!("Figure 13 (left): highest rate with dispatch lag p99.9 <= 100 us and bad rate <= 1%, scheduler alone");
-    println!("(20 models, profile 0.1 b + 5 ms, SLO 50 ms; {secs} s per run, 3 runs per probe, seed {SEED}; this machine: {cores} cores).\n");
+    println!("(20 models, profile 0.1 b + 5 ms, SLO 50 ms; {secs} s per run, 3 runs per probe, seed {SEED}; this machine: {cores} cores).");
+    // Each point pins its threads the same way; the largest point's layout names them all.
+    println!("{}\n", bench::runtime_machine(threads.iter().copied().max().unwrap_or(1), true).text());
     println!("| GPUs | ModelThreads | cores needed | highest rate (rps) | per ModelThread (rps) | lag p99.9 (us) | bad rate | CPU ns/req | note |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     let mut left = Vec::new();
