@@ -168,6 +168,16 @@ pub fn live_regions() -> usize {
     LIVE_REGIONS.load(Ordering::SeqCst)
 }
 
+static REFUSED_KEYS: AtomicU64 = AtomicU64::new(0);
+
+/// Accesses this process refused because their key named no live
+/// registration (a wrong, guessed or stale key: [`MemError::BadKey`] from
+/// [`KeyTable::acquire`]), since start. Exported as a metric by the daemons
+/// (issue 55: a peer probing for keys shows here).
+pub fn refused_key_accesses() -> u64 {
+    REFUSED_KEYS.load(Ordering::Relaxed)
+}
+
 /// A mapped memory region that transports can register.
 ///
 /// Dropping the last `Arc<Region>` unmaps it (and unlinks its shared-memory
@@ -305,6 +315,17 @@ impl Region {
                 src.len(),
             )
         };
+        Ok(())
+    }
+
+    /// Zeroes `[offset, offset+len)` (a staging slot once its request is
+    /// over, so that a later READ of it finds no earlier request's bytes).
+    pub fn zero_at(&self, offset: u64, len: usize) -> Result<(), MemError> {
+        self.check(offset, len)?;
+        // SAFETY: the range is inside the live mapping (checked above) and
+        // the mapping is writable. A concurrent transport access to the same
+        // bytes can only tear data, as with `write_at`.
+        unsafe { std::ptr::write_bytes(self.as_ptr().add(offset as usize), 0, len) };
         Ok(())
     }
 
@@ -560,7 +581,8 @@ const PHASE_CLOSING: u32 = 2;
 #[repr(C)]
 #[derive(Debug)]
 pub struct KeyEntry {
-    /// `generation << 16 | access << 8 | phase`.
+    /// `tag << 16 | access << 8 | phase`: `tag` is the key's upper half
+    /// (see [`KeyTable`]).
     state: AtomicU32,
     /// Accesses in progress (READs being served or landing).
     inflight: AtomicU32,
@@ -574,19 +596,92 @@ fn pack(generation: u32, access: Access, phase: u32) -> u32 {
     (generation & 0xffff) << 16 | (access.0 as u32) << 8 | phase
 }
 
+/// Rounds of [`KeyTags`]' Feistel network (4 make an 8+8-bit network a
+/// pseudo-random permutation for an observer without the round keys).
+const TAG_ROUNDS: usize = 4;
+
+/// The owner's secret for turning an entry's registration count into the
+/// key's upper half: a keyed permutation of 16 bits per entry (a Feistel
+/// network over two bytes, round keys from the OS), so that the tags of
+/// one entry never repeat within 65,535 registrations (a permutation of
+/// the count) and cannot be predicted from earlier keys without the round
+/// keys (issue 55: keys used to be `generation << 16 | index`, the first
+/// one `0x10000`). Only the owner draws tags; readers that map the table
+/// compare the tag stored in the entry with the key's.
+struct KeyTags {
+    round_keys: [u64; TAG_ROUNDS],
+    /// Registrations so far per entry (the permutation's input); guarded by
+    /// the table's admin lock.
+    counts: Box<[u16]>,
+}
+
+impl KeyTags {
+    /// Fresh round keys from the OS; `None` if it has no randomness (the
+    /// table then refuses to register: a guessable key is worse than none).
+    fn new(cap: u32) -> Option<Self> {
+        let mut raw = [0u8; 8 * TAG_ROUNDS];
+        getrandom::fill(&mut raw).ok()?;
+        let mut round_keys = [0u64; TAG_ROUNDS];
+        for (k, chunk) in round_keys.iter_mut().zip(raw.chunks_exact(8)) {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(chunk);
+            *k = u64::from_le_bytes(b);
+        }
+        Some(KeyTags { round_keys, counts: vec![0u16; cap as usize].into_boxed_slice() })
+    }
+
+    /// The tag of registration `count` of entry `index` (a bijection of
+    /// `count` for each `index`).
+    fn permute(&self, index: u32, count: u16) -> u16 {
+        let (mut left, mut right) = ((count >> 8) as u8, count as u8);
+        for (round, k) in self.round_keys.iter().enumerate() {
+            let x = k ^ (u64::from(index) << 16 | (round as u64) << 8 | u64::from(right));
+            // splitmix64's finaliser: every input bit moves every output bit.
+            let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            (left, right) = (right, left ^ z as u8);
+        }
+        u16::from(left) << 8 | u16::from(right)
+    }
+
+    /// The next tag of entry `index`, never 0 (0 marks a free or zeroed
+    /// entry) and never one this table issued for it in the last 65,535
+    /// registrations.
+    fn next(&mut self, index: u32) -> u32 {
+        let Some(&start) = self.counts.get(index as usize) else {
+            return 0;
+        };
+        let mut count = start;
+        loop {
+            count = count.wrapping_add(1);
+            let tag = self.permute(index, count);
+            if tag != 0 {
+                self.counts[index as usize] = count;
+                return u32::from(tag);
+            }
+        }
+    }
+}
+
 /// A capability table: key -> (length, access, liveness) with an in-flight
 /// counter per entry, so that deregistration never races with an access.
 ///
-/// A key is `generation << 16 | index`; a stale key (older generation) is
-/// refused. Access protocol (Dekker-style, all `SeqCst`): an accessor bumps
+/// A key is `tag << 16 | index`, the tag drawn afresh for each
+/// registration of the entry by a secret permutation ([`KeyTags`]): a key
+/// from an earlier registration is refused, and one cannot be derived
+/// from another. A key naming no live registration is refused and counted
+/// ([`refused_key_accesses`]). Access protocol (Dekker-style, all `SeqCst`): an accessor bumps
 /// `inflight` then checks the entry is live; a deregistration marks it
 /// closing then checks `inflight == 0`. At least one of them sees the other,
 /// so either the access is refused or deregistration returns `Busy`.
 pub struct KeyTable {
     entries: *const KeyEntry,
     cap: u32,
-    /// Serialises registrations and deregistrations (cold path only).
-    admin: Mutex<()>,
+    /// Serialises registrations and deregistrations (cold path only) and
+    /// keeps the tag secret (`None`: no randomness, registration refused).
+    admin: Mutex<Option<KeyTags>>,
     _backing: TableBacking,
 }
 
@@ -633,7 +728,7 @@ impl KeyTable {
         let cap = cap.clamp(1, MAX_KEYS);
         let entries: Box<[KeyEntry]> = (0..cap)
             .map(|_| KeyEntry {
-                state: AtomicU32::new(pack(1, Access(0), PHASE_FREE)),
+                state: AtomicU32::new(pack(0, Access(0), PHASE_FREE)),
                 inflight: AtomicU32::new(0),
                 len: AtomicU64::new(0),
                 name: Default::default(),
@@ -643,7 +738,7 @@ impl KeyTable {
         KeyTable {
             entries: ptr,
             cap,
-            admin: Mutex::new(()),
+            admin: Mutex::new(KeyTags::new(cap)),
             _backing: TableBacking::Heap(entries),
         }
     }
@@ -667,7 +762,7 @@ impl KeyTable {
         Ok(KeyTable {
             entries: ptr,
             cap,
-            admin: Mutex::new(()),
+            admin: Mutex::new(KeyTags::new(cap)),
             _backing: TableBacking::Mapped(map),
         })
     }
@@ -708,15 +803,17 @@ impl KeyTable {
         if name.len() > KEY_NAME_LEN {
             return Err(MemError::Unsupported("registration name too long"));
         }
-        let _g = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        let mut tags = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        let tags = tags
+            .as_mut()
+            .ok_or(MemError::Unsupported("no OS randomness for registration keys"))?;
         for index in 0..self.cap {
             let e = self.entry(index);
             let s = e.state.load(Ordering::SeqCst);
             if s & 0xff != PHASE_FREE {
                 continue;
             }
-            // Zeroed shared memory has generation 0; keys start at 1.
-            let generation = ((s >> 16) & 0xffff).max(1);
+            let generation = tags.next(index);
             e.len.store(len, Ordering::Relaxed);
             let mut padded = [0u8; KEY_NAME_LEN];
             padded[..name.len()].copy_from_slice(name);
@@ -751,13 +848,9 @@ impl KeyTable {
         if e.inflight.load(Ordering::SeqCst) != 0 {
             return Err(MemError::Busy);
         }
-        let next = if generation >= 0xffff {
-            1
-        } else {
-            generation + 1
-        };
-        e.state
-            .store(pack(next, Access(0), PHASE_FREE), Ordering::SeqCst);
+        // A free entry has tag 0, which no key carries; its next
+        // registration draws a fresh tag.
+        e.state.store(pack(0, Access(0), PHASE_FREE), Ordering::SeqCst);
         Ok(())
     }
 
@@ -788,7 +881,9 @@ impl KeyTable {
         len: u64,
         need: Access,
     ) -> Result<AccessToken, MemError> {
-        let (index, generation) = self.split(key)?;
+        let (index, generation) = self.split(key).inspect_err(|_| {
+            REFUSED_KEYS.fetch_add(1, Ordering::Relaxed);
+        })?;
         let e = self.entry(index);
         e.inflight.fetch_add(1, Ordering::SeqCst);
         let s = e.state.load(Ordering::SeqCst);
@@ -811,8 +906,11 @@ impl KeyTable {
                 _ => Err(MemError::BadKey),
             }
         };
-        if result.is_err() {
+        if let Err(e2) = &result {
             e.inflight.fetch_sub(1, Ordering::SeqCst);
+            if matches!(e2, MemError::BadKey) {
+                REFUSED_KEYS.fetch_add(1, Ordering::Relaxed);
+            }
         }
         result
     }
@@ -1113,6 +1211,49 @@ mod tests {
         let k2 = t.register(10, Access::ALL, b"", |_| {}).unwrap();
         assert_ne!(k, k2, "a reused entry gets a new generation");
         assert_eq!(t.live_count(), 1);
+    }
+
+    #[test]
+    fn an_entrys_keys_never_repeat_and_wrong_keys_are_refused_and_counted() {
+        let t = KeyTable::new_local(2);
+        let mut seen = std::collections::HashSet::new();
+        // A full cycle of the tag permutation: every key of entry 0 differs.
+        for _ in 0..0xffff {
+            let k = t.register(8, Access::REMOTE_READ, b"", |_| {}).unwrap();
+            assert_eq!(k & 0xffff, 0, "one entry is reused");
+            assert_ne!(k >> 16, 0);
+            assert!(seen.insert(k), "key {k:#x} issued twice");
+            t.deregister(k).unwrap();
+        }
+        let live = t.register(8, Access::REMOTE_READ, b"", |_| {}).unwrap();
+        let before = refused_key_accesses();
+        let stale = *seen.iter().find(|&&k| k != live).unwrap();
+        assert!(matches!(t.acquire(stale, 0, 1, Access::REMOTE_READ), Err(MemError::BadKey)));
+        assert!(matches!(t.acquire(live ^ 0x0001_0000, 0, 1, Access::REMOTE_READ), Err(MemError::BadKey)));
+        assert!(matches!(t.acquire(7, 0, 1, Access::REMOTE_READ), Err(MemError::BadKey)));
+        // Other tests in this process may refuse keys too: at least ours.
+        assert!(refused_key_accesses() >= before + 3);
+        let tok = t.acquire(live, 0, 8, Access::REMOTE_READ).unwrap();
+        t.release(tok);
+    }
+
+    #[test]
+    fn key_tags_are_a_permutation_that_does_not_count_up() {
+        let tags = KeyTags { round_keys: [0x0123_4567_89ab_cdef, 42, 7, u64::MAX], counts: vec![0; 2].into_boxed_slice() };
+        for index in [0u32, 1] {
+            let mut hit = vec![false; 1 << 16];
+            for c in 0..=u16::MAX {
+                let t = tags.permute(index, c) as usize;
+                assert!(!hit[t], "tag {t:#x} twice for entry {index}");
+                hit[t] = true;
+            }
+        }
+        // The old scheme's keys were 1, 2, 3, ...: a tag sequence that
+        // counts up (or down) by a constant step is what a guesser would try.
+        let seq: Vec<i32> = (1..=16).map(|c| i32::from(tags.permute(0, c))).collect();
+        let steps: std::collections::HashSet<i32> = seq.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(steps.len() > 8, "tags follow a pattern: {seq:?}");
+        assert_ne!(tags.permute(0, 1), tags.permute(1, 1), "entries share their tag sequence");
     }
 
     #[test]
