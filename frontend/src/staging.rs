@@ -19,6 +19,10 @@
 //! is counted and frees the slot. A ticket that gives up waiting moves
 //! `WAITING -> EXPIRED` and counts a failure; a late outcome only frees the
 //! slot. The slot is never reused while a backend may still READ it.
+//!
+//! A released slot's staged bytes are zeroed before it goes back on the
+//! free list (issue 55): a READ of it afterwards, with a key obtained for
+//! an earlier request, finds no earlier request's input.
 
 use crate::types::Execution;
 use atomic_waker::AtomicWaker;
@@ -32,7 +36,7 @@ use dataplane::wire::{self, DropReason, Message, OutputKind, Task, TaskId, TaskS
 use std::cell::UnsafeCell;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -242,6 +246,8 @@ pub struct Staging {
     reg: Registration,
     cells: Box<[Cell]>,
     offsets: Box<[u64]>,
+    /// Bytes staged in each slot (zeroed when it is released).
+    staged: Box<[AtomicU32]>,
     free: ArrayQueue<u32>,
     slot_size: u32,
     max_output: usize,
@@ -306,6 +312,7 @@ impl Staging {
             reg,
             cells,
             offsets: offsets.into_boxed_slice(),
+            staged: (0..cfg.slots).map(|_| AtomicU32::new(0)).collect(),
             free,
             slot_size: cfg.slot_size,
             max_output: cfg.max_output as usize,
@@ -366,9 +373,12 @@ impl Staging {
         let offset = self.offsets[index as usize];
         let cell = &self.cells[index as usize];
         let put_back = |e: String| {
+            self.clear(index);
             let _ = self.free.push(index);
             StageError::Memory(e)
         };
+        // Recorded first, so that any byte written is cleared on release.
+        self.staged[index as usize].store(input.len() as u32, Ordering::Relaxed);
         self.reg
             .region()
             .write_at(offset, input)
@@ -411,7 +421,17 @@ impl Staging {
         TaskId::new(u32::from(self.frontend_id), seq, index)
     }
 
+    /// Zeroes what slot `index` holds of its last request.
+    fn clear(&self, index: u32) {
+        let i = index as usize;
+        let len = self.staged[i].swap(0, Ordering::Relaxed) as usize;
+        // In bounds by construction (the slot's offset, at most its size).
+        let cleared = self.reg.region().zero_at(self.offsets[i], len);
+        debug_assert!(cleared.is_ok(), "slot {index} out of its region");
+    }
+
     fn release(&self, index: u32, seq: u64) {
+        self.clear(index);
         self.cells[index as usize]
             .state
             .store(seq << 3 | FREE, Ordering::Release);
@@ -826,6 +846,36 @@ mod tests {
     fn poll_now(t: &mut Ticket) -> Poll<Outcome> {
         let w = std::task::Waker::noop();
         Pin::new(t).poll(&mut Context::from_waker(w))
+    }
+
+    /// Slot bytes as a backend's READ would see them.
+    fn slot_bytes(s: &Staging, task: &Task) -> Vec<u8> {
+        let mut out = vec![0u8; 64];
+        s.registration().region().read_at(task.input.offset, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn a_released_slot_holds_none_of_its_requests_bytes() {
+        let s = staging(2);
+        let secret = b"an earlier client's input tensor";
+        // Answered and read by its client.
+        let (task, mut t) = s.stage(0, secret, Duration::from_millis(5)).unwrap();
+        assert_eq!(&slot_bytes(&s, &task)[..secret.len()], secret);
+        s.route(task.task_id, RoutedOutcome::Ok(b"x"));
+        assert!(matches!(poll_now(&mut t), Poll::Ready(Outcome::Ok(_))));
+        assert_eq!(slot_bytes(&s, &task), vec![0u8; 64], "answered");
+        // Client gone first, outcome later.
+        let (task, t) = s.stage(0, secret, Duration::from_millis(5)).unwrap();
+        drop(t);
+        assert_eq!(&slot_bytes(&s, &task)[..secret.len()], secret, "in use until the outcome");
+        s.route(task.task_id, RoutedOutcome::Failed(TaskStatus::ExecFailed));
+        assert_eq!(slot_bytes(&s, &task), vec![0u8; 64], "orphaned");
+        // Never sent.
+        let (task, t) = s.stage(0, secret, Duration::from_millis(5)).unwrap();
+        t.fail_unsent();
+        assert_eq!(slot_bytes(&s, &task), vec![0u8; 64], "unsent");
+        assert_eq!(s.free_slots(), 2);
     }
 
     #[test]

@@ -13,6 +13,12 @@
 //! and a data-link answer never admits anyone to a scheduler. Without a
 //! token (open membership) a bare `Register{Backend}` registers, as the
 //! wire always allowed; with one it is refused.
+//!
+//! The data port is bounded (issue 55): at most [`MAX_HANDSHAKING`] links
+//! handshake at once (a new one evicts the oldest, so idle connections
+//! cannot lock a backend out: it answers its challenge at once, they never
+//! do) and at most [`MAX_BACKEND_LINKS`] are registered. Every refused or
+//! evicted link is counted (`symphony_frontend_data_links_refused`).
 
 use super::config::{FrontendEvent, BURST};
 use super::sink::FrontendStats;
@@ -23,6 +29,13 @@ use dataplane::transport::{Connection, Error as TransportError};
 use dataplane::wire::{self, Challenge, Message, Role, WireError, NONCE_LEN};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
+
+/// Most data links handshaking at once; a new one evicts the oldest.
+pub(super) const MAX_HANDSHAKING: usize = 64;
+/// Most registered backend links (backend ids are 16 bits; a cluster has
+/// far fewer backends): a Join beyond it, not replacing a backend's own
+/// link, is refused.
+pub(super) const MAX_BACKEND_LINKS: usize = 1024;
 
 struct PendingLink<C> {
     conn: C,
@@ -83,8 +96,18 @@ impl<C: Connection> DataLinks<C> {
     }
 
     /// A data link accepted at `now`, to register by `deadline`; with a
-    /// token it is challenged at once.
-    pub fn handle_link(&mut self, mut conn: C, deadline: Instant) {
+    /// token it is challenged at once. With [`MAX_HANDSHAKING`] links
+    /// handshaking already, the oldest of them is evicted (returned, to
+    /// close; counted as refused).
+    pub fn handle_link(&mut self, mut conn: C, deadline: Instant, stats: &FrontendStats) -> Option<C> {
+        let evicted = (self.pending.len() >= MAX_HANDSHAKING).then(|| {
+            stats.data_links_refused.fetch_add(1, Ordering::Relaxed);
+            // Deadlines are accept times plus one timeout: the oldest link
+            // has the earliest. Order is kept (`remove`), as links are
+            // judged oldest first.
+            let oldest = (0..self.pending.len()).min_by_key(|&i| self.pending[i].deadline).unwrap_or(0);
+            self.pending.remove(oldest).conn
+        });
         let proof = match &self.token {
             None => Proof::Open,
             Some(_) => match self.nonces.next_nonce() {
@@ -96,6 +119,7 @@ impl<C: Connection> DataLinks<C> {
             },
         };
         self.pending.push(PendingLink { conn, deadline, proof });
+        evicted
     }
 
     /// The handshake deadlines.
@@ -171,6 +195,11 @@ impl<C: Connection> DataLinks<C> {
             };
             work = true;
             let mut link = self.pending.swap_remove(i);
+            let full = self.backends.len() >= MAX_BACKEND_LINKS;
+            let verdict = verdict.and_then(|id| match full && !self.backends.iter().any(|b| b.id == id) {
+                true => Err(DataLinkError::TooMany(id)),
+                false => Ok(id),
+            });
             match verdict {
                 Ok(id) => {
                     // Only a registered backend may READ staging memory.
@@ -186,6 +215,7 @@ impl<C: Connection> DataLinks<C> {
                 }
                 Err(why) => {
                     ctx.closed.push(link.conn);
+                    ctx.stats.data_links_refused.fetch_add(1, Ordering::Relaxed);
                     ctx.events.push_back(FrontendEvent::LinkRefused { why: why.to_string() });
                 }
             }
@@ -247,6 +277,10 @@ enum DataLinkError {
     /// It sent a bare Register where the token's proof is required.
     #[error("refused a data connection claiming backend {0} with an unsigned Register (this frontend requires the join token)")]
     Unsigned(u32),
+    /// It proved membership, but [`MAX_BACKEND_LINKS`] backends are
+    /// registered already.
+    #[error("refused backend {0}'s data connection: {MAX_BACKEND_LINKS} backends are registered already")]
+    TooMany(u32),
     /// Its challenge could not be drawn or sent.
     #[error("could not challenge a data connection: {0}")]
     NoChallenge(String),

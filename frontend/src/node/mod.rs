@@ -288,7 +288,12 @@ impl<C: Connection> FrontendNode<C> {
             self.closed.push(conn);
             return;
         }
-        self.data.handle_link(conn, now.saturating_add(self.cfg.handshake_timeout));
+        let deadline = now.saturating_add(self.cfg.handshake_timeout);
+        if let Some(evicted) = self.data.handle_link(conn, deadline, &self.tasks.queue.stats) {
+            self.closed.push(evicted);
+            let why = format!("evicted a data connection still handshaking: {} others were", data::MAX_HANDSHAKING);
+            self.events.push_back(FrontendEvent::LinkRefused { why });
+        }
     }
 
     /// Does the work that is due at `now` (which need not advance between

@@ -37,6 +37,9 @@ pub struct FrontendStats {
     pub backends: AtomicU64,
     /// Backend data links that died or misbehaved.
     pub backends_lost: AtomicU64,
+    /// Data links refused before registering (no or a wrong proof, none in
+    /// time, evicted while handshaking, too many backends).
+    pub data_links_refused: AtomicU64,
     /// Malformed or unroutable messages received.
     pub bad_messages: AtomicU64,
     /// Cancellations sent to the scheduler.
@@ -67,7 +70,13 @@ impl FrontendStats {
                 s.backends.load(Ordering::Relaxed)
             }),
         ];
-        let counters: [(&str, &str, Read); 6] = [
+        let counters: [(&str, &str, Read); 8] = [
+            ("symphony_frontend_data_links_refused", "Data connections refused before registering (no or a wrong join proof, none in time, evicted while handshaking, too many backends)", |s| {
+                s.data_links_refused.load(Ordering::Relaxed)
+            }),
+            ("symphony_frontend_refused_memory_keys", "READs and accesses of this process refused for a key naming no live registration (wrong, guessed or stale)", |_| {
+                dataplane::mem::refused_key_accesses()
+            }),
             ("symphony_frontend_moved_resubmits", "Tasks a scheduler group answered moved, taken back for the model's owner", |s| {
                 s.moved_taken_back.load(Ordering::Relaxed)
             }),
