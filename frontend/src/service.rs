@@ -84,6 +84,19 @@ pub enum InferResult {
     Unloaded,
 }
 
+/// One request as [`InferenceService::submit`] takes it.
+#[derive(Clone, Copy, Debug)]
+pub struct Submission<'a> {
+    /// The model's cluster id.
+    pub model_id: u32,
+    /// Exactly the model's input bytes.
+    pub input: &'a [u8],
+    /// Time until its deadline.
+    pub budget: Duration,
+    /// Priority and timeout.
+    pub options: RequestOptions,
+}
+
 /// The service behind the HTTP API.
 pub trait InferenceService: Send + Sync + 'static {
     /// The pending outcome of an accepted request.
@@ -103,7 +116,12 @@ pub trait InferenceService: Send + Sync + 'static {
         input: &[u8],
         budget: Duration,
         options: RequestOptions,
-    ) -> Result<Self::Pending, SubmitError>;
+    ) -> Result<Self::Pending, SubmitError> {
+        self.submit_one(Submission { model_id, input, budget, options })
+    }
+    /// [`submit`](Self::submit) with its arguments in one value: what an
+    /// implementation provides.
+    fn submit_one(&self, request: Submission<'_>) -> Result<Self::Pending, SubmitError>;
     /// The client gave `pending` up (disconnected, cancelled): unless its
     /// outcome is already in (then false), it ends as cancelled and the
     /// cluster is told to drop the task.
@@ -319,13 +337,8 @@ impl<S: TaskSink> InferenceService for ClusterService<S> {
     fn ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }
-    fn submit(
-        &self,
-        model_id: u32,
-        input: &[u8],
-        budget: Duration,
-        options: RequestOptions,
-    ) -> Result<Ticket, SubmitError> {
+    fn submit_one(&self, request: Submission<'_>) -> Result<Ticket, SubmitError> {
+        let Submission { model_id, input, budget, options } = request;
         let model = self
             .catalog
             .by_id(model_id)

@@ -1,39 +1,20 @@
-//! The scheduling policy of the serving system.
+//! The scheduler daemon and what only it needs.
 //!
-//! - [`profile`], [`zoo`]: batch latency profiles and the paper's model zoo.
-//! - [`types`]: requests, actions and the sans-IO [`types::Scheduler`] trait.
-//! - [`deferred`]: Symphony's deferred batch scheduling (ModelThread and
-//!   RankThread cores), and the timeout/eager rules.
-//! - [`baselines`]: the Clockwork, Shepherd and Nexus policies.
-//! - [`netdelay`]: the network delay bound charged before each batch.
-//! - [`gpu`]: the emulated GPUs every simulated or emulated backend uses.
-//! - [`sim`]: the simulator, its arrival generator and the event order.
-//! - [`autoscale`]: the autoscaler acting on the paper's add/remove rule.
-//! - [`repository`]: Triton-layout model repositories and `config.pbtxt`.
+//! - [`daemon`]: `symphony-scheduler`, the sans-IO control plane, the
+//!   `SchedulerNode` around it, its host and metrics.
+//! - [`election`]: leader election over etcd (and in memory for tests).
 //! - [`partition`]: models over sub-clusters (Appendix A): heuristic and MILP.
-//! - [`routes`]: the routing table of several active scheduler groups.
-//! - [`serf`]: SERF's M/D/c-with-interference latency predictor.
+//!
+//! The scheduling cores, policies and simulator live in the `scheduler-core`
+//! crate (no etcd, tokio or MILP solver); they are re-exported here under
+//! their old paths so `scheduler::sim`, `scheduler::zoo`, ... keep working.
 #![warn(missing_docs)]
 
-pub mod analysis;
-pub mod autoscale;
-pub mod baselines;
-pub mod batch_past_heads;
-pub mod closed_loop;
+pub use scheduler_core::{
+    analysis, autoscale, baselines, batch_past_heads, closed_loop, deferred, delay_watch, goodput,
+    gpu, netdelay, policy, profile, repository, routes, runtime, serf, sim, types, zoo,
+};
+
 pub mod daemon;
-pub mod deferred;
-pub mod delay_watch;
 pub mod election;
-pub mod goodput;
-pub mod gpu;
-pub mod netdelay;
 pub mod partition;
-pub mod policy;
-pub mod profile;
-pub mod repository;
-pub mod routes;
-pub mod runtime;
-pub mod serf;
-pub mod sim;
-pub mod types;
-pub mod zoo;

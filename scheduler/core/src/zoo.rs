@@ -1,6 +1,6 @@
 //! Model specifications and the paper's model zoo tables.
 //!
-//! The zoo tables live in `scheduler/data/*.csv` (Appendix C of the Symphony
+//! The zoo tables live in `scheduler/core/data/*.csv` (Appendix C of the Symphony
 //! paper); they are compiled in with `include_str!` so the binary is
 //! self-contained, and any other file of the same format can be loaded at run
 //! time with [`parse_zoo_csv`].

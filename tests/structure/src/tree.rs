@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 pub const CRATES: &[(&str, &str)] = &[
     ("dataplane", "dataplane"),
     ("scheduler", "scheduler"),
+    ("scheduler_core", "scheduler/core"),
     ("etcd_v3", "scheduler/etcd"),
     ("backend", "backend"),
     ("frontend", "frontend"),
