@@ -213,6 +213,10 @@ pub(crate) struct ServeArgs {
     /// Stop once this many clients have connected and left.
     #[arg(long)]
     pub(crate) exit_after_clients: Option<u64>,
+    /// rdma: register the objects remote-writable too, for `lat`/`bw --verb write`'s
+    /// RDMA WRITEs (other transports emulate WRITE with messages and ignore it).
+    #[arg(long)]
+    pub(crate) writable: bool,
 }
 
 #[derive(Args)]

@@ -123,6 +123,7 @@ fn cmd_serve(a: ServeArgs) -> Res<()> {
         duration,
         exit_after_clients: a.exit_after_clients,
         max_region: a.shape.max_region,
+        writable: a.writable,
     };
     server::serve(
         cfg,
@@ -262,6 +263,7 @@ pub(crate) fn local_options(kind: TransportKind, l: &LocalOpts, shape: &Shape) -
             .clone()
             .or_else(|| l.client_netem.as_ref().map(|n| format!("netem {n}"))),
         max_region: shape.max_region,
+        writable: false,
     }
 }
 

@@ -57,6 +57,8 @@ pub struct LocalOptions {
     pub server_qdisc: Option<String>,
     /// `tc` qdisc on the switch port towards the reader (needs `netns`).
     pub client_qdisc: Option<String>,
+    /// rdma: servers register their objects remote-writable (`--writable`).
+    pub writable: bool,
     /// Largest region, bytes (passed to servers).
     pub max_region: u64,
 }
@@ -141,6 +143,7 @@ impl LocalServers {
                     },
                 ])
                 .args(rdma_flags(&o.rdma))
+                .args(o.writable.then_some("--writable"))
                 .arg("--exit-with-parent")
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())

@@ -14,13 +14,19 @@
 //!   them in its buffer (WRITE at the operation's offset, SEND in its
 //!   receive buffer; on tcp and shm the two differ only in name) and
 //!   answers. rdma SENDs are real verbs SENDs of the transport's control
-//!   channel (an operation over 32 KiB is several SENDs); rdma WRITE needs
-//!   a remote-write registration the dataplane does not offer yet and is
-//!   refused. Latency is half the ping-pong round trip, as perftest's
-//!   `ib_write_lat`/`ib_send_lat` report.
+//!   channel (an operation over 32 KiB is several SENDs). Latency is half
+//!   the ping-pong round trip, as perftest's `ib_send_lat` reports.
+//! - rdma WRITE (netbench built with `--features rdma`): RDMA WRITE work
+//!   requests into the server's object, which a server started with
+//!   `--writable` registers remote-writable (local servers are, for
+//!   `--verb write`). Like READ it completes at its completion (the RC
+//!   acknowledgement), so its latency is post to completion, a round trip;
+//!   perftest's `ib_write_lat` is half a WRITE ping-pong, one way. The
+//!   WRITEs carry the object's own bytes (it stays as served); the check
+//!   after each size writes a marker, reads it back and restores it.
 //! - Bandwidth: each queue pair keeps `--tx-depth` operations in flight; an
-//!   operation completes at its READ completion (READ) or at the server's
-//!   acknowledgement (WRITE/SEND; with `--bidirectional` the server answers
+//!   operation completes at its completion (READ, rdma WRITE) or at the
+//!   server's acknowledgement (emulated WRITE, SEND; with `--bidirectional` the server answers
 //!   every operation with one of the same size, and both directions count).
 //!
 //! Only this process's monotonic clock is read.
@@ -30,7 +36,9 @@ use std::sync::Arc;
 
 use dataplane::mem::{Access, Region};
 use dataplane::time::{Duration, MonotonicClock};
-use dataplane::transport::{Completion, Connection, Domain, LocalRef, ReadOp, RemoteRef};
+use dataplane::transport::{
+    Completion, Connection, Domain, Error as TransportError, LocalRef, ReadOp, RemoteRef,
+};
 use dataplane::wire::MAX_MESSAGE_LEN;
 
 use crate::fail::{Fail, Res};
@@ -69,6 +77,81 @@ impl Verb {
         }
     }
 }
+
+/// How an operation travels on this run's transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    /// A work request reaped as a completion: READ everywhere, WRITE on rdma.
+    OneSided(Verb),
+    /// Messages the server lands and answers: WRITE and SEND elsewhere, SEND on rdma.
+    Message(Op),
+}
+
+impl Path {
+    /// Latency of a one-sided operation is post to completion (a round trip:
+    /// the READ's response, the WRITE's acknowledgement); of a message, half
+    /// the ping-pong round trip, as perftest's `ib_send_lat` reports.
+    fn latency_of(self, round_trip: u64) -> u64 {
+        match self {
+            Path::OneSided(_) => round_trip,
+            Path::Message(_) => round_trip / 2,
+        }
+    }
+}
+
+/// The verbs connection behind `conn` when `D` is the rdma transport: its
+/// one-sided WRITE is not part of the transport-neutral [`Connection`].
+#[cfg(feature = "rdma")]
+fn verbs<D: Domain>(conn: &mut D::Conn) -> Option<&mut dataplane::transport::rdma::RdmaConnection> {
+    use dataplane::transport::rdma::RdmaDomain;
+    use std::any::TypeId;
+    if TypeId::of::<D>() != TypeId::of::<RdmaDomain>() {
+        return None;
+    }
+    // SAFETY: `D` is `RdmaDomain` (same TypeId), whose `Conn` is
+    // `RdmaConnection`, so `conn` points at a live `RdmaConnection`; the
+    // returned borrow is `conn`'s own mutable borrow.
+    Some(unsafe { &mut *(conn as *mut D::Conn).cast::<dataplane::transport::rdma::RdmaConnection>() })
+}
+
+/// Whether `D` posts one-sided WRITEs (the rdma transport, when netbench is
+/// built with its `rdma` feature).
+fn writes_one_sided<D: Domain>() -> bool {
+    #[cfg(feature = "rdma")]
+    {
+        std::any::TypeId::of::<D>() == std::any::TypeId::of::<dataplane::transport::rdma::RdmaDomain>()
+    }
+    #[cfg(not(feature = "rdma"))]
+    {
+        let _ = std::any::type_name::<D>();
+        false
+    }
+}
+
+/// Posts `ops` as RDMA WRITEs on link `conn` (see [`verbs`]).
+fn post_writes<D: Domain>(conn: &mut D::Conn, ops: &[ReadOp]) -> Result<usize, TransportError> {
+    #[cfg(feature = "rdma")]
+    if let Some(c) = verbs::<D>(conn) {
+        let mut w = [dataplane::transport::rdma::WriteOp {
+            wr_id: 0,
+            source: LocalRef::default(),
+            target: RemoteRef::default(),
+        }; POST_AT_ONCE];
+        let n = ops.len().min(POST_AT_ONCE);
+        for (w, op) in w.iter_mut().zip(&ops[..n]) {
+            w.wr_id = op.wr_id;
+            w.source = op.local;
+            w.target = op.remote;
+        }
+        return c.post_writes(&w[..n]);
+    }
+    let _ = (conn, ops);
+    Err(TransportError::Unsupported("one-sided WRITE on this transport"))
+}
+
+/// Work requests handed to the transport in one call (one doorbell on verbs,
+/// as perftest's post lists; the rdma transport's batch is 16 as well).
+const POST_AT_ONCE: usize = 16;
 
 /// Latency or bandwidth.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -261,6 +344,8 @@ struct Links<D: Domain> {
     comps: Vec<Completion>,
     clock: MonotonicClock,
     op_timeout_ns: u64,
+    /// WRITEs are one-sided work requests (rdma), not messages.
+    write_one_sided: bool,
 }
 
 fn connect_links<D: Domain>(
@@ -332,6 +417,7 @@ fn connect_links<D: Domain>(
         comps: vec![Completion::default(); 256],
         clock: MonotonicClock::new(),
         op_timeout_ns: op_timeout.as_nanos().min(u128::from(u64::MAX)) as u64,
+        write_one_sided: writes_one_sided::<D>(),
     })
 }
 
@@ -463,13 +549,14 @@ impl<D: Domain> Links<D> {
         }
     }
 
-    /// Reaps READ completions of link `i`; returns how many.
+    /// Reaps one-sided completions (READ, rdma WRITE) of link `i`; returns how many.
     fn reap(&mut self, i: usize) -> Res<usize> {
         let n = self.links[i].conn.poll_completions(&mut self.comps)?;
         for c in &self.comps[..n] {
             if let Err(k) = c.status {
                 return Err(Fail::runtime(format!(
-                    "a READ from {} failed: {k:?}",
+                    "a one-sided operation on {} failed: {k:?} (a WRITE needs a server \
+                     started with --writable)",
                     self.links[i].addr
                 )));
             }
@@ -477,10 +564,84 @@ impl<D: Domain> Links<D> {
         Ok(n)
     }
 
+    /// How `verb` travels on this run's transport.
+    fn path(&self, verb: Verb) -> Path {
+        match verb {
+            Verb::Read => Path::OneSided(Verb::Read),
+            Verb::Write if self.write_one_sided => Path::OneSided(Verb::Write),
+            _ => Path::Message(verb.op()),
+        }
+    }
+
+    /// Posts up to `n` (at most [`POST_AT_ONCE`]) one-sided operations of
+    /// `size` bytes on link `i` in one call, numbered from the link's
+    /// `started`; returns how many the transport took.
+    fn post_one_sided(
+        &mut self,
+        i: usize,
+        verb: Verb,
+        size: u32,
+        n: usize,
+    ) -> Result<usize, TransportError> {
+        let n = n.min(POST_AT_ONCE);
+        let first = self.links[i].started;
+        let mut ops = [self.read_op(i, size, first); POST_AT_ONCE];
+        for (k, op) in ops.iter_mut().enumerate().take(n) {
+            op.wr_id = first + k as u64;
+        }
+        let conn = &mut self.links[i].conn;
+        if verb == Verb::Write {
+            post_writes::<D>(conn, &ops[..n])
+        } else {
+            conn.post_reads(&ops[..n])
+        }
+    }
+
+    /// Posts operation `seq` of `size` bytes on link `i` (latency: one at a
+    /// time). An earlier link's answer drained while this one's send queue
+    /// was full ends that link's operation.
+    fn post_one(&mut self, i: usize, path: Path, size: u32, seq: u64) -> Res<()> {
+        match path {
+            Path::OneSided(verb) => {
+                self.links[i].started = seq;
+                self.post_one_sided(i, verb, size, 1).map(|_| ()).map_err(|e| {
+                    Fail::runtime(format!(
+                        "posting a {} to {}: {e}",
+                        verb.name().to_uppercase(),
+                        self.links[i].addr
+                    ))
+                })
+            }
+            Path::Message(op) => {
+                let mut done_early = |l: &mut Link<D::Conn>, s: u64, _t: u64| {
+                    if s == seq {
+                        l.inflight = 0;
+                    }
+                };
+                self.send_op(i, seq, op, Reply::Full, size, &mut done_early)
+            }
+        }
+    }
+
+    /// Whether link `i`'s operation `seq` finished (latency).
+    fn finished(&mut self, i: usize, path: Path, seq: u64) -> Res<bool> {
+        Ok(match path {
+            Path::OneSided(_) => self.reap(i)? > 0,
+            Path::Message(_) => {
+                let mut hit = false;
+                let t = self.now();
+                drain(&mut self.links[i], &mut self.buf, t, |_, s, _| hit |= s == seq)?;
+                hit
+            }
+        })
+    }
+
     /// Latency: every link has one operation in flight at a time; each
     /// round posts one to every link and waits for all (with one link:
     /// perftest's ping-pong). Records per-operation latency.
     fn latency(&mut self, verb: Verb, size: u32, warmup: u64, stop: Stop) -> Res<Recorder> {
+        let path = self.path(verb);
+        self.load_write_sources(path, size)?;
         let mut rec = Recorder::new();
         let started = self.now();
         let until = match stop {
@@ -499,111 +660,129 @@ impl<D: Domain> Links<D> {
             }
             let seq = round;
             round += 1;
-            let count = self.links.len();
             // Post one operation on every link.
-            for i in 0..count {
-                let t = self.now();
-                self.links[i].t_post = t;
+            for i in 0..self.links.len() {
+                self.links[i].t_post = self.now();
                 self.links[i].inflight = 1;
-                match verb {
-                    Verb::Read => {
-                        let op = self.read_op(i, size, seq);
-                        self.links[i].conn.post_read(&op).map_err(|e| {
-                            Fail::runtime(format!("posting a READ to {}: {e}", self.links[i].addr))
-                        })?;
-                    }
-                    Verb::Write | Verb::Send => {
-                        // An earlier link's answer drained while this one's
-                        // send queue was full ends that link's operation.
-                        let mut done_early = |l: &mut Link<D::Conn>, s: u64, _t: u64| {
-                            if s == seq {
-                                l.inflight = 0;
-                            }
-                        };
-                        self.send_op(i, seq, verb.op(), Reply::Full, size, &mut done_early)?;
-                    }
-                }
+                self.post_one(i, path, size, seq)?;
             }
-            // Wait for every link's answer.
-            let mut pending = self.links.iter().filter(|l| l.inflight == 1).count();
             // Answers drained while sending count now (their time is a bound).
             if measured {
                 for l in &self.links {
                     if l.inflight == 0 {
                         let dt = self.clock.now().as_nanos().saturating_sub(l.t_post);
-                        rec.record(if verb == Verb::Read { dt } else { dt / 2 });
+                        rec.record(path.latency_of(dt));
                     }
                 }
             }
-            let t_wait = self.now();
-            let mut spins = 0u32;
-            while pending > 0 {
-                for i in 0..count {
-                    if self.links[i].inflight == 0 {
-                        continue;
-                    }
-                    let finished = match verb {
-                        Verb::Read => self.reap(i)? > 0,
-                        Verb::Write | Verb::Send => {
-                            let mut hit = false;
-                            let t = self.now();
-                            drain(&mut self.links[i], &mut self.buf, t, |_, s, _| hit |= s == seq)?;
-                            hit
-                        }
-                    };
-                    if finished {
-                        let dt = self.now().saturating_sub(self.links[i].t_post);
-                        self.links[i].inflight = 0;
-                        pending -= 1;
-                        if measured {
-                            rec.record(if verb == Verb::Read { dt } else { dt / 2 });
-                        }
-                    }
+            self.wait_round(path, size, seq, measured.then_some(&mut rec))?;
+        }
+        self.verify(path, size)?;
+        Ok(rec)
+    }
+
+    /// Waits (bounded by the operation timeout) until every link's
+    /// operation `seq` finished, recording each one's latency into `rec`.
+    fn wait_round(
+        &mut self,
+        path: Path,
+        size: u32,
+        seq: u64,
+        mut rec: Option<&mut Recorder>,
+    ) -> Res<()> {
+        let mut pending = self.links.iter().filter(|l| l.inflight == 1).count();
+        let t_wait = self.now();
+        let mut spins = 0u32;
+        while pending > 0 {
+            for i in 0..self.links.len() {
+                if self.links[i].inflight == 0 || !self.finished(i, path, seq)? {
+                    continue;
                 }
-                spins = spins.wrapping_add(1);
-                if spins.is_multiple_of(1024)
-                    && self.now().saturating_sub(t_wait) > self.op_timeout_ns
-                {
-                    return Err(Fail::runtime(format!(
-                        "no answer within {:.1} s ({} {size}-byte {})",
-                        self.op_timeout_ns as f64 / 1e9,
-                        pending,
-                        verb.name()
-                    )));
+                let dt = self.now().saturating_sub(self.links[i].t_post);
+                self.links[i].inflight = 0;
+                pending -= 1;
+                if let Some(rec) = rec.as_deref_mut() {
+                    rec.record(path.latency_of(dt));
                 }
+            }
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(1024) && self.now().saturating_sub(t_wait) > self.op_timeout_ns
+            {
+                return Err(Fail::runtime(format!(
+                    "no answer within {:.1} s ({pending} {size}-byte {:?})",
+                    self.op_timeout_ns as f64 / 1e9,
+                    path
+                )));
             }
         }
-        self.verify(verb, size)?;
-        Ok(rec)
+        Ok(())
+    }
+
+    /// The bytes of link `i`'s landing slot (a READ's destination, a one-sided
+    /// WRITE's source), `len` of them.
+    fn slot_offset(&self, i: usize) -> u64 {
+        self.links[i].landing.offset - self.landing.1.addr_base()
+    }
+
+    /// One-sided WRITEs send each link's landing slot: it holds the server
+    /// object's own bytes (object 0's pattern), so a WRITE leaves the object
+    /// as it was and READ runs against the same server still verify.
+    fn load_write_sources(&mut self, path: Path, size: u32) -> Res<()> {
+        if path != Path::OneSided(Verb::Write) {
+            return Ok(());
+        }
+        let mut bytes = vec![0u8; size as usize];
+        crate::pattern::fill(&mut bytes, 0);
+        for i in 0..self.links.len() {
+            self.landing.0.write_at(self.slot_offset(i), &bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Runs one one-sided operation on link `i` to completion (verification).
+    fn one_sided_now(&mut self, i: usize, verb: Verb, size: u32) -> Res<()> {
+        self.links[i].t_post = self.now();
+        self.links[i].inflight = 1;
+        self.post_one(i, Path::OneSided(verb), size, u64::MAX)?;
+        self.wait_round(Path::OneSided(verb), size, u64::MAX, None)
     }
 
     /// Checks the bytes of every link's last operation: a READ's landing
     /// slot against the server's object (`pattern` of object 0), a
-    /// WRITE/SEND answer against what was sent.
-    fn verify(&self, verb: Verb, size: u32) -> Res<()> {
+    /// WRITE/SEND answer against what was sent, and a one-sided WRITE by
+    /// writing a marker, reading it back and writing the object's bytes again.
+    fn verify(&mut self, path: Path, size: u32) -> Res<()> {
         let n = size as usize;
         let mut want = vec![0u8; n];
         let mut got = vec![0u8; n];
-        if verb == Verb::Read {
-            // The server's object 0, prefix of `size` bytes (the pattern
-            // is positional, so a prefix of the object is the pattern's prefix).
-            crate::pattern::fill(&mut want, 0);
-        } else {
-            want.copy_from_slice(&self.tx[..n]);
-        }
-        for (i, l) in self.links.iter().enumerate() {
-            if verb == Verb::Read {
-                let base = l.landing.offset - self.landing.1.addr_base();
-                self.landing.0.read_at(base, &mut got)?;
-            } else {
-                got.copy_from_slice(&l.rx[..n]);
+        for i in 0..self.links.len() {
+            match path {
+                Path::OneSided(Verb::Write) => {
+                    crate::pattern::fill(&mut want, 0x5e);
+                    self.landing.0.write_at(self.slot_offset(i), &want)?;
+                    self.one_sided_now(i, Verb::Write, size)?;
+                    self.landing.0.write_at(self.slot_offset(i), &got)?;
+                    self.one_sided_now(i, Verb::Read, size)?;
+                    self.landing.0.read_at(self.slot_offset(i), &mut got)?;
+                    self.load_write_sources(path, size)?;
+                    self.one_sided_now(i, Verb::Write, size)?;
+                }
+                Path::OneSided(_) => {
+                    // The server's object 0, prefix of `size` bytes (the pattern
+                    // is positional, so a prefix of the object is the pattern's prefix).
+                    crate::pattern::fill(&mut want, 0);
+                    self.landing.0.read_at(self.slot_offset(i), &mut got)?;
+                }
+                Path::Message(_) => {
+                    want.copy_from_slice(&self.tx[..n]);
+                    got.copy_from_slice(&self.links[i].rx[..n]);
+                }
             }
             if got != want {
                 let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
                 return Err(Fail::runtime(format!(
-                    "link {i} to {}: the {size}-byte {}'s bytes differ from what was sent/served (first at byte {at})",
-                    l.addr,
-                    verb.name()
+                    "link {i} to {}: the {size}-byte {:?}'s bytes differ from what was sent/served (first at byte {at})",
+                    self.links[i].addr, path
                 )));
             }
         }
@@ -621,6 +800,7 @@ impl<D: Domain> Links<D> {
         flag: Option<&AtomicBool>,
         running: Option<&AtomicBool>,
     ) -> Res<BwStats> {
+        self.load_write_sources(self.path(st.verb), st.size)?;
         if warmup > 0 {
             self.bw_phase(st, Stop::Count(warmup), None, None, &mut Vec::new())?;
         }
@@ -650,6 +830,79 @@ impl<D: Domain> Links<D> {
         })
     }
 
+    /// Bandwidth: posts up to `room` operations on link `i`.
+    fn post_stream(
+        &mut self,
+        i: usize,
+        st: &Stream,
+        room: u64,
+        stamps: &mut Vec<u64>,
+    ) -> Res<()> {
+        match self.path(st.verb) {
+            Path::OneSided(verb) => {
+                let max = self.links[i].conn.max_outstanding_reads().max(1);
+                let mut room = room.min(max.saturating_sub(self.links[i].inflight) as u64);
+                while room > 0 {
+                    match self.post_one_sided(i, verb, st.size, room as usize) {
+                        Ok(n) => {
+                            self.links[i].started += n as u64;
+                            self.links[i].inflight += n;
+                            room -= n as u64;
+                            if n < POST_AT_ONCE {
+                                break;
+                            }
+                        }
+                        Err(TransportError::QueueFull) => break,
+                        Err(e) => {
+                            return Err(Fail::runtime(format!(
+                                "posting a {} to {}: {e}",
+                                verb.name().to_uppercase(),
+                                self.links[i].addr
+                            )))
+                        }
+                    }
+                }
+            }
+            Path::Message(op) => {
+                let reply = if st.bidirectional {
+                    Reply::Full
+                } else {
+                    Reply::Ack
+                };
+                for _ in 0..room {
+                    let seq = self.links[i].started;
+                    self.links[i].started += 1;
+                    self.links[i].inflight += 1;
+                    let mut on_done = |l: &mut Link<D::Conn>, _s: u64, t: u64| {
+                        stream_done(l, stamps, t, 1);
+                    };
+                    self.send_op(i, seq, op, reply, st.size, &mut on_done)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Bandwidth: reaps link `i`'s finished operations; whether there were any.
+    fn reap_stream(&mut self, i: usize, verb: Verb, stamps: &mut Vec<u64>) -> Res<bool> {
+        match self.path(verb) {
+            Path::OneSided(_) => {
+                let n = self.reap(i)?;
+                if n > 0 {
+                    let t = self.now();
+                    stream_done(&mut self.links[i], stamps, t, n);
+                }
+                Ok(n > 0)
+            }
+            Path::Message(_) => {
+                let t = self.now();
+                drain(&mut self.links[i], &mut self.buf, t, |l, _, t| {
+                    stream_done(l, stamps, t, 1)
+                })
+            }
+        }
+    }
+
     fn bw_phase(
         &mut self,
         st: Stream,
@@ -658,14 +911,7 @@ impl<D: Domain> Links<D> {
         running: Option<&AtomicBool>,
         stamps: &mut Vec<u64>,
     ) -> Res<(u64, u64)> {
-        let Stream {
-            verb,
-            size,
-            depth,
-            bidirectional,
-        } = st;
         self.reset();
-        let count = self.links.len();
         let per_link = match stop {
             Stop::Count(n) => n,
             Stop::For(_) => u64::MAX,
@@ -674,11 +920,6 @@ impl<D: Domain> Links<D> {
         let until = match stop {
             Stop::For(d) => start + d.as_nanos().min(u128::from(u64::MAX / 4)) as u64,
             Stop::Count(_) => u64::MAX,
-        };
-        let reply = if bidirectional {
-            Reply::Full
-        } else {
-            Reply::Ack
         };
         let mut last = start;
         let mut last_progress = start;
@@ -692,83 +933,19 @@ impl<D: Domain> Links<D> {
             }
             let mut outstanding = 0usize;
             let mut finished = true;
-            for i in 0..count {
+            for i in 0..self.links.len() {
                 // Post up to the depth.
                 let l = &self.links[i];
                 let want = if stopping {
                     0
                 } else {
-                    depth.saturating_sub(l.inflight) as u64
+                    st.depth.saturating_sub(l.inflight) as u64
                 };
                 let room = want.min(per_link - l.started);
                 if room > 0 {
-                    match verb {
-                        Verb::Read => {
-                            let max = self.links[i].conn.max_outstanding_reads().max(1);
-                            let room = room.min(max.saturating_sub(self.links[i].inflight) as u64);
-                            for _ in 0..room {
-                                let seq = self.links[i].started;
-                                let op = self.read_op(i, size, seq);
-                                match self.links[i].conn.post_read(&op) {
-                                    Ok(()) => {
-                                        self.links[i].started += 1;
-                                        self.links[i].inflight += 1;
-                                    }
-                                    Err(dataplane::transport::Error::QueueFull) => break,
-                                    Err(e) => {
-                                        return Err(Fail::runtime(format!(
-                                            "posting a READ to {}: {e}",
-                                            self.links[i].addr
-                                        )))
-                                    }
-                                }
-                            }
-                        }
-                        Verb::Write | Verb::Send => {
-                            for _ in 0..room {
-                                let seq = self.links[i].started;
-                                self.links[i].started += 1;
-                                self.links[i].inflight += 1;
-                                let mut on_done = |l: &mut Link<D::Conn>, _s: u64, t: u64| {
-                                    l.inflight = l.inflight.saturating_sub(1);
-                                    l.done += 1;
-                                    if stamps.len() < stamps.capacity() {
-                                        stamps.push(t);
-                                    }
-                                };
-                                self.send_op(i, seq, verb.op(), reply, size, &mut on_done)?;
-                            }
-                        }
-                    }
+                    self.post_stream(i, &st, room, stamps)?;
                 }
-                // Reap.
-                let got = match verb {
-                    Verb::Read => {
-                        let n = self.reap(i)?;
-                        self.links[i].inflight -= n.min(self.links[i].inflight);
-                        self.links[i].done += n as u64;
-                        if n > 0 {
-                            let t = self.now();
-                            for _ in 0..n {
-                                if stamps.len() < stamps.capacity() {
-                                    stamps.push(t);
-                                }
-                            }
-                        }
-                        n > 0
-                    }
-                    Verb::Write | Verb::Send => {
-                        let t = self.now();
-                        drain(&mut self.links[i], &mut self.buf, t, |l, _, t| {
-                            l.inflight = l.inflight.saturating_sub(1);
-                            l.done += 1;
-                            if stamps.len() < stamps.capacity() {
-                                stamps.push(t);
-                            }
-                        })?
-                    }
-                };
-                if got {
+                if self.reap_stream(i, st.verb, stamps)? {
                     last_progress = self.now();
                     last = last_progress;
                 }
@@ -793,8 +970,9 @@ impl<D: Domain> Links<D> {
                 && self.now().saturating_sub(last_progress) > self.op_timeout_ns
             {
                 return Err(Fail::runtime(format!(
-                    "{outstanding} {size}-byte {} operation(s) unanswered for {:.1} s",
-                    verb.name(),
+                    "{outstanding} {}-byte {} operation(s) unanswered for {:.1} s",
+                    st.size,
+                    st.verb.name(),
                     self.op_timeout_ns as f64 / 1e9
                 )));
             }
@@ -806,6 +984,17 @@ impl<D: Domain> Links<D> {
     }
 }
 
+/// Bandwidth: `n` of link `l`'s operations finished at time `t`.
+fn stream_done<C>(l: &mut Link<C>, stamps: &mut Vec<u64>, t: u64, n: usize) {
+    l.inflight = l.inflight.saturating_sub(n);
+    l.done += n as u64;
+    for _ in 0..n {
+        if stamps.len() < stamps.capacity() {
+            stamps.push(t);
+        }
+    }
+}
+
 /// Runs a whole `lat`/`bw` measurement against `addrs` (P servers).
 pub struct PerfRun {
     /// Server addresses.
@@ -814,11 +1003,12 @@ pub struct PerfRun {
     pub cfg: PerfConfig,
 }
 
-fn check_verb(kind: &str, verb: Verb) -> Res<()> {
-    if kind == "rdma" && verb == Verb::Write {
+fn check_verb<D: Domain>(kind: &str, verb: Verb) -> Res<()> {
+    if verb == Verb::Write && kind == "rdma" && !writes_one_sided::<D>() {
         return Err(Fail::usage(
-            "--verb write over rdma: the dataplane registers no memory for remote writes yet \
-             (only REMOTE_READ), so an RDMA WRITE cannot be posted; use read or send",
+            "--verb write over rdma: this netbench reaches verbs through the dataplane's \
+             transport-neutral connection, which has READ and SEND but no WRITE; rebuild \
+             with `cargo build -p netbench --features rdma` for RDMA WRITE",
         ));
     }
     Ok(())
@@ -828,9 +1018,9 @@ impl WithDomain for PerfRun {
     type Out = Vec<SizeResult>;
     fn run<D: Domain>(self, domain: D) -> Res<Vec<SizeResult>> {
         let cfg = self.cfg;
-        check_verb(domain.kind(), cfg.verb)?;
+        check_verb::<D>(domain.kind(), cfg.verb)?;
         if let Some(l) = cfg.under_load {
-            check_verb(domain.kind(), l.verb)?;
+            check_verb::<D>(domain.kind(), l.verb)?;
         }
         let max = cfg.max_size();
         if max > domain.max_read_len() {

@@ -18,7 +18,10 @@ Verbs per transport:
          answered from the server's registered region by its responder. shm: a
          bounds-checked copy out of the server's mapped region. Latency = post to
          completion (the round trip, as ib_read_lat).
-  write  rdma: refused (the dataplane registers no memory for remote writes yet).
+  write  rdma: RDMA WRITE work requests into the server's object (local servers register it
+         remote-writable; start a remote one with `netbench serve --writable`; needs netbench
+         built with --features rdma). Latency = post to completion (WRITE + its RC ack: a
+         round trip; ib_write_lat reports half a WRITE ping-pong, one way).
          tcp, tcp-blocking, shm: EMULATED - the bytes travel as messages on the connection
          (chunks of at most 32 KiB) and the server's CPU copies them to the operation's
          offset in its buffer, then answers.
@@ -26,10 +29,10 @@ Verbs per transport:
          several SENDs). tcp, tcp-blocking, shm: EMULATED as for write (the server lands
          the bytes in its receive buffer); on these transports write and send differ only
          in name.
-  lat of write and send = half the ping-pong round trip (the server answers every
+  lat of emulated write and of send = half the ping-pong round trip (the server answers every
   operation with one of the same size), as ib_write_lat and ib_send_lat report.
-  bw: --tx-depth operations in flight per queue pair; a READ completes at its completion,
-  a WRITE/SEND at the server's acknowledgement (with --bidirectional: at its same-size
+  bw: --tx-depth operations in flight per queue pair; a READ or rdma WRITE completes at its
+  completion, an emulated WRITE or a SEND at the server's acknowledgement (with --bidirectional: at its same-size
   answer, and both directions count). BW average = bytes of completed operations / (first
   post .. last completion); BW peak = the fastest tenth of the run's completions;
   MB = 2^20 bytes (perftest's MB/sec); MsgRate in millions of operations per second.
@@ -136,7 +139,7 @@ pub fn semantics(kind: TransportKind, verb: Verb) -> &'static str {
     match (kind, verb) {
         (TransportKind::Rdma, Verb::Read) => "RDMA READ work requests",
         (TransportKind::Rdma, Verb::Write) => {
-            "refused: no remote-write registrations in the dataplane"
+            "RDMA WRITE work requests into the server's remote-writable object; latency = post to completion"
         }
         (TransportKind::Rdma, Verb::Send) => {
             "verbs SENDs on the control channel, 32 KiB each at most"
@@ -255,6 +258,7 @@ pub(crate) fn cmd_perf(a: PerfArgs, test: Test) -> Res<()> {
             server_qdisc: None,
             client_qdisc: None,
             max_region: u64::from(largest).max(1 << 30),
+            writable: a.verb == Verb::Write || under_load.is_some_and(|l| l.verb == Verb::Write),
         };
         crate::note_oversubscription(lo.servers, lo.idle, lo.kind);
         let s = crate::local::LocalServers::start(&lo).map_err(|e| name_selection(&a, e))?;

@@ -46,6 +46,8 @@ pub struct ServeConfig {
     pub exit_after_clients: Option<u64>,
     /// Largest region allowed, bytes.
     pub max_region: u64,
+    /// rdma: the objects are remote-writable too (RDMA WRITE targets).
+    pub writable: bool,
 }
 
 /// Checks object count and size against the protocol and a transport's limit.
@@ -116,7 +118,13 @@ impl WithDomain for Serve {
             region.write_at(u64::from(j) * u64::from(cfg.size), &obj)?;
         }
         drop(obj);
-        let reg = domain.register(&region, Access::REMOTE_READ)?;
+        // Remote-writable only when asked, and only where WRITE is one-sided.
+        let access = if cfg.writable && cfg.kind == TransportKind::Rdma {
+            Access::REMOTE_READ | Access::REMOTE_WRITE
+        } else {
+            Access::REMOTE_READ
+        };
+        let reg = domain.register(&region, access)?;
         let refs: Vec<RemoteRef> = (0..cfg.objects)
             .map(|j| reg.remote_ref(u64::from(j) * u64::from(cfg.size), cfg.size))
             .collect::<Result<_, _>>()?;

@@ -84,14 +84,16 @@ pub fn with_domain<W: WithDomain>(
     opts: DomainOptions,
     task: W,
 ) -> Res<W::Out> {
-    if kind == TransportKind::Rdma && !cfg!(feature = "rdma") {
-        return Err(Fail::usage(
-            "transport rdma: this netbench was built without RDMA support \
-             (rebuild with `cargo build -p netbench --features rdma`)",
-        ));
-    }
     let opts = control::DomainOptions {
         tcp_read_timeout: Some(opts.read_timeout),
     };
-    control::with_domain_opts(kind.into(), opts, Adapt(task)).map_err(|e| Fail::runtime(e.to_string()))?
+    // The dataplane decides whether verbs are built in (its `rdma` feature, which
+    // this crate's `rdma` feature turns on, as does a workspace build that enables
+    // `dataplane/rdma`): READ and SEND then work; WRITE needs this crate's feature.
+    control::with_domain_opts(kind.into(), opts, Adapt(task)).map_err(|e| match e {
+        control::ControlError::NotBuilt { .. } => Fail::usage(format!(
+            "{e}; for netbench: `cargo build -p netbench --features rdma`"
+        )),
+        e => Fail::runtime(e.to_string()),
+    })?
 }
