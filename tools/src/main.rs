@@ -341,7 +341,7 @@ enum Cmd {
         /// Write SVG figures into this directory where the report has any.
         #[arg(long)]
         plot: Option<PathBuf>,
-        /// Print JSON on stdout (grid, ablation, fig15).
+        /// Print JSON on stdout (grid, ablation, fig13, fig15).
         #[arg(long)]
         json: bool,
         /// fig13: the ModelThread counts, N,N,... (default 1 up to the machine's cores, at least 2).
@@ -541,6 +541,7 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
             Ok(report_ablation::run(quick, json, sample.map(|size| report_grid::Sample { size, seed: sample_seed }))?)
         }
         Cmd::Report { name, quick, plot, json, policies, .. } if name == "fig15" => Ok(report_fig15::run(quick, plot.as_deref(), json, &policies)?),
+        Cmd::Report { name, quick, plot, json, model_threads, .. } if name == "fig13" => Ok(reports::fig13(quick, json, &model_threads, plot.as_deref())?),
         Cmd::Report { name, quick, plot, model_threads, .. } => Ok(reports::run(&name, quick, plot.as_deref(), &model_threads)?),
         Cmd::Chaos { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json, priority_mix, cancel_share, max_queue, trace_task } => {
             Ok(chaos_cmd::run(&chaos_cmd::ChaosArgs { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json, priority_mix, cancel_share, max_queue, trace_task })?)

@@ -182,6 +182,11 @@ fn print_table_header(first: &str, labels: &[String]) {
     println!("|---|{}", "---:|".repeat(labels.len()));
 }
 
+/// `report fig13 [--json]`: Figure 13 (`model_threads` as for [`run`]).
+pub fn fig13(quick: bool, json: bool, model_threads: &[usize], plot_dir: Option<&Path>) -> Result<(), ReportError> {
+    fig13::fig13(quick, model_threads, plot_dir, json)
+}
+
 /// `model_threads`: the ModelThread counts of Figure 13 (empty: 1 up to
 /// the machine's cores, at least 2).
 pub fn run(name: &str, quick: bool, plot_dir: Option<&Path>, model_threads: &[usize]) -> Result<(), ReportError> {
@@ -195,7 +200,7 @@ pub fn run(name: &str, quick: bool, plot_dir: Option<&Path>, model_threads: &[us
         "fig9" => paper::fig9(quick),
         "fig2" => paper::fig2(quick, plot_dir),
         "fig10" => paper::fig10(quick),
-        "fig13" => fig13::fig13(quick, model_threads, plot_dir),
+        "fig13" => fig13::fig13(quick, model_threads, plot_dir, false),
         "fig14" => network::fig14(quick),
         "live-curve" => live::live_curve(quick),
         "fig16" => fig16::run(quick, plot_dir),

@@ -921,9 +921,15 @@ fn e2e_with(a: &E2eArgs, spec: &ClusterSpec, models: &[ModelSpec], s: f64) -> Re
         rate = if hi.is_finite() { (lo + hi) / 2.0 } else { rate * 1.2 };
     }
     let e = best.as_ref().map(|b| b.offered_rps).unwrap_or(0.0);
+    // The daemons and the load generator are separate processes, none pinned.
+    let machine = dataplane::machine::facts(
+        ["scheduler daemon", "frontend daemons", "backend daemons", "HTTP load generator"].into_iter().map(dataplane::machine::Placement::unpinned).collect(),
+    );
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"simulated_goodput_rps": s, "e2e_goodput_rps": e, "ratio": e / s, "runs": runs})).map_err(run_err)?);
+        let machine: serde_json::Value = serde_json::from_str(&machine.to_json()).map_err(run_err)?;
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"simulated_goodput_rps": s, "e2e_goodput_rps": e, "ratio": e / s, "runs": runs, "machine": machine})).map_err(run_err)?);
     } else {
+        println!("{}", machine.text());
         println!(
             "{} ({} zoo), {} frontends, {} backends x {} GPUs over {}: end-to-end goodput {e:.0} rps, scheduler-only (simulated) {s:.0} rps, e/s = {:.3}",
             a.models, a.cluster.zoo, a.cluster.frontends, a.cluster.backends, a.cluster.gpus_per_backend, a.cluster.transport.name(), e / s
