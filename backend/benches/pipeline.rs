@@ -16,6 +16,7 @@ use std::sync::Arc;
 use backend::exec::ExecModel;
 use backend::{BatchWorker, EmulatedExecutor, WorkerConfig};
 use dataplane::mem::{Access, Region};
+use dataplane::stats::{median, percentile_of};
 use dataplane::time::{Duration, MonotonicClock};
 use dataplane::transport::shm::ShmDomain;
 use dataplane::transport::tcp::TcpDomain;
@@ -27,16 +28,6 @@ const RUNS: usize = 5;
 const ITERS: usize = 400;
 const WARMUP: usize = 40;
 const T: Duration = Duration::from_millis(10_000);
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() as f64 - 1.0) * p) as usize]
-}
 
 /// One run: returns (p50, p99) of plan -> BatchDone in microseconds.
 fn run<D: Domain>(
@@ -153,8 +144,8 @@ fn run<D: Domain>(
         got >= (ITERS * batch) as u64 / 2,
         "frontend saw its completions"
     );
-    let p50 = pct(&mut lat, 0.5);
-    let p99 = pct(&mut lat, 0.99);
+    let p50 = percentile_of(&mut lat, 0.5).expect("batches");
+    let p99 = percentile_of(&mut lat, 0.99).expect("batches");
     (p50, p99)
 }
 
@@ -178,7 +169,7 @@ fn main() {
             r50.push(a);
             r99.push(b);
         }
-        let (m50, m99) = (median(r50), median(r99));
+        let (m50, m99) = (median(&mut r50).expect("runs"), median(&mut r99).expect("runs"));
         println!(
             "{:<10} {:>6} {:>8} {:>10.1} {:>10.1} {:>12.2}",
             "shm",
@@ -205,7 +196,7 @@ fn main() {
             r50.push(a);
             r99.push(b);
         }
-        let (m50, m99) = (median(r50), median(r99));
+        let (m50, m99) = (median(&mut r50).expect("runs"), median(&mut r99).expect("runs"));
         let name = if tcp { "tcp-uring" } else { "tcp-block" };
         println!(
             "{:<10} {:>6} {:>8} {:>10.1} {:>10.1} {:>12.2}",

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use dataplane::time::Duration;
+use dataplane::stats::median;
 use dataplane::transport::shm::ShmDomain;
 use dataplane::transport::{Connection, Domain, Error, Listener};
 use dataplane::wire::{self, Heartbeat, Task, TaskBatcher};
@@ -27,11 +28,6 @@ fn thread_cpu_ns() -> u64 {
     // SAFETY: a valid timespec to fill.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 fn pair() -> (<ShmDomain as Domain>::Conn, <ShmDomain as Domain>::Conn) {
@@ -79,7 +75,7 @@ fn ping_pong() -> f64 {
         }
         stop.store(true, Ordering::Relaxed);
     });
-    median(rtts)
+    median(&mut rtts).expect("rounds")
 }
 
 fn heartbeat() -> Vec<u8> {
@@ -158,7 +154,7 @@ fn rx_pending<T>(h: &std::thread::ScopedJoinHandle<'_, T>) -> bool {
 }
 
 fn main() {
-    let rtt = median((0..RUNS).map(|_| ping_pong()).collect());
+    let rtt = median(&mut (0..RUNS).map(|_| ping_pong()).collect::<Vec<_>>()).expect("runs");
     let len = wire::encode(&mut [0u8; 64], &Heartbeat::default()).expect("encode");
     println!("## shm control messages ({len} bytes; median of {RUNS} runs)\n");
     println!("heartbeat round trip p50: {rtt:.2} us\n");
@@ -171,7 +167,7 @@ fn main() {
     println!("| sent with | M msg/s | sender CPU ns/msg | receiver CPU ns/msg |\n|---:|---:|---:|---:|");
     row("send", 0, &tasks);
     row("send_batched, flush every 1", 1, &tasks);
-    let one = |m: &[u8]| median((0..RUNS).map(|_| one_thread(m)).collect());
+    let one = |m: &[u8]| median(&mut (0..RUNS).map(|_| one_thread(m)).collect::<Vec<_>>()).expect("runs");
     println!("\none thread, send 32 then receive 32, CPU ns per message: heartbeat {:.0}, 16-task Tasks {:.0}", one(&hb), one(&tasks));
 }
 
@@ -195,6 +191,6 @@ fn one_thread(msg: &[u8]) -> f64 {
 
 fn row(label: &str, batch: usize, msg: &[u8]) {
     let runs: Vec<_> = (0..RUNS).map(|_| stream(batch, msg)).collect();
-    let pick = |f: fn(&(f64, f64, f64)) -> f64| median(runs.iter().map(f).collect());
+    let pick = |f: fn(&(f64, f64, f64)) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>()).expect("runs");
     println!("| {label} | {:.2} | {:.0} | {:.0} |", pick(|r| r.0) / 1e6, pick(|r| r.1), pick(|r| r.2));
 }

@@ -1,5 +1,11 @@
-//! Side-by-side benchmark of SPSC queues: `dataplane::ring` vs `rtrb` vs
-//! `crossbeam_queue::ArrayQueue`.
+//! Side-by-side benchmark of SPSC queues: `rtrb` (the runtime's ring,
+//! behind `dataplane::spsc`) vs `crossbeam_queue::ArrayQueue`.
+//!
+//! The project once carried its own rtrb-style ring, loom-checked; this
+//! bench compared it with rtrb (0.88x rtrb's single-item and 0.96x its
+//! batched throughput, equal round-trip latency: docs/decisions.md "SPSC
+//! ring") and the hand-written ring was removed in favour of the crate.
+//! The bench stays so that a ring replacing rtrb has to beat it here.
 //!
 //! * Throughput: a producer pinned to core 0 and a consumer pinned to core 1
 //!   move `ITEMS` sequential `u64`s, one at a time and in batches of `BATCH`
@@ -48,33 +54,6 @@ trait Queue: 'static {
     fn push_slice(tx: &mut Self::Tx, items: &[u64]) -> usize;
     /// Pops into a prefix of `out`; returns its length.
     fn pop_slice(rx: &mut Self::Rx, out: &mut [u64]) -> usize;
-}
-
-struct Ours;
-impl Queue for Ours {
-    type Tx = dataplane::ring::Producer<u64>;
-    type Rx = dataplane::ring::Consumer<u64>;
-    const NAME: &'static str = "dataplane::ring";
-    const BATCHED: bool = true;
-    fn make(capacity: usize) -> (Self::Tx, Self::Rx) {
-        dataplane::ring::channel(capacity)
-    }
-    #[inline(always)]
-    fn push(tx: &mut Self::Tx, v: u64) -> bool {
-        tx.try_push(v).is_ok()
-    }
-    #[inline(always)]
-    fn pop(rx: &mut Self::Rx) -> Option<u64> {
-        rx.try_pop()
-    }
-    #[inline(always)]
-    fn push_slice(tx: &mut Self::Tx, items: &[u64]) -> usize {
-        tx.push_slice(items)
-    }
-    #[inline(always)]
-    fn pop_slice(rx: &mut Self::Rx, out: &mut [u64]) -> usize {
-        rx.pop_slice(out)
-    }
 }
 
 struct Rtrb;
@@ -271,14 +250,9 @@ fn load_average() -> String {
         .unwrap_or_else(|| "?".to_string())
 }
 
+/// The median of a non-empty sample set (`dataplane::stats::median`).
 fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn median_u64(v: &mut [u64]) -> u64 {
-    v.sort_unstable();
-    v[v.len() / 2]
+    dataplane::stats::median(v).expect("at least one repetition")
 }
 
 /// Per-implementation samples across repetitions.
@@ -286,9 +260,9 @@ fn median_u64(v: &mut [u64]) -> u64 {
 struct Samples {
     single: Vec<f64>,
     batched: Vec<f64>,
-    p50: Vec<u64>,
-    p99: Vec<u64>,
-    p999: Vec<u64>,
+    p50: Vec<f64>,
+    p99: Vec<f64>,
+    p999: Vec<f64>,
 }
 
 fn run_rep<Q: Queue>(s: &mut Samples, items: u64, rounds: u64) {
@@ -300,9 +274,9 @@ fn run_rep<Q: Queue>(s: &mut Samples, items: u64, rounds: u64) {
         s.batched.push(throughput::<Q>(items, true));
     }
     let (p50, p99, p999) = round_trip::<Q>(rounds);
-    s.p50.push(p50);
-    s.p99.push(p99);
-    s.p999.push(p999);
+    s.p50.push(p50 as f64);
+    s.p99.push(p99 as f64);
+    s.p999.push(p999 as f64);
 }
 
 fn main() {
@@ -316,16 +290,16 @@ fn main() {
     }
     let wall = Instant::now();
     let load_before = load_average();
-    let names = [Ours::NAME, Rtrb::NAME, Crossbeam::NAME];
-    let mut samples: [Samples; 3] = Default::default();
+    let names = [Rtrb::NAME, Crossbeam::NAME];
+    let mut samples: [Samples; 2] = Default::default();
     for rep in 0..reps {
-        // Rotate the order so no implementation always runs first.
-        for k in 0..3 {
-            match (rep + k) % 3 {
-                0 => run_rep::<Ours>(&mut samples[0], items, rounds),
-                1 => run_rep::<Rtrb>(&mut samples[1], items, rounds),
-                _ => run_rep::<Crossbeam>(&mut samples[2], items, rounds),
-            }
+        // Alternate the order so neither implementation always runs first.
+        if rep % 2 == 0 {
+            run_rep::<Rtrb>(&mut samples[0], items, rounds);
+            run_rep::<Crossbeam>(&mut samples[1], items, rounds);
+        } else {
+            run_rep::<Crossbeam>(&mut samples[1], items, rounds);
+            run_rep::<Rtrb>(&mut samples[0], items, rounds);
         }
         eprintln!("rep {}/{reps} done at {:.1?}", rep + 1, wall.elapsed());
         for (name, s) in names.iter().zip(&samples) {
@@ -340,15 +314,11 @@ fn main() {
     // Ratios of runs made back to back are steadier than ratios of medians
     // when other work shares the machine.
     let paired = |f: fn(&Samples) -> &Vec<f64>| {
-        let mut r: Vec<f64> =
-            f(&samples[0]).iter().zip(f(&samples[1])).map(|(a, b)| a / b).collect();
+        let mut r: Vec<f64> = f(&samples[0]).iter().zip(f(&samples[1])).map(|(a, b)| a / b).collect();
         median(&mut r)
     };
     let single_ratio = paired(|s| &s.single);
-    let batched_ratio = paired(|s| &s.batched);
-    let mut p50_ratios: Vec<f64> =
-        samples[0].p50.iter().zip(&samples[1].p50).map(|(a, b)| *a as f64 / *b as f64).collect();
-    let p50_ratio = median(&mut p50_ratios);
+    let p50_ratio = paired(|s| &s.p50);
     println!();
     println!(
         "SPSC rings, u64 items, capacity {CAPACITY}, producer core 0 -> consumer core 1; \
@@ -368,15 +338,13 @@ fn main() {
         } else {
             format!("{:.1}", median(&mut s.batched) / 1e6)
         };
-        let (p50, p99, p999) =
-            (median_u64(&mut s.p50), median_u64(&mut s.p99), median_u64(&mut s.p999));
+        let (p50, p99, p999) = (median(&mut s.p50), median(&mut s.p99), median(&mut s.p999));
         println!("| {name} | {single:.1} | {batched} | {p50} | {p99} | {p999} |");
     }
     println!();
     println!(
-        "ours / rtrb, median of per-repetition ratios: single {single_ratio:.2}x, \
-         batched {batched_ratio:.2}x throughput (higher is better); \
-         p50 RTT {p50_ratio:.2}x (lower is better)"
+        "rtrb / ArrayQueue, median of per-repetition ratios: single {single_ratio:.2}x \
+         throughput (higher is better); p50 RTT {p50_ratio:.2}x (lower is better)"
     );
     println!(
         "wall time {:.1?}; 1-min load average {load_before} before, {} after",

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use dataplane::mem::{Access, Region};
+use dataplane::stats::median;
 use dataplane::time::Duration;
 use dataplane::transport::shm::ShmDomain;
 use dataplane::transport::tcp::{Engine, TcpConfig, TcpDomain};
@@ -29,11 +30,6 @@ struct Figures {
     p50: f64,
     p99: f64,
     p999: f64,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 fn read_once<C: Connection>(c: &mut C, op: &ReadOp, comps: &mut [Completion]) {
@@ -145,7 +141,7 @@ fn bandwidth() -> (f64, f64) {
         }
         cpy.push((LEN * REPS) as f64 / t.elapsed().as_secs_f64() / 1e9);
     }
-    (median(shm), median(cpy))
+    (median(&mut shm).expect("runs"), median(&mut cpy).expect("runs"))
 }
 
 fn main() {
@@ -186,7 +182,7 @@ fn main() {
     println!("|---:|---|---:|---:|---:|");
     for (si, size) in SIZES.iter().enumerate() {
         for (k, name) in names.iter().enumerate() {
-            let m = |f: fn(&Figures) -> f64| median(all[k].iter().map(|r| f(&r[si])).collect());
+            let m = |f: fn(&Figures) -> f64| median(&mut all[k].iter().map(|r| f(&r[si])).collect::<Vec<_>>()).expect("runs");
             println!(
                 "| {} | {} | {:.1} | {:.1} | {:.1} |",
                 human(*size),

@@ -1,11 +1,13 @@
 //! The SPSC ring the runtime uses: `rtrb`, behind the small API the
 //! workers need.
 //!
-//! `dataplane::ring` is our own rtrb-style ring (loom-checked). Measured
-//! side by side (`cargo bench -p dataplane --bench rings`, docs/benchmarks.md)
-//! it reaches 0.89-0.92x rtrb's single-item and 0.96x its batched throughput
-//! with equal round-trip latency, so the hot path uses the crate, as the
-//! project's rule for hand-written code demands (docs/decisions.md).
+//! The one in-process ring. A hand-written rtrb-style ring (loom-checked)
+//! used to sit beside it; measured side by side (`cargo bench -p dataplane
+//! --bench rings`, docs/benchmarks.md) it reached 0.88x rtrb's single-item
+//! and 0.96x its batched throughput with equal round-trip latency, so it was
+//! removed and the crate kept, as the project's rule for hand-written code
+//! demands (docs/decisions.md "SPSC ring"). The bench still compares rtrb
+//! with crossbeam's `ArrayQueue`.
 
 /// Sending end.
 pub struct Producer<T>(rtrb::Producer<T>);

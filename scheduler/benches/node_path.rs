@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use clap::Parser;
+use dataplane::stats::median;
 use dataplane::time::{Duration, Instant, MonotonicClock};
 use dataplane::transport::{Completion, Connection, Error, ReadOp};
 use dataplane::waitset::IdleWait;
@@ -550,11 +551,6 @@ fn run_once(a: &Args, script: &Arc<Script>) -> RunReport {
     r
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
 fn main() {
     let a = Args::parse();
     let spec = parse_model_arg(&format!("m={}", a.profile)).expect("--profile ALPHA_MS,BETA_MS,SLO_MS");
@@ -591,7 +587,7 @@ fn main() {
         }
         runs.push(r);
     }
-    let med = |f: fn(&RunReport) -> f64| median(runs.iter().map(f).collect());
+    let med = |f: fn(&RunReport) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>()).unwrap_or(0.0);
     println!(
         "median of {}: I/O {:.0} ns/task, ModelThread {:.0} ns/task, total {:.0} ns/task; taken {:.0} tasks/s during load; one core for the I/O thread alone would take {:.2} M tasks/s",
         runs.len(),

@@ -7,9 +7,9 @@
 //! `tail`, written by the producer; `head`, written by the consumer;
 //! `parked`, the consumer's sleep flag) followed by `capacity` data bytes
 //! (a power of two). `tail` and `head` count bytes since the start and wrap
-//! around `u64`; `tail - head` bytes are readable. As in `crate::ring`
-//! (rtrb's design), each side keeps its own index privately plus a cached
-//! copy of the other's, publishes with a `Release` store and reads the
+//! around `u64`; `tail - head` bytes are readable. As in rtrb (the
+//! in-process ring, `crate::spsc`), each side keeps its own index
+//! privately plus a cached copy of the other's, publishes with a `Release` store and reads the
 //! other's index with an `Acquire` load only when its cache shows less
 //! room (producer) or fewer bytes (consumer) than the call wants.
 //!
@@ -27,10 +27,20 @@
 //! the bytes in its re-check or the producer sees the flag: a message is
 //! never stranded behind a sleep. While the consumer is busy the flag is
 //! clear and publishing costs no system call.
+//!
+//! The protocol (everything below [`RingMemory`]) is generic over where the
+//! header and data live: the shared mapping ([`RingMap`]) in production,
+//! and under the `loom` feature loom's atomics and cells, so that
+//! `shm_ring::loom_model` model-checks this very code (every interleaving
+//! of two threads, every byte access checked for a race, a lost wake-up
+//! shows as a deadlock).
 
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 use memmap2::MmapRaw;
+
+#[cfg(all(test, feature = "loom"))]
+mod loom_model;
 
 /// Header bytes before the data (one page keeps the data page aligned).
 pub(crate) const RING_HEADER_LEN: usize = 4096;
@@ -46,29 +56,104 @@ const PARKED: u32 = 1;
 /// `parked`: a producer saw [`PARKED`] and wrote (or is writing) a wake byte.
 const WOKEN: u32 = 2;
 
-/// One word alone on its (prefetch pair of) cache lines.
-#[repr(C, align(128))]
-struct Padded<T>(T);
-
-/// The header page (all atomics: shared between processes).
-#[repr(C)]
-struct RingHeader {
-    magic: AtomicU64,
-    capacity: AtomicU64,
-    tail: Padded<AtomicU64>,
-    head: Padded<AtomicU64>,
-    parked: Padded<AtomicU32>,
+/// An atomic header word, with the operations the protocol uses: std's
+/// atomics in shared memory, loom's in the model check.
+pub(crate) trait Word<V> {
+    fn load(&self, order: Ordering) -> V;
+    fn store(&self, value: V, order: Ordering);
+    fn compare_exchange(&self, current: V, new: V, success: Ordering, failure: Ordering) -> Result<V, V>;
 }
 
-const _: () = assert!(std::mem::size_of::<RingHeader>() <= RING_HEADER_LEN);
+/// Implements [`Word`] for an atomic type by calling its own methods.
+macro_rules! impl_word {
+    ($atomic:ty, $value:ty) => {
+        impl Word<$value> for $atomic {
+            #[inline(always)]
+            fn load(&self, order: Ordering) -> $value {
+                <$atomic>::load(self, order)
+            }
+            #[inline(always)]
+            fn store(&self, value: $value, order: Ordering) {
+                <$atomic>::store(self, value, order)
+            }
+            #[inline(always)]
+            fn compare_exchange(
+                &self,
+                current: $value,
+                new: $value,
+                success: Ordering,
+                failure: Ordering,
+            ) -> Result<$value, $value> {
+                <$atomic>::compare_exchange(self, current, new, success, failure)
+            }
+        }
+    };
+}
+// Path-addressable for the loom model, which implements `Word` for loom's atomics.
+#[cfg(all(test, feature = "loom"))]
+use impl_word;
+
+impl_word!(AtomicU64, u64);
+impl_word!(AtomicU32, u32);
+
+/// One word alone on its (prefetch pair of) cache lines.
+#[repr(C, align(128))]
+pub(crate) struct Padded<T>(T);
+
+/// The header page's layout, over its atomic word types.
+#[repr(C)]
+pub(crate) struct Header<W64, W32> {
+    magic: W64,
+    capacity: W64,
+    tail: Padded<W64>,
+    head: Padded<W64>,
+    parked: Padded<W32>,
+}
+
+/// The header as it lies in shared memory (all atomics: shared between
+/// processes).
+type SharedHeader = Header<AtomicU64, AtomicU32>;
+
+const _: () = assert!(std::mem::size_of::<SharedHeader>() <= RING_HEADER_LEN);
+
+/// Where a ring's header and data bytes live, and the memory model their
+/// accesses follow.
+pub(crate) trait RingMemory {
+    type W64: Word<u64>;
+    type W32: Word<u32>;
+
+    fn header(&self) -> &Header<Self::W64, Self::W32>;
+
+    /// Our own copy of the data capacity, a power of two (never re-read
+    /// from shared memory).
+    fn capacity(&self) -> u64;
+
+    /// A `SeqCst` fence in the model the atomics belong to.
+    fn fence_seq_cst(&self);
+
+    /// Copies `src` into the data area from byte `at`.
+    ///
+    /// # Safety
+    /// `at + src.len() <= capacity()`, and the protocol gives those bytes
+    /// to the producer (the consumer is done with them).
+    unsafe fn write_data(&self, at: usize, src: &[u8]);
+
+    /// Copies `len` data bytes from byte `at` to `dst`.
+    ///
+    /// # Safety
+    /// `at + len <= capacity()`; `dst` is valid for `len` writes and does
+    /// not overlap the data area; the protocol gives those bytes to the
+    /// consumer (published by the producer).
+    unsafe fn read_data(&self, at: usize, dst: *mut u8, len: usize);
+}
 
 /// The peer broke the ring's invariants (indices out of range, bad header):
 /// the link is dead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Corrupt;
 
-/// A mapped ring (either side's view).
-struct RingMap {
+/// A ring in a shared-memory mapping (either side's view).
+pub(crate) struct RingMap {
     map: MmapRaw,
     /// Our own copy of the capacity (never re-read from shared memory).
     cap: u64,
@@ -88,23 +173,20 @@ impl RingMap {
         let mut m = RingMap { map, cap: 0 };
         let h = m.header();
         let cap = h.capacity.load(Ordering::Acquire);
-        if h.magic.load(Ordering::Acquire) != RING_MAGIC
-            || !cap.is_power_of_two()
-            || (cap as usize) < MIN_RING_BYTES
-            || (cap as usize) > MAX_RING_BYTES
-            || m.map.len() != RING_HEADER_LEN + cap as usize
-        {
+        if h.magic.load(Ordering::Acquire) != RING_MAGIC || !m.fits(cap) {
             return Err(Corrupt);
         }
         m.cap = cap;
         Ok(m)
     }
 
-    fn header(&self) -> &RingHeader {
-        // SAFETY: the mapping is at least RING_HEADER_LEN bytes (checked
-        // before any call), page aligned, lives as long as `self`, and every
-        // field of RingHeader is an atomic for which any bytes are valid.
-        unsafe { &*(self.map.as_ptr() as *const RingHeader) }
+    /// Whether `cap` is a capacity in range and the mapping holds exactly
+    /// the header and `cap` data bytes.
+    fn fits(&self, cap: u64) -> bool {
+        cap.is_power_of_two()
+            && (cap as usize) >= MIN_RING_BYTES
+            && (cap as usize) <= MAX_RING_BYTES
+            && self.map.len() == RING_HEADER_LEN + cap as usize
     }
 
     fn data(&self) -> *mut u8 {
@@ -114,53 +196,82 @@ impl RingMap {
     }
 }
 
+impl RingMemory for RingMap {
+    type W64 = AtomicU64;
+    type W32 = AtomicU32;
+
+    #[inline]
+    fn header(&self) -> &SharedHeader {
+        // SAFETY: the mapping is at least RING_HEADER_LEN bytes (checked
+        // before a RingMap is made), page aligned, lives as long as `self`,
+        // and every field of the header is an atomic for which any bytes
+        // are valid.
+        unsafe { &*(self.map.as_ptr() as *const SharedHeader) }
+    }
+
+    #[inline]
+    fn capacity(&self) -> u64 {
+        self.cap
+    }
+
+    #[inline]
+    fn fence_seq_cst(&self) {
+        fence(Ordering::SeqCst);
+    }
+
+    #[inline]
+    unsafe fn write_data(&self, at: usize, src: &[u8]) {
+        // SAFETY: `at + src.len() <= cap` (caller) keeps the range inside
+        // the data area; the source is a live slice, never the mapping.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.data().add(at), src.len()) }
+    }
+
+    #[inline]
+    unsafe fn read_data(&self, at: usize, dst: *mut u8, len: usize) {
+        // SAFETY: `at + len <= cap` keeps the source inside the data area;
+        // `dst` is valid for `len` bytes and apart from the mapping (caller).
+        unsafe { std::ptr::copy_nonoverlapping(self.data().add(at), dst, len) }
+    }
+}
+
 /// Lays out a fresh ring in `map` (zeroed, exactly header + `cap` bytes,
 /// `cap` a power of two in range) and returns its producer end.
 pub(crate) fn init_producer(map: MmapRaw, cap: usize) -> Result<RingProducer, Corrupt> {
-    if map.len() < RING_HEADER_LEN {
+    let ring = RingMap { map, cap: cap as u64 };
+    if !ring.fits(cap as u64) {
         return Err(Corrupt);
     }
-    // SAFETY: as in RingMap::header (length checked just above).
-    let h = unsafe { &*(map.as_ptr() as *const RingHeader) };
-    h.capacity.store(cap as u64, Ordering::Relaxed);
-    h.tail.0.store(0, Ordering::Relaxed);
-    h.head.0.store(0, Ordering::Relaxed);
-    h.parked.0.store(AWAKE, Ordering::Relaxed);
-    h.magic.store(RING_MAGIC, Ordering::Release);
-    Ok(RingProducer {
-        ring: RingMap::checked(map)?,
-        tail: 0,
-        head_cache: 0,
-    })
+    Ok(RingProducer::init(ring))
 }
 
 /// Opens the consumer end of a ring another side laid out in `map`.
 pub(crate) fn open_consumer(map: MmapRaw) -> Result<RingConsumer, Corrupt> {
-    let ring = RingMap::checked(map)?;
-    let h = ring.header();
-    let head = h.head.0.load(Ordering::Acquire);
-    let tail = h.tail.0.load(Ordering::Acquire);
-    if tail.wrapping_sub(head) > ring.cap {
-        return Err(Corrupt);
-    }
-    Ok(RingConsumer {
-        ring,
-        head,
-        tail_cache: head,
-    })
+    RingConsumer::open(RingMap::checked(map)?)
 }
 
 /// The writing end.
-pub(crate) struct RingProducer {
-    ring: RingMap,
+pub(crate) struct RingProducer<M: RingMemory = RingMap> {
+    ring: M,
     tail: u64,
     head_cache: u64,
 }
 
-impl RingProducer {
+impl<M: RingMemory> RingProducer<M> {
+    /// Writes a fresh header (indices zero, consumer awake; the magic last,
+    /// published) into `ring` and becomes its producer.
+    fn init(ring: M) -> Self {
+        let h = ring.header();
+        h.capacity.store(ring.capacity(), Ordering::Relaxed);
+        h.tail.0.store(0, Ordering::Relaxed);
+        h.head.0.store(0, Ordering::Relaxed);
+        h.parked.0.store(AWAKE, Ordering::Relaxed);
+        h.magic.store(RING_MAGIC, Ordering::Release);
+        RingProducer { ring, tail: 0, head_cache: 0 }
+    }
+
     /// Free bytes, reloading the consumer's index when the cache says full.
     fn room(&mut self, want: u64) -> Result<u64, Corrupt> {
-        let cap = self.ring.cap;
+        let cap = self.ring.capacity();
         let mut used = self.tail.wrapping_sub(self.head_cache);
         if cap - used < want {
             let head = self.ring.header().head.0.load(Ordering::Acquire);
@@ -178,10 +289,11 @@ impl RingProducer {
     /// stores there).
     pub(crate) fn taken(&self) -> u64 {
         let head = self.ring.header().head.0.load(Ordering::Acquire);
-        if self.tail.wrapping_sub(head) > self.ring.cap {
+        let cap = self.ring.capacity();
+        if self.tail.wrapping_sub(head) > cap {
             // A corrupted index: report nothing taken; the next write
             // reports the corruption.
-            return self.tail.saturating_sub(self.ring.cap);
+            return self.tail.saturating_sub(cap);
         }
         head
     }
@@ -207,7 +319,7 @@ impl RingProducer {
         if taken == 0 {
             return Ok((0, false));
         }
-        let (cap, data) = (self.ring.cap as usize, self.ring.data());
+        let cap = self.ring.capacity() as usize;
         let mut pos = self.tail;
         for part in parts {
             if left == 0 {
@@ -217,12 +329,11 @@ impl RingProducer {
             let at = (pos & (cap as u64 - 1)) as usize;
             let first = n.min(cap - at);
             // SAFETY: `at + first <= cap` and `n - first < cap`: both ranges
-            // lie in the data area; the source is a live slice of `n` bytes
-            // (ours, never the mapping). The bytes [tail, tail + room) are
-            // not being read: the consumer's head says it is done with them.
+            // lie in the data area. The bytes [tail, tail + room) are not
+            // being read: the consumer's head says it is done with them.
             unsafe {
-                std::ptr::copy_nonoverlapping(part.as_ptr(), data.add(at), first);
-                std::ptr::copy_nonoverlapping(part.as_ptr().add(first), data, n - first);
+                self.ring.write_data(at, &part[..first]);
+                self.ring.write_data(0, &part[first..n]);
             }
             pos = pos.wrapping_add(n as u64);
             left -= n;
@@ -232,7 +343,7 @@ impl RingProducer {
         h.tail.0.store(pos, Ordering::Release);
         // Pairs with the fence in `RingConsumer::arm`: either it sees our
         // tail or we see its flag.
-        fence(Ordering::SeqCst);
+        self.ring.fence_seq_cst();
         let wake = h.parked.0.load(Ordering::Relaxed) == PARKED
             && h
                 .parked
@@ -244,19 +355,31 @@ impl RingProducer {
 }
 
 /// The reading end.
-pub(crate) struct RingConsumer {
-    ring: RingMap,
+pub(crate) struct RingConsumer<M: RingMemory = RingMap> {
+    ring: M,
     head: u64,
     tail_cache: u64,
 }
 
-impl RingConsumer {
+impl<M: RingMemory> RingConsumer<M> {
+    /// The consumer of a ring whose producer wrote its header; refuses
+    /// indices out of range.
+    fn open(ring: M) -> Result<Self, Corrupt> {
+        let h = ring.header();
+        let head = h.head.0.load(Ordering::Acquire);
+        let tail = h.tail.0.load(Ordering::Acquire);
+        if tail.wrapping_sub(head) > ring.capacity() {
+            return Err(Corrupt);
+        }
+        Ok(RingConsumer { ring, head, tail_cache: head })
+    }
+
     /// Readable bytes, reloading the producer's index when the cache says
     /// fewer than `want`.
     fn available(&mut self, want: u64) -> Result<u64, Corrupt> {
         if self.tail_cache.wrapping_sub(self.head) < want {
             let tail = self.ring.header().tail.0.load(Ordering::Acquire);
-            if tail.wrapping_sub(self.head) > self.ring.cap {
+            if tail.wrapping_sub(self.head) > self.ring.capacity() {
                 return Err(Corrupt);
             }
             self.tail_cache = tail;
@@ -275,16 +398,16 @@ impl RingConsumer {
         if n == 0 {
             return Ok(0);
         }
-        let (cap, data) = (self.ring.cap as usize, self.ring.data());
+        let cap = self.ring.capacity() as usize;
         let at = (self.head & (cap as u64 - 1)) as usize;
         let first = n.min(cap - at);
         // SAFETY: `at + first <= cap` and `n - first < cap` keep the source
-        // in the data area; `dst` holds `len >= n` bytes (caller). The bytes
-        // [head, tail) were published by the producer's Release store,
-        // which our Acquire load of `tail` saw.
+        // in the data area; `dst` holds `len >= n` bytes apart from the
+        // mapping (caller). The bytes [head, tail) were published by the
+        // producer's Release store, which our Acquire load of `tail` saw.
         unsafe {
-            std::ptr::copy_nonoverlapping(data.add(at), dst, first);
-            std::ptr::copy_nonoverlapping(data, dst.add(first), n - first);
+            self.ring.read_data(at, dst, first);
+            self.ring.read_data(0, dst.add(first), n - first);
         }
         self.head = self.head.wrapping_add(n as u64);
         self.ring.header().head.0.store(self.head, Ordering::Release);
@@ -308,7 +431,7 @@ impl RingConsumer {
             h.parked.0.store(PARKED, Ordering::Relaxed);
         }
         // Pairs with the fence in `RingProducer::write`.
-        fence(Ordering::SeqCst);
+        self.ring.fence_seq_cst();
         !self.has_input()
     }
 
@@ -377,9 +500,9 @@ mod tests {
         out
     }
 
-    fn header(raw: &MmapRaw) -> &RingHeader {
+    fn header(raw: &MmapRaw) -> &SharedHeader {
         // SAFETY: as in RingMap::header.
-        unsafe { &*(raw.as_ptr() as *const RingHeader) }
+        unsafe { &*(raw.as_ptr() as *const SharedHeader) }
     }
 
     #[test]
