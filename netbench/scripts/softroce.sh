@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # netbench/scripts/softroce.sh [single|pair|both|perftest] - netbench on real RDMA verbs (Soft-RoCE).
 #
-# `perftest`: netbench lat/bw next to perftest's ib_{read,send}_{lat,bw} in one guest (guest_perftest.sh:
-# sizes 2 B, 4 KiB, 64 KiB, 1 MiB, 3 alternating rounds, medians compared; -d/-i/-x checked);
-# knobs LAT_ITERS BW_ITERS ROUNDS SIZES VERBS GID_INDEX READ_DEPTH.
+# `perftest`: netbench lat/bw next to perftest's ib_{read,write,send}_{lat,bw} in one guest
+# (guest_perftest.sh: sizes 2 B, 4 KiB, 64 KiB, 1 MiB, 3 alternating rounds, medians compared;
+# -d/-i/-x checked); knobs LAT_ITERS BW_ITERS ROUNDS SIZES VERBS GID_INDEX READ_DEPTH MAX_READS
+# BUSY_POLL.
+# NETBENCH_BIN=path: use that binary instead of building one (e.g. the workspace build's
+# target/release/netbench, which runs READ and SEND; WRITE needs --features rdma).
 #
 # Builds netbench with --features rdma on the host, stages it with the guest scripts
 # (guest_single.sh, guest_pair.sh, and tests/softroce/guest/perftest.sh, used read-only), and runs
@@ -20,14 +23,17 @@ OUT=${OUT:-$REPO/docs/calibrations/runs}
 CAL=$REPO/docs/calibrations
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target/netbench}
 export TIMEOUT=${TIMEOUT:-1500}
-(cd "$REPO" && cargo build -p netbench --release --features rdma)
+if [ -z "${NETBENCH_BIN:-}" ]; then
+  (cd "$REPO" && cargo build -p netbench --release --features rdma)
+  NETBENCH_BIN=$CARGO_TARGET_DIR/release/netbench
+fi
 STAGE=$(mktemp -d "${TMPDIR:-/tmp}/netbench-softroce.XXXXXX")
 trap 'rm -rf "$STAGE"' EXIT
-cp "$CARGO_TARGET_DIR/release/netbench" "$STAGE/"
+cp "$NETBENCH_BIN" "$STAGE/netbench"
 cp "$REPO/tests/softroce/guest/perftest.sh" "$REPO"/netbench/scripts/guest_*.sh "$STAGE/"
 mkdir -p "$OUT"
 envs=""
-for v in LAT_ITERS BW_ITERS VERBS GID_INDEX READ_DEPTH ROUNDS SIZES PAPER_ITERS CAL_ITERS SKIP_PAPER SKIP_CAL PAIR_STEPS PAIR_CONC \
+for v in LAT_ITERS BW_ITERS VERBS GID_INDEX READ_DEPTH MAX_READS BUSY_POLL ROUNDS SIZES PAPER_ITERS CAL_ITERS SKIP_PAPER SKIP_CAL PAIR_STEPS PAIR_CONC \
          SYMPHONY_RDMA_READ_DEPTH SYMPHONY_RDMA_ACK_TIMEOUT; do
   [ -n "${!v:-}" ] && envs="$envs $v=${!v}"
 done

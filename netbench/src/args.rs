@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::client::ReaderIdle;
+use crate::fail::{Fail, Res};
 use crate::perf::Verb;
 use crate::server::Idle;
 use crate::transport::TransportKind;
@@ -140,9 +141,12 @@ pub(crate) struct Measure {
     pub(crate) reader_idle: ReaderIdle,
 }
 
+/// The forms of a report: a table (default), JSON or CSV on stdout, and a
+/// JSON copy in a file.
 #[derive(Args, Clone)]
-pub(crate) struct Output {
-    /// Print the report as JSON (with HdrHistogram V2 base64 histograms).
+pub(crate) struct ReportForm {
+    /// Print the report as JSON (HdrHistogram V2 base64 histograms; lat/bw: one entry
+    /// per size).
     #[arg(long, conflicts_with = "csv")]
     pub(crate) json: bool,
     /// Print CSV instead of the table.
@@ -151,6 +155,33 @@ pub(crate) struct Output {
     /// Also write the JSON report to this file.
     #[arg(long)]
     pub(crate) save: Option<PathBuf>,
+}
+
+impl ReportForm {
+    /// Writes `json` to the `--save` file, if one was given.
+    pub(crate) fn save(&self, json: &str) -> Res<()> {
+        if let Some(p) = &self.save {
+            std::fs::write(p, json).map_err(Fail::write(p.clone()))?;
+        }
+        Ok(())
+    }
+
+    /// Prints the chosen form.
+    pub(crate) fn print(&self, json: &str, table: impl FnOnce() -> String, csv: impl FnOnce() -> String) {
+        if self.json {
+            println!("{json}");
+        } else if self.csv {
+            print!("{}", csv());
+        } else {
+            print!("{}", table());
+        }
+    }
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct Output {
+    #[command(flatten)]
+    pub(crate) form: ReportForm,
     /// Also draw this run's percentile plot (SVG).
     #[arg(long)]
     pub(crate) plot: Option<PathBuf>,
@@ -219,6 +250,15 @@ pub(crate) struct ServeArgs {
     pub(crate) writable: bool,
 }
 
+/// What an incast reads and how it is measured (`incast`, `local`, `calibrate`).
+#[derive(Args, Clone)]
+pub(crate) struct Workload {
+    #[command(flatten)]
+    pub(crate) shape: Shape,
+    #[command(flatten)]
+    pub(crate) measure: Measure,
+}
+
 #[derive(Args)]
 pub(crate) struct IncastArgs {
     /// Transport.
@@ -228,9 +268,7 @@ pub(crate) struct IncastArgs {
     #[arg(long, value_delimiter = ',', required = true)]
     pub(crate) peers: Vec<String>,
     #[command(flatten)]
-    pub(crate) shape: Shape,
-    #[command(flatten)]
-    pub(crate) measure: Measure,
+    pub(crate) work: Workload,
     #[command(flatten)]
     pub(crate) output: Output,
     /// Describes the fabric in reports.
@@ -246,9 +284,7 @@ pub(crate) struct LocalArgs {
     #[command(flatten)]
     pub(crate) local: LocalOpts,
     #[command(flatten)]
-    pub(crate) shape: Shape,
-    #[command(flatten)]
-    pub(crate) measure: Measure,
+    pub(crate) work: Workload,
     #[command(flatten)]
     pub(crate) output: Output,
 }
@@ -264,9 +300,7 @@ pub(crate) struct CalibrateArgs {
     #[command(flatten)]
     pub(crate) local: LocalOpts,
     #[command(flatten)]
-    pub(crate) shape: Shape,
-    #[command(flatten)]
-    pub(crate) measure: Measure,
+    pub(crate) work: Workload,
     /// Percentile of the bound.
     #[arg(long, default_value_t = 99.99)]
     pub(crate) percentile: f64,
@@ -392,15 +426,8 @@ pub(crate) struct PerfArgs {
     /// Longest wait for any progress of an operation, ms.
     #[arg(long, default_value_t = 10000)]
     pub(crate) op_timeout_ms: u64,
-    /// Print the report as JSON (one entry per size, HdrHistogram V2 base64 histograms).
-    #[arg(long, conflicts_with = "csv")]
-    pub(crate) json: bool,
-    /// Print CSV instead of the table.
-    #[arg(long)]
-    pub(crate) csv: bool,
-    /// Also write the JSON report to this file.
-    #[arg(long)]
-    pub(crate) save: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) form: ReportForm,
     /// Also draw this run against size (SVG): latency (t_typical, p99) or bandwidth.
     #[arg(long)]
     pub(crate) svg: Option<PathBuf>,

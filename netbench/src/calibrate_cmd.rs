@@ -11,14 +11,14 @@ use crate::{bench_config, calibrate, check_peers, local, local_options, note_ove
 
 pub(crate) fn cmd_calibrate(a: CalibrateArgs) -> Res<()> {
     calibrate::check_percentile(a.percentile)?;
-    let cfg = bench_config(&a.shape, &a.measure)?;
+    let cfg = bench_config(&a.work.shape, &a.work.measure)?;
     if cfg.ping_every == 0 {
         return Err(Fail::usage(
             "calibrate measures d_ctrl from control round trips: --ping-every must be at least 1",
         ));
     }
-    a.shape.check(a.transport)?;
-    let lo = local_options(a.transport, &a.local, &a.shape);
+    a.work.shape.check(a.transport)?;
+    let lo = local_options(a.transport, &a.local, &a.work.shape);
     let (servers, addrs, fabric) = if a.peers.is_empty() {
         note_oversubscription(lo.servers, lo.idle, lo.kind);
         let s = local::LocalServers::start(&lo)?;
@@ -90,7 +90,7 @@ fn run_batches(a: &CalibrateArgs, cfg: &BenchConfig, addrs: &[String], batches: 
         addrs: addrs.to_vec(),
         cfg: cfg.clone(),
         plans,
-        max_region: a.shape.max_region,
+        max_region: a.work.shape.max_region,
         kind: a.transport,
     };
     transport::with_domain(

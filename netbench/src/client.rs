@@ -201,14 +201,10 @@ impl<D: Domain> Client<D> {
         Ok((region, reg))
     }
 
-    /// Runs `warmup` + `iters` rounds of `plan`.
-    pub fn run(&mut self, plan: &[Input], max_landing: u64) -> Res<RunResult> {
+    /// Each peer's READs of one round of `plan`, landing in `reg`.
+    fn round_for(&self, plan: &[Input], reg: &Registration) -> Res<Round> {
         let p_count = self.peers.len();
         let size = self.cfg.size;
-        if plan.is_empty() {
-            return Err(Fail::usage("a round needs at least one READ"));
-        }
-        let (region, reg) = self.landing(plan.len(), max_landing)?;
         // Each peer's READs of a round, in plan order; wr_id = input index
         // (so input i always lands in slot i).
         let mut ops: Vec<Vec<ReadOp>> = vec![Vec::new(); p_count];
@@ -228,16 +224,29 @@ impl<D: Domain> Client<D> {
                 self.cfg.concurrency.map_or(w, |c| c.clamp(1, w))
             })
             .collect();
-        let mut post_ns = vec![0u64; plan.len()];
-        let mut next = vec![0usize; p_count];
-        let mut inflight = vec![0usize; p_count];
+        Ok(Round {
+            ops,
+            windows,
+            next: vec![0; p_count],
+            inflight: vec![0; p_count],
+            post_ns: vec![0; plan.len()],
+        })
+    }
+
+    /// Runs `warmup` + `iters` rounds of `plan`.
+    pub fn run(&mut self, plan: &[Input], max_landing: u64) -> Res<RunResult> {
+        let size = self.cfg.size;
+        if plan.is_empty() {
+            return Err(Fail::usage("a round needs at least one READ"));
+        }
+        let (region, reg) = self.landing(plan.len(), max_landing)?;
+        let mut round = self.round_for(plan, &reg)?;
         let mut comps = vec![Completion::default(); 64];
         let mut scratch = vec![0u8; size as usize];
         let mut msg = vec![0u8; MAX_MESSAGE_LEN];
         let mut ping = proto::Ping::new(self.cfg.ping_size)?;
         let mut res = RunResult::default();
         let timeout_ns = self.cfg.round_timeout.as_nanos();
-        let clock = self.clock;
         let total_rounds = self.cfg.warmup + self.cfg.iters;
 
         for r in 0..total_rounds {
@@ -250,84 +259,8 @@ impl<D: Domain> Client<D> {
                 scratch.fill(0xA5);
                 region.write_at(i as u64 * u64::from(size), &scratch)?;
             }
-            next.fill(0);
-            inflight.fill(0);
-            let mut done = 0usize;
-            let t0 = clock.now().as_nanos();
-            let mut last = t0;
-            for p in 0..p_count {
-                post_more(
-                    &mut self.peers[p],
-                    &ops[p],
-                    &mut next[p],
-                    &mut inflight[p],
-                    windows[p],
-                    &mut post_ns,
-                    &clock,
-                )?;
-            }
-            let block = self.cfg.reader_idle == ReaderIdle::Block && p_count == 1;
-            while done < plan.len() {
-                for p in 0..p_count {
-                    if inflight[p] == 0 && next[p] == ops[p].len() {
-                        continue;
-                    }
-                    let peer = &mut self.peers[p];
-                    if block {
-                        // Errors surface in the poll below.
-                        let _ = peer.conn.wait(READER_SLEEP);
-                    }
-                    let k = peer
-                        .conn
-                        .poll_completions(&mut comps)
-                        .map_err(|e| Fail::runtime(format!("peer {}: {e}", peer.addr)))?;
-                    if k > 0 {
-                        let now = clock.now().as_nanos();
-                        for c in &comps[..k] {
-                            let i = c.wr_id as usize;
-                            if let Err(kind) = c.status {
-                                let obj = plan.get(i).map_or(0, |x| x.object);
-                                return Err(Fail::runtime(format!(
-                                    "READ of object {obj} from peer {} failed: {kind:?}",
-                                    peer.addr
-                                )));
-                            }
-                            if measured {
-                                res.read.record(now.saturating_sub(post_ns[i]));
-                            }
-                        }
-                        inflight[p] -= k;
-                        done += k;
-                        last = now;
-                        post_more(
-                            peer,
-                            &ops[p],
-                            &mut next[p],
-                            &mut inflight[p],
-                            windows[p],
-                            &mut post_ns,
-                            &clock,
-                        )?;
-                    }
-                }
-                if done < plan.len() && clock.now().as_nanos().saturating_sub(t0) > timeout_ns {
-                    let stuck: Vec<String> = (0..p_count)
-                        .filter(|&p| inflight[p] > 0 || next[p] < ops[p].len())
-                        .map(|p| {
-                            format!(
-                                "{} ({} READs unfinished)",
-                                self.peers[p].addr,
-                                inflight[p] + ops[p].len() - next[p]
-                            )
-                        })
-                        .collect();
-                    return Err(Fail::runtime(format!(
-                        "round {r} timed out after {:.1} ms (--round-timeout-ms) waiting for {}",
-                        timeout_ns as f64 / 1e6,
-                        stuck.join(", ")
-                    )));
-                }
-            }
+            let reads = measured.then_some(&mut res.read);
+            let (t0, last) = self.one_round(r, plan, &mut round, &mut comps, reads)?;
             if measured {
                 res.round.record(last - t0);
             }
@@ -345,7 +278,7 @@ impl<D: Domain> Client<D> {
             // One control message round trip, to each peer in turn.
             if self.cfg.ping_every > 0 && r % self.cfg.ping_every == 0 {
                 let k = r / self.cfg.ping_every;
-                let p = (k % p_count as u64) as usize;
+                let p = (k % self.peers.len() as u64) as usize;
                 let rtt = self.ping(p, &mut ping, r, &mut msg, timeout_ns)?;
                 if measured {
                     res.ctrl.record(rtt);
@@ -353,6 +286,85 @@ impl<D: Domain> Client<D> {
             }
         }
         Ok(res)
+    }
+
+    /// Round `r`: posts every READ of `plan` (each peer up to its window),
+    /// reaps them all, recording each READ's latency into `reads` when
+    /// measured. Returns the round's first post and last completion times.
+    fn one_round(
+        &mut self,
+        r: u64,
+        plan: &[Input],
+        round: &mut Round,
+        comps: &mut [Completion],
+        mut reads: Option<&mut Recorder>,
+    ) -> Res<(u64, u64)> {
+        let p_count = self.peers.len();
+        let clock = self.clock;
+        let timeout_ns = self.cfg.round_timeout.as_nanos();
+        round.next.fill(0);
+        round.inflight.fill(0);
+        let mut done = 0usize;
+        let t0 = clock.now().as_nanos();
+        let mut last = t0;
+        for p in 0..p_count {
+            round.post(p, &mut self.peers[p], &clock)?;
+        }
+        let block = self.cfg.reader_idle == ReaderIdle::Block && p_count == 1;
+        while done < plan.len() {
+            for p in 0..p_count {
+                if !round.unfinished(p) {
+                    continue;
+                }
+                let peer = &mut self.peers[p];
+                if block {
+                    // Errors surface in the poll below.
+                    let _ = peer.conn.wait(READER_SLEEP);
+                }
+                let k = peer
+                    .conn
+                    .poll_completions(comps)
+                    .map_err(|e| Fail::runtime(format!("peer {}: {e}", peer.addr)))?;
+                if k > 0 {
+                    let now = clock.now().as_nanos();
+                    for c in &comps[..k] {
+                        let i = c.wr_id as usize;
+                        if let Err(kind) = c.status {
+                            let obj = plan.get(i).map_or(0, |x| x.object);
+                            return Err(Fail::runtime(format!(
+                                "READ of object {obj} from peer {} failed: {kind:?}",
+                                peer.addr
+                            )));
+                        }
+                        if let Some(rec) = reads.as_deref_mut() {
+                            rec.record(now.saturating_sub(round.post_ns[i]));
+                        }
+                    }
+                    round.inflight[p] -= k;
+                    done += k;
+                    last = now;
+                    round.post(p, peer, &clock)?;
+                }
+            }
+            if done < plan.len() && clock.now().as_nanos().saturating_sub(t0) > timeout_ns {
+                let stuck: Vec<String> = (0..p_count)
+                    .filter(|&p| round.unfinished(p))
+                    .map(|p| {
+                        format!(
+                            "{} ({} READs unfinished)",
+                            self.peers[p].addr,
+                            round.inflight[p] + round.ops[p].len() - round.next[p]
+                        )
+                    })
+                    .collect();
+                return Err(Fail::runtime(format!(
+                    "round {r} timed out after {:.1} ms (--round-timeout-ms) waiting for {}",
+                    timeout_ns as f64 / 1e6,
+                    stuck.join(", ")
+                )));
+            }
+        }
+        Ok((t0, last))
     }
 
     /// Times one control message round trip to peer `p` (busy-polls, or
@@ -402,38 +414,57 @@ impl<D: Domain> Client<D> {
     }
 }
 
-/// Posts peer `p`'s next READs up to its window, stamping their post time.
-#[allow(clippy::too_many_arguments)]
-fn post_more<C: Connection>(
-    peer: &mut Peer<C>,
-    ops: &[ReadOp],
-    next: &mut usize,
-    inflight: &mut usize,
-    window: usize,
-    post_ns: &mut [u64],
-    clock: &MonotonicClock,
-) -> Res<()> {
-    while *next < ops.len() && *inflight < window {
-        let end = ops.len().min(*next + (window - *inflight));
-        let t = clock.now().as_nanos();
-        match peer.conn.post_reads(&ops[*next..end]) {
-            Ok(0) | Err(dataplane::transport::Error::QueueFull) => break,
-            Ok(n) => {
-                for op in &ops[*next..*next + n] {
-                    post_ns[op.wr_id as usize] = t;
+/// One round's READs per peer and how far each peer got.
+struct Round {
+    /// Each peer's READs, in plan order; wr_id = input index.
+    ops: Vec<Vec<ReadOp>>,
+    /// READs in flight per peer at most.
+    windows: Vec<usize>,
+    /// Each peer's next READ to post.
+    next: Vec<usize>,
+    /// Each peer's READs posted and not reaped.
+    inflight: Vec<usize>,
+    /// Post time of each input's READ.
+    post_ns: Vec<u64>,
+}
+
+impl Round {
+    /// Whether peer `p` has READs left to post or reap.
+    fn unfinished(&self, p: usize) -> bool {
+        self.inflight[p] > 0 || self.next[p] < self.ops[p].len()
+    }
+
+    /// Posts peer `p`'s next READs up to its window, stamping their post time.
+    fn post<C: Connection>(
+        &mut self,
+        p: usize,
+        peer: &mut Peer<C>,
+        clock: &MonotonicClock,
+    ) -> Res<()> {
+        let ops = &self.ops[p];
+        let (next, inflight, window) = (&mut self.next[p], &mut self.inflight[p], self.windows[p]);
+        while *next < ops.len() && *inflight < window {
+            let end = ops.len().min(*next + (window - *inflight));
+            let t = clock.now().as_nanos();
+            match peer.conn.post_reads(&ops[*next..end]) {
+                Ok(0) | Err(dataplane::transport::Error::QueueFull) => break,
+                Ok(n) => {
+                    for op in &ops[*next..*next + n] {
+                        self.post_ns[op.wr_id as usize] = t;
+                    }
+                    *next += n;
+                    *inflight += n;
                 }
-                *next += n;
-                *inflight += n;
-            }
-            Err(e) => {
-                return Err(Fail::runtime(format!(
-                    "posting READs to peer {}: {e}",
-                    peer.addr
-                )));
+                Err(e) => {
+                    return Err(Fail::runtime(format!(
+                        "posting READs to peer {}: {e}",
+                        peer.addr
+                    )));
+                }
             }
         }
+        Ok(())
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -58,9 +58,9 @@ pub fn main() {
     // deep inside each command through the process's RDMA selection.
     match &cli.cmd {
         Cmd::Serve(a) => a.shape.rdma.select(),
-        Cmd::Incast(a) => a.shape.rdma.select(),
-        Cmd::Local(a) => a.shape.rdma.select(),
-        Cmd::Calibrate(a) => a.shape.rdma.select(),
+        Cmd::Incast(a) => a.work.shape.rdma.select(),
+        Cmd::Local(a) => a.work.shape.rdma.select(),
+        Cmd::Calibrate(a) => a.work.shape.rdma.select(),
         Cmd::Plot(_) | Cmd::SweepPlot(_) => {}
         // -d/-i/-x are selected by the command itself.
         Cmd::Lat(_) | Cmd::Bw(_) => {}
@@ -227,8 +227,8 @@ pub(crate) fn check_peers(peers: &[String]) -> Res<()> {
 
 fn cmd_incast(a: IncastArgs) -> Res<()> {
     check_peers(&a.peers)?;
-    let cfg = bench_config(&a.shape, &a.measure)?;
-    let (inputs, res) = run_full_incast(a.transport, &a.peers, &cfg, a.shape.max_region)?;
+    let cfg = bench_config(&a.work.shape, &a.work.measure)?;
+    let (inputs, res) = run_full_incast(a.transport, &a.peers, &cfg, a.work.shape.max_region)?;
     let fabric = a
         .fabric
         .unwrap_or_else(|| format!("{} peer(s) over {}", a.peers.len(), a.transport.name()));
@@ -286,13 +286,13 @@ pub(crate) fn note_oversubscription(servers: usize, idle: Idle, kind: TransportK
 }
 
 fn cmd_local(a: LocalArgs) -> Res<()> {
-    let cfg = bench_config(&a.shape, &a.measure)?;
-    a.shape.check(a.transport)?;
-    let lo = local_options(a.transport, &a.local, &a.shape);
+    let cfg = bench_config(&a.work.shape, &a.work.measure)?;
+    a.work.shape.check(a.transport)?;
+    let lo = local_options(a.transport, &a.local, &a.work.shape);
     note_oversubscription(lo.servers, lo.idle, lo.kind);
     let servers = local::LocalServers::start(&lo)?;
     servers.enter_client_netns()?;
-    let (inputs, res) = run_full_incast(a.transport, &servers.addrs, &cfg, a.shape.max_region)?;
+    let (inputs, res) = run_full_incast(a.transport, &servers.addrs, &cfg, a.work.shape.max_region)?;
     let rep = report(
         a.transport,
         servers.fabric(&lo),

@@ -54,23 +54,14 @@ pub(crate) fn report(
 
 pub(crate) fn emit(rep: &Report, out: &Output) -> Res<()> {
     let json = serde_json::to_string_pretty(rep)?;
-    if let Some(p) = &out.save {
-        std::fs::write(p, &json)
-            .map_err(Fail::write(p.clone()))?;
-    }
+    out.form.save(&json)?;
     if let Some(p) = &out.plot {
         let panels = panels_of(std::slice::from_ref(rep), &[])?;
         let svg = plot::svg(&format!("netbench: {}", rep.label), &panels, true);
         std::fs::write(p, svg)
             .map_err(Fail::write(p.clone()))?;
     }
-    if out.json {
-        println!("{json}");
-    } else if out.csv {
-        print!("{}", stats::csv(rep));
-    } else {
-        print!("{}", stats::table(rep));
-    }
+    out.form.print(&json, || stats::table(rep), || stats::csv(rep));
     Ok(())
 }
 

@@ -221,7 +221,7 @@ pub struct PerfConfig {
 }
 
 impl PerfConfig {
-    fn max_size(&self) -> u32 {
+    pub(crate) fn max_size(&self) -> u32 {
         let load = self.under_load.map_or(0, |l| l.size);
         self.sizes.iter().copied().max().unwrap_or(0).max(load)
     }
@@ -1015,8 +1015,9 @@ fn check_verb<D: Domain>(kind: &str, verb: Verb) -> Res<()> {
 }
 
 impl WithDomain for PerfRun {
-    type Out = Vec<SizeResult>;
-    fn run<D: Domain>(self, domain: D) -> Res<Vec<SizeResult>> {
+    /// The results per size, and which device, port and GID rdma used.
+    type Out = (Vec<SizeResult>, Option<String>);
+    fn run<D: Domain>(self, domain: D) -> Res<Self::Out> {
         let cfg = self.cfg;
         check_verb::<D>(domain.kind(), cfg.verb)?;
         if let Some(l) = cfg.under_load {
@@ -1067,8 +1068,24 @@ impl WithDomain for PerfRun {
             }
             out.push(r);
         }
-        Ok(out)
+        Ok((out, verbs_endpoint(&domain)))
     }
+}
+
+/// The device, port and GID an rdma domain opened (what `-d/-i/-x` chose).
+fn verbs_endpoint<D: Domain>(domain: &D) -> Option<String> {
+    #[cfg(feature = "rdma")]
+    if let Some(d) = (domain as &dyn std::any::Any).downcast_ref::<dataplane::transport::rdma::RdmaDomain>() {
+        return Some(format!(
+            "device {}, port {}, GID index {} ({})",
+            d.device_name(),
+            d.port(),
+            d.gid_index(),
+            d.gid()
+        ));
+    }
+    let _ = domain;
+    None
 }
 
 /// Runs the latency test at `size` again while another thread, on its own

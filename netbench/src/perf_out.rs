@@ -36,7 +36,23 @@ Verbs per transport:
   answer, and both directions count). BW average = bytes of completed operations / (first
   post .. last completion); BW peak = the fastest tenth of the run's completions;
   MB = 2^20 bytes (perftest's MB/sec); MsgRate in millions of operations per second.
-Device, port and GID (rdma): -d, -i, -x as perftest's.";
+Device, port and GID (rdma): -d, -i, -x as perftest's. Like perftest's defaults (rdma): READs
+  on the wire SYMPHONY_RDMA_READ_DEPTH=128, work requests in flight SYMPHONY_RDMA_MAX_READS=128,
+  and SYMPHONY_RDMA_BUSY_POLL=1 (empty polls arm no completion events).";
+
+/// The report's machine facts as one line (the JSON's `machine` object).
+fn machine_line(m: &serde_json::Value) -> String {
+    let field = |k: &str| m.get(k).map_or("unknown".to_string(), |v| match v {
+        serde_json::Value::String(s) => s.clone(),
+        v => v.to_string(),
+    });
+    format!(
+        "machine: {}, {} cores, kernel {}",
+        field("processor"),
+        field("cores"),
+        field("kernel")
+    )
+}
 
 /// One size of a bandwidth test, in perftest's columns.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -119,6 +135,10 @@ pub struct PerfReport {
     pub warmup: u64,
     /// Host of the client.
     pub host: String,
+    /// The client machine's processor, cores, kernel and the run's process
+    /// layout (`dataplane::machine`; absent in reports of older versions).
+    #[serde(default)]
+    pub machine: Option<serde_json::Value>,
     /// When the run ended.
     pub unix_time: u64,
     /// The command line.
@@ -164,6 +184,38 @@ fn iterations_default(test: Test) -> u64 {
 
 /// `netbench lat` / `netbench bw`.
 pub(crate) fn cmd_perf(a: PerfArgs, test: Test) -> Res<()> {
+    let cfg = perf_config(&a, test)?;
+    let largest = cfg.max_size();
+    let max_read = crate::max_read_for(a.transport);
+    if largest > max_read {
+        return Err(Fail::usage(format!(
+            "size {largest}: larger than the {} transport's longest operation ({max_read} bytes)",
+            a.transport.name()
+        )));
+    }
+    let (servers, addrs, fabric) = start_servers(&a, &cfg, largest)?;
+    let (results, endpoint) = transport::with_domain(
+        a.transport,
+        DomainOptions {
+            read_timeout: dataplane::time::Duration::from_millis(a.op_timeout_ms),
+        },
+        PerfRun {
+            addrs: addrs.clone(),
+            cfg: cfg.clone(),
+        },
+    )
+    .map_err(|e| name_selection(&a, e))?;
+    drop(servers);
+    let fabric = match endpoint {
+        Some(e) => format!("{fabric}; {e}"),
+        None => fabric,
+    };
+    let rep = build_report(&a, &cfg, fabric, addrs, &results)?;
+    emit(&rep, &a)
+}
+
+/// The measurement the arguments ask for, checked.
+fn perf_config(a: &PerfArgs, test: Test) -> Res<PerfConfig> {
     let sizes = if a.all_sizes {
         perf::all_sizes()
     } else {
@@ -212,7 +264,7 @@ pub(crate) fn cmd_perf(a: PerfArgs, test: Test) -> Res<()> {
     let cfg = PerfConfig {
         test,
         verb: a.verb,
-        sizes: sizes.clone(),
+        sizes,
         stop,
         warmup,
         queue_pairs: a.queue_pairs,
@@ -222,22 +274,20 @@ pub(crate) fn cmd_perf(a: PerfArgs, test: Test) -> Res<()> {
         connect_timeout: dataplane::time::Duration::from_millis(a.connect_timeout_ms),
         op_timeout: std::time::Duration::from_millis(a.op_timeout_ms),
     };
-    let largest = sizes
-        .iter()
-        .copied()
-        .max()
-        .unwrap_or(2)
-        .max(under_load.map_or(0, |l| l.size));
-    let max_read = crate::max_read_for(a.transport);
-    if largest > max_read {
-        return Err(Fail::usage(format!(
-            "size {largest}: larger than the {} transport's longest operation ({max_read} bytes)",
-            a.transport.name()
-        )));
-    }
+    Ok(cfg)
+}
+
+/// Starts the local servers (none with `--peers`): the servers' guard, their
+/// addresses and the fabric's description.
+fn start_servers(
+    a: &PerfArgs,
+    cfg: &PerfConfig,
+    largest: u32,
+) -> Res<(Option<crate::local::LocalServers>, Vec<String>, String)> {
+    let under_load = cfg.under_load;
     let rdma = a.rdma();
     rdma.select();
-    let (servers, addrs, fabric) = if a.peers.is_empty() {
+    let out = if a.peers.is_empty() {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let idle = a
             .server_idle
@@ -261,7 +311,7 @@ pub(crate) fn cmd_perf(a: PerfArgs, test: Test) -> Res<()> {
             writable: a.verb == Verb::Write || under_load.is_some_and(|l| l.verb == Verb::Write),
         };
         crate::note_oversubscription(lo.servers, lo.idle, lo.kind);
-        let s = crate::local::LocalServers::start(&lo).map_err(|e| name_selection(&a, e))?;
+        let s = crate::local::LocalServers::start(&lo).map_err(|e| name_selection(a, e))?;
         let addrs = s.addrs.clone();
         let fabric = s.fabric(&lo);
         (Some(s), addrs, fabric)
@@ -270,20 +320,7 @@ pub(crate) fn cmd_perf(a: PerfArgs, test: Test) -> Res<()> {
         let f = format!("{} server(s) over {}", a.peers.len(), a.transport.name());
         (None, a.peers.clone(), f)
     };
-    let results = transport::with_domain(
-        a.transport,
-        DomainOptions {
-            read_timeout: dataplane::time::Duration::from_millis(a.op_timeout_ms),
-        },
-        PerfRun {
-            addrs: addrs.clone(),
-            cfg: cfg.clone(),
-        },
-    )
-    .map_err(|e| name_selection(&a, e))?;
-    drop(servers);
-    let rep = build_report(&a, &cfg, fabric, addrs, &results)?;
-    emit(&rep, &a)
+    Ok(out)
 }
 
 /// Names the RDMA selection in an rdma failure (the transport's own message
@@ -298,6 +335,19 @@ fn name_selection(a: &PerfArgs, e: Fail) -> Fail {
         a.rdma_port.map_or("1".to_string(), |p| p.to_string()),
         a.gid_index.map_or("(auto)".to_string(), |g| g.to_string())
     ))
+}
+
+/// The machine's facts with this run's processes (none is pinned).
+fn machine_facts(a: &PerfArgs, cfg: &PerfConfig) -> dataplane::machine::MachineFacts {
+    use dataplane::machine::Placement;
+    let mut layout = vec![Placement::unpinned("client")];
+    if cfg.under_load.is_some() {
+        layout.push(Placement::unpinned("load stream"));
+    }
+    if a.peers.is_empty() {
+        layout.push(Placement::unpinned(format!("{} local server(s)", a.servers())));
+    }
+    dataplane::machine::facts(layout)
 }
 
 fn build_report(
@@ -353,6 +403,7 @@ fn build_report(
         },
         warmup: cfg.warmup,
         host: stats::hostname(),
+        machine: serde_json::from_str(&machine_facts(a, cfg).to_json()).ok(),
         unix_time: stats::unix_time(),
         command: std::env::args().collect(),
         lat,
@@ -369,9 +420,7 @@ fn build_report(
 
 fn emit(rep: &PerfReport, a: &PerfArgs) -> Res<()> {
     let json = serde_json::to_string_pretty(rep)?;
-    if let Some(p) = &a.save {
-        std::fs::write(p, &json).map_err(Fail::write(p.clone()))?;
-    }
+    a.form.save(&json)?;
     if let Some(p) = &a.svg {
         let svg = sweep_svg(
             &format!("netbench {}: {}", rep.test, rep.label),
@@ -379,13 +428,7 @@ fn emit(rep: &PerfReport, a: &PerfArgs) -> Res<()> {
         );
         std::fs::write(p, svg).map_err(Fail::write(p.clone()))?;
     }
-    if a.json {
-        println!("{json}");
-    } else if a.csv {
-        print!("{}", csv(rep));
-    } else {
-        print!("{}", table(rep));
-    }
+    a.form.print(&json, || table(rep), || csv(rep));
     Ok(())
 }
 
@@ -453,6 +496,9 @@ pub fn table(r: &PerfReport) -> String {
             (None, None) => String::new(),
         }
     ));
+    if let Some(m) = &r.machine {
+        out.push_str(&format!(" {}\n", machine_line(m)));
+    }
     out.push_str(&format!("{line}\n"));
     if r.test == "lat" {
         if r.under_load.is_some() {
@@ -491,19 +537,10 @@ pub fn csv(r: &PerfReport) -> String {
         }
         for (load, m) in rows {
             out.push_str(&format!(
-                "{},{},{load},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3}\n",
+                "{},{},{load},{}\n",
                 r.transport,
                 r.verb.name(),
-                m.bytes,
-                m.iterations,
-                m.t_min,
-                m.t_max,
-                m.t_typical,
-                m.t_avg,
-                m.t_stdev,
-                m.p99,
-                m.p99_9,
-                m.p99_99
+                m.csv_cells()
             ));
         }
     } else {
@@ -781,6 +818,7 @@ mod tests {
             duration_s: None,
             warmup: 1,
             host: "h".into(),
+            machine: serde_json::from_str(&dataplane::machine::facts(vec![]).to_json()).ok(),
             unix_time: 0,
             command: vec![],
             lat: vec![
@@ -799,6 +837,10 @@ mod tests {
         for c in LAT_COLUMNS {
             assert!(t.contains(c), "{c} missing from\n{t}");
         }
+        // The machine's facts: a line of the table, an object in the JSON.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert!(t.contains(" cores, kernel ") && t.contains(&format!("{cores} cores")), "{t}");
+        assert_eq!(r.machine.as_ref().and_then(|m| m.get("cores")).and_then(|c| c.as_u64()), Some(cores as u64));
         let c = csv(&r);
         assert_eq!(c.lines().count(), 3, "{c}");
         assert!(

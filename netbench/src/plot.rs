@@ -121,179 +121,214 @@ pub fn svg(title: &str, panels: &[Panel], log_y: bool) -> String {
     s
 }
 
+/// One panel's plot area: where it is and what its axes span.
+struct Axes {
+    ox: f64,
+    oy: f64,
+    pw: f64,
+    ph: f64,
+    xmax: f64,
+    y0: f64,
+    y1: f64,
+    log_y: bool,
+}
+
+impl Axes {
+    fn new(curves: &[Vec<(f64, f64)>], ox: f64, oy: f64, log_y: bool) -> Axes {
+        let xmax = curves
+            .iter()
+            .filter_map(|c| c.last().map(|p| p.0))
+            .fold(1.0f64, f64::max)
+            .ceil()
+            .clamp(1.0, 7.0);
+        let (mut lo, mut hi) = (f64::INFINITY, 0.0f64);
+        for c in curves {
+            for &(_, v) in c {
+                lo = lo.min(v);
+                hi = hi.max(v);
+            }
+        }
+        if !lo.is_finite() {
+            lo = 1.0;
+            hi = 10.0;
+        }
+        let (y0, y1) = if log_y {
+            let a = lo.max(0.001).log10().floor();
+            let b = hi.max(0.001).log10().ceil().max(a + 1.0);
+            (a, b)
+        } else {
+            let step = nice_step(hi.max(1e-3));
+            (0.0, (hi / step).ceil().max(1.0) * step)
+        };
+        Axes {
+            ox,
+            oy,
+            pw: PW - ML - MR,
+            ph: PH - MT - MB,
+            xmax,
+            y0,
+            y1,
+            log_y,
+        }
+    }
+
+    fn px(&self, x: f64) -> f64 {
+        self.ox + ML + x / self.xmax * self.pw
+    }
+
+    fn py(&self, v: f64) -> f64 {
+        let t = if self.log_y {
+            (v.max(1e-3).log10() - self.y0) / (self.y1 - self.y0)
+        } else {
+            (v - self.y0) / (self.y1 - self.y0)
+        };
+        self.oy + MT + self.ph * (1.0 - t.clamp(0.0, 1.0))
+    }
+
+    /// The title, the frame, the x grid with its labels and the x axis name.
+    fn frame(&self, s: &mut String, title: &str) {
+        let (ox, oy, pw, ph) = (self.ox, self.oy, self.pw, self.ph);
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle" font-size="13" font-weight="bold">{}</text>"#,
+            ox + ML + pw / 2.0,
+            oy + MT - 14.0,
+            esc(title)
+        );
+        let _ = writeln!(
+            s,
+            r##"<rect x="{}" y="{}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>"##,
+            ox + ML,
+            oy + MT
+        );
+        for k in 0..=self.xmax as u32 {
+            let x = self.px(f64::from(k));
+            let _ = writeln!(
+                s,
+                r##"<line x1="{x}" y1="{}" x2="{x}" y2="{}" stroke="#ddd"/>"##,
+                oy + MT,
+                oy + MT + ph
+            );
+            let _ = writeln!(
+                s,
+                r#"<text x="{x}" y="{}" text-anchor="middle">{}</text>"#,
+                oy + MT + ph + 16.0,
+                x_label(k)
+            );
+        }
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle">percentile (log scale of 1/(1-p))</text>"#,
+            ox + ML + pw / 2.0,
+            oy + MT + ph + 38.0
+        );
+    }
+
+    /// One horizontal grid line at value `v`, with its label.
+    fn y_tick(&self, s: &mut String, v: f64, stroke: &str) {
+        let y = self.py(v);
+        let _ = writeln!(
+            s,
+            r#"<line x1="{}" y1="{y}" x2="{}" y2="{y}" stroke="{stroke}"/>"#,
+            self.ox + ML,
+            self.ox + ML + self.pw
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
+            self.ox + ML - 5.0,
+            y + 4.0,
+            fmt_us(v)
+        );
+    }
+
+    /// The y grid (1-2-5 per decade on a log scale, round steps otherwise)
+    /// and the y axis name.
+    fn y_grid(&self, s: &mut String) {
+        let (y0, y1) = (self.y0, self.y1);
+        if self.log_y {
+            let mut e = y0;
+            while e <= y1 + 1e-9 {
+                for m in [1.0, 2.0, 5.0] {
+                    let v = m * 10f64.powf(e);
+                    if v.log10() > y1 + 1e-9 {
+                        break;
+                    }
+                    self.y_tick(s, v, if m == 1.0 { "#ccc" } else { "#eee" });
+                }
+                e += 1.0;
+            }
+        } else {
+            let step = nice_step(y1);
+            let mut v = 0.0;
+            while v <= y1 + step * 1e-6 {
+                self.y_tick(s, v, "#ddd");
+                v += step;
+            }
+        }
+        let (ox, oy, ph) = (self.ox, self.oy, self.ph);
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle" transform="rotate(-90 {} {})">latency (µs{})</text>"#,
+            ox + 16.0,
+            oy + MT + ph / 2.0,
+            ox + 16.0,
+            oy + MT + ph / 2.0,
+            if self.log_y { ", log scale" } else { "" }
+        );
+    }
+}
+
 fn draw_panel(s: &mut String, panel: &Panel, ox: f64, oy: f64, log_y: bool) {
     let curves: Vec<Vec<(f64, f64)>> = panel.series.iter().map(|se| curve(&se.hist)).collect();
-    let xmax = curves
-        .iter()
-        .filter_map(|c| c.last().map(|p| p.0))
-        .fold(1.0f64, f64::max)
-        .ceil()
-        .clamp(1.0, 7.0);
-    let (mut lo, mut hi) = (f64::INFINITY, 0.0f64);
-    for c in &curves {
-        for &(_, v) in c {
-            lo = lo.min(v);
-            hi = hi.max(v);
-        }
-    }
-    if !lo.is_finite() {
-        lo = 1.0;
-        hi = 10.0;
-    }
-    let (y0, y1) = if log_y {
-        let a = lo.max(0.001).log10().floor();
-        let b = hi.max(0.001).log10().ceil().max(a + 1.0);
-        (a, b)
-    } else {
-        let step = nice_step(hi.max(1e-3));
-        (0.0, (hi / step).ceil().max(1.0) * step)
-    };
-    let pw = PW - ML - MR;
-    let ph = PH - MT - MB;
-    let px = |x: f64| ox + ML + x / xmax * pw;
-    let py = |v: f64| {
-        let t = if log_y {
-            (v.max(1e-3).log10() - y0) / (y1 - y0)
-        } else {
-            (v - y0) / (y1 - y0)
-        };
-        oy + MT + ph * (1.0 - t.clamp(0.0, 1.0))
-    };
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="{}" text-anchor="middle" font-size="13" font-weight="bold">{}</text>"#,
-        ox + ML + pw / 2.0,
-        oy + MT - 14.0,
-        esc(&panel.title)
-    );
-    let _ = writeln!(
-        s,
-        r##"<rect x="{}" y="{}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>"##,
-        ox + ML,
-        oy + MT
-    );
-    // x grid and labels
-    for k in 0..=xmax as u32 {
-        let x = px(f64::from(k));
-        let _ = writeln!(
-            s,
-            r##"<line x1="{x}" y1="{}" x2="{x}" y2="{}" stroke="#ddd"/>"##,
-            oy + MT,
-            oy + MT + ph
-        );
-        let _ = writeln!(
-            s,
-            r#"<text x="{x}" y="{}" text-anchor="middle">{}</text>"#,
-            oy + MT + ph + 16.0,
-            x_label(k)
-        );
-    }
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="{}" text-anchor="middle">percentile (log scale of 1/(1-p))</text>"#,
-        ox + ML + pw / 2.0,
-        oy + MT + ph + 38.0
-    );
-    // y grid and labels
-    if log_y {
-        let mut e = y0;
-        while e <= y1 + 1e-9 {
-            for m in [1.0, 2.0, 5.0] {
-                let v = m * 10f64.powf(e);
-                if v.log10() > y1 + 1e-9 {
-                    break;
-                }
-                let y = py(v);
-                let stroke = if m == 1.0 { "#ccc" } else { "#eee" };
-                let _ = writeln!(
-                    s,
-                    r#"<line x1="{}" y1="{y}" x2="{}" y2="{y}" stroke="{stroke}"/>"#,
-                    ox + ML,
-                    ox + ML + pw
-                );
-                let _ = writeln!(
-                    s,
-                    r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
-                    ox + ML - 5.0,
-                    y + 4.0,
-                    fmt_us(v)
-                );
-            }
-            e += 1.0;
-        }
-    } else {
-        let step = nice_step(y1);
-        let mut v = 0.0;
-        while v <= y1 + step * 1e-6 {
-            let y = py(v);
-            let _ = writeln!(
-                s,
-                r##"<line x1="{}" y1="{y}" x2="{}" y2="{y}" stroke="#ddd"/>"##,
-                ox + ML,
-                ox + ML + pw
-            );
-            let _ = writeln!(
-                s,
-                r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
-                ox + ML - 5.0,
-                y + 4.0,
-                fmt_us(v)
-            );
-            v += step;
-        }
-    }
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="{}" text-anchor="middle" transform="rotate(-90 {} {})">latency (µs{})</text>"#,
-        ox + 16.0,
-        oy + MT + ph / 2.0,
-        ox + 16.0,
-        oy + MT + ph / 2.0,
-        if log_y { ", log scale" } else { "" }
-    );
-    // curves
+    let axes = Axes::new(&curves, ox, oy, log_y);
+    axes.frame(s, &panel.title);
+    axes.y_grid(s);
     for (i, (c, se)) in curves.iter().zip(&panel.series).enumerate() {
         let color = COLORS[i % COLORS.len()];
         let pts: Vec<String> = c
             .iter()
-            .map(|&(x, v)| format!("{:.1},{:.1}", px(x), py(v)))
+            .map(|&(x, v)| format!("{:.1},{:.1}", axes.px(x), axes.py(v)))
             .collect();
         let _ = writeln!(
             s,
             r#"<polyline fill="none" stroke="{color}" stroke-width="1.8" points="{}"/>"#,
             pts.join(" ")
         );
-        let ly = oy + PH + 6.0 + LEGEND_ROW * i as f64;
-        let lx = ox + ML - 40.0;
-        let med = se.hist.value_at_quantile(0.5) as f64 / 1000.0;
-        let p9999 = se.hist.value_at_quantile(0.9999) as f64 / 1000.0;
-        let _ = writeln!(
-            s,
-            r#"<line x1="{lx}" y1="{}" x2="{}" y2="{}" stroke="{color}" stroke-width="3"/>"#,
-            ly - 4.0,
-            lx + 18.0,
-            ly - 4.0
-        );
-        let mut label = se.label.clone();
-        if label.chars().count() > 78 {
-            label = label.chars().take(75).collect::<String>() + "...";
-        }
-        let _ = writeln!(
-            s,
-            r#"<text x="{}" y="{ly}" font-size="11">{}</text>"#,
-            lx + 24.0,
-            esc(&label)
-        );
-        let _ = writeln!(
-            s,
-            r##"<text x="{}" y="{}" font-size="11" fill="#555">p50 {} µs, p99.99 {} µs, n={}</text>"##,
-            lx + 24.0,
-            ly + 13.0,
-            fmt_us(med),
-            fmt_us(p9999),
-            se.hist.len()
-        );
+        legend(s, se, color, ox + ML - 40.0, oy + PH + 6.0 + LEGEND_ROW * i as f64);
     }
+}
+
+/// One series' legend entry at (`lx`, `ly`): its colour, label, median and p99.99.
+fn legend(s: &mut String, se: &Series, color: &str, lx: f64, ly: f64) {
+    let med = se.hist.value_at_quantile(0.5) as f64 / 1000.0;
+    let p9999 = se.hist.value_at_quantile(0.9999) as f64 / 1000.0;
+    let _ = writeln!(
+        s,
+        r#"<line x1="{lx}" y1="{}" x2="{}" y2="{}" stroke="{color}" stroke-width="3"/>"#,
+        ly - 4.0,
+        lx + 18.0,
+        ly - 4.0
+    );
+    let mut label = se.label.clone();
+    if label.chars().count() > 78 {
+        label = label.chars().take(75).collect::<String>() + "...";
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="{ly}" font-size="11">{}</text>"#,
+        lx + 24.0,
+        esc(&label)
+    );
+    let _ = writeln!(
+        s,
+        r##"<text x="{}" y="{}" font-size="11" fill="#555">p50 {} µs, p99.99 {} µs, n={}</text>"##,
+        lx + 24.0,
+        ly + 13.0,
+        fmt_us(med),
+        fmt_us(p9999),
+        se.hist.len()
+    );
 }
 
 #[cfg(test)]

@@ -206,25 +206,31 @@ impl WithDomain for Serve {
             } else {
                 idle_steps.saturating_add(1)
             };
-            match cfg.idle {
-                Idle::Spin if busy => {}
-                Idle::Spin => std::hint::spin_loop(),
-                Idle::Block => {
-                    // With one client, sleep in the kernel right after the
-                    // work too: `wait` returns at once if anything is
-                    // pending, and polling again first would only add
-                    // syscalls to every wake-up (the last `try_recv` of the
-                    // pass just found the connection empty).
-                    let waited = if conns.len() == 1 {
-                        // An error is noticed by the next poll.
-                        conns[0].wait(Duration::from_millis(20)).unwrap_or(true)
-                    } else {
-                        false
-                    };
-                    if !waited && !busy {
-                        backoff(idle_steps);
-                    }
-                }
+            pause(cfg.idle, &mut conns, busy, idle_steps);
+        }
+    }
+}
+
+/// Between two passes over the clients: nothing after work when spinning;
+/// otherwise sleep on the one client's connection or back off.
+fn pause<C: Connection>(idle: Idle, conns: &mut [C], busy: bool, idle_steps: u32) {
+    match idle {
+        Idle::Spin if busy => {}
+        Idle::Spin => std::hint::spin_loop(),
+        Idle::Block => {
+            // With one client, sleep in the kernel right after the
+            // work too: `wait` returns at once if anything is
+            // pending, and polling again first would only add
+            // syscalls to every wake-up (the last `try_recv` of the
+            // pass just found the connection empty).
+            let waited = if let [only] = conns {
+                // An error is noticed by the next poll.
+                only.wait(Duration::from_millis(20)).unwrap_or(true)
+            } else {
+                false
+            };
+            if !waited && !busy {
+                backoff(idle_steps);
             }
         }
     }

@@ -70,6 +70,11 @@ pub const ENV_PORT: &str = "SYMPHONY_RDMA_PORT";
 pub const ENV_READ_DEPTH: &str = "SYMPHONY_RDMA_READ_DEPTH";
 /// Environment variable overriding [`RdmaConfig::ack_timeout`].
 pub const ENV_ACK_TIMEOUT: &str = "SYMPHONY_RDMA_ACK_TIMEOUT";
+/// Environment variable overriding [`RdmaConfig::max_reads_in_flight`] (1..=128;
+/// perftest's bandwidth tests keep 128 in flight, netbench's `bw` its `--tx-depth`).
+pub const ENV_MAX_READS: &str = "SYMPHONY_RDMA_MAX_READS";
+/// Environment variable setting [`RdmaConfig::busy_poll`] (`1` on, `0` off).
+pub const ENV_BUSY_POLL: &str = "SYMPHONY_RDMA_BUSY_POLL";
 
 /// Longest single READ accepted (verbs allows 2 GiB; staging slots are far smaller).
 pub const MAX_READ_LEN: u32 = 1 << 30;
@@ -120,6 +125,13 @@ pub struct RdmaConfig {
     /// ACK timeout exponent: the requester retries after 4.096 us x 2^value
     /// without an answer (verbs `timeout`, 1..=31).
     pub ack_timeout: u8,
+    /// Polls (`poll_completions`, `progress`, `try_recv`, a `send` into a full
+    /// queue) that find nothing leave the completion queues unarmed: no
+    /// `ibv_req_notify_cq` and no completion-event read per busy-to-empty
+    /// transition (system calls on rxe), as perftest polls by default. Only
+    /// for callers that busy-poll or sleep through `Connection::wait` (which
+    /// arms both queues itself), never on the bare `wait_fd`.
+    pub busy_poll: bool,
 }
 
 impl Default for RdmaConfig {
@@ -140,13 +152,15 @@ impl Default for RdmaConfig {
             // (docs/journal/benchmarks-2026.md, netbench). A peer process that exits is
             // noticed sooner anyway, by the bootstrap socket's EOF.
             ack_timeout: 16,
+            busy_poll: false,
         }
     }
 }
 
 impl RdmaConfig {
     /// Defaults, overridden by `SYMPHONY_RDMA_DEVICE`, `SYMPHONY_RDMA_PORT`,
-    /// `SYMPHONY_RDMA_GID_INDEX`, `SYMPHONY_RDMA_READ_DEPTH` and
+    /// `SYMPHONY_RDMA_GID_INDEX`, `SYMPHONY_RDMA_READ_DEPTH`,
+    /// `SYMPHONY_RDMA_MAX_READS`, `SYMPHONY_RDMA_BUSY_POLL` and
     /// `SYMPHONY_RDMA_ACK_TIMEOUT` when set.
     pub fn from_env() -> Result<Self, Error> {
         let mut cfg = RdmaConfig::default();
@@ -170,6 +184,20 @@ impl RdmaConfig {
                 .ok()
                 .filter(|d| (1..=255).contains(d))
                 .ok_or_else(|| invalid(format!("{ENV_READ_DEPTH}={v:?} is not in 1..=255")))?;
+        }
+        if let Ok(v) = std::env::var(ENV_MAX_READS) {
+            cfg.max_reads_in_flight = v
+                .parse()
+                .ok()
+                .filter(|d| (1..=128).contains(d))
+                .ok_or_else(|| invalid(format!("{ENV_MAX_READS}={v:?} is not in 1..=128")))?;
+        }
+        if let Ok(v) = std::env::var(ENV_BUSY_POLL) {
+            cfg.busy_poll = match v.as_str() {
+                "1" => true,
+                "0" => false,
+                _ => return Err(invalid(format!("{ENV_BUSY_POLL}={v:?} is not 0 or 1"))),
+            };
         }
         if let Ok(v) = std::env::var(ENV_ACK_TIMEOUT) {
             cfg.ack_timeout = v
@@ -325,6 +353,11 @@ impl RdmaDomain {
     /// The GID this domain's connections advertise.
     pub fn gid(&self) -> std::net::Ipv6Addr {
         std::net::Ipv6Addr::from(self.inner.dev.gid)
+    }
+
+    /// The port in use (from 1).
+    pub fn port(&self) -> u8 {
+        self.inner.dev.port
     }
 
     /// The GID table index in use.

@@ -246,6 +246,9 @@ pub struct RdmaConnection {
     max_reads: u32,
     empty_polls: u32,
     peer_gone: bool,
+    /// Polls that find nothing arm the completion queues (see `wake`); off
+    /// with [`RdmaConfig::busy_poll`](super::RdmaConfig::busy_poll).
+    arm_in_polls: bool,
     /// Why the QP stopped working (a failed work completion puts it in the error state).
     failed: Option<ErrorKind>,
 }
@@ -350,6 +353,7 @@ impl RdmaConnection {
             max_reads,
             empty_polls: 0,
             peer_gone: false,
+            arm_in_polls: !cfg.busy_poll,
             failed: None,
         };
         // Receives go up before RTR, so the peer's first SEND finds one.
@@ -463,7 +467,7 @@ impl RdmaConnection {
     }
 
     /// Drains the send CQ: frees SEND slots, turns READ completions into `Completion`s.
-    fn drain_send_cq(&mut self) -> Result<(), Error> {
+    fn drain_send_cq(&mut self, arm: bool) -> Result<(), Error> {
         let mut wcs: [MaybeUninit<sys::ibv_wc>; 16] = [const { MaybeUninit::uninit() }; 16];
         loop {
             // SAFETY: the CQ is alive (held by self); the array has room for 16 entries.
@@ -479,7 +483,7 @@ impl RdmaConnection {
                 // that completes inside its doorbell, as on rxe) never pays for it.
                 // SAFETY: the pointer is only used while self holds the CQ.
                 let cq = unsafe { self.send_cq.cq() }.as_ptr();
-                if self.send_wake.arm_when_empty(cq)? {
+                if arm && self.send_wake.arm_when_empty(cq)? {
                     continue;
                 }
                 return Ok(());
@@ -525,14 +529,14 @@ impl RdmaConnection {
     /// up for the caller. A drain that found only SEND completions does not arm.
     fn arm_send_if_idle(&mut self) -> Result<(), Error> {
         while !self.send_wake.armed() && self.done.is_empty() {
-            self.drain_send_cq()?;
+            self.drain_send_cq(true)?;
         }
         Ok(())
     }
 
     /// The next receive completion: `(slot, length)`, or None once the receive
     /// queue is empty (then armed).
-    fn poll_recv_cq(&mut self) -> Result<Option<(u32, usize)>, Error> {
+    fn poll_recv_cq(&mut self, arm: bool) -> Result<Option<(u32, usize)>, Error> {
         loop {
             let mut wc = MaybeUninit::<sys::ibv_wc>::uninit();
             // SAFETY: the CQ is alive; room for one entry.
@@ -543,7 +547,7 @@ impl RdmaConnection {
             if n == 0 {
                 // SAFETY: the pointer is only used while self holds the CQ.
                 let cq = unsafe { self.recv_cq.cq() }.as_ptr();
-                if self.recv_wake.arm_when_empty(cq)? {
+                if arm && self.recv_wake.arm_when_empty(cq)? {
                     continue;
                 }
                 return Ok(None);
@@ -620,7 +624,7 @@ impl RdmaConnection {
         transfer: impl Fn(&T) -> Transfer,
     ) -> Result<usize, Error> {
         if ops.len() > self.free_records.len() {
-            self.drain_send_cq()?;
+            self.drain_send_cq(self.arm_in_polls)?;
         }
         let mut accepted = 0;
         for chunk in ops.chunks(POST_BATCH) {
@@ -778,7 +782,7 @@ impl Connection for RdmaConnection {
             return Err(Error::Protocol(crate::wire::WireError::BadLength));
         }
         if self.sends_in_flight == self.send_slots {
-            self.drain_send_cq()?;
+            self.drain_send_cq(self.arm_in_polls)?;
             if self.sends_in_flight == self.send_slots {
                 return Err(Error::QueueFull);
             }
@@ -817,7 +821,7 @@ impl Connection for RdmaConnection {
     fn try_recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, Error> {
         let (slot, len) = match self.pending_recv.take() {
             Some(p) => p,
-            None => match self.poll_recv_cq()? {
+            None => match self.poll_recv_cq(self.arm_in_polls)? {
                 Some(p) => p,
                 None => {
                     if let Some(e) = self.dead_for_messages() {
@@ -864,8 +868,8 @@ impl Connection for RdmaConnection {
     }
 
     fn poll_completions(&mut self, out: &mut [Completion]) -> Result<usize, Error> {
-        self.drain_send_cq()?;
-        if self.done.is_empty() {
+        self.drain_send_cq(self.arm_in_polls)?;
+        if self.done.is_empty() && self.arm_in_polls {
             self.arm_send_if_idle()?;
         }
         let n = out.len().min(self.done.len());
@@ -881,8 +885,8 @@ impl Connection for RdmaConnection {
     }
 
     fn progress(&mut self) -> Result<(), Error> {
-        self.drain_send_cq()?;
-        if self.done.is_empty() {
+        self.drain_send_cq(self.arm_in_polls)?;
+        if self.done.is_empty() && self.arm_in_polls {
             self.arm_send_if_idle()?;
         }
         self.check_peer(false);
@@ -915,7 +919,7 @@ impl Connection for RdmaConnection {
         if !self.done.is_empty() {
             return Ok(true);
         }
-        if let Some(p) = self.poll_recv_cq()? {
+        if let Some(p) = self.poll_recv_cq(true)? {
             self.pending_recv = Some(p);
             return Ok(true);
         }
@@ -947,7 +951,7 @@ impl Drop for RdmaConnection {
             && self.failed.is_none()
             && std::time::Instant::now() < deadline
         {
-            if self.drain_send_cq().is_err() {
+            if self.drain_send_cq(self.arm_in_polls).is_err() {
                 break;
             }
             std::thread::yield_now();
