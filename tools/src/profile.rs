@@ -20,6 +20,7 @@ use std::time::Duration as StdDuration;
 use backend::exec::onnx::{OnnxError, OnnxExecutor, OnnxModel, OnnxOptions};
 use backend::{ExecError, Executor, Finished, InputRef, Job, OutputRef};
 use dataplane::mem::{MemError, Region};
+use dataplane::stats;
 use dataplane::time::{Instant, MonotonicClock};
 use scheduler::repository::profile::{BatchLatency, ModelProfile, ProfileFile};
 use scheduler::repository::{self, RepoModel, RepositoryError};
@@ -328,7 +329,7 @@ impl Bench {
             .zip(ms.iter_mut())
             .map(|(&b, v)| {
                 v.sort_by(f64::total_cmp);
-                BatchLatency { batch: b, p50: percentile(v, 0.5), p99: percentile(v, 0.99) }
+                BatchLatency { batch: b, p50: stats::percentile(v, 0.5).unwrap_or(0.0), p99: stats::percentile(v, 0.99).unwrap_or(0.0) }
             })
             .collect())
     }
@@ -436,14 +437,6 @@ fn relative_error(pts: &[(f64, f64)], alpha: f64) -> (f64, f64) {
     }
     let beta = pts.iter().map(|&(b, y)| (y - alpha * b) - t * y).fold(f64::NEG_INFINITY, f64::max);
     (t, beta)
-}
-
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
 }
 
 /// A `/proc/self/status` memory line (`VmRSS`, `VmHWM`) in bytes; 0 if

@@ -19,7 +19,8 @@
 //! whose row shows no gain on any of these on the sample is a candidate for
 //! removal (`candidates` in the JSON).
 
-use crate::report_grid::{cells, median, sample_cells, sim, Cell, GridError, Sample, MIN_REQUESTS_PER_MODEL};
+use crate::report_grid::{cells, sample_cells, sim, Cell, GridError, Sample, MIN_REQUESTS_PER_MODEL};
+use dataplane::stats;
 use dataplane::time::{Duration, Instant};
 use scheduler::deferred::{Departure, DepartureSet};
 use scheduler::goodput::{search, GoodputSearch};
@@ -275,7 +276,7 @@ pub fn run(quick: bool, json: bool, sample: Option<Sample>) -> Result<(), GridEr
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print_markdown(&report, median(grid_g[0].clone()));
+        print_markdown(&report, stats::median(&mut grid_g[0].clone()).unwrap_or(0.0));
     }
     Ok(())
 }

@@ -32,6 +32,7 @@
 //! ([`NexusShare`]).
 
 use crate::progress::Progress;
+use dataplane::stats;
 use dataplane::time::Duration;
 use scheduler::baselines::nexus::held_to_nexus_batches;
 use scheduler::deferred::DepartureSet;
@@ -471,7 +472,7 @@ pub fn run(quick: bool, json: bool, seeds: &[u64], sample: Option<Sample>, depar
     let mut bounds: Vec<Option<f64>> = vec![None; cells.len()];
     for (i, &(c, _, kind)) in jobs.iter().enumerate().skip(main_jobs) {
         match results[i].take() {
-            Some(Ok(v)) => bounds[c] = Some(bounds[c].unwrap_or(0.0).max(median(v.goodputs))),
+            Some(Ok(mut v)) => bounds[c] = Some(bounds[c].unwrap_or(0.0).max(stats::median(&mut v.goodputs).unwrap_or(0.0))),
             Some(Err(source)) => return Err(GridError::Search { policy: kind.to_string(), source }),
             None => return Err(GridError::Worker("a search did not run")),
         }
@@ -530,12 +531,12 @@ fn cell_result(cell: &Cell, pols: &[(&'static str, PolicyKind)], results: &mut [
     let mut timeout_k_ms = Vec::new();
     let mut per_seed: Vec<Vec<f64>> = Vec::with_capacity(pols.len());
     for ((name, kind), result) in pols.iter().zip(results.iter_mut()) {
-        let g = match result.take() {
-            Some(Ok(v)) if !v.goodputs.is_empty() => {
+        let mut g = match result.take() {
+            Some(Ok(mut v)) if !v.goodputs.is_empty() => {
                 if *kind == PolicyKind::Timeout {
                     timeout_k_ms = v.timeouts.iter().map(|k| k.as_millis_f64()).collect();
                 }
-                p99.push((*name, median(v.p99_ms)));
+                p99.push((*name, stats::median(&mut v.p99_ms).unwrap_or(0.0)));
                 v.goodputs
             }
             Some(Ok(_)) => return Err(GridError::Worker("a cell has no seeds")),
@@ -543,7 +544,7 @@ fn cell_result(cell: &Cell, pols: &[(&'static str, PolicyKind)], results: &mut [
             None => return Err(GridError::Worker("a search did not run")),
         };
         per_seed.push(g.clone());
-        goodput.push((*name, median(g)));
+        goodput.push((*name, stats::median(&mut g).unwrap_or(0.0)));
     }
     let deferred = goodput[0].1;
     let panel = panel(&goodput[1..], &p99[1..]);
@@ -596,13 +597,6 @@ fn run_job(cell: &Cell, kind: PolicyKind, seeds: &[u64], knobs: &GoodputSearch, 
         p99_ms.push(found.at_goodput.map_or(0.0, |r| r.p99_ms));
     }
     Ok(JobResult { goodputs, p99_ms, timeouts: policy.timeouts })
-}
-
-/// The median of seeds' goodputs (the upper one of an even count); 0 when
-/// there are none.
-pub(crate) fn median(mut g: Vec<f64>) -> f64 {
-    g.sort_by(f64::total_cmp);
-    g.get(g.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// The timeout `k`s of a cell: one value when every model has it, each

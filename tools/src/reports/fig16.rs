@@ -5,6 +5,7 @@
 //! against instance size next to the exact MILP where that finishes.
 
 use crate::plot;
+use dataplane::stats;
 use rand::{Rng, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 use scheduler::partition::instance::{generate, gpu_memory_bytes, zoo_memory, InstanceSpec};
@@ -40,11 +41,10 @@ fn random_search(p: &Problem, seed: u64) -> Option<Evaluation> {
     best
 }
 
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+/// The `q`-quantile of sorted `v` (NaN when empty: an empty series prints
+/// as such).
+fn percentile(v: &[f64], q: f64) -> f64 {
+    stats::percentile(v, q).unwrap_or(f64::NAN)
 }
 
 fn cdf(label: &str, mut v: Vec<f64>) -> (plot::Series, Vec<f64>) {
