@@ -155,12 +155,10 @@ impl ClusterSpec {
 /// Every variant names the daemon ("scheduler", "frontend-1", ...).
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
-    /// The local etcd for the schedulers' election did not start.
-    #[error("local etcd: {what}")]
-    Etcd {
-        /// Why.
-        what: String,
-    },
+    /// The local etcd for the schedulers' election did not start (or a
+    /// scheduler has none).
+    #[error("local etcd: {0}")]
+    Etcd(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// Its READY line lacks a key.
     #[error("{daemon}: no '{key}' on its READY line")]
     NoReadyKey {
@@ -214,11 +212,8 @@ pub enum ClusterError {
         status: ExitStatus,
     },
     /// The cluster's join token could not be made.
-    #[error("join token: {what}")]
-    JoinToken {
-        /// Why.
-        what: String,
-    },
+    #[error("join token: {0}")]
+    JoinToken(#[source] dataplane::join::JoinError),
     /// The join token cannot be passed in the environment.
     #[error("the join token is not text")]
     TokenNotText,
@@ -508,9 +503,9 @@ fn start_schedulers_ha(
     token: &JoinToken,
     deadline: Instant,
 ) -> Result<(Daemon, Vec<Daemon>, Option<scheduler::election::LocalEtcd>, Vec<Vec<String>>), ClusterError> {
-    let etcd_err = |e: &dyn std::fmt::Display| ClusterError::Etcd { what: e.to_string() };
+    let etcd_err = ClusterError::Etcd;
     let etcd = scheduler::election::LocalEtcd::start(spec.etcd_members.max(1) as usize, deadline.saturating_duration_since(Instant::now()))
-        .map_err(|e| etcd_err(&e))?;
+        .map_err(|e| etcd_err(e.into()))?;
     let endpoints = etcd.endpoints().join(",");
     let mut daemons = Vec::new();
     let mut cmds = Vec::new();
@@ -518,7 +513,7 @@ fn start_schedulers_ha(
         let listen = match spec.transport.as_str() {
             "shm" => format!("@symphony-{}-{}-sched-{k}", std::process::id(), unique()),
             _ => {
-                let port = dataplane::control::unused_port().map_err(|e| etcd_err(&e))?;
+                let port = dataplane::control::unused_port().map_err(|e| etcd_err(e.into()))?;
                 format!("127.0.0.1:{port}")
             }
         };
@@ -529,7 +524,7 @@ fn start_schedulers_ha(
         daemons.push(spawn(spec, &name, "scheduler", args, Some(token), deadline)?);
     }
     let mut it = daemons.into_iter();
-    let first = it.next().ok_or_else(|| etcd_err(&"no scheduler"))?;
+    let first = it.next().ok_or_else(|| etcd_err("no scheduler".into()))?;
     Ok((first, it.collect(), Some(etcd), cmds))
 }
 
@@ -573,7 +568,7 @@ impl LocalCluster {
         let deadline = Instant::now() + spec.start_timeout;
         let token = match &spec.join_token {
             Some(t) => t.clone(),
-            None => JoinToken::generate().map_err(|e| ClusterError::JoinToken { what: e.to_string() })?,
+            None => JoinToken::generate().map_err(ClusterError::JoinToken)?,
         };
         let common = |extra: &[String]| common_args(spec, extra);
         let (scheduler, standbys, etcd, scheduler_cmds) = if spec.schedulers >= 2 {
@@ -674,11 +669,11 @@ impl LocalCluster {
             .scheduler_cmds
             .get(i)
             .cloned()
-            .ok_or_else(|| ClusterError::Etcd { what: format!("scheduler {i} was not started with an election") })?;
+            .ok_or_else(|| ClusterError::Etcd(format!("scheduler {i} was not started with an election").into()))?;
         let token = self.join_token.clone();
         let deadline = Instant::now() + spec.start_timeout;
         let name = scheduler_name(i);
-        let slot = self.scheduler_mut(i).ok_or_else(|| ClusterError::Etcd { what: format!("no scheduler {i}") })?;
+        let slot = self.scheduler_mut(i).ok_or_else(|| ClusterError::Etcd(format!("no scheduler {i}").into()))?;
         slot.kill();
         *slot = spawn(spec, &name, "scheduler", args, Some(&token), deadline)?;
         Ok(())

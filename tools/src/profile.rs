@@ -95,14 +95,15 @@ pub enum ProfileCmdError {
         status: ExitStatus,
     },
     /// The child's result file is missing or wrong.
-    #[error("profiling {model}: {}: {what}", path.display())]
+    #[error("profiling {model}: {}: {source}", path.display())]
     ChildResult {
         /// The model.
         model: String,
         /// The result file.
         path: PathBuf,
-        /// What is wrong.
-        what: String,
+        /// Why it is unreadable or wrong (or, with no underlying error,
+        /// what is missing).
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The profile file could not be written.
     #[error(transparent)]
@@ -239,8 +240,8 @@ fn profile_in_child(name: &str, a: &ProfileArgs) -> Result<ModelProfile, Profile
     if !status.success() {
         return Err(ProfileCmdError::ChildFailed { model: name.to_string(), status });
     }
-    let result = |what: String| ProfileCmdError::ChildResult { model: name.to_string(), path: tmp.clone(), what };
-    let file: ProfileFile = serde_json::from_str(&text.map_err(|e| result(e.to_string()))?).map_err(|e| result(e.to_string()))?;
+    let result = |source: Box<dyn std::error::Error + Send + Sync>| ProfileCmdError::ChildResult { model: name.to_string(), path: tmp.clone(), source };
+    let file: ProfileFile = serde_json::from_str(&text.map_err(|e| result(e.into()))?).map_err(|e| result(e.into()))?;
     file.models.into_iter().next().ok_or_else(|| result("no result".into()))
 }
 
