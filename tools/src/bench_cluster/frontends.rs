@@ -81,7 +81,7 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
     // Equal-rate Poisson models as one pooled stream (no per-arrival heap turn).
     let arrivals = Arrivals::pooled_for_model_count(a.models as usize, &Workload::poisson(a.rate), a.seed, duration);
     let arrivals = drawn_ahead(arrivals, a.rate * a.duration_s);
-    let (mut links, _) = join_all(&domain, &a, Role::Frontend, &clock, |_| 0)?;
+    let (links, _) = join_all(&domain, &a, Role::Frontend, &clock, |_| 0)?;
     {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "READY frontends={}", links.len());
@@ -92,172 +92,237 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
     let mut arrivals = arrivals.with_origin(start);
     // Outcomes of the last tasks arrive within their SLO.
     let end = start + duration + spec.slo + Duration::from_millis(200);
-    let mut seq = vec![0u64; links.len()];
-    let mut dropped = [0u64; DropReason::COUNT];
-    let mut r = FrontendsReport::default();
-    let mut send_lag = ns_hist();
-    let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
-    let mut next_link = 0usize;
-    let mut last_send = start;
-    let mut next_read = start;
     // Timed sleeps with the kernel timer's precision: 1 µs of slack
     // instead of the default 50 (a sleep of 20 µs must not last 70).
     // SAFETY: PR_SET_TIMERSLACK takes one integer and touches no memory.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
     let coalesce = a.coalesce.max(1) as usize;
-    let coalesce_wait = Duration::from_micros(a.coalesce_us);
-    // Past this lag an arrival is refused, not sent: an open-loop source
-    // that falls behind would otherwise send only tasks whose budget is
-    // spent, and the whole run collapses into drops (issue 14, item 2:
-    // load beyond capacity is refused, counted, never buffered).
-    let max_lag = (a.max_lag_us > 0).then(|| Duration::from_micros(a.max_lag_us));
-    let mut outgoing: Vec<Outgoing> = if coalesce > 1 { links.iter().map(|_| Outgoing::new(coalesce)).collect() } else { Vec::new() };
-    // Links with waiting tasks, in the order their oldest task arrived
-    // (= the order their batches are due): (link, that task's arrival).
-    // An entry whose batch left meanwhile is skipped when reached.
-    let mut due: VecDeque<(usize, Instant)> = VecDeque::with_capacity(4 * links.len());
-    let queue_budget = (a.queue_budget_us > 0).then(|| Duration::from_micros(a.queue_budget_us));
-    let mut unread: Vec<Unread> = links.iter().map(|_| Unread::new()).collect();
+    let n = links.len();
+    let mut g = Generator {
+        seq: vec![0u64; n],
+        dropped: [0u64; DropReason::COUNT],
+        r: FrontendsReport::default(),
+        send_lag: ns_hist(),
+        buf: vec![0u8; wire::MAX_MESSAGE_LEN],
+        next_link: 0,
+        last_send: start,
+        next_read: start,
+        coalesce,
+        coalesce_wait: Duration::from_micros(a.coalesce_us),
+        // Past this lag an arrival is refused, not sent: an open-loop source
+        // that falls behind would otherwise send only tasks whose budget is
+        // spent, and the whole run collapses into drops (issue 14, item 2:
+        // load beyond capacity is refused, counted, never buffered).
+        max_lag: (a.max_lag_us > 0).then(|| Duration::from_micros(a.max_lag_us)),
+        outgoing: if coalesce > 1 { (0..n).map(|_| Outgoing::new(coalesce)).collect() } else { Vec::new() },
+        due: VecDeque::with_capacity(4 * n),
+        queue_budget: (a.queue_budget_us > 0).then(|| Duration::from_micros(a.queue_budget_us)),
+        unread: (0..n).map(|_| Unread::new()).collect(),
+        slo: spec.slo,
+        stamp_every: a.stamp_every,
+        links,
+    };
     loop {
         let now = clock.now();
         // More to do now: a burst limit was reached.
-        let mut again = false;
+        let again = g.send_arrivals(&mut arrivals, now)?;
+        g.flush_due(arrivals.peek().is_none(), now)?;
+        g.read_links(now)?;
+        if arrivals.peek().is_none() && now >= end {
+            break;
+        }
+        if !again {
+            g.idle(arrivals.peek().map(|(t, _)| t), &clock);
+        }
+    }
+    let mut r = g.r;
+    r.dropped = DropReason::ALL.iter().map(|d| (d.as_str().to_string(), g.dropped[d.index()])).collect();
+    r.send_lag = LagUs::of(&g.send_lag);
+    r.send_span_s = g.last_send.saturating_since(start).as_secs_f64();
+    r.cpu_busy = (peer::cpu_s_self() - cpu_at_start) / clock.now().saturating_since(start).as_secs_f64().max(1e-3);
+    r.unsent_at_exit = drain_at_exit(&mut g.links, &mut g.unread, &clock);
+    write_report(&a.report, &r)?;
+    linger(&mut g.links, &mut g.buf);
+    Ok(())
+}
+
+/// The frontends process's load generator between loop turns.
+struct Generator<C> {
+    links: Vec<PeerLink<C>>,
+    /// Each link's last task sequence number.
+    seq: Vec<u64>,
+    /// `Dropped` received, by `DropReason::index`.
+    dropped: [u64; DropReason::COUNT],
+    r: FrontendsReport,
+    send_lag: Histogram<u64>,
+    buf: Vec<u8>,
+    /// The link the next arrival goes to (round robin).
+    next_link: usize,
+    last_send: Instant,
+    next_read: Instant,
+    /// Most tasks per message (1: one `Task` message each).
+    coalesce: usize,
+    coalesce_wait: Duration,
+    max_lag: Option<Duration>,
+    /// Each link's batch being filled (empty when not coalescing).
+    outgoing: Vec<Outgoing>,
+    /// Links with waiting tasks, in the order their oldest task arrived
+    /// (= the order their batches are due): (link, that task's arrival).
+    /// An entry whose batch left meanwhile is skipped when reached.
+    due: VecDeque<(usize, Instant)>,
+    queue_budget: Option<Duration>,
+    unread: Vec<Unread>,
+    slo: Duration,
+    stamp_every: u64,
+}
+
+impl<C: Connection> Generator<C> {
+    /// Sends (or batches, or refuses) the arrivals due by `now`, at most
+    /// [`SEND_BURST`]; whether that limit left some due.
+    fn send_arrivals(&mut self, arrivals: &mut Arrivals, now: Instant) -> Result<bool, BenchClusterError> {
         let mut burst = 0;
         while let Some((t, model)) = arrivals.peek() {
             if t > now {
                 break;
             }
             if burst == SEND_BURST {
-                again = true;
-                break;
+                return Ok(true);
             }
             arrivals.next();
-            r.offered += 1;
-            if max_lag.is_some_and(|m| now.saturating_since(t) > m) {
+            self.r.offered += 1;
+            if self.max_lag.is_some_and(|m| now.saturating_since(t) > m) {
                 // Cheap: no link, no id, no encoding; not a turn of the burst.
-                r.refused_late += 1;
+                self.r.refused_late += 1;
                 continue;
             }
             burst += 1;
-            let i = next_link;
-            next_link = (next_link + 1) % links.len();
-            let link = &mut links[i];
-            seq[i] += 1;
-            let task = Task {
-                task_id: TaskId::new(link.id, seq[i] & dataplane::ids::SEQ_MASK, 0).0,
-                budget_ns: (t + spec.slo).saturating_since(now).as_nanos(),
-                model_id: model,
-                frontend_id: link.id,
-                input: RemoteRef::default(),
-                priority: 0,
-                flags: 0,
-            };
-            let stamped = a.stamp_every > 0 && r.offered % a.stamp_every == 0;
-            if a.coalesce > 1 {
-                let o = &mut outgoing[i];
-                o.batch.push(&task).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
-                if o.oldest.is_none() {
-                    o.oldest = Some(t);
-                    due.push_back((i, t));
-                }
-                o.waiting += 1;
-                o.stamp |= stamped;
-                if o.batch.is_full() {
-                    o.flush(link, &mut unread[i], queue_budget, now, &mut r, &mut send_lag, &mut buf)?;
-                    last_send = now;
-                }
-                continue;
-            }
-            if unread[i].over_budget(&link.conn, queue_budget, now) {
-                r.queue_full += 1;
-                continue;
-            }
-            if stamped {
-                let s = BenchStamp { at_ns: host_monotonic_ns(), ..Default::default() };
-                let n = wire::encode(&mut buf, &s).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
-                send_or_progress(&mut link.conn, &buf[..n]).map_err(|e| BenchClusterError::Peer(format!("frontend {}: {e}", link.id)))?;
-            }
-            let n = wire::encode(&mut buf, &task).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
-            match send_or_progress(&mut link.conn, &buf[..n]) {
-                Ok(true) => {
-                    r.sent += 1;
-                    let _ = send_lag.record(now.saturating_since(t).as_nanos().max(1));
-                    last_send = now;
-                    unread[i].sent(&link.conn, 1, now);
-                }
-                Ok(false) => r.queue_full += 1,
-                Err(e) => return Err(BenchClusterError::Peer(format!("frontend {}: {e}", link.id))),
-            }
+            self.send_one(t, model, now)?;
         }
-        // Batches due go now (found in order, not by a pass over all
-        // links per turn), the last ones at once.
-        let finishing = arrivals.peek().is_none();
-        while let Some(&(i, t)) = due.front() {
-            if !finishing && t + coalesce_wait > now {
+        Ok(false)
+    }
+
+    /// The arrival at `t` for `model`, on the next link.
+    fn send_one(&mut self, t: Instant, model: u32, now: Instant) -> Result<(), BenchClusterError> {
+        let i = self.next_link;
+        self.next_link = (self.next_link + 1) % self.links.len();
+        let link = &mut self.links[i];
+        self.seq[i] += 1;
+        let task = Task {
+            task_id: TaskId::new(link.id, self.seq[i] & dataplane::ids::SEQ_MASK, 0).0,
+            budget_ns: (t + self.slo).saturating_since(now).as_nanos(),
+            model_id: model,
+            frontend_id: link.id,
+            input: RemoteRef::default(),
+            priority: 0,
+            flags: 0,
+        };
+        let r = &mut self.r;
+        let stamped = self.stamp_every > 0 && r.offered.is_multiple_of(self.stamp_every);
+        if self.coalesce > 1 {
+            let o = &mut self.outgoing[i];
+            o.batch.push(&task).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
+            if o.oldest.is_none() {
+                o.oldest = Some(t);
+                self.due.push_back((i, t));
+            }
+            o.waiting += 1;
+            o.stamp |= stamped;
+            if o.batch.is_full() {
+                o.flush(link, &mut self.unread[i], self.queue_budget, now, r, &mut self.send_lag, &mut self.buf)?;
+                self.last_send = now;
+            }
+            return Ok(());
+        }
+        if self.unread[i].over_budget(&link.conn, self.queue_budget, now) {
+            r.queue_full += 1;
+            return Ok(());
+        }
+        let buf = &mut self.buf;
+        if stamped {
+            let s = BenchStamp { at_ns: host_monotonic_ns(), ..Default::default() };
+            let n = wire::encode(buf, &s).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
+            send_or_progress(&mut link.conn, &buf[..n]).map_err(|e| BenchClusterError::Peer(format!("frontend {}: {e}", link.id)))?;
+        }
+        let n = wire::encode(buf, &task).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
+        match send_or_progress(&mut link.conn, &buf[..n]) {
+            Ok(true) => {
+                r.sent += 1;
+                let _ = self.send_lag.record(now.saturating_since(t).as_nanos().max(1));
+                self.last_send = now;
+                self.unread[i].sent(&link.conn, 1, now);
+            }
+            Ok(false) => r.queue_full += 1,
+            Err(e) => return Err(BenchClusterError::Peer(format!("frontend {}: {e}", link.id))),
+        }
+        Ok(())
+    }
+
+    /// Batches due go now (found in order, not by a pass over all links
+    /// per turn), the last ones at once (`finishing`).
+    fn flush_due(&mut self, finishing: bool, now: Instant) -> Result<(), BenchClusterError> {
+        while let Some(&(i, t)) = self.due.front() {
+            if !finishing && t + self.coalesce_wait > now {
                 break;
             }
-            due.pop_front();
-            let o = &mut outgoing[i];
+            self.due.pop_front();
+            let o = &mut self.outgoing[i];
             if o.oldest == Some(t) {
-                o.flush(&mut links[i], &mut unread[i], queue_budget, now, &mut r, &mut send_lag, &mut buf)?;
-                last_send = now;
+                o.flush(&mut self.links[i], &mut self.unread[i], self.queue_budget, now, &mut self.r, &mut self.send_lag, &mut self.buf)?;
+                self.last_send = now;
             }
         }
-        let read_links = now >= next_read;
-        if read_links {
-            next_read = now + RECV_EVERY;
+        Ok(())
+    }
+
+    /// Every [`RECV_EVERY`]: counts the `Dropped`s on every link and sends
+    /// the heartbeats.
+    fn read_links(&mut self, now: Instant) -> Result<(), BenchClusterError> {
+        if now < self.next_read {
+            return Ok(());
         }
-        for link in links.iter_mut().filter(|_| read_links) {
+        self.next_read = now + RECV_EVERY;
+        for link in self.links.iter_mut() {
             for _ in 0..RECV_BURST {
-                let n = match link.conn.try_recv(&mut buf) {
+                let n = match link.conn.try_recv(&mut self.buf) {
                     Ok(Some(n)) => n,
                     Ok(None) => break,
                     Err(e) => return Err(BenchClusterError::Peer(format!("frontend {}: the scheduler link failed: {e}", link.id))),
                 };
-                if let Ok(Message::Dropped(d)) = wire::decode(&buf[..n]) {
+                if let Ok(Message::Dropped(d)) = wire::decode(&self.buf[..n]) {
                     if let Some(reason) = DropReason::from_u32(d.reason) {
-                        dropped[reason.index()] += 1;
+                        self.dropped[reason.index()] += 1;
                     }
                 }
             }
-            beat(link, now, Role::Frontend, &mut buf).map_err(|e| BenchClusterError::Peer(format!("frontend {}: {e}", link.id)))?;
+            beat(link, now, Role::Frontend, &mut self.buf).map_err(|e| BenchClusterError::Peer(format!("frontend {}: {e}", link.id)))?;
         }
-        if arrivals.peek().is_none() && now >= end {
-            break;
-        }
-        if !again {
-            // Sleep until there is something to do instead of spinning on
-            // `yield` (a third of this process's CPU, taken from the daemon
-            // on 2 cores): the next read, and the next batch due. Arrivals
-            // not taken yet wait too:
-            // batched, they would wait for their batch anyway, so the
-            // earliest an untaken arrival's batch can be due is its time
-            // plus the batch wait. Unbatched, each arrival is work.
-            let wait_for_batch = if coalesce > 1 { coalesce_wait } else { Duration::ZERO };
-            let flush_due = due.front().map(|&(_, t)| t + coalesce_wait);
-            let arrival_due = arrivals.peek().map(|(t, _)| t + wait_for_batch);
-            // Timed sleeps (each a timer and two context switches) were
-            // tried for shorter gaps too, with batches flushed up to 12 µs
-            // early to serve many links per wake-up: on the shared 2 cores
-            // that cost the frontends more CPU than the yields (0.25-0.35
-            // vs 0.16 cores at 200k tasks/s) and the daemon its share.
-            let work_at = [flush_due, arrival_due].into_iter().flatten().fold(next_read, Instant::min);
-            let idle_for = work_at.saturating_since(clock.now());
-            if idle_for >= MIN_SLEEP {
-                sleep_for(idle_for);
-            } else if idle_for > Duration::ZERO {
-                std::thread::yield_now();
-            }
+        Ok(())
+    }
+
+    /// Sleeps until there is something to do instead of spinning on
+    /// `yield` (a third of this process's CPU, taken from the daemon on 2
+    /// cores): the next read, and the next batch due. Arrivals not taken
+    /// yet (the next at `next_arrival`) wait too: batched, they would wait
+    /// for their batch anyway, so the earliest an untaken arrival's batch
+    /// can be due is its time plus the batch wait. Unbatched, each arrival
+    /// is work.
+    fn idle(&self, next_arrival: Option<Instant>, clock: &MonotonicClock) {
+        let wait_for_batch = if self.coalesce > 1 { self.coalesce_wait } else { Duration::ZERO };
+        let flush_due = self.due.front().map(|&(_, t)| t + self.coalesce_wait);
+        let arrival_due = next_arrival.map(|t| t + wait_for_batch);
+        // Timed sleeps (each a timer and two context switches) were
+        // tried for shorter gaps too, with batches flushed up to 12 µs
+        // early to serve many links per wake-up: on the shared 2 cores
+        // that cost the frontends more CPU than the yields (0.25-0.35
+        // vs 0.16 cores at 200k tasks/s) and the daemon its share.
+        let work_at = [flush_due, arrival_due].into_iter().flatten().fold(self.next_read, Instant::min);
+        let idle_for = work_at.saturating_since(clock.now());
+        if idle_for >= MIN_SLEEP {
+            sleep_for(idle_for);
+        } else if idle_for > Duration::ZERO {
+            std::thread::yield_now();
         }
     }
-    r.dropped = DropReason::ALL.iter().map(|d| (d.as_str().to_string(), dropped[d.index()])).collect();
-    r.send_lag = LagUs::of(&send_lag);
-    r.send_span_s = last_send.saturating_since(start).as_secs_f64();
-    r.cpu_busy = (peer::cpu_s_self() - cpu_at_start) / clock.now().saturating_since(start).as_secs_f64().max(1e-3);
-    r.unsent_at_exit = drain_at_exit(&mut links, &mut unread, &clock);
-    write_report(&a.report, &r)?;
-    linger(&mut links, &mut buf);
-    Ok(())
 }
 
 /// Drives every link until what it queued has left this process (or
