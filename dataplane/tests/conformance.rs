@@ -58,80 +58,16 @@ fn uring() -> Option<Tcp> {
     }
 }
 
-macro_rules! suite {
-    ($m:ident, $f:expr) => {
-        mod $m {
-            use super::*;
-            #[test]
-            fn connect_and_exchange() {
-                if let Some(f) = $f {
-                    conformance::connect_and_exchange(&f);
-                }
-            }
-            #[test]
-            fn read_sizes() {
-                if let Some(f) = $f {
-                    conformance::read_sizes(&f);
-                }
-            }
-            #[test]
-            fn incast() {
-                if let Some(f) = $f {
-                    conformance::incast(&f);
-                }
-            }
-            #[test]
-            fn rejects_bad_reads() {
-                if let Some(f) = $f {
-                    conformance::rejects_bad_reads(&f);
-                }
-            }
-            #[test]
-            fn deregister_during_reads() {
-                if let Some(f) = $f {
-                    conformance::deregister_during_reads(&f);
-                }
-            }
-            #[test]
-            fn disconnect_mid_read() {
-                if let Some(f) = $f {
-                    conformance::disconnect_mid_read(&f);
-                }
-            }
-            #[test]
-            fn no_leaks() {
-                if let Some(f) = $f {
-                    conformance::no_leaks(&f);
-                }
-            }
-            #[test]
-            fn wait_fd_wakes() {
-                if let Some(f) = $f {
-                    conformance::wait_fd_wakes(&f);
-                }
-            }
-            #[test]
-            fn wait_fd_after_empty_recv() {
-                if let Some(f) = $f {
-                    conformance::wait_fd_after_empty_recv(&f);
-                }
-            }
-            #[test]
-            fn input_taken_in_by_a_send_is_reported() {
-                if let Some(f) = $f {
-                    conformance::input_taken_in_by_a_send_is_reported(&f);
-                }
-            }
-            #[test]
-            fn send_progress_counts() {
-                if let Some(f) = $f {
-                    conformance::send_progress_counts(&f);
-                }
-            }
-        }
-    };
+// Every check of the suite for each transport, from the suite's one list.
+mod shm {
+    use super::*;
+    dataplane::conformance_tests!(Some(Shm));
 }
-
-suite!(shm, Some(Shm));
-suite!(tcp_uring, uring());
-suite!(tcp_blocking, Some(Tcp(Engine::Blocking)));
+mod tcp_uring {
+    use super::*;
+    dataplane::conformance_tests!(uring());
+}
+mod tcp_blocking {
+    use super::*;
+    dataplane::conformance_tests!(Some(Tcp(Engine::Blocking)));
+}

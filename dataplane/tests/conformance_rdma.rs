@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use dataplane::idle::{IdleStrategy, Idler};
 use dataplane::time::Duration;
-use dataplane::transport::conformance::{self, TransportFactory};
+use dataplane::transport::conformance::TransportFactory;
 use dataplane::transport::rdma::{RdmaConfig, RdmaConnection, RdmaDomain};
 use dataplane::transport::{
     Access, Completion, Connection, Domain, Error, ErrorKind, Listener, ReadOp, Region,
@@ -73,28 +73,9 @@ impl TransportFactory for Rdma {
     }
 }
 
-macro_rules! suite_check {
-    ($($name:ident),* $(,)?) => {$(
-        #[test]
-        fn $name() {
-            if domain_or_skip().is_some() {
-                conformance::$name(&Rdma);
-            }
-        }
-    )*};
-}
-
-// Each check of the shared suite as its own test (they serialise themselves).
-suite_check!(
-    connect_and_exchange,
-    read_sizes,
-    incast,
-    rejects_bad_reads,
-    deregister_during_reads,
-    disconnect_mid_read,
-    no_leaks,
-    wait_fd_wakes
-);
+// Every check of the shared suite as its own test (they serialise
+// themselves), from the suite's one list.
+dataplane::conformance_tests!(domain_or_skip().map(|_| Rdma));
 
 /// Encodes a heartbeat carrying `seq` (the verbs-specific tests' message).
 fn heartbeat(seq: u64) -> Vec<u8> {

@@ -38,7 +38,7 @@ use memmap2::{MmapOptions, MmapRaw};
 
 use super::registry::Registry;
 use super::shm_ring::{self, ring_capacity, RingConsumer, RingProducer, RING_HEADER_LEN};
-use super::stream::{ByteIo, Stream, StreamConfig};
+use super::stream::{drain_completions, messages_through_stream, registry_domain_methods, ByteIo, Stream, StreamConfig};
 use super::tcp::wait_readable;
 use super::{Completion, Connection, Domain, Error, ErrorKind, Listener, ReadOp, Registration};
 use crate::mem::{Access, KeyTable, ReadOnlyMapping, Region, KEY_NAME_LEN};
@@ -516,17 +516,7 @@ impl Domain for ShmDomain {
         self.inner.registry.register(region, access, name)
     }
 
-    fn deregister(&self, reg: &Registration) -> Result<(), Error> {
-        self.inner.registry.deregister(reg)
-    }
-
-    fn registered_count(&self) -> usize {
-        self.inner.registry.table.live_count()
-    }
-
-    fn max_read_len(&self) -> u32 {
-        self.inner.cfg.max_read_len
-    }
+    registry_domain_methods!();
 }
 
 /// Accepts shm connections on a Unix socket.
@@ -605,18 +595,7 @@ impl Drop for ShmConn {
 }
 
 impl Connection for ShmConn {
-    fn send(&mut self, msg: &[u8]) -> Result<(), Error> {
-        self.stream.send(msg)
-    }
-    fn send_batched(&mut self, msg: &[u8]) -> Result<(), Error> {
-        self.stream.send_batched(msg)
-    }
-    fn flush_batched(&mut self) -> Result<(), Error> {
-        self.stream.flush_batched()
-    }
-    fn try_recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, Error> {
-        self.stream.try_recv(buf)
-    }
+    messages_through_stream!();
     fn post_read(&mut self, op: &ReadOp) -> Result<(), Error> {
         if !self.stream.is_connected() || !self.peer.alive() {
             return Err(Error::PeerDisconnected);
@@ -646,17 +625,7 @@ impl Connection for ShmConn {
     fn poll_completions(&mut self, out: &mut [Completion]) -> Result<usize, Error> {
         // READs complete inside post_read; no socket work here, so polling
         // costs no syscall. Departure is seen through the liveness words.
-        let mut n = 0;
-        while n < out.len() {
-            match self.done.pop_front() {
-                Some(c) => {
-                    out[n] = c;
-                    n += 1;
-                }
-                None => break,
-            }
-        }
-        Ok(n)
+        Ok(drain_completions(&mut self.done, out))
     }
     fn progress(&mut self) -> Result<(), Error> {
         self.stream.progress()

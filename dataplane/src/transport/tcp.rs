@@ -21,7 +21,7 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use super::registry::Registry;
-use super::stream::{probe_uring, ByteIo, Stream, StreamConfig};
+use super::stream::{messages_through_stream, probe_uring, registry_domain_methods, ByteIo, Stream, StreamConfig};
 use super::{Completion, Connection, Domain, Error, Listener, ReadOp, Registration};
 use crate::mem::{Access, KeyTable, Region};
 use crate::time::Duration;
@@ -193,17 +193,7 @@ impl Domain for TcpDomain {
         self.inner.registry.register(region, access, b"")
     }
 
-    fn deregister(&self, reg: &Registration) -> Result<(), Error> {
-        self.inner.registry.deregister(reg)
-    }
-
-    fn registered_count(&self) -> usize {
-        self.inner.registry.table.live_count()
-    }
-
-    fn max_read_len(&self) -> u32 {
-        self.inner.cfg.max_read_len
-    }
+    registry_domain_methods!();
 }
 
 /// Accepts tcp connections.
@@ -284,18 +274,7 @@ impl std::fmt::Debug for TcpConn {
 }
 
 impl Connection for TcpConn {
-    fn send(&mut self, msg: &[u8]) -> Result<(), Error> {
-        self.stream.send(msg)
-    }
-    fn send_batched(&mut self, msg: &[u8]) -> Result<(), Error> {
-        self.stream.send_batched(msg)
-    }
-    fn flush_batched(&mut self) -> Result<(), Error> {
-        self.stream.flush_batched()
-    }
-    fn try_recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, Error> {
-        self.stream.try_recv(buf)
-    }
+    messages_through_stream!();
     fn post_read(&mut self, op: &ReadOp) -> Result<(), Error> {
         self.stream.post_reads(std::slice::from_ref(op)).map(|_| ())
     }

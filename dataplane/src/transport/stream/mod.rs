@@ -58,6 +58,57 @@ const READ_RESPONSE_LEN: usize = HEADER_LEN + std::mem::size_of::<ReadResponse>(
 mod byte_io;
 
 pub(crate) use byte_io::{probe_uring, ByteIo};
+
+/// Moves completions from `done` into `out`, oldest first; returns how
+/// many. (The stream's READs and the shm transport's, which complete
+/// inside `post_read`, are handed out alike.)
+pub(crate) fn drain_completions(done: &mut VecDeque<Completion>, out: &mut [Completion]) -> usize {
+    let n = out.len().min(done.len());
+    for (slot, c) in out.iter_mut().zip(done.drain(..n)) {
+        *slot = c;
+    }
+    n
+}
+
+/// The [`Connection`](super::Connection) methods a stream-backed
+/// connection (shm, tcp) hands straight to its `stream` field: sending,
+/// batching and receiving control messages. Expanded inside the
+/// connection's `impl Connection`.
+macro_rules! messages_through_stream {
+    () => {
+        fn send(&mut self, msg: &[u8]) -> Result<(), $crate::transport::Error> {
+            self.stream.send(msg)
+        }
+        fn send_batched(&mut self, msg: &[u8]) -> Result<(), $crate::transport::Error> {
+            self.stream.send_batched(msg)
+        }
+        fn flush_batched(&mut self) -> Result<(), $crate::transport::Error> {
+            self.stream.flush_batched()
+        }
+        fn try_recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, $crate::transport::Error> {
+            self.stream.try_recv(buf)
+        }
+    };
+}
+pub(crate) use messages_through_stream;
+
+/// The [`Domain`](super::Domain) methods a stream transport's domain (shm,
+/// tcp) answers from its `inner.registry` and `inner.cfg`. Expanded inside
+/// the domain's `impl Domain`.
+macro_rules! registry_domain_methods {
+    () => {
+        fn deregister(&self, reg: &$crate::transport::Registration) -> Result<(), $crate::transport::Error> {
+            self.inner.registry.deregister(reg)
+        }
+        fn registered_count(&self) -> usize {
+            self.inner.registry.table.live_count()
+        }
+        fn max_read_len(&self) -> u32 {
+            self.inner.cfg.max_read_len
+        }
+    };
+}
+pub(crate) use registry_domain_methods;
 use byte_io::{retryable, RecvTarget};
 
 /// A READ posted and not yet answered.
@@ -481,17 +532,7 @@ impl Stream {
     pub(crate) fn poll_completions(&mut self, out: &mut [Completion]) -> Result<usize, Error> {
         self.pump();
         self.check_timeout();
-        let mut n = 0;
-        while n < out.len() {
-            match self.done.pop_front() {
-                Some(c) => {
-                    out[n] = c;
-                    n += 1;
-                }
-                None => break,
-            }
-        }
-        Ok(n)
+        Ok(drain_completions(&mut self.done, out))
     }
 
     pub(crate) fn progress(&mut self) -> Result<(), Error> {
