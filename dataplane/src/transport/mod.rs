@@ -187,7 +187,17 @@ impl std::fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    /// The malformed-bytes or OS error underneath (its text is also in
+    /// this error's own message, for one-line logs).
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Protocol(e) => Some(e),
+            Error::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 impl From<io::Error> for Error {
     fn from(e: io::Error) -> Self {
@@ -586,5 +596,21 @@ pub fn deregister_within<D: Domain>(
             return Err(Error::Busy);
         }
         std::thread::yield_now();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn os_and_protocol_errors_keep_their_source() {
+        let io = Error::from(io::Error::new(io::ErrorKind::PermissionDenied, "no entry"));
+        assert_eq!(io.source().map(|s| s.to_string()), Some("no entry".to_string()));
+        let protocol = Error::Protocol(WireError::BadLength);
+        assert_eq!(protocol.source().map(|s| s.to_string()), Some(WireError::BadLength.to_string()));
+        assert!(Error::QueueFull.source().is_none());
     }
 }

@@ -315,11 +315,6 @@ impl SimNet {
         SimDomain { net: self.clone(), node }
     }
 
-    /// Changes the fault probabilities from now on.
-    pub fn set_faults(&self, cfg: FaultConfig) {
-        self.lock().cfg = cfg;
-    }
-
     /// Installs the tap that sees every message sent.
     pub fn set_tap(&self, tap: Tap) {
         self.lock().tap = Some(tap);
@@ -337,11 +332,6 @@ impl SimNet {
     pub fn heal(&self, a: NodeId, b: NodeId) {
         let mut g = self.lock();
         g.partitions.remove(&(a.min(b), a.max(b)));
-    }
-
-    /// Whether `a` and `b` are cut from each other.
-    pub fn is_partitioned(&self, a: NodeId, b: NodeId) -> bool {
-        self.lock().partitioned(a, b)
     }
 
     /// Crashes `node`: its links break, its listeners and registrations
@@ -371,11 +361,6 @@ impl SimNet {
         g.counts.crash_hits += hits;
         g.counts.crash_links += links;
         g.fold(&[0x4352_4153, now.as_nanos(), u64::from(node)], &[]);
-    }
-
-    /// Whether `node` has crashed.
-    pub fn is_crashed(&self, node: NodeId) -> bool {
-        self.lock().crashed.contains(&node)
     }
 
     /// Faults that hit something in flight so far.
@@ -439,15 +424,6 @@ impl SimNet {
         let ours = self.domain(a).connect(&listener.local_addr(), Duration::ZERO)?;
         let theirs = listener.accept(Duration::ZERO)?;
         Ok((ours, theirs))
-    }
-
-    /// Links with a live side (for leak checks).
-    pub fn live_links(&self) -> usize {
-        let g = self.lock();
-        g.links
-            .iter()
-            .filter(|l| l.sides.iter().all(|s| s.closed_at.is_none()))
-            .count()
     }
 }
 
