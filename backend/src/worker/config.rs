@@ -98,4 +98,12 @@ impl std::fmt::Display for WorkerError {
     }
 }
 
-impl std::error::Error for WorkerError {}
+impl std::error::Error for WorkerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            WorkerError::Transport(e) => Some(e),
+            WorkerError::Executor(e) => Some(e),
+            WorkerError::Config(_) | WorkerError::SchedulerGone => None,
+        }
+    }
+}
