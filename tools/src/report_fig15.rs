@@ -36,9 +36,11 @@
 //! the day the GPU-seconds used should be at most 60% of a static cluster
 //! sized for the peak (`peak offered / g`, rounded up).
 //!
-//! The same run under eager and Clockwork with the same autoscaler: those
-//! policies have no membership hook yet, so their autoscaler only advises
-//! and their cluster stays at its largest ([`ElasticReport::acting`]).
+//! The same run under eager and Clockwork with the same autoscaler: their
+//! GPU pools take GPUs in and out of matchmaking as deferred does, so the
+//! autoscaler acts on them too; a policy without the membership hook only
+//! gets advice, its cluster staying at its largest
+//! ([`ElasticReport::acting`]).
 
 use crate::plot;
 use crate::reports::ReportError;

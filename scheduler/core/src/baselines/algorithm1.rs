@@ -35,13 +35,7 @@
 //! Costs: `O(G)` per model timer and per GPU timer re-arm, `O(M)` per GPU
 //! timer (the waiting candidates), `O(log B)` per candidate update.
 
-use crate::netdelay::NetworkDelay;
-use crate::profile::LatencyProfile;
-use crate::types::{Actions, DropReason, GpuId, ModelId, Request, Scheduler};
-use crate::zoo::ModelSpec;
-use dataplane::heap::IndexedHeap;
-use dataplane::time::{Duration, Instant};
-use std::collections::VecDeque;
+use super::prelude::*;
 
 /// `c_M` (A1 line 7; Figure 18's `Candidate`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

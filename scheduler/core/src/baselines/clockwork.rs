@@ -38,14 +38,7 @@
 //! formed (a binary search over batch sizes, each with a binary search of
 //! the queue).
 
-use super::{insert_by_deadline, GpuPool};
-use crate::netdelay::NetworkDelay;
-use crate::profile::LatencyProfile;
-use crate::types::{Actions, DropReason, GpuId, ModelId, Request, Scheduler};
-use crate::zoo::ModelSpec;
-use dataplane::heap::IndexedHeap;
-use dataplane::time::{Duration, Instant};
-use std::collections::VecDeque;
+use super::prelude::*;
 
 /// Clockwork's knobs. The defaults are those of Clockwork's released
 /// controller (the `INFER5` scheduler).
@@ -233,6 +226,14 @@ impl Scheduler for ClockworkScheduler {
         insert_by_deadline(&mut model.queue, req);
         self.rekey(req.model);
         self.fill(now, out);
+    }
+
+    /// A GPU out of matchmaking gets no new batch; one back (or new) is
+    /// offered to the queues at once.
+    fn set_gpu_membership(&mut self, now: Instant, gpu: GpuId, online: bool, out: &mut Actions) -> bool {
+        self.gpus.set_online(now, gpu, online);
+        self.fill(now, out);
+        true
     }
 
     fn on_batch_done(&mut self, now: Instant, _gpu: GpuId, out: &mut Actions) {

@@ -21,15 +21,8 @@
 //! Every event costs `O(log M + log G)` plus `O(B log B)` per batch formed.
 
 use super::latest_start::{drop_heads, DropMode};
-use super::{insert_by_deadline, GpuPool};
+use super::prelude::*;
 use crate::batch_past_heads::larger_batch_past_heads;
-use crate::netdelay::NetworkDelay;
-use crate::profile::LatencyProfile;
-use crate::types::{Actions, DropReason, GpuId, ModelId, Request, Scheduler};
-use crate::zoo::ModelSpec;
-use dataplane::heap::IndexedHeap;
-use dataplane::time::{Duration, Instant};
-use std::collections::VecDeque;
 
 struct ModelState {
     profile: LatencyProfile,
@@ -189,6 +182,14 @@ impl Scheduler for EagerScheduler {
         insert_by_deadline(&mut model.queue, req);
         self.rekey(now, req.model);
         self.schedule(now, out);
+    }
+
+    /// A GPU out of matchmaking gets no new batch; one back (or new) is
+    /// offered to the queues at once.
+    fn set_gpu_membership(&mut self, now: Instant, gpu: GpuId, online: bool, out: &mut Actions) -> bool {
+        self.gpus.set_online(now, gpu, online);
+        self.schedule(now, out);
+        true
     }
 
     fn on_batch_done(&mut self, now: Instant, _gpu: GpuId, out: &mut Actions) {

@@ -32,13 +32,7 @@
 //! Every event costs `O(log G)`, plus `O(M)` per free GPU considered and
 //! `O(log B)` per model per decision.
 
-use super::GpuPool;
-use crate::netdelay::NetworkDelay;
-use crate::profile::LatencyProfile;
-use crate::types::{Actions, DropReason, GpuId, ModelId, Request, Scheduler};
-use crate::zoo::ModelSpec;
-use dataplane::time::{Duration, Instant};
-use std::collections::VecDeque;
+use super::prelude::*;
 
 /// How a baseline gives up requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

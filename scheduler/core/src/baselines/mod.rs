@@ -38,6 +38,19 @@ pub use latest_start::{DropMode, LatestStartScheduler, Rank};
 pub use nexus::{NexusConfig, NexusScheduler};
 pub use shepherd::ShepherdScheduler;
 
+/// The vocabulary the baseline policies are written in: each imports it
+/// whole rather than repeating the same list.
+mod prelude {
+    pub(super) use super::{insert_by_deadline, GpuPool};
+    pub(super) use crate::netdelay::NetworkDelay;
+    pub(super) use crate::profile::LatencyProfile;
+    pub(super) use crate::types::{Actions, DropReason, GpuId, ModelId, Request, Scheduler};
+    pub(super) use crate::zoo::ModelSpec;
+    pub(super) use dataplane::heap::IndexedHeap;
+    pub(super) use dataplane::time::{Duration, Instant};
+    pub(super) use std::collections::VecDeque;
+}
+
 use crate::types::{GpuId, Request};
 use dataplane::heap::IndexedHeap;
 use dataplane::time::Instant;
@@ -59,6 +72,9 @@ pub(crate) struct GpuPool {
     idle: IndexedHeap<GpuId>,
     /// The others, by the time their last planned batch ends.
     busy: IndexedHeap<Instant>,
+    /// GPUs out of matchmaking (neither idle nor busy here), each with the
+    /// time its last planned batch ends.
+    offline: Vec<Option<Instant>>,
 }
 
 impl GpuPool {
@@ -68,7 +84,34 @@ impl GpuPool {
         for g in 0..gpus {
             idle.set(g, g);
         }
-        GpuPool { idle, busy: IndexedHeap::with_ids(gpus as usize) }
+        GpuPool { idle, busy: IndexedHeap::with_ids(gpus as usize), offline: Vec::new() }
+    }
+
+    /// Puts `gpu` into matchmaking or takes it out (the policies'
+    /// [`Scheduler::set_gpu_membership`](crate::types::Scheduler::set_gpu_membership)).
+    /// A GPU taken out is never returned by [`GpuPool::earliest`] again
+    /// until it is put back; what it already holds runs to its end, and a
+    /// GPU put back before then is busy until that end. An id the pool
+    /// never had joins it.
+    pub fn set_online(&mut self, now: Instant, gpu: GpuId, online: bool) {
+        let g = gpu as usize;
+        if online {
+            match self.offline.get_mut(g).and_then(Option::take) {
+                Some(until) if until > now => self.busy.set(gpu, until),
+                Some(_) => self.idle.set(gpu, gpu),
+                None if !self.idle.contains(gpu) && !self.busy.contains(gpu) => self.idle.set(gpu, gpu),
+                None => {}
+            }
+            return;
+        }
+        if self.offline.get(g).is_some_and(Option::is_some) {
+            return;
+        }
+        let until = self.busy.remove(gpu).or_else(|| self.idle.remove(gpu).map(|_| Instant::ZERO));
+        if self.offline.len() <= g {
+            self.offline.resize(g + 1, None);
+        }
+        self.offline[g] = Some(until.unwrap_or(Instant::ZERO));
     }
 
     /// The GPU that is free first and from when (`now` if already free).
@@ -94,6 +137,10 @@ impl GpuPool {
 
     /// `gpu` is free again now (its batch was preempted).
     pub fn release(&mut self, gpu: GpuId) {
+        if let Some(Some(until)) = self.offline.get_mut(gpu as usize) {
+            *until = Instant::ZERO;
+            return;
+        }
         self.busy.remove(gpu);
         self.idle.set(gpu, gpu);
     }
@@ -101,5 +148,55 @@ impl GpuPool {
     /// When the first busy GPU frees up.
     pub fn next_free(&self) -> Option<Instant> {
         self.busy.peek().map(|(t, _)| t)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dataplane::time::Duration;
+
+    fn at(ms: u64) -> Instant {
+        Instant::ZERO + Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn a_gpu_out_of_matchmaking_is_never_offered_until_it_is_back() {
+        let mut pool = GpuPool::new(3);
+        pool.occupy(0, at(10));
+        // GPU 1 (idle) and GPU 0 (busy until 10) leave.
+        pool.set_online(at(1), 1, false);
+        pool.set_online(at(1), 0, false);
+        assert_eq!(pool.earliest(at(1)), Some((2, at(1))));
+        pool.occupy(2, at(20));
+        // Only GPU 2 is left, busy until 20: GPU 0 freeing at 10 is not offered.
+        assert_eq!(pool.earliest(at(11)), Some((2, at(20))));
+        assert_eq!(pool.next_free(), Some(at(20)));
+        // Back before its batch ends, GPU 0 is busy until then.
+        pool.set_online(at(5), 0, true);
+        assert_eq!(pool.earliest(at(5)), Some((0, at(10))));
+        assert_eq!(pool.earliest(at(10)), Some((0, at(10))));
+        // GPU 1 back: free at once; a new id joins.
+        pool.set_online(at(12), 1, true);
+        pool.set_online(at(12), 7, true);
+        pool.occupy(0, at(30));
+        assert_eq!(pool.earliest(at(12)), Some((1, at(12))));
+        pool.occupy(1, at(35));
+        assert_eq!(pool.earliest(at(12)), Some((7, at(12))));
+        // Saying the same twice changes nothing.
+        pool.set_online(at(12), 7, true);
+        pool.set_online(at(13), 2, false);
+        pool.set_online(at(13), 2, false);
+        pool.occupy(7, at(40));
+        assert_eq!(pool.earliest(at(13)), Some((0, at(30))));
+    }
+
+    #[test]
+    fn every_gpu_out_leaves_nothing_to_offer() {
+        let mut pool = GpuPool::new(2);
+        pool.set_online(at(0), 0, false);
+        pool.set_online(at(0), 1, false);
+        assert_eq!(pool.earliest(at(0)), None);
+        assert_eq!(pool.next_free(), None);
     }
 }

@@ -48,13 +48,7 @@
 //! their model are re-routed. A request is never dispatched in a batch the
 //! profile says would finish after its deadline.
 
-use super::insert_by_deadline;
-use crate::netdelay::NetworkDelay;
-use crate::profile::LatencyProfile;
-use crate::types::{Actions, DropReason, GpuId, ModelId, Request, Scheduler};
-use crate::zoo::ModelSpec;
-use dataplane::time::{Duration, Instant};
-use std::collections::VecDeque;
+use super::prelude::*;
 
 /// Plans provision this much more than the measured rate. Nexus plans for
 /// the last measured rate plus one standard deviation of its recent rates,

@@ -27,15 +27,8 @@
 //! `O(log B)` per candidate): see [`ShepherdScheduler::largest`] for why
 //! not a heap of candidate sizes.
 
-use super::{insert_by_deadline, GpuPool};
-use crate::netdelay::NetworkDelay;
-use crate::profile::LatencyProfile;
-use crate::types::{Actions, DropReason, GpuId, ModelId, Request, Scheduler};
-use crate::zoo::ModelSpec;
-use dataplane::heap::IndexedHeap;
-use dataplane::time::Instant;
+use super::prelude::*;
 use std::cmp::Reverse;
-use std::collections::VecDeque;
 
 /// A running batch is preempted by a candidate at least this many times its
 /// size (Shepherd's choice, quoted by the Symphony paper).

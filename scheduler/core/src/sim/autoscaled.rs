@@ -13,10 +13,11 @@
 //! only advises, so the report still shows what it would have done and how
 //! many GPUs the policy kept busy.
 //!
-//! [`simulate`](super::simulate) and its runs are untouched: this driver is
-//! its own loop over the same [`Run`] state.
+//! Elasticity is a layer over the simulator's one event loop (the one
+//! [`simulate`](super::simulate) runs, which adds nothing to it): its own
+//! events (GPUs ready, interval ends) come first at equal times.
 
-use super::{next_event, Arrivals, Event, InvariantViolation, Run, SimConfig, SimReport, Workload};
+use super::{event_loop, Arrivals, InvariantViolation, Layer, LoopEnd, Run, SimConfig, SimReport, Workload};
 use crate::autoscale::{AutoscaleConfig, Autoscaler, GpuMember, GpuPhase, ScaleError, ScaleProvider, Signals};
 use crate::types::{Actions, GpuId, Scheduler};
 use crate::zoo::ModelSpec;
@@ -275,172 +276,205 @@ pub fn simulate_elastic(cfg: &ElasticConfig, sched: &mut dyn Scheduler) -> Resul
     if cfg.workloads.len() != cfg.models.len() || cfg.max_gpus == 0 || cfg.interval.as_nanos() == 0 {
         return Err(InvariantViolation("an elastic run needs one workload per model, a GPU and an interval".into()));
     }
-    let initial = cfg.initial_gpus.clamp(1, cfg.max_gpus);
     let mut run = Run::new(&sim, None);
     let mut arrivals = Arrivals::per_model(&cfg.workloads, cfg.seed, cfg.duration);
-    let mut provider = SimProvider::new(cfg.max_gpus, initial, cfg.join_time);
     let mut out = Actions::default();
-    // The GPUs past the initial ones leave matchmaking before anything
-    // happens; a policy that refuses keeps them all, and only advice is
-    // given.
-    let acting = if initial < cfg.max_gpus {
-        let first = sched.set_gpu_membership(Instant::ZERO, initial, false, &mut out);
-        if first {
-            for g in initial + 1..cfg.max_gpus {
-                sched.set_gpu_membership(Instant::ZERO, g, false, &mut out);
-            }
-        }
-        first
-    } else {
-        // Every GPU serves already: saying so again changes nothing, and
-        // answers whether the policy has the hook.
-        sched.set_gpu_membership(Instant::ZERO, cfg.max_gpus - 1, true, &mut out)
+    let mut layer = Elastic::new(cfg, sched, &mut out);
+    layer.flush(Instant::ZERO, &mut out, &mut run, sched.name())?;
+    let end = match event_loop(&mut run, &mut arrivals, sched, &mut (), &mut layer)? {
+        LoopEnd::Ended(now) => now,
+        // Without a bar the run never stops early.
+        LoopEnd::Failed { .. } => return Err(InvariantViolation("a run without a bar stopped early".into())),
     };
-    if !acting {
-        provider = SimProvider::new(cfg.max_gpus, cfg.max_gpus, cfg.join_time);
-    }
-    // Whether the policy was last told that the GPU is in matchmaking: it
-    // may plan on no other (a plan made before it was told a GPU leaves is
-    // the GPU's to finish).
-    let mut matched: Vec<bool> = (0..cfg.max_gpus).map(|g| !acting || g < initial).collect();
-    let mut autoscaler = cfg.autoscale.clone().map(|mut a| {
-        a.max_gpus = a.max_gpus.min(cfg.max_gpus);
-        Autoscaler::new(a)
-    });
-    let epochs = (cfg.duration.as_nanos().div_ceil(cfg.interval.as_nanos())) as usize;
-    let mut tally = Tally {
-        interval_ns: cfg.interval.as_nanos(),
-        epochs,
-        busy: vec![0; epochs * cfg.max_gpus as usize],
-        gpus: cfg.max_gpus as usize,
-        paid_ns: 0,
-        active_ns: 0,
-        since: Instant::ZERO,
-        last: vec![(0, 0, 0); cfg.models.len()],
-        gpu_seconds: 0.0,
-    };
-    flush(Instant::ZERO, &mut out, &mut run, &matched, &cfg.models, &mut tally, sched.name())?;
-    let mut rows: Vec<EpochRow> = Vec::with_capacity(epochs);
-    let mut next_tick = 1usize;
-    let (mut added, mut drained, mut max_drain_ns) = (0u32, 0u32, 0u64);
-    let mut drain_started: Vec<Option<Instant>> = vec![None; cfg.max_gpus as usize];
-    let mut now = Instant::ZERO;
-    let mut stalls = 0u32;
-    loop {
-        let tick_at = (next_tick <= epochs).then(|| Instant::from_nanos(next_tick as u64 * tally.interval_ns));
-        let control_at = [tick_at, provider.next_ready()].into_iter().flatten().min();
-        let t_wake = sched.poll_at().map(|t| t.max(now));
-        let sim_next = next_event(run.gpus.poll_at(), t_wake, arrivals.peek_time());
-        // Membership and decisions come first at equal times.
-        if let Some(tc) = control_at.filter(|&tc| sim_next.is_none_or(|(t, _)| tc <= t)) {
-            now = tc.max(now);
-            tally.integrate(now, &provider);
-            for g in provider.take_ready(now) {
-                matched[g as usize] = true;
-                sched.set_gpu_membership(now, g, true, &mut out);
-            }
-            if tick_at == Some(tc) {
-                let k = next_tick - 1;
-                let row = close_epoch(k, now, &cfg.models, &run, &mut tally, &mut provider);
-                rows.push(row);
-                next_tick += 1;
-                if let Some(a) = autoscaler.as_mut() {
-                    let last = rows.last_mut().ok_or_else(|| InvariantViolation("no interval row".into()))?;
-                    let signals = Signals { bad_rate: last.bad_rate, idle_fraction: last.idle_fraction };
-                    let decision = if acting {
-                        a.step(now, signals, &mut provider).map_err(|e| InvariantViolation(format!("autoscaler at {now}: {e}")))?
-                    } else {
-                        a.decide(now, signals, &provider.members())
-                    };
-                    last.advice_add = decision.advice.add_gpus;
-                    last.advice_remove = decision.advice.remove_gpus;
-                    last.held_by = decision.held_by.map(|h| format!("{h:?}").to_lowercase());
-                    if acting {
-                        last.added = decision.add;
-                        last.drained = decision.drain.len() as u32;
-                        added += decision.add;
-                        drained += decision.drain.len() as u32;
-                    }
-                }
-                for g in std::mem::take(&mut provider.newly_draining) {
-                    // What was planned before this GPU's turn is applied
-                    // first: it is the GPU's to finish.
-                    flush(now, &mut out, &mut run, &matched, &cfg.models, &mut tally, sched.name())?;
-                    matched[g as usize] = false;
-                    if !sched.set_gpu_membership(now, g, false, &mut out) {
-                        return Err(InvariantViolation(format!("{} refused to let GPU {g} go", sched.name())));
-                    }
-                    flush(now, &mut out, &mut run, &matched, &cfg.models, &mut tally, sched.name())?;
-                    drain_started[g as usize] = Some(now);
-                    if run.gpus.is_idle(g) {
-                        provider.left(g);
-                    }
-                }
-            }
-            flush(now, &mut out, &mut run, &matched, &cfg.models, &mut tally, sched.name())?;
-            continue;
-        }
-        let Some((t, event)) = sim_next else { break };
-        if t == now {
-            stalls += 1;
-            if stalls > 1_000_000 {
-                return Err(InvariantViolation(format!("{} livelocks at {now}", sched.name())));
-            }
-        } else {
-            stalls = 0;
-        }
-        now = t;
-        match event {
-            Event::GpuDone => {
-                if let Some(g) = run.gpu_done(now) {
-                    if provider.phase(g) == Some(GpuPhase::Draining) && run.gpus.is_idle(g) {
-                        tally.integrate(now, &provider);
-                        provider.left(g);
-                        if let Some(s) = drain_started[g as usize].take() {
-                            max_drain_ns = max_drain_ns.max(now.saturating_since(s).as_nanos());
-                        }
-                    }
-                    sched.on_batch_done(now, g, &mut out);
-                }
-            }
-            Event::Wake => sched.on_wake(now, &mut out),
-            Event::Arrival => {
-                if let Some((_, m)) = arrivals.next() {
-                    let req = run.arrival(now, m)?;
-                    sched.on_request(now, req, &mut out);
-                }
-            }
-        }
-        flush(now, &mut out, &mut run, &matched, &cfg.models, &mut tally, sched.name())?;
-    }
-    tally.integrate(now, &provider);
+    layer.tally.integrate(end, &layer.provider);
     let summary = run.finish(sched.name())?;
     Ok(ElasticReport {
         policy: sched.name().to_string(),
-        acting: acting && autoscaler.is_some(),
+        acting: layer.acting && layer.autoscaler.is_some(),
         interval_s: cfg.interval.as_secs_f64(),
         join_time_s: cfg.join_time.as_secs_f64(),
         max_gpus: cfg.max_gpus,
-        epochs: rows,
-        gpu_seconds: tally.gpu_seconds,
-        added,
-        drained,
-        max_drain_s: max_drain_ns as f64 / 1e9,
+        epochs: layer.rows,
+        gpu_seconds: layer.tally.gpu_seconds,
+        added: layer.added,
+        drained: layer.drained,
+        max_drain_s: layer.max_drain_ns as f64 / 1e9,
         summary,
     })
 }
 
-/// Checks, credits and applies the policy's actions, and forgets them.
-#[allow(clippy::too_many_arguments)]
-fn flush(now: Instant, out: &mut Actions, run: &mut Run<'_>, matched: &[bool], models: &[ModelSpec], tally: &mut Tally, policy: &str) -> Result<(), InvariantViolation> {
-    if out.is_empty() {
-        return Ok(());
+/// Elasticity as a [`Layer`] over the simulator's one event loop: GPUs
+/// join when warm, the autoscaler decides at every interval's end, a
+/// drained GPU leaves when it holds nothing, and no batch goes to a GPU out
+/// of matchmaking.
+struct Elastic<'c> {
+    models: &'c [ModelSpec],
+    provider: SimProvider,
+    /// Whether the policy changes its GPUs (false: advice only).
+    acting: bool,
+    /// Whether the policy was last told that the GPU is in matchmaking: it
+    /// may plan on no other (a plan made before it was told a GPU leaves is
+    /// the GPU's to finish).
+    matched: Vec<bool>,
+    autoscaler: Option<Autoscaler>,
+    tally: Tally,
+    rows: Vec<EpochRow>,
+    /// The interval whose end is the next decision (1-based).
+    next_tick: usize,
+    added: u32,
+    drained: u32,
+    max_drain_ns: u64,
+    drain_started: Vec<Option<Instant>>,
+}
+
+impl<'c> Elastic<'c> {
+    /// The layer for `cfg`; tells `sched` which GPUs start out of
+    /// matchmaking, its answers going to `out`.
+    fn new(cfg: &'c ElasticConfig, sched: &mut dyn Scheduler, out: &mut Actions) -> Self {
+        let initial = cfg.initial_gpus.clamp(1, cfg.max_gpus);
+        // The GPUs past the initial ones leave matchmaking before anything
+        // happens; a policy that refuses keeps them all, and only advice is
+        // given.
+        let acting = if initial < cfg.max_gpus {
+            let first = sched.set_gpu_membership(Instant::ZERO, initial, false, out);
+            if first {
+                for g in initial + 1..cfg.max_gpus {
+                    sched.set_gpu_membership(Instant::ZERO, g, false, out);
+                }
+            }
+            first
+        } else {
+            // Every GPU serves already: saying so again changes nothing, and
+            // answers whether the policy has the hook.
+            sched.set_gpu_membership(Instant::ZERO, cfg.max_gpus - 1, true, out)
+        };
+        let provider = SimProvider::new(cfg.max_gpus, if acting { initial } else { cfg.max_gpus }, cfg.join_time);
+        let epochs = (cfg.duration.as_nanos().div_ceil(cfg.interval.as_nanos())) as usize;
+        Elastic {
+            models: &cfg.models,
+            provider,
+            acting,
+            matched: (0..cfg.max_gpus).map(|g| !acting || g < initial).collect(),
+            autoscaler: cfg.autoscale.clone().map(|mut a| {
+                a.max_gpus = a.max_gpus.min(cfg.max_gpus);
+                Autoscaler::new(a)
+            }),
+            tally: Tally {
+                interval_ns: cfg.interval.as_nanos(),
+                epochs,
+                busy: vec![0; epochs * cfg.max_gpus as usize],
+                gpus: cfg.max_gpus as usize,
+                paid_ns: 0,
+                active_ns: 0,
+                since: Instant::ZERO,
+                last: vec![(0, 0, 0); cfg.models.len()],
+                gpu_seconds: 0.0,
+            },
+            rows: Vec::with_capacity(epochs),
+            next_tick: 1,
+            added: 0,
+            drained: 0,
+            max_drain_ns: 0,
+            drain_started: vec![None; cfg.max_gpus as usize],
+        }
     }
-    check_plans(out, matched, policy)?;
-    credit_plans(out, run, models, tally);
-    run.apply(now, out, policy, &mut ())?;
-    out.clear();
-    Ok(())
+
+    /// The end of the next interval, while any is left.
+    fn tick_at(&self) -> Option<Instant> {
+        (self.next_tick <= self.tally.epochs).then(|| Instant::from_nanos(self.next_tick as u64 * self.tally.interval_ns))
+    }
+
+    /// Checks, credits and applies the policy's actions, and forgets them.
+    fn flush(&mut self, now: Instant, out: &mut Actions, run: &mut Run<'_>, policy: &str) -> Result<(), InvariantViolation> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.before_apply(out, run, policy)?;
+        run.apply(now, out, policy, &mut ())?;
+        out.clear();
+        Ok(())
+    }
+
+    /// Closes the interval ending `now` and lets the autoscaler decide.
+    fn decide(&mut self, now: Instant, run: &Run<'_>) -> Result<(), InvariantViolation> {
+        let k = self.next_tick - 1;
+        let row = close_epoch(k, now, self.models, run, &mut self.tally, &mut self.provider);
+        self.rows.push(row);
+        self.next_tick += 1;
+        let Some(a) = self.autoscaler.as_mut() else { return Ok(()) };
+        let last = self.rows.last_mut().ok_or_else(|| InvariantViolation("no interval row".into()))?;
+        let signals = Signals { bad_rate: last.bad_rate, idle_fraction: last.idle_fraction };
+        let decision = if self.acting {
+            a.step(now, signals, &mut self.provider).map_err(|e| InvariantViolation(format!("autoscaler at {now}: {e}")))?
+        } else {
+            a.decide(now, signals, &self.provider.members())
+        };
+        last.advice_add = decision.advice.add_gpus;
+        last.advice_remove = decision.advice.remove_gpus;
+        last.held_by = decision.held_by.map(|h| format!("{h:?}").to_lowercase());
+        if self.acting {
+            last.added = decision.add;
+            last.drained = decision.drain.len() as u32;
+            self.added += decision.add;
+            self.drained += decision.drain.len() as u32;
+        }
+        Ok(())
+    }
+}
+
+impl Layer for Elastic<'_> {
+    fn control_at(&self) -> Option<Instant> {
+        [self.tick_at(), self.provider.next_ready()].into_iter().flatten().min()
+    }
+
+    fn on_control<S: Scheduler + ?Sized, O: super::BatchObserver + ?Sized>(
+        &mut self,
+        now: Instant,
+        run: &mut Run<'_>,
+        sched: &mut S,
+        out: &mut Actions,
+        _obs: &mut O,
+    ) -> Result<(), InvariantViolation> {
+        self.tally.integrate(now, &self.provider);
+        for g in self.provider.take_ready(now) {
+            self.matched[g as usize] = true;
+            sched.set_gpu_membership(now, g, true, out);
+        }
+        if self.tick_at() == Some(now) {
+            self.decide(now, run)?;
+            for g in std::mem::take(&mut self.provider.newly_draining) {
+                // What was planned before this GPU's turn is applied
+                // first: it is the GPU's to finish.
+                self.flush(now, out, run, sched.name())?;
+                self.matched[g as usize] = false;
+                if !sched.set_gpu_membership(now, g, false, out) {
+                    return Err(InvariantViolation(format!("{} refused to let GPU {g} go", sched.name())));
+                }
+                self.flush(now, out, run, sched.name())?;
+                self.drain_started[g as usize] = Some(now);
+                if run.gpus.is_idle(g) {
+                    self.provider.left(g);
+                }
+            }
+        }
+        self.flush(now, out, run, sched.name())
+    }
+
+    fn on_gpu_done(&mut self, now: Instant, g: GpuId, run: &Run<'_>) {
+        if self.provider.phase(g) == Some(GpuPhase::Draining) && run.gpus.is_idle(g) {
+            self.tally.integrate(now, &self.provider);
+            self.provider.left(g);
+            if let Some(s) = self.drain_started[g as usize].take() {
+                self.max_drain_ns = self.max_drain_ns.max(now.saturating_since(s).as_nanos());
+            }
+        }
+    }
+
+    fn before_apply(&mut self, out: &Actions, run: &Run<'_>, policy: &str) -> Result<(), InvariantViolation> {
+        check_plans(out, &self.matched, policy)?;
+        credit_plans(out, run, self.models, &mut self.tally);
+        Ok(())
+    }
 }
 
 /// No batch may go to a GPU the policy was told is not in matchmaking.
@@ -513,7 +547,7 @@ fn close_epoch(k: usize, now: Instant, models: &[ModelSpec], run: &Run<'_>, tall
 mod tests {
     use super::*;
     use crate::policy::{build, PolicyConfig, PolicyKind};
-    use crate::sim::RateSchedule;
+    use crate::sim::{next_event, Event, RateSchedule};
 
     fn models() -> Vec<ModelSpec> {
         vec![ModelSpec::linear("a", 1.0, 10.0, 100.0).unwrap(), ModelSpec::linear("b", 2.0, 8.0, 150.0).unwrap()]
@@ -647,18 +681,31 @@ mod tests {
     }
 
     #[test]
+    fn eager_and_clockwork_let_the_autoscaler_act_and_lose_nothing() {
+        // A quarter of the load on 16 GPUs to start: the autoscaler drains
+        // what the policy leaves idle (both take the lowest free id).
+        let cfg = ElasticConfig { initial_gpus: 16, ..config("0:0.25", Some(autoscale())) };
+        for kind in [PolicyKind::Eager, PolicyKind::Clockwork] {
+            let mut sched = build(&models(), 16, &PolicyConfig::new(kind)).unwrap();
+            let rep = simulate_elastic(&cfg, sched.as_mut()).unwrap();
+            assert!(rep.acting, "{kind:?}");
+            assert!(rep.drained > 0, "{kind:?}: added {} drained {}", rep.added, rep.drained);
+            // The run's own check: every request served once or dropped,
+            // and no batch planned on a GPU out of matchmaking.
+            assert_eq!(rep.summary.offered, rep.summary.good + rep.summary.dropped + rep.summary.late, "{kind:?}");
+            assert!(rep.gpu_seconds < 16.0 * 60.0, "{kind:?}: {}", rep.gpu_seconds);
+        }
+    }
+
+    #[test]
     fn a_policy_without_the_hook_only_gets_advice() {
         let cfg = config("0:0.25", Some(autoscale()));
-        let mut eager = build(&models(), 16, &PolicyConfig::new(PolicyKind::Eager)).unwrap();
-        let rep = simulate_elastic(&cfg, eager.as_mut()).unwrap();
-        if rep.acting {
-            // The policy has the hook now: it must have acted.
-            assert!(rep.drained > 0);
-        } else {
-            assert_eq!((rep.added, rep.drained), (0, 0));
-            assert!(rep.epochs.iter().all(|e| e.serving == 16));
-            assert!(rep.epochs.iter().any(|e| e.advice_remove > 0.0));
-        }
+        let mut nexus = build(&models(), 16, &PolicyConfig::new(PolicyKind::Nexus)).unwrap();
+        let rep = simulate_elastic(&cfg, nexus.as_mut()).unwrap();
+        assert!(!rep.acting);
+        assert_eq!((rep.added, rep.drained), (0, 0));
+        assert!(rep.epochs.iter().all(|e| e.serving == 16));
+        assert!(rep.epochs.iter().any(|e| e.advice_remove > 0.0));
     }
 
     #[test]

@@ -215,15 +215,92 @@ fn drive<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
             sched.set_admission(m as ModelId, cfg.admission.model_admission());
         }
     }
+    match event_loop(&mut run, &mut arrivals, sched, obs, &mut NoLayer)? {
+        LoopEnd::Failed { model, bad_rate_at_least, stopped_at } => Ok(ProbeRun::Failed { model, bad_rate_at_least, stopped_at }),
+        LoopEnd::Ended(_) => run.finish(sched.name()).map(|r| ProbeRun::Completed(Box::new(r))),
+    }
+}
+
+/// What a run adds to the one event loop ([`event_loop`]): events of its
+/// own (a cluster that changes size: GPUs joining and leaving, the
+/// autoscaler's decisions) and checks on the policy's actions before they
+/// apply. A plain run adds nothing ([`NoLayer`]).
+trait Layer {
+    /// When the layer's next own event is due. At equal times it comes
+    /// before the simulator's.
+    fn control_at(&self) -> Option<Instant>;
+    /// Handles the layer's events due at `now`, applying whatever the
+    /// policy does in answer.
+    fn on_control<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
+        &mut self,
+        now: Instant,
+        run: &mut Run<'_>,
+        sched: &mut S,
+        out: &mut Actions,
+        obs: &mut O,
+    ) -> Result<(), InvariantViolation>;
+    /// GPU `g`'s batch finished at `now` (before the policy hears of it).
+    fn on_gpu_done(&mut self, now: Instant, g: GpuId, run: &Run<'_>);
+    /// Checks the policy's actions before the run applies them.
+    fn before_apply(&mut self, out: &Actions, run: &Run<'_>, policy: &str) -> Result<(), InvariantViolation>;
+}
+
+/// The plain run's layer: a fixed cluster.
+struct NoLayer;
+
+impl Layer for NoLayer {
+    fn control_at(&self) -> Option<Instant> {
+        None
+    }
+    fn on_control<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
+        &mut self,
+        _: Instant,
+        _: &mut Run<'_>,
+        _: &mut S,
+        _: &mut Actions,
+        _: &mut O,
+    ) -> Result<(), InvariantViolation> {
+        Ok(())
+    }
+    fn on_gpu_done(&mut self, _: Instant, _: GpuId, _: &Run<'_>) {}
+    fn before_apply(&mut self, _: &Actions, _: &Run<'_>, _: &str) -> Result<(), InvariantViolation> {
+        Ok(())
+    }
+}
+
+/// How [`event_loop`] ended.
+enum LoopEnd {
+    /// A model's bad rate passed the run's bar (see [`ProbeRun::Failed`]).
+    Failed { model: ModelId, bad_rate_at_least: f64, stopped_at: Instant },
+    /// No event was left; the last one's time.
+    Ended(Instant),
+}
+
+/// The simulator's one event loop: arrivals, GPUs finishing, the policy's
+/// timers and the layer's own events, in time order, each followed by the
+/// policy's actions, checked and applied.
+fn event_loop<S: Scheduler + ?Sized, O: BatchObserver + ?Sized, L: Layer>(
+    run: &mut Run<'_>,
+    arrivals: &mut Arrivals,
+    sched: &mut S,
+    obs: &mut O,
+    layer: &mut L,
+) -> Result<LoopEnd, InvariantViolation> {
     let mut out = Actions::default();
     let mut now = Instant::ZERO;
     let mut stalls = 0u32;
     loop {
         if let Some((model, bad_rate_at_least)) = run.failed {
-            return Ok(ProbeRun::Failed { model, bad_rate_at_least, stopped_at: now });
+            return Ok(LoopEnd::Failed { model, bad_rate_at_least, stopped_at: now });
         }
         let t_wake = sched.poll_at().map(|t| t.max(now));
-        let Some((t, event)) = next_event(run.gpus.poll_at(), t_wake, arrivals.peek_time()) else { break };
+        let sim_next = next_event(run.gpus.poll_at(), t_wake, arrivals.peek_time());
+        if let Some(tc) = layer.control_at().filter(|&tc| sim_next.is_none_or(|(t, _)| tc <= t)) {
+            now = tc.max(now);
+            layer.on_control(now, run, sched, &mut out, obs)?;
+            continue;
+        }
+        let Some((t, event)) = sim_next else { break };
         if t == now {
             stalls += 1;
             if stalls > 1_000_000 {
@@ -236,6 +313,7 @@ fn drive<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
         match event {
             Event::GpuDone => {
                 if let Some(g) = run.gpu_done(now) {
+                    layer.on_gpu_done(now, g, run);
                     sched.on_batch_done(now, g, &mut out);
                 }
             }
@@ -250,10 +328,11 @@ fn drive<S: Scheduler + ?Sized, O: BatchObserver + ?Sized>(
         if out.is_empty() {
             continue;
         }
+        layer.before_apply(&out, run, sched.name())?;
         run.apply(now, &out, sched.name(), obs)?;
         out.clear();
     }
-    run.finish(sched.name()).map(|r| ProbeRun::Completed(Box::new(r)))
+    Ok(LoopEnd::Ended(now))
 }
 
 /// One simulated run's state: every request's state, the per-model
