@@ -293,7 +293,41 @@ pub fn from_message(m: &Message, dir_name: &str) -> R<ModelConfig> {
     if let Some(f) = m.fields.iter().find(|f| !KNOWN_TOP.contains(&f.name.as_str())) {
         return Err(field_err(f.name.clone(), f.line, "unsupported field"));
     }
-    let name = match opt_last(m, "name") {
+    let name = model_name(m, dir_name)?;
+    let (platform, backend) = platform_and_backend(m)?;
+    let max_batch_size = max_batch_size(m)?;
+    let inputs = tensors(m, "input")?;
+    let outputs = tensors(m, "output")?;
+    if inputs.is_empty() {
+        return Err(field_err("input", 0, "missing: at least one input"));
+    }
+    if outputs.is_empty() {
+        return Err(field_err("output", 0, "missing: at least one output"));
+    }
+    let dynamic_batching = opt_last(m, "dynamic_batching").map(|f| dynamic_batching(f, max_batch_size)).transpose()?;
+    let instance_group = instance_group(m)?;
+    let version_policy = version_policy(m)?;
+    let default_model_filename = default_model_filename(m)?;
+    let (parameters, slo) = parameters(m)?;
+    Ok(ModelConfig {
+        name,
+        platform,
+        backend,
+        max_batch_size,
+        inputs,
+        outputs,
+        dynamic_batching,
+        instance_group,
+        version_policy,
+        default_model_filename,
+        slo,
+        parameters,
+    })
+}
+
+/// `name`: the directory's name, which a stated name must match.
+fn model_name(m: &Message, dir_name: &str) -> R<String> {
+    Ok(match opt_last(m, "name") {
         Some(f) => {
             let n = string(f, "name")?;
             if n != dir_name {
@@ -306,7 +340,11 @@ pub fn from_message(m: &Message, dir_name: &str) -> R<ModelConfig> {
             n
         }
         None => dir_name.to_string(),
-    };
+    })
+}
+
+/// `platform` and `backend`: ONNX Runtime's, one of them at least.
+fn platform_and_backend(m: &Message) -> R<(String, String)> {
     let platform = opt_last(m, "platform").map(|f| string(f, "platform")).transpose()?.unwrap_or_default();
     let backend = opt_last(m, "backend").map(|f| string(f, "backend")).transpose()?.unwrap_or_default();
     match (platform.as_str(), backend.as_str()) {
@@ -327,7 +365,12 @@ pub fn from_message(m: &Message, dir_name: &str) -> R<ModelConfig> {
             ));
         }
     }
-    let max_batch_size = match opt_last(m, "max_batch_size") {
+    Ok((platform, backend))
+}
+
+/// `max_batch_size` (0: the model takes no batch dimension).
+fn max_batch_size(m: &Message) -> R<u32> {
+    Ok(match opt_last(m, "max_batch_size") {
         Some(f) => {
             let v: i64 = int(f, "max_batch_size")?;
             u32::try_from(v)
@@ -336,55 +379,50 @@ pub fn from_message(m: &Message, dir_name: &str) -> R<ModelConfig> {
                 .ok_or_else(|| field_err("max_batch_size", f.line, format!("{v} is outside 0..=4096")))?
         }
         None => 0,
-    };
-    let inputs = tensors(m, "input")?;
-    let outputs = tensors(m, "output")?;
-    if inputs.is_empty() {
-        return Err(field_err("input", 0, "missing: at least one input"));
+    })
+}
+
+/// The `dynamic_batching` block `f`, its preferred sizes within
+/// `max_batch_size`.
+fn dynamic_batching(f: &Field, max_batch_size: u32) -> R<DynamicBatching> {
+    let d = message(f, "dynamic_batching")?;
+    let mut db = DynamicBatching::default();
+    for p in d.all("preferred_batch_size") {
+        let v: u32 = int(p, "dynamic_batching.preferred_batch_size")?;
+        if v == 0 || (max_batch_size > 0 && v > max_batch_size) {
+            return Err(field_err(
+                "dynamic_batching.preferred_batch_size",
+                p.line,
+                format!("{v} is outside 1..=max_batch_size ({max_batch_size})"),
+            ));
+        }
+        db.preferred_batch_size.push(v);
     }
-    if outputs.is_empty() {
-        return Err(field_err("output", 0, "missing: at least one output"));
+    if let Some(q) = d.last("max_queue_delay_microseconds") {
+        db.max_queue_delay_us = int(q, "dynamic_batching.max_queue_delay_microseconds")?;
     }
-    let dynamic_batching = opt_last(m, "dynamic_batching")
-        .map(|f| {
-            let d = message(f, "dynamic_batching")?;
-            let mut db = DynamicBatching::default();
-            for p in d.all("preferred_batch_size") {
-                let v: u32 = int(p, "dynamic_batching.preferred_batch_size")?;
-                if v == 0 || (max_batch_size > 0 && v > max_batch_size) {
-                    return Err(field_err(
-                        "dynamic_batching.preferred_batch_size",
-                        p.line,
-                        format!("{v} is outside 1..=max_batch_size ({max_batch_size})"),
-                    ));
-                }
-                db.preferred_batch_size.push(v);
-            }
-            if let Some(q) = d.last("max_queue_delay_microseconds") {
-                db.max_queue_delay_us = int(q, "dynamic_batching.max_queue_delay_microseconds")?;
-            }
-            if let Some(p) = d.last("priority_levels") {
-                db.priority_levels = int(p, "dynamic_batching.priority_levels")?;
-            }
-            if let Some(p) = d.last("default_priority_level") {
-                let l: u16 = int(p, "dynamic_batching.default_priority_level")?;
-                if l > db.priority_levels.max(1) {
-                    return Err(field_err("dynamic_batching.default_priority_level", p.line, format!("{l} is above priority_levels ({})", db.priority_levels)));
-                }
-                db.default_priority_level = l;
-            }
-            if let Some(q) = d.last("default_queue_policy") {
-                let policy = message(q, "dynamic_batching.default_queue_policy")?;
-                if let Some(n) = policy.last("max_queue_size") {
-                    db.max_queue_size = int(n, "dynamic_batching.default_queue_policy.max_queue_size")?;
-                }
-            }
-            Ok(db)
-        })
-        .transpose()?;
-    let instance_group = instance_group(m)?;
-    let version_policy = version_policy(m)?;
-    let default_model_filename = match opt_last(m, "default_model_filename") {
+    if let Some(p) = d.last("priority_levels") {
+        db.priority_levels = int(p, "dynamic_batching.priority_levels")?;
+    }
+    if let Some(p) = d.last("default_priority_level") {
+        let l: u16 = int(p, "dynamic_batching.default_priority_level")?;
+        if l > db.priority_levels.max(1) {
+            return Err(field_err("dynamic_batching.default_priority_level", p.line, format!("{l} is above priority_levels ({})", db.priority_levels)));
+        }
+        db.default_priority_level = l;
+    }
+    if let Some(q) = d.last("default_queue_policy") {
+        let policy = message(q, "dynamic_batching.default_queue_policy")?;
+        if let Some(n) = policy.last("max_queue_size") {
+            db.max_queue_size = int(n, "dynamic_batching.default_queue_policy.max_queue_size")?;
+        }
+    }
+    Ok(db)
+}
+
+/// `default_model_filename`: a plain file name (default `model.onnx`).
+fn default_model_filename(m: &Message) -> R<String> {
+    Ok(match opt_last(m, "default_model_filename") {
         Some(f) => {
             let n = string(f, "default_model_filename")?;
             if n.is_empty() || n.contains('/') || n == ".." {
@@ -393,7 +431,14 @@ pub fn from_message(m: &Message, dir_name: &str) -> R<ModelConfig> {
             n
         }
         None => "model.onnx".into(),
-    };
+    })
+}
+
+/// The `parameters` entries, `(key, string value)` each.
+type Parameters = Vec<(String, String)>;
+
+/// Every `parameters` entry, and the SLO the `slo_ms` entry states.
+fn parameters(m: &Message) -> R<(Parameters, Option<StdDuration>)> {
     let mut parameters = Vec::new();
     let mut slo = None;
     for p in m.all("parameters") {
@@ -416,20 +461,7 @@ pub fn from_message(m: &Message, dir_name: &str) -> R<ModelConfig> {
         }
         parameters.push((key, s));
     }
-    Ok(ModelConfig {
-        name,
-        platform,
-        backend,
-        max_batch_size,
-        inputs,
-        outputs,
-        dynamic_batching,
-        instance_group,
-        version_policy,
-        default_model_filename,
-        slo,
-        parameters,
-    })
+    Ok((parameters, slo))
 }
 
 fn dims(m: &Message, path: &str, name: &str) -> R<Vec<i64>> {
