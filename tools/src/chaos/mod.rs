@@ -69,11 +69,12 @@ pub struct ChaosConfig {
     pub faults: FaultSet,
     /// Arrivals stop after this much virtual time (after the start-up).
     pub duration: Duration,
-    /// Frontend nodes.
+    /// Frontend nodes; the client spreads its requests over them, and
+    /// crashes and partitions pick among them.
     pub frontends: usize,
-    /// Backend nodes.
+    /// Backend nodes, each a crash and partition target.
     pub backends: usize,
-    /// Emulated GPUs per backend.
+    /// Emulated GPUs on each backend (slow-GPU faults pick among them).
     pub gpus_per_backend: u32,
     /// The cluster's models.
     pub models: Vec<ModelSpec>,
