@@ -3,7 +3,9 @@
 # every TCP port of a scheduler, a frontend and a backend (each must keep
 # running, serve no READ to an unregistered peer and still serve an
 # inference), and the shm transport's files private to their user (0600 in
-# a 0700 directory). Bounded in time; leaves no process behind.
+# a 0700 directory); a member guessing region keys, unsigned Registers and
+# idle links on the frontend's data port (data_path.py). Bounded in time;
+# leaves no process behind.
 # Usage: bash tests/security/run.sh   (builds target/release/symphony if needed)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -17,4 +19,5 @@ timeout 300 "$PY" "$root/tests/security/attack_ports.py" "$bin"
 timeout 180 bash "$root/tests/security/shm_modes.sh" "$bin"
 timeout 180 "$PY" "$root/tests/security/bounds.py" "$bin"
 timeout 120 "$PY" "$root/tests/security/heartbeat_forgery.py" "$bin"
+timeout 120 "$PY" "$root/tests/security/data_path.py" "$bin"
 echo "security suite: ok"

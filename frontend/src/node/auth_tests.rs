@@ -235,10 +235,30 @@ fn with_a_token_only_a_data_link_answering_its_own_challenge_is_a_backend() {
     assert_eq!(why.iter().filter(|w| w.contains("unsigned Register")).count(), 1, "{why:?}");
     assert_eq!(std::iter::from_fn(|| fe.take_closed_link()).count(), 5, "refused links are handed back");
     assert_eq!(fe.stats().backends.load(Ordering::Relaxed), 1, "only the good link");
+    assert_eq!(fe.stats().data_links_refused.load(Ordering::Relaxed), 5, "each refusal counted");
     // Silence: refused at the handshake deadline (1 s).
     fe.poll(Instant::ZERO + ms(1000));
     let ev: Vec<FrontendEvent> = std::iter::from_fn(|| fe.poll_event()).collect();
     assert!(matches!(&ev[..], [FrontendEvent::LinkRefused { why }] if why.contains("without Register")), "{ev:?}");
+    assert_eq!(fe.stats().backends.load(Ordering::Relaxed), 1);
+    assert_eq!(fe.stats().data_links_refused.load(Ordering::Relaxed), 6);
+}
+
+#[test]
+fn idle_data_links_past_the_bound_evict_the_oldest_and_a_backend_still_joins() {
+    use dataplane::join::DATA_LINK_LABEL;
+    let net = SimNet::new(1, FaultConfig::same_instant());
+    let mut fe = frontend(Some(token(TOKEN))).with_data_link_nonces(NonceSource::Seeded(3));
+    let idle = data::MAX_HANDSHAKING + 10;
+    let _idle: Vec<_> = (0..idle).map(|_| data_link(&net, &mut fe)).collect();
+    assert_eq!(fe.stats().data_links_refused.load(Ordering::Relaxed), 10, "one eviction per link past the bound");
+    assert_eq!(std::iter::from_fn(|| fe.take_closed_link()).count(), 10, "evicted links are handed back");
+    let (mut good, nonce) = data_link(&net, &mut fe);
+    good.send(&signed(&token(TOKEN).for_purpose(DATA_LINK_LABEL), wire::Role::Backend, nonce)).unwrap();
+    fe.poll(Instant::ZERO);
+    let ev: Vec<FrontendEvent> = std::iter::from_fn(|| fe.poll_event()).collect();
+    assert_eq!(ev.iter().filter(|e| **e == FrontendEvent::BackendJoined(7)).count(), 1, "{ev:?}");
+    assert_eq!(ev.iter().filter(|e| matches!(e, FrontendEvent::LinkRefused { why } if why.contains("evicted"))).count(), 11);
     assert_eq!(fe.stats().backends.load(Ordering::Relaxed), 1);
 }
 
