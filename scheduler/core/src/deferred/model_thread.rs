@@ -3,6 +3,7 @@
 
 use super::{Candidate, CoreConfig, Departure, DepartureSet, Gather, Grant, ToRank};
 use super::follow_ups::FollowUps;
+use super::rate_window::{RateWindow, BURSTY_CV2};
 use crate::batch_past_heads::larger_batch_past_heads;
 use crate::netdelay::NetworkDelay;
 use crate::profile::LatencyProfile;
@@ -23,23 +24,6 @@ fn out_of_time(r: &Request) -> DropReason {
     }
 }
 
-/// How many recent arrivals the rate estimate looks at.
-const RATE_WINDOW: usize = 256;
-/// Gaps whose squared coefficient of variation exceeds this are clearly
-/// burstier than Poisson: over 255 Poisson gaps the estimate is 0.99 with a
-/// standard deviation of 0.12 (above 1.5 in 0.1% of windows), over
-/// Gamma(0.5) gaps 1.98 +- 0.30 (above 1.5 in 97%).
-const BURSTY_CV2: f64 = 1.5;
-/// Arrivals before the squared CV of the gaps is trusted: over a few
-/// Gamma(0.2) gaps it is mostly far below its true 5 (one long quiet spell
-/// dominates the mean), and a pair-locked model that takes each burst's
-/// first request at once drops the rest. Until then the log-gap statistic
-/// decides ([`RateWindow::maybe_bursty`]; docs/decisions.md, deferred
-/// item 14).
-const MIN_BURST_ARRIVALS: usize = 32;
-/// Above this `ln(mean gap) - mean(ln gap)` the first gaps count as
-/// bursty (a Gamma shape below about 0.6; Poisson gaps give 0.58).
-const EARLY_BURSTY_LOG_RATIO: f64 = 1.0;
 /// Under Poisson arrivals the early-drop window is at most the count that
 /// a fill of the target's mean reaches in all but this share of fills
 /// (docs/decisions.md, deferred item 17).
@@ -164,24 +148,6 @@ pub struct ModelThreadStats {
     pub cancelled: u64,
 }
 
-/// Arrival-rate estimate from the last few arrival instants.
-#[derive(Clone, Debug)]
-struct RateWindow {
-    times: [Instant; RATE_WINDOW],
-    next: usize,
-    filled: usize,
-    /// Sum of the squared gaps between the recorded arrivals, in ns²
-    /// (exact: 255 gaps of up to 10^9 ns each fit a u128 many times over).
-    gap_sq_sum: u128,
-    /// Sum of the logarithms of the first gaps (ns, at least 1 µs), kept
-    /// until [`MIN_BURST_ARRIVALS`] arrivals: the small-sample burstiness
-    /// test ([`RateWindow::maybe_bursty`]).
-    early_log_gap_sum: f64,
-    /// The recorded gaps by octave (`GAP_OCTAVE_FLOOR` + index = `floor(log2
-    /// ns)`): their empirical distribution, see [`Self::quiet_start`].
-    gap_octaves: [u16; GAP_OCTAVES],
-}
-
 /// A batch of a model whose gaps are clearly bursty (squared CV above
 /// [`BURSTY_CV2`]) stops deferring once a burst goes quiet: see
 /// [`RateWindow::quiet_start`] and docs/decisions.md, deferred item 18.
@@ -227,160 +193,21 @@ struct IdleGpus {
     many: bool,
 }
 
-/// Gaps under `2^(GAP_OCTAVE_FLOOR + 1)` ns (~2 µs) share the first octave.
-const GAP_OCTAVE_FLOOR: u32 = 10;
-/// Octaves counted: up to `2^(10 + 32)` ns (~73 minutes), the last takes
-/// every longer gap.
-const GAP_OCTAVES: usize = 32;
-
-fn gap_octave(gap: Duration) -> usize {
-    let log2 = 63 - gap.as_nanos().max(1).leading_zeros();
-    (log2.saturating_sub(GAP_OCTAVE_FLOOR) as usize).min(GAP_OCTAVES - 1)
-}
-
-/// Where octave `o` starts (ns) and how wide it is: the first takes every
-/// gap below `2^(GAP_OCTAVE_FLOOR + 1)` ns.
-fn octave_span(o: usize) -> (u64, u64) {
-    let lo = if o == 0 { 0 } else { 1u64 << (o as u32 + GAP_OCTAVE_FLOOR) };
-    (lo, (1u64 << (o as u32 + GAP_OCTAVE_FLOOR + 1)) - lo)
-}
-
-impl RateWindow {
-    fn new() -> Self {
-        RateWindow { times: [Instant::ZERO; RATE_WINDOW], next: 0, filled: 0, gap_sq_sum: 0, early_log_gap_sum: 0.0, gap_octaves: [0; GAP_OCTAVES] }
-    }
-
-    /// The empirical CDF of the recorded gaps at `x`, linear within an
-    /// octave; `None` with fewer than [`MIN_BURST_ARRIVALS`] arrivals.
-    fn gap_cdf(&self, x: Duration) -> Option<f64> {
-        if self.filled < MIN_BURST_ARRIVALS {
-            return None;
-        }
-        let n = (self.filled - 1) as f64;
-        let o = gap_octave(x);
-        let below: u32 = self.gap_octaves[..o].iter().map(|&c| u32::from(c)).sum();
-        let (lo, width) = octave_span(o);
-        let within = ((x.as_nanos().saturating_sub(lo)) as f64 / width as f64).min(1.0);
-        Some((f64::from(below) + within * f64::from(self.gap_octaves[o])) / n)
-    }
-
-    /// The smallest `x` with `gap_cdf(x) >= q` (`q` in `[0, 1]`).
-    fn gap_quantile(&self, q: f64) -> Duration {
-        let n = (self.filled - 1) as f64;
-        let mut below = 0.0;
-        for (o, &c) in self.gap_octaves.iter().enumerate() {
-            let share = f64::from(c) / n;
-            if below + share >= q && c > 0 {
-                let (lo, width) = octave_span(o);
-                let within = ((q - below) / share).clamp(0.0, 1.0);
-                return Duration::from_nanos(lo + (within * width as f64) as u64);
-            }
-            below += share;
-        }
-        Duration::from_nanos(1u64 << (GAP_OCTAVES as u32 + GAP_OCTAVE_FLOOR))
-    }
-
-    /// When a batch that would take one more request arriving by `horizon`
-    /// stops waiting for it: the first moment after the newest arrival at
-    /// which the next request, given the quiet so far, comes before
-    /// `horizon` with probability below `chance`, by the recorded gaps'
-    /// empirical distribution `F`. With `e` the quiet so far and `H` the
-    /// horizon, both from the newest arrival, that probability is `(F(H) -
-    /// F(e)) / (1 - F(e))`, which is below `chance` exactly when `F(e) >
-    /// (F(H) - chance) / (1 - chance)`: a quantile of the gaps. Poisson gaps
-    /// stop `-ln(1 - chance)` mean gaps before `horizon`; bursty gaps
-    /// wait a burst's short gaps out right after an arrival and not at all
-    /// once the burst has gone quiet. `None` before the distribution is
-    /// known.
-    fn quiet_start(&self, horizon: Instant, chance: f64) -> Option<Instant> {
-        let last = self.times[(self.next + RATE_WINDOW - 1) % RATE_WINDOW];
-        let f_h = self.gap_cdf(horizon.saturating_since(last))?;
-        let q = (f_h - chance) / (1.0 - chance);
-        if q <= 0.0 {
-            return Some(last);
-        }
-        Some(last + self.gap_quantile(q))
-    }
-
-    fn record(&mut self, t: Instant) {
-        let sq = |d: Duration| u128::from(d.as_nanos()).pow(2);
-        if self.filled == RATE_WINDOW {
-            // The oldest gap leaves the window with the oldest arrival.
-            let oldest = self.times[self.next];
-            let second = self.times[(self.next + 1) % RATE_WINDOW];
-            let gap = second.saturating_since(oldest);
-            self.gap_sq_sum -= sq(gap);
-            let o = &mut self.gap_octaves[gap_octave(gap)];
-            *o = o.saturating_sub(1);
-        }
-        if self.filled > 0 {
-            let last = self.times[(self.next + RATE_WINDOW - 1) % RATE_WINDOW];
-            let gap = t.saturating_since(last);
-            self.gap_sq_sum += sq(gap);
-            self.gap_octaves[gap_octave(gap)] += 1;
-            if self.filled < MIN_BURST_ARRIVALS {
-                self.early_log_gap_sum += (gap.as_nanos().max(1_000) as f64).ln();
-            }
-        }
-        self.times[self.next] = t;
-        self.next = (self.next + 1) % RATE_WINDOW;
-        self.filled = (self.filled + 1).min(RATE_WINDOW);
-    }
-
-    /// Squared coefficient of variation of the recent inter-arrival gaps
-    /// (0: evenly spaced, 1: Poisson, `1 / k`: Gamma with shape `k`), if at
-    /// least two gaps were seen.
-    fn gap_cv2(&self) -> Option<f64> {
-        if self.filled < 3 {
-            return None;
-        }
-        let oldest = if self.filled < RATE_WINDOW { self.times[0] } else { self.times[self.next] };
-        let newest = self.times[(self.next + RATE_WINDOW - 1) % RATE_WINDOW];
-        let n = (self.filled - 1) as f64;
-        let mean = newest.saturating_since(oldest).as_nanos() as f64 / n;
-        if mean <= 0.0 {
-            return None;
-        }
-        let mean_sq = self.gap_sq_sum as f64 / n;
-        Some((mean_sq / (mean * mean) - 1.0).max(0.0))
-    }
-
-    /// Whether the arrivals may be burstier than Poisson: from
-    /// [`MIN_BURST_ARRIVALS`] arrivals on by the squared CV of the recent
-    /// gaps (`cv2`, [`Self::gap_cv2`] as the caller read it once per
-    /// gather), before that by the log-gap statistic of the first gaps,
-    /// and with fewer than three arrivals (nothing to tell) always.
-    /// `early_test` off ([`Departure::EarlyBurstTest`]): by the squared CV
-    /// alone from the first arrivals on.
-    fn maybe_bursty(&self, cv2: Option<f64>, early_test: bool) -> bool {
-        if self.filled >= MIN_BURST_ARRIVALS || !early_test {
-            return cv2.is_some_and(|c| c > BURSTY_CV2);
-        }
-        if self.filled < 3 {
-            return true;
-        }
-        // `ln(mean gap) - mean(ln gap)`, the statistic of the Gamma
-        // shape's estimate: 0.58 for Poisson gaps, 1.27 for Gamma(0.5),
-        // 3.68 for Gamma(0.2), and steady over a few gaps where the squared
-        // CV is not (one long gap rules it).
-        let n = (self.filled - 1) as f64;
-        let oldest = self.times[0];
-        let newest = self.times[self.filled - 1];
-        let mean = (newest.saturating_since(oldest).as_nanos() as f64 / n).max(1_000.0);
-        mean.ln() - self.early_log_gap_sum / n > EARLY_BURSTY_LOG_RATIO
-    }
-
-    /// Mean gap between recent arrivals, if at least two were seen.
-    fn mean_gap(&self, now: Instant) -> Option<Duration> {
-        if self.filled < 2 {
-            return None;
-        }
-        let oldest = if self.filled < RATE_WINDOW { self.times[0] } else { self.times[self.next] };
-        // Measuring to `now` (not to the last arrival) lets the estimate
-        // decay when a model goes quiet.
-        let span = now.saturating_since(oldest);
-        Some(Duration::from_nanos(span.as_nanos() / (self.filled as u64 - 1).max(1)))
-    }
+/// What the deferral rules of one gather read ([`ModelState::gather`]
+/// computes it once and hands it to the rule it applies).
+#[derive(Clone, Copy, Debug)]
+struct Deferral {
+    /// The batch's earliest deadline and its size.
+    dl: Instant,
+    bs: u32,
+    /// The GPU's slowdown over the profile, at least 1: a window never
+    /// opens later than the profile's.
+    slow: f64,
+    mean_gap: Option<Duration>,
+    gap_cv2: Option<f64>,
+    idle: IdleGpus,
+    /// Deferred items 12 and 13: see [`ModelState::gather`].
+    burst_locked: bool,
 }
 
 /// One model's scheduling state.
@@ -449,6 +276,16 @@ impl ModelState {
     #[inline]
     fn batch_by(profile: &LatencyProfile, now: Instant, delay: &NetworkDelay, gpu_free: Instant, deadline: Instant, limit: u32, factor: f64) -> u32 {
         let by_network = profile.max_batch_within_scaled(deadline.saturating_since(now + delay.d_ctrl), delay.d_data, limit, factor);
+        // A GPU free by the time a batch reaches it over the network
+        // bounds nothing the network does not: its test has the larger
+        // budget and no per-item cost, so it passes every size the
+        // network's passes, and its search (the same probes until the
+        // first size only it passes) ends no lower. The minimum is the
+        // network's: the second search is skipped in most gathers (between
+        // grants the GPU is unknown, free at zero).
+        if gpu_free <= now + delay.d_ctrl {
+            return by_network;
+        }
         let by_gpu = profile.max_batch_within_scaled(deadline.saturating_since(gpu_free), Duration::ZERO, limit, factor);
         by_network.min(by_gpu)
     }
@@ -471,6 +308,7 @@ impl ModelState {
     /// Without [`Departure::DropShortfall`] the fraction is 1 (Nexus's
     /// window: the target batch), without [`Departure::LossSpread`] never
     /// widened.
+    #[inline(never)] // PROFILE-TEMP
     fn early_drop_fraction(&self, fraction: f64, d: DepartureSet) -> f64 {
         if !d.has(Departure::DropShortfall) {
             return 1.0;
@@ -509,6 +347,7 @@ impl ModelState {
     /// still holds. The cost is non-decreasing in `b` (what the binary
     /// search relies on), so `t` is the answer exactly when `t` fits (or is
     /// 1, the floor) and `t + 1` does not (or `t` is the largest batch).
+    #[inline(never)] // PROFILE-TEMP
     fn target_batch_memo(&mut self, gap: Duration, delay: &NetworkDelay) -> u32 {
         let budget = self.slo.saturating_sub(delay.d_ctrl);
         let per_item = gap + delay.d_data;
@@ -570,84 +409,7 @@ impl ModelState {
         // about the model's rate, not this GPU's speed): a GPU slower than
         // its profile makes the batch smaller, and drops only the heads
         // that not even a batch of one on it can serve.
-        let (dl, bs) = loop {
-            let profile = &self.profile;
-            let lowest = self.queues.len() - 1;
-            for (level, q) in self.queues.iter_mut().enumerate() {
-                // Early drop trades heads for efficient batches: only the
-                // lowest level pays for it; a higher level's head goes only
-                // when not even a batch of one can serve it.
-                let window = if level == lowest { window } else { 1 };
-                while let Some(&head) = q.front() {
-                    let w = window.min(q.len() as u32).max(1);
-                    if Self::fits_head(profile, now, delay, gpu_free, w, head.deadline) {
-                        break;
-                    }
-                    let reason = if w > 1 && Self::fits_head(profile, now, delay, gpu_free, 1, head.deadline) {
-                        DropReason::EarlyDrop
-                    } else {
-                        out_of_time(&head)
-                    };
-                    q.pop_front();
-                    self.loss.dropped();
-                    out.drops.push((head, reason));
-                }
-            }
-            // The batch takes the levels in order, highest first, each by
-            // deadline: every request of a level goes in before any of the
-            // next, so lower-priority work never takes a place a
-            // higher-priority request could have had. The batch's deadline
-            // is its members' earliest; the largest feasible batch is found
-            // level by level (one level: exactly the single-queue rule).
-            let mut taken = 0u32;
-            let mut chosen: Option<(Instant, u32)> = None;
-            let max_batch = self.profile.max_batch();
-            let lowest = self.queues.len() - 1;
-            let profile = &self.profile;
-            let size = |dl: Instant, limit: u32| Self::batch_by(profile, now, delay, gpu_free, dl, limit, factor);
-            for (level, q) in self.queues.iter().enumerate() {
-                let Some(head) = q.front() else { continue };
-                let own = if level < lowest { head.deadline - cfg.priority_reserve } else { head.deadline };
-                let dl = chosen.map_or(own, |(d, _)| d.min(own));
-                let level_end = taken.saturating_add(q.len() as u32);
-                let limit = level_end.min(max_batch);
-                let bs = size(dl, limit);
-                if bs <= taken {
-                    if own < head.deadline && taken == 0 {
-                        // Not even this level's head fits its reserve: it
-                        // runs without one, and no lower level joins.
-                        let dl = head.deadline;
-                        let bs = size(dl, limit);
-                        if bs > 0 {
-                            chosen = Some((dl, bs));
-                        }
-                    }
-                    break;
-                }
-                chosen = Some((dl, bs));
-                if bs < level_end {
-                    break;
-                }
-                taken = level_end;
-            }
-            if let Some(c) = chosen {
-                break c;
-            }
-            let q = self.queues.iter_mut().find(|q| !q.is_empty())?;
-            if factor <= 1.0 {
-                // Unreachable after the drop loop (a batch of one fits the
-                // head); kept total so a profile rounding quirk cannot
-                // stall a model.
-                return None;
-            }
-            // Not even one fits on this slow GPU: the head cannot run here
-            // in time. Handing the GPU back would only have it granted
-            // again at once; the head goes.
-            if let Some(head) = q.pop_front() {
-                self.loss.dropped();
-                out.drops.push((head, out_of_time(&head)));
-            }
-        };
+        let (dl, bs) = self.drop_and_size(now, cfg, gpu_free, factor, window, out)?;
         let full = bs >= self.profile.max_batch();
         let latest = dl - self.profile.scaled_latency(bs, factor);
         let slow = factor.max(1.0);
@@ -677,85 +439,213 @@ impl ModelState {
             (Gather::Early, Some(t)) if d.has(Departure::StopAtTarget) && !burst_locked && !(idle.many && d.has(Departure::ManyIdleDeferToSlo)) => t,
             _ => self.best_batch,
         };
+        let view = Deferral { dl, bs, slow, mean_gap, gap_cv2, idle, burst_locked };
         let exec_at = if full || (d.has(Departure::LightLoad) && gpu_idles && self.light_load(now, dl, bs, mean_gap)) {
             Instant::ZERO
         } else if d.has(Departure::EfficiencyStop) && self.near_best_efficiency(bs, target, cfg.efficiency_slack) {
-            // A model that locks out a pair behind a lone request but whose
-            // pair is not worth holding a GPU to the frontrun (item 19)
-            // still waits, under strong bursts with a GPU idle, while a
-            // partner is likely: a burst's requests come microseconds to
-            // a millisecond apart, and two run apart take two GPUs that the
-            // rest of the burst then lacks (deferred item 22). With three
-            // GPUs idle a lone start still leaves two (partner and burst),
-            // so it holds only while a partner is as likely as not (item
-            // 24).
-            let hold = d.has(Departure::PartnerHold)
-                && idle.spare
-                && self.lone_locks_out_pair
-                && !self.pair_locked_out
-                && bs < self.best_batch
-                && gap_cv2.is_some_and(|c| c > FILL_FLOOR_MAX_CV2);
-            if hold {
-                let frontrun = dl - self.profile.scaled_latency(bs + 1, slow);
-                let chance = if idle.many && d.has(Departure::ManyIdlePartner) { MANY_IDLE_PARTNER_CHANCE } else { PARTNER_HOLD_CHANCE };
-                self.rate.quiet_start(frontrun, chance).unwrap_or(Instant::ZERO)
-            } else {
-                Instant::ZERO
-            }
+            self.partner_hold(&view, d)
         } else {
-            // Frontrun, `d - l(bs+1)`. Waiting until the last moment buys at
-            // most the requests that arrive meanwhile; within the final
-            // `window_gaps` expected inter-arrival gaps that is likely none,
-            // while a window as narrow as `alpha` drops the head whenever no
-            // GPU frees inside it. See docs/decisions.md.
-            // The gaps count in Poisson units, widened by the squared
-            // coefficient of variation of the recent gaps when the arrivals
-            // are burstier than Poisson: the chance that the last stretch
-            // before `latest` brings no request grows with burstiness
-            // (Gamma(0.2): five times the Poisson window). Never narrower
-            // than Poisson's: with evenly spaced arrivals the window would
-            // shrink to `alpha`, too narrow for a GPU slower than its
-            // profile (the closed loop's factor) to start in.
-            // Burst-locked: no widening (only `min_window`).
-            let frontrun = dl - self.profile.scaled_latency(bs + 1, slow);
-            let gap = match mean_gap {
-                Some(g) if !burst_locked && d.has(Departure::WindowGaps) => Duration::from_nanos((g.as_nanos() as f64 * cfg.window_gaps * gap_cv2.unwrap_or(1.0).max(1.0)) as u64),
-                _ => Duration::ZERO,
-            };
-            let at = frontrun.min((dl - self.profile.scaled_latency(bs, slow)) - cfg.min_window.max(gap));
-            // Burstier than Poisson: also stop once a burst has gone quiet
-            // (the next request is no longer all but certain before the
-            // frontrun, given the quiet so far and the recent gaps). The
-            // mean-gap window above knows the average burstiness, not
-            // whether a burst is under way (deferred item 18).
-            // Burst-locked models wait for the frontrun as before: there a
-            // batch started early locks out the pair behind it.
-            // With three GPUs idle a lone request started before the
-            // frontrun still leaves two: one for its partner, one for the
-            // rest of the burst. So a burst-locked batch waits for its
-            // partner only while one is at least as likely as not to come
-            // by the frontrun (deferred item 24).
-            // While another model takes the cluster's losses alone, the
-            // GPU this batch would take late is one that model's next
-            // burst needs: the batch waits for its partner only while one
-            // is still fairly likely (deferred item 28).
-            let quiet = if !burst_locked && d.has(Departure::QuietStop) && gap_cv2.is_some_and(|c| c > QUIET_STOP_MIN_CV2) {
-                self.rate.quiet_start(frontrun, QUIET_STOP_CHANCE)
-            } else if burst_locked && idle.many && d.has(Departure::ManyIdlePartner) {
-                self.rate.quiet_start(frontrun, MANY_IDLE_PARTNER_CHANCE)
-            } else if burst_locked && d.has(Departure::YieldToLoser) && self.another_takes_the_losses() {
-                self.rate.quiet_start(frontrun, YIELDING_PARTNER_CHANCE)
-            } else {
-                None
-            };
-            let at = quiet.map_or(at, |q| at.min(q));
-            // A closed loop's clients are all back by `all_back_at`: no
-            // request comes after it until a batch is dispatched.
-            match self.follow_ups.all_back_at() {
-                Some(b) if d.has(Departure::FollowUps) => at.min(b),
-                _ => at,
-            }
+            self.frontrun_start(&view, cfg)
         };
+        let (level, urgency) = self.top_level_urgency(dl, bs, latest, factor);
+        Some(Candidate { bs, exec_at, latest, level, urgency, exec: self.profile.scaled_latency(bs, factor), recent_loss_bp: self.loss.basis_points() })
+    }
+
+    /// The batch [`Self::gather`] offers, `(earliest deadline, size)`,
+    /// after the heads the policy drops (`window`: the early-drop window
+    /// of the lowest level) are gone; `None` with nothing queued.
+    #[inline(never)] // PROFILE-TEMP
+    fn drop_and_size(&mut self, now: Instant, cfg: &CoreConfig, gpu_free: Instant, factor: f64, window: u32, out: &mut Actions) -> Option<(Instant, u32)> {
+        loop {
+            self.drop_heads(now, &cfg.delay, gpu_free, window, out);
+            if let Some(c) = self.size_batch(now, cfg, gpu_free, factor) {
+                return Some(c);
+            }
+            let q = self.queues.iter_mut().find(|q| !q.is_empty())?;
+            if factor <= 1.0 {
+                // Unreachable after the drop loop (a batch of one fits the
+                // head); kept total so a profile rounding quirk cannot
+                // stall a model.
+                return None;
+            }
+            // Not even one fits on this slow GPU: the head cannot run here
+            // in time. Handing the GPU back would only have it granted
+            // again at once; the head goes.
+            if let Some(head) = q.pop_front() {
+                self.loss.dropped();
+                out.drops.push((head, out_of_time(&head)));
+            }
+        }
+    }
+
+    /// Drops the heads that cannot be served: at the lowest level those
+    /// that would force a batch below `window`, at a higher one those not
+    /// even a batch of one can serve.
+    #[inline(never)] // PROFILE-TEMP
+    fn drop_heads(&mut self, now: Instant, delay: &NetworkDelay, gpu_free: Instant, window: u32, out: &mut Actions) {
+        let profile = &self.profile;
+        let lowest = self.queues.len() - 1;
+        for (level, q) in self.queues.iter_mut().enumerate() {
+            // Early drop trades heads for efficient batches: only the
+            // lowest level pays for it; a higher level's head goes only
+            // when not even a batch of one can serve it.
+            let window = if level == lowest { window } else { 1 };
+            while let Some(&head) = q.front() {
+                let w = window.min(q.len() as u32).max(1);
+                if Self::fits_head(profile, now, delay, gpu_free, w, head.deadline) {
+                    break;
+                }
+                let reason = if w > 1 && Self::fits_head(profile, now, delay, gpu_free, 1, head.deadline) {
+                    DropReason::EarlyDrop
+                } else {
+                    out_of_time(&head)
+                };
+                q.pop_front();
+                self.loss.dropped();
+                out.drops.push((head, reason));
+            }
+        }
+    }
+
+    /// The largest feasible batch over the priority levels, `(earliest
+    /// deadline, size)`; `None` when not even a batch of one fits.
+    #[inline(never)] // PROFILE-TEMP
+    fn size_batch(&self, now: Instant, cfg: &CoreConfig, gpu_free: Instant, factor: f64) -> Option<(Instant, u32)> {
+        let delay = &cfg.delay;
+        // The batch takes the levels in order, highest first, each by
+        // deadline: every request of a level goes in before any of the
+        // next, so lower-priority work never takes a place a
+        // higher-priority request could have had. The batch's deadline
+        // is its members' earliest; the largest feasible batch is found
+        // level by level (one level: exactly the single-queue rule).
+        let mut taken = 0u32;
+        let mut chosen: Option<(Instant, u32)> = None;
+        let max_batch = self.profile.max_batch();
+        let lowest = self.queues.len() - 1;
+        let profile = &self.profile;
+        let size = |dl: Instant, limit: u32| Self::batch_by(profile, now, delay, gpu_free, dl, limit, factor);
+        for (level, q) in self.queues.iter().enumerate() {
+            let Some(head) = q.front() else { continue };
+            let own = if level < lowest { head.deadline - cfg.priority_reserve } else { head.deadline };
+            let dl = chosen.map_or(own, |(d, _)| d.min(own));
+            let level_end = taken.saturating_add(q.len() as u32);
+            let limit = level_end.min(max_batch);
+            let bs = size(dl, limit);
+            if bs <= taken {
+                if own < head.deadline && taken == 0 {
+                    // Not even this level's head fits its reserve: it
+                    // runs without one, and no lower level joins.
+                    let dl = head.deadline;
+                    let bs = size(dl, limit);
+                    if bs > 0 {
+                        chosen = Some((dl, bs));
+                    }
+                }
+                break;
+            }
+            chosen = Some((dl, bs));
+            if bs < level_end {
+                break;
+            }
+            taken = level_end;
+        }
+        chosen
+    }
+
+    /// When a batch that stopped deferring at its efficiency target
+    /// starts: at once, or (item 22) when a partner becomes unlikely.
+    #[inline(never)] // PROFILE-TEMP
+    fn partner_hold(&self, view: &Deferral, d: DepartureSet) -> Instant {
+        let Deferral { dl, bs, slow, gap_cv2, idle, .. } = *view;
+        // A model that locks out a pair behind a lone request but whose
+        // pair is not worth holding a GPU to the frontrun (item 19)
+        // still waits, under strong bursts with a GPU idle, while a
+        // partner is likely: a burst's requests come microseconds to
+        // a millisecond apart, and two run apart take two GPUs that the
+        // rest of the burst then lacks (deferred item 22). With three
+        // GPUs idle a lone start still leaves two (partner and burst),
+        // so it holds only while a partner is as likely as not (item
+        // 24).
+        let hold = d.has(Departure::PartnerHold)
+            && idle.spare
+            && self.lone_locks_out_pair
+            && !self.pair_locked_out
+            && bs < self.best_batch
+            && gap_cv2.is_some_and(|c| c > FILL_FLOOR_MAX_CV2);
+        if hold {
+            let frontrun = dl - self.profile.scaled_latency(bs + 1, slow);
+            let chance = if idle.many && d.has(Departure::ManyIdlePartner) { MANY_IDLE_PARTNER_CHANCE } else { PARTNER_HOLD_CHANCE };
+            self.rate.quiet_start(frontrun, chance).unwrap_or(Instant::ZERO)
+        } else {
+            Instant::ZERO
+        }
+    }
+
+    /// When a deferring batch's window opens: the frontrun, or earlier
+    /// (the mean-gap window, a quiet burst, a closed loop's clients all
+    /// back).
+    #[inline(never)] // PROFILE-TEMP
+    fn frontrun_start(&self, view: &Deferral, cfg: &CoreConfig) -> Instant {
+        let Deferral { dl, bs, slow, mean_gap, gap_cv2, idle, burst_locked } = *view;
+        let d = cfg.departures;
+        // Frontrun, `d - l(bs+1)`. Waiting until the last moment buys at
+        // most the requests that arrive meanwhile; within the final
+        // `window_gaps` expected inter-arrival gaps that is likely none,
+        // while a window as narrow as `alpha` drops the head whenever no
+        // GPU frees inside it. See docs/decisions.md.
+        // The gaps count in Poisson units, widened by the squared
+        // coefficient of variation of the recent gaps when the arrivals
+        // are burstier than Poisson: the chance that the last stretch
+        // before `latest` brings no request grows with burstiness
+        // (Gamma(0.2): five times the Poisson window). Never narrower
+        // than Poisson's: with evenly spaced arrivals the window would
+        // shrink to `alpha`, too narrow for a GPU slower than its
+        // profile (the closed loop's factor) to start in.
+        // Burst-locked: no widening (only `min_window`).
+        let frontrun = dl - self.profile.scaled_latency(bs + 1, slow);
+        let gap = match mean_gap {
+            Some(g) if !burst_locked && d.has(Departure::WindowGaps) => Duration::from_nanos((g.as_nanos() as f64 * cfg.window_gaps * gap_cv2.unwrap_or(1.0).max(1.0)) as u64),
+            _ => Duration::ZERO,
+        };
+        let at = frontrun.min((dl - self.profile.scaled_latency(bs, slow)) - cfg.min_window.max(gap));
+        // Burstier than Poisson: also stop once a burst has gone quiet
+        // (the next request is no longer all but certain before the
+        // frontrun, given the quiet so far and the recent gaps). The
+        // mean-gap window above knows the average burstiness, not
+        // whether a burst is under way (deferred item 18).
+        // Burst-locked models wait for the frontrun as before: there a
+        // batch started early locks out the pair behind it.
+        // With three GPUs idle a lone request started before the
+        // frontrun still leaves two: one for its partner, one for the
+        // rest of the burst. So a burst-locked batch waits for its
+        // partner only while one is at least as likely as not to come
+        // by the frontrun (deferred item 24).
+        // While another model takes the cluster's losses alone, the
+        // GPU this batch would take late is one that model's next
+        // burst needs: the batch waits for its partner only while one
+        // is still fairly likely (deferred item 28).
+        let quiet = if !burst_locked && d.has(Departure::QuietStop) && gap_cv2.is_some_and(|c| c > QUIET_STOP_MIN_CV2) {
+            self.rate.quiet_start(frontrun, QUIET_STOP_CHANCE)
+        } else if burst_locked && idle.many && d.has(Departure::ManyIdlePartner) {
+            self.rate.quiet_start(frontrun, MANY_IDLE_PARTNER_CHANCE)
+        } else if burst_locked && d.has(Departure::YieldToLoser) && self.another_takes_the_losses() {
+            self.rate.quiet_start(frontrun, YIELDING_PARTNER_CHANCE)
+        } else {
+            None
+        };
+        let at = quiet.map_or(at, |q| at.min(q));
+        // A closed loop's clients are all back by `all_back_at`: no
+        // request comes after it until a batch is dispatched.
+        match self.follow_ups.all_back_at() {
+            Some(b) if d.has(Departure::FollowUps) => at.min(b),
+            _ => at,
+        }
+    }
+
+    /// The batch's highest priority level and the latest start that still
+    /// serves that level's members.
+    #[inline(never)] // PROFILE-TEMP
+    fn top_level_urgency(&self, dl: Instant, bs: u32, latest: Instant, factor: f64) -> (u16, Instant) {
         let level = self.queues.iter().position(|q| !q.is_empty()).unwrap_or(0);
         // The top level's own deadline and share of the batch (one level:
         // exactly `latest`).
@@ -763,8 +653,7 @@ impl ModelState {
             Some((d_top, n_top)) if n_top < bs || d_top > dl => d_top - self.profile.scaled_latency(bs.min(n_top), factor),
             _ => latest,
         };
-        let level = level as u16;
-        Some(Candidate { bs, exec_at, latest, level, urgency, exec: self.profile.scaled_latency(bs, factor), recent_loss_bp: self.loss.basis_points() })
+        (level as u16, urgency)
     }
 
     /// What a pending candidate will be when its window opens, for the
@@ -847,6 +736,7 @@ impl ModelState {
     /// batches of 6-16 that cannot keep up with the rate (deferred item 21).
     /// Items 17 and 21 are [`Departure::FillFloor`] and
     /// [`Departure::BurstWindowFloor`] in `d`.
+    #[inline(never)] // PROFILE-TEMP
     fn early_drop_window(&mut self, target: u32, gap_cv2: Option<f64>, fraction: f64, d: DepartureSet) -> u32 {
         let cv2 = gap_cv2.unwrap_or(1.0).max(1.0);
         let window = self.drop_window(target, 1.0 - (1.0 - fraction) * cv2);
@@ -895,7 +785,7 @@ impl ModelState {
     /// SLO allows (`e(b) = b / l(b)`). Deferring further would buy at most
     /// that much, while a GPU held idle for it may be missing when the
     /// next batches fall due (docs/decisions.md, deferred item 11).
-    #[inline]
+    #[inline(never)] // PROFILE-TEMP
     fn near_best_efficiency(&self, b: u32, target: u32, slack: f64) -> bool {
         let e = |b: u32| self.efficiency(b);
         e(b) >= (1.0 - slack) * e(target.clamp(1, self.best_batch))
@@ -911,6 +801,7 @@ impl ModelState {
     /// [`super::LIGHT_LOAD_GAIN`] (a weak batcher, or too few arrivals).
     /// Before the second arrival (no rate known) a lone request is light.
     /// The caller asks only while a GPU idles.
+    #[inline(never)] // PROFILE-TEMP
     fn light_load(&self, now: Instant, dl: Instant, bs: u32, mean_gap: Option<Duration>) -> bool {
         let Some(gap) = mean_gap.filter(|g| *g > Duration::ZERO) else { return true };
         let e_now = self.efficiency(bs);
@@ -1182,8 +1073,16 @@ impl ModelThreadCore {
     fn refresh(&mut self, i: usize, now: Instant, out: &mut Actions, to_rank: &mut impl FnMut(ToRank)) {
         let drops_before = out.drops.len();
         let idle = IdleGpus { spare: self.spare_gpus_at[0] <= now, many: self.spare_gpus_at[MANY_IDLE_GPUS - 1] <= now };
-        let wake = self.models[i].refresh(now, &self.cfg, idle, out, to_rank, &mut self.stats.to_rank);
+        let mut wake = self.models[i].refresh(now, &self.cfg, idle, out, to_rank, &mut self.stats.to_rank);
         self.stats.drops += (out.drops.len() - drops_before) as u64;
+        // Light load (item 32) is asked only while a GPU idles: a request
+        // that arrives while every GPU this core knows of is busy would wait
+        // for its window (up to a mean gap before its latest start) although
+        // the first GPU frees long before. Look again when that one frees.
+        if self.cfg.departures.has(Departure::LightLoad) && !idle.spare && self.models[i].queued() > 0 {
+            let first_free = self.spare_gpus_at[0];
+            wake = wake.map(|w| w.min(first_free));
+        }
         match wake {
             Some(t) => self.wakes.set(i as u32, t),
             None => {
