@@ -35,7 +35,7 @@ mkdir -p "$OUT"
 envs=""
 for v in LAT_ITERS BW_ITERS VERBS GID_INDEX READ_DEPTH MAX_READS BUSY_POLL ROUNDS SIZES PAPER_ITERS CAL_ITERS SKIP_PAPER SKIP_CAL PAIR_STEPS PAIR_CONC \
          SYMPHONY_RDMA_READ_DEPTH SYMPHONY_RDMA_ACK_TIMEOUT; do
-  [ -n "${!v:-}" ] && envs="$envs $v=${!v}"
+  [ -n "${!v:-}" ] && envs="$envs $v='${!v}'"
 done
 extract() { # $1 = log: write every BEGIN/END block to its file
   python3 - "$1" "$OUT" "$CAL" <<'PY'
