@@ -938,7 +938,7 @@ mod tests {
     use dataplane::transport::sim::{FaultConfig, NodeId, SimConn, SimNet, SimPeer};
     use dataplane::transport::Domain;
     use dataplane::wire::{BatchPlanHead, BatchTask, Message, RemoteRef, Welcome};
-    use scheduler::profile::LatencyProfile;
+    use scheduler_core::profile::LatencyProfile;
 
     const BACKEND: NodeId = 5;
     const SCHEDULER: NodeId = 0;

@@ -44,10 +44,10 @@ use dataplane::time::{Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Listener, Registration};
 use dataplane::waitset::{IdleWait, Notifier};
 use dataplane::wire::DropReason;
-use scheduler::daemon::routes_watch::{RoutesConfig, RoutesWatch};
-use scheduler::daemon::ModelListArgs;
-use scheduler::routes::RouteTable;
-use scheduler::zoo::ModelSpec;
+use routing::{RoutesConfig, RoutesWatch};
+use scheduler_core::zoo::ModelListArgs;
+use scheduler_core::routes::RouteTable;
+use scheduler_core::zoo::ModelSpec;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -90,9 +90,9 @@ pub struct FrontendArgs {
     pub etcd: Option<String>,
     #[command(flatten)]
     #[allow(missing_docs)]
-    pub etcd_tls: scheduler::election::EtcdTlsArgs,
+    pub etcd_tls: routing::EtcdTlsArgs,
     /// The routing table's key in etcd (with --etcd).
-    #[arg(long, default_value = scheduler::routes::DEFAULT_ROUTES_KEY)]
+    #[arg(long, default_value = scheduler_core::routes::DEFAULT_ROUTES_KEY)]
     pub routes_key: String,
     /// How often the routing table is re-read, ms (with --etcd).
     #[arg(long, default_value_t = 50)]
@@ -289,7 +289,7 @@ impl FrontendArgs {
             transport: common.transport,
             idle: common.idle,
             metrics: common.metrics,
-            models: self.model_list.resolve()?,
+            models: self.model_list.resolve().map_err(|e| ConfigError::invalid(ModelListArgs::FLAGS, e))?,
             slots,
             max_body: in_range("max-body", self.max_body, usize::MAX)?,
             grace: Duration::from_millis(self.grace_ms),
@@ -397,7 +397,7 @@ fn catalog(cfg: &FrontendConfig) -> Result<ModelCatalog, FrontendError> {
     let Some(repo) = &cfg.model_repository else {
         return Ok(ModelCatalog::with_default_tensors(&cfg.models));
     };
-    let scanned = scheduler::repository::scan(repo).map_err(setup("model repository"))?;
+    let scanned = scheduler_core::repository::scan(repo).map_err(setup("model repository"))?;
     for e in &scanned.refused {
         warn!(error = %e, "model repository: refused");
     }

@@ -760,7 +760,7 @@ mod tests {
     use super::*;
     use crate::models::ModelCatalog;
     use prost::Message;
-    use scheduler::zoo::ModelSpec;
+    use scheduler_core::zoo::ModelSpec;
 
     fn catalog() -> ModelCatalog {
         ModelCatalog::with_default_tensors(&[ModelSpec::linear("m", 1.0, 1.0, 20.0).unwrap()])

@@ -18,7 +18,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use scheduler::sim::workload::{Arrivals, Workload};
+use scheduler_core::sim::workload::{Arrivals, Workload};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -482,7 +482,7 @@ impl Metrics {
 mod tests {
     use super::*;
     use dataplane::control::metric;
-    use scheduler::zoo::ModelSpec;
+    use scheduler_core::zoo::ModelSpec;
 
     #[test]
     fn outcomes_and_stages_are_counted_by_priority_level() {

@@ -3,7 +3,7 @@
 
 use crate::tensor::{DataType, TensorSpec};
 pub use dataplane::reference::{DEFAULT_INPUT_BYTES, DEFAULT_OUTPUT_BYTES};
-use scheduler::zoo::ModelSpec;
+use scheduler_core::zoo::ModelSpec;
 use std::collections::HashMap;
 
 /// Default declared input: `INPUT0`, FP32 `[1, 16]`
@@ -70,12 +70,12 @@ impl ModelCatalog {
     /// request, platform and newest version; the others keep the default
     /// tensors (a backend cannot run them: their requests fail with an
     /// execution error).
-    pub fn with_repository(specs: &[ModelSpec], repo: &scheduler::repository::Repository) -> Self {
+    pub fn with_repository(specs: &[ModelSpec], repo: &scheduler_core::repository::Repository) -> Self {
         let mut c = ModelCatalog::default();
         for s in specs {
             let found = repo.model(&s.name).and_then(|m| {
                 let cfg = &m.config;
-                let tensor = |t: &scheduler::repository::TensorConfig| {
+                let tensor = |t: &scheduler_core::repository::TensorConfig| {
                     let dims: Option<Vec<u64>> = std::iter::once(1i64)
                         .chain(t.dims.iter().copied())
                         .map(|d| u64::try_from(d).ok())
@@ -239,8 +239,8 @@ mod tests {
     #[tokio::test]
     async fn an_unload_wakes_the_waiters_of_that_model_only() {
         let catalog = ModelCatalog::with_default_tensors(&[
-            scheduler::zoo::ModelSpec::linear("a", 1.0, 1.0, 50.0).unwrap(),
-            scheduler::zoo::ModelSpec::linear("b", 1.0, 1.0, 50.0).unwrap(),
+            scheduler_core::zoo::ModelSpec::linear("a", 1.0, 1.0, 50.0).unwrap(),
+            scheduler_core::zoo::ModelSpec::linear("b", 1.0, 1.0, 50.0).unwrap(),
         ]);
         let states = std::sync::Arc::new(ModelStates::all_loaded(&catalog));
         let (a, b) = (states.clone(), states.clone());

@@ -393,7 +393,7 @@ pub fn error_body(msg: &str) -> Vec<u8> {
 mod tests {
     use super::*;
     use crate::models::ModelCatalog;
-    use scheduler::zoo::ModelSpec;
+    use scheduler_core::zoo::ModelSpec;
 
     fn model() -> ModelEntry {
         let c =

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 /// Element types of the protocol: the tree's one datatype enum (also
 /// the repository's and the ONNX executor's), with both spellings.
-pub use scheduler::repository::DataType;
+pub use scheduler_core::repository::DataType;
 
 /// Bytes per element of `dt`, as a length.
 fn elem_size(dt: DataType) -> usize {

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 fn catalog() -> &'static frontend::models::ModelCatalog {
     static CATALOG: OnceLock<frontend::models::ModelCatalog> = OnceLock::new();
     CATALOG.get_or_init(|| {
-        let m = scheduler::zoo::ModelSpec::linear("m", 1.0, 1.0, 20.0).expect("valid spec");
+        let m = scheduler_core::zoo::ModelSpec::linear("m", 1.0, 1.0, 20.0).expect("valid spec");
         frontend::models::ModelCatalog::with_default_tensors(&[m])
     })
 }

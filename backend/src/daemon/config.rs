@@ -14,9 +14,9 @@ use dataplane::join::JoinToken;
 use dataplane::shell::{Common, CommonArgs, ConfigError};
 use dataplane::time::Duration;
 use dataplane::wire;
-use scheduler::daemon::ModelListArgs;
-use scheduler::repository;
-use scheduler::zoo::ModelSpec;
+use scheduler_core::zoo::ModelListArgs;
+use scheduler_core::repository;
+use scheduler_core::zoo::ModelSpec;
 
 use crate::exec::onnx::OnnxModel;
 
@@ -213,7 +213,7 @@ impl BackendArgs {
         if self.gpus == 0 || self.gpus > 65536 {
             return Err(ConfigError::invalid("gpus-per-backend", format!("{}: must be 1..=65536", self.gpus)));
         }
-        let models = self.model_list.resolve()?;
+        let models = self.model_list.resolve().map_err(|e| ConfigError::invalid(ModelListArgs::FLAGS, e))?;
         let served = served_ids(&models, &self.serve)?;
         let onnx = match (self.executor, &self.model_repository) {
             (ExecutorKind::Onnx, Some(repo)) => Some(onnx_setup(repo, &models, &served, self.intra_threads, !self.no_warmup)?),

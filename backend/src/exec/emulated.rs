@@ -2,7 +2,7 @@
 //! the model's profile, starting at `max(now, exec_at, device free)`.
 //!
 //! Timing and device state are the scheduler's one emulated GPU set
-//! ([`scheduler::gpu::GpuSet`]): any number of devices share its heap of
+//! ([`scheduler_core::gpu::GpuSet`]): any number of devices share its heap of
 //! finish times, so a process emulating a whole rack costs one heap, not a
 //! core or a thread per GPU. This executor adds what a backend needs on
 //! top: one batch per device, and outputs computed when the batch finishes
@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use dataplane::mem::Region;
 use dataplane::time::Instant;
-use scheduler::gpu::GpuSet;
+use scheduler_core::gpu::GpuSet;
 
 use super::{check_job, ExecError, ExecModel, Executor, Finished, InputRef, Job, OutputRef};
 use crate::output::OutputHasher;
@@ -190,7 +190,7 @@ mod tests {
     use super::*;
     use crate::output::expected_output;
     use dataplane::time::Duration;
-    use scheduler::profile::LatencyProfile;
+    use scheduler_core::profile::LatencyProfile;
 
     fn exec(devices: u32) -> (Arc<Region>, EmulatedExecutor) {
         let region = Region::anonymous(1 << 16).unwrap();

@@ -14,7 +14,7 @@
 //! on one GPU; the worker waits for the device before submitting).
 
 use dataplane::time::Instant;
-use scheduler::profile::LatencyProfile;
+use scheduler_core::profile::LatencyProfile;
 
 pub mod emulated;
 pub mod onnx;

@@ -55,7 +55,7 @@ use dataplane::time::{Duration, Instant};
 use ort::memory::MemoryInfo;
 use ort::session::{Session, SessionInputValue};
 use ort::value::{DynTensorValueType, Shape, TensorElementType, TensorRefMut, ValueType};
-use scheduler::repository::{DataType, InstanceKind, RepoModel, RepositoryError, TensorConfig};
+use scheduler_core::repository::{DataType, InstanceKind, RepoModel, RepositoryError, TensorConfig};
 
 use super::{check_job, ExecError, Executor, Finished, Job, OutputRef};
 

@@ -316,6 +316,31 @@ fn parse_model_fields<'a>(mut fields: impl Iterator<Item = &'a str>) -> Result<M
     ModelSpec::linear(name, alpha, beta, slo)
 }
 
+/// The cluster's model list (model id = index): every daemon of a cluster
+/// must be given the same one.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelListArgs {
+    /// Model zoo table: a100 or 1080ti.
+    #[arg(long, default_value = "a100")]
+    pub zoo: String,
+    /// Models of the zoo: all, strong, weak, none, or NAME,NAME,...
+    #[arg(long, default_value = "all")]
+    pub models: String,
+    /// Extra model NAME=ALPHA_MS,BETA_MS,SLO_MS, after the zoo's (repeatable).
+    #[arg(long)]
+    pub model: Vec<String>,
+}
+
+impl ModelListArgs {
+    /// The flags these are, for a daemon's configuration error.
+    pub const FLAGS: &'static str = "zoo, --models, --model";
+
+    /// The model list.
+    pub fn resolve(&self) -> Result<Vec<ModelSpec>, ZooError> {
+        cluster_models(&self.zoo, &self.models, &self.model)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,10 +1,11 @@
-//! The scheduler daemon's follower of the routing table (issue 19).
+//! The follower of the routing table (issue 19), run by the scheduler
+//! daemon (with `--group`) and the frontend (with `--etcd`).
 //!
-//! With `--group NAME`, a thread `sched-routes` reads the table from etcd
+//! A thread `sched-routes` reads the table from etcd
 //! every `--routes-poll-ms` on its own client (etcd calls block; never on
 //! the planning thread), keeps the newest revision it has read, and wakes
 //! the poll loop when it changes. The poll loop hands it to the node
-//! ([`SchedulerNode::handle_routes`](super::node::SchedulerNode::handle_routes)),
+//! (the scheduler's `SchedulerNode::handle_routes`, the frontend's router),
 //! which applies it only if it is newer than the one it has. A re-read of
 //! the key is the whole watch: the table is small and changes rarely, and
 //! a re-read needs no resumption logic after an etcd failover (an older
@@ -21,8 +22,9 @@ use dataplane::time::Duration;
 use dataplane::waitset::Notifier;
 use tracing::warn;
 
-use crate::election::{Etcd, EtcdConfig};
-use crate::routes::RouteTable;
+use scheduler_core::routes::RouteTable;
+
+use crate::{EtcdClient, EtcdTls};
 
 /// What `--group` configures.
 #[derive(Clone, Debug)]
@@ -36,7 +38,7 @@ pub struct RoutesConfig {
     /// How often the key is re-read.
     pub poll: Duration,
     /// TLS to etcd (`None`: plain HTTP).
-    pub tls: Option<crate::election::EtcdTls>,
+    pub tls: Option<EtcdTls>,
 }
 
 /// The least time between two reads, however often one is asked for.
@@ -57,15 +59,7 @@ pub struct RoutesWatch {
 impl RoutesWatch {
     /// Starts the thread.
     pub fn spawn(cfg: &RoutesConfig, wake: Notifier) -> std::io::Result<RoutesWatch> {
-        let mut store = Etcd::with_tls(
-            EtcdConfig {
-                endpoints: cfg.endpoints.clone(),
-                key: cfg.key.clone(),
-                lease_ttl: Duration::from_millis(1000),
-                op_timeout: Duration::from_millis(1000),
-            },
-            cfg.tls.clone(),
-        )?;
+        let mut store = EtcdClient::new(cfg.endpoints.clone(), Duration::from_millis(1000), cfg.tls.clone())?;
         let shared = Arc::new(Shared { newest: Mutex::new(None), revision: AtomicU64::new(0), stop: AtomicBool::new(false) });
         let s = shared.clone();
         let (key, poll) = (cfg.key.clone(), std::time::Duration::from_nanos(cfg.poll.as_nanos()));

@@ -1,6 +1,5 @@
 //! The command line of `symphony-scheduler` (its own options plus the
-//! shell's [`CommonArgs`]) and its resolution into a [`SchedulerConfig`];
-//! also [`ModelListArgs`], the cluster model list options every role has.
+//! shell's [`CommonArgs`]) and its resolution into a [`SchedulerConfig`].
 //! Loading (flags, `SYMPHONY_*` variables, `--config` file) is
 //! [`dataplane::shell::load`]'s.
 
@@ -20,30 +19,7 @@ use crate::closed_loop::LoopConfig;
 use crate::deferred::CoreConfig;
 use crate::delay_watch::DelayWatchConfig;
 use crate::netdelay::NetworkDelay;
-use crate::zoo::{cluster_models, ModelSpec};
-
-/// The cluster's model list (model id = index): every daemon of a cluster
-/// must be given the same one.
-#[derive(clap::Args, Clone, Debug)]
-pub struct ModelListArgs {
-    /// Model zoo table: a100 or 1080ti.
-    #[arg(long, default_value = "a100")]
-    pub zoo: String,
-    /// Models of the zoo: all, strong, weak, none, or NAME,NAME,...
-    #[arg(long, default_value = "all")]
-    pub models: String,
-    /// Extra model NAME=ALPHA_MS,BETA_MS,SLO_MS, after the zoo's (repeatable).
-    #[arg(long)]
-    pub model: Vec<String>,
-}
-
-impl ModelListArgs {
-    /// The model list.
-    pub fn resolve(&self) -> Result<Vec<ModelSpec>, ConfigError> {
-        cluster_models(&self.zoo, &self.models, &self.model)
-            .map_err(|e| ConfigError::invalid("zoo, --models, --model", e))
-    }
-}
+use crate::zoo::{ModelListArgs, ModelSpec};
 
 /// Command line of `symphony-scheduler`.
 #[derive(Parser, Debug)]
@@ -267,7 +243,7 @@ pub struct SchedulerConfig {
 impl SchedulerArgs {
     /// Checks every scheduler option; `common` is the resolved shared part.
     pub fn resolve(self, common: Common) -> Result<SchedulerConfig, ConfigError> {
-        let models = self.model_list.resolve()?;
+        let models = self.model_list.resolve().map_err(|e| ConfigError::invalid(ModelListArgs::FLAGS, e))?;
         let subclusters = subclusters(&self.subcluster, &models)?;
         let delay = match &self.network_delay {
             Some(p) => {

@@ -19,7 +19,7 @@ pub mod ha;
 pub mod metrics;
 pub mod node;
 pub mod plane;
-pub mod routes_watch;
+pub use routing::watch as routes_watch;
 mod task_ids;
 
 use std::io::Write as _;
@@ -33,7 +33,8 @@ use dataplane::transport::{Connection, Domain, Listener};
 use dataplane::waitset::{IdleWait, WatchList};
 use tracing::{info, warn};
 
-pub use config::{ModelListArgs, SchedulerArgs, SchedulerConfig};
+pub use crate::zoo::ModelListArgs;
+pub use config::{SchedulerArgs, SchedulerConfig};
 use metrics::SchedulerMetrics;
 use node::{NodeConfig, SchedulerEvent, SchedulerNode};
 use crate::runtime::{Drive, ThreadPlacement};

@@ -27,8 +27,9 @@
 use std::collections::HashMap;
 use std::future::Future;
 
-use etcd_v3::{Client, Compare, ConnectOptions, KeepAliveStream, LeaseKeeper, RequestOp, TxnRequest};
-pub use etcd_v3::Tls as EtcdTls;
+use etcd_v3::{Client, Compare, KeepAliveStream, LeaseKeeper, RequestOp, TxnRequest};
+pub use routing::{EtcdTls, EtcdTlsArgs, RoutesStoreError};
+use routing::{EtcdClient, Unavailable};
 
 use super::{Election, ElectionError, Epoch, Leadership};
 use dataplane::time::{Duration, Instant};
@@ -49,49 +50,10 @@ pub struct EtcdConfig {
     pub op_timeout: Duration,
 }
 
-/// The TLS flags of every command that reaches etcd (flattened into its
-/// arguments beside `--etcd`).
-#[derive(clap::Args, Clone, Debug, Default)]
-pub struct EtcdTlsArgs {
-    /// TLS to etcd: the CA certificate (PEM) that signed the etcd members'
-    /// certificates. With it, --etcd endpoints without a scheme use https.
-    #[arg(long, value_name = "PEM")]
-    pub etcd_ca: Option<std::path::PathBuf>,
-    /// This client's certificate (PEM), for etcd's --client-cert-auth
-    /// (with --etcd-ca and --etcd-key).
-    #[arg(long, value_name = "PEM")]
-    pub etcd_cert: Option<std::path::PathBuf>,
-    /// The private key (PEM) of --etcd-cert.
-    #[arg(long, value_name = "PEM")]
-    pub etcd_key: Option<std::path::PathBuf>,
-}
-
-impl EtcdTlsArgs {
-    /// The TLS settings the flags name, files read (`None`: plain HTTP);
-    /// the error names the flag at fault.
-    pub fn load(&self) -> Result<Option<EtcdTls>, (&'static str, String)> {
-        let identity = match (&self.etcd_cert, &self.etcd_key) {
-            (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
-            (None, None) => None,
-            (Some(_), None) => return Err(("etcd-key", "--etcd-cert needs its key: give --etcd-key".into())),
-            (None, Some(_)) => return Err(("etcd-cert", "--etcd-key without --etcd-cert".into())),
-        };
-        let Some(ca) = &self.etcd_ca else {
-            return match identity {
-                None => Ok(None),
-                Some(_) => Err(("etcd-ca", "a client certificate is for TLS: give --etcd-ca too".into())),
-            };
-        };
-        EtcdTls::from_files(ca, identity).map(Some).map_err(|e| ("etcd-ca", e.to_string()))
-    }
-}
-
 /// The etcd election (see the module docs).
 pub struct Etcd {
     cfg: EtcdConfig,
-    tls: Option<EtcdTls>,
-    rt: tokio::runtime::Runtime,
-    client: Option<Client>,
+    client: EtcdClient,
     /// Leases of the terms this process leads (usually one).
     leases: HashMap<Epoch, i64>,
     /// The open keep-alive stream of one lease.
@@ -100,7 +62,7 @@ pub struct Etcd {
 
 impl std::fmt::Debug for Etcd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Etcd").field("cfg", &self.cfg).field("tls", &self.tls).field("leases", &self.leases).finish_non_exhaustive()
+        f.debug_struct("Etcd").field("cfg", &self.cfg).field("client", &self.client).field("leases", &self.leases).finish_non_exhaustive()
     }
 }
 
@@ -115,8 +77,8 @@ impl Etcd {
     /// As [`Etcd::new`], over TLS when `tls` is given (the CA of etcd's
     /// members and, for its `--client-cert-auth`, a client certificate).
     pub fn with_tls(cfg: EtcdConfig, tls: Option<EtcdTls>) -> std::io::Result<Etcd> {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        Ok(Etcd { cfg, tls, rt, client: None, leases: HashMap::new(), keeper: None })
+        let client = EtcdClient::new(cfg.endpoints.clone(), cfg.op_timeout, tls)?;
+        Ok(Etcd { cfg, client, leases: HashMap::new(), keeper: None })
     }
 
     /// The lease TTL granted, in whole seconds.
@@ -125,42 +87,13 @@ impl Etcd {
         i64::try_from(ns.div_ceil(1_000_000_000)).unwrap_or(i64::MAX).max(1)
     }
 
-    /// Runs `f` on the client within the op timeout, connecting first if
-    /// needed; a failure drops the client so the next call reconnects.
+    /// Runs `f` on the client (see [`EtcdClient::call`]).
     fn call<T, F, Fut>(&mut self, what: &str, f: F) -> Result<T, ElectionError>
     where
         F: FnOnce(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_v3::Error>>,
     {
-        let timeout = std::time::Duration::from_nanos(self.cfg.op_timeout.as_nanos());
-        let endpoints = self.cfg.endpoints.clone();
-        let client = self.client.clone();
-        let options = ConnectOptions { timeout, tls: self.tls.clone() };
-        let out = self.rt.block_on(async move {
-            tokio::time::timeout(timeout, async move {
-                let client = match client {
-                    Some(c) => c,
-                    None => Client::connect(&endpoints, &options)?,
-                };
-                let out = f(client.clone()).await?;
-                Ok::<_, etcd_v3::Error>((client, out))
-            })
-            .await
-        });
-        match out {
-            Ok(Ok((client, out))) => {
-                self.client = Some(client);
-                Ok(out)
-            }
-            Ok(Err(e)) => {
-                self.client = None;
-                Err(ElectionError::Unavailable(format!("etcd {what}: {e}")))
-            }
-            Err(_) => {
-                self.client = None;
-                Err(ElectionError::Unavailable(format!("etcd {what}: no answer within {:?}", self.cfg.op_timeout)))
-            }
-        }
+        self.client.call(what, f).map_err(|Unavailable(why)| ElectionError::Unavailable(why))
     }
 
     /// One keep-alive of `lease` on its open stream (opened if needed):
@@ -174,7 +107,7 @@ impl Etcd {
             return Err(ElectionError::Unavailable("etcd lease keep-alive: no stream".into()));
         };
         let timeout = std::time::Duration::from_nanos(self.cfg.op_timeout.as_nanos());
-        let answer = self.rt.block_on(async {
+        let answer = self.client.block_on(async {
             tokio::time::timeout(timeout, async {
                 keeper.keep_alive().await?;
                 stream.message().await.map_err(etcd_v3::Error::from)
@@ -189,7 +122,7 @@ impl Etcd {
             // The stream ended or failed: the next renewal opens another.
             Ok(Ok(None)) => Err(ElectionError::Unavailable("etcd lease keep-alive: the stream ended".into())),
             Ok(Err(e)) => {
-                self.client = None;
+                self.client.disconnect();
                 Err(ElectionError::Unavailable(format!("etcd lease keep-alive: {e}")))
             }
             Err(_) => Err(ElectionError::Unavailable(format!("etcd lease keep-alive: no answer within {:?}", self.cfg.op_timeout))),
@@ -270,97 +203,17 @@ impl Election for Etcd {
     }
 }
 
-/// The routing table's key (issue 19): read, written with a compare on
-/// the stored revision so that two writers never lose each other's move.
+/// The routing table's key (issue 19), on the election's connection; see
+/// [`EtcdClient::get_routes`] and [`EtcdClient::put_routes`].
 impl Etcd {
     /// The table under `key`, if any (bad bytes: `Malformed`).
-    pub fn get_routes(&mut self, key: &str) -> Result<Option<crate::routes::RouteTable>, RoutesStoreError> {
-        let key = key.to_string();
-        let resp = self.call("get routes", |mut c| async move { c.get(key).await })?;
-        match resp.kvs.first() {
-            None => Ok(None),
-            Some(kv) => Ok(Some(crate::routes::RouteTable::decode(&kv.value)?)),
-        }
+    pub fn get_routes(&mut self, key: &str) -> Result<Option<scheduler_core::routes::RouteTable>, RoutesStoreError> {
+        self.client.get_routes(key)
     }
 
-    /// Writes `table` under `key` if the stored table's revision is
-    /// `table.revision - 1` (or, for revision 1, nothing is stored yet):
-    /// a table written on a stale read is refused as `Conflict`.
-    pub fn put_routes(&mut self, key: &str, table: &crate::routes::RouteTable) -> Result<(), RoutesStoreError> {
-        table.validate()?;
-        let current = self.get_routes(key)?;
-        let expected = table.revision.saturating_sub(1);
-        let found = current.as_ref().map_or(0, |t| t.revision);
-        if found != expected {
-            return Err(RoutesStoreError::Conflict { stored: found, written: table.revision });
-        }
-        // The compare: the key is unchanged since the read (its mod
-        // revision, or absent).
-        let k = key.to_string();
-        let read = self.call("get routes", |mut c| async move { c.get(k).await })?;
-        let cmp = match read.kvs.first() {
-            Some(kv) if current.is_some() => Compare::mod_revision_is(key, kv.mod_revision),
-            _ => Compare::create_revision_is(key, 0),
-        };
-        let txn = TxnRequest::when(vec![cmp], vec![RequestOp::put(key, table.encode(), 0)]);
-        let resp = self.call("put routes", |mut c| async move { c.txn(txn).await })?;
-        if resp.succeeded {
-            Ok(())
-        } else {
-            Err(RoutesStoreError::Conflict { stored: found, written: table.revision })
-        }
-    }
-}
-
-/// Why reading or writing the routing table failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RoutesStoreError {
-    /// etcd cannot be reached.
-    #[error(transparent)]
-    Store(#[from] ElectionError),
-    /// The stored bytes (or the table to write) are not a valid table.
-    #[error(transparent)]
-    Table(#[from] crate::routes::RouteError),
-    /// Another writer got there first.
-    #[error("the stored table has revision {stored}; revision {written} must follow revision {}", written.saturating_sub(1))]
-    Conflict {
-        /// The revision found.
-        stored: u64,
-        /// The revision offered.
-        written: u64,
-    },
-}
-
-#[cfg(test)]
-mod tests {
-    use super::EtcdTlsArgs;
-    use std::path::PathBuf;
-
-    fn args(ca: Option<&str>, cert: Option<&str>, key: Option<&str>) -> EtcdTlsArgs {
-        EtcdTlsArgs { etcd_ca: ca.map(PathBuf::from), etcd_cert: cert.map(PathBuf::from), etcd_key: key.map(PathBuf::from) }
-    }
-
-    #[test]
-    fn tls_flags_come_together_or_not_at_all_and_name_the_one_at_fault() {
-        assert!(matches!(args(None, None, None).load(), Ok(None)));
-        assert_eq!(args(Some("ca"), Some("c"), None).load().unwrap_err().0, "etcd-key");
-        assert_eq!(args(Some("ca"), None, Some("k")).load().unwrap_err().0, "etcd-cert");
-        assert_eq!(args(None, Some("c"), Some("k")).load().unwrap_err().0, "etcd-ca");
-        let missing = "/nonexistent/symphony-etcd-ca.pem";
-        let (flag, why) = args(Some(missing), None, None).load().unwrap_err();
-        assert_eq!(flag, "etcd-ca");
-        assert!(why.contains(missing), "{why}");
-    }
-
-    #[test]
-    fn a_file_too_large_for_a_certificate_is_refused_unread() {
-        let path = std::env::temp_dir().join(format!("symphony-etcd-big-{}.pem", std::process::id()));
-        let file = std::fs::File::create(&path).expect("temp file");
-        file.set_len(etcd_v3::MAX_PEM_BYTES + 1).expect("sparse length");
-        let got = args(path.to_str(), None, None).load();
-        let _ = std::fs::remove_file(&path);
-        let (flag, why) = got.unwrap_err();
-        assert_eq!(flag, "etcd-ca");
-        assert!(why.contains("larger than"), "{why}");
+    /// Writes `table` under `key` if it follows the stored table's
+    /// revision (see [`EtcdClient::put_routes`]).
+    pub fn put_routes(&mut self, key: &str, table: &scheduler_core::routes::RouteTable) -> Result<(), RoutesStoreError> {
+        self.client.put_routes(key, table)
     }
 }

@@ -10,6 +10,7 @@ pub const CRATES: &[(&str, &str)] = &[
     ("dataplane", "dataplane"),
     ("scheduler", "scheduler"),
     ("scheduler_core", "scheduler/core"),
+    ("routing", "scheduler/routing"),
     ("etcd_v3", "scheduler/etcd"),
     ("backend", "backend"),
     ("frontend", "frontend"),
