@@ -79,7 +79,7 @@ fn closed_loop_wait_ms(policy: &PolicyConfig) -> f64 {
             s.on_wake(now, &mut out);
         }
         for b in &out.batches {
-            waited = waited + b.exec_at.saturating_since(sent_at);
+            waited += b.exec_at.saturating_since(sent_at);
             running = Some(b.finish_at);
         }
         assert!(out.drops.is_empty(), "a lone request on an idle GPU is never dropped");
