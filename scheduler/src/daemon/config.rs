@@ -243,7 +243,7 @@ pub struct SchedulerConfig {
 impl SchedulerArgs {
     /// Checks every scheduler option; `common` is the resolved shared part.
     pub fn resolve(self, common: Common) -> Result<SchedulerConfig, ConfigError> {
-        let models = self.model_list.resolve().map_err(|e| ConfigError::invalid(ModelListArgs::FLAGS, e))?;
+        let mut models = self.model_list.resolve().map_err(|e| ConfigError::invalid(ModelListArgs::FLAGS, e))?;
         let subclusters = subclusters(&self.subcluster, &models)?;
         let delay = match &self.network_delay {
             Some(p) => {
@@ -290,7 +290,7 @@ impl SchedulerArgs {
             return Err(ConfigError::invalid("priority-levels", "must be at least 1"));
         }
         let default = crate::types::Admission { levels: self.priority_levels, default_level: self.priority_levels, max_queue: self.max_queue };
-        let admissions = admissions(&models, default, self.model_repository.as_deref())?;
+        let admissions = apply_repository(&mut models, default, self.model_repository.as_deref())?;
         let election = self.election(&common)?;
         let routes = match (&self.group, &election) {
             (None, _) => None,
@@ -426,17 +426,22 @@ fn pin_cores(list: &str) -> Result<Vec<usize>, ConfigError> {
 
 /// Each model's admission: `default` (levels and queue bound), and a model
 /// of `repo` named like one of `models` takes its config.pbtxt's
-/// `dynamic_batching` (keeping `default`'s bound where that sets none). A
-/// repository that cannot be read is refused; a model the repository
-/// refuses (broken config) keeps the defaults, as the frontends and
-/// backends will not serve it either.
-fn admissions(models: &[ModelSpec], default: crate::types::Admission, repo: Option<&std::path::Path>) -> Result<Vec<crate::types::Admission>, ConfigError> {
+/// `dynamic_batching` (keeping `default`'s bound where that sets none) and
+/// has its profile capped at the config's `max_batch_size` (at least 1): the
+/// backends' executors refuse larger batches, so a plan above it would fail
+/// every request in it (issue 54). A repository that cannot be read is
+/// refused; a model the repository refuses (broken config) keeps the
+/// defaults, as the frontends and backends will not serve it either.
+fn apply_repository(models: &mut [ModelSpec], default: crate::types::Admission, repo: Option<&std::path::Path>) -> Result<Vec<crate::types::Admission>, ConfigError> {
     let max_queue = default.max_queue;
     let mut out = vec![default; models.len()];
     let Some(repo) = repo else { return Ok(out) };
     let scanned = crate::repository::scan(repo).map_err(|e| ConfigError::invalid("model-repository", e.to_string()))?;
     for m in &scanned.models {
-        let (Some(db), Some(i)) = (&m.config.dynamic_batching, models.iter().position(|s| s.name == m.name())) else { continue };
+        let Some(i) = models.iter().position(|s| s.name == m.name()) else { continue };
+        let spec = &mut models[i];
+        spec.profile = spec.profile.clone().capped(m.config.max_batch_size.max(1));
+        let Some(db) = &m.config.dynamic_batching else { continue };
         let mut a = db.admission();
         if a.max_queue == 0 {
             a.max_queue = max_queue;
@@ -494,20 +499,66 @@ mod tests {
         write_model(&root, "levels", "dynamic_batching { priority_levels: 3 }");
         write_model(&root, "plain", "");
         write_model(&root, "unknown", "dynamic_batching { default_queue_policy { max_queue_size: 5 } }");
-        let models: Vec<ModelSpec> = ["bounded", "levels", "plain", "absent"]
+        let mut models: Vec<ModelSpec> = ["bounded", "levels", "plain", "absent"]
             .iter()
             .map(|n| ModelSpec::linear(n, 1.0, 2.0, 50.0).unwrap())
             .collect();
-        let got = admissions(&models, Admission { max_queue: 16, ..Admission::default() }, Some(&root)).unwrap();
+        let got = apply_repository(&mut models, Admission { max_queue: 16, ..Admission::default() }, Some(&root)).unwrap();
         let bounded = |max_queue| Admission { max_queue, ..Admission::default() };
         assert_eq!(got[0], Admission { levels: 2, default_level: 2, max_queue: 64 });
         assert_eq!(got[1], Admission { levels: 3, default_level: 3, max_queue: 16 });
         assert_eq!(got[2], bounded(16));
         assert_eq!(got[3], bounded(16));
-        assert_eq!(admissions(&models, Admission::default(), None).unwrap(), vec![Admission::default(); 4]);
+        assert_eq!(apply_repository(&mut models, Admission::default(), None).unwrap(), vec![Admission::default(); 4]);
         let two = Admission { levels: 2, default_level: 2, max_queue: 0 };
-        assert_eq!(admissions(&models, two, None).unwrap(), vec![two; 4]);
-        assert!(admissions(&models, Admission::default(), Some(&root.join("missing"))).is_err());
+        assert_eq!(apply_repository(&mut models, two, None).unwrap(), vec![two; 4]);
+        assert!(apply_repository(&mut models, Admission::default(), Some(&root.join("missing"))).is_err());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// The largest batch of each model the deferred scheduler dispatches
+    /// under an overload of `specs` on one GPU (seeded, virtual time).
+    fn largest_batches(specs: &[ModelSpec]) -> Vec<usize> {
+        struct Largest(Vec<usize>);
+        impl crate::sim::BatchObserver for Largest {
+            fn on_batch(&mut self, _: dataplane::time::Instant, _: crate::types::GpuId, model: u32, _: dataplane::time::Instant, members: &[crate::types::Request]) {
+                let seen = &mut self.0[model as usize];
+                *seen = (*seen).max(members.len());
+            }
+        }
+        let cfg = crate::sim::SimConfig {
+            models: specs.to_vec(),
+            gpus: 1,
+            workload: crate::sim::Workload::poisson(20_000.0),
+            duration: Duration::from_millis(500),
+            warmup: Duration::from_millis(50),
+            seed: 54,
+            trace: None,
+            admission: Default::default(),
+        };
+        let policy = crate::policy::PolicyConfig::new(crate::policy::PolicyKind::Deferred);
+        let mut sched = crate::policy::build(specs, 1, &policy).unwrap();
+        let mut seen = Largest(vec![0; specs.len()]);
+        crate::sim::simulate_observed(&cfg, sched.as_mut(), &mut seen).unwrap();
+        seen.0
+    }
+
+    #[test]
+    fn a_repository_model_never_gets_a_batch_above_its_max_batch_size() {
+        let root = std::env::temp_dir().join(format!("symphony-sched-max-batch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        write_model(&root, "capped", "");
+        // l(b) = 0.1b + 0.1 ms under a 100 ms SLO: the SLO alone allows
+        // batches far above the config's max_batch_size of 8.
+        let generous = ModelSpec::linear("capped", 0.1, 0.1, 100.0).unwrap();
+        assert!(generous.profile.max_batch() > 8);
+        // Without the repository, the overload forms batches above 8 ...
+        assert!(largest_batches(std::slice::from_ref(&generous))[0] > 8);
+        // ... and with it, the profile and every dispatched batch stop at 8.
+        let mut models = vec![generous];
+        apply_repository(&mut models, Admission::default(), Some(&root)).unwrap();
+        assert_eq!(models[0].profile.max_batch(), 8);
+        assert_eq!(largest_batches(&models), vec![8]);
         std::fs::remove_dir_all(&root).unwrap();
     }
 }
