@@ -112,7 +112,7 @@ pub fn solve(p: &Problem, time_limit: Option<Duration>, warm_start: Option<&Assi
     }
     let sol = model.solve().map_err(|e| match e {
         ResolutionError::Infeasible => PartitionError::Infeasible("the MILP is infeasible (memory, R_max or C_max)".into()),
-        other => PartitionError::Solver(other.to_string()),
+        other => PartitionError::Solver(other),
     })?;
     let proven_optimal = matches!(sol.status(), SolutionStatus::Optimal);
     let sub_cluster = x

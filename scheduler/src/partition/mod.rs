@@ -85,7 +85,7 @@ pub enum PartitionError {
     Infeasible(String),
     /// The MILP solver failed or ran out of time without a solution.
     #[error("MILP solver: {0}")]
-    Solver(String),
+    Solver(#[source] good_lp::ResolutionError),
 }
 
 /// A model → sub-cluster assignment.
