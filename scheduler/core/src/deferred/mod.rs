@@ -19,6 +19,8 @@ mod departures;
 mod follow_ups;
 mod model_thread;
 mod rank;
+mod rate_window;
+mod recent_loss;
 
 pub use crate::types::Admission;
 pub use departures::{Departure, DepartureSet};

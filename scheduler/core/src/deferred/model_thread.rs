@@ -4,6 +4,10 @@
 use super::{Candidate, CoreConfig, Departure, DepartureSet, Gather, Grant, ToRank};
 use super::follow_ups::FollowUps;
 use super::rate_window::{RateWindow, BURSTY_CV2};
+#[cfg(test)]
+use super::recent_loss::RECENT_LOSS_SPAN;
+pub(super) use super::recent_loss::takes_the_losses;
+use super::recent_loss::{RecentLoss, LOSS_SPREAD_WIDENING};
 use crate::batch_past_heads::larger_batch_past_heads;
 use crate::netdelay::NetworkDelay;
 use crate::profile::LatencyProfile;
@@ -49,59 +53,6 @@ const BURST_WINDOW_FLOOR_DIVISOR: u32 = 3;
 fn pair_worth_waiting_for(profile: &LatencyProfile) -> bool {
     let (one, two) = (profile.latency(1), profile.latency(2));
     (one + one).saturating_sub(two) >= two.saturating_sub(one)
-}
-
-/// A model's recent loss (basis points) from which it may count as taking
-/// the cluster's losses alone ([`takes_the_losses`]; deferred items 27,
-/// 28 and 29): 0.2%, a fifth of the goodput bar, so low loads and single early
-/// drops move nothing.
-const LOSS_SPREAD_MIN_BP: u32 = 20;
-/// How many times wider early drop's tolerated shortfall is for a model
-/// taking the cluster's losses alone (0.95 -> 0.85).
-const LOSS_SPREAD_WIDENING: f64 = 3.0;
-
-/// Whether a model that lost `bp` basis points of its recent requests takes
-/// the cluster's losses alone against models that lost at most `others`:
-/// at least [`LOSS_SPREAD_MIN_BP`] and more than twice as much.
-pub(super) fn takes_the_losses(bp: u16, others: u16) -> bool {
-    let bp = u32::from(bp);
-    bp >= LOSS_SPREAD_MIN_BP && bp > 2 * u32::from(others)
-}
-
-/// Admitted requests over which [`RecentLoss`] counts: both counts halve
-/// when the admitted count reaches this, so the share covers the last
-/// 2048-4096 requests (a count, not a time: no clock, and a slow model is
-/// judged on as many requests as a fast one).
-const RECENT_LOSS_SPAN: u32 = 4096;
-
-/// The share of a model's recent admitted requests that scheduling dropped
-/// (deferred item 20). Two counters; no allocation.
-#[derive(Clone, Copy, Debug, Default)]
-struct RecentLoss {
-    admitted: u32,
-    dropped: u32,
-}
-
-impl RecentLoss {
-    fn admitted(&mut self) {
-        self.admitted += 1;
-        if self.admitted >= RECENT_LOSS_SPAN {
-            self.admitted /= 2;
-            self.dropped /= 2;
-        }
-    }
-
-    fn dropped(&mut self) {
-        self.dropped = self.dropped.saturating_add(1).min(self.admitted.max(1));
-    }
-
-    /// In basis points (1% = 100); 0 before any request.
-    fn basis_points(&self) -> u16 {
-        if self.admitted == 0 {
-            return 0;
-        }
-        (u64::from(self.dropped) * 10_000 / u64::from(self.admitted)).min(10_000) as u16
-    }
 }
 
 /// The largest `w <= mean` (at least 1) with `P(N < w) <= SHORT_FILL_SHARE`
@@ -308,7 +259,6 @@ impl ModelState {
     /// Without [`Departure::DropShortfall`] the fraction is 1 (Nexus's
     /// window: the target batch), without [`Departure::LossSpread`] never
     /// widened.
-    #[inline(never)] // PROFILE-TEMP
     fn early_drop_fraction(&self, fraction: f64, d: DepartureSet) -> f64 {
         if !d.has(Departure::DropShortfall) {
             return 1.0;
@@ -347,7 +297,6 @@ impl ModelState {
     /// still holds. The cost is non-decreasing in `b` (what the binary
     /// search relies on), so `t` is the answer exactly when `t` fits (or is
     /// 1, the floor) and `t + 1` does not (or `t` is the largest batch).
-    #[inline(never)] // PROFILE-TEMP
     fn target_batch_memo(&mut self, gap: Duration, delay: &NetworkDelay) -> u32 {
         let budget = self.slo.saturating_sub(delay.d_ctrl);
         let per_item = gap + delay.d_data;
@@ -454,7 +403,6 @@ impl ModelState {
     /// The batch [`Self::gather`] offers, `(earliest deadline, size)`,
     /// after the heads the policy drops (`window`: the early-drop window
     /// of the lowest level) are gone; `None` with nothing queued.
-    #[inline(never)] // PROFILE-TEMP
     fn drop_and_size(&mut self, now: Instant, cfg: &CoreConfig, gpu_free: Instant, factor: f64, window: u32, out: &mut Actions) -> Option<(Instant, u32)> {
         loop {
             self.drop_heads(now, &cfg.delay, gpu_free, window, out);
@@ -481,7 +429,6 @@ impl ModelState {
     /// Drops the heads that cannot be served: at the lowest level those
     /// that would force a batch below `window`, at a higher one those not
     /// even a batch of one can serve.
-    #[inline(never)] // PROFILE-TEMP
     fn drop_heads(&mut self, now: Instant, delay: &NetworkDelay, gpu_free: Instant, window: u32, out: &mut Actions) {
         let profile = &self.profile;
         let lowest = self.queues.len() - 1;
@@ -509,7 +456,6 @@ impl ModelState {
 
     /// The largest feasible batch over the priority levels, `(earliest
     /// deadline, size)`; `None` when not even a batch of one fits.
-    #[inline(never)] // PROFILE-TEMP
     fn size_batch(&self, now: Instant, cfg: &CoreConfig, gpu_free: Instant, factor: f64) -> Option<(Instant, u32)> {
         let delay = &cfg.delay;
         // The batch takes the levels in order, highest first, each by
@@ -554,7 +500,6 @@ impl ModelState {
 
     /// When a batch that stopped deferring at its efficiency target
     /// starts: at once, or (item 22) when a partner becomes unlikely.
-    #[inline(never)] // PROFILE-TEMP
     fn partner_hold(&self, view: &Deferral, d: DepartureSet) -> Instant {
         let Deferral { dl, bs, slow, gap_cv2, idle, .. } = *view;
         // A model that locks out a pair behind a lone request but whose
@@ -584,7 +529,6 @@ impl ModelState {
     /// When a deferring batch's window opens: the frontrun, or earlier
     /// (the mean-gap window, a quiet burst, a closed loop's clients all
     /// back).
-    #[inline(never)] // PROFILE-TEMP
     fn frontrun_start(&self, view: &Deferral, cfg: &CoreConfig) -> Instant {
         let Deferral { dl, bs, slow, mean_gap, gap_cv2, idle, burst_locked } = *view;
         let d = cfg.departures;
@@ -644,7 +588,6 @@ impl ModelState {
 
     /// The batch's highest priority level and the latest start that still
     /// serves that level's members.
-    #[inline(never)] // PROFILE-TEMP
     fn top_level_urgency(&self, dl: Instant, bs: u32, latest: Instant, factor: f64) -> (u16, Instant) {
         let level = self.queues.iter().position(|q| !q.is_empty()).unwrap_or(0);
         // The top level's own deadline and share of the batch (one level:
@@ -736,7 +679,6 @@ impl ModelState {
     /// batches of 6-16 that cannot keep up with the rate (deferred item 21).
     /// Items 17 and 21 are [`Departure::FillFloor`] and
     /// [`Departure::BurstWindowFloor`] in `d`.
-    #[inline(never)] // PROFILE-TEMP
     fn early_drop_window(&mut self, target: u32, gap_cv2: Option<f64>, fraction: f64, d: DepartureSet) -> u32 {
         let cv2 = gap_cv2.unwrap_or(1.0).max(1.0);
         let window = self.drop_window(target, 1.0 - (1.0 - fraction) * cv2);
@@ -785,7 +727,7 @@ impl ModelState {
     /// SLO allows (`e(b) = b / l(b)`). Deferring further would buy at most
     /// that much, while a GPU held idle for it may be missing when the
     /// next batches fall due (docs/decisions.md, deferred item 11).
-    #[inline(never)] // PROFILE-TEMP
+    #[inline]
     fn near_best_efficiency(&self, b: u32, target: u32, slack: f64) -> bool {
         let e = |b: u32| self.efficiency(b);
         e(b) >= (1.0 - slack) * e(target.clamp(1, self.best_batch))
@@ -801,7 +743,6 @@ impl ModelState {
     /// [`super::LIGHT_LOAD_GAIN`] (a weak batcher, or too few arrivals).
     /// Before the second arrival (no rate known) a lone request is light.
     /// The caller asks only while a GPU idles.
-    #[inline(never)] // PROFILE-TEMP
     fn light_load(&self, now: Instant, dl: Instant, bs: u32, mean_gap: Option<Duration>) -> bool {
         let Some(gap) = mean_gap.filter(|g| *g > Duration::ZERO) else { return true };
         let e_now = self.efficiency(bs);
