@@ -40,6 +40,7 @@
 
 mod config;
 mod execute;
+mod failures;
 mod fetch;
 mod plans;
 mod report;
@@ -168,6 +169,8 @@ pub struct BatchWorker<C: Connection, E: Executor> {
     epoch: u32,
     fenced: VecDeque<FencedPlan>,
     stats: WorkerStats,
+    /// Which failed runs were logged (once per model and reason).
+    failures: failures::FailureLog,
 }
 
 /// Control messages held for the caller before the worker stops reading
@@ -260,6 +263,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             epoch: 0,
             fenced: VecDeque::with_capacity(FENCED_CAPACITY),
             stats: WorkerStats::default(),
+            failures: failures::FailureLog::default(),
             cfg,
         })
     }

@@ -176,6 +176,11 @@ pub trait Executor {
     /// thread of its own (so a sleeping host wakes). Default: ignored
     /// (executors polled on the caller's clock need none).
     fn set_waker(&self, _wake: onnx::Waker) {}
+    /// Why the latest failed batch failed (`None`: unknown, or nothing
+    /// failed), for the host's log. Default: none.
+    fn last_error(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// Checks a job against a region of `region_len` bytes, a batch limit and

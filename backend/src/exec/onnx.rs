@@ -880,6 +880,10 @@ impl Executor for OnnxExecutor {
         n
     }
 
+    fn last_error(&self) -> Option<&str> {
+        self.last_error.as_deref()
+    }
+
     /// Sets the function device threads call when a batch finishes (once).
     fn set_waker(&self, waker: Waker) {
         let _ = self.waker.set(waker);

@@ -26,6 +26,9 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
                 s.start = Some(f.start);
                 s.finish = Some(f.finish);
                 s.exec_ok = f.ok;
+                if !f.ok {
+                    self.failures.failed(s.model, s.ran, self.exec.last_error());
+                }
                 if f.start > s.exec_at {
                     self.stats.late_starts += 1;
                 }
