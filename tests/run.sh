@@ -13,7 +13,7 @@
 #      chaos`: 1000 seeds per fault class) and its mutation tests, the cuda executor's
 #      no-driver path (its GPU path: a capability skip without a GPU); then issue 17's 3x
 #      overload run (`#[ignore]`d in plain cargo test, ~25 s)
-#   4. loom model checking of the SPSC ring's memory ordering; the fuzz targets
+#   4. loom model checking of the shared-memory ring's protocol (transport/shm_ring.rs); the fuzz targets
 #      (tests/fuzz.sh)
 #   5. a client this project did not write: Triton's tritonclient (PyPI) runs health,
 #      metadata and infer calls against the frontend's HTTP server, in process and then
