@@ -184,8 +184,11 @@ pub fn spec(models: &str, o: &ClusterOpts) -> Result<ClusterSpec, UpError> {
         s.backend_flags.extend(["--executor".into(), "onnx".into(), "--model-repository".into(), repo.clone()]);
         s.frontend_flags.extend(["--model-repository".into(), repo.clone()]);
         // The scheduler takes each model's admission (priority levels,
-        // queue bound) from the same config.pbtxt files.
-        s.scheduler_flags.extend(["--model-repository".into(), repo]);
+        // queue bound) and batch cap (max_batch_size) from the same
+        // config.pbtxt files. Light load: a real model's client at low
+        // concurrency should not wait for a batch that cannot form in time
+        // while its executor idles (issue 54).
+        s.scheduler_flags.extend(["--model-repository".into(), repo, "--light-load".into(), "on".into()]);
     }
     if let (Some(cert), Some(key)) = (&o.tls_cert, &o.tls_key) {
         s.frontend_flags.extend(["--tls-cert".into(), cert.display().to_string(), "--tls-key".into(), key.display().to_string()]);

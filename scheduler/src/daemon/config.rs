@@ -16,7 +16,7 @@ use super::engine::EngineKind;
 use super::node::Membership;
 use crate::runtime::PinnedConfig;
 use crate::closed_loop::LoopConfig;
-use crate::deferred::CoreConfig;
+use crate::deferred::{CoreConfig, Departure, DepartureSet};
 use crate::delay_watch::DelayWatchConfig;
 use crate::netdelay::NetworkDelay;
 use crate::zoo::{ModelListArgs, ModelSpec};
@@ -63,6 +63,13 @@ pub struct SchedulerArgs {
     /// are still kept and exported, scheduling is open loop).
     #[arg(long, value_enum, default_value_t = Switch::On)]
     pub closed_loop: Switch,
+    /// Light load (deferred item 32): while a GPU idles, a batch whose
+    /// model runs at a small share of a GPU, or whose deferral would buy
+    /// little throughput, starts now instead of waiting toward its latest
+    /// start (issue 54: the c=1 queue tax). `symphony up
+    /// --model-repository` turns it on; off keeps Algorithm 1's deferral.
+    #[arg(long, value_enum, default_value_t = Switch::Off)]
+    pub light_load: Switch,
     /// Percentile of backends' per-input READ costs held against the
     /// delay bound.
     #[arg(long, default_value_t = 99.0)]
@@ -268,6 +275,10 @@ impl SchedulerArgs {
             delay,
             min_window: Duration::from_nanos((w * 1000.0) as u64),
             priority_reserve: Duration::from_nanos((r * 1000.0) as u64),
+            departures: match self.light_load {
+                Switch::On => DepartureSet::default().with(Departure::LightLoad),
+                Switch::Off => DepartureSet::default(),
+            },
             ..CoreConfig::default()
         };
         let membership = self.membership(&common)?;
