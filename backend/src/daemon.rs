@@ -27,7 +27,7 @@
 //! Shutdown: on SIGINT/SIGTERM the worker stops reading plans, the
 //! batches in hand finish (bounded by [`DRAIN_TIMEOUT`]), queued messages
 //! are flushed, and the process exits 0. The command line, logs, stop signals and exit
-//! codes are the daemon shell's ([`dataplane::shell`]); the options are in
+//! codes are the daemon shell's ([`node_shell`]); the options are in
 //! [`config`].
 
 pub mod config;
@@ -41,7 +41,7 @@ use std::sync::Arc;
 use dataplane::control::{self, connect_retrying, flush_within, ControlError, MetricsEndpoint, WithDomain};
 use dataplane::mem::{Access, Region};
 use dataplane::reconnect::{connect_first, split_addrs, Reconnect, DEFAULT_MAX_BACKOFF, DEFAULT_MIN_BACKOFF};
-use dataplane::shell::{self, Common, CommonArgs, ConfigError, Daemon};
+use node_shell::{self as shell, Common, CommonArgs, ConfigError, Daemon};
 use dataplane::time::{Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Registration};
 use dataplane::waitset::{IdleWait, Notifier, WatchList};
@@ -144,7 +144,7 @@ impl Daemon for BackendArgs {
 
 /// Runs `symphony-backend` with a command line (`args[0]` is the program
 /// name), for the binary and for a multi-call binary: see
-/// [`dataplane::shell::main`].
+/// [`node_shell::main`].
 pub fn main_with_args(args: Vec<String>) -> ExitCode {
     shell::main::<BackendArgs>(args)
 }

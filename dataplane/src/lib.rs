@@ -19,6 +19,5 @@ pub mod waitset;
 pub mod wire;
 pub mod control;
 pub mod join;
-pub mod shell;
 pub mod reconnect;
 pub mod machine;

@@ -25,7 +25,7 @@
 //! Entry point: [`main_with_args`] (the `symphony-frontend` binary is a
 //! thin wrapper, so a multi-call binary can run it too); the command line,
 //! logs, stop signals and exit codes are the daemon shell's
-//! ([`dataplane::shell`]).
+//! ([`node_shell`]).
 
 use crate::http::{HttpConfig, Server};
 use crate::metrics::Metrics;
@@ -39,7 +39,7 @@ use dataplane::idle::IdleStrategy;
 use dataplane::join::JoinToken;
 use dataplane::mem::Access;
 use dataplane::reconnect::{connect_first, split_addrs, Reconnect, DEFAULT_MAX_BACKOFF, DEFAULT_MIN_BACKOFF};
-use dataplane::shell::{self, parse_socket_addr, Acceptor, Common, CommonArgs, ConfigError, Daemon};
+use node_shell::{self as shell, parse_socket_addr, Acceptor, Common, CommonArgs, ConfigError, Daemon};
 use dataplane::time::{Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Listener, Registration};
 use dataplane::waitset::{IdleWait, Notifier};
@@ -66,7 +66,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(5000);
 const RECONNECT_ATTEMPT: Duration = Duration::from_millis(100);
 
 /// Command line of `symphony-frontend` (loaded by
-/// [`dataplane::shell::load`]: flags, `SYMPHONY_*` variables, `--config`).
+/// [`node_shell::load`]: flags, `SYMPHONY_*` variables, `--config`).
 #[derive(Parser, Debug)]
 #[command(
     name = "symphony-frontend",
@@ -371,7 +371,7 @@ impl Daemon for FrontendArgs {
 }
 
 /// Runs the daemon with `args` (`args[0]` is the program name): see
-/// [`dataplane::shell::main`].
+/// [`node_shell::main`].
 pub fn main_with_args(args: Vec<String>) -> ExitCode {
     shell::main::<FrontendArgs>(args)
 }

@@ -96,7 +96,7 @@ pub(crate) struct Shape {
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     pub(crate) max_region: u64,
     #[command(flatten)]
-    pub(crate) rdma: dataplane::shell::RdmaArgs,
+    pub(crate) rdma: node_shell::RdmaArgs,
 }
 
 impl Shape {
@@ -443,8 +443,8 @@ impl PerfArgs {
     }
 
     /// The RDMA selection of -d/-i/-x.
-    pub(crate) fn rdma(&self) -> dataplane::shell::RdmaArgs {
-        dataplane::shell::RdmaArgs {
+    pub(crate) fn rdma(&self) -> node_shell::RdmaArgs {
+        node_shell::RdmaArgs {
             rdma_device: self.rdma_device.clone(),
             rdma_port: self.rdma_port,
             gid_index: self.gid_index,

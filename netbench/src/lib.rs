@@ -53,7 +53,7 @@ pub fn command() -> clap::Command {
 /// The `netbench` binary.
 pub fn main() {
     let cli = Cli::parse();
-    dataplane::shell::logging::init_cli();
+    node_shell::logging::init_cli();
     // `--rdma-device`/`--rdma-port`/`--gid-index` reach the domain opened
     // deep inside each command through the process's RDMA selection.
     match &cli.cmd {

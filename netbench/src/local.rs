@@ -48,7 +48,7 @@ pub struct LocalOptions {
     /// Server idle behaviour.
     pub idle: Idle,
     /// The RDMA device, port and GID every server opens.
-    pub rdma: dataplane::shell::RdmaArgs,
+    pub rdma: node_shell::RdmaArgs,
     /// Host the servers listen on without namespaces.
     pub listen_host: String,
     /// One namespace per server.
@@ -435,7 +435,7 @@ fn remove_stale() {
 }
 
 /// The RDMA selection given to `netbench local` as flags for its servers.
-fn rdma_flags(r: &dataplane::shell::RdmaArgs) -> Vec<String> {
+fn rdma_flags(r: &node_shell::RdmaArgs) -> Vec<String> {
     let mut v = Vec::new();
     if let Some(d) = &r.rdma_device {
         v.extend(["--rdma-device".to_string(), d.clone()]);

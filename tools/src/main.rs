@@ -449,7 +449,7 @@ fn main() -> ExitCode {
     if matches!(cli.cmd, Cmd::Sim { .. } | Cmd::Goodput { .. } | Cmd::Example { .. } | Cmd::Predict(_) | Cmd::Partition(_) | Cmd::Docs { .. }) || matches!(&cli.cmd, Cmd::Report { name, .. } if name == "grid" || name == "ablation" || name == "fig15") {
         restore_sigpipe();
     }
-    dataplane::shell::logging::init_cli();
+    node_shell::logging::init_cli();
     match run(cli.cmd) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration as StdDuration, Instant as StdInstant};
 
 use dataplane::control::{self, metric, parse_idle, ControlError, TransportKind};
-use dataplane::shell::{self, LogArgs, LogFormat};
+use node_shell::{self as shell, LogArgs, LogFormat};
 use dataplane::time::Duration;
 use dataplane::wire::DropReason;
 use frontend::loadgen::{self, LoadReport};

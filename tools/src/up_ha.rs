@@ -83,7 +83,7 @@ pub struct Takeover {
 
 /// Runs `up --ha` (see the module docs).
 pub fn run(models_sel: &str, o: &ClusterOpts, ha: &HaOpts, load: f64, rate: Option<f64>, duration_s: f64, json: bool) -> Result<(), UpError> {
-    dataplane::shell::logging::init(&o.log);
+    node_shell::logging::init(&o.log);
     if !(2..=3).contains(&ha.schedulers) || !(ha.etcd_members == 1 || ha.etcd_members == 3) {
         return Err(UpError::Usage("--ha wants --schedulers 2 or 3 and --etcd-members 1 or 3".into()));
     }

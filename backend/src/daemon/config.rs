@@ -1,5 +1,5 @@
 //! Command line of `symphony-backend` (its own options plus the shell's
-//! [`CommonArgs`], loaded by [`dataplane::shell::load`]: flags,
+//! [`CommonArgs`], loaded by [`node_shell::load`]: flags,
 //! `SYMPHONY_*` variables, the `--config` file) and its resolution into a
 //! checked [`BackendConfig`], so a bad configuration is one clear message
 //! before anything starts.
@@ -11,7 +11,7 @@ use clap::Parser;
 use dataplane::control::TransportKind;
 use dataplane::idle::IdleStrategy;
 use dataplane::join::JoinToken;
-use dataplane::shell::{Common, CommonArgs, ConfigError};
+use node_shell::{Common, CommonArgs, ConfigError};
 use dataplane::time::Duration;
 use dataplane::wire;
 use scheduler_core::zoo::ModelListArgs;
@@ -369,7 +369,7 @@ mod tests {
     fn resolve(v: &[&str]) -> Result<BackendConfig, ConfigError> {
         let mut all = vec!["symphony-backend".to_string()];
         all.extend(v.iter().map(|s| s.to_string()));
-        let args: BackendArgs = dataplane::shell::load_from(all, &|_| None)?;
+        let args: BackendArgs = node_shell::load_from(all, &|_| None)?;
         let common = args.common.resolve()?;
         args.resolve(common)
     }

@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
-use crate::time::Duration;
-use crate::transport::{Error, Listener};
-use crate::waitset::Notifier;
+use dataplane::time::Duration;
+use dataplane::transport::{Error, Listener};
+use dataplane::waitset::Notifier;
 
 /// How long one `accept` waits before the thread checks its stop flag.
 const ACCEPT_SLICE: Duration = Duration::from_millis(100);

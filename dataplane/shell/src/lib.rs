@@ -29,10 +29,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::control::{self, parse_idle, TransportKind};
-use crate::idle::IdleStrategy;
-use crate::join::{JoinError, JoinToken};
-use crate::time::Duration;
+use dataplane::control::{self, parse_idle, TransportKind};
+use dataplane::idle::IdleStrategy;
+use dataplane::join::{JoinError, JoinToken};
+use dataplane::time::Duration;
 
 pub use accept::Acceptor;
 pub use load::{env_var_name, load, load_from, Origin};
@@ -178,7 +178,7 @@ pub struct Common {
 
 /// The RDMA device, port and GID of `--transport rdma`, shared by the
 /// daemons and netbench; the `SYMPHONY_RDMA_*` variables
-/// ([`crate::control::RdmaSelection`]) stay a fallback for each.
+/// ([`dataplane::control::RdmaSelection`]) stay a fallback for each.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct RdmaArgs {
     /// RDMA device of `--transport rdma`, e.g. mlx5_0 or rxe0 (env

@@ -1,7 +1,7 @@
 //! The command line of `symphony-scheduler` (its own options plus the
 //! shell's [`CommonArgs`]) and its resolution into a [`SchedulerConfig`].
 //! Loading (flags, `SYMPHONY_*` variables, `--config` file) is
-//! [`dataplane::shell::load`]'s.
+//! [`node_shell::load`]'s.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use clap::Parser;
 use dataplane::control::TransportKind;
 use dataplane::join::TOKEN_ENV;
-use dataplane::shell::{Common, CommonArgs, ConfigError};
+use node_shell::{Common, CommonArgs, ConfigError};
 use dataplane::time::Duration;
 
 use super::engine::EngineKind;

@@ -10,7 +10,7 @@
 //! [`node::SchedulerNode`]; this module is its host: the listener and its
 //! acceptor thread, the real clock and the idle strategy over the links'
 //! wait fds. The command line, logs, stop signals and exit codes are the
-//! daemon shell's ([`dataplane::shell`]); the options are in [`config`].
+//! daemon shell's ([`node_shell`]); the options are in [`config`].
 
 pub mod bench_stamps;
 pub mod config;
@@ -27,7 +27,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use dataplane::control::{self, ControlError, MetricsEndpoint, WithDomain};
-use dataplane::shell::{self, Acceptor, Common, CommonArgs, ConfigError, Daemon};
+use node_shell::{self as shell, Acceptor, Common, CommonArgs, ConfigError, Daemon};
 use dataplane::time::{Duration, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Listener};
 use dataplane::waitset::{IdleWait, WatchList};
@@ -96,7 +96,7 @@ impl Daemon for SchedulerArgs {
 }
 
 /// Entry point of the `symphony-scheduler` binary (and of `symphony
-/// daemon scheduler`): see [`dataplane::shell::main`].
+/// daemon scheduler`): see [`node_shell::main`].
 pub fn main_with_args(args: Vec<String>) -> std::process::ExitCode {
     shell::main::<SchedulerArgs>(args)
 }
