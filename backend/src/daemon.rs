@@ -41,7 +41,7 @@ use std::sync::Arc;
 use dataplane::control::{self, connect_retrying, flush_within, ControlError, MetricsEndpoint, WithDomain};
 use dataplane::mem::{Access, Region};
 use dataplane::reconnect::{connect_first, split_addrs, Reconnect, DEFAULT_MAX_BACKOFF, DEFAULT_MIN_BACKOFF};
-use node_shell::{self as shell, Common, CommonArgs, ConfigError, Daemon};
+use node_shell::{self as shell, setup, Common, CommonArgs, ConfigError, Daemon, SchedulerUnreachable, SetupError};
 use dataplane::time::{Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Registration};
 use dataplane::waitset::{IdleWait, Notifier, WatchList};
@@ -89,33 +89,19 @@ pub enum BackendError {
         /// Its longest READ.
         max: u32,
     },
-    /// A part of the daemon cannot be set up.
-    #[error("{what}: {source}")]
-    Setup {
-        /// What.
-        what: String,
-        /// Why.
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    /// A part of the backend (staging region, executor, wait set, worker,
+    /// metrics endpoint) cannot be set up.
+    #[error(transparent)]
+    Setup(#[from] SetupError),
     /// The scheduler cannot be reached.
-    #[error("cannot reach the scheduler at '{addr}': {source}")]
-    Unreachable {
-        /// Its address.
-        addr: String,
-        /// Why.
-        source: dataplane::transport::Error,
-    },
+    #[error(transparent)]
+    Unreachable(#[from] SchedulerUnreachable),
     /// The scheduler refused the registration, or the node failed.
     #[error("{0}")]
     Node(String),
     /// `--executor cuda` in a build without the `cuda` feature.
     #[error("executor cuda: built without CUDA support (rebuild with `--features cuda`)")]
     NoCudaSupport,
-}
-
-fn setup<E: Into<Box<dyn std::error::Error + Send + Sync>>>(what: impl Into<String>) -> impl FnOnce(E) -> BackendError {
-    let what = what.into();
-    move |e| BackendError::Setup { what, source: e.into() }
 }
 
 impl Daemon for BackendArgs {
@@ -350,7 +336,7 @@ fn serve<D: Domain, E: Executor>(
     let s = launch.s;
     let addrs = split_addrs(&s.scheduler);
     let (sched, at) = connect_first(&domain, &addrs, s.connect_timeout)
-        .map_err(|source| BackendError::Unreachable { addr: s.scheduler.clone(), source })?;
+        .map_err(|source| SchedulerUnreachable { addr: s.scheduler.clone(), source })?;
     let mut reconnect = Reconnect::new(addrs.clone(), DEFAULT_MIN_BACKOFF, DEFAULT_MAX_BACKOFF);
     reconnect.prefer(&addrs[at]);
     let mut idle = IdleWait::new(s.idle).map_err(setup("wait set"))?;

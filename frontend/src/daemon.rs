@@ -39,7 +39,7 @@ use dataplane::idle::IdleStrategy;
 use dataplane::join::JoinToken;
 use dataplane::mem::Access;
 use dataplane::reconnect::{connect_first, split_addrs, Reconnect, DEFAULT_MAX_BACKOFF, DEFAULT_MIN_BACKOFF};
-use node_shell::{self as shell, parse_socket_addr, Acceptor, Common, CommonArgs, ConfigError, Daemon};
+use node_shell::{self as shell, parse_socket_addr, setup, Acceptor, Common, CommonArgs, ConfigError, Daemon, SchedulerUnreachable, SetupError};
 use dataplane::time::{Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Listener, Registration};
 use dataplane::waitset::{IdleWait, Notifier};
@@ -327,33 +327,19 @@ pub enum FrontendError {
     /// The transport cannot be opened.
     #[error(transparent)]
     Transport(#[from] ControlError),
-    /// A part of the daemon cannot be set up.
-    #[error("{what}: {source}")]
-    Setup {
-        /// What.
-        what: String,
-        /// Why.
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    /// A part of the frontend (model repository, staging, listeners, routing
+    /// follower, I/O thread) cannot be set up.
+    #[error(transparent)]
+    Setup(#[from] SetupError),
     /// The scheduler cannot be reached.
-    #[error("cannot reach the scheduler at '{addr}': {source}")]
-    Unreachable {
-        /// Its address.
-        addr: String,
-        /// Why.
-        source: dataplane::transport::Error,
-    },
+    #[error(transparent)]
+    Unreachable(#[from] SchedulerUnreachable),
     /// The scheduler refused the registration (or its model list differs).
     #[error("{0}")]
     Refused(String),
     /// The I/O thread ended without saying why, or did not stop.
     #[error("the I/O thread {0}")]
     IoThread(&'static str),
-}
-
-fn setup<E: Into<Box<dyn std::error::Error + Send + Sync>>>(what: impl Into<String>) -> impl FnOnce(E) -> FrontendError {
-    let what = what.into();
-    move |e| FrontendError::Setup { what, source: e.into() }
 }
 
 impl Daemon for FrontendArgs {
@@ -462,10 +448,10 @@ fn serve<D: Domain>(domain: D, cfg: FrontendConfig) -> Result<(), FrontendError>
             let table = first_table(&watch, rc, cfg.connect_timeout)?;
             let groups: Vec<(String, Vec<String>)> = table.groups.iter().map(|g| (g.name.clone(), g.schedulers.clone())).collect();
             if let Some((name, _)) = groups.iter().find(|(_, addrs)| addrs.is_empty()) {
-                return Err(FrontendError::Setup {
-                    what: format!("routing table at {}", rc.key),
-                    source: format!("group {name:?} names no scheduler address (its `schedulers`)").into(),
-                });
+                return Err(FrontendError::Setup(SetupError::new(
+                    format!("routing table at {}", rc.key),
+                    format!("group {name:?} names no scheduler address (its `schedulers`)"),
+                )));
             }
             let names: Vec<String> = groups.iter().map(|(n, _)| n.clone()).collect();
             let models: Vec<String> = catalog.entries().iter().map(|e| e.spec.name.clone()).collect();
@@ -488,7 +474,7 @@ fn serve<D: Domain>(domain: D, cfg: FrontendConfig) -> Result<(), FrontendError>
     };
     for (g, (name, addrs)) in groups.iter().enumerate() {
         let (sched, at) = connect_first(&io.domain, addrs, cfg.connect_timeout)
-            .map_err(|source| FrontendError::Unreachable { addr: addrs.join(","), source })?;
+            .map_err(|source| SchedulerUnreachable { addr: addrs.join(","), source })?;
         let mut reconnect = Reconnect::new(addrs.clone(), DEFAULT_MIN_BACKOFF, DEFAULT_MAX_BACKOFF);
         reconnect.prefer(&addrs[at]);
         io.reconnects.push(reconnect);
@@ -528,10 +514,10 @@ fn first_table(watch: &RoutesWatch, rc: &RoutesConfig, timeout: Duration) -> Res
             return Ok(t);
         }
         if start.elapsed().as_nanos() as u64 >= timeout.as_nanos() {
-            return Err(FrontendError::Setup {
-                what: format!("routing table at {} in etcd {}", rc.key, rc.endpoints.join(",")),
-                source: format!("none read within {} ms (store one with `symphony route set`)", timeout.as_nanos() / 1_000_000).into(),
-            });
+            return Err(FrontendError::Setup(SetupError::new(
+                format!("routing table at {} in etcd {}", rc.key, rc.endpoints.join(",")),
+                format!("none read within {} ms (store one with `symphony route set`)", timeout.as_nanos() / 1_000_000),
+            )));
         }
         std::thread::sleep(std::time::Duration::from_nanos(rc.poll.as_nanos()));
     }

@@ -12,6 +12,8 @@
 //!   value parser, so a bad transport or address is refused the same way
 //!   from a flag, a variable or a file, naming where it came from.
 //! - [`logging`]: `tracing` events to stderr, human or JSON lines.
+//! - [`SetupError`], [`SchedulerUnreachable`]: the start-up errors every
+//!   node daemon shares ([`setup()`] for `map_err`).
 //! - [`Acceptor`]: the thread that takes a listener's connections for a
 //!   daemon's poll loop.
 //! - [`main`]: the entry point of every daemon ([`Daemon`]): load, log,
@@ -24,6 +26,7 @@
 mod accept;
 mod load;
 pub mod logging;
+mod setup;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -37,6 +40,7 @@ use dataplane::time::Duration;
 pub use accept::Acceptor;
 pub use load::{env_var_name, load, load_from, Origin};
 pub use logging::{LogArgs, LogFormat};
+pub use setup::{setup, SchedulerUnreachable, SetupError};
 
 /// A configuration that cannot be used, and where the bad value came from.
 #[derive(Debug, thiserror::Error)]
