@@ -78,6 +78,9 @@ fn poisson_fill_floor(mean: u32) -> u32 {
     w.max(1)
 }
 const NOT_OWNED: u32 = u32::MAX;
+/// The largest target whose [`poisson_fill_floor`] a model remembers
+/// (4 bytes each).
+const FILL_FLOOR_MEMO_MAX: usize = 4096;
 
 /// Counters of one ModelThread core.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -210,8 +213,14 @@ struct ModelState {
     follow_ups: FollowUps,
     /// [`Grant::others_loss_bp`] of this model's last grant.
     others_loss_bp: Option<u16>,
-    /// The last [`poisson_fill_floor`] (target, answer).
-    fill_floor_memo: (u32, u32),
+    /// [`poisson_fill_floor`] by target, 0 where not yet computed (it is
+    /// at least 1), for targets up to the profile's largest batch (capped
+    /// at [`FILL_FLOOR_MEMO_MAX`]); sized at construction, filled on first
+    /// use. The target moves by about one per request under load, so a
+    /// memo of the last target alone missed nearly every time and cost
+    /// ~13 `exp` + `ln` per request (42% of the scheduler daemon's CPU at
+    /// 1 M tasks/s, benchmarks.md "bench-cluster").
+    fill_floor_memo: Vec<u32>,
 }
 
 impl ModelState {
@@ -695,13 +704,16 @@ impl ModelState {
         }
     }
 
-    /// [`poisson_fill_floor`]`(target)`, remembered: the target rarely
-    /// moves between gathers.
+    /// [`poisson_fill_floor`]`(target)`, remembered per target.
     fn fill_floor(&mut self, target: u32) -> u32 {
-        if self.fill_floor_memo.0 != target {
-            self.fill_floor_memo = (target, poisson_fill_floor(target));
+        match self.fill_floor_memo.get_mut(target as usize) {
+            Some(known) if *known != 0 => *known,
+            Some(unknown) => {
+                *unknown = poisson_fill_floor(target);
+                *unknown
+            }
+            None => poisson_fill_floor(target),
         }
-        self.fill_floor_memo.1
     }
 
     /// [`Self::drop_window`] by binary search.
@@ -892,6 +904,7 @@ impl ModelThreadCore {
                     .max_by(|&a, &b| spec.profile.throughput_rps(a).total_cmp(&spec.profile.throughput_rps(b)))
                     .unwrap_or(1);
                 let efficiency = (1..=spec.profile.max_batch()).map(|b| efficiency_of(&spec.profile, b)).collect();
+                let fill_floor_memo = vec![0; (spec.profile.max_batch() as usize).min(FILL_FLOOR_MEMO_MAX) + 1];
                 ModelState {
                     id,
                     best_batch,
@@ -912,7 +925,7 @@ impl ModelThreadCore {
                     loss: RecentLoss::default(),
                     follow_ups: FollowUps::default(),
                     others_loss_bp: None,
-                    fill_floor_memo: (0, 0),
+                    fill_floor_memo,
                 }
             })
             .collect();
