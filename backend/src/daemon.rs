@@ -38,10 +38,10 @@ use std::process::ExitCode;
 use std::sync::mpsc;
 use std::sync::Arc;
 
-use dataplane::control::{self, connect_retrying, flush_within, ControlError, MetricsEndpoint, WithDomain};
+use dataplane::control::{self, connect_retrying, flush_within, ControlError, WithDomain};
 use dataplane::mem::{Access, Region};
 use dataplane::reconnect::{connect_first, split_addrs, Reconnect, DEFAULT_MAX_BACKOFF, DEFAULT_MIN_BACKOFF};
-use node_shell::{self as shell, setup, Common, CommonArgs, ConfigError, Daemon, SchedulerUnreachable, SetupError};
+use node_shell::{self as shell, MetricsEndpoint, setup, Common, CommonArgs, ConfigError, Daemon, SchedulerUnreachable, SetupError};
 use dataplane::time::{Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Registration};
 use dataplane::waitset::{IdleWait, Notifier, WatchList};

@@ -7,7 +7,6 @@ pub mod heap;
 pub mod ids;
 pub mod idle;
 pub mod mem;
-pub mod metrics;
 pub mod mutation;
 pub mod reference;
 pub mod spsc;

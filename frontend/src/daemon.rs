@@ -34,12 +34,12 @@ use crate::node::{FrontendEvent, FrontendNode, FrontendNodeConfig, FrontendStats
 use crate::service::ClusterService;
 use crate::staging::{RoutedOutcome, Staging, StagingConfig};
 use clap::Parser;
-use dataplane::control::{self, ControlError, MetricsEndpoint, TransportKind, WithDomain};
+use dataplane::control::{self, ControlError, TransportKind, WithDomain};
 use dataplane::idle::IdleStrategy;
 use dataplane::join::JoinToken;
 use dataplane::mem::Access;
 use dataplane::reconnect::{connect_first, split_addrs, Reconnect, DEFAULT_MAX_BACKOFF, DEFAULT_MIN_BACKOFF};
-use node_shell::{self as shell, parse_socket_addr, setup, Acceptor, Common, CommonArgs, ConfigError, Daemon, SchedulerUnreachable, SetupError};
+use node_shell::{self as shell, MetricsEndpoint, parse_socket_addr, setup, Acceptor, Common, CommonArgs, ConfigError, Daemon, SchedulerUnreachable, SetupError};
 use dataplane::time::{Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Listener, Registration};
 use dataplane::waitset::{IdleWait, Notifier};

@@ -311,7 +311,7 @@ pub async fn handle<S: InferenceService>(
         }
         ["metrics"] if get => respond(
             StatusCode::OK,
-            dataplane::metrics::CONTENT_TYPE,
+            node_shell::metrics::CONTENT_TYPE,
             service.metrics().encode().into_bytes(),
         ),
         ["v2", "models", "stats"] if get => match api::statistics(service, "", None) {

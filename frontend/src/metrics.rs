@@ -1,5 +1,5 @@
 //! The frontend's per-model metrics: handles into one
-//! [`MetricsRegistry`] (`dataplane::metrics`), resolved per model once at
+//! [`MetricsRegistry`] (`node_shell::metrics`), resolved per model once at
 //! start, so recording is a few relaxed atomic adds (no lock, no
 //! allocation, no label lookup).
 //!
@@ -13,7 +13,7 @@
 use crate::models::{ModelCatalog, ModelEntry};
 use crate::staging::{CounterSnapshot, Staging};
 pub use crate::types::Execution;
-use dataplane::metrics::{self, Computed, Counter, Histogram, Label, MetricsRegistry, PlainCounter};
+use node_shell::metrics::{self, Computed, Counter, Histogram, Label, MetricsRegistry, PlainCounter};
 use dataplane::wire::DropReason;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! The backend's metrics: handles into one [`MetricsRegistry`]
-//! (`dataplane::metrics`).
+//! (`node_shell::metrics`).
 //!
 //! The poll thread is the only writer: it copies the worker's counters and
 //! folds each finished batch into counters and histograms with relaxed
@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use dataplane::metrics::{self, Computed, Counter, Histogram, Label, MetricsRegistry, PlainCounter};
+use node_shell::metrics::{self, Computed, Counter, Histogram, Label, MetricsRegistry, PlainCounter};
 
 use crate::worker::{BatchReport, FenceReason, WorkerStats};
 

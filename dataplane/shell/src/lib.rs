@@ -14,6 +14,8 @@
 //! - [`logging`]: `tracing` events to stderr, human or JSON lines.
 //! - [`SetupError`], [`SchedulerUnreachable`]: the start-up errors every
 //!   node daemon shares ([`setup()`] for `map_err`).
+//! - [`metrics`], [`MetricsEndpoint`]: the registry behind every
+//!   daemon's `/metrics` and the HTTP endpoint that serves it.
 //! - [`Acceptor`]: the thread that takes a listener's connections for a
 //!   daemon's poll loop.
 //! - [`main`]: the entry point of every daemon ([`Daemon`]): load, log,
@@ -24,8 +26,10 @@
 //! its launcher, not a log line: the roles print it themselves.
 
 mod accept;
+mod endpoint;
 mod load;
 pub mod logging;
+pub mod metrics;
 mod setup;
 
 use std::net::SocketAddr;
@@ -38,6 +42,7 @@ use dataplane::join::{JoinError, JoinToken};
 use dataplane::time::Duration;
 
 pub use accept::Acceptor;
+pub use endpoint::{MetricsEndpoint, METRICS_MAX_CLIENTS, METRICS_REQUEST_DEADLINE};
 pub use load::{env_var_name, load, load_from, Origin};
 pub use logging::{LogArgs, LogFormat};
 pub use setup::{setup, SchedulerUnreachable, SetupError};

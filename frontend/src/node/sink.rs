@@ -5,7 +5,7 @@
 use crate::service::{SinkError, TaskSink};
 use crate::staging::Ticket;
 use crossbeam_queue::ArrayQueue;
-use dataplane::metrics::{Computed, MetricsRegistry};
+use node_shell::metrics::{Computed, MetricsRegistry};
 use dataplane::waitset::Notifier;
 use dataplane::wire::Task;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};

@@ -8,7 +8,7 @@
 //! outside benchmarks compares clocks across processes, and a scheduler
 //! without `--bench-stamps` neither reads nor sends stamps.
 
-use dataplane::metrics::Histogram;
+use node_shell::metrics::Histogram;
 use dataplane::time::Instant;
 use dataplane::wire::BenchStamp;
 
@@ -133,7 +133,7 @@ mod tests {
         assert_eq!(LAG_BOUNDS_US[2048], 4095);
         assert_eq!(lag_index(4096), 2049);
         assert_eq!(lag_index(u64::MAX), BOUNDS);
-        let r = dataplane::metrics::MetricsRegistry::new();
+        let r = node_shell::metrics::MetricsRegistry::new();
         r.register("x", "h", b.histogram().clone());
         let s = r.encode();
         assert!(s.contains("x_bucket{le=\"5.0\"} 3"), "{s}");

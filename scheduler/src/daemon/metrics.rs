@@ -1,12 +1,12 @@
 //! The scheduler daemon's metrics: handles into one
-//! [`MetricsRegistry`] (`dataplane::metrics`), written by the poll thread
+//! [`MetricsRegistry`] (`node_shell::metrics`), written by the poll thread
 //! with relaxed atomic adds (no lock, no allocation) and encoded by the
 //! `/metrics` thread.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use dataplane::metrics::{self, Computed, Counter, Gauge, Histogram, MetricsRegistry};
+use node_shell::metrics::{self, Computed, Counter, Gauge, Histogram, MetricsRegistry};
 use dataplane::wire::{DropReason, RefuseReason};
 
 use crate::sim::AutoscaleAdvice;

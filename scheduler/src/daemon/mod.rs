@@ -26,8 +26,8 @@ use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use dataplane::control::{self, ControlError, MetricsEndpoint, WithDomain};
-use node_shell::{self as shell, Acceptor, Common, CommonArgs, ConfigError, Daemon};
+use dataplane::control::{self, ControlError, WithDomain};
+use node_shell::{self as shell, MetricsEndpoint, Acceptor, Common, CommonArgs, ConfigError, Daemon};
 use dataplane::time::{Duration, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Listener};
 use dataplane::waitset::{IdleWait, WatchList};
@@ -132,19 +132,19 @@ enum TermEnd {
 /// The leadership gauges every scheduler exports (issue 18): what `symphony
 /// up --ha` and an operator read to see who leads and since when.
 struct TermMetrics {
-    epoch: dataplane::metrics::Gauge,
-    terms: dataplane::metrics::Counter,
-    first_plan_host_ns: dataplane::metrics::Gauge,
+    epoch: node_shell::metrics::Gauge,
+    terms: node_shell::metrics::Counter,
+    first_plan_host_ns: node_shell::metrics::Gauge,
 }
 
 impl TermMetrics {
     fn register(m: &SchedulerMetrics) -> TermMetrics {
         let r = m.registry();
-        let epoch = dataplane::metrics::Gauge::default();
+        let epoch = node_shell::metrics::Gauge::default();
         r.register("symphony_scheduler_leader_epoch", "The term this scheduler leads (0: standby; 0 also when no election is configured and it leads alone)", epoch.clone());
-        let terms = dataplane::metrics::Counter::default();
+        let terms = node_shell::metrics::Counter::default();
         r.register("symphony_scheduler_terms", "Terms this scheduler began to serve", terms.clone());
-        let first_plan_host_ns = dataplane::metrics::Gauge::default();
+        let first_plan_host_ns = node_shell::metrics::Gauge::default();
         r.register(
             "symphony_scheduler_term_first_plan_host_ns",
             "CLOCK_MONOTONIC of the first batch planned in the current term, ns (0: none yet)",
@@ -180,7 +180,7 @@ pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), Scheduler
     metrics.registry().register(
         "symphony_scheduler_heartbeats_refused",
         "Election heartbeats refused: a bad MAC, a replayed or unsolicited answer, a term the election store did not confirm, or pings beyond the answer rate",
-        dataplane::metrics::Computed::counter_of(host.refused_reader()),
+        node_shell::metrics::Computed::counter_of(host.refused_reader()),
     );
     announce(&cfg, &cfg.listen, endpoint.addr());
     loop {

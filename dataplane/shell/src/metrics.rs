@@ -1,6 +1,6 @@
 //! The one metrics mechanism of every role: a [`prometheus_client`]
 //! registry behind a [`MetricsRegistry`], encoded as OpenMetrics text for
-//! the one endpoint ([`crate::control::MetricsEndpoint`]) and for the
+//! the one endpoint ([`crate::MetricsEndpoint`]) and for the
 //! frontend's own `GET /metrics`.
 //!
 //! Each role registers its families once, at start, and keeps handles to
@@ -342,7 +342,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::{metric, metric_sum};
+    use dataplane::control::{metric, metric_sum};
 
     static BOUNDS: [u64; 3] = [1, 4, 16];
 
