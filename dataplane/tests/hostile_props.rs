@@ -4,7 +4,7 @@
 //! header. None may panic, and a link holding READs answers none (checked
 //! inside `dataplane::transport::fuzz`).
 
-use dataplane::transport::fuzz::{self, drive_socket, FUZZ_KEY, FUZZ_REGION_LEN};
+use dataplane::transport::fuzz::{self, drive_socket, fuzz_key, FUZZ_REGION_LEN};
 use dataplane::wire::{self, Header, Kind, ReadRequest, RemoteRef, HEADER_LEN, MAGIC, VERSION};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -39,7 +39,7 @@ fn frame() -> impl Strategy<Value = Vec<u8>> {
 
 /// A READ request that is valid but for the fields chosen.
 fn read_request() -> impl Strategy<Value = Vec<u8>> {
-    let key = prop_oneof![Just(FUZZ_KEY), any::<u32>()];
+    let key = prop_oneof![Just(fuzz_key().expect("a registered region")), any::<u32>()];
     let len = prop_oneof![0u32..(FUZZ_REGION_LEN as u32 + 8), any::<u32>()];
     let offset = prop_oneof![0u64..(FUZZ_REGION_LEN as u64 + 8), any::<u64>()];
     (key, len, offset).prop_map(|(key, len, offset)| {
@@ -81,7 +81,7 @@ fn valid_read_requests_are_answered_only_within_the_region() {
             // the request lies inside the registered region.
             let remote: ReadRequest = bytemuck::pod_read_unaligned(&req[HEADER_LEN..]);
             let r = remote.remote;
-            let inside = r.key == FUZZ_KEY
+            let inside = Some(r.key) == fuzz_key()
                 && r.offset.checked_add(u64::from(r.len)).is_some_and(|end| end <= FUZZ_REGION_LEN as u64);
             let head = HEADER_LEN + 16;
             let want = if inside { head + r.len as usize } else { head };

@@ -22,27 +22,35 @@ use super::stream::{ByteIo, Stream, StreamConfig};
 use crate::mem::{Access, KeyTable, Region};
 use crate::wire::{self, Header, Kind, ReadRequest, HEADER_LEN, MAGIC, MAX_MESSAGE_LEN, VERSION};
 
-/// Bytes of the region a READ may reach (key [`FUZZ_KEY`], the first key a
-/// fresh registry hands out).
+/// Bytes of the region a READ may reach (key [`fuzz_key`]).
 pub const FUZZ_REGION_LEN: usize = 4096;
-/// The key of the registered region in every fuzzed registry.
-pub const FUZZ_KEY: u32 = 1 << 16;
 /// Polls of the stream per input: enough to drain any input a fuzzer
 /// sends (each poll parses every whole frame received), bounded so that
 /// no input can loop.
 const MAX_POLLS: usize = 64;
 
 /// One registry per process with one 4 KiB region registered for READs.
-fn registry() -> Option<Arc<Registry>> {
-    static REG: OnceLock<Option<(Arc<Registry>, Arc<Region>)>> = OnceLock::new();
+fn registered() -> Option<&'static (Arc<Registry>, Arc<Region>, u32)> {
+    static REG: OnceLock<Option<(Arc<Registry>, Arc<Region>, u32)>> = OnceLock::new();
     REG.get_or_init(|| {
         let reg = Arc::new(Registry::new(KeyTable::new_local(4)));
         let region = Region::anonymous(FUZZ_REGION_LEN).ok()?;
         let key = reg.register(&region, Access::ALL, b"").ok()?.key();
-        (key == FUZZ_KEY).then_some((reg, region))
+        Some((reg, region, key))
     })
     .as_ref()
-    .map(|(r, _)| r.clone())
+}
+
+fn registry() -> Option<Arc<Registry>> {
+    registered().map(|(r, _, _)| r.clone())
+}
+
+/// The key of the region registered in this process's fuzzed registry:
+/// region keys are unguessable (`mem`), so it differs from process to
+/// process and tests ask for it rather than assume one. `None` where no
+/// region could be registered.
+pub fn fuzz_key() -> Option<u32> {
+    registered().map(|&(_, _, key)| key)
 }
 
 fn config(serve_reads: bool) -> StreamConfig {
