@@ -30,8 +30,12 @@ pub const FUZZ_REGION_LEN: usize = 4096;
 const MAX_POLLS: usize = 64;
 
 /// One registry per process with one 4 KiB region registered for READs.
-fn registered() -> Option<&'static (Arc<Registry>, Arc<Region>, u32)> {
-    static REG: OnceLock<Option<(Arc<Registry>, Arc<Region>, u32)>> = OnceLock::new();
+/// The registry, the region it keeps registered (kept alive here) and
+/// that region's key.
+type Registered = (Arc<Registry>, Arc<Region>, u32);
+
+fn registered() -> Option<&'static Registered> {
+    static REG: OnceLock<Option<Registered>> = OnceLock::new();
     REG.get_or_init(|| {
         let reg = Arc::new(Registry::new(KeyTable::new_local(4)));
         let region = Region::anonymous(FUZZ_REGION_LEN).ok()?;
