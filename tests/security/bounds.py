@@ -28,7 +28,6 @@ idle connections) and step 4 fails (unload answered 200).
 
 Usage: bounds.py SYMPHONY_BINARY
 """
-import json
 import os
 import re
 import resource
@@ -36,21 +35,14 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from attack_ports import alive, children, infer_within, listening_ports  # noqa: E402
+from cluster import Cluster, fail, infer_within, listening_ports, metric, use_label  # noqa: E402
 
 IDLE_PER_PORT = 1000
-BOUND_S = 60
-
-
-def fail(why):
-    print("security bounds: FAIL: " + why, flush=True)
-    sys.exit(1)
 
 
 def idle_connections(port, n):
@@ -98,12 +90,6 @@ def health_time(url):
     return time.monotonic() - start
 
 
-def metric(url, name):
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
-    m = re.search(r"^%s (\S+)$" % re.escape(name), text, re.M)
-    return float(m.group(1)) if m else None
-
-
 def trickled_body_is_cut(http_addr, limit_s):
     """Sends a POST head announcing 1000 bytes, then one byte a second; the
     seconds until the server answered and closed, or None past `limit_s`."""
@@ -136,6 +122,7 @@ def trickled_body_is_cut(http_addr, limit_s):
 
 
 def main():
+    use_label("security bounds")
     if len(sys.argv) != 2:
         fail("usage: bounds.py SYMPHONY_BINARY")
     binary = sys.argv[1]
@@ -145,60 +132,29 @@ def main():
         fail(f"the open-file limit {hard} is below the {want} this attack needs")
     # The daemons inherit it from `up`: they must be able to accept too.
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), hard))
-    tmp = tempfile.mkdtemp(prefix="symphony-security-bounds-")
-    out_path, err_path = os.path.join(tmp, "out"), os.path.join(tmp, "err")
-    args = [binary, "up", "--serve", "--transport", "tcp", "--models", "ResNet50",
-            "--frontends", "1", "--backends", "1"]
     extra = None
-    with open(out_path, "w") as out, open(err_path, "w") as err:
-        up = subprocess.Popen(args, stdout=out, stderr=err, start_new_session=True)
-    try:
-        extra = run(up, binary, tmp, out_path, err_path)
-    finally:
-        if extra is not None and extra.poll() is None:
-            extra.send_signal(signal.SIGINT)
-            try:
-                extra.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                extra.kill()
-                extra.wait()
-        if up.poll() is None:
-            up.send_signal(signal.SIGINT)
-            try:
-                up.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(up.pid, signal.SIGKILL)
-                up.wait()
+    with Cluster(binary, prefix="symphony-security-bounds-") as c:
+        try:
+            extra = run(c)
+        finally:
+            if extra is not None and extra.poll() is None:
+                extra.send_signal(signal.SIGINT)
+                try:
+                    extra.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    extra.kill()
+                    extra.wait()
 
 
-def run(up, binary, tmp, out_path, err_path):
-    deadline = time.monotonic() + BOUND_S
-    text = ""
-    while time.monotonic() < deadline:
-        text = open(out_path).read()
-        if "serving;" in text:
-            break
-        if up.poll() is not None:
-            fail("symphony up exited early:\n" + open(err_path).read()[-3000:])
-        time.sleep(0.1)
-    else:
-        fail("symphony up did not start within %d s" % BOUND_S)
-
-    def printed(pattern):
-        m = re.search(pattern, text, re.M)
-        if not m:
-            fail(f"up printed no line matching {pattern!r}:\n{text}")
-        return m.group(1)
-
-    url = printed(r"^frontend 1: http://(\S+)$")
-    grpc_addr = printed(r"^frontend 1 grpc: (?:http://)?(\S+)$")
+def run(c):
+    binary, tmp, text = c.binary, c.tmp, c.text
+    url = c.url()
+    grpc_addr = c.printed(r"^frontend 1 grpc: (?:http://)?(\S+)$")
     metrics_urls = re.findall(r"metrics: (http://\S+)/metrics$", text, re.M)
-    sched_metrics = printed(r"^scheduler metrics: (http://\S+)$")
-    control = printed(r"^scheduler control: (\S+)$")
-    token = printed(r"^join token: (\S+)$")
-    daemons = children(up.pid)
-    if len(daemons) < 3:
-        fail(f"expected a scheduler, a frontend and a backend under up, found pids {daemons}")
+    sched_metrics = c.printed(r"^scheduler metrics: (http://\S+)$")
+    control = c.printed(r"^scheduler control: (\S+)$")
+    token = c.printed(r"^join token: (\S+)$")
+    daemons = c.daemons
     infer_within(url, 30)
     ports = sorted({p for pid in daemons for p in listening_ports(pid)})
     grpc_port = int(grpc_addr.rsplit(":", 1)[1])
@@ -267,9 +223,7 @@ def run(up, binary, tmp, out_path, err_path):
     infer_within(url, 10)
     print("security bounds: unload without the admin credential refused; the model still serves", flush=True)
 
-    dead = [pid for pid in daemons if not alive(pid)]
-    if up.poll() is not None or dead:
-        fail(f"daemons died: {dead} (up exit status {up.poll()}); stderr tail:\n" + open(err_path).read()[-3000:])
+    c.check_alive()
     print("security bounds: ok", flush=True)
     return joined
 
