@@ -14,6 +14,7 @@
 //! a panic).
 
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// The etcd key the table lives under unless told otherwise.
 pub const DEFAULT_ROUTES_KEY: &str = "/symphony/routes";
@@ -48,11 +49,12 @@ pub struct RouteTable {
 }
 
 /// Why a table is not valid.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum RouteError {
-    /// The bytes are not a table.
+    /// The bytes are not a table (the parser's error, shared so that the
+    /// error stays `Clone`).
     #[error("not a routing table: {0}")]
-    Malformed(String),
+    Malformed(#[source] Arc<serde_json::Error>),
     /// Two groups share a name.
     #[error("group {0:?} appears twice")]
     DuplicateGroup(String),
@@ -74,7 +76,7 @@ pub enum RouteError {
 impl RouteTable {
     /// Parses and validates a table.
     pub fn decode(bytes: &[u8]) -> Result<RouteTable, RouteError> {
-        let t: RouteTable = serde_json::from_slice(bytes).map_err(|e| RouteError::Malformed(e.to_string()))?;
+        let t: RouteTable = serde_json::from_slice(bytes).map_err(|e| RouteError::Malformed(Arc::new(e)))?;
         t.validate()?;
         Ok(t)
     }
@@ -152,7 +154,7 @@ mod tests {
     #[test]
     fn round_trips_and_moves_bump_the_revision() {
         let t = table();
-        assert_eq!(RouteTable::decode(&t.encode()), Ok(t.clone()));
+        assert_eq!(RouteTable::decode(&t.encode()).ok(), Some(t.clone()));
         assert_eq!(t.owner("ResNet50"), Some(0));
         let m = t.with_move("ResNet50", "b").unwrap();
         assert_eq!((m.revision, m.owner("ResNet50")), (2, Some(1)));
@@ -161,7 +163,7 @@ mod tests {
         assert_eq!(m.owned_mask("b", &names), [true, true]);
         assert_eq!(m.owned_mask("a", &names), [false, false]);
         assert_eq!(m.owned_mask("zz", &names), [false, false]);
-        assert_eq!(t.with_move("ResNet50", "zz"), Err(RouteError::NoSuchGroup("zz".into())));
+        assert!(matches!(t.with_move("ResNet50", "zz"), Err(RouteError::NoSuchGroup(g)) if g == "zz"));
     }
 
     #[test]
@@ -171,8 +173,12 @@ mod tests {
         assert!(matches!(RouteTable::decode(&t.encode()), Err(RouteError::DuplicateModel { .. })));
         let mut t = table();
         t.groups[1].name = "a".into();
-        assert_eq!(RouteTable::decode(&t.encode()), Err(RouteError::DuplicateGroup("a".into())));
-        assert!(matches!(RouteTable::decode(b"{\"revision\":1}"), Err(RouteError::Malformed(_))));
+        assert!(matches!(RouteTable::decode(&t.encode()), Err(RouteError::DuplicateGroup(g)) if g == "a"));
+        let malformed = RouteTable::decode(b"{\"revision\":1}").unwrap_err();
+        assert!(matches!(malformed, RouteError::Malformed(_)));
+        // The parser's error is kept as the source, not only as text.
+        let source = std::error::Error::source(&malformed).map(|s| s.to_string());
+        assert_eq!(source.as_deref(), Some("missing field `groups` at line 1 column 14"));
     }
 
     #[test]

@@ -46,7 +46,7 @@ impl EtcdClient {
 }
 
 /// Why reading or writing the routing table failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum RoutesStoreError {
     /// etcd cannot be reached.
     #[error(transparent)]
