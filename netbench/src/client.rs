@@ -131,13 +131,11 @@ impl<D: Domain> Client<D> {
         for addr in addrs {
             let t = std::time::Duration::from_nanos(cfg.connect_timeout.as_nanos());
             let deadline = std::time::Instant::now() + t;
-            let mut conn = domain.connect(addr, cfg.connect_timeout).map_err(|e| {
-                Fail::runtime(format!(
-                    "cannot connect to peer {addr} over {} within {:.1} s: {e}",
-                    domain.kind(),
-                    t.as_secs_f64()
-                ))
-            })?;
+            let mut conn = domain.connect(addr, cfg.connect_timeout).map_err(Fail::caused(format!(
+                "cannot connect to peer {addr} over {} within {:.1} s",
+                domain.kind(),
+                t.as_secs_f64()
+            )))?;
             let n = proto::encode_hello(&mut buf, cfg.objects)?;
             proto::send_by(&mut conn, &buf[..n], deadline)
                 .map_err(|e| e.context(format!("peer {addr}")))?;
@@ -190,9 +188,7 @@ impl<D: Domain> Client<D> {
                 self.cfg.size
             )));
         }
-        let region = Region::anonymous(need as usize).map_err(|e| {
-            Fail::runtime(format!("cannot map {need} bytes of landing buffers: {e}"))
-        })?;
+        let region = Region::anonymous(need as usize).map_err(Fail::caused(format!("cannot map {need} bytes of landing buffers")))?;
         let reg = self.domain.register(&region, Access::LOCAL_WRITE)?;
         if let Some((_, old)) = self.landing.take() {
             let _ = self.domain.deregister(&old);
@@ -324,7 +320,7 @@ impl<D: Domain> Client<D> {
                 let k = peer
                     .conn
                     .poll_completions(comps)
-                    .map_err(|e| Fail::runtime(format!("peer {}: {e}", peer.addr)))?;
+                    .map_err(Fail::caused(format!("peer {}", peer.addr)))?;
                 if k > 0 {
                     let now = clock.now().as_nanos();
                     for c in &comps[..k] {
@@ -401,7 +397,7 @@ impl<D: Domain> Client<D> {
                     )));
                 }
                 Ok(None) => {}
-                Err(e) => return Err(Fail::runtime(format!("ping to {}: {e}", peer.addr))),
+                Err(e) => return Err(Fail::caused(format!("ping to {}", peer.addr))(e)),
             }
             if clock.now().as_nanos() - t0 > timeout_ns {
                 return Err(Fail::runtime(format!(
@@ -455,12 +451,7 @@ impl Round {
                     *next += n;
                     *inflight += n;
                 }
-                Err(e) => {
-                    return Err(Fail::runtime(format!(
-                        "posting READs to peer {}: {e}",
-                        peer.addr
-                    )));
-                }
+                Err(e) => return Err(Fail::caused(format!("posting READs to peer {}", peer.addr))(e)),
             }
         }
         Ok(())

@@ -37,6 +37,15 @@ pub enum Fail {
     /// A message did not decode.
     #[error("wire: {0}")]
     Wire(#[from] dataplane::wire::WireError),
+    /// A runtime failure caused by another error, which it keeps as its
+    /// source: what was being done, then the error's text.
+    #[error("{what}: {source}")]
+    Caused {
+        /// What was being done (e.g. `cannot start server 2`).
+        what: String,
+        /// The error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A file could not be read.
     #[error("cannot read {}: {source}", path.display())]
     Read {
@@ -75,6 +84,11 @@ impl Fail {
     pub fn write(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Fail {
         let path = path.into();
         move |source| Fail::Write { path, source }
+    }
+    /// `Caused` by an error while doing `what`.
+    pub fn caused<E: std::error::Error + Send + Sync + 'static>(what: impl Into<String>) -> impl FnOnce(E) -> Fail {
+        let what = what.into();
+        move |source| Fail::Caused { what, source: Box::new(source) }
     }
     /// `Read` of `path`.
     pub fn read(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Fail {

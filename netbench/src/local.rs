@@ -150,7 +150,7 @@ impl LocalServers {
                 .stderr(Stdio::inherit());
             let mut child = cmd
                 .spawn()
-                .map_err(|e| Fail::runtime(format!("cannot start server {i}: {e}")))?;
+                .map_err(Fail::caused(format!("cannot start server {i}")))?;
             let stdout = child.stdout.take();
             me.children.push(child);
             let addr = wait_ready(stdout, me.children.last_mut().expect("just pushed"), i)?;
@@ -268,7 +268,7 @@ fn ip(args: &[&str]) -> Res<()> {
         .args(args)
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| Fail::runtime(format!("cannot run `ip` (iproute2): {e}")))?;
+        .map_err(Fail::caused("cannot run `ip` (iproute2)"))?;
     if out.status.success() {
         Ok(())
     } else {
@@ -287,7 +287,7 @@ fn tc(ns: &str, dev: &str, qdisc: &str) -> Res<()> {
         .args(&args)
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| Fail::runtime(format!("cannot run `tc` (iproute2): {e}")))?;
+        .map_err(Fail::caused("cannot run `tc` (iproute2)"))?;
     if out.status.success() {
         Ok(())
     } else {
@@ -383,7 +383,7 @@ impl Netns {
     fn enter_client(&self) -> Res<()> {
         let path = format!("/run/netns/{}", self.client());
         let f = std::fs::File::open(&path)
-            .map_err(|e| Fail::runtime(format!("cannot open {path}: {e}")))?;
+            .map_err(Fail::caused(format!("cannot open {path}")))?;
         // SAFETY: setns(2) on a valid namespace fd we hold open; it affects
         // only the calling thread's network namespace.
         let r = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) };

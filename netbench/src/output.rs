@@ -121,12 +121,7 @@ pub(crate) fn cmd_plot(a: PlotArgs) -> Res<()> {
     for f in &a.files {
         let text = std::fs::read_to_string(f)
             .map_err(Fail::read(f.clone()))?;
-        let r: Report = serde_json::from_str(&text).map_err(|e| {
-            Fail::runtime(format!(
-                "{} is not a netbench JSON report: {e}",
-                f.display()
-            ))
-        })?;
+        let r: Report = serde_json::from_str(&text).map_err(Fail::caused(format!("{} is not a netbench JSON report", f.display())))?;
         reports.push(r);
     }
     let panels = panels_of(&reports, &a.metric)?;

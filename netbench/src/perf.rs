@@ -359,7 +359,7 @@ fn connect_links<D: Domain>(
     let count = addrs.len() * per_server;
     let need = count as u64 * u64::from(max_size);
     let region = Region::anonymous(need as usize)
-        .map_err(|e| Fail::runtime(format!("cannot map {need} bytes of landing buffers: {e}")))?;
+        .map_err(Fail::caused(format!("cannot map {need} bytes of landing buffers")))?;
     let reg = domain.register(&region, Access::LOCAL_WRITE)?;
     let mut buf = vec![0u8; MAX_MESSAGE_LEN];
     let mut links = Vec::with_capacity(count);
@@ -367,13 +367,11 @@ fn connect_links<D: Domain>(
         for addr in addrs {
             let t = std::time::Duration::from_nanos(connect_timeout.as_nanos());
             let deadline = std::time::Instant::now() + t;
-            let mut conn = domain.connect(addr, connect_timeout).map_err(|e| {
-                Fail::runtime(format!(
-                    "cannot connect to {addr} over {} within {:.1} s: {e}",
-                    domain.kind(),
-                    t.as_secs_f64()
-                ))
-            })?;
+            let mut conn = domain.connect(addr, connect_timeout).map_err(Fail::caused(format!(
+                "cannot connect to {addr} over {} within {:.1} s",
+                domain.kind(),
+                t.as_secs_f64()
+            )))?;
             let n = proto::encode_hello(&mut buf, 1)?;
             proto::send_by(&mut conn, &buf[..n], deadline)
                 .map_err(|e| e.context(format!("server {addr}")))?;
@@ -521,12 +519,7 @@ impl<D: Domain> Links<D> {
                             )));
                         }
                     }
-                    Err(e) => {
-                        return Err(Fail::runtime(format!(
-                            "sending to {}: {e}",
-                            self.links[i].addr
-                        )))
-                    }
+                    Err(e) => return Err(Fail::caused(format!("sending to {}", self.links[i].addr))(e)),
                 }
             }
             off += len;
@@ -604,13 +597,11 @@ impl<D: Domain> Links<D> {
         match path {
             Path::OneSided(verb) => {
                 self.links[i].started = seq;
-                self.post_one_sided(i, verb, size, 1).map(|_| ()).map_err(|e| {
-                    Fail::runtime(format!(
-                        "posting a {} to {}: {e}",
-                        verb.name().to_uppercase(),
-                        self.links[i].addr
-                    ))
-                })
+                self.post_one_sided(i, verb, size, 1).map(|_| ()).map_err(Fail::caused(format!(
+                    "posting a {} to {}",
+                    verb.name().to_uppercase(),
+                    self.links[i].addr
+                )))
             }
             Path::Message(op) => {
                 let mut done_early = |l: &mut Link<D::Conn>, s: u64, _t: u64| {
@@ -854,11 +845,8 @@ impl<D: Domain> Links<D> {
                         }
                         Err(TransportError::QueueFull) => break,
                         Err(e) => {
-                            return Err(Fail::runtime(format!(
-                                "posting a {} to {}: {e}",
-                                verb.name().to_uppercase(),
-                                self.links[i].addr
-                            )))
+                            let what = format!("posting a {} to {}", verb.name().to_uppercase(), self.links[i].addr);
+                            return Err(Fail::caused(what)(e));
                         }
                     }
                 }

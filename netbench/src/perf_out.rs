@@ -779,12 +779,7 @@ pub(crate) fn cmd_sweep_plot(a: SweepPlotArgs) -> Res<()> {
     let mut reports = Vec::new();
     for f in &a.files {
         let text = std::fs::read_to_string(f).map_err(Fail::read(f.clone()))?;
-        let r: PerfReport = serde_json::from_str(&text).map_err(|e| {
-            Fail::runtime(format!(
-                "{} is not a netbench lat/bw JSON report: {e}",
-                f.display()
-            ))
-        })?;
+        let r: PerfReport = serde_json::from_str(&text).map_err(Fail::caused(format!("{} is not a netbench lat/bw JSON report", f.display())))?;
         reports.push(r);
     }
     std::fs::write(&a.out, sweep_svg(a.title.as_deref().unwrap_or("netbench: latency and bandwidth by size"), &reports)).map_err(Fail::write(a.out.clone()))?;

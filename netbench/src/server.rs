@@ -111,7 +111,7 @@ impl WithDomain for Serve {
             RegionOptions::anonymous(total)
         };
         let region: Arc<Region> = Region::with_options(&opts)
-            .map_err(|e| Fail::runtime(format!("cannot map {total} bytes: {e}")))?;
+            .map_err(Fail::caused(format!("cannot map {total} bytes")))?;
         let mut obj = vec![0u8; cfg.size as usize];
         for j in 0..cfg.objects {
             pattern::fill(&mut obj, j);
@@ -130,7 +130,7 @@ impl WithDomain for Serve {
             .collect::<Result<_, _>>()?;
         let listener = domain
             .listen(&cfg.listen)
-            .map_err(|e| Fail::runtime(format!("cannot listen on {:?}: {e}", cfg.listen)))?;
+            .map_err(Fail::caused(format!("cannot listen on {:?}", cfg.listen)))?;
         // The first stdout line is the contract with `netbench local`.
         println!("listening {}", listener.local_addr());
         println!(

@@ -112,7 +112,7 @@ pub fn encode_hist(h: &Histogram<u64>) -> Res<String> {
 pub fn decode_hist(text: &str) -> Res<Histogram<u64>> {
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(text.trim())
-        .map_err(|e| Fail::runtime(format!("histogram is not base64: {e}")))?;
+        .map_err(Fail::caused("histogram is not base64"))?;
     Deserializer::new()
         .deserialize(&mut std::io::Cursor::new(bytes))
         .map_err(|e| Fail::runtime(format!("histogram does not decode: {e:?}")))
