@@ -50,7 +50,7 @@ pub struct BackendsReport {
 type Tag = (u32, u64, u32, u32);
 
 pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
-    let spec = parse_model_arg(&format!("m={}", a.profile)).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
+    let spec = parse_model_arg(&format!("m={}", a.profile))?;
     let clock = MonotonicClock::new();
     let (links, welcome) = join_all(&domain, &a, Role::Backend, &clock, |i| gpus_of(i, a.peers, a.gpus))?;
     let mut first_gpu = Vec::with_capacity(links.len());
@@ -70,10 +70,10 @@ pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
     // more CPU than the daemon it measures. A link is read when its fd is
     // readable, when its last read stopped at the burst limit, and when a
     // send may have taken its bytes in (`Connection::may_hold_input`).
-    let mut watch = WaitSet::new().map_err(|e| BenchClusterError::Peer(format!("epoll: {e}")))?;
+    let mut watch = WaitSet::new().map_err(BenchClusterError::caused("epoll"))?;
     for (i, link) in links.iter().enumerate() {
         if let Some(fd) = link.conn.wait_fd() {
-            watch.add_keyed(fd, i as u64).map_err(|e| BenchClusterError::Peer(format!("epoll: {e}")))?;
+            watch.add_keyed(fd, i as u64).map_err(BenchClusterError::caused("epoll"))?;
         }
     }
     let n = links.len();
@@ -173,7 +173,7 @@ impl<C: Connection> Backends<C> {
                 let n = match self.links[i].conn.try_recv(&mut self.buf) {
                     Ok(Some(n)) => n,
                     Ok(None) => break,
-                    Err(e) => return Err(BenchClusterError::Peer(format!("backend {}: the scheduler link failed: {e}", self.links[i].id))),
+                    Err(e) => return Err(BenchClusterError::caused(format!("backend {}: the scheduler link failed", self.links[i].id))(e)),
                 };
                 busy = true;
                 self.unread[i] |= turn + 1 == RECV_BURST;
@@ -241,7 +241,7 @@ impl<C: Connection> Backends<C> {
                 reads: 0,
                 reserved: 0,
             };
-            let n = wire::encode(&mut self.buf, &d).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
+            let n = wire::encode(&mut self.buf, &d)?;
             let link = &mut self.links[i as usize];
             self.touched[i as usize] = true;
             self.armed[i as usize] = false;
@@ -249,7 +249,7 @@ impl<C: Connection> Backends<C> {
                 Ok(()) => self.r.batches_done += 1,
                 // The scheduler fails back a batch whose report never came.
                 Err(Error::QueueFull) => {}
-                Err(e) => return Err(BenchClusterError::Peer(format!("backend {}: {e}", link.id))),
+                Err(e) => return Err(BenchClusterError::caused(format!("backend {}", link.id))(e)),
             }
         }
         Ok(busy)
@@ -264,7 +264,7 @@ impl<C: Connection> Backends<C> {
             if now >= link.live.next_send() {
                 self.touched[i] = true;
                 self.armed[i] = false;
-                beat(link, now, Role::Backend, &mut self.buf).map_err(|e| BenchClusterError::Peer(format!("backend {}: {e}", link.id)))?;
+                beat(link, now, Role::Backend, &mut self.buf).map_err(BenchClusterError::caused(format!("backend {}", link.id)))?;
             }
         }
         self.next_beat = self.links.iter().map(|l| l.live.next_send()).min().unwrap_or(Instant::NEVER);

@@ -75,7 +75,7 @@ pub struct FrontendsReport {
 }
 
 pub fn run<D: Domain>(domain: D, a: PeerArgs) -> Result<(), BenchClusterError> {
-    let spec = parse_model_arg(&format!("m={}", a.profile)).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
+    let spec = parse_model_arg(&format!("m={}", a.profile))?;
     let clock = MonotonicClock::new();
     let duration = Duration::from_secs_f64(a.duration_s);
     // Equal-rate Poisson models as one pooled stream (no per-arrival heap turn).
@@ -220,7 +220,7 @@ impl<C: Connection> Generator<C> {
         let stamped = self.stamp_every > 0 && r.offered.is_multiple_of(self.stamp_every);
         if self.coalesce > 1 {
             let o = &mut self.outgoing[i];
-            o.batch.push(&task).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
+            o.batch.push(&task)?;
             if o.oldest.is_none() {
                 o.oldest = Some(t);
                 self.due.push_back((i, t));
@@ -240,10 +240,10 @@ impl<C: Connection> Generator<C> {
         let buf = &mut self.buf;
         if stamped {
             let s = BenchStamp { at_ns: host_monotonic_ns(), ..Default::default() };
-            let n = wire::encode(buf, &s).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
-            send_or_progress(&mut link.conn, &buf[..n]).map_err(|e| BenchClusterError::Peer(format!("frontend {}: {e}", link.id)))?;
+            let n = wire::encode(buf, &s)?;
+            send_or_progress(&mut link.conn, &buf[..n]).map_err(BenchClusterError::caused(format!("frontend {}", link.id)))?;
         }
-        let n = wire::encode(buf, &task).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
+        let n = wire::encode(buf, &task)?;
         match send_or_progress(&mut link.conn, &buf[..n]) {
             Ok(true) => {
                 r.sent += 1;
@@ -252,7 +252,7 @@ impl<C: Connection> Generator<C> {
                 self.unread[i].sent(&link.conn, 1, now);
             }
             Ok(false) => r.queue_full += 1,
-            Err(e) => return Err(BenchClusterError::Peer(format!("frontend {}: {e}", link.id))),
+            Err(e) => return Err(BenchClusterError::caused(format!("frontend {}", link.id))(e)),
         }
         Ok(())
     }
@@ -286,7 +286,7 @@ impl<C: Connection> Generator<C> {
                 let n = match link.conn.try_recv(&mut self.buf) {
                     Ok(Some(n)) => n,
                     Ok(None) => break,
-                    Err(e) => return Err(BenchClusterError::Peer(format!("frontend {}: the scheduler link failed: {e}", link.id))),
+                    Err(e) => return Err(BenchClusterError::caused(format!("frontend {}: the scheduler link failed", link.id))(e)),
                 };
                 if let Ok(Message::Dropped(d)) = wire::decode(&self.buf[..n]) {
                     if let Some(reason) = DropReason::from_u32(d.reason) {
@@ -294,7 +294,7 @@ impl<C: Connection> Generator<C> {
                     }
                 }
             }
-            beat(link, now, Role::Frontend, &mut self.buf).map_err(|e| BenchClusterError::Peer(format!("frontend {}: {e}", link.id)))?;
+            beat(link, now, Role::Frontend, &mut self.buf).map_err(BenchClusterError::caused(format!("frontend {}", link.id)))?;
         }
         Ok(())
     }
@@ -422,7 +422,7 @@ impl Outgoing {
         lag: &mut Histogram<u64>,
         buf: &mut [u8],
     ) -> Result<(), BenchClusterError> {
-        let fail = |e: Error| BenchClusterError::Peer(format!("frontend {}: {e}", link.id));
+        let fail = |e: Error| BenchClusterError::caused(format!("frontend {}", link.id))(e);
         if unread.over_budget(&link.conn, budget, now) {
             self.stamp = false;
             self.oldest = None;
@@ -432,7 +432,7 @@ impl Outgoing {
         }
         if std::mem::take(&mut self.stamp) {
             let s = BenchStamp { at_ns: host_monotonic_ns(), ..Default::default() };
-            let n = wire::encode(buf, &s).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
+            let n = wire::encode(buf, &s)?;
             // Queued, not sent: it leaves with the batch below in one write
             // (one system call over tcp instead of two; a full queue skips
             // the stamp, as a full queue skipped it before).

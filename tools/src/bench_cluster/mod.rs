@@ -58,10 +58,33 @@ pub enum BenchClusterError {
     /// The JSON report cannot be encoded or decoded.
     #[error("report: {0}")]
     Json(#[from] serde_json::Error),
+    /// A message could not be encoded.
+    #[error(transparent)]
+    Wire(#[from] dataplane::wire::WireError),
+    /// The `--profile` model does not parse.
+    #[error(transparent)]
+    Profile(#[from] scheduler::zoo::ZooError),
+    /// A step failed because of another error, which it keeps as its
+    /// source: what was being done (and by which peer), then the error.
+    #[error("{what}: {source}")]
+    Caused {
+        /// What was being done (e.g. `frontend 3: the scheduler link failed`).
+        what: String,
+        /// The error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// An option, the peers' protocol or the accounting went wrong (the
     /// message says which).
     #[error("{0}")]
     Peer(String),
+}
+
+impl BenchClusterError {
+    /// `Caused` by an error while doing `what`.
+    pub fn caused<E: std::error::Error + Send + Sync + 'static>(what: impl Into<String>) -> impl FnOnce(E) -> Self {
+        let what = what.into();
+        move |source| BenchClusterError::Caused { what, source: Box::new(source) }
+    }
 }
 
 /// `symphony bench-cluster` options.
@@ -175,7 +198,7 @@ pub struct BenchClusterArgs {
 }
 
 fn shm_or_tcp(s: &str) -> Result<TransportKind, BenchClusterError> {
-    match TransportKind::parse(s).map_err(|e| BenchClusterError::Peer(e.to_string()))? {
+    match TransportKind::parse(s)? {
         k @ (TransportKind::Shm | TransportKind::Tcp) => Ok(k),
         _ => Err(BenchClusterError::Peer(format!("'{s}': bench-cluster runs over shm or tcp"))),
     }
@@ -244,7 +267,7 @@ pub fn run(a: &BenchClusterArgs) -> Result<(), BenchClusterError> {
     if !(a.duration_s.is_finite() && a.duration_s > 0.0 && a.duration_s <= 600.0) {
         return Err(BenchClusterError::Peer("--duration-s must be in (0, 600]".into()));
     }
-    control::parse_idle(&a.idle).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
+    control::parse_idle(&a.idle)?;
     let gpus = match (a.gpus_per_backend, a.gpus) {
         (Some(g), _) => g.saturating_mul(a.backends),
         (None, Some(g)) => g,
@@ -432,9 +455,9 @@ fn ladder(a: &BenchClusterArgs, gpus: u32, plan: &LayoutPlan) -> Result<(Cluster
 /// Starts the scheduler and both peer processes, offers `rate` for
 /// `secs`, stops everything and gathers the figures.
 fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64, plan: &LayoutPlan) -> Result<ClusterRun, BenchClusterError> {
-    let exe = std::env::current_exe().map_err(|e| BenchClusterError::Peer(format!("cannot find my own executable: {e}")))?;
+    let exe = std::env::current_exe().map_err(BenchClusterError::caused("cannot find my own executable"))?;
     let dir = std::env::temp_dir().join(format!("symphony-bench-cluster-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| BenchClusterError::Peer(format!("{}: {e}", dir.display())))?;
+    std::fs::create_dir_all(&dir).map_err(BenchClusterError::caused(dir.display().to_string()))?;
     let mut spec = ClusterSpec::new(exe, "a100", "none");
     spec.extra = (0..a.models).map(|i| format!("model{i}={}", a.profile)).collect();
     spec.transport = a.transport.name().into();
@@ -514,12 +537,12 @@ fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64, plan: &Lay
     match front_exit {
         Ok(s) if s.success() => {}
         Ok(s) => return Err(BenchClusterError::Peer(format!("bench-frontends exited with {s}; {}", logs("bench-frontends")))),
-        Err(e) => return Err(BenchClusterError::Peer(format!("{e}; {}", logs("bench-frontends")))),
+        Err(e) => return Err(BenchClusterError::caused(format!("stopping bench-frontends ({})", logs("bench-frontends")))(e)),
     }
     match back_exit {
         Ok(s) if s.success() => {}
         Ok(s) => return Err(BenchClusterError::Peer(format!("bench-backends exited with {s}; {}", logs("bench-backends")))),
-        Err(e) => return Err(BenchClusterError::Peer(format!("{e}; {}", logs("bench-backends")))),
+        Err(e) => return Err(BenchClusterError::caused(format!("stopping bench-backends ({})", logs("bench-backends")))(e)),
     }
     let metrics = metrics?;
     let fr = fr?;
@@ -580,8 +603,8 @@ fn cpu_s_of(pid: u32) -> Option<f64> {
 }
 
 fn read_report<T: serde::de::DeserializeOwned>(path: &PathBuf) -> Result<T, BenchClusterError> {
-    let text = std::fs::read_to_string(path).map_err(|e| BenchClusterError::Peer(format!("{}: {e}", path.display())))?;
-    serde_json::from_str(&text).map_err(|e| BenchClusterError::Peer(format!("{}: {e}", path.display())))
+    let text = std::fs::read_to_string(path).map_err(BenchClusterError::caused(path.display().to_string()))?;
+    serde_json::from_str(&text).map_err(BenchClusterError::caused(path.display().to_string()))
 }
 
 /// The run's figures from the scheduler's metrics and the peers' reports.
@@ -685,7 +708,7 @@ pub fn peer_main(role: &str, argv: Vec<String>) -> ExitCode {
             return ExitCode::from(1);
         }
     }
-    let res = control::with_domain(a.transport, Peer { frontends: role == "bench-frontends", args: a }).map_err(|e| BenchClusterError::Peer(e.to_string())).and_then(|r| r);
+    let res = control::with_domain(a.transport, Peer { frontends: role == "bench-frontends", args: a }).map_err(BenchClusterError::from).and_then(|r| r);
     match res {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -131,7 +131,7 @@ pub fn join<C: Connection>(
     token: Option<&JoinToken>,
 ) -> Result<Welcome, BenchClusterError> {
     let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
-    let err = |e: Error| BenchClusterError::Peer(format!("{role:?} {id}: registering: {e}"));
+    let err = |e: Error| BenchClusterError::caused(format!("{role:?} {id}: registering"))(e);
     let n = recv_within(conn, &mut buf, JOIN_TIMEOUT).map_err(err)?;
     let nonce = match wire::decode(&buf[..n]) {
         Ok(Message::Challenge(c)) => c.nonce,
@@ -142,11 +142,11 @@ pub fn join<C: Connection>(
         Some(t) => j.with_mac(t.sign(&nonce, wire::VERSION, &j)),
         None => j,
     };
-    let n = wire::encode(&mut buf, &j).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
+    let n = wire::encode(&mut buf, &j)?;
     send_within(conn, &buf[..n], JOIN_TIMEOUT).map_err(err)?;
     if role == Role::Backend {
         let ids: Vec<u32> = (0..models).collect();
-        let n = wire::encode_models(&mut buf, &ids).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
+        let n = wire::encode_models(&mut buf, &ids)?;
         send_within(conn, &buf[..n], JOIN_TIMEOUT).map_err(err)?;
     }
     control::flush_within(conn, JOIN_TIMEOUT).map_err(err)?;
@@ -176,13 +176,13 @@ pub fn join_all<D: Domain>(
     clock: &MonotonicClock,
     gpus: impl Fn(u32) -> u32,
 ) -> Result<Joined<D::Conn>, BenchClusterError> {
-    let token = JoinToken::from_file_or_env(None).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
+    let token = JoinToken::from_file_or_env(None)?;
     let mut links: Vec<PeerLink<D::Conn>> = Vec::with_capacity(a.peers as usize);
     let mut welcome = None;
     let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
     for i in 0..a.peers {
         let id = a.first_id + i;
-        let mut conn = connect_retrying(domain, &a.scheduler, JOIN_TIMEOUT).map_err(|e| BenchClusterError::Peer(format!("{role:?} {id}: connect: {e}")))?;
+        let mut conn = connect_retrying(domain, &a.scheduler, JOIN_TIMEOUT).map_err(BenchClusterError::caused(format!("{role:?} {id}: connect")))?;
         welcome = Some(join(&mut conn, role, id, gpus(i), a.models, token.as_ref())?);
         let now = clock.now();
         links.push(PeerLink { id, conn, live: Liveness::new(now, HEARTBEAT, NEVER_SILENT) });
@@ -190,7 +190,7 @@ pub fn join_all<D: Domain>(
             // What the scheduler sends meanwhile (heartbeats, peer
             // announcements) is read and dropped.
             while let Ok(Some(_)) = l.conn.try_recv(&mut buf) {}
-            beat(l, now, role, &mut buf).map_err(|e| BenchClusterError::Peer(format!("{role:?} {}: {e}", l.id)))?;
+            beat(l, now, role, &mut buf).map_err(BenchClusterError::caused(format!("{role:?} {}", l.id)))?;
         }
     }
     Ok((links, welcome))
@@ -247,9 +247,9 @@ pub fn cpu_s_self() -> f64 {
 
 /// Writes `report` as JSON to `path`.
 pub fn write_report<T: serde::Serialize>(path: &std::path::Path, report: &T) -> Result<(), BenchClusterError> {
-    let text = serde_json::to_string(report).map_err(|e| BenchClusterError::Peer(e.to_string()))?;
+    let text = serde_json::to_string(report)?;
     // Whole or not at all: the runner reads it as soon as it appears.
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).map_err(|e| BenchClusterError::Peer(format!("{}: {e}", tmp.display())))?;
-    std::fs::rename(&tmp, path).map_err(|e| BenchClusterError::Peer(format!("{}: {e}", path.display())))
+    std::fs::write(&tmp, text).map_err(BenchClusterError::caused(tmp.display().to_string()))?;
+    std::fs::rename(&tmp, path).map_err(BenchClusterError::caused(path.display().to_string()))
 }
