@@ -6,6 +6,8 @@
 #![warn(missing_docs)]
 
 pub mod api;
+/// The `symphony-frontend` daemon (feature `etcd`, on by default).
+#[cfg(feature = "etcd")]
 pub mod daemon;
 pub mod grpc;
 pub use node::held;
