@@ -20,6 +20,7 @@ pub enum Event {
 /// policy knows the GPU is free before it decides), then the wake-up (timers
 /// due now fire before new work arrives), then the arrival. `None` when
 /// nothing is left.
+#[inline]
 pub fn next_event(t_done: Option<Instant>, t_wake: Option<Instant>, t_arrival: Option<Instant>) -> Option<(Instant, Event)> {
     // Taken in priority order, a later kind only when strictly earlier:
     // the same answer as the minimum with the tie rule above, without

@@ -21,7 +21,7 @@ use crate::gpu::GpuSet;
 use crate::types::{Actions, Admission, DropReason, GpuId, ModelId, Request, Scheduler};
 use crate::zoo::ModelSpec;
 use dataplane::time::{Duration, Instant};
-use metrics::{ms, new_hist, ClassAcc, ModelAcc};
+use metrics::{ms, ClassAcc, ModelAcc, RecordedCounts};
 use std::fmt;
 
 /// One simulated run.
@@ -289,12 +289,15 @@ fn event_loop<S: Scheduler + ?Sized, O: BatchObserver + ?Sized, L: Layer>(
     let mut out = Actions::default();
     let mut now = Instant::ZERO;
     let mut stalls = 0u32;
+    // The next arrival's time changes only when an arrival is taken (only
+    // this loop takes them): looked up then, not on every event.
+    let mut t_arrival = arrivals.peek_time();
     loop {
         if let Some((model, bad_rate_at_least)) = run.failed {
             return Ok(LoopEnd::Failed { model, bad_rate_at_least, stopped_at: now });
         }
         let t_wake = sched.poll_at().map(|t| t.max(now));
-        let sim_next = next_event(run.gpus.poll_at(), t_wake, arrivals.peek_time());
+        let sim_next = next_event(run.gpus.poll_at(), t_wake, t_arrival);
         if let Some(tc) = layer.control_at().filter(|&tc| sim_next.is_none_or(|(t, _)| tc <= t)) {
             now = tc.max(now);
             layer.on_control(now, run, sched, &mut out, obs)?;
@@ -319,7 +322,9 @@ fn event_loop<S: Scheduler + ?Sized, O: BatchObserver + ?Sized, L: Layer>(
             }
             Event::Wake => sched.on_wake(now, &mut out),
             Event::Arrival => {
-                if let Some((_, m)) = arrivals.next() {
+                let taken = arrivals.next();
+                t_arrival = arrivals.peek_time();
+                if let Some((_, m)) = taken {
                     let req = run.arrival(now, m)?;
                     sched.on_request(now, req, &mut out);
                 }
@@ -426,7 +431,7 @@ impl<'a> Run<'a> {
                     self.classes[Self::class_of(r)].late += 1;
                     late = true;
                 }
-                let _ = a.latency_us.record((lat.as_nanos() / 1000).max(1));
+                a.latency_us.record((lat.as_nanos() / 1000).max(1));
             }
         }
         if late {
@@ -526,6 +531,9 @@ impl<'a> Run<'a> {
             )));
         }
         let mut batch = self.spare.pop().unwrap_or_default();
+        let window_start = self.window_start;
+        let a = &mut self.acc[model as usize];
+        let mut measured = 0u64;
         for r in members {
             if r.model != model {
                 return Err(InvariantViolation(format!("batch mixes models {model} and {}", r.model)));
@@ -541,16 +549,17 @@ impl<'a> Run<'a> {
                 return Err(InvariantViolation(format!("request {} dispatched while {:?}", r.id, st)));
             }
             *st = State::Running;
-            if Self::measured(self.window_start, r) {
-                let a = &mut self.acc[model as usize];
-                a.batch_requests[n as usize] += 1;
-                let _ = a.queueing_us.record((exec_at.saturating_since(r.arrival).as_nanos() / 1000).max(1));
+            if Self::measured(window_start, r) {
+                measured += 1;
+                a.queueing_us.record((exec_at.saturating_since(r.arrival).as_nanos() / 1000).max(1));
             }
-            batch.push(*r);
         }
-        let window_start = self.window_start;
-        if members.iter().any(|r| Self::measured(window_start, r)) {
-            self.acc[model as usize].batches += 1;
+        batch.extend_from_slice(members);
+        // Counted once per batch: `n` is within the profile's sizes, for
+        // which `batch_requests` has a slot.
+        if measured > 0 {
+            a.batch_requests[n as usize] += measured;
+            a.batches += 1;
         }
         self.total_batches += 1;
         // Cannot fail: the GPU exists and the batch starts when planned.
@@ -574,15 +583,15 @@ impl<'a> Run<'a> {
 }
 
 fn report(cfg: &SimConfig, policy: &str, acc: &[ModelAcc], busy_ns: &[u64], window_ns: u64, requests: u64, batches: u64) -> SimReport {
-    let mut all_lat = new_hist();
-    let mut all_q = new_hist();
+    let mut all_lat = RecordedCounts::new();
+    let mut all_q = RecordedCounts::new();
     let mut all_batches = vec![0u64; acc.iter().map(|a| a.batch_requests.len()).max().unwrap_or(1)];
     let mut models = Vec::with_capacity(acc.len());
     let (mut offered, mut good, mut dropped, mut late, mut nbatches) = (0, 0, 0, 0, 0);
     let mut worst: f64 = 0.0;
     for (spec, a) in cfg.models.iter().zip(acc) {
-        let _ = all_lat.add(&a.latency_us);
-        let _ = all_q.add(&a.queueing_us);
+        all_lat.add(&a.latency_us);
+        all_q.add(&a.queueing_us);
         for (b, &c) in a.batch_requests.iter().enumerate() {
             all_batches[b] += c;
         }

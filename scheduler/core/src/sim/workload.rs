@@ -189,6 +189,12 @@ pub struct ArrivalStream {
     /// square root and several divisions per arrival). The draws are the
     /// same either way.
     gaps: Option<(f64, Gaps)>,
+    /// Without a schedule (a constant rate, every generated workload
+    /// without `--schedule`): the gap distribution at that rate, built
+    /// once, so an arrival is one draw and one addition (the general path
+    /// looks the rate up, checks it and matches the kept distribution per
+    /// draw). `None` with a schedule or a rate that is not positive.
+    steady: Option<Gaps>,
 }
 
 /// A random gap distribution, or the mean where its parameters are invalid.
@@ -197,6 +203,30 @@ enum Gaps {
     Exp(Exp<f64>),
     Gamma(Gamma<f64>),
     Mean,
+}
+
+/// `Duration::from_secs_f64(s)`, the same nanoseconds for every `s`,
+/// without its call to the C library's `round` (the x86-64 baseline has no
+/// rounding instruction; about a tenth of an arrival's cost). Below 2^52
+/// the integer part `i` is exact and so is `x - i` (Sterbenz: `i <= x <
+/// i + 1 <= 2i`), so comparing it with 0.5 rounds half away from zero
+/// exactly as `round` does; from 2^52 up every double is an integer.
+#[inline]
+fn secs_to_duration(s: f64) -> Duration {
+    // NaN, infinities and non-positive values: zero, as `from_secs_f64`.
+    if !(s.is_finite() && s > 0.0) {
+        return Duration::ZERO;
+    }
+    let x = s * 1e9;
+    const EXACT_INTEGERS: f64 = (1u64 << 52) as f64;
+    if x < EXACT_INTEGERS {
+        let i = x as u64;
+        Duration::from_nanos(if x - i as f64 >= 0.5 { i + 1 } else { i })
+    } else if x >= u64::MAX as f64 {
+        Duration::from_nanos(u64::MAX)
+    } else {
+        Duration::from_nanos(x as u64)
+    }
 }
 
 fn mix_seed(seed: u64, stream: u64) -> u64 {
@@ -217,7 +247,18 @@ impl ArrivalStream {
             schedule: workload.schedule.clone(),
             next: Instant::ZERO,
             gaps: None,
+            steady: None,
         };
+        let rate = s.base_rps;
+        if s.schedule.steps.is_empty() && rate > 0.0 && rate.is_finite() {
+            // What `gap_at(rate, 1.0)` would build and use on every draw.
+            let mean = 1.0 / rate;
+            s.steady = Some(match s.arrival {
+                Arrival::Uniform => Gaps::Mean,
+                Arrival::Poisson => Exp::new(rate).map_or(Gaps::Mean, Gaps::Exp),
+                Arrival::Gamma(k) => Gamma::new(k, mean / k).map_or(Gaps::Mean, Gaps::Gamma),
+            });
+        }
         s.next = match s.arrival {
             // A random phase, so uniform streams of several models interleave.
             Arrival::Uniform => {
@@ -235,9 +276,22 @@ impl ArrivalStream {
     }
 
     /// Consumes the next arrival and draws the one after.
+    #[inline]
     pub fn advance(&mut self) -> Instant {
         let t = self.next;
-        self.next = self.advance_from(t, 1.0);
+        self.next = match self.steady {
+            // `advance_from(t, 1.0)` at a constant rate: the same draw
+            // (`mean * 1.0` is `mean` for uniform gaps) and the same sum.
+            Some(gaps) => {
+                let gap_s = match gaps {
+                    Gaps::Exp(d) => d.sample(&mut self.rng),
+                    Gaps::Gamma(d) => d.sample(&mut self.rng),
+                    Gaps::Mean => 1.0 / self.base_rps,
+                };
+                t + secs_to_duration(gap_s)
+            }
+            None => self.advance_from(t, 1.0),
+        };
         t
     }
 
@@ -268,7 +322,7 @@ impl ArrivalStream {
             if rate <= 0.0 || !rate.is_finite() {
                 return Instant::NEVER;
             }
-            return from + Duration::from_secs_f64(self.gap_at(rate, fraction));
+            return from + secs_to_duration(self.gap_at(rate, fraction));
         }
         // Bounded: each pass either returns or moves to the next schedule step.
         for _ in 0..=self.schedule.steps.len() + 1 {
@@ -284,7 +338,7 @@ impl ArrivalStream {
                 }
             }
             let gap_s = self.gap_at(rate, fraction);
-            let t = from + Duration::from_secs_f64(gap_s);
+            let t = from + secs_to_duration(gap_s);
             match step_end {
                 // The draw crosses into a new rate: restart the gap there
                 // (exact for Poisson, a close approximation otherwise).
@@ -297,7 +351,7 @@ impl ArrivalStream {
 }
 
 /// The arrivals of one run, in time order: each model's [`ArrivalStream`]
-/// merged by a [`WinnerTree`] (equal times go to the lower model id), or a recorded
+/// merged by a [`LoserTree`] (equal times go to the lower model id), or a recorded
 /// trace. Every arrival is `(intended time, model)`, shifted by the origin.
 pub struct Arrivals {
     source: Source,
@@ -306,7 +360,7 @@ pub struct Arrivals {
 }
 
 enum Source {
-    Streams { streams: Vec<ArrivalStream>, merge: WinnerTree, end: Instant },
+    Streams { streams: Vec<ArrivalStream>, merge: LoserTree, end: Instant },
     /// One Poisson stream at the total rate, each arrival's model drawn
     /// uniformly by `pick` (see [`Arrivals::pooled_for_model_count`]).
     Pooled { stream: ArrivalStream, pick: Xoshiro256PlusPlus, models: u32, model: ModelId, end: Instant },
@@ -326,7 +380,7 @@ impl Arrivals {
         let shares = workload.popularity.shares(models);
         let streams: Vec<ArrivalStream> =
             shares.iter().enumerate().map(|(i, &s)| ArrivalStream::new(workload, s, i, seed)).collect();
-        let merge = WinnerTree::new(streams.iter().map(|s| Some(s.peek()).filter(|&t| t < end)));
+        let merge = LoserTree::new(streams.iter().map(|s| Some(s.peek()).filter(|&t| t < end)));
         Arrivals { source: Source::Streams { streams, merge, end }, origin: Duration::ZERO }
     }
 
@@ -337,7 +391,7 @@ impl Arrivals {
     pub fn per_model(workloads: &[Workload], seed: u64, duration: Duration) -> Self {
         let end = Instant::ZERO + duration;
         let streams: Vec<ArrivalStream> = workloads.iter().enumerate().map(|(i, w)| ArrivalStream::new(w, 1.0, i, seed)).collect();
-        let merge = WinnerTree::new(streams.iter().map(|s| Some(s.peek()).filter(|&t| t < end)));
+        let merge = LoserTree::new(streams.iter().map(|s| Some(s.peek()).filter(|&t| t < end)));
         Arrivals { source: Source::Streams { streams, merge, end }, origin: Duration::ZERO }
     }
 
@@ -403,7 +457,7 @@ impl Iterator for Arrivals {
                 let (t, m) = merge.peek()?;
                 let s = &mut streams[m as usize];
                 s.advance();
-                merge.replace(m, Some(s.peek()).filter(|&next| next < *end));
+                merge.replace_winner(m, Some(s.peek()).filter(|&next| next < *end));
                 (t, m)
             }
             Source::Pooled { stream, pick, models, model, end } => {
@@ -424,64 +478,78 @@ impl Iterator for Arrivals {
     }
 }
 
-/// The next arrival of every stream, merged: a winner tree (each inner
-/// node holds the stream with the earliest `(time, model)` below it), so
-/// replacing the winner's time replays one path of `log2(streams)` single
-/// comparisons, where a binary heap's sift down takes two per level. Every key
-/// is distinct (one per model), so any correct merge yields the same order.
-struct WinnerTree {
-    /// `(time, model)` per leaf: the streams, then padding that never wins.
-    keys: Vec<(Instant, ModelId)>,
-    /// `win[k]` for inner node `k` (`1..leaves`): the leaf index winning
-    /// its subtree; `win[leaves + i] = i`.
-    win: Vec<u32>,
-    leaves: usize,
+/// The next arrival of every stream, merged: a tree of losers (a
+/// tournament over the streams where each inner node keeps the key that
+/// lost there and the root the overall winner). Only the winner's key ever
+/// changes (its stream draws its next arrival), so replaying its path
+/// takes one comparison per level against the loser kept there, reading
+/// no sibling (a winner tree reads both children and their keys per
+/// level). A key is `(time, model)` packed into one `u128`, so a
+/// comparison is one wide compare. Every key is distinct (one per model),
+/// so any correct merge yields the same order: earliest time, then the
+/// lower model id.
+struct LoserTree {
+    /// `nodes[0]`: the winner; `nodes[k]` for inner node `k`
+    /// (`1..streams`): the key that lost there. Leaf `i` is node
+    /// `streams + i` (not stored), and node `k`'s children are `2k` and
+    /// `2k + 1`, for any number of streams.
+    nodes: Vec<u128>,
+    streams: usize,
 }
 
-impl WinnerTree {
+/// The merge key of `model`'s next arrival at `t` (`NEVER`: none left).
+#[inline]
+fn merge_key(t: Instant, model: ModelId) -> u128 {
+    (u128::from(t.as_nanos()) << 32) | u128::from(model)
+}
+
+impl LoserTree {
     /// `None`: the stream has no arrival left.
     fn new(next: impl ExactSizeIterator<Item = Option<Instant>>) -> Self {
-        let leaves = next.len().next_power_of_two();
-        let mut keys: Vec<(Instant, ModelId)> = next.enumerate().map(|(i, t)| (t.unwrap_or(Instant::NEVER), i as ModelId)).collect();
-        keys.resize(leaves, (Instant::NEVER, ModelId::MAX));
-        let mut win = vec![0u32; 2 * leaves];
-        for (i, w) in win[leaves..].iter_mut().enumerate() {
-            *w = i as u32;
+        let streams = next.len();
+        // Winners of every node, leaves included, built bottom-up; the
+        // losers are the larger child key of each inner node.
+        let mut winners = vec![u128::MAX; 2 * streams.max(1)];
+        for (i, t) in next.enumerate() {
+            winners[streams + i] = merge_key(t.unwrap_or(Instant::NEVER), i as ModelId);
         }
-        for k in (1..leaves).rev() {
-            win[k] = Self::winner(&keys, win[2 * k], win[2 * k + 1]);
+        let mut nodes = vec![u128::MAX; streams.max(1)];
+        for k in (1..streams).rev() {
+            let (a, b) = (winners[2 * k], winners[2 * k + 1]);
+            winners[k] = a.min(b);
+            nodes[k] = a.max(b);
         }
-        WinnerTree { keys, win, leaves }
-    }
-
-    #[inline]
-    fn winner(keys: &[(Instant, ModelId)], a: u32, b: u32) -> u32 {
-        if keys[b as usize] < keys[a as usize] {
-            b
-        } else {
-            a
-        }
+        // Node 1 is the root (with one stream, the leaf itself; with none,
+        // the `MAX` that marks no arrival).
+        nodes[0] = winners[1];
+        LoserTree { nodes, streams }
     }
 
     /// The earliest `(time, model)`, `None` when every stream has ended.
     #[inline]
     fn peek(&self) -> Option<(Instant, ModelId)> {
-        // `win` has at least two entries; `win[1]` is the root (with one
-        // leaf, the leaf itself). Streams only hold times before the end,
-        // so `NEVER` marks one that ended (or padding).
-        let w = self.win[1];
-        Some(self.keys[w as usize]).filter(|&(t, _)| t != Instant::NEVER)
+        let key = self.nodes[0];
+        let t = (key >> 32) as u64;
+        // Streams only hold times before the end, so `NEVER` marks one
+        // that ended (or no stream at all).
+        (t != u64::MAX).then_some((Instant::from_nanos(t), key as u32 as ModelId))
     }
 
-    /// Stream `model`'s next arrival is now `next` (`None`: it ended).
-    fn replace(&mut self, model: ModelId, next: Option<Instant>) {
-        let leaf = model as usize;
-        self.keys[leaf].0 = next.unwrap_or(Instant::NEVER);
-        let mut k = (self.leaves + leaf) / 2;
+    /// The winner's stream `model` has its next arrival at `next` (`None`:
+    /// it ended).
+    #[inline]
+    fn replace_winner(&mut self, model: ModelId, next: Option<Instant>) {
+        let mut cur = merge_key(next.unwrap_or(Instant::NEVER), model);
+        let mut k = (self.streams + model as usize) / 2;
         while k >= 1 {
-            self.win[k] = Self::winner(&self.keys, self.win[2 * k], self.win[2 * k + 1]);
+            let lost = self.nodes[k];
+            if lost < cur {
+                self.nodes[k] = cur;
+                cur = lost;
+            }
             k /= 2;
         }
+        self.nodes[0] = cur;
     }
 }
 
@@ -544,6 +612,59 @@ mod tests {
             }
             assert!(n > 1000, "{arrival:?}: {n}");
         }
+    }
+
+    /// At a constant rate the stream's one-time distribution draws the
+    /// gaps a fresh one draws, summed as `Duration::from_secs_f64` rounds.
+    #[test]
+    fn the_steady_gap_distribution_draws_what_a_fresh_one_draws() {
+        for arrival in [Arrival::Poisson, Arrival::Gamma(0.2), Arrival::Gamma(2.0), Arrival::Uniform] {
+            let w = Workload { rate_rps: 777.0, arrival, popularity: Popularity::Equal, schedule: RateSchedule::default() };
+            let mut s = ArrivalStream::new(&w, 1.0, 4, 13);
+            let mut rng = Xoshiro256PlusPlus::seed_from_u64(mix_seed(13, 5));
+            let mut t = match arrival {
+                Arrival::Uniform => Instant::ZERO + Duration::from_secs_f64(rng.random::<f64>() / 777.0),
+                _ => Instant::ZERO,
+            };
+            for n in 0..5_000 {
+                let gap = match arrival {
+                    Arrival::Gamma(k) => Gamma::new(k, 1.0 / 777.0 / k).unwrap().sample(&mut rng),
+                    Arrival::Poisson => Exp::new(777.0).unwrap().sample(&mut rng),
+                    Arrival::Uniform => 1.0 / 777.0,
+                };
+                if n > 0 || arrival != Arrival::Uniform {
+                    t += Duration::from_secs_f64(gap);
+                }
+                assert_eq!(s.advance(), t, "{arrival:?}, arrival {n}");
+            }
+        }
+    }
+
+    /// The rounding without `round` gives `Duration::from_secs_f64`'s
+    /// nanoseconds: at every half-nanosecond edge, at the exact-integer
+    /// boundary, at saturation and on random seconds of every magnitude.
+    #[test]
+    fn secs_to_duration_rounds_as_from_secs_f64() {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(3);
+        let mut cases = vec![0.0, -0.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, f64::MIN_POSITIVE, 1e-300, f64::MAX, 1.8e10, 1.9e10, 1e300];
+        for ns in [0.5f64, 1.5, 2.5, 0.49999999999999994, 4503599627370495.5, 4503599627370496.0, 9007199254740993.0, u64::MAX as f64] {
+            for x in [ns, next_up(ns), next_down(ns)] {
+                cases.push(x / 1e9);
+            }
+        }
+        cases.extend((0..200_000).map(|_| rng.random::<f64>() * 10f64.powi(rng.random_range(-12..12))));
+        cases.extend((0..20_000).map(|_| f64::from_bits(rng.random::<u64>())));
+        for s in cases {
+            assert_eq!(secs_to_duration(s), Duration::from_secs_f64(s), "{s:e} s");
+        }
+    }
+
+    fn next_up(x: f64) -> f64 {
+        f64::from_bits(x.to_bits() + 1)
+    }
+
+    fn next_down(x: f64) -> f64 {
+        f64::from_bits(x.to_bits() - 1)
     }
 
     #[test]
