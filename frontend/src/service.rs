@@ -363,7 +363,7 @@ impl<S: TaskSink> InferenceService for ClusterService<S> {
             .map_err(|e| match e {
                 StageError::Full => SubmitError::Unavailable(e.to_string()),
                 StageError::TooLarge => SubmitError::BadInput(e.to_string()),
-                StageError::Memory(_) => SubmitError::Internal(e.to_string()),
+                StageError::Memory(_) | StageError::Reference(_) => SubmitError::Internal(e.to_string()),
             })?;
         if let Err(e) = self.sink.send(&task) {
             ticket.fail_unsent();

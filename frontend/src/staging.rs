@@ -205,24 +205,20 @@ pub enum RouteResult {
 }
 
 /// Why a request could not be staged.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum StageError {
     /// Every slot is in use.
+    #[error("every staging slot is in use")]
     Full,
     /// The input is larger than a slot.
+    #[error("input larger than a staging slot")]
     TooLarge,
-    /// The registration refused the reference.
-    Memory(String),
-}
-
-impl std::fmt::Display for StageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            StageError::Full => write!(f, "every staging slot is in use"),
-            StageError::TooLarge => write!(f, "input larger than a staging slot"),
-            StageError::Memory(e) => write!(f, "staging memory: {e}"),
-        }
-    }
+    /// The input could not be written into its slot.
+    #[error("staging memory: {0}")]
+    Memory(#[source] MemError),
+    /// The registration refused the slot's remote reference.
+    #[error("staging memory: {0}")]
+    Reference(#[source] dataplane::transport::Error),
 }
 
 struct CellOut {
@@ -372,21 +368,21 @@ impl Staging {
         };
         let offset = self.offsets[index as usize];
         let cell = &self.cells[index as usize];
-        let put_back = |e: String| {
+        let put_back = |e: StageError| {
             self.clear(index);
             let _ = self.free.push(index);
-            StageError::Memory(e)
+            e
         };
         // Recorded first, so that any byte written is cleared on release.
         self.staged[index as usize].store(input.len() as u32, Ordering::Relaxed);
         self.reg
             .region()
             .write_at(offset, input)
-            .map_err(|e| put_back(e.to_string()))?;
+            .map_err(|e| put_back(StageError::Memory(e)))?;
         let remote = self
             .reg
             .remote_ref(offset, input.len() as u32)
-            .map_err(|e| put_back(format!("{e:?}")))?;
+            .map_err(|e| put_back(StageError::Reference(e)))?;
         let seq = ((cell.state.load(Ordering::Acquire) >> 3) + 1) & SEQ_MASK;
         cell.state.store(seq << 3 | WAITING, Ordering::Release);
         self.counters.accepted.fetch_add(1, Ordering::SeqCst);

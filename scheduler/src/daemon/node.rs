@@ -108,7 +108,7 @@ impl Membership {
 }
 
 /// Why a registering link failed before it could be judged.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum HandshakeError {
     /// The OS gave no randomness for the challenge's nonce.
     #[error("no OS randomness for a challenge")]
@@ -116,11 +116,26 @@ pub enum HandshakeError {
     /// The challenge could not be encoded.
     #[error("cannot encode the challenge: {0}")]
     Encode(#[from] wire::WireError),
-    /// The link broke (the transport error's text: transport errors are
+    /// The link broke (the transport error, shared: transport errors are
     /// not `Clone`, events are).
-    #[error("{0}")]
-    Transport(String),
+    #[error(transparent)]
+    Transport(Arc<Error>),
 }
+
+/// Events are compared (in tests); two broken links are the same failure
+/// when their transport errors are of one kind (the errors themselves are
+/// not comparable).
+impl PartialEq for HandshakeError {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (HandshakeError::NoRandomness, HandshakeError::NoRandomness) => true,
+            (HandshakeError::Encode(a), HandshakeError::Encode(b)) => a == b,
+            (HandshakeError::Transport(a), HandshakeError::Transport(b)) => a.kind() == b.kind(),
+            _ => false,
+        }
+    }
+}
+impl Eq for HandshakeError {}
 
 /// What happened, for the host to log (the `Display` text is the daemon's
 /// log line without its prefix).
@@ -723,7 +738,7 @@ impl<C: Connection> SchedulerNode<C> {
                 Ok(Some(n)) => Some(n),
                 Ok(None) => None,
                 Err(e) => {
-                    self.events.push_back(SchedulerEvent::HandshakeFailed { error: HandshakeError::Transport(e.to_string()) });
+                    self.events.push_back(SchedulerEvent::HandshakeFailed { error: HandshakeError::Transport(Arc::new(e)) });
                     self.pending.swap_remove(i);
                     continue;
                 }
@@ -776,7 +791,7 @@ impl<C: Connection> SchedulerNode<C> {
                 Ok(true)
             }
             Err(Error::QueueFull) => Ok(false),
-            Err(e) => Err(HandshakeError::Transport(e.to_string())),
+            Err(e) => Err(HandshakeError::Transport(Arc::new(e))),
         }
     }
 
