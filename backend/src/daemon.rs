@@ -24,11 +24,21 @@
 //! the loop reconnects (to the addresses `--scheduler` names, on a capped
 //! exponential backoff, [`Reconnect`]) and registers again.
 //!
-//! Shutdown: on SIGINT/SIGTERM the worker stops reading plans, the
-//! batches in hand finish (bounded by [`DRAIN_TIMEOUT`]), queued messages
-//! are flushed, and the process exits 0. The command line, logs, stop signals and exit
-//! codes are the daemon shell's ([`node_shell`]); the options are in
-//! [`config`].
+//! Joining: the time from the start of `run` (executor built, models
+//! loaded and warmed) to the scheduler's `Welcome` is logged as `join_ms`
+//! with the registration; the backend's GPUs enter the scheduler's
+//! matchmaking at that moment.
+//!
+//! Shutdown (SIGINT/SIGTERM, as Kubernetes or `symphony up --autoscale`
+//! sends on a scale-in) is a graceful leave
+//! ([`BackendNode::begin_leave`]): the scheduler is told the backend
+//! drains, takes its GPUs out of matchmaking and releases it once every
+//! batch it planned here was reported; the backend then finishes anything
+//! still in hand, flushes its queued messages and exits 0. Everything is
+//! bounded by [`DRAIN_TIMEOUT`]: past it the backend leaves anyway and the
+//! scheduler fails back what it planned here (a request is answered,
+//! never lost). The command line, logs, stop signals and exit codes are
+//! the daemon shell's ([`node_shell`]); the options are in [`config`].
 
 pub mod config;
 pub mod metrics;
@@ -55,7 +65,8 @@ use crate::EmulatedExecutor;
 pub use config::{BackendArgs, BackendConfig, ExecutorKind, StartAt};
 use metrics::BackendMetrics;
 
-/// Longest wait for the batches in hand when shutting down.
+/// Longest wait for the scheduler's release and the batches in hand when
+/// shutting down.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_millis(10_000);
 /// Bound on each handshake step (a send, the scheduler's ack).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(5_000);
@@ -148,13 +159,16 @@ pub struct Ready {
 /// `ready` is called once registered and
 /// serving. `Err` says why it could not start or had to give up.
 pub fn run(s: &BackendConfig, stop: &dyn Fn() -> bool, ready: &dyn Fn(&Ready)) -> Result<Exit, BackendError> {
-    control::with_domain(s.transport, Launch { s, stop, ready })?
+    let started = std::time::Instant::now();
+    control::with_domain(s.transport, Launch { s, stop, ready, started })?
 }
 
 struct Launch<'a> {
     s: &'a BackendConfig,
     stop: &'a dyn Fn() -> bool,
     ready: &'a dyn Fn(&Ready),
+    /// When `run` began: the join time is measured from it.
+    started: std::time::Instant,
 }
 
 impl WithDomain for Launch<'_> {
@@ -368,7 +382,8 @@ fn serve<D: Domain, E: Executor>(
         models_served = s.served.len(),
         models = s.models.len(),
         metrics = %endpoint.addr(),
-        "registered with the scheduler"
+        join_ms = launch.started.elapsed().as_secs_f64() * 1e3,
+        "registered with the scheduler; its GPUs are in matchmaking"
     );
     (launch.ready)(&Ready {
         metrics: endpoint.addr(),
@@ -486,9 +501,13 @@ impl<C: Connection> Host<'_, C> {
             }
             progressed |= self.take_opened(node, now);
             progressed |= self.try_reconnect(node, now);
-            if !node.draining() && stop() {
-                info!(batches_in_hand = node.worker().batches_in_flight(), "stop requested; finishing the batches in hand");
-                node.begin_drain();
+            if !node.draining() && !node.leaving() && stop() {
+                info!(
+                    batches_in_hand = node.worker().batches_in_flight(),
+                    bound_ms = DRAIN_TIMEOUT.as_nanos() / 1_000_000,
+                    "stop requested; draining: telling the scheduler, finishing what it planned here"
+                );
+                node.begin_leave(now);
                 self.exit.get_or_insert(Exit::Stopped);
                 progressed = true;
             }
@@ -539,6 +558,7 @@ impl<C: Connection> Host<'_, C> {
             BackendEvent::FrontendLost(_) => {}
             // Counted in symphony_backend_plans_fenced{reason}.
             BackendEvent::Fenced(_) => warn!("{ev}"),
+            BackendEvent::LeaveUnanswered { .. } | BackendEvent::DrainTimedOut { .. } => warn!("{ev}"),
             BackendEvent::Failed { why } => return Err(BackendError::Node(why)),
             ev => info!("{ev}"),
         }

@@ -1,6 +1,7 @@
 //! The backend daemon as a sans-IO node: a [`BatchWorker`] plus the
 //! registration with the scheduler, frontend announcements, data links to
-//! frontends, heartbeats, the scheduler's liveness and the shutdown drain.
+//! frontends, heartbeats, the scheduler's liveness, the graceful leave
+//! (a drain the scheduler agrees to) and the shutdown drain.
 //! Like the worker it never reads a clock, sleeps, spawns a thread or
 //! connects: it is given `now` (real or virtual, possibly jumping), does
 //! bounded work per [`poll`](BackendNode::poll), says when time alone next
@@ -91,6 +92,17 @@ pub enum BackendEvent {
         /// Why.
         why: String,
     },
+    /// Leaving: the scheduler released this backend (its GPUs are out of
+    /// matchmaking and nothing planned to it is in flight); it drains what
+    /// it still holds and leaves.
+    Released,
+    /// Leaving: no release from the scheduler within the drain bound; the
+    /// backend leaves anyway (the scheduler fails back what it planned
+    /// here and this backend did not run).
+    LeaveUnanswered {
+        /// The bound.
+        after: Duration,
+    },
     /// The drain bound passed with batches still in hand.
     DrainTimedOut {
         /// Batches left.
@@ -138,6 +150,15 @@ impl std::fmt::Display for BackendEvent {
                     p.batch_id, p.epoch, p.newest
                 ),
             },
+            BackendEvent::Released => write!(
+                f,
+                "the scheduler released this backend: its GPUs are out of matchmaking and every batch planned here was reported; leaving"
+            ),
+            BackendEvent::LeaveUnanswered { after } => write!(
+                f,
+                "no release from the scheduler within {} ms of the drain notice; leaving anyway (it fails back what it planned here)",
+                after.as_nanos() / 1_000_000
+            ),
             BackendEvent::DrainTimedOut { in_hand, after } => write!(
                 f,
                 "{in_hand} batches still in hand after {} ms; leaving them",
@@ -195,6 +216,21 @@ enum State {
     Done,
 }
 
+/// A graceful leave (see [`BackendNode::begin_leave`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Leave {
+    /// Not leaving.
+    No,
+    /// The scheduler is told (again at `next_notice`, until released) and
+    /// plans still run; at `until` the backend leaves unreleased.
+    Asked { next_notice: Instant, until: Instant },
+    /// Released: draining what is still in hand.
+    Released,
+    /// Not released (the bound passed, or the scheduler was lost or the
+    /// node drained for another reason): draining.
+    GaveUp,
+}
+
 /// A frontend link in use, with a key no other link of this node has (a
 /// new link may reuse a replaced one's fd number).
 #[derive(Clone, Copy, Debug)]
@@ -233,6 +269,7 @@ pub struct BackendNode<C: Connection, E: Executor> {
     draining: bool,
     drain_until: Option<Instant>,
     drained: bool,
+    leave: Leave,
     events: VecDeque<BackendEvent>,
     scheduler_heartbeats: u64,
     /// The cluster's join token (its MAC answers the challenge).
@@ -256,7 +293,8 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
     /// A node around `worker`, whose scheduler connection is connected:
     /// polls wait for the scheduler's `Challenge`, answer with
     /// `Join{Backend}` and `Models`, and wait for the `Welcome`.
-    pub fn new(cfg: BackendNodeConfig, worker: BatchWorker<C, E>) -> Self {
+    pub fn new(cfg: BackendNodeConfig, mut worker: BatchWorker<C, E>) -> Self {
+        worker.set_backend_id(cfg.id);
         BackendNode {
             cfg,
             worker,
@@ -271,6 +309,7 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             draining: false,
             drain_until: None,
             drained: false,
+            leave: Leave::No,
             events: VecDeque::new(),
             scheduler_heartbeats: 0,
             token: None,
@@ -368,6 +407,11 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
         match self.state {
             State::Done => false,
             State::Lost => self.serve_lost(now),
+            // Draining before registered: the registration stops; what is
+            // in hand finishes.
+            State::AwaitChallenge { .. } | State::Hello { .. } | State::AwaitAck { .. } if self.draining => {
+                self.serve_lost(now)
+            }
             State::AwaitChallenge { .. } | State::Hello { .. } | State::AwaitAck { .. } => {
                 self.handshake(now)
             }
@@ -383,6 +427,8 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
     pub fn poll_at(&self) -> Option<Instant> {
         let handshake = match self.state {
             State::Done => return None,
+            // Draining: no registration goes on.
+            _ if self.draining => None,
             State::Hello { .. } | State::AwaitChallenge { since: None } => {
                 return Some(Instant::ZERO)
             }
@@ -403,7 +449,11 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
                 .is_some_and(|c| c.outstanding_reads() > 0)
                 .then_some(p.replace_at),
         });
-        [handshake, self.worker.next_wakeup(), self.drain_until]
+        let leave = match self.leave {
+            Leave::Asked { next_notice, until } => Some(next_notice.min(until)),
+            Leave::No | Leave::Released | Leave::GaveUp => None,
+        };
+        [handshake, self.worker.next_wakeup(), self.drain_until, leave]
             .into_iter()
             .flatten()
             .chain(live)
@@ -425,6 +475,41 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             self.worker.set_taking_plans(false);
             self.pending.clear();
         }
+        if matches!(self.leave, Leave::Asked { .. }) {
+            self.leave = Leave::GaveUp;
+        }
+    }
+
+    /// Leaves gracefully (a stop request, e.g. SIGTERM on a scale-in): the
+    /// scheduler is sent `Drain{Draining}` (again every heartbeat until it
+    /// answers) and takes this backend's GPUs out of matchmaking; plans it
+    /// sent before still come and run as usual. Once every batch planned
+    /// here was reported it answers `Drain{Released}`: the node then
+    /// stops taking plans, finishes anything still in hand and is
+    /// [`drained`](Self::drained). No release within the drain timeout (an
+    /// unreachable scheduler): it drains anyway, and the scheduler fails
+    /// back what it planned here. Not registered (or lost): a plain
+    /// [`begin_drain`](Self::begin_drain), as nothing can be planned here.
+    pub fn begin_leave(&mut self, now: Instant) {
+        if self.leave != Leave::No || self.draining {
+            return;
+        }
+        if self.state != State::Serving {
+            self.begin_drain();
+            return;
+        }
+        self.leave = Leave::Asked { next_notice: now, until: now + self.cfg.drain_timeout };
+    }
+
+    /// Whether [`begin_leave`](Self::begin_leave) was called.
+    pub fn leaving(&self) -> bool {
+        self.leave != Leave::No
+    }
+
+    /// Whether the scheduler released this leaving node: every batch it
+    /// planned here was reported, so the leave loses nothing.
+    pub fn leave_released(&self) -> bool {
+        self.leave == Leave::Released
     }
 
     /// Whether [`begin_drain`](Self::begin_drain) was called (or the
@@ -714,6 +799,7 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             progressed |= self.install_pending(now);
         }
         self.notice_lost_frontends();
+        progressed |= self.progress_leave(now);
         // Heartbeats continue while finishing the batches in hand after a
         // stop, so that the scheduler does not fail them back meanwhile.
         let Some(liveness) = self.liveness.as_mut() else {
@@ -732,6 +818,39 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
         }
         self.check_drained(now);
         progressed
+    }
+
+    /// Leaving and not released: the drain notice when due, or the end of
+    /// the wait at the bound. Returns whether anything happened.
+    fn progress_leave(&mut self, now: Instant) -> bool {
+        let Leave::Asked { next_notice, until } = self.leave else { return false };
+        if now >= until {
+            self.leave = Leave::GaveUp;
+            self.events.push_back(BackendEvent::LeaveUnanswered { after: self.cfg.drain_timeout });
+            self.begin_drain();
+            // Held batches get no second bound: they were waited for.
+            self.drain_until = Some(now);
+            return true;
+        }
+        if now < next_notice {
+            return false;
+        }
+        let Ok(n) = wire::encode(&mut self.hb, &wire::Drain::draining(self.cfg.id)) else { return false };
+        // A full queue retries at the next poll; a broken link is the
+        // liveness check's (the node drains then).
+        if !matches!(self.worker.scheduler().send(&self.hb[..n]), Err(Error::QueueFull)) {
+            self.leave = Leave::Asked { next_notice: now + self.cfg.heartbeat, until };
+        }
+        true
+    }
+
+    /// The scheduler released this leaving backend: no more plans come.
+    fn released(&mut self) {
+        if matches!(self.leave, Leave::Asked { .. }) {
+            self.leave = Leave::Released;
+            self.events.push_back(BackendEvent::Released);
+            self.begin_drain();
+        }
     }
 
     /// Draining: done once no batch is in hand or the drain bound passed.
@@ -769,7 +888,8 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
 
     fn lose_scheduler(&mut self, now: Instant, why: String) {
         self.events.push_back(BackendEvent::SchedulerLost { why });
-        if self.failover {
+        // Leaving, no new scheduler is looked for: the node drains.
+        if self.failover && self.leave == Leave::No {
             self.state = State::Lost;
             self.liveness = None;
             return;
@@ -781,6 +901,12 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
     fn handle_control(&mut self, msg: ControlMessage) {
         match msg {
             ControlMessage::Heartbeat(_) => self.scheduler_heartbeats += 1,
+            ControlMessage::Drain(d) => match d.stage() {
+                Some(wire::DrainStage::Released) if d.backend_id == self.cfg.id => self.released(),
+                _ => self.events.push_back(BackendEvent::Ignored {
+                    why: format!("ignoring a drain message (stage {}, backend {}) not meant for this backend", d.stage, d.backend_id),
+                }),
+            },
             ControlMessage::Register(r) if r.role() == Some(Role::Frontend) => {
                 if self.draining {
                     return;
@@ -1395,5 +1521,83 @@ mod tests {
         let mut leader = SimPeer::new(theirs);
         register_epoch(t0, &mut n, &mut leader, 3);
         assert_eq!(n.events(), vec![BackendEvent::Registered]);
+    }
+
+    /// Drain messages the scheduler end received, by stage code.
+    fn drain_notices(msgs: &[String]) -> usize {
+        msgs.iter().filter(|m| m.starts_with("Drain") && m.contains("backend_id: 5, stage: 1")).count()
+    }
+
+    #[test]
+    fn a_leave_tells_the_scheduler_runs_what_it_still_plans_and_ends_at_its_release() {
+        let t0 = Instant::ZERO;
+        let (mut n, mut s) = registered(t0);
+        n.node.begin_leave(t0);
+        n.settle(t0);
+        let (msgs, _) = s.received();
+        assert_eq!(drain_notices(&msgs), 1, "{msgs:?}");
+        assert!(n.node.leaving() && !n.node.draining());
+        // A plan sent before the scheduler took the notice still runs.
+        s.plan(1);
+        let t1 = t0 + Duration::from_millis(250);
+        n.run_until(t0, t1);
+        let (msgs, _) = s.received();
+        assert_eq!(msgs.iter().filter(|m| m.starts_with("BatchDone") && m.contains("batch_id: 1")).count(), 1, "{msgs:?}");
+        // Unreleased, the notice is repeated every heartbeat.
+        assert_eq!(drain_notices(&msgs), 2, "{msgs:?}");
+        assert!(!n.node.drained());
+        // Another backend's release, or a notice echoed back, is not one.
+        s.send(&wire::Drain::released(6)).unwrap();
+        s.send(&wire::Drain::draining(5)).unwrap();
+        n.settle(t1);
+        assert!(!n.node.drained());
+        assert_eq!(n.events().iter().filter(|e| matches!(e, BackendEvent::Ignored { .. })).count(), 2);
+        s.send(&wire::Drain::released(5)).unwrap();
+        n.settle(t1);
+        assert_eq!(n.events(), vec![BackendEvent::Released]);
+        assert!(n.node.drained() && n.node.leave_released());
+    }
+
+    #[test]
+    fn an_unanswered_leave_ends_at_the_drain_bound_and_a_lost_scheduler_ends_it_without_failover() {
+        let t0 = Instant::ZERO;
+        let (mut n, mut s) = registered(t0);
+        n.node.begin_leave(t0);
+        let mut now = t0;
+        let mut polls = 0;
+        while !n.node.drained() {
+            now = n.node.poll_at().unwrap().max(now);
+            // The scheduler is alive: it beats, but never releases.
+            s.send(&wire::Heartbeat { seq: polls, role: Role::Scheduler as u32, id: 0 }).unwrap();
+            n.settle(now);
+            polls += 1;
+            assert!(polls < 1000);
+        }
+        assert_eq!(now, t0 + config().drain_timeout);
+        let ev = n.events();
+        assert_eq!(ev, vec![BackendEvent::LeaveUnanswered { after: config().drain_timeout }]);
+        assert!(!n.node.leave_released());
+        let (msgs, _) = s.received();
+        assert_eq!(drain_notices(&msgs), 100, "one per heartbeat over the bound");
+
+        // With failover, a leaving node does not look for a new scheduler.
+        let (mut n, s) = registered_with(t0, node_with(true));
+        n.node.begin_leave(t0);
+        n.settle(t0);
+        drop(s);
+        n.settle(t0);
+        let ev = n.events();
+        assert!(matches!(&ev[..], [BackendEvent::SchedulerLost { .. }]), "{ev:?}");
+        assert!(n.node.drained() && !n.node.scheduler_lost());
+    }
+
+    #[test]
+    fn a_leave_before_registration_is_a_plain_drain() {
+        let t0 = Instant::ZERO;
+        let (mut n, _s) = node();
+        n.node.begin_leave(t0);
+        assert!(n.node.draining() && !n.node.leaving());
+        n.settle(t0);
+        assert!(n.node.drained());
     }
 }

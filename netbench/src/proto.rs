@@ -105,6 +105,7 @@ fn kind_name(m: &Message<'_>) -> &'static str {
         Message::BenchStamp(_) => "BenchStamp",
         Message::Tasks(_) => "Tasks",
     }
+        Message::Drain(_) => "Drain",
 }
 
 /// Whether a server should echo `msg` (a ping).

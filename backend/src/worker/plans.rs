@@ -48,6 +48,11 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
                     self.stats.control_messages += 1;
                     continue;
                 }
+                Ok(Message::Drain(d)) => {
+                    self.control.push_back(ControlMessage::Drain(d));
+                    self.stats.control_messages += 1;
+                    continue;
+                }
                 Ok(_) => {
                     self.stats.ignored_messages += 1;
                     continue;

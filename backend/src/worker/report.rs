@@ -87,6 +87,8 @@ pub enum ControlMessage {
     Register(wire::Register),
     /// The scheduler's heartbeat.
     Heartbeat(wire::Heartbeat),
+    /// The scheduler's answer to this backend's drain notice.
+    Drain(wire::Drain),
 }
 
 /// One finished batch, for observers and tests.

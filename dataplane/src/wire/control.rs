@@ -1,6 +1,7 @@
 //! Messages between the scheduler and its registered peers after the
 //! handshake: liveness ([`Heartbeat`]), a backend's model list and busy
-//! GPUs ([`Kind::Models`]), and the benchmark-only [`BenchStamp`].
+//! GPUs ([`Kind::Models`]), a backend's graceful leave ([`Drain`]), and
+//! the benchmark-only [`BenchStamp`].
 
 use super::*;
 
@@ -166,6 +167,61 @@ fn has_duplicates(n: usize, id_at: impl Fn(usize) -> u32) -> bool {
     false
 }
 
+/// A backend's graceful leave (issue 52). Backend -> scheduler, stage
+/// [`DrainStage::Draining`]: it is leaving (a stop signal): plan nothing
+/// more on its GPUs, and release it once nothing planned to it is in
+/// flight (resent every heartbeat until released). Scheduler -> backend,
+/// stage [`DrainStage::Released`]: every batch planned to it was
+/// reported and none follows on this link; it may leave.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Drain {
+    /// The leaving backend's id.
+    pub backend_id: u32,
+    /// A [`DrainStage`] code.
+    pub stage: u32,
+}
+
+/// Where a [`Drain`] stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum DrainStage {
+    /// The backend drains (its notice).
+    Draining = 1,
+    /// The scheduler released it.
+    Released = 2,
+}
+
+impl Drain {
+    /// Backend `id`'s notice that it drains.
+    pub const fn draining(id: u32) -> Drain {
+        Drain { backend_id: id, stage: DrainStage::Draining as u32 }
+    }
+    /// The scheduler's release of backend `id`.
+    pub const fn released(id: u32) -> Drain {
+        Drain { backend_id: id, stage: DrainStage::Released as u32 }
+    }
+    /// The stage, if the code is known (a decoded message's always is).
+    pub const fn stage(&self) -> Option<DrainStage> {
+        match self.stage {
+            1 => Some(DrainStage::Draining),
+            2 => Some(DrainStage::Released),
+            _ => None,
+        }
+    }
+}
+
+impl FixedMessage for Drain {
+    const KIND: Kind = Kind::Drain;
+}
+
+/// The body of a [`Kind::Drain`] message: a known stage.
+pub(super) fn decode_drain(body: &[u8]) -> Result<Drain, WireError> {
+    let m: Drain = read_fixed(body)?;
+    m.stage().ok_or(WireError::BadValue("drain stage"))?;
+    Ok(m)
+}
+
 impl FixedMessage for Heartbeat {
     const KIND: Kind = Kind::Heartbeat;
 }
@@ -216,6 +272,19 @@ pub(super) fn decode_models(body: &[u8]) -> Result<(ModelIds<'_>, GpuBusyList<'_
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn drain_messages_round_trip_and_refuse_an_unknown_stage() {
+        let mut buf = [0u8; MAX_MESSAGE_LEN];
+        for d in [Drain::draining(7), Drain::released(u32::MAX)] {
+            let n = encode(&mut buf, &d).unwrap();
+            assert_eq!(decode(&buf[..n]), Ok(Message::Drain(d)));
+            fuzz_decode(&buf[..n]);
+        }
+        let n = encode(&mut buf, &Drain { backend_id: 7, stage: 3 }).unwrap();
+        assert_eq!(decode(&buf[..n]), Err(WireError::BadValue("drain stage")));
+        assert_eq!(decode(&buf[..n - 1]), Err(WireError::Truncated));
+    }
 
     #[test]
     fn model_lists_round_trip_and_refuse_duplicates() {

@@ -64,6 +64,7 @@ pub fn fuzz_decode(data: &[u8]) {
             Message::Welcome(r) => encode(&mut buf, &r),
             Message::Refused(r) => encode(&mut buf, &r),
             Message::BenchStamp(r) => encode(&mut buf, &r),
+            Message::Drain(r) => encode(&mut buf, &r),
             Message::Tasks(list) => {
                 let mut b = TaskBatcher::new(list.len());
                 list.iter().for_each(|t| b.push(&t).expect("a decoded batch fits its own limit"));

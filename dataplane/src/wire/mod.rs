@@ -113,6 +113,9 @@ pub enum Kind {
     Refused = 14,
     /// [`Cancel`] (frontend -> scheduler: a client gave a task up)
     Cancel = 15,
+    /// [`Drain`] (backend -> scheduler: it drains; scheduler -> backend:
+    /// it is released)
+    Drain = 16,
     /// [`BenchStamp`] (benchmark only: a sender's monotonic clock reading
     /// for the message that follows it on the same link)
     BenchStamp = 20,
@@ -139,6 +142,7 @@ impl Kind {
             13 => Kind::Welcome,
             14 => Kind::Refused,
             15 => Kind::Cancel,
+            16 => Kind::Drain,
             20 => Kind::BenchStamp,
             21 => Kind::Tasks,
             _ => return None,
@@ -201,6 +205,8 @@ pub enum Message<'a> {
     BenchStamp(BenchStamp),
     /// Batched task submissions.
     Tasks(TaskList<'a>),
+    /// A backend's graceful leave (its notice, or the scheduler's release).
+    Drain(Drain),
 }
 
 fn fixed_body_len(kind: Kind) -> Option<usize> {
@@ -219,6 +225,7 @@ fn fixed_body_len(kind: Kind) -> Option<usize> {
         Kind::Welcome => size_of::<Welcome>(),
         Kind::Refused => size_of::<Refused>(),
         Kind::BenchStamp => size_of::<BenchStamp>(),
+        Kind::Drain => size_of::<Drain>(),
         Kind::BatchPlan | Kind::Completion | Kind::Models | Kind::Tasks => return None,
     })
 }
@@ -271,6 +278,7 @@ fn decode_body(kind: Kind, body: &[u8]) -> Result<Message<'_>, WireError> {
         Kind::Refused => Message::Refused(read_fixed(body)?),
         Kind::BenchStamp => Message::BenchStamp(read_fixed(body)?),
         Kind::Tasks => Message::Tasks(batch::decode_tasks(body)?),
+        Kind::Drain => Message::Drain(control::decode_drain(body)?),
     })
 }
 
@@ -294,11 +302,11 @@ mod tests {
 
     #[test]
     fn every_fixed_message_has_a_length_multiple_of_eight() {
-        for k in 1..=15 {
+        for k in 1..=16 {
             if let Some(n) = fixed_body_len(Kind::from_u16(k).unwrap()) {
                 assert_eq!(n % 8, 0, "kind {k}");
             }
         }
-        assert_eq!(Kind::from_u16(16), None);
+        assert_eq!(Kind::from_u16(17), None);
     }
 }

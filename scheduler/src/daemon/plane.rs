@@ -11,7 +11,8 @@
 //! and its outputs (returned values, or messages in the outbox);
 //! [`ControlPlane`] only routes between them and the scheduling cores:
 //! - `membership`: the registered frontends and backends, the checks a
-//!   registration passes, where each backend's GPUs sit;
+//!   registration passes, where each backend's GPUs sit, and which
+//!   backends drain (see [`ControlPlane::backend_draining`]);
 //! - `ledger`: every task from arrival to answer (waiting tasks and the
 //!   duplicate filter, batches in flight and their expiry, tasks handed
 //!   back to another group);
@@ -73,7 +74,7 @@ use delay_bound::DelayBound;
 use dispatch::Dispatch;
 use ledger::{InFlight, TaskLedger};
 pub use membership::Refusal;
-use membership::Membership;
+use membership::{Drain, Membership};
 pub use outbox::{Outbox, PeerId};
 use ownership::Ownership;
 pub use telemetry::HostClock;
@@ -129,6 +130,8 @@ pub struct ControlPlane {
     actions: Actions,
     metrics: Arc<SchedulerMetrics>,
     stopping: bool,
+    /// Backends that left after their drain was released (not deaths).
+    drained_backends: u64,
 }
 
 /// Why a control plane cannot be built from its sub-clusters.
@@ -203,6 +206,7 @@ impl ControlPlane {
             actions: Actions::default(),
             metrics,
             stopping: false,
+            drained_backends: 0,
         })
     }
 
@@ -433,7 +437,9 @@ impl ControlPlane {
         expired
     }
 
+            let backend = f.backend;
     /// Every task of a batch that will not finish goes back to its
+            self.release_if_done(backend);
     /// frontend as failed.
     fn fail_back_batch(&mut self, f: InFlight) {
         for &(task, frontend) in &f.tasks {
@@ -470,7 +476,10 @@ impl ControlPlane {
     /// Puts the GPUs held by the fence into matchmaking (each busy until
     /// its backend's report said); planning starts.
     pub fn lift_fence(&mut self, now: Instant) {
-        for (_, sc, g, free_at) in self.ownership.lift_fence() {
+        for (backend, sc, g, free_at) in self.ownership.lift_fence() {
+            if self.members.drain_of(backend) != Drain::No {
+                continue;
+            }
             self.subclusters[sc].sched.gpu_joined_busy(now, g, free_at, &mut self.actions);
             self.apply(now, sc);
         }
@@ -638,7 +647,14 @@ impl ControlPlane {
         let Some(b) = self.members.remove_backend(id) else {
             return;
         };
-        self.metrics.backend_deaths.inc();
+        if b.drain == Drain::Released {
+            // A graceful leave: nothing of it is in flight (unless the
+            // pinned engine's rings still held a plan for it, failed back
+            // below as from a crash).
+            self.drained_backends += 1;
+        } else {
+            self.metrics.backend_deaths.inc();
+        }
         self.ownership.backend_left(id);
         for &g in &b.gpus {
             self.telemetry.gpu_left(b.subcluster, g);
@@ -658,6 +674,58 @@ impl ControlPlane {
         m.frontends.set(frontends as i64);
         m.backends.set(backends as i64);
         m.gpus_online.set(self.online_gpus() as i64);
+    /// Backend `id` drains (its `Drain` notice: a backend told to stop,
+    /// e.g. by SIGTERM on a scale-in): its GPUs leave matchmaking now (the
+    /// cores' GPU offline, the one membership mechanism the simulator's
+    /// autoscaler also uses), the batches already planned to it run and
+    /// are reported, and once none of them is in flight it is sent
+    /// `Drain{Released}`: it may leave, and nothing will be planned to it.
+    /// It then closes its link ([`backend_left`](Self::backend_left), no
+    /// fail-back). A repeated notice (the backend resends it until
+    /// released) is answered again once released; one from an unknown
+    /// backend is ignored. If the backend dies meanwhile, its batches in
+    /// flight fail back as for any death.
+    pub fn backend_draining(&mut self, now: Instant, id: u32) {
+        if let Some((sc, gpus)) = self.members.start_drain(id) {
+            // A fenced GPU of it is never put into matchmaking.
+            self.ownership.backend_left(id);
+            for g in gpus {
+                self.subclusters[sc].sched.set_gpu_online(now, g, false, &mut self.actions);
+                self.apply(now, sc);
+            }
+            self.sync_peer_gauges();
+        }
+        if self.members.drain_of(id) == Drain::Released {
+            self.send_released(id);
+        } else {
+            self.release_if_done(id);
+        }
+    }
+
+    /// Releases backend `id` if it drains and nothing planned to it is in
+    /// flight. Costs nothing while no backend drains.
+    fn release_if_done(&mut self, id: u32) {
+        if self.members.drain_of(id) == Drain::Draining && !self.ledger.holds_backend(id) {
+            self.members.mark_released(id);
+            self.send_released(id);
+        }
+    }
+
+    fn send_released(&mut self, id: u32) {
+        let released = wire::Drain::released(id);
+        self.dispatch.outbox().push(PeerId::Backend(id), |b| wire::encode(b, &released));
+    }
+
+    /// Backends that left after a released drain (not counted as deaths).
+    pub fn drained_backends(&self) -> u64 {
+        self.drained_backends
+    }
+
+    /// Backends draining or released and still linked.
+    pub fn draining_backends(&self) -> usize {
+        self.members.draining()
+    }
+
     }
 
     // --- tasks ---------------------------------------------------------------
@@ -837,6 +905,7 @@ impl ControlPlane {
     /// GPU's free time, and plans later batches with the learned factors.
     fn learn(&mut self, now: Instant, sc: usize, gpu: GpuId, model: u32, done: &wire::BatchDone) {
         let global = self.subclusters[sc].models[model as usize] as usize;
+        self.release_if_done(from);
         let profiled = match done.count {
             0 => Duration::ZERO,
             n => self.models[global].profile.latency(n),
@@ -997,3 +1066,6 @@ impl ControlPlane {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod drain_tests;

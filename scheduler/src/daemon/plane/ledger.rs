@@ -256,6 +256,12 @@ impl TaskLedger {
         dead.into_iter().filter_map(|batch| self.inflight.remove(&batch)).collect()
     }
 
+    /// Whether any batch in flight is on `backend` (a scan: asked only
+    /// about a draining backend, per report or expiry of its batches).
+    pub(super) fn holds_backend(&self, backend: u32) -> bool {
+        self.inflight.values().any(|f| f.backend == backend)
+    }
+
     /// Drops expiry entries of batches no longer in flight from the top of
     /// the heap, so that [`next_expiry`](Self::next_expiry) stays tight.
     pub(super) fn trim_expiries(&mut self) {

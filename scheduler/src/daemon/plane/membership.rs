@@ -1,7 +1,9 @@
 //! Membership: the frontends and backends registered with the plane, the
 //! checks a registration must pass, and where each backend's GPUs sit
-//! (its sub-cluster and their sub-cluster GPU ids). Liveness itself
-//! (heartbeats, silence) is the node's; it tells the plane who left.
+//! (its sub-cluster and their sub-cluster GPU ids), and which backends are
+//! draining (out of matchmaking, finishing what was planned to them).
+//! Liveness itself (heartbeats, silence) is the node's; it tells the plane
+//! who left.
 
 use std::collections::HashMap;
 
@@ -45,6 +47,21 @@ pub(super) struct BackendState {
     pub(super) subcluster: usize,
     /// Sub-cluster GPU id of each local GPU.
     pub(super) gpus: Vec<GpuId>,
+    /// Where it stands in a drain (see [`Drain`]).
+    pub(super) drain: Drain,
+}
+
+/// A backend's drain: the scheduler's side of a graceful leave.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) enum Drain {
+    /// Serving: its GPUs are in matchmaking.
+    #[default]
+    No,
+    /// It said it drains: its GPUs are out of matchmaking, batches already
+    /// planned to it still run and are reported.
+    Draining,
+    /// Nothing planned to it is left in flight, and it was told it may go.
+    Released,
 }
 
 /// The registered peers (see the module docs).
@@ -56,6 +73,9 @@ pub(super) struct Membership {
     /// Each frontend's data endpoint.
     frontends: HashMap<u32, String, IdHasher>,
     backends: HashMap<u32, BackendState, IdHasher>,
+    /// Backends draining or released (so that the per-batch check whether
+    /// a drain may end costs nothing while none drains).
+    draining: usize,
 }
 
 impl Membership {
@@ -129,12 +149,45 @@ impl Membership {
     /// Backend `id` registered into sub-cluster `subcluster`, its GPUs
     /// numbered `gpus` there.
     pub(super) fn add_backend(&mut self, id: u32, subcluster: usize, gpus: Vec<GpuId>) {
-        self.backends.insert(id, BackendState { subcluster, gpus });
+        self.backends.insert(id, BackendState { subcluster, gpus, drain: Drain::No });
     }
 
     /// Backend `id` left: its state, if it was registered.
     pub(super) fn remove_backend(&mut self, id: u32) -> Option<BackendState> {
-        self.backends.remove(&id)
+        let b = self.backends.remove(&id)?;
+        if b.drain != Drain::No {
+            self.draining -= 1;
+        }
+        Some(b)
+    }
+
+    /// Backend `id` starts draining: its sub-cluster and GPUs, which leave
+    /// matchmaking now; None if it is not registered or drains already.
+    pub(super) fn start_drain(&mut self, id: u32) -> Option<(usize, Vec<GpuId>)> {
+        let b = self.backends.get_mut(&id).filter(|b| b.drain == Drain::No)?;
+        b.drain = Drain::Draining;
+        self.draining += 1;
+        Some((b.subcluster, b.gpus.clone()))
+    }
+
+    /// Backends draining or released.
+    pub(super) fn draining(&self) -> usize {
+        self.draining
+    }
+
+    /// Where backend `id` stands in a drain (`No` if unknown).
+    pub(super) fn drain_of(&self, id: u32) -> Drain {
+        if self.draining == 0 {
+            return Drain::No;
+        }
+        self.backends.get(&id).map_or(Drain::No, |b| b.drain)
+    }
+
+    /// Backend `id`, draining, was told it may go.
+    pub(super) fn mark_released(&mut self, id: u32) {
+        if let Some(b) = self.backends.get_mut(&id).filter(|b| b.drain != Drain::No) {
+            b.drain = Drain::Released;
+        }
     }
 
     /// Where a live backend's GPU is: (sub-cluster, sub-cluster GPU id).
