@@ -528,8 +528,8 @@ fn control_messages_reach_the_caller<N: Net>(net: N) {
                     );
                 }
                 ControlMessage::Heartbeat(h) => assert_eq!(h.seq, u64::from(*seen)),
-            }
                 ControlMessage::Drain(d) => panic!("no drain message was sent: {d:?}"),
+            }
             *seen += 1;
         }
     };

@@ -104,8 +104,8 @@ fn kind_name(m: &Message<'_>) -> &'static str {
         Message::Refused(_) => "Refused",
         Message::BenchStamp(_) => "BenchStamp",
         Message::Tasks(_) => "Tasks",
-    }
         Message::Drain(_) => "Drain",
+    }
 }
 
 /// Whether a server should echo `msg` (a ping).

@@ -431,15 +431,15 @@ impl ControlPlane {
         let mut expired = 0;
         while let Some((batch, f)) = self.ledger.pop_overdue(now) {
             self.telemetry.forget(f.subcluster, f.gpu, batch);
+            let backend = f.backend;
             self.fail_back_batch(f);
+            self.release_if_done(backend);
             expired += 1;
         }
         expired
     }
 
-            let backend = f.backend;
     /// Every task of a batch that will not finish goes back to its
-            self.release_if_done(backend);
     /// frontend as failed.
     fn fail_back_batch(&mut self, f: InFlight) {
         for &(task, frontend) in &f.tasks {
@@ -668,12 +668,6 @@ impl ControlPlane {
         self.sync_peer_gauges();
     }
 
-    fn sync_peer_gauges(&self) {
-        let m = &self.metrics;
-        let (frontends, backends) = self.members.peers();
-        m.frontends.set(frontends as i64);
-        m.backends.set(backends as i64);
-        m.gpus_online.set(self.online_gpus() as i64);
     /// Backend `id` drains (its `Drain` notice: a backend told to stop,
     /// e.g. by SIGTERM on a scale-in): its GPUs leave matchmaking now (the
     /// cores' GPU offline, the one membership mechanism the simulator's
@@ -726,6 +720,12 @@ impl ControlPlane {
         self.members.draining()
     }
 
+    fn sync_peer_gauges(&self) {
+        let m = &self.metrics;
+        let (frontends, backends) = self.members.peers();
+        m.frontends.set(frontends as i64);
+        m.backends.set(backends as i64);
+        m.gpus_online.set(self.online_gpus() as i64);
     }
 
     // --- tasks ---------------------------------------------------------------
@@ -899,13 +899,13 @@ impl ControlPlane {
         // The cores take nothing from a report itself (they keep each
         // GPU's planned free time); `learn` has passed on any correction.
         self.apply(now, sc);
+        self.release_if_done(from);
     }
 
     /// The closed loop: places the report on this clock, corrects the
     /// GPU's free time, and plans later batches with the learned factors.
     fn learn(&mut self, now: Instant, sc: usize, gpu: GpuId, model: u32, done: &wire::BatchDone) {
         let global = self.subclusters[sc].models[model as usize] as usize;
-        self.release_if_done(from);
         let profiled = match done.count {
             0 => Duration::ZERO,
             n => self.models[global].profile.latency(n),
