@@ -553,8 +553,8 @@ impl<'a> Run<'a> {
                 measured += 1;
                 a.queueing_us.record((exec_at.saturating_since(r.arrival).as_nanos() / 1000).max(1));
             }
+            batch.push(*r);
         }
-        batch.extend_from_slice(members);
         // Counted once per batch: `n` is within the profile's sizes, for
         // which `batch_requests` has a slot.
         if measured > 0 {
