@@ -103,6 +103,7 @@ fn run<D: Domain>(
             frontend_id: 1,
             queued_us: 0,
             input: reg.remote_ref((k * input as usize) as u64, input).unwrap(),
+            capability: Default::default(),
         })
         .collect();
     let clock = MonotonicClock::new();

@@ -1088,7 +1088,7 @@ mod tests {
         }
         fn plan_of(&mut self, batch_id: u64, epoch: u32) {
             let head = BatchPlanHead { batch_id, exec_in_ns: 1_000_000, model_id: 0, gpu_id: 0, count: 0, run_ns: 5_000_000, epoch };
-            let task = BatchTask { task_id: batch_id, frontend_id: 3, queued_us: 0, input: RemoteRef { key: 1, len: 16, offset: 0 } };
+            let task = BatchTask { task_id: batch_id, frontend_id: 3, queued_us: 0, input: RemoteRef { key: 1, len: 16, offset: 0 }, capability: Default::default() };
             self.send_encoded(|buf| wire::encode_batch_plan(buf, &head, &[task])).unwrap();
         }
         fn received(&mut self) -> (Vec<String>, usize) {

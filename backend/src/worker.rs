@@ -78,6 +78,8 @@ struct TaskState {
     out_index: u32,
     /// [`wire::BatchTask::queued_us`], echoed in its completion.
     queued_us: u32,
+    /// [`wire::BatchTask::capability`], handed back in its completion.
+    capability: dataplane::capability::Capability,
     /// When its READ was posted (its latency is measured from here).
     posted_at: Instant,
 }
@@ -171,6 +173,9 @@ pub struct BatchWorker<C: Connection, E: Executor> {
     stats: WorkerStats,
     /// Which failed runs were logged (once per model and reason).
     failures: failures::FailureLog,
+    /// This backend's id, named in every completion (the frontend checks
+    /// the task's capability against it).
+    backend_id: u32,
 }
 
 /// Control messages held for the caller before the worker stops reading
@@ -264,8 +269,14 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             fenced: VecDeque::with_capacity(FENCED_CAPACITY),
             stats: WorkerStats::default(),
             failures: failures::FailureLog::default(),
+            backend_id: 0,
             cfg,
         })
+    }
+
+    /// This backend's id, named in its completions (the node sets it).
+    pub fn set_backend_id(&mut self, id: u32) {
+        self.backend_id = id;
     }
 
     /// Adds (or replaces) the connection to frontend `id`. A replaced

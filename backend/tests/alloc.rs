@@ -91,6 +91,7 @@ fn a_warm_batch_allocates_nothing() {
             input: reg
                 .remote_ref((k * SLOT) as u64, input_bytes[k].len() as u32)
                 .unwrap(),
+            capability: Default::default(),
         })
         .collect();
     const WARM: u64 = 40;

@@ -258,6 +258,7 @@ impl FakeFrontend {
                 .reg
                 .remote_ref((k * IN) as u64, self.inputs[k].len() as u32)
                 .unwrap(),
+            capability: Default::default(),
         }
     }
 

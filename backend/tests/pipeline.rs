@@ -250,6 +250,7 @@ fn dead_frontend_fails_only_its_tasks<N: Net>(net: N) {
             len: 16,
             offset: 0,
         },
+        capability: Default::default(),
     };
     tasks.push(bogus);
     let shm = net.name() == "shm";

@@ -18,5 +18,6 @@ pub mod waitset;
 pub mod wire;
 pub mod control;
 pub mod join;
+pub mod capability;
 pub mod reconnect;
 pub mod machine;

@@ -56,11 +56,12 @@ fn msg() -> impl Strategy<Value = Msg> {
             flags: (budget_ns & 1) as u32,
         });
     let btask =
-        (any::<u64>(), any::<u32>(), rref()).prop_map(|(task_id, frontend_id, input)| BatchTask {
+        (any::<u64>(), any::<u32>(), rref(), any::<[u8; 16]>()).prop_map(|(task_id, frontend_id, input, capability)| BatchTask {
             task_id,
             frontend_id,
             queued_us: 0,
             input,
+            capability,
         });
     let plan = (
         any::<u64>(),
@@ -89,8 +90,9 @@ fn msg() -> impl Strategy<Value = Msg> {
         0u32..3,
         rref(),
         prop::collection::vec(any::<u8>(), 0..2048),
+        (any::<u32>(), any::<[u8; 16]>()),
     )
-        .prop_map(|(task_id, status, kind, remote, bytes)| {
+        .prop_map(|(task_id, status, kind, remote, bytes, (backend_id, capability))| {
             // The execution fields, derived from the id: some executed
             // (size 1..=512, a valid position), some not (all zero).
             let batch_size = (task_id % 600) as u32 % 513;
@@ -103,6 +105,8 @@ fn msg() -> impl Strategy<Value = Msg> {
                 input_ns: task_id.rotate_left(7) * u64::from(batch_size > 0),
                 compute_ns: task_id.rotate_left(19) * u64::from(batch_size > 0),
                 since_start_ns: task_id.rotate_left(31) * u64::from(batch_size > 0),
+                backend_id,
+                capability,
                 ..Default::default()
             };
             let inline = match kind {

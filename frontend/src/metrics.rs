@@ -342,7 +342,7 @@ impl Metrics {
     /// staging area: the service does it when it is built).
     pub fn register_staging(&self, staging: &Arc<Staging>) {
         type Pick = fn(&CounterSnapshot) -> u64;
-        let families: [(&str, &str, Pick); 8] = [
+        let families: [(&str, &str, Pick); 9] = [
             ("symphony_requests_accepted", "Requests staged and handed to the cluster", |c| c.accepted),
             ("symphony_requests_succeeded", "Accepted requests answered with a result", |c| c.succeeded),
             ("symphony_requests_dropped", "Accepted requests dropped by the cluster", |c| c.dropped),
@@ -351,6 +351,7 @@ impl Metrics {
             ("symphony_completions_unroutable", "Outcomes naming no request in flight", |c| c.unroutable),
             ("symphony_completions_duplicate", "Second outcomes for one request", |c| c.duplicates),
             ("symphony_completions_late", "Outcomes arriving after their request gave up", |c| c.late),
+            ("symphony_frontend_refused_completions", "Completions and drops refused: their capability did not verify for their sender (forged, or a task planned to another backend), or a backend sent a drop", |c| c.refused),
         ];
         for (name, help, pick) in families {
             let s = staging.clone();

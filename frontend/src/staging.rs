@@ -23,21 +23,32 @@
 //! A released slot's staged bytes are zeroed before it goes back on the
 //! free list (issue 55): a READ of it afterwards, with a key obtained for
 //! an earlier request, finds no earlier request's input.
+//!
+//! With a join token ([`Staging::require_capabilities`]) an outcome ends a
+//! request only if the scheduler's capability for it verifies (issue 55):
+//! a completion from a backend must name that backend and carry the
+//! capability the scheduler signed for (that backend, this frontend, the
+//! task, its input); a backend never sends a `Dropped`. From the scheduler's
+//! link, unsigned failures are the scheduler's own answers; anything signed
+//! (a completion it forwards for a backend) is checked alike. A refused
+//! message changes nothing (the request still waits for the real answer)
+//! and is counted ([`Counters::refused`]).
 
 use crate::types::Execution;
 use atomic_waker::AtomicWaker;
 use crossbeam_queue::ArrayQueue;
+use dataplane::capability::{CapabilityKey, Grant, CAPABILITY_LEN};
 use dataplane::ids::{MAX_FRONTENDS, SEQ_MASK};
 use dataplane::mutation::{self, Mutation};
 use dataplane::mem::{MemError, Slot, SlotPool};
 use dataplane::time::Duration;
 use dataplane::transport::Registration;
-use dataplane::wire::{self, DropReason, Message, OutputKind, Task, TaskId, TaskStatus};
+use dataplane::wire::{self, CompletionHead, DropReason, Message, OutputKind, RemoteRef, Task, TaskId, TaskStatus};
 use std::cell::UnsafeCell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 const FREE: u64 = 0;
@@ -104,6 +115,10 @@ pub struct Counters {
     pub duplicates: AtomicU64,
     /// Outcomes that arrived after their request had given up waiting.
     pub late: AtomicU64,
+    /// Outcomes refused because their capability did not verify for their
+    /// sender (forged, or for a task planned to another backend), and
+    /// `Dropped`s from backends; the request still waits.
+    pub refused: AtomicU64,
 }
 
 /// A snapshot of [`Counters`].
@@ -127,6 +142,8 @@ pub struct CounterSnapshot {
     pub duplicates: u64,
     /// See [`Counters::late`].
     pub late: u64,
+    /// See [`Counters::refused`].
+    pub refused: u64,
 }
 
 impl CounterSnapshot {
@@ -150,6 +167,7 @@ impl Counters {
             unroutable: l(&self.unroutable),
             duplicates: l(&self.duplicates),
             late: l(&self.late),
+            refused: l(&self.refused),
         }
     }
 }
@@ -202,6 +220,18 @@ pub enum RouteResult {
     Unroutable,
     /// The request already had its outcome.
     Duplicate,
+    /// The message's capability did not verify for its sender: not
+    /// delivered (the request still waits), counted.
+    Refused,
+}
+
+/// Who handed over a message to route ([`Staging::route_message_from`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sender {
+    /// The scheduler's link: its own answers and completions it forwards.
+    Scheduler,
+    /// The data link of this backend (it proved its id when it joined).
+    Backend(u32),
 }
 
 /// Why a request could not be staged.
@@ -249,6 +279,8 @@ pub struct Staging {
     max_output: usize,
     frontend_id: u16,
     counters: Counters,
+    /// Set: outcomes must carry a verifying capability (see the module docs).
+    capabilities: OnceLock<CapabilityKey>,
     // Owns the slots for the life of the staging area.
     _slots: Vec<Slot>,
     _pool: SlotPool,
@@ -314,6 +346,7 @@ impl Staging {
             max_output: cfg.max_output as usize,
             frontend_id: cfg.frontend_id,
             counters: Counters::default(),
+            capabilities: OnceLock::new(),
             _slots: slots,
             _pool: pool,
         }))
@@ -334,6 +367,13 @@ impl Staging {
     /// The registration the slots live in.
     pub fn registration(&self) -> &Registration {
         &self.reg
+    }
+
+    /// From now on an outcome must carry a capability that verifies under
+    /// `key` (see the module docs). Set once: a later call changes nothing
+    /// and returns false.
+    pub fn require_capabilities(&self, key: CapabilityKey) -> bool {
+        self.capabilities.set(key).is_ok()
     }
 
     /// Copies `input` into a free slot and returns the task to send (with
@@ -560,10 +600,21 @@ impl Staging {
     /// does not do) are refused with an error; a completion for a known
     /// task with an unusable output still ends that task (as failed).
     pub fn route_message(&self, msg: &Message<'_>) -> Result<RouteResult, wire::WireError> {
+        self.route_message_from(msg, Sender::Scheduler)
+    }
+
+    /// [`route_message`](Self::route_message) of a message `from` that
+    /// sender: with capabilities required, one that does not verify is
+    /// refused (see the module docs).
+    pub fn route_message_from(&self, msg: &Message<'_>, from: Sender) -> Result<RouteResult, wire::WireError> {
         match *msg {
             Message::Completion(head, inline) => {
                 let status = TaskStatus::from_u32(head.status)
                     .ok_or(wire::WireError::BadValue("task status"))?;
+                if !self.admits(&head, status, from) {
+                    self.counters.refused.fetch_add(1, Ordering::Relaxed);
+                    return Ok(RouteResult::Refused);
+                }
                 let outcome = match (status, OutputKind::from_u32(head.output_kind)) {
                     (TaskStatus::Ok, Some(OutputKind::Inline)) => RoutedOutcome::Ok(inline),
                     (TaskStatus::Ok, Some(OutputKind::None)) => RoutedOutcome::Ok(&[]),
@@ -575,10 +626,53 @@ impl Staging {
             Message::Dropped(d) => {
                 let reason = DropReason::from_u32(d.reason)
                     .ok_or(wire::WireError::BadValue("drop reason"))?;
+                // Only the scheduler drops tasks.
+                if matches!(from, Sender::Backend(_)) && self.capabilities.get().is_some() {
+                    self.counters.refused.fetch_add(1, Ordering::Relaxed);
+                    return Ok(RouteResult::Refused);
+                }
                 Ok(self.route(d.task_id, RoutedOutcome::Dropped(reason)))
             }
             _ => Err(wire::WireError::BadValue("not a completion or drop")),
         }
+    }
+
+    /// Whether completion `head` (of `status`) from `from` may end its
+    /// task: always without a key; with one, a backend's must name it and
+    /// every signed one must verify. A completion for no request in flight
+    /// passes (routing counts it and changes nothing).
+    fn admits(&self, head: &CompletionHead, status: TaskStatus, from: Sender) -> bool {
+        let Some(key) = self.capabilities.get() else {
+            return true;
+        };
+        let unsigned = head.capability == [0u8; CAPABILITY_LEN];
+        match from {
+            // The scheduler's own answers: a batch that will not finish.
+            Sender::Scheduler if unsigned => return status != TaskStatus::Ok,
+            Sender::Backend(id) if head.backend_id != id => return false,
+            _ => {}
+        }
+        let Some(input) = self.input_of(head.task_id) else {
+            return true;
+        };
+        let grant = Grant { backend: head.backend_id, frontend: u32::from(self.frontend_id), task: head.task_id, input };
+        key.verify(&grant, &head.capability)
+    }
+
+    /// The input of task `task_id` as the scheduler was told it (the
+    /// staged bytes of its slot), while its slot holds it; none otherwise.
+    fn input_of(&self, task_id: u64) -> Option<RemoteRef> {
+        let id = TaskId(task_id);
+        if id.frontend() != u32::from(self.frontend_id) {
+            return None;
+        }
+        let i = id.slot() as usize;
+        let s = self.cells.get(i)?.state.load(Ordering::Acquire);
+        if (s >> 3) & SEQ_MASK != id.seq() || s & PHASE_MASK == FREE {
+            return None;
+        }
+        let len = self.staged.get(i)?.load(Ordering::Relaxed);
+        self.reg.remote_ref(*self.offsets.get(i)?, len).ok()
     }
 
     /// Ends every request still waiting for its outcome (including those
@@ -872,6 +966,70 @@ mod tests {
         t.fail_unsent();
         assert_eq!(slot_bytes(&s, &task), vec![0u8; 64], "unsent");
         assert_eq!(s.free_slots(), 2);
+    }
+
+    #[test]
+    fn only_a_completion_signed_for_its_sender_ends_its_task() {
+        use dataplane::capability::{CapabilityKey, Grant};
+        use dataplane::join::JoinToken;
+        let key = CapabilityKey::from_token(&JoinToken::new(b"correct horse battery staple").unwrap());
+        let s = staging(4);
+        assert!(s.require_capabilities(key.clone()));
+        assert!(!s.require_capabilities(key.clone()), "set once");
+        let (task, mut t) = s.stage(0, b"input", Duration::from_millis(5)).unwrap();
+        // The scheduler planned the task to backend 1.
+        let grant = Grant { backend: 1, frontend: task.frontend_id, task: task.task_id, input: task.input };
+        let signed = wire::CompletionHead {
+            task_id: task.task_id,
+            status: TaskStatus::Ok as u32,
+            output_kind: OutputKind::Inline as u32,
+            backend_id: 1,
+            capability: key.sign(&grant),
+            ..wire::CompletionHead::default()
+        };
+        let route = |head: wire::CompletionHead, from: Sender| {
+            let mut buf = [0u8; 256];
+            let n = wire::encode_completion(&mut buf, &head, b"out").unwrap();
+            s.route_message_from(&wire::decode(&buf[..n]).unwrap(), from).unwrap()
+        };
+        // Backend 2 answers backend 1's task: with backend 1's capability
+        // under its own name, under backend 1's name, or with a guess.
+        let forged = [
+            (wire::CompletionHead { backend_id: 2, ..signed }, "its own id, another's capability"),
+            (signed, "another backend's id on its own link"),
+            (wire::CompletionHead { backend_id: 2, capability: [7u8; 16], ..signed }, "a guessed capability"),
+            (wire::CompletionHead { backend_id: 2, capability: [0u8; 16], ..signed }, "no capability"),
+        ];
+        for (head, what) in forged {
+            assert_eq!(route(head, Sender::Backend(2)), RouteResult::Refused, "{what}");
+        }
+        // A forwarded forgery and an unsigned success through the
+        // scheduler's link; a backend's Dropped.
+        let unsigned_ok = wire::CompletionHead { capability: [0u8; 16], ..signed };
+        assert_eq!(route(wire::CompletionHead { backend_id: 2, ..signed }, Sender::Scheduler), RouteResult::Refused);
+        assert_eq!(route(unsigned_ok, Sender::Scheduler), RouteResult::Refused);
+        let drop = wire::Dropped { task_id: task.task_id, reason: DropReason::Overloaded.code(), reserved: 0 };
+        assert_eq!(s.route_message_from(&Message::Dropped(drop), Sender::Backend(1)).unwrap(), RouteResult::Refused);
+        assert_eq!(s.counters().snapshot().refused, 7, "each refusal counted");
+        assert!(poll_now(&mut t).is_pending(), "the request still waits");
+        // The real answer lands.
+        assert_eq!(route(signed, Sender::Backend(1)), RouteResult::Delivered);
+        assert!(matches!(poll_now(&mut t), Poll::Ready(Outcome::Ok(ref b)) if b == b"out"));
+        // The scheduler's own answer (an unsigned failure) is taken.
+        let (task, mut t) = s.stage(0, b"input", Duration::from_millis(5)).unwrap();
+        let failed = wire::CompletionHead { task_id: task.task_id, status: TaskStatus::ExecFailed as u32, ..wire::CompletionHead::default() };
+        assert_eq!(route_none(&s, failed), RouteResult::Delivered);
+        assert!(matches!(poll_now(&mut t), Poll::Ready(Outcome::Failed(TaskStatus::ExecFailed))));
+        let c = s.counters().snapshot();
+        assert_eq!((c.refused, c.succeeded, c.failed), (7, 1, 1));
+        assert!(c.balanced());
+    }
+
+    /// Routes `head` (no output) as the scheduler's.
+    fn route_none(s: &Staging, head: wire::CompletionHead) -> RouteResult {
+        let mut buf = [0u8; 256];
+        let n = wire::encode_completion(&mut buf, &head, &[]).unwrap();
+        s.route_message_from(&wire::decode(&buf[..n]).unwrap(), Sender::Scheduler).unwrap()
     }
 
     #[test]

@@ -59,6 +59,7 @@ pub fn encode_catalog(buf: &mut [u8], server_id: u32, refs: &[RemoteRef]) -> Res
             frontend_id: server_id,
             queued_us: 0,
             input: *r,
+            capability: Default::default(),
         })?;
     }
     Ok(w.finish())

@@ -21,7 +21,7 @@ import time
 import urllib.request
 
 MAGIC = b"SYMP"
-VERSION = 7  # dataplane::wire::VERSION; replaced by what the scheduler speaks (Cluster.__enter__)
+VERSION = 8  # dataplane::wire::VERSION; replaced by what the scheduler speaks (Cluster.__enter__)
 (KIND_REGISTER, KIND_HEARTBEAT, KIND_COMPLETION, KIND_READ_REQUEST, KIND_READ_RESPONSE, KIND_CHALLENGE,
  KIND_JOIN) = 1, 2, 5, 8, 9, 11, 12
 ROLE_BACKEND, JOIN_HAS_MAC = 2, 1

@@ -4,7 +4,8 @@
 # running, serve no READ to an unregistered peer and still serve an
 # inference), and the shm transport's files private to their user (0600 in
 # a 0700 directory); a member guessing region keys, unsigned Registers and
-# idle links on the frontend's data port (data_path.py). Bounded in time;
+# idle links on the frontend's data port (data_path.py); a member backend
+# forging Completions (forged_completion.py). Bounded in time;
 # leaves no process behind.
 # Usage: bash tests/security/run.sh   (builds target/release/symphony if needed)
 set -euo pipefail
@@ -20,4 +21,5 @@ timeout 180 bash "$root/tests/security/shm_modes.sh" "$bin"
 timeout 180 "$PY" "$root/tests/security/bounds.py" "$bin"
 timeout 120 "$PY" "$root/tests/security/heartbeat_forgery.py" "$bin"
 timeout 120 "$PY" "$root/tests/security/data_path.py" "$bin"
+timeout 120 "$PY" "$root/tests/security/forged_completion.py" "$bin"
 echo "security suite: ok"

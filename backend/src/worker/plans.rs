@@ -144,6 +144,7 @@ impl BatchSlot {
                 phase,
                 out_index: 0,
                 queued_us: t.queued_us,
+                capability: t.capability,
                 posted_at: now,
             });
         }

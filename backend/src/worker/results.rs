@@ -91,6 +91,10 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             status: status as u32,
             output_kind: OutputKind::None as u32,
             queued_us: t.queued_us,
+            // The scheduler's capability for this task, handed back: the
+            // frontend takes the completion only if it verifies for us.
+            backend_id: self.backend_id,
+            capability: t.capability,
             ..CompletionHead::default()
         };
         if let (TaskPhase::Arrived, true, Some(submitted), Some(start), Some(finish)) =

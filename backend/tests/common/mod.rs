@@ -381,5 +381,6 @@ pub fn task(f: &Frontend, k: usize) -> BatchTask {
         frontend_id: f.id,
         queued_us: 0,
         input: f.input_ref(k),
+        capability: Default::default(),
     }
 }

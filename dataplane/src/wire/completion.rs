@@ -94,6 +94,14 @@ pub struct CompletionHead {
     /// (at least `compute_ns`; the rest is output handling). The frontend
     /// derives the time before the start from its own clock.
     pub since_start_ns: u64,
+    /// The backend that sends it (the frontend checks `capability` for
+    /// it); zero in the scheduler's own answers.
+    pub backend_id: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// [`BatchTask::capability`] of the task, handed back (zero in the
+    /// scheduler's own answers, and without a join token).
+    pub capability: crate::capability::Capability,
 }
 
 /// Encodes a completion; for inline output pass the bytes (and
@@ -131,6 +139,9 @@ pub(super) fn decode_completion(body: &[u8]) -> Result<(CompletionHead, &[u8]), 
     let head: CompletionHead = bytemuck::pod_read_unaligned(head_bytes);
     let inline = &body[H..];
     TaskStatus::from_u32(head.status).ok_or(WireError::BadValue("task status"))?;
+    if head.reserved != 0 {
+        return Err(WireError::ReservedNotZero);
+    }
     let executed = head.batch_size > 0 && head.batch_index < head.batch_size;
     let not_executed = head.batch_size == 0 && head.batch_index == 0;
     if head.batch_size as usize > MAX_BATCH_TASKS || !(executed || not_executed) {
@@ -179,5 +190,16 @@ mod tests {
             let n = encode_completion(&mut buf, &bad, &[]).unwrap();
             assert_eq!(decode(&buf[..n]).err(), Some(WireError::BadValue("batch size or index")));
         }
+    }
+
+    #[test]
+    fn a_completion_carries_its_sender_and_capability_and_a_zero_reserved_word() {
+        let mut buf = [0u8; 256];
+        let head = CompletionHead { task_id: 9, backend_id: 3, capability: [0xa5; 16], ..CompletionHead::default() };
+        let n = encode_completion(&mut buf, &head, &[]).unwrap();
+        assert!(matches!(decode(&buf[..n]), Ok(Message::Completion(h, _)) if h == head));
+        let bad = CompletionHead { reserved: 1, ..head };
+        let n = encode_completion(&mut buf, &bad, &[]).unwrap();
+        assert_eq!(decode(&buf[..n]).err(), Some(WireError::ReservedNotZero));
     }
 }

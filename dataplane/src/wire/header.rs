@@ -23,8 +23,11 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SYMP");
 /// [`DropReason::Moved`] (code 10; several scheduler groups, issue 19).
 /// Version 7: a [`Task`]'s flags carry its submission attempt in bits
 /// 16-31 ([`TASK_ATTEMPT_SHIFT`]), and a moved [`Dropped`] names the
-/// attempt it hands back in the word that was reserved.
-pub const VERSION: u16 = 7;
+/// attempt it hands back in the word that was reserved. Version 8: a
+/// [`BatchTask`] carries the scheduler's capability for it, and a
+/// [`CompletionHead`] hands it back with the sending backend's id (issue
+/// 55, [`crate::capability`]).
+pub const VERSION: u16 = 8;
 /// Oldest peer version a scheduler of this version accepts. Upgrades are
 /// stop-the-world (`docs/operations.md`): only its own version.
 pub const OLDEST_PEER_VERSION: u16 = VERSION;

@@ -43,6 +43,10 @@ pub struct BatchTask {
     pub queued_us: u32,
     /// Where to READ the input.
     pub input: RemoteRef,
+    /// The scheduler's capability for this task at this backend (see
+    /// [`crate::capability`]), handed back in the task's
+    /// [`CompletionHead::capability`]; zero without a join token.
+    pub capability: crate::capability::Capability,
 }
 
 /// A batch finished on a GPU (backend -> scheduler): what the scheduler's
@@ -241,6 +245,7 @@ mod tests {
                     len: 2,
                     offset: 3,
                 },
+                capability: Default::default(),
             })
             .collect();
         let n = encode_batch_plan(&mut buf, &head, &tasks).unwrap();

@@ -275,3 +275,57 @@ fn without_a_token_a_data_link_registers_unchallenged() {
     let ev: Vec<FrontendEvent> = std::iter::from_fn(|| fe.poll_event()).collect();
     assert_eq!(ev, [FrontendEvent::BackendJoined(7)]);
 }
+
+#[test]
+fn a_backend_answering_a_task_planned_to_another_is_refused_and_the_real_answer_lands() {
+    use crate::staging::Outcome;
+    use dataplane::capability::{CapabilityKey, Grant};
+    use dataplane::join::DATA_LINK_LABEL;
+    let net = SimNet::new(1, FaultConfig::same_instant());
+    let mut fe = frontend(Some(token(TOKEN))).with_data_link_nonces(NonceSource::Seeded(11));
+    let data = token(TOKEN).for_purpose(DATA_LINK_LABEL);
+    // Backends 7 and 8 join (each answers its own challenge).
+    let mut join = |id: u32| {
+        let (mut peer, nonce) = data_link(&net, &mut fe);
+        let j = wire::Join::new(wire::Role::Backend, id, 1, "");
+        peer.send(&j.with_mac(data.sign(&nonce, wire::VERSION, &j))).unwrap();
+        peer
+    };
+    let (mut seven, mut eight) = (join(7), join(8));
+    fe.poll(Instant::ZERO);
+    assert_eq!(fe.stats().backends.load(Ordering::Relaxed), 2);
+    // A task the scheduler planned to backend 7.
+    let (task, mut ticket) = fe.staging().stage(0, b"input", ms(50)).unwrap();
+    let key = CapabilityKey::from_token(&token(TOKEN));
+    let grant = Grant { backend: 7, frontend: task.frontend_id, task: task.task_id, input: task.input };
+    let answer = |backend_id: u32, capability| wire::CompletionHead {
+        task_id: task.task_id,
+        status: wire::TaskStatus::Ok as u32,
+        output_kind: wire::OutputKind::Inline as u32,
+        backend_id,
+        capability,
+        ..wire::CompletionHead::default()
+    };
+    let send = |peer: &mut SimPeer, head: wire::CompletionHead, out: &'static [u8]| {
+        peer.send_encoded(|b| wire::encode_completion(b, &head, out)).unwrap();
+    };
+    // Backend 8 forges: with 7's capability under its own id, under 7's
+    // id, and with a guess.
+    send(&mut eight, answer(8, key.sign(&grant)), b"forged");
+    send(&mut eight, answer(7, key.sign(&grant)), b"forged");
+    send(&mut eight, answer(8, [1u8; 16]), b"forged");
+    fe.poll(Instant::ZERO);
+    assert_eq!(fe.staging().counters().snapshot().refused, 3, "each forgery refused and counted");
+    assert!(poll_now(&mut ticket).is_pending(), "the request still waits");
+    assert_eq!(fe.stats().backends.load(Ordering::Relaxed), 2, "a refused completion does not cost the link");
+    send(&mut seven, answer(7, key.sign(&grant)), b"real");
+    fe.poll(Instant::ZERO);
+    assert!(matches!(poll_now(&mut ticket), std::task::Poll::Ready(Outcome::Ok(ref b)) if b == b"real"));
+    let c = fe.staging().counters().snapshot();
+    assert_eq!((c.refused, c.succeeded), (3, 1));
+}
+
+fn poll_now(t: &mut crate::staging::Ticket) -> std::task::Poll<crate::staging::Outcome> {
+    use std::future::Future;
+    std::pin::Pin::new(t).poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+}

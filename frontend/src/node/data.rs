@@ -19,10 +19,15 @@
 //! cannot lock a backend out: it answers its challenge at once, they never
 //! do) and at most [`MAX_BACKEND_LINKS`] are registered. Every refused or
 //! evicted link is counted (`symphony_frontend_data_links_refused`).
+//!
+//! A registered backend's completions are routed as its own
+//! ([`Sender::Backend`]): with a join token, one whose capability does not
+//! verify for that backend (a task planned to another, a forged one) is
+//! refused and counted by the staging area, and the link stays up.
 
 use super::config::{FrontendEvent, BURST};
 use super::sink::FrontendStats;
-use crate::staging::Staging;
+use crate::staging::{Sender, Staging};
 use dataplane::join::{JoinToken, NonceSource, DATA_LINK_LABEL};
 use dataplane::time::Instant;
 use dataplane::transport::{Connection, Error as TransportError};
@@ -149,7 +154,8 @@ impl<C: Connection> DataLinks<C> {
         let mut work = false;
         let mut i = 0;
         while i < self.backends.len() {
-            match poll_backend(&mut self.backends[i].conn, ctx.buf, ctx.staging, ctx.stats) {
+            let link = &mut self.backends[i];
+            match poll_backend(&mut link.conn, link.id, ctx.buf, ctx.staging, ctx.stats) {
                 Ok(w) => {
                     work |= w;
                     i += 1;
@@ -295,11 +301,12 @@ enum DataLinkError {
     Transport(#[from] TransportError),
 }
 
-/// Receives what a backend has sent (at most a burst); `Ok(found work)`,
-/// `Err` if the link is dead or the backend sent garbage (it is then let
-/// go).
+/// Receives what backend `id` has sent (at most a burst); `Ok(found
+/// work)`, `Err` if the link is dead or the backend sent garbage (it is
+/// then let go).
 fn poll_backend<C: Connection>(
     conn: &mut C,
+    id: u32,
     buf: &mut [u8],
     staging: &Staging,
     stats: &FrontendStats,
@@ -311,7 +318,7 @@ fn poll_backend<C: Connection>(
                 work = true;
                 match wire::decode(&buf[..n]) {
                     Ok(m @ (Message::Dropped(_) | Message::Completion(..))) => {
-                        if staging.route_message(&m).is_err() {
+                        if staging.route_message_from(&m, Sender::Backend(id)).is_err() {
                             stats.bad_messages.fetch_add(1, Ordering::Relaxed);
                         }
                     }

@@ -183,8 +183,12 @@ impl<C: Connection> FrontendNode<C> {
     /// This node proving `token` when it registers (none: it registers
     /// without, which a scheduler that requires one refuses).
     pub fn with_join_token(mut self, token: Option<JoinToken>) -> Self {
-        // Backends' data links prove the same token (data.rs).
+        // Backends' data links prove the same token (data.rs), and their
+        // completions the scheduler's capabilities (staging.rs).
         self.data.set_join_token(token.as_ref());
+        if let Some(t) = &token {
+            self.staging.require_capabilities(dataplane::capability::CapabilityKey::from_token(t));
+        }
         self.token = token;
         self
     }

@@ -479,6 +479,7 @@ impl<C: Connection> SchedulerNode<C> {
     /// This node with `membership` (the token and the limits; by default
     /// [`Membership::open`]).
     pub fn with_membership(mut self, membership: Membership) -> Self {
+        self.plane.set_capability_key(membership.token.as_ref().map(dataplane::capability::CapabilityKey::from_token));
         self.membership = membership;
         self
     }

@@ -210,6 +210,12 @@ impl ControlPlane {
         })
     }
 
+    /// Planned tasks carry capabilities signed with `key` (none: unsigned;
+    /// see `plane/dispatch.rs`).
+    pub fn set_capability_key(&mut self, key: Option<dataplane::capability::CapabilityKey>) {
+        self.dispatch.set_capability_key(key);
+    }
+
     /// The cores' configuration with the delay bound in force.
     fn core_config(&self) -> CoreConfig {
         CoreConfig { delay: self.bound.current(), ..self.core }

@@ -137,6 +137,7 @@ fn largest_messages<C: Connection>(link: &mut Link<'_, C>) {
                 len: 2,
                 offset: i,
             },
+            capability: Default::default(),
         })
         .collect();
     let head = wire::BatchPlanHead {

@@ -4,9 +4,16 @@
 //! the order they are decided. It owns the outbox and counts what it
 //! sends or cannot deliver; it decides nothing: whether a frontend is
 //! live is the caller's (membership's) word.
+//!
+//! With a join token every planned task carries a capability
+//! ([`dataplane::capability`]): the scheduler's MAC over (backend, frontend,
+//! task, input), which the backend hands back in the task's completion and
+//! the frontend checks, so a member backend cannot answer a task planned to
+//! another one. Without a token (open membership) tasks go unsigned.
 
 use std::sync::Arc;
 
+use dataplane::capability::{Capability, CapabilityKey, Grant, CAPABILITY_LEN};
 use dataplane::time::Instant;
 use dataplane::wire::{
     self, BatchPlanHead, BatchPlanWriter, BatchTask, BenchStamp, CompletionHead, DropReason, OutputKind, Register, Role,
@@ -22,11 +29,18 @@ use crate::types::Request;
 pub(super) struct Dispatch {
     out: Outbox,
     metrics: Arc<SchedulerMetrics>,
+    /// Signs each planned task; none: open membership (tasks unsigned).
+    capabilities: Option<CapabilityKey>,
 }
 
 impl Dispatch {
     pub(super) fn new(metrics: Arc<SchedulerMetrics>) -> Self {
-        Dispatch { out: Outbox::new(), metrics }
+        Dispatch { out: Outbox::new(), metrics, capabilities: None }
+    }
+
+    /// Planned tasks are signed with `key` from now on (none: unsigned).
+    pub(super) fn set_capability_key(&mut self, key: Option<CapabilityKey>) {
+        self.capabilities = key;
     }
 
     /// The messages waiting to be sent.
@@ -78,8 +92,12 @@ impl Dispatch {
 
     /// A completion a backend could not deliver, forwarded to its
     /// frontend (`live`: registered; otherwise counted undeliverable).
+    /// With capabilities on, an unsigned one is not forwarded (counted
+    /// undeliverable): only the scheduler's own answers are unsigned, and
+    /// the frontend takes those (failures) from this link unchecked.
     pub(super) fn forward(&mut self, frontend: u32, msg: &[u8], live: bool) {
-        if !live {
+        let unsigned = || matches!(wire::decode(msg), Ok(wire::Message::Completion(h, _)) if h.capability == [0u8; CAPABILITY_LEN]);
+        if !live || (self.capabilities.is_some() && unsigned()) {
             self.metrics.undeliverable.inc();
             return;
         }
@@ -108,11 +126,19 @@ impl Dispatch {
         ledger: &mut TaskLedger,
         list: &mut Vec<(u64, u32)>,
     ) {
+        let key = self.capabilities.as_ref();
         self.out.push(PeerId::Backend(backend), |buf| {
             let mut w = BatchPlanWriter::new(buf, head)?;
             for r in members {
                 if let Some((id, m)) = ledger.take(r.id) {
-                    w.push(&BatchTask { task_id: id, frontend_id: m.frontend, queued_us: queued_us(now, r.arrival), input: m.input })?;
+                    let grant = Grant { backend, frontend: m.frontend, task: id, input: m.input };
+                    w.push(&BatchTask {
+                        task_id: id,
+                        frontend_id: m.frontend,
+                        queued_us: queued_us(now, r.arrival),
+                        input: m.input,
+                        capability: sign(key, &grant),
+                    })?;
                     list.push((id, m.frontend));
                 }
             }
@@ -121,8 +147,56 @@ impl Dispatch {
     }
 }
 
+/// `grant`'s capability under `key` (zero without one).
+fn sign(key: Option<&CapabilityKey>, grant: &Grant) -> Capability {
+    key.map_or([0u8; CAPABILITY_LEN], |k| k.sign(grant))
+}
+
 /// A task's time from its ingress to `now` (its plan's sending), µs, as
 /// [`BatchTask::queued_us`] carries it.
 fn queued_us(now: Instant, arrival: Instant) -> u32 {
     u32::try_from(now.saturating_since(arrival).as_nanos() / 1_000).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dataplane::join::JoinToken;
+
+    fn completion(capability: Capability) -> Vec<u8> {
+        let head = CompletionHead { task_id: 5, backend_id: 2, capability, ..CompletionHead::default() };
+        let mut buf = vec![0u8; 256];
+        let n = wire::encode_completion(&mut buf, &head, &[]).unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    #[test]
+    fn with_a_key_only_signed_completions_are_forwarded() {
+        let metrics = Arc::new(SchedulerMetrics::new(&[]));
+        let mut d = Dispatch::new(metrics.clone());
+        // Open membership: forwarded as it came.
+        d.forward(1, &completion([0u8; CAPABILITY_LEN]), true);
+        assert_eq!(d.outbox().len(), 1);
+        d.outbox().clear();
+        let key = CapabilityKey::from_token(&JoinToken::new(b"correct horse battery staple").unwrap());
+        d.set_capability_key(Some(key.clone()));
+        d.forward(1, &completion([0u8; CAPABILITY_LEN]), true);
+        assert!(d.outbox().is_empty(), "an unsigned completion is the scheduler's own kind: not relayed");
+        assert_eq!(metrics.undeliverable.get(), 1);
+        // Signed (the frontend checks the capability itself).
+        d.forward(1, &completion([9u8; CAPABILITY_LEN]), true);
+        assert_eq!(d.outbox().len(), 1);
+        assert_eq!(metrics.forwarded.get(), 2);
+    }
+
+    #[test]
+    fn tasks_are_signed_for_their_backend_and_input_only_with_a_key() {
+        let key = CapabilityKey::from_token(&JoinToken::new(b"correct horse battery staple").unwrap());
+        let g = Grant { backend: 2, frontend: 1, task: 5, input: wire::RemoteRef { key: 3, len: 8, offset: 64 } };
+        assert_eq!(sign(None, &g), [0u8; CAPABILITY_LEN]);
+        let cap = sign(Some(&key), &g);
+        assert!(key.verify(&g, &cap));
+        assert!(!key.verify(&Grant { backend: 3, ..g }, &cap));
+    }
 }

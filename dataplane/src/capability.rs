@@ -1,0 +1,154 @@
+//! Per-task capabilities (issue 55): the scheduler's signature on "backend
+//! B may READ frontend F's input I of task T, and answer T".
+//!
+//! The scheduler signs every task it puts in a batch plan
+//! ([`wire::BatchTask::capability`](crate::wire::BatchTask)); the backend
+//! hands the capability back in the task's completion
+//! ([`wire::CompletionHead`](crate::wire::CompletionHead)). The frontend
+//! knows the task's input (its own staging slot) and which backend sent the
+//! completion (the data link that proved that backend's membership), so it
+//! recomputes the capability and refuses a completion whose capability does
+//! not verify: a member backend cannot answer a task planned to another one.
+//!
+//! The MAC is HMAC-SHA256 under [`JoinToken::derive_key`] of
+//! [`CAPABILITY_LABEL`] (independent of every Join MAC and of the other
+//! derived keys), truncated to [`CAPABILITY_LEN`] bytes, over the grant's
+//! fields in a fixed little-endian layout. The key is expanded once
+//! ([`CapabilityKey::from_token`]); signing and checking clone the keyed
+//! state (a copy of two SHA-256 states, no allocation) and hash one block.
+//! Without a join token (`--open-membership`) there is no key: nothing is
+//! signed (capabilities are zero) and nothing is checked.
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use crate::join::JoinToken;
+use crate::mem::RemoteRef;
+
+/// Bytes of a capability (a truncated HMAC-SHA256: 128 bits, as much as a
+/// forger would have to guess blindly; a wrong guess costs a link).
+pub const CAPABILITY_LEN: usize = 16;
+/// The [`JoinToken::derive_key`] label of the capability key.
+pub const CAPABILITY_LABEL: &[u8] = b"symphony read capability v1";
+
+/// A capability as it travels (all zero where no key signs).
+pub type Capability = [u8; CAPABILITY_LEN];
+
+/// What a capability grants: `backend` may read `input` (a region of
+/// frontend `frontend`) for task `task`, and answer that task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The backend the task was planned to.
+    pub backend: u32,
+    /// The frontend that owns the input.
+    pub frontend: u32,
+    /// The task.
+    pub task: u64,
+    /// Where its input lives at the frontend.
+    pub input: RemoteRef,
+}
+
+impl Grant {
+    /// The MAC's input: the fields in a fixed little-endian layout.
+    fn bytes(&self) -> [u8; 32] {
+        let mut b = [0u8; 32];
+        b[0..4].copy_from_slice(&self.backend.to_le_bytes());
+        b[4..8].copy_from_slice(&self.frontend.to_le_bytes());
+        b[8..16].copy_from_slice(&self.task.to_le_bytes());
+        b[16..20].copy_from_slice(&self.input.key.to_le_bytes());
+        b[20..24].copy_from_slice(&self.input.len.to_le_bytes());
+        b[24..32].copy_from_slice(&self.input.offset.to_le_bytes());
+        b
+    }
+}
+
+/// The key that signs and checks capabilities (see the module docs). Its
+/// `Debug` output never shows the key.
+#[derive(Clone)]
+pub struct CapabilityKey {
+    keyed: Hmac<Sha256>,
+}
+
+impl std::fmt::Debug for CapabilityKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CapabilityKey(<secret>)")
+    }
+}
+
+impl CapabilityKey {
+    /// The cluster's capability key, derived from its join token.
+    pub fn from_token(token: &JoinToken) -> CapabilityKey {
+        let key = token.derive_key(CAPABILITY_LABEL);
+        // HMAC takes keys of any length: this cannot fail.
+        let Ok(keyed) = Hmac::<Sha256>::new_from_slice(&key) else {
+            unreachable!("HMAC accepts any key length")
+        };
+        CapabilityKey { keyed }
+    }
+
+    fn mac(&self, grant: &Grant) -> Hmac<Sha256> {
+        let mut mac = self.keyed.clone();
+        mac.update(&grant.bytes());
+        mac
+    }
+
+    /// The capability for `grant`.
+    pub fn sign(&self, grant: &Grant) -> Capability {
+        let full = self.mac(grant).finalize().into_bytes();
+        let mut cap = [0u8; CAPABILITY_LEN];
+        cap.copy_from_slice(&full[..CAPABILITY_LEN]);
+        cap
+    }
+
+    /// Whether `cap` is the capability for `grant` (constant time).
+    pub fn verify(&self, grant: &Grant, cap: &Capability) -> bool {
+        self.mac(grant).verify_truncated_left(cap).is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant() -> Grant {
+        Grant { backend: 3, frontend: 1, task: 0x0001_0000_0000_0007, input: RemoteRef { key: 0xabcd_0001, len: 64, offset: 4096 } }
+    }
+
+    #[test]
+    fn a_capability_verifies_for_its_grant_only() {
+        let token = JoinToken::new(b"correct horse battery staple").unwrap();
+        let key = CapabilityKey::from_token(&token);
+        let g = grant();
+        let cap = key.sign(&g);
+        assert!(key.verify(&g, &cap));
+        assert_eq!(cap, key.clone().sign(&g), "signing is deterministic and the key clones");
+        let changed = [
+            Grant { backend: 4, ..g },
+            Grant { frontend: 2, ..g },
+            Grant { task: g.task + 1, ..g },
+            Grant { input: RemoteRef { key: g.input.key ^ 1, ..g.input }, ..g },
+            Grant { input: RemoteRef { len: 65, ..g.input }, ..g },
+            Grant { input: RemoteRef { offset: 0, ..g.input }, ..g },
+        ];
+        for other in changed {
+            assert!(!key.verify(&other, &cap), "{other:?} must not verify");
+        }
+        let mut flipped = cap;
+        flipped[CAPABILITY_LEN - 1] ^= 1;
+        assert!(!key.verify(&g, &flipped));
+        assert!(!key.verify(&g, &[0u8; CAPABILITY_LEN]), "an unsigned task never verifies");
+    }
+
+    #[test]
+    fn the_key_is_the_tokens_and_independent_of_other_derived_keys() {
+        let token = JoinToken::new(b"correct horse battery staple").unwrap();
+        let other = JoinToken::new(b"another sixteen-byte token").unwrap();
+        let g = grant();
+        let cap = CapabilityKey::from_token(&token).sign(&g);
+        assert!(!CapabilityKey::from_token(&other).verify(&g, &cap));
+        // The data-link token's form (another label) signs differently.
+        let data = token.for_purpose(crate::join::DATA_LINK_LABEL);
+        assert!(!CapabilityKey::from_token(&data).verify(&g, &cap));
+        assert_eq!(format!("{:?}", CapabilityKey::from_token(&token)), "CapabilityKey(<secret>)");
+    }
+}
