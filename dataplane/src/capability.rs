@@ -24,15 +24,13 @@ use sha2::Sha256;
 
 use crate::join::JoinToken;
 use crate::mem::RemoteRef;
+/// A capability as it travels, and its length (defined with the wire
+/// messages that carry it): 128 bits, as much as a forger would have to
+/// guess blindly.
+pub use crate::wire::{Capability, CAPABILITY_LEN};
 
-/// Bytes of a capability (a truncated HMAC-SHA256: 128 bits, as much as a
-/// forger would have to guess blindly; a wrong guess costs a link).
-pub const CAPABILITY_LEN: usize = 16;
 /// The [`JoinToken::derive_key`] label of the capability key.
 pub const CAPABILITY_LABEL: &[u8] = b"symphony read capability v1";
-
-/// A capability as it travels (all zero where no key signs).
-pub type Capability = [u8; CAPABILITY_LEN];
 
 /// What a capability grants: `backend` may read `input` (a region of
 /// frontend `frontend`) for task `task`, and answer that task.

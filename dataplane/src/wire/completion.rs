@@ -101,7 +101,7 @@ pub struct CompletionHead {
     pub reserved: u32,
     /// [`BatchTask::capability`] of the task, handed back (zero in the
     /// scheduler's own answers, and without a join token).
-    pub capability: crate::capability::Capability,
+    pub capability: Capability,
 }
 
 /// Encodes a completion; for inline output pass the bytes (and

@@ -7,6 +7,13 @@ use super::*;
 /// Most task entries in one batch plan.
 pub const MAX_BATCH_TASKS: usize = 512;
 
+/// Bytes of a task's capability (see [`crate::capability`]: a truncated
+/// HMAC-SHA256, 128 bits).
+pub const CAPABILITY_LEN: usize = 16;
+
+/// A task's capability as it travels (all zero where no key signs).
+pub type Capability = [u8; CAPABILITY_LEN];
+
 /// Batch plan head (scheduler -> backend); `count` [`BatchTask`]s follow.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
@@ -46,7 +53,7 @@ pub struct BatchTask {
     /// The scheduler's capability for this task at this backend (see
     /// [`crate::capability`]), handed back in the task's
     /// [`CompletionHead::capability`]; zero without a join token.
-    pub capability: crate::capability::Capability,
+    pub capability: Capability,
 }
 
 /// A batch finished on a GPU (backend -> scheduler): what the scheduler's
