@@ -10,7 +10,9 @@
 //! are the ones the deferral itself made: a fixed point, seen once in CI at
 //! 34.7 infer/s where the same run over gRPC made 346 (docs/decisions.md,
 //! deferred item 31). [`FollowUps::all_back_at`] says
-//! when waiting stops buying requests, only while the evidence is strict:
+//! when waiting stops buying requests (by count: once every request of
+//! the batches still in their window has been followed, no client is out),
+//! only while the evidence is strict:
 //! the last [`FOLLOW_ARRIVALS`] arrivals all followed a finish within
 //! [`FOLLOW_MAX`], and the last [`EXACT_BATCHES`] batches whose follow-up
 //! window closed were each followed by exactly their size. Open-loop
@@ -29,7 +31,8 @@ pub const EXACT_BATCHES: u32 = 8;
 /// Batches remembered (a follow-up is attributed among these).
 const BATCHES: usize = 16;
 const _: () = assert!(BATCHES <= u16::BITS as usize, "FollowUps::live has a bit per batch");
-/// Follow-up delays remembered (their maximum widens the wait).
+/// Follow-up delays remembered (their maximum bounds the wait for a
+/// client still out).
 const DELAYS: usize = 32;
 
 #[derive(Clone, Copy, Debug)]
@@ -58,6 +61,8 @@ pub struct FollowUps {
     follow_streak: u32,
     exact_streak: u32,
     latest_finish: Instant,
+    /// The latest arrival: when the last client came back.
+    last_arrival: Instant,
 }
 
 impl Default for FollowUps {
@@ -71,6 +76,7 @@ impl Default for FollowUps {
             follow_streak: 0,
             exact_streak: 0,
             latest_finish: Instant::ZERO,
+            last_arrival: Instant::ZERO,
         }
     }
 }
@@ -93,6 +99,7 @@ impl FollowUps {
     /// judged, and the latest batch finished by `t` takes the arrival if
     /// its window is still open.
     pub fn arrived(&mut self, t: Instant) {
+        self.last_arrival = self.last_arrival.max(t);
         let mut owner: Option<usize> = None;
         let mut visit = self.live;
         while visit != 0 {
@@ -144,14 +151,44 @@ impl FollowUps {
     }
 
     /// Under a closed loop: when every client of the batches dispatched so
-    /// far is back (the latest planned finish plus the longest recent
-    /// follow-up delay); waiting past it buys no request. `None` otherwise.
+    /// far is back; waiting past it buys no request. `None` otherwise.
+    ///
+    /// Decided by count, not by time: under the strict test each request
+    /// of a batch is followed by exactly one request, so the clients still
+    /// out are the members of the batches still in their follow-up window
+    /// less the follow-ups those batches have had. None out: every client
+    /// is back (at the last arrival), and nothing comes until a batch goes.
+    /// Some out: they are back by the latest planned finish plus the
+    /// longest recent follow-up delay, which only bounds the wait for a
+    /// client slower than any of the last [`DELAYS`]; one that comes sooner
+    /// ends the wait by the count. (Bounding every wait by time alone,
+    /// as before, held a lone closed-loop request for the slowest recent
+    /// turnaround even when its only client was already back.)
     pub fn all_back_at(&self) -> Option<Instant> {
         if !self.closed_loop() {
             return None;
         }
+        if self.clients_out() == 0 {
+            return Some(self.last_arrival);
+        }
         let delay = self.delays.iter().copied().max().unwrap_or(Duration::ZERO);
         Some(self.latest_finish + delay)
+    }
+
+    /// Requests of the unjudged batches not yet followed. Summed over the
+    /// batches, not per batch: a follow-up credited to a later batch than
+    /// its own (its client's turnaround outlasted the gap between the two
+    /// finishes) is still a client back.
+    fn clients_out(&self) -> u32 {
+        let (mut sent, mut back) = (0u32, 0u32);
+        let mut visit = self.live;
+        while visit != 0 {
+            let i = visit.trailing_zeros() as usize;
+            visit &= visit - 1;
+            sent = sent.saturating_add(self.batches[i].size);
+            back = back.saturating_add(self.batches[i].followed);
+        }
+        sent.saturating_sub(back)
     }
 }
 
@@ -188,6 +225,54 @@ mod tests {
         // The last batch finished at t - 800 µs; its clients are back within
         // the longest recent turnaround (800 µs + 30 µs of spread).
         assert_eq!(f.all_back_at(), Some(at_us(t - 800 + 830)));
+    }
+
+    #[test]
+    fn once_every_client_is_back_the_wait_ends_at_the_last_arrival_whatever_the_slowest_turnaround() {
+        // One client: a single slow turnaround (4 ms) among fast ones (300 µs).
+        let mut f = FollowUps::default();
+        let mut t = 0;
+        for cycle in 0..20 {
+            f.arrived(at_us(t));
+            let finish = t + 1_000 + 1_100;
+            f.dispatched(at_us(finish), 1);
+            t = finish + if cycle == 5 { 4_000 } else { 300 };
+        }
+        assert!(f.closed_loop());
+        // The last batch's client is out: bounded by the slowest recent
+        // turnaround after its planned finish.
+        let finish = t - 300;
+        assert_eq!(f.all_back_at(), Some(at_us(finish + 4_000)));
+        // It is back: nothing more comes until a batch goes.
+        f.arrived(at_us(t));
+        assert_eq!(f.all_back_at(), Some(at_us(t)));
+    }
+
+    #[test]
+    fn clients_out_counts_members_not_followed_across_batches() {
+        // Four clients over two GPUs: two batches of two in flight.
+        let (mut f, t) = closed(4, 12, 6_000, 800);
+        assert!(f.closed_loop());
+        let last = t - 800;
+        assert_eq!(f.clients_out(), 4);
+        f.arrived(at_us(t));
+        f.arrived(at_us(t + 10));
+        f.arrived(at_us(t + 20));
+        assert_eq!(f.clients_out(), 1);
+        assert_eq!(f.all_back_at(), Some(at_us(last + 830)), "one still out: bounded by time");
+        f.arrived(at_us(t + 30));
+        assert_eq!(f.clients_out(), 0);
+        assert_eq!(f.all_back_at(), Some(at_us(t + 30)));
+        // Split across two batches that finish 100 µs apart; the first's
+        // clients come back after the second finished and are credited to
+        // it, still counted as back.
+        f.dispatched(at_us(t + 7_000), 2);
+        f.dispatched(at_us(t + 7_100), 2);
+        assert_eq!(f.clients_out(), 4);
+        for k in 0..4 {
+            f.arrived(at_us(t + 7_200 + k * 10));
+        }
+        assert_eq!(f.clients_out(), 0);
     }
 
     #[test]
