@@ -23,6 +23,9 @@
 # Closed loop (full mode): perf_analyzer at concurrency 1, 4, 16 for both, HTTP.
 # CPU per inference: user+system time of each server's process tree (/proc) over a rung,
 #   divided by the answers in it; reported at the goodput rung.
+# Server-side split (Symphony only, from the metrics endpoints `up` prints): per rung, each
+#   stage's mean per executed request (network, queue, input, compute, output), the mean
+#   batch, late starts and the scheduler's dispatch lag; in the JSON as server_stages.
 # Output: DIR/summary.md (+ DIR/*.jsonl, one line per rung); with --json one JSON object on
 #   stdout, with "goodput_ratio" (Symphony / Triton's best) per case.
 # --pa-sweep: instead of the cases, does perf_analyzer (default settings, HTTP, ppocr_cls, 1
@@ -126,7 +129,7 @@ EOF
 
 # ---------------------------------------------------------------- servers
 free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-srv_pid="" srv_kind=""
+srv_pid="" srv_kind="" metrics_urls=()
 stop_server() {
   [ -n "$srv_pid" ] || return 0
   if [ "$srv_kind" = ours ]; then kill -INT "$srv_pid" 2>/dev/null || true; else kill "$srv_pid" 2>/dev/null || true; fi
@@ -178,7 +181,7 @@ EOF
     --backend-directory "$ts/backends" --cache-directory "$ts/caches" \
     --http-address 127.0.0.1 --http-port "$hp" --grpc-address 127.0.0.1 --grpc-port "$gp" \
     --metrics-address 127.0.0.1 --metrics-port "$metrics" > "$out/triton.log" 2>&1 < /dev/null &
-  srv_pid=$! srv_kind=triton http_url=127.0.0.1:$hp grpc_url=127.0.0.1:$gp
+  srv_pid=$! srv_kind=triton metrics_urls=() http_url=127.0.0.1:$hp grpc_url=127.0.0.1:$gp
   for _ in $(seq 600); do
     curl -sf -o /dev/null "http://$http_url/v2/health/ready" && return 0
     kill -0 "$srv_pid" 2>/dev/null || { tail -n 20 "$out/triton.log" >&2; die "tritonserver exited"; }
@@ -202,7 +205,11 @@ start_ours() {
   for _ in $(seq 1200); do
     http_url="$(sed -n 's|^frontend 1: http://\([0-9.:]*\)$|\1|p' "$out/ours.out")"
     grpc_url="$(sed -n 's|^frontend 1 grpc: \([0-9.:]*\)$|\1|p' "$out/ours.out")"
-    [ -n "$http_url" ] && [ -n "$grpc_url" ] && return 0
+    if [ -n "$http_url" ] && [ -n "$grpc_url" ]; then
+      # every metrics endpoint up printed: the ladder's server-side split (stage means per rung)
+      mapfile -t metrics_urls < <(sed -n 's|^.* metrics: \(http://[0-9.:]*/metrics\)$|\1|p' "$out/ours.out")
+      return 0
+    fi
     kill -0 "$srv_pid" 2>/dev/null || { tail -n 20 "$out/ours.err" >&2; die "symphony up exited"; }
     sleep 0.1
   done
@@ -212,11 +219,12 @@ start_ours() {
 # ladder LABEL PROTOCOL MIX SLOS RATES: runs the open-loop ladder on the running server;
 # appends its rungs to $out/LABEL.jsonl, echoes the goodput
 ladder() {
-  local label=$1 proto=$2 url=$http_url
+  local label=$1 proto=$2 url=$http_url m margs=()
   [ "$proto" = grpc ] && url=$grpc_url
+  for m in "${metrics_urls[@]}"; do margs+=(--metrics "$m"); done
   "$py" "$root/scripts/triton_loadgen.py" ladder --url "$url" --protocol "$proto" \
     --reference "$out/reference.npz" --mix "$3" --slo-ms "$4" --rates "$5" --duration "$step_s" \
-    --refine "$refine" --server-pid "$srv_pid" > "$out/$label.jsonl" 2> "$out/$label.err" || { cat "$out/$label.err" >&2; die "load generator failed ($label)"; }
+    --refine "$refine" --server-pid "$srv_pid" "${margs[@]}" > "$out/$label.jsonl" 2> "$out/$label.err" || { cat "$out/$label.err" >&2; die "load generator failed ($label)"; }
   "$py" -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1])["goodput_rps"])' "$out/$label.jsonl"
 }
 closed_loop() {  # closed_loop LABEL MODEL: perf_analyzer HTTP at concurrency 1, 4, 16 (or "failed")
@@ -323,7 +331,7 @@ def rungs(label):
     return [json.loads(l) for l in open(os.path.join(out, label + ".jsonl")) if '"rate"' in l]
 def at(rs, rate):
     r = next((x for x in rs if x["rate"] == float(rate)), None)
-    return None if r is None else {k: r[k] for k in ("rate", "p50_ms", "p99_ms", "bad_rate", "server_cpu_ms_per_inference")}
+    return None if r is None else {k: r[k] for k in ("rate", "p50_ms", "p99_ms", "bad_rate", "server_cpu_ms_per_inference", "server_stages") if k in r}
 d, p = cfg.split("/")
 ours, tri = rungs("ours-" + tag), rungs(f"triton-{tag}-d{d}-p{p.replace(',', '_')}")
 light = ours[0]["rate"] if ours else None
@@ -368,6 +376,14 @@ for r in rows:
           f"{f(s['at_goodput'],'p50_ms')}/{f(s['at_goodput'],'p99_ms')} | {f(t['at_goodput'],'p50_ms')}/{f(t['at_goodput'],'p99_ms')} | "
           f"{f(s['at_goodput'],'server_cpu_ms_per_inference')} | {f(t['at_goodput'],'server_cpu_ms_per_inference')} | "
           f"{f(s['light_load'],'p99_ms')} / {f(t['light_load'],'p99_ms')} ({r['light_load_p99_ratio']}) |")
+for r in rows:
+    g = r["symphony"]["at_goodput"] or {}
+    sp = g.get("server_stages")
+    if sp:
+        st = ", ".join(f"{k} {v}" for k, v in sp["stages_us"].items())
+        print(f"\nSymphony's server-side split at goodput, {r['case']} (mean us per executed request): {st}; "
+              f"end to end {sp['end_to_end_us']}; mean batch {sp['mean_batch']}; late starts {sp['late_starts']} of {sp['batches']} batches; "
+              f"dispatch lag {sp['dispatch_lag_us']} us")
 for r in rows:
     for who in ("symphony", "triton"):
         cl = r[who]["closed_loop"]

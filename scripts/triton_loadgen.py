@@ -17,7 +17,9 @@ equal phases, each with its own shares of the total rate.
 `ladder` prints one JSON line per rate: per model and in total sent/ok/late/wrong/failed/skipped
 (skipped is part of failed), bad_rate, p50/p99 of all answers (ms; failures count at their time
 to fail), the client's CPU time and the server process tree's CPU time per answered inference
-(/proc of --server-pid and its descendants); it stops after --stop-after-misses bad rates in a
+(/proc of --server-pid and its descendants), and with --metrics (Symphony's Prometheus endpoints)
+the server's own split of the rung (server_stages: each stage's mean per executed request, the
+mean batch, late starts, drops); it stops after --stop-after-misses bad rates in a
 row, bisects --refine times between the best good rate and the next bad one, and ends with {"goodput_rps": highest rate with bad_rate <= --max-bad}.
 """
 import argparse
@@ -168,8 +170,11 @@ async def run(a):
             m.counts = dict.fromkeys(m.counts, 0)
             m.lat = []
         srv0 = tree_cpu_s(a.server_pid)
+        metrics0 = scrape(a.metrics) if a.metrics else None
         report = await step(a, rate, models, phases, send, rng)
         srv = tree_cpu_s(a.server_pid) - srv0
+        if metrics0 is not None:
+            report["server_stages"] = server_split(metrics0, scrape(a.metrics))
         answered = sum(report[k] for k in ("ok", "late", "wrong"))
         report["server_cpu_ms_per_inference"] = round(srv * 1e3 / answered, 3) if answered else None
         report["server_cpu_s"] = round(srv, 3)
@@ -201,6 +206,61 @@ async def run(a):
     else:
         await channel.close()
     print(json.dumps({"goodput_rps": best, "steps": len(steps)}), flush=True)
+
+
+METRIC_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? ([-+0-9.eE]+|[-+]?Inf|NaN)\s*$')
+
+
+def scrape(urls):
+    """Every numeric series of the Prometheus text endpoints `urls` (loopback only), summed
+    over the endpoints: {"name{labels}": value}; an endpoint that does not answer adds nothing."""
+    import urllib.request
+
+    series = {}
+    for url in urls:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                text = r.read(8 << 20).decode("utf-8", "replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            mt = METRIC_LINE.match(line)
+            if mt:
+                key = mt.group(1) + (mt.group(2) or "")
+                series[key] = series.get(key, 0.0) + float(mt.group(3))
+    return series
+
+
+def server_split(before, after):
+    """The rung's server-side split from two scrapes of Symphony's endpoints: each stage's mean
+    per executed request (µs; symphony_stage_duration_us, frontend: network, queue, input,
+    compute, output, which add up to the frontend's end-to-end time), the mean planned and
+    executed batch, the backend's late starts and the scheduler's decision lag."""
+    d = {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+    def total(name, **labels):
+        want = [f'{k}="{v}"' for k, v in labels.items()]
+        return sum(v for k, v in d.items() if k.split("{")[0] == name and all(w in k for w in want))
+
+    stages = {}
+    for st in ("network", "queue", "input", "compute", "output"):
+        n = total("symphony_stage_duration_us_count", stage=st)
+        stages[st] = round(total("symphony_stage_duration_us_sum", stage=st) / n, 1) if n else None
+    n = total("symphony_executed_request_duration_us_count")
+    out = {"stages_us": stages,
+           "end_to_end_us": round(total("symphony_executed_request_duration_us_sum") / n, 1) if n else None,
+           "executed": int(n)}
+    b = total("symphony_backend_batches_executed_total")
+    out["batches"] = int(b)
+    out["late_starts"] = int(total("symphony_backend_late_starts_total"))
+    bs_n, bs_sum = total("symphony_batch_size_count"), total("symphony_batch_size_sum")
+    # symphony_batch_size is on both the scheduler (planned) and the backend (executed): the
+    # sum over both endpoints counts each batch twice, the mean is unchanged
+    out["mean_batch"] = round(bs_sum / bs_n, 2) if bs_n else None
+    lag_n = total("symphony_dispatch_lag_us_count")
+    out["dispatch_lag_us"] = round(total("symphony_dispatch_lag_us_sum") / lag_n, 1) if lag_n else None
+    out["dropped"] = int(total("symphony_requests_dropped_total"))
+    return out
 
 
 def first_error(m, what):
@@ -328,6 +388,8 @@ def main():
     l.add_argument("--stop-after-misses", type=int, default=2, help="stop the ladder after this many bad rates in a row")
     l.add_argument("--refine", type=int, default=0, help="then bisect this many times between the best good rate and the next bad one")
     l.add_argument("--server-pid", type=int, default=0, help="server root pid: its process tree's CPU time is reported")
+    l.add_argument("--metrics", action="append", default=[],
+                   help="a Prometheus endpoint of the server (repeatable; Symphony's frontend, backends, scheduler): the rung's server-side split")
     l.add_argument("--duration", type=float, default=5.0)
     l.add_argument("--seed", type=int, default=1)
     l.add_argument("--max-in-flight", type=int, default=512)
@@ -336,9 +398,9 @@ def main():
     if a.cmd == "reference":
         reference_cmd(a)
         return
-    h = a.url.rsplit(":", 1)[0]
-    if h not in ("127.0.0.1", "localhost", "[::1]"):
-        sys.exit(f"refusing to load {a.url}: loopback only")
+    for u in [a.url] + [m.split("//", 1)[-1].split("/", 1)[0] for m in a.metrics]:
+        if u.rsplit(":", 1)[0] not in ("127.0.0.1", "localhost", "[::1]"):
+            sys.exit(f"refusing to contact {u}: loopback only")
     asyncio.run(run(a))
 
 
