@@ -979,6 +979,11 @@ impl<C: Connection> SchedulerNode<C> {
                     plane.on_rerouted_completion(bytes, h.task_id);
                     true
                 }
+                // A graceful leave (issue 52): see `ControlPlane::backend_draining`.
+                Message::Drain(d) if d.backend_id == id && d.stage() == Some(wire::DrainStage::Draining) => {
+                    plane.backend_draining(now, id);
+                    true
+                }
                 _ => false,
             });
         }
@@ -1129,6 +1134,7 @@ fn kind_name(m: &Message<'_>) -> &'static str {
         Message::Refused(_) => "a Refused",
         Message::BenchStamp(_) => "a BenchStamp",
         Message::Tasks(_) => "a Tasks batch",
+        Message::Drain(_) => "a Drain",
     }
 }
 
