@@ -88,6 +88,19 @@ fn leader_partition() {
 fn reroute() {
     class_holds_over_many_seeds(FaultClass::Reroute);
 }
+// Membership (issue 52): a backend told to leave (its SIGTERM drain) that
+// crashes at a drawn moment, during its drain or after it left; a backend
+// joining the running cluster while cut from the scheduler or a frontend.
+// A backend whose leave the scheduler released answered every task
+// planned to it.
+#[test]
+fn drain() {
+    class_holds_over_many_seeds(FaultClass::Drain);
+}
+#[test]
+fn join() {
+    class_holds_over_many_seeds(FaultClass::Join);
+}
 
 /// Two active scheduler groups (issue 19): group b with its own backends,
 /// every frontend linked to both, routing changes at seeded times under

@@ -32,6 +32,8 @@ const CASES: &[(&str, &str, bool)] = &[
     ("leader-partition", "leader-partition", false),
     ("reroute", "reroute", false),
     ("reroute2", "reroute2", false),
+    ("drain", "drain", false),
+    ("join", "join", false),
     ("none+admission", "none", true),
     ("all+admission", "all", true),
 ];
@@ -45,7 +47,8 @@ const SEEDS: [u64; 3] = [1, 2, 3];
 /// data links (a Challenge and a Join replace each backend's Register);
 /// re-recorded 2026-11-29 for wire version 8 (every header's version, and
 /// each plan's task and each completion carrying the scheduler's 16-byte
-/// capability, issue 55).
+/// capability, issue 55); the membership classes `drain` and `join`
+/// (issue 52) added the same day, the other hashes unchanged.
 const PINNED: &[(&str, u64, &str)] = &[
     ("loss", 1, "080418e3baa7e53e"),
     ("loss", 2, "be26f20206e929c8"),
@@ -83,6 +86,12 @@ const PINNED: &[(&str, u64, &str)] = &[
     ("reroute2", 1, "45e98537db402416"),
     ("reroute2", 2, "0c25b743f088f223"),
     ("reroute2", 3, "537f1b17eeb44178"),
+    ("drain", 1, "4dffccda347af35d"),
+    ("drain", 2, "9b9d642d82147252"),
+    ("drain", 3, "5d5ba4362a025211"),
+    ("join", 1, "86ff04517750e08a"),
+    ("join", 2, "558d588a31ca4ca8"),
+    ("join", 3, "cc6036b0fe3c7011"),
     ("none+admission", 1, "3e57e7deed307f6d"),
     ("none+admission", 2, "74d5aacd6a4fa1c5"),
     ("none+admission", 3, "e68bbd43b81bb45d"),

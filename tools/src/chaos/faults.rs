@@ -35,6 +35,15 @@ pub enum FaultClass {
     /// and another group.
     Reroute,
     Reroute2,
+    /// A backend is told to leave (SIGTERM on a scale-in: a graceful
+    /// drain the scheduler agrees to) and crashes at a drawn moment,
+    /// during its drain or after it left; it comes back later (a
+    /// scale-out).
+    Drain,
+    /// A backend joins the running cluster (a scale-out) while it is cut
+    /// from the scheduler or from a frontend; it leaves gracefully later,
+    /// so that a run has several joins.
+    Join,
 }
 
 impl FaultClass {
@@ -44,6 +53,9 @@ impl FaultClass {
     /// The failover classes: they run hot-standby schedulers.
     pub const FAILOVER: [FaultClass; 4] =
         [FaultClass::LeaderCrash, FaultClass::LeaderPause, FaultClass::StoreDown, FaultClass::LeaderPartition];
+
+    /// The membership classes (issue 52): backends leaving and joining.
+    pub const MEMBERSHIP: [FaultClass; 2] = [FaultClass::Drain, FaultClass::Join];
 
     /// The name used on the command line and in reports.
     pub fn as_str(self) -> &'static str {
@@ -60,11 +72,17 @@ impl FaultClass {
             FaultClass::LeaderPartition => "leader-partition",
             FaultClass::Reroute => "reroute",
             FaultClass::Reroute2 => "reroute2",
+            FaultClass::Drain => "drain",
+            FaultClass::Join => "join",
         }
     }
 
     fn every() -> impl Iterator<Item = FaultClass> {
-        FaultClass::ALL.into_iter().chain(FaultClass::FAILOVER).chain([FaultClass::Reroute, FaultClass::Reroute2])
+        FaultClass::ALL
+            .into_iter()
+            .chain(FaultClass::FAILOVER)
+            .chain([FaultClass::Reroute, FaultClass::Reroute2])
+            .chain(FaultClass::MEMBERSHIP)
     }
 
     fn parse_one(s: &str) -> Option<FaultClass> {
@@ -171,6 +189,14 @@ pub enum Event {
     /// A new routing-table revision: the harness's scheduler (group a)
     /// owns the models whose bit is set in `owned`, another group the rest.
     Reroute { owned: u64 },
+    /// Backend `backend` is told to leave gracefully; it crashes at
+    /// `crash_at` if it is still up then (the same instance), and once
+    /// down (drained or crashed) it comes back at `rejoin_at` (never: it
+    /// stays down until a [`Event::Join`]).
+    Drain { backend: usize, crash_at: Option<Instant>, rejoin_at: Option<Instant> },
+    /// Backend `backend`, held down, starts now and is cut from `peer`
+    /// until `until`.
+    Join { backend: usize, peer: Target, until: Instant },
 }
 
 /// The per-message fault probabilities of `set`.
@@ -263,8 +289,54 @@ pub fn schedule(set: FaultSet, seed: u64, start: Instant, end: Instant, frontend
             }
         }
     }
+    membership(set, &mut rng, &at, (frontends, backends), per_class, &mut events);
     events.sort_by_key(|e| e.0);
     events
+}
+
+/// The backend slot the `join` class holds down from the start and joins.
+pub fn join_slot(backends: usize) -> usize {
+    backends.saturating_sub(1)
+}
+
+/// The membership classes' events (drawn after every other class, so
+/// their schedules do not change): per second of run, a drain of a drawn
+/// backend that crashes 0-12 ms later (a drain lasts about as long as the
+/// batches planned to it, a few ms at half load: some crashes land in it,
+/// some after the leave)
+/// and comes back 100-400 ms after that; a join of [`join_slot`] cut from
+/// the scheduler or a frontend for 20-600 ms, which leaves gracefully
+/// 300-900 ms later.
+fn membership(
+    set: FaultSet,
+    rng: &mut Xoshiro256PlusPlus,
+    at: &dyn Fn(&mut Xoshiro256PlusPlus) -> Instant,
+    (frontends, backends): (usize, usize),
+    per_class: u64,
+    events: &mut Vec<(Instant, Event)>,
+) {
+    if backends < 2 {
+        return;
+    }
+    for _ in 0..per_class {
+        if set.has(FaultClass::Drain) {
+            let t = at(rng);
+            let backend = rng.random_range(0..backends);
+            let crash_at = t + Duration::from_micros(rng.random_range(0..12_000));
+            let rejoin_at = crash_at + Duration::from_millis(rng.random_range(100..400));
+            events.push((t, Event::Drain { backend, crash_at: Some(crash_at), rejoin_at: Some(rejoin_at) }));
+        }
+        if set.has(FaultClass::Join) {
+            let t = at(rng);
+            let k = rng.random_range(0..=frontends);
+            let peer = if k == 0 { Target::Scheduler } else { Target::Frontend(k - 1) };
+            let until = t + Duration::from_millis(rng.random_range(20..600));
+            let backend = join_slot(backends);
+            events.push((t, Event::Join { backend, peer, until }));
+            let leave = t + Duration::from_millis(rng.random_range(300..900));
+            events.push((leave, Event::Drain { backend, crash_at: None, rejoin_at: None }));
+        }
+    }
 }
 
 #[cfg(test)]

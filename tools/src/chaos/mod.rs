@@ -32,6 +32,12 @@
 //! newer epoch's first plan) and that no backend started a batch of an
 //! older epoch than one it had already been delivered. Without them the
 //! one scheduler is never crashed; it can be partitioned.
+//!
+//! The membership classes (`drain`, `join`; issue 52) make backends leave
+//! gracefully (the same `BackendNode::begin_leave` the daemon's SIGTERM
+//! runs; a drained backend exits) and join the running cluster. They add
+//! the check that a backend whose leave the scheduler released answered
+//! every task planned to it.
 
 pub mod checks;
 pub mod client;
@@ -282,6 +288,23 @@ struct Harness {
     reroutes: BTreeMap<FaultClass, u64>,
     /// With two groups: tables stored but not yet applied by a node.
     pending_routes: Vec<(Instant, RouteAt, Arc<scheduler::routes::RouteTable>)>,
+    /// Backends leaving (the membership classes).
+    leaves: Vec<LeaveWatch>,
+    /// Net ids of backends that left released (they must have answered
+    /// every task planned to them).
+    released: Vec<NodeId>,
+    /// Membership faults, by report key.
+    membership_hits: BTreeMap<&'static str, u64>,
+}
+
+/// A backend told to leave: which instance, when it crashes if still up,
+/// and when its slot starts again once it is down.
+#[derive(Clone, Copy)]
+struct LeaveWatch {
+    slot: usize,
+    net_id: NodeId,
+    crash_at: Option<Instant>,
+    rejoin_at: Option<Instant>,
 }
 
 impl Harness {
@@ -329,6 +352,10 @@ impl Harness {
         let end = start + cfg.duration;
         let events = faults::schedule(cfg.faults, cfg.seed, start, end, cfg.frontends, cfg.backends, cfg.gpus_per_backend);
         let client = Client::new(&cfg, catalog, start);
+        if cfg.faults.has(FaultClass::Join) {
+            // Held down until its first join.
+            cluster.kill_backend(faults::join_slot(cfg.backends), None);
+        }
         Ok(Harness {
             cfg,
             cluster,
@@ -351,6 +378,9 @@ impl Harness {
             route_revision: 0,
             reroutes: BTreeMap::new(),
             pending_routes: Vec::new(),
+            leaves: Vec::new(),
+            released: Vec::new(),
+            membership_hits: BTreeMap::new(),
         }
         .with_initial_routes())
     }
@@ -512,6 +542,8 @@ impl Harness {
                 }
             }
             Event::Reroute { owned } => self.reroute(owned),
+            Event::Drain { backend, crash_at, rejoin_at } => self.begin_leave(backend, crash_at, rejoin_at),
+            Event::Join { backend, peer, until } => self.join(backend, peer, until),
             Event::SlowGpu { backend, gpu, factor, until } => {
                 if let Some(h) = self.cluster.backend_mut(backend) {
                     h.node.worker_mut().executor_mut().set_slowdown(gpu, factor);
@@ -539,6 +571,72 @@ impl Harness {
                 l.moved_away.extend(applied);
             }
             *self.reroutes.entry(FaultClass::Reroute).or_insert(0) += 1;
+        }
+    }
+
+    /// Backend `slot`, if up and not leaving, is told to leave (its
+    /// daemon's SIGTERM).
+    fn begin_leave(&mut self, slot: usize, crash_at: Option<Instant>, rejoin_at: Option<Instant>) {
+        let now = self.now;
+        let Some(h) = self.cluster.backend_mut(slot) else { return };
+        if h.node.leaving() || h.node.draining() {
+            return;
+        }
+        h.node.begin_leave(now);
+        let (net_id, in_hand) = (h.net_id, h.node.worker().batches_in_flight() as u64);
+        self.cluster.net().record(0x4c45_4156, slot as u64);
+        if crash_at.is_some() {
+            *self.membership_hits.entry("drain").or_insert(0) += 1;
+        }
+        *self.membership_hits.entry("leave-batches-in-hand").or_insert(0) += in_hand;
+        self.leaves.push(LeaveWatch { slot, net_id, crash_at, rejoin_at });
+    }
+
+    /// Backend `slot`, if held down, starts now and is cut from `peer`
+    /// until `until` (from its first message on: the connect itself went
+    /// through, as a process that reached the scheduler before the cut).
+    fn join(&mut self, slot: usize, peer: Target, until: Instant) {
+        if self.cluster.backend(slot).is_some() {
+            return;
+        }
+        self.cluster.kill_backend(slot, Some(self.now));
+        self.cluster.net().record(0x4a4f_494e, slot as u64);
+        self.poll_cluster();
+        if let (Some(x), Some(y)) = (self.net_id(Target::Backend(slot)), self.net_id(peer)) {
+            self.cluster.net().partition(x, y);
+            self.partitions.push((Target::Backend(slot), peer, until));
+            *self.membership_hits.entry("join").or_insert(0) += 1;
+        }
+    }
+
+    /// Leaving backends: one that has drained exits (the one it released
+    /// is remembered for the checks) and its slot starts again at its
+    /// rejoin time; one still up at its crash time crashes.
+    fn watch_leaves(&mut self) {
+        let now = self.now;
+        let mut i = 0;
+        while i < self.leaves.len() {
+            let LeaveWatch { slot, net_id, crash_at, rejoin_at } = self.leaves[i];
+            let Some(h) = self.cluster.backend(slot).filter(|h| h.net_id == net_id) else {
+                // Down already (crashed by another fault).
+                self.leaves.swap_remove(i);
+                continue;
+            };
+            let (drained, released) = (h.node.drained(), h.node.leave_released());
+            if drained {
+                if released {
+                    self.released.push(net_id);
+                    *self.membership_hits.entry("leave-released").or_insert(0) += 1;
+                }
+                self.cluster.kill_backend(slot, rejoin_at);
+                self.leaves.swap_remove(i);
+            } else if crash_at.is_some_and(|t| t <= now) {
+                self.crash_hits += self.cluster.kill_backend(slot, rejoin_at).unwrap_or(0) as u64;
+                *self.membership_hits.entry("drain-crashed").or_insert(0) += 1;
+                self.leaves.swap_remove(i);
+            } else {
+                i += 1;
+            }
         }
     }
 
@@ -648,6 +746,7 @@ impl Harness {
             self.store_down_until,
             self.sched_cuts.iter().map(|c| c.2).min(),
             self.pending_routes.iter().map(|p| p.0).min(),
+            self.leaves.iter().filter_map(|l| l.crash_at).min(),
         ]
         .into_iter()
         .flatten()
@@ -678,6 +777,9 @@ impl Harness {
             self.heal_due();
             self.apply_routes_due();
             self.poll_cluster();
+            if !self.leaves.is_empty() {
+                self.watch_leaves();
+            }
             if self.client.send_due(self.now, &self.cluster.services()) {
                 self.poll_cluster();
             }
@@ -701,7 +803,10 @@ impl Harness {
         let frontend_counters: Vec<(usize, frontend::staging::CounterSnapshot)> = (0..self.cluster.frontend_count())
             .filter_map(|i| self.cluster.frontend(i).map(|h| (i, h.service.staging().counters().snapshot())))
             .collect();
-        let surviving: Vec<NodeId> = (0..self.cfg.backends).filter_map(|i| self.cluster.backend_net_id(i)).collect();
+        let mut surviving: Vec<NodeId> = (0..self.cfg.backends).filter_map(|i| self.cluster.backend_net_id(i)).collect();
+        // A released leave answered everything planned to it, as a
+        // backend that ran to the end did.
+        surviving.extend(self.released.iter().copied());
         let ledger = std::mem::take(&mut *self.ledger.lock().unwrap_or_else(|p| p.into_inner()));
         let net = self.cluster.net();
         let mut report = ChaosReport {
@@ -730,6 +835,9 @@ impl Harness {
         for (c, n) in self.failover_hits.iter().chain(&self.reroutes) {
             report.faults.insert(c.as_str().to_string(), *n);
         }
+        for (k, n) in &self.membership_hits {
+            report.faults.insert((*k).to_string(), *n);
+        }
         let mut v = std::mem::take(&mut self.violations);
         // A leader that was paused, cut off or without its store has
         // stepped down on its own by the end.
@@ -745,6 +853,8 @@ impl Harness {
         let lossless = !(self.cfg.faults.has(FaultClass::Loss)
             || self.cfg.faults.has(FaultClass::Partition)
             || self.cfg.faults.has(FaultClass::Crash)
+            || self.cfg.faults.has(FaultClass::Drain)
+            || self.cfg.faults.has(FaultClass::Join)
             || self.cfg.faults.failover());
         checks::check(
             &checks::Observed {

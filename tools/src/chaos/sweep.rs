@@ -101,7 +101,7 @@ pub fn sweep(base: &ChaosConfig, seeds: u64, threads: usize, progress: &(dyn Fn(
     }
     let mut sum = summary.into_inner().unwrap_or_else(|p| p.into_inner());
     sum.failures.sort_by_key(|r| r.seed);
-    for c in FaultClass::ALL.into_iter().chain(FaultClass::FAILOVER) {
+    for c in FaultClass::ALL.into_iter().chain(FaultClass::FAILOVER).chain(FaultClass::MEMBERSHIP) {
         if base.faults.has(c) && sum.faults.get(c.as_str()).copied().unwrap_or(0) == 0 {
             sum.classes_without_hits.push(c.as_str().to_string());
         }
