@@ -98,11 +98,19 @@ pub enum Departure {
     /// or whose model's load at that batch size is at most
     /// [`LIGHT_LOAD_SHARE`](super::LIGHT_LOAD_SHARE) of a GPU, goes now.
     LightLoad,
+    /// Item 33: a long runner's quiet stop (item 18) needs quiet. A model
+    /// whose lone request runs longer than another model's whole SLO does
+    /// not stop deferring at once where a next request before the frontrun
+    /// is less likely than the test's chance even right after an arrival
+    /// (heavy-tailed gaps, a long horizon): there the test says nothing
+    /// about a burst, and the batches of one it starts spread the long
+    /// runner's bursts over the GPUs the tight models need.
+    LongRunnerQuiet,
 }
 
 impl Departure {
     /// Every departure, in item order of docs/decisions.md.
-    pub const ALL: [Departure; 23] = [
+    pub const ALL: [Departure; 24] = [
         Departure::WindowGaps,
         Departure::EarlyDrop,
         Departure::DropShortfall,
@@ -126,6 +134,7 @@ impl Departure {
         Departure::ManyIdleDeferToSlo,
         Departure::FollowUps,
         Departure::LightLoad,
+        Departure::LongRunnerQuiet,
     ];
 
     /// Its name on the command line and in reports.
@@ -154,6 +163,7 @@ impl Departure {
             Departure::BatchPastHeads => "batch-past-heads",
             Departure::FollowUps => "follow-ups",
             Departure::LightLoad => "light-load",
+            Departure::LongRunnerQuiet => "long-runner-quiet",
         }
     }
 
@@ -183,6 +193,7 @@ impl Departure {
             Departure::BatchPastHeads => &[25],
             Departure::FollowUps => &[31],
             Departure::LightLoad => &[32],
+            Departure::LongRunnerQuiet => &[33],
         }
     }
 
@@ -197,6 +208,7 @@ impl Departure {
             Departure::ServeUrgentPending => Some(Departure::WorkConserve),
             Departure::EarlyBurstTest | Departure::YieldToLoser => Some(Departure::BurstLock),
             Departure::PartnerHold => Some(Departure::EfficiencyStop),
+            Departure::LongRunnerQuiet => Some(Departure::QuietStop),
             _ => None,
         }
     }

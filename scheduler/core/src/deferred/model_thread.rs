@@ -181,6 +181,10 @@ struct ModelState {
     /// lone request started at once leaves no room for a pair behind it on
     /// its GPU (deferred items 13, 19 and 22).
     lone_locks_out_pair: bool,
+    /// `l(1)` exceeds the SLO of another model of this core: a lone
+    /// request holds a GPU longer than that model's requests can wait
+    /// (deferred item 33).
+    long_runner: bool,
     /// Pending requests, one queue per priority level (highest first),
     /// each sorted by deadline (arrival order for one SLO).
     queues: Vec<VecDeque<Request>>,
@@ -577,8 +581,15 @@ impl ModelState {
         // GPU this batch would take late is one that model's next
         // burst needs: the batch waits for its partner only while one
         // is still fairly likely (deferred item 28).
+        // A long runner's quiet stop needs quiet (item 33): where even
+        // right after an arrival a next one before the frontrun is less
+        // likely than the chance (heavy-tailed gaps, a long horizon), the
+        // test answers the newest arrival itself and says nothing about a
+        // burst; the lone requests it would start at once hold GPUs
+        // longer than another model's requests can wait.
+        let needs_quiet = self.long_runner && d.has(Departure::LongRunnerQuiet);
         let quiet = if !burst_locked && d.has(Departure::QuietStop) && gap_cv2.is_some_and(|c| c > QUIET_STOP_MIN_CV2) {
-            self.rate.quiet_start(frontrun, QUIET_STOP_CHANCE)
+            self.rate.quiet_start(frontrun, QUIET_STOP_CHANCE).filter(|&at| !needs_quiet || at > self.rate.newest())
         } else if burst_locked && idle.many && d.has(Departure::ManyIdlePartner) {
             self.rate.quiet_start(frontrun, MANY_IDLE_PARTNER_CHANCE)
         } else if burst_locked && d.has(Departure::YieldToLoser) && self.another_takes_the_losses() {
@@ -891,12 +902,18 @@ impl ModelThreadCore {
     pub fn new(cfg: CoreConfig, models: Vec<(ModelId, ModelSpec)>) -> Self {
         let max_id = models.iter().map(|(id, _)| *id as usize + 1).max().unwrap_or(0);
         let mut local = vec![NOT_OWNED; max_id];
+        // The two tightest SLOs: each model's tightest other is the first,
+        // or the second for the model that has the first.
+        let mut slos: Vec<Duration> = models.iter().map(|(_, s)| s.slo).collect();
+        slos.sort_unstable();
         let states: Vec<ModelState> = models
             .into_iter()
             .enumerate()
             .map(|(i, (id, spec))| {
                 local[id as usize] = i as u32;
                 let lone_locks_out_pair = spec.profile.latency(1) + spec.profile.latency(2) > spec.slo;
+                let tightest_other = if slos.first() == Some(&spec.slo) { slos.get(1) } else { slos.first() };
+                let long_runner = tightest_other.is_some_and(|&other| spec.profile.latency(1) > other);
                 // Without item 19 every model whose lone request locks out
                 // a pair is pair-locked.
                 let pair_locked_out = lone_locks_out_pair && (!cfg.departures.has(Departure::PairWorth) || pair_worth_waiting_for(&spec.profile));
@@ -910,6 +927,7 @@ impl ModelThreadCore {
                     best_batch,
                     pair_locked_out,
                     lone_locks_out_pair,
+                    long_runner,
                     profile: spec.profile,
                     slo: spec.slo,
                     queues: vec![VecDeque::with_capacity(256)],
@@ -1326,6 +1344,41 @@ mod tests {
         let wait = start_with(600, true, many);
         assert!(wait > Duration::ZERO && wait <= Duration::from_nanos(2_048), "{wait:?}");
         assert_eq!(start_with(600, false, many), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_long_runner_s_quiet_stop_needs_quiet() {
+        // 1080Ti EfficientNetB5 at SLO 166 ms (l(1) = 33.7 ms, so a lone
+        // request outlasts MobileNetV2's whole 16 ms SLO), bursts of ten
+        // 1 us apart every 120 ms: one gap in ten is longer than the 109 ms
+        // to the frontrun, so even right after an arrival the next one
+        // before it is less likely than the quiet stop's chance.
+        let start = |departures: DepartureSet, with_tight: bool| {
+            let long = ModelSpec::linear("b5", 23.435, 10.301, 166.0).expect("a valid profile");
+            let tight = ModelSpec::linear("v2", 1.180, 3.483, 16.0).expect("a valid profile");
+            let models = if with_tight { vec![(0, long), (1, tight)] } else { vec![(0, long)] };
+            let mut c = ModelThreadCore::new(CoreConfig { departures, ..CoreConfig::default() }, models);
+            assert!(c.models.get(1).is_none_or(|t| !t.long_runner), "the tight model is no long runner");
+            let m = &mut c.models[0];
+            let mut t = 0u64;
+            for i in 0..600u64 {
+                t += if i % 10 == 0 { 120_000_000 - 9_000 } else { 1_000 };
+                m.rate.record(Instant::from_nanos(t));
+            }
+            let now = Instant::from_nanos(t);
+            m.queues[0].push_back(Request::new(1, 0, now, now + Duration::from_millis(166)));
+            let cand = m.gather(now, &c.cfg, None, 1.0, IdleGpus { spare: true, many: false }, &mut Actions::default()).expect("a candidate");
+            (m.long_runner, cand.exec_at.saturating_since(now))
+        };
+        // The mean-gap window (12 ms x CV^2 9 = 108 ms before the latest
+        // start) opens 24 ms after the arrival: the batch defers that long.
+        let (long, wait) = start(DepartureSet::default(), true);
+        assert!(long);
+        assert!(wait > Duration::from_millis(20) && wait < Duration::from_millis(30), "{wait:?}");
+        // Item 33 off, or no tighter model beside it: the quiet test
+        // answers the newest arrival itself, and the batch starts now.
+        assert_eq!(start(DepartureSet::default().without(Departure::LongRunnerQuiet), true), (true, Duration::ZERO));
+        assert_eq!(start(DepartureSet::default(), false), (false, Duration::ZERO));
     }
 
     #[test]

@@ -128,13 +128,20 @@ impl RateWindow {
     /// once the burst has gone quiet. `None` before the distribution is
     /// known.
     pub(super) fn quiet_start(&self, horizon: Instant, chance: f64) -> Option<Instant> {
-        let last = self.times[(self.next + RATE_WINDOW - 1) % RATE_WINDOW];
+        let last = self.newest();
         let f_h = self.gap_cdf(horizon.saturating_since(last))?;
         let q = (f_h - chance) / (1.0 - chance);
         if q <= 0.0 {
             return Some(last);
         }
         Some(last + self.gap_quantile(q))
+    }
+
+    /// The newest arrival recorded ([`Instant::ZERO`] before the first):
+    /// [`Self::quiet_start`] answers exactly this when the quiet so far
+    /// carries no information (deferred item 34).
+    pub(super) fn newest(&self) -> Instant {
+        self.times[(self.next + RATE_WINDOW - 1) % RATE_WINDOW]
     }
 
     pub(super) fn record(&mut self, t: Instant) {
