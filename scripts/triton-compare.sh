@@ -243,7 +243,8 @@ pa_point() {
     --max-trials 3 -f "$out/pa-$label.csv" "$@" > "$out/pa-$label.log" 2>&1 && [ -s "$out/pa-$label.csv" ]; then
     awk -F, 'NR==1{for(i=1;i<=NF;i++)c[$i]=i;next} NR==2{printf "done %.0f/s p99 %.2f ms\n", $c["Inferences/Second"], $c["p99 latency"]/1000}' "$out/pa-$label.csv"
   else
-    echo "aborted: $(grep -m1 -i "error" "$out/pa-$label.log" | cut -c1-160)"
+    # a failed request ("error"), or no stable measurement within its trials (a noisy host)
+    echo "aborted: $(grep -m1 -i -e "error" -e "failed to obtain" "$out/pa-$label.log" | cut -c1-160)"
   fi
 }
 if [ "$pa_sweep" = 1 ]; then

@@ -19,7 +19,7 @@ equal phases, each with its own shares of the total rate.
 to fail), the client's CPU time and the server process tree's CPU time per answered inference
 (/proc of --server-pid and its descendants), and with --metrics (Symphony's Prometheus endpoints)
 the server's own split of the rung (server_stages: each stage's mean per executed request, the
-mean batch, late starts, drops); it stops after --stop-after-misses bad rates in a
+mean batch, late starts, drops, the learned GPU speed ratio); it stops after --stop-after-misses bad rates in a
 row, bisects --refine times between the best good rate and the next bad one, and ends with {"goodput_rps": highest rate with bad_rate <= --max-bad}.
 """
 import argparse
@@ -260,6 +260,10 @@ def server_split(before, after):
     lag_n = total("symphony_dispatch_lag_us_count")
     out["dispatch_lag_us"] = round(total("symphony_dispatch_lag_us_sum") / lag_n, 1) if lag_n else None
     out["dropped"] = int(total("symphony_requests_dropped_total"))
+    # the scheduler's learned measured/profiled batch time per GPU at the rung's end (a gauge:
+    # not a difference); above 1 the executor runs slower than the profile it plans with
+    ratios = [v for k, v in after.items() if k.split("{")[0] == "symphony_gpu_speed_ratio"]
+    out["gpu_speed_ratio"] = round(max(ratios), 3) if ratios else None
     return out
 
 
