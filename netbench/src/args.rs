@@ -118,8 +118,8 @@ pub(crate) struct Measure {
     /// READs outstanding per peer [default: all of a round's at once].
     #[arg(long)]
     pub(crate) concurrency: Option<usize>,
-    /// Control message size in bytes on the wire: 32 (Heartbeat) or 88..=32768 (a Completion
-    /// with inline bytes; 88 = header + completion head, wire version 3 and later).
+    /// Control message size in bytes on the wire: 32 (Heartbeat) or 112..=32768 (a Completion
+    /// with inline bytes; 112 = header + completion head, wire version 8 and later).
     #[arg(long, default_value_t = 32)]
     pub(crate) ping_size: usize,
     /// Time a control message round trip after every this many rounds (0 = never: servers

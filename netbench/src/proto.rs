@@ -117,7 +117,7 @@ pub fn is_ping(msg: &[u8]) -> bool {
     )
 }
 
-/// Checks a ping size: 32 (a Heartbeat) or 88..=32768 bytes (a Completion; wire version 3 and later).
+/// Checks a ping size: 32 (a Heartbeat) or 112..=32768 bytes (a Completion; wire version 8 and later).
 pub fn check_ping_size(size: usize) -> Res<()> {
     if size == MIN_PING || (MIN_COMPLETION_PING..=MAX_PING).contains(&size) {
         Ok(())
