@@ -1,0 +1,105 @@
+//! A graceful leave and a join with the real daemons as processes on
+//! loopback (tcp), under a client's load (issue 52): SIGTERM makes a
+//! backend drain (the scheduler takes its GPU out of matchmaking and
+//! releases it once every batch planned to it was reported) and exit 0;
+//! nothing is failed back for it and it is not counted as a death; a
+//! backend started meanwhile registers, logs its join time, and its GPU
+//! joins matchmaking.
+
+use std::path::PathBuf;
+use std::time::{Duration as StdDuration, Instant};
+
+use dataplane::control::metric;
+use frontend::loadgen::{self, LoadReport};
+use tools::cluster::{spawn, ClusterSpec, LocalCluster};
+
+const MODELS: &str = "ResNet50,DenseNet121";
+
+fn spec() -> ClusterSpec {
+    let mut s = ClusterSpec::new(PathBuf::from(env!("CARGO_BIN_EXE_symphony")), "a100", MODELS);
+    s.transport = "tcp".into();
+    s.backends = 3;
+    s.frontends = 1;
+    s.log_dir = Some(std::env::temp_dir().join(format!("symphony-drain-test-{}", std::process::id())));
+    s
+}
+
+fn load(c: &LocalCluster, rate: f64, secs: f64, seed: u64) -> LoadReport {
+    let specs = scheduler::zoo::cluster_models("a100", MODELS, &[]).unwrap();
+    let cfg = tools::cluster::load_config(&specs, c.http_addrs().unwrap(), rate, secs, seed);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    rt.block_on(loadgen::run(cfg)).unwrap()
+}
+
+fn log(s: &ClusterSpec, name: &str) -> String {
+    std::fs::read_to_string(s.log_dir.as_ref().unwrap().join(format!("{name}.log"))).unwrap_or_default()
+}
+
+/// The scheduler's value of `name` (NaN if absent).
+fn sched_metric(c: &LocalCluster, name: &str) -> f64 {
+    metric(&c.scheduler.metrics().unwrap(), name).unwrap_or(f64::NAN)
+}
+
+/// Waits (bounded) until the scheduler's `name` is `want`.
+fn wait_metric(c: &LocalCluster, name: &str, want: f64) {
+    let deadline = Instant::now() + StdDuration::from_secs(20);
+    while sched_metric(c, name) != want {
+        assert!(Instant::now() < deadline, "{name} never became {want}: {}", sched_metric(c, name));
+        std::thread::sleep(StdDuration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_sigterm_drains_a_backend_without_failing_a_request_and_a_new_one_joins() {
+    let s = spec();
+    let mut c = LocalCluster::start(&s).expect("cluster starts");
+    let control_addr = c.scheduler.ready["control"].clone();
+    // Under load, backend 3 gets SIGTERM.
+    let drained_load = std::thread::scope(|scope| {
+        let h = scope.spawn(|| load(&c, 300.0, 3.0, 11));
+        std::thread::sleep(StdDuration::from_millis(1000));
+        c.backends[2].signal(libc::SIGTERM);
+        wait_metric(&c, "symphony_backends", 2.0);
+        h.join().expect("load thread")
+    });
+    let status = c.backends[2].wait_or_kill(StdDuration::from_secs(15)).expect("the drained backend exits");
+    assert!(status.success(), "{status}");
+    let drained = log(&s, "backend-3");
+    assert!(drained.contains("the scheduler released this backend"), "{drained}");
+    assert!(!drained.contains("leaving anyway"), "{drained}");
+    // The leave failed nothing back, failed no request and is no death.
+    assert_eq!(sched_metric(&c, "symphony_tasks_failed_back_total"), 0.0);
+    assert_eq!(sched_metric(&c, "symphony_backend_deaths_total"), 0.0);
+    assert_eq!(sched_metric(&c, "symphony_gpus_online"), 2.0);
+    let r = &drained_load;
+    assert!(r.balanced() && r.wrong_id == 0 && r.wrong_output == 0, "{r}");
+    assert_eq!((r.server_errors, r.transport_errors), (0, 0), "{r}");
+    assert!((r.ok + r.late) as f64 >= 0.95 * r.sent as f64, "{r}");
+    // Under load, backend 4 joins: it registers, logs its join time, and
+    // its GPU enters matchmaking. (Tasks planned to it in the few ms
+    // between its registration and its data link to the frontend fail:
+    // a known gap, see docs/decisions.md; hence no 5xx check here.)
+    let joined_load = std::thread::scope(|scope| {
+        let h = scope.spawn(|| load(&c, 300.0, 2.0, 12));
+        std::thread::sleep(StdDuration::from_millis(500));
+        let args: Vec<String> = [
+            "--transport", "tcp", "--idle", "wait", "--exit-with-parent", "--zoo", "a100", "--models", MODELS,
+            "--scheduler", &control_addr, "--id", "4", "--gpus-per-backend", "1",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        let deadline = Instant::now() + StdDuration::from_secs(20);
+        let joined = spawn(&s, "backend-4", "backend", args, Some(&c.join_token), deadline).expect("a new backend joins");
+        wait_metric(&c, "symphony_gpus_online", 3.0);
+        (h.join().expect("load thread"), joined)
+    });
+    assert!(log(&s, "backend-4").contains("join_ms="), "{}", log(&s, "backend-4"));
+    assert_eq!(sched_metric(&c, "symphony_backends"), 3.0);
+    let r = &joined_load.0;
+    assert!(r.balanced() && r.wrong_id == 0 && r.wrong_output == 0, "{r}");
+    assert!((r.ok + r.late) as f64 >= 0.95 * r.sent as f64, "{r}");
+    eprintln!("drain under load: {drained_load}\njoin under load: {r}");
+    drop(joined_load);
+    c.stop().expect("clean shutdown");
+}
