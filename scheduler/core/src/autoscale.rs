@@ -41,9 +41,12 @@
 //! - local processes (`symphony up --autoscale`, not built yet): `add_gpus`
 //!   would start backend processes (their GPUs join matchmaking once the
 //!   backend registered and warmed its models; the join time is the time
-//!   to registration), `drain_gpus` would send each backend its drain
-//!   (`begin_drain`: no new plans, finish what it holds, deregister) and
-//!   `members` would read the scheduler's live membership;
+//!   to registration, which the backend logs as `join_ms`), `drain_gpus`
+//!   would send each backend SIGTERM, its graceful leave (built: the
+//!   backend tells the scheduler it drains, the scheduler plans nothing
+//!   more on its GPUs and releases it once every batch planned there was
+//!   reported, then it exits; issue 52) and `members` would read the
+//!   scheduler's live membership;
 //! - Kubernetes (not built yet): `add_gpus` would raise the backend
 //!   StatefulSet's `replicas` through the API (RBAC: `get`/`patch` on
 //!   `statefulsets/scale`), and `drain_gpus` would drain the highest
