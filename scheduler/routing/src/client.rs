@@ -8,17 +8,46 @@
 //! failed call drops the connection so the next call reconnects.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use dataplane::time::Duration;
 use etcd_v3::{Client, ConnectOptions};
 
 use crate::EtcdTls;
 
-/// etcd could not be reached, or refused a call, within the op timeout
-/// (the text names the call and why).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct Unavailable(pub String);
+/// etcd could not be reached, or refused a call, within the op timeout.
+/// Clone (election outcomes are), so the client's error is held in an
+/// `Arc`.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Unavailable {
+    /// The call failed: etcd answered with an error, or the connection
+    /// could not be made or broke.
+    #[error("etcd {call}: {source}")]
+    Failed {
+        /// The call (e.g. "lease revoke").
+        call: &'static str,
+        /// Why it failed.
+        #[source]
+        source: Arc<etcd_v3::Error>,
+    },
+    /// Nothing came back within the op timeout.
+    #[error("etcd {call}: no answer within {timeout:?}")]
+    NoAnswer {
+        /// The call.
+        call: &'static str,
+        /// The op timeout it ran under.
+        timeout: Duration,
+    },
+}
+
+impl Unavailable {
+    /// Whether etcd answered that what the call named does not exist
+    /// (gRPC NotFound, e.g. revoking a lease that already lapsed).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Unavailable::Failed { source, .. }
+            if matches!(&**source, etcd_v3::Error::Status(status) if status.code() == tonic::Code::NotFound))
+    }
+}
 
 /// A blocking etcd v3 client (see the module docs).
 pub struct EtcdClient {
@@ -58,7 +87,7 @@ impl EtcdClient {
     /// Runs `f` on the client within the op timeout, connecting first if
     /// needed; a failure drops the client so the next call reconnects.
     /// `what` names the call in the error.
-    pub fn call<T, F, Fut>(&mut self, what: &str, f: F) -> Result<T, Unavailable>
+    pub fn call<T, F, Fut>(&mut self, what: &'static str, f: F) -> Result<T, Unavailable>
     where
         F: FnOnce(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_v3::Error>>,
@@ -85,11 +114,11 @@ impl EtcdClient {
             }
             Ok(Err(e)) => {
                 self.client = None;
-                Err(Unavailable(format!("etcd {what}: {e}")))
+                Err(Unavailable::Failed { call: what, source: Arc::new(e) })
             }
             Err(_) => {
                 self.client = None;
-                Err(Unavailable(format!("etcd {what}: no answer within {:?}", self.op_timeout)))
+                Err(Unavailable::NoAnswer { call: what, timeout: self.op_timeout })
             }
         }
     }

@@ -194,7 +194,7 @@ impl<E: Election> Candidate<E> {
                     }
                     // The renewal path decides (it steps down before the
                     // lease could lapse).
-                    Err(ElectionError::Unavailable(_)) => Heard::Ignored,
+                    Err(ElectionError::Unavailable(_) | ElectionError::Store(_)) => Heard::Ignored,
                 }
             }
             Standing::Leader { .. } => Heard::Ignored,
@@ -240,7 +240,7 @@ impl<E: Election> Candidate<E> {
                         self.step_down(now, epoch, "its lease is gone (revoked or expired)".into());
                         true
                     }
-                    Err(ElectionError::Unavailable(why)) => {
+                    Err(why @ (ElectionError::Unavailable(_) | ElectionError::Store(_))) => {
                         if now >= renewed_at.saturating_add(self.safe_lease()) {
                             self.step_down(now, epoch, format!("the lease could not be renewed before it would lapse: {why}"));
                             return true;

@@ -21,11 +21,13 @@
 //! current-thread runtime within `op_timeout`, so the calls block their
 //! caller (the election thread of the daemon, never the planning loop).
 //! Every failure to reach the store within the timeout is
-//! [`ElectionError::Unavailable`]: the [`Candidate`](super::Candidate)
+//! [`ElectionError::Store`] (the client's error as its source; a
+//! keep-alive stream that ended is [`ElectionError::Unavailable`]): the [`Candidate`](super::Candidate)
 //! decides what it means (a leader steps down before its lease can lapse).
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Arc;
 
 use etcd_v3::{Client, Compare, KeepAliveStream, LeaseKeeper, RequestOp, TxnRequest};
 pub use routing::{EtcdTls, EtcdTlsArgs, RoutesStoreError};
@@ -88,12 +90,12 @@ impl Etcd {
     }
 
     /// Runs `f` on the client (see [`EtcdClient::call`]).
-    fn call<T, F, Fut>(&mut self, what: &str, f: F) -> Result<T, ElectionError>
+    fn call<T, F, Fut>(&mut self, what: &'static str, f: F) -> Result<T, ElectionError>
     where
         F: FnOnce(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_v3::Error>>,
     {
-        self.client.call(what, f).map_err(|Unavailable(why)| ElectionError::Unavailable(why))
+        Ok(self.client.call(what, f)?)
     }
 
     /// One keep-alive of `lease` on its open stream (opened if needed):
@@ -123,9 +125,9 @@ impl Etcd {
             Ok(Ok(None)) => Err(ElectionError::Unavailable("etcd lease keep-alive: the stream ended".into())),
             Ok(Err(e)) => {
                 self.client.disconnect();
-                Err(ElectionError::Unavailable(format!("etcd lease keep-alive: {e}")))
+                Err(Unavailable::Failed { call: "lease keep-alive", source: Arc::new(e) }.into())
             }
-            Err(_) => Err(ElectionError::Unavailable(format!("etcd lease keep-alive: no answer within {:?}", self.cfg.op_timeout))),
+            Err(_) => Err(Unavailable::NoAnswer { call: "lease keep-alive", timeout: self.cfg.op_timeout }.into()),
         }
     }
 
@@ -197,7 +199,7 @@ impl Election for Etcd {
         match self.call("lease revoke", |mut c| async move { c.lease_revoke(lease).await }) {
             Ok(_) => Ok(()),
             // Already gone (expired or revoked by another): the same end.
-            Err(ElectionError::Unavailable(why)) if why.contains("not found") => Ok(()),
+            Err(ElectionError::Store(why)) if why.is_not_found() => Ok(()),
             Err(e) => Err(e),
         }
     }

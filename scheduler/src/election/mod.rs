@@ -40,12 +40,18 @@ pub struct Leadership {
     pub epoch: Epoch,
 }
 
-/// Why an election call failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why an election call failed. Not PartialEq: `Store` holds the etcd
+/// client's error; callers match on the variant.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ElectionError {
-    /// The store cannot be reached (etcd down or partitioned away).
+    /// The store cannot be reached (partitioned away in the in-memory
+    /// store; a keep-alive stream that ended in etcd's).
     #[error("the election store is unavailable: {0}")]
     Unavailable(String),
+    /// An etcd call failed or went unanswered (etcd down or partitioned
+    /// away); the client's error is its source.
+    #[error("the election store is unavailable: {0}")]
+    Store(#[from] routing::Unavailable),
     /// The lease of this term is gone (expired or revoked).
     #[error("the lease of epoch {0} is gone")]
     LeaseLost(Epoch),
