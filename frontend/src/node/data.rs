@@ -34,6 +34,7 @@ use dataplane::transport::{Connection, Error as TransportError};
 use dataplane::wire::{self, Challenge, Message, Role, WireError, NONCE_LEN};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// Most data links handshaking at once; a new one evicts the oldest.
 pub(super) const MAX_HANDSHAKING: usize = 64;
@@ -56,7 +57,19 @@ enum Proof {
     Challenged([u8; NONCE_LEN]),
     /// The challenge could not be drawn or sent (why): refused at the
     /// next poll.
-    Unchallenged(String),
+    Unchallenged(ChallengeError),
+}
+
+/// Why a link's challenge could not be drawn or sent. Clone (the proof is
+/// judged by reference), so the transport error is held in an `Arc`.
+#[derive(Clone, Debug, thiserror::Error)]
+enum ChallengeError {
+    /// The OS gave no randomness for a nonce.
+    #[error("no OS randomness for a nonce")]
+    NoRandomness,
+    /// Encoding or sending the challenge failed.
+    #[error(transparent)]
+    Send(Arc<TransportError>),
 }
 
 struct BackendLink<C> {
@@ -116,10 +129,10 @@ impl<C: Connection> DataLinks<C> {
         let proof = match &self.token {
             None => Proof::Open,
             Some(_) => match self.nonces.next_nonce() {
-                None => Proof::Unchallenged("no OS randomness for a nonce".to_string()),
+                None => Proof::Unchallenged(ChallengeError::NoRandomness),
                 Some(nonce) => match challenge(&mut conn, nonce) {
                     Ok(()) => Proof::Challenged(nonce),
-                    Err(e) => Proof::Unchallenged(e.to_string()),
+                    Err(e) => Proof::Unchallenged(ChallengeError::Send(Arc::new(e))),
                 },
             },
         };
@@ -289,7 +302,7 @@ enum DataLinkError {
     TooMany(u32),
     /// Its challenge could not be drawn or sent.
     #[error("could not challenge a data connection: {0}")]
-    NoChallenge(String),
+    NoChallenge(#[source] ChallengeError),
     /// Its first message was not a `Register`, or did not come in time.
     #[error("data connection without Register: {0}")]
     NoRegister(TransportError),
