@@ -485,7 +485,7 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
             if kill_a_leader_at_s.is_some_and(|k| !group_standby || k <= reroute_at_s) {
                 return Err(CommandError::Up(up::UpError::Usage("--kill-a-leader-at-s wants --group-standby and a time after --reroute-at-s".into())));
             }
-            let exe = std::env::current_exe().map_err(|e| CommandError::Up(up::UpError::Usage(e.to_string())))?;
+            let exe = std::env::current_exe().map_err(|e| CommandError::Up(up::UpError::OwnExe(e)))?;
             let r = tools::groups::run(&tools::groups::GroupsRun {
                 exe,
                 zoo: cluster.zoo.clone(),
@@ -499,7 +499,7 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
                 kill_a_leader_at_s,
                 b_added_at_move: group_b_added,
             })
-            .map_err(|e| CommandError::Up(up::UpError::Usage(e.to_string())))?;
+            .map_err(|e| CommandError::Up(up::run_err(e)))?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {

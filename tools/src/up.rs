@@ -120,6 +120,10 @@ pub enum UpError {
     /// A bad option (found before any daemon starts).
     #[error("{0}")]
     Usage(String),
+    /// The model selection does not resolve against the zoo (a bad
+    /// option too; the zoo's error).
+    #[error(transparent)]
+    Models(#[from] scheduler::zoo::ZooError),
     /// The cluster, the load or the simulation failed (its error, or a
     /// message where the failure is a finding of `up`'s own).
     #[error(transparent)]
@@ -610,7 +614,7 @@ fn start_and_run(a: &UpArgs) -> Result<(), UpError> {
 
 /// Checks the options `clap` could not (before any child starts).
 fn check(a: &UpArgs) -> Result<Vec<ModelSpec>, UpError> {
-    let models = scheduler::zoo::cluster_models(&a.cluster.zoo, &a.models, &a.cluster.extra).map_err(|e| UpError::Usage(e.to_string()))?;
+    let models = scheduler::zoo::cluster_models(&a.cluster.zoo, &a.models, &a.cluster.extra)?;
     if a.cluster.frontends == 0 || a.cluster.backends == 0 || a.cluster.gpus_per_backend == 0 {
         return Err(UpError::Usage("need at least one frontend, one backend and one GPU per backend".into()));
     }
@@ -887,7 +891,7 @@ pub fn e2e(a: &E2eArgs) -> Result<(), UpError> {
     if a.cluster.tls_cert.is_some() {
         return Err(UpError::Usage("symphony e2e's load generator speaks plain HTTP; --tls-cert is for symphony up --serve".into()));
     }
-    let models = scheduler::zoo::cluster_models(&a.cluster.zoo, &a.models, &a.cluster.extra).map_err(|e| UpError::Usage(e.to_string()))?;
+    let models = scheduler::zoo::cluster_models(&a.cluster.zoo, &a.models, &a.cluster.extra)?;
     let gpus = a.cluster.backends * a.cluster.gpus_per_backend;
     info!(models = %a.models, gpus, "symphony e2e: finding the simulated goodput");
     let s = sim_goodput(&models, gpus, a.cluster.seed)?;

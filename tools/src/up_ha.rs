@@ -93,7 +93,7 @@ pub fn run(models_sel: &str, o: &ClusterOpts, ha: &HaOpts, load: f64, rate: Opti
             "--ha: need --kills >= 1, --kill-leader-after-s >= 2 (the 2 s before a kill are its baseline), --kill-every-s >= 1, and --duration-s at least 2.5 s past the last kill".into(),
         ));
     }
-    let models = scheduler::zoo::cluster_models(&o.zoo, models_sel, &o.extra).map_err(|e| UpError::Usage(e.to_string()))?;
+    let models = scheduler::zoo::cluster_models(&o.zoo, models_sel, &o.extra)?;
     let mut spec = crate::up::spec(models_sel, o)?;
     spec.schedulers = ha.schedulers;
     spec.etcd_members = ha.etcd_members;
