@@ -497,8 +497,9 @@ fn poll_until_drained<C: Connection>(
             node.handle_connection(now, c);
             busy = true;
         }
-        // One epoll_wait per pass tells which links have bytes: the node
-        // then skips the rest instead of a recv each that finds nothing.
+        // One epoll_wait per pass tells which armed links have bytes: the
+        // node then skips the rest instead of a recv each that finds
+        // nothing.
         // The watch list is rebuilt only when the links changed (listing
         // and sorting ~300 links took ~10% of a busy daemon's time).
         if synced != Some(node.link_set_version()) {
@@ -525,7 +526,7 @@ fn poll_until_drained<C: Connection>(
         if busy {
             first_plan.check();
             idle.reset();
-        } else if holds_input(node) || !arm_waits(node) {
+        } else if !node.arm_waits() {
             // A send or progress late in the pass (heartbeats after the
             // flush) took a peer's bytes in: its fd is quiet now, so a
             // sleep would strand the message until the next timer. Or
@@ -541,31 +542,13 @@ fn poll_until_drained<C: Connection>(
             // Under an election, wake well within the stall bound, so
             // that an idle loop is never mistaken for a stopped one.
             let longest = term.stall.map_or(Duration::from_millis(100), |s| Duration::from_nanos((s.as_nanos() / 2).min(100_000_000)));
-            let next = node.poll_at().unwrap_or(now + longest).min(now + longest);
+            let next = node.wake_at().unwrap_or(now + longest).min(now + longest);
             // The pinned runtime's threads notify the wait set when they
             // hand decisions over; the recheck closes the race with a
             // notify sent just before this thread declared itself asleep.
             idle.idle_unless(next.saturating_since(clock.now()), || node.plane().has_decisions());
         }
     }
-}
-
-/// Whether a connection holds input its wait fd no longer reports (see
-/// [`Connection::may_hold_input`]); links without a wait fd are polled on a
-/// timer anyway.
-fn holds_input<C: Connection>(node: &SchedulerNode<C>) -> bool {
-    let mut held = false;
-    node.for_each_conn(|_, c| held |= c.wait_fd().is_some() && c.may_hold_input());
-    held
-}
-
-/// Arms every link's wait fd before a sleep ([`Connection::arm_wait`]);
-/// false if one has input pending. Only here, before a sleep: shm peers
-/// then write a wake-up byte once per sleep, not once per message.
-fn arm_waits<C: Connection>(node: &SchedulerNode<C>) -> bool {
-    let mut armed = true;
-    node.for_each_conn(|_, c| armed &= c.wait_fd().is_none() || c.arm_wait());
-    armed
 }
 
 fn log_event(ev: &SchedulerEvent) {

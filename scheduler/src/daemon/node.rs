@@ -22,6 +22,9 @@ use dataplane::wire::{self, Challenge, Join, Message, RefuseReason, Refused, Rol
 use super::metrics::SchedulerMetrics;
 use super::plane::{ControlPlane, PeerId, DEFAULT_BATCH_GRACE};
 use crate::delay_watch::Verdict as DelayVerdict;
+use link::{drain_link, every_link, may_hold_messages, Link, MSGS_PER_PEER};
+
+mod link;
 
 /// Timing of a [`SchedulerNode`].
 #[derive(Clone, Copy, Debug)]
@@ -223,19 +226,6 @@ impl std::fmt::Display for SchedulerEvent {
     }
 }
 
-/// Every registered link with its peer: frontends, then backends, each
-/// in id order.
-fn every_link<'a, C>(
-    frontends: &'a mut BTreeMap<u32, Link<C>>,
-    backends: &'a mut BTreeMap<u32, Link<C>>,
-) -> impl Iterator<Item = (PeerId, &'a mut Link<C>)> {
-    let frontends = frontends.iter_mut().map(|(&id, l)| (PeerId::Frontend(id), l));
-    frontends.chain(backends.iter_mut().map(|(&id, l)| (PeerId::Backend(id), l)))
-}
-
-/// Messages taken from one peer per poll (bounds a poll's work).
-const MSGS_PER_PEER: usize = 256;
-
 /// Tasks taken from all frontends per poll (at least one link's message
 /// is read; a link's messages are never split): the next frontend is read
 /// in the next poll, after this poll's decisions went out. Why: a poll
@@ -245,98 +235,6 @@ const MSGS_PER_PEER: usize = 256;
 /// batch late). 256 tasks are ~0.1 ms of a loaded I/O thread; 64-1024 were
 /// within the noise of each other at 2 M offered, 4096 was 3-5x worse.
 const TASKS_PER_POLL: usize = 256;
-/// While a peer's send queue is full, its backlog is retried this often.
-const BACKLOG_RETRY: Duration = Duration::from_millis(1);
-
-/// Messages a peer's full send queue did not take yet, in order.
-#[derive(Default)]
-struct Backlog {
-    bytes: Vec<u8>,
-    lens: VecDeque<usize>,
-    /// Offset of the first unsent message in `bytes`.
-    head: usize,
-    /// When the queue was first found full (None: empty backlog).
-    since: Option<Instant>,
-    retry_at: Option<Instant>,
-}
-
-impl Backlog {
-    fn is_empty(&self) -> bool {
-        self.lens.is_empty()
-    }
-
-    fn push(&mut self, now: Instant, msg: &[u8]) {
-        self.bytes.extend_from_slice(msg);
-        self.lens.push_back(msg.len());
-        self.since.get_or_insert(now);
-        self.retry_at.get_or_insert(now + BACKLOG_RETRY);
-    }
-
-    /// Sends what the queue takes; `Timeout` once it stayed full for
-    /// longer than `bound`.
-    fn drive<C: Connection>(&mut self, conn: &mut C, now: Instant, bound: Duration) -> Result<(), Error> {
-        while let Some(&n) = self.lens.front() {
-            match conn.send(&self.bytes[self.head..self.head + n]) {
-                Ok(()) => {
-                    self.lens.pop_front();
-                    self.head += n;
-                }
-                Err(Error::QueueFull) => break,
-                Err(e) => return Err(e),
-            }
-        }
-        if self.lens.is_empty() {
-            self.bytes.clear();
-            self.head = 0;
-            self.since = None;
-            self.retry_at = None;
-            return Ok(());
-        }
-        let since = self.since.unwrap_or(now);
-        if now.saturating_since(since) > bound {
-            return Err(Error::Timeout);
-        }
-        self.retry_at = Some((now + BACKLOG_RETRY).min(since + bound + Duration::from_nanos(1)));
-        Ok(())
-    }
-}
-
-/// A registered peer's link.
-struct Link<C> {
-    key: u64,
-    conn: C,
-    live: Liveness,
-    backlog: Backlog,
-    /// Messages were queued on it in the current flush.
-    queued: bool,
-    /// Its last drain stopped before `try_recv` said empty (or it was
-    /// never drained): it may hold messages that its wait fd does not
-    /// report (see [`SchedulerNode::set_readable`]).
-    unread: bool,
-}
-
-impl<C: Connection> Link<C> {
-    /// Queues `msg` behind any backlog; a full queue starts (or extends)
-    /// the backlog. The bytes leave at the link's next `progress` (the
-    /// node's flush ends with one per link it sent to).
-    fn send(&mut self, now: Instant, msg: &[u8]) -> Result<(), Error> {
-        if self.backlog.is_empty() {
-            match self.conn.send_batched(msg) {
-                Err(Error::QueueFull) => {}
-                other => return other,
-            }
-            // Progress may free room at once (bytes leave during polls).
-            self.conn.progress()?;
-            match self.conn.send_batched(msg) {
-                Err(Error::QueueFull) => {}
-                other => return other,
-            }
-        }
-        self.backlog.push(now, msg);
-        Ok(())
-    }
-}
-
 /// A link that has not finished registering.
 struct Pending<C> {
     key: u64,
@@ -382,6 +280,9 @@ pub struct SchedulerNode<C: Connection> {
     dead: Vec<PeerId>,
     /// Peers the current flush queued messages for (flushed once each).
     touched: Vec<PeerId>,
+    /// A link may have a backlog (else [`drive_backlogs`](Self::drive_backlogs)
+    /// skips its walk of every link).
+    backlogged: bool,
     events: VecDeque<SchedulerEvent>,
     buf: Vec<u8>,
     hb: [u8; 64],
@@ -403,6 +304,16 @@ pub struct SchedulerNode<C: Connection> {
     /// last poll, sorted; None: the host reports no readiness, and every
     /// pass drains every link.
     readable: Option<Vec<u64>>,
+    /// The registered links with [`Link::active`] set (a buried peer's
+    /// entry leaves at its burial): with readiness, a pass reads only these
+    /// and the readable ones, and [`arm_waits`](Self::arm_waits) arms only
+    /// these.
+    active: Vec<PeerId>,
+    /// Each registered link's key and peer, sorted by key (readable keys
+    /// to links).
+    peer_of_key: Vec<(u64, PeerId)>,
+    /// Scratch: the frontends and backends a pass reads, sorted.
+    visit: (Vec<u32>, Vec<u32>),
 }
 
 impl<C: Connection> SchedulerNode<C> {
@@ -421,6 +332,7 @@ impl<C: Connection> SchedulerNode<C> {
             membership: Membership::open(),
             dead: Vec::new(),
             touched: Vec::with_capacity(64),
+            backlogged: false,
             events: VecDeque::new(),
             buf: vec![0u8; wire::MAX_MESSAGE_LEN],
             hb: [0u8; 64],
@@ -428,6 +340,9 @@ impl<C: Connection> SchedulerNode<C> {
             busy: Vec::new(),
             next_key: 0,
             readable: None,
+            active: Vec::new(),
+            peer_of_key: Vec::new(),
+            visit: (Vec::new(), Vec::new()),
             fence_until: None,
             last_poll: None,
             liveness_due: Instant::ZERO,
@@ -594,6 +509,23 @@ impl<C: Connection> SchedulerNode<C> {
     /// drain deadline, a retry of a full send queue.
     pub fn poll_at(&self) -> Option<Instant> {
         let links = self.frontends.values().chain(self.backends.values());
+        self.earliest(links.flat_map(|l| [Some(l.live.next_send()), Some(l.live.expires_at()), l.backlog.retry_at]).flatten())
+    }
+
+    /// [`poll_at`](Self::poll_at) or a little earlier, without visiting
+    /// every link: the links' heartbeats and liveness bounds as of their
+    /// last scan (hearing a peer only moves its bound later). For a host on
+    /// a real clock, where an early wake costs one pass; a harness on a
+    /// virtual clock keeps to `poll_at`, whose instants its trace records.
+    pub fn wake_at(&self) -> Option<Instant> {
+        let links = || self.frontends.values().chain(self.backends.values());
+        let retry = self.backlogged.then(|| links().filter_map(|l| l.backlog.retry_at).min()).flatten();
+        let scanned = Some(self.liveness_due).filter(|&t| t != Instant::from_nanos(u64::MAX));
+        self.earliest(retry.into_iter().chain(scanned))
+    }
+
+    /// The earliest of `links` and every deadline not kept per link.
+    fn earliest(&self, links: impl Iterator<Item = Instant>) -> Option<Instant> {
         let handshakes = self
             .pending
             .iter()
@@ -603,11 +535,7 @@ impl<C: Connection> SchedulerNode<C> {
         [self.plane.poll_at(), self.plane.next_expiry(), self.drain_until, fence]
             .into_iter()
             .flatten()
-            .chain(links.flat_map(|l| {
-                [Some(l.live.next_send()), Some(l.live.expires_at()), l.backlog.retry_at]
-                    .into_iter()
-                    .flatten()
-            }))
+            .chain(links)
             .chain(handshakes)
             .min()
     }
@@ -629,19 +557,50 @@ impl<C: Connection> SchedulerNode<C> {
 
     /// Calls `f` with each connected link (registering ones included) and
     /// a key that no other link of this node ever has: for the host's
-    /// wait set.
-    pub fn for_each_conn(&self, mut f: impl FnMut(u64, &C)) {
+    /// wait set. A disconnected link is left out (its fd would poll
+    /// readable for ever): the node drains it every pass from then on,
+    /// until it is buried.
+    pub fn for_each_conn(&mut self, mut f: impl FnMut(u64, &C)) {
         for p in &self.pending {
             f(p.key, &p.conn);
         }
         for c in &self.closing {
             f(c.key, &c.conn);
         }
-        for l in self.frontends.values().chain(self.backends.values()) {
+        for (peer, l) in every_link(&mut self.frontends, &mut self.backends) {
             if l.conn.is_connected() {
                 f(l.key, &l.conn);
+            } else {
+                l.activate(peer, &mut self.active);
             }
         }
+    }
+
+    /// Before the host sleeps on the links' wait fds: arms each link that
+    /// was drained or sent to since it was last armed (see
+    /// [`Connection::arm_wait`]; shm peers then write one wake-up byte per
+    /// sleep, not one per message), and every registering or closing link,
+    /// so that anything new makes a watched fd readable. False if a link
+    /// holds input already: poll again instead of sleeping. A link armed
+    /// before and untouched since needs nothing: its peer wakes us.
+    pub fn arm_waits(&mut self) -> bool {
+        let quiet = |c: &C| c.wait_fd().is_none() || (!c.may_hold_input() && c.arm_wait());
+        if !(self.pending.iter().all(|p| quiet(&p.conn)) && self.closing.iter().all(|c| quiet(&c.conn))) {
+            return false;
+        }
+        let (frontends, backends, mut armed) = (&mut self.frontends, &mut self.backends, true);
+        self.active.retain(|&peer| {
+            let link = match peer {
+                PeerId::Frontend(id) => frontends.get_mut(&id),
+                PeerId::Backend(id) => backends.get_mut(&id),
+            };
+            // After the first link with input, the rest wait for the next try.
+            link.is_some_and(|l| {
+                armed = armed && l.arm();
+                l.active
+            })
+        });
+        armed
     }
 
     /// Changes whenever the set of links [`for_each_conn`](Self::for_each_conn)
@@ -706,14 +665,7 @@ impl<C: Connection> SchedulerNode<C> {
     }
 
     fn new_link(&self, key: u64, conn: C, now: Instant) -> Link<C> {
-        Link {
-            key,
-            conn,
-            live: Liveness::new(now, self.cfg.heartbeat, self.cfg.dead_after),
-            backlog: Backlog::default(),
-            queued: false,
-            unread: true,
-        }
+        Link::new(key, conn, Liveness::new(now, self.cfg.heartbeat, self.cfg.dead_after))
     }
 
     /// Moves registering links along: the challenge out, then the Join
@@ -767,6 +719,9 @@ impl<C: Connection> SchedulerNode<C> {
                         PeerId::Frontend(id) => self.frontends.insert(id, link),
                         PeerId::Backend(id) => self.backends.insert(id, link),
                     };
+                    self.active.push(peer);
+                    let at = self.peer_of_key.partition_point(|&(k, _)| k < p.key);
+                    self.peer_of_key.insert(at, (p.key, peer));
                     self.liveness_due = Instant::ZERO;
                     self.events.push_back(SchedulerEvent::PeerJoined(peer));
                 }
@@ -915,49 +870,76 @@ impl<C: Connection> SchedulerNode<C> {
         });
     }
 
-    /// Takes messages from every registered peer.
+    /// The links a pass reads, sorted (into `self.visit`): every one
+    /// without readiness from the host; with it, the active ones and those
+    /// whose fd the host saw readable (an armed link untouched since holds
+    /// nothing its fd does not report).
+    fn links_to_read(&mut self) {
+        let (frontends, backends) = &mut self.visit;
+        frontends.clear();
+        backends.clear();
+        let Some(readable) = &self.readable else {
+            frontends.extend(self.frontends.keys());
+            backends.extend(self.backends.keys());
+            return;
+        };
+        let peer_of = |key: &u64| self.peer_of_key.binary_search_by_key(key, |&(k, _)| k).ok().map(|i| self.peer_of_key[i].1);
+        for peer in readable.iter().filter_map(peer_of).chain(self.active.iter().copied()) {
+            match peer {
+                PeerId::Frontend(id) => frontends.push(id),
+                PeerId::Backend(id) => backends.push(id),
+            }
+        }
+        for ids in [frontends, backends] {
+            ids.sort_unstable();
+            ids.dedup();
+        }
+    }
+
+    /// Takes messages from every registered peer that may have sent some.
     fn receive(&mut self, now: Instant) -> bool {
+        self.links_to_read();
+        let (visit_frontends, visit_backends) = std::mem::take(&mut self.visit);
         let mut any = false;
         let plane = &mut self.plane;
+        let active = &mut self.active;
         let readable = self.readable.as_deref();
         // Frontends from where the last poll stopped, round robin.
-        let start = self.next_frontend;
+        let start = visit_frontends.partition_point(|&id| id < self.next_frontend);
         let mut taken = 0usize;
         let mut cut = None;
-        'links: for half in 0..2 {
-            let range = if half == 0 { self.frontends.range_mut(start..) } else { self.frontends.range_mut(..start) };
-            for (&id, link) in range {
-                if taken >= TASKS_PER_POLL {
-                    cut = Some(id);
-                    break 'links;
-                }
-                if !may_hold_messages(link, readable) {
-                    continue;
-                }
-                any |= drain_link(link, &mut self.buf, now, PeerId::Frontend(id), &mut self.dead, &self.metrics, |m, _| match m {
-                    Message::Task(t) => {
-                        taken += 1;
-                        plane.on_task(now, id, &t);
-                        true
-                    }
-                    Message::Cancel(c) => {
-                        plane.on_cancel(now, id, &c);
-                        true
-                    }
-                    Message::Tasks(list) => {
-                        taken += list.len();
-                        for t in list.iter() {
-                            plane.on_task(now, id, &t);
-                        }
-                        true
-                    }
-                    Message::BenchStamp(s) => {
-                        plane.on_bench_stamp(id, &s);
-                        true
-                    }
-                    _ => false,
-                });
+        for &id in visit_frontends[start..].iter().chain(&visit_frontends[..start]) {
+            if taken >= TASKS_PER_POLL {
+                cut = Some(id);
+                break;
             }
+            let Some(link) = self.frontends.get_mut(&id).filter(|l| may_hold_messages(l, readable)) else {
+                continue;
+            };
+            link.activate(PeerId::Frontend(id), active);
+            any |= drain_link(link, &mut self.buf, now, PeerId::Frontend(id), &mut self.dead, &self.metrics, |m, _| match m {
+                Message::Task(t) => {
+                    taken += 1;
+                    plane.on_task(now, id, &t);
+                    true
+                }
+                Message::Cancel(c) => {
+                    plane.on_cancel(now, id, &c);
+                    true
+                }
+                Message::Tasks(list) => {
+                    taken += list.len();
+                    for t in list.iter() {
+                        plane.on_task(now, id, &t);
+                    }
+                    true
+                }
+                Message::BenchStamp(s) => {
+                    plane.on_bench_stamp(id, &s);
+                    true
+                }
+                _ => false,
+            });
         }
         if let Some(id) = cut {
             // The links not reached keep their bytes (their fds stay
@@ -966,10 +948,11 @@ impl<C: Connection> SchedulerNode<C> {
             self.next_frontend = id;
             any = true;
         }
-        for (&id, link) in self.backends.iter_mut() {
-            if !may_hold_messages(link, readable) {
+        for &id in &visit_backends {
+            let Some(link) = self.backends.get_mut(&id).filter(|l| may_hold_messages(l, readable)) else {
                 continue;
-            }
+            };
+            link.activate(PeerId::Backend(id), active);
             any |= drain_link(link, &mut self.buf, now, PeerId::Backend(id), &mut self.dead, &self.metrics, |m, bytes| match m {
                 Message::BatchDone(d) => {
                     plane.on_batch_done(now, id, &d);
@@ -990,21 +973,28 @@ impl<C: Connection> SchedulerNode<C> {
         if let Some(r) = self.readable.as_mut() {
             r.clear();
         }
+        self.visit = (visit_frontends, visit_backends);
         any
     }
 
     /// Retries the sends that full queues refused; a peer whose queue
     /// stays full too long, or whose link fails, is dead.
     fn drive_backlogs(&mut self, now: Instant) {
+        if !self.backlogged {
+            return;
+        }
+        self.backlogged = false;
         let links = every_link(&mut self.frontends, &mut self.backends);
         for (peer, link) in links {
             if link.backlog.is_empty() {
                 continue;
             }
+            link.activate(peer, &mut self.active);
             if let Err(e) = link.backlog.drive(&mut link.conn, now, self.cfg.send_timeout) {
                 self.events.push_back(SchedulerEvent::SendFailed { peer, error: e.to_string() });
                 self.dead.push(peer);
             }
+            self.backlogged |= !link.backlog.is_empty();
         }
     }
 
@@ -1030,6 +1020,7 @@ impl<C: Connection> SchedulerNode<C> {
             // notices a departure) in the same call. A backlogged link
             // skips the beat: it must not overtake queued messages.
             if let Some(n) = link.live.due(now, Role::Scheduler, 0, hb).filter(|_| link.backlog.is_empty()) {
+                link.activate(peer, &mut self.active);
                 match link.conn.send(&hb[..n]) {
                     Ok(()) | Err(Error::QueueFull) => {}
                     Err(_) => self.dead.push(peer),
@@ -1059,11 +1050,13 @@ impl<C: Connection> SchedulerNode<C> {
             }) else {
                 continue;
             };
+            link.activate(peer, &mut self.active);
             if let Err(e) = link.send(now, msg) {
                 self.events.push_back(SchedulerEvent::SendFailed { peer, error: e.to_string() });
                 self.dead.push(peer);
                 continue;
             }
+            self.backlogged |= !link.backlog.is_empty();
             if !link.queued {
                 link.queued = true;
                 self.touched.push(peer);
@@ -1090,6 +1083,8 @@ impl<C: Connection> SchedulerNode<C> {
     /// Removes dead peers (closing their links) and tells the plane.
     fn bury(&mut self, now: Instant) {
         while let Some(p) = self.dead.pop() {
+            self.active.retain(|&a| a != p);
+            self.peer_of_key.retain(|&(_, a)| a != p);
             match p {
                 PeerId::Frontend(id) => {
                     if self.frontends.remove(&id).is_some() {
@@ -1138,71 +1133,12 @@ fn kind_name(m: &Message<'_>) -> &'static str {
     }
 }
 
-/// Whether draining `link` may find something, given the keys the host saw
-/// readable (None: no readiness known).
-fn may_hold_messages<C: Connection>(link: &Link<C>, readable: Option<&[u64]>) -> bool {
-    let Some(readable) = readable else { return true };
-    link.unread
-        || readable.binary_search(&link.key).is_ok()
-        || link.conn.wait_fd().is_none()
-        // A send or progress since (plans, heartbeats) may have taken its
-        // bytes off the socket: the fd is quiet, the messages are ours.
-        || link.conn.may_hold_input()
-        // The host stops watching a disconnected link's fd: its error must
-        // still be read here.
-        || !link.conn.is_connected()
-}
-
-/// Takes up to [`MSGS_PER_PEER`] messages from one peer: heartbeats are
-/// proof of life, `handle` takes the rest (false: not a message this peer
-/// may send, counted); garbage or a failed link marks the peer dead.
-/// Returns whether anything arrived.
-fn drain_link<C: Connection>(
-    link: &mut Link<C>,
-    buf: &mut [u8],
-    now: Instant,
-    peer: PeerId,
-    dead: &mut Vec<PeerId>,
-    metrics: &SchedulerMetrics,
-    mut handle: impl FnMut(Message<'_>, &[u8]) -> bool,
-) -> bool {
-    let mut any = false;
-    link.unread = true;
-    for _ in 0..MSGS_PER_PEER {
-        let n = match link.conn.try_recv(buf) {
-            Ok(Some(n)) => n,
-            Ok(None) => {
-                link.unread = false;
-                break;
-            }
-            Err(_) => {
-                dead.push(peer);
-                break;
-            }
-        };
-        any = true;
-        link.live.heard(now);
-        let bytes = &buf[..n];
-        match wire::decode(bytes) {
-            Ok(Message::Heartbeat(_)) => {}
-            Ok(m) => {
-                if !handle(m, bytes) {
-                    metrics.protocol_errors.inc();
-                }
-            }
-            Err(_) => {
-                metrics.protocol_errors.inc();
-                dead.push(peer);
-                break;
-            }
-        }
-    }
-    any
-}
-
 #[cfg(test)]
 #[path = "node_auth_tests.rs"]
 mod auth_tests;
+
+#[cfg(test)]
+mod readiness_tests;
 
 #[cfg(test)]
 mod tests {
