@@ -107,9 +107,13 @@ pub enum BackendError {
     /// The scheduler cannot be reached.
     #[error(transparent)]
     Unreachable(#[from] SchedulerUnreachable),
-    /// The scheduler refused the registration, or the node failed.
+    /// The scheduler refused the registration (its reason), or the node
+    /// cannot be set up as configured.
     #[error("{0}")]
     Node(String),
+    /// The executor refused a checked batch (a bug): the node stopped.
+    #[error("executor: {0}")]
+    Executor(#[source] std::sync::Arc<crate::exec::ExecError>),
     /// `--executor cuda` in a build without the `cuda` feature.
     #[error("executor cuda: built without CUDA support (rebuild with `--features cuda`)")]
     NoCudaSupport,
@@ -424,7 +428,8 @@ fn register<C: Connection, E: Executor>(
         while let Some(ev) = node.poll_event() {
             match ev {
                 BackendEvent::Registered => return Ok(()),
-                BackendEvent::Refused { why } | BackendEvent::Failed { why } => return Err(BackendError::Node(why)),
+                BackendEvent::Refused { why } => return Err(BackendError::Node(why)),
+                BackendEvent::Failed(failure) => return Err(BackendError::Executor(failure.0)),
                 ev => info!("{ev}"),
             }
         }
@@ -559,7 +564,7 @@ impl<C: Connection> Host<'_, C> {
             // Counted in symphony_backend_plans_fenced{reason}.
             BackendEvent::Fenced(_) => warn!("{ev}"),
             BackendEvent::LeaveUnanswered { .. } | BackendEvent::DrainTimedOut { .. } => warn!("{ev}"),
-            BackendEvent::Failed { why } => return Err(BackendError::Node(why)),
+            BackendEvent::Failed(failure) => return Err(BackendError::Executor(failure.0)),
             ev => info!("{ev}"),
         }
         Ok(())

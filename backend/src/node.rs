@@ -114,11 +114,22 @@ pub enum BackendEvent {
     /// worker's `stale_plans` / `superseded_batches`).
     Fenced(FencedPlan),
     /// The node cannot go on (the executor refused a checked batch: a bug).
-    Failed {
-        /// Why.
-        why: String,
-    },
+    Failed(ExecutorFailure),
 }
+
+/// The executor's error behind [`BackendEvent::Failed`]: shared, because
+/// events are `Clone`, and compared by its text, because events are compared
+/// in tests and an executor error is not `PartialEq`.
+#[derive(Clone, Debug)]
+pub struct ExecutorFailure(pub std::sync::Arc<crate::exec::ExecError>);
+
+impl PartialEq for ExecutorFailure {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for ExecutorFailure {}
 
 impl std::fmt::Display for BackendEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -127,8 +138,8 @@ impl std::fmt::Display for BackendEvent {
             BackendEvent::Refused { why }
             | BackendEvent::Ignored { why }
             | BackendEvent::FrontendUnreachable { why }
-            | BackendEvent::SchedulerLost { why }
-            | BackendEvent::Failed { why } => write!(f, "{why}"),
+            | BackendEvent::SchedulerLost { why } => write!(f, "{why}"),
+            BackendEvent::Failed(ExecutorFailure(e)) => write!(f, "executor: {e}"),
             BackendEvent::ConnectFrontend { id, endpoint } => {
                 write!(f, "frontend {id} announced at '{endpoint}'; connecting")
             }
@@ -753,7 +764,7 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             Ok(p) => p,
             Err(WorkerError::Executor(e)) => {
                 self.state = State::Done;
-                self.events.push_back(BackendEvent::Failed { why: format!("executor: {e}") });
+                self.events.push_back(BackendEvent::Failed(ExecutorFailure(std::sync::Arc::new(e))));
                 return true;
             }
             Err(e) => {
@@ -878,7 +889,7 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             Ok(p) => p | self.drain_fenced(),
             Err(WorkerError::Executor(e)) => {
                 self.state = State::Done;
-                self.events.push_back(BackendEvent::Failed { why: format!("executor: {e}") });
+                self.events.push_back(BackendEvent::Failed(ExecutorFailure(std::sync::Arc::new(e))));
                 true
             }
             // The old link reports its loss on every poll: not progress.

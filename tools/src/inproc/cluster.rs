@@ -994,7 +994,7 @@ impl NodeCluster {
                 BackendEvent::SchedulerLost { .. } | BackendEvent::Refused { .. } if failover => {
                     h.lost = Some((h.next_addr, now));
                 }
-                BackendEvent::SchedulerLost { .. } | BackendEvent::Refused { .. } | BackendEvent::Failed { .. } => exit = true,
+                BackendEvent::SchedulerLost { .. } | BackendEvent::Refused { .. } | BackendEvent::Failed(_) => exit = true,
                 _ => {}
             }
         }
