@@ -377,7 +377,7 @@ fn local_json_then_plot() {
                 "--iters",
                 "40",
                 "--ping-size",
-                "100",
+                "128",
                 "--json",
                 "--save",
                 &file,
@@ -399,7 +399,7 @@ fn local_json_then_plot() {
             .collect();
         assert_eq!(names, ["round", "read", "ctrl_rtt"]);
         let ctrl = &v["metrics"][2];
-        assert_eq!(ctrl["bytes"], 100);
+        assert_eq!(ctrl["bytes"], 128);
         assert_eq!(ctrl["iterations"], 40);
         assert!(
             ctrl["histogram"].as_str().unwrap().starts_with("HISTF"),
