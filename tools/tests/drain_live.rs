@@ -70,6 +70,7 @@ fn a_sigterm_drains_a_backend_without_failing_a_request_and_a_new_one_joins() {
     // The leave failed nothing back, failed no request and is no death.
     assert_eq!(sched_metric(&c, "symphony_tasks_failed_back_total"), 0.0);
     assert_eq!(sched_metric(&c, "symphony_backend_deaths_total"), 0.0);
+    assert_eq!(sched_metric(&c, "symphony_backends_drained_total"), 1.0);
     assert_eq!(sched_metric(&c, "symphony_gpus_online"), 2.0);
     let r = &drained_load;
     assert!(r.balanced() && r.wrong_id == 0 && r.wrong_output == 0, "{r}");

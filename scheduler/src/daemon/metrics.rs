@@ -285,6 +285,8 @@ pub struct SchedulerMetrics {
     pub refused: Vec<Counter>,
     /// Backends declared dead.
     pub backend_deaths: Counter,
+    /// Backends that left after their drain was released (not deaths).
+    pub backends_drained: Counter,
     /// Frontends declared dead.
     pub frontend_deaths: Counter,
     /// Planned GPU busy time, ns (sum of `l(b)` of dispatched batches).
@@ -414,6 +416,7 @@ impl SchedulerMetrics {
         let unowned_plans_held = counter(&r, "symphony_unowned_plans_held", "Plans of a model that moved to another group, held back (their tasks answered moved)");
         let protocol_errors = counter(&r, "symphony_protocol_errors", "Peer messages that broke the protocol");
         let backend_deaths = counter(&r, "symphony_backend_deaths", "Backends declared dead");
+        let backends_drained = counter(&r, "symphony_backends_drained", "Backends that left after their drain was released (not deaths)");
         let frontend_deaths = counter(&r, "symphony_frontend_deaths", "Frontends declared dead");
         let drops = metrics::labelled(
             &r,
@@ -502,6 +505,7 @@ impl SchedulerMetrics {
             protocol_errors,
             refused,
             backend_deaths,
+            backends_drained,
             frontend_deaths,
             planned_busy_ns,
             actual_busy_ns,

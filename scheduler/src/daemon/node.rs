@@ -204,7 +204,7 @@ impl std::fmt::Display for SchedulerEvent {
             }
             SchedulerEvent::PeerLost(PeerId::Frontend(id)) => write!(f, "frontend {id} is gone"),
             SchedulerEvent::PeerLost(PeerId::Backend(id)) => {
-                write!(f, "backend {id} is gone; failing back its batches")
+                write!(f, "backend {id} is gone (what it had in flight fails back; a released drain had none)")
             }
             SchedulerEvent::BatchesExpired { count } => write!(
                 f,

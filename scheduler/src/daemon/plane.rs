@@ -130,8 +130,6 @@ pub struct ControlPlane {
     actions: Actions,
     metrics: Arc<SchedulerMetrics>,
     stopping: bool,
-    /// Backends that left after their drain was released (not deaths).
-    drained_backends: u64,
 }
 
 /// Why a control plane cannot be built from its sub-clusters.
@@ -206,7 +204,6 @@ impl ControlPlane {
             actions: Actions::default(),
             metrics,
             stopping: false,
-            drained_backends: 0,
         })
     }
 
@@ -657,7 +654,7 @@ impl ControlPlane {
             // A graceful leave: nothing of it is in flight (unless the
             // pinned engine's rings still held a plan for it, failed back
             // below as from a crash).
-            self.drained_backends += 1;
+            self.metrics.backends_drained.inc();
         } else {
             self.metrics.backend_deaths.inc();
         }
@@ -714,11 +711,6 @@ impl ControlPlane {
     fn send_released(&mut self, id: u32) {
         let released = wire::Drain::released(id);
         self.dispatch.outbox().push(PeerId::Backend(id), |b| wire::encode(b, &released));
-    }
-
-    /// Backends that left after a released drain (not counted as deaths).
-    pub fn drained_backends(&self) -> u64 {
-        self.drained_backends
     }
 
     /// Backends draining or released and still linked.

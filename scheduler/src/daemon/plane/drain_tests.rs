@@ -124,7 +124,7 @@ fn a_draining_backend_gets_no_new_plan_is_released_after_its_last_report_and_lea
     p.backend_left(now, 10);
     take(&mut p, &mut sent);
     assert!(sent.answers.iter().all(|a| !a.1.starts_with("failed")), "nothing failed back: {:?}", sent.answers);
-    assert_eq!((p.drained_backends(), p.metrics().backend_deaths.get()), (1, deaths));
+    assert_eq!((p.metrics().backends_drained.get(), p.metrics().backend_deaths.get()), (1, deaths));
     assert_eq!((p.draining_backends(), p.peers().1), (0, 1));
 }
 
