@@ -22,10 +22,28 @@ use std::time::{Duration, Instant};
 
 use dataplane::control::{http_get, metric};
 use dataplane::join::{JoinToken, TOKEN_ENV};
-use frontend::loadgen::{LoadConfig, LoadModel};
+use frontend::loadgen::{LoadConfig, LoadModel, LoadReport};
 use frontend::models::ModelCatalog;
 use scheduler::sim::Workload;
 use scheduler::zoo::ModelSpec;
+
+/// Runs `cfg` to its end on a one-worker runtime of its own (the load
+/// generator beside a cluster of processes: tests, `up --groups`).
+pub fn run_load(cfg: LoadConfig) -> Result<LoadReport, RunLoadError> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    Ok(rt.block_on(frontend::loadgen::run(cfg))?)
+}
+
+/// Why [`run_load`] produced no report.
+#[derive(Debug, thiserror::Error)]
+pub enum RunLoadError {
+    /// The load generator's runtime could not start.
+    #[error("load generator runtime: {0}")]
+    Runtime(#[from] std::io::Error),
+    /// The load generator failed.
+    #[error(transparent)]
+    Load(#[from] frontend::loadgen::LoadError),
+}
 
 /// An open-loop HTTP load of `rate` rps (Poisson, equal split over
 /// `models`, whose ids are their indices) for `secs` against `targets`,
@@ -109,6 +127,11 @@ pub struct ClusterSpec {
 }
 
 impl ClusterSpec {
+    /// Where daemon `name`'s stderr goes (`log_dir/<name>.log`; none: inherited).
+    pub fn log_path(&self, name: &str) -> Option<PathBuf> {
+        self.log_dir.as_ref().map(|dir| dir.join(format!("{name}.log")))
+    }
+
     /// Defaults: shm, `wait` idle, 2 frontends, 2 backends x 1 GPU.
     pub fn new(exe: PathBuf, zoo: &str, models: &str) -> Self {
         ClusterSpec {
@@ -431,10 +454,11 @@ fn daemon_command(spec: &ClusterSpec, name: &str, role: &str, args: &[String], t
         None => cmd.env_remove(TOKEN_ENV),
     };
     cmd.stdin(Stdio::null()).stdout(Stdio::piped());
-    match &spec.log_dir {
-        Some(dir) => {
-            std::fs::create_dir_all(dir).map_err(|source| ClusterError::LogFile { path: dir.clone(), source })?;
-            let path = dir.join(format!("{name}.log"));
+    match spec.log_path(name) {
+        Some(path) => {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).map_err(|source| ClusterError::LogFile { path: dir.to_path_buf(), source })?;
+            }
             let f = std::fs::File::create(&path).map_err(|source| ClusterError::LogFile { path, source })?;
             cmd.stderr(f);
         }

@@ -23,7 +23,7 @@ use std::time::{Duration as StdDuration, Instant};
 
 use dataplane::control::{metric, unused_port};
 use dataplane::join::JoinToken;
-use frontend::loadgen::{self, LoadReport};
+use frontend::loadgen::LoadReport;
 use scheduler::election::{Etcd, EtcdConfig, LocalEtcd};
 use scheduler::routes::{RouteGroup, RouteTable, DEFAULT_ROUTES_KEY};
 use serde::Serialize;
@@ -264,8 +264,7 @@ fn drive(
     let start = Instant::now();
     let (report, applied) = std::thread::scope(|s| {
         let h = s.spawn(move || -> Result<LoadReport, GroupsError> {
-            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().map_err(err)?;
-            rt.block_on(loadgen::run(load_cfg)).map_err(err)
+            crate::cluster::run_load(load_cfg).map_err(err)
         });
         let reroute = Reroute { r, daemons, per_group, endpoints, moved, sched_a, start };
         let applied = reroute.run(added.as_mut());

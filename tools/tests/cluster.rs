@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration as StdDuration, Instant};
 
 use dataplane::control::{metric, metric_sum};
-use frontend::loadgen::{self, LoadReport};
+use frontend::loadgen::LoadReport;
 use tools::cluster::{ClusterSpec, LocalCluster};
 
 const MODELS: &str = "ResNet50,DenseNet121";
@@ -35,8 +35,7 @@ fn load(c: &LocalCluster, rate: f64, secs: f64, seed: u64) -> LoadReport {
     let specs = scheduler::zoo::cluster_models("a100", MODELS, &[EXTRA.to_string()]).unwrap();
     let mut cfg = tools::cluster::load_config(&specs, c.http_addrs().unwrap(), rate, secs, seed);
     cfg.max_in_flight = 4096;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    rt.block_on(loadgen::run(cfg)).unwrap()
+    tools::cluster::run_load(cfg).unwrap()
 }
 
 

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration as StdDuration, Instant};
 
 use dataplane::control::metric;
-use frontend::loadgen::{self, LoadReport};
+use frontend::loadgen::LoadReport;
 use tools::cluster::{spawn, ClusterSpec, LocalCluster};
 
 const MODELS: &str = "ResNet50,DenseNet121";
@@ -27,12 +27,11 @@ fn spec() -> ClusterSpec {
 fn load(c: &LocalCluster, rate: f64, secs: f64, seed: u64) -> LoadReport {
     let specs = scheduler::zoo::cluster_models("a100", MODELS, &[]).unwrap();
     let cfg = tools::cluster::load_config(&specs, c.http_addrs().unwrap(), rate, secs, seed);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    rt.block_on(loadgen::run(cfg)).unwrap()
+    tools::cluster::run_load(cfg).unwrap()
 }
 
 fn log(s: &ClusterSpec, name: &str) -> String {
-    std::fs::read_to_string(s.log_dir.as_ref().unwrap().join(format!("{name}.log"))).unwrap_or_default()
+    s.log_path(name).and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default()
 }
 
 /// The scheduler's value of `name` (NaN if absent).

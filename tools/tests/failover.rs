@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::{Duration as StdDuration, Instant};
 
 use dataplane::control::metric;
-use frontend::loadgen::{self, LoadReport};
+use frontend::loadgen::LoadReport;
 use tools::cluster::{ClusterSpec, LocalCluster};
 
 const MODELS: &str = "ResNet50";
@@ -29,8 +29,7 @@ fn load(c: &LocalCluster, rate: f64, secs: f64, seed: u64) -> LoadReport {
 fn load_at(addrs: Vec<std::net::SocketAddr>, rate: f64, secs: f64, seed: u64) -> LoadReport {
     let specs = scheduler::zoo::cluster_models("a100", MODELS, &[]).unwrap();
     let cfg = tools::cluster::load_config(&specs, addrs, rate, secs, seed);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    rt.block_on(loadgen::run(cfg)).unwrap()
+    tools::cluster::run_load(cfg).unwrap()
 }
 
 fn sched(c: &LocalCluster, name: &str) -> f64 {
