@@ -959,7 +959,7 @@ impl<C: Connection> SchedulerNode<C> {
                     true
                 }
                 Message::Completion(h, _) => {
-                    plane.on_rerouted_completion(bytes, h.task_id);
+                    plane.on_rerouted_completion(bytes, &h);
                     true
                 }
                 // A graceful leave (issue 52): see `ControlPlane::backend_draining`.

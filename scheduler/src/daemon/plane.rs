@@ -921,9 +921,10 @@ impl ControlPlane {
     /// A completion a backend could not deliver itself (its frontend was
     /// unknown to it or gone): forwarded if the frontend is live, which
     /// the task id names.
-    pub fn on_rerouted_completion(&mut self, msg: &[u8], task_id: u64) {
-        let f = TaskId(task_id).frontend();
-        self.dispatch.forward(f, msg, self.members.frontend_live(f));
+    pub fn on_rerouted_completion(&mut self, msg: &[u8], head: &wire::CompletionHead) {
+        let f = TaskId(head.task_id).frontend();
+        let signed = head.capability != [0u8; dataplane::capability::CAPABILITY_LEN];
+        self.dispatch.forward(f, msg, self.members.frontend_live(f), signed);
     }
 
     // --- timers and shutdown ------------------------------------------------

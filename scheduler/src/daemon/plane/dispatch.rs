@@ -95,9 +95,8 @@ impl Dispatch {
     /// With capabilities on, an unsigned one is not forwarded (counted
     /// undeliverable): only the scheduler's own answers are unsigned, and
     /// the frontend takes those (failures) from this link unchecked.
-    pub(super) fn forward(&mut self, frontend: u32, msg: &[u8], live: bool) {
-        let unsigned = || matches!(wire::decode(msg), Ok(wire::Message::Completion(h, _)) if h.capability == [0u8; CAPABILITY_LEN]);
-        if !live || (self.capabilities.is_some() && unsigned()) {
+    pub(super) fn forward(&mut self, frontend: u32, msg: &[u8], live: bool, signed: bool) {
+        if !live || (self.capabilities.is_some() && !signed) {
             self.metrics.undeliverable.inc();
             return;
         }
@@ -176,16 +175,16 @@ mod tests {
         let metrics = Arc::new(SchedulerMetrics::new(&[]));
         let mut d = Dispatch::new(metrics.clone());
         // Open membership: forwarded as it came.
-        d.forward(1, &completion([0u8; CAPABILITY_LEN]), true);
+        d.forward(1, &completion([0u8; CAPABILITY_LEN]), true, false);
         assert_eq!(d.outbox().len(), 1);
         d.outbox().clear();
         let key = CapabilityKey::from_token(&JoinToken::new(b"correct horse battery staple").unwrap());
         d.set_capability_key(Some(key.clone()));
-        d.forward(1, &completion([0u8; CAPABILITY_LEN]), true);
+        d.forward(1, &completion([0u8; CAPABILITY_LEN]), true, false);
         assert!(d.outbox().is_empty(), "an unsigned completion is the scheduler's own kind: not relayed");
         assert_eq!(metrics.undeliverable.get(), 1);
         // Signed (the frontend checks the capability itself).
-        d.forward(1, &completion([9u8; CAPABILITY_LEN]), true);
+        d.forward(1, &completion([9u8; CAPABILITY_LEN]), true, true);
         assert_eq!(d.outbox().len(), 1);
         assert_eq!(metrics.forwarded.get(), 2);
     }
