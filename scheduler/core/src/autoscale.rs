@@ -146,6 +146,15 @@ pub enum ScaleError {
         /// The policy.
         policy: String,
     },
+    /// What owns the GPUs failed to act (an API server refused or did not
+    /// answer, a process did not start); the next interval tries again.
+    #[error("{provider}: {reason}")]
+    Provider {
+        /// The provider (`kubernetes`, `local`).
+        provider: &'static str,
+        /// What failed, with its cause.
+        reason: String,
+    },
 }
 
 /// What owns the GPUs: adds, drains and reports them. Implemented by the
