@@ -506,6 +506,15 @@ fn common_args(spec: &ClusterSpec, extra: &[String]) -> Vec<String> {
     v
 }
 
+/// Backend `id`'s flags, registering with the schedulers at `control`
+/// (comma-separated).
+pub fn backend_args(spec: &ClusterSpec, id: u32, control: &str) -> Vec<String> {
+    let mut v = common_args(spec, &spec.backend_flags);
+    v.extend(["--id".into(), id.to_string(), "--scheduler".into(), control.to_string()]);
+    v.extend(["--gpus-per-backend".into(), spec.gpus_per_backend.to_string()]);
+    v
+}
+
 /// The scheduler's flags (without `--listen`).
 fn scheduler_args(spec: &ClusterSpec) -> Vec<String> {
     let mut v = common_args(spec, &spec.scheduler_flags);
@@ -627,15 +636,7 @@ impl LocalCluster {
             // Plans say "start in exec_in" from the moment the scheduler
             // sent them; the backend starts that long after receipt minus
             // the control delay the scheduler charged and announced.
-            let mut args = common(&spec.backend_flags);
-            args.extend([
-                "--id".into(),
-                b.to_string(),
-                "--scheduler".into(),
-                control.clone(),
-                "--gpus-per-backend".into(),
-                spec.gpus_per_backend.to_string(),
-            ]);
+            let args = backend_args(spec, b, &control);
             let d = spawn(spec, &format!("backend-{b}"), "backend", args, Some(&cluster.join_token), deadline)?;
             cluster.backends.push(d);
         }
