@@ -86,6 +86,8 @@ pub struct LocalBackends {
     next_id: u32,
     max_backends: u32,
     backends: Vec<Local>,
+    /// The ids of the backends it was given running.
+    initial: Vec<u32>,
     events: Vec<MemberEvent>,
     exited: Vec<Daemon>,
 }
@@ -106,6 +108,7 @@ impl LocalBackends {
             control: control.to_string(),
             token: token.clone(),
             next_id: backends.len() as u32 + 1,
+            initial: backends.iter().map(|b| b.id).collect(),
             max_backends,
             backends,
             events: Vec::new(),
@@ -116,6 +119,11 @@ impl LocalBackends {
     /// Every change so far, in order.
     pub fn events(&self) -> &[MemberEvent] {
         &self.events
+    }
+
+    /// The ids of the backends it was given running.
+    pub fn initial_backends(&self) -> &[u32] {
+        &self.initial
     }
 
     /// Backends started (joining, serving or draining) now.
@@ -171,19 +179,42 @@ impl LocalBackends {
         }
     }
 
-    /// Starts backend `id`, waiting for its READY line.
-    fn start(&mut self, now: Instant, id: u32) -> Result<(), ScaleError> {
-        let args = backend_args(&self.spec, id, &self.control);
-        let t0 = StdInstant::now();
-        let deadline = t0 + self.spec.start_timeout;
-        let daemon = spawn(&self.spec, &format!("backend-{id}"), "backend", args, Some(&self.token), deadline).map_err(|e| {
-            warn!(backend = id, "a local backend did not start: {e}");
-            ScaleError::NoCapacity { wanted: self.gpus_per_backend(), available: 0 }
-        })?;
-        let register_ms = t0.elapsed().as_secs_f64() * 1e3;
-        info!(backend = id, register_ms, "autoscale: started a backend");
-        self.events.push(MemberEvent { at: now, backend: id, what: MemberChange::Started { register_ms } });
-        self.backends.push(Local { id, daemon, phase: BackendPhase::Joining, added_at: now });
+    /// Starts backends `ids` at once, waiting for each one's READY line;
+    /// those that did not start are reported (and not members).
+    fn start(&mut self, now: Instant, ids: &[u32]) -> Result<(), ScaleError> {
+        let (spec, token, control) = (&self.spec, &self.token, self.control.as_str());
+        let started: Vec<(u32, Result<Daemon, _>, f64)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = ids
+                .iter()
+                .map(|&id| {
+                    scope.spawn(move || {
+                        let t0 = StdInstant::now();
+                        let args = backend_args(spec, id, control);
+                        let d = spawn(spec, &format!("backend-{id}"), "backend", args, Some(token), t0 + spec.start_timeout);
+                        (id, d, t0.elapsed().as_secs_f64() * 1e3)
+                    })
+                })
+                .collect();
+            handles.into_iter().filter_map(|h| h.join().ok()).collect()
+        });
+        let mut failed = 0;
+        for (id, daemon, register_ms) in started {
+            match daemon {
+                Ok(daemon) => {
+                    info!(backend = id, register_ms, "autoscale: started a backend");
+                    self.events.push(MemberEvent { at: now, backend: id, what: MemberChange::Started { register_ms } });
+                    self.backends.push(Local { id, daemon, phase: BackendPhase::Joining, added_at: now });
+                }
+                Err(e) => {
+                    warn!(backend = id, "a local backend did not start: {e}");
+                    failed += 1;
+                }
+            }
+        }
+        if failed > 0 {
+            let per = self.gpus_per_backend();
+            return Err(ScaleError::NoCapacity { wanted: ids.len() as u32 * per, available: (ids.len() as u32 - failed) * per });
+        }
         Ok(())
     }
 }
@@ -196,14 +227,10 @@ impl ScaleProvider for LocalBackends {
         if wanted > available {
             return Err(ScaleError::NoCapacity { wanted: n, available: available * per });
         }
-        let mut ids = Vec::with_capacity((wanted * per) as usize);
-        for _ in 0..wanted {
-            let id = self.next_id;
-            self.next_id += 1;
-            self.start(now, id)?;
-            ids.extend((0..per).map(|g| id * per + g));
-        }
-        Ok(ids)
+        let backends: Vec<u32> = (self.next_id..self.next_id + wanted).collect();
+        self.next_id += wanted;
+        self.start(now, &backends)?;
+        Ok(backends.iter().flat_map(|&id| (0..per).map(move |g| id * per + g)).collect())
     }
 
     fn drain_gpus(&mut self, now: Instant, gpus: &[GpuId]) -> Result<(), ScaleError> {

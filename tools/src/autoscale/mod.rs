@@ -293,10 +293,11 @@ impl<P: Provider, S: SignalSource> Controller<P, S> {
     }
 
     /// Ticks every interval on `clock` until `stop()` (checked every
-    /// 50 ms); each tick's outcome goes to `on_tick`. A tick that fails
-    /// is logged and the next one tried: a scheduler briefly unreachable
-    /// (a failover) or a provider refusing stops nothing.
-    pub fn run(&mut self, clock: &MonotonicClock, stop: &dyn Fn() -> bool, on_tick: &mut dyn FnMut(&Tick)) {
+    /// 50 ms); each tick's outcome goes to `on_tick` with the provider as
+    /// it left it. A tick that fails is logged and the next one tried: a
+    /// scheduler briefly unreachable (a failover) or a provider refusing
+    /// stops nothing.
+    pub fn run(&mut self, clock: &MonotonicClock, stop: &dyn Fn() -> bool, on_tick: &mut dyn FnMut(&Tick, &P)) {
         let mut next = clock.now();
         while !stop() {
             let now = clock.now();
@@ -307,7 +308,7 @@ impl<P: Provider, S: SignalSource> Controller<P, S> {
             }
             next = now + self.interval;
             match self.tick(now) {
-                Ok(Some(t)) => on_tick(&t),
+                Ok(Some(t)) => on_tick(&t, &self.provider),
                 Ok(None) => {}
                 Err(e) => warn!("autoscale: {e}"),
             }
