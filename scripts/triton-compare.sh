@@ -28,11 +28,12 @@
 #   batch, late starts and the scheduler's dispatch lag; in the JSON as server_stages.
 # Output: DIR/summary.md (+ DIR/*.jsonl, one line per rung); with --json one JSON object on
 #   stdout, with "goodput_ratio" (Symphony / Triton's best) per case.
-# --pa-sweep: instead of the cases, does perf_analyzer (default settings, HTTP, ppocr_cls, 1
-#   instance) complete against each server at every concurrency 1..32 (quick: 1 2 4 8 16 24 32)
-#   and every rate of the ppocr_cls ladder (Poisson request-rate mode)? One row per point: done
-#   or aborted, with perf_analyzer's first error line (it aborts a measurement on any failed
-#   request). Output DIR/pa-sweep.md.
+# --pa-sweep: instead of the cases, does perf_analyzer (default settings, HTTP, 1 instance)
+#   complete against each server at every concurrency 1..32 (quick: 1 2 4 8 16 24 32) and every
+#   rate of the model's ladder (Poisson request-rate mode), for ppocr_cls and open_nsfw (env
+#   PA_MODELS)? One row per point: done or aborted, with perf_analyzer's first error line (it
+#   aborts a measurement on any failed request; ours serves late answers by default, so what
+#   misses its SLO is answered late, as Triton does). Output DIR/pa-sweep.md.
 # --quick: ppocr_cls:1, open_nsfw:1 and multi:2 over HTTP, 2.5 s rungs, Triton tuned on the
 #   first case only: under 5 minutes once installed and built.
 # Installs (cached in target/triton-ref, TRITON_DIR): the reference Triton of
@@ -234,45 +235,49 @@ closed_loop() {  # closed_loop LABEL MODEL: perf_analyzer HTTP at concurrency 1,
 }
 
 # ---------------------------------------------------------------- perf_analyzer sweep
-# pa_point LABEL ARGS...: one perf_analyzer measurement; prints "done IPS P99_MS" or
+# pa_point LABEL MODEL ARGS...: one perf_analyzer measurement; prints "done IPS P99_MS" or
 # "aborted: FIRST ERROR LINE"
 pa_point() {
-  local label=$1; shift
+  local label=$1 model=$2; shift 2
   if LD_LIBRARY_PATH="$cudart${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 90 "$venv/bin/perf_analyzer" \
-    -m ppocr_cls -u "$http_url" -i http -b 1 --measurement-interval 2000 --stability-percentage 100 \
+    -m "$model" -u "$http_url" -i http -b 1 --measurement-interval 2000 --stability-percentage 100 \
     --max-trials 3 -f "$out/pa-$label.csv" "$@" > "$out/pa-$label.log" 2>&1 && [ -s "$out/pa-$label.csv" ]; then
     awk -F, 'NR==1{for(i=1;i<=NF;i++)c[$i]=i;next} NR==2{printf "done %.0f/s p99 %.2f ms\n", $c["Inferences/Second"], $c["p99 latency"]/1000}' "$out/pa-$label.csv"
   else
     # a failed request ("error"), or no stable measurement within its trials (a noisy host)
-    echo "aborted: $(grep -m1 -i -e "error" -e "failed to obtain" "$out/pa-$label.log" | cut -c1-160)"
+    echo "aborted: $(grep -m1 -i -e "error" -e "failed to obtain" -e "unstable" "$out/pa-$label.log" | cut -c1-160)"
   fi
 }
 if [ "$pa_sweep" = 1 ]; then
   if [ "$quick" = 1 ]; then concs="1 2 4 8 16 24 32"; else concs=$(seq 1 32); fi
-  cap=$(cap_of ppocr_cls 1)
-  prates=$(for f in $fracs; do awk -v c="$cap" -v f="$f" 'BEGIN{printf "%d ", c * f}'; done)
+  pa_models=${PA_MODELS:-ppocr_cls open_nsfw}
   {
-    echo "# perf_analyzer 2.41.1 (default settings, HTTP, ppocr_cls, 1 instance) against both servers"
+    echo "# perf_analyzer 2.41.1 (default settings, HTTP, 1 instance) against both servers"
     echo "machine: $(nproc) cores ($(lscpu | sed -n 's/^Model name: *//p')), load avg $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%Y-%m-%dT%H:%MZ)"
-    echo; echo "| point | Symphony | Triton (delay 0 us) |"; echo "|---|---|---|"
   } > "$out/pa-sweep.md"
-  declare -A res_ours res_tri
-  for who in ours triton; do
-    if [ "$who" = ours ]; then start_ours 1 ppocr_cls; else start_triton 0 none 1 ppocr_cls; fi
-    for c in $concs; do
-      r=$(pa_point "$who-c$c" --shape x:3,48,192 --concurrency-range "$c")
-      if [ "$who" = ours ]; then res_ours[c$c]=$r; else res_tri[c$c]=$r; fi
-      log "$who concurrency $c: $r"
+  declare -A res
+  for m in $pa_models; do
+    cap=$(cap_of "$m" 1)
+    prates=$(for f in $fracs; do awk -v c="$cap" -v f="$f" 'BEGIN{r = c * f; printf "%s ", (r < 10 ? sprintf("%.1f", r) : sprintf("%d", r))}'; done)
+    for who in ours triton; do
+      if [ "$who" = ours ]; then start_ours 1 "$m"; else start_triton 0 none 1 "$m"; fi
+      for c in $concs; do
+        res[$m-$who-c$c]=$(pa_point "$who-$m-c$c" "$m" --concurrency-range "$c")
+        log "$m $who concurrency $c: ${res[$m-$who-c$c]}"
+      done
+      for r in $prates; do
+        res[$m-$who-r$r]=$(pa_point "$who-$m-r$r" "$m" --request-rate-range "$r:$r:1" --request-distribution poisson)
+        log "$m $who rate $r: ${res[$m-$who-r$r]}"
+      done
+      stop_server
     done
-    for r in $prates; do
-      x=$(pa_point "$who-r$r" --shape x:3,48,192 --request-rate-range "$r:$r:1" --request-distribution poisson)
-      if [ "$who" = ours ]; then res_ours[r$r]=$x; else res_tri[r$r]=$x; fi
-      log "$who rate $r: $x"
-    done
-    stop_server
+    {
+      echo; echo "## $m (SLO $(slo_of "$m") ms, capacity estimate $cap req/s)"; echo
+      echo "| point | Symphony | Triton (delay 0 us) |"; echo "|---|---|---|"
+      for c in $concs; do echo "| concurrency $c | ${res[$m-ours-c$c]} | ${res[$m-triton-c$c]} |"; done
+      for r in $prates; do echo "| Poisson $r req/s | ${res[$m-ours-r$r]} | ${res[$m-triton-r$r]} |"; done
+    } >> "$out/pa-sweep.md"
   done
-  for c in $concs; do echo "| concurrency $c | ${res_ours[c$c]} | ${res_tri[c$c]} |"; done >> "$out/pa-sweep.md"
-  for r in $prates; do echo "| Poisson $r req/s | ${res_ours[r$r]} | ${res_tri[r$r]} |"; done >> "$out/pa-sweep.md"
   cat "$out/pa-sweep.md"
   exit 0
 fi

@@ -5,6 +5,61 @@ use crate::tensor::{DataType, TensorSpec};
 pub use dataplane::reference::{DEFAULT_INPUT_BYTES, DEFAULT_OUTPUT_BYTES};
 use scheduler_core::zoo::ModelSpec;
 use std::collections::HashMap;
+use std::time::Duration;
+
+/// What the frontend does with a request the cluster drops because it
+/// cannot finish by its deadline (`deadline_unmeetable`, `early_drop`).
+/// Per model: `parameters { key: "late_answers" value { string_value:
+/// "serve" | "refuse" } }` in its config.pbtxt, and for `serve` the bound
+/// `late_answers_max_ms`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LateAnswers {
+    /// Answer the drop at once, as an error (HTTP 503 / gRPC UNAVAILABLE
+    /// with the reason): the paper's early refusal, so a client can go
+    /// elsewhere while there is time. The zoo's models.
+    Refuse,
+    /// Queue it again with a fresh SLO and answer it late, as Triton
+    /// answers a request that waited past any delay (its default queue
+    /// policy has no timeout), until it has waited `max_wait` in all;
+    /// then it is refused as above. Its answer counts as late (outcome
+    /// `late` per level), never as good. Memory stays bounded: a waiting
+    /// request holds one staging slot, as on its first try. The default
+    /// of a model-repository model.
+    Serve {
+        /// The longest a request is kept, from its arrival.
+        max_wait: Duration,
+    },
+}
+
+/// Parameter choosing [`LateAnswers`].
+pub const LATE_ANSWERS_KEY: &str = "late_answers";
+/// Parameter bounding [`LateAnswers::Serve`]'s wait, milliseconds.
+pub const LATE_ANSWERS_MAX_KEY: &str = "late_answers_max_ms";
+/// [`LateAnswers::Serve`]'s default bound, in SLOs.
+pub const LATE_ANSWERS_MAX_SLOS: u32 = 10;
+
+impl LateAnswers {
+    /// The choice of a repository model whose SLO is `slo` and whose
+    /// config.pbtxt has `parameters` (key, value): serve late unless
+    /// `late_answers` says `refuse`; the bound `late_answers_max_ms` or
+    /// [`LATE_ANSWERS_MAX_SLOS`] SLOs. A value it cannot read is an error
+    /// naming the parameter.
+    pub fn from_parameters(parameters: &[(String, String)], slo: Duration) -> Result<Self, String> {
+        let value = |key: &str| parameters.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.trim());
+        let max_wait = match value(LATE_ANSWERS_MAX_KEY) {
+            None => slo.saturating_mul(LATE_ANSWERS_MAX_SLOS),
+            Some(v) => match v.parse::<f64>() {
+                Ok(ms) if ms.is_finite() && ms > 0.0 && ms <= 3_600_000.0 => Duration::from_secs_f64(ms / 1e3),
+                _ => return Err(format!("parameters[{LATE_ANSWERS_MAX_KEY}]: {v:?} is not a number of milliseconds in (0, 3600000]")),
+            },
+        };
+        match value(LATE_ANSWERS_KEY) {
+            None | Some("serve") => Ok(LateAnswers::Serve { max_wait }),
+            Some("refuse") => Ok(LateAnswers::Refuse),
+            Some(v) => Err(format!("parameters[{LATE_ANSWERS_KEY}]: {v:?} is neither \"serve\" nor \"refuse\"")),
+        }
+    }
+}
 
 /// Default declared input: `INPUT0`, FP32 `[1, 16]`
 /// ([`DEFAULT_INPUT_BYTES`]). Small on purpose: the
@@ -52,6 +107,8 @@ pub struct ModelEntry {
 pub struct ModelCatalog {
     entries: Vec<ModelEntry>,
     by_name: HashMap<String, u32>,
+    /// Each model's [`LateAnswers`], by id.
+    late: Vec<LateAnswers>,
 }
 
 impl ModelCatalog {
@@ -92,13 +149,15 @@ impl ModelCatalog {
                         tensor(o)?,
                         m.latest().version,
                         cfg.platform.clone(),
+                        late_answers_of(m),
                     )),
                     _ => None,
                 }
             });
             match found {
-                Some((input, output, version, platform)) => {
+                Some((input, output, version, platform, late)) => {
                     let id = c.push(s.clone(), input, output);
+                    c.late[id as usize] = late;
                     let e = &mut c.entries[id as usize];
                     e.version = version.to_string();
                     e.platform = if platform.is_empty() {
@@ -129,7 +188,25 @@ impl ModelCatalog {
             version: "1".into(),
             platform: "symphony_emulated".into(),
         });
+        self.late.push(LateAnswers::Refuse);
         id
+    }
+
+    /// What model `id` does with a request that cannot meet its deadline
+    /// ([`LateAnswers::Refuse`] for an id outside the catalog).
+    pub fn late_answers(&self, id: u32) -> LateAnswers {
+        self.late.get(id as usize).copied().unwrap_or(LateAnswers::Refuse)
+    }
+
+    /// Sets model `id`'s [`LateAnswers`]; false if there is no such model.
+    pub fn set_late_answers(&mut self, id: u32, late: LateAnswers) -> bool {
+        match self.late.get_mut(id as usize) {
+            Some(l) => {
+                *l = late;
+                true
+            }
+            None => false,
+        }
     }
 
     /// The model named `name`.
@@ -166,6 +243,16 @@ impl ModelCatalog {
             .max()
             .unwrap_or(0)
     }
+}
+
+/// A repository model's [`LateAnswers`]; a parameter it cannot read
+/// leaves the default (serve late, [`LATE_ANSWERS_MAX_SLOS`] SLOs) and is
+/// logged, as the model itself still serves.
+fn late_answers_of(m: &scheduler_core::repository::RepoModel) -> LateAnswers {
+    LateAnswers::from_parameters(&m.config.parameters, m.slo()).unwrap_or_else(|e| {
+        tracing::warn!(model = m.name(), "{}: {e}; serving late answers by default", m.config_path.display());
+        LateAnswers::Serve { max_wait: m.slo().saturating_mul(LATE_ANSWERS_MAX_SLOS) }
+    })
 }
 
 /// Which catalog models take requests (the model-control extension's
@@ -255,6 +342,25 @@ mod tests {
         wait_b.await.unwrap();
         // Already unloaded: at once.
         states.unloaded(1).await;
+    }
+
+    #[test]
+    fn late_answers_read_from_parameters_default_to_serving_ten_slos() {
+        let slo = Duration::from_millis(20);
+        let p = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>();
+        assert_eq!(LateAnswers::from_parameters(&p(&[]), slo), Ok(LateAnswers::Serve { max_wait: Duration::from_millis(200) }));
+        assert_eq!(LateAnswers::from_parameters(&p(&[("late_answers", "refuse")]), slo), Ok(LateAnswers::Refuse));
+        assert_eq!(
+            LateAnswers::from_parameters(&p(&[("late_answers", " serve "), ("late_answers_max_ms", "1500")]), slo),
+            Ok(LateAnswers::Serve { max_wait: Duration::from_millis(1500) })
+        );
+        for bad in [("late_answers", "queue"), ("late_answers_max_ms", "-1"), ("late_answers_max_ms", "NaN"), ("late_answers_max_ms", "1e99")] {
+            let e = LateAnswers::from_parameters(&p(&[bad]), slo).unwrap_err();
+            assert!(e.contains(bad.0), "{e}");
+        }
+        let c = ModelCatalog::with_default_tensors(&[scheduler_core::zoo::ModelSpec::linear("a", 1.0, 1.0, 50.0).unwrap()]);
+        assert_eq!(c.late_answers(0), LateAnswers::Refuse, "the zoo's models refuse early");
+        assert_eq!(c.late_answers(9), LateAnswers::Refuse);
     }
 
     #[test]

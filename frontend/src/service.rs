@@ -5,7 +5,7 @@
 //! transport to the scheduler, or the in-process cluster in tests).
 
 use crate::metrics::{Execution, LevelOutcome, Metrics, Stage};
-use crate::models::{ModelCatalog, ModelEntry, ModelStates};
+use crate::models::{LateAnswers, ModelCatalog, ModelEntry, ModelStates};
 use crate::staging::{CounterSnapshot, Outcome, RequestOptions, StageError, Staging, Ticket};
 use dataplane::time::Duration;
 use dataplane::wire::{self, DropReason, TaskStatus};
@@ -159,7 +159,7 @@ pub async fn infer<S: InferenceService>(
     options: RequestOptions,
     arrived: std::time::Instant,
 ) -> InferResult {
-    let (result, exec) = wait_outcome(service, model_id, input, budget, options).await;
+    let (result, exec) = wait_serving_late(service, model_id, input, budget, options, arrived).await;
     let request_ns = arrived.elapsed().as_nanos() as u64;
     let metrics = service.metrics();
     match &result {
@@ -211,6 +211,50 @@ impl<S: InferenceService> Drop for CancelOnDrop<'_, S> {
                 .record_drop(self.model_id, DropReason::Cancelled);
         }
     }
+}
+
+/// Most tries of one request under [`LateAnswers::Serve`], whatever its
+/// bound: each is a task the scheduler plans, so a model whose every try
+/// is dropped at once (an SLO below its batch of one) costs the cluster a
+/// bounded multiple of a request, not a busy loop until the bound.
+const LATE_TRIES_CAP: u32 = 64;
+
+/// [`wait_outcome`]; for a model that serves late answers
+/// ([`LateAnswers::Serve`]) and a request whose client set no timeout of
+/// its own, each drop for the deadline (`deadline_unmeetable`,
+/// `early_drop`) submits it again with a fresh SLO, behind the requests
+/// that can still meet theirs (their deadlines are earlier), as long as
+/// another SLO keeps it within the model's bound from `arrived` and within
+/// `bound / SLO + 1` tries ([`LATE_TRIES_CAP`] at most). The scheduler
+/// sees each try as a new request: its policy for the others is unchanged.
+async fn wait_serving_late<S: InferenceService>(
+    service: &S,
+    model_id: u32,
+    input: &[u8],
+    budget: Duration,
+    options: RequestOptions,
+    arrived: std::time::Instant,
+) -> (InferResult, Option<Execution>) {
+    let mut outcome = wait_outcome(service, model_id, input, budget, options).await;
+    let LateAnswers::Serve { max_wait } = service.catalog().late_answers(model_id) else {
+        return outcome;
+    };
+    let Some(slo) = service.catalog().by_id(model_id).map(|m| m.spec.slo) else {
+        return outcome;
+    };
+    let slo_std = std::time::Duration::from_nanos(slo.as_nanos());
+    let tries = (max_wait.as_nanos() / slo_std.as_nanos().max(1)).min(u128::from(LATE_TRIES_CAP - 1)) as u32 + 1;
+    for _ in 1..tries {
+        let deadline_drop = matches!(
+            outcome.0,
+            InferResult::Dropped(DropReason::DeadlineUnmeetable | DropReason::EarlyDrop)
+        );
+        if !deadline_drop || options.timeout.is_some() || arrived.elapsed() + slo_std > max_wait {
+            break;
+        }
+        outcome = wait_outcome(service, model_id, input, slo, options).await;
+    }
+    outcome
 }
 
 async fn wait_outcome<S: InferenceService>(

@@ -4,6 +4,7 @@
 //! model control under load and TLS through `up` (issue 16).
 
 mod admission;
+mod late_answers;
 mod model_control;
 mod overload;
 mod stages;
