@@ -56,6 +56,7 @@ use dataplane::wire::{self, TaskStatus};
 use crate::exec::{Executor, Finished, InputRef};
 
 pub use config::{WorkerConfig, WorkerError};
+pub use execute::LATE_START_THRESHOLD;
 pub use report::{BatchReport, ControlMessage, FenceReason, FencedPlan, WorkerStats};
 use report::FENCED_CAPACITY;
 use seen::SeenBatches;

@@ -20,6 +20,9 @@ const BATCH_SIZE_BOUNDS: [u64; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 const COMPUTE_US_BOUNDS: [u64; 12] = [
     100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
 ];
+/// Upper bounds of the start-lateness buckets (a batch's device start
+/// after its planned `exec_at`; 0: on time or early), microseconds.
+const LATENESS_US_BOUNDS: [u64; 10] = [0, 10, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000];
 
 /// Triton's per-model series, by model id.
 #[derive(Debug)]
@@ -62,6 +65,7 @@ pub struct BackendMetrics {
     models: Vec<ModelSeries>,
     batch_size: Histogram,
     compute_us: Histogram,
+    lateness_us: Histogram,
     gpu_busy_ns: Arc<[AtomicU64]>,
 }
 
@@ -86,7 +90,7 @@ impl BackendMetrics {
             tasks_failed: counter(&r, "symphony_backend_tasks_failed", "Tasks answered with an error status"),
             reads_posted: counter(&r, "symphony_backend_reads_posted", "Input READs posted"),
             reads_failed: counter(&r, "symphony_backend_read_failures", "Input READs that failed or could not be posted"),
-            late_starts: counter(&r, "symphony_backend_late_starts", "Batches that started after their planned time"),
+            late_starts: counter(&r, "symphony_backend_late_starts", "Batches that started more than 100 us after their planned time (symphony_backend_start_lateness_us has the distribution)"),
             rerouted_to_scheduler: counter(&r, "symphony_backend_rerouted", "Completions sent to the scheduler because the frontend was gone"),
             undeliverable: counter(&r, "symphony_backend_undeliverable", "Messages that could not be sent anywhere"),
             ignored_messages: counter(&r, "symphony_backend_ignored_messages", "Peer messages the backend does not handle"),
@@ -134,6 +138,12 @@ impl BackendMetrics {
             "Batch compute duration (device start to finish), us",
             compute_us.clone(),
         );
+        let lateness_us = Histogram::new(&LATENESS_US_BOUNDS);
+        r.register(
+            "symphony_backend_start_lateness_us",
+            "How long after its planned start each batch started on its device, us (0: on time)",
+            lateness_us.clone(),
+        );
         let gpu_busy_ns: Arc<[AtomicU64]> = (0..gpus).map(|_| AtomicU64::new(0)).collect();
         let (busy, started) = (gpu_busy_ns.clone(), std::time::Instant::now());
         r.register(
@@ -155,6 +165,7 @@ impl BackendMetrics {
             models,
             batch_size,
             compute_us,
+            lateness_us,
             gpu_busy_ns,
         }
     }
@@ -195,6 +206,7 @@ impl BackendMetrics {
         let ns = finish.saturating_since(start).as_nanos();
         let us = ns / 1_000;
         self.compute_us.observe(us);
+        self.lateness_us.observe(start.saturating_since(r.exec_at).as_nanos() / 1_000);
         if let Some(m) = self.models.get(r.model as usize) {
             m.exec_count.inc();
             m.inference_count.inc_by(u64::from(r.ok));
@@ -224,11 +236,12 @@ mod tests {
     fn batches_fold_into_histograms_and_render() {
         let m = BackendMetrics::new(7, 2, vec!["a".into(), "b".into()]);
         let t0 = Instant::from_nanos(1_000);
-        for (size, model, gpu, dur_us) in [
-            (1u32, 0u32, 0u32, 300u64),
-            (20, 1, 1, 4_000),
-            (600, 1, 1, 2_000_000),
+        for (size, model, gpu, dur_us, late_us) in [
+            (1u32, 0u32, 0u32, 300u64, 0u64),
+            (20, 1, 1, 4_000, 0),
+            (600, 1, 1, 2_000_000, 300),
         ] {
+            let start = t0 + Duration::from_micros(late_us);
             m.record_batch(&BatchReport {
                 batch_id: 1,
                 gpu,
@@ -236,8 +249,8 @@ mod tests {
                 received: t0,
                 exec_at: t0,
                 submitted: Some(t0 + Duration::from_micros(5)),
-                start: Some(t0),
-                finish: Some(t0 + Duration::from_micros(dur_us)),
+                start: Some(start),
+                finish: Some(start + Duration::from_micros(dur_us)),
                 ok: size,
                 failed: 0,
                 read_max: Duration::ZERO,
@@ -263,6 +276,10 @@ mod tests {
             Some(3.0)
         );
         assert_eq!(metric(&text, "symphony_batch_size_sum"), Some(621.0));
+        // Start lateness: two on time, one 300 us after its exec_at.
+        let late = |le: &str| metric(&text, &format!("symphony_backend_start_lateness_us_bucket{{le=\"{le}\"}}"));
+        assert_eq!((late("0.0"), late("250.0"), late("500.0")), (Some(2.0), Some(2.0), Some(3.0)));
+        assert_eq!(metric(&text, "symphony_backend_start_lateness_us_sum"), Some(300.0));
         assert_eq!(
             metric(&text, "nv_inference_exec_count{model=\"b\",version=\"1\"}"),
             Some(2.0)

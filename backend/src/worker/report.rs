@@ -23,7 +23,9 @@ pub struct WorkerStats {
     pub rerouted_to_scheduler: u64,
     /// Completions that could not be sent anywhere.
     pub undeliverable: u64,
-    /// Batches that started after their `exec_at`.
+    /// Batches that started more than
+    /// [`LATE_START_THRESHOLD`](crate::worker::LATE_START_THRESHOLD)
+    /// after their `exec_at`.
     pub late_starts: u64,
     /// Messages from peers that the worker does not handle.
     pub ignored_messages: u64,
