@@ -26,8 +26,18 @@
 //! compares tags in constant time.
 //! Without a join token (`--open-membership`) there is no key: nothing is
 //! signed (capabilities are zero) and nothing is checked.
+//!
+//! On TCP the capability also gates the READ itself: the backend presents
+//! it with each READ ([`ReadGrant`], carried in the `ReadRequest`), and
+//! the frontend's responder checks it with the [`ReadVerifier`] it
+//! installed when the backend's data link was admitted (the link's backend
+//! id is known then), refusing and counting ([`refused_reads`]) a READ of
+//! anything the plan did not hand that backend. shm and RDMA READs are
+//! one-sided (the peer maps the file; the NIC answers): no owner code sees
+//! them, so there only the region key's secrecy holds.
 
 use std::hash::Hasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use siphasher::sip128::{Hasher128, SipHasher24};
 use subtle::ConstantTimeEq;
@@ -109,6 +119,55 @@ impl CapabilityKey {
     }
 }
 
+/// What a READ presents besides where it reads: the task it serves and the
+/// capability the plan gave for it (zero: none, as under open membership).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadGrant {
+    /// The task whose input is read.
+    pub task: u64,
+    /// The scheduler's capability for that task at this backend.
+    pub capability: Capability,
+}
+
+/// Checks the READs one admitted data link asks for (the frontend's TCP
+/// responder): each must present the capability of a task planned to the
+/// link's backend whose input is exactly the range read. Copying it costs
+/// nothing per READ: the keyed state is four words, and a check hashes 32
+/// bytes on the stack.
+#[derive(Clone, Debug)]
+pub struct ReadVerifier {
+    key: CapabilityKey,
+    backend: u32,
+    frontend: u32,
+}
+
+impl ReadVerifier {
+    /// READs by `backend` of frontend `frontend`'s memory, checked under `key`.
+    pub fn new(key: CapabilityKey, backend: u32, frontend: u32) -> ReadVerifier {
+        ReadVerifier { key, backend, frontend }
+    }
+
+    /// Whether a READ of `input` presenting `grant` is one the plan allowed;
+    /// a refusal is counted ([`refused_reads`]).
+    pub fn allows(&self, input: RemoteRef, grant: &ReadGrant) -> bool {
+        let g = Grant { backend: self.backend, frontend: self.frontend, task: grant.task, input };
+        let ok = self.key.verify(&g, &grant.capability);
+        if !ok {
+            REFUSED_READS.fetch_add(1, Ordering::Relaxed);
+        }
+        ok
+    }
+}
+
+static REFUSED_READS: AtomicU64 = AtomicU64::new(0);
+
+/// READs this process refused because their capability did not verify for
+/// the reading backend (another task's, a forged one, none), since start.
+/// Exported by the frontend as `symphony_frontend_refused_reads`.
+pub fn refused_reads() -> u64 {
+    REFUSED_READS.load(Ordering::Relaxed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,6 +199,24 @@ mod tests {
         flipped[CAPABILITY_LEN - 1] ^= 1;
         assert!(!key.verify(&g, &flipped));
         assert!(!key.verify(&g, &[0u8; CAPABILITY_LEN]), "an unsigned task never verifies");
+    }
+
+    #[test]
+    fn a_read_verifier_allows_the_planned_input_only_and_counts_refusals() {
+        let token = JoinToken::new(b"correct horse battery staple").unwrap();
+        let key = CapabilityKey::from_token(&token);
+        let g = grant();
+        let planned = ReadGrant { task: g.task, capability: key.sign(&g) };
+        let verifier = ReadVerifier::new(key.clone(), g.backend, g.frontend);
+        let before = refused_reads();
+        assert!(verifier.allows(g.input, &planned));
+        let neighbour = RemoteRef { offset: g.input.offset + 64, ..g.input };
+        assert!(!verifier.allows(neighbour, &planned), "another slot under the same capability");
+        assert!(!verifier.allows(g.input, &ReadGrant { task: g.task + 1, ..planned }), "another task id");
+        assert!(!verifier.allows(g.input, &ReadGrant::default()), "no capability");
+        let other_backend = ReadVerifier::new(key, g.backend + 1, g.frontend);
+        assert!(!other_backend.allows(g.input, &planned), "a capability planned to another backend");
+        assert!(refused_reads() >= before + 4);
     }
 
     #[test]

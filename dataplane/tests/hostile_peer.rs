@@ -40,7 +40,7 @@ fn owner() -> (TcpDomain, Arc<Region>, Registration) {
 }
 
 fn read_request(reg: &Registration) -> Vec<u8> {
-    let req = ReadRequest { wr_id: 42, remote: reg.remote_ref(0, PAYLOAD as u32).expect("ref") };
+    let req = ReadRequest { wr_id: 42, remote: reg.remote_ref(0, PAYLOAD as u32).expect("ref"), ..ReadRequest::default() };
     let mut buf = [0u8; 64];
     let n = wire::encode(&mut buf, &req).expect("encode");
     buf[..n].to_vec()

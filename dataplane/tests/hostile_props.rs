@@ -43,7 +43,7 @@ fn read_request() -> impl Strategy<Value = Vec<u8>> {
     let len = prop_oneof![0u32..(FUZZ_REGION_LEN as u32 + 8), any::<u32>()];
     let offset = prop_oneof![0u64..(FUZZ_REGION_LEN as u64 + 8), any::<u64>()];
     (key, len, offset).prop_map(|(key, len, offset)| {
-        let req = ReadRequest { wr_id: 1, remote: RemoteRef { key, len, offset } };
+        let req = ReadRequest { wr_id: 1, remote: RemoteRef { key, len, offset }, ..ReadRequest::default() };
         let mut buf = [0u8; 64];
         let n = wire::encode(&mut buf, &req).expect("encode");
         buf[..n].to_vec()

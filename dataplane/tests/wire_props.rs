@@ -150,8 +150,9 @@ fn msg() -> impl Strategy<Value = Msg> {
                 reserved: 0,
             })
         ),
-        (any::<u64>(), rref())
-            .prop_map(|(wr_id, remote)| Msg::ReadRequest(ReadRequest { wr_id, remote })),
+        (any::<u64>(), rref(), any::<u64>(), any::<[u8; 16]>()).prop_map(|(wr_id, remote, task, capability)| {
+            Msg::ReadRequest(ReadRequest { wr_id, remote, task, capability })
+        }),
         (any::<u64>(), 0u32..=5, any::<u32>()).prop_map(|(wr_id, status, len)| {
             Msg::ReadResponse(ReadResponse {
                 wr_id,

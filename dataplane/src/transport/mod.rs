@@ -444,6 +444,33 @@ pub trait Connection: Send {
     /// default does nothing.
     fn allow_remote_reads(&mut self) {}
 
+    /// [`allow_remote_reads`](Self::allow_remote_reads), and every READ
+    /// the peer asks for must present a capability `verifier` accepts (a
+    /// task planned to that peer whose input is exactly what it reads;
+    /// issue 55): the others are refused (AccessDenied), counted
+    /// ([`crate::capability::refused_reads`]), and the link stays up. Only
+    /// a transport whose owner serves each READ can check (tcp); shm and
+    /// rdma READs are one-sided, so the default allows them unchecked.
+    fn allow_verified_remote_reads(&mut self, verifier: crate::capability::ReadVerifier) {
+        let _ = verifier;
+        self.allow_remote_reads();
+    }
+
+    /// [`post_reads`](Self::post_reads), `ops[i]` presenting `grants[i]`
+    /// (the task and the plan's capability; none past its end) where the
+    /// owner checks READs (tcp); the default ignores them.
+    fn post_granted_reads(&mut self, ops: &[ReadOp], grants: &[crate::capability::ReadGrant]) -> Result<usize, Error> {
+        let _ = grants;
+        self.post_reads(ops)
+    }
+
+    /// The peer's address, where the transport knows one (tcp: the
+    /// socket's peer); none for shm, rdma and in-process links. Bounds per
+    /// source key on it.
+    fn peer_addr(&self) -> Option<std::net::IpAddr> {
+        None
+    }
+
     /// Posts READs in order, all at once where the transport can (one
     /// doorbell / one submission). Returns how many were accepted: on a
     /// shortfall the rest were not posted and the error is that of the

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use super::registry::Registry;
 use super::stream::{messages_through_stream, probe_uring, registry_domain_methods, ByteIo, Stream, StreamConfig};
 use super::{Completion, Connection, Domain, Error, Listener, ReadOp, Registration};
+use crate::capability::{ReadGrant, ReadVerifier};
 use crate::mem::{Access, KeyTable, Region};
 use crate::time::Duration;
 
@@ -119,6 +120,9 @@ impl TcpDomain {
     /// [`Connection::allow_remote_reads`].
     fn wrap(&self, sock: TcpStream, accepted: bool) -> Result<TcpConn, Error> {
         sock.set_nodelay(true)?;
+        // An IPv4 peer on a dual-stack socket reads as itself, so one
+        // source is one address whichever way it connected.
+        let peer = sock.peer_addr().ok().map(|a| a.ip().to_canonical());
         let cfg = &self.inner.cfg;
         if cfg.engine == Engine::Blocking {
             // Bound a blocked send (peer not reading) like a READ.
@@ -142,6 +146,7 @@ impl TcpDomain {
         }
         Ok(TcpConn {
             stream,
+            peer,
             _domain: self.clone(),
         })
     }
@@ -259,9 +264,30 @@ pub(crate) fn wait_readable(fd: std::os::fd::RawFd, timeout: std::time::Duration
     unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
 }
 
+/// The address most of `sources` come from (ties: the first seen; none
+/// if none is known): whose link a full bound evicts, so that a flood from
+/// one address pushes out its own links, not a peer's from another
+/// (issue 55). Quadratic in the count, which is a small bound (the links
+/// handshaking at once), with no allocation.
+pub fn most_frequent_source<I>(sources: I) -> Option<std::net::IpAddr>
+where
+    I: Iterator<Item = Option<std::net::IpAddr>> + Clone,
+{
+    let mut best: Option<(std::net::IpAddr, usize)> = None;
+    for a in sources.clone().flatten() {
+        let n = sources.clone().filter(|s| *s == Some(a)).count();
+        if best.is_none_or(|(_, m)| n > m) {
+            best = Some((a, n));
+        }
+    }
+    best.map(|(a, _)| a)
+}
+
 /// A tcp connection.
 pub struct TcpConn {
     stream: Stream,
+    /// The peer's address (per-source bounds: `Connection::peer_addr`).
+    peer: Option<std::net::IpAddr>,
     _domain: TcpDomain,
 }
 
@@ -276,13 +302,22 @@ impl std::fmt::Debug for TcpConn {
 impl Connection for TcpConn {
     messages_through_stream!();
     fn post_read(&mut self, op: &ReadOp) -> Result<(), Error> {
-        self.stream.post_reads(std::slice::from_ref(op)).map(|_| ())
+        self.stream.post_reads(std::slice::from_ref(op), &[]).map(|_| ())
     }
     fn allow_remote_reads(&mut self) {
         self.stream.allow_reads();
     }
+    fn allow_verified_remote_reads(&mut self, verifier: ReadVerifier) {
+        self.stream.allow_verified_reads(verifier);
+    }
     fn post_reads(&mut self, ops: &[ReadOp]) -> Result<usize, Error> {
-        self.stream.post_reads(ops)
+        self.stream.post_reads(ops, &[])
+    }
+    fn post_granted_reads(&mut self, ops: &[ReadOp], grants: &[ReadGrant]) -> Result<usize, Error> {
+        self.stream.post_reads(ops, grants)
+    }
+    fn peer_addr(&self) -> Option<std::net::IpAddr> {
+        self.peer
     }
     fn poll_completions(&mut self, out: &mut [Completion]) -> Result<usize, Error> {
         self.stream.poll_completions(out)
@@ -412,6 +447,79 @@ mod tests {
             }
             assert_eq!(server.try_recv(&mut buf).unwrap(), None);
         }
+    }
+
+    /// With a verifier installed (issue 55), the owner serves a READ only
+    /// when it presents the capability of a task planned to the reading
+    /// backend whose input is exactly the range read: another task's
+    /// capability, the right one for a neighbouring range, a forged one
+    /// and none are refused (AccessDenied) and counted, the link stays up,
+    /// and the planned READ is served byte for byte.
+    #[test]
+    fn only_reads_presenting_their_plans_capability_are_served() {
+        use crate::capability::{CapabilityKey, Grant, ReadGrant, ReadVerifier};
+        use crate::join::JoinToken;
+        use crate::mem::Region;
+        use crate::transport::ErrorKind;
+        use crate::wire::RemoteRef;
+
+        let bound = std::time::Duration::from_secs(10);
+        let key = CapabilityKey::from_token(&JoinToken::new(b"sixteen bytes of token").unwrap());
+        let (backend, frontend) = (3, 1);
+        let domain = TcpDomain::blocking().unwrap();
+        let staged = Region::anonymous(4096).unwrap();
+        let bytes: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+        staged.write_at(0, &bytes).unwrap();
+        let staging = domain.register(&staged, Access::REMOTE_READ).unwrap();
+        let landing_region = Region::anonymous(4096).unwrap();
+        let landing = domain.register(&landing_region, Access::LOCAL_WRITE).unwrap();
+        let mut listener = domain.listen("127.0.0.1:0").unwrap();
+        let mut reader = domain.connect(&listener.local_addr(), Duration::from_millis(5_000)).unwrap();
+        let mut owner = listener.accept(Duration::from_millis(5_000)).unwrap();
+        assert_eq!(owner.peer_addr(), Some(std::net::IpAddr::from([127, 0, 0, 1])));
+        owner.allow_verified_remote_reads(ReadVerifier::new(key.clone(), backend, frontend));
+
+        let slot = |i: u64| staging.remote_ref(i * 64, 64).unwrap();
+        let grant = |task: u64, input: RemoteRef| ReadGrant { task, capability: key.sign(&Grant { backend, frontend, task, input }) };
+        let planned = grant(7, slot(1));
+        let cases: [(RemoteRef, ReadGrant, bool); 5] = [
+            (slot(1), planned, true),
+            (slot(2), grant(8, slot(1)), false), // another task's capability
+            (slot(2), planned, false),           // the right capability, a neighbouring slot
+            (slot(1), ReadGrant { capability: [0x55; 16], ..planned }, false),
+            (slot(1), ReadGrant::default(), false),
+        ];
+        let refused_before = crate::capability::refused_reads();
+        for (i, (remote, presented, served)) in cases.into_iter().enumerate() {
+            let op = ReadOp { wr_id: i as u64, remote, local: landing.local_ref(0, 64).unwrap() };
+            landing_region.write_at(0, &[0u8; 64]).unwrap();
+            assert_eq!(reader.post_granted_reads(&[op], &[presented]).unwrap(), 1);
+            let t0 = std::time::Instant::now();
+            let mut done = [Completion { wr_id: 0, status: Ok(()), bytes: 0 }; 1];
+            while reader.poll_completions(&mut done).unwrap() == 0 {
+                assert!(t0.elapsed() < bound, "READ {i} never answered");
+                owner.progress().unwrap();
+            }
+            assert_eq!(done[0].wr_id, i as u64);
+            if served {
+                assert_eq!(done[0].status, Ok(()), "READ {i}");
+                let mut got = [0u8; 64];
+                landing_region.read_at(0, &mut got).unwrap();
+                assert_eq!(&got[..], &bytes[64..128]);
+            } else {
+                assert_eq!(done[0].status, Err(ErrorKind::AccessDenied), "READ {i}");
+            }
+        }
+        assert!(crate::capability::refused_reads() >= refused_before + 4);
+        assert!(owner.is_connected() && reader.is_connected(), "a refused READ keeps the link");
+    }
+
+    #[test]
+    fn the_most_frequent_source_is_the_floods() {
+        let (a, b) = (std::net::IpAddr::from([127, 0, 0, 1]), std::net::IpAddr::from([127, 0, 0, 2]));
+        assert_eq!(most_frequent_source([Some(a), Some(b), None, Some(b)].into_iter()), Some(b));
+        assert_eq!(most_frequent_source([Some(a), Some(b)].into_iter()), Some(a), "ties: the first seen");
+        assert_eq!(most_frequent_source([None, None].into_iter()), None);
     }
 
     #[test]

@@ -26,8 +26,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SYMP");
 /// attempt it hands back in the word that was reserved. Version 8: a
 /// [`BatchTask`] carries the scheduler's capability for it, and a
 /// [`CompletionHead`] hands it back with the sending backend's id (issue
-/// 55, [`crate::capability`]).
-pub const VERSION: u16 = 8;
+/// 55, [`crate::capability`]). Version 9: a [`ReadRequest`] presents the
+/// task it serves and that capability (the TCP responder checks it).
+pub const VERSION: u16 = 9;
 /// Oldest peer version a scheduler of this version accepts. Upgrades are
 /// stop-the-world (`docs/operations.md`): only its own version.
 pub const OLDEST_PEER_VERSION: u16 = VERSION;

@@ -4,6 +4,9 @@
 use super::*;
 
 /// Emulated one-sided READ: "send me `remote`" (tcp transport internal).
+/// From wire version 9 it presents the task it serves and the plan's
+/// capability for it ([`crate::capability::ReadGrant`]): a frontend that
+/// holds a capability key serves a backend only the inputs planned to it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct ReadRequest {
@@ -11,6 +14,11 @@ pub struct ReadRequest {
     pub wr_id: u64,
     /// What to read.
     pub remote: RemoteRef,
+    /// The task whose input this is (0 with no capability).
+    pub task: u64,
+    /// The scheduler's capability for `task` at the reading backend; zero
+    /// without one.
+    pub capability: Capability,
 }
 
 /// Result of a READ at the memory owner.
@@ -25,7 +33,8 @@ pub enum ReadStatus {
     OutOfBounds = 2,
     /// Registration closing or gone.
     Deregistered = 3,
-    /// Registration does not allow remote reads.
+    /// Registration does not allow remote reads, or the READ's capability
+    /// does not verify for the reading backend.
     AccessDenied = 4,
     /// Longer than the responder serves.
     TooLarge = 5,

@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use super::registry::Registry;
 use super::{Completion, Error, ErrorKind, ReadOp};
+use crate::capability::{ReadGrant, ReadVerifier};
 use crate::mem::{Access, AccessToken};
 use crate::wire::{self, Kind, ReadRequest, ReadResponse, ReadStatus, HEADER_LEN, MAX_MESSAGE_LEN};
 
@@ -197,6 +198,8 @@ pub(crate) struct Stream {
     /// The owner let this link's READ requests be served (see
     /// [`allow_reads`](Self::allow_reads)).
     reads_allowed: bool,
+    /// Each READ served must present a capability this accepts (issue 55).
+    verifier: Option<ReadVerifier>,
 }
 
 // SAFETY: the raw pointers refer to registered regions (kept mapped by the
@@ -249,6 +252,7 @@ impl Stream {
             dead: None,
             leak: false,
             reads_allowed: true,
+            verifier: None,
         }
     }
 
@@ -263,6 +267,14 @@ impl Stream {
     /// Serves the peer's READ requests from now on (the owner accepted its
     /// registration); requests held until now are served at the next poll.
     pub(crate) fn allow_reads(&mut self) {
+        self.reads_allowed = true;
+    }
+
+    /// [`allow_reads`](Self::allow_reads), serving only READs whose
+    /// capability `verifier` accepts; the others are answered AccessDenied
+    /// (the link stays up: see `Connection::allow_verified_remote_reads`).
+    pub(crate) fn allow_verified_reads(&mut self, verifier: ReadVerifier) {
+        self.verifier = Some(verifier);
         self.reads_allowed = true;
     }
 
@@ -464,12 +476,13 @@ impl Stream {
         Ok(Some(n))
     }
 
-    pub(crate) fn post_reads(&mut self, ops: &[ReadOp]) -> Result<usize, Error> {
+    /// Posts `ops`, `ops[i]` presenting `grants[i]` (none past its end).
+    pub(crate) fn post_reads(&mut self, ops: &[ReadOp], grants: &[ReadGrant]) -> Result<usize, Error> {
         self.reap_cheap();
         let mut posted = 0;
         let mut first_err = None;
-        for op in ops {
-            match self.post_one(op) {
+        for (i, op) in ops.iter().enumerate() {
+            match self.post_one(op, grants.get(i).copied().unwrap_or_default()) {
                 Ok(()) => posted += 1,
                 Err(e) => {
                     first_err = Some(e);
@@ -487,7 +500,7 @@ impl Stream {
         }
     }
 
-    fn post_one(&mut self, op: &ReadOp) -> Result<(), Error> {
+    fn post_one(&mut self, op: &ReadOp, grant: ReadGrant) -> Result<(), Error> {
         if let Some(e) = self.dead_error() {
             return Err(e);
         }
@@ -510,10 +523,7 @@ impl Stream {
         let (token, dest) =
             self.registry
                 .acquire(op.local.key, op.local.offset, len, Access::LOCAL_WRITE)?;
-        let req = ReadRequest {
-            wr_id: op.wr_id,
-            remote: op.remote,
-        };
+        let req = ReadRequest { wr_id: op.wr_id, remote: op.remote, task: grant.task, capability: grant.capability };
         let mut msg = [0u8; READ_REQUEST_LEN];
         let n = wire::encode(&mut msg, &req)?;
         let staged = self.stage(&msg[..n]);
@@ -859,8 +869,11 @@ impl Stream {
     /// Answers one READ request from the registry (responder half).
     fn serve(&mut self, req: ReadRequest) {
         let r = req.remote;
+        let grant = ReadGrant { task: req.task, capability: req.capability };
         let status = if r.len > self.cfg.max_read_len {
             Err(ReadStatus::TooLarge)
+        } else if self.verifier.as_ref().is_some_and(|v| !v.allows(r, &grant)) {
+            Err(ReadStatus::AccessDenied)
         } else {
             match self
                 .registry
