@@ -49,6 +49,7 @@ mod seen;
 
 use std::collections::VecDeque;
 
+use dataplane::capability::ReadGrant;
 use dataplane::time::{Duration, Instant};
 use dataplane::transport::{Completion, Connection, Error, ReadOp, Registration};
 use dataplane::wire::{self, TaskStatus};
@@ -151,6 +152,8 @@ pub struct BatchWorker<C: Connection, E: Executor> {
     msg_out: Vec<u8>,
     out_bytes: Vec<u8>,
     ops: Vec<ReadOp>,
+    /// What each of `ops` presents (its task and the plan's capability).
+    grants: Vec<ReadGrant>,
     op_tasks: Vec<u32>,
     inputs: Vec<InputRef>,
     completions: Vec<Completion>,
@@ -255,6 +258,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             msg_out: vec![0; wire::MAX_MESSAGE_LEN],
             out_bytes: vec![0; cfg.output_slot as usize],
             ops: Vec::with_capacity(mb),
+            grants: Vec::with_capacity(mb),
             op_tasks: Vec::with_capacity(mb),
             inputs: Vec::with_capacity(mb),
             completions: vec![Completion::default(); 64],

@@ -1,5 +1,6 @@
 //! Steps 2 to 4: input READs posted, their completions, fetch deadlines.
 
+use dataplane::capability::ReadGrant;
 use dataplane::mem::LocalRef;
 use dataplane::time::Instant;
 use dataplane::transport::{Completion, Connection, Error, ReadOp};
@@ -58,6 +59,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
         let key = self.staging.key();
         let base = self.staging.addr_base();
         self.ops.clear();
+        self.grants.clear();
         self.op_tasks.clear();
         let s = &self.slots[si];
         for (ti, t) in s.tasks.iter().enumerate().skip(first) {
@@ -73,6 +75,9 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
                     offset: base + cfg.input_offset(si, ti),
                 },
             });
+            // On tcp the frontend serves the READ only with the plan's
+            // capability for this task (issue 55).
+            self.grants.push(ReadGrant { task: t.task_id, capability: t.capability });
             self.op_tasks.push(ti as u32);
         }
         let conn = self
@@ -92,7 +97,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
         let mut done = 0;
         let mut changed = false;
         while done < self.ops.len() {
-            match conn.post_reads(&self.ops[done..]) {
+            match conn.post_granted_reads(&self.ops[done..], &self.grants[done..]) {
                 Ok(n) => {
                     for k in done..done + n {
                         let ti = self.op_tasks[k] as usize;
