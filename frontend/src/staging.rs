@@ -376,6 +376,11 @@ impl Staging {
         self.capabilities.set(key).is_ok()
     }
 
+    /// This frontend's id (capabilities name it).
+    pub fn frontend_id(&self) -> u32 {
+        u32::from(self.frontend_id)
+    }
+
     /// Copies `input` into a free slot and returns the task to send (with
     /// `budget` as its remaining budget) and the ticket that resolves to
     /// its outcome. Counts the request as accepted: from here on it ends

@@ -17,8 +17,15 @@
 //! The data port is bounded (issue 55): at most [`MAX_HANDSHAKING`] links
 //! handshake at once (a new one evicts the oldest, so idle connections
 //! cannot lock a backend out: it answers its challenge at once, they never
-//! do) and at most [`MAX_BACKEND_LINKS`] are registered. Every refused or
-//! evicted link is counted (`symphony_frontend_data_links_refused`).
+//! do; the oldest of the address holding most of them, so one source's
+//! flood cannot push out a backend still handshaking from another), and
+//! at most [`MAX_BACKEND_LINKS`] are registered. Every
+//! refused or evicted link is counted (`symphony_frontend_data_links_refused`).
+//!
+//! With a join token, an admitted backend's READs are checked (on tcp,
+//! where this side serves each READ): the link gets a
+//! [`ReadVerifier`] for that backend's id, so it reads only the inputs of
+//! tasks planned to it (`dataplane::capability`).
 //!
 //! A registered backend's completions are routed as its own
 //! ([`Sender::Backend`]): with a join token, one whose capability does not
@@ -28,8 +35,10 @@
 use super::config::{FrontendEvent, BURST};
 use super::sink::FrontendStats;
 use crate::staging::{Sender, Staging};
+use dataplane::capability::{CapabilityKey, ReadVerifier};
 use dataplane::join::{JoinToken, NonceSource, DATA_LINK_LABEL};
 use dataplane::time::Instant;
+use dataplane::transport::tcp::most_frequent_source;
 use dataplane::transport::{Connection, Error as TransportError};
 use dataplane::wire::{self, Challenge, Message, Role, WireError, NONCE_LEN};
 use std::collections::VecDeque;
@@ -45,6 +54,8 @@ pub(super) const MAX_BACKEND_LINKS: usize = 1024;
 
 struct PendingLink<C> {
     conn: C,
+    /// Its peer's address (none where the transport tells none).
+    source: Option<std::net::IpAddr>,
     deadline: Instant,
     proof: Proof,
 }
@@ -83,6 +94,8 @@ pub(super) struct DataLinks<C> {
     backends: Vec<BackendLink<C>>,
     /// The join token's data-link form; none: open membership.
     token: Option<JoinToken>,
+    /// The key admitted backends' READs are checked under (with a token).
+    capabilities: Option<CapabilityKey>,
     /// Where the challenges' nonces come from.
     nonces: NonceSource,
 }
@@ -98,13 +111,14 @@ pub(super) struct DataCtx<'a, C> {
 
 impl<C: Connection> DataLinks<C> {
     pub fn new() -> Self {
-        DataLinks { pending: Vec::new(), backends: Vec::new(), token: None, nonces: NonceSource::Os }
+        DataLinks { pending: Vec::new(), backends: Vec::new(), token: None, capabilities: None, nonces: NonceSource::Os }
     }
 
     /// Links accepted from now on must prove `token` (the cluster's join
     /// token; none: open membership).
     pub fn set_join_token(&mut self, token: Option<&JoinToken>) {
         self.token = token.map(|t| t.for_purpose(DATA_LINK_LABEL));
+        self.capabilities = token.map(CapabilityKey::from_token);
     }
 
     /// The challenges' nonces come from `nonces` (the OS generator unless
@@ -115,15 +129,21 @@ impl<C: Connection> DataLinks<C> {
 
     /// A data link accepted at `now`, to register by `deadline`; with a
     /// token it is challenged at once. With [`MAX_HANDSHAKING`] links
-    /// handshaking already, the oldest of them is evicted (returned, to
+    /// handshaking already, the oldest of them from the address most of
+    /// them come from (any, where none is known) is evicted (returned, to
     /// close; counted as refused).
     pub fn handle_link(&mut self, mut conn: C, deadline: Instant, stats: &FrontendStats) -> Option<C> {
+        let source = conn.peer_addr();
         let evicted = (self.pending.len() >= MAX_HANDSHAKING).then(|| {
             stats.data_links_refused.fetch_add(1, Ordering::Relaxed);
+            let crowd = most_frequent_source(self.pending.iter().map(|p| p.source));
             // Deadlines are accept times plus one timeout: the oldest link
             // has the earliest. Order is kept (`remove`), as links are
             // judged oldest first.
-            let oldest = (0..self.pending.len()).min_by_key(|&i| self.pending[i].deadline).unwrap_or(0);
+            let oldest = (0..self.pending.len())
+                .filter(|&i| crowd.is_none() || self.pending[i].source == crowd)
+                .min_by_key(|&i| self.pending[i].deadline)
+                .unwrap_or(0);
             self.pending.remove(oldest).conn
         });
         let proof = match &self.token {
@@ -136,7 +156,7 @@ impl<C: Connection> DataLinks<C> {
                 },
             },
         };
-        self.pending.push(PendingLink { conn, deadline, proof });
+        self.pending.push(PendingLink { conn, source, deadline, proof });
         evicted
     }
 
@@ -221,8 +241,16 @@ impl<C: Connection> DataLinks<C> {
             });
             match verdict {
                 Ok(id) => {
-                    // Only a registered backend may READ staging memory.
-                    link.conn.allow_remote_reads();
+                    // Only a registered backend may READ staging memory,
+                    // and with a token only its planned inputs.
+                    match &self.capabilities {
+                        Some(key) => link.conn.allow_verified_remote_reads(ReadVerifier::new(
+                            key.clone(),
+                            id,
+                            ctx.staging.frontend_id(),
+                        )),
+                        None => link.conn.allow_remote_reads(),
+                    }
                     // A backend that reconnects replaces its old link.
                     if let Some(at) = self.backends.iter().position(|b| b.id == id) {
                         let old = self.backends.swap_remove(at);

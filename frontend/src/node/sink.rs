@@ -70,12 +70,15 @@ impl FrontendStats {
                 s.backends.load(Ordering::Relaxed)
             }),
         ];
-        let counters: [(&str, &str, Read); 8] = [
+        let counters: [(&str, &str, Read); 9] = [
             ("symphony_frontend_data_links_refused", "Data connections refused before registering (no or a wrong join proof, none in time, evicted while handshaking, too many backends)", |s| {
                 s.data_links_refused.load(Ordering::Relaxed)
             }),
             ("symphony_frontend_refused_memory_keys", "READs and accesses of this process refused for a key naming no live registration (wrong, guessed or stale)", |_| {
                 dataplane::mem::refused_key_accesses()
+            }),
+            ("symphony_frontend_refused_reads", "READs of staging memory refused: their capability did not verify for the reading backend (another task's input, a forged or missing capability; tcp only)", |_| {
+                dataplane::capability::refused_reads()
             }),
             ("symphony_frontend_moved_resubmits", "Tasks a scheduler group answered moved, taken back for the model's owner", |s| {
                 s.moved_taken_back.load(Ordering::Relaxed)
