@@ -239,6 +239,8 @@ const TASKS_PER_POLL: usize = 256;
 struct Pending<C> {
     key: u64,
     conn: C,
+    /// Its peer's address (none where the transport tells none).
+    source: Option<std::net::IpAddr>,
     since: Instant,
     /// The nonce of the challenge sent on it (None: not sent yet).
     nonce: Option<[u8; wire::NONCE_LEN]>,
@@ -413,15 +415,20 @@ impl<C: Connection> SchedulerNode<C> {
     /// not a peer that connects after it and answers its challenge within
     /// a round trip. Refusing the newcomer instead let 256 idle
     /// connections lock every peer out for as long as they were renewed.
+    /// The evicted link is of the address most registering links come
+    /// from, so a flood from one address never pushes out a peer
+    /// registering from another.
     pub fn handle_connection(&mut self, now: Instant, conn: C) {
         let key = self.next_key;
         self.next_key += 1;
+        let source = conn.peer_addr();
         if self.pending.len() >= self.membership.max_pending {
+            let crowd = dataplane::transport::tcp::most_frequent_source(self.pending.iter().map(|p| p.source));
             let oldest = |joined: bool| {
                 self.pending
                     .iter()
                     .enumerate()
-                    .filter(|(_, p)| joined || p.backend.is_none())
+                    .filter(|(_, p)| (crowd.is_none() || p.source == crowd) && (joined || p.backend.is_none()))
                     .min_by_key(|(_, p)| (p.since, p.key))
                     .map(|(i, _)| i)
             };
@@ -445,6 +452,7 @@ impl<C: Connection> SchedulerNode<C> {
         self.pending.push(Pending {
             key,
             conn,
+            source,
             since: now,
             nonce: None,
             backend: None,
