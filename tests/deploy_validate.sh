@@ -11,14 +11,17 @@
 #      only with the RDMA transport and with an RDMA device); Guaranteed QoS for the daemons;
 #      GPUs for backends; gRPC exposed; a PodDisruptionBudget and a NetworkPolicy for every
 #      workload; etcd with 3 members, TLS and client-certificate auth on both ports, and the
-#      schedulers reaching it over TLS with a client certificate;
+#      schedulers reaching it over TLS with a client certificate; RBAC namespaced and without
+#      wildcards, and a pod with a service account (the autoscale controller) mounting its token
+#      as an expiring projected volume, never automounted; the backends' termination grace
+#      period covering their drain (10 s);
 #   4. checkov (Kubernetes framework) on every rendered tree and the example Secrets: any failed
 #      check fails this script; the checks skipped are annotated inline on the objects, each with
 #      its reason (checkov.io/skipN annotations);
 #   5. hadolint on deploy/Containerfile;
 #   6. with release binaries at hand ($SYMPHONY_BIN_DIR, default target/release): every flag the
 #      manifests pass a daemon, and every key of the cluster.toml ConfigMap, is one that daemon's
-#      --help lists. `--flags-only DIR` runs this step alone (tests/container_e2e.sh does, after
+#      --help lists (and the flags of `symphony autoscale` its --help). `--flags-only DIR` runs this step alone (tests/container_e2e.sh does, after
 #      the build; in tests/run.sh this script runs before it).
 # The tools are pinned and installed into the project's .venv (scripts/setup.sh creates it).
 set -euo pipefail
@@ -104,7 +107,9 @@ def rules(tree, docs):
         if psc.get("runAsNonRoot") is not True or psc.get("seccompProfile", {}).get("type") != "RuntimeDefault":
             err(f"{name}: pod securityContext needs runAsNonRoot: true and seccompProfile RuntimeDefault")
         if spec.get("automountServiceAccountToken") is not False:
-            err(f"{name}: automountServiceAccountToken must be false (no daemon talks to the API server)")
+            err(f"{name}: automountServiceAccountToken must be false (a pod that talks to the API server mounts a projected token)")
+        if spec.get("serviceAccountName"):
+            errors.extend(token_errors(name, spec, docs))
         for c in spec["containers"] + spec.get("initContainers", []):
             cname = f"{name}: container {c['name']}"
             for probe in ("livenessProbe", "readinessProbe"):
@@ -128,12 +133,17 @@ def rules(tree, docs):
             cmd = c.get("command", [""])
             if not cmd[0].startswith("symphony"):
                 continue
-            daemons.add(cmd[0])
             res = c.get("resources", {})
             for r in ("cpu", "memory"):
                 if r not in res.get("limits", {}) or res.get("requests", {}).get(r) != res["limits"][r]:
                     err(f"{cname}: {r} request must equal its limit (Guaranteed QoS)")
             args = c.get("args", [])
+            if cmd[0] == "symphony":
+                # The CLI, not a daemon: only the autoscale controller runs in a pod.
+                if args[:1] != ["autoscale"]:
+                    err(f"{cname}: the symphony CLI runs in a pod only as `symphony autoscale`")
+                continue
+            daemons.add(cmd[0])
             if not any(a.startswith("--join-token-file=") for a in args):
                 err(f"{cname}: no --join-token-file")
             secrets = {v["name"] for v in spec.get("volumes", []) if v.get("secret", {}).get("secretName") == "symphony-join-token"}
@@ -143,6 +153,8 @@ def rules(tree, docs):
                 err(f"{cname}: no prometheus.io/scrape annotation")
             if cmd[0] == "symphony-backend" and "nvidia.com/gpu" not in res.get("limits", {}):
                 err(f"{cname}: backend without an nvidia.com/gpu limit")
+            if cmd[0] == "symphony-backend" and spec.get("terminationGracePeriodSeconds", 30) <= 10:
+                err(f"{cname}: terminationGracePeriodSeconds must exceed the backend's 10 s drain bound")
             if cmd[0] == "symphony-frontend":
                 if not any(a.startswith("--grpc=0.0.0.0:8001") for a in args):
                     err(f"{cname}: gRPC is not served on 0.0.0.0:8001")
@@ -177,10 +189,47 @@ def rules(tree, docs):
                     err(f"{name}: no {f}")
     if daemons != {"symphony-scheduler", "symphony-frontend", "symphony-backend"}:
         err(f"{tree}: expected the 3 daemons (scheduler, frontend, backend), found {sorted(daemons)}")
+    errors += [f"{tree}: {e}" for e in rbac_errors(docs)]
     return errors
 
-def long_flags(binary):
-    text = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30, check=True).stdout
+def token_errors(name, spec, docs):
+    """A pod with a service account: the account exists and does not automount; the token is a
+    projected volume that expires within the hour, mounted read-only."""
+    errors = []
+    sa = spec["serviceAccountName"]
+    accounts = [d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == sa]
+    if len(accounts) != 1 or accounts[0].get("automountServiceAccountToken") is not False:
+        errors.append(f"{name}: ServiceAccount {sa} must be defined with automountServiceAccountToken: false")
+    projected = {v["name"]: v["projected"] for v in spec.get("volumes", []) if "projected" in v}
+    tokens = {n for n, p in projected.items() for s in p.get("sources", [])
+              if "serviceAccountToken" in s and s["serviceAccountToken"].get("expirationSeconds", 3600) <= 3600}
+    mounts = [m for c in spec["containers"] for m in c.get("volumeMounts", []) if m["name"] in tokens]
+    if not mounts or not all(m.get("readOnly") for m in mounts):
+        errors.append(f"{name}: needs its service-account token as a read-only projected volume expiring within 3600 s")
+    return errors
+
+def rbac_errors(docs):
+    """Namespaced RBAC only, no wildcards, every binding to a Role and an account defined here."""
+    errors = []
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    for d in docs:
+        kind, name = d["kind"], d["metadata"]["name"]
+        if kind in ("ClusterRole", "ClusterRoleBinding"):
+            errors.append(f"{kind}/{name}: cluster-wide RBAC is not needed by Symphony")
+        if kind == "Role":
+            for r in d.get("rules", []):
+                if any("*" in r.get(k, []) for k in ("apiGroups", "resources", "verbs", "resourceNames")):
+                    errors.append(f"Role/{name}: a wildcard in {r}")
+        if kind == "RoleBinding":
+            if d["roleRef"]["kind"] != "Role" or ("Role", d["roleRef"]["name"]) not in names:
+                errors.append(f"RoleBinding/{name}: must bind a Role defined here")
+            for s in d.get("subjects", []):
+                if s["kind"] != "ServiceAccount" or ("ServiceAccount", s["name"]) not in names:
+                    errors.append(f"RoleBinding/{name}: subject {s} is not a ServiceAccount defined here")
+    return errors
+
+def long_flags(binary, *subcommand):
+    text = subprocess.run([binary, *subcommand, "--help"], capture_output=True, text=True, timeout=30, check=True).stdout
     return set(re.findall(r"^\s+(?:-\w, )?(--[a-z0-9-]+)", text, re.M))
 
 def flag_errors(tree, docs, bin_dir):
@@ -195,10 +244,20 @@ def flag_errors(tree, docs, bin_dir):
             cmd = c.get("command", [""])[0]
             if not cmd.startswith("symphony"):
                 continue
+            args = c.get("args", [])
+            if cmd == "symphony":
+                # The CLI's subcommand (`symphony autoscale`): its flags; no cluster.toml.
+                sub = args[0] if args else ""
+                if f"{cmd} {sub}" not in helps:
+                    helps[f"{cmd} {sub}"] = long_flags(os.path.join(bin_dir, cmd), sub)
+                known = helps[f"{cmd} {sub}"]
+                errors += [f"{tree}: {w['metadata']['name']}: {cmd} {sub} has no flag {a.split('=', 1)[0]}"
+                           for a in args[1:] if a.startswith("--") and a.split("=", 1)[0] not in known]
+                continue
             if cmd not in helps:
                 helps[cmd] = long_flags(os.path.join(bin_dir, cmd))
             known = helps[cmd]
-            for a in c.get("args", []):
+            for a in args:
                 f = a.split("=", 1)[0]
                 if f.startswith("--") and f not in known:
                     errors.append(f"{tree}: {w['metadata']['name']}: {cmd} has no flag {f}")
@@ -263,7 +322,7 @@ for f in "${rendered[@]}" deploy/secret/*.yaml; do
 done
 "$venv/bin/hadolint" deploy/Containerfile
 bin_dir=${SYMPHONY_BIN_DIR:-target/release}
-if [ -x "$bin_dir/symphony-scheduler" ] && [ -x "$bin_dir/symphony-frontend" ] && [ -x "$bin_dir/symphony-backend" ]; then
+if [ -x "$bin_dir/symphony-scheduler" ] && [ -x "$bin_dir/symphony-frontend" ] && [ -x "$bin_dir/symphony-backend" ] && [ -x "$bin_dir/symphony" ]; then
   "$py" "$out/check.py" flags "$bin_dir"
   flags="flags checked against $bin_dir"
 else

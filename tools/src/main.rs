@@ -67,6 +67,8 @@ enum CommandError {
     Grid(#[from] report_grid::GridError),
     #[error(transparent)]
     BenchCluster(#[from] bench_cluster::BenchClusterError),
+    #[error(transparent)]
+    Autoscale(#[from] tools::autoscale::kubernetes::AutoscaleCmdError),
     /// `up` and `e2e`.
     #[error(transparent)]
     Up(#[from] up::UpError),
@@ -285,6 +287,8 @@ enum Cmd {
     },
     /// What the scheduler daemon ingests through the real wire protocol: the daemon plus synthetic frontend and backend processes.
     BenchCluster(bench_cluster::BenchClusterArgs),
+    /// The autoscale controller of a cluster on Kubernetes: scales the backend StatefulSet on the scheduler's signals (runs in a pod: deploy/overlays/autoscale).
+    Autoscale(tools::autoscale::kubernetes::AutoscaleArgs),
     /// Deterministic cluster run with seeded fault injection: the real scheduler, frontend and backend nodes on virtual time over an in-memory network; checks that every request ends exactly once.
     Chaos {
         /// Seed of the workload and of every fault (the same seed replays the same trace).
@@ -548,6 +552,7 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
             Ok(chaos_cmd::run(&chaos_cmd::ChaosArgs { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json, priority_mix, cancel_share, max_queue, trace_task })?)
         }
         Cmd::BenchCluster(a) => Ok(bench_cluster::run(&a)?),
+        Cmd::Autoscale(a) => Ok(tools::autoscale::kubernetes::run(&a)?),
         // `main` runs the daemon before parsing; here only for completeness.
         Cmd::Daemon { args } => match run_daemon(&args) {
             c if c == ExitCode::SUCCESS => Ok(()),

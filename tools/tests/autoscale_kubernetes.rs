@@ -26,6 +26,7 @@ use tools::autoscale::{Controller, ControllerConfig, Provider, Scrape, SignalErr
 
 const TOKEN: &str = "test-token";
 const SCALE_PATH: &str = "/apis/apps/v1/namespaces/symphony/statefulsets/symphony-backend/scale";
+const PATCH_PATH: &str = "/apis/apps/v1/namespaces/symphony/statefulsets/symphony-backend/scale?fieldManager=symphony-autoscale";
 const PODS_PATH: &str = "/api/v1/namespaces/symphony/pods?labelSelector=app.kubernetes.io%2Fname%3Dsymphony-backend";
 
 /// How the fake answers.
@@ -103,7 +104,7 @@ impl Fake {
         match (method.as_str(), path) {
             ("GET", SCALE_PATH) => (StatusCode::OK, self.scale()),
             ("GET", PODS_PATH) => (StatusCode::OK, self.pods()),
-            ("PATCH", SCALE_PATH) => {
+            ("PATCH", PATCH_PATH) => {
                 if content_type != Some("application/merge-patch+json") {
                     return status(StatusCode::UNSUPPORTED_MEDIA_TYPE, "UnsupportedMediaType", "not a merge patch");
                 }
@@ -258,7 +259,7 @@ fn the_provider_reads_the_scale_and_pods_and_patches_replicas() {
     // Past max_pods (16): no capacity, nothing patched.
     assert!(matches!(p.add_gpus(at(7), 14), Err(ScaleError::NoCapacity { wanted: 14, available: 13 })));
     let seen = api.fake().seen.clone();
-    assert!(seen.iter().all(|r| r.ends_with(SCALE_PATH) || r.ends_with(PODS_PATH)), "{seen:?}");
+    assert!(seen.iter().all(|r| [SCALE_PATH, PATCH_PATH, PODS_PATH].iter().any(|p| r.ends_with(p))), "{seen:?}");
     assert_eq!(seen.iter().filter(|r| r.starts_with("PATCH")).count(), 2, "{seen:?}");
 }
 

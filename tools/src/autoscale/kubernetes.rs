@@ -39,31 +39,37 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::io::Read;
+use std::net::ToSocketAddrs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
 use bytes::Bytes;
-use dataplane::time::{Duration, Instant};
+use dataplane::time::{Duration, Instant, MonotonicClock};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST};
+use hyper::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, USER_AGENT};
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
-use scheduler::autoscale::{GpuMember, GpuPhase, ScaleError, ScaleProvider};
+use node_shell::metrics::{Counter, Gauge, MetricsRegistry};
+use node_shell::MetricsEndpoint;
+use scheduler::autoscale::{AutoscaleConfig, GpuMember, GpuPhase, ScaleError, ScaleProvider};
 use scheduler::types::GpuId;
 use serde::Deserialize;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
-use tracing::warn;
+use tracing::{info, warn};
 
-use super::Provider;
+use super::{Controller, ControllerConfig, Provider, SchedulerMetrics, Scrape, SignalError, SignalSource, Tick};
 
 /// Where a pod's service-account files are mounted.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// The most bytes of a token or CA bundle file read.
 const MAX_FILE_BYTES: u64 = 256 << 10;
-/// The most bytes of a status message kept in an error.
+/// Who the API server records as the writer of the replicas, and the
+/// user agent.
+pub const FIELD_MANAGER: &str = "symphony-autoscale";
+/// The most characters of a status message kept in an error.
 const MAX_MESSAGE_CHARS: usize = 200;
 
 /// How to reach the API server and which StatefulSet to scale.
@@ -326,7 +332,8 @@ impl KubeClient {
     /// Sets `replicas` with a merge patch of the scale, on condition that
     /// it is still at `resource_version` (else HTTP 409).
     pub fn patch_replicas(&self, replicas: u32, resource_version: &str) -> Result<Scale, KubeError> {
-        let path = self.scale_path();
+        // The field manager names who set the replicas (kubectl get --show-managed-fields).
+        let path = format!("{}?fieldManager={FIELD_MANAGER}", self.scale_path());
         let patch = serde_json::json!({"metadata": {"resourceVersion": resource_version}, "spec": {"replicas": replicas}});
         let body = self.call(Method::PATCH, path.clone(), Some(patch.to_string().into_bytes()))?;
         parse_scale(&body, self.inner.cfg.max_pods).map_err(|reason| KubeError::Malformed { method: Method::PATCH, path, reason })
@@ -398,7 +405,8 @@ impl Inner {
             .uri(path)
             .header(HOST, self.authority.clone())
             .header(AUTHORIZATION, token)
-            .header(ACCEPT, "application/json");
+            .header(ACCEPT, "application/json")
+            .header(USER_AGENT, FIELD_MANAGER);
         if body.is_some() {
             request = request.header(CONTENT_TYPE, "application/merge-patch+json");
         }
@@ -711,6 +719,176 @@ impl Provider for KubernetesProvider {
         self.set_admitted(Some(serving.iter().copied().collect()));
         Ok(())
     }
+}
+
+/// The schedulers' `/metrics` endpoints by name (`HOST:PORT`), resolved
+/// again at every scrape: a scheduler pod that restarts comes back with
+/// another IP address under the same name.
+#[derive(Clone, Debug)]
+pub struct ResolvedSchedulerMetrics {
+    names: Vec<String>,
+}
+
+impl ResolvedSchedulerMetrics {
+    /// The endpoints named `names`.
+    pub fn new(names: Vec<String>) -> Self {
+        ResolvedSchedulerMetrics { names }
+    }
+}
+
+impl SignalSource for ResolvedSchedulerMetrics {
+    fn scrape(&mut self) -> Result<Scrape, SignalError> {
+        let mut addrs = Vec::new();
+        let mut last_err = std::io::Error::other("no name resolved");
+        for name in &self.names {
+            match name.to_socket_addrs() {
+                Ok(found) => addrs.extend(found),
+                Err(e) => last_err = e,
+            }
+        }
+        if addrs.is_empty() {
+            return Err(SignalError::Unreachable { addrs: self.names.join(", "), source: last_err });
+        }
+        SchedulerMetrics::new(addrs).scrape()
+    }
+}
+
+/// `symphony autoscale`: the autoscale controller for a cluster on
+/// Kubernetes (deploy/overlays/autoscale runs it in a pod).
+#[derive(clap::Args, Clone, Debug)]
+pub struct AutoscaleArgs {
+    /// What owns the backends: kubernetes (the backend StatefulSet, through the API server of the
+    /// pod's cluster, with the pod's service account).
+    #[arg(long, default_value = "kubernetes", value_parser = ["kubernetes"])]
+    pub provider: String,
+    /// The schedulers' metrics endpoints, HOST:PORT,... (resolved at every scrape; the leader's is
+    /// read).
+    #[arg(long = "scheduler-metrics", value_delimiter = ',', required = true)]
+    pub scheduler_metrics: Vec<String>,
+    /// The backends' StatefulSet.
+    #[arg(long, default_value = "symphony-backend")]
+    pub statefulset: String,
+    /// Its namespace (default: the service account's).
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// GPUs per backend.
+    #[arg(long = "gpus-per-backend", default_value_t = 1)]
+    pub gpus_per_backend: u32,
+    /// How often the controller reads the scheduler's signals and decides, ms.
+    #[arg(long = "autoscale-interval-ms", default_value_t = 1000)]
+    pub interval_ms: u64,
+    /// Never fewer backends.
+    #[arg(long = "autoscale-min-backends", default_value_t = 1)]
+    pub min_backends: u32,
+    /// Never more backends.
+    #[arg(long = "autoscale-max-backends", default_value_t = 4)]
+    pub max_backends: u32,
+    /// No scale-in within this long after an action, s.
+    #[arg(long = "autoscale-cooldown-s", default_value_t = 4.0)]
+    pub cooldown_s: f64,
+    /// Scale-in acts on the largest cluster recommended over this window, s.
+    #[arg(long = "autoscale-stabilisation-s", default_value_t = 4.0)]
+    pub stabilisation_s: f64,
+    /// The idle fraction scale-in keeps.
+    #[arg(long = "autoscale-headroom", default_value_t = 0.3)]
+    pub headroom: f64,
+    /// Prometheus /metrics (and /health) listen address, HOST:PORT (port 0 picks one).
+    #[arg(long, default_value = "127.0.0.1:0", value_parser = node_shell::parse_socket_addr)]
+    pub metrics: std::net::SocketAddr,
+}
+
+/// Why `symphony autoscale` could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum AutoscaleCmdError {
+    /// The in-cluster configuration or the client.
+    #[error(transparent)]
+    Kube(#[from] KubeError),
+    /// A bad option.
+    #[error("{0}")]
+    Usage(String),
+    /// The metrics endpoint or the stop signals.
+    #[error("autoscale: {what}: {source}")]
+    Setup {
+        /// What was being set up.
+        what: &'static str,
+        /// Why it failed.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// The controller's own counters, on its `/metrics`.
+#[derive(Default)]
+struct CmdMetrics {
+    ticks: Counter,
+    added: Counter,
+    drained: Counter,
+    serving: Gauge,
+    joining: Gauge,
+    draining: Gauge,
+}
+
+impl CmdMetrics {
+    fn register(&self, r: &MetricsRegistry) {
+        r.register("symphony_autoscale_ticks", "Intervals judged", self.ticks.clone());
+        r.register("symphony_autoscale_added_gpus", "GPUs the controller added", self.added.clone());
+        r.register("symphony_autoscale_drained_gpus", "GPUs the controller drained", self.drained.clone());
+        r.register("symphony_autoscale_serving_gpus", "GPUs serving after the last tick", self.serving.clone());
+        r.register("symphony_autoscale_joining_gpus", "GPUs joining after the last tick", self.joining.clone());
+        r.register("symphony_autoscale_draining_gpus", "GPUs draining after the last tick", self.draining.clone());
+    }
+
+    fn record(&self, tick: &Tick, provider: &KubernetesProvider) {
+        self.ticks.inc();
+        self.added.inc_by(u64::from(tick.decision.add));
+        self.drained.inc_by(tick.decision.drain.len() as u64);
+        let members = provider.members();
+        let count = |f: fn(&GpuPhase) -> bool| members.iter().filter(|m| f(&m.phase)).count() as i64;
+        self.serving.set(count(|p| *p == GpuPhase::Serving));
+        self.joining.set(count(|p| matches!(p, GpuPhase::Joining { .. })));
+        self.draining.set(count(|p| *p == GpuPhase::Draining));
+    }
+}
+
+/// Runs `symphony autoscale` until SIGTERM or SIGINT.
+pub fn run(args: &AutoscaleArgs) -> Result<(), AutoscaleCmdError> {
+    if args.min_backends == 0 || args.max_backends < args.min_backends || args.gpus_per_backend == 0 {
+        return Err(AutoscaleCmdError::Usage("need 1 <= --autoscale-min-backends <= --autoscale-max-backends and --gpus-per-backend >= 1".into()));
+    }
+    let seconds = |s: f64, flag: &str| {
+        (s.is_finite() && s >= 0.0).then(|| Duration::from_secs_f64(s)).ok_or_else(|| AutoscaleCmdError::Usage(format!("{flag} must be a number of seconds >= 0")))
+    };
+    let per = args.gpus_per_backend;
+    let autoscale = AutoscaleConfig {
+        headroom: args.headroom.clamp(0.0, 0.99),
+        cooldown: seconds(args.cooldown_s, "--autoscale-cooldown-s")?,
+        stabilisation: seconds(args.stabilisation_s, "--autoscale-stabilisation-s")?,
+        min_gpus: args.min_backends.saturating_mul(per),
+        max_gpus: args.max_backends.saturating_mul(per),
+        ..AutoscaleConfig::default()
+    };
+    let mut cfg = KubeConfig::in_cluster(args.namespace.as_deref(), &args.statefulset)?;
+    cfg.gpus_per_pod = per;
+    cfg.max_pods = args.max_backends;
+    let provider = KubernetesProvider::new(KubeClient::new(cfg)?);
+    let source = ResolvedSchedulerMetrics::new(args.scheduler_metrics.clone());
+    let interval = Duration::from_millis(args.interval_ms.max(100));
+    let mut controller = Controller::new(ControllerConfig { autoscale, interval }, provider, source);
+    let setup = |what| move |e: std::io::Error| AutoscaleCmdError::Setup { what, source: e.into() };
+    let registry = Arc::new(MetricsRegistry::new());
+    let metrics = CmdMetrics::default();
+    metrics.register(&registry);
+    let _endpoint = MetricsEndpoint::start(args.metrics, registry).map_err(setup("metrics endpoint"))?;
+    dataplane::control::install_stop_signals().map_err(|e| AutoscaleCmdError::Setup { what: "stop signals", source: e.into() })?;
+    info!(statefulset = %args.statefulset, interval_ms = interval.as_nanos() / 1_000_000, "autoscale: controlling the backend StatefulSet");
+    let clock = MonotonicClock::new();
+    controller.run(&clock, &dataplane::control::stop_requested, &mut |tick, provider| {
+        metrics.record(tick, provider);
+        if tick.decision.add > 0 || !tick.decision.drain.is_empty() {
+            info!(add = tick.decision.add, drain = ?tick.decision.drain, bad_rate = tick.interval.signals.bad_rate, idle = tick.interval.signals.idle_fraction, "autoscale: acted");
+        }
+    });
+    Ok(())
 }
 
 #[cfg(test)]
