@@ -235,7 +235,8 @@ def server_split(before, after):
     """The rung's server-side split from two scrapes of Symphony's endpoints: each stage's mean
     per executed request (µs; symphony_stage_duration_us, frontend: network, queue, input,
     compute, output, which add up to the frontend's end-to-end time), the mean planned and
-    executed batch, the backend's late starts and the scheduler's decision lag."""
+    executed batch, the backend's late starts (> 100 us) and mean start lateness, the answers
+    the frontend counted late and the scheduler's decision lag."""
     d = {k: v - before.get(k, 0.0) for k, v in after.items()}
 
     def total(name, **labels):
@@ -252,7 +253,12 @@ def server_split(before, after):
            "executed": int(n)}
     b = total("symphony_backend_batches_executed_total")
     out["batches"] = int(b)
+    # late starts: batches started > 100 us after their planned time (the backend's threshold);
+    # the mean lateness of every batch from the histogram symphony_backend_start_lateness_us
     out["late_starts"] = int(total("symphony_backend_late_starts_total"))
+    ln = total("symphony_backend_start_lateness_us_count")
+    out["mean_start_lateness_us"] = round(total("symphony_backend_start_lateness_us_sum") / ln, 1) if ln else None
+    out["late_answers"] = int(total("symphony_requests_by_level_total", outcome="late"))
     bs_n, bs_sum = total("symphony_batch_size_count"), total("symphony_batch_size_sum")
     # symphony_batch_size is on both the scheduler (planned) and the backend (executed): the
     # sum over both endpoints counts each batch twice, the mean is unchanged

@@ -221,12 +221,14 @@ const LATE_TRIES_CAP: u32 = 64;
 
 /// [`wait_outcome`]; for a model that serves late answers
 /// ([`LateAnswers::Serve`]) and a request whose client set no timeout of
-/// its own, each drop for the deadline (`deadline_unmeetable`,
-/// `early_drop`) submits it again with a fresh SLO, behind the requests
-/// that can still meet theirs (their deadlines are earlier), as long as
-/// another SLO keeps it within the model's bound from `arrived` and within
-/// `bound / SLO + 1` tries ([`LATE_TRIES_CAP`] at most). The scheduler
-/// sees each try as a new request: its policy for the others is unchanged.
+/// its own, the wait for an outcome lasts until the model's bound from
+/// `arrived` (a batch that runs late on a busy host is still answered),
+/// and each drop for the deadline (`deadline_unmeetable`, `early_drop`)
+/// submits it again with a fresh SLO, behind the requests that can still
+/// meet theirs (their deadlines are earlier), as long as another SLO keeps
+/// it within the bound and within `bound / SLO + 1` tries
+/// ([`LATE_TRIES_CAP`] at most). The scheduler sees each try as a new
+/// request: its policy for the others is unchanged.
 async fn wait_serving_late<S: InferenceService>(
     service: &S,
     model_id: u32,
@@ -235,34 +237,42 @@ async fn wait_serving_late<S: InferenceService>(
     options: RequestOptions,
     arrived: std::time::Instant,
 ) -> (InferResult, Option<Execution>) {
-    let mut outcome = wait_outcome(service, model_id, input, budget, options).await;
-    let LateAnswers::Serve { max_wait } = service.catalog().late_answers(model_id) else {
-        return outcome;
+    let late = match service.catalog().late_answers(model_id) {
+        LateAnswers::Serve { max_wait } if options.timeout.is_none() => {
+            service.catalog().by_id(model_id).map(|m| (max_wait, m.spec.slo))
+        }
+        _ => None,
     };
-    let Some(slo) = service.catalog().by_id(model_id).map(|m| m.spec.slo) else {
-        return outcome;
+    let Some((max_wait, slo)) = late else {
+        return wait_outcome(service, model_id, input, budget, options, std::time::Duration::ZERO).await;
     };
+    let patience = || max_wait.saturating_sub(arrived.elapsed());
     let slo_std = std::time::Duration::from_nanos(slo.as_nanos());
     let tries = (max_wait.as_nanos() / slo_std.as_nanos().max(1)).min(u128::from(LATE_TRIES_CAP - 1)) as u32 + 1;
+    let mut outcome = wait_outcome(service, model_id, input, budget, options, patience()).await;
     for _ in 1..tries {
         let deadline_drop = matches!(
             outcome.0,
             InferResult::Dropped(DropReason::DeadlineUnmeetable | DropReason::EarlyDrop)
         );
-        if !deadline_drop || options.timeout.is_some() || arrived.elapsed() + slo_std > max_wait {
+        if !deadline_drop || arrived.elapsed() + slo_std > max_wait {
             break;
         }
-        outcome = wait_outcome(service, model_id, input, slo, options).await;
+        outcome = wait_outcome(service, model_id, input, slo, options, patience()).await;
     }
     outcome
 }
 
+/// Submits one try and waits for its outcome until `budget` plus the
+/// service's grace, or `patience` if that is longer (a model serving late
+/// answers), then gives it up as timed out.
 async fn wait_outcome<S: InferenceService>(
     service: &S,
     model_id: u32,
     input: &[u8],
     budget: Duration,
     options: RequestOptions,
+    patience: std::time::Duration,
 ) -> (InferResult, Option<Execution>) {
     let pending = match service.submit(model_id, input, budget, options) {
         Ok(p) => p,
@@ -275,7 +285,7 @@ async fn wait_outcome<S: InferenceService>(
         armed: true,
     };
     let wait = options.timeout.map_or(budget, |t| t.min(budget));
-    let limit = std::time::Duration::from_nanos(wait.saturating_add(service.grace()).as_nanos());
+    let limit = std::time::Duration::from_nanos(wait.saturating_add(service.grace()).as_nanos()).max(patience);
     let outcome = tokio::select! {
         o = &mut guard.pending => Some(o),
         _ = tokio::time::sleep(limit) => Some(guard.pending.expire()),
