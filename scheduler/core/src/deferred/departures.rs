@@ -106,11 +106,18 @@ pub enum Departure {
     /// about a burst, and the batches of one it starts spread the long
     /// runner's bursts over the GPUs the tight models need.
     LongRunnerQuiet,
+    /// Item 34: a batch that runs longer than another model's budget (the
+    /// longest one of its fresh requests can wait to start) does not take
+    /// the last GPU that frees within that budget while it can still
+    /// start in time on the next GPU to free: otherwise long batches on
+    /// every GPU leave the tight model no GPU for a whole batch, which a
+    /// plan dedicating a GPU (Nexus) avoids.
+    LongBatchOffLastGpu,
 }
 
 impl Departure {
     /// Every departure, in item order of docs/decisions.md.
-    pub const ALL: [Departure; 24] = [
+    pub const ALL: [Departure; 25] = [
         Departure::WindowGaps,
         Departure::EarlyDrop,
         Departure::DropShortfall,
@@ -135,6 +142,7 @@ impl Departure {
         Departure::FollowUps,
         Departure::LightLoad,
         Departure::LongRunnerQuiet,
+        Departure::LongBatchOffLastGpu,
     ];
 
     /// Its name on the command line and in reports.
@@ -164,6 +172,7 @@ impl Departure {
             Departure::FollowUps => "follow-ups",
             Departure::LightLoad => "light-load",
             Departure::LongRunnerQuiet => "long-runner-quiet",
+            Departure::LongBatchOffLastGpu => "long-batch-off-last-gpu",
         }
     }
 
@@ -194,6 +203,7 @@ impl Departure {
             Departure::FollowUps => &[31],
             Departure::LightLoad => &[32],
             Departure::LongRunnerQuiet => &[33],
+            Departure::LongBatchOffLastGpu => &[34],
         }
     }
 

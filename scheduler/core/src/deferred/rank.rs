@@ -6,7 +6,7 @@ use crate::netdelay::NetworkDelay;
 use crate::types::{GpuId, ModelId};
 use dataplane::mutation::{self, Mutation};
 use dataplane::heap::IndexedHeap;
-use dataplane::time::Instant;
+use dataplane::time::{Duration, Instant};
 use std::cmp::Reverse;
 
 /// Counters of the RankThread core.
@@ -56,8 +56,55 @@ pub struct RankCore {
     wake: Option<Instant>,
     stats: RankStats,
     losses: LossBoard,
-    /// Items 8, 15, 20 and 29 are [`Departure`]s of this set.
+    budgets: BudgetBoard,
+    /// The last matching kept a candidate off an idle GPU (deferred item
+    /// 34): the next wake is when another GPU frees, not at once.
+    held_off: bool,
+    /// Items 8, 15, 20, 29 and 34 are [`Departure`]s of this set.
     departures: DepartureSet,
+}
+
+/// Each model's budget, the longest any of its candidates could still
+/// wait to start when the model reported it (`latest - now`: for a fresh
+/// head in a batch of one, its SLO less `l(1)` and the network delay), and
+/// the two smallest, for [`Departure::LongBatchOffLastGpu`]. Budgets only
+/// grow, and a model's stops growing once it has reported a fresh head, so
+/// the `O(M)` rescan on a growth is rare.
+#[derive(Clone, Debug)]
+struct BudgetBoard {
+    budget: Vec<Option<Duration>>,
+    /// `(budget, model)`, smallest first.
+    low: [(Duration, ModelId); 2],
+}
+
+impl BudgetBoard {
+    fn new(models: usize) -> Self {
+        BudgetBoard { budget: vec![None; models], low: [(Duration::MAX, ModelId::MAX); 2] }
+    }
+
+    fn report(&mut self, model: ModelId, lead: Duration) {
+        let Some(slot) = self.budget.get_mut(model as usize) else { return };
+        if slot.is_some_and(|b| b >= lead) {
+            return;
+        }
+        *slot = Some(lead);
+        let mut low = [(Duration::MAX, ModelId::MAX); 2];
+        for (m, b) in self.budget.iter().enumerate() {
+            let Some(b) = *b else { continue };
+            if b < low[0].0 {
+                low = [(b, m as ModelId), low[0]];
+            } else if b < low[1].0 {
+                low[1] = (b, m as ModelId);
+            }
+        }
+        self.low = low;
+    }
+
+    /// The smallest budget of any model but `model` that has reported one.
+    fn others(&self, model: ModelId) -> Option<Duration> {
+        let (b, m) = if self.low[0].1 == model { self.low[1] } else { self.low[0] };
+        (m != ModelId::MAX).then_some(b)
+    }
 }
 
 /// Reports between two full recomputations of [`LossBoard::top`].
@@ -153,6 +200,8 @@ impl RankCore {
             wake: None,
             stats: RankStats::default(),
             losses: LossBoard::new(models),
+            budgets: BudgetBoard::new(models),
+            held_off: false,
             departures: DepartureSet::default(),
         }
     }
@@ -188,6 +237,10 @@ impl RankCore {
     /// A message from a ModelThread.
     pub fn on_message(&mut self, now: Instant, msg: ToRank, grant: &mut impl FnMut(Grant)) {
         self.stats.messages += 1;
+        self.held_off = false;
+        if let ToRank::Candidate { model, cand: Some(c) } | ToRank::Pending { model, cand: Some(c) } = msg {
+            self.budgets.report(model, c.latest.saturating_since(now));
+        }
         match msg {
             ToRank::Candidate { model, cand } => {
                 self.remove_candidate(model);
@@ -346,7 +399,11 @@ impl RankCore {
     /// Grants an idle GPU to `model`'s pending candidate now (an early
     /// grant: it runs what its queue holds). False if no GPU is idle.
     fn grant_idle_early(&mut self, now: Instant, model: ModelId, grant: &mut impl FnMut(Grant)) -> bool {
-        let Some((_, g)) = self.idle.pop() else { return false };
+        let Some((_, g)) = self.idle.peek() else { return false };
+        if self.pending.get(model as usize).copied().flatten().is_some_and(|c| self.keeps_off(now, model, &c, g, now)) {
+            return false;
+        }
+        self.idle.pop();
         self.remove_pending(model);
         self.give(now, model, g, now, true, grant);
         true
@@ -395,7 +452,8 @@ impl RankCore {
         }
         self.promote(now);
         self.serve_more_urgent_pending(now, (c.level, c.urgency), grant);
-        if let Some((_, g)) = self.idle.pop() {
+        if let Some((_, g)) = self.idle.peek().filter(|&(_, g)| !self.keeps_off(now, model, &c, g, now)) {
+            self.idle.pop();
             // Mutation testing only (compiled out without the `mutations`
             // feature): grant a GPU that is still busy as if it were free.
             if let Some((busy_until, b)) = self.busy.peek() {
@@ -413,7 +471,7 @@ impl RankCore {
         // A GPU about to free goes to the newcomer only if no waiting
         // candidate has a higher priority level (one level: always).
         let outranked = self.by_latest.peek().is_some_and(|((level, _), _)| level < c.level);
-        if let Some((free_at, g)) = self.busy.peek().filter(|_| !outranked) {
+        if let Some((free_at, g)) = self.busy.peek().filter(|&(free_at, g)| !outranked && !self.keeps_off(now, model, &c, g, free_at)) {
             if free_at <= start && free_at <= c.latest {
                 self.busy.pop();
                 self.give(now, model, g, free_at, false, grant);
@@ -428,6 +486,7 @@ impl RankCore {
     /// Appendix D's on_gpu_timer, for every GPU that is (about to be) free
     /// while candidates wait: the most urgent feasible candidate wins.
     fn match_gpus(&mut self, now: Instant, grant: &mut impl FnMut(Grant)) {
+        self.held_off = false;
         while !self.by_latest.is_empty() {
             self.promote(now);
             let (gpu, free_at) = if let Some((_, g)) = self.idle.peek() {
@@ -454,9 +513,17 @@ impl RankCore {
                 break;
             }
             let Some(top) = winner else { break };
-            self.idle.remove(gpu);
+            let was_idle = self.idle.remove(gpu).is_some();
             self.busy.remove(gpu);
-            let m = self.who_takes_the_gpu(now, free_at, top);
+            let Some(m) = self.not_kept_off(now, self.who_takes_the_gpu(now, free_at, top), gpu, free_at) else {
+                if was_idle {
+                    self.idle.set(gpu, gpu);
+                } else {
+                    self.busy.set(gpu, free_at);
+                }
+                self.held_off = true;
+                break;
+            };
             self.remove_candidate(m);
             self.give(now, m, gpu, free_at, false, grant);
         }
@@ -504,6 +571,43 @@ impl RankCore {
         best
     }
 
+    /// `model`, unless deferred item 34 keeps its candidate off `gpu` (free
+    /// at `free_at`, out of the idle and busy sets); then the most urgent
+    /// other candidate that can start there and is not kept off, if any.
+    /// `O(M)`, and only when the rule keeps one off.
+    fn not_kept_off(&self, now: Instant, model: ModelId, gpu: GpuId, free_at: Instant) -> Option<ModelId> {
+        let Some(c) = self.cands.get(model as usize).copied().flatten() else { return Some(model) };
+        if !self.keeps_off(now, model, &c, gpu, free_at) {
+            return Some(model);
+        }
+        let others = self.cands.iter().enumerate().filter_map(|(m, c)| c.map(|c| (m as ModelId, c)));
+        others
+            .filter(|&(m, c)| m != model && free_at.max(now + self.delay.of(c.bs)) <= c.latest && !self.keeps_off(now, m, &c, gpu, free_at))
+            .min_by_key(|&(_, c)| (c.level, c.urgency))
+            .map(|(m, _)| m)
+    }
+
+    /// Deferred item 34 ([`Departure::LongBatchOffLastGpu`]): whether
+    /// `model`'s candidate `c` stays off `gpu`, free at `free_at`. It does
+    /// when `gpu` is the last GPU free within another model's budget (no
+    /// other GPU idle, the next other one frees later than that budget
+    /// after this one), `c` runs longer than that budget, and `c` can still
+    /// start by its latest on that next GPU: so `c` loses only latency,
+    /// and the tight model keeps a GPU for its next fresh request instead
+    /// of finding every GPU held by long batches. `O(1)`.
+    fn keeps_off(&self, now: Instant, model: ModelId, c: &Candidate, gpu: GpuId, free_at: Instant) -> bool {
+        if !self.departures.has(Departure::LongBatchOffLastGpu) {
+            return false;
+        }
+        let Some(budget) = self.budgets.others(model).filter(|&b| c.exec > b) else { return false };
+        if self.idle.len() > usize::from(self.idle.contains(gpu)) {
+            return false;
+        }
+        let next: [Option<(Instant, GpuId)>; 2] = self.busy.smallest();
+        let Some(next_free) = next.into_iter().flatten().find(|&(_, g)| g != gpu).map(|(t, _)| t) else { return false };
+        next_free.saturating_since(free_at.max(now)) > budget && next_free.max(now + self.delay.of(c.bs)) <= c.latest
+    }
+
     /// The largest network lead time among waiting candidates.
     fn max_lead(&self) -> dataplane::time::Duration {
         self.by_size.peek().map_or(dataplane::time::Duration::ZERO, |(Reverse(bs), _)| self.delay.of(bs))
@@ -520,6 +624,10 @@ impl RankCore {
             } else {
                 None
             }
+        } else if self.held_off {
+            // A candidate kept off the idle GPUs (item 34) waits for the
+            // next GPU to free, or for a message (which clears the hold).
+            self.busy.peek().map(|(t, _)| t.max(now))
         } else if !self.idle.is_empty() {
             Some(now)
         } else {
@@ -808,6 +916,61 @@ mod tests {
         assert_eq!(first_at_10(200, 300, 11), Some(0));
         assert_eq!(first_at_10(0, 15, 11), Some(0));
         assert_eq!(first_at_10(300, 0, 11), Some(0));
+    }
+
+    #[test]
+    fn a_long_batch_that_can_wait_stays_off_the_last_gpu_a_tight_model_needs() {
+        let ms = |ms: u64| Instant::from_nanos(ms * 1_000_000);
+        // Two GPUs: GPU 0 runs a long batch until 200 ms, GPU 1 is idle.
+        // Model 0 is tight: its fresh head can wait 30 ms. Model 1's next
+        // batch runs 189 ms and must start by `latest` ms. Returns who
+        // holds GPU 1 after model 1's candidate, and the next wake.
+        let run = |departures: DepartureSet, latest: u64| {
+            let mut rank = RankCore::new(2, 2, NetworkDelay::ZERO).with_departures(departures);
+            let mut grants = Vec::new();
+            rank.on_message(ms(0), ToRank::Candidate { model: 1, cand: Some(cand(4, 100)) }, &mut |g| grants.push(g));
+            rank.on_message(ms(0), ToRank::GpuFree { gpu: 0, free_at: ms(200) }, &mut |g| grants.push(g));
+            rank.on_message(ms(1), ToRank::Pending { model: 0, cand: Some(pending(31, 5)) }, &mut |g| grants.push(g));
+            rank.on_message(ms(1), ToRank::Pending { model: 0, cand: None }, &mut |g| grants.push(g));
+            grants.clear();
+            let long = Candidate { exec: Duration::from_millis(189), ..cand(4, latest) };
+            rank.on_message(ms(2), ToRank::Candidate { model: 1, cand: Some(long) }, &mut |g| grants.push(g));
+            if rank.poll_at() == Some(ms(2)) {
+                rank.on_wake(ms(2), &mut |g| grants.push(g));
+            }
+            (grants.iter().map(|g| (g.model, g.gpu)).collect::<Vec<_>>(), rank.poll_at(), rank)
+        };
+        // It can start by 300 ms, after GPU 0 frees at 200: kept off GPU 1,
+        // waking when GPU 0 frees (not at once: no livelock).
+        let (grants, wake, mut rank) = run(DepartureSet::default(), 300);
+        assert!(grants.is_empty(), "{grants:?}");
+        assert_eq!(wake, Some(ms(200)));
+        // The tight model's fresh request takes GPU 1 at once.
+        let mut more = Vec::new();
+        rank.on_message(ms(20), ToRank::Candidate { model: 0, cand: Some(cand(1, 45)) }, &mut |g| more.push(g));
+        assert_eq!(more.iter().map(|g| (g.model, g.gpu)).collect::<Vec<_>>(), vec![(0, 1)]);
+        // GPU 0 frees: the long batch takes it, in time.
+        rank.on_wake(ms(200), &mut |g| more.push(g));
+        assert_eq!(more.last().map(|g| (g.model, g.gpu, g.free_at)), Some((1, 0, ms(200))));
+        // Switched off, or when it could not wait for GPU 0, it takes GPU 1.
+        let off = DepartureSet::default().without(Departure::LongBatchOffLastGpu);
+        assert_eq!(run(off, 300).0, vec![(1, 1)]);
+        assert_eq!(run(DepartureSet::default(), 150).0, vec![(1, 1)]);
+    }
+
+    #[test]
+    fn a_budget_is_the_longest_wait_a_model_reported_and_others_skip_the_model_itself() {
+        let mut b = BudgetBoard::new(3);
+        assert_eq!(b.others(0), None);
+        b.report(0, Duration::from_millis(30));
+        assert_eq!((b.others(0), b.others(1)), (None, Some(Duration::from_millis(30))));
+        b.report(1, Duration::from_millis(50));
+        b.report(0, Duration::from_millis(20));
+        assert_eq!((b.others(0), b.others(1), b.others(2)), (Some(Duration::from_millis(50)), Some(Duration::from_millis(30)), Some(Duration::from_millis(30))));
+        b.report(0, Duration::from_millis(60));
+        assert_eq!((b.others(1), b.others(2)), (Some(Duration::from_millis(60)), Some(Duration::from_millis(50))));
+        b.report(7, Duration::ZERO);
+        assert_eq!(b.others(2), Some(Duration::from_millis(50)));
     }
 
     #[test]
