@@ -499,7 +499,8 @@ fn poll_until_drained<C: Connection>(
         }
         // One epoll_wait per pass tells which armed links have bytes: the
         // node then skips the rest instead of a recv each that finds
-        // nothing.
+        // nothing. Right after a sleep the wait's own answer serves
+        // (`WaitSet::ready_now`), without a second epoll_wait.
         // The watch list is rebuilt only when the links changed (listing
         // and sorting ~300 links took ~10% of a busy daemon's time).
         if synced != Some(node.link_set_version()) {
