@@ -27,7 +27,9 @@
 //! Joining: the time from the start of `run` (executor built, models
 //! loaded and warmed) to the scheduler's `Welcome` is logged as `join_ms`
 //! with the registration; the backend's GPUs enter the scheduler's
-//! matchmaking at that moment.
+//! matchmaking once its data links to the frontends announced then are up
+//! (the join gate: logged with `ready_ms`, the scheduler's
+//! `symphony_backend_join_ms`).
 //!
 //! Shutdown (SIGINT/SIGTERM, as Kubernetes or `symphony up --autoscale`
 //! sends on a scale-in) is a graceful leave
@@ -387,7 +389,7 @@ fn serve<D: Domain, E: Executor>(
         models = s.models.len(),
         metrics = %endpoint.addr(),
         join_ms = launch.started.elapsed().as_secs_f64() * 1e3,
-        "registered with the scheduler; its GPUs are in matchmaking"
+        "registered with the scheduler; its GPUs join matchmaking once its data links to the frontends are up"
     );
     (launch.ready)(&Ready {
         metrics: endpoint.addr(),

@@ -67,6 +67,17 @@ pub enum BackendEvent {
         /// Its data endpoint.
         endpoint: String,
     },
+    /// The join gate: the data links to the frontends the scheduler
+    /// announced at the registration are up (or the bound passed with
+    /// `missing` of them not linked); the scheduler was told, and puts the
+    /// GPUs into matchmaking.
+    Ready {
+        /// From the scheduler's request to the report.
+        after: Duration,
+        /// Frontends announced then that are not linked (waited for up
+        /// to the handshake timeout).
+        missing: usize,
+    },
     /// A scheduler message the node ignores (why).
     Ignored {
         /// Why.
@@ -149,6 +160,16 @@ impl std::fmt::Display for BackendEvent {
                 if *replaced { " (replaced the previous one)" } else { "" }
             ),
             BackendEvent::FrontendLost(id) => write!(f, "data connection to frontend {id} lost"),
+            BackendEvent::Ready { after, missing: 0 } => write!(
+                f,
+                "data links to every announced frontend are up; told the scheduler, its GPUs join matchmaking (ready_ms={:.3})",
+                after.as_secs_f64() * 1e3
+            ),
+            BackendEvent::Ready { after, missing } => write!(
+                f,
+                "{missing} announced frontends still have no data link after {:.0} ms; told the scheduler ready anyway, its GPUs join matchmaking",
+                after.as_secs_f64() * 1e3
+            ),
             BackendEvent::Fenced(p) => match p.reason {
                 FenceReason::StaleEpoch => write!(
                     f,
@@ -229,6 +250,18 @@ enum State {
 
 /// A graceful leave (see [`BackendNode::begin_leave`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The join gate (see [`wire::Drain`]): the scheduler asks, once it has
+/// announced every frontend, to be told when the data links to them are
+/// up; its GPUs serve from then on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Gate {
+    /// Not asked (or answered).
+    Open,
+    /// Asked: these frontends must be linked; from `since` (the first poll
+    /// after the request), up to the handshake timeout.
+    Asked { frontends: Vec<u32>, since: Option<Instant> },
+}
+
 enum Leave {
     /// Not leaving.
     No,
@@ -298,6 +331,13 @@ pub struct BackendNode<C: Connection, E: Executor> {
 }
 
 /// The key of the scheduler link in [`BackendNode::for_each_conn`].
+    /// Frontends the scheduler announced since its last join-gate request.
+    announced: Vec<u32>,
+    /// The join gate, once the scheduler asked.
+    gate: Gate,
+    /// Plans and announcements that came before the Welcome: the worker's
+    /// once the Welcome proves the token, dropped otherwise.
+    early: Vec<Vec<u8>>,
 pub const SCHEDULER_LINK: u64 = 0;
 
 impl<C: Connection, E: Executor> BackendNode<C, E> {
@@ -332,6 +372,8 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
         }
     }
 
+            announced: Vec::new(),
+            gate: Gate::Open,
     /// With `on`, the node outlives its scheduler: losing it (or being
     /// refused by the next one) leaves the node waiting for the host's
     /// next scheduler link ([`handle_scheduler_link`](Self::handle_scheduler_link))
@@ -464,7 +506,12 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             Leave::Asked { next_notice, until } => Some(next_notice.min(until)),
             Leave::No | Leave::Released | Leave::GaveUp => None,
         };
-        [handshake, self.worker.next_wakeup(), self.drain_until, leave]
+        let gate = match &self.gate {
+            Gate::Asked { since: Some(since), .. } => Some(*since + self.cfg.handshake_timeout),
+            Gate::Asked { since: None, .. } => Some(Instant::ZERO),
+            Gate::Open => None,
+        };
+        [handshake, self.worker.next_wakeup(), self.drain_until, leave, gate]
             .into_iter()
             .flatten()
             .chain(live)
@@ -589,7 +636,8 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
 
     /// Our Join answering `nonce`, with a MAC if we hold a token.
     fn join(&self, nonce: &[u8; wire::NONCE_LEN]) -> Join {
-        let j = Join::new(Role::Backend, self.cfg.id, self.cfg.gpus, "");
+        // This backend reports its readiness (the join gate).
+        let j = Join::new(Role::Backend, self.cfg.id, self.cfg.gpus, "").reporting_ready();
         match &self.token {
             Some(t) => j.with_mac(t.sign(nonce, wire::VERSION, &j)),
             None => j,
@@ -661,7 +709,7 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
                 // The scheduler sends plans and announcements right after
                 // the Welcome; a reordering network can deliver them before
                 // it. They are the worker's, in their order.
-                (Ok(Message::BatchPlan(..) | Message::Register(_)), State::AwaitAck { .. }) => {
+                (Ok(Message::BatchPlan(..) | Message::Register(_) | Message::Drain(_)), State::AwaitAck { .. }) => {
                     self.worker.push_early(&self.msg[..n]);
                 }
                 (Ok(_), _) => {
@@ -856,6 +904,7 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
     }
 
     /// The scheduler released this leaving backend: no more plans come.
+        progressed |= self.progress_gate(now);
     fn released(&mut self) {
         if matches!(self.leave, Leave::Asked { .. }) {
             self.leave = Leave::Released;
@@ -877,6 +926,34 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
                     });
                 }
                 self.drained = true;
+    /// The join gate, asked: reports `Drain{Ready}` once every frontend
+    /// announced before the request has a data link in use, or once the
+    /// handshake timeout passed since (a frontend that cannot be reached
+    /// must not keep the GPUs out of matchmaking for ever; its tasks fail
+    /// at their READs as before). Returns whether anything happened.
+    fn progress_gate(&mut self, now: Instant) -> bool {
+        let Gate::Asked { frontends, since } = &mut self.gate else { return false };
+        let since = *since.get_or_insert(now);
+        let linked = |f: &u32| self.installed.iter().any(|i| i.frontend == *f && !i.lost);
+        let missing = frontends.iter().filter(|f| !linked(f)).count();
+        if missing > 0 && now.saturating_since(since) < self.cfg.handshake_timeout {
+            return false;
+        }
+        if self.draining || self.leave != Leave::No {
+            self.gate = Gate::Open;
+            return true;
+        }
+        let Ok(n) = wire::encode(&mut self.hb, &wire::Drain::ready(self.cfg.id)) else { return false };
+        // A full queue retries at the next poll; a broken link is the
+        // liveness check's.
+        if matches!(self.worker.scheduler().send(&self.hb[..n]), Err(Error::QueueFull)) {
+            return false;
+        }
+        self.gate = Gate::Open;
+        self.events.push_back(BackendEvent::Ready { after: now.saturating_since(since), missing });
+        true
+    }
+
             }
         }
     }
@@ -960,6 +1037,10 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
                 k += 1;
                 continue;
             }
+                Some(wire::DrainStage::Ready) if d.backend_id == self.cfg.id => {
+                    let frontends = std::mem::take(&mut self.announced);
+                    self.gate = Gate::Asked { frontends, since: None };
+                }
             let PendingFrontend { frontend: fid, conn, .. } = self.pending.swap_remove(k);
             match self.worker.add_frontend(fid, conn) {
                 Ok(old) => {
@@ -977,6 +1058,9 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
                     why: format!("frontend {fid}: {e}"),
                 }),
             }
+                if !self.announced.contains(&r.id) && self.announced.len() < self.cfg.max_frontends as usize {
+                    self.announced.push(r.id);
+                }
         }
         added
     }
@@ -1612,3 +1696,56 @@ mod tests {
         assert!(n.node.drained());
     }
 }
+
+    /// Join-gate requests and reports the scheduler end saw.
+    fn ready_reports(msgs: &[String]) -> usize {
+        msgs.iter().filter(|m| m.starts_with("Drain") && m.contains("backend_id: 5, stage: 3")).count()
+    }
+
+    #[test]
+    fn the_join_gate_is_reported_once_every_announced_frontend_is_linked_or_at_its_bound() {
+        let t0 = Instant::from_nanos(11);
+        let (mut n, mut s) = node();
+        s.challenge(NONCE).unwrap();
+        n.settle(t0);
+        let (msgs, _) = s.received();
+        assert!(msgs[0].starts_with("Join") && msgs[0].contains("flags: 2"), "it reports readiness: {msgs:?}");
+        s.send(&welcome(MODELS)).unwrap();
+        // The announcements, then the request; frontend 4 is never linked.
+        s.send(&Register::new(Role::Frontend, 3, 0, "fe3")).unwrap();
+        s.send(&wire::Drain::ready(5)).unwrap();
+        n.settle(t0);
+        assert_eq!(n.events(), [BackendEvent::Registered, BackendEvent::ConnectFrontend { id: 3, endpoint: "fe3".into() }]);
+        assert_eq!(ready_reports(&s.received().0), 0, "not before the link is up");
+        let t1 = t0 + Duration::from_millis(3);
+        let _fe = n.connect_frontend(t1, false);
+        n.settle(t1);
+        let ev = n.events();
+        assert_eq!(ev[0], BackendEvent::FrontendConnected { id: 3, replaced: false });
+        assert_eq!(ev[1], BackendEvent::Ready { after: Duration::from_millis(3), missing: 0 });
+        assert_eq!(ready_reports(&s.received().0), 1);
+        // A frontend announced later, then a new request (as after a
+        // re-registration): it cannot be reached; the report comes at the
+        // bound.
+        s.send(&Register::new(Role::Frontend, 4, 0, "fe4")).unwrap();
+        s.send(&wire::Drain::ready(5)).unwrap();
+        let t2 = t1 + Duration::from_millis(1);
+        n.settle(t2);
+        assert_eq!(n.events(), [BackendEvent::ConnectFrontend { id: 4, endpoint: "fe4".into() }]);
+        // The scheduler keeps beating meanwhile (its silence would end
+        // the registration).
+        let bound = t2 + config().handshake_timeout;
+        let mut now = t2;
+        for seq in 0..100 {
+            now = n.node.poll_at().expect("a deadline").max(now).min(now + Duration::from_millis(200));
+            if now >= bound {
+                break;
+            }
+            s.send(&wire::Heartbeat { seq, role: Role::Scheduler as u32, id: 0 }).unwrap();
+            n.settle(now);
+        }
+        assert_eq!(ready_reports(&s.received().0), 0, "waits up to the bound");
+        n.settle(bound);
+        assert!(n.events().contains(&BackendEvent::Ready { after: config().handshake_timeout, missing: 1 }));
+        assert_eq!(ready_reports(&s.received().0), 1);
+    }

@@ -81,11 +81,14 @@ fn run(net: &SimNet, sched: &mut SchedulerNode<SimConn>, be: &mut Node, ms: u64)
     std::iter::from_fn(|| be.poll_event()).collect()
 }
 
+/// Registered, then through the join gate at once (no frontend to link).
+const REGISTERED_AND_READY: [BackendEvent; 2] = [BackendEvent::Registered, BackendEvent::Ready { after: Duration::ZERO, missing: 0 }];
+
 #[test]
 fn a_backend_with_the_token_registers_and_uses_the_announced_control_delay() {
     let net = SimNet::new(1, FaultConfig::default());
     let (mut sched, mut be) = pair(&net, Some(token(TOKEN)), None);
-    assert_eq!(run(&net, &mut sched, &mut be, 20), [BackendEvent::Registered]);
+    assert_eq!(run(&net, &mut sched, &mut be, 20), REGISTERED_AND_READY);
     let d = be.control_delay().unwrap();
     assert_eq!(d, ControlDelay { bound: D_CTRL, announced: D_CTRL, overridden: false });
     assert_eq!(be.worker().control_delay(), D_CTRL);
@@ -95,7 +98,7 @@ fn a_backend_with_the_token_registers_and_uses_the_announced_control_delay() {
     let net = SimNet::new(2, FaultConfig::default());
     let override_ = Duration::from_micros(40);
     let (mut sched, mut be) = pair(&net, Some(token(TOKEN)), Some(override_));
-    assert_eq!(run(&net, &mut sched, &mut be, 20), [BackendEvent::Registered]);
+    assert_eq!(run(&net, &mut sched, &mut be, 20), REGISTERED_AND_READY);
     assert_eq!(be.worker().control_delay(), override_);
     assert!(be.control_delay().unwrap().to_string().contains("override; the scheduler announced 300 µs"));
 }

@@ -167,7 +167,17 @@ fn has_duplicates(n: usize, id_at: impl Fn(usize) -> u32) -> bool {
     false
 }
 
-/// A backend's graceful leave (issue 52). Backend -> scheduler, stage
+/// A backend's way into and out of matchmaking (issue 52).
+///
+/// The join gate, stage [`DrainStage::Ready`], for a backend whose
+/// [`Join`] set [`JOIN_REPORTS_READY`]: scheduler -> backend, after the
+/// `Welcome` and the announcements of every live frontend: "those were
+/// all; say when your data links to them are up"; backend -> scheduler:
+/// "they are up" (or the backend stopped waiting for one at its bound):
+/// its GPUs join matchmaking then, not at registration, so no plan reaches
+/// it before it can READ its tasks' inputs.
+///
+/// The graceful leave: backend -> scheduler, stage
 /// [`DrainStage::Draining`]: it is leaving (a stop signal): plan nothing
 /// more on its GPUs, and release it once nothing planned to it is in
 /// flight (resent every heartbeat until released). Scheduler -> backend,
@@ -190,6 +200,9 @@ pub enum DrainStage {
     Draining = 1,
     /// The scheduler released it.
     Released = 2,
+    /// The join gate: the frontends announced (scheduler), the data links
+    /// to them up (backend).
+    Ready = 3,
 }
 
 impl Drain {
@@ -201,11 +214,16 @@ impl Drain {
     pub const fn released(id: u32) -> Drain {
         Drain { backend_id: id, stage: DrainStage::Released as u32 }
     }
+    /// The join gate's message about backend `id` (both ways).
+    pub const fn ready(id: u32) -> Drain {
+        Drain { backend_id: id, stage: DrainStage::Ready as u32 }
+    }
     /// The stage, if the code is known (a decoded message's always is).
     pub const fn stage(&self) -> Option<DrainStage> {
         match self.stage {
             1 => Some(DrainStage::Draining),
             2 => Some(DrainStage::Released),
+            3 => Some(DrainStage::Ready),
             _ => None,
         }
     }
@@ -276,12 +294,12 @@ mod tests {
     #[test]
     fn drain_messages_round_trip_and_refuse_an_unknown_stage() {
         let mut buf = [0u8; MAX_MESSAGE_LEN];
-        for d in [Drain::draining(7), Drain::released(u32::MAX)] {
+        for d in [Drain::draining(7), Drain::released(u32::MAX), Drain::ready(3)] {
             let n = encode(&mut buf, &d).unwrap();
             assert_eq!(decode(&buf[..n]), Ok(Message::Drain(d)));
             fuzz_decode(&buf[..n]);
         }
-        let n = encode(&mut buf, &Drain { backend_id: 7, stage: 3 }).unwrap();
+        let n = encode(&mut buf, &Drain { backend_id: 7, stage: 4 }).unwrap();
         assert_eq!(decode(&buf[..n]), Err(WireError::BadValue("drain stage")));
         assert_eq!(decode(&buf[..n - 1]), Err(WireError::Truncated));
     }

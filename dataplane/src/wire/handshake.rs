@@ -116,6 +116,10 @@ fn padded_text(field: &[u8]) -> Option<&str> {
 pub const CHALLENGE_TOKEN_REQUIRED: u32 = 1;
 /// [`Join::flags`]: `mac` holds a MAC (the peer has a token).
 pub const JOIN_HAS_MAC: u32 = 1;
+/// [`Join::flags`]: a backend that reports when its data links to the
+/// frontends are up (`Drain` stage `Ready`, the join gate); its GPUs join
+/// matchmaking then. Without it, at registration.
+pub const JOIN_REPORTS_READY: u32 = 2;
 
 /// The scheduler's first message on every accepted link: a fresh nonce and
 /// the peer versions it accepts. Layout frozen for every version (see the
@@ -187,6 +191,16 @@ impl Join {
             endpoint: fill_text(endpoint),
             mac: [0; MAC_LEN],
         }
+    }
+    /// This (backend's) join promising to report its readiness
+    /// ([`JOIN_REPORTS_READY`]; set before signing: the MAC covers it).
+    pub fn reporting_ready(mut self) -> Self {
+        self.flags |= JOIN_REPORTS_READY;
+        self
+    }
+    /// Whether the peer reports its readiness ([`JOIN_REPORTS_READY`]).
+    pub fn reports_ready(&self) -> bool {
+        self.flags & JOIN_REPORTS_READY != 0
     }
     /// This join carrying `mac`.
     pub fn with_mac(mut self, mac: [u8; MAC_LEN]) -> Self {
@@ -417,7 +431,7 @@ pub(super) fn decode_join(body: &[u8]) -> Result<Join, WireError> {
         Some(Role::Frontend | Role::Backend) => {}
         _ => return Err(WireError::BadValue("role")),
     }
-    if j.flags & !JOIN_HAS_MAC != 0 {
+    if j.flags & !(JOIN_HAS_MAC | JOIN_REPORTS_READY) != 0 {
         return Err(WireError::BadValue("join flags"));
     }
     if !j.has_mac() && j.mac != [0; MAC_LEN] {

@@ -781,7 +781,7 @@ impl<C: Connection> SchedulerNode<C> {
                 self.ids.extend(ids.iter());
                 self.busy.clear();
                 self.busy.extend(busy.iter());
-                return match self.plane.backend_joined(now, j.id, j.count, &self.ids, &self.busy) {
+                return match self.plane.backend_registered(now, j.id, j.count, &self.ids, &self.busy, j.reports_ready()) {
                     Ok(()) => Verdict::Joined(PeerId::Backend(j.id)),
                     Err(e) => Verdict::Refuse(RefuseReason::Rejected, wire::VERSION, peek_of(&j).to_string(), e.to_string()),
                 };
@@ -992,6 +992,11 @@ impl<C: Connection> SchedulerNode<C> {
             return;
         }
         self.backlogged = false;
+                // The join gate (issue 52): see `ControlPlane::backend_ready`.
+                Message::Drain(d) if d.backend_id == id && d.stage() == Some(wire::DrainStage::Ready) => {
+                    plane.backend_ready(now, id);
+                    true
+                }
         let links = every_link(&mut self.frontends, &mut self.backends);
         for (peer, link) in links {
             if link.backlog.is_empty() {

@@ -74,7 +74,7 @@ use delay_bound::DelayBound;
 use dispatch::Dispatch;
 use ledger::{InFlight, TaskLedger};
 pub use membership::Refusal;
-use membership::{Drain, Membership};
+use membership::{Drain, Gated, Membership};
 pub use outbox::{Outbox, PeerId};
 use ownership::Ownership;
 pub use telemetry::HostClock;
@@ -198,7 +198,7 @@ impl ControlPlane {
             placement,
             subclusters: scs,
             core,
-            members: Membership::default(),
+            members: Membership::new(metrics.registry()),
             ledger: TaskLedger::new(),
             ownership: Ownership::default(),
             actions: Actions::default(),
@@ -589,11 +589,24 @@ impl ControlPlane {
     /// A backend registered with `gpus` GPUs holding `models`; `busy` says
     /// how long after `now` each of its GPUs named there is still busy with
     /// batches it holds (planned by an earlier scheduler): nothing is
-    /// planned on such a GPU to start before then.
-    pub fn backend_joined(
+    /// planned on such a GPU to start before then. Its GPUs join
+    /// matchmaking at once (a backend that does not report its readiness;
+    /// see [`backend_registered`](Self::backend_registered)).
+    pub fn backend_joined(&mut self, now: Instant, id: u32, gpus: u32, models: &[u32], busy: &[wire::GpuBusy]) -> Result<(), Refusal> {
+        self.backend_registered(now, id, gpus, models, busy, false)
+    }
+
+    /// [`backend_joined`](Self::backend_joined), and with `reports_ready`
+    /// (its Join's [`wire::JOIN_REPORTS_READY`]) behind the join gate: it
+    /// is sent the frontends' announcements, then `Drain{Ready}`, and its
+    /// GPUs join matchmaking only once it answers `Drain{Ready}` (its data
+    /// links to those frontends are up; [`backend_ready`](Self::backend_ready)),
+    /// so that no plan reaches it before it can READ its tasks' inputs.
+    pub fn backend_registered(
         &mut self,
         now: Instant,
         id: u32,
+        reports_ready: bool,
         gpus: u32,
         models: &[u32],
         busy: &[wire::GpuBusy],
@@ -614,16 +627,46 @@ impl ControlPlane {
             s.gpu_owner.push((id, local));
             ids.push(g);
         }
-        self.members.add_backend(id, sc, ids.clone());
+        let free_at: Vec<Instant> = (0..gpus as usize)
+            .map(|local| {
+                busy.iter()
+                    .find(|b| b.gpu_id as usize == local)
+                    .map_or(now, |b| now.saturating_add(Duration::from_nanos(b.busy_ns)))
+            })
+            .collect();
+        let gated = reports_ready.then(|| Gated { since: now, free_at: free_at.clone() });
+        self.members.add_backend(id, sc, ids.clone(), gated);
         self.ack(PeerId::Backend(id));
         for (f, endpoint) in self.members.frontends_sorted() {
             self.dispatch.announce_frontend(id, f, &endpoint);
         }
-        for (local, g) in ids.into_iter().enumerate() {
-            let free_at = busy
-                .iter()
-                .find(|b| b.gpu_id as usize == local)
-                .map_or(now, |b| now.saturating_add(Duration::from_nanos(b.busy_ns)));
+        if reports_ready {
+            // After the announcements on the same link: "those were all".
+            let ready = wire::Drain::ready(id);
+            self.dispatch.outbox().push(PeerId::Backend(id), |b| wire::encode(b, &ready));
+        } else {
+            self.gpus_to_matchmaking(now, id, sc, &ids, &free_at);
+        }
+        self.sync_peer_gauges();
+        Ok(())
+    }
+
+    /// Backend `id` reported `Drain{Ready}`: its data links to the
+    /// frontends announced at its registration are up; its GPUs join
+    /// matchmaking now (each busy until its registration's report said).
+    /// A repeated or unexpected report, or one from a backend that drains,
+    /// changes nothing.
+    pub fn backend_ready(&mut self, now: Instant, id: u32) {
+        let Some((sc, ids, gated)) = self.members.pass_gate(id) else { return };
+        self.members.record_join(now.saturating_since(gated.since).as_nanos() / 1_000_000);
+        self.gpus_to_matchmaking(now, id, sc, &ids, &gated.free_at);
+        self.sync_peer_gauges();
+    }
+
+    /// Offers backend `id`'s GPUs `ids` of sub-cluster `sc` to
+    /// matchmaking (held while fenced), each busy until `free_at`.
+    fn gpus_to_matchmaking(&mut self, now: Instant, id: u32, sc: usize, ids: &[GpuId], free_at: &[Instant]) {
+        for (&g, &free_at) in ids.iter().zip(free_at) {
             // The self-check of overlapping plans starts from the report.
             self.telemetry.gpu_joined(sc, g, free_at);
             if self.ownership.gpu_joined((id, sc, g, free_at)) {
@@ -632,8 +675,6 @@ impl ControlPlane {
             self.subclusters[sc].sched.gpu_joined_busy(now, g, free_at, &mut self.actions);
             self.apply(now, sc);
         }
-        self.sync_peer_gauges();
-        Ok(())
     }
 
     /// A frontend left (disconnected or silent). Its tasks stay scheduled:
@@ -1021,6 +1062,7 @@ impl ControlPlane {
             let deadline = members.iter().map(|r| r.deadline).min().unwrap_or(plan.finish_at);
             if let Some(stamp) = self.telemetry.plan_stamp(plan.planned_at, plan.exec_at, deadline) {
                 self.dispatch.bench_stamp(backend, &stamp);
+        self.members.record_plan(backend, head.run_ns);
             }
         }
         self.dispatch.plan(now, backend, &head, members, &mut self.ledger, &mut list);
@@ -1065,6 +1107,9 @@ impl ControlPlane {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod gate_tests;
 
 #[cfg(test)]
 mod drain_tests;

@@ -1,12 +1,18 @@
 //! Membership: the frontends and backends registered with the plane, the
 //! checks a registration must pass, and where each backend's GPUs sit
-//! (its sub-cluster and their sub-cluster GPU ids), and which backends are
-//! draining (out of matchmaking, finishing what was planned to them).
+//! (its sub-cluster and their sub-cluster GPU ids), which backends are
+//! still behind the join gate (registered, their data links to the
+//! frontends not yet up: their GPUs wait out of matchmaking) and which
+//! are draining (out of matchmaking, finishing what was planned to them).
 //! Liveness itself (heartbeats, silence) is the node's; it tells the plane
 //! who left.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
+use dataplane::time::Instant;
+use node_shell::metrics::{Computed, Histogram, MetricsRegistry};
 use dataplane::wire::{self, MAX_BACKENDS, MAX_FRONTENDS};
 
 use super::IdHasher;
@@ -49,6 +55,21 @@ pub(super) struct BackendState {
     pub(super) gpus: Vec<GpuId>,
     /// Where it stands in a drain (see [`Drain`]).
     pub(super) drain: Drain,
+    /// Its planned busy time, ns (what the autoscaler picks the GPUs to
+    /// drain by).
+    busy_ns: Arc<AtomicU64>,
+    /// Behind the join gate: when it registered, and until when each of
+    /// its GPUs is busy (its registration's busy report); None once its
+    /// GPUs were offered to matchmaking.
+    pub(super) gated: Option<Gated>,
+}
+
+/// A backend behind the join gate.
+pub(super) struct Gated {
+    /// When it registered.
+    pub(super) since: Instant,
+    /// Each local GPU's end of busy time, as reported at registration.
+    pub(super) free_at: Vec<Instant>,
 }
 
 /// A backend's drain: the scheduler's side of a graceful leave.
@@ -64,6 +85,59 @@ pub(super) enum Drain {
     Released,
 }
 
+/// Upper bounds (ms) of the join-time histogram.
+const JOIN_MS_BUCKETS: [u64; 12] = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000];
+
+/// What membership shows an autoscaler in `/metrics`: the backends whose
+/// GPUs are in matchmaking, each with its planned busy time
+/// (`symphony_backend_planned_busy_ns{backend="ID"}`: present = serving,
+/// past the join gate and not draining), and how long the join gate held
+/// each backend (`symphony_backend_join_ms`, registration to ready).
+#[derive(Clone)]
+struct MemberMetrics {
+    /// Locked only when a backend starts or stops serving and at a scrape.
+    serving: Arc<Mutex<BTreeMap<u32, Arc<AtomicU64>>>>,
+    join_ms: Histogram,
+}
+
+impl Default for MemberMetrics {
+    /// Not registered anywhere.
+    fn default() -> Self {
+        MemberMetrics { serving: Arc::default(), join_ms: Histogram::new(&JOIN_MS_BUCKETS) }
+    }
+}
+
+impl MemberMetrics {
+    fn register(r: &MetricsRegistry) -> Self {
+        let m = MemberMetrics::default();
+        let serving = m.serving.clone();
+        r.register(
+            "symphony_backend_planned_busy_ns",
+            "Planned GPU busy time of each backend whose GPUs are in matchmaking (past the join gate, not draining), ns",
+            Computed::plain(move |s| {
+                let serving = serving.lock().unwrap_or_else(|p| p.into_inner());
+                for (id, ns) in serving.iter() {
+                    s.labelled(&[("backend", &id.to_string())], ns.load(Ordering::Relaxed) as f64);
+                }
+            }),
+        );
+        r.register(
+            "symphony_backend_join_ms",
+            "Backends' join time behind the join gate: registration to their data links to every frontend up, ms",
+            m.join_ms.clone(),
+        );
+        m
+    }
+
+    fn set_serving(&self, id: u32, busy_ns: Option<&Arc<AtomicU64>>) {
+        let mut serving = self.serving.lock().unwrap_or_else(|p| p.into_inner());
+        match busy_ns {
+            Some(ns) => serving.insert(id, ns.clone()),
+            None => serving.remove(&id),
+        };
+    }
+}
+
 /// The registered peers (see the module docs).
 #[derive(Default)]
 pub(super) struct Membership {
@@ -76,9 +150,15 @@ pub(super) struct Membership {
     /// Backends draining or released (so that the per-batch check whether
     /// a drain may end costs nothing while none drains).
     draining: usize,
+    metrics: MemberMetrics,
 }
 
 impl Membership {
+    /// No peers; the autoscaler's view of them registered in `r`.
+    pub(super) fn new(r: &MetricsRegistry) -> Self {
+        Membership { metrics: MemberMetrics::register(r), ..Membership::default() }
+    }
+
     /// Live frontends and backends.
     pub(super) fn peers(&self) -> (usize, usize) {
         (self.frontends.len(), self.backends.len())
@@ -147,9 +227,35 @@ impl Membership {
     }
 
     /// Backend `id` registered into sub-cluster `subcluster`, its GPUs
-    /// numbered `gpus` there.
-    pub(super) fn add_backend(&mut self, id: u32, subcluster: usize, gpus: Vec<GpuId>) {
-        self.backends.insert(id, BackendState { subcluster, gpus, drain: Drain::No });
+    /// numbered `gpus` there; `gated`: it waits behind the join gate.
+    pub(super) fn add_backend(&mut self, id: u32, subcluster: usize, gpus: Vec<GpuId>, gated: Option<Gated>) {
+        let busy_ns = Arc::new(AtomicU64::new(0));
+        if gated.is_none() {
+            self.metrics.set_serving(id, Some(&busy_ns));
+        }
+        self.backends.insert(id, BackendState { subcluster, gpus, drain: Drain::No, busy_ns, gated });
+    }
+
+    /// Backend `id` passed the join gate: its sub-cluster, GPUs and what
+    /// it waited with; None if it is not registered, was not gated or
+    /// passed already, or drains (its GPUs never serve then).
+    pub(super) fn pass_gate(&mut self, id: u32) -> Option<(usize, Vec<GpuId>, Gated)> {
+        let b = self.backends.get_mut(&id).filter(|b| b.drain == Drain::No)?;
+        let gated = b.gated.take()?;
+        self.metrics.set_serving(id, Some(&b.busy_ns));
+        Some((b.subcluster, b.gpus.clone(), gated))
+    }
+
+    /// A backend waited `ms` behind the join gate.
+    pub(super) fn record_join(&self, ms: u64) {
+        self.metrics.join_ms.observe(ms);
+    }
+
+    /// A batch of `ns` planned on backend `id`'s GPUs.
+    pub(super) fn record_plan(&self, id: u32, ns: u64) {
+        if let Some(b) = self.backends.get(&id) {
+            b.busy_ns.fetch_add(ns, Ordering::Relaxed);
+        }
     }
 
     /// Backend `id` left: its state, if it was registered.
@@ -158,6 +264,7 @@ impl Membership {
         if b.drain != Drain::No {
             self.draining -= 1;
         }
+        self.metrics.set_serving(id, None);
         Some(b)
     }
 
@@ -167,6 +274,7 @@ impl Membership {
         let b = self.backends.get_mut(&id).filter(|b| b.drain == Drain::No)?;
         b.drain = Drain::Draining;
         self.draining += 1;
+        self.metrics.set_serving(id, None);
         Some((b.subcluster, b.gpus.clone()))
     }
 
