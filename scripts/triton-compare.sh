@@ -33,7 +33,7 @@
 #   rate of the model's ladder (Poisson request-rate mode), for ppocr_cls and open_nsfw (env
 #   PA_MODELS)? One row per point: done, aborted (perf_analyzer ends a measurement at the first
 #   failed request, with its error line) or no result (no stable measurement: host noise; the
-#   stability bound is PA_STABILITY %, default 1000). Ours serves late answers by default, so what
+#   stability bound is PA_STABILITY %, default 1000; PA_SERVERS="ours" skips Triton). Ours serves late answers by default, so what
 #   misses its SLO is answered late, as Triton does. Output DIR/pa-sweep.md.
 # --quick: ppocr_cls:1, open_nsfw:1 and multi:2 over HTTP, 2.5 s rungs, Triton tuned on the
 #   first case only: under 5 minutes once installed and built.
@@ -266,7 +266,7 @@ if [ "$pa_sweep" = 1 ]; then
   for m in $pa_models; do
     cap=$(cap_of "$m" 1)
     prates=$(for f in $fracs; do awk -v c="$cap" -v f="$f" 'BEGIN{r = c * f; printf "%s ", (r < 10 ? sprintf("%.1f", r) : sprintf("%d", r))}'; done)
-    for who in ours triton; do
+    for who in ${PA_SERVERS:-ours triton}; do
       if [ "$who" = ours ]; then start_ours 1 "$m"; else start_triton 0 none 1 "$m"; fi
       for c in $concs; do
         res[$m-$who-c$c]=$(pa_point "$who-$m-c$c" "$m" --concurrency-range "$c")
@@ -281,8 +281,8 @@ if [ "$pa_sweep" = 1 ]; then
     {
       echo; echo "## $m (SLO $(slo_of "$m") ms, capacity estimate $cap req/s)"; echo
       echo "| point | Symphony | Triton (delay 0 us) |"; echo "|---|---|---|"
-      for c in $concs; do echo "| concurrency $c | ${res[$m-ours-c$c]} | ${res[$m-triton-c$c]} |"; done
-      for r in $prates; do echo "| Poisson $r req/s | ${res[$m-ours-r$r]} | ${res[$m-triton-r$r]} |"; done
+      for c in $concs; do echo "| concurrency $c | ${res[$m-ours-c$c]:-not run} | ${res[$m-triton-c$c]:-not run} |"; done
+      for r in $prates; do echo "| Poisson $r req/s | ${res[$m-ours-r$r]:-not run} | ${res[$m-triton-r$r]:-not run} |"; done
     } >> "$out/pa-sweep.md"
   done
   cat "$out/pa-sweep.md"

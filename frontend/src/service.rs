@@ -159,7 +159,8 @@ pub async fn infer<S: InferenceService>(
     options: RequestOptions,
     arrived: std::time::Instant,
 ) -> InferResult {
-    let (result, exec) = wait_serving_late(service, model_id, input, budget, options, arrived).await;
+    let request = Submission { model_id, input, budget, options };
+    let (result, exec) = wait_serving_late(service, request, arrived).await;
     let request_ns = arrived.elapsed().as_nanos() as u64;
     let metrics = service.metrics();
     match &result {
@@ -231,25 +232,22 @@ const LATE_TRIES_CAP: u32 = 64;
 /// request: its policy for the others is unchanged.
 async fn wait_serving_late<S: InferenceService>(
     service: &S,
-    model_id: u32,
-    input: &[u8],
-    budget: Duration,
-    options: RequestOptions,
+    request: Submission<'_>,
     arrived: std::time::Instant,
 ) -> (InferResult, Option<Execution>) {
-    let late = match service.catalog().late_answers(model_id) {
-        LateAnswers::Serve { max_wait } if options.timeout.is_none() => {
-            service.catalog().by_id(model_id).map(|m| (max_wait, m.spec.slo))
+    let late = match service.catalog().late_answers(request.model_id) {
+        LateAnswers::Serve { max_wait } if request.options.timeout.is_none() => {
+            service.catalog().by_id(request.model_id).map(|m| (max_wait, m.spec.slo))
         }
         _ => None,
     };
     let Some((max_wait, slo)) = late else {
-        return wait_outcome(service, model_id, input, budget, options, std::time::Duration::ZERO).await;
+        return wait_outcome(service, request, std::time::Duration::ZERO).await;
     };
     let patience = || max_wait.saturating_sub(arrived.elapsed());
     let slo_std = std::time::Duration::from_nanos(slo.as_nanos());
     let tries = (max_wait.as_nanos() / slo_std.as_nanos().max(1)).min(u128::from(LATE_TRIES_CAP - 1)) as u32 + 1;
-    let mut outcome = wait_outcome(service, model_id, input, budget, options, patience()).await;
+    let mut outcome = wait_outcome(service, request, patience()).await;
     for _ in 1..tries {
         let deadline_drop = matches!(
             outcome.0,
@@ -258,7 +256,7 @@ async fn wait_serving_late<S: InferenceService>(
         if !deadline_drop || arrived.elapsed() + slo_std > max_wait {
             break;
         }
-        outcome = wait_outcome(service, model_id, input, slo, options, patience()).await;
+        outcome = wait_outcome(service, Submission { budget: slo, ..request }, patience()).await;
     }
     outcome
 }
@@ -268,13 +266,11 @@ async fn wait_serving_late<S: InferenceService>(
 /// answers), then gives it up as timed out.
 async fn wait_outcome<S: InferenceService>(
     service: &S,
-    model_id: u32,
-    input: &[u8],
-    budget: Duration,
-    options: RequestOptions,
+    request: Submission<'_>,
     patience: std::time::Duration,
 ) -> (InferResult, Option<Execution>) {
-    let pending = match service.submit(model_id, input, budget, options) {
+    let Submission { model_id, budget, options, .. } = request;
+    let pending = match service.submit_one(request) {
         Ok(p) => p,
         Err(e) => return (InferResult::Refused(e), None),
     };
