@@ -3,7 +3,13 @@
 (issue 55 items 6 and 7).
 
 Starts `symphony up --serve --transport tcp` (a scheduler, a frontend and a
-backend as processes), then, as an attacker on the same host with no token:
+backend as processes), then
+  0. as a member (with the token) registers with the scheduler from
+     127.0.0.1, answering its challenge only after 1000 idle connections
+     from 127.0.0.2 made the scheduler evict registering links: it must be
+     welcomed (on the session-start main c5f2d45 it was evicted: the oldest
+     registering link went whatever its address);
+and, as an attacker on the same host with no token:
   1. opens 1000 idle TCP connections to every port every daemon listens on
      (found in /proc, from 127.0.0.2 where it can bind), and while they are
      held checks that
@@ -33,6 +39,7 @@ import re
 import resource
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -40,7 +47,13 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster import Cluster, fail, infer_within, listening_ports, metric, use_label  # noqa: E402
+import cluster  # noqa: E402
+from cluster import (  # noqa: E402
+    ROLE_BACKEND, Cluster, challenged, fail, frame, infer_within, join_answer, listening_ports, metric, recv_frame,
+    use_label)
+
+KIND_MODELS, KIND_WELCOME = 10, 13
+EVICTIONS_BEFORE_ANSWER = 100
 
 IDLE_PER_PORT = 1000
 
@@ -121,6 +134,57 @@ def trickled_body_is_cut(http_addr, limit_s):
     return took, got
 
 
+def peer_registers_through_a_flood(control, token, sched_metrics):
+    """A backend-like member connects to the scheduler from 127.0.0.1 and,
+    before answering its challenge, IDLE_PER_PORT idle connections arrive
+    from 127.0.0.2; once the scheduler has evicted registering links for
+    them (more than its 256 slots), the member answers (Join, Models) and
+    must be welcomed: a full set of registering links gives up links of the
+    address most of them come from."""
+    port = int(control.rsplit(":", 1)[1])
+    slow, nonce = challenged(port, "127.0.0.1")
+    start = time.monotonic()
+    full = 'symphony_peers_refused_total{reason="full"}'
+    before = metric(sched_metrics, full) or 0
+    flood = []
+    try:
+        # Connected without waiting for each (the scheduler's backlog would
+        # serialise them), so the flood lands within the member's 5 s.
+        for _ in range(IDLE_PER_PORT):
+            f = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            f.bind(("127.0.0.2", 0))
+            f.setblocking(False)
+            f.connect_ex(("127.0.0.1", port))
+            flood.append(f)
+        # Had the oldest registering link gone whatever its address, the
+        # first eviction would have taken the member's (it is the oldest).
+        # Wait for EVICTIONS_BEFORE_ANSWER of them, or as long as the
+        # member's 5 s allow (a loaded host accepts slowly).
+        until = start + 4.0
+        while (metric(sched_metrics, full) or 0) - before < EVICTIONS_BEFORE_ANSWER and time.monotonic() < until:
+            time.sleep(0.05)
+        evicted = (metric(sched_metrics, full) or 0) - before
+        if evicted < 1:
+            fail("the scheduler evicted none of the flood's idle links within 4 s")
+        body = struct.pack("<III", 1, 0, 0)  # ModelsHead{count 1, busy 0}, model 0
+        try:
+            slow.sendall(join_answer(nonce, token, ROLE_BACKEND, 4243)
+                         + frame(cluster.VERSION, KIND_MODELS, len(body), body))
+        except OSError as e:
+            fail(f"the scheduler closed a member's registering link from 127.0.0.1 during a flood from "
+                 f"127.0.0.2 ({e}), {time.monotonic() - start:.1f} s after it connected")
+        reply = recv_frame(slow)
+        if reply is None or reply[0] != KIND_WELCOME:
+            fail(f"a member registering from 127.0.0.1 was not welcomed while {IDLE_PER_PORT} idle links "
+                 f"from 127.0.0.2 were evicted: {reply!r}")
+    finally:
+        slow.close()
+        for f in flood:
+            f.close()
+    print(f"security bounds: a member registering from 127.0.0.1 was welcomed after {evicted:.0f} of "
+          f"{IDLE_PER_PORT} idle connections from 127.0.0.2 were evicted", flush=True)
+
+
 def main():
     use_label("security bounds")
     if len(sys.argv) != 2:
@@ -158,6 +222,9 @@ def run(c):
     infer_within(url, 30)
     ports = sorted({p for pid in daemons for p in listening_ports(pid)})
     grpc_port = int(grpc_addr.rsplit(":", 1)[1])
+
+    # 0. A flood from another address does not evict a peer registering.
+    peer_registers_through_a_flood(control, c.token(), sched_metrics)
 
     # 1. Idle connections on every port.
     flood = {p: idle_connections(p, IDLE_PER_PORT) for p in ports}

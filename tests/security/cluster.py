@@ -52,9 +52,14 @@ def frame(version, kind, length, body=b""):
     return HEADER.pack(MAGIC, version, kind, length, 0) + body
 
 
-def read_request(key, offset, length, version=None):
-    body = struct.pack("<QIIQ", 1, key, length, offset)  # wr_id, RemoteRef{key, len, offset}
-    return frame(VERSION if version is None else version, KIND_READ_REQUEST, len(body), body)
+def read_request(key, offset, length, version=None, task=0, capability=b"\0" * 16):
+    """A ReadRequest: wr_id, RemoteRef{key, len, offset}, and from wire
+    version 9 on the task it serves and the plan's capability for it."""
+    version = VERSION if version is None else version
+    body = struct.pack("<QIIQ", 1, key, length, offset)
+    if version >= 9:
+        body += struct.pack("<Q", task) + capability
+    return frame(version, KIND_READ_REQUEST, len(body), body)
 
 
 def register_backend(backend_id):
@@ -110,6 +115,32 @@ def member_link(port, token, backend_id):
     body = signed + mac
     s.sendall(frame(VERSION, KIND_JOIN, len(body), body))
     return s
+
+
+def join_answer(nonce, key, role, peer_id, count=1):
+    """A Join of `role` and `peer_id` answering `nonce` with `key` (the
+    token for a scheduler, its data-link form for a frontend's data port);
+    from wire version 9 on it carries a fresh peer nonce before its MAC."""
+    import hashlib
+    import hmac
+    signed = struct.pack("<IIII", role, peer_id, count, JOIN_HAS_MAC) + b"\0" * ENDPOINT_LEN
+    if VERSION >= 9:
+        signed += os.urandom(32)
+    mac = hmac.new(key, MAC_DOMAIN + nonce + struct.pack("<H", VERSION) + signed, hashlib.sha256).digest()
+    return frame(VERSION, KIND_JOIN, len(signed) + len(mac), signed + mac)
+
+
+def challenged(port, source="127.0.0.1"):
+    """A connection to `port` from `source` and the nonce of the Challenge
+    it was greeted with (not answered yet)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind((source, 0))
+    s.settimeout(5)
+    s.connect(("127.0.0.1", port))
+    first = recv_frame(s)
+    if first is None or first[0] != KIND_CHALLENGE:
+        fail(f"port {port} sent no challenge: {first!r}")
+    return s, first[1][:32]
 
 
 def spoken_version(host_port):

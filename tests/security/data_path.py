@@ -11,10 +11,17 @@ link's challenge like a backend), it
      scheme issued first (`generation << 16 | index`, generations 1..64,
      index 0..3; the staging region's was 0x10000). Every READ must be
      refused (no ReadResponse with status Ok) and the frontend must count
-     the refusals (`symphony_frontend_refused_memory_keys`);
+     the refusals (`symphony_frontend_refused_memory_keys`, or
+     `symphony_frontend_refused_reads` where the READ's missing capability
+     refuses it first);
   2. sends an unsigned Register on a fresh data link: refused and counted
      (`symphony_frontend_data_links_refused`);
-  3. holds 300 idle connections to the data port (more than the frontend
+  3. opens a data link from 127.0.0.1 and, before answering its challenge,
+     300 idle connections from 127.0.0.2 (a loopback alias: another source
+     address); once the frontend has evicted idle links for them, the
+     member answers and its link registers (its READ is answered): a full
+     data port evicts links of the address most of them come from;
+  4. holds 300 idle connections to the data port (more than the frontend
      lets handshake at once): the oldest are evicted and counted, and a
      member's new data link still registers (its READ is answered).
 Every daemon must be alive and the frontend still serve an inference at the
@@ -23,19 +30,24 @@ bounded in time (about 30 s).
 
 On the parent of the commit that added it: step 1 fails (key 0x10000 named
 the staging region: the READ was served), step 2 fails (no such metric),
-step 3 fails (no bound: idle links were neither evicted nor counted).
+step 4 fails (no bound: idle links were neither evicted nor counted). On
+the session-start main c5f2d45 step 3 fails (the oldest handshaking link
+was evicted whatever its address: the member's link closed).
 
 Usage: data_path.py SYMPHONY_BINARY
 """
+import hashlib
+import hmac
 import os
 import socket
 import struct
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster import (  # noqa: E402
-    KIND_READ_RESPONSE, READ_STATUS_OK, Cluster, data_port, fail, infer, infer_within, member_link, metric,
-    read_request, recv_exact, recv_frame, register_backend, use_label)
+    DATA_LINK_LABEL, KIND_READ_RESPONSE, READ_STATUS_OK, ROLE_BACKEND, Cluster, challenged, data_port, fail, infer,
+    infer_within, join_answer, member_link, metric, read_request, recv_exact, recv_frame, register_backend, use_label)
 
 IDLE = 300
 
@@ -56,6 +68,13 @@ def read_statuses(s, keys, length=64):
             fail("a served READ's payload was cut")
         out.append(status)
     return out
+
+
+def refusals(metrics):
+    """READs the frontend refused: for a key naming no registration, or (on
+    tcp with a join token, checked first) for want of the plan's capability."""
+    return sum(metric(metrics, m) or 0.0 for m in (
+        "symphony_frontend_refused_memory_keys_total", "symphony_frontend_refused_reads_total"))
 
 
 def main():
@@ -79,14 +98,14 @@ def run(c):
 
     # 1. Guessed keys, from a member's registered link.
     keys = [g << 16 | i for g in range(1, 65) for i in range(4)]
-    refused_before = metric(metrics, "symphony_frontend_refused_memory_keys_total") or 0.0
+    refused_before = refusals(metrics)
     with member_link(port, token, 4242) as s:
         statuses = read_statuses(s, keys)
     served = [hex(k) for k, st in zip(keys, statuses) if st == READ_STATUS_OK]
     if served:
         fail(f"READs under guessed keys were served: {served[:8]}")
-    refused = metric(metrics, "symphony_frontend_refused_memory_keys_total")
-    if refused is None or refused - refused_before < len(keys):
+    refused = refusals(metrics)
+    if refused - refused_before < len(keys):
         fail(f"{len(keys)} guessed keys refused, but the frontend counts {refused} (before: {refused_before})")
     print(f"security data path: {len(keys)} guessed region keys refused and counted", flush=True)
 
@@ -102,7 +121,35 @@ def run(c):
         fail(f"an unsigned Register was not counted as a refused data link ({before} -> {after})")
     print("security data path: an unsigned Register refused and counted", flush=True)
 
-    # 3. Idle links past the bound are evicted; a member still registers.
+    # 3. A flood from another address does not evict a member handshaking.
+    slow, nonce = challenged(port, "127.0.0.1")
+    refused_at = metric(metrics, "symphony_frontend_data_links_refused_total") or 0
+    flood = []
+    for _ in range(IDLE):
+        f = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            f.bind(("127.0.0.2", 0))
+            f.connect(("127.0.0.1", port))
+        except OSError as e:
+            fail(f"opening idle connection {len(flood)} from 127.0.0.2 failed: {e}")
+        flood.append(f)
+    # Bounded by the handshake timeout (5 s) the member must answer within.
+    until = time.monotonic() + 3
+    while (metric(metrics, "symphony_frontend_data_links_refused_total") or 0) - refused_at < IDLE - 64:
+        if time.monotonic() > until:
+            fail("the frontend evicted too few of the flood's idle links within 3 s")
+        time.sleep(0.05)
+    slow.sendall(join_answer(nonce, hmac.new(token, DATA_LINK_LABEL, hashlib.sha256).digest(), ROLE_BACKEND, 4245))
+    try:
+        read_statuses(slow, [0x1234_0000])
+    finally:
+        slow.close()
+        for f in flood:
+            f.close()
+    print(f"security data path: a member handshaking from 127.0.0.1 registered while {IDLE} idle links "
+          "from 127.0.0.2 were evicted", flush=True)
+
+    # 4. Idle links past the bound are evicted; a member still registers.
     idle = []
     for _ in range(IDLE):
         try:

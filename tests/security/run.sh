@@ -5,7 +5,8 @@
 # inference), and the shm transport's files private to their user (0600 in
 # a 0700 directory); a member guessing region keys, unsigned Registers and
 # idle links on the frontend's data port (data_path.py); a member backend
-# forging Completions (forged_completion.py). Bounded in time;
+# forging Completions (forged_completion.py) and READing inputs not planned
+# to it (read_capability.py). Bounded in time;
 # leaves no process behind.
 # Usage: bash tests/security/run.sh   (builds target/release/symphony if needed)
 set -euo pipefail
@@ -22,4 +23,5 @@ timeout 180 "$PY" "$root/tests/security/bounds.py" "$bin"
 timeout 120 "$PY" "$root/tests/security/heartbeat_forgery.py" "$bin"
 timeout 120 "$PY" "$root/tests/security/data_path.py" "$bin"
 timeout 120 "$PY" "$root/tests/security/forged_completion.py" "$bin"
+timeout 120 "$PY" "$root/tests/security/read_capability.py" "$bin"
 echo "security suite: ok"
