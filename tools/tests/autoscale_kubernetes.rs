@@ -55,6 +55,8 @@ struct Fake {
     pods: BTreeMap<u32, bool>,
     /// Every request, as `METHOD path`.
     seen: Vec<String>,
+    /// Scrapes of the fake scheduler's `/metrics` so far.
+    scrapes: u64,
 }
 
 impl Fake {
@@ -84,6 +86,26 @@ impl Fake {
         for o in 0..n {
             self.pods.entry(o).or_insert(false);
         }
+    }
+
+    /// A scheduler's counters under overload, one interval more at each
+    /// scrape: half the tasks dropped, every serving GPU busy. Its
+    /// backends in matchmaking are the Ready pods.
+    fn scheduler_metrics(&mut self) -> String {
+        self.scrapes += 1;
+        let n = self.scrapes as f64;
+        let serving: Vec<u32> = self.pods.iter().filter(|(_, r)| **r).map(|(o, _)| *o).collect();
+        let mut text = format!(
+            "symphony_tasks_received_total {}\nsymphony_tasks_dropped_total{{reason=\"deadline\"}} {}\nsymphony_planned_busy_ns_total {}\nsymphony_gpu_online_ns_total {}\n",
+            1000.0 * n,
+            500.0 * n,
+            1e9 * n * serving.len() as f64,
+            1e9 * n * serving.len() as f64
+        );
+        for b in serving {
+            text += &format!("symphony_backend_planned_busy_ns{{backend=\"{b}\"}} {}\n", 1e9 * n);
+        }
+        text
     }
 
     fn answer(&mut self, method: &hyper::Method, path: &str, auth: Option<&str>, content_type: Option<&str>, body: &[u8]) -> (StatusCode, String) {
@@ -161,7 +183,7 @@ impl ApiServer {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
         let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("bind");
         let port = listener.local_addr().expect("addr").port();
-        let mut fake = Fake { mode: Mode::Normal, replicas: 0, resource_version: 100, pods: BTreeMap::new(), seen: Vec::new() };
+        let mut fake = Fake { mode: Mode::Normal, replicas: 0, resource_version: 100, pods: BTreeMap::new(), seen: Vec::new(), scrapes: 0 };
         fake.set_replicas(replicas);
         fake.pods.values_mut().for_each(|ready| *ready = true);
         let state = Arc::new(Mutex::new(fake));
@@ -218,6 +240,87 @@ async fn handle(state: Arc<Mutex<Fake>>, req: Request<hyper::body::Incoming>) ->
         std::future::pending::<()>().await;
     }
     Ok(Response::builder().status(status).header("content-type", "application/json").body(Full::new(Bytes::from(text))).expect("response"))
+}
+
+/// A fake scheduler's `/metrics` on a loopback port of `api`'s runtime.
+fn scheduler_metrics(api: &ApiServer) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = api._runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let state = Arc::clone(&api.state);
+    api._runtime.spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let text = state.lock().expect("fake").scheduler_metrics();
+            tokio::spawn(async move {
+                let mut request = [0u8; 1024];
+                let _ = s.read(&mut request).await;
+                let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}", text.len());
+                let _ = s.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A child process killed when dropped (a failed assertion leaves none).
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn symphony_autoscale_scales_the_statefulset_and_stops_on_sigterm() {
+    let api = ApiServer::start("binary", 2);
+    let metrics = scheduler_metrics(&api);
+    let mut child = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_symphony"))
+            .args(["autoscale", "--provider=kubernetes", "--statefulset=symphony-backend", "--namespace=symphony"])
+            .args(["--autoscale-interval-ms=200", "--autoscale-max-backends=4", "--metrics=127.0.0.1:0"])
+            .arg(format!("--scheduler-metrics={metrics}"))
+            .arg(format!("--service-account-dir={}", api.dir.display()))
+            .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+            .env("KUBERNETES_SERVICE_PORT", api.port.to_string())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start symphony autoscale"),
+    );
+    // Its log: the metrics address first, then whatever it says.
+    let stderr = child.0.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let started = rx.recv_timeout(StdDuration::from_secs(20)).expect("the controller's first log line");
+    let own: std::net::SocketAddr = started.split("metrics=").nth(1).and_then(|s| s.split_whitespace().next()).and_then(|a| a.parse().ok()).unwrap_or_else(|| panic!("no metrics address in '{started}'"));
+    // Half the requests bad on 2 GPUs: 2 more, up to the 4 allowed.
+    let deadline = std::time::Instant::now() + StdDuration::from_secs(20);
+    while api.fake().replicas < 4 {
+        assert!(std::time::Instant::now() < deadline, "no scale-out: {:?}", rx.try_iter().collect::<Vec<_>>());
+        std::thread::sleep(StdDuration::from_millis(20));
+    }
+    let text = dataplane::control::http_get(own, "/metrics", StdDuration::from_secs(2)).expect("its /metrics");
+    assert_eq!(dataplane::control::metric(&text, "symphony_autoscale_added_gpus_total"), Some(2.0), "{text}");
+    assert_eq!(dataplane::control::metric(&text, "symphony_autoscale_joining_gpus"), Some(2.0), "{text}");
+    // SIGTERM: it stops within an interval and exits 0.
+    // SAFETY: kill(2) on our own child's pid, which has not been waited for.
+    assert_eq!(unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGTERM) }, 0);
+    let deadline = std::time::Instant::now() + StdDuration::from_secs(5);
+    let status = loop {
+        if let Some(status) = child.0.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "still running 5 s after SIGTERM");
+        std::thread::sleep(StdDuration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    assert_eq!(api.fake().replicas, 4, "never past --autoscale-max-backends");
 }
 
 fn at(s: u64) -> Instant {

@@ -108,12 +108,14 @@ impl KubeConfig {
     /// `KUBERNETES_SERVICE_HOST`/`KUBERNETES_SERVICE_PORT`, the token and CA
     /// bundle of the pod's service account, the StatefulSet `statefulset`
     /// in `namespace` (or in the service account's own namespace).
-    pub fn in_cluster(namespace: Option<&str>, statefulset: &str) -> Result<KubeConfig, KubeError> {
+    /// `account_dir` holds the service account's `token`, `ca.crt` and
+    /// `namespace` ([`SERVICE_ACCOUNT_DIR`] in a pod).
+    pub fn in_cluster(account_dir: &Path, namespace: Option<&str>, statefulset: &str) -> Result<KubeConfig, KubeError> {
         let var = |name: &'static str| std::env::var(name).map_err(|_| KubeError::NotInCluster { missing: name });
         let host = var("KUBERNETES_SERVICE_HOST")?;
         let port = var("KUBERNETES_SERVICE_PORT")?;
         let port = port.parse().map_err(|_| KubeError::Config(format!("KUBERNETES_SERVICE_PORT '{port}' is not a port")))?;
-        let dir = Path::new(SERVICE_ACCOUNT_DIR);
+        let dir = account_dir;
         let namespace = match namespace {
             Some(ns) => ns.to_string(),
             None => String::from_utf8_lossy(&read_bounded(&dir.join("namespace"))?).trim().to_string(),
@@ -170,7 +172,7 @@ pub enum KubeError {
         method: Method,
         /// The request's path.
         path: String,
-        /// Why.
+        /// The socket's or the TLS handshake's error.
         #[source]
         source: std::io::Error,
     },
@@ -181,7 +183,7 @@ pub enum KubeError {
         method: Method,
         /// The request's path.
         path: String,
-        /// Why.
+        /// hyper's error.
         #[source]
         source: hyper::Error,
     },
@@ -792,6 +794,10 @@ pub struct AutoscaleArgs {
     /// The idle fraction scale-in keeps.
     #[arg(long = "autoscale-headroom", default_value_t = 0.3)]
     pub headroom: f64,
+    /// Where the service account's token, ca.crt and namespace are (a pod's own; another for a
+    /// test against a fake API server).
+    #[arg(long = "service-account-dir", default_value = SERVICE_ACCOUNT_DIR, hide = true)]
+    pub service_account_dir: PathBuf,
     /// Prometheus /metrics (and /health) listen address, HOST:PORT (port 0 picks one).
     #[arg(long, default_value = "127.0.0.1:0", value_parser = node_shell::parse_socket_addr)]
     pub metrics: std::net::SocketAddr,
@@ -867,7 +873,7 @@ pub fn run(args: &AutoscaleArgs) -> Result<(), AutoscaleCmdError> {
         max_gpus: args.max_backends.saturating_mul(per),
         ..AutoscaleConfig::default()
     };
-    let mut cfg = KubeConfig::in_cluster(args.namespace.as_deref(), &args.statefulset)?;
+    let mut cfg = KubeConfig::in_cluster(&args.service_account_dir, args.namespace.as_deref(), &args.statefulset)?;
     cfg.gpus_per_pod = per;
     cfg.max_pods = args.max_backends;
     let provider = KubernetesProvider::new(KubeClient::new(cfg)?);
@@ -878,9 +884,10 @@ pub fn run(args: &AutoscaleArgs) -> Result<(), AutoscaleCmdError> {
     let registry = Arc::new(MetricsRegistry::new());
     let metrics = CmdMetrics::default();
     metrics.register(&registry);
-    let _endpoint = MetricsEndpoint::start(args.metrics, registry).map_err(setup("metrics endpoint"))?;
+    let endpoint = MetricsEndpoint::start(args.metrics, registry).map_err(setup("metrics endpoint"))?;
     dataplane::control::install_stop_signals().map_err(|e| AutoscaleCmdError::Setup { what: "stop signals", source: e.into() })?;
-    info!(statefulset = %args.statefulset, interval_ms = interval.as_nanos() / 1_000_000, "autoscale: controlling the backend StatefulSet");
+    let interval_ms = interval.as_nanos() / 1_000_000;
+    info!(statefulset = %args.statefulset, interval_ms, metrics = %endpoint.addr(), "autoscale: controlling the backend StatefulSet");
     let clock = MonotonicClock::new();
     controller.run(&clock, &dataplane::control::stop_requested, &mut |tick, provider| {
         metrics.record(tick, provider);
