@@ -14,13 +14,13 @@
 use std::collections::VecDeque;
 
 use dataplane::control::Liveness;
-use dataplane::join::{JoinToken, DATA_LINK_LABEL};
+use dataplane::join::{HandshakeNonces as Nonces, JoinToken, NonceSource, PeerProof, DATA_LINK_LABEL};
 use dataplane::time::{Duration, Instant};
 use dataplane::transport::{Connection, Error};
 use dataplane::wire::{self, Join, Message, Register, Role, WireError};
 
 use crate::exec::Executor;
-use crate::worker::{BatchWorker, ControlMessage, FenceReason, FencedPlan, WorkerError};
+use crate::worker::{BatchWorker, ControlMessage, FenceReason, FencedPlan, WorkerError, EARLY_CAPACITY};
 
 /// Identity and timing of a [`BackendNode`].
 #[derive(Clone, Debug)]
@@ -232,14 +232,16 @@ impl std::fmt::Display for ControlDelay {
 enum State {
     /// Waiting for the scheduler's Challenge (since the first poll).
     AwaitChallenge { since: Option<Instant> },
-    /// Join (then Models) to send, answering `nonce`; how many went out.
+    /// Join (then Models) to send, answering the challenge (`nonces`: its
+    /// nonce and ours); how many went out.
     Hello {
         sent: u8,
-        nonce: [u8; wire::NONCE_LEN],
+        nonces: Nonces,
         since: Instant,
     },
-    /// Waiting for the scheduler's ack since then.
-    AwaitAck { since: Instant },
+    /// Waiting for the scheduler's ack since then; its MAC must cover
+    /// `nonces`.
+    AwaitAck { since: Instant, nonces: Nonces },
     Serving,
     /// With failover, the scheduler was lost (or refused us again): the
     /// batches in hand carry on while the host finds a scheduler.
@@ -316,8 +318,9 @@ pub struct BackendNode<C: Connection, E: Executor> {
     leave: Leave,
     events: VecDeque<BackendEvent>,
     scheduler_heartbeats: u64,
-    /// The cluster's join token (its MAC answers the challenge).
-    token: Option<JoinToken>,
+    /// The cluster's join token (its MAC answers the challenge, and the
+    /// scheduler's Welcome must prove it back), our Joins' nonces.
+    proof: PeerProof,
     /// The token's data-link form (answers the frontends' challenges).
     data_token: Option<JoinToken>,
     /// A control delay bound that wins over the announced one.
@@ -363,17 +366,18 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             leave: Leave::No,
             events: VecDeque::new(),
             scheduler_heartbeats: 0,
-            token: None,
+            proof: PeerProof::new(None),
             data_token: None,
             delay_override: None,
             control_delay: None,
             failover: false,
             busy: Vec::new(),
+            announced: Vec::new(),
+            gate: Gate::Open,
+            early: Vec::new(),
         }
     }
 
-            announced: Vec::new(),
-            gate: Gate::Open,
     /// With `on`, the node outlives its scheduler: losing it (or being
     /// refused by the next one) leaves the node waiting for the host's
     /// next scheduler link ([`handle_scheduler_link`](Self::handle_scheduler_link))
@@ -407,8 +411,21 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
     /// without, which a scheduler that requires one refuses).
     pub fn with_join_token(mut self, token: Option<JoinToken>) -> Self {
         self.data_token = token.as_ref().map(|t| t.for_purpose(DATA_LINK_LABEL));
-        self.token = token;
+        self.proof.set_token(token);
         self
+    }
+
+    /// This backend's Joins carry nonces of `nonces` (a harness seeds
+    /// them so that its runs replay; else the OS generator's).
+    pub fn with_join_nonces(mut self, nonces: NonceSource) -> Self {
+        self.proof.set_nonces(nonces);
+        self
+    }
+
+    /// Registrations refused because the scheduler's Welcome did not
+    /// prove the join token (nothing of it was taken).
+    pub fn forged_welcomes(&self) -> u64 {
+        self.proof.forged_welcomes()
     }
 
     /// A control delay bound that wins over the one the scheduler
@@ -485,7 +502,7 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             State::Hello { .. } | State::AwaitChallenge { since: None } => {
                 return Some(Instant::ZERO)
             }
-            State::AwaitChallenge { since: Some(since) } | State::AwaitAck { since } => {
+            State::AwaitChallenge { since: Some(since) } | State::AwaitAck { since, .. } => {
                 Some(since + self.cfg.handshake_timeout + Duration::from_nanos(1))
             }
             State::Serving | State::Lost => None,
@@ -618,6 +635,8 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
     }
 
     fn refuse(&mut self, why: String) {
+        // What came before a Welcome is taken from a registered link only.
+        self.early.clear();
         // Registered once, a failover node waits for another scheduler.
         self.state = if self.failover && self.control_delay.is_some() { State::Lost } else { State::Done };
         self.events.push_back(BackendEvent::Refused { why });
@@ -634,13 +653,31 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
         }
     }
 
-    /// Our Join answering `nonce`, with a MAC if we hold a token.
-    fn join(&self, nonce: &[u8; wire::NONCE_LEN]) -> Join {
+    /// Our Join answering the challenge of `nonces` (with our nonce and a
+    /// MAC if we hold a token).
+    fn join(&self, nonces: &Nonces) -> Join {
         // This backend reports its readiness (the join gate).
-        let j = Join::new(Role::Backend, self.cfg.id, self.cfg.gpus, "").reporting_ready();
-        match &self.token {
-            Some(t) => j.with_mac(t.sign(nonce, wire::VERSION, &j)),
-            None => j,
+        self.proof.sign(Join::new(Role::Backend, self.cfg.id, self.cfg.gpus, "").reporting_ready(), nonces)
+    }
+
+    /// The scheduler's Welcome after our Join of `nonces`: with a token it
+    /// must prove it (`JoinToken::verify_welcome`), or nothing of it (no
+    /// epoch, no model count, none of the plans that came before it) is
+    /// taken and the registration is refused. Then the plans and
+    /// announcements that came early are the worker's.
+    fn check_welcome(&mut self, now: Instant, nonces: &Nonces, w: wire::Welcome) {
+        let join = self.join(nonces);
+        if !self.proof.check_welcome(nonces, &join, &w) {
+            self.refuse(format!(
+                "the scheduler's Welcome to backend {} does not prove the join token (unsigned or forged): not a scheduler of this cluster; ignored",
+                self.cfg.id
+            ));
+            return;
+        }
+        self.welcomed(now, w);
+        // A refusal of welcomed's (epoch, models) dropped them already.
+        for m in self.early.drain(..) {
+            self.worker.push_early(&m);
         }
     }
 
@@ -655,11 +692,11 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             progressed = true;
         }
         for _ in 0..64 {
-            if let State::Hello { sent, nonce, since } = self.state {
-                match self.hello(now, sent, &nonce) {
-                    Ok(2) => self.state = State::AwaitAck { since },
+            if let State::Hello { sent, nonces, since } = self.state {
+                match self.hello(now, sent, &nonces) {
+                    Ok(2) => self.state = State::AwaitAck { since, nonces },
                     Ok(sent) => {
-                        self.state = State::Hello { sent, nonce, since };
+                        self.state = State::Hello { sent, nonces, since };
                         break;
                     }
                     Err(e) => {
@@ -684,10 +721,14 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             progressed = true;
             match (wire::decode(&self.msg[..n]), self.state) {
                 (Ok(Message::Challenge(c)), State::AwaitChallenge { since }) => {
-                    self.state = State::Hello { sent: 0, nonce: c.nonce, since: since.unwrap_or(now) };
+                    let Some(nonces) = self.proof.nonces(c.nonce) else {
+                        self.refuse("registering with the scheduler: no OS randomness for a nonce".into());
+                        return true;
+                    };
+                    self.state = State::Hello { sent: 0, nonces, since: since.unwrap_or(now) };
                 }
-                (Ok(Message::Welcome(w)), State::AwaitAck { .. }) => {
-                    self.welcomed(now, w);
+                (Ok(Message::Welcome(w)), State::AwaitAck { nonces, .. }) => {
+                    self.check_welcome(now, &nonces, w);
                     // What follows (announcements, plans) is the worker's.
                     return true;
                 }
@@ -708,9 +749,14 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
                 (Ok(Message::Heartbeat(_)), _) => self.scheduler_heartbeats += 1,
                 // The scheduler sends plans and announcements right after
                 // the Welcome; a reordering network can deliver them before
-                // it. They are the worker's, in their order.
+                // it. They are the worker's, in their order, once the
+                // Welcome proves the token.
                 (Ok(Message::BatchPlan(..) | Message::Register(_) | Message::Drain(_)), State::AwaitAck { .. }) => {
-                    self.worker.push_early(&self.msg[..n]);
+                    if self.early.len() < EARLY_CAPACITY {
+                        self.early.push(self.msg[..n].to_vec());
+                    } else {
+                        self.events.push_back(BackendEvent::Ignored { why: "an early plan past the bound".into() });
+                    }
                 }
                 (Ok(_), _) => {
                     self.events.push_back(BackendEvent::Ignored {
@@ -724,7 +770,7 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             }
         }
         let since = match self.state {
-            State::AwaitChallenge { since: Some(s) } | State::Hello { since: s, .. } | State::AwaitAck { since: s } => s,
+            State::AwaitChallenge { since: Some(s) } | State::Hello { since: s, .. } | State::AwaitAck { since: s, .. } => s,
             _ => return progressed,
         };
         if now.saturating_since(since) > self.cfg.handshake_timeout {
@@ -742,10 +788,10 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
     /// Sends what remains of Join and Models (with how long each GPU stays
     /// busy with the batches in hand, as of `now`: a scheduler that takes
     /// over plans nothing on it before then); returns how many went out.
-    fn hello(&mut self, now: Instant, mut sent: u8, nonce: &[u8; wire::NONCE_LEN]) -> Result<u8, Error> {
+    fn hello(&mut self, now: Instant, mut sent: u8, nonces: &Nonces) -> Result<u8, Error> {
         while sent < 2 {
             let encoded = if sent == 0 {
-                let join = self.join(nonce);
+                let join = self.join(nonces);
                 wire::encode(&mut self.msg, &join)
             } else {
                 self.worker.busy_report(now, &mut self.busy);
@@ -1287,7 +1333,56 @@ mod tests {
 
     /// The fake scheduler's welcome for a list of `models`.
     fn welcome(models: u32) -> Welcome {
-        Welcome { models, epoch: 0, control_delay_ns: 0 }
+        Welcome::new(models, 0, 0)
+    }
+
+    /// With a token, a Welcome that does not prove it (unsigned, forged,
+    /// another cluster's, or signed for another Join of ours: a replay) is
+    /// refused and counted, and nothing of it is taken: not its epoch
+    /// (u32::MAX would make the backend refuse every real leader), nor a
+    /// plan that came before it. A Welcome that proves it is taken, with
+    /// the plan.
+    #[test]
+    fn a_welcome_that_does_not_prove_the_token_is_refused_and_nothing_of_it_taken() {
+        let t0 = Instant::ZERO;
+        let held = JoinToken::new(b"backend welcome test token").unwrap();
+        for case in 0..5u8 {
+            let (Backend { net, node }, mut s) = node();
+            let node = node.with_join_token(Some(held.clone())).with_join_nonces(NonceSource::Seeded(u64::from(case)));
+            let mut n = Backend { net, node };
+            s.challenge(NONCE).unwrap();
+            n.settle(t0);
+            let sent = s.take_all();
+            let Ok(Message::Join(join)) = wire::decode(&sent[0]) else { panic!("{sent:?}") };
+            assert!(join.has_mac() && join.nonce != [0; wire::NONCE_LEN], "{join:?}");
+            // A plan before the Welcome (as a reordering network delivers).
+            s.plan_of(1, u32::MAX);
+            let w = Welcome::new(MODELS, u32::MAX, 0);
+            let mac = match case {
+                0 => [0; wire::MAC_LEN],
+                1 => [0xa5; wire::MAC_LEN],
+                2 => JoinToken::new(b"another cluster's token").unwrap().sign_welcome(&NONCE, &join, &w),
+                3 => held.sign_welcome(&NONCE, &join.with_nonce([2; wire::NONCE_LEN]), &w),
+                _ => held.sign_welcome(&NONCE, &join, &w),
+            };
+            s.send(&Welcome { mac, ..w }).unwrap();
+            n.settle(t0);
+            let ev = n.events();
+            if case == 4 {
+                assert_eq!(ev, [BackendEvent::Registered]);
+                assert_eq!((n.node.worker().epoch(), n.node.forged_welcomes()), (u32::MAX, 0));
+                n.settle(t0 + Duration::from_millis(10));
+                assert_eq!(n.node.worker().stats().plans, 1, "the early plan is the worker's");
+                continue;
+            }
+            let want = "the scheduler's Welcome to backend 5 does not prove the join token";
+            assert!(matches!(&ev[..], [BackendEvent::Refused { why }] if why.starts_with(want)), "case {case}: {ev:?}");
+            assert_eq!(n.node.forged_welcomes(), 1);
+            assert_eq!(n.node.worker().epoch(), 0, "no epoch taken");
+            assert!(!n.node.registered());
+            n.settle(t0 + Duration::from_millis(10));
+            assert_eq!(n.node.worker().stats().plans, 0, "the early plan never reached the worker");
+        }
     }
 
     /// Registered at t0; the scheduler's received messages cleared.
@@ -1299,10 +1394,14 @@ mod tests {
     fn registered_with(t0: Instant, (mut n, mut s): (Backend, SimPeer)) -> (Backend, SimPeer) {
         s.challenge(NONCE).unwrap();
         n.settle(t0);
-        let (msgs, _) = s.received();
+        let msgs: Vec<_> = s.take_all().iter().filter_map(|m| wire::decode(m).ok().map(|m| format!("{m:?}"))).collect();
         assert!(msgs[0].starts_with("Join") && msgs[0].contains("id: 5"), "{msgs:?}");
         assert!(msgs[1].starts_with("Models"), "{msgs:?}");
-        s.send(&welcome(MODELS)).unwrap();
+        // A node holding a token takes a Welcome that proves it only.
+        let w = welcome(MODELS);
+        let State::AwaitAck { nonces, .. } = n.node.state else { panic!("{:?}", n.node.state) };
+        let mac = n.node.proof.token().map_or([0; wire::MAC_LEN], |t| t.sign_welcome(&NONCE, &n.node.join(&nonces), &w));
+        s.send(&Welcome { mac, ..w }).unwrap();
         n.settle(t0);
         assert_eq!(n.events(), vec![BackendEvent::Registered]);
         assert!(n.node.registered());
@@ -1521,7 +1620,7 @@ mod tests {
         n.settle(t0);
         let msgs = s.take_all();
         assert!(matches!(wire::decode(&msgs[0]), Ok(Message::Join(_))));
-        s.send(&Welcome { models: MODELS, epoch, control_delay_ns: 0 }).unwrap();
+        s.send(&Welcome::new(MODELS, epoch, 0)).unwrap();
         n.settle(t0);
         msgs[1].clone()
     }

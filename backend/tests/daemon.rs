@@ -356,7 +356,7 @@ impl<D: Domain> FakeScheduler<D> {
 
     /// Acknowledges the registration announcing a control delay bound.
     fn welcome_with(&mut self, models: u32, control_delay_ns: u64) -> Result<(), dataplane::transport::Error> {
-        let w = wire::Welcome { models, epoch: 0, control_delay_ns };
+        let w = wire::Welcome::new(models, 0, control_delay_ns);
         let n = wire::encode(&mut self.buf, &w).unwrap();
         let msg = self.buf[..n].to_vec();
         send_within(self.conn(), &msg, dp(TIMEOUT))

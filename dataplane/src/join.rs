@@ -8,6 +8,15 @@
 //! constant time. The token itself never crosses the wire, and a recorded
 //! answer is worthless for the next link (another nonce).
 //!
+//! The scheduler proves the token back: the peer's Join carries a fresh
+//! nonce of the peer's, and the [`wire::Welcome`]'s `mac` is
+//! HMAC-SHA256(the token's welcome key, [`WELCOME_DOMAIN`] || challenge
+//! nonce || wire version || the Join's bytes before `mac` || the Welcome's
+//! bytes before `mac`) ([`JoinToken::sign_welcome`]). A peer holding a
+//! token takes nothing (epoch, models, plans) from a scheduler whose
+//! Welcome does not verify: a process that took the scheduler's address
+//! cannot make one, nor replay one recorded for another Join.
+//!
 //! The token comes from a file (`--join-token-file PATH`) or the
 //! environment ([`TOKEN_ENV`]), never from the command line, where any
 //! user of the host could read it in the process list.
@@ -17,7 +26,7 @@ use std::path::{Path, PathBuf};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::wire::{self, Join, NONCE_LEN};
+use crate::wire::{self, Join, Welcome, NONCE_LEN};
 
 /// The environment variable a daemon reads its join token from (when no
 /// `--join-token-file` is given).
@@ -31,8 +40,15 @@ pub const MAC_DOMAIN: &[u8] = b"symphony-join\0";
 /// The [`JoinToken::for_purpose`] label of the data links between a
 /// backend and a frontend.
 pub const DATA_LINK_LABEL: &[u8] = b"symphony-data-link";
+/// The [`JoinToken::derive_key`] label of the key that signs Welcomes: a
+/// Join MAC (made with the token itself) never verifies as a Welcome's.
+pub const WELCOME_LABEL: &[u8] = b"symphony scheduler welcome v1";
+/// Prefix of every Welcome MAC's input.
+pub const WELCOME_DOMAIN: &[u8] = b"symphony-welcome\0";
 /// Bytes of the Join covered by the MAC: everything before `mac`.
 const JOIN_SIGNED_LEN: usize = std::mem::size_of::<Join>() - wire::MAC_LEN;
+/// Bytes of the Welcome covered by its MAC: everything before `mac`.
+const WELCOME_SIGNED_LEN: usize = std::mem::size_of::<Welcome>() - wire::MAC_LEN;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -175,6 +191,127 @@ impl JoinToken {
     pub fn verify(&self, nonce: &[u8; NONCE_LEN], version: u16, join: &Join) -> bool {
         self.mac_over(nonce, version, join).verify_slice(&join.mac).is_ok()
     }
+
+    fn welcome_mac_over(&self, nonce: &[u8; NONCE_LEN], join: &Join, welcome: &Welcome) -> HmacSha256 {
+        let key = self.derive_key(WELCOME_LABEL);
+        let Ok(mut mac) = HmacSha256::new_from_slice(&key) else {
+            unreachable!("HMAC accepts any key length")
+        };
+        mac.update(WELCOME_DOMAIN);
+        mac.update(nonce);
+        mac.update(&wire::VERSION.to_le_bytes());
+        mac.update(&bytemuck::bytes_of(join)[..JOIN_SIGNED_LEN]);
+        mac.update(&bytemuck::bytes_of(welcome)[..WELCOME_SIGNED_LEN]);
+        mac
+    }
+
+    /// The MAC the scheduler puts in `welcome` (every field but `mac` set)
+    /// in answer to `join`, which answered the challenge of `nonce`: it
+    /// covers the peer's nonce, role and id, so it answers that Join only.
+    pub fn sign_welcome(&self, nonce: &[u8; NONCE_LEN], join: &Join, welcome: &Welcome) -> [u8; wire::MAC_LEN] {
+        self.welcome_mac_over(nonce, join, welcome).finalize().into_bytes().into()
+    }
+
+    /// Whether `welcome.mac` is this token's answer to `join` after the
+    /// challenge of `nonce` (constant time).
+    pub fn verify_welcome(&self, nonce: &[u8; NONCE_LEN], join: &Join, welcome: &Welcome) -> bool {
+        self.welcome_mac_over(nonce, join, welcome).verify_slice(&welcome.mac).is_ok()
+    }
+}
+
+/// A handshake's nonces: the scheduler's challenge, then the peer's own
+/// (zero without a token), which the Welcome's MAC must cover.
+pub type HandshakeNonces = ([u8; NONCE_LEN], [u8; NONCE_LEN]);
+
+/// A peer's (frontend's or backend's) side of the mutual proof with a
+/// scheduler: its token (none: open membership, nothing signed or
+/// checked), where its Join nonces come from, and how many Welcomes it
+/// refused for not proving the token.
+#[derive(Clone, Debug)]
+pub struct PeerProof {
+    token: Option<JoinToken>,
+    nonces: NonceSource,
+    forged: u64,
+}
+
+impl PeerProof {
+    /// The proof of a peer holding `token`, its nonces from the OS.
+    pub fn new(token: Option<JoinToken>) -> Self {
+        PeerProof { token, nonces: NonceSource::Os, forged: 0 }
+    }
+
+    /// It proves `token` from now on (none: nothing signed or checked).
+    pub fn set_token(&mut self, token: Option<JoinToken>) {
+        self.token = token;
+    }
+
+    /// Its Join nonces come from `nonces` (a deterministic harness seeds
+    /// them; a daemon keeps the OS generator).
+    pub fn set_nonces(&mut self, nonces: NonceSource) {
+        self.nonces = nonces;
+    }
+
+    /// The token it proves, if any.
+    pub fn token(&self) -> Option<&JoinToken> {
+        self.token.as_ref()
+    }
+
+    /// The nonces of a handshake whose challenge carried `theirs`: ours is
+    /// fresh with a token, zero without; `None` if the OS has no
+    /// randomness.
+    pub fn nonces(&mut self, theirs: [u8; NONCE_LEN]) -> Option<HandshakeNonces> {
+        let ours = match self.token {
+            Some(_) => self.nonces.next_nonce()?,
+            None => [0; NONCE_LEN],
+        };
+        Some((theirs, ours))
+    }
+
+    /// `join` (every field but nonce and MAC set) as sent in answer to the
+    /// challenge of `nonces`: with our nonce and the MAC if we hold a
+    /// token, as is otherwise. The same for the same arguments, so the
+    /// Welcome is checked against exactly what was sent.
+    pub fn sign(&self, join: Join, (theirs, ours): &HandshakeNonces) -> Join {
+        match &self.token {
+            Some(t) => {
+                let j = join.with_nonce(*ours);
+                j.with_mac(t.sign(theirs, wire::VERSION, &j))
+            }
+            None => join,
+        }
+    }
+
+    /// Whether `welcome` answers our `join` (as [`sign`](Self::sign)
+    /// made it) after the challenge of `nonces` with the token: always
+    /// without one. A Welcome that does not is counted.
+    pub fn check_welcome(&mut self, nonces: &HandshakeNonces, join: &Join, welcome: &Welcome) -> bool {
+        let proven = self.token.as_ref().is_none_or(|t| t.verify_welcome(&nonces.0, join, welcome));
+        self.forged += u64::from(!proven);
+        proven
+    }
+
+    /// How many Welcomes did not prove the token.
+    pub fn forged_welcomes(&self) -> u64 {
+        self.forged
+    }
+}
+
+/// Checking a peer's or the scheduler's proof over any bytes never panics,
+/// and no bytes pass for the fuzz token's MAC but the MAC itself: for
+/// fuzzers and property tests, next to `wire::fuzz_decode`.
+pub fn fuzz_proofs(data: &[u8]) {
+    let Ok(token) = JoinToken::new(b"symphony wire fuzz token") else {
+        unreachable!("the fuzz token is long enough")
+    };
+    let nonce = [0u8; NONCE_LEN];
+    let (join, welcome) = match wire::decode(data) {
+        Ok(wire::Message::Join(j)) => (j, Welcome::new(1, 0, 0)),
+        Ok(wire::Message::Welcome(w)) => (Join::new(wire::Role::Backend, 1, 1, ""), w),
+        _ => return,
+    };
+    assert!(!token.verify(&nonce, wire::VERSION, &join) || join.mac == token.sign(&nonce, wire::VERSION, &join));
+    let forged = token.verify_welcome(&nonce, &join, &welcome);
+    assert!(!forged || welcome.mac == token.sign_welcome(&nonce, &join, &welcome));
 }
 
 /// Where the scheduler's nonces come from: the OS generator in a daemon,
@@ -211,7 +348,77 @@ impl NonceSource {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::Role;
+    use crate::wire::{decode, encode, Message, Role, MAC_LEN, MAX_MESSAGE_LEN};
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, rng_seed: proptest::test_runner::RngSeed::Fixed(55), ..ProptestConfig::default() })]
+
+        /// Joins and Welcomes of any field values round-trip; a Join with
+        /// nonce or MAC bytes but no MAC flag is refused; any bit of a
+        /// signed Welcome or of its Join changed, and it no longer
+        /// verifies.
+        #[test]
+        fn handshake_proofs_round_trip_and_any_change_breaks_them(
+            id in any::<u32>(), count in any::<u32>(), epoch in any::<u32>(), models in any::<u32>(),
+            delay in any::<u64>(), peer_nonce in any::<[u8; NONCE_LEN]>(), nonce in any::<[u8; NONCE_LEN]>(),
+            flip in 0usize..(std::mem::size_of::<Join>() + std::mem::size_of::<Welcome>() - 2 * MAC_LEN), bit in 0u8..8,
+        ) {
+            let token = JoinToken::new(b"symphony wire property token").unwrap();
+            let j = Join::new(Role::Backend, id, count, "").with_nonce(peer_nonce);
+            let j = j.with_mac(token.sign(&nonce, wire::VERSION, &j));
+            let w = Welcome::new(models, epoch, delay);
+            let w = Welcome { mac: token.sign_welcome(&nonce, &j, &w), ..w };
+            let mut buf = [0u8; MAX_MESSAGE_LEN];
+            let n = encode(&mut buf, &j).unwrap();
+            prop_assert_eq!(decode(&buf[..n]), Ok(Message::Join(j)));
+            wire::fuzz_decode(&buf[..n]);
+            fuzz_proofs(&buf[..n]);
+            let n = encode(&mut buf, &w).unwrap();
+            prop_assert_eq!(decode(&buf[..n]), Ok(Message::Welcome(w)));
+            wire::fuzz_decode(&buf[..n]);
+            fuzz_proofs(&buf[..n]);
+            prop_assert!(token.verify_welcome(&nonce, &j, &w));
+            // One bit of the signed bytes (the Join's, then the Welcome's).
+            let (mut j2, mut w2) = (j, w);
+            let join_signed = std::mem::size_of::<Join>() - MAC_LEN;
+            if flip < join_signed {
+                bytemuck::bytes_of_mut(&mut j2)[flip] ^= 1 << bit;
+            } else {
+                bytemuck::bytes_of_mut(&mut w2)[flip - join_signed] ^= 1 << bit;
+            }
+            prop_assert!(!token.verify_welcome(&nonce, &j2, &w2));
+            // Without the MAC flag, no nonce or MAC bytes.
+            let bare = Join { flags: 0, mac: [0; MAC_LEN], ..j };
+            let n = encode(&mut buf, &bare).unwrap();
+            prop_assert_eq!(decode(&buf[..n]).is_err(), bare.nonce != [0; NONCE_LEN]);
+        }
+    }
+
+    #[test]
+    fn a_peer_proof_signs_with_a_fresh_nonce_and_counts_welcomes_that_do_not_prove_the_token() {
+        let token = JoinToken::new(b"correct horse battery staple").unwrap();
+        let mut proof = PeerProof::new(Some(token.clone()));
+        proof.set_nonces(NonceSource::Seeded(3));
+        let (a, b) = (proof.nonces([1; NONCE_LEN]).unwrap(), proof.nonces([1; NONCE_LEN]).unwrap());
+        assert_ne!(a.1, b.1, "a fresh nonce of ours per handshake");
+        let j = proof.sign(Join::new(Role::Frontend, 2, 0, "fe"), &a);
+        assert!(token.verify(&a.0, wire::VERSION, &j) && j.nonce == a.1);
+        assert_eq!(proof.sign(Join::new(Role::Frontend, 2, 0, "fe"), &a), j, "the same Join again");
+        let w = Welcome::new(1, 9, 0);
+        let signed = Welcome { mac: token.sign_welcome(&a.0, &j, &w), ..w };
+        assert!(proof.check_welcome(&a, &j, &signed));
+        assert!(!proof.check_welcome(&a, &j, &w), "unsigned");
+        let other = proof.sign(Join::new(Role::Frontend, 2, 0, "fe"), &b);
+        assert!(!proof.check_welcome(&b, &other, &signed), "a replay for another handshake");
+        assert_eq!(proof.forged_welcomes(), 2);
+        // Open membership: nothing signed, every Welcome taken.
+        let mut open = PeerProof::new(None);
+        let n = open.nonces([1; NONCE_LEN]).unwrap();
+        assert_eq!(n.1, [0; NONCE_LEN]);
+        let bare = open.sign(Join::new(Role::Backend, 1, 1, ""), &n);
+        assert!(!bare.has_mac() && open.check_welcome(&n, &bare, &w) && open.forged_welcomes() == 0);
+    }
 
     #[test]
     fn derived_keys_depend_on_token_and_label_and_are_stable() {
@@ -251,6 +458,29 @@ mod tests {
         let on_sched = j.with_mac(token.sign(&nonce, wire::VERSION, &j));
         assert!(!data.verify(&nonce, wire::VERSION, &on_sched), "not a data-link answer");
         assert_eq!(format!("{data:?}"), "JoinToken(<32 bytes>)");
+    }
+
+    #[test]
+    fn a_welcome_verifies_only_for_its_join_challenge_token_and_fields() {
+        let token = JoinToken::new(b"correct horse battery staple").unwrap();
+        let other = JoinToken::new(b"another sixteen-byte token").unwrap();
+        let nonce = [7u8; NONCE_LEN];
+        let j = Join::new(Role::Backend, 3, 2, "").with_nonce([5u8; NONCE_LEN]);
+        let j = j.with_mac(token.sign(&nonce, wire::VERSION, &j));
+        let w = Welcome::new(1, 4, 1_000);
+        let w = Welcome { mac: token.sign_welcome(&nonce, &j, &w), ..w };
+        assert!(token.verify_welcome(&nonce, &j, &w));
+        assert!(!other.verify_welcome(&nonce, &j, &w), "another token");
+        assert!(!token.verify_welcome(&[8u8; NONCE_LEN], &j, &w), "another challenge");
+        assert!(!token.verify_welcome(&nonce, &j.with_nonce([6u8; NONCE_LEN]), &w), "another peer nonce: a replay");
+        assert!(!token.verify_welcome(&nonce, &Join { id: 4, ..j }, &w), "another peer");
+        assert!(!token.verify_welcome(&nonce, &Join { role: Role::Frontend as u32, ..j }, &w), "another role");
+        assert!(!token.verify_welcome(&nonce, &j, &Welcome { epoch: u32::MAX, ..w }), "another epoch");
+        assert!(!token.verify_welcome(&nonce, &j, &Welcome { models: 2, ..w }), "another model count");
+        assert!(!token.verify_welcome(&nonce, &j, &Welcome { control_delay_ns: 1, ..w }), "another delay");
+        assert!(!token.verify_welcome(&nonce, &j, &Welcome { mac: [0; wire::MAC_LEN], ..w }), "unsigned");
+        // The peer's own Join MAC is no Welcome MAC (another key and domain).
+        assert!(!token.verify_welcome(&nonce, &j, &Welcome { mac: j.mac, ..w }));
     }
 
     #[test]

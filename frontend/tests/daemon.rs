@@ -21,7 +21,7 @@ use dataplane::wire::{
 
 /// The fake scheduler's Welcome for `models` models.
 fn welcome(models: u32) -> Welcome {
-    Welcome { models, epoch: 0, control_delay_ns: 0 }
+    Welcome::new(models, 0, 0)
 }
 use frontend::loadgen::{verify, Verdict};
 use std::io::{BufRead, BufReader, Read, Write};

@@ -7,7 +7,7 @@ use super::*;
 
 /// Bytes of the MAC in a [`Join`] (HMAC-SHA256).
 pub const MAC_LEN: usize = 32;
-/// Bytes of the nonce in a [`Challenge`].
+/// Bytes of the nonce in a [`Challenge`] and in a [`Join`].
 pub const NONCE_LEN: usize = 32;
 /// Bytes of the operator text in a [`Refused`].
 pub const REFUSAL_TEXT_LEN: usize = 128;
@@ -173,6 +173,10 @@ pub struct Join {
     pub flags: u32,
     /// A frontend's data endpoint (UTF-8, zero padded); empty otherwise.
     pub endpoint: [u8; ENDPOINT_LEN],
+    /// The peer's fresh random nonce, which the [`Welcome`]'s MAC must
+    /// cover (so a recorded Welcome never answers another Join); zero
+    /// without a token.
+    pub nonce: [u8; NONCE_LEN],
     /// HMAC-SHA256 over the challenge and the fields above; zero without
     /// a token.
     pub mac: [u8; MAC_LEN],
@@ -189,8 +193,15 @@ impl Join {
             count,
             flags: 0,
             endpoint: fill_text(endpoint),
+            nonce: [0; NONCE_LEN],
             mac: [0; MAC_LEN],
         }
+    }
+    /// This join carrying the peer's `nonce` (set before signing: the MAC
+    /// covers it).
+    pub fn with_nonce(mut self, nonce: [u8; NONCE_LEN]) -> Self {
+        self.nonce = nonce;
+        self
     }
     /// This (backend's) join promising to report its readiness
     /// ([`JOIN_REPORTS_READY`]; set before signing: the MAC covers it).
@@ -215,6 +226,9 @@ impl Join {
 }
 
 /// The scheduler accepted a [`Join`]: what every peer must agree on.
+/// With a join token, `mac` proves the scheduler holds it
+/// (`join::JoinToken::sign_welcome`); a peer holding a token takes
+/// nothing from a Welcome whose MAC does not verify.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct Welcome {
@@ -228,6 +242,17 @@ pub struct Welcome {
     /// The one-way control delay bound `d_ctrl` the scheduler charges,
     /// ns: backends subtract it from a plan's `exec_in`.
     pub control_delay_ns: u64,
+    /// HMAC-SHA256 under the token's welcome key over the challenge, the
+    /// peer's Join (its nonce included) and the fields above; zero
+    /// without a token.
+    pub mac: [u8; MAC_LEN],
+}
+
+impl Welcome {
+    /// An unsigned Welcome (sign it with `join::JoinToken::sign_welcome`).
+    pub fn new(models: u32, epoch: u32, control_delay_ns: u64) -> Self {
+        Welcome { models, epoch, control_delay_ns, mac: [0; MAC_LEN] }
+    }
 }
 
 /// Why the scheduler refused a registration. Wire codes are stable; a new
@@ -424,7 +449,7 @@ pub(super) fn decode_register(body: &[u8]) -> Result<Register, WireError> {
 }
 
 /// The body of a [`Kind::Join`] message: a frontend or a backend, known
-/// flags, no MAC bytes without the MAC flag, and endpoint text.
+/// flags, no MAC or nonce bytes without the MAC flag, and endpoint text.
 pub(super) fn decode_join(body: &[u8]) -> Result<Join, WireError> {
     let j: Join = read_fixed(body)?;
     match j.role() {
@@ -434,7 +459,7 @@ pub(super) fn decode_join(body: &[u8]) -> Result<Join, WireError> {
     if j.flags & !(JOIN_HAS_MAC | JOIN_REPORTS_READY) != 0 {
         return Err(WireError::BadValue("join flags"));
     }
-    if !j.has_mac() && j.mac != [0; MAC_LEN] {
+    if !j.has_mac() && (j.mac != [0; MAC_LEN] || j.nonce != [0; NONCE_LEN]) {
         return Err(WireError::ReservedNotZero);
     }
     if padded_text(&j.endpoint).is_none() {

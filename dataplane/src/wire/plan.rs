@@ -272,7 +272,7 @@ mod tests {
     #[test]
     fn welcome_and_plans_carry_the_epoch() {
         let mut buf = [0u8; MAX_MESSAGE_LEN];
-        let w = Welcome { models: 2, epoch: 7, control_delay_ns: 5 };
+        let w = Welcome { models: 2, epoch: 7, control_delay_ns: 5, mac: [3; MAC_LEN] };
         let n = encode(&mut buf, &w).unwrap();
         assert_eq!(decode(&buf[..n]), Ok(Message::Welcome(w)));
         let head = BatchPlanHead { batch_id: 1, epoch: u32::MAX, ..BatchPlanHead::default() };

@@ -166,7 +166,7 @@ fn a_scheduler_of_another_version_is_named_with_both_versions() {
     fe.handle_scheduler_link(Instant::ZERO, net.domain(1).connect("sim:scheduler", Duration::ZERO).unwrap());
     let mut sched = listener.accept(Duration::ZERO).unwrap();
     send_raw(&mut sched, &with_version(&Challenge::new([1; wire::NONCE_LEN], true), future));
-    send_raw(&mut sched, &with_version(&Welcome { models: 2, epoch: 0, control_delay_ns: 0 }, future));
+    send_raw(&mut sched, &with_version(&Welcome::new(2, 0, 0), future));
     let mut now = Instant::ZERO;
     for _ in 0..10 {
         net.set_now(now);
@@ -176,6 +176,60 @@ fn a_scheduler_of_another_version_is_named_with_both_versions() {
     let ev: Vec<_> = std::iter::from_fn(|| fe.poll_event()).collect();
     let want = format!("the scheduler speaks wire version {future}, this frontend {}", wire::VERSION);
     assert!(matches!(&ev[..], [FrontendEvent::Refused { why, .. }] if why.starts_with(&want)), "{ev:?}");
+}
+
+/// A frontend holding the token takes nothing from a Welcome that does not
+/// prove it: unsigned (an open scheduler, or one that took the address),
+/// forged, another cluster's, or one signed for another Join of ours (a
+/// replay). Each is refused and counted; the real scheduler is then
+/// registered with.
+#[test]
+fn a_welcome_that_does_not_prove_the_token_is_refused_and_counted() {
+    let ours = token(TOKEN);
+    let nonce = [1; wire::NONCE_LEN];
+    for case in 0..4u8 {
+        let net = SimNet::new(4, FaultConfig::default());
+        let mut listener = net.domain(0).listen("sim:scheduler").unwrap();
+        let mut fe = frontend(Some(ours.clone())).with_join_nonces(NonceSource::Seeded(u64::from(case)));
+        fe.handle_scheduler_link(Instant::ZERO, net.domain(1).connect("sim:scheduler", Duration::ZERO).unwrap());
+        let mut sched = SimPeer::new(listener.accept(Duration::ZERO).unwrap());
+        drop(listener);
+        sched.challenge(nonce).unwrap();
+        let mut now = Instant::ZERO;
+        let mut joined = None;
+        for _ in 0..5 {
+            net.set_now(now);
+            fe.poll(now);
+            joined = joined.or(sched.take_join());
+            now += ms(1);
+        }
+        let Some(join) = joined else { panic!("no Join") };
+        assert_ne!(join.nonce, [0; wire::NONCE_LEN], "a fresh nonce of ours");
+        let w = Welcome::new(2, u32::MAX, 0);
+        let mac = match case {
+            0 => [0; wire::MAC_LEN],
+            1 => [0xa5; wire::MAC_LEN],
+            2 => token(b"some other cluster's token").sign_welcome(&nonce, &join, &w),
+            _ => ours.sign_welcome(&nonce, &join.with_nonce([2; wire::NONCE_LEN]), &w),
+        };
+        sched.send(&Welcome { mac, ..w }).unwrap();
+        for _ in 0..5 {
+            net.set_now(now);
+            fe.poll(now);
+            now += ms(1);
+        }
+        let ev: Vec<_> = std::iter::from_fn(|| fe.poll_event()).collect();
+        let want = "the scheduler's Welcome to frontend 5 does not prove the join token";
+        assert!(matches!(&ev[..], [FrontendEvent::Refused { why, .. }] if why.starts_with(want)), "case {case}: {ev:?}");
+        assert!(!fe.is_registered());
+        assert_eq!(fe.forged_welcomes(), 1);
+
+        // The real scheduler next: its Welcome proves the token.
+        let mut real = scheduler_node();
+        connect(&net, &mut fe, &mut real);
+        assert_eq!(run(&net, &mut real, &mut fe, now, 20), [FrontendEvent::Registered { group: 0, models: 2 }]);
+        assert_eq!(fe.forged_welcomes(), 1);
+    }
 }
 
 /// A data link handed to `fe` at time zero: the backend's end and the

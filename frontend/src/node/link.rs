@@ -16,7 +16,7 @@ use super::sink::{TaskQueue, SINK_OPEN};
 use super::held::{HeldTasks, MovedAnswer};
 use crate::staging::{RoutedOutcome, Staging};
 use dataplane::control::Liveness;
-use dataplane::join::JoinToken;
+use dataplane::join::{HandshakeNonces as Nonces, PeerProof};
 use dataplane::time::Instant;
 use dataplane::transport::{Connection, Error as TransportError};
 use dataplane::wire::{self, DropReason, Join, Message, Role, Task, TaskStatus, WireError};
@@ -28,11 +28,11 @@ use std::sync::atomic::Ordering;
 pub(super) enum Phase {
     /// No scheduler link (none yet, refused or lost).
     Unlinked,
-    /// The link is handed over: the scheduler's challenge (its nonce) is
-    /// awaited, then our `Join` is `sent` or still to send; the `Welcome`
-    /// is due by `deadline`.
+    /// The link is handed over: the scheduler's challenge is awaited
+    /// (`nonces`: its nonce and ours, drawn when it came), then our `Join`
+    /// is `sent` or still to send; the `Welcome` is due by `deadline`.
     Registering {
-        nonce: Option<[u8; wire::NONCE_LEN]>,
+        nonces: Option<Nonces>,
         sent: bool,
         deadline: Instant,
     },
@@ -46,7 +46,8 @@ pub(super) enum Phase {
 /// scratch buffers (allocated once). `taken_back`/`stale` are outputs.
 pub(super) struct LinkCtx<'a> {
     pub cfg: &'a FrontendNodeConfig,
-    pub token: Option<&'a JoinToken>,
+    /// The join token we prove, our nonces, the forged Welcomes' count.
+    pub proof: &'a mut PeerProof,
     pub staging: &'a Staging,
     pub queue: &'a TaskQueue,
     pub held: Option<&'a mut HeldTasks>,
@@ -71,7 +72,8 @@ pub(super) enum LinkStep {
     Work,
     /// The scheduler acknowledged the registration with this many models.
     Registered(u32),
-    /// The registration failed: the node lets the link go.
+    /// The registration failed (or the Welcome did not prove the join
+    /// token): the node lets the link go.
     Refused(String),
     /// The registered link died, misbehaved or went silent.
     Lost(String),
@@ -148,7 +150,7 @@ impl<C: Connection> SchedLink<C> {
     /// the handshake timeout. Returns the connection it replaces, if any.
     pub fn handle_conn(&mut self, now: Instant, conn: C, cfg: &FrontendNodeConfig) -> Option<C> {
         let old = self.conn.replace(conn);
-        self.phase = Phase::Registering { nonce: None, sent: false, deadline: now.saturating_add(cfg.handshake_timeout) };
+        self.phase = Phase::Registering { nonces: None, sent: false, deadline: now.saturating_add(cfg.handshake_timeout) };
         old
     }
 
@@ -178,20 +180,17 @@ impl<C: Connection> SchedLink<C> {
     pub fn poll(&mut self, now: Instant, ctx: &mut LinkCtx<'_>) -> LinkStep {
         match self.phase {
             Phase::Unlinked => LinkStep::Idle,
-            Phase::Registering { nonce, sent, deadline } => self.poll_handshake(now, ctx, nonce, sent, deadline),
+            Phase::Registering { nonces, sent, deadline } => self.poll_handshake(now, ctx, nonces, sent, deadline),
             Phase::Registered { .. } => self.poll_registered(now, ctx),
         }
     }
 
     // ---- the handshake ------------------------------------------------------
 
-    /// Our Join answering `nonce`, with a MAC if we hold a token.
-    fn join(ctx: &LinkCtx<'_>, nonce: &[u8; wire::NONCE_LEN]) -> Join {
-        let j = Join::new(Role::Frontend, u32::from(ctx.cfg.id), 0, &ctx.cfg.data_endpoint);
-        match ctx.token {
-            Some(t) => j.with_mac(t.sign(nonce, wire::VERSION, &j)),
-            None => j,
-        }
+    /// Our Join answering the challenge of `nonces` (with our nonce and a
+    /// MAC if we hold a token).
+    fn join(ctx: &LinkCtx<'_>, nonces: &Nonces) -> Join {
+        ctx.proof.sign(Join::new(Role::Frontend, u32::from(ctx.cfg.id), 0, &ctx.cfg.data_endpoint), nonces)
     }
 
     fn refused_text(ctx: &LinkCtx<'_>) -> LinkStep {
@@ -205,7 +204,7 @@ impl<C: Connection> SchedLink<C> {
         &mut self,
         now: Instant,
         ctx: &mut LinkCtx<'_>,
-        mut nonce: Option<[u8; wire::NONCE_LEN]>,
+        mut nonces: Option<Nonces>,
         mut sent: bool,
         deadline: Instant,
     ) -> LinkStep {
@@ -215,7 +214,7 @@ impl<C: Connection> SchedLink<C> {
         };
         let mut work = false;
         for _ in 0..BURST {
-            if let (Some(n), false) = (nonce, sent) {
+            if let (Some(n), false) = (nonces, sent) {
                 let join = Self::join(ctx, &n);
                 let len = match wire::encode(ctx.buf, &join) {
                     Ok(len) => len,
@@ -243,8 +242,16 @@ impl<C: Connection> SchedLink<C> {
             };
             work = true;
             match wire::decode(&ctx.buf[..n]) {
-                Ok(Message::Challenge(c)) if nonce.is_none() => nonce = Some(c.nonce),
-                Ok(Message::Welcome(w)) if sent => return self.welcomed(now, w.models, ctx.cfg),
+                Ok(Message::Challenge(c)) if nonces.is_none() => match ctx.proof.nonces(c.nonce) {
+                    Some(n) => nonces = Some(n),
+                    None => return LinkStep::Refused("registering with the scheduler: no OS randomness for a nonce".into()),
+                },
+                Ok(Message::Welcome(w)) if sent => {
+                    return match Self::forged(ctx, nonces, &w) {
+                        Some(why) => LinkStep::Refused(why),
+                        None => self.welcomed(now, w.models, ctx.cfg),
+                    }
+                }
                 Ok(Message::Refused(r)) => {
                     return LinkStep::Refused(format!(
                         "the scheduler refused the registration of frontend {}: {r}",
@@ -271,8 +278,27 @@ impl<C: Connection> SchedLink<C> {
                 format!("registering with the scheduler: no challenge within {timeout}")
             });
         }
-        self.phase = Phase::Registering { nonce, sent, deadline };
+        self.phase = Phase::Registering { nonces, sent, deadline };
         LinkStep::from_work(work)
+    }
+
+    /// Why `welcome` does not prove the join token we hold (`None`: it
+    /// does, or we hold none; a forged one is counted): it must be the
+    /// token's answer to our Join after this challenge.
+    fn forged(ctx: &mut LinkCtx<'_>, nonces: Option<Nonces>, welcome: &wire::Welcome) -> Option<String> {
+        let proven = match nonces {
+            Some(n) => {
+                let join = Self::join(ctx, &n);
+                ctx.proof.check_welcome(&n, &join, welcome)
+            }
+            None => ctx.proof.token().is_none(),
+        };
+        (!proven).then(|| {
+            format!(
+                "the scheduler's Welcome to frontend {} does not prove the join token (unsigned or forged): not a scheduler of this cluster; ignored",
+                ctx.cfg.id
+            )
+        })
     }
 
     /// The scheduler's `Welcome` announcing `models` models, at `now`.

@@ -62,7 +62,7 @@ use held::HeldTasks;
 use crate::staging::{RoutedOutcome, Staging};
 use config::{BURST, HOLD_SWEEP};
 use data::{DataCtx, DataLinks};
-use dataplane::join::{JoinToken, NonceSource};
+use dataplane::join::{JoinToken, NonceSource, PeerProof};
 use dataplane::time::Instant;
 use dataplane::transport::Connection;
 use dataplane::wire::{self, DropReason, Task};
@@ -94,8 +94,9 @@ pub struct FrontendNode<C: Connection> {
     buf: Box<[u8]>,
     /// Builds the `Tasks` messages (its buffer allocated once).
     batcher: wire::TaskBatcher,
-    /// The cluster's join token (its MAC answers the scheduler's challenge).
-    token: Option<JoinToken>,
+    /// The cluster's join token (its MAC answers the scheduler's
+    /// challenge, and the scheduler's Welcome must prove it back).
+    proof: PeerProof,
     /// With failover on, the tasks sent, held for the next scheduler.
     held: Option<HeldTasks>,
     /// When held requests past their deadline are next answered (while no
@@ -132,7 +133,7 @@ impl<C: Connection> FrontendNode<C> {
             now: Instant::ZERO,
             shut_down: false,
             buf: vec![0u8; wire::MAX_MESSAGE_LEN].into_boxed_slice(),
-            token: None,
+            proof: PeerProof::new(None),
             held: None,
             sweep_at: None,
         }
@@ -189,8 +190,21 @@ impl<C: Connection> FrontendNode<C> {
         if let Some(t) = &token {
             self.staging.require_capabilities(dataplane::capability::CapabilityKey::from_token(t));
         }
-        self.token = token;
+        self.proof.set_token(token);
         self
+    }
+
+    /// The nonces this frontend's Joins carry come from `nonces` (the OS
+    /// generator unless set; a harness seeds them so that runs replay).
+    pub fn with_join_nonces(mut self, nonces: NonceSource) -> Self {
+        self.proof.set_nonces(nonces);
+        self
+    }
+
+    /// Scheduler links let go because their Welcome did not prove the
+    /// join token (nothing of them was taken).
+    pub fn forged_welcomes(&self) -> u64 {
+        self.proof.forged_welcomes()
     }
 
     /// The nonces of the data links' challenges come from `nonces` (the
@@ -474,10 +488,10 @@ impl<C: Connection> FrontendNode<C> {
 
     /// Polls group `g`'s link and acts on what it reports.
     fn poll_link(&mut self, g: usize, now: Instant) -> bool {
-        let Self { cfg, staging, tasks, links, routing, buf, batcher, token, held, sweep_at, .. } = self;
+        let Self { cfg, staging, tasks, links, routing, buf, batcher, proof, held, sweep_at, .. } = self;
         let mut ctx = LinkCtx {
             cfg,
-            token: token.as_ref(),
+            proof,
             staging,
             queue: &tasks.queue,
             held: held.as_mut(),

@@ -75,7 +75,7 @@ const NONCE: [u8; wire::NONCE_LEN] = [9; wire::NONCE_LEN];
 
 /// The fake scheduler's welcome for a list of `models`.
 fn welcome(models: u32) -> Welcome {
-    Welcome { models, epoch: 0, control_delay_ns: 0 }
+    Welcome::new(models, 0, 0)
 }
 
 const FRONTEND: NodeId = 5;

@@ -771,7 +771,7 @@ impl<C: Connection> SchedulerNode<C> {
         let decoded = wire::decode(bytes);
         let (join, nonce) = match (decoded, p.backend, p.nonce) {
             (Ok(Message::Join(j)), None, Some(nonce)) => (j, nonce),
-            (Ok(Message::Models(ids, busy)), Some(j), _) => {
+            (Ok(Message::Models(ids, busy)), Some(j), nonce) => {
                 // Another backend may have joined since this one's Join.
                 if self.backends.len() >= self.membership.max_backends {
                     let why = format!("{} backends are registered (the limit)", self.backends.len());
@@ -782,7 +782,7 @@ impl<C: Connection> SchedulerNode<C> {
                 self.busy.clear();
                 self.busy.extend(busy.iter());
                 return match self.plane.backend_registered(now, j.id, j.count, &self.ids, &self.busy, j.reports_ready()) {
-                    Ok(()) => Verdict::Joined(PeerId::Backend(j.id)),
+                    Ok(()) => self.sign_welcome(PeerId::Backend(j.id), nonce, &j),
                     Err(e) => Verdict::Refuse(RefuseReason::Rejected, wire::VERSION, peek_of(&j).to_string(), e.to_string()),
                 };
             }
@@ -825,7 +825,7 @@ impl<C: Connection> SchedulerNode<C> {
         }
         match join.role() {
             Some(Role::Frontend) => match self.plane.frontend_joined(join.id, join.endpoint()) {
-                Ok(()) => Verdict::Joined(PeerId::Frontend(join.id)),
+                Ok(()) => self.sign_welcome(PeerId::Frontend(join.id), Some(nonce), &join),
                 Err(e) => Verdict::Refuse(RefuseReason::Rejected, wire::VERSION, who, e.to_string()),
             },
             // The decoder admits only frontends and backends.
@@ -834,6 +834,23 @@ impl<C: Connection> SchedulerNode<C> {
                 Verdict::Continue
             }
         }
+    }
+
+    /// Signs the Welcome the plane just queued for `peer`, whose `join`
+    /// answered the challenge of `nonce` (with a token; without one it
+    /// leaves unsigned): a peer holding the token takes nothing from a
+    /// scheduler before its Welcome verifies (`JoinToken::sign_welcome`).
+    fn sign_welcome(&mut self, peer: PeerId, nonce: Option<[u8; wire::NONCE_LEN]>, join: &Join) -> Verdict {
+        if let (Some(token), Some(nonce)) = (&self.membership.token, nonce) {
+            if let Some(bytes) = self.plane.outbox().newest_mut(peer, wire::Kind::Welcome) {
+                if let Ok(Message::Welcome(w)) = wire::decode(bytes) {
+                    let mac = token.sign_welcome(&nonce, join, &w);
+                    let at = bytes.len() - wire::MAC_LEN;
+                    bytes[at..].copy_from_slice(&mac);
+                }
+            }
+        }
+        Verdict::Joined(peer)
     }
 
     /// Refuses a link: counted, logged, told why (best effort), kept open

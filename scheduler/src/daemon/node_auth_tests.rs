@@ -139,11 +139,16 @@ fn a_peer_with_the_token_joins_and_is_told_the_control_delay() {
     let mut w = World::with_token();
     let mut fe = w.connect();
     let nonce = fe.nonce();
-    fe.send(&signed(TOKEN, &nonce, Join::new(Role::Frontend, 1, 0, "fe1")));
+    let join = signed(TOKEN, &nonce, Join::new(Role::Frontend, 1, 0, "fe1").with_nonce([4; wire::NONCE_LEN]));
+    fe.send(&join);
     w.step(5);
     assert_eq!(w.events(), ["frontend 1 registered"]);
     let got = fe.received();
-    let welcome = Welcome { models: 1, epoch: 0, control_delay_ns: D_CTRL.as_nanos() };
+    // The scheduler proves the token back: its Welcome answers this Join.
+    let token = JoinToken::new(TOKEN).unwrap();
+    let welcome = Welcome::new(1, 0, D_CTRL.as_nanos());
+    let welcome = Welcome { mac: token.sign_welcome(&nonce, &join, &welcome), ..welcome };
+    assert!(token.verify_welcome(&nonce, &join, &welcome));
     assert_eq!(got, [format!("{:?}", Message::Welcome(welcome))]);
     let mut be = w.connect();
     let nonce = be.nonce();

@@ -564,11 +564,8 @@ impl ControlPlane {
 
     /// The registration's acknowledgement: the model count and `d_ctrl`.
     fn ack(&mut self, to: PeerId) {
-        let welcome = wire::Welcome {
-            models: self.models.len() as u32,
-            epoch: self.ownership.epoch(),
-            control_delay_ns: self.bound.control().as_nanos(),
-        };
+        // Unsigned here: the node signs it (it knows the handshake's nonces).
+        let welcome = wire::Welcome::new(self.models.len() as u32, self.ownership.epoch(), self.bound.control().as_nanos());
         self.dispatch.welcome(to, &welcome);
     }
 

@@ -173,6 +173,8 @@ pub const TEST_JOIN_TOKEN: &[u8] = b"symphony-inproc-test-join-token";
 const NONCE_SEED: u64 = 0x6e6f_6e63_6573;
 /// Seeds the frontends' data-link challenges (xor the frontend id).
 const DATA_NONCE_SEED: u64 = 0x6461_7461_6c6e_6b00;
+/// Seeds the peers' Join nonces (xor the id; a backend's also bit 32).
+const JOIN_NONCE_SEED: u64 = 0x6a6f_696e_0000_0000;
 
 impl ClusterSpec {
     /// The daemons' defaults around `models`.
@@ -673,6 +675,7 @@ impl NodeCluster {
         .with_join_token(Some(self.spec.join_token.clone()))
         // The data links' challenges replay with the run.
         .with_data_link_nonces(NonceSource::Seeded(DATA_NONCE_SEED ^ u64::from(id)))
+        .with_join_nonces(NonceSource::Seeded(JOIN_NONCE_SEED ^ u64::from(id)))
         .with_failover(self.spec.ha.is_some());
         if let Some(conn_b) = conn_b {
             node = node.with_groups(2);
@@ -737,6 +740,7 @@ impl NodeCluster {
         self.backend_net_ids.push(net_id);
         let node = BackendNode::new(cfg, worker)
             .with_join_token(Some(self.spec.join_token.clone()))
+            .with_join_nonces(NonceSource::Seeded(JOIN_NONCE_SEED ^ (1 << 32) ^ u64::from(id)))
             .with_failover(self.spec.ha.is_some());
         Ok(BackendHost { net_id, domain, node, lost: None, next_addr })
     }

@@ -46,6 +46,15 @@ impl Outbox {
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
+    /// The newest message to `to` of `kind`, to change in place (the
+    /// node signs a Welcome there, knowing the handshake's nonces).
+    pub fn newest_mut(&mut self, to: PeerId, kind: wire::Kind) -> Option<&mut [u8]> {
+        let bytes = &mut self.bytes;
+        let &(_, at, n) = self.items.iter().rev().find(|&&(p, at, n)| {
+            p == to && n >= wire::HEADER_LEN && bytes[at + 6..at + 8] == (kind as u16).to_le_bytes()
+        })?;
+        Some(&mut self.bytes[at..at + n])
+    }
     /// Forgets every message, keeping the storage.
     pub fn clear(&mut self) {
         self.bytes.clear();
