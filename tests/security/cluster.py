@@ -29,6 +29,7 @@ HEADER = struct.Struct("<4sHHII")  # magic, version, kind, len, reserved
 MAC_DOMAIN = b"symphony-join\0"           # dataplane::join::MAC_DOMAIN
 DATA_LINK_LABEL = b"symphony-data-link"   # dataplane::join::DATA_LINK_LABEL
 ENDPOINT_LEN = 64
+NONCE_LEN = 32  # a Join carries the peer's nonce before its MAC (wire version 9)
 READ_STATUS_OK = 0
 BOUND_S = 60
 
@@ -70,7 +71,7 @@ def register_backend(backend_id):
 
 def forged_join(backend_id, mac):
     """A Join{Backend} claiming a MAC it cannot have made (no token)."""
-    body = struct.pack("<IIII", ROLE_BACKEND, backend_id, 1, JOIN_HAS_MAC) + b"\0" * ENDPOINT_LEN + mac
+    body = struct.pack("<IIII", ROLE_BACKEND, backend_id, 1, JOIN_HAS_MAC) + b"\0" * (ENDPOINT_LEN + NONCE_LEN) + mac
     return frame(VERSION, KIND_JOIN, len(body), body)
 
 
@@ -110,7 +111,7 @@ def member_link(port, token, backend_id):
         fail(f"port {port} sent no challenge: {first!r}")
     nonce = first[1][:32]
     data_key = hmac.new(token, DATA_LINK_LABEL, hashlib.sha256).digest()
-    signed = struct.pack("<IIII", ROLE_BACKEND, backend_id, 1, JOIN_HAS_MAC) + b"\0" * ENDPOINT_LEN
+    signed = struct.pack("<IIII", ROLE_BACKEND, backend_id, 1, JOIN_HAS_MAC) + b"\0" * ENDPOINT_LEN + os.urandom(NONCE_LEN)
     mac = hmac.new(data_key, MAC_DOMAIN + nonce + struct.pack("<H", VERSION) + signed, hashlib.sha256).digest()
     body = signed + mac
     s.sendall(frame(VERSION, KIND_JOIN, len(body), body))

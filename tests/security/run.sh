@@ -6,7 +6,8 @@
 # a 0700 directory); a member guessing region keys, unsigned Registers and
 # idle links on the frontend's data port (data_path.py); a member backend
 # forging Completions (forged_completion.py) and READing inputs not planned
-# to it (read_capability.py). Bounded in time;
+# to it (read_capability.py); a process on the scheduler's address without
+# the token welcoming the peers (forged_welcome.py). Bounded in time;
 # leaves no process behind.
 # Usage: bash tests/security/run.sh   (builds target/release/symphony if needed)
 set -euo pipefail
@@ -23,5 +24,6 @@ timeout 180 "$PY" "$root/tests/security/bounds.py" "$bin"
 timeout 120 "$PY" "$root/tests/security/heartbeat_forgery.py" "$bin"
 timeout 120 "$PY" "$root/tests/security/data_path.py" "$bin"
 timeout 120 "$PY" "$root/tests/security/forged_completion.py" "$bin"
+timeout 120 "$PY" "$root/tests/security/forged_welcome.py" "$bin"
 timeout 120 "$PY" "$root/tests/security/read_capability.py" "$bin"
 echo "security suite: ok"
