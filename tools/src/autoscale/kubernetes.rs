@@ -125,7 +125,9 @@ impl KubeConfig {
 
     /// A configuration with the defaults of `deploy/`: namespace
     /// `symphony`, one GPU per pod, pods selected by
-    /// `app.kubernetes.io/name=<statefulset>`, a 5 s deadline, 4 MiB bodies.
+    /// `app.kubernetes.io/name=<statefulset>`, a 5 s deadline, 16 MiB
+    /// bodies (the pod list of 512 backends, each pod ~20 KiB of JSON with
+    /// its managed fields, and room to spare).
     pub fn new(host: String, port: u16, token_path: PathBuf, ca_path: PathBuf, statefulset: &str) -> KubeConfig {
         KubeConfig {
             host,
@@ -138,7 +140,7 @@ impl KubeConfig {
             gpus_per_pod: 1,
             max_pods: 512,
             timeout: StdDuration::from_secs(5),
-            max_body: 4 << 20,
+            max_body: 16 << 20,
             join_estimate: Duration::from_millis(30_000),
         }
     }
