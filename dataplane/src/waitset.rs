@@ -75,7 +75,8 @@ pub struct WaitSet {
     events: Vec<libc::epoll_event>,
     /// The callers' tokens the last [`wait`](Self::wait) found ready,
     /// handed out by the next [`ready_now`](Self::ready_now) instead of a
-    /// second `epoll_wait` right after the wake-up.
+    /// second `epoll_wait` right after the wake-up (when the wait's buffer
+    /// held every ready fd).
     woke: Vec<u64>,
     /// `woke` holds a wait's answer not handed out yet.
     woke_fresh: bool,
@@ -320,7 +321,11 @@ impl WaitSet {
         if timer_fired {
             self.reset_timer();
         }
-        self.woke_fresh = true;
+        // Only a complete answer stands in for the next `ready_now`: with
+        // the buffer full, more fds may be ready, and a pass that reads
+        // only some of them could judge the rest silent (their messages
+        // unread) when its liveness check runs.
+        self.woke_fresh = (n as usize) < self.events.len();
         ready
     }
 }
@@ -545,6 +550,28 @@ mod tests {
         assert_eq!(set.wait(Duration::from_millis(2)), 0);
         let slept = t2.elapsed();
         assert!(slept >= std::time::Duration::from_millis(2) && slept < std::time::Duration::from_millis(4000), "{slept:?}");
+    }
+
+    #[test]
+    fn after_a_wake_up_with_more_ready_fds_than_its_buffer_the_next_ready_now_reports_them_all() {
+        let mut set = WaitSet::new().unwrap();
+        let mut pipes = Vec::new();
+        for token in 0..WAIT_BATCH as u64 + 6 {
+            let mut fds = [0; 2];
+            // SAFETY: `fds` has room for the two descriptors.
+            assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+            // SAFETY: fresh descriptors we own.
+            let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+            // SAFETY: writes one byte from a valid buffer to our pipe.
+            assert_eq!(unsafe { libc::write(w.as_raw_fd(), b"x".as_ptr().cast(), 1) }, 1);
+            set.add_keyed(r.as_raw_fd(), token).unwrap();
+            pipes.push((r, w));
+        }
+        assert_eq!(set.wait(Duration::from_millis(5000)), WAIT_BATCH, "a full buffer");
+        let mut out = Vec::new();
+        set.ready_now(&mut out);
+        out.sort_unstable();
+        assert_eq!(out, (0..WAIT_BATCH as u64 + 6).collect::<Vec<_>>());
     }
 
     #[test]
