@@ -35,19 +35,29 @@ pub enum LateAnswers {
 pub const LATE_ANSWERS_KEY: &str = "late_answers";
 /// Parameter bounding [`LateAnswers::Serve`]'s wait, milliseconds.
 pub const LATE_ANSWERS_MAX_KEY: &str = "late_answers_max_ms";
-/// [`LateAnswers::Serve`]'s default bound, in SLOs.
+/// [`LateAnswers::Serve`]'s default bound, in SLOs ...
 pub const LATE_ANSWERS_MAX_SLOS: u32 = 10;
+/// ... and at least this: on a busy host a 20 ms model's 200 ms was
+/// shorter than a stall, and perf_analyzer aborts on the refusal (Triton's
+/// default queue policy waits without a bound).
+pub const LATE_ANSWERS_MAX_FLOOR: Duration = Duration::from_secs(5);
+
+/// The default bound of a model whose SLO is `slo`.
+fn default_late_bound(slo: Duration) -> Duration {
+    slo.saturating_mul(LATE_ANSWERS_MAX_SLOS).max(LATE_ANSWERS_MAX_FLOOR)
+}
 
 impl LateAnswers {
     /// The choice of a repository model whose SLO is `slo` and whose
     /// config.pbtxt has `parameters` (key, value): serve late unless
     /// `late_answers` says `refuse`; the bound `late_answers_max_ms` or
-    /// [`LATE_ANSWERS_MAX_SLOS`] SLOs. A value it cannot read is an error
+    /// [`LATE_ANSWERS_MAX_SLOS`] SLOs, at least [`LATE_ANSWERS_MAX_FLOOR`].
+    /// A value it cannot read is an error
     /// naming the parameter.
     pub fn from_parameters(parameters: &[(String, String)], slo: Duration) -> Result<Self, String> {
         let value = |key: &str| parameters.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.trim());
         let max_wait = match value(LATE_ANSWERS_MAX_KEY) {
-            None => slo.saturating_mul(LATE_ANSWERS_MAX_SLOS),
+            None => default_late_bound(slo),
             Some(v) => match v.parse::<f64>() {
                 Ok(ms) if ms.is_finite() && ms > 0.0 && ms <= 3_600_000.0 => Duration::from_secs_f64(ms / 1e3),
                 _ => return Err(format!("parameters[{LATE_ANSWERS_MAX_KEY}]: {v:?} is not a number of milliseconds in (0, 3600000]")),
@@ -246,12 +256,12 @@ impl ModelCatalog {
 }
 
 /// A repository model's [`LateAnswers`]; a parameter it cannot read
-/// leaves the default (serve late, [`LATE_ANSWERS_MAX_SLOS`] SLOs) and is
+/// leaves the default (serve late, the default bound) and is
 /// logged, as the model itself still serves.
 fn late_answers_of(m: &scheduler_core::repository::RepoModel) -> LateAnswers {
     LateAnswers::from_parameters(&m.config.parameters, m.slo()).unwrap_or_else(|e| {
         tracing::warn!(model = m.name(), "{}: {e}; serving late answers by default", m.config_path.display());
-        LateAnswers::Serve { max_wait: m.slo().saturating_mul(LATE_ANSWERS_MAX_SLOS) }
+        LateAnswers::Serve { max_wait: default_late_bound(m.slo()) }
     })
 }
 
@@ -345,10 +355,14 @@ mod tests {
     }
 
     #[test]
-    fn late_answers_read_from_parameters_default_to_serving_ten_slos() {
+    fn late_answers_read_from_parameters_default_to_serving_ten_slos_or_five_seconds() {
         let slo = Duration::from_millis(20);
         let p = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>();
-        assert_eq!(LateAnswers::from_parameters(&p(&[]), slo), Ok(LateAnswers::Serve { max_wait: Duration::from_millis(200) }));
+        assert_eq!(LateAnswers::from_parameters(&p(&[]), slo), Ok(LateAnswers::Serve { max_wait: Duration::from_secs(5) }));
+        assert_eq!(
+            LateAnswers::from_parameters(&p(&[]), Duration::from_secs(1)),
+            Ok(LateAnswers::Serve { max_wait: Duration::from_secs(10) })
+        );
         assert_eq!(LateAnswers::from_parameters(&p(&[("late_answers", "refuse")]), slo), Ok(LateAnswers::Refuse));
         assert_eq!(
             LateAnswers::from_parameters(&p(&[("late_answers", " serve "), ("late_answers_max_ms", "1500")]), slo),
