@@ -603,8 +603,11 @@ impl KubernetesProvider {
         let scale = self.client.get_scale()?;
         let pods = self.client.list_pods()?;
         self.pods = pods;
+        let ready = |pods: &BTreeMap<u32, PodState>, o: &u32| pods.get(o).is_some_and(|p| p.ready);
+        // A pod that was Ready and is not now (restarted) joins anew.
+        self.joining_since.retain(|o, _| *o < scale.replicas && !ready(&self.pods, o));
         for ordinal in 0..scale.replicas {
-            if !self.pods.get(&ordinal).is_some_and(|p| p.ready) {
+            if !ready(&self.pods, &ordinal) {
                 self.joining_since.entry(ordinal).or_insert(now);
             }
         }
