@@ -109,12 +109,8 @@ def member_link(port, token, backend_id):
     first = recv_frame(s)
     if first is None or first[0] != KIND_CHALLENGE:
         fail(f"port {port} sent no challenge: {first!r}")
-    nonce = first[1][:32]
     data_key = hmac.new(token, DATA_LINK_LABEL, hashlib.sha256).digest()
-    signed = struct.pack("<IIII", ROLE_BACKEND, backend_id, 1, JOIN_HAS_MAC) + b"\0" * ENDPOINT_LEN + os.urandom(NONCE_LEN)
-    mac = hmac.new(data_key, MAC_DOMAIN + nonce + struct.pack("<H", VERSION) + signed, hashlib.sha256).digest()
-    body = signed + mac
-    s.sendall(frame(VERSION, KIND_JOIN, len(body), body))
+    s.sendall(join_answer(first[1][:32], data_key, ROLE_BACKEND, backend_id))
     return s
 
 
@@ -126,7 +122,7 @@ def join_answer(nonce, key, role, peer_id, count=1):
     import hmac
     signed = struct.pack("<IIII", role, peer_id, count, JOIN_HAS_MAC) + b"\0" * ENDPOINT_LEN
     if VERSION >= 9:
-        signed += os.urandom(32)
+        signed += os.urandom(NONCE_LEN)
     mac = hmac.new(key, MAC_DOMAIN + nonce + struct.pack("<H", VERSION) + signed, hashlib.sha256).digest()
     return frame(VERSION, KIND_JOIN, len(signed) + len(mac), signed + mac)
 

@@ -54,7 +54,10 @@ IDLE = 300
 
 def read_statuses(s, keys, length=64):
     """READs of `length` bytes at offset 0 under each key; their statuses."""
-    s.sendall(b"".join(read_request(k, 0, length) for k in keys))
+    try:
+        s.sendall(b"".join(read_request(k, 0, length) for k in keys))
+    except OSError as e:
+        fail(f"the data link was closed before its READs were sent ({e})")
     out = []
     for _ in keys:
         f = recv_frame(s)
