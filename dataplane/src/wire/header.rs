@@ -27,7 +27,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SYMP");
 /// [`BatchTask`] carries the scheduler's capability for it, and a
 /// [`CompletionHead`] hands it back with the sending backend's id (issue
 /// 55, [`crate::capability`]). Version 9: a [`ReadRequest`] presents the
-/// task it serves and that capability (the TCP responder checks it).
+/// task it serves and that capability (the TCP responder checks it); a
+/// [`Join`] carries the peer's fresh nonce and a [`Welcome`] the
+/// scheduler's MAC over it (mutual authentication, `join::PeerProof`).
 pub const VERSION: u16 = 9;
 /// Oldest peer version a scheduler of this version accepts. Upgrades are
 /// stop-the-world (`docs/operations.md`): only its own version.
