@@ -19,6 +19,7 @@ mod live;
 mod partition_cmd;
 mod route_cmd;
 mod up;
+mod up_autoscale;
 mod up_ha;
 
 use clap::{Parser, Subcommand};
@@ -110,6 +111,8 @@ enum Cmd {
         json: bool,
         #[command(flatten)]
         ha: up_ha::HaOpts,
+        #[command(flatten)]
+        autoscale: up_autoscale::AutoscaleOpts,
         /// Several active schedulers (issue 19): 2 scheduler groups on a local etcd, one backend each, one
         /// frontend following the routing table and linked to both; the last model of --models moves to
         /// group b at --reroute-at-s (tcp; --rate or 100 req/s). Prints how soon group a applied the move,
@@ -524,6 +527,12 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
                 return Err(CommandError::Up(up::UpError::Usage("--ha runs a failover under load: no --serve".into())));
             }
             up_ha::run(&models, &cluster, &ha, load, rate, duration_s, json).map_err(CommandError::Up)
+        }
+        Cmd::Up { models, cluster, load, rate, duration_s, serve, json, autoscale, .. } if autoscale.autoscale => {
+            if serve {
+                return Err(CommandError::Up(up::UpError::Usage("--autoscale runs a scheduled load: no --serve".into())));
+            }
+            up_autoscale::run(&models, &cluster, &autoscale, load, rate, duration_s, json).map_err(CommandError::Up)
         }
         Cmd::Up { models, cluster, load, rate, duration_s, serve, plot, json, .. } => {
             up::run(&up::UpArgs { models, cluster, load, rate, duration_s, serve, plot, json }).map_err(CommandError::Up)

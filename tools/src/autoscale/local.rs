@@ -96,7 +96,10 @@ impl LocalBackends {
     /// A provider that starts backends like `spec`'s, registering with the
     /// schedulers at `control` (comma-separated) with `token`, at most
     /// `max_backends` at once; `running` are the backends already up
-    /// (serving, ids `1..=running.len()` in order).
+    /// (serving, ids `1..=running.len()` in order). The backends it starts
+    /// are children of the thread that calls `add_gpus`, and every local
+    /// daemon has `--exit-with-parent`: that thread must live as long as
+    /// the backends should (the controller's own thread does).
     pub fn new(spec: &ClusterSpec, control: &str, token: &JoinToken, running: Vec<Daemon>, max_backends: u32) -> Self {
         let backends: Vec<Local> = running
             .into_iter()
@@ -179,24 +182,22 @@ impl LocalBackends {
         }
     }
 
-    /// Starts backends `ids` at once, waiting for each one's READY line;
-    /// those that did not start are reported (and not members).
+    /// Starts backends `ids`, one after the other, each waited for until
+    /// its READY line (registration: milliseconds); those that did not
+    /// start are reported (and not members). They are children of the
+    /// calling thread: with `--exit-with-parent` (as every local daemon
+    /// has) they end with it, so the caller must be the thread that owns
+    /// the provider for its whole life (not a short-lived helper thread).
     fn start(&mut self, now: Instant, ids: &[u32]) -> Result<(), ScaleError> {
-        let (spec, token, control) = (&self.spec, &self.token, self.control.as_str());
-        let started: Vec<(u32, Result<Daemon, _>, f64)> = std::thread::scope(|scope| {
-            let handles: Vec<_> = ids
-                .iter()
-                .map(|&id| {
-                    scope.spawn(move || {
-                        let t0 = StdInstant::now();
-                        let args = backend_args(spec, id, control);
-                        let d = spawn(spec, &format!("backend-{id}"), "backend", args, Some(token), t0 + spec.start_timeout);
-                        (id, d, t0.elapsed().as_secs_f64() * 1e3)
-                    })
-                })
-                .collect();
-            handles.into_iter().filter_map(|h| h.join().ok()).collect()
-        });
+        let started: Vec<(u32, Result<Daemon, _>, f64)> = ids
+            .iter()
+            .map(|&id| {
+                let t0 = StdInstant::now();
+                let args = backend_args(&self.spec, id, &self.control);
+                let d = spawn(&self.spec, &format!("backend-{id}"), "backend", args, Some(&self.token), t0 + self.spec.start_timeout);
+                (id, d, t0.elapsed().as_secs_f64() * 1e3)
+            })
+            .collect();
         let mut failed = 0;
         for (id, daemon, register_ms) in started {
             match daemon {

@@ -41,7 +41,7 @@ use std::net::SocketAddr;
 
 use dataplane::control::{http_get, metric, metric_sum};
 use dataplane::time::{Duration, Instant, MonotonicClock};
-use scheduler::autoscale::{AutoscaleConfig, Autoscaler, GpuMember, ScaleDecision, ScaleError, ScaleProvider, Signals};
+use scheduler::autoscale::{AutoscaleConfig, Autoscaler, GpuMember, Hold, ScaleDecision, ScaleError, ScaleProvider, Signals};
 use scheduler::types::GpuId;
 use tracing::warn;
 
@@ -246,12 +246,14 @@ pub struct Controller<P, S> {
     interval: Duration,
     /// The previous scrape and when it was taken.
     last: Option<(Instant, Scrape)>,
+    /// The first interval judged.
+    started: Option<Instant>,
 }
 
 impl<P: Provider, S: SignalSource> Controller<P, S> {
     /// A controller reading `source` and acting through `provider`.
     pub fn new(cfg: ControllerConfig, provider: P, source: S) -> Self {
-        Controller { autoscaler: Autoscaler::new(cfg.autoscale), provider, source, interval: cfg.interval, last: None }
+        Controller { autoscaler: Autoscaler::new(cfg.autoscale), provider, source, interval: cfg.interval, last: None, started: None }
     }
 
     /// How often it decides.
@@ -287,8 +289,21 @@ impl<P: Provider, S: SignalSource> Controller<P, S> {
         let idle = backend_idle(&self.provider, &interval, elapsed);
         // The membership as decided on, before the action changes it.
         let members = with_idle(self.provider.members(), &self.provider, &idle);
-        let mut view = WithIdle { inner: &mut self.provider, idle: &idle };
-        let decision = self.autoscaler.step(now, interval.signals, &mut view)?;
+        let mut decision = self.autoscaler.decide(now, interval.signals, &members);
+        // Until the stabilisation window has been watched once, nothing is
+        // drained: the first intervals after a start (a cluster still
+        // warming, a load still arriving) are no case for a smaller one.
+        let started = *self.started.get_or_insert(now);
+        if !decision.drain.is_empty() && now.saturating_since(started) < self.autoscaler.config().stabilisation {
+            decision.drain.clear();
+            decision.held_by = Some(Hold::Stabilisation);
+        }
+        if decision.add > 0 {
+            self.provider.add_gpus(now, decision.add)?;
+        }
+        if !decision.drain.is_empty() {
+            self.provider.drain_gpus(now, &decision.drain)?;
+        }
         Ok(Some(Tick { at: now, interval, members, decision }))
     }
 
@@ -339,25 +354,6 @@ fn with_idle<P: Provider + ?Sized>(mut members: Vec<GpuMember>, provider: &P, id
         }
     }
     members
-}
-
-/// A provider whose members carry the idle fractions the scheduler
-/// measured (what [`Autoscaler::step`] picks the GPUs to drain by).
-struct WithIdle<'a, P> {
-    inner: &'a mut P,
-    idle: &'a [(u32, f64)],
-}
-
-impl<P: Provider> ScaleProvider for WithIdle<'_, P> {
-    fn add_gpus(&mut self, now: Instant, n: u32) -> Result<Vec<GpuId>, ScaleError> {
-        self.inner.add_gpus(now, n)
-    }
-    fn drain_gpus(&mut self, now: Instant, gpus: &[GpuId]) -> Result<(), ScaleError> {
-        self.inner.drain_gpus(now, gpus)
-    }
-    fn members(&self) -> Vec<GpuMember> {
-        with_idle(self.inner.members(), &*self.inner, self.idle)
-    }
 }
 
 #[cfg(test)]
