@@ -528,11 +528,11 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
             }
             up_ha::run(&models, &cluster, &ha, load, rate, duration_s, json).map_err(CommandError::Up)
         }
-        Cmd::Up { models, cluster, load, rate, duration_s, serve, json, autoscale, .. } if autoscale.autoscale => {
+        Cmd::Up { models, cluster, rate, duration_s, serve, json, autoscale, .. } if autoscale.autoscale => {
             if serve {
                 return Err(CommandError::Up(up::UpError::Usage("--autoscale runs a scheduled load: no --serve".into())));
             }
-            up_autoscale::run(&models, &cluster, &autoscale, load, rate, duration_s, json).map_err(CommandError::Up)
+            up_autoscale::run(&models, &cluster, &autoscale, rate, duration_s, json).map_err(CommandError::Up)
         }
         Cmd::Up { models, cluster, load, rate, duration_s, serve, plot, json, .. } => {
             up::run(&up::UpArgs { models, cluster, load, rate, duration_s, serve, plot, json }).map_err(CommandError::Up)

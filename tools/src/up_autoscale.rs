@@ -3,7 +3,7 @@
 //! autoscale controller ([`tools::autoscale`]) adding backend processes
 //! and draining them (SIGTERM, their graceful leave) as the load changes.
 //!
-//! The peak rate is `--rate`, or `--load` times the simulated
+//! The peak rate is `--rate`, or `--autoscale-peak-load` (0.6) times the simulated
 //! (scheduler-only) goodput of the peak-sized cluster:
 //! `--autoscale-max-backends` backends. The run starts with `--backends`
 //! backends (within the bounds); the controller reads the scheduler's
@@ -63,6 +63,10 @@ pub struct AutoscaleOpts {
     /// over this window, s.
     #[arg(long = "autoscale-stabilisation-s", default_value_t = 4.0)]
     pub stabilisation_s: f64,
+    /// With --autoscale: the peak rate as a fraction of the simulated
+    /// goodput of the peak-sized cluster (instead of --load; --rate wins).
+    #[arg(long = "autoscale-peak-load", default_value_t = 0.6)]
+    pub peak_load: f64,
     /// With --autoscale: the idle fraction scale-in keeps.
     #[arg(long = "autoscale-headroom", default_value_t = 0.3)]
     pub headroom: f64,
@@ -130,7 +134,7 @@ pub struct AutoscaleRun {
 
 /// Checks the options, starts the cluster, runs the load with the
 /// controller, prints the report.
-pub fn run(models: &str, cluster: &ClusterOpts, o: &AutoscaleOpts, load: f64, rate: Option<f64>, duration_s: f64, json: bool) -> Result<(), UpError> {
+pub fn run(models: &str, cluster: &ClusterOpts, o: &AutoscaleOpts, rate: Option<f64>, duration_s: f64, json: bool) -> Result<(), UpError> {
     node_shell::logging::init(&cluster.log);
     let specs = scheduler::zoo::cluster_models(&cluster.zoo, models, &cluster.extra)?;
     let schedule = match &o.schedule {
@@ -149,7 +153,7 @@ pub fn run(models: &str, cluster: &ClusterOpts, o: &AutoscaleOpts, load: f64, ra
     let peak_gpus = o.max_backends * opts.gpus_per_backend;
     let peak_rate = match rate {
         Some(r) => r,
-        None => load * sim_goodput(&specs, peak_gpus, opts.seed)?,
+        None => o.peak_load * sim_goodput(&specs, peak_gpus, opts.seed)?,
     };
     let r = with_logs(&s, || run_cluster(&s, &specs, o, schedule, peak_rate, duration_s, opts.seed))?;
     if json {
