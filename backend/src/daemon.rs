@@ -546,7 +546,7 @@ impl<C: Connection> Host<'_, C> {
             }
             BackendEvent::Registered => {
                 info!(attempts = self.reconnect.failures() + 1, "registered with a scheduler again");
-                self.reconnect.connected();
+                self.reconnect.registered();
             }
             BackendEvent::Refused { .. } => {
                 warn!("{ev}; trying the next scheduler");
@@ -581,7 +581,8 @@ impl<C: Connection> Host<'_, C> {
         match (self.connect)(addr) {
             Ok(conn) => {
                 info!(scheduler = addr, "reconnected to a scheduler; registering");
-                self.reconnect.connected();
+                // The backoff stands until the registration succeeds.
+                self.reconnect.linked();
                 let old = node.handle_scheduler_link(conn);
                 // The old link stays open until the wait set has swapped
                 // its fd for the new one's (a reused fd number would hide
@@ -630,5 +631,6 @@ impl<C: Connection> Host<'_, C> {
             self.metrics.scheduler_heartbeats.inc_by(beats - self.heartbeats_published);
             self.heartbeats_published = beats;
         }
+        self.metrics.store_forged_welcomes(node.forged_welcomes());
     }
 }

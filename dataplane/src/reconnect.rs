@@ -6,7 +6,12 @@
 //!
 //! The schedule never reads a clock: its host passes `now` and asks
 //! [`Reconnect::due`] whether an attempt is due, makes it, and reports
-//! [`Reconnect::failed`] or [`Reconnect::connected`].
+//! [`Reconnect::failed`] or [`Reconnect::linked`], then, once the peer
+//! registered over the link (the scheduler's Welcome verified),
+//! [`Reconnect::registered`]. Only a registration starts the backoff over:
+//! a listener that accepts and then refuses (a standby, or a fake
+//! scheduler whose Welcome does not prove the join token) is an attempt
+//! that failed, so it is retried at the doubling pauses and not in a spin.
 
 use crate::time::{Duration, Instant};
 use crate::transport::{Domain, Error};
@@ -71,6 +76,9 @@ pub struct Reconnect {
     failures: u32,
     /// When the link was lost (the takeover window's start).
     lost_at: Option<Instant>,
+    /// A link is up but the peer has not registered over it yet: losing
+    /// it is a failed attempt, not a lost registration.
+    linking: bool,
 }
 
 impl Reconnect {
@@ -78,7 +86,7 @@ impl Reconnect {
     /// pauses doubling from `min` up to `max`.
     pub fn new(addrs: Vec<String>, min: Duration, max: Duration) -> Self {
         let min = if min.as_nanos() == 0 { Duration::from_nanos(1) } else { min };
-        Reconnect { addrs, next: 0, min, max: max.max(min), pause: min, due_at: None, failures: 0, lost_at: None }
+        Reconnect { addrs, next: 0, min, max: max.max(min), pause: min, due_at: None, failures: 0, lost_at: None, linking: false }
     }
 
     /// The addresses, in the order they are tried.
@@ -86,9 +94,16 @@ impl Reconnect {
         &self.addrs
     }
 
-    /// The link was lost at `now`: the first attempt is due at once, at the
-    /// address that served last (a restarted scheduler comes back there).
+    /// The link was lost at `now`. A registered link's loss starts the
+    /// schedule over: the first attempt is due at once, at the address
+    /// that served last (a restarted scheduler comes back there). A link
+    /// lost before its peer registered is an attempt that
+    /// [`failed`](Self::failed).
     pub fn lost(&mut self, now: Instant) {
+        if self.linking {
+            self.failed(now);
+            return;
+        }
         self.pause = self.min;
         self.failures = 0;
         self.due_at = Some(now);
@@ -119,6 +134,7 @@ impl Reconnect {
     /// as one step of the backoff, so a standby that refuses does not slow
     /// the way to the leader.
     pub fn failed(&mut self, now: Instant) {
+        self.linking = false;
         self.failures = self.failures.saturating_add(1);
         self.next = (self.next + 1) % self.addrs.len().max(1);
         if self.next == 0 {
@@ -155,9 +171,20 @@ impl Reconnect {
         self.next = current.and_then(|c| self.addrs.iter().position(|a| *a == c)).unwrap_or(0);
     }
 
-    /// The attempt succeeded: nothing is due until the link is lost again.
-    pub fn connected(&mut self) {
+    /// The attempt opened a link: nothing is due until the registration
+    /// over it succeeds ([`registered`](Self::registered)), is refused
+    /// ([`failed`](Self::failed)) or the link is [`lost`](Self::lost). The
+    /// backoff stands until the peer registered.
+    pub fn linked(&mut self) {
         self.due_at = None;
+        self.linking = true;
+    }
+
+    /// The peer registered over the link (its Welcome verified): nothing is
+    /// due until the link is lost again, and the backoff starts over.
+    pub fn registered(&mut self) {
+        self.due_at = None;
+        self.linking = false;
         self.failures = 0;
         self.pause = self.min;
     }
@@ -219,7 +246,8 @@ mod tests {
         }
         assert_eq!(pauses, vec![ms(20), ms(35), ms(35), ms(35)]);
         assert_eq!(r.failures(), 10);
-        r.connected();
+        r.linked();
+        r.registered();
         assert_eq!(r.due_at(), None);
         r.lost(t);
         assert_eq!(r.due(t), Some("a"), "the pause starts over");
@@ -240,7 +268,7 @@ mod tests {
     fn rounds_stay_close_together_while_a_standby_may_be_taking_over() {
         let t0 = Instant::ZERO;
         let mut r = Reconnect::new(vec!["leader".into(), "standby".into()], ms(10), ms(1000));
-        r.connected();
+        r.registered();
         r.lost(t0);
         let mut t = t0;
         let mut rounds = Vec::new();
@@ -256,5 +284,70 @@ mod tests {
         assert!(rounds.windows(2).filter(|w| w[0] < 1000).all(|w| w[1] - w[0] <= 40), "{rounds:?}");
         let last = rounds.len() - 1;
         assert!(rounds[last] - rounds[last - 1] > 40, "back to doubling after the window: {rounds:?}");
+    }
+
+    /// Walks a schedule against a listener that accepts every link and
+    /// then refuses it (or drops it) before the peer registers, as a fake
+    /// scheduler does: the attempts within `span` of the loss, in ms.
+    fn attempts_against_a_refusing_listener(span: Duration, lose_the_link: bool) -> Vec<u64> {
+        let t0 = Instant::ZERO;
+        let mut r = Reconnect::new(vec!["fake".into()], DEFAULT_MIN_BACKOFF, DEFAULT_MAX_BACKOFF);
+        r.lost(t0);
+        let mut t = t0;
+        let mut attempts = Vec::new();
+        while t.saturating_since(t0) < span {
+            assert_eq!(r.due(t), Some("fake"));
+            attempts.push(t.saturating_since(t0).as_nanos() / 1_000_000);
+            r.linked();
+            assert_eq!((r.due_at(), r.due(t)), (None, None), "nothing due while the registration is pending");
+            if lose_the_link {
+                r.lost(t);
+            } else {
+                r.failed(t);
+            }
+            t = r.due_at().expect("a refused link is retried");
+        }
+        attempts
+    }
+
+    #[test]
+    fn links_refused_before_registering_back_off_as_failed_attempts() {
+        for lose_the_link in [false, true] {
+            let attempts = attempts_against_a_refusing_listener(ms(4000), lose_the_link);
+            // As if no link had opened: 10, 20, then 40 ms apart in the
+            // takeover window, then doubling to the 1 s cap.
+            assert_eq!(&attempts[..5], &[0, 10, 30, 70, 110], "{attempts:?}");
+            assert!(attempts.windows(2).all(|w| w[1] > w[0]), "never twice at once: {attempts:?}");
+            let last = attempts.len() - 1;
+            assert_eq!(attempts[last] - attempts[last - 1], 1000, "at the cap by 4 s: {attempts:?}");
+            // The old spin (the pause reset on every link) made ~400.
+            assert!(attempts.len() <= 40, "{} attempts in 4 s: {attempts:?}", attempts.len());
+        }
+    }
+
+    #[test]
+    fn only_a_registration_starts_the_backoff_over() {
+        let t0 = Instant::ZERO;
+        let mut r = Reconnect::new(vec!["a".into()], ms(10), ms(1000));
+        r.lost(t0);
+        let mut t = t0 + TAKEOVER_WINDOW;
+        r.due_at = Some(t);
+        for _ in 0..3 {
+            r.linked();
+            r.failed(t);
+            t = r.due_at().unwrap();
+        }
+        assert_eq!(r.failures(), 3);
+        r.linked();
+        assert_eq!(r.failures(), 3, "a link is not a registration");
+        r.failed(t);
+        assert_eq!(r.due_at(), Some(t + ms(80)), "the pause kept doubling across the links");
+        r.linked();
+        r.registered();
+        assert_eq!((r.failures(), r.due_at()), (0, None));
+        r.lost(t);
+        assert_eq!(r.due(t), Some("a"), "a registered link's loss: at once");
+        r.failed(t);
+        assert_eq!(r.due_at(), Some(t + ms(10)), "from the shortest pause again");
     }
 }

@@ -39,6 +39,7 @@ use dataplane::idle::IdleStrategy;
 use dataplane::join::JoinToken;
 use dataplane::mem::Access;
 use dataplane::reconnect::{connect_first, split_addrs, Reconnect, DEFAULT_MAX_BACKOFF, DEFAULT_MIN_BACKOFF};
+use node_shell::metrics::Counter;
 use node_shell::{self as shell, MetricsEndpoint, parse_socket_addr, setup, Acceptor, Common, CommonArgs, ConfigError, Daemon, SchedulerUnreachable, SetupError};
 use dataplane::time::{Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Listener, Registration};
@@ -471,6 +472,7 @@ fn serve<D: Domain>(domain: D, cfg: FrontendConfig) -> Result<(), FrontendError>
         stop: stop_io.clone(),
         reconnects: Vec::new(),
         routes,
+        forged_welcomes: Counter::default(),
     };
     for (g, (name, addrs)) in groups.iter().enumerate() {
         let (sched, at) = connect_first(&io.domain, addrs, cfg.connect_timeout)
@@ -492,6 +494,7 @@ fn serve<D: Domain>(domain: D, cfg: FrontendConfig) -> Result<(), FrontendError>
         .map_err(setup("acceptor thread"))?;
     let (done_tx, done_rx) = mpsc::channel();
     let io_wake = io.idler.notifier();
+    let forged_welcomes = io.forged_welcomes.clone();
     let io_thread = std::thread::Builder::new()
         .name("frontend-io".into())
         .spawn(move || {
@@ -499,7 +502,7 @@ fn serve<D: Domain>(domain: D, cfg: FrontendConfig) -> Result<(), FrontendError>
         })
         .map_err(setup("I/O thread"))?;
     let io_end = IoEnd { done: done_rx, stop: stop_io, wake: io_wake };
-    let result = Http::start(&cfg, catalog, staging, sink, &stats, &data_addr).and_then(|http| http.serve(&cfg, &stats, &io_end));
+    let result = Http::start(&cfg, catalog, staging, sink, &stats, forged_welcomes, &data_addr).and_then(|http| http.serve(&cfg, &stats, &io_end));
     io_end.stop.store(true, Ordering::SeqCst);
     io_end.wake.signal();
     let _ = io_thread.join();
@@ -572,6 +575,7 @@ impl Http {
         staging: Arc<Staging>,
         sink: NetSink,
         stats: &Arc<FrontendStats>,
+        forged_welcomes: Counter,
         data_addr: &str,
     ) -> Result<Http, FrontendError> {
         let max_slo_ms = catalog
@@ -587,6 +591,7 @@ impl Http {
         );
         let metrics = Arc::new(Metrics::new(&catalog));
         stats.register(metrics.registry());
+        metrics.register_forged_welcomes(forged_welcomes);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(cfg.http_threads)
             .thread_name("frontend-http")
@@ -699,6 +704,9 @@ struct IoHost<D: Domain> {
     reconnects: Vec<Reconnect>,
     /// With scheduler groups: the routing table's follower.
     routes: Option<FollowedRoutes>,
+    /// The node's count of Welcomes that did not prove the join token, as
+    /// `/metrics` shows it (`symphony_frontend_forged_welcomes_total`).
+    forged_welcomes: Counter,
 }
 
 impl<D: Domain> IoHost<D> {
@@ -788,8 +796,9 @@ impl<D: Domain> IoHost<D> {
             match self.domain.connect(addr, RECONNECT_ATTEMPT) {
                 Ok(conn) => {
                     info!(scheduler = addr, group = g, "reconnected to a scheduler; registering");
-                    // Nothing more is due until the registration's outcome.
-                    self.reconnects[g].connected();
+                    // Nothing more is due until the registration's outcome;
+                    // the backoff stands until it succeeds.
+                    self.reconnects[g].linked();
                     self.add_fd(&conn);
                     self.node.handle_group_link(self.clock.now(), g, conn);
                 }
@@ -840,6 +849,8 @@ impl<D: Domain> IoHost<D> {
     /// Logs an event of the node and tells its group's reconnection what
     /// became of the link.
     fn on_event(&mut self, ev: FrontendEvent, now: Instant) {
+        // A forged Welcome ends in an event (Refused): count it then.
+        self.forged_welcomes.inner().store(self.node.forged_welcomes(), Ordering::Relaxed);
         match ev {
             FrontendEvent::SchedulerLost { why, group } => {
                 warn!(%why, group, "scheduler lost; holding requests and reconnecting");
@@ -850,7 +861,7 @@ impl<D: Domain> IoHost<D> {
             FrontendEvent::Registered { group, .. } => {
                 if let Some(r) = self.reconnects.get_mut(usize::from(group)) {
                     info!(attempts = r.failures() + 1, group, "registered with the scheduler again");
-                    r.connected();
+                    r.registered();
                 }
             }
             FrontendEvent::Refused { why, group } => {

@@ -360,6 +360,17 @@ impl Metrics {
         }
     }
 
+    /// Registers `forged`, the count of scheduler Welcomes that did not
+    /// prove the join token (the I/O thread stores the node's count in it),
+    /// as `symphony_frontend_forged_welcomes_total`.
+    pub fn register_forged_welcomes(&self, forged: Counter) {
+        self.registry.register(
+            "symphony_frontend_forged_welcomes",
+            "Welcomes refused because they did not prove the join token (unsigned, forged, another cluster's or replayed): something not a scheduler of this cluster answered on a scheduler address",
+            forged,
+        );
+    }
+
     fn model(&self, id: u32) -> Option<&ModelSeries> {
         self.models.get(id as usize)
     }
@@ -501,5 +512,14 @@ mod tests {
         let stage = |s: &str| metric(&t, &format!("symphony_stage_duration_by_level_us_sum{{model=\"bert\",level=\"1\",stage=\"{s}\"}}"));
         assert_eq!((stage("network"), stage("compute")), (Some(300.0), Some(28_000.0)));
         assert_eq!(metric(&t, "symphony_stage_duration_by_level_us_count{model=\"bert\",level=\"2\",stage=\"queue\"}"), Some(0.0));
+    }
+    #[test]
+    fn forged_welcomes_are_published_as_the_io_thread_stores_them() {
+        let m = Metrics::new(&ModelCatalog::with_default_tensors(&[ModelSpec::linear("bert", 7.0, 0.2, 59.0).unwrap()]));
+        let forged = Counter::default();
+        m.register_forged_welcomes(forged.clone());
+        assert_eq!(metric(&m.encode(), "symphony_frontend_forged_welcomes_total"), Some(0.0));
+        forged.inner().store(3, Ordering::Relaxed);
+        assert_eq!(metric(&m.encode(), "symphony_frontend_forged_welcomes_total"), Some(3.0));
     }
 }

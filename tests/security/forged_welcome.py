@@ -8,17 +8,29 @@ took the scheduler's address but has no token: kills the scheduler and
 listens on its address, answering every peer that reconnects with a
 Challenge and then a Welcome for epoch 0xFFFFFFFF, unsigned (zero MAC) on
 one connection and forged (random MAC) on the next, for FAKE_S seconds.
-Each peer must refuse each Welcome (close the link; the backend and the
+Each peer must refuse each Welcome (send nothing more on the link; the backend and the
 frontend log that it does not prove the join token) and reconnect. Then the
 fake goes and the real scheduler is started again on that address: the
 backend and the frontend must register with it and an inference must be
 served within BOUND_S.
+
+While the fake holds the address, each peer must back off: a link refused
+before registering is a failed attempt of its reconnect schedule (10, 20,
+then 40 ms apart in the first second, doubling to 1 s after: about 30 in
+FAKE_S), so at most MAX_LINKS per peer reach the fake. Each peer's /metrics
+must count the Welcomes it refused (symphony_frontend_forged_welcomes_total,
+symphony_backend_forged_welcomes_total): at least those the fake saw
+refused, at most those it sent.
 
 On the parent of the commit that added it (the daemons of c71946d, which
 serve as c5f2d45's: that commit changed a document only), the backend took
 the fake's Welcome and its epoch 0xFFFFFFFF, and then refused the real
 scheduler ("the scheduler leads epoch 0, but epoch 4294967295 was seen
 already") on every reconnection: the inference after the restart fails.
+On the daemons of 65c7dbd (before the schedule counted a refused link as a
+failed attempt) each peer started its backoff over on every accepted link
+and reached the fake about 100 times a second, so the MAX_LINKS check
+fails there.
 
 Usage: forged_welcome.py SYMPHONY_BINARY
 """
@@ -45,6 +57,8 @@ ROLE_FRONTEND = 1
 CHALLENGE_TOKEN_REQUIRED = 1
 BOUND_S = 30
 FAKE_S = 4.0
+# Links per peer the fake may see in FAKE_S: the schedule allows about 30.
+MAX_LINKS = 45
 
 
 def free_port(rng):
@@ -66,13 +80,18 @@ class FakeScheduler:
     """Listens on the scheduler's address; greets every connection with a
     Challenge, reads the peer's Join (and a backend's Models), answers a
     Welcome for epoch 0xFFFFFFFF (unsigned, then forged, alternating) and
-    records whether the peer hung up within 0.5 s of it (it refused)."""
+    records whether the peer sent nothing more on the link within 0.5 s of
+    it (it refused)."""
 
     def __init__(self, port, version, rng):
         self.version = version
         self.rng = rng
         self.lock = threading.Lock()
         self.welcomed = []  # (role, signed_how, refused)
+        self.accepted = 0
+        self.joined = {}  # role: Joins read
+        self.sent = {}  # role: Welcomes sent whole
+        self.unsent = []  # roles whose Welcome could not be sent
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         deadline = time.monotonic() + 5
@@ -101,6 +120,8 @@ class FakeScheduler:
                 return
             t = threading.Thread(target=self._greet, args=(conn, n), daemon=True)
             n += 1
+            with self.lock:
+                self.accepted = n
             self.threads.append(t)
             t.start()
 
@@ -123,6 +144,7 @@ class FakeScheduler:
             if join is None or join[0] != cluster.KIND_JOIN:
                 return
             role, _id = struct.unpack("<II", join[1][:8])
+            self._count(self.joined, role)
             if role == cluster.ROLE_BACKEND:
                 models = cluster.recv_frame(conn)
                 if models is None or models[0] != KIND_MODELS:
@@ -131,27 +153,34 @@ class FakeScheduler:
             try:
                 conn.sendall(self._welcome(forged))
             except OSError:
+                with self.lock:
+                    self.unsent.append(role)
                 self._record(role, forged, True)
                 return
-            # A peer that took it stays (and sends heartbeats or tasks); one
-            # that refused it closes the link.
+            self._count(self.sent, role)
+            # A peer that took it sends on it (heartbeats every 100 ms, or
+            # tasks); one that refused it sends nothing more: the frontend
+            # closes the link at once, the backend when its next attempt
+            # replaces it (its backoff may be longer than this wait).
             conn.settimeout(0.1)
-            until = time.monotonic() + 0.5  # a refusal closes at once; a taken link lives dead_after (1 s)
-            refused = False
+            until = time.monotonic() + 0.5
+            refused = True
             while time.monotonic() < until:
                 if self.stop.is_set():
                     return  # undecided: the fake is leaving
-
                 try:
-                    if not conn.recv(65536):
-                        refused = True
-                        break
+                    if conn.recv(65536):
+                        refused = False
+                    break
                 except socket.timeout:
                     continue
                 except OSError:
-                    refused = True
                     break
             self._record(role, forged, refused)
+
+    def _count(self, counts, role):
+        with self.lock:
+            counts[role] = counts.get(role, 0) + 1
 
     def _record(self, role, forged, refused):
         with self.lock:
@@ -199,6 +228,7 @@ def run(binary, rng, tmp, procs):
         f.write("%032x\n" % rng.getrandbits(128))
     os.chmod(token, 0o600)
     control, http = free_port(rng), free_port(rng)
+    metrics = {"frontend": free_port(rng), "backend": free_port(rng)}
     common = ["--transport", "tcp", "--models", "ResNet50", "--join-token-file", token]
 
     def start(name, role, args):
@@ -219,8 +249,10 @@ def run(binary, rng, tmp, procs):
         time.sleep(0.05)
     if version is None:
         fail(f"the scheduler did not listen on 127.0.0.1:{control} within {BOUND_S} s")
-    start("backend", "backend", ["--id", "1", "--scheduler", f"127.0.0.1:{control}", "--gpus-per-backend", "1"])
-    start("frontend", "frontend", ["--id", "1", "--scheduler", f"127.0.0.1:{control}", "--http", f"127.0.0.1:{http}"])
+    start("backend", "backend", ["--id", "1", "--scheduler", f"127.0.0.1:{control}", "--gpus-per-backend", "1",
+                                 "--metrics", f"127.0.0.1:{metrics['backend']}"])
+    start("frontend", "frontend", ["--id", "1", "--scheduler", f"127.0.0.1:{control}", "--http", f"127.0.0.1:{http}",
+                                   "--metrics", f"127.0.0.1:{metrics['frontend']}"])
     url = f"127.0.0.1:{http}"
     cluster.infer_within(url, BOUND_S)
     print(f"security forged welcome: a cluster of wire version {version} serves at {url}", flush=True)
@@ -239,7 +271,7 @@ def run(binary, rng, tmp, procs):
     for role, how, refused in seen:
         key = ("backend" if role == cluster.ROLE_BACKEND else "frontend", how, "refused" if refused else "kept")
         counts[key] = counts.get(key, 0) + 1
-    print(f"security forged welcome: the fake welcomed {len(seen)} links: "
+    print(f"security forged welcome: the fake accepted {fake.accepted} links in {FAKE_S:.0f} s and welcomed {len(seen)}: "
           + ", ".join(f"{n} {' '.join(k)}" for k, n in sorted(counts.items())), flush=True)
     for role, name in ((cluster.ROLE_BACKEND, "backend"), (ROLE_FRONTEND, "frontend")):
         mine = [w for w in seen if w[0] == role]
@@ -250,6 +282,20 @@ def run(binary, rng, tmp, procs):
             fail(f"the {name} kept a link whose Welcome did not prove the join token ({', '.join(taken)})")
         if "does not prove the join token" not in log(tmp, name):
             fail(f"the {name} did not log the Welcome it refused:\n" + log(tmp, name)[-3000:])
+        joined = fake.joined.get(role, 0)
+        if joined > MAX_LINKS:
+            fail(f"the {name} reconnected {joined} times in {FAKE_S:.0f} s to a scheduler address that refused "
+                 f"it each time (at most {MAX_LINKS}: a refused link must back off like a failed attempt)")
+        # Refused by the peer after a Welcome it received whole: counted.
+        refused = len([w for w in mine if w[2]]) - fake.unsent.count(role)
+        sent = fake.sent.get(role, 0)
+        name_total = f"symphony_{name}_forged_welcomes_total"
+        counted = cluster.metric(f"http://127.0.0.1:{metrics[name]}/metrics", name_total)
+        print(f"security forged welcome: the {name} reached the fake {joined} times; {name_total} = {counted} "
+              f"({refused} refused of {sent} sent)", flush=True)
+        if counted is None or not refused <= counted <= sent:
+            fail(f"the {name}'s {name_total} is {counted}, not between the {refused} Welcomes it refused "
+                 f"and the {sent} the fake sent")
 
     # The fake is gone; the real scheduler comes back on the address.
     start_scheduler()

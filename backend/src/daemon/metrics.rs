@@ -62,6 +62,9 @@ pub struct BackendMetrics {
     pub frontends_connected: Counter,
     /// Frontend data connections that could not be opened.
     pub frontend_connect_failures: Counter,
+    /// Scheduler Welcomes that did not prove the join token (the node's
+    /// count, stored by [`store_forged_welcomes`](Self::store_forged_welcomes)).
+    forged_welcomes: Counter,
     models: Vec<ModelSeries>,
     batch_size: Histogram,
     compute_us: Histogram,
@@ -106,6 +109,11 @@ impl BackendMetrics {
         let scheduler_heartbeats = counter(&r, "symphony_backend_scheduler_heartbeats", "Heartbeats received from the scheduler");
         let frontends_connected = counter(&r, "symphony_backend_frontend_connections", "Frontend data connections opened");
         let frontend_connect_failures = counter(&r, "symphony_backend_frontend_connect_failures", "Frontend data connections that failed");
+        let forged_welcomes = counter(
+            &r,
+            "symphony_backend_forged_welcomes",
+            "Welcomes refused because they did not prove the join token (unsigned, forged, another cluster's or replayed): something not a scheduler of this cluster answered on a scheduler address",
+        );
         let labels: Vec<Vec<Label>> = model_names
             .iter()
             .map(|m| vec![("model", m.clone()), ("version", "1".to_string())])
@@ -162,6 +170,7 @@ impl BackendMetrics {
             scheduler_heartbeats,
             frontends_connected,
             frontend_connect_failures,
+            forged_welcomes,
             models,
             batch_size,
             compute_us,
@@ -194,6 +203,12 @@ impl BackendMetrics {
         ] {
             c.inner().store(v, Relaxed);
         }
+    }
+
+    /// Publishes the node's count of forged Welcomes (single writer: a
+    /// plain store).
+    pub fn store_forged_welcomes(&self, n: u64) {
+        self.forged_welcomes.inner().store(n, Relaxed);
     }
 
     /// Folds one finished batch into the counters and histograms.
@@ -301,6 +316,9 @@ mod tests {
             metric(&text, "symphony_backend_batches_executed_total"),
             Some(3.0)
         );
+        assert_eq!(metric(&text, "symphony_backend_forged_welcomes_total"), Some(0.0));
+        m.store_forged_welcomes(4);
+        assert_eq!(metric(&m.encode(), "symphony_backend_forged_welcomes_total"), Some(4.0));
         let u1 = metric(&text, "nv_gpu_utilization{gpu=\"1\"}").unwrap();
         assert!(u1 > 0.0 && u1 <= 1.0);
     }
