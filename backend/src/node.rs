@@ -250,8 +250,6 @@ enum State {
     Done,
 }
 
-/// A graceful leave (see [`BackendNode::begin_leave`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 /// The join gate (see [`wire::Drain`]): the scheduler asks, once it has
 /// announced every frontend, to be told when the data links to them are
 /// up; its GPUs serve from then on.
@@ -264,6 +262,8 @@ enum Gate {
     Asked { frontends: Vec<u32>, since: Option<Instant> },
 }
 
+/// A graceful leave (see [`BackendNode::begin_leave`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Leave {
     /// Not leaving.
     No,
@@ -331,9 +331,6 @@ pub struct BackendNode<C: Connection, E: Executor> {
     failover: bool,
     /// Scratch for the busy report sent with the model list.
     busy: Vec<wire::GpuBusy>,
-}
-
-/// The key of the scheduler link in [`BackendNode::for_each_conn`].
     /// Frontends the scheduler announced since its last join-gate request.
     announced: Vec<u32>,
     /// The join gate, once the scheduler asked.
@@ -341,6 +338,9 @@ pub struct BackendNode<C: Connection, E: Executor> {
     /// Plans and announcements that came before the Welcome: the worker's
     /// once the Welcome proves the token, dropped otherwise.
     early: Vec<Vec<u8>>,
+}
+
+/// The key of the scheduler link in [`BackendNode::for_each_conn`].
 pub const SCHEDULER_LINK: u64 = 0;
 
 impl<C: Connection, E: Executor> BackendNode<C, E> {
@@ -904,6 +904,7 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             progressed |= self.install_pending(now);
         }
         self.notice_lost_frontends();
+        progressed |= self.progress_gate(now);
         progressed |= self.progress_leave(now);
         // Heartbeats continue while finishing the batches in hand after a
         // stop, so that the scheduler does not fail them back meanwhile.
@@ -925,53 +926,6 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
         progressed
     }
 
-    /// Leaving and not released: the drain notice when due, or the end of
-    /// the wait at the bound. Returns whether anything happened.
-    fn progress_leave(&mut self, now: Instant) -> bool {
-        let Leave::Asked { next_notice, until } = self.leave else { return false };
-        if now >= until {
-            self.leave = Leave::GaveUp;
-            self.events.push_back(BackendEvent::LeaveUnanswered { after: self.cfg.drain_timeout });
-            self.begin_drain();
-            // Held batches get no second bound: they were waited for.
-            self.drain_until = Some(now);
-            return true;
-        }
-        if now < next_notice {
-            return false;
-        }
-        let Ok(n) = wire::encode(&mut self.hb, &wire::Drain::draining(self.cfg.id)) else { return false };
-        // A full queue retries at the next poll; a broken link is the
-        // liveness check's (the node drains then).
-        if !matches!(self.worker.scheduler().send(&self.hb[..n]), Err(Error::QueueFull)) {
-            self.leave = Leave::Asked { next_notice: now + self.cfg.heartbeat, until };
-        }
-        true
-    }
-
-    /// The scheduler released this leaving backend: no more plans come.
-        progressed |= self.progress_gate(now);
-    fn released(&mut self) {
-        if matches!(self.leave, Leave::Asked { .. }) {
-            self.leave = Leave::Released;
-            self.events.push_back(BackendEvent::Released);
-            self.begin_drain();
-        }
-    }
-
-    /// Draining: done once no batch is in hand or the drain bound passed.
-    fn check_drained(&mut self, now: Instant) {
-        if self.draining && !self.drained {
-            let until = *self.drain_until.get_or_insert(now + self.cfg.drain_timeout);
-            let in_hand = self.worker.batches_in_flight();
-            if in_hand == 0 || now >= until {
-                if in_hand > 0 {
-                    self.events.push_back(BackendEvent::DrainTimedOut {
-                        in_hand,
-                        after: self.cfg.drain_timeout,
-                    });
-                }
-                self.drained = true;
     /// The join gate, asked: reports `Drain{Ready}` once every frontend
     /// announced before the request has a data link in use, or once the
     /// handshake timeout passed since (a frontend that cannot be reached
@@ -1000,6 +954,52 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
         true
     }
 
+    /// Leaving and not released: the drain notice when due, or the end of
+    /// the wait at the bound. Returns whether anything happened.
+    fn progress_leave(&mut self, now: Instant) -> bool {
+        let Leave::Asked { next_notice, until } = self.leave else { return false };
+        if now >= until {
+            self.leave = Leave::GaveUp;
+            self.events.push_back(BackendEvent::LeaveUnanswered { after: self.cfg.drain_timeout });
+            self.begin_drain();
+            // Held batches get no second bound: they were waited for.
+            self.drain_until = Some(now);
+            return true;
+        }
+        if now < next_notice {
+            return false;
+        }
+        let Ok(n) = wire::encode(&mut self.hb, &wire::Drain::draining(self.cfg.id)) else { return false };
+        // A full queue retries at the next poll; a broken link is the
+        // liveness check's (the node drains then).
+        if !matches!(self.worker.scheduler().send(&self.hb[..n]), Err(Error::QueueFull)) {
+            self.leave = Leave::Asked { next_notice: now + self.cfg.heartbeat, until };
+        }
+        true
+    }
+
+    /// The scheduler released this leaving backend: no more plans come.
+    fn released(&mut self) {
+        if matches!(self.leave, Leave::Asked { .. }) {
+            self.leave = Leave::Released;
+            self.events.push_back(BackendEvent::Released);
+            self.begin_drain();
+        }
+    }
+
+    /// Draining: done once no batch is in hand or the drain bound passed.
+    fn check_drained(&mut self, now: Instant) {
+        if self.draining && !self.drained {
+            let until = *self.drain_until.get_or_insert(now + self.cfg.drain_timeout);
+            let in_hand = self.worker.batches_in_flight();
+            if in_hand == 0 || now >= until {
+                if in_hand > 0 {
+                    self.events.push_back(BackendEvent::DrainTimedOut {
+                        in_hand,
+                        after: self.cfg.drain_timeout,
+                    });
+                }
+                self.drained = true;
             }
         }
     }
@@ -1037,6 +1037,10 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
             ControlMessage::Heartbeat(_) => self.scheduler_heartbeats += 1,
             ControlMessage::Drain(d) => match d.stage() {
                 Some(wire::DrainStage::Released) if d.backend_id == self.cfg.id => self.released(),
+                Some(wire::DrainStage::Ready) if d.backend_id == self.cfg.id => {
+                    let frontends = std::mem::take(&mut self.announced);
+                    self.gate = Gate::Asked { frontends, since: None };
+                }
                 _ => self.events.push_back(BackendEvent::Ignored {
                     why: format!("ignoring a drain message (stage {}, backend {}) not meant for this backend", d.stage, d.backend_id),
                 }),
@@ -1053,6 +1057,9 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
                         ),
                     });
                     return;
+                }
+                if !self.announced.contains(&r.id) && self.announced.len() < self.cfg.max_frontends as usize {
+                    self.announced.push(r.id);
                 }
                 self.events.push_back(BackendEvent::ConnectFrontend {
                     id: r.id,
@@ -1083,10 +1090,6 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
                 k += 1;
                 continue;
             }
-                Some(wire::DrainStage::Ready) if d.backend_id == self.cfg.id => {
-                    let frontends = std::mem::take(&mut self.announced);
-                    self.gate = Gate::Asked { frontends, since: None };
-                }
             let PendingFrontend { frontend: fid, conn, .. } = self.pending.swap_remove(k);
             match self.worker.add_frontend(fid, conn) {
                 Ok(old) => {
@@ -1104,9 +1107,6 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
                     why: format!("frontend {fid}: {e}"),
                 }),
             }
-                if !self.announced.contains(&r.id) && self.announced.len() < self.cfg.max_frontends as usize {
-                    self.announced.push(r.id);
-                }
         }
         added
     }
@@ -1794,7 +1794,6 @@ mod tests {
         n.settle(t0);
         assert!(n.node.drained());
     }
-}
 
     /// Join-gate requests and reports the scheduler end saw.
     fn ready_reports(msgs: &[String]) -> usize {
@@ -1848,3 +1847,4 @@ mod tests {
         assert!(n.events().contains(&BackendEvent::Ready { after: config().handshake_timeout, missing: 1 }));
         assert_eq!(ready_reports(&s.received().0), 1);
     }
+}

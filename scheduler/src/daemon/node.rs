@@ -992,6 +992,11 @@ impl<C: Connection> SchedulerNode<C> {
                     plane.backend_draining(now, id);
                     true
                 }
+                // The join gate (issue 52): see `ControlPlane::backend_ready`.
+                Message::Drain(d) if d.backend_id == id && d.stage() == Some(wire::DrainStage::Ready) => {
+                    plane.backend_ready(now, id);
+                    true
+                }
                 _ => false,
             });
         }
@@ -1009,11 +1014,6 @@ impl<C: Connection> SchedulerNode<C> {
             return;
         }
         self.backlogged = false;
-                // The join gate (issue 52): see `ControlPlane::backend_ready`.
-                Message::Drain(d) if d.backend_id == id && d.stage() == Some(wire::DrainStage::Ready) => {
-                    plane.backend_ready(now, id);
-                    true
-                }
         let links = every_link(&mut self.frontends, &mut self.backends);
         for (peer, link) in links {
             if link.backlog.is_empty() {

@@ -603,10 +603,10 @@ impl ControlPlane {
         &mut self,
         now: Instant,
         id: u32,
-        reports_ready: bool,
         gpus: u32,
         models: &[u32],
         busy: &[wire::GpuBusy],
+        reports_ready: bool,
     ) -> Result<(), Refusal> {
         self.members.check_backend(id, gpus, models, busy, self.models.len())?;
         let sc = self
@@ -1059,10 +1059,10 @@ impl ControlPlane {
             let deadline = members.iter().map(|r| r.deadline).min().unwrap_or(plan.finish_at);
             if let Some(stamp) = self.telemetry.plan_stamp(plan.planned_at, plan.exec_at, deadline) {
                 self.dispatch.bench_stamp(backend, &stamp);
-        self.members.record_plan(backend, head.run_ns);
             }
         }
         self.dispatch.plan(now, backend, &head, members, &mut self.ledger, &mut list);
+        self.members.record_plan(backend, head.run_ns);
         self.count_dispatched(global_model, members, list.len() as u64);
         self.metrics.record_batch(
             global_model,
@@ -1106,7 +1106,7 @@ impl ControlPlane {
 mod tests;
 
 #[cfg(test)]
-mod gate_tests;
+mod drain_tests;
 
 #[cfg(test)]
-mod drain_tests;
+mod gate_tests;
