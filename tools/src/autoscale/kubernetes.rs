@@ -784,8 +784,9 @@ pub struct AutoscaleArgs {
     /// How often the controller reads the scheduler's signals and decides, ms.
     #[arg(long = "autoscale-interval-ms", default_value_t = 1000)]
     pub interval_ms: u64,
-    /// Never fewer backends.
-    #[arg(long = "autoscale-min-backends", default_value_t = 1)]
+    /// Never fewer backends (2, as `up --autoscale`: one meaning per flag
+    /// name; a second backend also keeps serving while one restarts).
+    #[arg(long = "autoscale-min-backends", default_value_t = 2)]
     pub min_backends: u32,
     /// Never more backends.
     #[arg(long = "autoscale-max-backends", default_value_t = 4)]
