@@ -199,6 +199,7 @@ impl LocalBackends {
             })
             .collect();
         let mut failed = 0;
+        let mut last_error = String::new();
         for (id, daemon, register_ms) in started {
             match daemon {
                 Ok(daemon) => {
@@ -208,13 +209,15 @@ impl LocalBackends {
                 }
                 Err(e) => {
                     warn!(backend = id, "a local backend did not start: {e}");
+                    last_error = format!("backend {id}: {e}");
                     failed += 1;
                 }
             }
         }
         if failed > 0 {
-            let per = self.gpus_per_backend();
-            return Err(ScaleError::NoCapacity { wanted: ids.len() as u32 * per, available: (ids.len() as u32 - failed) * per });
+            // A process that did not start is the provider failing to act,
+            // not a lack of capacity: the next interval tries again.
+            return Err(ScaleError::Provider { provider: "local", reason: format!("{failed} of {} backends did not start (last: {last_error})", ids.len()) });
         }
         Ok(())
     }
