@@ -305,7 +305,18 @@ fn symphony_autoscale_scales_the_statefulset_and_stops_on_sigterm() {
         assert!(std::time::Instant::now() < deadline, "no scale-out: {:?}", rx.try_iter().collect::<Vec<_>>());
         std::thread::sleep(StdDuration::from_millis(20));
     }
-    let text = dataplane::control::http_get(own, "/metrics", StdDuration::from_secs(2)).expect("its /metrics");
+    // The controller counts its action once the patch has been answered
+    // and the tick is over, which may be after the fake applied it: wait
+    // for the tick's metrics (bounded) rather than reading them at once.
+    let deadline = std::time::Instant::now() + StdDuration::from_secs(10);
+    let text = loop {
+        let text = dataplane::control::http_get(own, "/metrics", StdDuration::from_secs(2)).expect("its /metrics");
+        let ticked = dataplane::control::metric(&text, "symphony_autoscale_added_gpus_total") == Some(2.0);
+        if ticked || std::time::Instant::now() >= deadline {
+            break text;
+        }
+        std::thread::sleep(StdDuration::from_millis(20));
+    };
     assert_eq!(dataplane::control::metric(&text, "symphony_autoscale_added_gpus_total"), Some(2.0), "{text}");
     assert_eq!(dataplane::control::metric(&text, "symphony_autoscale_joining_gpus"), Some(2.0), "{text}");
     // SIGTERM: it stops within an interval and exits 0.
