@@ -20,14 +20,13 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration as StdDuration;
 
-use dataplane::time::{Duration, Instant, MonotonicClock};
+use dataplane::time::{Instant, MonotonicClock};
 use frontend::loadgen::{LoadReport, BIN};
-use scheduler::autoscale::AutoscaleConfig;
 use scheduler::sim::RateSchedule;
 use scheduler::zoo::ModelSpec;
 use serde::Serialize;
 use tools::autoscale::local::{LocalBackends, MemberChange};
-use tools::autoscale::{Controller, ControllerConfig, SchedulerMetrics, Tick};
+use tools::autoscale::{Controller, ControllerFlags, SchedulerMetrics, Tick};
 use tools::cluster::LocalCluster;
 use tracing::info;
 
@@ -44,32 +43,13 @@ pub struct AutoscaleOpts {
     /// of the peak rate (e.g. 0:0.2,20:1.0,40:0.3; none: the peak rate).
     #[arg(long)]
     pub schedule: Option<String>,
-    /// With --autoscale: how often the controller reads the scheduler's
-    /// signals and decides, ms.
-    #[arg(long = "autoscale-interval-ms", default_value_t = 1000)]
-    pub interval_ms: u64,
-    /// With --autoscale: never fewer backends (2: one emulated GPU cannot
-    /// hold every model of the zoo within their SLOs).
-    #[arg(long = "autoscale-min-backends", default_value_t = 2)]
-    pub min_backends: u32,
-    /// With --autoscale: never more backends; also the peak-sized cluster
-    /// the peak rate and the GPU-seconds are measured against.
-    #[arg(long = "autoscale-max-backends", default_value_t = 4)]
-    pub max_backends: u32,
-    /// With --autoscale: no scale-in within this long after an action, s.
-    #[arg(long = "autoscale-cooldown-s", default_value_t = 4.0)]
-    pub cooldown_s: f64,
-    /// With --autoscale: scale-in acts on the largest cluster recommended
-    /// over this window, s.
-    #[arg(long = "autoscale-stabilisation-s", default_value_t = 4.0)]
-    pub stabilisation_s: f64,
+    /// The controller's flags (with --autoscale).
+    #[command(flatten)]
+    pub controller: ControllerFlags,
     /// With --autoscale: the peak rate as a fraction of the simulated
     /// goodput of the peak-sized cluster (instead of --load; --rate wins).
     #[arg(long = "autoscale-peak-load", default_value_t = 0.6)]
     pub peak_load: f64,
-    /// With --autoscale: the idle fraction scale-in keeps.
-    #[arg(long = "autoscale-headroom", default_value_t = 0.3)]
-    pub headroom: f64,
 }
 
 /// One controller tick, for the report.
@@ -141,16 +121,18 @@ pub fn run(models: &str, cluster: &ClusterOpts, o: &AutoscaleOpts, rate: Option<
         Some(s) => RateSchedule::parse(s).map_err(|e| UpError::Usage(format!("--schedule: {e}")))?,
         None => RateSchedule::default(),
     };
-    if o.min_backends == 0 || o.max_backends < o.min_backends || o.max_backends > 64 {
-        return Err(UpError::Usage("--autoscale wants 1 <= --autoscale-min-backends <= --autoscale-max-backends <= 64".into()));
+    let c = &o.controller;
+    c.config(1).map_err(UpError::Usage)?;
+    if c.max_backends > 64 {
+        return Err(UpError::Usage("--autoscale wants --autoscale-max-backends <= 64 (local processes)".into()));
     }
-    if !(duration_s.is_finite() && duration_s > 0.0 && duration_s <= 3600.0) || o.interval_ms == 0 {
-        return Err(UpError::Usage("--duration-s must be in (0, 3600] and --autoscale-interval-ms > 0".into()));
+    if !(duration_s.is_finite() && duration_s > 0.0 && duration_s <= 3600.0) {
+        return Err(UpError::Usage("--duration-s must be in (0, 3600]".into()));
     }
     let mut opts = cluster.clone();
-    opts.backends = cluster.backends.clamp(o.min_backends, o.max_backends);
+    opts.backends = cluster.backends.clamp(c.min_backends, c.max_backends);
     let s = spec(models, &opts)?;
-    let peak_gpus = o.max_backends * opts.gpus_per_backend;
+    let peak_gpus = c.max_backends * opts.gpus_per_backend;
     let peak_rate = match rate {
         Some(r) => r,
         None => o.peak_load * sim_goodput(&specs, peak_gpus, opts.seed)?,
@@ -179,19 +161,9 @@ fn run_cluster(
     let mut cluster = LocalCluster::start(s).map_err(run_err)?;
     let control = cluster.scheduler_addrs.join(",");
     let running = std::mem::take(&mut cluster.backends);
-    let provider = LocalBackends::new(s, &control, &cluster.join_token, running, o.max_backends);
+    let provider = LocalBackends::new(s, &control, &cluster.join_token, running, o.controller.max_backends);
     let sources = cluster.schedulers().map(|d| d.addr("metrics")).collect::<Result<Vec<_>, _>>().map_err(run_err)?;
-    let cfg = ControllerConfig {
-        autoscale: AutoscaleConfig {
-            headroom: o.headroom,
-            stabilisation: Duration::from_secs_f64(o.stabilisation_s.max(0.0)),
-            cooldown: Duration::from_secs_f64(o.cooldown_s.max(0.0)),
-            min_gpus: o.min_backends * s.gpus_per_backend,
-            max_gpus: o.max_backends * s.gpus_per_backend,
-            ..AutoscaleConfig::default()
-        },
-        interval: Duration::from_millis(o.interval_ms),
-    };
+    let cfg = o.controller.config(s.gpus_per_backend).map_err(UpError::Usage)?;
     let mut controller = Controller::new(cfg, provider, SchedulerMetrics::new(sources));
     let mut load_cfg = tools::cluster::load_config(specs, cluster.http_addrs().map_err(run_err)?, peak_rate, duration_s, seed);
     load_cfg.workload.schedule = schedule.clone();
@@ -216,7 +188,7 @@ fn run_cluster(
     // Backends still draining finish (bounded) before the accounting.
     provider.wait_drained(StdDuration::from_secs(30), &|| clock.now());
     let unaccounted = settled_unaccounted(&cluster);
-    let summary = summarise(&provider, &ticks, end, s.gpus_per_backend, o.max_backends, &load, &schedule, peak_rate, duration_s);
+    let summary = summarise(&provider, &ticks, end, s.gpus_per_backend, o.controller.max_backends, &load, &schedule, peak_rate, duration_s);
     let (live, exited) = provider.into_daemons();
     cluster.backends = live;
     cluster.backends.extend(exited);

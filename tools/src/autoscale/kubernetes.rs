@@ -52,7 +52,7 @@ use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 use node_shell::metrics::{Counter, Gauge, MetricsRegistry};
 use node_shell::MetricsEndpoint;
-use scheduler::autoscale::{AutoscaleConfig, GpuMember, GpuPhase, ScaleError, ScaleProvider};
+use scheduler::autoscale::{GpuMember, GpuPhase, ScaleError, ScaleProvider};
 use scheduler::types::GpuId;
 use serde::Deserialize;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
@@ -60,7 +60,7 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
 use tracing::{info, warn};
 
-use super::{Controller, ControllerConfig, Provider, SchedulerMetrics, Scrape, SignalError, SignalSource, Tick};
+use super::{Controller, ControllerFlags, Provider, SchedulerMetrics, Scrape, SignalError, SignalSource, Tick};
 
 /// Where a pod's service-account files are mounted.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -781,25 +781,9 @@ pub struct AutoscaleArgs {
     /// GPUs per backend.
     #[arg(long = "gpus-per-backend", default_value_t = 1)]
     pub gpus_per_backend: u32,
-    /// How often the controller reads the scheduler's signals and decides, ms.
-    #[arg(long = "autoscale-interval-ms", default_value_t = 1000)]
-    pub interval_ms: u64,
-    /// Never fewer backends (2, as `up --autoscale`: one meaning per flag
-    /// name; a second backend also keeps serving while one restarts).
-    #[arg(long = "autoscale-min-backends", default_value_t = 2)]
-    pub min_backends: u32,
-    /// Never more backends.
-    #[arg(long = "autoscale-max-backends", default_value_t = 4)]
-    pub max_backends: u32,
-    /// No scale-in within this long after an action, s.
-    #[arg(long = "autoscale-cooldown-s", default_value_t = 4.0)]
-    pub cooldown_s: f64,
-    /// Scale-in acts on the largest cluster recommended over this window, s.
-    #[arg(long = "autoscale-stabilisation-s", default_value_t = 4.0)]
-    pub stabilisation_s: f64,
-    /// The idle fraction scale-in keeps.
-    #[arg(long = "autoscale-headroom", default_value_t = 0.3)]
-    pub headroom: f64,
+    /// The controller's flags.
+    #[command(flatten)]
+    pub controller: ControllerFlags,
     /// Where the service account's token, ca.crt and namespace are (a pod's own; another for a
     /// test against a fake API server).
     #[arg(long = "service-account-dir", default_value = SERVICE_ACCOUNT_DIR, hide = true)]
@@ -864,35 +848,23 @@ impl CmdMetrics {
 
 /// Runs `symphony autoscale` until SIGTERM or SIGINT.
 pub fn run(args: &AutoscaleArgs) -> Result<(), AutoscaleCmdError> {
-    if args.min_backends == 0 || args.max_backends < args.min_backends || args.gpus_per_backend == 0 {
-        return Err(AutoscaleCmdError::Usage("need 1 <= --autoscale-min-backends <= --autoscale-max-backends and --gpus-per-backend >= 1".into()));
-    }
-    let seconds = |s: f64, flag: &str| {
-        (s.is_finite() && s >= 0.0).then(|| Duration::from_secs_f64(s)).ok_or_else(|| AutoscaleCmdError::Usage(format!("{flag} must be a number of seconds >= 0")))
-    };
     let per = args.gpus_per_backend;
-    let autoscale = AutoscaleConfig {
-        headroom: args.headroom.clamp(0.0, 0.99),
-        cooldown: seconds(args.cooldown_s, "--autoscale-cooldown-s")?,
-        stabilisation: seconds(args.stabilisation_s, "--autoscale-stabilisation-s")?,
-        min_gpus: args.min_backends.saturating_mul(per),
-        max_gpus: args.max_backends.saturating_mul(per),
-        ..AutoscaleConfig::default()
-    };
+    let mut controller_cfg = args.controller.config(per).map_err(AutoscaleCmdError::Usage)?;
+    // Not more often than every 100 ms: each tick reads the API server.
+    controller_cfg.interval = controller_cfg.interval.max(Duration::from_millis(100));
     let mut cfg = KubeConfig::in_cluster(&args.service_account_dir, args.namespace.as_deref(), &args.statefulset)?;
     cfg.gpus_per_pod = per;
-    cfg.max_pods = args.max_backends;
+    cfg.max_pods = args.controller.max_backends;
     let provider = KubernetesProvider::new(KubeClient::new(cfg)?);
     let source = ResolvedSchedulerMetrics::new(args.scheduler_metrics.clone());
-    let interval = Duration::from_millis(args.interval_ms.max(100));
-    let mut controller = Controller::new(ControllerConfig { autoscale, interval }, provider, source);
+    let interval_ms = controller_cfg.interval.as_nanos() / 1_000_000;
+    let mut controller = Controller::new(controller_cfg, provider, source);
     let setup = |what| move |e: std::io::Error| AutoscaleCmdError::Setup { what, source: e.into() };
     let registry = Arc::new(MetricsRegistry::new());
     let metrics = CmdMetrics::default();
     metrics.register(&registry);
     let endpoint = MetricsEndpoint::start(args.metrics, registry).map_err(setup("metrics endpoint"))?;
     dataplane::control::install_stop_signals().map_err(|e| AutoscaleCmdError::Setup { what: "stop signals", source: e.into() })?;
-    let interval_ms = interval.as_nanos() / 1_000_000;
     info!(statefulset = %args.statefulset, interval_ms, metrics = %endpoint.addr(), "autoscale: controlling the backend StatefulSet");
     let clock = MonotonicClock::new();
     controller.run(&clock, &dataplane::control::stop_requested, &mut |tick, provider| {

@@ -212,6 +212,66 @@ pub struct ControllerConfig {
     pub interval: Duration,
 }
 
+/// The controller's flags, one definition for `up --autoscale` and
+/// `symphony autoscale` (one meaning per flag name), checked once.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ControllerFlags {
+    /// How often the autoscale controller reads the scheduler's signals and
+    /// decides, ms.
+    #[arg(long = "autoscale-interval-ms", default_value_t = 1000)]
+    pub interval_ms: u64,
+    /// Never fewer backends (2: one emulated GPU cannot hold every model of
+    /// the zoo within their SLOs, and a second keeps serving while one
+    /// restarts).
+    #[arg(long = "autoscale-min-backends", default_value_t = 2)]
+    pub min_backends: u32,
+    /// Never more backends (with `up --autoscale`, also the peak-sized
+    /// cluster the peak rate and the GPU-seconds are measured against).
+    #[arg(long = "autoscale-max-backends", default_value_t = 4)]
+    pub max_backends: u32,
+    /// No scale-in within this long after an action, s.
+    #[arg(long = "autoscale-cooldown-s", default_value_t = 4.0)]
+    pub cooldown_s: f64,
+    /// Scale-in acts on the largest cluster recommended over this window, s.
+    #[arg(long = "autoscale-stabilisation-s", default_value_t = 4.0)]
+    pub stabilisation_s: f64,
+    /// The idle fraction scale-in keeps, in [0, 1).
+    #[arg(long = "autoscale-headroom", default_value_t = 0.3)]
+    pub headroom: f64,
+}
+
+impl ControllerFlags {
+    /// The controller's configuration for backends of `gpus_per_backend`
+    /// GPUs, or what is wrong with the flags.
+    pub fn config(&self, gpus_per_backend: u32) -> Result<ControllerConfig, String> {
+        if self.min_backends == 0 || self.max_backends < self.min_backends || gpus_per_backend == 0 {
+            return Err("need 1 <= --autoscale-min-backends <= --autoscale-max-backends and at least 1 GPU per backend".into());
+        }
+        if self.interval_ms == 0 {
+            return Err("--autoscale-interval-ms must be > 0".into());
+        }
+        if !(0.0..1.0).contains(&self.headroom) {
+            return Err("--autoscale-headroom must be in [0, 1)".into());
+        }
+        let seconds = |s: f64, flag: &str| {
+            (s.is_finite() && (0.0..=86_400.0).contains(&s))
+                .then(|| Duration::from_secs_f64(s))
+                .ok_or_else(|| format!("{flag} must be a number of seconds in [0, 86400]"))
+        };
+        Ok(ControllerConfig {
+            autoscale: AutoscaleConfig {
+                headroom: self.headroom,
+                cooldown: seconds(self.cooldown_s, "--autoscale-cooldown-s")?,
+                stabilisation: seconds(self.stabilisation_s, "--autoscale-stabilisation-s")?,
+                min_gpus: self.min_backends.saturating_mul(gpus_per_backend),
+                max_gpus: self.max_backends.saturating_mul(gpus_per_backend),
+                ..AutoscaleConfig::default()
+            },
+            interval: Duration::from_millis(self.interval_ms),
+        })
+    }
+}
+
 /// Why a tick did not act.
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerError {
