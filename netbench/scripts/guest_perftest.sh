@@ -10,7 +10,12 @@
 # with READ_DEPTH (default 128), and with 128 work requests in flight (SYMPHONY_RDMA_MAX_READS,
 # perftest's tx depth; the transport's default is 64), polling as perftest does by default: no
 # completion-event arming on empty polls (SYMPHONY_RDMA_BUSY_POLL=1, BUSY_POLL=0 turns it off;
-# the transport's default arms, for callers that sleep on its fd). perftest's server of a READ or WRITE test
+# the transport's default arms, for callers that sleep on its fd), with perftest's SENDs in
+# flight (SYMPHONY_RDMA_SEND_SLOTS=SEND_SLOTS, default 128, perftest's tx depth; the transport's
+# default is 64) and perftest's QP ACK timeout (SYMPHONY_RDMA_ACK_TIMEOUT=ACK_TIMEOUT, default
+# 14: 67 ms before a lost packet is sent again; the transport's default, 16 = 268 ms, is for
+# the lossy link between two guests). netbench's SEND bandwidth test, as ib_send_bw, has
+# receives posted in advance (512, perftest's rx depth) and no answers. perftest's server of a READ or WRITE test
 # sleeps until the end, so netbench's server idles (--server-idle block) for them; for SEND both
 # servers poll for receives (spin).
 . ./perftest.sh
@@ -27,7 +32,8 @@ for round in $(seq 1 "${ROUNDS:-3}"); do
         echo "== round $round: $test $verb $size B"
         if [ $verb = send ]; then idle=spin; else idle=block; fi
         if SYMPHONY_RDMA_READ_DEPTH=${READ_DEPTH:-128} SYMPHONY_RDMA_MAX_READS=${MAX_READS:-128} \
-             SYMPHONY_RDMA_BUSY_POLL=${BUSY_POLL:-1} \
+             SYMPHONY_RDMA_BUSY_POLL=${BUSY_POLL:-1} SYMPHONY_RDMA_SEND_SLOTS=${SEND_SLOTS:-128} \
+             SYMPHONY_RDMA_ACK_TIMEOUT=${ACK_TIMEOUT:-14} \
              ./netbench $test -t rdma -d "$SR_DEV" --verb $verb -s "$size" -n "$n" --server-idle $idle --csv \
              >/tmp/nb.csv 2>/tmp/nb.err; then
           echo "NB $test $verb $size $(tail -1 /tmp/nb.csv)"

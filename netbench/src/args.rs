@@ -373,9 +373,16 @@ pub(crate) struct PerfArgs {
     /// every queue pair, bw keeps --tx-depth in flight on each.
     #[arg(long = "qp", short = 'q', value_name = "QPS", default_value_t = 1)]
     pub(crate) queue_pairs: usize,
-    /// Operations in flight per queue pair (bw).
+    /// Operations in flight per queue pair (bw). rdma SENDs in flight are also bounded by
+    /// the send queue's slots, SYMPHONY_RDMA_SEND_SLOTS (default 64).
     #[arg(long, default_value_t = 128)]
     pub(crate) tx_depth: usize,
+    /// rdma: receives each local server posts in advance per queue pair (perftest's
+    /// --rx-depth; a SEND finding none is retried by the NIC, receiver-not-ready), one
+    /// 32 KiB slot each; `netbench serve` takes SYMPHONY_RDMA_RECV_SLOTS [default: 512
+    /// for bw --verb send, as perftest; else the transport's 64].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub(crate) rx_depth: Option<u32>,
     /// bw: the server answers every WRITE/SEND with one of the same size and both
     /// directions count (READ: refused).
     #[arg(long, short = 'b')]

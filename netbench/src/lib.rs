@@ -264,6 +264,7 @@ pub(crate) fn local_options(kind: TransportKind, l: &LocalOpts, shape: &Shape) -
             .or_else(|| l.client_netem.as_ref().map(|n| format!("netem {n}"))),
         max_region: shape.max_region,
         writable: false,
+        recv_slots: None,
     }
 }
 

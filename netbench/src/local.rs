@@ -61,6 +61,9 @@ pub struct LocalOptions {
     pub writable: bool,
     /// Largest region, bytes (passed to servers).
     pub max_region: u64,
+    /// rdma: receive slots each server pre-posts per connection
+    /// (`SYMPHONY_RDMA_RECV_SLOTS` in its environment) [default: the transport's].
+    pub recv_slots: Option<u32>,
 }
 
 /// Running local servers; stopping them (and removing namespaces) on drop.
@@ -145,6 +148,13 @@ impl LocalServers {
                 .args(rdma_flags(&o.rdma))
                 .args(o.writable.then_some("--writable"))
                 .arg("--exit-with-parent")
+                .envs(
+                    o.recv_slots
+                        .filter(|_| o.kind == TransportKind::Rdma)
+                        // dataplane::transport::rdma::ENV_RECV_SLOTS (a module
+                        // that exists only where verbs are built in).
+                        .map(|n| ("SYMPHONY_RDMA_RECV_SLOTS", n.to_string())),
+                )
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit());

@@ -26,8 +26,10 @@
 //!   after each size writes a marker, reads it back and restores it.
 //! - Bandwidth: each queue pair keeps `--tx-depth` operations in flight; an
 //!   operation completes at its completion (READ, rdma WRITE) or at the
-//!   server's acknowledgement (emulated WRITE, SEND; with `--bidirectional` the server answers
-//!   every operation with one of the same size, and both directions count).
+//!   server's acknowledgement (emulated WRITE; with `--bidirectional` the
+//!   server answers every WRITE or SEND with one of the same size, and both
+//!   directions count). A SEND stream is not answered, as perftest's
+//!   `ib_send_bw` (see [`send_stream`]).
 //!
 //! Only this process's monotonic clock is read.
 
@@ -46,6 +48,9 @@ use crate::perf_proto::{self, Op, PerfMsg, Reply, MAX_CHUNK};
 use crate::proto;
 use crate::stats::Recorder;
 use crate::transport::WithDomain;
+
+mod send_stream;
+use send_stream::is_send_stream;
 
 /// The measured operation.
 #[derive(
@@ -332,6 +337,10 @@ struct Link<C> {
     done: u64,
     /// Post time of the operation in flight (latency: one at a time).
     t_post: u64,
+    /// SEND stream: messages posted (this phase).
+    msgs_posted: u64,
+    /// SEND stream: the server's tally, once it answered.
+    tally: Option<u64>,
 }
 
 /// Connections to the servers and the buffers every measurement uses.
@@ -346,6 +355,9 @@ struct Links<D: Domain> {
     op_timeout_ns: u64,
     /// WRITEs are one-sided work requests (rdma), not messages.
     write_one_sided: bool,
+    /// The transport reports when a SEND has landed (rdma: its work
+    /// completion), so a SEND stream's operations complete then.
+    sends_delivered: bool,
 }
 
 fn connect_links<D: Domain>(
@@ -400,6 +412,8 @@ fn connect_links<D: Domain>(
                 started: 0,
                 done: 0,
                 t_post: 0,
+                msgs_posted: 0,
+                tally: None,
             });
             let _ = q;
         }
@@ -416,6 +430,7 @@ fn connect_links<D: Domain>(
         clock: MonotonicClock::new(),
         op_timeout_ns: op_timeout.as_nanos().min(u128::from(u64::MAX)) as u64,
         write_one_sided: writes_one_sided::<D>(),
+        sends_delivered: writes_one_sided::<D>(),
     })
 }
 
@@ -436,6 +451,7 @@ fn drain<C: Connection>(
         any = true;
         match perf_proto::decode(&buf[..n]) {
             Some(PerfMsg::Ack(seq)) => complete(link, seq, t),
+            Some(PerfMsg::Tally(n)) => link.tally = Some(n),
             Some(PerfMsg::Chunk(c)) => {
                 let off = c.off as usize;
                 let end = off + c.payload.len();
@@ -452,7 +468,7 @@ fn drain<C: Connection>(
                     complete(link, c.seq, t);
                 }
             }
-            None => {
+            Some(PerfMsg::TallyQuery) | None => {
                 return Err(Fail::runtime(format!(
                     "server {} sent an unexpected {n}-byte message (is it a netbench server of this version?)",
                     link.addr
@@ -473,6 +489,8 @@ impl<D: Domain> Links<D> {
             l.inflight = 0;
             l.started = 0;
             l.done = 0;
+            l.msgs_posted = 0;
+            l.tally = None;
         }
     }
 
@@ -502,29 +520,40 @@ impl<D: Domain> Links<D> {
                 off as u32,
                 &self.tx[off..off + len],
             )?;
-            let t0 = self.now();
-            loop {
-                match self.links[i].conn.send(&self.msg[..n]) {
-                    Ok(()) => break,
-                    Err(dataplane::transport::Error::QueueFull) => {
-                        let t = self.now();
-                        for l in &mut self.links {
-                            drain(l, &mut self.buf, t, &mut *complete)?;
-                        }
-                        if self.now().saturating_sub(t0) > self.op_timeout_ns {
-                            return Err(Fail::runtime(format!(
-                                "server {}: send queue full for {:.1} s",
-                                self.links[i].addr,
-                                self.op_timeout_ns as f64 / 1e9
-                            )));
-                        }
-                    }
-                    Err(e) => return Err(Fail::caused(format!("sending to {}", self.links[i].addr))(e)),
-                }
-            }
+            self.send_msg(i, n, complete)?;
             off += len;
         }
         Ok(())
+    }
+
+    /// Sends the first `n` bytes of `msg` on link `i`, draining every
+    /// link's answers into `complete` while the send queue is full.
+    fn send_msg(
+        &mut self,
+        i: usize,
+        n: usize,
+        complete: &mut impl FnMut(&mut Link<D::Conn>, u64, u64),
+    ) -> Res<()> {
+        let t0 = self.now();
+        loop {
+            match self.links[i].conn.send(&self.msg[..n]) {
+                Ok(()) => return Ok(()),
+                Err(dataplane::transport::Error::QueueFull) => {
+                    let t = self.now();
+                    for l in &mut self.links {
+                        drain(l, &mut self.buf, t, &mut *complete)?;
+                    }
+                    if self.now().saturating_sub(t0) > self.op_timeout_ns {
+                        return Err(Fail::runtime(format!(
+                            "server {}: send queue full for {:.1} s",
+                            self.links[i].addr,
+                            self.op_timeout_ns as f64 / 1e9
+                        )));
+                    }
+                }
+                Err(e) => return Err(Fail::caused(format!("sending to {}", self.links[i].addr))(e)),
+            }
+        }
     }
 
     fn read_op(&self, i: usize, size: u32, seq: u64) -> ReadOp {
@@ -794,13 +823,20 @@ impl<D: Domain> Links<D> {
         self.load_write_sources(self.path(st.verb), st.size)?;
         if warmup > 0 {
             self.bw_phase(st, Stop::Count(warmup), None, None, &mut Vec::new())?;
+            self.check_tally(&st)?;
         }
         let cap = match stop {
             Stop::Count(n) => n.saturating_mul(self.links.len() as u64).min(1 << 24) as usize,
             Stop::For(_) => 1 << 21,
         };
         let mut stamps: Vec<u64> = Vec::with_capacity(cap);
-        let (start, end) = self.bw_phase(st, stop, flag, running, &mut stamps)?;
+        let (start, mut end) = self.bw_phase(st, stop, flag, running, &mut stamps)?;
+        if let Some(answered) = self.check_tally(&st)? {
+            if !self.sends_delivered {
+                // Nothing said when the SENDs landed: the run ends at the tally.
+                end = answered;
+            }
+        }
         let Stream {
             verb,
             size,
@@ -851,6 +887,7 @@ impl<D: Domain> Links<D> {
                     }
                 }
             }
+            Path::Message(_) if is_send_stream(st) => self.post_send_stream(i, st.size, room, stamps)?,
             Path::Message(op) => {
                 let reply = if st.bidirectional {
                     Reply::Full
@@ -872,8 +909,8 @@ impl<D: Domain> Links<D> {
     }
 
     /// Bandwidth: reaps link `i`'s finished operations; whether there were any.
-    fn reap_stream(&mut self, i: usize, verb: Verb, stamps: &mut Vec<u64>) -> Res<bool> {
-        match self.path(verb) {
+    fn reap_stream(&mut self, i: usize, st: &Stream, stamps: &mut Vec<u64>) -> Res<bool> {
+        match self.path(st.verb) {
             Path::OneSided(_) => {
                 let n = self.reap(i)?;
                 if n > 0 {
@@ -882,6 +919,7 @@ impl<D: Domain> Links<D> {
                 }
                 Ok(n > 0)
             }
+            Path::Message(_) if is_send_stream(st) => self.reap_send_stream(i, st, stamps),
             Path::Message(_) => {
                 let t = self.now();
                 drain(&mut self.links[i], &mut self.buf, t, |l, _, t| {
@@ -933,7 +971,7 @@ impl<D: Domain> Links<D> {
                 if room > 0 {
                     self.post_stream(i, &st, room, stamps)?;
                 }
-                if self.reap_stream(i, st.verb, stamps)? {
+                if self.reap_stream(i, &st, stamps)? {
                     last_progress = self.now();
                     last = last_progress;
                 }

@@ -25,20 +25,29 @@ Verbs per transport:
          tcp, tcp-blocking, shm: EMULATED - the bytes travel as messages on the connection
          (chunks of at most 32 KiB) and the server's CPU copies them to the operation's
          offset in its buffer, then answers.
-  send   rdma: verbs SENDs on the transport's control channel (an operation over 32 KiB is
-         several SENDs). tcp, tcp-blocking, shm: EMULATED as for write (the server lands
-         the bytes in its receive buffer); on these transports write and send differ only
-         in name.
+  send   rdma: verbs SENDs on the transport's control channel into receives the server
+         posted in advance (--rx-depth); each SEND carries a 112-byte header, and an
+         operation over 32 KiB is several SENDs. tcp, tcp-blocking, shm: EMULATED - the
+         bytes travel as messages as for write and the server lands them in its receive
+         buffer.
   lat of emulated write and of send = half the ping-pong round trip (the server answers every
   operation with one of the same size), as ib_write_lat and ib_send_lat report.
-  bw: --tx-depth operations in flight per queue pair; a READ or rdma WRITE completes at its
-  completion, an emulated WRITE or a SEND at the server's acknowledgement (with --bidirectional: at its same-size
-  answer, and both directions count). BW average = bytes of completed operations / (first
-  post .. last completion); BW peak = the fastest tenth of the run's completions;
-  MB = 2^20 bytes (perftest's MB/sec); MsgRate in millions of operations per second.
+  bw: --tx-depth operations in flight per queue pair. A READ or rdma WRITE completes at its
+  completion; an emulated WRITE at the server's acknowledgement. SEND is answered by
+  nothing, as ib_send_bw: flow control is the transport's (rdma: the server's receive ring,
+  receiver-not-ready retries, the send queue; tcp: socket buffers; shm: the ring); an rdma
+  SEND completes at its work completion (the RC acknowledgement: the bytes are in a receive
+  slot; netbench built with --features rdma), elsewhere when the transport accepted it, and
+  the run then ends when the server answers a final tally; the tally must count every
+  operation sent. With --bidirectional the server answers every WRITE or SEND with one of the
+  same size; an operation completes at that answer and both directions count.
+  BW average = bytes of completed operations / (first post .. last completion); BW peak = the
+  fastest tenth of the run's completions; MB = 2^20 bytes (perftest's MB/sec); MsgRate in
+  millions of operations per second.
 Device, port and GID (rdma): -d, -i, -x as perftest's. Like perftest's defaults (rdma): READs
   on the wire SYMPHONY_RDMA_READ_DEPTH=128, work requests in flight SYMPHONY_RDMA_MAX_READS=128,
-  and SYMPHONY_RDMA_BUSY_POLL=1 (empty polls arm no completion events).";
+  SENDs in flight SYMPHONY_RDMA_SEND_SLOTS=128, and SYMPHONY_RDMA_BUSY_POLL=1 (empty polls arm
+  no completion events).";
 
 /// The report's machine facts as one line (the JSON's `machine` object).
 fn machine_line(m: &serde_json::Value) -> String {
@@ -162,7 +171,8 @@ pub fn semantics(kind: TransportKind, verb: Verb) -> &'static str {
             "RDMA WRITE work requests into the server's remote-writable object; latency = post to completion"
         }
         (TransportKind::Rdma, Verb::Send) => {
-            "verbs SENDs on the control channel, 32 KiB each at most"
+            "verbs SENDs on the control channel, 32 KiB each at most, into receives posted in \
+             advance; bw: no answers, a final tally"
         }
         (TransportKind::Shm, Verb::Read) => "bounds-checked copy out of the server's mapped region",
         (_, Verb::Read) => "request answered by the server's READ responder",
@@ -170,7 +180,8 @@ pub fn semantics(kind: TransportKind, verb: Verb) -> &'static str {
             "emulated: messages of <= 32 KiB landed by the server's CPU at the operation's offset"
         }
         (_, Verb::Send) => {
-            "emulated: messages of <= 32 KiB landed by the server's CPU in its receive buffer"
+            "emulated: messages of <= 32 KiB landed by the server's CPU in its receive buffer; \
+             bw: no answers, complete when the transport took them, the run ends at a final tally"
         }
     }
 }
@@ -309,6 +320,7 @@ fn start_servers(
             client_qdisc: None,
             max_region: u64::from(largest).max(1 << 30),
             writable: a.verb == Verb::Write || under_load.is_some_and(|l| l.verb == Verb::Write),
+            recv_slots: a.rx_depth.or((cfg.test == Test::Bw && a.verb == Verb::Send).then_some(512)),
         };
         crate::note_oversubscription(lo.servers, lo.idle, lo.kind);
         let s = crate::local::LocalServers::start(&lo).map_err(|e| name_selection(a, e))?;

@@ -10,9 +10,13 @@
 //! chunk's offset (WRITE: the emulated remote memory; SEND: the emulated
 //! receive buffer) and, once the last chunk of an operation is in, answers
 //! with the whole operation back ([`Reply::Full`]: latency ping-pong,
-//! bidirectional bandwidth) or with a short acknowledgement ([`Reply::Ack`]:
-//! the sender's "completion" in bandwidth tests). The server keeps no
-//! per-connection state: every chunk says where it goes.
+//! bidirectional bandwidth), with a short acknowledgement ([`Reply::Ack`]:
+//! the sender's "completion" of an emulated WRITE in bandwidth tests), or
+//! not at all ([`Reply::None`]: SEND bandwidth, as perftest's `ib_send_bw`,
+//! whose sender waits for no answer; the server only counts the operation).
+//! Every chunk says where it goes; the one per-connection state of the
+//! server is that count, which a [`PerfMsg::TallyQuery`] asks for (and
+//! resets): the SEND stream's final check that every operation landed.
 
 use dataplane::transport::{Connection, Error as TransportError};
 use dataplane::wire::{
@@ -25,6 +29,10 @@ use crate::fail::Res;
 pub const CHUNK_MAGIC: u64 = u64::from_le_bytes(*b"NBPERF01");
 /// `input_ns` of an acknowledgement.
 pub const ACK_MAGIC: u64 = u64::from_le_bytes(*b"NBPERFAK");
+/// `input_ns` of a tally query (client to server).
+pub const TALLY_QUERY_MAGIC: u64 = u64::from_le_bytes(*b"NBPERFTQ");
+/// `input_ns` of a tally (server to client; `task_id` = the count).
+pub const TALLY_MAGIC: u64 = u64::from_le_bytes(*b"NBPERFTA");
 /// Wire bytes of a chunk before its payload.
 pub const CHUNK_HEAD: usize = HEADER_LEN + std::mem::size_of::<CompletionHead>();
 /// Most payload bytes in one chunk (one wire message).
@@ -46,6 +54,8 @@ pub enum Reply {
     Full = 0,
     /// A short acknowledgement carrying the sequence number.
     Ack = 1,
+    /// Nothing: the server counts the operation (see [`PerfMsg::TallyQuery`]).
+    None = 2,
 }
 
 /// One decoded chunk.
@@ -79,6 +89,11 @@ pub enum PerfMsg<'a> {
     Chunk(Chunk<'a>),
     /// The acknowledgement of operation `seq`.
     Ack(u64),
+    /// "How many [`Reply::None`] operations have landed on this connection
+    /// since the last query?"
+    TallyQuery,
+    /// The answer to a [`PerfMsg::TallyQuery`].
+    Tally(u64),
 }
 
 /// Encodes one chunk into `buf` (at least `CHUNK_HEAD + payload.len()` bytes).
@@ -103,16 +118,31 @@ pub fn encode_chunk(
     Ok(wire::encode_completion(buf, &head, payload)?)
 }
 
-/// Encodes the acknowledgement of `seq`.
-pub fn encode_ack(buf: &mut [u8], seq: u64) -> Res<usize> {
+/// Encodes a payload-free message: `magic` in `input_ns`, `value` in `task_id`.
+fn encode_bare(buf: &mut [u8], magic: u64, value: u64) -> Res<usize> {
     let head = CompletionHead {
-        task_id: seq,
+        task_id: value,
         status: TaskStatus::Ok as u32,
         output_kind: OutputKind::Inline as u32,
-        input_ns: ACK_MAGIC,
+        input_ns: magic,
         ..Default::default()
     };
     Ok(wire::encode_completion(buf, &head, &[])?)
+}
+
+/// Encodes the acknowledgement of `seq`.
+pub fn encode_ack(buf: &mut [u8], seq: u64) -> Res<usize> {
+    encode_bare(buf, ACK_MAGIC, seq)
+}
+
+/// Encodes a tally query.
+pub fn encode_tally_query(buf: &mut [u8]) -> Res<usize> {
+    encode_bare(buf, TALLY_QUERY_MAGIC, 0)
+}
+
+/// Encodes a tally of `count` operations.
+pub fn encode_tally(buf: &mut [u8], count: u64) -> Res<usize> {
+    encode_bare(buf, TALLY_MAGIC, count)
 }
 
 /// Decodes `msg` if it is a perf message with consistent fields (a chunk
@@ -123,6 +153,8 @@ pub fn decode(msg: &[u8]) -> Option<PerfMsg<'_>> {
     };
     match head.input_ns {
         ACK_MAGIC => Some(PerfMsg::Ack(head.task_id)),
+        TALLY_QUERY_MAGIC => Some(PerfMsg::TallyQuery),
+        TALLY_MAGIC => Some(PerfMsg::Tally(head.task_id)),
         CHUNK_MAGIC => {
             let op = match head.compute_ns & 0xff {
                 1 => Op::Write,
@@ -132,6 +164,7 @@ pub fn decode(msg: &[u8]) -> Option<PerfMsg<'_>> {
             let reply = match (head.compute_ns >> 8) & 0xff {
                 0 => Reply::Full,
                 1 => Reply::Ack,
+                2 => Reply::None,
                 _ => return None,
             };
             let total = (head.since_start_ns >> 32) as u32;
@@ -168,21 +201,31 @@ impl Sink {
         }
     }
 
-    /// Handles `msg` if it is a chunk: lands it and answers a finished
-    /// operation on `conn`. Returns whether `msg` was a perf message. An
-    /// operation larger than the sink is refused with a protocol error
-    /// (the connection is dropped), never written past the buffer.
+    /// Handles `msg` if it is a perf message: lands a chunk and answers a
+    /// finished operation on `conn` (or adds it to `landed`, the
+    /// connection's count of [`Reply::None`] operations), answers a tally
+    /// query with `landed` and resets it. Returns whether `msg` was a perf
+    /// message. An operation larger than the sink is refused with a
+    /// protocol error (the connection is dropped), never written past the
+    /// buffer.
     pub fn handle<C: Connection>(
         &mut self,
         conn: &mut C,
+        landed: &mut u64,
         msg: &[u8],
         send: impl Fn(&mut C, &[u8]) -> Result<(), TransportError>,
     ) -> Result<bool, TransportError> {
+        let bad = |_| TransportError::Protocol(wire::WireError::BadLength);
         let c = match decode(msg) {
             Some(PerfMsg::Chunk(c)) => c,
-            // Acknowledgements go from servers to clients; one arriving
-            // here is ignored.
-            Some(PerfMsg::Ack(_)) => return Ok(true),
+            Some(PerfMsg::TallyQuery) => {
+                let n = encode_tally(&mut self.out, std::mem::take(landed)).map_err(bad)?;
+                send(conn, &self.out[..n])?;
+                return Ok(true);
+            }
+            // Acknowledgements and tallies go from servers to clients; one
+            // arriving here is ignored.
+            Some(PerfMsg::Ack(_) | PerfMsg::Tally(_)) => return Ok(true),
             None => return Ok(false),
         };
         let total = c.total as usize;
@@ -195,9 +238,9 @@ impl Sink {
             return Ok(true);
         }
         match c.reply {
+            Reply::None => *landed += 1,
             Reply::Ack => {
-                let n = encode_ack(&mut self.out, c.seq)
-                    .map_err(|_| TransportError::Protocol(wire::WireError::BadLength))?;
+                let n = encode_ack(&mut self.out, c.seq).map_err(bad)?;
                 send(conn, &self.out[..n])?;
             }
             Reply::Full => {
@@ -213,7 +256,7 @@ impl Sink {
                         off as u32,
                         &self.buf[off..off + len],
                     )
-                    .map_err(|_| TransportError::Protocol(wire::WireError::BadLength))?;
+                    .map_err(bad)?;
                     send(conn, &self.out[..n])?;
                     off += len;
                 }
@@ -250,9 +293,67 @@ mod tests {
         );
         let n = encode_ack(&mut buf, 99).unwrap();
         assert_eq!(decode(&buf[..n]), Some(PerfMsg::Ack(99)));
+        let n = encode_chunk(&mut buf, 5, Op::Send, Reply::None, 3, 0, &[1, 2, 3]).unwrap();
+        assert!(matches!(decode(&buf[..n]), Some(PerfMsg::Chunk(c)) if c.reply == Reply::None));
+        let n = encode_tally_query(&mut buf).unwrap();
+        assert_eq!(decode(&buf[..n]), Some(PerfMsg::TallyQuery));
+        let n = encode_tally(&mut buf, 1 << 40).unwrap();
+        assert_eq!(decode(&buf[..n]), Some(PerfMsg::Tally(1 << 40)));
         // A ping (no magic) is not a perf message.
         let mut ping = crate::proto::Ping::new(200).unwrap();
         assert_eq!(decode(ping.with_seq(3)), None);
+    }
+
+    /// A real shm connection pair: the server's sink counts the operations
+    /// it does not answer, a tally query gets that count and resets it.
+    #[test]
+    fn unanswered_operations_are_counted_and_tallied() {
+        use dataplane::transport::shm::ShmDomain;
+        use dataplane::transport::{Domain, Listener};
+        let wait = dataplane::time::Duration::from_millis(5_000);
+        let domain = ShmDomain::new().unwrap();
+        let mut listener = domain.listen("").unwrap();
+        let addr = listener.local_addr();
+        let connecting = std::thread::spawn(move || domain.connect(&addr, wait).unwrap());
+        let mut server = listener.accept(wait).unwrap();
+        let mut client = connecting.join().unwrap();
+        let recv = |c: &mut dataplane::transport::shm::ShmConn, buf: &mut [u8]| {
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            loop {
+                if let Some(n) = c.try_recv(buf).unwrap() {
+                    return n;
+                }
+                assert!(std::time::Instant::now() < until, "no message within 5 s");
+                std::thread::yield_now();
+            }
+        };
+        let send = |c: &mut dataplane::transport::shm::ShmConn, m: &[u8]| c.send(m);
+        let mut sink = Sink::new(1 << 20);
+        let mut landed = 0u64;
+        let mut msg = vec![0u8; MAX_MESSAGE_LEN];
+        let mut got = vec![0u8; MAX_MESSAGE_LEN];
+        // Operation 0: two chunks; operations 1 and 2: one each.
+        let total = MAX_CHUNK as u32 + 10;
+        let payload = vec![7u8; MAX_CHUNK];
+        let ops: [(u64, u32, u32, usize); 4] =
+            [(0, total, 0, MAX_CHUNK), (0, total, MAX_CHUNK as u32, 10), (1, 5, 0, 5), (2, 5, 0, 5)];
+        for (k, &(seq, total, off, len)) in ops.iter().enumerate() {
+            let n = encode_chunk(&mut msg, seq, Op::Send, Reply::None, total, off, &payload[..len]).unwrap();
+            client.send(&msg[..n]).unwrap();
+            let n = recv(&mut server, &mut got);
+            assert!(sink.handle(&mut server, &mut landed, &got[..n], send).unwrap());
+            // An operation counts once, at its last chunk.
+            assert_eq!(landed, [0, 1, 2, 3][k]);
+        }
+        let n = encode_tally_query(&mut msg).unwrap();
+        client.send(&msg[..n]).unwrap();
+        let n = recv(&mut server, &mut got);
+        assert!(sink.handle(&mut server, &mut landed, &got[..n], send).unwrap());
+        assert_eq!(landed, 0, "a tally resets the count");
+        let n = recv(&mut client, &mut got);
+        assert_eq!(decode(&got[..n]), Some(PerfMsg::Tally(3)));
+        // Nothing else was sent back: the operations themselves got no answer.
+        assert_eq!(client.try_recv(&mut got).unwrap(), None);
     }
 
     #[test]

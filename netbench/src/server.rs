@@ -154,7 +154,7 @@ impl WithDomain for Serve {
         let catalog = &catalog[..clen];
         let parent = std::os::unix::process::parent_id();
         let started = std::time::Instant::now();
-        let mut conns: Vec<D::Conn> = Vec::new();
+        let mut conns: Vec<Client<D::Conn>> = Vec::new();
         let mut buf = vec![0u8; MAX_MESSAGE_LEN];
         let mut idle_steps = 0u32;
         let mut departed = 0u64;
@@ -178,14 +178,14 @@ impl WithDomain for Serve {
                 }
                 if conns.is_empty() {
                     match incoming.recv_timeout(std::time::Duration::from_millis(50)) {
-                        Ok(c) => conns.push(c),
+                        Ok(c) => conns.push(Client::new(c)),
                         Err(mpsc::RecvTimeoutError::Timeout) => continue,
                         Err(mpsc::RecvTimeoutError::Disconnected) => {
                             return Err(Fail::runtime("the listener stopped accepting"));
                         }
                     }
                 }
-                conns.extend(incoming.try_iter());
+                conns.extend(incoming.try_iter().map(Client::new));
             }
             let mut busy = false;
             conns.retain_mut(|c| match serve_one(c, &mut buf, catalog, cfg.objects, &mut sink) {
@@ -213,7 +213,7 @@ impl WithDomain for Serve {
 
 /// Between two passes over the clients: nothing after work when spinning;
 /// otherwise sleep on the one client's connection or back off.
-fn pause<C: Connection>(idle: Idle, conns: &mut [C], busy: bool, idle_steps: u32) {
+fn pause<C: Connection>(idle: Idle, conns: &mut [Client<C>], busy: bool, idle_steps: u32) {
     match idle {
         Idle::Spin if busy => {}
         Idle::Spin => std::hint::spin_loop(),
@@ -225,7 +225,7 @@ fn pause<C: Connection>(idle: Idle, conns: &mut [C], busy: bool, idle_steps: u32
             // pass just found the connection empty).
             let waited = if let [only] = conns {
                 // An error is noticed by the next poll.
-                only.wait(Duration::from_millis(20)).unwrap_or(true)
+                only.conn.wait(Duration::from_millis(20)).unwrap_or(true)
             } else {
                 false
             };
@@ -281,20 +281,35 @@ fn backoff(step: u32) {
     }
 }
 
+/// One client's connection and what the server counts for it.
+struct Client<C> {
+    conn: C,
+    /// SEND-stream operations landed since the client last asked
+    /// (`perf_proto::Reply::None`).
+    landed: u64,
+}
+
+impl<C> Client<C> {
+    fn new(conn: C) -> Self {
+        Client { conn, landed: 0 }
+    }
+}
+
 /// Polls one client: answers hellos and pings, serves READs (tcp, inside
 /// its polls). Returns whether a message was handled.
 fn serve_one<C: Connection>(
-    conn: &mut C,
+    client: &mut Client<C>,
     buf: &mut [u8],
     catalog: &[u8],
     objects: u32,
     sink: &mut perf_proto::Sink,
 ) -> Result<bool, dataplane::transport::Error> {
     let mut worked = false;
+    let Client { conn, landed } = client;
     while let Some(n) = conn.try_recv(buf)? {
         worked = true;
         let msg = &buf[..n];
-        if sink.handle(conn, msg, send_retrying)? {
+        if sink.handle(conn, landed, msg, send_retrying)? {
             // A WRITE/SEND chunk of `netbench lat`/`bw`, landed (and answered).
         } else if proto::is_ping(msg) {
             send_retrying(conn, msg)?;

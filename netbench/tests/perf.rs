@@ -256,6 +256,17 @@ fn incast_and_queue_pairs_count_every_operation() {
         "--json",
     ]);
     assert_bw_entry(&r["bw"][0], 8192, 120);
+    // An unanswered SEND stream over 2 servers x 3 queue pairs: each link's
+    // server must tally exactly the link's operations (a server counting
+    // per server instead of per connection, or losing one, fails the run),
+    // 40 KiB operations being two messages each.
+    for t in ["tcp", "shm"] {
+        let r = json_of(&[
+            "bw", "-t", t, "--servers", "2", "-q", "3", "--verb", "send", "-s", "40KiB", "-n",
+            "20", "--tx-depth", "4", "--json",
+        ]);
+        assert_bw_entry(&r["bw"][0], 40 << 10, 120);
+    }
 }
 
 #[test]

@@ -75,6 +75,15 @@ pub const ENV_ACK_TIMEOUT: &str = "SYMPHONY_RDMA_ACK_TIMEOUT";
 pub const ENV_MAX_READS: &str = "SYMPHONY_RDMA_MAX_READS";
 /// Environment variable setting [`RdmaConfig::busy_poll`] (`1` on, `0` off).
 pub const ENV_BUSY_POLL: &str = "SYMPHONY_RDMA_BUSY_POLL";
+/// Environment variable overriding [`RdmaConfig::recv_slots`] (1..=[`MAX_SLOTS`];
+/// perftest's `--rx-depth`, 512 by default, for netbench's SEND bandwidth test).
+pub const ENV_RECV_SLOTS: &str = "SYMPHONY_RDMA_RECV_SLOTS";
+/// Environment variable overriding [`RdmaConfig::send_slots`] (1..=[`MAX_SLOTS`];
+/// perftest's `--tx-depth` for SENDs).
+pub const ENV_SEND_SLOTS: &str = "SYMPHONY_RDMA_SEND_SLOTS";
+/// Most receive or send slots per connection: each slot is one largest
+/// control message (32 KiB), so 4096 of them register 128 MiB.
+pub const MAX_SLOTS: u32 = 4096;
 
 /// Longest single READ accepted (verbs allows 2 GiB; staging slots are far smaller).
 pub const MAX_READ_LEN: u32 = 1 << 30;
@@ -160,7 +169,8 @@ impl Default for RdmaConfig {
 impl RdmaConfig {
     /// Defaults, overridden by `SYMPHONY_RDMA_DEVICE`, `SYMPHONY_RDMA_PORT`,
     /// `SYMPHONY_RDMA_GID_INDEX`, `SYMPHONY_RDMA_READ_DEPTH`,
-    /// `SYMPHONY_RDMA_MAX_READS`, `SYMPHONY_RDMA_BUSY_POLL` and
+    /// `SYMPHONY_RDMA_MAX_READS`, `SYMPHONY_RDMA_BUSY_POLL`,
+    /// `SYMPHONY_RDMA_RECV_SLOTS`, `SYMPHONY_RDMA_SEND_SLOTS` and
     /// `SYMPHONY_RDMA_ACK_TIMEOUT` when set.
     pub fn from_env() -> Result<Self, Error> {
         let mut cfg = RdmaConfig::default();
@@ -191,6 +201,18 @@ impl RdmaConfig {
                 .ok()
                 .filter(|d| (1..=128).contains(d))
                 .ok_or_else(|| invalid(format!("{ENV_MAX_READS}={v:?} is not in 1..=128")))?;
+        }
+        for (name, slots) in [
+            (ENV_RECV_SLOTS, &mut cfg.recv_slots),
+            (ENV_SEND_SLOTS, &mut cfg.send_slots),
+        ] {
+            if let Ok(v) = std::env::var(name) {
+                *slots = v
+                    .parse()
+                    .ok()
+                    .filter(|d| (1..=MAX_SLOTS).contains(d))
+                    .ok_or_else(|| invalid(format!("{name}={v:?} is not in 1..={MAX_SLOTS}")))?;
+            }
         }
         if let Ok(v) = std::env::var(ENV_BUSY_POLL) {
             cfg.busy_poll = match v.as_str() {

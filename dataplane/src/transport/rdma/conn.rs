@@ -598,6 +598,15 @@ impl RdmaConnection {
         let _ = self.qp.modify(&attr);
     }
 
+    /// SENDs posted and not yet completed (the RC acknowledgement: the message
+    /// is in a receive slot of the peer), after reaping what has completed.
+    /// netbench's SEND bandwidth test completes its operations by this, as
+    /// perftest's `ib_send_bw` does by its SEND work completions.
+    pub fn sends_in_flight(&mut self) -> Result<u32, Error> {
+        self.drain_send_cq(self.arm_in_polls)?;
+        Ok(self.sends_in_flight)
+    }
+
     /// Posts RDMA WRITEs: each copies `source` (a local registration's bytes) into
     /// the peer's `target`, a region it registered with [`Access::REMOTE_WRITE`]
     /// (a serving region does not: its NIC refuses the WRITE and the connection
