@@ -298,6 +298,14 @@ pub enum ClusterError {
         /// Backends started.
         want_backends: u32,
     },
+    /// Registered backends' GPUs did not all pass the join gate in time.
+    #[error("{online} of {want} GPUs in matchmaking (-1: not reported)")]
+    GpusOnline {
+        /// GPUs the scheduler reports in matchmaking.
+        online: f64,
+        /// GPUs the backends brought.
+        want: u32,
+    },
     /// Daemons that did not stop cleanly.
     #[error("{}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Unclean {
@@ -653,10 +661,14 @@ impl LocalCluster {
             cluster.frontends.push(d);
         }
         cluster.wait_registered(spec.frontends, spec.backends, deadline)?;
+        cluster.wait_gpus_online(spec.backends * spec.gpus_per_backend, deadline)?;
         Ok(cluster)
     }
 
     /// Waits until the scheduler reports `f` frontends and `b` backends.
+    /// Registered is not yet serving: a backend's GPUs join matchmaking
+    /// only once its data links are up (the join gate), so a caller about
+    /// to send load waits with [`Self::wait_gpus_online`] too.
     pub fn wait_registered(&self, f: u32, b: u32, deadline: Instant) -> Result<(), ClusterError> {
         loop {
             let m = self.leader().metrics()?;
@@ -669,6 +681,21 @@ impl LocalCluster {
             }
             if Instant::now() >= deadline {
                 return Err(ClusterError::Registration { frontends: got.0, want_frontends: f, backends: got.1, want_backends: b });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until the leader has `gpus` GPUs in matchmaking (past the
+    /// join gate), so requests sent now find a GPU to plan on.
+    pub fn wait_gpus_online(&self, gpus: u32, deadline: Instant) -> Result<(), ClusterError> {
+        loop {
+            let online = metric(&self.leader().metrics()?, "symphony_gpus_online").unwrap_or(-1.0);
+            if online >= f64::from(gpus) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(ClusterError::GpusOnline { online, want: gpus });
             }
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -81,6 +81,8 @@ fn frontends_and_backends_outlive_a_killed_scheduler_and_serve_again_through_its
         assert!(Instant::now() < deadline, "the peers never registered again");
         std::thread::sleep(StdDuration::from_millis(20));
     }
+    // Registered is not serving: the GPUs join matchmaking past the join gate.
+    c.wait_gpus_online(spec.backends * spec.gpus_per_backend, deadline).expect("the GPUs came back online");
     let after = load(&c, 200.0, 1.0, 3);
     assert!((after.ok + after.late) as f64 >= 0.5 * after.sent as f64, "{after}");
     assert!(after.balanced(), "{after}");
