@@ -163,7 +163,9 @@ pub fn with_domain_opts<W: WithDomain>(
             if let Some(t) = opts.tcp_read_timeout {
                 cfg.read_timeout = t;
             }
-            let d = TcpDomain::new(cfg).map_err(unavailable(kind, " (try --transport tcp-blocking)"))?;
+            // The process's link TLS (--link-tls-*), if its command line gave one.
+            let tls = crate::transport::tcp::selected_link_tls();
+            let d = TcpDomain::with_tls(cfg, tls).map_err(unavailable(kind, " (try --transport tcp-blocking)"))?;
             Ok(task.run(d))
         }
         TransportKind::Rdma => rdma(task),

@@ -3,7 +3,7 @@
 //! - [`CommonArgs`]: the options every daemon shares, under one name each
 //!   (`--config`, `--transport`, `--idle`, `--metrics`, `--join-token-file`,
 //!   `--heartbeat-ms`, `--dead-after-ms`, `--control-delay-us`,
-//!   `--exit-with-parent`, `--log-format`, `--log-level`). A role's
+//!   `--exit-with-parent`, `--log-format`, `--log-level`, `--link-tls-*`). A role's
 //!   command line is its own options plus `#[command(flatten)] CommonArgs`.
 //! - [`load`]: one config loader for any such command line: flags over
 //!   the environment (`SYMPHONY_<OPTION>`) over the `--config` TOML file
@@ -27,6 +27,7 @@
 
 mod accept;
 mod endpoint;
+mod link_tls;
 mod load;
 pub mod logging;
 pub mod metrics;
@@ -42,6 +43,7 @@ use dataplane::join::{JoinError, JoinToken};
 use dataplane::time::Duration;
 
 pub use accept::Acceptor;
+pub use link_tls::LinkTlsArgs;
 pub use endpoint::{MetricsEndpoint, METRICS_MAX_CLIENTS, METRICS_REQUEST_DEADLINE};
 pub use load::{env_var_name, load, load_from, Origin};
 pub use logging::{LogArgs, LogFormat};
@@ -160,6 +162,9 @@ pub struct CommonArgs {
     pub rdma: RdmaArgs,
     #[command(flatten)]
     #[allow(missing_docs)]
+    pub link_tls: LinkTlsArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
     pub log: LogArgs,
 }
 
@@ -218,9 +223,10 @@ impl RdmaArgs {
 
 impl CommonArgs {
     /// Checks what one value alone cannot say and reads the join token;
-    /// also makes the RDMA flags the process's selection.
+    /// also makes the RDMA and link TLS flags the process's selection.
     pub fn resolve(&self) -> Result<Common, ConfigError> {
         self.rdma.select();
+        self.link_tls.select(self.transport)?;
         let (hb, dead) = (self.heartbeat_ms, self.dead_after_ms);
         if hb == 0 || dead <= hb {
             return Err(ConfigError::invalid(

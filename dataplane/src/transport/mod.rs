@@ -589,6 +589,12 @@ pub trait Connection: Send {
     fn accepted_bytes(&self) -> Option<u64> {
         self.send_progress().map(|p| p.accepted)
     }
+
+    /// Ends the link now (the peer sees it close) while the connection
+    /// itself stays in place until its owner drops it: a refused
+    /// registration's link, kept until the next attempt replaces it.
+    /// Default: nothing (the link closes when dropped).
+    fn close(&mut self) {}
 }
 
 /// See [`Connection::send_progress`]: both counts run from the

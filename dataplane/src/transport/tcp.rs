@@ -27,6 +27,8 @@ use crate::capability::{ReadGrant, ReadVerifier};
 use crate::mem::{Access, KeyTable, Region};
 use crate::time::Duration;
 
+pub use super::stream::tls::{links_closed_on_tls_failure, read_pem_file, select_link_tls, selected_link_tls, LinkTls, LinkTlsError, LinkTlsPem, MAX_PEM_FILE};
+
 /// How bytes move.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Engine {
@@ -69,6 +71,8 @@ impl TcpConfig {
 struct Inner {
     cfg: TcpConfig,
     registry: Arc<Registry>,
+    /// TLS under every link's framing (issue 55); None: plaintext.
+    tls: Option<LinkTls>,
 }
 
 impl Drop for Inner {
@@ -95,12 +99,17 @@ impl TcpDomain {
     /// A domain; with [`Engine::Uring`] this probes io_uring first and
     /// returns [`Error::Unsupported`] when it is not usable here.
     pub fn new(cfg: TcpConfig) -> Result<Self, Error> {
+        Self::with_tls(cfg, None)
+    }
+    /// [`new`](Self::new), with every link (accepted and connected) under
+    /// TLS when `tls` is given (see `stream::tls`).
+    pub fn with_tls(cfg: TcpConfig, tls: Option<LinkTls>) -> Result<Self, Error> {
         if cfg.engine == Engine::Uring {
             probe_uring()?;
         }
         let registry = Arc::new(Registry::new(KeyTable::new_local(cfg.key_capacity)));
         Ok(TcpDomain {
-            inner: Arc::new(Inner { cfg, registry }),
+            inner: Arc::new(Inner { cfg, registry, tls }),
         })
     }
     /// io_uring engine, default tunables.
@@ -117,22 +126,32 @@ impl TcpDomain {
     }
 
     /// `accepted`: the peer dialled us, so its READs wait for
-    /// [`Connection::allow_remote_reads`].
-    fn wrap(&self, sock: TcpStream, accepted: bool) -> Result<TcpConn, Error> {
+    /// [`Connection::allow_remote_reads`]; else we dialled `addr`, and a
+    /// TLS client's handshake ends by `deadline`.
+    fn wrap(&self, sock: TcpStream, accepted: bool, addr: &str, deadline: std::time::Instant) -> Result<TcpConn, Error> {
         sock.set_nodelay(true)?;
         // An IPv4 peer on a dual-stack socket reads as itself, so one
         // source is one address whichever way it connected.
         let peer = sock.peer_addr().ok().map(|a| a.ip().to_canonical());
         let cfg = &self.inner.cfg;
-        if cfg.engine == Engine::Blocking {
+        if cfg.engine == Engine::Blocking || self.inner.tls.is_some() {
             // Bound a blocked send (peer not reading) like a READ.
             let t = std::time::Duration::from_nanos(cfg.read_timeout.as_nanos().max(1));
             sock.set_write_timeout(Some(t))?;
         }
         let fd = OwnedFd::from(sock);
-        let io = match cfg.engine {
-            Engine::Uring => ByteIo::uring(std::os::fd::AsRawFd::as_raw_fd(&fd))?,
-            Engine::Blocking => ByteIo::std(std::os::fd::AsRawFd::as_raw_fd(&fd)),
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+        let io = match (&self.inner.tls, cfg.engine) {
+            (Some(tls), _) if accepted => ByteIo::tls(raw, tls.accept()?),
+            (Some(tls), _) => {
+                let mut io = ByteIo::tls(raw, tls.connect(addr)?);
+                if let ByteIo::Tls(t) = &mut io {
+                    t.handshake(deadline)?;
+                }
+                io
+            }
+            (None, Engine::Uring) => ByteIo::uring(raw)?,
+            (None, Engine::Blocking) => ByteIo::std(raw),
         };
         let scfg = StreamConfig {
             max_outstanding: cfg.max_outstanding_reads.max(1),
@@ -187,7 +206,7 @@ impl Domain for TcpDomain {
                 break;
             }
             match TcpStream::connect_timeout(&a, left) {
-                Ok(s) => return self.wrap(s, false),
+                Ok(s) => return self.wrap(s, false, addr, deadline),
                 Err(e) => last = e.into(),
             }
         }
@@ -228,7 +247,7 @@ impl Listener for TcpListener {
             match self.listener.accept() {
                 Ok((s, _)) => {
                     s.set_nonblocking(false)?;
-                    return self.domain.wrap(s, true);
+                    return self.domain.wrap(s, true, "", deadline);
                 }
                 Err(e)
                     if matches!(

@@ -201,11 +201,21 @@ fn connect<F: TransportFactory>(
     let mut listener = server.listen(&f.listen_addr()).expect("listen");
     let addr = listener.local_addr();
     let t = f.timeout();
+    // The accepting side is polled, as a daemon polls its links, until
+    // the connect returns: a TLS client's connect handshakes with it.
+    let connected = AtomicBool::new(false);
     std::thread::scope(|s| {
-        let acc = s.spawn(move || listener.accept(t));
-        let c = client
-            .connect(&addr, t)
-            .unwrap_or_else(|e| panic!("{}: connect {addr}: {e}", f.name()));
+        let acc = s.spawn(|| {
+            let mut a = listener.accept(t)?;
+            while !connected.load(Ordering::Acquire) {
+                let _ = a.progress();
+                std::thread::yield_now();
+            }
+            Ok::<_, Error>(a)
+        });
+        let c = client.connect(&addr, t);
+        connected.store(true, Ordering::Release);
+        let c = c.unwrap_or_else(|e| panic!("{}: connect {addr}: {e}", f.name()));
         let mut a = acc
             .join()
             .expect("accept thread")

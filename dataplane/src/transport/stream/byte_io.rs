@@ -9,6 +9,7 @@ use std::os::fd::RawFd;
 
 use super::super::shm_ring::{RingConsumer, RingProducer};
 use super::super::Error;
+use super::tls::TlsIo;
 
 /// Where the bytes of a finished receive landed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +30,9 @@ pub(crate) enum ByteIo {
     /// no system call while the peer is awake; the socket carries wake-up
     /// bytes and the peer's end of stream only.
     Ring(Box<RingIo>),
+    /// TLS over plain syscalls (`tls`): the stream's bytes are encrypted
+    /// and decrypted here, under the framing.
+    Tls(Box<TlsIo>),
 }
 
 /// Consecutive empty receives (see [`ByteIo::note_empty`]) after which
@@ -149,6 +153,33 @@ impl ByteIo {
         }))
     }
 
+    /// The TLS mover over `fd` (a blocking socket with a send timeout).
+    pub(crate) fn tls(fd: RawFd, conn: rustls::Connection) -> Self {
+        ByteIo::Tls(Box::new(TlsIo::new(fd, conn)))
+    }
+
+    /// A send the std, ring or TLS mover finished inside `start_send`
+    /// (io_uring reports its sends at a later poll).
+    pub(super) fn take_sent(&mut self) -> Option<io::Result<usize>> {
+        match self {
+            ByteIo::Std(s) => s.sent.take(),
+            ByteIo::Ring(r) => r.sent.take(),
+            ByteIo::Tls(t) => t.sent.take(),
+            ByteIo::Uring(_) => None,
+        }
+    }
+
+    /// The fd that polls readable when this mover has something to report.
+    pub(super) fn wait_fd(&self) -> RawFd {
+        use std::os::fd::AsRawFd;
+        match self {
+            ByteIo::Std(s) => s.fd,
+            ByteIo::Ring(r) => r.fd,
+            ByteIo::Tls(t) => t.fd,
+            ByteIo::Uring(u) => u.ring.as_raw_fd(),
+        }
+    }
+
     pub(crate) fn uring(fd: RawFd) -> Result<Self, Error> {
         // COOP_TASKRUN + TASKRUN_FLAG: the kernel does not interrupt the
         // busy-polling thread to post completions; it raises a flag in the
@@ -180,6 +211,10 @@ impl ByteIo {
             }
             ByteIo::Ring(r) => {
                 r.recv = Some((ptr, len));
+                Ok(())
+            }
+            ByteIo::Tls(t) => {
+                t.start_recv(ptr, len);
                 Ok(())
             }
             ByteIo::Uring(u) => {
@@ -237,6 +272,10 @@ impl ByteIo {
                     }
                     Err(_) => Err(io::Error::new(io::ErrorKind::InvalidData, "shm ring corrupted")),
                 });
+                Ok(())
+            }
+            ByteIo::Tls(t) => {
+                t.start_send(iov, n);
                 Ok(())
             }
             ByteIo::Uring(u) => {
@@ -300,6 +339,7 @@ impl ByteIo {
                 }
                 *send = r.sent.take();
             }
+            ByteIo::Tls(t) => t.poll(recv, send),
             ByteIo::Uring(u) => {
                 if (u.recv_busy || u.send_busy)
                     && u.ring.completion().is_empty()
@@ -402,6 +442,7 @@ impl ByteIo {
                     r.read_socket();
                 }
             }
+            ByteIo::Tls(t) => t.wait(timeout),
             ByteIo::Uring(u) => {
                 if !(u.recv_busy || u.send_busy) || !u.ring.completion().is_empty() {
                     return;
@@ -433,6 +474,10 @@ impl ByteIo {
                 unsafe { libc::shutdown(r.fd, libc::SHUT_RDWR) };
                 r.recv = None;
                 r.sent = None;
+                true
+            }
+            ByteIo::Tls(t) => {
+                t.quiesce();
                 true
             }
             ByteIo::Uring(u) => {
@@ -497,6 +542,7 @@ impl ByteIo {
     pub(super) fn ring_has_input(&self) -> bool {
         match self {
             ByteIo::Ring(r) => r.eof || r.rx.has_input(),
+            ByteIo::Tls(t) => t.has_input(),
             _ => false,
         }
     }

@@ -57,6 +57,7 @@ const READ_REQUEST_LEN: usize = HEADER_LEN + std::mem::size_of::<ReadRequest>();
 const READ_RESPONSE_LEN: usize = HEADER_LEN + std::mem::size_of::<ReadResponse>();
 
 mod byte_io;
+pub(crate) mod tls;
 
 pub(crate) use byte_io::{probe_uring, ByteIo};
 
@@ -88,6 +89,9 @@ macro_rules! messages_through_stream {
         }
         fn try_recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, $crate::transport::Error> {
             self.stream.try_recv(buf)
+        }
+        fn close(&mut self) {
+            self.stream.close()
         }
     };
 }
@@ -302,7 +306,7 @@ impl Stream {
 
     pub(crate) fn send(&mut self, msg: &[u8]) -> Result<(), Error> {
         let idle = self.segs.is_empty() && !self.send_busy && self.tx_room(msg.len(), 1);
-        if idle && matches!(self.io, ByteIo::Std(_) | ByteIo::Ring(_)) {
+        if idle && !matches!(self.io, ByteIo::Uring(_)) {
             return self.send_direct(msg);
         }
         self.send_batched(msg)?;
@@ -321,11 +325,7 @@ impl Stream {
             self.fail(Error::from(e).kind());
             return Err(self.dead_error().unwrap_or(Error::QueueFull));
         }
-        let sent = match &mut self.io {
-            ByteIo::Std(s) => s.sent.take(),
-            ByteIo::Ring(r) => r.sent.take(),
-            ByteIo::Uring(_) => None,
-        };
+        let sent = self.io.take_sent();
         let n = match sent {
             Some(Ok(n)) => n.min(msg.len()),
             Some(Err(e)) if retryable(&e) => 0,
@@ -633,12 +633,7 @@ impl Stream {
     /// the ring for io_uring (its completion queue: the ring consumes the
     /// socket's bytes itself, so the socket's readiness would race it).
     pub(crate) fn wait_fd(&self) -> RawFd {
-        use std::os::fd::AsRawFd;
-        match &self.io {
-            ByteIo::Std(s) => s.fd,
-            ByteIo::Ring(r) => r.fd,
-            ByteIo::Uring(u) => u.ring.as_raw_fd(),
-        }
+        self.io.wait_fd()
     }
 
     /// Blocks up to `timeout` until the kernel reports something for this
@@ -677,7 +672,7 @@ impl Stream {
             timeout
         };
         self.io.wait(timeout);
-        if std_engine || ring_engine {
+        if !matches!(self.io, ByteIo::Uring(_)) {
             // Take in what the receive got now: parse it, answer READ
             // requests, and leave messages in the inbox for `try_recv`.
             self.pump();
@@ -997,11 +992,7 @@ impl Stream {
         // The std and ring engines finished inside start_send: account for
         // it now so that sends never wait for a later poll. A full ring
         // took nothing: the bytes stay queued for a later flush.
-        let sent = match &mut self.io {
-            ByteIo::Std(s) => s.sent.take(),
-            ByteIo::Ring(r) => r.sent.take(),
-            ByteIo::Uring(_) => None,
-        };
+        let sent = self.io.take_sent();
         if let Some(r) = sent {
             self.send_busy = false;
             match r {
