@@ -86,7 +86,7 @@ fn msg() -> impl Strategy<Value = Msg> {
         });
     let completion = (
         any::<u64>(),
-        0u32..3,
+        0u32..4,
         0u32..3,
         rref(),
         prop::collection::vec(any::<u8>(), 0..2048),

@@ -253,6 +253,10 @@ pub async fn run_infer<S: InferenceService>(
             ErrorKind::Internal,
             "backend could not fetch the input".into(),
         ),
+        InferResult::Failed(TaskStatus::Abandoned) => (
+            ErrorKind::Unavailable,
+            "the scheduler gave the request's batch up (its backend did not report in time or left); a retry may succeed".into(),
+        ),
         InferResult::Failed(_) => (
             ErrorKind::Internal,
             "model execution failed on its backend (a model that failed to load there fails every request; the backend log says why)".into(),

@@ -10,7 +10,7 @@
 //! from `dataplane::wire::CompletionHead`), and an execution is counted
 //! once, from the completion of its leader (position 0).
 
-use crate::models::{ModelCatalog, ModelEntry};
+use crate::models::{ModelCatalog, ModelEntry, Resend};
 use crate::staging::{CounterSnapshot, Staging};
 pub use crate::types::Execution;
 use node_shell::metrics::{self, Computed, Counter, Histogram, Label, MetricsRegistry, PlainCounter};
@@ -143,6 +143,8 @@ struct ModelSeries {
     compute_infer_us: PlainCounter,
     compute_output_us: PlainCounter,
     dropped: Vec<Counter>,
+    /// Tries sent again for a late answer, per [`Resend`] cause.
+    resends: Vec<Counter>,
     batch_size: Histogram,
     /// Per [`Stage`], µs, of executed requests.
     stages: Vec<Histogram>,
@@ -214,6 +216,21 @@ fn level_labels(entries: &[ModelEntry], second: &'static str, values: Vec<String
         .collect()
 }
 
+/// `symphony_late_resends`: per model, one counter per [`Resend`] cause.
+fn resend_counters(r: &Arc<MetricsRegistry>, entries: &[ModelEntry]) -> Vec<Counter> {
+    let labels = entries
+        .iter()
+        .flat_map(|e| Resend::ALL.map(|c| vec![("model", e.spec.name.clone()), ("cause", c.as_str().to_string())]))
+        .collect();
+    metrics::labelled_by(
+        r,
+        "symphony_late_resends",
+        "Tries of requests to models serving late answers sent again, by the cause that ended the try before (deadline: dropped for it; abandoned: its batch given up by the scheduler; input_unavailable: its input not fetched)",
+        labels,
+        Counter::default,
+    )
+}
+
 impl Metrics {
     /// Metrics for every model of `catalog`, in a registry of their own.
     pub fn new(catalog: &ModelCatalog) -> Self {
@@ -254,6 +271,7 @@ impl Metrics {
             .flat_map(|e| DropReason::ALL.map(|d| vec![("model", e.spec.name.clone()), ("reason", d.as_str().to_string())]))
             .collect();
         let mut dropped = metrics::labelled_by(&r, "symphony_dropped", "Requests dropped by the cluster, by reason", drop_labels, Counter::default).into_iter();
+        let mut resends = resend_counters(&r, entries).into_iter();
         let mut batch_size = metrics::labelled(
             &r,
             "symphony_batch_size",
@@ -314,6 +332,7 @@ impl Metrics {
                     compute_infer_us: compute_infer_us.next()?,
                     compute_output_us: compute_output_us.next()?,
                     dropped: dropped.by_ref().take(DropReason::COUNT).collect(),
+                    resends: resends.by_ref().take(Resend::ALL.len()).collect(),
                     batch_size: batch_size.next()?,
                     stages: stages.by_ref().take(Stage::ALL.len()).collect(),
                     executed_us: executed_us.next()?,
@@ -400,6 +419,12 @@ impl Metrics {
     pub fn record_drop(&self, id: u32, reason: DropReason) {
         if let Some(m) = self.model(id).and_then(|m| m.dropped.get(reason.index())) {
             m.inc();
+        }
+    }
+    /// A try of a request of model `id` ended for `cause` and is sent again.
+    pub fn record_resend(&self, id: u32, cause: Resend) {
+        if let Some(c) = self.model(id).and_then(|m| m.resends.get(cause as usize)) {
+            c.inc();
         }
     }
     /// A request of model `id` that took `request_ns` end to end was part

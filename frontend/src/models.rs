@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 /// What the frontend does with a request the cluster drops because it
-/// cannot finish by its deadline (`deadline_unmeetable`, `early_drop`).
+/// cannot finish by its deadline (`deadline_unmeetable`, `early_drop`) or
+/// fails for a cause of its own (see [`Resend`]).
 /// Per model: `parameters { key: "late_answers" value { string_value:
 /// "serve" | "refuse" } }` in its config.pbtxt, and for `serve` the bound
 /// `late_answers_max_ms`.
@@ -29,6 +30,37 @@ pub enum LateAnswers {
         /// The longest a request is kept, from its arrival.
         max_wait: Duration,
     },
+}
+
+/// Why a request of a model that serves late answers is sent again: the
+/// ends of a try that are the cluster's doing, not the request's, so a
+/// later try can change them. Other ends are answered as they are: the
+/// model failing on its backend (`ExecFailed`: a model that failed to
+/// load fails every try, and a resend would multiply its load), the
+/// admission bound (`overloaded`: a resend would defeat it), the client's
+/// own timeout or cancel, a shutdown, an unknown model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resend {
+    /// Dropped for its deadline (`deadline_unmeetable`, `early_drop`).
+    Deadline,
+    /// Its batch was given up by the scheduler (overdue past the grace
+    /// after a host stall, or its backend left).
+    Abandoned,
+    /// Its backend could not fetch its input (a data link not up yet).
+    InputUnavailable,
+}
+
+impl Resend {
+    /// Every cause, in counter order.
+    pub const ALL: [Resend; 3] = [Resend::Deadline, Resend::Abandoned, Resend::InputUnavailable];
+    /// Its `cause` label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Resend::Deadline => "deadline",
+            Resend::Abandoned => "abandoned",
+            Resend::InputUnavailable => "input_unavailable",
+        }
+    }
 }
 
 /// Parameter choosing [`LateAnswers`].

@@ -5,7 +5,7 @@
 //! transport to the scheduler, or the in-process cluster in tests).
 
 use crate::metrics::{Execution, LevelOutcome, Metrics, Stage};
-use crate::models::{LateAnswers, ModelCatalog, ModelEntry, ModelStates};
+use crate::models::{LateAnswers, ModelCatalog, ModelEntry, ModelStates, Resend};
 use crate::staging::{CounterSnapshot, Outcome, RequestOptions, StageError, Staging, Ticket};
 use dataplane::time::Duration;
 use dataplane::wire::{self, DropReason, TaskStatus};
@@ -224,11 +224,13 @@ const LATE_TRIES_CAP: u32 = 64;
 /// ([`LateAnswers::Serve`]) and a request whose client set no timeout of
 /// its own, the wait for an outcome lasts until the model's bound from
 /// `arrived` (a batch that runs late on a busy host is still answered),
-/// and each drop for the deadline (`deadline_unmeetable`, `early_drop`)
-/// submits it again with a fresh SLO, behind the requests that can still
-/// meet theirs (their deadlines are earlier), as long as another SLO keeps
-/// it within the bound and within `bound / SLO + 1` tries
-/// ([`LATE_TRIES_CAP`] at most). The scheduler sees each try as a new
+/// and each try that ended for a [`Resend`] cause ([`resend_cause`]: a
+/// drop for the deadline, a batch the scheduler gave up, an input not
+/// fetched) submits it again with a fresh SLO, behind the requests that
+/// can still meet theirs (their deadlines are earlier), as long as
+/// another SLO keeps it within the bound and within `bound / SLO + 1`
+/// tries ([`LATE_TRIES_CAP`] at most); each resend is counted
+/// (`symphony_late_resends`). The scheduler sees each try as a new
 /// request: its policy for the others is unchanged.
 async fn wait_serving_late<S: InferenceService>(
     service: &S,
@@ -249,16 +251,28 @@ async fn wait_serving_late<S: InferenceService>(
     let tries = (max_wait.as_nanos() / slo_std.as_nanos().max(1)).min(u128::from(LATE_TRIES_CAP - 1)) as u32 + 1;
     let mut outcome = wait_outcome(service, request, patience()).await;
     for _ in 1..tries {
-        let deadline_drop = matches!(
-            outcome.0,
-            InferResult::Dropped(DropReason::DeadlineUnmeetable | DropReason::EarlyDrop)
-        );
-        if !deadline_drop || arrived.elapsed() + slo_std > max_wait {
+        let Some(cause) = resend_cause(&outcome.0) else { break };
+        if arrived.elapsed() + slo_std > max_wait {
             break;
         }
+        service.metrics().record_resend(request.model_id, cause);
         outcome = wait_outcome(service, Submission { budget: slo, ..request }, patience()).await;
     }
     outcome
+}
+
+/// The one rule of which tries a late-serving model sends again: the
+/// [`Resend`] cause of a try that ended in `result`, or `None` if it is
+/// answered as it ended.
+pub fn resend_cause(result: &InferResult) -> Option<Resend> {
+    match result {
+        InferResult::Dropped(DropReason::DeadlineUnmeetable | DropReason::EarlyDrop) => Some(Resend::Deadline),
+        InferResult::Failed(TaskStatus::Abandoned) => Some(Resend::Abandoned),
+        InferResult::Failed(TaskStatus::InputUnavailable) | InferResult::Dropped(DropReason::InputUnavailable) => {
+            Some(Resend::InputUnavailable)
+        }
+        _ => None,
+    }
 }
 
 /// Submits one try and waits for its outcome until `budget` plus the

@@ -18,6 +18,10 @@ pub enum TaskStatus {
     InputUnavailable = 1,
     /// Execution failed.
     ExecFailed = 2,
+    /// The scheduler gave its batch up (no `BatchDone` within the grace
+    /// after its planned finish, or its backend left): the cluster's
+    /// failure, not the task's, so another try may succeed.
+    Abandoned = 3,
 }
 
 impl TaskStatus {
@@ -27,6 +31,7 @@ impl TaskStatus {
             0 => TaskStatus::Ok,
             1 => TaskStatus::InputUnavailable,
             2 => TaskStatus::ExecFailed,
+            3 => TaskStatus::Abandoned,
             _ => return None,
         })
     }

@@ -30,7 +30,10 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SYMP");
 /// task it serves and that capability (the TCP responder checks it); a
 /// [`Join`] carries the peer's fresh nonce and a [`Welcome`] the
 /// scheduler's MAC over it (mutual authentication, `join::PeerProof`).
-pub const VERSION: u16 = 9;
+/// Version 10: a [`CompletionHead`] may carry [`TaskStatus::Abandoned`]
+/// (code 3), the scheduler's answer for a batch it gave up (a version-9
+/// frontend refuses the code).
+pub const VERSION: u16 = 10;
 /// Oldest peer version a scheduler of this version accepts. Upgrades are
 /// stop-the-world (`docs/operations.md`): only its own version.
 pub const OLDEST_PEER_VERSION: u16 = VERSION;

@@ -1432,7 +1432,7 @@ mod tests {
         assert!(ev.contains(&SchedulerEvent::PeerSilent(PeerId::Backend(7))), "{ev:?}");
         assert!(ev.contains(&SchedulerEvent::PeerLost(PeerId::Backend(7))), "{ev:?}");
         assert!(end >= t0 + cfg.dead_after);
-        let failed: Vec<String> = fe.received().into_iter().filter(|m| m.contains("status: 2")).collect();
+        let failed: Vec<String> = fe.received().into_iter().filter(|m| m.contains("status: 3")).collect();
         assert_eq!(failed.len(), 1, "{failed:?}");
         assert!(be.disconnected());
         assert_eq!(n.node.plane().batches_in_flight(), 0);
@@ -1457,7 +1457,7 @@ mod tests {
         let ev = n.events();
         assert_eq!(ev, vec![SchedulerEvent::BatchesExpired { count: 1 }]);
         assert_eq!(n.node.plane().batches_in_flight(), 0);
-        assert_eq!(fe.received().iter().filter(|m| m.contains("status: 2")).count(), 1);
+        assert_eq!(fe.received().iter().filter(|m| m.contains("status: 3")).count(), 1);
         // A late report is only a protocol error.
         be.send(&BatchDone { batch_id: 1, gpu_id: 0, count: 1, ..BatchDone::default() }).unwrap();
         n.settle(t0 + Duration::from_millis(500));

@@ -61,7 +61,8 @@ impl Dispatch {
     }
 
     /// A task of a batch that will not finish goes back to its frontend
-    /// as failed (`live`: the frontend is registered).
+    /// as abandoned (`live`: the frontend is registered): the batch, not
+    /// the task, failed, so a frontend may try the task again.
     pub(super) fn fail_back(&mut self, task: u64, frontend: u32, live: bool) {
         self.metrics.failed_back.inc();
         if !live {
@@ -70,7 +71,7 @@ impl Dispatch {
         }
         let head = CompletionHead {
             task_id: task,
-            status: TaskStatus::ExecFailed as u32,
+            status: TaskStatus::Abandoned as u32,
             output_kind: OutputKind::None as u32,
             ..CompletionHead::default()
         };

@@ -130,7 +130,7 @@ fn tasks_become_plans_on_the_owning_backend_and_a_dead_backend_fails_its_batches
     let msgs = drain(&mut p);
     let failed: Vec<&String> = msgs
         .iter()
-        .filter(|(to, m)| *to == PeerId::Frontend(1) && m.contains("status: 2"))
+        .filter(|(to, m)| *to == PeerId::Frontend(1) && m.contains("status: 3"))
         .map(|(_, m)| m)
         .collect();
     assert_eq!(failed.len(), 4, "{msgs:?}");
