@@ -355,7 +355,7 @@ enum Cmd {
         /// fig13: the ModelThread counts, N,N,... (default 1 up to the machine's cores, at least 2).
         #[arg(long = "model-thread-counts", value_delimiter = ',')]
         model_threads: Vec<usize>,
-        /// grid: the seeds each goodput is the median over (default 1,2,3,4,5; --quick or --sample: 1).
+        /// grid: the seeds each goodput is the median over (default 1,2,3,4,5; --quick or --sample: 1). fig15: the day's seed (its shares, arrivals and goodput search; default 1).
         #[arg(long, value_delimiter = ',')]
         seeds: Vec<u64>,
         /// grid, ablation: compare on this many workloads drawn at random from a stated space instead of the fixed grid (ablation: besides it; default 8 with --quick, else 40).
@@ -554,7 +554,7 @@ fn run(cmd: Cmd) -> Result<(), CommandError> {
         Cmd::Report { name, quick, json, sample, sample_seed, .. } if name == "ablation" => {
             Ok(report_ablation::run(quick, json, sample.map(|size| report_grid::Sample { size, seed: sample_seed }))?)
         }
-        Cmd::Report { name, quick, plot, json, policies, .. } if name == "fig15" => Ok(report_fig15::run(quick, plot.as_deref(), json, &policies)?),
+        Cmd::Report { name, quick, plot, json, policies, seeds, .. } if name == "fig15" => Ok(report_fig15::run(quick, plot.as_deref(), json, &policies, seeds.first().copied())?),
         Cmd::Report { name, quick, plot, json, model_threads, .. } if name == "fig13" => Ok(reports::fig13(quick, json, &model_threads, plot.as_deref())?),
         Cmd::Report { name, quick, plot, model_threads, .. } => Ok(reports::run(&name, quick, plot.as_deref(), &model_threads)?),
         Cmd::Chaos { seed, faults, duration_s, frontends, backends, rate, seeds, threads, mutation, json, priority_mix, cancel_share, max_queue, trace_task } => {

@@ -17,6 +17,15 @@
 //!   more GPUs while a GPU would idle), so the GPUs added to restore idle
 //!   time are soon busy too: on `report fig15 --quick` it doubled the
 //!   GPUs in use at the same load;
+//! - a **demand** signal where the scheduler has one ([`demand_gpus`]: each
+//!   model's observed arrival rate at the largest batch its SLO lets it
+//!   gather, over its profile): the target is then the demand with the
+//!   headroom kept idle, and the idle fraction no longer sets it. Deferred
+//!   hides falling load from the idle fraction (batches shrink on the GPUs
+//!   it holds instead of GPUs idling: on Figure 15 it showed no slack
+//!   until hour 18), while the demand tracks the fewest GPUs a static
+//!   cluster needs for the load within a few percent (`report fig15`'s
+//!   measured need). Requests lost still add the paper's `N·r/(1−r)`;
 //! - a **stabilisation window** for scale-in: the target is the largest
 //!   (most conservative) one recommended over the window, so one quiet
 //!   interval in a busy period removes nothing (as Kubernetes' HPA
@@ -57,6 +66,7 @@
 
 use crate::sim::AutoscaleAdvice;
 use crate::types::GpuId;
+use crate::zoo::ModelSpec;
 use dataplane::time::{Duration, Instant};
 use std::collections::VecDeque;
 
@@ -178,6 +188,36 @@ pub struct Signals {
     pub bad_rate: f64,
     /// Idle fraction of the serving GPUs over the interval.
     pub idle_fraction: f64,
+    /// The GPUs the interval's arrivals need at full batches
+    /// ([`demand_gpus`]), where the scheduler knows its models' rates and
+    /// profiles. When given, it sets the target instead of the idle
+    /// fraction (which deferred hides by spreading smaller batches over
+    /// the GPUs it holds), and the paper's `N·r/(1−r)` still adds on top
+    /// when requests are lost.
+    pub demand_gpus: Option<f64>,
+}
+
+/// The GPUs that arrivals at `rates_rps` (per model, as `models`) keep
+/// busy when every batch is as large as the SLO lets it be: for model `m`
+/// at rate `λ`, the largest batch `b` whose execution plus the time to
+/// gather it (`l(b) + b/λ`) fits the SLO, and `λ·l(b)/b` GPUs (a model's
+/// GPU time is shared with the others, so the sum is not rounded per
+/// model). What the scheduler itself knows at run time: its observed
+/// arrival rates and its profiles; a model whose single request does not
+/// fit its SLO counts at batch 1. Rates that are not finite and positive
+/// count as 0.
+pub fn demand_gpus(models: &[ModelSpec], rates_rps: &[f64]) -> f64 {
+    models
+        .iter()
+        .zip(rates_rps)
+        .filter(|&(_, &rate)| rate.is_finite() && rate > 0.0)
+        .map(|(m, &rate)| {
+            // Past a nanosecond per request the gathering time is nil.
+            let per_item = Duration::from_nanos((1e9 / rate).min(1e15) as u64);
+            let b = m.profile.max_batch_within(m.slo, per_item, m.profile.max_batch()).max(1);
+            rate * m.profile.latency(b).as_secs_f64() / f64::from(b)
+        })
+        .sum()
 }
 
 /// What the autoscaler decided at one interval.
@@ -232,28 +272,51 @@ impl Autoscaler {
         &self.cfg
     }
 
+    /// The GPUs the rule recommends for `serving` GPUs on one interval's
+    /// `signals`: the demand with the headroom kept idle when the signals
+    /// carry it, else the paper's rule (plus the headroom and `min_idle`),
+    /// and in both cases `N·r/(1−r)` more when requests were lost.
+    /// Unbounded; [`Autoscaler::target`] bounds it.
+    fn raw_target(&self, signals: Signals, serving: u32, advice: &AutoscaleAdvice) -> u32 {
+        let cfg = &self.cfg;
+        // Rounded up (down for removal) past a float's error, so that
+        // `8·0.2/0.8` adds 2, not 3.
+        let n = f64::from(serving);
+        let lost = if advice.add_gpus > 0.0 { serving.saturating_add((advice.add_gpus - 1e-9).ceil() as u32) } else { 0 };
+        if let Some(demand) = signals.demand_gpus.filter(|d| d.is_finite() && *d >= 0.0) {
+            let target = (demand / (1.0 - cfg.headroom.clamp(0.0, 0.9)) - 1e-9).ceil().min(f64::from(u32::MAX)) as u32;
+            target.max(lost)
+        } else if lost > 0 {
+            lost
+        } else if signals.bad_rate <= cfg.bad_rate_threshold && signals.idle_fraction < cfg.min_idle && serving > 0 {
+            serving.saturating_add((n * (cfg.headroom - signals.idle_fraction) - 1e-9).ceil().max(0.0) as u32)
+        } else {
+            let remove = (advice.remove_gpus - cfg.headroom * n + 1e-9).max(0.0).floor() as u32;
+            serving - remove.min(serving)
+        }
+    }
+
+    /// The cluster the rule recommends on one interval's `signals` with
+    /// `serving` GPUs, within the minimum and maximum: what an external
+    /// scaler (HPA, KEDA) can act on, with its own stabilisation and step
+    /// limits in place of [`Autoscaler::decide`]'s.
+    pub fn target(&self, signals: Signals, serving: u32) -> u32 {
+        let advice = AutoscaleAdvice::new(serving, signals.bad_rate, signals.idle_fraction, self.cfg.bad_rate_threshold);
+        self.raw_target(signals, serving, &advice).clamp(self.cfg.min_gpus, self.cfg.max_gpus)
+    }
+
     /// Decides at `now` on the last interval's `signals` and the provider's
     /// `members`. Pure apart from the window and the cool-down it keeps.
     pub fn decide(&mut self, now: Instant, signals: Signals, members: &[GpuMember]) -> ScaleDecision {
         let serving = members.iter().filter(|m| m.phase == GpuPhase::Serving).count() as u32;
         let joining = members.iter().filter(|m| matches!(m.phase, GpuPhase::Joining { .. })).count() as u32;
         let advice = AutoscaleAdvice::new(serving, signals.bad_rate, signals.idle_fraction, self.cfg.bad_rate_threshold);
-        let mut decision = ScaleDecision { advice: advice.clone(), add: 0, drain: Vec::new(), held_by: None };
+        let raw = self.raw_target(signals, serving, &advice);
+        let mut decision = ScaleDecision { advice, add: 0, drain: Vec::new(), held_by: None };
         let cfg = &self.cfg;
         // The cluster that counts against the bounds: GPUs draining are on
         // their way out and no longer count.
         let current = serving + joining;
-        // Rounded up (down for removal) past a float's error, so that
-        // `8·0.2/0.8` adds 2, not 3.
-        let n = f64::from(serving);
-        let raw = if advice.add_gpus > 0.0 {
-            serving.saturating_add((advice.add_gpus - 1e-9).ceil() as u32)
-        } else if signals.bad_rate <= cfg.bad_rate_threshold && signals.idle_fraction < cfg.min_idle && serving > 0 {
-            serving.saturating_add((n * (cfg.headroom - signals.idle_fraction) - 1e-9).ceil().max(0.0) as u32)
-        } else {
-            let remove = (advice.remove_gpus - cfg.headroom * n + 1e-9).max(0.0).floor() as u32;
-            serving - remove.min(serving)
-        };
         let recommended = raw.clamp(cfg.min_gpus, cfg.max_gpus);
         while self.recommendations.front().is_some_and(|&(t, _)| now.saturating_since(t) >= cfg.stabilisation) {
             self.recommendations.pop_front();
@@ -313,6 +376,97 @@ impl Autoscaler {
     }
 }
 
+/// A scheduler's cumulative counters at one moment: what an interval's
+/// [`Signals`] are the differences of.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Tasks received.
+    pub received: u64,
+    /// Tasks dropped.
+    pub dropped: u64,
+    /// Planned GPU busy time, ns.
+    pub planned_busy_ns: u64,
+    /// GPU time in matchmaking, ns.
+    pub gpu_online_ns: u64,
+    /// Tasks that reached an outcome (dispatched in a batch or dropped),
+    /// per model: their differences are the models' arrival rates.
+    pub per_model: Vec<u64>,
+}
+
+/// One closed interval's reading for an external scaler.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TargetReading {
+    /// The interval's signals.
+    pub signals: Signals,
+    /// Its arrivals' demand, GPUs ([`demand_gpus`]).
+    pub demand_gpus: f64,
+    /// The GPUs [`Autoscaler::target`] recommends after it.
+    pub desired_gpus: u32,
+}
+
+/// [`Autoscaler::target`] on the latest interval of a scheduler's counters,
+/// for an external scaler (HPA, KEDA) that reads it as a gauge: an
+/// interval closes at the first reading at least `min_interval` after the
+/// last one closed, so several scrapers, or one scraping fast, all see the
+/// same interval, and a gauge that counted since start never stands in
+/// for the current load.
+#[derive(Clone, Debug)]
+pub struct IntervalTarget {
+    autoscaler: Autoscaler,
+    models: Vec<ModelSpec>,
+    min_interval: Duration,
+    last: Option<(Instant, Counters)>,
+    latest: Option<TargetReading>,
+    rates: Vec<f64>,
+}
+
+impl IntervalTarget {
+    /// The target of `cfg`'s rule for `models` over intervals of at least
+    /// `min_interval` (at least a millisecond).
+    pub fn new(cfg: AutoscaleConfig, models: Vec<ModelSpec>, min_interval: Duration) -> Self {
+        let rates = vec![0.0; models.len()];
+        IntervalTarget { autoscaler: Autoscaler::new(cfg), models, min_interval: min_interval.max(Duration::from_millis(1)), last: None, latest: None, rates }
+    }
+
+    /// Reads `counters` at `now` with `serving` GPUs in matchmaking;
+    /// returns the latest closed interval's reading (None before the first
+    /// closed). Counters that went backwards (a restart) start the interval
+    /// over.
+    pub fn observe(&mut self, now: Instant, counters: Counters, serving: u32) -> Option<TargetReading> {
+        let Some((since, before)) = &self.last else {
+            self.last = Some((now, counters));
+            return None;
+        };
+        let elapsed = now.saturating_since(*since);
+        if elapsed < self.min_interval {
+            return self.latest;
+        }
+        let d = |a: u64, b: u64| a.checked_sub(b);
+        let whole = d(counters.received, before.received)
+            .zip(d(counters.dropped, before.dropped))
+            .zip(d(counters.planned_busy_ns, before.planned_busy_ns).zip(d(counters.gpu_online_ns, before.gpu_online_ns)));
+        let went_back = counters.per_model.len() != before.per_model.len() || counters.per_model.iter().zip(&before.per_model).any(|(a, b)| a < b);
+        let Some(((received, dropped), (busy, online))) = whole.filter(|_| !went_back) else {
+            self.last = Some((now, counters));
+            return self.latest;
+        };
+        let secs = elapsed.as_secs_f64();
+        for ((rate, a), b) in self.rates.iter_mut().zip(&counters.per_model).zip(&before.per_model) {
+            *rate = (a - b) as f64 / secs;
+        }
+        let demand = demand_gpus(&self.models, &self.rates);
+        let signals = Signals {
+            bad_rate: if received > 0 { (dropped as f64 / received as f64).min(1.0) } else { 0.0 },
+            idle_fraction: if online > 0 { 1.0 - (busy as f64 / online as f64).min(1.0) } else { 1.0 },
+            demand_gpus: Some(demand),
+        };
+        let reading = TargetReading { signals, demand_gpus: demand, desired_gpus: self.autoscaler.target(signals, serving) };
+        self.latest = Some(reading);
+        self.last = Some((now, counters));
+        self.latest
+    }
+}
+
 /// The `n` serving GPUs to drain: the idlest over the last interval, the
 /// highest id first among equals (deferred matchmaking prefers low ids, so
 /// consolidation leaves the high ones idle).
@@ -347,13 +501,13 @@ mod tests {
         }
     }
 
-    const QUIET: Signals = Signals { bad_rate: 0.0, idle_fraction: 0.5 };
+    const QUIET: Signals = Signals { bad_rate: 0.0, idle_fraction: 0.5, demand_gpus: None };
 
     #[test]
     fn the_papers_rule_adds_n_r_over_1_minus_r_and_removes_n_f() {
         let mut a = Autoscaler::new(cfg());
         // r = 0.2 on 8 GPUs: 8 * 0.2 / 0.8 = 2 more.
-        let d = a.decide(at(0), Signals { bad_rate: 0.2, idle_fraction: 0.0 }, &serving(8, 0.0));
+        let d = a.decide(at(0), Signals { bad_rate: 0.2, idle_fraction: 0.0, demand_gpus: None }, &serving(8, 0.0));
         assert_eq!((d.add, d.drain.len()), (2, 0));
         // f = 0.5 on 8 GPUs, no headroom: 4 fewer.
         let d = a.decide(at(1), QUIET, &serving(8, 0.5));
@@ -367,12 +521,12 @@ mod tests {
     fn a_cluster_without_idle_time_grows_to_the_headroom_before_losing_requests() {
         let mut a = Autoscaler::new(AutoscaleConfig { headroom: 0.1, min_idle: 0.05, ..cfg() });
         // 20 GPUs 2% idle, nothing lost: 20 * (0.1 - 0.02) = 1.6, so 2 more.
-        assert_eq!(a.decide(at(0), Signals { bad_rate: 0.0, idle_fraction: 0.02 }, &serving(20, 0.02)).add, 2);
+        assert_eq!(a.decide(at(0), Signals { bad_rate: 0.0, idle_fraction: 0.02, demand_gpus: None }, &serving(20, 0.02)).add, 2);
         // Between min_idle and the headroom nothing changes.
-        let d = a.decide(at(1), Signals { bad_rate: 0.0, idle_fraction: 0.07 }, &serving(22, 0.07));
+        let d = a.decide(at(1), Signals { bad_rate: 0.0, idle_fraction: 0.07, demand_gpus: None }, &serving(22, 0.07));
         assert_eq!((d.add, d.drain.len()), (0, 0));
         // Losing requests: the paper's rule, 20 * 0.5 / 0.5.
-        assert_eq!(a.decide(at(2), Signals { bad_rate: 0.5, idle_fraction: 0.0 }, &serving(20, 0.0)).add, 20);
+        assert_eq!(a.decide(at(2), Signals { bad_rate: 0.5, idle_fraction: 0.0, demand_gpus: None }, &serving(20, 0.0)).add, 20);
     }
 
     #[test]
@@ -380,7 +534,7 @@ mod tests {
         let mut a = Autoscaler::new(AutoscaleConfig { stabilisation: Duration::from_millis(30000), ..cfg() });
         // A busy interval recommends all 8; the quiet ones after it
         // recommend 4, but the window still holds the 8.
-        assert!(a.decide(at(0), Signals { bad_rate: 0.0, idle_fraction: 0.0 }, &serving(8, 0.0)).drain.is_empty());
+        assert!(a.decide(at(0), Signals { bad_rate: 0.0, idle_fraction: 0.0, demand_gpus: None }, &serving(8, 0.0)).drain.is_empty());
         for s in [10, 20, 29] {
             let d = a.decide(at(s), QUIET, &serving(8, 0.5));
             assert!(d.drain.is_empty(), "at {s} s");
@@ -398,7 +552,7 @@ mod tests {
         assert!(d.drain.is_empty());
         assert_eq!(d.held_by, Some(Hold::Cooldown));
         // Losing requests is not held by the cool-down.
-        assert_eq!(a.decide(at(6), Signals { bad_rate: 0.5, idle_fraction: 0.0 }, &serving(8, 0.0)).add, 8);
+        assert_eq!(a.decide(at(6), Signals { bad_rate: 0.5, idle_fraction: 0.0, demand_gpus: None }, &serving(8, 0.0)).add, 8);
         // ... which restarts it.
         assert!(a.decide(at(15), QUIET, &serving(16, 0.5)).drain.is_empty());
         assert_eq!(a.decide(at(16), QUIET, &serving(16, 0.5)).drain.len(), 8);
@@ -410,12 +564,12 @@ mod tests {
         // Remove 4 of 8 would leave 4 < 6: only 2 go.
         assert_eq!(a.decide(at(0), QUIET, &serving(8, 0.5)).drain.len(), 2);
         // At the minimum nothing goes.
-        let d = a.decide(at(1), Signals { bad_rate: 0.0, idle_fraction: 0.9 }, &serving(6, 0.9));
+        let d = a.decide(at(1), Signals { bad_rate: 0.0, idle_fraction: 0.9, demand_gpus: None }, &serving(6, 0.9));
         assert!(d.drain.is_empty());
         assert_eq!(d.held_by, Some(Hold::Bounds));
         // r = 0.5 on 8 asks for 8 more; the maximum allows 2.
-        assert_eq!(a.decide(at(2), Signals { bad_rate: 0.5, idle_fraction: 0.0 }, &serving(8, 0.0)).add, 2);
-        let d = a.decide(at(3), Signals { bad_rate: 0.5, idle_fraction: 0.0 }, &serving(10, 0.0));
+        assert_eq!(a.decide(at(2), Signals { bad_rate: 0.5, idle_fraction: 0.0, demand_gpus: None }, &serving(8, 0.0)).add, 2);
+        let d = a.decide(at(3), Signals { bad_rate: 0.5, idle_fraction: 0.0, demand_gpus: None }, &serving(10, 0.0));
         assert_eq!((d.add, d.held_by), (0, Some(Hold::Bounds)));
         // Below the minimum it adds back up to it, whatever the signals.
         assert_eq!(a.decide(at(4), QUIET, &serving(3, 0.5)).add, 3);
@@ -424,7 +578,7 @@ mod tests {
     #[test]
     fn the_step_limit_caps_each_action() {
         let mut a = Autoscaler::new(AutoscaleConfig { max_step: 3, ..cfg() });
-        let d = a.decide(at(0), Signals { bad_rate: 0.5, idle_fraction: 0.0 }, &serving(10, 0.0));
+        let d = a.decide(at(0), Signals { bad_rate: 0.5, idle_fraction: 0.0, demand_gpus: None }, &serving(10, 0.0));
         assert_eq!((d.add, d.held_by), (3, Some(Hold::StepLimit)));
         let d = a.decide(at(1), QUIET, &serving(10, 0.5));
         assert_eq!((d.drain.len(), d.held_by), (3, Some(Hold::StepLimit)));
@@ -437,10 +591,88 @@ mod tests {
         m.push(GpuMember { gpu: 8, phase: GpuPhase::Joining { ready_at: at(5) }, idle_fraction: 1.0 });
         m.push(GpuMember { gpu: 9, phase: GpuPhase::Joining { ready_at: at(5) }, idle_fraction: 1.0 });
         // r = 0.2 on 8 serving asks for 2, and 2 are joining.
-        let d = a.decide(at(0), Signals { bad_rate: 0.2, idle_fraction: 0.0 }, &m);
+        let d = a.decide(at(0), Signals { bad_rate: 0.2, idle_fraction: 0.0, demand_gpus: None }, &m);
         assert_eq!((d.add, d.held_by), (0, Some(Hold::Joining)));
         // r = 0.5 asks for 8: 6 more.
-        assert_eq!(a.decide(at(1), Signals { bad_rate: 0.5, idle_fraction: 0.0 }, &m).add, 6);
+        assert_eq!(a.decide(at(1), Signals { bad_rate: 0.5, idle_fraction: 0.0, demand_gpus: None }, &m).add, 6);
+    }
+
+    fn linear(alpha_ms: f64, beta_ms: f64, slo_ms: f64) -> ModelSpec {
+        ModelSpec::linear("m", alpha_ms, beta_ms, slo_ms).expect("a valid model")
+    }
+
+    #[test]
+    fn demand_is_each_models_rate_at_the_largest_batch_its_slo_lets_gather() {
+        // l(b) = 1 ms·b + 4 ms, SLO 100 ms. At 10 000 rps a batch gathers in
+        // b/10 ms: the largest with b + 4 + b/10 ≤ 100 is 87, which takes
+        // 91 ms: 10 000·0.091/87 GPUs.
+        let m = linear(1.0, 4.0, 100.0);
+        let d = demand_gpus(std::slice::from_ref(&m), &[10_000.0]);
+        assert!((d - 10_000.0 * 0.091 / 87.0).abs() < 1e-9, "{d}");
+        // At 100 rps only b + 4 + 10·b ≤ 100 gathers: b = 8, 12 ms for 8.
+        let d = demand_gpus(std::slice::from_ref(&m), &[100.0]);
+        assert!((d - 100.0 * 0.012 / 8.0).abs() < 1e-9, "{d}");
+        // Per request, a slow model costs more GPU time than a busy one.
+        assert!(demand_gpus(std::slice::from_ref(&m), &[100.0]) / 100.0 > demand_gpus(std::slice::from_ref(&m), &[10_000.0]) / 10_000.0);
+        // Models add; absent, zero, negative and non-finite rates are 0.
+        let two = [m.clone(), linear(2.0, 10.0, 200.0)];
+        let sum = demand_gpus(&two, &[10_000.0, 500.0]);
+        assert!((sum - demand_gpus(&two[..1], &[10_000.0]) - demand_gpus(&two[1..], &[500.0])).abs() < 1e-12);
+        assert_eq!(demand_gpus(&two, &[0.0, f64::NAN]), 0.0);
+        assert_eq!(demand_gpus(&two, &[-5.0]), 0.0);
+        assert!(demand_gpus(&two, &[f64::INFINITY, 1e300]).is_finite());
+    }
+
+    #[test]
+    fn the_demand_sets_the_target_when_the_idle_fraction_hides_it() {
+        let demand = |d: f64, bad_rate: f64| Signals { bad_rate, idle_fraction: 0.0, demand_gpus: Some(d) };
+        let mut a = Autoscaler::new(AutoscaleConfig { headroom: 0.2, ..cfg() });
+        // 40 GPUs all busy (deferred spreads smaller batches over them), a
+        // demand of 16: 16/0.8 = 20 stay.
+        let d = a.decide(at(0), demand(16.0, 0.0), &serving(40, 0.0));
+        assert_eq!((d.add, d.drain.len()), (0, 20));
+        assert_eq!(a.target(demand(16.0, 0.0), 40), 20);
+        // A demand over the cluster adds before anything is lost.
+        assert_eq!(a.decide(at(1), demand(24.0, 0.0), &serving(20, 0.0)).add, 10);
+        // Losing requests adds the paper's N·r/(1−r) when that is more.
+        assert_eq!(a.decide(at(2), demand(8.0, 0.5), &serving(20, 0.0)).add, 20);
+        // Bounds hold; a demand that is not a number is not a signal.
+        let b = Autoscaler::new(AutoscaleConfig { min_gpus: 4, max_gpus: 30, ..cfg() });
+        assert_eq!(b.target(demand(0.0, 0.0), 10), 4);
+        assert_eq!(b.target(demand(1e12, 0.0), 10), 30);
+        assert_eq!(b.target(Signals { demand_gpus: Some(f64::NAN), ..QUIET }, 8), 4);
+    }
+
+    #[test]
+    fn the_interval_target_reads_the_latest_interval_only() {
+        let m = linear(1.0, 4.0, 100.0);
+        let mut t = IntervalTarget::new(cfg(), vec![m.clone()], Duration::from_millis(5000));
+        let c = |received: u64, dropped: u64, busy_s: u64, online_s: u64, outcomes: u64| Counters {
+            received,
+            dropped,
+            planned_busy_ns: busy_s * 1_000_000_000,
+            gpu_online_ns: online_s * 1_000_000_000,
+            per_model: vec![outcomes],
+        };
+        assert_eq!(t.observe(at(0), c(0, 0, 0, 0, 0), 8), None);
+        // A first busy interval: 10 000 rps for 10 s on 8 GPUs.
+        let r = t.observe(at(10), c(100_000, 0, 80, 80, 100_000), 8).expect("an interval closed");
+        let busy = demand_gpus(std::slice::from_ref(&m), &[10_000.0]);
+        assert!((r.demand_gpus - busy).abs() < 1e-9);
+        assert_eq!(r.desired_gpus, busy.ceil() as u32);
+        // Read again within the interval: the same reading.
+        assert_eq!(t.observe(at(12), c(120_000, 0, 96, 96, 120_000), 8), Some(r));
+        // The load falls to 100 rps: the target falls with it at once,
+        // whatever the counts since start say.
+        let r2 = t.observe(at(20), c(101_000, 0, 88, 160, 101_000), 8).expect("closed");
+        assert_eq!(r2.desired_gpus, 1);
+        assert!(r2.demand_gpus < 0.5 && r2.signals.bad_rate == 0.0);
+        // Counters that went backwards (a restarted scheduler) close
+        // nothing: the last reading stands, the next interval starts there.
+        assert_eq!(t.observe(at(30), c(10, 0, 0, 0, 10), 8), Some(r2));
+        let r3 = t.observe(at(40), c(100_010, 50_000, 80, 80, 100_010), 8).expect("closed");
+        // Half dropped: the paper's rule adds 8·0.5/0.5 on top of 8.
+        assert_eq!((r3.signals.bad_rate, r3.desired_gpus), (0.5, 16));
     }
 
     #[test]

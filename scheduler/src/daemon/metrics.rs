@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use node_shell::metrics::{self, Computed, Counter, Gauge, Histogram, MetricsRegistry};
 use dataplane::wire::{DropReason, RefuseReason};
 
+use crate::autoscale::{AutoscaleConfig, Counters, IntervalTarget};
 use crate::sim::AutoscaleAdvice;
 use crate::zoo::ModelSpec;
 
@@ -391,6 +392,73 @@ fn register_utilisation(r: &MetricsRegistry, planned: &Counter, online: &Counter
     );
 }
 
+/// The handles an autoscaler's signals are read from.
+struct SignalHandles<'a> {
+    planned: &'a Counter,
+    online: &'a Counter,
+    received: &'a Counter,
+    gpus_online: &'a Gauge,
+    backends: &'a Gauge,
+    /// Drops by reason (every reason).
+    drops: &'a [Counter],
+    model_dispatched: &'a [Counter],
+    /// Policy drops by model.
+    model_dropped: &'a [Counter],
+}
+
+/// The utilisation and advice gauges (since start) and the autoscaler's
+/// target for the latest interval.
+fn register_signals(r: &MetricsRegistry, models: &[ModelSpec], h: &SignalHandles<'_>) {
+    register_utilisation(r, h.planned, h.online, h.gpus_online, h.model_dropped, h.received);
+    let (rx, drops, busy, online, d, p) = (h.received.clone(), h.drops.to_vec(), h.planned.clone(), h.online.clone(), h.model_dispatched.to_vec(), h.model_dropped.to_vec());
+    let counters = move || Counters {
+        received: rx.get(),
+        dropped: drops.iter().map(Counter::get).sum(),
+        planned_busy_ns: busy.get(),
+        gpu_online_ns: online.get(),
+        per_model: d.iter().zip(&p).map(|(a, b)| a.get() + b.get()).collect(),
+    };
+    register_autoscale_target(r, models, counters, h.gpus_online, h.backends);
+}
+
+/// One of (desired GPUs, desired backends, demand GPUs).
+type PickTarget = fn((f64, f64, f64)) -> f64;
+
+/// The autoscaler's target for the latest interval (issue 52), for an
+/// HPA or KEDA external metric: `symphony_autoscale_desired_gpus` and
+/// `_desired_backends` (at the GPUs per backend now registered) and the
+/// interval's `symphony_autoscale_demand_gpus`, from
+/// [`crate::autoscale::IntervalTarget`] over intervals of at least 10 s
+/// closed at a scrape. Before the first interval closed they read the GPUs
+/// in matchmaking (no change).
+fn register_autoscale_target(r: &MetricsRegistry, models: &[ModelSpec], counters: impl Fn() -> Counters + Send + Sync + 'static, gpus_online: &Gauge, backends: &Gauge) {
+    let target = Arc::new(Mutex::new((
+        dataplane::time::MonotonicClock::new(),
+        IntervalTarget::new(AutoscaleConfig { max_gpus: u32::MAX, ..AutoscaleConfig::default() }, models.to_vec(), dataplane::time::Duration::from_millis(10_000)),
+    )));
+    let (g, b) = (gpus_online.clone(), backends.clone());
+    // (desired GPUs, desired backends, demand GPUs) now.
+    let read = Arc::new(move || {
+        let serving = g.get().max(0) as u32;
+        let reading = target.lock().ok().and_then(|mut t| {
+            let now = t.0.now();
+            t.1.observe(now, counters(), serving)
+        });
+        let desired = reading.map_or(serving, |r| r.desired_gpus);
+        let per_backend = if b.get() > 0 { (f64::from(serving) / b.get() as f64).max(1.0) } else { 1.0 };
+        (f64::from(desired), (f64::from(desired) / per_backend).ceil(), reading.map_or(0.0, |r| r.demand_gpus))
+    });
+    let families: [(&str, &str, PickTarget); 3] = [
+        ("symphony_autoscale_desired_gpus", "GPUs the autoscaler's rule wants after the latest interval (>= 10 s; demand, bad rate)", |t| t.0),
+        ("symphony_autoscale_desired_backends", "Backends for symphony_autoscale_desired_gpus at the GPUs per backend now registered", |t| t.1),
+        ("symphony_autoscale_demand_gpus", "GPUs the latest interval's arrivals need at the largest batches their SLOs allow", |t| t.2),
+    ];
+    for (name, help, pick) in families {
+        let read = read.clone();
+        r.register(name, help, Computed::gauge_of(move || pick(read())));
+    }
+}
+
 /// A benchmark lag histogram, registered.
 fn lag_buckets(r: &MetricsRegistry, name: &str, help: &str) -> super::bench_stamps::LagBuckets {
     let lag = super::bench_stamps::LagBuckets::default();
@@ -463,7 +531,7 @@ impl SchedulerMetrics {
         let planned_busy_ns = counter(&r, "symphony_planned_busy_ns", "Planned GPU busy time of dispatched batches, ns");
         let actual_busy_ns = counter(&r, "symphony_reported_busy_ns", "GPU busy time reported by backends, ns");
         let gpu_online_ns = counter(&r, "symphony_gpu_online_ns", "Online GPU time, ns");
-        register_utilisation(&r, &planned_busy_ns, &gpu_online_ns, &gpus_online, &dropped, &tasks_received);
+        register_signals(&r, models, &SignalHandles { planned: &planned_busy_ns, online: &gpu_online_ns, received: &tasks_received, gpus_online: &gpus_online, backends: &backends, drops: &drops, model_dispatched: &dispatched, model_dropped: &dropped });
         let bench_ingress_lag = lag_buckets(&r, "symphony_bench_ingress_lag_us", "Benchmark only: frontend send to task queued (host clock stamps), microseconds");
         let bench_decision_lag = lag_buckets(
             &r,
@@ -622,5 +690,13 @@ mod tests {
         // 1% drop rate is at the threshold: no GPUs to add, 90% of 4 idle.
         assert_eq!(metric(&t, "symphony_autoscale_add_gpus"), Some(0.0));
         assert!((metric(&t, "symphony_autoscale_remove_gpus").unwrap() - 3.6).abs() < 1e-6);
+        // The per-interval target before an interval closed: the GPUs in
+        // matchmaking, one backend holding them (its rule is tested with
+        // IntervalTarget, on virtual time).
+        m.backends.set(1);
+        let t = m.encode();
+        assert_eq!(metric(&t, "symphony_autoscale_desired_gpus"), Some(4.0));
+        assert_eq!(metric(&t, "symphony_autoscale_desired_backends"), Some(1.0));
+        assert_eq!(metric(&t, "symphony_autoscale_demand_gpus"), Some(0.0));
     }
 }

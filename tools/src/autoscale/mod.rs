@@ -143,7 +143,7 @@ impl Interval {
                 (id, if ns >= was { ns - was } else { ns })
             })
             .collect();
-        Some(Interval { signals: Signals { bad_rate, idle_fraction }, tasks: received, backend_busy_ns })
+        Some(Interval { signals: Signals { bad_rate, idle_fraction, demand_gpus: None }, tasks: received, backend_busy_ns })
     }
 }
 
@@ -459,13 +459,13 @@ symphony_backend_planned_busy_ns{backend=\"4\"} garbage
         after.gpu_online_ns += 4e9;
         after.backends = vec![(1, 3.5e9), (3, 0.2e9)];
         let i = Interval::between(&before, &after).unwrap();
-        assert_eq!(i.signals, Signals { bad_rate: 0.05, idle_fraction: 0.75 });
+        assert_eq!(i.signals, Signals { bad_rate: 0.05, idle_fraction: 0.75, demand_gpus: None });
         assert_eq!(i.tasks, 200.0);
         // Backend 2 left matchmaking; 3 joined: its whole count.
         assert_eq!(i.backend_busy_ns, vec![(1, 0.5e9), (3, 0.2e9)]);
         // A quiet interval: nothing bad, all idle.
         let q = Interval::between(&after, &after).unwrap();
-        assert_eq!(q.signals, Signals { bad_rate: 0.0, idle_fraction: 1.0 });
+        assert_eq!(q.signals, Signals { bad_rate: 0.0, idle_fraction: 1.0, demand_gpus: None });
         // A new leader's counters start over.
         assert_eq!(Interval::between(&after, &Scrape::default()), None);
     }

@@ -18,7 +18,7 @@
 //! events (GPUs ready, interval ends) come first at equal times.
 
 use super::{event_loop, Arrivals, InvariantViolation, Layer, LoopEnd, Run, SimConfig, SimReport, Workload};
-use crate::autoscale::{AutoscaleConfig, Autoscaler, GpuMember, GpuPhase, ScaleError, ScaleProvider, Signals};
+use crate::autoscale::{demand_gpus, AutoscaleConfig, Autoscaler, GpuMember, GpuPhase, ScaleError, ScaleProvider, Signals};
 use crate::types::{Actions, GpuId, Scheduler};
 use crate::zoo::ModelSpec;
 use dataplane::time::{Duration, Instant};
@@ -72,6 +72,9 @@ pub struct EpochRow {
     pub joining: u32,
     /// GPUs draining then.
     pub draining: u32,
+    /// The GPUs the interval's arrivals need at full batches
+    /// ([`demand_gpus`]), the autoscaler's target signal.
+    pub demand_gpus: f64,
     /// The paper's advice: GPUs to add.
     pub advice_add: f64,
     /// The paper's advice: GPUs to remove.
@@ -403,7 +406,12 @@ impl<'c> Elastic<'c> {
         self.next_tick += 1;
         let Some(a) = self.autoscaler.as_mut() else { return Ok(()) };
         let last = self.rows.last_mut().ok_or_else(|| InvariantViolation("no interval row".into()))?;
-        let signals = Signals { bad_rate: last.bad_rate, idle_fraction: last.idle_fraction };
+        // The interval's arrivals per model: what the scheduler saw come
+        // in, not the workload's schedule.
+        let interval_s = self.tally.interval_ns as f64 / 1e9;
+        let rates: Vec<f64> = last.offered.iter().map(|&n| n as f64 / interval_s).collect();
+        last.demand_gpus = demand_gpus(self.models, &rates);
+        let signals = Signals { bad_rate: last.bad_rate, idle_fraction: last.idle_fraction, demand_gpus: Some(last.demand_gpus) };
         let decision = if self.acting {
             a.step(now, signals, &mut self.provider).map_err(|e| InvariantViolation(format!("autoscaler at {now}: {e}")))?
         } else {
@@ -532,6 +540,7 @@ fn close_epoch(k: usize, now: Instant, models: &[ModelSpec], run: &Run<'_>, tall
         serving,
         joining,
         draining,
+        demand_gpus: 0.0,
         advice_add: 0.0,
         advice_remove: 0.0,
         added: 0,
