@@ -14,7 +14,9 @@
 #      schedulers reaching it over TLS with a client certificate; RBAC namespaced and without
 #      wildcards, and a pod with a service account (the autoscale controller) mounting its token
 #      as an expiring projected volume, never automounted; the backends' termination grace
-#      period covering their drain (10 s);
+#      period covering their drain (10 s); a KEDA ScaledObject (overlays/keda) scaling the backend
+#      StatefulSet to the scheduler's symphony_autoscale_desired_backends gauge (its fields by
+#      rule, its HPA behaviour by schema through the HPA it stands for);
 #   4. checkov (Kubernetes framework) on every rendered tree and the example Secrets: any failed
 #      check fails this script; the checks skipped are annotated inline on the objects, each with
 #      its reason (checkov.io/skipN annotations);
@@ -228,6 +230,68 @@ def rbac_errors(docs):
                     errors.append(f"RoleBinding/{name}: subject {s} is not a ServiceAccount defined here")
     return errors
 
+def keda_errors(docs):
+    """A KEDA ScaledObject (deploy/overlays/keda) scales a StatefulSet defined here that leaves its
+    replicas to it, to the scheduler's desired-backends gauge (one prometheus trigger, AverageValue
+    with threshold 1: replicas = the gauge), within bounds of at least one backend, polled no
+    faster than the gauge's 10 s interval; never beside the symphony autoscale controller (two
+    writers of one replica count). Its fields are checked here because the schema validator does
+    not know KEDA's CRD; its HPA behaviour is schema-checked through as_hpa."""
+    errors = []
+    err = errors.append
+    sets = {d["metadata"]["name"]: d for d in docs if d["kind"] == "StatefulSet"}
+    scaled = [d for d in docs if d["kind"] == "ScaledObject"]
+    for d in docs:
+        if d["apiVersion"].split("/")[0].endswith("keda.sh") and d["kind"] != "ScaledObject":
+            err(f"{d['kind']}/{d['metadata']['name']}: only KEDA ScaledObjects are used")
+    for so in scaled:
+        name = f"ScaledObject/{so['metadata']['name']}"
+        spec = so.get("spec", {})
+        if so["apiVersion"] != "keda.sh/v1alpha1":
+            err(f"{name}: apiVersion must be keda.sh/v1alpha1")
+        unknown = set(spec) - {"scaleTargetRef", "pollingInterval", "minReplicaCount", "maxReplicaCount", "advanced", "triggers"}
+        unknown |= set(spec.get("advanced", {})) - {"horizontalPodAutoscalerConfig"}
+        if unknown:
+            err(f"{name}: fields this validator does not check: {sorted(unknown)}")
+        ref = spec.get("scaleTargetRef", {})
+        target = sets.get(ref.get("name")) if (ref.get("apiVersion"), ref.get("kind")) == ("apps/v1", "StatefulSet") else None
+        if target is None:
+            err(f"{name}: scaleTargetRef must name a StatefulSet (apps/v1) defined here")
+        elif "replicas" in target["spec"] or target["metadata"].get("namespace") != so["metadata"].get("namespace"):
+            err(f"{name}: its StatefulSet must be in its namespace and leave replicas to the scaler")
+        lo, hi = spec.get("minReplicaCount", 0), spec.get("maxReplicaCount", 100)
+        if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+            err(f"{name}: needs 1 <= minReplicaCount <= maxReplicaCount (a cluster never scales to zero backends)")
+        if not isinstance(spec.get("pollingInterval", 30), int) or spec.get("pollingInterval", 30) < 10:
+            err(f"{name}: pollingInterval under the gauge's 10 s interval")
+        triggers = spec.get("triggers", [])
+        t = triggers[0] if len(triggers) == 1 else {}
+        md = t.get("metadata", {})
+        if (t.get("type"), t.get("metricType"), md.get("threshold")) != ("prometheus", "AverageValue", "1") \
+                or "symphony_autoscale_desired_backends" not in md.get("query", "") \
+                or not md.get("serverAddress", "").startswith(("http://", "https://")):
+            err(f"{name}: needs one prometheus trigger on symphony_autoscale_desired_backends, AverageValue, threshold \"1\", with a serverAddress")
+    if scaled and any(d["kind"] == "Deployment" and d["metadata"]["name"] == "symphony-autoscaler" for d in docs):
+        err("a ScaledObject beside the symphony-autoscaler controller: two writers of one replica count")
+    return errors
+
+def as_hpa(so):
+    """The HorizontalPodAutoscaler KEDA creates for a ScaledObject: what the schema validator
+    checks in its place (bounds, target and behaviour against autoscaling/v2)."""
+    spec = so["spec"]
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "keda-hpa-" + so["metadata"]["name"], "namespace": so["metadata"]["namespace"]},
+        "spec": {
+            "scaleTargetRef": {k: spec["scaleTargetRef"][k] for k in ("apiVersion", "kind", "name")},
+            "minReplicas": spec.get("minReplicaCount", 1),
+            "maxReplicas": spec.get("maxReplicaCount", 100),
+            "behavior": spec.get("advanced", {}).get("horizontalPodAutoscalerConfig", {}).get("behavior", {}),
+            "metrics": [{"type": "External", "external": {"metric": {"name": "s0-prometheus"}, "target": {"type": "AverageValue", "averageValue": "1"}}}],
+        },
+    }
+
 def long_flags(binary, *subcommand):
     text = subprocess.run([binary, *subcommand, "--help"], capture_output=True, text=True, timeout=30, check=True).stdout
     return set(re.findall(r"^\s+(?:-\w, )?(--[a-z0-9-]+)", text, re.M))
@@ -284,7 +348,8 @@ def main():
                 errors.append(f"{tree}: duplicate objects")
             path = os.path.join(out, tree.replace("/", "_") + ".yaml")
             with open(path, "w") as f:
-                yaml.safe_dump_all(docs, f, sort_keys=False)
+                # KEDA's objects: the HPA each stands for (schema-checked), not the CRD object.
+                yaml.safe_dump_all([as_hpa(d) if d["kind"] == "ScaledObject" else d for d in docs], f, sort_keys=False)
             kubectl = subprocess.run(["sh", "-c", "command -v kubectl"], capture_output=True, text=True).stdout.strip()
             if kubectl:
                 r = subprocess.run([kubectl, "kustomize", f"deploy/{tree}"], capture_output=True, text=True, timeout=120)
@@ -296,6 +361,7 @@ def main():
                     if theirs != ours:
                         errors.append(f"{tree}: kubectl kustomize renders other objects than this validator")
             errors += rules(tree, docs)
+            errors += [f"{tree}: {e}" for e in keda_errors(docs)]
     else:
         for tree, docs in trees.items():
             errors += flag_errors(tree, docs, out)
