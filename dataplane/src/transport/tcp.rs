@@ -22,6 +22,8 @@ use std::sync::Arc;
 
 use super::registry::Registry;
 use super::stream::{messages_through_stream, probe_uring, registry_domain_methods, ByteIo, Stream, StreamConfig};
+// shm's listener sleeps the same way.
+pub(crate) use super::stream::wait_readable;
 use super::{Completion, Connection, Domain, Error, Listener, ReadOp, Registration};
 use crate::capability::{ReadGrant, ReadVerifier};
 use crate::mem::{Access, KeyTable, Region};
@@ -265,23 +267,6 @@ impl Listener for TcpListener {
     }
 }
 
-/// Blocks up to `timeout` until `fd` is readable (or has an error or hang-up
-/// pending). Errors and timeouts are not reported: the caller retries its
-/// non-blocking call and learns the outcome there.
-pub(crate) fn wait_readable(fd: std::os::fd::RawFd, timeout: std::time::Duration) {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: `pfd` is one valid pollfd on the stack, `ts` a valid timespec,
-    // and a null signal mask means "unchanged".
-    unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
-}
 
 /// The address most of `sources` come from (ties: the first seen; none
 /// if none is known): whose link a full bound evicts, so that a flood from

@@ -9,6 +9,7 @@ use std::os::fd::RawFd;
 
 use super::super::shm_ring::{RingConsumer, RingProducer};
 use super::super::Error;
+use super::sys::{last_os_error_result, retryable};
 use super::tls::TlsIo;
 
 /// Where the bytes of a finished receive landed.
@@ -82,24 +83,7 @@ const UD_RECV: u64 = 1;
 const UD_SEND: u64 = 2;
 const UD_CANCEL: u64 = 3;
 
-fn last_os_error_result(r: isize) -> io::Result<usize> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r as usize)
-    }
-}
 
-/// Errors after which the operation is simply issued again. ECANCELED:
-/// io_uring cancels a task's pending requests when the thread that
-/// submitted them exits, so a connection handed to another thread sees its
-/// armed receive (or a send not yet started) cancelled with nothing moved.
-pub(super) fn retryable(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-    ) || e.raw_os_error() == Some(libc::ECANCELED)
-}
 
 /// Checks that io_uring works here and supports what the tcp transport needs.
 pub(crate) fn probe_uring() -> Result<(), Error> {

@@ -57,9 +57,11 @@ const READ_REQUEST_LEN: usize = HEADER_LEN + std::mem::size_of::<ReadRequest>();
 const READ_RESPONSE_LEN: usize = HEADER_LEN + std::mem::size_of::<ReadResponse>();
 
 mod byte_io;
+mod sys;
 pub(crate) mod tls;
 
 pub(crate) use byte_io::{probe_uring, ByteIo};
+pub(crate) use sys::wait_readable;
 
 /// Moves completions from `done` into `out`, oldest first; returns how
 /// many. (The stream's READs and the shm transport's, which complete
@@ -114,7 +116,8 @@ macro_rules! registry_domain_methods {
     };
 }
 pub(crate) use registry_domain_methods;
-use byte_io::{retryable, RecvTarget};
+use byte_io::RecvTarget;
+use sys::retryable;
 
 /// A READ posted and not yet answered.
 struct Pending {

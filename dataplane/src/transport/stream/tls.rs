@@ -29,7 +29,7 @@ use std::sync::{Arc, OnceLock};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
-use super::byte_io::retryable;
+use super::sys::{last_os_error_result, retryable, wait_readable};
 
 /// Most bytes of one certificate, key or CA file: far above any real
 /// chain, and a bound on what a wrong path (a device, a log) can make us read.
@@ -278,12 +278,7 @@ struct Socket(RawFd);
 impl Read for Socket {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         // SAFETY: `buf` is valid for writes of its length.
-        let r = unsafe { libc::recv(self.0, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), libc::MSG_DONTWAIT) };
-        if r < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(r as usize)
-        }
+        last_os_error_result(unsafe { libc::recv(self.0, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), libc::MSG_DONTWAIT) })
     }
 }
 
@@ -299,12 +294,7 @@ impl Write for Socket {
         msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
         msg.msg_iovlen = bufs.len() as _;
         // SAFETY: `msg` points at `bufs.len()` valid iovecs over live slices.
-        let r = unsafe { libc::sendmsg(self.0, &msg, libc::MSG_NOSIGNAL) };
-        if r < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(r as usize)
-        }
+        last_os_error_result(unsafe { libc::sendmsg(self.0, &msg, libc::MSG_NOSIGNAL) })
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -354,7 +344,7 @@ impl TlsIo {
             if left.is_zero() {
                 return Err(self.fail("no handshake from the server within the connect timeout"));
             }
-            super::super::tcp::wait_readable(self.fd, left);
+            wait_readable(self.fd, left);
             match self.conn.read_tls(&mut Socket(self.fd)) {
                 Ok(0) => return Err(self.fail("the server closed during the handshake (not TLS, or it refused us)")),
                 Ok(_) => {}
@@ -514,7 +504,7 @@ impl TlsIo {
             return;
         }
         let _ = self.flush_tls();
-        super::super::tcp::wait_readable(self.fd, timeout);
+        wait_readable(self.fd, timeout);
     }
 
     /// Input the socket does not report: decrypted bytes not taken yet,
@@ -552,12 +542,7 @@ struct NonBlocking(RawFd);
 impl Write for NonBlocking {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         // SAFETY: `buf` is valid for reads of its length.
-        let r = unsafe { libc::send(self.0, buf.as_ptr() as *const libc::c_void, buf.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
-        if r < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(r as usize)
-        }
+        last_os_error_result(unsafe { libc::send(self.0, buf.as_ptr() as *const libc::c_void, buf.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) })
     }
 
     fn flush(&mut self) -> io::Result<()> {
