@@ -637,6 +637,9 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
     fn refuse(&mut self, why: String) {
         // What came before a Welcome is taken from a registered link only.
         self.early.clear();
+        // The scheduler sees the refused link end now, not when the next
+        // attempt replaces it (or never, for a node that is done).
+        self.worker.scheduler().close();
         // Registered once, a failover node waits for another scheduler.
         self.state = if self.failover && self.control_delay.is_some() { State::Lost } else { State::Done };
         self.events.push_back(BackendEvent::Refused { why });

@@ -7,3 +7,4 @@ pub mod cluster;
 pub mod groups;
 pub mod inproc;
 pub mod cli_doc;
+pub mod throwaway_tls;

@@ -77,6 +77,11 @@ pub struct ClusterOpts {
     /// TLS private key (PEM) of --tls-cert.
     #[arg(long = "tls-key", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// TLS on the daemons' tcp links (--transport tcp or tcp-blocking):
+    /// mutual TLS with a throwaway CA and certificate made at start
+    /// (written 0600 beside the daemons' logs).
+    #[arg(long = "link-tls")]
+    pub link_tls: bool,
     /// File holding the admin token that model control and the repository
     /// index need on the frontends (as the frontend's --admin-token-file;
     /// without it those calls are refused).
@@ -196,6 +201,16 @@ pub fn spec(models: &str, o: &ClusterOpts) -> Result<ClusterSpec, UpError> {
     }
     if let (Some(cert), Some(key)) = (&o.tls_cert, &o.tls_key) {
         s.frontend_flags.extend(["--tls-cert".into(), cert.display().to_string(), "--tls-key".into(), key.display().to_string()]);
+    }
+    if o.link_tls {
+        if !matches!(o.transport, TransportKind::Tcp | TransportKind::TcpBlocking) {
+            return Err(UpError::Usage(format!("--link-tls: TLS is for tcp links, not --transport {}", o.transport.name())));
+        }
+        let dir = s.log_dir.clone().unwrap_or_else(std::env::temp_dir);
+        let flags = tools::throwaway_tls::throwaway(&dir).map_err(run_err)?.to_flags();
+        for role in [&mut s.scheduler_flags, &mut s.frontend_flags, &mut s.backend_flags] {
+            role.extend(flags.iter().cloned());
+        }
     }
     if let Some(f) = &o.admin_token_file {
         s.frontend_flags.extend(["--admin-token-file".into(), f.display().to_string()]);

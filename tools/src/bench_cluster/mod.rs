@@ -189,6 +189,10 @@ pub struct BenchClusterArgs {
     /// `CAP_SYS_NICE`; refused with a message otherwise.
     #[arg(long = "backend-rt-priority", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=99))]
     pub backend_rt_priority: u8,
+    /// TLS on every link (--transport tcp only): mutual TLS with a
+    /// throwaway CA and certificate made at start, as `up --link-tls`.
+    #[arg(long = "link-tls")]
+    pub link_tls: bool,
     /// Seed of the arrivals.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -474,6 +478,11 @@ fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64, plan: &Lay
     );
     let engine = a.engine.last().map_or("pinned", String::as_str);
     sched_args.extend(["--engine", engine, "--model-threads", &a.model_threads.to_string(), "--pin-cores", &a.pin_cores].map(String::from));
+    let link_tls = match a.link_tls {
+        true => tools::throwaway_tls::throwaway(&dir).map_err(BenchClusterError::caused("--link-tls"))?.to_flags(),
+        false => Vec::new(),
+    };
+    sched_args.extend(link_tls.iter().cloned());
     let mut sched = spawn(&spec, "scheduler", "scheduler", sched_args, Some(&token), deadline)?;
     let control_addr = sched.ready.get("control").cloned().ok_or(BenchClusterError::Peer("scheduler: no control address on its READY line".into()))?;
     let peer_args = |peers: u32, report: &Path, cpu: Option<usize>| -> Vec<String> {
@@ -493,6 +502,7 @@ fn cluster_run(a: &BenchClusterArgs, gpus: u32, rate: f64, secs: f64, plan: &Lay
             "--exit-with-parent".into(),
         ];
         v.extend(["--seed".into(), a.seed.to_string()]);
+        v.extend(link_tls.iter().cloned());
         v.extend(cpu.map(|c| ["--pin-cpu".into(), c.to_string()]).into_iter().flatten());
         v
     };
@@ -707,6 +717,10 @@ pub fn peer_main(role: &str, argv: Vec<String>) -> ExitCode {
             eprintln!("{role}: pinning to CPU {cpu}: {e}");
             return ExitCode::from(1);
         }
+    }
+    if let Err(e) = a.link_tls.select(a.transport) {
+        eprintln!("{role}: {e}");
+        return ExitCode::from(2);
     }
     let res = control::with_domain(a.transport, Peer { frontends: role == "bench-frontends", args: a }).map_err(BenchClusterError::from).and_then(|r| r);
     match res {

@@ -7,7 +7,7 @@ use super::BenchClusterError;
 use std::path::PathBuf;
 
 use dataplane::control::{self, connect_retrying, recv_within, send_within, Liveness, TransportKind};
-use dataplane::join::JoinToken;
+use dataplane::join::{JoinToken, PeerProof};
 use dataplane::time::{Duration, Instant, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Error};
 use dataplane::wire::{self, Join, Message, Role, Welcome};
@@ -41,6 +41,9 @@ pub struct PeerArgs {
     /// Model profile ALPHA_MS,BETA_MS,SLO_MS (every model).
     #[arg(long)]
     pub profile: String,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub link_tls: node_shell::LinkTlsArgs,
     /// Frontends: offered tasks/s over all peers of this process.
     #[arg(long, default_value_t = 0.0)]
     pub rate: f64,
@@ -119,16 +122,17 @@ pub struct PeerLink<C> {
 }
 
 /// Runs the real registration on `conn`: waits for the scheduler's
-/// Challenge, answers with `Join{role, id, gpus}` (MAC'd with the token
-/// when there is one) and, for a backend, the model list; returns the
-/// Welcome.
+/// Challenge, answers with `Join{role, id, gpus}` (with our nonce and a
+/// MAC when `proof` holds a token) and, for a backend, the model list;
+/// returns the Welcome once it proves the token as the daemons check it
+/// (`PeerProof::check_welcome`), and refuses one that does not.
 pub fn join<C: Connection>(
     conn: &mut C,
     role: Role,
     id: u32,
     gpus: u32,
     models: u32,
-    token: Option<&JoinToken>,
+    proof: &mut PeerProof,
 ) -> Result<Welcome, BenchClusterError> {
     let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
     let err = |e: Error| BenchClusterError::caused(format!("{role:?} {id}: registering"))(e);
@@ -137,11 +141,10 @@ pub fn join<C: Connection>(
         Ok(Message::Challenge(c)) => c.nonce,
         other => return Err(BenchClusterError::Peer(format!("{role:?} {id}: expected a Challenge, got {other:?}"))),
     };
-    let j = Join::new(role, id, gpus, "bench-cluster:none");
-    let j = match token {
-        Some(t) => j.with_mac(t.sign(&nonce, wire::VERSION, &j)),
-        None => j,
-    };
+    let nonces = proof
+        .nonces(nonce)
+        .ok_or_else(|| BenchClusterError::Peer(format!("{role:?} {id}: no OS randomness for a nonce")))?;
+    let j = proof.sign(Join::new(role, id, gpus, "bench-cluster:none"), &nonces);
     let n = wire::encode(&mut buf, &j)?;
     send_within(conn, &buf[..n], JOIN_TIMEOUT).map_err(err)?;
     if role == Role::Backend {
@@ -153,7 +156,12 @@ pub fn join<C: Connection>(
     loop {
         let n = recv_within(conn, &mut buf, JOIN_TIMEOUT).map_err(err)?;
         match wire::decode(&buf[..n]) {
-            Ok(Message::Welcome(w)) => return Ok(w),
+            Ok(Message::Welcome(w)) if proof.check_welcome(&nonces, &j, &w) => return Ok(w),
+            Ok(Message::Welcome(_)) => {
+                return Err(BenchClusterError::Peer(format!(
+                    "{role:?} {id}: the Welcome does not prove the join token (unsigned or forged): not this cluster's scheduler"
+                )))
+            }
             Ok(Message::Refused(r)) => return Err(BenchClusterError::Peer(format!("{role:?} {id}: refused: {r}"))),
             Ok(Message::Heartbeat(_)) => {}
             other => return Err(BenchClusterError::Peer(format!("{role:?} {id}: expected a Welcome, got {other:?}"))),
@@ -176,14 +184,14 @@ pub fn join_all<D: Domain>(
     clock: &MonotonicClock,
     gpus: impl Fn(u32) -> u32,
 ) -> Result<Joined<D::Conn>, BenchClusterError> {
-    let token = JoinToken::from_file_or_env(None)?;
+    let mut proof = PeerProof::new(JoinToken::from_file_or_env(None)?);
     let mut links: Vec<PeerLink<D::Conn>> = Vec::with_capacity(a.peers as usize);
     let mut welcome = None;
     let mut buf = vec![0u8; wire::MAX_MESSAGE_LEN];
     for i in 0..a.peers {
         let id = a.first_id + i;
         let mut conn = connect_retrying(domain, &a.scheduler, JOIN_TIMEOUT).map_err(BenchClusterError::caused(format!("{role:?} {id}: connect")))?;
-        welcome = Some(join(&mut conn, role, id, gpus(i), a.models, token.as_ref())?);
+        welcome = Some(join(&mut conn, role, id, gpus(i), a.models, &mut proof)?);
         let now = clock.now();
         links.push(PeerLink { id, conn, live: Liveness::new(now, HEARTBEAT, NEVER_SILENT) });
         for l in links.iter_mut() {
