@@ -7,7 +7,8 @@
 # idle links on the frontend's data port (data_path.py); a member backend
 # forging Completions (forged_completion.py) and READing inputs not planned
 # to it (read_capability.py); a process on the scheduler's address without
-# the token welcoming the peers (forged_welcome.py). Bounded in time;
+# the token welcoming the peers (forged_welcome.py); what a recorder on the
+# loopback sees of a --link-tls cluster's links (link_tls.py). Bounded in time;
 # leaves no process behind.
 # Usage: bash tests/security/run.sh   (builds target/release/symphony if needed)
 set -euo pipefail
@@ -26,4 +27,5 @@ timeout 120 "$PY" "$root/tests/security/data_path.py" "$bin"
 timeout 120 "$PY" "$root/tests/security/forged_completion.py" "$bin"
 timeout 120 "$PY" "$root/tests/security/forged_welcome.py" "$bin"
 timeout 120 "$PY" "$root/tests/security/read_capability.py" "$bin"
+timeout 180 "$PY" "$root/tests/security/link_tls.py" "$bin"
 echo "security suite: ok"
