@@ -39,6 +39,11 @@ pub(super) struct RateWindow {
     /// The recorded gaps by octave (`GAP_OCTAVE_FLOOR` + index = `floor(log2
     /// ns)`): their empirical distribution, see [`Self::quiet_start`].
     gap_octaves: [u16; GAP_OCTAVES],
+    /// Bit `o` set exactly when `gap_octaves[o] > 0`: the quantile search
+    /// visits only the occupied octaves (a few of the 32 in practice). Why:
+    /// the full walk, a division per octave, was 6% of the scheduler
+    /// daemon's CPU at 1 M tasks/s (perf, amd-vm, 2026-11-29).
+    occupied: u32,
 }
 
 /// Gaps under `2^(GAP_OCTAVE_FLOOR + 1)` ns (~2 µs) share the first octave.
@@ -57,6 +62,14 @@ fn gap_octave(gap: Duration) -> usize {
 fn octave_span(o: usize) -> (u64, u64) {
     let lo = if o == 0 { 0 } else { 1u64 << (o as u32 + GAP_OCTAVE_FLOOR) };
     (lo, (1u64 << (o as u32 + GAP_OCTAVE_FLOOR + 1)) - lo)
+}
+
+/// `1 / width` for a power of two `width` below 2^1023, exactly (an
+/// exponent alone). `octave_span`'s widths all are.
+#[inline]
+fn reciprocal_of_power_of_two(width: u64) -> f64 {
+    debug_assert!(width.is_power_of_two());
+    f64::from_bits(u64::from(1023 - width.trailing_zeros()) << 52)
 }
 
 /// `x as f64`, through `u64` where `x` fits one (a sum of 255 squared
@@ -82,7 +95,7 @@ fn wide_as_f64(x: u128) -> f64 {
 
 impl RateWindow {
     pub(super) fn new() -> Self {
-        RateWindow { times: [Instant::ZERO; RATE_WINDOW], next: 0, filled: 0, gap_sq_sum: 0, early_log_gap_sum: 0.0, gap_octaves: [0; GAP_OCTAVES] }
+        RateWindow { times: [Instant::ZERO; RATE_WINDOW], next: 0, filled: 0, gap_sq_sum: 0, early_log_gap_sum: 0.0, gap_octaves: [0; GAP_OCTAVES], occupied: 0 }
     }
 
     /// The empirical CDF of the recorded gaps at `x`, linear within an
@@ -93,9 +106,16 @@ impl RateWindow {
         }
         let n = (self.filled - 1) as f64;
         let o = gap_octave(x);
-        let below: u32 = self.gap_octaves[..o].iter().map(|&c| u32::from(c)).sum();
+        let mut below = 0u32;
+        let mut left = self.occupied & ((1u64 << o) - 1) as u32;
+        while left != 0 {
+            below += u32::from(self.gap_octaves[left.trailing_zeros() as usize]);
+            left &= left - 1;
+        }
         let (lo, width) = octave_span(o);
-        let within = ((x.as_nanos().saturating_sub(lo)) as f64 / width as f64).min(1.0);
+        // `width` is a power of two: multiplying by its reciprocal gives
+        // the division's bits without the division's latency.
+        let within = ((x.as_nanos().saturating_sub(lo)) as f64 * reciprocal_of_power_of_two(width)).min(1.0);
         Some((f64::from(below) + within * f64::from(self.gap_octaves[o])) / n)
     }
 
@@ -103,9 +123,16 @@ impl RateWindow {
     fn gap_quantile(&self, q: f64) -> Duration {
         let n = (self.filled - 1) as f64;
         let mut below = 0.0;
-        for (o, &c) in self.gap_octaves.iter().enumerate() {
+        // An empty octave adds a share of exactly 0.0 (`below` unchanged)
+        // and never answers (`c > 0`): skipping it gives the same bits as
+        // walking all 32.
+        let mut left = self.occupied;
+        while left != 0 {
+            let o = left.trailing_zeros() as usize;
+            left &= left - 1;
+            let c = self.gap_octaves[o];
             let share = f64::from(c) / n;
-            if below + share >= q && c > 0 {
+            if below + share >= q {
                 let (lo, width) = octave_span(o);
                 let within = ((q - below) / share).clamp(0.0, 1.0);
                 return Duration::from_nanos(lo + (within * width as f64) as u64);
@@ -113,6 +140,19 @@ impl RateWindow {
             below += share;
         }
         Duration::from_nanos(1u64 << (GAP_OCTAVES as u32 + GAP_OCTAVE_FLOOR))
+    }
+
+    /// Counts one more (`add`) or one fewer (saturating at zero) gap in
+    /// octave `o`, keeping [`Self::occupied`] in step.
+    #[inline]
+    fn count_gap(&mut self, o: usize, add: bool) {
+        let c = &mut self.gap_octaves[o];
+        *c = if add { c.saturating_add(1) } else { c.saturating_sub(1) };
+        if *c == 0 {
+            self.occupied &= !(1 << o);
+        } else {
+            self.occupied |= 1 << o;
+        }
     }
 
     /// When a batch that would take one more request arriving by `horizon`
@@ -152,14 +192,13 @@ impl RateWindow {
             let second = self.times[(self.next + 1) % RATE_WINDOW];
             let gap = second.saturating_since(oldest);
             self.gap_sq_sum -= sq(gap);
-            let o = &mut self.gap_octaves[gap_octave(gap)];
-            *o = o.saturating_sub(1);
+            self.count_gap(gap_octave(gap), false);
         }
         if self.filled > 0 {
             let last = self.times[(self.next + RATE_WINDOW - 1) % RATE_WINDOW];
             let gap = t.saturating_since(last);
             self.gap_sq_sum += sq(gap);
-            self.gap_octaves[gap_octave(gap)] += 1;
+            self.count_gap(gap_octave(gap), true);
             if self.filled < MIN_BURST_ARRIVALS {
                 self.early_log_gap_sum += (gap.as_nanos().max(1_000) as f64).ln();
             }
@@ -222,5 +261,71 @@ impl RateWindow {
         // decay when a model goes quiet.
         let span = now.saturating_since(oldest);
         Some(Duration::from_nanos(span.as_nanos() / (self.filled as u64 - 1).max(1)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The walk over every octave that the occupied-octave search replaced.
+    fn quantile_over_all_octaves(w: &RateWindow, q: f64) -> Duration {
+        let n = (w.filled - 1) as f64;
+        let mut below = 0.0;
+        for (o, &c) in w.gap_octaves.iter().enumerate() {
+            let share = f64::from(c) / n;
+            if below + share >= q && c > 0 {
+                let (lo, width) = octave_span(o);
+                let within = ((q - below) / share).clamp(0.0, 1.0);
+                return Duration::from_nanos(lo + (within * width as f64) as u64);
+            }
+            below += share;
+        }
+        Duration::from_nanos(1u64 << (GAP_OCTAVES as u32 + GAP_OCTAVE_FLOOR))
+    }
+
+    /// The occupied-octave search gives the full walk's answer to the bit,
+    /// over bursty gaps spread across many octaves, as the window slides
+    /// (octaves emptying and filling again).
+    #[test]
+    fn octave_widths_have_exact_reciprocals() {
+        for o in 0..GAP_OCTAVES {
+            let (_, width) = octave_span(o);
+            assert_eq!(reciprocal_of_power_of_two(width), 1.0 / width as f64, "octave {o}");
+        }
+    }
+
+    #[test]
+    fn the_occupied_octave_search_matches_the_full_walk() {
+        let mut w = RateWindow::new();
+        let mut t = Instant::ZERO;
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut checked = 0;
+        for i in 0..3000u32 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            // Gaps from 0 to 2^24 ns (~17 ms), spread over the octaves by
+            // a random shift.
+            let gap = (rng >> 40) >> (rng % 40).min(24);
+            t += Duration::from_nanos(gap);
+            w.record(t);
+            let mask = w.gap_octaves.iter().enumerate().fold(0u32, |m, (o, &c)| if c > 0 { m | 1 << o } else { m });
+            assert_eq!(w.occupied, mask, "arrival {i}");
+            if w.filled < MIN_BURST_ARRIVALS {
+                continue;
+            }
+            for q in [0.0, 1e-9, 0.05, 0.3, 0.5, 0.77, 0.99, 1.0] {
+                assert_eq!(w.gap_quantile(q), quantile_over_all_octaves(&w, q), "arrival {i}, q {q}");
+                checked += 1;
+            }
+            let x = Duration::from_nanos(rng >> 30);
+            let all: u32 = w.gap_octaves[..gap_octave(x)].iter().map(|&c| u32::from(c)).sum();
+            let (lo, width) = octave_span(gap_octave(x));
+            let within = ((x.as_nanos().saturating_sub(lo)) as f64 / width as f64).min(1.0);
+            let want = (f64::from(all) + within * f64::from(w.gap_octaves[gap_octave(x)])) / (w.filled - 1) as f64;
+            assert_eq!(w.gap_cdf(x).map(f64::to_bits), Some(want.to_bits()), "arrival {i}");
+        }
+        assert!(checked > 20_000, "the window never filled: {checked}");
     }
 }
