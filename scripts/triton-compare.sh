@@ -34,7 +34,9 @@
 #   PA_MODELS)? One row per point: done, aborted (perf_analyzer ends a measurement at the first
 #   failed request, with its error line) or no result (no stable measurement: host noise; the
 #   stability bound is PA_STABILITY %, default 1000; PA_SERVERS="ours" skips Triton). Ours serves late answers by default, so what
-#   misses its SLO is answered late, as Triton does. Output DIR/pa-sweep.md.
+#   misses its SLO is answered late, as Triton does (a dropped try, or a batch the scheduler gave
+#   up, is sent again); each of our rows says what was resent, failed back or refused during it.
+#   Output DIR/pa-sweep.md.
 # --quick: ppocr_cls:1, open_nsfw:1 and multi:2 over HTTP, 2.5 s rungs, Triton tuned on the
 #   first case only: under 5 minutes once installed and built.
 # Installs (cached in target/triton-ref, TRITON_DIR): the reference Triton of
@@ -252,6 +254,23 @@ pa_point() {
     echo "no result: $(grep -m1 -i -e "failed to obtain" -e "error" "$out/pa-$label.log" | cut -c1-120)"
   fi
 }
+# sym_counters: our servers' counters summed over the metrics endpoints `up` printed:
+# "DEADLINE ABANDONED INPUT FAILED_BACK PROTOCOL_ERRORS" (resends by cause, the scheduler's
+# tasks failed back, reports it refused, e.g. a BatchDone after its batch was given up)
+sym_counters() {
+  local u all=""
+  for u in "${metrics_urls[@]}"; do all+="$(curl -sf --max-time 2 "$u" || true)"$'\n'; done
+  awk '/^symphony_late_resends_total\{/ { split($0, a, "cause=\""); split(a[2], b, "\""); r[b[1]] += $NF }
+       /^symphony_tasks_failed_back_total / { fb += $NF } /^symphony_protocol_errors_total / { pe += $NF }
+       END { printf "%d %d %d %d %d", r["deadline"], r["abandoned"], r["input_unavailable"], fb, pe }' <<< "$all"
+}
+# sym_delta BEFORE AFTER: what the counters of sym_counters moved by during a point (empty if nothing)
+sym_delta() {
+  awk -v a="$1" -v b="$2" 'BEGIN { split(a, x, " "); split(b, y, " "); n = split("deadline abandoned input_unavailable", k, " ")
+    for (i = 1; i <= n; i++) if (y[i] - x[i] > 0) s = s sprintf("%s%d %s", s == "" ? "" : ", ", y[i] - x[i], k[i])
+    if (s != "") s = "resent " s; if (y[4] - x[4] > 0) s = s sprintf("%sfailed back %d", s == "" ? "" : "; ", y[4] - x[4])
+    if (y[5] - x[5] > 0) s = s sprintf("%sprotocol errors %d", s == "" ? "" : "; ", y[5] - x[5]); if (s != "") print " (" s ")" }'
+}
 if [ "$pa_sweep" = 1 ]; then
   if [ "$quick" = 1 ]; then concs="1 2 4 8 16 24 32"; else concs=$(seq 1 32); fi
   pa_models=${PA_MODELS:-ppocr_cls open_nsfw}
@@ -268,14 +287,16 @@ if [ "$pa_sweep" = 1 ]; then
     prates=$(for f in $fracs; do awk -v c="$cap" -v f="$f" 'BEGIN{r = c * f; printf "%s ", (r < 10 ? sprintf("%.1f", r) : sprintf("%d", r))}'; done)
     for who in ${PA_SERVERS:-ours triton}; do
       if [ "$who" = ours ]; then start_ours 1 "$m"; else start_triton 0 none 1 "$m"; fi
-      for c in $concs; do
-        res[$m-$who-c$c]=$(pa_point "$who-$m-c$c" "$m" --concurrency-range "$c")
-        log "$m $who concurrency $c: ${res[$m-$who-c$c]}"
-      done
-      for r in $prates; do
-        res[$m-$who-r$r]=$(pa_point "$who-$m-r$r" "$m" --request-rate-range "$r:$r:1" --request-distribution poisson)
-        log "$m $who rate $r: ${res[$m-$who-r$r]}"
-      done
+      # each point's row; for ours, with what the server resent or failed back meanwhile
+      point() {  # point KEY ARGS...
+        local key=$1 before=""; shift
+        [ "$who" = ours ] && before=$(sym_counters)
+        res[$key]=$(pa_point "$who-$m-${key##*-}" "$m" "$@")
+        [ "$who" = ours ] && res[$key]+=$(sym_delta "$before" "$(sym_counters)")
+        log "$m $who ${key##*-}: ${res[$key]}"
+      }
+      for c in $concs; do point "$m-$who-c$c" --concurrency-range "$c"; done
+      for r in $prates; do point "$m-$who-r$r" --request-rate-range "$r:$r:1" --request-distribution poisson; done
       stop_server
     done
     {
