@@ -482,17 +482,18 @@ impl TlsIo {
 
     pub(super) fn poll(&mut self, recv: &mut Option<io::Result<usize>>, send: &mut Option<io::Result<usize>>) {
         *send = self.sent.take();
-        match self.recv {
-            Some((ptr, len)) => {
-                if let Some(r) = self.fill(ptr, len) {
-                    self.recv = None;
-                    *recv = Some(r);
-                }
+        // Records a full socket left in rustls go out at every poll, not
+        // only when the peer sends something: a send reports its bytes
+        // taken once rustls holds them, so nothing else would push them.
+        if let Err(e) = self.flush_tls() {
+            if send.is_none() {
+                *send = Some(Err(e));
             }
-            None => {
-                if let Err(e) = self.flush_tls() {
-                    *send = Some(Err(e));
-                }
+        }
+        if let Some((ptr, len)) = self.recv {
+            if let Some(r) = self.fill(ptr, len) {
+                self.recv = None;
+                *recv = Some(r);
             }
         }
     }
