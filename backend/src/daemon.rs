@@ -376,6 +376,7 @@ fn serve<D: Domain, E: Executor>(
     }
     let metrics = BackendMetrics::new(s.id, s.gpus, s.models.iter().map(|m| m.name.clone()).collect());
     let metrics = Arc::new(metrics);
+    node_shell::metrics::register_link_closures(metrics.registry());
     let endpoint = MetricsEndpoint::start(s.metrics, metrics.registry().clone())
         .map_err(setup(format!("metrics endpoint on {}", s.metrics)))?;
     let connector = spawn_connector(domain.clone(), s.connect_timeout, idle.notifier())?;

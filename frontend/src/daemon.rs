@@ -617,6 +617,7 @@ impl Http {
         let server = rt
             .block_on(Server::start_tls(cfg.http, service, http_cfg, http_tls))
             .map_err(setup(format!("HTTP listener on {}", cfg.http)))?;
+        node_shell::metrics::register_link_closures(metrics.registry());
         let endpoint = MetricsEndpoint::start(cfg.metrics, metrics.registry().clone())
         .map_err(setup(format!("metrics listener on {}", cfg.metrics)))?;
         let mut out = std::io::stdout().lock();

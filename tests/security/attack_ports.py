@@ -23,6 +23,7 @@ Usage: attack_ports.py SYMPHONY_BINARY
 """
 import os
 import random
+import re
 import socket
 import struct
 import sys
@@ -32,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cluster  # noqa: E402
 from cluster import (  # noqa: E402
     BOUND_S, HEADER, KIND_HEARTBEAT, KIND_READ_REQUEST, KIND_READ_RESPONSE, MAGIC, Cluster, fail, forged_join,
-    frame, infer_within, listening_ports, read_request, register_backend)
+    frame, infer_within, listening_ports, metric, read_request, register_backend)
 
 
 def attack_frames():
@@ -109,6 +110,12 @@ def run(c):
     print("security: wire version %d; attacking %d ports of %d daemons: %s" % (
         cluster.VERSION, len(targets), len(daemons), ports), flush=True)
 
+    # Every daemon counts the links it closed for bad bytes on its /metrics.
+    metrics_urls = [m + "/metrics" for m in re.findall(r"metrics: (http://\S+)/metrics$", c.text, re.M)]
+    if not metrics_urls:
+        fail("no daemon metrics address printed")
+    closed_before = links_closed(metrics_urls)
+
     frames = attack_frames()
     served = []
     lock = threading.Lock()
@@ -135,8 +142,17 @@ def run(c):
         if missing:
             fail(f"pid {pid} no longer listens on {missing}")
     infer_within(url, 30)
+    closed = links_closed(metrics_urls) - closed_before
+    if closed < 1:
+        fail("no daemon's symphony_links_closed_total{reason=\"bad_bytes\"} moved after the attack")
     print("security: %d malformed frames x %d ports: every daemon alive, no READ served, "
-          "inference still served" % (len(frames), len(targets)), flush=True)
+          "inference still served; %d links closed for bad bytes (metrics)" % (len(frames), len(targets), closed),
+          flush=True)
+
+
+def links_closed(metrics_urls):
+    """Links the daemons closed for bad bytes, summed over their /metrics."""
+    return sum(metric(m, 'symphony_links_closed_total{reason="bad_bytes"}') or 0 for m in metrics_urls)
 
 
 if __name__ == "__main__":

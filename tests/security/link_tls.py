@@ -160,7 +160,17 @@ def main():
         for what, needle in (("the request's input", PATTERN), ("the wire magic", cluster.MAGIC), ("the join token", token)):
             if needle in seen:
                 fail(f"{what} crossed a --link-tls cluster's links in plaintext")
+        sched_metrics = c.printed(r"^scheduler metrics: (http://\S+)$")
+        tls_closed = 'symphony_links_closed_total{reason="tls"}'
+        before = cluster.metric(sched_metrics, tls_closed) or 0
         plaintext_client_is_refused(c)
+        # The refusal is counted where an operator looks (bounded wait: the
+        # scheduler closes the link as it polls it).
+        until = time.monotonic() + cluster.BOUND_S
+        while (cluster.metric(sched_metrics, tls_closed) or 0) <= before:
+            if time.monotonic() >= until:
+                fail(f"the scheduler's {tls_closed} did not count the plaintext client")
+            time.sleep(0.05)
         c.check_alive()
         cluster.infer_within(c.url(), cluster.BOUND_S)
         c.check_alive()

@@ -301,6 +301,24 @@ impl EncodeMetric for Computed {
     }
 }
 
+// ---- the transports' process-wide counts ---------------------------------------------
+
+/// Registers `symphony_links_closed_total{reason}`: links this process
+/// closed for the peer's bytes (`bad_bytes`: a frame or record no decoder
+/// accepts) or for link TLS (`tls`: a handshake or record that failed).
+/// Both are process-wide counts the transports keep; each daemon calls
+/// this once on the registry it serves.
+pub fn register_link_closures(registry: &MetricsRegistry) {
+    registry.register(
+        "symphony_links_closed",
+        "Links closed for what the peer sent: bytes no decoder accepts, or a link TLS failure",
+        Computed::counter(|s| {
+            s.labelled(&[("reason", "bad_bytes")], dataplane::transport::links_closed_on_bad_bytes() as f64);
+            s.labelled(&[("reason", "tls")], dataplane::transport::tcp::links_closed_on_tls_failure() as f64);
+        }),
+    );
+}
+
 // ---- label handles ---------------------------------------------------------------
 
 /// Registers a family `name` of metrics `M` with one label `key` and

@@ -158,6 +158,7 @@ impl TermMetrics {
 /// with `--etcd` as a hot standby that serves whenever it is elected.
 pub fn serve<D: Domain>(domain: D, cfg: SchedulerConfig) -> Result<(), SchedulerError> {
     let metrics = Arc::new(SchedulerMetrics::new(&cfg.models));
+    node_shell::metrics::register_link_closures(metrics.registry());
     let endpoint = MetricsEndpoint::start(cfg.metrics, metrics.registry().clone())
         .map_err(|source| SchedulerError::Metrics { addr: cfg.metrics, source })?;
     let terms = TermMetrics::register(&metrics);
