@@ -264,10 +264,12 @@ class Cluster:
     --backends 1` as a context manager: entered once `up` printed
     `serving;` (within BOUND_S), left by SIGINT (then SIGKILL of its
     process group after 20 s). `text` is what `up` printed; `daemons` its
-    children (a scheduler, a frontend and a backend)."""
+    children (a scheduler, a frontend and a backend). `extra`: more flags
+    for `up` (e.g. `--link-tls`)."""
 
-    def __init__(self, binary, prefix="symphony-security-"):
+    def __init__(self, binary, prefix="symphony-security-", extra=()):
         self.binary = binary
+        self.extra = list(extra)
         self.tmp = tempfile.mkdtemp(prefix=prefix)
         self.out_path = os.path.join(self.tmp, "out")
         self.err_path = os.path.join(self.tmp, "err")
@@ -277,7 +279,7 @@ class Cluster:
 
     def __enter__(self):
         args = [self.binary, "up", "--serve", "--transport", "tcp", "--models", "ResNet50",
-                "--frontends", "1", "--backends", "1"]
+                "--frontends", "1", "--backends", "1"] + self.extra
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
             self.up = subprocess.Popen(args, stdout=out, stderr=err, start_new_session=True)
         try:

@@ -25,7 +25,6 @@ Usage: link_tls.py SYMPHONY_BINARY
 import os
 import socket
 import struct
-import subprocess
 import sys
 import threading
 import time
@@ -91,26 +90,6 @@ class Recorder:
         return False
 
 
-class TlsCluster(cluster.Cluster):
-    """cluster.Cluster with `up`'s extra flags (`--link-tls`)."""
-
-    def __init__(self, binary, extra):
-        super().__init__(binary, prefix="symphony-security-tls-")
-        self.extra = extra
-
-    def __enter__(self):
-        args = [self.binary, "up", "--serve", "--transport", "tcp", "--models", "ResNet50",
-                "--frontends", "1", "--backends", "1"] + self.extra
-        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            self.up = subprocess.Popen(args, stdout=out, stderr=err, start_new_session=True)
-        try:
-            self._wait_serving()
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
-        return self
-
-
 def recorded_inference(c):
     """The loopback bytes of one inference with the known input."""
     url = c.url()
@@ -149,12 +128,12 @@ def main():
     except PermissionError:
         print("security link tls: SKIP: the loopback recorder needs CAP_NET_RAW", flush=True)
         return
-    with TlsCluster(binary, []) as c:
+    with cluster.Cluster(binary, prefix="symphony-security-tls-") as c:
         seen = recorded_inference(c)
     if PATTERN not in seen or cluster.MAGIC not in seen:
         fail(f"self-check: the recorder saw {len(seen)} bytes of a plaintext cluster without the input pattern or the wire magic: {seen[:200]!r}")
     print(f"plaintext cluster: the recorder saw the input pattern and the wire magic in {len(seen)} bytes", flush=True)
-    with TlsCluster(binary, ["--link-tls"]) as c:
+    with cluster.Cluster(binary, prefix="symphony-security-tls-", extra=["--link-tls"]) as c:
         seen = recorded_inference(c)
         token = c.token()
         for what, needle in (("the request's input", PATTERN), ("the wire magic", cluster.MAGIC), ("the join token", token)):

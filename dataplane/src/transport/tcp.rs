@@ -144,14 +144,8 @@ impl TcpDomain {
         let fd = OwnedFd::from(sock);
         let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
         let io = match (&self.inner.tls, cfg.engine) {
-            (Some(tls), _) if accepted => ByteIo::tls(raw, tls.accept()?),
-            (Some(tls), _) => {
-                let mut io = ByteIo::tls(raw, tls.connect(addr)?);
-                if let ByteIo::Tls(t) = &mut io {
-                    t.handshake(deadline)?;
-                }
-                io
-            }
+            (Some(tls), _) if accepted => ByteIo::tls(raw, tls.accept()?, None)?,
+            (Some(tls), _) => ByteIo::tls(raw, tls.connect(addr)?, Some(deadline))?,
             (None, Engine::Uring) => ByteIo::uring(raw)?,
             (None, Engine::Blocking) => ByteIo::std(raw),
         };
@@ -266,7 +260,6 @@ impl Listener for TcpListener {
         }
     }
 }
-
 
 /// The address most of `sources` come from (ties: the first seen; none
 /// if none is known): whose link a full bound evicts, so that a flood from

@@ -83,8 +83,6 @@ const UD_RECV: u64 = 1;
 const UD_SEND: u64 = 2;
 const UD_CANCEL: u64 = 3;
 
-
-
 /// Checks that io_uring works here and supports what the tcp transport needs.
 pub(crate) fn probe_uring() -> Result<(), Error> {
     let ring = io_uring::IoUring::new(4).map_err(|_| {
@@ -138,8 +136,15 @@ impl ByteIo {
     }
 
     /// The TLS mover over `fd` (a blocking socket with a send timeout).
-    pub(crate) fn tls(fd: RawFd, conn: rustls::Connection) -> Self {
-        ByteIo::Tls(Box::new(TlsIo::new(fd, conn)))
+    /// With `handshake_by` (a client: the connect's deadline) the
+    /// handshake completes first, so the link is handed out with its
+    /// server verified or not at all.
+    pub(crate) fn tls(fd: RawFd, conn: rustls::Connection, handshake_by: Option<std::time::Instant>) -> io::Result<Self> {
+        let mut t = TlsIo::new(fd, conn);
+        if let Some(deadline) = handshake_by {
+            t.handshake(deadline)?;
+        }
+        Ok(ByteIo::Tls(Box::new(t)))
     }
 
     /// A send the std, ring or TLS mover finished inside `start_send`
