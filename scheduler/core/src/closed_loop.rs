@@ -7,7 +7,9 @@
 //! is later; and it finished no earlier than the report itself proves),
 //! carries that through the batches planned after it, and answers with the
 //! GPU's corrected free time when that differs from what matchmaking holds
-//! ([`Learned::free_at`]).
+//! ([`Learned::free_at`]). A batch the scheduler gave up before its
+//! report came (overdue past its grace) is learned from the same way when
+//! the report does come ([`ClosedLoop::on_late_report`]).
 //!
 //! Per (model, GPU) it keeps the profile error, the ratio of the measured
 //! time to the profile's `l(b)` (an exponentially weighted mean in log
@@ -167,6 +169,20 @@ struct GpuTrack {
     corrections_earlier: u64,
 }
 
+impl GpuTrack {
+    /// The first `at` batches of the chain, whose reports never came (or
+    /// come later), leave it taken as planned, each after its
+    /// predecessor: when the last of them finished (the settled time
+    /// before any).
+    fn settle_before(&mut self, at: usize) -> Option<Instant> {
+        let mut prev = self.settled;
+        for p in self.chain.drain(..at) {
+            prev = Some(p.exec_at.max(prev.unwrap_or(p.exec_at)) + p.finish_at.saturating_since(p.exec_at));
+        }
+        prev
+    }
+}
+
 /// One batch report, on the scheduler's clock.
 #[derive(Clone, Copy, Debug)]
 pub struct Report {
@@ -242,7 +258,8 @@ impl ClosedLoop {
         t.believed_free = t.believed_free.max(finish_at);
     }
 
-    /// A batch will never be reported (failed back, its backend gone).
+    /// A batch will never be reported (failed back, its backend gone), or
+    /// only late ([`on_late_report`](Self::on_late_report)).
     pub fn forget(&mut self, gpu: GpuId, batch: u64) {
         if let Some(t) = self.gpus.get_mut(gpu as usize) {
             t.chain.retain(|p| p.batch != batch);
@@ -261,17 +278,36 @@ impl ClosedLoop {
     /// Folds in a report at `now`; `None` when the batch is not one the
     /// loop holds for that GPU (already reported or forgotten).
     pub fn on_report(&mut self, now: Instant, r: &Report) -> Option<Learned> {
-        let cfg = self.cfg;
-        let models = self.models;
         let t = self.gpus.get_mut(r.gpu as usize)?;
         let at = t.chain.iter().position(|p| p.batch == r.batch)?;
-        // Batches planned before it whose reports never came (or come
-        // later): taken as planned, after their predecessor.
-        let mut prev = t.settled;
-        for p in t.chain.drain(..at) {
-            prev = Some(p.exec_at.max(prev.unwrap_or(p.exec_at)) + p.finish_at.saturating_since(p.exec_at));
-        }
+        let prev = t.settle_before(at);
         let p = t.chain.pop_front()?;
+        Some(self.fold(now, r, p, prev))
+    }
+
+    /// Folds in the report of a batch the scheduler gave up before it came
+    /// (overdue past its grace: failed back and
+    /// [`forget`](Self::forget)), planned for `[exec_at, finish_at)`. The GPU's batches still
+    /// held that were planned before it ran before it (taken as planned);
+    /// it then teaches the ratios and corrects the free time exactly as an
+    /// on-time report does: a backend that lags past the grace is learned
+    /// from rather than planned for at its old speed. `None` for a GPU the
+    /// loop has not seen.
+    pub fn on_late_report(&mut self, now: Instant, r: &Report, exec_at: Instant, finish_at: Instant) -> Option<Learned> {
+        let t = self.gpus.get_mut(r.gpu as usize)?;
+        // Batch ids grow in plan order, as does each GPU's chain.
+        let at = t.chain.iter().position(|p| p.batch > r.batch).unwrap_or(t.chain.len());
+        let prev = t.settle_before(at);
+        Some(self.fold(now, r, Planned { batch: r.batch, exec_at, finish_at }, prev))
+    }
+
+    /// Places reported batch `p` (after `prev`, when the GPU's previous
+    /// batch finished), carries its finish through the batches planned
+    /// after it, and learns the ratios from it.
+    fn fold(&mut self, now: Instant, r: &Report, p: Planned, prev: Option<Instant>) -> Learned {
+        let cfg = self.cfg;
+        let models = self.models;
+        let t = &mut self.gpus[r.gpu as usize];
         let start = p.exec_at.max(prev.unwrap_or(p.exec_at));
         let finish = (start + r.actual).max(r.finished_after);
         t.settled = Some(finish);
@@ -300,7 +336,7 @@ impl ClosedLoop {
         }
         learned.gpu_factor = self.gpus[r.gpu as usize].pooled.value();
         learned.model_factor = self.model_factor(r.model, r.gpu);
-        Some(learned)
+        learned
     }
 
     /// The factor of `model` on `gpu`, when its own reports are enough.
@@ -424,5 +460,30 @@ mod tests {
         let r = Report { batch: 99, gpu: 0, model: 0, count: 1, profiled: Duration::from_millis(6), actual: Duration::from_millis(6000), finished_after: ms(0) };
         l.on_report(ms(16_000), &r).unwrap();
         assert!(l.factor(0, 0) < 1.5 * 2f64.powf(0.2) + 1e-9, "{}", l.factor(0, 0));
+    }
+
+    #[test]
+    fn a_report_after_the_batch_was_given_up_still_teaches_and_corrects() {
+        let mut l = ClosedLoop::new(1, LoopConfig::default());
+        l.on_plan(0, 1, ms(0), ms(10));
+        l.on_plan(0, 2, ms(10), ms(20));
+        l.on_plan(0, 3, ms(20), ms(30));
+        // Batch 1 overdue: given up and forgotten; it took 40 ms (4x).
+        l.forget(0, 1);
+        assert!(l.on_report(ms(41), &report(1, 4, 10, 40, ms(40))).is_none(), "no longer held");
+        let got = l.on_late_report(ms(41), &report(1, 4, 10, 40, ms(40)), ms(0), ms(10)).unwrap();
+        // Batches 2 and 3 run after it: 40..50, 50..60.
+        assert_eq!(got.free_at, Some(ms(60)));
+        assert_eq!(l.corrections(0), (1, 0));
+        // Halfway (the first report against the profile's prior) of the
+        // step clamped to 2x: sqrt(2).
+        assert!((got.gpu_factor - 2f64.sqrt()).abs() < 1e-9, "{}", got.gpu_factor);
+        // A batch planned before a late one and never reported is taken as
+        // planned, after the GPU's settled time.
+        l.forget(0, 3);
+        let got = l.on_late_report(ms(75), &report(3, 4, 10, 10, ms(70)), ms(20), ms(30)).unwrap();
+        assert_eq!(l.on_report(ms(76), &report(2, 4, 10, 10, ms(60))), None, "batch 2 left the chain");
+        assert_eq!(got.free_at, None, "past: no correction");
+        assert_eq!(l.gpu_ratio(0).samples(), 2);
     }
 }

@@ -262,6 +262,9 @@ pub struct SchedulerMetrics {
     pub tasks_received: Counter,
     /// Batches reported done.
     pub batches_done: Counter,
+    /// Reports of batches given up before they came (learned from; their
+    /// tasks stay failed back).
+    pub late_batch_reports: Counter,
     /// Drops by reason, indexed by [`DropReason::index`].
     pub drops: Vec<Counter>,
     /// Policy drops by priority level and reason, indexed by
@@ -477,6 +480,11 @@ impl SchedulerMetrics {
         let gpus_online = gauge(&r, "symphony_gpus_online", "GPUs in matchmaking");
         let tasks_received = counter(&r, "symphony_tasks_received", "Tasks received from frontends");
         let batches_done = counter(&r, "symphony_batches_done", "Batches reported done by backends");
+        let late_batch_reports = counter(
+            &r,
+            "symphony_late_batch_reports",
+            "Batch reports that came after the batch was given up (learned from; its tasks stay failed back)",
+        );
         let failed_back = counter(&r, "symphony_tasks_failed_back", "Tasks failed back because their backend died");
         let forwarded = counter(&r, "symphony_completions_forwarded", "Backend completions forwarded to frontends");
         let undeliverable = counter(&r, "symphony_undeliverable", "Outcomes for frontends that are gone");
@@ -562,6 +570,7 @@ impl SchedulerMetrics {
             gpus_online,
             tasks_received,
             batches_done,
+            late_batch_reports,
             drops,
             drops_by_level,
             dispatched_by_level,

@@ -1458,11 +1458,18 @@ mod tests {
         assert_eq!(ev, vec![SchedulerEvent::BatchesExpired { count: 1 }]);
         assert_eq!(n.node.plane().batches_in_flight(), 0);
         assert_eq!(fe.received().iter().filter(|m| m.contains("status: 3")).count(), 1);
-        // A late report is only a protocol error.
-        be.send(&BatchDone { batch_id: 1, gpu_id: 0, count: 1, ..BatchDone::default() }).unwrap();
+        // A late report is learned from, and answers nobody again; a copy
+        // of it, or a report of a batch never planned, is a protocol error.
+        let late = BatchDone { batch_id: 1, gpu_id: 0, count: 1, start_ago_ns: 9_000_000, ..BatchDone::default() };
+        be.send(&late).unwrap();
+        be.send(&late).unwrap();
+        be.send(&BatchDone { batch_id: 99, gpu_id: 0, count: 1, ..BatchDone::default() }).unwrap();
         n.settle(t0 + Duration::from_millis(500));
         assert!(n.events().is_empty());
-        assert_eq!(n.node.plane().metrics().protocol_errors.get(), 1);
+        let m = n.node.plane().metrics();
+        assert_eq!((m.late_batch_reports.get(), m.protocol_errors.get()), (1, 2));
+        assert_eq!(n.node.plane().gpu_ratio(7, 0).map(|r| r.samples()), Some(1), "learned from");
+        assert!(fe.received().is_empty(), "the task was answered once");
     }
 
     #[test]

@@ -72,7 +72,7 @@ use crate::zoo::ModelSpec;
 
 use delay_bound::DelayBound;
 use dispatch::Dispatch;
-use ledger::{InFlight, TaskLedger};
+use ledger::{Finished, InFlight, TaskLedger};
 pub use membership::Refusal;
 use membership::{Drain, Gated, Membership};
 pub use outbox::{Outbox, PeerId};
@@ -428,8 +428,10 @@ impl ControlPlane {
     /// arrive) and its record is dropped, so that a lost `BatchDone` does
     /// not hold a shutdown drain or leak the record. The GPU itself never
     /// waits for a `BatchDone`: the RankThread frees it at its planned
-    /// finish. A `BatchDone` that comes later is counted as a protocol
-    /// error. Returns how many batches were given up.
+    /// finish. A `BatchDone` that comes later is still learned from (the
+    /// ledger keeps the last [`ledger::EXPIRED_RING`] batches given up);
+    /// one for a batch given up longer ago is counted as a protocol error.
+    /// Returns how many batches were given up.
     pub fn expire_overdue(&mut self, now: Instant) -> usize {
         let mut expired = 0;
         while let Some((batch, f)) = self.ledger.pop_overdue(now) {
@@ -907,10 +909,15 @@ impl ControlPlane {
 
     /// Backend `from` finished a batch: the batch is done, and the closed
     /// loop and the delay watch learn from the report. A report for a
-    /// batch not in flight, or from another backend than the batch's, is
-    /// refused and counted.
+    /// batch given up recently (overdue past the grace; see
+    /// [`expire_overdue`](Self::expire_overdue)) is learned from the same
+    /// way, so that a backend lagging past the grace corrects its GPU's
+    /// free time and speed instead of being planned for at its old pace;
+    /// its tasks stay failed back (their frontends have their answer). A
+    /// report for any other batch not in flight, or from another backend
+    /// than the batch's, is refused and counted.
     pub fn on_batch_done(&mut self, now: Instant, from: u32, done: &wire::BatchDone) {
-        let (sc, gpu, local_gpu, model) = match self.ledger.finish(done.batch_id, from) {
+        let finished = match self.ledger.finish(done.batch_id, from) {
             Ok(finished) => finished,
             Err(r) => {
                 self.metrics.protocol_errors.inc();
@@ -918,19 +925,24 @@ impl ControlPlane {
                 return;
             }
         };
-        self.metrics.batches_done.inc();
+        let sc = finished.subcluster;
+        if finished.late.is_some() {
+            self.metrics.late_batch_reports.inc();
+        } else {
+            self.metrics.batches_done.inc();
+        }
         self.metrics.actual_busy_ns.inc_by(done.actual_ns());
         if let Some(delay) = self.bound.on_reads(Duration::from_nanos(done.read_max_ns), done.reads) {
             for s in &mut self.subclusters {
                 s.sched.set_delay(delay);
             }
         }
-        if done.gpu_id != local_gpu {
+        if done.gpu_id != finished.local_gpu {
             // Done, but about which device? Nothing to learn from it.
             self.metrics.refuse(MessageRefusal::WrongGpu);
-            self.telemetry.forget(sc, gpu, done.batch_id);
+            self.telemetry.forget(sc, finished.gpu, done.batch_id);
         } else {
-            self.learn(now, sc, gpu, model, done);
+            self.learn(now, &finished, done);
         }
         // The cores take nothing from a report itself (they keep each
         // GPU's planned free time); `learn` has passed on any correction.
@@ -940,14 +952,15 @@ impl ControlPlane {
 
     /// The closed loop: places the report on this clock, corrects the
     /// GPU's free time, and plans later batches with the learned factors.
-    fn learn(&mut self, now: Instant, sc: usize, gpu: GpuId, model: u32, done: &wire::BatchDone) {
+    fn learn(&mut self, now: Instant, finished: &Finished, done: &wire::BatchDone) {
+        let Finished { subcluster: sc, gpu, model, late, .. } = *finished;
         let global = self.subclusters[sc].models[model as usize] as usize;
         let profiled = match done.count {
             0 => Duration::ZERO,
             n => self.models[global].profile.latency(n),
         };
         let report = telemetry::report(now, done, gpu, model, profiled, self.bound.control());
-        let Some(learned) = self.telemetry.learn(now, sc, &report) else { return };
+        let Some(learned) = self.telemetry.learn(now, sc, &report, late) else { return };
         let s = &mut self.subclusters[sc];
         s.sched.set_gpu_factor(gpu, learned.gpu_factor);
         s.sched.set_model_gpu_factor(model, gpu, learned.model_factor);
@@ -1071,7 +1084,16 @@ impl ControlPlane {
             now.saturating_since(plan.planned_at).as_nanos(),
         );
         self.telemetry.on_plan(sc, plan.gpu, batch_id, plan.exec_at, plan.finish_at);
-        let record = InFlight { backend, tasks: list, subcluster: sc, gpu: plan.gpu, local_gpu, model: plan.model };
+        let record = InFlight {
+            backend,
+            tasks: list,
+            subcluster: sc,
+            gpu: plan.gpu,
+            local_gpu,
+            model: plan.model,
+            exec_at: plan.exec_at,
+            finish_at: plan.finish_at,
+        };
         self.ledger.sent(batch_id, record, plan.finish_at);
     }
 
@@ -1110,3 +1132,6 @@ mod drain_tests;
 
 #[cfg(test)]
 mod gate_tests;
+
+#[cfg(test)]
+mod late_report_tests;

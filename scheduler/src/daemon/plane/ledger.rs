@@ -26,11 +26,38 @@ pub(super) struct InFlight {
     pub(super) local_gpu: u32,
     /// Local model id in the sub-cluster.
     pub(super) model: u32,
+    /// Its planned start and finish on the GPU.
+    pub(super) exec_at: Instant,
+    pub(super) finish_at: Instant,
 }
 
-/// Where a batch reported done ran: (sub-cluster, sub-cluster GPU id, the
-/// GPU's index at its backend, local model id).
-pub(super) type Finished = (usize, GpuId, u32, u32);
+/// Where a batch reported done ran.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Finished {
+    pub(super) subcluster: usize,
+    /// Sub-cluster GPU id, and the GPU's index at its backend.
+    pub(super) gpu: GpuId,
+    pub(super) local_gpu: u32,
+    /// Local model id in the sub-cluster.
+    pub(super) model: u32,
+    /// Reported after it was given up (its tasks were failed back): its
+    /// planned start and finish, which the closed loop no longer holds.
+    pub(super) late: Option<(Instant, Instant)>,
+}
+
+/// Batches given up (overdue past the grace) whose reports are still
+/// taken, to learn from: the most recent this many. A backend lagging
+/// past the grace reports its batches in plan order soon after; older
+/// ones are refused as unknown, as before the ring existed.
+pub(super) const EXPIRED_RING: usize = 256;
+
+/// A batch given up, in the ring of [`EXPIRED_RING`].
+#[derive(Clone, Copy, Debug)]
+struct Expired {
+    batch: u64,
+    backend: u32,
+    finished: Finished,
+}
 
 /// The ledger (see the module docs).
 pub(super) struct TaskLedger {
@@ -41,6 +68,10 @@ pub(super) struct TaskLedger {
     /// batches already reported are removed lazily.
     expiries: BinaryHeap<Reverse<(Instant, u64)>>,
     batch_grace: Duration,
+    /// The batches given up most recently (a fixed ring; `expired_next`
+    /// is where the next one goes).
+    expired: Vec<Option<Expired>>,
+    expired_next: usize,
     spare_task_lists: Vec<Vec<(u64, u32)>>,
     next_batch: u64,
     /// Tasks handed back as moved, by id: the attempt handed back. A later
@@ -60,6 +91,8 @@ impl TaskLedger {
             inflight: IdMap::with_capacity_and_hasher(1024, IdHasher::default()),
             expiries: BinaryHeap::with_capacity(1024),
             batch_grace: DEFAULT_BATCH_GRACE,
+            expired: vec![None; EXPIRED_RING],
+            expired_next: 0,
             spare_task_lists: Vec::new(),
             next_batch: 1,
             handed_back: IdMap::default(),
@@ -212,18 +245,45 @@ impl TaskLedger {
     }
 
     /// Backend `from` reported `batch` done: where it ran, or why the
-    /// report is refused (not in flight, or another backend's).
+    /// report is refused (not in flight nor recently given up, or another
+    /// backend's). A batch given up is taken once, as late.
     pub(super) fn finish(&mut self, batch: u64, from: u32) -> Result<Finished, MessageRefusal> {
         match self.inflight.get(&batch) {
-            None => return Err(MessageRefusal::UnknownBatch),
+            None => return self.finish_late(batch, from),
             Some(f) if f.backend != from => return Err(MessageRefusal::WrongBackend),
             Some(_) => {}
         }
         let f = self.inflight.remove(&batch).ok_or(MessageRefusal::UnknownBatch)?;
-        let finished = (f.subcluster, f.gpu, f.local_gpu, f.model);
+        let finished = Finished { subcluster: f.subcluster, gpu: f.gpu, local_gpu: f.local_gpu, model: f.model, late: None };
         self.recycle(f.tasks);
         self.trim_expiries();
         Ok(finished)
+    }
+
+    /// The report of a batch in the ring of those given up: taken out of
+    /// it (a copy of the report is refused), or refused.
+    fn finish_late(&mut self, batch: u64, from: u32) -> Result<Finished, MessageRefusal> {
+        let slot = self.expired.iter_mut().find(|e| e.is_some_and(|e| e.batch == batch)).ok_or(MessageRefusal::UnknownBatch)?;
+        match *slot {
+            Some(e) if e.backend == from => {
+                *slot = None;
+                Ok(e.finished)
+            }
+            _ => Err(MessageRefusal::WrongBackend),
+        }
+    }
+
+    /// `batch`, given up, goes into the ring (over its oldest entry).
+    fn remember_expired(&mut self, batch: u64, f: &InFlight) {
+        let finished = Finished {
+            subcluster: f.subcluster,
+            gpu: f.gpu,
+            local_gpu: f.local_gpu,
+            model: f.model,
+            late: Some((f.exec_at, f.finish_at)),
+        };
+        self.expired[self.expired_next] = Some(Expired { batch, backend: f.backend, finished });
+        self.expired_next = (self.expired_next + 1) % EXPIRED_RING;
     }
 
     /// When the earliest batch in flight becomes overdue (may be the
@@ -232,8 +292,10 @@ impl TaskLedger {
         self.expiries.peek().map(|Reverse((t, _))| *t)
     }
 
-    /// The next batch overdue at `now`, removed from flight: (batch id,
-    /// record). Give its tasks back with [`recycle`](Self::recycle).
+    /// The next batch overdue at `now`, removed from flight (and kept in
+    /// the ring of batches given up, whose late report is still learned
+    /// from): (batch id, record). Give its tasks back with
+    /// [`recycle`](Self::recycle).
     pub(super) fn pop_overdue(&mut self, now: Instant) -> Option<(u64, InFlight)> {
         while let Some(&Reverse((t, batch))) = self.expiries.peek() {
             if t > now {
@@ -241,6 +303,7 @@ impl TaskLedger {
             }
             self.expiries.pop();
             if let Some(f) = self.inflight.remove(&batch) {
+                self.remember_expired(batch, &f);
                 return Some((batch, f));
             }
         }

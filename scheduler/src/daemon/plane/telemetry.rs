@@ -125,9 +125,13 @@ impl Telemetry {
 
     /// A batch report: what the cores should change, if the loop is on
     /// (the caller passes it on); a corrected free time moves the
-    /// self-check's planned free time too.
-    pub(super) fn learn(&mut self, now: Instant, sc: usize, report: &Report) -> Option<Learned> {
-        let learned = self.loops[sc].on_report(now, report)?;
+    /// self-check's planned free time too. `late`: the batch was given up
+    /// before its report came; its planned start and finish.
+    pub(super) fn learn(&mut self, now: Instant, sc: usize, report: &Report, late: Option<(Instant, Instant)>) -> Option<Learned> {
+        let learned = match late {
+            None => self.loops[sc].on_report(now, report)?,
+            Some((exec_at, finish_at)) => self.loops[sc].on_late_report(now, report, exec_at, finish_at)?,
+        };
         if !self.loop_cfg.enabled {
             return None;
         }
