@@ -349,6 +349,8 @@ impl<C: Connection, E: Executor> BackendNode<C, E> {
     /// `Join{Backend}` and `Models`, and wait for the `Welcome`.
     pub fn new(cfg: BackendNodeConfig, mut worker: BatchWorker<C, E>) -> Self {
         worker.set_backend_id(cfg.id);
+        // The scheduler gives a batch up its dead_after past the planned end.
+        worker.set_plan_grace(Some(cfg.dead_after));
         BackendNode {
             cfg,
             worker,
@@ -1563,6 +1565,50 @@ mod tests {
         assert!(done[0].contains("batch_id: 1") && done[1].contains("batch_id: 2"), "{done:?}");
         assert_eq!(n.node.worker().stats().duplicate_plans, 1);
         assert_eq!(n.node.worker().stats().plans, 2);
+    }
+
+    /// A plan that has not started by its planned end plus the scheduler's
+    /// grace (its dead_after) is one the scheduler has failed back: it is
+    /// skipped, its task answered `Abandoned` and its BatchDone reporting
+    /// nothing run, so a lagging backend catches up instead of running it.
+    #[test]
+    fn a_plan_the_scheduler_has_given_up_is_skipped_not_run() {
+        let t0 = Instant::ZERO;
+        let (mut n, mut s) = registered(t0);
+        let mut fe = n.connect_frontend(t0, false);
+        n.settle(t0);
+        n.events();
+        // The frontend's input region (the staging registration is key 1).
+        let region = Region::anonymous(64).unwrap();
+        let reg = n.net.domain(FRONTEND).register(&region, Access::REMOTE_READ).unwrap();
+        // l(1) = 1.2 ms at profile; 1000x slower, plan 1 holds the GPU 1.2 s,
+        // past plan 2's planned end (7 ms) plus the 1 s grace.
+        assert!(n.node.worker_mut().executor_mut().set_slowdown(0, 1000.0));
+        for batch_id in 1..=2u64 {
+            let head = BatchPlanHead { batch_id, exec_in_ns: 1_000_000 * batch_id, model_id: 0, gpu_id: 0, count: 0, run_ns: 5_000_000, epoch: 0 };
+            let input = RemoteRef { key: reg.key(), len: 16, offset: 16 * batch_id };
+            let task = BatchTask { task_id: batch_id, frontend_id: 3, queued_us: 0, input, capability: Default::default() };
+            s.send_encoded(|buf| wire::encode_batch_plan(buf, &head, &[task])).unwrap();
+        }
+        n.run_until(t0, t0 + Duration::from_millis(3000));
+        let (msgs, _) = s.received();
+        let done: Vec<&String> = msgs.iter().filter(|m| m.starts_with("BatchDone")).collect();
+        // Plan 2 is skipped at the first poll past its grace, while plan 1
+        // still runs: its report comes first.
+        assert_eq!(done.len(), 2, "{msgs:?}");
+        assert!(done[0].contains("batch_id: 2,") && done[0].contains("count: 0,"), "nothing run: {done:?}");
+        assert!(done[1].contains("batch_id: 1,") && done[1].contains("count: 1,"), "{done:?}");
+        let st = n.node.worker().stats();
+        assert_eq!((st.batches_executed, st.plans_skipped, st.tasks_ok, st.tasks_failed), (1, 1, 1, 1));
+        let statuses: Vec<(u64, u32)> = fe
+            .take_all()
+            .iter()
+            .filter_map(|m| match wire::decode(m) {
+                Ok(Message::Completion(h, _)) => Some((h.task_id, h.status)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(statuses, [(2, wire::TaskStatus::Abandoned as u32), (1, wire::TaskStatus::Ok as u32)]);
     }
 
     #[test]

@@ -15,7 +15,10 @@
 //!    only its tasks;
 //! 4. when every input is in (or `exec_at + fetch_grace` passed: the
 //!    missing ones fail) and the device is idle, submits the batch of the
-//!    arrived inputs to the executor with its `exec_at`;
+//!    arrived inputs to the executor with its `exec_at`; a batch the
+//!    scheduler has already given up (past its planned end and the
+//!    scheduler's grace: [`BatchWorker::set_plan_grace`]) is skipped and
+//!    its tasks answered `Abandoned`;
 //! 5. when the executor reports the batch, sends one `Completion` per task
 //!    and then a `BatchDone` to the scheduler: the device's start and
 //!    finish as durations before the send, and the batch's slowest input
@@ -180,6 +183,10 @@ pub struct BatchWorker<C: Connection, E: Executor> {
     /// This backend's id, named in every completion (the frontend checks
     /// the task's capability against it).
     backend_id: u32,
+    /// How long past a plan's planned end the scheduler waits for its
+    /// report before giving the batch up ([`BatchWorker::set_plan_grace`];
+    /// None: plans are never skipped).
+    plan_grace: Option<Duration>,
 }
 
 /// Control messages held for the caller before the worker stops reading
@@ -275,6 +282,7 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
             stats: WorkerStats::default(),
             failures: failures::FailureLog::default(),
             backend_id: 0,
+            plan_grace: None,
             cfg,
         })
     }
@@ -308,6 +316,18 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
     /// `exec_in` (the scheduler announces it at registration).
     pub fn set_control_delay(&mut self, bound: Duration) {
         self.cfg.control_delay = bound;
+    }
+
+    /// How long past a plan's planned end the scheduler waits for the
+    /// batch's report before it gives the batch up and fails its tasks
+    /// back (its batch grace). A plan that has not started by then (its
+    /// planned end, plus this, plus the control delay bound by which this
+    /// backend's clock may run ahead of the plan's) is skipped: its tasks
+    /// are answered `Abandoned` and its `BatchDone` reports nothing run,
+    /// so a backend that lags behind its plans catches up instead of
+    /// running work nobody waits for. None (the default): never skipped.
+    pub fn set_plan_grace(&mut self, grace: Option<Duration>) {
+        self.plan_grace = grace;
     }
 
     /// The control delay bound in force.

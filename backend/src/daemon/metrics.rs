@@ -46,6 +46,7 @@ struct WorkerCounters {
     rerouted_to_scheduler: Counter,
     undeliverable: Counter,
     ignored_messages: Counter,
+    plans_skipped: Counter,
     /// Plans not executed for their epoch, by [`crate::worker::FenceReason`]
     /// (`stale_epoch`, `superseded`).
     fenced: Vec<Counter>,
@@ -97,6 +98,11 @@ impl BackendMetrics {
             rerouted_to_scheduler: counter(&r, "symphony_backend_rerouted", "Completions sent to the scheduler because the frontend was gone"),
             undeliverable: counter(&r, "symphony_backend_undeliverable", "Messages that could not be sent anywhere"),
             ignored_messages: counter(&r, "symphony_backend_ignored_messages", "Peer messages the backend does not handle"),
+            plans_skipped: counter(
+                &r,
+                "symphony_backend_plans_skipped",
+                "Plans skipped unexecuted: not started by the time the scheduler gives them up (a lagging backend catching up)",
+            ),
             fenced: metrics::labelled(
                 &r,
                 "symphony_backend_plans_fenced",
@@ -198,6 +204,7 @@ impl BackendMetrics {
             (&w.rerouted_to_scheduler, s.rerouted_to_scheduler),
             (&w.undeliverable, s.undeliverable),
             (&w.ignored_messages, s.ignored_messages),
+            (&w.plans_skipped, s.plans_skipped),
             (&w.fenced[0], s.stale_plans),
             (&w.fenced[1], s.superseded_batches),
         ] {

@@ -3,7 +3,9 @@
 use dataplane::time::{Duration, Instant};
 use dataplane::transport::Connection;
 
-use super::{BatchWorker, Phase, TaskPhase, WorkerError};
+use dataplane::wire::TaskStatus;
+
+use super::{BatchSlot, BatchWorker, Phase, TaskPhase, WorkerError};
 use crate::exec::{Executor, InputRef, Job, OutputRef};
 
 /// A batch counts as a late start (`WorkerStats::late_starts`) only when
@@ -54,11 +56,17 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
     pub(super) fn submit_ready(&mut self, now: Instant) -> Result<bool, WorkerError> {
         let mut any = false;
         loop {
-            // Per device, the ready batch with the earliest exec_at.
+            // Per device, the ready batch with the earliest exec_at; first
+            // any the scheduler has given up, whose device does not matter.
             let mut pick: Option<usize> = None;
+            let mut given_up = false;
             for (i, s) in self.slots.iter().enumerate() {
                 if s.phase != Phase::Ready {
                     continue;
+                }
+                if self.given_up(s, now) {
+                    (pick, given_up) = (Some(i), true);
+                    break;
                 }
                 let arrived = s.tasks.iter().any(|t| t.phase == TaskPhase::Arrived);
                 if arrived && !self.exec.is_idle(s.gpu) {
@@ -72,6 +80,10 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
                 return Ok(any);
             };
             any = true;
+            if given_up {
+                self.skip(si);
+                continue;
+            }
             let cfg = self.cfg;
             let s = &mut self.slots[si];
             self.inputs.clear();
@@ -113,5 +125,27 @@ impl<C: Connection, E: Executor> BatchWorker<C, E> {
                 Err(e) => return Err(WorkerError::Executor(e)),
             }
         }
+    }
+
+    /// Whether the scheduler has given batch `s` up by `now`: it did not
+    /// start by its planned end plus the scheduler's grace (and the control
+    /// delay bound: this clock may run that far ahead of the plan's).
+    fn given_up(&self, s: &BatchSlot, now: Instant) -> bool {
+        self.plan_grace.is_some_and(|grace| now > s.exec_at + s.run + grace + self.cfg.control_delay)
+    }
+
+    /// Skips batch `si` unexecuted: its fetched tasks are answered
+    /// `Abandoned` (the scheduler has failed them back already; a
+    /// frontend keeps the first answer), and its `BatchDone` reports
+    /// nothing run.
+    fn skip(&mut self, si: usize) {
+        let s = &mut self.slots[si];
+        for t in &mut s.tasks {
+            if t.phase == TaskPhase::Arrived {
+                t.phase = TaskPhase::Failed(TaskStatus::Abandoned);
+            }
+        }
+        s.phase = Phase::Sending;
+        self.stats.plans_skipped += 1;
     }
 }

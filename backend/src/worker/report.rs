@@ -43,6 +43,10 @@ pub struct WorkerStats {
     /// unexecuted (reason `superseded`): the new leader plans their tasks
     /// again (frontends resubmit what they still await).
     pub superseded_batches: u64,
+    /// Plans skipped unexecuted because they had not started by the time
+    /// the scheduler gives them up ([`BatchWorker::set_plan_grace`](crate::BatchWorker::set_plan_grace)):
+    /// a lagging backend catching up.
+    pub plans_skipped: u64,
 }
 
 /// Why a plan was not executed because of its epoch (metric label).
