@@ -342,3 +342,47 @@ impl TaskLedger {
         self.spare_task_lists.push(v);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(backend: u32, at_ms: u64) -> InFlight {
+        let exec_at = Instant::from_nanos(at_ms * 1_000_000);
+        InFlight {
+            backend,
+            tasks: vec![(at_ms, 1)],
+            subcluster: 0,
+            gpu: 0,
+            local_gpu: 0,
+            model: 0,
+            exec_at,
+            finish_at: exec_at + Duration::from_millis(1),
+        }
+    }
+
+    #[test]
+    fn the_last_batches_given_up_are_taken_once_as_late_and_older_ones_refused() {
+        let mut l = TaskLedger::new();
+        l.set_batch_grace(Duration::from_millis(5));
+        let n = EXPIRED_RING as u64 + 10;
+        for batch in 1..=n {
+            l.sent(batch, record(7, batch), Instant::from_nanos(batch * 1_000_000));
+        }
+        let mut expired = 0;
+        while let Some((_, f)) = l.pop_overdue(Instant::from_nanos(10_000_000_000)) {
+            l.recycle(f.tasks);
+            expired += 1;
+        }
+        assert_eq!((expired, l.in_flight()), (n, 0));
+        // The oldest ten fell out of the ring: unknown, as before it.
+        assert_eq!(l.finish(10, 7), Err(MessageRefusal::UnknownBatch));
+        let at = |ms: u64| Instant::from_nanos(ms * 1_000_000);
+        assert_eq!(l.finish(11, 8), Err(MessageRefusal::WrongBackend), "another backend's report");
+        let f = l.finish(11, 7).unwrap();
+        assert_eq!(f.late, Some((at(11), at(12))));
+        assert_eq!(l.finish(11, 7), Err(MessageRefusal::UnknownBatch), "taken once");
+        assert_eq!(l.finish(n, 7).unwrap().late, Some((at(n), at(n + 1))));
+        assert_eq!(l.finish(n + 1, 7), Err(MessageRefusal::UnknownBatch), "never planned");
+    }
+}
