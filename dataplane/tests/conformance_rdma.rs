@@ -376,6 +376,50 @@ fn rdma_idle_connection_sleeps_until_a_completion() {
     drop(sender.join().unwrap());
 }
 
+/// A SEND that completes after the send queue was armed raises an event; a
+/// caller that only receives never polls the send queue for it, so `wait`
+/// must: otherwise the event keeps the wait fd readable and every later
+/// `wait` returns at once (netbench's idle server spun through epoll and
+/// socket peeks after answering a hello; fixed in 4d5b24d).
+#[test]
+fn rdma_wait_sleeps_after_a_send_that_completed_after_the_arm() {
+    let Some(d) = domain_or_skip() else { return };
+    let (mut server, mut client) = connected_pair(&d);
+    let mut set = WaitSet::new().unwrap();
+    set.add(client.wait_fd().expect("rdma has a wait fd")).unwrap();
+    let mut out = [Completion::default(); 1];
+    let mut buf = [0u8; 64];
+    // Polled empty: both queues armed, then the SEND is posted.
+    assert_eq!(client.poll_completions(&mut out).unwrap(), 0);
+    assert_eq!(client.try_recv(&mut buf).unwrap(), None);
+    client.send(&heartbeat(3)).unwrap();
+    // Its completion (the peer's acknowledgement) raises the armed queue's
+    // event: the wait fd turns readable (bounded wait, no sleep as sync).
+    let deadline = Instant::now() + std::time::Duration::from_secs(20);
+    while set.wait(Duration::from_millis(1_000)) == 0 {
+        assert!(Instant::now() < deadline, "the SEND's completion raised no event");
+    }
+    let n = recv_one(&mut server, &mut buf).unwrap();
+    assert_eq!(heartbeat_seq(&buf[..n]), 3);
+    // Only receiving from here on: each wait reaps the SEND's completion
+    // (first call), re-arms and sleeps its whole timeout.
+    for round in 0..3 {
+        let t = Instant::now();
+        assert!(client.wait(Duration::from_millis(50)).unwrap());
+        assert!(
+            t.elapsed() >= std::time::Duration::from_millis(40),
+            "wait {round} returned after {:?}: the SEND's event was left pending",
+            t.elapsed()
+        );
+        assert_eq!(client.try_recv(&mut buf).unwrap(), None);
+    }
+    assert_eq!(set.wait(Duration::from_millis(20)), 0, "the wait fd stays quiet");
+    // Still a working connection: a message wakes the wait.
+    server.send(&heartbeat(4)).unwrap();
+    let n = recv_one(&mut client, &mut buf).unwrap();
+    assert_eq!(heartbeat_seq(&buf[..n]), 4);
+}
+
 #[test]
 fn rdma_peer_departure_comes_after_its_queued_messages() {
     let Some(d) = domain_or_skip() else { return };
