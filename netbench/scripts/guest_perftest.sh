@@ -14,7 +14,9 @@
 # flight (SYMPHONY_RDMA_SEND_SLOTS=SEND_SLOTS, default 128, perftest's tx depth; the transport's
 # default is 64) and perftest's QP ACK timeout (SYMPHONY_RDMA_ACK_TIMEOUT=ACK_TIMEOUT, default
 # 14: 67 ms before a lost packet is sent again; the transport's default, 16 = 268 ms, is for
-# the lossy link between two guests). netbench's SEND bandwidth test, as ib_send_bw, has
+# the lossy link between two guests), and one READ or WRITE per post call (POST_LIST, default 1:
+# perftest's post list; sixteen 1 MiB WRITEs in one rxe doorbell outlast its retransmit timer
+# and the queue pair's work moves to softirq, 0.58x perftest). netbench's SEND bandwidth test, as ib_send_bw, has
 # receives posted in advance (512, perftest's rx depth) and no answers. perftest's server of a READ or WRITE test
 # sleeps until the end, so netbench's server idles (--server-idle block) for them; for SEND both
 # servers poll for receives (spin).
@@ -34,7 +36,8 @@ for round in $(seq 1 "${ROUNDS:-3}"); do
         if SYMPHONY_RDMA_READ_DEPTH=${READ_DEPTH:-128} SYMPHONY_RDMA_MAX_READS=${MAX_READS:-128} \
              SYMPHONY_RDMA_BUSY_POLL=${BUSY_POLL:-1} SYMPHONY_RDMA_SEND_SLOTS=${SEND_SLOTS:-128} \
              SYMPHONY_RDMA_ACK_TIMEOUT=${ACK_TIMEOUT:-14} \
-             ./netbench $test -t rdma -d "$SR_DEV" --verb $verb -s "$size" -n "$n" --server-idle $idle --csv \
+             ./netbench $test -t rdma -d "$SR_DEV" --verb $verb -s "$size" -n "$n" --server-idle $idle \
+               --post-list "${POST_LIST:-1}" --csv \
              >/tmp/nb.csv 2>/tmp/nb.err; then
           echo "NB $test $verb $size $(tail -1 /tmp/nb.csv)"
         elif [ $verb = write ] && grep -q -- "--features rdma" /tmp/nb.err; then

@@ -377,6 +377,10 @@ pub(crate) struct PerfArgs {
     /// the send queue's slots, SYMPHONY_RDMA_SEND_SLOTS (default 64).
     #[arg(long, default_value_t = 128)]
     pub(crate) tx_depth: usize,
+    /// READ/WRITE work requests per post call, one doorbell (bw), 1..=16 (perftest's
+    /// --post_list, whose default is 1 too).
+    #[arg(long, short = 'l', default_value_t = 1)]
+    pub(crate) post_list: usize,
     /// rdma: receives each local server posts in advance per queue pair (perftest's
     /// --rx-depth; a SEND finding none is retried by the NIC, receiver-not-ready), one
     /// 32 KiB slot each; `netbench serve` takes SYMPHONY_RDMA_RECV_SLOTS [default: 512

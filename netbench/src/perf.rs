@@ -24,7 +24,8 @@
 //!   perftest's `ib_write_lat` is half a WRITE ping-pong, one way. The
 //!   WRITEs carry the object's own bytes (it stays as served); the check
 //!   after each size writes a marker, reads it back and restores it.
-//! - Bandwidth: each queue pair keeps `--tx-depth` operations in flight; an
+//! - Bandwidth: each queue pair keeps `--tx-depth` operations in flight,
+//!   READs and WRITEs posted `--post-list` per call (perftest's `-l`); an
 //!   operation completes at its completion (READ, rdma WRITE) or at the
 //!   server's acknowledgement (emulated WRITE; with `--bidirectional` the
 //!   server answers every WRITE or SEND with one of the same size, and both
@@ -154,9 +155,15 @@ fn post_writes<D: Domain>(conn: &mut D::Conn, ops: &[ReadOp]) -> Result<usize, T
     Err(TransportError::Unsupported("one-sided WRITE on this transport"))
 }
 
-/// Work requests handed to the transport in one call (one doorbell on verbs,
-/// as perftest's post lists; the rdma transport's batch is 16 as well).
-const POST_AT_ONCE: usize = 16;
+/// Most work requests handed to the transport in one call (one doorbell on
+/// verbs, perftest's post list; the rdma transport's batch is 16 as well).
+/// How many a stream hands over is `--post-list`, by default 1 as perftest's:
+/// on rxe a doorbell runs the requester (and the loopback responder and
+/// completer) inside the poster's system call, and sixteen 1 MiB WRITEs in
+/// one call outlast the retransmit timer (67 ms at ACK timeout 14), after
+/// which the queue pair's work moved to softirq on the other CPU and stalled
+/// 50-100 ms at a time (29-35 MB/s; one per call: 52, perftest 42-55).
+pub const POST_AT_ONCE: usize = 16;
 
 /// Latency or bandwidth.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -194,6 +201,8 @@ struct Stream {
     size: u32,
     /// Operations in flight per queue pair.
     depth: usize,
+    /// READ/WRITE work requests per post call.
+    post_list: usize,
     /// WRITE/SEND: the server answers with the same size (both directions count).
     bidirectional: bool,
 }
@@ -215,6 +224,8 @@ pub struct PerfConfig {
     pub queue_pairs: usize,
     /// Operations in flight per queue pair (bandwidth).
     pub tx_depth: usize,
+    /// READ/WRITE work requests per post call (bandwidth), 1..=[`POST_AT_ONCE`].
+    pub post_list: usize,
     /// Bandwidth: the server answers each operation with one of the same size.
     pub bidirectional: bool,
     /// Latency: also measure under this concurrent stream.
@@ -870,12 +881,13 @@ impl<D: Domain> Links<D> {
                 let max = self.links[i].conn.max_outstanding_reads().max(1);
                 let mut room = room.min(max.saturating_sub(self.links[i].inflight) as u64);
                 while room > 0 {
-                    match self.post_one_sided(i, verb, st.size, room as usize) {
+                    let ask = (room as usize).min(st.post_list.clamp(1, POST_AT_ONCE));
+                    match self.post_one_sided(i, verb, st.size, ask) {
                         Ok(n) => {
                             self.links[i].started += n as u64;
                             self.links[i].inflight += n;
                             room -= n as u64;
-                            if n < POST_AT_ONCE {
+                            if n < ask {
                                 break;
                             }
                         }
@@ -1087,6 +1099,7 @@ impl WithDomain for PerfRun {
                         verb: cfg.verb,
                         size,
                         depth,
+                        post_list: cfg.post_list,
                         bidirectional: cfg.bidirectional,
                     };
                     r.bw = Some(links.bandwidth(st, cfg.warmup, cfg.stop, None, None)?);
@@ -1133,7 +1146,8 @@ fn under_load<D: Domain>(
             stop.clone(),
             running.clone(),
         );
-        let (connect_timeout, op_timeout) = (cfg.connect_timeout, cfg.op_timeout);
+        let (connect_timeout, op_timeout, post_list) =
+            (cfg.connect_timeout, cfg.op_timeout, cfg.post_list);
         std::thread::spawn(move || -> Res<BwStats> {
             let r = connect_links(&domain, &addrs, 1, load.size, connect_timeout, op_timeout)
                 .and_then(|mut l| {
@@ -1141,6 +1155,7 @@ fn under_load<D: Domain>(
                         verb: load.verb,
                         size: load.size,
                         depth: load.tx_depth.max(1),
+                        post_list,
                         bidirectional: false,
                     };
                     l.bandwidth(

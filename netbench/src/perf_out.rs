@@ -134,6 +134,9 @@ pub struct PerfReport {
     pub queue_pairs: usize,
     /// Operations in flight per queue pair (bw).
     pub tx_depth: Option<usize>,
+    /// READ/WRITE work requests per post call (bw; absent in reports before it).
+    #[serde(default)]
+    pub post_list: Option<usize>,
     /// bw: both directions.
     pub bidirectional: bool,
     /// -n, if given (or its default).
@@ -238,6 +241,9 @@ fn perf_config(a: &PerfArgs, test: Test) -> Res<PerfConfig> {
     if a.tx_depth == 0 || a.tx_depth > 4096 {
         return Err(Fail::usage("--tx-depth must be 1..=4096"));
     }
+    if a.post_list == 0 || a.post_list > perf::POST_AT_ONCE {
+        return Err(Fail::usage(format!("--post-list must be 1..={}", perf::POST_AT_ONCE)));
+    }
     if a.bidirectional && (test == Test::Lat || a.verb == Verb::Read) {
         return Err(Fail::usage(
             "--bidirectional applies to bw with --verb write or send (a READ's bytes flow one way; \
@@ -280,6 +286,7 @@ fn perf_config(a: &PerfArgs, test: Test) -> Res<PerfConfig> {
         warmup,
         queue_pairs: a.queue_pairs,
         tx_depth: a.tx_depth,
+        post_list: a.post_list,
         bidirectional: a.bidirectional,
         under_load,
         connect_timeout: dataplane::time::Duration::from_millis(a.connect_timeout_ms),
@@ -404,6 +411,7 @@ fn build_report(
         peers,
         queue_pairs: cfg.queue_pairs,
         tx_depth: (test == Test::Bw).then_some(cfg.tx_depth),
+        post_list: (test == Test::Bw).then_some(cfg.post_list),
         bidirectional: cfg.bidirectional,
         iterations: match cfg.stop {
             Stop::Count(n) => Some(n),
@@ -820,6 +828,7 @@ mod tests {
             peers: vec!["127.0.0.1:1".into()],
             queue_pairs: 1,
             tx_depth: None,
+            post_list: None,
             bidirectional: false,
             iterations: Some(3),
             duration_s: None,

@@ -139,6 +139,17 @@ fn every_verb_on_every_transport_without_rdma() {
             ]);
             assert_bw_entry(&r["bw"][0], 40 << 10, 30);
             assert_eq!(r["tx_depth"], 8);
+            assert_eq!(r["post_list"], 1, "perftest's default post list");
+            if verb == "read" {
+                // 5 per post call against a depth of 8: calls of 5 and 3,
+                // every operation still counted once.
+                let r = json_of(&[
+                    "bw", "-t", t, "-s", "40KiB", "-n", "30", "--tx-depth", "8", "-l", "5",
+                    "--json",
+                ]);
+                assert_bw_entry(&r["bw"][0], 40 << 10, 30);
+                assert_eq!(r["post_list"], 5);
+            }
         }
     }
 }
@@ -417,6 +428,11 @@ fn bad_combinations_are_usage_errors() {
             &["bw", "-t", "tcp", "--tx-depth", "0"][..],
             "--tx-depth must be",
         ),
+        (
+            &["bw", "-t", "tcp", "--post-list", "0"][..],
+            "--post-list must be",
+        ),
+        (&["bw", "-t", "tcp", "-l", "17"][..], "--post-list must be"),
         (&["lat", "-t", "tcp", "-D", "0"][..], "-D must be"),
         (
             &["lat", "-t", "tcp", "-s", "32MiB"][..],
