@@ -39,3 +39,11 @@ if ! "$venv/bin/python" -c 'import onnxruntime, numpy, sys; sys.exit(onnxruntime
     echo "[setup] WARNING: could not install $ORT_PINS into $venv: the ONNX executor's tests will skip (fail under CI=true)" >&2
   fi
 fi
+# NVRTC 13 for the graph engine's compile check without a GPU (backend/tests/nvrtc.rs compiles
+# backend/src/exec/graph/kernels.cu to sm_90 PTX): the PyPI wheel nvidia-cuda-nvrtc==13.0.88 (CUDA
+# 13.0, the GPU machine's driver 580; 218 MB installed in .venv/.../nvidia/cu13/lib), no driver needed.
+if [ -x "$venv/bin/python" ] && ! compgen -G "$venv/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13" >/dev/null; then
+  echo "[setup] nvidia-cuda-nvrtc==13.0.88 into $venv" >&2
+  timeout 600 "$venv/bin/python" -m pip install -q --disable-pip-version-check nvidia-cuda-nvrtc==13.0.88 ||
+    echo "[setup] WARNING: could not install nvidia-cuda-nvrtc: the NVRTC compile check fails under CI=true" >&2
+fi

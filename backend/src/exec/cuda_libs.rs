@@ -230,14 +230,14 @@ pub fn driver_major(version: i32) -> Option<u32> {
 }
 
 #[cfg(feature = "cuda")]
-pub use loaded::{load, load_from, Loaded};
+pub use loaded::{load, load_from, load_nvrtc_from, Loaded};
 
 #[cfg(feature = "cuda")]
 mod loaded {
     use std::path::{Path, PathBuf};
     use std::sync::OnceLock;
 
-    use super::{choose, driver_major, env_search_dirs, find, missing, MissingCudaLibs, NvrtcFile};
+    use super::{choose, driver_major, env_search_dirs, find, missing, Found, MissingCudaLibs, NvrtcFile};
 
     /// The libraries this process uses, open for its whole life.
     #[derive(Debug)]
@@ -301,6 +301,31 @@ mod loaded {
             nvrtc,
             driver_version: version,
         })
+    }
+
+    /// Opens the newest NVRTC in `dirs` by path, without a driver (to
+    /// compile kernels on a machine with no GPU: the NVRTC compile check),
+    /// and its builtins library from the same folder first, which NVRTC
+    /// opens by bare name (the PyPI wheels set no run path).
+    pub fn load_nvrtc_from(dirs: &[PathBuf]) -> Result<NvrtcFile, MissingCudaLibs> {
+        let found = find(dirs);
+        let nvrtc = super::choose_nvrtc(&found.nvrtc, None)
+            .cloned()
+            .ok_or_else(|| missing(&Found { driver: Some(PathBuf::new()), ..found.clone() }, false, None))?;
+        if let Some(dir) = nvrtc.path.parent() {
+            let prefix = format!("libnvrtc-builtins.so.{}", nvrtc.major);
+            let builtins = std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix)));
+            if let Some(b) = builtins {
+                std::mem::forget(open(&b, "the NVRTC builtins library", false, &found.searched)?);
+            }
+        }
+        std::mem::forget(open(&nvrtc.path, "the NVRTC library", false, &found.searched)?);
+        Ok(nvrtc)
     }
 
     /// Finds and opens the driver and NVRTC once per process (see the

@@ -17,6 +17,7 @@ use dataplane::time::Instant;
 use scheduler_core::profile::LatencyProfile;
 
 pub mod emulated;
+pub mod graph;
 pub mod onnx;
 
 #[cfg(feature = "cuda")]
