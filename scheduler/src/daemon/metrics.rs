@@ -469,6 +469,15 @@ fn lag_buckets(r: &MetricsRegistry, name: &str, help: &str) -> super::bench_stam
     lag
 }
 
+/// The benchmark-only lag histograms: ingress, decision and send.
+fn bench_lags(r: &MetricsRegistry) -> [super::bench_stamps::LagBuckets; 3] {
+    [
+        lag_buckets(r, "symphony_bench_ingress_lag_us", "Benchmark only: frontend send to task queued (host clock stamps), microseconds"),
+        lag_buckets(r, "symphony_bench_decision_lag_us", "Benchmark only: planned dispatch moment to the plan encoded (host clock), microseconds"),
+        lag_buckets(r, "symphony_bench_send_lag_us", "Benchmark only: planned dispatch moment to the plan handed to its link (host clock), microseconds"),
+    ]
+}
+
 impl SchedulerMetrics {
     /// Counters for `models`, registered in a registry of their own.
     pub fn new(models: &[ModelSpec]) -> Self {
@@ -480,11 +489,7 @@ impl SchedulerMetrics {
         let gpus_online = gauge(&r, "symphony_gpus_online", "GPUs in matchmaking");
         let tasks_received = counter(&r, "symphony_tasks_received", "Tasks received from frontends");
         let batches_done = counter(&r, "symphony_batches_done", "Batches reported done by backends");
-        let late_batch_reports = counter(
-            &r,
-            "symphony_late_batch_reports",
-            "Batch reports that came after the batch was given up (learned from; its tasks stay failed back)",
-        );
+        let late_batch_reports = counter(&r, "symphony_late_batch_reports", "Batch reports taken after the batch was given up (learned from)");
         let failed_back = counter(&r, "symphony_tasks_failed_back", "Tasks failed back because their backend died");
         let forwarded = counter(&r, "symphony_completions_forwarded", "Backend completions forwarded to frontends");
         let undeliverable = counter(&r, "symphony_undeliverable", "Outcomes for frontends that are gone");
@@ -540,17 +545,7 @@ impl SchedulerMetrics {
         let actual_busy_ns = counter(&r, "symphony_reported_busy_ns", "GPU busy time reported by backends, ns");
         let gpu_online_ns = counter(&r, "symphony_gpu_online_ns", "Online GPU time, ns");
         register_signals(&r, models, &SignalHandles { planned: &planned_busy_ns, online: &gpu_online_ns, received: &tasks_received, gpus_online: &gpus_online, backends: &backends, drops: &drops, model_dispatched: &dispatched, model_dropped: &dropped });
-        let bench_ingress_lag = lag_buckets(&r, "symphony_bench_ingress_lag_us", "Benchmark only: frontend send to task queued (host clock stamps), microseconds");
-        let bench_decision_lag = lag_buckets(
-            &r,
-            "symphony_bench_decision_lag_us",
-            "Benchmark only: planned dispatch moment to the plan encoded (host clock), microseconds",
-        );
-        let bench_send_lag = lag_buckets(
-            &r,
-            "symphony_bench_send_lag_us",
-            "Benchmark only: planned dispatch moment to the plan handed to its link (host clock), microseconds",
-        );
+        let [bench_ingress_lag, bench_decision_lag, bench_send_lag] = bench_lags(&r);
         let closed_loop = Arc::new(LoopMetrics::default());
         if let Ok(mut t) = closed_loop.read_transport.lock() {
             t.push_str("unknown");
