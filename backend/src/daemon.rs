@@ -210,6 +210,15 @@ impl WithDomain for Launch<'_> {
                 serve(domain, cfg, exec, staging_reg, self)
             }
             ExecutorKind::Cuda => cuda(domain, cfg, staging, staging_reg, models, self),
+            // KIND_GPU models: the graph engine on the CUDA executor (issue 51).
+            #[cfg(feature = "cuda")]
+            ExecutorKind::Onnx if s.onnx.as_ref().is_some_and(|r| crate::exec::onnx::gpu_engine_serves(&r.slots)) => {
+                let slots = crate::exec::cuda::CudaSlots { max_batch: s.max_batch, input_slot: s.input_bytes, output_slot: s.output_bytes };
+                let repo = s.onnx.as_ref().map_or(&[][..], |r| &r.slots[..]);
+                let exec = crate::exec::graph::device::repo_executor(repo, s.gpus, staging, slots, models)
+                    .map_err(setup("executor cuda (graph engine)"))?;
+                serve(domain, cfg, exec, staging_reg, self)
+            }
             ExecutorKind::Onnx => {
                 let exec = onnx(s, staging)?;
                 serve(domain, cfg, exec, staging_reg, self)

@@ -340,6 +340,15 @@ fn environment(dylib: Option<&Path>) -> Result<&'static ort::environment::Enviro
     .map_err(|e| OnnxError::Runtime(e.clone()))
 }
 
+/// Whether a backend's repository models run on the CUDA executor's graph
+/// engine (issue 51) instead of ONNX Runtime: every model it holds is
+/// `KIND_GPU` (and there is one). Mixed CPU and GPU sets stay on ONNX
+/// Runtime, whose CUDA provider is used where its library exists.
+pub fn gpu_engine_serves(slots: &[Result<OnnxModel, (String, String)>]) -> bool {
+    let held: Vec<&OnnxModel> = slots.iter().filter_map(|s| s.as_ref().ok()).collect();
+    !held.is_empty() && held.iter().all(|m| m.provider == Provider::Cuda)
+}
+
 /// Loads and checks one model for one device.
 fn load_session(m: &OnnxModel, opts: &OnnxOptions, env: &ort::environment::Environment) -> Result<Session, OnnxError> {
     let model_err = |field: &str, what: String| OnnxError::Model(RepositoryError::field(&m.path, field, what));

@@ -19,7 +19,8 @@ use cudarc::nvrtc::Ptx;
 
 use super::plan::{Kernel, Plan, SymArgs};
 use super::{GraphError, Model};
-use crate::exec::cuda::{cuda_err, DeviceBatch, DeviceModel};
+use crate::exec::cuda::{cuda_err, CudaExecutor, CudaSlots, DeviceBatch, DeviceModel};
+use crate::exec::onnx::{OnnxModel, Provider};
 use crate::exec::ExecError;
 
 /// One model on one GPU: plans for batches `1..=plans.len()`, its arena.
@@ -40,6 +41,45 @@ pub fn plans(model: &Model, max_batch: u32) -> Result<Vec<Plan>, GraphError> {
         return Err(GraphError::Plan("weights differ between batch sizes".into()));
     }
     Ok(plans)
+}
+
+/// The plans of the repository models the backend serves on the GPU (its
+/// `KIND_GPU` models: [`crate::exec::onnx::Provider::Cuda`]), by model
+/// index; `None` for a slot that is not served or not a GPU model.
+pub fn repo_plans(
+    slots: &[Result<OnnxModel, (String, String)>],
+    max_batch: u32,
+) -> Result<Vec<Option<Vec<Plan>>>, ExecError> {
+    let err = |name: &str, e: GraphError| ExecError::Cuda { what: "graph engine", source: format!("model {name}: {e}").into() };
+    let mut out = Vec::with_capacity(slots.len());
+    for slot in slots {
+        let m = match slot {
+            Ok(m) if m.provider == Provider::Cuda => m,
+            _ => {
+                out.push(None);
+                continue;
+            }
+        };
+        let bytes = std::fs::read(&m.path).map_err(|e| err(&m.name, GraphError::Model(format!("{}: {e}", m.path.display()))))?;
+        let dims: Vec<usize> = m.input.dims.iter().map(|&d| usize::try_from(d).unwrap_or(0)).collect();
+        let model = Model::load(&bytes).and_then(|g| g.with_sample_dims(&dims)).map_err(|e| err(&m.name, e))?;
+        out.push(Some(plans(&model, max_batch.min(m.max_batch())).map_err(|e| err(&m.name, e))?));
+    }
+    Ok(out)
+}
+
+/// The CUDA executor over the repository's GPU models (see [`repo_plans`])
+/// on GPUs `0..gpus`, one stream, arena and buffer set each.
+pub fn repo_executor(
+    slots: &[Result<OnnxModel, (String, String)>],
+    gpus: u32,
+    staging: Arc<dataplane::mem::Region>,
+    cuda_slots: CudaSlots,
+    models: Vec<crate::exec::ExecModel>,
+) -> Result<CudaExecutor, ExecError> {
+    let plans = repo_plans(slots, cuda_slots.max_batch)?;
+    let ordinals: Vec<usize> = (0..gpus.max(1) as usize).collect();
+    CudaExecutor::with_graphs(&ordinals, staging, cuda_slots, models, &plans)
 }
 
 /// The graph models of one GPU, by executor model index (`None`: not a
