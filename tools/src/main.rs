@@ -297,7 +297,7 @@ enum Cmd {
         /// Seed of the workload and of every fault (the same seed replays the same trace).
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// Fault classes: all, none, failover, or a list of loss,dup,reorder,partition,crash,slow-gpu,
+        /// Fault classes: all, none, failover, or a list of loss,dup,reorder,partition,crash,slow-gpu,stall,
         /// the failover classes leader-crash,leader-pause,store-down,leader-partition (three schedulers),
         /// reroute,reroute2 (two scheduler groups) and the membership classes drain,join (none of these in `all`).
         #[arg(long, default_value = "all")]

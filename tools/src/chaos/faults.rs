@@ -44,12 +44,25 @@ pub enum FaultClass {
     /// from the scheduler or from a frontend; it leaves gracefully later,
     /// so that a run has several joins.
     Join,
+    /// A GPU stalls longer than the scheduler's batch grace (a host stall,
+    /// an executor far slower than its profile): a batch it starts runs
+    /// a few hundred times its profile, the scheduler gives it up and
+    /// learns from its late report, and the backend skips the plans it
+    /// could not start before they were given up.
+    Stall,
 }
 
 impl FaultClass {
     /// Every class of a single-scheduler cluster, in report order.
-    pub const ALL: [FaultClass; 6] =
-        [FaultClass::Loss, FaultClass::Dup, FaultClass::Reorder, FaultClass::Partition, FaultClass::Crash, FaultClass::SlowGpu];
+    pub const ALL: [FaultClass; 7] = [
+        FaultClass::Loss,
+        FaultClass::Dup,
+        FaultClass::Reorder,
+        FaultClass::Partition,
+        FaultClass::Crash,
+        FaultClass::SlowGpu,
+        FaultClass::Stall,
+    ];
     /// The failover classes: they run hot-standby schedulers.
     pub const FAILOVER: [FaultClass; 4] =
         [FaultClass::LeaderCrash, FaultClass::LeaderPause, FaultClass::StoreDown, FaultClass::LeaderPartition];
@@ -74,6 +87,7 @@ impl FaultClass {
             FaultClass::Reroute2 => "reroute2",
             FaultClass::Drain => "drain",
             FaultClass::Join => "join",
+            FaultClass::Stall => "stall",
         }
     }
 
@@ -110,7 +124,7 @@ impl FaultSet {
     /// No faults.
     pub const NONE: FaultSet = FaultSet(0);
     /// Every class of a single-scheduler cluster (`all`).
-    pub const ALL: FaultSet = FaultSet(0x3f);
+    pub const ALL: FaultSet = FaultSet(0x3f | 1 << FaultClass::Stall as u8);
     /// Every failover class (`failover`).
     pub const FAILOVER: FaultSet = FaultSet(0x3c0);
 
@@ -214,6 +228,11 @@ pub fn message_faults(set: FaultSet, active_from: Instant) -> FaultConfig {
     cfg
 }
 
+/// How much slower than its profile a stalled GPU runs a batch it starts
+/// during the stall: every batch of 5 ms or more overruns its planned
+/// finish by more than the scheduler's 1 s grace.
+pub const STALL_FACTOR: f64 = 201.0;
+
 /// The seeded schedule of event faults between `start` and `end`, sorted
 /// by time: about one event of each enabled class per second of run (at
 /// least one each).
@@ -290,6 +309,16 @@ pub fn schedule(set: FaultSet, seed: u64, start: Instant, end: Instant, frontend
         }
     }
     membership(set, &mut rng, &at, (frontends, backends), per_class, &mut events);
+    // Drawn last: the schedules above do not change.
+    if set.has(FaultClass::Stall) && backends > 0 && gpus > 0 {
+        for _ in 0..per_class {
+            let t = at(&mut rng);
+            let backend = rng.random_range(0..backends);
+            let gpu = rng.random_range(0..gpus);
+            let len = Duration::from_millis(rng.random_range(1100..2500));
+            events.push((t, Event::SlowGpu { backend, gpu, factor: STALL_FACTOR, until: t + len }));
+        }
+    }
     events.sort_by_key(|e| e.0);
     events
 }
@@ -359,9 +388,19 @@ mod tests {
         let a = schedule(FaultSet::ALL, 7, s, e, 3, 4, 1);
         assert_eq!(a, schedule(FaultSet::ALL, 7, s, e, 3, 4, 1));
         assert!(a.windows(2).all(|w| w[0].0 <= w[1].0));
-        // Partition, crash and slow-gpu are events (loss, dup, reorder are
-        // per-message chances): one of each per whole second of the span.
-        assert_eq!(a.len(), 3 * 2);
+        // Partition, crash, slow-gpu and stall are events (loss, dup,
+        // reorder are per-message chances): one of each per whole second
+        // of the span.
+        assert_eq!(a.len(), 4 * 2);
         assert!(a.iter().all(|(t, _)| *t >= s && *t < e));
+        // Stalls are drawn last: the other classes' events did not move.
+        // Each outlasts the scheduler's 1 s grace.
+        let without = schedule(FaultSet(FaultSet::ALL.0 & !(1 << FaultClass::Stall as u8)), 7, s, e, 3, 4, 1);
+        assert!(without.iter().all(|ev| a.contains(ev)) && a.len() == without.len() + 2);
+        let stalls: Vec<_> = a.iter().filter(|ev| !without.contains(ev)).collect();
+        assert!(
+            stalls.iter().all(|(t, ev)| matches!(ev, Event::SlowGpu { until, factor, .. } if *until >= *t + Duration::from_millis(1100) && *factor == STALL_FACTOR)),
+            "{stalls:?}"
+        );
     }
 }

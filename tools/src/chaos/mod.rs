@@ -221,6 +221,12 @@ pub struct ChaosReport {
     /// With two scheduler groups (`reroute2`): tasks the frontends took
     /// back (answered `moved`) to resubmit to their model's owner.
     pub resubmitted: u64,
+    /// Batch reports the scheduler took after it had given the batch up
+    /// (overdue past its grace), and learned from.
+    pub late_batch_reports: u64,
+    /// Plans backends skipped unexecuted because the scheduler had given
+    /// them up before they could start, over the backends up at the end.
+    pub plans_skipped: u64,
 }
 
 impl ChaosReport {
@@ -753,6 +759,19 @@ impl Harness {
         .min()
     }
 
+    /// When the last batch a stalled GPU started has surely ended: the
+    /// longest batch of any model, run [`faults::STALL_FACTOR`] times
+    /// slower, after the last stall's end.
+    fn stall_tail(&self) -> Instant {
+        let longest = self.cfg.models.iter().map(|m| m.profile.latency(m.profile.max_batch())).max().unwrap_or(Duration::ZERO);
+        let stalled = Duration::from_nanos((longest.as_nanos() as f64 * faults::STALL_FACTOR) as u64);
+        let last = self.events.iter().filter_map(|&(_, e)| match e {
+            Event::SlowGpu { factor, until, .. } if factor >= faults::STALL_FACTOR => Some(until),
+            _ => None,
+        });
+        last.max().map_or(Instant::ZERO, |until| until + stalled + Duration::from_millis(100))
+    }
+
     fn run(mut self) -> ChaosReport {
         let arrivals_end = Instant::ZERO + STARTUP + self.cfg.duration;
         let slo_max = self.cfg.models.iter().map(|m| m.slo).max().unwrap_or(Duration::ZERO);
@@ -760,6 +779,7 @@ impl Harness {
         // and liveness settle within a few seconds.
         let dead_after = Duration::from_millis(1000);
         let end = arrivals_end + slo_max + Duration::from_millis(100) + dead_after + dead_after;
+        let end = end.max(self.stall_tail());
         let step_limit: u64 = 50_000_000;
         let mut steps: u64 = 0;
         loop {
@@ -824,14 +844,18 @@ impl Harness {
             report.gpu_speed = plane.gpu_ratios().into_iter().map(|(b, g, r)| (format!("backend{b}/gpu{g}"), r.value())).collect();
             report.delay_alarms = plane.delay_watch().alarms();
             report.read_tail_ns = plane.delay_watch().observed().map_or(0, |d| d.as_nanos());
+            report.late_batch_reports = plane.metrics().late_batch_reports.get();
         }
-        report.fenced_plans = (0..self.cfg.backends)
-            .filter_map(|i| self.cluster.backend(i))
-            .map(|h| h.node.worker().stats())
-            .map(|s| s.stale_plans + s.superseded_batches)
-            .sum();
+        let stats: Vec<_> = (0..self.cfg.backends).filter_map(|i| self.cluster.backend(i)).map(|h| h.node.worker().stats()).collect();
+        report.fenced_plans = stats.iter().map(|s| s.stale_plans + s.superseded_batches).sum();
+        report.plans_skipped = stats.iter().map(|s| s.plans_skipped).sum();
         self.client.fill(&mut report);
         report.faults = fault_map(net.counts(), self.cfg.faults, self.slow_batches, self.crash_hits);
+        if self.cfg.faults.has(FaultClass::Stall) {
+            // What a stall hits: batches given up and reported late, and
+            // plans skipped for it.
+            report.faults.insert(FaultClass::Stall.as_str().to_string(), report.late_batch_reports + report.plans_skipped);
+        }
         for (c, n) in self.failover_hits.iter().chain(&self.reroutes) {
             report.faults.insert(c.as_str().to_string(), *n);
         }
