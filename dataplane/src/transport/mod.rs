@@ -559,6 +559,23 @@ pub trait Connection: Send {
         true
     }
 
+    /// The wake-up this connection shares with others of its domain (shm:
+    /// [`shm::Doorbell`]), if its transport has one.
+    fn doorbell(&self) -> Option<&shm::Doorbell> {
+        None
+    }
+
+    /// Makes the peer flag this link in [`doorbell`](Self::doorbell) and
+    /// wake the host through it, instead of through [`wait_fd`](Self::wait_fd)
+    /// (which still reports the peer's departure); returns the link's slot
+    /// in the doorbell's bitmap. From then on [`arm_wait`](Self::arm_wait)
+    /// arms nothing: the host arms the doorbell before it sleeps, and
+    /// drains this link once after subscribing and whenever its slot is
+    /// flagged. None: no doorbell (nothing changes).
+    fn subscribe_doorbell(&self) -> Option<u32> {
+        None
+    }
+
     /// How far the peer has got with what this side sent: bytes accepted
     /// by [`send`](Self::send) so far, and how many of them have left this
     /// side's queues. shm: taken means taken out of the shared ring by the

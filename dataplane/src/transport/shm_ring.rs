@@ -28,6 +28,15 @@
 //! never stranded behind a sleep. While the consumer is busy the flag is
 //! clear and publishing costs no system call.
 //!
+//! A consumer of many rings subscribes them to its process's doorbell
+//! instead ([`doorbell`]): one pending bitmap and one sleep word for all,
+//! so that one wake-up of the consumer costs one eventfd write and read,
+//! not a byte through each ring's socket. A subscribed ring's `parked`
+//! word carries the `BELL` flag; the producer checks it after the same
+//! fence and rings the doorbell. The per-ring sleep keeps working beside
+//! it (a connection's own `wait`), and a producer without the consumer's
+//! doorbell (none passed) leaves the flag alone.
+//!
 //! The protocol (everything below [`RingMemory`]) is generic over where the
 //! header and data live: the shared mapping ([`RingMap`]) in production,
 //! and under the `loom` feature loom's atomics and cells, so that
@@ -39,8 +48,11 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 use memmap2::MmapRaw;
 
+pub(crate) mod doorbell;
 #[cfg(all(test, feature = "loom"))]
 mod loom_model;
+
+pub(crate) use doorbell::{BellMap, BellMemory, Ringer};
 
 /// Header bytes before the data (one page keeps the data page aligned).
 pub(crate) const RING_HEADER_LEN: usize = 4096;
@@ -49,12 +61,19 @@ pub(crate) const MIN_RING_BYTES: usize = 4096;
 pub(crate) const MAX_RING_BYTES: usize = 1 << 30;
 const RING_MAGIC: u64 = u64::from_le_bytes(*b"SYMRING1");
 
-/// `parked`: the consumer is awake (or has not said it sleeps).
+/// `parked` (low bits): the consumer is awake (or has not said it sleeps).
 const AWAKE: u32 = 0;
 /// `parked`: the consumer is about to sleep on the socket.
 const PARKED: u32 = 1;
 /// `parked`: a producer saw [`PARKED`] and wrote (or is writing) a wake byte.
 const WOKEN: u32 = 2;
+/// The low bits of `parked` that hold the state above.
+const STATE: u32 = 3;
+/// `parked` flag: the consumer takes this ring's input through its
+/// process's doorbell (see [`doorbell`]): after each publish the producer
+/// rings it. Set once by the consumer ([`HeaderView::subscribe`]), kept
+/// through the state changes above.
+const BELL: u32 = 4;
 
 /// An atomic header word, with the operations the protocol uses: std's
 /// atomics in shared memory, loom's in the model check.
@@ -62,6 +81,8 @@ pub(crate) trait Word<V> {
     fn load(&self, order: Ordering) -> V;
     fn store(&self, value: V, order: Ordering);
     fn compare_exchange(&self, current: V, new: V, success: Ordering, failure: Ordering) -> Result<V, V>;
+    fn swap(&self, value: V, order: Ordering) -> V;
+    fn fetch_or(&self, value: V, order: Ordering) -> V;
 }
 
 /// Implements [`Word`] for an atomic type by calling its own methods.
@@ -86,6 +107,14 @@ macro_rules! impl_word {
             ) -> Result<$value, $value> {
                 <$atomic>::compare_exchange(self, current, new, success, failure)
             }
+            #[inline(always)]
+            fn swap(&self, value: $value, order: Ordering) -> $value {
+                <$atomic>::swap(self, value, order)
+            }
+            #[inline(always)]
+            fn fetch_or(&self, value: $value, order: Ordering) -> $value {
+                <$atomic>::fetch_or(self, value, order)
+            }
         }
     };
 }
@@ -98,7 +127,7 @@ impl_word!(AtomicU32, u32);
 
 /// One word alone on its (prefetch pair of) cache lines.
 #[repr(C, align(128))]
-pub(crate) struct Padded<T>(T);
+pub(crate) struct Padded<T>(pub(crate) T);
 
 /// The header page's layout, over its atomic word types.
 #[repr(C)]
@@ -249,14 +278,49 @@ pub(crate) fn open_consumer(map: MmapRaw) -> Result<RingConsumer, Corrupt> {
     RingConsumer::open(RingMap::checked(map)?)
 }
 
-/// The writing end.
-pub(crate) struct RingProducer<M: RingMemory = RingMap> {
+/// A second view of a ring's header page, for its consumer's subscription
+/// to a doorbell (the [`RingConsumer`] itself sits inside the stream).
+pub(crate) struct HeaderView {
+    map: MmapRaw,
+}
+
+// SAFETY: as for RingMap: shared memory reached only through atomics.
+unsafe impl Send for HeaderView {}
+// SAFETY: every access is an atomic operation on the shared header.
+unsafe impl Sync for HeaderView {}
+
+impl HeaderView {
+    /// A view of the header page at the start of `map`; None if too short.
+    pub(crate) fn new(map: MmapRaw) -> Option<Self> {
+        (map.len() >= RING_HEADER_LEN).then_some(HeaderView { map })
+    }
+
+    fn header(&self) -> &SharedHeader {
+        // SAFETY: the mapping holds at least the header page (checked in
+        // `new`), is page aligned and lives as long as `self`; every
+        // field is an atomic, valid for any bytes.
+        unsafe { &*(self.map.as_ptr() as *const SharedHeader) }
+    }
+
+    /// Subscribes the ring to its consumer's doorbell: from the fence on,
+    /// a publish either rings the bell or is seen by the caller's next
+    /// look at the ring (the same argument as `RingConsumer::arm`), so the
+    /// caller drains the ring once after this.
+    pub(crate) fn subscribe(&self) {
+        self.header().parked.0.fetch_or(BELL, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+    }
+}
+
+/// The writing end; `B`: the consumer's doorbell, if it passed one.
+pub(crate) struct RingProducer<M: RingMemory = RingMap, B: BellMemory = BellMap> {
     ring: M,
     tail: u64,
     head_cache: u64,
+    bell: Option<Ringer<B>>,
 }
 
-impl<M: RingMemory> RingProducer<M> {
+impl<M: RingMemory, B: BellMemory> RingProducer<M, B> {
     /// Writes a fresh header (indices zero, consumer awake; the magic last,
     /// published) into `ring` and becomes its producer.
     fn init(ring: M) -> Self {
@@ -266,7 +330,13 @@ impl<M: RingMemory> RingProducer<M> {
         h.head.0.store(0, Ordering::Relaxed);
         h.parked.0.store(AWAKE, Ordering::Relaxed);
         h.magic.store(RING_MAGIC, Ordering::Release);
-        RingProducer { ring, tail: 0, head_cache: 0 }
+        RingProducer { ring, tail: 0, head_cache: 0, bell: None }
+    }
+
+    /// The consumer's doorbell, rung after each publish once the consumer
+    /// subscribed the ring (`BELL` in its `parked` word).
+    pub(crate) fn set_bell(&mut self, bell: Ringer<B>) {
+        self.bell = Some(bell);
     }
 
     /// Free bytes, reloading the consumer's index when the cache says full.
@@ -300,7 +370,8 @@ impl<M: RingMemory> RingProducer<M> {
 
     /// Copies as many leading bytes of `parts` as fit and publishes them
     /// once. Returns the bytes taken and whether the consumer sleeps and
-    /// must be woken (one byte on the socket; the flag is cleared here).
+    /// must be woken (one byte on the socket; the flag is cleared here). A
+    /// subscribed consumer's doorbell is rung here (see [`doorbell`]).
     #[cfg(test)]
     pub(crate) fn write(&mut self, parts: &[&[u8]]) -> Result<(usize, bool), Corrupt> {
         self.write_parts(parts.iter().copied())
@@ -344,12 +415,18 @@ impl<M: RingMemory> RingProducer<M> {
         // Pairs with the fence in `RingConsumer::arm`: either it sees our
         // tail or we see its flag.
         self.ring.fence_seq_cst();
-        let wake = h.parked.0.load(Ordering::Relaxed) == PARKED
+        let parked = h.parked.0.load(Ordering::Relaxed);
+        let wake = parked & STATE == PARKED
             && h
                 .parked
                 .0
-                .compare_exchange(PARKED, WOKEN, Ordering::SeqCst, Ordering::Relaxed)
+                .compare_exchange(parked, (parked & !STATE) | WOKEN, Ordering::SeqCst, Ordering::Relaxed)
                 .is_ok();
+        if parked & BELL != 0 {
+            if let Some(bell) = &self.bell {
+                bell.ring();
+            }
+        }
         Ok((taken, wake))
     }
 }
@@ -427,8 +504,9 @@ impl<M: RingMemory> RingConsumer<M> {
     /// ([`WOKEN`]) alone: its byte keeps the socket readable.
     pub(crate) fn arm(&self) -> bool {
         let h = self.ring.header();
-        if h.parked.0.load(Ordering::Relaxed) != WOKEN {
-            h.parked.0.store(PARKED, Ordering::Relaxed);
+        let parked = h.parked.0.load(Ordering::Relaxed);
+        if parked & STATE != WOKEN {
+            h.parked.0.store((parked & BELL) | PARKED, Ordering::Relaxed);
         }
         // Pairs with the fence in `RingProducer::write`.
         self.ring.fence_seq_cst();
@@ -439,17 +517,20 @@ impl<M: RingMemory> RingConsumer<M> {
     /// the `arm` with a wake byte (the caller then reads the socket).
     pub(crate) fn disarm(&self) -> bool {
         let p = &self.ring.header().parked.0;
-        p.compare_exchange(PARKED, AWAKE, Ordering::SeqCst, Ordering::Relaxed)
+        let parked = p.load(Ordering::Relaxed);
+        let kept = parked & BELL;
+        p.compare_exchange(kept | PARKED, kept | AWAKE, Ordering::SeqCst, Ordering::Relaxed)
             .is_err()
             && self.take_woken()
     }
 
     /// Whether a producer answered our `arm` with a wake byte (the flag is
-    /// reset): the caller then reads the socket.
+    /// reset, a subscription kept): the caller then reads the socket.
     pub(crate) fn take_woken(&self) -> bool {
         let p = &self.ring.header().parked.0;
-        p.load(Ordering::Relaxed) == WOKEN
-            && p.compare_exchange(WOKEN, AWAKE, Ordering::SeqCst, Ordering::Relaxed)
+        let parked = p.load(Ordering::Relaxed);
+        parked & STATE == WOKEN
+            && p.compare_exchange(parked, (parked & BELL) | AWAKE, Ordering::SeqCst, Ordering::Relaxed)
                 .is_ok()
     }
 }

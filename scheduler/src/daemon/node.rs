@@ -933,7 +933,8 @@ impl<C: Connection> SchedulerNode<C> {
         let start = visit_frontends.partition_point(|&id| id < self.next_frontend);
         let mut taken = 0usize;
         let mut cut = None;
-        for &id in visit_frontends[start..].iter().chain(&visit_frontends[..start]) {
+        let mut order = visit_frontends[start..].iter().chain(&visit_frontends[..start]);
+        for &id in order.by_ref() {
             if taken >= TASKS_PER_POLL {
                 cut = Some(id);
                 break;
@@ -967,11 +968,17 @@ impl<C: Connection> SchedulerNode<C> {
             });
         }
         if let Some(id) = cut {
-            // The links not reached keep their bytes (their fds stay
-            // readable): this poll counts as busy, so the host polls again
-            // without sleeping.
+            // The links not reached keep their bytes: this poll counts as
+            // busy, so the host polls again without sleeping, and they are
+            // read then (a doorbell reports a link once, not for as long
+            // as it holds bytes, as a readable fd does).
             self.next_frontend = id;
             any = true;
+            for later in std::iter::once(&id).chain(order) {
+                if let Some(link) = self.frontends.get_mut(later) {
+                    link.unread = true;
+                }
+            }
         }
         for &id in &visit_backends {
             let Some(link) = self.backends.get_mut(&id).filter(|l| may_hold_messages(l, readable)) else {

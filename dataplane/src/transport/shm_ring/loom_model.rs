@@ -18,7 +18,8 @@ use loom::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use loom::sync::{Arc, Condvar, Mutex};
 use loom::thread;
 
-use super::{impl_word, Header, Padded, RingConsumer, RingMemory, RingProducer, Word};
+use super::doorbell::{self, Bell, BellMemory, BELL_WORDS};
+use super::{impl_word, Header, Padded, Ringer, RingConsumer, RingMemory, RingProducer, Word, BELL};
 
 impl_word!(AtomicU64, u64);
 impl_word!(AtomicU32, u32);
@@ -72,6 +73,11 @@ impl RingMemory for LoomMemory {
 
 /// A fresh ring of `capacity` bytes (a power of two) and its two ends.
 fn ring(capacity: usize) -> (RingProducer<LoomMemory>, RingConsumer<LoomMemory>) {
+    ring_of(capacity)
+}
+
+/// [`ring`] for a producer that may ring a doorbell in `B`.
+fn ring_of<B: BellMemory>(capacity: usize) -> (RingProducer<LoomMemory, B>, RingConsumer<LoomMemory>) {
     assert!(capacity.is_power_of_two());
     let memory = LoomMemory(Arc::new(LoomRing {
         header: Header {
@@ -194,6 +200,138 @@ fn a_sleeping_consumer_is_always_woken() {
             got.extend(bytes);
         }
         assert_eq!(got, [1, 2, 3]);
+        producer.join().unwrap();
+    });
+}
+
+/// A doorbell in loom's world: its words are loom atomics, and its eventfd
+/// the modelled socket.
+struct LoomBell {
+    bell: Bell<AtomicU64, AtomicU32>,
+    eventfd: Socket,
+}
+
+#[derive(Clone)]
+struct LoomBellRef(Arc<LoomBell>);
+
+impl LoomBellRef {
+    fn new() -> Self {
+        LoomBellRef(Arc::new(LoomBell {
+            bell: Bell {
+                sleep: Padded(AtomicU32::new(0)),
+                pending: Padded(std::array::from_fn(|_| AtomicU64::new(0))),
+            },
+            eventfd: Socket::new(),
+        }))
+    }
+}
+
+impl BellMemory for LoomBellRef {
+    type W64 = AtomicU64;
+    type W32 = AtomicU32;
+
+    fn bell(&self) -> &Bell<AtomicU64, AtomicU32> {
+        &self.0.bell
+    }
+
+    fn fence_seq_cst(&self) {
+        fence(Ordering::SeqCst);
+    }
+
+    fn signal(&self) {
+        self.0.eventfd.send_wake_byte();
+    }
+}
+
+/// A ring whose producer rings `bell` under `bit` once the consumer
+/// subscribed the ring, and its two ends.
+fn ring_with_bell(bell: &LoomBellRef, bit: u32) -> (RingProducer<LoomMemory, LoomBellRef>, RingConsumer<LoomMemory>) {
+    let (mut tx, rx) = ring_of(4);
+    tx.set_bell(Ringer::new(bell.clone(), bit).expect("bit in range"));
+    (tx, rx)
+}
+
+/// A producer thread writing `bytes` one at a time into `tx`.
+fn produce(mut tx: RingProducer<LoomMemory, LoomBellRef>, bytes: &'static [u8]) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        for &b in bytes {
+            let (n, _) = tx.write(&[&[b]]).expect("consistent");
+            assert_eq!(n, 1, "the consumer keeps up with a 4-byte ring");
+        }
+    })
+}
+
+/// Two producers, each with its own ring subscribed to one doorbell, and a
+/// consumer that visits only the rings the bitmap flags and sleeps on the
+/// doorbell's eventfd whenever a pass found nothing, as the scheduler
+/// daemon does (`DoorbellWatch`): every byte arrives, in order per ring,
+/// and no sleep misses its wake-up (a lost one is a deadlock loom reports).
+#[test]
+fn a_doorbell_shared_by_two_producers_never_loses_a_wake_up() {
+    let mut builder = loom::model::Builder::new();
+    // Three threads: two forced switches already cover every way the two
+    // producers' bits and the consumer's sleep can cross.
+    builder.preemption_bound = Some(2);
+    builder.check(|| {
+        let bell = LoomBellRef::new();
+        let (tx0, mut rx0) = ring_with_bell(&bell, 0);
+        let (tx1, mut rx1) = ring_with_bell(&bell, 65);
+        rx0.ring.header().parked.0.store(BELL, Ordering::Relaxed);
+        rx1.ring.header().parked.0.store(BELL, Ordering::Relaxed);
+        let producers = [produce(tx0, &[1, 2]), produce(tx1, &[7])];
+        let (mut got0, mut got1) = (Vec::new(), Vec::new());
+        while got0.len() + got1.len() < 3 {
+            let mut flagged = [false; 2];
+            let n = doorbell::take_pending(&bell, |bit| match bit {
+                0 => flagged[0] = true,
+                65 => flagged[1] = true,
+                _ => panic!("bit {bit} was never rung"),
+            });
+            assert!(n <= 2);
+            let before = got0.len() + got1.len();
+            if flagged[0] {
+                got0.extend(read_some(&mut rx0, 4));
+            }
+            if flagged[1] {
+                got1.extend(read_some(&mut rx1, 4));
+            }
+            if got0.len() + got1.len() == before && doorbell::arm(&bell) {
+                bell.0.eventfd.sleep_until_readable();
+            }
+            doorbell::disarm(&bell);
+        }
+        assert_eq!((got0, got1), (vec![1, 2], vec![7]));
+        for p in producers {
+            p.join().unwrap();
+        }
+    });
+}
+
+/// A consumer subscribing a ring while its producer writes (the daemon's
+/// `DoorbellWatch::watch` on a link that is already busy): after the
+/// subscription it drains the ring once, then visits it only when flagged
+/// and sleeps on the doorbell; nothing the producer wrote before, during
+/// or after the subscription is stranded.
+#[test]
+fn a_ring_subscribed_while_its_producer_writes_strands_nothing() {
+    model(|| {
+        let bell = LoomBellRef::new();
+        let (tx, mut rx) = ring_with_bell(&bell, BELL_WORDS as u32 * 64 - 1);
+        let producer = produce(tx, &[1, 2]);
+        // What `HeaderView::subscribe` does, then the first drain.
+        rx.ring.header().parked.0.fetch_or(BELL, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let mut got = read_some(&mut rx, 4);
+        while got.len() < 2 {
+            let flagged = doorbell::take_pending(&bell, |_| {}) > 0;
+            let bytes = if flagged { read_some(&mut rx, 4) } else { Vec::new() };
+            if bytes.is_empty() && !flagged && doorbell::arm(&bell) {
+                bell.0.eventfd.sleep_until_readable();
+            }
+            doorbell::disarm(&bell);
+            got.extend(bytes);
+        }
+        assert_eq!(got, [1, 2]);
         producer.join().unwrap();
     });
 }
