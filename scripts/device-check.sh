@@ -14,15 +14,19 @@
 #                                       target/device-bundle carried) run the steps; every result
 #                                       is a file in DIR (default $OUT, the device runner's folder)
 #
-# Steps (each bounded by its own timeout; all of them together by 280 s):
+# Steps (each bounded by its own timeout; all of them together by 295 s):
 #   env   the machine: nvidia-smi, lscpu, the CUDA libraries found (SYMPHONY_CUDA_LIB_DIRS)
-#   a     the GPU tests: backend's cuda, cuda_h2d, daemon (cuda) and lib (cuda_libs) test binaries
+#   a     the GPU tests: backend's cuda, cuda_h2d, graph_cuda (ppocr_cls at batch 4 on the graph
+#         engine against the same plan on the CPU), daemon (cuda) and lib (cuda_libs) test binaries
 #         under CI=true; a capability skip of the gpu there is a failure (the GPU is the point)
-#   b     a real model served on the GPU, every output checked against the CPU reference: needs
-#         the GPU engine (issue 51 item 1), which is not built yet; the step says so in its file
+#   b     the real models served on the GPU: `symphony up --model-repository` over ppocr_cls and
+#         open_nsfw as KIND_GPU models (the backend runs them on the graph engine, issue 51), every
+#         reference input sent over HTTP and every output checked against onnxruntime's CPU output
+#         (1e-4 absolute + 1e-3 relative; b-serve.txt)
 #   c     H2D bandwidth from the registered staging region against pageable memory and the PCIe
 #         link's peak at the models' batch sizes (h2d.csv, h2d-link.txt)
-#   d     the model's profile on the GPU (`symphony profile`): needs the GPU engine too
+#   d     the model's profile on the GPU (`symphony profile`): not run yet, the profiler drives
+#         ONNX Runtime's executor (tools/src/profile.rs), not the graph engine; d-profile.txt says so
 #   e     bench-cluster with a core per busy thread (pinned engine, --pin-cores) at 2 M tasks/s
 #         for the lag targets (ingress and dispatch p99.9 <= 100 us)
 set -euo pipefail
@@ -32,7 +36,7 @@ LIMIT_MIB="${SYMPHONY_DEVICE_LIMIT_MIB:-64}"
 FEATURES="--features dataplane/rdma,backend/cuda,tools/mutations"
 MODELS=(ppocr_cls open_nsfw)
 # The backend test binaries the GPU machine runs, by their test target name ("lib": the unit tests).
-TESTS=(cuda cuda_h2d daemon lib)
+TESTS=(cuda cuda_h2d graph_cuda daemon lib)
 # bench-cluster on 16 cores: the scheduler's 4 ModelThreads, its RankThread and I/O thread pinned
 # on cores 2-7; the frontend and backend peer processes and the rest on the others.
 BENCH=(bench-cluster --transport shm --rate 2000000 --gpus 1000 --engines pinned --model-threads 4
@@ -45,10 +49,10 @@ usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 # --- the steps, as one table: NAME TIMEOUT_S DESCRIPTION (run_NAME runs it) -------------------
 STEPS=(
   "env 20 the machine and the CUDA libraries found"
-  "a 90 GPU tests: bundle/tests/{cuda,cuda_h2d,daemon,lib} under CI=true, no gpu skip allowed"
-  "b 5 a real model on the GPU through symphony up, outputs against bundle/reference (needs the GPU engine)"
+  "a 80 GPU tests: bundle/tests/{cuda,cuda_h2d,graph_cuda,daemon,lib} under CI=true, no gpu skip allowed"
+  "b 30 ppocr_cls and open_nsfw as KIND_GPU models through bundle/bin/symphony up, outputs against bundle/reference"
   "c 40 H2D bandwidth: registered staging vs pageable vs link peak (bundle/tests/cuda_h2d)"
-  "d 5 symphony profile on the GPU (needs the GPU engine)"
+  "d 5 symphony profile on the GPU (not run: the profiler drives ONNX Runtime, not the graph engine)"
   "e 120 bundle/bin/symphony ${BENCH[*]}"
 )
 
@@ -96,6 +100,7 @@ dry_run() {
 # backend's has.
 declare -A TEST_MARKER=([cuda]=without_a_driver_construction_reports_no_cuda_driver
   [cuda_h2d]=registered_staging_copies_faster_than_pageable_memory_on_a_gpu
+  [graph_cuda]=a_kind_gpu_model_runs_on_the_graph_engine_or_setup_fails_cleanly
   [daemon]=cuda_executor_without_its_libraries_names_what_is_missing [lib]=exec::cuda_libs::tests::)
 test_binary() {
   local name=$1 listing=$2 bin list
@@ -116,7 +121,7 @@ references() {
   local m
   for m in "${MODELS[@]}"; do
     mkdir -p "$BUNDLE/reference/$m"
-    # Seeded inputs at the model's largest batch, outputs from onnxruntime's CPU provider with one
+    # Seeded inputs (4 samples), outputs from onnxruntime's CPU provider with one
     # thread (as scripts/onnx_reference.py); meta.txt: what the GPU engine's check needs.
     "$py" - "$root/models/$m/1/model.onnx" "$root/models/$m/config.pbtxt" "$BUNDLE/reference/$m" <<'PY'
 import re, sys
@@ -132,7 +137,8 @@ so.intra_op_num_threads = 1
 so.inter_op_num_threads = 1
 s = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 i, o = s.get_inputs()[0], s.get_outputs()[0]
-shape = [max_batch] + [int(d) for d in dims.split(",")]
+# Four samples (or max_batch if fewer): step b sends each alone; more only fill the 64 MiB.
+shape = [min(max_batch, 4)] + [int(d) for d in dims.split(",")]
 x = np.random.default_rng(51).random(shape, dtype=np.float32)
 y = s.run([o.name], {i.name: x})[0]
 x.tofile(f"{out}/input.bin")
@@ -246,11 +252,81 @@ run_a() {
 }
 
 not_built() {
-  echo "NOT RUN: $1 needs the GPU engine of issue 51 item 1 (docs/decisions.md: libtorch through tch 0.24 from the machine's PyTorch 2.11), which is not in this bundle; reference outputs to check it against are in bundle/reference" >"$OUTDIR/$2"
+  echo "NOT RUN: $1" >"$OUTDIR/$2"
   return 2
 }
-run_b() { not_built "serving a real model on the GPU" b-serve.txt; }
-run_d() { not_built "profiling a model on the GPU" d-profile.txt; }
+
+# The bundle's models as KIND_GPU models behind `symphony up`; every reference sample sent alone
+# over HTTP, its output against onnxruntime's (bundle/reference). Python's standard library only.
+run_b() {
+  local repo="$OUTDIR/b-repo" m up url="" rc=0
+  mkdir -p "$repo"
+  for m in ppocr_cls open_nsfw; do
+    mkdir -p "$repo/$m/1"
+    ln -sf "$BUNDLE/models/$m/1/model.onnx" "$repo/$m/1/model.onnx"
+    sed -e 's/KIND_CPU/KIND_GPU/' -e 's/string_value: "20"/string_value: "500"/' \
+      "$BUNDLE/models/$m/config.pbtxt" >"$repo/$m/config.pbtxt"
+  done
+  # Generous profiles: this step checks outputs, not timing.
+  cat >"$repo/profile.json" <<'EOF'
+{"models": [
+ {"name": "open_nsfw", "alpha_ms": 30.0, "beta_ms": 100.0, "r2": 1, "worst_residual_ms": 0, "memory_static_bytes": 0, "memory_peak_bytes": 0, "latency_ms": []},
+ {"name": "ppocr_cls", "alpha_ms": 2.0, "beta_ms": 50.0, "r2": 1, "worst_residual_ms": 0, "memory_static_bytes": 0, "memory_peak_bytes": 0, "latency_ms": []}
+]}
+EOF
+  "$BUNDLE/bin/symphony" up --model-repository "$repo" --frontends 1 --backends 1 \
+    >"$OUTDIR/b-up.out" 2>"$OUTDIR/b-up.err" &
+  up=$!
+  for _ in $(seq 200); do
+    url="$(sed -n 's|^frontend 1: http://\([0-9.:]*\)$|\1|p' "$OUTDIR/b-up.out")"
+    [ -n "$url" ] && break
+    kill -0 "$up" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [ -z "$url" ]; then
+    echo "FAIL symphony up did not serve (b-up.err)" >"$OUTDIR/b-serve.txt"
+    kill -INT "$up" 2>/dev/null || true
+    return 1
+  fi
+  python3 - "$url" "$BUNDLE" >"$OUTDIR/b-serve.txt" 2>&1 <<'PY' || rc=1
+import array, json, re, sys, urllib.request
+url, bundle = sys.argv[1:3]
+bad = 0
+for m, out_name in (("ppocr_cls", None), ("open_nsfw", None)):
+    meta = dict(l.split(" ", 1) for l in open(f"{bundle}/reference/{m}/meta.txt").read().splitlines())
+    in_name, _, in_shape = meta["input"].split()[:3]
+    out_name = re.search(r'output \[ \{ name: "([^"]+)"', open(f"{bundle}/models/{m}/config.pbtxt").read()).group(1)
+    shape = [int(d) for d in in_shape.split(",")]
+    x, y = array.array("f"), array.array("f")
+    x.frombytes(open(f"{bundle}/reference/{m}/input.bin", "rb").read())
+    y.frombytes(open(f"{bundle}/reference/{m}/output.bin", "rb").read())
+    per_in, per_out = len(x) // shape[0], len(y) // shape[0]
+    for i in range(shape[0]):
+        raw = x[i * per_in:(i + 1) * per_in].tobytes()
+        hdr = json.dumps({"inputs": [{"name": in_name, "datatype": "FP32", "shape": [1] + shape[1:],
+                                      "parameters": {"binary_data_size": len(raw)}}],
+                          "outputs": [{"name": out_name, "parameters": {"binary_data": False}}]}).encode()
+        req = urllib.request.Request(f"http://{url}/v2/models/{m}/infer", data=hdr + raw, headers={
+            "Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(hdr))})
+        try:
+            with urllib.request.urlopen(req, timeout=20) as r:
+                got = json.loads(r.read())["outputs"][0]["data"]
+        except Exception as e:
+            print(f"FAIL {m} sample {i}: {e}")
+            bad += 1
+            continue
+        want = list(y[i * per_out:(i + 1) * per_out])
+        ok = len(got) == len(want) and all(abs(g - w) <= 1e-4 + 1e-3 * abs(w) for g, w in zip(got, want))
+        bad += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {m} sample {i}: GPU {got} onnxruntime(CPU) {want}")
+print(f"{'all outputs match' if bad == 0 else f'{bad} outputs differ'} (1e-4 absolute + 1e-3 relative)")
+sys.exit(1 if bad else 0)
+PY
+  kill -INT "$up" 2>/dev/null || true
+  wait "$up" || true
+  return $rc
+}
+run_d() { not_built "profiling a model on the GPU: symphony profile (tools/src/profile.rs) runs ONNX Runtime's executor, whose CUDA provider the bundle cannot carry; it must drive CudaExecutor::with_graphs for KIND_GPU models first" d-profile.txt; }
 
 run_c() {
   SYMPHONY_DEVICE_OUT="$OUTDIR" CI=true "$BUNDLE/tests/cuda_h2d" --test-threads 1 --nocapture \

@@ -21,7 +21,7 @@ for step in env a b c d e; do
     grep -qE "^step $step +timeout +[0-9]+s " <<<"$dry" || fail "--dry-run lacks step $step: $dry"
 done
 grep -q 'bench-cluster .*--pin-cores' <<<"$dry" || fail "--dry-run's bench-cluster pins no cores"
-for f in bin/symphony tests/cuda tests/cuda_h2d models/open_nsfw/1/model.onnx reference/ppocr_cls MANIFEST; do
+for f in bin/symphony tests/cuda tests/cuda_h2d tests/graph_cuda models/open_nsfw/1/model.onnx reference/ppocr_cls MANIFEST; do
     grep -q "^file $f" <<<"$dry" || fail "--dry-run lists no $f"
 done
 
@@ -29,12 +29,14 @@ bash "$root/scripts/device-check.sh" --prepare >"$tmp/prepare.out" || fail "--pr
 read -r _ total <"$tmp/prepare.out"
 [ "$total" -le $((64 * 1024 * 1024)) ] || fail "bundle of $total bytes over 64 MiB"
 b="$SYMPHONY_DEVICE_BUNDLE"
-for f in bin/symphony bin/symphony-backend tests/cuda tests/cuda_h2d tests/daemon tests/lib; do
+for f in bin/symphony bin/symphony-backend tests/cuda tests/cuda_h2d tests/graph_cuda tests/daemon tests/lib; do
     [ -x "$b/$f" ] || fail "bundle lacks executable $f"
 done
 # The test binaries are the backend's with the cuda feature: they list the GPU tests.
 grep -q '^registered_staging_copies_faster_than_pageable_memory_on_a_gpu: test' \
     <<<"$("$b/tests/cuda_h2d" --list 2>/dev/null)" || fail "tests/cuda_h2d is not the H2D test binary"
+grep -q '^a_kind_gpu_model_runs_on_the_graph_engine_or_setup_fails_cleanly: test' \
+    <<<"$("$b/tests/graph_cuda" --list 2>/dev/null)" || fail "tests/graph_cuda is not the graph engine's GPU test binary"
 grep -q 'cuda_libs::tests::' <<<"$("$b/tests/lib" --list 2>/dev/null)" || fail "tests/lib lacks cuda_libs' tests"
 grep -q '^cuda_executor_on_a_gpu_initialises_before_it_needs_the_scheduler: test' \
     <<<"$("$b/tests/daemon" --list 2>/dev/null)" || fail "tests/daemon is not the backend's daemon test binary"

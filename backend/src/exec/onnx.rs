@@ -39,9 +39,12 @@
 //! with `config.pbtxt`) does not stop the others: its batches finish with
 //! `ok = false` and [`OnnxExecutor::load_error`] says why.
 //!
-//! **CUDA.** `KIND_GPU` models use the CUDA execution provider (feature
-//! `cuda`); without the feature, a GPU, a driver or a CUDA build of ONNX
-//! Runtime, construction fails with [`OnnxError::Cuda`] naming the cause.
+//! **CUDA.** A backend whose models are all `KIND_GPU` runs them on the
+//! graph engine of the CUDA executor instead ([`gpu_engine_serves`],
+//! `exec/graph`; feature `cuda`). A `KIND_GPU` model in a mixed set here
+//! uses ONNX Runtime's CUDA execution provider; without the feature, a GPU,
+//! a driver or a CUDA build of ONNX Runtime, construction fails with
+//! [`OnnxError::Cuda`] naming the cause.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
