@@ -326,7 +326,7 @@ PY
   wait "$up" || true
   return $rc
 }
-run_d() { not_built "profiling a model on the GPU: symphony profile (tools/src/profile.rs) runs ONNX Runtime's executor, whose CUDA provider the bundle cannot carry; it must drive CudaExecutor::with_graphs for KIND_GPU models first" d-profile.txt; }
+run_d() { not_built "profiling a model on the GPU: symphony profile (tools/src/profile.rs) runs ONNX Runtime's executor, whose CUDA provider the bundle cannot carry; it must drive backend::exec::graph::device::executor for KIND_GPU models first" d-profile.txt; }
 
 run_c() {
   SYMPHONY_DEVICE_OUT="$OUTDIR" CI=true "$BUNDLE/tests/cuda_h2d" --test-threads 1 --nocapture \

@@ -1,6 +1,6 @@
 //! The graph engine on the CUDA executor (issue 51): a `KIND_GPU`
 //! repository model (ppocr_cls) is lowered for batches 1..=4 and handed to
-//! `CudaExecutor::with_graphs`. Without a driver or device (CI, the
+//! `exec::graph::device::executor`. Without a driver or device (CI, the
 //! development machines) setup must fail cleanly with the libraries' or the
 //! driver's error; with a GPU, a batch of 4 from the staging region must
 //! equal the same plan run on the CPU (1e-4 absolute + 1e-3 relative),
@@ -14,7 +14,6 @@ use backend::exec::cuda::{gpu_present, CudaSlots};
 use backend::exec::graph::{cpu, device};
 use backend::exec::onnx::{gpu_engine_serves, OnnxModel, Provider};
 use backend::exec::{ExecError, ExecModel, Executor, Finished, InputRef, Job, OutputRef};
-use backend::CudaExecutor;
 use dataplane::mem::Region;
 use dataplane::time::{Instant, MonotonicClock};
 use scheduler::profile::LatencyProfile;
@@ -60,7 +59,7 @@ fn a_kind_gpu_model_runs_on_the_graph_engine_or_setup_fails_cleanly() {
     let slots = CudaSlots { max_batch: 4, input_slot: sample, output_slot: out_len };
     let exec_models = vec![ExecModel { profile: LatencyProfile::linear(0.1, 1.0, 4).unwrap(), output_len: out_len }];
     let staging = Region::anonymous(8 << 20).unwrap();
-    let mut exec = match CudaExecutor::with_graphs(&[0], staging.clone(), slots, exec_models, &plans) {
+    let mut exec = match device::executor(&[0], staging.clone(), slots, exec_models, &plans) {
         Ok(e) => e,
         Err(e @ (ExecError::CudaLibraries(_) | ExecError::Cuda { .. })) => {
             assert!(!gpu_present(), "setup failed with a GPU present: {e}");

@@ -285,27 +285,6 @@ impl CudaExecutor {
         Self::with_models(ordinals, staging, slots, models, &mut hash)
     }
 
-    /// As [`CudaExecutor::new`], running real models: the graph engine's
-    /// kernels (`graph/kernels.cu`, compiled once by NVRTC) over `plans`,
-    /// one entry per model index (`None`: not a graph model; its batches
-    /// fail), each the plans for batches `1..=max_batch` from
-    /// [`super::graph::device::plans`]. Every GPU gets its own arena with
-    /// the weights (see [`super::graph::device::GraphModels`]).
-    pub fn with_graphs(
-        ordinals: &[usize],
-        staging: Arc<Region>,
-        slots: CudaSlots,
-        models: Vec<ExecModel>,
-        plans: &[Option<Vec<super::graph::Plan>>],
-    ) -> Result<Self, ExecError> {
-        cuda_libs::load().map_err(ExecError::CudaLibraries)?;
-        let ptx = super::graph::nvrtc::compile(super::graph::KERNELS_CU, None)?;
-        let mut make = |ctx: &Arc<CudaContext>, _ordinal: usize| {
-            super::graph::device::GraphModels::load(ctx, &ptx, plans).map(|m| Box::new(m) as Box<dyn DeviceModel>)
-        };
-        Self::with_models(ordinals, staging, slots, models, &mut make)
-    }
-
     /// As [`CudaExecutor::new`], with the model of each GPU made by `make`
     /// (in that GPU's context, bound to this thread): one executor per set
     /// of GPUs by device ordinal, one stream, buffer set and model each.

@@ -51,6 +51,10 @@ impl Op {
     }
 }
 
+/// Largest arena a plan may need, in floats (16 GiB): a hostile graph's
+/// shapes stop here, before anything is allocated.
+pub const MAX_ARENA_FLOATS: u64 = 1 << 32;
+
 /// Places `ops` over buffers of `buf_lens` floats: `input` is written before
 /// the first op, `output` must survive the last.
 pub fn place(
@@ -121,6 +125,9 @@ pub fn place(
                 }
             }
         }
+    }
+    if end > MAX_ARENA_FLOATS {
+        return Err(GraphError::Plan(format!("an arena of {end} floats (at most {MAX_ARENA_FLOATS})")));
     }
     let out_off = at[output.0].ok_or_else(|| GraphError::Plan("the output is never written".into()))?;
     let plan = Plan {

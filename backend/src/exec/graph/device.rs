@@ -79,7 +79,27 @@ pub fn repo_executor(
 ) -> Result<CudaExecutor, ExecError> {
     let plans = repo_plans(slots, cuda_slots.max_batch)?;
     let ordinals: Vec<usize> = (0..gpus.max(1) as usize).collect();
-    CudaExecutor::with_graphs(&ordinals, staging, cuda_slots, models, &plans)
+    executor(&ordinals, staging, cuda_slots, models, &plans)
+}
+
+/// The CUDA executor running real models on GPUs `ordinals`: the graph
+/// engine's kernels (kernels.cu, compiled once by NVRTC) over `plans`, one
+/// entry per model index (`None`: not a graph model; its batches fail),
+/// each the plans for batches `1..=max_batch` from [`plans`]. Every GPU
+/// gets its own arena with the weights ([`GraphModels`]).
+pub fn executor(
+    ordinals: &[usize],
+    staging: Arc<dataplane::mem::Region>,
+    cuda_slots: CudaSlots,
+    models: Vec<crate::exec::ExecModel>,
+    plans: &[Option<Vec<Plan>>],
+) -> Result<CudaExecutor, ExecError> {
+    crate::exec::cuda_libs::load().map_err(ExecError::CudaLibraries)?;
+    let ptx = super::nvrtc::compile(super::KERNELS_CU, None)?;
+    let mut make = |ctx: &Arc<CudaContext>, _ordinal: usize| {
+        GraphModels::load(ctx, &ptx, plans).map(|m| Box::new(m) as Box<dyn DeviceModel>)
+    };
+    CudaExecutor::with_models(ordinals, staging, cuda_slots, models, &mut make)
 }
 
 /// The graph models of one GPU, by executor model index (`None`: not a

@@ -24,6 +24,7 @@ pub mod nvrtc;
 mod ops;
 pub mod plan;
 pub mod proto;
+pub mod state;
 
 pub use lower::Model;
 pub use plan::{Kernel, Launch, Plan};

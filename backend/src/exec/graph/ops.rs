@@ -1,7 +1,7 @@
 //! Lowering of each supported ONNX op (see [`super::lower`]).
 
 use super::arena::{Loc, Op};
-use super::lower::{attr, attr_f, attr_i, attr_ints, attr_str_in, node_name, Lowering, Val};
+use super::state::{attr, attr_f, attr_i, attr_ints, attr_str_in, node_name, Lowering, Val};
 use super::plan::{elements, Kernel};
 use super::proto::{AttributeProto, Data, NodeProto, Tensor, MAX_RANK};
 use super::GraphError;
