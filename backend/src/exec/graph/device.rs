@@ -78,6 +78,14 @@ pub fn repo_executor(
     models: Vec<crate::exec::ExecModel>,
 ) -> Result<CudaExecutor, ExecError> {
     let plans = repo_plans(slots, cuda_slots.max_batch)?;
+    // A graph model's outputs are its own size (the daemon's table says
+    // the backend's output slot for every model).
+    let mut models = models;
+    for (em, slot) in models.iter_mut().zip(slots) {
+        if let Some(m) = slot.as_ref().ok().filter(|m| m.provider == Provider::Cuda) {
+            em.output_len = m.output_bytes();
+        }
+    }
     let ordinals: Vec<usize> = (0..gpus.max(1) as usize).collect();
     executor(&ordinals, staging, cuda_slots, models, &plans)
 }
