@@ -64,6 +64,9 @@ pub struct TickRow {
     /// The interval's signals.
     pub bad_rate: f64,
     pub idle_fraction: f64,
+    /// The scheduler's demand gauge, GPUs (the target's signal; None
+    /// before its first interval).
+    pub demand_gpus: Option<f64>,
     /// GPUs added, and drained.
     pub added: u32,
     pub drained: usize,
@@ -260,6 +263,7 @@ fn summarise(
             draining: *draining,
             bad_rate: t.interval.signals.bad_rate,
             idle_fraction: t.interval.signals.idle_fraction,
+            demand_gpus: t.interval.signals.demand_gpus,
             added: t.decision.add,
             drained: t.decision.drain.len(),
         })
@@ -328,9 +332,10 @@ fn phases(load: &LoadReport, schedule: &RateSchedule, duration_s: f64) -> Vec<Ph
 
 fn print_report(r: &AutoscaleRun) {
     println!("autoscaled local cluster: peak {:.0} rps for {:.0} s; backends {}..{} ({} GPU each)", r.peak_rate_rps, r.duration_s, r.backends_min, r.backends_max, r.gpus_per_backend);
-    println!("{:>7} {:>8} {:>8} {:>9} {:>9} {:>7} {:>6} {:>7}", "t (s)", "serving", "joining", "draining", "bad rate", "idle", "added", "drained");
+    println!("{:>7} {:>8} {:>8} {:>9} {:>9} {:>7} {:>7} {:>6} {:>7}", "t (s)", "serving", "joining", "draining", "bad rate", "idle", "demand", "added", "drained");
     for t in &r.ticks {
-        println!("{:>7.1} {:>8} {:>8} {:>9} {:>8.2}% {:>6.0}% {:>6} {:>7}", t.t_s, t.serving, t.joining, t.draining, t.bad_rate * 100.0, t.idle_fraction * 100.0, t.added, t.drained);
+        let demand = t.demand_gpus.map_or_else(|| "-".to_string(), |d| format!("{d:.2}"));
+        println!("{:>7.1} {:>8} {:>8} {:>9} {:>8.2}% {:>6.0}% {:>7} {:>6} {:>7}", t.t_s, t.serving, t.joining, t.draining, t.bad_rate * 100.0, t.idle_fraction * 100.0, demand, t.added, t.drained);
     }
     for p in &r.phases {
         println!("phase {:>5.1}-{:<5.1} s at {:>3.0}% of peak: {} sent, {} ok, bad rate {:.2}%", p.from_s, p.to_s, p.fraction * 100.0, p.sent, p.ok, p.bad_rate * 100.0);

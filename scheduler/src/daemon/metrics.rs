@@ -424,20 +424,29 @@ fn register_signals(r: &MetricsRegistry, models: &[ModelSpec], h: &SignalHandles
     register_autoscale_target(r, models, counters, h.gpus_online, h.backends);
 }
 
+/// The shortest interval the autoscale target gauges are measured over:
+/// 2 s, so a controller scraping every second (`up --autoscale`) sees a
+/// change of load within about 2 s, while an interval still holds enough
+/// arrivals per model for a steady rate; a scraper slower than that
+/// (Prometheus for an HPA) closes one interval per scrape.
+pub const TARGET_INTERVAL: dataplane::time::Duration = dataplane::time::Duration::from_millis(2_000);
+
 /// One of (desired GPUs, desired backends, demand GPUs).
 type PickTarget = fn((f64, f64, f64)) -> f64;
 
 /// The autoscaler's target for the latest interval (issue 52), for an
 /// HPA or KEDA external metric: `symphony_autoscale_desired_gpus` and
 /// `_desired_backends` (at the GPUs per backend now registered) and the
-/// interval's `symphony_autoscale_demand_gpus`, from
-/// [`crate::autoscale::IntervalTarget`] over intervals of at least 10 s
-/// closed at a scrape. Before the first interval closed they read the GPUs
-/// in matchmaking (no change).
+/// interval's `symphony_autoscale_demand_gpus`, the live controller's
+/// target signal, from [`crate::autoscale::IntervalTarget`] over intervals
+/// of at least [`TARGET_INTERVAL`] closed at a scrape. Before the first
+/// interval closed the desired ones read the GPUs in matchmaking (no
+/// change) and the demand NaN (not measured: a reader must not take it
+/// for no load).
 fn register_autoscale_target(r: &MetricsRegistry, models: &[ModelSpec], counters: impl Fn() -> Counters + Send + Sync + 'static, gpus_online: &Gauge, backends: &Gauge) {
     let target = Arc::new(Mutex::new((
         dataplane::time::MonotonicClock::new(),
-        IntervalTarget::new(AutoscaleConfig { max_gpus: u32::MAX, ..AutoscaleConfig::default() }, models.to_vec(), dataplane::time::Duration::from_millis(10_000)),
+        IntervalTarget::new(AutoscaleConfig { max_gpus: u32::MAX, ..AutoscaleConfig::default() }, models.to_vec(), TARGET_INTERVAL),
     )));
     let (g, b) = (gpus_online.clone(), backends.clone());
     // (desired GPUs, desired backends, demand GPUs) now.
@@ -449,12 +458,12 @@ fn register_autoscale_target(r: &MetricsRegistry, models: &[ModelSpec], counters
         });
         let desired = reading.map_or(serving, |r| r.desired_gpus);
         let per_backend = if b.get() > 0 { (f64::from(serving) / b.get() as f64).max(1.0) } else { 1.0 };
-        (f64::from(desired), (f64::from(desired) / per_backend).ceil(), reading.map_or(0.0, |r| r.demand_gpus))
+        (f64::from(desired), (f64::from(desired) / per_backend).ceil(), reading.map_or(f64::NAN, |r| r.demand_gpus))
     });
     let families: [(&str, &str, PickTarget); 3] = [
-        ("symphony_autoscale_desired_gpus", "GPUs the autoscaler's rule wants after the latest interval (>= 10 s; demand, bad rate)", |t| t.0),
+        ("symphony_autoscale_desired_gpus", "GPUs the autoscaler's rule wants after the latest interval (>= 2 s; demand, bad rate)", |t| t.0),
         ("symphony_autoscale_desired_backends", "Backends for symphony_autoscale_desired_gpus at the GPUs per backend now registered", |t| t.1),
-        ("symphony_autoscale_demand_gpus", "GPUs the latest interval's arrivals need at the largest batches their SLOs allow", |t| t.2),
+        ("symphony_autoscale_demand_gpus", "GPUs the latest interval's arrivals need at the largest batches their SLOs allow (NaN before the first interval)", |t| t.2),
     ];
     for (name, help, pick) in families {
         let read = read.clone();
@@ -701,6 +710,7 @@ mod tests {
         let t = m.encode();
         assert_eq!(metric(&t, "symphony_autoscale_desired_gpus"), Some(4.0));
         assert_eq!(metric(&t, "symphony_autoscale_desired_backends"), Some(1.0));
-        assert_eq!(metric(&t, "symphony_autoscale_demand_gpus"), Some(0.0));
+        // Not measured yet: not a number, never a demand of 0.
+        assert!(metric(&t, "symphony_autoscale_demand_gpus").is_some_and(f64::is_nan), "{t}");
     }
 }

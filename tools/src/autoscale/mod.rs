@@ -20,10 +20,22 @@
 //! - the idle fraction: one minus the planned busy time over the online
 //!   GPU time (`symphony_planned_busy_ns_total`,
 //!   `symphony_gpu_online_ns_total`);
+//! - the demand (`symphony_autoscale_demand_gpus`, a gauge): the GPUs the
+//!   arrivals of the scheduler's latest closed interval need at the
+//!   largest batches their SLOs let them gather
+//!   ([`scheduler::autoscale::demand_gpus`] over the scheduler's own rates
+//!   and profiles). When the scheduler exports it (a number: it reads NaN
+//!   until its first interval closed), it sets the target as in the
+//!   simulator's Figure 15 (the same [`Autoscaler`]): the demand with the
+//!   headroom kept idle, plus the paper's `N·r/(1−r)` when requests were
+//!   lost; without it the idle fraction sets the target (the paper's
+//!   `N·f`), which deferred hides by spreading smaller batches over the
+//!   GPUs it holds;
 //! - each backend in matchmaking with its planned busy time
 //!   ([`BACKEND_BUSY_METRIC`]): its presence says the backend's GPUs serve
 //!   (it joined matchmaking, past the join gate, and is not draining), the
-//!   difference its idle fraction, which picks the GPUs to drain.
+//!   difference its idle fraction, which picks the GPUs to drain (the
+//!   idlest first: those consolidation already emptied).
 //!
 //! With several schedulers (hot standbys), the one that leads the newest
 //! epoch (`symphony_scheduler_leader_epoch`) is read. A new leader's
@@ -48,6 +60,10 @@ use tracing::warn;
 /// The scheduler's per-backend family: one sample per backend whose GPUs
 /// are in matchmaking, labelled `backend="ID"`, its planned busy time, ns.
 pub const BACKEND_BUSY_METRIC: &str = "symphony_backend_planned_busy_ns";
+
+/// The scheduler's demand gauge: GPUs its latest closed interval's
+/// arrivals need at full batches.
+pub const DEMAND_METRIC: &str = "symphony_autoscale_demand_gpus";
 
 /// What owns the backends, as the controller drives it: a
 /// [`ScaleProvider`] whose GPUs belong to backends the scheduler knows by
@@ -78,6 +94,9 @@ pub struct Scrape {
     pub gpu_online_ns: f64,
     /// Each backend in matchmaking with its planned busy time, ns, by id.
     pub backends: Vec<(u32, f64)>,
+    /// The scheduler's demand gauge, GPUs (None: not exported, or not a
+    /// finite non-negative number, as before its first interval closed).
+    pub demand_gpus: Option<f64>,
 }
 
 impl Scrape {
@@ -103,6 +122,7 @@ impl Scrape {
             planned_busy_ns: get("symphony_planned_busy_ns_total"),
             gpu_online_ns: get("symphony_gpu_online_ns_total"),
             backends,
+            demand_gpus: metric(text, DEMAND_METRIC).filter(|d| d.is_finite() && *d >= 0.0),
         }
     }
 
@@ -115,7 +135,8 @@ impl Scrape {
 /// One interval between two scrapes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Interval {
-    /// The bad rate and the idle fraction over the interval.
+    /// The bad rate and the idle fraction over the interval, and the
+    /// scheduler's demand at its end.
     pub signals: Signals,
     /// Tasks the scheduler received in it.
     pub tasks: f64,
@@ -143,7 +164,7 @@ impl Interval {
                 (id, if ns >= was { ns - was } else { ns })
             })
             .collect();
-        Some(Interval { signals: Signals { bad_rate, idle_fraction, demand_gpus: None }, tasks: received, backend_busy_ns })
+        Some(Interval { signals: Signals { bad_rate, idle_fraction, demand_gpus: after.demand_gpus }, tasks: received, backend_busy_ns })
     }
 }
 
@@ -419,6 +440,7 @@ fn with_idle<P: Provider + ?Sized>(mut members: Vec<GpuMember>, provider: &P, id
 #[cfg(test)]
 mod tests {
     use super::*;
+    use scheduler::autoscale::GpuPhase;
 
     const TEXT: &str = "\
 # TYPE symphony_tasks_received counter
@@ -432,6 +454,7 @@ symphony_backend_planned_busy_ns{backend=\"2\"} 1000000000
 symphony_backend_planned_busy_ns{backend=\"1\"} 3000000000
 symphony_backend_planned_busy_ns{backend=\"x\"} 7
 symphony_backend_planned_busy_ns{backend=\"4\"} garbage
+symphony_autoscale_demand_gpus 2.5
 ";
 
     #[test]
@@ -445,8 +468,13 @@ symphony_backend_planned_busy_ns{backend=\"4\"} garbage
         // Sorted by id; malformed samples skipped.
         assert_eq!(s.backends, vec![(1, 3e9), (2, 1e9)]);
         assert_eq!(s.serving(), vec![1, 2]);
+        assert_eq!(s.demand_gpus, Some(2.5));
         // Garbage is no counter, and no panic.
         assert_eq!(Scrape::parse("\u{0}{{{ 12\nsymphony_tasks_received_total NaNx"), Scrape::default());
+        // A demand not measured yet (NaN), negative or absent is no demand.
+        for text in ["symphony_autoscale_demand_gpus NaN", "symphony_autoscale_demand_gpus -1", "symphony_autoscale_demand_gpus +Inf", ""] {
+            assert_eq!(Scrape::parse(text).demand_gpus, None, "{text}");
+        }
     }
 
     #[test]
@@ -458,15 +486,102 @@ symphony_backend_planned_busy_ns{backend=\"4\"} garbage
         after.planned_busy_ns += 1e9;
         after.gpu_online_ns += 4e9;
         after.backends = vec![(1, 3.5e9), (3, 0.2e9)];
+        after.demand_gpus = Some(3.25);
         let i = Interval::between(&before, &after).unwrap();
-        assert_eq!(i.signals, Signals { bad_rate: 0.05, idle_fraction: 0.75, demand_gpus: None });
+        // The demand is the gauge at the interval's end.
+        assert_eq!(i.signals, Signals { bad_rate: 0.05, idle_fraction: 0.75, demand_gpus: Some(3.25) });
         assert_eq!(i.tasks, 200.0);
         // Backend 2 left matchmaking; 3 joined: its whole count.
         assert_eq!(i.backend_busy_ns, vec![(1, 0.5e9), (3, 0.2e9)]);
         // A quiet interval: nothing bad, all idle.
-        let q = Interval::between(&after, &after).unwrap();
+        let q = Interval::between(&after, &Scrape { demand_gpus: None, ..after.clone() }).unwrap();
         assert_eq!(q.signals, Signals { bad_rate: 0.0, idle_fraction: 1.0, demand_gpus: None });
         // A new leader's counters start over.
         assert_eq!(Interval::between(&after, &Scrape::default()), None);
+    }
+
+    /// Scrapes of a cluster whose GPUs are all busy every interval
+    /// (deferred spreads smaller batches over what it holds), each with
+    /// the given demand gauge.
+    struct AllBusy {
+        demands: Vec<Option<f64>>,
+        serving: std::rc::Rc<std::cell::RefCell<Vec<u32>>>,
+        last: Scrape,
+    }
+
+    impl SignalSource for AllBusy {
+        fn scrape(&mut self) -> Result<Scrape, SignalError> {
+            let serving = self.serving.borrow().clone();
+            let s = &mut self.last;
+            s.tasks_received += 1000.0;
+            s.planned_busy_ns += 1e9 * serving.len() as f64;
+            s.gpu_online_ns += 1e9 * serving.len() as f64;
+            s.backends = serving.iter().map(|&b| (b, s.backends.iter().find(|&&(id, _)| id == b).map_or(0.0, |&(_, v)| v) + 1e9)).collect();
+            s.demand_gpus = if self.demands.is_empty() { None } else { self.demands.remove(0) };
+            Ok(s.clone())
+        }
+    }
+
+    /// Backends of one GPU each (GPU id = backend id): added ones join and
+    /// serve at the next scrape; drained ones leave at once.
+    struct Fleet {
+        members: Vec<GpuMember>,
+        serving: std::rc::Rc<std::cell::RefCell<Vec<u32>>>,
+    }
+
+    impl ScaleProvider for Fleet {
+        fn add_gpus(&mut self, _now: Instant, n: u32) -> Result<Vec<GpuId>, ScaleError> {
+            let first = self.members.iter().map(|m| m.gpu + 1).max().unwrap_or(0);
+            let ids: Vec<GpuId> = (first..first + n).collect();
+            self.members.extend(ids.iter().map(|&gpu| GpuMember { gpu, phase: GpuPhase::Joining { ready_at: Instant::ZERO }, idle_fraction: 1.0 }));
+            self.serving.borrow_mut().extend(&ids);
+            Ok(ids)
+        }
+        fn drain_gpus(&mut self, _now: Instant, gpus: &[GpuId]) -> Result<(), ScaleError> {
+            self.members.retain(|m| !gpus.contains(&m.gpu));
+            self.serving.borrow_mut().retain(|b| !gpus.contains(b));
+            Ok(())
+        }
+        fn members(&self) -> Vec<GpuMember> {
+            self.members.clone()
+        }
+    }
+
+    impl Provider for Fleet {
+        fn backend_of(&self, gpu: GpuId) -> Option<u32> {
+            Some(gpu)
+        }
+        fn observe(&mut self, _now: Instant, serving: &[u32]) -> Result<(), ScaleError> {
+            for m in &mut self.members {
+                if serving.contains(&m.gpu) {
+                    m.phase = GpuPhase::Serving;
+                }
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_controller_follows_the_schedulers_demand_where_the_idle_fraction_shows_none() {
+        let serving = std::rc::Rc::new(std::cell::RefCell::new(vec![0, 1]));
+        let fleet = Fleet { members: (0..2).map(|gpu| GpuMember { gpu, phase: GpuPhase::Serving, idle_fraction: 0.0 }).collect(), serving: serving.clone() };
+        // Baseline; no demand yet (NaN before the scheduler's first
+        // interval); a demand of 3.5 GPUs; then of 1.2.
+        let source = AllBusy { demands: vec![None, None, Some(3.5), Some(1.2)], serving, last: Scrape::default() };
+        let autoscale = AutoscaleConfig { headroom: 0.0, stabilisation: Duration::ZERO, cooldown: Duration::ZERO, min_gpus: 1, max_gpus: 8, max_step: 8, ..AutoscaleConfig::default() };
+        let mut c = Controller::new(ControllerConfig { autoscale, interval: Duration::from_millis(1000) }, fleet, source);
+        let at = |s: u64| Instant::ZERO + Duration::from_millis(s * 1000);
+        assert_eq!(c.tick(at(0)).expect("tick"), None);
+        // Without a demand, the idle fraction (none) keeps the 2.
+        let t = c.tick(at(1)).expect("tick").expect("an interval");
+        assert_eq!((t.interval.signals.demand_gpus, t.decision.add, t.decision.drain.len()), (None, 0, 0));
+        // A demand of 3.5 with nothing lost: 4 GPUs.
+        let t = c.tick(at(2)).expect("tick").expect("an interval");
+        assert_eq!((t.decision.add, t.decision.drain.len()), (2, 0), "{t:?}");
+        // Every GPU busy, but a demand of 1.2: 2 stay, the newest go.
+        let t = c.tick(at(3)).expect("tick").expect("an interval");
+        assert_eq!(t.members.iter().filter(|m| m.phase == GpuPhase::Serving && m.idle_fraction == 0.0).count(), 4, "{t:?}");
+        assert_eq!((t.decision.add, t.decision.drain.clone()), (0, vec![3, 2]), "{t:?}");
+        assert_eq!(c.provider().members().len(), 2);
     }
 }
