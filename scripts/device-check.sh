@@ -25,8 +25,9 @@
 #         (1e-4 absolute + 1e-3 relative; b-serve.txt)
 #   c     H2D bandwidth from the registered staging region against pageable memory and the PCIe
 #         link's peak at the models' batch sizes (h2d.csv, h2d-link.txt)
-#   d     the model's profile on the GPU (`symphony profile`): not run yet, the profiler drives
-#         ONNX Runtime's executor (tools/src/profile.rs), not the graph engine; d-profile.txt says so
+#   d     both models' profiles on the GPU: `symphony profile` over the KIND_GPU repository (the
+#         profiler runs a KIND_GPU model on the graph engine, GPU 0), 10 timed runs per batch size
+#         (d-profile.json, d-profile.txt)
 #   e     bench-cluster with a core per busy thread (pinned engine, --pin-cores) at 2 M tasks/s
 #         for the lag targets (ingress and dispatch p99.9 <= 100 us)
 set -euo pipefail
@@ -52,8 +53,8 @@ STEPS=(
   "a 80 GPU tests: bundle/tests/{cuda,cuda_h2d,graph_cuda,daemon,lib} under CI=true, no gpu skip allowed"
   "b 30 ppocr_cls and open_nsfw as KIND_GPU models through bundle/bin/symphony up, outputs against bundle/reference"
   "c 40 H2D bandwidth: registered staging vs pageable vs link peak (bundle/tests/cuda_h2d)"
-  "d 5 symphony profile on the GPU (not run: the profiler drives ONNX Runtime, not the graph engine)"
-  "e 120 bundle/bin/symphony ${BENCH[*]}"
+  "d 30 bundle/bin/symphony profile over the KIND_GPU repository (graph engine on GPU 0), 10 runs per batch size"
+  "e 95 bundle/bin/symphony ${BENCH[*]}"
 )
 
 list_steps() {
@@ -258,8 +259,9 @@ not_built() {
 
 # The bundle's models as KIND_GPU models behind `symphony up`; every reference sample sent alone
 # over HTTP, its output against onnxruntime's (bundle/reference). Python's standard library only.
-run_b() {
-  local repo="$OUTDIR/b-repo" m up url="" rc=0
+# The bundle's two models as KIND_GPU models in repository $1 (steps b and d).
+gpu_repo() {
+  local repo="$1" m
   mkdir -p "$repo"
   for m in ppocr_cls open_nsfw; do
     mkdir -p "$repo/$m/1"
@@ -267,6 +269,11 @@ run_b() {
     sed -e 's/KIND_CPU/KIND_GPU/' -e 's/string_value: "20"/string_value: "500"/' \
       "$BUNDLE/models/$m/config.pbtxt" >"$repo/$m/config.pbtxt"
   done
+}
+
+run_b() {
+  local repo="$OUTDIR/b-repo" up url="" rc=0
+  gpu_repo "$repo"
   # Generous profiles: this step checks outputs, not timing.
   cat >"$repo/profile.json" <<'EOF'
 {"models": [
@@ -326,7 +333,12 @@ PY
   wait "$up" || true
   return $rc
 }
-run_d() { not_built "profiling a model on the GPU: symphony profile (tools/src/profile.rs) runs ONNX Runtime's executor, whose CUDA provider the bundle cannot carry; it must drive backend::exec::graph::device::executor for KIND_GPU models first" d-profile.txt; }
+run_d() {
+  local repo="$OUTDIR/d-repo"
+  gpu_repo "$repo"
+  "$BUNDLE/bin/symphony" profile --model-repository "$repo" --runs 10 --out "$OUTDIR/d-profile.json" \
+    >"$OUTDIR/d-profile.txt" 2>&1
+}
 
 run_c() {
   SYMPHONY_DEVICE_OUT="$OUTDIR" CI=true "$BUNDLE/tests/cuda_h2d" --test-threads 1 --nocapture \
@@ -358,7 +370,7 @@ run_all() {
     log "step $name: $desc"
     rc=0
     # Each step in a subshell under its own timeout: one stuck step costs only its budget.
-    timeout -k 5 "$t" bash -c "$(declare -f run_"$name" not_built log); $(declare -p OUTDIR BUNDLE BENCH TESTS); run_$name" || rc=$?
+    timeout -k 5 "$t" bash -c "$(declare -f run_"$name" not_built log gpu_repo); $(declare -p OUTDIR BUNDLE BENCH TESTS); run_$name" || rc=$?
     local verdict=ok
     case $rc in 0) ;; 2) verdict="not run" ;; 124|137) verdict="timed out"; fails=$((fails + 1)) ;; *) verdict="failed ($rc)"; fails=$((fails + 1)) ;; esac
     printf '%-4s %-10s %4ss  %s\n' "$name" "$verdict" "$((SECONDS - t0))" "$desc" | tee -a "$OUTDIR/summary.txt" >&2

@@ -12,12 +12,17 @@
 //! peak = the kernel's high-water mark (reset through
 //! `/proc/self/clear_refs`) while the model runs, above the resident set
 //! before it loaded.
+//!
+//! A `KIND_GPU` model (instance_group kind) is profiled on GPU 0 through
+//! the backend's graph engine on the CUDA executor, as the backend serves
+//! it (`backend::exec::graph::gpu_executor`); a build without the `cuda`
+//! feature or a machine without a GPU refuses it with the reason.
 
 use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::Duration as StdDuration;
 
-use backend::exec::onnx::{OnnxError, OnnxExecutor, OnnxModel, OnnxOptions};
+use backend::exec::onnx::{OnnxError, OnnxExecutor, OnnxModel, OnnxOptions, Provider};
 use backend::{ExecError, Executor, Finished, InputRef, Job, OutputRef};
 use dataplane::mem::{MemError, Region};
 use dataplane::stats;
@@ -245,12 +250,37 @@ fn profile_in_child(name: &str, a: &ProfileArgs) -> Result<ModelProfile, Profile
     file.models.into_iter().next().ok_or_else(|| result("no result".into()))
 }
 
-/// One model loaded on the ONNX executor over a staging region that holds,
-/// for each device, its largest batch's inputs (filled) and outputs (each
-/// device its own area, so concurrent batches share no bytes).
-pub(crate) struct Bench {
+/// An executor the profiler drives: it waits for a batch as the backend's
+/// host loop would.
+pub(crate) trait BenchExecutor: Executor {
+    /// Sleeps until a batch may have finished or `timeout` passed; false
+    /// when nothing will finish.
+    fn wait_for(&mut self, timeout: StdDuration) -> bool;
+}
+
+impl BenchExecutor for OnnxExecutor {
+    fn wait_for(&mut self, timeout: StdDuration) -> bool {
+        self.wait(timeout)
+    }
+}
+
+/// The graph engine's CUDA executor reports a batch when its event fired,
+/// seen by a poll: the profiler polls every 20 µs (so a GPU batch's time
+/// includes at most that much polling granularity).
+impl BenchExecutor for Box<dyn Executor + Send> {
+    fn wait_for(&mut self, _timeout: StdDuration) -> bool {
+        std::thread::sleep(StdDuration::from_micros(20));
+        true
+    }
+}
+
+/// One model loaded on an executor (ONNX Runtime's, or the graph engine's
+/// on a GPU) over a staging region that holds, for each device, its
+/// largest batch's inputs (filled) and outputs (each device its own area,
+/// so concurrent batches share no bytes).
+pub(crate) struct Bench<E = OnnxExecutor> {
     name: String,
-    pub(crate) exec: OnnxExecutor,
+    pub(crate) exec: E,
     pub(crate) clock: MonotonicClock,
     sample: usize,
     out_len: usize,
@@ -272,8 +302,36 @@ impl Bench {
 
     /// As the profile loads it, on `opts.devices` devices.
     pub(crate) fn load_with(model: &OnnxModel, opts: &OnnxOptions) -> Result<Bench, ProfileCmdError> {
+        Bench::load_on(model, opts.devices as usize, |region| {
+            let exec = OnnxExecutor::new(region, vec![model.clone()], opts)?;
+            match exec.load_error(0) {
+                Some(e) => Err(ProfileCmdError::Load { model: model.name.clone(), what: e.to_string() }),
+                None => Ok(exec),
+            }
+        })
+    }
+}
+
+impl Bench<Box<dyn Executor + Send>> {
+    /// A `KIND_GPU` model on GPU 0 through the graph engine.
+    fn load_gpu(model: &OnnxModel) -> Result<Self, ProfileCmdError> {
+        Bench::load_on(model, 1, |region| {
+            backend::exec::graph::gpu_executor(model, region)
+                .map_err(|e| ProfileCmdError::Load { model: model.name.clone(), what: e.to_string() })
+        })
+    }
+}
+
+impl<E: BenchExecutor> Bench<E> {
+    /// Fills a staging region for `devices` devices and loads `model` on
+    /// the executor `make` builds over it.
+    fn load_on(
+        model: &OnnxModel,
+        devices: usize,
+        make: impl FnOnce(std::sync::Arc<Region>) -> Result<E, ProfileCmdError>,
+    ) -> Result<Self, ProfileCmdError> {
         let max = model.max_batch();
-        let devices = opts.devices.max(1) as usize;
+        let devices = devices.max(1);
         let sample = model.input_bytes() as usize;
         let out_len = model.output_bytes() as usize;
         let in_bytes = sample * max as usize;
@@ -286,10 +344,7 @@ impl Bench {
             region.write_at((d * area) as u64, &fill)?;
         }
         let rss_before = rss_bytes("VmRSS");
-        let exec = OnnxExecutor::new(region, vec![model.clone()], opts)?;
-        if let Some(e) = exec.load_error(0) {
-            return Err(ProfileCmdError::Load { model: model.name.clone(), what: e.to_string() });
-        }
+        let exec = make(region)?;
         let static_bytes = rss_bytes("VmRSS").saturating_sub(rss_before);
         Ok(Bench { name: model.name.clone(), exec, clock: MonotonicClock::new(), sample, out_len, in_bytes, area, rss_before, static_bytes })
     }
@@ -348,7 +403,7 @@ impl Bench {
                     Err(ProfileCmdError::Run { model: self.name.clone(), what: self.exec.last_error().unwrap_or("run failed").to_string() })
                 };
             }
-            if !self.exec.wait(StdDuration::from_secs(60)) {
+            if self.clock.now().saturating_since(now).as_secs_f64() > 60.0 || !self.exec.wait_for(StdDuration::from_secs(60)) {
                 return Err(ProfileCmdError::Timeout { model: self.name.clone() });
             }
         }
@@ -357,7 +412,14 @@ impl Bench {
 
 fn profile_model(m: &RepoModel, a: &ProfileArgs) -> Result<ModelProfile, ProfileCmdError> {
     let model = OnnxModel::from_repo(m)?;
-    let mut bench = Bench::load(&model, a.intra_threads)?;
+    if model.provider == Provider::Cuda {
+        return profile_on(&model, Bench::load_gpu(&model)?, a);
+    }
+    profile_on(&model, Bench::load(&model, a.intra_threads)?, a)
+}
+
+/// Times `model` loaded on `bench` (see the module docs).
+fn profile_on<E: BenchExecutor>(model: &OnnxModel, mut bench: Bench<E>, a: &ProfileArgs) -> Result<ModelProfile, ProfileCmdError> {
     let (rss0, static_bytes) = (bench.rss_before, bench.static_bytes);
     reset_peak();
     let first = bench.run_once(&bench.inputs(0, 1), bench.output(0))?;
@@ -368,7 +430,7 @@ fn profile_model(m: &RepoModel, a: &ProfileArgs) -> Result<ModelProfile, Profile
     let (alpha, beta) = fit(&latency);
     let (r2, worst) = fit_quality(&latency, alpha, beta);
     Ok(ModelProfile {
-        name: model.name,
+        name: model.name.clone(),
         alpha_ms: alpha,
         beta_ms: beta,
         r2,

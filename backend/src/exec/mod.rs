@@ -184,6 +184,37 @@ pub trait Executor {
     }
 }
 
+/// A boxed executor is one (the backend picks its engine at run time).
+impl<E: Executor + ?Sized> Executor for Box<E> {
+    fn devices(&self) -> u32 {
+        (**self).devices()
+    }
+    fn max_batch(&self) -> u32 {
+        (**self).max_batch()
+    }
+    fn output_len(&self, model: u32) -> Option<u32> {
+        (**self).output_len(model)
+    }
+    fn is_idle(&self, device: u32) -> bool {
+        (**self).is_idle(device)
+    }
+    fn submit(&mut self, now: Instant, job: &Job<'_>) -> Result<(), ExecError> {
+        (**self).submit(now, job)
+    }
+    fn poll(&mut self, now: Instant, out: &mut [Finished]) -> usize {
+        (**self).poll(now, out)
+    }
+    fn next_wakeup(&self) -> Option<Instant> {
+        (**self).next_wakeup()
+    }
+    fn set_waker(&self, wake: onnx::Waker) {
+        (**self).set_waker(wake)
+    }
+    fn last_error(&self) -> Option<&str> {
+        (**self).last_error()
+    }
+}
+
 /// Checks a job against a region of `region_len` bytes, a batch limit and
 /// an output length. Shared by the executors.
 pub(crate) fn check_job(

@@ -60,7 +60,7 @@ pub fn repo_plans(
                 continue;
             }
         };
-        let bytes = std::fs::read(&m.path).map_err(|e| err(&m.name, GraphError::Model(format!("{}: {e}", m.path.display()))))?;
+        let bytes = super::proto::read_model_file(&m.path).map_err(|e| err(&m.name, e))?;
         let dims: Vec<usize> = m.input.dims.iter().map(|&d| usize::try_from(d).unwrap_or(0)).collect();
         let model = Model::load(&bytes).and_then(|g| g.with_sample_dims(&dims)).map_err(|e| err(&m.name, e))?;
         out.push(Some(plans(&model, max_batch.min(m.max_batch())).map_err(|e| err(&m.name, e))?));

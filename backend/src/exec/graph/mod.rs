@@ -54,3 +54,37 @@ impl std::fmt::Display for GraphError {
 }
 
 impl std::error::Error for GraphError {}
+
+/// One repository model alone on GPU 0 through the graph engine, as
+/// `symphony profile` times it: the CUDA executor over `staging` (batches up
+/// to the model's largest, one input and output slot each of the model's
+/// own size). Without the `cuda` feature, or without a driver or GPU, an
+/// error saying which (never a panic).
+pub fn gpu_executor(
+    model: &crate::exec::onnx::OnnxModel,
+    staging: std::sync::Arc<dataplane::mem::Region>,
+) -> Result<Box<dyn crate::exec::Executor + Send>, crate::exec::ExecError> {
+    #[cfg(feature = "cuda")]
+    {
+        let slots = crate::exec::cuda::CudaSlots {
+            max_batch: model.max_batch(),
+            input_slot: model.input_bytes(),
+            output_slot: model.output_bytes(),
+        };
+        // The CUDA executor ignores the profile (the device takes what it
+        // takes); the one given is only well-formed.
+        let profile = scheduler_core::profile::LatencyProfile::linear(1.0, 1.0, model.max_batch())
+            .map_err(|e| crate::exec::ExecError::Cuda { what: "graph engine", source: e.to_string().into() })?;
+        let models = vec![crate::exec::ExecModel { profile, output_len: model.output_bytes() }];
+        let exec = device::repo_executor(&[Ok(model.clone())], 1, staging, slots, models)?;
+        Ok(Box::new(exec))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (model, staging);
+        Err(crate::exec::ExecError::Cuda {
+            what: "graph engine",
+            source: "this build has no GPU engine (backend feature `cuda`)".into(),
+        })
+    }
+}

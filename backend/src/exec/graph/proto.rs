@@ -191,6 +191,20 @@ pub const DT_INT32: i32 = 6;
 /// INT64.
 pub const DT_INT64: i32 = 7;
 
+/// Reads a model file, refusing one over [`MAX_MODEL_BYTES`] without
+/// reading more than one byte past the bound (a repository's file is as
+/// hostile as a peer's bytes).
+pub fn read_model_file(path: &std::path::Path) -> Result<Vec<u8>, GraphError> {
+    use std::io::Read;
+    let io = |e: std::io::Error| GraphError::Model(format!("{}: {e}", path.display()));
+    let mut bytes = Vec::new();
+    std::fs::File::open(path).map_err(io)?.take(MAX_MODEL_BYTES as u64 + 1).read_to_end(&mut bytes).map_err(io)?;
+    if bytes.len() > MAX_MODEL_BYTES {
+        return Err(GraphError::Model(format!("{}: larger than the {MAX_MODEL_BYTES}-byte bound", path.display())));
+    }
+    Ok(bytes)
+}
+
 /// Decodes a model file's bytes (bounded by [`MAX_MODEL_BYTES`]).
 pub fn decode_model(bytes: &[u8]) -> Result<ModelProto, GraphError> {
     if bytes.len() > MAX_MODEL_BYTES {
