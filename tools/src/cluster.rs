@@ -306,6 +306,16 @@ pub enum ClusterError {
         /// GPUs the backends brought.
         want: u32,
     },
+    /// A frontend's data links from the backends were not all up in time.
+    #[error("frontend {frontend} has {links} of {want} backend data links (-1: not reported)")]
+    DataLinks {
+        /// The frontend (1-based, as its id).
+        frontend: u32,
+        /// Links it reports.
+        links: f64,
+        /// Backends started.
+        want: u32,
+    },
     /// Daemons that did not stop cleanly.
     #[error("{}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Unclean {
@@ -662,7 +672,30 @@ impl LocalCluster {
         }
         cluster.wait_registered(spec.frontends, spec.backends, deadline)?;
         cluster.wait_gpus_online(spec.backends * spec.gpus_per_backend, deadline)?;
+        cluster.wait_data_links(spec.backends, deadline)?;
         Ok(cluster)
+    }
+
+    /// Waits until every frontend has a data link from `backends` backends
+    /// (`symphony_frontend_backends`). The backends start first, so they
+    /// pass the join gate with no frontend announced and their GPUs are in
+    /// matchmaking before a frontend registers; a task planned to a backend
+    /// whose link to its frontend is not up yet cannot have its input
+    /// fetched (seen as a 500 in drain_live when the host was loaded).
+    pub fn wait_data_links(&self, backends: u32, deadline: Instant) -> Result<(), ClusterError> {
+        for (i, f) in self.frontends.iter().enumerate() {
+            loop {
+                let links = metric(&f.metrics()?, "symphony_frontend_backends").unwrap_or(-1.0);
+                if links >= f64::from(backends) {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    return Err(ClusterError::DataLinks { frontend: i as u32 + 1, links, want: backends });
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Ok(())
     }
 
     /// Waits until the scheduler reports `f` frontends and `b` backends.
