@@ -19,6 +19,9 @@ use prost::Message;
 
 #[path = "../../tests/lib/require.rs"]
 mod require;
+#[path = "common/inputs.rs"]
+mod inputs;
+use inputs::inputs;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
@@ -45,19 +48,6 @@ fn ready() -> bool {
     }
     require::capability(what, false, why);
     false
-}
-
-/// Deterministic inputs in [0, 1) (xorshift).
-fn inputs(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32
-        })
-        .collect()
 }
 
 /// Python onnxruntime's output for `x` of shape `dims`.

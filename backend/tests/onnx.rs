@@ -22,6 +22,9 @@ use scheduler::repository;
 
 #[path = "../../tests/lib/require.rs"]
 mod require;
+#[path = "common/inputs.rs"]
+mod inputs;
+use inputs::inputs;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
@@ -42,19 +45,6 @@ fn models() -> Option<repository::Repository> {
     // Never a capability skip (not listed): a failure under CI, a SKIPPED line elsewhere.
     require::capability(what, false, &why);
     None
-}
-
-/// Deterministic inputs in [0, 1) (xorshift).
-fn inputs(n_floats: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..n_floats)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32
-        })
-        .collect()
 }
 
 fn as_bytes(v: &[f32]) -> Vec<u8> {

@@ -645,6 +645,17 @@ fn check(a: &UpArgs) -> Result<Vec<ModelSpec>, UpError> {
     Ok(models)
 }
 
+/// What runs the batches, for the start banner: a repository's models run
+/// for real (the GPU graph engine when every model is `KIND_GPU`,
+/// otherwise onnxruntime, `exec::onnx`); without one, GPUs are emulated.
+fn executors_banner(a: &UpArgs) -> &'static str {
+    if a.cluster.model_repository.is_some() {
+        "the repository's models (all KIND_GPU: the GPU graph engine; otherwise onnxruntime)"
+    } else {
+        "emulated GPUs"
+    }
+}
+
 fn run_with(a: &UpArgs, mut spec: ClusterSpec) -> Result<(), UpError> {
     let models = check(a)?;
     control::install_stop_signals()?;
@@ -663,7 +674,8 @@ fn run_with(a: &UpArgs, mut spec: ClusterSpec) -> Result<(), UpError> {
         models = models.len(),
         zoo = %a.cluster.zoo,
         logs = %spec.log_dir.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
-        "starting a local cluster (emulated GPUs)"
+        executors = executors_banner(a),
+        "starting a local cluster"
     );
     let cluster = LocalCluster::start(&spec).map_err(run_err)?;
     if a.serve {
