@@ -23,9 +23,11 @@ use std::time::Instant;
 use dataplane::idle::{IdleStrategy, Idler};
 use dataplane::time::Duration;
 use dataplane::transport::conformance::TransportFactory;
-use dataplane::transport::rdma::{RdmaConfig, RdmaConnection, RdmaDomain};
+use dataplane::transport::rdma::{
+    RawCompletion, RawKind, RdmaConfig, RdmaConnection, RdmaDomain, RAW_MAX_LEN,
+};
 use dataplane::transport::{
-    Access, Completion, Connection, Domain, Error, ErrorKind, Listener, ReadOp, Region,
+    Access, Completion, Connection, Domain, Error, ErrorKind, Listener, LocalRef, ReadOp, Region,
     Registration, RemoteRef,
 };
 use dataplane::waitset::WaitSet;
@@ -743,4 +745,79 @@ fn rdma_many_queue_pairs() {
         setup.as_millis(),
         t1.elapsed().as_millis()
     );
+}
+
+/// Raw completions of `c` until `n` arrived (bounded by `TIMEOUT`).
+fn wait_raw(c: &mut RdmaConnection, n: usize) -> Vec<RawCompletion> {
+    let deadline = Instant::now() + std::time::Duration::from_nanos(TIMEOUT.as_nanos());
+    let mut got = Vec::new();
+    let mut buf = [RawCompletion::default(); 4];
+    while got.len() < n {
+        let k = c.poll_raw(&mut buf).unwrap();
+        got.extend_from_slice(&buf[..k]);
+        assert!(Instant::now() < deadline, "{} of {n} raw completions", got.len());
+    }
+    got
+}
+
+#[test]
+fn rdma_raw_sends_land_whole_in_posted_receives() {
+    let Some(_) = domain_or_skip() else { return };
+    let raw_cfg = |depth| RdmaConfig {
+        raw_depth: depth,
+        ..RdmaConfig::from_env().unwrap()
+    };
+    let d = RdmaDomain::open(raw_cfg(4)).unwrap();
+    let (mut server, mut client) = connected_pair(&d);
+    assert_eq!((server.raw_depth(), client.raw_depth()), (Some(4), Some(4)));
+    let big = 1usize << 20;
+    let (_src, src_reg) = filled_region(&d, big, 7, Access::LOCAL_WRITE);
+    let (dst, dst_reg) = filled_region(&d, big, 0, Access::LOCAL_WRITE);
+    let whole = dst_reg.local_ref(0, big as u32).unwrap();
+    for (k, size) in [2u32, 200, 4096, 65536, 1 << 20].into_iter().enumerate() {
+        let k = k as u64;
+        server.post_raw_recv(100 + k, whole).unwrap();
+        // Inline where small enough: the same bytes arrive either way.
+        let src = src_reg.local_ref(0, size).unwrap();
+        client.post_raw_send(k, src, true).unwrap();
+        let r = wait_raw(&mut server, 1)[0];
+        assert_eq!((r.wr_id, r.kind, r.status, r.bytes), (100 + k, RawKind::Recv, Ok(()), size));
+        let s = wait_raw(&mut client, 1)[0];
+        assert_eq!((s.wr_id, s.kind, s.status, s.bytes), (k, RawKind::Send, Ok(()), size));
+        let mut got = vec![0u8; size as usize];
+        dst.read_at(0, &mut got).unwrap();
+        assert!(
+            got.iter().enumerate().all(|(i, b)| *b == pattern(7, i)),
+            "{size}-byte raw SEND: bytes differ"
+        );
+    }
+    // Bounds: too long, outside its registration, more than the depth.
+    let src = src_reg.local_ref(0, 8).unwrap();
+    let too_long = LocalRef { len: RAW_MAX_LEN + 1, ..src };
+    assert!(matches!(client.post_raw_send(1, too_long, false), Err(Error::TooLarge)));
+    let outside = LocalRef { offset: src.offset + big as u64, ..src };
+    assert!(client.post_raw_send(1, outside, false).is_err());
+    assert!(server.post_raw_recv(1, LocalRef { key: 0, ..whole }).is_err());
+    for k in 0..4 {
+        server.post_raw_recv(k, whole).unwrap();
+    }
+    assert!(matches!(server.post_raw_recv(9, whole), Err(Error::QueueFull)));
+    assert_eq!(server.raw_recvs_posted(), 4);
+    // The control channel is untouched by the raw queue pair.
+    client.send(&heartbeat(5)).unwrap();
+    let mut buf = vec![0u8; 1024];
+    let n = recv_one(&mut server, &mut buf).unwrap();
+    assert_eq!(heartbeat_seq(&buf[..n]), 5);
+    // A peer without a raw queue pair: neither side has one.
+    let plain = RdmaDomain::open(raw_cfg(0)).unwrap();
+    let mut listener = d.listen("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr();
+    let (mut a, mut b) = std::thread::scope(|s| {
+        let server = s.spawn(move || listener.accept(TIMEOUT).unwrap());
+        let client = plain.connect(&addr, TIMEOUT).unwrap();
+        (server.join().unwrap(), client)
+    });
+    assert_eq!((a.raw_depth(), b.raw_depth()), (None, None));
+    assert!(matches!(a.post_raw_send(1, src, false), Err(Error::Unsupported(_))));
+    assert!(matches!(b.poll_raw(&mut [RawCompletion::default(); 1]), Err(Error::Unsupported(_))));
 }

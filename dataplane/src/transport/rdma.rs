@@ -56,8 +56,10 @@ use crate::time::Duration;
 
 mod conn;
 mod device;
+mod raw;
 mod wake;
 pub use conn::{RdmaConnection, WriteOp};
+pub use raw::{RawCompletion, RawKind, RAW_INLINE, RAW_MAX_DEPTH, RAW_MAX_LEN};
 use device::Device;
 
 /// Environment variable naming the device (default: first with an active port).
@@ -81,6 +83,8 @@ pub const ENV_RECV_SLOTS: &str = "SYMPHONY_RDMA_RECV_SLOTS";
 /// Environment variable overriding [`RdmaConfig::send_slots`] (1..=[`MAX_SLOTS`];
 /// perftest's `--tx-depth` for SENDs).
 pub const ENV_SEND_SLOTS: &str = "SYMPHONY_RDMA_SEND_SLOTS";
+/// Environment variable setting [`RdmaConfig::raw_depth`] (0..=[`RAW_MAX_DEPTH`]).
+pub const ENV_RAW_DEPTH: &str = "SYMPHONY_RDMA_RAW_DEPTH";
 /// Most receive or send slots per connection: each slot is one largest
 /// control message (32 KiB), so 4096 of them register 128 MiB.
 pub const MAX_SLOTS: u32 = 4096;
@@ -141,6 +145,10 @@ pub struct RdmaConfig {
     /// for callers that busy-poll or sleep through `Connection::wait` (which
     /// arms both queues itself), never on the bare `wait_fd`.
     pub busy_poll: bool,
+    /// SENDs and receives of a second, raw queue pair per connection (`raw.rs`:
+    /// SENDs of registered buffers of any size, no framing, no copy); 0 = none.
+    /// A connection has one when both sides ask for it.
+    pub raw_depth: u32,
 }
 
 impl Default for RdmaConfig {
@@ -162,6 +170,7 @@ impl Default for RdmaConfig {
             // noticed sooner anyway, by the bootstrap socket's EOF.
             ack_timeout: 16,
             busy_poll: false,
+            raw_depth: 0,
         }
     }
 }
@@ -170,8 +179,8 @@ impl RdmaConfig {
     /// Defaults, overridden by `SYMPHONY_RDMA_DEVICE`, `SYMPHONY_RDMA_PORT`,
     /// `SYMPHONY_RDMA_GID_INDEX`, `SYMPHONY_RDMA_READ_DEPTH`,
     /// `SYMPHONY_RDMA_MAX_READS`, `SYMPHONY_RDMA_BUSY_POLL`,
-    /// `SYMPHONY_RDMA_RECV_SLOTS`, `SYMPHONY_RDMA_SEND_SLOTS` and
-    /// `SYMPHONY_RDMA_ACK_TIMEOUT` when set.
+    /// `SYMPHONY_RDMA_RECV_SLOTS`, `SYMPHONY_RDMA_SEND_SLOTS`,
+    /// `SYMPHONY_RDMA_RAW_DEPTH` and `SYMPHONY_RDMA_ACK_TIMEOUT` when set.
     pub fn from_env() -> Result<Self, Error> {
         let mut cfg = RdmaConfig::default();
         if let Ok(name) = std::env::var(ENV_DEVICE) {
@@ -220,6 +229,13 @@ impl RdmaConfig {
                 "0" => false,
                 _ => return Err(invalid(format!("{ENV_BUSY_POLL}={v:?} is not 0 or 1"))),
             };
+        }
+        if let Ok(v) = std::env::var(ENV_RAW_DEPTH) {
+            cfg.raw_depth = v
+                .parse()
+                .ok()
+                .filter(|d| *d <= RAW_MAX_DEPTH)
+                .ok_or_else(|| invalid(format!("{ENV_RAW_DEPTH}={v:?} is not in 0..={RAW_MAX_DEPTH}")))?;
         }
         if let Ok(v) = std::env::var(ENV_ACK_TIMEOUT) {
             cfg.ack_timeout = v

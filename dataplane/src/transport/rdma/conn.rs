@@ -20,6 +20,7 @@ use sideway::ibverbs::queue_pair::{
 use sideway::ibverbs::AccessFlags;
 
 use super::device::Device;
+use super::raw::RawQp;
 use super::wake::{CqWake, WaitFd};
 use super::{
     errno_err, verbs_err, DomainInner, MAX_READ_LEN, PEER_CHECK_EVERY, PEER_CHECK_EVERY_ARMED,
@@ -45,14 +46,20 @@ struct QpEndpoint {
     resp_depth: u8,
     /// Largest control message this side sends and receives.
     max_msg_len: u32,
+    /// This side's raw queue pair ([`NO_RAW`] without one) and its first PSN.
+    raw_qpn: u32,
+    raw_psn: u32,
 }
 
-/// "SYRD" + version 2 (1 had one READ depth for both directions).
+/// `raw_qpn` of a side without a raw queue pair.
+const NO_RAW: u32 = u32::MAX;
+
+/// "SYRD" + version 3 (1 had one READ depth for both directions, 2 no raw queue pair).
 const BOOTSTRAP_MAGIC: u32 = u32::from_le_bytes(*b"SYRD");
-const BOOTSTRAP_VERSION: u8 = 2;
+const BOOTSTRAP_VERSION: u8 = 3;
 
 impl QpEndpoint {
-    const LEN: usize = 4 + 1 + 4 + 4 + 2 + 16 + 1 + 1 + 4;
+    const LEN: usize = 4 + 1 + 4 + 4 + 2 + 16 + 1 + 1 + 4 + 4 + 4;
 
     fn encode(&self) -> [u8; Self::LEN] {
         let mut b = [0u8; Self::LEN];
@@ -65,6 +72,8 @@ impl QpEndpoint {
         b[31] = self.mtu;
         b[32] = self.resp_depth;
         b[33..37].copy_from_slice(&self.max_msg_len.to_le_bytes());
+        b[37..41].copy_from_slice(&self.raw_qpn.to_le_bytes());
+        b[41..45].copy_from_slice(&self.raw_psn.to_le_bytes());
         b
     }
 
@@ -89,9 +98,15 @@ impl QpEndpoint {
             mtu: b[31],
             resp_depth: b[32],
             max_msg_len: u32_at(33),
+            raw_qpn: u32_at(37),
+            raw_psn: u32_at(41),
         };
-        let valid =
-            e.qpn < 1 << 24 && e.psn < 1 << 24 && (1..=5).contains(&e.mtu) && e.resp_depth > 0;
+        let raw_ok = e.raw_qpn == NO_RAW || (e.raw_qpn < 1 << 24 && e.raw_psn < 1 << 24);
+        let valid = e.qpn < 1 << 24
+            && e.psn < 1 << 24
+            && (1..=5).contains(&e.mtu)
+            && e.resp_depth > 0
+            && raw_ok;
         if !valid {
             return Err(Error::Protocol(crate::wire::WireError::BadLength));
         }
@@ -200,6 +215,67 @@ unsafe fn register_slots(dev: &Device, buf: &mut [u8]) -> Result<Arc<MemoryRegio
     .map_err(|e| verbs_err("ibv_reg_mr", e))
 }
 
+/// The first PSN of queue pair `qpn`: any 24-bit start works; derived from
+/// the QPN so that runs are reproducible.
+fn first_psn(qpn: u32) -> u32 {
+    qpn.wrapping_mul(0x9E37_79B1) & 0x00ff_ffff
+}
+
+/// Moves a new QP to INIT.
+fn qp_to_init(qp: &mut BasicQueuePair, dev: &Device) -> Result<(), Error> {
+    let mut attr = QueuePairAttribute::new();
+    attr.setup_state(QueuePairState::Init)
+        .setup_pkey_index(0)
+        .setup_port(dev.port)
+        // Which regions a peer may READ or WRITE is decided per MR; the QP must
+        // allow the kind (a serving region grants REMOTE_READ only).
+        .setup_access_flags(
+            AccessFlags::LocalWrite | AccessFlags::RemoteRead | AccessFlags::RemoteWrite,
+        );
+    qp.modify(&attr).map_err(|e| verbs_err("QP to INIT", e))
+}
+
+/// Moves `qp` to RTR towards the peer's queue pair `(qpn, psn)` at `remote`'s
+/// address, then to RTS with send PSN `sq_psn`; `depths` = (responder,
+/// initiator) READ depth.
+fn connect_qp(
+    qp: &mut BasicQueuePair,
+    domain: &DomainInner,
+    remote: &QpEndpoint,
+    (dest_qpn, rq_psn): (u32, u32),
+    sq_psn: u32,
+    (resp_depth, init_depth): (u8, u8),
+) -> Result<(), Error> {
+    let dev = &domain.dev;
+    let mut ah = AddressHandleAttribute::new();
+    ah.setup_dest_lid(remote.lid)
+        .setup_port(dev.port)
+        .setup_grh(&Gid { raw: remote.gid }, 0, dev.gid_index, 64, 0);
+    let mut attr = QueuePairAttribute::new();
+    attr.setup_state(QueuePairState::ReadyToReceive)
+        .setup_path_mtu(dev.mtu.min(mtu_from_wire(remote.mtu)))
+        .setup_dest_qp_num(dest_qpn)
+        .setup_rq_psn(rq_psn)
+        .setup_max_dest_read_atomic(resp_depth)
+        // 12 = 0.64 ms before a sender retries after a receive-not-ready NAK
+        .setup_min_rnr_timer(12)
+        .setup_address_vector(&ah);
+    qp.modify(&attr).map_err(|e| verbs_err("QP to RTR", e))?;
+
+    let mut attr = QueuePairAttribute::new();
+    attr.setup_state(QueuePairState::ReadyToSend)
+        .setup_sq_psn(sq_psn)
+        .setup_timeout(domain.cfg.ack_timeout.clamp(1, 31))
+        // 6, not 7: rxe treats 7 as "retry forever", and a vanished peer must
+        // end outstanding READs with an error (7 ACK timeouts: ~1.9 s by default)
+        .setup_retry_cnt(6)
+        // 7 = retry forever on RNR: a full receive ring back-pressures the sender
+        .setup_rnr_retry(7)
+        // READs posted beyond this wait in the send queue (see `read_depth`).
+        .setup_max_read_atomic(init_depth);
+    qp.modify(&attr).map_err(|e| verbs_err("QP to RTS", e))
+}
+
 /// Neither side sends before both are ready to receive: one byte each way.
 fn barrier(sock: &mut TcpStream) -> Result<(), Error> {
     sock.write_all(&[0xA5])?;
@@ -213,8 +289,10 @@ fn barrier(sock: &mut TcpStream) -> Result<(), Error> {
 
 /// One RC queue pair to a peer. Used by one thread at a time; allocation-free once built.
 pub struct RdmaConnection {
-    // Field order is drop order: the QP first (no more DMA), then the registrations,
+    // Field order is drop order: the QPs first (no more DMA), then the registrations,
     // then the buffers they cover, then the CQs and the domain.
+    /// The raw-SEND queue pair (`raw.rs`), when both sides configured one.
+    pub(super) raw: Option<RawQp>,
     qp: BasicQueuePair,
     recv_mr: Arc<MemoryRegion>,
     send_mr: Arc<MemoryRegion>,
@@ -222,7 +300,7 @@ pub struct RdmaConnection {
     send_buf: Box<[u8]>,
     send_cq: Arc<BasicCompletionQueue>,
     recv_cq: Arc<BasicCompletionQueue>,
-    domain: Arc<DomainInner>,
+    pub(super) domain: Arc<DomainInner>,
     sock: TcpStream,
     /// Completion-channel state of each queue (event-driven idling) and the fd
     /// over both channels and `sock` that idle callers sleep on.
@@ -298,20 +376,17 @@ impl RdmaConnection {
             send_wake,
             recv_wake,
         } = queues;
-        let mut attr = QueuePairAttribute::new();
-        attr.setup_state(QueuePairState::Init)
-            .setup_pkey_index(0)
-            .setup_port(dev.port)
-            // Which regions a peer may READ or WRITE is decided per MR; the QP must
-            // allow the kind (a serving region grants REMOTE_READ only).
-            .setup_access_flags(
-                AccessFlags::LocalWrite | AccessFlags::RemoteRead | AccessFlags::RemoteWrite,
-            );
-        qp.modify(&attr).map_err(|e| verbs_err("QP to INIT", e))?;
-
+        qp_to_init(&mut qp, dev)?;
+        let mut raw = match cfg.raw_depth {
+            0 => None,
+            d => Some(RawQp::create(dev, d)?),
+        };
+        if let Some(r) = raw.as_mut() {
+            qp_to_init(&mut r.qp, dev)?;
+        }
         let qpn = qp.qp_number();
-        // Any 24-bit start works; derived from the QPN so that runs are reproducible.
-        let psn = qpn.wrapping_mul(0x9E37_79B1) & 0x00ff_ffff;
+        let psn = first_psn(qpn);
+        let raw_qpn = raw.as_ref().map_or(NO_RAW, |r| r.qp.qp_number());
         let local = QpEndpoint {
             qpn,
             psn,
@@ -320,6 +395,8 @@ impl RdmaConnection {
             mtu: dev.mtu as u8,
             resp_depth,
             max_msg_len: slot_len as u32,
+            raw_qpn,
+            raw_psn: first_psn(raw_qpn),
         };
         sock.write_all(&local.encode())?;
         let mut buf = [0u8; QpEndpoint::LEN];
@@ -328,7 +405,11 @@ impl RdmaConnection {
 
         let conn_sock = sock.try_clone()?;
         let wait = WaitFd::new(&send_wake, &recv_wake, conn_sock.as_raw_fd())?;
+        if remote.raw_qpn == NO_RAW {
+            raw = None;
+        }
         let mut conn = RdmaConnection {
+            raw,
             qp,
             recv_mr,
             send_mr,
@@ -362,49 +443,29 @@ impl RdmaConnection {
         }
         // READs on the wire as initiator: never more than the peer serves at once.
         let init_depth = depth.min(dev.max_init_reads).min(remote.resp_depth);
-        conn.connect_to(&remote, psn, resp_depth, init_depth)?;
+        let (ours, theirs) = ((remote.qpn, remote.psn), psn);
+        connect_qp(
+            &mut conn.qp,
+            &conn.domain,
+            &remote,
+            ours,
+            theirs,
+            (resp_depth, init_depth),
+        )?;
+        if let Some(r) = conn.raw.as_mut() {
+            // SENDs only: no READ depth either way.
+            let peer = (remote.raw_qpn, remote.raw_psn);
+            connect_qp(
+                &mut r.qp,
+                &conn.domain,
+                &remote,
+                peer,
+                first_psn(raw_qpn),
+                (1, 1),
+            )?;
+        }
         barrier(sock)?;
         Ok(conn)
-    }
-
-    /// Moves the QP to RTR towards `remote`, then to RTS.
-    fn connect_to(
-        &mut self,
-        remote: &QpEndpoint,
-        psn: u32,
-        resp_depth: u8,
-        init_depth: u8,
-    ) -> Result<(), Error> {
-        let dev = &self.domain.dev;
-        let mut ah = AddressHandleAttribute::new();
-        ah.setup_dest_lid(remote.lid)
-            .setup_port(dev.port)
-            .setup_grh(&Gid { raw: remote.gid }, 0, dev.gid_index, 64, 0);
-        let mut attr = QueuePairAttribute::new();
-        attr.setup_state(QueuePairState::ReadyToReceive)
-            .setup_path_mtu(dev.mtu.min(mtu_from_wire(remote.mtu)))
-            .setup_dest_qp_num(remote.qpn)
-            .setup_rq_psn(remote.psn)
-            .setup_max_dest_read_atomic(resp_depth)
-            // 12 = 0.64 ms before a sender retries after a receive-not-ready NAK
-            .setup_min_rnr_timer(12)
-            .setup_address_vector(&ah);
-        self.qp
-            .modify(&attr)
-            .map_err(|e| verbs_err("QP to RTR", e))?;
-
-        let mut attr = QueuePairAttribute::new();
-        attr.setup_state(QueuePairState::ReadyToSend)
-            .setup_sq_psn(psn)
-            .setup_timeout(self.domain.cfg.ack_timeout.clamp(1, 31))
-            // 6, not 7: rxe treats 7 as "retry forever", and a vanished peer must
-            // end outstanding READs with an error (7 ACK timeouts: ~1.9 s by default)
-            .setup_retry_cnt(6)
-            // 7 = retry forever on RNR: a full receive ring back-pressures the sender
-            .setup_rnr_retry(7)
-            // READs posted beyond this wait in the send queue (see `read_depth`).
-            .setup_max_read_atomic(init_depth);
-        self.qp.modify(&attr).map_err(|e| verbs_err("QP to RTS", e))
     }
 
     /// Largest control message this connection carries.
@@ -426,7 +487,7 @@ impl RdmaConnection {
     }
 
     /// Why messages can no longer flow, if so.
-    fn dead_for_messages(&self) -> Option<Error> {
+    pub(super) fn dead_for_messages(&self) -> Option<Error> {
         (self.failed.is_some() || self.peer_gone).then_some(Error::PeerDisconnected)
     }
 
@@ -452,7 +513,7 @@ impl RdmaConnection {
         Ok(())
     }
 
-    fn status_kind(status: u32) -> ErrorKind {
+    pub(super) fn status_kind(status: u32) -> ErrorKind {
         use sys::ibv_wc_status as s;
         match status {
             s::IBV_WC_REM_ACCESS_ERR => ErrorKind::BadKey,
@@ -582,7 +643,7 @@ impl RdmaConnection {
     }
 
     /// Every `PEER_CHECK_EVERY` calls, looks for EOF on the bootstrap socket.
-    fn check_peer(&mut self, force: bool) {
+    pub(super) fn check_peer(&mut self, force: bool) {
         if self.peer_gone {
             return;
         }
@@ -978,6 +1039,10 @@ impl Drop for RdmaConnection {
             }
             std::thread::yield_now();
         }
+        // Raw work requests still posted die with the QP: give their accesses back.
+        if let Some(r) = self.raw.as_mut() {
+            r.release_all(&self.domain.table);
+        }
         // READs still in flight die with the QP: give their landing accesses back.
         for i in 0..self.records.len() {
             if let Some(t) = self.records[i].token.take() {
@@ -1002,6 +1067,8 @@ mod tests {
             mtu: 3,
             resp_depth: 16,
             max_msg_len: 32768,
+            raw_qpn: 5,
+            raw_psn: 6,
         };
         assert_eq!(QpEndpoint::decode(&e.encode()).unwrap(), e);
         let mut b = e.encode();
