@@ -30,6 +30,7 @@ use dataplane::control::{self, ControlError, WithDomain};
 use node_shell::{self as shell, MetricsEndpoint, Acceptor, Common, CommonArgs, ConfigError, Daemon};
 use dataplane::time::{Duration, MonotonicClock};
 use dataplane::transport::{Connection, Domain, Listener};
+use dataplane::transport::shm::DoorbellWatch;
 use dataplane::waitset::{IdleWait, WatchList};
 use tracing::{info, warn};
 
@@ -471,6 +472,7 @@ fn poll_until_drained<C: Connection>(
     first_plan: &mut FirstPlan<'_>,
 ) -> TermEnd {
     let mut watched = WatchList::new();
+    let mut bells = DoorbellWatch::new();
     let mut synced = None;
     let mut ready = Vec::new();
     loop {
@@ -505,13 +507,13 @@ fn poll_until_drained<C: Connection>(
         // The watch list is rebuilt only when the links changed (listing
         // and sorting ~300 links took ~10% of a busy daemon's time).
         if synced != Some(node.link_set_version()) {
-            watched.sync(idle.set(), |live| {
-                node.for_each_conn(|key, c| live.extend(c.wait_fd().map(|fd| (key, fd))))
-            });
+            sync_watch(node, idle, &mut watched, &mut bells);
             synced = Some(node.link_set_version());
         }
         ready.clear();
         idle.set().ready_now(&mut ready);
+        // shm links subscribed to the doorbell: the flagged ones.
+        bells.take_ready(&mut ready);
         node.set_readable(ready.iter().copied());
         busy |= node.poll(now);
         while let Some(ev) = node.poll_event() {
@@ -536,9 +538,7 @@ fn poll_until_drained<C: Connection>(
             continue;
         } else {
             if synced != Some(node.link_set_version()) {
-                watched.sync(idle.set(), |live| {
-                    node.for_each_conn(|key, c| live.extend(c.wait_fd().map(|fd| (key, fd))))
-                });
+                sync_watch(node, idle, &mut watched, &mut bells);
                 synced = Some(node.link_set_version());
             }
             // Under an election, wake well within the stall bound, so
@@ -548,9 +548,26 @@ fn poll_until_drained<C: Connection>(
             // The pinned runtime's threads notify the wait set when they
             // hand decisions over; the recheck closes the race with a
             // notify sent just before this thread declared itself asleep.
-            idle.idle_unless(next.saturating_since(clock.now()), || node.plane().has_decisions());
+            // The doorbell is armed last: a link flagged meanwhile means
+            // no sleep (its key comes with the next pass's take_ready).
+            idle.idle_unless(next.saturating_since(clock.now()), || node.plane().has_decisions() || !bells.arm());
+            bells.disarm();
         }
     }
+}
+
+/// Makes the wait set watch the live links' fds and the doorbell (shm
+/// links subscribe to it: their peers then ring it instead of writing a
+/// byte to each link's socket).
+fn sync_watch<C: Connection>(node: &mut SchedulerNode<C>, idle: &mut IdleWait, watched: &mut WatchList, bells: &mut DoorbellWatch) {
+    bells.begin_sync();
+    watched.sync(idle.set(), |live| {
+        node.for_each_conn(|key, c| {
+            live.extend(c.wait_fd().map(|fd| (key, fd)));
+            bells.watch(key, c);
+        })
+    });
+    bells.end_sync(idle.set());
 }
 
 fn log_event(ev: &SchedulerEvent) {
