@@ -39,6 +39,7 @@
 mod delay_bound;
 mod dispatch;
 mod ledger;
+mod links;
 mod membership;
 mod outbox;
 mod ownership;
@@ -130,6 +131,9 @@ pub struct ControlPlane {
     actions: Actions,
     metrics: Arc<SchedulerMetrics>,
     stopping: bool,
+    /// Tasks of frontends waiting for data links, with their arrival (see
+    /// `links`).
+    link_held: Vec<(Instant, Task)>,
 }
 
 /// Why a control plane cannot be built from its sub-clusters.
@@ -204,6 +208,7 @@ impl ControlPlane {
             actions: Actions::default(),
             metrics,
             stopping: false,
+            link_held: Vec::new(),
         })
     }
 
@@ -436,6 +441,7 @@ impl ControlPlane {
         let mut expired = 0;
         while let Some((batch, f)) = self.ledger.pop_overdue(now) {
             self.telemetry.forget(f.subcluster, f.gpu, batch);
+            self.hold_given_up_gpu(now, batch, &f);
             let backend = f.backend;
             self.fail_back_batch(f);
             self.release_if_done(backend);
@@ -580,6 +586,7 @@ impl ControlPlane {
         self.ack(PeerId::Frontend(id));
         for b in self.members.backends_sorted() {
             self.dispatch.announce_frontend(b, id, endpoint);
+            self.ask_link(b, id);
         }
         self.sync_peer_gauges();
         Ok(())
@@ -656,6 +663,7 @@ impl ControlPlane {
     /// A repeated or unexpected report, or one from a backend that drains,
     /// changes nothing.
     pub fn backend_ready(&mut self, now: Instant, id: u32) {
+        self.link_answered(now, id);
         let Some((sc, ids, gated)) = self.members.pass_gate(id) else { return };
         self.members.record_join(now.saturating_since(gated.since).as_nanos() / 1_000_000);
         self.gpus_to_matchmaking(now, id, sc, &ids, &gated.free_at);
@@ -679,6 +687,7 @@ impl ControlPlane {
     /// A frontend left (disconnected or silent). Its tasks stay scheduled:
     /// their READs fail at the backend and the outcomes go nowhere.
     pub fn frontend_left(&mut self, id: u32) {
+        self.forget_link_wait(id);
         if self.members.remove_frontend(id) {
             self.sync_peer_gauges();
         }
@@ -708,6 +717,7 @@ impl ControlPlane {
             self.fail_back_batch(f);
         }
         self.ledger.trim_expiries();
+        self.link_gone(now, id);
         self.sync_peer_gauges();
     }
 
@@ -730,6 +740,7 @@ impl ControlPlane {
                 self.subclusters[sc].sched.set_gpu_online(now, g, false, &mut self.actions);
                 self.apply(now, sc);
             }
+            self.link_gone(now, id);
             self.sync_peer_gauges();
         }
         if self.members.drain_of(id) == Drain::Released {
@@ -801,6 +812,13 @@ impl ControlPlane {
             self.send_dropped(task.task_id, from, DropReason::Shutdown);
             return;
         }
+        if !self.hold_for_link(now, from, task) {
+            self.take_task(now, from, task);
+        }
+    }
+
+    /// A task of frontend `from` goes to its model's queue (or is refused).
+    fn take_task(&mut self, now: Instant, from: u32, task: &Task) {
         let Some((sc, local)) = self.placement.get(task.model_id as usize).copied().flatten() else {
             self.send_dropped(task.task_id, from, DropReason::UnknownModel);
             return;
@@ -937,6 +955,10 @@ impl ControlPlane {
                 s.sched.set_delay(delay);
             }
         }
+        if done.gpu_id == finished.local_gpu {
+            // Its GPU runs: back into matchmaking if it was held.
+            self.gpu_reported(now, from, finished.local_gpu, done.batch_id);
+        }
         if done.gpu_id != finished.local_gpu {
             // Done, but about which device? Nothing to learn from it.
             self.metrics.refuse(MessageRefusal::WrongGpu);
@@ -986,12 +1008,16 @@ impl ControlPlane {
             .iter()
             .filter_map(|s| s.sched.poll_at())
             .chain(self.ownership.poll_at())
+            .chain(self.members.next_hold_end())
+            .chain(self.link_wait_end())
             .min()
     }
 
     /// Runs every sub-cluster timer due at `now`.
     pub fn on_wake(&mut self, now: Instant) {
         self.release_moved(now);
+        self.end_gpu_holds(now);
+        self.end_link_waits(now);
         for sc in 0..self.subclusters.len() {
             if self.subclusters[sc].sched.poll_at().is_some_and(|t| t <= now) {
                 self.subclusters[sc].sched.on_wake(now, &mut self.actions);
@@ -1004,6 +1030,7 @@ impl ControlPlane {
     /// ones are refused; batches in flight still finish.
     pub fn stop(&mut self) {
         self.stopping = true;
+        self.drop_link_held();
         for (id, f) in self.ledger.drain_waiting() {
             self.send_dropped(id, f, DropReason::Shutdown);
         }
@@ -1135,3 +1162,6 @@ mod gate_tests;
 
 #[cfg(test)]
 mod late_report_tests;
+
+#[cfg(test)]
+mod links_tests;

@@ -220,6 +220,12 @@ impl TaskLedger {
         self.batch_grace = grace;
     }
 
+    /// How long after a batch's planned finish its `BatchDone` is waited
+    /// for.
+    pub(super) fn batch_grace(&self) -> Duration {
+        self.batch_grace
+    }
+
     /// Batches sent and not reported done.
     pub(super) fn in_flight(&self) -> usize {
         self.inflight.len()

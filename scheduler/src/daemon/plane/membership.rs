@@ -3,7 +3,11 @@
 //! (its sub-cluster and their sub-cluster GPU ids), which backends are
 //! still behind the join gate (registered, their data links to the
 //! frontends not yet up: their GPUs wait out of matchmaking) and which
-//! are draining (out of matchmaking, finishing what was planned to them).
+//! are draining (out of matchmaking, finishing what was planned to them),
+//! which GPUs are held out of matchmaking because a batch on them was
+//! given up (a stalled GPU: back at its next report, or at a bound), and
+//! which frontends wait for the backends' data links to them (their tasks
+//! are held until every serving backend reported its link up).
 //! Liveness itself (heartbeats, silence) is the node's; it tells the plane
 //! who left.
 
@@ -62,6 +66,22 @@ pub(super) struct BackendState {
     /// its GPUs is busy (its registration's busy report); None once its
     /// GPUs were offered to matchmaking.
     pub(super) gated: Option<Gated>,
+    /// Per local GPU: held out of matchmaking after a batch on it was
+    /// given up, until this moment at the latest (None: not held).
+    held_until: Vec<Option<Instant>>,
+    /// Per local GPU: the newest batch id reported done on it (a batch
+    /// given up older than it lost its report; the GPU works).
+    last_done: Vec<u64>,
+    /// It answers join-gate requests (`Drain{Ready}`): a frontend that
+    /// registers later waits for its answer.
+    pub(super) reports_ready: bool,
+    /// Join-gate requests sent to it, and answered (it answers each once
+    /// its data links to the frontends announced before it are up).
+    asked: u64,
+    answered: u64,
+    /// A frontend was announced while a request was unanswered: ask again
+    /// once it is answered.
+    reask: bool,
 }
 
 /// A backend behind the join gate.
@@ -138,6 +158,11 @@ impl MemberMetrics {
     }
 }
 
+/// A frontend waiting for data links: since its first task held, and
+/// (backend, the join-gate request whose answer says its link is up) per
+/// backend still to answer.
+type LinkWait = (Option<Instant>, Vec<(u32, u64)>);
+
 /// The registered peers (see the module docs).
 #[derive(Default)]
 pub(super) struct Membership {
@@ -150,6 +175,14 @@ pub(super) struct Membership {
     /// Backends draining or released (so that the per-batch check whether
     /// a drain may end costs nothing while none drains).
     draining: usize,
+    /// GPUs held out of matchmaking after a batch on them was given up.
+    held: usize,
+    /// Frontends waiting for data links: since when (its first task held),
+    /// and (backend,
+    /// join-gate request whose answer says its link is up) per serving
+    /// backend that has not answered it yet. Empty unless a frontend
+    /// joined recently.
+    unlinked: HashMap<u32, LinkWait, IdHasher>,
     metrics: MemberMetrics,
 }
 
@@ -233,7 +266,25 @@ impl Membership {
         if gated.is_none() {
             self.metrics.set_serving(id, Some(&busy_ns));
         }
-        self.backends.insert(id, BackendState { subcluster, gpus, drain: Drain::No, busy_ns, gated });
+        // A gated backend was sent its first join-gate request.
+        let reports_ready = gated.is_some();
+        let n = gpus.len();
+        self.backends.insert(
+            id,
+            BackendState {
+                subcluster,
+                gpus,
+                drain: Drain::No,
+                busy_ns,
+                gated,
+                held_until: vec![None; n],
+                last_done: vec![0; n],
+                reports_ready,
+                asked: u64::from(reports_ready),
+                answered: 0,
+                reask: false,
+            },
+        );
     }
 
     /// Backend `id` passed the join gate: its sub-cluster, GPUs and what
@@ -264,6 +315,7 @@ impl Membership {
         if b.drain != Drain::No {
             self.draining -= 1;
         }
+        self.held -= b.held_until.iter().flatten().count();
         self.metrics.set_serving(id, None);
         Some(b)
     }
@@ -274,6 +326,10 @@ impl Membership {
         let b = self.backends.get_mut(&id).filter(|b| b.drain == Drain::No)?;
         b.drain = Drain::Draining;
         self.draining += 1;
+        // Its GPUs leave matchmaking for good: none is held any more.
+        for h in &mut b.held_until {
+            self.held -= usize::from(h.take().is_some());
+        }
         self.metrics.set_serving(id, None);
         Some((b.subcluster, b.gpus.clone()))
     }
@@ -310,5 +366,176 @@ impl Membership {
         self.backends
             .iter()
             .flat_map(|(&b, st)| st.gpus.iter().enumerate().map(move |(i, &g)| (b, i as u32, st.subcluster, g)))
+    }
+}
+
+/// GPUs held out of matchmaking after a batch on them was given up (the
+/// cores' GPU offline, as for a backend that left or drains: one GPU
+/// state, the cores' online flag, whatever keeps a GPU out).
+impl Membership {
+    /// Batch `batch` on backend `id`'s GPU `local_gpu` was given up (no
+    /// report within the grace): the GPU may be stalled, and every batch
+    /// planned on it would be given up too. Unless a later batch on it was
+    /// reported already (this report was lost; the GPU works) or its GPUs
+    /// do not serve (behind the gate, draining), it is held out of
+    /// matchmaking until its next report or until `until`. Returns
+    /// (sub-cluster, GPU) to take out of matchmaking now; None if nothing
+    /// is to change (a GPU held already is held until `until` now).
+    pub(super) fn hold_gpu(&mut self, id: u32, local_gpu: u32, batch: u64, until: Instant) -> Option<(usize, GpuId)> {
+        let b = self.backends.get_mut(&id).filter(|b| b.drain == Drain::No && b.gated.is_none())?;
+        let l = local_gpu as usize;
+        if b.last_done.get(l).is_some_and(|&done| done > batch) {
+            return None;
+        }
+        let gpu = *b.gpus.get(l)?;
+        let held = b.held_until.get_mut(l)?.replace(until);
+        if held.is_some() {
+            return None;
+        }
+        self.held += 1;
+        Some((b.subcluster, gpu))
+    }
+
+    /// A batch on backend `id`'s GPU `local_gpu` was reported (on time or
+    /// late): the GPU runs. Returns (sub-cluster, GPU) to put back into
+    /// matchmaking if it was held.
+    pub(super) fn gpu_reported(&mut self, id: u32, local_gpu: u32, batch: u64) -> Option<(usize, GpuId)> {
+        let b = self.backends.get_mut(&id)?;
+        let l = local_gpu as usize;
+        if let Some(done) = b.last_done.get_mut(l) {
+            *done = (*done).max(batch);
+        }
+        b.held_until.get_mut(l)?.take()?;
+        self.held -= 1;
+        Some((b.subcluster, *b.gpus.get(l)?))
+    }
+
+    /// When the first held GPU's bound ends (None: none is held; costs
+    /// nothing then).
+    pub(super) fn next_hold_end(&self) -> Option<Instant> {
+        if self.held == 0 {
+            return None;
+        }
+        self.backends.values().flat_map(|b| b.held_until.iter().flatten()).min().copied()
+    }
+
+    /// The held GPUs whose bound ended by `now`, no longer held: (backend,
+    /// sub-cluster, GPU), in that order (a run is reproducible).
+    pub(super) fn end_holds(&mut self, now: Instant) -> Vec<(u32, usize, GpuId)> {
+        let mut ended = Vec::new();
+        if self.held == 0 {
+            return ended;
+        }
+        for (&id, b) in &mut self.backends {
+            for (h, &g) in b.held_until.iter_mut().zip(&b.gpus) {
+                if h.is_some_and(|t| t <= now) {
+                    *h = None;
+                    ended.push((id, b.subcluster, g));
+                }
+            }
+        }
+        self.held -= ended.len();
+        ended.sort_unstable();
+        ended
+    }
+}
+
+/// Frontends waiting for the backends' data links to them. A frontend
+/// that registers is announced to every backend; one that answers
+/// join-gate requests (`Drain{Ready}`, its Join's `REPORTS_READY`) is
+/// asked again after the announcement, and answers once its data link to
+/// the frontend is up (or at its handshake timeout). The frontend's tasks
+/// wait until every serving backend answered: a plan never sends a
+/// backend a READ it cannot post. One request at a time per backend (it
+/// answers the frontends announced before each request at once).
+impl Membership {
+    /// Frontend `f` was just announced to backend `id`: whether to send it
+    /// a join-gate request now (none is unanswered). Unless the backend
+    /// does not answer those or drains, `f` waits for its answer to the
+    /// first request after the announcement (this one, or the next).
+    pub(super) fn wait_for_link(&mut self, id: u32, f: u32) -> bool {
+        let Some(b) = self.backends.get_mut(&id).filter(|b| b.reports_ready && b.drain == Drain::No) else { return false };
+        let ask_now = b.asked == b.answered;
+        let answer = b.asked + 1;
+        if ask_now {
+            b.asked += 1;
+        } else {
+            b.reask = true;
+        }
+        self.unlinked.entry(f).or_default().1.push((id, answer));
+        ask_now
+    }
+
+    /// Backend `id` answered a join-gate request: whether to ask it again
+    /// (a frontend was announced meanwhile), and the frontends no longer
+    /// waiting for any backend's link, in id order.
+    pub(super) fn link_answer(&mut self, id: u32) -> (bool, Vec<u32>) {
+        let Some(b) = self.backends.get_mut(&id) else { return (false, Vec::new()) };
+        b.answered = (b.answered + 1).min(b.asked);
+        let again = b.reask && b.answered == b.asked && b.drain == Drain::No;
+        if again {
+            b.reask = false;
+            b.asked += 1;
+        }
+        let answered = b.answered;
+        (again, self.settle_links(|(from, answer)| from == id && answer <= answered))
+    }
+
+    /// Backend `id` left or drains: no frontend waits for its link.
+    pub(super) fn link_gone(&mut self, id: u32) -> Vec<u32> {
+        self.settle_links(|(from, _)| from == id)
+    }
+
+    /// Frontends that waited since `before` or earlier stop waiting (a
+    /// request or its answer was lost, a backend never links): their
+    /// tasks are planned as they were before links were waited for.
+    pub(super) fn link_wait_over(&mut self, before: Instant) -> Vec<u32> {
+        let mut over: Vec<u32> = self.unlinked.iter().filter(|(_, w)| w.0.is_some_and(|t| t <= before)).map(|(&f, _)| f).collect();
+        over.sort_unstable();
+        for f in &over {
+            self.unlinked.remove(f);
+        }
+        over
+    }
+
+    /// When the frontend waiting longest had its first task held (None:
+    /// none waits with a task).
+    pub(super) fn link_wait_since(&self) -> Option<Instant> {
+        self.unlinked.values().filter_map(|w| w.0).min()
+    }
+
+    /// Whether frontend `f` waits for data links: if so, a task of it came
+    /// at `now` and is held (its wait is bounded from its first).
+    pub(super) fn link_pending(&mut self, f: u32, now: Instant) -> bool {
+        if self.unlinked.is_empty() {
+            return false;
+        }
+        match self.unlinked.get_mut(&f) {
+            Some(w) => {
+                w.0.get_or_insert(now);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Frontend `f` left: it waits for nothing.
+    pub(super) fn forget_links(&mut self, f: u32) {
+        self.unlinked.remove(&f);
+    }
+
+    /// Drops the waits `done` says are over; the frontends left waiting
+    /// for nothing, in id order.
+    fn settle_links(&mut self, done: impl Fn((u32, u64)) -> bool) -> Vec<u32> {
+        let mut linked = Vec::new();
+        self.unlinked.retain(|&f, w| {
+            w.1.retain(|&x| !done(x));
+            if w.1.is_empty() {
+                linked.push(f);
+            }
+            !w.1.is_empty()
+        });
+        linked.sort_unstable();
+        linked
     }
 }
