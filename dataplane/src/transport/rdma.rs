@@ -57,6 +57,7 @@ use crate::time::Duration;
 mod conn;
 mod device;
 mod raw;
+mod raw_conn;
 mod wake;
 pub use conn::{RdmaConnection, WriteOp};
 pub use raw::{RawCompletion, RawKind, RAW_INLINE, RAW_MAX_DEPTH, RAW_MAX_LEN};

@@ -377,10 +377,9 @@ impl RdmaConnection {
             recv_wake,
         } = queues;
         qp_to_init(&mut qp, dev)?;
-        let mut raw = match cfg.raw_depth {
-            0 => None,
-            d => Some(RawQp::create(dev, d)?),
-        };
+        let mut raw = (cfg.raw_depth > 0)
+            .then(|| RawQp::create(dev, cfg.raw_depth))
+            .transpose()?;
         if let Some(r) = raw.as_mut() {
             qp_to_init(&mut r.qp, dev)?;
         }

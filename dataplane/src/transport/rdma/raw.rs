@@ -11,7 +11,7 @@
 //! which the framed message path ([`Connection::send`]) keeps unchanged.
 //!
 //! Every raw work request is signalled and reported by
-//! [`RdmaConnection::poll_raw`] as one [`RawCompletion`]: a SEND when the RC
+//! `RdmaConnection::poll_raw` as one [`RawCompletion`]: a SEND when the RC
 //! acknowledgement says its bytes are in a receive of the peer, a receive
 //! with the number of bytes that landed. Raw queues are polled, never
 //! waited on (`Connection::wait` does not watch them). Each work request
@@ -21,18 +21,16 @@
 //! [`Connection::send`]: crate::transport::Connection::send
 
 use std::mem::MaybeUninit;
-use std::ptr;
 use std::sync::Arc;
 
 use rdma_mummy_sys as sys;
 use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionQueue as _};
-use sideway::ibverbs::queue_pair::{BasicQueuePair, QueuePair as _};
+use sideway::ibverbs::queue_pair::BasicQueuePair;
 
-use super::conn::RdmaConnection;
 use super::device::Device;
 use super::{errno_err, verbs_err};
 use crate::mem::{AccessToken, KeyTable};
-use crate::transport::{Error, ErrorKind, LocalRef, WrId};
+use crate::transport::{Error, ErrorKind, WrId};
 
 /// Longest raw SEND: rxe's `max_msg_sz` (8 MiB; verbs reports it per port,
 /// which the verbs crate used here does not expose).
@@ -81,9 +79,9 @@ impl Default for RawCompletion {
 
 /// Work requests of one kind in flight: their callers' ids, the accesses
 /// they hold and their lengths. Indexes are the verbs `wr_id`s.
-struct Ring {
-    slots: Box<[(WrId, Option<AccessToken>, u32)]>,
-    free: Vec<u32>,
+pub(super) struct Ring {
+    pub(super) slots: Box<[(WrId, Option<AccessToken>, u32)]>,
+    pub(super) free: Vec<u32>,
 }
 
 impl Ring {
@@ -94,7 +92,7 @@ impl Ring {
         }
     }
 
-    fn in_flight(&self) -> u32 {
+    pub(super) fn in_flight(&self) -> u32 {
         (self.slots.len() - self.free.len()) as u32
     }
 
@@ -122,12 +120,12 @@ pub(super) struct RawQp {
     pub(super) qp: BasicQueuePair,
     send_cq: Arc<BasicCompletionQueue>,
     recv_cq: Arc<BasicCompletionQueue>,
-    sends: Ring,
-    recvs: Ring,
-    depth: u32,
+    pub(super) sends: Ring,
+    pub(super) recvs: Ring,
+    pub(super) depth: u32,
     /// Bytes a SEND may carry inline (what the device granted).
-    inline_max: u32,
-    failed: Option<ErrorKind>,
+    pub(super) inline_max: u32,
+    pub(super) failed: Option<ErrorKind>,
 }
 
 impl RawQp {
@@ -183,11 +181,13 @@ impl RawQp {
     }
 
     /// Polls one completion queue into `out`; returns how many.
-    fn poll_cq(
+    /// `status_kind` classifies a failed work completion's status.
+    pub(super) fn poll_cq(
         &mut self,
         recv: bool,
         out: &mut [RawCompletion],
         table: &KeyTable,
+        status_kind: fn(u32) -> ErrorKind,
     ) -> Result<usize, Error> {
         let mut wcs: [MaybeUninit<sys::ibv_wc>; 16] = [const { MaybeUninit::uninit() }; 16];
         let cq = if recv { &self.recv_cq } else { &self.send_cq };
@@ -212,7 +212,7 @@ impl RawQp {
             let status = if wc.status == sys::ibv_wc_status::IBV_WC_SUCCESS {
                 Ok(())
             } else {
-                let kind = RdmaConnection::status_kind(wc.status);
+                let kind = status_kind(wc.status);
                 self.failed.get_or_insert(kind);
                 Err(kind)
             };
@@ -231,152 +231,5 @@ impl RawQp {
             k += 1;
         }
         Ok(k)
-    }
-}
-
-impl RdmaConnection {
-    /// The raw queue pair's depth (SENDs, and receives, postable at once), if
-    /// both sides configured one ([`RdmaConfig::raw_depth`](super::RdmaConfig::raw_depth)).
-    pub fn raw_depth(&self) -> Option<u32> {
-        self.raw.as_ref().map(|r| r.depth)
-    }
-
-    /// Bytes a raw SEND may carry inline (0 without a raw queue pair).
-    pub fn raw_inline_max(&self) -> u32 {
-        self.raw.as_ref().map_or(0, |r| r.inline_max)
-    }
-
-    /// Raw SENDs posted and not yet reported by [`RdmaConnection::poll_raw`].
-    pub fn raw_sends_in_flight(&self) -> u32 {
-        self.raw.as_ref().map_or(0, |r| r.sends.in_flight())
-    }
-
-    /// Raw receives posted and not yet reported.
-    pub fn raw_recvs_posted(&self) -> u32 {
-        self.raw.as_ref().map_or(0, |r| r.recvs.in_flight())
-    }
-
-    /// The raw queue pair, if it can take work.
-    fn live_raw(&mut self) -> Result<&mut RawQp, Error> {
-        if let Some(e) = self.dead_for_messages() {
-            return Err(e);
-        }
-        let raw = self.raw.as_mut().ok_or(Error::Unsupported(
-            "raw SEND: no raw queue pair (SYMPHONY_RDMA_RAW_DEPTH on both sides)",
-        ))?;
-        if raw.failed.is_some() {
-            return Err(Error::PeerDisconnected);
-        }
-        Ok(raw)
-    }
-
-    /// Posts a receive of `buf` (a local registration's range, which a peer's
-    /// SEND of at most `buf.len` bytes fills from its start). `QueueFull`
-    /// when [`RdmaConnection::raw_depth`] receives are posted already.
-    pub fn post_raw_recv(&mut self, wr_id: WrId, buf: LocalRef) -> Result<(), Error> {
-        if buf.len > RAW_MAX_LEN {
-            return Err(Error::TooLarge);
-        }
-        let domain = self.domain.clone();
-        let raw = self.live_raw()?;
-        let Some(&index) = raw.recvs.free.last() else {
-            return Err(Error::QueueFull);
-        };
-        let token = domain.acquire_local(buf.key, buf.offset, buf.len)?;
-        let mut sge = sys::ibv_sge {
-            addr: buf.offset,
-            length: buf.len,
-            lkey: buf.key,
-        };
-        let mut wr = sys::ibv_recv_wr {
-            wr_id: u64::from(index),
-            next: ptr::null_mut(),
-            sg_list: &mut sge,
-            num_sge: 1,
-        };
-        let mut bad = ptr::null_mut();
-        // SAFETY: the QP is alive (owned by self); `wr` and `sge` outlive the call;
-        // the range was checked against a live LOCAL_WRITE registration whose
-        // access token is held until the receive completes.
-        let rc = unsafe { sys::ibv_post_recv(raw.qp.qp().as_ptr(), &mut wr, &mut bad) };
-        if rc != 0 {
-            domain.table.release(token);
-            return Err(if rc == libc::ENOMEM {
-                Error::QueueFull
-            } else {
-                errno_err("ibv_post_recv (raw)", rc)
-            });
-        }
-        raw.recvs.free.pop();
-        raw.recvs.slots[index as usize] = (wr_id, Some(token), buf.len);
-        Ok(())
-    }
-
-    /// Posts a SEND of `src` (a local registration's range, at most
-    /// [`RAW_MAX_LEN`] bytes) into the peer's next posted receive; with
-    /// `inline` and at most [`RdmaConnection::raw_inline_max`] bytes the bytes
-    /// go in the work request itself. The peer's NIC retries while it has no
-    /// receive posted (receiver not ready). `QueueFull` when
-    /// [`RdmaConnection::raw_depth`] SENDs are in flight.
-    pub fn post_raw_send(&mut self, wr_id: WrId, src: LocalRef, inline: bool) -> Result<(), Error> {
-        if src.len > RAW_MAX_LEN {
-            return Err(Error::TooLarge);
-        }
-        let domain = self.domain.clone();
-        let raw = self.live_raw()?;
-        let Some(&index) = raw.sends.free.last() else {
-            return Err(Error::QueueFull);
-        };
-        let token = domain.acquire_local(src.key, src.offset, src.len)?;
-        let mut sge = sys::ibv_sge {
-            addr: src.offset,
-            length: src.len,
-            lkey: src.key,
-        };
-        // SAFETY: ibv_send_wr is a plain C struct; all-zero is a valid value.
-        let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = u64::from(index);
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
-        wr.opcode = sys::ibv_wr_opcode::IBV_WR_SEND;
-        wr.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        if inline && src.len <= raw.inline_max {
-            wr.send_flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
-        }
-        let mut bad = ptr::null_mut();
-        // SAFETY: the QP is alive; `wr`/`sge` outlive the call; the source range was
-        // checked against a live registration whose access token is held until the
-        // SEND completes (an inline SEND's bytes are copied during the call).
-        let rc = unsafe { sys::ibv_post_send(raw.qp.qp().as_ptr(), &mut wr, &mut bad) };
-        if rc != 0 {
-            domain.table.release(token);
-            return Err(if rc == libc::ENOMEM {
-                Error::QueueFull
-            } else {
-                errno_err("ibv_post_send (raw)", rc)
-            });
-        }
-        raw.sends.free.pop();
-        raw.sends.slots[index as usize] = (wr_id, Some(token), src.len);
-        Ok(())
-    }
-
-    /// Takes completed raw work requests, receives first, into `out`; returns
-    /// how many. A failed one kills the raw queue pair (later posts are
-    /// refused); the control queue pair is not touched.
-    pub fn poll_raw(&mut self, out: &mut [RawCompletion]) -> Result<usize, Error> {
-        let domain = self.domain.clone();
-        let Some(raw) = self.raw.as_mut() else {
-            return Err(Error::Unsupported("raw SEND: no raw queue pair"));
-        };
-        let n = raw.poll_cq(true, out, &domain.table)?;
-        let n = n + raw.poll_cq(false, &mut out[n..], &domain.table)?;
-        if n == 0 {
-            self.check_peer(false);
-            if let Some(e) = self.dead_for_messages() {
-                return Err(e);
-            }
-        }
-        Ok(n)
     }
 }
