@@ -381,10 +381,12 @@ pub(crate) struct PerfArgs {
     /// --post_list, whose default is 1 too).
     #[arg(long, short = 'l', default_value_t = 1)]
     pub(crate) post_list: usize,
-    /// rdma: receives each local server posts in advance per queue pair (perftest's
-    /// --rx-depth; a SEND finding none is retried by the NIC, receiver-not-ready), one
-    /// 32 KiB slot each; `netbench serve` takes SYMPHONY_RDMA_RECV_SLOTS [default: 512
-    /// for bw --verb send, as perftest; else the transport's 64].
+    /// rdma: receives each server keeps posted per queue pair for SENDs (perftest's
+    /// --rx-depth; a SEND finding none is retried by the NIC, receiver-not-ready): raw SENDs
+    /// (netbench built with --features rdma) land in one registered buffer; otherwise each
+    /// local server's control ring has this many 32 KiB slots (`netbench serve` takes
+    /// SYMPHONY_RDMA_RECV_SLOTS) [default: 512, as perftest; the control ring's 64 unless
+    /// bw --verb send].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub(crate) rx_depth: Option<u32>,
     /// bw: the server answers every WRITE/SEND with one of the same size and both

@@ -30,6 +30,7 @@ mod plot;
 mod output;
 mod proto;
 mod server;
+mod server_raw;
 mod stats;
 mod transport;
 
@@ -103,6 +104,9 @@ pub(crate) fn max_read_for(kind: TransportKind) -> u32 {
 
 fn cmd_serve(a: ServeArgs) -> Res<()> {
     a.shape.check(a.transport)?;
+    if a.transport == TransportKind::Rdma {
+        server_raw::ask_raw_depth(server_raw::SERVE_RAW_DEPTH);
+    }
     let duration = match a.duration_s {
         Some(s) if !(s.is_finite() && s > 0.0) => {
             return Err(Fail::usage("--duration-s must be positive"))

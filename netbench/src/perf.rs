@@ -50,8 +50,13 @@ use crate::proto;
 use crate::stats::Recorder;
 use crate::transport::WithDomain;
 
+mod raw_send;
 mod send_stream;
+mod verbs;
 use send_stream::is_send_stream;
+use verbs::{post_writes, writes_one_sided};
+#[cfg(feature = "rdma")]
+use verbs::verbs;
 
 /// The measured operation.
 #[derive(
@@ -89,8 +94,10 @@ impl Verb {
 enum Path {
     /// A work request reaped as a completion: READ everywhere, WRITE on rdma.
     OneSided(Verb),
-    /// Messages the server lands and answers: WRITE and SEND elsewhere, SEND on rdma.
+    /// Messages the server lands and answers: WRITE and SEND elsewhere.
     Message(Op),
+    /// SEND on rdma with raw queue pairs ([`raw_send`]).
+    RawSend,
 }
 
 impl Path {
@@ -100,59 +107,9 @@ impl Path {
     fn latency_of(self, round_trip: u64) -> u64 {
         match self {
             Path::OneSided(_) => round_trip,
-            Path::Message(_) => round_trip / 2,
+            Path::Message(_) | Path::RawSend => round_trip / 2,
         }
     }
-}
-
-/// The verbs connection behind `conn` when `D` is the rdma transport: its
-/// one-sided WRITE is not part of the transport-neutral [`Connection`].
-#[cfg(feature = "rdma")]
-fn verbs<D: Domain>(conn: &mut D::Conn) -> Option<&mut dataplane::transport::rdma::RdmaConnection> {
-    use dataplane::transport::rdma::RdmaDomain;
-    use std::any::TypeId;
-    if TypeId::of::<D>() != TypeId::of::<RdmaDomain>() {
-        return None;
-    }
-    // SAFETY: `D` is `RdmaDomain` (same TypeId), whose `Conn` is
-    // `RdmaConnection`, so `conn` points at a live `RdmaConnection`; the
-    // returned borrow is `conn`'s own mutable borrow.
-    Some(unsafe { &mut *(conn as *mut D::Conn).cast::<dataplane::transport::rdma::RdmaConnection>() })
-}
-
-/// Whether `D` posts one-sided WRITEs (the rdma transport, when netbench is
-/// built with its `rdma` feature).
-fn writes_one_sided<D: Domain>() -> bool {
-    #[cfg(feature = "rdma")]
-    {
-        std::any::TypeId::of::<D>() == std::any::TypeId::of::<dataplane::transport::rdma::RdmaDomain>()
-    }
-    #[cfg(not(feature = "rdma"))]
-    {
-        let _ = std::any::type_name::<D>();
-        false
-    }
-}
-
-/// Posts `ops` as RDMA WRITEs on link `conn` (see [`verbs`]).
-fn post_writes<D: Domain>(conn: &mut D::Conn, ops: &[ReadOp]) -> Result<usize, TransportError> {
-    #[cfg(feature = "rdma")]
-    if let Some(c) = verbs::<D>(conn) {
-        let mut w = [dataplane::transport::rdma::WriteOp {
-            wr_id: 0,
-            source: LocalRef::default(),
-            target: RemoteRef::default(),
-        }; POST_AT_ONCE];
-        let n = ops.len().min(POST_AT_ONCE);
-        for (w, op) in w.iter_mut().zip(&ops[..n]) {
-            w.wr_id = op.wr_id;
-            w.source = op.local;
-            w.target = op.remote;
-        }
-        return c.post_writes(&w[..n]);
-    }
-    let _ = (conn, ops);
-    Err(TransportError::Unsupported("one-sided WRITE on this transport"))
 }
 
 /// Most work requests handed to the transport in one call (one doorbell on
@@ -228,6 +185,8 @@ pub struct PerfConfig {
     pub post_list: usize,
     /// Bandwidth: the server answers each operation with one of the same size.
     pub bidirectional: bool,
+    /// rdma raw SENDs: receives the server keeps posted (perftest's `--rx-depth`).
+    pub rx_depth: u32,
     /// Latency: also measure under this concurrent stream.
     pub under_load: Option<LoadSpec>,
     /// Connect + catalog bound per connection.
@@ -352,6 +311,8 @@ struct Link<C> {
     msgs_posted: u64,
     /// SEND stream: the server's tally, once it answered.
     tally: Option<u64>,
+    /// Raw SENDs: the server's receives posted, once it answered the phase's start.
+    raw_ready: Option<u64>,
 }
 
 /// Connections to the servers and the buffers every measurement uses.
@@ -369,6 +330,8 @@ struct Links<D: Domain> {
     /// The transport reports when a SEND has landed (rdma: its work
     /// completion), so a SEND stream's operations complete then.
     sends_delivered: bool,
+    /// SENDs are raw verbs SENDs ([`raw_send`]).
+    raw: Option<raw_send::RawTx>,
 }
 
 fn connect_links<D: Domain>(
@@ -425,6 +388,7 @@ fn connect_links<D: Domain>(
                 t_post: 0,
                 msgs_posted: 0,
                 tally: None,
+                raw_ready: None,
             });
             let _ = q;
         }
@@ -442,6 +406,7 @@ fn connect_links<D: Domain>(
         op_timeout_ns: op_timeout.as_nanos().min(u128::from(u64::MAX)) as u64,
         write_one_sided: writes_one_sided::<D>(),
         sends_delivered: writes_one_sided::<D>(),
+        raw: None,
     })
 }
 
@@ -463,6 +428,7 @@ fn drain<C: Connection>(
         match perf_proto::decode(&buf[..n]) {
             Some(PerfMsg::Ack(seq)) => complete(link, seq, t),
             Some(PerfMsg::Tally(n)) => link.tally = Some(n),
+            Some(PerfMsg::RawReady(n)) => link.raw_ready = Some(n),
             Some(PerfMsg::Chunk(c)) => {
                 let off = c.off as usize;
                 let end = off + c.payload.len();
@@ -479,7 +445,7 @@ fn drain<C: Connection>(
                     complete(link, c.seq, t);
                 }
             }
-            Some(PerfMsg::TallyQuery) | None => {
+            Some(PerfMsg::TallyQuery | PerfMsg::RawOpen { .. }) | None => {
                 return Err(Fail::runtime(format!(
                     "server {} sent an unexpected {n}-byte message (is it a netbench server of this version?)",
                     link.addr
@@ -602,6 +568,7 @@ impl<D: Domain> Links<D> {
         match verb {
             Verb::Read => Path::OneSided(Verb::Read),
             Verb::Write if self.write_one_sided => Path::OneSided(Verb::Write),
+            Verb::Send if self.raw.is_some() => Path::RawSend,
             _ => Path::Message(verb.op()),
         }
     }
@@ -651,12 +618,14 @@ impl<D: Domain> Links<D> {
                 };
                 self.send_op(i, seq, op, Reply::Full, size, &mut done_early)
             }
+            Path::RawSend => self.raw_post_one(i, size, seq),
         }
     }
 
     /// Whether link `i`'s operation `seq` finished (latency).
-    fn finished(&mut self, i: usize, path: Path, seq: u64) -> Res<bool> {
+    fn finished(&mut self, i: usize, path: Path, size: u32, seq: u64) -> Res<bool> {
         Ok(match path {
+            Path::RawSend => self.raw_finished(i, size, seq)?,
             Path::OneSided(_) => self.reap(i)? > 0,
             Path::Message(_) => {
                 let mut hit = false;
@@ -673,6 +642,9 @@ impl<D: Domain> Links<D> {
     fn latency(&mut self, verb: Verb, size: u32, warmup: u64, stop: Stop) -> Res<Recorder> {
         let path = self.path(verb);
         self.load_write_sources(path, size)?;
+        if path == Path::RawSend {
+            self.raw_open(true)?;
+        }
         let mut rec = Recorder::new();
         let started = self.now();
         let until = match stop {
@@ -722,11 +694,13 @@ impl<D: Domain> Links<D> {
         mut rec: Option<&mut Recorder>,
     ) -> Res<()> {
         let mut pending = self.links.iter().filter(|l| l.inflight == 1).count();
-        let t_wait = self.now();
+        // The timeout counts from the posts: no clock read of its own (a
+        // read costs microseconds in an emulated guest without a stable TSC).
+        let t_wait = self.links.iter().map(|l| l.t_post).min().unwrap_or(0);
         let mut spins = 0u32;
         while pending > 0 {
             for i in 0..self.links.len() {
-                if self.links[i].inflight == 0 || !self.finished(i, path, seq)? {
+                if self.links[i].inflight == 0 || !self.finished(i, path, size, seq)? {
                     continue;
                 }
                 let dt = self.now().saturating_sub(self.links[i].t_post);
@@ -808,6 +782,10 @@ impl<D: Domain> Links<D> {
                     want.copy_from_slice(&self.tx[..n]);
                     got.copy_from_slice(&self.links[i].rx[..n]);
                 }
+                Path::RawSend => {
+                    want.copy_from_slice(&self.tx[..n]);
+                    self.landing.0.read_at(self.slot_offset(i), &mut got)?;
+                }
             }
             if got != want {
                 let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
@@ -832,6 +810,9 @@ impl<D: Domain> Links<D> {
         running: Option<&AtomicBool>,
     ) -> Res<BwStats> {
         self.load_write_sources(self.path(st.verb), st.size)?;
+        if self.path(st.verb) == Path::RawSend {
+            self.raw_open(false)?;
+        }
         if warmup > 0 {
             self.bw_phase(st, Stop::Count(warmup), None, None, &mut Vec::new())?;
             self.check_tally(&st)?;
@@ -899,6 +880,7 @@ impl<D: Domain> Links<D> {
                     }
                 }
             }
+            Path::RawSend => self.raw_post_stream(i, st.size, room)?,
             Path::Message(_) if is_send_stream(st) => self.post_send_stream(i, st.size, room, stamps)?,
             Path::Message(op) => {
                 let reply = if st.bidirectional {
@@ -931,6 +913,7 @@ impl<D: Domain> Links<D> {
                 }
                 Ok(n > 0)
             }
+            Path::RawSend => self.raw_reap_stream(i, stamps),
             Path::Message(_) if is_send_stream(st) => self.reap_send_stream(i, st, stamps),
             Path::Message(_) => {
                 let t = self.now();
@@ -1077,6 +1060,9 @@ impl WithDomain for PerfRun {
             cfg.connect_timeout,
             cfg.op_timeout,
         )?;
+        if cfg.verb == Verb::Send && !cfg.bidirectional {
+            links.raw = raw_send::setup(&domain, &mut links, cfg.rx_depth)?;
+        }
         let mut out = Vec::with_capacity(cfg.sizes.len());
         for &size in &cfg.sizes {
             let mut r = SizeResult {
@@ -1146,11 +1132,14 @@ fn under_load<D: Domain>(
             stop.clone(),
             running.clone(),
         );
-        let (connect_timeout, op_timeout, post_list) =
-            (cfg.connect_timeout, cfg.op_timeout, cfg.post_list);
+        let (connect_timeout, op_timeout, post_list, rx_depth) =
+            (cfg.connect_timeout, cfg.op_timeout, cfg.post_list, cfg.rx_depth);
         std::thread::spawn(move || -> Res<BwStats> {
             let r = connect_links(&domain, &addrs, 1, load.size, connect_timeout, op_timeout)
                 .and_then(|mut l| {
+                    if load.verb == Verb::Send {
+                        l.raw = raw_send::setup(&domain, &mut l, rx_depth)?;
+                    }
                     let st = Stream {
                         verb: load.verb,
                         size: load.size,

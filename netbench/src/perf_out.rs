@@ -25,9 +25,13 @@ Verbs per transport:
          tcp, tcp-blocking, shm: EMULATED - the bytes travel as messages on the connection
          (chunks of at most 32 KiB) and the server's CPU copies them to the operation's
          offset in its buffer, then answers.
-  send   rdma: verbs SENDs on the transport's control channel into receives the server
-         posted in advance (--rx-depth); each SEND carries a 112-byte header, and an
-         operation over 32 KiB is several SENDs. tcp, tcp-blocking, shm: EMULATED - the
+  send   rdma, netbench built with --features rdma: one raw verbs SEND per operation (any
+         size up to 8 MiB, no header, no copy) of a registered buffer, on a second queue pair
+         per connection, into receives of a registered buffer the server keeps posted
+         (--rx-depth, default 512), as ib_send_lat/ib_send_bw; every SEND signalled, those of
+         at most 236 bytes inline; lat: the server answers each SEND with its bytes. rdma
+         otherwise: SENDs on the control channel (112-byte header, at most 32 KiB each, an
+         operation over 32 KiB is several SENDs). tcp, tcp-blocking, shm: EMULATED - the
          bytes travel as messages as for write and the server lands them in its receive
          buffer.
   lat of emulated write and of send = half the ping-pong round trip (the server answers every
@@ -173,6 +177,10 @@ pub fn semantics(kind: TransportKind, verb: Verb) -> &'static str {
         (TransportKind::Rdma, Verb::Write) => {
             "RDMA WRITE work requests into the server's remote-writable object; latency = post to completion"
         }
+        (TransportKind::Rdma, Verb::Send) if cfg!(feature = "rdma") => {
+            "one raw verbs SEND of a registered buffer per operation (second queue pair, no \
+             header, no copy) into receives the server posted in advance; bw: no answers, a final tally"
+        }
         (TransportKind::Rdma, Verb::Send) => {
             "verbs SENDs on the control channel, 32 KiB each at most, into receives posted in \
              advance; bw: no answers, a final tally"
@@ -206,6 +214,10 @@ pub(crate) fn cmd_perf(a: PerfArgs, test: Test) -> Res<()> {
             "size {largest}: larger than the {} transport's longest operation ({max_read} bytes)",
             a.transport.name()
         )));
+    }
+    if a.transport == TransportKind::Rdma && cfg.verb == Verb::Send {
+        let depth = (cfg.tx_depth as u32).max(cfg.rx_depth);
+        crate::server_raw::ask_raw_depth(depth.max(crate::server_raw::SERVE_RAW_DEPTH));
     }
     let (servers, addrs, fabric) = start_servers(&a, &cfg, largest)?;
     let (results, endpoint) = transport::with_domain(
@@ -288,6 +300,7 @@ fn perf_config(a: &PerfArgs, test: Test) -> Res<PerfConfig> {
         tx_depth: a.tx_depth,
         post_list: a.post_list,
         bidirectional: a.bidirectional,
+        rx_depth: a.rx_depth.unwrap_or(crate::server_raw::SERVE_RAW_DEPTH),
         under_load,
         connect_timeout: dataplane::time::Duration::from_millis(a.connect_timeout_ms),
         op_timeout: std::time::Duration::from_millis(a.op_timeout_ms),

@@ -33,6 +33,11 @@ pub const ACK_MAGIC: u64 = u64::from_le_bytes(*b"NBPERFAK");
 pub const TALLY_QUERY_MAGIC: u64 = u64::from_le_bytes(*b"NBPERFTQ");
 /// `input_ns` of a tally (server to client; `task_id` = the count).
 pub const TALLY_MAGIC: u64 = u64::from_le_bytes(*b"NBPERFTA");
+/// `input_ns` of a raw-SEND phase's start (client to server; `task_id` =
+/// receives to have posted | echo << 32; see `crate::server_raw`).
+pub const RAW_OPEN_MAGIC: u64 = u64::from_le_bytes(*b"NBPERFRO");
+/// `input_ns` of the answer to it (`task_id` = receives posted).
+pub const RAW_READY_MAGIC: u64 = u64::from_le_bytes(*b"NBPERFRR");
 /// Wire bytes of a chunk before its payload.
 pub const CHUNK_HEAD: usize = HEADER_LEN + std::mem::size_of::<CompletionHead>();
 /// Most payload bytes in one chunk (one wire message).
@@ -94,6 +99,17 @@ pub enum PerfMsg<'a> {
     TallyQuery,
     /// The answer to a [`PerfMsg::TallyQuery`].
     Tally(u64),
+    /// rdma raw SENDs follow: have `rx_depth` receives posted on the raw
+    /// queue pair, and answer each raw SEND with one of the same bytes
+    /// (`echo`, latency) or only count it (bandwidth).
+    RawOpen {
+        /// Receives to keep posted.
+        rx_depth: u32,
+        /// Answer every raw SEND with its own bytes.
+        echo: bool,
+    },
+    /// The answer to [`PerfMsg::RawOpen`]: receives posted.
+    RawReady(u64),
 }
 
 /// Encodes one chunk into `buf` (at least `CHUNK_HEAD + payload.len()` bytes).
@@ -140,6 +156,16 @@ pub fn encode_tally_query(buf: &mut [u8]) -> Res<usize> {
     encode_bare(buf, TALLY_QUERY_MAGIC, 0)
 }
 
+/// Encodes the start of a raw-SEND phase (see [`PerfMsg::RawOpen`]).
+pub fn encode_raw_open(buf: &mut [u8], rx_depth: u32, echo: bool) -> Res<usize> {
+    encode_bare(buf, RAW_OPEN_MAGIC, u64::from(rx_depth) | (u64::from(echo) << 32))
+}
+
+/// Encodes the answer to a raw-SEND phase's start.
+pub fn encode_raw_ready(buf: &mut [u8], posted: u64) -> Res<usize> {
+    encode_bare(buf, RAW_READY_MAGIC, posted)
+}
+
 /// Encodes a tally of `count` operations.
 pub fn encode_tally(buf: &mut [u8], count: u64) -> Res<usize> {
     encode_bare(buf, TALLY_MAGIC, count)
@@ -155,6 +181,11 @@ pub fn decode(msg: &[u8]) -> Option<PerfMsg<'_>> {
         ACK_MAGIC => Some(PerfMsg::Ack(head.task_id)),
         TALLY_QUERY_MAGIC => Some(PerfMsg::TallyQuery),
         TALLY_MAGIC => Some(PerfMsg::Tally(head.task_id)),
+        RAW_OPEN_MAGIC if head.task_id >> 33 == 0 => Some(PerfMsg::RawOpen {
+            rx_depth: head.task_id as u32,
+            echo: head.task_id >> 32 == 1,
+        }),
+        RAW_READY_MAGIC => Some(PerfMsg::RawReady(head.task_id)),
         CHUNK_MAGIC => {
             let op = match head.compute_ns & 0xff {
                 1 => Op::Write,
@@ -225,7 +256,9 @@ impl Sink {
             }
             // Acknowledgements and tallies go from servers to clients; one
             // arriving here is ignored.
-            Some(PerfMsg::Ack(_) | PerfMsg::Tally(_)) => return Ok(true),
+            // Raw-SEND phases are the caller's (`crate::server_raw`).
+            Some(PerfMsg::Ack(_) | PerfMsg::Tally(_) | PerfMsg::RawReady(_)) => return Ok(true),
+            Some(PerfMsg::RawOpen { .. }) => return Ok(true),
             None => return Ok(false),
         };
         let total = c.total as usize;
@@ -297,6 +330,12 @@ mod tests {
         assert!(matches!(decode(&buf[..n]), Some(PerfMsg::Chunk(c)) if c.reply == Reply::None));
         let n = encode_tally_query(&mut buf).unwrap();
         assert_eq!(decode(&buf[..n]), Some(PerfMsg::TallyQuery));
+        let n = encode_raw_open(&mut buf, 512, true).unwrap();
+        assert_eq!(decode(&buf[..n]), Some(PerfMsg::RawOpen { rx_depth: 512, echo: true }));
+        let n = encode_raw_ready(&mut buf, 7).unwrap();
+        assert_eq!(decode(&buf[..n]), Some(PerfMsg::RawReady(7)));
+        let n = encode_bare(&mut buf, RAW_OPEN_MAGIC, 1 << 40).unwrap();
+        assert_eq!(decode(&buf[..n]), None, "a raw open with stray bits is refused");
         let n = encode_tally(&mut buf, 1 << 40).unwrap();
         assert_eq!(decode(&buf[..n]), Some(PerfMsg::Tally(1 << 40)));
         // A ping (no magic) is not a perf message.

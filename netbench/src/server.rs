@@ -188,17 +188,20 @@ impl WithDomain for Serve {
                 conns.extend(incoming.try_iter().map(Client::new));
             }
             let mut busy = false;
-            conns.retain_mut(|c| match serve_one(c, &mut buf, catalog, cfg.objects, &mut sink) {
-                Ok(worked) => {
-                    busy |= worked;
-                    true
-                }
-                Err(e) => {
-                    if e.kind() != dataplane::transport::ErrorKind::PeerDisconnected {
-                        tracing::warn!("dropping a client: {e}");
+            let shape = (cfg.objects, cfg.size);
+            conns.retain_mut(|c| {
+                match serve_one(c, &domain, &mut buf, catalog, shape, &mut sink) {
+                    Ok(worked) => {
+                        busy |= worked;
+                        true
                     }
-                    departed += 1;
-                    false
+                    Err(e) => {
+                        if e.kind() != dataplane::transport::ErrorKind::PeerDisconnected {
+                            tracing::warn!("dropping a client: {e}");
+                        }
+                        departed += 1;
+                        false
+                    }
                 }
             });
             idle_steps = if busy {
@@ -206,8 +209,22 @@ impl WithDomain for Serve {
             } else {
                 idle_steps.saturating_add(1)
             };
-            pause(cfg.idle, &mut conns, busy, idle_steps);
+            pause(idle_now(cfg.idle, &conns), &mut conns, busy, idle_steps);
         }
+    }
+}
+
+/// How to idle after this pass: raw queues have no completion channel, so
+/// while a client's raw phase is open the server polls, whatever
+/// `--server-idle` says.
+fn idle_now<C>(idle: Idle, conns: &[Client<C>]) -> Idle {
+    let raw_open = conns
+        .iter()
+        .any(|c| c.raw.as_ref().is_some_and(|r| r.is_open()));
+    if raw_open {
+        Idle::Spin
+    } else {
+        idle
     }
 }
 
@@ -285,30 +302,63 @@ fn backoff(step: u32) {
 struct Client<C> {
     conn: C,
     /// SEND-stream operations landed since the client last asked
-    /// (`perf_proto::Reply::None`).
+    /// (`perf_proto::Reply::None`, and raw SENDs).
     landed: u64,
+    /// rdma: the raw-SEND receive buffer (`crate::server_raw`), registered
+    /// at the client's first raw phase.
+    raw: Option<crate::server_raw::RawRx>,
 }
 
 impl<C> Client<C> {
     fn new(conn: C) -> Self {
-        Client { conn, landed: 0 }
+        Client {
+            conn,
+            landed: 0,
+            raw: None,
+        }
     }
 }
 
 /// Polls one client: answers hellos and pings, serves READs (tcp, inside
 /// its polls). Returns whether a message was handled.
-fn serve_one<C: Connection>(
-    client: &mut Client<C>,
+/// `shape` = (objects, their size: the longest raw SEND a client may send).
+fn serve_one<D: Domain>(
+    client: &mut Client<D::Conn>,
+    domain: &D,
     buf: &mut [u8],
     catalog: &[u8],
-    objects: u32,
+    (objects, raw_len): (u32, u32),
     sink: &mut perf_proto::Sink,
-) -> Result<bool, dataplane::transport::Error> {
-    let mut worked = false;
-    let Client { conn, landed } = client;
+) -> Result<bool, dataplane::transport::Error>
+where
+    D::Conn: 'static,
+{
+    let Client { conn, landed, raw } = client;
+    let mut worked = crate::server_raw::pump(raw.as_mut(), conn, landed)?;
     while let Some(n) = conn.try_recv(buf)? {
         worked = true;
         let msg = &buf[..n];
+        match perf_proto::decode(msg) {
+            Some(perf_proto::PerfMsg::RawOpen { rx_depth, echo }) => {
+                *landed = 0;
+                if raw.is_none() {
+                    *raw = crate::server_raw::raw_rx(domain, conn, raw_len);
+                }
+                let posted = crate::server_raw::open(raw.as_mut(), conn, rx_depth, echo)?;
+                let mut out = [0u8; 128];
+                let n = perf_proto::encode_raw_ready(&mut out, posted).map_err(|_| {
+                    dataplane::transport::Error::Protocol(dataplane::wire::WireError::BadLength)
+                })?;
+                send_retrying(conn, &out[..n])?;
+                continue;
+            }
+            // Every raw SEND the client counts has completed there, so its
+            // receive completion is here: count them before the tally.
+            Some(perf_proto::PerfMsg::TallyQuery) => {
+                crate::server_raw::pump(raw.as_mut(), conn, landed)?;
+            }
+            _ => {}
+        }
         if sink.handle(conn, landed, msg, send_retrying)? {
             // A WRITE/SEND chunk of `netbench lat`/`bw`, landed (and answered).
         } else if proto::is_ping(msg) {

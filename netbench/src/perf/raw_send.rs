@@ -1,0 +1,267 @@
+//! `lat`/`bw --verb send` over rdma (netbench built with `--features rdma`)
+//! as perftest's `ib_send_lat` and `ib_send_bw`: raw verbs SENDs of a
+//! registered buffer, one SEND per operation of any size up to 8 MiB, no
+//! framing and no copy, on each connection's raw queue pair
+//! (`dataplane::transport::rdma`'s `raw.rs`), into receives the server posted
+//! ahead (`--rx-depth`, into one buffer as perftest's do; see
+//! `crate::server_raw`). Every SEND is signalled; in the latency test
+//! those of at most 236 bytes go inline (perftest's `ib_send_lat` default;
+//! its bandwidth tests send nothing inline by default, nor does `bw` here).
+//!
+//! - Latency: the client posts a receive and a SEND; the server answers the
+//!   SEND with one of the same bytes; the operation ends at the answer's
+//!   receive completion, and its latency is half that round trip (as
+//!   `ib_send_lat`). The bytes that came back are checked.
+//! - Bandwidth: `--tx-depth` SENDs in flight per queue pair (at most the raw
+//!   queue pair's depth); an operation ends at its SEND's work completion,
+//!   the RC acknowledgement that it is in a receive of the server (as
+//!   `ib_send_bw` counts). The server's tally after each phase must equal
+//!   the SENDs sent.
+//!
+//! Without a raw queue pair on every link (a server that does not offer one,
+//! or another transport), SEND is the framed message path of [`super::send_stream`].
+
+use std::sync::Arc;
+
+use dataplane::mem::{Access, Region};
+use dataplane::transport::{Domain, LocalRef, Registration};
+
+use super::{drain, stream_done, Links};
+use crate::fail::{Fail, Res};
+use crate::perf_proto;
+
+/// The client's side of raw SENDs: the registered source of every SEND.
+#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+pub(super) struct RawTx {
+    _region: Arc<Region>,
+    _reg: Registration,
+    /// The SEND pattern (`Links::tx`'s bytes), `max_size` of them.
+    src: LocalRef,
+    /// Receives the server keeps posted.
+    rx_depth: u32,
+}
+
+/// Raw SENDs for `links` if every link has a raw queue pair (rdma built
+/// in and offered by both sides); `None` otherwise.
+pub(super) fn setup<D: Domain>(
+    domain: &D,
+    links: &mut Links<D>,
+    rx_depth: u32,
+) -> Res<Option<RawTx>> {
+    #[cfg(feature = "rdma")]
+    {
+        let all_raw = !links.links.is_empty()
+            && links.links.iter_mut().all(|l| {
+                super::verbs::<D>(&mut l.conn)
+                    .and_then(|c| c.raw_depth())
+                    .is_some()
+            });
+        if !all_raw {
+            return Ok(None);
+        }
+        let len =
+            u32::try_from(links.tx.len()).map_err(|_| Fail::usage("SEND size above 4 GiB"))?;
+        let region = Region::anonymous(links.tx.len().max(1))
+            .map_err(Fail::caused(format!("cannot map a {len}-byte SEND source")))?;
+        region.write_at(0, &links.tx)?;
+        let reg = domain.register(&region, Access::LOCAL_WRITE)?;
+        let src = reg.local_ref(0, len.max(1))?;
+        Ok(Some(RawTx {
+            _region: region,
+            _reg: reg,
+            src,
+            rx_depth: rx_depth.max(1),
+        }))
+    }
+    #[cfg(not(feature = "rdma"))]
+    {
+        let _ = (domain, links, rx_depth, Access::LOCAL_WRITE);
+        Ok(None)
+    }
+}
+
+#[cfg(feature = "rdma")]
+use dataplane::transport::rdma::{RawCompletion, RawKind, RdmaConnection};
+
+/// Stand-ins where verbs are not built in: `setup` never returns a `RawTx`,
+/// so none of the calls below runs. (One line each: they mirror
+/// dataplane's raw-SEND types, which exist only with verbs.)
+#[cfg(not(feature = "rdma"))]
+#[allow(dead_code)]
+#[rustfmt::skip]
+mod stub {
+    use crate::fail::{Fail, Res};
+    use dataplane::transport::{Error, LocalRef};
+    const NO_VERBS: &str = "raw SEND without verbs";
+    #[derive(Clone, Copy)]
+    pub(super) struct RawCompletion { pub(super) wr_id: u64, pub(super) kind: RawKind, pub(super) status: Result<(), ()>, pub(super) bytes: u32 }
+    impl Default for RawCompletion {
+        fn default() -> Self { RawCompletion { wr_id: 0, kind: RawKind::Send, status: Ok(()), bytes: 0 } }
+    }
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    pub(super) enum RawKind { Send, Recv }
+    pub(super) struct RdmaConnection;
+    impl RdmaConnection {
+        pub(super) fn poll_raw(&mut self, _: &mut [RawCompletion]) -> Res<usize> { Err(Fail::runtime(NO_VERBS)) }
+        pub(super) fn poll_raw_recvs(&mut self, _: &mut [RawCompletion]) -> Res<usize> { Err(Fail::runtime(NO_VERBS)) }
+        pub(super) fn post_raw_send(&mut self, _: u64, _: LocalRef, _: bool) -> Result<(), Error> { Err(Error::Unsupported(NO_VERBS)) }
+        pub(super) fn post_raw_recv(&mut self, _: u64, _: LocalRef) -> Result<(), Error> { Err(Error::Unsupported(NO_VERBS)) }
+    }
+}
+#[cfg(not(feature = "rdma"))]
+use stub::{RawCompletion, RawKind, RdmaConnection};
+
+/// The verbs connection of link `conn` (raw SENDs run only where it exists).
+fn rdma<D: Domain>(conn: &mut D::Conn) -> Res<&mut RdmaConnection> {
+    #[cfg(feature = "rdma")]
+    return super::verbs::<D>(conn).ok_or_else(|| Fail::runtime("raw SEND on a non-verbs link"));
+    #[cfg(not(feature = "rdma"))]
+    {
+        let _ = conn;
+        Err(Fail::runtime("raw SEND without verbs"))
+    }
+}
+
+impl<D: Domain> Links<D> {
+    fn raw_src(&self, size: u32) -> Res<LocalRef> {
+        let raw = self
+            .raw
+            .as_ref()
+            .ok_or_else(|| Fail::runtime("no raw SEND source"))?;
+        Ok(LocalRef {
+            len: size,
+            ..raw.src
+        })
+    }
+
+    /// Starts a raw phase on every link: the server keeps `rx_depth`
+    /// receives posted and, with `echo`, answers each SEND (latency).
+    pub(super) fn raw_open(&mut self, echo: bool) -> Res<()> {
+        let rx_depth = self.raw.as_ref().map_or(1, |r| r.rx_depth);
+        let n = perf_proto::encode_raw_open(&mut self.msg, rx_depth, echo)?;
+        for i in 0..self.links.len() {
+            self.links[i].raw_ready = None;
+            self.send_msg(i, n, &mut |_, _, _| {})?;
+        }
+        let t0 = self.now();
+        for i in 0..self.links.len() {
+            let mut spins = 0u32;
+            while self.links[i].raw_ready.is_none() {
+                let t = self.now();
+                drain(&mut self.links[i], &mut self.buf, t, |_, _, _| {})?;
+                spins = spins.wrapping_add(1);
+                if spins.is_multiple_of(1024) && self.now().saturating_sub(t0) > self.op_timeout_ns
+                {
+                    return Err(Fail::runtime(format!(
+                        "server {} did not start the raw SEND phase",
+                        self.links[i].addr
+                    )));
+                }
+            }
+            if self.links[i].raw_ready == Some(0) {
+                return Err(Fail::runtime(format!(
+                    "server {} posted no raw receives (a netbench serve without a raw queue pair?)",
+                    self.links[i].addr
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Latency: posts the receive for the answer, then SEND `seq` of `size` bytes.
+    pub(super) fn raw_post_one(&mut self, i: usize, size: u32, seq: u64) -> Res<()> {
+        let src = self.raw_src(size)?;
+        let landing = LocalRef {
+            len: size,
+            ..self.links[i].landing
+        };
+        let t0 = self.now();
+        let l = &mut self.links[i];
+        let conn = rdma::<D>(&mut l.conn)?;
+        if let Err(e) = conn.post_raw_recv(seq, landing) {
+            return Err(Fail::caused(format!("posting a receive for {}", l.addr))(e));
+        }
+        loop {
+            match conn.post_raw_send(seq, src, true) {
+                Ok(()) => return Ok(()),
+                // The previous SEND's completion is not reaped yet.
+                Err(dataplane::transport::Error::QueueFull) => {
+                    let mut c = [RawCompletion::default(); 4];
+                    conn.poll_raw(&mut c)?;
+                    if self.clock.now().as_nanos().saturating_sub(t0) > self.op_timeout_ns {
+                        return Err(Fail::runtime(format!("{}: raw send queue full", l.addr)));
+                    }
+                }
+                Err(e) => return Err(Fail::caused(format!("sending to {}", l.addr))(e)),
+            }
+        }
+    }
+
+    /// Latency: whether the answer to SEND `seq` arrived on link `i`.
+    pub(super) fn raw_finished(&mut self, i: usize, size: u32, seq: u64) -> Res<bool> {
+        let mut c = [RawCompletion::default(); 4];
+        let l = &mut self.links[i];
+        let addr = &l.addr;
+        // The answer's receive only; SEND completions are reaped when the
+        // send queue fills (`raw_post_one`).
+        let n = rdma::<D>(&mut l.conn)?.poll_raw_recvs(&mut c)?;
+        let mut hit = false;
+        for c in &c[..n] {
+            if c.status.is_err() {
+                return Err(Fail::runtime(format!(
+                    "a raw SEND to {addr} failed: {:?}",
+                    c.status
+                )));
+            }
+            if c.kind == RawKind::Recv && c.wr_id == seq {
+                if c.bytes != size {
+                    return Err(Fail::runtime(format!(
+                        "server {addr} answered a {size}-byte SEND with {} bytes",
+                        c.bytes
+                    )));
+                }
+                hit = true;
+            }
+        }
+        Ok(hit)
+    }
+
+    /// Bandwidth: posts up to `room` SENDs of `size` bytes on link `i`.
+    pub(super) fn raw_post_stream(&mut self, i: usize, size: u32, room: u64) -> Res<()> {
+        let src = self.raw_src(size)?;
+        for _ in 0..room {
+            let l = &mut self.links[i];
+            match rdma::<D>(&mut l.conn)?.post_raw_send(l.started, src, false) {
+                Ok(()) => {}
+                Err(dataplane::transport::Error::QueueFull) => break,
+                Err(e) => return Err(Fail::caused(format!("sending to {}", l.addr))(e)),
+            }
+            l.started += 1;
+            l.inflight += 1;
+        }
+        Ok(())
+    }
+
+    /// Bandwidth: completes link `i`'s SENDs whose work completions are in;
+    /// whether there were any.
+    pub(super) fn raw_reap_stream(&mut self, i: usize, stamps: &mut Vec<u64>) -> Res<bool> {
+        let mut c = [RawCompletion::default(); 16];
+        let n = rdma::<D>(&mut self.links[i].conn)?.poll_raw(&mut c)?;
+        let t = self.now();
+        let l = &mut self.links[i];
+        let mut sent = 0;
+        for c in &c[..n] {
+            if c.status.is_err() {
+                return Err(Fail::runtime(format!(
+                    "a raw SEND to {} failed: {:?}",
+                    l.addr, c.status
+                )));
+            }
+            sent += usize::from(c.kind == RawKind::Send);
+        }
+        if sent > 0 {
+            stream_done(l, stamps, t, sent);
+        }
+        Ok(sent > 0)
+    }
+}
