@@ -5,13 +5,15 @@
 # retrying the client while the server is not listening yet (bounded: 60 tries), and prints
 # the client's output. Under TCG, perftest's cycle-counter calibration sometimes fails and
 # prints 'inf': the transfer itself worked, so such a run is repeated (at most 3 times).
+# PT_SERVER_PREFIX / PT_CLIENT_PREFIX (e.g. "taskset -c 1" / "taskset -c 0") go before the
+# server's and the client's command.
 perftest_pair() {
   tries=1
   while :; do
-    timeout 120 "$@" >/tmp/pt-server.out 2>&1 & spid=$!
+    $PT_SERVER_PREFIX timeout 120 "$@" >/tmp/pt-server.out 2>&1 & spid=$!
     i=0; rc=1
     while [ $i -lt 60 ]; do
-      timeout 120 "$@" "$SR_IP" >/tmp/pt-client.out 2>&1 && { rc=0; break; }
+      $PT_CLIENT_PREFIX timeout 120 "$@" "$SR_IP" >/tmp/pt-client.out 2>&1 && { rc=0; break; }
       grep -q "Couldn't connect\|Unable to connect\|Connection refused\|Failed to open" /tmp/pt-client.out || break
       i=$((i + 1)); usleep 200000
     done
