@@ -439,9 +439,12 @@ impl ControlPlane {
     /// Returns how many batches were given up.
     pub fn expire_overdue(&mut self, now: Instant) -> usize {
         let mut expired = 0;
+        while let Some((batch, backend, local_gpu)) = self.ledger.pop_suspect(now) {
+            self.hold_gpu(now, batch, backend, local_gpu);
+        }
         while let Some((batch, f)) = self.ledger.pop_overdue(now) {
             self.telemetry.forget(f.subcluster, f.gpu, batch);
-            self.hold_given_up_gpu(now, batch, &f);
+            self.hold_gpu(now, batch, f.backend, f.local_gpu);
             let backend = f.backend;
             self.fail_back_batch(f);
             self.release_if_done(backend);

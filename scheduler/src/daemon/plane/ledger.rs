@@ -51,6 +51,13 @@ pub(super) struct Finished {
 /// ones are refused as unknown, as before the ring existed.
 pub(super) const EXPIRED_RING: usize = 256;
 
+/// A batch not reported this long after its planned finish (or twice its
+/// planned run, if longer) makes its GPU suspect: the GPU is held out of
+/// matchmaking until a report from it comes (see `links`), long before
+/// the batch itself is given up at the grace. A stalled GPU is not fed
+/// for the whole grace; a report merely late brings it back at once.
+pub(super) const SUSPECT_AFTER: Duration = Duration::from_millis(20);
+
 /// A batch given up, in the ring of [`EXPIRED_RING`].
 #[derive(Clone, Copy, Debug)]
 struct Expired {
@@ -67,6 +74,9 @@ pub(super) struct TaskLedger {
     /// (planned finish + grace, batch id) of batches in flight; entries of
     /// batches already reported are removed lazily.
     expiries: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// (when its GPU becomes suspect, batch id) of batches in flight (see
+    /// [`SUSPECT_AFTER`]); removed lazily as `expiries`.
+    suspects: BinaryHeap<Reverse<(Instant, u64)>>,
     batch_grace: Duration,
     /// The batches given up most recently (a fixed ring; `expired_next`
     /// is where the next one goes).
@@ -90,6 +100,7 @@ impl TaskLedger {
             ids: TaskTable::new(),
             inflight: IdMap::with_capacity_and_hasher(1024, IdHasher::default()),
             expiries: BinaryHeap::with_capacity(1024),
+            suspects: BinaryHeap::with_capacity(1024),
             batch_grace: DEFAULT_BATCH_GRACE,
             expired: vec![None; EXPIRED_RING],
             expired_next: 0,
@@ -246,8 +257,28 @@ impl TaskLedger {
     /// A batch was sent: it is in flight until reported done, or until
     /// the grace after `finish_at`.
     pub(super) fn sent(&mut self, batch: u64, record: InFlight, finish_at: Instant) {
+        let run = finish_at.saturating_since(record.exec_at);
+        let suspect = finish_at + SUSPECT_AFTER.max(run + run);
         self.inflight.insert(batch, record);
         self.expiries.push(Reverse((finish_at + self.batch_grace, batch)));
+        if suspect < finish_at + self.batch_grace {
+            self.suspects.push(Reverse((suspect, batch)));
+        }
+    }
+
+    /// The next batch in flight whose GPU became suspect by `now`: (batch,
+    /// backend, GPU index at the backend).
+    pub(super) fn pop_suspect(&mut self, now: Instant) -> Option<(u64, u32, u32)> {
+        while let Some(&Reverse((t, batch))) = self.suspects.peek() {
+            if t > now {
+                return None;
+            }
+            self.suspects.pop();
+            if let Some(f) = self.inflight.get(&batch) {
+                return Some((batch, f.backend, f.local_gpu));
+            }
+        }
+        None
     }
 
     /// Backend `from` reported `batch` done: where it ran, or why the
@@ -295,7 +326,9 @@ impl TaskLedger {
     /// When the earliest batch in flight becomes overdue (may be the
     /// deadline of a batch already reported: then expiring finds nothing).
     pub(super) fn next_expiry(&self) -> Option<Instant> {
-        self.expiries.peek().map(|Reverse((t, _))| *t)
+        let expiry = self.expiries.peek().map(|Reverse((t, _))| *t);
+        let suspect = self.suspects.peek().map(|Reverse((t, _))| *t);
+        expiry.into_iter().chain(suspect).min()
     }
 
     /// The next batch overdue at `now`, removed from flight (and kept in
@@ -334,11 +367,13 @@ impl TaskLedger {
     /// Drops expiry entries of batches no longer in flight from the top of
     /// the heap, so that [`next_expiry`](Self::next_expiry) stays tight.
     pub(super) fn trim_expiries(&mut self) {
-        while let Some(&Reverse((_, batch))) = self.expiries.peek() {
-            if self.inflight.contains_key(&batch) {
-                break;
+        for heap in [&mut self.expiries, &mut self.suspects] {
+            while let Some(&Reverse((_, batch))) = heap.peek() {
+                if self.inflight.contains_key(&batch) {
+                    break;
+                }
+                heap.pop();
             }
-            self.expiries.pop();
         }
     }
 

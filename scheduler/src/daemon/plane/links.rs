@@ -1,8 +1,9 @@
 //! What keeps plans off a backend that cannot run them now (the state is
 //! membership's; this routes it to the cores and the outbox):
-//! - a GPU whose batch was given up (no report within the grace: a
-//!   stalled GPU, an executor far behind) is held out of matchmaking
-//!   until a report from it comes, or the batch grace once more;
+//! - a GPU whose batch is overdue (no report some time after its planned
+//!   finish, `ledger::SUSPECT_AFTER`, or within the grace, when it is
+//!   given up: a stalled GPU, an executor far behind) is held out of
+//!   matchmaking until a report from it comes, or the batch grace more;
 //! - a frontend that registers while backends serve waits for their data
 //!   links to it: its tasks are held until every serving backend that
 //!   answers join-gate requests said its link is up, so that no plan
@@ -12,7 +13,7 @@
 use dataplane::time::{Duration, Instant};
 use dataplane::wire::{self, DropReason, Task};
 
-use super::{ControlPlane, InFlight, PeerId, DEFAULT_BATCH_GRACE};
+use super::{ControlPlane, GpuId, PeerId, DEFAULT_BATCH_GRACE};
 
 /// Tasks held for frontends waiting for data links, at most: more are
 /// refused as overloaded.
@@ -27,12 +28,13 @@ pub(super) const LINK_WAIT_MAX: Duration = DEFAULT_BATCH_GRACE;
 impl ControlPlane {
     // --- GPUs whose batch was given up -------------------------------------
 
-    /// Batch `batch` (record `f`) was given up at `now`: its GPU leaves
-    /// matchmaking until it reports again or the batch grace passes once
-    /// more (see `Membership::hold_gpu`).
-    pub(super) fn hold_given_up_gpu(&mut self, now: Instant, batch: u64, f: &InFlight) {
+    /// Batch `batch` on backend `backend`'s GPU `local_gpu` is overdue at
+    /// `now` (its GPU suspect, or the batch given up): the GPU leaves
+    /// matchmaking until it reports again or the batch grace passes (see
+    /// `Membership::hold_gpu`).
+    pub(super) fn hold_gpu(&mut self, now: Instant, batch: u64, backend: u32, local_gpu: u32) {
         let until = now + self.ledger.batch_grace();
-        if let Some((sc, g)) = self.members.hold_gpu(f.backend, f.local_gpu, batch, until) {
+        if let Some((sc, g)) = self.members.hold_gpu(backend, local_gpu, batch, until) {
             self.subclusters[sc].sched.set_gpu_online(now, g, false, &mut self.actions);
             self.apply(now, sc);
         }
@@ -43,15 +45,22 @@ impl ControlPlane {
     /// corrects that from the report).
     pub(super) fn gpu_reported(&mut self, now: Instant, backend: u32, local_gpu: u32, batch: u64) {
         if let Some((sc, g)) = self.members.gpu_reported(backend, local_gpu, batch) {
-            self.gpus_to_matchmaking(now, backend, sc, &[g], &[now]);
+            self.back_to_matchmaking(now, backend, sc, g);
         }
     }
 
     /// GPUs held whose bound ended by `now` come back into matchmaking.
     pub(super) fn end_gpu_holds(&mut self, now: Instant) {
         for (backend, sc, g) in self.members.end_holds(now) {
-            self.gpus_to_matchmaking(now, backend, sc, &[g], &[now]);
+            self.back_to_matchmaking(now, backend, sc, g);
         }
+    }
+
+    /// A GPU held comes back, free once the batches planned on it before
+    /// it was held would end (a plan must not overlap them).
+    fn back_to_matchmaking(&mut self, now: Instant, backend: u32, sc: usize, g: GpuId) {
+        let free_at = self.telemetry.planned_free(sc, g).map_or(now, |t| t.max(now));
+        self.gpus_to_matchmaking(now, backend, sc, &[g], &[free_at]);
     }
 
     // --- frontends waiting for data links ----------------------------------

@@ -1,5 +1,5 @@
-//! On a virtual clock: a GPU whose batch was given up stays out of
-//! matchmaking until a report from it comes (or the grace once more), and
+//! On a virtual clock: a GPU whose batch is overdue stays out of
+//! matchmaking until a report from it comes (or a grace more), and
 //! a frontend that registers while backends serve has its tasks planned
 //! only once every serving backend said its data link to it is up.
 
@@ -115,14 +115,15 @@ fn until_planned(p: &mut ControlPlane, now: &mut Instant, mut got: Vec<(u64, u32
     got
 }
 
-/// Runs until the next batch in flight is given up.
-fn until_given_up(p: &mut ControlPlane, now: &mut Instant) {
+/// Runs until the next batch in flight is overdue (its GPU suspect, or
+/// the batch given up).
+fn until_overdue(p: &mut ControlPlane, now: &mut Instant) {
     let t = p.next_expiry().expect("a batch in flight");
     run_until(p, now, t);
 }
 
 #[test]
-fn a_gpu_whose_batch_was_given_up_is_planned_again_only_after_it_reports() {
+fn a_gpu_whose_batch_is_overdue_is_planned_again_only_after_it_reports() {
     let mut p = plane();
     p.set_batch_grace(Duration::from_millis(100));
     let mut now = Instant::ZERO;
@@ -134,18 +135,26 @@ fn a_gpu_whose_batch_was_given_up_is_planned_again_only_after_it_reports() {
     let first = serve(&mut p, &mut now, 0..1, |_, _| false);
     let first = until_planned(&mut p, &mut now, first);
     assert_eq!(first.iter().map(|x| (x.1, x.2)).collect::<Vec<_>>(), [(10, 0)]);
-    until_given_up(&mut p, &mut now);
-    assert_eq!(p.online_gpus(), 1, "given up: backend 10's GPU is held out");
-    // Work meanwhile (within the hold's bound, one grace) goes to backend
-    // 11 only.
+    until_overdue(&mut p, &mut now);
+    assert_eq!(p.online_gpus(), 1, "overdue: backend 10's GPU is held out");
+    assert_eq!(p.batches_in_flight(), 1, "long before the batch is given up");
+    // Work meanwhile goes to backend 11 only, also once the batch is given
+    // up.
     let meanwhile = serve(&mut p, &mut now, 1..9, |_, b| b == 11);
+    for _ in 0..3 {
+        if p.batches_in_flight() > 0 {
+            until_overdue(&mut p, &mut now);
+        }
+    }
+    assert_eq!(p.batches_in_flight(), 0, "given up");
+    let meanwhile: Vec<_> = meanwhile.into_iter().chain(serve(&mut p, &mut now, 9..15, |_, b| b == 11)).collect();
     assert!(!meanwhile.is_empty() && meanwhile.iter().all(|x| x.1 == 11), "{meanwhile:?}");
     // Its late report brings it back.
     p.on_batch_done(now, 10, &report(first[0].0, 0));
     assert_eq!(p.online_gpus(), 2);
     assert_eq!(p.metrics().late_batch_reports.get(), 1);
     // No report at all: held once given up, back at the bound.
-    let again = serve(&mut p, &mut now, 9..30, |_, b| b == 11);
+    let again = serve(&mut p, &mut now, 15..40, |_, b| b == 11);
     assert!(again.iter().any(|x| x.1 == 10), "backend 10 is planned again: {again:?}");
     let mut online = Vec::new();
     for _ in 0..60 {
@@ -172,7 +181,7 @@ fn a_lost_report_does_not_hold_a_gpu_that_reported_a_later_batch_nor_does_a_drai
     // Given up, held, then drained: its late report does not bring it back.
     let last = serve(&mut p, &mut now, 100..101, |_, _| false);
     let last = until_planned(&mut p, &mut now, last);
-    until_given_up(&mut p, &mut now);
+    until_overdue(&mut p, &mut now);
     assert_eq!(p.online_gpus(), 0);
     p.backend_draining(now, 10);
     p.on_batch_done(now, 10, &report(last[0].0, 0));

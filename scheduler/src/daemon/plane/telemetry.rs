@@ -113,6 +113,12 @@ impl Telemetry {
         free[gpu as usize] = free[gpu as usize].max(free_at);
     }
 
+    /// When `gpu` of sub-cluster `sc` is free of the batches planned on it
+    /// (as the overlap self-check holds it; None: never planned).
+    pub(super) fn planned_free(&self, sc: usize, gpu: GpuId) -> Option<Instant> {
+        self.planned_free.get(sc)?.get(gpu as usize).copied()
+    }
+
     /// A GPU left: the loop forgets it.
     pub(super) fn gpu_left(&mut self, sc: usize, gpu: GpuId) {
         self.loops[sc].gpu_left(gpu);
