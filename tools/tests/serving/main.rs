@@ -6,6 +6,7 @@
 
 mod admission;
 mod fail_back;
+mod frontend_join;
 mod late_answers;
 mod model_control;
 mod overload;
