@@ -41,30 +41,29 @@ PT_SERVER_PREFIX=$SRV_CPU; PT_CLIENT_PREFIX=$CLI_CPU
 export SYMPHONY_RDMA_READ_DEPTH=${READ_DEPTH:-128} SYMPHONY_RDMA_MAX_READS=${MAX_READS:-128} \
   SYMPHONY_RDMA_BUSY_POLL=${BUSY_POLL:-1} SYMPHONY_RDMA_SEND_SLOTS=${SEND_SLOTS:-128} \
   SYMPHONY_RDMA_ACK_TIMEOUT=${ACK_TIMEOUT:-14} SYMPHONY_RDMA_RAW_DEPTH=${RAW_DEPTH:-512}
-# netbench_pair TEST VERB SIZE N IDLE: one `netbench serve` (pinned) and one client run.
+# netbench_pair TEST VERB SIZE N IDLE: one `netbench serve` (pinned) and one client run. Now
+# and then (3-7 of 72 per run, 2026-11-29) a fresh server never completed a connection, also
+# not within 20 s nor to a second client (its log says nothing): such a server is replaced once.
 netbench_pair() {
   w=""; [ "$2" = write ] && w=--writable
-  $SRV_CPU ./netbench serve -t rdma --rdma-device "$SR_DEV" --listen "$SR_IP:0" -k 1 -s "$3" \
-    --server-idle "$5" $w >/tmp/nbs.out 2>/tmp/nbs.err & nspid=$!
-  i=0; addr=""
-  while [ -z "$addr" ] && [ $i -lt 100 ]; do
-    addr=$(sed -n 's/^listening //p' /tmp/nbs.out | head -1); [ -n "$addr" ] || usleep 100000; i=$((i + 1))
-  done
   rc=1
-  if [ -n "$addr" ]; then
-    # Connection setup (two queue pairs, registrations) under TCG beside host builds took
-    # over 5 s now and then: a longer bound, and one more try.
-    for try in 1 2; do
-      $CLI_CPU ./netbench "$1" -t rdma -d "$SR_DEV" --verb "$2" -s "$3" -n "$4" --peers "$addr" \
-        --post-list "${POST_LIST:-1}" --connect-timeout-ms 20000 --csv >/tmp/nb.csv 2>/tmp/nb.err \
-        && { rc=0; break; }
-      grep -q "cannot connect" /tmp/nb.err || break
-      echo "RETRY $1 $2 $3: $(head -1 /tmp/nb.err)"
+  for try in 1 2; do
+    $SRV_CPU ./netbench serve -t rdma --rdma-device "$SR_DEV" --listen "$SR_IP:0" -k 1 -s "$3" \
+      --server-idle "$5" $w >/tmp/nbs.out 2>/tmp/nbs.err & nspid=$!
+    i=0; addr=""
+    while [ -z "$addr" ] && [ $i -lt 100 ]; do
+      addr=$(sed -n 's/^listening //p' /tmp/nbs.out | head -1); [ -n "$addr" ] || usleep 100000; i=$((i + 1))
     done
-  else
-    cat /tmp/nbs.err >/tmp/nb.err
-  fi
-  kill $nspid 2>/dev/null; wait $nspid 2>/dev/null
+    if [ -n "$addr" ]; then
+      $CLI_CPU ./netbench "$1" -t rdma -d "$SR_DEV" --verb "$2" -s "$3" -n "$4" --peers "$addr" \
+        --post-list "${POST_LIST:-1}" --connect-timeout-ms 20000 --csv >/tmp/nb.csv 2>/tmp/nb.err && rc=0
+    else
+      cat /tmp/nbs.err >/tmp/nb.err
+    fi
+    kill $nspid 2>/dev/null; wait $nspid 2>/dev/null
+    { [ $rc = 0 ] || ! grep -q "cannot connect" /tmp/nb.err; } && break
+    echo "RETRY $1 $2 $3 with a new server: $(head -1 /tmp/nb.err)"
+  done
   return $rc
 }
 for round in $(seq 1 "${ROUNDS:-3}"); do
