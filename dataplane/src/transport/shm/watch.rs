@@ -191,6 +191,110 @@ mod tests {
         }
     }
 
+    /// Two producer threads on two links, each sending bursts with seeded
+    /// random pauses (spins, yields, sleeps) and waiting until the host
+    /// has read a burst before the next (so nothing rings again for a
+    /// stranded burst; the second producer ends early, the first then
+    /// runs alone), and a host that sleeps on the doorbell whenever a pass
+    /// finds nothing, as the scheduler daemon does: every message arrives,
+    /// and none waits for the host's timer. The host's sleeps last up to
+    /// 5 s, so a lost wake-up or a flag the host never looks at shows as a
+    /// message seconds late (bounded: the test gives up after 60 s).
+    #[test]
+    fn two_producers_never_strand_a_message_behind_the_hosts_sleep() {
+        const SENDS: [u64; 2] = [3000, 1000];
+        let (host, peer) = (ShmDomain::new().expect("host"), ShmDomain::new().expect("peer"));
+        let (mut ours, theirs) = links(&host, &peer, 2);
+        let mut set = WaitSet::new().expect("wait set");
+        let mut bells = DoorbellWatch::new();
+        bells.begin_sync();
+        for (key, conn) in ours.iter().enumerate() {
+            set.add_keyed(conn.wait_fd().expect("fd"), key as u64).expect("add");
+            bells.watch(key as u64, conn);
+        }
+        bells.end_sync(&mut set);
+        let start = std::time::Instant::now();
+        let producers: Vec<_> = theirs
+            .into_iter()
+            .enumerate()
+            .map(|(p, mut conn)| {
+                std::thread::spawn(move || {
+                    let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (p as u64 + 1);
+                    let mut next = move || {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        rng
+                    };
+                    let mut msg = [0u8; 64];
+                    let mut sent = 0;
+                    while sent < SENDS[p] {
+                        for _ in 0..(1 + next() % 8).min(SENDS[p] - sent) {
+                            let at = start.elapsed().as_nanos() as u64;
+                            let n = wire::encode(&mut msg, &wire::Heartbeat { seq: at, role: 4, id: p as u32 }).expect("encode");
+                            // A full ring and queue: the host is behind; wait for it.
+                            while let Err(e) = conn.send(&msg[..n]) {
+                                assert!(matches!(e, crate::transport::Error::QueueFull), "send: {e:?}");
+                                conn.progress().expect("progress");
+                                std::thread::yield_now();
+                            }
+                            sent += 1;
+                        }
+                        conn.progress().expect("progress");
+                        let read = |c: &super::super::ShmConn| c.send_progress().is_some_and(|s| s.taken == s.accepted);
+                        while !read(&conn) {
+                            assert!(start.elapsed() < std::time::Duration::from_secs(60), "the host never read producer {p}'s burst");
+                            conn.progress().expect("progress");
+                            std::thread::yield_now();
+                        }
+                        match next() % 16 {
+                            0 => std::thread::sleep(std::time::Duration::from_micros(200 + next() % 800)),
+                            1..=4 => std::thread::yield_now(),
+                            k => (0..k * 20).for_each(|_| std::hint::spin_loop()),
+                        }
+                    }
+                    // Stays connected until the host has read everything.
+                    while conn.progress().is_ok() && conn.is_connected() {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                })
+            })
+            .collect();
+        let (mut got, mut worst, mut sleeps) = (0u64, 0u64, 0u64);
+        let mut ready = Vec::new();
+        let mut buf = [0u8; 256];
+        while got < SENDS.iter().sum() {
+            assert!(start.elapsed() < std::time::Duration::from_secs(60), "stuck after {got} messages");
+            ready.clear();
+            set.ready_now(&mut ready);
+            bells.take_ready(&mut ready);
+            let mut any = false;
+            for &key in &ready {
+                let Some(conn) = ours.get_mut(key as usize) else { continue };
+                while let Some(n) = conn.try_recv(&mut buf).expect("recv") {
+                    let Ok(wire::Message::Heartbeat(h)) = wire::decode(&buf[..n]) else { panic!("not a heartbeat") };
+                    worst = worst.max((start.elapsed().as_nanos() as u64).saturating_sub(h.seq));
+                    got += 1;
+                    any = true;
+                }
+            }
+            if any || !ours.iter().all(|c| c.arm_wait()) {
+                continue;
+            }
+            if bells.arm() {
+                sleeps += 1;
+                set.wait(Duration::from_millis(5000));
+            }
+            bells.disarm();
+        }
+        drop(ours);
+        for p in producers {
+            p.join().expect("producer");
+        }
+        assert!(sleeps > 10, "the host slept {sleeps} times: the test proved little");
+        assert!(worst < 1_000_000_000, "a message waited {} ms: stranded behind a sleep", worst / 1_000_000);
+    }
+
     /// A peer writing garbage into the doorbell (any bit, any sleep word):
     /// unknown slots are ignored, known ones cost a visit, and the host's
     /// next arm and take go on working.
