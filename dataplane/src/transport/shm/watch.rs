@@ -114,6 +114,20 @@ mod tests {
     use crate::transport::{Domain, Listener};
     use crate::wire;
 
+    /// A wait set holding every link's socket (key = its index) and a
+    /// doorbell watch subscribed to all of them.
+    fn subscribed(ours: &[super::super::ShmConn]) -> (WaitSet, DoorbellWatch) {
+        let mut set = WaitSet::new().expect("wait set");
+        let mut bells = DoorbellWatch::new();
+        bells.begin_sync();
+        for (key, conn) in ours.iter().enumerate() {
+            set.add_keyed(conn.wait_fd().expect("fd"), key as u64).expect("add");
+            bells.watch(key as u64, conn);
+        }
+        bells.end_sync(&mut set);
+        (set, bells)
+    }
+
     /// `n` links accepted by `host` from connections `peer` opened:
     /// (host's ends, peer's ends).
     fn links(host: &ShmDomain, peer: &ShmDomain, n: usize) -> (Vec<super::super::ShmConn>, Vec<super::super::ShmConn>) {
@@ -145,14 +159,7 @@ mod tests {
     fn a_message_wakes_the_host_through_the_doorbell_and_flags_its_link_only() {
         let (host, peer) = (ShmDomain::new().expect("host"), ShmDomain::new().expect("peer"));
         let (mut ours, mut theirs) = links(&host, &peer, 3);
-        let mut set = WaitSet::new().expect("wait set");
-        let mut bells = DoorbellWatch::new();
-        bells.begin_sync();
-        for (key, conn) in ours.iter().enumerate() {
-            set.add_keyed(conn.wait_fd().expect("fd"), key as u64).expect("add");
-            bells.watch(key as u64, conn);
-        }
-        bells.end_sync(&mut set);
+        let (mut set, mut bells) = subscribed(&ours);
         let mut ready = Vec::new();
         bells.take_ready(&mut ready);
         ready.sort_unstable();
@@ -205,14 +212,7 @@ mod tests {
         const SENDS: [u64; 2] = [3000, 1000];
         let (host, peer) = (ShmDomain::new().expect("host"), ShmDomain::new().expect("peer"));
         let (mut ours, theirs) = links(&host, &peer, 2);
-        let mut set = WaitSet::new().expect("wait set");
-        let mut bells = DoorbellWatch::new();
-        bells.begin_sync();
-        for (key, conn) in ours.iter().enumerate() {
-            set.add_keyed(conn.wait_fd().expect("fd"), key as u64).expect("add");
-            bells.watch(key as u64, conn);
-        }
-        bells.end_sync(&mut set);
+        let (mut set, mut bells) = subscribed(&ours);
         let start = std::time::Instant::now();
         let producers: Vec<_> = theirs
             .into_iter()
