@@ -292,7 +292,7 @@ impl Autoscaler {
         cfg.min_gpus = cfg.min_gpus.max(1);
         cfg.max_gpus = cfg.max_gpus.max(cfg.min_gpus);
         cfg.max_step = cfg.max_step.max(1);
-        Autoscaler { cfg, recommendations: VecDeque::with_capacity(64), last_action: None, joining_before: 0, drain_cut: false, lost_at: Vec::with_capacity(LOSS_MARKS) }
+        Autoscaler { cfg, recommendations: VecDeque::with_capacity(64), last_action: None, joining_before: 0, drain_cut: false, lost_at: Vec::with_capacity(LOSS_MARKS + 1) }
     }
 
     /// The knobs.
@@ -370,16 +370,13 @@ impl Autoscaler {
         self.lost_at.retain(|&n| demand > carried_by(n.saturating_sub(1)));
         let lost = signals.bad_rate > self.cfg.bad_rate_threshold;
         if lost && !joined && serving > 0 && self.demand_target(demand) <= serving && demand > carried_by(serving - 1) {
-            match self.lost_at.binary_search(&serving) {
-                Ok(_) => {}
-                // Full: the smallest mark matters least (the floor is the
-                // largest), so it makes room or is the one left out.
-                Err(0) if self.lost_at.len() == LOSS_MARKS => {}
-                Err(at) if self.lost_at.len() == LOSS_MARKS => {
+            if let Err(at) = self.lost_at.binary_search(&serving) {
+                // Sorted. Past the bound the smallest mark goes (the floor
+                // is the largest): it makes room or is the one left out.
+                self.lost_at.insert(at, serving);
+                if self.lost_at.len() > LOSS_MARKS {
                     self.lost_at.remove(0);
-                    self.lost_at.insert(at - 1, serving);
                 }
-                Err(at) => self.lost_at.insert(at, serving),
             }
         }
     }

@@ -958,15 +958,13 @@ impl ControlPlane {
                 s.sched.set_delay(delay);
             }
         }
-        if done.gpu_id == finished.local_gpu {
-            // Its GPU runs: back into matchmaking if it was held.
-            self.gpu_reported(now, from, finished.local_gpu, done.batch_id);
-        }
         if done.gpu_id != finished.local_gpu {
             // Done, but about which device? Nothing to learn from it.
             self.metrics.refuse(MessageRefusal::WrongGpu);
             self.telemetry.forget(sc, finished.gpu, done.batch_id);
         } else {
+            // Its GPU runs: back into matchmaking if it was held.
+            self.gpu_reported(now, from, finished.local_gpu, done.batch_id);
             self.learn(now, &finished, done);
         }
         // The cores take nothing from a report itself (they keep each

@@ -6,8 +6,9 @@ use rdma_mummy_sys as sys;
 use sideway::ibverbs::queue_pair::QueuePair as _;
 
 use super::conn::RdmaConnection;
-use super::raw::{RawCompletion, RawQp, RAW_MAX_LEN};
+use super::raw::{RawCompletion, RawQp, Ring, RAW_MAX_LEN};
 use super::{errno_err, DomainInner};
+use crate::mem::AccessToken;
 use crate::transport::{Error, LocalRef, WrId};
 
 impl RdmaConnection {
@@ -75,17 +76,7 @@ impl RdmaConnection {
         // the range was checked against a live LOCAL_WRITE registration whose
         // access token is held until the receive completes.
         let rc = unsafe { sys::ibv_post_recv(raw.qp.qp().as_ptr(), &mut wr, &mut bad) };
-        if rc != 0 {
-            domain.table.release(token);
-            return Err(if rc == libc::ENOMEM {
-                Error::QueueFull
-            } else {
-                errno_err("ibv_post_recv (raw)", rc)
-            });
-        }
-        raw.recvs.free.pop();
-        raw.recvs.slots[index as usize] = (wr_id, Some(token), buf.len);
-        Ok(())
+        book_post(domain, &mut raw.recvs, index, (wr_id, token, buf.len), rc, "ibv_post_recv (raw)")
     }
 
     /// Posts a SEND of `src` (a local registration's range, at most
@@ -123,17 +114,7 @@ impl RdmaConnection {
         // checked against a live registration whose access token is held until the
         // SEND completes (an inline SEND's bytes are copied during the call).
         let rc = unsafe { sys::ibv_post_send(raw.qp.qp().as_ptr(), &mut wr, &mut bad) };
-        if rc != 0 {
-            domain.table.release(token);
-            return Err(if rc == libc::ENOMEM {
-                Error::QueueFull
-            } else {
-                errno_err("ibv_post_send (raw)", rc)
-            });
-        }
-        raw.sends.free.pop();
-        raw.sends.slots[index as usize] = (wr_id, Some(token), src.len);
-        Ok(())
+        book_post(domain, &mut raw.sends, index, (wr_id, token, src.len), rc, "ibv_post_send (raw)")
     }
 
     /// Takes completed raw work requests, receives first, into `out`; returns
@@ -173,4 +154,24 @@ impl RdmaConnection {
         }
         Ok(n)
     }
+}
+
+/// Books a post call's outcome (`rc`) on `ring`: posted, slot `index` holds
+/// (wr_id, token, len) until its completion; refused, the access token goes
+/// back (a full queue is `QueueFull`).
+fn book_post(
+    domain: &DomainInner,
+    ring: &mut Ring,
+    index: u32,
+    (wr_id, token, len): (WrId, AccessToken, u32),
+    rc: i32,
+    call: &str,
+) -> Result<(), Error> {
+    if rc != 0 {
+        domain.table.release(token);
+        return Err(if rc == libc::ENOMEM { Error::QueueFull } else { errno_err(call, rc) });
+    }
+    ring.free.pop();
+    ring.slots[index as usize] = (wr_id, Some(token), len);
+    Ok(())
 }

@@ -26,7 +26,7 @@ pub(super) const LINK_HELD_MAX: usize = 65_536;
 pub(super) const LINK_WAIT_MAX: Duration = DEFAULT_BATCH_GRACE;
 
 impl ControlPlane {
-    // --- GPUs whose batch was given up -------------------------------------
+    // --- GPUs with a batch overdue ------------------------------------------
 
     /// Batch `batch` on backend `backend`'s GPU `local_gpu` is overdue at
     /// `now` (its GPU suspect, or the batch given up): the GPU leaves
@@ -41,8 +41,8 @@ impl ControlPlane {
     }
 
     /// A report of `batch` on backend `backend`'s GPU `local_gpu` came: a
-    /// GPU held comes back into matchmaking, free now (the closed loop
-    /// corrects that from the report).
+    /// GPU held comes back into matchmaking, free once the batches planned
+    /// on it would end (`back_to_matchmaking`).
     pub(super) fn gpu_reported(&mut self, now: Instant, backend: u32, local_gpu: u32, batch: u64) {
         if let Some((sc, g)) = self.members.gpu_reported(backend, local_gpu, batch) {
             self.back_to_matchmaking(now, backend, sc, g);

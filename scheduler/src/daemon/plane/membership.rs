@@ -4,8 +4,8 @@
 //! still behind the join gate (registered, their data links to the
 //! frontends not yet up: their GPUs wait out of matchmaking) and which
 //! are draining (out of matchmaking, finishing what was planned to them),
-//! which GPUs are held out of matchmaking because a batch on them was
-//! given up (a stalled GPU: back at its next report, or at a bound), and
+//! which GPUs are held out of matchmaking because a batch on them is
+//! overdue (a stalled GPU: back at its next report, or at a bound), and
 //! which frontends wait for the backends' data links to them (their tasks
 //! are held until every serving backend reported its link up).
 //! Liveness itself (heartbeats, silence) is the node's; it tells the plane
@@ -66,11 +66,11 @@ pub(super) struct BackendState {
     /// its GPUs is busy (its registration's busy report); None once its
     /// GPUs were offered to matchmaking.
     pub(super) gated: Option<Gated>,
-    /// Per local GPU: held out of matchmaking after a batch on it was
-    /// given up, until this moment at the latest (None: not held).
+    /// Per local GPU: held out of matchmaking while a batch on it is
+    /// overdue, until this moment at the latest (None: not held).
     held_until: Vec<Option<Instant>>,
-    /// Per local GPU: the newest batch id reported done on it (a batch
-    /// given up older than it lost its report; the GPU works).
+    /// Per local GPU: the newest batch id reported done on it (an overdue
+    /// batch older than it lost its report; the GPU works).
     last_done: Vec<u64>,
     /// It answers join-gate requests (`Drain{Ready}`): a frontend that
     /// registers later waits for its answer.
@@ -175,7 +175,7 @@ pub(super) struct Membership {
     /// Backends draining or released (so that the per-batch check whether
     /// a drain may end costs nothing while none drains).
     draining: usize,
-    /// GPUs held out of matchmaking after a batch on them was given up.
+    /// GPUs held out of matchmaking while a batch on them is overdue.
     held: usize,
     /// Frontends waiting for data links: since when (its first task held),
     /// and (backend,
@@ -369,12 +369,13 @@ impl Membership {
     }
 }
 
-/// GPUs held out of matchmaking after a batch on them was given up (the
+/// GPUs held out of matchmaking while a batch on them is overdue (the
 /// cores' GPU offline, as for a backend that left or drains: one GPU
 /// state, the cores' online flag, whatever keeps a GPU out).
 impl Membership {
-    /// Batch `batch` on backend `id`'s GPU `local_gpu` was given up (no
-    /// report within the grace): the GPU may be stalled, and every batch
+    /// Batch `batch` on backend `id`'s GPU `local_gpu` is overdue (no
+    /// report by `ledger::SUSPECT_AFTER` past its planned finish, or given
+    /// up at the grace): the GPU may be stalled, and every batch
     /// planned on it would be given up too. Unless a later batch on it was
     /// reported already (this report was lost; the GPU works) or its GPUs
     /// do not serve (behind the gate, draining), it is held out of
