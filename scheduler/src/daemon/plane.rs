@@ -651,8 +651,7 @@ impl ControlPlane {
         }
         if reports_ready {
             // After the announcements on the same link: "those were all".
-            let ready = wire::Drain::ready(id);
-            self.dispatch.outbox().push(PeerId::Backend(id), |b| wire::encode(b, &ready));
+            self.send_ready_request(id);
         } else {
             self.gpus_to_matchmaking(now, id, sc, &ids, &free_at);
         }

@@ -74,7 +74,10 @@ impl ControlPlane {
         }
     }
 
-    fn send_ready_request(&mut self, backend: u32) {
+    /// Asks backend `backend` for `Drain{Ready}` (the join-gate request),
+    /// which it answers once its data links to the frontends announced
+    /// before this request are up.
+    pub(super) fn send_ready_request(&mut self, backend: u32) {
         let ready = wire::Drain::ready(backend);
         self.dispatch.outbox().push(PeerId::Backend(backend), |b| wire::encode(b, &ready));
     }
