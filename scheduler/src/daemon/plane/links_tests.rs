@@ -135,8 +135,10 @@ fn a_gpu_whose_batch_is_overdue_is_planned_again_only_after_it_reports() {
     let first = serve(&mut p, &mut now, 0..1, |_, _| false);
     let first = until_planned(&mut p, &mut now, first);
     assert_eq!(first.iter().map(|x| (x.1, x.2)).collect::<Vec<_>>(), [(10, 0)]);
+    assert_eq!(held_metrics(&p), (0, 0));
     until_overdue(&mut p, &mut now);
     assert_eq!(p.online_gpus(), 1, "overdue: backend 10's GPU is held out");
+    assert_eq!(held_metrics(&p), (1, 1), "held now, once ever");
     assert_eq!(p.batches_in_flight(), 1, "long before the batch is given up");
     // Work meanwhile goes to backend 11 only, also once the batch is given
     // up.
@@ -152,6 +154,7 @@ fn a_gpu_whose_batch_is_overdue_is_planned_again_only_after_it_reports() {
     // Its late report brings it back.
     p.on_batch_done(now, 10, &report(first[0].0, 0));
     assert_eq!(p.online_gpus(), 2);
+    assert_eq!(held_metrics(&p).0, 0, "back in matchmaking: none held");
     assert_eq!(p.metrics().late_batch_reports.get(), 1);
     // No report at all: held once given up, back at the bound.
     let again = serve(&mut p, &mut now, 15..40, |_, b| b == 11);
@@ -162,6 +165,20 @@ fn a_gpu_whose_batch_is_overdue_is_planned_again_only_after_it_reports() {
         online.push(p.online_gpus());
     }
     assert!(online.contains(&1) && online.last() == Some(&2), "{online:?}");
+    let (now_held, ever) = held_metrics(&p);
+    assert!(now_held == 0 && ever >= 2, "held again once given up, back at the bound: {now_held}, {ever}");
+}
+
+/// (`symphony_gpus_held`, `symphony_gpu_holds_total`) as `/metrics` shows them.
+fn held_metrics(p: &ControlPlane) -> (u64, u64) {
+    let text = p.metrics().registry().encode();
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{name} not in /metrics:\n{text}")) as u64
+    };
+    (value("symphony_gpus_held"), value("symphony_gpu_holds_total"))
 }
 
 #[test]

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use dataplane::time::Instant;
-use node_shell::metrics::{Computed, Histogram, MetricsRegistry};
+use node_shell::metrics::{Computed, Counter, Gauge, Histogram, MetricsRegistry};
 use dataplane::wire::{self, MAX_BACKENDS, MAX_FRONTENDS};
 
 use super::IdHasher;
@@ -112,18 +112,27 @@ const JOIN_MS_BUCKETS: [u64; 12] = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 20
 /// GPUs are in matchmaking, each with its planned busy time
 /// (`symphony_backend_planned_busy_ns{backend="ID"}`: present = serving,
 /// past the join gate and not draining), and how long the join gate held
-/// each backend (`symphony_backend_join_ms`, registration to ready).
+/// each backend (`symphony_backend_join_ms`, registration to ready),
+/// and the GPUs held out of matchmaking while a batch on them is overdue
+/// (`symphony_gpus_held` now, `symphony_gpu_holds_total` ever).
 #[derive(Clone)]
 struct MemberMetrics {
     /// Locked only when a backend starts or stops serving and at a scrape.
     serving: Arc<Mutex<BTreeMap<u32, Arc<AtomicU64>>>>,
     join_ms: Histogram,
+    gpus_held: Gauge,
+    gpu_holds: Counter,
 }
 
 impl Default for MemberMetrics {
     /// Not registered anywhere.
     fn default() -> Self {
-        MemberMetrics { serving: Arc::default(), join_ms: Histogram::new(&JOIN_MS_BUCKETS) }
+        MemberMetrics {
+            serving: Arc::default(),
+            join_ms: Histogram::new(&JOIN_MS_BUCKETS),
+            gpus_held: Gauge::default(),
+            gpu_holds: Counter::default(),
+        }
     }
 }
 
@@ -145,6 +154,16 @@ impl MemberMetrics {
             "symphony_backend_join_ms",
             "Backends' join time behind the join gate: registration to their data links to every frontend up, ms",
             m.join_ms.clone(),
+        );
+        r.register(
+            "symphony_gpus_held",
+            "GPUs held out of matchmaking now because a batch planned on them is overdue (no report past its planned finish)",
+            m.gpus_held.clone(),
+        );
+        r.register(
+            "symphony_gpu_holds",
+            "Times a GPU was held out of matchmaking because a batch planned on it was overdue",
+            m.gpu_holds.clone(),
         );
         m
     }
@@ -316,6 +335,7 @@ impl Membership {
             self.draining -= 1;
         }
         self.held -= b.held_until.iter().flatten().count();
+        self.metrics.gpus_held.set(self.held as i64);
         self.metrics.set_serving(id, None);
         Some(b)
     }
@@ -330,6 +350,7 @@ impl Membership {
         for h in &mut b.held_until {
             self.held -= usize::from(h.take().is_some());
         }
+        self.metrics.gpus_held.set(self.held as i64);
         self.metrics.set_serving(id, None);
         Some((b.subcluster, b.gpus.clone()))
     }
@@ -394,6 +415,8 @@ impl Membership {
             return None;
         }
         self.held += 1;
+        self.metrics.gpus_held.set(self.held as i64);
+        self.metrics.gpu_holds.inc();
         Some((b.subcluster, gpu))
     }
 
@@ -408,6 +431,7 @@ impl Membership {
         }
         b.held_until.get_mut(l)?.take()?;
         self.held -= 1;
+        self.metrics.gpus_held.set(self.held as i64);
         Some((b.subcluster, *b.gpus.get(l)?))
     }
 
@@ -436,6 +460,7 @@ impl Membership {
             }
         }
         self.held -= ended.len();
+        self.metrics.gpus_held.set(self.held as i64);
         ended.sort_unstable();
         ended
     }
