@@ -340,6 +340,9 @@ pub struct IdleWait {
     set: WaitSet,
     /// Sleeps taken so far.
     pub sleeps: u64,
+    /// Idle passes that spun instead of sleeping, the deadline being
+    /// nearer than [`SLEEP_ABOVE`].
+    pub timer_spins: u64,
 }
 
 /// Below this much time to the next deadline an idle pass spins: a sleep
@@ -364,6 +367,7 @@ impl IdleWait {
             step: 0,
             set: WaitSet::new()?,
             sleeps: 0,
+            timer_spins: 0,
         })
     }
 
@@ -398,6 +402,7 @@ impl IdleWait {
             IdleAction::Yield => std::thread::yield_now(),
             IdleAction::Park(cap) => {
                 if budget < SLEEP_ABOVE {
+                    self.timer_spins += 1;
                     std::hint::spin_loop();
                 } else {
                     self.sleeps += 1;

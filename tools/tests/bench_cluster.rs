@@ -56,6 +56,13 @@ fn check(v: &serde_json::Value) {
     for q in ["p50_us", "p99_us", "p99_9_us", "max_us"] {
         assert!(decided[q].as_f64().unwrap() <= sent[q].as_f64().unwrap(), "{q}: {r}");
     }
+    // The poll loop per task: it turned at least once per message at this
+    // rate, and every sleep or timer spin is one of its turns.
+    let poll = &r["poll"];
+    let p = |k: &str| poll[k].as_f64().unwrap_or_else(|| panic!("run.poll.{k}: {r}"));
+    assert!(p("passes_per_task") > 0.0, "{r}");
+    assert!(p("sleeps_per_task") > 0.0, "a scheduler at 400 tasks/s sleeps between them: {r}");
+    assert!(p("sleeps_per_task") + p("timer_spins_per_task") <= p("passes_per_task"), "{r}");
     let bad = v["bad_rate"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&bad));
 }

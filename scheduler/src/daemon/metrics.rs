@@ -307,6 +307,15 @@ pub struct SchedulerMetrics {
     pub lag: Histogram,
     /// The closed loop and the delay watch.
     pub closed_loop: Arc<LoopMetrics>,
+    /// The poll loop's turns (what each costs is spread over the tasks it
+    /// finds: per task it is this over `tasks_received`).
+    pub poll_passes: Counter,
+    /// Idle turns that slept in the wait set (each two context switches
+    /// and a wake-up: by a peer's bytes or doorbell, a notify, or a timer).
+    pub poll_sleeps: Counter,
+    /// Idle turns that spun instead, the next timer being nearer than a
+    /// sleep's wake-up (`dataplane::waitset::SLEEP_ABOVE`).
+    pub poll_timer_spins: Counter,
     /// Benchmark only: frontend send -> task queued, from peers' clock
     /// stamps (empty unless `--bench-stamps`).
     pub bench_ingress_lag: super::bench_stamps::LagBuckets,
@@ -554,6 +563,9 @@ impl SchedulerMetrics {
         let actual_busy_ns = counter(&r, "symphony_reported_busy_ns", "GPU busy time reported by backends, ns");
         let gpu_online_ns = counter(&r, "symphony_gpu_online_ns", "Online GPU time, ns");
         register_signals(&r, models, &SignalHandles { planned: &planned_busy_ns, online: &gpu_online_ns, received: &tasks_received, gpus_online: &gpus_online, backends: &backends, drops: &drops, model_dispatched: &dispatched, model_dropped: &dropped });
+        let poll_passes = counter(&r, "symphony_poll_passes", "Turns of the scheduler's poll loop");
+        let poll_sleeps = counter(&r, "symphony_poll_sleeps", "Idle turns of the poll loop that went to sleep until a peer, a notify or a timer woke it (or found work at the last check before)");
+        let poll_timer_spins = counter(&r, "symphony_poll_timer_spins", "Idle turns of the poll loop that spun, the next timer being too near for a sleep");
         let [bench_ingress_lag, bench_decision_lag, bench_send_lag] = bench_lags(&r);
         let closed_loop = Arc::new(LoopMetrics::default());
         if let Ok(mut t) = closed_loop.read_transport.lock() {
@@ -595,6 +607,9 @@ impl SchedulerMetrics {
             batches_of_size,
             lag,
             closed_loop,
+            poll_passes,
+            poll_sleeps,
+            poll_timer_spins,
             bench_ingress_lag,
             bench_decision_lag,
             bench_send_lag,

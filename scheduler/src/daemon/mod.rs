@@ -475,7 +475,9 @@ fn poll_until_drained<C: Connection>(
     let mut bells = DoorbellWatch::new();
     let mut synced = None;
     let mut ready = Vec::new();
+    let metrics = node.plane().metrics().clone();
     loop {
+        metrics.poll_passes.inc();
         match term.check(clock.now()) {
             // Stop planning at once: the links close when the node drops.
             TermCheck::SteppedDown => return TermEnd::SteppedDown,
@@ -550,8 +552,11 @@ fn poll_until_drained<C: Connection>(
             // notify sent just before this thread declared itself asleep.
             // The doorbell is armed last: a link flagged meanwhile means
             // no sleep (its key comes with the next pass's take_ready).
+            let (sleeps, spins) = (idle.sleeps, idle.timer_spins);
             idle.idle_unless(next.saturating_since(clock.now()), || node.plane().has_decisions() || !bells.arm());
             bells.disarm();
+            metrics.poll_sleeps.inc_by(idle.sleeps - sleeps);
+            metrics.poll_timer_spins.inc_by(idle.timer_spins - spins);
         }
     }
 }

@@ -254,6 +254,20 @@ pub struct ClusterRun {
     /// The scheduler process's CPU time (user + system, all threads) from
     /// the start of the load until it settled, over the tasks it took (ns).
     pub scheduler_cpu_ns_per_task: f64,
+    /// The scheduler's poll loop over the tasks it took (its whole life:
+    /// the load dominates).
+    pub poll: PollTurns,
+}
+
+/// The scheduler daemon's poll loop per task taken (`symphony_poll_*`).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct PollTurns {
+    /// Turns of the loop.
+    pub passes_per_task: f64,
+    /// Idle turns that went to sleep (each a wake-up later).
+    pub sleeps_per_task: f64,
+    /// Idle turns that spun toward a timer too near to sleep for.
+    pub timer_spins_per_task: f64,
 }
 
 /// CPU time over wall time per process (1.0 = one core busy).
@@ -388,13 +402,16 @@ impl Outcome<'_> {
         println!("{}", self.machine.text());
         for (engine, _, (r, _)) in self.by_engine {
             println!(
-                "engine {engine:>6}: accepted {:>10.0} tasks/s, bad {:.3}%, ingress lag p99.9 {:.1} us, dispatch lag p99.9 {:.1} us, scheduler CPU {:.2} cores, {:.0} ns per task",
+                "engine {engine:>6}: accepted {:>10.0} tasks/s, bad {:.3}%, ingress lag p99.9 {:.1} us, dispatch lag p99.9 {:.1} us, scheduler CPU {:.2} cores, {:.0} ns per task; per task {:.3} loop turns, {:.4} sleeps, {:.3} timer spins",
                 r.tasks_per_s,
                 r.bad_rate * 100.0,
                 r.ingress_lag.p99_9_us,
                 r.dispatch_lag.p99_9_us,
                 r.cpu_busy.scheduler,
-                r.scheduler_cpu_ns_per_task
+                r.scheduler_cpu_ns_per_task,
+                r.poll.passes_per_task,
+                r.poll.sleeps_per_task,
+                r.poll.timer_spins_per_task
             );
         }
         let r = self.best;
@@ -636,6 +653,7 @@ fn figures(rate: f64, secs: f64, metrics: &str, fr: &FrontendsReport, br: &Backe
     drops.push(("protocol_error".into(), m("symphony_protocol_errors_total")));
     let good = br.tasks.saturating_sub(br.late_tasks);
     let unaccounted = received as i64 - planned as i64 - sched_drops as i64;
+    let per_task = |n: u64| if received > 0 { n as f64 / received as f64 } else { 0.0 };
     ClusterRun {
         offered_rps: rate,
         tasks_per_s: good as f64 / secs,
@@ -661,6 +679,11 @@ fn figures(rate: f64, secs: f64, metrics: &str, fr: &FrontendsReport, br: &Backe
             && fr.offered == fr.sent + fr.queue_full + fr.refused_late && br.tasks == planned,
         cpu_busy: CpuBusy::default(),
         scheduler_cpu_ns_per_task: 0.0,
+        poll: PollTurns {
+            passes_per_task: per_task(m("symphony_poll_passes_total")),
+            sleeps_per_task: per_task(m("symphony_poll_sleeps_total")),
+            timer_spins_per_task: per_task(m("symphony_poll_timer_spins_total")),
+        },
     }
 }
 
