@@ -192,7 +192,12 @@ struct Inner {
     rng: Xoshiro256PlusPlus,
     seq: u64,
     links: Vec<Link>,
-    listeners: HashMap<String, (NodeId, VecDeque<usize>)>,
+    /// Per address: the listening node and the connections waiting to be
+    /// accepted, each with the instant it may be.
+    listeners: HashMap<String, (NodeId, VecDeque<(usize, Instant)>)>,
+    /// Per address: how long after its connect a connection may be
+    /// accepted ([`SimNet::delay_accepts`]).
+    accept_delays: HashMap<String, Duration>,
     next_listener: u64,
     regs: HashMap<u32, RegEntry>,
     next_key: u32,
@@ -281,6 +286,7 @@ impl SimNet {
                 seq: 0,
                 links: Vec::new(),
                 listeners: HashMap::new(),
+                accept_delays: HashMap::new(),
                 next_listener: 0,
                 regs: HashMap::new(),
                 next_key: 1,
@@ -326,6 +332,14 @@ impl SimNet {
         g.partitions.insert((a.min(b), a.max(b)));
         let now = g.now.as_nanos();
         g.fold(&[0x5041_5254, now, u64::from(a), u64::from(b)], &[]);
+    }
+
+    /// Connections to `addr` may be accepted only `delay` after their
+    /// connect (a host slow to take them, a data link that comes up
+    /// later than the control path). Messages sent meanwhile wait on the
+    /// link as on a real one's queue.
+    pub fn delay_accepts(&self, addr: &str, delay: Duration) {
+        self.lock().accept_delays.insert(addr.to_string(), delay);
     }
 
     /// Ends the partition between `a` and `b`.
@@ -411,6 +425,11 @@ impl SimNet {
                 if let Some(t) = link.gone_notice(s, delay) {
                     consider(t);
                 }
+            }
+        }
+        for (_, pending) in g.listeners.values() {
+            if let Some(&(_, at)) = pending.front() {
+                consider(at);
             }
         }
         best
@@ -507,8 +526,9 @@ impl Domain for SimDomain {
         g.links.push(Link {
             sides: [Side { node: self.node, ..Side::default() }, Side { node: server, ..Side::default() }],
         });
+        let at = g.now + g.accept_delays.get(addr).copied().unwrap_or(Duration::ZERO);
         if let Some((_, pending)) = g.listeners.get_mut(addr) {
-            pending.push_back(link);
+            pending.push_back((link, at));
         }
         let now = g.now.as_nanos();
         g.fold(&[0x434f_4e4e, now, u64::from(self.node), u64::from(server)], addr.as_bytes());
@@ -554,12 +574,17 @@ impl Listener for SimListener {
     /// Never waits (time is virtual): a pending connection, or `Timeout`.
     fn accept(&mut self, _timeout: Duration) -> Result<SimConn, Error> {
         let mut g = self.net.lock();
+        let now = g.now;
         let Some((_, pending)) = g.listeners.get_mut(&self.addr) else {
             return Err(Error::PeerDisconnected);
         };
-        match pending.pop_front() {
-            Some(link) => Ok(SimConn { net: self.net.clone(), link, side: 1 }),
-            None => Err(Error::Timeout),
+        // In connect order: the delay is per address, so the front is due first.
+        match pending.front() {
+            Some(&(link, at)) if at <= now => {
+                pending.pop_front();
+                Ok(SimConn { net: self.net.clone(), link, side: 1 })
+            }
+            _ => Err(Error::Timeout),
         }
     }
 }
@@ -952,6 +977,29 @@ mod tests {
         // A departure is visible at once.
         drop(c);
         assert!(matches!(s.try_recv(&mut buf), Err(Error::PeerDisconnected)));
+    }
+
+    #[test]
+    fn a_delayed_address_accepts_its_connections_only_after_the_delay_and_keeps_what_was_sent() {
+        let net = SimNet::new(1, FaultConfig::default());
+        let mut slow = net.domain(2).listen("slow").unwrap();
+        let mut fast = net.domain(2).listen("fast").unwrap();
+        net.delay_accepts("slow", Duration::from_millis(5));
+        let mut c = net.domain(1).connect("slow", Duration::ZERO).unwrap();
+        let _f = net.domain(1).connect("fast", Duration::ZERO).unwrap();
+        assert!(fast.accept(Duration::ZERO).is_ok(), "another address is not delayed");
+        c.send(&hb(1)).unwrap();
+        assert!(matches!(slow.accept(Duration::ZERO), Err(Error::Timeout)));
+        let due = Instant::ZERO + Duration::from_millis(5);
+        assert_eq!(net.next_event_at(), Some(Instant::ZERO + Duration::from_micros(20)), "the message first");
+        net.set_now(due - Duration::from_nanos(1));
+        assert!(matches!(slow.accept(Duration::ZERO), Err(Error::Timeout)), "not a nanosecond early");
+        assert_eq!(net.next_event_at(), Some(due), "the accept is the next event");
+        net.set_now(due);
+        let mut s = slow.accept(Duration::ZERO).expect("accepted at the delay");
+        let mut buf = [0u8; 128];
+        let n = s.try_recv(&mut buf).unwrap().expect("the message sent before the accept waited on the link");
+        assert!(matches!(wire::decode(&buf[..n]).unwrap(), wire::Message::Heartbeat(h) if h.seq == 1));
     }
 
     #[test]

@@ -128,6 +128,11 @@ pub struct ClusterSpec {
     /// GPUs slower than their profile from the start, as (backend slot,
     /// GPU, factor); a restarted backend is slowed again.
     pub gpu_slowdowns: Vec<(usize, u32, f64)>,
+    /// How long a backend's data link to a frontend takes to be accepted
+    /// after its connect ([`SimNet::delay_accepts`] on every frontend's
+    /// data listener; zero by default): a data path slower to come up
+    /// than the control path, as on a loaded host.
+    pub data_link_delay: Duration,
     /// Hot-standby schedulers (None: one scheduler, as the embedded
     /// default).
     pub ha: Option<HaSpec>,
@@ -200,6 +205,7 @@ impl ClusterSpec {
             closed_loop: LoopConfig::default(),
             delay_watch: DelayWatchConfig::default(),
             gpu_slowdowns: Vec::new(),
+            data_link_delay: Duration::ZERO,
             ha: None,
             group_b: false,
         }
@@ -655,6 +661,9 @@ impl NodeCluster {
         let staging = Staging::new(reg, StagingConfig { frontend_id: id, slots: self.spec.slots, slot_size, max_output: catalog.max_output_bytes() as u32 })
             .map_err(memory("frontend staging"))?;
         let listener = domain.listen("").map_err(transport("frontend data listener"))?;
+        if self.spec.data_link_delay > Duration::ZERO {
+            self.net.delay_accepts(&listener.local_addr(), self.spec.data_link_delay);
+        }
         let (sink, source) = NetSink::new(self.spec.queue, self.waker.clone());
         let metrics = Arc::new(Metrics::new(catalog));
         let service = ClusterService::new(catalog.clone(), staging.clone(), sink, metrics, self.spec.grace).with_return_margin(self.spec.return_margin);

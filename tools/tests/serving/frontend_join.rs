@@ -4,13 +4,18 @@
 //! sent after announcing it (its data link is up), so that no plan asks a
 //! backend for a READ it cannot post ("backend could not fetch the input",
 //! a 500 over HTTP). Over the in-process stack on a virtual clock, every
-//! message taking 10 ms: the hold must cost the restarted frontend no
-//! request (a wait that never ended, or a lost held task, fails it).
-//! Limitation: in this simulation a backend's data link comes up in fewer
-//! hops than a plan takes to reach it, so the test passes without the hold
-//! too; the race needs a link slower than the control path (a loaded
-//! host), which the plane's unit tests (`plane/links_tests.rs`) cover by
-//! construction.
+//! message taking 10 ms and each backend's data link to a frontend
+//! accepted only 120 ms after its connect (`ClusterSpec::data_link_delay`:
+//! a data path slower to come up than the control path, as on a loaded
+//! host): the hold must cost the restarted frontend no request (a wait
+//! that never ended, or a lost held task, fails it). Without the hold the
+//! plans of its first tasks reach backends whose links are not up by the
+//! batch's fetch deadline, and those tasks fail `InputUnavailable`
+//! (checked by hand on 2026-11-29 with the plane's `wait_for_link` forced
+//! false: 68 of 369; with 60 ms the backends' fetch grace covers the gap
+//! and the test passed without the hold, which is why the delay is 120).
+//! A link slower than the SLO is served by neither: its requests time out
+//! held instead of failing at the backend.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -49,7 +54,8 @@ fn registered(c: &NodeCluster, i: usize) -> bool {
 fn a_frontend_joining_a_running_cluster_gets_no_input_unavailable() {
     // l(b) = 0.1 b + 2 ms, SLO 150 ms: two GPUs serve 2,000 rps in batches.
     let models = vec![ModelSpec::linear("m", 0.1, 2.0, 150.0).unwrap()];
-    let spec = ClusterSpec::new(models, 2, 2, 1);
+    let mut spec = ClusterSpec::new(models, 2, 2, 1);
+    spec.data_link_delay = Duration::from_millis(120);
     let net = SimNet::new(0, FaultConfig { base_delay: Duration::from_millis(10), read_delay: Duration::from_micros(50), ..FaultConfig::default() });
     let mut c = NodeCluster::new(spec, net, None).expect("cluster");
     let input = vec![3u8; DEFAULT_INPUT_BYTES as usize];
