@@ -24,7 +24,9 @@
 # 1): servers on CPU 1, clients on CPU 0 (below).
 . ./perftest.sh
 fail=0
-LAT_N=${LAT_ITERS:-300}
+# Latency iterations: perftest's own default for its latency tests (-n 1000); 300 left the 2 B
+# medians moving by up to 15% between rounds (2026-11-29). Bandwidth: 300 (CI passes both).
+LAT_N=${LAT_ITERS:-1000}
 BW_N=${BW_ITERS:-300}
 SIZES=${SIZES:-2 4096 65536 1048576}
 VERBS=${VERBS:-read write send}
@@ -89,6 +91,33 @@ for round in $(seq 1 "${ROUNDS:-3}"); do
     done
   done
 done
+# READ_PROBE=1: READ 2 B latency under variants of the rdma transport's settings, each next to
+# an ib_read_lat, with netbench's latency split in post call / post return to completion
+# (NETBENCH_LAT_SPLIT=1); and the WRITE ping-pong's split. Prints "PROBE <variant> ..." lines.
+if [ "${READ_PROBE:-0}" = 1 ]; then
+  for v in base raw0 reads1 arm spin base2 wsplit; do
+    echo "== probe $v (load $(cut -d' ' -f1-3 /proc/loadavg))"
+    (
+      export NETBENCH_LAT_SPLIT=1; idle=block; verb=read
+      case $v in
+        raw0) export SYMPHONY_RDMA_RAW_DEPTH=0 ;;
+        reads1) export SYMPHONY_RDMA_MAX_READS=1 SYMPHONY_RDMA_READ_DEPTH=1 SYMPHONY_RDMA_SEND_SLOTS=8 ;;
+        arm) export SYMPHONY_RDMA_BUSY_POLL=0 ;;
+        spin) idle=spin ;;
+        wsplit) verb=write ;;
+      esac
+      if netbench_pair lat $verb 2 "$LAT_N" $idle; then
+        echo "PROBE $v NB $(tail -1 /tmp/nb.csv) | $(grep 'lat split' /tmp/nb.err)"
+      else
+        echo "PROBE $v NB FAIL: $(head -2 /tmp/nb.err)"
+      fi
+      if perftest_pair "ib_${verb}_lat" -d "$SR_DEV" -F -n "$LAT_N" -s 2 >/tmp/pt.out; then
+        echo "PROBE $v PT $(grep -E '^ *2 +[0-9]+ ' /tmp/pt.out | tail -1)"
+      fi
+    )
+  done
+  echo "PROBE csv header: $(head -1 /tmp/nb.csv)"
+fi
 echo "== -d/-i/-x"
 if ./netbench lat -t rdma -d "$SR_DEV" -i 1 -x "${GID_INDEX:-1}" -n 50 --csv >/tmp/sel.csv 2>/tmp/sel.err; then
   echo "SELECT ok: -d $SR_DEV -i 1 -x ${GID_INDEX:-1}: $(tail -1 /tmp/sel.csv)"

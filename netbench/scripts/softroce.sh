@@ -4,7 +4,8 @@
 # `perftest`: netbench lat/bw next to perftest's ib_{read,write,send}_{lat,bw} in one guest
 # (guest_perftest.sh: sizes 2 B, 4 KiB, 64 KiB, 1 MiB, 3 alternating rounds, medians compared;
 # -d/-i/-x checked); knobs LAT_ITERS BW_ITERS ROUNDS SIZES VERBS GID_INDEX READ_DEPTH MAX_READS
-# BUSY_POLL SEND_SLOTS ACK_TIMEOUT POST_LIST.
+# BUSY_POLL SEND_SLOTS ACK_TIMEOUT POST_LIST READ_PROBE (READ 2 B latency variants, see
+# guest_perftest.sh).
 # NETBENCH_BIN=path: use that binary instead of building one (e.g. the workspace build's
 # target/release/netbench, which runs READ and SEND; WRITE needs --features rdma).
 #
@@ -33,7 +34,7 @@ cp "$NETBENCH_BIN" "$STAGE/netbench"
 cp "$REPO/tests/softroce/guest/perftest.sh" "$REPO"/netbench/scripts/guest_*.sh "$STAGE/"
 mkdir -p "$OUT"
 envs=""
-for v in LAT_ITERS BW_ITERS VERBS GID_INDEX READ_DEPTH MAX_READS BUSY_POLL SEND_SLOTS ACK_TIMEOUT POST_LIST ROUNDS SIZES PAPER_ITERS CAL_ITERS SKIP_PAPER SKIP_CAL PAIR_STEPS PAIR_CONC \
+for v in READ_PROBE LAT_ITERS BW_ITERS VERBS GID_INDEX READ_DEPTH MAX_READS BUSY_POLL SEND_SLOTS ACK_TIMEOUT POST_LIST ROUNDS SIZES PAPER_ITERS CAL_ITERS SKIP_PAPER SKIP_CAL PAIR_STEPS PAIR_CONC \
          SYMPHONY_RDMA_READ_DEPTH SYMPHONY_RDMA_ACK_TIMEOUT; do
   [ -n "${!v:-}" ] && envs="$envs $v='${!v}'"
 done

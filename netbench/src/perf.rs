@@ -16,13 +16,19 @@
 //!   answers. rdma SENDs are real verbs SENDs of the transport's control
 //!   channel (an operation over 32 KiB is several SENDs). Latency is half
 //!   the ping-pong round trip, as perftest's `ib_send_lat` reports.
-//! - rdma WRITE (netbench built with `--features rdma`): RDMA WRITE work
-//!   requests into the server's object, which a server started with
-//!   `--writable` registers remote-writable (local servers are, for
-//!   `--verb write`). Like READ it completes at its completion (the RC
-//!   acknowledgement), so its latency is post to completion, a round trip;
-//!   perftest's `ib_write_lat` is half a WRITE ping-pong, one way. The
-//!   WRITEs carry the object's own bytes (it stays as served); the check
+//! - rdma WRITE (netbench built with `--features rdma`), latency: a WRITE
+//!   ping-pong on each connection's raw queue pair, as perftest's
+//!   `ib_write_lat` ([`raw_send`]): client and server swap the address and
+//!   rkey of a remote-writable buffer, the client WRITEs the size's bytes
+//!   into the server's (the last byte carrying an iteration marker), the
+//!   server busy-polls that byte and WRITEs the bytes back, the client
+//!   busy-polls its own; latency is half that round trip, and the last
+//!   echo's bytes are checked.
+//! - rdma WRITE, bandwidth: RDMA WRITE work requests into the server's
+//!   object, which a server started with `--writable` registers
+//!   remote-writable (local servers are, for `--verb write`); each completes
+//!   at its completion (the RC acknowledgement), as `ib_write_bw` counts.
+//!   The WRITEs carry the object's own bytes (it stays as served); the check
 //!   after each size writes a marker, reads it back and restores it.
 //! - Bandwidth: each queue pair keeps `--tx-depth` operations in flight,
 //!   READs and WRITEs posted `--post-list` per call (perftest's `-l`); an
@@ -98,16 +104,19 @@ enum Path {
     Message(Op),
     /// SEND on rdma with raw queue pairs ([`raw_send`]).
     RawSend,
+    /// WRITE latency on rdma: a WRITE ping-pong on the raw queue pairs ([`raw_send`]).
+    RawWrite,
 }
 
 impl Path {
     /// Latency of a one-sided operation is post to completion (a round trip:
-    /// the READ's response, the WRITE's acknowledgement); of a message, half
-    /// the ping-pong round trip, as perftest's `ib_send_lat` reports.
+    /// the READ's response, the WRITE's acknowledgement); of a message or a
+    /// WRITE ping-pong, half the round trip, as perftest's `ib_send_lat` and
+    /// `ib_write_lat` report.
     fn latency_of(self, round_trip: u64) -> u64 {
         match self {
             Path::OneSided(_) => round_trip,
-            Path::Message(_) | Path::RawSend => round_trip / 2,
+            Path::Message(_) | Path::RawSend | Path::RawWrite => round_trip / 2,
         }
     }
 }
@@ -307,12 +316,17 @@ struct Link<C> {
     done: u64,
     /// Post time of the operation in flight (latency: one at a time).
     t_post: u64,
+    /// When its post call returned (with `NETBENCH_LAT_SPLIT`).
+    t_posted: u64,
     /// SEND stream: messages posted (this phase).
     msgs_posted: u64,
     /// SEND stream: the server's tally, once it answered.
     tally: Option<u64>,
     /// Raw SENDs: the server's receives posted, once it answered the phase's start.
     raw_ready: Option<u64>,
+    /// WRITE ping-pong: the server's remote-writable buffer, once it
+    /// answered the phase's start.
+    write_peer: Option<RemoteRef>,
 }
 
 /// Connections to the servers and the buffers every measurement uses.
@@ -332,6 +346,12 @@ struct Links<D: Domain> {
     sends_delivered: bool,
     /// SENDs are raw verbs SENDs ([`raw_send`]).
     raw: Option<raw_send::RawTx>,
+    /// rdma WRITE latency is a WRITE ping-pong on the raw queue pairs ([`raw_send`]).
+    raw_write: Option<raw_send::RawWrite>,
+    /// With `NETBENCH_LAT_SPLIT=1` (a diagnostic: two more clock reads per
+    /// operation), latency is also split in two: the post call, and its
+    /// return to the completion. Medians go to stderr after each size.
+    split: Option<(Recorder, Recorder)>,
 }
 
 fn connect_links<D: Domain>(
@@ -386,9 +406,11 @@ fn connect_links<D: Domain>(
                 started: 0,
                 done: 0,
                 t_post: 0,
+                t_posted: 0,
                 msgs_posted: 0,
                 tally: None,
                 raw_ready: None,
+                write_peer: None,
             });
             let _ = q;
         }
@@ -407,6 +429,10 @@ fn connect_links<D: Domain>(
         write_one_sided: writes_one_sided::<D>(),
         sends_delivered: writes_one_sided::<D>(),
         raw: None,
+        raw_write: None,
+        split: std::env::var_os("NETBENCH_LAT_SPLIT")
+            .is_some_and(|v| v == "1")
+            .then(|| (Recorder::new(), Recorder::new())),
     })
 }
 
@@ -429,6 +455,7 @@ fn drain<C: Connection>(
             Some(PerfMsg::Ack(seq)) => complete(link, seq, t),
             Some(PerfMsg::Tally(n)) => link.tally = Some(n),
             Some(PerfMsg::RawReady(n)) => link.raw_ready = Some(n),
+            Some(PerfMsg::WriteReady(r)) => link.write_peer = Some(r),
             Some(PerfMsg::Chunk(c)) => {
                 let off = c.off as usize;
                 let end = off + c.payload.len();
@@ -445,7 +472,7 @@ fn drain<C: Connection>(
                     complete(link, c.seq, t);
                 }
             }
-            Some(PerfMsg::TallyQuery | PerfMsg::RawOpen { .. }) | None => {
+            Some(PerfMsg::TallyQuery | PerfMsg::RawOpen { .. } | PerfMsg::WriteOpen(_)) | None => {
                 return Err(Fail::runtime(format!(
                     "server {} sent an unexpected {n}-byte message (is it a netbench server of this version?)",
                     link.addr
@@ -567,6 +594,8 @@ impl<D: Domain> Links<D> {
     fn path(&self, verb: Verb) -> Path {
         match verb {
             Verb::Read => Path::OneSided(Verb::Read),
+            // Only latency Links set up the ping-pong (`raw_send::setup_write`).
+            Verb::Write if self.raw_write.is_some() => Path::RawWrite,
             Verb::Write if self.write_one_sided => Path::OneSided(Verb::Write),
             Verb::Send if self.raw.is_some() => Path::RawSend,
             _ => Path::Message(verb.op()),
@@ -604,11 +633,16 @@ impl<D: Domain> Links<D> {
         match path {
             Path::OneSided(verb) => {
                 self.links[i].started = seq;
-                self.post_one_sided(i, verb, size, 1).map(|_| ()).map_err(Fail::caused(format!(
-                    "posting a {} to {}",
-                    verb.name().to_uppercase(),
-                    self.links[i].addr
-                )))
+                // The message is built only on an error: formatting it on
+                // every post cost 2 us per READ in an emulated guest.
+                self.post_one_sided(i, verb, size, 1).map(|_| ()).map_err(|e| {
+                    let what = format!(
+                        "posting a {} to {}",
+                        verb.name().to_uppercase(),
+                        self.links[i].addr
+                    );
+                    Fail::caused(what)(e)
+                })
             }
             Path::Message(op) => {
                 let mut done_early = |l: &mut Link<D::Conn>, s: u64, _t: u64| {
@@ -619,6 +653,7 @@ impl<D: Domain> Links<D> {
                 self.send_op(i, seq, op, Reply::Full, size, &mut done_early)
             }
             Path::RawSend => self.raw_post_one(i, size, seq),
+            Path::RawWrite => self.raw_write_post(i, size, seq),
         }
     }
 
@@ -626,6 +661,7 @@ impl<D: Domain> Links<D> {
     fn finished(&mut self, i: usize, path: Path, size: u32, seq: u64) -> Res<bool> {
         Ok(match path {
             Path::RawSend => self.raw_finished(i, size, seq)?,
+            Path::RawWrite => self.raw_write_finished(i, size, seq)?,
             Path::OneSided(_) => self.reap(i)? > 0,
             Path::Message(_) => {
                 let mut hit = false;
@@ -644,6 +680,9 @@ impl<D: Domain> Links<D> {
         self.load_write_sources(path, size)?;
         if path == Path::RawSend {
             self.raw_open(true)?;
+        }
+        if path == Path::RawWrite {
+            self.write_open(size)?;
         }
         let mut rec = Recorder::new();
         let started = self.now();
@@ -668,6 +707,9 @@ impl<D: Domain> Links<D> {
                 self.links[i].t_post = self.now();
                 self.links[i].inflight = 1;
                 self.post_one(i, path, size, seq)?;
+                if self.split.is_some() {
+                    self.links[i].t_posted = self.now();
+                }
             }
             // Answers drained while sending count now (their time is a bound).
             if measured {
@@ -680,7 +722,29 @@ impl<D: Domain> Links<D> {
             }
             self.wait_round(path, size, seq, measured.then_some(&mut rec))?;
         }
-        self.verify(path, size)?;
+        self.verify(path, size, round.checked_sub(1))?;
+        if self.split.is_some() {
+            // What one clock read costs here (two back to back).
+            let mut clock = Recorder::new();
+            for _ in 0..100 {
+                let t = self.now();
+                clock.record(self.now().saturating_sub(t));
+            }
+            let Some((post, rest)) = self.split.as_mut() else {
+                return Ok(rec);
+            };
+            eprintln!(
+                "lat split {} {size} B: post call p50 {} ns, post return to completion p50 {} ns \
+                 (round trip, {} operations); clock read p50 {} ns",
+                verb.name(),
+                post.percentile_ns(50.0),
+                rest.percentile_ns(50.0),
+                post.count(),
+                clock.percentile_ns(50.0)
+            );
+            *post = Recorder::new();
+            *rest = Recorder::new();
+        }
         Ok(rec)
     }
 
@@ -703,11 +767,17 @@ impl<D: Domain> Links<D> {
                 if self.links[i].inflight == 0 || !self.finished(i, path, size, seq)? {
                     continue;
                 }
-                let dt = self.now().saturating_sub(self.links[i].t_post);
+                let t = self.now();
+                let dt = t.saturating_sub(self.links[i].t_post);
                 self.links[i].inflight = 0;
                 pending -= 1;
                 if let Some(rec) = rec.as_deref_mut() {
                     rec.record(path.latency_of(dt));
+                    if let Some((post, rest)) = self.split.as_mut() {
+                        let l = &self.links[i];
+                        post.record(l.t_posted.saturating_sub(l.t_post));
+                        rest.record(t.saturating_sub(l.t_posted));
+                    }
                 }
             }
             spins = spins.wrapping_add(1);
@@ -756,7 +826,7 @@ impl<D: Domain> Links<D> {
     /// slot against the server's object (`pattern` of object 0), a
     /// WRITE/SEND answer against what was sent, and a one-sided WRITE by
     /// writing a marker, reading it back and writing the object's bytes again.
-    fn verify(&mut self, path: Path, size: u32) -> Res<()> {
+    fn verify(&mut self, path: Path, size: u32, last_seq: Option<u64>) -> Res<()> {
         let n = size as usize;
         let mut want = vec![0u8; n];
         let mut got = vec![0u8; n];
@@ -785,6 +855,14 @@ impl<D: Domain> Links<D> {
                 Path::RawSend => {
                     want.copy_from_slice(&self.tx[..n]);
                     self.landing.0.read_at(self.slot_offset(i), &mut got)?;
+                }
+                Path::RawWrite => {
+                    // The last operation's bytes, back from the server's buffer.
+                    want.copy_from_slice(&self.tx[..n]);
+                    if let (Some(last), Some(end)) = (last_seq, want.last_mut()) {
+                        *end = perf_proto::write_marker(last);
+                    }
+                    self.raw_write_landed(i, &mut got)?;
                 }
             }
             if got != want {
@@ -881,6 +959,7 @@ impl<D: Domain> Links<D> {
                 }
             }
             Path::RawSend => self.raw_post_stream(i, st.size, room)?,
+            Path::RawWrite => return Err(Fail::runtime("a WRITE ping-pong has no bandwidth stream")),
             Path::Message(_) if is_send_stream(st) => self.post_send_stream(i, st.size, room, stamps)?,
             Path::Message(op) => {
                 let reply = if st.bidirectional {
@@ -914,6 +993,7 @@ impl<D: Domain> Links<D> {
                 Ok(n > 0)
             }
             Path::RawSend => self.raw_reap_stream(i, stamps),
+            Path::RawWrite => Err(Fail::runtime("a WRITE ping-pong has no bandwidth stream")),
             Path::Message(_) if is_send_stream(st) => self.reap_send_stream(i, st, stamps),
             Path::Message(_) => {
                 let t = self.now();
@@ -1062,6 +1142,9 @@ impl WithDomain for PerfRun {
         )?;
         if cfg.verb == Verb::Send && !cfg.bidirectional {
             links.raw = raw_send::setup(&domain, &mut links, cfg.rx_depth)?;
+        }
+        if cfg.verb == Verb::Write && cfg.test == Test::Lat && writes_one_sided::<D>() {
+            links.raw_write = Some(raw_send::setup_write(&domain, &mut links)?);
         }
         let mut out = Vec::with_capacity(cfg.sizes.len());
         for &size in &cfg.sizes {

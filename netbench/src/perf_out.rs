@@ -18,10 +18,15 @@ Verbs per transport:
          answered from the server's registered region by its responder. shm: a
          bounds-checked copy out of the server's mapped region. Latency = post to
          completion (the round trip, as ib_read_lat).
-  write  rdma: RDMA WRITE work requests into the server's object (local servers register it
-         remote-writable; start a remote one with `netbench serve --writable`; needs netbench
-         built with --features rdma). Latency = post to completion (WRITE + its RC ack: a
-         round trip; ib_write_lat reports half a WRITE ping-pong, one way).
+  write  rdma (netbench built with --features rdma): lat is a WRITE ping-pong, as
+         ib_write_lat: on each connection's second (raw) queue pair client and server swap
+         the address and rkey of a remote-writable buffer, the client RDMA-WRITEs the size's
+         bytes into the server's (the last byte carrying an iteration marker), the server
+         busy-polls that byte and WRITEs the bytes back, the client busy-polls its own last
+         byte; latency = half that round trip; WRITEs of at most 236 bytes go inline; the
+         bytes that came back are checked. bw: RDMA WRITE work requests into the server's
+         object (local servers register it remote-writable; start a remote one with
+         `netbench serve --writable`), each complete at its completion (the RC ack).
          tcp, tcp-blocking, shm: EMULATED - the bytes travel as messages on the connection
          (chunks of at most 32 KiB) and the server's CPU copies them to the operation's
          offset in its buffer, then answers.
@@ -34,7 +39,7 @@ Verbs per transport:
          operation over 32 KiB is several SENDs). tcp, tcp-blocking, shm: EMULATED - the
          bytes travel as messages as for write and the server lands them in its receive
          buffer.
-  lat of emulated write and of send = half the ping-pong round trip (the server answers every
+  lat of write and of send = half the ping-pong round trip (the server answers every
   operation with one of the same size), as ib_write_lat and ib_send_lat report.
   bw: --tx-depth operations in flight per queue pair. A READ or rdma WRITE completes at its
   completion; an emulated WRITE at the server's acknowledgement. SEND is answered by
@@ -171,11 +176,16 @@ pub struct PerfReport {
 }
 
 /// What `verb` is on `kind` (one line of [`VERB_HELP`]).
-pub fn semantics(kind: TransportKind, verb: Verb) -> &'static str {
+pub fn semantics(kind: TransportKind, test: Test, verb: Verb) -> &'static str {
     match (kind, verb) {
         (TransportKind::Rdma, Verb::Read) => "RDMA READ work requests",
+        (TransportKind::Rdma, Verb::Write) if test == Test::Lat => {
+            "RDMA WRITE ping-pong on a second queue pair (each side WRITEs into the other's \
+             remote-writable buffer and polls its own last byte, as ib_write_lat); latency = \
+             half the round trip"
+        }
         (TransportKind::Rdma, Verb::Write) => {
-            "RDMA WRITE work requests into the server's remote-writable object; latency = post to completion"
+            "RDMA WRITE work requests into the server's remote-writable object, each complete at its completion"
         }
         (TransportKind::Rdma, Verb::Send) if cfg!(feature = "rdma") => {
             "one raw verbs SEND of a registered buffer per operation (second queue pair, no \
@@ -215,7 +225,9 @@ pub(crate) fn cmd_perf(a: PerfArgs, test: Test) -> Res<()> {
             a.transport.name()
         )));
     }
-    if a.transport == TransportKind::Rdma && cfg.verb == Verb::Send {
+    if a.transport == TransportKind::Rdma
+        && (cfg.verb == Verb::Send || (cfg.verb == Verb::Write && test == Test::Lat))
+    {
         let depth = (cfg.tx_depth as u32).max(cfg.rx_depth);
         crate::server_raw::ask_raw_depth(depth.max(crate::server_raw::SERVE_RAW_DEPTH));
     }
@@ -415,7 +427,7 @@ fn build_report(
         test: test_name.to_string(),
         verb: cfg.verb,
         transport: a.transport.name().to_string(),
-        semantics: semantics(a.transport, cfg.verb).to_string(),
+        semantics: semantics(a.transport, test, cfg.verb).to_string(),
         label: a
             .label
             .clone()
@@ -835,7 +847,7 @@ mod tests {
             test: "lat".into(),
             verb: Verb::Send,
             transport: "tcp".into(),
-            semantics: semantics(TransportKind::Tcp, Verb::Send).into(),
+            semantics: semantics(TransportKind::Tcp, Test::Lat, Verb::Send).into(),
             label: "a<b".into(),
             fabric: "loopback".into(),
             peers: vec!["127.0.0.1:1".into()],

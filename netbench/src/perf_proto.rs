@@ -18,7 +18,7 @@
 //! server is that count, which a [`PerfMsg::TallyQuery`] asks for (and
 //! resets): the SEND stream's final check that every operation landed.
 
-use dataplane::transport::{Connection, Error as TransportError};
+use dataplane::transport::{Connection, Error as TransportError, RemoteRef};
 use dataplane::wire::{
     self, CompletionHead, Message, OutputKind, TaskStatus, HEADER_LEN, MAX_MESSAGE_LEN,
 };
@@ -38,6 +38,14 @@ pub const TALLY_MAGIC: u64 = u64::from_le_bytes(*b"NBPERFTA");
 pub const RAW_OPEN_MAGIC: u64 = u64::from_le_bytes(*b"NBPERFRO");
 /// `input_ns` of the answer to it (`task_id` = receives posted).
 pub const RAW_READY_MAGIC: u64 = u64::from_le_bytes(*b"NBPERFRR");
+/// `input_ns` of a WRITE ping-pong phase's start (client to server; the
+/// client's remote-writable buffer: `task_id` = address, `compute_ns` = rkey
+/// | length << 32, the length being the phase's operation size; see
+/// `crate::server_raw`).
+pub const WRITE_OPEN_MAGIC: u64 = u64::from_le_bytes(*b"NBPERFWO");
+/// `input_ns` of the answer to it (the server's buffer, same fields; length
+/// 0: refused).
+pub const WRITE_READY_MAGIC: u64 = u64::from_le_bytes(*b"NBPERFWR");
 /// Wire bytes of a chunk before its payload.
 pub const CHUNK_HEAD: usize = HEADER_LEN + std::mem::size_of::<CompletionHead>();
 /// Most payload bytes in one chunk (one wire message).
@@ -110,6 +118,14 @@ pub enum PerfMsg<'a> {
     },
     /// The answer to [`PerfMsg::RawOpen`]: receives posted.
     RawReady(u64),
+    /// rdma WRITE ping-pong follows (latency, as perftest's `ib_write_lat`):
+    /// the client's remote-writable buffer, `len` = the operation size. The
+    /// server answers each WRITE into its buffer with a WRITE of the same
+    /// bytes into this one. Untrusted: the server's NIC checks key and bounds.
+    WriteOpen(RemoteRef),
+    /// The answer to [`PerfMsg::WriteOpen`]: the server's remote-writable
+    /// buffer (`len` = its capacity; 0 = no WRITE ping-pong here).
+    WriteReady(RemoteRef),
 }
 
 /// Encodes one chunk into `buf` (at least `CHUNK_HEAD + payload.len()` bytes).
@@ -166,6 +182,47 @@ pub fn encode_raw_ready(buf: &mut [u8], posted: u64) -> Res<usize> {
     encode_bare(buf, RAW_READY_MAGIC, posted)
 }
 
+/// Encodes a buffer reference: `magic` in `input_ns`, the address in
+/// `task_id`, key and length in `compute_ns`.
+fn encode_buffer(buf: &mut [u8], magic: u64, r: RemoteRef) -> Res<usize> {
+    let head = CompletionHead {
+        task_id: r.offset,
+        status: TaskStatus::Ok as u32,
+        output_kind: OutputKind::Inline as u32,
+        input_ns: magic,
+        compute_ns: u64::from(r.key) | (u64::from(r.len) << 32),
+        ..Default::default()
+    };
+    Ok(wire::encode_completion(buf, &head, &[])?)
+}
+
+/// Encodes the start of a WRITE ping-pong phase (see [`PerfMsg::WriteOpen`]).
+pub fn encode_write_open(buf: &mut [u8], client_buf: RemoteRef) -> Res<usize> {
+    encode_buffer(buf, WRITE_OPEN_MAGIC, client_buf)
+}
+
+/// Encodes the answer to a WRITE ping-pong phase's start.
+pub fn encode_write_ready(buf: &mut [u8], server_buf: RemoteRef) -> Res<usize> {
+    encode_buffer(buf, WRITE_READY_MAGIC, server_buf)
+}
+
+/// The buffer reference in a [`encode_buffer`] message's head.
+fn buffer_of(head: &CompletionHead) -> RemoteRef {
+    RemoteRef {
+        key: head.compute_ns as u32,
+        len: (head.compute_ns >> 32) as u32,
+        offset: head.task_id,
+    }
+}
+
+/// The iteration marker a WRITE ping-pong carries in the last byte of
+/// operation `seq`: never 0 (a buffer's last byte is zeroed when a phase
+/// opens) and different from the previous operation's, so the byte a side
+/// polls changes exactly when the next operation has landed whole.
+pub fn write_marker(seq: u64) -> u8 {
+    (seq % 255) as u8 + 1
+}
+
 /// Encodes a tally of `count` operations.
 pub fn encode_tally(buf: &mut [u8], count: u64) -> Res<usize> {
     encode_bare(buf, TALLY_MAGIC, count)
@@ -186,6 +243,8 @@ pub fn decode(msg: &[u8]) -> Option<PerfMsg<'_>> {
             echo: head.task_id >> 32 == 1,
         }),
         RAW_READY_MAGIC => Some(PerfMsg::RawReady(head.task_id)),
+        WRITE_OPEN_MAGIC if inline.is_empty() => Some(PerfMsg::WriteOpen(buffer_of(&head))),
+        WRITE_READY_MAGIC if inline.is_empty() => Some(PerfMsg::WriteReady(buffer_of(&head))),
         CHUNK_MAGIC => {
             let op = match head.compute_ns & 0xff {
                 1 => Op::Write,
@@ -258,7 +317,9 @@ impl Sink {
             // arriving here is ignored.
             // Raw-SEND phases are the caller's (`crate::server_raw`).
             Some(PerfMsg::Ack(_) | PerfMsg::Tally(_) | PerfMsg::RawReady(_)) => return Ok(true),
-            Some(PerfMsg::RawOpen { .. }) => return Ok(true),
+            Some(PerfMsg::WriteReady(_)) => return Ok(true),
+            // Raw phases and WRITE ping-pongs are the caller's (`crate::server_raw`).
+            Some(PerfMsg::RawOpen { .. } | PerfMsg::WriteOpen(_)) => return Ok(true),
             None => return Ok(false),
         };
         let total = c.total as usize;
@@ -338,6 +399,12 @@ mod tests {
         assert_eq!(decode(&buf[..n]), None, "a raw open with stray bits is refused");
         let n = encode_tally(&mut buf, 1 << 40).unwrap();
         assert_eq!(decode(&buf[..n]), Some(PerfMsg::Tally(1 << 40)));
+        let r = RemoteRef { key: 0xdead_beef, len: 4096, offset: 0x7f00_1234_5678 };
+        let n = encode_write_open(&mut buf, r).unwrap();
+        assert_eq!(decode(&buf[..n]), Some(PerfMsg::WriteOpen(r)));
+        let r = RemoteRef { key: u32::MAX, len: u32::MAX, offset: u64::MAX };
+        let n = encode_write_ready(&mut buf, r).unwrap();
+        assert_eq!(decode(&buf[..n]), Some(PerfMsg::WriteReady(r)));
         // A ping (no magic) is not a perf message.
         let mut ping = crate::proto::Ping::new(200).unwrap();
         assert_eq!(decode(ping.with_seq(3)), None);
@@ -393,6 +460,53 @@ mod tests {
         assert_eq!(decode(&got[..n]), Some(PerfMsg::Tally(3)));
         // Nothing else was sent back: the operations themselves got no answer.
         assert_eq!(client.try_recv(&mut got).unwrap(), None);
+    }
+
+    #[test]
+    fn write_markers_are_never_zero_and_change_every_operation() {
+        let mut prev = None;
+        for seq in 0..2000u64 {
+            let m = write_marker(seq);
+            assert_ne!(m, 0, "seq {seq}");
+            assert_ne!(Some(m), prev, "seq {seq} repeats the previous marker");
+            prev = Some(m);
+        }
+        assert_eq!((write_marker(0), write_marker(254), write_marker(255)), (1, 255, 1));
+        assert_ne!(write_marker(u64::MAX), write_marker(u64::MAX - 1));
+        assert_ne!(write_marker(u64::MAX), 0);
+    }
+
+    /// Buffer messages from a hostile peer: payload bytes, truncation and
+    /// random bytes are refused or decoded, never a panic; decoded fields are
+    /// taken as they are (the NIC checks them).
+    #[test]
+    fn hostile_buffer_messages_decode_or_are_refused() {
+        let mut buf = vec![0u8; MAX_MESSAGE_LEN];
+        let r = RemoteRef { key: 7, len: 2, offset: 64 };
+        let n = encode_write_open(&mut buf, r).unwrap();
+        for cut in 0..n {
+            assert_eq!(decode(&buf[..cut]), None, "a {cut}-byte prefix decoded");
+        }
+        // The same head with a payload is not a buffer message.
+        let head = CompletionHead {
+            task_id: 64,
+            status: TaskStatus::Ok as u32,
+            output_kind: OutputKind::Inline as u32,
+            input_ns: WRITE_READY_MAGIC,
+            compute_ns: 7 | (2 << 32),
+            ..Default::default()
+        };
+        let m = wire::encode_completion(&mut buf, &head, &[1, 2, 3]).unwrap();
+        assert_eq!(decode(&buf[..m]), None);
+        let mut x = 0x1234_5678_9abc_def0u64;
+        for _ in 0..2000 {
+            let n = encode_write_open(&mut buf, r).unwrap();
+            for _ in 0..4 {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                buf[(x >> 33) as usize % n] = (x >> 20) as u8;
+            }
+            let _ = decode(&buf[..n]);
+        }
     }
 
     #[test]

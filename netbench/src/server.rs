@@ -352,6 +352,18 @@ where
                 send_retrying(conn, &out[..n])?;
                 continue;
             }
+            Some(perf_proto::PerfMsg::WriteOpen(peer)) => {
+                if raw.is_none() {
+                    *raw = crate::server_raw::raw_rx(domain, conn, raw_len);
+                }
+                let mine = crate::server_raw::write_open(raw.as_mut(), conn, peer)?;
+                let mut out = [0u8; 128];
+                let n = perf_proto::encode_write_ready(&mut out, mine).map_err(|_| {
+                    dataplane::transport::Error::Protocol(dataplane::wire::WireError::BadLength)
+                })?;
+                send_retrying(conn, &out[..n])?;
+                continue;
+            }
             // Every raw SEND the client counts has completed there, so its
             // receive completion is here: count them before the tally.
             Some(perf_proto::PerfMsg::TallyQuery) => {

@@ -51,6 +51,9 @@ pub enum RawKind {
     Send,
     /// A receive: a SEND of the peer landed in it.
     Recv,
+    /// An RDMA WRITE ([`RdmaConnection::post_raw_write`](super::RdmaConnection::post_raw_write)):
+    /// its bytes are in the peer's memory.
+    Write,
 }
 
 /// One raw work request's completion.
@@ -218,7 +221,14 @@ impl RawQp {
             };
             out[k] = RawCompletion {
                 wr_id,
-                kind: if recv { RawKind::Recv } else { RawKind::Send },
+                // The opcode is defined for successful completions only; a
+                // failed one is reported as the SEND queue's (it kills the
+                // queue pair either way).
+                kind: match (recv, wc.opcode) {
+                    (true, _) => RawKind::Recv,
+                    (false, sys::ibv_wc_opcode::IBV_WC_RDMA_WRITE) => RawKind::Write,
+                    (false, _) => RawKind::Send,
+                },
                 // A SEND's completion carries no length (verbs defines
                 // `byte_len` for receives only): the posted one.
                 bytes: match (status, recv) {
