@@ -87,6 +87,34 @@ impl RdmaConnection {
     /// receive posted (receiver not ready). `QueueFull` when
     /// [`RdmaConnection::raw_depth`] SENDs are in flight.
     pub fn post_raw_send(&mut self, wr_id: WrId, src: LocalRef, inline: bool) -> Result<(), Error> {
+        self.post_raw_out(wr_id, src, None, inline)
+    }
+
+    /// Posts an RDMA WRITE of `src` (a local registration's range, at most
+    /// [`RAW_MAX_LEN`] bytes) into `target`, a range the peer registered
+    /// remote-writable and told us about (its NIC checks the key and the
+    /// bounds: a bad one fails the WRITE's completion and the raw queue
+    /// pair). With `inline` and at most [`RdmaConnection::raw_inline_max`]
+    /// bytes the bytes go in the work request itself. Reported by
+    /// [`RdmaConnection::poll_raw`] as a [`RawKind::Write`](super::RawKind::Write)
+    /// when the RC acknowledgement is in; shares the SENDs' ring, so
+    /// `QueueFull` when [`RdmaConnection::raw_depth`] SENDs and WRITEs are in flight.
+    pub fn post_raw_write(
+        &mut self,
+        wr_id: WrId,
+        src: LocalRef,
+        target: RemoteRef,
+        inline: bool,
+    ) -> Result<(), Error> {
+        if src.len > target.len {
+            return Err(Error::OutOfBounds);
+        }
+        self.post_raw_out(wr_id, src, Some(target), inline)
+    }
+
+    /// One signalled work request on the raw send queue: a SEND of `src`,
+    /// or with `write_to` an RDMA WRITE of it there.
+    fn post_raw_out(&mut self, wr_id: WrId, src: LocalRef, write_to: Option<RemoteRef>, inline: bool) -> Result<(), Error> {
         if src.len > RAW_MAX_LEN {
             return Err(Error::TooLarge);
         }
@@ -110,67 +138,21 @@ impl RdmaConnection {
         if inline && src.len <= raw.inline_max {
             wr.send_flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
         }
+        if let Some(target) = write_to {
+            wr.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+            wr.wr.rdma = sys::rdma_t {
+                remote_addr: target.offset,
+                rkey: target.key,
+            };
+        }
         let mut bad = ptr::null_mut();
         // SAFETY: the QP is alive; `wr`/`sge` outlive the call; the source range was
         // checked against a live registration whose access token is held until the
-        // SEND completes (an inline SEND's bytes are copied during the call).
+        // work request completes (an inline one's bytes are copied during the call).
+        // A WRITE's target is the peer's memory, checked by the peer's NIC against its key.
         let rc = unsafe { sys::ibv_post_send(raw.qp.qp().as_ptr(), &mut wr, &mut bad) };
-        book_post(domain, &mut raw.sends, index, (wr_id, token, src.len), rc, "ibv_post_send (raw)")
-    }
-
-    /// Posts an RDMA WRITE of `src` (a local registration's range, at most
-    /// [`RAW_MAX_LEN`] bytes) into `target`, a range the peer registered
-    /// remote-writable and told us about (its NIC checks the key and the
-    /// bounds: a bad one fails the WRITE's completion and the raw queue
-    /// pair). With `inline` and at most [`RdmaConnection::raw_inline_max`]
-    /// bytes the bytes go in the work request itself. Reported by
-    /// [`RdmaConnection::poll_raw`] as a [`RawKind::Write`](super::RawKind::Write)
-    /// when the RC acknowledgement is in; shares the SENDs' ring, so
-    /// `QueueFull` when [`RdmaConnection::raw_depth`] SENDs and WRITEs are in flight.
-    pub fn post_raw_write(
-        &mut self,
-        wr_id: WrId,
-        src: LocalRef,
-        target: RemoteRef,
-        inline: bool,
-    ) -> Result<(), Error> {
-        if src.len > RAW_MAX_LEN {
-            return Err(Error::TooLarge);
-        }
-        if src.len > target.len {
-            return Err(Error::OutOfBounds);
-        }
-        let (domain, raw) = self.live_raw()?;
-        let Some(&index) = raw.sends.free.last() else {
-            return Err(Error::QueueFull);
-        };
-        let token = domain.acquire_local(src.key, src.offset, src.len)?;
-        let mut sge = sys::ibv_sge {
-            addr: src.offset,
-            length: src.len,
-            lkey: src.key,
-        };
-        // SAFETY: ibv_send_wr is a plain C struct; all-zero is a valid value.
-        let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = u64::from(index);
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
-        wr.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
-        wr.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        if inline && src.len <= raw.inline_max {
-            wr.send_flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
-        }
-        wr.wr.rdma = sys::rdma_t {
-            remote_addr: target.offset,
-            rkey: target.key,
-        };
-        let mut bad = ptr::null_mut();
-        // SAFETY: the QP is alive; `wr`/`sge` outlive the call; the source range was
-        // checked against a live registration whose access token is held until the
-        // WRITE completes (an inline WRITE's bytes are copied during the call). The
-        // target is the peer's memory, checked by the peer's NIC against its key.
-        let rc = unsafe { sys::ibv_post_send(raw.qp.qp().as_ptr(), &mut wr, &mut bad) };
-        book_post(domain, &mut raw.sends, index, (wr_id, token, src.len), rc, "ibv_post_send (raw WRITE)")
+        let what = if write_to.is_some() { "ibv_post_send (raw WRITE)" } else { "ibv_post_send (raw)" };
+        book_post(domain, &mut raw.sends, index, (wr_id, token, src.len), rc, what)
     }
 
     /// Takes completed raw work requests, receives first, into `out`; returns
