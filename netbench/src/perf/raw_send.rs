@@ -108,6 +108,13 @@ pub(super) struct RawWrite {
     spins: u32,
 }
 
+impl RawWrite {
+    /// Where link `i`'s receive buffer starts in the region.
+    fn rx_offset(&self, i: usize) -> u64 {
+        u64::from(self.slot) * (i as u64 + 1)
+    }
+}
+
 /// Empty polls of a WRITE ping-pong's receive byte between two checks of
 /// the send queue for failed WRITEs (a failed WRITE is never echoed).
 const WRITE_ERROR_CHECK_EVERY: u32 = 4096;
@@ -216,26 +223,39 @@ impl<D: Domain> Links<D> {
             self.links[i].raw_ready = None;
             self.send_msg(i, n, &mut |_, _, _| {})?;
         }
+        self.await_phase_start("raw SEND phase", |l| l.raw_ready.is_some())?;
+        for i in 0..self.links.len() {
+            if self.links[i].raw_ready == Some(0) {
+                return Err(Fail::runtime(format!(
+                    "server {} posted no raw receives (a netbench serve without a raw queue pair?)",
+                    self.links[i].addr
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads every link until `answered` says its server answered the start
+    /// of a phase (`what`, for the error), within the op timeout.
+    fn await_phase_start(
+        &mut self,
+        what: &str,
+        answered: impl Fn(&super::Link<D::Conn>) -> bool,
+    ) -> Res<()> {
         let t0 = self.now();
         for i in 0..self.links.len() {
             let mut spins = 0u32;
-            while self.links[i].raw_ready.is_none() {
+            while !answered(&self.links[i]) {
                 let t = self.now();
                 drain(&mut self.links[i], &mut self.buf, t, |_, _, _| {})?;
                 spins = spins.wrapping_add(1);
                 if spins.is_multiple_of(1024) && self.now().saturating_sub(t0) > self.op_timeout_ns
                 {
                     return Err(Fail::runtime(format!(
-                        "server {} did not start the raw SEND phase",
+                        "server {} did not start the {what}",
                         self.links[i].addr
                     )));
                 }
-            }
-            if self.links[i].raw_ready == Some(0) {
-                return Err(Fail::runtime(format!(
-                    "server {} posted no raw receives (a netbench serve without a raw queue pair?)",
-                    self.links[i].addr
-                )));
             }
         }
         Ok(())
@@ -248,7 +268,8 @@ impl<D: Domain> Links<D> {
             len: size,
             ..self.links[i].landing
         };
-        let t0 = self.now();
+        // Read only when the queue is full (a clock read inside the measured time otherwise).
+        let mut t0 = None;
         let l = &mut self.links[i];
         let conn = rdma::<D>(&mut l.conn)?;
         if let Err(e) = conn.post_raw_recv(seq, landing) {
@@ -261,7 +282,8 @@ impl<D: Domain> Links<D> {
                 Err(dataplane::transport::Error::QueueFull) => {
                     let mut c = [RawCompletion::default(); 4];
                     conn.poll_raw(&mut c)?;
-                    if self.clock.now().as_nanos().saturating_sub(t0) > self.op_timeout_ns {
+                    let now = self.clock.now().as_nanos();
+                    if now.saturating_sub(*t0.get_or_insert(now)) > self.op_timeout_ns {
                         return Err(Fail::runtime(format!("{}: raw send queue full", l.addr)));
                     }
                 }
@@ -359,28 +381,15 @@ impl<D: Domain> Links<D> {
         rw.region.write_at(0, &self.tx[..size as usize])?;
         for i in 0..self.links.len() {
             let rw = self.raw_write_bufs()?;
-            let off = u64::from(rw.slot) * (i as u64 + 1);
+            let off = rw.rx_offset(i);
             rw.region.zero_at(off, size as usize)?;
             let mine = rw.reg.remote_ref(off, size)?;
             self.links[i].write_peer = None;
             let n = perf_proto::encode_write_open(&mut self.msg, mine)?;
             self.send_msg(i, n, &mut |_, _, _| {})?;
         }
-        let t0 = self.now();
+        self.await_phase_start("WRITE ping-pong", |l| l.write_peer.is_some())?;
         for i in 0..self.links.len() {
-            let mut spins = 0u32;
-            while self.links[i].write_peer.is_none() {
-                let t = self.now();
-                drain(&mut self.links[i], &mut self.buf, t, |_, _, _| {})?;
-                spins = spins.wrapping_add(1);
-                if spins.is_multiple_of(1024) && self.now().saturating_sub(t0) > self.op_timeout_ns
-                {
-                    return Err(Fail::runtime(format!(
-                        "server {} did not start the WRITE ping-pong",
-                        self.links[i].addr
-                    )));
-                }
-            }
             let peer = self.links[i].write_peer.unwrap_or_default();
             if peer.len < size {
                 return Err(Fail::runtime(format!(
@@ -434,7 +443,7 @@ impl<D: Domain> Links<D> {
     pub(super) fn raw_write_finished(&mut self, i: usize, size: u32, seq: u64) -> Res<bool> {
         let size = size.max(1);
         let rw = self.raw_write_bufs()?;
-        let at = u64::from(rw.slot) * (i as u64 + 1) + u64::from(size) - 1;
+        let at = rw.rx_offset(i) + u64::from(size) - 1;
         let byte = crate::server_raw::landed_byte(&rw.region, at)
             .ok_or_else(|| Fail::runtime("WRITE ping-pong buffer out of range"))?;
         if byte == perf_proto::write_marker(seq) {
@@ -453,8 +462,7 @@ impl<D: Domain> Links<D> {
     /// The bytes the server's last echo left in link `i`'s buffer.
     pub(super) fn raw_write_landed(&mut self, i: usize, out: &mut [u8]) -> Res<()> {
         let rw = self.raw_write_bufs()?;
-        let off = u64::from(rw.slot) * (i as u64 + 1);
-        Ok(rw.region.read_at(off, out)?)
+        Ok(rw.region.read_at(rw.rx_offset(i), out)?)
     }
 }
 
